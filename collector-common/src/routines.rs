@@ -1,0 +1,569 @@
+//! The table of probed MPI routines: names, argument positions and byte rules.
+//!
+//! The BPF programs are generic: one entry and one return program serve every routine, and
+//! the attach cookie names the routine. Userspace copies each [`ArgSpec`] of this table into
+//! the `ROUTINE_SPECS` array map at load, so the kernel and the report read the same table.
+//! Ids are indexes into [`ROUTINES`]; append only, never reorder, so ids stay stable.
+//!
+//! Byte conventions follow IBM mpitrace (see README "Byte conventions").
+
+use core::mem::size_of;
+
+/// Marks an unused argument slot in an [`ArgSpec`].
+pub const NO_ARG: u8 = 0xff;
+
+/// How the bytes of one call are computed from its arguments.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ByteRule {
+    /// No bytes (waits, tests, barriers, queries).
+    None = 0,
+    /// `a` (count; 1 when `a` is [`NO_ARG`]) x size(`b`).
+    CountType = 1,
+    /// Bytes received per the status at `c` (posted `a` x size(`b`) with STATUS_IGNORE).
+    RecvStatus = 2,
+    /// `a` x size(`b`) + `c` x size(`d`) (Sendrecv).
+    Pair = 3,
+    /// sum(`a`[0..P]) x size(`b`), P the communicator size (Reduce_scatter).
+    SumCounts = 4,
+    /// sum(`a`[0..P]) x size(`b`) / P (Alltoallv: bytes per peer).
+    SumCountsPerPeer = 5,
+    /// `a`[my rank] x size(`b`) (Allgatherv).
+    CountAtRank = 6,
+    /// `a` x size(`b`) x P (Reduce_scatter_block: the whole vector).
+    CountTypeTimesP = 7,
+    /// sum(`a`[i] x size(`b`[i])) / P (Alltoallw).
+    SumCountsTypesPerPeer = 8,
+    /// Type constructor: new type `*d` has size `a` x `c` (1 if [`NO_ARG`]) x size(`b`).
+    CtorProduct = 16,
+    /// Type constructor: new type `*d` has size sum(`c`[0..a]) x size(`b`).
+    CtorSum = 17,
+    /// Type constructor: new type `*d` has size sum(`c`[i] x size(`b`[i]), i < a).
+    CtorStruct = 18,
+    /// Type constructor: new type `*d` has size prod(`c`[0..a]) x size(`b`) (subarray).
+    CtorProdArray = 19,
+    /// `MPI_Type_free(*a)`: forget the learnt size.
+    TypeFree = 20,
+    /// `MPI_Comm_size(a, *d)`: learn the communicator's size.
+    CommSize = 21,
+    /// `MPI_Comm_rank(a, *d)`: learn this process's rank in the communicator.
+    CommRank = 22,
+}
+
+impl ByteRule {
+    /// The rule with this id (unknown ids decode as `None`).
+    #[inline(always)]
+    pub const fn from_u8(v: u8) -> ByteRule {
+        match v {
+            1 => ByteRule::CountType,
+            2 => ByteRule::RecvStatus,
+            3 => ByteRule::Pair,
+            4 => ByteRule::SumCounts,
+            5 => ByteRule::SumCountsPerPeer,
+            6 => ByteRule::CountAtRank,
+            7 => ByteRule::CountTypeTimesP,
+            8 => ByteRule::SumCountsTypesPerPeer,
+            16 => ByteRule::CtorProduct,
+            17 => ByteRule::CtorSum,
+            18 => ByteRule::CtorStruct,
+            19 => ByteRule::CtorProdArray,
+            20 => ByteRule::TypeFree,
+            21 => ByteRule::CommSize,
+            22 => ByteRule::CommRank,
+            _ => ByteRule::None,
+        }
+    }
+}
+
+/// Routine classes, for reports and for Init/Finalize bookkeeping.
+pub mod class {
+    /// Point-to-point (including probes and persistent requests).
+    pub const P2P: u8 = 1;
+    /// Completion of nonblocking requests (Wait*, Test*).
+    pub const COMPLETION: u8 = 2;
+    /// Collective (blocking or nonblocking).
+    pub const COLLECTIVE: u8 = 3;
+    /// One-sided (RMA) data movement and synchronisation.
+    pub const ONE_SIDED: u8 = 4;
+    /// Communicator queries and management.
+    pub const COMM: u8 = 5;
+    /// Datatype construction.
+    pub const DATATYPE: u8 = 6;
+    /// MPI_Init / MPI_Init_thread.
+    pub const INIT: u8 = 7;
+    /// MPI_Finalize.
+    pub const FINALIZE: u8 = 8;
+}
+
+/// Where a routine's arguments are and how its bytes are computed (read by the BPF programs).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArgSpec {
+    /// A [`ByteRule`] as `u8`.
+    pub rule: u8,
+    /// Rule operand (argument index, 0-based) or [`NO_ARG`].
+    pub a: u8,
+    /// Rule operand.
+    pub b: u8,
+    /// Rule operand.
+    pub c: u8,
+    /// Rule operand.
+    pub d: u8,
+    /// Argument index of the communicator, or [`NO_ARG`].
+    pub comm: u8,
+    /// Argument index of the peer rank (dest, source, root, target), or [`NO_ARG`].
+    pub peer: u8,
+    /// One of [`class`].
+    pub class: u8,
+}
+const _: () = assert!(size_of::<ArgSpec>() == 8);
+
+/// One probed routine: its C name and its argument spec.
+#[derive(Clone, Copy, Debug)]
+pub struct Routine {
+    /// C entry point name (`MPI_Send`); `PMPI_` aliases share its address.
+    pub name: &'static str,
+    /// Argument positions and byte rule.
+    pub spec: ArgSpec,
+}
+
+const N: u8 = NO_ARG;
+
+const fn r(
+    name: &'static str,
+    class: u8,
+    rule: ByteRule,
+    abcd: [u8; 4],
+    comm: u8,
+    peer: u8,
+) -> Routine {
+    Routine {
+        name,
+        spec: ArgSpec {
+            rule: rule as u8,
+            a: abcd[0],
+            b: abcd[1],
+            c: abcd[2],
+            d: abcd[3],
+            comm,
+            peer,
+            class,
+        },
+    }
+}
+
+use class::*;
+use ByteRule as B;
+
+/// Every routine commtap probes. Index = routine id (stable: append only).
+pub const ROUTINES: &[Routine] = &[
+    // Environment.
+    r("MPI_Init", INIT, B::None, [N; 4], N, N),
+    r("MPI_Init_thread", INIT, B::None, [N; 4], N, N),
+    r("MPI_Finalize", FINALIZE, B::None, [N; 4], N, N),
+    r("MPI_Comm_rank", COMM, B::CommRank, [0, N, N, 1], 0, N),
+    r("MPI_Comm_size", COMM, B::CommSize, [0, N, N, 1], 0, N),
+    // Blocking point-to-point: (buf, count, type, peer, tag, comm[, status]).
+    r("MPI_Send", P2P, B::CountType, [1, 2, N, N], 5, 3),
+    r("MPI_Bsend", P2P, B::CountType, [1, 2, N, N], 5, 3),
+    r("MPI_Ssend", P2P, B::CountType, [1, 2, N, N], 5, 3),
+    r("MPI_Rsend", P2P, B::CountType, [1, 2, N, N], 5, 3),
+    r("MPI_Recv", P2P, B::RecvStatus, [1, 2, 6, N], 5, 3),
+    // Nonblocking point-to-point: bytes belong to the post.
+    r("MPI_Isend", P2P, B::CountType, [1, 2, N, N], 5, 3),
+    r("MPI_Ibsend", P2P, B::CountType, [1, 2, N, N], 5, 3),
+    r("MPI_Issend", P2P, B::CountType, [1, 2, N, N], 5, 3),
+    r("MPI_Irsend", P2P, B::CountType, [1, 2, N, N], 5, 3),
+    r("MPI_Irecv", P2P, B::CountType, [1, 2, N, N], 5, 3),
+    // (sbuf, scount, stype, dest, stag, rbuf, rcount, rtype, source, rtag, comm, status)
+    r("MPI_Sendrecv", P2P, B::Pair, [1, 2, 6, 7], 10, 3),
+    // (buf, count, type, dest, stag, source, rtag, comm, status): sent and received.
+    r("MPI_Sendrecv_replace", P2P, B::Pair, [1, 2, 1, 2], 7, 3),
+    // Probes: (source, tag, comm, ...).
+    r("MPI_Probe", P2P, B::None, [N; 4], 2, 0),
+    r("MPI_Iprobe", P2P, B::None, [N; 4], 2, 0),
+    r("MPI_Mprobe", P2P, B::None, [N; 4], 2, 0),
+    r("MPI_Improbe", P2P, B::None, [N; 4], 2, 0),
+    // (buf, count, type, message, status) / (buf, count, type, message, request)
+    r("MPI_Mrecv", P2P, B::RecvStatus, [1, 2, 4, N], N, N),
+    r("MPI_Imrecv", P2P, B::CountType, [1, 2, N, N], N, N),
+    // Persistent requests: bytes are moved by MPI_Start, which does not name them.
+    r("MPI_Send_init", P2P, B::None, [N; 4], 5, 3),
+    r("MPI_Recv_init", P2P, B::None, [N; 4], 5, 3),
+    r("MPI_Start", P2P, B::None, [N; 4], N, N),
+    r("MPI_Startall", P2P, B::None, [N; 4], N, N),
+    // Completion.
+    r("MPI_Wait", COMPLETION, B::None, [N; 4], N, N),
+    r("MPI_Waitall", COMPLETION, B::None, [N; 4], N, N),
+    r("MPI_Waitany", COMPLETION, B::None, [N; 4], N, N),
+    r("MPI_Waitsome", COMPLETION, B::None, [N; 4], N, N),
+    r("MPI_Test", COMPLETION, B::None, [N; 4], N, N),
+    r("MPI_Testall", COMPLETION, B::None, [N; 4], N, N),
+    r("MPI_Testany", COMPLETION, B::None, [N; 4], N, N),
+    r("MPI_Testsome", COMPLETION, B::None, [N; 4], N, N),
+    r("MPI_Request_free", COMPLETION, B::None, [N; 4], N, N),
+    r("MPI_Cancel", COMPLETION, B::None, [N; 4], N, N),
+    // Blocking collectives.
+    r("MPI_Barrier", COLLECTIVE, B::None, [N; 4], 0, N),
+    // (buf, count, type, root, comm)
+    r("MPI_Bcast", COLLECTIVE, B::CountType, [1, 2, N, N], 4, 3),
+    // (sbuf, rbuf, count, type, op, root, comm)
+    r("MPI_Reduce", COLLECTIVE, B::CountType, [2, 3, N, N], 6, 5),
+    // (sbuf, rbuf, count, type, op, comm)
+    r(
+        "MPI_Allreduce",
+        COLLECTIVE,
+        B::CountType,
+        [2, 3, N, N],
+        5,
+        N,
+    ),
+    r(
+        "MPI_Reduce_scatter",
+        COLLECTIVE,
+        B::SumCounts,
+        [2, 3, N, N],
+        5,
+        N,
+    ),
+    r(
+        "MPI_Reduce_scatter_block",
+        COLLECTIVE,
+        B::CountTypeTimesP,
+        [2, 3, N, N],
+        5,
+        N,
+    ),
+    r("MPI_Scan", COLLECTIVE, B::CountType, [2, 3, N, N], 5, N),
+    r("MPI_Exscan", COLLECTIVE, B::CountType, [2, 3, N, N], 5, N),
+    // (sbuf, scount, stype, rbuf, rcount, rtype, root, comm): bytes sent by each rank.
+    r("MPI_Gather", COLLECTIVE, B::CountType, [1, 2, N, N], 7, 6),
+    // (sbuf, scount, stype, rbuf, rcounts, displs, rtype, root, comm)
+    r("MPI_Gatherv", COLLECTIVE, B::CountType, [1, 2, N, N], 8, 7),
+    // (sbuf, scount, stype, rbuf, rcount, rtype, root, comm): bytes received by each rank.
+    r("MPI_Scatter", COLLECTIVE, B::CountType, [4, 5, N, N], 7, 6),
+    // (sbuf, scounts, displs, stype, rbuf, rcount, rtype, root, comm)
+    r("MPI_Scatterv", COLLECTIVE, B::CountType, [5, 6, N, N], 8, 7),
+    // (sbuf, scount, stype, rbuf, rcount, rtype, comm)
+    r(
+        "MPI_Allgather",
+        COLLECTIVE,
+        B::CountType,
+        [4, 5, N, N],
+        6,
+        N,
+    ),
+    // (sbuf, scount, stype, rbuf, rcounts, displs, rtype, comm)
+    r(
+        "MPI_Allgatherv",
+        COLLECTIVE,
+        B::CountAtRank,
+        [4, 6, N, N],
+        7,
+        N,
+    ),
+    // (sbuf, scount, stype, rbuf, rcount, rtype, comm): bytes per peer.
+    r("MPI_Alltoall", COLLECTIVE, B::CountType, [1, 2, N, N], 6, N),
+    // (sbuf, scounts, sdispls, stype, rbuf, rcounts, rdispls, rtype, comm)
+    r(
+        "MPI_Alltoallv",
+        COLLECTIVE,
+        B::SumCountsPerPeer,
+        [1, 3, N, N],
+        8,
+        N,
+    ),
+    // (sbuf, scounts, sdispls, stypes, rbuf, rcounts, rdispls, rtypes, comm)
+    r(
+        "MPI_Alltoallw",
+        COLLECTIVE,
+        B::SumCountsTypesPerPeer,
+        [1, 3, N, N],
+        8,
+        N,
+    ),
+    // Nonblocking collectives: counted at the start by the blocking rule.
+    r("MPI_Ibarrier", COLLECTIVE, B::None, [N; 4], 0, N),
+    r("MPI_Ibcast", COLLECTIVE, B::CountType, [1, 2, N, N], 4, 3),
+    r("MPI_Ireduce", COLLECTIVE, B::CountType, [2, 3, N, N], 6, 5),
+    r(
+        "MPI_Iallreduce",
+        COLLECTIVE,
+        B::CountType,
+        [2, 3, N, N],
+        5,
+        N,
+    ),
+    r(
+        "MPI_Ireduce_scatter",
+        COLLECTIVE,
+        B::SumCounts,
+        [2, 3, N, N],
+        5,
+        N,
+    ),
+    r(
+        "MPI_Ireduce_scatter_block",
+        COLLECTIVE,
+        B::CountTypeTimesP,
+        [2, 3, N, N],
+        5,
+        N,
+    ),
+    r("MPI_Iscan", COLLECTIVE, B::CountType, [2, 3, N, N], 5, N),
+    r("MPI_Iexscan", COLLECTIVE, B::CountType, [2, 3, N, N], 5, N),
+    r("MPI_Igather", COLLECTIVE, B::CountType, [1, 2, N, N], 7, 6),
+    r("MPI_Igatherv", COLLECTIVE, B::CountType, [1, 2, N, N], 8, 7),
+    r("MPI_Iscatter", COLLECTIVE, B::CountType, [4, 5, N, N], 7, 6),
+    r(
+        "MPI_Iscatterv",
+        COLLECTIVE,
+        B::CountType,
+        [5, 6, N, N],
+        8,
+        7,
+    ),
+    r(
+        "MPI_Iallgather",
+        COLLECTIVE,
+        B::CountType,
+        [4, 5, N, N],
+        6,
+        N,
+    ),
+    r(
+        "MPI_Iallgatherv",
+        COLLECTIVE,
+        B::CountAtRank,
+        [4, 6, N, N],
+        7,
+        N,
+    ),
+    r(
+        "MPI_Ialltoall",
+        COLLECTIVE,
+        B::CountType,
+        [1, 2, N, N],
+        6,
+        N,
+    ),
+    r(
+        "MPI_Ialltoallv",
+        COLLECTIVE,
+        B::SumCountsPerPeer,
+        [1, 3, N, N],
+        8,
+        N,
+    ),
+    r(
+        "MPI_Ialltoallw",
+        COLLECTIVE,
+        B::SumCountsTypesPerPeer,
+        [1, 3, N, N],
+        8,
+        N,
+    ),
+    // One-sided: (oaddr, ocount, otype, target, tdisp, tcount, ttype, [op,] win).
+    r("MPI_Put", ONE_SIDED, B::CountType, [1, 2, N, N], N, 3),
+    r("MPI_Get", ONE_SIDED, B::CountType, [1, 2, N, N], N, 3),
+    r(
+        "MPI_Accumulate",
+        ONE_SIDED,
+        B::CountType,
+        [1, 2, N, N],
+        N,
+        3,
+    ),
+    r("MPI_Rput", ONE_SIDED, B::CountType, [1, 2, N, N], N, 3),
+    r("MPI_Rget", ONE_SIDED, B::CountType, [1, 2, N, N], N, 3),
+    r(
+        "MPI_Raccumulate",
+        ONE_SIDED,
+        B::CountType,
+        [1, 2, N, N],
+        N,
+        3,
+    ),
+    // (oaddr, ocount, otype, raddr, rcount, rtype, target, tdisp, tcount, ttype, op, win)
+    r(
+        "MPI_Get_accumulate",
+        ONE_SIDED,
+        B::CountType,
+        [1, 2, N, N],
+        N,
+        6,
+    ),
+    // (oaddr, raddr, type, target, tdisp, op, win): one element.
+    r(
+        "MPI_Fetch_and_op",
+        ONE_SIDED,
+        B::CountType,
+        [N, 2, N, N],
+        N,
+        3,
+    ),
+    // (oaddr, caddr, raddr, type, target, tdisp, win): one element.
+    r(
+        "MPI_Compare_and_swap",
+        ONE_SIDED,
+        B::CountType,
+        [N, 3, N, N],
+        N,
+        4,
+    ),
+    r("MPI_Win_fence", ONE_SIDED, B::None, [N; 4], N, N),
+    r("MPI_Win_lock", ONE_SIDED, B::None, [N; 4], N, 1),
+    r("MPI_Win_unlock", ONE_SIDED, B::None, [N; 4], N, 0),
+    r("MPI_Win_lock_all", ONE_SIDED, B::None, [N; 4], N, N),
+    r("MPI_Win_unlock_all", ONE_SIDED, B::None, [N; 4], N, N),
+    r("MPI_Win_flush", ONE_SIDED, B::None, [N; 4], N, 0),
+    r("MPI_Win_flush_all", ONE_SIDED, B::None, [N; 4], N, N),
+    r("MPI_Win_flush_local", ONE_SIDED, B::None, [N; 4], N, 0),
+    r("MPI_Win_flush_local_all", ONE_SIDED, B::None, [N; 4], N, N),
+    r("MPI_Win_post", ONE_SIDED, B::None, [N; 4], N, N),
+    r("MPI_Win_start", ONE_SIDED, B::None, [N; 4], N, N),
+    r("MPI_Win_complete", ONE_SIDED, B::None, [N; 4], N, N),
+    r("MPI_Win_wait", ONE_SIDED, B::None, [N; 4], N, N),
+    // Communicator management (sizes of new communicators are learnt from Comm_size).
+    r("MPI_Comm_dup", COMM, B::None, [N; 4], 0, N),
+    r("MPI_Comm_split", COMM, B::None, [N; 4], 0, N),
+    r("MPI_Comm_create", COMM, B::None, [N; 4], 0, N),
+    r("MPI_Comm_free", COMM, B::None, [N; 4], N, N),
+    // Datatype constructors: sizes learnt in the kernel for integer-handle ABIs.
+    // (count, oldtype, *newtype)
+    r(
+        "MPI_Type_contiguous",
+        DATATYPE,
+        B::CtorProduct,
+        [0, 1, N, 2],
+        N,
+        N,
+    ),
+    // (count, blocklength, stride, oldtype, *newtype)
+    r(
+        "MPI_Type_vector",
+        DATATYPE,
+        B::CtorProduct,
+        [0, 3, 1, 4],
+        N,
+        N,
+    ),
+    r(
+        "MPI_Type_hvector",
+        DATATYPE,
+        B::CtorProduct,
+        [0, 3, 1, 4],
+        N,
+        N,
+    ),
+    r(
+        "MPI_Type_create_hvector",
+        DATATYPE,
+        B::CtorProduct,
+        [0, 3, 1, 4],
+        N,
+        N,
+    ),
+    // (count, blocklengths[], displacements[], oldtype, *newtype)
+    r("MPI_Type_indexed", DATATYPE, B::CtorSum, [0, 3, 1, 4], N, N),
+    r(
+        "MPI_Type_create_hindexed",
+        DATATYPE,
+        B::CtorSum,
+        [0, 3, 1, 4],
+        N,
+        N,
+    ),
+    // (count, blocklength, displacements[], oldtype, *newtype)
+    r(
+        "MPI_Type_create_indexed_block",
+        DATATYPE,
+        B::CtorProduct,
+        [0, 3, 1, 4],
+        N,
+        N,
+    ),
+    r(
+        "MPI_Type_create_hindexed_block",
+        DATATYPE,
+        B::CtorProduct,
+        [0, 3, 1, 4],
+        N,
+        N,
+    ),
+    // (count, blocklengths[], displacements[], types[], *newtype)
+    r(
+        "MPI_Type_create_struct",
+        DATATYPE,
+        B::CtorStruct,
+        [0, 3, 1, 4],
+        N,
+        N,
+    ),
+    // (oldtype, lb, extent, *newtype): extent changes, size does not.
+    r(
+        "MPI_Type_create_resized",
+        DATATYPE,
+        B::CtorProduct,
+        [N, 0, N, 3],
+        N,
+        N,
+    ),
+    // (oldtype, *newtype)
+    r("MPI_Type_dup", DATATYPE, B::CtorProduct, [N, 0, N, 1], N, N),
+    // (ndims, sizes[], subsizes[], starts[], order, oldtype, *newtype)
+    r(
+        "MPI_Type_create_subarray",
+        DATATYPE,
+        B::CtorProdArray,
+        [0, 5, 2, 6],
+        N,
+        N,
+    ),
+    r("MPI_Type_commit", DATATYPE, B::None, [N; 4], N, N),
+    // (*datatype)
+    r("MPI_Type_free", DATATYPE, B::TypeFree, [0, N, N, N], N, N),
+];
+
+/// Number of routines in [`ROUTINES`].
+pub const ROUTINE_COUNT: usize = ROUTINES.len();
+const _: () = assert!(ROUTINE_COUNT < u16::MAX as usize);
+
+/// Id of the routine with this C name (`MPI_Send`), if commtap probes it.
+pub fn routine_id(name: &str) -> Option<u16> {
+    ROUTINES
+        .iter()
+        .position(|r| eq(r.name, name))
+        .map(|i| i as u16)
+}
+
+fn eq(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.as_bytes() == b.as_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_unique_and_well_formed() {
+        for (i, r) in ROUTINES.iter().enumerate() {
+            assert!(r.name.starts_with("MPI_"), "{}", r.name);
+            assert_eq!(routine_id(r.name), Some(i as u16), "duplicate {}", r.name);
+        }
+    }
+
+    #[test]
+    fn arg_indexes_fit_the_saved_arguments() {
+        for r in ROUTINES {
+            let s = r.spec;
+            for a in [s.a, s.b, s.c, s.d, s.comm, s.peer] {
+                assert!(
+                    a == NO_ARG || (a as usize) < crate::wire::MAX_ARGS,
+                    "{}",
+                    r.name
+                );
+            }
+        }
+    }
+}

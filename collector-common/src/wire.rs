@@ -1,0 +1,309 @@
+//! Records and map keys/values exchanged between the BPF programs and userspace.
+//!
+//! No `bool`, no implicit padding: every struct spells out its `_pad` fields and is checked
+//! by a `const` assertion below it.
+
+use core::mem::{offset_of, size_of};
+
+/// Which MPI implementation family's ABI a probed library has (decides handle decoding).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Abi {
+    /// Open MPI (4.x, 5.x): handles are pointers to objects.
+    OpenMpi = 1,
+    /// MPICH and derivatives (Intel MPI): handles are 32-bit integers encoding builtin sizes.
+    Mpich = 2,
+}
+
+impl Abi {
+    /// The ABI with this id, if any.
+    pub const fn from_u8(v: u8) -> Option<Abi> {
+        match v {
+            1 => Some(Abi::OpenMpi),
+            2 => Some(Abi::Mpich),
+            _ => None,
+        }
+    }
+}
+
+/// Attach cookie: which routine a probe point is, and which layout slot its library uses.
+///
+/// Bits 0..16 hold the routine id, bits 16..24 the layout slot (index into the
+/// `LAYOUTS` map), bits 24..32 the [`Abi`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cookie {
+    /// Index into [`crate::ROUTINES`].
+    pub routine: u16,
+    /// Index into the `LAYOUTS` array map.
+    pub layout: u8,
+    /// The library's [`Abi`] as its `u8` id.
+    pub abi: u8,
+}
+
+impl Cookie {
+    /// Packs the cookie into the 64-bit value the kernel stores per attachment.
+    pub const fn pack(self) -> u64 {
+        (self.routine as u64) | ((self.layout as u64) << 16) | ((self.abi as u64) << 24)
+    }
+
+    /// Unpacks a cookie read with `bpf_get_attach_cookie`.
+    #[inline(always)]
+    pub const fn unpack(v: u64) -> Cookie {
+        Cookie {
+            routine: (v & 0xffff) as u16,
+            layout: ((v >> 16) & 0xff) as u8,
+            abi: ((v >> 24) & 0xff) as u8,
+        }
+    }
+}
+
+/// Per-library object layout used to decode handles (filled by userspace per library version).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Layout {
+    /// Open MPI: offset of `size` (size_t) in a datatype object.
+    pub dt_size_off: u32,
+    /// Open MPI: offset of `c_my_rank` (int) in a communicator.
+    pub comm_rank_off: u32,
+    /// Open MPI: offset of `c_local_group` (pointer) in a communicator.
+    pub comm_group_off: u32,
+    /// Open MPI: offset of `grp_proc_count` (int) in a group.
+    pub group_size_off: u32,
+}
+const _: () = assert!(size_of::<Layout>() == 16);
+
+/// Arguments saved at entry: 6 in registers and 6 from the stack (x86-64 SysV).
+pub const MAX_ARGS: usize = 12;
+
+/// Number of library layout slots (distinct probed MPI libraries at once).
+pub const MAX_LAYOUTS: u32 = 64;
+
+/// Flags in the `WATCHED` map: which processes the probes count.
+pub mod watch {
+    /// Count this process's calls.
+    pub const COUNT: u32 = 1;
+    /// Also watch every process this one forks (and their children).
+    pub const DESCENDANTS: u32 = 2;
+}
+
+/// Key of the ground-truth counters: one per process, routine, size bucket and comm size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CounterKey {
+    /// Process id (tgid) of the caller.
+    pub tgid: u32,
+    /// Index into [`crate::ROUTINES`].
+    pub routine: u16,
+    /// [`crate::size_bucket`] of the call's bytes, or [`crate::UNKNOWN_BUCKET`].
+    pub bucket: u8,
+    /// Explicit padding.
+    pub _pad: u8,
+    /// Size of the call's communicator; 0 when the routine has none or it is unknown.
+    pub comm_size: u32,
+}
+const _: () = assert!(size_of::<CounterKey>() == 12);
+const _: () = assert!(offset_of!(CounterKey, comm_size) == 8);
+
+/// Value of the ground-truth counters (a per-CPU map: userspace sums the CPUs).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CounterVal {
+    /// Completed calls.
+    pub calls: u64,
+    /// Bytes by the routine's byte rule (0 in the unknown bucket).
+    pub bytes: u64,
+    /// Time inside the call, entry to return, in nanoseconds.
+    pub time_ns: u64,
+}
+const _: () = assert!(size_of::<CounterVal>() == 24);
+
+/// Per-process health counters and MPI lifetime marks (per-CPU; userspace sums / maxes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcStats {
+    /// Call events that did not fit in the ring buffer (counters still hold them).
+    pub events_dropped: u64,
+    /// Calls whose bytes could not be decoded (counted in the unknown bucket).
+    pub undecoded: u64,
+    /// MPI calls made from inside another MPI call (not counted again).
+    pub nested: u64,
+    /// Returns seen without a matching entry (call in flight when probes attached).
+    pub orphan_returns: u64,
+    /// Monotonic ns at which MPI_Init / MPI_Init_thread returned (0: not seen).
+    pub init_ns: u64,
+    /// Monotonic ns at which MPI_Finalize was entered (0: not seen).
+    pub finalize_ns: u64,
+    /// Calls that could not be counted because the counter map was full.
+    pub counters_full: u64,
+}
+const _: () = assert!(size_of::<ProcStats>() == 56);
+
+/// Offsets of the tracepoint fields commtap reads, parsed by userspace from tracefs
+/// `format` files (they differ between kernel versions).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TpOffsets {
+    /// `sched_process_fork`: offset of `parent_pid`.
+    pub fork_parent_pid: u32,
+    /// `sched_process_fork`: offset of `child_pid`.
+    pub fork_child_pid: u32,
+    /// `sched_process_exit`: offset of `group_dead` (u32::MAX on kernels without it).
+    pub exit_group_dead: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<TpOffsets>() == 16);
+
+/// Kind of a record in the ring buffer.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A completed MPI call: [`CallEvent`].
+    Call = 1,
+    /// A watched process called exec: [`ProcEvent`].
+    Exec = 2,
+    /// A watched process (its thread-group leader) exited: [`ProcEvent`].
+    Exit = 3,
+    /// A watched process forked a child that is now watched too: [`ProcEvent`].
+    Fork = 4,
+}
+
+/// One completed MPI call, for latency and timelines (counts come from the counters).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallEvent {
+    /// Always [`EventKind::Call`]: shares the first field with every ring-buffer record.
+    pub kind: u32,
+    /// Process id.
+    pub tgid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Index into [`crate::ROUTINES`].
+    pub routine: u16,
+    /// Size bucket or [`crate::UNKNOWN_BUCKET`].
+    pub bucket: u8,
+    /// Explicit padding.
+    pub _pad: u8,
+    /// Peer rank (dest/source/root/target) in the call's communicator, -1 if none.
+    pub peer: i32,
+    /// Communicator size, 0 if none or unknown.
+    pub comm_size: u32,
+    /// Monotonic ns at entry.
+    pub start_ns: u64,
+    /// Duration in ns.
+    pub dur_ns: u64,
+    /// Bytes by the routine's rule.
+    pub bytes: u64,
+}
+const _: () = assert!(size_of::<CallEvent>() == 48);
+const _: () = assert!(offset_of!(CallEvent, start_ns) == 24);
+
+/// A process lifecycle record (exec, exit, fork) for a watched process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcEvent {
+    /// An [`EventKind`] value.
+    pub kind: u32,
+    /// Process id.
+    pub tgid: u32,
+    /// Parent (for fork) or 0.
+    pub parent: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+    /// Monotonic ns.
+    pub ts_ns: u64,
+}
+const _: () = assert!(size_of::<ProcEvent>() == 24);
+
+/// Key of maps indexed by a process and an MPI handle (datatypes, communicators).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct HandleKey {
+    /// Process id.
+    pub tgid: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+    /// The handle's value (an integer for MPICH).
+    pub handle: u64,
+}
+const _: () = assert!(size_of::<HandleKey>() == 16);
+
+/// What is known of a communicator (MPICH ABI: learnt from MPI_Comm_size/rank returns).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommInfo {
+    /// Number of ranks, 0 if unknown.
+    pub size: u32,
+    /// This process's rank in it, -1 if unknown.
+    pub rank: i32,
+}
+const _: () = assert!(size_of::<CommInfo>() == 8);
+
+/// MPICH ABI constants (MPICH 3/4 and Intel MPI share them).
+pub mod mpich {
+    /// `MPI_COMM_WORLD`.
+    pub const COMM_WORLD: u64 = 0x4400_0000;
+    /// `MPI_COMM_SELF`.
+    pub const COMM_SELF: u64 = 0x4400_0001;
+    /// `MPI_STATUS_IGNORE` / `MPI_STATUSES_IGNORE` are `(MPI_Status *)1`.
+    pub const STATUS_IGNORE: u64 = 1;
+
+    /// Size in bytes of a predefined datatype handle, if the handle encodes it or is a
+    /// known pair type; `None` for derived types (looked up in the learnt-types map).
+    #[inline(always)]
+    pub const fn builtin_type_size(h: u32) -> Option<u64> {
+        if h >> 30 == 1 && (h >> 26) & 0xf == 3 {
+            return Some(((h >> 8) & 0xff) as u64);
+        }
+        // Pair types are preallocated direct objects with fixed handles.
+        match h {
+            0x8c00_0000 => Some(8),  // MPI_FLOAT_INT
+            0x8c00_0001 => Some(12), // MPI_DOUBLE_INT
+            0x8c00_0002 => Some(12), // MPI_LONG_INT
+            0x8c00_0003 => Some(6),  // MPI_SHORT_INT
+            0x8c00_0004 => Some(20), // MPI_LONG_DOUBLE_INT
+            _ => None,
+        }
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all of these are #[repr(C)] plain integers with explicit padding.
+    unsafe impl aya::Pod for Layout {}
+    unsafe impl aya::Pod for CounterKey {}
+    unsafe impl aya::Pod for CounterVal {}
+    unsafe impl aya::Pod for ProcStats {}
+    unsafe impl aya::Pod for HandleKey {}
+    unsafe impl aya::Pod for CommInfo {}
+    unsafe impl aya::Pod for TpOffsets {}
+    unsafe impl aya::Pod for crate::ArgSpec {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookie_roundtrip() {
+        let c = Cookie {
+            routine: 513,
+            layout: 7,
+            abi: Abi::Mpich as u8,
+        };
+        assert_eq!(Cookie::unpack(c.pack()), c);
+    }
+
+    #[test]
+    fn mpich_builtin_sizes() {
+        // Values measured on MPICH 4.0.2 (TARGETS.md §3).
+        assert_eq!(mpich::builtin_type_size(0x4c00_0101), Some(1)); // CHAR
+        assert_eq!(mpich::builtin_type_size(0x4c00_0405), Some(4)); // INT
+        assert_eq!(mpich::builtin_type_size(0x4c00_080b), Some(8)); // DOUBLE
+        assert_eq!(mpich::builtin_type_size(0x4c00_100c), Some(16)); // LONG_DOUBLE
+        assert_eq!(mpich::builtin_type_size(0x8c00_0001), Some(12)); // DOUBLE_INT
+        assert_eq!(mpich::builtin_type_size(0x8c00_0010), None); // derived
+        assert_eq!(mpich::builtin_type_size(0x4400_0000), None); // a communicator
+    }
+}

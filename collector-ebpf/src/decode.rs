@@ -1,0 +1,235 @@
+//! Decoding MPI handles and arguments in the kernel, per ABI.
+//!
+//! Open MPI handles are pointers to objects whose layout userspace supplies per library
+//! version (`Layout`); MPICH-ABI handles are 32-bit integers that encode builtin sizes, and
+//! derived types / communicators are learnt from the calls that create or query them.
+
+use aya_ebpf::helpers::{bpf_probe_read_user, generated as gen};
+use collector_common::{mpich, Abi, CommInfo, HandleKey, Layout};
+
+use crate::maps::{COMMS, DTYPES};
+
+/// Largest communicator whose per-rank count arrays are summed in the kernel.
+pub const MAX_ARRAY: u32 = CHUNK as u32 * MAX_CHUNKS;
+const CHUNK: usize = 16;
+const MAX_CHUNKS: u32 = 128;
+
+/// Reads a `T` from the traced process; `None` if the address is not readable.
+#[inline(always)]
+pub fn read<T>(addr: u64) -> Option<T> {
+    if addr == 0 {
+        return None;
+    }
+    // SAFETY: bpf_probe_read_user copes with any address and fails cleanly.
+    unsafe { bpf_probe_read_user(addr as *const T) }.ok()
+}
+
+/// An `int` argument (the upper half of its register is undefined by the ABI).
+#[inline(always)]
+pub fn int_arg(v: u64) -> i32 {
+    v as u32 as i32
+}
+
+/// A non-negative `int` count argument.
+#[inline(always)]
+pub fn count_arg(v: u64) -> Option<u64> {
+    let c = int_arg(v);
+    if c < 0 {
+        None
+    } else {
+        Some(c as u64)
+    }
+}
+
+/// Normalises a handle argument: MPICH handles are `int`s, Open MPI's are pointers.
+#[inline(always)]
+pub fn handle(abi: u8, v: u64) -> u64 {
+    if abi == Abi::Mpich as u8 {
+        v & 0xffff_ffff
+    } else {
+        v
+    }
+}
+
+/// Size in bytes of one element of datatype handle `h`.
+#[inline(always)]
+pub fn type_size(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<u64> {
+    if abi == Abi::OpenMpi as u8 {
+        return read::<u64>(h.checked_add(layout.dt_size_off as u64)?).filter(|_| h != 0);
+    }
+    let h = h & 0xffff_ffff;
+    if let Some(s) = mpich::builtin_type_size(h as u32) {
+        return Some(s);
+    }
+    // SAFETY: plain u64 value.
+    unsafe {
+        DTYPES.get(HandleKey {
+            tgid,
+            _pad: 0,
+            handle: h,
+        })
+    }
+    .copied()
+}
+
+/// Size of communicator `h` and this process's rank in it.
+#[inline(always)]
+pub fn comm_info(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<CommInfo> {
+    if abi == Abi::OpenMpi as u8 {
+        if h == 0 {
+            return None;
+        }
+        let rank: i32 = read(h + layout.comm_rank_off as u64)?;
+        let group: u64 = read(h + layout.comm_group_off as u64)?;
+        let size: i32 = read(group.checked_add(layout.group_size_off as u64)?)?;
+        if size <= 0 {
+            return None;
+        }
+        return Some(CommInfo {
+            size: size as u32,
+            rank,
+        });
+    }
+    let h = h & 0xffff_ffff;
+    if h == mpich::COMM_SELF {
+        return Some(CommInfo { size: 1, rank: 0 });
+    }
+    // SAFETY: plain value.
+    let info = unsafe {
+        COMMS.get(HandleKey {
+            tgid,
+            _pad: 0,
+            handle: h,
+        })
+    }
+    .copied()?;
+    if info.size == 0 {
+        None
+    } else {
+        Some(info)
+    }
+}
+
+/// Bytes received according to an `MPI_Status` at `status`, per ABI.
+#[inline(always)]
+pub fn status_bytes(abi: u8, status: u64) -> Option<u64> {
+    if abi == Abi::OpenMpi as u8 {
+        // { int MPI_SOURCE, MPI_TAG, MPI_ERROR, _cancelled; size_t _ucount; }
+        return read::<u64>(status + 16);
+    }
+    // { int count_lo; int count_hi_and_cancelled; int MPI_SOURCE, MPI_TAG, MPI_ERROR; }
+    let lo: u32 = read(status)?;
+    let hi: u32 = read(status + 4)?;
+    Some(((hi as u64 >> 1) << 32) | lo as u64)
+}
+
+/// Whether `status` is `MPI_STATUS_IGNORE` in this ABI.
+#[inline(always)]
+pub fn status_ignored(abi: u8, status: u64) -> bool {
+    status == 0 || (abi == Abi::Mpich as u8 && status == mpich::STATUS_IGNORE)
+}
+
+/// Reads up to `CHUNK` ints at `addr` into `buf` (only `n` of them are meaningful).
+#[inline(always)]
+fn read_chunk(addr: u64, n: u32, buf: &mut [i32; CHUNK]) -> bool {
+    // Read exactly what is asked: past the array's end may be an unmapped page.
+    let bytes = if n >= CHUNK as u32 {
+        CHUNK as u32 * 4
+    } else {
+        n * 4
+    };
+    // SAFETY: buf is CHUNK*4 bytes and bytes <= CHUNK*4; the helper checks the user side.
+    let rc = unsafe { gen::bpf_probe_read_user(buf.as_mut_ptr().cast(), bytes, addr as *const _) };
+    rc == 0
+}
+
+/// Sum of the `n` non-negative ints at `addr` (`None` if any is negative or unreadable).
+///
+/// Branch-free per element (the chunk is zeroed and read to its exact length, negatives
+/// are OR-ed into one sign check) so the verifier walks each chunk once.
+#[inline(always)]
+pub fn sum_ints(addr: u64, n: u32) -> Option<u64> {
+    if n > MAX_ARRAY || addr == 0 {
+        return None;
+    }
+    let mut total = 0u64;
+    let mut sign = 0i32;
+    for c in 0..MAX_CHUNKS {
+        let base = c * CHUNK as u32;
+        if base >= n {
+            break;
+        }
+        let mut chunk = [0i32; CHUNK];
+        if !read_chunk(addr + base as u64 * 4, n - base, &mut chunk) {
+            return None;
+        }
+        for v in chunk {
+            sign |= v;
+            total += v as u32 as u64;
+        }
+    }
+    if sign < 0 {
+        None
+    } else {
+        Some(total)
+    }
+}
+
+/// Product of the `n` (at most 16) positive ints at `addr` (subarray sizes).
+#[inline(always)]
+pub fn product_ints(addr: u64, n: u32) -> Option<u64> {
+    if n > CHUNK as u32 {
+        return None;
+    }
+    let mut chunk = [0i32; CHUNK];
+    if !read_chunk(addr, n, &mut chunk) {
+        return None;
+    }
+    let mut p = 1u64;
+    for (i, v) in chunk.iter().enumerate() {
+        if (i as u32) < n {
+            if *v < 0 {
+                return None;
+            }
+            p *= *v as u64;
+        }
+    }
+    Some(p)
+}
+
+/// Largest array walked element by element with a type lookup each (struct types,
+/// Alltoallw).
+pub const MAX_TYPED: u32 = 32;
+
+/// sum(counts[i] x size(types[i])) for i < n.
+#[inline(always)]
+pub fn sum_typed(
+    abi: u8,
+    layout: &Layout,
+    tgid: u32,
+    counts: u64,
+    types: u64,
+    n: u32,
+) -> Option<u64> {
+    if n > MAX_TYPED {
+        return None;
+    }
+    let stride = if abi == Abi::Mpich as u8 { 4 } else { 8 };
+    let mut total = 0u64;
+    for i in 0..MAX_TYPED {
+        if i >= n {
+            break;
+        }
+        let c: i32 = read(counts + i as u64 * 4)?;
+        if c < 0 {
+            return None;
+        }
+        let t: u64 = if stride == 4 {
+            read::<u32>(types + i as u64 * 4)? as u64
+        } else {
+            read::<u64>(types + i as u64 * 8)?
+        };
+        total += c as u64 * type_size(abi, layout, tgid, t)?;
+    }
+    Some(total)
+}

@@ -1,0 +1,23 @@
+//! commtap's BPF programs.
+//!
+//! - `mpi_entry` / `mpi_return`: one uprobe/uretprobe pair serves every MPI routine; the
+//!   attach cookie names the routine and its library's layout (see `collector_common::Cookie`).
+//! - `sched_fork` / `sched_exec` / `sched_exit`: follow the watched process tree.
+#![no_std]
+#![no_main]
+
+mod decode;
+mod maps;
+mod mpi;
+mod process;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+/// Required by the BPF loader: the programs call GPL-only helpers (probe_read_user).
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "license")]
+pub static LICENSE: [u8; 4] = *b"GPL\0";

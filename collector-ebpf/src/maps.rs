@@ -1,0 +1,88 @@
+//! Every map the programs share with userspace. Sizes are defaults; userspace may resize
+//! them before load (the ring buffer, for one, is `--ring-buffer-kib`).
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuHashMap, RingBuf},
+};
+use collector_common::{
+    ArgSpec, CommInfo, CounterKey, CounterVal, HandleKey, Layout, ProcStats, TpOffsets, MAX_ARGS,
+};
+
+/// Slots in `EntryState::args` (a power of two >= `MAX_ARGS`).
+pub const ARG_SLOTS: usize = 16;
+const _: () = assert!(ARG_SLOTS >= MAX_ARGS && ARG_SLOTS.is_power_of_two());
+
+/// State saved at a routine's entry, keyed by pid_tgid, consumed at its return.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EntryState {
+    pub start_ns: u64,
+    /// `MAX_ARGS` used; 16 slots so that `i & 15` indexes without a bounds check the
+    /// verifier could lose track of.
+    pub args: [u64; ARG_SLOTS],
+    /// Nested MPI calls currently inside this one (not counted again).
+    pub depth: u32,
+    pub _pad: u32,
+}
+
+/// Processes whose calls are counted: tgid -> `collector_common::watch` flags.
+#[map]
+pub static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
+
+/// The routine table (`collector_common::ROUTINES` specs), indexed by routine id.
+#[map]
+pub static ROUTINE_SPECS: Array<ArgSpec> = Array::with_max_entries(1024, 0);
+
+/// Object layouts per probed library, indexed by the cookie's layout slot.
+#[map]
+pub static LAYOUTS: Array<Layout> = Array::with_max_entries(collector_common::MAX_LAYOUTS, 0);
+
+/// Tracepoint field offsets for this kernel (index 0).
+#[map]
+pub static TP_OFFSETS: Array<TpOffsets> = Array::with_max_entries(1, 0);
+
+/// In-flight calls per thread.
+#[map]
+pub static ENTRIES: LruHashMap<u64, EntryState> = LruHashMap::with_max_entries(65536, 0);
+
+/// Ground truth: calls, bytes and time per process, routine, size bucket and comm size.
+#[map]
+pub static COUNTERS: PerCpuHashMap<CounterKey, CounterVal> =
+    PerCpuHashMap::with_max_entries(131072, 0);
+
+/// Health counters and MPI lifetime marks per process.
+#[map]
+pub static PROC_STATS: PerCpuHashMap<u32, ProcStats> = PerCpuHashMap::with_max_entries(16384, 0);
+
+/// Sizes of derived datatypes learnt from constructors (integer-handle ABIs).
+#[map]
+pub static DTYPES: HashMap<HandleKey, u64> = HashMap::with_max_entries(65536, 0);
+
+/// Communicator size and rank learnt from MPI_Comm_size / MPI_Comm_rank (integer-handle ABIs).
+#[map]
+pub static COMMS: HashMap<HandleKey, CommInfo> = HashMap::with_max_entries(65536, 0);
+
+/// Call and process events for userspace (latency, timelines, process tracking).
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+
+/// Applies `f` to this CPU's stats of `tgid`, creating them first if needed.
+#[inline(always)]
+pub fn with_proc_stats(tgid: u32, f: impl FnOnce(&mut ProcStats)) {
+    if let Some(s) = PROC_STATS.get_ptr_mut(tgid) {
+        // SAFETY: per-CPU value of this CPU; no other writer while the program runs.
+        f(unsafe { &mut *s });
+        return;
+    }
+    let mut s = ProcStats::default();
+    f(&mut s);
+    let _ = PROC_STATS.insert(tgid, s, 0);
+}
+
+/// Whether calls of `tgid` are counted.
+#[inline(always)]
+pub fn is_watched(tgid: u32) -> bool {
+    // SAFETY: plain u32 value.
+    matches!(unsafe { WATCHED.get(tgid) }, Some(f) if f & collector_common::watch::COUNT != 0)
+}

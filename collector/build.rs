@@ -1,0 +1,60 @@
+//! Builds `collector-ebpf` for the BPF target with the nightly toolchain and bpf-linker
+//! (set up by `cargo xtask setup`), so the object can be embedded in the `commtap` binary.
+
+use std::{env, path::PathBuf, process::Command};
+
+use anyhow::{bail, Context, Result};
+
+fn main() -> Result<()> {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
+    let ebpf = manifest.join("../collector-ebpf");
+    let common = manifest.join("../collector-common");
+    for dir in [ebpf.join("src"), common.join("src")] {
+        println!("cargo:rerun-if-changed={}", dir.display());
+    }
+    println!(
+        "cargo:rerun-if-changed={}",
+        ebpf.join("Cargo.toml").display()
+    );
+    let out = PathBuf::from(env::var("OUT_DIR")?);
+    let target_dir = out.join("ebpf-target");
+
+    let mut cmd = Command::new("rustup");
+    cmd.current_dir(&ebpf)
+        .args([
+            "run",
+            "nightly",
+            "cargo",
+            "build",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+        ])
+        .args(["-Z", "build-std=core", "--bins"])
+        .arg("--target-dir")
+        .arg(&target_dir);
+    // The outer cargo's settings (stable rustc, clippy's wrapper, host flags) must not leak in.
+    for var in [
+        "RUSTC",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTUP_TOOLCHAIN",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "CARGO_MAKEFLAGS",
+    ] {
+        cmd.env_remove(var);
+    }
+    let status = cmd.status().context(
+        "running `rustup run nightly cargo build` for collector-ebpf (run `cargo xtask setup`)",
+    )?;
+    if !status.success() {
+        bail!("building collector-ebpf failed: {status} (needs nightly + rust-src + bpf-linker: `cargo xtask setup`)");
+    }
+    let obj = target_dir.join("bpfel-unknown-none/release/collector");
+    std::fs::copy(&obj, out.join("collector.bpf.o"))
+        .with_context(|| format!("copying {}", obj.display()))?;
+    Ok(())
+}

@@ -1,0 +1,458 @@
+//! Loading the BPF programs and attaching them: one uprobe/uretprobe pair per distinct
+//! routine address of every probed library (each library once, whatever the number of
+//! processes mapping it), the kernel filtering to the watched processes.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{Array, HashMap, MapData, PerCpuHashMap, RingBuf},
+    programs::{
+        uprobe::{UProbeAttachPoint, UProbeLinkId, UProbeScope},
+        TracePoint, UProbe,
+    },
+    Ebpf, EbpfLoader,
+};
+use collector_common::{
+    routines::ArgSpec, watch, Abi, CommInfo, Cookie, CounterKey, CounterVal, HandleKey, Layout,
+    ProcStats, TpOffsets, MAX_LAYOUTS, ROUTINES,
+};
+use serde::Serialize;
+use tracing::{debug, info, warn};
+
+use crate::symbols::{self, LibraryKind, MpiLibrary, Placement};
+
+/// The BPF object built by `build.rs` from `collector-ebpf`.
+static BPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/collector.bpf.o"));
+
+/// Errors loading or attaching probes.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The BPF object could not be loaded (privileges, kernel support, verifier).
+    #[error("loading the BPF programs (commtap needs root or CAP_BPF+CAP_PERFMON): {0}")]
+    Load(#[source] Box<aya::EbpfError>),
+    /// A map or program is missing from the object (a build mismatch).
+    #[error("BPF object has no {0}")]
+    Missing(&'static str),
+    /// A map operation failed.
+    #[error("BPF map {map}: {source}")]
+    Map {
+        /// Which map.
+        map: &'static str,
+        /// The cause.
+        #[source]
+        source: aya::maps::MapError,
+    },
+    /// A program could not be loaded or attached.
+    #[error("BPF program {program}: {source}")]
+    Program {
+        /// Which program.
+        program: &'static str,
+        /// The cause.
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+    /// tracefs could not be mounted or read.
+    #[error("tracefs: {0}")]
+    Tracefs(String),
+    /// Too many distinct MPI libraries.
+    #[error("more than {MAX_LAYOUTS} distinct MPI libraries")]
+    TooManyLibraries,
+}
+
+fn map_err(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> AttachError {
+    move |source| AttachError::Map { map, source }
+}
+
+fn prog_err(program: &'static str) -> impl FnOnce(aya::programs::ProgramError) -> AttachError {
+    move |source| AttachError::Program {
+        program,
+        source: Box::new(source),
+    }
+}
+
+/// A library commtap has attached to, for the report's "probes" section.
+#[derive(Clone, Debug, Serialize)]
+pub struct AttachedLibrary {
+    /// What was read from it.
+    #[serde(flatten)]
+    pub library: MpiLibrary,
+    /// Probe points that failed to attach, with the reason.
+    pub failed: Vec<String>,
+}
+
+/// Loaded programs, their maps, and what is attached.
+pub struct Probes {
+    ebpf: Ebpf,
+    watched: HashMap<MapData, u32, u32>,
+    comms: HashMap<MapData, HandleKey, CommInfo>,
+    layouts: Array<MapData, Layout>,
+    counters: PerCpuHashMap<MapData, CounterKey, CounterVal>,
+    proc_stats: PerCpuHashMap<MapData, u32, ProcStats>,
+    events: Option<RingBuf<MapData>>,
+    /// By (dev, inode): attached MPI libraries, or `None` for objects that are not MPI.
+    seen: BTreeMap<(u64, u64), Option<usize>>,
+    /// Attached libraries in attach order; the index is the library's layout slot.
+    libraries: Vec<AttachedLibrary>,
+    /// MPI libraries we saw but do not decode, with the reason.
+    unsupported: Vec<String>,
+    /// Every uprobe link, by program, to detach them all at once at the end.
+    links: Vec<(&'static str, UProbeLinkId)>,
+}
+
+/// Options for loading.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// Ring buffer size in bytes (a power of two, at least a page).
+    pub ring_buffer_bytes: u32,
+}
+
+impl Probes {
+    /// Loads the programs, fills the routine table and attaches the process tracepoints.
+    pub fn load(opts: LoadOptions) -> Result<Probes, AttachError> {
+        bump_memlock_rlimit();
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("EVENTS", opts.ring_buffer_bytes)
+            .load(BPF_OBJECT)
+            .map_err(|e| AttachError::Load(Box::new(e)))?;
+
+        let mut specs: Array<MapData, ArgSpec> =
+            Array::try_from(take(&mut ebpf, "ROUTINE_SPECS")?).map_err(map_err("ROUTINE_SPECS"))?;
+        for (i, r) in ROUTINES.iter().enumerate() {
+            specs
+                .set(i as u32, r.spec, 0)
+                .map_err(map_err("ROUTINE_SPECS"))?;
+        }
+        let mut tp: Array<MapData, TpOffsets> =
+            Array::try_from(take(&mut ebpf, "TP_OFFSETS")?).map_err(map_err("TP_OFFSETS"))?;
+        tp.set(0, tracepoint_offsets()?, 0)
+            .map_err(map_err("TP_OFFSETS"))?;
+
+        for (prog, event) in [
+            ("sched_fork", "sched_process_fork"),
+            ("sched_exec", "sched_process_exec"),
+            ("sched_exit", "sched_process_exit"),
+        ] {
+            let p: &mut TracePoint = ebpf
+                .program_mut(prog)
+                .ok_or(AttachError::Missing("tracepoint program"))?
+                .try_into()
+                .map_err(prog_err("tracepoint"))?;
+            p.load().map_err(prog_err("tracepoint"))?;
+            p.attach("sched", event).map_err(prog_err("tracepoint"))?;
+        }
+        for prog in ["mpi_entry", "mpi_return_ompi", "mpi_return_mpich"] {
+            let p: &mut UProbe = ebpf
+                .program_mut(prog)
+                .ok_or(AttachError::Missing("uprobe program"))?
+                .try_into()
+                .map_err(prog_err("uprobe"))?;
+            p.load().map_err(prog_err("uprobe"))?;
+        }
+        Ok(Probes {
+            watched: HashMap::try_from(take(&mut ebpf, "WATCHED")?).map_err(map_err("WATCHED"))?,
+            comms: HashMap::try_from(take(&mut ebpf, "COMMS")?).map_err(map_err("COMMS"))?,
+            layouts: Array::try_from(take(&mut ebpf, "LAYOUTS")?).map_err(map_err("LAYOUTS"))?,
+            counters: PerCpuHashMap::try_from(take(&mut ebpf, "COUNTERS")?)
+                .map_err(map_err("COUNTERS"))?,
+            proc_stats: PerCpuHashMap::try_from(take(&mut ebpf, "PROC_STATS")?)
+                .map_err(map_err("PROC_STATS"))?,
+            events: Some(RingBuf::try_from(take(&mut ebpf, "EVENTS")?).map_err(map_err("EVENTS"))?),
+            ebpf,
+            seen: BTreeMap::new(),
+            libraries: Vec::new(),
+            unsupported: Vec::new(),
+            links: Vec::new(),
+        })
+    }
+
+    /// Hands the ring buffer to the ingest loop (once).
+    pub fn take_events(&mut self) -> Option<RingBuf<MapData>> {
+        self.events.take()
+    }
+
+    /// Starts counting `pid`'s calls; with `descendants`, also those of its future children.
+    pub fn watch(&mut self, pid: u32, descendants: bool) -> Result<(), AttachError> {
+        let flags = watch::COUNT | if descendants { watch::DESCENDANTS } else { 0 };
+        self.watched
+            .insert(pid, flags, 0)
+            .map_err(map_err("WATCHED"))
+    }
+
+    /// Makes every process `me` forks from now on watched (with its descendants), without
+    /// counting `me` itself.
+    pub fn watch_descendants_of_self(&mut self, me: u32) -> Result<(), AttachError> {
+        self.watched
+            .insert(me, watch::DESCENDANTS, 0)
+            .map_err(map_err("WATCHED"))
+    }
+
+    /// Forgets `pid` (used to stop following commtap's own children).
+    pub fn unwatch(&mut self, pid: u32) {
+        let _ = self.watched.remove(&pid);
+    }
+
+    /// Whether the kernel still counts `pid` (false once it exited).
+    pub fn is_watched(&self, pid: u32) -> bool {
+        self.watched.get(&pid, 0).is_ok()
+    }
+
+    /// Tells the kernel what the launcher says of `pid`'s world communicator (integer-handle
+    /// ABIs learn other communicators from MPI_Comm_size / MPI_Comm_rank).
+    pub fn seed_world(&mut self, pid: u32, size: u32, rank: u32) {
+        let key = HandleKey {
+            tgid: pid,
+            _pad: 0,
+            handle: collector_common::mpich::COMM_WORLD,
+        };
+        let _ = self.comms.insert(
+            key,
+            CommInfo {
+                size,
+                rank: rank as i32,
+            },
+            0,
+        );
+    }
+
+    /// Attaches to the library at `path` (identified by `dev_inode`) unless already done.
+    /// Returns whether it is an MPI library now probed.
+    pub fn attach_library(
+        &mut self,
+        dev_inode: (u64, u64),
+        path: &Path,
+    ) -> Result<bool, AttachError> {
+        if let Some(state) = self.seen.get(&dev_inode) {
+            return Ok(state.is_some());
+        }
+        let lib = match symbols::read_library(path) {
+            Ok(LibraryKind::Mpi(lib)) => lib,
+            Ok(LibraryKind::UnsupportedMpi(why)) => {
+                warn!("{why}");
+                self.unsupported.push(why);
+                self.seen.insert(dev_inode, None);
+                return Ok(false);
+            }
+            Ok(LibraryKind::Other) => {
+                self.seen.insert(dev_inode, None);
+                return Ok(false);
+            }
+            Err(e) => {
+                debug!("not probing {}: {e}", path.display());
+                self.seen.insert(dev_inode, None);
+                return Ok(false);
+            }
+        };
+        let slot = self.libraries.len() as u32;
+        if slot >= MAX_LAYOUTS {
+            return Err(AttachError::TooManyLibraries);
+        }
+        self.layouts
+            .set(slot, lib.layout, 0)
+            .map_err(map_err("LAYOUTS"))?;
+        let mut failed = Vec::new();
+        for probe in &lib.probes {
+            let cookie = Cookie {
+                routine: probe.routine,
+                layout: slot as u8,
+                abi: lib.abi as u8,
+            }
+            .pack();
+            let ret = match lib.abi {
+                Abi::OpenMpi => "mpi_return_ompi",
+                Abi::Mpich => "mpi_return_mpich",
+            };
+            for prog in ["mpi_entry", ret] {
+                let p: &mut UProbe = self
+                    .ebpf
+                    .program_mut(prog)
+                    .ok_or(AttachError::Missing("uprobe program"))?
+                    .try_into()
+                    .map_err(prog_err("uprobe"))?;
+                let point = UProbeAttachPoint {
+                    location: probe.offset.into(),
+                    cookie: Some(cookie),
+                };
+                match p.attach(point, path, UProbeScope::AllProcesses) {
+                    Ok(id) => self.links.push((prog, id)),
+                    Err(e) => failed.push(format!(
+                        "{} ({prog}) at {:#x}: {e}",
+                        probe.name, probe.offset
+                    )),
+                }
+            }
+        }
+        let single = lib
+            .probes
+            .iter()
+            .filter(|p| p.placement == Placement::SingleStepped)
+            .count();
+        let skipped = lib
+            .probes
+            .iter()
+            .filter(|p| p.placement == Placement::SkippedSingleStep)
+            .count();
+        info!(
+            "probing {} ({}): {} routines, {skipped} moved past a single-stepped first instruction, {single} single-stepped, {} failed",
+            lib.path,
+            lib.flavor,
+            lib.probes.len(),
+            failed.len()
+        );
+        self.seen.insert(dev_inode, Some(self.libraries.len()));
+        self.libraries.push(AttachedLibrary {
+            library: lib,
+            failed,
+        });
+        Ok(true)
+    }
+
+    /// Detaches every uprobe. Each detach waits for an RCU grace period (~0.1 s here), so
+    /// hundreds of them one after the other take most of a minute; detached from many
+    /// threads at once they share grace periods and take well under a second.
+    pub fn detach_all(&mut self) {
+        let mut links = Vec::new();
+        for (prog, id) in self.links.drain(..) {
+            let Some(p) = self.ebpf.program_mut(prog) else {
+                continue;
+            };
+            let p: Result<&mut UProbe, _> = p.try_into();
+            if let Ok(link) = p.and_then(|p| p.take_link(id)) {
+                links.push(link);
+            }
+        }
+        const THREADS: usize = 64;
+        let per = links.len().div_ceil(THREADS).max(1);
+        std::thread::scope(|s| {
+            while !links.is_empty() {
+                let batch: Vec<_> = links.drain(..per.min(links.len())).collect();
+                s.spawn(move || drop(batch));
+            }
+        });
+    }
+
+    /// Libraries probed so far.
+    pub fn libraries(&self) -> &[AttachedLibrary] {
+        &self.libraries
+    }
+
+    /// MPI libraries seen but not decoded.
+    pub fn unsupported(&self) -> &[String] {
+        &self.unsupported
+    }
+
+    /// Ground-truth counters, summed over CPUs.
+    pub fn read_counters(&self) -> Vec<(CounterKey, CounterVal)> {
+        self.counters
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, per_cpu)| {
+                let mut sum = CounterVal::default();
+                for v in per_cpu.iter() {
+                    sum.calls += v.calls;
+                    sum.bytes += v.bytes;
+                    sum.time_ns += v.time_ns;
+                }
+                (k, sum)
+            })
+            .collect()
+    }
+
+    /// Health counters of `pid`, summed (marks: the latest) over CPUs.
+    pub fn read_proc_stats(&self, pid: u32) -> ProcStats {
+        let mut s = ProcStats::default();
+        if let Ok(per_cpu) = self.proc_stats.get(&pid, 0) {
+            for v in per_cpu.iter() {
+                s.events_dropped += v.events_dropped;
+                s.undecoded += v.undecoded;
+                s.nested += v.nested;
+                s.orphan_returns += v.orphan_returns;
+                s.counters_full += v.counters_full;
+                s.init_ns = s.init_ns.max(v.init_ns);
+                s.finalize_ns = s.finalize_ns.max(v.finalize_ns);
+            }
+        }
+        s
+    }
+}
+
+impl Drop for Probes {
+    fn drop(&mut self) {
+        self.detach_all();
+    }
+}
+
+fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, AttachError> {
+    ebpf.take_map(name).ok_or(AttachError::Missing(name))
+}
+
+/// Ring buffers and maps are charged to the locked-memory limit on older kernels.
+fn bump_memlock_rlimit() {
+    let rlim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain syscall with a valid struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) } != 0 {
+        debug!("could not raise RLIMIT_MEMLOCK");
+    }
+}
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// Reads this kernel's tracepoint field offsets, mounting tracefs if needed.
+fn tracepoint_offsets() -> Result<TpOffsets, AttachError> {
+    let events = PathBuf::from(TRACEFS).join("events");
+    if !events.exists() {
+        let src = c"nodev";
+        let target = c"/sys/kernel/tracing";
+        let fstype = c"tracefs";
+        // SAFETY: valid C strings; mounting tracefs at its standard place.
+        let rc = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            return Err(AttachError::Tracefs(format!(
+                "not mounted and mount failed: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+    }
+    let field = |event: &str, name: &str| -> Result<Option<u32>, AttachError> {
+        let path = events.join("sched").join(event).join("format");
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| AttachError::Tracefs(format!("{}: {e}", path.display())))?;
+        Ok(text.lines().find_map(|l| {
+            let decl = l.split("field:").nth(1)?.split(';').next()?;
+            if decl.split_whitespace().last()? != name {
+                return None;
+            }
+            l.split("offset:")
+                .nth(1)?
+                .split(';')
+                .next()?
+                .trim()
+                .parse()
+                .ok()
+        }))
+    };
+    let need = |event: &str, name: &str| {
+        field(event, name)?
+            .ok_or_else(|| AttachError::Tracefs(format!("{event} has no field {name}")))
+    };
+    Ok(TpOffsets {
+        fork_parent_pid: need("sched_process_fork", "parent_pid")?,
+        fork_child_pid: need("sched_process_fork", "child_pid")?,
+        exit_group_dead: field("sched_process_exit", "group_dead")?.unwrap_or(u32::MAX),
+        _pad: 0,
+    })
+}

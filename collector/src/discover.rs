@@ -1,0 +1,253 @@
+//! Finding processes and what they map: rank, job and launcher from the environment, and
+//! the library files to probe from `/proc/PID/maps` (through `/proc/PID/root` so that
+//! processes in containers resolve in their own mount namespace).
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use serde::Serialize;
+
+/// Errors inspecting a process.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoverError {
+    /// No such process (or it exited).
+    #[error("no process with PID {0} (it does not exist or has exited)")]
+    NoSuchProcess(u32),
+    /// `/proc/PID/...` could not be read.
+    #[error("reading /proc/{pid}/{what}: {source}")]
+    Proc {
+        /// The process.
+        pid: u32,
+        /// Which file.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What commtap knows of a watched process from `/proc`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ProcessInfo {
+    /// Process id.
+    pub pid: u32,
+    /// Command line, space separated.
+    pub cmdline: String,
+    /// MPI world rank from the launcher's environment.
+    pub rank: Option<u32>,
+    /// MPI world size from the launcher's environment.
+    pub world_size: Option<u32>,
+    /// Batch job id (Slurm, PBS, LSF) if the process runs in one.
+    pub batch_job: Option<String>,
+    /// The launcher's own job key (PMIx namespace, Open MPI jobid, Hydra UUID), if any.
+    pub launcher_job: Option<String>,
+    /// Process start time in clock ticks since boot (with the pid, a unique identity).
+    pub start_ticks: u64,
+}
+
+/// Variables that carry the world rank, in order of preference.
+const RANK_VARS: &[&str] = &[
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "PMIX_RANK",
+    "SLURM_PROCID",
+    "MV2_COMM_WORLD_RANK",
+    "ALPS_APP_PE",
+];
+/// Variables that carry the world size.
+const SIZE_VARS: &[&str] = &[
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_SIZE",
+    "SLURM_NTASKS",
+    "MV2_COMM_WORLD_SIZE",
+];
+/// Batch systems' job ids (mpitrace's choice for profile file names).
+const BATCH_JOB_VARS: &[&str] = &["SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "COBALT_JOBID"];
+/// Launchers' own job keys.
+const LAUNCHER_JOB_VARS: &[&str] = &[
+    "PMIX_NAMESPACE",
+    "OMPI_MCA_ess_base_jobid",
+    "I_MPI_HYDRA_UUID",
+];
+
+fn proc_err(pid: u32, what: &'static str) -> impl FnOnce(std::io::Error) -> DiscoverError {
+    move |source| {
+        if source.kind() == std::io::ErrorKind::NotFound
+            || source.raw_os_error() == Some(libc::ESRCH)
+        {
+            DiscoverError::NoSuchProcess(pid)
+        } else {
+            DiscoverError::Proc { pid, what, source }
+        }
+    }
+}
+
+/// Reads a process's identity and launcher environment.
+pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).map_err(proc_err(pid, "stat"))?;
+    // Field 22 (starttime) counted after the ")" that closes the command name.
+    let start_ticks = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(19))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).map_err(proc_err(pid, "cmdline"))?;
+    let cmdline = cmdline
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let environ = fs::read(format!("/proc/{pid}/environ")).map_err(proc_err(pid, "environ"))?;
+    let env = parse_environ(&environ);
+    let first = |vars: &[&str]| {
+        vars.iter()
+            .find_map(|v| env.get(*v).filter(|s| !s.is_empty()).cloned())
+    };
+    Ok(ProcessInfo {
+        pid,
+        cmdline,
+        rank: first(RANK_VARS).and_then(|s| s.parse().ok()),
+        world_size: first(SIZE_VARS).and_then(|s| s.parse().ok()),
+        batch_job: first(BATCH_JOB_VARS),
+        launcher_job: first(LAUNCHER_JOB_VARS),
+        start_ticks,
+    })
+}
+
+fn parse_environ(raw: &[u8]) -> BTreeMap<String, String> {
+    raw.split(|b| *b == 0)
+        .filter_map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// A file mapped executable by a process.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct MappedObject {
+    /// Device and inode: the identity of the file, whatever path reaches it.
+    pub dev_inode: (u64, u64),
+    /// Path usable from commtap's mount namespace.
+    pub path: PathBuf,
+}
+
+/// Executable file mappings of `pid`, one per file.
+pub fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>, DiscoverError> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).map_err(proc_err(pid, "maps"))?;
+    let mut out: Vec<MappedObject> = Vec::new();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(_range), Some(perms), Some(_off), Some(_dev), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let path: String = f.collect::<Vec<_>>().join(" ");
+        if !perms.contains('x')
+            || inode == "0"
+            || !path.starts_with('/')
+            || path.ends_with(" (deleted)")
+        {
+            continue;
+        }
+        let in_ns = Path::new(&format!("/proc/{pid}/root")).join(path.trim_start_matches('/'));
+        let Ok(meta) = fs::metadata(&in_ns) else {
+            continue;
+        };
+        let dev_inode = (meta.dev(), meta.ino());
+        if !out.iter().any(|o| o.dev_inode == dev_inode) {
+            out.push(MappedObject {
+                dev_inode,
+                path: in_ns,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// MPI libraries the dynamic linker would find for a process started from commtap's
+/// environment: the `ldconfig` cache and `LD_LIBRARY_PATH`. Probing them before a launched
+/// job starts is what lets `record -- CMD` count every call from `MPI_Init` on.
+pub fn candidate_mpi_libraries() -> Vec<PathBuf> {
+    const NAMES: &[&str] = &["libmpi.so", "libmpich.so", "libmpi_abi.so"];
+    let mut found: Vec<PathBuf> = Vec::new();
+    let is_mpi = |name: &str| NAMES.iter().any(|n| name.starts_with(n));
+    if let Ok(out) = std::process::Command::new("ldconfig").arg("-p").output() {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let line = line.trim();
+            let Some((name, path)) = line.split_once(" => ") else {
+                continue;
+            };
+            if is_mpi(name) && line.contains("x86-64") {
+                found.push(PathBuf::from(path.trim()));
+            }
+        }
+    }
+    if let Ok(dirs) = std::env::var("LD_LIBRARY_PATH") {
+        for dir in dirs.split(':').filter(|d| !d.is_empty()) {
+            let Ok(entries) = fs::read_dir(dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                if is_mpi(&e.file_name().to_string_lossy()) {
+                    found.push(e.path());
+                }
+            }
+        }
+    }
+    let mut seen = Vec::new();
+    found.retain(|p| {
+        let id = fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
+        match id {
+            Some(id) if !seen.contains(&id) => {
+                seen.push(id);
+                true
+            }
+            _ => false,
+        }
+    });
+    found
+}
+
+/// This host's name, as reports show it.
+pub fn this_host() -> String {
+    hostname::get()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environ_parsing() {
+        let env = parse_environ(b"A=1\0OMPI_COMM_WORLD_RANK=3\0EMPTY=\0junk\0");
+        assert_eq!(
+            env.get("OMPI_COMM_WORLD_RANK").map(String::as_str),
+            Some("3")
+        );
+        assert_eq!(env.get("EMPTY").map(String::as_str), Some(""));
+        assert!(!env.contains_key("junk"));
+    }
+
+    #[test]
+    fn own_process_is_readable() {
+        let me = process_info(std::process::id()).unwrap();
+        assert!(me.start_ticks > 0);
+        assert!(!mapped_objects(std::process::id()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn missing_pid_is_a_clear_error() {
+        let err = process_info(u32::MAX - 1).unwrap_err();
+        assert!(matches!(err, DiscoverError::NoSuchProcess(_)), "{err}");
+    }
+}

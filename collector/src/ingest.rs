@@ -1,0 +1,130 @@
+//! Draining the ring buffer: call events (latency, timelines) and process lifecycle events.
+//!
+//! Counts and bytes never depend on this path: they are read from the kernel's counter
+//! maps. What the ring buffer could not carry is counted by the kernel per process.
+
+use std::sync::{
+    atomic::{AtomicU64, Ordering},
+    Arc,
+};
+
+use aya::maps::{MapData, RingBuf};
+use collector_common::{CallEvent, EventKind, ProcEvent};
+use tokio::{io::unix::AsyncFd, sync::mpsc};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+/// A watched process's lifecycle, as the kernel reported it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessEvent {
+    /// It (or its child, now watched) replaced its image.
+    Exec {
+        /// Process id.
+        pid: u32,
+    },
+    /// It forked a child that is now watched.
+    Fork {
+        /// The child.
+        pid: u32,
+        /// Its parent.
+        parent: u32,
+    },
+    /// It exited, at monotonic `ts_ns`.
+    Exit {
+        /// Process id.
+        pid: u32,
+        /// When.
+        ts_ns: u64,
+    },
+}
+
+/// What the ingest loop has seen.
+#[derive(Debug, Default)]
+pub struct IngestCounters {
+    /// Call events received.
+    pub call_events: AtomicU64,
+    /// Records too short or of an unknown kind.
+    pub malformed: AtomicU64,
+}
+
+/// Drains `ring` until `cancel`, forwarding process events to `tx`.
+pub async fn run(
+    ring: RingBuf<MapData>,
+    tx: mpsc::UnboundedSender<ProcessEvent>,
+    counters: Arc<IngestCounters>,
+    cancel: CancellationToken,
+) {
+    // SAFETY: the ring buffer owns its fd for as long as the AsyncFd owns the ring buffer.
+    let mut fd = match unsafe { AsyncFd::register(ring) } {
+        Ok(fd) => fd,
+        Err(e) => {
+            warn!("cannot poll the ring buffer: {e}");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            guard = fd.readable_mut() => {
+                let Ok(mut guard) = guard else { break };
+                drain(guard.get_inner_mut(), &tx, &counters);
+                guard.clear_ready();
+            }
+        }
+    }
+    drain(fd.get_mut(), &tx, &counters);
+}
+
+fn drain(
+    ring: &mut RingBuf<MapData>,
+    tx: &mpsc::UnboundedSender<ProcessEvent>,
+    counters: &IngestCounters,
+) {
+    while let Some(item) = ring.next() {
+        let bytes: &[u8] = &item;
+        let kind = bytes
+            .get(..4)
+            .map(|k| u32::from_ne_bytes([k[0], k[1], k[2], k[3]]));
+        match kind {
+            Some(k) if k == EventKind::Call as u32 && bytes.len() >= size_of::<CallEvent>() => {
+                counters.call_events.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(k) if bytes.len() >= size_of::<ProcEvent>() => {
+                // SAFETY: length checked; ProcEvent is plain integers.
+                let ev: ProcEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+                let pe = if k == EventKind::Exec as u32 {
+                    ProcessEvent::Exec { pid: ev.tgid }
+                } else if k == EventKind::Fork as u32 {
+                    ProcessEvent::Fork {
+                        pid: ev.tgid,
+                        parent: ev.parent,
+                    }
+                } else if k == EventKind::Exit as u32 {
+                    ProcessEvent::Exit {
+                        pid: ev.tgid,
+                        ts_ns: ev.ts_ns,
+                    }
+                } else {
+                    counters.malformed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                debug!(?pe, "process event");
+                let _ = tx.send(pe);
+            }
+            _ => {
+                counters.malformed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Monotonic time in ns, the clock `bpf_ktime_get_ns` reads.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

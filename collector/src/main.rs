@@ -1,0 +1,183 @@
+//! `commtap`: zero-instrumentation profiler for the communication of MPI jobs.
+//!
+//! The data flows discover -> symbols -> attach (kernel probes) -> ingest / counters ->
+//! stats -> report; each stage is one module.
+
+mod attach;
+mod discover;
+mod ingest;
+mod record;
+mod report;
+mod stats;
+mod symbols;
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+use crate::record::{Format, RecordOptions};
+
+/// commtap: profile the communication of running MPI jobs with eBPF: no relink, no
+/// LD_PRELOAD, no restart.
+///
+/// Probes MPI entry points (Open MPI, MPICH) in running processes and reports, per rank,
+/// routine and message size, calls, bytes and time, in IBM mpitrace's layout or as JSON.
+/// Needs root (or CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN).
+#[derive(Parser, Debug)]
+#[command(name = "commtap", version, propagate_version = true)]
+struct Cli {
+    /// Log filter (also RUST_LOG), e.g. `info`, `commtap=debug`.
+    #[arg(long, global = true, default_value = "warn", env = "COMMTAP_LOG")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Profile MPI processes: attach to running ranks or launch a job, then print its profile.
+    ///
+    /// Examples:
+    ///   commtap record --pid 4242,4243 --duration 30s
+    ///   commtap record -- mpirun -np 4 ./app
+    ///   commtap record --format json --mpitrace-dir prof/ -- mpiexec -n 8 ./app
+    ///
+    /// The profile is printed when the duration ends, on Ctrl-C, or when the processes
+    /// (or the launched command) exit. Counts and bytes are exact: they come from counters
+    /// kept in the kernel, which no event loss can thin out.
+    #[command(verbatim_doc_comment)]
+    Record(RecordArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct RecordArgs {
+    /// Running processes to attach to (comma separated or repeated).
+    #[arg(short, long, value_delimiter = ',', conflicts_with = "command")]
+    pid: Vec<u32>,
+    /// Stop recording after this long (e.g. 30s, 5m, 1h, 500ms).
+    #[arg(short, long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+    /// Write the profile to this file instead of standard output.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Also write IBM mpitrace's `mpi_profile.<jobid>.<rank>` files into this directory.
+    #[arg(long)]
+    mpitrace_dir: Option<PathBuf>,
+    /// Ring buffer for call events, in KiB (events beyond it are counted as dropped;
+    /// counts and bytes stay exact).
+    #[arg(long, default_value_t = 1024)]
+    ring_buffer_kib: u32,
+    /// An MPI library to probe before launching, besides those the dynamic linker finds
+    /// (repeatable; for libraries in a venv or an unusual prefix).
+    #[arg(long = "lib")]
+    libraries: Vec<PathBuf>,
+    /// Command to launch and profile, with every process it spawns (after `--`).
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 30s, 5m, 500ms"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => {
+            return Err(format!(
+                "invalid duration unit {unit:?} in {s:?}: use ms, s, m or h"
+            ))
+        }
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("commtap: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        match cli.command {
+            Command::Record(a) => {
+                let opts = RecordOptions {
+                    pids: a.pid,
+                    command: a.command,
+                    duration: a.duration,
+                    format: a.format,
+                    output: a.output,
+                    mpitrace_dir: a.mpitrace_dir,
+                    ring_buffer_kib: a.ring_buffer_kib,
+                    libraries: a.libraries,
+                };
+                let profile = record::record(opts.clone()).await?;
+                record::emit(&profile, &opts)?;
+                if profile.ranks.is_empty() {
+                    anyhow::bail!("no MPI calls were recorded");
+                }
+                Ok(())
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("commtap: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("3 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

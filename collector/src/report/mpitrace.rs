@@ -1,0 +1,250 @@
+//! mpitrace's text layout: per rank, `MPI Routine #calls avg. bytes time(sec)`, the
+//! message-size distributions, and, for the job, the communication summary for all tasks.
+
+use std::{fmt::Write as _, fs, io, path::Path};
+
+use super::{JobProfile, RankProfile};
+use crate::stats::{table_order, Totals};
+
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// Where a rank stands among all ranks, as mpitrace words it.
+fn standing(job: &JobProfile, r: &RankProfile) -> Option<&'static str> {
+    let s = job.comm_summary()?;
+    if job.ranks.len() < 2 {
+        return None;
+    }
+    if s.min.pid == r.pid {
+        Some("minimum")
+    } else if s.max.pid == r.pid {
+        Some("maximum")
+    } else if s.median.pid == r.pid {
+        Some("median")
+    } else {
+        None
+    }
+}
+
+/// One rank's section, as in an mpitrace `mpi_profile.<job>.<rank>` file.
+pub fn render_rank(job: &JobProfile, r: &RankProfile) -> String {
+    let mut o = String::new();
+    let size = job.ranks.len();
+    let _ = writeln!(o, "Data for MPI rank {} of {}:", r.rank, size);
+    let _ = writeln!(o, "Times and statistics from MPI_Init() to MPI_Finalize().");
+    let _ = writeln!(
+        o,
+        "-----------------------------------------------------------------------"
+    );
+    let _ = writeln!(
+        o,
+        "{:<28}{:>12}{:>16}{:>14}",
+        "MPI Routine", "#calls", "avg. bytes", "time(sec)"
+    );
+    let _ = writeln!(
+        o,
+        "-----------------------------------------------------------------------"
+    );
+    let rows = table_order(&r.routines);
+    for (name, s) in &rows {
+        let _ = writeln!(
+            o,
+            "{:<28}{:>12}{:>16.1}{:>14.3}",
+            name,
+            s.totals.calls,
+            s.totals.avg_bytes(),
+            secs(s.totals.time_ns)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "-----------------------------------------------------------------------"
+    );
+    if let Some(w) = standing(job, r) {
+        let _ = writeln!(
+            o,
+            "MPI task {} of {} had the {} communication time.",
+            r.rank, size, w
+        );
+    }
+    let _ = writeln!(
+        o,
+        "total communication time = {:.3} seconds.",
+        secs(r.comm_time_ns)
+    );
+    let _ = writeln!(
+        o,
+        "total elapsed time       = {:.3} seconds.",
+        secs(r.elapsed_ns)
+    );
+    if r.health.dropped
+        + r.health.undecoded
+        + r.health.in_flight_at_attach
+        + r.health.counter_map_full
+        > 0
+    {
+        let _ = writeln!(
+            o,
+            "not measured: {} calls with undecodable bytes, {} calls in flight at attach, {} calls lost to a full counter map; {} events dropped (counts exact).",
+            r.health.undecoded, r.health.in_flight_at_attach, r.health.counter_map_full, r.health.dropped
+        );
+    }
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "-----------------------------------------------------------------"
+    );
+    let _ = writeln!(o, "Message size distributions:");
+    let _ = writeln!(o);
+    for (name, s) in &rows {
+        if s.totals.bytes == 0 && s.undecoded_calls == 0 {
+            continue;
+        }
+        let _ = writeln!(
+            o,
+            "{:<28}{:>12}{:>16}{:>14}",
+            name, "#calls", "avg. bytes", "time(sec)"
+        );
+        for b in &s.sizes {
+            let t: &Totals = &b.totals;
+            match b.bucket {
+                Some(_) => {
+                    let _ = writeln!(
+                        o,
+                        "{:<28}{:>12}{:>16.1}{:>14.3}",
+                        "",
+                        t.calls,
+                        t.avg_bytes(),
+                        secs(t.time_ns)
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        o,
+                        "{:<28}{:>12}{:>16}{:>14.3}",
+                        "",
+                        t.calls,
+                        "undecoded",
+                        secs(t.time_ns)
+                    );
+                }
+            }
+        }
+        let _ = writeln!(o);
+    }
+    o
+}
+
+/// The job summary that mpitrace appends to rank 0's file.
+fn render_summary(job: &JobProfile) -> String {
+    let mut o = String::new();
+    let Some(s) = job.comm_summary() else {
+        return o;
+    };
+    let _ = writeln!(
+        o,
+        "-----------------------------------------------------------------"
+    );
+    let _ = writeln!(o, "Communication summary for all tasks:");
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "  minimum communication time = {:.3} sec for task {}",
+        secs(s.min.comm_time_ns),
+        s.min.rank
+    );
+    let _ = writeln!(
+        o,
+        "  median  communication time = {:.3} sec for task {}",
+        secs(s.median.comm_time_ns),
+        s.median.rank
+    );
+    let _ = writeln!(
+        o,
+        "  maximum communication time = {:.3} sec for task {}",
+        secs(s.max.comm_time_ns),
+        s.max.rank
+    );
+    let _ = writeln!(o);
+    let _ = writeln!(o, "MPI timing summary for all ranks:");
+    let _ = writeln!(
+        o,
+        "{:>8} {:<20} {:>10} {:>12} {:>10}",
+        "taskid", "hostname", "comm(s)", "elapsed(s)", "pid"
+    );
+    for r in &job.ranks {
+        let _ = writeln!(
+            o,
+            "{:>8} {:<20} {:>10.2} {:>12.2} {:>10}",
+            r.rank,
+            r.host,
+            secs(r.comm_time_ns),
+            secs(r.elapsed_ns),
+            r.pid
+        );
+    }
+    o
+}
+
+/// The full text report: every rank's section, then the job summary and what was not measured.
+pub fn render_text(job: &JobProfile) -> String {
+    let mut o = String::new();
+    for r in &job.ranks {
+        o.push_str(&render_rank(job, r));
+    }
+    o.push_str(&render_summary(job));
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "events dropped: {}   calls with undecodable bytes: {}",
+        job.dropped, job.undecoded
+    );
+    for l in &job.libraries {
+        let _ = writeln!(o, "probed {} ({}): {} routines", l.path, l.flavor, l.probes);
+        if !l.moved_past_single_step.is_empty() {
+            let _ = writeln!(
+                o,
+                "  moved past a single-stepped first instruction: {}",
+                l.moved_past_single_step.join(", ")
+            );
+        }
+        if !l.single_stepped.is_empty() {
+            let _ = writeln!(
+                o,
+                "  single-stepped (dearer) probes: {}",
+                l.single_stepped.join(", ")
+            );
+        }
+        for f in &l.failed {
+            let _ = writeln!(o, "  failed: {f}");
+        }
+    }
+    for u in &job.unsupported_libraries {
+        let _ = writeln!(o, "not probed: {u}");
+    }
+    for n in &job.not_profiled {
+        let _ = writeln!(o, "not profiled: {n}");
+    }
+    if job.ranks.is_empty() {
+        let _ = writeln!(o, "no MPI calls were seen.");
+    }
+    o
+}
+
+/// Writes `mpi_profile.<job>.<rank>` for every rank into `dir` (created if needed), rank
+/// 0's file ending with the job summary, as mpitrace does.
+pub fn write_mpitrace_dir(job: &JobProfile, dir: &Path) -> io::Result<Vec<std::path::PathBuf>> {
+    fs::create_dir_all(dir)?;
+    let mut written = Vec::new();
+    for r in &job.ranks {
+        let mut text = render_rank(job, r);
+        if r.rank == 0 {
+            text.push_str(&render_summary(job));
+        }
+        let path = dir.join(format!("mpi_profile.{}.{}", r.job, r.rank));
+        fs::write(&path, text)?;
+        written.push(path);
+    }
+    Ok(written)
+}

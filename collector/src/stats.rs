@@ -1,0 +1,289 @@
+//! The profile: per process, per routine, per size bucket and communicator size; built from
+//! the kernel's ground-truth counters, merged with one function wherever profiles meet.
+
+use std::collections::BTreeMap;
+
+use collector_common::{
+    buckets::bucket_range, routines::class, CounterKey, CounterVal, ProcStats, ROUTINES,
+    UNKNOWN_BUCKET,
+};
+use serde::{Deserialize, Serialize};
+
+/// Calls, bytes and time of a set of calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Totals {
+    /// Number of calls.
+    pub calls: u64,
+    /// Bytes by the routine's byte rule.
+    pub bytes: u64,
+    /// Time inside the calls, ns.
+    pub time_ns: u64,
+}
+
+impl Totals {
+    /// Adds `other` into `self`.
+    pub fn merge(&mut self, other: &Totals) {
+        self.calls += other.calls;
+        self.bytes += other.bytes;
+        self.time_ns += other.time_ns;
+    }
+
+    /// Average bytes per call (0 with no calls).
+    pub fn avg_bytes(&self) -> f64 {
+        if self.calls == 0 {
+            0.0
+        } else {
+            self.bytes as f64 / self.calls as f64
+        }
+    }
+}
+
+/// One message-size bucket of a routine.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SizeBucket {
+    /// Bucket index (mpitrace bins), absent for calls whose bytes were not decoded.
+    pub bucket: Option<u8>,
+    /// Smallest byte count the bucket holds.
+    pub min_bytes: Option<u64>,
+    /// Largest byte count the bucket holds.
+    pub max_bytes: Option<u64>,
+    /// The calls in it.
+    #[serde(flatten)]
+    pub totals: Totals,
+}
+
+/// All calls of one routine in one process.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoutineStats {
+    /// All calls.
+    #[serde(flatten)]
+    pub totals: Totals,
+    /// Calls whose bytes could not be decoded (counted, bytes not guessed).
+    pub undecoded_calls: u64,
+    /// Message-size distribution, smallest bucket first, undecoded last.
+    pub sizes: Vec<SizeBucket>,
+    /// Calls per communicator size ("0": unknown or none).
+    pub comm_sizes: BTreeMap<u32, u64>,
+}
+
+impl RoutineStats {
+    /// Adds `other` into `self`.
+    pub fn merge(&mut self, other: &RoutineStats) {
+        self.totals.merge(&other.totals);
+        self.undecoded_calls += other.undecoded_calls;
+        for b in &other.sizes {
+            self.add_bucket(b.bucket, &b.totals);
+        }
+        for (size, calls) in &other.comm_sizes {
+            *self.comm_sizes.entry(*size).or_default() += calls;
+        }
+    }
+
+    fn add_bucket(&mut self, bucket: Option<u8>, t: &Totals) {
+        match self.sizes.iter_mut().find(|b| b.bucket == bucket) {
+            Some(b) => b.totals.merge(t),
+            None => {
+                let (min, max) = bucket.map(bucket_range).unzip();
+                self.sizes.push(SizeBucket {
+                    bucket,
+                    min_bytes: min,
+                    max_bytes: max,
+                    totals: *t,
+                });
+                // Undecoded (None) sorts last.
+                self.sizes
+                    .sort_by_key(|b| b.bucket.map_or(u16::MAX, u16::from));
+            }
+        }
+    }
+}
+
+/// What commtap could not measure for a process: shown, never hidden.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// Call events lost because the ring buffer was full (counts stay exact).
+    pub dropped: u64,
+    /// Calls whose bytes could not be decoded.
+    pub undecoded: u64,
+    /// MPI calls made inside another MPI call (counted once, at the outer call).
+    pub nested: u64,
+    /// Calls already in progress when the probes attached (not counted).
+    pub in_flight_at_attach: u64,
+    /// Calls lost because the kernel's counter map was full.
+    pub counter_map_full: u64,
+}
+
+impl From<&ProcStats> for Health {
+    fn from(s: &ProcStats) -> Self {
+        Health {
+            dropped: s.events_dropped,
+            undecoded: s.undecoded,
+            nested: s.nested,
+            in_flight_at_attach: s.orphan_returns,
+            counter_map_full: s.counters_full,
+        }
+    }
+}
+
+/// Routines by name, ordered as the routine table orders them.
+pub type Routines = BTreeMap<String, RoutineStats>;
+
+/// Builds the per-routine statistics of process `tgid` from the kernel's counters.
+pub fn routines_of(tgid: u32, counters: &[(CounterKey, CounterVal)]) -> Routines {
+    let mut out = Routines::new();
+    for (k, v) in counters.iter().filter(|(k, _)| k.tgid == tgid) {
+        let Some(routine) = ROUTINES.get(k.routine as usize) else {
+            continue;
+        };
+        let totals = Totals {
+            calls: v.calls,
+            bytes: v.bytes,
+            time_ns: v.time_ns,
+        };
+        let bucket = (k.bucket != UNKNOWN_BUCKET).then_some(k.bucket);
+        let mut one = RoutineStats {
+            totals,
+            ..Default::default()
+        };
+        if bucket.is_none() {
+            one.undecoded_calls = v.calls;
+        }
+        one.add_bucket(bucket, &totals);
+        one.comm_sizes.insert(k.comm_size, v.calls);
+        out.entry(routine.name.to_string()).or_default().merge(&one);
+    }
+    out
+}
+
+/// Communication time of a process: every routine but MPI_Init and MPI_Finalize.
+pub fn communication_ns(routines: &Routines) -> u64 {
+    routines
+        .iter()
+        .filter(|(name, _)| {
+            collector_common::routines::routine_id(name)
+                .map(|id| {
+                    !matches!(
+                        ROUTINES[id as usize].spec.class,
+                        class::INIT | class::FINALIZE
+                    )
+                })
+                .unwrap_or(true)
+        })
+        .map(|(_, r)| r.totals.time_ns)
+        .sum()
+}
+
+/// Order routines as mpitrace lists them: the routine table's order.
+pub fn table_order(routines: &Routines) -> Vec<(&String, &RoutineStats)> {
+    let mut v: Vec<_> = routines.iter().collect();
+    v.sort_by_key(|(name, _)| collector_common::routines::routine_id(name).unwrap_or(u16::MAX));
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(tgid: u32, routine: &str, bucket: u8, comm_size: u32) -> CounterKey {
+        let routine = collector_common::routines::routine_id(routine).unwrap();
+        CounterKey {
+            tgid,
+            routine,
+            bucket,
+            _pad: 0,
+            comm_size,
+        }
+    }
+
+    #[test]
+    fn counters_fold_into_routines() {
+        let c = vec![
+            (
+                key(7, "MPI_Allreduce", 2, 4),
+                CounterVal {
+                    calls: 10,
+                    bytes: 80,
+                    time_ns: 100,
+                },
+            ),
+            (
+                key(7, "MPI_Allreduce", 2, 2),
+                CounterVal {
+                    calls: 5,
+                    bytes: 40,
+                    time_ns: 50,
+                },
+            ),
+            (
+                key(7, "MPI_Allreduce", 10, 4),
+                CounterVal {
+                    calls: 1,
+                    bytes: 2000,
+                    time_ns: 9,
+                },
+            ),
+            (
+                key(7, "MPI_Send", UNKNOWN_BUCKET, 4),
+                CounterVal {
+                    calls: 3,
+                    bytes: 0,
+                    time_ns: 3,
+                },
+            ),
+            (
+                key(8, "MPI_Send", 1, 4),
+                CounterVal {
+                    calls: 1,
+                    bytes: 4,
+                    time_ns: 1,
+                },
+            ),
+        ];
+        let r = routines_of(7, &c);
+        let ar = &r["MPI_Allreduce"];
+        assert_eq!(
+            ar.totals,
+            Totals {
+                calls: 16,
+                bytes: 2120,
+                time_ns: 159
+            }
+        );
+        assert_eq!(ar.sizes.len(), 2);
+        assert_eq!(ar.sizes[0].bucket, Some(2));
+        assert_eq!(ar.sizes[0].totals.calls, 15);
+        assert_eq!(ar.comm_sizes, BTreeMap::from([(2, 5), (4, 11)]));
+        let s = &r["MPI_Send"];
+        assert_eq!(s.undecoded_calls, 3);
+        assert_eq!(s.sizes[0].bucket, None);
+        assert_eq!(communication_ns(&r), 162);
+    }
+
+    #[test]
+    fn merge_is_associative() {
+        let c = |n| {
+            vec![(
+                key(1, "MPI_Bcast", 3, 4),
+                CounterVal {
+                    calls: n,
+                    bytes: 16 * n,
+                    time_ns: n,
+                },
+            )]
+        };
+        let (a, b, d) = (
+            routines_of(1, &c(1)),
+            routines_of(1, &c(2)),
+            routines_of(1, &c(3)),
+        );
+        let mut ab_d = a["MPI_Bcast"].clone();
+        ab_d.merge(&b["MPI_Bcast"]);
+        ab_d.merge(&d["MPI_Bcast"]);
+        let mut bd = b["MPI_Bcast"].clone();
+        bd.merge(&d["MPI_Bcast"]);
+        let mut a_bd = a["MPI_Bcast"].clone();
+        a_bd.merge(&bd);
+        assert_eq!(ab_d, a_bd);
+        assert_eq!(ab_d.totals.calls, 6);
+    }
+}

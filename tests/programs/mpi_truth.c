@@ -1,0 +1,585 @@
+/*
+ * mpi_truth: ground-truth MPI workload for commtap end-to-end tests.
+ *
+ * Usage: mpi_truth OUT_PREFIX [ITERS]      (ITERS defaults to 3)
+ *
+ * Every rank performs a deterministic set of MPI calls (ITERS loops of
+ * point-to-point, collective, nonblocking and one-sided traffic, with
+ * predefined and derived datatypes) and counts each call itself with note()
+ * right next to it.  After its last counted MPI call, and before
+ * MPI_Finalize, each rank writes OUT_PREFIX.<rank>.json:
+ *
+ *   {"rank":R,"size":P,"pid":PID,
+ *    "routines":{"MPI_Send":{"calls":N,"bytes":B}, ...},
+ *    "comm_sizes":{"MPI_Allreduce":[2,4], ...}}
+ *
+ * Byte conventions (see README.md): bytes = count x type size, where type
+ * size is MPI_Type_size semantics (packed data size, not extent).  Sizes are
+ * computed here with sizeof arithmetic; MPI_Type_size is never called.
+ * Routines that are not probed by commtap (MPI_Win_create, MPI_Win_free,
+ * MPI_Finalize) are called but not counted.  No other MPI routine is called.
+ */
+#include <mpi.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- truth */
+
+#define MAX_ROUTINES 96
+#define MAX_SIZES 8
+
+struct routine {
+    const char *name;
+    long long calls;
+    long long bytes;
+    int nsizes;             /* distinct communicator sizes (collectives) */
+    int sizes[MAX_SIZES];
+};
+
+static struct routine table[MAX_ROUTINES];
+static int nroutines;
+
+static struct routine *lookup(const char *name)
+{
+    for (int i = 0; i < nroutines; i++)
+        if (strcmp(table[i].name, name) == 0)
+            return &table[i];
+    if (nroutines == MAX_ROUTINES) {
+        fprintf(stderr, "mpi_truth: routine table full\n");
+        abort();
+    }
+    table[nroutines].name = name;
+    return &table[nroutines++];
+}
+
+/* Count one call of a non-collective routine. */
+static void note(const char *name, long long bytes)
+{
+    struct routine *r = lookup(name);
+    r->calls++;
+    r->bytes += bytes;
+}
+
+/* Count one call of a collective routine on a communicator of size csize. */
+static void note_coll(const char *name, long long bytes, int csize)
+{
+    struct routine *r = lookup(name);
+    r->calls++;
+    r->bytes += bytes;
+    for (int i = 0; i < r->nsizes; i++)
+        if (r->sizes[i] == csize)
+            return;
+    if (r->nsizes == MAX_SIZES) {
+        fprintf(stderr, "mpi_truth: too many communicator sizes\n");
+        abort();
+    }
+    /* insertion keeps the list sorted */
+    int j = r->nsizes++;
+    while (j > 0 && r->sizes[j - 1] > csize) {
+        r->sizes[j] = r->sizes[j - 1];
+        j--;
+    }
+    r->sizes[j] = csize;
+}
+
+static void write_truth(const char *prefix, int rank, int size)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%d.json", prefix, rank);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        abort();
+    }
+    fprintf(f, "{\"rank\":%d,\"size\":%d,\"pid\":%ld,\"routines\":{",
+            rank, size, (long)getpid());
+    for (int i = 0; i < nroutines; i++)
+        fprintf(f, "%s\"%s\":{\"calls\":%lld,\"bytes\":%lld}", i ? "," : "",
+                table[i].name, table[i].calls, table[i].bytes);
+    fprintf(f, "},\"comm_sizes\":{");
+    int first = 1;
+    for (int i = 0; i < nroutines; i++) {
+        if (table[i].nsizes == 0)
+            continue;
+        fprintf(f, "%s\"%s\":[", first ? "" : ",", table[i].name);
+        for (int k = 0; k < table[i].nsizes; k++)
+            fprintf(f, "%s%d", k ? "," : "", table[i].sizes[k]);
+        fprintf(f, "]");
+        first = 0;
+    }
+    fprintf(f, "}}\n");
+    if (fclose(f) != 0) {
+        perror(path);
+        abort();
+    }
+}
+
+/* ------------------------------------------------------- type sizes */
+
+/* MPI_Type_size semantics: bytes of data, not extent. */
+#define SZ_CHAR ((long long)sizeof(char))
+#define SZ_BYTE 1LL
+#define SZ_INT ((long long)sizeof(int))
+#define SZ_DOUBLE ((long long)sizeof(double))
+#define SZ_DOUBLE_INT ((long long)(sizeof(double) + sizeof(int))) /* 12, not 16 */
+#define SZ_CONTIG3D (3 * SZ_DOUBLE)                 /* contiguous(3, DOUBLE) */
+#define SZ_VEC (2 * 3 * SZ_INT)                     /* vector(2,3,5,INT)     */
+#define SZ_STRUCT (2 * SZ_INT + 1 * SZ_DOUBLE)      /* {int[2], double}      */
+#define SZ_INDEXED ((1 + 2 + 3) * SZ_INT)           /* indexed {1,2,3} INT   */
+#define SZ_DUP SZ_CONTIG3D                          /* dup of contig3d       */
+#define SZ_RESIZED SZ_VEC                           /* resized vec           */
+
+struct pair { int a[2]; double d; };        /* matches the struct type */
+struct dbl_int { double val; int loc; };    /* MPI_DOUBLE_INT layout   */
+
+/* ------------------------------------------------------------- main */
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || argc > 3) {
+        fprintf(stderr, "usage: %s OUT_PREFIX [ITERS]\n", argv[0]);
+        return 2;
+    }
+    const char *prefix = argv[1];
+    int iters = argc > 2 ? atoi(argv[2]) : 3;
+    if (iters < 1)
+        iters = 1;
+
+    int rank, size;
+    MPI_Init(&argc, &argv);
+    note("MPI_Init", 0);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    note("MPI_Comm_rank", 0);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    note("MPI_Comm_size", 0);
+
+    const int P = size;
+    const int right = (rank + 1) % P;
+    const int left = (rank - 1 + P) % P;
+    const int even = (rank % 2) == 0;
+    MPI_Comm world = MPI_COMM_WORLD;
+
+    /* ---- derived datatypes ---- */
+    MPI_Datatype t_contig, t_vec, t_struct, t_indexed, t_dup, t_resized;
+
+    MPI_Type_contiguous(3, MPI_DOUBLE, &t_contig);
+    note("MPI_Type_contiguous", 0);
+    MPI_Type_commit(&t_contig);
+    note("MPI_Type_commit", 0);
+
+    MPI_Type_vector(2, 3, 5, MPI_INT, &t_vec);
+    note("MPI_Type_vector", 0);
+    MPI_Type_commit(&t_vec);
+    note("MPI_Type_commit", 0);
+
+    {
+        int bl[2] = {2, 1};
+        MPI_Aint disp[2] = {offsetof(struct pair, a), offsetof(struct pair, d)};
+        MPI_Datatype types[2] = {MPI_INT, MPI_DOUBLE};
+        MPI_Type_create_struct(2, bl, disp, types, &t_struct);
+        note("MPI_Type_create_struct", 0);
+        MPI_Type_commit(&t_struct);
+        note("MPI_Type_commit", 0);
+    }
+    {
+        int bl[3] = {1, 2, 3};
+        int disp[3] = {0, 2, 5};            /* extent 8 ints */
+        MPI_Type_indexed(3, bl, disp, MPI_INT, &t_indexed);
+        note("MPI_Type_indexed", 0);
+        MPI_Type_commit(&t_indexed);
+        note("MPI_Type_commit", 0);
+    }
+    MPI_Type_dup(t_contig, &t_dup);
+    note("MPI_Type_dup", 0);
+    MPI_Type_commit(&t_dup);
+    note("MPI_Type_commit", 0);
+
+    /* vec has extent 8 ints; stretch it to 10 ints */
+    MPI_Type_create_resized(t_vec, 0, (MPI_Aint)(10 * sizeof(int)), &t_resized);
+    note("MPI_Type_create_resized", 0);
+    MPI_Type_commit(&t_resized);
+    note("MPI_Type_commit", 0);
+
+    /* ---- communicators ---- */
+    MPI_Comm dup, split;
+    int dup_rank, dup_size, split_rank, split_size;
+    MPI_Comm_dup(world, &dup);
+    note("MPI_Comm_dup", 0);
+    MPI_Comm_rank(dup, &dup_rank);
+    note("MPI_Comm_rank", 0);
+    MPI_Comm_size(dup, &dup_size);
+    note("MPI_Comm_size", 0);
+    MPI_Comm_split(world, rank % 2, rank, &split);
+    note("MPI_Comm_split", 0);
+    MPI_Comm_rank(split, &split_rank);
+    note("MPI_Comm_rank", 0);
+    MPI_Comm_size(split, &split_size);
+    note("MPI_Comm_size", 0);
+
+    /* ---- one-sided window (MPI_Win_create/free are not counted) ---- */
+    int winbuf[16];
+    memset(winbuf, 0, sizeof winbuf);
+    MPI_Win win;
+    MPI_Win_create(winbuf, (MPI_Aint)sizeof winbuf, (int)sizeof(int),
+                   MPI_INFO_NULL, world, &win);
+
+    /* ---- buffers ---- */
+    int ibuf[32], ibuf2[32];
+    double dbuf[32], dbuf2[32];
+    char cbuf[32], cbuf2[32];
+    unsigned char bbuf[32], bbuf2[32];
+    struct pair pbuf[4], pbuf2[4];
+    for (int i = 0; i < 32; i++) {
+        ibuf[i] = rank * 100 + i;
+        dbuf[i] = rank + i * 0.5;
+        cbuf[i] = (char)('a' + (i + rank) % 26);
+        bbuf[i] = (unsigned char)(i ^ rank);
+    }
+    memset(ibuf2, 0, sizeof ibuf2);
+    memset(dbuf2, 0, sizeof dbuf2);
+    memset(cbuf2, 0, sizeof cbuf2);
+    memset(bbuf2, 0, sizeof bbuf2);
+    memset(pbuf2, 0, sizeof pbuf2);
+    for (int i = 0; i < 4; i++) {
+        pbuf[i].a[0] = rank;
+        pbuf[i].a[1] = i;
+        pbuf[i].d = rank * 0.25 + i;
+    }
+
+    int *isend = malloc(sizeof(int) * 8 * (size_t)P * (size_t)(P + 2));
+    int *irecv = malloc(sizeof(int) * 8 * (size_t)P * (size_t)(P + 2));
+    double *dsend = malloc(sizeof(double) * 8 * (size_t)P * (size_t)(P + 2));
+    double *drecv = malloc(sizeof(double) * 8 * (size_t)P * (size_t)(P + 2));
+    char *csend = malloc(8 * (size_t)P * (size_t)(P + 2));
+    char *crecv = malloc(8 * (size_t)P * (size_t)(P + 2));
+    unsigned char *wsend = malloc(16 * (size_t)P);
+    unsigned char *wrecv = malloc(16 * (size_t)P);
+    int *counts = malloc(sizeof(int) * (size_t)P);
+    int *displs = malloc(sizeof(int) * (size_t)P);
+    int *rcounts = malloc(sizeof(int) * (size_t)P);
+    int *rdispls = malloc(sizeof(int) * (size_t)P);
+    MPI_Datatype *stypes = malloc(sizeof(MPI_Datatype) * (size_t)P);
+    MPI_Datatype *rtypes = malloc(sizeof(MPI_Datatype) * (size_t)P);
+    if (!isend || !irecv || !dsend || !drecv || !csend || !crecv || !wsend ||
+        !wrecv || !counts || !displs || !rcounts || !rdispls || !stypes ||
+        !rtypes) {
+        fprintf(stderr, "mpi_truth: out of memory\n");
+        abort();
+    }
+    for (int i = 0; i < 8 * P * (P + 2); i++) {
+        isend[i] = rank + i;
+        dsend[i] = rank * 0.5 + i;
+        csend[i] = (char)('A' + (rank + i) % 26);
+    }
+    for (int i = 0; i < 16 * P; i++)
+        wsend[i] = 0;
+
+    for (int it = 0; it < iters; it++) {
+        const int root = it % P;
+        MPI_Status st;
+        MPI_Request req[4];
+        /* real status arrays rather than MPI_STATUSES_IGNORE: GCC's
+         * -Wstringop-overflow misfires on MPICH's (MPI_Status *)1 */
+        MPI_Status sts[4];
+        int flag, idx;
+
+        /* ============ blocking point-to-point around a ring ============
+         * Even ranks send first, odd ranks receive first: no deadlock even
+         * with MPI_Ssend, for any P >= 2 (with P = 2, left == right). */
+        for (int phase = 0; phase < 2; phase++) {
+            if ((phase == 0) == even) {
+                /* ---- sender side, to `right` ---- */
+                note("MPI_Send", 10 * SZ_INT);
+                MPI_Send(ibuf, 10, MPI_INT, right, 1, world);
+                note("MPI_Ssend", 7 * SZ_DOUBLE);
+                MPI_Ssend(dbuf, 7, MPI_DOUBLE, right, 2, world);
+                note("MPI_Send", 2 * SZ_CONTIG3D);
+                MPI_Send(dbuf, 2, t_contig, right, 3, world);
+                note("MPI_Send", 1 * SZ_VEC);
+                MPI_Send(ibuf, 1, t_vec, right, 4, world);
+                note("MPI_Send", 3 * SZ_STRUCT);
+                MPI_Send(pbuf, 3, t_struct, right, 5, world);
+                note("MPI_Send", 1 * SZ_INDEXED);
+                MPI_Send(ibuf, 1, t_indexed, right, 6, world);
+                note("MPI_Send", 1 * SZ_DUP);
+                MPI_Send(dbuf, 1, t_dup, right, 7, world);
+                note("MPI_Send", 2 * SZ_RESIZED);
+                MPI_Send(ibuf, 2, t_resized, right, 8, world);
+                note("MPI_Send", 6 * SZ_CHAR);
+                MPI_Send(cbuf, 6, MPI_CHAR, right, 9, world);
+            } else {
+                /* ---- receiver side, from `left` ---- */
+                note("MPI_Probe", 0);
+                MPI_Probe(left, 1, world, &st);
+                /* posted 20 ints, 10 arrive: bytes = received (status) */
+                note("MPI_Recv", 10 * SZ_INT);
+                MPI_Recv(ibuf2, 20, MPI_INT, left, 1, world, &st);
+                /* MPI_STATUS_IGNORE: bytes = POSTED size (9 doubles),
+                 * although only 7 arrive */
+                note("MPI_Recv", 9 * SZ_DOUBLE);
+                MPI_Recv(dbuf2, 9, MPI_DOUBLE, left, 2, world,
+                         MPI_STATUS_IGNORE);
+                note("MPI_Recv", 2 * SZ_CONTIG3D);
+                MPI_Recv(dbuf2, 2, t_contig, left, 3, world, &st);
+                /* vec arrives as 6 plain ints (same type signature) */
+                note("MPI_Recv", 6 * SZ_INT);
+                MPI_Recv(ibuf2, 6, MPI_INT, left, 4, world, &st);
+                note("MPI_Recv", 3 * SZ_STRUCT);
+                MPI_Recv(pbuf2, 3, t_struct, left, 5, world, &st);
+                note("MPI_Recv", 1 * SZ_INDEXED);
+                MPI_Recv(ibuf2, 1, t_indexed, left, 6, world, &st);
+                note("MPI_Recv", 1 * SZ_DUP);
+                MPI_Recv(dbuf2, 1, t_dup, left, 7, world, &st);
+                note("MPI_Recv", 2 * SZ_RESIZED);
+                MPI_Recv(ibuf2, 2, t_resized, left, 8, world, &st);
+                /* poll with MPI_Iprobe; every call is counted */
+                do {
+                    note("MPI_Iprobe", 0);
+                    MPI_Iprobe(left, 9, world, &flag, &st);
+                } while (!flag);
+                /* posted 16 chars, 6 arrive: bytes = received (status) */
+                note("MPI_Recv", 6 * SZ_CHAR);
+                MPI_Recv(cbuf2, 16, MPI_CHAR, left, 9, world, &st);
+            }
+        }
+
+        /* send 5 chars, posted receive of 8 chars: 5 + 8 bytes */
+        note("MPI_Sendrecv", 5 * SZ_CHAR + 8 * SZ_CHAR);
+        MPI_Sendrecv(cbuf, 5, MPI_CHAR, right, 20, cbuf2, 8, MPI_CHAR, left,
+                     20, world, &st);
+        /* 2 x count x size */
+        note("MPI_Sendrecv_replace", 2 * 4 * SZ_DOUBLE);
+        MPI_Sendrecv_replace(dbuf2, 4, MPI_DOUBLE, right, 21, left, 21, world,
+                             &st);
+
+        /* ================= nonblocking point-to-point ================= */
+        note("MPI_Irecv", 16 * SZ_BYTE);        /* posted size */
+        MPI_Irecv(bbuf2, 16, MPI_BYTE, left, 30, world, &req[0]);
+        note("MPI_Isend", 12 * SZ_BYTE);
+        MPI_Isend(bbuf, 12, MPI_BYTE, right, 30, world, &req[1]);
+        note("MPI_Waitall", 0);
+        MPI_Waitall(2, req, sts);
+
+        note("MPI_Irecv", 3 * SZ_INT);
+        MPI_Irecv(ibuf2, 3, MPI_INT, left, 31, world, &req[0]);
+        note("MPI_Issend", 3 * SZ_INT);
+        MPI_Issend(ibuf, 3, MPI_INT, right, 31, world, &req[1]);
+        note("MPI_Wait", 0);
+        MPI_Wait(&req[0], MPI_STATUS_IGNORE);
+        do {
+            note("MPI_Test", 0);
+            MPI_Test(&req[1], &flag, MPI_STATUS_IGNORE);
+        } while (!flag);
+
+        note("MPI_Irecv", 2 * SZ_DOUBLE);
+        MPI_Irecv(dbuf2, 2, MPI_DOUBLE, left, 32, world, &req[0]);
+        note("MPI_Isend", 2 * SZ_DOUBLE);
+        MPI_Isend(dbuf, 2, MPI_DOUBLE, right, 32, world, &req[1]);
+        for (int k = 0; k < 2; k++) {
+            note("MPI_Waitany", 0);
+            MPI_Waitany(2, req, &idx, MPI_STATUS_IGNORE);
+        }
+
+        note("MPI_Irecv", 1 * SZ_CONTIG3D);
+        MPI_Irecv(dbuf2, 1, t_contig, left, 33, world, &req[0]);
+        note("MPI_Isend", 1 * SZ_CONTIG3D);
+        MPI_Isend(dbuf, 1, t_contig, right, 33, world, &req[1]);
+        do {
+            note("MPI_Testall", 0);
+            MPI_Testall(2, req, &flag, sts);
+        } while (!flag);
+
+        /* ======================== collectives ======================== */
+        note_coll("MPI_Barrier", 0, P);
+        MPI_Barrier(world);
+
+        note_coll("MPI_Bcast", 10 * SZ_INT, P);
+        MPI_Bcast(ibuf2, 10, MPI_INT, root, world);
+        note_coll("MPI_Bcast", 2 * SZ_CONTIG3D, P);
+        MPI_Bcast(dbuf2, 2, t_contig, root, world);
+        note_coll("MPI_Bcast", 2 * SZ_STRUCT, P);
+        MPI_Bcast(pbuf2, 2, t_struct, root, world);
+        note_coll("MPI_Bcast", 1 * SZ_INDEXED, P);
+        MPI_Bcast(ibuf2, 1, t_indexed, root, world);
+
+        note_coll("MPI_Reduce", 4 * SZ_DOUBLE, P);
+        MPI_Reduce(dbuf, dbuf2, 4, MPI_DOUBLE, MPI_SUM, root, world);
+
+        note_coll("MPI_Allreduce", 3 * SZ_INT, P);
+        MPI_Allreduce(ibuf, ibuf2, 3, MPI_INT, MPI_SUM, world);
+        {
+            struct dbl_int in[2], out[2];
+            in[0].val = (double)((rank * 7 + it) % P);
+            in[0].loc = rank;
+            in[1].val = (double)rank;
+            in[1].loc = rank;
+            /* MPI_DOUBLE_INT size is 12 (sizeof(double)+sizeof(int)) */
+            note_coll("MPI_Allreduce", 2 * SZ_DOUBLE_INT, P);
+            MPI_Allreduce(in, out, 2, MPI_DOUBLE_INT, MPI_MAXLOC, world);
+        }
+
+        note_coll("MPI_Scan", 2 * SZ_INT, P);
+        MPI_Scan(ibuf, ibuf2, 2, MPI_INT, MPI_SUM, world);
+        note_coll("MPI_Exscan", 2 * SZ_DOUBLE, P);
+        MPI_Exscan(dbuf, dbuf2, 2, MPI_DOUBLE, MPI_SUM, world);
+
+        {   /* recvcounts[i] = i + 1 ints */
+            long long sum = 0;
+            for (int i = 0; i < P; i++) {
+                rcounts[i] = i + 1;
+                sum += rcounts[i];
+            }
+            note_coll("MPI_Reduce_scatter", sum * SZ_INT, P);
+            MPI_Reduce_scatter(isend, irecv, rcounts, MPI_INT, MPI_SUM, world);
+        }
+        note_coll("MPI_Reduce_scatter_block", 2 * SZ_DOUBLE * P, P);
+        MPI_Reduce_scatter_block(dsend, drecv, 2, MPI_DOUBLE, MPI_SUM, world);
+
+        note_coll("MPI_Gather", 3 * SZ_INT, P);
+        MPI_Gather(isend, 3, MPI_INT, irecv, 3, MPI_INT, root, world);
+        for (int i = 0, off = 0; i < P; i++) {
+            rcounts[i] = i + 1;
+            rdispls[i] = off;
+            off += rcounts[i];
+        }
+        note_coll("MPI_Gatherv", (rank + 1) * SZ_DOUBLE, P);
+        MPI_Gatherv(dsend, rank + 1, MPI_DOUBLE, drecv, rcounts, rdispls,
+                    MPI_DOUBLE, root, world);
+
+        note_coll("MPI_Scatter", 2 * SZ_INT, P);
+        MPI_Scatter(isend, 2, MPI_INT, irecv, 2, MPI_INT, root, world);
+        /* counts/displs: i + 1 chars to rank i */
+        note_coll("MPI_Scatterv", (rank + 1) * SZ_CHAR, P);
+        MPI_Scatterv(csend, rcounts, rdispls, MPI_CHAR, crecv, rank + 1,
+                     MPI_CHAR, root, world);
+
+        note_coll("MPI_Allgather", 4 * SZ_CHAR, P);
+        MPI_Allgather(csend, 4, MPI_CHAR, crecv, 4, MPI_CHAR, world);
+        for (int i = 0, off = 0; i < P; i++) {
+            rcounts[i] = i + 2;
+            rdispls[i] = off;
+            off += rcounts[i];
+        }
+        note_coll("MPI_Allgatherv", rcounts[rank] * SZ_INT, P);
+        MPI_Allgatherv(isend, rank + 2, MPI_INT, irecv, rcounts, rdispls,
+                       MPI_INT, world);
+
+        note_coll("MPI_Alltoall", 2 * SZ_INT, P);
+        MPI_Alltoall(isend, 2, MPI_INT, irecv, 2, MPI_INT, world);
+
+        {   /* rank r sends r + i + 1 elements to rank i (symmetric) */
+            long long sum = 0;
+            int soff = 0, roff = 0;
+            for (int i = 0; i < P; i++) {
+                counts[i] = rank + i + 1;
+                displs[i] = soff;
+                soff += counts[i];
+                rcounts[i] = i + rank + 1;
+                rdispls[i] = roff;
+                roff += rcounts[i];
+                sum += counts[i];
+            }
+            note_coll("MPI_Alltoallv", sum * SZ_CHAR / P, P);
+            MPI_Alltoallv(csend, counts, displs, MPI_CHAR, crecv, rcounts,
+                          rdispls, MPI_CHAR, world);
+            note_coll("MPI_Alltoallv", sum * SZ_DOUBLE / P, P);
+            MPI_Alltoallv(dsend, counts, displs, MPI_DOUBLE, drecv, rcounts,
+                          rdispls, MPI_DOUBLE, world);
+        }
+
+        {   /* 2 elements to each rank i, of type INT (i even) or DOUBLE
+             * (i odd); displacements in bytes, 16 bytes per peer */
+            long long sum = 0;
+            for (int i = 0; i < P; i++) {
+                counts[i] = 2;
+                displs[i] = 16 * i;
+                stypes[i] = (i % 2) ? MPI_DOUBLE : MPI_INT;
+                sum += counts[i] * ((i % 2) ? SZ_DOUBLE : SZ_INT);
+                rcounts[i] = 2;
+                rdispls[i] = 16 * i;
+                rtypes[i] = (rank % 2) ? MPI_DOUBLE : MPI_INT;
+            }
+            note_coll("MPI_Alltoallw", sum / P, P);
+            MPI_Alltoallw(wsend, counts, displs, stypes, wrecv, rcounts,
+                          rdispls, rtypes, world);
+        }
+
+        /* ================= nonblocking collectives ================= */
+        note_coll("MPI_Ibcast", 5 * SZ_DOUBLE, P);
+        MPI_Ibcast(dbuf2, 5, MPI_DOUBLE, root, world, &req[0]);
+        note("MPI_Wait", 0);
+        MPI_Wait(&req[0], MPI_STATUS_IGNORE);
+
+        note_coll("MPI_Iallreduce", 2 * SZ_INT, P);
+        MPI_Iallreduce(ibuf, ibuf2, 2, MPI_INT, MPI_MAX, world, &req[0]);
+        note_coll("MPI_Ialltoall", 1 * SZ_DOUBLE, P);
+        MPI_Ialltoall(dsend, 1, MPI_DOUBLE, drecv, 1, MPI_DOUBLE, world,
+                      &req[1]);
+        note("MPI_Waitall", 0);
+        MPI_Waitall(2, req, sts);
+
+        note_coll("MPI_Ibarrier", 0, P);
+        MPI_Ibarrier(world, &req[0]);
+        note("MPI_Wait", 0);
+        MPI_Wait(&req[0], MPI_STATUS_IGNORE);
+
+        /* ============ derived communicators (sizes differ) ============ */
+        note_coll("MPI_Allreduce", 1 * SZ_INT, split_size);
+        MPI_Allreduce(&rank, &ibuf2[0], 1, MPI_INT, MPI_SUM, split);
+        note_coll("MPI_Bcast", 2 * SZ_INT, dup_size);
+        MPI_Bcast(ibuf2, 2, MPI_INT, root, dup);
+        note_coll("MPI_Barrier", 0, split_size);
+        MPI_Barrier(split);
+
+        /* ========================= one-sided ========================= */
+        note("MPI_Win_fence", 0);
+        MPI_Win_fence(0, win);
+        note("MPI_Put", 2 * SZ_INT);
+        MPI_Put(ibuf, 2, MPI_INT, right, 0, 2, MPI_INT, win);
+        note("MPI_Win_fence", 0);
+        MPI_Win_fence(0, win);
+        note("MPI_Get", 3 * SZ_INT);
+        MPI_Get(ibuf2, 3, MPI_INT, left, 4, 3, MPI_INT, win);
+        note("MPI_Win_fence", 0);
+        MPI_Win_fence(0, win);
+        note("MPI_Accumulate", 4 * SZ_INT);
+        MPI_Accumulate(ibuf, 4, MPI_INT, right, 8, 4, MPI_INT, MPI_SUM, win);
+        note("MPI_Win_fence", 0);
+        MPI_Win_fence(0, win);
+    }
+
+    /* ---- teardown ---- */
+    MPI_Win_free(&win);                     /* not probed, not counted */
+
+    MPI_Comm_free(&dup);
+    note("MPI_Comm_free", 0);
+    MPI_Comm_free(&split);
+    note("MPI_Comm_free", 0);
+
+    MPI_Type_free(&t_resized);
+    note("MPI_Type_free", 0);
+    MPI_Type_free(&t_dup);
+    note("MPI_Type_free", 0);
+    MPI_Type_free(&t_indexed);
+    note("MPI_Type_free", 0);
+    MPI_Type_free(&t_struct);
+    note("MPI_Type_free", 0);
+    MPI_Type_free(&t_vec);
+    note("MPI_Type_free", 0);
+    MPI_Type_free(&t_contig);
+    note("MPI_Type_free", 0);
+
+    /* last counted MPI call is above; MPI_Finalize is not counted */
+    write_truth(prefix, rank, size);
+
+    free(isend); free(irecv); free(dsend); free(drecv);
+    free(csend); free(crecv); free(wsend); free(wrecv);
+    free(counts); free(displs); free(rcounts); free(rdispls);
+    free(stypes); free(rtypes);
+
+    MPI_Finalize();
+    return 0;
+}
