@@ -18,7 +18,7 @@ pub enum DiscoverError {
     #[error("no process with PID {0} (it does not exist or has exited)")]
     NoSuchProcess(u32),
     /// `/proc/PID/...` could not be read.
-    #[error("reading /proc/{pid}/{what}: {source}")]
+    #[error("reading /proc/{pid}/{what}")]
     Proc {
         /// The process.
         pid: u32,

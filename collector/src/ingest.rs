@@ -3,9 +3,12 @@
 //! Counts and bytes never depend on this path: they are read from the kernel's counter
 //! maps. What the ring buffer could not carry is counted by the kernel per process.
 
-use std::sync::{
-    atomic::{AtomicU64, Ordering},
-    Arc,
+use std::{
+    collections::BTreeMap,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
 };
 
 use aya::maps::{MapData, RingBuf};
@@ -41,10 +44,20 @@ pub enum ProcessEvent {
 /// What the ingest loop has seen.
 #[derive(Debug, Default)]
 pub struct IngestCounters {
-    /// Call events received.
-    pub call_events: AtomicU64,
+    /// Call events received, per process.
+    pub call_events: Mutex<BTreeMap<u32, u64>>,
     /// Records too short or of an unknown kind.
     pub malformed: AtomicU64,
+}
+
+impl IngestCounters {
+    /// Call events received from `pid`.
+    pub fn events_of(&self, pid: u32) -> u64 {
+        self.call_events
+            .lock()
+            .map(|m| m.get(&pid).copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
 }
 
 /// Drains `ring` until `cancel`, forwarding process events to `tx`.
@@ -80,6 +93,8 @@ fn drain(
     tx: &mpsc::UnboundedSender<ProcessEvent>,
     counters: &IngestCounters,
 ) {
+    // Counted locally and merged once per drain: the lock stays off the per-event path.
+    let mut calls: BTreeMap<u32, u64> = BTreeMap::new();
     while let Some(item) = ring.next() {
         let bytes: &[u8] = &item;
         let kind = bytes
@@ -87,7 +102,9 @@ fn drain(
             .map(|k| u32::from_ne_bytes([k[0], k[1], k[2], k[3]]));
         match kind {
             Some(k) if k == EventKind::Call as u32 && bytes.len() >= size_of::<CallEvent>() => {
-                counters.call_events.fetch_add(1, Ordering::Relaxed);
+                // SAFETY: length checked; CallEvent is plain integers.
+                let ev: CallEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+                *calls.entry(ev.tgid).or_default() += 1;
             }
             Some(k) if bytes.len() >= size_of::<ProcEvent>() => {
                 // SAFETY: length checked; ProcEvent is plain integers.
@@ -113,6 +130,13 @@ fn drain(
             }
             _ => {
                 counters.malformed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    if !calls.is_empty() {
+        if let Ok(mut all) = counters.call_events.lock() {
+            for (pid, n) in calls {
+                *all.entry(pid).or_default() += n;
             }
         }
     }

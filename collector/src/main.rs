@@ -64,6 +64,9 @@ struct RecordArgs {
     /// Write the profile to this file instead of standard output.
     #[arg(short, long)]
     output: Option<PathBuf>,
+    /// Also write the JSON profile to this file (whatever --format says).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
     /// Also write IBM mpitrace's `mpi_profile.<jobid>.<rank>` files into this directory.
     #[arg(long)]
     mpitrace_dir: Option<PathBuf>,
@@ -75,6 +78,9 @@ struct RecordArgs {
     /// (repeatable; for libraries in a venv or an unusual prefix).
     #[arg(long = "lib")]
     libraries: Vec<PathBuf>,
+    /// Create this file once the probes are attached (for scripts: attach, then go).
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
     /// Command to launch and profile, with every process it spawns (after `--`).
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -140,8 +146,10 @@ fn main() -> ExitCode {
                     format: a.format,
                     output: a.output,
                     mpitrace_dir: a.mpitrace_dir,
+                    json: a.json,
                     ring_buffer_kib: a.ring_buffer_kib,
                     libraries: a.libraries,
+                    ready_file: a.ready_file,
                 };
                 let profile = record::record(opts.clone()).await?;
                 record::emit(&profile, &opts)?;

@@ -47,10 +47,14 @@ pub struct RecordOptions {
     pub output: Option<PathBuf>,
     /// Also write mpitrace files here.
     pub mpitrace_dir: Option<PathBuf>,
+    /// Also write the JSON profile here.
+    pub json: Option<PathBuf>,
     /// Ring buffer size in KiB.
     pub ring_buffer_kib: u32,
     /// Extra MPI libraries to probe before launching (beyond the linker's search path).
     pub libraries: Vec<PathBuf>,
+    /// Created once the probes are attached (a handshake for scripts and tests).
+    pub ready_file: Option<PathBuf>,
 }
 
 /// Per watched process, what record keeps.
@@ -75,6 +79,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     if !opts.pids.is_empty() && !opts.command.is_empty() {
         bail!("give either --pid or a command to launch, not both");
     }
+    check_privileges()?;
     let me = std::process::id();
     let mut tracked: BTreeMap<u32, Tracked> = BTreeMap::new();
     let mut not_profiled = Vec::new();
@@ -133,6 +138,10 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
         bail!("PID {list}: not an MPI process (maps no MPI library: libmpi, libmpich)");
     }
 
+    if !opts.pids.is_empty() {
+        mark_ready(&opts)?;
+    }
+
     // Launch mode: probe the libraries the job will load before it starts.
     let mut child = None;
     if !opts.command.is_empty() {
@@ -150,6 +159,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
         if probes.libraries().is_empty() {
             warn!("no MPI library found in the linker's search path; libraries are probed as processes map them");
         }
+        mark_ready(&opts)?;
         let (c, pid) = launch(&opts.command, &mut probes)?;
         tracked.insert(
             pid,
@@ -198,12 +208,16 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
         }
     }
 
+    // Stop counting before reading, so the counters and the events describe the same calls.
+    for pid in tracked.keys() {
+        probes.unwatch(*pid);
+    }
     let counters = probes.read_counters();
     cancel.cancel();
     let _ = ingest.await;
     debug!(
-        call_events = ingest_counters
-            .call_events
+        malformed = ingest_counters
+            .malformed
             .load(std::sync::atomic::Ordering::Relaxed),
         "ingest done"
     );
@@ -224,6 +238,8 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
         }
         let ps = probes.read_proc_stats(pid);
         let routines = stats::routines_of(pid, &counters);
+        let mut health: stats::Health = (&ps).into();
+        health.events = ingest_counters.events_of(pid);
         let start = if ps.init_ns != 0 {
             ps.init_ns.max(t.since_ns)
         } else {
@@ -248,7 +264,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
             elapsed_ns: end.saturating_sub(start),
             comm_time_ns: stats::communication_ns(&routines),
             routines,
-            health: (&ps).into(),
+            health,
         });
     }
     Ok(assemble(ranks, &probes, not_profiled))
@@ -258,15 +274,14 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
 fn assemble(mut ranks: Vec<RankProfile>, probes: &Probes, not_profiled: Vec<String>) -> JobProfile {
     // Ranks without a launcher rank get the next free numbers, in pid order.
     ranks.sort_by_key(|r| (r.rank, r.pid));
-    let mut next = ranks
+    let first_free = ranks
         .iter()
         .filter(|r| r.rank_known)
         .map(|r| r.rank + 1)
         .max()
         .unwrap_or(0);
-    for r in ranks.iter_mut().filter(|r| !r.rank_known) {
-        r.rank = next;
-        next += 1;
+    for (r, rank) in ranks.iter_mut().filter(|r| !r.rank_known).zip(first_free..) {
+        r.rank = rank;
     }
     ranks.sort_by_key(|r| r.rank);
     // mpitrace's job id: the batch system's, else rank 0's pid.
@@ -410,6 +425,40 @@ fn launch(command: &[String], probes: &mut Probes) -> Result<(tokio::process::Ch
     Ok((child, pid))
 }
 
+fn mark_ready(opts: &RecordOptions) -> Result<()> {
+    if let Some(path) = &opts.ready_file {
+        std::fs::write(path, format!("{}\n", std::process::id()))
+            .with_context(|| format!("writing the ready file {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Capabilities commtap needs, by bit number in `CapEff`.
+const NEEDED_CAPS: &[(u32, &str)] = &[(21, "CAP_SYS_ADMIN"), (38, "CAP_PERFMON"), (39, "CAP_BPF")];
+
+/// Fails early, with a message that says what to do, when BPF cannot be used.
+fn check_privileges() -> Result<()> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    let missing: Vec<&str> = NEEDED_CAPS
+        .iter()
+        .filter(|(bit, _)| eff & (1 << bit) == 0)
+        .map(|(_, n)| *n)
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "commtap needs root (or {}) to load BPF programs and attach uprobes; missing: {}. Run it with sudo, or as the commtap systemd service.",
+            NEEDED_CAPS.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(" + "),
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
 /// Writes the profile as asked.
 pub fn emit(profile: &JobProfile, opts: &RecordOptions) -> Result<()> {
     let text = match opts.format {
@@ -421,6 +470,10 @@ pub fn emit(profile: &JobProfile, opts: &RecordOptions) -> Result<()> {
             std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
         }
         None => std::io::stdout().write_all(text.as_bytes())?,
+    }
+    if let Some(path) = &opts.json {
+        std::fs::write(path, serde_json::to_string_pretty(profile)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(dir) = &opts.mpitrace_dir {
         let files = report::write_mpitrace_dir(profile, dir)

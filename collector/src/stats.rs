@@ -101,6 +101,8 @@ impl RoutineStats {
 /// What commtap could not measure for a process: shown, never hidden.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Health {
+    /// Call events received through the ring buffer (with `dropped`: every counted call).
+    pub events: u64,
     /// Call events lost because the ring buffer was full (counts stay exact).
     pub dropped: u64,
     /// Calls whose bytes could not be decoded.
@@ -116,6 +118,7 @@ pub struct Health {
 impl From<&ProcStats> for Health {
     fn from(s: &ProcStats) -> Self {
         Health {
+            events: 0,
             dropped: s.events_dropped,
             undecoded: s.undecoded,
             nested: s.nested,

@@ -14,7 +14,7 @@ use serde::Serialize;
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolError {
     /// The file could not be opened or mapped.
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     Io {
         /// The file.
         path: String,
@@ -23,7 +23,7 @@ pub enum SymbolError {
         source: std::io::Error,
     },
     /// The file is not an ELF object we can parse.
-    #[error("parsing ELF {path}: {source}")]
+    #[error("parsing ELF {path}")]
     Elf {
         /// The file.
         path: String,

@@ -1,1 +1,375 @@
+//! Helpers for commtap's end-to-end tests: build the ground-truth programs with the real
+//! MPI compilers, run the real `commtap` binary (as root, real BPF), and compare profiles
+//! with what the programs say they did.
+//!
+//! These tests need root and a BPF-capable kernel; they fail (never skip) without them.
+//! `cargo xtask test` builds commtap and runs them with `--test-threads=1`.
 
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// An MPI implementation installed by `cargo xtask setup`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mpi {
+    /// Debian's Open MPI 4.1.
+    OpenMpi,
+    /// Debian's MPICH 4.0.
+    Mpich,
+}
+
+impl Mpi {
+    /// Suffix of the Debian alternatives (`mpicc.openmpi`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Mpi::OpenMpi => "openmpi",
+            Mpi::Mpich => "mpich",
+        }
+    }
+
+    /// The launcher command line for `np` ranks.
+    pub fn launcher(self, np: u32) -> Vec<String> {
+        match self {
+            Mpi::OpenMpi => vec![
+                "mpirun.openmpi".into(),
+                "--oversubscribe".into(),
+                "-np".into(),
+                np.to_string(),
+            ],
+            Mpi::Mpich => vec!["mpiexec.mpich".into(), "-n".into(), np.to_string()],
+        }
+    }
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// The `commtap` binary under test: `$COMMTAP_BIN`, else `target/debug/commtap`.
+#[track_caller]
+pub fn commtap_bin() -> PathBuf {
+    let p = std::env::var_os("COMMTAP_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/debug/commtap"));
+    assert!(
+        p.exists(),
+        "{} not found: run the tests with `cargo xtask test`",
+        p.display()
+    );
+    p
+}
+
+/// A scratch directory for one test (removed when dropped).
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    /// Creates `target/e2e/<name>-<pid>`.
+    pub fn new(name: &str) -> Scratch {
+        let dir = repo_root()
+            .join("target/e2e")
+            .join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("creating scratch dir");
+        Scratch(dir)
+    }
+
+    /// A path inside the scratch directory.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Builds `tests/programs/<src>` with `mpi`'s compiler wrapper into `target/e2e/bin`.
+#[track_caller]
+pub fn build_program(src: &str, mpi: Mpi) -> PathBuf {
+    let bin_dir = repo_root().join("target/e2e/bin");
+    std::fs::create_dir_all(&bin_dir).expect("creating target/e2e/bin");
+    let stem = src.split('.').next().expect("source name");
+    let out = bin_dir.join(format!("{stem}.{}", mpi.suffix()));
+    let source = repo_root().join("tests/programs").join(src);
+    let compiler = if src.ends_with(".f90") {
+        format!("mpif90.{}", mpi.suffix())
+    } else {
+        format!("mpicc.{}", mpi.suffix())
+    };
+    let mut cmd = Command::new(&compiler);
+    cmd.args(["-O1", "-o"]).arg(&out).arg(&source);
+    if src.ends_with(".f90") {
+        // Keep .mod files out of the source tree.
+        cmd.arg("-J").arg(&bin_dir);
+    }
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("running {compiler}: {e} (run `cargo xtask setup`)"));
+    assert!(
+        status.success(),
+        "{compiler} failed on {}",
+        source.display()
+    );
+    out
+}
+
+/// Environment every MPI launch needs here (Open MPI refuses root otherwise).
+pub fn mpi_env(cmd: &mut Command) -> &mut Command {
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+}
+
+/// Kills a child process (and its process group) when dropped, so a failing test leaves
+/// nothing running.
+pub struct ChildGuard(pub Child);
+
+impl ChildGuard {
+    /// Spawns `cmd` in its own process group.
+    #[track_caller]
+    pub fn spawn(cmd: &mut Command) -> ChildGuard {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+        ChildGuard(
+            cmd.spawn()
+                .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}")),
+        )
+    }
+
+    /// Waits for the child to exit, at most `limit`.
+    #[track_caller]
+    pub fn wait_with_limit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.0.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process {} still running after {limit:?}",
+                self.0.id()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            // SAFETY: plain kill(2) of our own child's process group.
+            unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Polls `cond` every 20 ms until it holds, failing after `limit`.
+#[track_caller]
+pub fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What a finished `commtap` run left.
+pub struct Run {
+    /// Its exit status.
+    pub status: std::process::ExitStatus,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+/// Starts `commtap` with `args`, its output going to files in `scratch`.
+#[track_caller]
+pub fn spawn_commtap(scratch: &Scratch, args: &[&str]) -> ChildGuard {
+    let out = std::fs::File::create(scratch.path("commtap.stdout")).expect("stdout file");
+    let err = std::fs::File::create(scratch.path("commtap.stderr")).expect("stderr file");
+    let mut cmd = Command::new(commtap_bin());
+    mpi_env(&mut cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    ChildGuard::spawn(&mut cmd)
+}
+
+/// Waits for a `commtap` started by [`spawn_commtap`] and collects its output.
+#[track_caller]
+pub fn finish_commtap(scratch: &Scratch, mut child: ChildGuard, limit: Duration) -> Run {
+    let status = child.wait_with_limit(limit);
+    let read = |f: &str| std::fs::read_to_string(scratch.path(f)).unwrap_or_default();
+    Run {
+        status,
+        stdout: read("commtap.stdout"),
+        stderr: read("commtap.stderr"),
+    }
+}
+
+/// Runs `commtap` with `args` to completion (at most `limit`).
+#[track_caller]
+pub fn run_commtap(scratch: &Scratch, args: &[&str], limit: Duration) -> Run {
+    let child = spawn_commtap(scratch, args);
+    finish_commtap(scratch, child, limit)
+}
+
+/// Reads a JSON file.
+#[track_caller]
+pub fn read_json(path: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("parsing {}: {e}\n{text}", path.display()))
+}
+
+/// The truth files `prefix.<rank>.json` written by a ground-truth program, by rank.
+#[track_caller]
+pub fn read_truths(prefix: &Path, np: u32) -> Vec<Value> {
+    (0..np)
+        .map(|r| {
+            let p = PathBuf::from(format!("{}.{r}.json", prefix.display()));
+            read_json(&p)
+        })
+        .collect()
+}
+
+/// The profile's rank whose pid is `pid`.
+#[track_caller]
+pub fn rank_by_pid(profile: &Value, pid: u64) -> &Value {
+    profile["ranks"]
+        .as_array()
+        .expect("ranks array")
+        .iter()
+        .find(|r| r["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("no rank with pid {pid} in profile:\n{profile:#}"))
+}
+
+/// (calls, bytes) per routine, from a truth file or a profile rank.
+pub fn routine_table(routines: &Value) -> std::collections::BTreeMap<String, (u64, u64)> {
+    routines
+        .as_object()
+        .expect("routines object")
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                (
+                    v["calls"].as_u64().unwrap_or(0),
+                    v["bytes"].as_u64().unwrap_or(0),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Asserts that every rank of `profile` equals its truth: the same routines, calls and
+/// bytes, the same communicator sizes, the right rank, nothing undecoded, and every counted
+/// call either delivered as an event or counted as dropped. `ignore` names routines the
+/// truth does not count (e.g. MPI_Finalize, called after the truth is written).
+#[track_caller]
+pub fn assert_profile_matches(profile: &Value, truths: &[Value], ignore: &[&str]) {
+    assert_eq!(
+        profile["ranks"].as_array().map(Vec::len),
+        Some(truths.len()),
+        "rank count:\n{profile:#}"
+    );
+    for truth in truths {
+        let pid = truth["pid"].as_u64().expect("truth pid");
+        let rank = rank_by_pid(profile, pid);
+        assert_eq!(rank["rank"], truth["rank"], "rank of pid {pid}");
+        let mut got = routine_table(&rank["routines"]);
+        got.retain(|k, _| !ignore.contains(&k.as_str()));
+        let want = routine_table(&truth["routines"]);
+        assert_eq!(
+            got, want,
+            "rank {}: (calls, bytes) per routine differ",
+            truth["rank"]
+        );
+        if let Some(sizes) = truth["comm_sizes"].as_object() {
+            for (routine, want_sizes) in sizes {
+                let got_sizes: Vec<u64> = rank["routines"][routine]["comm_sizes"]
+                    .as_object()
+                    .map(|m| {
+                        m.keys()
+                            .map(|k| k.parse().expect("numeric comm size"))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let want_sizes: Vec<u64> = want_sizes
+                    .as_array()
+                    .expect("sizes")
+                    .iter()
+                    .map(|v| v.as_u64().expect("size"))
+                    .collect();
+                assert_eq!(
+                    got_sizes, want_sizes,
+                    "rank {} {routine}: communicator sizes",
+                    truth["rank"]
+                );
+            }
+        }
+        assert_eq!(
+            rank["undecoded"], 0,
+            "rank {}: undecoded calls",
+            truth["rank"]
+        );
+        assert_events_account_for_calls(rank);
+    }
+}
+
+/// Every call in the counters was either delivered as an event or counted as dropped.
+#[track_caller]
+pub fn assert_events_account_for_calls(rank: &Value) {
+    let calls: u64 = routine_table(&rank["routines"])
+        .values()
+        .map(|(c, _)| c)
+        .sum();
+    let events = rank["events"].as_u64().expect("events");
+    let dropped = rank["dropped"].as_u64().expect("dropped");
+    assert_eq!(
+        events + dropped,
+        calls,
+        "rank {}: events {events} + dropped {dropped} != calls {calls}",
+        rank["rank"]
+    );
+}
+
+/// Pids of running processes whose executable is `exe`.
+pub fn pids_running(exe: &Path) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if std::fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .as_deref()
+            == Some(exe)
+        {
+            out.push(pid);
+        }
+    }
+    out.sort();
+    out
+}

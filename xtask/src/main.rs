@@ -1,1 +1,245 @@
-fn main() {}
+//! `cargo xtask`: set up a fresh machine, run the demo, run every test, run the benchmarks.
+//!
+//! Every command first runs `setup`, which is idempotent and quick when nothing is missing.
+
+mod bench;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "commtap's developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what a fresh machine lacks: Debian packages (Open MPI, MPICH, gfortran, ...),
+    /// the nightly `rust-src` component and bpf-linker built against the nightly's LLVM.
+    Setup,
+    /// Build commtap (release) and profile a real 4-rank Open MPI job with it.
+    Demo,
+    /// Run every test: formatting, clippy, unit tests, then the privileged end-to-end
+    /// tests against real Open MPI and MPICH (needs root).
+    Test {
+        /// Only run end-to-end tests whose name contains this.
+        filter: Option<String>,
+    },
+    /// Measure probe overhead (ns per call: no probes, bare uprobes, commtap) and write
+    /// the figures to target/bench/.
+    Bench,
+}
+
+/// Debian packages the build, the tests and the demo use.
+const PACKAGES: &[&str] = &[
+    "openmpi-bin",
+    "libopenmpi-dev",
+    "mpich",
+    "libmpich-dev",
+    "gfortran",
+    "util-linux",
+    "iproute2",
+    "procps",
+];
+
+/// bpf-linker release known to work with the nightly's LLVM 22 (FACTS.md).
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Setup => setup(),
+        Cmd::Demo => {
+            setup()?;
+            demo()
+        }
+        Cmd::Test { filter } => {
+            setup()?;
+            test(filter.as_deref())
+        }
+        Cmd::Bench => {
+            setup()?;
+            bench::run(&root())
+        }
+    }
+}
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask has a parent")
+        .to_path_buf()
+}
+
+/// Runs `cmd`, failing with its command line when it fails.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("+ {cmd:?}");
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn setup() -> Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            let status = output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
+                .unwrap_or_default();
+            !status.contains("install ok installed")
+        })
+        .collect();
+    if !missing.is_empty() {
+        run(Command::new("apt-get").args(["update", "-qq"]))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))?;
+    if installed.is_empty() {
+        bail!("the nightly toolchain is missing (`rustup toolchain list`); commtap's BPF programs need it");
+    }
+    if !installed.lines().any(|l| l.starts_with("rust-src")) {
+        run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
+    }
+
+    let have_linker = Command::new("bpf-linker")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have_linker {
+        install_bpf_linker()?;
+    }
+    Ok(())
+}
+
+/// Builds bpf-linker against the nightly toolchain's own libLLVM (the crate's default
+/// features want a system LLVM 23, which Debian 12 lacks).
+fn install_bpf_linker() -> Result<()> {
+    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+    let lib = PathBuf::from(sysroot.trim()).join("lib");
+    let llvm = std::fs::read_dir(&lib)?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("libLLVM-") && n.ends_with(".so"))
+        .context("no libLLVM-*.so in the nightly toolchain")?;
+    let llvm = llvm
+        .trim_start_matches("lib")
+        .trim_end_matches(".so")
+        .to_string();
+    let version = output(Command::new("rustc").args(["+nightly", "-vV"]))?;
+    let major = version
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next())
+        .context("rustc +nightly -vV names no LLVM version")?
+        .to_string();
+    let flags = format!(
+        "-L {} -l dylib={llvm} -C link-arg=-Wl,-rpath,{}",
+        lib.display(),
+        lib.display()
+    );
+    run(Command::new("cargo")
+        .args([
+            "install",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--no-default-features",
+        ])
+        .arg("--features")
+        .arg(format!("llvm-{major},no-llvm-linking"))
+        .env("RUSTFLAGS", flags))
+}
+
+fn test(filter: Option<&str>) -> Result<()> {
+    let root = root();
+    let cargo = || {
+        let mut c = Command::new("cargo");
+        c.current_dir(&root);
+        c
+    };
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(Command::new("cargo")
+        .current_dir(root.join("collector-ebpf"))
+        .args(["+nightly", "fmt", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run(cargo().args(["test", "--workspace", "--exclude", "commtap-tests"]))?;
+    run(cargo().args(["build", "-p", "collector"]))?;
+    let bin = root.join("target/debug/commtap");
+    let mut e2e = cargo();
+    e2e.args(["test", "-p", "commtap-tests", "--"])
+        .args(filter)
+        .args(["--test-threads=1"])
+        .env("COMMTAP_BIN", &bin);
+    run(&mut e2e)
+}
+
+fn demo() -> Result<()> {
+    let root = root();
+    run(Command::new("cargo")
+        .current_dir(&root)
+        .args(["build", "--release", "-p", "collector"]))?;
+    let out = root.join("target/demo");
+    std::fs::create_dir_all(&out)?;
+    let app = out.join("ddp_like");
+    run(Command::new("mpicc.openmpi")
+        .args(["-O2", "-o"])
+        .arg(&app)
+        .arg(root.join("xtask/demo/ddp_like.c")))?;
+    let profile_json = out.join("profile.json");
+    let mpitrace = out.join("mpitrace");
+    let commtap = root.join("target/release/commtap");
+    eprintln!("\nProfiling a 4-rank Open MPI job (a data-parallel training loop) with commtap:\n");
+    run(Command::new(&commtap)
+        .args(["record", "--mpitrace-dir"])
+        .arg(&mpitrace)
+        .arg("--json")
+        .arg(&profile_json)
+        .args(["--", "mpirun.openmpi", "--oversubscribe", "-np", "4"])
+        .arg(&app)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"))?;
+    eprintln!(
+        "\nmpitrace-format files: {}\nJSON profile: {}",
+        mpitrace.display(),
+        profile_json.display()
+    );
+    Ok(())
+}

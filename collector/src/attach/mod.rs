@@ -1,18 +1,18 @@
-//! Loading the BPF programs and attaching them: one uprobe/uretprobe pair per distinct
-//! routine address of every probed library (each library once, whatever the number of
-//! processes mapping it), the kernel filtering to the watched processes.
+//! Loading the BPF programs and attaching them: for every probed library (once, whatever
+//! the number of processes mapping it), one uprobe_multi link for the entries and one for
+//! the returns of all its routines; the kernel filters to the watched processes.
+
+mod multi;
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
+    os::fd::{AsFd, AsRawFd, OwnedFd, RawFd},
     path::{Path, PathBuf},
 };
 
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuHashMap, RingBuf},
-    programs::{
-        uprobe::{UProbeAttachPoint, UProbeLinkId, UProbeScope},
-        TracePoint, UProbe,
-    },
+    maps::{Array, HashMap as BpfHashMap, Map, MapData, PerCpuHashMap, RingBuf},
+    programs::TracePoint,
     Ebpf, EbpfLoader,
 };
 use collector_common::{
@@ -32,13 +32,13 @@ static BPF_OBJECT: &[u8] =
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
     /// The BPF object could not be loaded (privileges, kernel support, verifier).
-    #[error("loading the BPF programs (commtap needs root or CAP_BPF+CAP_PERFMON): {0}")]
+    #[error("loading the BPF programs (commtap needs root or CAP_BPF+CAP_PERFMON)")]
     Load(#[source] Box<aya::EbpfError>),
     /// A map or program is missing from the object (a build mismatch).
     #[error("BPF object has no {0}")]
     Missing(&'static str),
     /// A map operation failed.
-    #[error("BPF map {map}: {source}")]
+    #[error("BPF map {map}")]
     Map {
         /// Which map.
         map: &'static str,
@@ -46,8 +46,11 @@ pub enum AttachError {
         #[source]
         source: aya::maps::MapError,
     },
+    /// The MPI probe programs could not be loaded or attached.
+    #[error(transparent)]
+    Multi(#[from] multi::MultiError),
     /// A program could not be loaded or attached.
-    #[error("BPF program {program}: {source}")]
+    #[error("BPF program {program}")]
     Program {
         /// Which program.
         program: &'static str,
@@ -86,9 +89,10 @@ pub struct AttachedLibrary {
 
 /// Loaded programs, their maps, and what is attached.
 pub struct Probes {
-    ebpf: Ebpf,
-    watched: HashMap<MapData, u32, u32>,
-    comms: HashMap<MapData, HandleKey, CommInfo>,
+    /// Owns the tracepoint links and the maps not taken out below.
+    _ebpf: Ebpf,
+    watched: BpfHashMap<MapData, u32, u32>,
+    comms: BpfHashMap<MapData, HandleKey, CommInfo>,
     layouts: Array<MapData, Layout>,
     counters: PerCpuHashMap<MapData, CounterKey, CounterVal>,
     proc_stats: PerCpuHashMap<MapData, u32, ProcStats>,
@@ -99,8 +103,10 @@ pub struct Probes {
     libraries: Vec<AttachedLibrary>,
     /// MPI libraries we saw but do not decode, with the reason.
     unsupported: Vec<String>,
-    /// Every uprobe link, by program, to detach them all at once at the end.
-    links: Vec<(&'static str, UProbeLinkId)>,
+    /// The MPI probe programs, loaded for uprobe_multi links.
+    programs: HashMap<String, OwnedFd>,
+    /// Two links per library; dropping them detaches every probe.
+    links: Vec<multi::MultiLink>,
 }
 
 /// Options for loading.
@@ -118,6 +124,8 @@ impl Probes {
             .map_max_entries("EVENTS", opts.ring_buffer_bytes)
             .load(BPF_OBJECT)
             .map_err(|e| AttachError::Load(Box::new(e)))?;
+        // Before any map is taken out of `ebpf`: the programs are relocated against them all.
+        let programs = multi::load_programs(BPF_OBJECT, &map_fds(&ebpf), &MPI_PROGRAMS)?;
 
         let mut specs: Array<MapData, ArgSpec> =
             Array::try_from(take(&mut ebpf, "ROUTINE_SPECS")?).map_err(map_err("ROUTINE_SPECS"))?;
@@ -144,27 +152,21 @@ impl Probes {
             p.load().map_err(prog_err("tracepoint"))?;
             p.attach("sched", event).map_err(prog_err("tracepoint"))?;
         }
-        for prog in ["mpi_entry", "mpi_return_ompi", "mpi_return_mpich"] {
-            let p: &mut UProbe = ebpf
-                .program_mut(prog)
-                .ok_or(AttachError::Missing("uprobe program"))?
-                .try_into()
-                .map_err(prog_err("uprobe"))?;
-            p.load().map_err(prog_err("uprobe"))?;
-        }
         Ok(Probes {
-            watched: HashMap::try_from(take(&mut ebpf, "WATCHED")?).map_err(map_err("WATCHED"))?,
-            comms: HashMap::try_from(take(&mut ebpf, "COMMS")?).map_err(map_err("COMMS"))?,
+            watched: BpfHashMap::try_from(take(&mut ebpf, "WATCHED")?)
+                .map_err(map_err("WATCHED"))?,
+            comms: BpfHashMap::try_from(take(&mut ebpf, "COMMS")?).map_err(map_err("COMMS"))?,
             layouts: Array::try_from(take(&mut ebpf, "LAYOUTS")?).map_err(map_err("LAYOUTS"))?,
             counters: PerCpuHashMap::try_from(take(&mut ebpf, "COUNTERS")?)
                 .map_err(map_err("COUNTERS"))?,
             proc_stats: PerCpuHashMap::try_from(take(&mut ebpf, "PROC_STATS")?)
                 .map_err(map_err("PROC_STATS"))?,
             events: Some(RingBuf::try_from(take(&mut ebpf, "EVENTS")?).map_err(map_err("EVENTS"))?),
-            ebpf,
+            _ebpf: ebpf,
             seen: BTreeMap::new(),
             libraries: Vec::new(),
             unsupported: Vec::new(),
+            programs,
             links: Vec::new(),
         })
     }
@@ -254,35 +256,31 @@ impl Probes {
             .set(slot, lib.layout, 0)
             .map_err(map_err("LAYOUTS"))?;
         let mut failed = Vec::new();
-        for probe in &lib.probes {
-            let cookie = Cookie {
-                routine: probe.routine,
-                layout: slot as u8,
-                abi: lib.abi as u8,
-            }
-            .pack();
-            let ret = match lib.abi {
-                Abi::OpenMpi => "mpi_return_ompi",
-                Abi::Mpich => "mpi_return_mpich",
-            };
-            for prog in ["mpi_entry", ret] {
-                let p: &mut UProbe = self
-                    .ebpf
-                    .program_mut(prog)
-                    .ok_or(AttachError::Missing("uprobe program"))?
-                    .try_into()
-                    .map_err(prog_err("uprobe"))?;
-                let point = UProbeAttachPoint {
-                    location: probe.offset.into(),
-                    cookie: Some(cookie),
-                };
-                match p.attach(point, path, UProbeScope::AllProcesses) {
-                    Ok(id) => self.links.push((prog, id)),
-                    Err(e) => failed.push(format!(
-                        "{} ({prog}) at {:#x}: {e}",
-                        probe.name, probe.offset
-                    )),
+        let offsets: Vec<u64> = lib.probes.iter().map(|p| p.offset).collect();
+        let cookies: Vec<u64> = lib
+            .probes
+            .iter()
+            .map(|p| {
+                Cookie {
+                    routine: p.routine,
+                    layout: slot as u8,
+                    abi: lib.abi as u8,
                 }
+                .pack()
+            })
+            .collect();
+        let ret = match lib.abi {
+            Abi::OpenMpi => "mpi_return_ompi",
+            Abi::Mpich => "mpi_return_mpich",
+        };
+        for (prog, is_return) in [("mpi_entry", false), (ret, true)] {
+            let fd = self
+                .programs
+                .get(prog)
+                .ok_or(AttachError::Missing("MPI probe program"))?;
+            match multi::attach(fd.as_fd(), path, &offsets, &cookies, is_return) {
+                Ok(link) => self.links.push(link),
+                Err(e) => failed.push(format!("{e:#}")),
             }
         }
         let single = lib
@@ -308,30 +306,6 @@ impl Probes {
             failed,
         });
         Ok(true)
-    }
-
-    /// Detaches every uprobe. Each detach waits for an RCU grace period (~0.1 s here), so
-    /// hundreds of them one after the other take most of a minute; detached from many
-    /// threads at once they share grace periods and take well under a second.
-    pub fn detach_all(&mut self) {
-        let mut links = Vec::new();
-        for (prog, id) in self.links.drain(..) {
-            let Some(p) = self.ebpf.program_mut(prog) else {
-                continue;
-            };
-            let p: Result<&mut UProbe, _> = p.try_into();
-            if let Ok(link) = p.and_then(|p| p.take_link(id)) {
-                links.push(link);
-            }
-        }
-        const THREADS: usize = 64;
-        let per = links.len().div_ceil(THREADS).max(1);
-        std::thread::scope(|s| {
-            while !links.is_empty() {
-                let batch: Vec<_> = links.drain(..per.min(links.len())).collect();
-                s.spawn(move || drop(batch));
-            }
-        });
     }
 
     /// Libraries probed so far.
@@ -379,10 +353,24 @@ impl Probes {
     }
 }
 
-impl Drop for Probes {
-    fn drop(&mut self) {
-        self.detach_all();
-    }
+/// The programs attached through uprobe_multi links.
+const MPI_PROGRAMS: [&str; 3] = ["mpi_entry", "mpi_return_ompi", "mpi_return_mpich"];
+
+/// File descriptors of the maps aya created, by name, to relocate the MPI programs against.
+fn map_fds(ebpf: &Ebpf) -> HashMap<String, RawFd> {
+    ebpf.maps()
+        .filter_map(|(name, map)| {
+            let data = match map {
+                Map::Array(d)
+                | Map::HashMap(d)
+                | Map::LruHashMap(d)
+                | Map::PerCpuHashMap(d)
+                | Map::RingBuf(d) => d,
+                _ => return None,
+            };
+            Some((name.to_string(), data.fd().as_fd().as_raw_fd()))
+        })
+        .collect()
 }
 
 fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, AttachError> {

@@ -1,0 +1,197 @@
+//! uprobe_multi links for the MPI probe programs.
+//!
+//! Why not aya here: aya 0.14 attaches each uprobe as its own perf event. Closing a
+//! perf-event uprobe waits for an RCU-tasks-trace grace period while holding the kernel's
+//! global `event_mutex`, so detaching the ~450 probes of two MPI libraries took 45 s on this
+//! machine, one after the other, whatever the number of threads. A uprobe_multi link
+//! (Linux 6.6+) carries every probe point of a library, each with its own cookie, and
+//! detaches them all after one grace period. aya 0.14 cannot load a program with the
+//! `BPF_TRACE_UPROBE_MULTI` expected attach type that such a link requires, so the MPI
+//! programs are loaded here from the instructions aya's own object parser (aya-obj) has
+//! relocated against the maps aya created, with two raw bpf(2) calls. Maps, tracepoints
+//! and everything else stay with aya.
+
+use std::{
+    collections::{HashMap, HashSet},
+    ffi::CString,
+    io,
+    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
+    path::Path,
+};
+
+use aya_obj::generated::{
+    bpf_attach_type, bpf_attr, bpf_cmd, bpf_prog_type, BPF_F_UPROBE_MULTI_RETURN,
+};
+
+/// Errors loading or attaching the uprobe_multi programs.
+#[derive(Debug, thiserror::Error)]
+pub enum MultiError {
+    /// The embedded object could not be parsed or relocated.
+    #[error("preparing BPF program {0} for uprobe_multi: {1}")]
+    Prepare(String, String),
+    /// The kernel refused the program.
+    #[error("loading BPF program {name} (uprobe_multi needs Linux 6.6+): {source}\n{log}")]
+    Load {
+        /// The program.
+        name: String,
+        /// Verifier output.
+        log: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The kernel refused the link.
+    #[error("attaching {count} probes to {path}")]
+    Link {
+        /// The library.
+        path: String,
+        /// How many probe points.
+        count: usize,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
+    // SAFETY: attr is a valid, fully initialised bpf_attr of the size we pass.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_long,
+            attr as *mut bpf_attr,
+            size_of::<bpf_attr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: on success bpf(2) returns a new file descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc as RawFd) })
+}
+
+/// Loads the programs `names` of `object` for uprobe_multi attachment, relocated against
+/// `maps` (map name -> fd of the map aya created).
+pub fn load_programs(
+    object: &[u8],
+    maps: &HashMap<String, RawFd>,
+    names: &[&str],
+) -> Result<HashMap<String, OwnedFd>, MultiError> {
+    let prep = |e: String| MultiError::Prepare(names.join(","), e);
+    let mut obj = aya_obj::Object::parse(object).map_err(|e| prep(e.to_string()))?;
+    let parsed: Vec<(String, aya_obj::Map)> = obj
+        .maps
+        .iter()
+        .map(|(n, m)| (n.clone(), m.clone()))
+        .collect();
+    let mut with_fds = Vec::new();
+    for (name, map) in &parsed {
+        let fd = *maps
+            .get(name)
+            .ok_or_else(|| prep(format!("no fd for map {name}")))?;
+        with_fds.push((name.as_str(), fd, map));
+    }
+    let text: HashSet<usize> = obj.functions.keys().map(|(section, _)| *section).collect();
+    obj.relocate_maps(with_fds.into_iter(), &text)
+        .map_err(|e| prep(e.to_string()))?;
+    obj.relocate_calls(&text).map_err(|e| prep(e.to_string()))?;
+
+    let license = CString::new("GPL").expect("no NUL");
+    let mut out = HashMap::new();
+    for &name in names {
+        let program = obj
+            .programs
+            .get(name)
+            .ok_or_else(|| prep(format!("no program {name}")))?;
+        let function = obj
+            .functions
+            .get(&program.function_key())
+            .ok_or_else(|| prep(format!("no code for {name}")))?;
+        let mut log = vec![0u8; 1 << 20];
+        // SAFETY: zeroed is a valid bpf_attr; we fill the BPF_PROG_LOAD member.
+        let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: writing plain integers into the union member this command reads.
+        let u = unsafe { &mut attr.__bindgen_anon_3 };
+        u.prog_type = bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32;
+        u.expected_attach_type = bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32;
+        u.insns = function.instructions.as_ptr() as u64;
+        u.insn_cnt = function.instructions.len() as u32;
+        u.license = license.as_ptr() as u64;
+        for (dst, src) in u.prog_name.iter_mut().zip(name.bytes().take(15)) {
+            *dst = src as libc::c_char;
+        }
+        match bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr) {
+            Ok(fd) => {
+                out.insert(name.to_string(), fd);
+            }
+            Err(_) => {
+                // Retry with the verifier log on, to say why.
+                // SAFETY: as above.
+                let u = unsafe { &mut attr.__bindgen_anon_3 };
+                u.log_level = 1;
+                u.log_buf = log.as_mut_ptr() as u64;
+                u.log_size = log.len() as u32;
+                let source = bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr)
+                    .err()
+                    .unwrap_or_else(|| io::Error::other("load failed once"));
+                let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
+                let text = String::from_utf8_lossy(&log[..end]);
+                let tail: String = text
+                    .lines()
+                    .rev()
+                    .take(20)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                return Err(MultiError::Load {
+                    name: name.to_string(),
+                    log: tail,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One uprobe_multi link: every probe point of one program in one library. Dropping it
+/// detaches them all.
+#[derive(Debug)]
+pub struct MultiLink(#[allow(dead_code, reason = "held for its Drop")] OwnedFd);
+
+/// Attaches `prog` at `offsets` of the file at `path` (each with its cookie), as return
+/// probes when `ret`; every process is probed (the programs filter by pid).
+pub fn attach(
+    prog: BorrowedFd<'_>,
+    path: &Path,
+    offsets: &[u64],
+    cookies: &[u64],
+    ret: bool,
+) -> Result<MultiLink, MultiError> {
+    debug_assert_eq!(offsets.len(), cookies.len());
+    let err = |source| MultiError::Link {
+        path: path.display().to_string(),
+        count: offsets.len(),
+        source,
+    };
+    let cpath =
+        CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| err(io::Error::other(e)))?;
+    // SAFETY: zeroed is a valid bpf_attr; we fill the BPF_LINK_CREATE member.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: plain integers into the member this command reads.
+    let l = unsafe { &mut attr.link_create };
+    l.__bindgen_anon_1.prog_fd = prog.as_raw_fd() as u32;
+    l.attach_type = bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32;
+    // SAFETY: as above.
+    let m = unsafe { &mut l.__bindgen_anon_3.uprobe_multi };
+    m.path = cpath.as_ptr() as u64;
+    m.offsets = offsets.as_ptr() as u64;
+    m.cookies = cookies.as_ptr() as u64;
+    m.cnt = offsets.len() as u32;
+    m.flags = if ret { BPF_F_UPROBE_MULTI_RETURN } else { 0 };
+    bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)
+        .map(MultiLink)
+        .map_err(err)
+}

@@ -1,0 +1,271 @@
+//! `commtap record` against real Open MPI 4.1 and MPICH 4.0 jobs: the profile must equal
+//! what the programs say they did, call for call and byte for byte.
+
+use std::{process::Command, time::Duration};
+
+use commtap_tests::*;
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// Launches `np` ranks of `mpi_truth` under `commtap record` and checks every rank.
+fn launched_truth(mpi: Mpi, np: u32) {
+    let scratch = Scratch::new(&format!("truth-{}", mpi.suffix()));
+    let prog = build_program("mpi_truth.c", mpi);
+    let prefix = scratch.path("truth");
+    let out = scratch.path("profile.json");
+    let mpitrace = scratch.path("mpitrace");
+    let mut args: Vec<String> = ["record", "--format", "json", "-o"]
+        .map(String::from)
+        .to_vec();
+    args.push(out.display().to_string());
+    args.push("--mpitrace-dir".into());
+    args.push(mpitrace.display().to_string());
+    args.push("--".into());
+    args.extend(mpi.launcher(np));
+    args.push(prog.display().to_string());
+    args.push(prefix.display().to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = run_commtap(&scratch, &args, LIMIT);
+    assert!(
+        run.status.success(),
+        "commtap failed: {}\n{}",
+        run.status,
+        run.stderr
+    );
+
+    let profile = read_json(&out);
+    let truths = read_truths(&prefix, np);
+    // MPI_Finalize runs after the program writes its truth.
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    for rank in profile["ranks"].as_array().expect("ranks") {
+        assert_eq!(
+            rank["routines"]["MPI_Finalize"]["calls"], 1,
+            "one MPI_Finalize per rank"
+        );
+        assert!(rank["elapsed_ns"].as_u64().expect("elapsed") > 0);
+    }
+
+    // mpitrace files: one per rank, named by job id (rank 0's pid here) and rank.
+    let job = profile["job"].as_str().expect("job").to_string();
+    let rank0_pid =
+        rank_by_pid(&profile, truths[0]["pid"].as_u64().expect("pid"))["pid"].to_string();
+    assert_eq!(
+        job, rank0_pid,
+        "without a batch job, the job id is rank 0's pid"
+    );
+    for truth in &truths {
+        let r = truth["rank"].as_u64().expect("rank");
+        let file = mpitrace.join(format!("mpi_profile.{job}.{r}"));
+        let text =
+            std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert!(
+            text.starts_with(&format!("Data for MPI rank {r} of {np}:")),
+            "{text}"
+        );
+        let calls = truth["routines"]["MPI_Allreduce"]["calls"]
+            .as_u64()
+            .expect("allreduce calls");
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some("MPI_Allreduce"))
+            .unwrap_or_else(|| panic!("no MPI_Allreduce line in\n{text}"));
+        assert_eq!(
+            line.split_whitespace().nth(1),
+            Some(calls.to_string().as_str()),
+            "{line}"
+        );
+        assert!(text.contains("Message size distributions:"), "{text}");
+        if r == 0 {
+            assert!(
+                text.contains("Communication summary for all tasks:"),
+                "{text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn launched_open_mpi_job_matches_truth() {
+    launched_truth(Mpi::OpenMpi, 4);
+}
+
+#[test]
+fn launched_mpich_job_matches_truth() {
+    launched_truth(Mpi::Mpich, 4);
+}
+
+/// Fortran bindings reach the C entry points: counted once, under the C names.
+fn fortran(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("fortran-{}", mpi.suffix()));
+    let prog = build_program("mpi_truth_f.f90", mpi);
+    let prefix = scratch.path("truth");
+    let out = scratch.path("profile.json");
+    let mut args: Vec<String> = ["record", "--format", "json", "-o"]
+        .map(String::from)
+        .to_vec();
+    args.push(out.display().to_string());
+    args.push("--".into());
+    args.extend(mpi.launcher(2));
+    args.push(prog.display().to_string());
+    args.push(prefix.display().to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = run_commtap(&scratch, &args, LIMIT);
+    assert!(
+        run.status.success(),
+        "commtap failed: {}\n{}",
+        run.status,
+        run.stderr
+    );
+    assert_profile_matches(
+        &read_json(&out),
+        &read_truths(&prefix, 2),
+        &["MPI_Finalize"],
+    );
+}
+
+#[test]
+fn fortran_open_mpi_counts_each_call_once() {
+    fortran(Mpi::OpenMpi);
+}
+
+#[test]
+fn fortran_mpich_counts_each_call_once() {
+    fortran(Mpi::Mpich);
+}
+
+/// Starts `mpi_loop` directly (no commtap), waiting at its GO file.
+fn start_waiting_loop(scratch: &Scratch, mpi: Mpi, np: u32, n: u64) -> (ChildGuard, Vec<u32>) {
+    let prog = build_program("mpi_loop.c", mpi);
+    let mut cmd = Command::new(&mpi.launcher(np)[0]);
+    mpi_env(&mut cmd)
+        .args(&mpi.launcher(np)[1..])
+        .arg(&prog)
+        .arg(scratch.path("ready"))
+        .arg(scratch.path("go"))
+        .arg(n.to_string())
+        .arg(scratch.path("truth"));
+    let job = ChildGuard::spawn(&mut cmd);
+    wait_until("the job to be ready", Duration::from_secs(60), || {
+        scratch.path("ready").exists()
+    });
+    let mut ranks = Vec::new();
+    wait_until("all ranks to be running", Duration::from_secs(10), || {
+        ranks = pids_running(&prog);
+        ranks.len() == np as usize
+    });
+    (job, ranks)
+}
+
+#[test]
+fn attach_late_counts_exactly_what_happens_after_attach() {
+    let scratch = Scratch::new("attach-late");
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 2000);
+    let pids = ranks
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = scratch.path("profile.json");
+    let ready = scratch.path("attached");
+    let commtap = spawn_commtap(
+        &scratch,
+        &[
+            "record",
+            "--pid",
+            &pids,
+            "--format",
+            "json",
+            "-o",
+            out.to_str().expect("utf8"),
+            "--ready-file",
+            ready.to_str().expect("utf8"),
+        ],
+    );
+    wait_until("commtap to attach", Duration::from_secs(60), || {
+        ready.exists()
+    });
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let run = finish_commtap(&scratch, commtap, LIMIT);
+    assert!(
+        run.status.success(),
+        "commtap failed: {}\n{}",
+        run.status,
+        run.stderr
+    );
+    // The truth counts only the calls after GO; MPI_Finalize comes after the truth.
+    let profile = read_json(&out);
+    assert_profile_matches(
+        &profile,
+        &read_truths(&scratch.path("truth"), 2),
+        &["MPI_Finalize"],
+    );
+}
+
+#[test]
+fn ring_buffer_overflow_keeps_counts_and_bytes_exact() {
+    let scratch = Scratch::new("overflow");
+    let n: u64 = 100_000;
+    let prog = build_program("mpi_loop.c", Mpi::OpenMpi);
+    let out = scratch.path("profile.json");
+    let (ready, go, truth) = (
+        scratch.path("ready"),
+        scratch.path("go"),
+        scratch.path("truth"),
+    );
+    let mut args: Vec<String> = ["record", "--format", "json", "--ring-buffer-kib", "4", "-o"]
+        .map(String::from)
+        .to_vec();
+    args.push(out.display().to_string());
+    args.push("--".into());
+    args.extend(Mpi::OpenMpi.launcher(2));
+    for a in [&prog, &ready, &go] {
+        args.push(a.display().to_string());
+    }
+    args.push(n.to_string());
+    args.push(truth.display().to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let commtap = spawn_commtap(&scratch, &args);
+    wait_until("the job to be ready", Duration::from_secs(120), || {
+        ready.exists()
+    });
+    std::fs::write(&go, b"go").expect("go file");
+    let run = finish_commtap(&scratch, commtap, LIMIT);
+    assert!(
+        run.status.success(),
+        "commtap failed: {}\n{}",
+        run.status,
+        run.stderr
+    );
+
+    let profile = read_json(&out);
+    let truths = read_truths(&truth, 2);
+    let mut dropped = 0;
+    for t in &truths {
+        let rank = rank_by_pid(&profile, t["pid"].as_u64().expect("pid"));
+        let got = routine_table(&rank["routines"]);
+        for (routine, want) in routine_table(&t["routines"]) {
+            // One MPI_Barrier before the ready file is not in the truth (it counts from GO).
+            let extra = u64::from(routine == "MPI_Barrier");
+            assert_eq!(
+                got[&routine],
+                (want.0 + extra, want.1),
+                "rank {} {routine}",
+                t["rank"]
+            );
+        }
+        assert_eq!(got["MPI_Allreduce"], (n, 8 * n));
+        assert_events_account_for_calls(rank);
+        dropped += rank["dropped"].as_u64().expect("dropped");
+    }
+    assert!(
+        dropped > 0,
+        "a 4 KiB ring buffer cannot carry {} events without loss",
+        6 * n
+    );
+    assert_eq!(
+        profile["dropped"].as_u64(),
+        Some(dropped),
+        "job-level dropped count"
+    );
+}
