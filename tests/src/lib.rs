@@ -125,6 +125,23 @@ pub fn build_program(src: &str, mpi: Mpi) -> PathBuf {
     out
 }
 
+/// Builds `tests/programs/<src>` with the plain C compiler (no MPI wrapper), linking `libs`.
+#[track_caller]
+pub fn build_plain_c(src: &str, libs: &[&str]) -> PathBuf {
+    let bin_dir = repo_root().join("target/e2e/bin");
+    std::fs::create_dir_all(&bin_dir).expect("creating target/e2e/bin");
+    let out = bin_dir.join(src.trim_end_matches(".c"));
+    let status = Command::new("cc")
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&out)
+        .arg(repo_root().join("tests/programs").join(src))
+        .args(libs)
+        .status()
+        .expect("running cc");
+    assert!(status.success(), "cc failed on {src}");
+    out
+}
+
 /// Environment every MPI launch needs here (Open MPI refuses root otherwise).
 pub fn mpi_env(cmd: &mut Command) -> &mut Command {
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")

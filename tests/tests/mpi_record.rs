@@ -269,3 +269,76 @@ fn ring_buffer_overflow_keeps_counts_and_bytes_exact() {
         "job-level dropped count"
     );
 }
+
+#[test]
+fn a_library_loaded_late_with_dlopen_is_found_and_counted() {
+    let scratch = Scratch::new("dlopen");
+    // A private copy of libmpi: a file commtap cannot have probed before the process
+    // loads it, as with an MPI library inside a Python venv loaded by mpi4py.
+    let private = scratch.path("private");
+    std::fs::create_dir_all(&private).expect("mkdir");
+    let lib = private.join("libmpi.so.40");
+    let system =
+        std::fs::canonicalize("/usr/lib/x86_64-linux-gnu/libmpi.so.40").expect("Open MPI's libmpi");
+    std::fs::copy(&system, &lib).expect("copying libmpi");
+    let prog = build_plain_c("mpi_dlopen.c", &["-ldl"]);
+    let (ready, go, truth) = (
+        scratch.path("ready"),
+        scratch.path("go"),
+        scratch.path("truth"),
+    );
+    let out = scratch.path("profile.json");
+    let args: Vec<String> = vec![
+        "--log".into(),
+        "info".into(),
+        "record".into(),
+        "--format".into(),
+        "json".into(),
+        "-o".into(),
+        out.display().to_string(),
+        "--".into(),
+        prog.display().to_string(),
+        lib.display().to_string(),
+        ready.display().to_string(),
+        go.display().to_string(),
+        "1000".into(),
+        truth.display().to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let commtap = spawn_commtap(&scratch, &args);
+    wait_until(
+        "the program to load libmpi",
+        Duration::from_secs(60),
+        || ready.exists(),
+    );
+    wait_until(
+        "commtap to probe the late library",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(scratch.path("commtap.stderr")).is_ok_and(|e| {
+                e.lines()
+                    .any(|l| l.contains("probing") && l.contains("private/libmpi.so.40"))
+            })
+        },
+    );
+    std::fs::write(&go, b"go").expect("go file");
+    let run = finish_commtap(&scratch, commtap, LIMIT);
+    assert!(
+        run.status.success(),
+        "commtap failed: {}\n{}",
+        run.status,
+        run.stderr
+    );
+    let profile = read_json(&out);
+    assert_profile_matches(&profile, &read_truths(&truth, 1), &["MPI_Finalize"]);
+    let libs: Vec<&str> = profile["libraries"]
+        .as_array()
+        .expect("libraries")
+        .iter()
+        .filter_map(|l| l["path"].as_str())
+        .collect();
+    assert!(
+        libs.iter().any(|p| p.ends_with("private/libmpi.so.40")),
+        "{libs:?}"
+    );
+}
