@@ -48,9 +48,18 @@ pub enum ByteRule {
     CommSize = 21,
     /// `MPI_Comm_rank(a, *d)`: learn this process's rank in the communicator.
     CommRank = 22,
+    /// `MPI_Comm_free(*a)`: forget what was learnt or cached of the communicator.
+    CommFree = 23,
 }
 
 impl ByteRule {
+    /// Whether argument `a` points at a handle that the call resets (MPI_Type_free,
+    /// MPI_Comm_free): it is read at entry.
+    #[inline(always)]
+    pub const fn frees_handle(self) -> bool {
+        matches!(self, ByteRule::TypeFree | ByteRule::CommFree)
+    }
+
     /// The rule with this id (unknown ids decode as `None`).
     #[inline(always)]
     pub const fn from_u8(v: u8) -> ByteRule {
@@ -70,6 +79,7 @@ impl ByteRule {
             20 => ByteRule::TypeFree,
             21 => ByteRule::CommSize,
             22 => ByteRule::CommRank,
+            23 => ByteRule::CommFree,
             _ => ByteRule::None,
         }
     }
@@ -428,7 +438,7 @@ pub const ROUTINES: &[Routine] = &[
     r("MPI_Comm_dup", COMM, B::None, [N; 4], 0, N),
     r("MPI_Comm_split", COMM, B::None, [N; 4], 0, N),
     r("MPI_Comm_create", COMM, B::None, [N; 4], 0, N),
-    r("MPI_Comm_free", COMM, B::None, [N; 4], N, N),
+    r("MPI_Comm_free", COMM, B::CommFree, [0, N, N, N], N, N),
     // Datatype constructors: sizes learnt in the kernel for integer-handle ABIs.
     // (count, oldtype, *newtype)
     r(

@@ -79,16 +79,29 @@ pub fn comm_info(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<CommInfo
         if h == 0 {
             return None;
         }
+        // Three dependent reads cost more than a lookup: cache per (process, handle),
+        // forgotten at MPI_Comm_free (a freed handle's address may be reused).
+        let key = HandleKey {
+            tgid,
+            _pad: 0,
+            handle: h,
+        };
+        // SAFETY: plain value.
+        if let Some(info) = unsafe { COMMS.get(key) } {
+            return Some(*info);
+        }
         let rank: i32 = read(h + layout.comm_rank_off as u64)?;
         let group: u64 = read(h + layout.comm_group_off as u64)?;
         let size: i32 = read(group.checked_add(layout.group_size_off as u64)?)?;
         if size <= 0 {
             return None;
         }
-        return Some(CommInfo {
+        let info = CommInfo {
             size: size as u32,
             rank,
-        });
+        };
+        let _ = COMMS.insert(key, info, 0);
+        return Some(info);
     }
     let h = h & 0xffff_ffff;
     if h == mpich::COMM_SELF {

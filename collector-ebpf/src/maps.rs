@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, PerCpuHashMap, RingBuf},
 };
 use collector_common::{
     ArgSpec, CommInfo, CounterKey, CounterVal, HandleKey, Layout, ProcStats, TpOffsets, MAX_ARGS,
@@ -23,7 +23,10 @@ pub struct EntryState {
     pub args: [u64; ARG_SLOTS],
     /// Nested MPI calls currently inside this one (not counted again).
     pub depth: u32,
-    pub _pad: u32,
+    /// 1 while the thread is inside an MPI call, 0 when the entry is idle. Entries are
+    /// reused in place, call after call, and removed when the thread exits: no map insert
+    /// or delete on the per-call path.
+    pub busy: u32,
 }
 
 /// Processes whose calls are counted: tgid -> `collector_common::watch` flags.
@@ -42,9 +45,10 @@ pub static LAYOUTS: Array<Layout> = Array::with_max_entries(collector_common::MA
 #[map]
 pub static TP_OFFSETS: Array<TpOffsets> = Array::with_max_entries(1, 0);
 
-/// In-flight calls per thread.
+/// In-flight call state per thread (see `EntryState::busy`); `sched_exit` removes a
+/// thread's entry, so the map holds one entry per live thread that has called MPI.
 #[map]
-pub static ENTRIES: LruHashMap<u64, EntryState> = LruHashMap::with_max_entries(65536, 0);
+pub static ENTRIES: HashMap<u64, EntryState> = HashMap::with_max_entries(65536, 0);
 
 /// Ground truth: calls, bytes and time per process, routine, size bucket and comm size.
 #[map]

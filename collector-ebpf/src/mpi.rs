@@ -40,20 +40,34 @@ fn cookie(ctx: &impl EbpfContext) -> Cookie {
 pub fn mpi_entry(ctx: ProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    if !is_watched(tgid) {
-        return 0;
+    // A thread has an entry only if its process was watched when it first called MPI, and
+    // loses it when it exits; so the watched set is consulted once per thread, not per call.
+    let existing = ENTRIES.get_ptr_mut(pid_tgid);
+    match existing {
+        Some(e) => {
+            // SAFETY: the thread's own entry; only this thread touches it.
+            let e = unsafe { &mut *e };
+            if e.busy != 0 {
+                e.depth += 1;
+                with_proc_stats(tgid, |s| s.nested += 1);
+                return 0;
+            }
+        }
+        None => {
+            if !is_watched(tgid) {
+                return 0;
+            }
+        }
     }
-    if let Some(e) = ENTRIES.get_ptr_mut(pid_tgid) {
-        // SAFETY: the thread's own entry; only this thread touches it.
-        unsafe { (*e).depth += 1 };
-        with_proc_stats(tgid, |s| s.nested += 1);
+    let c = cookie(&ctx);
+    let Some(spec) = ROUTINE_SPECS.get(c.routine as u32) else {
         return 0;
-    }
+    };
     let mut st = EntryState {
         start_ns: 0,
         args: [0; ARG_SLOTS],
         depth: 0,
-        _pad: 0,
+        busy: 1,
     };
     // SAFETY: regs points at this probe's saved registers.
     let regs = unsafe { &*ctx.regs };
@@ -63,53 +77,83 @@ pub fn mpi_entry(ctx: ProbeContext) -> u32 {
     st.args[3] = regs.rcx;
     st.args[4] = regs.r8;
     st.args[5] = regs.r9;
-    // Arguments 7.. are on the stack above the return address (probes sit before any push).
-    // SAFETY: reading the traced thread's stack; failure leaves zeros.
-    if let Ok(stack) = unsafe { bpf_probe_read_user((regs.rsp + 8) as *const [u64; MAX_ARGS - 6]) }
-    {
-        st.args[6..MAX_ARGS].copy_from_slice(&stack);
-    }
-    let c = cookie(&ctx);
-    if let Some(spec) = ROUTINE_SPECS.get(c.routine as u32) {
-        if ByteRule::from_u8(spec.rule) == ByteRule::TypeFree {
-            // The handle is reset to MPI_DATATYPE_NULL by the call: read it now.
-            let i = (spec.a & 15) as usize;
-            st.args[i] = read::<u32>(st.args[i]).map(|h| h as u64).unwrap_or(0);
+    if uses_stack_args(spec) {
+        // Arguments 7.. are on the stack above the return address (probes sit before any
+        // push). SAFETY: reading the traced thread's stack; failure leaves zeros.
+        if let Ok(stack) =
+            unsafe { bpf_probe_read_user((regs.rsp + 8) as *const [u64; MAX_ARGS - 6]) }
+        {
+            st.args[6..MAX_ARGS].copy_from_slice(&stack);
         }
     }
+    if ByteRule::from_u8(spec.rule).frees_handle() {
+        // The call resets the handle to MPI_*_NULL: read it now (an MPICH-ABI handle is
+        // an int; `handle()` drops the upper half later).
+        let i = (spec.a & 15) as usize;
+        st.args[i] = read::<u64>(st.args[i]).unwrap_or(0);
+    }
     st.start_ns = unsafe { bpf_ktime_get_ns() };
-    let _ = ENTRIES.insert(pid_tgid, st, 0);
+    match existing {
+        // SAFETY: the thread's own, idle entry.
+        Some(e) => unsafe { *e = st },
+        None => {
+            if ENTRIES.insert(pid_tgid, st, 0).is_err() {
+                with_proc_stats(tgid, |s| s.counters_full += 1);
+            }
+        }
+    }
     0
+}
+
+/// Whether any operand of `spec` is a stack argument (7th or later).
+#[inline(always)]
+fn uses_stack_args(spec: &ArgSpec) -> bool {
+    let on_stack = |i: u8| i != N && i >= 6;
+    on_stack(spec.a)
+        || on_stack(spec.b)
+        || on_stack(spec.c)
+        || on_stack(spec.d)
+        || on_stack(spec.comm)
+        || on_stack(spec.peer)
 }
 
 /// Return of any MPI routine of an Open MPI library (same attach points as `mpi_entry`).
 #[uretprobe]
 pub fn mpi_return_ompi(ctx: RetProbeContext) -> u32 {
-    on_return_probe::<{ Abi::OpenMpi as u8 }>(ctx)
+    on_return_probe::<{ Abi::OpenMpi as u8 }, false>(ctx)
 }
 
-/// Return of any MPI routine of an MPICH-ABI library (same attach points as `mpi_entry`).
+/// Return of any MPI routine of an MPICH-ABI library but its datatype constructors.
 #[uretprobe]
 pub fn mpi_return_mpich(ctx: RetProbeContext) -> u32 {
-    on_return_probe::<{ Abi::Mpich as u8 }>(ctx)
+    on_return_probe::<{ Abi::Mpich as u8 }, false>(ctx)
 }
 
-/// One program per ABI: with the ABI a constant, each program carries only its own
-/// decoding paths, which keeps the verifier's work small.
+/// Return of the datatype constructors and MPI_Type_free of an MPICH-ABI library, whose
+/// integer handles carry no size for derived types: the sizes are learnt here.
+#[uretprobe]
+pub fn mpi_return_mpich_types(ctx: RetProbeContext) -> u32 {
+    on_return_probe::<{ Abi::Mpich as u8 }, true>(ctx)
+}
+
+/// One program per ABI and argument shape: with both constants, each program carries only
+/// its own decoding paths, which keeps the verifier's work small.
 #[inline(always)]
-fn on_return_probe<const ABI: u8>(ctx: RetProbeContext) -> u32 {
+fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    if !is_watched(tgid) {
-        return 0;
-    }
     let now = unsafe { bpf_ktime_get_ns() };
-    let Some(e) = ENTRIES.get_ptr_mut(pid_tgid) else {
-        with_proc_stats(tgid, |s| s.orphan_returns += 1);
-        return 0;
+    // Only watched processes have entries: no need to look the process up again.
+    let e = match ENTRIES.get_ptr_mut(pid_tgid) {
+        // SAFETY: the thread's own entry.
+        Some(e) if unsafe { (*e).busy } != 0 => unsafe { &mut *e },
+        _ => {
+            if is_watched(tgid) {
+                with_proc_stats(tgid, |s| s.orphan_returns += 1);
+            }
+            return 0;
+        }
     };
-    // SAFETY: the thread's own entry.
-    let e = unsafe { &mut *e };
     if e.depth > 0 {
         e.depth -= 1;
         return 0;
@@ -133,7 +177,11 @@ fn on_return_probe<const ABI: u8>(ctx: RetProbeContext) -> u32 {
         tgid,
         args,
     };
-    let out = on_return(&call, &spec, comm);
+    let out = if TYPES {
+        on_type_return(&call, &spec)
+    } else {
+        on_return(&call, &spec, comm)
+    };
     let dur = now.saturating_sub(start_ns);
 
     match spec.class {
@@ -166,12 +214,29 @@ fn on_return_probe<const ABI: u8>(ctx: RetProbeContext) -> u32 {
         dur_ns: dur,
         bytes,
     };
-    if EVENTS.output::<CallEvent>(&ev, 0).is_err() {
+    if EVENTS.output::<CallEvent>(&ev, batched_wakeup()).is_err() {
         with_proc_stats(tgid, |s| s.events_dropped += 1);
     }
     // Last: `args` pointed into this entry.
-    let _ = ENTRIES.remove(pid_tgid);
+    e.busy = 0;
     0
+}
+
+/// Ring-buffer flags for a call event: wake the consumer only once the buffer is a quarter
+/// full. Waking it for every event costs a context switch per MPI call, which on busy
+/// nodes (ranks on every core) multiplies the probe cost; userspace also drains on a timer.
+#[inline(always)]
+fn batched_wakeup() -> u64 {
+    use aya_ebpf::bindings::{
+        BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
+    };
+    let avail = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
+    let size = EVENTS.query(BPF_RB_RING_SIZE as u64);
+    if avail >= size / 4 {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
 }
 
 #[inline(always)]
@@ -305,24 +370,20 @@ fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Option<u64> {
         }
         ByteRule::CountTypeTimesP => Some(c.count_type(spec.a, spec.b)? * p? as u64),
         ByteRule::SumCountsTypesPerPeer => c.sum_typed(spec.a, spec.b, p?)?.checked_div(p? as u64),
-        rule @ (ByteRule::CtorProduct
+        // Constructors and MPI_Type_free: sizes live in Open MPI's objects; MPICH-ABI
+        // libraries attach these routines to `mpi_return_mpich_types` instead.
+        ByteRule::CtorProduct
         | ByteRule::CtorSum
         | ByteRule::CtorStruct
-        | ByteRule::CtorProdArray) => {
-            // Open MPI keeps every type's size in the object itself: nothing to learn.
-            if c.abi == Abi::Mpich as u8 {
-                learn_type(c, spec, rule);
-            }
-            Some(0)
-        }
-        ByteRule::TypeFree => {
-            if c.abi == Abi::Mpich as u8 {
-                let _ = DTYPES.remove(HandleKey {
-                    tgid: c.tgid,
-                    _pad: 0,
-                    handle: c.args[0] & 0xffff_ffff,
-                });
-            }
+        | ByteRule::CtorProdArray
+        | ByteRule::TypeFree => Some(0),
+        ByteRule::CommFree => {
+            let h = handle(c.abi, c.args[0]);
+            let _ = COMMS.remove(HandleKey {
+                tgid: c.tgid,
+                _pad: 0,
+                handle: h,
+            });
             Some(0)
         }
         rule @ (ByteRule::CommSize | ByteRule::CommRank) => {
@@ -332,6 +393,26 @@ fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Option<u64> {
             Some(0)
         }
     }
+}
+
+/// Datatype constructors and MPI_Type_free (integer-handle ABIs): learn or forget sizes.
+#[inline(always)]
+fn on_type_return(c: &Call, spec: &ArgSpec) -> Option<u64> {
+    match ByteRule::from_u8(spec.rule) {
+        rule @ (ByteRule::CtorProduct
+        | ByteRule::CtorSum
+        | ByteRule::CtorStruct
+        | ByteRule::CtorProdArray) => learn_type(c, spec, rule),
+        ByteRule::TypeFree => {
+            let _ = DTYPES.remove(HandleKey {
+                tgid: c.tgid,
+                _pad: 0,
+                handle: c.args[0] & 0xffff_ffff,
+            });
+        }
+        _ => {}
+    }
+    Some(0)
 }
 
 /// Size of the type a constructor builds, from its arguments.

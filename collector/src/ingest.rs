@@ -17,6 +17,9 @@ use tokio::{io::unix::AsyncFd, sync::mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+/// How often the ring buffer is drained when nothing woke us.
+const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// A watched process's lifecycle, as the kernel reported it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProcessEvent {
@@ -75,9 +78,14 @@ pub async fn run(
             return;
         }
     };
+    // Call events wake us only when the buffer fills up (see the BPF side): drain on a
+    // short timer too, so timelines stay fresh without a wake-up per call.
+    let mut tick = tokio::time::interval(DRAIN_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
+            _ = tick.tick() => drain(fd.get_mut(), &tx, &counters),
             guard = fd.readable_mut() => {
                 let Ok(mut guard) = guard else { break };
                 drain(guard.get_inner_mut(), &tx, &counters);

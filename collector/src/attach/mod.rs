@@ -16,13 +16,14 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use collector_common::{
-    routines::ArgSpec, watch, Abi, CommInfo, Cookie, CounterKey, CounterVal, HandleKey, Layout,
-    ProcStats, TpOffsets, MAX_LAYOUTS, ROUTINES,
+    routines::{class, ArgSpec},
+    watch, Abi, CommInfo, Cookie, CounterKey, CounterVal, HandleKey, Layout, ProcStats, TpOffsets,
+    MAX_LAYOUTS, ROUTINES,
 };
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
-use crate::symbols::{self, LibraryKind, MpiLibrary, Placement};
+use crate::symbols::{self, LibraryKind, MpiLibrary, Placement, ProbePoint};
 
 /// The BPF object built by `build.rs` from `collector-ebpf`.
 static BPF_OBJECT: &[u8] =
@@ -256,24 +257,33 @@ impl Probes {
             .set(slot, lib.layout, 0)
             .map_err(map_err("LAYOUTS"))?;
         let mut failed = Vec::new();
-        let offsets: Vec<u64> = lib.probes.iter().map(|p| p.offset).collect();
-        let cookies: Vec<u64> = lib
-            .probes
-            .iter()
-            .map(|p| {
-                Cookie {
-                    routine: p.routine,
-                    layout: slot as u8,
-                    abi: lib.abi as u8,
-                }
-                .pack()
-            })
-            .collect();
-        let ret = match lib.abi {
-            Abi::OpenMpi => "mpi_return_ompi",
-            Abi::Mpich => "mpi_return_mpich",
+        let cookie = |p: &ProbePoint| {
+            Cookie {
+                routine: p.routine,
+                layout: slot as u8,
+                abi: lib.abi as u8,
+            }
+            .pack()
         };
-        for (prog, is_return) in [("mpi_entry", false), (ret, true)] {
+        let all: Vec<&ProbePoint> = lib.probes.iter().collect();
+        let mut groups = vec![("mpi_entry", false, all.clone())];
+        match lib.abi {
+            Abi::OpenMpi => groups.push(("mpi_return_ompi", true, all)),
+            Abi::Mpich => {
+                // Datatype constructors have their own return program (they learn sizes).
+                let (types, rest): (Vec<&ProbePoint>, Vec<&ProbePoint>) = all
+                    .into_iter()
+                    .partition(|p| ROUTINES[p.routine as usize].spec.class == class::DATATYPE);
+                groups.push(("mpi_return_mpich", true, rest));
+                groups.push(("mpi_return_mpich_types", true, types));
+            }
+        }
+        for (prog, is_return, points) in groups {
+            if points.is_empty() {
+                continue;
+            }
+            let offsets: Vec<u64> = points.iter().map(|p| p.offset).collect();
+            let cookies: Vec<u64> = points.iter().map(|p| cookie(p)).collect();
             let fd = self
                 .programs
                 .get(prog)
@@ -354,7 +364,12 @@ impl Probes {
 }
 
 /// The programs attached through uprobe_multi links.
-const MPI_PROGRAMS: [&str; 3] = ["mpi_entry", "mpi_return_ompi", "mpi_return_mpich"];
+const MPI_PROGRAMS: [&str; 4] = [
+    "mpi_entry",
+    "mpi_return_ompi",
+    "mpi_return_mpich",
+    "mpi_return_mpich_types",
+];
 
 /// File descriptors of the maps aya created, by name, to relocate the MPI programs against.
 fn map_fds(ebpf: &Ebpf) -> HashMap<String, RawFd> {
