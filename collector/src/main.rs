@@ -8,6 +8,7 @@ mod discover;
 mod ingest;
 mod record;
 mod report;
+mod session;
 mod stats;
 mod symbols;
 

@@ -1,26 +1,17 @@
 //! `commtap record`: attach to running ranks (`--pid`) or launch a command and follow every
 //! process it spawns, then print the job's profile.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    io::Write as _,
-    path::PathBuf,
-    sync::Arc,
-    time::Duration,
-};
+use std::{io::Write as _, path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context, Result};
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::{
     attach::{LoadOptions, Probes},
-    discover::{self, DiscoverError, ProcessInfo},
-    ingest::{self, monotonic_ns, IngestCounters, ProcessEvent},
-    report::{self, JobProfile, ProbedLibrary, RankProfile, SCHEMA},
-    stats,
-    symbols::Placement,
+    discover::{self, DiscoverError},
+    ingest::monotonic_ns,
+    report::{self, JobProfile},
+    session::{Session, Tracked},
 };
 
 /// Output format of the profile.
@@ -57,20 +48,6 @@ pub struct RecordOptions {
     pub ready_file: Option<PathBuf>,
 }
 
-/// Per watched process, what record keeps.
-#[derive(Debug, Default)]
-struct Tracked {
-    info: Option<ProcessInfo>,
-    /// Monotonic ns from which its calls are counted (attach, or fork for launched ones).
-    since_ns: u64,
-    /// Monotonic ns at which it exited.
-    exit_ns: Option<u64>,
-    /// Given with --pid (reported even without MPI calls).
-    requested: bool,
-    /// Whether it maps an MPI library commtap probes.
-    maps_mpi: bool,
-}
-
 /// Runs `record` to completion and returns the profile.
 pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     if opts.pids.is_empty() && opts.command.is_empty() {
@@ -81,8 +58,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     }
     check_privileges()?;
     let me = std::process::id();
-    let mut tracked: BTreeMap<u32, Tracked> = BTreeMap::new();
-    let mut not_profiled = Vec::new();
+    let mut requested = Vec::new();
     for &pid in &opts.pids {
         if pid == me {
             bail!("PID {pid} is commtap itself");
@@ -92,7 +68,15 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
             DiscoverError::NoSuchProcess(_) => anyhow::anyhow!("{e}"),
             other => anyhow::Error::new(other).context(format!("inspecting PID {pid}")),
         })?;
-        tracked.insert(
+        requested.push((pid, info));
+    }
+
+    let ring_buffer_bytes = (opts.ring_buffer_kib.max(4) * 1024).next_power_of_two();
+    let mut session = Session::start(LoadOptions { ring_buffer_bytes })?;
+
+    // Attach-late mode: probe what each process maps, then count it.
+    for (pid, info) in requested {
+        session.tracked.insert(
             pid,
             Tracked {
                 info: Some(info),
@@ -100,45 +84,22 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
                 ..Default::default()
             },
         );
-    }
-
-    let ring_buffer_bytes = (opts.ring_buffer_kib.max(4) * 1024).next_power_of_two();
-    let mut probes =
-        Probes::load(LoadOptions { ring_buffer_bytes }).context("setting up the probes")?;
-    let ring = probes.take_events().context("ring buffer already taken")?;
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let ingest_counters = Arc::new(IngestCounters::default());
-    let cancel = CancellationToken::new();
-    let ingest = tokio::spawn(ingest::run(
-        ring,
-        tx,
-        ingest_counters.clone(),
-        cancel.clone(),
-    ));
-
-    // Attach-late mode: probe what each process maps, then count it.
-    for (&pid, t) in tracked.iter_mut() {
-        probes.watch(pid, false)?;
-        t.since_ns = monotonic_ns();
-        t.maps_mpi = attach_mapped(&mut probes, pid);
-        seed(&mut probes, pid, t);
-        if !t.maps_mpi {
+        session.watch_tracked(pid)?;
+        if !session.tracked[&pid].maps_mpi {
             warn!("PID {pid} maps no MPI library (yet); watching it in case it loads one");
         }
     }
-    if !opts.pids.is_empty() && tracked.values().all(|t| !t.maps_mpi) {
-        cancel.cancel();
-        let _ = ingest.await;
-        let list = opts
-            .pids
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(", ");
-        bail!("PID {list}: not an MPI process (maps no MPI library: libmpi, libmpich)");
-    }
-
     if !opts.pids.is_empty() {
+        if session.tracked.values().all(|t| !t.maps_mpi) {
+            session.stop_ingest().await;
+            let list = opts
+                .pids
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            bail!("PID {list}: not an MPI process (maps no MPI library: libmpi, libmpich)");
+        }
         mark_ready(&opts)?;
     }
 
@@ -148,26 +109,16 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
         let mut libs = discover::candidate_mpi_libraries();
         libs.extend(opts.libraries.iter().cloned());
         for lib in &libs {
-            match std::fs::metadata(lib) {
-                Ok(m) => {
-                    use std::os::unix::fs::MetadataExt;
-                    probes.attach_library((m.dev(), m.ino()), lib)?;
-                }
-                Err(e) => warn!("--lib {}: {e}", lib.display()),
+            if let Err(e) = session.attach_file(lib) {
+                warn!("--lib {}: {e:#}", lib.display());
             }
         }
-        if probes.libraries().is_empty() {
+        if session.probes.libraries().is_empty() {
             warn!("no MPI library found in the linker's search path; libraries are probed as processes map them");
         }
         mark_ready(&opts)?;
-        let (c, pid) = launch(&opts.command, &mut probes)?;
-        tracked.insert(
-            pid,
-            Tracked {
-                since_ns: monotonic_ns(),
-                ..Default::default()
-            },
-        );
+        let (c, pid) = launch(&opts.command, &mut session.probes)?;
+        session.tracked.insert(pid, Tracked::from_now());
         child = Some(c);
     }
 
@@ -187,10 +138,10 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
             _ = tokio::signal::ctrl_c() => { info!("interrupted: reporting what was recorded"); break; }
             _ = &mut stop => { info!("duration reached"); break; }
             status = &mut child_exit => { exit_status = status; break; }
-            Some(ev) = rx.recv() => on_process_event(ev, &mut tracked, &mut probes),
+            Some(ev) = session.events.recv() => session.on_process_event(ev),
             _ = tick.tick() => {
-                rescan(&mut tracked, &mut probes);
-                if !launched && tracked.values().filter(|t| t.requested).all(|t| t.exit_ns.is_some()) {
+                session.rescan();
+                if !launched && session.tracked.values().filter(|t| t.requested).all(|t| t.exit_ns.is_some()) {
                     info!("all watched processes exited");
                     break;
                 }
@@ -198,209 +149,17 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
         }
     }
     // Events already queued (exits of ranks just before the launcher) still count.
-    while let Ok(ev) = rx.try_recv() {
-        on_process_event(ev, &mut tracked, &mut probes);
-    }
+    session.drain_process_events();
     let end_ns = monotonic_ns();
     if let Some(status) = exit_status {
         if !status.success() {
             warn!("the command exited with {status}");
         }
     }
-
     // Stop counting before reading, so the counters and the events describe the same calls.
-    for pid in tracked.keys() {
-        probes.unwatch(*pid);
-    }
-    let counters = probes.read_counters();
-    cancel.cancel();
-    let _ = ingest.await;
-    debug!(
-        malformed = ingest_counters
-            .malformed
-            .load(std::sync::atomic::Ordering::Relaxed),
-        "ingest done"
-    );
-
-    let counted: BTreeSet<u32> = counters.iter().map(|(k, _)| k.tgid).collect();
-    let host = discover::this_host();
-    let mut ranks = Vec::new();
-    for (&pid, t) in &tracked {
-        if !counted.contains(&pid) {
-            if t.requested {
-                not_profiled.push(if t.maps_mpi {
-                    format!("PID {pid}: made no MPI call while watched")
-                } else {
-                    format!("PID {pid}: never mapped an MPI library")
-                });
-            }
-            continue;
-        }
-        let ps = probes.read_proc_stats(pid);
-        let routines = stats::routines_of(pid, &counters);
-        let mut health: stats::Health = (&ps).into();
-        health.events = ingest_counters.events_of(pid);
-        let start = if ps.init_ns != 0 {
-            ps.init_ns.max(t.since_ns)
-        } else {
-            t.since_ns
-        };
-        let end = if ps.finalize_ns != 0 {
-            ps.finalize_ns
-        } else {
-            t.exit_ns.unwrap_or(end_ns)
-        };
-        let info = t.info.clone().unwrap_or(ProcessInfo {
-            pid,
-            ..Default::default()
-        });
-        ranks.push(RankProfile {
-            rank: info.rank.unwrap_or(u32::MAX),
-            rank_known: info.rank.is_some(),
-            pid,
-            host: host.clone(),
-            job: info.batch_job.clone().unwrap_or_default(),
-            cmdline: info.cmdline.clone(),
-            elapsed_ns: end.saturating_sub(start),
-            comm_time_ns: stats::communication_ns(&routines),
-            routines,
-            health,
-        });
-    }
-    Ok(assemble(ranks, &probes, not_profiled))
-}
-
-/// Orders ranks, fills in what the environment did not say, and adds the probe summary.
-fn assemble(mut ranks: Vec<RankProfile>, probes: &Probes, not_profiled: Vec<String>) -> JobProfile {
-    // Ranks without a launcher rank get the next free numbers, in pid order.
-    ranks.sort_by_key(|r| (r.rank, r.pid));
-    let first_free = ranks
-        .iter()
-        .filter(|r| r.rank_known)
-        .map(|r| r.rank + 1)
-        .max()
-        .unwrap_or(0);
-    for (r, rank) in ranks.iter_mut().filter(|r| !r.rank_known).zip(first_free..) {
-        r.rank = rank;
-    }
-    ranks.sort_by_key(|r| r.rank);
-    // mpitrace's job id: the batch system's, else rank 0's pid.
-    let job = ranks
-        .iter()
-        .find(|r| !r.job.is_empty())
-        .map(|r| r.job.clone())
-        .or_else(|| ranks.first().map(|r| r.pid.to_string()))
-        .unwrap_or_else(|| "0".into());
-    for r in &mut ranks {
-        r.job = job.clone();
-    }
-    let libraries = probes
-        .libraries()
-        .iter()
-        .map(|l| ProbedLibrary {
-            path: l.library.path.clone(),
-            flavor: l.library.flavor.clone(),
-            probes: l.library.probes.len(),
-            moved_past_single_step: names_with(l, Placement::SkippedSingleStep),
-            single_stepped: names_with(l, Placement::SingleStepped),
-            failed: l.failed.clone(),
-        })
-        .collect();
-    JobProfile {
-        schema: SCHEMA.into(),
-        job,
-        dropped: ranks.iter().map(|r| r.health.dropped).sum(),
-        undecoded: ranks.iter().map(|r| r.health.undecoded).sum(),
-        ranks,
-        libraries,
-        unsupported_libraries: probes.unsupported().to_vec(),
-        not_profiled,
-    }
-}
-
-fn names_with(l: &crate::attach::AttachedLibrary, p: Placement) -> Vec<String> {
-    l.library
-        .probes
-        .iter()
-        .filter(|x| x.placement == p)
-        .map(|x| x.name.to_string())
-        .collect()
-}
-
-/// Probes every MPI library `pid` maps; returns whether it maps one.
-fn attach_mapped(probes: &mut Probes, pid: u32) -> bool {
-    let objects = match discover::mapped_objects(pid) {
-        Ok(o) => o,
-        Err(e) => {
-            debug!("PID {pid}: {e}");
-            return false;
-        }
-    };
-    let mut any = false;
-    for o in objects {
-        match probes.attach_library(o.dev_inode, &o.path) {
-            Ok(true) => any = true,
-            Ok(false) => {}
-            Err(e) => warn!("PID {pid}: {}: {e}", o.path.display()),
-        }
-    }
-    any
-}
-
-/// Tells the kernel the world size/rank the launcher gave `pid` (integer-handle ABIs).
-fn seed(probes: &mut Probes, pid: u32, t: &Tracked) {
-    if let Some(ProcessInfo {
-        world_size: Some(size),
-        rank: Some(rank),
-        ..
-    }) = &t.info
-    {
-        probes.seed_world(pid, *size, *rank);
-    }
-}
-
-fn on_process_event(ev: ProcessEvent, tracked: &mut BTreeMap<u32, Tracked>, probes: &mut Probes) {
-    match ev {
-        ProcessEvent::Fork { pid, .. } => {
-            tracked.entry(pid).or_insert_with(|| Tracked {
-                since_ns: monotonic_ns(),
-                ..Default::default()
-            });
-        }
-        ProcessEvent::Exec { pid } => {
-            let t = tracked.entry(pid).or_insert_with(|| Tracked {
-                since_ns: monotonic_ns(),
-                ..Default::default()
-            });
-            // The new image's environment names the rank; its libraries may be new.
-            t.info = discover::process_info(pid).ok().or(t.info.take());
-            t.maps_mpi |= attach_mapped(probes, pid);
-            seed(probes, pid, t);
-        }
-        ProcessEvent::Exit { pid, ts_ns } => {
-            if let Some(t) = tracked.get_mut(&pid) {
-                t.exit_ns = Some(ts_ns);
-            }
-        }
-    }
-}
-
-/// Picks up libraries loaded since the last look (dlopen) and processes that ended
-/// without an exit event reaching us.
-fn rescan(tracked: &mut BTreeMap<u32, Tracked>, probes: &mut Probes) {
-    for (&pid, t) in tracked.iter_mut().filter(|(_, t)| t.exit_ns.is_none()) {
-        if !probes.is_watched(pid) || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            t.exit_ns = Some(monotonic_ns());
-            continue;
-        }
-        if t.info.as_ref().is_none_or(|i| i.rank.is_none()) {
-            if let Ok(info) = discover::process_info(pid) {
-                t.info = Some(info);
-                seed(probes, pid, t);
-            }
-        }
-        t.maps_mpi |= attach_mapped(probes, pid);
-    }
+    session.unwatch_all();
+    session.stop_ingest().await;
+    Ok(session.profile(end_ns))
 }
 
 /// Starts `command` so that the kernel watches it before it first runs: commtap marks

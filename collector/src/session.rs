@@ -1,0 +1,334 @@
+//! A profiling session: loaded probes, the processes they watch, the ingest task, and the
+//! profile built from the kernel's counters on demand. `record` runs one to completion; a
+//! long-running daemon keeps one and takes snapshots of it.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+    sync::Arc,
+};
+
+use anyhow::{Context, Result};
+use tokio::{sync::mpsc, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::{
+    attach::{AttachedLibrary, LoadOptions, Probes},
+    discover::{self, ProcessInfo},
+    ingest::{self, monotonic_ns, IngestCounters, ProcessEvent},
+    report::{JobProfile, ProbedLibrary, RankProfile, SCHEMA},
+    stats,
+    symbols::Placement,
+};
+
+/// What the session keeps per watched process.
+#[derive(Debug, Default)]
+pub struct Tracked {
+    /// Identity and launcher environment, once read.
+    pub info: Option<ProcessInfo>,
+    /// Monotonic ns from which its calls are counted (attach, or fork for launched ones).
+    pub since_ns: u64,
+    /// Monotonic ns at which it exited.
+    pub exit_ns: Option<u64>,
+    /// Asked for by the user (reported even without MPI calls).
+    pub requested: bool,
+    /// Whether it maps an MPI library commtap probes.
+    pub maps_mpi: bool,
+}
+
+impl Tracked {
+    /// A process counted from now on.
+    pub fn from_now() -> Tracked {
+        Tracked {
+            since_ns: monotonic_ns(),
+            ..Default::default()
+        }
+    }
+}
+
+/// Loaded probes, the watched processes and the ingest task.
+pub struct Session {
+    /// The kernel side.
+    pub probes: Probes,
+    /// Watched processes by pid.
+    pub tracked: BTreeMap<u32, Tracked>,
+    /// Process lifecycle events from the ingest task.
+    pub events: mpsc::UnboundedReceiver<ProcessEvent>,
+    ingest_counters: Arc<IngestCounters>,
+    cancel: CancellationToken,
+    ingest: Option<JoinHandle<()>>,
+}
+
+impl Session {
+    /// Loads the probes and starts draining the ring buffer.
+    pub fn start(opts: LoadOptions) -> Result<Session> {
+        let mut probes = Probes::load(opts).context("setting up the probes")?;
+        let ring = probes.take_events().context("ring buffer already taken")?;
+        let (tx, events) = mpsc::unbounded_channel();
+        let ingest_counters = Arc::new(IngestCounters::default());
+        let cancel = CancellationToken::new();
+        let ingest = tokio::spawn(ingest::run(
+            ring,
+            tx,
+            ingest_counters.clone(),
+            cancel.clone(),
+        ));
+        Ok(Session {
+            probes,
+            tracked: BTreeMap::new(),
+            events,
+            ingest_counters,
+            cancel,
+            ingest: Some(ingest),
+        })
+    }
+
+    /// Stops the ingest task after a last drain of the ring buffer (call events are
+    /// batched, so the last ones are only counted after this).
+    pub async fn stop_ingest(&mut self) {
+        self.cancel.cancel();
+        if let Some(task) = self.ingest.take() {
+            let _ = task.await;
+        }
+    }
+
+    /// Probes the library file at `path` now (before any process maps it).
+    pub fn attach_file(&mut self, path: &Path) -> Result<bool> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+        Ok(self.probes.attach_library((m.dev(), m.ino()), path)?)
+    }
+
+    /// Probes every MPI library `pid` maps; returns whether it maps one.
+    pub fn attach_mapped(&mut self, pid: u32) -> bool {
+        let objects = match discover::mapped_objects(pid) {
+            Ok(o) => o,
+            Err(e) => {
+                debug!("PID {pid}: {e}");
+                return false;
+            }
+        };
+        let mut any = false;
+        for o in objects {
+            match self.probes.attach_library(o.dev_inode, &o.path) {
+                Ok(true) => any = true,
+                Ok(false) => {}
+                Err(e) => warn!("PID {pid}: {}: {e}", o.path.display()),
+            }
+        }
+        any
+    }
+
+    /// Tells the kernel the world size/rank the launcher gave `pid` (integer-handle ABIs).
+    fn seed(&mut self, pid: u32) {
+        if let Some(Tracked {
+            info:
+                Some(ProcessInfo {
+                    world_size: Some(size),
+                    rank: Some(rank),
+                    ..
+                }),
+            ..
+        }) = self.tracked.get(&pid)
+        {
+            let (size, rank) = (*size, *rank);
+            self.probes.seed_world(pid, size, rank);
+        }
+    }
+
+    /// Starts counting `pid` (already tracked) from now, probing what it maps.
+    pub fn watch_tracked(&mut self, pid: u32) -> Result<()> {
+        self.probes.watch(pid, false)?;
+        let maps_mpi = self.attach_mapped(pid);
+        if let Some(t) = self.tracked.get_mut(&pid) {
+            t.since_ns = monotonic_ns();
+            t.maps_mpi = maps_mpi;
+        }
+        self.seed(pid);
+        Ok(())
+    }
+
+    /// Applies a process lifecycle event from the kernel.
+    pub fn on_process_event(&mut self, ev: ProcessEvent) {
+        match ev {
+            ProcessEvent::Fork { pid, .. } => {
+                self.tracked.entry(pid).or_insert_with(Tracked::from_now);
+            }
+            ProcessEvent::Exec { pid } => {
+                let t = self.tracked.entry(pid).or_insert_with(Tracked::from_now);
+                // The new image's environment names the rank; its libraries may be new.
+                t.info = discover::process_info(pid).ok().or(t.info.take());
+                let maps = self.attach_mapped(pid);
+                if let Some(t) = self.tracked.get_mut(&pid) {
+                    t.maps_mpi |= maps;
+                }
+                self.seed(pid);
+            }
+            ProcessEvent::Exit { pid, ts_ns } => {
+                if let Some(t) = self.tracked.get_mut(&pid) {
+                    t.exit_ns = Some(ts_ns);
+                }
+            }
+        }
+    }
+
+    /// Applies every queued process event.
+    pub fn drain_process_events(&mut self) {
+        while let Ok(ev) = self.events.try_recv() {
+            self.on_process_event(ev);
+        }
+    }
+
+    /// Picks up libraries loaded since the last look (dlopen) and processes that ended
+    /// without an exit event reaching us.
+    pub fn rescan(&mut self) {
+        let live: Vec<u32> = self
+            .tracked
+            .iter()
+            .filter(|(_, t)| t.exit_ns.is_none())
+            .map(|(p, _)| *p)
+            .collect();
+        for pid in live {
+            if !self.probes.is_watched(pid) || !Path::new(&format!("/proc/{pid}")).exists() {
+                if let Some(t) = self.tracked.get_mut(&pid) {
+                    t.exit_ns = Some(monotonic_ns());
+                }
+                continue;
+            }
+            let needs_info = self
+                .tracked
+                .get(&pid)
+                .is_some_and(|t| t.info.as_ref().is_none_or(|i| i.rank.is_none()));
+            if needs_info {
+                if let Ok(info) = discover::process_info(pid) {
+                    if let Some(t) = self.tracked.get_mut(&pid) {
+                        t.info = Some(info);
+                    }
+                    self.seed(pid);
+                }
+            }
+            let maps = self.attach_mapped(pid);
+            if let Some(t) = self.tracked.get_mut(&pid) {
+                t.maps_mpi |= maps;
+            }
+        }
+    }
+
+    /// Stops counting every tracked process (their counters stay readable).
+    pub fn unwatch_all(&mut self) {
+        for pid in self.tracked.keys() {
+            self.probes.unwatch(*pid);
+        }
+    }
+
+    /// The profile of every tracked process that made MPI calls, from the kernel's counters
+    /// as they are now; `end_ns` closes the elapsed time of processes still running.
+    pub fn profile(&self, end_ns: u64) -> JobProfile {
+        let counters = self.probes.read_counters();
+        let counted: BTreeSet<u32> = counters.iter().map(|(k, _)| k.tgid).collect();
+        let host = discover::this_host();
+        let mut ranks = Vec::new();
+        let mut not_profiled = Vec::new();
+        for (&pid, t) in &self.tracked {
+            if !counted.contains(&pid) {
+                if t.requested {
+                    not_profiled.push(if t.maps_mpi {
+                        format!("PID {pid}: made no MPI call while watched")
+                    } else {
+                        format!("PID {pid}: never mapped an MPI library")
+                    });
+                }
+                continue;
+            }
+            let ps = self.probes.read_proc_stats(pid);
+            let routines = stats::routines_of(pid, &counters);
+            let mut health: stats::Health = (&ps).into();
+            health.events = self.ingest_counters.events_of(pid);
+            let start = if ps.init_ns != 0 {
+                ps.init_ns.max(t.since_ns)
+            } else {
+                t.since_ns
+            };
+            let end = if ps.finalize_ns != 0 {
+                ps.finalize_ns
+            } else {
+                t.exit_ns.unwrap_or(end_ns)
+            };
+            let info = t.info.clone().unwrap_or(ProcessInfo {
+                pid,
+                ..Default::default()
+            });
+            ranks.push(RankProfile {
+                rank: info.rank.unwrap_or(u32::MAX),
+                rank_known: info.rank.is_some(),
+                pid,
+                host: host.clone(),
+                job: info.batch_job.clone().unwrap_or_default(),
+                cmdline: info.cmdline.clone(),
+                elapsed_ns: end.saturating_sub(start),
+                comm_time_ns: stats::communication_ns(&routines),
+                routines,
+                health,
+            });
+        }
+        assemble(ranks, &self.probes, not_profiled)
+    }
+}
+
+/// Orders ranks, fills in what the environment did not say, and adds the probe summary.
+fn assemble(mut ranks: Vec<RankProfile>, probes: &Probes, not_profiled: Vec<String>) -> JobProfile {
+    // Ranks without a launcher rank get the next free numbers, in pid order.
+    ranks.sort_by_key(|r| (r.rank, r.pid));
+    let first_free = ranks
+        .iter()
+        .filter(|r| r.rank_known)
+        .map(|r| r.rank + 1)
+        .max()
+        .unwrap_or(0);
+    for (r, rank) in ranks.iter_mut().filter(|r| !r.rank_known).zip(first_free..) {
+        r.rank = rank;
+    }
+    ranks.sort_by_key(|r| r.rank);
+    // mpitrace's job id: the batch system's, else rank 0's pid.
+    let job = ranks
+        .iter()
+        .find(|r| !r.job.is_empty())
+        .map(|r| r.job.clone())
+        .or_else(|| ranks.first().map(|r| r.pid.to_string()))
+        .unwrap_or_else(|| "0".into());
+    for r in &mut ranks {
+        r.job = job.clone();
+    }
+    let libraries = probes
+        .libraries()
+        .iter()
+        .map(|l| ProbedLibrary {
+            path: l.library.path.clone(),
+            flavor: l.library.flavor.clone(),
+            probes: l.library.probes.len(),
+            moved_past_single_step: names_with(l, Placement::SkippedSingleStep),
+            single_stepped: names_with(l, Placement::SingleStepped),
+            failed: l.failed.clone(),
+        })
+        .collect();
+    JobProfile {
+        schema: SCHEMA.into(),
+        job,
+        dropped: ranks.iter().map(|r| r.health.dropped).sum(),
+        undecoded: ranks.iter().map(|r| r.health.undecoded).sum(),
+        ranks,
+        libraries,
+        unsupported_libraries: probes.unsupported().to_vec(),
+        not_profiled,
+    }
+}
+
+fn names_with(l: &AttachedLibrary, p: Placement) -> Vec<String> {
+    l.library
+        .probes
+        .iter()
+        .filter(|x| x.placement == p)
+        .map(|x| x.name.to_string())
+        .collect()
+}
