@@ -6,6 +6,26 @@ use std::{env, path::PathBuf, process::Command};
 use anyhow::{bail, Context, Result};
 
 fn main() -> Result<()> {
+    compile_protos()?;
+    build_ebpf()
+}
+
+/// Generates the gRPC code from `proto/commtap/v1/*.proto`, the single source of the wire
+/// API, plus the descriptor set that server reflection serves.
+fn compile_protos() -> Result<()> {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
+    let proto = manifest.join("../proto");
+    println!("cargo:rerun-if-changed={}", proto.display());
+    let out = PathBuf::from(env::var("OUT_DIR")?);
+    let files = ["commtap/v1/profile.proto", "commtap/v1/node.proto"].map(|f| proto.join(f));
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out.join("commtap_descriptor.bin"))
+        .compile_protos(&files, &[proto])
+        .context("compiling proto/commtap/v1 (needs protoc: `cargo xtask setup` installs protobuf-compiler)")?;
+    Ok(())
+}
+
+fn build_ebpf() -> Result<()> {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
     let ebpf = manifest.join("../collector-ebpf");
     let common = manifest.join("../collector-common");

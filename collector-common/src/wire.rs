@@ -78,6 +78,18 @@ pub const MAX_ARGS: usize = 12;
 /// Number of library layout slots (distinct probed MPI libraries at once).
 pub const MAX_LAYOUTS: u32 = 64;
 
+/// Run-time settings of the BPF programs (the `CONFIG` array's only element).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// Non-zero: count every process that calls a probed MPI library (the node daemon),
+    /// not only those in `WATCHED`.
+    pub watch_all: u32,
+    /// commtap's own process id, never counted.
+    pub self_tgid: u32,
+}
+const _: () = assert!(size_of::<Config>() == 8);
+
 /// Flags in the `WATCHED` map: which processes the probes count.
 pub mod watch {
     /// Count this process's calls.
@@ -166,6 +178,9 @@ pub enum EventKind {
     Exit = 3,
     /// A watched process forked a child that is now watched too: [`ProcEvent`].
     Fork = 4,
+    /// In watch-all mode, a process not yet watched made its first MPI call and is now
+    /// watched: [`ProcEvent`].
+    Discovered = 5,
 }
 
 /// One completed MPI call, for latency and timelines (counts come from the counters).
@@ -278,6 +293,7 @@ mod pod {
     unsafe impl aya::Pod for HandleKey {}
     unsafe impl aya::Pod for CommInfo {}
     unsafe impl aya::Pod for TpOffsets {}
+    unsafe impl aya::Pod for Config {}
     unsafe impl aya::Pod for crate::ArgSpec {}
 }
 

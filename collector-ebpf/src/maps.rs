@@ -6,7 +6,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuHashMap, RingBuf},
 };
 use collector_common::{
-    ArgSpec, CommInfo, CounterKey, CounterVal, HandleKey, Layout, ProcStats, TpOffsets, MAX_ARGS,
+    ArgSpec, CommInfo, Config, CounterKey, CounterVal, HandleKey, Layout, ProcStats, TpOffsets,
+    MAX_ARGS,
 };
 
 /// Slots in `EntryState::args` (a power of two >= `MAX_ARGS`).
@@ -40,6 +41,10 @@ pub static ROUTINE_SPECS: Array<ArgSpec> = Array::with_max_entries(1024, 0);
 /// Object layouts per probed library, indexed by the cookie's layout slot.
 #[map]
 pub static LAYOUTS: Array<Layout> = Array::with_max_entries(collector_common::MAX_LAYOUTS, 0);
+
+/// Run-time settings (index 0).
+#[map]
+pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 
 /// Tracepoint field offsets for this kernel (index 0).
 #[map]
@@ -84,7 +89,26 @@ pub fn with_proc_stats(tgid: u32, f: impl FnOnce(&mut ProcStats)) {
     let _ = PROC_STATS.insert(tgid, s, 0);
 }
 
-/// Whether calls of `tgid` are counted.
+/// Whether calls of `tgid` are counted: it is watched, or every process is (but commtap).
+/// In watch-all mode a process seen for the first time joins the watched set (so that its
+/// exit is reported) and userspace is told, while the process is still young enough for
+/// its environment (rank, job) to be read.
+#[inline(always)]
+pub fn is_counted(tgid: u32) -> bool {
+    if is_watched(tgid) {
+        return true;
+    }
+    match CONFIG.get(0) {
+        Some(c) if c.watch_all != 0 && c.self_tgid != tgid => {
+            let _ = WATCHED.insert(tgid, collector_common::watch::COUNT, 0);
+            crate::process::emit(collector_common::EventKind::Discovered, tgid, 0);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Whether `tgid` is in the watched set.
 #[inline(always)]
 pub fn is_watched(tgid: u32) -> bool {
     // SAFETY: plain u32 value.

@@ -24,7 +24,7 @@ use crate::{
         sum_ints, sum_typed, type_size,
     },
     maps::{
-        is_watched, with_proc_stats, EntryState, ARG_SLOTS, COMMS, COUNTERS, DTYPES, ENTRIES,
+        is_counted, with_proc_stats, EntryState, ARG_SLOTS, COMMS, COUNTERS, DTYPES, ENTRIES,
         EVENTS, LAYOUTS, ROUTINE_SPECS,
     },
 };
@@ -54,7 +54,7 @@ pub fn mpi_entry(ctx: ProbeContext) -> u32 {
             }
         }
         None => {
-            if !is_watched(tgid) {
+            if !is_counted(tgid) {
                 return 0;
             }
         }
@@ -148,7 +148,7 @@ fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeContext) -> u3
         // SAFETY: the thread's own entry.
         Some(e) if unsafe { (*e).busy } != 0 => unsafe { &mut *e },
         _ => {
-            if is_watched(tgid) {
+            if is_counted(tgid) {
                 with_proc_stats(tgid, |s| s.orphan_returns += 1);
             }
             return 0;

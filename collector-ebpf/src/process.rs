@@ -9,8 +9,9 @@ use collector_common::{watch, EventKind, ProcEvent};
 
 use crate::maps::{ENTRIES, EVENTS, TP_OFFSETS, WATCHED};
 
+/// Reports a process lifecycle event to userspace.
 #[inline(always)]
-fn emit(kind: EventKind, tgid: u32, parent: u32) {
+pub fn emit(kind: EventKind, tgid: u32, parent: u32) {
     let ev = ProcEvent {
         kind: kind as u32,
         tgid,

@@ -216,6 +216,30 @@ pub fn candidate_mpi_libraries() -> Vec<PathBuf> {
     found
 }
 
+/// Processes that map an MPI library (by file name: libmpi*, libmpich*), commtap excepted.
+pub fn mpi_processes() -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out: Vec<u32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|maps| {
+                maps.lines().any(|l| {
+                    let name = l.rsplit('/').next().unwrap_or("");
+                    l.contains(" r-xp ")
+                        && (name.starts_with("libmpi.so") || name.starts_with("libmpich.so"))
+                })
+            })
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
 /// This host's name, as reports show it.
 pub fn this_host() -> String {
     hostname::get()

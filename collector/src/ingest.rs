@@ -35,6 +35,11 @@ pub enum ProcessEvent {
         /// Its parent.
         parent: u32,
     },
+    /// It made its first MPI call (watch-all mode) and is now watched.
+    Discovered {
+        /// Process id.
+        pid: u32,
+    },
     /// It exited, at monotonic `ts_ns`.
     Exit {
         /// Process id.
@@ -124,6 +129,8 @@ fn drain(
                         pid: ev.tgid,
                         parent: ev.parent,
                     }
+                } else if k == EventKind::Discovered as u32 {
+                    ProcessEvent::Discovered { pid: ev.tgid }
                 } else if k == EventKind::Exit as u32 {
                     ProcessEvent::Exit {
                         pid: ev.tgid,

@@ -4,10 +4,13 @@
 //! stats -> report; each stage is one module.
 
 mod attach;
+mod client;
+mod daemon;
 mod discover;
 mod ingest;
 mod record;
 mod report;
+mod serve;
 mod session;
 mod stats;
 mod symbols;
@@ -17,7 +20,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use crate::record::{Format, RecordOptions};
+use crate::{daemon::DaemonOptions, record::RecordOptions, report::Outputs, serve::socket::Target};
 
 /// commtap: profile the communication of running MPI jobs with eBPF: no relink, no
 /// LD_PRELOAD, no restart.
@@ -49,6 +52,60 @@ enum Command {
     /// kept in the kernel, which no event loss can thin out.
     #[command(verbatim_doc_comment)]
     Record(RecordArgs),
+    /// Run the node daemon: count every MPI process on this node from its first call and
+    /// serve their profiles over gRPC (commtap.v1.Node) on a Unix socket.
+    ///
+    /// Start it from systemd or a Slurm prolog; query it with `commtap report` and
+    /// `commtap ps`, or any gRPC client (health and server reflection are served).
+    Daemon(DaemonArgs),
+    /// Print the profile a daemon (or aggregator) holds, as `record` prints it.
+    ///
+    /// Example: commtap report --from unix:///run/commtap/commtap.sock --job 4242
+    #[command(verbatim_doc_comment)]
+    Report(ReportArgs),
+    /// List the processes a daemon knows and the libraries it probes.
+    Ps(PsArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct DaemonArgs {
+    /// Unix socket to serve on.
+    #[arg(long, default_value = serve::socket::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Permission bits of the socket, in octal (owner and group by default).
+    #[arg(long, default_value = "660", value_parser = parse_mode)]
+    socket_mode: u32,
+    /// Node name reported to clients (default: the host name).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// How long the profile of an exited process is kept (e.g. 1h, 30m).
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    keep_exited: Duration,
+    /// Ring buffer for call events, in KiB.
+    #[arg(long, default_value_t = 1024)]
+    ring_buffer_kib: u32,
+    /// An MPI library to probe from the start, besides those the dynamic linker finds.
+    #[arg(long = "lib")]
+    libraries: Vec<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct ReportArgs {
+    /// Where to read: unix:///path/to.sock (a daemon) or http(s)://host:port.
+    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    from: Target,
+    /// Only this job.
+    #[arg(long)]
+    job: Option<String>,
+    #[command(flatten)]
+    out: Outputs,
+}
+
+#[derive(clap::Args, Debug)]
+struct PsArgs {
+    /// Where to read: unix:///path/to.sock (a daemon) or http(s)://host:port.
+    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    from: Target,
 }
 
 #[derive(clap::Args, Debug)]
@@ -59,18 +116,8 @@ struct RecordArgs {
     /// Stop recording after this long (e.g. 30s, 5m, 1h, 500ms).
     #[arg(short, long, value_parser = parse_duration)]
     duration: Option<Duration>,
-    /// Output format.
-    #[arg(short, long, value_enum, default_value_t = Format::Text)]
-    format: Format,
-    /// Write the profile to this file instead of standard output.
-    #[arg(short, long)]
-    output: Option<PathBuf>,
-    /// Also write the JSON profile to this file (whatever --format says).
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
-    /// Also write IBM mpitrace's `mpi_profile.<jobid>.<rank>` files into this directory.
-    #[arg(long)]
-    mpitrace_dir: Option<PathBuf>,
+    #[command(flatten)]
+    out: Outputs,
     /// Ring buffer for call events, in KiB (events beyond it are counted as dropped;
     /// counts and bytes stay exact).
     #[arg(long, default_value_t = 1024)]
@@ -85,6 +132,13 @@ struct RecordArgs {
     /// Command to launch and profile, with every process it spawns (after `--`).
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("invalid mode {s:?}: expected octal, e.g. 660"))
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -144,21 +198,33 @@ fn main() -> ExitCode {
                     pids: a.pid,
                     command: a.command,
                     duration: a.duration,
-                    format: a.format,
-                    output: a.output,
-                    mpitrace_dir: a.mpitrace_dir,
-                    json: a.json,
                     ring_buffer_kib: a.ring_buffer_kib,
                     libraries: a.libraries,
                     ready_file: a.ready_file,
                 };
-                let profile = record::record(opts.clone()).await?;
-                record::emit(&profile, &opts)?;
+                let profile = record::record(opts).await?;
+                a.out.write(&profile)?;
                 if profile.ranks.is_empty() {
                     anyhow::bail!("no MPI calls were recorded");
                 }
                 Ok(())
             }
+            Command::Daemon(a) => {
+                daemon::run(DaemonOptions {
+                    socket: a.socket,
+                    socket_mode: a.socket_mode,
+                    node_name: a.node_name,
+                    ring_buffer_kib: a.ring_buffer_kib,
+                    keep_exited: a.keep_exited,
+                    libraries: a.libraries,
+                })
+                .await
+            }
+            Command::Report(a) => {
+                let profile = client::snapshot(&a.from, a.job.as_deref()).await?;
+                a.out.write(&profile)
+            }
+            Command::Ps(a) => client::print_processes(&a.from).await,
         }
     });
     match result {

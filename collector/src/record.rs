@@ -1,7 +1,7 @@
 //! `commtap record`: attach to running ranks (`--pid`) or launch a command and follow every
 //! process it spawns, then print the job's profile.
 
-use std::{io::Write as _, path::PathBuf, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context, Result};
 use tracing::{info, warn};
@@ -10,18 +10,9 @@ use crate::{
     attach::{LoadOptions, Probes},
     discover::{self, DiscoverError},
     ingest::monotonic_ns,
-    report::{self, JobProfile},
+    report::JobProfile,
     session::{Session, Tracked},
 };
-
-/// Output format of the profile.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
-    /// mpitrace-style text.
-    Text,
-    /// The JSON document described in the README.
-    Json,
-}
 
 /// What `record` was asked to do.
 #[derive(Debug, Clone)]
@@ -32,14 +23,6 @@ pub struct RecordOptions {
     pub command: Vec<String>,
     /// Stop after this long.
     pub duration: Option<Duration>,
-    /// Output format.
-    pub format: Format,
-    /// Write the profile here instead of stdout.
-    pub output: Option<PathBuf>,
-    /// Also write mpitrace files here.
-    pub mpitrace_dir: Option<PathBuf>,
-    /// Also write the JSON profile here.
-    pub json: Option<PathBuf>,
     /// Ring buffer size in KiB.
     pub ring_buffer_kib: u32,
     /// Extra MPI libraries to probe before launching (beyond the linker's search path).
@@ -196,7 +179,7 @@ fn mark_ready(opts: &RecordOptions) -> Result<()> {
 const NEEDED_CAPS: &[(u32, &str)] = &[(21, "CAP_SYS_ADMIN"), (38, "CAP_PERFMON"), (39, "CAP_BPF")];
 
 /// Fails early, with a message that says what to do, when BPF cannot be used.
-fn check_privileges() -> Result<()> {
+pub fn check_privileges() -> Result<()> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let eff = status
         .lines()
@@ -213,34 +196,6 @@ fn check_privileges() -> Result<()> {
             "commtap needs root (or {}) to load BPF programs and attach uprobes; missing: {}. Run it with sudo, or as the commtap systemd service.",
             NEEDED_CAPS.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(" + "),
             missing.join(", ")
-        );
-    }
-    Ok(())
-}
-
-/// Writes the profile as asked.
-pub fn emit(profile: &JobProfile, opts: &RecordOptions) -> Result<()> {
-    let text = match opts.format {
-        Format::Json => serde_json::to_string_pretty(profile)? + "\n",
-        Format::Text => report::render_text(profile),
-    };
-    match &opts.output {
-        Some(path) => {
-            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
-        }
-        None => std::io::stdout().write_all(text.as_bytes())?,
-    }
-    if let Some(path) = &opts.json {
-        std::fs::write(path, serde_json::to_string_pretty(profile)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(dir) = &opts.mpitrace_dir {
-        let files = report::write_mpitrace_dir(profile, dir)
-            .with_context(|| format!("writing mpitrace files to {}", dir.display()))?;
-        info!(
-            "wrote {} mpitrace profile files to {}",
-            files.len(),
-            dir.display()
         );
     }
     Ok(())

@@ -58,6 +58,8 @@ pub struct Session {
     ingest_counters: Arc<IngestCounters>,
     cancel: CancellationToken,
     ingest: Option<JoinHandle<()>>,
+    /// Job id given to each job key (see `job_key`), kept stable across profiles.
+    job_ids: BTreeMap<String, String>,
 }
 
 impl Session {
@@ -81,6 +83,7 @@ impl Session {
             ingest_counters,
             cancel,
             ingest: Some(ingest),
+            job_ids: BTreeMap::new(),
         })
     }
 
@@ -155,8 +158,15 @@ impl Session {
             ProcessEvent::Fork { pid, .. } => {
                 self.tracked.entry(pid).or_insert_with(Tracked::from_now);
             }
-            ProcessEvent::Exec { pid } => {
-                let t = self.tracked.entry(pid).or_insert_with(Tracked::from_now);
+            ProcessEvent::Exec { pid } | ProcessEvent::Discovered { pid } => {
+                let t = self.tracked.entry(pid).or_insert_with(|| {
+                    let mut t = Tracked::from_now();
+                    if matches!(ev, ProcessEvent::Discovered { .. }) {
+                        // Counted from its first MPI call: the kernel saw it before we did.
+                        t.since_ns = 0;
+                    }
+                    t
+                });
                 // The new image's environment names the rank; its libraries may be new.
                 t.info = discover::process_info(pid).ok().or(t.info.take());
                 let maps = self.attach_mapped(pid);
@@ -171,6 +181,13 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Hands the process-event stream to a caller that waits on it outside the session
+    /// (the daemon, which shares the session behind a lock).
+    pub fn take_events(&mut self) -> mpsc::UnboundedReceiver<ProcessEvent> {
+        let (_, empty) = mpsc::unbounded_channel();
+        std::mem::replace(&mut self.events, empty)
     }
 
     /// Applies every queued process event.
@@ -215,6 +232,37 @@ impl Session {
         }
     }
 
+    /// The probed libraries as reports show them.
+    pub fn library_summaries(&self) -> Vec<ProbedLibrary> {
+        library_summaries(&self.probes)
+    }
+
+    /// Tracks processes that the counters show made MPI calls but that are not tracked yet
+    /// (in watch-all mode the kernel counts processes before userspace knows them).
+    pub fn track_counted(&mut self) {
+        let counted: BTreeSet<u32> = self
+            .probes
+            .read_counters()
+            .iter()
+            .map(|(k, _)| k.tgid)
+            .collect();
+        for pid in counted {
+            if self.tracked.contains_key(&pid) {
+                continue;
+            }
+            let mut t = Tracked::from_now();
+            t.info = discover::process_info(pid).ok();
+            t.maps_mpi = true;
+            // Counted since its start: the daemon's probes were there before it.
+            t.since_ns = 0;
+            self.tracked.insert(pid, t);
+            if let Err(e) = self.probes.watch(pid, false) {
+                warn!("PID {pid}: {e}");
+            }
+            self.seed(pid);
+        }
+    }
+
     /// Stops counting every tracked process (their counters stay readable).
     pub fn unwatch_all(&mut self) {
         for pid in self.tracked.keys() {
@@ -224,7 +272,7 @@ impl Session {
 
     /// The profile of every tracked process that made MPI calls, from the kernel's counters
     /// as they are now; `end_ns` closes the elapsed time of processes still running.
-    pub fn profile(&self, end_ns: u64) -> JobProfile {
+    pub fn profile(&mut self, end_ns: u64) -> JobProfile {
         let counters = self.probes.read_counters();
         let counted: BTreeSet<u32> = counters.iter().map(|(k, _)| k.tgid).collect();
         let host = discover::this_host();
@@ -259,12 +307,13 @@ impl Session {
                 pid,
                 ..Default::default()
             });
+            let start = if start == 0 { ps.init_ns } else { start };
             ranks.push(RankProfile {
                 rank: info.rank.unwrap_or(u32::MAX),
                 rank_known: info.rank.is_some(),
                 pid,
                 host: host.clone(),
-                job: info.batch_job.clone().unwrap_or_default(),
+                job: job_key(&info),
                 cmdline: info.cmdline.clone(),
                 elapsed_ns: end.saturating_sub(start),
                 comm_time_ns: stats::communication_ns(&routines),
@@ -272,46 +321,73 @@ impl Session {
                 health,
             });
         }
-        assemble(ranks, &self.probes, not_profiled)
+        assemble(ranks, &self.probes, not_profiled, &mut self.job_ids)
     }
 }
 
-/// Orders ranks, fills in what the environment did not say, and adds the probe summary.
-fn assemble(mut ranks: Vec<RankProfile>, probes: &Probes, not_profiled: Vec<String>) -> JobProfile {
-    // Ranks without a launcher rank get the next free numbers, in pid order.
-    ranks.sort_by_key(|r| (r.rank, r.pid));
-    let first_free = ranks
-        .iter()
-        .filter(|r| r.rank_known)
-        .map(|r| r.rank + 1)
-        .max()
-        .unwrap_or(0);
-    for (r, rank) in ranks.iter_mut().filter(|r| !r.rank_known).zip(first_free..) {
-        r.rank = rank;
+/// Groups a process with the other ranks of its job: the batch system's job id, else the
+/// launcher's own job key, else one group for everything unlabelled.
+fn job_key(info: &ProcessInfo) -> String {
+    match (&info.batch_job, &info.launcher_job) {
+        (Some(b), _) => format!("batch:{b}"),
+        (None, Some(l)) => format!("launcher:{l}"),
+        (None, None) => String::new(),
     }
-    ranks.sort_by_key(|r| r.rank);
-    // mpitrace's job id: the batch system's, else rank 0's pid.
-    let job = ranks
-        .iter()
-        .find(|r| !r.job.is_empty())
-        .map(|r| r.job.clone())
-        .or_else(|| ranks.first().map(|r| r.pid.to_string()))
-        .unwrap_or_else(|| "0".into());
-    for r in &mut ranks {
-        r.job = job.clone();
+}
+
+/// Orders ranks by job and rank, fills in what the environment did not say (ranks, job
+/// ids: the batch system's, else mpitrace's rank 0 pid, kept stable in `job_ids`), and adds
+/// the probe summary. `ranks[].job` holds the job key on entry.
+fn assemble(
+    mut ranks: Vec<RankProfile>,
+    probes: &Probes,
+    not_profiled: Vec<String>,
+    job_ids: &mut BTreeMap<String, String>,
+) -> JobProfile {
+    let mut groups: BTreeMap<String, Vec<RankProfile>> = BTreeMap::new();
+    for r in ranks.drain(..) {
+        groups.entry(r.job.clone()).or_default().push(r);
     }
-    let libraries = probes
-        .libraries()
-        .iter()
-        .map(|l| ProbedLibrary {
-            path: l.library.path.clone(),
-            flavor: l.library.flavor.clone(),
-            probes: l.library.probes.len(),
-            moved_past_single_step: names_with(l, Placement::SkippedSingleStep),
-            single_stepped: names_with(l, Placement::SingleStepped),
-            failed: l.failed.clone(),
-        })
-        .collect();
+    for (key, mut group) in groups {
+        // Ranks without a launcher rank get the next free numbers, in pid order.
+        group.sort_by_key(|r| (r.rank, r.pid));
+        let first_free = group
+            .iter()
+            .filter(|r| r.rank_known)
+            .map(|r| r.rank + 1)
+            .max()
+            .unwrap_or(0);
+        for (r, rank) in group.iter_mut().filter(|r| !r.rank_known).zip(first_free..) {
+            r.rank = rank;
+        }
+        group.sort_by_key(|r| r.rank);
+        let job = match key.strip_prefix("batch:") {
+            Some(batch) => batch.to_string(),
+            None => job_ids
+                .entry(key.clone())
+                .or_insert_with(|| {
+                    group
+                        .first()
+                        .map(|r| r.pid.to_string())
+                        .unwrap_or_else(|| "0".into())
+                })
+                .clone(),
+        };
+        for mut r in group {
+            r.job = job.clone();
+            ranks.push(r);
+        }
+    }
+    ranks.sort_by(|a, b| (a.job.as_str(), a.rank).cmp(&(b.job.as_str(), b.rank)));
+    let mut jobs: Vec<&str> = ranks.iter().map(|r| r.job.as_str()).collect();
+    jobs.dedup();
+    // One job: its id; several (a node daemon's view): empty, each rank says its own.
+    let job = if jobs.len() == 1 {
+        jobs[0].to_string()
+    } else {
+        String::new()
+    };
+    let libraries = library_summaries(probes);
     JobProfile {
         schema: SCHEMA.into(),
         job,
@@ -322,6 +398,22 @@ fn assemble(mut ranks: Vec<RankProfile>, probes: &Probes, not_profiled: Vec<Stri
         unsupported_libraries: probes.unsupported().to_vec(),
         not_profiled,
     }
+}
+
+/// The probed libraries as the report shows them.
+fn library_summaries(probes: &Probes) -> Vec<ProbedLibrary> {
+    probes
+        .libraries()
+        .iter()
+        .map(|l| ProbedLibrary {
+            path: l.library.path.clone(),
+            flavor: l.library.flavor.clone(),
+            probes: l.library.probes.len(),
+            moved_past_single_step: names_with(l, Placement::SkippedSingleStep),
+            single_stepped: names_with(l, Placement::SingleStepped),
+            failed: l.failed.clone(),
+        })
+        .collect()
 }
 
 fn names_with(l: &AttachedLibrary, p: Placement) -> Vec<String> {

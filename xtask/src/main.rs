@@ -44,6 +44,7 @@ const PACKAGES: &[&str] = &[
     "mpich",
     "libmpich-dev",
     "gfortran",
+    "protobuf-compiler",
     "util-linux",
     "iproute2",
     "procps",

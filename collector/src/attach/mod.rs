@@ -17,8 +17,8 @@ use aya::{
 };
 use collector_common::{
     routines::{class, ArgSpec},
-    watch, Abi, CommInfo, Cookie, CounterKey, CounterVal, HandleKey, Layout, ProcStats, TpOffsets,
-    MAX_LAYOUTS, ROUTINES,
+    watch, Abi, CommInfo, Config, Cookie, CounterKey, CounterVal, HandleKey, Layout, ProcStats,
+    TpOffsets, MAX_LAYOUTS, ROUTINES,
 };
 use serde::Serialize;
 use tracing::{debug, info, warn};
@@ -94,6 +94,8 @@ pub struct Probes {
     _ebpf: Ebpf,
     watched: BpfHashMap<MapData, u32, u32>,
     comms: BpfHashMap<MapData, HandleKey, CommInfo>,
+    dtypes: BpfHashMap<MapData, HandleKey, u64>,
+    config: Array<MapData, Config>,
     layouts: Array<MapData, Layout>,
     counters: PerCpuHashMap<MapData, CounterKey, CounterVal>,
     proc_stats: PerCpuHashMap<MapData, u32, ProcStats>,
@@ -157,6 +159,8 @@ impl Probes {
             watched: BpfHashMap::try_from(take(&mut ebpf, "WATCHED")?)
                 .map_err(map_err("WATCHED"))?,
             comms: BpfHashMap::try_from(take(&mut ebpf, "COMMS")?).map_err(map_err("COMMS"))?,
+            dtypes: BpfHashMap::try_from(take(&mut ebpf, "DTYPES")?).map_err(map_err("DTYPES"))?,
+            config: Array::try_from(take(&mut ebpf, "CONFIG")?).map_err(map_err("CONFIG"))?,
             layouts: Array::try_from(take(&mut ebpf, "LAYOUTS")?).map_err(map_err("LAYOUTS"))?,
             counters: PerCpuHashMap::try_from(take(&mut ebpf, "COUNTERS")?)
                 .map_err(map_err("COUNTERS"))?,
@@ -201,6 +205,49 @@ impl Probes {
     /// Whether the kernel still counts `pid` (false once it exited).
     pub fn is_watched(&self, pid: u32) -> bool {
         self.watched.get(&pid, 0).is_ok()
+    }
+
+    /// Counts every process that calls a probed MPI library (but commtap itself), not only
+    /// the watched ones: how a node daemon sees jobs from their first call.
+    pub fn set_watch_all(&mut self, on: bool) -> Result<(), AttachError> {
+        let config = Config {
+            watch_all: u32::from(on),
+            self_tgid: std::process::id(),
+        };
+        self.config.set(0, config, 0).map_err(map_err("CONFIG"))
+    }
+
+    /// Removes everything the kernel keeps of `pid` (counters, learnt handles), once its
+    /// final profile is taken: a later process with the same pid starts from zero.
+    pub fn forget_process(&mut self, pid: u32) {
+        let counters: Vec<CounterKey> = self
+            .counters
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.tgid == pid)
+            .collect();
+        for k in counters {
+            let _ = self.counters.remove(&k);
+        }
+        let _ = self.proc_stats.remove(&pid);
+        let comms: Vec<HandleKey> = self
+            .comms
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.tgid == pid)
+            .collect();
+        for k in comms {
+            let _ = self.comms.remove(&k);
+        }
+        let dtypes: Vec<HandleKey> = self
+            .dtypes
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.tgid == pid)
+            .collect();
+        for k in dtypes {
+            let _ = self.dtypes.remove(&k);
+        }
     }
 
     /// Tells the kernel what the launcher says of `pid`'s world communicator (integer-handle

@@ -3,7 +3,11 @@
 
 mod mpitrace;
 
+use std::{io::Write as _, path::PathBuf};
+
+use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
+use tracing::info;
 
 pub use mpitrace::{render_text, write_mpitrace_dir};
 
@@ -99,5 +103,61 @@ impl JobProfile {
             median: by_time[(by_time.len() - 1) / 2],
             max: by_time[by_time.len() - 1],
         })
+    }
+}
+
+/// Output format of a profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// mpitrace-style text.
+    Text,
+    /// The JSON document described in the README.
+    Json,
+}
+
+/// Where and how a profile is written (shared by `record` and `report`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct Outputs {
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Write the profile to this file instead of standard output.
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Also write the JSON profile to this file (whatever --format says).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Also write IBM mpitrace's `mpi_profile.<jobid>.<rank>` files into this directory.
+    #[arg(long)]
+    pub mpitrace_dir: Option<PathBuf>,
+}
+
+impl Outputs {
+    /// Writes `profile` as asked.
+    pub fn write(&self, profile: &JobProfile) -> Result<()> {
+        let json = || -> Result<String> { Ok(serde_json::to_string_pretty(profile)? + "\n") };
+        let text = match self.format {
+            Format::Json => json()?,
+            Format::Text => render_text(profile),
+        };
+        match &self.output {
+            Some(path) => {
+                std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
+            }
+            None => std::io::stdout().write_all(text.as_bytes())?,
+        }
+        if let Some(path) = &self.json {
+            std::fs::write(path, json()?).with_context(|| format!("writing {}", path.display()))?;
+        }
+        if let Some(dir) = &self.mpitrace_dir {
+            let files = write_mpitrace_dir(profile, dir)
+                .with_context(|| format!("writing mpitrace files to {}", dir.display()))?;
+            info!(
+                "wrote {} mpitrace profile files to {}",
+                files.len(),
+                dir.display()
+            );
+        }
+        Ok(())
     }
 }

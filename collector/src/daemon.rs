@@ -1,0 +1,171 @@
+//! `commtap daemon`: one per node. Counts every process that calls a probed MPI library
+//! from its first call (the kernel counts before userspace knows the process), keeps the
+//! profiles of processes that exit until they expire, and serves `commtap.v1.Node` on a
+//! Unix socket, with gRPC health and server reflection.
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::{Context, Result};
+use tokio::sync::Mutex;
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::{
+    attach::LoadOptions,
+    discover,
+    ingest::monotonic_ns,
+    record::check_privileges,
+    serve::{
+        node::{Finished, NodeService, NodeState},
+        pb, socket,
+    },
+    session::{Session, Tracked},
+};
+
+/// How the daemon runs.
+#[derive(Clone, Debug)]
+pub struct DaemonOptions {
+    /// Unix socket to serve on.
+    pub socket: PathBuf,
+    /// Its permission bits.
+    pub socket_mode: u32,
+    /// Node name reported to clients (default: the host name).
+    pub node_name: Option<String>,
+    /// Ring buffer size in KiB.
+    pub ring_buffer_kib: u32,
+    /// How long the profile of an exited process is kept.
+    pub keep_exited: Duration,
+    /// Extra MPI libraries to probe from the start.
+    pub libraries: Vec<PathBuf>,
+}
+
+/// How often the daemon looks at its processes.
+const TICK: Duration = Duration::from_millis(250);
+/// How often it scans /proc for MPI processes it does not know (libraries outside the
+/// linker's search path, processes that started before the daemon).
+const SCAN_EVERY: u32 = 20;
+
+/// Runs the daemon until SIGINT or SIGTERM.
+pub async fn run(opts: DaemonOptions) -> Result<()> {
+    check_privileges()?;
+    let ring_buffer_bytes = (opts.ring_buffer_kib.max(4) * 1024).next_power_of_two();
+    let mut session = Session::start(LoadOptions { ring_buffer_bytes })?;
+    session.probes.set_watch_all(true)?;
+    let mut libs = discover::candidate_mpi_libraries();
+    libs.extend(opts.libraries.iter().cloned());
+    for lib in &libs {
+        if let Err(e) = session.attach_file(lib) {
+            warn!("{}: {e:#}", lib.display());
+        }
+    }
+    adopt_running(&mut session);
+    let mut events = session.take_events();
+
+    let node = opts.node_name.clone().unwrap_or_else(discover::this_host);
+    let state = Arc::new(NodeState {
+        node: node.clone(),
+        session: Mutex::new(session),
+        finished: Mutex::new(Vec::new()),
+    });
+    let listener = socket::bind_unix(&opts.socket, opts.socket_mode).await?;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::node_server::NodeServer<NodeService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn({
+        let shutdown = shutdown.clone();
+        let service = pb::node_server::NodeServer::new(NodeService::new(state.clone()));
+        tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(service)
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                shutdown.cancelled().await
+            })
+    });
+    info!(
+        "commtap daemon on node {node}: serving unix://{}",
+        opts.socket.display()
+    );
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut tick = tokio::time::interval(TICK);
+    let mut ticks: u32 = 0;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+            Some(ev) = events.recv() => state.session.lock().await.on_process_event(ev),
+            _ = tick.tick() => {
+                ticks = ticks.wrapping_add(1);
+                look_around(&state, ticks.is_multiple_of(SCAN_EVERY), opts.keep_exited).await;
+            }
+        }
+    }
+    info!("shutting down");
+    shutdown.cancel();
+    let _ = server.await;
+    let _ = std::fs::remove_file(&opts.socket);
+    state.session.lock().await.stop_ingest().await;
+    Ok(())
+}
+
+/// Starts watching MPI processes that were running before the daemon (counted from now).
+fn adopt_running(session: &mut Session) {
+    for pid in discover::mpi_processes() {
+        if session.tracked.contains_key(&pid) {
+            continue;
+        }
+        let mut t = Tracked::from_now();
+        t.info = discover::process_info(pid).ok();
+        session.tracked.insert(pid, t);
+        if let Err(e) = session.watch_tracked(pid) {
+            warn!("PID {pid}: {e:#}");
+        }
+    }
+}
+
+/// One tick: process events, new processes, exits (final profile kept, kernel state
+/// freed so a reused pid starts from zero), expiry.
+async fn look_around(state: &NodeState, scan_proc: bool, keep: Duration) {
+    let mut session = state.session.lock().await;
+    session.drain_process_events();
+    session.track_counted();
+    if scan_proc {
+        adopt_running(&mut session);
+    }
+    session.rescan();
+    let exited: Vec<u32> = session
+        .tracked
+        .iter()
+        .filter(|(_, t)| t.exit_ns.is_some())
+        .map(|(p, _)| *p)
+        .collect();
+    if !exited.is_empty() {
+        let profile = session.profile(monotonic_ns());
+        let mut finished = state.finished.lock().await;
+        for pid in exited {
+            if let Some(rank) = profile.ranks.iter().find(|r| r.pid == pid) {
+                finished.push(Finished {
+                    at: std::time::Instant::now(),
+                    rank: rank.clone(),
+                });
+            }
+            session.probes.forget_process(pid);
+            session.tracked.remove(&pid);
+        }
+    }
+    drop(session);
+    state
+        .finished
+        .lock()
+        .await
+        .retain(|f| f.at.elapsed() < keep);
+}

@@ -1,0 +1,315 @@
+//! Domain types <-> wire types. Conversions happen here, at the API boundary only; a
+//! message from the wire that does not make sense is refused with a reason.
+
+use super::pb;
+use crate::{
+    report::{JobProfile, ProbedLibrary, RankProfile},
+    stats::{Health, RoutineStats, SizeBucket, Totals},
+};
+
+/// A wire message that cannot be turned into a domain value.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {what}: {why}")]
+pub struct InvalidMessage {
+    /// Which message.
+    pub what: &'static str,
+    /// What is wrong with it.
+    pub why: String,
+}
+
+fn invalid(what: &'static str, why: impl Into<String>) -> InvalidMessage {
+    InvalidMessage {
+        what,
+        why: why.into(),
+    }
+}
+
+impl From<&Totals> for pb::Totals {
+    fn from(t: &Totals) -> Self {
+        pb::Totals {
+            calls: t.calls,
+            bytes: t.bytes,
+            time_ns: t.time_ns,
+        }
+    }
+}
+
+impl From<&pb::Totals> for Totals {
+    fn from(t: &pb::Totals) -> Self {
+        Totals {
+            calls: t.calls,
+            bytes: t.bytes,
+            time_ns: t.time_ns,
+        }
+    }
+}
+
+fn totals(t: &Option<pb::Totals>, what: &'static str) -> Result<Totals, InvalidMessage> {
+    t.as_ref()
+        .map(Totals::from)
+        .ok_or_else(|| invalid(what, "missing totals"))
+}
+
+impl From<&Health> for pb::Health {
+    fn from(h: &Health) -> Self {
+        pb::Health {
+            events: h.events,
+            dropped: h.dropped,
+            undecoded: h.undecoded,
+            nested: h.nested,
+            in_flight_at_attach: h.in_flight_at_attach,
+            counter_map_full: h.counter_map_full,
+        }
+    }
+}
+
+impl From<&pb::Health> for Health {
+    fn from(h: &pb::Health) -> Self {
+        Health {
+            events: h.events,
+            dropped: h.dropped,
+            undecoded: h.undecoded,
+            nested: h.nested,
+            in_flight_at_attach: h.in_flight_at_attach,
+            counter_map_full: h.counter_map_full,
+        }
+    }
+}
+
+fn routine_to_pb(name: &str, r: &RoutineStats) -> pb::RoutineStats {
+    pb::RoutineStats {
+        name: name.to_string(),
+        totals: Some((&r.totals).into()),
+        undecoded_calls: r.undecoded_calls,
+        sizes: r
+            .sizes
+            .iter()
+            .map(|b| pb::SizeBucket {
+                bucket: b.bucket.map(u32::from),
+                min_bytes: b.min_bytes,
+                max_bytes: b.max_bytes,
+                totals: Some((&b.totals).into()),
+            })
+            .collect(),
+        comm_sizes: r.comm_sizes.iter().map(|(k, v)| (*k, *v)).collect(),
+    }
+}
+
+fn routine_from_pb(r: &pb::RoutineStats) -> Result<(String, RoutineStats), InvalidMessage> {
+    if r.name.is_empty() {
+        return Err(invalid("RoutineStats", "empty name"));
+    }
+    let mut sizes = Vec::with_capacity(r.sizes.len());
+    for b in &r.sizes {
+        let bucket = match b.bucket {
+            Some(v) => Some(
+                u8::try_from(v)
+                    .map_err(|_| invalid("SizeBucket", format!("bucket {v} out of range")))?,
+            ),
+            None => None,
+        };
+        sizes.push(SizeBucket {
+            bucket,
+            min_bytes: b.min_bytes,
+            max_bytes: b.max_bytes,
+            totals: totals(&b.totals, "SizeBucket")?,
+        });
+    }
+    Ok((
+        r.name.clone(),
+        RoutineStats {
+            totals: totals(&r.totals, "RoutineStats")?,
+            undecoded_calls: r.undecoded_calls,
+            sizes,
+            comm_sizes: r.comm_sizes.iter().map(|(k, v)| (*k, *v)).collect(),
+        },
+    ))
+}
+
+impl From<&RankProfile> for pb::RankProfile {
+    fn from(r: &RankProfile) -> Self {
+        pb::RankProfile {
+            rank: r.rank,
+            rank_known: r.rank_known,
+            pid: r.pid,
+            host: r.host.clone(),
+            job: r.job.clone(),
+            cmdline: r.cmdline.clone(),
+            elapsed_ns: r.elapsed_ns,
+            comm_time_ns: r.comm_time_ns,
+            routines: r
+                .routines
+                .iter()
+                .map(|(n, s)| routine_to_pb(n, s))
+                .collect(),
+            health: Some((&r.health).into()),
+        }
+    }
+}
+
+impl TryFrom<&pb::RankProfile> for RankProfile {
+    type Error = InvalidMessage;
+
+    fn try_from(r: &pb::RankProfile) -> Result<Self, Self::Error> {
+        Ok(RankProfile {
+            rank: r.rank,
+            rank_known: r.rank_known,
+            pid: r.pid,
+            host: r.host.clone(),
+            job: r.job.clone(),
+            cmdline: r.cmdline.clone(),
+            elapsed_ns: r.elapsed_ns,
+            comm_time_ns: r.comm_time_ns,
+            routines: r
+                .routines
+                .iter()
+                .map(routine_from_pb)
+                .collect::<Result<_, _>>()?,
+            health: r.health.as_ref().map(Health::from).unwrap_or_default(),
+        })
+    }
+}
+
+impl From<&ProbedLibrary> for pb::ProbedLibrary {
+    fn from(l: &ProbedLibrary) -> Self {
+        pb::ProbedLibrary {
+            path: l.path.clone(),
+            flavor: l.flavor.clone(),
+            probes: l.probes as u32,
+            moved_past_single_step: l.moved_past_single_step.clone(),
+            single_stepped: l.single_stepped.clone(),
+            failed: l.failed.clone(),
+        }
+    }
+}
+
+impl From<&pb::ProbedLibrary> for ProbedLibrary {
+    fn from(l: &pb::ProbedLibrary) -> Self {
+        ProbedLibrary {
+            path: l.path.clone(),
+            flavor: l.flavor.clone(),
+            probes: l.probes as usize,
+            moved_past_single_step: l.moved_past_single_step.clone(),
+            single_stepped: l.single_stepped.clone(),
+            failed: l.failed.clone(),
+        }
+    }
+}
+
+impl From<&JobProfile> for pb::JobProfile {
+    fn from(j: &JobProfile) -> Self {
+        pb::JobProfile {
+            schema: j.schema.clone(),
+            job: j.job.clone(),
+            ranks: j.ranks.iter().map(Into::into).collect(),
+            dropped: j.dropped,
+            undecoded: j.undecoded,
+            libraries: j.libraries.iter().map(Into::into).collect(),
+            unsupported_libraries: j.unsupported_libraries.clone(),
+            not_profiled: j.not_profiled.clone(),
+        }
+    }
+}
+
+impl TryFrom<&pb::JobProfile> for JobProfile {
+    type Error = InvalidMessage;
+
+    fn try_from(j: &pb::JobProfile) -> Result<Self, Self::Error> {
+        Ok(JobProfile {
+            schema: j.schema.clone(),
+            job: j.job.clone(),
+            ranks: j
+                .ranks
+                .iter()
+                .map(RankProfile::try_from)
+                .collect::<Result<_, _>>()?,
+            dropped: j.dropped,
+            undecoded: j.undecoded,
+            libraries: j.libraries.iter().map(Into::into).collect(),
+            unsupported_libraries: j.unsupported_libraries.clone(),
+            not_profiled: j.not_profiled.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use collector_common::{routines::routine_id, CounterKey, CounterVal, UNKNOWN_BUCKET};
+
+    use super::*;
+    use crate::stats::routines_of;
+
+    fn sample() -> JobProfile {
+        let key = |routine: &str, bucket, comm_size| CounterKey {
+            tgid: 7,
+            routine: routine_id(routine).unwrap(),
+            bucket,
+            _pad: 0,
+            comm_size,
+        };
+        let counters = vec![
+            (
+                key("MPI_Allreduce", 2, 4),
+                CounterVal {
+                    calls: 10,
+                    bytes: 80,
+                    time_ns: 100,
+                },
+            ),
+            (
+                key("MPI_Send", UNKNOWN_BUCKET, 4),
+                CounterVal {
+                    calls: 3,
+                    bytes: 0,
+                    time_ns: 3,
+                },
+            ),
+        ];
+        JobProfile {
+            schema: crate::report::SCHEMA.into(),
+            job: "42".into(),
+            ranks: vec![RankProfile {
+                rank: 0,
+                rank_known: true,
+                pid: 7,
+                host: "n1".into(),
+                job: "42".into(),
+                cmdline: "./app".into(),
+                elapsed_ns: 5,
+                comm_time_ns: 4,
+                routines: routines_of(7, &counters),
+                health: Health {
+                    events: 13,
+                    undecoded: 3,
+                    ..Default::default()
+                },
+            }],
+            dropped: 0,
+            undecoded: 3,
+            libraries: vec![],
+            unsupported_libraries: vec!["x".into()],
+            not_profiled: vec![],
+        }
+    }
+
+    #[test]
+    fn round_trip_is_lossless() {
+        let j = sample();
+        let wire = pb::JobProfile::from(&j);
+        let back = JobProfile::try_from(&wire).unwrap();
+        assert_eq!(
+            serde_json::to_value(&back).unwrap(),
+            serde_json::to_value(&j).unwrap()
+        );
+    }
+
+    #[test]
+    fn nonsense_is_refused() {
+        let mut wire = pb::JobProfile::from(&sample());
+        wire.ranks[0].routines[0].sizes[0].bucket = Some(1000);
+        assert!(JobProfile::try_from(&wire).is_err());
+        wire.ranks[0].routines[0].sizes[0].bucket = Some(2);
+        wire.ranks[0].routines[0].totals = None;
+        assert!(JobProfile::try_from(&wire).is_err());
+    }
+}

@@ -1,0 +1,199 @@
+//! The `commtap.v1.Node` service: the node daemon's processes and their cumulative
+//! profiles, live and as a stream.
+
+use std::{
+    pin::Pin,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokio::sync::Mutex;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use super::pb;
+use crate::{
+    ingest::monotonic_ns,
+    report::{JobProfile, RankProfile},
+    session::Session,
+};
+
+/// A process that exited: its last profile, kept until it expires.
+pub struct Finished {
+    /// When it exited.
+    pub at: Instant,
+    /// Its final profile.
+    pub rank: RankProfile,
+}
+
+/// What the daemon's loop and the API share.
+pub struct NodeState {
+    /// Node name reported to clients.
+    pub node: String,
+    /// The live profiling session.
+    pub session: Mutex<Session>,
+    /// Profiles of processes that exited.
+    pub finished: Mutex<Vec<Finished>>,
+}
+
+impl NodeState {
+    /// The node's cumulative profile now: live processes and those that exited, filtered.
+    pub async fn snapshot(&self, filter: &pb::ProcessFilter) -> JobProfile {
+        let mut profile = self.session.lock().await.profile(monotonic_ns());
+        let finished = self.finished.lock().await;
+        profile
+            .ranks
+            .extend(finished.iter().map(|f| f.rank.clone()));
+        apply_filter(&mut profile, filter);
+        profile
+    }
+}
+
+/// Keeps only the ranks and routines `filter` asks for, and recomputes the totals.
+fn apply_filter(p: &mut JobProfile, f: &pb::ProcessFilter) {
+    p.ranks.retain(|r| {
+        (f.job.is_empty() || r.job == f.job) && (f.ranks.is_empty() || f.ranks.contains(&r.rank))
+    });
+    if !f.routines.is_empty() {
+        for r in &mut p.ranks {
+            r.routines.retain(|name, _| f.routines.contains(name));
+        }
+    }
+    p.ranks
+        .sort_by(|a, b| (a.job.as_str(), a.rank).cmp(&(b.job.as_str(), b.rank)));
+    p.dropped = p.ranks.iter().map(|r| r.health.dropped).sum();
+    p.undecoded = p.ranks.iter().map(|r| r.health.undecoded).sum();
+    let mut jobs: Vec<&str> = p.ranks.iter().map(|r| r.job.as_str()).collect();
+    jobs.dedup();
+    p.job = if jobs.len() == 1 {
+        jobs[0].to_string()
+    } else {
+        String::new()
+    };
+}
+
+/// The gRPC service over a [`NodeState`].
+#[derive(Clone)]
+pub struct NodeService {
+    state: Arc<NodeState>,
+}
+
+impl NodeService {
+    /// A service over `state`.
+    pub fn new(state: Arc<NodeState>) -> Self {
+        NodeService { state }
+    }
+}
+
+/// Smallest interval a watcher may ask for.
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+type SnapshotStream =
+    Pin<Box<dyn Stream<Item = Result<pb::WatchSnapshotsResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::node_server::Node for NodeService {
+    async fn list_processes(
+        &self,
+        _req: Request<pb::ListProcessesRequest>,
+    ) -> Result<Response<pb::ListProcessesResponse>, Status> {
+        let session = self.state.session.lock().await;
+        let mut processes: Vec<pb::ProcessState> = session
+            .tracked
+            .iter()
+            .map(|(pid, t)| pb::ProcessState {
+                pid: *pid,
+                rank: t.info.as_ref().and_then(|i| i.rank),
+                job: t
+                    .info
+                    .as_ref()
+                    .and_then(|i| i.batch_job.clone())
+                    .unwrap_or_default(),
+                cmdline: t
+                    .info
+                    .as_ref()
+                    .map(|i| i.cmdline.clone())
+                    .unwrap_or_default(),
+                maps_mpi: t.maps_mpi,
+                exited: t.exit_ns.is_some(),
+            })
+            .collect();
+        let libraries = session.library_summaries().iter().map(Into::into).collect();
+        drop(session);
+        for f in self.state.finished.lock().await.iter() {
+            processes.push(pb::ProcessState {
+                pid: f.rank.pid,
+                rank: f.rank.rank_known.then_some(f.rank.rank),
+                job: f.rank.job.clone(),
+                cmdline: f.rank.cmdline.clone(),
+                maps_mpi: true,
+                exited: true,
+            });
+        }
+        processes.sort_by_key(|p| p.pid);
+        Ok(Response::new(pb::ListProcessesResponse {
+            processes,
+            libraries,
+        }))
+    }
+
+    async fn get_snapshot(
+        &self,
+        req: Request<pb::GetSnapshotRequest>,
+    ) -> Result<Response<pb::GetSnapshotResponse>, Status> {
+        let filter = req.into_inner().filter.unwrap_or_default();
+        let profile = self.state.snapshot(&filter).await;
+        Ok(Response::new(pb::GetSnapshotResponse {
+            node: self.state.node.clone(),
+            profile: Some((&profile).into()),
+        }))
+    }
+
+    type WatchSnapshotsStream = SnapshotStream;
+
+    async fn watch_snapshots(
+        &self,
+        req: Request<pb::WatchSnapshotsRequest>,
+    ) -> Result<Response<Self::WatchSnapshotsStream>, Status> {
+        let req = req.into_inner();
+        let interval = match req.interval_ms {
+            0 => Duration::from_secs(1),
+            ms => Duration::from_millis(u64::from(ms)),
+        };
+        if interval < MIN_INTERVAL {
+            return Err(Status::invalid_argument(format!(
+                "interval_ms {} is below the minimum of {} ms",
+                req.interval_ms,
+                MIN_INTERVAL.as_millis()
+            )));
+        }
+        let filter = req.filter.unwrap_or_default();
+        let state = self.state.clone();
+        let stream = async_stream(state, filter, interval);
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// Snapshots every `interval` until the client goes away (the send fails).
+fn async_stream(
+    state: Arc<NodeState>,
+    filter: pb::ProcessFilter,
+    interval: Duration,
+) -> impl Stream<Item = Result<pb::WatchSnapshotsResponse, Status>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        loop {
+            tick.tick().await;
+            let profile = state.snapshot(&filter).await;
+            let msg = pb::WatchSnapshotsResponse {
+                node: state.node.clone(),
+                profile: Some((&profile).into()),
+            };
+            if tx.send(Ok(msg)).await.is_err() {
+                break;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}

@@ -1,0 +1,110 @@
+//! Where the API listens and how clients reach it: a Unix socket by default (owner and
+//! group only), or a TCP address.
+
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{bail, Context, Result};
+use hyper_util::rt::TokioIo;
+use tokio::net::{UnixListener, UnixStream};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// The daemon's default socket.
+pub const DEFAULT_SOCKET: &str = "/run/commtap/commtap.sock";
+
+/// Binds the Unix socket at `path` with permissions `mode`, replacing a stale socket left
+/// by a daemon that died, and refusing to replace one a live daemon still serves.
+pub async fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if path.exists() {
+        if UnixStream::connect(path).await.is_ok() {
+            bail!(
+                "{} is in use: another commtap daemon is running",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale socket {}", path.display()))?;
+    }
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {}", path.display()))?;
+    Ok(listener)
+}
+
+/// Where a client connects: `unix:///path/to.sock` or `http://host:port`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A Unix socket.
+    Unix(PathBuf),
+    /// A TCP endpoint URI.
+    Tcp(String),
+}
+
+impl std::str::FromStr for Target {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = s.strip_prefix("unix://") {
+            if !path.starts_with('/') {
+                return Err(format!(
+                    "{s}: a unix target needs an absolute path, e.g. unix://{DEFAULT_SOCKET}"
+                ));
+            }
+            return Ok(Target::Unix(PathBuf::from(path)));
+        }
+        if s.starts_with("http://") || s.starts_with("https://") {
+            return Ok(Target::Tcp(s.to_string()));
+        }
+        Err(format!(
+            "{s}: expected unix:///path/to.sock or http(s)://host:port"
+        ))
+    }
+}
+
+/// Opens a channel to `target`.
+pub async fn connect(target: &Target) -> Result<Channel> {
+    match target {
+        Target::Tcp(uri) => Ok(Endpoint::from_shared(uri.clone())?
+            .connect()
+            .await
+            .with_context(|| format!("connecting to {uri}"))?),
+        Target::Unix(path) => {
+            let path = path.clone();
+            let shown = path.display().to_string();
+            // The URI is required by the API and unused: the connector decides where to go.
+            Endpoint::try_from("http://[::]:50051")?
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
+                    }
+                }))
+                .await
+                .with_context(|| {
+                    format!("connecting to unix://{shown} (is `commtap daemon` running?)")
+                })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse() {
+        assert_eq!(
+            "unix:///run/x.sock".parse(),
+            Ok(Target::Unix("/run/x.sock".into()))
+        );
+        assert_eq!("http://h:1".parse(), Ok(Target::Tcp("http://h:1".into())));
+        assert!("unix://relative".parse::<Target>().is_err());
+        assert!("ftp://x".parse::<Target>().is_err());
+    }
+}

@@ -1,0 +1,119 @@
+//! `commtap daemon` + `commtap report`/`ps`: a node daemon started before any job counts
+//! every MPI process on the node from its first call, keeps the profiles of processes
+//! that exited, and serves them per job over its Unix socket, exactly.
+
+use std::{os::unix::fs::PermissionsExt, process::Command, time::Duration};
+
+use commtap_tests::*;
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+fn commtap_output(args: &[&str]) -> std::process::Output {
+    Command::new(commtap_bin())
+        .args(args)
+        .output()
+        .expect("running commtap")
+}
+
+#[test]
+fn daemon_profiles_every_job_on_the_node_exactly() {
+    let scratch = Scratch::new("daemon");
+    let socket = scratch.path("commtap.sock");
+    let target = format!("unix://{}", socket.display());
+    let daemon = spawn_commtap(
+        &scratch,
+        &[
+            "--log",
+            "info",
+            "daemon",
+            "--socket",
+            socket.to_str().expect("utf8"),
+        ],
+    );
+    wait_until("the daemon's socket", Duration::from_secs(60), || {
+        socket.exists()
+    });
+    let mode = std::fs::metadata(&socket)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o660, "the socket is owner and group only by default");
+
+    // Two jobs, two MPI implementations, started after the daemon and unknown to it.
+    let jobs = [(Mpi::OpenMpi, 4u32), (Mpi::Mpich, 2u32)];
+    let mut truths = Vec::new();
+    for (mpi, np) in jobs {
+        let prog = build_program("mpi_truth.c", mpi);
+        let prefix = scratch.path(&format!("truth-{}", mpi.suffix()));
+        let launcher = mpi.launcher(np);
+        let mut cmd = Command::new(&launcher[0]);
+        mpi_env(&mut cmd)
+            .args(&launcher[1..])
+            .arg(&prog)
+            .arg(&prefix);
+        let mut job = ChildGuard::spawn(&mut cmd);
+        assert!(job.wait_with_limit(LIMIT).success(), "{mpi:?} job failed");
+        truths.push(read_truths(&prefix, np));
+    }
+
+    // Wait until the daemon has seen every rank exit.
+    let all: u64 = jobs.iter().map(|(_, np)| u64::from(*np)).sum();
+    wait_until(
+        "the daemon to see every rank exit",
+        Duration::from_secs(30),
+        || {
+            let out = commtap_output(&["ps", "--from", &target]);
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| l.contains(" exited "))
+                .count() as u64
+                == all
+        },
+    );
+    for truth in &truths {
+        let job = truth[0]["pid"].as_u64().expect("pid").to_string();
+        let out = scratch.path(&format!("profile-{job}.json"));
+        let report = commtap_output(&[
+            "report",
+            "--from",
+            &target,
+            "--job",
+            &job,
+            "--format",
+            "json",
+            "-o",
+            out.to_str().expect("utf8"),
+        ]);
+        assert!(
+            report.status.success(),
+            "report failed: {}",
+            String::from_utf8_lossy(&report.stderr)
+        );
+        let profile = read_json(&out);
+        assert_eq!(profile["job"].as_str(), Some(job.as_str()));
+        assert_profile_matches(&profile, truth, &["MPI_Finalize"]);
+    }
+
+    // SIGTERM: a clean shutdown that removes the socket.
+    // SAFETY: kill(2) of the daemon we spawned.
+    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
+    let run = finish_commtap(&scratch, daemon, Duration::from_secs(60));
+    assert!(
+        run.status.success(),
+        "daemon exit: {}\n{}",
+        run.status,
+        run.stderr
+    );
+    assert!(!socket.exists(), "the socket is removed at shutdown");
+}
+
+#[test]
+fn report_without_a_daemon_says_so() {
+    let out = commtap_output(&["report", "--from", "unix:///nonexistent/commtap.sock"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is `commtap daemon` running?"), "{err}");
+    let out = commtap_output(&["report", "--from", "ftp://nowhere"]);
+    assert_eq!(out.status.code(), Some(2), "a bad target is a usage error");
+}
