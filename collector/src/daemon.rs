@@ -17,6 +17,7 @@ use crate::{
     ingest::monotonic_ns,
     record::check_privileges,
     serve::{
+        metrics,
         node::{Finished, NodeService, NodeState},
         pb, socket,
     },
@@ -38,10 +39,14 @@ pub struct DaemonOptions {
     pub keep_exited: Duration,
     /// Extra MPI libraries to probe from the start.
     pub libraries: Vec<PathBuf>,
+    /// Serve Prometheus metrics here.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// How often the daemon looks at its processes.
 const TICK: Duration = Duration::from_millis(250);
+/// How long after a process's exit its profile is final (ring-buffer drains included).
+const SETTLE: Duration = Duration::from_millis(4 * crate::ingest::DRAIN_INTERVAL_MS);
 /// How often it scans /proc for MPI processes it does not know (libraries outside the
 /// linker's search path, processes that started before the daemon).
 const SCAN_EVERY: u32 = 20;
@@ -90,6 +95,9 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
                 shutdown.cancelled().await
             })
     });
+    let metrics_task = opts
+        .metrics_addr
+        .map(|addr| tokio::spawn(metrics::serve(addr, state.clone(), shutdown.clone())));
     info!(
         "commtap daemon on node {node}: serving unix://{}",
         opts.socket.display()
@@ -112,6 +120,13 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     info!("shutting down");
     shutdown.cancel();
     let _ = server.await;
+    if let Some(m) = metrics_task {
+        match m.await {
+            Ok(Err(e)) => warn!("metrics server: {e:#}"),
+            Err(e) => warn!("metrics server: {e}"),
+            Ok(Ok(())) => {}
+        }
+    }
     let _ = std::fs::remove_file(&opts.socket);
     state.session.lock().await.stop_ingest().await;
     Ok(())
@@ -142,10 +157,13 @@ async fn look_around(state: &NodeState, scan_proc: bool, keep: Duration) {
         adopt_running(&mut session);
     }
     session.rescan();
+    // A process's last call events are still in the ring buffer when it exits (they are
+    // drained every DRAIN_INTERVAL): take its final profile once several drains have passed.
+    let settled = monotonic_ns().saturating_sub(SETTLE.as_nanos() as u64);
     let exited: Vec<u32> = session
         .tracked
         .iter()
-        .filter(|(_, t)| t.exit_ns.is_some())
+        .filter(|(_, t)| t.exit_ns.is_some_and(|at| at <= settled))
         .map(|(p, _)| *p)
         .collect();
     if !exited.is_empty() {

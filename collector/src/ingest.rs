@@ -17,8 +17,9 @@ use tokio::{io::unix::AsyncFd, sync::mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-/// How often the ring buffer is drained when nothing woke us.
-const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
+/// How often the ring buffer is drained when nothing woke us, in ms.
+pub const DRAIN_INTERVAL_MS: u64 = 50;
+const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(DRAIN_INTERVAL_MS);
 
 /// A watched process's lifecycle, as the kernel reported it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

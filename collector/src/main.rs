@@ -87,6 +87,9 @@ struct DaemonArgs {
     /// An MPI library to probe from the start, besides those the dynamic linker finds.
     #[arg(long = "lib")]
     libraries: Vec<PathBuf>,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464), path /metrics.
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -217,6 +220,7 @@ fn main() -> ExitCode {
                     ring_buffer_kib: a.ring_buffer_kib,
                     keep_exited: a.keep_exited,
                     libraries: a.libraries,
+                    metrics_addr: a.metrics_addr,
                 })
                 .await
             }

@@ -20,6 +20,11 @@ fn daemon_profiles_every_job_on_the_node_exactly() {
     let scratch = Scratch::new("daemon");
     let socket = scratch.path("commtap.sock");
     let target = format!("unix://{}", socket.display());
+    // A port of our own on loopback for the Prometheus endpoint.
+    let metrics_addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        l.local_addr().expect("addr").to_string()
+    };
     let daemon = spawn_commtap(
         &scratch,
         &[
@@ -28,6 +33,8 @@ fn daemon_profiles_every_job_on_the_node_exactly() {
             "daemon",
             "--socket",
             socket.to_str().expect("utf8"),
+            "--metrics-addr",
+            &metrics_addr,
         ],
     );
     wait_until("the daemon's socket", Duration::from_secs(60), || {
@@ -95,6 +102,38 @@ fn daemon_profiles_every_job_on_the_node_exactly() {
         assert_profile_matches(&profile, truth, &["MPI_Finalize"]);
     }
 
+    // Prometheus: the same counts, in a format promtool accepts.
+    let metrics = http_get(&metrics_addr, "/metrics");
+    let file = scratch.path("metrics.prom");
+    std::fs::write(&file, &metrics).expect("metrics file");
+    let check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&file).expect("metrics file"))
+        .output()
+        .expect("running promtool (Debian package prometheus)");
+    assert!(
+        check.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let truth0 = &truths[0][0];
+    let job0 = truth0["pid"].as_u64().expect("pid");
+    let calls = truth0["routines"]["MPI_Allreduce"]["calls"]
+        .as_u64()
+        .expect("calls");
+    let line = format!(
+        "commtap_mpi_calls_total{{job=\"{job0}\",rank=\"0\",routine=\"MPI_Allreduce\"}} {calls}"
+    );
+    assert!(
+        metrics.lines().any(|l| l == line),
+        "no line {line:?} in\n{metrics}"
+    );
+    assert!(
+        metrics.contains("commtap_processes{state=\"exited\"} 6"),
+        "{metrics}"
+    );
+
     // SIGTERM: a clean shutdown that removes the socket.
     // SAFETY: kill(2) of the daemon we spawned.
     unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
@@ -116,4 +155,22 @@ fn report_without_a_daemon_says_so() {
     assert!(err.contains("is `commtap daemon` running?"), "{err}");
     let out = commtap_output(&["report", "--from", "ftp://nowhere"]);
     assert_eq!(out.status.code(), Some(2), "a bad target is a usage error");
+}
+
+/// A minimal HTTP/1.0 GET against a server of ours on loopback; returns the body.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s =
+        std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("request");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("response");
+    let (head, body) = resp
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP body in {resp:?}"));
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "{head}"
+    );
+    body.to_string()
 }

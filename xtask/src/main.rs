@@ -45,6 +45,8 @@ const PACKAGES: &[&str] = &[
     "libmpich-dev",
     "gfortran",
     "protobuf-compiler",
+    "prometheus",
+    "systemd",
     "util-linux",
     "iproute2",
     "procps",

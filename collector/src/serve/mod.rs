@@ -2,6 +2,7 @@
 //! the domain types, the node service, and how it is served and reached.
 
 pub mod convert;
+pub mod metrics;
 pub mod node;
 pub mod socket;
 

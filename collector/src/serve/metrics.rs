@@ -1,0 +1,250 @@
+//! Prometheus text exposition of a node's profile (`commtap daemon --metrics-addr`).
+//!
+//! Label cardinality stays bounded: job, rank, routine and size bucket (mpitrace's bins),
+//! never raw sizes, peers or pids.
+
+use std::{fmt::Write as _, net::SocketAddr, sync::Arc};
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use collector_common::buckets::bucket_range;
+use http_body_util::Full;
+use hyper::{
+    body::Incoming, server::conn::http1, service::service_fn, Request, Response, StatusCode,
+};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use super::{node::NodeState, pb};
+use crate::report::JobProfile;
+
+/// Renders the Prometheus text format for `profile`, plus the daemon's own health.
+pub fn render(
+    profile: &JobProfile,
+    live: usize,
+    exited: usize,
+    libraries: usize,
+    attach_failures: usize,
+) -> String {
+    let mut o = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, lines: Vec<String>| {
+        let _ = writeln!(o, "# HELP {name} {help}");
+        let _ = writeln!(o, "# TYPE {name} {kind}");
+        for l in lines {
+            let _ = writeln!(o, "{name}{l}");
+        }
+    };
+    let mut calls = Vec::new();
+    let mut bytes = Vec::new();
+    let mut seconds = Vec::new();
+    let mut size_calls = Vec::new();
+    let mut size_bytes = Vec::new();
+    let (mut dropped, mut undecoded, mut nested, mut in_flight) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for r in &profile.ranks {
+        let base = format!("job=\"{}\",rank=\"{}\"", escape(&r.job), r.rank);
+        for (routine, s) in &r.routines {
+            let l = format!("{{{base},routine=\"{}\"}}", escape(routine));
+            calls.push(format!("{l} {}", s.totals.calls));
+            bytes.push(format!("{l} {}", s.totals.bytes));
+            seconds.push(format!("{l} {}", s.totals.time_ns as f64 / 1e9));
+            for b in &s.sizes {
+                let size = match b.bucket {
+                    Some(k) => {
+                        let (lo, hi) = bucket_range(k);
+                        if hi == u64::MAX {
+                            format!("{lo}+")
+                        } else {
+                            format!("{lo}-{hi}")
+                        }
+                    }
+                    None => "undecoded".to_string(),
+                };
+                let l = format!("{{{base},routine=\"{}\",size=\"{size}\"}}", escape(routine));
+                size_calls.push(format!("{l} {}", b.totals.calls));
+                size_bytes.push(format!("{l} {}", b.totals.bytes));
+            }
+        }
+        let l = format!("{{{base}}}");
+        dropped.push(format!("{l} {}", r.health.dropped));
+        undecoded.push(format!("{l} {}", r.health.undecoded));
+        nested.push(format!("{l} {}", r.health.nested));
+        in_flight.push(format!("{l} {}", r.health.in_flight_at_attach));
+    }
+    family(
+        "commtap_mpi_calls_total",
+        "counter",
+        "MPI calls completed, per job, rank and routine.",
+        calls,
+    );
+    family(
+        "commtap_mpi_bytes_total",
+        "counter",
+        "Bytes by mpitrace's conventions, per job, rank and routine.",
+        bytes,
+    );
+    family(
+        "commtap_mpi_time_seconds_total",
+        "counter",
+        "Time inside MPI calls, per job, rank and routine.",
+        seconds,
+    );
+    family(
+        "commtap_mpi_size_calls_total",
+        "counter",
+        "MPI calls per message-size bucket (mpitrace's bins).",
+        size_calls,
+    );
+    family(
+        "commtap_mpi_size_bytes_total",
+        "counter",
+        "Bytes per message-size bucket (mpitrace's bins).",
+        size_bytes,
+    );
+    family(
+        "commtap_events_dropped_total",
+        "counter",
+        "Call events lost to a full ring buffer (counts stay exact).",
+        dropped,
+    );
+    family(
+        "commtap_undecoded_calls_total",
+        "counter",
+        "Calls whose bytes could not be decoded.",
+        undecoded,
+    );
+    family(
+        "commtap_nested_calls_total",
+        "counter",
+        "MPI calls made inside another MPI call (counted once).",
+        nested,
+    );
+    family(
+        "commtap_in_flight_at_attach_total",
+        "counter",
+        "Calls already running when probes attached (not counted).",
+        in_flight,
+    );
+    family(
+        "commtap_processes",
+        "gauge",
+        "MPI processes the daemon knows, by state.",
+        vec![
+            format!("{{state=\"live\"}} {live}"),
+            format!("{{state=\"exited\"}} {exited}"),
+        ],
+    );
+    family(
+        "commtap_probed_libraries",
+        "gauge",
+        "MPI libraries with probes attached.",
+        vec![format!(" {libraries}")],
+    );
+    family(
+        "commtap_probe_attach_failures",
+        "gauge",
+        "Probe links that could not be attached.",
+        vec![format!(" {attach_failures}")],
+    );
+    o
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Serves `GET /metrics` on `addr` until `shutdown`.
+pub async fn serve(
+    addr: SocketAddr,
+    state: Arc<NodeState>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics address {addr}"))?;
+    info!(
+        "Prometheus metrics on http://{}/metrics",
+        listener.local_addr()?
+    );
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            accepted = listener.accept() => accepted?,
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let state = state.clone();
+                async move { Ok::<_, std::convert::Infallible>(respond(&state, &req).await) }
+            });
+            if let Err(e) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                debug!("metrics connection: {e}");
+            }
+        });
+    }
+}
+
+async fn respond(state: &NodeState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.uri().path() != "/metrics" {
+        let mut r = Response::new(Full::new(Bytes::from_static(b"not found: try /metrics\n")));
+        *r.status_mut() = StatusCode::NOT_FOUND;
+        return r;
+    }
+    let profile = state.snapshot(&pb::ProcessFilter::default()).await;
+    let (live, exiting, libraries, failures) = {
+        let session = state.session.lock().await;
+        let libs = session.library_summaries();
+        let failures = libs.iter().map(|l| l.failed.len()).sum();
+        let live = session
+            .tracked
+            .values()
+            .filter(|t| t.exit_ns.is_none())
+            .count();
+        (live, session.tracked.len() - live, libs.len(), failures)
+    };
+    // Exited: profiles kept, plus processes whose final profile is not taken yet.
+    let exited = state.finished.lock().await.len() + exiting;
+    let body = render(&profile, live, exited, libraries, failures);
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    r.headers_mut().insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_well_formed() {
+        let text = render(
+            &JobProfile {
+                schema: String::new(),
+                job: String::new(),
+                ranks: vec![],
+                dropped: 0,
+                undecoded: 0,
+                libraries: vec![],
+                unsupported_libraries: vec![],
+                not_profiled: vec![],
+            },
+            1,
+            2,
+            3,
+            0,
+        );
+        assert!(text.contains("# TYPE commtap_mpi_calls_total counter"));
+        assert!(text.contains("commtap_processes{state=\"exited\"} 2"));
+        assert!(text.contains("commtap_probed_libraries 3"));
+        assert_eq!(escape("a\"b\\c"), "a\\\"b\\\\c");
+    }
+}
