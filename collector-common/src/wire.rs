@@ -75,6 +75,28 @@ const _: () = assert!(size_of::<Layout>() == 16);
 /// Arguments saved at entry: 6 in registers and 6 from the stack (x86-64 SysV).
 pub const MAX_ARGS: usize = 12;
 
+/// Slots in [`CallState::args`] (a power of two >= [`MAX_ARGS`], so that `i & 15`
+/// indexes without a bounds check the verifier could lose track of).
+pub const ARG_SLOTS: usize = 16;
+const _: () = assert!(ARG_SLOTS >= MAX_ARGS && ARG_SLOTS.is_power_of_two());
+
+/// A thread's in-flight MPI call, saved at entry and read at return. Kept in task-local
+/// storage (one per thread, freed with the thread); userspace creates that map, so it
+/// needs this size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallState {
+    /// Monotonic ns at entry.
+    pub start_ns: u64,
+    /// Arguments (`MAX_ARGS` used).
+    pub args: [u64; ARG_SLOTS],
+    /// Nested MPI calls currently inside this one (not counted again).
+    pub depth: u32,
+    /// 1 while the thread is inside an MPI call, 0 when idle.
+    pub busy: u32,
+}
+const _: () = assert!(size_of::<CallState>() == 144);
+
 /// Number of library layout slots (distinct probed MPI libraries at once).
 pub const MAX_LAYOUTS: u32 = 64;
 

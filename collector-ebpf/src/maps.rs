@@ -6,29 +6,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuHashMap, RingBuf},
 };
 use collector_common::{
-    ArgSpec, CommInfo, Config, CounterKey, CounterVal, HandleKey, Layout, ProcStats, TpOffsets,
-    MAX_ARGS,
+    ArgSpec, CallState, CommInfo, Config, CounterKey, CounterVal, HandleKey, Layout, ProcStats,
+    TpOffsets,
 };
-
-/// Slots in `EntryState::args` (a power of two >= `MAX_ARGS`).
-pub const ARG_SLOTS: usize = 16;
-const _: () = assert!(ARG_SLOTS >= MAX_ARGS && ARG_SLOTS.is_power_of_two());
-
-/// State saved at a routine's entry, keyed by pid_tgid, consumed at its return.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct EntryState {
-    pub start_ns: u64,
-    /// `MAX_ARGS` used; 16 slots so that `i & 15` indexes without a bounds check the
-    /// verifier could lose track of.
-    pub args: [u64; ARG_SLOTS],
-    /// Nested MPI calls currently inside this one (not counted again).
-    pub depth: u32,
-    /// 1 while the thread is inside an MPI call, 0 when the entry is idle. Entries are
-    /// reused in place, call after call, and removed when the thread exits: no map insert
-    /// or delete on the per-call path.
-    pub busy: u32,
-}
 
 /// Processes whose calls are counted: tgid -> `collector_common::watch` flags.
 #[map]
@@ -50,10 +30,38 @@ pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 #[map]
 pub static TP_OFFSETS: Array<TpOffsets> = Array::with_max_entries(1, 0);
 
-/// In-flight call state per thread (see `EntryState::busy`); `sched_exit` removes a
-/// thread's entry, so the map holds one entry per live thread that has called MPI.
+/// In-flight call state per thread. In the object this is a placeholder: userspace creates
+/// the real map, a `BPF_MAP_TYPE_TASK_STORAGE` (which aya-ebpf cannot declare and which
+/// needs BTF), and relocates the MPI programs against it. Task storage costs about a tenth
+/// of a hash-map update here and is freed with its thread.
 #[map]
-pub static ENTRIES: HashMap<u64, EntryState> = HashMap::with_max_entries(65536, 0);
+pub static TASK_STATE: HashMap<u32, CallState> = HashMap::with_max_entries(1, 0);
+
+/// This thread's call state; created on first use when `create`.
+#[inline(always)]
+pub fn call_state(create: bool) -> Option<*mut CallState> {
+    use aya_ebpf::{bindings::BPF_LOCAL_STORAGE_GET_F_CREATE, helpers::generated as h};
+    let flags = if create {
+        BPF_LOCAL_STORAGE_GET_F_CREATE as u64
+    } else {
+        0
+    };
+    // SAFETY: helpers with the map's own address (relocated to the task-storage map) and
+    // the current task's BTF pointer; a NULL result means no storage.
+    let p = unsafe {
+        h::bpf_task_storage_get(
+            core::ptr::addr_of!(TASK_STATE) as *mut core::ffi::c_void,
+            h::bpf_get_current_task_btf(),
+            core::ptr::null_mut(),
+            flags,
+        )
+    };
+    if p.is_null() {
+        None
+    } else {
+        Some(p.cast())
+    }
+}
 
 /// Ground truth: calls, bytes and time per process, routine, size bucket and comm size.
 #[map]

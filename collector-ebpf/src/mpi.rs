@@ -12,8 +12,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use collector_common::{
-    routines::class, Abi, ArgSpec, ByteRule, CallEvent, CommInfo, Cookie, CounterKey, CounterVal,
-    EventKind, HandleKey, Layout, MAX_ARGS, UNKNOWN_BUCKET,
+    routines::class, Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Cookie, CounterKey,
+    CounterVal, EventKind, HandleKey, Layout, ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
 };
 
 use collector_common::routines::NO_ARG as N;
@@ -24,8 +24,8 @@ use crate::{
         sum_ints, sum_typed, type_size,
     },
     maps::{
-        is_counted, with_proc_stats, EntryState, ARG_SLOTS, COMMS, COUNTERS, DTYPES, ENTRIES,
-        EVENTS, LAYOUTS, ROUTINE_SPECS,
+        call_state, is_counted, with_proc_stats, COMMS, COUNTERS, DTYPES, EVENTS, LAYOUTS,
+        ROUTINE_SPECS,
     },
 };
 
@@ -40,9 +40,9 @@ fn cookie(ctx: &impl EbpfContext) -> Cookie {
 pub fn mpi_entry(ctx: ProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
-    // A thread has an entry only if its process was watched when it first called MPI, and
-    // loses it when it exits; so the watched set is consulted once per thread, not per call.
-    let existing = ENTRIES.get_ptr_mut(pid_tgid);
+    // A thread has call state only if its process was counted when it first called MPI,
+    // and loses it when it exits; so the watched set is consulted once per thread.
+    let existing = call_state(false);
     match existing {
         Some(e) => {
             // SAFETY: the thread's own entry; only this thread touches it.
@@ -63,7 +63,7 @@ pub fn mpi_entry(ctx: ProbeContext) -> u32 {
     let Some(spec) = ROUTINE_SPECS.get(c.routine as u32) else {
         return 0;
     };
-    let mut st = EntryState {
+    let mut st = CallState {
         start_ns: 0,
         args: [0; ARG_SLOTS],
         depth: 0,
@@ -93,14 +93,11 @@ pub fn mpi_entry(ctx: ProbeContext) -> u32 {
         st.args[i] = read::<u64>(st.args[i]).unwrap_or(0);
     }
     st.start_ns = unsafe { bpf_ktime_get_ns() };
-    match existing {
-        // SAFETY: the thread's own, idle entry.
+    match existing.or_else(|| call_state(true)) {
+        // SAFETY: the thread's own, idle state.
         Some(e) => unsafe { *e = st },
-        None => {
-            if ENTRIES.insert(pid_tgid, st, 0).is_err() {
-                with_proc_stats(tgid, |s| s.counters_full += 1);
-            }
-        }
+        // No storage could be created (memory, or the storage lock busy): not counted.
+        None => with_proc_stats(tgid, |s| s.counters_full += 1),
     }
     0
 }
@@ -143,8 +140,8 @@ fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeContext) -> u3
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let now = unsafe { bpf_ktime_get_ns() };
-    // Only watched processes have entries: no need to look the process up again.
-    let e = match ENTRIES.get_ptr_mut(pid_tgid) {
+    // Only counted processes have call state: no need to look the process up again.
+    let e = match call_state(false) {
         // SAFETY: the thread's own entry.
         Some(e) if unsafe { (*e).busy } != 0 => unsafe { &mut *e },
         _ => {

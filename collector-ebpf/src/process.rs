@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use collector_common::{watch, EventKind, ProcEvent};
 
-use crate::maps::{ENTRIES, EVENTS, TP_OFFSETS, WATCHED};
+use crate::maps::{EVENTS, TP_OFFSETS, WATCHED};
 
 /// Reports a process lifecycle event to userspace.
 #[inline(always)]
@@ -69,8 +69,6 @@ pub fn sched_exec(_ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn sched_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
-    // A thread that dies inside an MPI call (killed, longjmp'd) leaves its entry behind.
-    let _ = ENTRIES.remove(pid_tgid);
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
     // SAFETY: plain u32.

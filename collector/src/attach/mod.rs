@@ -17,8 +17,8 @@ use aya::{
 };
 use collector_common::{
     routines::{class, ArgSpec},
-    watch, Abi, CommInfo, Config, Cookie, CounterKey, CounterVal, HandleKey, Layout, ProcStats,
-    TpOffsets, MAX_LAYOUTS, ROUTINES,
+    watch, Abi, CallState, CommInfo, Config, Cookie, CounterKey, CounterVal, HandleKey, Layout,
+    ProcStats, TpOffsets, MAX_LAYOUTS, ROUTINES,
 };
 use serde::Serialize;
 use tracing::{debug, info, warn};
@@ -110,6 +110,8 @@ pub struct Probes {
     programs: HashMap<String, OwnedFd>,
     /// Two links per library; dropping them detaches every probe.
     links: Vec<multi::MultiLink>,
+    /// The task-local storage of in-flight calls (held by the programs too).
+    _task_state: OwnedFd,
 }
 
 /// Options for loading.
@@ -127,8 +129,12 @@ impl Probes {
             .map_max_entries("EVENTS", opts.ring_buffer_bytes)
             .load(BPF_OBJECT)
             .map_err(|e| AttachError::Load(Box::new(e)))?;
-        // Before any map is taken out of `ebpf`: the programs are relocated against them all.
-        let programs = multi::load_programs(BPF_OBJECT, &map_fds(&ebpf), &MPI_PROGRAMS)?;
+        // Before any map is taken out of `ebpf`: the programs are relocated against them all,
+        // with the task-storage map we create standing in for the object's placeholder.
+        let task_state = multi::create_task_storage(size_of::<CallState>() as u32)?;
+        let mut fds = map_fds(&ebpf);
+        fds.insert("TASK_STATE".to_string(), task_state.as_raw_fd());
+        let programs = multi::load_programs(BPF_OBJECT, &fds, &MPI_PROGRAMS)?;
 
         let mut specs: Array<MapData, ArgSpec> =
             Array::try_from(take(&mut ebpf, "ROUTINE_SPECS")?).map_err(map_err("ROUTINE_SPECS"))?;
@@ -173,6 +179,7 @@ impl Probes {
             unsupported: Vec::new(),
             programs,
             links: Vec::new(),
+            _task_state: task_state,
         })
     }
 

@@ -70,6 +70,80 @@ fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(rc as RawFd) })
 }
 
+/// Creates the task-local storage map holding each thread's in-flight call
+/// (`BPF_MAP_TYPE_TASK_STORAGE`, value `value_size` bytes). aya-ebpf cannot declare such a
+/// map, and the kernel insists on BTF type ids for its key and value, so a minimal BTF
+/// (an `int` key, an `int[value_size / 4]` value) is loaded for it here.
+pub fn create_task_storage(value_size: u32) -> Result<OwnedFd, MultiError> {
+    let err = |what: &str, source| MultiError::Load {
+        name: format!("task storage ({what})"),
+        log: String::new(),
+        source,
+    };
+    let btf = task_storage_btf(value_size);
+    let mut log = vec![0u8; 4096];
+    // SAFETY: zeroed is a valid bpf_attr; we fill the BPF_BTF_LOAD member.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: plain integers into the member this command reads.
+    let b = unsafe { &mut attr.__bindgen_anon_7 };
+    b.btf = btf.as_ptr() as u64;
+    b.btf_size = btf.len() as u32;
+    b.btf_log_buf = log.as_mut_ptr() as u64;
+    b.btf_log_size = log.len() as u32;
+    b.btf_log_level = 1;
+    let btf_fd = bpf(bpf_cmd::BPF_BTF_LOAD, &mut attr).map_err(|e| err("BTF", e))?;
+
+    // SAFETY: as above, for BPF_MAP_CREATE.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: plain integers into the member this command reads.
+    let m = unsafe { &mut attr.__bindgen_anon_1 };
+    m.map_type = aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE as u32;
+    m.key_size = 4;
+    m.value_size = value_size;
+    m.max_entries = 0;
+    m.map_flags = aya_obj::generated::BPF_F_NO_PREALLOC;
+    m.btf_fd = btf_fd.as_raw_fd() as u32;
+    m.btf_key_type_id = 1;
+    m.btf_value_type_id = 2;
+    for (dst, src) in m.map_name.iter_mut().zip(b"TASK_STATE".iter()) {
+        *dst = *src as libc::c_char;
+    }
+    bpf(bpf_cmd::BPF_MAP_CREATE, &mut attr).map_err(|e| err("map", e))
+}
+
+/// BTF with two types: [1] `int`, [2] `int[value_size / 4]`.
+fn task_storage_btf(value_size: u32) -> Vec<u8> {
+    const KIND_INT: u32 = 1;
+    const KIND_ARRAY: u32 = 3;
+    let strings = b"\0int\0";
+    let mut types = Vec::new();
+    let mut put = |v: u32| types.extend_from_slice(&v.to_ne_bytes());
+    // [1] int: name "int", 4 bytes, signed, 32 bits.
+    put(1);
+    put(KIND_INT << 24);
+    put(4);
+    put((1 << 24) | 32);
+    // [2] array of value_size / 4 ints, indexed by int.
+    put(0);
+    put(KIND_ARRAY << 24);
+    put(0);
+    put(1);
+    put(1);
+    put(value_size / 4);
+    let mut out = Vec::new();
+    let mut put = |v: &[u8]| out.extend_from_slice(v);
+    put(&0xeb9f_u16.to_ne_bytes()); // magic
+    put(&[1, 0]); // version, flags
+    put(&24u32.to_ne_bytes()); // header length
+    put(&0u32.to_ne_bytes()); // type section offset
+    put(&(types.len() as u32).to_ne_bytes());
+    put(&(types.len() as u32).to_ne_bytes()); // string section offset
+    put(&(strings.len() as u32).to_ne_bytes());
+    put(&types);
+    put(strings);
+    out
+}
+
 /// Loads the programs `names` of `object` for uprobe_multi attachment, relocated against
 /// `maps` (map name -> fd of the map aya created).
 pub fn load_programs(
