@@ -93,7 +93,7 @@ pub fn run(root: &Path) -> Result<()> {
             c.push(under_commtap(stack, &bin, &commtap, &profile)?);
         }
         let (ma, mb, mc) = (median(&a), median(&b), median(&c));
-        let single = single_stepped(&profile)?;
+        let single = single_stepped(&profile, stack.library)?;
         let _ = writeln!(report, "{} ({})", stack.name, stack.library);
         let _ = writeln!(
             report,
@@ -253,7 +253,13 @@ fn under_commtap(stack: &Stack, bin: &Path, commtap: &PathBuf, profile: &Path) -
 }
 
 /// (moved past single-step, still single-stepped) probe lists of the probed library.
-fn single_stepped(profile: &Path) -> Result<(String, String)> {
+fn single_stepped(profile: &Path, library: &str) -> Result<(String, String)> {
+    let wanted = std::fs::canonicalize(library)?;
+    let wanted = wanted
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(library)
+        .to_string();
     let text = std::fs::read_to_string(profile)?;
     let v: serde_json::Value = serde_json::from_str(&text)?;
     let mut moved = Vec::new();
