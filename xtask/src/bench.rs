@@ -272,6 +272,10 @@ fn single_stepped(profile: &Path, library: &str) -> Result<(String, String)> {
             .next()
             .unwrap_or("?")
             .to_string();
+        // The profile lists every MPI library probed; keep the benchmarked one.
+        if !wanted.starts_with(name.as_str()) && !name.starts_with(wanted.as_str()) {
+            continue;
+        }
         for (list, key) in [
             (&mut moved, "moved_past_single_step"),
             (&mut single, "single_stepped"),
