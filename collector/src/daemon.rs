@@ -78,18 +78,29 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     health
         .set_serving::<pb::node_server::NodeServer<NodeService>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // Both reflection versions: grpcurl speaks v1, many clients (Python's) still v1alpha.
+    let reflection_builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = reflection_builder()
         .build_v1()
+        .context("building the reflection service")?;
+    let reflection_alpha = reflection_builder()
+        .build_v1alpha()
         .context("building the reflection service")?;
     let shutdown = CancellationToken::new();
     let server = tokio::spawn({
         let shutdown = shutdown.clone();
         let service = pb::node_server::NodeServer::new(NodeService::new(state.clone()));
         tonic::transport::Server::builder()
+            .layer(tower::util::MapResponseLayer::new(
+                oversized_is_resource_exhausted,
+            ))
             .add_service(health_service)
             .add_service(reflection)
+            .add_service(reflection_alpha)
             .add_service(service)
             .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
                 shutdown.cancelled().await
@@ -186,4 +197,25 @@ async fn look_around(state: &NodeState, scan_proc: bool, keep: Duration) {
         .lock()
         .await
         .retain(|f| f.at.elapsed() < keep);
+}
+
+/// tonic answers a request larger than the server accepts with OUT_OF_RANGE; gRPC's status
+/// for that is RESOURCE_EXHAUSTED, which clients and proxies expect (trailers-only replies
+/// carry the status in the headers).
+fn oversized_is_resource_exhausted<B>(
+    mut resp: tonic::codegen::http::Response<B>,
+) -> tonic::codegen::http::Response<B> {
+    use tonic::codegen::http::HeaderValue;
+    let out_of_range = resp.headers().get("grpc-status").is_some_and(|v| v == "11");
+    let too_large = resp
+        .headers()
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        // grpc-message is percent-encoded.
+        .is_some_and(|m| m.replace("%20", " ").contains("message length too large"));
+    if out_of_range && too_large {
+        resp.headers_mut()
+            .insert("grpc-status", HeaderValue::from_static("8"));
+    }
+    resp
 }

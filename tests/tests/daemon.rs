@@ -102,6 +102,58 @@ fn daemon_profiles_every_job_on_the_node_exactly() {
         assert_profile_matches(&profile, truth, &["MPI_Finalize"]);
     }
 
+    // A client nobody here wrote: Python stubs generated from the proto, standard health
+    // and reflection clients, malformed and oversized requests.
+    let job0 = truths[0][0]["pid"].as_u64().expect("pid").to_string();
+    let seen_file = scratch.path("python-client.json");
+    let py = Command::new("python3")
+        .arg(repo_root().join("tests/clients/node_client.py"))
+        .arg(repo_root().join("proto"))
+        .arg(&socket)
+        .arg(&seen_file)
+        .env("COMMTAP_JOB", &job0)
+        .output()
+        .expect("running python3");
+    assert!(
+        py.status.success(),
+        "python client failed:\n{}",
+        String::from_utf8_lossy(&py.stderr)
+    );
+    let seen = read_json(&seen_file);
+    assert_eq!(seen["health"], "SERVING");
+    let services: Vec<&str> = seen["services"]
+        .as_array()
+        .expect("services")
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    for want in [
+        "commtap.v1.Node",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ] {
+        assert!(services.contains(&want), "{want} not in {services:?}");
+    }
+    assert_eq!(seen["watch_10ms"], "INVALID_ARGUMENT");
+    assert_eq!(seen["huge_request"], "RESOURCE_EXHAUSTED");
+    assert_eq!(seen["watched"], 2);
+    for truth in &truths[0] {
+        let pid = truth["pid"].as_u64().expect("pid");
+        let rank = seen["ranks"]
+            .as_array()
+            .expect("ranks")
+            .iter()
+            .find(|r| r["pid"].as_u64() == Some(pid))
+            .expect("rank in snapshot");
+        let mut got = routine_table(&rank["routines"]);
+        got.remove("MPI_Finalize");
+        assert_eq!(
+            got,
+            routine_table(&truth["routines"]),
+            "python client, pid {pid}"
+        );
+    }
+
     // Prometheus: the same counts, in a format promtool accepts.
     let metrics = http_get(&metrics_addr, "/metrics");
     let file = scratch.path("metrics.prom");

@@ -135,6 +135,23 @@ fn setup() -> Result<()> {
         ]))?;
     }
 
+    // A gRPC client nobody here wrote: Python's, with the standard health and reflection clients.
+    let have_python_grpc = Command::new("python3")
+        .args(["-c", "import grpc_tools, grpc_health, grpc_reflection"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have_python_grpc {
+        run(Command::new("python3").args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "grpcio-tools",
+            "grpcio-health-checking",
+            "grpcio-reflection",
+        ]))?;
+    }
+
     let have_linker = Command::new("bpf-linker")
         .arg("--version")
         .output()
