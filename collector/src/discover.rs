@@ -47,6 +47,8 @@ pub struct ProcessInfo {
     pub launcher_job: Option<String>,
     /// Process start time in clock ticks since boot (with the pid, a unique identity).
     pub start_ticks: u64,
+    /// Real user id of the process.
+    pub uid: Option<u32>,
 }
 
 /// Variables that carry the world rank, in order of preference.
@@ -95,6 +97,12 @@ pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
         .and_then(|(_, rest)| rest.split_whitespace().nth(19))
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
+    let uid = fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(proc_err(pid, "status"))?
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok());
     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).map_err(proc_err(pid, "cmdline"))?;
     let cmdline = cmdline
         .split(|b| *b == 0)
@@ -116,6 +124,7 @@ pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
         batch_job: first(BATCH_JOB_VARS),
         launcher_job: first(LAUNCHER_JOB_VARS),
         start_ticks,
+        uid,
     })
 }
 

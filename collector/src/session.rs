@@ -315,6 +315,7 @@ impl Session {
                 host: host.clone(),
                 job: job_key(&info),
                 cmdline: info.cmdline.clone(),
+                uid: info.uid,
                 elapsed_ns: end.saturating_sub(start),
                 comm_time_ns: stats::communication_ns(&routines),
                 routines,

@@ -226,3 +226,96 @@ fn http_get(addr: &str, path: &str) -> String {
     );
     body.to_string()
 }
+
+#[test]
+fn a_user_sees_only_their_own_processes() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let scratch = Scratch::new("daemon-uid");
+    let socket = scratch.path("commtap.sock");
+    let target = format!("unix://{}", socket.display());
+    // A socket anyone may connect to: what a caller sees is then decided by its uid.
+    let daemon = spawn_commtap(
+        &scratch,
+        &[
+            "daemon",
+            "--socket",
+            socket.to_str().expect("utf8"),
+            "--socket-mode",
+            "666",
+        ],
+    );
+    wait_until("the daemon's socket", Duration::from_secs(60), || {
+        socket.exists()
+    });
+
+    let prog = build_program("mpi_truth.c", Mpi::Mpich);
+    let shared = scratch.path("shared");
+    std::fs::create_dir_all(&shared).expect("mkdir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let as_nobody = ["--reuid=65534", "--regid=65534", "--clear-groups"];
+    for (who, prefix) in [("root", "truth-root"), ("nobody", "truth-nobody")] {
+        let launcher = Mpi::Mpich.launcher(2);
+        let mut cmd = Command::new("setpriv");
+        if who == "nobody" {
+            cmd.args(as_nobody);
+        }
+        cmd.arg("--")
+            .args(&launcher)
+            .arg(&prog)
+            .arg(shared.join(prefix))
+            .current_dir(&shared)
+            .env("HOME", &shared);
+        let mut job = ChildGuard::spawn(&mut cmd);
+        assert!(job.wait_with_limit(LIMIT).success(), "job as {who} failed");
+    }
+    wait_until(
+        "the daemon to see every rank exit",
+        Duration::from_secs(30),
+        || {
+            let out = commtap_output(&["ps", "--from", &target]);
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| l.contains(" exited "))
+                .count()
+                == 4
+        },
+    );
+
+    let report_as = |nobody: bool, out: &std::path::Path| {
+        let mut cmd = Command::new("setpriv");
+        if nobody {
+            cmd.args(as_nobody);
+        }
+        let status = cmd
+            .arg("--")
+            .arg(commtap_bin())
+            .args(["report", "--from", &target, "--format", "json", "-o"])
+            .arg(out)
+            .status()
+            .expect("running commtap report");
+        assert!(status.success(), "report (nobody: {nobody}) failed");
+        read_json(out)
+    };
+    let mine = report_as(true, &shared.join("nobody.json"));
+    assert_profile_matches(
+        &mine,
+        &read_truths(&shared.join("truth-nobody"), 2),
+        &["MPI_Finalize"],
+    );
+    let all = report_as(false, &shared.join("root.json"));
+    assert_eq!(
+        all["ranks"].as_array().map(Vec::len),
+        Some(4),
+        "root sees every process:\n{all:#}"
+    );
+
+    // SAFETY: kill(2) of the daemon we spawned.
+    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
+    let run = finish_commtap(&scratch, daemon, Duration::from_secs(60));
+    assert!(
+        run.status.success(),
+        "daemon exit: {}\n{}",
+        run.status,
+        run.stderr
+    );
+}

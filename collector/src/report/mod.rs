@@ -31,6 +31,8 @@ pub struct RankProfile {
     pub job: String,
     /// Command line.
     pub cmdline: String,
+    /// Real user id of the process (who may see it through the daemon).
+    pub uid: Option<u32>,
     /// From MPI_Init's return (or attach) to MPI_Finalize's entry (or detach/exit), ns.
     pub elapsed_ns: u64,
     /// Time in MPI routines other than MPI_Init/MPI_Finalize, ns.

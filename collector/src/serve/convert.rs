@@ -143,6 +143,7 @@ impl From<&RankProfile> for pb::RankProfile {
                 .map(|(n, s)| routine_to_pb(n, s))
                 .collect(),
             health: Some((&r.health).into()),
+            uid: r.uid,
         }
     }
 }
@@ -166,6 +167,7 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
                 .map(routine_from_pb)
                 .collect::<Result<_, _>>()?,
             health: r.health.as_ref().map(Health::from).unwrap_or_default(),
+            uid: r.uid,
         })
     }
 }
@@ -275,6 +277,7 @@ mod tests {
                 host: "n1".into(),
                 job: "42".into(),
                 cmdline: "./app".into(),
+                uid: Some(1000),
                 elapsed_ns: 5,
                 comm_time_ns: 4,
                 routines: routines_of(7, &counters),

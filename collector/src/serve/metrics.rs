@@ -197,7 +197,10 @@ async fn respond(state: &NodeState, req: &Request<Incoming>) -> Response<Full<By
         *r.status_mut() = StatusCode::NOT_FOUND;
         return r;
     }
-    let profile = state.snapshot(&pb::ProcessFilter::default()).await;
+    // The metrics endpoint is for the node's operator (it listens where --metrics-addr says).
+    let profile = state
+        .snapshot(&pb::ProcessFilter::default(), super::node::Caller::Any)
+        .await;
     let (live, exiting, libraries, failures) = {
         let session = state.session.lock().await;
         let libs = session.library_summaries();

@@ -36,14 +36,48 @@ pub struct NodeState {
     pub finished: Mutex<Vec<Finished>>,
 }
 
+/// Who is asking: root sees everything, another user only its own processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// Root, or a caller over TCP (authenticated by TLS, not by uid).
+    Any,
+    /// A non-root user on the Unix socket.
+    Uid(u32),
+}
+
+impl Caller {
+    /// The caller of `req`, from the Unix socket's peer credentials.
+    pub fn of<T>(req: &Request<T>) -> Caller {
+        let uid = req
+            .extensions()
+            .get::<tonic::transport::server::UdsConnectInfo>()
+            .and_then(|info| info.peer_cred)
+            .map(|cred| cred.uid());
+        match uid {
+            Some(0) | None => Caller::Any,
+            Some(uid) => Caller::Uid(uid),
+        }
+    }
+
+    /// Whether this caller may see a process of user `uid`.
+    pub fn may_see(self, uid: Option<u32>) -> bool {
+        match self {
+            Caller::Any => true,
+            Caller::Uid(me) => uid == Some(me),
+        }
+    }
+}
+
 impl NodeState {
-    /// The node's cumulative profile now: live processes and those that exited, filtered.
-    pub async fn snapshot(&self, filter: &pb::ProcessFilter) -> JobProfile {
+    /// The node's cumulative profile now: live processes and those that exited, filtered,
+    /// and limited to what `caller` may see.
+    pub async fn snapshot(&self, filter: &pb::ProcessFilter, caller: Caller) -> JobProfile {
         let mut profile = self.session.lock().await.profile(monotonic_ns());
         let finished = self.finished.lock().await;
         profile
             .ranks
             .extend(finished.iter().map(|f| f.rank.clone()));
+        profile.ranks.retain(|r| caller.may_see(r.uid));
         apply_filter(&mut profile, filter);
         profile
     }
@@ -95,12 +129,14 @@ type SnapshotStream =
 impl pb::node_server::Node for NodeService {
     async fn list_processes(
         &self,
-        _req: Request<pb::ListProcessesRequest>,
+        req: Request<pb::ListProcessesRequest>,
     ) -> Result<Response<pb::ListProcessesResponse>, Status> {
+        let caller = Caller::of(&req);
         let session = self.state.session.lock().await;
         let mut processes: Vec<pb::ProcessState> = session
             .tracked
             .iter()
+            .filter(|(_, t)| caller.may_see(t.info.as_ref().and_then(|i| i.uid)))
             .map(|(pid, t)| pb::ProcessState {
                 pid: *pid,
                 rank: t.info.as_ref().and_then(|i| i.rank),
@@ -120,7 +156,14 @@ impl pb::node_server::Node for NodeService {
             .collect();
         let libraries = session.library_summaries().iter().map(Into::into).collect();
         drop(session);
-        for f in self.state.finished.lock().await.iter() {
+        for f in self
+            .state
+            .finished
+            .lock()
+            .await
+            .iter()
+            .filter(|f| caller.may_see(f.rank.uid))
+        {
             processes.push(pb::ProcessState {
                 pid: f.rank.pid,
                 rank: f.rank.rank_known.then_some(f.rank.rank),
@@ -141,8 +184,9 @@ impl pb::node_server::Node for NodeService {
         &self,
         req: Request<pb::GetSnapshotRequest>,
     ) -> Result<Response<pb::GetSnapshotResponse>, Status> {
+        let caller = Caller::of(&req);
         let filter = req.into_inner().filter.unwrap_or_default();
-        let profile = self.state.snapshot(&filter).await;
+        let profile = self.state.snapshot(&filter, caller).await;
         Ok(Response::new(pb::GetSnapshotResponse {
             node: self.state.node.clone(),
             profile: Some((&profile).into()),
@@ -155,6 +199,7 @@ impl pb::node_server::Node for NodeService {
         &self,
         req: Request<pb::WatchSnapshotsRequest>,
     ) -> Result<Response<Self::WatchSnapshotsStream>, Status> {
+        let caller = Caller::of(&req);
         let req = req.into_inner();
         let interval = match req.interval_ms {
             0 => Duration::from_secs(1),
@@ -169,7 +214,7 @@ impl pb::node_server::Node for NodeService {
         }
         let filter = req.filter.unwrap_or_default();
         let state = self.state.clone();
-        let stream = async_stream(state, filter, interval);
+        let stream = async_stream(state, filter, interval, caller);
         Ok(Response::new(Box::pin(stream)))
     }
 }
@@ -179,13 +224,14 @@ fn async_stream(
     state: Arc<NodeState>,
     filter: pb::ProcessFilter,
     interval: Duration,
+    caller: Caller,
 ) -> impl Stream<Item = Result<pb::WatchSnapshotsResponse, Status>> {
     let (tx, rx) = tokio::sync::mpsc::channel(2);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         loop {
             tick.tick().await;
-            let profile = state.snapshot(&filter).await;
+            let profile = state.snapshot(&filter, caller).await;
             let msg = pb::WatchSnapshotsResponse {
                 node: state.node.clone(),
                 profile: Some((&profile).into()),
