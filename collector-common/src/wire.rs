@@ -105,12 +105,23 @@ pub const MAX_LAYOUTS: u32 = 64;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
     /// Non-zero: count every process that calls a probed MPI library (the node daemon),
-    /// not only those in `WATCHED`.
+    /// not only those in `WATCHED`, within the limits below.
     pub watch_all: u32,
     /// commtap's own process id, never counted.
     pub self_tgid: u32,
+    /// Watch-all counts only this real user id ([`Config::ANY_UID`]: any).
+    pub uid: u32,
+    /// Level below the cgroup v2 root of `cgroup_id` (used when `cgroup_id` is not 0).
+    pub cgroup_level: u32,
+    /// Watch-all counts only processes in this cgroup v2 or below it (0: any).
+    pub cgroup_id: u64,
 }
-const _: () = assert!(size_of::<Config>() == 8);
+const _: () = assert!(size_of::<Config>() == 24);
+
+impl Config {
+    /// `uid` value meaning every user.
+    pub const ANY_UID: u32 = u32::MAX;
+}
 
 /// Flags in the `WATCHED` map: which processes the probes count.
 pub mod watch {

@@ -107,13 +107,27 @@ pub fn is_counted(tgid: u32) -> bool {
         return true;
     }
     match CONFIG.get(0) {
-        Some(c) if c.watch_all != 0 && c.self_tgid != tgid => {
+        Some(c) if c.watch_all != 0 && c.self_tgid != tgid && in_scope(c) => {
             let _ = WATCHED.insert(tgid, collector_common::watch::COUNT, 0);
             crate::process::emit(collector_common::EventKind::Discovered, tgid, 0);
             true
         }
         _ => false,
     }
+}
+
+/// Whether the current process is within the daemon's user and cgroup limits.
+#[inline(always)]
+fn in_scope(c: &Config) -> bool {
+    use aya_ebpf::helpers::generated as h;
+    if c.uid != Config::ANY_UID && aya_ebpf::helpers::bpf_get_current_uid_gid() as u32 != c.uid {
+        return false;
+    }
+    // The ancestor at the filter's level is the filter's cgroup for it and everything below
+    // it (a Slurm job's step cgroups, say).
+    // SAFETY: plain helper call.
+    c.cgroup_id == 0
+        || unsafe { h::bpf_get_current_ancestor_cgroup_id(c.cgroup_level as i32) } == c.cgroup_id
 }
 
 /// Whether `tgid` is in the watched set.

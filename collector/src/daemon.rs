@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use crate::{
     attach::LoadOptions,
-    discover,
+    discover::{self, CgroupRef, ProcessInfo},
     ingest::monotonic_ns,
     record::check_privileges,
     serve::{
@@ -41,6 +41,31 @@ pub struct DaemonOptions {
     pub libraries: Vec<PathBuf>,
     /// Serve Prometheus metrics here.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Which processes to profile.
+    pub scope: Scope,
+}
+
+/// Which processes the daemon profiles (everything by default).
+#[derive(Clone, Debug, Default)]
+pub struct Scope {
+    /// Only these processes (and no watch-all counting).
+    pub pids: Vec<u32>,
+    /// Only processes of this user.
+    pub uid: Option<u32>,
+    /// Only processes in this cgroup v2 or below it (a Slurm job's cgroup, say).
+    pub cgroup: Option<CgroupRef>,
+}
+
+impl Scope {
+    /// Whether already-running process `pid` is in scope.
+    fn admits(&self, pid: u32, info: Option<&ProcessInfo>) -> bool {
+        (self.pids.is_empty() || self.pids.contains(&pid))
+            && self.uid.is_none_or(|u| info.and_then(|i| i.uid) == Some(u))
+            && self
+                .cgroup
+                .as_ref()
+                .is_none_or(|cg| discover::in_cgroup(pid, cg))
+    }
 }
 
 /// How often the daemon looks at its processes.
@@ -56,7 +81,11 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     check_privileges()?;
     let ring_buffer_bytes = (opts.ring_buffer_kib.max(4) * 1024).next_power_of_two();
     let mut session = Session::start(LoadOptions { ring_buffer_bytes })?;
-    session.probes.set_watch_all(true)?;
+    if opts.scope.pids.is_empty() {
+        session
+            .probes
+            .set_watch_all(opts.scope.uid, opts.scope.cgroup.as_ref())?;
+    }
     let mut libs = discover::candidate_mpi_libraries();
     libs.extend(opts.libraries.iter().cloned());
     for lib in &libs {
@@ -64,7 +93,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             warn!("{}: {e:#}", lib.display());
         }
     }
-    adopt_running(&mut session);
+    adopt_running(&mut session, &opts.scope);
     let mut events = session.take_events();
 
     let node = opts.node_name.clone().unwrap_or_else(discover::this_host);
@@ -124,7 +153,8 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             Some(ev) = events.recv() => state.session.lock().await.on_process_event(ev),
             _ = tick.tick() => {
                 ticks = ticks.wrapping_add(1);
-                look_around(&state, ticks.is_multiple_of(SCAN_EVERY), opts.keep_exited).await;
+                let scan = ticks.is_multiple_of(SCAN_EVERY).then_some(&opts.scope);
+                look_around(&state, scan, opts.keep_exited).await;
             }
         }
     }
@@ -143,14 +173,19 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     Ok(())
 }
 
-/// Starts watching MPI processes that were running before the daemon (counted from now).
-fn adopt_running(session: &mut Session) {
+/// Starts watching MPI processes in scope that were running before the daemon (counted
+/// from now).
+fn adopt_running(session: &mut Session, scope: &Scope) {
     for pid in discover::mpi_processes() {
         if session.tracked.contains_key(&pid) {
             continue;
         }
+        let info = discover::process_info(pid).ok();
+        if !scope.admits(pid, info.as_ref()) {
+            continue;
+        }
         let mut t = Tracked::from_now();
-        t.info = discover::process_info(pid).ok();
+        t.info = info;
         session.tracked.insert(pid, t);
         if let Err(e) = session.watch_tracked(pid) {
             warn!("PID {pid}: {e:#}");
@@ -160,12 +195,12 @@ fn adopt_running(session: &mut Session) {
 
 /// One tick: process events, new processes, exits (final profile kept, kernel state
 /// freed so a reused pid starts from zero), expiry.
-async fn look_around(state: &NodeState, scan_proc: bool, keep: Duration) {
+async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duration) {
     let mut session = state.session.lock().await;
     session.drain_process_events();
     session.track_counted();
-    if scan_proc {
-        adopt_running(&mut session);
+    if let Some(scope) = scan_proc {
+        adopt_running(&mut session, scope);
     }
     session.rescan();
     // A process's last call events are still in the ring buffer when it exits (they are

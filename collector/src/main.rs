@@ -90,6 +90,18 @@ struct DaemonArgs {
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464), path /metrics.
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Profile only these processes (comma separated), not every MPI process on the node.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["uid", "cgroup", "slurm_job"])]
+    pid: Vec<u32>,
+    /// Profile only processes of this user (name or numeric id).
+    #[arg(long, value_parser = parse_user)]
+    uid: Option<u32>,
+    /// Profile only processes in this cgroup v2 directory or below it.
+    #[arg(long, conflicts_with = "slurm_job")]
+    cgroup: Option<PathBuf>,
+    /// Profile only Slurm job ID (its cgroup `job_<ID>`, Slurm's cgroup v2 plugin).
+    #[arg(long)]
+    slurm_job: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -137,6 +149,17 @@ struct RecordArgs {
     command: Vec<String>,
 }
 
+fn parse_user(s: &str) -> Result<u32, String> {
+    if let Ok(uid) = s.parse() {
+        return Ok(uid);
+    }
+    nix::unistd::User::from_name(s)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw())
+        .ok_or_else(|| format!("no user {s:?}"))
+}
+
 fn parse_mode(s: &str) -> Result<u32, String> {
     u32::from_str_radix(s, 8)
         .ok()
@@ -168,6 +191,24 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("invalid duration {s:?}"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// The daemon's scope from its flags, the cgroup resolved to what the kernel compares.
+fn daemon_scope(
+    pids: Vec<u32>,
+    uid: Option<u32>,
+    cgroup: Option<PathBuf>,
+    slurm_job: Option<String>,
+) -> anyhow::Result<daemon::Scope> {
+    let cgroup = match (cgroup, slurm_job) {
+        (Some(path), _) => Some(path),
+        (None, Some(job)) => Some(discover::slurm_job_cgroup(&job).map_err(anyhow::Error::msg)?),
+        (None, None) => None,
+    };
+    let cgroup = cgroup
+        .map(|p| discover::cgroup_ref(&p).map_err(anyhow::Error::msg))
+        .transpose()?;
+    Ok(daemon::Scope { pids, uid, cgroup })
 }
 
 fn init_logging(filter: &str) {
@@ -221,6 +262,7 @@ fn main() -> ExitCode {
                     keep_exited: a.keep_exited,
                     libraries: a.libraries,
                     metrics_addr: a.metrics_addr,
+                    scope: daemon_scope(a.pid, a.uid, a.cgroup, a.slurm_job)?,
                 })
                 .await
             }

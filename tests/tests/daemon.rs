@@ -319,3 +319,109 @@ fn a_user_sees_only_their_own_processes() {
         run.stderr
     );
 }
+
+/// The cgroup v2 mount point of this machine.
+fn cgroup2_root() -> std::path::PathBuf {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    mounts
+        .lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            right.starts_with("cgroup2 ").then(|| {
+                std::path::PathBuf::from(left.split_whitespace().nth(4).expect("mount point"))
+            })
+        })
+        .expect("a cgroup v2 hierarchy (the daemon's --cgroup needs one)")
+}
+
+/// Removes a test cgroup when dropped (once its processes are gone).
+struct CgroupGuard(std::path::PathBuf);
+
+impl Drop for CgroupGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_daemon_scoped_to_a_cgroup_profiles_only_that_job() {
+    let scratch = Scratch::new("daemon-cgroup");
+    let cg = CgroupGuard(cgroup2_root().join(format!("commtap-test-{}", std::process::id())));
+    std::fs::create_dir_all(&cg.0).expect("creating a test cgroup");
+    let socket = scratch.path("commtap.sock");
+    let target = format!("unix://{}", socket.display());
+    let daemon = spawn_commtap(
+        &scratch,
+        &[
+            "daemon",
+            "--socket",
+            socket.to_str().expect("utf8"),
+            "--cgroup",
+            cg.0.to_str().expect("utf8"),
+        ],
+    );
+    wait_until("the daemon's socket", Duration::from_secs(60), || {
+        socket.exists()
+    });
+
+    let prog = build_program("mpi_truth.c", Mpi::Mpich);
+    for (inside, prefix) in [(true, "inside"), (false, "outside")] {
+        let launcher = Mpi::Mpich.launcher(2).join(" ");
+        let run = format!(
+            "{launcher} {} {}",
+            prog.display(),
+            scratch.path(prefix).display()
+        );
+        // The job inside joins the cgroup before it starts (as slurmstepd puts a step there).
+        let script = if inside {
+            format!("echo $$ > {}/cgroup.procs && exec {run}", cg.0.display())
+        } else {
+            format!("exec {run}")
+        };
+        let mut job = ChildGuard::spawn(Command::new("sh").arg("-c").arg(&script));
+        assert!(job.wait_with_limit(LIMIT).success(), "job {prefix} failed");
+    }
+    wait_until(
+        "the daemon to see the job's ranks exit",
+        Duration::from_secs(30),
+        || {
+            let out = commtap_output(&["ps", "--from", &target]);
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| l.contains(" exited "))
+                .count()
+                == 2
+        },
+    );
+    let out = scratch.path("profile.json");
+    let report = commtap_output(&[
+        "report",
+        "--from",
+        &target,
+        "--format",
+        "json",
+        "-o",
+        out.to_str().expect("utf8"),
+    ]);
+    assert!(
+        report.status.success(),
+        "{}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+    // Exactly the job inside; nothing of the one outside.
+    assert_profile_matches(
+        &read_json(&out),
+        &read_truths(&scratch.path("inside"), 2),
+        &["MPI_Finalize"],
+    );
+
+    // SAFETY: kill(2) of the daemon we spawned.
+    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
+    let run = finish_commtap(&scratch, daemon, Duration::from_secs(60));
+    assert!(
+        run.status.success(),
+        "daemon exit: {}\n{}",
+        run.status,
+        run.stderr
+    );
+}

@@ -23,7 +23,10 @@ use collector_common::{
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
-use crate::symbols::{self, LibraryKind, MpiLibrary, Placement, ProbePoint};
+use crate::{
+    discover::CgroupRef,
+    symbols::{self, LibraryKind, MpiLibrary, Placement, ProbePoint},
+};
 
 /// The BPF object built by `build.rs` from `collector-ebpf`.
 static BPF_OBJECT: &[u8] =
@@ -215,11 +218,19 @@ impl Probes {
     }
 
     /// Counts every process that calls a probed MPI library (but commtap itself), not only
-    /// the watched ones: how a node daemon sees jobs from their first call.
-    pub fn set_watch_all(&mut self, on: bool) -> Result<(), AttachError> {
+    /// the watched ones, optionally only those of user `uid` and in (or below) cgroup `cg`:
+    /// how a node daemon sees jobs from their first call.
+    pub fn set_watch_all(
+        &mut self,
+        uid: Option<u32>,
+        cg: Option<&CgroupRef>,
+    ) -> Result<(), AttachError> {
         let config = Config {
-            watch_all: u32::from(on),
+            watch_all: 1,
             self_tgid: std::process::id(),
+            uid: uid.unwrap_or(Config::ANY_UID),
+            cgroup_level: cg.map_or(0, |c| c.level),
+            cgroup_id: cg.map_or(0, |c| c.id),
         };
         self.config.set(0, config, 0).map_err(map_err("CONFIG"))
     }
