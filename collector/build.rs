@@ -17,7 +17,12 @@ fn compile_protos() -> Result<()> {
     let proto = manifest.join("../proto");
     println!("cargo:rerun-if-changed={}", proto.display());
     let out = PathBuf::from(env::var("OUT_DIR")?);
-    let files = ["commtap/v1/profile.proto", "commtap/v1/node.proto"].map(|f| proto.join(f));
+    let files = [
+        "commtap/v1/profile.proto",
+        "commtap/v1/node.proto",
+        "commtap/v1/aggregator.proto",
+    ]
+    .map(|f| proto.join(f));
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("commtap_descriptor.bin"))
         .compile_protos(&files, &[proto])

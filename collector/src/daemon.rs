@@ -19,7 +19,7 @@ use crate::{
     serve::{
         metrics,
         node::{Finished, NodeService, NodeState},
-        pb, socket,
+        pb, push, socket,
     },
     session::{Session, Tracked},
 };
@@ -43,6 +43,10 @@ pub struct DaemonOptions {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Which processes to profile.
     pub scope: Scope,
+    /// Push snapshots to this aggregator.
+    pub aggregator: Option<socket::Target>,
+    /// How often.
+    pub push_interval: Duration,
 }
 
 /// Which processes the daemon profiles (everything by default).
@@ -135,6 +139,14 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
                 shutdown.cancelled().await
             })
     });
+    let push_task = opts.aggregator.clone().map(|target| {
+        tokio::spawn(push::run(
+            state.clone(),
+            target,
+            opts.push_interval,
+            shutdown.clone(),
+        ))
+    });
     let metrics_task = opts
         .metrics_addr
         .map(|addr| tokio::spawn(metrics::serve(addr, state.clone(), shutdown.clone())));
@@ -161,6 +173,9 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     info!("shutting down");
     shutdown.cancel();
     let _ = server.await;
+    if let Some(p) = push_task {
+        let _ = p.await;
+    }
     if let Some(m) = metrics_task {
         match m.await {
             Ok(Err(e)) => warn!("metrics server: {e:#}"),

@@ -3,6 +3,7 @@
 //! The data flows discover -> symbols -> attach (kernel probes) -> ingest / counters ->
 //! stats -> report; each stage is one module.
 
+mod aggregator;
 mod attach;
 mod client;
 mod daemon;
@@ -65,6 +66,32 @@ enum Command {
     Report(ReportArgs),
     /// List the processes a daemon knows and the libraries it probes.
     Ps(PsArgs),
+    /// Run an aggregator: merge the ranks of jobs across nodes from the snapshots daemons
+    /// push (`commtap daemon --aggregator http://HOST:PORT`), persisted across restarts.
+    Aggregator(AggregatorArgs),
+    /// List the jobs an aggregator knows.
+    Jobs(JobsArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct AggregatorArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0:7480")]
+    listen: std::net::SocketAddr,
+    /// Accept plaintext TCP. TLS is not implemented yet: without this flag the aggregator
+    /// refuses to start.
+    #[arg(long)]
+    insecure_tcp: bool,
+    /// Database file (created if missing).
+    #[arg(long, default_value = "/var/lib/commtap/aggregator.redb")]
+    db: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+struct JobsArgs {
+    /// The aggregator: http://host:port.
+    #[arg(long)]
+    from: Target,
 }
 
 #[derive(clap::Args, Debug)]
@@ -102,11 +129,18 @@ struct DaemonArgs {
     /// Profile only Slurm job ID (its cgroup `job_<ID>`, Slurm's cgroup v2 plugin).
     #[arg(long)]
     slurm_job: Option<String>,
+    /// Push cumulative snapshots to this aggregator (http://host:port).
+    #[arg(long)]
+    aggregator: Option<Target>,
+    /// How often to push.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    push_interval: Duration,
 }
 
 #[derive(clap::Args, Debug)]
 struct ReportArgs {
-    /// Where to read: unix:///path/to.sock (a daemon) or http(s)://host:port.
+    /// Where to read: unix:///path/to.sock (a node daemon) or http://host:port (an
+    /// aggregator, which needs --job).
     #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
     from: Target,
     /// Only this job.
@@ -263,6 +297,8 @@ fn main() -> ExitCode {
                     libraries: a.libraries,
                     metrics_addr: a.metrics_addr,
                     scope: daemon_scope(a.pid, a.uid, a.cgroup, a.slurm_job)?,
+                    aggregator: a.aggregator,
+                    push_interval: a.push_interval,
                 })
                 .await
             }
@@ -271,6 +307,15 @@ fn main() -> ExitCode {
                 a.out.write(&profile)
             }
             Command::Ps(a) => client::print_processes(&a.from).await,
+            Command::Aggregator(a) => {
+                aggregator::run(aggregator::AggregatorOptions {
+                    listen: a.listen,
+                    insecure_tcp: a.insecure_tcp,
+                    db: a.db,
+                })
+                .await
+            }
+            Command::Jobs(a) => client::print_jobs(&a.from).await,
         }
     });
     match result {

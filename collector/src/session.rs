@@ -316,6 +316,7 @@ impl Session {
                 job: job_key(&info),
                 cmdline: info.cmdline.clone(),
                 uid: info.uid,
+                start_ticks: info.start_ticks,
                 elapsed_ns: end.saturating_sub(start),
                 comm_time_ns: stats::communication_ns(&routines),
                 routines,

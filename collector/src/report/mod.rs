@@ -33,6 +33,8 @@ pub struct RankProfile {
     pub cmdline: String,
     /// Real user id of the process (who may see it through the daemon).
     pub uid: Option<u32>,
+    /// Process start time in clock ticks since boot: with host and pid, its identity.
+    pub start_ticks: u64,
     /// From MPI_Init's return (or attach) to MPI_Finalize's entry (or detach/exit), ns.
     pub elapsed_ns: u64,
     /// Time in MPI routines other than MPI_Init/MPI_Finalize, ns.

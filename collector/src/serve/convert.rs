@@ -144,6 +144,7 @@ impl From<&RankProfile> for pb::RankProfile {
                 .collect(),
             health: Some((&r.health).into()),
             uid: r.uid,
+            start_ticks: r.start_ticks,
         }
     }
 }
@@ -168,6 +169,7 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
                 .collect::<Result<_, _>>()?,
             health: r.health.as_ref().map(Health::from).unwrap_or_default(),
             uid: r.uid,
+            start_ticks: r.start_ticks,
         })
     }
 }
@@ -278,6 +280,7 @@ mod tests {
                 job: "42".into(),
                 cmdline: "./app".into(),
                 uid: Some(1000),
+                start_ticks: 99,
                 elapsed_ns: 5,
                 comm_time_ns: 4,
                 routines: routines_of(7, &counters),

@@ -4,6 +4,7 @@
 pub mod convert;
 pub mod metrics;
 pub mod node;
+pub mod push;
 pub mod socket;
 
 /// Code generated from `proto/commtap/v1/*.proto`.

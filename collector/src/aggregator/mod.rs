@@ -1,0 +1,146 @@
+//! `commtap aggregator`: merges the ranks of jobs across nodes. Node daemons (or lower
+//! aggregators) push cumulative snapshots; what is merged is persisted, so a restart loses
+//! nothing; clients list jobs and read a job's report.
+
+pub mod store;
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+
+use anyhow::{bail, Context, Result};
+use tokio::sync::Mutex;
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{info, warn};
+
+use crate::serve::pb;
+use store::{from_wire, Store};
+
+/// How the aggregator runs.
+#[derive(Clone, Debug)]
+pub struct AggregatorOptions {
+    /// TCP address to listen on.
+    pub listen: SocketAddr,
+    /// Accept plaintext TCP (TLS is not available yet).
+    pub insecure_tcp: bool,
+    /// Database file.
+    pub db: PathBuf,
+}
+
+/// The gRPC service.
+pub struct AggregatorService {
+    store: Arc<Mutex<Store>>,
+}
+
+#[tonic::async_trait]
+impl pb::aggregator_server::Aggregator for AggregatorService {
+    async fn push_snapshots(
+        &self,
+        req: Request<Streaming<pb::PushSnapshotsRequest>>,
+    ) -> Result<Response<pb::PushSnapshotsResponse>, Status> {
+        let peer = req
+            .remote_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "?".into());
+        let mut stream = req.into_inner();
+        let (mut accepted, mut stale) = (0, 0);
+        let mut first = true;
+        while let Some(msg) = stream.next().await {
+            let msg = msg?;
+            let batch = msg
+                .processes
+                .iter()
+                .map(from_wire)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| Status::invalid_argument(format!("invalid snapshot: {e}")))?;
+            let (a, s) = self
+                .store
+                .lock()
+                .await
+                .merge(batch)
+                .map_err(|e| Status::unavailable(e.to_string()))?;
+            accepted += a;
+            stale += s;
+            if first {
+                info!("push stream from {peer}: first batch {a} accepted, {s} stale");
+                first = false;
+            }
+        }
+        Ok(Response::new(pb::PushSnapshotsResponse { accepted, stale }))
+    }
+
+    async fn list_jobs(
+        &self,
+        _req: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        Ok(Response::new(pb::ListJobsResponse {
+            jobs: self.store.lock().await.jobs(),
+        }))
+    }
+
+    async fn get_job_report(
+        &self,
+        req: Request<pb::GetJobReportRequest>,
+    ) -> Result<Response<pb::GetJobReportResponse>, Status> {
+        let job = req.into_inner().job;
+        if job.is_empty() {
+            return Err(Status::invalid_argument(
+                "a job id is required (ListJobs lists them)",
+            ));
+        }
+        let profile = self
+            .store
+            .lock()
+            .await
+            .job(&job)
+            .ok_or_else(|| Status::not_found(format!("no job {job}")))?;
+        Ok(Response::new(pb::GetJobReportResponse {
+            profile: Some((&profile).into()),
+        }))
+    }
+}
+
+/// Runs the aggregator until SIGINT or SIGTERM.
+pub async fn run(opts: AggregatorOptions) -> Result<()> {
+    if !opts.insecure_tcp {
+        bail!(
+            "the aggregator listens on TCP and TLS is not implemented yet: pass --insecure-tcp to accept plaintext \
+             (on a trusted network only)"
+        );
+    }
+    let store = Store::open(&opts.db).with_context(|| format!("opening {}", opts.db.display()))?;
+    let service = AggregatorService {
+        store: Arc::new(Mutex::new(store)),
+    };
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::aggregator_server::AggregatorServer<AggregatorService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .with_context(|| format!("binding {}", opts.listen))?;
+    warn!(
+        "serving plaintext gRPC on {} (--insecure-tcp)",
+        listener.local_addr()?
+    );
+    info!("commtap aggregator: database {}", opts.db.display());
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(pb::aggregator_server::AggregatorServer::new(service))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            async move {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            },
+        )
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,272 @@
+//! What the aggregator has merged: the latest cumulative snapshot of every process it has
+//! heard of, kept in memory and persisted in an embedded database (redb: pure Rust, ACID,
+//! one file, no server) so that a restart loses nothing.
+//!
+//! The merge is idempotent and order-free: a snapshot is keyed by (node, pid, process start
+//! time) and replaces the stored one only if it was taken later on that node. Snapshots are
+//! cumulative, so a repeated, late or re-sent snapshot can never double count, and a tree
+//! of aggregators merges the same way at every level.
+
+use std::{collections::BTreeMap, path::Path};
+
+use prost::Message;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use crate::{
+    report::{JobProfile, RankProfile, SCHEMA},
+    serve::pb,
+};
+
+const PROCESSES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("processes");
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database failed.
+    #[error("aggregator database: {0}")]
+    Db(String),
+    /// A stored record could not be decoded.
+    #[error("aggregator database holds an unreadable record: {0}")]
+    Corrupt(String),
+}
+
+fn db_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Db(e.to_string())
+}
+
+/// A process's identity across the cluster.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ProcessKey {
+    /// Node name.
+    pub node: String,
+    /// Pid on that node.
+    pub pid: u32,
+    /// Start time in clock ticks since the node's boot.
+    pub start_ticks: u64,
+}
+
+impl ProcessKey {
+    fn bytes(&self) -> Vec<u8> {
+        format!("{}\0{}\0{}", self.node, self.pid, self.start_ticks).into_bytes()
+    }
+}
+
+/// One process's latest snapshot.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// Its identity.
+    pub key: ProcessKey,
+    /// The node's monotonic clock when it was taken.
+    pub taken_ns: u64,
+    /// The cumulative profile.
+    pub rank: RankProfile,
+}
+
+/// Whether `new` should replace `old` (the merge rule: the later snapshot of a process wins).
+pub fn supersedes(old: Option<&Snapshot>, new: &Snapshot) -> bool {
+    old.is_none_or(|o| new.taken_ns > o.taken_ns)
+}
+
+/// The merged state, persisted.
+pub struct Store {
+    db: Database,
+    processes: BTreeMap<ProcessKey, Snapshot>,
+}
+
+impl Store {
+    /// Opens (or creates) the database at `path` and loads what it holds.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let db = Database::create(path).map_err(db_err)?;
+        let txn = db.begin_write().map_err(db_err)?;
+        txn.open_table(PROCESSES).map_err(db_err)?;
+        txn.commit().map_err(db_err)?;
+        let mut processes = BTreeMap::new();
+        let read = db.begin_read().map_err(db_err)?;
+        let table = read.open_table(PROCESSES).map_err(db_err)?;
+        for item in table.iter().map_err(db_err)? {
+            let (_, value) = item.map_err(db_err)?;
+            let wire = pb::ProcessSnapshot::decode(value.value())
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let snap = from_wire(&wire).map_err(StoreError::Corrupt)?;
+            processes.insert(snap.key.clone(), snap);
+        }
+        Ok(Store { db, processes })
+    }
+
+    /// Merges a batch; returns (accepted, stale). Accepted snapshots are durable on return.
+    pub fn merge(&mut self, batch: Vec<Snapshot>) -> Result<(u64, u64), StoreError> {
+        let (mut accepted, mut stale) = (0, 0);
+        let txn = self.db.begin_write().map_err(db_err)?;
+        {
+            let mut table = txn.open_table(PROCESSES).map_err(db_err)?;
+            for snap in batch {
+                if !supersedes(self.processes.get(&snap.key), &snap) {
+                    stale += 1;
+                    continue;
+                }
+                let bytes = to_wire(&snap).encode_to_vec();
+                table
+                    .insert(snap.key.bytes().as_slice(), bytes.as_slice())
+                    .map_err(db_err)?;
+                self.processes.insert(snap.key.clone(), snap);
+                accepted += 1;
+            }
+        }
+        txn.commit().map_err(db_err)?;
+        Ok((accepted, stale))
+    }
+
+    /// Every job with its ranks' nodes and calls.
+    pub fn jobs(&self) -> Vec<pb::JobSummary> {
+        let mut jobs: BTreeMap<&str, pb::JobSummary> = BTreeMap::new();
+        for s in self.processes.values() {
+            let j = jobs
+                .entry(s.rank.job.as_str())
+                .or_insert_with(|| pb::JobSummary {
+                    job: s.rank.job.clone(),
+                    ..Default::default()
+                });
+            j.ranks += 1;
+            if !j.nodes.contains(&s.key.node) {
+                j.nodes.push(s.key.node.clone());
+            }
+            j.calls += s
+                .rank
+                .routines
+                .values()
+                .map(|r| r.totals.calls)
+                .sum::<u64>();
+        }
+        jobs.into_values().collect()
+    }
+
+    /// One job's profile, every rank of every node, by rank.
+    pub fn job(&self, job: &str) -> Option<JobProfile> {
+        let mut ranks: Vec<RankProfile> = self
+            .processes
+            .values()
+            .filter(|s| s.rank.job == job)
+            .map(|s| s.rank.clone())
+            .collect();
+        if ranks.is_empty() {
+            return None;
+        }
+        ranks.sort_by_key(|r| (r.rank, r.pid));
+        Some(JobProfile {
+            schema: SCHEMA.into(),
+            job: job.to_string(),
+            dropped: ranks.iter().map(|r| r.health.dropped).sum(),
+            undecoded: ranks.iter().map(|r| r.health.undecoded).sum(),
+            ranks,
+            libraries: Vec::new(),
+            unsupported_libraries: Vec::new(),
+            not_profiled: Vec::new(),
+        })
+    }
+}
+
+/// The wire form of a snapshot (also its stored form).
+pub fn to_wire(s: &Snapshot) -> pb::ProcessSnapshot {
+    pb::ProcessSnapshot {
+        node: s.key.node.clone(),
+        pid: s.key.pid,
+        start_ticks: s.key.start_ticks,
+        taken_ns: s.taken_ns,
+        rank: Some((&s.rank).into()),
+    }
+}
+
+/// A snapshot from the wire; a reason when it makes no sense.
+pub fn from_wire(w: &pb::ProcessSnapshot) -> Result<Snapshot, String> {
+    if w.node.is_empty() {
+        return Err("snapshot without a node name".into());
+    }
+    let rank = w.rank.as_ref().ok_or("snapshot without a profile")?;
+    let rank = RankProfile::try_from(rank).map_err(|e| e.to_string())?;
+    if rank.pid != w.pid {
+        return Err(format!(
+            "snapshot of pid {} carries the profile of pid {}",
+            w.pid, rank.pid
+        ));
+    }
+    Ok(Snapshot {
+        key: ProcessKey {
+            node: w.node.clone(),
+            pid: w.pid,
+            start_ticks: w.start_ticks,
+        },
+        taken_ns: w.taken_ns,
+        rank,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::Health;
+
+    fn snap(node: &str, pid: u32, taken_ns: u64, calls: u64) -> Snapshot {
+        let mut routines = crate::stats::Routines::new();
+        let mut r = crate::stats::RoutineStats::default();
+        r.totals.calls = calls;
+        routines.insert("MPI_Allreduce".into(), r);
+        Snapshot {
+            key: ProcessKey {
+                node: node.into(),
+                pid,
+                start_ticks: 1,
+            },
+            taken_ns,
+            rank: RankProfile {
+                rank: pid,
+                rank_known: true,
+                pid,
+                host: node.into(),
+                job: "j".into(),
+                cmdline: String::new(),
+                uid: None,
+                start_ticks: 1,
+                elapsed_ns: 0,
+                comm_time_ns: 0,
+                routines,
+                health: Health::default(),
+            },
+        }
+    }
+
+    fn calls(store: &Store) -> u64 {
+        store.jobs().iter().map(|j| j.calls).sum()
+    }
+
+    #[test]
+    fn merge_is_idempotent_order_free_and_durable() {
+        let dir = std::env::temp_dir().join(format!("commtap-store-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("agg.redb");
+        let _ = std::fs::remove_file(&path);
+        let mut store = Store::open(&path).unwrap();
+        // Out of order, repeated: the latest per process wins, nothing adds up twice.
+        assert_eq!(
+            store
+                .merge(vec![snap("a", 1, 20, 7), snap("b", 2, 5, 3)])
+                .unwrap(),
+            (2, 0)
+        );
+        assert_eq!(
+            store
+                .merge(vec![snap("a", 1, 10, 4), snap("b", 2, 5, 3)])
+                .unwrap(),
+            (0, 2)
+        );
+        assert_eq!(calls(&store), 10);
+        assert_eq!(store.merge(vec![snap("b", 2, 6, 5)]).unwrap(), (1, 0));
+        assert_eq!(calls(&store), 12);
+        drop(store);
+        // A restart loses nothing.
+        let store = Store::open(&path).unwrap();
+        assert_eq!(calls(&store), 12);
+        assert_eq!(store.job("j").unwrap().ranks.len(), 2);
+        assert!(store.job("other").is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,108 @@
+//! A daemon's push of its cumulative snapshots to an aggregator, resent until delivered.
+//!
+//! Snapshots are cumulative, so the daemon needs no outbox: while the aggregator is down
+//! it keeps counting (and keeps exited processes' profiles for --keep-exited), and the first
+//! snapshot after reconnecting carries everything. Reconnection backs off up to 30 s.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{
+    node::{Caller, NodeState},
+    pb::{self, aggregator_client::AggregatorClient},
+    socket::{connect, Target},
+};
+use crate::{
+    aggregator::store::{to_wire, ProcessKey, Snapshot},
+    ingest::monotonic_ns,
+};
+
+/// Pushes `state`'s snapshots to `target` every `interval` until `shutdown`.
+pub async fn run(
+    state: Arc<NodeState>,
+    target: Target,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        if shutdown.is_cancelled() {
+            return;
+        }
+        match push_session(&state, &target, interval, &shutdown).await {
+            Ok(()) => return,
+            Err(e) => {
+                warn!("pushing to the aggregator: {e:#}; retrying in {backoff:?}");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+/// One connection: a client stream fed a batch every `interval`; returns on shutdown, fails
+/// when the aggregator goes away.
+async fn push_session(
+    state: &Arc<NodeState>,
+    target: &Target,
+    interval: Duration,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let mut client = AggregatorClient::new(connect(target).await?);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let call = tokio::spawn(async move {
+        client
+            .push_snapshots(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+    });
+    info!("pushing snapshots to the aggregator");
+    let mut tick = tokio::time::interval(interval);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                // A last snapshot, then close the stream and let the aggregator answer.
+                let _ = tx.send(batch(state).await).await;
+                drop(tx);
+                let _ = tokio::time::timeout(Duration::from_secs(5), call).await;
+                return Ok(());
+            }
+            _ = tick.tick() => {
+                if tx.send(batch(state).await).await.is_err() {
+                    let outcome = call.await?;
+                    anyhow::bail!("the aggregator closed the stream: {:?}", outcome.err());
+                }
+                debug!("snapshot pushed");
+            }
+        }
+    }
+}
+
+/// Every process's cumulative snapshot now.
+async fn batch(state: &NodeState) -> pb::PushSnapshotsRequest {
+    let profile = state
+        .snapshot(&pb::ProcessFilter::default(), Caller::Any)
+        .await;
+    let taken_ns = monotonic_ns();
+    let processes = profile
+        .ranks
+        .into_iter()
+        .map(|rank| {
+            let key = ProcessKey {
+                node: state.node.clone(),
+                pid: rank.pid,
+                start_ticks: rank.start_ticks,
+            };
+            to_wire(&Snapshot {
+                key,
+                taken_ns,
+                rank,
+            })
+        })
+        .collect();
+    pb::PushSnapshotsRequest { processes }
+}
