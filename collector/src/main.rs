@@ -35,6 +35,9 @@ struct Cli {
     /// Log filter (also RUST_LOG), e.g. `info`, `commtap=debug`.
     #[arg(long, global = true, default_value = "warn", env = "COMMTAP_LOG")]
     log: String,
+    /// CA certificate bundle (PEM) that authenticates https:// aggregators.
+    #[arg(long, global = true, env = "COMMTAP_TLS_CA")]
+    tls_ca: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -78,10 +81,15 @@ struct AggregatorArgs {
     /// Address to listen on.
     #[arg(long, default_value = "0.0.0.0:7480")]
     listen: std::net::SocketAddr,
-    /// Accept plaintext TCP. TLS is not implemented yet: without this flag the aggregator
-    /// refuses to start.
-    #[arg(long)]
+    /// Accept plaintext TCP (no --tls-cert): only on a network you trust.
+    #[arg(long, conflicts_with = "tls_cert")]
     insecure_tcp: bool,
+    /// TLS certificate chain (PEM).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Database file (created if missing).
     #[arg(long, default_value = "/var/lib/commtap/aggregator.redb")]
     db: PathBuf,
@@ -258,6 +266,10 @@ fn init_logging(filter: &str) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log);
+    if let Some(ca) = &cli.tls_ca {
+        // Read by `serve::socket::connect`; set before any thread starts.
+        std::env::set_var("COMMTAP_TLS_CA", ca);
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -311,6 +323,7 @@ fn main() -> ExitCode {
                 aggregator::run(aggregator::AggregatorOptions {
                     listen: a.listen,
                     insecure_tcp: a.insecure_tcp,
+                    tls: a.tls_cert.zip(a.tls_key),
                     db: a.db,
                 })
                 .await

@@ -1,6 +1,7 @@
-//! Two daemons (two nodes) and one aggregator on one machine: the aggregator's report of a
-//! job equals the ground truth and the sum of the two node reports; killing and restarting
-//! the aggregator loses nothing and doubles nothing.
+//! Two daemons (two nodes, each in its own network namespace) and one aggregator on one
+//! machine, talking over TCP with TLS: the aggregator's report of a job equals the ground
+//! truth and the sum of the two node reports; killing and restarting the aggregator loses
+//! nothing and doubles nothing.
 
 use std::{process::Command, time::Duration};
 
@@ -39,25 +40,30 @@ fn tables(
 #[test]
 fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
     let scratch = Scratch::new("aggregator");
-    let addr = free_port();
-    let url = format!("http://{addr}");
+    let (ca, cert, key) = make_certs(&scratch.0);
+    let ca_arg = ca.to_str().expect("utf8").to_string();
+    let port = free_port().rsplit(':').next().expect("port").to_string();
+    let listen = format!("0.0.0.0:{port}");
+    let url = format!("https://127.0.0.1:{port}");
     let db = scratch.path("agg.redb");
     let agg_scratch = Scratch::new("aggregator-server");
     let start_aggregator = || {
-        spawn_commtap(
-            &agg_scratch,
-            &[
-                "--log",
-                "info",
-                "aggregator",
-                "--listen",
-                &addr,
-                "--insecure-tcp",
-                "--db",
-                db.to_str().expect("utf8"),
-            ],
-        )
+        let args = [
+            "--log",
+            "info",
+            "aggregator",
+            "--listen",
+            &listen,
+            "--db",
+            db.to_str().expect("utf8"),
+            "--tls-cert",
+            cert.to_str().expect("utf8"),
+            "--tls-key",
+            key.to_str().expect("utf8"),
+        ];
+        spawn_commtap(&agg_scratch, &args)
     };
+    let nets = [Netns::new(1), Netns::new(2)];
     let mut aggregator = start_aggregator();
 
     // A batch job of 4 ranks, waiting at its GO file.
@@ -82,10 +88,12 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
         ranks.len() == 4
     });
 
-    // Two "nodes": each daemon watches half of the ranks and pushes to the aggregator.
+    // Two "nodes": each daemon, in its own network namespace, watches half of the ranks and
+    // pushes over TLS to the aggregator's address on its veth link.
     let mut daemons = Vec::new();
     let mut sockets = Vec::new();
-    for (node, pids) in [("node-a", &ranks[..2]), ("node-b", &ranks[2..])] {
+    let halves = [("node-a", &ranks[..2]), ("node-b", &ranks[2..])];
+    for ((node, pids), (net, n)) in halves.into_iter().zip(nets.iter().zip(1..)) {
         let node_scratch = Scratch::new(node);
         let socket = node_scratch.path("commtap.sock");
         let pids = pids
@@ -93,22 +101,31 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
             .map(u32::to_string)
             .collect::<Vec<_>>()
             .join(",");
-        let d = spawn_commtap(
-            &node_scratch,
-            &[
+        let out = std::fs::File::create(node_scratch.path("commtap.stdout")).expect("stdout");
+        let err = std::fs::File::create(node_scratch.path("commtap.stderr")).expect("stderr");
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &net.name])
+            .arg(commtap_bin())
+            .args([
+                "--tls-ca",
+                &ca_arg,
                 "daemon",
                 "--socket",
                 socket.to_str().expect("utf8"),
+            ])
+            .args([
                 "--node-name",
                 node,
                 "--pid",
                 &pids,
-                "--aggregator",
-                &url,
                 "--push-interval",
                 "200ms",
-            ],
-        );
+                "--aggregator",
+            ])
+            .arg(format!("https://10.231.{n}.1:{port}"))
+            .stdout(out)
+            .stderr(err);
+        let d = ChildGuard::spawn(&mut cmd);
         wait_until("a daemon's socket", Duration::from_secs(60), || {
             socket.exists()
         });
@@ -122,7 +139,9 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
     // Final once every rank's MPI_Finalize has reached the aggregator.
     let report = |name: &str| {
         let out = scratch.path(name);
-        let r = commtap(&[
+        let args = [
+            "--tls-ca",
+            &ca_arg,
             "report",
             "--from",
             &url,
@@ -132,8 +151,8 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
             "json",
             "-o",
             out.to_str().expect("utf8"),
-        ]);
-        r.status.success().then(|| read_json(&out))
+        ];
+        commtap(&args).status.success().then(|| read_json(&out))
     };
     let finalized = |p: &serde_json::Value| {
         p["ranks"].as_array().is_some_and(|r| {
@@ -150,13 +169,6 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
     let merged = report("merged.json").expect("report");
     assert_eq!(merged["job"].as_str(), Some(job_id.as_str()));
     assert_profile_matches(&merged, &truths, &["MPI_Finalize"]);
-    let nodes: Vec<&str> = merged["ranks"]
-        .as_array()
-        .expect("ranks")
-        .iter()
-        .filter_map(|r| r["host"].as_str())
-        .collect();
-    assert!(nodes.iter().all(|h| !h.is_empty()));
 
     // The merged report is the sum of the two node reports.
     let mut sum = std::collections::BTreeMap::new();
@@ -175,6 +187,20 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
         sum.extend(tables(&read_json(&out)));
     }
     assert_eq!(tables(&merged), sum, "aggregator != node A + node B");
+
+    // A plaintext client gets nothing from the TLS listener.
+    let plain = commtap(&[
+        "report",
+        "--from",
+        &format!("http://127.0.0.1:{port}"),
+        "--job",
+        &job_id,
+    ]);
+    assert_eq!(
+        plain.status.code(),
+        Some(2),
+        "plaintext against TLS must fail"
+    );
 
     // SIGKILL the aggregator and restart it on the same database: nothing lost; the
     // daemons reconnect and resend their cumulative snapshots: nothing doubled.
@@ -202,7 +228,7 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
     assert_profile_matches(&after, &truths, &["MPI_Finalize"]);
 
     for (node_scratch, d) in daemons {
-        // SAFETY: kill(2) of a daemon we spawned.
+        // SAFETY: kill(2) of `ip netns exec`, which exec'd the daemon (same pid).
         unsafe { libc::kill(d.0.id() as i32, libc::SIGTERM) };
         let run = finish_commtap(&node_scratch, d, Duration::from_secs(60));
         assert!(run.status.success(), "daemon: {}", run.stderr);
@@ -228,4 +254,74 @@ fn aggregator_refuses_plaintext_unless_told() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[track_caller]
+fn sh(script: &str) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .output()
+        .expect("running sh");
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A network namespace joined to the host by a veth pair: host side `10.231.N.1`, namespace
+/// side `10.231.N.2`. Removed when dropped.
+struct Netns {
+    name: String,
+    host_if: String,
+}
+
+impl Netns {
+    fn new(n: u32) -> Netns {
+        let tag = std::process::id() % 10000;
+        let name = format!("commtap-{}-{n}", std::process::id());
+        let (host_if, ns_if) = (format!("ctap{tag}h{n}"), format!("ctap{tag}n{n}"));
+        sh(&format!(
+            "ip netns add {name} && ip link add {host_if} type veth peer name {ns_if} && \
+             ip link set {ns_if} netns {name} && ip addr add 10.231.{n}.1/24 dev {host_if} && \
+             ip link set {host_if} up && ip -n {name} addr add 10.231.{n}.2/24 dev {ns_if} && \
+             ip -n {name} link set {ns_if} up && ip -n {name} link set lo up"
+        ));
+        Netns { name, host_if }
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// A test CA and a server certificate for the aggregator's addresses: (ca, cert, key).
+fn make_certs(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let d = dir.display();
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,IP:10.231.1.1,IP:10.231.2.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("ext.cnf");
+    sh(&format!(
+        "cd {d} && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 \
+         -subj /CN=commtap-test-ca 2>&1 && openssl req -newkey rsa:2048 -nodes -keyout server.key \
+         -out server.csr -subj /CN=aggregator 2>&1 && openssl x509 -req -in server.csr -CA ca.pem \
+         -CAkey ca.key -CAcreateserial -out server.pem -days 1 -extfile ext.cnf 2>&1"
+    ));
+    (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    )
 }

@@ -49,6 +49,7 @@ const PACKAGES: &[&str] = &[
     "systemd",
     "util-linux",
     "iproute2",
+    "openssl",
     "procps",
 ];
 

@@ -20,8 +20,10 @@ use store::{from_wire, Store};
 pub struct AggregatorOptions {
     /// TCP address to listen on.
     pub listen: SocketAddr,
-    /// Accept plaintext TCP (TLS is not available yet).
+    /// Accept plaintext TCP (without a certificate).
     pub insecure_tcp: bool,
+    /// PEM certificate chain and key for TLS.
+    pub tls: Option<(PathBuf, PathBuf)>,
     /// Database file.
     pub db: PathBuf,
 }
@@ -101,12 +103,18 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
 
 /// Runs the aggregator until SIGINT or SIGTERM.
 pub async fn run(opts: AggregatorOptions) -> Result<()> {
-    if !opts.insecure_tcp {
-        bail!(
-            "the aggregator listens on TCP and TLS is not implemented yet: pass --insecure-tcp to accept plaintext \
+    let tls = match (&opts.tls, opts.insecure_tcp) {
+        (Some((cert, key)), _) => {
+            let cert = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
+            let key = std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
+            Some(tonic::transport::ServerTlsConfig::new().identity(tonic::transport::Identity::from_pem(cert, key)))
+        }
+        (None, true) => None,
+        (None, false) => bail!(
+            "the aggregator listens on TCP: give --tls-cert and --tls-key, or --insecure-tcp to accept plaintext \
              (on a trusted network only)"
-        );
-    }
+        ),
+    };
     let store = Store::open(&opts.db).with_context(|| format!("opening {}", opts.db.display()))?;
     let service = AggregatorService {
         store: Arc::new(Mutex::new(store)),
@@ -122,13 +130,20 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("binding {}", opts.listen))?;
-    warn!(
-        "serving plaintext gRPC on {} (--insecure-tcp)",
-        listener.local_addr()?
-    );
+    match &tls {
+        Some(_) => info!("serving gRPC over TLS on {}", listener.local_addr()?),
+        None => warn!(
+            "serving plaintext gRPC on {} (--insecure-tcp)",
+            listener.local_addr()?
+        ),
+    }
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        server = server.tls_config(tls).context("TLS configuration")?;
+    }
     info!("commtap aggregator: database {}", opts.db.display());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tonic::transport::Server::builder()
+    server
         .add_service(health_service)
         .add_service(reflection)
         .add_service(pb::aggregator_server::AggregatorServer::new(service))

@@ -67,13 +67,40 @@ impl std::str::FromStr for Target {
     }
 }
 
-/// Opens a channel to `target`.
+/// The CA bundle that authenticates TLS servers, from `COMMTAP_TLS_CA` (set by `--tls-ca`).
+fn tls_ca() -> Result<Option<Vec<u8>>> {
+    match std::env::var_os("COMMTAP_TLS_CA") {
+        Some(path) => {
+            let shown = PathBuf::from(&path).display().to_string();
+            Ok(Some(std::fs::read(&path).with_context(|| {
+                format!("reading the CA bundle {shown}")
+            })?))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Opens a channel to `target`. An `https://` target is verified against `--tls-ca` (the
+/// `COMMTAP_TLS_CA` file).
 pub async fn connect(target: &Target) -> Result<Channel> {
     match target {
-        Target::Tcp(uri) => Ok(Endpoint::from_shared(uri.clone())?
-            .connect()
-            .await
-            .with_context(|| format!("connecting to {uri}"))?),
+        Target::Tcp(uri) => {
+            let mut endpoint = Endpoint::from_shared(uri.clone())?;
+            if uri.starts_with("https://") {
+                let pem = tls_ca()?.with_context(|| {
+                    format!("{uri}: give the CA that signed its certificate with --tls-ca")
+                })?;
+                let tls = tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(pem));
+                endpoint = endpoint
+                    .tls_config(tls)
+                    .with_context(|| format!("TLS for {uri}"))?;
+            }
+            Ok(endpoint
+                .connect()
+                .await
+                .with_context(|| format!("connecting to {uri}"))?)
+        }
         Target::Unix(path) => {
             let path = path.clone();
             let shown = path.display().to_string();
