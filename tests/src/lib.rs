@@ -390,3 +390,136 @@ pub fn pids_running(exe: &Path) -> Vec<u32> {
     out.sort();
     out
 }
+
+/// Starts `np` ranks of `mpi_loop` (N iterations) that wait at `scratch/go`; returns the
+/// launcher and the ranks' pids once they are all running. `env` is passed to every rank
+/// (Open MPI's `-x`, MPICH's environment inheritance).
+#[track_caller]
+pub fn start_waiting_loop(
+    scratch: &Scratch,
+    mpi: Mpi,
+    np: u32,
+    n: u64,
+    env: &[(&str, &str)],
+) -> (ChildGuard, Vec<u32>) {
+    let prog = build_program("mpi_loop.c", mpi);
+    let launcher = mpi.launcher(np);
+    let mut cmd = Command::new(&launcher[0]);
+    mpi_env(&mut cmd).args(&launcher[1..]);
+    for (k, v) in env {
+        if mpi == Mpi::OpenMpi {
+            cmd.args(["-x", k]);
+        }
+        cmd.env(k, v);
+    }
+    cmd.arg(&prog)
+        .arg(scratch.path("ready"))
+        .arg(scratch.path("go"))
+        .arg(n.to_string())
+        .arg(scratch.path("truth"));
+    let job = ChildGuard::spawn(&mut cmd);
+    wait_until("the job to be ready", Duration::from_secs(60), || {
+        scratch.path("ready").exists()
+    });
+    let mut ranks = Vec::new();
+    wait_until("all ranks to be running", Duration::from_secs(10), || {
+        ranks = pids_running(&prog);
+        ranks.len() == np as usize
+    });
+    (job, ranks)
+}
+
+/// Starts `commtap record --pid PIDS --format json -o OUT` and waits until it has attached;
+/// returns it and OUT.
+#[track_caller]
+pub fn record_attached(scratch: &Scratch, pids: &[u32]) -> (ChildGuard, PathBuf) {
+    let pids = pids
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = scratch.path("profile.json");
+    let ready = scratch.path("attached");
+    let args = [
+        "record",
+        "--pid",
+        &pids,
+        "--format",
+        "json",
+        "-o",
+        path_str(&out),
+        "--ready-file",
+        path_str(&ready),
+    ];
+    let commtap = spawn_commtap(scratch, &args);
+    wait_until("commtap to attach", Duration::from_secs(60), || {
+        ready.exists()
+    });
+    (commtap, out)
+}
+
+/// A path as the `&str` argument of a command.
+#[track_caller]
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().expect("test paths are UTF-8")
+}
+
+/// A `commtap daemon` serving on a socket in its scratch directory; `stop` shuts it down
+/// with SIGTERM and checks that it exits cleanly.
+pub struct Daemon {
+    /// The daemon process.
+    pub child: ChildGuard,
+    /// Its socket.
+    pub socket: PathBuf,
+    /// `unix://` + socket.
+    pub target: String,
+}
+
+impl Daemon {
+    /// Starts `[prefix..] commtap [global..] daemon --socket S [args..]` (prefix: e.g.
+    /// `ip netns exec NS`) and waits for its socket.
+    #[track_caller]
+    pub fn start(scratch: &Scratch, prefix: &[&str], global: &[&str], args: &[&str]) -> Daemon {
+        let socket = scratch.path("commtap.sock");
+        let out = std::fs::File::create(scratch.path("commtap.stdout")).expect("stdout file");
+        let err = std::fs::File::create(scratch.path("commtap.stderr")).expect("stderr file");
+        let mut cmd = match prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(commtap_bin());
+                c
+            }
+            None => Command::new(commtap_bin()),
+        };
+        cmd.args(global)
+            .args(["daemon", "--socket", path_str(&socket)])
+            .args(args)
+            .stdout(out)
+            .stderr(err);
+        let child = ChildGuard::spawn(&mut cmd);
+        wait_until("the daemon's socket", Duration::from_secs(60), || {
+            socket.exists()
+        });
+        let target = format!("unix://{}", socket.display());
+        Daemon {
+            child,
+            socket,
+            target,
+        }
+    }
+
+    /// SIGTERM; the daemon must exit cleanly and remove its socket.
+    #[track_caller]
+    pub fn stop(self, scratch: &Scratch) {
+        // SAFETY: kill(2) of the daemon we spawned (`ip netns exec` execs it: same pid).
+        unsafe { libc::kill(self.child.0.id() as i32, libc::SIGTERM) };
+        let run = finish_commtap(scratch, self.child, Duration::from_secs(60));
+        assert!(
+            run.status.success(),
+            "daemon exit: {}\n{}",
+            run.status,
+            run.stderr
+        );
+        assert!(!self.socket.exists(), "the socket is removed at shutdown");
+    }
+}

@@ -68,68 +68,37 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
 
     // A batch job of 4 ranks, waiting at its GO file.
     let job_id = format!("e2e{}", std::process::id());
-    let prog = build_program("mpi_loop.c", Mpi::OpenMpi);
-    let mut cmd = Command::new("mpirun.openmpi");
-    mpi_env(&mut cmd)
-        .args(["--oversubscribe", "-np", "4", "-x", "SLURM_JOB_ID"])
-        .arg(&prog)
-        .arg(scratch.path("ready"))
-        .arg(scratch.path("go"))
-        .arg("500")
-        .arg(scratch.path("truth"))
-        .env("SLURM_JOB_ID", &job_id);
-    let mut job = ChildGuard::spawn(&mut cmd);
-    wait_until("the job to be ready", Duration::from_secs(60), || {
-        scratch.path("ready").exists()
-    });
-    let mut ranks = Vec::new();
-    wait_until("4 ranks", Duration::from_secs(10), || {
-        ranks = pids_running(&prog);
-        ranks.len() == 4
-    });
+    let (mut job, ranks) =
+        start_waiting_loop(&scratch, Mpi::OpenMpi, 4, 500, &[("SLURM_JOB_ID", &job_id)]);
 
     // Two "nodes": each daemon, in its own network namespace, watches half of the ranks and
     // pushes over TLS to the aggregator's address on its veth link.
     let mut daemons = Vec::new();
-    let mut sockets = Vec::new();
     let halves = [("node-a", &ranks[..2]), ("node-b", &ranks[2..])];
     for ((node, pids), (net, n)) in halves.into_iter().zip(nets.iter().zip(1..)) {
         let node_scratch = Scratch::new(node);
-        let socket = node_scratch.path("commtap.sock");
         let pids = pids
             .iter()
             .map(u32::to_string)
             .collect::<Vec<_>>()
             .join(",");
-        let out = std::fs::File::create(node_scratch.path("commtap.stdout")).expect("stdout");
-        let err = std::fs::File::create(node_scratch.path("commtap.stderr")).expect("stderr");
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &net.name])
-            .arg(commtap_bin())
-            .args([
-                "--tls-ca",
-                &ca_arg,
-                "daemon",
-                "--socket",
-                socket.to_str().expect("utf8"),
-            ])
-            .args([
-                "--node-name",
-                node,
-                "--pid",
-                &pids,
-                "--push-interval",
-                "200ms",
-                "--aggregator",
-            ])
-            .arg(format!("https://10.231.{n}.1:{port}"))
-            .stdout(out)
-            .stderr(err);
-        let d = ChildGuard::spawn(&mut cmd);
-        wait_until("a daemon's socket", Duration::from_secs(60), || {
-            socket.exists()
-        });
-        sockets.push(format!("unix://{}", socket.display()));
+        let upstream = format!("https://10.231.{n}.1:{port}");
+        let args = [
+            "--node-name",
+            node,
+            "--pid",
+            &pids,
+            "--push-interval",
+            "200ms",
+            "--aggregator",
+            &upstream,
+        ];
+        let d = Daemon::start(
+            &node_scratch,
+            &["ip", "netns", "exec", &net.name],
+            &["--tls-ca", &ca_arg],
+            &args,
+        );
         daemons.push((node_scratch, d));
     }
     std::fs::write(scratch.path("go"), b"go").expect("go");
@@ -172,7 +141,7 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
 
     // The merged report is the sum of the two node reports.
     let mut sum = std::collections::BTreeMap::new();
-    for socket in &sockets {
+    for socket in daemons.iter().map(|(_, d)| &d.target) {
         let out = scratch.path("node.json");
         let r = commtap(&[
             "report",
@@ -228,12 +197,9 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
     assert_profile_matches(&after, &truths, &["MPI_Finalize"]);
 
     for (node_scratch, d) in daemons {
-        // SAFETY: kill(2) of `ip netns exec`, which exec'd the daemon (same pid).
-        unsafe { libc::kill(d.0.id() as i32, libc::SIGTERM) };
-        let run = finish_commtap(&node_scratch, d, Duration::from_secs(60));
-        assert!(run.status.success(), "daemon: {}", run.stderr);
+        d.stop(&node_scratch);
     }
-    // SAFETY: as above.
+    // SAFETY: kill(2) of the aggregator we spawned.
     unsafe { libc::kill(aggregator.0.id() as i32, libc::SIGTERM) };
     let run = finish_commtap(&agg_scratch, aggregator, Duration::from_secs(60));
     assert!(run.status.success(), "aggregator: {}", run.stderr);

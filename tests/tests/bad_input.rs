@@ -79,44 +79,8 @@ fn a_user_without_privileges_is_told_what_is_needed() {
 #[test]
 fn a_job_killed_while_recorded_still_gets_a_report() {
     let scratch = Scratch::new("killed");
-    let prog = build_program("mpi_loop.c", Mpi::OpenMpi);
-    let mut cmd = Command::new("mpirun.openmpi");
-    mpi_env(&mut cmd)
-        .args(["--oversubscribe", "-np", "2"])
-        .arg(&prog)
-        .arg(scratch.path("ready"))
-        .arg(scratch.path("go"))
-        .arg("10")
-        .arg(scratch.path("truth"));
-    let mut job = ChildGuard::spawn(&mut cmd);
-    wait_until("the job to be ready", Duration::from_secs(60), || {
-        scratch.path("ready").exists()
-    });
-    let mut ranks = Vec::new();
-    wait_until("both ranks", Duration::from_secs(10), || {
-        ranks = pids_running(&prog);
-        ranks.len() == 2
-    });
-    let out = scratch.path("profile.json");
-    let attached = scratch.path("attached");
-    let pids = format!("{},{}", ranks[0], ranks[1]);
-    let commtap = spawn_commtap(
-        &scratch,
-        &[
-            "record",
-            "--pid",
-            &pids,
-            "--format",
-            "json",
-            "-o",
-            out.to_str().expect("utf8"),
-            "--ready-file",
-            attached.to_str().expect("utf8"),
-        ],
-    );
-    wait_until("commtap to attach", Duration::from_secs(60), || {
-        attached.exists()
-    });
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 10, &[]);
+    let (commtap, out) = record_attached(&scratch, &ranks);
     // SAFETY: kill(2) of a rank we found running.
     unsafe { libc::kill(ranks[0] as i32, libc::SIGKILL) };
     let _ = job.wait_with_limit(LIMIT);

@@ -18,28 +18,18 @@ fn commtap_output(args: &[&str]) -> std::process::Output {
 #[test]
 fn daemon_profiles_every_job_on_the_node_exactly() {
     let scratch = Scratch::new("daemon");
-    let socket = scratch.path("commtap.sock");
-    let target = format!("unix://{}", socket.display());
     // A port of our own on loopback for the Prometheus endpoint.
     let metrics_addr = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
         l.local_addr().expect("addr").to_string()
     };
-    let daemon = spawn_commtap(
+    let daemon = Daemon::start(
         &scratch,
-        &[
-            "--log",
-            "info",
-            "daemon",
-            "--socket",
-            socket.to_str().expect("utf8"),
-            "--metrics-addr",
-            &metrics_addr,
-        ],
+        &[],
+        &["--log", "info"],
+        &["--metrics-addr", &metrics_addr],
     );
-    wait_until("the daemon's socket", Duration::from_secs(60), || {
-        socket.exists()
-    });
+    let (socket, target) = (daemon.socket.clone(), daemon.target.clone());
     let mode = std::fs::metadata(&socket)
         .expect("socket")
         .permissions()
@@ -187,16 +177,7 @@ fn daemon_profiles_every_job_on_the_node_exactly() {
     );
 
     // SIGTERM: a clean shutdown that removes the socket.
-    // SAFETY: kill(2) of the daemon we spawned.
-    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
-    let run = finish_commtap(&scratch, daemon, Duration::from_secs(60));
-    assert!(
-        run.status.success(),
-        "daemon exit: {}\n{}",
-        run.status,
-        run.stderr
-    );
-    assert!(!socket.exists(), "the socket is removed at shutdown");
+    daemon.stop(&scratch);
 }
 
 #[test]
@@ -231,22 +212,9 @@ fn http_get(addr: &str, path: &str) -> String {
 fn a_user_sees_only_their_own_processes() {
     use std::os::unix::fs::PermissionsExt as _;
     let scratch = Scratch::new("daemon-uid");
-    let socket = scratch.path("commtap.sock");
-    let target = format!("unix://{}", socket.display());
     // A socket anyone may connect to: what a caller sees is then decided by its uid.
-    let daemon = spawn_commtap(
-        &scratch,
-        &[
-            "daemon",
-            "--socket",
-            socket.to_str().expect("utf8"),
-            "--socket-mode",
-            "666",
-        ],
-    );
-    wait_until("the daemon's socket", Duration::from_secs(60), || {
-        socket.exists()
-    });
+    let daemon = Daemon::start(&scratch, &[], &[], &["--socket-mode", "666"]);
+    let target = daemon.target.clone();
 
     let prog = build_program("mpi_truth.c", Mpi::Mpich);
     let shared = scratch.path("shared");
@@ -309,15 +277,8 @@ fn a_user_sees_only_their_own_processes() {
         "root sees every process:\n{all:#}"
     );
 
-    // SAFETY: kill(2) of the daemon we spawned.
-    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
-    let run = finish_commtap(&scratch, daemon, Duration::from_secs(60));
-    assert!(
-        run.status.success(),
-        "daemon exit: {}\n{}",
-        run.status,
-        run.stderr
-    );
+    // SIGTERM: a clean shutdown that removes the socket.
+    daemon.stop(&scratch);
 }
 
 /// The cgroup v2 mount point of this machine.
@@ -348,21 +309,13 @@ fn a_daemon_scoped_to_a_cgroup_profiles_only_that_job() {
     let scratch = Scratch::new("daemon-cgroup");
     let cg = CgroupGuard(cgroup2_root().join(format!("commtap-test-{}", std::process::id())));
     std::fs::create_dir_all(&cg.0).expect("creating a test cgroup");
-    let socket = scratch.path("commtap.sock");
-    let target = format!("unix://{}", socket.display());
-    let daemon = spawn_commtap(
+    let daemon = Daemon::start(
         &scratch,
-        &[
-            "daemon",
-            "--socket",
-            socket.to_str().expect("utf8"),
-            "--cgroup",
-            cg.0.to_str().expect("utf8"),
-        ],
+        &[],
+        &[],
+        &["--cgroup", cg.0.to_str().expect("utf8")],
     );
-    wait_until("the daemon's socket", Duration::from_secs(60), || {
-        socket.exists()
-    });
+    let target = daemon.target.clone();
 
     let prog = build_program("mpi_truth.c", Mpi::Mpich);
     for (inside, prefix) in [(true, "inside"), (false, "outside")] {
@@ -415,13 +368,6 @@ fn a_daemon_scoped_to_a_cgroup_profiles_only_that_job() {
         &["MPI_Finalize"],
     );
 
-    // SAFETY: kill(2) of the daemon we spawned.
-    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
-    let run = finish_commtap(&scratch, daemon, Duration::from_secs(60));
-    assert!(
-        run.status.success(),
-        "daemon exit: {}\n{}",
-        run.status,
-        run.stderr
-    );
+    // SIGTERM: a clean shutdown that removes the socket.
+    daemon.stop(&scratch);
 }

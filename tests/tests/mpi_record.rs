@@ -1,7 +1,7 @@
 //! `commtap record` against real Open MPI 4.1 and MPICH 4.0 jobs: the profile must equal
 //! what the programs say they did, call for call and byte for byte.
 
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 use commtap_tests::*;
 
@@ -133,57 +133,11 @@ fn fortran_mpich_counts_each_call_once() {
     fortran(Mpi::Mpich);
 }
 
-/// Starts `mpi_loop` directly (no commtap), waiting at its GO file.
-fn start_waiting_loop(scratch: &Scratch, mpi: Mpi, np: u32, n: u64) -> (ChildGuard, Vec<u32>) {
-    let prog = build_program("mpi_loop.c", mpi);
-    let mut cmd = Command::new(&mpi.launcher(np)[0]);
-    mpi_env(&mut cmd)
-        .args(&mpi.launcher(np)[1..])
-        .arg(&prog)
-        .arg(scratch.path("ready"))
-        .arg(scratch.path("go"))
-        .arg(n.to_string())
-        .arg(scratch.path("truth"));
-    let job = ChildGuard::spawn(&mut cmd);
-    wait_until("the job to be ready", Duration::from_secs(60), || {
-        scratch.path("ready").exists()
-    });
-    let mut ranks = Vec::new();
-    wait_until("all ranks to be running", Duration::from_secs(10), || {
-        ranks = pids_running(&prog);
-        ranks.len() == np as usize
-    });
-    (job, ranks)
-}
-
 #[test]
 fn attach_late_counts_exactly_what_happens_after_attach() {
     let scratch = Scratch::new("attach-late");
-    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 2000);
-    let pids = ranks
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
-    let out = scratch.path("profile.json");
-    let ready = scratch.path("attached");
-    let commtap = spawn_commtap(
-        &scratch,
-        &[
-            "record",
-            "--pid",
-            &pids,
-            "--format",
-            "json",
-            "-o",
-            out.to_str().expect("utf8"),
-            "--ready-file",
-            ready.to_str().expect("utf8"),
-        ],
-    );
-    wait_until("commtap to attach", Duration::from_secs(60), || {
-        ready.exists()
-    });
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 2000, &[]);
+    let (commtap, out) = record_attached(&scratch, &ranks);
     std::fs::write(scratch.path("go"), b"go").expect("go file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
     let run = finish_commtap(&scratch, commtap, LIMIT);
