@@ -93,6 +93,12 @@ struct AggregatorArgs {
     /// Database file (created if missing).
     #[arg(long, default_value = "/var/lib/commtap/aggregator.redb")]
     db: PathBuf,
+    /// Push everything merged here to a higher aggregator (a tree of aggregators).
+    #[arg(long)]
+    upstream: Option<Target>,
+    /// How often to push upstream.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    push_interval: Duration,
 }
 
 #[derive(clap::Args, Debug)]
@@ -325,6 +331,7 @@ fn main() -> ExitCode {
                     insecure_tcp: a.insecure_tcp,
                     tls: a.tls_cert.zip(a.tls_key),
                     db: a.db,
+                    upstream: a.upstream.map(|t| (t, a.push_interval)),
                 })
                 .await
             }

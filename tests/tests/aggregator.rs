@@ -291,3 +291,109 @@ fn make_certs(
         dir.join("server.key"),
     )
 }
+
+#[test]
+fn aggregators_form_a_tree() {
+    let scratch = Scratch::new("aggregator-tree");
+    let (top_addr, mid_addr) = (free_port(), free_port());
+    let top_scratch = Scratch::new("aggregator-top");
+    let mid_scratch = Scratch::new("aggregator-mid");
+    let top_db = scratch.path("top.redb");
+    let mid_db = scratch.path("mid.redb");
+    let top = spawn_commtap(
+        &top_scratch,
+        &[
+            "aggregator",
+            "--listen",
+            &top_addr,
+            "--insecure-tcp",
+            "--db",
+            path_str(&top_db),
+        ],
+    );
+    let top_url = format!("http://{top_addr}");
+    let mid_args = [
+        "aggregator",
+        "--listen",
+        &mid_addr,
+        "--insecure-tcp",
+        "--db",
+        path_str(&mid_db),
+        "--upstream",
+        &top_url,
+        "--push-interval",
+        "200ms",
+    ];
+    let mid = spawn_commtap(&mid_scratch, &mid_args);
+    let mid_url = format!("http://{mid_addr}");
+    let daemon_scratch = Scratch::new("aggregator-tree-node");
+    let daemon = Daemon::start(
+        &daemon_scratch,
+        &[],
+        &[],
+        &[
+            "--node-name",
+            "leaf",
+            "--aggregator",
+            &mid_url,
+            "--push-interval",
+            "200ms",
+        ],
+    );
+
+    // A batch job under the daemon.
+    let job_id = format!("tree{}", std::process::id());
+    let prog = build_program("mpi_truth.c", Mpi::OpenMpi);
+    let mut cmd = Command::new("mpirun.openmpi");
+    mpi_env(&mut cmd)
+        .args(["--oversubscribe", "-np", "2", "-x", "SLURM_JOB_ID"])
+        .arg(&prog)
+        .arg(scratch.path("truth"))
+        .env("SLURM_JOB_ID", &job_id);
+    assert!(
+        ChildGuard::spawn(&mut cmd).wait_with_limit(LIMIT).success(),
+        "the job failed"
+    );
+    let truths = read_truths(&scratch.path("truth"), 2);
+
+    // The top of the tree ends up with the job, exactly.
+    let out = scratch.path("top.json");
+    wait_until(
+        "the job to reach the top aggregator",
+        Duration::from_secs(60),
+        || {
+            let r = commtap(&[
+                "report",
+                "--from",
+                &top_url,
+                "--job",
+                &job_id,
+                "--format",
+                "json",
+                "-o",
+                path_str(&out),
+            ]);
+            r.status.success()
+                && read_json(&out)["ranks"].as_array().is_some_and(|r| {
+                    r.len() == 2
+                        && r.iter()
+                            .all(|x| x["routines"]["MPI_Finalize"]["calls"] == 1)
+                })
+        },
+    );
+    assert_profile_matches(&read_json(&out), &truths, &["MPI_Finalize"]);
+    let jobs = commtap(&["jobs", "--from", &top_url]);
+    assert!(
+        String::from_utf8_lossy(&jobs.stdout).contains(&job_id),
+        "{}",
+        String::from_utf8_lossy(&jobs.stdout)
+    );
+
+    daemon.stop(&daemon_scratch);
+    for (s, a) in [(&mid_scratch, mid), (&top_scratch, top)] {
+        // SAFETY: kill(2) of an aggregator we spawned.
+        unsafe { libc::kill(a.0.id() as i32, libc::SIGTERM) };
+        let run = finish_commtap(s, a, Duration::from_secs(60));
+        assert!(run.status.success(), "aggregator: {}", run.stderr);
+    }
+}

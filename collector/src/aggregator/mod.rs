@@ -12,8 +12,13 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 
-use crate::serve::pb;
+use crate::serve::{
+    pb,
+    push::{self, SnapshotSource},
+    socket::Target,
+};
 use store::{from_wire, Store};
+use tokio_util::sync::CancellationToken;
 
 /// How the aggregator runs.
 #[derive(Clone, Debug)]
@@ -26,6 +31,20 @@ pub struct AggregatorOptions {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Database file.
     pub db: PathBuf,
+    /// A higher aggregator to push everything merged here to, and how often.
+    pub upstream: Option<(Target, std::time::Duration)>,
+}
+
+/// The store as a source of snapshots for a higher aggregator.
+struct StoreSource(Arc<Mutex<Store>>);
+
+#[tonic::async_trait]
+impl SnapshotSource for StoreSource {
+    async fn batch(&self) -> pb::PushSnapshotsRequest {
+        pb::PushSnapshotsRequest {
+            processes: self.0.lock().await.all(),
+        }
+    }
 }
 
 /// The gRPC service.
@@ -116,9 +135,19 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
         ),
     };
     let store = Store::open(&opts.db).with_context(|| format!("opening {}", opts.db.display()))?;
+    let store = Arc::new(Mutex::new(store));
     let service = AggregatorService {
-        store: Arc::new(Mutex::new(store)),
+        store: store.clone(),
     };
+    let shutdown = CancellationToken::new();
+    let upstream = opts.upstream.clone().map(|(target, every)| {
+        tokio::spawn(push::run(
+            Arc::new(StoreSource(store.clone())),
+            target,
+            every,
+            shutdown.clone(),
+        ))
+    });
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<pb::aggregator_server::AggregatorServer<AggregatorService>>()
@@ -143,6 +172,7 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
     }
     info!("commtap aggregator: database {}", opts.db.display());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let stop = shutdown.clone();
     server
         .add_service(health_service)
         .add_service(reflection)
@@ -154,8 +184,12 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
                     _ = tokio::signal::ctrl_c() => {}
                     _ = term.recv() => {}
                 }
+                stop.cancel();
             },
         )
         .await?;
+    if let Some(task) = upstream {
+        let _ = task.await;
+    }
     Ok(())
 }

@@ -116,6 +116,12 @@ impl Store {
         Ok((accepted, stale))
     }
 
+    /// Every snapshot as it was received (original node keys and clocks), for pushing to a
+    /// higher aggregator, which then merges exactly as this one did.
+    pub fn all(&self) -> Vec<pb::ProcessSnapshot> {
+        self.processes.values().map(to_wire).collect()
+    }
+
     /// Every job with its ranks' nodes and calls.
     pub fn jobs(&self) -> Vec<pb::JobSummary> {
         let mut jobs: BTreeMap<&str, pb::JobSummary> = BTreeMap::new();

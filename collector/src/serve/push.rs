@@ -1,4 +1,5 @@
-//! A daemon's push of its cumulative snapshots to an aggregator, resent until delivered.
+//! Pushing cumulative snapshots to an aggregator, resent until delivered: a daemon pushes
+//! its processes, an aggregator of a tree pushes what it has merged.
 //!
 //! Snapshots are cumulative, so the daemon needs no outbox: while the aggregator is down
 //! it keeps counting (and keeps exited processes' profiles for --keep-exited), and the first
@@ -19,9 +20,43 @@ use crate::{
     ingest::monotonic_ns,
 };
 
+/// Where snapshots come from.
+#[tonic::async_trait]
+pub trait SnapshotSource: Send + Sync + 'static {
+    /// Every process's cumulative snapshot now.
+    async fn batch(&self) -> pb::PushSnapshotsRequest;
+}
+
+#[tonic::async_trait]
+impl SnapshotSource for NodeState {
+    async fn batch(&self) -> pb::PushSnapshotsRequest {
+        let profile = self
+            .snapshot(&pb::ProcessFilter::default(), Caller::Any)
+            .await;
+        let taken_ns = monotonic_ns();
+        let processes = profile
+            .ranks
+            .into_iter()
+            .map(|rank| {
+                let key = ProcessKey {
+                    node: self.node.clone(),
+                    pid: rank.pid,
+                    start_ticks: rank.start_ticks,
+                };
+                to_wire(&Snapshot {
+                    key,
+                    taken_ns,
+                    rank,
+                })
+            })
+            .collect();
+        pb::PushSnapshotsRequest { processes }
+    }
+}
+
 /// Pushes `state`'s snapshots to `target` every `interval` until `shutdown`.
-pub async fn run(
-    state: Arc<NodeState>,
+pub async fn run<S: SnapshotSource>(
+    state: Arc<S>,
     target: Target,
     interval: Duration,
     shutdown: CancellationToken,
@@ -47,8 +82,8 @@ pub async fn run(
 
 /// One connection: a client stream fed a batch every `interval`; returns on shutdown, fails
 /// when the aggregator goes away.
-async fn push_session(
-    state: &Arc<NodeState>,
+async fn push_session<S: SnapshotSource>(
+    state: &Arc<S>,
     target: &Target,
     interval: Duration,
     shutdown: &CancellationToken,
@@ -66,13 +101,13 @@ async fn push_session(
         tokio::select! {
             _ = shutdown.cancelled() => {
                 // A last snapshot, then close the stream and let the aggregator answer.
-                let _ = tx.send(batch(state).await).await;
+                let _ = tx.send(state.batch().await).await;
                 drop(tx);
                 let _ = tokio::time::timeout(Duration::from_secs(5), call).await;
                 return Ok(());
             }
             _ = tick.tick() => {
-                if tx.send(batch(state).await).await.is_err() {
+                if tx.send(state.batch().await).await.is_err() {
                     let outcome = call.await?;
                     anyhow::bail!("the aggregator closed the stream: {:?}", outcome.err());
                 }
@@ -80,29 +115,4 @@ async fn push_session(
             }
         }
     }
-}
-
-/// Every process's cumulative snapshot now.
-async fn batch(state: &NodeState) -> pb::PushSnapshotsRequest {
-    let profile = state
-        .snapshot(&pb::ProcessFilter::default(), Caller::Any)
-        .await;
-    let taken_ns = monotonic_ns();
-    let processes = profile
-        .ranks
-        .into_iter()
-        .map(|rank| {
-            let key = ProcessKey {
-                node: state.node.clone(),
-                pid: rank.pid,
-                start_ticks: rank.start_ticks,
-            };
-            to_wire(&Snapshot {
-                key,
-                taken_ns,
-                rank,
-            })
-        })
-        .collect();
-    pb::PushSnapshotsRequest { processes }
 }
