@@ -74,6 +74,25 @@ enum Command {
     Aggregator(AggregatorArgs),
     /// List the jobs an aggregator knows.
     Jobs(JobsArgs),
+    /// Benchmark the aggregator's merge (used by `cargo xtask bench`).
+    #[command(hide = true)]
+    BenchAggregator {
+        /// Simulated daemons.
+        #[arg(long, default_value_t = 100)]
+        daemons: u32,
+        /// Ranks per daemon.
+        #[arg(long, default_value_t = 100)]
+        ranks_per_daemon: u32,
+        /// Routines per rank.
+        #[arg(long, default_value_t = 50)]
+        routines: u32,
+        /// Size buckets per routine.
+        #[arg(long, default_value_t = 32)]
+        buckets: u8,
+        /// Database file (replaced).
+        #[arg(long)]
+        db: PathBuf,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -336,6 +355,13 @@ fn main() -> ExitCode {
                 .await
             }
             Command::Jobs(a) => client::print_jobs(&a.from).await,
+            Command::BenchAggregator {
+                daemons,
+                ranks_per_daemon,
+                routines,
+                buckets,
+                db,
+            } => aggregator::bench::run(daemons, ranks_per_daemon, routines, buckets, &db),
         }
     });
     match result {

@@ -123,6 +123,25 @@ pub fn run(root: &Path) -> Result<()> {
             single.1
         );
     }
+    // The aggregator's merge: 100 daemons x 100 ranks x 50 routines x 32 buckets.
+    let agg = Command::new(&commtap)
+        .arg("bench-aggregator")
+        .arg("--db")
+        .arg(out.join("bench-aggregator.redb"))
+        .output()
+        .context("running commtap bench-aggregator")?;
+    if !agg.status.success() {
+        bail!(
+            "bench-aggregator failed: {}",
+            String::from_utf8_lossy(&agg.stderr)
+        );
+    }
+    let agg = String::from_utf8_lossy(&agg.stdout).trim().to_string();
+    let _ = writeln!(
+        report,
+        "aggregator merge (target: under 2 s and 1 GiB): {agg}"
+    );
+    json.push(format!("  {{\"aggregator_merge\": {agg}}}"));
     print!("{report}");
     std::fs::write(out.join("probe_overhead.txt"), &report)?;
     std::fs::write(

@@ -2,6 +2,7 @@
 //! aggregators) push cumulative snapshots; what is merged is persisted, so a restart loses
 //! nothing; clients list jobs and read a job's report.
 
+pub mod bench;
 pub mod store;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};

@@ -1,0 +1,157 @@
+//! `commtap bench-aggregator` (run by `cargo xtask bench`): how long the aggregator takes to
+//! merge the snapshots of a large job, and its peak memory.
+//!
+//! 100 simulated daemons each push one batch holding 100 ranks; every rank has 50 routines
+//! with 32 size buckets (10,000 ranks x 50 x 32). The batches are built and encoded first,
+//! as they arrive off the network; the timed part is what the aggregator does per push:
+//! decode, check, merge, and persist durably.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use prost::Message;
+
+use super::store::{from_wire, to_wire, ProcessKey, Snapshot, Store};
+use crate::{
+    report::RankProfile,
+    serve::pb,
+    stats::{Health, RoutineStats, SizeBucket, Totals},
+};
+
+/// Runs the benchmark and prints one line of JSON.
+pub fn run(
+    daemons: u32,
+    ranks_per_daemon: u32,
+    routines: u32,
+    buckets: u8,
+    db: &std::path::Path,
+) -> Result<()> {
+    let routine_names: Vec<String> = collector_common::ROUTINES
+        .iter()
+        .take(routines as usize)
+        .map(|r| r.name.to_string())
+        .collect();
+    let mut wire_batches = Vec::new();
+    for d in 0..daemons {
+        let node = format!("node{d:04}");
+        let processes = (0..ranks_per_daemon)
+            .map(|i| {
+                let pid = 1000 + i;
+                let rank = synthetic_rank(
+                    d * ranks_per_daemon + i,
+                    pid,
+                    &node,
+                    &routine_names,
+                    buckets,
+                );
+                to_wire(&Snapshot {
+                    key: ProcessKey {
+                        node: node.clone(),
+                        pid,
+                        start_ticks: 7,
+                    },
+                    taken_ns: 1,
+                    rank,
+                })
+            })
+            .collect();
+        wire_batches.push(pb::PushSnapshotsRequest { processes }.encode_to_vec());
+    }
+    let bytes: usize = wire_batches.iter().map(Vec::len).sum();
+    let _ = std::fs::remove_file(db);
+    let mut store = Store::open(db)?;
+    let rss_before = peak_rss_kib();
+    let start = Instant::now();
+    let mut accepted = 0;
+    for encoded in &wire_batches {
+        let msg = pb::PushSnapshotsRequest::decode(encoded.as_slice())?;
+        let batch = msg
+            .processes
+            .iter()
+            .map(from_wire)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(anyhow::Error::msg)?;
+        accepted += store.merge(batch)?.0;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let job = store.job("bench").map(|j| j.ranks.len()).unwrap_or(0);
+    println!(
+        "{{\"daemons\": {daemons}, \"ranks\": {}, \"routines\": {routines}, \"buckets\": {buckets}, \"wire_mib\": {:.1}, \
+         \"merged\": {accepted}, \"ranks_in_job\": {job}, \"seconds\": {secs:.3}, \"peak_rss_mib\": {:.1}, \
+         \"rss_before_mib\": {:.1}}}",
+        daemons * ranks_per_daemon,
+        bytes as f64 / 1048576.0,
+        peak_rss_kib() as f64 / 1024.0,
+        rss_before as f64 / 1024.0
+    );
+    Ok(())
+}
+
+fn synthetic_rank(
+    rank: u32,
+    pid: u32,
+    node: &str,
+    routines: &[String],
+    buckets: u8,
+) -> RankProfile {
+    let routines = routines
+        .iter()
+        .map(|name| {
+            let sizes: Vec<SizeBucket> = (0..buckets)
+                .map(|b| {
+                    let (lo, hi) = collector_common::buckets::bucket_range(b);
+                    SizeBucket {
+                        bucket: Some(b),
+                        min_bytes: Some(lo),
+                        max_bytes: Some(hi),
+                        totals: Totals {
+                            calls: 10 + u64::from(b),
+                            bytes: lo * 10,
+                            time_ns: 1000,
+                        },
+                    }
+                })
+                .collect();
+            let mut totals = Totals::default();
+            for s in &sizes {
+                totals.merge(&s.totals);
+            }
+            (
+                name.clone(),
+                RoutineStats {
+                    totals,
+                    undecoded_calls: 0,
+                    sizes,
+                    comm_sizes: [(64, totals.calls)].into(),
+                },
+            )
+        })
+        .collect();
+    RankProfile {
+        rank,
+        rank_known: true,
+        pid,
+        host: node.to_string(),
+        job: "bench".into(),
+        cmdline: "./app".into(),
+        uid: Some(1000),
+        start_ticks: 7,
+        elapsed_ns: 1,
+        comm_time_ns: 1,
+        routines,
+        health: Health::default(),
+    }
+}
+
+/// Peak resident set size of this process (VmHWM), KiB.
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("VmHWM:")
+                    .map(|v| v.trim().trim_end_matches(" kB").trim().parse().unwrap_or(0))
+            })
+        })
+        .unwrap_or(0)
+}
