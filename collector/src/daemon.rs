@@ -15,7 +15,6 @@ use crate::{
     attach::LoadOptions,
     discover::{self, CgroupRef, ProcessInfo},
     ingest::monotonic_ns,
-    record::check_privileges,
     serve::{
         metrics,
         node::{Finished, NodeService, NodeState},
@@ -82,9 +81,8 @@ const SCAN_EVERY: u32 = 20;
 
 /// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(opts: DaemonOptions) -> Result<()> {
-    check_privileges()?;
-    let ring_buffer_bytes = (opts.ring_buffer_kib.max(4) * 1024).next_power_of_two();
-    let mut session = Session::start(LoadOptions { ring_buffer_bytes })?;
+    crate::attach::check_privileges()?;
+    let mut session = Session::start(LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib))?;
     if opts.scope.pids.is_empty() {
         session
             .probes
@@ -232,9 +230,11 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
         let mut finished = state.finished.lock().await;
         for pid in exited {
             if let Some(rank) = profile.ranks.iter().find(|r| r.pid == pid) {
+                let mut rank = rank.clone();
+                rank.exited = true;
                 finished.push(Finished {
                     at: std::time::Instant::now(),
-                    rank: rank.clone(),
+                    rank,
                 });
             }
             session.probes.forget_process(pid);

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use tracing::{info, warn};
 
 use crate::{
-    attach::{LoadOptions, Probes},
+    attach::{self, LoadOptions, Probes},
     discover::{self, DiscoverError},
     ingest::monotonic_ns,
     report::JobProfile,
@@ -39,7 +39,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     if !opts.pids.is_empty() && !opts.command.is_empty() {
         bail!("give either --pid or a command to launch, not both");
     }
-    check_privileges()?;
+    attach::check_privileges()?;
     let me = std::process::id();
     let mut requested = Vec::new();
     for &pid in &opts.pids {
@@ -54,8 +54,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
         requested.push((pid, info));
     }
 
-    let ring_buffer_bytes = (opts.ring_buffer_kib.max(4) * 1024).next_power_of_two();
-    let mut session = Session::start(LoadOptions { ring_buffer_bytes })?;
+    let mut session = Session::start(LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib))?;
 
     // Attach-late mode: probe what each process maps, then count it.
     for (pid, info) in requested {
@@ -142,7 +141,14 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     // Stop counting before reading, so the counters and the events describe the same calls.
     session.unwatch_all();
     session.stop_ingest().await;
-    Ok(session.profile(end_ns))
+    let mut profile = session.profile(end_ns);
+    for r in &mut profile.ranks {
+        r.exited = session
+            .tracked
+            .get(&r.pid)
+            .is_some_and(|t| t.exit_ns.is_some());
+    }
+    Ok(profile)
 }
 
 /// Starts `command` so that the kernel watches it before it first runs: commtap marks
@@ -171,32 +177,6 @@ fn mark_ready(opts: &RecordOptions) -> Result<()> {
     if let Some(path) = &opts.ready_file {
         std::fs::write(path, format!("{}\n", std::process::id()))
             .with_context(|| format!("writing the ready file {}", path.display()))?;
-    }
-    Ok(())
-}
-
-/// Capabilities commtap needs, by bit number in `CapEff`.
-const NEEDED_CAPS: &[(u32, &str)] = &[(21, "CAP_SYS_ADMIN"), (38, "CAP_PERFMON"), (39, "CAP_BPF")];
-
-/// Fails early, with a message that says what to do, when BPF cannot be used.
-pub fn check_privileges() -> Result<()> {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
-    let missing: Vec<&str> = NEEDED_CAPS
-        .iter()
-        .filter(|(bit, _)| eff & (1 << bit) == 0)
-        .map(|(_, n)| *n)
-        .collect();
-    if !missing.is_empty() {
-        bail!(
-            "commtap needs root (or {}) to load BPF programs and attach uprobes; missing: {}. Run it with sudo, or as the commtap systemd service.",
-            NEEDED_CAPS.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(" + "),
-            missing.join(", ")
-        );
     }
     Ok(())
 }

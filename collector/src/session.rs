@@ -317,6 +317,7 @@ impl Session {
                 cmdline: info.cmdline.clone(),
                 uid: info.uid,
                 start_ticks: info.start_ticks,
+                exited: false,
                 elapsed_ns: end.saturating_sub(start),
                 comm_time_ns: stats::communication_ns(&routines),
                 routines,

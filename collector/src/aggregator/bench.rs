@@ -136,6 +136,7 @@ fn synthetic_rank(
         cmdline: "./app".into(),
         uid: Some(1000),
         start_ticks: 7,
+        exited: true,
         elapsed_ns: 1,
         comm_time_ns: 1,
         routines,

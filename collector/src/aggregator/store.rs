@@ -232,6 +232,7 @@ mod tests {
                 cmdline: String::new(),
                 uid: None,
                 start_ticks: 1,
+                exited: false,
                 elapsed_ns: 0,
                 comm_time_ns: 0,
                 routines,

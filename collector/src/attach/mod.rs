@@ -65,6 +65,9 @@ pub enum AttachError {
     /// tracefs could not be mounted or read.
     #[error("tracefs: {0}")]
     Tracefs(String),
+    /// commtap lacks the privileges BPF needs.
+    #[error("{0}")]
+    Privileges(String),
     /// Too many distinct MPI libraries.
     #[error("more than {MAX_LAYOUTS} distinct MPI libraries")]
     TooManyLibraries,
@@ -122,6 +125,16 @@ pub struct Probes {
 pub struct LoadOptions {
     /// Ring buffer size in bytes (a power of two, at least a page).
     pub ring_buffer_bytes: u32,
+}
+
+impl LoadOptions {
+    /// Options for a ring buffer of about `kib` KiB (rounded up to a power of two, at
+    /// least one page).
+    pub fn with_ring_buffer_kib(kib: u32) -> LoadOptions {
+        LoadOptions {
+            ring_buffer_bytes: (kib.clamp(4, 1 << 20) * 1024).next_power_of_two(),
+        }
+    }
 }
 
 impl Probes {
@@ -426,6 +439,32 @@ impl Probes {
         }
         s
     }
+}
+
+/// Capabilities commtap needs, by bit number in `CapEff`.
+const NEEDED_CAPS: &[(u32, &str)] = &[(21, "CAP_SYS_ADMIN"), (38, "CAP_PERFMON"), (39, "CAP_BPF")];
+
+/// Fails early, with a message that says what to do, when BPF cannot be used.
+pub fn check_privileges() -> Result<(), AttachError> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    let missing: Vec<&str> = NEEDED_CAPS
+        .iter()
+        .filter(|(bit, _)| eff & (1 << bit) == 0)
+        .map(|(_, n)| *n)
+        .collect();
+    if !missing.is_empty() {
+        return Err(AttachError::Privileges(format!(
+            "commtap needs root (or {}) to load BPF programs and attach uprobes; missing: {}. Run it with sudo, or as the commtap systemd service.",
+            NEEDED_CAPS.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(" + "),
+            missing.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 /// The programs attached through uprobe_multi links.

@@ -35,6 +35,9 @@ pub struct RankProfile {
     pub uid: Option<u32>,
     /// Process start time in clock ticks since boot: with host and pid, its identity.
     pub start_ticks: u64,
+    /// The process exited and this profile is final (all its events drained).
+    #[serde(default)]
+    pub exited: bool,
     /// From MPI_Init's return (or attach) to MPI_Finalize's entry (or detach/exit), ns.
     pub elapsed_ns: u64,
     /// Time in MPI routines other than MPI_Init/MPI_Finalize, ns.

@@ -145,6 +145,7 @@ impl From<&RankProfile> for pb::RankProfile {
             health: Some((&r.health).into()),
             uid: r.uid,
             start_ticks: r.start_ticks,
+            exited: r.exited,
         }
     }
 }
@@ -170,6 +171,7 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
             health: r.health.as_ref().map(Health::from).unwrap_or_default(),
             uid: r.uid,
             start_ticks: r.start_ticks,
+            exited: r.exited,
         })
     }
 }
@@ -281,6 +283,7 @@ mod tests {
                 cmdline: "./app".into(),
                 uid: Some(1000),
                 start_ticks: 99,
+                exited: true,
                 elapsed_ns: 5,
                 comm_time_ns: 4,
                 routines: routines_of(7, &counters),

@@ -151,7 +151,8 @@ impl pb::node_server::Node for NodeService {
                     .map(|i| i.cmdline.clone())
                     .unwrap_or_default(),
                 maps_mpi: t.maps_mpi,
-                exited: t.exit_ns.is_some(),
+                // Exited only once its final profile is taken (see the daemon's settling).
+                exited: false,
             })
             .collect();
         let libraries = session.library_summaries().iter().map(Into::into).collect();
