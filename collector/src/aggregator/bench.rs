@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::Result;
 use prost::Message;
 
-use super::store::{from_wire, to_wire, ProcessKey, Snapshot, Store};
+use super::store::{to_wire, ProcessKey, Snapshot, Store};
 use crate::{
     report::RankProfile,
     serve::pb,
@@ -63,21 +63,24 @@ pub fn run(
     let rss_before = peak_rss_kib();
     let start = Instant::now();
     let mut accepted = 0;
+    let mut decode_secs = 0.0;
     for encoded in &wire_batches {
+        let t = Instant::now();
         let msg = pb::PushSnapshotsRequest::decode(encoded.as_slice())?;
-        let batch = msg
-            .processes
-            .iter()
-            .map(from_wire)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(anyhow::Error::msg)?;
+        let batch = msg.processes;
+        decode_secs += t.elapsed().as_secs_f64();
         accepted += store.merge(batch)?.0;
     }
     let secs = start.elapsed().as_secs_f64();
-    let job = store.job("bench").map(|j| j.ranks.len()).unwrap_or(0);
+    let job: u32 = store
+        .jobs()
+        .iter()
+        .filter(|j| j.job == "bench")
+        .map(|j| j.ranks)
+        .sum();
     println!(
         "{{\"daemons\": {daemons}, \"ranks\": {}, \"routines\": {routines}, \"buckets\": {buckets}, \"wire_mib\": {:.1}, \
-         \"merged\": {accepted}, \"ranks_in_job\": {job}, \"seconds\": {secs:.3}, \"peak_rss_mib\": {:.1}, \
+         \"merged\": {accepted}, \"ranks_in_job\": {job}, \"seconds\": {secs:.3}, \"decode_seconds\": {decode_secs:.3}, \"peak_rss_mib\": {:.1}, \
          \"rss_before_mib\": {:.1}}}",
         daemons * ranks_per_daemon,
         bytes as f64 / 1048576.0,

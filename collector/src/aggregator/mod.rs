@@ -18,7 +18,7 @@ use crate::serve::{
     push::{self, SnapshotSource},
     socket::Target,
 };
-use store::{from_wire, Store};
+use store::Store;
 use tokio_util::sync::CancellationToken;
 
 /// How the aggregator runs.
@@ -68,18 +68,15 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
         let mut first = true;
         while let Some(msg) = stream.next().await {
             let msg = msg?;
-            let batch = msg
-                .processes
-                .iter()
-                .map(from_wire)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| Status::invalid_argument(format!("invalid snapshot: {e}")))?;
             let (a, s) = self
                 .store
                 .lock()
                 .await
-                .merge(batch)
-                .map_err(|e| Status::unavailable(e.to_string()))?;
+                .merge(msg.processes)
+                .map_err(|e| match e {
+                    store::StoreError::Invalid(_) => Status::invalid_argument(e.to_string()),
+                    other => Status::unavailable(other.to_string()),
+                })?;
             accepted += a;
             stale += s;
             if first {

@@ -1,11 +1,15 @@
 //! What the aggregator has merged: the latest cumulative snapshot of every process it has
-//! heard of, kept in memory and persisted in an embedded database (redb: pure Rust, ACID,
-//! one file, no server) so that a restart loses nothing.
+//! heard of, persisted in an embedded database (redb: pure Rust, ACID, one file, no server)
+//! so that a restart loses nothing.
 //!
 //! The merge is idempotent and order-free: a snapshot is keyed by (node, pid, process start
 //! time) and replaces the stored one only if it was taken later on that node. Snapshots are
 //! cumulative, so a repeated, late or re-sent snapshot can never double count, and a tree
 //! of aggregators merges the same way at every level.
+//!
+//! Snapshots stay in their wire form, checked but not converted, in memory and on disk
+//! (encoded once for both); only a report decodes them. A large job's pushes then cost
+//! about their encoded size in memory.
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -14,7 +18,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::{
     report::{JobProfile, RankProfile, SCHEMA},
-    serve::pb,
+    serve::{convert::check_rank, pb},
 };
 
 const PROCESSES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("processes");
@@ -28,6 +32,9 @@ pub enum StoreError {
     /// A stored record could not be decoded.
     #[error("aggregator database holds an unreadable record: {0}")]
     Corrupt(String),
+    /// A pushed snapshot makes no sense.
+    #[error("invalid snapshot: {0}")]
+    Invalid(String),
 }
 
 fn db_err(e: impl std::fmt::Display) -> StoreError {
@@ -51,7 +58,7 @@ impl ProcessKey {
     }
 }
 
-/// One process's latest snapshot.
+/// One process's snapshot, for senders (a daemon builds these).
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     /// Its identity.
@@ -62,15 +69,24 @@ pub struct Snapshot {
     pub rank: RankProfile,
 }
 
-/// Whether `new` should replace `old` (the merge rule: the later snapshot of a process wins).
-pub fn supersedes(old: Option<&Snapshot>, new: &Snapshot) -> bool {
-    old.is_none_or(|o| new.taken_ns > o.taken_ns)
+/// What the store keeps per process: an index and the encoded snapshot.
+struct Entry {
+    taken_ns: u64,
+    job: String,
+    calls: u64,
+    encoded: Vec<u8>,
+}
+
+/// Whether a snapshot taken at `new` replaces one taken at `old` (the merge rule: the later
+/// snapshot of a process wins).
+pub fn supersedes(old: Option<u64>, new: u64) -> bool {
+    old.is_none_or(|o| new > o)
 }
 
 /// The merged state, persisted.
 pub struct Store {
     db: Database,
-    processes: BTreeMap<ProcessKey, Snapshot>,
+    processes: BTreeMap<ProcessKey, Entry>,
 }
 
 impl Store {
@@ -85,30 +101,37 @@ impl Store {
         let table = read.open_table(PROCESSES).map_err(db_err)?;
         for item in table.iter().map_err(db_err)? {
             let (_, value) = item.map_err(db_err)?;
-            let wire = pb::ProcessSnapshot::decode(value.value())
+            let encoded = value.value().to_vec();
+            let wire = pb::ProcessSnapshot::decode(encoded.as_slice())
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            let snap = from_wire(&wire).map_err(StoreError::Corrupt)?;
-            processes.insert(snap.key.clone(), snap);
+            let key = check(&wire).map_err(StoreError::Corrupt)?;
+            processes.insert(key, entry(&wire, encoded));
         }
         Ok(Store { db, processes })
     }
 
-    /// Merges a batch; returns (accepted, stale). Accepted snapshots are durable on return.
-    pub fn merge(&mut self, batch: Vec<Snapshot>) -> Result<(u64, u64), StoreError> {
+    /// Checks and merges a batch; returns (accepted, stale). Accepted snapshots are durable
+    /// on return. A batch with an invalid snapshot is refused whole.
+    pub fn merge(&mut self, batch: Vec<pb::ProcessSnapshot>) -> Result<(u64, u64), StoreError> {
+        let keys = batch
+            .iter()
+            .map(check)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(StoreError::Invalid)?;
         let (mut accepted, mut stale) = (0, 0);
         let txn = self.db.begin_write().map_err(db_err)?;
         {
             let mut table = txn.open_table(PROCESSES).map_err(db_err)?;
-            for snap in batch {
-                if !supersedes(self.processes.get(&snap.key), &snap) {
+            for (key, wire) in keys.into_iter().zip(batch) {
+                if !supersedes(self.processes.get(&key).map(|e| e.taken_ns), wire.taken_ns) {
                     stale += 1;
                     continue;
                 }
-                let bytes = to_wire(&snap).encode_to_vec();
+                let encoded = wire.encode_to_vec();
                 table
-                    .insert(snap.key.bytes().as_slice(), bytes.as_slice())
+                    .insert(key.bytes().as_slice(), encoded.as_slice())
                     .map_err(db_err)?;
-                self.processes.insert(snap.key.clone(), snap);
+                self.processes.insert(key, entry(&wire, encoded));
                 accepted += 1;
             }
         }
@@ -119,29 +142,27 @@ impl Store {
     /// Every snapshot as it was received (original node keys and clocks), for pushing to a
     /// higher aggregator, which then merges exactly as this one did.
     pub fn all(&self) -> Vec<pb::ProcessSnapshot> {
-        self.processes.values().map(to_wire).collect()
+        self.processes
+            .values()
+            .filter_map(|e| pb::ProcessSnapshot::decode(e.encoded.as_slice()).ok())
+            .collect()
     }
 
     /// Every job with its ranks' nodes and calls.
     pub fn jobs(&self) -> Vec<pb::JobSummary> {
         let mut jobs: BTreeMap<&str, pb::JobSummary> = BTreeMap::new();
-        for s in self.processes.values() {
+        for (key, e) in &self.processes {
             let j = jobs
-                .entry(s.rank.job.as_str())
+                .entry(e.job.as_str())
                 .or_insert_with(|| pb::JobSummary {
-                    job: s.rank.job.clone(),
+                    job: e.job.clone(),
                     ..Default::default()
                 });
             j.ranks += 1;
-            if !j.nodes.contains(&s.key.node) {
-                j.nodes.push(s.key.node.clone());
+            if !j.nodes.contains(&key.node) {
+                j.nodes.push(key.node.clone());
             }
-            j.calls += s
-                .rank
-                .routines
-                .values()
-                .map(|r| r.totals.calls)
-                .sum::<u64>();
+            j.calls += e.calls;
         }
         jobs.into_values().collect()
     }
@@ -151,8 +172,9 @@ impl Store {
         let mut ranks: Vec<RankProfile> = self
             .processes
             .values()
-            .filter(|s| s.rank.job == job)
-            .map(|s| s.rank.clone())
+            .filter(|e| e.job == job)
+            .filter_map(|e| pb::ProcessSnapshot::decode(e.encoded.as_slice()).ok())
+            .filter_map(|w| w.rank.as_ref().and_then(|r| RankProfile::try_from(r).ok()))
             .collect();
         if ranks.is_empty() {
             return None;
@@ -171,7 +193,23 @@ impl Store {
     }
 }
 
-/// The wire form of a snapshot (also its stored form).
+fn entry(wire: &pb::ProcessSnapshot, encoded: Vec<u8>) -> Entry {
+    let rank = wire.rank.as_ref();
+    Entry {
+        taken_ns: wire.taken_ns,
+        job: rank.map(|r| r.job.clone()).unwrap_or_default(),
+        calls: rank.map_or(0, |r| {
+            r.routines
+                .iter()
+                .filter_map(|x| x.totals.as_ref())
+                .map(|t| t.calls)
+                .sum()
+        }),
+        encoded,
+    }
+}
+
+/// The wire form of a snapshot.
 pub fn to_wire(s: &Snapshot) -> pb::ProcessSnapshot {
     pb::ProcessSnapshot {
         node: s.key.node.clone(),
@@ -182,27 +220,23 @@ pub fn to_wire(s: &Snapshot) -> pb::ProcessSnapshot {
     }
 }
 
-/// A snapshot from the wire; a reason when it makes no sense.
-pub fn from_wire(w: &pb::ProcessSnapshot) -> Result<Snapshot, String> {
+/// Checks a snapshot from the wire; its key, or why it makes no sense.
+pub fn check(w: &pb::ProcessSnapshot) -> Result<ProcessKey, String> {
     if w.node.is_empty() {
         return Err("snapshot without a node name".into());
     }
     let rank = w.rank.as_ref().ok_or("snapshot without a profile")?;
-    let rank = RankProfile::try_from(rank).map_err(|e| e.to_string())?;
     if rank.pid != w.pid {
         return Err(format!(
             "snapshot of pid {} carries the profile of pid {}",
             w.pid, rank.pid
         ));
     }
-    Ok(Snapshot {
-        key: ProcessKey {
-            node: w.node.clone(),
-            pid: w.pid,
-            start_ticks: w.start_ticks,
-        },
-        taken_ns: w.taken_ns,
-        rank,
+    check_rank(rank).map_err(|e| e.to_string())?;
+    Ok(ProcessKey {
+        node: w.node.clone(),
+        pid: w.pid,
+        start_ticks: w.start_ticks,
     })
 }
 
@@ -211,12 +245,12 @@ mod tests {
     use super::*;
     use crate::stats::Health;
 
-    fn snap(node: &str, pid: u32, taken_ns: u64, calls: u64) -> Snapshot {
+    fn snap(node: &str, pid: u32, taken_ns: u64, calls: u64) -> pb::ProcessSnapshot {
         let mut routines = crate::stats::Routines::new();
         let mut r = crate::stats::RoutineStats::default();
         r.totals.calls = calls;
         routines.insert("MPI_Allreduce".into(), r);
-        Snapshot {
+        to_wire(&Snapshot {
             key: ProcessKey {
                 node: node.into(),
                 pid,
@@ -238,7 +272,7 @@ mod tests {
                 routines,
                 health: Health::default(),
             },
-        }
+        })
     }
 
     fn calls(store: &Store) -> u64 {
@@ -274,6 +308,21 @@ mod tests {
         assert_eq!(calls(&store), 12);
         assert_eq!(store.job("j").unwrap().ranks.len(), 2);
         assert!(store.job("other").is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn nonsense_is_refused_whole() {
+        let dir = std::env::temp_dir().join(format!("commtap-store-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut store = Store::open(&dir.join("agg.redb")).unwrap();
+        let mut bad = snap("a", 1, 1, 1);
+        bad.pid = 2;
+        assert!(matches!(
+            store.merge(vec![snap("b", 3, 1, 1), bad]),
+            Err(StoreError::Invalid(_))
+        ));
+        assert_eq!(calls(&store), 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

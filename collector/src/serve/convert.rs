@@ -126,6 +126,25 @@ fn routine_from_pb(r: &pb::RoutineStats) -> Result<(String, RoutineStats), Inval
     ))
 }
 
+/// Checks a rank from the wire without converting it (the aggregator keeps snapshots in
+/// their wire form): what `RankProfile::try_from` would refuse, this refuses.
+pub fn check_rank(r: &pb::RankProfile) -> Result<(), InvalidMessage> {
+    for routine in &r.routines {
+        if routine.name.is_empty() {
+            return Err(invalid("RoutineStats", "empty name"));
+        }
+        totals(&routine.totals, "RoutineStats")?;
+        for b in &routine.sizes {
+            if let Some(v) = b.bucket {
+                u8::try_from(v)
+                    .map_err(|_| invalid("SizeBucket", format!("bucket {v} out of range")))?;
+            }
+            totals(&b.totals, "SizeBucket")?;
+        }
+    }
+    Ok(())
+}
+
 impl From<&RankProfile> for pb::RankProfile {
     fn from(r: &RankProfile) -> Self {
         pb::RankProfile {
