@@ -115,8 +115,14 @@ pub struct Config {
     pub cgroup_level: u32,
     /// Watch-all counts only processes in this cgroup v2 or below it (0: any).
     pub cgroup_id: u64,
+    /// Non-zero: emit a [`CallEvent`] per call (latency, timelines). Counts never depend
+    /// on it; the events cost about as much as the rest of the probe, so they are on only
+    /// when something consumes them.
+    pub call_events: u32,
+    /// Explicit padding.
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<Config>() == 24);
+const _: () = assert!(size_of::<Config>() == 32);
 
 impl Config {
     /// `uid` value meaning every user.

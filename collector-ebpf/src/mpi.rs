@@ -24,7 +24,7 @@ use crate::{
         sum_ints, sum_typed, type_size,
     },
     maps::{
-        call_state, is_counted, with_proc_stats, COMMS, COUNTERS, DTYPES, EVENTS, LAYOUTS,
+        call_state, is_counted, with_proc_stats, COMMS, CONFIG, COUNTERS, DTYPES, EVENTS, LAYOUTS,
         ROUTINE_SPECS,
     },
 };
@@ -198,6 +198,10 @@ fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeContext) -> u3
     count(tgid, c.routine, bucket, comm_size, bytes, dur);
 
     let peer = arg(args, spec.peer).map(int_arg).unwrap_or(-1);
+    if !CONFIG.get(0).is_some_and(|c| c.call_events != 0) {
+        e.busy = 0;
+        return 0;
+    }
     let ev = CallEvent {
         kind: EventKind::Call as u32,
         tgid,

@@ -46,6 +46,8 @@ pub struct DaemonOptions {
     pub aggregator: Option<socket::Target>,
     /// How often.
     pub push_interval: Duration,
+    /// Emit per-call events.
+    pub call_events: bool,
 }
 
 /// Which processes the daemon profiles (everything by default).
@@ -83,6 +85,7 @@ const SCAN_EVERY: u32 = 20;
 pub async fn run(opts: DaemonOptions) -> Result<()> {
     crate::attach::check_privileges()?;
     let mut session = Session::start(LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib))?;
+    session.probes.set_call_events(opts.call_events)?;
     if opts.scope.pids.is_empty() {
         session
             .probes

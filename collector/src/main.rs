@@ -141,6 +141,9 @@ struct DaemonArgs {
     /// How long the profile of an exited process is kept (e.g. 1h, 30m).
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     keep_exited: Duration,
+    /// Also emit an event per MPI call (latency, timelines; off by default: see `record`).
+    #[arg(long)]
+    call_events: bool,
     /// Ring buffer for call events, in KiB.
     #[arg(long, default_value_t = 1024)]
     ring_buffer_kib: u32,
@@ -200,6 +203,11 @@ struct RecordArgs {
     duration: Option<Duration>,
     #[command(flatten)]
     out: Outputs,
+    /// Also emit an event per MPI call through a ring buffer (for latency and timelines).
+    /// Counts, bytes and time never depend on it; it costs about half a microsecond per
+    /// call, so it is off unless asked for.
+    #[arg(long)]
+    call_events: bool,
     /// Ring buffer for call events, in KiB (events beyond it are counted as dropped;
     /// counts and bytes stay exact).
     #[arg(long, default_value_t = 1024)]
@@ -316,6 +324,7 @@ fn main() -> ExitCode {
                     ring_buffer_kib: a.ring_buffer_kib,
                     libraries: a.libraries,
                     ready_file: a.ready_file,
+                    call_events: a.call_events,
                 };
                 let profile = record::record(opts).await?;
                 a.out.write(&profile)?;
@@ -336,6 +345,7 @@ fn main() -> ExitCode {
                     scope: daemon_scope(a.pid, a.uid, a.cgroup, a.slurm_job)?,
                     aggregator: a.aggregator,
                     push_interval: a.push_interval,
+                    call_events: a.call_events,
                 })
                 .await
             }

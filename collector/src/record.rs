@@ -29,6 +29,8 @@ pub struct RecordOptions {
     pub libraries: Vec<PathBuf>,
     /// Created once the probes are attached (a handshake for scripts and tests).
     pub ready_file: Option<PathBuf>,
+    /// Emit per-call events (latency, timelines); counts never need them.
+    pub call_events: bool,
 }
 
 /// Runs `record` to completion and returns the profile.
@@ -55,6 +57,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     }
 
     let mut session = Session::start(LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib))?;
+    session.probes.set_call_events(opts.call_events)?;
 
     // Attach-late mode: probe what each process maps, then count it.
     for (pid, info) in requested {

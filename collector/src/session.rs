@@ -400,6 +400,7 @@ fn assemble(
         libraries,
         unsupported_libraries: probes.unsupported().to_vec(),
         not_profiled,
+        call_events: probes.call_events(),
     }
 }
 

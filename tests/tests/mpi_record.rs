@@ -14,7 +14,7 @@ fn launched_truth(mpi: Mpi, np: u32) {
     let prefix = scratch.path("truth");
     let out = scratch.path("profile.json");
     let mpitrace = scratch.path("mpitrace");
-    let mut args: Vec<String> = ["record", "--format", "json", "-o"]
+    let mut args: Vec<String> = ["record", "--call-events", "--format", "json", "-o"]
         .map(String::from)
         .to_vec();
     args.push(out.display().to_string());
@@ -167,9 +167,17 @@ fn ring_buffer_overflow_keeps_counts_and_bytes_exact() {
         scratch.path("go"),
         scratch.path("truth"),
     );
-    let mut args: Vec<String> = ["record", "--format", "json", "--ring-buffer-kib", "4", "-o"]
-        .map(String::from)
-        .to_vec();
+    let mut args: Vec<String> = [
+        "record",
+        "--call-events",
+        "--format",
+        "json",
+        "--ring-buffer-kib",
+        "4",
+        "-o",
+    ]
+    .map(String::from)
+    .to_vec();
     args.push(out.display().to_string());
     args.push("--".into());
     args.extend(Mpi::OpenMpi.launcher(2));

@@ -189,6 +189,8 @@ impl Store {
             libraries: Vec::new(),
             unsupported_libraries: Vec::new(),
             not_profiled: Vec::new(),
+            // Unknown here: each node decides.
+            call_events: false,
         })
     }
 }

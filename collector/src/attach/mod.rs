@@ -102,6 +102,8 @@ pub struct Probes {
     comms: BpfHashMap<MapData, HandleKey, CommInfo>,
     dtypes: BpfHashMap<MapData, HandleKey, u64>,
     config: Array<MapData, Config>,
+    /// What `config` holds.
+    settings: Config,
     layouts: Array<MapData, Layout>,
     counters: PerCpuHashMap<MapData, CounterKey, CounterVal>,
     proc_stats: PerCpuHashMap<MapData, u32, ProcStats>,
@@ -183,6 +185,11 @@ impl Probes {
             comms: BpfHashMap::try_from(take(&mut ebpf, "COMMS")?).map_err(map_err("COMMS"))?,
             dtypes: BpfHashMap::try_from(take(&mut ebpf, "DTYPES")?).map_err(map_err("DTYPES"))?,
             config: Array::try_from(take(&mut ebpf, "CONFIG")?).map_err(map_err("CONFIG"))?,
+            settings: Config {
+                self_tgid: std::process::id(),
+                uid: Config::ANY_UID,
+                ..Config::default()
+            },
             layouts: Array::try_from(take(&mut ebpf, "LAYOUTS")?).map_err(map_err("LAYOUTS"))?,
             counters: PerCpuHashMap::try_from(take(&mut ebpf, "COUNTERS")?)
                 .map_err(map_err("COUNTERS"))?,
@@ -238,14 +245,28 @@ impl Probes {
         uid: Option<u32>,
         cg: Option<&CgroupRef>,
     ) -> Result<(), AttachError> {
-        let config = Config {
-            watch_all: 1,
-            self_tgid: std::process::id(),
-            uid: uid.unwrap_or(Config::ANY_UID),
-            cgroup_level: cg.map_or(0, |c| c.level),
-            cgroup_id: cg.map_or(0, |c| c.id),
-        };
-        self.config.set(0, config, 0).map_err(map_err("CONFIG"))
+        self.settings.watch_all = 1;
+        self.settings.uid = uid.unwrap_or(Config::ANY_UID);
+        self.settings.cgroup_level = cg.map_or(0, |c| c.level);
+        self.settings.cgroup_id = cg.map_or(0, |c| c.id);
+        self.write_settings()
+    }
+
+    /// Turns the per-call events (latency, timelines) on or off; counts never depend on them.
+    pub fn set_call_events(&mut self, on: bool) -> Result<(), AttachError> {
+        self.settings.call_events = u32::from(on);
+        self.write_settings()
+    }
+
+    /// Whether per-call events are on.
+    pub fn call_events(&self) -> bool {
+        self.settings.call_events != 0
+    }
+
+    fn write_settings(&mut self) -> Result<(), AttachError> {
+        self.config
+            .set(0, self.settings, 0)
+            .map_err(map_err("CONFIG"))
     }
 
     /// Removes everything the kernel keeps of `pid` (counters, learnt handles), once its

@@ -85,6 +85,9 @@ pub struct JobProfile {
     pub unsupported_libraries: Vec<String>,
     /// Processes that were asked for but could not be profiled, with the reason.
     pub not_profiled: Vec<String>,
+    /// Whether per-call events were on (`events`/`dropped` per rank mean something only then).
+    #[serde(default)]
+    pub call_events: bool,
 }
 
 /// The ranks' communication times, for the cross-rank summary.

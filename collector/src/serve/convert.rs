@@ -232,6 +232,7 @@ impl From<&JobProfile> for pb::JobProfile {
             libraries: j.libraries.iter().map(Into::into).collect(),
             unsupported_libraries: j.unsupported_libraries.clone(),
             not_profiled: j.not_profiled.clone(),
+            call_events: j.call_events,
         }
     }
 }
@@ -253,6 +254,7 @@ impl TryFrom<&pb::JobProfile> for JobProfile {
             libraries: j.libraries.iter().map(Into::into).collect(),
             unsupported_libraries: j.unsupported_libraries.clone(),
             not_profiled: j.not_profiled.clone(),
+            call_events: j.call_events,
         })
     }
 }
@@ -317,6 +319,7 @@ mod tests {
             libraries: vec![],
             unsupported_libraries: vec!["x".into()],
             not_profiled: vec![],
+            call_events: true,
         }
     }
 

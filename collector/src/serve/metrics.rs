@@ -239,6 +239,7 @@ mod tests {
                 libraries: vec![],
                 unsupported_libraries: vec![],
                 not_profiled: vec![],
+                call_events: false,
             },
             1,
             2,
