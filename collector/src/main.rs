@@ -141,15 +141,8 @@ struct DaemonArgs {
     /// How long the profile of an exited process is kept (e.g. 1h, 30m).
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     keep_exited: Duration,
-    /// Also emit an event per MPI call (latency, timelines; off by default: see `record`).
-    #[arg(long)]
-    call_events: bool,
-    /// Ring buffer for call events, in KiB.
-    #[arg(long, default_value_t = 1024)]
-    ring_buffer_kib: u32,
-    /// An MPI library to probe from the start, besides those the dynamic linker finds.
-    #[arg(long = "lib")]
-    libraries: Vec<PathBuf>,
+    #[command(flatten)]
+    probe: ProbeArgs,
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464), path /metrics.
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -193,6 +186,24 @@ struct PsArgs {
     from: Target,
 }
 
+/// How the probes run (shared by `record` and `daemon`).
+#[derive(clap::Args, Debug)]
+struct ProbeArgs {
+    /// Also emit an event per MPI call through a ring buffer (for latency and timelines).
+    /// Counts, bytes and time never depend on it; it costs about half a microsecond per
+    /// call, so it is off unless asked for.
+    #[arg(long)]
+    call_events: bool,
+    /// Ring buffer for call events, in KiB (events beyond it are counted as dropped;
+    /// counts and bytes stay exact).
+    #[arg(long, default_value_t = 1024)]
+    ring_buffer_kib: u32,
+    /// An MPI library to probe from the start, besides those the dynamic linker finds
+    /// (repeatable; for libraries in a venv or an unusual prefix).
+    #[arg(long = "lib")]
+    libraries: Vec<PathBuf>,
+}
+
 #[derive(clap::Args, Debug)]
 struct RecordArgs {
     /// Running processes to attach to (comma separated or repeated).
@@ -203,19 +214,8 @@ struct RecordArgs {
     duration: Option<Duration>,
     #[command(flatten)]
     out: Outputs,
-    /// Also emit an event per MPI call through a ring buffer (for latency and timelines).
-    /// Counts, bytes and time never depend on it; it costs about half a microsecond per
-    /// call, so it is off unless asked for.
-    #[arg(long)]
-    call_events: bool,
-    /// Ring buffer for call events, in KiB (events beyond it are counted as dropped;
-    /// counts and bytes stay exact).
-    #[arg(long, default_value_t = 1024)]
-    ring_buffer_kib: u32,
-    /// An MPI library to probe before launching, besides those the dynamic linker finds
-    /// (repeatable; for libraries in a venv or an unusual prefix).
-    #[arg(long = "lib")]
-    libraries: Vec<PathBuf>,
+    #[command(flatten)]
+    probe: ProbeArgs,
     /// Create this file once the probes are attached (for scripts: attach, then go).
     #[arg(long)]
     ready_file: Option<PathBuf>,
@@ -321,10 +321,10 @@ fn main() -> ExitCode {
                     pids: a.pid,
                     command: a.command,
                     duration: a.duration,
-                    ring_buffer_kib: a.ring_buffer_kib,
-                    libraries: a.libraries,
+                    ring_buffer_kib: a.probe.ring_buffer_kib,
+                    libraries: a.probe.libraries,
                     ready_file: a.ready_file,
-                    call_events: a.call_events,
+                    call_events: a.probe.call_events,
                 };
                 let profile = record::record(opts).await?;
                 a.out.write(&profile)?;
@@ -338,14 +338,14 @@ fn main() -> ExitCode {
                     socket: a.socket,
                     socket_mode: a.socket_mode,
                     node_name: a.node_name,
-                    ring_buffer_kib: a.ring_buffer_kib,
+                    ring_buffer_kib: a.probe.ring_buffer_kib,
                     keep_exited: a.keep_exited,
-                    libraries: a.libraries,
+                    libraries: a.probe.libraries,
                     metrics_addr: a.metrics_addr,
                     scope: daemon_scope(a.pid, a.uid, a.cgroup, a.slurm_job)?,
                     aggregator: a.aggregator,
                     push_interval: a.push_interval,
-                    call_events: a.call_events,
+                    call_events: a.probe.call_events,
                 })
                 .await
             }

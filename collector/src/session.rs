@@ -413,7 +413,7 @@ fn library_summaries(probes: &Probes) -> Vec<ProbedLibrary> {
             path: l.library.path.clone(),
             flavor: l.library.flavor.clone(),
             probes: l.library.probes.len(),
-            moved_past_single_step: names_with(l, Placement::SkippedSingleStep),
+            moved_past_single_step: names_with(l, Placement::MovedPastSingleStep),
             single_stepped: names_with(l, Placement::SingleStepped),
             failed: l.failed.clone(),
         })

@@ -41,7 +41,7 @@ pub enum Placement {
     Entry,
     /// After a first instruction the kernel would single-step (a RIP-relative load into a
     /// scratch register), on the next one, which it emulates; arguments are still intact.
-    SkippedSingleStep,
+    MovedPastSingleStep,
     /// At a first instruction the kernel must single-step out of line (about ten times
     /// dearer per call); no safe emulated instruction follows it.
     SingleStepped,
@@ -266,7 +266,7 @@ pub fn choose_probe_point(code: &[u8]) -> (u64, Placement) {
         let rip_relative = modrm & 0xc7 == 0x05;
         let dest = ((modrm >> 3) & 7) + if *rex == 0x4c { 8 } else { 0 };
         if rip_relative && matches!(dest, 0 | 10 | 11) && emulated(rest) {
-            return (7, Placement::SkippedSingleStep);
+            return (7, Placement::MovedPastSingleStep);
         }
     }
     (0, Placement::SingleStepped)
@@ -292,7 +292,10 @@ mod tests {
     fn ompi_test_prologue_is_skipped() {
         // mov 0x8a001(%rip),%rax; push %r12   (Open MPI 4.1.4 MPI_Test)
         let code = [0x48, 0x8b, 0x05, 0x01, 0xa0, 0x08, 0x00, 0x41, 0x54];
-        assert_eq!(choose_probe_point(&code), (7, Placement::SkippedSingleStep));
+        assert_eq!(
+            choose_probe_point(&code),
+            (7, Placement::MovedPastSingleStep)
+        );
     }
 
     #[test]

@@ -400,7 +400,7 @@ impl Probes {
         let skipped = lib
             .probes
             .iter()
-            .filter(|p| p.placement == Placement::SkippedSingleStep)
+            .filter(|p| p.placement == Placement::MovedPastSingleStep)
             .count();
         info!(
             "probing {} ({}): {} routines, {skipped} moved past a single-stepped first instruction, {single} single-stepped, {} failed",
