@@ -123,6 +123,11 @@ pub fn run(root: &Path) -> Result<()> {
             single.1
         );
     }
+    // The node daemon's own CPU while a job makes MPI calls as fast as it can.
+    let daemon = daemon_cpu(&commtap, &out)?;
+    let _ = writeln!(report, "node daemon during a job: {daemon}");
+    json.push(format!("  {{\"daemon\": {daemon}}}"));
+
     // The aggregator's merge: 100 daemons x 100 ranks x 50 routines x 32 buckets.
     let agg = Command::new(&commtap)
         .arg("bench-aggregator")
@@ -318,4 +323,61 @@ fn single_stepped(profile: &Path, library: &str) -> Result<(String, String)> {
         }
     };
     Ok((or_none(moved), or_none(single)))
+}
+
+/// CPU time (user + system) of `pid` in seconds, from /proc/PID/stat.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let rest = stat.rsplit_once(')').context("malformed stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the command name.
+    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+    Ok(ticks / 100.0)
+}
+
+/// Runs the daemon (defaults: per-call events off), then a 2-rank Open MPI job making
+/// Allreduce and Send/Recv calls back to back; reports the job's MPI call rate and the
+/// daemon's CPU use over the job, in percent of one core.
+fn daemon_cpu(commtap: &Path, out: &Path) -> Result<String> {
+    let socket = out.join("bench-daemon.sock");
+    let mut daemon = Command::new(commtap)
+        .args(["daemon", "--socket"])
+        .arg(&socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting the daemon")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !socket.exists() {
+        if Instant::now() > deadline {
+            let _ = daemon.kill();
+            bail!("the daemon did not start");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let iterations: u64 = 200_000;
+    let before = cpu_seconds(daemon.id())?;
+    let start = Instant::now();
+    let job = Command::new("mpirun.openmpi")
+        .args(["--oversubscribe", "-np", "2"])
+        .arg(out.join("bench_calls.openmpi"))
+        .arg(iterations.to_string())
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()?;
+    let wall = start.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(daemon.id())? - before;
+    // SAFETY: kill(2) of the daemon we spawned.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let _ = daemon.wait();
+    if !job.status.success() {
+        bail!("the benchmark job failed");
+    }
+    // Per rank: warm-up (n/10 Allreduce), n Allreduce, 2n Send/Recv, plus a few others.
+    let calls = 2.0 * (iterations as f64 * 3.1);
+    Ok(format!(
+        "{{\"mpi_calls_per_second\": {:.0}, \"job_seconds\": {wall:.2}, \"daemon_cpu_percent_of_one_core\": {:.2}}}",
+        calls / wall,
+        100.0 * cpu / wall
+    ))
 }
