@@ -241,6 +241,19 @@ pub fn finish_commtap(scratch: &Scratch, mut child: ChildGuard, limit: Duration)
     }
 }
 
+/// Waits for a `commtap` started by [`spawn_commtap`], which must succeed.
+#[track_caller]
+pub fn finish_ok(scratch: &Scratch, child: ChildGuard, limit: Duration) -> Run {
+    let run = finish_commtap(scratch, child, limit);
+    assert!(
+        run.status.success(),
+        "commtap failed: {}\n{}",
+        run.status,
+        run.stderr
+    );
+    run
+}
+
 /// Runs `commtap` with `args` to completion (at most `limit`).
 #[track_caller]
 pub fn run_commtap(scratch: &Scratch, args: &[&str], limit: Duration) -> Run {

@@ -56,18 +56,7 @@ fn daemon_profiles_every_job_on_the_node_exactly() {
 
     // Wait until the daemon has seen every rank exit.
     let all: u64 = jobs.iter().map(|(_, np)| u64::from(*np)).sum();
-    wait_until(
-        "the daemon to see every rank exit",
-        Duration::from_secs(30),
-        || {
-            let out = commtap_output(&["ps", "--from", &target]);
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .filter(|l| l.contains(" exited "))
-                .count() as u64
-                == all
-        },
-    );
+    wait_for_exited(&target, all as usize);
     for truth in &truths {
         let job = truth[0]["pid"].as_u64().expect("pid").to_string();
         let out = scratch.path(&format!("profile-{job}.json"));
@@ -236,18 +225,7 @@ fn a_user_sees_only_their_own_processes() {
         let mut job = ChildGuard::spawn(&mut cmd);
         assert!(job.wait_with_limit(LIMIT).success(), "job as {who} failed");
     }
-    wait_until(
-        "the daemon to see every rank exit",
-        Duration::from_secs(30),
-        || {
-            let out = commtap_output(&["ps", "--from", &target]);
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .filter(|l| l.contains(" exited "))
-                .count()
-                == 4
-        },
-    );
+    wait_for_exited(&target, 4);
 
     let report_as = |nobody: bool, out: &std::path::Path| {
         let mut cmd = Command::new("setpriv");
@@ -334,18 +312,7 @@ fn a_daemon_scoped_to_a_cgroup_profiles_only_that_job() {
         let mut job = ChildGuard::spawn(Command::new("sh").arg("-c").arg(&script));
         assert!(job.wait_with_limit(LIMIT).success(), "job {prefix} failed");
     }
-    wait_until(
-        "the daemon to see the job's ranks exit",
-        Duration::from_secs(30),
-        || {
-            let out = commtap_output(&["ps", "--from", &target]);
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .filter(|l| l.contains(" exited "))
-                .count()
-                == 2
-        },
-    );
+    wait_for_exited(&target, 2);
     let out = scratch.path("profile.json");
     let report = commtap_output(&[
         "report",
@@ -370,4 +337,21 @@ fn a_daemon_scoped_to_a_cgroup_profiles_only_that_job() {
 
     // SIGTERM: a clean shutdown that removes the socket.
     daemon.stop(&scratch);
+}
+
+/// Waits until the daemon at `target` shows `n` processes exited (their profiles final).
+#[track_caller]
+fn wait_for_exited(target: &str, n: usize) {
+    wait_until(
+        "the daemon to see every rank exit",
+        Duration::from_secs(30),
+        || {
+            let out = commtap_output(&["ps", "--from", target]);
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| l.contains(" exited "))
+                .count()
+                == n
+        },
+    );
 }

@@ -25,13 +25,7 @@ fn launched_truth(mpi: Mpi, np: u32) {
     args.push(prog.display().to_string());
     args.push(prefix.display().to_string());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let run = run_commtap(&scratch, &args, LIMIT);
-    assert!(
-        run.status.success(),
-        "commtap failed: {}\n{}",
-        run.status,
-        run.stderr
-    );
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
 
     let profile = read_json(&out);
     let truths = read_truths(&prefix, np);
@@ -109,13 +103,7 @@ fn fortran(mpi: Mpi) {
     args.push(prog.display().to_string());
     args.push(prefix.display().to_string());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let run = run_commtap(&scratch, &args, LIMIT);
-    assert!(
-        run.status.success(),
-        "commtap failed: {}\n{}",
-        run.status,
-        run.stderr
-    );
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
     assert_profile_matches(
         &read_json(&out),
         &read_truths(&prefix, 2),
@@ -140,13 +128,7 @@ fn attach_late_counts_exactly_what_happens_after_attach() {
     let (commtap, out) = record_attached(&scratch, &ranks);
     std::fs::write(scratch.path("go"), b"go").expect("go file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
-    let run = finish_commtap(&scratch, commtap, LIMIT);
-    assert!(
-        run.status.success(),
-        "commtap failed: {}\n{}",
-        run.status,
-        run.stderr
-    );
+    finish_ok(&scratch, commtap, LIMIT);
     // The truth counts only the calls after GO; MPI_Finalize comes after the truth.
     let profile = read_json(&out);
     assert_profile_matches(
@@ -192,13 +174,7 @@ fn ring_buffer_overflow_keeps_counts_and_bytes_exact() {
         ready.exists()
     });
     std::fs::write(&go, b"go").expect("go file");
-    let run = finish_commtap(&scratch, commtap, LIMIT);
-    assert!(
-        run.status.success(),
-        "commtap failed: {}\n{}",
-        run.status,
-        run.stderr
-    );
+    finish_ok(&scratch, commtap, LIMIT);
 
     let profile = read_json(&out);
     let truths = read_truths(&truth, 2);
@@ -284,13 +260,7 @@ fn a_library_loaded_late_with_dlopen_is_found_and_counted() {
         },
     );
     std::fs::write(&go, b"go").expect("go file");
-    let run = finish_commtap(&scratch, commtap, LIMIT);
-    assert!(
-        run.status.success(),
-        "commtap failed: {}\n{}",
-        run.status,
-        run.stderr
-    );
+    finish_ok(&scratch, commtap, LIMIT);
     let profile = read_json(&out);
     assert_profile_matches(&profile, &read_truths(&truth, 1), &["MPI_Finalize"]);
     let libs: Vec<&str> = profile["libraries"]

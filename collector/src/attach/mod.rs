@@ -282,24 +282,8 @@ impl Probes {
             let _ = self.counters.remove(&k);
         }
         let _ = self.proc_stats.remove(&pid);
-        let comms: Vec<HandleKey> = self
-            .comms
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k.tgid == pid)
-            .collect();
-        for k in comms {
-            let _ = self.comms.remove(&k);
-        }
-        let dtypes: Vec<HandleKey> = self
-            .dtypes
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k.tgid == pid)
-            .collect();
-        for k in dtypes {
-            let _ = self.dtypes.remove(&k);
-        }
+        remove_handles_of(&mut self.comms, pid);
+        remove_handles_of(&mut self.dtypes, pid);
     }
 
     /// Tells the kernel what the launcher says of `pid`'s world communicator (integer-handle
@@ -486,6 +470,18 @@ pub fn check_privileges() -> Result<(), AttachError> {
         )));
     }
     Ok(())
+}
+
+/// Removes every entry of process `pid` from a map keyed by (process, handle).
+fn remove_handles_of<V: aya::Pod>(map: &mut BpfHashMap<MapData, HandleKey, V>, pid: u32) {
+    let keys: Vec<HandleKey> = map
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| k.tgid == pid)
+        .collect();
+    for k in keys {
+        let _ = map.remove(&k);
+    }
 }
 
 /// The programs attached through uprobe_multi links.
