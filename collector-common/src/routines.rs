@@ -1,11 +1,12 @@
-//! The table of probed MPI routines: names, argument positions and byte rules.
+//! The table of probed MPI and NCCL routines: names, argument positions and byte rules.
 //!
 //! The BPF programs are generic: one entry and one return program serve every routine, and
 //! the attach cookie names the routine. Userspace copies each [`ArgSpec`] of this table into
 //! the `ROUTINE_SPECS` array map at load, so the kernel and the report read the same table.
 //! Ids are indexes into [`ROUTINES`]; append only, never reorder, so ids stay stable.
 //!
-//! Byte conventions follow IBM mpitrace (see README "Byte conventions").
+//! Byte conventions follow IBM mpitrace for MPI and nccl-tests for NCCL (see README "Byte
+//! conventions").
 
 use core::mem::size_of;
 
@@ -50,6 +51,24 @@ pub enum ByteRule {
     CommRank = 22,
     /// `MPI_Comm_free(*a)`: forget what was learnt or cached of the communicator.
     CommFree = 23,
+    /// NCCL communicator creation: on success `*a` is a communicator of `b` ranks in which
+    /// this process has rank `c`; its unique id is passed by value from stack argument `d`
+    /// on (`d` >= 6) or through the pointer in argument `d`.
+    NcclCommInit = 24,
+    /// `ncclCommInitAll(comms, n, devs)`: `a`[i], i < `b`, has rank i of `b`.
+    NcclCommInitAll = 25,
+    /// `ncclCommSplit(comm, color, key, *newcomm, cfg)`: `*d` is part of the communicator
+    /// `comm` splits off for color `b` (its size is learnt later, if the program asks).
+    NcclCommSplit = 26,
+    /// `ncclCommDestroy(a)` / `ncclCommAbort(a)`: forget the communicator.
+    NcclCommFree = 27,
+    /// `ncclGroupStart()`: opens a group (groups nest).
+    GroupStart = 28,
+    /// `ncclGroupEnd()`: closes a group; the outermost one is counted as a group.
+    GroupEnd = 29,
+    /// No function: one completed outermost NCCL group (entry of its start to the return of
+    /// its end), with the bytes of the operations enqueued in it.
+    GroupSpan = 30,
 }
 
 impl ByteRule {
@@ -80,6 +99,13 @@ impl ByteRule {
             21 => ByteRule::CommSize,
             22 => ByteRule::CommRank,
             23 => ByteRule::CommFree,
+            24 => ByteRule::NcclCommInit,
+            25 => ByteRule::NcclCommInitAll,
+            26 => ByteRule::NcclCommSplit,
+            27 => ByteRule::NcclCommFree,
+            28 => ByteRule::GroupStart,
+            29 => ByteRule::GroupEnd,
+            30 => ByteRule::GroupSpan,
             _ => ByteRule::None,
         }
     }
@@ -103,6 +129,17 @@ pub mod class {
     pub const INIT: u8 = 7;
     /// MPI_Finalize.
     pub const FINALIZE: u8 = 8;
+    /// NCCL group calls and completed groups.
+    pub const GROUP: u8 = 9;
+}
+
+/// Which library family a routine belongs to (and which libraries are searched for it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// `MPI_*`, probed in MPI libraries.
+    Mpi,
+    /// `nccl*`, probed in NCCL/RCCL libraries or wherever NCCL is linked in.
+    Nccl,
 }
 
 /// Where a routine's arguments are and how its bytes are computed (read by the BPF programs).
@@ -131,10 +168,29 @@ const _: () = assert!(size_of::<ArgSpec>() == 8);
 /// One probed routine: its C name and its argument spec.
 #[derive(Clone, Copy, Debug)]
 pub struct Routine {
-    /// C entry point name (`MPI_Send`); `PMPI_` aliases share its address.
+    /// C entry point name (`MPI_Send`, `ncclAllReduce`); the `PMPI_` / `pnccl` aliases
+    /// share its address.
     pub name: &'static str,
     /// Argument positions and byte rule.
     pub spec: ArgSpec,
+}
+
+impl Routine {
+    /// The library family the routine belongs to.
+    pub const fn family(&self) -> Family {
+        let b = self.name.as_bytes();
+        if b.len() > 4 && b[0] == b'n' && b[1] == b'c' && b[2] == b'c' && b[3] == b'l' {
+            Family::Nccl
+        } else {
+            Family::Mpi
+        }
+    }
+
+    /// Whether the routine is a function in a library (not a span commtap derives, like a
+    /// completed NCCL group).
+    pub const fn is_probed(&self) -> bool {
+        self.spec.rule != ByteRule::GroupSpan as u8
+    }
 }
 
 const N: u8 = NO_ARG;
@@ -533,7 +589,152 @@ pub const ROUTINES: &[Routine] = &[
     r("MPI_Type_commit", DATATYPE, B::None, [N; 4], N, N),
     // (*datatype)
     r("MPI_Type_free", DATATYPE, B::TypeFree, [0, N, N, N], N, N),
+    // NCCL (nccl.h 2.32). Bytes follow nccl-tests: count x type size, and for the
+    // collectives whose count is per rank the whole buffer, count x type size x nranks.
+    // (sbuf, rbuf, count, type, op, comm, stream)
+    r(
+        "ncclAllReduce",
+        COLLECTIVE,
+        B::CountType,
+        [2, 3, N, N],
+        5,
+        N,
+    ),
+    // (sbuf, rbuf, count, type, root, comm, stream)
+    r(
+        "ncclBroadcast",
+        COLLECTIVE,
+        B::CountType,
+        [2, 3, N, N],
+        5,
+        4,
+    ),
+    // (buf, count, type, root, comm, stream): calls ncclBroadcast, counted once.
+    r("ncclBcast", COLLECTIVE, B::CountType, [1, 2, N, N], 4, 3),
+    // (sbuf, rbuf, count, type, op, root, comm, stream)
+    r("ncclReduce", COLLECTIVE, B::CountType, [2, 3, N, N], 6, 5),
+    // (sbuf, rbuf, sendcount, type, comm, stream)
+    r(
+        "ncclAllGather",
+        COLLECTIVE,
+        B::CountTypeTimesP,
+        [2, 3, N, N],
+        4,
+        N,
+    ),
+    // (sbuf, rbuf, recvcount, type, op, comm, stream)
+    r(
+        "ncclReduceScatter",
+        COLLECTIVE,
+        B::CountTypeTimesP,
+        [2, 3, N, N],
+        5,
+        N,
+    ),
+    // (sbuf, rbuf, count per peer, type, comm, stream)
+    r(
+        "ncclAlltoAll",
+        COLLECTIVE,
+        B::CountTypeTimesP,
+        [2, 3, N, N],
+        4,
+        N,
+    ),
+    // (sbuf, rbuf, count per rank, type, root, comm, stream)
+    r(
+        "ncclGather",
+        COLLECTIVE,
+        B::CountTypeTimesP,
+        [2, 3, N, N],
+        5,
+        4,
+    ),
+    r(
+        "ncclScatter",
+        COLLECTIVE,
+        B::CountTypeTimesP,
+        [2, 3, N, N],
+        5,
+        4,
+    ),
+    // (buf, count, type, peer, comm, stream)
+    r("ncclSend", P2P, B::CountType, [1, 2, N, N], 4, 3),
+    r("ncclRecv", P2P, B::CountType, [1, 2, N, N], 4, 3),
+    r("ncclGroupStart", GROUP, B::GroupStart, [N; 4], N, N),
+    r("ncclGroupEnd", GROUP, B::GroupEnd, [N; 4], N, N),
+    r("ncclGroup", GROUP, B::GroupSpan, [N; 4], N, N),
+    // (*comm, nranks, ncclUniqueId by value (on the stack), rank[, config])
+    r(
+        "ncclCommInitRank",
+        COMM,
+        B::NcclCommInit,
+        [0, 1, 2, 6],
+        N,
+        N,
+    ),
+    r(
+        "ncclCommInitRankConfig",
+        COMM,
+        B::NcclCommInit,
+        [0, 1, 2, 6],
+        N,
+        N,
+    ),
+    // (*newcomm, nranks, myrank, nId, commIds*, config)
+    r(
+        "ncclCommInitRankScalable",
+        COMM,
+        B::NcclCommInit,
+        [0, 1, 2, 4],
+        N,
+        N,
+    ),
+    // (comms[], ndev, devlist)
+    r(
+        "ncclCommInitAll",
+        COMM,
+        B::NcclCommInitAll,
+        [0, 1, N, N],
+        N,
+        N,
+    ),
+    // (comm, color, key, *newcomm, config)
+    r("ncclCommSplit", COMM, B::NcclCommSplit, [0, 1, N, 3], 0, N),
+    r("ncclCommDestroy", COMM, B::NcclCommFree, [0, N, N, N], N, N),
+    r("ncclCommAbort", COMM, B::NcclCommFree, [0, N, N, N], N, N),
+    // (comm, *count) / (comm, *rank)
+    r("ncclCommCount", COMM, B::CommSize, [0, N, N, 1], 0, N),
+    r("ncclCommUserRank", COMM, B::CommRank, [0, N, N, 1], 0, N),
 ];
+
+/// Id of the routine named `name`, at compile time (panics if there is none).
+pub const fn routine_index(name: &str) -> u16 {
+    let mut i = 0;
+    while i < ROUTINES.len() {
+        if const_eq(ROUTINES[i].name.as_bytes(), name.as_bytes()) {
+            return i as u16;
+        }
+        i += 1;
+    }
+    panic!("no such routine")
+}
+
+const fn const_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Id of the span counted per completed outermost NCCL group.
+pub const NCCL_GROUP: u16 = routine_index("ncclGroup");
 
 /// Number of routines in [`ROUTINES`].
 pub const ROUTINE_COUNT: usize = ROUTINES.len();
@@ -543,12 +744,8 @@ const _: () = assert!(ROUTINE_COUNT < u16::MAX as usize);
 pub fn routine_id(name: &str) -> Option<u16> {
     ROUTINES
         .iter()
-        .position(|r| eq(r.name, name))
+        .position(|r| const_eq(r.name.as_bytes(), name.as_bytes()))
         .map(|i| i as u16)
-}
-
-fn eq(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.as_bytes() == b.as_bytes()
 }
 
 #[cfg(test)]
@@ -558,7 +755,11 @@ mod tests {
     #[test]
     fn names_unique_and_well_formed() {
         for (i, r) in ROUTINES.iter().enumerate() {
-            assert!(r.name.starts_with("MPI_"), "{}", r.name);
+            assert!(
+                r.name.starts_with("MPI_") || r.name.starts_with("nccl"),
+                "{}",
+                r.name
+            );
             assert_eq!(routine_id(r.name), Some(i as u16), "duplicate {}", r.name);
         }
     }

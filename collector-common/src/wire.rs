@@ -13,6 +13,8 @@ pub enum Abi {
     OpenMpi = 1,
     /// MPICH and derivatives (Intel MPI): handles are 32-bit integers encoding builtin sizes.
     Mpich = 2,
+    /// NCCL and RCCL: communicators are pointers, datatypes an enum, counts `size_t`.
+    Nccl = 3,
 }
 
 impl Abi {
@@ -21,6 +23,7 @@ impl Abi {
         match v {
             1 => Some(Abi::OpenMpi),
             2 => Some(Abi::Mpich),
+            3 => Some(Abi::Nccl),
             _ => None,
         }
     }
@@ -94,8 +97,17 @@ pub struct CallState {
     pub depth: u32,
     /// 1 while the thread is inside an MPI call, 0 when idle.
     pub busy: u32,
+    /// NCCL: monotonic ns at the entry of the outermost open `ncclGroupStart`.
+    pub group_start_ns: u64,
+    /// NCCL: bytes of the operations enqueued in the open group.
+    pub group_bytes: u64,
+    /// NCCL: `ncclGroupStart` calls not yet matched by `ncclGroupEnd` (groups nest).
+    pub group_depth: u32,
+    /// NCCL: operations enqueued in the open group.
+    pub group_ops: u32,
 }
-const _: () = assert!(size_of::<CallState>() == 144);
+const _: () = assert!(size_of::<CallState>() == 168);
+const _: () = assert!(offset_of!(CallState, group_start_ns) == 144);
 
 /// Number of library layout slots (distinct probed MPI libraries at once).
 pub const MAX_LAYOUTS: u32 = 64;
@@ -137,7 +149,7 @@ pub mod watch {
     pub const DESCENDANTS: u32 = 2;
 }
 
-/// Key of the ground-truth counters: one per process, routine, size bucket and comm size.
+/// Key of the ground-truth counters: one per process, routine, size bucket and communicator.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CounterKey {
@@ -151,9 +163,16 @@ pub struct CounterKey {
     pub _pad: u8,
     /// Size of the call's communicator; 0 when the routine has none or it is unknown.
     pub comm_size: u32,
+    /// This process's rank in the communicator (NCCL; 0 for MPI, whose counters are kept
+    /// per communicator size only).
+    pub comm_rank: i32,
+    /// Identity of the communicator, equal in every process that is part of it (NCCL: a
+    /// hash of its unique id; 0 when unknown and for MPI).
+    pub comm_id: u64,
 }
-const _: () = assert!(size_of::<CounterKey>() == 12);
+const _: () = assert!(size_of::<CounterKey>() == 24);
 const _: () = assert!(offset_of!(CounterKey, comm_size) == 8);
+const _: () = assert!(offset_of!(CounterKey, comm_id) == 16);
 
 /// Value of the ground-truth counters (a per-CPU map: userspace sums the CPUs).
 #[repr(C)]
@@ -186,8 +205,10 @@ pub struct ProcStats {
     pub finalize_ns: u64,
     /// Calls that could not be counted because the counter map was full.
     pub counters_full: u64,
+    /// NCCL operations enqueued inside `ncclGroupStart`/`ncclGroupEnd` groups.
+    pub group_ops: u64,
 }
-const _: () = assert!(size_of::<ProcStats>() == 56);
+const _: () = assert!(size_of::<ProcStats>() == 64);
 
 /// Offsets of the tracepoint fields commtap reads, parsed by userspace from tracefs
 /// `format` files (they differ between kernel versions).
@@ -282,7 +303,8 @@ pub struct HandleKey {
 }
 const _: () = assert!(size_of::<HandleKey>() == 16);
 
-/// What is known of a communicator (MPICH ABI: learnt from MPI_Comm_size/rank returns).
+/// What is known of a communicator (MPICH ABI: learnt from MPI_Comm_size/rank returns;
+/// NCCL: from its creation, `ncclCommCount` and `ncclCommUserRank`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CommInfo {
@@ -290,8 +312,65 @@ pub struct CommInfo {
     pub size: u32,
     /// This process's rank in it, -1 if unknown.
     pub rank: i32,
+    /// Identity shared by all its members (NCCL), 0 if unknown.
+    pub id: u64,
+    /// Communicators split off it so far (NCCL): members split in the same order, so the
+    /// sequence number tells apart two splits with the same color.
+    pub splits: u32,
+    /// Explicit padding.
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<CommInfo>() == 8);
+const _: () = assert!(size_of::<CommInfo>() == 24);
+
+impl CommInfo {
+    /// A communicator of `size` ranks (0: unknown) in which this process is `rank`.
+    #[inline(always)]
+    pub const fn new(size: u32, rank: i32, id: u64) -> CommInfo {
+        CommInfo {
+            size,
+            rank,
+            id,
+            splits: 0,
+            _pad: 0,
+        }
+    }
+}
+
+/// NCCL ABI facts (nccl.h 2.19 to 2.32; RCCL shares them).
+pub mod nccl {
+    /// Bytes of one element of `ncclDataType_t` value `t`: Int8, Uint8, Int32, Uint32,
+    /// Int64, Uint64, Float16, Float32, Float64, Bfloat16, Float8e4m3, Float8e5m2.
+    /// `None` for a value this table does not know (a newer NCCL): never guessed.
+    #[inline(always)]
+    pub const fn type_size(t: u32) -> Option<u64> {
+        match t {
+            0 | 1 | 10 | 11 => Some(1),
+            2 | 3 | 7 => Some(4),
+            4 | 5 | 8 => Some(8),
+            6 | 9 => Some(2),
+            _ => None,
+        }
+    }
+
+    /// Words of an `ncclUniqueId` (128 bytes) hashed into a communicator id: its bootstrap
+    /// magic and root address live in the first 48 bytes.
+    pub const ID_WORDS: usize = 6;
+
+    /// Folds words of a unique id (or of other identifying values) into a communicator id
+    /// (FNV-1a over 64-bit words; never 0, which means unknown).
+    #[inline(always)]
+    pub const fn mix(h: u64, w: u64) -> u64 {
+        let h = (h ^ w).wrapping_mul(0x0000_0100_0000_01b3);
+        if h == 0 {
+            1
+        } else {
+            h
+        }
+    }
+
+    /// Start value of [`mix`].
+    pub const SEED: u64 = 0xcbf2_9ce4_8422_2325;
+}
 
 /// MPICH ABI constants (MPICH 3/4 and Intel MPI share them).
 pub mod mpich {

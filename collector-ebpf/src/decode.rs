@@ -5,7 +5,7 @@
 //! derived types / communicators are learnt from the calls that create or query them.
 
 use aya_ebpf::helpers::{bpf_probe_read_user, generated as gen};
-use collector_common::{mpich, Abi, CommInfo, HandleKey, Layout};
+use collector_common::{mpich, nccl, Abi, CommInfo, HandleKey, Layout};
 
 use crate::maps::{COMMS, DTYPES};
 
@@ -57,6 +57,9 @@ pub fn type_size(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<u64> {
     if abi == Abi::OpenMpi as u8 {
         return read::<u64>(h.checked_add(layout.dt_size_off as u64)?).filter(|_| h != 0);
     }
+    if abi == Abi::Nccl as u8 {
+        return nccl::type_size(h as u32);
+    }
     let h = h & 0xffff_ffff;
     if let Some(s) = mpich::builtin_type_size(h as u32) {
         return Some(s);
@@ -72,9 +75,24 @@ pub fn type_size(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<u64> {
     .copied()
 }
 
-/// Size of communicator `h` and this process's rank in it.
+/// Size of communicator `h` and this process's rank in it. For NCCL, a communicator whose
+/// size is not known yet (split off, not asked) still has its identity.
 #[inline(always)]
 pub fn comm_info(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<CommInfo> {
+    if abi == Abi::Nccl as u8 {
+        if h == 0 {
+            return None;
+        }
+        // SAFETY: plain value.
+        return unsafe {
+            COMMS.get(HandleKey {
+                tgid,
+                _pad: 0,
+                handle: h,
+            })
+        }
+        .copied();
+    }
     if abi == Abi::OpenMpi as u8 {
         if h == 0 {
             return None;
@@ -96,16 +114,13 @@ pub fn comm_info(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<CommInfo
         if size <= 0 {
             return None;
         }
-        let info = CommInfo {
-            size: size as u32,
-            rank,
-        };
+        let info = CommInfo::new(size as u32, rank, 0);
         let _ = COMMS.insert(key, info, 0);
         return Some(info);
     }
     let h = h & 0xffff_ffff;
     if h == mpich::COMM_SELF {
-        return Some(CommInfo { size: 1, rank: 0 });
+        return Some(CommInfo::new(1, 0, 0));
     }
     // SAFETY: plain value.
     let info = unsafe {

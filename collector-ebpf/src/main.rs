@@ -1,7 +1,8 @@
 //! commtap's BPF programs.
 //!
-//! - `mpi_entry` / `mpi_return`: one uprobe/uretprobe pair serves every MPI routine; the
-//!   attach cookie names the routine and its library's layout (see `collector_common::Cookie`).
+//! - `call_entry`: one uprobe serves every MPI and NCCL routine; the attach cookie names the
+//!   routine and its library's layout (see `collector_common::Cookie`).
+//! - `mpi_return_*` / `nccl_return`: the return probes, one per ABI and argument shape.
 //! - `sched_fork` / `sched_exec` / `sched_exit`: follow the watched process tree.
 #![no_std]
 #![no_main]
@@ -9,6 +10,7 @@
 mod decode;
 mod maps;
 mod mpi;
+mod nccl;
 mod process;
 
 #[cfg(not(test))]

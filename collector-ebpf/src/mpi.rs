@@ -1,9 +1,10 @@
-//! The generic MPI entry/return probe pair.
+//! The generic entry probe of every routine and the MPI return probes.
 //!
 //! Entry saves the arguments and a timestamp per thread; return applies the routine's
 //! byte rule (from `ROUTINE_SPECS`), updates the ground-truth counters and emits a
-//! `CallEvent`. An MPI call made while another is in progress on the same thread (MPI-IO,
-//! `MPI_Sendrecv_replace` in some builds) is counted once, at the outermost call.
+//! `CallEvent`. A call made while another is in progress on the same thread (MPI-IO,
+//! `MPI_Sendrecv_replace` in some builds, `ncclBcast` → `ncclBroadcast`) is counted once,
+//! at the outermost call. NCCL's own return rules are in `nccl`.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
@@ -30,14 +31,14 @@ use crate::{
 };
 
 #[inline(always)]
-fn cookie(ctx: &impl EbpfContext) -> Cookie {
+pub(crate) fn cookie(ctx: &impl EbpfContext) -> Cookie {
     // SAFETY: the helper only reads the attachment's cookie.
     Cookie::unpack(unsafe { aya_ebpf::helpers::generated::bpf_get_attach_cookie(ctx.as_ptr()) })
 }
 
-/// Entry of any MPI routine: `int MPI_X(...)`; arguments per `ROUTINE_SPECS[cookie.routine]`.
+/// Entry of any probed routine (MPI or NCCL); arguments per `ROUTINE_SPECS[cookie.routine]`.
 #[uprobe]
-pub fn mpi_entry(ctx: ProbeContext) -> u32 {
+pub fn call_entry(ctx: ProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     // A thread has call state only if its process was counted when it first called MPI,
@@ -64,10 +65,8 @@ pub fn mpi_entry(ctx: ProbeContext) -> u32 {
         return 0;
     };
     let mut st = CallState {
-        start_ns: 0,
-        args: [0; ARG_SLOTS],
-        depth: 0,
         busy: 1,
+        ..CallState::default()
     };
     // SAFETY: regs points at this probe's saved registers.
     let regs = unsafe { &*ctx.regs };
@@ -94,8 +93,14 @@ pub fn mpi_entry(ctx: ProbeContext) -> u32 {
     }
     st.start_ns = unsafe { bpf_ktime_get_ns() };
     match existing.or_else(|| call_state(true)) {
-        // SAFETY: the thread's own, idle state.
-        Some(e) => unsafe { *e = st },
+        // SAFETY: the thread's own, idle state; an open NCCL group outlives the call.
+        Some(e) => unsafe {
+            st.group_start_ns = (*e).group_start_ns;
+            st.group_bytes = (*e).group_bytes;
+            st.group_depth = (*e).group_depth;
+            st.group_ops = (*e).group_ops;
+            *e = st
+        },
         // No storage could be created (memory, or the storage lock busy): not counted.
         None => with_proc_stats(tgid, |s| s.counters_full += 1),
     }
@@ -136,10 +141,11 @@ pub fn mpi_return_mpich_types(ctx: RetProbeContext) -> u32 {
 /// One program per ABI and argument shape: with both constants, each program carries only
 /// its own decoding paths, which keeps the verifier's work small.
 #[inline(always)]
-fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeContext) -> u32 {
+pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let now = unsafe { bpf_ktime_get_ns() };
+    let ret: i32 = ctx.ret();
     // Only counted processes have call state: no need to look the process up again.
     let e = match call_state(false) {
         // SAFETY: the thread's own entry.
@@ -173,8 +179,11 @@ fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeContext) -> u3
         layout,
         tgid,
         args,
+        ret,
     };
-    let out = if TYPES {
+    let out = if ABI == Abi::Nccl as u8 {
+        crate::nccl::on_return(&call, &spec, comm)
+    } else if TYPES {
         on_type_return(&call, &spec)
     } else {
         on_return(&call, &spec, comm)
@@ -195,9 +204,30 @@ fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeContext) -> u3
         }
     };
     let comm_size = comm.map(|c| c.size).unwrap_or(0);
-    count(tgid, c.routine, bucket, comm_size, bytes, dur);
+    // Only NCCL keeps counters per communicator; MPI's are per communicator size.
+    let (comm_rank, comm_id) = match comm {
+        _ if ABI != Abi::Nccl as u8 => (0, 0),
+        Some(c) => (c.rank, c.id),
+        None => (-1, 0),
+    };
+    count(
+        &CounterKey {
+            tgid,
+            routine: c.routine,
+            bucket,
+            _pad: 0,
+            comm_size,
+            comm_rank,
+            comm_id,
+        },
+        bytes,
+        dur,
+    );
 
     let peer = arg(args, spec.peer).map(int_arg).unwrap_or(-1);
+    if ABI == Abi::Nccl as u8 {
+        crate::nccl::on_group(e, &spec, tgid, out.unwrap_or(0), start_ns, now);
+    }
     if !CONFIG.get(0).is_some_and(|c| c.call_events != 0) {
         e.busy = 0;
         return 0;
@@ -241,7 +271,7 @@ fn batched_wakeup() -> u64 {
 }
 
 #[inline(always)]
-fn arg(args: &[u64; ARG_SLOTS], i: u8) -> Option<u64> {
+pub(crate) fn arg(args: &[u64; ARG_SLOTS], i: u8) -> Option<u64> {
     // Operands are < MAX_ARGS or NO_ARG (checked by collector-common's tests). Only the
     // mask bounds the index: a range check here lets LLVM drop the mask, and the verifier
     // then loses the bound.
@@ -252,15 +282,10 @@ fn arg(args: &[u64; ARG_SLOTS], i: u8) -> Option<u64> {
     }
 }
 
+/// Adds one call to the ground-truth counter `key`.
 #[inline(always)]
-fn count(tgid: u32, routine: u16, bucket: u8, comm_size: u32, bytes: u64, dur: u64) {
-    let key = CounterKey {
-        tgid,
-        routine,
-        bucket,
-        _pad: 0,
-        comm_size,
-    };
+pub(crate) fn count(key: &CounterKey, bytes: u64, dur: u64) {
+    let tgid = key.tgid;
     if let Some(v) = COUNTERS.get_ptr_mut(key) {
         // SAFETY: this CPU's slot.
         let v = unsafe { &mut *v };
@@ -284,16 +309,18 @@ fn count(tgid: u32, routine: u16, bucket: u8, comm_size: u32, bytes: u64, dur: u
 }
 
 /// A returning call's decoding context.
-struct Call<'a> {
-    abi: u8,
-    layout: &'a Layout,
-    tgid: u32,
-    args: &'a [u64; ARG_SLOTS],
+pub(crate) struct Call<'a> {
+    pub abi: u8,
+    pub layout: &'a Layout,
+    pub tgid: u32,
+    pub args: &'a [u64; ARG_SLOTS],
+    /// The routine's return value (`int`: MPI and NCCL both return 0 on success).
+    pub ret: i32,
 }
 
 impl Call<'_> {
     #[inline(always)]
-    fn arg(&self, i: u8) -> Option<u64> {
+    pub fn arg(&self, i: u8) -> Option<u64> {
         arg(self.args, i)
     }
 
@@ -313,6 +340,9 @@ impl Call<'_> {
     fn count(&self, i: u8) -> Option<u64> {
         if i == N {
             Some(1)
+        } else if self.abi == Abi::Nccl as u8 {
+            // size_t
+            self.arg(i)
         } else {
             count_arg(self.arg(i)?)
         }
@@ -320,7 +350,7 @@ impl Call<'_> {
 
     /// `count(a) x size(b)`.
     #[inline(always)]
-    fn count_type(&self, a: u8, b: u8) -> Option<u64> {
+    pub fn count_type(&self, a: u8, b: u8) -> Option<u64> {
         Some(self.count(a)? * self.size(b)?)
     }
 
@@ -393,6 +423,8 @@ fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Option<u64> {
             }
             Some(0)
         }
+        // NCCL's rules: its return program handles them (see `nccl`).
+        _ => Some(0),
     }
 }
 
@@ -451,7 +483,7 @@ fn learn_type(c: &Call, spec: &ArgSpec, rule: ByteRule) {
 
 /// Records a communicator's size or this process's rank in it.
 #[inline(always)]
-fn learn_comm(c: &Call, spec: &ArgSpec, rule: ByteRule) {
+pub(crate) fn learn_comm(c: &Call, spec: &ArgSpec, rule: ByteRule) {
     let Some(h) = c.arg(spec.a) else { return };
     let Some(v) = c.arg(spec.d).and_then(read::<i32>) else {
         return;
@@ -459,12 +491,12 @@ fn learn_comm(c: &Call, spec: &ArgSpec, rule: ByteRule) {
     let key = HandleKey {
         tgid: c.tgid,
         _pad: 0,
-        handle: h & 0xffff_ffff,
+        handle: handle(c.abi, h),
     };
     // SAFETY: plain value.
     let mut info = unsafe { COMMS.get(key) }
         .copied()
-        .unwrap_or(CommInfo { size: 0, rank: -1 });
+        .unwrap_or(CommInfo::new(0, -1, 0));
     if rule == ByteRule::CommSize {
         info.size = v as u32;
     } else {

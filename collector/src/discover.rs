@@ -59,6 +59,8 @@ const RANK_VARS: &[&str] = &[
     "SLURM_PROCID",
     "MV2_COMM_WORLD_RANK",
     "ALPS_APP_PE",
+    // PyTorch's launchers (torchrun, torch.distributed's env:// rendezvous).
+    "RANK",
 ];
 /// Variables that carry the world size.
 const SIZE_VARS: &[&str] = &[
@@ -66,6 +68,7 @@ const SIZE_VARS: &[&str] = &[
     "PMI_SIZE",
     "SLURM_NTASKS",
     "MV2_COMM_WORLD_SIZE",
+    "WORLD_SIZE",
 ];
 /// Batch systems' job ids (mpitrace's choice for profile file names).
 const BATCH_JOB_VARS: &[&str] = &["SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "COBALT_JOBID"];
@@ -74,6 +77,7 @@ const LAUNCHER_JOB_VARS: &[&str] = &[
     "PMIX_NAMESPACE",
     "OMPI_MCA_ess_base_jobid",
     "I_MPI_HYDRA_UUID",
+    "TORCHELASTIC_RUN_ID",
 ];
 
 fn proc_err(pid: u32, what: &'static str) -> impl FnOnce(std::io::Error) -> DiscoverError {

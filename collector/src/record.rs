@@ -83,7 +83,10 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
                 .map(u32::to_string)
                 .collect::<Vec<_>>()
                 .join(", ");
-            bail!("PID {list}: not an MPI process (maps no MPI library: libmpi, libmpich)");
+            bail!(
+                "PID {list}: not an MPI or NCCL process (maps no MPI library such as libmpi or \
+                 libmpich, and nothing that holds NCCL)"
+            );
         }
         mark_ready(&opts)?;
     }

@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 
 use collector_common::{
-    buckets::bucket_range, routines::class, CounterKey, CounterVal, ProcStats, ROUTINES,
-    UNKNOWN_BUCKET,
+    buckets::bucket_range,
+    routines::{class, Family, NO_ARG},
+    CounterKey, CounterVal, ProcStats, ROUTINES, UNKNOWN_BUCKET,
 };
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +65,31 @@ pub struct RoutineStats {
     pub sizes: Vec<SizeBucket>,
     /// Calls per communicator size ("0": unknown or none).
     pub comm_sizes: BTreeMap<u32, u64>,
+    /// NCCL: the calls per communicator (MPI routines have none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub communicators: Vec<CommStats>,
+}
+
+/// One NCCL communicator's share of a routine's calls.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommStats {
+    /// Identity, the same in every member process (16 hex digits); `None` when unknown (the
+    /// communicator was created before commtap attached).
+    pub id: Option<String>,
+    /// Number of ranks, 0 when unknown.
+    pub size: u32,
+    /// This process's rank in it, -1 when unknown.
+    pub rank: i32,
+    /// The calls on it.
+    #[serde(flatten)]
+    pub totals: Totals,
+}
+
+impl CommStats {
+    /// The identity as the kernel keeps it (0: unknown) in its printed form.
+    pub fn id_of(raw: u64) -> Option<String> {
+        (raw != 0).then(|| format!("{raw:016x}"))
+    }
 }
 
 impl RoutineStats {
@@ -76,6 +102,20 @@ impl RoutineStats {
         }
         for (size, calls) in &other.comm_sizes {
             *self.comm_sizes.entry(*size).or_default() += calls;
+        }
+        for c in &other.communicators {
+            match self
+                .communicators
+                .iter_mut()
+                .find(|m| (&m.id, m.size, m.rank) == (&c.id, c.size, c.rank))
+            {
+                Some(m) => m.totals.merge(&c.totals),
+                None => {
+                    self.communicators.push(c.clone());
+                    self.communicators
+                        .sort_by(|a, b| (&a.id, a.size, a.rank).cmp(&(&b.id, b.size, b.rank)));
+                }
+            }
         }
     }
 
@@ -113,6 +153,9 @@ pub struct Health {
     pub in_flight_at_attach: u64,
     /// Calls lost because the kernel's counter map was full.
     pub counter_map_full: u64,
+    /// NCCL operations enqueued inside groups (each completed group is one `ncclGroup`).
+    #[serde(default)]
+    pub group_ops: u64,
 }
 
 impl From<&ProcStats> for Health {
@@ -124,6 +167,7 @@ impl From<&ProcStats> for Health {
             nested: s.nested,
             in_flight_at_attach: s.orphan_returns,
             counter_map_full: s.counters_full,
+            group_ops: s.group_ops,
         }
     }
 }
@@ -153,6 +197,14 @@ pub fn routines_of(tgid: u32, counters: &[(CounterKey, CounterVal)]) -> Routines
         }
         one.add_bucket(bucket, &totals);
         one.comm_sizes.insert(k.comm_size, v.calls);
+        if routine.family() == Family::Nccl && routine.spec.comm != NO_ARG {
+            one.communicators.push(CommStats {
+                id: CommStats::id_of(k.comm_id),
+                size: k.comm_size,
+                rank: k.comm_rank,
+                totals,
+            });
+        }
         out.entry(routine.name.to_string()).or_default().merge(&one);
     }
     out
@@ -184,10 +236,11 @@ pub fn table_order(routines: &Routines) -> Vec<(&String, &RoutineStats)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn key(tgid: u32, routine: &str, bucket: u8, comm_size: u32) -> CounterKey {
+    /// A counter key of an MPI routine (or an NCCL one on no known communicator).
+    pub(crate) fn key(tgid: u32, routine: &str, bucket: u8, comm_size: u32) -> CounterKey {
         let routine = collector_common::routines::routine_id(routine).unwrap();
         CounterKey {
             tgid,
@@ -195,6 +248,8 @@ mod tests {
             bucket,
             _pad: 0,
             comm_size,
+            comm_rank: 0,
+            comm_id: 0,
         }
     }
 

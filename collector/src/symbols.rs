@@ -1,12 +1,14 @@
-//! Reading an MPI library once: which ABI it has, where each probed routine lives (as a file
-//! offset), and which instruction each probe lands on.
+//! Reading a mapped object once: whether it is an MPI library or holds NCCL (libnccl,
+//! librccl, or NCCL linked into another library or the executable), which ABI it has, where
+//! each probed routine lives (as a file offset), and which instruction each probe lands on.
 //!
 //! Probes are placed by (file, offset), never by name: `MPI_X`, `PMPI_X` and the Fortran
-//! names share one address, and attaching twice would count twice.
+//! names share one address, as do `ncclX` and `pncclX`, and attaching twice would count
+//! twice.
 
 use std::{collections::BTreeMap, fs::File, path::Path};
 
-use collector_common::{Abi, Layout, ROUTINES};
+use collector_common::{routines::Family, Abi, Layout, ROUTINES};
 use object::{Object, ObjectSection, ObjectSymbol};
 use serde::Serialize;
 
@@ -60,15 +62,15 @@ pub struct ProbePoint {
     pub placement: Placement,
 }
 
-/// An MPI library as commtap probes it.
+/// A library (MPI, or one holding NCCL) as commtap probes it.
 #[derive(Clone, Debug, Serialize)]
-pub struct MpiLibrary {
+pub struct Library {
     /// Path it was read from.
     pub path: String,
     /// Implementation family, for handle decoding.
     #[serde(serialize_with = "ser_abi")]
     pub abi: Abi,
-    /// Human name of the implementation and version line, e.g. "Open MPI 4.x".
+    /// Human name of the implementation and version line, e.g. "Open MPI 4.x", "NCCL 2.32.3".
     pub flavor: String,
     /// Object layout offsets for handle decoding.
     #[serde(skip)]
@@ -83,17 +85,18 @@ fn ser_abi<S: serde::Serializer>(abi: &Abi, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(match abi {
         Abi::OpenMpi => "open_mpi",
         Abi::Mpich => "mpich",
+        Abi::Nccl => "nccl",
     })
 }
 
 /// What reading a mapped object found.
 #[derive(Debug)]
 pub enum LibraryKind {
-    /// An MPI library commtap can probe.
-    Mpi(MpiLibrary),
+    /// A library commtap can probe.
+    Probed(Library),
     /// An MPI library whose ABI commtap does not decode (reason given).
     UnsupportedMpi(String),
-    /// Not an MPI library.
+    /// Neither MPI nor NCCL.
     Other,
 }
 
@@ -139,7 +142,19 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
             }
         }
     }
-    if !syms.contains_key("MPI_Send") && !syms.contains_key("PMPI_Send") {
+    let has = |name: &str| syms.contains_key(name);
+    if has("ncclAllReduce") || has("pncclAllReduce") {
+        let flavor = nccl_version(&elf, &display);
+        return Ok(LibraryKind::Probed(probe_points(
+            &elf,
+            &map,
+            &syms,
+            display,
+            (Abi::Nccl, flavor, Layout::default()),
+            Family::Nccl,
+        )));
+    }
+    if !has("MPI_Send") && !has("PMPI_Send") {
         return Ok(LibraryKind::Other);
     }
     let needed = needed_libs(&elf);
@@ -171,16 +186,72 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
         )));
     };
 
+    Ok(LibraryKind::Probed(probe_points(
+        &elf,
+        &map,
+        &syms,
+        display,
+        (abi, flavor.to_string(), layout),
+        Family::Mpi,
+    )))
+}
+
+/// "NCCL 2.32.3" or "RCCL 2.x" from the version banner in the library's read-only data.
+fn nccl_version(elf: &object::File, path: &str) -> String {
+    let name = if path.contains("rccl") {
+        "RCCL"
+    } else {
+        "NCCL"
+    };
+    let banner = b"NCCL version ";
+    // The first banner followed by a digit ("NCCL version information" comes first).
+    let version = elf
+        .section_by_name(".rodata")
+        .and_then(|s| s.data().ok())
+        .and_then(|data| {
+            data.windows(banner.len())
+                .enumerate()
+                .filter(|(_, w)| *w == banner)
+                .find_map(|(at, _)| {
+                    let rest = &data[at + banner.len()..];
+                    let end = rest.iter().position(|b| !b.is_ascii_graphic())?;
+                    let v = std::str::from_utf8(&rest[..end]).ok()?;
+                    v.starts_with(|c: char| c.is_ascii_digit())
+                        .then(|| v.to_string())
+                })
+        });
+    match version {
+        Some(v) => format!("{name} {v}"),
+        None => name.to_string(),
+    }
+}
+
+/// The probe points of `family`'s routines in a library whose symbols are `syms`.
+fn probe_points(
+    elf: &object::File,
+    map: &[u8],
+    syms: &BTreeMap<&str, u64>,
+    path: String,
+    (abi, flavor, layout): (Abi, String, Layout),
+    family: Family,
+) -> Library {
     let mut probes = Vec::new();
     let mut missing = Vec::new();
     let mut seen = BTreeMap::new();
     for (id, routine) in ROUTINES.iter().enumerate() {
-        let pname = format!("P{}", routine.name);
-        let Some(&addr) = syms.get(routine.name).or_else(|| syms.get(pname.as_str())) else {
+        if routine.family() != family || !routine.is_probed() {
+            continue;
+        }
+        // The profiling alias: PMPI_X, pncclX.
+        let alias = match family {
+            Family::Mpi => format!("P{}", routine.name),
+            Family::Nccl => format!("p{}", routine.name),
+        };
+        let Some(&addr) = syms.get(routine.name).or_else(|| syms.get(alias.as_str())) else {
             missing.push(routine.name);
             continue;
         };
-        let Some(offset) = file_offset(&elf, addr) else {
+        let Some(offset) = file_offset(elf, addr) else {
             missing.push(routine.name);
             continue;
         };
@@ -199,14 +270,14 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
             placement,
         });
     }
-    Ok(LibraryKind::Mpi(MpiLibrary {
-        path: display,
+    Library {
+        path,
         abi,
-        flavor: flavor.to_string(),
+        flavor,
         layout,
         probes,
         missing,
-    }))
+    }
 }
 
 fn needed_libs(elf: &object::File) -> Vec<String> {
@@ -256,11 +327,17 @@ fn emulated(code: &[u8]) -> bool {
 /// Picks the probe offset within a function starting with `code`.
 ///
 /// A RIP-relative `mov`/`lea` into %rax, %r10 or %r11 (Open MPI's `MPI_Test` starts
-/// `mov ompi_mpi_param_check(%rip),%rax`) writes no argument register and leaves %rsp alone,
+/// `mov ompi_mpi_param_check(%rip),%rax`), or a `movabs` of a constant into %rax (NCCL's
+/// `ncclCommInitAll` starts with one), writes no argument register and leaves %rsp alone,
 /// so probing the next instruction sees the same arguments and the same return address.
 pub fn choose_probe_point(code: &[u8]) -> (u64, Placement) {
     if emulated(code) {
         return (0, Placement::Entry);
+    }
+    if let [0x48, 0xb8, _, _, _, _, _, _, _, _, rest @ ..] = code {
+        if emulated(rest) {
+            return (10, Placement::MovedPastSingleStep);
+        }
     }
     if let [rex @ (0x48 | 0x4c), 0x8b | 0x8d, modrm, _, _, _, _, rest @ ..] = code {
         let rip_relative = modrm & 0xc7 == 0x05;
@@ -296,6 +373,19 @@ mod tests {
             choose_probe_point(&code),
             (7, Placement::MovedPastSingleStep)
         );
+    }
+
+    #[test]
+    fn nccl_movabs_prologue_is_skipped() {
+        // movabs $0x5aa3cafebeef,%rax; push %rbp   (NCCL 2.32 ncclCommInitAll)
+        let code = [0x48, 0xb8, 0xef, 0xbe, 0xfe, 0xca, 0xa3, 0x5a, 0, 0, 0x55];
+        assert_eq!(
+            choose_probe_point(&code),
+            (10, Placement::MovedPastSingleStep)
+        );
+        // sub $0x10,%rsp (ncclBcast) moves the return address: never skipped.
+        let code = [0x48, 0x83, 0xec, 0x10, 0x41, 0x51];
+        assert_eq!(choose_probe_point(&code), (0, Placement::SingleStepped));
     }
 
     #[test]

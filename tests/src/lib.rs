@@ -544,3 +544,39 @@ impl Daemon {
         assert!(!self.socket.exists(), "the socket is removed at shutdown");
     }
 }
+
+/// The `lib` directory of the nvidia-nccl-cu13 wheel (the real `libnccl.so.2`) that
+/// `cargo xtask setup` installs.
+#[track_caller]
+pub fn nccl_lib_dir() -> PathBuf {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))",
+        ])
+        .output()
+        .expect("running python3");
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(
+        out.status.success() && dir.join("libnccl.so.2").exists(),
+        "the nvidia-nccl-cu13 wheel is not installed (run `cargo xtask setup`): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+/// Builds a C test program that calls NCCL through `tests/programs/nccl_abi.h`, linked
+/// against the library in `lib_dir` named `lib_name` (`libnccl.so.2`, or a stand-in).
+#[track_caller]
+pub fn build_nccl_program(src: &str, lib_dir: &Path, lib_name: &str) -> PathBuf {
+    let programs = repo_root().join("tests/programs");
+    build_plain_c(
+        src,
+        &[
+            &format!("-I{}", programs.display()),
+            &format!("-L{}", lib_dir.display()),
+            &format!("-l:{lib_name}"),
+            &format!("-Wl,-rpath,{}", lib_dir.display()),
+        ],
+    )
+}

@@ -41,7 +41,7 @@ fn a_process_that_is_not_mpi_is_refused() {
     let sleeper = ChildGuard::spawn(Command::new("sleep").arg("60"));
     let pid = sleeper.0.id().to_string();
     let run = run_commtap(&scratch, &["record", "--pid", &pid], LIMIT);
-    assert_clear_failure(&run, "not an MPI process");
+    assert_clear_failure(&run, "not an MPI or NCCL process");
 }
 
 #[test]

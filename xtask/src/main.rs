@@ -55,6 +55,8 @@ const PACKAGES: &[&str] = &[
 
 /// bpf-linker release known to work with the nightly's LLVM 22 (FACTS.md).
 const BPF_LINKER_VERSION: &str = "0.13.0";
+/// The NCCL the tests probe: the wheel PyTorch depends on (TARGETS.md §4), pinned.
+const NCCL_WHEEL: &str = "nvidia-nccl-cu13==2.32.3";
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
@@ -151,6 +153,15 @@ fn setup() -> Result<()> {
             "grpcio-health-checking",
             "grpcio-reflection",
         ]))?;
+    }
+
+    // The real libnccl.so.2, from the wheel current PyTorch loads (no GPU needed to probe it).
+    let have_nccl = Command::new("python3")
+        .args(["-c", "import nvidia.nccl"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have_nccl {
+        run(Command::new("python3").args(["-m", "pip", "install", "-q", NCCL_WHEEL]))?;
     }
 
     let have_linker = Command::new("bpf-linker")

@@ -126,6 +126,7 @@ fn synthetic_rank(
                     undecoded_calls: 0,
                     sizes,
                     comm_sizes: [(64, totals.calls)].into(),
+                    communicators: Vec::new(),
                 },
             )
         })

@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     discover::CgroupRef,
-    symbols::{self, LibraryKind, MpiLibrary, Placement, ProbePoint},
+    symbols::{self, Library, LibraryKind, Placement, ProbePoint},
 };
 
 /// The BPF object built by `build.rs` from `collector-ebpf`.
@@ -50,7 +50,7 @@ pub enum AttachError {
         #[source]
         source: aya::maps::MapError,
     },
-    /// The MPI probe programs could not be loaded or attached.
+    /// The probe programs could not be loaded or attached.
     #[error(transparent)]
     Multi(#[from] multi::MultiError),
     /// A program could not be loaded or attached.
@@ -89,7 +89,7 @@ fn prog_err(program: &'static str) -> impl FnOnce(aya::programs::ProgramError) -
 pub struct AttachedLibrary {
     /// What was read from it.
     #[serde(flatten)]
-    pub library: MpiLibrary,
+    pub library: Library,
     /// Probe points that failed to attach, with the reason.
     pub failed: Vec<String>,
 }
@@ -114,7 +114,7 @@ pub struct Probes {
     libraries: Vec<AttachedLibrary>,
     /// MPI libraries we saw but do not decode, with the reason.
     unsupported: Vec<String>,
-    /// The MPI probe programs, loaded for uprobe_multi links.
+    /// The MPI and NCCL probe programs, loaded for uprobe_multi links.
     programs: HashMap<String, OwnedFd>,
     /// Two links per library; dropping them detaches every probe.
     links: Vec<multi::MultiLink>,
@@ -152,7 +152,7 @@ impl Probes {
         let task_state = multi::create_task_storage(size_of::<CallState>() as u32)?;
         let mut fds = map_fds(&ebpf);
         fds.insert("TASK_STATE".to_string(), task_state.as_raw_fd());
-        let programs = multi::load_programs(BPF_OBJECT, &fds, &MPI_PROGRAMS)?;
+        let programs = multi::load_programs(BPF_OBJECT, &fds, &PROBE_PROGRAMS)?;
 
         let mut specs: Array<MapData, ArgSpec> =
             Array::try_from(take(&mut ebpf, "ROUTINE_SPECS")?).map_err(map_err("ROUTINE_SPECS"))?;
@@ -294,14 +294,9 @@ impl Probes {
             _pad: 0,
             handle: collector_common::mpich::COMM_WORLD,
         };
-        let _ = self.comms.insert(
-            key,
-            CommInfo {
-                size,
-                rank: rank as i32,
-            },
-            0,
-        );
+        let _ = self
+            .comms
+            .insert(key, CommInfo::new(size, rank as i32, 0), 0);
     }
 
     /// Attaches to the library at `path` (identified by `dev_inode`) unless already done.
@@ -315,7 +310,7 @@ impl Probes {
             return Ok(state.is_some());
         }
         let lib = match symbols::read_library(path) {
-            Ok(LibraryKind::Mpi(lib)) => lib,
+            Ok(LibraryKind::Probed(lib)) => lib,
             Ok(LibraryKind::UnsupportedMpi(why)) => {
                 warn!("{why}");
                 self.unsupported.push(why);
@@ -349,9 +344,10 @@ impl Probes {
             .pack()
         };
         let all: Vec<&ProbePoint> = lib.probes.iter().collect();
-        let mut groups = vec![("mpi_entry", false, all.clone())];
+        let mut groups = vec![("call_entry", false, all.clone())];
         match lib.abi {
             Abi::OpenMpi => groups.push(("mpi_return_ompi", true, all)),
+            Abi::Nccl => groups.push(("nccl_return", true, all)),
             Abi::Mpich => {
                 // Datatype constructors have their own return program (they learn sizes).
                 let (types, rest): (Vec<&ProbePoint>, Vec<&ProbePoint>) = all
@@ -370,7 +366,7 @@ impl Probes {
             let fd = self
                 .programs
                 .get(prog)
-                .ok_or(AttachError::Missing("MPI probe program"))?;
+                .ok_or(AttachError::Missing("probe program"))?;
             match multi::attach(fd.as_fd(), path, &offsets, &cookies, is_return) {
                 Ok(link) => self.links.push(link),
                 Err(e) => failed.push(format!("{e:#}")),
@@ -438,6 +434,7 @@ impl Probes {
                 s.nested += v.nested;
                 s.orphan_returns += v.orphan_returns;
                 s.counters_full += v.counters_full;
+                s.group_ops += v.group_ops;
                 s.init_ns = s.init_ns.max(v.init_ns);
                 s.finalize_ns = s.finalize_ns.max(v.finalize_ns);
             }
@@ -485,11 +482,12 @@ fn remove_handles_of<V: aya::Pod>(map: &mut BpfHashMap<MapData, HandleKey, V>, p
 }
 
 /// The programs attached through uprobe_multi links.
-const MPI_PROGRAMS: [&str; 4] = [
-    "mpi_entry",
+const PROBE_PROGRAMS: [&str; 5] = [
+    "call_entry",
     "mpi_return_ompi",
     "mpi_return_mpich",
     "mpi_return_mpich_types",
+    "nccl_return",
 ];
 
 /// File descriptors of the maps aya created, by name, to relocate the MPI programs against.

@@ -1,4 +1,4 @@
-//! uprobe_multi links for the MPI probe programs.
+//! uprobe_multi links for the MPI and NCCL probe programs.
 //!
 //! Why not aya here: aya 0.14 attaches each uprobe as its own perf event. Closing a
 //! perf-event uprobe waits for an RCU-tasks-trace grace period while holding the kernel's

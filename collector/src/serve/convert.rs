@@ -4,7 +4,7 @@
 use super::pb;
 use crate::{
     report::{JobProfile, ProbedLibrary, RankProfile},
-    stats::{Health, RoutineStats, SizeBucket, Totals},
+    stats::{CommStats, Health, RoutineStats, SizeBucket, Totals},
 };
 
 /// A wire message that cannot be turned into a domain value.
@@ -59,6 +59,7 @@ impl From<&Health> for pb::Health {
             nested: h.nested,
             in_flight_at_attach: h.in_flight_at_attach,
             counter_map_full: h.counter_map_full,
+            group_ops: h.group_ops,
         }
     }
 }
@@ -72,6 +73,7 @@ impl From<&pb::Health> for Health {
             nested: h.nested,
             in_flight_at_attach: h.in_flight_at_attach,
             counter_map_full: h.counter_map_full,
+            group_ops: h.group_ops,
         }
     }
 }
@@ -92,6 +94,16 @@ fn routine_to_pb(name: &str, r: &RoutineStats) -> pb::RoutineStats {
             })
             .collect(),
         comm_sizes: r.comm_sizes.iter().map(|(k, v)| (*k, *v)).collect(),
+        communicators: r
+            .communicators
+            .iter()
+            .map(|c| pb::CommunicatorStats {
+                id: c.id.clone().unwrap_or_default(),
+                size: c.size,
+                rank: c.rank,
+                totals: Some((&c.totals).into()),
+            })
+            .collect(),
     }
 }
 
@@ -115,6 +127,15 @@ fn routine_from_pb(r: &pb::RoutineStats) -> Result<(String, RoutineStats), Inval
             totals: totals(&b.totals, "SizeBucket")?,
         });
     }
+    let mut communicators = Vec::with_capacity(r.communicators.len());
+    for c in &r.communicators {
+        communicators.push(CommStats {
+            id: (!c.id.is_empty()).then(|| c.id.clone()),
+            size: c.size,
+            rank: c.rank,
+            totals: totals(&c.totals, "CommunicatorStats")?,
+        });
+    }
     Ok((
         r.name.clone(),
         RoutineStats {
@@ -122,6 +143,7 @@ fn routine_from_pb(r: &pb::RoutineStats) -> Result<(String, RoutineStats), Inval
             undecoded_calls: r.undecoded_calls,
             sizes,
             comm_sizes: r.comm_sizes.iter().map(|(k, v)| (*k, *v)).collect(),
+            communicators,
         },
     ))
 }
@@ -140,6 +162,9 @@ pub fn check_rank(r: &pb::RankProfile) -> Result<(), InvalidMessage> {
                     .map_err(|_| invalid("SizeBucket", format!("bucket {v} out of range")))?;
             }
             totals(&b.totals, "SizeBucket")?;
+        }
+        for c in &routine.communicators {
+            totals(&c.totals, "CommunicatorStats")?;
         }
     }
     Ok(())
@@ -261,18 +286,14 @@ impl TryFrom<&pb::JobProfile> for JobProfile {
 
 #[cfg(test)]
 mod tests {
-    use collector_common::{routines::routine_id, CounterKey, CounterVal, UNKNOWN_BUCKET};
+    use collector_common::{CounterKey, CounterVal, UNKNOWN_BUCKET};
 
     use super::*;
     use crate::stats::routines_of;
 
     fn sample() -> JobProfile {
-        let key = |routine: &str, bucket, comm_size| CounterKey {
-            tgid: 7,
-            routine: routine_id(routine).unwrap(),
-            bucket,
-            _pad: 0,
-            comm_size,
+        let key = |routine: &str, bucket, comm_size| {
+            crate::stats::tests::key(7, routine, bucket, comm_size)
         };
         let counters = vec![
             (
@@ -289,6 +310,18 @@ mod tests {
                     calls: 3,
                     bytes: 0,
                     time_ns: 3,
+                },
+            ),
+            (
+                CounterKey {
+                    comm_rank: 1,
+                    comm_id: 0xfeed,
+                    ..key("ncclAllReduce", 12, 2)
+                },
+                CounterVal {
+                    calls: 2,
+                    bytes: 8192,
+                    time_ns: 50,
                 },
             ),
         ];

@@ -1,0 +1,214 @@
+//! NCCL's return program: bytes by nccl-tests' conventions, communicator identity from the
+//! calls that create, split, query and destroy communicators, and groups.
+//!
+//! NCCL calls only enqueue work: the time counted here is the host-side enqueue time.
+
+use aya_ebpf::{macros::uretprobe, programs::RetProbeContext};
+use collector_common::{
+    nccl,
+    routines::{class, NCCL_GROUP},
+    size_bucket, Abi, ArgSpec, ByteRule, CallState, CommInfo, CounterKey, HandleKey,
+};
+
+use crate::{
+    decode::{int_arg, read},
+    maps::{with_proc_stats, COMMS},
+    mpi::{count, learn_comm, on_return_probe, Call},
+};
+
+/// Largest `ncclCommInitAll` clique whose communicators are learnt.
+const MAX_INIT_ALL: u32 = 16;
+
+/// Return of any NCCL routine (entry is the shared `call_entry`).
+#[uretprobe]
+pub fn nccl_return(ctx: RetProbeContext) -> u32 {
+    on_return_probe::<{ Abi::Nccl as u8 }, false>(ctx)
+}
+
+/// Applies an NCCL routine's byte rule and its communicator bookkeeping at return.
+#[inline(always)]
+pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Option<u64> {
+    let nranks = comm.map(|c| c.size).filter(|&n| n > 0);
+    let ok = c.ret == 0;
+    match ByteRule::from_u8(spec.rule) {
+        ByteRule::CountType => c.count_type(spec.a, spec.b),
+        ByteRule::CountTypeTimesP => Some(c.count_type(spec.a, spec.b)? * nranks? as u64),
+        ByteRule::NcclCommInit if ok => {
+            learn_init(c, spec);
+            Some(0)
+        }
+        ByteRule::NcclCommInitAll if ok => {
+            learn_init_all(c, spec);
+            Some(0)
+        }
+        ByteRule::NcclCommSplit if ok => {
+            learn_split(c, spec, comm);
+            Some(0)
+        }
+        ByteRule::NcclCommFree => {
+            let _ = COMMS.remove(key(c, c.arg(spec.a)?));
+            Some(0)
+        }
+        rule @ (ByteRule::CommSize | ByteRule::CommRank) if ok => {
+            learn_comm(c, spec, rule);
+            Some(0)
+        }
+        _ => Some(0),
+    }
+}
+
+#[inline(always)]
+fn key(c: &Call, handle: u64) -> HandleKey {
+    HandleKey {
+        tgid: c.tgid,
+        _pad: 0,
+        handle,
+    }
+}
+
+/// `ncclCommInitRank*`: the new communicator's size, rank and unique id.
+#[inline(always)]
+fn learn_init(c: &Call, spec: &ArgSpec) {
+    let Some(comm) = c.arg(spec.a).and_then(read::<u64>) else {
+        return;
+    };
+    let (Some(size), Some(rank)) = (c.arg(spec.b), c.arg(spec.c)) else {
+        return;
+    };
+    let words: [u64; nccl::ID_WORDS] = if spec.d >= 6 {
+        // By value: the saved stack arguments are its first words.
+        [
+            c.args[6], c.args[7], c.args[8], c.args[9], c.args[10], c.args[11],
+        ]
+    } else {
+        match c.arg(spec.d).and_then(read::<[u64; nccl::ID_WORDS]>) {
+            Some(w) => w,
+            None => [0; nccl::ID_WORDS],
+        }
+    };
+    let mut id = nccl::SEED;
+    for w in words {
+        id = nccl::mix(id, w);
+    }
+    let size = int_arg(size);
+    if comm == 0 || size <= 0 {
+        return;
+    }
+    let _ = COMMS.insert(
+        key(c, comm),
+        CommInfo::new(size as u32, int_arg(rank), id),
+        0,
+    );
+}
+
+/// `ncclCommInitAll(comms, n, devs)`: one process holds every rank; the clique's identity
+/// is its first communicator's address in this process.
+#[inline(always)]
+fn learn_init_all(c: &Call, spec: &ArgSpec) {
+    let (Some(comms), Some(n)) = (c.arg(spec.a), c.arg(spec.b)) else {
+        return;
+    };
+    let n = int_arg(n);
+    if n <= 0 || n as u32 > MAX_INIT_ALL {
+        return;
+    }
+    let Some(first) = read::<u64>(comms) else {
+        return;
+    };
+    let id = nccl::mix(nccl::mix(nccl::SEED, first), c.tgid as u64);
+    for i in 0..MAX_INIT_ALL {
+        if i >= n as u32 {
+            break;
+        }
+        if let Some(h) = read::<u64>(comms + i as u64 * 8) {
+            let _ = COMMS.insert(key(c, h), CommInfo::new(n as u32, i as i32, id), 0);
+        }
+    }
+}
+
+/// `ncclCommSplit`: the new communicator's identity is its parent's, the parent's split
+/// sequence number and the color, the same in every member; its size is unknown until the
+/// program asks `ncclCommCount`.
+#[inline(always)]
+fn learn_split(c: &Call, spec: &ArgSpec, parent: Option<CommInfo>) {
+    let Some(new) = c.arg(spec.d).and_then(read::<u64>) else {
+        return;
+    };
+    let (Some(parent_handle), Some(color)) = (c.arg(spec.comm), c.arg(spec.b)) else {
+        return;
+    };
+    let Some(mut p) = parent else {
+        // Parent unknown (created before attach): the new communicator is unknown too.
+        if new != 0 {
+            let _ = COMMS.insert(key(c, new), CommInfo::new(0, -1, 0), 0);
+        }
+        return;
+    };
+    let seq = p.splits;
+    p.splits += 1;
+    let _ = COMMS.insert(key(c, parent_handle), p, 0);
+    // NCCL_SPLIT_NOCOLOR: this process is in no new communicator.
+    if new == 0 {
+        return;
+    }
+    let id = if p.id == 0 {
+        0
+    } else {
+        nccl::mix(nccl::mix(p.id, seq as u64), int_arg(color) as u32 as u64)
+    };
+    let _ = COMMS.insert(key(c, new), CommInfo::new(0, -1, id), 0);
+}
+
+/// Group bookkeeping after a counted NCCL call: opens and closes groups, and adds the
+/// operations enqueued in an open group to it.
+#[inline(always)]
+pub(crate) fn on_group(
+    e: &mut CallState,
+    spec: &ArgSpec,
+    tgid: u32,
+    bytes: u64,
+    start: u64,
+    now: u64,
+) {
+    match ByteRule::from_u8(spec.rule) {
+        ByteRule::GroupStart => {
+            if e.group_depth == 0 {
+                e.group_start_ns = start;
+                e.group_bytes = 0;
+                e.group_ops = 0;
+            }
+            e.group_depth += 1;
+        }
+        ByteRule::GroupEnd => {
+            if e.group_depth == 0 {
+                return;
+            }
+            e.group_depth -= 1;
+            if e.group_depth != 0 {
+                return;
+            }
+            let b = e.group_bytes;
+            let ops = e.group_ops as u64;
+            count(
+                &CounterKey {
+                    tgid,
+                    routine: NCCL_GROUP,
+                    bucket: size_bucket(b),
+                    _pad: 0,
+                    comm_size: 0,
+                    comm_rank: 0,
+                    comm_id: 0,
+                },
+                b,
+                now.saturating_sub(e.group_start_ns),
+            );
+            with_proc_stats(tgid, |s| s.group_ops += ops);
+        }
+        _ => {
+            if e.group_depth != 0 && (spec.class == class::COLLECTIVE || spec.class == class::P2P) {
+                e.group_ops += 1;
+                e.group_bytes += bytes;
+            }
+        }
+    }
+}
