@@ -210,17 +210,17 @@ pub fn routines_of(tgid: u32, counters: &[(CounterKey, CounterVal)]) -> Routines
     out
 }
 
-/// Communication time of a process: every routine but MPI_Init and MPI_Finalize.
+/// MPI communication time of a process: every MPI routine but MPI_Init and MPI_Finalize.
+/// NCCL's times are enqueue times, not communication, and are not part of it.
 pub fn communication_ns(routines: &Routines) -> u64 {
     routines
         .iter()
         .filter(|(name, _)| {
             collector_common::routines::routine_id(name)
                 .map(|id| {
-                    !matches!(
-                        ROUTINES[id as usize].spec.class,
-                        class::INIT | class::FINALIZE
-                    )
+                    let r = &ROUTINES[id as usize];
+                    r.family() == Family::Mpi
+                        && !matches!(r.spec.class, class::INIT | class::FINALIZE)
                 })
                 .unwrap_or(true)
         })
@@ -228,10 +228,18 @@ pub fn communication_ns(routines: &Routines) -> u64 {
         .sum()
 }
 
-/// Order routines as mpitrace lists them: the routine table's order.
-pub fn table_order(routines: &Routines) -> Vec<(&String, &RoutineStats)> {
-    let mut v: Vec<_> = routines.iter().collect();
-    v.sort_by_key(|(name, _)| collector_common::routines::routine_id(name).unwrap_or(u16::MAX));
+/// The routines of `family` in the order mpitrace lists them: the routine table's order.
+pub fn table_order(routines: &Routines, family: Family) -> Vec<(&String, &RoutineStats)> {
+    let id = |name: &str| collector_common::routines::routine_id(name);
+    let mut v: Vec<_> = routines
+        .iter()
+        .filter(|(name, _)| {
+            id(name).map_or(family == Family::Mpi, |i| {
+                ROUTINES[i as usize].family() == family
+            })
+        })
+        .collect();
+    v.sort_by_key(|(name, _)| id(name).unwrap_or(u16::MAX));
     v
 }
 

@@ -128,14 +128,26 @@ pub fn build_program(src: &str, mpi: Mpi) -> PathBuf {
 /// Builds `tests/programs/<src>` with the plain C compiler (no MPI wrapper), linking `libs`.
 #[track_caller]
 pub fn build_plain_c(src: &str, libs: &[&str]) -> PathBuf {
+    compile_c(src, src.trim_end_matches(".c"), libs)
+}
+
+/// Builds `tests/programs/<src>` into the shared library `lib<stem>.so`.
+#[track_caller]
+pub fn build_shared_c(src: &str) -> PathBuf {
+    let name = format!("lib{}.so", src.trim_end_matches(".c"));
+    compile_c(src, &name, &["-shared", "-fPIC", "-fno-omit-frame-pointer"])
+}
+
+#[track_caller]
+fn compile_c(src: &str, out_name: &str, args: &[&str]) -> PathBuf {
     let bin_dir = repo_root().join("target/e2e/bin");
     std::fs::create_dir_all(&bin_dir).expect("creating target/e2e/bin");
-    let out = bin_dir.join(src.trim_end_matches(".c"));
+    let out = bin_dir.join(out_name);
     let status = Command::new("cc")
         .args(["-O1", "-Wall", "-o"])
         .arg(&out)
         .arg(repo_root().join("tests/programs").join(src))
-        .args(libs)
+        .args(args)
         .status()
         .expect("running cc");
     assert!(status.success(), "cc failed on {src}");

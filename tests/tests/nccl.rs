@@ -79,3 +79,141 @@ fn real_libnccl_calls_are_counted_exactly() {
         "ncclBroadcast communicators"
     );
 }
+
+/// (id, size, rank, calls, bytes) of each communicator of `routine` in a profile rank.
+fn communicators(
+    rank: &serde_json::Value,
+    routine: &str,
+) -> Vec<(Option<String>, u64, i64, u64, u64)> {
+    rank["routines"][routine]["communicators"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{routine} has no communicators:\n{rank:#}"))
+        .iter()
+        .map(|c| {
+            (
+                c["id"].as_str().map(str::to_string),
+                c["size"].as_u64().expect("size"),
+                c["rank"].as_i64().expect("rank"),
+                c["calls"].as_u64().expect("calls"),
+                c["bytes"].as_u64().expect("bytes"),
+            )
+        })
+        .collect()
+}
+
+/// Communicators created, split, queried and destroyed, some before commtap attached:
+/// each is identified alike in both processes, sizes and ranks are what the calls said,
+/// and nothing that was not said is guessed. Runs on the NCCL stand-in (see
+/// tests/programs/nccl_standin.c): the real library creates no communicator without a GPU.
+#[test]
+fn communicator_identity_size_and_rank_follow_their_lifecycle() {
+    let scratch = Scratch::new("nccl-comms");
+    let standin = build_shared_c("nccl_standin.c");
+    let dir = standin.parent().expect("bin dir").to_path_buf();
+    let prog = build_nccl_program("nccl_comms.c", &dir, "libnccl_standin.so");
+    let mut apps: Vec<ChildGuard> = (0..2)
+        .map(|r| {
+            ChildGuard::spawn(
+                Command::new(&prog)
+                    .arg(scratch.path(&format!("ready.{r}")))
+                    .arg(scratch.path("go"))
+                    .arg(scratch.path("uid"))
+                    .arg(r.to_string())
+                    .arg(scratch.path(&format!("truth.{r}.json")))
+                    .env("RANK", r.to_string())
+                    .env("WORLD_SIZE", "2"),
+            )
+        })
+        .collect();
+    wait_until("both ranks to be ready", LIMIT, || {
+        (0..2).all(|r| scratch.path(&format!("ready.{r}")).exists())
+    });
+    let pids: Vec<u32> = apps.iter().map(|a| a.0.id()).collect();
+    let (commtap, out) = record_attached(&scratch, &pids);
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    for app in &mut apps {
+        assert!(app.wait_with_limit(LIMIT).success(), "nccl_comms failed");
+    }
+    let run = finish_ok(&scratch, commtap, LIMIT);
+    let profile = read_json(&out);
+
+    let mut ids = Vec::new();
+    for (r, pid) in pids.iter().enumerate() {
+        let truth = read_json(&scratch.path(&format!("truth.{r}.json")));
+        let rank = rank_by_pid(&profile, *pid as u64);
+        assert_eq!(rank["rank"], r, "rank from RANK");
+        assert_eq!(
+            routine_table(&rank["routines"]),
+            routine_table(&truth["routines"]),
+            "rank {r}: (calls, bytes) per routine; stderr:\n{}",
+            run.stderr
+        );
+        assert_eq!(
+            rank["undecoded"], 1,
+            "rank {r}: the AllGather of unknown size"
+        );
+        assert_eq!(rank["group_ops"], 2, "rank {r}: operations in the group");
+        let r = r as i64;
+
+        // Created before attach: no identity; its size once ncclCommCount said it.
+        assert_eq!(
+            communicators(rank, "ncclAllGather"),
+            vec![(None, 0, -1, 1, 0), (None, 1, 0, 1, 16)],
+            "rank {r}: AllGather on the early communicator"
+        );
+        // The world communicator, from ncclCommInitRank.
+        let bcast = communicators(rank, "ncclBroadcast");
+        assert_eq!(bcast.len(), 1, "rank {r}: {bcast:?}");
+        let world = bcast[0].0.clone().expect("world has an identity");
+        assert_eq!(bcast[0], (Some(world.clone()), 2, r, 2, 400));
+        for (routine, calls, bytes) in [
+            ("ncclReduce", 1, 56),
+            ("ncclReduceScatter", 1, 32),
+            ("ncclAlltoAll", 1, 24),
+            ("ncclGather", 1, 32),
+            ("ncclSend", 1, 16),
+            ("ncclRecv", 1, 16),
+        ] {
+            assert_eq!(
+                communicators(rank, routine),
+                vec![(Some(world.clone()), 2, r, calls, bytes)],
+                "rank {r}: {routine}"
+            );
+        }
+        // AllReduce on all of them: early, world, two splits (the first seen before and
+        // after its size was asked).
+        let mut all = communicators(rank, "ncclAllReduce");
+        assert_eq!(all.remove(0), (None, 0, -1, 3, 120), "rank {r}: early");
+        let at = all
+            .iter()
+            .position(|c| c.0.as_deref() == Some(world.as_str()))
+            .expect("AllReduce on world");
+        assert_eq!(all.remove(at), (Some(world.clone()), 2, r, 5, 5120));
+        let s2 = all
+            .iter()
+            .find(|c| c.4 == 16)
+            .and_then(|c| c.0.clone())
+            .expect("second split has an identity");
+        let s1 = all
+            .iter()
+            .find(|c| c.4 == 8)
+            .and_then(|c| c.0.clone())
+            .expect("first split has an identity");
+        let mut want = vec![
+            (Some(s1.clone()), 0, -1, 1, 8),
+            (Some(s1.clone()), 2, r, 1, 8),
+            (Some(s2.clone()), 0, -1, 1, 16),
+        ];
+        want.sort();
+        all.sort();
+        assert_eq!(all, want, "rank {r}: AllReduce on the splits");
+        ids.push((world, s1, s2));
+    }
+    assert_eq!(ids[0], ids[1], "both ranks name each communicator alike");
+    let (world, s1, s2) = &ids[0];
+    assert!(
+        world != s1 && s1 != s2 && world != s2,
+        "distinct communicators have distinct ids: {:?}",
+        ids[0]
+    );
+}

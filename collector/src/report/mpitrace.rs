@@ -3,6 +3,8 @@
 
 use std::{fmt::Write as _, fs, io, path::Path};
 
+use collector_common::routines::Family;
+
 use super::{JobProfile, RankProfile};
 use crate::stats::{table_order, Totals};
 
@@ -46,7 +48,7 @@ pub fn render_rank(job: &JobProfile, r: &RankProfile) -> String {
         o,
         "-----------------------------------------------------------------------"
     );
-    let rows = table_order(&r.routines);
+    let rows = table_order(&r.routines, Family::Mpi);
     for (name, s) in &rows {
         let _ = writeln!(
             o,
@@ -136,6 +138,74 @@ pub fn render_rank(job: &JobProfile, r: &RankProfile) -> String {
     o
 }
 
+/// A rank's NCCL operations and communicators (not part of mpitrace's files).
+pub fn render_nccl(r: &RankProfile) -> String {
+    let mut o = String::new();
+    let rows = table_order(&r.routines, Family::Nccl);
+    if rows.is_empty() {
+        return o;
+    }
+    let line = "-----------------------------------------------------------------------";
+    let _ = writeln!(o, "NCCL operations of rank {} (pid {}):", r.rank, r.pid);
+    let _ = writeln!(
+        o,
+        "Times are host-side enqueue times: NCCL runs the operations later, on the GPU."
+    );
+    let _ = writeln!(o, "{line}");
+    let _ = writeln!(
+        o,
+        "{:<28}{:>12}{:>16}{:>14}",
+        "NCCL Operation", "#calls", "avg. bytes", "enqueue(sec)"
+    );
+    let _ = writeln!(o, "{line}");
+    for (name, s) in &rows {
+        let _ = writeln!(
+            o,
+            "{:<28}{:>12}{:>16.1}{:>14.3}",
+            name,
+            s.totals.calls,
+            s.totals.avg_bytes(),
+            secs(s.totals.time_ns)
+        );
+    }
+    let _ = writeln!(o, "{line}");
+    if r.health.group_ops > 0 {
+        let _ = writeln!(
+            o,
+            "{} operations were enqueued inside groups (ncclGroup: one completed group, from \
+             ncclGroupStart to ncclGroupEnd's return).",
+            r.health.group_ops
+        );
+    }
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "Communicators (size and rank \"?\": not known to commtap):"
+    );
+    let _ = writeln!(
+        o,
+        "{:<18}{:>6}{:>6}  {:<20}{:>10}{:>16}",
+        "id", "size", "rank", "operation", "#calls", "bytes"
+    );
+    for (name, s) in &rows {
+        for c in &s.communicators {
+            let unknown = |known: bool, v: String| if known { v } else { "?".into() };
+            let _ = writeln!(
+                o,
+                "{:<18}{:>6}{:>6}  {:<20}{:>10}{:>16}",
+                c.id.as_deref().unwrap_or("(unknown)"),
+                unknown(c.size > 0, c.size.to_string()),
+                unknown(c.rank >= 0, c.rank.to_string()),
+                name,
+                c.totals.calls,
+                c.totals.bytes
+            );
+        }
+    }
+    let _ = writeln!(o);
+    o
+}
+
 /// The job summary that mpitrace appends to rank 0's file.
 fn render_summary(job: &JobProfile) -> String {
     let mut o = String::new();
@@ -191,7 +261,12 @@ fn render_summary(job: &JobProfile) -> String {
 pub fn render_text(job: &JobProfile) -> String {
     let mut o = String::new();
     for r in &job.ranks {
-        o.push_str(&render_rank(job, r));
+        let nccl = render_nccl(r);
+        // A process that only calls NCCL has no MPI table to show.
+        if nccl.is_empty() || !table_order(&r.routines, Family::Mpi).is_empty() {
+            o.push_str(&render_rank(job, r));
+        }
+        o.push_str(&nccl);
     }
     o.push_str(&render_summary(job));
     let _ = writeln!(o);
@@ -227,7 +302,7 @@ pub fn render_text(job: &JobProfile) -> String {
         let _ = writeln!(o, "not profiled: {n}");
     }
     if job.ranks.is_empty() {
-        let _ = writeln!(o, "no MPI calls were seen.");
+        let _ = writeln!(o, "no MPI or NCCL calls were seen.");
     }
     o
 }
