@@ -69,6 +69,9 @@ pub enum ByteRule {
     /// No function: one completed outermost NCCL group (entry of its start to the return of
     /// its end), with the bytes of the operations enqueued in it.
     GroupSpan = 30,
+    /// A host-side wait for the GPU (`cudaStreamSynchronize` & co): ends the thread's
+    /// device-time window of NCCL operations.
+    DeviceSync = 31,
 }
 
 impl ByteRule {
@@ -106,6 +109,7 @@ impl ByteRule {
             28 => ByteRule::GroupStart,
             29 => ByteRule::GroupEnd,
             30 => ByteRule::GroupSpan,
+            31 => ByteRule::DeviceSync,
             _ => ByteRule::None,
         }
     }
@@ -131,6 +135,8 @@ pub mod class {
     pub const FINALIZE: u8 = 8;
     /// NCCL group calls and completed groups.
     pub const GROUP: u8 = 9;
+    /// Host-side waits for the GPU.
+    pub const SYNC: u8 = 10;
 }
 
 /// Which library family a routine belongs to (and which libraries are searched for it).
@@ -140,6 +146,9 @@ pub enum Family {
     Mpi,
     /// `nccl*`, probed in NCCL/RCCL libraries or wherever NCCL is linked in.
     Nccl,
+    /// CUDA's host-side synchronisation (`cuda*` runtime, `cu*` driver), probed in the
+    /// CUDA runtime or driver library, or wherever the runtime is linked in.
+    Cuda,
 }
 
 /// Where a routine's arguments are and how its bytes are computed (read by the BPF programs).
@@ -178,11 +187,10 @@ pub struct Routine {
 impl Routine {
     /// The library family the routine belongs to.
     pub const fn family(&self) -> Family {
-        let b = self.name.as_bytes();
-        if b.len() > 4 && b[0] == b'n' && b[1] == b'c' && b[2] == b'c' && b[3] == b'l' {
-            Family::Nccl
-        } else {
-            Family::Mpi
+        match self.name.as_bytes() {
+            [b'n', b'c', b'c', b'l', ..] => Family::Nccl,
+            [b'c', b'u', ..] => Family::Cuda,
+            _ => Family::Mpi,
         }
     }
 
@@ -705,6 +713,13 @@ pub const ROUTINES: &[Routine] = &[
     // (comm, *count) / (comm, *rank)
     r("ncclCommCount", COMM, B::CommSize, [0, N, N, 1], 0, N),
     r("ncclCommUserRank", COMM, B::CommRank, [0, N, N, 1], 0, N),
+    // The host waits for the GPU after NCCL operations (see README "NCCL device time").
+    r("cudaStreamSynchronize", SYNC, B::DeviceSync, [N; 4], N, N),
+    r("cudaEventSynchronize", SYNC, B::DeviceSync, [N; 4], N, N),
+    r("cudaDeviceSynchronize", SYNC, B::DeviceSync, [N; 4], N, N),
+    r("cuStreamSynchronize", SYNC, B::DeviceSync, [N; 4], N, N),
+    r("cuEventSynchronize", SYNC, B::DeviceSync, [N; 4], N, N),
+    r("cuCtxSynchronize", SYNC, B::DeviceSync, [N; 4], N, N),
 ];
 
 /// Id of the routine named `name`, at compile time (panics if there is none).
@@ -756,7 +771,9 @@ mod tests {
     fn names_unique_and_well_formed() {
         for (i, r) in ROUTINES.iter().enumerate() {
             assert!(
-                r.name.starts_with("MPI_") || r.name.starts_with("nccl"),
+                r.name.starts_with("MPI_")
+                    || r.name.starts_with("nccl")
+                    || r.name.starts_with("cu"),
                 "{}",
                 r.name
             );

@@ -105,8 +105,20 @@ pub struct CallState {
     pub group_depth: u32,
     /// NCCL: operations enqueued in the open group.
     pub group_ops: u32,
+    /// Device-time window: monotonic ns at the entry of its first NCCL operation (or group).
+    pub win_start_ns: u64,
+    /// Device-time window: bytes of its operations.
+    pub win_bytes: u64,
+    /// Device-time window: the counter key of its first operation.
+    pub win_key: CounterKey,
+    /// Device-time window: NCCL operations (or groups) enqueued since the last device
+    /// synchronisation of this thread.
+    pub win_ops: u32,
+    /// Device-time window: 1 if its operations differ in routine, size bucket or
+    /// communicator (then its time cannot be split among them).
+    pub win_mixed: u32,
 }
-const _: () = assert!(size_of::<CallState>() == 168);
+const _: () = assert!(size_of::<CallState>() == 216);
 const _: () = assert!(offset_of!(CallState, group_start_ns) == 144);
 
 /// Number of library layout slots (distinct probed MPI libraries at once).
@@ -207,8 +219,11 @@ pub struct ProcStats {
     pub counters_full: u64,
     /// NCCL operations enqueued inside `ncclGroupStart`/`ncclGroupEnd` groups.
     pub group_ops: u64,
+    /// Device synchronisations that ended a window of different NCCL operations, whose
+    /// device time could not be attributed to one of them.
+    pub mixed_windows: u64,
 }
-const _: () = assert!(size_of::<ProcStats>() == 64);
+const _: () = assert!(size_of::<ProcStats>() == 72);
 
 /// Offsets of the tracepoint fields commtap reads, parsed by userspace from tracefs
 /// `format` files (they differ between kernel versions).

@@ -68,6 +68,12 @@ pub fn call_state(create: bool) -> Option<*mut CallState> {
 pub static COUNTERS: PerCpuHashMap<CounterKey, CounterVal> =
     PerCpuHashMap::with_max_entries(131072, 0);
 
+/// NCCL device time: per operation key, the windows from an operation's enqueue to the
+/// return of the host's next wait for the GPU (calls = operations in those windows).
+#[map]
+pub static DEVICE_TIME: PerCpuHashMap<CounterKey, CounterVal> =
+    PerCpuHashMap::with_max_entries(16384, 0);
+
 /// Health counters and MPI lifetime marks per process.
 #[map]
 pub static PROC_STATS: PerCpuHashMap<u32, ProcStats> = PerCpuHashMap::with_max_entries(16384, 0);

@@ -9,6 +9,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{uprobe, uretprobe},
+    maps::PerCpuHashMap,
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
@@ -25,8 +26,8 @@ use crate::{
         sum_ints, sum_typed, type_size,
     },
     maps::{
-        call_state, is_counted, with_proc_stats, COMMS, CONFIG, COUNTERS, DTYPES, EVENTS, LAYOUTS,
-        ROUTINE_SPECS,
+        call_state, is_counted, is_watched, with_proc_stats, COMMS, CONFIG, COUNTERS, DTYPES,
+        EVENTS, LAYOUTS, ROUTINE_SPECS,
     },
 };
 
@@ -43,6 +44,10 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
     let tgid = (pid_tgid >> 32) as u32;
     // A thread has call state only if its process was counted when it first called MPI,
     // and loses it when it exits; so the watched set is consulted once per thread.
+    let c = cookie(&ctx);
+    let Some(spec) = ROUTINE_SPECS.get(c.routine as u32) else {
+        return 0;
+    };
     let existing = call_state(false);
     match existing {
         Some(e) => {
@@ -55,51 +60,51 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
             }
         }
         None => {
-            if !is_counted(tgid) {
+            // A wait for the GPU alone does not make a process one to profile (every CUDA
+            // program makes them); it counts in processes already watched.
+            let counted = if spec.class == class::SYNC {
+                is_watched(tgid)
+            } else {
+                is_counted(tgid)
+            };
+            if !counted {
                 return 0;
             }
         }
     }
-    let c = cookie(&ctx);
-    let Some(spec) = ROUTINE_SPECS.get(c.routine as u32) else {
-        return 0;
-    };
-    let mut st = CallState {
-        busy: 1,
-        ..CallState::default()
-    };
+    let mut args = [0u64; ARG_SLOTS];
     // SAFETY: regs points at this probe's saved registers.
     let regs = unsafe { &*ctx.regs };
-    st.args[0] = regs.rdi;
-    st.args[1] = regs.rsi;
-    st.args[2] = regs.rdx;
-    st.args[3] = regs.rcx;
-    st.args[4] = regs.r8;
-    st.args[5] = regs.r9;
+    args[0] = regs.rdi;
+    args[1] = regs.rsi;
+    args[2] = regs.rdx;
+    args[3] = regs.rcx;
+    args[4] = regs.r8;
+    args[5] = regs.r9;
     if uses_stack_args(spec) {
         // Arguments 7.. are on the stack above the return address (probes sit before any
         // push). SAFETY: reading the traced thread's stack; failure leaves zeros.
         if let Ok(stack) =
             unsafe { bpf_probe_read_user((regs.rsp + 8) as *const [u64; MAX_ARGS - 6]) }
         {
-            st.args[6..MAX_ARGS].copy_from_slice(&stack);
+            args[6..MAX_ARGS].copy_from_slice(&stack);
         }
     }
     if ByteRule::from_u8(spec.rule).frees_handle() {
         // The call resets the handle to MPI_*_NULL: read it now (an MPICH-ABI handle is
         // an int; `handle()` drops the upper half later).
         let i = (spec.a & 15) as usize;
-        st.args[i] = read::<u64>(st.args[i]).unwrap_or(0);
+        args[i] = read::<u64>(args[i]).unwrap_or(0);
     }
-    st.start_ns = unsafe { bpf_ktime_get_ns() };
+    let start_ns = unsafe { bpf_ktime_get_ns() };
     match existing.or_else(|| call_state(true)) {
-        // SAFETY: the thread's own, idle state; an open NCCL group outlives the call.
+        // SAFETY: the thread's own, idle state. Only the call's fields are written: an
+        // open NCCL group and device-time window outlive the call.
         Some(e) => unsafe {
-            st.group_start_ns = (*e).group_start_ns;
-            st.group_bytes = (*e).group_bytes;
-            st.group_depth = (*e).group_depth;
-            st.group_ops = (*e).group_ops;
-            *e = st
+            (*e).args = args;
+            (*e).start_ns = start_ns;
+            (*e).depth = 0;
+            (*e).busy = 1;
         },
         // No storage could be created (memory, or the storage lock busy): not counted.
         None => with_proc_stats(tgid, |s| s.counters_full += 1),
@@ -210,23 +215,20 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         Some(c) => (c.rank, c.id),
         None => (-1, 0),
     };
-    count(
-        &CounterKey {
-            tgid,
-            routine: c.routine,
-            bucket,
-            _pad: 0,
-            comm_size,
-            comm_rank,
-            comm_id,
-        },
-        bytes,
-        dur,
-    );
+    let key = CounterKey {
+        tgid,
+        routine: c.routine,
+        bucket,
+        _pad: 0,
+        comm_size,
+        comm_rank,
+        comm_id,
+    };
+    add(&COUNTERS, &key, 1, bytes, dur);
 
     let peer = arg(args, spec.peer).map(int_arg).unwrap_or(-1);
     if ABI == Abi::Nccl as u8 {
-        crate::nccl::on_group(e, &spec, tgid, out.unwrap_or(0), start_ns, now);
+        crate::nccl::after_call(e, &spec, &key, bytes, start_ns, now, ret);
     }
     if !CONFIG.get(0).is_some_and(|c| c.call_events != 0) {
         e.busy = 0;
@@ -282,21 +284,27 @@ pub(crate) fn arg(args: &[u64; ARG_SLOTS], i: u8) -> Option<u64> {
     }
 }
 
-/// Adds one call to the ground-truth counter `key`.
+/// Adds `calls` calls to counter `key` of `map` (the ground truth, or NCCL device time).
 #[inline(always)]
-pub(crate) fn count(key: &CounterKey, bytes: u64, dur: u64) {
+pub(crate) fn add(
+    map: &PerCpuHashMap<CounterKey, CounterVal>,
+    key: &CounterKey,
+    calls: u64,
+    bytes: u64,
+    dur: u64,
+) {
     let tgid = key.tgid;
-    if let Some(v) = COUNTERS.get_ptr_mut(key) {
+    if let Some(v) = map.get_ptr_mut(key) {
         // SAFETY: this CPU's slot.
         let v = unsafe { &mut *v };
-        v.calls += 1;
+        v.calls += calls;
         v.bytes += bytes;
         v.time_ns += dur;
-    } else if COUNTERS
+    } else if map
         .insert(
             key,
             CounterVal {
-                calls: 1,
+                calls,
                 bytes,
                 time_ns: dur,
             },

@@ -1,7 +1,12 @@
 //! NCCL's return program: bytes by nccl-tests' conventions, communicator identity from the
-//! calls that create, split, query and destroy communicators, and groups.
+//! calls that create, split, query and destroy communicators, groups, and device time.
 //!
-//! NCCL calls only enqueue work: the time counted here is the host-side enqueue time.
+//! NCCL calls only enqueue work: the time counted per call is the host-side enqueue time.
+//! Device time comes from the host's own waits for the GPU (`cudaStreamSynchronize` & co,
+//! probed with this program too): the time from the enqueue of the operations since the
+//! thread's last wait to that wait's return bounds their completion. It is kept per
+//! operation key when all the window's operations share one key, as in nccl-tests' timed
+//! loops and training steps that synchronise after their collective.
 
 use aya_ebpf::{macros::uretprobe, programs::RetProbeContext};
 use collector_common::{
@@ -12,8 +17,8 @@ use collector_common::{
 
 use crate::{
     decode::{int_arg, read},
-    maps::{with_proc_stats, COMMS},
-    mpi::{count, learn_comm, on_return_probe, Call},
+    maps::{with_proc_stats, COMMS, COUNTERS, DEVICE_TIME},
+    mpi::{add, learn_comm, on_return_probe, Call},
 };
 
 /// Largest `ncclCommInitAll` clique whose communicators are learnt.
@@ -159,17 +164,20 @@ fn learn_split(c: &Call, spec: &ArgSpec, parent: Option<CommInfo>) {
     let _ = COMMS.insert(key(c, new), CommInfo::new(0, -1, id), 0);
 }
 
-/// Group bookkeeping after a counted NCCL call: opens and closes groups, and adds the
-/// operations enqueued in an open group to it.
+/// Bookkeeping after a counted NCCL call: opens and closes groups, adds operations to the
+/// open group, and keeps the thread's device-time window (see `DEVICE_TIME`): operations
+/// outside groups, and completed groups, join it; a host wait for the GPU ends it.
 #[inline(always)]
-pub(crate) fn on_group(
+pub(crate) fn after_call(
     e: &mut CallState,
     spec: &ArgSpec,
-    tgid: u32,
+    key: &CounterKey,
     bytes: u64,
     start: u64,
     now: u64,
+    ret: i32,
 ) {
+    let tgid = key.tgid;
     match ByteRule::from_u8(spec.rule) {
         ByteRule::GroupStart => {
             if e.group_depth == 0 {
@@ -189,26 +197,67 @@ pub(crate) fn on_group(
             }
             let b = e.group_bytes;
             let ops = e.group_ops as u64;
-            count(
-                &CounterKey {
-                    tgid,
-                    routine: NCCL_GROUP,
-                    bucket: size_bucket(b),
-                    _pad: 0,
-                    comm_size: 0,
-                    comm_rank: 0,
-                    comm_id: 0,
-                },
-                b,
-                now.saturating_sub(e.group_start_ns),
-            );
+            let group = CounterKey {
+                tgid,
+                routine: NCCL_GROUP,
+                bucket: size_bucket(b),
+                _pad: 0,
+                comm_size: 0,
+                comm_rank: 0,
+                comm_id: 0,
+            };
+            let group_start = e.group_start_ns;
+            add(&COUNTERS, &group, 1, b, now.saturating_sub(group_start));
             with_proc_stats(tgid, |s| s.group_ops += ops);
+            join_window(e, &group, b, group_start);
+        }
+        ByteRule::DeviceSync => {
+            if e.win_ops == 0 {
+                return;
+            }
+            if e.win_mixed == 0 && ret == 0 {
+                let k = e.win_key;
+                add(
+                    &DEVICE_TIME,
+                    &k,
+                    e.win_ops as u64,
+                    e.win_bytes,
+                    now.saturating_sub(e.win_start_ns),
+                );
+            } else {
+                with_proc_stats(tgid, |s| s.mixed_windows += 1);
+            }
+            e.win_ops = 0;
         }
         _ => {
-            if e.group_depth != 0 && (spec.class == class::COLLECTIVE || spec.class == class::P2P) {
+            if spec.class != class::COLLECTIVE && spec.class != class::P2P {
+                return;
+            }
+            if e.group_depth != 0 {
                 e.group_ops += 1;
                 e.group_bytes += bytes;
+            } else {
+                join_window(e, key, bytes, start);
             }
         }
     }
+}
+
+/// Adds an operation (or a completed group) entered at `start` to the device-time window.
+#[inline(always)]
+fn join_window(e: &mut CallState, key: &CounterKey, bytes: u64, start: u64) {
+    if e.win_ops == 0 {
+        e.win_start_ns = start;
+        e.win_key = *key;
+        e.win_bytes = 0;
+        e.win_mixed = 0;
+    } else if e.win_key.routine != key.routine
+        || e.win_key.bucket != key.bucket
+        || e.win_key.comm_size != key.comm_size
+        || e.win_key.comm_id != key.comm_id
+    {
+        e.win_mixed = 1;
+    }
+    e.win_ops += 1;
+    e.win_bytes += bytes;
 }

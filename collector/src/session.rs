@@ -274,6 +274,7 @@ impl Session {
     /// as they are now; `end_ns` closes the elapsed time of processes still running.
     pub fn profile(&mut self, end_ns: u64) -> JobProfile {
         let counters = self.probes.read_counters();
+        let device = self.probes.read_device_time();
         let counted: BTreeSet<u32> = counters.iter().map(|(k, _)| k.tgid).collect();
         let host = discover::this_host();
         let mut ranks = Vec::new();
@@ -290,7 +291,7 @@ impl Session {
                 continue;
             }
             let ps = self.probes.read_proc_stats(pid);
-            let routines = stats::routines_of(pid, &counters);
+            let routines = stats::routines_of(pid, &counters, &device);
             let mut health: stats::Health = (&ps).into();
             health.events = self.ingest_counters.events_of(pid);
             let start = if ps.init_ns != 0 {

@@ -51,6 +51,82 @@ pub struct SizeBucket {
     /// The calls in it.
     #[serde(flatten)]
     pub totals: Totals,
+    /// NCCL: device time of the calls whose completion the host waited for (absent when
+    /// none was measured; see README "NCCL device time").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceTime>,
+}
+
+/// Device time of NCCL operations: from their enqueue to the return of the host's wait for
+/// the GPU that followed, over windows holding only operations of this routine, size
+/// bucket and communicator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceTime {
+    /// Operations in the measured windows.
+    pub calls: u64,
+    /// Their bytes (nccl-tests' size).
+    pub bytes: u64,
+    /// Total time of the windows, ns.
+    pub time_ns: u64,
+    /// Bytes x nccl-tests' bus bandwidth factor of each operation's communicator size
+    /// (absent when a communicator's size was unknown).
+    pub bus_bytes: Option<u64>,
+}
+
+impl DeviceTime {
+    /// Nothing measured yet (the start of a merge).
+    fn empty() -> DeviceTime {
+        DeviceTime {
+            bus_bytes: Some(0),
+            ..DeviceTime::default()
+        }
+    }
+
+    /// Adds `other` into `self`.
+    pub fn merge(&mut self, other: &DeviceTime) {
+        self.calls += other.calls;
+        self.bytes += other.bytes;
+        self.time_ns += other.time_ns;
+        self.bus_bytes = self.bus_bytes.zip(other.bus_bytes).map(|(a, b)| a + b);
+    }
+
+    /// Algorithm bandwidth, GB/s (bytes per ns).
+    pub fn algbw_gbps(&self) -> Option<f64> {
+        (self.time_ns > 0).then(|| self.bytes as f64 / self.time_ns as f64)
+    }
+
+    /// Bus bandwidth, GB/s, where the communicators' sizes are known.
+    pub fn busbw_gbps(&self) -> Option<f64> {
+        let bus = self.bus_bytes?;
+        (self.time_ns > 0).then(|| bus as f64 / self.time_ns as f64)
+    }
+
+    /// Time per operation, ns.
+    pub fn avg_ns(&self) -> f64 {
+        if self.calls == 0 {
+            0.0
+        } else {
+            self.time_ns as f64 / self.calls as f64
+        }
+    }
+}
+
+/// nccl-tests' bus bandwidth factor of an NCCL routine on `n` ranks, as (numerator,
+/// denominator): AllReduce 2(n-1)/n; ReduceScatter, AllGather, AlltoAll, Gather, Scatter
+/// (n-1)/n; Broadcast, Reduce, Send, Recv 1. `None` for other routines or an unknown size.
+pub fn bus_factor(routine: &str, n: u32) -> Option<(u64, u64)> {
+    let n = u64::from(n);
+    if n == 0 {
+        return None;
+    }
+    match routine {
+        "ncclAllReduce" => Some((2 * (n - 1), n)),
+        "ncclReduceScatter" | "ncclAllGather" | "ncclAlltoAll" | "ncclGather" | "ncclScatter" => {
+            Some((n - 1, n))
+        }
+        "ncclBroadcast" | "ncclBcast" | "ncclReduce" | "ncclSend" | "ncclRecv" => Some((1, 1)),
+        _ => None,
+    }
 }
 
 /// All calls of one routine in one process.
@@ -98,7 +174,7 @@ impl RoutineStats {
         self.totals.merge(&other.totals);
         self.undecoded_calls += other.undecoded_calls;
         for b in &other.sizes {
-            self.add_bucket(b.bucket, &b.totals);
+            self.add_bucket(b.bucket, &b.totals, b.device.as_ref());
         }
         for (size, calls) in &other.comm_sizes {
             *self.comm_sizes.entry(*size).or_default() += calls;
@@ -119,9 +195,14 @@ impl RoutineStats {
         }
     }
 
-    fn add_bucket(&mut self, bucket: Option<u8>, t: &Totals) {
+    fn add_bucket(&mut self, bucket: Option<u8>, t: &Totals, device: Option<&DeviceTime>) {
         match self.sizes.iter_mut().find(|b| b.bucket == bucket) {
-            Some(b) => b.totals.merge(t),
+            Some(b) => {
+                b.totals.merge(t);
+                if let Some(d) = device {
+                    b.device.get_or_insert_with(DeviceTime::empty).merge(d);
+                }
+            }
             None => {
                 let (min, max) = bucket.map(bucket_range).unzip();
                 self.sizes.push(SizeBucket {
@@ -129,6 +210,7 @@ impl RoutineStats {
                     min_bytes: min,
                     max_bytes: max,
                     totals: *t,
+                    device: device.copied(),
                 });
                 // Undecoded (None) sorts last.
                 self.sizes
@@ -156,6 +238,10 @@ pub struct Health {
     /// NCCL operations enqueued inside groups (each completed group is one `ncclGroup`).
     #[serde(default)]
     pub group_ops: u64,
+    /// Host waits for the GPU after NCCL operations of different kinds, whose device time
+    /// could not be attributed.
+    #[serde(default)]
+    pub mixed_windows: u64,
 }
 
 impl From<&ProcStats> for Health {
@@ -168,6 +254,7 @@ impl From<&ProcStats> for Health {
             in_flight_at_attach: s.orphan_returns,
             counter_map_full: s.counters_full,
             group_ops: s.group_ops,
+            mixed_windows: s.mixed_windows,
         }
     }
 }
@@ -175,8 +262,13 @@ impl From<&ProcStats> for Health {
 /// Routines by name, ordered as the routine table orders them.
 pub type Routines = BTreeMap<String, RoutineStats>;
 
-/// Builds the per-routine statistics of process `tgid` from the kernel's counters.
-pub fn routines_of(tgid: u32, counters: &[(CounterKey, CounterVal)]) -> Routines {
+/// Builds the per-routine statistics of process `tgid` from the kernel's counters and NCCL
+/// device-time windows.
+pub fn routines_of(
+    tgid: u32,
+    counters: &[(CounterKey, CounterVal)],
+    device: &[(CounterKey, CounterVal)],
+) -> Routines {
     let mut out = Routines::new();
     for (k, v) in counters.iter().filter(|(k, _)| k.tgid == tgid) {
         let Some(routine) = ROUTINES.get(k.routine as usize) else {
@@ -195,7 +287,7 @@ pub fn routines_of(tgid: u32, counters: &[(CounterKey, CounterVal)]) -> Routines
         if bucket.is_none() {
             one.undecoded_calls = v.calls;
         }
-        one.add_bucket(bucket, &totals);
+        one.add_bucket(bucket, &totals, None);
         one.comm_sizes.insert(k.comm_size, v.calls);
         if routine.family() == Family::Nccl && routine.spec.comm != NO_ARG {
             one.communicators.push(CommStats {
@@ -206,6 +298,20 @@ pub fn routines_of(tgid: u32, counters: &[(CounterKey, CounterVal)]) -> Routines
             });
         }
         out.entry(routine.name.to_string()).or_default().merge(&one);
+    }
+    for (k, v) in device.iter().filter(|(k, _)| k.tgid == tgid) {
+        let Some(routine) = ROUTINES.get(k.routine as usize) else {
+            continue;
+        };
+        let bucket = (k.bucket != UNKNOWN_BUCKET).then_some(k.bucket);
+        let d = DeviceTime {
+            calls: v.calls,
+            bytes: v.bytes,
+            time_ns: v.time_ns,
+            bus_bytes: bus_factor(routine.name, k.comm_size).map(|(a, b)| v.bytes * a / b),
+        };
+        let stats = out.entry(routine.name.to_string()).or_default();
+        stats.add_bucket(bucket, &Totals::default(), Some(&d));
     }
     out
 }

@@ -79,6 +79,9 @@ pub struct Library {
     pub probes: Vec<ProbePoint>,
     /// Routines not present in this library.
     pub missing: Vec<&'static str>,
+    /// Which family of routines it is probed for.
+    #[serde(skip)]
+    pub family: Family,
 }
 
 fn ser_abi<S: serde::Serializer>(abi: &Abi, s: S) -> Result<S::Ok, S::Error> {
@@ -135,10 +138,16 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
 
     // name -> address; dynamic symbols first, the static table where a library keeps one.
     let mut syms: BTreeMap<&str, u64> = BTreeMap::new();
+    // The same, global symbols only: a CUDA runtime linked in privately (as in libnccl)
+    // serves its library, not the application.
+    let mut globals: BTreeMap<&str, u64> = BTreeMap::new();
     for sym in elf.dynamic_symbols().chain(elf.symbols()) {
         if sym.is_definition() && sym.address() != 0 {
             if let Ok(name) = sym.name() {
                 syms.entry(name).or_insert(sym.address());
+                if !sym.is_local() {
+                    globals.entry(name).or_insert(sym.address());
+                }
             }
         }
     }
@@ -155,7 +164,27 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
         )));
     }
     if !has("MPI_Send") && !has("PMPI_Send") {
-        return Ok(LibraryKind::Other);
+        let (runtime, driver) = (
+            globals.contains_key("cudaStreamSynchronize"),
+            globals.contains_key("cuStreamSynchronize"),
+        );
+        if !runtime && !driver {
+            return Ok(LibraryKind::Other);
+        }
+        let flavor = if runtime {
+            "CUDA runtime"
+        } else {
+            "CUDA driver"
+        };
+        // Decoded by NCCL's return program, which keeps the device-time windows.
+        return Ok(LibraryKind::Probed(probe_points(
+            &elf,
+            &map,
+            &globals,
+            display,
+            (Abi::Nccl, flavor.to_string(), Layout::default()),
+            Family::Cuda,
+        )));
     }
     let needed = needed_libs(&elf);
     let (abi, flavor, layout) = if syms.contains_key("ompi_mpi_comm_world") {
@@ -246,6 +275,7 @@ fn probe_points(
         let alias = match family {
             Family::Mpi => format!("P{}", routine.name),
             Family::Nccl => format!("p{}", routine.name),
+            Family::Cuda => routine.name.to_string(),
         };
         let Some(&addr) = syms.get(routine.name).or_else(|| syms.get(alias.as_str())) else {
             missing.push(routine.name);
@@ -277,6 +307,7 @@ fn probe_points(
         layout,
         probes,
         missing,
+        family,
     }
 }
 

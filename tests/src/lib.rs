@@ -578,17 +578,15 @@ pub fn nccl_lib_dir() -> PathBuf {
 }
 
 /// Builds a C test program that calls NCCL through `tests/programs/nccl_abi.h`, linked
-/// against the library in `lib_dir` named `lib_name` (`libnccl.so.2`, or a stand-in).
+/// against the libraries in `lib_dir` named `libs` (`libnccl.so.2`, or stand-ins).
 #[track_caller]
-pub fn build_nccl_program(src: &str, lib_dir: &Path, lib_name: &str) -> PathBuf {
-    let programs = repo_root().join("tests/programs");
-    build_plain_c(
-        src,
-        &[
-            &format!("-I{}", programs.display()),
-            &format!("-L{}", lib_dir.display()),
-            &format!("-l:{lib_name}"),
-            &format!("-Wl,-rpath,{}", lib_dir.display()),
-        ],
-    )
+pub fn build_nccl_program(src: &str, lib_dir: &Path, libs: &[&str]) -> PathBuf {
+    let mut args = vec![
+        format!("-I{}", repo_root().join("tests/programs").display()),
+        format!("-L{}", lib_dir.display()),
+        format!("-Wl,-rpath,{}", lib_dir.display()),
+    ];
+    args.extend(libs.iter().map(|l| format!("-l:{l}")));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    build_plain_c(src, &args)
 }

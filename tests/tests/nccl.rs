@@ -12,7 +12,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 #[test]
 fn real_libnccl_calls_are_counted_exactly() {
     let scratch = Scratch::new("nccl-real");
-    let prog = build_nccl_program("nccl_calls.c", &nccl_lib_dir(), "libnccl.so.2");
+    let prog = build_nccl_program("nccl_calls.c", &nccl_lib_dir(), &["libnccl.so.2"]);
     let n = 1000;
     let mut app = ChildGuard::spawn(
         Command::new(&prog)
@@ -110,7 +110,7 @@ fn communicator_identity_size_and_rank_follow_their_lifecycle() {
     let scratch = Scratch::new("nccl-comms");
     let standin = build_shared_c("nccl_standin.c");
     let dir = standin.parent().expect("bin dir").to_path_buf();
-    let prog = build_nccl_program("nccl_comms.c", &dir, "libnccl_standin.so");
+    let prog = build_nccl_program("nccl_comms.c", &dir, &["libnccl_standin.so"]);
     let mut apps: Vec<ChildGuard> = (0..2)
         .map(|r| {
             ChildGuard::spawn(
@@ -215,5 +215,76 @@ fn communicator_identity_size_and_rank_follow_their_lifecycle() {
         world != s1 && s1 != s2 && world != s2,
         "distinct communicators have distinct ids: {:?}",
         ids[0]
+    );
+}
+
+/// Device time: the host's waits for the GPU after NCCL operations of one kind measure
+/// them (count, bytes, at least the wait, bus bandwidth factor by communicator size); waits
+/// after mixed operations are counted as not attributed. Runs on the NCCL and CUDA runtime
+/// stand-ins (tests/programs/*_standin.c): there is no GPU here.
+#[test]
+fn waits_for_the_gpu_measure_device_time() {
+    let scratch = Scratch::new("nccl-device");
+    let dir = build_shared_c("nccl_standin.c")
+        .parent()
+        .expect("bin dir")
+        .to_path_buf();
+    build_shared_c("cudart_standin.c");
+    let prog = build_nccl_program(
+        "nccl_device.c",
+        &dir,
+        &["libnccl_standin.so", "libcudart_standin.so"],
+    );
+    let mut app = ChildGuard::spawn(
+        Command::new(&prog)
+            .arg(scratch.path("ready"))
+            .arg(scratch.path("go")),
+    );
+    wait_until("the program to be ready", LIMIT, || {
+        scratch.path("ready").exists()
+    });
+    let pid = app.0.id();
+    let (commtap, out) = record_attached(&scratch, &[pid]);
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(app.wait_with_limit(LIMIT).success(), "nccl_device failed");
+    let run = finish_ok(&scratch, commtap, LIMIT);
+    let profile = read_json(&out);
+    let rank = rank_by_pid(&profile, pid as u64);
+    let routines = &rank["routines"];
+    assert_eq!(
+        routines["cudaStreamSynchronize"]["calls"], 31,
+        "waits; stderr:\n{}",
+        run.stderr
+    );
+    assert_eq!(rank["mixed_windows"], 3, "mixed windows");
+
+    const MIB: u64 = 1 << 20;
+    let buckets = routines["ncclAllReduce"]["sizes"]
+        .as_array()
+        .expect("sizes");
+    assert_eq!(buckets.len(), 1, "one size bucket: {buckets:?}");
+    let b = &buckets[0];
+    assert_eq!((&b["calls"], &b["bytes"]), (&43.into(), &(43 * MIB).into()));
+    let d = &b["device"];
+    assert_eq!(d["calls"], 40, "AllReduces in attributable windows: {d}");
+    assert_eq!(d["bytes"], 40 * MIB);
+    // nccl-tests' AllReduce factor 2(n-1)/n is 1 on 2 ranks.
+    assert_eq!(d["bus_bytes"], 40 * MIB);
+    let ns = d["time_ns"].as_u64().expect("time_ns");
+    assert!(
+        ns >= 25 * 1_000_000,
+        "25 windows each end with a 1 ms wait: {ns} ns"
+    );
+    let group = &routines["ncclGroup"]["sizes"][0];
+    assert_eq!(
+        group["device"]["calls"], 2,
+        "groups with device time: {group}"
+    );
+    assert_eq!(group["device"]["bytes"], 2 * 2048);
+    assert!(
+        routines["ncclBroadcast"]["sizes"][0]
+            .get("device")
+            .is_none(),
+        "the Broadcasts were only in mixed windows"
     );
 }

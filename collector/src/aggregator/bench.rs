@@ -112,6 +112,7 @@ fn synthetic_rank(
                             bytes: lo * 10,
                             time_ns: 1000,
                         },
+                        device: None,
                     }
                 })
                 .collect();

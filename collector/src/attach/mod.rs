@@ -16,7 +16,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use collector_common::{
-    routines::{class, ArgSpec},
+    routines::{class, ArgSpec, Family},
     watch, Abi, CallState, CommInfo, Config, Cookie, CounterKey, CounterVal, HandleKey, Layout,
     ProcStats, TpOffsets, MAX_LAYOUTS, ROUTINES,
 };
@@ -106,6 +106,7 @@ pub struct Probes {
     settings: Config,
     layouts: Array<MapData, Layout>,
     counters: PerCpuHashMap<MapData, CounterKey, CounterVal>,
+    device_time: PerCpuHashMap<MapData, CounterKey, CounterVal>,
     proc_stats: PerCpuHashMap<MapData, u32, ProcStats>,
     events: Option<RingBuf<MapData>>,
     /// By (dev, inode): attached MPI libraries, or `None` for objects that are not MPI.
@@ -193,6 +194,8 @@ impl Probes {
             layouts: Array::try_from(take(&mut ebpf, "LAYOUTS")?).map_err(map_err("LAYOUTS"))?,
             counters: PerCpuHashMap::try_from(take(&mut ebpf, "COUNTERS")?)
                 .map_err(map_err("COUNTERS"))?,
+            device_time: PerCpuHashMap::try_from(take(&mut ebpf, "DEVICE_TIME")?)
+                .map_err(map_err("DEVICE_TIME"))?,
             proc_stats: PerCpuHashMap::try_from(take(&mut ebpf, "PROC_STATS")?)
                 .map_err(map_err("PROC_STATS"))?,
             events: Some(RingBuf::try_from(take(&mut ebpf, "EVENTS")?).map_err(map_err("EVENTS"))?),
@@ -272,14 +275,15 @@ impl Probes {
     /// Removes everything the kernel keeps of `pid` (counters, learnt handles), once its
     /// final profile is taken: a later process with the same pid starts from zero.
     pub fn forget_process(&mut self, pid: u32) {
-        let counters: Vec<CounterKey> = self
-            .counters
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k.tgid == pid)
-            .collect();
-        for k in counters {
-            let _ = self.counters.remove(&k);
+        for map in [&mut self.counters, &mut self.device_time] {
+            let keys: Vec<CounterKey> = map
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| k.tgid == pid)
+                .collect();
+            for k in keys {
+                let _ = map.remove(&k);
+            }
         }
         let _ = self.proc_stats.remove(&pid);
         remove_handles_of(&mut self.comms, pid);
@@ -300,14 +304,14 @@ impl Probes {
     }
 
     /// Attaches to the library at `path` (identified by `dev_inode`) unless already done.
-    /// Returns whether it is an MPI library now probed.
+    /// Returns whether it is an MPI or NCCL library now probed.
     pub fn attach_library(
         &mut self,
         dev_inode: (u64, u64),
         path: &Path,
     ) -> Result<bool, AttachError> {
         if let Some(state) = self.seen.get(&dev_inode) {
-            return Ok(state.is_some());
+            return Ok(state.is_some_and(|i| self.libraries[i].library.family != Family::Cuda));
         }
         let lib = match symbols::read_library(path) {
             Ok(LibraryKind::Probed(lib)) => lib,
@@ -394,7 +398,10 @@ impl Probes {
             library: lib,
             failed,
         });
-        Ok(true)
+        Ok(self
+            .libraries
+            .last()
+            .is_some_and(|l| l.library.family != Family::Cuda))
     }
 
     /// Libraries probed so far.
@@ -409,19 +416,12 @@ impl Probes {
 
     /// Ground-truth counters, summed over CPUs.
     pub fn read_counters(&self) -> Vec<(CounterKey, CounterVal)> {
-        self.counters
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(k, per_cpu)| {
-                let mut sum = CounterVal::default();
-                for v in per_cpu.iter() {
-                    sum.calls += v.calls;
-                    sum.bytes += v.bytes;
-                    sum.time_ns += v.time_ns;
-                }
-                (k, sum)
-            })
-            .collect()
+        sum_over_cpus(&self.counters)
+    }
+
+    /// NCCL device-time windows per operation key, summed over CPUs.
+    pub fn read_device_time(&self) -> Vec<(CounterKey, CounterVal)> {
+        sum_over_cpus(&self.device_time)
     }
 
     /// Health counters of `pid`, summed (marks: the latest) over CPUs.
@@ -435,6 +435,7 @@ impl Probes {
                 s.orphan_returns += v.orphan_returns;
                 s.counters_full += v.counters_full;
                 s.group_ops += v.group_ops;
+                s.mixed_windows += v.mixed_windows;
                 s.init_ns = s.init_ns.max(v.init_ns);
                 s.finalize_ns = s.finalize_ns.max(v.finalize_ns);
             }
@@ -577,4 +578,22 @@ fn tracepoint_offsets() -> Result<TpOffsets, AttachError> {
         exit_group_dead: field("sched_process_exit", "group_dead")?.unwrap_or(u32::MAX),
         _pad: 0,
     })
+}
+
+/// A per-CPU counter map's values, summed over CPUs.
+fn sum_over_cpus(
+    map: &PerCpuHashMap<MapData, CounterKey, CounterVal>,
+) -> Vec<(CounterKey, CounterVal)> {
+    map.iter()
+        .filter_map(Result::ok)
+        .map(|(k, per_cpu)| {
+            let mut sum = CounterVal::default();
+            for v in per_cpu.iter() {
+                sum.calls += v.calls;
+                sum.bytes += v.bytes;
+                sum.time_ns += v.time_ns;
+            }
+            (k, sum)
+        })
+        .collect()
 }

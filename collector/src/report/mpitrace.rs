@@ -6,7 +6,7 @@ use std::{fmt::Write as _, fs, io, path::Path};
 use collector_common::routines::Family;
 
 use super::{JobProfile, RankProfile};
-use crate::stats::{table_order, Totals};
+use crate::stats::{table_order, RoutineStats, Totals};
 
 fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
@@ -141,10 +141,15 @@ pub fn render_rank(job: &JobProfile, r: &RankProfile) -> String {
 /// A rank's NCCL operations and communicators (not part of mpitrace's files).
 pub fn render_nccl(r: &RankProfile) -> String {
     let mut o = String::new();
-    let rows = table_order(&r.routines, Family::Nccl);
-    if rows.is_empty() {
+    let nccl = table_order(&r.routines, Family::Nccl);
+    if nccl.is_empty() {
         return o;
     }
+    // The host's waits for the GPU belong with the operations they wait for.
+    let rows: Vec<_> = nccl
+        .into_iter()
+        .chain(table_order(&r.routines, Family::Cuda))
+        .collect();
     let line = "-----------------------------------------------------------------------";
     let _ = writeln!(o, "NCCL operations of rank {} (pid {}):", r.rank, r.pid);
     let _ = writeln!(
@@ -177,7 +182,16 @@ pub fn render_nccl(r: &RankProfile) -> String {
             r.health.group_ops
         );
     }
+    if r.health.mixed_windows > 0 {
+        let _ = writeln!(
+            o,
+            "{} waits for the GPU followed operations of different kinds: their device time \
+             is not attributed.",
+            r.health.mixed_windows
+        );
+    }
     let _ = writeln!(o);
+    render_device_time(&mut o, &rows);
     let _ = writeln!(
         o,
         "Communicators (size and rank \"?\": not known to commtap):"
@@ -204,6 +218,51 @@ pub fn render_nccl(r: &RankProfile) -> String {
     }
     let _ = writeln!(o);
     o
+}
+
+/// The device-time table of NCCL operations, where the host waited for them.
+fn render_device_time(o: &mut String, rows: &[(&String, &RoutineStats)]) {
+    let measured: Vec<_> = rows
+        .iter()
+        .flat_map(|(name, s)| s.sizes.iter().map(move |b| (name, b)))
+        .filter_map(|(name, b)| Some((name, b, b.device?)))
+        .collect();
+    if measured.is_empty() {
+        let _ = writeln!(
+            o,
+            "No device time: no host wait for the GPU (cudaStreamSynchronize & co) followed \
+             operations of one kind, so no bandwidth is reported."
+        );
+        let _ = writeln!(o);
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "Device time: from the enqueue to the return of the host's next wait for the GPU."
+    );
+    let _ = writeln!(
+        o,
+        "{:<20}{:>24}{:>10}{:>14}{:>13}{:>13}",
+        "NCCL Operation", "size range (bytes)", "#ops", "time/op(us)", "algbw(GB/s)", "busbw(GB/s)"
+    );
+    for (name, b, d) in measured {
+        let range = match (b.min_bytes, b.max_bytes) {
+            (Some(lo), Some(hi)) => format!("{lo}-{hi}"),
+            _ => "undecoded".to_string(),
+        };
+        let gbps = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:.2}"));
+        let _ = writeln!(
+            o,
+            "{:<20}{:>24}{:>10}{:>14.1}{:>13}{:>13}",
+            name,
+            range,
+            d.calls,
+            d.avg_ns() / 1e3,
+            gbps(d.algbw_gbps()),
+            gbps(d.busbw_gbps())
+        );
+    }
+    let _ = writeln!(o);
 }
 
 /// The job summary that mpitrace appends to rank 0's file.

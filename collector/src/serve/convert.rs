@@ -4,7 +4,7 @@
 use super::pb;
 use crate::{
     report::{JobProfile, ProbedLibrary, RankProfile},
-    stats::{CommStats, Health, RoutineStats, SizeBucket, Totals},
+    stats::{CommStats, DeviceTime, Health, RoutineStats, SizeBucket, Totals},
 };
 
 /// A wire message that cannot be turned into a domain value.
@@ -60,6 +60,7 @@ impl From<&Health> for pb::Health {
             in_flight_at_attach: h.in_flight_at_attach,
             counter_map_full: h.counter_map_full,
             group_ops: h.group_ops,
+            mixed_windows: h.mixed_windows,
         }
     }
 }
@@ -74,6 +75,7 @@ impl From<&pb::Health> for Health {
             in_flight_at_attach: h.in_flight_at_attach,
             counter_map_full: h.counter_map_full,
             group_ops: h.group_ops,
+            mixed_windows: h.mixed_windows,
         }
     }
 }
@@ -91,6 +93,12 @@ fn routine_to_pb(name: &str, r: &RoutineStats) -> pb::RoutineStats {
                 min_bytes: b.min_bytes,
                 max_bytes: b.max_bytes,
                 totals: Some((&b.totals).into()),
+                device: b.device.map(|d| pb::DeviceTime {
+                    calls: d.calls,
+                    bytes: d.bytes,
+                    time_ns: d.time_ns,
+                    bus_bytes: d.bus_bytes,
+                }),
             })
             .collect(),
         comm_sizes: r.comm_sizes.iter().map(|(k, v)| (*k, *v)).collect(),
@@ -125,6 +133,12 @@ fn routine_from_pb(r: &pb::RoutineStats) -> Result<(String, RoutineStats), Inval
             min_bytes: b.min_bytes,
             max_bytes: b.max_bytes,
             totals: totals(&b.totals, "SizeBucket")?,
+            device: b.device.map(|d| DeviceTime {
+                calls: d.calls,
+                bytes: d.bytes,
+                time_ns: d.time_ns,
+                bus_bytes: d.bus_bytes,
+            }),
         });
     }
     let mut communicators = Vec::with_capacity(r.communicators.len());
@@ -325,6 +339,8 @@ mod tests {
                 },
             ),
         ];
+        // One device-time window of both AllReduces.
+        let device = vec![(counters[2].0, counters[2].1)];
         JobProfile {
             schema: crate::report::SCHEMA.into(),
             job: "42".into(),
@@ -340,7 +356,7 @@ mod tests {
                 exited: true,
                 elapsed_ns: 5,
                 comm_time_ns: 4,
-                routines: routines_of(7, &counters),
+                routines: routines_of(7, &counters, &device),
                 health: Health {
                     events: 13,
                     undecoded: 3,
