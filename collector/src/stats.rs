@@ -411,7 +411,7 @@ pub(crate) mod tests {
                 },
             ),
         ];
-        let r = routines_of(7, &c);
+        let r = routines_of(7, &c, &[]);
         let ar = &r["MPI_Allreduce"];
         assert_eq!(
             ar.totals,
@@ -444,9 +444,9 @@ pub(crate) mod tests {
             )]
         };
         let (a, b, d) = (
-            routines_of(1, &c(1)),
-            routines_of(1, &c(2)),
-            routines_of(1, &c(3)),
+            routines_of(1, &c(1), &[]),
+            routines_of(1, &c(2), &[]),
+            routines_of(1, &c(3), &[]),
         );
         let mut ab_d = a["MPI_Bcast"].clone();
         ab_d.merge(&b["MPI_Bcast"]);
@@ -457,5 +457,41 @@ pub(crate) mod tests {
         a_bd.merge(&bd);
         assert_eq!(ab_d, a_bd);
         assert_eq!(ab_d.totals.calls, 6);
+    }
+
+    #[test]
+    fn device_time_takes_the_bus_factor_of_its_communicator_size() {
+        let mut k = key(3, "ncclAllReduce", 20, 8);
+        k.comm_id = 9;
+        let c = vec![(
+            k,
+            CounterVal {
+                calls: 4,
+                bytes: 4 << 20,
+                time_ns: 100,
+            },
+        )];
+        let d = vec![(
+            k,
+            CounterVal {
+                calls: 2,
+                bytes: 2 << 20,
+                time_ns: 2_000_000,
+            },
+        )];
+        let r = routines_of(3, &c, &d);
+        let dev = r["ncclAllReduce"].sizes[0].device.expect("device time");
+        // 2(n-1)/n on 8 ranks.
+        assert_eq!(dev.bus_bytes, Some((2 << 20) * 14 / 8));
+        assert_eq!(dev.algbw_gbps(), Some((2 << 20) as f64 / 2e6));
+        // An unknown size leaves bus bandwidth unknown, and merging keeps it so.
+        let unknown = vec![(key(3, "ncclAllReduce", 20, 0), d[0].1)];
+        let mut merged = r["ncclAllReduce"].clone();
+        merged.merge(&routines_of(3, &c, &unknown)["ncclAllReduce"]);
+        let dev = merged.sizes[0].device.expect("device time");
+        assert_eq!((dev.calls, dev.bus_bytes), (4, None));
+        assert_eq!(bus_factor("ncclBroadcast", 8), Some((1, 1)));
+        assert_eq!(bus_factor("ncclAllGather", 4), Some((3, 4)));
+        assert_eq!(bus_factor("ncclAllGather", 0), None);
     }
 }
