@@ -6,6 +6,7 @@
 mod aggregator;
 mod attach;
 mod client;
+mod compare;
 mod daemon;
 mod discover;
 mod ingest;
@@ -74,6 +75,20 @@ enum Command {
     Aggregator(AggregatorArgs),
     /// List the jobs an aggregator knows.
     Jobs(JobsArgs),
+    /// Compare a job's NCCL bus bandwidth per message size with an nccl-tests table.
+    ///
+    /// The expected curve is the out-of-place busbw of an nccl-tests / rccl-tests output
+    /// (`all_reduce_perf -b 64K -e 4G -f 2 ...` as printed). The measured one is a commtap
+    /// profile's NCCL device time (a JSON profile, or a daemon or aggregator), or another
+    /// nccl-tests table. Size buckets measured below --threshold x expected are flagged.
+    /// Exit status: 0 nothing below, 1 some bucket below, 2 error.
+    ///
+    /// Examples:
+    ///   commtap compare --expected allreduce_baseline.txt --profile job.json
+    ///   commtap compare --expected baseline.txt --from https://agg:7443 --job 4242
+    ///   commtap compare --expected a.txt --expected-table 2 --measured b.txt
+    #[command(verbatim_doc_comment)]
+    Compare(CompareArgs),
     /// Benchmark the aggregator's merge (used by `cargo xtask bench`).
     #[command(hide = true)]
     BenchAggregator {
@@ -184,6 +199,83 @@ struct PsArgs {
     /// Where to read: unix:///path/to.sock (a daemon) or http(s)://host:port.
     #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
     from: Target,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("measured_from").required(true).args(["profile", "measured", "from"])))]
+struct CompareArgs {
+    /// nccl-tests output whose out-of-place busbw is the expected curve.
+    #[arg(long, value_name = "FILE")]
+    expected: PathBuf,
+    /// Which table of --expected (1-based) when the file holds several.
+    #[arg(long, value_name = "N")]
+    expected_table: Option<usize>,
+    /// A JSON profile (`commtap record --format json`, `commtap report --format json`).
+    #[arg(long, value_name = "FILE")]
+    profile: Option<PathBuf>,
+    /// Another nccl-tests output, as the measured curve.
+    #[arg(long, value_name = "FILE")]
+    measured: Option<PathBuf>,
+    /// Which table of --measured (1-based) when the file holds several.
+    #[arg(long, value_name = "N")]
+    measured_table: Option<usize>,
+    /// A daemon (unix:///run/commtap/commtap.sock) or aggregator (https://host:port).
+    #[arg(long)]
+    from: Option<Target>,
+    /// The job to read from --from (needed for an aggregator).
+    #[arg(long)]
+    job: Option<String>,
+    /// The NCCL routine (default: the benchmark --expected names, e.g. all_reduce_perf).
+    #[arg(long)]
+    op: Option<String>,
+    /// Flag buckets measured below this fraction of the expected bus bandwidth.
+    #[arg(long, default_value_t = 0.5)]
+    threshold: f64,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = report::Format::Text)]
+    format: report::Format,
+}
+
+/// Runs `commtap compare`; whether some bucket was below the threshold.
+async fn run_compare(a: CompareArgs) -> Result<bool> {
+    use anyhow::Context as _;
+    let read = |p: &PathBuf| {
+        std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+    };
+    if !(a.threshold > 0.0 && a.threshold <= 1.0) {
+        anyhow::bail!("--threshold {}: expected a fraction in (0, 1]", a.threshold);
+    }
+    let name = a.expected.display().to_string();
+    let expected = compare::pick_table(&read(&a.expected)?, &name, a.expected_table)?;
+    let op = compare::resolve_op(a.op.as_deref(), &expected)?;
+    let measured = if let Some(p) = &a.profile {
+        let profile: report::JobProfile = serde_json::from_str(&read(p)?)
+            .with_context(|| format!("{}: not a commtap JSON profile", p.display()))?;
+        compare::profile_curve(&profile, &op)
+    } else if let Some(p) = &a.measured {
+        let name = p.display().to_string();
+        compare::table_curve(&compare::pick_table(&read(p)?, &name, a.measured_table)?)
+    } else {
+        let from = a.from.as_ref().context("no measured side")?;
+        compare::profile_curve(&client::snapshot(from, a.job.as_deref()).await?, &op)
+    };
+    if measured.is_empty() {
+        anyhow::bail!(
+            "nothing measured for {op}: no device time (the host never waited for the GPU right \
+             after {op} operations of one kind; see README \"NCCL device time\")"
+        );
+    }
+    let c = compare::compare(
+        &op,
+        &compare::table_curve(&expected),
+        &measured,
+        a.threshold,
+    );
+    match a.format {
+        report::Format::Text => print!("{}", compare::render(&c)),
+        report::Format::Json => println!("{}", serde_json::to_string_pretty(&c)?),
+    }
+    Ok(c.any_below())
 }
 
 /// How the probes run (shared by `record` and `daemon`).
@@ -314,6 +406,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let mut below = false;
     let result = rt.block_on(async {
         match cli.command {
             Command::Record(a) => {
@@ -365,6 +458,10 @@ fn main() -> ExitCode {
                 .await
             }
             Command::Jobs(a) => client::print_jobs(&a.from).await,
+            Command::Compare(a) => {
+                below = run_compare(a).await?;
+                Ok(())
+            }
             Command::BenchAggregator {
                 daemons,
                 ranks_per_daemon,
@@ -375,6 +472,7 @@ fn main() -> ExitCode {
         }
     });
     match result {
+        Ok(()) if below => ExitCode::from(1),
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("commtap: {e:#}");

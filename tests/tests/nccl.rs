@@ -287,4 +287,97 @@ fn waits_for_the_gpu_measure_device_time() {
             .is_none(),
         "the Broadcasts were only in mixed windows"
     );
+
+    // Against the seed's single-node all_reduce_perf (table 1: 18.05 GB/s at 1 MiB), the
+    // stand-in's 1 ms waits make this job's 1 MiB AllReduces far slower.
+    let seed = repo_root().join("tests/data/seed_003_rccl_ofi_plugin.txt");
+    let run = run_commtap(
+        &scratch,
+        &[
+            "compare",
+            "--expected",
+            path_str(&seed),
+            "--expected-table",
+            "1",
+            "--profile",
+            path_str(&out),
+            "--format",
+            "json",
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.status.code(), Some(1), "{}", run.stderr);
+    let c: serde_json::Value = serde_json::from_str(&run.stdout).expect("JSON comparison");
+    let measured = (40 * MIB) as f64 / ns as f64;
+    assert_eq!(
+        c["buckets"],
+        serde_json::json!([{"min_bytes": 524289, "max_bytes": MIB, "expected_busbw": 18.05,
+            "measured_busbw": measured, "ratio": measured / 18.05, "below": true}]),
+        "{c:#}"
+    );
+}
+
+/// The seed's two-node RCCL runs (tests/data/seed_003_rccl_ofi_plugin.txt, a copy of
+/// ../shared/seeds/003): TCP/IP (table 2) against the OFI plugin with GDR (table 4). The
+/// ratios, read off the tables: 35%, 47%, 42%, 43%, 33% up to 1 MiB, then 25% and lower.
+#[test]
+fn compare_flags_the_seed_runs_below_the_expected_curve() {
+    let scratch = Scratch::new("nccl-compare-seed");
+    let seed = repo_root().join("tests/data/seed_003_rccl_ofi_plugin.txt");
+    let seed = path_str(&seed);
+    let run = run_commtap(
+        &scratch,
+        &[
+            "compare",
+            "--expected",
+            seed,
+            "--expected-table",
+            "4",
+            "--measured",
+            seed,
+            "--measured-table",
+            "2",
+            "--threshold",
+            "0.3",
+            "--format",
+            "json",
+        ],
+        LIMIT,
+    );
+    assert_eq!(
+        run.status.code(),
+        Some(1),
+        "buckets below: exit 1\n{}",
+        run.stderr
+    );
+    let c: serde_json::Value = serde_json::from_str(&run.stdout).expect("JSON comparison");
+    assert_eq!(c["op"], "ncclAllReduce", "named by all_reduce_perf");
+    let buckets = c["buckets"].as_array().expect("buckets");
+    assert_eq!(buckets.len(), 17, "64 KiB to 4 GiB");
+    let below: Vec<u64> = buckets
+        .iter()
+        .filter(|b| b["below"] == true)
+        .map(|b| b["max_bytes"].as_u64().expect("max_bytes"))
+        .collect();
+    // Flagged from the 2 MiB row (bucket 1 MiB+1 .. 2 MiB) on.
+    assert_eq!(below.first(), Some(&(2 << 20)), "{buckets:#?}");
+    assert_eq!(below.len(), 12);
+    let last = buckets.last().expect("4 GiB");
+    assert_eq!(
+        (&last["expected_busbw"], &last["measured_busbw"]),
+        (&109.02.into(), &8.03.into())
+    );
+
+    // A document holding several tables needs to be told which.
+    let run = run_commtap(
+        &scratch,
+        &["compare", "--expected", seed, "--measured", seed],
+        LIMIT,
+    );
+    assert_eq!(run.status.code(), Some(2));
+    assert!(
+        run.stderr.contains("holds 4 nccl-tests tables"),
+        "{}",
+        run.stderr
+    );
 }
