@@ -299,13 +299,13 @@ impl TryFrom<&pb::JobProfile> for JobProfile {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use collector_common::{CounterKey, CounterVal, UNKNOWN_BUCKET};
 
     use super::*;
     use crate::stats::routines_of;
 
-    fn sample() -> JobProfile {
+    pub(crate) fn sample() -> JobProfile {
         let key = |routine: &str, bucket, comm_size| {
             crate::stats::tests::key(7, routine, bucket, comm_size)
         };

@@ -1,13 +1,17 @@
 //! Prometheus text exposition of a node's profile (`commtap daemon --metrics-addr`).
 //!
 //! Label cardinality stays bounded: job, rank, routine and size bucket (mpitrace's bins),
-//! never raw sizes, peers or pids.
+//! never raw sizes, peers, pids or NCCL communicator ids.
 
 use std::{fmt::Write as _, net::SocketAddr, sync::Arc};
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use collector_common::buckets::bucket_range;
+use collector_common::{
+    buckets::bucket_range,
+    routines::{routine_id, Family},
+    ROUTINES,
+};
 use http_body_util::Full;
 use hyper::{
     body::Incoming, server::conn::http1, service::service_fn, Request, Response, StatusCode,
@@ -19,6 +23,16 @@ use tracing::{debug, info};
 
 use super::{node::NodeState, pb};
 use crate::report::JobProfile;
+
+/// Lines of the per-routine families of one routine family (MPI or NCCL).
+#[derive(Default)]
+struct RoutineLines {
+    calls: Vec<String>,
+    bytes: Vec<String>,
+    seconds: Vec<String>,
+    size_calls: Vec<String>,
+    size_bytes: Vec<String>,
+}
 
 /// Renders the Prometheus text format for `profile`, plus the daemon's own health.
 pub fn render(
@@ -36,20 +50,25 @@ pub fn render(
             let _ = writeln!(o, "{name}{l}");
         }
     };
-    let mut calls = Vec::new();
-    let mut bytes = Vec::new();
-    let mut seconds = Vec::new();
-    let mut size_calls = Vec::new();
-    let mut size_bytes = Vec::new();
+    // Per routine family: MPI's, and NCCL's with the host's waits for the GPU.
+    let mut mpi = RoutineLines::default();
+    let mut nccl = RoutineLines::default();
+    let mut device = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     let (mut dropped, mut undecoded, mut nested, mut in_flight) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for r in &profile.ranks {
         let base = format!("job=\"{}\",rank=\"{}\"", escape(&r.job), r.rank);
         for (routine, s) in &r.routines {
+            let lines = match routine_id(routine).map(|id| ROUTINES[id as usize].family()) {
+                Some(Family::Nccl | Family::Cuda) => &mut nccl,
+                _ => &mut mpi,
+            };
             let l = format!("{{{base},routine=\"{}\"}}", escape(routine));
-            calls.push(format!("{l} {}", s.totals.calls));
-            bytes.push(format!("{l} {}", s.totals.bytes));
-            seconds.push(format!("{l} {}", s.totals.time_ns as f64 / 1e9));
+            lines.calls.push(format!("{l} {}", s.totals.calls));
+            lines.bytes.push(format!("{l} {}", s.totals.bytes));
+            lines
+                .seconds
+                .push(format!("{l} {}", s.totals.time_ns as f64 / 1e9));
             for b in &s.sizes {
                 let size = match b.bucket {
                     Some(k) => {
@@ -63,8 +82,16 @@ pub fn render(
                     None => "undecoded".to_string(),
                 };
                 let l = format!("{{{base},routine=\"{}\",size=\"{size}\"}}", escape(routine));
-                size_calls.push(format!("{l} {}", b.totals.calls));
-                size_bytes.push(format!("{l} {}", b.totals.bytes));
+                lines.size_calls.push(format!("{l} {}", b.totals.calls));
+                lines.size_bytes.push(format!("{l} {}", b.totals.bytes));
+                if let Some(d) = b.device {
+                    device[0].push(format!("{l} {}", d.calls));
+                    device[1].push(format!("{l} {}", d.bytes));
+                    device[2].push(format!("{l} {}", d.time_ns as f64 / 1e9));
+                    if let Some(bus) = d.bus_bytes {
+                        device[3].push(format!("{l} {bus}"));
+                    }
+                }
             }
         }
         let l = format!("{{{base}}}");
@@ -73,35 +100,70 @@ pub fn render(
         nested.push(format!("{l} {}", r.health.nested));
         in_flight.push(format!("{l} {}", r.health.in_flight_at_attach));
     }
+    for (prefix, what, time, lines) in [
+        ("commtap_mpi", "MPI calls", "time_seconds_total", mpi),
+        (
+            "commtap_nccl",
+            "NCCL operations and host waits for the GPU",
+            "enqueue_seconds_total",
+            nccl,
+        ),
+    ] {
+        family(
+            &format!("{prefix}_calls_total"),
+            "counter",
+            &format!("{what} completed, per job, rank and routine."),
+            lines.calls,
+        );
+        family(
+            &format!("{prefix}_bytes_total"),
+            "counter",
+            &format!("Bytes of {what} (mpitrace's / nccl-tests' conventions)."),
+            lines.bytes,
+        );
+        family(
+            &format!("{prefix}_{time}"),
+            "counter",
+            &format!("Host time inside {what} (NCCL: enqueue time), per routine."),
+            lines.seconds,
+        );
+        family(
+            &format!("{prefix}_size_calls_total"),
+            "counter",
+            &format!("{what} per message-size bucket (mpitrace's bins)."),
+            lines.size_calls,
+        );
+        family(
+            &format!("{prefix}_size_bytes_total"),
+            "counter",
+            &format!("Bytes of {what} per message-size bucket (mpitrace's bins)."),
+            lines.size_bytes,
+        );
+    }
+    let [ops, dev_bytes, dev_seconds, bus] = device;
     family(
-        "commtap_mpi_calls_total",
+        "commtap_nccl_device_ops_total",
         "counter",
-        "MPI calls completed, per job, rank and routine.",
-        calls,
+        "NCCL operations with device time (a host wait for the GPU followed them).",
+        ops,
     );
     family(
-        "commtap_mpi_bytes_total",
+        "commtap_nccl_device_bytes_total",
         "counter",
-        "Bytes by mpitrace's conventions, per job, rank and routine.",
-        bytes,
+        "Bytes of the NCCL operations with device time (rate over device seconds: algbw).",
+        dev_bytes,
     );
     family(
-        "commtap_mpi_time_seconds_total",
+        "commtap_nccl_device_seconds_total",
         "counter",
-        "Time inside MPI calls, per job, rank and routine.",
-        seconds,
+        "Device time of NCCL operations: enqueue to the return of the host's wait.",
+        dev_seconds,
     );
     family(
-        "commtap_mpi_size_calls_total",
+        "commtap_nccl_device_bus_bytes_total",
         "counter",
-        "MPI calls per message-size bucket (mpitrace's bins).",
-        size_calls,
-    );
-    family(
-        "commtap_mpi_size_bytes_total",
-        "counter",
-        "Bytes per message-size bucket (mpitrace's bins).",
-        size_bytes,
+        "Bytes x nccl-tests' bus factor (rate over device seconds: busbw).",
+        bus,
     );
     family(
         "commtap_events_dropped_total",
@@ -250,5 +312,24 @@ mod tests {
         assert!(text.contains("commtap_processes{state=\"exited\"} 2"));
         assert!(text.contains("commtap_probed_libraries 3"));
         assert_eq!(escape("a\"b\\c"), "a\\\"b\\\\c");
+    }
+
+    #[test]
+    fn nccl_operations_have_their_own_families() {
+        let text = render(&crate::serve::convert::tests::sample(), 1, 0, 1, 0);
+        let base = "job=\"42\",rank=\"0\"";
+        assert!(text.contains(&format!(
+            "commtap_nccl_calls_total{{{base},routine=\"ncclAllReduce\"}} 2\n"
+        )));
+        assert!(text.contains(&format!(
+            "commtap_mpi_calls_total{{{base},routine=\"MPI_Allreduce\"}} 10\n"
+        )));
+        assert!(!text
+            .contains("commtap_mpi_calls_total{job=\"42\",rank=\"0\",routine=\"ncclAllReduce\"}"));
+        let (lo, hi) = bucket_range(12);
+        // 8192 bytes on 2 ranks: AllReduce's factor 2(n-1)/n is 1.
+        assert!(text.contains(&format!(
+            "commtap_nccl_device_bus_bytes_total{{{base},routine=\"ncclAllReduce\",size=\"{lo}-{hi}\"}} 8192\n"
+        )));
     }
 }
