@@ -24,11 +24,12 @@ use clap::{Parser, Subcommand};
 
 use crate::{daemon::DaemonOptions, record::RecordOptions, report::Outputs, serve::socket::Target};
 
-/// commtap: profile the communication of running MPI jobs with eBPF: no relink, no
-/// LD_PRELOAD, no restart.
+/// commtap: profile the communication of running MPI and NCCL jobs with eBPF: no relink,
+/// no LD_PRELOAD, no restart.
 ///
-/// Probes MPI entry points (Open MPI, MPICH) in running processes and reports, per rank,
-/// routine and message size, calls, bytes and time, in IBM mpitrace's layout or as JSON.
+/// Probes MPI entry points (Open MPI, MPICH) and NCCL's (libnccl, librccl, or NCCL linked
+/// in) in running processes and reports, per rank, routine, message size and (NCCL)
+/// communicator, calls, bytes and time, in IBM mpitrace's layout or as JSON.
 /// Needs root (or CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN).
 #[derive(Parser, Debug)]
 #[command(name = "commtap", version, propagate_version = true)]
@@ -45,7 +46,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Profile MPI processes: attach to running ranks or launch a job, then print its profile.
+    /// Profile MPI and NCCL processes: attach to running ranks or launch a job, then print
+    /// its profile.
     ///
     /// Examples:
     ///   commtap record --pid 4242,4243 --duration 30s
