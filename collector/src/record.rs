@@ -83,9 +83,15 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
                 .map(u32::to_string)
                 .collect::<Vec<_>>()
                 .join(", ");
+            let seen = session.probes.unsupported();
+            let seen = if seen.is_empty() {
+                String::new()
+            } else {
+                format!("; seen but not probed: {}", seen.join("; "))
+            };
             bail!(
                 "PID {list}: not an MPI or NCCL process (maps no MPI library such as libmpi or \
-                 libmpich, and nothing that holds NCCL)"
+                 libmpich, and nothing that holds NCCL){seen}"
             );
         }
         mark_ready(&opts)?;

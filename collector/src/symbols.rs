@@ -97,8 +97,9 @@ fn ser_abi<S: serde::Serializer>(abi: &Abi, s: S) -> Result<S::Ok, S::Error> {
 pub enum LibraryKind {
     /// A library commtap can probe.
     Probed(Library),
-    /// An MPI library whose ABI commtap does not decode (reason given).
-    UnsupportedMpi(String),
+    /// An MPI library whose ABI commtap does not decode, or an object that holds NCCL
+    /// without its symbols (reason given).
+    Unsupported(String),
     /// Neither MPI nor NCCL.
     Other,
 }
@@ -152,24 +153,47 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
         }
     }
     let has = |name: &str| syms.contains_key(name);
+    let has_cuda = |name: &str| globals.contains_key(name);
+    let (runtime, driver) = (
+        has_cuda("cudaStreamSynchronize"),
+        has_cuda("cuStreamSynchronize"),
+    );
     if has("ncclAllReduce") || has("pncclAllReduce") {
         let flavor = nccl_version(&elf, &display);
-        return Ok(LibraryKind::Probed(probe_points(
+        let mut lib = probe_points(
             &elf,
             &map,
             &syms,
-            display,
+            display.clone(),
             (Abi::Nccl, flavor, Layout::default()),
             Family::Nccl,
-        )));
+        );
+        // An executable that links NCCL and the CUDA runtime in: its waits for the GPU too.
+        if runtime || driver {
+            let cuda = probe_points(
+                &elf,
+                &map,
+                &globals,
+                display,
+                (Abi::Nccl, String::new(), Layout::default()),
+                Family::Cuda,
+            );
+            lib.probes.extend(cuda.probes);
+            lib.missing.extend(cuda.missing);
+        }
+        return Ok(LibraryKind::Probed(lib));
     }
     if !has("MPI_Send") && !has("PMPI_Send") {
-        let (runtime, driver) = (
-            globals.contains_key("cudaStreamSynchronize"),
-            globals.contains_key("cuStreamSynchronize"),
-        );
         if !runtime && !driver {
-            return Ok(LibraryKind::Other);
+            // NCCL linked in with hidden symbols, or a stripped libnccl: say so rather than
+            // report a training process as communication-free.
+            return Ok(match nccl_banner_version(&elf) {
+                Some(v) => LibraryKind::Unsupported(format!(
+                    "{display}: holds NCCL {v} but none of its symbols (stripped, or linked \
+                     in with hidden visibility): not probed"
+                )),
+                None => LibraryKind::Other,
+            });
         }
         let flavor = if runtime {
             "CUDA runtime"
@@ -195,12 +219,12 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
         {
             (Abi::OpenMpi, "Open MPI 5.x", OMPI5)
         } else {
-            return Ok(LibraryKind::UnsupportedMpi(format!(
+            return Ok(LibraryKind::Unsupported(format!(
                 "{display}: Open MPI of an unknown version"
             )));
         }
     } else if syms.contains_key("MPI_Abi_get_version") || display.contains("libmpi_abi") {
-        return Ok(LibraryKind::UnsupportedMpi(format!(
+        return Ok(LibraryKind::Unsupported(format!(
             "{display}: the MPI-5 standard ABI (libmpi_abi) is not decoded yet"
         )));
     } else if syms
@@ -210,7 +234,7 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
     {
         (Abi::Mpich, "MPICH ABI", Layout::default())
     } else {
-        return Ok(LibraryKind::UnsupportedMpi(format!(
+        return Ok(LibraryKind::Unsupported(format!(
             "{display}: exports MPI_Send but its ABI is unknown"
         )));
     };
@@ -232,27 +256,24 @@ fn nccl_version(elf: &object::File, path: &str) -> String {
     } else {
         "NCCL"
     };
-    let banner = b"NCCL version ";
-    // The first banner followed by a digit ("NCCL version information" comes first).
-    let version = elf
-        .section_by_name(".rodata")
-        .and_then(|s| s.data().ok())
-        .and_then(|data| {
-            data.windows(banner.len())
-                .enumerate()
-                .filter(|(_, w)| *w == banner)
-                .find_map(|(at, _)| {
-                    let rest = &data[at + banner.len()..];
-                    let end = rest.iter().position(|b| !b.is_ascii_graphic())?;
-                    let v = std::str::from_utf8(&rest[..end]).ok()?;
-                    v.starts_with(|c: char| c.is_ascii_digit())
-                        .then(|| v.to_string())
-                })
-        });
-    match version {
+    match nccl_banner_version(elf) {
         Some(v) => format!("{name} {v}"),
         None => name.to_string(),
     }
+}
+
+/// The version in NCCL's "NCCL version 2.x.y" banner, if the object's read-only data has
+/// one (the first followed by a digit: "NCCL version information" comes first).
+fn nccl_banner_version(elf: &object::File) -> Option<String> {
+    let banner = b"NCCL version ";
+    let data = elf.section_by_name(".rodata")?.data().ok()?;
+    memchr::memmem::find_iter(data, banner).find_map(|at| {
+        let rest = &data[at + banner.len()..];
+        let end = rest.iter().position(|b| !b.is_ascii_graphic())?;
+        let v = std::str::from_utf8(&rest[..end]).ok()?;
+        v.starts_with(|c: char| c.is_ascii_digit())
+            .then(|| v.to_string())
+    })
 }
 
 /// The probe points of `family`'s routines in a library whose symbols are `syms`.

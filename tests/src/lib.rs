@@ -138,8 +138,9 @@ pub fn build_shared_c(src: &str) -> PathBuf {
     compile_c(src, &name, &["-shared", "-fPIC", "-fno-omit-frame-pointer"])
 }
 
+/// Builds `tests/programs/<src>` with `cc ARGS` into `target/e2e/bin/<out_name>`.
 #[track_caller]
-fn compile_c(src: &str, out_name: &str, args: &[&str]) -> PathBuf {
+pub fn compile_c(src: &str, out_name: &str, args: &[&str]) -> PathBuf {
     let bin_dir = repo_root().join("target/e2e/bin");
     std::fs::create_dir_all(&bin_dir).expect("creating target/e2e/bin");
     let out = bin_dir.join(out_name);

@@ -9,35 +9,65 @@ use commtap_tests::*;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
-#[test]
-fn real_libnccl_calls_are_counted_exactly() {
-    let scratch = Scratch::new("nccl-real");
-    let prog = build_nccl_program("nccl_calls.c", &nccl_lib_dir(), &["libnccl.so.2"]);
-    let n = 1000;
+/// A single-process program run as `PROG READY GO EXTRA...`, recorded by commtap from
+/// the moment it is ready until it exits.
+struct Recorded {
+    pid: u32,
+    profile: serde_json::Value,
+    out: std::path::PathBuf,
+    stderr: String,
+}
+
+#[track_caller]
+fn attach_then_go(scratch: &Scratch, prog: &std::path::Path, extra: &[String]) -> Recorded {
     let mut app = ChildGuard::spawn(
-        Command::new(&prog)
+        Command::new(prog)
             .arg(scratch.path("ready"))
             .arg(scratch.path("go"))
-            .arg(n.to_string())
-            .arg(scratch.path("truth.json")),
+            .args(extra),
     );
     wait_until("the program to be ready", LIMIT, || {
         scratch.path("ready").exists()
     });
     let pid = app.0.id();
-    let (commtap, out) = record_attached(&scratch, &[pid]);
+    let (commtap, out) = record_attached(scratch, &[pid]);
     std::fs::write(scratch.path("go"), b"").expect("go file");
-    assert!(app.wait_with_limit(LIMIT).success(), "nccl_calls failed");
-    let run = finish_ok(&scratch, commtap, LIMIT);
-    let profile = read_json(&out);
+    assert!(
+        app.wait_with_limit(LIMIT).success(),
+        "{} failed",
+        prog.display()
+    );
+    let run = finish_ok(scratch, commtap, LIMIT);
+    Recorded {
+        pid,
+        profile: read_json(&out),
+        out,
+        stderr: run.stderr,
+    }
+}
+
+#[test]
+fn real_libnccl_calls_are_counted_exactly() {
+    let scratch = Scratch::new("nccl-real");
+    let prog = build_nccl_program("nccl_calls.c", &nccl_lib_dir(), &["libnccl.so.2"]);
+    let n = 1000;
+    let r = attach_then_go(
+        &scratch,
+        &prog,
+        &[
+            n.to_string(),
+            path_str(&scratch.path("truth.json")).to_string(),
+        ],
+    );
+    let (pid, profile) = (r.pid, &r.profile);
     let truth = read_json(&scratch.path("truth.json"));
 
-    let rank = rank_by_pid(&profile, pid as u64);
+    let rank = rank_by_pid(profile, pid as u64);
     assert_eq!(
         routine_table(&rank["routines"]),
         routine_table(&truth["routines"]),
         "(calls, bytes) per routine; stderr:\n{}",
-        run.stderr
+        r.stderr
     );
     assert_eq!(rank["undecoded"], truth["undecoded"], "undecoded calls");
     assert_eq!(
@@ -235,7 +265,86 @@ fn waits_for_the_gpu_measure_device_time() {
         &dir,
         &["libnccl_standin.so", "libcudart_standin.so"],
     );
-    let mut app = ChildGuard::spawn(
+    let r = attach_then_go(&scratch, &prog, &[]);
+    let d = assert_device_time(&r);
+
+    // Against the seed's single-node all_reduce_perf (table 1: 18.05 GB/s at 1 MiB), the
+    // stand-in's 1 ms waits make this job's 1 MiB AllReduces far slower.
+    let seed = repo_root().join("tests/data/seed_003_rccl_ofi_plugin.txt");
+    let run = run_commtap(
+        &scratch,
+        &[
+            "compare",
+            "--expected",
+            path_str(&seed),
+            "--expected-table",
+            "1",
+            "--profile",
+            path_str(&r.out),
+            "--format",
+            "json",
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.status.code(), Some(1), "{}", run.stderr);
+    let c: serde_json::Value = serde_json::from_str(&run.stdout).expect("JSON comparison");
+    let measured = d["bus_bytes"].as_u64().expect("bus bytes") as f64
+        / d["time_ns"].as_u64().expect("time") as f64;
+    assert_eq!(
+        c["buckets"],
+        serde_json::json!([{"min_bytes": 524289, "max_bytes": MIB, "expected_busbw": 18.05,
+            "measured_busbw": measured, "ratio": measured / 18.05, "below": true}]),
+        "{c:#}"
+    );
+}
+
+/// NCCL and the CUDA runtime linked into the executable itself are found by its symbols.
+#[test]
+fn nccl_linked_into_the_executable_is_probed_there() {
+    let scratch = Scratch::new("nccl-static");
+    let programs = repo_root().join("tests/programs");
+    let prog = compile_c(
+        "nccl_device.c",
+        "nccl_device_static",
+        &[
+            &format!("-I{}", programs.display()),
+            path_str(&programs.join("nccl_standin.c")),
+            path_str(&programs.join("cudart_standin.c")),
+        ],
+    );
+    let r = attach_then_go(&scratch, &prog, &[]);
+    assert_device_time(&r);
+    let libs: Vec<&str> = r.profile["libraries"]
+        .as_array()
+        .expect("libraries")
+        .iter()
+        .filter_map(|l| l["path"].as_str())
+        .collect();
+    assert!(
+        libs.len() == 1 && libs[0].ends_with("/nccl_device_static"),
+        "probed in the executable: {libs:?}"
+    );
+}
+
+/// NCCL inside a library that exports none of its symbols is reported as seen but not
+/// probed, with its version, never taken for a process without communication.
+#[test]
+fn nccl_without_symbols_is_reported_not_probed() {
+    let scratch = Scratch::new("nccl-hidden");
+    let lib = compile_c(
+        "nccl_standin.c",
+        "libnccl_hidden.so",
+        &[
+            "-shared",
+            "-fPIC",
+            "-fvisibility=hidden",
+            "-DHIDDEN_NCCL",
+            "-s",
+        ],
+    );
+    let dir = lib.parent().expect("bin dir");
+    let prog = build_nccl_program("nccl_hidden.c", dir, &["libnccl_hidden.so"]);
+    let _app = ChildGuard::spawn(
         Command::new(&prog)
             .arg(scratch.path("ready"))
             .arg(scratch.path("go")),
@@ -243,22 +352,30 @@ fn waits_for_the_gpu_measure_device_time() {
     wait_until("the program to be ready", LIMIT, || {
         scratch.path("ready").exists()
     });
-    let pid = app.0.id();
-    let (commtap, out) = record_attached(&scratch, &[pid]);
-    std::fs::write(scratch.path("go"), b"").expect("go file");
-    assert!(app.wait_with_limit(LIMIT).success(), "nccl_device failed");
-    let run = finish_ok(&scratch, commtap, LIMIT);
-    let profile = read_json(&out);
-    let rank = rank_by_pid(&profile, pid as u64);
+    let pid = _app.0.id().to_string();
+    let run = run_commtap(&scratch, &["record", "--pid", &pid], LIMIT);
+    assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("holds NCCL 2.99.0+standin but none of its symbols"),
+        "{}",
+        run.stderr
+    );
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Asserts what nccl_device.c did, as its comment says; returns the AllReduces' device time.
+#[track_caller]
+fn assert_device_time(r: &Recorded) -> serde_json::Value {
+    let rank = rank_by_pid(&r.profile, r.pid as u64);
     let routines = &rank["routines"];
     assert_eq!(
         routines["cudaStreamSynchronize"]["calls"], 31,
         "waits; stderr:\n{}",
-        run.stderr
+        r.stderr
     );
     assert_eq!(rank["mixed_windows"], 3, "mixed windows");
-
-    const MIB: u64 = 1 << 20;
     let buckets = routines["ncclAllReduce"]["sizes"]
         .as_array()
         .expect("sizes");
@@ -287,34 +404,7 @@ fn waits_for_the_gpu_measure_device_time() {
             .is_none(),
         "the Broadcasts were only in mixed windows"
     );
-
-    // Against the seed's single-node all_reduce_perf (table 1: 18.05 GB/s at 1 MiB), the
-    // stand-in's 1 ms waits make this job's 1 MiB AllReduces far slower.
-    let seed = repo_root().join("tests/data/seed_003_rccl_ofi_plugin.txt");
-    let run = run_commtap(
-        &scratch,
-        &[
-            "compare",
-            "--expected",
-            path_str(&seed),
-            "--expected-table",
-            "1",
-            "--profile",
-            path_str(&out),
-            "--format",
-            "json",
-        ],
-        LIMIT,
-    );
-    assert_eq!(run.status.code(), Some(1), "{}", run.stderr);
-    let c: serde_json::Value = serde_json::from_str(&run.stdout).expect("JSON comparison");
-    let measured = (40 * MIB) as f64 / ns as f64;
-    assert_eq!(
-        c["buckets"],
-        serde_json::json!([{"min_bytes": 524289, "max_bytes": MIB, "expected_busbw": 18.05,
-            "measured_busbw": measured, "ratio": measured / 18.05, "below": true}]),
-        "{c:#}"
-    );
+    d.clone()
 }
 
 /// The seed's two-node RCCL runs (tests/data/seed_003_rccl_ofi_plugin.txt, a copy of

@@ -315,7 +315,7 @@ impl Probes {
         }
         let lib = match symbols::read_library(path) {
             Ok(LibraryKind::Probed(lib)) => lib,
-            Ok(LibraryKind::UnsupportedMpi(why)) => {
+            Ok(LibraryKind::Unsupported(why)) => {
                 warn!("{why}");
                 self.unsupported.push(why);
                 self.seen.insert(dev_inode, None);
@@ -409,7 +409,7 @@ impl Probes {
         &self.libraries
     }
 
-    /// MPI libraries seen but not decoded.
+    /// Libraries seen but not decoded (an unknown MPI ABI, NCCL without symbols).
     pub fn unsupported(&self) -> &[String] {
         &self.unsupported
     }

@@ -81,7 +81,7 @@ pub struct JobProfile {
     pub undecoded: u64,
     /// Libraries probed.
     pub libraries: Vec<ProbedLibrary>,
-    /// MPI libraries seen but not decoded, with the reason.
+    /// Libraries seen but not decoded (an unknown MPI ABI, NCCL without symbols), with the reason.
     pub unsupported_libraries: Vec<String>,
     /// Processes that were asked for but could not be profiled, with the reason.
     pub not_profiled: Vec<String>,
