@@ -72,6 +72,14 @@ pub enum ByteRule {
     /// A host-side wait for the GPU (`cudaStreamSynchronize` & co): ends the thread's
     /// device-time window of NCCL operations.
     DeviceSync = 31,
+    /// libfabric: the `size_t` length in argument `a`.
+    FabricLen = 32,
+    /// libfabric: the sum of the `iov_len`s of the `struct iovec` array in argument `a`,
+    /// `b` entries.
+    FabricIov = 33,
+    /// libfabric: the sum of the `iov_len`s of a `struct fi_msg` (or `fi_msg_tagged`,
+    /// `fi_msg_rma`: all start with `msg_iov`, `desc`, `iov_count`) in argument `a`.
+    FabricMsg = 34,
 }
 
 impl ByteRule {
@@ -110,6 +118,9 @@ impl ByteRule {
             29 => ByteRule::GroupEnd,
             30 => ByteRule::GroupSpan,
             31 => ByteRule::DeviceSync,
+            32 => ByteRule::FabricLen,
+            33 => ByteRule::FabricIov,
+            34 => ByteRule::FabricMsg,
             _ => ByteRule::None,
         }
     }
@@ -137,6 +148,8 @@ pub mod class {
     pub const GROUP: u8 = 9;
     /// Host-side waits for the GPU.
     pub const SYNC: u8 = 10;
+    /// libfabric data-path operations (ops-table functions).
+    pub const FABRIC: u8 = 11;
 }
 
 /// Which library family a routine belongs to (and which libraries are searched for it).
@@ -149,6 +162,9 @@ pub enum Family {
     /// CUDA's host-side synchronisation (`cuda*` runtime, `cu*` driver), probed in the
     /// CUDA runtime or driver library, or wherever the runtime is linked in.
     Cuda,
+    /// libfabric's data path (`fi_msg_send` for `ep->msg->send` ...), probed through the
+    /// provider ops tables of libfabric libraries.
+    Fabric,
 }
 
 /// Where a routine's arguments are and how its bytes are computed (read by the BPF programs).
@@ -190,6 +206,7 @@ impl Routine {
         match self.name.as_bytes() {
             [b'n', b'c', b'c', b'l', ..] => Family::Nccl,
             [b'c', b'u', ..] => Family::Cuda,
+            [b'f', b'i', b'_', ..] => Family::Fabric,
             _ => Family::Mpi,
         }
     }
@@ -720,7 +737,55 @@ pub const ROUTINES: &[Routine] = &[
     r("cuStreamSynchronize", SYNC, B::DeviceSync, [N; 4], N, N),
     r("cuEventSynchronize", SYNC, B::DeviceSync, [N; 4], N, N),
     r("cuCtxSynchronize", SYNC, B::DeviceSync, [N; 4], N, N),
+    // libfabric ops-table slots (fi_endpoint.h, fi_tagged.h, fi_rma.h), in `fid_ep` order:
+    // msg, rma, tagged; each table's nine functions in their struct order. The kernel
+    // counts every slot under its `fi_msg_*` id with the table in the key; userspace names
+    // the table's kind once an endpoint is seen to use it (see collector's `fabric`).
+    fab("fi_msg_recv", B::FabricLen),
+    fab("fi_msg_recvv", B::FabricIov),
+    fab("fi_msg_recvmsg", B::FabricMsg),
+    fab("fi_msg_send", B::FabricLen),
+    fab("fi_msg_sendv", B::FabricIov),
+    fab("fi_msg_sendmsg", B::FabricMsg),
+    fab("fi_msg_inject", B::FabricLen),
+    fab("fi_msg_senddata", B::FabricLen),
+    fab("fi_msg_injectdata", B::FabricLen),
+    fab("fi_rma_read", B::FabricLen),
+    fab("fi_rma_readv", B::FabricIov),
+    fab("fi_rma_readmsg", B::FabricMsg),
+    fab("fi_rma_write", B::FabricLen),
+    fab("fi_rma_writev", B::FabricIov),
+    fab("fi_rma_writemsg", B::FabricMsg),
+    fab("fi_rma_inject", B::FabricLen),
+    fab("fi_rma_writedata", B::FabricLen),
+    fab("fi_rma_injectdata", B::FabricLen),
+    fab("fi_tagged_recv", B::FabricLen),
+    fab("fi_tagged_recvv", B::FabricIov),
+    fab("fi_tagged_recvmsg", B::FabricMsg),
+    fab("fi_tagged_send", B::FabricLen),
+    fab("fi_tagged_sendv", B::FabricIov),
+    fab("fi_tagged_sendmsg", B::FabricMsg),
+    fab("fi_tagged_inject", B::FabricLen),
+    fab("fi_tagged_senddata", B::FabricLen),
+    fab("fi_tagged_injectdata", B::FabricLen),
 ];
+
+/// A libfabric ops-table slot: `(ep, buf, len, ...)`, `(ep, iov, desc, count, ...)` or
+/// `(ep, msg, flags)`.
+const fn fab(name: &'static str, rule: ByteRule) -> Routine {
+    let abcd = match rule {
+        ByteRule::FabricIov => [1, 3, N, N],
+        ByteRule::FabricMsg => [1, N, N, N],
+        _ => [2, N, N, N],
+    };
+    r(name, FABRIC, rule, abcd, N, N)
+}
+
+/// Id of the first libfabric slot (`fi_msg_recv`); slot `s` of table kind `k` (0 msg, 1
+/// rma, 2 tagged) is `FABRIC_FIRST + 9k + s`.
+pub const FABRIC_FIRST: u16 = routine_index("fi_msg_recv");
+/// Slots per libfabric ops table.
+pub const FABRIC_SLOTS: u16 = 9;
 
 /// Id of the routine named `name`, at compile time (panics if there is none).
 pub const fn routine_index(name: &str) -> u16 {
@@ -773,7 +838,8 @@ mod tests {
             assert!(
                 r.name.starts_with("MPI_")
                     || r.name.starts_with("nccl")
-                    || r.name.starts_with("cu"),
+                    || r.name.starts_with("cu")
+                    || r.name.starts_with("fi_"),
                 "{}",
                 r.name
             );

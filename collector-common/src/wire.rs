@@ -15,6 +15,9 @@ pub enum Abi {
     Mpich = 2,
     /// NCCL and RCCL: communicators are pointers, datatypes an enum, counts `size_t`.
     Nccl = 3,
+    /// libfabric provider ops-table functions (`ep->msg->send` ...): lengths are `size_t`,
+    /// vectors `struct iovec`, messages `struct fi_msg`.
+    Fabric = 4,
 }
 
 impl Abi {
@@ -24,6 +27,7 @@ impl Abi {
             1 => Some(Abi::OpenMpi),
             2 => Some(Abi::Mpich),
             3 => Some(Abi::Nccl),
+            4 => Some(Abi::Fabric),
             _ => None,
         }
     }
@@ -32,7 +36,9 @@ impl Abi {
 /// Attach cookie: which routine a probe point is, and which layout slot its library uses.
 ///
 /// Bits 0..16 hold the routine id, bits 16..24 the layout slot (index into the
-/// `LAYOUTS` map), bits 24..32 the [`Abi`].
+/// `LAYOUTS` map; for libfabric, the library's number), bits 24..32 the [`Abi`], bits
+/// 32..48 the probed libfabric function's index in its library's list, bits 48..56 how
+/// far past the function's first byte the probe sits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cookie {
     /// Index into [`crate::ROUTINES`].
@@ -41,12 +47,20 @@ pub struct Cookie {
     pub layout: u8,
     /// The library's [`Abi`] as its `u8` id.
     pub abi: u8,
+    /// libfabric: index of the probed function in its library's list (0 otherwise).
+    pub function: u16,
+    /// libfabric: bytes between the function's start and the probe.
+    pub skip: u8,
 }
 
 impl Cookie {
     /// Packs the cookie into the 64-bit value the kernel stores per attachment.
     pub const fn pack(self) -> u64 {
-        (self.routine as u64) | ((self.layout as u64) << 16) | ((self.abi as u64) << 24)
+        (self.routine as u64)
+            | ((self.layout as u64) << 16)
+            | ((self.abi as u64) << 24)
+            | ((self.function as u64) << 32)
+            | ((self.skip as u64) << 48)
     }
 
     /// Unpacks a cookie read with `bpf_get_attach_cookie`.
@@ -56,7 +70,15 @@ impl Cookie {
             routine: (v & 0xffff) as u16,
             layout: ((v >> 16) & 0xff) as u8,
             abi: ((v >> 24) & 0xff) as u8,
+            function: ((v >> 32) & 0xffff) as u16,
+            skip: ((v >> 48) & 0xff) as u8,
         }
+    }
+
+    /// The `comm_id` a libfabric call is counted under: its library and function.
+    #[inline(always)]
+    pub const fn fabric_function(self) -> u64 {
+        ((self.layout as u64) << 16) | self.function as u64
     }
 }
 
@@ -117,8 +139,22 @@ pub struct CallState {
     /// Device-time window: 1 if its operations differ in routine, size bucket or
     /// communicator (then its time cannot be split among them).
     pub win_mixed: u32,
+    /// libfabric call made inside an MPI or NCCL call: monotonic ns at its entry.
+    pub fab_start_ns: u64,
+    /// libfabric call made inside an MPI or NCCL call: its first four arguments.
+    pub fab_args: [u64; 4],
+    /// The routine of the call in progress (`args`), for libfabric calls made inside it.
+    pub routine: u16,
+    /// The routine of the libfabric call in `fab_args`.
+    pub fab_routine: u16,
+    /// 1 while a libfabric call made inside an MPI or NCCL call is in progress.
+    pub fab_busy: u32,
+    /// libfabric calls made inside that one (a provider layered on another).
+    pub fab_depth: u32,
+    /// Explicit padding.
+    pub _pad2: u32,
 }
-const _: () = assert!(size_of::<CallState>() == 216);
+const _: () = assert!(size_of::<CallState>() == 280);
 const _: () = assert!(offset_of!(CallState, group_start_ns) == 144);
 
 /// Number of library layout slots (distinct probed MPI libraries at once).
@@ -169,22 +205,45 @@ pub struct CounterKey {
     pub tgid: u32,
     /// Index into [`crate::ROUTINES`].
     pub routine: u16,
-    /// [`crate::size_bucket`] of the call's bytes, or [`crate::UNKNOWN_BUCKET`].
-    pub bucket: u8,
-    /// Explicit padding.
-    pub _pad: u8,
+    /// The MPI or NCCL routine in progress when a libfabric call was made, or
+    /// [`CounterKey::NO_PARENT`].
+    pub parent: u16,
     /// Size of the call's communicator; 0 when the routine has none or it is unknown.
     pub comm_size: u32,
     /// This process's rank in the communicator (NCCL; 0 for MPI, whose counters are kept
-    /// per communicator size only).
+    /// per communicator size only). libfabric: -1 when the call's endpoint did not show
+    /// which table (msg, rma, tagged) the function belongs to.
     pub comm_rank: i32,
     /// Identity of the communicator, equal in every process that is part of it (NCCL: a
-    /// hash of its unique id; 0 when unknown and for MPI).
+    /// hash of its unique id; 0 when unknown and for MPI). libfabric: the endpoint's
+    /// address.
     pub comm_id: u64,
+    /// [`crate::size_bucket`] of the call's bytes, or [`crate::UNKNOWN_BUCKET`].
+    pub bucket: u8,
+    /// Explicit padding.
+    pub _pad: [u8; 7],
 }
-const _: () = assert!(size_of::<CounterKey>() == 24);
+const _: () = assert!(size_of::<CounterKey>() == 32);
 const _: () = assert!(offset_of!(CounterKey, comm_size) == 8);
 const _: () = assert!(offset_of!(CounterKey, comm_id) == 16);
+const _: () = assert!(offset_of!(CounterKey, bucket) == 24);
+
+impl CounterKey {
+    /// `parent` of a call made outside any MPI or NCCL call.
+    pub const NO_PARENT: u16 = u16::MAX;
+}
+
+/// Where a probed libfabric library's code is, as virtual addresses of its file: calls
+/// whose return address is inside are libfabric calling itself.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FabricText {
+    /// First address of its executable section.
+    pub lo: u64,
+    /// One past its last.
+    pub hi: u64,
+}
+const _: () = assert!(size_of::<FabricText>() == 16);
 
 /// Value of the ground-truth counters (a per-CPU map: userspace sums the CPUs).
 #[repr(C)]
@@ -222,8 +281,14 @@ pub struct ProcStats {
     /// Device synchronisations that ended a window of different NCCL operations, whose
     /// device time could not be attributed to one of them.
     pub mixed_windows: u64,
+    /// libfabric calls that returned an error (mostly -FI_EAGAIN: the caller retries), not
+    /// counted as operations.
+    pub fabric_failed: u64,
+    /// libfabric ops-table calls made from inside libfabric itself (a provider layered on
+    /// another, such as rxm on tcp, and progress): not the application's, not counted.
+    pub fabric_internal: u64,
 }
-const _: () = assert!(size_of::<ProcStats>() == 72);
+const _: () = assert!(size_of::<ProcStats>() == 88);
 
 /// Offsets of the tracepoint fields commtap reads, parsed by userspace from tracefs
 /// `format` files (they differ between kernel versions).
@@ -427,6 +492,7 @@ mod pod {
     unsafe impl aya::Pod for CommInfo {}
     unsafe impl aya::Pod for TpOffsets {}
     unsafe impl aya::Pod for Config {}
+    unsafe impl aya::Pod for FabricText {}
     unsafe impl aya::Pod for crate::ArgSpec {}
 }
 
@@ -440,8 +506,11 @@ mod tests {
             routine: 513,
             layout: 7,
             abi: Abi::Mpich as u8,
+            function: 300,
+            skip: 4,
         };
         assert_eq!(Cookie::unpack(c.pack()), c);
+        assert_eq!(c.fabric_function(), (7 << 16) | 300);
     }
 
     #[test]

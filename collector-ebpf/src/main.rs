@@ -3,11 +3,13 @@
 //! - `call_entry`: one uprobe serves every MPI and NCCL routine; the attach cookie names the
 //!   routine and its library's layout (see `collector_common::Cookie`).
 //! - `mpi_return_*` / `nccl_return`: the return probes, one per ABI and argument shape.
+//! - `fabric_entry` / `fabric_return`: libfabric ops-table functions.
 //! - `sched_fork` / `sched_exec` / `sched_exit`: follow the watched process tree.
 #![no_std]
 #![no_main]
 
 mod decode;
+mod fabric;
 mod maps;
 mod mpi;
 mod nccl;

@@ -6,8 +6,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuHashMap, RingBuf},
 };
 use collector_common::{
-    ArgSpec, CallState, CommInfo, Config, CounterKey, CounterVal, HandleKey, Layout, ProcStats,
-    TpOffsets,
+    ArgSpec, CallState, CommInfo, Config, CounterKey, CounterVal, FabricText, HandleKey, Layout,
+    ProcStats, TpOffsets,
 };
 
 /// Processes whose calls are counted: tgid -> `collector_common::watch` flags.
@@ -73,6 +73,21 @@ pub static COUNTERS: PerCpuHashMap<CounterKey, CounterVal> =
 #[map]
 pub static DEVICE_TIME: PerCpuHashMap<CounterKey, CounterVal> =
     PerCpuHashMap::with_max_entries(16384, 0);
+
+/// libfabric: the table kind (0 msg, 1 rma, 2 tagged) of each probed function seen called
+/// on an endpoint whose table of that kind holds it, by `Cookie::fabric_function`.
+#[map]
+pub static FABRIC_KINDS: HashMap<u64, u8> = HashMap::with_max_entries(16384, 0);
+
+/// libfabric: the file virtual address of each probed function, by
+/// `Cookie::fabric_function` (with the probe's address, the library's load bias).
+#[map]
+pub static FABRIC_FUNCS: HashMap<u64, u64> = HashMap::with_max_entries(65536, 0);
+
+/// libfabric: each probed library's code range, by its layout slot.
+#[map]
+pub static FABRIC_TEXT: Array<FabricText> =
+    Array::with_max_entries(collector_common::MAX_LAYOUTS, 0);
 
 /// Health counters and MPI lifetime marks per process.
 #[map]

@@ -105,6 +105,7 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
             (*e).start_ns = start_ns;
             (*e).depth = 0;
             (*e).busy = 1;
+            (*e).routine = c.routine;
         },
         // No storage could be created (memory, or the storage lock busy): not counted.
         None => with_proc_stats(tgid, |s| s.counters_full += 1),
@@ -218,11 +219,12 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
     let key = CounterKey {
         tgid,
         routine: c.routine,
-        bucket,
-        _pad: 0,
+        parent: CounterKey::NO_PARENT,
         comm_size,
         comm_rank,
         comm_id,
+        bucket,
+        _pad: [0; 7],
     };
     add(&COUNTERS, &key, 1, bytes, dur);
 

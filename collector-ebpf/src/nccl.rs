@@ -200,11 +200,12 @@ pub(crate) fn after_call(
             let group = CounterKey {
                 tgid,
                 routine: NCCL_GROUP,
-                bucket: size_bucket(b),
-                _pad: 0,
+                parent: CounterKey::NO_PARENT,
                 comm_size: 0,
                 comm_rank: 0,
                 comm_id: 0,
+                bucket: size_bucket(b),
+                _pad: [0; 7],
             };
             let group_start = e.group_start_ns;
             add(&COUNTERS, &group, 1, b, now.saturating_sub(group_start));

@@ -9,6 +9,7 @@ mod client;
 mod compare;
 mod daemon;
 mod discover;
+mod fabric;
 mod ingest;
 mod record;
 mod report;
@@ -91,6 +92,13 @@ enum Command {
     ///   commtap compare --expected a.txt --expected-table 2 --measured b.txt
     #[command(verbatim_doc_comment)]
     Compare(CompareArgs),
+    /// Show what commtap finds of a process's libfabric endpoints and ops tables.
+    #[command(hide = true)]
+    ScanFabric {
+        /// The process.
+        #[arg(long)]
+        pid: u32,
+    },
     /// Benchmark the aggregator's merge (used by `cargo xtask bench`).
     #[command(hide = true)]
     BenchAggregator {
@@ -460,6 +468,29 @@ fn main() -> ExitCode {
                 .await
             }
             Command::Jobs(a) => client::print_jobs(&a.from).await,
+            Command::ScanFabric { pid } => {
+                use std::os::unix::fs::MetadataExt;
+                for o in discover::mapped_objects(pid)? {
+                    let cands = fabric::read_candidates(&o.path)?;
+                    if cands.is_empty() {
+                        continue;
+                    }
+                    let m = std::fs::metadata(&o.path)?;
+                    let Some(map) = fabric::mapping_of(pid, (m.dev(), m.ino())) else {
+                        continue;
+                    };
+                    let scan = fabric::endpoint_tables(pid, map, &cands);
+                    println!(
+                        "{}: {} candidates, {} endpoints in {} MiB, tables {:x?}",
+                        o.path.display(),
+                        cands.len(),
+                        scan.endpoints,
+                        scan.scanned >> 20,
+                        scan.tables
+                    );
+                }
+                Ok(())
+            }
             Command::Compare(a) => {
                 below = run_compare(a).await?;
                 Ok(())

@@ -293,6 +293,7 @@ impl Session {
             let ps = self.probes.read_proc_stats(pid);
             let routines = stats::routines_of(pid, &counters, &device);
             let mut health: stats::Health = (&ps).into();
+            health.fabric_unresolved = stats::fabric_unresolved(pid, &counters);
             health.events = self.ingest_counters.events_of(pid);
             let start = if ps.init_ns != 0 {
                 ps.init_ns.max(t.since_ns)

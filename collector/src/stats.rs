@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use collector_common::{
     buckets::bucket_range,
     routines::{class, Family, NO_ARG},
-    CounterKey, CounterVal, ProcStats, ROUTINES, UNKNOWN_BUCKET,
+    CounterKey, CounterVal, ProcStats, Routine, ROUTINES, UNKNOWN_BUCKET,
 };
+
 use serde::{Deserialize, Serialize};
 
 /// Calls, bytes and time of a set of calls.
@@ -144,6 +145,9 @@ pub struct RoutineStats {
     /// NCCL: the calls per communicator (MPI routines have none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub communicators: Vec<CommStats>,
+    /// libfabric: the calls made inside an MPI or NCCL call, by that routine.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub called_from: BTreeMap<String, Totals>,
 }
 
 /// One NCCL communicator's share of a routine's calls.
@@ -178,6 +182,9 @@ impl RoutineStats {
         }
         for (size, calls) in &other.comm_sizes {
             *self.comm_sizes.entry(*size).or_default() += calls;
+        }
+        for (parent, t) in &other.called_from {
+            self.called_from.entry(parent.clone()).or_default().merge(t);
         }
         for c in &other.communicators {
             match self
@@ -242,6 +249,17 @@ pub struct Health {
     /// could not be attributed.
     #[serde(default)]
     pub mixed_windows: u64,
+    /// libfabric calls on ops tables no endpoint of the process was seen to use (not
+    /// reported as fabric operations).
+    #[serde(default)]
+    pub fabric_unresolved: u64,
+    /// libfabric ops-table calls made by libfabric itself (a provider layered on another,
+    /// such as rxm on tcp, and progress): not the application's, not reported.
+    #[serde(default)]
+    pub fabric_internal: u64,
+    /// libfabric calls that returned an error (mostly -FI_EAGAIN: retried), not counted.
+    #[serde(default)]
+    pub fabric_failed: u64,
 }
 
 impl From<&ProcStats> for Health {
@@ -255,6 +273,9 @@ impl From<&ProcStats> for Health {
             counter_map_full: s.counters_full,
             group_ops: s.group_ops,
             mixed_windows: s.mixed_windows,
+            fabric_unresolved: 0,
+            fabric_internal: s.fabric_internal,
+            fabric_failed: s.fabric_failed,
         }
     }
 }
@@ -271,7 +292,7 @@ pub fn routines_of(
 ) -> Routines {
     let mut out = Routines::new();
     for (k, v) in counters.iter().filter(|(k, _)| k.tgid == tgid) {
-        let Some(routine) = ROUTINES.get(k.routine as usize) else {
+        let Some(routine) = shown(k) else {
             continue;
         };
         let totals = Totals {
@@ -297,6 +318,9 @@ pub fn routines_of(
                 totals,
             });
         }
+        if let Some(parent) = ROUTINES.get(k.parent as usize) {
+            one.called_from.insert(parent.name.to_string(), totals);
+        }
         out.entry(routine.name.to_string()).or_default().merge(&one);
     }
     for (k, v) in device.iter().filter(|(k, _)| k.tgid == tgid) {
@@ -314,6 +338,25 @@ pub fn routines_of(
         stats.add_bucket(bucket, &Totals::default(), Some(&d));
     }
     out
+}
+
+/// Whether a counter holds calls the profile shows as a routine's: all but libfabric
+/// calls whose endpoint did not show which table their function is in.
+fn shown(k: &CounterKey) -> Option<&'static Routine> {
+    let routine = ROUTINES.get(k.routine as usize)?;
+    (routine.family() != Family::Fabric || k.comm_rank >= 0).then_some(routine)
+}
+
+/// libfabric calls of `tgid` whose endpoint did not show which table their function is in
+/// (a function of another table of the same shape, connection management say).
+pub fn fabric_unresolved(tgid: u32, counters: &[(CounterKey, CounterVal)]) -> u64 {
+    counters
+        .iter()
+        .filter(|(k, _)| {
+            k.tgid == tgid && shown(k).is_none() && (k.routine as usize) < ROUTINES.len()
+        })
+        .map(|(_, v)| v.calls)
+        .sum()
 }
 
 /// MPI communication time of a process: every MPI routine but MPI_Init and MPI_Finalize.
@@ -359,11 +402,12 @@ pub(crate) mod tests {
         CounterKey {
             tgid,
             routine,
-            bucket,
-            _pad: 0,
+            parent: CounterKey::NO_PARENT,
             comm_size,
             comm_rank: 0,
             comm_id: 0,
+            bucket,
+            _pad: [0; 7],
         }
     }
 

@@ -60,6 +60,15 @@ pub struct ProbePoint {
     pub offset: u64,
     /// Where it sits.
     pub placement: Placement,
+    /// libfabric: the function's index among its library's probes.
+    #[serde(skip)]
+    pub function: u16,
+    /// Bytes between the function's start and `offset`.
+    #[serde(skip)]
+    pub skip: u8,
+    /// The function's virtual address in the file.
+    #[serde(skip)]
+    pub vaddr: u64,
 }
 
 /// A library (MPI, or one holding NCCL) as commtap probes it.
@@ -82,6 +91,9 @@ pub struct Library {
     /// Which family of routines it is probed for.
     #[serde(skip)]
     pub family: Family,
+    /// Virtual addresses of its `.text` (start, end).
+    #[serde(skip)]
+    pub text: (u64, u64),
 }
 
 fn ser_abi<S: serde::Serializer>(abi: &Abi, s: S) -> Result<S::Ok, S::Error> {
@@ -89,6 +101,7 @@ fn ser_abi<S: serde::Serializer>(abi: &Abi, s: S) -> Result<S::Ok, S::Error> {
         Abi::OpenMpi => "open_mpi",
         Abi::Mpich => "mpich",
         Abi::Nccl => "nccl",
+        Abi::Fabric => "libfabric",
     })
 }
 
@@ -184,6 +197,9 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
         return Ok(LibraryKind::Probed(lib));
     }
     if !has("MPI_Send") && !has("PMPI_Send") {
+        if has_cuda("fi_getinfo") && has_cuda("fi_fabric") {
+            return Ok(fabric_library(&elf, &map, display));
+        }
         if !runtime && !driver {
             // NCCL linked in with hidden symbols, or a stripped libnccl: say so rather than
             // report a training process as communication-free.
@@ -276,6 +292,55 @@ fn nccl_banner_version(elf: &object::File) -> Option<String> {
     })
 }
 
+/// A libfabric library: every slot of every ops-table candidate, probed once per address
+/// (stubs such as `fi_no_msg_recv` serve many tables; the kind of table a call went
+/// through is found at the call, see collector-ebpf's `fabric`).
+fn fabric_library(elf: &object::File, map: &[u8], path: String) -> LibraryKind {
+    let candidates = crate::fabric::candidate_tables(elf, map);
+    if candidates.is_empty() {
+        return LibraryKind::Unsupported(format!(
+            "{path}: libfabric without recognisable ops tables (80-byte tables of relocated \
+             code pointers): its data path is not probed"
+        ));
+    }
+    let mut probes = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for c in &candidates {
+        for (slot, &addr) in c.slots.iter().enumerate() {
+            let Some(offset) = file_offset(elf, addr) else {
+                continue;
+            };
+            if !seen.insert(offset) || probes.len() >= usize::from(u16::MAX) {
+                continue;
+            }
+            let code = map
+                .get(offset as usize..offset as usize + 16)
+                .unwrap_or(&[]);
+            let (skip, placement) = choose_probe_point(code);
+            let routine = collector_common::routines::FABRIC_FIRST + slot as u16;
+            probes.push(ProbePoint {
+                routine,
+                name: ROUTINES[routine as usize].name,
+                offset: offset + skip,
+                placement,
+                function: probes.len() as u16,
+                skip: skip as u8,
+                vaddr: addr,
+            });
+        }
+    }
+    LibraryKind::Probed(Library {
+        path,
+        abi: Abi::Fabric,
+        flavor: "libfabric".to_string(),
+        layout: Layout::default(),
+        probes,
+        missing: Vec::new(),
+        family: Family::Fabric,
+        text: text_range(elf),
+    })
+}
+
 /// The probe points of `family`'s routines in a library whose symbols are `syms`.
 fn probe_points(
     elf: &object::File,
@@ -296,7 +361,7 @@ fn probe_points(
         let alias = match family {
             Family::Mpi => format!("P{}", routine.name),
             Family::Nccl => format!("p{}", routine.name),
-            Family::Cuda => routine.name.to_string(),
+            Family::Cuda | Family::Fabric => routine.name.to_string(),
         };
         let Some(&addr) = syms.get(routine.name).or_else(|| syms.get(alias.as_str())) else {
             missing.push(routine.name);
@@ -319,6 +384,9 @@ fn probe_points(
             name: routine.name,
             offset: offset + skip,
             placement,
+            function: 0,
+            skip: skip as u8,
+            vaddr: addr,
         });
     }
     Library {
@@ -329,6 +397,7 @@ fn probe_points(
         probes,
         missing,
         family,
+        text: text_range(elf),
     }
 }
 
@@ -354,6 +423,12 @@ fn needed_libs(elf: &object::File) -> Vec<String> {
         .filter_map(|d| d.string(endian, strings).ok())
         .map(|s| String::from_utf8_lossy(s).into_owned())
         .collect()
+}
+
+/// Virtual addresses of `.text` (start, end); (0, 0) without one.
+fn text_range(elf: &object::File) -> (u64, u64) {
+    elf.section_by_name(".text")
+        .map_or((0, 0), |s| (s.address(), s.address() + s.size()))
 }
 
 /// File offset of virtual address `addr`, through the section that contains it.
@@ -385,6 +460,14 @@ fn emulated(code: &[u8]) -> bool {
 pub fn choose_probe_point(code: &[u8]) -> (u64, Placement) {
     if emulated(code) {
         return (0, Placement::Entry);
+    }
+    // endbr64 (CET builds, libfabric's among them) only marks a branch target: the next
+    // instruction sees the same arguments and return address.
+    if let [0xf3, 0x0f, 0x1e, 0xfa, rest @ ..] = code {
+        let (skip, placement) = choose_probe_point(rest);
+        if placement != Placement::SingleStepped {
+            return (4 + skip, Placement::MovedPastSingleStep);
+        }
     }
     if let [0x48, 0xb8, _, _, _, _, _, _, _, _, rest @ ..] = code {
         if emulated(rest) {
@@ -438,6 +521,16 @@ mod tests {
         // sub $0x10,%rsp (ncclBcast) moves the return address: never skipped.
         let code = [0x48, 0x83, 0xec, 0x10, 0x41, 0x51];
         assert_eq!(choose_probe_point(&code), (0, Placement::SingleStepped));
+    }
+
+    #[test]
+    fn endbr64_is_skipped() {
+        // endbr64; push %r15   (libfabric 1.17's ops-table functions)
+        let code = [0xf3, 0x0f, 0x1e, 0xfa, 0x41, 0x57];
+        assert_eq!(
+            choose_probe_point(&code),
+            (4, Placement::MovedPastSingleStep)
+        );
     }
 
     #[test]

@@ -128,6 +128,7 @@ fn synthetic_rank(
                     sizes,
                     comm_sizes: [(64, totals.calls)].into(),
                     communicators: Vec::new(),
+                    called_from: Default::default(),
                 },
             )
         })

@@ -17,8 +17,8 @@ use aya::{
 };
 use collector_common::{
     routines::{class, ArgSpec, Family},
-    watch, Abi, CallState, CommInfo, Config, Cookie, CounterKey, CounterVal, HandleKey, Layout,
-    ProcStats, TpOffsets, MAX_LAYOUTS, ROUTINES,
+    watch, Abi, CallState, CommInfo, Config, Cookie, CounterKey, CounterVal, FabricText, HandleKey,
+    Layout, ProcStats, TpOffsets, MAX_LAYOUTS, ROUTINES,
 };
 use serde::Serialize;
 use tracing::{debug, info, warn};
@@ -107,6 +107,8 @@ pub struct Probes {
     layouts: Array<MapData, Layout>,
     counters: PerCpuHashMap<MapData, CounterKey, CounterVal>,
     device_time: PerCpuHashMap<MapData, CounterKey, CounterVal>,
+    fabric_funcs: BpfHashMap<MapData, u64, u64>,
+    fabric_text: Array<MapData, FabricText>,
     proc_stats: PerCpuHashMap<MapData, u32, ProcStats>,
     events: Option<RingBuf<MapData>>,
     /// By (dev, inode): attached MPI libraries, or `None` for objects that are not MPI.
@@ -196,6 +198,10 @@ impl Probes {
                 .map_err(map_err("COUNTERS"))?,
             device_time: PerCpuHashMap::try_from(take(&mut ebpf, "DEVICE_TIME")?)
                 .map_err(map_err("DEVICE_TIME"))?,
+            fabric_funcs: BpfHashMap::try_from(take(&mut ebpf, "FABRIC_FUNCS")?)
+                .map_err(map_err("FABRIC_FUNCS"))?,
+            fabric_text: Array::try_from(take(&mut ebpf, "FABRIC_TEXT")?)
+                .map_err(map_err("FABRIC_TEXT"))?,
             proc_stats: PerCpuHashMap::try_from(take(&mut ebpf, "PROC_STATS")?)
                 .map_err(map_err("PROC_STATS"))?,
             events: Some(RingBuf::try_from(take(&mut ebpf, "EVENTS")?).map_err(map_err("EVENTS"))?),
@@ -338,18 +344,46 @@ impl Probes {
         self.layouts
             .set(slot, lib.layout, 0)
             .map_err(map_err("LAYOUTS"))?;
+        if lib.abi == Abi::Fabric {
+            // Where calls from libfabric's own code come from (see collector-ebpf's fabric).
+            let (lo, hi) = lib.text;
+            self.fabric_text
+                .set(slot, FabricText { lo, hi }, 0)
+                .map_err(map_err("FABRIC_TEXT"))?;
+            for p in &lib.probes {
+                let id = Cookie {
+                    routine: p.routine,
+                    layout: slot as u8,
+                    abi: Abi::Fabric as u8,
+                    function: p.function,
+                    skip: p.skip,
+                }
+                .fabric_function();
+                self.fabric_funcs
+                    .insert(id, p.vaddr, 0)
+                    .map_err(map_err("FABRIC_FUNCS"))?;
+            }
+        }
         let mut failed = Vec::new();
         let cookie = |p: &ProbePoint| {
             Cookie {
                 routine: p.routine,
                 layout: slot as u8,
                 abi: lib.abi as u8,
+                function: p.function,
+                skip: p.skip,
             }
             .pack()
         };
         let all: Vec<&ProbePoint> = lib.probes.iter().collect();
-        let mut groups = vec![("call_entry", false, all.clone())];
+        let entry = if lib.abi == Abi::Fabric {
+            "fabric_entry"
+        } else {
+            "call_entry"
+        };
+        let mut groups = vec![(entry, false, all.clone())];
         match lib.abi {
+            Abi::Fabric => groups.push(("fabric_return", true, all)),
             Abi::OpenMpi => groups.push(("mpi_return_ompi", true, all)),
             Abi::Nccl => groups.push(("nccl_return", true, all)),
             Abi::Mpich => {
@@ -436,6 +470,8 @@ impl Probes {
                 s.counters_full += v.counters_full;
                 s.group_ops += v.group_ops;
                 s.mixed_windows += v.mixed_windows;
+                s.fabric_failed += v.fabric_failed;
+                s.fabric_internal += v.fabric_internal;
                 s.init_ns = s.init_ns.max(v.init_ns);
                 s.finalize_ns = s.finalize_ns.max(v.finalize_ns);
             }
@@ -483,12 +519,14 @@ fn remove_handles_of<V: aya::Pod>(map: &mut BpfHashMap<MapData, HandleKey, V>, p
 }
 
 /// The programs attached through uprobe_multi links.
-const PROBE_PROGRAMS: [&str; 5] = [
+const PROBE_PROGRAMS: [&str; 7] = [
     "call_entry",
     "mpi_return_ompi",
     "mpi_return_mpich",
     "mpi_return_mpich_types",
     "nccl_return",
+    "fabric_entry",
+    "fabric_return",
 ];
 
 /// File descriptors of the maps aya created, by name, to relocate the MPI programs against.

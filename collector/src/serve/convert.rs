@@ -61,6 +61,9 @@ impl From<&Health> for pb::Health {
             counter_map_full: h.counter_map_full,
             group_ops: h.group_ops,
             mixed_windows: h.mixed_windows,
+            fabric_unresolved: h.fabric_unresolved,
+            fabric_failed: h.fabric_failed,
+            fabric_internal: h.fabric_internal,
         }
     }
 }
@@ -76,6 +79,9 @@ impl From<&pb::Health> for Health {
             counter_map_full: h.counter_map_full,
             group_ops: h.group_ops,
             mixed_windows: h.mixed_windows,
+            fabric_unresolved: h.fabric_unresolved,
+            fabric_failed: h.fabric_failed,
+            fabric_internal: h.fabric_internal,
         }
     }
 }
@@ -111,6 +117,11 @@ fn routine_to_pb(name: &str, r: &RoutineStats) -> pb::RoutineStats {
                 rank: c.rank,
                 totals: Some((&c.totals).into()),
             })
+            .collect(),
+        called_from: r
+            .called_from
+            .iter()
+            .map(|(k, v)| (k.clone(), v.into()))
             .collect(),
     }
 }
@@ -158,6 +169,11 @@ fn routine_from_pb(r: &pb::RoutineStats) -> Result<(String, RoutineStats), Inval
             sizes,
             comm_sizes: r.comm_sizes.iter().map(|(k, v)| (*k, *v)).collect(),
             communicators,
+            called_from: r
+                .called_from
+                .iter()
+                .map(|(k, v)| (k.clone(), Totals::from(v)))
+                .collect(),
         },
     ))
 }

@@ -1,0 +1,260 @@
+//! libfabric's data path: the functions of provider ops tables (`ep->msg->send` ...).
+//!
+//! A call counts under its routine, `fi_<kind>_<op>`:
+//! the slot is the function's place in its table, the kind is found at the call, from the
+//! endpoint in its first argument (`struct fid_ep`: msg, rma and tagged table pointers at
+//! +40, +48, +56): the table whose slot holds the called function. What is learnt is kept
+//! per function. A call whose endpoint shows no such table (a function of another table
+//! of the same shape, connection management say) counts as unresolved. Calls count per
+//! endpoint (its address). Calls made from libfabric's own code (rxm calling tcp, progress
+//! posting receives) are not the application's: they are only counted as internal. A libfabric call
+//! made while another is in progress on the thread is counted once, outside. One made
+//! inside an MPI or NCCL call is counted with that call as its parent, in a second
+//! per-thread slot, since the MPI call's own state is still in use.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{uprobe, uretprobe},
+    programs::{ProbeContext, RetProbeContext},
+};
+use collector_common::{
+    routines::{FABRIC_FIRST, FABRIC_SLOTS},
+    size_bucket, ArgSpec, ByteRule, Cookie, CounterKey, UNKNOWN_BUCKET,
+};
+
+use crate::{
+    decode::read,
+    maps::{
+        call_state, is_counted, is_watched, with_proc_stats, COUNTERS, FABRIC_FUNCS, FABRIC_KINDS,
+        FABRIC_TEXT, ROUTINE_SPECS,
+    },
+    mpi::{add, cookie},
+};
+
+/// Longest `struct iovec` array summed.
+const MAX_IOV: u64 = 16;
+
+/// Whether `routine` is a libfabric ops-table slot.
+#[inline(always)]
+fn is_fabric(routine: u16) -> bool {
+    let routine = routine & !UNRESOLVED;
+    routine >= FABRIC_FIRST && routine < FABRIC_FIRST + 3 * FABRIC_SLOTS
+}
+
+/// Entry of any libfabric ops-table function.
+#[uprobe]
+pub fn fabric_entry(ctx: ProbeContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let c = cookie(&ctx);
+    // SAFETY: regs points at this probe's saved registers.
+    let regs = unsafe { &*ctx.regs };
+    let args = [regs.rdi, regs.rsi, regs.rdx, regs.rcx];
+    if called_from_inside(&c, regs.rip, regs.rsp) {
+        if is_watched(tgid) {
+            with_proc_stats(tgid, |s| s.fabric_internal += 1);
+        }
+        return 0;
+    }
+    let e = match call_state(false) {
+        Some(e) => e,
+        None => {
+            if !is_counted(tgid) {
+                return 0;
+            }
+            match call_state(true) {
+                Some(e) => e,
+                None => {
+                    with_proc_stats(tgid, |s| s.counters_full += 1);
+                    return 0;
+                }
+            }
+        }
+    };
+    // SAFETY: the thread's own state; only this thread touches it.
+    let e = unsafe { &mut *e };
+    let routine = resolve(&c, regs.rip, args[0]);
+    let now = unsafe { bpf_ktime_get_ns() };
+    if e.busy == 0 {
+        e.args[0] = args[0];
+        e.args[1] = args[1];
+        e.args[2] = args[2];
+        e.args[3] = args[3];
+        e.start_ns = now;
+        e.depth = 0;
+        e.busy = 1;
+        e.routine = routine;
+        return 0;
+    }
+    if is_fabric(e.routine) || e.fab_busy != 0 {
+        // Called back from inside a libfabric call outside the library (a callback):
+        // counted once, outside.
+        if is_fabric(e.routine) {
+            e.depth += 1;
+        } else {
+            e.fab_depth += 1;
+        }
+        with_proc_stats(tgid, |s| s.nested += 1);
+        return 0;
+    }
+    e.fab_args = args;
+    e.fab_start_ns = now;
+    e.fab_depth = 0;
+    e.fab_busy = 1;
+    e.fab_routine = routine;
+    0
+}
+
+/// The routine of a call: its slot in the table of the kind the endpoint `ep` says the
+/// called function (probed at `ip`) belongs to; with the top bit set when it could not be
+/// told (then the slot's `fi_msg_*` id).
+#[inline(always)]
+fn resolve(c: &Cookie, ip: u64, ep: u64) -> u16 {
+    let slot = c.routine.wrapping_sub(FABRIC_FIRST) % FABRIC_SLOTS;
+    let id = c.fabric_function();
+    // SAFETY: plain u8 value.
+    if let Some(kind) = unsafe { FABRIC_KINDS.get(id) } {
+        return FABRIC_FIRST + *kind as u16 * FABRIC_SLOTS + slot;
+    }
+    let function = ip.wrapping_sub(c.skip as u64);
+    if let Some(tables) = read::<[u64; 3]>(ep.wrapping_add(40)) {
+        for (kind, table) in tables.iter().enumerate() {
+            if read::<u64>(table.wrapping_add(8 + 8 * slot as u64)) == Some(function) {
+                let _ = FABRIC_KINDS.insert(id, kind as u8, 0);
+                return FABRIC_FIRST + kind as u16 * FABRIC_SLOTS + slot;
+            }
+        }
+    }
+    UNRESOLVED | (FABRIC_FIRST + slot)
+}
+
+/// Marks a routine id whose table kind is unknown.
+const UNRESOLVED: u16 = 0x8000;
+
+/// Return of any libfabric ops-table function.
+#[uretprobe]
+pub fn fabric_return(ctx: RetProbeContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let now = unsafe { bpf_ktime_get_ns() };
+    let e = match call_state(false) {
+        // SAFETY: the thread's own state.
+        Some(e) if unsafe { (*e).busy } != 0 => unsafe { &mut *e },
+        _ => {
+            if is_counted(tgid) {
+                with_proc_stats(tgid, |s| s.orphan_returns += 1);
+            }
+            return 0;
+        }
+    };
+    let c = cookie(&ctx);
+    let (args, start, parent) = if is_fabric(e.routine) {
+        if e.depth > 0 {
+            e.depth -= 1;
+            return 0;
+        }
+        e.busy = 0;
+        (
+            [e.args[0], e.args[1], e.args[2], e.args[3]],
+            e.start_ns,
+            CounterKey::NO_PARENT,
+        )
+    } else {
+        if e.fab_busy == 0 {
+            with_proc_stats(tgid, |s| s.orphan_returns += 1);
+            return 0;
+        }
+        if e.fab_depth > 0 {
+            e.fab_depth -= 1;
+            return 0;
+        }
+        e.fab_busy = 0;
+        (e.fab_args, e.fab_start_ns, e.routine)
+    };
+    let routine = if parent == CounterKey::NO_PARENT {
+        e.routine
+    } else {
+        e.fab_routine
+    };
+    // ssize_t: 0 when posted; -FI_EAGAIN and other errors post nothing.
+    let ret: i64 = ctx.ret();
+    if ret < 0 {
+        with_proc_stats(tgid, |s| s.fabric_failed += 1);
+        return 0;
+    }
+    let resolved = routine & UNRESOLVED == 0;
+    let routine = routine & !UNRESOLVED;
+    let Some(spec) = ROUTINE_SPECS.get(routine as u32) else {
+        return 0;
+    };
+    let (bucket, bytes) = match fabric_bytes(spec, &args) {
+        Some(b) => (size_bucket(b), b),
+        None => {
+            with_proc_stats(tgid, |s| s.undecoded += 1);
+            (UNKNOWN_BUCKET, 0)
+        }
+    };
+    let key = CounterKey {
+        tgid,
+        routine,
+        parent,
+        comm_size: 0,
+        comm_rank: if resolved { 0 } else { -1 },
+        comm_id: args[0],
+        bucket,
+        _pad: [0; 7],
+    };
+    add(&COUNTERS, &key, 1, bytes, now.saturating_sub(start));
+    0
+}
+
+/// Whether the function probed at `ip` was called from libfabric's own code (its return
+/// address, on top of the stack at the probe, is in the library's text): a provider layered
+/// on another (rxm on tcp) or progress, not the application. Probes sit before any push.
+#[inline(always)]
+fn called_from_inside(c: &Cookie, ip: u64, sp: u64) -> bool {
+    // SAFETY: plain values.
+    let (Some(file), Some(text)) = (
+        unsafe { FABRIC_FUNCS.get(c.fabric_function()) },
+        FABRIC_TEXT.get(c.layout as u32),
+    ) else {
+        return false;
+    };
+    let bias = ip.wrapping_sub(c.skip as u64).wrapping_sub(*file);
+    match read::<u64>(sp) {
+        Some(ret) => {
+            let ret = ret.wrapping_sub(bias);
+            ret >= text.lo && ret < text.hi
+        }
+        None => false,
+    }
+}
+
+/// Bytes of a libfabric call by its slot's rule.
+#[inline(always)]
+fn fabric_bytes(spec: &ArgSpec, args: &[u64; 4]) -> Option<u64> {
+    match ByteRule::from_u8(spec.rule) {
+        ByteRule::FabricLen => Some(args[(spec.a & 3) as usize]),
+        ByteRule::FabricIov => iov_bytes(args[(spec.a & 3) as usize], args[(spec.b & 3) as usize]),
+        ByteRule::FabricMsg => {
+            // struct fi_msg { const struct iovec *msg_iov; void **desc; size_t iov_count; ... }
+            let msg = args[(spec.a & 3) as usize];
+            iov_bytes(read::<u64>(msg)?, read::<u64>(msg + 16)?)
+        }
+        _ => Some(0),
+    }
+}
+
+/// Sum of the `iov_len`s of `n` `struct iovec { void *iov_base; size_t iov_len; }`.
+#[inline(always)]
+fn iov_bytes(iov: u64, n: u64) -> Option<u64> {
+    if n > MAX_IOV {
+        return None;
+    }
+    let mut total = 0u64;
+    for i in 0..MAX_IOV {
+        if i >= n {
+            break;
+        }
+        total += read::<u64>(iov + 16 * i + 8)?;
+    }
+    Some(total)
+}

@@ -1,0 +1,237 @@
+//! libfabric's data path, found through provider ops tables.
+//!
+//! `fi_send`, `fi_tinject`, `fi_write` ... are `static inline` calls through tables of
+//! function pointers (`ep->msg->send(...)`), so there is no symbol to probe, and Debian's
+//! library is stripped. Two scans find the functions:
+//!
+//! 1. **The library file** ([`candidate_tables`]): an ops table is a `size_t size` equal to
+//!    its own size (80 bytes for `fi_ops_msg`, `fi_ops_tagged`, `fi_ops_rma`) followed by
+//!    nine pointers, each a relative relocation to code. These are candidates: other tables
+//!    (connection management, say) have the same shape.
+//! 2. **The process's memory** ([`endpoint_tables`]): an endpoint (`struct fid_ep`) starts
+//!    with `fclass == FI_CLASS_EP` and holds its msg, rma and tagged table pointers at +40,
+//!    +48 and +56. A candidate that an endpoint points at in one of those fields is a table
+//!    of that kind. Tables are static, so what one process's endpoints show holds for every
+//!    process that maps the same library file.
+//!
+//! Each slot of a known table is then probed at its (file, offset) like any routine.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs::File,
+    io::{Read, Seek, SeekFrom},
+    path::Path,
+};
+
+use object::{Object, ObjectSection, RelocationFlags};
+
+/// `sizeof(struct fi_ops_msg)` (and `fi_ops_tagged`, `fi_ops_rma`).
+const OPS_TABLE_SIZE: u64 = 80;
+/// Function slots after the size word.
+pub const SLOTS: usize = 9;
+/// `FI_CLASS_EP`.
+const FI_CLASS_EP: u64 = 3;
+/// `R_X86_64_RELATIVE`.
+const R_X86_64_RELATIVE: u32 = 8;
+/// Most bytes of a process's memory read while looking for endpoints.
+const SCAN_LIMIT: u64 = 512 << 20;
+
+/// Which of an endpoint's tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TableKind {
+    /// `fi_ops_msg` (`ep->msg`, +40).
+    Msg,
+    /// `fi_ops_rma` (`ep->rma`, +48).
+    Rma,
+    /// `fi_ops_tagged` (`ep->tagged`, +56).
+    Tagged,
+}
+
+impl TableKind {
+    /// The kinds in the order of their `fid_ep` fields (+40, +48, +56).
+    pub const ALL: [TableKind; 3] = [TableKind::Msg, TableKind::Rma, TableKind::Tagged];
+}
+
+/// An ops-table candidate in a library file: where it is and where its slots point.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// Virtual address of the table (its size word).
+    pub vaddr: u64,
+    /// Virtual addresses of the nine functions.
+    pub slots: [u64; SLOTS],
+}
+
+/// The ops-table candidates of a library (see the module documentation).
+pub fn candidate_tables(elf: &object::File, data: &[u8]) -> Vec<Candidate> {
+    let text = elf
+        .section_by_name(".text")
+        .map(|s| (s.address(), s.address() + s.size()));
+    let Some((text_lo, text_hi)) = text else {
+        return Vec::new();
+    };
+    // Slot address -> the code address it is relocated to.
+    let mut relative: BTreeMap<u64, u64> = BTreeMap::new();
+    if let Some(relocs) = elf.dynamic_relocations() {
+        for (at, r) in relocs {
+            if let RelocationFlags::Elf { r_type } = r.flags() {
+                if r_type == R_X86_64_RELATIVE {
+                    relative.insert(at, r.addend() as u64);
+                }
+            }
+        }
+    }
+    let in_text = |a: u64| a >= text_lo && a < text_hi;
+    let mut out = Vec::new();
+    for s in elf.sections() {
+        let (Some((off, size)), Ok(name)) = (s.file_range(), s.name()) else {
+            continue;
+        };
+        if !matches!(name, ".data" | ".data.rel.ro") {
+            continue;
+        }
+        let bytes = data.get(off as usize..(off + size) as usize).unwrap_or(&[]);
+        let base = s.address();
+        for at in (0..bytes.len().saturating_sub(8)).step_by(8) {
+            let word = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+            if word != OPS_TABLE_SIZE {
+                continue;
+            }
+            let vaddr = base + at as u64;
+            let mut slots = [0u64; SLOTS];
+            let ok = (0..SLOTS).all(|i| {
+                let target = relative.get(&(vaddr + 8 + 8 * i as u64)).copied();
+                slots[i] = target.unwrap_or(0);
+                target.is_some_and(in_text)
+            });
+            if ok {
+                out.push(Candidate { vaddr, slots });
+            }
+        }
+    }
+    out
+}
+
+/// A library mapping of a process: its load bias (runtime address − file virtual address).
+#[derive(Clone, Copy, Debug)]
+pub struct Mapping {
+    /// Runtime address of virtual address 0.
+    pub bias: u64,
+}
+
+/// The load bias of the object with `dev_inode` in `pid`, from its mapping at file offset 0
+/// (libraries here map their first segment at virtual address 0).
+pub fn mapping_of(pid: u32, dev_inode: (u64, u64)) -> Option<Mapping> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(_perms), Some(off), Some(dev), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        if inode.parse::<u64>().ok() != Some(dev_inode.1) || off != "00000000" {
+            continue;
+        }
+        if parse_dev(dev) != Some(dev_inode.0) {
+            continue;
+        }
+        let start = u64::from_str_radix(range.split('-').next()?, 16).ok()?;
+        return Some(Mapping { bias: start });
+    }
+    None
+}
+
+/// `major:minor` as /proc/PID/maps prints it, as `st_dev`.
+fn parse_dev(dev: &str) -> Option<u64> {
+    let (maj, min) = dev.split_once(':')?;
+    let (maj, min) = (
+        u64::from_str_radix(maj, 16).ok()?,
+        u64::from_str_radix(min, 16).ok()?,
+    );
+    Some(libc::makedev(maj as u32, min as u32))
+}
+
+/// What a process's memory shows of its endpoints.
+#[derive(Debug, Default)]
+pub struct EndpointScan {
+    /// Candidate tables (by file virtual address) seen as each kind.
+    pub tables: BTreeSet<(TableKind, u64)>,
+    /// Endpoints found.
+    pub endpoints: usize,
+    /// Bytes of memory read.
+    pub scanned: u64,
+}
+
+/// Finds `pid`'s endpoints in its writable anonymous memory and which candidates their
+/// msg/rma/tagged fields point at.
+pub fn endpoint_tables(pid: u32, map: Mapping, candidates: &[Candidate]) -> EndpointScan {
+    let runtime: BTreeMap<u64, u64> = candidates
+        .iter()
+        .map(|c| (c.vaddr + map.bias, c.vaddr))
+        .collect();
+    let mut scan = EndpointScan::default();
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return scan;
+    };
+    let Ok(mut mem) = File::open(format!("/proc/{pid}/mem")) else {
+        return scan;
+    };
+    let mut buf = Vec::new();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms), Some(_), Some(_), Some(inode)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let name = f.next().unwrap_or("");
+        // Endpoints are malloc'd: the heap and anonymous read-write mappings.
+        if !perms.starts_with("rw") || inode != "0" || !(name.is_empty() || name == "[heap]") {
+            continue;
+        }
+        let Some((lo, hi)) = range.split_once('-').and_then(|(a, b)| {
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        }) else {
+            continue;
+        };
+        let len = hi - lo;
+        if scan.scanned + len > SCAN_LIMIT {
+            continue;
+        }
+        buf.resize(len as usize, 0);
+        if mem.seek(SeekFrom::Start(lo)).is_err() || mem.read_exact(&mut buf).is_err() {
+            continue;
+        }
+        scan.scanned += len;
+        let word = |at: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(buf.get(at..at + 8)?.try_into().ok()?))
+        };
+        for at in (0..buf.len()).step_by(8) {
+            if word(at) != Some(FI_CLASS_EP) {
+                continue;
+            }
+            let mut any = false;
+            for (i, kind) in TableKind::ALL.iter().enumerate() {
+                if let Some(vaddr) = word(at + 40 + 8 * i).and_then(|p| runtime.get(&p)) {
+                    scan.tables.insert((*kind, *vaddr));
+                    any = true;
+                }
+            }
+            scan.endpoints += usize::from(any);
+        }
+    }
+    scan
+}
+
+/// Reads and parses `path`, then lists its candidates (for the library cache).
+pub fn read_candidates(path: &Path) -> std::io::Result<Vec<Candidate>> {
+    let file = File::open(path)?;
+    // SAFETY: read-only mapping of a library file.
+    let map = unsafe { memmap2::Mmap::map(&file) }?;
+    let elf = object::File::parse(&*map)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    Ok(candidate_tables(&elf, &map))
+}
