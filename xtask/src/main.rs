@@ -51,6 +51,8 @@ const PACKAGES: &[&str] = &[
     "iproute2",
     "openssl",
     "procps",
+    "libfabric1",
+    "libfabric-bin",
 ];
 
 /// bpf-linker release known to work with the nightly's LLVM 22 (FACTS.md).
