@@ -2,19 +2,20 @@
 //!
 //! `fi_send`, `fi_tinject`, `fi_write` ... are `static inline` calls through tables of
 //! function pointers (`ep->msg->send(...)`), so there is no symbol to probe, and Debian's
-//! library is stripped. Two scans find the functions:
+//! library is stripped.
 //!
-//! 1. **The library file** ([`candidate_tables`]): an ops table is a `size_t size` equal to
-//!    its own size (80 bytes for `fi_ops_msg`, `fi_ops_tagged`, `fi_ops_rma`) followed by
-//!    nine pointers, each a relative relocation to code. These are candidates: other tables
-//!    (connection management, say) have the same shape.
-//! 2. **The process's memory** ([`endpoint_tables`]): an endpoint (`struct fid_ep`) starts
-//!    with `fclass == FI_CLASS_EP` and holds its msg, rma and tagged table pointers at +40,
-//!    +48 and +56. A candidate that an endpoint points at in one of those fields is a table
-//!    of that kind. Tables are static, so what one process's endpoints show holds for every
-//!    process that maps the same library file.
-//!
-//! Each slot of a known table is then probed at its (file, offset) like any routine.
+//! - **The library file** ([`candidate_tables`]): an ops table is a `size_t size` equal to
+//!   its own size (80 bytes for `fi_ops_msg`, `fi_ops_tagged`, `fi_ops_rma`) followed by
+//!   nine pointers, each a relative relocation to code. Every slot of every candidate is
+//!   probed (collector-ebpf's `fabric`), once per function.
+//! - **At the call**, the kernel tells the candidates apart: the endpoint in the first
+//!   argument (`struct fid_ep`, msg/rma/tagged table pointers at +40/+48/+56) says which of
+//!   its tables holds the called function in that slot; a function of another table of the
+//!   same shape (connection management, say) matches none and is counted as unresolved.
+//!   Endpoints created after attach need nothing more.
+//! - **In a process's memory** ([`endpoint_tables`], `commtap scan-fabric --pid`, a
+//!   diagnostic): the endpoints and the tables they point at, as the method was first
+//!   verified here.
 
 use std::{
     collections::{BTreeMap, BTreeSet},

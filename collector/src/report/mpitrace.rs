@@ -1,7 +1,7 @@
 //! mpitrace's text layout: per rank, `MPI Routine #calls avg. bytes time(sec)`, the
 //! message-size distributions, and, for the job, the communication summary for all tasks.
 
-use std::{fmt::Write as _, fs, io, path::Path};
+use std::{collections::BTreeMap, fmt::Write as _, fs, io, path::Path};
 
 use collector_common::routines::Family;
 
@@ -220,6 +220,91 @@ pub fn render_nccl(r: &RankProfile) -> String {
     o
 }
 
+/// A rank's libfabric operations, and what each MPI or NCCL call made of them.
+pub fn render_fabric(r: &RankProfile) -> String {
+    let mut o = String::new();
+    let rows = table_order(&r.routines, Family::Fabric);
+    let h = &r.health;
+    if rows.is_empty() && h.fabric_internal + h.fabric_unresolved == 0 {
+        return o;
+    }
+    let line = "-----------------------------------------------------------------------";
+    let _ = writeln!(
+        o,
+        "libfabric operations of rank {} (pid {}):",
+        r.rank, r.pid
+    );
+    let _ = writeln!(
+        o,
+        "Times are posting times (entry to return of the provider's function)."
+    );
+    let _ = writeln!(o, "{line}");
+    let _ = writeln!(
+        o,
+        "{:<28}{:>12}{:>16}{:>14}",
+        "Operation", "#calls", "avg. bytes", "time(sec)"
+    );
+    let _ = writeln!(o, "{line}");
+    for (name, s) in &rows {
+        let _ = writeln!(
+            o,
+            "{:<28}{:>12}{:>16.1}{:>14.3}",
+            name,
+            s.totals.calls,
+            s.totals.avg_bytes(),
+            secs(s.totals.time_ns)
+        );
+        for (parent, t) in &s.called_from {
+            let _ = writeln!(
+                o,
+                "{:<28}{:>12}{:>16.1}{:>14.3}",
+                format!("  in {parent}"),
+                t.calls,
+                t.avg_bytes(),
+                secs(t.time_ns)
+            );
+        }
+    }
+    let _ = writeln!(o, "{line}");
+    // The same, from the caller's side: what one MPI or NCCL call puts on the fabric.
+    let mut per_call: BTreeMap<&str, Vec<(&str, &Totals)>> = BTreeMap::new();
+    for (name, s) in &rows {
+        for (parent, t) in &s.called_from {
+            per_call
+                .entry(parent.as_str())
+                .or_default()
+                .push((name.as_str(), t));
+        }
+    }
+    for (parent, ops) in per_call {
+        let calls = r.routines.get(parent).map_or(0, |p| p.totals.calls);
+        if calls == 0 {
+            continue;
+        }
+        let each: Vec<String> = ops
+            .iter()
+            .map(|(op, t)| {
+                format!(
+                    "{:.2} x {op} of {:.1} bytes",
+                    t.calls as f64 / calls as f64,
+                    t.avg_bytes()
+                )
+            })
+            .collect();
+        let _ = writeln!(o, "{parent} ({calls} calls), per call: {}", each.join(", "));
+    }
+    if h.fabric_internal + h.fabric_unresolved + h.fabric_failed > 0 {
+        let _ = writeln!(
+            o,
+            "not counted as operations: {} calls libfabric made itself (a provider over \
+             another, progress), {} on tables of unknown kind, {} refused (-FI_EAGAIN & co).",
+            h.fabric_internal, h.fabric_unresolved, h.fabric_failed
+        );
+    }
+    let _ = writeln!(o);
+    o
+}
+
 /// The device-time table of NCCL operations, where the host waited for them.
 fn render_device_time(o: &mut String, rows: &[(&String, &RoutineStats)]) {
     let measured: Vec<_> = rows
@@ -322,10 +407,13 @@ pub fn render_text(job: &JobProfile) -> String {
     for r in &job.ranks {
         let nccl = render_nccl(r);
         // A process that only calls NCCL has no MPI table to show.
-        if nccl.is_empty() || !table_order(&r.routines, Family::Mpi).is_empty() {
+        let only_fabric = table_order(&r.routines, Family::Mpi).is_empty()
+            && !table_order(&r.routines, Family::Fabric).is_empty();
+        if (nccl.is_empty() && !only_fabric) || !table_order(&r.routines, Family::Mpi).is_empty() {
             o.push_str(&render_rank(job, r));
         }
         o.push_str(&nccl);
+        o.push_str(&render_fabric(r));
     }
     o.push_str(&render_summary(job));
     let _ = writeln!(o);

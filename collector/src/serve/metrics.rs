@@ -53,6 +53,7 @@ pub fn render(
     // Per routine family: MPI's, and NCCL's with the host's waits for the GPU.
     let mut mpi = RoutineLines::default();
     let mut nccl = RoutineLines::default();
+    let mut fabric = RoutineLines::default();
     let mut device = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     let (mut dropped, mut undecoded, mut nested, mut in_flight) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -61,6 +62,7 @@ pub fn render(
         for (routine, s) in &r.routines {
             let lines = match routine_id(routine).map(|id| ROUTINES[id as usize].family()) {
                 Some(Family::Nccl | Family::Cuda) => &mut nccl,
+                Some(Family::Fabric) => &mut fabric,
                 _ => &mut mpi,
             };
             let l = format!("{{{base},routine=\"{}\"}}", escape(routine));
@@ -107,6 +109,12 @@ pub fn render(
             "NCCL operations and host waits for the GPU",
             "enqueue_seconds_total",
             nccl,
+        ),
+        (
+            "commtap_fabric",
+            "libfabric operations",
+            "post_seconds_total",
+            fabric,
         ),
     ] {
         family(
