@@ -290,12 +290,27 @@ fn waits_for_the_gpu_measure_device_time() {
     let c: serde_json::Value = serde_json::from_str(&run.stdout).expect("JSON comparison");
     let measured = d["bus_bytes"].as_u64().expect("bus bytes") as f64
         / d["time_ns"].as_u64().expect("time") as f64;
+    let buckets = c["buckets"].as_array().expect("buckets");
+    assert_eq!(buckets.len(), 1, "{c:#}");
+    let b = &buckets[0];
     assert_eq!(
-        c["buckets"],
-        serde_json::json!([{"min_bytes": 524289, "max_bytes": MIB, "expected_busbw": 18.05,
-            "measured_busbw": measured, "ratio": measured / 18.05, "below": true}]),
+        (
+            &b["min_bytes"],
+            &b["max_bytes"],
+            &b["expected_busbw"],
+            &b["below"]
+        ),
+        (&524289.into(), &MIB.into(), &18.05.into(), &true.into()),
         "{c:#}"
     );
+    // JSON's decimal floats round-trip to within an ulp or so.
+    let got = b["measured_busbw"].as_f64().expect("measured");
+    assert!(
+        (got - measured).abs() <= 1e-12 * measured,
+        "{got} != {measured}"
+    );
+    let ratio = b["ratio"].as_f64().expect("ratio");
+    assert!((ratio - measured / 18.05).abs() <= 1e-12, "{ratio}");
 }
 
 /// NCCL and the CUDA runtime linked into the executable itself are found by its symbols.
