@@ -124,8 +124,11 @@ pub fn with_proc_stats(tgid: u32, f: impl FnOnce(&mut ProcStats)) {
 /// its environment (rank, job) to be read.
 #[inline(always)]
 pub fn is_counted(tgid: u32) -> bool {
-    if is_watched(tgid) {
-        return true;
+    // A process in the map is counted per its flags: one detached on request stays there
+    // without COUNT, so that watch-all mode does not take it up again.
+    // SAFETY: plain u32 value.
+    if let Some(f) = unsafe { WATCHED.get(tgid) } {
+        return f & collector_common::watch::COUNT != 0;
     }
     match CONFIG.get(0) {
         Some(c) if c.watch_all != 0 && c.self_tgid != tgid && in_scope(c) => {

@@ -1,5 +1,7 @@
 //! The client side of `commtap report` and `commtap ps`.
 
+use std::time::Duration;
+
 use anyhow::{Context, Result};
 
 use crate::{
@@ -93,5 +95,85 @@ pub async fn print_jobs(from: &Target) -> Result<()> {
             j.nodes.join(",")
         );
     }
+    Ok(())
+}
+
+/// Asks a daemon to watch `pid`; prints what it says of it.
+pub async fn attach(from: &Target, pid: u32) -> Result<()> {
+    let mut client = NodeClient::new(connect(from).await?);
+    let p = client
+        .attach_process(pb::AttachProcessRequest { pid })
+        .await
+        .with_context(|| format!("AttachProcess {pid}"))?
+        .into_inner()
+        .process
+        .context("the daemon sent no process")?;
+    let what = if p.maps_mpi {
+        "probed"
+    } else {
+        "watched (it maps nothing probed yet)"
+    };
+    println!("PID {} {what}: {}", p.pid, p.cmdline);
+    Ok(())
+}
+
+/// Asks a daemon to stop watching `pid`; prints its profile so far as `out` says.
+pub async fn detach(from: &Target, pid: u32, out: &crate::report::Outputs) -> Result<()> {
+    let mut client = NodeClient::new(connect(from).await?);
+    let resp = client
+        .detach_process(pb::DetachProcessRequest { pid })
+        .await
+        .with_context(|| format!("DetachProcess {pid}"))?
+        .into_inner();
+    let Some(rank) = resp.profile else {
+        println!("PID {pid} detached; it made no call while watched");
+        return Ok(());
+    };
+    let rank = crate::report::RankProfile::try_from(&rank)?;
+    out.write(&JobProfile::of_ranks(vec![rank]))
+}
+
+/// Prints a daemon's call events as JSON lines until `duration` ends (or forever): first
+/// `{"streaming": true}` once the stream is open, then one line per call, then a last line
+/// with how many this reader missed.
+pub async fn events(from: &Target, pids: Vec<u32>, duration: Option<Duration>) -> Result<()> {
+    use std::io::Write as _;
+    use tokio_stream::StreamExt as _;
+    let mut client = NodeClient::new(connect(from).await?);
+    let mut stream = client
+        .stream_events(pb::StreamEventsRequest { pids })
+        .await
+        .context("StreamEvents")?
+        .into_inner();
+    let stop = tokio::time::sleep(duration.unwrap_or(Duration::from_secs(u64::MAX / 4)));
+    tokio::pin!(stop);
+    let mut dropped = 0;
+    let mut stdout = std::io::stdout().lock();
+    let mut first = true;
+    loop {
+        let batch = tokio::select! {
+            _ = &mut stop => break,
+            b = stream.next() => match b {
+                Some(b) => b.context("StreamEvents")?,
+                None => break,
+            },
+        };
+        dropped = batch.dropped;
+        if first {
+            // For scripts: from here on, every call is in the stream.
+            writeln!(stdout, "{}", serde_json::json!({ "streaming": true }))?;
+            stdout.flush()?;
+            first = false;
+        }
+        for e in batch.events {
+            let line = serde_json::json!({
+                "pid": e.pid, "tid": e.tid, "routine": e.routine, "start_ns": e.start_ns,
+                "duration_ns": e.duration_ns, "bytes": e.bytes, "peer": e.peer,
+                "comm_size": e.comm_size,
+            });
+            writeln!(stdout, "{line}")?;
+        }
+    }
+    writeln!(stdout, "{}", serde_json::json!({ "dropped": dropped }))?;
     Ok(())
 }

@@ -106,6 +106,9 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         node: node.clone(),
         session: Mutex::new(session),
         finished: Mutex::new(Vec::new()),
+        detached: Mutex::default(),
+        event_streams: Default::default(),
+        call_events: opts.call_events,
     });
     let listener = socket::bind_unix(&opts.socket, opts.socket_mode).await?;
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -219,6 +222,14 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
         adopt_running(&mut session, scope);
     }
     session.rescan();
+    // Detached processes that exited: their pid may be reused by a process to count.
+    state.detached.lock().await.retain(|pid| {
+        let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
+        if !alive {
+            session.probes.unwatch(*pid);
+        }
+        alive
+    });
     // A process's last call events are still in the ring buffer when it exits (they are
     // drained every DRAIN_INTERVAL): take its final profile once several drains have passed.
     let settled = monotonic_ns().saturating_sub(SETTLE.as_nanos() as u64);

@@ -13,7 +13,10 @@ use std::{
 
 use aya::maps::{MapData, RingBuf};
 use collector_common::{CallEvent, EventKind, ProcEvent};
-use tokio::{io::unix::AsyncFd, sync::mpsc};
+use tokio::{
+    io::unix::AsyncFd,
+    sync::{broadcast, mpsc},
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -51,12 +54,28 @@ pub enum ProcessEvent {
 }
 
 /// What the ingest loop has seen.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct IngestCounters {
     /// Call events received, per process.
     pub call_events: Mutex<BTreeMap<u32, u64>>,
     /// Records too short or of an unknown kind.
     pub malformed: AtomicU64,
+    /// Every call event, for whoever listens (`StreamEvents`); bounded: a slow listener
+    /// lags and is told how many it missed.
+    pub feed: broadcast::Sender<CallEvent>,
+}
+
+/// Call events the feed holds for its slowest listener.
+const FEED_CAPACITY: usize = 1 << 16;
+
+impl Default for IngestCounters {
+    fn default() -> Self {
+        IngestCounters {
+            call_events: Mutex::default(),
+            malformed: AtomicU64::default(),
+            feed: broadcast::channel(FEED_CAPACITY).0,
+        }
+    }
 }
 
 impl IngestCounters {
@@ -119,6 +138,9 @@ fn drain(
                 // SAFETY: length checked; CallEvent is plain integers.
                 let ev: CallEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
                 *calls.entry(ev.tgid).or_default() += 1;
+                if counters.feed.receiver_count() > 0 {
+                    let _ = counters.feed.send(ev);
+                }
             }
             Some(k) if bytes.len() >= size_of::<ProcEvent>() => {
                 // SAFETY: length checked; ProcEvent is plain integers.

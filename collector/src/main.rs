@@ -73,6 +73,15 @@ enum Command {
     Report(ReportArgs),
     /// List the processes a daemon knows and the libraries it probes.
     Ps(PsArgs),
+    /// Ask the daemon to watch a running process (the daemon finds new MPI processes by
+    /// itself; this is for one it does not watch, e.g. outside its --uid/--cgroup scope).
+    Attach(PidArgs),
+    /// Ask the daemon to stop watching a process; prints its profile so far (kept as final).
+    Detach(DetachArgs),
+    /// Print every completed call of the daemon's processes as JSON lines (for timelines):
+    /// pid, tid, routine, start_ns, duration_ns, bytes, peer, comm_size. Per-call events are
+    /// switched on while this runs; a last line says how many this reader missed.
+    Events(EventsArgs),
     /// Run an aggregator: merge the ranks of jobs across nodes from the snapshots daemons
     /// push (`commtap daemon --aggregator http://HOST:PORT`), persisted across restarts.
     Aggregator(AggregatorArgs),
@@ -202,6 +211,37 @@ struct ReportArgs {
     job: Option<String>,
     #[command(flatten)]
     out: Outputs,
+}
+
+#[derive(clap::Args, Debug)]
+struct PidArgs {
+    /// The process.
+    #[arg(long)]
+    pid: u32,
+    /// The daemon: unix:///path/to.sock or https://host:port.
+    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    from: Target,
+}
+
+#[derive(clap::Args, Debug)]
+struct DetachArgs {
+    #[command(flatten)]
+    target: PidArgs,
+    #[command(flatten)]
+    out: Outputs,
+}
+
+#[derive(clap::Args, Debug)]
+struct EventsArgs {
+    /// Only these processes (comma separated or repeated; default: all you may see).
+    #[arg(short, long, value_delimiter = ',')]
+    pid: Vec<u32>,
+    /// Stop after this long (e.g. 10s).
+    #[arg(short, long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// The daemon: unix:///path/to.sock or https://host:port.
+    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    from: Target,
 }
 
 #[derive(clap::Args, Debug)]
@@ -457,6 +497,9 @@ fn main() -> ExitCode {
                 a.out.write(&profile)
             }
             Command::Ps(a) => client::print_processes(&a.from).await,
+            Command::Attach(a) => client::attach(&a.from, a.pid).await,
+            Command::Detach(a) => client::detach(&a.target.from, a.target.pid, &a.out).await,
+            Command::Events(a) => client::events(&a.from, a.pid, a.duration).await,
             Command::Aggregator(a) => {
                 aggregator::run(aggregator::AggregatorOptions {
                     listen: a.listen,

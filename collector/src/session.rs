@@ -183,6 +183,43 @@ impl Session {
         }
     }
 
+    /// Starts watching the running process `pid` on request (the daemon's AttachProcess).
+    pub fn attach(&mut self, pid: u32) -> Result<&Tracked> {
+        let info = discover::process_info(pid)?;
+        self.tracked.insert(
+            pid,
+            Tracked {
+                info: Some(info),
+                requested: true,
+                ..Tracked::from_now()
+            },
+        );
+        self.watch_tracked(pid)?;
+        Ok(&self.tracked[&pid])
+    }
+
+    /// Stops watching `pid` for good and returns its profile so far (None if it is not
+    /// tracked or made no call).
+    pub fn detach(&mut self, pid: u32) -> Result<Option<RankProfile>> {
+        if !self.tracked.contains_key(&pid) {
+            return Ok(None);
+        }
+        self.probes.ignore(pid)?;
+        let rank = self
+            .profile(monotonic_ns())
+            .ranks
+            .into_iter()
+            .find(|r| r.pid == pid);
+        self.probes.forget_process(pid);
+        self.tracked.remove(&pid);
+        Ok(rank)
+    }
+
+    /// Every call event from now on (while per-call events are on).
+    pub fn call_feed(&self) -> tokio::sync::broadcast::Receiver<collector_common::CallEvent> {
+        self.ingest_counters.feed.subscribe()
+    }
+
     /// Hands the process-event stream to a caller that waits on it outside the session
     /// (the daemon, which shares the session behind a lock).
     pub fn take_events(&mut self) -> mpsc::UnboundedReceiver<ProcessEvent> {

@@ -2,7 +2,9 @@
 //! every MPI process on the node from its first call, keeps the profiles of processes
 //! that exited, and serves them per job over its Unix socket, exactly.
 
-use std::{os::unix::fs::PermissionsExt, process::Command, time::Duration};
+use std::{collections::BTreeMap, os::unix::fs::PermissionsExt, process::Command, time::Duration};
+
+use serde_json::Value;
 
 use commtap_tests::*;
 
@@ -354,4 +356,129 @@ fn wait_for_exited(target: &str, n: usize) {
                 == n
         },
     );
+}
+
+/// AttachProcess, DetachProcess and StreamEvents through the CLI: a daemon scoped to
+/// another user watches two ranks only when asked, stops watching one when asked (and does
+/// not take it up again), and streams every call of the other as it happens.
+#[test]
+fn attach_detach_and_stream_events_on_request() {
+    let scratch = Scratch::new("daemon-attach");
+    // Scoped to nobody: the job (root's) is outside it until attached.
+    let daemon = Daemon::start(&scratch, &[], &[], &["--uid", "65534"]);
+    let n = 300u64;
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, n, &[]);
+    let (r0, r1) = rank_pids(&ranks);
+    for pid in [r0, r1] {
+        let out = commtap_output(&[
+            "attach",
+            "--pid",
+            &pid.to_string(),
+            "--from",
+            &daemon.target,
+        ]);
+        assert!(
+            out.status.success(),
+            "attach: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = commtap_output(&["detach", "--pid", &r1.to_string(), "--from", &daemon.target]);
+    assert!(
+        out.status.success(),
+        "detach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("made no call while watched"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Bad requests are clear errors.
+    let out = commtap_output(&["detach", "--pid", "4194305", "--from", &daemon.target]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not watched"));
+    let out = commtap_output(&["attach", "--pid", "4194305", "--from", &daemon.target]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("4194305"));
+
+    let events_out = scratch.path("events.jsonl");
+    let events = ChildGuard::spawn(
+        Command::new(commtap_bin())
+            .args([
+                "events",
+                "--pid",
+                &format!("{r0},{r1}"),
+                "--duration",
+                "8s",
+                "--from",
+            ])
+            .arg(&daemon.target)
+            .stdout(std::fs::File::create(&events_out).expect("events file")),
+    );
+    wait_until("the event stream to open", LIMIT, || {
+        std::fs::read_to_string(&events_out).is_ok_and(|s| s.contains("streaming"))
+    });
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let run = finish_ok(&scratch, events, LIMIT);
+    let lines: Vec<Value> = std::fs::read_to_string(&events_out)
+        .expect("events")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(
+        lines.last().map(|l| &l["dropped"]),
+        Some(&0.into()),
+        "{}",
+        run.stderr
+    );
+    let mut seen: BTreeMap<(u64, String), u64> = BTreeMap::new();
+    for e in lines.iter().filter(|l| l.get("routine").is_some()) {
+        let key = (
+            e["pid"].as_u64().expect("pid"),
+            e["routine"].as_str().expect("routine").to_string(),
+        );
+        *seen.entry(key).or_default() += 1;
+    }
+    let r0 = u64::from(r0);
+    for routine in ["MPI_Allreduce", "MPI_Send", "MPI_Recv"] {
+        assert_eq!(
+            seen.get(&(r0, routine.to_string())),
+            Some(&n),
+            "{routine} events of rank 0"
+        );
+    }
+    assert!(
+        !seen.keys().any(|(pid, _)| *pid == u64::from(r1)),
+        "no event of the detached rank: {seen:?}"
+    );
+
+    // The attached rank's profile is exact; the detached one is not taken up again.
+    wait_for_exited(&daemon.target, 1);
+    let out = commtap_output(&["report", "--from", &daemon.target, "--format", "json"]);
+    let profile: Value = serde_json::from_slice(&out.stdout).expect("JSON profile");
+    let truths = read_truths(&scratch.path("truth"), 2);
+    let t0 = truths
+        .iter()
+        .find(|t| t["pid"].as_u64() == Some(r0))
+        .expect("truth of rank 0");
+    assert_profile_matches(&profile, std::slice::from_ref(t0), &["MPI_Finalize"]);
+    daemon.stop(&scratch);
+}
+
+/// (rank 0's pid, rank 1's pid) of a 2-rank Open MPI job, from its environment.
+fn rank_pids(ranks: &[u32]) -> (u32, u32) {
+    let rank_of = |pid: u32| -> u32 {
+        let env = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
+        env.split(|b| *b == 0)
+            .find_map(|kv| kv.strip_prefix(b"OMPI_COMM_WORLD_RANK="))
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+            .expect("OMPI_COMM_WORLD_RANK")
+    };
+    let (a, b) = (ranks[0], ranks[1]);
+    if rank_of(a) == 0 {
+        (a, b)
+    } else {
+        (b, a)
+    }
 }

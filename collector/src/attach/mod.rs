@@ -241,6 +241,12 @@ impl Probes {
         let _ = self.watched.remove(&pid);
     }
 
+    /// Stops counting `pid` for good: unlike [`Probes::unwatch`], watch-all mode does not
+    /// take it up again (until [`Probes::unwatch`] or [`Probes::watch`]).
+    pub fn ignore(&mut self, pid: u32) -> Result<(), AttachError> {
+        self.watched.insert(pid, 0, 0).map_err(map_err("WATCHED"))
+    }
+
     /// Whether the kernel still counts `pid` (false once it exited).
     pub fn is_watched(&self, pid: u32) -> bool {
         self.watched.get(&pid, 0).is_ok()

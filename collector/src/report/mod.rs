@@ -101,6 +101,21 @@ pub struct CommSummary<'a> {
 }
 
 impl JobProfile {
+    /// A profile of just these ranks (no library or process notes).
+    pub fn of_ranks(ranks: Vec<RankProfile>) -> JobProfile {
+        JobProfile {
+            schema: SCHEMA.to_string(),
+            job: ranks.first().map(|r| r.job.clone()).unwrap_or_default(),
+            dropped: ranks.iter().map(|r| r.health.dropped).sum(),
+            undecoded: ranks.iter().map(|r| r.health.undecoded).sum(),
+            ranks,
+            libraries: Vec::new(),
+            unsupported_libraries: Vec::new(),
+            not_profiled: Vec::new(),
+            call_events: false,
+        }
+    }
+
     /// Minimum / median / maximum communication time over ranks (None with no ranks).
     pub fn comm_summary(&self) -> Option<CommSummary<'_>> {
         let mut by_time: Vec<&RankProfile> = self.ranks.iter().collect();

@@ -7,7 +7,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::sync::Mutex;
+use std::sync::atomic::Ordering;
+
+use tokio::sync::{broadcast, Mutex};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
@@ -15,7 +17,7 @@ use super::pb;
 use crate::{
     ingest::monotonic_ns,
     report::{JobProfile, RankProfile},
-    session::Session,
+    session::{Session, Tracked},
 };
 
 /// A process that exited: its last profile, kept until it expires.
@@ -34,6 +36,26 @@ pub struct NodeState {
     pub session: Mutex<Session>,
     /// Profiles of processes that exited.
     pub finished: Mutex<Vec<Finished>>,
+    /// Processes detached on request (the kernel ignores them until they exit).
+    pub detached: Mutex<std::collections::BTreeSet<u32>>,
+    /// Open StreamEvents streams (per-call events are on while there is one).
+    pub event_streams: std::sync::atomic::AtomicUsize,
+    /// Whether the daemon was started with --call-events (then they stay on).
+    pub call_events: bool,
+}
+
+/// A tracked process as the API lists it.
+fn process_state(pid: u32, t: &Tracked) -> pb::ProcessState {
+    let info = t.info.as_ref();
+    pb::ProcessState {
+        pid,
+        rank: info.and_then(|i| i.rank),
+        job: info.and_then(|i| i.batch_job.clone()).unwrap_or_default(),
+        cmdline: info.map(|i| i.cmdline.clone()).unwrap_or_default(),
+        maps_mpi: t.maps_mpi,
+        // Exited only once its final profile is taken (see the daemon's settling).
+        exited: false,
+    }
 }
 
 /// Who is asking: root sees everything, another user only its own processes.
@@ -124,6 +146,10 @@ const MIN_INTERVAL: Duration = Duration::from_millis(100);
 
 type SnapshotStream =
     Pin<Box<dyn Stream<Item = Result<pb::WatchSnapshotsResponse, Status>> + Send>>;
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::EventBatch, Status>> + Send>>;
+
+/// How often a StreamEvents stream sends what it gathered.
+const EVENT_BATCH: Duration = Duration::from_millis(100);
 
 #[tonic::async_trait]
 impl pb::node_server::Node for NodeService {
@@ -137,23 +163,7 @@ impl pb::node_server::Node for NodeService {
             .tracked
             .iter()
             .filter(|(_, t)| caller.may_see(t.info.as_ref().and_then(|i| i.uid)))
-            .map(|(pid, t)| pb::ProcessState {
-                pid: *pid,
-                rank: t.info.as_ref().and_then(|i| i.rank),
-                job: t
-                    .info
-                    .as_ref()
-                    .and_then(|i| i.batch_job.clone())
-                    .unwrap_or_default(),
-                cmdline: t
-                    .info
-                    .as_ref()
-                    .map(|i| i.cmdline.clone())
-                    .unwrap_or_default(),
-                maps_mpi: t.maps_mpi,
-                // Exited only once its final profile is taken (see the daemon's settling).
-                exited: false,
-            })
+            .map(|(pid, t)| process_state(*pid, t))
             .collect();
         let libraries = session.library_summaries().iter().map(Into::into).collect();
         drop(session);
@@ -217,6 +227,158 @@ impl pb::node_server::Node for NodeService {
         let state = self.state.clone();
         let stream = async_stream(state, filter, interval, caller);
         Ok(Response::new(Box::pin(stream)))
+    }
+    async fn attach_process(
+        &self,
+        req: Request<pb::AttachProcessRequest>,
+    ) -> Result<Response<pb::AttachProcessResponse>, Status> {
+        let caller = Caller::of(&req);
+        let pid = req.into_inner().pid;
+        if pid == 0 {
+            return Err(Status::invalid_argument("pid 0 is not a process"));
+        }
+        let info =
+            crate::discover::process_info(pid).map_err(|e| Status::not_found(format!("{e:#}")))?;
+        if !caller.may_see(info.uid) {
+            return Err(Status::permission_denied(format!(
+                "PID {pid} belongs to another user"
+            )));
+        }
+        let mut session = self.state.session.lock().await;
+        let t = session
+            .attach(pid)
+            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
+        let process = process_state(pid, t);
+        drop(session);
+        self.state.detached.lock().await.remove(&pid);
+        Ok(Response::new(pb::AttachProcessResponse {
+            process: Some(process),
+        }))
+    }
+
+    async fn detach_process(
+        &self,
+        req: Request<pb::DetachProcessRequest>,
+    ) -> Result<Response<pb::DetachProcessResponse>, Status> {
+        let caller = Caller::of(&req);
+        let pid = req.into_inner().pid;
+        let mut session = self.state.session.lock().await;
+        let Some(t) = session.tracked.get(&pid) else {
+            return Err(Status::not_found(format!("PID {pid} is not watched")));
+        };
+        if !caller.may_see(t.info.as_ref().and_then(|i| i.uid)) {
+            return Err(Status::permission_denied(format!(
+                "PID {pid} belongs to another user"
+            )));
+        }
+        let rank = session
+            .detach(pid)
+            .map_err(|e| Status::internal(format!("{e:#}")))?;
+        drop(session);
+        self.state.detached.lock().await.insert(pid);
+        if let Some(rank) = &rank {
+            // Nothing lost: the profile stays in snapshots (and pushes) as a final one.
+            self.state.finished.lock().await.push(Finished {
+                at: Instant::now(),
+                rank: RankProfile {
+                    exited: true,
+                    ..rank.clone()
+                },
+            });
+        }
+        Ok(Response::new(pb::DetachProcessResponse {
+            profile: rank.as_ref().map(Into::into),
+        }))
+    }
+
+    type StreamEventsStream = EventStream;
+
+    async fn stream_events(
+        &self,
+        req: Request<pb::StreamEventsRequest>,
+    ) -> Result<Response<Self::StreamEventsStream>, Status> {
+        let caller = Caller::of(&req);
+        let pids: std::collections::BTreeSet<u32> = req.into_inner().pids.into_iter().collect();
+        let state = self.state.clone();
+        let feed = {
+            let mut session = state.session.lock().await;
+            if state.event_streams.fetch_add(1, Ordering::SeqCst) == 0 && !state.call_events {
+                session
+                    .probes
+                    .set_call_events(true)
+                    .map_err(|e| Status::internal(format!("{e:#}")))?;
+            }
+            session.call_feed()
+        };
+        Ok(Response::new(Box::pin(event_stream(
+            state, feed, pids, caller,
+        ))))
+    }
+}
+
+/// Batches of the call feed for one StreamEvents caller, until it goes away; then switches
+/// per-call events off again if it was the last and the daemon did not ask for them.
+fn event_stream(
+    state: Arc<NodeState>,
+    mut feed: broadcast::Receiver<collector_common::CallEvent>,
+    pids: std::collections::BTreeSet<u32>,
+    caller: Caller,
+) -> impl Stream<Item = Result<pb::EventBatch, Status>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut dropped = 0u64;
+        let mut tick = tokio::time::interval(EVENT_BATCH);
+        loop {
+            tick.tick().await;
+            // Who the caller may see, now.
+            let visible: std::collections::BTreeSet<u32> = state
+                .session
+                .lock()
+                .await
+                .tracked
+                .iter()
+                .filter(|(pid, t)| {
+                    (pids.is_empty() || pids.contains(pid))
+                        && caller.may_see(t.info.as_ref().and_then(|i| i.uid))
+                })
+                .map(|(pid, _)| *pid)
+                .collect();
+            let mut events = Vec::new();
+            loop {
+                match feed.try_recv() {
+                    Ok(ev) if visible.contains(&ev.tgid) => events.push(call_event(&ev)),
+                    Ok(_) => {}
+                    Err(broadcast::error::TryRecvError::Lagged(n)) => dropped += n,
+                    Err(_) => break,
+                }
+            }
+            let batch = pb::EventBatch { events, dropped };
+            if tx.send(Ok(batch)).await.is_err() {
+                break;
+            }
+        }
+        if state.event_streams.fetch_sub(1, Ordering::SeqCst) == 1 && !state.call_events {
+            let mut session = state.session.lock().await;
+            let _ = session.probes.set_call_events(false);
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// A kernel call event as the API sends it.
+fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
+    pb::CallEvent {
+        pid: ev.tgid,
+        tid: ev.tid,
+        routine: collector_common::ROUTINES
+            .get(ev.routine as usize)
+            .map_or("?", |r| r.name)
+            .to_string(),
+        start_ns: ev.start_ns,
+        duration_ns: ev.dur_ns,
+        bytes: (ev.bucket != collector_common::UNKNOWN_BUCKET).then_some(ev.bytes),
+        peer: ev.peer,
+        comm_size: ev.comm_size,
     }
 }
 
