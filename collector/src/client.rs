@@ -177,3 +177,62 @@ pub async fn events(from: &Target, pids: Vec<u32>, duration: Option<Duration>) -
     writeln!(stdout, "{}", serde_json::json!({ "dropped": dropped }))?;
     Ok(())
 }
+
+/// Writes the profile a daemon or an aggregator holds every `every` (WatchSnapshots /
+/// WatchJobReport), `count` times or until the stream ends.
+pub async fn watch(
+    from: &Target,
+    job: Option<&str>,
+    every: Duration,
+    count: Option<u64>,
+    out: &crate::report::Outputs,
+) -> Result<()> {
+    use tokio_stream::StreamExt as _;
+    let interval_ms = u32::try_from(every.as_millis()).context("--watch is too long")?;
+    let mut profiles: std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<JobProfile>>>> =
+        if let Target::Tcp(_) = from {
+            let job = job.context(
+                "an aggregator reports one job at a time: give --job (`commtap jobs` lists them)",
+            )?;
+            let mut client = AggregatorClient::new(connect(from).await?);
+            let stream = client
+                .watch_job_report(pb::WatchJobReportRequest {
+                    job: job.to_string(),
+                    interval_ms,
+                })
+                .await
+                .context("WatchJobReport")?
+                .into_inner();
+            Box::pin(stream.map(|r| {
+                let wire = r.context("WatchJobReport")?.profile;
+                Ok(JobProfile::try_from(&wire.context("no profile")?)?)
+            }))
+        } else {
+            let mut client = NodeClient::new(connect(from).await?);
+            let filter = pb::ProcessFilter {
+                job: job.unwrap_or_default().to_string(),
+                ..Default::default()
+            };
+            let stream = client
+                .watch_snapshots(pb::WatchSnapshotsRequest {
+                    filter: Some(filter),
+                    interval_ms,
+                })
+                .await
+                .context("WatchSnapshots")?
+                .into_inner();
+            Box::pin(stream.map(|r| {
+                let wire = r.context("WatchSnapshots")?.profile;
+                Ok(JobProfile::try_from(&wire.context("no profile")?)?)
+            }))
+        };
+    let mut n = 0;
+    while let Some(profile) = profiles.next().await {
+        out.write(&profile?)?;
+        n += 1;
+        if count.is_some_and(|c| n >= c) {
+            break;
+        }
+    }
+    Ok(())
+}

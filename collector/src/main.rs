@@ -209,6 +209,12 @@ struct ReportArgs {
     /// Only this job.
     #[arg(long)]
     job: Option<String>,
+    /// Live: print the report again every this long (e.g. 5s), until Ctrl-C or --count.
+    #[arg(long, value_parser = parse_duration)]
+    watch: Option<Duration>,
+    /// With --watch: stop after this many reports.
+    #[arg(long, requires = "watch")]
+    count: Option<u64>,
     #[command(flatten)]
     out: Outputs,
 }
@@ -492,10 +498,15 @@ fn main() -> ExitCode {
                 })
                 .await
             }
-            Command::Report(a) => {
-                let profile = client::snapshot(&a.from, a.job.as_deref()).await?;
-                a.out.write(&profile)
-            }
+            Command::Report(a) => match a.watch {
+                Some(every) => {
+                    client::watch(&a.from, a.job.as_deref(), every, a.count, &a.out).await
+                }
+                None => {
+                    let profile = client::snapshot(&a.from, a.job.as_deref()).await?;
+                    a.out.write(&profile)
+                }
+            },
             Command::Ps(a) => client::print_processes(&a.from).await,
             Command::Attach(a) => client::attach(&a.from, a.pid).await,
             Command::Detach(a) => client::detach(&a.target.from, a.target.pid, &a.out).await,

@@ -378,6 +378,24 @@ fn aggregators_form_a_tree() {
         },
     );
     assert_profile_matches(&read_json(&out), &truths, &["MPI_Finalize"]);
+    // Live: WatchJobReport streams the same report.
+    let watched = commtap(&[
+        "report", "--from", &top_url, "--job", &job_id, "--watch", "200ms", "--count", "2",
+        "--format", "json",
+    ]);
+    let reports: Vec<serde_json::Value> = serde_json::Deserializer::from_slice(&watched.stdout)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("JSON reports");
+    assert_eq!(
+        reports.len(),
+        2,
+        "{}",
+        String::from_utf8_lossy(&watched.stderr)
+    );
+    for r in &reports {
+        assert_profile_matches(r, &truths, &["MPI_Finalize"]);
+    }
     let jobs = commtap(&["jobs", "--from", &top_url]);
     assert!(
         String::from_utf8_lossy(&jobs.stdout).contains(&job_id),

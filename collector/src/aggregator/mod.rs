@@ -116,6 +116,55 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
             profile: Some((&profile).into()),
         }))
     }
+
+    type WatchJobReportStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<pb::GetJobReportResponse, Status>> + Send>,
+    >;
+
+    async fn watch_job_report(
+        &self,
+        req: Request<pb::WatchJobReportRequest>,
+    ) -> Result<Response<Self::WatchJobReportStream>, Status> {
+        let req = req.into_inner();
+        if req.job.is_empty() {
+            return Err(Status::invalid_argument(
+                "a job id is required (ListJobs lists them)",
+            ));
+        }
+        let interval = match req.interval_ms {
+            0 => std::time::Duration::from_secs(1),
+            ms if ms < 100 => {
+                return Err(Status::invalid_argument(format!(
+                    "interval_ms {ms} is below the minimum of 100 ms"
+                )))
+            }
+            ms => std::time::Duration::from_millis(u64::from(ms)),
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            loop {
+                tick.tick().await;
+                if tx.is_closed() {
+                    break;
+                }
+                // A job not (yet) known streams nothing until its first snapshot arrives.
+                let Some(profile) = store.lock().await.job(&req.job) else {
+                    continue;
+                };
+                let msg = pb::GetJobReportResponse {
+                    profile: Some((&profile).into()),
+                };
+                if tx.send(Ok(msg)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
 }
 
 /// Runs the aggregator until SIGINT or SIGTERM.
