@@ -12,35 +12,46 @@ use crate::{
     },
 };
 
-/// The profile a daemon (unix://) or an aggregator (http://, one job) holds now.
+/// The profile a daemon (unix://, or TCP with `daemon --listen`) or an aggregator (TCP, one
+/// job) holds now. Over TCP the aggregator is asked first when a job is given; a daemon
+/// answers UNIMPLEMENTED to that, and is asked then.
 pub async fn snapshot(from: &Target, job: Option<&str>) -> Result<JobProfile> {
-    if let Target::Tcp(_) = from {
-        let job = job.context(
-            "an aggregator reports one job at a time: give --job (`commtap jobs` lists them)",
-        )?;
+    if let (Target::Tcp(_), Some(job)) = (from, job) {
         let mut client = AggregatorClient::new(connect(from).await?);
-        let resp = client
+        match client
             .get_job_report(pb::GetJobReportRequest {
                 job: job.to_string(),
             })
             .await
-            .context("GetJobReport")?
-            .into_inner();
-        let wire = resp.profile.context("the aggregator sent no profile")?;
-        return Ok(JobProfile::try_from(&wire)?);
+        {
+            Ok(resp) => {
+                let wire = resp
+                    .into_inner()
+                    .profile
+                    .context("the aggregator sent no profile")?;
+                return Ok(JobProfile::try_from(&wire)?);
+            }
+            Err(s) if s.code() == tonic::Code::Unimplemented => {}
+            Err(s) => return Err(s).context("GetJobReport"),
+        }
     }
     let mut client = NodeClient::new(connect(from).await?);
     let filter = pb::ProcessFilter {
         job: job.unwrap_or_default().to_string(),
         ..Default::default()
     };
-    let resp = client
+    let resp = match client
         .get_snapshot(pb::GetSnapshotRequest {
             filter: Some(filter),
         })
         .await
-        .context("GetSnapshot")?
-        .into_inner();
+    {
+        Ok(resp) => resp.into_inner(),
+        Err(s) if s.code() == tonic::Code::Unimplemented => anyhow::bail!(
+            "an aggregator reports one job at a time: give --job (`commtap jobs` lists them)"
+        ),
+        Err(s) => return Err(s).context("GetSnapshot"),
+    };
     let wire = resp.profile.context("the daemon sent no profile")?;
     Ok(JobProfile::try_from(&wire)?)
 }

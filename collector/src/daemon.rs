@@ -48,6 +48,11 @@ pub struct DaemonOptions {
     pub push_interval: Duration,
     /// Emit per-call events.
     pub call_events: bool,
+    /// Also serve the API on this TCP address, with this TLS (None: plaintext, asked for).
+    pub listen: Option<(
+        std::net::SocketAddr,
+        Option<tonic::transport::ServerTlsConfig>,
+    )>,
 }
 
 /// Which processes the daemon profiles (everything by default).
@@ -128,21 +133,47 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         .build_v1alpha()
         .context("building the reflection service")?;
     let shutdown = CancellationToken::new();
-    let server = tokio::spawn({
-        let shutdown = shutdown.clone();
-        let service = pb::node_server::NodeServer::new(NodeService::new(state.clone()));
-        tonic::transport::Server::builder()
+    // The same services on the Unix socket and, if asked, on TCP.
+    let router = |tls: Option<tonic::transport::ServerTlsConfig>| -> Result<_> {
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).context("setting up TLS")?;
+        }
+        Ok(builder
             .layer(tower::util::MapResponseLayer::new(
                 oversized_is_resource_exhausted,
             ))
-            .add_service(health_service)
-            .add_service(reflection)
-            .add_service(reflection_alpha)
-            .add_service(service)
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                shutdown.cancelled().await
-            })
+            .add_service(health_service.clone())
+            .add_service(reflection.clone())
+            .add_service(reflection_alpha.clone())
+            .add_service(pb::node_server::NodeServer::new(NodeService::new(
+                state.clone(),
+            ))))
+    };
+    let server = tokio::spawn({
+        let shutdown = shutdown.clone();
+        router(None)?.serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+            shutdown.cancelled().await
+        })
     });
+    let tcp_server = match opts.listen.clone() {
+        Some((addr, tls)) => {
+            let tcp = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?;
+            info!(
+                "serving gRPC on {} ({})",
+                tcp.local_addr()?,
+                if tls.is_some() { "TLS" } else { "plaintext" }
+            );
+            let shutdown = shutdown.clone();
+            Some(tokio::spawn(router(tls)?.serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(tcp),
+                async move { shutdown.cancelled().await },
+            )))
+        }
+        None => None,
+    };
     let push_task = opts.aggregator.clone().map(|target| {
         tokio::spawn(push::run(
             state.clone(),
@@ -177,6 +208,9 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     info!("shutting down");
     shutdown.cancel();
     let _ = server.await;
+    if let Some(tcp) = tcp_server {
+        let _ = tcp.await;
+    }
     if let Some(p) = push_task {
         let _ = p.await;
     }

@@ -134,15 +134,8 @@ struct AggregatorArgs {
     /// Address to listen on.
     #[arg(long, default_value = "0.0.0.0:7480")]
     listen: std::net::SocketAddr,
-    /// Accept plaintext TCP (no --tls-cert): only on a network you trust.
-    #[arg(long, conflicts_with = "tls_cert")]
-    insecure_tcp: bool,
-    /// TLS certificate chain (PEM).
-    #[arg(long, requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// TLS private key (PEM).
-    #[arg(long, requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
+    #[command(flatten)]
+    tls: TlsArgs,
     /// Database file (created if missing).
     #[arg(long, default_value = "/var/lib/commtap/aggregator.redb")]
     db: PathBuf,
@@ -195,6 +188,13 @@ struct DaemonArgs {
     /// Push cumulative snapshots to this aggregator (http://host:port).
     #[arg(long)]
     aggregator: Option<Target>,
+    /// Also serve the API on this TCP address (needs --tls-cert/--tls-key, or
+    /// --insecure-tcp). Callers over TCP are authenticated by TLS, not by user id: they see
+    /// every process.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    tls: TlsArgs,
     /// How often to push.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     push_interval: Duration,
@@ -332,6 +332,27 @@ async fn run_compare(a: CompareArgs) -> Result<bool> {
         report::Format::Json => println!("{}", serde_json::to_string_pretty(&c)?),
     }
     Ok(c.any_below())
+}
+
+/// How a TCP listener is secured (shared by `aggregator` and `daemon --listen`).
+#[derive(clap::Args, Debug)]
+struct TlsArgs {
+    /// Accept plaintext TCP (no --tls-cert): only on a network you trust.
+    #[arg(long, conflicts_with = "tls_cert")]
+    insecure_tcp: bool,
+    /// TLS certificate chain (PEM).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The listener's TLS setting (`who` names the server in the refusal).
+    fn server(self, who: &str) -> Result<Option<tonic::transport::ServerTlsConfig>> {
+        serve::socket::server_tls(self.tls_cert.zip(self.tls_key), self.insecure_tcp, who)
+    }
 }
 
 /// How the probes run (shared by `record` and `daemon`).
@@ -495,6 +516,10 @@ fn main() -> ExitCode {
                     aggregator: a.aggregator,
                     push_interval: a.push_interval,
                     call_events: a.probe.call_events,
+                    listen: match a.listen {
+                        Some(addr) => Some((addr, a.tls.server("the daemon's --listen")?)),
+                        None => None,
+                    },
                 })
                 .await
             }
@@ -514,8 +539,7 @@ fn main() -> ExitCode {
             Command::Aggregator(a) => {
                 aggregator::run(aggregator::AggregatorOptions {
                     listen: a.listen,
-                    insecure_tcp: a.insecure_tcp,
-                    tls: a.tls_cert.zip(a.tls_key),
+                    tls: a.tls.server("the aggregator")?,
                     db: a.db,
                     upstream: a.upstream.map(|t| (t, a.push_interval)),
                 })

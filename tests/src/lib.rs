@@ -591,3 +591,48 @@ pub fn build_nccl_program(src: &str, lib_dir: &Path, libs: &[&str]) -> PathBuf {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     build_plain_c(src, &args)
 }
+
+/// A TCP address on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("addr").to_string()
+}
+
+/// Runs `script` with sh; panics with its stderr if it fails.
+#[track_caller]
+pub fn sh(script: &str) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .output()
+        .expect("running sh");
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A test CA and a server certificate for 127.0.0.1 and the test namespaces' host
+/// addresses (10.231.1.1, 10.231.2.1): (ca, cert, key).
+pub fn make_certs(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let d = dir.display();
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,IP:10.231.1.1,IP:10.231.2.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("ext.cnf");
+    sh(&format!(
+        "cd {d} && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 \
+         -subj /CN=commtap-test-ca 2>&1 && openssl req -newkey rsa:2048 -nodes -keyout server.key \
+         -out server.csr -subj /CN=aggregator 2>&1 && openssl x509 -req -in server.csr -CA ca.pem \
+         -CAkey ca.key -CAcreateserial -out server.pem -days 1 -extfile ext.cnf 2>&1"
+    ));
+    (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    )
+}

@@ -9,11 +9,6 @@ use commtap_tests::*;
 
 const LIMIT: Duration = Duration::from_secs(300);
 
-fn free_port() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    l.local_addr().expect("addr").to_string()
-}
-
 fn commtap(args: &[&str]) -> std::process::Output {
     Command::new(commtap_bin())
         .args(args)
@@ -220,20 +215,6 @@ fn aggregator_refuses_plaintext_unless_told() {
     );
 }
 
-#[track_caller]
-fn sh(script: &str) {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .output()
-        .expect("running sh");
-    assert!(
-        out.status.success(),
-        "{script}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A network namespace joined to the host by a veth pair: host side `10.231.N.1`, namespace
 /// side `10.231.N.2`. Removed when dropped.
 struct Netns {
@@ -265,29 +246,6 @@ impl Drop for Netns {
             .args(["netns", "del", &self.name])
             .status();
     }
-}
-
-/// A test CA and a server certificate for the aggregator's addresses: (ca, cert, key).
-fn make_certs(
-    dir: &std::path::Path,
-) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
-    let d = dir.display();
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1,IP:10.231.1.1,IP:10.231.2.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-    )
-    .expect("ext.cnf");
-    sh(&format!(
-        "cd {d} && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 \
-         -subj /CN=commtap-test-ca 2>&1 && openssl req -newkey rsa:2048 -nodes -keyout server.key \
-         -out server.csr -subj /CN=aggregator 2>&1 && openssl x509 -req -in server.csr -CA ca.pem \
-         -CAkey ca.key -CAcreateserial -out server.pem -days 1 -extfile ext.cnf 2>&1"
-    ));
-    (
-        dir.join("ca.pem"),
-        dir.join("server.pem"),
-        dir.join("server.key"),
-    )
 }
 
 #[test]

@@ -482,3 +482,76 @@ fn rank_pids(ranks: &[u32]) -> (u32, u32) {
         (b, a)
     }
 }
+
+/// `daemon --listen`: TCP needs TLS (or an explicit --insecure-tcp); over TLS the same
+/// report as on the socket, exactly; a plaintext client is refused.
+#[test]
+fn the_daemon_serves_tcp_only_with_tls() {
+    let scratch = Scratch::new("daemon-tcp");
+    let addr = free_port();
+    let refused = commtap_output(&[
+        "daemon",
+        "--socket",
+        path_str(&scratch.path("refused.sock")),
+        "--listen",
+        &addr,
+    ]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--insecure-tcp"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+
+    let (ca, cert, key) = make_certs(&scratch.0);
+    let daemon = Daemon::start(
+        &scratch,
+        &[],
+        &[],
+        &[
+            "--listen",
+            &addr,
+            "--tls-cert",
+            path_str(&cert),
+            "--tls-key",
+            path_str(&key),
+        ],
+    );
+    let prog = build_program("mpi_truth.c", Mpi::OpenMpi);
+    let mut cmd = Command::new("mpirun.openmpi");
+    mpi_env(&mut cmd)
+        .args(["--oversubscribe", "-np", "2"])
+        .arg(&prog)
+        .arg(scratch.path("truth"));
+    assert!(
+        ChildGuard::spawn(&mut cmd).wait_with_limit(LIMIT).success(),
+        "the job failed"
+    );
+    let truths = read_truths(&scratch.path("truth"), 2);
+    wait_for_exited(&daemon.target, 2);
+
+    let url = format!("https://{addr}");
+    let out = commtap_output(&[
+        "--tls-ca",
+        path_str(&ca),
+        "report",
+        "--from",
+        &url,
+        "--format",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let profile: Value = serde_json::from_slice(&out.stdout).expect("JSON profile");
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+
+    let plain = commtap_output(&["report", "--from", &format!("http://{addr}")]);
+    assert!(
+        !plain.status.success(),
+        "plaintext to a TLS listener must fail"
+    );
+    daemon.stop(&scratch);
+}

@@ -7,7 +7,7 @@ pub mod store;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use tokio::sync::Mutex;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
@@ -26,10 +26,8 @@ use tokio_util::sync::CancellationToken;
 pub struct AggregatorOptions {
     /// TCP address to listen on.
     pub listen: SocketAddr,
-    /// Accept plaintext TCP (without a certificate).
-    pub insecure_tcp: bool,
-    /// PEM certificate chain and key for TLS.
-    pub tls: Option<(PathBuf, PathBuf)>,
+    /// TLS for the listener (None: plaintext, asked for with --insecure-tcp).
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
     /// Database file.
     pub db: PathBuf,
     /// A higher aggregator to push everything merged here to, and how often.
@@ -169,18 +167,7 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
 
 /// Runs the aggregator until SIGINT or SIGTERM.
 pub async fn run(opts: AggregatorOptions) -> Result<()> {
-    let tls = match (&opts.tls, opts.insecure_tcp) {
-        (Some((cert, key)), _) => {
-            let cert = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
-            let key = std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
-            Some(tonic::transport::ServerTlsConfig::new().identity(tonic::transport::Identity::from_pem(cert, key)))
-        }
-        (None, true) => None,
-        (None, false) => bail!(
-            "the aggregator listens on TCP: give --tls-cert and --tls-key, or --insecure-tcp to accept plaintext \
-             (on a trusted network only)"
-        ),
-    };
+    let tls = opts.tls;
     let store = Store::open(&opts.db).with_context(|| format!("opening {}", opts.db.display()))?;
     let store = Arc::new(Mutex::new(store));
     let service = AggregatorService {

@@ -37,6 +37,31 @@ pub async fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener> {
     Ok(listener)
 }
 
+/// The TLS setting of a TCP listener: a certificate and key (PEM), or plaintext only when
+/// asked for with `--insecure-tcp`; `who` names the server in the refusal.
+pub fn server_tls(
+    cert_key: Option<(PathBuf, PathBuf)>,
+    insecure: bool,
+    who: &str,
+) -> Result<Option<tonic::transport::ServerTlsConfig>> {
+    match (cert_key, insecure) {
+        (Some((cert, key)), _) => {
+            let cert =
+                std::fs::read(&cert).with_context(|| format!("reading {}", cert.display()))?;
+            let key = std::fs::read(&key).with_context(|| format!("reading {}", key.display()))?;
+            Ok(Some(
+                tonic::transport::ServerTlsConfig::new()
+                    .identity(tonic::transport::Identity::from_pem(cert, key)),
+            ))
+        }
+        (None, true) => Ok(None),
+        (None, false) => bail!(
+            "{who} listens on TCP: give --tls-cert and --tls-key, or --insecure-tcp to accept \
+             plaintext (on a trusted network only)"
+        ),
+    }
+}
+
 /// Where a client connects: `unix:///path/to.sock` or `http://host:port`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
