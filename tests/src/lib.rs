@@ -636,3 +636,21 @@ pub fn make_certs(
         dir.join("server.key"),
     )
 }
+
+/// Starts `program` (which creates `scratch/ready` once it mapped what it maps), and
+/// asserts `commtap record --pid` refuses it with exit status 2 and `needle` in its message.
+#[track_caller]
+pub fn assert_record_refuses(scratch: &Scratch, program: &mut Command, needle: &str) {
+    let app = ChildGuard::spawn(program);
+    wait_until("the program to be ready", Duration::from_secs(60), || {
+        scratch.path("ready").exists()
+    });
+    let pid = app.0.id().to_string();
+    let run = run_commtap(
+        scratch,
+        &["record", "--pid", &pid],
+        Duration::from_secs(120),
+    );
+    assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains(needle), "{}", run.stderr);
+}

@@ -227,17 +227,11 @@ fn libfabric_without_ops_tables_is_reported() {
             &format!("-Wl,-rpath,{}", dir.display()),
         ],
     );
-    let _app = ChildGuard::spawn(Command::new(&prog).arg(scratch.path("ready")));
-    wait_until("the program to be ready", LIMIT, || {
-        scratch.path("ready").exists()
-    });
-    let pid = _app.0.id().to_string();
-    let run = run_commtap(&scratch, &["record", "--pid", &pid], LIMIT);
-    assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
-    assert!(
-        run.stderr
-            .contains("libfabric without recognisable ops tables"),
-        "{}",
-        run.stderr
+    let mut cmd = Command::new(&prog);
+    cmd.arg(scratch.path("ready"));
+    assert_record_refuses(
+        &scratch,
+        &mut cmd,
+        "libfabric without recognisable ops tables",
     );
 }

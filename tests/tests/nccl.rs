@@ -359,22 +359,12 @@ fn nccl_without_symbols_is_reported_not_probed() {
     );
     let dir = lib.parent().expect("bin dir");
     let prog = build_nccl_program("nccl_hidden.c", dir, &["libnccl_hidden.so"]);
-    let _app = ChildGuard::spawn(
-        Command::new(&prog)
-            .arg(scratch.path("ready"))
-            .arg(scratch.path("go")),
-    );
-    wait_until("the program to be ready", LIMIT, || {
-        scratch.path("ready").exists()
-    });
-    let pid = _app.0.id().to_string();
-    let run = run_commtap(&scratch, &["record", "--pid", &pid], LIMIT);
-    assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
-    assert!(
-        run.stderr
-            .contains("holds NCCL 2.99.0+standin but none of its symbols"),
-        "{}",
-        run.stderr
+    let mut cmd = Command::new(&prog);
+    cmd.arg(scratch.path("ready")).arg(scratch.path("go"));
+    assert_record_refuses(
+        &scratch,
+        &mut cmd,
+        "holds NCCL 2.99.0+standin but none of its symbols",
     );
 }
 

@@ -17,7 +17,7 @@ use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::{
-    report::{JobProfile, RankProfile, SCHEMA},
+    report::{JobProfile, RankProfile},
     serve::{convert::check_rank, pb},
 };
 
@@ -180,17 +180,10 @@ impl Store {
             return None;
         }
         ranks.sort_by_key(|r| (r.rank, r.pid));
+        // Whether call events were on is each node's business: not known here.
         Some(JobProfile {
-            schema: SCHEMA.into(),
             job: job.to_string(),
-            dropped: ranks.iter().map(|r| r.health.dropped).sum(),
-            undecoded: ranks.iter().map(|r| r.health.undecoded).sum(),
-            ranks,
-            libraries: Vec::new(),
-            unsupported_libraries: Vec::new(),
-            not_profiled: Vec::new(),
-            // Unknown here: each node decides.
-            call_events: false,
+            ..JobProfile::of_ranks(ranks)
         })
     }
 }

@@ -150,30 +150,12 @@ pub fn render_nccl(r: &RankProfile) -> String {
         .into_iter()
         .chain(table_order(&r.routines, Family::Cuda))
         .collect();
-    let line = "-----------------------------------------------------------------------";
     let _ = writeln!(o, "NCCL operations of rank {} (pid {}):", r.rank, r.pid);
     let _ = writeln!(
         o,
         "Times are host-side enqueue times: NCCL runs the operations later, on the GPU."
     );
-    let _ = writeln!(o, "{line}");
-    let _ = writeln!(
-        o,
-        "{:<28}{:>12}{:>16}{:>14}",
-        "NCCL Operation", "#calls", "avg. bytes", "enqueue(sec)"
-    );
-    let _ = writeln!(o, "{line}");
-    for (name, s) in &rows {
-        let _ = writeln!(
-            o,
-            "{:<28}{:>12}{:>16.1}{:>14.3}",
-            name,
-            s.totals.calls,
-            s.totals.avg_bytes(),
-            secs(s.totals.time_ns)
-        );
-    }
-    let _ = writeln!(o, "{line}");
+    write_routine_table(&mut o, ("NCCL Operation", "enqueue(sec)"), &rows, false);
     if r.health.group_ops > 0 {
         let _ = writeln!(
             o,
@@ -220,6 +202,43 @@ pub fn render_nccl(r: &RankProfile) -> String {
     o
 }
 
+/// A table of routines between rules: name, calls, average bytes, time; with `parents`,
+/// each row followed by its calls per parent routine (libfabric's `called_from`).
+fn write_routine_table(
+    o: &mut String,
+    (first, time): (&str, &str),
+    rows: &[(&String, &RoutineStats)],
+    parents: bool,
+) {
+    let line = "-----------------------------------------------------------------------";
+    let row = |o: &mut String, name: &str, t: &Totals| {
+        let _ = writeln!(
+            o,
+            "{:<28}{:>12}{:>16.1}{:>14.3}",
+            name,
+            t.calls,
+            t.avg_bytes(),
+            secs(t.time_ns)
+        );
+    };
+    let _ = writeln!(o, "{line}");
+    let _ = writeln!(
+        o,
+        "{:<28}{:>12}{:>16}{:>14}",
+        first, "#calls", "avg. bytes", time
+    );
+    let _ = writeln!(o, "{line}");
+    for (name, s) in rows {
+        row(o, name, &s.totals);
+        if parents {
+            for (parent, t) in &s.called_from {
+                row(o, &format!("  in {parent}"), t);
+            }
+        }
+    }
+    let _ = writeln!(o, "{line}");
+}
+
 /// A rank's libfabric operations, and what each MPI or NCCL call made of them.
 pub fn render_fabric(r: &RankProfile) -> String {
     let mut o = String::new();
@@ -228,7 +247,6 @@ pub fn render_fabric(r: &RankProfile) -> String {
     if rows.is_empty() && h.fabric_internal + h.fabric_unresolved == 0 {
         return o;
     }
-    let line = "-----------------------------------------------------------------------";
     let _ = writeln!(
         o,
         "libfabric operations of rank {} (pid {}):",
@@ -238,34 +256,7 @@ pub fn render_fabric(r: &RankProfile) -> String {
         o,
         "Times are posting times (entry to return of the provider's function)."
     );
-    let _ = writeln!(o, "{line}");
-    let _ = writeln!(
-        o,
-        "{:<28}{:>12}{:>16}{:>14}",
-        "Operation", "#calls", "avg. bytes", "time(sec)"
-    );
-    let _ = writeln!(o, "{line}");
-    for (name, s) in &rows {
-        let _ = writeln!(
-            o,
-            "{:<28}{:>12}{:>16.1}{:>14.3}",
-            name,
-            s.totals.calls,
-            s.totals.avg_bytes(),
-            secs(s.totals.time_ns)
-        );
-        for (parent, t) in &s.called_from {
-            let _ = writeln!(
-                o,
-                "{:<28}{:>12}{:>16.1}{:>14.3}",
-                format!("  in {parent}"),
-                t.calls,
-                t.avg_bytes(),
-                secs(t.time_ns)
-            );
-        }
-    }
-    let _ = writeln!(o, "{line}");
+    write_routine_table(&mut o, ("Operation", "time(sec)"), &rows, true);
     // The same, from the caller's side: what one MPI or NCCL call puts on the fabric.
     let mut per_call: BTreeMap<&str, Vec<(&str, &Totals)>> = BTreeMap::new();
     for (name, s) in &rows {
