@@ -96,7 +96,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             .probes
             .set_watch_all(opts.scope.uid, opts.scope.cgroup.as_ref())?;
     }
-    let mut libs = discover::candidate_mpi_libraries();
+    let mut libs = discover::candidate_libraries();
     libs.extend(opts.libraries.iter().cloned());
     for lib in &libs {
         if let Err(e) = session.attach_file(lib) {

@@ -185,11 +185,19 @@ pub fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>, DiscoverError> {
     Ok(out)
 }
 
-/// MPI libraries the dynamic linker would find for a process started from commtap's
-/// environment: the `ldconfig` cache and `LD_LIBRARY_PATH`. Probing them before a launched
-/// job starts is what lets `record -- CMD` count every call from `MPI_Init` on.
-pub fn candidate_mpi_libraries() -> Vec<PathBuf> {
-    const NAMES: &[&str] = &["libmpi.so", "libmpich.so", "libmpi_abi.so"];
+/// MPI, NCCL and libfabric libraries the dynamic linker would find for a process started
+/// from commtap's environment: the `ldconfig` cache and `LD_LIBRARY_PATH`. Probing them
+/// before a launched job starts is what lets `record -- CMD` count every call from
+/// `MPI_Init` (or the first NCCL or fabric call) on.
+pub fn candidate_libraries() -> Vec<PathBuf> {
+    const NAMES: &[&str] = &[
+        "libmpi.so",
+        "libmpich.so",
+        "libmpi_abi.so",
+        "libnccl.so",
+        "librccl.so",
+        "libfabric.so",
+    ];
     let mut found: Vec<PathBuf> = Vec::new();
     let is_mpi = |name: &str| NAMES.iter().any(|n| name.starts_with(n));
     if let Ok(out) = std::process::Command::new("ldconfig").arg("-p").output() {
