@@ -48,6 +48,8 @@ pub struct DaemonOptions {
     pub push_interval: Duration,
     /// Emit per-call events.
     pub call_events: bool,
+    /// bpffs directory keeping the counting maps across restarts (None: not kept).
+    pub state_dir: Option<PathBuf>,
     /// Also serve the API on this TCP address, with this TLS (None: plaintext, asked for).
     pub listen: Option<(
         std::net::SocketAddr,
@@ -89,7 +91,19 @@ const SCAN_EVERY: u32 = 20;
 /// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(opts: DaemonOptions) -> Result<()> {
     crate::attach::check_privileges()?;
-    let mut session = Session::start(LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib))?;
+    // Keeping counts across restarts is worth a warning when it cannot be done, not a refusal.
+    let state_dir = opts.state_dir.clone().filter(|dir| {
+        crate::attach::prepare_state_dir(dir)
+            .inspect_err(|e| warn!("counts will not survive a restart of this daemon: {e}"))
+            .is_ok()
+    });
+    let mut session = Session::start(LoadOptions {
+        state_dir: state_dir.clone(),
+        ..LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib)
+    })?;
+    if let Some(dir) = &state_dir {
+        info!("counts kept across restarts in {}", dir.display());
+    }
     session.probes.set_call_events(opts.call_events)?;
     if opts.scope.pids.is_empty() {
         session
@@ -222,7 +236,16 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         }
     }
     let _ = std::fs::remove_file(&opts.socket);
-    state.session.lock().await.stop_ingest().await;
+    let mut session = state.session.lock().await;
+    session.stop_ingest().await;
+    // Kept for a daemon that follows only while there is something to carry on counting.
+    if let Some(dir) = &state_dir {
+        if session.tracked.values().all(|t| t.exit_ns.is_some()) {
+            crate::attach::remove_state_dir(dir);
+        } else {
+            info!("counts of running processes kept in {}", dir.display());
+        }
+    }
     Ok(())
 }
 

@@ -188,6 +188,13 @@ struct DaemonArgs {
     /// Push cumulative snapshots to this aggregator (http://host:port).
     #[arg(long)]
     aggregator: Option<Target>,
+    /// Keep the counts in BPF maps pinned under this bpffs directory, so that a restarted
+    /// daemon (crash, kill, upgrade of the same layout) carries on where the last one was.
+    #[arg(long, default_value = "/sys/fs/bpf/commtap")]
+    state_dir: PathBuf,
+    /// Do not keep counts across restarts (a restarted daemon starts from zero).
+    #[arg(long)]
+    no_state: bool,
     /// Also serve the API on this TCP address (needs --tls-cert/--tls-key, or
     /// --insecure-tcp). Callers over TCP are authenticated by TLS, not by user id: they see
     /// every process.
@@ -504,6 +511,17 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::Daemon(a) => {
+                // One state per daemon socket: two daemons never share counts.
+                let state_dir = (!a.no_state).then(|| {
+                    // bpffs refuses names with a dot.
+                    let tag: String = a
+                        .socket
+                        .to_string_lossy()
+                        .chars()
+                        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                        .collect();
+                    attach::state_dir_for_layout(&a.state_dir.join(tag.trim_matches('_')))
+                });
                 daemon::run(DaemonOptions {
                     socket: a.socket,
                     socket_mode: a.socket_mode,
@@ -516,6 +534,7 @@ fn main() -> ExitCode {
                     aggregator: a.aggregator,
                     push_interval: a.push_interval,
                     call_events: a.probe.call_events,
+                    state_dir,
                     listen: match a.listen {
                         Some(addr) => Some((addr, a.tls.server("the daemon's --listen")?)),
                         None => None,

@@ -555,3 +555,64 @@ fn the_daemon_serves_tcp_only_with_tls() {
     );
     daemon.stop(&scratch);
 }
+
+/// A daemon killed with SIGKILL and started again carries on with the counts of the one
+/// before (its counting maps are pinned in bpffs): what rank 0 and 1 did before the kill
+/// is still in the profile, and what they do after is added exactly. A clean stop with
+/// nothing left running removes the pinned state.
+#[test]
+fn a_killed_daemon_restarts_with_its_counts() {
+    let scratch = Scratch::new("daemon-restart");
+    let first = Daemon::start(&scratch, &[], &[], &[]);
+    let n = 200u64;
+    let (mut job, _ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, n, &[]);
+    wait_until("the daemon to see both ranks", LIMIT, || {
+        let out = commtap_output(&["ps", "--from", &first.target]);
+        String::from_utf8_lossy(&out.stdout)
+            .matches(" probed ")
+            .count()
+            == 2
+    });
+    // SAFETY: kill(2) of the daemon we spawned.
+    unsafe { libc::kill(first.child.0.id() as i32, libc::SIGKILL) };
+    let mut child = first.child;
+    assert!(!child.wait_with_limit(LIMIT).success(), "killed");
+    // The killed daemon's socket is stale: without it, the new one's appearing means the
+    // new daemon is up (it removes a stale socket itself too).
+    std::fs::remove_file(&first.socket).expect("stale socket");
+    let second = Daemon::start(&scratch, &[], &[], &[]);
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    wait_for_exited(&second.target, 2);
+    let out = commtap_output(&["report", "--from", &second.target, "--format", "json"]);
+    let profile: Value = serde_json::from_slice(&out.stdout).expect("JSON profile");
+    // mpi_loop's truth starts at the go file; before it, counted by the first daemon:
+    // MPI_Init, MPI_Comm_rank, MPI_Comm_size and one MPI_Barrier.
+    let mut truths = read_truths(&scratch.path("truth"), 2);
+    for t in &mut truths {
+        let routines = t["routines"].as_object_mut().expect("routines");
+        for name in ["MPI_Init", "MPI_Comm_rank", "MPI_Comm_size"] {
+            routines.insert(name.into(), serde_json::json!({"calls": 1, "bytes": 0}));
+        }
+        let barrier = routines.get_mut("MPI_Barrier").expect("barrier");
+        barrier["calls"] = (barrier["calls"].as_u64().expect("calls") + 1).into();
+    }
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+
+    let tag: String = path_str(&second.socket)
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let state = std::path::Path::new("/sys/fs/bpf/commtap").join(tag.trim_matches('_'));
+    assert!(
+        state.exists(),
+        "{} holds the pinned counts",
+        state.display()
+    );
+    second.stop(&scratch);
+    assert!(
+        !state.exists(),
+        "{} is removed at a clean stop",
+        state.display()
+    );
+}

@@ -65,6 +65,9 @@ pub enum AttachError {
     /// tracefs could not be mounted or read.
     #[error("tracefs: {0}")]
     Tracefs(String),
+    /// The directory for pinned maps is not usable.
+    #[error("state directory: {0}")]
+    StateDir(String),
     /// commtap lacks the privileges BPF needs.
     #[error("{0}")]
     Privileges(String),
@@ -126,10 +129,94 @@ pub struct Probes {
 }
 
 /// Options for loading.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct LoadOptions {
     /// Ring buffer size in bytes (a power of two, at least a page).
     pub ring_buffer_bytes: u32,
+    /// A bpffs directory in which the counting maps are pinned, and reused if they are
+    /// there: a restarted daemon carries on with the counts of the one before.
+    pub state_dir: Option<PathBuf>,
+}
+
+/// The maps that carry a node's counts across a daemon restart (the others are refilled
+/// at start, or hold per-run state such as library slots).
+const KEPT_MAPS: [&str; 6] = [
+    "WATCHED",
+    "COUNTERS",
+    "DEVICE_TIME",
+    "PROC_STATS",
+    "COMMS",
+    "DTYPES",
+];
+
+/// `BPF_FS_MAGIC`, the file-system type of bpffs.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// The directory under `base` for this build's map layout: pinned maps of another layout
+/// (an older commtap) are never reused.
+pub fn state_dir_for_layout(base: &Path) -> PathBuf {
+    let tag = format!(
+        "layout-k{}-v{}-p{}-c{}-h{}-r{}",
+        size_of::<CounterKey>(),
+        size_of::<CounterVal>(),
+        size_of::<ProcStats>(),
+        size_of::<CommInfo>(),
+        size_of::<HandleKey>(),
+        ROUTINES.len()
+    );
+    base.join(tag)
+}
+
+/// Creates `dir` and checks it is on a bpffs, where maps can be pinned (mounting bpffs on
+/// /sys/fs/bpf first if nothing is mounted there, as systemd does at boot).
+pub fn prepare_state_dir(dir: &Path) -> Result<(), AttachError> {
+    let bpffs = Path::new("/sys/fs/bpf");
+    if dir.starts_with(bpffs) && fs_type(bpffs) != Some(BPF_FS_MAGIC) {
+        // SAFETY: mount(2) with static NUL-terminated strings.
+        let rc = unsafe {
+            libc::mount(
+                c"bpf".as_ptr(),
+                c"/sys/fs/bpf".as_ptr(),
+                c"bpf".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            return Err(AttachError::StateDir(format!(
+                "mounting bpffs on /sys/fs/bpf: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| AttachError::StateDir(format!("creating {}: {e}", dir.display())))?;
+    if fs_type(dir) != Some(BPF_FS_MAGIC) {
+        return Err(AttachError::StateDir(format!(
+            "{} is not on a bpf file system (mount -t bpf bpf /sys/fs/bpf)",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Unpins the kept maps in `dir` and removes it (and its parent, if that is left empty).
+pub fn remove_state_dir(dir: &Path) {
+    for map in KEPT_MAPS {
+        let _ = std::fs::remove_file(dir.join(map));
+    }
+    let _ = std::fs::remove_dir(dir);
+    if let Some(parent) = dir.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
+}
+
+/// The file-system type (`statfs.f_type`) of `path`.
+fn fs_type(path: &Path) -> Option<i64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statfs(2) into a zeroed struct with a valid path.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type as i64)
 }
 
 impl LoadOptions {
@@ -138,6 +225,7 @@ impl LoadOptions {
     pub fn with_ring_buffer_kib(kib: u32) -> LoadOptions {
         LoadOptions {
             ring_buffer_bytes: (kib.clamp(4, 1 << 20) * 1024).next_power_of_two(),
+            state_dir: None,
         }
     }
 }
@@ -146,7 +234,18 @@ impl Probes {
     /// Loads the programs, fills the routine table and attaches the process tracepoints.
     pub fn load(opts: LoadOptions) -> Result<Probes, AttachError> {
         bump_memlock_rlimit();
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        let pins: Vec<(&str, PathBuf)> = match &opts.state_dir {
+            Some(dir) => {
+                prepare_state_dir(dir)?;
+                KEPT_MAPS.iter().map(|m| (*m, dir.join(m))).collect()
+            }
+            None => Vec::new(),
+        };
+        for (map, path) in &pins {
+            loader.map_pin_path(map, path.as_path());
+        }
+        let mut ebpf = loader
             .map_max_entries("EVENTS", opts.ring_buffer_bytes)
             .load(BPF_OBJECT)
             .map_err(|e| AttachError::Load(Box::new(e)))?;
