@@ -598,7 +598,7 @@ fn main() -> ExitCode {
                 routines,
                 buckets,
                 db,
-            } => aggregator::bench::run(daemons, ranks_per_daemon, routines, buckets, &db),
+            } => aggregator::bench::run(daemons, ranks_per_daemon, routines, buckets, &db).await,
         }
     });
     match result {

@@ -3,6 +3,7 @@
 //! nothing; clients list jobs and read a job's report.
 
 pub mod bench;
+pub mod commit;
 pub mod store;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
@@ -18,6 +19,7 @@ use crate::serve::{
     push::{self, SnapshotSource},
     socket::Target,
 };
+use commit::GroupCommit;
 use store::Store;
 use tokio_util::sync::CancellationToken;
 
@@ -49,6 +51,7 @@ impl SnapshotSource for StoreSource {
 /// The gRPC service.
 pub struct AggregatorService {
     store: Arc<Mutex<Store>>,
+    commits: GroupCommit,
 }
 
 #[tonic::async_trait]
@@ -67,10 +70,9 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
         while let Some(msg) = stream.next().await {
             let msg = msg?;
             let (a, s) = self
-                .store
-                .lock()
-                .await
+                .commits
                 .merge(msg.processes)
+                .await
                 .map_err(|e| match e {
                     store::StoreError::Invalid(_) => Status::invalid_argument(e.to_string()),
                     other => Status::unavailable(other.to_string()),
@@ -172,6 +174,7 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
     let store = Arc::new(Mutex::new(store));
     let service = AggregatorService {
         store: store.clone(),
+        commits: GroupCommit::start(store.clone()),
     };
     let shutdown = CancellationToken::new();
     let upstream = opts.upstream.clone().map(|(target, every)| {

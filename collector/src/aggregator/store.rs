@@ -7,9 +7,9 @@
 //! cumulative, so a repeated, late or re-sent snapshot can never double count, and a tree
 //! of aggregators merges the same way at every level.
 //!
-//! Snapshots stay in their wire form, checked but not converted, in memory and on disk
-//! (encoded once for both); only a report decodes them. A large job's pushes then cost
-//! about their encoded size in memory.
+//! Snapshots stay in their wire form, checked but not converted, on disk; memory holds an
+//! index (key, clock, job, calls), and a report reads and decodes what it needs. Batches
+//! pushed at the same time are merged in one durable commit.
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -22,6 +22,8 @@ use crate::{
 };
 
 const PROCESSES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("processes");
+/// redb page cache.
+const CACHE_BYTES: usize = 64 << 20;
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -69,12 +71,30 @@ pub struct Snapshot {
     pub rank: RankProfile,
 }
 
-/// What the store keeps per process: an index and the encoded snapshot.
-struct Entry {
+/// What merging one batch came to: (accepted, stale), or why the batch was refused.
+pub type Outcome = Result<(u64, u64), StoreError>;
+
+/// A batch checked and encoded for the store, away from the store's lock (senders prepare
+/// their batches in parallel; the store only inserts and commits).
+pub struct Prepared(Vec<(ProcessKey, Entry, Vec<u8>)>);
+
+/// Checks a batch (refused whole if any snapshot makes no sense) and encodes it.
+pub fn prepare(batch: Vec<pb::ProcessSnapshot>) -> Result<Prepared, StoreError> {
+    batch
+        .into_iter()
+        .map(|wire| {
+            let key = check(&wire).map_err(StoreError::Invalid)?;
+            Ok((key, entry(&wire), wire.encode_to_vec()))
+        })
+        .collect::<Result<_, _>>()
+        .map(Prepared)
+}
+
+/// What the store keeps in memory per process: an index (the snapshot itself is on disk).
+pub struct Entry {
     taken_ns: u64,
     job: String,
     calls: u64,
-    encoded: Vec<u8>,
 }
 
 /// Whether a snapshot taken at `new` replaces one taken at `old` (the merge rule: the later
@@ -92,7 +112,11 @@ pub struct Store {
 impl Store {
     /// Opens (or creates) the database at `path` and loads what it holds.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        let db = Database::create(path).map_err(db_err)?;
+        // redb caches up to 1 GiB by default; reports read little and rarely.
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
+            .map_err(db_err)?;
         let txn = db.begin_write().map_err(db_err)?;
         txn.open_table(PROCESSES).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
@@ -105,46 +129,68 @@ impl Store {
             let wire = pb::ProcessSnapshot::decode(encoded.as_slice())
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
             let key = check(&wire).map_err(StoreError::Corrupt)?;
-            processes.insert(key, entry(&wire, encoded));
+            processes.insert(key, entry(&wire));
         }
         Ok(Store { db, processes })
     }
 
     /// Checks and merges a batch; returns (accepted, stale). Accepted snapshots are durable
-    /// on return. A batch with an invalid snapshot is refused whole.
+    /// on return. A batch with an invalid snapshot is refused whole. (The server merges
+    /// through [`super::commit::GroupCommit`], which prepares batches in parallel.)
+    #[cfg(test)]
     pub fn merge(&mut self, batch: Vec<pb::ProcessSnapshot>) -> Result<(u64, u64), StoreError> {
-        let keys = batch
-            .iter()
-            .map(check)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(StoreError::Invalid)?;
-        let (mut accepted, mut stale) = (0, 0);
+        let prepared = prepare(batch)?;
+        self.merge_many(vec![prepared])?.pop().unwrap_or(Ok((0, 0)))
+    }
+
+    /// Merges several prepared batches (from several senders) in one durable commit: the
+    /// outcome of each, as [`Store::merge`] would give it. One commit per group rather than
+    /// per push is what lets many daemons push at once (a commit waits for the disk).
+    pub fn merge_many(&mut self, batches: Vec<Prepared>) -> Result<Vec<Outcome>, StoreError> {
         let txn = self.db.begin_write().map_err(db_err)?;
+        let mut outcomes = Vec::with_capacity(batches.len());
         {
             let mut table = txn.open_table(PROCESSES).map_err(db_err)?;
-            for (key, wire) in keys.into_iter().zip(batch) {
-                if !supersedes(self.processes.get(&key).map(|e| e.taken_ns), wire.taken_ns) {
-                    stale += 1;
-                    continue;
+            for batch in batches {
+                let (mut accepted, mut stale) = (0, 0);
+                for (key, entry, encoded) in batch.0 {
+                    if !supersedes(self.processes.get(&key).map(|e| e.taken_ns), entry.taken_ns) {
+                        stale += 1;
+                        continue;
+                    }
+                    table
+                        .insert(key.bytes().as_slice(), encoded.as_slice())
+                        .map_err(db_err)?;
+                    self.processes.insert(key, entry);
+                    accepted += 1;
                 }
-                let encoded = wire.encode_to_vec();
-                table
-                    .insert(key.bytes().as_slice(), encoded.as_slice())
-                    .map_err(db_err)?;
-                self.processes.insert(key, entry(&wire, encoded));
-                accepted += 1;
+                outcomes.push(Ok((accepted, stale)));
             }
         }
         txn.commit().map_err(db_err)?;
-        Ok((accepted, stale))
+        Ok(outcomes)
     }
 
     /// Every snapshot as it was received (original node keys and clocks), for pushing to a
     /// higher aggregator, which then merges exactly as this one did.
     pub fn all(&self) -> Vec<pb::ProcessSnapshot> {
+        self.read_where(|_| true)
+    }
+
+    /// The stored snapshots whose index entry passes `keep` (unreadable ones are skipped:
+    /// they were checked on the way in).
+    fn read_where(&self, keep: impl Fn(&Entry) -> bool) -> Vec<pb::ProcessSnapshot> {
+        let Ok(read) = self.db.begin_read() else {
+            return Vec::new();
+        };
+        let Ok(table) = read.open_table(PROCESSES) else {
+            return Vec::new();
+        };
         self.processes
-            .values()
-            .filter_map(|e| pb::ProcessSnapshot::decode(e.encoded.as_slice()).ok())
+            .iter()
+            .filter(|(_, e)| keep(e))
+            .filter_map(|(key, _)| table.get(key.bytes().as_slice()).ok().flatten())
+            .filter_map(|v| pb::ProcessSnapshot::decode(v.value()).ok())
             .collect()
     }
 
@@ -170,10 +216,8 @@ impl Store {
     /// One job's profile, every rank of every node, by rank.
     pub fn job(&self, job: &str) -> Option<JobProfile> {
         let mut ranks: Vec<RankProfile> = self
-            .processes
-            .values()
-            .filter(|e| e.job == job)
-            .filter_map(|e| pb::ProcessSnapshot::decode(e.encoded.as_slice()).ok())
+            .read_where(|e| e.job == job)
+            .iter()
             .filter_map(|w| w.rank.as_ref().and_then(|r| RankProfile::try_from(r).ok()))
             .collect();
         if ranks.is_empty() {
@@ -188,7 +232,7 @@ impl Store {
     }
 }
 
-fn entry(wire: &pb::ProcessSnapshot, encoded: Vec<u8>) -> Entry {
+fn entry(wire: &pb::ProcessSnapshot) -> Entry {
     let rank = wire.rank.as_ref();
     Entry {
         taken_ns: wire.taken_ns,
@@ -200,7 +244,6 @@ fn entry(wire: &pb::ProcessSnapshot, encoded: Vec<u8>) -> Entry {
                 .map(|t| t.calls)
                 .sum()
         }),
-        encoded,
     }
 }
 
