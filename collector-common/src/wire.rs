@@ -151,8 +151,9 @@ pub struct CallState {
     pub fab_busy: u32,
     /// libfabric calls made inside that one (a provider layered on another).
     pub fab_depth: u32,
-    /// Explicit padding.
-    pub _pad2: u32,
+    /// libfabric calls libfabric made itself (not counted) whose returns are still to come,
+    /// made while no counted libfabric call was in progress on the thread.
+    pub fab_internal: u32,
 }
 const _: () = assert!(size_of::<CallState>() == 280);
 const _: () = assert!(offset_of!(CallState, group_start_ns) == 144);

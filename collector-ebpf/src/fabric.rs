@@ -49,10 +49,8 @@ pub fn fabric_entry(ctx: ProbeContext) -> u32 {
     // SAFETY: regs points at this probe's saved registers.
     let regs = unsafe { &*ctx.regs };
     let args = [regs.rdi, regs.rsi, regs.rdx, regs.rcx];
-    if called_from_inside(&c, regs.rip, regs.rsp) {
-        if is_watched(tgid) {
-            with_proc_stats(tgid, |s| s.fabric_internal += 1);
-        }
+    let internal = called_from_inside(&c, regs.rip, regs.rsp);
+    if internal && !is_watched(tgid) {
         return 0;
     }
     let e = match call_state(false) {
@@ -72,6 +70,20 @@ pub fn fabric_entry(ctx: ProbeContext) -> u32 {
     };
     // SAFETY: the thread's own state; only this thread touches it.
     let e = unsafe { &mut *e };
+    if internal {
+        // Not the application's call: not counted, but its return must not be taken for
+        // the return of the call in progress (rxm's send calling tcp's), so it is nested in
+        // that call, or in none.
+        with_proc_stats(tgid, |s| s.fabric_internal += 1);
+        if e.busy != 0 && is_fabric(e.routine) {
+            e.depth += 1;
+        } else if e.fab_busy != 0 {
+            e.fab_depth += 1;
+        } else {
+            e.fab_internal += 1;
+        }
+        return 0;
+    }
     let routine = resolve(&c, regs.rip, args[0]);
     let now = unsafe { bpf_ktime_get_ns() };
     if e.busy == 0 {
@@ -137,14 +149,24 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let e = match call_state(false) {
         // SAFETY: the thread's own state.
-        Some(e) if unsafe { (*e).busy } != 0 => unsafe { &mut *e },
-        _ => {
+        Some(e) => unsafe { &mut *e },
+        None => {
             if is_counted(tgid) {
                 with_proc_stats(tgid, |s| s.orphan_returns += 1);
             }
             return 0;
         }
     };
+    // The return of a call libfabric made itself outside any counted call (calls cannot
+    // start inside such a call but from libfabric: returns come back in order).
+    if e.fab_internal > 0 {
+        e.fab_internal -= 1;
+        return 0;
+    }
+    if e.busy == 0 {
+        with_proc_stats(tgid, |s| s.orphan_returns += 1);
+        return 0;
+    }
     let c = cookie(&ctx);
     let (args, start, parent) = if is_fabric(e.routine) {
         if e.depth > 0 {
