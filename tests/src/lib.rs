@@ -654,3 +654,13 @@ pub fn assert_record_refuses(scratch: &Scratch, program: &mut Command, needle: &
     assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
     assert!(run.stderr.contains(needle), "{}", run.stderr);
 }
+
+/// The paths of the libraries a profile says were probed.
+pub fn probed_paths(profile: &Value) -> Vec<&str> {
+    profile["libraries"]
+        .as_array()
+        .expect("libraries")
+        .iter()
+        .filter_map(|l| l["path"].as_str())
+        .collect()
+}

@@ -263,12 +263,7 @@ fn a_library_loaded_late_with_dlopen_is_found_and_counted() {
     finish_ok(&scratch, commtap, LIMIT);
     let profile = read_json(&out);
     assert_profile_matches(&profile, &read_truths(&truth, 1), &["MPI_Finalize"]);
-    let libs: Vec<&str> = profile["libraries"]
-        .as_array()
-        .expect("libraries")
-        .iter()
-        .filter_map(|l| l["path"].as_str())
-        .collect();
+    let libs = probed_paths(&profile);
     assert!(
         libs.iter().any(|p| p.ends_with("private/libmpi.so.40")),
         "{libs:?}"

@@ -329,12 +329,7 @@ fn nccl_linked_into_the_executable_is_probed_there() {
     );
     let r = attach_then_go(&scratch, &prog, &[]);
     assert_device_time(&r);
-    let libs: Vec<&str> = r.profile["libraries"]
-        .as_array()
-        .expect("libraries")
-        .iter()
-        .filter_map(|l| l["path"].as_str())
-        .collect();
+    let libs = probed_paths(&r.profile);
     assert!(
         libs.len() == 1 && libs[0].ends_with("/nccl_device_static"),
         "probed in the executable: {libs:?}"
