@@ -28,9 +28,10 @@ use crate::{daemon::DaemonOptions, record::RecordOptions, report::Outputs, serve
 /// commtap: profile the communication of running MPI and NCCL jobs with eBPF: no relink,
 /// no LD_PRELOAD, no restart.
 ///
-/// Probes MPI entry points (Open MPI, MPICH) and NCCL's (libnccl, librccl, or NCCL linked
-/// in) in running processes and reports, per rank, routine, message size and (NCCL)
-/// communicator, calls, bytes and time, in IBM mpitrace's layout or as JSON.
+/// Probes MPI entry points (Open MPI, MPICH), NCCL's (libnccl, librccl, or NCCL linked in)
+/// and libfabric's data path (provider ops tables) in running processes and reports, per
+/// rank, routine, message size and (NCCL) communicator, calls, bytes and time, in IBM
+/// mpitrace's layout or as JSON.
 /// Needs root (or CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN).
 #[derive(Parser, Debug)]
 #[command(name = "commtap", version, propagate_version = true)]
@@ -38,7 +39,7 @@ struct Cli {
     /// Log filter (also RUST_LOG), e.g. `info`, `commtap=debug`.
     #[arg(long, global = true, default_value = "warn", env = "COMMTAP_LOG")]
     log: String,
-    /// CA certificate bundle (PEM) that authenticates https:// aggregators.
+    /// CA certificate bundle (PEM) that authenticates https:// aggregators and daemons.
     #[arg(long, global = true, env = "COMMTAP_TLS_CA")]
     tls_ca: Option<PathBuf>,
     #[command(subcommand)]
@@ -47,8 +48,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Profile MPI and NCCL processes: attach to running ranks or launch a job, then print
-    /// its profile.
+    /// Profile MPI, NCCL and libfabric processes: attach to running ranks or launch a job,
+    /// then print its profile.
     ///
     /// Examples:
     ///   commtap record --pid 4242,4243 --duration 30s
@@ -60,7 +61,7 @@ enum Command {
     /// kept in the kernel, which no event loss can thin out.
     #[command(verbatim_doc_comment)]
     Record(RecordArgs),
-    /// Run the node daemon: count every MPI process on this node from its first call and
+    /// Run the node daemon: count every MPI, NCCL or libfabric process on this node from its first call and
     /// serve their profiles over gRPC (commtap.v1.Node) on a Unix socket.
     ///
     /// Start it from systemd or a Slurm prolog; query it with `commtap report` and
