@@ -155,10 +155,13 @@ pub fn table_curve(table: &Table) -> Curve {
 /// each bucket where device time was measured on communicators of known size.
 pub fn profile_curve(profile: &JobProfile, op: &str) -> Curve {
     let mut sums: BTreeMap<u8, (u64, u64)> = BTreeMap::new();
-    for rank in &profile.ranks {
-        let Some(stats) = rank.routines.get(op) else {
-            continue;
-        };
+    // The operation and its per-call-config variant (ncclAllReduceConfig) move the same data.
+    let names = [op.to_string(), format!("{op}Config")];
+    for stats in profile
+        .ranks
+        .iter()
+        .flat_map(|r| names.iter().filter_map(|n| r.routines.get(n)))
+    {
         for b in &stats.sizes {
             let (Some(bucket), Some(d)) = (b.bucket, b.device) else {
                 continue;

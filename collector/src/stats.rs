@@ -120,7 +120,8 @@ pub fn bus_factor(routine: &str, n: u32) -> Option<(u64, u64)> {
     if n == 0 {
         return None;
     }
-    match routine {
+    // The per-call-config variants (ncclAllReduceConfig ...) move the same data.
+    match routine.strip_suffix("Config").unwrap_or(routine) {
         "ncclAllReduce" => Some((2 * (n - 1), n)),
         "ncclReduceScatter" | "ncclAllGather" | "ncclAlltoAll" | "ncclGather" | "ncclScatter" => {
             Some((n - 1, n))

@@ -15,6 +15,7 @@
  *       ncclAllGather     16 x Float16  undecoded: bytes are count x size x nranks, and
  *                                       a NULL communicator has no size
  *       ncclAllReduce     64 x type 42  undecoded: a datatype this NCCL does not have
+ *       ncclAllReduceConfig 512 x Float32   2048 bytes (NCCL 2.32's per-call config)
  *       ncclGroupStart; ncclSend 5 x Float8e4m3; ncclRecv 9 x Uint8; ncclGroupEnd
  *                                       one group of 2 operations, 14 bytes
  *  3. Writes TRUTH_FILE: {"pid", "routines": {name: {calls, bytes}}, "undecoded",
@@ -65,6 +66,7 @@ int main(int argc, char **argv)
         ncclReduce(sb, rb, 7, ncclInt64, ncclSum, 0, NULL, NULL);
         ncclAllGather(sb, rb, 16, ncclFloat16, NULL, NULL);
         ncclAllReduce(sb, rb, 64, (ncclDataType_t)42, ncclSum, NULL, NULL);
+        ncclAllReduceConfig(sb, rb, 512, ncclFloat32, ncclSum, NULL, NULL, NULL);
         ncclGroupStart();
         ncclSend(sb, 5, ncclFloat8e4m3, 1, NULL, NULL);
         ncclRecv(rb, 9, ncclUint8, 1, NULL, NULL);
@@ -87,10 +89,11 @@ int main(int argc, char **argv)
             " \"ncclSend\": {\"calls\": %ld, \"bytes\": %ld},\n"
             " \"ncclRecv\": {\"calls\": %ld, \"bytes\": %ld},\n"
             " \"ncclGroupEnd\": {\"calls\": %ld, \"bytes\": 0},\n"
-            " \"ncclGroup\": {\"calls\": %ld, \"bytes\": %ld}},\n"
+            " \"ncclGroup\": {\"calls\": %ld, \"bytes\": %ld},\n"
+            " \"ncclAllReduceConfig\": {\"calls\": %ld, \"bytes\": %ld}},\n"
             " \"undecoded\": %ld, \"group_ops\": %ld}\n",
             (int)getpid(), 2 * n, n * 4096, n, n * 200, n, n * 24, n, n * 56, n, n, n,
-            n * 5, n, n * 9, n, n, n * 14, 2 * n, 2 * n);
+            n * 5, n, n * 9, n, n, n * 14, n, n * 2048, 2 * n, 2 * n);
     if (fclose(f) != 0) {
         perror(argv[4]);
         return 1;
