@@ -27,7 +27,9 @@
  *   ncclCommCount(s1), ncclCommUserRank(s1)
  *   1 x ncclAllReduce(s1, 1 x Float64)               8, size 2, rank r
  *   1 x ncclAllReduce(s2, 2 x Float64)               16, another communicator
- *   ncclCommDestroy of s1, s2, world, early
+ *   ncclGetUniqueId (rank 0, UID_FILE.2); scal = ncclCommInitRankScalable(2, r, 1 id)
+ *   1 x ncclAlltoAll(scal, 5 x Int8)                10, another communicator
+ *   ncclCommDestroy of s1, s2, world, early, scal
  *  Then writes TRUTH_FILE: {"pid", "routines": {name: {calls, bytes}}}.
  */
 #include "nccl_abi.h"
@@ -136,6 +138,15 @@ int main(int argc, char **argv)
     check(ncclCommDestroy(world), "Destroy");
     check(ncclCommDestroy(early), "Destroy");
 
+    char path2[4096];
+    snprintf(path2, sizeof path2, "%s.2", argv[3]);
+    ncclUniqueId id2;
+    ncclComm_t scal;
+    share_id(path2, r, &id2);
+    check(ncclCommInitRankScalable(&scal, 2, r, 1, &id2, NULL), "InitRankScalable");
+    check(ncclAlltoAll(sb, rb, 5, ncclInt8, scal, NULL), "AlltoAll");
+    check(ncclCommDestroy(scal), "Destroy");
+
     FILE *f = fopen(argv[5], "w");
     if (!f) {
         perror(argv[5]);
@@ -151,7 +162,8 @@ int main(int argc, char **argv)
             " \"ncclBroadcast\": {\"calls\": 2, \"bytes\": 400},\n"
             " \"ncclReduce\": {\"calls\": 1, \"bytes\": 56},\n"
             " \"ncclReduceScatter\": {\"calls\": 1, \"bytes\": 32},\n"
-            " \"ncclAlltoAll\": {\"calls\": 1, \"bytes\": 24},\n"
+            " \"ncclAlltoAll\": {\"calls\": 2, \"bytes\": 34},\n"
+            " \"ncclCommInitRankScalable\": {\"calls\": 1, \"bytes\": 0},\n"
             " \"ncclGather\": {\"calls\": 1, \"bytes\": 32},\n"
             " \"ncclGroupStart\": {\"calls\": 1, \"bytes\": 0},\n"
             " \"ncclSend\": {\"calls\": 1, \"bytes\": 16},\n"
@@ -159,7 +171,7 @@ int main(int argc, char **argv)
             " \"ncclGroupEnd\": {\"calls\": 1, \"bytes\": 0},\n"
             " \"ncclGroup\": {\"calls\": 1, \"bytes\": 32},\n"
             " \"ncclCommSplit\": {\"calls\": 3, \"bytes\": 0},\n"
-            " \"ncclCommDestroy\": {\"calls\": 4, \"bytes\": 0}}}\n",
+            " \"ncclCommDestroy\": {\"calls\": 5, \"bytes\": 0}}}\n",
             (int)getpid(), 3 * 40 + 5 * 1024 + 8 + 8 + 16);
     if (fclose(f) != 0) {
         perror(argv[5]);

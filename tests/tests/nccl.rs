@@ -196,10 +196,22 @@ fn communicator_identity_size_and_rank_follow_their_lifecycle() {
         assert_eq!(bcast.len(), 1, "rank {r}: {bcast:?}");
         let world = bcast[0].0.clone().expect("world has an identity");
         assert_eq!(bcast[0], (Some(world.clone()), 2, r, 2, 400));
+        // AlltoAll on world and on the communicator of ncclCommInitRankScalable.
+        let mut a2a = communicators(rank, "ncclAlltoAll");
+        let at = a2a
+            .iter()
+            .position(|c| c.0.as_deref() == Some(world.as_str()))
+            .expect("AlltoAll on world");
+        assert_eq!(a2a.remove(at), (Some(world.clone()), 2, r, 1, 24));
+        assert_eq!(a2a.len(), 1, "rank {r}: {a2a:?}");
+        let scal = a2a[0]
+            .0
+            .clone()
+            .expect("the scalable init's communicator has an id");
+        assert_eq!(a2a[0], (Some(scal.clone()), 2, r, 1, 10));
         for (routine, calls, bytes) in [
             ("ncclReduce", 1, 56),
             ("ncclReduceScatter", 1, 32),
-            ("ncclAlltoAll", 1, 24),
             ("ncclGather", 1, 32),
             ("ncclSend", 1, 16),
             ("ncclRecv", 1, 16),
@@ -237,12 +249,13 @@ fn communicator_identity_size_and_rank_follow_their_lifecycle() {
         want.sort();
         all.sort();
         assert_eq!(all, want, "rank {r}: AllReduce on the splits");
-        ids.push((world, s1, s2));
+        ids.push([world, s1, s2, scal]);
     }
     assert_eq!(ids[0], ids[1], "both ranks name each communicator alike");
-    let (world, s1, s2) = &ids[0];
-    assert!(
-        world != s1 && s1 != s2 && world != s2,
+    let distinct: std::collections::BTreeSet<&String> = ids[0].iter().collect();
+    assert_eq!(
+        distinct.len(),
+        4,
         "distinct communicators have distinct ids: {:?}",
         ids[0]
     );
