@@ -240,7 +240,10 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     session.stop_ingest().await;
     // Kept for a daemon that follows only while there is something to carry on counting.
     if let Some(dir) = &state_dir {
-        if session.tracked.values().all(|t| t.exit_ns.is_some()) {
+        // Alive, not "not yet seen to exit": a stop right after a job ends finds its ranks
+        // gone before the exit events are processed.
+        let alive = |pid: &u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+        if !session.tracked.keys().any(alive) {
             crate::attach::remove_state_dir(dir);
         } else {
             info!("counts of running processes kept in {}", dir.display());
