@@ -462,7 +462,13 @@ fn attach_detach_and_stream_events_on_request() {
         .iter()
         .find(|t| t["pid"].as_u64() == Some(r0))
         .expect("truth of rank 0");
-    assert_profile_matches(&profile, std::slice::from_ref(t0), &["MPI_Finalize"]);
+    // Events were on only while the stream was open: compare the counts, not the events.
+    let ranks = profile["ranks"].as_array().expect("ranks");
+    assert_eq!(ranks.len(), 1, "only the attached rank: {profile:#}");
+    let mut got = routine_table(&ranks[0]["routines"]);
+    got.remove("MPI_Finalize");
+    assert_eq!(got, routine_table(&t0["routines"]), "rank 0's counts");
+    assert_eq!(ranks[0]["undecoded"], 0);
     daemon.stop(&scratch);
 }
 
