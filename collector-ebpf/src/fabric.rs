@@ -38,7 +38,7 @@ const MAX_IOV: u64 = 16;
 #[inline(always)]
 fn is_fabric(routine: u16) -> bool {
     let routine = routine & !UNRESOLVED;
-    routine >= FABRIC_FIRST && routine < FABRIC_FIRST + 3 * FABRIC_SLOTS
+    (FABRIC_FIRST..FABRIC_FIRST + 3 * FABRIC_SLOTS).contains(&routine)
 }
 
 /// Entry of any libfabric ops-table function.
@@ -167,7 +167,6 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
         with_proc_stats(tgid, |s| s.orphan_returns += 1);
         return 0;
     }
-    let c = cookie(&ctx);
     let (args, start, parent) = if is_fabric(e.routine) {
         if e.depth > 0 {
             e.depth -= 1;

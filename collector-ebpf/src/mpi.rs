@@ -14,8 +14,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use collector_common::{
-    routines::class, Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Cookie, CounterKey,
-    CounterVal, EventKind, HandleKey, Layout, ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
+    routines::class, Abi, ArgSpec, ByteRule, CallEvent, CommInfo, Cookie, CounterKey, CounterVal,
+    EventKind, HandleKey, Layout, ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
 };
 
 use collector_common::routines::NO_ARG as N;

@@ -86,10 +86,9 @@ fn learn_init(c: &Call, spec: &ArgSpec) {
             c.args[6], c.args[7], c.args[8], c.args[9], c.args[10], c.args[11],
         ]
     } else {
-        match c.arg(spec.d).and_then(read::<[u64; nccl::ID_WORDS]>) {
-            Some(w) => w,
-            None => [0; nccl::ID_WORDS],
-        }
+        c.arg(spec.d)
+            .and_then(read::<[u64; nccl::ID_WORDS]>)
+            .unwrap_or([0; nccl::ID_WORDS])
     };
     let mut id = nccl::SEED;
     for w in words {

@@ -234,6 +234,12 @@ fn test(filter: Option<&str>) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    // The BPF programs too: dead code there is work on every probed call.
+    run(Command::new("rustup")
+        .current_dir(root.join("collector-ebpf"))
+        .args(["run", "nightly", "cargo", "clippy", "--release"])
+        .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+        .args(["--", "-D", "warnings"]))?;
     run(cargo().args(["test", "--workspace", "--exclude", "commtap-tests"]))?;
     run(cargo().args(["build", "-p", "collector"]))?;
     let bin = root.join("target/debug/commtap");
