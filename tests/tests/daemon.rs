@@ -17,6 +17,18 @@ fn commtap_output(args: &[&str]) -> std::process::Output {
         .expect("running commtap")
 }
 
+/// `commtap ARGS --format json` (a `report`), which must succeed: its JSON profile.
+#[track_caller]
+fn report_json(args: &[&str]) -> Value {
+    let out = commtap_output(&[args, &["--format", "json"]].concat());
+    assert!(
+        out.status.success(),
+        "report failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON profile")
+}
+
 #[test]
 fn daemon_profiles_every_job_on_the_node_exactly() {
     let scratch = Scratch::new("daemon");
@@ -61,24 +73,7 @@ fn daemon_profiles_every_job_on_the_node_exactly() {
     wait_for_exited(&target, all as usize);
     for truth in &truths {
         let job = truth[0]["pid"].as_u64().expect("pid").to_string();
-        let out = scratch.path(&format!("profile-{job}.json"));
-        let report = commtap_output(&[
-            "report",
-            "--from",
-            &target,
-            "--job",
-            &job,
-            "--format",
-            "json",
-            "-o",
-            out.to_str().expect("utf8"),
-        ]);
-        assert!(
-            report.status.success(),
-            "report failed: {}",
-            String::from_utf8_lossy(&report.stderr)
-        );
-        let profile = read_json(&out);
+        let profile = report_json(&["report", "--from", &target, "--job", &job]);
         assert_eq!(profile["job"].as_str(), Some(job.as_str()));
         assert_profile_matches(&profile, truth, &["MPI_Finalize"]);
     }
@@ -315,24 +310,9 @@ fn a_daemon_scoped_to_a_cgroup_profiles_only_that_job() {
         assert!(job.wait_with_limit(LIMIT).success(), "job {prefix} failed");
     }
     wait_for_exited(&target, 2);
-    let out = scratch.path("profile.json");
-    let report = commtap_output(&[
-        "report",
-        "--from",
-        &target,
-        "--format",
-        "json",
-        "-o",
-        out.to_str().expect("utf8"),
-    ]);
-    assert!(
-        report.status.success(),
-        "{}",
-        String::from_utf8_lossy(&report.stderr)
-    );
     // Exactly the job inside; nothing of the one outside.
     assert_profile_matches(
-        &read_json(&out),
+        &report_json(&["report", "--from", &target]),
         &read_truths(&scratch.path("inside"), 2),
         &["MPI_Finalize"],
     );
@@ -455,8 +435,7 @@ fn attach_detach_and_stream_events_on_request() {
 
     // The attached rank's profile is exact; the detached one is not taken up again.
     wait_for_exited(&daemon.target, 1);
-    let out = commtap_output(&["report", "--from", &daemon.target, "--format", "json"]);
-    let profile: Value = serde_json::from_slice(&out.stdout).expect("JSON profile");
+    let profile = report_json(&["report", "--from", &daemon.target]);
     let truths = read_truths(&scratch.path("truth"), 2);
     let t0 = truths
         .iter()
@@ -537,21 +516,7 @@ fn the_daemon_serves_tcp_only_with_tls() {
     wait_for_exited(&daemon.target, 2);
 
     let url = format!("https://{addr}");
-    let out = commtap_output(&[
-        "--tls-ca",
-        path_str(&ca),
-        "report",
-        "--from",
-        &url,
-        "--format",
-        "json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let profile: Value = serde_json::from_slice(&out.stdout).expect("JSON profile");
+    let profile = report_json(&["--tls-ca", path_str(&ca), "report", "--from", &url]);
     assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
 
     let plain = commtap_output(&["report", "--from", &format!("http://{addr}")]);
@@ -590,8 +555,7 @@ fn a_killed_daemon_restarts_with_its_counts() {
     std::fs::write(scratch.path("go"), b"").expect("go file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
     wait_for_exited(&second.target, 2);
-    let out = commtap_output(&["report", "--from", &second.target, "--format", "json"]);
-    let profile: Value = serde_json::from_slice(&out.stdout).expect("JSON profile");
+    let profile = report_json(&["report", "--from", &second.target]);
     // mpi_loop's truth starts at the go file; before it, counted by the first daemon:
     // MPI_Init, MPI_Comm_rank, MPI_Comm_size and one MPI_Barrier.
     let mut truths = read_truths(&scratch.path("truth"), 2);

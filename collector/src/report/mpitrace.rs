@@ -397,10 +397,9 @@ pub fn render_text(job: &JobProfile) -> String {
     let mut o = String::new();
     for r in &job.ranks {
         let nccl = render_nccl(r);
-        // A process that only calls NCCL has no MPI table to show.
-        let only_fabric = table_order(&r.routines, Family::Mpi).is_empty()
-            && !table_order(&r.routines, Family::Fabric).is_empty();
-        if (nccl.is_empty() && !only_fabric) || !table_order(&r.routines, Family::Mpi).is_empty() {
+        // A process that only calls NCCL or libfabric has no MPI table to show.
+        let has = |family| !table_order(&r.routines, family).is_empty();
+        if has(Family::Mpi) || (nccl.is_empty() && !has(Family::Fabric)) {
             o.push_str(&render_rank(job, r));
         }
         o.push_str(&nccl);
