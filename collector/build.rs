@@ -37,10 +37,9 @@ fn build_ebpf() -> Result<()> {
     for dir in [ebpf.join("src"), common.join("src")] {
         println!("cargo:rerun-if-changed={}", dir.display());
     }
-    println!(
-        "cargo:rerun-if-changed={}",
-        ebpf.join("Cargo.toml").display()
-    );
+    for file in ["Cargo.toml", ".cargo/config.toml"] {
+        println!("cargo:rerun-if-changed={}", ebpf.join(file).display());
+    }
     let out = PathBuf::from(env::var("OUT_DIR")?);
     let target_dir = out.join("ebpf-target");
 

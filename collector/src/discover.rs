@@ -151,6 +151,17 @@ pub struct MappedObject {
     pub path: PathBuf,
 }
 
+/// Size of `pid`'s address space in pages (`/proc/PID/statm`): it grows with every new
+/// mapping, so it tells cheaply whether the mappings are worth reading again.
+pub fn address_space_pages(pid: u32) -> Option<u64> {
+    fs::read_to_string(format!("/proc/{pid}/statm"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Executable file mappings of `pid`, one per file.
 pub fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>, DiscoverError> {
     let maps = fs::read_to_string(format!("/proc/{pid}/maps")).map_err(proc_err(pid, "maps"))?;
