@@ -80,6 +80,14 @@ pub enum ByteRule {
     /// libfabric: the sum of the `iov_len`s of a `struct fi_msg` (or `fi_msg_tagged`,
     /// `fi_msg_rma`: all start with `msg_iov`, `desc`, `iov_count`) in argument `a`.
     FabricMsg = 34,
+    /// NCCL network transport send (`isend(comm, data, size_t size, tag, mhandle, phandle,
+    /// **request)`): `a` bytes; an operation only if `*d` (the request) is set on return
+    /// (NULL: not posted yet, NCCL tries again).
+    NetIsend = 35,
+    /// NCCL network transport receive (`irecv(comm, int n, **data, size_t *sizes, ...,
+    /// **request)`): sum(`b`[0..`a`]) posted bytes (`size_t`s); an operation only if `*d`
+    /// is set on return.
+    NetIrecv = 36,
 }
 
 impl ByteRule {
@@ -121,6 +129,8 @@ impl ByteRule {
             32 => ByteRule::FabricLen,
             33 => ByteRule::FabricIov,
             34 => ByteRule::FabricMsg,
+            35 => ByteRule::NetIsend,
+            36 => ByteRule::NetIrecv,
             _ => ByteRule::None,
         }
     }
@@ -150,6 +160,8 @@ pub mod class {
     pub const SYNC: u8 = 10;
     /// libfabric data-path operations (ops-table functions).
     pub const FABRIC: u8 = 11;
+    /// NCCL's network transport (its proxy thread's sends and receives on a network).
+    pub const NET: u8 = 12;
 }
 
 /// Which library family a routine belongs to (and which libraries are searched for it).
@@ -833,6 +845,13 @@ pub const ROUTINES: &[Routine] = &[
         5,
         4,
     ),
+    // NCCL's built-in network transports (NET/Socket, NET/IB), driven by its proxy thread:
+    // what actually crosses the network, message by message. Local C++ functions, found
+    // by their mangled names (symbols' `NCCL_NET_SIGNATURES`).
+    r("ncclNetSocketIsend", NET, B::NetIsend, [2, N, N, 6], N, N),
+    r("ncclNetSocketIrecv", NET, B::NetIrecv, [1, 3, N, 7], N, N),
+    r("ncclIbIsend", NET, B::NetIsend, [2, N, N, 6], N, N),
+    r("ncclIbIrecv", NET, B::NetIrecv, [1, 3, N, 7], N, N),
 ];
 
 /// A libfabric ops-table slot: `(ep, buf, len, ...)`, `(ep, iov, desc, count, ...)` or

@@ -288,8 +288,11 @@ pub struct ProcStats {
     /// libfabric ops-table calls made from inside libfabric itself (a provider layered on
     /// another, such as rxm on tcp, and progress): not the application's, not counted.
     pub fabric_internal: u64,
+    /// NCCL network transport `isend`/`irecv` calls that posted nothing (the transport was
+    /// not ready; NCCL calls again): not counted as operations.
+    pub net_unposted: u64,
 }
-const _: () = assert!(size_of::<ProcStats>() == 88);
+const _: () = assert!(size_of::<ProcStats>() == 96);
 
 /// Offsets of the tracepoint fields commtap reads, parsed by userspace from tracefs
 /// `format` files (they differ between kernel versions).

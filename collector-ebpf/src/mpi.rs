@@ -187,6 +187,11 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         args,
         ret,
     };
+    if ABI == Abi::Nccl as u8 && crate::nccl::unposted(&call, &spec) {
+        with_proc_stats(tgid, |s| s.net_unposted += 1);
+        e.busy = 0;
+        return 0;
+    }
     let out = if ABI == Abi::Nccl as u8 {
         crate::nccl::on_return(&call, &spec, comm)
     } else if TYPES {

@@ -24,6 +24,9 @@ use crate::{
 /// Largest `ncclCommInitAll` clique whose communicators are learnt.
 const MAX_INIT_ALL: u32 = 16;
 
+/// Most receives one network `irecv` posts (NCCL's IB transport groups up to 8).
+const MAX_NET_RECVS: u32 = 8;
+
 /// Return of any NCCL routine (entry is the shared `call_entry`).
 #[uretprobe]
 pub fn nccl_return(ctx: RetProbeContext) -> u32 {
@@ -58,8 +61,37 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
             learn_comm(c, spec, rule);
             Some(0)
         }
+        ByteRule::NetIsend => c.arg(spec.a),
+        ByteRule::NetIrecv => sum_sizes(c.arg(spec.b)?, int_arg(c.arg(spec.a)?)),
         _ => Some(0),
     }
+}
+
+/// Whether a network transport call posted nothing: NCCL calls `isend`/`irecv` again
+/// until the transport takes the message (`*request` set), so a NULL request is a retry,
+/// not an operation.
+#[inline(always)]
+pub(crate) fn unposted(c: &Call, spec: &ArgSpec) -> bool {
+    matches!(
+        ByteRule::from_u8(spec.rule),
+        ByteRule::NetIsend | ByteRule::NetIrecv
+    ) && c.arg(spec.d).and_then(read::<u64>).unwrap_or(0) == 0
+}
+
+/// Sum of the `n` `size_t`s at `sizes` (`None` beyond `MAX_NET_RECVS`).
+#[inline(always)]
+fn sum_sizes(sizes: u64, n: i32) -> Option<u64> {
+    if n <= 0 || n as u32 > MAX_NET_RECVS {
+        return None;
+    }
+    let mut total = 0u64;
+    for i in 0..MAX_NET_RECVS {
+        if i >= n as u32 {
+            break;
+        }
+        total += read::<u64>(sizes + i as u64 * 8)?;
+    }
+    Some(total)
 }
 
 #[inline(always)]

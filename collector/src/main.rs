@@ -223,6 +223,10 @@ struct ReportArgs {
     /// With --watch: stop after this many reports.
     #[arg(long, requires = "watch")]
     count: Option<u64>,
+    /// Print a JSON profile saved earlier (`record --format json -o FILE`) instead of
+    /// asking a daemon: as text, or in mpitrace's files with --mpitrace-dir.
+    #[arg(long, conflicts_with_all = ["job", "watch"])]
+    profile: Option<PathBuf>,
     #[command(flatten)]
     out: Outputs,
 }
@@ -300,6 +304,14 @@ struct CompareArgs {
     format: report::Format,
 }
 
+/// A JSON profile saved by `record` or `report`.
+fn read_profile(p: &std::path::Path) -> Result<report::JobProfile> {
+    use anyhow::Context as _;
+    let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a commtap JSON profile", p.display()))
+}
+
 /// Runs `commtap compare`; whether some bucket was below the threshold.
 async fn run_compare(a: CompareArgs) -> Result<bool> {
     use anyhow::Context as _;
@@ -313,9 +325,7 @@ async fn run_compare(a: CompareArgs) -> Result<bool> {
     let expected = compare::pick_table(&read(&a.expected)?, &name, a.expected_table)?;
     let op = compare::resolve_op(a.op.as_deref(), &expected)?;
     let measured = if let Some(p) = &a.profile {
-        let profile: report::JobProfile = serde_json::from_str(&read(p)?)
-            .with_context(|| format!("{}: not a commtap JSON profile", p.display()))?;
-        compare::profile_curve(&profile, &op)
+        compare::profile_curve(&read_profile(p)?, &op)
     } else if let Some(p) = &a.measured {
         let name = p.display().to_string();
         compare::table_curve(&compare::pick_table(&read(p)?, &name, a.measured_table)?)
@@ -543,11 +553,12 @@ fn main() -> ExitCode {
                 })
                 .await
             }
-            Command::Report(a) => match a.watch {
-                Some(every) => {
+            Command::Report(a) => match (a.watch, &a.profile) {
+                (_, Some(saved)) => a.out.write(&read_profile(saved)?),
+                (Some(every), None) => {
                     client::watch(&a.from, a.job.as_deref(), every, a.count, &a.out).await
                 }
-                None => {
+                (None, None) => {
                     let profile = client::snapshot(&a.from, a.job.as_deref()).await?;
                     a.out.write(&profile)
                 }

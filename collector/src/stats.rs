@@ -261,6 +261,9 @@ pub struct Health {
     /// libfabric calls that returned an error (mostly -FI_EAGAIN: retried), not counted.
     #[serde(default)]
     pub fabric_failed: u64,
+    /// NCCL network transport sends/receives that posted nothing (retried), not counted.
+    #[serde(default)]
+    pub net_unposted: u64,
 }
 
 impl From<&ProcStats> for Health {
@@ -277,6 +280,7 @@ impl From<&ProcStats> for Health {
             fabric_unresolved: 0,
             fabric_internal: s.fabric_internal,
             fabric_failed: s.fabric_failed,
+            net_unposted: s.net_unposted,
         }
     }
 }

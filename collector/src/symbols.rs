@@ -202,13 +202,17 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
         }
         if !runtime && !driver {
             // NCCL linked in with hidden symbols, or a stripped libnccl: say so rather than
-            // report a training process as communication-free.
+            // report a training process as communication-free. A library that imports NCCL
+            // (PyTorch's libtorch_cuda carries a banner too) calls the libnccl probed beside it.
+            let imports_nccl = elf
+                .dynamic_symbols()
+                .any(|s| s.is_undefined() && s.name().is_ok_and(|n| n.starts_with("nccl")));
             return Ok(match nccl_banner_version(&elf) {
-                Some(v) => LibraryKind::Unsupported(format!(
+                Some(v) if !imports_nccl => LibraryKind::Unsupported(format!(
                     "{display}: holds NCCL {v} but none of its symbols (stripped, or linked \
                      in with hidden visibility): not probed"
                 )),
-                None => LibraryKind::Other,
+                _ => LibraryKind::Other,
             });
         }
         let flavor = if runtime {
@@ -341,6 +345,27 @@ fn fabric_library(elf: &object::File, map: &[u8], path: String) -> LibraryKind {
     })
 }
 
+/// NCCL's network transport functions are local C++ functions: found by their mangled
+/// names, which also pin the signature the kernel decodes (NCCL 2.19 on: `size_t` sizes and
+/// a `phandle` before the request). Another signature leaves the routine unprobed.
+const NCCL_NET_SIGNATURES: &[(&str, &str)] = &[
+    ("ncclNetSocketIsend", "_Z18ncclNetSocketIsendPvS_miS_S_PS_"),
+    (
+        "ncclNetSocketIrecv",
+        "_Z18ncclNetSocketIrecvPviPS_PmPiS0_S0_S0_",
+    ),
+    ("ncclIbIsend", "_Z11ncclIbIsendPvS_miS_S_PS_"),
+    ("ncclIbIrecv", "_Z11ncclIbIrecvPviPS_PmPiS0_S0_S0_"),
+];
+
+/// The symbol a routine is found by when it has no C name (`NCCL_NET_SIGNATURES`).
+fn mangled_name(routine: &str) -> Option<&'static str> {
+    NCCL_NET_SIGNATURES
+        .iter()
+        .find(|(name, _)| *name == routine)
+        .map(|(_, mangled)| *mangled)
+}
+
 /// The probe points of `family`'s routines in a library whose symbols are `syms`.
 fn probe_points(
     elf: &object::File,
@@ -363,7 +388,11 @@ fn probe_points(
             Family::Nccl => format!("p{}", routine.name),
             Family::Cuda | Family::Fabric => routine.name.to_string(),
         };
-        let Some(&addr) = syms.get(routine.name).or_else(|| syms.get(alias.as_str())) else {
+        let Some(&addr) = syms
+            .get(routine.name)
+            .or_else(|| syms.get(alias.as_str()))
+            .or_else(|| mangled_name(routine.name).and_then(|m| syms.get(m)))
+        else {
             missing.push(routine.name);
             continue;
         };

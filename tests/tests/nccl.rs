@@ -484,3 +484,63 @@ fn compare_flags_the_seed_runs_below_the_expected_curve() {
         run.stderr
     );
 }
+
+/// NCCL's network transports: every message the proxy thread posted, per transport, with
+/// its bytes; calls that posted nothing (transport not ready) are counted apart, never as
+/// messages; a receive grouping more buffers than a transport posts is undecoded.
+#[test]
+fn network_transport_messages_are_counted_per_transport() {
+    let scratch = Scratch::new("nccl-net");
+    let programs = repo_root().join("tests/programs");
+    let prog = compile_c(
+        "nccl_net.c",
+        "nccl_net",
+        &[
+            &format!("-I{}", programs.display()),
+            path_str(&programs.join("nccl_standin.c")),
+            "-pthread",
+        ],
+    );
+    let r = attach_then_go(&scratch, &prog, &[]);
+    let rank = rank_by_pid(&r.profile, r.pid as u64);
+    let routines = &rank["routines"];
+    let calls_bytes = |name: &str| {
+        (
+            routines[name]["calls"].as_u64(),
+            routines[name]["bytes"].as_u64(),
+        )
+    };
+    let stderr = &r.stderr;
+    assert_eq!(
+        calls_bytes("ncclNetSocketIsend"),
+        (Some(100), Some(100 * 4096)),
+        "{stderr}"
+    );
+    assert_eq!(
+        calls_bytes("ncclNetSocketIrecv"),
+        (Some(60), Some(60 * 65536))
+    );
+    assert_eq!(calls_bytes("ncclIbIsend"), (Some(30), Some(30 * MIB)));
+    assert_eq!(calls_bytes("ncclIbIrecv"), (Some(25), Some(20 * 6000)));
+    assert_eq!(routines["ncclIbIrecv"]["undecoded_calls"], 5);
+    assert_eq!(rank["undecoded"], 5);
+    assert_eq!(rank["net_unposted"], 25 + 10, "not-ready calls");
+    let text = std::fs::read_to_string(&r.out).expect("profile");
+    assert!(
+        text.contains("\"ncclNetSocketIsend\""),
+        "JSON names the calls"
+    );
+    let report = Command::new(commtap_bin())
+        .args(["report", "--profile"])
+        .arg(&r.out)
+        .output()
+        .expect("commtap report");
+    assert!(report.status.success(), "{report:?}");
+    let report = String::from_utf8_lossy(&report.stdout);
+    assert!(
+        report.contains("NCCL network transport of rank")
+            && report.contains("NET/Socket, NET/IB")
+            && report.contains("35 calls found the transport not ready"),
+        "text report:\n{report}"
+    );
+}

@@ -577,6 +577,7 @@ impl Probes {
                 s.mixed_windows += v.mixed_windows;
                 s.fabric_failed += v.fabric_failed;
                 s.fabric_internal += v.fabric_internal;
+                s.net_unposted += v.net_unposted;
                 s.init_ns = s.init_ns.max(v.init_ns);
                 s.finalize_ns = s.finalize_ns.max(v.finalize_ns);
             }

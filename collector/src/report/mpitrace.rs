@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, fmt::Write as _, fs, io, path::Path};
 
-use collector_common::routines::Family;
+use collector_common::routines::{class, Family, ROUTINES};
 
 use super::{JobProfile, RankProfile};
 use crate::stats::{table_order, RoutineStats, Totals};
@@ -141,8 +141,10 @@ pub fn render_rank(job: &JobProfile, r: &RankProfile) -> String {
 /// A rank's NCCL operations and communicators (not part of mpitrace's files).
 pub fn render_nccl(r: &RankProfile) -> String {
     let mut o = String::new();
-    let nccl = table_order(&r.routines, Family::Nccl);
-    if nccl.is_empty() {
+    let (net, nccl): (Vec<_>, Vec<_>) = table_order(&r.routines, Family::Nccl)
+        .into_iter()
+        .partition(|(name, _)| net_transport(name).is_some());
+    if nccl.is_empty() && net.is_empty() {
         return o;
     }
     // The host's waits for the GPU belong with the operations they wait for.
@@ -199,7 +201,56 @@ pub fn render_nccl(r: &RankProfile) -> String {
         }
     }
     let _ = writeln!(o);
+    render_nccl_net(&mut o, r, &net);
     o
+}
+
+/// NCCL's network transport named by one of its probed functions (`ncclNetSocketIsend`).
+pub fn net_transport(routine: &str) -> Option<&'static str> {
+    let id = collector_common::routines::routine_id(routine)?;
+    if ROUTINES[id as usize].spec.class != class::NET {
+        return None;
+    }
+    Some(if routine.starts_with("ncclIb") {
+        "IB"
+    } else {
+        "Socket"
+    })
+}
+
+/// What NCCL's proxy thread put on the network, and through which transport.
+fn render_nccl_net(o: &mut String, r: &RankProfile, rows: &[(&String, &RoutineStats)]) {
+    if rows.is_empty() && r.health.net_unposted == 0 {
+        return;
+    }
+    let mut transports: Vec<&str> = rows.iter().filter_map(|(n, _)| net_transport(n)).collect();
+    transports.dedup();
+    let _ = writeln!(
+        o,
+        "NCCL network transport of rank {} (pid {}): NET/{}",
+        r.rank,
+        r.pid,
+        if transports.is_empty() {
+            "?".to_string()
+        } else {
+            transports.join(", NET/")
+        }
+    );
+    let _ = writeln!(
+        o,
+        "Messages NCCL's proxy thread posted on the network (bytes as posted; times are \
+         posting times)."
+    );
+    write_routine_table(o, ("Transport call", "time(sec)"), rows, true);
+    if r.health.net_unposted > 0 {
+        let _ = writeln!(
+            o,
+            "{} calls found the transport not ready (no request; NCCL calls again): not \
+             counted as messages.",
+            r.health.net_unposted
+        );
+    }
+    let _ = writeln!(o);
 }
 
 /// A table of routines between rules: name, calls, average bytes, time; with `parents`,

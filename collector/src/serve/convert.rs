@@ -64,6 +64,7 @@ impl From<&Health> for pb::Health {
             fabric_unresolved: h.fabric_unresolved,
             fabric_failed: h.fabric_failed,
             fabric_internal: h.fabric_internal,
+            net_unposted: h.net_unposted,
         }
     }
 }
@@ -82,6 +83,7 @@ impl From<&pb::Health> for Health {
             fabric_unresolved: h.fabric_unresolved,
             fabric_failed: h.fabric_failed,
             fabric_internal: h.fabric_internal,
+            net_unposted: h.net_unposted,
         }
     }
 }
