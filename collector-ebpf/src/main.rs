@@ -6,8 +6,11 @@
 //! - `fabric_entry` / `fabric_return`: libfabric ops-table functions.
 //! - `sched_fork` / `sched_exec` / `sched_exit`: follow the watched process tree.
 #![no_std]
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 #![no_main]
 
+mod cache;
 mod decode;
 mod fabric;
 mod maps;

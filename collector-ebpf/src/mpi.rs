@@ -15,7 +15,7 @@ use aya_ebpf::{
 };
 use collector_common::{
     routines::class, Abi, ArgSpec, ByteRule, CallEvent, CommInfo, Cookie, CounterKey, CounterVal,
-    EventKind, HandleKey, Layout, ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
+    EventKind, HandleCache, HandleKey, Layout, ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
 };
 
 use collector_common::routines::NO_ARG as N;
@@ -91,6 +91,8 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
         }
     }
     if ByteRule::from_u8(spec.rule).frees_handle() {
+        // Before the handle goes: no thread may keep it cached across the free.
+        crate::cache::bump();
         // The call resets the handle to MPI_*_NULL: read it now (an MPICH-ABI handle is
         // an int; `handle()` drops the upper half later).
         let i = (spec.a & 15) as usize;
@@ -179,13 +181,23 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
     let spec = *spec;
     let args = &e.args;
 
-    let comm = arg(args, spec.comm).and_then(|h| comm_info(ABI, layout, tgid, h));
+    let cache = core::ptr::addr_of_mut!(e.cache);
+    let comm = arg(args, spec.comm).and_then(|h| {
+        let decode = || comm_info(ABI, layout, tgid, h);
+        if ABI == Abi::Nccl as u8 {
+            // NCCL's communicators are learnt and relearnt by many calls: not cached.
+            decode()
+        } else {
+            crate::cache::comm_info(cache, handle(ABI, h), decode)
+        }
+    });
     let call = Call {
         abi: ABI,
         layout,
         tgid,
         args,
         ret,
+        cache,
     };
     if ABI == Abi::Nccl as u8 && crate::nccl::unposted(&call, &spec) {
         with_proc_stats(tgid, |s| s.net_unposted += 1);
@@ -331,6 +343,8 @@ pub(crate) struct Call<'a> {
     pub args: &'a [u64; ARG_SLOTS],
     /// The routine's return value (`int`: MPI and NCCL both return 0 on success).
     pub ret: i32,
+    /// The thread's handle cache.
+    pub cache: *mut HandleCache,
 }
 
 impl Call<'_> {
@@ -342,12 +356,14 @@ impl Call<'_> {
     /// Size of the datatype in argument `i`.
     #[inline(always)]
     fn size(&self, i: u8) -> Option<u64> {
-        type_size(
-            self.abi,
-            self.layout,
-            self.tgid,
-            handle(self.abi, self.arg(i)?),
-        )
+        let h = handle(self.abi, self.arg(i)?);
+        let decode = || type_size(self.abi, self.layout, self.tgid, h);
+        if self.abi == Abi::Nccl as u8 {
+            // An enum: nothing to look up.
+            decode()
+        } else {
+            crate::cache::type_size(self.cache, h, decode)
+        }
     }
 
     /// The count in argument `i` (one element when the operand is absent).
@@ -424,6 +440,7 @@ fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Option<u64> {
         | ByteRule::CtorProdArray
         | ByteRule::TypeFree => Some(0),
         ByteRule::CommFree => {
+            crate::cache::bump();
             let h = handle(c.abi, c.args[0]);
             let _ = COMMS.remove(HandleKey {
                 tgid: c.tgid,
@@ -452,6 +469,7 @@ fn on_type_return(c: &Call, spec: &ArgSpec) -> Option<u64> {
         | ByteRule::CtorStruct
         | ByteRule::CtorProdArray) => learn_type(c, spec, rule),
         ByteRule::TypeFree => {
+            crate::cache::bump();
             let _ = DTYPES.remove(HandleKey {
                 tgid: c.tgid,
                 _pad: 0,
@@ -518,4 +536,5 @@ pub(crate) fn learn_comm(c: &Call, spec: &ArgSpec, rule: ByteRule) {
         info.rank = v;
     }
     let _ = COMMS.insert(key, info, 0);
+    crate::cache::bump();
 }

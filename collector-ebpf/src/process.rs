@@ -60,6 +60,8 @@ pub fn sched_exec(_ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: plain u32.
     if unsafe { WATCHED.get(tgid) }.is_some() {
+        // The new image's handles mean something else; its threads keep their task storage.
+        crate::cache::bump();
         emit(EventKind::Exec, tgid, 0);
     }
     0

@@ -582,6 +582,33 @@ int main(int argc, char **argv)
     MPI_Type_free(&t_contig);
     note("MPI_Type_free", 0);
 
+    /* ---- freed handles come back: a datatype or communicator freed and created again
+     * often gets the same handle (address or integer); what is counted follows the new
+     * object, never what was known of the old one ---- */
+    for (int k = 1; k <= 4; k++) {
+        MPI_Datatype t;
+        MPI_Type_contiguous(k, MPI_INT, &t);
+        note("MPI_Type_contiguous", 0);
+        MPI_Type_commit(&t);
+        note("MPI_Type_commit", 0);
+        note_coll("MPI_Bcast", k * SZ_INT, P);
+        MPI_Bcast(ibuf2, 1, t, 0, world);
+        MPI_Type_free(&t);
+        note("MPI_Type_free", 0);
+    }
+    for (int k = 0; k < 2; k++) {
+        MPI_Comm c;
+        int csize;
+        MPI_Comm_split(world, k == 0 ? rank % 2 : 0, rank, &c);
+        note("MPI_Comm_split", 0);
+        MPI_Comm_size(c, &csize);
+        note("MPI_Comm_size", 0);
+        note_coll("MPI_Allreduce", SZ_INT, csize);
+        MPI_Allreduce(isend, irecv, 1, MPI_INT, MPI_SUM, c);
+        MPI_Comm_free(&c);
+        note("MPI_Comm_free", 0);
+    }
+
     /* last counted MPI call is above; MPI_Finalize is not counted */
     write_truth(prefix, rank, size);
 
