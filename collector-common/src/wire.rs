@@ -276,6 +276,24 @@ pub struct FabricText {
 }
 const _: () = assert!(size_of::<FabricText>() == 16);
 
+/// Most libfabric code mappings kept per process ([`FabricRanges`]).
+pub const MAX_FABRIC_RANGES: usize = 8;
+
+/// Where one process has libfabric's code mapped: libfabric itself and each provider DSO
+/// (Intel MPI's `prov/lib*-fi.so`). A libfabric call returning into any of them was made by
+/// libfabric (rxm calling tcp across two DSOs), not by the application.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FabricRanges {
+    /// Ranges in use.
+    pub n: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+    /// Absolute code ranges in the process.
+    pub ranges: [FabricText; MAX_FABRIC_RANGES],
+}
+const _: () = assert!(size_of::<FabricRanges>() == 136);
+
 /// Value of the ground-truth counters (a per-CPU map: userspace sums the CPUs).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -527,6 +545,7 @@ mod pod {
     unsafe impl aya::Pod for TpOffsets {}
     unsafe impl aya::Pod for Config {}
     unsafe impl aya::Pod for FabricText {}
+    unsafe impl aya::Pod for crate::FabricRanges {}
     unsafe impl aya::Pod for crate::ArgSpec {}
 }
 

@@ -19,14 +19,14 @@ use aya_ebpf::{
 };
 use collector_common::{
     routines::{FABRIC_FIRST, FABRIC_SLOTS},
-    size_bucket, ArgSpec, ByteRule, Cookie, CounterKey, UNKNOWN_BUCKET,
+    size_bucket, ArgSpec, ByteRule, Cookie, CounterKey, MAX_FABRIC_RANGES, UNKNOWN_BUCKET,
 };
 
 use crate::{
     decode::read,
     maps::{
         call_state, is_counted, is_watched, with_proc_stats, COUNTERS, FABRIC_FUNCS, FABRIC_KINDS,
-        FABRIC_TEXT, ROUTINE_SPECS,
+        FABRIC_RANGES, FABRIC_TEXT, ROUTINE_SPECS,
     },
     mpi::{add, cookie},
 };
@@ -49,7 +49,7 @@ pub fn fabric_entry(ctx: ProbeContext) -> u32 {
     // SAFETY: regs points at this probe's saved registers.
     let regs = unsafe { &*ctx.regs };
     let args = [regs.rdi, regs.rsi, regs.rdx, regs.rcx];
-    let internal = called_from_inside(&c, regs.rip, regs.rsp);
+    let internal = called_from_inside(&c, tgid, regs.rip, regs.rsp);
     if internal && !is_watched(tgid) {
         return 0;
     }
@@ -231,7 +231,7 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
 /// address, on top of the stack at the probe, is in the library's text): a provider layered
 /// on another (rxm on tcp) or progress, not the application. Probes sit before any push.
 #[inline(always)]
-fn called_from_inside(c: &Cookie, ip: u64, sp: u64) -> bool {
+fn called_from_inside(c: &Cookie, tgid: u32, ip: u64, sp: u64) -> bool {
     // SAFETY: plain values.
     let (Some(file), Some(text)) = (
         unsafe { FABRIC_FUNCS.get(c.fabric_function()) },
@@ -240,13 +240,28 @@ fn called_from_inside(c: &Cookie, ip: u64, sp: u64) -> bool {
         return false;
     };
     let bias = ip.wrapping_sub(c.skip as u64).wrapping_sub(*file);
-    match read::<u64>(sp) {
-        Some(ret) => {
-            let ret = ret.wrapping_sub(bias);
-            ret >= text.lo && ret < text.hi
-        }
-        None => false,
+    let Some(ret) = read::<u64>(sp) else {
+        return false;
+    };
+    let in_file = ret.wrapping_sub(bias);
+    if in_file >= text.lo && in_file < text.hi {
+        return true;
     }
+    // Another libfabric object of this process: a provider DSO calling the one beneath.
+    // SAFETY: plain value.
+    let Some(r) = (unsafe { FABRIC_RANGES.get(tgid) }) else {
+        return false;
+    };
+    for i in 0..MAX_FABRIC_RANGES {
+        if i as u32 >= r.n {
+            break;
+        }
+        let t = &r.ranges[i];
+        if ret >= t.lo && ret < t.hi {
+            return true;
+        }
+    }
+    false
 }
 
 /// Bytes of a libfabric call by its slot's rule.

@@ -6,8 +6,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuHashMap, RingBuf},
 };
 use collector_common::{
-    ArgSpec, CallState, CommInfo, Config, CounterKey, CounterVal, FabricText, HandleKey, Layout,
-    ProcStats, TpOffsets,
+    ArgSpec, CallState, CommInfo, Config, CounterKey, CounterVal, FabricRanges, FabricText,
+    HandleKey, Layout, ProcStats, TpOffsets,
 };
 
 /// Processes whose calls are counted: tgid -> `collector_common::watch` flags.
@@ -88,6 +88,10 @@ pub static FABRIC_FUNCS: HashMap<u64, u64> = HashMap::with_max_entries(65536, 0)
 #[map]
 pub static FABRIC_TEXT: Array<FabricText> =
     Array::with_max_entries(collector_common::MAX_LAYOUTS, 0);
+
+/// libfabric: per process, where libfabric and its provider DSOs have their code.
+#[map]
+pub static FABRIC_RANGES: HashMap<u32, FabricRanges> = HashMap::with_max_entries(16384, 0);
 
 /// Health counters and MPI lifetime marks per process.
 #[map]

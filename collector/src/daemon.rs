@@ -211,7 +211,10 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = term.recv() => break,
-            Some(ev) = events.recv() => state.session.lock().await.on_process_event(ev),
+            Some(ev) = events.recv() => {
+                let batch = crate::session::queued(vec![ev], &mut events);
+                state.session.lock().await.apply_events(batch);
+            }
             _ = tick.tick() => {
                 ticks = ticks.wrapping_add(1);
                 let scan = ticks.is_multiple_of(SCAN_EVERY).then_some(&opts.scope);

@@ -149,6 +149,8 @@ pub struct MappedObject {
     pub dev_inode: (u64, u64),
     /// Path usable from commtap's mount namespace.
     pub path: PathBuf,
+    /// Its executable mappings' address ranges in the process.
+    pub code: Vec<(u64, u64)>,
 }
 
 /// Size of `pid`'s address space in pages (`/proc/PID/statm`): it grows with every new
@@ -168,7 +170,7 @@ pub fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>, DiscoverError> {
     let mut out: Vec<MappedObject> = Vec::new();
     for line in maps.lines() {
         let mut f = line.split_whitespace();
-        let (Some(_range), Some(perms), Some(_off), Some(_dev), Some(inode)) =
+        let (Some(range), Some(perms), Some(_off), Some(_dev), Some(inode)) =
             (f.next(), f.next(), f.next(), f.next(), f.next())
         else {
             continue;
@@ -186,11 +188,19 @@ pub fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>, DiscoverError> {
             continue;
         };
         let dev_inode = (meta.dev(), meta.ino());
-        if !out.iter().any(|o| o.dev_inode == dev_inode) {
-            out.push(MappedObject {
+        let code = range.split_once('-').and_then(|(lo, hi)| {
+            Some((
+                u64::from_str_radix(lo, 16).ok()?,
+                u64::from_str_radix(hi, 16).ok()?,
+            ))
+        });
+        match out.iter_mut().find(|o| o.dev_inode == dev_inode) {
+            Some(o) => o.code.extend(code),
+            None => out.push(MappedObject {
                 dev_inode,
                 path: in_ns,
-            });
+                code: code.into_iter().collect(),
+            }),
         }
     }
     Ok(out)

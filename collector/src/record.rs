@@ -132,7 +132,10 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
             _ = tokio::signal::ctrl_c() => { info!("interrupted: reporting what was recorded"); break; }
             _ = &mut stop => { info!("duration reached"); break; }
             status = &mut child_exit => { exit_status = status; break; }
-            Some(ev) = session.events.recv() => session.on_process_event(ev),
+            Some(ev) = session.events.recv() => {
+                let batch = crate::session::queued(vec![ev], &mut session.events);
+                session.apply_events(batch);
+            }
             _ = tick.tick() => {
                 session.rescan();
                 if !launched && session.tracked.values().filter(|t| t.requested).all(|t| t.exit_ns.is_some()) {

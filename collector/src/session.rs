@@ -64,6 +64,20 @@ pub struct Session {
     ingest: Option<JoinHandle<()>>,
     /// Job id given to each job key (see `job_key`), kept stable across profiles.
     job_ids: BTreeMap<String, String>,
+    /// Identities read ahead of the events of one batch (`apply_events`).
+    identities: BTreeMap<u32, ProcessInfo>,
+}
+
+/// `first` (if any) and every event queued behind it in `rx`.
+pub fn queued(
+    first: Vec<ProcessEvent>,
+    rx: &mut mpsc::UnboundedReceiver<ProcessEvent>,
+) -> Vec<ProcessEvent> {
+    let mut batch = first;
+    while let Ok(ev) = rx.try_recv() {
+        batch.push(ev);
+    }
+    batch
 }
 
 impl Session {
@@ -88,6 +102,7 @@ impl Session {
             cancel,
             ingest: Some(ingest),
             job_ids: BTreeMap::new(),
+            identities: BTreeMap::new(),
         })
     }
 
@@ -116,8 +131,19 @@ impl Session {
                 return false;
             }
         };
+        // libfabric's code ranges first: a provider's probes must never fire before the
+        // kernel can tell its calls to the provider beneath from the application's.
+        let mut fabric_code = Vec::new();
+        for o in &objects {
+            if self.probes.is_fabric_file(o.dev_inode, &o.path) {
+                fabric_code.extend(o.code.iter().copied());
+            }
+        }
+        if let Err(e) = self.probes.set_fabric_ranges(pid, &fabric_code) {
+            warn!("PID {pid}: {e}");
+        }
         let mut any = false;
-        for o in objects {
+        for o in &objects {
             match self.probes.attach_library(o.dev_inode, &o.path) {
                 Ok(true) => any = true,
                 Ok(false) => {}
@@ -156,6 +182,23 @@ impl Session {
         Ok(())
     }
 
+    /// Applies `batch` (an event and those queued behind it), reading the identity (rank,
+    /// job) of every new process image before attaching to any: reading one process's
+    /// libraries can take longer than a short-lived rank lives.
+    pub fn apply_events(&mut self, batch: Vec<ProcessEvent>) {
+        for ev in &batch {
+            if let ProcessEvent::Exec { pid } | ProcessEvent::Discovered { pid } = *ev {
+                if let Ok(info) = discover::process_info(pid) {
+                    self.identities.insert(pid, info);
+                }
+            }
+        }
+        for ev in batch {
+            self.on_process_event(ev);
+        }
+        self.identities.clear();
+    }
+
     /// Applies a process lifecycle event from the kernel.
     pub fn on_process_event(&mut self, ev: ProcessEvent) {
         match ev {
@@ -172,7 +215,11 @@ impl Session {
                     t
                 });
                 // The new image's environment names the rank; its libraries may be new.
-                t.info = discover::process_info(pid).ok().or(t.info.take());
+                let read = match self.identities.remove(&pid) {
+                    Some(info) => Some(info),
+                    None => discover::process_info(pid).ok(),
+                };
+                t.info = read.or(t.info.take());
                 let maps = self.attach_mapped(pid);
                 if let Some(t) = self.tracked.get_mut(&pid) {
                     t.maps_mpi |= maps;
@@ -233,9 +280,8 @@ impl Session {
 
     /// Applies every queued process event.
     pub fn drain_process_events(&mut self) {
-        while let Ok(ev) = self.events.try_recv() {
-            self.on_process_event(ev);
-        }
+        let batch = queued(Vec::new(), &mut self.events);
+        self.apply_events(batch);
     }
 
     /// Picks up libraries loaded since the last look (dlopen) and processes that ended

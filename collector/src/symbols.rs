@@ -198,7 +198,21 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
     }
     if !has("MPI_Send") && !has("PMPI_Send") {
         if has_cuda("fi_getinfo") && has_cuda("fi_fabric") {
-            return Ok(fabric_library(&elf, &map, display));
+            return Ok(fabric_library(&elf, &map, display, "libfabric".to_string()));
+        }
+        // A provider built as its own DSO (`prov/libtcp-fi.so`, as Intel MPI ships
+        // libfabric), loaded by libfabric through its `fi_prov_ini`: its ops tables are the
+        // data path of the endpoints it serves.
+        if has_cuda("fi_prov_ini") {
+            let name = Path::new(&display)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("lib"))
+                .and_then(|n| n.split("-fi").next())
+                .unwrap_or("?")
+                .to_string();
+            let flavor = format!("libfabric provider {name}");
+            return Ok(fabric_library(&elf, &map, display, flavor));
         }
         if !runtime && !driver {
             // NCCL linked in with hidden symbols, or a stripped libnccl: say so rather than
@@ -299,7 +313,7 @@ fn nccl_banner_version(elf: &object::File) -> Option<String> {
 /// A libfabric library: every slot of every ops-table candidate, probed once per address
 /// (stubs such as `fi_no_msg_recv` serve many tables; the kind of table a call went
 /// through is found at the call, see collector-ebpf's `fabric`).
-fn fabric_library(elf: &object::File, map: &[u8], path: String) -> LibraryKind {
+fn fabric_library(elf: &object::File, map: &[u8], path: String, flavor: String) -> LibraryKind {
     let candidates = crate::fabric::candidate_tables(elf, map);
     if candidates.is_empty() {
         return LibraryKind::Unsupported(format!(
@@ -336,7 +350,7 @@ fn fabric_library(elf: &object::File, map: &[u8], path: String) -> LibraryKind {
     LibraryKind::Probed(Library {
         path,
         abi: Abi::Fabric,
-        flavor: "libfabric".to_string(),
+        flavor,
         layout: Layout::default(),
         probes,
         missing: Vec::new(),

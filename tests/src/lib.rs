@@ -20,6 +20,40 @@ pub enum Mpi {
     OpenMpi,
     /// Debian's MPICH 4.0.
     Mpich,
+    /// Intel MPI 2021.14 from PyPI (`impi-rt`, unpacked by `cargo xtask setup` into
+    /// [`impi_dir`]), with its own libfabric; MPICH's ABI, so programs build with MPICH's
+    /// header and link Intel's `libmpi.so.12`.
+    IntelMpi,
+}
+
+/// Where `cargo xtask setup` unpacked Intel MPI.
+#[track_caller]
+pub fn impi_dir() -> PathBuf {
+    let dir = PathBuf::from("/opt/commtap-deps/impi-2021.14.2");
+    assert!(
+        dir.join("bin/mpiexec.hydra").exists(),
+        "Intel MPI is not unpacked at {} (run `cargo xtask setup`)",
+        dir.display()
+    );
+    dir
+}
+
+/// What an Intel MPI job needs to run over its own libfabric's tcp provider (as Intel's
+/// `vars.sh` would set it): `I_MPI_FABRICS=ofi FI_PROVIDER=tcp`, its libfabric and providers.
+pub fn impi_env() -> Vec<(&'static str, String)> {
+    let dir = impi_dir();
+    vec![
+        ("I_MPI_FABRICS", "ofi".to_string()),
+        ("FI_PROVIDER", "tcp".to_string()),
+        (
+            "FI_PROVIDER_PATH",
+            dir.join("lib/libfabric/prov").display().to_string(),
+        ),
+        (
+            "LD_LIBRARY_PATH",
+            dir.join("lib/libfabric").display().to_string(),
+        ),
+    ]
 }
 
 impl Mpi {
@@ -28,6 +62,7 @@ impl Mpi {
         match self {
             Mpi::OpenMpi => "openmpi",
             Mpi::Mpich => "mpich",
+            Mpi::IntelMpi => "impi",
         }
     }
 
@@ -41,6 +76,11 @@ impl Mpi {
                 np.to_string(),
             ],
             Mpi::Mpich => vec!["mpiexec.mpich".into(), "-n".into(), np.to_string()],
+            Mpi::IntelMpi => vec![
+                impi_dir().join("bin/mpiexec.hydra").display().to_string(),
+                "-n".into(),
+                np.to_string(),
+            ],
         }
     }
 }
@@ -110,6 +150,17 @@ pub fn build_program(src: &str, mpi: Mpi) -> PathBuf {
     };
     let mut cmd = Command::new(&compiler);
     cmd.args(["-O1", "-o"]).arg(&out).arg(&source);
+    if mpi == Mpi::IntelMpi {
+        // MPICH's header and wrapper flags, Intel's library (MPICH ABI compatibility).
+        let lib = impi_dir().join("lib");
+        cmd = Command::new("cc");
+        cmd.args(["-O1", "-I/usr/include/x86_64-linux-gnu/mpich", "-o"])
+            .arg(&out)
+            .arg(&source)
+            .arg(format!("-L{}", lib.display()))
+            .arg(format!("-Wl,-rpath,{}", lib.display()))
+            .arg("-lmpi");
+    }
     if src.ends_with(".f90") {
         // Keep .mod files out of the source tree.
         cmd.arg("-J").arg(&bin_dir);

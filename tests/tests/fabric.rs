@@ -43,6 +43,9 @@ fn ops(rank: &Value) -> BTreeMap<String, (u64, u64)> {
 /// stopped before it runs. Returns the profile ranks of the server and the client.
 #[track_caller]
 fn pingpong(provider: &str, ep: &str, iters: u64) -> (Value, Value) {
+    // Every fi_pingpong server listens on the same control port: one run at a time.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let scratch = Scratch::new(&format!("fabric-{provider}-{ep}"));
     let args = format!("-p {provider} -e {ep} -I {iters} -S {SIZE}");
     let mut server = ChildGuard::spawn(
@@ -232,4 +235,90 @@ fn libfabric_without_ops_tables_is_reported() {
         &mut cmd,
         "libfabric without recognisable ops tables",
     );
+}
+
+/// Intel MPI from PyPI over its own bundled libfabric, whose providers are separate DSOs
+/// (`prov/librxm-fi.so` over `prov/libtcp-fi.so`): the MPI profile equals the truth and
+/// what crosses the fabric is the application endpoint's (rxm's) operations, each made by
+/// an MPI call; rxm's own calls into tcp, across the two DSOs, are libfabric's.
+#[test]
+fn intel_mpi_over_its_bundled_libfabric_is_attributed_to_mpi_calls() {
+    let scratch = Scratch::new("fabric-impi");
+    let n: u64 = 2000;
+    let env = impi_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::IntelMpi, 2, n, &env);
+    let (commtap, out) = record_attached(&scratch, &ranks);
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let run = finish_ok(&scratch, commtap, LIMIT);
+    let profile = read_json(&out);
+    let truths = read_truths(&scratch.path("truth"), 2);
+    let fabric_ops = ["fi_tagged_inject", "fi_tagged_recv", "fi_tagged_send"];
+    let mut ignored = vec!["MPI_Finalize"];
+    ignored.extend(fabric_ops);
+    assert_profile_matches(&profile, &truths, &ignored);
+    for truth in &truths {
+        let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
+        let routines = rank["routines"].as_object().expect("routines");
+        let on_fabric: Vec<&str> = routines
+            .keys()
+            .filter(|r| r.starts_with("fi_"))
+            .map(String::as_str)
+            .collect();
+        // Only the application endpoint's (rxm's) tagged operations: none of tcp's msg
+        // operations beneath, which rxm makes from its own DSO.
+        assert_eq!(
+            on_fabric, fabric_ops,
+            "rank {}; {}",
+            truth["rank"], run.stderr
+        );
+        assert!(
+            rank["fabric_internal"].as_u64() > Some(0),
+            "rxm's calls into tcp are libfabric's own"
+        );
+        let from = |op: &str| -> BTreeMap<String, (u64, u64)> {
+            let mut m = routine_table(&rank["routines"][op]["called_from"]);
+            // Intel MPI's own goodbye in MPI_Finalize: not in the program's truth.
+            m.remove("MPI_Finalize");
+            m
+        };
+        // mpi_loop: one Barrier, then n x (Allreduce of 8 B; 16 B Send and Recv). With 2
+        // ranks Intel MPI's Allreduce is one tagged inject and one tagged receive.
+        let sent = BTreeMap::from([
+            ("MPI_Allreduce".to_string(), (n, 8 * n)),
+            ("MPI_Barrier".to_string(), (1, 0)),
+            ("MPI_Send".to_string(), (n, 16 * n)),
+        ]);
+        let received = BTreeMap::from([
+            ("MPI_Allreduce".to_string(), (n, 8 * n)),
+            ("MPI_Barrier".to_string(), (1, 0)),
+            ("MPI_Recv".to_string(), (n, 16 * n)),
+        ]);
+        assert_eq!(from("fi_tagged_inject"), sent, "rank {}", truth["rank"]);
+        assert_eq!(from("fi_tagged_recv"), received, "rank {}", truth["rank"]);
+        for op in fabric_ops {
+            let made_by_mpi: u64 = routine_table(&rank["routines"][op]["called_from"])
+                .values()
+                .map(|v| v.0)
+                .sum();
+            assert_eq!(
+                rank["routines"][op]["calls"].as_u64(),
+                Some(made_by_mpi),
+                "every {op} was made by an MPI call"
+            );
+        }
+    }
+    let flavors: Vec<&str> = profile["libraries"]
+        .as_array()
+        .expect("libraries")
+        .iter()
+        .filter_map(|l| l["flavor"].as_str())
+        .collect();
+    for provider in ["libfabric provider rxm", "libfabric provider tcp"] {
+        assert!(
+            flavors.contains(&provider),
+            "{provider} probed: {flavors:?}"
+        );
+    }
 }

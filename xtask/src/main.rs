@@ -60,6 +60,12 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// The NCCL the tests probe: the wheel PyTorch depends on (TARGETS.md §4), pinned.
 const NCCL_WHEEL: &str = "nvidia-nccl-cu13==2.32.3";
 
+/// Intel MPI from PyPI, the last release that bundles its own libfabric (with its providers
+/// as separate DSOs); later ones need a `libfabric>=2.6` wheel this index lacks.
+const IMPI_WHEEL: &str = "impi-rt==2021.14.2";
+/// Where the Intel MPI wheel's files are unpacked (the tests read it from there).
+const IMPI_DIR: &str = "/opt/commtap-deps/impi-2021.14.2";
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
@@ -166,6 +172,10 @@ fn setup() -> Result<()> {
         run(Command::new("python3").args(["-m", "pip", "install", "-q", NCCL_WHEEL]))?;
     }
 
+    if !Path::new(IMPI_DIR).join("bin/mpiexec.hydra").exists() {
+        install_impi()?;
+    }
+
     let have_linker = Command::new("bpf-linker")
         .arg("--version")
         .output()
@@ -173,6 +183,43 @@ fn setup() -> Result<()> {
     if !have_linker {
         install_bpf_linker()?;
     }
+    Ok(())
+}
+
+/// Downloads the Intel MPI wheel and unpacks its files (`bin/`, `lib/`, `lib/libfabric/`)
+/// into `IMPI_DIR`, keeping the executables executable (pip would spread them over a
+/// Python prefix).
+fn install_impi() -> Result<()> {
+    let tmp = std::env::temp_dir().join("commtap-impi-wheel");
+    let _ = std::fs::remove_dir_all(&tmp);
+    run(Command::new("python3")
+        .args(["-m", "pip", "download", "-q", "--no-deps", "-d"])
+        .arg(&tmp)
+        .arg(IMPI_WHEEL))?;
+    const UNPACK: &str = r#"
+import os, sys, zipfile
+wheel_dir, dest = sys.argv[1], sys.argv[2]
+(wheel,) = [f for f in os.listdir(wheel_dir) if f.endswith(".whl")]
+with zipfile.ZipFile(os.path.join(wheel_dir, wheel)) as z:
+    for info in z.infolist():
+        parts = info.filename.split("/", 2)
+        if len(parts) < 3 or not parts[0].endswith(".data") or parts[1] != "data" or info.is_dir():
+            continue
+        out = os.path.join(dest, parts[2])
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "wb") as f:
+            f.write(z.read(info))
+        os.chmod(out, (info.external_attr >> 16) & 0o777 or 0o644)
+"#;
+    let staging = format!("{IMPI_DIR}.partial");
+    let _ = std::fs::remove_dir_all(&staging);
+    run(Command::new("python3")
+        .args(["-c", UNPACK])
+        .arg(&tmp)
+        .arg(&staging))?;
+    std::fs::rename(&staging, IMPI_DIR)
+        .with_context(|| format!("moving {staging} to {IMPI_DIR}"))?;
+    let _ = std::fs::remove_dir_all(&tmp);
     Ok(())
 }
 

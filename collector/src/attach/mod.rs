@@ -17,8 +17,8 @@ use aya::{
 };
 use collector_common::{
     routines::{class, ArgSpec, Family},
-    watch, Abi, CallState, CommInfo, Config, Cookie, CounterKey, CounterVal, FabricText, HandleKey,
-    Layout, ProcStats, TpOffsets, MAX_LAYOUTS, ROUTINES,
+    watch, Abi, CallState, CommInfo, Config, Cookie, CounterKey, CounterVal, FabricRanges,
+    FabricText, HandleKey, Layout, ProcStats, TpOffsets, MAX_FABRIC_RANGES, MAX_LAYOUTS, ROUTINES,
 };
 use serde::Serialize;
 use tracing::{debug, info, warn};
@@ -112,10 +112,13 @@ pub struct Probes {
     device_time: PerCpuHashMap<MapData, CounterKey, CounterVal>,
     fabric_funcs: BpfHashMap<MapData, u64, u64>,
     fabric_text: Array<MapData, FabricText>,
+    fabric_ranges: BpfHashMap<MapData, u32, FabricRanges>,
     proc_stats: PerCpuHashMap<MapData, u32, ProcStats>,
     events: Option<RingBuf<MapData>>,
     /// By (dev, inode): attached MPI libraries, or `None` for objects that are not MPI.
     seen: BTreeMap<(u64, u64), Option<usize>>,
+    /// Libraries read (`is_fabric_file`) but not attached yet.
+    read_ahead: BTreeMap<(u64, u64), Result<LibraryKind, symbols::SymbolError>>,
     /// Attached libraries in attach order; the index is the library's layout slot.
     libraries: Vec<AttachedLibrary>,
     /// MPI libraries we saw but do not decode, with the reason.
@@ -301,11 +304,14 @@ impl Probes {
                 .map_err(map_err("FABRIC_FUNCS"))?,
             fabric_text: Array::try_from(take(&mut ebpf, "FABRIC_TEXT")?)
                 .map_err(map_err("FABRIC_TEXT"))?,
+            fabric_ranges: BpfHashMap::try_from(take(&mut ebpf, "FABRIC_RANGES")?)
+                .map_err(map_err("FABRIC_RANGES"))?,
             proc_stats: PerCpuHashMap::try_from(take(&mut ebpf, "PROC_STATS")?)
                 .map_err(map_err("PROC_STATS"))?,
             events: Some(RingBuf::try_from(take(&mut ebpf, "EVENTS")?).map_err(map_err("EVENTS"))?),
             _ebpf: ebpf,
             seen: BTreeMap::new(),
+            read_ahead: BTreeMap::new(),
             libraries: Vec::new(),
             unsupported: Vec::new(),
             programs,
@@ -397,6 +403,7 @@ impl Probes {
             }
         }
         let _ = self.proc_stats.remove(&pid);
+        let _ = self.fabric_ranges.remove(&pid);
         remove_handles_of(&mut self.comms, pid);
         remove_handles_of(&mut self.dtypes, pid);
     }
@@ -424,7 +431,11 @@ impl Probes {
         if let Some(state) = self.seen.get(&dev_inode) {
             return Ok(state.is_some_and(|i| self.libraries[i].library.family != Family::Cuda));
         }
-        let lib = match symbols::read_library(path) {
+        let read = match self.read_ahead.remove(&dev_inode) {
+            Some(r) => r,
+            None => symbols::read_library(path),
+        };
+        let lib = match read {
             Ok(LibraryKind::Probed(lib)) => lib,
             Ok(LibraryKind::Unsupported(why)) => {
                 warn!("{why}");
@@ -541,6 +552,42 @@ impl Probes {
             .libraries
             .last()
             .is_some_and(|l| l.library.family != Family::Cuda))
+    }
+
+    /// Whether the object `dev_inode` at `path` is a libfabric library or provider that
+    /// commtap probes (read now if it was not, and kept for `attach_library`).
+    pub fn is_fabric_file(&mut self, dev_inode: (u64, u64), path: &Path) -> bool {
+        if let Some(state) = self.seen.get(&dev_inode) {
+            return matches!(state, Some(i) if self.libraries[*i].library.abi == Abi::Fabric);
+        }
+        let read = self
+            .read_ahead
+            .entry(dev_inode)
+            .or_insert_with(|| symbols::read_library(path));
+        matches!(read, Ok(LibraryKind::Probed(lib)) if lib.abi == Abi::Fabric)
+    }
+
+    /// Tells the kernel where `pid` has libfabric's code (libfabric and provider DSOs), so
+    /// that calls one provider makes to another are known as libfabric's own. Beyond
+    /// `MAX_FABRIC_RANGES` the rest is left out (a warning says so).
+    pub fn set_fabric_ranges(&mut self, pid: u32, code: &[(u64, u64)]) -> Result<(), AttachError> {
+        if code.is_empty() {
+            return Ok(());
+        }
+        let mut r = FabricRanges::default();
+        for (i, &(lo, hi)) in code.iter().take(MAX_FABRIC_RANGES).enumerate() {
+            r.ranges[i] = FabricText { lo, hi };
+            r.n = i as u32 + 1;
+        }
+        if code.len() > MAX_FABRIC_RANGES {
+            warn!(
+                "PID {pid}: {} libfabric code mappings, {MAX_FABRIC_RANGES} kept: calls from the others count as the application's",
+                code.len()
+            );
+        }
+        self.fabric_ranges
+            .insert(pid, r, 0)
+            .map_err(map_err("FABRIC_RANGES"))
     }
 
     /// Libraries probed so far.
