@@ -852,6 +852,9 @@ pub const ROUTINES: &[Routine] = &[
     r("ncclNetSocketIrecv", NET, B::NetIrecv, [1, 3, N, 7], N, N),
     r("ncclIbIsend", NET, B::NetIsend, [2, N, N, 6], N, N),
     r("ncclIbIrecv", NET, B::NetIrecv, [1, 3, N, 7], N, N),
+    // libfabric's exported `fi_fabric(attr, **fabric, ctx)`: names the provider a process
+    // opens (its own program reports it; no counters).
+    r("fi_fabric", COMM, B::None, [N; 4], N, N),
 ];
 
 /// A libfabric ops-table slot: `(ep, buf, len, ...)`, `(ep, iov, desc, count, ...)` or
@@ -870,6 +873,8 @@ const fn fab(name: &'static str, rule: ByteRule) -> Routine {
 pub const FABRIC_FIRST: u16 = routine_index("fi_msg_recv");
 /// Slots per libfabric ops table.
 pub const FABRIC_SLOTS: u16 = 9;
+/// Id of libfabric's `fi_fabric`.
+pub const FABRIC_OPEN: u16 = routine_index("fi_fabric");
 
 /// Id of the routine named `name`, at compile time (panics if there is none).
 pub const fn routine_index(name: &str) -> u16 {

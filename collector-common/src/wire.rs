@@ -373,7 +373,28 @@ pub enum EventKind {
     /// In watch-all mode, a process not yet watched made its first MPI call and is now
     /// watched: [`ProcEvent`].
     Discovered = 5,
+    /// A watched process opened a libfabric fabric (`fi_fabric`): [`FabricEvent`].
+    FabricOpen = 6,
 }
+
+/// Longest provider or fabric name carried by a [`FabricEvent`] (NUL included).
+pub const FABRIC_NAME_LEN: usize = 32;
+
+/// A watched process opened a fabric: the provider (`tcp;ofi_rxm`) and fabric names from
+/// the `struct fi_fabric_attr` it passed to `fi_fabric`, NUL-terminated (truncated).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FabricEvent {
+    /// Always [`EventKind::FabricOpen`].
+    pub kind: u32,
+    /// Process id.
+    pub tgid: u32,
+    /// `prov_name`.
+    pub provider: [u8; FABRIC_NAME_LEN],
+    /// `name` (for tcp, the network, e.g. `127.0.0.0/8`).
+    pub fabric: [u8; FABRIC_NAME_LEN],
+}
+const _: () = assert!(size_of::<FabricEvent>() == 72);
 
 /// One completed MPI call, for latency and timelines (counts come from the counters).
 #[repr(C)]

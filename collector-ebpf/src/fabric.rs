@@ -13,20 +13,21 @@
 //! per-thread slot, since the MPI call's own state is still in use.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_str_bytes},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
 use collector_common::{
     routines::{FABRIC_FIRST, FABRIC_SLOTS},
-    size_bucket, ArgSpec, ByteRule, Cookie, CounterKey, MAX_FABRIC_RANGES, UNKNOWN_BUCKET,
+    size_bucket, ArgSpec, ByteRule, Cookie, CounterKey, EventKind, FabricEvent, FABRIC_NAME_LEN,
+    MAX_FABRIC_RANGES, UNKNOWN_BUCKET,
 };
 
 use crate::{
     decode::read,
     maps::{
-        call_state, is_counted, is_watched, with_proc_stats, COUNTERS, FABRIC_FUNCS, FABRIC_KINDS,
-        FABRIC_RANGES, FABRIC_TEXT, ROUTINE_SPECS,
+        call_state, is_counted, is_watched, with_proc_stats, COUNTERS, EVENTS, FABRIC_FUNCS,
+        FABRIC_KINDS, FABRIC_RANGES, FABRIC_TEXT, ROUTINE_SPECS,
     },
     mpi::{add, cookie},
 };
@@ -293,4 +294,36 @@ fn iov_bytes(iov: u64, n: u64) -> Option<u64> {
         total += read::<u64>(iov + 16 * i + 8)?;
     }
     Some(total)
+}
+
+/// Entry of libfabric's `fi_fabric(struct fi_fabric_attr *attr, ...)`: reports the provider
+/// (`attr->prov_name`, +16) and fabric (`attr->name`, +8) a counted process opens; not the
+/// core fabric a layered provider opens beneath (rxm's tcp), which libfabric calls itself.
+#[uprobe]
+pub fn fabric_open(ctx: ProbeContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !is_counted(tgid) {
+        return 0;
+    }
+    // SAFETY: regs points at this probe's saved registers.
+    let regs = unsafe { &*ctx.regs };
+    if called_from_inside(&cookie(&ctx), tgid, regs.rip, regs.rsp) {
+        return 0;
+    }
+    let attr = regs.rdi;
+    let mut ev = FabricEvent {
+        kind: EventKind::FabricOpen as u32,
+        tgid,
+        provider: [0; FABRIC_NAME_LEN],
+        fabric: [0; FABRIC_NAME_LEN],
+    };
+    for (off, out) in [(16u64, &mut ev.provider), (8, &mut ev.fabric)] {
+        if let Some(s) = read::<u64>(attr.wrapping_add(off)) {
+            // SAFETY: the helper copies at most the buffer and stops at a fault.
+            let _ = unsafe { bpf_probe_read_user_str_bytes(s as *const u8, out) };
+        }
+    }
+    // A lost report leaves the provider unnamed; nothing is counted from it.
+    let _ = EVENTS.output::<FabricEvent>(&ev, 0);
+    0
 }

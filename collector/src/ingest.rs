@@ -12,7 +12,9 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use collector_common::{CallEvent, EventKind, ProcEvent};
+use collector_common::{CallEvent, EventKind, FabricEvent, ProcEvent};
+
+use crate::report::Fabric;
 use tokio::{
     io::unix::AsyncFd,
     sync::{broadcast, mpsc},
@@ -25,7 +27,7 @@ pub const DRAIN_INTERVAL_MS: u64 = 50;
 const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(DRAIN_INTERVAL_MS);
 
 /// A watched process's lifecycle, as the kernel reported it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProcessEvent {
     /// It (or its child, now watched) replaced its image.
     Exec {
@@ -51,6 +53,19 @@ pub enum ProcessEvent {
         /// When.
         ts_ns: u64,
     },
+    /// It opened a libfabric fabric.
+    FabricOpened {
+        /// Process id.
+        pid: u32,
+        /// What it opened.
+        fabric: Fabric,
+    },
+}
+
+/// Text of a NUL-terminated name from the kernel.
+fn c_name(raw: &[u8]) -> String {
+    let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
+    String::from_utf8_lossy(&raw[..end]).into_owned()
 }
 
 /// What the ingest loop has seen.
@@ -134,6 +149,21 @@ fn drain(
             .get(..4)
             .map(|k| u32::from_ne_bytes([k[0], k[1], k[2], k[3]]));
         match kind {
+            Some(k)
+                if k == EventKind::FabricOpen as u32 && bytes.len() >= size_of::<FabricEvent>() =>
+            {
+                // SAFETY: length checked; FabricEvent is plain integers and bytes.
+                let ev: FabricEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+                let pe = ProcessEvent::FabricOpened {
+                    pid: ev.tgid,
+                    fabric: Fabric {
+                        provider: c_name(&ev.provider),
+                        name: c_name(&ev.fabric),
+                    },
+                };
+                debug!(?pe, "process event");
+                let _ = tx.send(pe);
+            }
             Some(k) if k == EventKind::Call as u32 && bytes.len() >= size_of::<CallEvent>() => {
                 // SAFETY: length checked; CallEvent is plain integers.
                 let ev: CallEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };

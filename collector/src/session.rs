@@ -39,6 +39,8 @@ pub struct Tracked {
     /// the process's memory map (measured: 4% of a core for a 2-rank job every 200 ms,
     /// taken from the ranks on a busy node), so rescans wait for this to change (dlopen).
     pub seen_pages: Option<u64>,
+    /// libfabric fabrics it opened.
+    pub fabrics: BTreeSet<crate::report::Fabric>,
 }
 
 impl Tracked {
@@ -187,9 +189,9 @@ impl Session {
     /// libraries can take longer than a short-lived rank lives.
     pub fn apply_events(&mut self, batch: Vec<ProcessEvent>) {
         for ev in &batch {
-            if let ProcessEvent::Exec { pid } | ProcessEvent::Discovered { pid } = *ev {
-                if let Ok(info) = discover::process_info(pid) {
-                    self.identities.insert(pid, info);
+            if let ProcessEvent::Exec { pid } | ProcessEvent::Discovered { pid } = ev {
+                if let Ok(info) = discover::process_info(*pid) {
+                    self.identities.insert(*pid, info);
                 }
             }
         }
@@ -225,6 +227,11 @@ impl Session {
                     t.maps_mpi |= maps;
                 }
                 self.seed(pid);
+            }
+            ProcessEvent::FabricOpened { pid, fabric } => {
+                if let Some(t) = self.tracked.get_mut(&pid) {
+                    t.fabrics.insert(fabric);
+                }
             }
             ProcessEvent::Exit { pid, ts_ns } => {
                 if let Some(t) = self.tracked.get_mut(&pid) {
@@ -416,6 +423,7 @@ impl Session {
                 comm_time_ns: stats::communication_ns(&routines),
                 routines,
                 health,
+                fabrics: t.fabrics.iter().cloned().collect(),
             });
         }
         assemble(ranks, &self.probes, not_profiled, &mut self.job_ids)

@@ -198,7 +198,14 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
     }
     if !has("MPI_Send") && !has("PMPI_Send") {
         if has_cuda("fi_getinfo") && has_cuda("fi_fabric") {
-            return Ok(fabric_library(&elf, &map, display, "libfabric".to_string()));
+            let open = globals.get("fi_fabric").copied();
+            return Ok(fabric_library(
+                &elf,
+                &map,
+                display,
+                "libfabric".to_string(),
+                open,
+            ));
         }
         // A provider built as its own DSO (`prov/libtcp-fi.so`, as Intel MPI ships
         // libfabric), loaded by libfabric through its `fi_prov_ini`: its ops tables are the
@@ -212,7 +219,7 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
                 .unwrap_or("?")
                 .to_string();
             let flavor = format!("libfabric provider {name}");
-            return Ok(fabric_library(&elf, &map, display, flavor));
+            return Ok(fabric_library(&elf, &map, display, flavor, None));
         }
         if !runtime && !driver {
             // NCCL linked in with hidden symbols, or a stripped libnccl: say so rather than
@@ -313,7 +320,15 @@ fn nccl_banner_version(elf: &object::File) -> Option<String> {
 /// A libfabric library: every slot of every ops-table candidate, probed once per address
 /// (stubs such as `fi_no_msg_recv` serve many tables; the kind of table a call went
 /// through is found at the call, see collector-ebpf's `fabric`).
-fn fabric_library(elf: &object::File, map: &[u8], path: String, flavor: String) -> LibraryKind {
+/// A libfabric library or provider DSO: every slot of its candidate ops tables, and its
+/// `fi_fabric` (at `open`) where it exports one.
+fn fabric_library(
+    elf: &object::File,
+    map: &[u8],
+    path: String,
+    flavor: String,
+    open: Option<u64>,
+) -> LibraryKind {
     let candidates = crate::fabric::candidate_tables(elf, map);
     if candidates.is_empty() {
         return LibraryKind::Unsupported(format!(
@@ -346,6 +361,22 @@ fn fabric_library(elf: &object::File, map: &[u8], path: String, flavor: String) 
                 vaddr: addr,
             });
         }
+    }
+    if let Some((addr, offset)) = open.and_then(|a| Some((a, file_offset(elf, a)?))) {
+        let code = map
+            .get(offset as usize..offset as usize + 16)
+            .unwrap_or(&[]);
+        let (skip, placement) = choose_probe_point(code);
+        let routine = collector_common::routines::FABRIC_OPEN;
+        probes.push(ProbePoint {
+            routine,
+            name: ROUTINES[routine as usize].name,
+            offset: offset + skip,
+            placement,
+            function: probes.len() as u16,
+            skip: skip as u8,
+            vaddr: addr,
+        });
     }
     LibraryKind::Probed(Library {
         path,

@@ -103,10 +103,22 @@ fn expected(send: &str, iters: u64, extra_recv: u64) -> BTreeMap<String, (u64, u
     ])
 }
 
+/// The providers of the fabrics a process was seen to open (`fi_fabric`).
+fn providers(rank: &Value) -> Vec<&str> {
+    rank["fabrics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["provider"].as_str())
+        .collect()
+}
+
 #[test]
 fn fi_pingpong_tcp_msg_is_counted_exactly() {
     let n = 20_000;
     let (server, client) = pingpong("tcp", "msg", n);
+    // The client was watched from its exec: its fi_fabric was seen.
+    assert_eq!(providers(&client), ["tcp"], "{client:#}");
     for (who, rank) in [("server", &server), ("client", &client)] {
         assert_eq!(
             ops(rank),
@@ -120,6 +132,8 @@ fn fi_pingpong_tcp_msg_is_counted_exactly() {
 fn fi_pingpong_tcp_rdm_through_rxm_is_counted_once() {
     let n = 20_000;
     let (server, client) = pingpong("tcp", "rdm", n);
+    // The application's provider, not the core fabric rxm opens beneath it.
+    assert_eq!(providers(&client), ["tcp;ofi_rxm"], "{client:#}");
     for (who, rank) in [("server", &server), ("client", &client)] {
         assert_eq!(ops(rank), expected("fi_msg_send", n, 0), "{who}: {rank:#}");
         // rxm's calls into tcp beneath it are libfabric's own, not operations.
@@ -137,6 +151,7 @@ fn fi_pingpong_tcp_rdm_through_rxm_is_counted_once() {
 fn fi_pingpong_udp_rdm_and_dgram_are_counted_exactly() {
     let n = 20_000;
     let (server, client) = pingpong("udp", "rdm", n);
+    assert_eq!(providers(&client), ["udp;ofi_rxd"], "{client:#}");
     for (who, rank) in [("server", &server), ("client", &client)] {
         assert_eq!(
             ops(rank),
@@ -145,6 +160,7 @@ fn fi_pingpong_udp_rdm_and_dgram_are_counted_exactly() {
         );
     }
     let (server, client) = pingpong("udp", "dgram", n);
+    assert_eq!(providers(&client), ["udp"], "{client:#}");
     for (who, rank) in [("server", &server), ("client", &client)] {
         assert_eq!(
             ops(rank),

@@ -170,6 +170,7 @@ fn synthetic_rank(
         comm_time_ns: 1,
         routines,
         health: Health::default(),
+        fabrics: Vec::new(),
     }
 }
 

@@ -309,6 +309,7 @@ mod tests {
                 comm_time_ns: 0,
                 routines,
                 health: Health::default(),
+                fabrics: Vec::new(),
             },
         })
     }

@@ -497,12 +497,27 @@ impl Probes {
         } else {
             "call_entry"
         };
-        let mut groups = vec![(entry, false, all.clone())];
+        let mut groups = vec![];
         match lib.abi {
-            Abi::Fabric => groups.push(("fabric_return", true, all)),
-            Abi::OpenMpi => groups.push(("mpi_return_ompi", true, all)),
-            Abi::Nccl => groups.push(("nccl_return", true, all)),
+            Abi::Fabric => {
+                // fi_fabric has its own program (it names the provider); no return.
+                let (open, ops): (Vec<&ProbePoint>, Vec<&ProbePoint>) = all
+                    .into_iter()
+                    .partition(|p| p.routine == collector_common::routines::FABRIC_OPEN);
+                groups.push(("fabric_open", false, open));
+                groups.push((entry, false, ops.clone()));
+                groups.push(("fabric_return", true, ops));
+            }
+            Abi::OpenMpi => {
+                groups.push((entry, false, all.clone()));
+                groups.push(("mpi_return_ompi", true, all));
+            }
+            Abi::Nccl => {
+                groups.push((entry, false, all.clone()));
+                groups.push(("nccl_return", true, all));
+            }
             Abi::Mpich => {
+                groups.push((entry, false, all.clone()));
                 // Datatype constructors have their own return program (they learn sizes).
                 let (types, rest): (Vec<&ProbePoint>, Vec<&ProbePoint>) = all
                     .into_iter()
@@ -672,7 +687,7 @@ fn remove_handles_of<V: aya::Pod>(map: &mut BpfHashMap<MapData, HandleKey, V>, p
 }
 
 /// The programs attached through uprobe_multi links.
-const PROBE_PROGRAMS: [&str; 7] = [
+const PROBE_PROGRAMS: [&str; 8] = [
     "call_entry",
     "mpi_return_ompi",
     "mpi_return_mpich",
@@ -680,6 +695,7 @@ const PROBE_PROGRAMS: [&str; 7] = [
     "nccl_return",
     "fabric_entry",
     "fabric_return",
+    "fabric_open",
 ];
 
 /// File descriptors of the maps aya created, by name, to relocate the MPI programs against.

@@ -47,6 +47,18 @@ pub struct RankProfile {
     /// Event drops and undecodable calls.
     #[serde(flatten)]
     pub health: Health,
+    /// libfabric fabrics it was seen to open (`fi_fabric`), with their providers.
+    #[serde(default)]
+    pub fabrics: Vec<Fabric>,
+}
+
+/// A libfabric fabric a process opened.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Fabric {
+    /// Provider, layered ones included: `tcp;ofi_rxm`.
+    pub provider: String,
+    /// Fabric name (for tcp and udp, the network: `127.0.0.0/8`).
+    pub name: String,
 }
 
 /// A library commtap probed, summarised for the report.

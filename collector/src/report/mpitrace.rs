@@ -295,7 +295,7 @@ pub fn render_fabric(r: &RankProfile) -> String {
     let mut o = String::new();
     let rows = table_order(&r.routines, Family::Fabric);
     let h = &r.health;
-    if rows.is_empty() && h.fabric_internal + h.fabric_unresolved == 0 {
+    if rows.is_empty() && h.fabric_internal + h.fabric_unresolved == 0 && r.fabrics.is_empty() {
         return o;
     }
     let _ = writeln!(
@@ -303,6 +303,14 @@ pub fn render_fabric(r: &RankProfile) -> String {
         "libfabric operations of rank {} (pid {}):",
         r.rank, r.pid
     );
+    if !r.fabrics.is_empty() {
+        let opened: Vec<String> = r
+            .fabrics
+            .iter()
+            .map(|f| format!("{} (fabric {})", f.provider, f.name))
+            .collect();
+        let _ = writeln!(o, "Provider: {}", opened.join(", "));
+    }
     let _ = writeln!(
         o,
         "Times are posting times (entry to return of the provider's function)."

@@ -222,6 +222,14 @@ impl From<&RankProfile> for pb::RankProfile {
             uid: r.uid,
             start_ticks: r.start_ticks,
             exited: r.exited,
+            fabrics: r
+                .fabrics
+                .iter()
+                .map(|f| pb::Fabric {
+                    provider: f.provider.clone(),
+                    name: f.name.clone(),
+                })
+                .collect(),
         }
     }
 }
@@ -248,6 +256,14 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
             uid: r.uid,
             start_ticks: r.start_ticks,
             exited: r.exited,
+            fabrics: r
+                .fabrics
+                .iter()
+                .map(|f| crate::report::Fabric {
+                    provider: f.provider.clone(),
+                    name: f.name.clone(),
+                })
+                .collect(),
         })
     }
 }
@@ -380,6 +396,10 @@ pub(crate) mod tests {
                     undecoded: 3,
                     ..Default::default()
                 },
+                fabrics: vec![crate::report::Fabric {
+                    provider: "tcp;ofi_rxm".into(),
+                    name: "10.0.0.0/8".into(),
+                }],
             }],
             dropped: 0,
             undecoded: 3,
