@@ -55,6 +55,7 @@ pub fn render(
     let mut nccl = RoutineLines::default();
     let mut fabric = RoutineLines::default();
     let mut device = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    let mut providers = Vec::new();
     let (mut dropped, mut undecoded, mut nested, mut in_flight) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for r in &profile.ranks {
@@ -101,6 +102,13 @@ pub fn render(
         undecoded.push(format!("{l} {}", r.health.undecoded));
         nested.push(format!("{l} {}", r.health.nested));
         in_flight.push(format!("{l} {}", r.health.in_flight_at_attach));
+        for f in &r.fabrics {
+            providers.push(format!(
+                "{{{base},provider=\"{}\",fabric=\"{}\"}} 1",
+                escape(&f.provider),
+                escape(&f.name)
+            ));
+        }
     }
     for (prefix, what, time, lines) in [
         ("commtap_mpi", "MPI calls", "time_seconds_total", mpi),
@@ -196,6 +204,12 @@ pub fn render(
         "counter",
         "Calls already running when probes attached (not counted).",
         in_flight,
+    );
+    family(
+        "commtap_fabric_provider_info",
+        "gauge",
+        "libfabric fabrics a rank opened (fi_fabric), by provider (tcp;ofi_rxm) and fabric.",
+        providers,
     );
     family(
         "commtap_processes",
@@ -320,6 +334,14 @@ mod tests {
         assert!(text.contains("commtap_processes{state=\"exited\"} 2"));
         assert!(text.contains("commtap_probed_libraries 3"));
         assert_eq!(escape("a\"b\\c"), "a\\\"b\\\\c");
+    }
+
+    #[test]
+    fn fabric_providers_are_an_info_gauge() {
+        let text = render(&crate::serve::convert::tests::sample(), 1, 0, 1, 0);
+        assert!(text.contains(
+            "commtap_fabric_provider_info{job=\"42\",rank=\"0\",provider=\"tcp;ofi_rxm\",fabric=\"10.0.0.0/8\"} 1\n"
+        ), "{text}");
     }
 
     #[test]
