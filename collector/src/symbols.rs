@@ -346,37 +346,13 @@ fn fabric_library(
             if !seen.insert(offset) || probes.len() >= usize::from(u16::MAX) {
                 continue;
             }
-            let code = map
-                .get(offset as usize..offset as usize + 16)
-                .unwrap_or(&[]);
-            let (skip, placement) = choose_probe_point(code);
             let routine = collector_common::routines::FABRIC_FIRST + slot as u16;
-            probes.push(ProbePoint {
-                routine,
-                name: ROUTINES[routine as usize].name,
-                offset: offset + skip,
-                placement,
-                function: probes.len() as u16,
-                skip: skip as u8,
-                vaddr: addr,
-            });
+            probes.push(probe_at(map, routine, addr, offset, probes.len() as u16));
         }
     }
     if let Some((addr, offset)) = open.and_then(|a| Some((a, file_offset(elf, a)?))) {
-        let code = map
-            .get(offset as usize..offset as usize + 16)
-            .unwrap_or(&[]);
-        let (skip, placement) = choose_probe_point(code);
         let routine = collector_common::routines::FABRIC_OPEN;
-        probes.push(ProbePoint {
-            routine,
-            name: ROUTINES[routine as usize].name,
-            offset: offset + skip,
-            placement,
-            function: probes.len() as u16,
-            skip: skip as u8,
-            vaddr: addr,
-        });
+        probes.push(probe_at(map, routine, addr, offset, probes.len() as u16));
     }
     LibraryKind::Probed(Library {
         path,
@@ -388,6 +364,24 @@ fn fabric_library(
         family: Family::Fabric,
         text: text_range(elf),
     })
+}
+
+/// The probe of `routine` on the function at file `offset` (virtual address `addr`), past
+/// a first instruction the kernel would single-step where it can be.
+fn probe_at(map: &[u8], routine: u16, addr: u64, offset: u64, function: u16) -> ProbePoint {
+    let code = map
+        .get(offset as usize..offset as usize + 16)
+        .unwrap_or(&[]);
+    let (skip, placement) = choose_probe_point(code);
+    ProbePoint {
+        routine,
+        name: ROUTINES[routine as usize].name,
+        offset: offset + skip,
+        placement,
+        function,
+        skip: skip as u8,
+        vaddr: addr,
+    }
 }
 
 /// NCCL's network transport functions are local C++ functions: found by their mangled
@@ -449,19 +443,7 @@ fn probe_points(
         if seen.insert(offset, routine.name).is_some() {
             continue;
         }
-        let code = map
-            .get(offset as usize..offset as usize + 16)
-            .unwrap_or(&[]);
-        let (skip, placement) = choose_probe_point(code);
-        probes.push(ProbePoint {
-            routine: id as u16,
-            name: routine.name,
-            offset: offset + skip,
-            placement,
-            function: 0,
-            skip: skip as u8,
-            vaddr: addr,
-        });
+        probes.push(probe_at(map, id as u16, addr, offset, 0));
     }
     Library {
         path,

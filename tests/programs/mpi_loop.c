@@ -25,19 +25,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-static void wait_for_file(const char *path)
-{
-    struct stat sb;
-    struct timespec ts = {0, 10 * 1000 * 1000};     /* 10 ms */
-    while (stat(path, &sb) != 0) {
-        struct timespec rem;
-        while (nanosleep(&ts, &rem) != 0 && errno == EINTR)
-            ts = rem;
-        ts.tv_sec = 0;
-        ts.tv_nsec = 10 * 1000 * 1000;
-    }
-}
+#include "ready_go.h"
 
 int main(int argc, char **argv)
 {

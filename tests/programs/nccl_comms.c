@@ -40,16 +40,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-static void wait_for_file(const char *path)
-{
-    struct stat sb;
-    while (stat(path, &sb) != 0) {
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-            ;
-    }
-}
+#include "ready_go.h"
 
 static void check(ncclResult_t rc, const char *what)
 {

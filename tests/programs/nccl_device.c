@@ -21,18 +21,9 @@
 #include <stdio.h>
 #include <sys/stat.h>
 #include <time.h>
+#include "ready_go.h"
 
 int cudaStreamSynchronize(void *stream);
-
-static void wait_for_file(const char *path)
-{
-    struct stat sb;
-    while (stat(path, &sb) != 0) {
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-            ;
-    }
-}
 
 int main(int argc, char **argv)
 {

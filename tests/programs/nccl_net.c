@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <sys/stat.h>
 #include <time.h>
+#include "ready_go.h"
 
 typedef int ncclResult_t;
 
@@ -126,16 +127,6 @@ static void *proxy(void *arg)
     recvs(ib_net, 20, 3, three, 7);
     recvs(ib_net, 5, 9, nine, 7);
     return NULL;
-}
-
-static void wait_for_file(const char *path)
-{
-    struct stat sb;
-    while (stat(path, &sb) != 0) {
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-            ;
-    }
 }
 
 int main(int argc, char **argv)

@@ -174,8 +174,6 @@ fn fi_pingpong_udp_rdm_and_dgram_are_counted_exactly() {
 /// the MPI call made, and is attributed to it.
 #[test]
 fn open_mpi_over_libfabric_is_attributed_to_mpi_calls() {
-    let scratch = Scratch::new("fabric-ompi");
-    let n: u64 = 5000;
     let env = [
         ("FI_PROVIDER", "tcp"),
         ("OMPI_MCA_pml", "cm"),
@@ -183,50 +181,92 @@ fn open_mpi_over_libfabric_is_attributed_to_mpi_calls() {
         // Open MPI excludes tcp by default ("too slow"); it is what this machine has.
         ("OMPI_MCA_mtl_ofi_provider_exclude", "shm"),
     ];
-    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, n, &env);
+    mpi_loop_on_fabric(
+        "fabric-ompi",
+        Mpi::OpenMpi,
+        &env,
+        ("fi_tagged_injectdata", "fi_tagged_recv"),
+    );
+}
+
+/// Runs mpi_loop on 2 ranks (one Barrier, then N x (Allreduce of 8 B; 16 B Send and
+/// Recv)) with commtap attached once they are ready, checks the MPI profile against the
+/// truth, and checks on each rank that the fabric operations `send` and `recv` were made
+/// by exactly those MPI calls (with 2 ranks an Allreduce is one tagged send and one tagged
+/// receive), every `send` by an MPI call. What MPI_Finalize puts on the fabric (the
+/// library's own goodbye) is not in the program's truth and is left out. Returns the
+/// profile, the truths and commtap's stderr.
+#[track_caller]
+fn mpi_loop_on_fabric(
+    name: &str,
+    mpi: Mpi,
+    env: &[(&str, &str)],
+    (send, recv): (&str, &str),
+) -> (Value, Vec<Value>, String) {
+    let scratch = Scratch::new(name);
+    let n: u64 = 5000;
+    let (mut job, ranks) = start_waiting_loop(&scratch, mpi, 2, n, env);
     let (commtap, out) = record_attached(&scratch, &ranks);
     std::fs::write(scratch.path("go"), b"").expect("go file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
     let run = finish_ok(&scratch, commtap, LIMIT);
     let profile = read_json(&out);
     let truths = read_truths(&scratch.path("truth"), 2);
-    assert_profile_matches(
-        &profile,
-        &truths,
-        &["MPI_Finalize", "fi_tagged_injectdata", "fi_tagged_recv"],
-    );
+    let ignored: Vec<&str> = ["MPI_Finalize", send, recv]
+        .into_iter()
+        .chain(other_fabric_ops(&profile, &[send, recv]))
+        .collect();
+    assert_profile_matches(&profile, &truths, &ignored);
+    let sent = BTreeMap::from([
+        ("MPI_Allreduce".to_string(), (n, 8 * n)),
+        ("MPI_Barrier".to_string(), (1, 0)),
+        ("MPI_Send".to_string(), (n, 16 * n)),
+    ]);
+    let received = BTreeMap::from([
+        ("MPI_Allreduce".to_string(), (n, 8 * n)),
+        ("MPI_Barrier".to_string(), (1, 0)),
+        ("MPI_Recv".to_string(), (n, 16 * n)),
+    ]);
     for truth in &truths {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
-        let from = |op: &str| -> BTreeMap<String, (u64, u64)> {
-            routine_table(&rank["routines"][op]["called_from"])
+        let from = |op: &str| {
+            let mut m = routine_table(&rank["routines"][op]["called_from"]);
+            m.remove("MPI_Finalize");
+            m
         };
-        // mpi_loop: one Barrier, then n x (Allreduce of 8 B; 16 B Send and Recv). With 2
-        // ranks Open MPI's Allreduce is one tagged send and one tagged receive.
-        let sent = BTreeMap::from([
-            ("MPI_Allreduce".to_string(), (n, 8 * n)),
-            ("MPI_Barrier".to_string(), (1, 0)),
-            ("MPI_Send".to_string(), (n, 16 * n)),
-        ]);
-        let received = BTreeMap::from([
-            ("MPI_Allreduce".to_string(), (n, 8 * n)),
-            ("MPI_Barrier".to_string(), (1, 0)),
-            ("MPI_Recv".to_string(), (n, 16 * n)),
-        ]);
+        let who = format!("rank {}; {}", truth["rank"], run.stderr);
+        assert_eq!(from(send), sent, "{who}");
+        assert_eq!(from(recv), received, "{who}");
         assert_eq!(
-            from("fi_tagged_injectdata"),
-            sent,
-            "rank {}; {}",
-            truth["rank"],
-            run.stderr
-        );
-        assert_eq!(from("fi_tagged_recv"), received, "rank {}", truth["rank"]);
-        let total = |m: &BTreeMap<String, (u64, u64)>| m.values().map(|v| v.0).sum::<u64>();
-        assert_eq!(
-            rank["routines"]["fi_tagged_injectdata"]["calls"].as_u64(),
-            Some(total(&sent)),
-            "every fabric send was made by an MPI call"
+            rank["routines"][send]["calls"].as_u64(),
+            Some(made_by_mpi(rank, send)),
+            "every fabric send was made by an MPI call; {who}"
         );
     }
+    (profile, truths, run.stderr)
+}
+
+/// Fabric operations in `profile` other than `known`.
+fn other_fabric_ops<'a>(profile: &'a Value, known: &[&str]) -> Vec<&'a str> {
+    let mut ops: Vec<&str> = profile["ranks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r["routines"].as_object().into_iter().flatten())
+        .map(|(name, _)| name.as_str())
+        .filter(|name| name.starts_with("fi_") && !known.contains(name))
+        .collect();
+    ops.sort_unstable();
+    ops.dedup();
+    ops
+}
+
+/// Calls of fabric operation `op` made inside an MPI call, on one rank.
+fn made_by_mpi(rank: &Value, op: &str) -> u64 {
+    routine_table(&rank["routines"][op]["called_from"])
+        .values()
+        .map(|v| v.0)
+        .sum()
 }
 
 /// A libfabric whose data path commtap cannot find is reported, not guessed.
@@ -259,68 +299,35 @@ fn libfabric_without_ops_tables_is_reported() {
 /// an MPI call; rxm's own calls into tcp, across the two DSOs, are libfabric's.
 #[test]
 fn intel_mpi_over_its_bundled_libfabric_is_attributed_to_mpi_calls() {
-    let scratch = Scratch::new("fabric-impi");
-    let n: u64 = 2000;
     let env = impi_env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::IntelMpi, 2, n, &env);
-    let (commtap, out) = record_attached(&scratch, &ranks);
-    std::fs::write(scratch.path("go"), b"").expect("go file");
-    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
-    let run = finish_ok(&scratch, commtap, LIMIT);
-    let profile = read_json(&out);
-    let truths = read_truths(&scratch.path("truth"), 2);
-    let fabric_ops = ["fi_tagged_inject", "fi_tagged_recv", "fi_tagged_send"];
-    let mut ignored = vec!["MPI_Finalize"];
-    ignored.extend(fabric_ops);
-    assert_profile_matches(&profile, &truths, &ignored);
+    let (profile, truths, stderr) = mpi_loop_on_fabric(
+        "fabric-impi",
+        Mpi::IntelMpi,
+        &env,
+        ("fi_tagged_inject", "fi_tagged_recv"),
+    );
     for truth in &truths {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
-        let routines = rank["routines"].as_object().expect("routines");
-        let on_fabric: Vec<&str> = routines
+        let on_fabric: Vec<&str> = rank["routines"]
+            .as_object()
+            .expect("routines")
             .keys()
             .filter(|r| r.starts_with("fi_"))
             .map(String::as_str)
             .collect();
-        // Only the application endpoint's (rxm's) tagged operations: none of tcp's msg
-        // operations beneath, which rxm makes from its own DSO.
-        assert_eq!(
-            on_fabric, fabric_ops,
-            "rank {}; {}",
-            truth["rank"], run.stderr
-        );
+        // The application endpoint's tagged operations only (and Finalize's one send):
+        // none of the msg operations beneath, which the provider makes itself.
+        let ops = ["fi_tagged_inject", "fi_tagged_recv", "fi_tagged_send"];
+        assert_eq!(on_fabric, ops, "rank {}; {stderr}", truth["rank"]);
         assert!(
             rank["fabric_internal"].as_u64() > Some(0),
-            "rxm's calls into tcp are libfabric's own"
+            "the provider's own calls across its DSOs are libfabric's"
         );
-        let from = |op: &str| -> BTreeMap<String, (u64, u64)> {
-            let mut m = routine_table(&rank["routines"][op]["called_from"]);
-            // Intel MPI's own goodbye in MPI_Finalize: not in the program's truth.
-            m.remove("MPI_Finalize");
-            m
-        };
-        // mpi_loop: one Barrier, then n x (Allreduce of 8 B; 16 B Send and Recv). With 2
-        // ranks Intel MPI's Allreduce is one tagged inject and one tagged receive.
-        let sent = BTreeMap::from([
-            ("MPI_Allreduce".to_string(), (n, 8 * n)),
-            ("MPI_Barrier".to_string(), (1, 0)),
-            ("MPI_Send".to_string(), (n, 16 * n)),
-        ]);
-        let received = BTreeMap::from([
-            ("MPI_Allreduce".to_string(), (n, 8 * n)),
-            ("MPI_Barrier".to_string(), (1, 0)),
-            ("MPI_Recv".to_string(), (n, 16 * n)),
-        ]);
-        assert_eq!(from("fi_tagged_inject"), sent, "rank {}", truth["rank"]);
-        assert_eq!(from("fi_tagged_recv"), received, "rank {}", truth["rank"]);
-        for op in fabric_ops {
-            let made_by_mpi: u64 = routine_table(&rank["routines"][op]["called_from"])
-                .values()
-                .map(|v| v.0)
-                .sum();
+        for op in ops {
             assert_eq!(
                 rank["routines"][op]["calls"].as_u64(),
-                Some(made_by_mpi),
+                Some(made_by_mpi(rank, op)),
                 "every {op} was made by an MPI call"
             );
         }
