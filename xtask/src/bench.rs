@@ -21,8 +21,8 @@ use anyhow::{bail, Context, Result};
 
 use crate::run as sh;
 
-const ROUNDS: usize = 5;
-const ITERATIONS: &str = "100000";
+const ROUNDS: usize = 9;
+const ITERATIONS: &str = "200000";
 
 #[derive(Clone, Copy)]
 struct Stack {
