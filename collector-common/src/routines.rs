@@ -855,6 +855,10 @@ pub const ROUTINES: &[Routine] = &[
     // libfabric's exported `fi_fabric(attr, **fabric, ctx)`: names the provider a process
     // opens (its own program reports it; no counters).
     r("fi_fabric", COMM, B::None, [N; 4], N, N),
+    // An external NCCL net plugin's (`libnccl-net*.so`) isend/irecv, found through its
+    // exported `ncclNetPlugin_v10`..`_v12` table (the same signatures as the built-ins).
+    r("ncclNetPluginIsend", NET, B::NetIsend, [2, N, N, 6], N, N),
+    r("ncclNetPluginIrecv", NET, B::NetIrecv, [1, 3, N, 7], N, N),
 ];
 
 /// A libfabric ops-table slot: `(ep, buf, len, ...)`, `(ep, iov, desc, count, ...)` or

@@ -24,7 +24,7 @@ use std::{
     path::Path,
 };
 
-use object::{Object, ObjectSection, RelocationFlags};
+use object::{Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationFlags};
 
 /// `sizeof(struct fi_ops_msg)` (and `fi_ops_tagged`, `fi_ops_rma`).
 const OPS_TABLE_SIZE: u64 = 80;
@@ -34,6 +34,8 @@ pub const SLOTS: usize = 9;
 const FI_CLASS_EP: u64 = 3;
 /// `R_X86_64_RELATIVE`.
 const R_X86_64_RELATIVE: u32 = 8;
+/// `R_X86_64_64`.
+const R_X86_64_64: u32 = 1;
 /// Most bytes of a process's memory read while looking for endpoints.
 const SCAN_LIMIT: u64 = 512 << 20;
 
@@ -62,6 +64,33 @@ pub struct Candidate {
     pub slots: [u64; SLOTS],
 }
 
+/// Where the loader points each relocated pointer of a library: slot address -> target
+/// (`R_X86_64_RELATIVE`, and `R_X86_64_64` against a symbol the library defines).
+pub fn relocated_pointers(elf: &object::File) -> BTreeMap<u64, u64> {
+    let mut out = BTreeMap::new();
+    let Some(relocs) = elf.dynamic_relocations() else {
+        return out;
+    };
+    for (at, r) in relocs {
+        let RelocationFlags::Elf { r_type } = r.flags() else {
+            continue;
+        };
+        let target = match (r_type, r.target()) {
+            (R_X86_64_RELATIVE, _) => Some(r.addend() as u64),
+            (R_X86_64_64, object::RelocationTarget::Symbol(i)) => elf
+                .dynamic_symbol_table()
+                .and_then(|t| t.symbol_by_index(i).ok())
+                .filter(|s| s.is_definition())
+                .map(|s| s.address().wrapping_add(r.addend() as u64)),
+            _ => None,
+        };
+        if let Some(t) = target {
+            out.insert(at, t);
+        }
+    }
+    out
+}
+
 /// The ops-table candidates of a library (see the module documentation).
 pub fn candidate_tables(elf: &object::File, data: &[u8]) -> Vec<Candidate> {
     let text = elf
@@ -70,17 +99,7 @@ pub fn candidate_tables(elf: &object::File, data: &[u8]) -> Vec<Candidate> {
     let Some((text_lo, text_hi)) = text else {
         return Vec::new();
     };
-    // Slot address -> the code address it is relocated to.
-    let mut relative: BTreeMap<u64, u64> = BTreeMap::new();
-    if let Some(relocs) = elf.dynamic_relocations() {
-        for (at, r) in relocs {
-            if let RelocationFlags::Elf { r_type } = r.flags() {
-                if r_type == R_X86_64_RELATIVE {
-                    relative.insert(at, r.addend() as u64);
-                }
-            }
-        }
-    }
+    let relative = relocated_pointers(elf);
     let in_text = |a: u64| a >= text_lo && a < text_hi;
     let mut out = Vec::new();
     for s in elf.sections() {

@@ -171,6 +171,9 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
         has_cuda("cudaStreamSynchronize"),
         has_cuda("cuStreamSynchronize"),
     );
+    if let Some(plugin) = nccl_net_plugin(&elf, &map, &globals, &display) {
+        return Ok(plugin);
+    }
     if has("ncclAllReduce") || has("pncclAllReduce") {
         let flavor = nccl_version(&elf, &display);
         let mut lib = probe_points(
@@ -315,6 +318,79 @@ fn nccl_banner_version(elf: &object::File) -> Option<String> {
         v.starts_with(|c: char| c.is_ascii_digit())
             .then(|| v.to_string())
     })
+}
+
+/// Versions of NCCL's net plugin table whose isend/irecv commtap decodes: slots 10 and 11,
+/// with `size_t` sizes and a `phandle` before the request (as NCCL's built-in transports).
+const NET_PLUGIN_TABLES: &[&str] = &[
+    "ncclNetPlugin_v12",
+    "ncclNetPlugin_v11",
+    "ncclNetPlugin_v10",
+];
+/// Slot of `isend` in those tables (`irecv` follows).
+const NET_PLUGIN_ISEND_SLOT: u64 = 10;
+
+/// An external NCCL net plugin (`libnccl-net*.so`, e.g. aws-ofi-nccl: what NCCL logs as
+/// `NET/AWS Libfabric`): the isend/irecv of every table version it exports that commtap
+/// decodes, found through the table's relocated pointers. `None` if `globals` has no such
+/// table.
+fn nccl_net_plugin(
+    elf: &object::File,
+    map: &[u8],
+    globals: &BTreeMap<&str, u64>,
+    path: &str,
+) -> Option<LibraryKind> {
+    let tables: Vec<u64> = NET_PLUGIN_TABLES
+        .iter()
+        .filter_map(|t| globals.get(t).copied())
+        .collect();
+    if tables.is_empty() {
+        return None;
+    }
+    let pointers = crate::fabric::relocated_pointers(elf);
+    let isend = collector_common::routines::routine_index("ncclNetPluginIsend");
+    let mut probes = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut name = None;
+    for table in &tables {
+        name = name.or_else(|| pointers.get(table).and_then(|p| c_string(elf, map, *p)));
+        for (i, routine) in [(0, isend), (1, isend + 1)] {
+            let slot = table + 8 * (NET_PLUGIN_ISEND_SLOT + i);
+            let Some(&addr) = pointers.get(&slot) else {
+                continue;
+            };
+            let Some(offset) = file_offset(elf, addr) else {
+                continue;
+            };
+            if seen.insert(offset) {
+                probes.push(probe_at(map, routine, addr, offset, 0));
+            }
+        }
+    }
+    if probes.is_empty() {
+        return Some(LibraryKind::Unsupported(format!(
+            "{path}: an NCCL net plugin whose isend/irecv could not be found in its table"
+        )));
+    }
+    let name = name.unwrap_or_else(|| "?".to_string());
+    Some(LibraryKind::Probed(Library {
+        path: path.to_string(),
+        abi: Abi::Nccl,
+        flavor: format!("NCCL net plugin \"{name}\""),
+        layout: Layout::default(),
+        probes,
+        missing: Vec::new(),
+        family: Family::Nccl,
+        text: text_range(elf),
+    }))
+}
+
+/// The NUL-terminated string at virtual address `addr` of the file.
+fn c_string(elf: &object::File, map: &[u8], addr: u64) -> Option<String> {
+    let off = file_offset(elf, addr)? as usize;
+    let rest = map.get(off..)?;
+    let end = rest.iter().take(256).position(|b| *b == 0)?;
+    Some(String::from_utf8_lossy(&rest[..end]).into_owned())
 }
 
 /// A libfabric library: every slot of every ops-table candidate, probed once per address

@@ -6,7 +6,12 @@
  * communicator; README "NCCL network transport" says how they were checked on a GPU.)
  * Linked with nccl_standin.c, which makes the executable an NCCL one.
  *
- * Usage: nccl_net READY_FILE GO_FILE
+ * Usage: nccl_net READY_FILE GO_FILE [PLUGIN]
+ *
+ * With PLUGIN (a net plugin exporting ncclNetPlugin_v10, e.g. nccl_net_plugin.c), loaded
+ * with dlopen before READY_FILE, also through the plugin's table:
+ *    40 x isend of 8192 B, posted;                 5 x isend not posted
+ *    30 x irecv n=2 of {100, 200} B, posted
  *
  *  Counted, once GO_FILE exists, all on a second thread (as NCCL's proxy thread):
  *   100 x Socket isend of 4096 B, posted;        25 x Socket isend not posted
@@ -15,6 +20,7 @@
  *    20 x IB irecv n=3 of {1000, 2000, 3000} B, posted
  *     5 x IB irecv n=9 (more than a transport groups), posted: bytes undecoded
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -92,6 +98,8 @@ struct net {
 };
 static struct net *volatile socket_net = &(struct net){sock_isend, sock_irecv};
 static struct net *volatile ib_net = &(struct net){ib_isend, ib_irecv};
+/* isend and irecv of the plugin's ncclNet_v10_t (slots 10 and 11), if one was loaded. */
+static struct net *volatile plugin_net;
 
 static char buf[1 << 20];
 
@@ -126,14 +134,29 @@ static void *proxy(void *arg)
     sends(ib_net, 30, 1 << 20, 7);
     recvs(ib_net, 20, 3, three, 7);
     recvs(ib_net, 5, 9, nine, 7);
+    if (plugin_net) {
+        size_t two[2] = {100, 200};
+        sends(plugin_net, 40, 8192, 7);
+        sends(plugin_net, 5, 8192, -1);
+        recvs(plugin_net, 30, 2, two, 7);
+    }
     return NULL;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s READY_FILE GO_FILE\n", argv[0]);
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: %s READY_FILE GO_FILE [PLUGIN]\n", argv[0]);
         return 2;
+    }
+    if (argc == 4) {
+        void *lib = dlopen(argv[3], RTLD_NOW);
+        void **table = lib ? dlsym(lib, "ncclNetPlugin_v10") : NULL;
+        if (!table) {
+            fprintf(stderr, "%s: %s\n", argv[3], dlerror());
+            return 1;
+        }
+        plugin_net = (struct net *)(table + 10);
     }
     FILE *ready = fopen(argv[1], "w");
     if (!ready || fclose(ready) != 0)

@@ -501,7 +501,12 @@ fn network_transport_messages_are_counted_per_transport() {
             "-pthread",
         ],
     );
-    let r = attach_then_go(&scratch, &prog, &[]);
+    let plugin = compile_c(
+        "nccl_net_plugin.c",
+        "libnccl-net-standin.so",
+        &["-shared", "-fPIC"],
+    );
+    let r = attach_then_go(&scratch, &prog, &[path_str(&plugin).to_string()]);
     let rank = rank_by_pid(&r.profile, r.pid as u64);
     let routines = &rank["routines"];
     let calls_bytes = |name: &str| {
@@ -524,7 +529,25 @@ fn network_transport_messages_are_counted_per_transport() {
     assert_eq!(calls_bytes("ncclIbIrecv"), (Some(25), Some(20 * 6000)));
     assert_eq!(routines["ncclIbIrecv"]["undecoded_calls"], 5);
     assert_eq!(rank["undecoded"], 5);
-    assert_eq!(rank["net_unposted"], 25 + 10, "not-ready calls");
+    // The external plugin, through its exported ncclNetPlugin_v10 table.
+    assert_eq!(
+        calls_bytes("ncclNetPluginIsend"),
+        (Some(40), Some(40 * 8192))
+    );
+    assert_eq!(
+        calls_bytes("ncclNetPluginIrecv"),
+        (Some(30), Some(30 * 300))
+    );
+    assert_eq!(rank["net_unposted"], 25 + 10 + 5, "not-ready calls");
+    assert!(
+        r.profile["libraries"]
+            .as_array()
+            .expect("libraries")
+            .iter()
+            .any(|l| l["flavor"] == "NCCL net plugin \"Standin\""),
+        "the plugin is named: {}",
+        r.profile["libraries"]
+    );
     let text = std::fs::read_to_string(&r.out).expect("profile");
     assert!(
         text.contains("\"ncclNetSocketIsend\""),
@@ -539,8 +562,8 @@ fn network_transport_messages_are_counted_per_transport() {
     let report = String::from_utf8_lossy(&report.stdout);
     assert!(
         report.contains("NCCL network transport of rank")
-            && report.contains("NET/Socket, NET/IB")
-            && report.contains("35 calls found the transport not ready"),
+            && report.contains("NET/Socket, NET/IB, NET/Plugin")
+            && report.contains("40 calls found the transport not ready"),
         "text report:\n{report}"
     );
 }

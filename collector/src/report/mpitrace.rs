@@ -213,6 +213,9 @@ pub fn net_transport(routine: &str) -> Option<&'static str> {
     }
     Some(if routine.starts_with("ncclIb") {
         "IB"
+    } else if routine.starts_with("ncclNetPlugin") {
+        // Named in the libraries list: NCCL net plugin "AWS Libfabric" ...
+        "Plugin"
     } else {
         "Socket"
     })
