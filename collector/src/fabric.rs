@@ -32,6 +32,8 @@ const OPS_TABLE_SIZE: u64 = 80;
 pub const SLOTS: usize = 9;
 /// `FI_CLASS_EP`.
 const FI_CLASS_EP: u64 = 3;
+/// `FI_CLASS_FABRIC`.
+const FI_CLASS_FABRIC: u64 = 1;
 /// `R_X86_64_RELATIVE`.
 const R_X86_64_RELATIVE: u32 = 8;
 /// `R_X86_64_64`.
@@ -131,17 +133,29 @@ pub fn candidate_tables(elf: &object::File, data: &[u8]) -> Vec<Candidate> {
     out
 }
 
-/// A library mapping of a process: its load bias (runtime address − file virtual address).
+/// A library mapping of a process: its load bias (runtime address − file virtual address)
+/// and the end of its last segment.
 #[derive(Clone, Copy, Debug)]
 pub struct Mapping {
     /// Runtime address of virtual address 0.
     pub bias: u64,
+    /// One past the last byte the object has mapped.
+    pub end: u64,
 }
 
-/// The load bias of the object with `dev_inode` in `pid`, from its mapping at file offset 0
-/// (libraries here map their first segment at virtual address 0).
+impl Mapping {
+    /// Whether `addr` is inside the object's mappings.
+    pub fn holds(&self, addr: u64) -> bool {
+        addr >= self.bias && addr < self.end
+    }
+}
+
+/// Where the object with `dev_inode` is mapped in `pid`: the bias from its mapping at file
+/// offset 0 (libraries here map their first segment at virtual address 0), the end from its
+/// last.
 pub fn mapping_of(pid: u32, dev_inode: (u64, u64)) -> Option<Mapping> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let mut found: Option<Mapping> = None;
     for line in maps.lines() {
         let mut f = line.split_whitespace();
         let (Some(range), Some(_perms), Some(off), Some(dev), Some(inode)) =
@@ -149,16 +163,27 @@ pub fn mapping_of(pid: u32, dev_inode: (u64, u64)) -> Option<Mapping> {
         else {
             continue;
         };
-        if inode.parse::<u64>().ok() != Some(dev_inode.1) || off != "00000000" {
+        if inode.parse::<u64>().ok() != Some(dev_inode.1) || parse_dev(dev) != Some(dev_inode.0) {
             continue;
         }
-        if parse_dev(dev) != Some(dev_inode.0) {
+        let Some((lo, hi)) = range.split_once('-').and_then(|(a, b)| {
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        }) else {
             continue;
-        }
-        let start = u64::from_str_radix(range.split('-').next()?, 16).ok()?;
-        return Some(Mapping { bias: start });
+        };
+        found = match found {
+            None if off == "00000000" => Some(Mapping { bias: lo, end: hi }),
+            Some(m) => Some(Mapping {
+                end: m.end.max(hi),
+                ..m
+            }),
+            None => None,
+        };
     }
-    None
+    found
 }
 
 /// `major:minor` as /proc/PID/maps prints it, as `st_dev`.
@@ -182,20 +207,17 @@ pub struct EndpointScan {
     pub scanned: u64,
 }
 
-/// Finds `pid`'s endpoints in its writable anonymous memory and which candidates their
-/// msg/rma/tagged fields point at.
-pub fn endpoint_tables(pid: u32, map: Mapping, candidates: &[Candidate]) -> EndpointScan {
-    let runtime: BTreeMap<u64, u64> = candidates
-        .iter()
-        .map(|c| (c.vaddr + map.bias, c.vaddr))
-        .collect();
-    let mut scan = EndpointScan::default();
+/// Calls `visit(base, bytes)` for each of `pid`'s writable anonymous mappings (the heap,
+/// malloc's arenas: where libfabric's objects live), up to `SCAN_LIMIT` bytes in all;
+/// returns the bytes read.
+fn for_each_anonymous_region(pid: u32, mut visit: impl FnMut(u64, &[u8])) -> u64 {
     let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
-        return scan;
+        return 0;
     };
     let Ok(mut mem) = File::open(format!("/proc/{pid}/mem")) else {
-        return scan;
+        return 0;
     };
+    let mut scanned = 0;
     let mut buf = Vec::new();
     for line in maps.lines() {
         let mut f = line.split_whitespace();
@@ -205,7 +227,6 @@ pub fn endpoint_tables(pid: u32, map: Mapping, candidates: &[Candidate]) -> Endp
             continue;
         };
         let name = f.next().unwrap_or("");
-        // Endpoints are malloc'd: the heap and anonymous read-write mappings.
         if !perms.starts_with("rw") || inode != "0" || !(name.is_empty() || name == "[heap]") {
             continue;
         }
@@ -218,32 +239,140 @@ pub fn endpoint_tables(pid: u32, map: Mapping, candidates: &[Candidate]) -> Endp
             continue;
         };
         let len = hi - lo;
-        if scan.scanned + len > SCAN_LIMIT {
+        if scanned + len > SCAN_LIMIT {
             continue;
         }
         buf.resize(len as usize, 0);
         if mem.seek(SeekFrom::Start(lo)).is_err() || mem.read_exact(&mut buf).is_err() {
             continue;
         }
-        scan.scanned += len;
-        let word = |at: usize| -> Option<u64> {
-            Some(u64::from_le_bytes(buf.get(at..at + 8)?.try_into().ok()?))
-        };
+        scanned += len;
+        visit(lo, &buf);
+    }
+    scanned
+}
+
+/// The little-endian word at byte `at` of `buf`.
+fn word(buf: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(buf.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// Finds `pid`'s endpoints in its writable anonymous memory and which candidates their
+/// msg/rma/tagged fields point at.
+pub fn endpoint_tables(pid: u32, map: Mapping, candidates: &[Candidate]) -> EndpointScan {
+    let runtime: BTreeMap<u64, u64> = candidates
+        .iter()
+        .map(|c| (c.vaddr + map.bias, c.vaddr))
+        .collect();
+    let mut scan = EndpointScan::default();
+    scan.scanned = for_each_anonymous_region(pid, |_, buf| {
         for at in (0..buf.len()).step_by(8) {
-            if word(at) != Some(FI_CLASS_EP) {
+            if word(buf, at) != Some(FI_CLASS_EP) {
                 continue;
             }
             let mut any = false;
             for (i, kind) in TableKind::ALL.iter().enumerate() {
-                if let Some(vaddr) = word(at + 40 + 8 * i).and_then(|p| runtime.get(&p)) {
+                if let Some(vaddr) = word(buf, at + 40 + 8 * i).and_then(|p| runtime.get(&p)) {
                     scan.tables.insert((*kind, *vaddr));
                     any = true;
                 }
             }
             scan.endpoints += usize::from(any);
         }
-    }
+    });
     scan
+}
+
+/// A provider's `struct fi_provider` in a libfabric library or provider DSO.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProviderStruct {
+    /// `name` (`tcp`, `ofi_rxm`, ...).
+    pub name: String,
+    /// Virtual address of the struct.
+    pub vaddr: u64,
+}
+
+/// The `struct fi_provider`s of a library: `name` (+40) relocated to a short string and
+/// `getinfo`, `fabric`, `cleanup` (+48, +56, +64) relocated into .text.
+pub fn provider_structs(elf: &object::File, data: &[u8]) -> Vec<ProviderStruct> {
+    let Some(text) = elf.section_by_name(".text") else {
+        return Vec::new();
+    };
+    let in_text = |a: u64| a >= text.address() && a < text.address() + text.size();
+    let pointers = relocated_pointers(elf);
+    let string = |addr: u64| -> Option<String> {
+        let s = elf
+            .sections()
+            .find(|s| addr >= s.address() && addr < s.address() + s.size())?;
+        let (off, _) = s.file_range()?;
+        let at = (addr - s.address() + off) as usize;
+        let rest = data.get(at..at + 32.min(data.len().saturating_sub(at)))?;
+        let end = rest.iter().position(|b| *b == 0)?;
+        let name = std::str::from_utf8(&rest[..end]).ok()?;
+        (!name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic())).then(|| name.to_string())
+    };
+    pointers
+        .iter()
+        .filter(|(at, _)| {
+            (1..=3).all(|i| pointers.get(&(*at + 8 * i)).is_some_and(|t| in_text(*t)))
+        })
+        .filter_map(|(at, target)| {
+            Some(ProviderStruct {
+                name: string(*target)?,
+                vaddr: at.checked_sub(40)?,
+            })
+        })
+        .collect()
+}
+
+/// The fabrics `pid` has open, found in its memory, as (provider, fabric name): libfabric's
+/// common fabric object (`struct util_fabric`) starts with a `fid` of class FI_CLASS_FABRIC
+/// whose two ops pointers point into a libfabric object, and a few words on holds the
+/// fabric's name and a pointer to its provider's `struct fi_provider` (one of `providers`,
+/// by runtime address). For processes commtap attaches to after they opened their fabric.
+pub fn open_fabrics(
+    pid: u32,
+    objects: &[Mapping],
+    providers: &BTreeMap<u64, String>,
+) -> BTreeSet<(String, String)> {
+    let in_libfabric = |p: Option<u64>| p.is_some_and(|p| objects.iter().any(|m| m.holds(p)));
+    let mut found = Vec::new();
+    for_each_anonymous_region(pid, |_, buf| {
+        for at in (0..buf.len()).step_by(8) {
+            if word(buf, at) != Some(FI_CLASS_FABRIC)
+                || !in_libfabric(word(buf, at + 16))
+                || !in_libfabric(word(buf, at + 24))
+            {
+                continue;
+            }
+            if let Some(k) =
+                (4..24).find(|k| word(buf, at + 8 * k).is_some_and(|p| providers.contains_key(&p)))
+            {
+                let prov = word(buf, at + 8 * k).unwrap_or(0);
+                found.push((providers[&prov].clone(), word(buf, at + 8 * (k - 1))));
+            }
+        }
+    });
+    found
+        .into_iter()
+        .map(|(prov, name)| {
+            (
+                prov,
+                name.and_then(|p| read_c_string(pid, p)).unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// A short NUL-terminated string at `addr` in `pid`'s memory.
+fn read_c_string(pid: u32, addr: u64) -> Option<String> {
+    let mut mem = File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut buf = [0u8; 64];
+    mem.seek(SeekFrom::Start(addr)).ok()?;
+    mem.read_exact(&mut buf).ok()?;
+    let end = buf.iter().position(|b| *b == 0)?;
+    let s = std::str::from_utf8(&buf[..end]).ok()?;
+    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic())).then(|| s.to_string())
 }
 
 /// Reads and parses `path`, then lists its candidates (for the library cache).

@@ -176,12 +176,49 @@ impl Session {
     pub fn watch_tracked(&mut self, pid: u32) -> Result<()> {
         self.probes.watch(pid, false)?;
         let maps_mpi = self.attach_mapped(pid);
+        self.find_open_fabrics(pid);
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.since_ns = monotonic_ns();
             t.maps_mpi = maps_mpi;
         }
         self.seed(pid);
         Ok(())
+    }
+
+    /// Names the libfabric fabrics `pid` opened before commtap attached (its `fi_fabric`
+    /// calls were not seen), from its memory (`fabric::open_fabrics`).
+    fn find_open_fabrics(&mut self, pid: u32) {
+        let Ok(objects) = discover::mapped_objects(pid) else {
+            return;
+        };
+        let mut mappings = Vec::new();
+        let mut providers = BTreeMap::new();
+        for o in &objects {
+            let Some(lib) = self.probes.library_of(o.dev_inode) else {
+                continue;
+            };
+            if lib.abi != collector_common::Abi::Fabric {
+                continue;
+            }
+            let Some(m) = crate::fabric::mapping_of(pid, o.dev_inode) else {
+                continue;
+            };
+            for p in &lib.fabric_providers {
+                providers.insert(m.bias + p.vaddr, p.name.clone());
+            }
+            mappings.push(m);
+        }
+        if providers.is_empty() {
+            return;
+        }
+        let found = crate::fabric::open_fabrics(pid, &mappings, &providers);
+        if let Some(t) = self.tracked.get_mut(&pid) {
+            t.fabrics.extend(
+                found
+                    .into_iter()
+                    .map(|(provider, name)| crate::report::Fabric { provider, name }),
+            );
+        }
     }
 
     /// Applies `batch` (an event and those queued behind it), reading the identity (rank,

@@ -94,6 +94,9 @@ pub struct Library {
     /// Virtual addresses of its `.text` (start, end).
     #[serde(skip)]
     pub text: (u64, u64),
+    /// libfabric: the providers' `struct fi_provider`s it holds.
+    #[serde(skip)]
+    pub fabric_providers: Vec<crate::fabric::ProviderStruct>,
 }
 
 fn ser_abi<S: serde::Serializer>(abi: &Abi, s: S) -> Result<S::Ok, S::Error> {
@@ -382,6 +385,7 @@ fn nccl_net_plugin(
         missing: Vec::new(),
         family: Family::Nccl,
         text: text_range(elf),
+        fabric_providers: Vec::new(),
     }))
 }
 
@@ -439,6 +443,7 @@ fn fabric_library(
         missing: Vec::new(),
         family: Family::Fabric,
         text: text_range(elf),
+        fabric_providers: crate::fabric::provider_structs(elf, map),
     })
 }
 
@@ -530,6 +535,7 @@ fn probe_points(
         missing,
         family,
         text: text_range(elf),
+        fabric_providers: Vec::new(),
     }
 }
 

@@ -186,13 +186,15 @@ fn open_mpi_over_libfabric_is_attributed_to_mpi_calls() {
         Mpi::OpenMpi,
         &env,
         ("fi_tagged_injectdata", "fi_tagged_recv"),
+        // rxm's fabric and the core tcp fabric beneath it.
+        &["ofi_rxm", "tcp"],
     );
 }
 
 /// Runs mpi_loop on 2 ranks (one Barrier, then N x (Allreduce of 8 B; 16 B Send and
 /// Recv)) with commtap attached once they are ready, checks the MPI profile against the
-/// truth, and checks on each rank that the fabric operations `send` and `recv` were made
-/// by exactly those MPI calls (with 2 ranks an Allreduce is one tagged send and one tagged
+/// truth, that each rank's open fabrics are those of the providers `fabrics`, and on each
+/// rank that the fabric operations `send` and `recv` were made by exactly those MPI calls (with 2 ranks an Allreduce is one tagged send and one tagged
 /// receive), every `send` by an MPI call. What MPI_Finalize puts on the fabric (the
 /// library's own goodbye) is not in the program's truth and is left out. Returns the
 /// profile, the truths and commtap's stderr.
@@ -202,6 +204,7 @@ fn mpi_loop_on_fabric(
     mpi: Mpi,
     env: &[(&str, &str)],
     (send, recv): (&str, &str),
+    fabrics: &[&str],
 ) -> (Value, Vec<Value>, String) {
     let scratch = Scratch::new(name);
     let n: u64 = 5000;
@@ -229,6 +232,8 @@ fn mpi_loop_on_fabric(
     ]);
     for truth in &truths {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
+        // Attached after MPI_Init: the fabrics it opened are found in its memory.
+        assert_eq!(providers(rank), fabrics, "fabrics opened; {}", run.stderr);
         let from = |op: &str| {
             let mut m = routine_table(&rank["routines"][op]["called_from"]);
             m.remove("MPI_Finalize");
@@ -306,6 +311,8 @@ fn intel_mpi_over_its_bundled_libfabric_is_attributed_to_mpi_calls() {
         Mpi::IntelMpi,
         &env,
         ("fi_tagged_inject", "fi_tagged_recv"),
+        // Intel's libfabric serves FI_EP_RDM from tcp itself (no rxm fabric opened).
+        &["tcp"],
     );
     for truth in &truths {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));

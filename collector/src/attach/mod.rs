@@ -605,6 +605,12 @@ impl Probes {
             .map_err(map_err("FABRIC_RANGES"))
     }
 
+    /// The probed library that is the object `dev_inode`, if any.
+    pub fn library_of(&self, dev_inode: (u64, u64)) -> Option<&symbols::Library> {
+        let i = (*self.seen.get(&dev_inode)?)?;
+        Some(&self.libraries[i].library)
+    }
+
     /// Libraries probed so far.
     pub fn libraries(&self) -> &[AttachedLibrary] {
         &self.libraries
