@@ -149,6 +149,9 @@ pub struct RoutineStats {
     /// libfabric: the calls made inside an MPI or NCCL call, by that routine.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub called_from: BTreeMap<String, Totals>,
+    /// libfabric: the calls per endpoint (`struct fid_ep` address in the process, hex).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub endpoints: BTreeMap<String, Totals>,
 }
 
 /// One NCCL communicator's share of a routine's calls.
@@ -186,6 +189,9 @@ impl RoutineStats {
         }
         for (parent, t) in &other.called_from {
             self.called_from.entry(parent.clone()).or_default().merge(t);
+        }
+        for (ep, t) in &other.endpoints {
+            self.endpoints.entry(ep.clone()).or_default().merge(t);
         }
         for c in &other.communicators {
             match self
@@ -325,6 +331,10 @@ pub fn routines_of(
         }
         if let Some(parent) = ROUTINES.get(k.parent as usize) {
             one.called_from.insert(parent.name.to_string(), totals);
+        }
+        if routine.family() == Family::Fabric && k.comm_id != 0 {
+            // The kernel keys libfabric calls by endpoint (the call's first argument).
+            one.endpoints.insert(format!("{:#x}", k.comm_id), totals);
         }
         out.entry(routine.name.to_string()).or_default().merge(&one);
     }

@@ -2,7 +2,11 @@
 //! the real libfabric (Debian's 1.17, stripped), attached to processes after they start,
 //! exactly as the programs posted it, and attributes it to the MPI call that made it.
 
-use std::{collections::BTreeMap, process::Command, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    process::Command,
+    time::Duration,
+};
 
 use commtap_tests::*;
 use serde_json::Value;
@@ -84,10 +88,16 @@ fn pingpong(provider: &str, ep: &str, iters: u64) -> (Value, Value) {
         "fi_pingpong reported no run:\n{report}\n{}",
         run.stderr
     );
-    (
+    let (server, client) = (
         rank_by_pid(&profile, spid as u64).clone(),
         rank_by_pid(&profile, cpid as u64).clone(),
-    )
+    );
+    // pingpong.c opens one endpoint on each side (rxm's or rxd's, for rdm: not the core
+    // endpoints beneath it).
+    for (who, rank) in [("server", &server), ("client", &client)] {
+        assert_eq!(endpoints(rank).len(), 1, "{who}: {:?}", endpoints(rank));
+    }
+    (server, client)
 }
 
 /// What fi_pingpong (libfabric's util/pingpong.c) posts on each side of `iters`
@@ -101,6 +111,18 @@ fn expected(send: &str, iters: u64, extra_recv: u64) -> BTreeMap<String, (u64, u
         ("fi_msg_recv".to_string(), (recvs, recvs * SIZE)),
         ("fi_msg_sendmsg".to_string(), (1, 4)),
     ])
+}
+
+/// The endpoints a process's fabric operations went through.
+fn endpoints(rank: &Value) -> BTreeSet<String> {
+    rank["routines"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(name, _)| name.starts_with("fi_"))
+        .flat_map(|(_, r)| r["endpoints"].as_object().into_iter().flatten())
+        .map(|(ep, _)| ep.clone())
+        .collect()
 }
 
 /// The providers of the fabrics a process was seen to open (`fi_fabric`).
@@ -232,6 +254,9 @@ fn mpi_loop_on_fabric(
     ]);
     for truth in &truths {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
+        // One endpoint per rank, the MPI library's (the provider's own beneath it are not
+        // the application's).
+        assert_eq!(endpoints(rank).len(), 1, "{:?}", endpoints(rank));
         // Attached after MPI_Init: the fabrics it opened are found in its memory.
         assert_eq!(providers(rank), fabrics, "fabrics opened; {}", run.stderr);
         let from = |op: &str| {

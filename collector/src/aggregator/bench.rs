@@ -152,6 +152,7 @@ fn synthetic_rank(
                     comm_sizes: [(64, totals.calls)].into(),
                     communicators: Vec::new(),
                     called_from: Default::default(),
+                    endpoints: Default::default(),
                 },
             )
         })

@@ -319,6 +319,22 @@ pub fn render_fabric(r: &RankProfile) -> String {
         "Times are posting times (entry to return of the provider's function)."
     );
     write_routine_table(&mut o, ("Operation", "time(sec)"), &rows, true);
+    // Which endpoints carried them.
+    let mut endpoints: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (name, s) in &rows {
+        for (ep, t) in &s.endpoints {
+            endpoints
+                .entry(ep.as_str())
+                .or_default()
+                .push(format!("{name} {}", t.calls));
+        }
+    }
+    if !endpoints.is_empty() {
+        let _ = writeln!(o, "Endpoints ({}):", endpoints.len());
+        for (ep, ops) in &endpoints {
+            let _ = writeln!(o, "  {ep}: {}", ops.join(", "));
+        }
+    }
     // The same, from the caller's side: what one MPI or NCCL call puts on the fabric.
     let mut per_call: BTreeMap<&str, Vec<(&str, &Totals)>> = BTreeMap::new();
     for (name, s) in &rows {

@@ -125,6 +125,11 @@ fn routine_to_pb(name: &str, r: &RoutineStats) -> pb::RoutineStats {
             .iter()
             .map(|(k, v)| (k.clone(), v.into()))
             .collect(),
+        endpoints: r
+            .endpoints
+            .iter()
+            .map(|(k, v)| (k.clone(), v.into()))
+            .collect(),
     }
 }
 
@@ -173,6 +178,11 @@ fn routine_from_pb(r: &pb::RoutineStats) -> Result<(String, RoutineStats), Inval
             communicators,
             called_from: r
                 .called_from
+                .iter()
+                .map(|(k, v)| (k.clone(), Totals::from(v)))
+                .collect(),
+            endpoints: r
+                .endpoints
                 .iter()
                 .map(|(k, v)| (k.clone(), Totals::from(v)))
                 .collect(),
