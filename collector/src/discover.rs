@@ -151,6 +151,59 @@ pub struct MappedObject {
     pub path: PathBuf,
     /// Its executable mappings' address ranges in the process.
     pub code: Vec<(u64, u64)>,
+    /// Start of its mapping at file offset 0 (its load bias: libraries here map their first
+    /// segment at virtual address 0), if it has one.
+    pub bias: Option<u64>,
+    /// One past the last byte it has mapped.
+    pub end: u64,
+}
+
+/// One line of `/proc/PID/maps`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapsLine<'a> {
+    /// First address.
+    pub lo: u64,
+    /// One past the last.
+    pub hi: u64,
+    /// `r-xp` and the like.
+    pub perms: &'a str,
+    /// File offset of `lo`.
+    pub offset: u64,
+    /// Device of the file (`st_dev` form), if parseable.
+    pub dev: Option<u64>,
+    /// Inode of the file (0: anonymous).
+    pub inode: u64,
+    /// Path or pseudo-name (`[heap]`), empty for anonymous memory.
+    pub path: String,
+}
+
+/// The parseable lines of a `/proc/PID/maps` text.
+pub fn maps_lines(maps: &str) -> impl Iterator<Item = MapsLine<'_>> {
+    maps.lines().filter_map(|line| {
+        let mut f = line.split_whitespace();
+        let (range, perms, offset, dev, inode) =
+            (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+        let (lo, hi) = range.split_once('-')?;
+        Some(MapsLine {
+            lo: u64::from_str_radix(lo, 16).ok()?,
+            hi: u64::from_str_radix(hi, 16).ok()?,
+            perms,
+            offset: u64::from_str_radix(offset, 16).ok()?,
+            dev: parse_dev(dev),
+            inode: inode.parse().ok()?,
+            path: f.collect::<Vec<_>>().join(" "),
+        })
+    })
+}
+
+/// `major:minor` as /proc/PID/maps prints it, as `st_dev`.
+fn parse_dev(dev: &str) -> Option<u64> {
+    let (maj, min) = dev.split_once(':')?;
+    let (maj, min) = (
+        u64::from_str_radix(maj, 16).ok()?,
+        u64::from_str_radix(min, 16).ok()?,
+    );
+    Some(libc::makedev(maj as u32, min as u32))
 }
 
 /// Size of `pid`'s address space in pages (`/proc/PID/statm`): it grows with every new
@@ -164,44 +217,49 @@ pub fn address_space_pages(pid: u32) -> Option<u64> {
         .ok()
 }
 
-/// Executable file mappings of `pid`, one per file.
+/// Files `pid` maps with at least one executable mapping, one per file, in map order.
 pub fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>, DiscoverError> {
     let maps = fs::read_to_string(format!("/proc/{pid}/maps")).map_err(proc_err(pid, "maps"))?;
-    let mut out: Vec<MappedObject> = Vec::new();
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms), Some(_off), Some(_dev), Some(inode)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            continue;
-        };
-        let path: String = f.collect::<Vec<_>>().join(" ");
-        if !perms.contains('x')
-            || inode == "0"
-            || !path.starts_with('/')
-            || path.ends_with(" (deleted)")
-        {
+    // Every mapping of each file, as the process names it (dev, inode); files without an
+    // executable one are dropped before any stat.
+    let mut files: Vec<Vec<MapsLine>> = Vec::new();
+    for m in maps_lines(&maps) {
+        if m.inode == 0 || !m.path.starts_with('/') || m.path.ends_with(" (deleted)") {
             continue;
         }
+        match files
+            .iter_mut()
+            .find(|f| (f[0].dev, f[0].inode) == (m.dev, m.inode))
+        {
+            Some(lines) => lines.push(m),
+            None => files.push(vec![m]),
+        }
+    }
+    let mut out: Vec<MappedObject> = Vec::new();
+    for lines in files {
+        if !lines.iter().any(|m| m.perms.contains('x')) {
+            continue;
+        }
+        let path = &lines[0].path;
         let in_ns = Path::new(&format!("/proc/{pid}/root")).join(path.trim_start_matches('/'));
         let Ok(meta) = fs::metadata(&in_ns) else {
             continue;
         };
         let dev_inode = (meta.dev(), meta.ino());
-        let code = range.split_once('-').and_then(|(lo, hi)| {
-            Some((
-                u64::from_str_radix(lo, 16).ok()?,
-                u64::from_str_radix(hi, 16).ok()?,
-            ))
-        });
-        match out.iter_mut().find(|o| o.dev_inode == dev_inode) {
-            Some(o) => o.code.extend(code),
-            None => out.push(MappedObject {
-                dev_inode,
-                path: in_ns,
-                code: code.into_iter().collect(),
-            }),
+        if out.iter().any(|o| o.dev_inode == dev_inode) {
+            continue;
         }
+        out.push(MappedObject {
+            dev_inode,
+            path: in_ns,
+            code: lines
+                .iter()
+                .filter(|m| m.perms.contains('x'))
+                .map(|m| (m.lo, m.hi))
+                .collect(),
+            bias: lines.iter().find(|m| m.offset == 0).map(|m| m.lo),
+            end: lines.iter().map(|m| m.hi).max().unwrap_or(0),
+        });
     }
     Ok(out)
 }
@@ -396,6 +454,24 @@ mod tests {
         let me = process_info(std::process::id()).unwrap();
         assert!(me.start_ticks > 0);
         assert!(!mapped_objects(std::process::id()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn maps_lines_are_parsed() {
+        let maps = "7f0d2a013000-7f0d2a130000 r-xp 0001b000 fe:00 15695938   /usr/lib/x86_64-linux-gnu/libfabric.so.1.20.0\n\
+                    55c43ab7d000-55c43ab9e000 rw-p 00000000 00:00 0          [heap]\n\
+                    garbage\n";
+        let lines: Vec<MapsLine> = maps_lines(maps).collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!((lines[0].lo, lines[0].hi), (0x7f0d2a013000, 0x7f0d2a130000));
+        assert_eq!((lines[0].perms, lines[0].offset), ("r-xp", 0x1b000));
+        assert_eq!(lines[0].dev, Some(libc::makedev(0xfe, 0)));
+        assert_eq!(lines[0].inode, 15695938);
+        assert_eq!(
+            lines[0].path,
+            "/usr/lib/x86_64-linux-gnu/libfabric.so.1.20.0"
+        );
+        assert_eq!((lines[1].inode, lines[1].path.as_str()), (0, "[heap]"));
     }
 
     #[test]

@@ -150,50 +150,14 @@ impl Mapping {
     }
 }
 
-/// Where the object with `dev_inode` is mapped in `pid`: the bias from its mapping at file
-/// offset 0 (libraries here map their first segment at virtual address 0), the end from its
-/// last.
-pub fn mapping_of(pid: u32, dev_inode: (u64, u64)) -> Option<Mapping> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let mut found: Option<Mapping> = None;
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(_perms), Some(off), Some(dev), Some(inode)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            continue;
-        };
-        if inode.parse::<u64>().ok() != Some(dev_inode.1) || parse_dev(dev) != Some(dev_inode.0) {
-            continue;
-        }
-        let Some((lo, hi)) = range.split_once('-').and_then(|(a, b)| {
-            Some((
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-            ))
-        }) else {
-            continue;
-        };
-        found = match found {
-            None if off == "00000000" => Some(Mapping { bias: lo, end: hi }),
-            Some(m) => Some(Mapping {
-                end: m.end.max(hi),
-                ..m
-            }),
-            None => None,
-        };
+impl Mapping {
+    /// Where `o` is mapped (`None` without a mapping at file offset 0).
+    pub fn of(o: &crate::discover::MappedObject) -> Option<Mapping> {
+        Some(Mapping {
+            bias: o.bias?,
+            end: o.end,
+        })
     }
-    found
-}
-
-/// `major:minor` as /proc/PID/maps prints it, as `st_dev`.
-fn parse_dev(dev: &str) -> Option<u64> {
-    let (maj, min) = dev.split_once(':')?;
-    let (maj, min) = (
-        u64::from_str_radix(maj, 16).ok()?,
-        u64::from_str_radix(min, 16).ok()?,
-    );
-    Some(libc::makedev(maj as u32, min as u32))
 }
 
 /// What a process's memory shows of its endpoints.
@@ -219,25 +183,12 @@ fn for_each_anonymous_region(pid: u32, mut visit: impl FnMut(u64, &[u8])) -> u64
     };
     let mut scanned = 0;
     let mut buf = Vec::new();
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(perms), Some(_), Some(_), Some(inode)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            continue;
-        };
-        let name = f.next().unwrap_or("");
-        if !perms.starts_with("rw") || inode != "0" || !(name.is_empty() || name == "[heap]") {
+    for m in crate::discover::maps_lines(&maps) {
+        if !m.perms.starts_with("rw") || m.inode != 0 || !(m.path.is_empty() || m.path == "[heap]")
+        {
             continue;
         }
-        let Some((lo, hi)) = range.split_once('-').and_then(|(a, b)| {
-            Some((
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-            ))
-        }) else {
-            continue;
-        };
+        let (lo, hi) = (m.lo, m.hi);
         let len = hi - lo;
         if scanned + len > SCAN_LIMIT {
             continue;
@@ -300,16 +251,10 @@ pub fn provider_structs(elf: &object::File, data: &[u8]) -> Vec<ProviderStruct> 
     };
     let in_text = |a: u64| a >= text.address() && a < text.address() + text.size();
     let pointers = relocated_pointers(elf);
-    let string = |addr: u64| -> Option<String> {
-        let s = elf
-            .sections()
-            .find(|s| addr >= s.address() && addr < s.address() + s.size())?;
-        let (off, _) = s.file_range()?;
-        let at = (addr - s.address() + off) as usize;
-        let rest = data.get(at..at + 32.min(data.len().saturating_sub(at)))?;
-        let end = rest.iter().position(|b| *b == 0)?;
-        let name = std::str::from_utf8(&rest[..end]).ok()?;
-        (!name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic())).then(|| name.to_string())
+    // A provider name: short and printable.
+    let string = |addr: u64| {
+        crate::symbols::c_string(elf, data, addr)
+            .filter(|n| !n.is_empty() && n.len() < 32 && n.bytes().all(|b| b.is_ascii_graphic()))
     };
     pointers
         .iter()

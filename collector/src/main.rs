@@ -578,14 +578,12 @@ fn main() -> ExitCode {
             }
             Command::Jobs(a) => client::print_jobs(&a.from).await,
             Command::ScanFabric { pid } => {
-                use std::os::unix::fs::MetadataExt;
                 for o in discover::mapped_objects(pid)? {
                     let cands = fabric::read_candidates(&o.path)?;
                     if cands.is_empty() {
                         continue;
                     }
-                    let m = std::fs::metadata(&o.path)?;
-                    let Some(map) = fabric::mapping_of(pid, (m.dev(), m.ino())) else {
+                    let Some(map) = fabric::Mapping::of(&o) else {
                         continue;
                     };
                     let scan = fabric::endpoint_tables(pid, map, &cands);

@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 
 use crate::{
     attach::{AttachedLibrary, LoadOptions, Probes},
-    discover::{self, ProcessInfo},
+    discover::{self, MappedObject, ProcessInfo},
     ingest::{self, monotonic_ns, IngestCounters, ProcessEvent},
     report::{JobProfile, ProbedLibrary, RankProfile, SCHEMA},
     stats,
@@ -66,8 +66,14 @@ pub struct Session {
     ingest: Option<JoinHandle<()>>,
     /// Job id given to each job key (see `job_key`), kept stable across profiles.
     job_ids: BTreeMap<String, String>,
-    /// Identities read ahead of the events of one batch (`apply_events`).
-    identities: BTreeMap<u32, ProcessInfo>,
+}
+
+/// The objects `pid` maps (none if its maps cannot be read: it exited, say).
+fn objects_of(pid: u32) -> Vec<MappedObject> {
+    discover::mapped_objects(pid).unwrap_or_else(|e| {
+        debug!("PID {pid}: {e}");
+        Vec::new()
+    })
 }
 
 /// `first` (if any) and every event queued behind it in `rx`.
@@ -104,7 +110,6 @@ impl Session {
             cancel,
             ingest: Some(ingest),
             job_ids: BTreeMap::new(),
-            identities: BTreeMap::new(),
         })
     }
 
@@ -126,17 +131,16 @@ impl Session {
 
     /// Probes every MPI library `pid` maps; returns whether it maps one.
     pub fn attach_mapped(&mut self, pid: u32) -> bool {
-        let objects = match discover::mapped_objects(pid) {
-            Ok(o) => o,
-            Err(e) => {
-                debug!("PID {pid}: {e}");
-                return false;
-            }
-        };
+        let objects = objects_of(pid);
+        self.attach_objects(pid, &objects)
+    }
+
+    /// Probes every MPI library among `objects` (mapped by `pid`); whether there is one.
+    fn attach_objects(&mut self, pid: u32, objects: &[MappedObject]) -> bool {
         // libfabric's code ranges first: a provider's probes must never fire before the
         // kernel can tell its calls to the provider beneath from the application's.
         let mut fabric_code = Vec::new();
-        for o in &objects {
+        for o in objects {
             if self.probes.is_fabric_file(o.dev_inode, &o.path) {
                 fabric_code.extend(o.code.iter().copied());
             }
@@ -145,7 +149,7 @@ impl Session {
             warn!("PID {pid}: {e}");
         }
         let mut any = false;
-        for o in &objects {
+        for o in objects {
             match self.probes.attach_library(o.dev_inode, &o.path) {
                 Ok(true) => any = true,
                 Ok(false) => {}
@@ -175,8 +179,9 @@ impl Session {
     /// Starts counting `pid` (already tracked) from now, probing what it maps.
     pub fn watch_tracked(&mut self, pid: u32) -> Result<()> {
         self.probes.watch(pid, false)?;
-        let maps_mpi = self.attach_mapped(pid);
-        self.find_open_fabrics(pid);
+        let objects = objects_of(pid);
+        let maps_mpi = self.attach_objects(pid, &objects);
+        self.find_open_fabrics(pid, &objects);
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.since_ns = monotonic_ns();
             t.maps_mpi = maps_mpi;
@@ -186,21 +191,19 @@ impl Session {
     }
 
     /// Names the libfabric fabrics `pid` opened before commtap attached (its `fi_fabric`
-    /// calls were not seen), from its memory (`fabric::open_fabrics`).
-    fn find_open_fabrics(&mut self, pid: u32) {
-        let Ok(objects) = discover::mapped_objects(pid) else {
-            return;
-        };
+    /// calls were not seen), from its memory (`fabric::open_fabrics`); `objects` are what
+    /// it maps.
+    fn find_open_fabrics(&mut self, pid: u32, objects: &[MappedObject]) {
         let mut mappings = Vec::new();
         let mut providers = BTreeMap::new();
-        for o in &objects {
+        for o in objects {
             let Some(lib) = self.probes.library_of(o.dev_inode) else {
                 continue;
             };
             if lib.abi != collector_common::Abi::Fabric {
                 continue;
             }
-            let Some(m) = crate::fabric::mapping_of(pid, o.dev_inode) else {
+            let Some(m) = crate::fabric::Mapping::of(o) else {
                 continue;
             };
             for p in &lib.fabric_providers {
@@ -225,21 +228,23 @@ impl Session {
     /// job) of every new process image before attaching to any: reading one process's
     /// libraries can take longer than a short-lived rank lives.
     pub fn apply_events(&mut self, batch: Vec<ProcessEvent>) {
-        for ev in &batch {
-            if let ProcessEvent::Exec { pid } | ProcessEvent::Discovered { pid } = ev {
-                if let Ok(info) = discover::process_info(*pid) {
-                    self.identities.insert(*pid, info);
+        let identities: Vec<Option<ProcessInfo>> = batch
+            .iter()
+            .map(|ev| match ev {
+                ProcessEvent::Exec { pid } | ProcessEvent::Discovered { pid } => {
+                    discover::process_info(*pid).ok()
                 }
-            }
+                _ => None,
+            })
+            .collect();
+        for (ev, identity) in batch.into_iter().zip(identities) {
+            self.on_process_event(ev, identity);
         }
-        for ev in batch {
-            self.on_process_event(ev);
-        }
-        self.identities.clear();
     }
 
-    /// Applies a process lifecycle event from the kernel.
-    pub fn on_process_event(&mut self, ev: ProcessEvent) {
+    /// Applies a process lifecycle event from the kernel; `identity` is the process's, if
+    /// read ahead.
+    fn on_process_event(&mut self, ev: ProcessEvent, identity: Option<ProcessInfo>) {
         match ev {
             ProcessEvent::Fork { pid, .. } => {
                 self.tracked.entry(pid).or_insert_with(Tracked::from_now);
@@ -254,11 +259,9 @@ impl Session {
                     t
                 });
                 // The new image's environment names the rank; its libraries may be new.
-                let read = match self.identities.remove(&pid) {
-                    Some(info) => Some(info),
-                    None => discover::process_info(pid).ok(),
-                };
-                t.info = read.or(t.info.take());
+                t.info = identity
+                    .or_else(|| discover::process_info(pid).ok())
+                    .or(t.info.take());
                 let maps = self.attach_mapped(pid);
                 if let Some(t) = self.tracked.get_mut(&pid) {
                     t.maps_mpi |= maps;

@@ -389,8 +389,8 @@ fn nccl_net_plugin(
     }))
 }
 
-/// The NUL-terminated string at virtual address `addr` of the file.
-fn c_string(elf: &object::File, map: &[u8], addr: u64) -> Option<String> {
+/// The NUL-terminated string (at most 256 bytes) at virtual address `addr` of the file.
+pub(crate) fn c_string(elf: &object::File, map: &[u8], addr: u64) -> Option<String> {
     let off = file_offset(elf, addr)? as usize;
     let rest = map.get(off..)?;
     let end = rest.iter().take(256).position(|b| *b == 0)?;

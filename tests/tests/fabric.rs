@@ -135,29 +135,41 @@ fn providers(rank: &Value) -> Vec<&str> {
         .collect()
 }
 
-#[test]
-fn fi_pingpong_tcp_msg_is_counted_exactly() {
-    let n = 20_000;
-    let (server, client) = pingpong("tcp", "msg", n);
-    // The client was watched from its exec: its fi_fabric was seen.
-    assert_eq!(providers(&client), ["tcp"], "{client:#}");
+/// fi_pingpong iterations of each run.
+const ITERS: u64 = 20_000;
+
+/// Runs fi_pingpong (`ITERS` x 64 B) and checks that each side posted exactly what
+/// pingpong.c posts, sending with `send` (and `extra_recv` more receives), and that the
+/// client, watched from its exec, was seen to open a fabric of provider `fabric`.
+#[track_caller]
+fn pingpong_exact(
+    (provider, ep): (&str, &str),
+    send: &str,
+    extra_recv: u64,
+    fabric: &str,
+) -> (Value, Value) {
+    let (server, client) = pingpong(provider, ep, ITERS);
+    assert_eq!(providers(&client), [fabric], "{provider} {ep}: {client:#}");
     for (who, rank) in [("server", &server), ("client", &client)] {
         assert_eq!(
             ops(rank),
-            expected("fi_msg_inject", n, 0),
-            "{who}: {rank:#}"
+            expected(send, ITERS, extra_recv),
+            "{provider} {ep} {who}: {rank:#}"
         );
     }
+    (server, client)
+}
+
+#[test]
+fn fi_pingpong_tcp_msg_is_counted_exactly() {
+    pingpong_exact(("tcp", "msg"), "fi_msg_inject", 0, "tcp");
 }
 
 #[test]
 fn fi_pingpong_tcp_rdm_through_rxm_is_counted_once() {
-    let n = 20_000;
-    let (server, client) = pingpong("tcp", "rdm", n);
     // The application's provider, not the core fabric rxm opens beneath it.
-    assert_eq!(providers(&client), ["tcp;ofi_rxm"], "{client:#}");
+    let (server, client) = pingpong_exact(("tcp", "rdm"), "fi_msg_send", 0, "tcp;ofi_rxm");
     for (who, rank) in [("server", &server), ("client", &client)] {
-        assert_eq!(ops(rank), expected("fi_msg_send", n, 0), "{who}: {rank:#}");
         // rxm's calls into tcp beneath it are libfabric's own, not operations.
         assert!(
             rank["fabric_internal"].as_u64() > Some(0),
@@ -171,25 +183,8 @@ fn fi_pingpong_tcp_rdm_through_rxm_is_counted_once() {
 
 #[test]
 fn fi_pingpong_udp_rdm_and_dgram_are_counted_exactly() {
-    let n = 20_000;
-    let (server, client) = pingpong("udp", "rdm", n);
-    assert_eq!(providers(&client), ["udp;ofi_rxd"], "{client:#}");
-    for (who, rank) in [("server", &server), ("client", &client)] {
-        assert_eq!(
-            ops(rank),
-            expected("fi_msg_inject", n, 0),
-            "rdm {who}: {rank:#}"
-        );
-    }
-    let (server, client) = pingpong("udp", "dgram", n);
-    assert_eq!(providers(&client), ["udp"], "{client:#}");
-    for (who, rank) in [("server", &server), ("client", &client)] {
-        assert_eq!(
-            ops(rank),
-            expected("fi_msg_inject", n, 1),
-            "dgram {who}: {rank:#}"
-        );
-    }
+    pingpong_exact(("udp", "rdm"), "fi_msg_inject", 0, "udp;ofi_rxd");
+    pingpong_exact(("udp", "dgram"), "fi_msg_inject", 1, "udp");
 }
 
 /// Open MPI 4.1 over libfabric (mtl ofi, tcp;ofi_rxm): every fabric operation is the one

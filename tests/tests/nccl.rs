@@ -326,19 +326,35 @@ fn waits_for_the_gpu_measure_device_time() {
     assert!((ratio - measured / 18.05).abs() <= 1e-12, "{ratio}");
 }
 
+/// Builds `tests/programs/<src>` into one executable `out` with the stand-ins `standins`
+/// (`tests/programs/*.c`) linked in, and `extra` compiler arguments.
+fn build_with_standins(
+    src: &str,
+    out: &str,
+    standins: &[&str],
+    extra: &[&str],
+) -> std::path::PathBuf {
+    let programs = repo_root().join("tests/programs");
+    let mut args = vec![format!("-I{}", programs.display())];
+    args.extend(
+        standins
+            .iter()
+            .map(|s| programs.join(s).display().to_string()),
+    );
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    compile_c(src, out, &args)
+}
+
 /// NCCL and the CUDA runtime linked into the executable itself are found by its symbols.
 #[test]
 fn nccl_linked_into_the_executable_is_probed_there() {
     let scratch = Scratch::new("nccl-static");
-    let programs = repo_root().join("tests/programs");
-    let prog = compile_c(
+    let prog = build_with_standins(
         "nccl_device.c",
         "nccl_device_static",
-        &[
-            &format!("-I{}", programs.display()),
-            path_str(&programs.join("nccl_standin.c")),
-            path_str(&programs.join("cudart_standin.c")),
-        ],
+        &["nccl_standin.c", "cudart_standin.c"],
+        &[],
     );
     let r = attach_then_go(&scratch, &prog, &[]);
     assert_device_time(&r);
@@ -491,16 +507,7 @@ fn compare_flags_the_seed_runs_below_the_expected_curve() {
 #[test]
 fn network_transport_messages_are_counted_per_transport() {
     let scratch = Scratch::new("nccl-net");
-    let programs = repo_root().join("tests/programs");
-    let prog = compile_c(
-        "nccl_net.c",
-        "nccl_net",
-        &[
-            &format!("-I{}", programs.display()),
-            path_str(&programs.join("nccl_standin.c")),
-            "-pthread",
-        ],
-    );
+    let prog = build_with_standins("nccl_net.c", "nccl_net", &["nccl_standin.c"], &["-pthread"]);
     let plugin = compile_c(
         "nccl_net_plugin.c",
         "libnccl-net-standin.so",

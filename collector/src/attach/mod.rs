@@ -491,33 +491,22 @@ impl Probes {
             }
             .pack()
         };
-        let all: Vec<&ProbePoint> = lib.probes.iter().collect();
+        // libfabric's fi_fabric has its own program (it names the provider), without return.
+        let (open, all): (Vec<&ProbePoint>, Vec<&ProbePoint>) = lib
+            .probes
+            .iter()
+            .partition(|p| p.routine == collector_common::routines::FABRIC_OPEN);
         let entry = if lib.abi == Abi::Fabric {
             "fabric_entry"
         } else {
             "call_entry"
         };
-        let mut groups = vec![];
+        let mut groups = vec![("fabric_open", false, open), (entry, false, all.clone())];
         match lib.abi {
-            Abi::Fabric => {
-                // fi_fabric has its own program (it names the provider); no return.
-                let (open, ops): (Vec<&ProbePoint>, Vec<&ProbePoint>) = all
-                    .into_iter()
-                    .partition(|p| p.routine == collector_common::routines::FABRIC_OPEN);
-                groups.push(("fabric_open", false, open));
-                groups.push((entry, false, ops.clone()));
-                groups.push(("fabric_return", true, ops));
-            }
-            Abi::OpenMpi => {
-                groups.push((entry, false, all.clone()));
-                groups.push(("mpi_return_ompi", true, all));
-            }
-            Abi::Nccl => {
-                groups.push((entry, false, all.clone()));
-                groups.push(("nccl_return", true, all));
-            }
+            Abi::Fabric => groups.push(("fabric_return", true, all)),
+            Abi::OpenMpi => groups.push(("mpi_return_ompi", true, all)),
+            Abi::Nccl => groups.push(("nccl_return", true, all)),
             Abi::Mpich => {
-                groups.push((entry, false, all.clone()));
                 // Datatype constructors have their own return program (they learn sizes).
                 let (types, rest): (Vec<&ProbePoint>, Vec<&ProbePoint>) = all
                     .into_iter()
