@@ -156,17 +156,29 @@ pub struct CallState {
     pub fab_internal: u32,
     /// The MPI handles this thread's calls decoded last.
     pub cache: HandleCache,
+    /// The attach cookie of the call in `args`: its return probe shares the attach point,
+    /// so the return reads it here instead of asking the kernel again.
+    pub cookie: u64,
+    /// The thread's process (a thread's tgid never changes), set when the state is made.
+    pub tgid: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+    /// The stamp of the handle generation in which the process was last found counted:
+    /// a detach bumps the generation, and the next call checks again.
+    pub counted_gen: u64,
 }
-const _: () = assert!(size_of::<CallState>() == 360);
+const _: () = assert!(size_of::<CallState>() == 528);
 const _: () = assert!(offset_of!(CallState, cache) == 280);
 
 /// Per-thread cache of the MPI handles a thread's last calls decoded: datatype sizes (Open
 /// MPI's are read from the library's object, measured at ~110 ns a read here; MPICH's
-/// derived ones are a hash lookup) and its last communicator (a hash lookup, ~55 ns). A loop
-/// of calls on one communicator and datatype then decodes from here. It is valid while
+/// derived ones are a hash lookup), its last communicator (a hash lookup, ~55 ns) and the
+/// counter slots of its last keys (see `COUNTER_SLOTS`). A loop of calls on one
+/// communicator and datatype then decodes and counts from here. It is valid while
 /// `gen` is one more than the global handle generation, which every datatype or
-/// communicator free, every communicator size or rank learnt and every exec of a watched
-/// process bumps; a zeroed cache is never valid.
+/// communicator free, every communicator size or rank learnt, every exec of a watched
+/// process, every detach and every release of counter slots bumps; a zeroed cache is never
+/// valid.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HandleCache {
@@ -182,11 +194,22 @@ pub struct HandleCache {
     pub comm_info: CommInfo,
     /// The `types` slot the next miss fills.
     pub next_type: u32,
-    /// Explicit padding.
-    pub _pad: u32,
+    /// The `counter_keys` entry the next miss fills.
+    pub next_counter: u32,
+    /// The counter slots of `counter_keys`, plus one (0: empty).
+    pub counter_slots: [u32; COUNTER_CACHE],
+    /// The keys of the counters this thread updated last ([`CounterKey::words`]): enough
+    /// for a loop of Isend, Irecv and Waitall.
+    pub counter_keys: [[u64; 4]; COUNTER_CACHE],
 }
-const _: () = assert!(size_of::<HandleCache>() == 80);
+const _: () = assert!(size_of::<HandleCache>() == 224);
+
+/// Counter keys a thread's handle cache holds.
+pub const COUNTER_CACHE: usize = 4;
 const _: () = assert!(offset_of!(CallState, group_start_ns) == 144);
+
+/// Number of ground-truth counters (keys) the kernel holds at once.
+pub const MAX_COUNTERS: u32 = 131072;
 
 /// Number of library layout slots (distinct probed MPI libraries at once).
 pub const MAX_LAYOUTS: u32 = 64;
@@ -262,6 +285,14 @@ const _: () = assert!(offset_of!(CounterKey, bucket) == 24);
 impl CounterKey {
     /// `parent` of a call made outside any MPI or NCCL call.
     pub const NO_PARENT: u16 = u16::MAX;
+
+    /// The key as four words, to compare in four instructions (a derived `==` compares the
+    /// pad bytes one by one).
+    #[inline(always)]
+    pub const fn words(&self) -> [u64; 4] {
+        // SAFETY: a 32-byte `repr(C)` struct whose padding is an explicit field.
+        unsafe { core::mem::transmute::<CounterKey, [u64; 4]>(*self) }
+    }
 }
 
 /// Where a probed libfabric library's code is, as virtual addresses of its file: calls
@@ -294,7 +325,7 @@ pub struct FabricRanges {
 }
 const _: () = assert!(size_of::<FabricRanges>() == 136);
 
-/// Value of the ground-truth counters (a per-CPU map: userspace sums the CPUs).
+/// Value of the ground-truth counters (per CPU: userspace sums the CPUs).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CounterVal {
@@ -306,6 +337,16 @@ pub struct CounterVal {
     pub time_ns: u64,
 }
 const _: () = assert!(size_of::<CounterVal>() == 24);
+
+impl CounterVal {
+    /// Adds `calls` calls of `bytes` bytes that took `time_ns` in all.
+    #[inline(always)]
+    pub fn add(&mut self, calls: u64, bytes: u64, time_ns: u64) {
+        self.calls += calls;
+        self.bytes += bytes;
+        self.time_ns += time_ns;
+    }
+}
 
 /// Per-process health counters and MPI lifetime marks (per-CPU; userspace sums / maxes).
 #[repr(C)]

@@ -5,13 +5,14 @@ use aya_ebpf::{macros::map, maps::Array};
 use collector_common::{CommInfo, HandleCache};
 
 /// The handle generation (index 0): bumped by every datatype or communicator free, every
-/// communicator size or rank learnt and every exec of a watched process.
+/// communicator size or rank learnt, every exec of a watched process, and by userspace
+/// when it detaches a process or frees counter slots.
 #[map]
 pub static HANDLE_GEN: Array<u64> = Array::with_max_entries(1, 0);
 
 /// The generation caches are stamped with now (never 0: a zeroed cache is invalid).
 #[inline(always)]
-fn stamp() -> u64 {
+pub fn stamp() -> u64 {
     // SAFETY: a plain u64 another CPU may bump at any time; a stale read only makes a
     // cache look valid for the generation it was filled in, which the bump ordering keeps
     // safe (frees bump both before and after the handle goes).
@@ -35,7 +36,7 @@ pub fn bump() {
 
 /// The cache, emptied first if it is from an older generation.
 #[inline(always)]
-fn current(cache: *mut HandleCache) -> &'static mut HandleCache {
+pub fn current(cache: *mut HandleCache) -> &'static mut HandleCache {
     // SAFETY: the calling thread's own task storage, alive for the whole program run.
     let c = unsafe { &mut *cache };
     let now = stamp();
@@ -43,6 +44,7 @@ fn current(cache: *mut HandleCache) -> &'static mut HandleCache {
         c.gen = now;
         c.types = [0; 2];
         c.comm = 0;
+        c.counter_slots = [0; collector_common::COUNTER_CACHE];
     }
     c
 }

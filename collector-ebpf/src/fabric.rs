@@ -24,12 +24,13 @@ use collector_common::{
 };
 
 use crate::{
+    counters::add,
     decode::read,
     maps::{
-        call_state, is_counted, is_watched, with_proc_stats, COUNTERS, EVENTS, FABRIC_FUNCS,
-        FABRIC_KINDS, FABRIC_RANGES, FABRIC_TEXT, ROUTINE_SPECS,
+        call_state, is_counted, is_watched, new_call_state, still_counted, with_proc_stats, EVENTS,
+        FABRIC_FUNCS, FABRIC_KINDS, FABRIC_RANGES, FABRIC_TEXT, ROUTINE_SPECS,
     },
-    mpi::{add, cookie},
+    mpi::cookie,
 };
 
 /// Longest `struct iovec` array summed.
@@ -60,7 +61,7 @@ pub fn fabric_entry(ctx: ProbeContext) -> u32 {
             if !is_counted(tgid) {
                 return 0;
             }
-            match call_state(true) {
+            match new_call_state(tgid) {
                 Some(e) => e,
                 None => {
                     with_proc_stats(tgid, |s| s.counters_full += 1);
@@ -88,6 +89,9 @@ pub fn fabric_entry(ctx: ProbeContext) -> u32 {
     let routine = resolve(&c, regs.rip, args[0]);
     let now = unsafe { bpf_ktime_get_ns() };
     if e.busy == 0 {
+        if !still_counted(e) {
+            return 0;
+        }
         e.args[0] = args[0];
         e.args[1] = args[1];
         e.args[2] = args[2];
@@ -224,7 +228,7 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
         bucket,
         _pad: [0; 7],
     };
-    add(&COUNTERS, &key, 1, bytes, now.saturating_sub(start));
+    add(e, &key, 1, bytes, now.saturating_sub(start));
     0
 }
 

@@ -11,6 +11,7 @@
 #![no_main]
 
 mod cache;
+mod counters;
 mod decode;
 mod fabric;
 mod maps;

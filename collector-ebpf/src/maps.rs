@@ -63,10 +63,32 @@ pub fn call_state(create: bool) -> Option<*mut CallState> {
     }
 }
 
-/// Ground truth: calls, bytes and time per process, routine, size bucket and comm size.
-#[map]
-pub static COUNTERS: PerCpuHashMap<CounterKey, CounterVal> =
-    PerCpuHashMap::with_max_entries(131072, 0);
+/// This thread's call state, made if needed for a thread of counted process `tgid`.
+#[inline(always)]
+pub fn new_call_state(tgid: u32) -> Option<*mut CallState> {
+    let e = call_state(true)?;
+    // SAFETY: the thread's own state.
+    unsafe {
+        (*e).tgid = tgid;
+        (*e).counted_gen = crate::cache::stamp();
+    }
+    Some(e)
+}
+
+/// Whether the process of a thread with call state is still counted: looked up again only
+/// after the handle generation moved (a detach bumps it), so a loop of calls pays nothing.
+#[inline(always)]
+pub fn still_counted(e: &mut CallState) -> bool {
+    let now = crate::cache::stamp();
+    if e.counted_gen == now {
+        return true;
+    }
+    if !is_counted(e.tgid) {
+        return false;
+    }
+    e.counted_gen = now;
+    true
+}
 
 /// NCCL device time: per operation key, the windows from an operation's enqueue to the
 /// return of the host's next wait for the GPU (calls = operations in those windows).

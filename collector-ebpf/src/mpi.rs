@@ -9,13 +9,12 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::{uprobe, uretprobe},
-    maps::PerCpuHashMap,
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
 use collector_common::{
-    routines::class, Abi, ArgSpec, ByteRule, CallEvent, CommInfo, Cookie, CounterKey, CounterVal,
-    EventKind, HandleCache, HandleKey, Layout, ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
+    routines::class, Abi, ArgSpec, ByteRule, CallEvent, CommInfo, Cookie, CounterKey, EventKind,
+    HandleCache, HandleKey, Layout, ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
 };
 
 use collector_common::routines::NO_ARG as N;
@@ -26,40 +25,51 @@ use crate::{
         sum_ints, sum_typed, type_size,
     },
     maps::{
-        call_state, is_counted, is_watched, with_proc_stats, COMMS, CONFIG, COUNTERS, DTYPES,
-        EVENTS, LAYOUTS, ROUTINE_SPECS,
+        call_state, is_counted, is_watched, new_call_state, still_counted, with_proc_stats, COMMS,
+        CONFIG, DTYPES, EVENTS, LAYOUTS, ROUTINE_SPECS,
     },
 };
 
 #[inline(always)]
 pub(crate) fn cookie(ctx: &impl EbpfContext) -> Cookie {
+    Cookie::unpack(raw_cookie(ctx))
+}
+
+/// The attachment's cookie as the kernel keeps it.
+#[inline(always)]
+fn raw_cookie(ctx: &impl EbpfContext) -> u64 {
     // SAFETY: the helper only reads the attachment's cookie.
-    Cookie::unpack(unsafe { aya_ebpf::helpers::generated::bpf_get_attach_cookie(ctx.as_ptr()) })
+    unsafe { aya_ebpf::helpers::generated::bpf_get_attach_cookie(ctx.as_ptr()) }
 }
 
 /// Entry of any probed routine (MPI or NCCL); arguments per `ROUTINE_SPECS[cookie.routine]`.
 #[uprobe]
 pub fn call_entry(ctx: ProbeContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
     // A thread has call state only if its process was counted when it first called MPI,
-    // and loses it when it exits; so the watched set is consulted once per thread.
-    let c = cookie(&ctx);
+    // and loses it when it exits; so the watched set is consulted once per thread (and
+    // again after a detach), and the process id is asked of the kernel only then.
+    let packed = raw_cookie(&ctx);
+    let c = Cookie::unpack(packed);
     let Some(spec) = ROUTINE_SPECS.get(c.routine as u32) else {
         return 0;
     };
     let existing = call_state(false);
-    match existing {
+    let tgid = match existing {
         Some(e) => {
             // SAFETY: the thread's own entry; only this thread touches it.
             let e = unsafe { &mut *e };
             if e.busy != 0 {
                 e.depth += 1;
-                with_proc_stats(tgid, |s| s.nested += 1);
+                with_proc_stats(e.tgid, |s| s.nested += 1);
                 return 0;
             }
+            if !still_counted(e) {
+                return 0;
+            }
+            e.tgid
         }
         None => {
+            let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
             // A wait for the GPU alone does not make a process one to profile (every CUDA
             // program makes them); it counts in processes already watched.
             let counted = if spec.class == class::SYNC {
@@ -70,8 +80,9 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
             if !counted {
                 return 0;
             }
+            tgid
         }
-    }
+    };
     let mut args = [0u64; ARG_SLOTS];
     // SAFETY: regs points at this probe's saved registers.
     let regs = unsafe { &*ctx.regs };
@@ -99,7 +110,7 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
         args[i] = read::<u64>(args[i]).unwrap_or(0);
     }
     let start_ns = unsafe { bpf_ktime_get_ns() };
-    match existing.or_else(|| call_state(true)) {
+    match existing.or_else(|| new_call_state(tgid)) {
         // SAFETY: the thread's own, idle state. Only the call's fields are written: an
         // open NCCL group and device-time window outlive the call.
         Some(e) => unsafe {
@@ -108,6 +119,7 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
             (*e).depth = 0;
             (*e).busy = 1;
             (*e).routine = c.routine;
+            (*e).cookie = packed;
         },
         // No storage could be created (memory, or the storage lock busy): not counted.
         None => with_proc_stats(tgid, |s| s.counters_full += 1),
@@ -150,8 +162,6 @@ pub fn mpi_return_mpich_types(ctx: RetProbeContext) -> u32 {
 /// its own decoding paths, which keeps the verifier's work small.
 #[inline(always)]
 pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
     let now = unsafe { bpf_ktime_get_ns() };
     let ret: i32 = ctx.ret();
     // Only counted processes have call state: no need to look the process up again.
@@ -159,6 +169,7 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         // SAFETY: the thread's own entry.
         Some(e) if unsafe { (*e).busy } != 0 => unsafe { &mut *e },
         _ => {
+            let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
             if is_counted(tgid) {
                 with_proc_stats(tgid, |s| s.orphan_returns += 1);
             }
@@ -170,8 +181,9 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         return 0;
     }
     let start_ns = e.start_ns;
-
-    let c = cookie(&ctx);
+    let tgid = e.tgid;
+    // The entry's cookie: the outermost call returns through the same attach point.
+    let c = Cookie::unpack(e.cookie);
     let Some(spec) = ROUTINE_SPECS.get(c.routine as u32) else {
         return 0;
     };
@@ -243,9 +255,8 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         bucket,
         _pad: [0; 7],
     };
-    add(&COUNTERS, &key, 1, bytes, dur);
-
     let peer = arg(args, spec.peer).map(int_arg).unwrap_or(-1);
+    crate::counters::add(e, &key, 1, bytes, dur);
     if ABI == Abi::Nccl as u8 {
         crate::nccl::after_call(e, &spec, &key, bytes, start_ns, now, ret);
     }
@@ -256,7 +267,7 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
     let ev = CallEvent {
         kind: EventKind::Call as u32,
         tgid,
-        tid: pid_tgid as u32,
+        tid: bpf_get_current_pid_tgid() as u32,
         routine: c.routine,
         bucket,
         _pad: 0,
@@ -300,38 +311,6 @@ pub(crate) fn arg(args: &[u64; ARG_SLOTS], i: u8) -> Option<u64> {
         None
     } else {
         Some(args[(i & 15) as usize])
-    }
-}
-
-/// Adds `calls` calls to counter `key` of `map` (the ground truth, or NCCL device time).
-#[inline(always)]
-pub(crate) fn add(
-    map: &PerCpuHashMap<CounterKey, CounterVal>,
-    key: &CounterKey,
-    calls: u64,
-    bytes: u64,
-    dur: u64,
-) {
-    let tgid = key.tgid;
-    if let Some(v) = map.get_ptr_mut(key) {
-        // SAFETY: this CPU's slot.
-        let v = unsafe { &mut *v };
-        v.calls += calls;
-        v.bytes += bytes;
-        v.time_ns += dur;
-    } else if map
-        .insert(
-            key,
-            CounterVal {
-                calls,
-                bytes,
-                time_ns: dur,
-            },
-            0,
-        )
-        .is_err()
-    {
-        with_proc_stats(tgid, |s| s.counters_full += 1);
     }
 }
 

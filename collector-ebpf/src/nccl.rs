@@ -16,9 +16,10 @@ use collector_common::{
 };
 
 use crate::{
+    counters::{add, add_hashed},
     decode::{int_arg, read},
-    maps::{with_proc_stats, COMMS, COUNTERS, DEVICE_TIME},
-    mpi::{add, learn_comm, on_return_probe, Call},
+    maps::{with_proc_stats, COMMS, DEVICE_TIME},
+    mpi::{learn_comm, on_return_probe, Call},
 };
 
 /// Largest `ncclCommInitAll` clique whose communicators are learnt.
@@ -239,7 +240,7 @@ pub(crate) fn after_call(
                 _pad: [0; 7],
             };
             let group_start = e.group_start_ns;
-            add(&COUNTERS, &group, 1, b, now.saturating_sub(group_start));
+            add(e, &group, 1, b, now.saturating_sub(group_start));
             with_proc_stats(tgid, |s| s.group_ops += ops);
             join_window(e, &group, b, group_start);
         }
@@ -249,7 +250,7 @@ pub(crate) fn after_call(
             }
             if e.win_mixed == 0 && ret == 0 {
                 let k = e.win_key;
-                add(
+                add_hashed(
                     &DEVICE_TIME,
                     &k,
                     e.win_ops as u64,

@@ -451,6 +451,70 @@ fn attach_detach_and_stream_events_on_request() {
     daemon.stop(&scratch);
 }
 
+/// A rank detached after it made calls (its threads have call state in the kernel) stops
+/// counting at its next call: its profile is what it did until the detach (kept as a final
+/// one), the calls after it are not counted, and the other rank's profile stays exact.
+#[test]
+fn a_rank_detached_after_its_first_calls_is_not_counted_again() {
+    let scratch = Scratch::new("daemon-detach-late");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let n = 200u64;
+    // MPI_Init, Comm_rank, Comm_size and a Barrier before `ready`: counted from the first.
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, n, &[]);
+    let (r0, r1) = rank_pids(&ranks);
+    wait_until("the daemon to track both ranks", LIMIT, || {
+        let out = commtap_output(&["ps", "--from", &daemon.target]);
+        let ps = String::from_utf8_lossy(&out.stdout).to_string();
+        [r0, r1].iter().all(|p| ps.contains(&p.to_string()))
+    });
+    let out = commtap_output(&["detach", "--pid", &r1.to_string(), "--from", &daemon.target]);
+    assert!(
+        out.status.success(),
+        "detach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    wait_for_exited(&daemon.target, 2);
+    let profile = report_json(&["report", "--from", &daemon.target]);
+    let ranks = profile["ranks"].as_array().expect("ranks");
+    let rank_of = |pid: u32| {
+        ranks
+            .iter()
+            .find(|r| r["pid"].as_u64() == Some(u64::from(pid)))
+            .unwrap_or_else(|| panic!("rank of pid {pid}: {profile:#}"))
+    };
+    let before_go: BTreeMap<String, (u64, u64)> =
+        ["MPI_Init", "MPI_Comm_rank", "MPI_Comm_size", "MPI_Barrier"]
+            .iter()
+            .map(|r| (r.to_string(), (1, 0)))
+            .collect();
+    assert_eq!(
+        routine_table(&rank_of(r1)["routines"]),
+        before_go,
+        "rank 1: its calls until the detach, none after"
+    );
+    let truths = read_truths(&scratch.path("truth"), 2);
+    let t0 = truths
+        .iter()
+        .find(|t| t["pid"].as_u64() == Some(u64::from(r0)))
+        .expect("truth of rank 0");
+    // The truth holds the calls after `go`; the profile also those before it.
+    let mut got = routine_table(&rank_of(r0)["routines"]);
+    for before in ["MPI_Init", "MPI_Comm_rank", "MPI_Comm_size", "MPI_Finalize"] {
+        assert_eq!(
+            got.remove(before).map(|(calls, _)| calls),
+            Some(1),
+            "{before}"
+        );
+    }
+    if let Some(b) = got.get_mut("MPI_Barrier") {
+        b.0 -= 1;
+    }
+    assert_eq!(got, routine_table(&t0["routines"]), "rank 0's counts");
+    daemon.stop(&scratch);
+}
+
 /// (rank 0's pid, rank 1's pid) of a 2-rank Open MPI job, from its environment.
 fn rank_pids(ranks: &[u32]) -> (u32, u32) {
     let rank_of = |pid: u32| -> u32 {

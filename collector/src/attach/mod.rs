@@ -2,6 +2,7 @@
 //! the number of processes mapping it), one uprobe_multi link for the entries and one for
 //! the returns of all its routines; the kernel filters to the watched processes.
 
+mod counters;
 mod multi;
 
 use std::{
@@ -108,7 +109,7 @@ pub struct Probes {
     /// What `config` holds.
     settings: Config,
     layouts: Array<MapData, Layout>,
-    counters: PerCpuHashMap<MapData, CounterKey, CounterVal>,
+    counters: counters::Counters,
     device_time: PerCpuHashMap<MapData, CounterKey, CounterVal>,
     fabric_funcs: BpfHashMap<MapData, u64, u64>,
     fabric_text: Array<MapData, FabricText>,
@@ -143,9 +144,11 @@ pub struct LoadOptions {
 
 /// The maps that carry a node's counts across a daemon restart (the others are refilled
 /// at start, or hold per-run state such as library slots).
-const KEPT_MAPS: [&str; 6] = [
+const KEPT_MAPS: [&str; 8] = [
     "WATCHED",
-    "COUNTERS",
+    "COUNTER_SLOTS",
+    "COUNTER_VALUES",
+    "FREE_SLOTS",
     "DEVICE_TIME",
     "PROC_STATS",
     "COMMS",
@@ -159,8 +162,9 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// (an older commtap) are never reused.
 pub fn state_dir_for_layout(base: &Path) -> PathBuf {
     let tag = format!(
-        "layout-k{}-v{}-p{}-c{}-h{}-r{}",
+        "layout-k{}-s{}-v{}-p{}-c{}-h{}-r{}",
         size_of::<CounterKey>(),
+        collector_common::MAX_COUNTERS,
         size_of::<CounterVal>(),
         size_of::<ProcStats>(),
         size_of::<CommInfo>(),
@@ -296,8 +300,7 @@ impl Probes {
                 ..Config::default()
             },
             layouts: Array::try_from(take(&mut ebpf, "LAYOUTS")?).map_err(map_err("LAYOUTS"))?,
-            counters: PerCpuHashMap::try_from(take(&mut ebpf, "COUNTERS")?)
-                .map_err(map_err("COUNTERS"))?,
+            counters: counters::Counters::take_from(&mut ebpf)?,
             device_time: PerCpuHashMap::try_from(take(&mut ebpf, "DEVICE_TIME")?)
                 .map_err(map_err("DEVICE_TIME"))?,
             fabric_funcs: BpfHashMap::try_from(take(&mut ebpf, "FABRIC_FUNCS")?)
@@ -344,12 +347,17 @@ impl Probes {
     /// Forgets `pid` (used to stop following commtap's own children).
     pub fn unwatch(&mut self, pid: u32) {
         let _ = self.watched.remove(&pid);
+        // Threads with call state check again whether their process is counted.
+        self.counters.bump_generation();
     }
 
     /// Stops counting `pid` for good: unlike [`Probes::unwatch`], watch-all mode does not
     /// take it up again (until [`Probes::unwatch`] or [`Probes::watch`]).
     pub fn ignore(&mut self, pid: u32) -> Result<(), AttachError> {
-        self.watched.insert(pid, 0, 0).map_err(map_err("WATCHED"))
+        self.watched.insert(pid, 0, 0).map_err(map_err("WATCHED"))?;
+        // Threads with call state check again whether their process is counted.
+        self.counters.bump_generation();
+        Ok(())
     }
 
     /// Whether the kernel still counts `pid` (false once it exited).
@@ -392,15 +400,15 @@ impl Probes {
     /// Removes everything the kernel keeps of `pid` (counters, learnt handles), once its
     /// final profile is taken: a later process with the same pid starts from zero.
     pub fn forget_process(&mut self, pid: u32) {
-        for map in [&mut self.counters, &mut self.device_time] {
-            let keys: Vec<CounterKey> = map
-                .keys()
-                .filter_map(Result::ok)
-                .filter(|k| k.tgid == pid)
-                .collect();
-            for k in keys {
-                let _ = map.remove(&k);
-            }
+        self.counters.forget(pid);
+        let keys: Vec<CounterKey> = self
+            .device_time
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.tgid == pid)
+            .collect();
+        for k in keys {
+            let _ = self.device_time.remove(&k);
         }
         let _ = self.proc_stats.remove(&pid);
         let _ = self.fabric_ranges.remove(&pid);
@@ -612,7 +620,7 @@ impl Probes {
 
     /// Ground-truth counters, summed over CPUs.
     pub fn read_counters(&self) -> Vec<(CounterKey, CounterVal)> {
-        sum_over_cpus(&self.counters)
+        self.counters.read()
     }
 
     /// NCCL device-time windows per operation key, summed over CPUs.
@@ -702,6 +710,8 @@ fn map_fds(ebpf: &Ebpf) -> HashMap<String, RawFd> {
                 | Map::HashMap(d)
                 | Map::LruHashMap(d)
                 | Map::PerCpuHashMap(d)
+                | Map::PerCpuArray(d)
+                | Map::Stack(d)
                 | Map::RingBuf(d) => d,
                 _ => return None,
             };
@@ -788,14 +798,6 @@ fn sum_over_cpus(
 ) -> Vec<(CounterKey, CounterVal)> {
     map.iter()
         .filter_map(Result::ok)
-        .map(|(k, per_cpu)| {
-            let mut sum = CounterVal::default();
-            for v in per_cpu.iter() {
-                sum.calls += v.calls;
-                sum.bytes += v.bytes;
-                sum.time_ns += v.time_ns;
-            }
-            (k, sum)
-        })
+        .map(|(k, per_cpu)| (k, counters::sum(per_cpu.iter())))
         .collect()
 }

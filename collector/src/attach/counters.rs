@@ -1,0 +1,110 @@
+//! The kernel's ground-truth counters as userspace sees them: keys with their slots in
+//! `COUNTER_SLOTS`, per-CPU values in `COUNTER_VALUES`, and the `FREE_SLOTS` stack that
+//! hands slots to new keys (see collector-ebpf's `counters`).
+
+use aya::{
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues, Stack},
+    Ebpf,
+};
+use collector_common::{CounterKey, CounterVal, MAX_COUNTERS};
+use tracing::debug;
+
+use super::{map_err, take, AttachError};
+
+/// The counter maps, and the handle generation that makes threads drop cached slots.
+pub struct Counters {
+    slots: BpfHashMap<MapData, CounterKey, u32>,
+    values: PerCpuArray<MapData, CounterVal>,
+    free: Stack<MapData, u32>,
+    handle_gen: Array<MapData, u64>,
+}
+
+impl Counters {
+    /// Takes the maps out of the loaded object and, unless they carry a previous daemon's
+    /// counts (pinned), hands every slot to the free stack.
+    pub fn take_from(ebpf: &mut Ebpf) -> Result<Counters, AttachError> {
+        let mut c = Counters {
+            slots: BpfHashMap::try_from(take(ebpf, "COUNTER_SLOTS")?)
+                .map_err(map_err("COUNTER_SLOTS"))?,
+            values: PerCpuArray::try_from(take(ebpf, "COUNTER_VALUES")?)
+                .map_err(map_err("COUNTER_VALUES"))?,
+            free: Stack::try_from(take(ebpf, "FREE_SLOTS")?).map_err(map_err("FREE_SLOTS"))?,
+            handle_gen: Array::try_from(take(ebpf, "HANDLE_GEN")?)
+                .map_err(map_err("HANDLE_GEN"))?,
+        };
+        c.fill_free_stack()?;
+        Ok(c)
+    }
+
+    /// With no key assigned, every slot is free: the stack is (re)filled with all of them.
+    /// Pinned maps kept with keys are left as they are.
+    fn fill_free_stack(&mut self) -> Result<(), AttachError> {
+        if self.slots.keys().next().is_some() {
+            return Ok(());
+        }
+        while self.free.pop(0).is_ok() {}
+        for slot in 0..MAX_COUNTERS {
+            self.free.push(slot, 0).map_err(map_err("FREE_SLOTS"))?;
+        }
+        debug!("{MAX_COUNTERS} counter slots free");
+        Ok(())
+    }
+
+    /// Every counter, summed over CPUs.
+    pub fn read(&self) -> Vec<(CounterKey, CounterVal)> {
+        self.slots
+            .iter()
+            .filter_map(Result::ok)
+            .filter_map(|(k, slot)| {
+                let per_cpu = self.values.get(&slot, 0).ok()?;
+                Some((k, sum(per_cpu.iter())))
+            })
+            .collect()
+    }
+
+    /// Removes the counters of `pid`, zeroes their slots and frees them. Threads drop their
+    /// cached slots first (the generation moves), so none is updated after its reuse.
+    pub fn forget(&mut self, pid: u32) {
+        let gone: Vec<(CounterKey, u32)> = self
+            .slots
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, _)| k.tgid == pid)
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        for (k, _) in &gone {
+            let _ = self.slots.remove(k);
+        }
+        self.bump_generation();
+        let Ok(cpus) = aya::util::nr_cpus() else {
+            return;
+        };
+        for (_, slot) in gone {
+            let zero = PerCpuValues::try_from(vec![CounterVal::default(); cpus]);
+            if let Ok(zero) = zero {
+                if self.values.set(slot, zero, 0).is_ok() {
+                    let _ = self.free.push(slot, 0);
+                }
+            }
+        }
+    }
+
+    /// Invalidates every thread's handle cache and counted-process mark. The step is far
+    /// from the kernel's +1 bumps, so a bump of theirs lost to this read-modify-write still
+    /// leaves a value no cache holds.
+    pub fn bump_generation(&mut self) {
+        let now = self.handle_gen.get(&0, 0).unwrap_or(0);
+        let _ = self.handle_gen.set(0, now.wrapping_add(1 << 32), 0);
+    }
+}
+
+/// Sums per-CPU values of one counter.
+pub fn sum<'a>(per_cpu: impl Iterator<Item = &'a CounterVal>) -> CounterVal {
+    let mut total = CounterVal::default();
+    for v in per_cpu {
+        total.add(v.calls, v.bytes, v.time_ns);
+    }
+    total
+}
