@@ -7,7 +7,7 @@
 //! at the outermost call. NCCL's own return rules are in `nccl`.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_probe_read_user},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
@@ -83,23 +83,34 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
             tgid
         }
     };
-    let mut args = [0u64; ARG_SLOTS];
+    let Some(e) = existing.or_else(|| new_call_state(tgid)) else {
+        // No storage could be created (memory, or the storage lock busy): not counted.
+        with_proc_stats(tgid, |s| s.counters_full += 1);
+        return 0;
+    };
+    // SAFETY: the thread's own, idle state. Only the call's fields are written: an open
+    // NCCL group and device-time window outlive the call. Argument slots the routine's
+    // spec does not name keep older values; nothing reads them.
+    let e = unsafe { &mut *e };
     // SAFETY: regs points at this probe's saved registers.
     let regs = unsafe { &*ctx.regs };
-    args[0] = regs.rdi;
-    args[1] = regs.rsi;
-    args[2] = regs.rdx;
-    args[3] = regs.rcx;
-    args[4] = regs.r8;
-    args[5] = regs.r9;
+    e.args[0] = regs.rdi;
+    e.args[1] = regs.rsi;
+    e.args[2] = regs.rdx;
+    e.args[3] = regs.rcx;
+    e.args[4] = regs.r8;
+    e.args[5] = regs.r9;
     if uses_stack_args(spec) {
         // Arguments 7.. are on the stack above the return address (probes sit before any
-        // push). SAFETY: reading the traced thread's stack; failure leaves zeros.
-        if let Ok(stack) =
-            unsafe { bpf_probe_read_user((regs.rsp + 8) as *const [u64; MAX_ARGS - 6]) }
-        {
-            args[6..MAX_ARGS].copy_from_slice(&stack);
-        }
+        // push). SAFETY: reading the traced thread's stack into the thread's state; the
+        // helper zeroes the destination when the read fails.
+        unsafe {
+            bpf_probe_read_user(
+                e.args[6..MAX_ARGS].as_mut_ptr().cast(),
+                ((MAX_ARGS - 6) * 8) as u32,
+                (regs.rsp + 8) as *const core::ffi::c_void,
+            )
+        };
     }
     if ByteRule::from_u8(spec.rule).frees_handle() {
         // Before the handle goes: no thread may keep it cached across the free.
@@ -107,23 +118,13 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
         // The call resets the handle to MPI_*_NULL: read it now (an MPICH-ABI handle is
         // an int; `handle()` drops the upper half later).
         let i = (spec.a & 15) as usize;
-        args[i] = read::<u64>(args[i]).unwrap_or(0);
+        e.args[i] = read::<u64>(e.args[i]).unwrap_or(0);
     }
-    let start_ns = unsafe { bpf_ktime_get_ns() };
-    match existing.or_else(|| new_call_state(tgid)) {
-        // SAFETY: the thread's own, idle state. Only the call's fields are written: an
-        // open NCCL group and device-time window outlive the call.
-        Some(e) => unsafe {
-            (*e).args = args;
-            (*e).start_ns = start_ns;
-            (*e).depth = 0;
-            (*e).busy = 1;
-            (*e).routine = c.routine;
-            (*e).cookie = packed;
-        },
-        // No storage could be created (memory, or the storage lock busy): not counted.
-        None => with_proc_stats(tgid, |s| s.counters_full += 1),
-    }
+    e.depth = 0;
+    e.routine = c.routine;
+    e.cookie = packed;
+    e.start_ns = unsafe { bpf_ktime_get_ns() };
+    e.busy = 1;
     0
 }
 
@@ -255,12 +256,17 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         bucket,
         _pad: [0; 7],
     };
-    let peer = arg(args, spec.peer).map(int_arg).unwrap_or(-1);
+    let events = CONFIG.get(0).is_some_and(|c| c.call_events != 0);
+    // Read before `e` is borrowed for the counters, and only for an event.
+    let peer = match events {
+        true => arg(args, spec.peer).map(int_arg).unwrap_or(-1),
+        false => -1,
+    };
     crate::counters::add(e, &key, 1, bytes, dur);
     if ABI == Abi::Nccl as u8 {
         crate::nccl::after_call(e, &spec, &key, bytes, start_ns, now, ret);
     }
-    if !CONFIG.get(0).is_some_and(|c| c.call_events != 0) {
+    if !events {
         e.busy = 0;
         return 0;
     }

@@ -21,8 +21,8 @@ use anyhow::{bail, Context, Result};
 
 use crate::run as sh;
 
-const ROUNDS: usize = 9;
-const ITERATIONS: &str = "200000";
+const ROUNDS: usize = 15;
+const ITERATIONS: &str = "150000";
 
 #[derive(Clone, Copy)]
 struct Stack {
@@ -43,7 +43,9 @@ const STACKS: &[Stack] = &[
         name: "MPICH 4.0",
         suffix: "mpich",
         library: "/usr/lib/x86_64-linux-gnu/libmpich.so.12",
-        launcher: &["mpiexec.mpich", "-n", "2"],
+        // Ranks bound to cores as Open MPI's mpirun does by default: fewer migrations,
+        // less run-to-run noise (the same for (a), (b) and (c)).
+        launcher: &["mpiexec.mpich", "-bind-to", "core", "-n", "2"],
     },
 ];
 
@@ -97,20 +99,28 @@ pub fn run(root: &Path) -> Result<()> {
         let _ = writeln!(report, "{} ({})", stack.name, stack.library);
         let _ = writeln!(
             report,
-            "  {:<28}{:>12}{:>12}{:>12}{:>22}",
-            "", "(a) none", "(b) bare", "(c) commtap", "(c-a)/(b-a)"
+            "  {:<28}{:>12}{:>12}{:>12}{:>14}{:>26}",
+            "", "(a) none", "(b) bare", "(c) commtap", "(c-a)/(b-a)", "per round: median [IQR]"
         );
         for (label, pick) in [
             ("MPI_Allreduce 8 B", 0usize),
             ("Send/Recv round trip 8 B", 1),
         ] {
             let (x, y, z) = (get(ma, pick), get(mb, pick), get(mc, pick));
+            // The same ratio within each round (a, b and c run back to back there), which
+            // shows how far the machine's load moves it.
+            let mut per_round: Vec<f64> = (0..a.len())
+                .map(|r| ratio(get(a[r], pick), get(b[r], pick), get(c[r], pick)))
+                .collect();
+            per_round.sort_by(f64::total_cmp);
+            let q = |f: f64| per_round[((per_round.len() - 1) as f64 * f).round() as usize];
             let _ = writeln!(
                 report,
-                "  {label:<28}{x:>12.0}{y:>12.0}{z:>12.0}{:>22.2}",
-                ratio(x, y, z)
+                "  {label:<28}{x:>12.0}{y:>12.0}{z:>12.0}{:>14.2}{:>26}",
+                ratio(x, y, z),
+                format!("{:.2} [{:.2}-{:.2}]", q(0.5), q(0.25), q(0.75))
             );
-            json.push(serde_json_line(stack.name, label, x, y, z));
+            json.push(serde_json_line(stack.name, label, x, y, z, q(0.5)));
         }
         let _ = writeln!(
             report,
@@ -172,9 +182,9 @@ fn ratio(a: f64, b: f64, c: f64) -> f64 {
     (c - a) / (b - a)
 }
 
-fn serde_json_line(stack: &str, what: &str, a: f64, b: f64, c: f64) -> String {
+fn serde_json_line(stack: &str, what: &str, a: f64, b: f64, c: f64, per_round: f64) -> String {
     format!(
-        "  {{\"stack\": \"{stack}\", \"call\": \"{what}\", \"none_ns\": {a:.1}, \"bare_uprobe_ns\": {b:.1}, \"commtap_ns\": {c:.1}, \"ratio\": {:.3}}}",
+        "  {{\"stack\": \"{stack}\", \"call\": \"{what}\", \"none_ns\": {a:.1}, \"bare_uprobe_ns\": {b:.1}, \"commtap_ns\": {c:.1}, \"ratio\": {:.3}, \"per_round_median_ratio\": {per_round:.3}}}",
         ratio(a, b, c)
     )
 }
