@@ -563,10 +563,50 @@ fn library_summaries(probes: &Probes) -> Vec<ProbedLibrary> {
 }
 
 fn names_with(l: &AttachedLibrary, p: Placement) -> Vec<String> {
-    l.library
-        .probes
-        .iter()
-        .filter(|x| x.placement == p)
-        .map(|x| x.name.to_string())
+    counted_names(
+        l.library
+            .probes
+            .iter()
+            .filter(|x| x.placement == p)
+            .map(|x| x.name),
+    )
+}
+
+/// Names in first-seen order, each once: a libfabric library has one probe per provider
+/// function, named by its ops-table slot, so one slot's name stands for many functions
+/// ("fi_msg_send (12 functions)").
+fn counted_names<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut seen: Vec<(&str, usize)> = Vec::new();
+    for name in names {
+        match seen.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, count)) => *count += 1,
+            None => seen.push((name, 1)),
+        }
+    }
+    seen.into_iter()
+        .map(|(name, count)| match count {
+            1 => name.to_string(),
+            n => format!("{name} ({n} functions)"),
+        })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::counted_names;
+
+    #[test]
+    fn probe_names_are_listed_once_with_their_count() {
+        let names = [
+            "fi_msg_send",
+            "MPI_Test",
+            "fi_msg_send",
+            "fi_msg_recv",
+            "fi_msg_send",
+        ];
+        assert_eq!(
+            counted_names(names.into_iter()),
+            ["fi_msg_send (3 functions)", "MPI_Test", "fi_msg_recv"]
+        );
+    }
 }
