@@ -167,7 +167,7 @@ pub struct CallState {
     /// a detach bumps the generation, and the next call checks again.
     pub counted_gen: u64,
 }
-const _: () = assert!(size_of::<CallState>() == 528);
+const _: () = assert!(size_of::<CallState>() == 672);
 const _: () = assert!(offset_of!(CallState, cache) == 280);
 
 /// Per-thread cache of the MPI handles a thread's last calls decoded: datatype sizes (Open
@@ -194,18 +194,51 @@ pub struct HandleCache {
     pub comm_info: CommInfo,
     /// The `types` slot the next miss fills.
     pub next_type: u32,
-    /// The `counter_keys` entry the next miss fills.
+    /// The `counter_keys` entry the next miss fills (round robin).
     pub next_counter: u32,
     /// The counter slots of `counter_keys`, plus one (0: empty).
     pub counter_slots: [u32; COUNTER_CACHE],
-    /// The keys of the counters this thread updated last ([`CounterKey::words`]): enough
-    /// for a loop of Isend, Irecv and Waitall.
+    /// Keys of the counters this thread updated last ([`CounterKey::words`]): a loop of
+    /// up to eight kinds of call (routines, size buckets, communicators) finds all its
+    /// keys here.
     pub counter_keys: [[u64; 4]; COUNTER_CACHE],
 }
-const _: () = assert!(size_of::<HandleCache>() == 224);
+
+impl HandleCache {
+    /// The cached counter slot of key `words`.
+    #[inline(always)]
+    pub fn counter_slot(&self, words: &[u64; 4]) -> Option<u32> {
+        let mut i = 0;
+        while i < COUNTER_CACHE {
+            let k = &self.counter_keys[i];
+            // Word by word: an array `==` becomes a call to a byte-at-a-time `memcmp` in
+            // BPF.
+            if self.counter_slots[i] != 0
+                && k[0] == words[0]
+                && k[1] == words[1]
+                && k[2] == words[2]
+                && k[3] == words[3]
+            {
+                return Some(self.counter_slots[i] - 1);
+            }
+            i += 1;
+        }
+        None
+    }
+
+    /// Remembers that key `words` has counter slot `slot`, in place of the oldest entry.
+    #[inline(always)]
+    pub fn remember_counter(&mut self, words: [u64; 4], slot: u32) {
+        let i = self.next_counter as usize % COUNTER_CACHE;
+        self.counter_keys[i] = words;
+        self.counter_slots[i] = slot + 1;
+        self.next_counter = self.next_counter.wrapping_add(1);
+    }
+}
+const _: () = assert!(size_of::<HandleCache>() == 368);
 
 /// Counter keys a thread's handle cache holds.
-pub const COUNTER_CACHE: usize = 4;
+pub const COUNTER_CACHE: usize = 8;
 const _: () = assert!(offset_of!(CallState, group_start_ns) == 144);
 
 /// Number of ground-truth counters (keys) the kernel holds at once.
@@ -614,6 +647,47 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_loop_of_up_to_eight_keys_finds_them_all_in_the_counter_cache() {
+        let key = |routine: &str, bucket: u8| {
+            CounterKey {
+                tgid: 4242,
+                routine: crate::routines::routine_id(routine).expect("routine"),
+                parent: CounterKey::NO_PARENT,
+                comm_size: 2,
+                bucket,
+                ..CounterKey::default()
+            }
+            .words()
+        };
+        let keys = [
+            key("MPI_Isend", 10),
+            key("MPI_Isend", 11),
+            key("MPI_Irecv", 10),
+            key("MPI_Irecv", 11),
+            key("MPI_Waitall", 0),
+            key("MPI_Allreduce", 4),
+            key("MPI_Send", 10),
+            key("MPI_Recv", 10),
+        ];
+        let mut cache = HandleCache::default();
+        for (slot, k) in keys.iter().enumerate() {
+            assert_eq!(cache.counter_slot(k), None);
+            cache.remember_counter(*k, slot as u32);
+        }
+        for _ in 0..3 {
+            for (slot, k) in keys.iter().enumerate() {
+                assert_eq!(cache.counter_slot(k), Some(slot as u32));
+            }
+        }
+        // A ninth key takes the oldest entry's place.
+        let ninth = key("MPI_Barrier", 0);
+        cache.remember_counter(ninth, 8);
+        assert_eq!(cache.counter_slot(&ninth), Some(8));
+        assert_eq!(cache.counter_slot(&keys[0]), None);
+        assert_eq!(cache.counter_slot(&keys[1]), Some(1));
+    }
 
     #[test]
     fn cookie_roundtrip() {

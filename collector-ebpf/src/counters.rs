@@ -1,7 +1,7 @@
 //! The ground-truth counters: calls, bytes and time per `CounterKey`, in a slot of a
-//! per-CPU array that `COUNTER_SLOTS` assigns to the key. A thread remembers the slots of the
-//! keys it counted last (`HandleCache::counter_slots`), so a loop of calls updates its
-//! counter without hashing the key: a per-CPU hash lookup costs ~50 ns here, a per-CPU
+//! per-CPU array that `COUNTER_SLOTS` assigns to the key. A thread remembers the slots of
+//! the last eight keys it counted (`HandleCache::counter_slot`), so a loop of calls updates
+//! its counters without a map lookup: a per-CPU hash lookup costs ~50 ns here, a per-CPU
 //! array's is a few inlined instructions.
 //!
 //! Slots come from `FREE_SLOTS`, which userspace fills with every slot at start and to
@@ -13,9 +13,9 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, PerCpuArray, PerCpuHashMap, Stack},
 };
-use collector_common::{CallState, CounterKey, CounterVal, COUNTER_CACHE, MAX_COUNTERS};
+use collector_common::{CallState, CounterKey, CounterVal, MAX_COUNTERS};
 
-use crate::maps::{is_counted, with_proc_stats};
+use crate::maps::{still_counted, with_proc_stats};
 
 /// The slot of each counter's key in `COUNTER_VALUES`.
 #[map]
@@ -48,17 +48,15 @@ pub fn add(e: &mut CallState, key: &CounterKey, calls: u64, bytes: u64, dur: u64
 fn slot_of(e: &mut CallState, key: &CounterKey) -> Option<u32> {
     let words = key.words();
     let c = crate::cache::current(core::ptr::addr_of_mut!(e.cache));
-    // Unrolled by hand: constant indices keep the verifier's bounds trivial.
-    for i in [0, 1, 2, 3] {
-        if c.counter_slots[i] != 0 && same(&c.counter_keys[i], &words) {
-            return Some(c.counter_slots[i] - 1);
-        }
+    if let Some(slot) = c.counter_slot(&words) {
+        return Some(slot);
     }
-    // The generation moved: a process detached while its call was in progress gets no
-    // counter back.
-    if !is_counted(key.tgid) {
+    // A process detached while its call was in progress gets no counter back (checked
+    // again only when the generation moved).
+    if !still_counted(e) {
         return None;
     }
+    let c = crate::cache::current(core::ptr::addr_of_mut!(e.cache));
     // SAFETY: plain value.
     let slot = match unsafe { COUNTER_SLOTS.get(key) } {
         Some(s) => *s,
@@ -70,17 +68,8 @@ fn slot_of(e: &mut CallState, key: &CounterKey) -> Option<u32> {
             }
         },
     };
-    let i = (c.next_counter as usize) % COUNTER_CACHE;
-    c.counter_keys[i] = words;
-    c.counter_slots[i] = slot + 1;
-    c.next_counter = c.next_counter.wrapping_add(1);
+    c.remember_counter(words, slot);
     Some(slot)
-}
-
-/// Word-wise equality: an array `==` becomes a call to a byte-at-a-time `memcmp`.
-#[inline(always)]
-fn same(a: &[u64; 4], b: &[u64; 4]) -> bool {
-    a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3]
 }
 
 /// Assigns a free slot to `key` (or finds the one another CPU assigned first).
