@@ -110,7 +110,9 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             .probes
             .set_watch_all(opts.scope.uid, opts.scope.cgroup.as_ref())?;
     }
-    let mut libs = discover::candidate_libraries();
+    // No command: what the linker finds for any process (a job's own RPATH is seen when
+    // its processes map it).
+    let mut libs = discover::candidate_libraries(&[]);
     libs.extend(opts.libraries.iter().cloned());
     for lib in &libs {
         if let Err(e) = session.attach_file(lib) {

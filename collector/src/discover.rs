@@ -264,11 +264,12 @@ pub fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>, DiscoverError> {
     Ok(out)
 }
 
-/// MPI, NCCL and libfabric libraries the dynamic linker would find for a process started
-/// from commtap's environment: the `ldconfig` cache and `LD_LIBRARY_PATH`. Probing them
-/// before a launched job starts is what lets `record -- CMD` count every call from
-/// `MPI_Init` (or the first NCCL or fabric call) on.
-pub fn candidate_libraries() -> Vec<PathBuf> {
+/// MPI, NCCL and libfabric libraries the dynamic linker would find for `command` started
+/// from commtap's environment: the `ldconfig` cache, `LD_LIBRARY_PATH`, and the RPATH or
+/// RUNPATH of every program the command line names (`mpirun -np 4 ./app`: mpirun's and
+/// app's). Probing them before a launched job starts is what lets `record -- CMD` count
+/// every call from `MPI_Init` (or the first NCCL or fabric call) on.
+pub fn candidate_libraries(command: &[String]) -> Vec<PathBuf> {
     const NAMES: &[&str] = &[
         "libmpi.so",
         "libmpich.so",
@@ -290,15 +291,22 @@ pub fn candidate_libraries() -> Vec<PathBuf> {
             }
         }
     }
-    if let Ok(dirs) = std::env::var("LD_LIBRARY_PATH") {
-        for dir in dirs.split(':').filter(|d| !d.is_empty()) {
-            let Ok(entries) = fs::read_dir(dir) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                if is_mpi(&e.file_name().to_string_lossy()) {
-                    found.push(e.path());
-                }
+    let mut dirs: Vec<PathBuf> = std::env::var("LD_LIBRARY_PATH")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    for program in command.iter().filter_map(|arg| program_file(arg)) {
+        dirs.extend(crate::symbols::library_search_path(&program));
+    }
+    for dir in dirs {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if is_mpi(&e.file_name().to_string_lossy()) {
+                found.push(e.path());
             }
         }
     }
@@ -314,6 +322,20 @@ pub fn candidate_libraries() -> Vec<PathBuf> {
         }
     });
     found
+}
+
+/// The file a command-line word names, if it is one: a path (`./app`, `/opt/x/bin/app`),
+/// or a bare name found on `PATH` (`mpirun`).
+fn program_file(word: &str) -> Option<PathBuf> {
+    if word.contains('/') {
+        let p = PathBuf::from(word);
+        return p.is_file().then_some(p);
+    }
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join(word))
+            .find(|p| p.is_file())
+    })
 }
 
 /// Processes that map an MPI library (by file name: libmpi*, libmpich*), commtap excepted.

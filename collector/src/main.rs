@@ -386,7 +386,8 @@ struct ProbeArgs {
     #[arg(long, default_value_t = 1024)]
     ring_buffer_kib: u32,
     /// An MPI library to probe from the start, besides those the dynamic linker finds
-    /// (repeatable; for libraries in a venv or an unusual prefix).
+    /// (ldconfig, LD_LIBRARY_PATH, the RPATH/RUNPATH of programs on the command line);
+    /// repeatable; for libraries in a venv or an unusual prefix.
     #[arg(long = "lib")]
     libraries: Vec<PathBuf>,
 }

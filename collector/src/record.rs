@@ -100,7 +100,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     // Launch mode: probe the libraries the job will load before it starts.
     let mut child = None;
     if !opts.command.is_empty() {
-        let mut libs = discover::candidate_libraries();
+        let mut libs = discover::candidate_libraries(&opts.command);
         libs.extend(opts.libraries.iter().cloned());
         for lib in &libs {
             if let Err(e) = session.attach_file(lib) {

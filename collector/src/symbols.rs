@@ -6,7 +6,11 @@
 //! names share one address, as do `ncclX` and `pncclX`, and attaching twice would count
 //! twice.
 
-use std::{collections::BTreeMap, fs::File, path::Path};
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    path::{Path, PathBuf},
+};
 
 use collector_common::{routines::Family, Abi, Layout, ROUTINES};
 use object::{Object, ObjectSection, ObjectSymbol};
@@ -540,6 +544,40 @@ fn probe_points(
 }
 
 fn needed_libs(elf: &object::File) -> Vec<String> {
+    dynamic_strings(elf, object::elf::DT_NEEDED)
+}
+
+/// The directories an executable or library asks the dynamic linker to search first
+/// (`DT_RPATH` and `DT_RUNPATH`, with `$ORIGIN` expanded): where a program built with
+/// `-Wl,-rpath` (Spack, Intel MPI, vendor stacks) finds its MPI. Empty for anything that
+/// is not a readable 64-bit ELF file.
+pub fn library_search_path(file: &Path) -> Vec<PathBuf> {
+    let Ok(data) = std::fs::read(file) else {
+        return Vec::new();
+    };
+    let Ok(elf) = object::File::parse(&*data) else {
+        return Vec::new();
+    };
+    let origin = std::fs::canonicalize(file)
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_default();
+    let origin = origin.display().to_string();
+    [object::elf::DT_RPATH, object::elf::DT_RUNPATH]
+        .into_iter()
+        .flat_map(|tag| dynamic_strings(&elf, tag))
+        .flat_map(|list| {
+            list.split(':')
+                .filter(|d| !d.is_empty())
+                .map(|d| d.replace("${ORIGIN}", &origin).replace("$ORIGIN", &origin))
+                .map(PathBuf::from)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The strings of the dynamic section's entries with `tag` (`DT_NEEDED`, `DT_RUNPATH`).
+fn dynamic_strings(elf: &object::File, tag: u32) -> Vec<String> {
     let object::File::Elf64(e) = elf else {
         return Vec::new();
     };
@@ -557,7 +595,7 @@ fn needed_libs(elf: &object::File) -> Vec<String> {
     };
     dynamic
         .iter()
-        .filter(|d| d.tag32(endian) == Some(object::elf::DT_NEEDED))
+        .filter(|d| d.tag32(endian) == Some(tag))
         .filter_map(|d| d.string(endian, strings).ok())
         .map(|s| String::from_utf8_lossy(s).into_owned())
         .collect()

@@ -282,10 +282,20 @@ pub struct Run {
 /// Starts `commtap` with `args`, its output going to files in `scratch`.
 #[track_caller]
 pub fn spawn_commtap(scratch: &Scratch, args: &[&str]) -> ChildGuard {
+    spawn_commtap_with_env(scratch, args, &[])
+}
+
+/// [`spawn_commtap`] with extra environment variables (which a launched job inherits).
+pub fn spawn_commtap_with_env(
+    scratch: &Scratch,
+    args: &[&str],
+    env: &[(&str, String)],
+) -> ChildGuard {
     let out = std::fs::File::create(scratch.path("commtap.stdout")).expect("stdout file");
     let err = std::fs::File::create(scratch.path("commtap.stderr")).expect("stderr file");
     let mut cmd = Command::new(commtap_bin());
     mpi_env(&mut cmd)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .args(args)
         .stdin(Stdio::null())
         .stdout(out)

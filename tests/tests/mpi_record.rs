@@ -88,6 +88,66 @@ fn launched_mpich_job_matches_truth() {
     launched_truth(Mpi::Mpich, 4);
 }
 
+/// A program linked with an RPATH to its MPI (Intel MPI here, as Spack and vendor stacks
+/// link), which is on neither the ldconfig path nor LD_LIBRARY_PATH: `record -- CMD` finds
+/// the library through the program's RUNPATH before the job starts, so every call from
+/// MPI_Init on is counted.
+#[test]
+fn a_launched_program_linked_with_an_rpath_is_counted_from_mpi_init() {
+    let scratch = Scratch::new("launch-rpath");
+    let prog = build_program("mpi_loop.c", Mpi::IntelMpi);
+    let n = 100u64;
+    // No waiting: the loop runs as soon as the ranks are up.
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    let out = scratch.path("profile.json");
+    let mut args: Vec<String> = ["record", "--format", "json", "-o"]
+        .map(String::from)
+        .to_vec();
+    args.push(out.display().to_string());
+    args.push("--".into());
+    args.extend(Mpi::IntelMpi.launcher(2));
+    for a in [prog, scratch.path("ready"), scratch.path("go")] {
+        args.push(a.display().to_string());
+    }
+    args.push(n.to_string());
+    args.push(scratch.path("truth").display().to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = finish_ok(
+        &scratch,
+        spawn_commtap_with_env(&scratch, &args, &impi_env()),
+        LIMIT,
+    );
+    let profile = read_json(&out);
+    let truths = read_truths(&scratch.path("truth"), 2);
+    assert_eq!(profile["ranks"].as_array().map(Vec::len), Some(2));
+    for truth in &truths {
+        let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
+        let mut got = routine_table(&rank["routines"]);
+        // libfabric's operations beneath are counted too; this test is about MPI's.
+        got.retain(|r, _| r.starts_with("MPI_"));
+        for before in ["MPI_Init", "MPI_Comm_rank", "MPI_Comm_size", "MPI_Finalize"] {
+            let calls = got.remove(before).map(|(calls, _)| calls);
+            assert_eq!(
+                calls,
+                Some(1),
+                "{before} of rank {}; {}",
+                truth["rank"],
+                run.stderr
+            );
+        }
+        // One barrier before `go`, outside the truth.
+        if let Some(b) = got.get_mut("MPI_Barrier") {
+            b.0 -= 1;
+        }
+        assert_eq!(
+            got,
+            routine_table(&truth["routines"]),
+            "rank {}",
+            truth["rank"]
+        );
+    }
+}
+
 /// Fortran bindings reach the C entry points: counted once, under the C names.
 fn fortran(mpi: Mpi) {
     let scratch = Scratch::new(&format!("fortran-{}", mpi.suffix()));
