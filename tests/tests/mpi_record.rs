@@ -1,7 +1,7 @@
 //! `commtap record` against real Open MPI 4.1 and MPICH 4.0 jobs: the profile must equal
 //! what the programs say they did, call for call and byte for byte.
 
-use std::time::Duration;
+use std::{path::Path, time::Duration};
 
 use commtap_tests::*;
 
@@ -88,6 +88,18 @@ fn launched_mpich_job_matches_truth() {
     launched_truth(Mpi::Mpich, 4);
 }
 
+/// `record --format json -o OUT -- LAUNCHER(2 ranks) PROGRAM ARGS...`
+fn launch_args(out: &Path, mpi: Mpi, program: &[&Path]) -> Vec<String> {
+    let mut args: Vec<String> = ["record", "--format", "json", "-o"]
+        .map(String::from)
+        .to_vec();
+    args.push(out.display().to_string());
+    args.push("--".into());
+    args.extend(mpi.launcher(2));
+    args.extend(program.iter().map(|p| p.display().to_string()));
+    args
+}
+
 /// A program linked with an RPATH to its MPI (Intel MPI here, as Spack and vendor stacks
 /// link), which is on neither the ldconfig path nor LD_LIBRARY_PATH: `record -- CMD` finds
 /// the library through the program's RUNPATH before the job starts, so every call from
@@ -100,17 +112,19 @@ fn a_launched_program_linked_with_an_rpath_is_counted_from_mpi_init() {
     // No waiting: the loop runs as soon as the ranks are up.
     std::fs::write(scratch.path("go"), b"").expect("go file");
     let out = scratch.path("profile.json");
-    let mut args: Vec<String> = ["record", "--format", "json", "-o"]
-        .map(String::from)
-        .to_vec();
-    args.push(out.display().to_string());
-    args.push("--".into());
-    args.extend(Mpi::IntelMpi.launcher(2));
-    for a in [prog, scratch.path("ready"), scratch.path("go")] {
-        args.push(a.display().to_string());
-    }
-    args.push(n.to_string());
-    args.push(scratch.path("truth").display().to_string());
+    let ready = scratch.path("ready");
+    let truth = scratch.path("truth");
+    let args = launch_args(
+        &out,
+        Mpi::IntelMpi,
+        &[
+            &prog,
+            &ready,
+            &scratch.path("go"),
+            Path::new(&n.to_string()),
+            &truth,
+        ],
+    );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let run = finish_ok(
         &scratch,
@@ -154,14 +168,7 @@ fn fortran(mpi: Mpi) {
     let prog = build_program("mpi_truth_f.f90", mpi);
     let prefix = scratch.path("truth");
     let out = scratch.path("profile.json");
-    let mut args: Vec<String> = ["record", "--format", "json", "-o"]
-        .map(String::from)
-        .to_vec();
-    args.push(out.display().to_string());
-    args.push("--".into());
-    args.extend(mpi.launcher(2));
-    args.push(prog.display().to_string());
-    args.push(prefix.display().to_string());
+    let args = launch_args(&out, mpi, &[&prog, &prefix]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
     assert_profile_matches(
