@@ -56,6 +56,7 @@ fn slot_of(e: &mut CallState, key: &CounterKey) -> Option<u32> {
     if !still_counted(e) {
         return None;
     }
+    // Taken again: `still_counted` borrowed all of `e`, its cache included.
     let c = crate::cache::current(core::ptr::addr_of_mut!(e.cache));
     // SAFETY: plain value.
     let slot = match unsafe { COUNTER_SLOTS.get(key) } {

@@ -258,9 +258,10 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
     };
     let events = CONFIG.get(0).is_some_and(|c| c.call_events != 0);
     // Read before `e` is borrowed for the counters, and only for an event.
-    let peer = match events {
-        true => arg(args, spec.peer).map(int_arg).unwrap_or(-1),
-        false => -1,
+    let peer = if events {
+        arg(args, spec.peer).map(int_arg).unwrap_or(-1)
+    } else {
+        -1
     };
     crate::counters::add(e, &key, 1, bytes, dur);
     if ABI == Abi::Nccl as u8 {

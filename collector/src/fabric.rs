@@ -322,9 +322,7 @@ fn read_c_string(pid: u32, addr: u64) -> Option<String> {
 
 /// Reads and parses `path`, then lists its candidates (for the library cache).
 pub fn read_candidates(path: &Path) -> std::io::Result<Vec<Candidate>> {
-    let file = File::open(path)?;
-    // SAFETY: read-only mapping of a library file.
-    let map = unsafe { memmap2::Mmap::map(&file) }?;
+    let map = crate::symbols::map_file(path)?;
     let elf = object::File::parse(&*map)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     Ok(candidate_tables(&elf, &map))

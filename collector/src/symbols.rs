@@ -139,16 +139,18 @@ const OMPI5: Layout = Layout {
     group_size_off: 16,
 };
 
+/// `path` mapped read-only: parsing touches only the pages it reads (an ELF header, not a
+/// whole multi-gigabyte file).
+pub fn map_file(path: &Path) -> std::io::Result<memmap2::Mmap> {
+    let file = File::open(path)?;
+    // SAFETY: a read-only mapping; a concurrent truncation would only make parsing fail.
+    unsafe { memmap2::Mmap::map(&file) }
+}
+
 /// Reads `path` and decides whether and how to probe it.
 pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
     let display = path.display().to_string();
-    let file = File::open(path).map_err(|source| SymbolError::Io {
-        path: display.clone(),
-        source,
-    })?;
-    // SAFETY: read-only mapping of a library file; a concurrent truncation would only make
-    // parsing fail.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| SymbolError::Io {
+    let map = map_file(path).map_err(|source| SymbolError::Io {
         path: display.clone(),
         source,
     })?;
@@ -550,9 +552,10 @@ fn needed_libs(elf: &object::File) -> Vec<String> {
 /// The directories an executable or library asks the dynamic linker to search first
 /// (`DT_RPATH` and `DT_RUNPATH`, with `$ORIGIN` expanded): where a program built with
 /// `-Wl,-rpath` (Spack, Intel MPI, vendor stacks) finds its MPI. Empty for anything that
-/// is not a readable 64-bit ELF file.
+/// is not a readable 64-bit ELF file (a job's input file on the command line is mapped, not
+/// read).
 pub fn library_search_path(file: &Path) -> Vec<PathBuf> {
-    let Ok(data) = std::fs::read(file) else {
+    let Ok(data) = map_file(file) else {
         return Vec::new();
     };
     let Ok(elf) = object::File::parse(&*data) else {
