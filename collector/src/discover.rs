@@ -147,8 +147,12 @@ fn parse_environ(raw: &[u8]) -> BTreeMap<String, String> {
 pub struct MappedObject {
     /// Device and inode: the identity of the file, whatever path reaches it.
     pub dev_inode: (u64, u64),
-    /// Path usable from commtap's mount namespace.
+    /// Its path as the process names it, through `/proc/PID/root` (for messages: the file
+    /// is opened through `range`, never by this path).
     pub path: PathBuf,
+    /// One of its mappings (the first executable one): `/proc/PID/map_files/` names the
+    /// mapped file by it.
+    pub range: (u64, u64),
     /// Its executable mappings' address ranges in the process.
     pub code: Vec<(u64, u64)>,
     /// Start of its mapping at file offset 0 (its load bias: libraries here map their first
@@ -177,12 +181,18 @@ pub struct MapsLine<'a> {
     pub path: String,
 }
 
-/// The parseable lines of a `/proc/PID/maps` text.
+/// The parseable lines of a `/proc/PID/maps` text: five columns separated by single
+/// spaces, then padding, then the path exactly as the kernel wrote it (a file's name may
+/// hold runs of spaces; only a newline is escaped, as `\012`).
 pub fn maps_lines(maps: &str) -> impl Iterator<Item = MapsLine<'_>> {
     maps.lines().filter_map(|line| {
-        let mut f = line.split_whitespace();
-        let (range, perms, offset, dev, inode) =
-            (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+        let mut rest = line;
+        let mut field = || {
+            let (f, r) = rest.split_once(' ').unwrap_or((rest, ""));
+            rest = r;
+            f
+        };
+        let (range, perms, offset, dev, inode) = (field(), field(), field(), field(), field());
         let (lo, hi) = range.split_once('-')?;
         Some(MapsLine {
             lo: u64::from_str_radix(lo, 16).ok()?,
@@ -191,7 +201,7 @@ pub fn maps_lines(maps: &str) -> impl Iterator<Item = MapsLine<'_>> {
             offset: u64::from_str_radix(offset, 16).ok()?,
             dev: parse_dev(dev),
             inode: inode.parse().ok()?,
-            path: f.collect::<Vec<_>>().join(" "),
+            path: rest.trim_start_matches(' ').to_string(),
         })
     })
 }
@@ -242,16 +252,25 @@ pub fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>, DiscoverError> {
         }
         let path = &lines[0].path;
         let in_ns = Path::new(&format!("/proc/{pid}/root")).join(path.trim_start_matches('/'));
-        let Ok(meta) = fs::metadata(&in_ns) else {
+        let Some(range) = lines
+            .iter()
+            .find(|m| m.perms.contains('x'))
+            .map(|m| (m.lo, m.hi))
+        else {
             continue;
         };
-        let dev_inode = (meta.dev(), meta.ino());
+        // The identity of the file the process maps (the kernel's own link to it), as
+        // `stat` would give for the file opened later: never a path the process can move.
+        let Ok(dev_inode) = crate::symbols::file::mapped_identity(pid, range) else {
+            continue;
+        };
         if out.iter().any(|o| o.dev_inode == dev_inode) {
             continue;
         }
         out.push(MappedObject {
             dev_inode,
             path: in_ns,
+            range,
             code: lines
                 .iter()
                 .filter(|m| m.perms.contains('x'))

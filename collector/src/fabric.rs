@@ -21,10 +21,11 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fs::File,
     io::{Read, Seek, SeekFrom},
-    path::Path,
 };
 
 use object::{Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationFlags};
+
+use crate::symbols::{Data, Elf, LibraryFile};
 
 /// `sizeof(struct fi_ops_msg)` (and `fi_ops_tagged`, `fi_ops_rma`).
 const OPS_TABLE_SIZE: u64 = 80;
@@ -68,7 +69,7 @@ pub struct Candidate {
 
 /// Where the loader points each relocated pointer of a library: slot address -> target
 /// (`R_X86_64_RELATIVE`, and `R_X86_64_64` against a symbol the library defines).
-pub fn relocated_pointers(elf: &object::File) -> BTreeMap<u64, u64> {
+pub fn relocated_pointers(elf: &Elf) -> BTreeMap<u64, u64> {
     let mut out = BTreeMap::new();
     let Some(relocs) = elf.dynamic_relocations() else {
         return out;
@@ -94,7 +95,7 @@ pub fn relocated_pointers(elf: &object::File) -> BTreeMap<u64, u64> {
 }
 
 /// The ops-table candidates of a library (see the module documentation).
-pub fn candidate_tables(elf: &object::File, data: &[u8]) -> Vec<Candidate> {
+pub fn candidate_tables(elf: &Elf, data: Data<'_>) -> Vec<Candidate> {
     let text = elf
         .section_by_name(".text")
         .map(|s| (s.address(), s.address() + s.size()));
@@ -111,7 +112,7 @@ pub fn candidate_tables(elf: &object::File, data: &[u8]) -> Vec<Candidate> {
         if !matches!(name, ".data" | ".data.rel.ro") {
             continue;
         }
-        let bytes = data.get(off as usize..(off + size) as usize).unwrap_or(&[]);
+        let bytes = data.bytes(off, size).unwrap_or(&[]);
         let base = s.address();
         for at in (0..bytes.len().saturating_sub(8)).step_by(8) {
             let word = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
@@ -245,7 +246,7 @@ pub struct ProviderStruct {
 
 /// The `struct fi_provider`s of a library: `name` (+40) relocated to a short string and
 /// `getinfo`, `fabric`, `cleanup` (+48, +56, +64) relocated into .text.
-pub fn provider_structs(elf: &object::File, data: &[u8]) -> Vec<ProviderStruct> {
+pub fn provider_structs(elf: &Elf, data: Data<'_>) -> Vec<ProviderStruct> {
     let Some(text) = elf.section_by_name(".text") else {
         return Vec::new();
     };
@@ -320,10 +321,10 @@ fn read_c_string(pid: u32, addr: u64) -> Option<String> {
     (!s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic())).then(|| s.to_string())
 }
 
-/// Reads and parses `path`, then lists its candidates (for the library cache).
-pub fn read_candidates(path: &Path) -> std::io::Result<Vec<Candidate>> {
-    let map = crate::symbols::map_file(path)?;
-    let elf = object::File::parse(&*map)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-    Ok(candidate_tables(&elf, &map))
+/// Reads and parses `file`, then lists its candidates (for the library cache).
+pub fn read_candidates(file: &LibraryFile) -> std::io::Result<Vec<Candidate>> {
+    let data = file.data()?;
+    let elf =
+        Elf::parse(&data).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    Ok(candidate_tables(&elf, &data))
 }

@@ -42,6 +42,14 @@ struct Cli {
     /// CA certificate bundle (PEM) that authenticates https:// aggregators and daemons.
     #[arg(long, global = true, env = "COMMTAP_TLS_CA")]
     tls_ca: Option<PathBuf>,
+    /// This program's TLS certificate chain (PEM): what a client presents to a server that
+    /// asks for one (--tls-client-ca), and what `daemon --listen` and `aggregator` serve
+    /// with (a daemon presents it when pushing, too).
+    #[arg(long, global = true, requires = "tls_key", env = "COMMTAP_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, global = true, requires = "tls_cert", env = "COMMTAP_TLS_KEY")]
+    tls_key: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -197,8 +205,9 @@ struct DaemonArgs {
     #[arg(long)]
     no_state: bool,
     /// Also serve the API on this TCP address (needs --tls-cert/--tls-key, or
-    /// --insecure-tcp). Callers over TCP are authenticated by TLS, not by user id: they see
-    /// every process.
+    /// --insecure-tcp). A TCP caller sees every process only with a client certificate
+    /// signed by --tls-client-ca; any other TCP caller is treated as a user who owns no
+    /// process (it sees nothing and may change nothing).
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
@@ -352,24 +361,28 @@ async fn run_compare(a: CompareArgs) -> Result<bool> {
     Ok(c.any_below())
 }
 
-/// How a TCP listener is secured (shared by `aggregator` and `daemon --listen`).
+/// How a TCP listener is secured (shared by `aggregator` and `daemon --listen`); its own
+/// certificate is the global --tls-cert/--tls-key.
 #[derive(clap::Args, Debug)]
 struct TlsArgs {
-    /// Accept plaintext TCP (no --tls-cert): only on a network you trust.
-    #[arg(long, conflicts_with = "tls_cert")]
+    /// Accept plaintext TCP (no --tls-cert): only on a network you trust. Plaintext callers
+    /// are never trusted with anything (see --tls-client-ca).
+    #[arg(long)]
     insecure_tcp: bool,
-    /// TLS certificate chain (PEM).
-    #[arg(long, requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// TLS private key (PEM).
-    #[arg(long, requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
+    /// CA bundle (PEM) whose certificates clients must present (mutual TLS): only such a
+    /// caller is trusted with every process's data and with changes.
+    #[arg(long)]
+    tls_client_ca: Option<PathBuf>,
 }
 
 impl TlsArgs {
     /// The listener's TLS setting (`who` names the server in the refusal).
-    fn server(self, who: &str) -> Result<Option<tonic::transport::ServerTlsConfig>> {
-        serve::socket::server_tls(self.tls_cert.zip(self.tls_key), self.insecure_tcp, who)
+    fn server(
+        self,
+        cert_key: Option<(PathBuf, PathBuf)>,
+        who: &str,
+    ) -> Result<Option<tonic::transport::ServerTlsConfig>> {
+        serve::socket::server_tls(cert_key, self.tls_client_ca, self.insecure_tcp, who)
     }
 }
 
@@ -487,10 +500,17 @@ fn init_logging(filter: &str) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log);
-    if let Some(ca) = &cli.tls_ca {
-        // Read by `serve::socket::connect`; set before any thread starts.
-        std::env::set_var("COMMTAP_TLS_CA", ca);
+    // Read by `serve::socket::connect`; set before any thread starts.
+    for (var, value) in [
+        ("COMMTAP_TLS_CA", &cli.tls_ca),
+        ("COMMTAP_TLS_CERT", &cli.tls_cert),
+        ("COMMTAP_TLS_KEY", &cli.tls_key),
+    ] {
+        if let Some(v) = value {
+            std::env::set_var(var, v);
+        }
     }
+    let identity = cli.tls_cert.clone().zip(cli.tls_key.clone());
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -548,7 +568,10 @@ fn main() -> ExitCode {
                     call_events: a.probe.call_events,
                     state_dir,
                     listen: match a.listen {
-                        Some(addr) => Some((addr, a.tls.server("the daemon's --listen")?)),
+                        Some(addr) => Some((
+                            addr,
+                            a.tls.server(identity.clone(), "the daemon's --listen")?,
+                        )),
                         None => None,
                     },
                 })
@@ -571,7 +594,7 @@ fn main() -> ExitCode {
             Command::Aggregator(a) => {
                 aggregator::run(aggregator::AggregatorOptions {
                     listen: a.listen,
-                    tls: a.tls.server("the aggregator")?,
+                    tls: a.tls.server(identity.clone(), "the aggregator")?,
                     db: a.db,
                     upstream: a.upstream.map(|t| (t, a.push_interval)),
                 })
@@ -580,7 +603,13 @@ fn main() -> ExitCode {
             Command::Jobs(a) => client::print_jobs(&a.from).await,
             Command::ScanFabric { pid } => {
                 for o in discover::mapped_objects(pid)? {
-                    let cands = fabric::read_candidates(&o.path)?;
+                    let file = symbols::LibraryFile::open_mapped(
+                        pid,
+                        o.range,
+                        o.dev_inode,
+                        &o.path.display().to_string(),
+                    )?;
+                    let cands = fabric::read_candidates(&file)?;
                     if cands.is_empty() {
                         continue;
                     }

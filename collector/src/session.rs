@@ -19,7 +19,7 @@ use crate::{
     ingest::{self, monotonic_ns, IngestCounters, ProcessEvent},
     report::{JobProfile, ProbedLibrary, RankProfile, SCHEMA},
     stats,
-    symbols::Placement,
+    symbols::{file::FileError, LibraryFile, Placement},
 };
 
 /// What the session keeps per watched process.
@@ -76,6 +76,11 @@ fn objects_of(pid: u32) -> Vec<MappedObject> {
     })
 }
 
+/// Opens the file `pid` maps as `o`, exactly that file (see `symbols::file`).
+fn open_object(pid: u32, o: &MappedObject) -> Result<LibraryFile, FileError> {
+    LibraryFile::open_mapped(pid, o.range, o.dev_inode, &o.path.display().to_string())
+}
+
 /// `first` (if any) and every event queued behind it in `rx`.
 pub fn queued(
     first: Vec<ProcessEvent>,
@@ -124,9 +129,8 @@ impl Session {
 
     /// Probes the library file at `path` now (before any process maps it).
     pub fn attach_file(&mut self, path: &Path) -> Result<bool> {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
-        Ok(self.probes.attach_library((m.dev(), m.ino()), path)?)
+        let file = LibraryFile::open_path(path)?;
+        Ok(self.probes.attach_library(file.identity, || Ok(file))?)
     }
 
     /// Probes every MPI library `pid` maps; returns whether it maps one.
@@ -141,7 +145,10 @@ impl Session {
         // kernel can tell its calls to the provider beneath from the application's.
         let mut fabric_code = Vec::new();
         for o in objects {
-            if self.probes.is_fabric_file(o.dev_inode, &o.path) {
+            if self
+                .probes
+                .is_fabric_file(o.dev_inode, || open_object(pid, o))
+            {
                 fabric_code.extend(o.code.iter().copied());
             }
         }
@@ -150,7 +157,10 @@ impl Session {
         }
         let mut any = false;
         for o in objects {
-            match self.probes.attach_library(o.dev_inode, &o.path) {
+            match self
+                .probes
+                .attach_library(o.dev_inode, || open_object(pid, o))
+            {
                 Ok(true) => any = true,
                 Ok(false) => {}
                 Err(e) => warn!("PID {pid}: {}: {e}", o.path.display()),

@@ -698,6 +698,23 @@ pub fn make_certs(
     )
 }
 
+/// A client certificate with common name `cn`, signed by the CA [`make_certs`] made in
+/// `dir`: (cert, key).
+pub fn make_client_cert(dir: &Path, cn: &str) -> (PathBuf, PathBuf) {
+    let d = dir.display();
+    std::fs::write(
+        dir.join(format!("{cn}.cnf")),
+        format!("subjectAltName=DNS:{cn}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth,serverAuth\n"),
+    )
+    .expect("client cnf");
+    sh(&format!(
+        "cd {d} && openssl req -newkey rsa:2048 -nodes -keyout {cn}.key -out {cn}.csr \
+         -subj /CN={cn} 2>&1 && openssl x509 -req -in {cn}.csr -CA ca.pem -CAkey ca.key \
+         -CAcreateserial -out {cn}.pem -days 1 -extfile {cn}.cnf 2>&1"
+    ));
+    (dir.join(format!("{cn}.pem")), dir.join(format!("{cn}.key")))
+}
+
 /// Starts `program` (which creates `scratch/ready` once it mapped what it maps), and
 /// asserts `commtap record --pid` refuses it with exit status 2 and `needle` in its message.
 #[track_caller]
@@ -724,4 +741,85 @@ pub fn probed_paths(profile: &Value) -> Vec<&str> {
         .iter()
         .filter_map(|l| l["path"].as_str())
         .collect()
+}
+
+/// Runs `commtap ARGS` to completion and returns its output.
+pub fn commtap_output(args: &[&str]) -> std::process::Output {
+    Command::new(commtap_bin())
+        .args(args)
+        .output()
+        .expect("running commtap")
+}
+
+/// `commtap ARGS --format json` (a `report`), which must succeed: its JSON profile.
+#[track_caller]
+pub fn report_json(args: &[&str]) -> Value {
+    let out = commtap_output(&[args, &["--format", "json"]].concat());
+    assert!(
+        out.status.success(),
+        "report failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON profile")
+}
+
+/// The state (`probed`, `exited` ...) of each process `commtap ps` lists.
+pub fn ps_states(target: &str) -> std::collections::BTreeMap<u64, String> {
+    let out = commtap_output(&["ps", "--from", target]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut fields = l.split_whitespace();
+            let pid = fields.next()?.parse().ok()?;
+            // The job column may be empty: the state is the first known word after the pid.
+            let state = fields.find(|f| ["probed", "exited", "no-mpi"].contains(f))?;
+            Some((pid, state.to_string()))
+        })
+        .collect()
+}
+
+#[track_caller]
+/// Waits until the daemon lists every one of `pids` in `state`. By pid: a daemon that
+/// watches the whole node also sees the processes of tests running beside this one.
+pub fn wait_for_state(target: &str, pids: &[u64], state: &str) {
+    wait_until(
+        &format!("the daemon to list {pids:?} as {state}"),
+        Duration::from_secs(30),
+        || {
+            let states = ps_states(target);
+            pids.iter()
+                .all(|p| states.get(p).is_some_and(|s| s == state))
+        },
+    );
+}
+
+/// Waits until the daemon lists every one of `pids` as exited (their profiles final).
+#[track_caller]
+pub fn wait_for_exited(target: &str, pids: &[u64]) {
+    wait_for_state(target, pids, "exited");
+}
+
+/// The pids of the ranks whose truths these are.
+pub fn pids_of(truths: &[Value]) -> Vec<u64> {
+    truths.iter().filter_map(|t| t["pid"].as_u64()).collect()
+}
+
+/// The (calls, bytes) per routine of an `mpi_loop` rank counted from `MPI_Init`, less what
+/// it did before `go` (MPI_Init, Comm_rank, Comm_size and a Barrier; MPI_Finalize after
+/// its truth was written): what its truth file holds. Panics if those calls are not there
+/// exactly once.
+#[track_caller]
+pub fn loop_counts_after_go(routines: &Value) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let mut got = routine_table(routines);
+    for before in ["MPI_Init", "MPI_Comm_rank", "MPI_Comm_size", "MPI_Finalize"] {
+        assert_eq!(
+            got.remove(before).map(|(calls, _)| calls),
+            Some(1),
+            "{before}"
+        );
+    }
+    if let Some(b) = got.get_mut("MPI_Barrier") {
+        b.0 -= 1;
+    }
+    got
 }

@@ -10,25 +10,6 @@ use commtap_tests::*;
 
 const LIMIT: Duration = Duration::from_secs(300);
 
-fn commtap_output(args: &[&str]) -> std::process::Output {
-    Command::new(commtap_bin())
-        .args(args)
-        .output()
-        .expect("running commtap")
-}
-
-/// `commtap ARGS --format json` (a `report`), which must succeed: its JSON profile.
-#[track_caller]
-fn report_json(args: &[&str]) -> Value {
-    let out = commtap_output(&[args, &["--format", "json"]].concat());
-    assert!(
-        out.status.success(),
-        "report failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON profile")
-}
-
 #[test]
 fn daemon_profiles_every_job_on_the_node_exactly() {
     let scratch = Scratch::new("daemon");
@@ -334,46 +315,6 @@ fn a_daemon_scoped_to_a_cgroup_profiles_only_that_job() {
     daemon.stop(&scratch);
 }
 
-/// Waits until the daemon at `target` shows `n` processes exited (their profiles final).
-#[track_caller]
-/// The state (`probed`, `exited` ...) of each process `commtap ps` lists.
-fn ps_states(target: &str) -> BTreeMap<u64, String> {
-    let out = commtap_output(&["ps", "--from", target]);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let mut fields = l.split_whitespace();
-            let pid = fields.next()?.parse().ok()?;
-            // The job column may be empty: the state is the first known word after the pid.
-            let state = fields.find(|f| ["probed", "exited", "no-mpi"].contains(f))?;
-            Some((pid, state.to_string()))
-        })
-        .collect()
-}
-
-/// Waits until the daemon lists every one of `pids` in `state`. By pid: a daemon that
-/// watches the whole node also sees the processes of tests running beside this one.
-fn wait_for_state(target: &str, pids: &[u64], state: &str) {
-    wait_until(
-        &format!("the daemon to list {pids:?} as {state}"),
-        Duration::from_secs(30),
-        || {
-            let states = ps_states(target);
-            pids.iter()
-                .all(|p| states.get(p).is_some_and(|s| s == state))
-        },
-    );
-}
-
-fn wait_for_exited(target: &str, pids: &[u64]) {
-    wait_for_state(target, pids, "exited");
-}
-
-/// The pids of the ranks whose truths these are.
-fn pids_of(truths: &[Value]) -> Vec<u64> {
-    truths.iter().filter_map(|t| t["pid"].as_u64()).collect()
-}
-
 /// AttachProcess, DetachProcess and StreamEvents through the CLI: a daemon scoped to
 /// another user watches two ranks only when asked, stops watching one when asked (and does
 /// not take it up again), and streams every call of the other as it happens.
@@ -536,17 +477,7 @@ fn a_rank_detached_after_its_first_calls_is_not_counted_again() {
         .find(|t| t["pid"].as_u64() == Some(u64::from(r0)))
         .expect("truth of rank 0");
     // The truth holds the calls after `go`; the profile also those before it.
-    let mut got = routine_table(&rank_of(r0)["routines"]);
-    for before in ["MPI_Init", "MPI_Comm_rank", "MPI_Comm_size", "MPI_Finalize"] {
-        assert_eq!(
-            got.remove(before).map(|(calls, _)| calls),
-            Some(1),
-            "{before}"
-        );
-    }
-    if let Some(b) = got.get_mut("MPI_Barrier") {
-        b.0 -= 1;
-    }
+    let got = loop_counts_after_go(&rank_of(r0)["routines"]);
     assert_eq!(got, routine_table(&t0["routines"]), "rank 0's counts");
     daemon.stop(&scratch);
 }
@@ -568,8 +499,9 @@ fn rank_pids(ranks: &[u32]) -> (u32, u32) {
     }
 }
 
-/// `daemon --listen`: TCP needs TLS (or an explicit --insecure-tcp); over TLS the same
-/// report as on the socket, exactly; a plaintext client is refused.
+/// `daemon --listen`: TCP needs TLS (or an explicit --insecure-tcp); over mutual TLS (a
+/// client certificate signed by --tls-client-ca) the same report as on the socket,
+/// exactly; a plaintext client and a TLS client without a certificate are refused.
 #[test]
 fn the_daemon_serves_tcp_only_with_tls() {
     let scratch = Scratch::new("daemon-tcp");
@@ -600,8 +532,11 @@ fn the_daemon_serves_tcp_only_with_tls() {
             path_str(&cert),
             "--tls-key",
             path_str(&key),
+            "--tls-client-ca",
+            path_str(&ca),
         ],
     );
+    let (client_cert, client_key) = make_client_cert(&scratch.0, "operator");
     let prog = build_program("mpi_truth.c", Mpi::OpenMpi);
     let mut cmd = Command::new("mpirun.openmpi");
     mpi_env(&mut cmd)
@@ -616,8 +551,23 @@ fn the_daemon_serves_tcp_only_with_tls() {
     wait_for_exited(&daemon.target, &pids_of(&truths));
 
     let url = format!("https://{addr}");
-    let profile = report_json(&["--tls-ca", path_str(&ca), "report", "--from", &url]);
+    let profile = report_json(&[
+        "--tls-ca",
+        path_str(&ca),
+        "--tls-cert",
+        path_str(&client_cert),
+        "--tls-key",
+        path_str(&client_key),
+        "report",
+        "--from",
+        &url,
+    ]);
     assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    let anonymous = commtap_output(&["--tls-ca", path_str(&ca), "report", "--from", &url]);
+    assert!(
+        !anonymous.status.success(),
+        "a TLS client without a certificate must be refused"
+    );
 
     let plain = commtap_output(&["report", "--from", &format!("http://{addr}")]);
     assert!(

@@ -26,7 +26,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     discover::CgroupRef,
-    symbols::{self, Library, LibraryKind, Placement, ProbePoint},
+    symbols::{self, file::FileError, Library, LibraryFile, LibraryKind, Placement, ProbePoint},
 };
 
 /// The BPF object built by `build.rs` from `collector-ebpf`.
@@ -118,8 +118,9 @@ pub struct Probes {
     events: Option<RingBuf<MapData>>,
     /// By (dev, inode): attached MPI libraries, or `None` for objects that are not MPI.
     seen: BTreeMap<(u64, u64), Option<usize>>,
-    /// Libraries read (`is_fabric_file`) but not attached yet.
-    read_ahead: BTreeMap<(u64, u64), Result<LibraryKind, symbols::SymbolError>>,
+    /// Libraries read (`is_fabric_file`) but not attached yet, with the open file they
+    /// were read from (the probes go into that very file).
+    read_ahead: BTreeMap<(u64, u64), (LibraryFile, Result<LibraryKind, symbols::SymbolError>)>,
     /// Attached libraries in attach order; the index is the library's layout slot.
     libraries: Vec<AttachedLibrary>,
     /// MPI libraries we saw but do not decode, with the reason.
@@ -429,19 +430,29 @@ impl Probes {
             .insert(key, CommInfo::new(size, rank as i32, 0), 0);
     }
 
-    /// Attaches to the library at `path` (identified by `dev_inode`) unless already done.
-    /// Returns whether it is an MPI or NCCL library now probed.
+    /// Attaches to the library `dev_inode` unless already done, opening it with `open` if
+    /// it was never read. Returns whether it is an MPI or NCCL library now probed.
     pub fn attach_library(
         &mut self,
         dev_inode: (u64, u64),
-        path: &Path,
+        open: impl FnOnce() -> Result<LibraryFile, FileError>,
     ) -> Result<bool, AttachError> {
         if let Some(state) = self.seen.get(&dev_inode) {
             return Ok(state.is_some_and(|i| self.libraries[i].library.family != Family::Cuda));
         }
-        let read = match self.read_ahead.remove(&dev_inode) {
+        let (file, read) = match self.read_ahead.remove(&dev_inode) {
             Some(r) => r,
-            None => symbols::read_library(path),
+            None => match open() {
+                Ok(file) => {
+                    let read = symbols::read_library(&file);
+                    (file, read)
+                }
+                Err(e) => {
+                    // Not marked seen: another process may map it where it can be opened.
+                    debug!("not probing: {e:#}");
+                    return Ok(false);
+                }
+            },
         };
         let lib = match read {
             Ok(LibraryKind::Probed(lib)) => lib,
@@ -456,7 +467,7 @@ impl Probes {
                 return Ok(false);
             }
             Err(e) => {
-                debug!("not probing {}: {e}", path.display());
+                debug!("not probing {}: {e}", file.shown);
                 self.seen.insert(dev_inode, None);
                 return Ok(false);
             }
@@ -533,7 +544,7 @@ impl Probes {
                 .programs
                 .get(prog)
                 .ok_or(AttachError::Missing("probe program"))?;
-            match multi::attach(fd.as_fd(), path, &offsets, &cookies, is_return) {
+            match multi::attach(fd.as_fd(), &file, &offsets, &cookies, is_return) {
                 Ok(link) => self.links.push(link),
                 Err(e) => failed.push(format!("{e:#}")),
             }
@@ -566,17 +577,28 @@ impl Probes {
             .is_some_and(|l| l.library.family != Family::Cuda))
     }
 
-    /// Whether the object `dev_inode` at `path` is a libfabric library or provider that
-    /// commtap probes (read now if it was not, and kept for `attach_library`).
-    pub fn is_fabric_file(&mut self, dev_inode: (u64, u64), path: &Path) -> bool {
+    /// Whether the object `dev_inode` is a libfabric library or provider that commtap
+    /// probes (opened with `open` and read now if it was not, and kept for
+    /// `attach_library`).
+    pub fn is_fabric_file(
+        &mut self,
+        dev_inode: (u64, u64),
+        open: impl FnOnce() -> Result<LibraryFile, FileError>,
+    ) -> bool {
         if let Some(state) = self.seen.get(&dev_inode) {
             return matches!(state, Some(i) if self.libraries[*i].library.abi == Abi::Fabric);
         }
-        let read = self
-            .read_ahead
-            .entry(dev_inode)
-            .or_insert_with(|| symbols::read_library(path));
-        matches!(read, Ok(LibraryKind::Probed(lib)) if lib.abi == Abi::Fabric)
+        let read = match self.read_ahead.entry(dev_inode) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                let Ok(file) = open() else {
+                    return false;
+                };
+                let read = symbols::read_library(&file);
+                e.insert((file, read))
+            }
+        };
+        matches!(&read.1, Ok(LibraryKind::Probed(lib)) if lib.abi == Abi::Fabric)
     }
 
     /// Tells the kernel where `pid` has libfabric's code (libfabric and provider DSOs), so

@@ -16,7 +16,6 @@ use std::{
     ffi::CString,
     io,
     os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
-    path::Path,
 };
 
 use aya_obj::generated::{
@@ -235,21 +234,23 @@ pub fn load_programs(
 #[derive(Debug)]
 pub struct MultiLink(#[allow(dead_code, reason = "held for its Drop")] OwnedFd);
 
-/// Attaches `prog` at `offsets` of the file at `path` (each with its cookie), as return
-/// probes when `ret`; every process is probed (the programs filter by pid).
+/// Attaches `prog` at `offsets` of the open `file` (each with its cookie), as return probes
+/// when `ret`; every process is probed (the programs filter by pid). The kernel reaches the
+/// file through commtap's own descriptor: no path its owner controls is walked again.
 pub fn attach(
     prog: BorrowedFd<'_>,
-    path: &Path,
+    file: &crate::symbols::LibraryFile,
     offsets: &[u64],
     cookies: &[u64],
     ret: bool,
 ) -> Result<MultiLink, MultiError> {
     debug_assert_eq!(offsets.len(), cookies.len());
     let err = |source| MultiError::Link {
-        path: path.display().to_string(),
+        path: file.shown.clone(),
         count: offsets.len(),
         source,
     };
+    let path = file.probe_path();
     let cpath =
         CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| err(io::Error::other(e)))?;
     // SAFETY: zeroed is a valid bpf_attr; we fill the BPF_LINK_CREATE member.

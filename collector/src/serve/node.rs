@@ -58,17 +58,23 @@ fn process_state(pid: u32, t: &Tracked) -> pb::ProcessState {
     }
 }
 
-/// Who is asking: root sees everything, another user only its own processes.
+/// Who is asking: root sees everything, another user only its own processes, a caller
+/// nobody vouches for nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Caller {
-    /// Root, or a caller over TCP (authenticated by TLS, not by uid).
+    /// Root on the Unix socket, or a TCP caller whose client certificate the listener's
+    /// `--tls-client-ca` verified.
     Any,
     /// A non-root user on the Unix socket.
     Uid(u32),
+    /// A TCP caller without a verified client certificate (plaintext under
+    /// `--insecure-tcp`, or TLS without one): treated as a user who owns no process.
+    Nobody,
 }
 
 impl Caller {
-    /// The caller of `req`, from the Unix socket's peer credentials.
+    /// The caller of `req`: the Unix socket's peer credentials, else the client
+    /// certificate TLS verified, else nobody.
     pub fn of<T>(req: &Request<T>) -> Caller {
         let uid = req
             .extensions()
@@ -76,8 +82,11 @@ impl Caller {
             .and_then(|info| info.peer_cred)
             .map(|cred| cred.uid());
         match uid {
-            Some(0) | None => Caller::Any,
+            Some(0) => Caller::Any,
             Some(uid) => Caller::Uid(uid),
+            // Certificates are only there when the listener required and verified them.
+            None if req.peer_certs().is_some_and(|c| !c.is_empty()) => Caller::Any,
+            None => Caller::Nobody,
         }
     }
 
@@ -86,6 +95,7 @@ impl Caller {
         match self {
             Caller::Any => true,
             Caller::Uid(me) => uid == Some(me),
+            Caller::Nobody => false,
         }
     }
 }
@@ -298,6 +308,13 @@ impl pb::node_server::Node for NodeService {
         req: Request<pb::StreamEventsRequest>,
     ) -> Result<Response<Self::StreamEventsStream>, Status> {
         let caller = Caller::of(&req);
+        if caller == Caller::Nobody {
+            // It would see no event, but would switch per-call events on for every process.
+            return Err(Status::permission_denied(
+                "streaming events needs a caller the daemon knows: the Unix socket, or a \
+                 client certificate over TCP",
+            ));
+        }
         let pids: std::collections::BTreeSet<u32> = req.into_inner().pids.into_iter().collect();
         let state = self.state.clone();
         let feed = {

@@ -37,22 +37,31 @@ pub async fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener> {
     Ok(listener)
 }
 
-/// The TLS setting of a TCP listener: a certificate and key (PEM), or plaintext only when
-/// asked for with `--insecure-tcp`; `who` names the server in the refusal.
+/// The TLS setting of a TCP listener: a certificate and key (PEM), with the CA whose
+/// client certificates it requires when `client_ca` is given (mutual TLS), or plaintext
+/// only when asked for with `--insecure-tcp`; `who` names the server in the refusal.
 pub fn server_tls(
     cert_key: Option<(PathBuf, PathBuf)>,
+    client_ca: Option<PathBuf>,
     insecure: bool,
     who: &str,
 ) -> Result<Option<tonic::transport::ServerTlsConfig>> {
+    let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
     match (cert_key, insecure) {
-        (Some((cert, key)), _) => {
-            let cert =
-                std::fs::read(&cert).with_context(|| format!("reading {}", cert.display()))?;
-            let key = std::fs::read(&key).with_context(|| format!("reading {}", key.display()))?;
-            Ok(Some(
-                tonic::transport::ServerTlsConfig::new()
-                    .identity(tonic::transport::Identity::from_pem(cert, key)),
-            ))
+        (Some(_), true) => {
+            bail!("{who}: --insecure-tcp and --tls-cert exclude each other: give one of them")
+        }
+        (Some((cert, key)), false) => {
+            let mut tls = tonic::transport::ServerTlsConfig::new().identity(
+                tonic::transport::Identity::from_pem(read(&cert)?, read(&key)?),
+            );
+            if let Some(ca) = client_ca {
+                tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(read(&ca)?));
+            }
+            Ok(Some(tls))
+        }
+        (None, true) if client_ca.is_some() => {
+            bail!("{who}: --tls-client-ca needs TLS (--tls-cert and --tls-key), not --insecure-tcp")
         }
         (None, true) => Ok(None),
         (None, false) => bail!(
@@ -92,31 +101,37 @@ impl std::str::FromStr for Target {
     }
 }
 
-/// The CA bundle that authenticates TLS servers, from `COMMTAP_TLS_CA` (set by `--tls-ca`).
-fn tls_ca() -> Result<Option<Vec<u8>>> {
-    match std::env::var_os("COMMTAP_TLS_CA") {
+/// The PEM file named by the environment variable `var` (set from the global TLS options).
+fn pem_from_env(var: &str, what: &str) -> Result<Option<Vec<u8>>> {
+    match std::env::var_os(var) {
         Some(path) => {
             let shown = PathBuf::from(&path).display().to_string();
-            Ok(Some(std::fs::read(&path).with_context(|| {
-                format!("reading the CA bundle {shown}")
-            })?))
+            Ok(Some(
+                std::fs::read(&path).with_context(|| format!("reading the {what} {shown}"))?,
+            ))
         }
         None => Ok(None),
     }
 }
 
 /// Opens a channel to `target`. An `https://` target is verified against `--tls-ca` (the
-/// `COMMTAP_TLS_CA` file).
+/// `COMMTAP_TLS_CA` file), and is shown `--tls-cert` (`COMMTAP_TLS_CERT`/`_KEY`) where one
+/// is given, for servers that require client certificates.
 pub async fn connect(target: &Target) -> Result<Channel> {
     match target {
         Target::Tcp(uri) => {
             let mut endpoint = Endpoint::from_shared(uri.clone())?;
             if uri.starts_with("https://") {
-                let pem = tls_ca()?.with_context(|| {
+                let pem = pem_from_env("COMMTAP_TLS_CA", "CA bundle")?.with_context(|| {
                     format!("{uri}: give the CA that signed its certificate with --tls-ca")
                 })?;
-                let tls = tonic::transport::ClientTlsConfig::new()
+                let mut tls = tonic::transport::ClientTlsConfig::new()
                     .ca_certificate(tonic::transport::Certificate::from_pem(pem));
+                let cert = pem_from_env("COMMTAP_TLS_CERT", "certificate")?;
+                let key = pem_from_env("COMMTAP_TLS_KEY", "private key")?;
+                if let Some((cert, key)) = cert.zip(key) {
+                    tls = tls.identity(tonic::transport::Identity::from_pem(cert, key));
+                }
                 endpoint = endpoint
                     .tls_config(tls)
                     .with_context(|| format!("TLS for {uri}"))?;

@@ -6,20 +6,26 @@
 //! names share one address, as do `ncclX` and `pncclX`, and attaching twice would count
 //! twice.
 
+pub mod file;
+
 use std::{
     collections::BTreeMap,
-    fs::File,
     path::{Path, PathBuf},
 };
 
 use collector_common::{routines::Family, Abi, Layout, ROUTINES};
-use object::{Object, ObjectSection, ObjectSymbol};
+use object::{Object, ObjectSection, ObjectSymbol, ReadRef};
+
+pub use file::{Elf, LibraryFile};
+
+/// How the parsers reach a library's bytes.
+pub type Data<'a> = &'a file::LibraryData;
 use serde::Serialize;
 
 /// Errors reading a library.
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolError {
-    /// The file could not be opened or mapped.
+    /// The file could not be read.
     #[error("reading {path}")]
     Io {
         /// The file.
@@ -139,22 +145,15 @@ const OMPI5: Layout = Layout {
     group_size_off: 16,
 };
 
-/// `path` mapped read-only: parsing touches only the pages it reads (an ELF header, not a
-/// whole multi-gigabyte file).
-pub fn map_file(path: &Path) -> std::io::Result<memmap2::Mmap> {
-    let file = File::open(path)?;
-    // SAFETY: a read-only mapping; a concurrent truncation would only make parsing fail.
-    unsafe { memmap2::Mmap::map(&file) }
-}
-
-/// Reads `path` and decides whether and how to probe it.
-pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
-    let display = path.display().to_string();
-    let map = map_file(path).map_err(|source| SymbolError::Io {
+/// Reads `file` (opened once, see [`file`]) and decides whether and how to probe it.
+pub fn read_library(file: &LibraryFile) -> Result<LibraryKind, SymbolError> {
+    let display = file.shown.clone();
+    let data = file.data().map_err(|source| SymbolError::Io {
         path: display.clone(),
         source,
     })?;
-    let elf = object::File::parse(&*map).map_err(|source| SymbolError::Elf {
+    let map = &data;
+    let elf: Elf = object::File::parse(map).map_err(|source| SymbolError::Elf {
         path: display.clone(),
         source,
     })?;
@@ -180,14 +179,14 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
         has_cuda("cudaStreamSynchronize"),
         has_cuda("cuStreamSynchronize"),
     );
-    if let Some(plugin) = nccl_net_plugin(&elf, &map, &globals, &display) {
+    if let Some(plugin) = nccl_net_plugin(&elf, map, &globals, &display) {
         return Ok(plugin);
     }
     if has("ncclAllReduce") || has("pncclAllReduce") {
-        let flavor = nccl_version(&elf, &display);
+        let flavor = nccl_version(&elf, file);
         let mut lib = probe_points(
             &elf,
-            &map,
+            map,
             &syms,
             display.clone(),
             (Abi::Nccl, flavor, Layout::default()),
@@ -197,7 +196,7 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
         if runtime || driver {
             let cuda = probe_points(
                 &elf,
-                &map,
+                map,
                 &globals,
                 display,
                 (Abi::Nccl, String::new(), Layout::default()),
@@ -213,7 +212,7 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
             let open = globals.get("fi_fabric").copied();
             return Ok(fabric_library(
                 &elf,
-                &map,
+                map,
                 display,
                 "libfabric".to_string(),
                 open,
@@ -231,7 +230,7 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
                 .unwrap_or("?")
                 .to_string();
             let flavor = format!("libfabric provider {name}");
-            return Ok(fabric_library(&elf, &map, display, flavor, None));
+            return Ok(fabric_library(&elf, map, display, flavor, None));
         }
         if !runtime && !driver {
             // NCCL linked in with hidden symbols, or a stripped libnccl: say so rather than
@@ -240,7 +239,7 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
             let imports_nccl = elf
                 .dynamic_symbols()
                 .any(|s| s.is_undefined() && s.name().is_ok_and(|n| n.starts_with("nccl")));
-            return Ok(match nccl_banner_version(&elf) {
+            return Ok(match nccl_banner_version(&elf, file) {
                 Some(v) if !imports_nccl => LibraryKind::Unsupported(format!(
                     "{display}: holds NCCL {v} but none of its symbols (stripped, or linked \
                      in with hidden visibility): not probed"
@@ -256,7 +255,7 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
         // Decoded by NCCL's return program, which keeps the device-time windows.
         return Ok(LibraryKind::Probed(probe_points(
             &elf,
-            &map,
+            map,
             &globals,
             display,
             (Abi::Nccl, flavor.to_string(), Layout::default()),
@@ -294,7 +293,7 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
 
     Ok(LibraryKind::Probed(probe_points(
         &elf,
-        &map,
+        map,
         &syms,
         display,
         (abi, flavor.to_string(), layout),
@@ -303,30 +302,37 @@ pub fn read_library(path: &Path) -> Result<LibraryKind, SymbolError> {
 }
 
 /// "NCCL 2.32.3" or "RCCL 2.x" from the version banner in the library's read-only data.
-fn nccl_version(elf: &object::File, path: &str) -> String {
-    let name = if path.contains("rccl") {
+fn nccl_version(elf: &Elf, file: &LibraryFile) -> String {
+    let name = if file.shown.contains("rccl") {
         "RCCL"
     } else {
         "NCCL"
     };
-    match nccl_banner_version(elf) {
+    match nccl_banner_version(elf, file) {
         Some(v) => format!("{name} {v}"),
         None => name.to_string(),
     }
 }
 
 /// The version in NCCL's "NCCL version 2.x.y" banner, if the object's read-only data has
-/// one (the first followed by a digit: "NCCL version information" comes first).
-fn nccl_banner_version(elf: &object::File) -> Option<String> {
+/// one (the first followed by a digit: "NCCL version information" comes first). Searched
+/// in the file piece by piece: a framework's read-only data can be hundreds of megabytes.
+fn nccl_banner_version(elf: &Elf, file: &LibraryFile) -> Option<String> {
     let banner = b"NCCL version ";
-    let data = elf.section_by_name(".rodata")?.data().ok()?;
-    memchr::memmem::find_iter(data, banner).find_map(|at| {
-        let rest = &data[at + banner.len()..];
-        let end = rest.iter().position(|b| !b.is_ascii_graphic())?;
-        let v = std::str::from_utf8(&rest[..end]).ok()?;
-        v.starts_with(|c: char| c.is_ascii_digit())
-            .then(|| v.to_string())
-    })
+    let (start, size) = elf.section_by_name(".rodata")?.file_range()?;
+    let end = start.checked_add(size)?;
+    let mut from = start;
+    while let Some(at) = file.find(from..end, banner) {
+        let rest = file.read_at(at + banner.len() as u64, 64);
+        let len = rest.iter().position(|b| !b.is_ascii_graphic())?;
+        if let Ok(v) = std::str::from_utf8(&rest[..len]) {
+            if v.starts_with(|c: char| c.is_ascii_digit()) {
+                return Some(v.to_string());
+            }
+        }
+        from = at + 1;
+    }
+    None
 }
 
 /// Versions of NCCL's net plugin table whose isend/irecv commtap decodes: slots 10 and 11,
@@ -344,8 +350,8 @@ const NET_PLUGIN_ISEND_SLOT: u64 = 10;
 /// decodes, found through the table's relocated pointers. `None` if `globals` has no such
 /// table.
 fn nccl_net_plugin(
-    elf: &object::File,
-    map: &[u8],
+    elf: &Elf,
+    map: Data<'_>,
     globals: &BTreeMap<&str, u64>,
     path: &str,
 ) -> Option<LibraryKind> {
@@ -368,7 +374,7 @@ fn nccl_net_plugin(
             let Some(&addr) = pointers.get(&slot) else {
                 continue;
             };
-            let Some(offset) = file_offset(elf, addr) else {
+            let Some(offset) = code_offset(elf, addr) else {
                 continue;
             };
             if seen.insert(offset) {
@@ -396,11 +402,13 @@ fn nccl_net_plugin(
 }
 
 /// The NUL-terminated string (at most 256 bytes) at virtual address `addr` of the file.
-pub(crate) fn c_string(elf: &object::File, map: &[u8], addr: u64) -> Option<String> {
-    let off = file_offset(elf, addr)? as usize;
-    let rest = map.get(off..)?;
-    let end = rest.iter().take(256).position(|b| *b == 0)?;
-    Some(String::from_utf8_lossy(&rest[..end]).into_owned())
+pub(crate) fn c_string(elf: &Elf, map: Data<'_>, addr: u64) -> Option<String> {
+    let off = file_offset(elf, addr)?;
+    // The delimiter is not part of what is returned: a 257th byte means no NUL in 256.
+    let s = map
+        .read_bytes_at_until(off..off.checked_add(257)?, 0)
+        .ok()?;
+    (s.len() <= 256).then(|| String::from_utf8_lossy(s).into_owned())
 }
 
 /// A libfabric library: every slot of every ops-table candidate, probed once per address
@@ -409,8 +417,8 @@ pub(crate) fn c_string(elf: &object::File, map: &[u8], addr: u64) -> Option<Stri
 /// A libfabric library or provider DSO: every slot of its candidate ops tables, and its
 /// `fi_fabric` (at `open`) where it exports one.
 fn fabric_library(
-    elf: &object::File,
-    map: &[u8],
+    elf: &Elf,
+    map: Data<'_>,
     path: String,
     flavor: String,
     open: Option<u64>,
@@ -426,7 +434,7 @@ fn fabric_library(
     let mut seen = std::collections::BTreeSet::new();
     for c in &candidates {
         for (slot, &addr) in c.slots.iter().enumerate() {
-            let Some(offset) = file_offset(elf, addr) else {
+            let Some(offset) = code_offset(elf, addr) else {
                 continue;
             };
             if !seen.insert(offset) || probes.len() >= usize::from(u16::MAX) {
@@ -436,7 +444,7 @@ fn fabric_library(
             probes.push(probe_at(map, routine, addr, offset, probes.len() as u16));
         }
     }
-    if let Some((addr, offset)) = open.and_then(|a| Some((a, file_offset(elf, a)?))) {
+    if let Some((addr, offset)) = open.and_then(|a| Some((a, code_offset(elf, a)?))) {
         let routine = collector_common::routines::FABRIC_OPEN;
         probes.push(probe_at(map, routine, addr, offset, probes.len() as u16));
     }
@@ -455,9 +463,10 @@ fn fabric_library(
 
 /// The probe of `routine` on the function at file `offset` (virtual address `addr`), past
 /// a first instruction the kernel would single-step where it can be.
-fn probe_at(map: &[u8], routine: u16, addr: u64, offset: u64, function: u16) -> ProbePoint {
-    let code = map
-        .get(offset as usize..offset as usize + 16)
+fn probe_at(map: Data<'_>, routine: u16, addr: u64, offset: u64, function: u16) -> ProbePoint {
+    let code = (1..=16)
+        .rev()
+        .find_map(|len| map.bytes(offset, len))
         .unwrap_or(&[]);
     let (skip, placement) = choose_probe_point(code);
     ProbePoint {
@@ -494,8 +503,8 @@ fn mangled_name(routine: &str) -> Option<&'static str> {
 
 /// The probe points of `family`'s routines in a library whose symbols are `syms`.
 fn probe_points(
-    elf: &object::File,
-    map: &[u8],
+    elf: &Elf,
+    map: Data<'_>,
     syms: &BTreeMap<&str, u64>,
     path: String,
     (abi, flavor, layout): (Abi, String, Layout),
@@ -522,7 +531,7 @@ fn probe_points(
             missing.push(routine.name);
             continue;
         };
-        let Some(offset) = file_offset(elf, addr) else {
+        let Some(offset) = code_offset(elf, addr) else {
             missing.push(routine.name);
             continue;
         };
@@ -545,7 +554,7 @@ fn probe_points(
     }
 }
 
-fn needed_libs(elf: &object::File) -> Vec<String> {
+fn needed_libs(elf: &Elf) -> Vec<String> {
     dynamic_strings(elf, object::elf::DT_NEEDED)
 }
 
@@ -555,10 +564,13 @@ fn needed_libs(elf: &object::File) -> Vec<String> {
 /// is not a readable 64-bit ELF file (a job's input file on the command line is mapped, not
 /// read).
 pub fn library_search_path(file: &Path) -> Vec<PathBuf> {
-    let Ok(data) = map_file(file) else {
+    let Ok(opened) = LibraryFile::open_path(file) else {
         return Vec::new();
     };
-    let Ok(elf) = object::File::parse(&*data) else {
+    let Ok(data) = opened.data() else {
+        return Vec::new();
+    };
+    let Ok(elf) = Elf::parse(&data) else {
         return Vec::new();
     };
     let origin = std::fs::canonicalize(file)
@@ -576,11 +588,17 @@ pub fn library_search_path(file: &Path) -> Vec<PathBuf> {
                 .map(PathBuf::from)
                 .collect::<Vec<_>>()
         })
+        .take(MAX_DYNAMIC_STRINGS)
         .collect()
 }
 
-/// The strings of the dynamic section's entries with `tag` (`DT_NEEDED`, `DT_RUNPATH`).
-fn dynamic_strings(elf: &object::File, tag: u32) -> Vec<String> {
+/// Most entries of one tag read from a dynamic section (a real library has tens of
+/// `DT_NEEDED`; a crafted one could repeat one long string a million times).
+const MAX_DYNAMIC_STRINGS: usize = 256;
+
+/// The strings of the dynamic section's entries with `tag` (`DT_NEEDED`, `DT_RUNPATH`), at
+/// most [`MAX_DYNAMIC_STRINGS`], each as long as `file::LibraryData` reads a string.
+fn dynamic_strings(elf: &Elf, tag: u32) -> Vec<String> {
     let object::File::Elf64(e) = elf else {
         return Vec::new();
     };
@@ -599,23 +617,39 @@ fn dynamic_strings(elf: &object::File, tag: u32) -> Vec<String> {
     dynamic
         .iter()
         .filter(|d| d.tag32(endian) == Some(tag))
-        .filter_map(|d| d.string(endian, strings).ok())
+        .take(MAX_DYNAMIC_STRINGS)
+        .filter_map(|d| strings.get(u32::try_from(d.d_val(endian)).ok()?).ok())
         .map(|s| String::from_utf8_lossy(s).into_owned())
         .collect()
 }
 
 /// Virtual addresses of `.text` (start, end); (0, 0) without one.
-fn text_range(elf: &object::File) -> (u64, u64) {
+fn text_range(elf: &Elf) -> (u64, u64) {
     elf.section_by_name(".text")
         .map_or((0, 0), |s| (s.address(), s.address() + s.size()))
 }
 
 /// File offset of virtual address `addr`, through the section that contains it.
-fn file_offset(elf: &object::File, addr: u64) -> Option<u64> {
+fn file_offset(elf: &Elf, addr: u64) -> Option<u64> {
     elf.sections().find_map(|s| {
         let (start, size) = (s.address(), s.size());
         let (off, _) = s.file_range()?;
-        (addr >= start && addr < start + size).then(|| addr - start + off)
+        (addr >= start && addr < start.checked_add(size)?).then(|| addr - start + off)
+    })
+}
+
+/// File offset of the function at virtual address `addr`, only if an executable section
+/// of the file holds it: a probe is never put into data, whatever a symbol claims.
+fn code_offset(elf: &Elf, addr: u64) -> Option<u64> {
+    elf.sections().find_map(|s| {
+        let executable = matches!(
+            s.flags(),
+            object::SectionFlags::Elf { sh_flags } if sh_flags & u64::from(object::elf::SHF_EXECINSTR) != 0
+        );
+        let (start, size) = (s.address(), s.size());
+        let (off, _) = s.file_range()?;
+        (executable && addr >= start && addr < start.checked_add(size)?)
+            .then(|| addr - start + off)
     })
 }
 

@@ -1,0 +1,385 @@
+//! Attacks on the root daemon by an unprivileged local user (uid 65534, `nobody`), run for
+//! real against a real daemon: each test passes only when the attack fails **and** the
+//! daemon stays healthy (answers `ps` within 2 s, its memory bounded, and still counts a
+//! real MPI job of root's exactly).
+
+use std::{
+    io::{Read, Seek, SeekFrom},
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use commtap_tests::*;
+
+const LIMIT: Duration = Duration::from_secs(120);
+const NOBODY: u32 = 65534;
+/// Most resident memory a healthy daemon may have reached, attacked or not (it peaks at
+/// about 60 MiB here, ring buffer and BPF maps included).
+const DAEMON_PEAK_LIMIT_KIB: u64 = 256 << 10;
+
+/// A directory in `scratch` that belongs to `nobody`.
+fn nobody_dir(scratch: &Scratch, name: &str) -> PathBuf {
+    let dir = scratch.path(name);
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).expect("chown");
+    dir
+}
+
+/// A copy of `from` at `to`, owned by `nobody`.
+fn copy_as_nobody(from: &Path, to: &Path) {
+    std::fs::copy(from, to).expect("copy");
+    std::os::unix::fs::chown(to, Some(NOBODY), Some(NOBODY)).expect("chown");
+}
+
+/// `program ARGS` run as `nobody`, with no groups.
+fn spawn_as_nobody(program: &Path, args: &[&str]) -> ChildGuard {
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(program)
+        .args(args);
+    ChildGuard::spawn(&mut cmd)
+}
+
+/// The crafted library (`MPI_Send` exported, nothing of MPI behind it) and the program
+/// that maps it and acts on the daemon's read.
+fn attack_programs() -> (PathBuf, PathBuf) {
+    (
+        build_shared_c("attack_lib.c"),
+        build_plain_c("attack_map.c", &["-ldl"]),
+    )
+}
+
+/// Starts `attack_map LIB READY ACTION TARGET DONE` as nobody and waits until it has
+/// mapped LIB.
+fn start_attacker(
+    scratch: &Scratch,
+    map: &Path,
+    lib: &Path,
+    action: &str,
+    target: &str,
+) -> ChildGuard {
+    let dir = nobody_dir(scratch, "signals");
+    let (ready, done) = (dir.join("ready"), dir.join("done"));
+    let child = spawn_as_nobody(
+        map,
+        &[
+            path_str(lib),
+            path_str(&ready),
+            action,
+            target,
+            path_str(&done),
+        ],
+    );
+    wait_until("the attacker to map its library", LIMIT, || ready.exists());
+    child
+}
+
+/// Peak resident memory of `pid` in KiB (`VmHWM`).
+fn peak_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmHWM")
+}
+
+/// The daemon is alive and well: `ps` answers within 2 s, its peak memory is bounded, and
+/// a root MPI job run now is counted exactly.
+#[track_caller]
+fn assert_healthy(scratch: &Scratch, daemon: &Daemon) {
+    let asked = Instant::now();
+    let out = commtap_output(&["ps", "--from", &daemon.target]);
+    let took = asked.elapsed();
+    assert!(
+        out.status.success(),
+        "ps failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(took < Duration::from_secs(2), "ps took {took:?}");
+    let peak = peak_kib(daemon.child.0.id());
+    assert!(
+        peak < DAEMON_PEAK_LIMIT_KIB,
+        "the daemon's peak memory is {peak} KiB"
+    );
+    // Open MPI: its launcher names the job (PMIx namespace), so root's ranks are one job
+    // of their own beside the attacker's unlabelled process.
+    let prog = build_program("mpi_truth.c", Mpi::OpenMpi);
+    let prefix = scratch.path("root-truth");
+    let launcher = Mpi::OpenMpi.launcher(2);
+    let mut cmd = Command::new(&launcher[0]);
+    mpi_env(&mut cmd)
+        .args(&launcher[1..])
+        .arg(&prog)
+        .arg(&prefix);
+    let mut job = ChildGuard::spawn(&mut cmd);
+    assert!(
+        job.wait_with_limit(LIMIT).success(),
+        "root's MPI job failed"
+    );
+    let truths = read_truths(&prefix, 2);
+    let pids: Vec<u64> = truths.iter().filter_map(|t| t["pid"].as_u64()).collect();
+    wait_for_exited(&daemon.target, &pids);
+    let job = pids[0].to_string();
+    let profile = report_json(&["report", "--from", &daemon.target, "--job", &job]);
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+}
+
+/// Whether the code `pid` maps from the file `file_name` (every executable mapping) equals
+/// the bytes of `file` at the same offsets: a uprobe shows in memory as an int3.
+fn code_equals_file(pid: u32, file_name: &str, file: &Path) -> bool {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("mem");
+    let bytes = std::fs::read(file).expect("library bytes");
+    let mut compared = 0;
+    for line in maps
+        .lines()
+        .filter(|l| l.ends_with(file_name) && l.contains(" r-xp "))
+    {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (lo, hi) = f[0].split_once('-').expect("range");
+        let lo = u64::from_str_radix(lo, 16).expect("lo");
+        let hi = u64::from_str_radix(hi, 16).expect("hi");
+        let off = usize::from_str_radix(f[2], 16).expect("offset");
+        let mut code = vec![0u8; (hi - lo) as usize];
+        mem.seek(SeekFrom::Start(lo)).expect("seek");
+        mem.read_exact(&mut code).expect("read code");
+        let end = (off + code.len()).min(bytes.len());
+        compared += end - off;
+        if code[..end - off] != bytes[off..end] {
+            return false;
+        }
+    }
+    assert!(
+        compared > 0,
+        "no code of {file_name} mapped by {pid}:\n{maps}"
+    );
+    true
+}
+
+/// Attack: map a crafted `libmpich.so.12`, wait until the daemon has read it, then rename
+/// a symlink to a root-owned library over it. A daemon that attaches by path puts its
+/// probes, at the crafted file's offsets, into the root-owned file (and so into every root
+/// process that maps it). The probes must go into the file that was read, and only there.
+#[test]
+fn a_library_swapped_after_it_was_read_gets_no_probe_into_root_files() {
+    let scratch = Scratch::new("attack-swap");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let (lib, map) = attack_programs();
+
+    // Root's side: a root-owned library, mapped by a root process.
+    let root_dir = scratch.path("root-only");
+    std::fs::create_dir_all(&root_dir).expect("dir");
+    let victim = root_dir.join("libvictim.so");
+    std::fs::copy(&lib, &victim).expect("victim copy");
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).expect("mode");
+    let victim_prog = build_plain_c("attack_victim.c", &["-ldl"]);
+    let victim_ready = scratch.path("victim-ready");
+    let victim_proc = ChildGuard::spawn(Command::new(&victim_prog).arg(&victim).arg(&victim_ready));
+    wait_until("the victim to map its library", LIMIT, || {
+        victim_ready.exists()
+    });
+
+    // The user's side: the crafted library, and a symlink to the victim ready to swap in.
+    let dir = nobody_dir(&scratch, "attacker");
+    let crafted = dir.join("libmpich.so.12");
+    copy_as_nobody(&lib, &crafted);
+    let swap = dir.join("swap");
+    std::os::unix::fs::symlink(&victim, &swap).expect("symlink");
+    std::os::unix::fs::lchown(&swap, Some(NOBODY), Some(NOBODY)).expect("lchown");
+    let attacker = start_attacker(&scratch, &map, &crafted, "swap", path_str(&swap));
+    let done = scratch.path("signals/done");
+    wait_until(
+        "the attacker to swap the file after the daemon's read",
+        LIMIT,
+        || done.exists(),
+    );
+    // Probed: the daemon attached to the library it read (the attacker's own file).
+    let pid = u64::from(attacker.0.id());
+    wait_for_state(&daemon.target, &[pid], "probed");
+    assert!(
+        std::fs::read_link(&crafted).is_ok_and(|t| t == victim),
+        "the swap happened"
+    );
+    assert!(
+        !code_equals_file(attacker.0.id(), "/libmpich.so.12 (deleted)", &lib),
+        "the probe went into the file the daemon read (the attacker's own)"
+    );
+    assert!(
+        code_equals_file(victim_proc.0.id(), "/libvictim.so", &victim),
+        "a probe was written into the root-owned library's code"
+    );
+    assert_healthy(&scratch, &daemon);
+    drop(attacker);
+    drop(victim_proc);
+    daemon.stop(&scratch);
+}
+
+/// Attack: map a library whose path holds two spaces (`a  b/libmpich.so.12`) while a FIFO
+/// waits at the path with one (`a b/libmpich.so.12`). A maps parser that splits on
+/// whitespace opens the FIFO and blocks the daemon forever. The path is kept verbatim and
+/// no FIFO is ever opened.
+#[test]
+fn a_fifo_behind_a_path_with_spaces_does_not_stop_the_daemon() {
+    let scratch = Scratch::new("attack-fifo");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let (lib, map) = attack_programs();
+    let dir = nobody_dir(&scratch, "attacker");
+    let (two, one) = (dir.join("a  b"), dir.join("a b"));
+    for d in [&two, &one] {
+        std::fs::create_dir_all(d).expect("dir");
+        std::os::unix::fs::chown(d, Some(NOBODY), Some(NOBODY)).expect("chown");
+    }
+    let crafted = two.join("libmpich.so.12");
+    copy_as_nobody(&lib, &crafted);
+    sh(&format!(
+        "mkfifo '{}'",
+        one.join("libmpich.so.12").display()
+    ));
+    let attacker = start_attacker(&scratch, &map, &crafted, "none", "-");
+    wait_for_state(&daemon.target, &[u64::from(attacker.0.id())], "probed");
+    let out = commtap_output(&["ps", "--from", &daemon.target]);
+    let ps = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        ps.contains("attacker/a  b/libmpich.so.12"),
+        "the library's path is kept verbatim:\n{ps}"
+    );
+    assert_healthy(&scratch, &daemon);
+    drop(attacker);
+    daemon.stop(&scratch);
+}
+
+/// Attack: truncate the library as the daemon opens it (inotify `IN_OPEN`). A daemon that
+/// maps library files dies of SIGBUS reading past the new end. It reads what it needs with
+/// bounded reads and gives up on that file.
+#[test]
+fn a_library_truncated_while_it_is_read_does_not_kill_the_daemon() {
+    let scratch = Scratch::new("attack-truncate");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let (lib, map) = attack_programs();
+    let dir = nobody_dir(&scratch, "attacker");
+    let crafted = dir.join("libmpich.so.12");
+    copy_as_nobody(&lib, &crafted);
+    let attacker = start_attacker(&scratch, &map, &crafted, "truncate", "-");
+    let done = scratch.path("signals/done");
+    wait_until("the attacker to truncate its library", LIMIT, || {
+        done.exists()
+    });
+    assert_eq!(std::fs::metadata(&crafted).expect("crafted").len(), 0);
+    assert_healthy(&scratch, &daemon);
+    drop(attacker);
+    daemon.stop(&scratch);
+}
+
+/// Attack: a small library whose dynamic section repeats `DT_NEEDED` thousands of times,
+/// every entry naming one long string. A parser that copies each entry allocates the
+/// string once per entry (gigabytes from a file of megabytes). Reads and copies are capped.
+#[test]
+fn a_library_with_many_long_needed_entries_does_not_bloat_the_daemon() {
+    let scratch = Scratch::new("attack-needed");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let (lib, map) = attack_programs();
+    let dir = nobody_dir(&scratch, "attacker");
+    let crafted = dir.join("libmpich.so.12");
+    copy_as_nobody(&lib, &crafted);
+    // 60,000 DT_NEEDED entries (16 bytes each) naming one 60,000-byte string: a 1 MB file
+    // that names 3.6 GB of strings.
+    let status = Command::new("python3")
+        .arg(repo_root().join("tests/programs/many_needed.py"))
+        .arg(&crafted)
+        .args(["60000", "60000"])
+        .status()
+        .expect("python3");
+    assert!(status.success(), "crafting the library failed");
+    let attacker = start_attacker(&scratch, &map, &crafted, "none", "-");
+    wait_for_state(&daemon.target, &[u64::from(attacker.0.id())], "probed");
+    assert_healthy(&scratch, &daemon);
+    drop(attacker);
+    daemon.stop(&scratch);
+}
+
+/// `commtap ARGS` run as nobody.
+fn commtap_as_nobody(args: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(commtap_bin())
+        .args(args)
+        .output()
+        .expect("running commtap as nobody")
+}
+
+/// Attack: over the daemon's plaintext TCP listener (`--insecure-tcp`), nobody lists
+/// root's processes, detaches root's MPI rank and switches per-call events on node-wide. A
+/// caller that presents no verified client certificate owns nothing: it sees no process,
+/// may detach none, and may not stream events.
+#[test]
+fn an_unauthenticated_tcp_caller_can_neither_see_nor_change_roots_processes() {
+    let scratch = Scratch::new("attack-tcp");
+    let addr = free_port();
+    let daemon = Daemon::start(&scratch, &[], &[], &["--listen", &addr, "--insecure-tcp"]);
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 50, &[]);
+    let pids: Vec<u64> = ranks.iter().map(|p| u64::from(*p)).collect();
+    wait_for_state(&daemon.target, &pids, "probed");
+    let url = format!("http://{addr}");
+
+    let ps = commtap_as_nobody(&["ps", "--from", &url]);
+    assert!(
+        ps.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ps.stderr)
+    );
+    let listed = String::from_utf8_lossy(&ps.stdout);
+    for pid in &ranks {
+        assert!(
+            !listed
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(&pid.to_string())),
+            "nobody sees root's rank {pid} over TCP:\n{listed}"
+        );
+    }
+    let report = commtap_as_nobody(&["report", "--from", &url, "--format", "json"]);
+    let seen: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap_or_default();
+    assert!(
+        seen["ranks"].as_array().is_none_or(Vec::is_empty),
+        "nobody reads root's profiles over TCP: {seen:#}"
+    );
+    let detach = commtap_as_nobody(&["detach", "--pid", &ranks[0].to_string(), "--from", &url]);
+    assert!(!detach.status.success(), "nobody detached root's rank");
+    let events = commtap_as_nobody(&["events", "--from", &url]);
+    assert!(!events.status.success(), "nobody streamed events");
+    assert!(
+        String::from_utf8_lossy(&events.stderr).contains("permission"),
+        "{}",
+        String::from_utf8_lossy(&events.stderr)
+    );
+
+    // Root's ranks are still watched and counted to the end.
+    assert!(
+        ranks.iter().all(|p| ps_states(&daemon.target)
+            .get(&u64::from(*p))
+            .map(String::as_str)
+            == Some("probed")),
+        "root's ranks are still probed"
+    );
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(
+        job.wait_with_limit(LIMIT).success(),
+        "root's MPI job failed"
+    );
+    wait_for_exited(&daemon.target, &pids);
+    let profile = report_json(&["report", "--from", &daemon.target]);
+    let truths = read_truths(&scratch.path("truth"), 2);
+    for t in &truths {
+        let rank = rank_by_pid(&profile, t["pid"].as_u64().expect("pid"));
+        assert_eq!(
+            loop_counts_after_go(&rank["routines"]),
+            routine_table(&t["routines"]),
+            "rank {}: every call, before and after the attack",
+            t["rank"]
+        );
+    }
+    assert_healthy(&scratch, &daemon);
+    daemon.stop(&scratch);
+}
