@@ -510,8 +510,9 @@ pub struct ProcEvent {
     pub tgid: u32,
     /// Parent (for fork) or 0.
     pub parent: u32,
-    /// Explicit padding.
-    pub _pad: u32,
+    /// Real user id of the process when the event happened (for fork, the parent's, which
+    /// the child inherits): its owner, known even if it exits before `/proc` is read.
+    pub uid: u32,
     /// Monotonic ns.
     pub ts_ns: u64,
 }

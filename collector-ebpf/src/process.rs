@@ -1,7 +1,7 @@
 //! Following the watched process tree: forks inherit watching, exec and exit are reported.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_ktime_get_ns},
     macros::tracepoint,
     programs::TracePointContext,
 };
@@ -16,7 +16,8 @@ pub fn emit(kind: EventKind, tgid: u32, parent: u32) {
         kind: kind as u32,
         tgid,
         parent,
-        _pad: 0,
+        // The low half is the real uid.
+        uid: bpf_get_current_uid_gid() as u32,
         ts_ns: unsafe { bpf_ktime_get_ns() },
     };
     // A lost process event is recovered by userspace's periodic /proc scan.

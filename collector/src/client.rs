@@ -56,6 +56,20 @@ pub async fn snapshot(from: &Target, job: Option<&str>) -> Result<JobProfile> {
     Ok(JobProfile::try_from(&wire)?)
 }
 
+/// `s` safe to print on an operator's terminal: control characters (escape sequences a
+/// user put in a command line or a file name) are shown escaped, not sent.
+pub fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// Prints the processes a daemon knows, one per line.
 pub async fn print_processes(from: &Target) -> Result<()> {
     let mut client = NodeClient::new(connect(from).await?);
@@ -79,11 +93,20 @@ pub async fn print_processes(from: &Target) -> Result<()> {
         };
         println!(
             "{:>8} {:>6} {:<12} {:<8} {}",
-            p.pid, rank, p.job, state, p.cmdline
+            p.pid,
+            rank,
+            printable(&p.job),
+            state,
+            printable(&p.cmdline)
         );
     }
     for l in &resp.libraries {
-        println!("library {} ({}): {} probes", l.path, l.flavor, l.probes);
+        println!(
+            "library {} ({}): {} probes",
+            printable(&l.path),
+            printable(&l.flavor),
+            l.probes
+        );
     }
     Ok(())
 }
@@ -246,4 +269,15 @@ pub async fn watch(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(printable("mpirun -np 2 ./app"), "mpirun -np 2 ./app");
+        assert_eq!(printable("x\u{1b}]0;owned\u{7}y\n"), "x\\u{1b}]0;owned\\u{7}y\\n");
+    }
 }

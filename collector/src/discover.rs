@@ -43,6 +43,10 @@ pub struct ProcessInfo {
     pub world_size: Option<u32>,
     /// Batch job id (Slurm, PBS, LSF) if the process runs in one.
     pub batch_job: Option<String>,
+    /// Whether `batch_job` comes from the process's cgroup (Slurm's `job_<id>`, which only
+    /// root can put a process in) rather than from its environment (which its owner
+    /// writes, and so may name another user's job).
+    pub batch_job_from_cgroup: bool,
     /// The launcher's own job key (PMIx namespace, Open MPI jobid, Hydra UUID), if any.
     pub launcher_job: Option<String>,
     /// Process start time in clock ticks since boot (with the pid, a unique identity).
@@ -108,28 +112,61 @@ pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok());
     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).map_err(proc_err(pid, "cmdline"))?;
-    let cmdline = cmdline
-        .split(|b| *b == 0)
-        .filter(|s| !s.is_empty())
-        .map(|s| String::from_utf8_lossy(s).into_owned())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let cmdline = cmdline_text(&cmdline);
     let environ = fs::read(format!("/proc/{pid}/environ")).map_err(proc_err(pid, "environ"))?;
     let env = parse_environ(&environ);
     let first = |vars: &[&str]| {
         vars.iter()
             .find_map(|v| env.get(*v).filter(|s| !s.is_empty()).cloned())
     };
+    let cgroup_job = fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .ok()
+        .and_then(|text| slurm_job_of_cgroup(&text));
     Ok(ProcessInfo {
         pid,
         cmdline,
         rank: first(RANK_VARS).and_then(|s| s.parse().ok()),
         world_size: first(SIZE_VARS).and_then(|s| s.parse().ok()),
-        batch_job: first(BATCH_JOB_VARS),
+        batch_job_from_cgroup: cgroup_job.is_some(),
+        batch_job: cgroup_job.or_else(|| first(BATCH_JOB_VARS)),
         launcher_job: first(LAUNCHER_JOB_VARS),
         start_ticks,
         uid,
     })
+}
+
+/// The Slurm job whose cgroup (`.../job_<id>/...`, Slurm's cgroup v2 plugin) holds a
+/// process, from its `/proc/PID/cgroup` text.
+fn slurm_job_of_cgroup(text: &str) -> Option<String> {
+    let own = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    own.split('/')
+        .find_map(|c| c.strip_prefix("job_"))
+        .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+        .map(str::to_string)
+}
+
+/// Longest command line kept (what mpitrace and `ps` users need to recognise a job; a
+/// user's own arguments can be megabytes, which would travel in every snapshot).
+pub const MAX_CMDLINE: usize = 4096;
+
+/// `/proc/PID/cmdline` as text: arguments joined by spaces, at most [`MAX_CMDLINE`] bytes
+/// (cut at a character boundary, with `…` to say so).
+fn cmdline_text(raw: &[u8]) -> String {
+    let mut text = raw
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(String::from_utf8_lossy)
+        .collect::<Vec<_>>()
+        .join(" ");
+    if text.len() > MAX_CMDLINE {
+        let mut end = MAX_CMDLINE;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
 }
 
 fn parse_environ(raw: &[u8]) -> BTreeMap<String, String> {
@@ -478,6 +515,37 @@ pub fn this_host() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn maps_paths_are_kept_verbatim() {
+        let maps = "7f00-7f10 r-xp 00001000 08:01 42                         /home/u/a  b/libmpi.so.40\n\
+                    7f20-7f30 rw-p 00000000 00:00 0 \n\
+                    7f40-7f50 r--p 00000000 08:01 43                         /x/lib (deleted)\n";
+        let lines: Vec<MapsLine> = maps_lines(maps).collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[0].path, "/home/u/a  b/libmpi.so.40");
+        assert_eq!((lines[0].lo, lines[0].hi, lines[0].offset, lines[0].inode), (0x7f00, 0x7f10, 0x1000, 42));
+        assert_eq!(lines[0].dev, Some(libc::makedev(8, 1)));
+        assert_eq!(lines[1].path, "");
+        assert_eq!(lines[2].path, "/x/lib (deleted)");
+    }
+
+    #[test]
+    fn slurm_jobs_come_from_the_cgroup() {
+        let text = "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_1\n";
+        assert_eq!(slurm_job_of_cgroup(text).as_deref(), Some("4242"));
+        assert_eq!(slurm_job_of_cgroup("0::/user.slice/user-1000.slice\n"), None);
+        assert_eq!(slurm_job_of_cgroup("0::/x/job_/y\n"), None);
+    }
+
+    #[test]
+    fn long_command_lines_are_cut() {
+        assert_eq!(cmdline_text(b"mpirun\0-np\0004\0./app\0"), "mpirun -np 4 ./app");
+        let long = "é".repeat(MAX_CMDLINE);
+        let text = cmdline_text(long.as_bytes());
+        assert!(text.len() <= MAX_CMDLINE + '…'.len_utf8());
+        assert!(text.ends_with('…'));
+    }
 
     #[test]
     fn environ_parsing() {

@@ -33,6 +33,8 @@ pub enum ProcessEvent {
     Exec {
         /// Process id.
         pid: u32,
+        /// Its real user id, from the kernel.
+        uid: u32,
     },
     /// It forked a child that is now watched.
     Fork {
@@ -40,11 +42,15 @@ pub enum ProcessEvent {
         pid: u32,
         /// Its parent.
         parent: u32,
+        /// The child's real user id (its parent's), from the kernel.
+        uid: u32,
     },
     /// It made its first MPI call (watch-all mode) and is now watched.
     Discovered {
         /// Process id.
         pid: u32,
+        /// Its real user id, from the kernel.
+        uid: u32,
     },
     /// It exited, at monotonic `ts_ns`.
     Exit {
@@ -176,14 +182,21 @@ fn drain(
                 // SAFETY: length checked; ProcEvent is plain integers.
                 let ev: ProcEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
                 let pe = if k == EventKind::Exec as u32 {
-                    ProcessEvent::Exec { pid: ev.tgid }
+                    ProcessEvent::Exec {
+                        pid: ev.tgid,
+                        uid: ev.uid,
+                    }
                 } else if k == EventKind::Fork as u32 {
                     ProcessEvent::Fork {
                         pid: ev.tgid,
                         parent: ev.parent,
+                        uid: ev.uid,
                     }
                 } else if k == EventKind::Discovered as u32 {
-                    ProcessEvent::Discovered { pid: ev.tgid }
+                    ProcessEvent::Discovered {
+                        pid: ev.tgid,
+                        uid: ev.uid,
+                    }
                 } else if k == EventKind::Exit as u32 {
                     ProcessEvent::Exit {
                         pid: ev.tgid,

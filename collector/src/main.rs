@@ -140,8 +140,9 @@ enum Command {
 
 #[derive(clap::Args, Debug)]
 struct AggregatorArgs {
-    /// Address to listen on.
-    #[arg(long, default_value = "0.0.0.0:7480")]
+    /// Address to listen on: this host only by default; give e.g. 0.0.0.0:7480 to serve a
+    /// cluster (with --tls-cert, --tls-key and --tls-client-ca).
+    #[arg(long, default_value = "127.0.0.1:7480")]
     listen: std::net::SocketAddr,
     #[command(flatten)]
     tls: TlsArgs,
@@ -592,9 +593,11 @@ fn main() -> ExitCode {
             Command::Detach(a) => client::detach(&a.target.from, a.target.pid, &a.out).await,
             Command::Events(a) => client::events(&a.from, a.pid, a.duration).await,
             Command::Aggregator(a) => {
+                let mutual_tls = a.tls.tls_client_ca.is_some();
                 aggregator::run(aggregator::AggregatorOptions {
                     listen: a.listen,
                     tls: a.tls.server(identity.clone(), "the aggregator")?,
+                    mutual_tls,
                     db: a.db,
                     upstream: a.upstream.map(|t| (t, a.push_interval)),
                 })

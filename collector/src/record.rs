@@ -190,7 +190,7 @@ fn launch(command: &[String], probes: &mut Probes) -> Result<(tokio::process::Ch
 
 fn mark_ready(opts: &RecordOptions) -> Result<()> {
     if let Some(path) = &opts.ready_file {
-        std::fs::write(path, format!("{}\n", std::process::id()))
+        crate::report::write_file(path, format!("{}\n", std::process::id()).as_bytes())
             .with_context(|| format!("writing the ready file {}", path.display()))?;
     }
     Ok(())

@@ -41,9 +41,17 @@ pub struct Tracked {
     pub seen_pages: Option<u64>,
     /// libfabric fabrics it opened.
     pub fabrics: BTreeSet<crate::report::Fabric>,
+    /// Its real user id as the kernel gave it with the event that made it known: a rank
+    /// that exits before its `/proc` entry is read still has an owner.
+    pub kernel_uid: Option<u32>,
 }
 
 impl Tracked {
+    /// Its owner: from `/proc` once read, else from the kernel's event.
+    pub fn uid(&self) -> Option<u32> {
+        self.info.as_ref().and_then(|i| i.uid).or(self.kernel_uid)
+    }
+
     /// A process counted from now on.
     pub fn from_now() -> Tracked {
         Tracked {
@@ -241,7 +249,7 @@ impl Session {
         let identities: Vec<Option<ProcessInfo>> = batch
             .iter()
             .map(|ev| match ev {
-                ProcessEvent::Exec { pid } | ProcessEvent::Discovered { pid } => {
+                ProcessEvent::Exec { pid, .. } | ProcessEvent::Discovered { pid, .. } => {
                     discover::process_info(*pid).ok()
                 }
                 _ => None,
@@ -256,10 +264,11 @@ impl Session {
     /// read ahead.
     fn on_process_event(&mut self, ev: ProcessEvent, identity: Option<ProcessInfo>) {
         match ev {
-            ProcessEvent::Fork { pid, .. } => {
-                self.tracked.entry(pid).or_insert_with(Tracked::from_now);
+            ProcessEvent::Fork { pid, uid, .. } => {
+                let t = self.tracked.entry(pid).or_insert_with(Tracked::from_now);
+                t.kernel_uid = Some(uid);
             }
-            ProcessEvent::Exec { pid } | ProcessEvent::Discovered { pid } => {
+            ProcessEvent::Exec { pid, uid } | ProcessEvent::Discovered { pid, uid } => {
                 let t = self.tracked.entry(pid).or_insert_with(|| {
                     let mut t = Tracked::from_now();
                     if matches!(ev, ProcessEvent::Discovered { .. }) {
@@ -268,6 +277,7 @@ impl Session {
                     }
                     t
                 });
+                t.kernel_uid = Some(uid);
                 // The new image's environment names the rank; its libraries may be new.
                 t.info = identity
                     .or_else(|| discover::process_info(pid).ok())
@@ -466,7 +476,7 @@ impl Session {
                 host: host.clone(),
                 job: job_key(&info),
                 cmdline: info.cmdline.clone(),
-                uid: info.uid,
+                uid: t.uid(),
                 start_ticks: info.start_ticks,
                 exited: false,
                 elapsed_ns: end.saturating_sub(start),
@@ -481,13 +491,34 @@ impl Session {
 }
 
 /// Groups a process with the other ranks of its job: the batch system's job id, else the
-/// launcher's own job key, else one group for everything unlabelled.
+/// launcher's own job key, else one group for everything unlabelled. A batch job id that
+/// only the process's environment claims is grouped per user: nobody joins another user's
+/// job by setting `SLURM_JOB_ID`.
 fn job_key(info: &ProcessInfo) -> String {
     match (&info.batch_job, &info.launcher_job) {
-        (Some(b), _) => format!("batch:{b}"),
+        (Some(b), _) if info.batch_job_from_cgroup => format!("batch:{b}"),
+        (Some(b), _) => format!("claim:{}:{b}", info.uid.map_or(-1, i64::from)),
         (None, Some(l)) => format!("launcher:{l}"),
         (None, None) => String::new(),
     }
+}
+
+/// The job id a group keyed `key` (see `job_key`) is shown with: a batch job's own id, and
+/// for a claimed one the same unless another group (the real job, or another user's claim)
+/// has that id too: then `ID.uUID`. Else `None` (launcher keys: mpitrace's rank 0 pid).
+fn batch_job_id(key: &str, keys: &[&String]) -> Option<String> {
+    if let Some(batch) = key.strip_prefix("batch:") {
+        return Some(batch.to_string());
+    }
+    let (uid, id) = key.strip_prefix("claim:")?.split_once(':')?;
+    let shared = keys.iter().any(|k| {
+        *k != key
+            && (k.strip_prefix("batch:") == Some(id)
+                || k.strip_prefix("claim:")
+                    .and_then(|c| c.split_once(':'))
+                    .is_some_and(|(_, other)| other == id))
+    });
+    Some(if shared { format!("{id}.u{uid}") } else { id.to_string() })
 }
 
 /// Orders ranks by job and rank, fills in what the environment did not say (ranks, job
@@ -503,6 +534,8 @@ fn assemble(
     for r in ranks.drain(..) {
         groups.entry(r.job.clone()).or_default().push(r);
     }
+    let keys: Vec<String> = groups.keys().cloned().collect();
+    let key_refs: Vec<&String> = keys.iter().collect();
     for (key, mut group) in groups {
         // Ranks without a launcher rank get the next free numbers, in pid order.
         group.sort_by_key(|r| (r.rank, r.pid));
@@ -516,8 +549,8 @@ fn assemble(
             r.rank = rank;
         }
         group.sort_by_key(|r| r.rank);
-        let job = match key.strip_prefix("batch:") {
-            Some(batch) => batch.to_string(),
+        let job = match batch_job_id(&key, &key_refs) {
+            Some(batch) => batch,
             None => job_ids
                 .entry(key.clone())
                 .or_insert_with(|| {
@@ -603,7 +636,28 @@ fn counted_names<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::counted_names;
+    use super::{batch_job_id, counted_names, job_key};
+    use crate::discover::ProcessInfo;
+
+    #[test]
+    fn a_claimed_job_id_never_joins_another_users_job() {
+        let info = |uid, job: &str, from_cgroup| ProcessInfo {
+            uid: Some(uid),
+            batch_job: Some(job.to_string()),
+            batch_job_from_cgroup: from_cgroup,
+            ..Default::default()
+        };
+        let real = job_key(&info(1000, "77", true));
+        let claim = job_key(&info(1001, "77", false));
+        let own_claim = job_key(&info(1000, "88", false));
+        assert_ne!(real, claim);
+        let keys = [&real, &claim, &own_claim];
+        assert_eq!(batch_job_id(&real, &keys).as_deref(), Some("77"));
+        assert_eq!(batch_job_id(&claim, &keys).as_deref(), Some("77.u1001"));
+        // Alone with its id (no Slurm cgroups here: tests, PBS): shown as it is.
+        assert_eq!(batch_job_id(&own_claim, &keys).as_deref(), Some("88"));
+        assert_eq!(batch_job_id("launcher:x", &keys), None);
+    }
 
     #[test]
     fn probe_names_are_listed_once_with_their_count() {

@@ -1,10 +1,20 @@
 #!/bin/sh
 # Slurm Epilog (slurm.conf: Epilog=/etc/slurm/commtap-epilog.sh): writes the job's final
-# profile from this node's daemon: mpitrace files (mpi_profile.<job>.<rank>) and JSON.
-# Never fails the job: profiling problems are logged, not fatal.
-out="${COMMTAP_REPORT_DIR:-/var/log/commtap}/$SLURM_JOB_ID/$(hostname -s)"
+# profile from this node's daemon: mpitrace files (mpi_profile.<job>.<rank>) and JSON,
+# readable by the job's user only (the epilog runs as root; SLURM_JOB_UID is the job's
+# owner). Never fails the job: profiling problems are logged, not fatal.
+umask 077
+case "$SLURM_JOB_ID" in
+    ''|*[!0-9_]*) echo "commtap: unexpected job id '$SLURM_JOB_ID': no report" >&2; exit 0 ;;
+esac
+base="${COMMTAP_REPORT_DIR:-/var/log/commtap}"
+out="$base/$SLURM_JOB_ID/$(hostname -s)"
 mkdir -p "$out" || exit 0
 commtap report --from unix:///run/commtap/commtap.sock --job "$SLURM_JOB_ID" \
     --mpitrace-dir "$out" --json "$out/profile.json" -o "$out/report.txt" \
     || echo "commtap: no profile for job $SLURM_JOB_ID on $(hostname -s)" >&2
+if [ -n "$SLURM_JOB_UID" ]; then
+    chown -R "$SLURM_JOB_UID${SLURM_JOB_GID:+:$SLURM_JOB_GID}" "$base/$SLURM_JOB_ID" \
+        || echo "commtap: reports of job $SLURM_JOB_ID not handed to uid $SLURM_JOB_UID" >&2
+fi
 exit 0

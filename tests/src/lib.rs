@@ -698,21 +698,30 @@ pub fn make_certs(
     )
 }
 
-/// A client certificate with common name `cn`, signed by the CA [`make_certs`] made in
-/// `dir`: (cert, key).
-pub fn make_client_cert(dir: &Path, cn: &str) -> (PathBuf, PathBuf) {
+/// A client certificate with common name `cn` and, if given, organizational unit `ou` (an
+/// aggregator reads a caller's role there), signed by the CA [`make_certs`] made in `dir`:
+/// (cert, key).
+pub fn make_client_cert(dir: &Path, cn: &str, ou: Option<&str>) -> (PathBuf, PathBuf) {
     let d = dir.display();
+    let name = format!("{cn}-{}", ou.unwrap_or("none"));
     std::fs::write(
-        dir.join(format!("{cn}.cnf")),
+        dir.join(format!("{name}.cnf")),
         format!("subjectAltName=DNS:{cn}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth,serverAuth\n"),
     )
     .expect("client cnf");
+    let subject = match ou {
+        Some(ou) => format!("/OU={ou}/CN={cn}"),
+        None => format!("/CN={cn}"),
+    };
     sh(&format!(
-        "cd {d} && openssl req -newkey rsa:2048 -nodes -keyout {cn}.key -out {cn}.csr \
-         -subj /CN={cn} 2>&1 && openssl x509 -req -in {cn}.csr -CA ca.pem -CAkey ca.key \
-         -CAcreateserial -out {cn}.pem -days 1 -extfile {cn}.cnf 2>&1"
+        "cd {d} && openssl req -newkey rsa:2048 -nodes -keyout {name}.key -out {name}.csr \
+         -subj {subject} 2>&1 && openssl x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key \
+         -CAcreateserial -out {name}.pem -days 1 -extfile {name}.cnf 2>&1"
     ));
-    (dir.join(format!("{cn}.pem")), dir.join(format!("{cn}.key")))
+    (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    )
 }
 
 /// Starts `program` (which creates `scratch/ready` once it mapped what it maps), and

@@ -55,9 +55,14 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
             cert.to_str().expect("utf8"),
             "--tls-key",
             key.to_str().expect("utf8"),
+            "--tls-client-ca",
+            &ca_arg,
         ];
         spawn_commtap(&agg_scratch, &args)
     };
+    // Mutual TLS: each daemon's certificate names its node and the role to push; the
+    // reports are read with a reader's.
+    let (read_cert, read_key) = make_client_cert(&scratch.0, "reader", Some("commtap-read"));
     let nets = [Netns::new(1), Netns::new(2)];
     let mut aggregator = start_aggregator();
 
@@ -88,10 +93,18 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
             "--aggregator",
             &upstream,
         ];
+        let (push_cert, push_key) = make_client_cert(&scratch.0, node, Some("commtap-push"));
         let d = Daemon::start(
             &node_scratch,
             &["ip", "netns", "exec", &net.name],
-            &["--tls-ca", &ca_arg],
+            &[
+                "--tls-ca",
+                &ca_arg,
+                "--tls-cert",
+                path_str(&push_cert),
+                "--tls-key",
+                path_str(&push_key),
+            ],
             &args,
         );
         daemons.push((node_scratch, d));
@@ -106,6 +119,10 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
         let args = [
             "--tls-ca",
             &ca_arg,
+            "--tls-cert",
+            path_str(&read_cert),
+            "--tls-key",
+            path_str(&read_key),
             "report",
             "--from",
             &url,

@@ -383,3 +383,190 @@ fn an_unauthenticated_tcp_caller_can_neither_see_nor_change_roots_processes() {
     assert_healthy(&scratch, &daemon);
     daemon.stop(&scratch);
 }
+
+/// `aggregator_client.py ADDR CA CERT KEY ARGS`: a network peer holding whatever
+/// certificate it holds (over TCP the aggregator knows no uid), and the JSON it prints.
+fn aggregator_call(
+    addr: &str,
+    ca: &Path,
+    cert: Option<&(PathBuf, PathBuf)>,
+    args: &[&str],
+) -> serde_json::Value {
+    let (cert, key) = cert.map_or(("-", "-"), |(c, k)| (path_str(c), path_str(k)));
+    let out = Command::new("python3")
+        .arg(repo_root().join("tests/clients/aggregator_client.py"))
+        .arg(repo_root().join("proto"))
+        .args([addr, path_str(ca), cert, key])
+        .args(args)
+        .output()
+        .expect("python3");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "aggregator client: {e}\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Field 22 of `/proc/PID/stat`: the process's start time in clock ticks.
+fn start_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let (_, rest) = stat.rsplit_once(')').expect("stat");
+    rest.split_whitespace()
+        .nth(19)
+        .and_then(|s| s.parse().ok())
+        .expect("starttime")
+}
+
+/// Attacks on an aggregator by network peers: without a certificate nothing is served; a
+/// reader cannot push and a pusher cannot read; a node's certificate cannot push another
+/// node's processes; a snapshot stamped far in the future (`taken_ns = u64::MAX`, which
+/// would own that process's record for good) is refused even from the node's own
+/// certificate. Root's job, pushed by its node's daemon, ends up in the aggregator exactly.
+#[test]
+fn aggregator_callers_do_only_what_their_certificates_allow() {
+    let scratch = Scratch::new("attack-aggregator");
+    let (ca, cert, key) = make_certs(&scratch.0);
+    let node = make_client_cert(&scratch.0, "node-a", Some("commtap-push"));
+    let other = make_client_cert(&scratch.0, "node-evil", Some("commtap-push"));
+    let reader = make_client_cert(&scratch.0, "reader", Some("commtap-read"));
+    let addr = free_port();
+    let agg_scratch = Scratch::new("attack-aggregator-server");
+    let aggregator = spawn_commtap(
+        &agg_scratch,
+        &[
+            "--log",
+            "info",
+            "aggregator",
+            "--listen",
+            &addr,
+            "--db",
+            path_str(&scratch.path("agg.redb")),
+            "--tls-cert",
+            path_str(&cert),
+            "--tls-key",
+            path_str(&key),
+            "--tls-client-ca",
+            path_str(&ca),
+        ],
+    );
+    let job_id = format!("attack{}", std::process::id());
+    let (mut job, ranks) =
+        start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 50, &[("SLURM_JOB_ID", &job_id)]);
+    let pids = ranks
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let daemon = Daemon::start(
+        &scratch,
+        &[],
+        &[
+            "--tls-ca",
+            path_str(&ca),
+            "--tls-cert",
+            path_str(&node.0),
+            "--tls-key",
+            path_str(&node.1),
+        ],
+        &[
+            "--node-name",
+            "node-a",
+            "--pid",
+            &pids,
+            "--push-interval",
+            "200ms",
+            "--aggregator",
+            &format!("https://{addr}"),
+        ],
+    );
+    // The attacks name one of root's ranks by its identity at the aggregator; they come
+    // once the daemon has pushed the job (the node's clock is known from then on).
+    let (victim, victim_start) = (ranks[0], start_ticks(ranks[0]));
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    wait_until("the daemon's first snapshots of the job", LIMIT, || {
+        aggregator_call(&addr, &ca, Some(&reader), &["list"])["jobs"]
+            .as_array()
+            .is_some_and(|j| j.iter().any(|j| j == job_id.as_str()))
+    });
+    let push = |cert: Option<&(PathBuf, PathBuf)>, node: &str, taken: u64| {
+        let (pid, start, taken) = (
+            victim.to_string(),
+            victim_start.to_string(),
+            taken.to_string(),
+        );
+        aggregator_call(&addr, &ca, cert, &["push", node, &pid, &start, &taken])
+    };
+    let anonymous = aggregator_call(&addr, &ca, None, &["list"]);
+    assert_ne!(
+        anonymous["code"], "OK",
+        "served without a certificate: {anonymous}"
+    );
+    assert_eq!(
+        push(Some(&reader), "node-a", 1)["code"],
+        "PERMISSION_DENIED",
+        "a reader pushed"
+    );
+    let read_by_pusher = aggregator_call(&addr, &ca, Some(&node), &["list"]);
+    assert_eq!(read_by_pusher["code"], "PERMISSION_DENIED", "a pusher read");
+    assert_eq!(
+        push(Some(&other), "node-a", 1)["code"],
+        "PERMISSION_DENIED",
+        "node-evil pushed node-a's process"
+    );
+    let future = push(Some(&node), "node-a", u64::MAX);
+    assert_eq!(future["code"], "OK", "{future}");
+    assert_eq!(
+        future["refused"], 1,
+        "a snapshot from the future was taken: {future}"
+    );
+    assert_eq!(future["accepted"], 0, "{future}");
+
+    // The daemon's own snapshots still land: the job is exact at the end.
+    assert!(
+        job.wait_with_limit(LIMIT).success(),
+        "root's MPI job failed"
+    );
+    let truths = read_truths(&scratch.path("truth"), 2);
+    let out = scratch.path("merged.json");
+    let report = || {
+        let r = commtap_output(&[
+            "--tls-ca",
+            path_str(&ca),
+            "--tls-cert",
+            path_str(&reader.0),
+            "--tls-key",
+            path_str(&reader.1),
+            "report",
+            "--from",
+            &format!("https://{addr}"),
+            "--job",
+            &job_id,
+            "--format",
+            "json",
+            "-o",
+            path_str(&out),
+        ]);
+        r.status.success().then(|| read_json(&out))
+    };
+    wait_until(
+        "every rank's final profile at the aggregator",
+        LIMIT,
+        || {
+            report().is_some_and(|p| {
+                p["ranks"]
+                    .as_array()
+                    .is_some_and(|r| r.len() == 2 && r.iter().all(|x| x["exited"] == true))
+            })
+        },
+    );
+    let merged = report().expect("report");
+    // Attached after the job's start: counted from then on, which is what the truth holds.
+    assert_profile_matches(&merged, &truths, &["MPI_Finalize"]);
+    daemon.stop(&scratch);
+    // SAFETY: kill(2) of the aggregator we spawned.
+    unsafe { libc::kill(aggregator.0.id() as i32, libc::SIGTERM) };
+    let run = finish_commtap(&agg_scratch, aggregator, LIMIT);
+    assert!(run.status.success(), "aggregator: {}", run.stderr);
+}

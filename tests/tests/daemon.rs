@@ -536,7 +536,7 @@ fn the_daemon_serves_tcp_only_with_tls() {
             path_str(&ca),
         ],
     );
-    let (client_cert, client_key) = make_client_cert(&scratch.0, "operator");
+    let (client_cert, client_key) = make_client_cert(&scratch.0, "operator", None);
     let prog = build_program("mpi_truth.c", Mpi::OpenMpi);
     let mut cmd = Command::new("mpirun.openmpi");
     mpi_env(&mut cmd)

@@ -2,7 +2,9 @@
 //! aggregators) push cumulative snapshots; what is merged is persisted, so a restart loses
 //! nothing; clients list jobs and read a job's report.
 
+pub mod auth;
 pub mod bench;
+pub mod clock;
 pub mod commit;
 pub mod store;
 
@@ -30,6 +32,9 @@ pub struct AggregatorOptions {
     pub listen: SocketAddr,
     /// TLS for the listener (None: plaintext, asked for with --insecure-tcp).
     pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// Whether the listener requires client certificates (`--tls-client-ca`): then each
+    /// caller's certificate names its role (see [`auth`]).
+    pub mutual_tls: bool,
     /// Database file.
     pub db: PathBuf,
     /// A higher aggregator to push everything merged here to, and how often.
@@ -52,6 +57,10 @@ impl SnapshotSource for StoreSource {
 pub struct AggregatorService {
     store: Arc<Mutex<Store>>,
     commits: GroupCommit,
+    /// Whether callers are known by their client certificates.
+    mutual_tls: bool,
+    /// Each node's clock as its snapshots showed it.
+    clocks: std::sync::Mutex<clock::NodeClocks>,
 }
 
 #[tonic::async_trait]
@@ -60,15 +69,29 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
         &self,
         req: Request<Streaming<pb::PushSnapshotsRequest>>,
     ) -> Result<Response<pb::PushSnapshotsResponse>, Status> {
+        let role = auth::Role::of(&req, self.mutual_tls)?;
+        role.check_push()?;
         let peer = req
             .remote_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|| "?".into());
         let mut stream = req.into_inner();
-        let (mut accepted, mut stale) = (0, 0);
+        let (mut accepted, mut stale, mut refused) = (0, 0, 0);
         let mut first = true;
         while let Some(msg) = stream.next().await {
-            let msg = msg?;
+            let mut msg = msg?;
+            for p in &msg.processes {
+                role.check_node(&p.node)?;
+            }
+            let r = self
+                .clocks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .admit(&mut msg.processes, std::time::Instant::now());
+            if r > 0 {
+                warn!("push stream from {peer}: {r} snapshots refused, their clock runs ahead of their node's");
+            }
+            refused += r;
             let (a, s) = self
                 .commits
                 .merge(msg.processes)
@@ -84,13 +107,18 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
                 first = false;
             }
         }
-        Ok(Response::new(pb::PushSnapshotsResponse { accepted, stale }))
+        Ok(Response::new(pb::PushSnapshotsResponse {
+            accepted,
+            stale,
+            refused,
+        }))
     }
 
     async fn list_jobs(
         &self,
-        _req: Request<pb::ListJobsRequest>,
+        req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        auth::Role::of(&req, self.mutual_tls)?.check_read()?;
         Ok(Response::new(pb::ListJobsResponse {
             jobs: self.store.lock().await.jobs(),
         }))
@@ -100,6 +128,7 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
         &self,
         req: Request<pb::GetJobReportRequest>,
     ) -> Result<Response<pb::GetJobReportResponse>, Status> {
+        auth::Role::of(&req, self.mutual_tls)?.check_read()?;
         let job = req.into_inner().job;
         if job.is_empty() {
             return Err(Status::invalid_argument(
@@ -125,6 +154,7 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
         &self,
         req: Request<pb::WatchJobReportRequest>,
     ) -> Result<Response<Self::WatchJobReportStream>, Status> {
+        auth::Role::of(&req, self.mutual_tls)?.check_read()?;
         let req = req.into_inner();
         if req.job.is_empty() {
             return Err(Status::invalid_argument(
@@ -175,6 +205,8 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
     let service = AggregatorService {
         store: store.clone(),
         commits: GroupCommit::start(store.clone()),
+        mutual_tls: opts.mutual_tls,
+        clocks: std::sync::Mutex::new(clock::NodeClocks::default()),
     };
     let shutdown = CancellationToken::new();
     let upstream = opts.upstream.clone().map(|(target, every)| {
@@ -196,10 +228,19 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("binding {}", opts.listen))?;
-    match &tls {
-        Some(_) => info!("serving gRPC over TLS on {}", listener.local_addr()?),
-        None => warn!(
-            "serving plaintext gRPC on {} (--insecure-tcp)",
+    match (&tls, opts.mutual_tls) {
+        (Some(_), true) => info!(
+            "serving gRPC over mutual TLS on {}: callers' certificates name their roles",
+            listener.local_addr()?
+        ),
+        (Some(_), false) => warn!(
+            "serving gRPC over TLS on {} without --tls-client-ca: anyone who reaches it may \
+             push and read",
+            listener.local_addr()?
+        ),
+        (None, _) => warn!(
+            "serving plaintext gRPC on {} (--insecure-tcp): anyone who reaches it may push \
+             and read",
             listener.local_addr()?
         ),
     }

@@ -169,6 +169,31 @@ pub struct Outputs {
     pub mpitrace_dir: Option<PathBuf>,
 }
 
+/// Writes `bytes` to `path`, created or truncated, never through a symlink: commtap runs
+/// as root, and an output path in a shared directory (`/tmp/profile.json`) may have been
+/// planted as a link to a file root owns.
+pub fn write_file(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                std::io::Error::other("it is a symbolic link, which commtap does not follow")
+            } else {
+                e
+            }
+        })?;
+    if !file.metadata()?.file_type().is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    file.write_all(bytes)
+}
+
 impl Outputs {
     /// Writes `profile` as asked.
     pub fn write(&self, profile: &JobProfile) -> Result<()> {
@@ -179,12 +204,13 @@ impl Outputs {
         };
         match &self.output {
             Some(path) => {
-                std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
+                write_file(path, text.as_bytes()).with_context(|| format!("writing {}", path.display()))?
             }
             None => std::io::stdout().write_all(text.as_bytes())?,
         }
         if let Some(path) = &self.json {
-            std::fs::write(path, json()?).with_context(|| format!("writing {}", path.display()))?;
+            write_file(path, json()?.as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
         }
         if let Some(dir) = &self.mpitrace_dir {
             let files = write_mpitrace_dir(profile, dir)

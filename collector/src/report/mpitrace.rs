@@ -523,18 +523,68 @@ pub fn render_text(job: &JobProfile) -> String {
 }
 
 /// Writes `mpi_profile.<job>.<rank>` for every rank into `dir` (created if needed), rank
-/// 0's file ending with the job summary, as mpitrace does.
+/// 0's file ending with the job summary, as mpitrace does. A job id is made safe for a
+/// file name first (see [`file_name_part`]); a rank whose file cannot be written does not
+/// stop the others: every failure is in the error, after all were tried.
 pub fn write_mpitrace_dir(job: &JobProfile, dir: &Path) -> io::Result<Vec<std::path::PathBuf>> {
     fs::create_dir_all(dir)?;
     let mut written = Vec::new();
+    let mut failed = Vec::new();
     for r in &job.ranks {
         let mut text = render_rank(job, r);
         if r.rank == 0 {
             text.push_str(&render_summary(job));
         }
-        let path = dir.join(format!("mpi_profile.{}.{}", r.job, r.rank));
-        fs::write(&path, text)?;
-        written.push(path);
+        let path = dir.join(format!("mpi_profile.{}.{}", file_name_part(&r.job), r.rank));
+        match super::write_file(&path, text.as_bytes()) {
+            Ok(()) => written.push(path),
+            Err(e) => failed.push(format!("{}: {e}", path.display())),
+        }
+    }
+    if !failed.is_empty() {
+        return Err(io::Error::other(format!(
+            "{} of {} files not written: {}",
+            failed.len(),
+            job.ranks.len(),
+            failed.join("; ")
+        )));
     }
     Ok(written)
+}
+
+/// `id` (a job id, which comes from a process's environment) as part of a file name:
+/// letters, digits, `.`, `-` and `_` kept, anything else (`/`, NUL, spaces) as `_`, at most
+/// 64 characters, and never `.` or `..`.
+pub fn file_name_part(id: &str) -> String {
+    let safe: String = id
+        .chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    match safe.as_str() {
+        "" | "." | ".." => format!("_{safe}"),
+        _ => safe,
+    }
+}
+
+#[cfg(test)]
+mod file_name_tests {
+    use super::file_name_part;
+
+    #[test]
+    fn job_ids_become_safe_file_names() {
+        assert_eq!(file_name_part("12345"), "12345");
+        assert_eq!(file_name_part("job.7_a-b"), "job.7_a-b");
+        assert_eq!(file_name_part("../../etc/passwd"), ".._.._etc_passwd");
+        assert_eq!(file_name_part(".."), "_..");
+        assert_eq!(file_name_part(""), "_");
+        assert_eq!(file_name_part("a b\u{1b}[31m"), "a_b__31m");
+        assert_eq!(file_name_part(&"x".repeat(100)).len(), 64);
+    }
 }

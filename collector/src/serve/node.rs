@@ -172,7 +172,7 @@ impl pb::node_server::Node for NodeService {
         let mut processes: Vec<pb::ProcessState> = session
             .tracked
             .iter()
-            .filter(|(_, t)| caller.may_see(t.info.as_ref().and_then(|i| i.uid)))
+            .filter(|(_, t)| caller.may_see(t.uid()))
             .map(|(pid, t)| process_state(*pid, t))
             .collect();
         let libraries = session.library_summaries().iter().map(Into::into).collect();
@@ -276,7 +276,7 @@ impl pb::node_server::Node for NodeService {
         let Some(t) = session.tracked.get(&pid) else {
             return Err(Status::not_found(format!("PID {pid} is not watched")));
         };
-        if !caller.may_see(t.info.as_ref().and_then(|i| i.uid)) {
+        if !caller.may_see(t.uid()) {
             return Err(Status::permission_denied(format!(
                 "PID {pid} belongs to another user"
             )));
@@ -355,8 +355,7 @@ fn event_stream(
                 .tracked
                 .iter()
                 .filter(|(pid, t)| {
-                    (pids.is_empty() || pids.contains(pid))
-                        && caller.may_see(t.info.as_ref().and_then(|i| i.uid))
+                    (pids.is_empty() || pids.contains(pid)) && caller.may_see(t.uid())
                 })
                 .map(|(pid, _)| *pid)
                 .collect();
