@@ -432,6 +432,59 @@ pub struct TpOffsets {
 }
 const _: () = assert!(size_of::<TpOffsets>() == 16);
 
+/// Offsets into this kernel's `task_struct` and `mm_struct`, read by userspace from the
+/// kernel's BTF: where the kernel side finds a process's environment, arguments and start
+/// time when it first sees it (an [`IdentityEvent`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IdentityOffsets {
+    /// 1 once userspace filled the offsets in (no identity events before).
+    pub valid: u32,
+    /// `task_struct.mm`.
+    pub task_mm: u32,
+    /// `task_struct.start_boottime`.
+    pub task_start_boottime: u32,
+    /// `mm_struct.arg_start` (`arg_end` follows it).
+    pub mm_arg_start: u32,
+    /// `mm_struct.env_start` (`env_end` follows it).
+    pub mm_env_start: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<IdentityOffsets>() == 24);
+
+/// Bytes of a process's environment an [`IdentityEvent`] carries.
+pub const IDENTITY_ENV_LEN: usize = 16384;
+/// Bytes of a process's arguments an [`IdentityEvent`] carries.
+pub const IDENTITY_ARGS_LEN: usize = 4096;
+
+/// A process as the kernel saw it when it became known (exec of a watched process, or its
+/// first MPI call in watch-all mode): who it is, even if it exits before userspace can
+/// read its `/proc` entry. Sent just before the [`ProcEvent`] that reports it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IdentityEvent {
+    /// Always [`EventKind::Identity`].
+    pub kind: u32,
+    /// Process id.
+    pub tgid: u32,
+    /// Real user id.
+    pub uid: u32,
+    /// Bytes of `env` filled (NUL-separated `NAME=value`, as `/proc/PID/environ`).
+    pub env_len: u32,
+    /// Bytes of `args` filled (NUL-separated, as `/proc/PID/cmdline`).
+    pub args_len: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+    /// `task_struct.start_boottime` (ns since boot, suspend included).
+    pub start_boottime_ns: u64,
+    /// The start of its environment.
+    pub env: [u8; IDENTITY_ENV_LEN],
+    /// The start of its arguments.
+    pub args: [u8; IDENTITY_ARGS_LEN],
+}
+const _: () = assert!(size_of::<IdentityEvent>() == 32 + IDENTITY_ENV_LEN + IDENTITY_ARGS_LEN);
+
 /// Kind of a record in the ring buffer.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -449,6 +502,8 @@ pub enum EventKind {
     Discovered = 5,
     /// A watched process opened a libfabric fabric (`fi_fabric`): [`FabricEvent`].
     FabricOpen = 6,
+    /// Who a process that just became known is: [`IdentityEvent`].
+    Identity = 7,
 }
 
 /// Longest provider or fabric name carried by a [`FabricEvent`] (NUL included).
@@ -639,6 +694,7 @@ mod pod {
     unsafe impl aya::Pod for HandleKey {}
     unsafe impl aya::Pod for CommInfo {}
     unsafe impl aya::Pod for TpOffsets {}
+    unsafe impl aya::Pod for IdentityOffsets {}
     unsafe impl aya::Pod for Config {}
     unsafe impl aya::Pod for FabricText {}
     unsafe impl aya::Pod for crate::FabricRanges {}

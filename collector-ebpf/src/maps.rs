@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use collector_common::{
     ArgSpec, CallState, CommInfo, Config, CounterKey, CounterVal, FabricRanges, FabricText,
-    HandleKey, Layout, ProcStats, TpOffsets,
+    HandleKey, IdentityOffsets, Layout, ProcStats, TpOffsets,
 };
 
 /// Processes whose calls are counted: tgid -> `collector_common::watch` flags.
@@ -29,6 +29,10 @@ pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 /// Tracepoint field offsets for this kernel (index 0).
 #[map]
 pub static TP_OFFSETS: Array<TpOffsets> = Array::with_max_entries(1, 0);
+
+/// This kernel's `task_struct`/`mm_struct` offsets for identity events (index 0).
+#[map]
+pub static IDENTITY_OFFSETS: Array<IdentityOffsets> = Array::with_max_entries(1, 0);
 
 /// In-flight call state per thread. In the object this is a placeholder: userspace creates
 /// the real map, a `BPF_MAP_TYPE_TASK_STORAGE` (which aya-ebpf cannot declare and which

@@ -1,17 +1,78 @@
 //! Following the watched process tree: forks inherit watching, exec and exit are reported.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_ktime_get_ns},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_uid_gid, bpf_ktime_get_ns,
+        bpf_probe_read_kernel, generated::bpf_probe_read_user,
+    },
     macros::tracepoint,
     programs::TracePointContext,
 };
-use collector_common::{watch, EventKind, ProcEvent};
+use collector_common::{
+    watch, EventKind, IdentityEvent, ProcEvent, IDENTITY_ARGS_LEN, IDENTITY_ENV_LEN,
+};
 
-use crate::maps::{EVENTS, TP_OFFSETS, WATCHED};
+use crate::maps::{EVENTS, IDENTITY_OFFSETS, TP_OFFSETS, WATCHED};
 
-/// Reports a process lifecycle event to userspace.
+/// Sends who the current process is ([`IdentityEvent`]): its environment and arguments as
+/// its memory holds them now, its uid and start time. Called once per process (its exec,
+/// or its first MPI call), so not inlined into the probes' hot path.
+#[inline(never)]
+fn emit_identity(tgid: u32) {
+    let Some(off) = IDENTITY_OFFSETS.get(0) else {
+        return;
+    };
+    if off.valid == 0 {
+        return;
+    }
+    // SAFETY: the current task is valid for the program's run; every read of kernel
+    // memory goes through bpf_probe_read_kernel, which fails cleanly.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    let word = |base: *const u8, at: u32| -> u64 {
+        // SAFETY: as above.
+        unsafe { bpf_probe_read_kernel(base.wrapping_add(at as usize) as *const u64) }.unwrap_or(0)
+    };
+    let mm = word(task, off.task_mm) as *const u8;
+    if mm.is_null() {
+        return;
+    }
+    let (arg_start, arg_end) = (word(mm, off.mm_arg_start), word(mm, off.mm_arg_start + 8));
+    let (env_start, env_end) = (word(mm, off.mm_env_start), word(mm, off.mm_env_start + 8));
+    let Some(mut entry) = EVENTS.reserve::<IdentityEvent>(0) else {
+        return;
+    };
+    let ev = entry.as_mut_ptr();
+    // SAFETY: `ev` is the reserved record, written field by field before submit; the user
+    // reads copy at most the arrays' sizes (the lengths are clamped first).
+    unsafe {
+        (*ev).kind = EventKind::Identity as u32;
+        (*ev).tgid = tgid;
+        (*ev).uid = bpf_get_current_uid_gid() as u32;
+        (*ev)._pad = 0;
+        (*ev).start_boottime_ns = word(task, off.task_start_boottime);
+        let mut n = env_end.saturating_sub(env_start) as u32;
+        if n > IDENTITY_ENV_LEN as u32 {
+            n = IDENTITY_ENV_LEN as u32;
+        }
+        let ok = bpf_probe_read_user((*ev).env.as_mut_ptr().cast(), n, env_start as *const _);
+        (*ev).env_len = if ok == 0 { n } else { 0 };
+        let mut n = arg_end.saturating_sub(arg_start) as u32;
+        if n > IDENTITY_ARGS_LEN as u32 {
+            n = IDENTITY_ARGS_LEN as u32;
+        }
+        let ok = bpf_probe_read_user((*ev).args.as_mut_ptr().cast(), n, arg_start as *const _);
+        (*ev).args_len = if ok == 0 { n } else { 0 };
+    }
+    entry.submit(0);
+}
+
+/// Reports a process lifecycle event to userspace; a process that becomes known (exec,
+/// discovered) is described first.
 #[inline(always)]
 pub fn emit(kind: EventKind, tgid: u32, parent: u32) {
+    if matches!(kind, EventKind::Exec | EventKind::Discovered) {
+        emit_identity(tgid);
+    }
     let ev = ProcEvent {
         kind: kind as u32,
         tgid,

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use crate::{
     report::JobProfile,
     serve::{
-        pb::{self, aggregator_client::AggregatorClient, node_client::NodeClient},
+        pb,
         socket::{connect, Target},
     },
 };
@@ -17,7 +17,7 @@ use crate::{
 /// answers UNIMPLEMENTED to that, and is asked then.
 pub async fn snapshot(from: &Target, job: Option<&str>) -> Result<JobProfile> {
     if let (Target::Tcp(_), Some(job)) = (from, job) {
-        let mut client = AggregatorClient::new(connect(from).await?);
+        let mut client = crate::serve::aggregator_client(connect(from).await?);
         match client
             .get_job_report(pb::GetJobReportRequest {
                 job: job.to_string(),
@@ -35,7 +35,7 @@ pub async fn snapshot(from: &Target, job: Option<&str>) -> Result<JobProfile> {
             Err(s) => return Err(s).context("GetJobReport"),
         }
     }
-    let mut client = NodeClient::new(connect(from).await?);
+    let mut client = crate::serve::node_client(connect(from).await?);
     let filter = pb::ProcessFilter {
         job: job.unwrap_or_default().to_string(),
         ..Default::default()
@@ -72,7 +72,7 @@ pub fn printable(s: &str) -> String {
 
 /// Prints the processes a daemon knows, one per line.
 pub async fn print_processes(from: &Target) -> Result<()> {
-    let mut client = NodeClient::new(connect(from).await?);
+    let mut client = crate::serve::node_client(connect(from).await?);
     let resp = client
         .list_processes(pb::ListProcessesRequest {})
         .await
@@ -113,7 +113,7 @@ pub async fn print_processes(from: &Target) -> Result<()> {
 
 /// Prints the jobs an aggregator knows, one per line.
 pub async fn print_jobs(from: &Target) -> Result<()> {
-    let mut client = AggregatorClient::new(connect(from).await?);
+    let mut client = crate::serve::aggregator_client(connect(from).await?);
     let resp = client
         .list_jobs(pb::ListJobsRequest {})
         .await
@@ -134,7 +134,7 @@ pub async fn print_jobs(from: &Target) -> Result<()> {
 
 /// Asks a daemon to watch `pid`; prints what it says of it.
 pub async fn attach(from: &Target, pid: u32) -> Result<()> {
-    let mut client = NodeClient::new(connect(from).await?);
+    let mut client = crate::serve::node_client(connect(from).await?);
     let p = client
         .attach_process(pb::AttachProcessRequest { pid })
         .await
@@ -153,7 +153,7 @@ pub async fn attach(from: &Target, pid: u32) -> Result<()> {
 
 /// Asks a daemon to stop watching `pid`; prints its profile so far as `out` says.
 pub async fn detach(from: &Target, pid: u32, out: &crate::report::Outputs) -> Result<()> {
-    let mut client = NodeClient::new(connect(from).await?);
+    let mut client = crate::serve::node_client(connect(from).await?);
     let resp = client
         .detach_process(pb::DetachProcessRequest { pid })
         .await
@@ -173,7 +173,7 @@ pub async fn detach(from: &Target, pid: u32, out: &crate::report::Outputs) -> Re
 pub async fn events(from: &Target, pids: Vec<u32>, duration: Option<Duration>) -> Result<()> {
     use std::io::Write as _;
     use tokio_stream::StreamExt as _;
-    let mut client = NodeClient::new(connect(from).await?);
+    let mut client = crate::serve::node_client(connect(from).await?);
     let mut stream = client
         .stream_events(pb::StreamEventsRequest { pids })
         .await
@@ -228,7 +228,7 @@ pub async fn watch(
             let job = job.context(
                 "an aggregator reports one job at a time: give --job (`commtap jobs` lists them)",
             )?;
-            let mut client = AggregatorClient::new(connect(from).await?);
+            let mut client = crate::serve::aggregator_client(connect(from).await?);
             let stream = client
                 .watch_job_report(pb::WatchJobReportRequest {
                     job: job.to_string(),
@@ -242,7 +242,7 @@ pub async fn watch(
                 Ok(JobProfile::try_from(&wire.context("no profile")?)?)
             }))
         } else {
-            let mut client = NodeClient::new(connect(from).await?);
+            let mut client = crate::serve::node_client(connect(from).await?);
             let filter = pb::ProcessFilter {
                 job: job.unwrap_or_default().to_string(),
                 ..Default::default()
@@ -278,6 +278,9 @@ mod tests {
     #[test]
     fn control_characters_are_escaped() {
         assert_eq!(printable("mpirun -np 2 ./app"), "mpirun -np 2 ./app");
-        assert_eq!(printable("x\u{1b}]0;owned\u{7}y\n"), "x\\u{1b}]0;owned\\u{7}y\\n");
+        assert_eq!(
+            printable("x\u{1b}]0;owned\u{7}y\n"),
+            "x\\u{1b}]0;owned\\u{7}y\\n"
+        );
     }
 }

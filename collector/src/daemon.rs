@@ -48,6 +48,8 @@ pub struct DaemonOptions {
     pub push_interval: Duration,
     /// Emit per-call events.
     pub call_events: bool,
+    /// New processes' identities from the kernel's events only (tests).
+    pub identity_from_kernel: bool,
     /// bpffs directory keeping the counting maps across restarts (None: not kept).
     pub state_dir: Option<PathBuf>,
     /// Also serve the API on this TCP address, with this TLS (None: plaintext, asked for).
@@ -105,6 +107,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         info!("counts kept across restarts in {}", dir.display());
     }
     session.probes.set_call_events(opts.call_events)?;
+    session.identity_from_kernel = opts.identity_from_kernel;
     if opts.scope.pids.is_empty() {
         session
             .probes

@@ -31,7 +31,7 @@ pub enum DiscoverError {
 }
 
 /// What commtap knows of a watched process from `/proc`.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ProcessInfo {
     /// Process id.
     pub pid: u32,
@@ -112,27 +112,48 @@ pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok());
     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).map_err(proc_err(pid, "cmdline"))?;
-    let cmdline = cmdline_text(&cmdline);
     let environ = fs::read(format!("/proc/{pid}/environ")).map_err(proc_err(pid, "environ"))?;
-    let env = parse_environ(&environ);
-    let first = |vars: &[&str]| {
-        vars.iter()
-            .find_map(|v| env.get(*v).filter(|s| !s.is_empty()).cloned())
-    };
-    let cgroup_job = fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .ok()
-        .and_then(|text| slurm_job_of_cgroup(&text));
-    Ok(ProcessInfo {
+    let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok();
+    Ok(ProcessInfo::from_parts(
         pid,
-        cmdline,
-        rank: first(RANK_VARS).and_then(|s| s.parse().ok()),
-        world_size: first(SIZE_VARS).and_then(|s| s.parse().ok()),
-        batch_job_from_cgroup: cgroup_job.is_some(),
-        batch_job: cgroup_job.or_else(|| first(BATCH_JOB_VARS)),
-        launcher_job: first(LAUNCHER_JOB_VARS),
-        start_ticks,
         uid,
-    })
+        start_ticks,
+        &cmdline,
+        &environ,
+        cgroup.as_deref(),
+    ))
+}
+
+impl ProcessInfo {
+    /// A process's identity from its raw command line and environment (NUL-separated, as
+    /// `/proc/PID/{cmdline,environ}` or the kernel's identity event give them) and its
+    /// `/proc/PID/cgroup` text where it could be read.
+    pub fn from_parts(
+        pid: u32,
+        uid: Option<u32>,
+        start_ticks: u64,
+        cmdline: &[u8],
+        environ: &[u8],
+        cgroup: Option<&str>,
+    ) -> ProcessInfo {
+        let env = parse_environ(environ);
+        let first = |vars: &[&str]| {
+            vars.iter()
+                .find_map(|v| env.get(*v).filter(|s| !s.is_empty()).cloned())
+        };
+        let cgroup_job = cgroup.and_then(slurm_job_of_cgroup);
+        ProcessInfo {
+            pid,
+            cmdline: cmdline_text(cmdline),
+            rank: first(RANK_VARS).and_then(|s| s.parse().ok()),
+            world_size: first(SIZE_VARS).and_then(|s| s.parse().ok()),
+            batch_job_from_cgroup: cgroup_job.is_some(),
+            batch_job: cgroup_job.or_else(|| first(BATCH_JOB_VARS)),
+            launcher_job: first(LAUNCHER_JOB_VARS),
+            start_ticks,
+            uid,
+        }
+    }
 }
 
 /// The Slurm job whose cgroup (`.../job_<id>/...`, Slurm's cgroup v2 plugin) holds a
@@ -518,13 +539,17 @@ mod tests {
 
     #[test]
     fn maps_paths_are_kept_verbatim() {
-        let maps = "7f00-7f10 r-xp 00001000 08:01 42                         /home/u/a  b/libmpi.so.40\n\
+        let maps =
+            "7f00-7f10 r-xp 00001000 08:01 42                         /home/u/a  b/libmpi.so.40\n\
                     7f20-7f30 rw-p 00000000 00:00 0 \n\
                     7f40-7f50 r--p 00000000 08:01 43                         /x/lib (deleted)\n";
         let lines: Vec<MapsLine> = maps_lines(maps).collect();
         assert_eq!(lines.len(), 3);
         assert_eq!(lines[0].path, "/home/u/a  b/libmpi.so.40");
-        assert_eq!((lines[0].lo, lines[0].hi, lines[0].offset, lines[0].inode), (0x7f00, 0x7f10, 0x1000, 42));
+        assert_eq!(
+            (lines[0].lo, lines[0].hi, lines[0].offset, lines[0].inode),
+            (0x7f00, 0x7f10, 0x1000, 42)
+        );
         assert_eq!(lines[0].dev, Some(libc::makedev(8, 1)));
         assert_eq!(lines[1].path, "");
         assert_eq!(lines[2].path, "/x/lib (deleted)");
@@ -534,13 +559,19 @@ mod tests {
     fn slurm_jobs_come_from_the_cgroup() {
         let text = "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_1\n";
         assert_eq!(slurm_job_of_cgroup(text).as_deref(), Some("4242"));
-        assert_eq!(slurm_job_of_cgroup("0::/user.slice/user-1000.slice\n"), None);
+        assert_eq!(
+            slurm_job_of_cgroup("0::/user.slice/user-1000.slice\n"),
+            None
+        );
         assert_eq!(slurm_job_of_cgroup("0::/x/job_/y\n"), None);
     }
 
     #[test]
     fn long_command_lines_are_cut() {
-        assert_eq!(cmdline_text(b"mpirun\0-np\0004\0./app\0"), "mpirun -np 4 ./app");
+        assert_eq!(
+            cmdline_text(b"mpirun\0-np\x004\0./app\0"),
+            "mpirun -np 4 ./app"
+        );
         let long = "é".repeat(MAX_CMDLINE);
         let text = cmdline_text(long.as_bytes());
         assert!(text.len() <= MAX_CMDLINE + '…'.len_utf8());

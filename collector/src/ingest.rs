@@ -12,7 +12,10 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use collector_common::{CallEvent, EventKind, FabricEvent, ProcEvent};
+use collector_common::{
+    CallEvent, EventKind, FabricEvent, IdentityEvent, ProcEvent, IDENTITY_ARGS_LEN,
+    IDENTITY_ENV_LEN,
+};
 
 use crate::report::Fabric;
 use tokio::{
@@ -58,6 +61,14 @@ pub enum ProcessEvent {
         pid: u32,
         /// When.
         ts_ns: u64,
+    },
+    /// Who it is, as the kernel saw it when it became known (sent before its `Exec` or
+    /// `Discovered`): used where its `/proc` entry cannot be read (it exited).
+    Identity {
+        /// Process id.
+        pid: u32,
+        /// Its identity.
+        info: Box<crate::discover::ProcessInfo>,
     },
     /// It opened a libfabric fabric.
     FabricOpened {
@@ -142,6 +153,33 @@ pub async fn run(
     drain(fd.get_mut(), &tx, &counters);
 }
 
+/// A process's identity from the kernel's [`IdentityEvent`] (`bytes`, length checked).
+pub fn identity_event(bytes: &[u8]) -> ProcessEvent {
+    // The fixed header, then the two byte arrays read in place (the record is 20 KiB).
+    let word = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    let (pid, uid) = (word(4), word(8));
+    let env_len = (word(12) as usize).min(IDENTITY_ENV_LEN);
+    let args_len = (word(16) as usize).min(IDENTITY_ARGS_LEN);
+    let start_ns = u64::from_ne_bytes(bytes[24..32].try_into().expect("8 bytes"));
+    let env = &bytes[32..32 + env_len];
+    let args = &bytes[32 + IDENTITY_ENV_LEN..32 + IDENTITY_ENV_LEN + args_len];
+    // /proc shows start times in clock ticks (USER_HZ, 100 on Linux).
+    let start_ticks = start_ns / 10_000_000;
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok();
+    let info = crate::discover::ProcessInfo::from_parts(
+        pid,
+        Some(uid),
+        start_ticks,
+        args,
+        env,
+        cgroup.as_deref(),
+    );
+    ProcessEvent::Identity {
+        pid,
+        info: Box::new(info),
+    }
+}
+
 fn drain(
     ring: &mut RingBuf<MapData>,
     tx: &mpsc::UnboundedSender<ProcessEvent>,
@@ -167,6 +205,13 @@ fn drain(
                         name: c_name(&ev.fabric),
                     },
                 };
+                debug!(?pe, "process event");
+                let _ = tx.send(pe);
+            }
+            Some(k)
+                if k == EventKind::Identity as u32 && bytes.len() >= size_of::<IdentityEvent>() =>
+            {
+                let pe = identity_event(bytes);
                 debug!(?pe, "process event");
                 let _ = tx.send(pe);
             }
@@ -232,4 +277,39 @@ pub fn monotonic_ns() -> u64 {
     // SAFETY: valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::*;
+
+    #[test]
+    fn identity_events_give_rank_job_and_owner() {
+        let mut ev = vec![0u8; size_of::<IdentityEvent>()];
+        let env = b"HOME=/x\0OMPI_COMM_WORLD_RANK=3\0OMPI_COMM_WORLD_SIZE=4\0PMIX_NAMESPACE=ns1\0";
+        let args = b"./app\0-n\x005\0";
+        ev[0..4].copy_from_slice(&(EventKind::Identity as u32).to_ne_bytes());
+        ev[4..8].copy_from_slice(&4242u32.to_ne_bytes());
+        ev[8..12].copy_from_slice(&1000u32.to_ne_bytes());
+        ev[12..16].copy_from_slice(&(env.len() as u32).to_ne_bytes());
+        ev[16..20].copy_from_slice(&(args.len() as u32).to_ne_bytes());
+        ev[24..32].copy_from_slice(&12_340_000_000u64.to_ne_bytes());
+        ev[32..32 + env.len()].copy_from_slice(env);
+        ev[32 + IDENTITY_ENV_LEN..32 + IDENTITY_ENV_LEN + args.len()].copy_from_slice(args);
+        let ProcessEvent::Identity { pid, info } = identity_event(&ev) else {
+            panic!("not an identity");
+        };
+        assert_eq!(pid, 4242);
+        assert_eq!(info.uid, Some(1000));
+        assert_eq!((info.rank, info.world_size), (Some(3), Some(4)));
+        assert_eq!(info.launcher_job.as_deref(), Some("ns1"));
+        assert_eq!(info.cmdline, "./app -n 5");
+        assert_eq!(info.start_ticks, 1234);
+        // Lengths past the arrays are clamped, never trusted.
+        ev[12..16].copy_from_slice(&u32::MAX.to_ne_bytes());
+        let ProcessEvent::Identity { info, .. } = identity_event(&ev) else {
+            panic!("not an identity");
+        };
+        assert_eq!(info.rank, Some(3));
+    }
 }

@@ -1,29 +1,18 @@
-//! `commtap`: zero-instrumentation profiler for the communication of MPI jobs.
-//!
-//! The data flows discover -> symbols -> attach (kernel probes) -> ingest / counters ->
-//! stats -> report; each stage is one module.
+//! `commtap`: the command line over the `collector` library (see its documentation for
+//! the stages of the data's flow).
 
-mod aggregator;
-mod attach;
-mod client;
-mod compare;
-mod daemon;
-mod discover;
-mod fabric;
-mod ingest;
-mod record;
-mod report;
-mod serve;
-mod session;
-mod stats;
-mod symbols;
+use collector::{
+    aggregator, attach, client, compare, daemon, discover, fabric, record, report, serve, symbols,
+};
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use crate::{daemon::DaemonOptions, record::RecordOptions, report::Outputs, serve::socket::Target};
+use collector::{
+    daemon::DaemonOptions, record::RecordOptions, report::Outputs, serve::socket::Target,
+};
 
 /// commtap: profile the communication of running MPI and NCCL jobs with eBPF: no relink,
 /// no LD_PRELOAD, no restart.
@@ -205,6 +194,10 @@ struct DaemonArgs {
     /// Do not keep counts across restarts (a restarted daemon starts from zero).
     #[arg(long)]
     no_state: bool,
+    /// Tests: take new processes' identities (rank, job, owner) from the kernel's events
+    /// only, as for a process that exits before its /proc entry can be read.
+    #[arg(long, hide = true)]
+    identity_from_kernel: bool,
     /// Also serve the API on this TCP address (needs --tls-cert/--tls-key, or
     /// --insecure-tcp). A TCP caller sees every process only with a client certificate
     /// signed by --tls-client-ca; any other TCP caller is treated as a user who owns no
@@ -567,6 +560,7 @@ fn main() -> ExitCode {
                     aggregator: a.aggregator,
                     push_interval: a.push_interval,
                     call_events: a.probe.call_events,
+                    identity_from_kernel: a.identity_from_kernel,
                     state_dir,
                     listen: match a.listen {
                         Some(addr) => Some((

@@ -44,6 +44,9 @@ pub struct Tracked {
     /// Its real user id as the kernel gave it with the event that made it known: a rank
     /// that exits before its `/proc` entry is read still has an owner.
     pub kernel_uid: Option<u32>,
+    /// Its identity as the kernel captured it when it became known (environment,
+    /// arguments, start time): what is used when `/proc` cannot be read in time.
+    pub kernel_info: Option<ProcessInfo>,
 }
 
 impl Tracked {
@@ -74,6 +77,9 @@ pub struct Session {
     ingest: Option<JoinHandle<()>>,
     /// Job id given to each job key (see `job_key`), kept stable across profiles.
     job_ids: BTreeMap<String, String>,
+    /// Take new processes' identities from the kernel's identity events only, never from
+    /// `/proc` (for tests: what a process that exits at once gets).
+    pub identity_from_kernel: bool,
 }
 
 /// The objects `pid` maps (none if its maps cannot be read: it exited, say).
@@ -123,6 +129,7 @@ impl Session {
             cancel,
             ingest: Some(ingest),
             job_ids: BTreeMap::new(),
+            identity_from_kernel: false,
         })
     }
 
@@ -249,7 +256,9 @@ impl Session {
         let identities: Vec<Option<ProcessInfo>> = batch
             .iter()
             .map(|ev| match ev {
-                ProcessEvent::Exec { pid, .. } | ProcessEvent::Discovered { pid, .. } => {
+                ProcessEvent::Exec { pid, .. } | ProcessEvent::Discovered { pid, .. }
+                    if !self.identity_from_kernel =>
+                {
                     discover::process_info(*pid).ok()
                 }
                 _ => None,
@@ -278,15 +287,27 @@ impl Session {
                     t
                 });
                 t.kernel_uid = Some(uid);
-                // The new image's environment names the rank; its libraries may be new.
+                // The new image's environment names the rank; its libraries may be new. What
+                // the kernel captured stands in for a process already gone from /proc.
+                let from_proc = !self.identity_from_kernel;
                 t.info = identity
-                    .or_else(|| discover::process_info(pid).ok())
+                    .or_else(|| {
+                        from_proc
+                            .then(|| discover::process_info(pid).ok())
+                            .flatten()
+                    })
+                    .or_else(|| t.kernel_info.take())
                     .or(t.info.take());
                 let maps = self.attach_mapped(pid);
                 if let Some(t) = self.tracked.get_mut(&pid) {
                     t.maps_mpi |= maps;
                 }
                 self.seed(pid);
+            }
+            ProcessEvent::Identity { pid, info } => {
+                let t = self.tracked.entry(pid).or_insert_with(Tracked::from_now);
+                t.kernel_uid = info.uid;
+                t.kernel_info = Some(*info);
             }
             ProcessEvent::FabricOpened { pid, fabric } => {
                 if let Some(t) = self.tracked.get_mut(&pid) {
@@ -376,7 +397,7 @@ impl Session {
             }
             t.seen_pages = pages;
             let needs_info = t.info.as_ref().is_none_or(|i| i.rank.is_none());
-            if needs_info {
+            if needs_info && !self.identity_from_kernel {
                 if let Ok(info) = discover::process_info(pid) {
                     if let Some(t) = self.tracked.get_mut(&pid) {
                         t.info = Some(info);
@@ -518,7 +539,11 @@ fn batch_job_id(key: &str, keys: &[&String]) -> Option<String> {
                     .and_then(|c| c.split_once(':'))
                     .is_some_and(|(_, other)| other == id))
     });
-    Some(if shared { format!("{id}.u{uid}") } else { id.to_string() })
+    Some(if shared {
+        format!("{id}.u{uid}")
+    } else {
+        id.to_string()
+    })
 }
 
 /// Orders ranks by job and rank, fills in what the environment did not say (ranks, job

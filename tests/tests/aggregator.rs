@@ -378,6 +378,55 @@ fn aggregators_form_a_tree() {
         String::from_utf8_lossy(&jobs.stdout)
     );
 
+    // A job of 10,000 ranks (about 7 MB of profiles, past gRPC's default 4 MiB message):
+    // pushed to the middle aggregator, relayed to the top in messages of bounded size, and
+    // read back whole from both.
+    let big = format!("big{}", std::process::id());
+    let n = 10_000u64;
+    let pushed = Command::new("python3")
+        .arg(repo_root().join("tests/clients/aggregator_client.py"))
+        .arg(repo_root().join("proto"))
+        .args([mid_addr.as_str(), "-", "-", "-", "push-many", "bignode"])
+        .args([&n.to_string(), &big])
+        .output()
+        .expect("python3");
+    let pushed: serde_json::Value = serde_json::from_slice(&pushed.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&pushed.stderr)));
+    assert_eq!(pushed["accepted"], n, "{pushed}");
+    let big_out = scratch.path("big.json");
+    let big_report = |url: &str| {
+        let r = commtap(&[
+            "report",
+            "--from",
+            url,
+            "--job",
+            &big,
+            "--format",
+            "json",
+            "-o",
+            path_str(&big_out),
+        ]);
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        read_json(&big_out)
+    };
+    let calls_of = |p: &serde_json::Value| -> (usize, u64, u64) {
+        let ranks = p["ranks"].as_array().expect("ranks");
+        let (calls, bytes) = ranks
+            .iter()
+            .map(|r| routine_table(&r["routines"])["MPI_Allreduce"])
+            .fold((0, 0), |(c, b), (rc, rb)| (c + rc, b + rb));
+        (ranks.len(), calls, bytes)
+    };
+    let want = (n as usize, n * (n + 1) / 2, 8 * n * (n + 1) / 2);
+    assert_eq!(
+        calls_of(&big_report(&mid_url)),
+        want,
+        "at the middle aggregator"
+    );
+    wait_until("10,000 ranks at the top", Duration::from_secs(60), || {
+        calls_of(&big_report(&top_url)) == want
+    });
+
     daemon.stop(&daemon_scratch);
     for (s, a) in [(&mid_scratch, mid), (&top_scratch, top)] {
         // SAFETY: kill(2) of an aggregator we spawned.

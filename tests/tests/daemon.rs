@@ -181,10 +181,25 @@ fn http_get(addr: &str, path: &str) -> String {
 
 #[test]
 fn a_user_sees_only_their_own_processes() {
+    users_see_only_their_own_processes("daemon-uid", &[]);
+}
+
+/// The same when nothing of the ranks is read from `/proc` (what happens to a rank that
+/// exits before the daemon gets to it): owner, rank and job come from what the kernel
+/// captured when the rank made its first MPI call.
+#[test]
+fn a_user_sees_their_own_processes_known_from_the_kernel_alone() {
+    users_see_only_their_own_processes("daemon-uid-kernel", &["--identity-from-kernel"]);
+}
+
+/// Root and nobody each run a 2-rank MPICH job under a node-wide daemon whose socket
+/// anyone may use; nobody's report holds exactly its ranks, root's every rank.
+fn users_see_only_their_own_processes(name: &str, daemon_args: &[&str]) {
     use std::os::unix::fs::PermissionsExt as _;
-    let scratch = Scratch::new("daemon-uid");
+    let scratch = Scratch::new(name);
     // A socket anyone may connect to: what a caller sees is then decided by its uid.
-    let daemon = Daemon::start(&scratch, &[], &[], &["--socket-mode", "666"]);
+    let args = [&["--socket-mode", "666"], daemon_args].concat();
+    let daemon = Daemon::start(&scratch, &[], &[], &args);
     let target = daemon.target.clone();
 
     let prog = build_program("mpi_truth.c", Mpi::Mpich);

@@ -254,7 +254,10 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
     server
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(pb::aggregator_server::AggregatorServer::new(service))
+        .add_service(
+            pb::aggregator_server::AggregatorServer::new(service)
+                .max_decoding_message_size(crate::serve::MAX_PUSH_BYTES),
+        )
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
             async move {

@@ -2,6 +2,7 @@
 //! the number of processes mapping it), one uprobe_multi link for the entries and one for
 //! the returns of all its routines; the kernel filters to the watched processes.
 
+pub mod btf;
 mod counters;
 mod multi;
 
@@ -19,7 +20,8 @@ use aya::{
 use collector_common::{
     routines::{class, ArgSpec, Family},
     watch, Abi, CallState, CommInfo, Config, Cookie, CounterKey, CounterVal, FabricRanges,
-    FabricText, HandleKey, Layout, ProcStats, TpOffsets, MAX_FABRIC_RANGES, MAX_LAYOUTS, ROUTINES,
+    FabricText, HandleKey, IdentityOffsets, Layout, ProcStats, TpOffsets, MAX_FABRIC_RANGES,
+    MAX_LAYOUTS, ROUTINES,
 };
 use serde::Serialize;
 use tracing::{debug, info, warn};
@@ -241,6 +243,11 @@ impl LoadOptions {
 impl Probes {
     /// Loads the programs, fills the routine table and attaches the process tracepoints.
     pub fn load(opts: LoadOptions) -> Result<Probes, AttachError> {
+        if BPF_OBJECT.is_empty() {
+            return Err(AttachError::Missing(
+                "BPF programs: this commtap was built with COMMTAP_SKIP_BPF_BUILD set",
+            ));
+        }
         bump_memlock_rlimit();
         let mut loader = EbpfLoader::new();
         let pins: Vec<(&str, PathBuf)> = match &opts.state_dir {
@@ -270,6 +277,17 @@ impl Probes {
             specs
                 .set(i as u32, r.spec, 0)
                 .map_err(map_err("ROUTINE_SPECS"))?;
+        }
+        let mut identity: Array<MapData, IdentityOffsets> =
+            Array::try_from(take(&mut ebpf, "IDENTITY_OFFSETS")?)
+                .map_err(map_err("IDENTITY_OFFSETS"))?;
+        match btf::identity_offsets() {
+            Ok(offsets) => identity
+                .set(0, offsets, 0)
+                .map_err(map_err("IDENTITY_OFFSETS"))?,
+            // Processes are then known by their /proc entries only (a rank that exits at
+            // once may lose its rank and job).
+            Err(e) => warn!("no identity events: {e:#}"),
         }
         let mut tp: Array<MapData, TpOffsets> =
             Array::try_from(take(&mut ebpf, "TP_OFFSETS")?).map_err(map_err("TP_OFFSETS"))?;

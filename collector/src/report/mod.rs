@@ -203,9 +203,8 @@ impl Outputs {
             Format::Text => render_text(profile),
         };
         match &self.output {
-            Some(path) => {
-                write_file(path, text.as_bytes()).with_context(|| format!("writing {}", path.display()))?
-            }
+            Some(path) => write_file(path, text.as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?,
             None => std::io::stdout().write_all(text.as_bytes())?,
         }
         if let Some(path) = &self.json {

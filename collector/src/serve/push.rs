@@ -12,7 +12,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     node::{Caller, NodeState},
-    pb::{self, aggregator_client::AggregatorClient},
+    pb,
     socket::{connect, Target},
 };
 use crate::{
@@ -80,6 +80,25 @@ pub async fn run<S: SnapshotSource>(
     }
 }
 
+/// `batch` as messages of at most `max` encoded bytes each (a snapshot larger than that
+/// goes alone): a node or an aggregator of any size never sends more than the receiver
+/// takes in one message. An empty batch stays one (empty) message.
+pub fn split(batch: pb::PushSnapshotsRequest, max: usize) -> Vec<pb::PushSnapshotsRequest> {
+    use prost::Message as _;
+    let mut parts = vec![pb::PushSnapshotsRequest::default()];
+    let mut size = 0;
+    for p in batch.processes {
+        let len = p.encoded_len() + 8;
+        if size + len > max && size > 0 {
+            parts.push(pb::PushSnapshotsRequest::default());
+            size = 0;
+        }
+        size += len;
+        parts.last_mut().expect("one part").processes.push(p);
+    }
+    parts
+}
+
 /// One connection: a client stream fed a batch every `interval`; returns on shutdown, fails
 /// when the aggregator goes away.
 async fn push_session<S: SnapshotSource>(
@@ -88,7 +107,7 @@ async fn push_session<S: SnapshotSource>(
     interval: Duration,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut client = AggregatorClient::new(connect(target).await?);
+    let mut client = crate::serve::aggregator_client(connect(target).await?);
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let call = tokio::spawn(async move {
         client
@@ -101,18 +120,45 @@ async fn push_session<S: SnapshotSource>(
         tokio::select! {
             _ = shutdown.cancelled() => {
                 // A last snapshot, then close the stream and let the aggregator answer.
-                let _ = tx.send(state.batch().await).await;
+                for part in split(state.batch().await, crate::serve::PUSH_MESSAGE_BYTES) {
+                    let _ = tx.send(part).await;
+                }
                 drop(tx);
                 let _ = tokio::time::timeout(Duration::from_secs(5), call).await;
                 return Ok(());
             }
             _ = tick.tick() => {
-                if tx.send(state.batch().await).await.is_err() {
-                    let outcome = call.await?;
-                    anyhow::bail!("the aggregator closed the stream: {:?}", outcome.err());
+                for part in split(state.batch().await, crate::serve::PUSH_MESSAGE_BYTES) {
+                    if tx.send(part).await.is_err() {
+                        let outcome = call.await?;
+                        anyhow::bail!("the aggregator closed the stream: {:?}", outcome.err());
+                    }
                 }
                 debug!("snapshot pushed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pushes_are_split_by_size() {
+        let snap = |pid| pb::ProcessSnapshot {
+            node: "n".repeat(100),
+            pid,
+            ..Default::default()
+        };
+        let batch = pb::PushSnapshotsRequest {
+            processes: (0..1000).map(snap).collect(),
+        };
+        let parts = split(batch, 10_000);
+        assert!(parts.len() > 10);
+        assert_eq!(parts.iter().map(|p| p.processes.len()).sum::<usize>(), 1000);
+        use prost::Message as _;
+        assert!(parts.iter().all(|p| p.encoded_len() <= 10_000));
+        assert_eq!(split(pb::PushSnapshotsRequest::default(), 10).len(), 1);
     }
 }

@@ -1,0 +1,200 @@
+//! Member offsets of the running kernel's structures, from its BTF
+//! (`/sys/kernel/btf/vmlinux`): what the identity events need to find a process's
+//! environment and arguments (`task_struct.mm`, `mm_struct.env_start` ...), which move
+//! between kernel versions and configurations.
+//!
+//! aya-obj parses BTF but keeps member offsets private, so the few lookups needed are done
+//! here, on the format the kernel documents (Documentation/bpf/btf.rst).
+
+use std::collections::HashMap;
+
+use collector_common::IdentityOffsets;
+
+/// Errors reading the kernel's BTF.
+#[derive(Debug, thiserror::Error)]
+pub enum BtfError {
+    /// The file could not be read.
+    #[error("reading /sys/kernel/btf/vmlinux")]
+    Read(#[source] std::io::Error),
+    /// It is not BTF as documented.
+    #[error("malformed BTF: {0}")]
+    Malformed(&'static str),
+    /// A structure or member is not there.
+    #[error("the kernel's BTF has no {0}")]
+    Missing(String),
+}
+
+const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
+
+/// One type of the BTF blob: its kind, name, and (structs and unions) its members as
+/// (name offset, type id, bit offset).
+struct Type {
+    kind: u32,
+    name: u32,
+    members: Vec<(u32, u32, u32)>,
+}
+
+/// The types and strings of a BTF blob.
+pub struct Btf {
+    types: Vec<Type>,
+    strings: Vec<u8>,
+    by_name: HashMap<String, u32>,
+}
+
+impl Btf {
+    /// The running kernel's BTF.
+    pub fn vmlinux() -> Result<Btf, BtfError> {
+        let data = std::fs::read("/sys/kernel/btf/vmlinux").map_err(BtfError::Read)?;
+        Btf::parse(&data)
+    }
+
+    /// Parses a BTF blob (little-endian, as on x86-64).
+    pub fn parse(data: &[u8]) -> Result<Btf, BtfError> {
+        let u32_at = |at: usize| -> Result<u32, BtfError> {
+            data.get(at..at + 4)
+                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+                .ok_or(BtfError::Malformed("truncated"))
+        };
+        if data.get(0..2) != Some(&[0x9f, 0xeb]) {
+            return Err(BtfError::Malformed("bad magic"));
+        }
+        let hdr_len = u32_at(4)? as usize;
+        let (type_off, type_len) = (u32_at(8)? as usize, u32_at(12)? as usize);
+        let (str_off, str_len) = (u32_at(16)? as usize, u32_at(20)? as usize);
+        let types_at = hdr_len + type_off;
+        let strings = data
+            .get(hdr_len + str_off..hdr_len + str_off + str_len)
+            .ok_or(BtfError::Malformed("strings out of range"))?
+            .to_vec();
+        // Type ids start at 1; id 0 is void.
+        let mut types = vec![Type {
+            kind: 0,
+            name: 0,
+            members: Vec::new(),
+        }];
+        let mut at = types_at;
+        while at < types_at + type_len {
+            let (name, info) = (u32_at(at)?, u32_at(at + 4)?);
+            let kind = (info >> 24) & 0x1f;
+            let vlen = (info & 0xffff) as usize;
+            at += 12;
+            let mut members = Vec::new();
+            let extra = match kind {
+                1 | 14 | 17 => 4, // int, var, decl tag
+                3 => 12,          // array
+                KIND_STRUCT | KIND_UNION => {
+                    for i in 0..vlen {
+                        let m = at + 12 * i;
+                        let offset = u32_at(m + 8)?;
+                        // With kind_flag, the low 24 bits are the bit offset.
+                        let bits = if info >> 31 == 1 {
+                            offset & 0xff_ffff
+                        } else {
+                            offset
+                        };
+                        members.push((u32_at(m)?, u32_at(m + 4)?, bits));
+                    }
+                    12 * vlen
+                }
+                6 | 13 => 8 * vlen,   // enum, func proto
+                15 | 19 => 12 * vlen, // datasec, enum64
+                2 | 7..=12 | 16 | 18 => 0,
+                _ => return Err(BtfError::Malformed("unknown kind")),
+            };
+            at += extra;
+            types.push(Type {
+                kind,
+                name,
+                members,
+            });
+        }
+        let mut btf = Btf {
+            types,
+            strings,
+            by_name: HashMap::new(),
+        };
+        for id in 1..btf.types.len() {
+            let t = &btf.types[id];
+            if t.kind == KIND_STRUCT && t.name != 0 {
+                let name = btf.string(t.name).to_string();
+                btf.by_name.entry(name).or_insert(id as u32);
+            }
+        }
+        Ok(btf)
+    }
+
+    fn string(&self, at: u32) -> &str {
+        let rest = self.strings.get(at as usize..).unwrap_or(&[]);
+        let end = rest.iter().position(|b| *b == 0).unwrap_or(rest.len());
+        std::str::from_utf8(&rest[..end]).unwrap_or("")
+    }
+
+    /// Byte offset of `member` in struct `name`, looking inside anonymous structs and
+    /// unions (`mm_struct` keeps its fields in one).
+    pub fn offset(&self, name: &str, member: &str) -> Result<u32, BtfError> {
+        let id = *self
+            .by_name
+            .get(name)
+            .ok_or_else(|| BtfError::Missing(format!("struct {name}")))?;
+        self.find(id, member, 0)
+            .map(|bits| bits / 8)
+            .ok_or_else(|| BtfError::Missing(format!("{name}.{member}")))
+    }
+
+    fn find(&self, id: u32, member: &str, base_bits: u32) -> Option<u32> {
+        let t = self.types.get(id as usize)?;
+        for &(name, ty, bits) in &t.members {
+            if name != 0 && self.string(name) == member {
+                return Some(base_bits + bits);
+            }
+            if name == 0 {
+                let inner = self.resolve(ty)?;
+                if let Some(found) = self.find(inner, member, base_bits + bits) {
+                    return Some(found);
+                }
+            }
+        }
+        None
+    }
+
+    /// The struct or union an anonymous member is (its type names one directly).
+    fn resolve(&self, id: u32) -> Option<u32> {
+        let t = self.types.get(id as usize)?;
+        matches!(t.kind, KIND_STRUCT | KIND_UNION).then_some(id)
+    }
+}
+
+/// Where identity events find a process's environment, arguments and start time.
+pub fn identity_offsets() -> Result<IdentityOffsets, BtfError> {
+    let btf = Btf::vmlinux()?;
+    Ok(IdentityOffsets {
+        valid: 1,
+        task_mm: btf.offset("task_struct", "mm")?,
+        task_start_boottime: btf.offset("task_struct", "start_boottime")?,
+        mm_arg_start: btf.offset("mm_struct", "arg_start")?,
+        mm_env_start: btf.offset("mm_struct", "env_start")?,
+        _pad: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_kernels_offsets_are_found() {
+        let o = identity_offsets().expect("BTF offsets");
+        // The kernel keeps arg_end right after arg_start, env_end after env_start.
+        let btf = Btf::vmlinux().expect("btf");
+        assert_eq!(
+            btf.offset("mm_struct", "arg_end").expect("arg_end"),
+            o.mm_arg_start + 8
+        );
+        assert_eq!(
+            btf.offset("mm_struct", "env_end").expect("env_end"),
+            o.mm_env_start + 8
+        );
+        assert!(o.task_mm > 0 && o.task_start_boottime > 0);
+    }
+}
