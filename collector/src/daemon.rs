@@ -209,13 +209,16 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         opts.socket.display()
     );
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut signals = crate::signals::StopSignals::listen()?;
     let mut tick = tokio::time::interval(TICK);
     let mut ticks: u32 = 0;
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            _ = term.recv() => break,
+            name = signals.recv() => {
+                crate::signals::stopping(name, "stopping");
+                signals.exit_on_next();
+                break;
+            }
             Some(ev) = events.recv() => {
                 let batch = crate::session::queued(vec![ev], &mut events);
                 state.session.lock().await.apply_events(batch);

@@ -18,5 +18,6 @@ pub mod record;
 pub mod report;
 pub mod serve;
 pub mod session;
+pub mod signals;
 pub mod stats;
 pub mod symbols;

@@ -144,6 +144,10 @@ struct AggregatorArgs {
     /// How often to push upstream.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     push_interval: Duration,
+    /// How long a finished job (every rank exited) is kept after its last snapshot, e.g.
+    /// 30d, 12h.
+    #[arg(long, default_value = "7d", value_parser = parse_duration)]
+    retain: Duration,
 }
 
 #[derive(clap::Args, Debug)]
@@ -451,9 +455,10 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         "" | "s" => n,
         "m" | "min" => n * 60.0,
         "h" => n * 3600.0,
+        "d" => n * 86400.0,
         _ => {
             return Err(format!(
-                "invalid duration unit {unit:?} in {s:?}: use ms, s, m or h"
+                "invalid duration unit {unit:?} in {s:?}: use ms, s, m, h or d"
             ))
         }
     };
@@ -594,6 +599,7 @@ fn main() -> ExitCode {
                     mutual_tls,
                     db: a.db,
                     upstream: a.upstream.map(|t| (t, a.push_interval)),
+                    retain: a.retain,
                 })
                 .await
             }

@@ -127,9 +127,15 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
         }
     });
     let mut exit_status = None;
+    let mut signals = crate::signals::StopSignals::listen()?;
+    let mut stopped_by_signal = false;
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => { info!("interrupted: reporting what was recorded"); break; }
+            name = signals.recv() => {
+                crate::signals::stopping(name, "reporting what was recorded");
+                stopped_by_signal = true;
+                break;
+            }
             _ = &mut stop => { info!("duration reached"); break; }
             status = &mut child_exit => { exit_status = status; break; }
             Some(ev) = session.events.recv() => {
@@ -144,6 +150,9 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
                 }
             }
         }
+    }
+    if stopped_by_signal {
+        signals.exit_on_next();
     }
     // Events already queued (exits of ranks just before the launcher) still count.
     session.drain_process_events();

@@ -16,7 +16,10 @@
  *     With an odd size the last rank does no point-to-point.  MPI_Recv uses
  *     a posted count of 16 (== received), MPI_STATUS_IGNORE.
  *  4. Each rank writes OUT_PREFIX.<rank>.json (same shape as mpi_truth)
- *     with only the calls of step 3, then calls MPI_Finalize.
+ *     with only the calls of step 3, then calls MPI_Finalize; if the
+ *     environment names a file in COMMTAP_TEST_HOLD, it first waits (no MPI
+ *     call) until that file exists: a job that is done with its counted
+ *     calls but still running.
  */
 #include <mpi.h>
 #include <errno.h>
@@ -127,6 +130,9 @@ int main(int argc, char **argv)
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
 
+    const char *hold = getenv("COMMTAP_TEST_HOLD");
+    if (hold && *hold)
+        wait_for_file(hold);
     MPI_Finalize();
     return 0;
 }

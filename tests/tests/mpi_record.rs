@@ -336,3 +336,50 @@ fn a_library_loaded_late_with_dlopen_is_found_and_counted() {
         "{libs:?}"
     );
 }
+
+/// `record --pid` stopped by `signal` while the job is still running (done with its
+/// counted calls, held before MPI_Finalize): the report is written complete and exact, and
+/// `record` exits 0, as on Ctrl-C.
+fn record_stopped_by(signal: i32, name: &str) {
+    let scratch = Scratch::new(name);
+    let hold = scratch.path("hold");
+    let (mut job, ranks) = start_waiting_loop(
+        &scratch,
+        Mpi::OpenMpi,
+        2,
+        300,
+        &[("COMMTAP_TEST_HOLD", path_str(&hold))],
+    );
+    let (commtap, out) = record_attached(&scratch, &ranks);
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    let truth =
+        |r: u32| std::path::PathBuf::from(format!("{}.{r}.json", scratch.path("truth").display()));
+    wait_until("both ranks' truths", LIMIT, || {
+        truth(0).exists() && truth(1).exists()
+    });
+    // SAFETY: kill(2) of the commtap we spawned.
+    unsafe { libc::kill(commtap.0.id() as i32, signal) };
+    finish_ok(&scratch, commtap, LIMIT);
+    assert_profile_matches(
+        &read_json(&out),
+        &read_truths(&scratch.path("truth"), 2),
+        &[],
+    );
+    std::fs::write(&hold, b"").expect("hold file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+}
+
+#[test]
+fn record_stopped_by_sigterm_reports_everything() {
+    record_stopped_by(libc::SIGTERM, "record-sigterm");
+}
+
+#[test]
+fn record_stopped_by_sighup_reports_everything() {
+    record_stopped_by(libc::SIGHUP, "record-sighup");
+}
+
+#[test]
+fn record_stopped_by_ctrl_c_reports_everything() {
+    record_stopped_by(libc::SIGINT, "record-sigint");
+}

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod bench;
 pub mod clock;
 pub mod commit;
+pub mod limit;
 pub mod store;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
@@ -39,6 +40,8 @@ pub struct AggregatorOptions {
     pub db: PathBuf,
     /// A higher aggregator to push everything merged here to, and how often.
     pub upstream: Option<(Target, std::time::Duration)>,
+    /// How long a finished job (every rank exited) is kept after its last snapshot.
+    pub retain: std::time::Duration,
 }
 
 /// The store as a source of snapshots for a higher aggregator.
@@ -61,6 +64,10 @@ pub struct AggregatorService {
     mutual_tls: bool,
     /// Each node's clock as its snapshots showed it.
     clocks: std::sync::Mutex<clock::NodeClocks>,
+    /// Open push streams.
+    pushes: limit::StreamLimit,
+    /// Open job watches.
+    watches: limit::StreamLimit,
 }
 
 #[tonic::async_trait]
@@ -71,6 +78,9 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
     ) -> Result<Response<pb::PushSnapshotsResponse>, Status> {
         let role = auth::Role::of(&req, self.mutual_tls)?;
         role.check_push()?;
+        let _slot = self
+            .pushes
+            .acquire(req.remote_addr().map(|a| a.ip()), "push")?;
         let peer = req
             .remote_addr()
             .map(|a| a.to_string())
@@ -155,6 +165,9 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
         req: Request<pb::WatchJobReportRequest>,
     ) -> Result<Response<Self::WatchJobReportStream>, Status> {
         auth::Role::of(&req, self.mutual_tls)?.check_read()?;
+        let slot = self
+            .watches
+            .acquire(req.remote_addr().map(|a| a.ip()), "watch")?;
         let req = req.into_inner();
         if req.job.is_empty() {
             return Err(Status::invalid_argument(
@@ -173,6 +186,8 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         let store = self.store.clone();
         tokio::spawn(async move {
+            // Held while the watch lasts.
+            let _slot = slot;
             let mut tick = tokio::time::interval(interval);
             loop {
                 tick.tick().await;
@@ -197,6 +212,31 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
     }
 }
 
+/// Forgets finished jobs older than `retain`, looking every minute (or every tenth of
+/// `retain`, if shorter), until `shutdown`.
+async fn expire_every(
+    store: Arc<Mutex<Store>>,
+    retain: std::time::Duration,
+    shutdown: CancellationToken,
+) {
+    let every = (retain / 10).clamp(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(60),
+    );
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match store.lock().await.expire(retain, std::time::Instant::now()) {
+            Ok(0) => {}
+            Ok(n) => info!("{n} finished jobs older than {retain:?} forgotten (--retain)"),
+            Err(e) => warn!("forgetting old jobs: {e}"),
+        }
+    }
+}
+
 /// Runs the aggregator until SIGINT or SIGTERM.
 pub async fn run(opts: AggregatorOptions) -> Result<()> {
     let tls = opts.tls;
@@ -207,8 +247,11 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
         commits: GroupCommit::start(store.clone()),
         mutual_tls: opts.mutual_tls,
         clocks: std::sync::Mutex::new(clock::NodeClocks::default()),
+        pushes: limit::StreamLimit::default(),
+        watches: limit::StreamLimit::default(),
     };
     let shutdown = CancellationToken::new();
+    let expiry = tokio::spawn(expire_every(store.clone(), opts.retain, shutdown.clone()));
     let upstream = opts.upstream.clone().map(|(target, every)| {
         tokio::spawn(push::run(
             Arc::new(StoreSource(store.clone())),
@@ -249,7 +292,7 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
         server = server.tls_config(tls).context("TLS configuration")?;
     }
     info!("commtap aggregator: database {}", opts.db.display());
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut signals = crate::signals::StopSignals::listen()?;
     let stop = shutdown.clone();
     server
         .add_service(health_service)
@@ -261,10 +304,9 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
             async move {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
+                let name = signals.recv().await;
+                crate::signals::stopping(name, "shutting down");
+                signals.exit_on_next();
                 stop.cancel();
             },
         )
@@ -272,5 +314,6 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
     if let Some(task) = upstream {
         let _ = task.await;
     }
+    let _ = expiry.await;
     Ok(())
 }

@@ -11,7 +11,10 @@
 //! index (key, clock, job, calls), and a report reads and decodes what it needs. Batches
 //! pushed at the same time are merged in one durable commit.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
 
 use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -95,6 +98,10 @@ pub struct Entry {
     taken_ns: u64,
     job: String,
     calls: u64,
+    /// The process had exited when this snapshot was taken (its profile is final).
+    exited: bool,
+    /// When the aggregator last took a snapshot of it (at start: when it was loaded).
+    updated: std::time::Instant,
 }
 
 /// Whether a snapshot taken at `new` replaces one taken at `old` (the merge rule: the later
@@ -107,6 +114,9 @@ pub fn supersedes(old: Option<u64>, new: u64) -> bool {
 pub struct Store {
     db: Database,
     processes: BTreeMap<ProcessKey, Entry>,
+    /// The processes of each job: a job's report and the job list read these, never the
+    /// whole store.
+    by_job: BTreeMap<String, BTreeSet<ProcessKey>>,
 }
 
 impl Store {
@@ -121,6 +131,7 @@ impl Store {
         txn.open_table(PROCESSES).map_err(db_err)?;
         txn.commit().map_err(db_err)?;
         let mut processes = BTreeMap::new();
+        let mut by_job: BTreeMap<String, BTreeSet<ProcessKey>> = BTreeMap::new();
         let read = db.begin_read().map_err(db_err)?;
         let table = read.open_table(PROCESSES).map_err(db_err)?;
         for item in table.iter().map_err(db_err)? {
@@ -129,9 +140,15 @@ impl Store {
             let wire = pb::ProcessSnapshot::decode(encoded.as_slice())
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
             let key = check(&wire).map_err(StoreError::Corrupt)?;
-            processes.insert(key, entry(&wire));
+            let e = entry(&wire);
+            by_job.entry(e.job.clone()).or_default().insert(key.clone());
+            processes.insert(key, e);
         }
-        Ok(Store { db, processes })
+        Ok(Store {
+            db,
+            processes,
+            by_job,
+        })
     }
 
     /// Checks and merges a batch; returns (accepted, stale). Accepted snapshots are durable
@@ -161,6 +178,7 @@ impl Store {
                     table
                         .insert(key.bytes().as_slice(), encoded.as_slice())
                         .map_err(db_err)?;
+                    self.index(&key, &entry.job);
                     self.processes.insert(key, entry);
                     accepted += 1;
                 }
@@ -171,52 +189,112 @@ impl Store {
         Ok(outcomes)
     }
 
+    /// Files `key` under `job`, out of the job it was in before (a rank whose job became
+    /// known later).
+    fn index(&mut self, key: &ProcessKey, job: &str) {
+        if let Some(old) = self.processes.get(key).map(|e| e.job.clone()) {
+            if old != job {
+                if let Some(keys) = self.by_job.get_mut(&old) {
+                    keys.remove(key);
+                    if keys.is_empty() {
+                        self.by_job.remove(&old);
+                    }
+                }
+            }
+        }
+        self.by_job
+            .entry(job.to_string())
+            .or_default()
+            .insert(key.clone());
+    }
+
+    /// Forgets the jobs whose every process had exited and whose last snapshot came more
+    /// than `retain` before `now` (`--retain`); returns how many jobs went.
+    pub fn expire(
+        &mut self,
+        retain: std::time::Duration,
+        now: std::time::Instant,
+    ) -> Result<usize, StoreError> {
+        let old: Vec<String> = self
+            .by_job
+            .iter()
+            .filter(|(_, keys)| {
+                keys.iter().all(|k| {
+                    self.processes.get(k).is_some_and(|e| {
+                        e.exited && now.saturating_duration_since(e.updated) > retain
+                    })
+                })
+            })
+            .map(|(job, _)| job.clone())
+            .collect();
+        if old.is_empty() {
+            return Ok(0);
+        }
+        let txn = self.db.begin_write().map_err(db_err)?;
+        {
+            let mut table = txn.open_table(PROCESSES).map_err(db_err)?;
+            for job in &old {
+                for key in self.by_job.get(job).into_iter().flatten() {
+                    table.remove(key.bytes().as_slice()).map_err(db_err)?;
+                }
+            }
+        }
+        txn.commit().map_err(db_err)?;
+        for job in &old {
+            for key in self.by_job.remove(job).unwrap_or_default() {
+                self.processes.remove(&key);
+            }
+        }
+        Ok(old.len())
+    }
+
     /// Every snapshot as it was received (original node keys and clocks), for pushing to a
     /// higher aggregator, which then merges exactly as this one did.
     pub fn all(&self) -> Vec<pb::ProcessSnapshot> {
-        self.read_where(|_| true)
+        self.read_keys(self.processes.keys())
     }
 
-    /// The stored snapshots whose index entry passes `keep` (unreadable ones are skipped:
-    /// they were checked on the way in).
-    fn read_where(&self, keep: impl Fn(&Entry) -> bool) -> Vec<pb::ProcessSnapshot> {
+    /// The stored snapshots of `keys` (unreadable ones are skipped: they were checked on
+    /// the way in).
+    fn read_keys<'a>(
+        &self,
+        keys: impl Iterator<Item = &'a ProcessKey>,
+    ) -> Vec<pb::ProcessSnapshot> {
         let Ok(read) = self.db.begin_read() else {
             return Vec::new();
         };
         let Ok(table) = read.open_table(PROCESSES) else {
             return Vec::new();
         };
-        self.processes
-            .iter()
-            .filter(|(_, e)| keep(e))
-            .filter_map(|(key, _)| table.get(key.bytes().as_slice()).ok().flatten())
+        keys.filter_map(|key| table.get(key.bytes().as_slice()).ok().flatten())
             .filter_map(|v| pb::ProcessSnapshot::decode(v.value()).ok())
             .collect()
     }
 
     /// Every job with its ranks' nodes and calls.
     pub fn jobs(&self) -> Vec<pb::JobSummary> {
-        let mut jobs: BTreeMap<&str, pb::JobSummary> = BTreeMap::new();
-        for (key, e) in &self.processes {
-            let j = jobs
-                .entry(e.job.as_str())
-                .or_insert_with(|| pb::JobSummary {
-                    job: e.job.clone(),
-                    ..Default::default()
-                });
-            j.ranks += 1;
-            if !j.nodes.contains(&key.node) {
-                j.nodes.push(key.node.clone());
-            }
-            j.calls += e.calls;
-        }
-        jobs.into_values().collect()
+        self.by_job
+            .iter()
+            .map(|(job, keys)| {
+                let nodes: BTreeSet<&str> = keys.iter().map(|k| k.node.as_str()).collect();
+                pb::JobSummary {
+                    job: job.clone(),
+                    ranks: u32::try_from(keys.len()).unwrap_or(u32::MAX),
+                    nodes: nodes.into_iter().map(str::to_string).collect(),
+                    calls: keys
+                        .iter()
+                        .filter_map(|k| self.processes.get(k))
+                        .map(|e| e.calls)
+                        .sum(),
+                }
+            })
+            .collect()
     }
 
     /// One job's profile, every rank of every node, by rank.
     pub fn job(&self, job: &str) -> Option<JobProfile> {
         let mut ranks: Vec<RankProfile> = self
-            .read_where(|e| e.job == job)
+            .read_keys(self.by_job.get(job).into_iter().flatten())
             .iter()
             .filter_map(|w| w.rank.as_ref().and_then(|r| RankProfile::try_from(r).ok()))
             .collect();
@@ -237,6 +315,8 @@ fn entry(wire: &pb::ProcessSnapshot) -> Entry {
     Entry {
         taken_ns: wire.taken_ns,
         job: rank.map(|r| r.job.clone()).unwrap_or_default(),
+        exited: rank.is_some_and(|r| r.exited),
+        updated: std::time::Instant::now(),
         calls: rank.map_or(0, |r| {
             r.routines
                 .iter()
@@ -316,6 +396,66 @@ mod tests {
 
     fn calls(store: &Store) -> u64 {
         store.jobs().iter().map(|j| j.calls).sum()
+    }
+
+    /// `snap` in job `job`, exited or not.
+    fn snap_of(
+        job: &str,
+        node: &str,
+        pid: u32,
+        taken_ns: u64,
+        exited: bool,
+    ) -> pb::ProcessSnapshot {
+        let mut w = snap(node, pid, taken_ns, 1);
+        let r = w.rank.as_mut().expect("rank");
+        r.job = job.into();
+        r.exited = exited;
+        w
+    }
+
+    #[test]
+    fn finished_jobs_expire_and_the_index_follows_moves() {
+        let dir = std::env::temp_dir().join(format!("commtap-expire-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("agg.redb");
+        let _ = std::fs::remove_file(&path);
+        let mut store = Store::open(&path).unwrap();
+        store
+            .merge(vec![
+                snap_of("done", "a", 1, 1, true),
+                snap_of("done", "b", 2, 1, true),
+                snap_of("running", "a", 3, 1, false),
+                snap_of("", "a", 4, 1, false),
+            ])
+            .unwrap();
+        // Pid 4's job became known: it moves out of the unlabelled group.
+        store
+            .merge(vec![snap_of("running", "a", 4, 2, false)])
+            .unwrap();
+        let jobs: Vec<(String, u32, Vec<String>)> = store
+            .jobs()
+            .into_iter()
+            .map(|j| (j.job, j.ranks, j.nodes))
+            .collect();
+        assert_eq!(
+            jobs,
+            [
+                ("done".into(), 2, vec!["a".into(), "b".into()]),
+                ("running".into(), 2, vec!["a".into()])
+            ]
+        );
+        let now = std::time::Instant::now();
+        let retain = std::time::Duration::from_secs(60);
+        assert_eq!(store.expire(retain, now).unwrap(), 0, "too young");
+        let later = now + std::time::Duration::from_secs(61);
+        assert_eq!(store.expire(retain, later).unwrap(), 1);
+        assert!(store.job("done").is_none());
+        assert_eq!(store.job("running").unwrap().ranks.len(), 2);
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        assert!(store.job("done").is_none(), "expired for good");
+        assert_eq!(store.jobs().len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
