@@ -17,7 +17,7 @@ use crate::{
     ingest::monotonic_ns,
     serve::{
         metrics,
-        node::{Finished, NodeService, NodeState},
+        node::{NodeService, NodeState},
         pb, push, socket,
     },
     session::{Session, Tracked},
@@ -39,7 +39,7 @@ pub struct DaemonOptions {
     /// Extra MPI libraries to probe from the start.
     pub libraries: Vec<PathBuf>,
     /// Serve Prometheus metrics here.
-    pub metrics_addr: Option<std::net::SocketAddr>,
+    pub metrics: Option<crate::serve::metrics::MetricsListener>,
     /// Which processes to profile.
     pub scope: Scope,
     /// Push snapshots to this aggregator.
@@ -130,6 +130,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         node: node.clone(),
         session: Mutex::new(session),
         finished: Mutex::new(Vec::new()),
+        finished_dropped: std::sync::atomic::AtomicU64::new(0),
         detached: Mutex::default(),
         event_streams: Default::default(),
         call_events: opts.call_events,
@@ -202,8 +203,9 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         ))
     });
     let metrics_task = opts
-        .metrics_addr
-        .map(|addr| tokio::spawn(metrics::serve(addr, state.clone(), shutdown.clone())));
+        .metrics
+        .clone()
+        .map(|listener| tokio::spawn(metrics::serve(listener, state.clone(), shutdown.clone())));
     info!(
         "commtap daemon on node {node}: serving unix://{}",
         opts.socket.display()
@@ -312,15 +314,11 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
         .collect();
     if !exited.is_empty() {
         let profile = session.profile(monotonic_ns());
-        let mut finished = state.finished.lock().await;
         for pid in exited {
             if let Some(rank) = profile.ranks.iter().find(|r| r.pid == pid) {
                 let mut rank = rank.clone();
                 rank.exited = true;
-                finished.push(Finished {
-                    at: std::time::Instant::now(),
-                    rank,
-                });
+                state.keep_finished(rank).await;
             }
             session.probes.forget_process(pid);
             session.tracked.remove(&pid);

@@ -173,9 +173,17 @@ struct DaemonArgs {
     keep_exited: Duration,
     #[command(flatten)]
     probe: ProbeArgs,
-    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464), path /metrics.
+    /// Serve Prometheus metrics (path /metrics): unix:///run/commtap/metrics.sock (each
+    /// caller sees what the API shows it: root every job, a user its own), or a TCP
+    /// address (e.g. 0.0.0.0:9464) served over mutual TLS (--tls-cert, --tls-key and
+    /// --tls-client-ca: scrapers present a certificate), or plaintext with
+    /// --metrics-insecure.
     #[arg(long)]
-    metrics_addr: Option<std::net::SocketAddr>,
+    metrics_addr: Option<MetricsAddr>,
+    /// Serve TCP metrics in plaintext: whoever reaches the port, every local user
+    /// included, reads every job's series.
+    #[arg(long, requires = "metrics_addr")]
+    metrics_insecure: bool,
     /// Profile only these processes (comma separated), not every MPI process on the node.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["uid", "cgroup", "slurm_job"])]
     pid: Vec<u32>,
@@ -357,6 +365,62 @@ async fn run_compare(a: CompareArgs) -> Result<bool> {
         report::Format::Json => println!("{}", serde_json::to_string_pretty(&c)?),
     }
     Ok(c.any_below())
+}
+
+/// Where `--metrics-addr` serves.
+#[derive(Clone, Debug)]
+enum MetricsAddr {
+    Unix(PathBuf),
+    Tcp(std::net::SocketAddr),
+}
+
+impl std::str::FromStr for MetricsAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = s.strip_prefix("unix://") {
+            if !path.starts_with('/') {
+                return Err(format!("{s}: a unix address needs an absolute path"));
+            }
+            return Ok(MetricsAddr::Unix(PathBuf::from(path)));
+        }
+        s.parse()
+            .map(MetricsAddr::Tcp)
+            .map_err(|_| format!("{s}: expected unix:///path/to.sock or HOST:PORT"))
+    }
+}
+
+/// The metrics endpoint `--metrics-addr` asks for, secured as the options allow; refuses
+/// a TCP address with neither mutual TLS nor `--metrics-insecure`.
+fn metrics_listener(
+    addr: Option<MetricsAddr>,
+    insecure: bool,
+    socket_mode: u32,
+    identity: Option<(PathBuf, PathBuf)>,
+    client_ca: Option<PathBuf>,
+) -> Result<Option<serve::metrics::MetricsListener>> {
+    use serve::metrics::MetricsListener;
+    Ok(match addr {
+        None => None,
+        Some(MetricsAddr::Unix(path)) => Some(MetricsListener::Unix {
+            path,
+            mode: socket_mode,
+        }),
+        Some(MetricsAddr::Tcp(addr)) if insecure => Some(MetricsListener::Plain(addr)),
+        Some(MetricsAddr::Tcp(addr)) => match (identity, client_ca) {
+            (Some((cert, key)), Some(client_ca)) => Some(MetricsListener::Tls {
+                addr,
+                cert,
+                key,
+                client_ca,
+            }),
+            _ => anyhow::bail!(
+                "--metrics-addr {addr}: TCP metrics show every job's series, so they need \
+                 mutual TLS (--tls-cert, --tls-key and --tls-client-ca), or \
+                 --metrics-insecure; or serve them on unix:///run/commtap/metrics.sock"
+            ),
+        },
+    })
 }
 
 /// How a TCP listener is secured (shared by `aggregator` and `daemon --listen`); its own
@@ -560,7 +624,13 @@ fn main() -> ExitCode {
                     ring_buffer_kib: a.probe.ring_buffer_kib,
                     keep_exited: a.keep_exited,
                     libraries: a.probe.libraries,
-                    metrics_addr: a.metrics_addr,
+                    metrics: metrics_listener(
+                        a.metrics_addr,
+                        a.metrics_insecure,
+                        a.socket_mode,
+                        identity.clone(),
+                        a.tls.tls_client_ca.clone(),
+                    )?,
                     scope: daemon_scope(a.pid, a.uid, a.cgroup, a.slurm_job)?,
                     aggregator: a.aggregator,
                     push_interval: a.push_interval,

@@ -107,7 +107,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
                 warn!("--lib {}: {e:#}", lib.display());
             }
         }
-        if session.probes.libraries().is_empty() {
+        if session.probes.libraries().next().is_none() {
             warn!("no MPI library found in the linker's search path; libraries are probed as processes map them");
         }
         mark_ready(&opts)?;

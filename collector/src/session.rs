@@ -80,6 +80,9 @@ pub struct Session {
     /// Take new processes' identities from the kernel's identity events only, never from
     /// `/proc` (for tests: what a process that exits at once gets).
     pub identity_from_kernel: bool,
+    /// The owners of the processes seen mapping each probed library (by its path as
+    /// reports show it): a user is shown the libraries of its own processes only.
+    library_users: BTreeMap<String, BTreeSet<u32>>,
 }
 
 /// The objects `pid` maps (none if its maps cannot be read: it exited, say).
@@ -130,6 +133,7 @@ impl Session {
             ingest: Some(ingest),
             job_ids: BTreeMap::new(),
             identity_from_kernel: false,
+            library_users: BTreeMap::new(),
         })
     }
 
@@ -145,7 +149,9 @@ impl Session {
     /// Probes the library file at `path` now (before any process maps it).
     pub fn attach_file(&mut self, path: &Path) -> Result<bool> {
         let file = LibraryFile::open_path(path)?;
-        Ok(self.probes.attach_library(file.identity, || Ok(file))?)
+        Ok(self
+            .probes
+            .attach_library(file.identity, true, || Ok(file))?)
     }
 
     /// Probes every MPI library `pid` maps; returns whether it maps one.
@@ -171,14 +177,22 @@ impl Session {
             warn!("PID {pid}: {e}");
         }
         let mut any = false;
+        let owner = self.tracked.get(&pid).and_then(Tracked::uid);
         for o in objects {
             match self
                 .probes
-                .attach_library(o.dev_inode, || open_object(pid, o))
+                .attach_library(o.dev_inode, false, || open_object(pid, o))
             {
                 Ok(true) => any = true,
                 Ok(false) => {}
                 Err(e) => warn!("PID {pid}: {}: {e}", o.path.display()),
+            }
+            self.probes.note_mapped(o.dev_inode, pid);
+            if let (Some(uid), Some(lib)) = (owner, self.probes.library_of(o.dev_inode)) {
+                self.library_users
+                    .entry(lib.path.clone())
+                    .or_default()
+                    .insert(uid);
             }
         }
         any
@@ -417,6 +431,13 @@ impl Session {
         library_summaries(&self.probes)
     }
 
+    /// Whether a process of `uid` was seen mapping the library shown as `path`.
+    pub fn library_used_by(&self, path: &str, uid: u32) -> bool {
+        self.library_users
+            .get(path)
+            .is_some_and(|users| users.contains(&uid))
+    }
+
     /// Tracks processes that the counters show made MPI calls but that are not tracked yet
     /// (in watch-all mode the kernel counts processes before userspace knows them).
     pub fn track_counted(&mut self) {
@@ -618,7 +639,6 @@ fn assemble(
 fn library_summaries(probes: &Probes) -> Vec<ProbedLibrary> {
     probes
         .libraries()
-        .iter()
         .map(|l| ProbedLibrary {
             path: l.library.path.clone(),
             flavor: l.library.flavor.clone(),

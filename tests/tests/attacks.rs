@@ -570,3 +570,173 @@ fn aggregator_callers_do_only_what_their_certificates_allow() {
     let run = finish_commtap(&agg_scratch, aggregator, LIMIT);
     assert!(run.status.success(), "aggregator: {}", run.stderr);
 }
+
+/// `GET /metrics` on the Unix socket `socket`, as nobody or as root.
+fn metrics_as(socket: &Path, nobody: bool) -> String {
+    let mut cmd = Command::new("setpriv");
+    if nobody {
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+    }
+    let out = cmd
+        .args(["--", "curl", "-sS", "--unix-socket"])
+        .arg(socket)
+        .arg("http://localhost/metrics")
+        .output()
+        .expect("curl (cargo xtask setup installs it)");
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Attack: read every user's job series (and choose their label values) on the metrics
+/// endpoint every local user can reach. On the metrics Unix socket each caller sees what
+/// the API shows it: nobody no series of root's job, root all of them; a TCP endpoint
+/// without mutual TLS is refused unless `--metrics-insecure` says so.
+#[test]
+fn metrics_show_a_user_only_their_own_jobs() {
+    let scratch = Scratch::new("attack-metrics");
+    let refused = commtap_output(&[
+        "daemon",
+        "--socket",
+        path_str(&scratch.path("refused.sock")),
+        "--metrics-addr",
+        &free_port(),
+    ]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--metrics-insecure"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+
+    let socket = scratch.path("metrics.sock");
+    let metrics_addr = format!("unix://{}", socket.display());
+    let daemon = Daemon::start(
+        &scratch,
+        &[],
+        &[],
+        &["--socket-mode", "666", "--metrics-addr", &metrics_addr],
+    );
+    wait_until("the metrics socket", LIMIT, || socket.exists());
+    let prog = build_program("mpi_truth.c", Mpi::OpenMpi);
+    let prefix = scratch.path("root-truth");
+    let launcher = Mpi::OpenMpi.launcher(2);
+    let mut cmd = Command::new(&launcher[0]);
+    mpi_env(&mut cmd)
+        .args(&launcher[1..])
+        .arg(&prog)
+        .arg(&prefix);
+    assert!(
+        ChildGuard::spawn(&mut cmd).wait_with_limit(LIMIT).success(),
+        "root's job failed"
+    );
+    let truths = read_truths(&prefix, 2);
+    let pids: Vec<u64> = truths.iter().filter_map(|t| t["pid"].as_u64()).collect();
+    wait_for_exited(&daemon.target, &pids);
+    let job = format!("job=\"{}\"", pids[0]);
+    let calls = truths[0]["routines"]["MPI_Allreduce"]["calls"]
+        .as_u64()
+        .expect("calls");
+    let line =
+        format!("commtap_mpi_calls_total{{{job},rank=\"0\",routine=\"MPI_Allreduce\"}} {calls}");
+    let roots = metrics_as(&socket, false);
+    assert!(
+        roots.lines().any(|l| l == line),
+        "root sees {line}:\n{roots}"
+    );
+    let nobodys = metrics_as(&socket, true);
+    assert!(
+        nobodys.contains("# TYPE commtap_mpi_calls_total"),
+        "nobody gets the families:\n{nobodys}"
+    );
+    assert!(
+        !nobodys.contains(&job),
+        "nobody sees root's job:\n{nobodys}"
+    );
+    daemon.stop(&scratch);
+}
+
+/// The library lines of `commtap ps` (as root) whose path contains `part`.
+fn probed_libraries_with(daemon: &Daemon, part: &str) -> usize {
+    let out = commtap_output(&["ps", "--from", &daemon.target]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("library ") && l.contains(part))
+        .count()
+}
+
+/// Attack: map many copies of a tiny fake MPI library to use up the daemon's 64 library
+/// slots, so that no later MPI build (a venv, Spack) is probed until a restart. A user's
+/// own libraries are limited to 8 at once and let go when no process maps them: root's
+/// library mapped after the attack is probed, and once the attacker's processes are gone
+/// so are their libraries.
+#[test]
+fn one_user_cannot_use_up_the_library_slots() {
+    let scratch = Scratch::new("attack-slots");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let (lib, map) = attack_programs();
+    let dir = nobody_dir(&scratch, "attacker");
+    let mut attackers = Vec::new();
+    for i in 0..10 {
+        let sub = dir.join(format!("d{i}"));
+        std::fs::create_dir_all(&sub).expect("dir");
+        std::os::unix::fs::chown(&sub, Some(NOBODY), Some(NOBODY)).expect("chown");
+        let copy = sub.join("libmpich.so.12");
+        copy_as_nobody(&lib, &copy);
+        let signals = nobody_dir(&scratch, &format!("signals{i}"));
+        let ready = signals.join("ready");
+        attackers.push(spawn_as_nobody(
+            &map,
+            &[
+                path_str(&copy),
+                path_str(&ready),
+                "none",
+                "-",
+                path_str(&signals.join("done")),
+            ],
+        ));
+        wait_until("an attacker to map its copy", LIMIT, || ready.exists());
+    }
+    let pids: Vec<u64> = attackers.iter().map(|c| u64::from(c.0.id())).collect();
+    wait_until("the daemon to look at every attacker", LIMIT, || {
+        let states = ps_states(&daemon.target);
+        pids.iter().all(|p| states.contains_key(p))
+    });
+    assert_eq!(
+        probed_libraries_with(&daemon, "/attacker/d"),
+        8,
+        "one user's libraries probed at once"
+    );
+
+    // Root's own build, mapped now, still gets a slot.
+    let root_dir = scratch.path("root-build");
+    std::fs::create_dir_all(&root_dir).expect("dir");
+    let root_lib = root_dir.join("libmpich.so.12");
+    std::fs::copy(&lib, &root_lib).expect("copy");
+    let root_ready = scratch.path("root-ready");
+    let root = ChildGuard::spawn(Command::new(&map).args([
+        path_str(&root_lib),
+        path_str(&root_ready),
+        "none",
+        "-",
+        path_str(&scratch.path("root-done")),
+    ]));
+    wait_until("root's process to map its library", LIMIT, || {
+        root_ready.exists()
+    });
+    wait_for_state(&daemon.target, &[u64::from(root.0.id())], "probed");
+    assert_eq!(probed_libraries_with(&daemon, "/root-build/"), 1);
+
+    // The attacker's processes end: their libraries are let go.
+    drop(attackers);
+    wait_until("the attacker's libraries to be let go", LIMIT, || {
+        probed_libraries_with(&daemon, "/attacker/d") == 0
+    });
+    assert_eq!(probed_libraries_with(&daemon, "/root-build/"), 1);
+    drop(root);
+    assert_healthy(&scratch, &daemon);
+    daemon.stop(&scratch);
+}

@@ -22,7 +22,7 @@ fn daemon_profiles_every_job_on_the_node_exactly() {
         &scratch,
         &[],
         &["--log", "info"],
-        &["--metrics-addr", &metrics_addr],
+        &["--metrics-addr", &metrics_addr, "--metrics-insecure"],
     );
     let (socket, target) = (daemon.socket.clone(), daemon.target.clone());
     let mode = std::fs::metadata(&socket)

@@ -53,6 +53,7 @@ const PACKAGES: &[&str] = &[
     "procps",
     "libfabric1",
     "libfabric-bin",
+    "curl",
 ];
 
 /// bpf-linker release known to work with the nightly's LLVM 22 (FACTS.md).

@@ -7,7 +7,7 @@ mod counters;
 mod multi;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     os::fd::{AsFd, AsRawFd, OwnedFd, RawFd},
     path::{Path, PathBuf},
 };
@@ -91,14 +91,31 @@ fn prog_err(program: &'static str) -> impl FnOnce(aya::programs::ProgramError) -
 }
 
 /// A library commtap has attached to, for the report's "probes" section.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Debug, Serialize)]
 pub struct AttachedLibrary {
     /// What was read from it.
     #[serde(flatten)]
     pub library: Library,
     /// Probe points that failed to attach, with the reason.
     pub failed: Vec<String>,
+    /// Its file's device and inode.
+    #[serde(skip)]
+    dev_inode: (u64, u64),
+    /// The user who owns the file, if not root and not asked for by commtap's caller:
+    /// counted in that user's quota, let go once no process maps it.
+    #[serde(skip)]
+    owner: Option<u32>,
+    /// Its uprobe_multi links; dropping them detaches every probe.
+    #[serde(skip)]
+    links: Vec<multi::MultiLink>,
+    /// Let go (its slot is free for another library).
+    #[serde(skip)]
+    released: bool,
 }
+
+/// Most libraries owned by one user (not root) probed at once: one user's copies of a
+/// library cannot take the slots every job of the node needs.
+pub const MAX_LIBRARIES_PER_UID: usize = 8;
 
 /// Loaded programs, their maps, and what is attached.
 pub struct Probes {
@@ -129,8 +146,10 @@ pub struct Probes {
     unsupported: Vec<String>,
     /// The MPI and NCCL probe programs, loaded for uprobe_multi links.
     programs: HashMap<String, OwnedFd>,
-    /// Two links per library; dropping them detaches every probe.
-    links: Vec<multi::MultiLink>,
+    /// Slots of libraries let go, for reuse.
+    free_slots: Vec<usize>,
+    /// The processes seen mapping each library (by slot).
+    mapped_by: BTreeMap<usize, BTreeSet<u32>>,
     /// The task-local storage of in-flight calls (held by the programs too).
     _task_state: OwnedFd,
 }
@@ -337,7 +356,8 @@ impl Probes {
             libraries: Vec::new(),
             unsupported: Vec::new(),
             programs,
-            links: Vec::new(),
+            free_slots: Vec::new(),
+            mapped_by: BTreeMap::new(),
             _task_state: task_state,
         })
     }
@@ -433,6 +453,42 @@ impl Probes {
         let _ = self.fabric_ranges.remove(&pid);
         remove_handles_of(&mut self.comms, pid);
         remove_handles_of(&mut self.dtypes, pid);
+        let mut unused = Vec::new();
+        for (slot, pids) in &mut self.mapped_by {
+            if pids.remove(&pid) && pids.is_empty() {
+                unused.push(*slot);
+            }
+        }
+        for slot in unused {
+            self.mapped_by.remove(&slot);
+            self.release(slot);
+        }
+    }
+
+    /// Notes that `pid` maps the library `dev_inode` (if it is probed).
+    pub fn note_mapped(&mut self, dev_inode: (u64, u64), pid: u32) {
+        if let Some(Some(slot)) = self.seen.get(&dev_inode) {
+            self.mapped_by.entry(*slot).or_default().insert(pid);
+        }
+    }
+
+    /// Lets a user's library go once no process maps it: its probes detached, its slot
+    /// free, and read again should a process map it later. Shared libraries stay.
+    fn release(&mut self, slot: usize) {
+        let Some(lib) = self.libraries.get_mut(slot) else {
+            return;
+        };
+        if lib.owner.is_none() || lib.released {
+            return;
+        }
+        info!(
+            "letting {} go: no process maps it any more",
+            lib.library.path
+        );
+        lib.links.clear();
+        lib.released = true;
+        self.seen.remove(&lib.dev_inode);
+        self.free_slots.push(slot);
     }
 
     /// Tells the kernel what the launcher says of `pid`'s world communicator (integer-handle
@@ -449,10 +505,12 @@ impl Probes {
     }
 
     /// Attaches to the library `dev_inode` unless already done, opening it with `open` if
-    /// it was never read. Returns whether it is an MPI or NCCL library now probed.
+    /// it was never read; `shared` when commtap's caller asked for it (never let go, in no
+    /// user's quota). Returns whether it is an MPI or NCCL library now probed.
     pub fn attach_library(
         &mut self,
         dev_inode: (u64, u64),
+        shared: bool,
         open: impl FnOnce() -> Result<LibraryFile, FileError>,
     ) -> Result<bool, AttachError> {
         if let Some(state) = self.seen.get(&dev_inode) {
@@ -490,7 +548,23 @@ impl Probes {
                 return Ok(false);
             }
         };
-        let slot = self.libraries.len() as u32;
+        let owner = (!shared && file.owner != 0).then_some(file.owner);
+        if let Some(uid) = owner {
+            let held = self.libraries().filter(|l| l.owner == Some(uid)).count();
+            if held >= MAX_LIBRARIES_PER_UID {
+                let why = format!(
+                    "{}: user {uid} has {held} libraries of their own probed already \
+                     (at most {MAX_LIBRARIES_PER_UID}): not probed",
+                    file.shown
+                );
+                warn!("{why}");
+                self.unsupported.push(why);
+                self.seen.insert(dev_inode, None);
+                return Ok(false);
+            }
+        }
+        let index = self.free_slots.pop().unwrap_or(self.libraries.len());
+        let slot = index as u32;
         if slot >= MAX_LAYOUTS {
             return Err(AttachError::TooManyLibraries);
         }
@@ -517,6 +591,51 @@ impl Probes {
                     .map_err(map_err("FABRIC_FUNCS"))?;
             }
         }
+        let (links, failed) = self.attach_links(&lib, slot, &file)?;
+        let single = lib
+            .probes
+            .iter()
+            .filter(|p| p.placement == Placement::SingleStepped)
+            .count();
+        let skipped = lib
+            .probes
+            .iter()
+            .filter(|p| p.placement == Placement::MovedPastSingleStep)
+            .count();
+        info!(
+            "probing {} ({}): {} routines, {skipped} moved past a single-stepped first instruction, {single} single-stepped, {} failed",
+            lib.path,
+            lib.flavor,
+            lib.probes.len(),
+            failed.len()
+        );
+        let attached = AttachedLibrary {
+            library: lib,
+            failed,
+            dev_inode,
+            owner,
+            links,
+            released: false,
+        };
+        let counted = attached.library.family != Family::Cuda;
+        if index < self.libraries.len() {
+            self.libraries[index] = attached;
+        } else {
+            self.libraries.push(attached);
+        }
+        self.seen.insert(dev_inode, Some(index));
+        Ok(counted)
+    }
+
+    /// The uprobe_multi links of `lib` in layout `slot` (one per program and kind of
+    /// probe point), attached through the open `file`; and the failures, by message.
+    fn attach_links(
+        &self,
+        lib: &Library,
+        slot: u32,
+        file: &LibraryFile,
+    ) -> Result<(Vec<multi::MultiLink>, Vec<String>), AttachError> {
+        let mut links = Vec::new();
         let mut failed = Vec::new();
         let cookie = |p: &ProbePoint| {
             Cookie {
@@ -562,37 +681,12 @@ impl Probes {
                 .programs
                 .get(prog)
                 .ok_or(AttachError::Missing("probe program"))?;
-            match multi::attach(fd.as_fd(), &file, &offsets, &cookies, is_return) {
-                Ok(link) => self.links.push(link),
+            match multi::attach(fd.as_fd(), file, &offsets, &cookies, is_return) {
+                Ok(link) => links.push(link),
                 Err(e) => failed.push(format!("{e:#}")),
             }
         }
-        let single = lib
-            .probes
-            .iter()
-            .filter(|p| p.placement == Placement::SingleStepped)
-            .count();
-        let skipped = lib
-            .probes
-            .iter()
-            .filter(|p| p.placement == Placement::MovedPastSingleStep)
-            .count();
-        info!(
-            "probing {} ({}): {} routines, {skipped} moved past a single-stepped first instruction, {single} single-stepped, {} failed",
-            lib.path,
-            lib.flavor,
-            lib.probes.len(),
-            failed.len()
-        );
-        self.seen.insert(dev_inode, Some(self.libraries.len()));
-        self.libraries.push(AttachedLibrary {
-            library: lib,
-            failed,
-        });
-        Ok(self
-            .libraries
-            .last()
-            .is_some_and(|l| l.library.family != Family::Cuda))
+        Ok((links, failed))
     }
 
     /// Whether the object `dev_inode` is a libfabric library or provider that commtap
@@ -648,9 +742,9 @@ impl Probes {
         Some(&self.libraries[i].library)
     }
 
-    /// Libraries probed so far.
-    pub fn libraries(&self) -> &[AttachedLibrary] {
-        &self.libraries
+    /// Libraries probed now (not those let go).
+    pub fn libraries(&self) -> impl Iterator<Item = &AttachedLibrary> {
+        self.libraries.iter().filter(|l| !l.released)
     }
 
     /// Libraries seen but not decoded (an unknown MPI ABI, NCCL without symbols).

@@ -42,7 +42,16 @@ pub struct NodeState {
     pub event_streams: std::sync::atomic::AtomicUsize,
     /// Whether the daemon was started with --call-events (then they stay on).
     pub call_events: bool,
+    /// Final profiles let go before their time by [`NodeState::keep_finished`]'s caps.
+    pub finished_dropped: std::sync::atomic::AtomicU64,
 }
+
+/// Most final profiles of exited processes kept at once, and per user: a user starting
+/// processes without end can neither fill the daemon's memory nor push out other users'
+/// profiles.
+pub const MAX_FINISHED: usize = 65_536;
+/// See [`MAX_FINISHED`].
+pub const MAX_FINISHED_PER_UID: usize = 4096;
 
 /// A tracked process as the API lists it.
 fn process_state(pid: u32, t: &Tracked) -> pb::ProcessState {
@@ -98,13 +107,55 @@ impl Caller {
             Caller::Nobody => false,
         }
     }
+
+    /// Whether this caller may see the probed library shown as `path` (a user: only those
+    /// its own processes map, the paths of others' being theirs).
+    pub fn may_see_library(self, session: &Session, path: &str) -> bool {
+        match self {
+            Caller::Any => true,
+            Caller::Uid(me) => session.library_used_by(path, me),
+            Caller::Nobody => false,
+        }
+    }
 }
 
 impl NodeState {
+    /// Keeps `rank`'s final profile, letting the oldest of its user's go past
+    /// [`MAX_FINISHED_PER_UID`], and the oldest of all past [`MAX_FINISHED`] (counted).
+    pub async fn keep_finished(&self, rank: RankProfile) {
+        let mut finished = self.finished.lock().await;
+        let uid = rank.uid;
+        if finished.iter().filter(|f| f.rank.uid == uid).count() >= MAX_FINISHED_PER_UID {
+            if let Some(i) = finished.iter().position(|f| f.rank.uid == uid) {
+                finished.remove(i);
+                self.finished_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if finished.len() >= MAX_FINISHED {
+            finished.remove(0);
+            self.finished_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        finished.push(Finished {
+            at: Instant::now(),
+            rank,
+        });
+    }
+
     /// The node's cumulative profile now: live processes and those that exited, filtered,
     /// and limited to what `caller` may see.
     pub async fn snapshot(&self, filter: &pb::ProcessFilter, caller: Caller) -> JobProfile {
-        let mut profile = self.session.lock().await.profile(monotonic_ns());
+        let mut profile = {
+            let mut session = self.session.lock().await;
+            let mut profile = session.profile(monotonic_ns());
+            profile
+                .libraries
+                .retain(|l| caller.may_see_library(&session, &l.path));
+            if caller != Caller::Any {
+                // Each names another user's file and why it was not probed.
+                profile.unsupported_libraries.clear();
+            }
+            profile
+        };
         let finished = self.finished.lock().await;
         profile
             .ranks
@@ -158,6 +209,9 @@ type SnapshotStream =
     Pin<Box<dyn Stream<Item = Result<pb::WatchSnapshotsResponse, Status>> + Send>>;
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::EventBatch, Status>> + Send>>;
 
+/// Most StreamEvents streams open at once (each holds a task and a copy of every event).
+const MAX_EVENT_STREAMS: usize = 16;
+
 /// How often a StreamEvents stream sends what it gathered.
 const EVENT_BATCH: Duration = Duration::from_millis(100);
 
@@ -175,7 +229,12 @@ impl pb::node_server::Node for NodeService {
             .filter(|(_, t)| caller.may_see(t.uid()))
             .map(|(pid, t)| process_state(*pid, t))
             .collect();
-        let libraries = session.library_summaries().iter().map(Into::into).collect();
+        let libraries = session
+            .library_summaries()
+            .iter()
+            .filter(|l| caller.may_see_library(&session, &l.path))
+            .map(Into::into)
+            .collect();
         drop(session);
         for f in self
             .state
@@ -288,13 +347,12 @@ impl pb::node_server::Node for NodeService {
         self.state.detached.lock().await.insert(pid);
         if let Some(rank) = &rank {
             // Nothing lost: the profile stays in snapshots (and pushes) as a final one.
-            self.state.finished.lock().await.push(Finished {
-                at: Instant::now(),
-                rank: RankProfile {
+            self.state
+                .keep_finished(RankProfile {
                     exited: true,
                     ..rank.clone()
-                },
-            });
+                })
+                .await;
         }
         Ok(Response::new(pb::DetachProcessResponse {
             profile: rank.as_ref().map(Into::into),
@@ -308,12 +366,18 @@ impl pb::node_server::Node for NodeService {
         req: Request<pb::StreamEventsRequest>,
     ) -> Result<Response<Self::StreamEventsStream>, Status> {
         let caller = Caller::of(&req);
-        if caller == Caller::Nobody {
-            // It would see no event, but would switch per-call events on for every process.
+        if caller != Caller::Any {
+            // A stream switches per-call events on for every process of the node, whose
+            // cost every rank pays: the operator's decision, not any user's.
             return Err(Status::permission_denied(
-                "streaming events needs a caller the daemon knows: the Unix socket, or a \
-                 client certificate over TCP",
+                "streaming events is for root (on the Unix socket) or a caller with a client \
+                 certificate over TCP: it switches per-call events on node-wide",
             ));
+        }
+        if self.state.event_streams.load(Ordering::SeqCst) >= MAX_EVENT_STREAMS {
+            return Err(Status::resource_exhausted(format!(
+                "{MAX_EVENT_STREAMS} event streams are open already"
+            )));
         }
         let pids: std::collections::BTreeSet<u32> = req.into_inner().pids.into_iter().collect();
         let state = self.state.clone();

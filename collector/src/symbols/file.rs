@@ -71,6 +71,9 @@ pub struct LibraryFile {
     file: File,
     /// Device and inode of the file opened.
     pub identity: (u64, u64),
+    /// The file's owner (a library a user owns counts against that user's quota of probed
+    /// libraries, and is let go once no process maps it).
+    pub owner: u32,
     /// The file's path as its process (or commtap's caller) names it, for messages.
     pub shown: String,
 }
@@ -118,6 +121,7 @@ impl LibraryFile {
         Ok(LibraryFile {
             file,
             identity: (meta.dev(), meta.ino()),
+            owner: meta.uid(),
             shown: shown.to_string(),
         })
     }
