@@ -130,6 +130,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         node: node.clone(),
         session: Mutex::new(session),
         finished: Mutex::new(Vec::new()),
+        boot_id: discover::boot_id(),
         finished_dropped: std::sync::atomic::AtomicU64::new(0),
         detached: Mutex::default(),
         event_streams: Default::default(),

@@ -526,6 +526,13 @@ pub fn in_cgroup(pid: u32, cg: &CgroupRef) -> bool {
         })
 }
 
+/// This boot's id (`/proc/sys/kernel/random/boot_id`), empty where it cannot be read.
+pub fn boot_id() -> String {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().chars().take(64).collect())
+        .unwrap_or_default()
+}
+
 /// This host's name, as reports show it.
 pub fn this_host() -> String {
     hostname::get()

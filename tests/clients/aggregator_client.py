@@ -61,8 +61,10 @@ def main():
             node, pid, start, taken = args
             # An empty profile in another job: what would replace the real one.
             rank = profile_pb.RankProfile(pid=int(pid), job="stolen")
+            # This machine's boot id: the daemon's processes are keyed by it too.
+            boot_id = open("/proc/sys/kernel/random/boot_id").read().strip()
             snap = pb.ProcessSnapshot(node=node, pid=int(pid), start_ticks=int(start),
-                                      taken_ns=int(taken), rank=rank)
+                                      taken_ns=int(taken), rank=rank, boot_id=boot_id)
             resp = stub.PushSnapshots(iter([pb.PushSnapshotsRequest(processes=[snap])]), timeout=20)
             out.update(accepted=resp.accepted, stale=resp.stale, refused=resp.refused)
         elif action == "push-many":

@@ -740,3 +740,38 @@ fn one_user_cannot_use_up_the_library_slots() {
     assert_healthy(&scratch, &daemon);
     daemon.stop(&scratch);
 }
+
+/// Attack: a library whose `MPI_Send` symbol names data (bytes that look like a function
+/// prologue), not code. Probes go only into executable sections: MPI_Send is not probed,
+/// MPI_Recv (real code) is.
+#[test]
+fn a_symbol_that_names_data_is_never_probed() {
+    let scratch = Scratch::new("attack-data-symbol");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let (_, map) = attack_programs();
+    let lib = compile_c(
+        "attack_data_symbol.c",
+        "libattack_data_symbol.so",
+        &["-shared", "-fPIC"],
+    );
+    let dir = nobody_dir(&scratch, "attacker");
+    let crafted = dir.join("libmpich.so.12");
+    copy_as_nobody(&lib, &crafted);
+    let attacker = start_attacker(&scratch, &map, &crafted, "none", "-");
+    wait_for_state(&daemon.target, &[u64::from(attacker.0.id())], "probed");
+    let out = commtap_output(&["ps", "--from", &daemon.target]);
+    let ps = String::from_utf8_lossy(&out.stdout);
+    // MPI_Recv is code: probed. MPI_Send names 64 bytes of data that start like a
+    // function (push %rbp; mov %rsp,%rbp): never probed.
+    let line = ps
+        .lines()
+        .find(|l| l.starts_with("library ") && l.contains("/attacker/libmpich.so.12"))
+        .unwrap_or_else(|| panic!("the crafted library is listed:\n{ps}"));
+    assert!(
+        line.ends_with(": 1 probes"),
+        "only MPI_Recv is probed: {line}"
+    );
+    assert_healthy(&scratch, &daemon);
+    drop(attacker);
+    daemon.stop(&scratch);
+}

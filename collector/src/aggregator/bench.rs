@@ -56,6 +56,7 @@ pub async fn run(
                         node: node.clone(),
                         pid,
                         start_ticks: 7,
+                        boot_id: String::new(),
                     },
                     taken_ns: 1,
                     rank,

@@ -55,11 +55,17 @@ pub struct ProcessKey {
     pub pid: u32,
     /// Start time in clock ticks since the node's boot.
     pub start_ticks: u64,
+    /// The node's boot id (empty from a sender that does not say).
+    pub boot_id: String,
 }
 
 impl ProcessKey {
     fn bytes(&self) -> Vec<u8> {
-        format!("{}\0{}\0{}", self.node, self.pid, self.start_ticks).into_bytes()
+        format!(
+            "{}\0{}\0{}\0{}",
+            self.node, self.pid, self.start_ticks, self.boot_id
+        )
+        .into_bytes()
     }
 }
 
@@ -335,6 +341,7 @@ pub fn to_wire(s: &Snapshot) -> pb::ProcessSnapshot {
         start_ticks: s.key.start_ticks,
         taken_ns: s.taken_ns,
         rank: Some((&s.rank).into()),
+        boot_id: s.key.boot_id.clone(),
     }
 }
 
@@ -355,6 +362,7 @@ pub fn check(w: &pb::ProcessSnapshot) -> Result<ProcessKey, String> {
         node: w.node.clone(),
         pid: w.pid,
         start_ticks: w.start_ticks,
+        boot_id: w.boot_id.clone(),
     })
 }
 
@@ -373,6 +381,7 @@ mod tests {
                 node: node.into(),
                 pid,
                 start_ticks: 1,
+                boot_id: "b1".into(),
             },
             taken_ns,
             rank: RankProfile {
@@ -455,6 +464,22 @@ mod tests {
         let store = Store::open(&path).unwrap();
         assert!(store.job("done").is_none(), "expired for good");
         assert_eq!(store.jobs().len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_rebooted_nodes_processes_are_new_ones() {
+        let dir = std::env::temp_dir().join(format!("commtap-boot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("agg.redb");
+        let _ = std::fs::remove_file(&path);
+        let mut store = Store::open(&path).unwrap();
+        let before = snap("a", 1, 500, 7);
+        let mut after = snap("a", 1, 20, 3);
+        after.boot_id = "b2".into();
+        // Same node, pid and start time, a smaller clock: after a reboot, not stale.
+        assert_eq!(store.merge(vec![before, after]).unwrap(), (2, 0));
+        assert_eq!(calls(&store), 10);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

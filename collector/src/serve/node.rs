@@ -32,6 +32,9 @@ pub struct Finished {
 pub struct NodeState {
     /// Node name reported to clients.
     pub node: String,
+    /// This boot's id (`/proc/sys/kernel/random/boot_id`): with node, pid and start time,
+    /// a process's identity at an aggregator across reboots.
+    pub boot_id: String,
     /// The live profiling session.
     pub session: Mutex<Session>,
     /// Profiles of processes that exited.

@@ -42,6 +42,7 @@ impl SnapshotSource for NodeState {
                     node: self.node.clone(),
                     pid: rank.pid,
                     start_ticks: rank.start_ticks,
+                    boot_id: self.boot_id.clone(),
                 };
                 to_wire(&Snapshot {
                     key,
