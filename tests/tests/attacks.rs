@@ -100,6 +100,7 @@ fn assert_healthy(scratch: &Scratch, daemon: &Daemon) {
     );
     assert!(took < Duration::from_secs(2), "ps took {took:?}");
     let peak = peak_kib(daemon.child.0.id());
+    eprintln!("daemon peak resident memory: {peak} KiB");
     assert!(
         peak < DAEMON_PEAK_LIMIT_KIB,
         "the daemon's peak memory is {peak} KiB"
