@@ -224,7 +224,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             }
             Some(ev) = events.recv() => {
                 let batch = crate::session::queued(vec![ev], &mut events);
-                state.session.lock().await.apply_events(batch);
+                apply_events(&state, batch).await;
             }
             _ = tick.tick() => {
                 ticks = ticks.wrapping_add(1);
@@ -331,6 +331,20 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
         .lock()
         .await
         .retain(|f| f.at.elapsed() < keep);
+}
+
+/// Applies a batch of process events; the libraries the new processes map are opened
+/// and read first, in a blocking task and off the session's lock (a slow file system holds
+/// up neither the API nor the other processes), then attached under it.
+async fn apply_events(state: &NodeState, batch: Vec<crate::ingest::ProcessEvent>) {
+    let unread = state.session.lock().await.unread_objects(&batch);
+    if !unread.is_empty() {
+        let read = tokio::task::spawn_blocking(move || crate::session::read_libraries(unread))
+            .await
+            .unwrap_or_default();
+        state.session.lock().await.add_read_libraries(read);
+    }
+    state.session.lock().await.apply_events(batch);
 }
 
 /// tonic answers a request larger than the server accepts with OUT_OF_RANGE; gRPC's status

@@ -94,8 +94,28 @@ fn objects_of(pid: u32) -> Vec<MappedObject> {
 }
 
 /// Opens the file `pid` maps as `o`, exactly that file (see `symbols::file`).
-fn open_object(pid: u32, o: &MappedObject) -> Result<LibraryFile, FileError> {
+pub fn open_object(pid: u32, o: &MappedObject) -> Result<LibraryFile, FileError> {
     LibraryFile::open_mapped(pid, o.range, o.dev_inode, &o.path.display().to_string())
+}
+
+/// A library file opened and read: its identity, the open file, what reading it found.
+pub type ReadLibrary = (
+    (u64, u64),
+    LibraryFile,
+    Result<crate::symbols::LibraryKind, crate::symbols::SymbolError>,
+);
+
+/// Opens and reads `objects` (blocking file-system work: call it off the session's lock,
+/// from a blocking task).
+pub fn read_libraries(objects: Vec<(u32, MappedObject)>) -> Vec<ReadLibrary> {
+    objects
+        .into_iter()
+        .filter_map(|(pid, o)| {
+            let file = open_object(pid, &o).ok()?;
+            let kind = crate::symbols::read_library(&file);
+            Some((o.dev_inode, file, kind))
+        })
+        .collect()
 }
 
 /// `first` (if any) and every event queued behind it in `rx`.
@@ -260,6 +280,32 @@ impl Session {
                     .into_iter()
                     .map(|(provider, name)| crate::report::Fabric { provider, name }),
             );
+        }
+    }
+
+    /// The objects that the processes new in `batch` map and that were never read: what
+    /// [`read_libraries`] reads off the session's lock before `apply_events` attaches them.
+    pub fn unread_objects(&self, batch: &[ProcessEvent]) -> Vec<(u32, MappedObject)> {
+        let mut out: Vec<(u32, MappedObject)> = Vec::new();
+        for ev in batch {
+            let (ProcessEvent::Exec { pid, .. } | ProcessEvent::Discovered { pid, .. }) = ev else {
+                continue;
+            };
+            for o in objects_of(*pid) {
+                if !self.probes.knows(o.dev_inode)
+                    && !out.iter().any(|(_, seen)| seen.dev_inode == o.dev_inode)
+                {
+                    out.push((*pid, o));
+                }
+            }
+        }
+        out
+    }
+
+    /// Keeps what [`read_libraries`] read, for the attaches to come.
+    pub fn add_read_libraries(&mut self, read: Vec<ReadLibrary>) {
+        for (dev_inode, file, kind) in read {
+            self.probes.read_ahead(dev_inode, file, kind);
         }
     }
 

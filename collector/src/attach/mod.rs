@@ -689,6 +689,24 @@ impl Probes {
         Ok((links, failed))
     }
 
+    /// Whether a decision was made on the object `dev_inode` (probed, or not to be), or it
+    /// was read already.
+    pub fn knows(&self, dev_inode: (u64, u64)) -> bool {
+        self.seen.contains_key(&dev_inode) || self.read_ahead.contains_key(&dev_inode)
+    }
+
+    /// Keeps a library read elsewhere (off the session's lock) for `attach_library`.
+    pub fn read_ahead(
+        &mut self,
+        dev_inode: (u64, u64),
+        file: LibraryFile,
+        read: Result<LibraryKind, symbols::SymbolError>,
+    ) {
+        if !self.knows(dev_inode) {
+            self.read_ahead.insert(dev_inode, (file, read));
+        }
+    }
+
     /// Whether the object `dev_inode` is a libfabric library or provider that commtap
     /// probes (opened with `open` and read now if it was not, and kept for
     /// `attach_library`).
