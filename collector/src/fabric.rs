@@ -98,7 +98,7 @@ pub fn relocated_pointers(elf: &Elf) -> BTreeMap<u64, u64> {
 pub fn candidate_tables(elf: &Elf, data: Data<'_>) -> Vec<Candidate> {
     let text = elf
         .section_by_name(".text")
-        .map(|s| (s.address(), s.address() + s.size()));
+        .map(|s| (s.address(), s.address().saturating_add(s.size())));
     let Some((text_lo, text_hi)) = text else {
         return Vec::new();
     };
@@ -119,10 +119,12 @@ pub fn candidate_tables(elf: &Elf, data: Data<'_>) -> Vec<Candidate> {
             if word != OPS_TABLE_SIZE {
                 continue;
             }
-            let vaddr = base + at as u64;
+            let vaddr = base.wrapping_add(at as u64);
             let mut slots = [0u64; SLOTS];
             let ok = (0..SLOTS).all(|i| {
-                let target = relative.get(&(vaddr + 8 + 8 * i as u64)).copied();
+                let target = relative
+                    .get(&(vaddr.wrapping_add(8 + 8 * i as u64)))
+                    .copied();
                 slots[i] = target.unwrap_or(0);
                 target.is_some_and(in_text)
             });
@@ -214,7 +216,7 @@ fn word(buf: &[u8], at: usize) -> Option<u64> {
 pub fn endpoint_tables(pid: u32, map: Mapping, candidates: &[Candidate]) -> EndpointScan {
     let runtime: BTreeMap<u64, u64> = candidates
         .iter()
-        .map(|c| (c.vaddr + map.bias, c.vaddr))
+        .map(|c| (c.vaddr.wrapping_add(map.bias), c.vaddr))
         .collect();
     let mut scan = EndpointScan::default();
     scan.scanned = for_each_anonymous_region(pid, |_, buf| {
@@ -250,7 +252,7 @@ pub fn provider_structs(elf: &Elf, data: Data<'_>) -> Vec<ProviderStruct> {
     let Some(text) = elf.section_by_name(".text") else {
         return Vec::new();
     };
-    let in_text = |a: u64| a >= text.address() && a < text.address() + text.size();
+    let in_text = |a: u64| a >= text.address() && a < text.address().saturating_add(text.size());
     let pointers = relocated_pointers(elf);
     // A provider name: short and printable.
     let string = |addr: u64| {
@@ -260,7 +262,11 @@ pub fn provider_structs(elf: &Elf, data: Data<'_>) -> Vec<ProviderStruct> {
     pointers
         .iter()
         .filter(|(at, _)| {
-            (1..=3).all(|i| pointers.get(&(*at + 8 * i)).is_some_and(|t| in_text(*t)))
+            (1..=3).all(|i| {
+                pointers
+                    .get(&(at.wrapping_add(8 * i)))
+                    .is_some_and(|t| in_text(*t))
+            })
         })
         .filter_map(|(at, target)| {
             Some(ProviderStruct {

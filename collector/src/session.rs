@@ -266,7 +266,7 @@ impl Session {
                 continue;
             };
             for p in &lib.fabric_providers {
-                providers.insert(m.bias + p.vaddr, p.name.clone());
+                providers.insert(m.bias.wrapping_add(p.vaddr), p.name.clone());
             }
             mappings.push(m);
         }

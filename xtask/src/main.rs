@@ -1,8 +1,11 @@
-//! `cargo xtask`: set up a fresh machine, run the demo, run every test, run the benchmarks.
+//! `cargo xtask`: set up a fresh machine, run the demo, run every test, run the benchmarks,
+//! fuzz the parsers.
 //!
-//! Every command first runs `setup`, which is idempotent and quick when nothing is missing.
+//! Every command but `fuzz` first runs `setup`, which is idempotent and quick when nothing is
+//! missing.
 
 mod bench;
+mod fuzz;
 
 use std::{
     path::{Path, PathBuf},
@@ -35,6 +38,15 @@ enum Cmd {
     /// Measure probe overhead (ns per call: no probes, bare uprobes, commtap) and write
     /// the figures to target/bench/.
     Bench,
+    /// Fuzz every parser of hostile input (cargo-fuzz, nightly), one target at a time, from
+    /// seeds made of real files; fails if any target crashed. Not part of `test`.
+    Fuzz {
+        /// Seconds to fuzz each target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Targets to run (all when none are named).
+        targets: Vec<String>,
+    },
 }
 
 /// Debian packages the build, the tests and the demo use.
@@ -83,6 +95,8 @@ fn main() -> Result<()> {
             setup()?;
             bench::run(&root())
         }
+        // No `setup`: fuzzing needs neither the BPF toolchain nor the MPI packages.
+        Cmd::Fuzz { seconds, targets } => fuzz::run(&root(), seconds, &targets),
     }
 }
 

@@ -6,7 +6,7 @@
 //! aya-obj parses BTF but keeps member offsets private, so the few lookups needed are done
 //! here, on the format the kernel documents (Documentation/bpf/btf.rst).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use collector_common::IdentityOffsets;
 
@@ -137,20 +137,27 @@ impl Btf {
             .by_name
             .get(name)
             .ok_or_else(|| BtfError::Missing(format!("struct {name}")))?;
-        self.find(id, member, 0)
+        self.find(id, member, 0, &mut HashSet::new())
             .map(|bits| bits / 8)
             .ok_or_else(|| BtfError::Missing(format!("{name}.{member}")))
     }
 
-    fn find(&self, id: u32, member: &str, base_bits: u32) -> Option<u32> {
+    /// `seen`: the types already searched by this lookup, each searched once (a malformed
+    /// blob's type may hold itself as an anonymous member, or many members share one).
+    fn find(&self, id: u32, member: &str, base_bits: u32, seen: &mut HashSet<u32>) -> Option<u32> {
+        if !seen.insert(id) {
+            return None;
+        }
         let t = self.types.get(id as usize)?;
         for &(name, ty, bits) in &t.members {
+            // A malformed blob's offsets may add up past u32::MAX: no such member then.
+            let bits = base_bits.checked_add(bits)?;
             if name != 0 && self.string(name) == member {
-                return Some(base_bits + bits);
+                return Some(bits);
             }
             if name == 0 {
                 let inner = self.resolve(ty)?;
-                if let Some(found) = self.find(inner, member, base_bits + bits) {
+                if let Some(found) = self.find(inner, member, bits, seen) {
                     return Some(found);
                 }
             }
@@ -196,5 +203,39 @@ mod tests {
             o.mm_env_start + 8
         );
         assert!(o.task_mm > 0 && o.task_start_boottime > 0);
+    }
+
+    #[test]
+    fn a_struct_holding_itself_is_not_searched_forever() {
+        // Found by fuzz/fuzz_targets/kernel_btf.rs (a stack overflow): struct task_struct
+        // { struct task_struct; } (an anonymous member of its own type).
+        let blob: &[u8] = b"\x9f\xeb\x01\x00\x18\x00\x00\x00\x00\x00\x00\x00\x18\x00\x00\x00\
+            \x18\x00\x00\x00\x0d\x00\x00\x00\
+            \x01\x00\x00\x00\x01\x00\x00\x04\x08\x00\x00\x00\
+            \x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\
+            \x00task_struct\x00";
+        let btf = Btf::parse(blob).expect("well-formed BTF");
+        assert!(matches!(
+            btf.offset("task_struct", "mm"),
+            Err(BtfError::Missing(_))
+        ));
+    }
+
+    #[test]
+    fn offsets_past_u32_max_are_refused() {
+        // Found by fuzz/fuzz_targets/kernel_btf.rs (an overflow): struct task_struct {
+        // struct { unsigned long mm; /* bit 8 */ } /* at bit 0xffffffff */; }.
+        let blob: &[u8] = b"\x9f\xeb\x01\x00\x18\x00\x00\x00\x00\x00\x00\x00\x30\x00\x00\x00\
+            \x30\x00\x00\x00\x10\x00\x00\x00\
+            \x01\x00\x00\x00\x01\x00\x00\x04\x08\x00\x00\x00\
+            \x00\x00\x00\x00\x02\x00\x00\x00\xff\xff\xff\xff\
+            \x00\x00\x00\x00\x01\x00\x00\x04\x08\x00\x00\x00\
+            \x0d\x00\x00\x00\x00\x00\x00\x00\x08\x00\x00\x00\
+            \x00task_struct\x00mm\x00";
+        let btf = Btf::parse(blob).expect("well-formed BTF");
+        assert!(matches!(
+            btf.offset("task_struct", "mm"),
+            Err(BtfError::Missing(_))
+        ));
     }
 }

@@ -370,7 +370,7 @@ fn nccl_net_plugin(
     for table in &tables {
         name = name.or_else(|| pointers.get(table).and_then(|p| c_string(elf, map, *p)));
         for (i, routine) in [(0, isend), (1, isend + 1)] {
-            let slot = table + 8 * (NET_PLUGIN_ISEND_SLOT + i);
+            let slot = table.wrapping_add(8 * (NET_PLUGIN_ISEND_SLOT + i));
             let Some(&addr) = pointers.get(&slot) else {
                 continue;
             };
@@ -625,8 +625,9 @@ fn dynamic_strings(elf: &Elf, tag: u32) -> Vec<String> {
 
 /// Virtual addresses of `.text` (start, end); (0, 0) without one.
 fn text_range(elf: &Elf) -> (u64, u64) {
-    elf.section_by_name(".text")
-        .map_or((0, 0), |s| (s.address(), s.address() + s.size()))
+    elf.section_by_name(".text").map_or((0, 0), |s| {
+        (s.address(), s.address().saturating_add(s.size()))
+    })
 }
 
 /// File offset of virtual address `addr`, through the section that contains it.
@@ -634,7 +635,11 @@ fn file_offset(elf: &Elf, addr: u64) -> Option<u64> {
     elf.sections().find_map(|s| {
         let (start, size) = (s.address(), s.size());
         let (off, _) = s.file_range()?;
-        (addr >= start && addr < start.checked_add(size)?).then(|| addr - start + off)
+        if addr < start || addr >= start.checked_add(size)? {
+            return None;
+        }
+        // The offset is what the section header says: the sum may not fit.
+        (addr - start).checked_add(off)
     })
 }
 
@@ -648,8 +653,10 @@ fn code_offset(elf: &Elf, addr: u64) -> Option<u64> {
         );
         let (start, size) = (s.address(), s.size());
         let (off, _) = s.file_range()?;
-        (executable && addr >= start && addr < start.checked_add(size)?)
-            .then(|| addr - start + off)
+        if !executable || addr < start || addr >= start.checked_add(size)? {
+            return None;
+        }
+        (addr - start).checked_add(off)
     })
 }
 
@@ -751,6 +758,87 @@ mod tests {
         // mov 0x...(%rip),%rdi would clobber the first argument before the probe.
         let code = [0x48, 0x8b, 0x3d, 0x01, 0x00, 0x00, 0x00, 0x41, 0x54];
         assert_eq!(choose_probe_point(&code), (0, Placement::SingleStepped));
+    }
+
+    /// A minimal ELF file whose `.text` (at 0x1000, 0x100 bytes) claims file offset
+    /// `text_offset` and holds the function `ncclAllReduce` at 0x1010.
+    fn elf_with_text_at(text_offset: u64) -> Vec<u8> {
+        let shstrtab = b"\0.text\0.symtab\0.strtab\0.shstrtab\0";
+        let strtab = b"\0ncclAllReduce\0";
+        let (symtab_at, strtab_at) = (64u64, 64 + 48);
+        let shstrtab_at = strtab_at + strtab.len() as u64;
+        let sections_at = (shstrtab_at + shstrtab.len() as u64).next_multiple_of(8);
+        let mut f = Vec::new();
+        f.extend_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
+        f.extend_from_slice(&3u16.to_le_bytes()); // ET_DYN
+        f.extend_from_slice(&62u16.to_le_bytes()); // EM_X86_64
+        f.extend_from_slice(&1u32.to_le_bytes());
+        f.extend_from_slice(&[0; 16]); // entry, program headers
+        f.extend_from_slice(&sections_at.to_le_bytes());
+        f.extend_from_slice(&0u32.to_le_bytes());
+        for half in [64u16, 56, 0, 64, 5, 4] {
+            f.extend_from_slice(&half.to_le_bytes());
+        }
+        // .symtab: the null symbol, then ncclAllReduce (global function in section 1).
+        f.extend_from_slice(&[0; 24]);
+        f.extend_from_slice(&1u32.to_le_bytes());
+        f.extend_from_slice(&[0x12, 0]);
+        f.extend_from_slice(&1u16.to_le_bytes());
+        f.extend_from_slice(&0x1010u64.to_le_bytes());
+        f.extend_from_slice(&16u64.to_le_bytes());
+        f.extend_from_slice(strtab);
+        f.extend_from_slice(shstrtab);
+        f.resize(sections_at as usize, 0);
+        // name, type, flags, address, offset, size, link, info, entry size
+        let sections: [[u64; 9]; 5] = [
+            [0, 0, 0, 0, 0, 0, 0, 0, 0],
+            [1, 1, 6, 0x1000, text_offset, 0x100, 0, 0, 0],
+            [7, 2, 0, 0, symtab_at, 48, 3, 1, 24],
+            [15, 3, 0, 0, strtab_at, strtab.len() as u64, 0, 0, 0],
+            [23, 3, 0, 0, shstrtab_at, shstrtab.len() as u64, 0, 0, 0],
+        ];
+        for [name, kind, flags, addr, offset, size, link, info, entsize] in sections {
+            for w in [name, kind] {
+                f.extend_from_slice(&(w as u32).to_le_bytes());
+            }
+            for w in [flags, addr, offset, size] {
+                f.extend_from_slice(&w.to_le_bytes());
+            }
+            for w in [link, info] {
+                f.extend_from_slice(&(w as u32).to_le_bytes());
+            }
+            for w in [1, entsize] {
+                f.extend_from_slice(&w.to_le_bytes());
+            }
+        }
+        f
+    }
+
+    fn read(name: &str, bytes: &[u8]) -> Library {
+        let dir = std::env::temp_dir().join(format!("commtap-symbols-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).expect("write");
+        let file = LibraryFile::open_path(&path).expect("open");
+        let kind = read_library(&file).expect("an ELF file");
+        let _ = std::fs::remove_dir_all(dir);
+        match kind {
+            LibraryKind::Probed(lib) => lib,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_section_offset_near_u64_max_places_no_probe() {
+        // Found by fuzz/fuzz_targets/library_elf.rs (an overflow in code_offset, from an
+        // 18 KiB input): the same defect in the smallest ELF file that has it, where
+        // 0x10 bytes into .text is one past u64::MAX.
+        let lib = read("libnccl_sane.so", &elf_with_text_at(0x40));
+        assert_eq!(lib.probes.len(), 1);
+        assert_eq!(lib.probes[0].offset, 0x50);
+        let lib = read("libnccl_far.so", &elf_with_text_at(u64::MAX - 0xf));
+        assert!(lib.probes.is_empty(), "{:?}", lib.probes);
+        assert!(lib.missing.contains(&"ncclAllReduce"));
     }
 
     #[test]
