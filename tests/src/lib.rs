@@ -832,3 +832,22 @@ pub fn loop_counts_after_go(routines: &Value) -> std::collections::BTreeMap<Stri
     }
     got
 }
+
+/// Runs `mpi_truth` (3 iterations) as `np` ranks of `mpi` to completion, writing its truths
+/// to `prefix.<rank>.json`; returns them by rank.
+#[track_caller]
+pub fn run_truth_job(prefix: &Path, mpi: Mpi, np: u32) -> Vec<Value> {
+    let prog = build_program("mpi_truth.c", mpi);
+    let launcher = mpi.launcher(np);
+    let mut cmd = Command::new(&launcher[0]);
+    mpi_env(&mut cmd)
+        .args(&launcher[1..])
+        .arg(&prog)
+        .arg(prefix);
+    let mut job = ChildGuard::spawn(&mut cmd);
+    assert!(
+        job.wait_with_limit(Duration::from_secs(300)).success(),
+        "{mpi:?} job failed"
+    );
+    read_truths(prefix, np)
+}

@@ -51,6 +51,43 @@ fn attack_programs() -> (PathBuf, PathBuf) {
     )
 }
 
+/// A node under attack: a daemon watching everything, the attack programs, and a crafted
+/// `libmpich.so.12` of nobody's in a directory of nobody's.
+struct Attack {
+    scratch: Scratch,
+    daemon: Daemon,
+    /// The crafted library as built (root's copy).
+    lib: PathBuf,
+    /// `attack_map`.
+    map: PathBuf,
+    /// nobody's copy of `lib`, `attacker/libmpich.so.12`.
+    crafted: PathBuf,
+}
+
+impl Attack {
+    fn start(name: &str) -> Attack {
+        let scratch = Scratch::new(name);
+        let daemon = Daemon::start(&scratch, &[], &[], &[]);
+        let (lib, map) = attack_programs();
+        let crafted = nobody_dir(&scratch, "attacker").join("libmpich.so.12");
+        copy_as_nobody(&lib, &crafted);
+        Attack {
+            scratch,
+            daemon,
+            lib,
+            map,
+            crafted,
+        }
+    }
+
+    /// The daemon is healthy after the attack; then it stops.
+    #[track_caller]
+    fn end_healthy(self) {
+        assert_healthy(&self.scratch, &self.daemon);
+        self.daemon.stop(&self.scratch);
+    }
+}
+
 /// Starts `attack_map LIB READY ACTION TARGET DONE` as nobody and waits until it has
 /// mapped LIB.
 fn start_attacker(
@@ -107,20 +144,7 @@ fn assert_healthy(scratch: &Scratch, daemon: &Daemon) {
     );
     // Open MPI: its launcher names the job (PMIx namespace), so root's ranks are one job
     // of their own beside the attacker's unlabelled process.
-    let prog = build_program("mpi_truth.c", Mpi::OpenMpi);
-    let prefix = scratch.path("root-truth");
-    let launcher = Mpi::OpenMpi.launcher(2);
-    let mut cmd = Command::new(&launcher[0]);
-    mpi_env(&mut cmd)
-        .args(&launcher[1..])
-        .arg(&prog)
-        .arg(&prefix);
-    let mut job = ChildGuard::spawn(&mut cmd);
-    assert!(
-        job.wait_with_limit(LIMIT).success(),
-        "root's MPI job failed"
-    );
-    let truths = read_truths(&prefix, 2);
+    let truths = run_truth_job(&scratch.path("root-truth"), Mpi::OpenMpi, 2);
     let pids: Vec<u64> = truths.iter().filter_map(|t| t["pid"].as_u64()).collect();
     wait_for_exited(&daemon.target, &pids);
     let job = pids[0].to_string();
@@ -166,15 +190,14 @@ fn code_equals_file(pid: u32, file_name: &str, file: &Path) -> bool {
 /// process that maps it). The probes must go into the file that was read, and only there.
 #[test]
 fn a_library_swapped_after_it_was_read_gets_no_probe_into_root_files() {
-    let scratch = Scratch::new("attack-swap");
-    let daemon = Daemon::start(&scratch, &[], &[], &[]);
-    let (lib, map) = attack_programs();
+    let a = Attack::start("attack-swap");
+    let (scratch, lib, crafted) = (&a.scratch, &a.lib, &a.crafted);
 
     // Root's side: a root-owned library, mapped by a root process.
     let root_dir = scratch.path("root-only");
     std::fs::create_dir_all(&root_dir).expect("dir");
     let victim = root_dir.join("libvictim.so");
-    std::fs::copy(&lib, &victim).expect("victim copy");
+    std::fs::copy(lib, &victim).expect("victim copy");
     std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).expect("mode");
     let victim_prog = build_plain_c("attack_victim.c", &["-ldl"]);
     let victim_ready = scratch.path("victim-ready");
@@ -184,13 +207,10 @@ fn a_library_swapped_after_it_was_read_gets_no_probe_into_root_files() {
     });
 
     // The user's side: the crafted library, and a symlink to the victim ready to swap in.
-    let dir = nobody_dir(&scratch, "attacker");
-    let crafted = dir.join("libmpich.so.12");
-    copy_as_nobody(&lib, &crafted);
-    let swap = dir.join("swap");
+    let swap = crafted.with_file_name("swap");
     std::os::unix::fs::symlink(&victim, &swap).expect("symlink");
     std::os::unix::fs::lchown(&swap, Some(NOBODY), Some(NOBODY)).expect("lchown");
-    let attacker = start_attacker(&scratch, &map, &crafted, "swap", path_str(&swap));
+    let attacker = start_attacker(scratch, &a.map, crafted, "swap", path_str(&swap));
     let done = scratch.path("signals/done");
     wait_until(
         "the attacker to swap the file after the daemon's read",
@@ -199,23 +219,22 @@ fn a_library_swapped_after_it_was_read_gets_no_probe_into_root_files() {
     );
     // Probed: the daemon attached to the library it read (the attacker's own file).
     let pid = u64::from(attacker.0.id());
-    wait_for_state(&daemon.target, &[pid], "probed");
+    wait_for_state(&a.daemon.target, &[pid], "probed");
     assert!(
-        std::fs::read_link(&crafted).is_ok_and(|t| t == victim),
+        std::fs::read_link(crafted).is_ok_and(|t| t == victim),
         "the swap happened"
     );
     assert!(
-        !code_equals_file(attacker.0.id(), "/libmpich.so.12 (deleted)", &lib),
+        !code_equals_file(attacker.0.id(), "/libmpich.so.12 (deleted)", lib),
         "the probe went into the file the daemon read (the attacker's own)"
     );
     assert!(
         code_equals_file(victim_proc.0.id(), "/libvictim.so", &victim),
         "a probe was written into the root-owned library's code"
     );
-    assert_healthy(&scratch, &daemon);
-    drop(attacker);
     drop(victim_proc);
-    daemon.stop(&scratch);
+    a.end_healthy();
+    drop(attacker);
 }
 
 /// Attack: map a library whose path holds two spaces (`a  b/libmpich.so.12`) while a FIFO
@@ -257,21 +276,14 @@ fn a_fifo_behind_a_path_with_spaces_does_not_stop_the_daemon() {
 /// bounded reads and gives up on that file.
 #[test]
 fn a_library_truncated_while_it_is_read_does_not_kill_the_daemon() {
-    let scratch = Scratch::new("attack-truncate");
-    let daemon = Daemon::start(&scratch, &[], &[], &[]);
-    let (lib, map) = attack_programs();
-    let dir = nobody_dir(&scratch, "attacker");
-    let crafted = dir.join("libmpich.so.12");
-    copy_as_nobody(&lib, &crafted);
-    let attacker = start_attacker(&scratch, &map, &crafted, "truncate", "-");
-    let done = scratch.path("signals/done");
+    let a = Attack::start("attack-truncate");
+    let _attacker = start_attacker(&a.scratch, &a.map, &a.crafted, "truncate", "-");
+    let done = a.scratch.path("signals/done");
     wait_until("the attacker to truncate its library", LIMIT, || {
         done.exists()
     });
-    assert_eq!(std::fs::metadata(&crafted).expect("crafted").len(), 0);
-    assert_healthy(&scratch, &daemon);
-    drop(attacker);
-    daemon.stop(&scratch);
+    assert_eq!(std::fs::metadata(&a.crafted).expect("crafted").len(), 0);
+    a.end_healthy();
 }
 
 /// Attack: a small library whose dynamic section repeats `DT_NEEDED` thousands of times,
@@ -279,26 +291,19 @@ fn a_library_truncated_while_it_is_read_does_not_kill_the_daemon() {
 /// string once per entry (gigabytes from a file of megabytes). Reads and copies are capped.
 #[test]
 fn a_library_with_many_long_needed_entries_does_not_bloat_the_daemon() {
-    let scratch = Scratch::new("attack-needed");
-    let daemon = Daemon::start(&scratch, &[], &[], &[]);
-    let (lib, map) = attack_programs();
-    let dir = nobody_dir(&scratch, "attacker");
-    let crafted = dir.join("libmpich.so.12");
-    copy_as_nobody(&lib, &crafted);
+    let a = Attack::start("attack-needed");
     // 60,000 DT_NEEDED entries (16 bytes each) naming one 60,000-byte string: a 1 MB file
     // that names 3.6 GB of strings.
     let status = Command::new("python3")
         .arg(repo_root().join("tests/programs/many_needed.py"))
-        .arg(&crafted)
+        .arg(&a.crafted)
         .args(["60000", "60000"])
         .status()
         .expect("python3");
     assert!(status.success(), "crafting the library failed");
-    let attacker = start_attacker(&scratch, &map, &crafted, "none", "-");
-    wait_for_state(&daemon.target, &[u64::from(attacker.0.id())], "probed");
-    assert_healthy(&scratch, &daemon);
-    drop(attacker);
-    daemon.stop(&scratch);
+    let attacker = start_attacker(&a.scratch, &a.map, &a.crafted, "none", "-");
+    wait_for_state(&a.daemon.target, &[u64::from(attacker.0.id())], "probed");
+    a.end_healthy();
 }
 
 /// `commtap ARGS` run as nobody.
@@ -622,19 +627,7 @@ fn metrics_show_a_user_only_their_own_jobs() {
         &["--socket-mode", "666", "--metrics-addr", &metrics_addr],
     );
     wait_until("the metrics socket", LIMIT, || socket.exists());
-    let prog = build_program("mpi_truth.c", Mpi::OpenMpi);
-    let prefix = scratch.path("root-truth");
-    let launcher = Mpi::OpenMpi.launcher(2);
-    let mut cmd = Command::new(&launcher[0]);
-    mpi_env(&mut cmd)
-        .args(&launcher[1..])
-        .arg(&prog)
-        .arg(&prefix);
-    assert!(
-        ChildGuard::spawn(&mut cmd).wait_with_limit(LIMIT).success(),
-        "root's job failed"
-    );
-    let truths = read_truths(&prefix, 2);
+    let truths = run_truth_job(&scratch.path("root-truth"), Mpi::OpenMpi, 2);
     let pids: Vec<u64> = truths.iter().filter_map(|t| t["pid"].as_u64()).collect();
     wait_for_exited(&daemon.target, &pids);
     let job = format!("job=\"{}\"", pids[0]);
@@ -747,20 +740,16 @@ fn one_user_cannot_use_up_the_library_slots() {
 /// MPI_Recv (real code) is.
 #[test]
 fn a_symbol_that_names_data_is_never_probed() {
-    let scratch = Scratch::new("attack-data-symbol");
-    let daemon = Daemon::start(&scratch, &[], &[], &[]);
-    let (_, map) = attack_programs();
+    let a = Attack::start("attack-data-symbol");
     let lib = compile_c(
         "attack_data_symbol.c",
         "libattack_data_symbol.so",
         &["-shared", "-fPIC"],
     );
-    let dir = nobody_dir(&scratch, "attacker");
-    let crafted = dir.join("libmpich.so.12");
-    copy_as_nobody(&lib, &crafted);
-    let attacker = start_attacker(&scratch, &map, &crafted, "none", "-");
-    wait_for_state(&daemon.target, &[u64::from(attacker.0.id())], "probed");
-    let out = commtap_output(&["ps", "--from", &daemon.target]);
+    copy_as_nobody(&lib, &a.crafted);
+    let attacker = start_attacker(&a.scratch, &a.map, &a.crafted, "none", "-");
+    wait_for_state(&a.daemon.target, &[u64::from(attacker.0.id())], "probed");
+    let out = commtap_output(&["ps", "--from", &a.daemon.target]);
     let ps = String::from_utf8_lossy(&out.stdout);
     // MPI_Recv is code: probed. MPI_Send names 64 bytes of data that start like a
     // function (push %rbp; mov %rsp,%rbp): never probed.
@@ -772,7 +761,5 @@ fn a_symbol_that_names_data_is_never_probed() {
         line.ends_with(": 1 probes"),
         "only MPI_Recv is probed: {line}"
     );
-    assert_healthy(&scratch, &daemon);
-    drop(attacker);
-    daemon.stop(&scratch);
+    a.end_healthy();
 }

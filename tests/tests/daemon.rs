@@ -36,17 +36,8 @@ fn daemon_profiles_every_job_on_the_node_exactly() {
     let jobs = [(Mpi::OpenMpi, 4u32), (Mpi::Mpich, 2u32)];
     let mut truths = Vec::new();
     for (mpi, np) in jobs {
-        let prog = build_program("mpi_truth.c", mpi);
         let prefix = scratch.path(&format!("truth-{}", mpi.suffix()));
-        let launcher = mpi.launcher(np);
-        let mut cmd = Command::new(&launcher[0]);
-        mpi_env(&mut cmd)
-            .args(&launcher[1..])
-            .arg(&prog)
-            .arg(&prefix);
-        let mut job = ChildGuard::spawn(&mut cmd);
-        assert!(job.wait_with_limit(LIMIT).success(), "{mpi:?} job failed");
-        truths.push(read_truths(&prefix, np));
+        truths.push(run_truth_job(&prefix, mpi, np));
     }
 
     // Wait until the daemon has seen every rank exit.
