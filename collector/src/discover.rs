@@ -141,17 +141,29 @@ impl ProcessInfo {
             vars.iter()
                 .find_map(|v| env.get(*v).filter(|s| !s.is_empty()).cloned())
         };
-        let cgroup_job = cgroup.and_then(slurm_job_of_cgroup);
-        ProcessInfo {
+        let mut info = ProcessInfo {
             pid,
             cmdline: cmdline_text(cmdline),
             rank: first(RANK_VARS).and_then(|s| s.parse().ok()),
             world_size: first(SIZE_VARS).and_then(|s| s.parse().ok()),
-            batch_job_from_cgroup: cgroup_job.is_some(),
-            batch_job: cgroup_job.or_else(|| first(BATCH_JOB_VARS)),
+            batch_job_from_cgroup: false,
+            batch_job: first(BATCH_JOB_VARS),
             launcher_job: first(LAUNCHER_JOB_VARS),
             start_ticks,
             uid,
+        };
+        if let Some(text) = cgroup {
+            info.trust_cgroup(text);
+        }
+        info
+    }
+
+    /// Takes the batch job from the process's `/proc/PID/cgroup` text where it names a
+    /// Slurm job: that, not the environment's claim, is the process's job.
+    pub fn trust_cgroup(&mut self, cgroup: &str) {
+        if let Some(job) = slurm_job_of_cgroup(cgroup) {
+            self.batch_job = Some(job);
+            self.batch_job_from_cgroup = true;
         }
     }
 }

@@ -165,15 +165,9 @@ pub fn identity_event(bytes: &[u8]) -> ProcessEvent {
     let args = &bytes[32 + IDENTITY_ENV_LEN..32 + IDENTITY_ENV_LEN + args_len];
     // /proc shows start times in clock ticks (USER_HZ, 100 on Linux).
     let start_ticks = start_ns / 10_000_000;
-    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok();
-    let info = crate::discover::ProcessInfo::from_parts(
-        pid,
-        Some(uid),
-        start_ticks,
-        args,
-        env,
-        cgroup.as_deref(),
-    );
+    // The cgroup is read where the identity is used (the session), not on the drain path.
+    let info =
+        crate::discover::ProcessInfo::from_parts(pid, Some(uid), start_ticks, args, env, None);
     ProcessEvent::Identity {
         pid,
         info: Box::new(info),

@@ -364,7 +364,10 @@ impl Session {
                 }
                 self.seed(pid);
             }
-            ProcessEvent::Identity { pid, info } => {
+            ProcessEvent::Identity { pid, mut info } => {
+                if let Ok(cgroup) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
+                    info.trust_cgroup(&cgroup);
+                }
                 let t = self.tracked.entry(pid).or_insert_with(Tracked::from_now);
                 t.kernel_uid = info.uid;
                 t.kernel_info = Some(*info);

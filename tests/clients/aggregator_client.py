@@ -13,37 +13,17 @@ Usage: aggregator_client.py PROTO_DIR HOST:PORT CA CERT|- KEY|- ACTION [ARGS]
 CA "-" speaks plaintext.
 Prints one JSON object: {"code": "OK" | a gRPC status name, ...the response}.
 """
-import importlib
 import json
-import os
 import sys
-import tempfile
 
 import grpc
-from grpc_tools import protoc
 
-
-def stubs(proto_dir):
-    out_dir = tempfile.mkdtemp()
-    os.makedirs(os.path.join(out_dir, "commtap", "v1"))
-    for d in ("commtap", os.path.join("commtap", "v1")):
-        open(os.path.join(out_dir, d, "__init__.py"), "w").close()
-    for name in ("profile", "aggregator"):
-        rc = protoc.main([
-            "protoc", f"-I{proto_dir}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
-            os.path.join(proto_dir, "commtap", "v1", f"{name}.proto"),
-        ])
-        if rc != 0:
-            sys.exit(f"protoc failed on {name}.proto")
-    sys.path.insert(0, out_dir)
-    return (importlib.import_module("commtap.v1.aggregator_pb2"),
-            importlib.import_module("commtap.v1.aggregator_pb2_grpc"),
-            importlib.import_module("commtap.v1.profile_pb2"))
+import commtap_stubs
 
 
 def main():
     proto_dir, addr, ca, cert, key, action, *args = sys.argv[1:]
-    pb, grpc_pb, profile_pb = stubs(proto_dir)
+    pb, grpc_pb, profile_pb = commtap_stubs.generate(proto_dir, "aggregator")
     read = lambda p: None if p == "-" else open(p, "rb").read()
     if ca == "-":
         channel = grpc.insecure_channel(addr)

@@ -7,38 +7,20 @@ Checks health and reflection, fetches a snapshot, checks that malformed and over
 requests are refused with INVALID_ARGUMENT / RESOURCE_EXHAUSTED, and writes what it saw
 to OUT_JSON for the Rust test to compare with the ground truth.
 """
-import importlib
 import json
 import os
 import sys
-import tempfile
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from grpc_tools import protoc
 
-
-def generate(proto_dir, out_dir):
-    for name in ("profile", "node"):
-        rc = protoc.main([
-            "protoc", f"-I{proto_dir}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
-            os.path.join(proto_dir, "commtap", "v1", f"{name}.proto"),
-        ])
-        if rc != 0:
-            sys.exit(f"protoc failed on {name}.proto")
-    sys.path.insert(0, out_dir)
-    return (importlib.import_module("commtap.v1.node_pb2"), importlib.import_module("commtap.v1.node_pb2_grpc"))
+import commtap_stubs
 
 
 def main():
     proto_dir, socket_path, out_path = sys.argv[1:4]
-    out_dir = tempfile.mkdtemp()
-    # Make commtap/ and commtap/v1/ importable packages.
-    os.makedirs(os.path.join(out_dir, "commtap", "v1"))
-    for d in ("commtap", os.path.join("commtap", "v1")):
-        open(os.path.join(out_dir, d, "__init__.py"), "w").close()
-    node_pb2, node_grpc = generate(proto_dir, out_dir)
+    node_pb2, node_grpc, _ = commtap_stubs.generate(proto_dir, "node")
 
     # gRPC's C core sends the socket path as :authority on Unix sockets, which is not a
     # valid HTTP/2 authority; name one (grpcurl: -authority localhost).
