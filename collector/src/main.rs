@@ -21,7 +21,8 @@ use collector::{
 /// and libfabric's data path (provider ops tables) in running processes and reports, per
 /// rank, routine, message size and (NCCL) communicator, calls, bytes and time, in IBM
 /// mpitrace's layout or as JSON.
-/// Needs root (or CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN).
+/// Needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and
+/// CAP_CHECKPOINT_RESTORE).
 #[derive(Parser, Debug)]
 #[command(name = "commtap", version, propagate_version = true)]
 struct Cli {

@@ -851,3 +851,33 @@ pub fn run_truth_job(prefix: &Path, mpi: Mpi, np: u32) -> Vec<Value> {
     );
     read_truths(prefix, np)
 }
+
+/// uid and gid of `nobody`, the unprivileged user tests act as.
+pub const NOBODY: u32 = 65534;
+
+/// A directory in `scratch` that belongs to `nobody`.
+pub fn nobody_dir(scratch: &Scratch, name: &str) -> PathBuf {
+    let dir = scratch.path(name);
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).expect("chown");
+    dir
+}
+
+/// A copy of `from` at `to`, owned by `nobody`.
+pub fn copy_as_nobody(from: &Path, to: &Path) {
+    std::fs::copy(from, to).expect("copy");
+    std::os::unix::fs::chown(to, Some(NOBODY), Some(NOBODY)).expect("chown");
+}
+
+/// A command that runs `program` as `nobody`, with no groups (add its arguments).
+pub fn as_nobody(program: &Path) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(program);
+    cmd
+}
+
+/// `program ARGS` run as `nobody`, with no groups.
+pub fn spawn_as_nobody(program: &Path, args: &[&str]) -> ChildGuard {
+    ChildGuard::spawn(as_nobody(program).args(args))
+}

@@ -14,33 +14,9 @@ use std::{
 use commtap_tests::*;
 
 const LIMIT: Duration = Duration::from_secs(120);
-const NOBODY: u32 = 65534;
 /// Most resident memory a healthy daemon may have reached, attacked or not (it peaks at
 /// about 60 MiB here, ring buffer and BPF maps included).
 const DAEMON_PEAK_LIMIT_KIB: u64 = 256 << 10;
-
-/// A directory in `scratch` that belongs to `nobody`.
-fn nobody_dir(scratch: &Scratch, name: &str) -> PathBuf {
-    let dir = scratch.path(name);
-    std::fs::create_dir_all(&dir).expect("dir");
-    std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).expect("chown");
-    dir
-}
-
-/// A copy of `from` at `to`, owned by `nobody`.
-fn copy_as_nobody(from: &Path, to: &Path) {
-    std::fs::copy(from, to).expect("copy");
-    std::os::unix::fs::chown(to, Some(NOBODY), Some(NOBODY)).expect("chown");
-}
-
-/// `program ARGS` run as `nobody`, with no groups.
-fn spawn_as_nobody(program: &Path, args: &[&str]) -> ChildGuard {
-    let mut cmd = Command::new("setpriv");
-    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(program)
-        .args(args);
-    ChildGuard::spawn(&mut cmd)
-}
 
 /// The crafted library (`MPI_Send` exported, nothing of MPI behind it) and the program
 /// that maps it and acts on the daemon's read.

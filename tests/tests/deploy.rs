@@ -1,9 +1,12 @@
 //! The shipped deployment files are valid: the systemd unit passes `systemd-analyze
-//! verify`, the Slurm scripts are valid shell.
+//! verify`, the Slurm scripts are valid shell, and the capabilities the unit grants are all
+//! the daemon needs.
 
-use std::process::Command;
+use std::{path::Path, process::Command, time::Duration};
 
 use commtap_tests::*;
+
+const LIMIT: Duration = Duration::from_secs(120);
 
 #[test]
 fn systemd_unit_verifies() {
@@ -43,5 +46,116 @@ fn slurm_scripts_are_valid_shell() {
             "{script}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+}
+
+/// The capabilities the unit's `CapabilityBoundingSet=` grants, as `setpriv` wants them
+/// (`+bpf,+perfmon,...`).
+fn unit_capabilities() -> String {
+    let unit = std::fs::read_to_string(repo_root().join("deploy/systemd/commtap.service"))
+        .expect("unit file");
+    let caps: Vec<String> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("the unit sets CapabilityBoundingSet=")
+        .split_whitespace()
+        .map(|c| {
+            let name = c.strip_prefix("CAP_").expect("CAP_ names");
+            format!("+{}", name.to_lowercase())
+        })
+        .collect();
+    caps.join(",")
+}
+
+/// The daemon does its whole job (probes a root MPI job and counts it exactly, reads the
+/// ranks' identities and libraries through /proc) with no capability beyond those the unit
+/// grants, CAP_SYS_ADMIN not among them: the file systems it would mount are mounted by
+/// the unit's privileged ExecStartPre.
+#[test]
+fn the_daemon_needs_no_capability_beyond_the_units() {
+    let caps = unit_capabilities();
+    assert!(
+        !caps.contains("sys_admin"),
+        "the unit grants CAP_SYS_ADMIN: {caps}"
+    );
+    sh("mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing");
+    sh("mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf");
+    let scratch = Scratch::new("unit-capabilities");
+    let bounding = format!("--bounding-set=-all,{caps}");
+    let state = format!("/sys/fs/bpf/commtap-caps-{}", std::process::id());
+    let daemon = Daemon::start(
+        &scratch,
+        &["setpriv", &bounding, "--inh-caps=-all"],
+        &[],
+        &["--state-dir", &state],
+    );
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.child.0.id()))
+        .expect("the daemon's status");
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .expect("CapEff");
+    assert_eq!(eff & (1 << 21), 0, "the daemon runs without CAP_SYS_ADMIN");
+    let truths = run_truth_job(&scratch.path("truth"), Mpi::OpenMpi, 2);
+    let pids = pids_of(&truths);
+    wait_for_exited(&daemon.target, &pids);
+    let job = pids[0].to_string();
+    let profile = report_json(&["report", "--from", &daemon.target, "--job", &job]);
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    nobodys_private_library_is_counted(&scratch, &daemon);
+    daemon.stop(&scratch);
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+/// nobody runs an Open MPI job on its own copy of `libmpi.so.40`: the daemon must read
+/// nobody's maps (CAP_SYS_PTRACE) and open the copy through /proc/PID/map_files
+/// (CAP_CHECKPOINT_RESTORE) to probe it. Counts after `go` equal the ranks' truths.
+fn nobodys_private_library_is_counted(scratch: &Scratch, daemon: &Daemon) {
+    let dir = nobody_dir(scratch, "nobody");
+    let copy = dir.join("libmpi.so.40");
+    copy_as_nobody(Path::new("/lib/x86_64-linux-gnu/libmpi.so.40"), &copy);
+    let prog = build_program("mpi_loop.c", Mpi::OpenMpi);
+    let launcher = Mpi::OpenMpi.launcher(2);
+    let mut cmd = as_nobody(Path::new(&launcher[0]));
+    cmd.args(&launcher[1..])
+        .args(["-x", "LD_LIBRARY_PATH"])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("HOME", &dir)
+        .arg(&prog)
+        .args([dir.join("ready"), dir.join("go")])
+        .arg("20")
+        .arg(dir.join("truth"));
+    let mut job = ChildGuard::spawn(&mut cmd);
+    wait_until("nobody's job to be ready", LIMIT, || {
+        dir.join("ready").exists()
+    });
+    let mut ranks = Vec::new();
+    wait_until("both ranks to run", LIMIT, || {
+        ranks = pids_running(&prog).into_iter().map(u64::from).collect();
+        ranks.len() == 2
+    });
+    wait_for_state(&daemon.target, &ranks, "probed");
+    let ps = commtap_output(&["ps", "--from", &daemon.target]);
+    let ps = String::from_utf8_lossy(&ps.stdout);
+    assert!(
+        ps.lines()
+            .any(|l| l.starts_with("library ") && l.contains(path_str(&copy))),
+        "nobody's copy of libmpi is probed:\n{ps}"
+    );
+    std::fs::write(dir.join("go"), b"").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "nobody's job failed");
+    wait_for_exited(&daemon.target, &ranks);
+    let profile = report_json(&["report", "--from", &daemon.target]);
+    for truth in read_truths(&dir.join("truth"), 2) {
+        let pid = truth["pid"].as_u64().expect("pid");
+        let got = routine_table(&rank_by_pid(&profile, pid)["routines"]);
+        // Before `go` (MPI_Init, a Barrier ...) is not in the truth: compare what it holds
+        // but the Barrier, which both sides of `go` call.
+        for (routine, counts) in routine_table(&truth["routines"]) {
+            if routine != "MPI_Barrier" {
+                assert_eq!(got.get(&routine), Some(&counts), "pid {pid}: {routine}");
+            }
+        }
     }
 }

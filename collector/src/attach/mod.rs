@@ -803,8 +803,17 @@ impl Probes {
     }
 }
 
-/// Capabilities commtap needs, by bit number in `CapEff`.
-const NEEDED_CAPS: &[(u32, &str)] = &[(21, "CAP_SYS_ADMIN"), (38, "CAP_PERFMON"), (39, "CAP_BPF")];
+/// Capabilities commtap needs, by bit number in `CapEff`: each entry is met by any one of
+/// its alternatives. Without CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH other users' processes
+/// would go unseen, without a word; opening a mapped library through `/proc/PID/map_files`
+/// takes CAP_CHECKPOINT_RESTORE (or CAP_SYS_ADMIN, which also covers it).
+const NEEDED_CAPS: &[&[(u32, &str)]] = &[
+    &[(38, "CAP_PERFMON")],
+    &[(39, "CAP_BPF")],
+    &[(19, "CAP_SYS_PTRACE")],
+    &[(2, "CAP_DAC_READ_SEARCH")],
+    &[(40, "CAP_CHECKPOINT_RESTORE"), (21, "CAP_SYS_ADMIN")],
+];
 
 /// Fails early, with a message that says what to do, when BPF cannot be used.
 pub fn check_privileges() -> Result<(), AttachError> {
@@ -814,15 +823,22 @@ pub fn check_privileges() -> Result<(), AttachError> {
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .unwrap_or(0);
-    let missing: Vec<&str> = NEEDED_CAPS
+    let names = |alternatives: &[(u32, &str)]| {
+        alternatives
+            .iter()
+            .map(|(_, n)| *n)
+            .collect::<Vec<_>>()
+            .join(" or ")
+    };
+    let missing: Vec<String> = NEEDED_CAPS
         .iter()
-        .filter(|(bit, _)| eff & (1 << bit) == 0)
-        .map(|(_, n)| *n)
+        .filter(|alternatives| alternatives.iter().all(|(bit, _)| eff & (1 << bit) == 0))
+        .map(|alternatives| names(alternatives))
         .collect();
     if !missing.is_empty() {
         return Err(AttachError::Privileges(format!(
-            "commtap needs root (or {}) to load BPF programs and attach uprobes; missing: {}. Run it with sudo, or as the commtap systemd service.",
-            NEEDED_CAPS.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(" + "),
+            "commtap needs root (or {}) to load BPF programs, attach uprobes and open the libraries processes map; missing: {}. Run it with sudo, or as the commtap systemd service.",
+            NEEDED_CAPS.iter().map(|a| names(a)).collect::<Vec<_>>().join(" + "),
             missing.join(", ")
         )));
     }
