@@ -212,6 +212,161 @@ pub async fn events(from: &Target, pids: Vec<u32>, duration: Option<Duration>) -
     Ok(())
 }
 
+/// Which calls `commtap trace` takes from a daemon, and until when.
+#[derive(Debug, Default)]
+pub struct TraceRequest {
+    /// Only these processes (with `job`: these and the job's).
+    pub pids: Vec<u32>,
+    /// Only this job's processes, as the daemon lists them now.
+    pub job: Option<String>,
+    /// Stop after this long.
+    pub duration: Option<Duration>,
+    /// Created once every call from then on goes into the trace.
+    pub ready_file: Option<std::path::PathBuf>,
+}
+
+/// Names of a daemon's processes for a trace's tracks, from ListProcesses.
+async fn process_names(
+    client: &mut pb::node_client::NodeClient<tonic::transport::Channel>,
+    node: &str,
+) -> Result<Vec<(pb::ProcessState, crate::trace::ProcessName)>> {
+    let list = client
+        .list_processes(pb::ListProcessesRequest {})
+        .await
+        .context("ListProcesses")?
+        .into_inner();
+    Ok(list
+        .processes
+        .into_iter()
+        .map(|p| {
+            let name = crate::trace::ProcessName {
+                rank: p.rank,
+                host: node.to_string(),
+                job: p.job.clone(),
+            };
+            (p, name)
+        })
+        .collect())
+}
+
+/// `commtap trace`: every call of a daemon's processes into a trace file, until the
+/// duration ends, a signal comes, or every process asked for has exited.
+pub async fn trace(
+    from: &Target,
+    request: TraceRequest,
+    opts: crate::trace::TraceOptions,
+) -> Result<crate::trace::TraceSummary> {
+    use std::collections::BTreeSet;
+    use tokio_stream::StreamExt as _;
+    let mut writer = crate::trace::TraceWriter::create(opts)?;
+    let mut client = crate::serve::node_client(connect(from).await?);
+    let node = match client.get_snapshot(pb::GetSnapshotRequest::default()).await {
+        Ok(r) => r.into_inner().node,
+        Err(s) if s.code() == tonic::Code::Unimplemented => anyhow::bail!(
+            "an aggregator does not stream calls yet: take a trace from each node's daemon (--from \
+             unix:///run/commtap/commtap.sock on the node, or https://NODE:PORT)"
+        ),
+        Err(s) => return Err(s).context("GetSnapshot"),
+    };
+    let mut pids: BTreeSet<u32> = request.pids.iter().copied().collect();
+    if let Some(job) = &request.job {
+        let of_job: Vec<u32> = process_names(&mut client, &node)
+            .await?
+            .into_iter()
+            .filter(|(p, _)| &p.job == job && !p.exited)
+            .map(|(p, _)| p.pid)
+            .collect();
+        if of_job.is_empty() {
+            anyhow::bail!("job {job}: the daemon lists no running process of it (`commtap ps`)");
+        }
+        pids.extend(of_job);
+    }
+    let mut stream = client
+        .stream_events(pb::StreamEventsRequest {
+            pids: pids.iter().copied().collect(),
+        })
+        .await
+        .context("StreamEvents")?
+        .into_inner();
+    let stop = tokio::time::sleep(
+        request
+            .duration
+            .unwrap_or(Duration::from_secs(u64::MAX / 4)),
+    );
+    tokio::pin!(stop);
+    let mut signals = crate::signals::StopSignals::listen()?;
+    let mut running = pids.clone();
+    let mut reader_lost = 0;
+    let mut first = true;
+    loop {
+        let batch = tokio::select! {
+            _ = &mut stop => break,
+            name = signals.recv() => {
+                crate::signals::stopping(name, "finishing the trace");
+                break;
+            }
+            b = stream.next() => match b {
+                Some(b) => b.context("StreamEvents")?,
+                None => break,
+            },
+        };
+        if first {
+            if let Some(path) = &request.ready_file {
+                crate::report::write_file(path, b"streaming\n")
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            first = false;
+        }
+        writer.lost_by_reader(batch.dropped.saturating_sub(reader_lost));
+        reader_lost = batch.dropped;
+        for e in &batch.events {
+            writer.call(e)?;
+        }
+        if !writer.unnamed().is_empty() {
+            for (p, name) in process_names(&mut client, &node).await? {
+                if writer.unnamed().contains(&p.pid) {
+                    writer.name(p.pid, name);
+                }
+            }
+        }
+        for pid in &batch.exited {
+            running.remove(pid);
+        }
+        if !pids.is_empty() && running.is_empty() {
+            break;
+        }
+    }
+    signals.exit_on_next();
+    // Calls the kernel could not queue, from the processes' profiles.
+    if let Ok(snap) = client.get_snapshot(pb::GetSnapshotRequest::default()).await {
+        if let Some(wire) = snap.into_inner().profile {
+            let profile = JobProfile::try_from(&wire)?;
+            let traced: BTreeSet<u32> = writer.pids().collect();
+            writer.set_ring_buffer_full(
+                profile
+                    .ranks
+                    .iter()
+                    .filter(|r| traced.contains(&r.pid))
+                    .map(|r| r.health.dropped)
+                    .sum(),
+            );
+            for r in &profile.ranks {
+                if traced.contains(&r.pid) {
+                    writer.name(
+                        r.pid,
+                        crate::trace::ProcessName {
+                            rank: r.rank_known.then_some(r.rank),
+                            host: r.host.clone(),
+                            job: r.job.clone(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+    Ok(writer.finish()?)
+}
+
 /// Writes the profile a daemon or an aggregator holds every `every` (WatchSnapshots /
 /// WatchJobReport), `count` times or until the stream ends.
 pub async fn watch(

@@ -92,9 +92,19 @@ pub struct IngestCounters {
     pub call_events: Mutex<BTreeMap<u32, u64>>,
     /// Records too short or of an unknown kind.
     pub malformed: AtomicU64,
-    /// Every call event, for whoever listens (`StreamEvents`); bounded: a slow listener
-    /// lags and is told how many it missed.
-    pub feed: broadcast::Sender<CallEvent>,
+    /// Every call event and process exit, in the order the kernel queued them, for whoever
+    /// listens (`StreamEvents`, traces); bounded: a slow listener lags and is told how many
+    /// it missed.
+    pub feed: broadcast::Sender<FeedItem>,
+}
+
+/// What the call feed carries.
+#[derive(Clone, Copy, Debug)]
+pub enum FeedItem {
+    /// A completed call.
+    Call(CallEvent),
+    /// A watched process exited: every call of its came before.
+    Exited(u32),
 }
 
 /// Call events the feed holds for its slowest listener.
@@ -214,7 +224,7 @@ fn drain(
                 let ev: CallEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
                 *calls.entry(ev.tgid).or_default() += 1;
                 if counters.feed.receiver_count() > 0 {
-                    let _ = counters.feed.send(ev);
+                    let _ = counters.feed.send(FeedItem::Call(ev));
                 }
             }
             Some(k) if bytes.len() >= size_of::<ProcEvent>() => {
@@ -237,6 +247,9 @@ fn drain(
                         uid: ev.uid,
                     }
                 } else if k == EventKind::Exit as u32 {
+                    if counters.feed.receiver_count() > 0 {
+                        let _ = counters.feed.send(FeedItem::Exited(ev.tgid));
+                    }
                     ProcessEvent::Exit {
                         pid: ev.tgid,
                         ts_ns: ev.ts_ns,

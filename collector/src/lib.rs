@@ -21,3 +21,4 @@ pub mod session;
 pub mod signals;
 pub mod stats;
 pub mod symbols;
+pub mod trace;

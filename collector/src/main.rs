@@ -3,6 +3,7 @@
 
 use collector::{
     aggregator, attach, client, compare, daemon, discover, fabric, record, report, serve, symbols,
+    trace,
 };
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
@@ -81,6 +82,19 @@ enum Command {
     /// pid, tid, routine, start_ns, duration_ns, bytes, peer, comm_size. Per-call events are
     /// switched on while this runs; a last line says how many this reader missed.
     Events(EventsArgs),
+    /// Write a timeline of every call of a daemon's processes, as they run (no relaunch).
+    ///
+    /// Examples:
+    ///   commtap trace --job 4242 -o job4242.json          (until the job's ranks exit)
+    ///   commtap trace --pid 811,812 --duration 30s -o t.json
+    ///   commtap trace --skip-routines MPI_Iprobe --max-events 100000 -o t.json
+    ///
+    /// Open the file in https://ui.perfetto.dev or chrome://tracing: one process per rank
+    /// (`rank R (host)`, in rank order), one track per thread, one slice per call with
+    /// its bytes, size bucket, peer and communicator size. Ctrl-C or SIGTERM ends it with
+    /// a complete file; calls it could not hold are counted in the file and printed.
+    #[command(verbatim_doc_comment)]
+    Trace(TraceArgs),
     /// Run an aggregator: merge the ranks of jobs across nodes from the snapshots daemons
     /// push (`commtap daemon --aggregator http://HOST:PORT`), persisted across restarts.
     Aggregator(AggregatorArgs),
@@ -483,9 +497,94 @@ struct RecordArgs {
     /// Create this file once the probes are attached (for scripts: attach, then go).
     #[arg(long)]
     ready_file: Option<PathBuf>,
+    /// Also write a timeline of every call into FILE: FILE.json is the Chrome Trace Event
+    /// Format (open it in https://ui.perfetto.dev or chrome://tracing). Switches per-call
+    /// events on; the profile's counts stay exact whatever the trace loses.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    #[command(flatten)]
+    trace_filter: TraceFilterArgs,
     /// Command to launch and profile, with every process it spawns (after `--`).
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
+}
+
+/// What goes into a trace (shared by `record --trace` and `trace`).
+#[derive(clap::Args, Debug)]
+struct TraceFilterArgs {
+    /// Trace only calls that start in this window, in seconds after the first traced
+    /// call: FROM..TO (e.g. 10..20).
+    #[arg(long, value_parser = parse_window, value_name = "FROM..TO")]
+    window: Option<(f64, f64)>,
+    /// Trace only these world ranks (comma separated).
+    #[arg(long, value_delimiter = ',')]
+    ranks: Vec<u32>,
+    /// Trace only these routines (comma separated, e.g. MPI_Allreduce,ncclAllReduce).
+    #[arg(long, value_delimiter = ',')]
+    routines: Vec<String>,
+    /// Never trace these routines (e.g. MPI_Iprobe,MPI_Test: polls that flood a trace).
+    #[arg(long, value_delimiter = ',')]
+    skip_routines: Vec<String>,
+    /// At most N calls per process: its first N are kept, the rest counted as lost.
+    #[arg(long, value_name = "N")]
+    max_events: Option<u64>,
+    /// Start another file (FILE.2.json, FILE.3.json ...) past this many MB, each one
+    /// loadable on its own (chrome://tracing stops at about 256 MB).
+    #[arg(long, default_value_t = 256, value_name = "MB")]
+    split_mb: u64,
+}
+
+impl TraceFilterArgs {
+    /// The trace options for writing into `path`.
+    fn options(self, path: PathBuf) -> trace::TraceOptions {
+        trace::TraceOptions {
+            path,
+            window: self.window,
+            ranks: (!self.ranks.is_empty()).then(|| self.ranks.into_iter().collect()),
+            routines: trace::RoutineFilter {
+                include: self.routines,
+                exclude: self.skip_routines,
+            },
+            max_events: self.max_events,
+            split_bytes: self.split_mb.max(1) << 20,
+        }
+    }
+}
+
+fn parse_window(s: &str) -> Result<(f64, f64), String> {
+    let bad = || format!("invalid window {s:?}: expected FROM..TO in seconds, e.g. 10..20");
+    let (from, to) = s.split_once("..").ok_or_else(bad)?;
+    let from: f64 = from.trim().parse().map_err(|_| bad())?;
+    let to: f64 = to.trim().parse().map_err(|_| bad())?;
+    if !(from >= 0.0 && to > from) {
+        return Err(bad());
+    }
+    Ok((from, to))
+}
+
+#[derive(clap::Args, Debug)]
+struct TraceArgs {
+    /// The trace file: FILE.json is the Chrome Trace Event Format.
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
+    /// The daemon: unix:///path/to.sock or https://host:port.
+    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    from: Target,
+    /// Only these processes (comma separated); the trace ends when all have exited.
+    #[arg(short, long, value_delimiter = ',')]
+    pid: Vec<u32>,
+    /// Only the ranks of this job (as `commtap ps` shows it); the trace ends when all of
+    /// them have exited.
+    #[arg(long)]
+    job: Option<String>,
+    /// Stop after this long (e.g. 30s); else at Ctrl-C, SIGTERM or when the processes end.
+    #[arg(short, long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// Create this file once every call from now on goes into the trace.
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
+    #[command(flatten)]
+    filter: TraceFilterArgs,
 }
 
 fn parse_user(s: &str) -> Result<u32, String> {
@@ -598,6 +697,7 @@ fn main() -> ExitCode {
                     libraries: a.probe.libraries,
                     ready_file: a.ready_file,
                     call_events: a.probe.call_events,
+                    trace: a.trace.map(|path| a.trace_filter.options(path)),
                 };
                 let profile = record::record(opts).await?;
                 a.out.write(&profile)?;
@@ -662,6 +762,17 @@ fn main() -> ExitCode {
             Command::Attach(a) => client::attach(&a.from, a.pid).await,
             Command::Detach(a) => client::detach(&a.target.from, a.target.pid, &a.out).await,
             Command::Events(a) => client::events(&a.from, a.pid, a.duration).await,
+            Command::Trace(a) => {
+                let request = client::TraceRequest {
+                    pids: a.pid,
+                    job: a.job,
+                    duration: a.duration,
+                    ready_file: a.ready_file,
+                };
+                let summary = client::trace(&a.from, request, a.filter.options(a.output)).await?;
+                eprintln!("{summary}");
+                Ok(())
+            }
             Command::Aggregator(a) => {
                 let mutual_tls = a.tls.tls_client_ca.is_some();
                 aggregator::run(aggregator::AggregatorOptions {

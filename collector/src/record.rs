@@ -10,8 +10,10 @@ use crate::{
     attach::{self, LoadOptions, Probes},
     discover::{self, DiscoverError},
     ingest::monotonic_ns,
+    ingest::FeedItem,
     report::JobProfile,
     session::{Session, Tracked},
+    trace::{self, ProcessName, TraceOptions, TraceWriter},
 };
 
 /// What `record` was asked to do.
@@ -31,6 +33,8 @@ pub struct RecordOptions {
     pub ready_file: Option<PathBuf>,
     /// Emit per-call events (latency, timelines); counts never need them.
     pub call_events: bool,
+    /// Also write a timeline of every call (implies `call_events`).
+    pub trace: Option<TraceOptions>,
 }
 
 /// Runs `record` to completion and returns the profile.
@@ -56,8 +60,13 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
         requested.push((pid, info));
     }
 
+    // Before anything runs: a trace that cannot be written fails now, not after the job.
+    let mut tracer = opts.trace.clone().map(TraceWriter::create).transpose()?;
     let mut session = Session::start(LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib))?;
-    session.probes.set_call_events(opts.call_events)?;
+    session
+        .probes
+        .set_call_events(opts.call_events || tracer.is_some())?;
+    let mut feed = tracer.as_ref().map(|_| session.call_feed());
 
     // Attach-late mode: probe what each process maps, then count it.
     for (pid, info) in requested {
@@ -130,7 +139,18 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     let mut signals = crate::signals::StopSignals::listen()?;
     let mut stopped_by_signal = false;
     loop {
+        let next_call = async {
+            match feed.as_mut() {
+                Some(f) => f.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
+            item = next_call => {
+                if let Some(t) = tracer.as_mut() {
+                    trace_item(t, item)?;
+                }
+            }
             name = signals.recv() => {
                 crate::signals::stopping(name, "reporting what was recorded");
                 stopped_by_signal = true;
@@ -144,6 +164,9 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
             }
             _ = tick.tick() => {
                 session.rescan();
+                if let Some(t) = tracer.as_mut() {
+                    name_processes(t, &session);
+                }
                 if !launched && session.tracked.values().filter(|t| t.requested).all(|t| t.exit_ns.is_some()) {
                     info!("all watched processes exited");
                     break;
@@ -165,6 +188,19 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     // Stop counting before reading, so the counters and the events describe the same calls.
     session.unwatch_all();
     session.stop_ingest().await;
+    if let (Some(t), Some(f)) = (tracer.as_mut(), feed.as_mut()) {
+        // The calls the last drain of the ring buffer found.
+        loop {
+            let item = match f.try_recv() {
+                Ok(item) => Ok(item),
+                Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => {
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n))
+                }
+                Err(_) => break,
+            };
+            trace_item(t, item)?;
+        }
+    }
     let mut profile = session.profile(end_ns);
     for r in &mut profile.ranks {
         r.exited = session
@@ -172,7 +208,53 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
             .get(&r.pid)
             .is_some_and(|t| t.exit_ns.is_some());
     }
+    if let Some(mut t) = tracer {
+        for r in &profile.ranks {
+            t.name(
+                r.pid,
+                ProcessName {
+                    rank: r.rank_known.then_some(r.rank),
+                    host: r.host.clone(),
+                    job: r.job.clone(),
+                },
+            );
+        }
+        t.set_ring_buffer_full(profile.ranks.iter().map(|r| r.health.dropped).sum());
+        let summary = t.finish()?;
+        eprintln!("{summary}");
+    }
     Ok(profile)
+}
+
+/// Writes one item of the call feed into the trace.
+fn trace_item(
+    t: &mut TraceWriter,
+    item: Result<FeedItem, tokio::sync::broadcast::error::RecvError>,
+) -> Result<()> {
+    match item {
+        Ok(FeedItem::Call(ev)) => t.call(&trace::call_event(&ev))?,
+        Ok(FeedItem::Exited(_)) => {}
+        Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => t.lost_by_reader(n),
+        Err(tokio::sync::broadcast::error::RecvError::Closed) => {}
+    }
+    Ok(())
+}
+
+/// Names the trace's processes whose world rank is known by now.
+fn name_processes(t: &mut TraceWriter, session: &Session) {
+    let host = discover::this_host();
+    for pid in t.unnamed() {
+        if let Some(info) = session.tracked.get(&pid).and_then(|tr| tr.info.as_ref()) {
+            t.name(
+                pid,
+                ProcessName {
+                    rank: info.rank,
+                    host: host.clone(),
+                    job: String::new(),
+                },
+            );
+        }
+    }
 }
 
 /// Starts `command` so that the kernel watches it before it first runs: commtap marks

@@ -417,8 +417,8 @@ impl Session {
         Ok(rank)
     }
 
-    /// Every call event from now on (while per-call events are on).
-    pub fn call_feed(&self) -> tokio::sync::broadcast::Receiver<collector_common::CallEvent> {
+    /// Every call event (while per-call events are on) and process exit from now on.
+    pub fn call_feed(&self) -> tokio::sync::broadcast::Receiver<crate::ingest::FeedItem> {
         self.ingest_counters.feed.subscribe()
     }
 

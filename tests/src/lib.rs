@@ -528,14 +528,24 @@ pub fn start_waiting_loop(
 /// returns it and OUT.
 #[track_caller]
 pub fn record_attached(scratch: &Scratch, pids: &[u32]) -> (ChildGuard, PathBuf) {
+    record_attached_with(scratch, pids, &[])
+}
+
+/// [`record_attached`] with more arguments for `record`.
+#[track_caller]
+pub fn record_attached_with(
+    scratch: &Scratch,
+    pids: &[u32],
+    extra: &[&str],
+) -> (ChildGuard, PathBuf) {
+    let out = scratch.path("profile.json");
+    let ready = scratch.path("commtap.ready");
     let pids = pids
         .iter()
         .map(u32::to_string)
         .collect::<Vec<_>>()
         .join(",");
-    let out = scratch.path("profile.json");
-    let ready = scratch.path("attached");
-    let args = [
+    let mut args = vec![
         "record",
         "--pid",
         &pids,
@@ -546,6 +556,7 @@ pub fn record_attached(scratch: &Scratch, pids: &[u32]) -> (ChildGuard, PathBuf)
         "--ready-file",
         path_str(&ready),
     ];
+    args.extend_from_slice(extra);
     let commtap = spawn_commtap(scratch, &args);
     wait_until("commtap to attach", Duration::from_secs(60), || {
         ready.exists()
@@ -880,4 +891,42 @@ pub fn as_nobody(program: &Path) -> Command {
 /// `program ARGS` run as `nobody`, with no groups.
 pub fn spawn_as_nobody(program: &Path, args: &[&str]) -> ChildGuard {
     ChildGuard::spawn(as_nobody(program).args(args))
+}
+
+/// What Chrome DevTools' trace engine finds in a Chrome JSON trace
+/// (`tests/consumers/devtools.mjs`): per process (by pid) its `name`, `threads`,
+/// `routines` ({slices, bytes}) and `nested` pairs; `flows`; the file's `metadata`.
+#[track_caller]
+pub fn devtools_summary(trace: &Path) -> Value {
+    let out = Command::new("node")
+        .arg(repo_root().join("tests/consumers/devtools.mjs"))
+        .arg(trace)
+        .output()
+        .expect("running node (cargo xtask setup installs it)");
+    assert!(
+        out.status.success(),
+        "DevTools' trace engine could not load {}: {}",
+        trace.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the consumer's JSON")
+}
+
+/// (slices, bytes) per routine of process `pid` in a [`devtools_summary`] (empty if the
+/// trace holds none of its calls).
+pub fn traced_routines(
+    summary: &Value,
+    pid: u64,
+) -> std::collections::BTreeMap<String, (u64, u64)> {
+    summary["processes"][pid.to_string()]["routines"]
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .map(|(k, v)| {
+                    let n = |f: &str| v[f].as_u64().unwrap_or(0);
+                    (k.clone(), (n("slices"), n("bytes")))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }

@@ -5,9 +5,11 @@
 //!   (a) no probes,
 //!   (b) a bare uprobe + uretprobe pair with empty programs on the same functions
 //!       (bpftrace), the floor any uprobe-based tool pays,
-//!   (c) commtap record.
-//! Runs are interleaved (a, b, c, a, b, c, ...) and medians taken, because the machines
-//! are shared and noisy; the figure to quote is the ratio (c - a) / (b - a) from one run.
+//!   (c) commtap record,
+//!   (d) commtap record --trace (a timeline of every call written to a file).
+//! Runs are interleaved (a, b, c, d, a, b, c, d, ...) and medians taken, because the
+//! machines are shared and noisy; the figures to quote are the ratio (c - a) / (b - a) and
+//! what tracing adds per call, (d - c), from one run.
 
 use std::{
     fmt::Write as _,
@@ -79,28 +81,47 @@ pub fn run(root: &Path) -> Result<()> {
     let mut report = String::new();
     let mut json = Vec::new();
     let _ = writeln!(report, "commtap probe overhead, ns per call (median of {ROUNDS} interleaved runs, {ITERATIONS} calls each)");
-    let _ = writeln!(report, "(a) no probes, (b) bare uprobe+uretprobe with empty programs (bpftrace), (c) commtap record\n");
+    let _ = writeln!(report, "(a) no probes, (b) bare uprobe+uretprobe with empty programs (bpftrace), (c) commtap record, (d) commtap record --trace\n");
     for stack in STACKS {
         let bin = out.join(format!("bench_calls.{}", stack.suffix));
         sh(Command::new(format!("mpicc.{}", stack.suffix))
             .args(["-O2", "-o"])
             .arg(&bin)
             .arg(root.join("xtask/demo/bench_calls.c")))?;
-        let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut a, mut b, mut c, mut d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let profile = out.join(format!("profile.{}.json", stack.suffix));
+        let trace = out.join(format!("trace.{}.json", stack.suffix));
+        let mut traced = (0u64, 0u64, 0f64);
         for round in 0..ROUNDS {
             eprintln!("{}: round {}/{ROUNDS}", stack.name, round + 1);
             a.push(plain(stack, &bin)?);
             b.push(under_bpftrace(stack, &bin)?);
-            c.push(under_commtap(stack, &bin, &commtap, &profile)?);
+            c.push(under_commtap(stack, &bin, &commtap, &profile, None)?);
+            let started = Instant::now();
+            d.push(under_commtap(
+                stack,
+                &bin,
+                &commtap,
+                &profile,
+                Some(&trace),
+            )?);
+            let secs = started.elapsed().as_secs_f64();
+            traced = (trace_calls(&trace)?, std::fs::metadata(&trace)?.len(), secs);
         }
-        let (ma, mb, mc) = (median(&a), median(&b), median(&c));
+        let (ma, mb, mc, md) = (median(&a), median(&b), median(&c), median(&d));
         let single = single_stepped(&profile, stack.library)?;
         let _ = writeln!(report, "{} ({})", stack.name, stack.library);
         let _ = writeln!(
             report,
-            "  {:<28}{:>12}{:>12}{:>12}{:>14}{:>26}",
-            "", "(a) none", "(b) bare", "(c) commtap", "(c-a)/(b-a)", "per round: median [IQR]"
+            "  {:<28}{:>12}{:>12}{:>12}{:>14}{:>26}{:>12}{:>10}",
+            "",
+            "(a) none",
+            "(b) bare",
+            "(c) commtap",
+            "(c-a)/(b-a)",
+            "per round: median [IQR]",
+            "(d) --trace",
+            "(d-c)"
         );
         for (label, pick) in [
             ("MPI_Allreduce 8 B", 0usize),
@@ -114,14 +135,24 @@ pub fn run(root: &Path) -> Result<()> {
                 .collect();
             per_round.sort_by(f64::total_cmp);
             let q = |f: f64| per_round[((per_round.len() - 1) as f64 * f).round() as usize];
+            let t = get(md, pick);
             let _ = writeln!(
                 report,
-                "  {label:<28}{x:>12.0}{y:>12.0}{z:>12.0}{:>14.2}{:>26}",
+                "  {label:<28}{x:>12.0}{y:>12.0}{z:>12.0}{:>14.2}{:>26}{t:>12.0}{:>10.0}",
                 ratio(x, y, z),
-                format!("{:.2} [{:.2}-{:.2}]", q(0.5), q(0.25), q(0.75))
+                format!("{:.2} [{:.2}-{:.2}]", q(0.5), q(0.25), q(0.75)),
+                t - z
             );
             json.push(serde_json_line(stack.name, label, x, y, z, q(0.5)));
         }
+        let (calls, bytes, secs) = traced;
+        let _ = writeln!(
+            report,
+            "  last traced run: {calls} calls written in {secs:.1} s (job start-up included: \
+             {:.0} calls/s at least), {:.0} bytes per call on disk",
+            calls as f64 / secs,
+            bytes as f64 / calls.max(1) as f64
+        );
         let _ = writeln!(
             report,
             "  probes moved past a single-stepped first instruction: {}",
@@ -269,11 +300,19 @@ fn under_bpftrace(stack: &Stack, bin: &Path) -> Result<Sample> {
     result
 }
 
-fn under_commtap(stack: &Stack, bin: &Path, commtap: &PathBuf, profile: &Path) -> Result<Sample> {
+fn under_commtap(
+    stack: &Stack,
+    bin: &Path,
+    commtap: &PathBuf,
+    profile: &Path,
+    trace: Option<&Path>,
+) -> Result<Sample> {
     let mut cmd = Command::new(commtap);
-    cmd.args(["record", "--format", "json", "-o"])
-        .arg(profile)
-        .arg("--");
+    cmd.args(["record", "--format", "json", "-o"]).arg(profile);
+    if let Some(trace) = trace {
+        cmd.arg("--trace").arg(trace);
+    }
+    cmd.arg("--");
     let inner = mpi_command(stack, bin);
     cmd.arg(inner.get_program()).args(inner.get_args());
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -284,6 +323,14 @@ fn under_commtap(stack: &Stack, bin: &Path, commtap: &PathBuf, profile: &Path) -
         bail!("commtap failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     parse(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Calls a trace says it holds (its metadata).
+fn trace_calls(trace: &Path) -> Result<u64> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(trace)?)?;
+    v["metadata"]["commtap"]["calls_written"]
+        .as_u64()
+        .context("calls_written in the trace's metadata")
 }
 
 /// (moved past single-step, still single-stepped) probe lists of the probed library.

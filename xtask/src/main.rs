@@ -191,12 +191,45 @@ fn setup() -> Result<()> {
         install_impi()?;
     }
 
+    install_trace_consumers()?;
+
     let have_linker = Command::new("bpf-linker")
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
     if !have_linker {
         install_bpf_linker()?;
+    }
+    Ok(())
+}
+
+/// Chrome DevTools' trace engine, which the tests load commtap's traces in: Node and the
+/// npm packages pinned by `tests/consumers/package-lock.json`.
+fn install_trace_consumers() -> Result<()> {
+    let have_node = Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have_node {
+        run(Command::new("apt-get")
+            .args([
+                "install",
+                "-y",
+                "-qq",
+                "--no-install-recommends",
+                "nodejs",
+                "npm",
+            ])
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    let dir = root().join("tests/consumers");
+    if !dir
+        .join("node_modules/@paulirish/trace_engine/package.json")
+        .exists()
+    {
+        run(Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+            .current_dir(&dir))?;
     }
     Ok(())
 }

@@ -173,8 +173,14 @@ pub struct Outputs {
 /// as root, and an output path in a shared directory (`/tmp/profile.json`) may have been
 /// planted as a link to a file root owns.
 pub fn write_file(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    create_file(path)?.write_all(bytes)
+}
+
+/// Creates (or truncates) the regular file `path` for writing, as [`write_file`] does:
+/// never through a symbolic link, never blocking on a FIFO.
+pub fn create_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
@@ -191,7 +197,7 @@ pub fn write_file(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     if !file.metadata()?.file_type().is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
-    file.write_all(bytes)
+    Ok(file)
 }
 
 impl Outputs {

@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status};
 
 use super::pb;
 use crate::{
-    ingest::monotonic_ns,
+    ingest::{monotonic_ns, FeedItem},
     report::{JobProfile, RankProfile},
     session::{Session, Tracked},
 };
@@ -394,9 +394,7 @@ impl pb::node_server::Node for NodeService {
             }
             session.call_feed()
         };
-        Ok(Response::new(Box::pin(event_stream(
-            state, feed, pids, caller,
-        ))))
+        Ok(Response::new(Box::pin(event_stream(state, feed, pids))))
     }
 }
 
@@ -404,9 +402,8 @@ impl pb::node_server::Node for NodeService {
 /// per-call events off again if it was the last and the daemon did not ask for them.
 fn event_stream(
     state: Arc<NodeState>,
-    mut feed: broadcast::Receiver<collector_common::CallEvent>,
+    mut feed: broadcast::Receiver<FeedItem>,
     pids: std::collections::BTreeSet<u32>,
-    caller: Caller,
 ) -> impl Stream<Item = Result<pb::EventBatch, Status>> {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
@@ -414,28 +411,27 @@ fn event_stream(
         let mut tick = tokio::time::interval(EVENT_BATCH);
         loop {
             tick.tick().await;
-            // Who the caller may see, now.
-            let visible: std::collections::BTreeSet<u32> = state
-                .session
-                .lock()
-                .await
-                .tracked
-                .iter()
-                .filter(|(pid, t)| {
-                    (pids.is_empty() || pids.contains(pid)) && caller.may_see(t.uid())
-                })
-                .map(|(pid, _)| *pid)
-                .collect();
-            let mut events = Vec::new();
+            // Only root and certified callers stream (checked by the caller): they may see every
+            // process, so the pid filter is the only one; an exited process's last calls
+            // and its exit still reach them after the daemon has let it go.
+            let visible = |pid: &u32| pids.is_empty() || pids.contains(pid);
+            let (mut events, mut exited) = (Vec::new(), Vec::new());
             loop {
                 match feed.try_recv() {
-                    Ok(ev) if visible.contains(&ev.tgid) => events.push(call_event(&ev)),
+                    Ok(FeedItem::Call(ev)) if visible(&ev.tgid) => {
+                        events.push(crate::trace::call_event(&ev));
+                    }
+                    Ok(FeedItem::Exited(pid)) if visible(&pid) => exited.push(pid),
                     Ok(_) => {}
                     Err(broadcast::error::TryRecvError::Lagged(n)) => dropped += n,
                     Err(_) => break,
                 }
             }
-            let batch = pb::EventBatch { events, dropped };
+            let batch = pb::EventBatch {
+                events,
+                dropped,
+                exited,
+            };
             if tx.send(Ok(batch)).await.is_err() {
                 break;
             }
@@ -446,23 +442,6 @@ fn event_stream(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
-}
-
-/// A kernel call event as the API sends it.
-fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
-    pb::CallEvent {
-        pid: ev.tgid,
-        tid: ev.tid,
-        routine: collector_common::ROUTINES
-            .get(ev.routine as usize)
-            .map_or("?", |r| r.name)
-            .to_string(),
-        start_ns: ev.start_ns,
-        duration_ns: ev.dur_ns,
-        bytes: (ev.bucket != collector_common::UNKNOWN_BUCKET).then_some(ev.bytes),
-        peer: ev.peer,
-        comm_size: ev.comm_size,
-    }
 }
 
 /// Snapshots every `interval` until the client goes away (the send fails).

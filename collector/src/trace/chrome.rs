@@ -1,0 +1,121 @@
+//! The Chrome Trace Event Format (JSON), as Perfetto and chrome://tracing read it: one
+//! process per rank, one thread per OS thread, one complete ("X") slice per call. Times
+//! are microseconds with nanosecond decimals.
+
+use std::fmt::Write as _;
+
+use collector_common::{buckets::bucket_range, routines::Family, size_bucket, ROUTINES};
+
+use super::ProcessName;
+use crate::serve::pb;
+
+/// What opens a trace file.
+pub const HEADER: &str = "{\"traceEvents\":[";
+
+/// `ns` as microseconds, exactly.
+fn micros(ns: u64) -> String {
+    format!("{}.{:03}", ns / 1000, ns % 1000)
+}
+
+/// The category of a routine's slices: its library family.
+fn category(routine: &str) -> &'static str {
+    match ROUTINES
+        .iter()
+        .find(|r| r.name == routine)
+        .map(|r| r.family())
+    {
+        Some(Family::Mpi) => "mpi",
+        Some(Family::Nccl) => "nccl",
+        Some(Family::Cuda) => "cuda",
+        Some(Family::Fabric) => "fabric",
+        None => "other",
+    }
+}
+
+/// The separator before an event: none before a file's first.
+fn sep(first: bool) -> &'static str {
+    if first {
+        "\n"
+    } else {
+        ",\n"
+    }
+}
+
+/// One call as a complete slice, named by its routine, with its arguments.
+pub fn slice(ev: &pb::CallEvent, first: bool) -> String {
+    let mut s = String::with_capacity(192);
+    let _ = write!(
+        s,
+        "{}{{\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{},\"dur\":{},\"name\":{},\"cat\":\"{}\",\"args\":{{",
+        sep(first),
+        ev.pid,
+        ev.tid,
+        micros(ev.start_ns),
+        micros(ev.duration_ns),
+        serde_json::Value::from(ev.routine.as_str()),
+        category(&ev.routine),
+    );
+    let mut args = Vec::with_capacity(4);
+    if let Some(bytes) = ev.bytes {
+        args.push(format!("\"bytes\":{bytes}"));
+        let (lo, hi) = bucket_range(size_bucket(bytes));
+        args.push(format!("\"size\":\"{lo}..{hi}\""));
+    }
+    if ev.peer >= 0 {
+        args.push(format!("\"peer\":{}", ev.peer));
+    }
+    if ev.comm_size > 0 {
+        args.push(format!("\"comm_size\":{}", ev.comm_size));
+    }
+    s.push_str(&args.join(","));
+    s.push_str("}}");
+    s
+}
+
+/// The name of a process's track (`rank R (host)`, else `pid P`) and its place (by rank).
+pub fn process_names(pid: u32, name: Option<&ProcessName>, first: bool) -> String {
+    let (label, sort) = match name {
+        Some(ProcessName {
+            rank: Some(r),
+            host,
+            ..
+        }) => (format!("rank {r} ({host})"), u64::from(*r)),
+        Some(ProcessName { host, .. }) if !host.is_empty() => (
+            format!("pid {pid} ({host})"),
+            u64::from(u32::MAX) + u64::from(pid),
+        ),
+        _ => (format!("pid {pid}"), u64::from(u32::MAX) + u64::from(pid)),
+    };
+    let mut out = format!(
+        "{}{{\"ph\":\"M\",\"pid\":{pid},\"tid\":{pid},\"name\":\"process_name\",\"args\":{{\"name\":{}}}}},\n\
+         {{\"ph\":\"M\",\"pid\":{pid},\"tid\":{pid},\"name\":\"process_sort_index\",\"args\":{{\"sort_index\":{sort}}}}}",
+        sep(first),
+        serde_json::Value::from(label),
+    );
+    if let Some(job) = name.map(|n| &n.job).filter(|j| !j.is_empty()) {
+        let _ = write!(
+            out,
+            ",\n{{\"ph\":\"M\",\"pid\":{pid},\"tid\":{pid},\"name\":\"process_labels\",\"args\":{{\"labels\":{}}}}}",
+            serde_json::Value::from(format!("job {job}"))
+        );
+    }
+    out
+}
+
+/// The name of a thread's track: `main` for the process's first thread.
+pub fn thread_name(pid: u32, tid: u32, first: bool) -> String {
+    let name = if pid == tid {
+        "main".to_string()
+    } else {
+        format!("thread {tid}")
+    };
+    format!(
+        "{}{{\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"name\":\"thread_name\",\"args\":{{\"name\":\"{name}\"}}}}",
+        sep(first)
+    )
+}
+
+/// What closes a trace file, with its metadata.
+pub fn footer(meta: &serde_json::Value) -> String {
+    format!("\n],\"displayTimeUnit\":\"ns\",\"metadata\":{meta}}}\n")
+}

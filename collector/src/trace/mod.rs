@@ -1,0 +1,477 @@
+//! Timelines: every call of every rank on one time axis, written to a file as the calls
+//! arrive (`record --trace`, `commtap trace`). The file is complete and valid whenever the
+//! writer is finished, however the run was stopped; what could not be written is counted
+//! and written into the file.
+
+pub mod chrome;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{BufWriter, Write},
+    path::{Path, PathBuf},
+};
+
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::serve::pb;
+
+/// Default size at which a trace is split into another file: chrome://tracing stops
+/// loading at about 256 MB.
+pub const DEFAULT_SPLIT_BYTES: u64 = 256 << 20;
+
+/// Why a trace could not be taken.
+#[derive(Debug, Error)]
+pub enum TraceError {
+    /// The file name names no format commtap writes.
+    #[error(
+        "{0}: unknown trace format; name the file FILE.json (Chrome Trace Event Format: \
+         Perfetto UI, chrome://tracing)"
+    )]
+    Format(String),
+    /// The file could not be created or written.
+    #[error("trace {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What failed.
+        source: std::io::Error,
+    },
+}
+
+/// Which routines go into a trace.
+#[derive(Clone, Debug, Default)]
+pub struct RoutineFilter {
+    /// Only these (empty: all).
+    pub include: Vec<String>,
+    /// Never these (polls such as `MPI_Iprobe`).
+    pub exclude: Vec<String>,
+}
+
+impl RoutineFilter {
+    /// Whether `routine` is traced.
+    pub fn admits(&self, routine: &str) -> bool {
+        (self.include.is_empty() || self.include.iter().any(|r| r == routine))
+            && !self.exclude.iter().any(|r| r == routine)
+    }
+}
+
+/// What to trace and where.
+#[derive(Clone, Debug)]
+pub struct TraceOptions {
+    /// The (first) file; its extension names the format.
+    pub path: PathBuf,
+    /// Only calls starting this many seconds after the first traced call: (from, to).
+    pub window: Option<(f64, f64)>,
+    /// Only these world ranks (a process whose rank is not known yet is left out).
+    pub ranks: Option<BTreeSet<u32>>,
+    /// Which routines.
+    pub routines: RoutineFilter,
+    /// At most this many calls per process: the first ones are kept, later ones counted.
+    pub max_events: Option<u64>,
+    /// Start another file (`NAME.2.json` ...) once one holds this many bytes.
+    pub split_bytes: u64,
+}
+
+impl TraceOptions {
+    /// A trace of everything into `path`.
+    pub fn new(path: PathBuf) -> TraceOptions {
+        TraceOptions {
+            path,
+            window: None,
+            ranks: None,
+            routines: RoutineFilter::default(),
+            max_events: None,
+            split_bytes: DEFAULT_SPLIT_BYTES,
+        }
+    }
+}
+
+/// Whose a process's calls are: its track is named `rank R (host)`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessName {
+    /// World rank, if the launcher said.
+    pub rank: Option<u32>,
+    /// Node name.
+    pub host: String,
+    /// Job id.
+    pub job: String,
+}
+
+/// Calls that are not in the trace although they were made (the profile's counts hold
+/// them all).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Lost {
+    /// The kernel found its ring buffer full (the ranks' `dropped`).
+    pub ring_buffer_full: u64,
+    /// The reader fell behind the daemon's bounded feed.
+    pub reader_too_slow: u64,
+    /// Beyond `--max-events` for their process (the first ones are kept).
+    pub max_events: u64,
+}
+
+impl Lost {
+    /// All of them.
+    pub fn total(&self) -> u64 {
+        self.ring_buffer_full + self.reader_too_slow + self.max_events
+    }
+}
+
+/// What a finished trace holds.
+#[derive(Clone, Debug)]
+pub struct TraceSummary {
+    /// Its files, in order.
+    pub files: Vec<PathBuf>,
+    /// Calls written.
+    pub events: u64,
+    /// Calls not written.
+    pub lost: Lost,
+}
+
+impl std::fmt::Display for TraceSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let files: Vec<String> = self.files.iter().map(|p| p.display().to_string()).collect();
+        write!(f, "trace: {} calls in {}", self.events, files.join(", "))?;
+        let l = &self.lost;
+        if l.total() > 0 {
+            write!(
+                f,
+                "; {} calls not in the trace ({} ring buffer full, {} reader too slow, {} past \
+                 --max-events): the profile's counts hold them",
+                l.total(),
+                l.ring_buffer_full,
+                l.reader_too_slow,
+                l.max_events
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes calls into a trace file as they come, splitting it by size.
+pub struct TraceWriter {
+    opts: TraceOptions,
+    out: BufWriter<std::fs::File>,
+    /// Files so far; the last is being written.
+    files: Vec<PathBuf>,
+    /// Bytes and calls in the file being written.
+    part_bytes: u64,
+    part_events: u64,
+    /// Start of the first traced call: the origin of `--window`.
+    first_ns: Option<u64>,
+    /// Names of the processes seen (None: asked for, not known yet).
+    names: BTreeMap<u32, Option<ProcessName>>,
+    /// Threads seen, per process.
+    threads: BTreeSet<(u32, u32)>,
+    /// Calls written per process.
+    per_process: BTreeMap<u32, u64>,
+    events: u64,
+    lost: Lost,
+    /// A note on the time axis, written into the metadata.
+    clock: String,
+}
+
+impl TraceWriter {
+    /// Creates the first file (fails before anything runs when it cannot be written).
+    pub fn create(opts: TraceOptions) -> Result<TraceWriter, TraceError> {
+        if opts.path.extension().and_then(|e| e.to_str()) != Some("json") {
+            return Err(TraceError::Format(opts.path.display().to_string()));
+        }
+        let out = open(&opts.path)?;
+        let mut w = TraceWriter {
+            files: vec![opts.path.clone()],
+            opts,
+            out,
+            part_bytes: 0,
+            part_events: 0,
+            first_ns: None,
+            names: BTreeMap::new(),
+            threads: BTreeSet::new(),
+            per_process: BTreeMap::new(),
+            events: 0,
+            lost: Lost::default(),
+            clock: "one node: every rank's CLOCK_MONOTONIC, nothing corrected".into(),
+        };
+        w.write(chrome::HEADER)?;
+        Ok(w)
+    }
+
+    /// Processes whose calls were seen but whose names are not known yet.
+    pub fn unnamed(&self) -> Vec<u32> {
+        self.names
+            .iter()
+            .filter(|(_, n)| n.is_none())
+            .map(|(p, _)| *p)
+            .collect()
+    }
+
+    /// Processes whose calls were seen.
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.names.keys().copied()
+    }
+
+    /// Names process `pid`'s track.
+    pub fn name(&mut self, pid: u32, name: ProcessName) {
+        self.names.insert(pid, Some(name));
+    }
+
+    /// Calls the reader lost (cumulative count from the feed, or an increment).
+    pub fn lost_by_reader(&mut self, n: u64) {
+        self.lost.reader_too_slow += n;
+    }
+
+    /// Calls the kernel could not queue, as the ranks' profiles count them.
+    pub fn set_ring_buffer_full(&mut self, n: u64) {
+        self.lost.ring_buffer_full = n;
+    }
+
+    /// Writes one call, unless the options leave it out.
+    pub fn call(&mut self, ev: &pb::CallEvent) -> Result<(), TraceError> {
+        let name = self.names.entry(ev.pid).or_insert(None);
+        if let Some(ranks) = &self.opts.ranks {
+            match name.as_ref().and_then(|n| n.rank) {
+                Some(r) if ranks.contains(&r) => {}
+                _ => return Ok(()),
+            }
+        }
+        if !self.opts.routines.admits(&ev.routine) {
+            return Ok(());
+        }
+        let first = *self.first_ns.get_or_insert(ev.start_ns);
+        if let Some((from, to)) = self.opts.window {
+            let after = ev.start_ns.saturating_sub(first) as f64 / 1e9;
+            if after < from || after > to {
+                return Ok(());
+            }
+        }
+        let written = self.per_process.entry(ev.pid).or_default();
+        if self.opts.max_events.is_some_and(|max| *written >= max) {
+            self.lost.max_events += 1;
+            return Ok(());
+        }
+        *written += 1;
+        self.events += 1;
+        self.threads.insert((ev.pid, ev.tid));
+        let line = chrome::slice(ev, self.part_events == 0);
+        self.part_events += 1;
+        self.write(&line)?;
+        if self.part_bytes >= self.opts.split_bytes {
+            self.close_part()?;
+            let next = part_path(&self.opts.path, self.files.len() + 1);
+            self.out = open(&next)?;
+            self.files.push(next);
+            self.part_bytes = 0;
+            self.part_events = 0;
+            self.write(chrome::HEADER)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the trace: names every track, writes what was lost, closes the file.
+    pub fn finish(mut self) -> Result<TraceSummary, TraceError> {
+        self.close_part()?;
+        Ok(TraceSummary {
+            files: self.files,
+            events: self.events,
+            lost: self.lost,
+        })
+    }
+
+    /// Closes the file being written so that it loads on its own: the names of every
+    /// process and thread seen so far, and the metadata.
+    fn close_part(&mut self) -> Result<(), TraceError> {
+        let mut tail = String::new();
+        let mut first = self.part_events == 0;
+        for (pid, name) in &self.names {
+            tail.push_str(&chrome::process_names(*pid, name.as_ref(), first));
+            first = false;
+        }
+        for (pid, tid) in &self.threads {
+            tail.push_str(&chrome::thread_name(*pid, *tid, first));
+            first = false;
+        }
+        let meta = serde_json::json!({
+            "commtap": {
+                "version": env!("CARGO_PKG_VERSION"),
+                "part": self.files.len(),
+                "calls_written": self.events,
+                "calls_lost": self.lost,
+                "max_events_policy": "the first --max-events calls of each process are kept",
+                "clock": self.clock,
+            }
+        });
+        tail.push_str(&chrome::footer(&meta));
+        self.write(&tail)?;
+        let path = self.files.last().cloned().unwrap_or_default();
+        self.out.flush().map_err(|source| TraceError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    fn write(&mut self, s: &str) -> Result<(), TraceError> {
+        self.part_bytes += s.len() as u64;
+        let path = self.files.last();
+        self.out
+            .write_all(s.as_bytes())
+            .map_err(|source| TraceError::Io {
+                path: path.map(|p| p.display().to_string()).unwrap_or_default(),
+                source,
+            })
+    }
+}
+
+/// Creates a trace file (never through a symlink: commtap runs as root).
+fn open(path: &Path) -> Result<BufWriter<std::fs::File>, TraceError> {
+    crate::report::create_file(path)
+        .map(|f| BufWriter::with_capacity(1 << 20, f))
+        .map_err(|source| TraceError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+/// The `n`th file of a split trace: `t.json`, `t.2.json`, `t.3.json` ...
+pub fn part_path(first: &Path, n: usize) -> PathBuf {
+    if n <= 1 {
+        return first.to_path_buf();
+    }
+    let stem = first
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    first.with_file_name(format!("{stem}.{n}.json"))
+}
+
+/// A kernel call event as the API sends it (and a trace writes it).
+pub fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
+    pb::CallEvent {
+        pid: ev.tgid,
+        tid: ev.tid,
+        routine: collector_common::ROUTINES
+            .get(ev.routine as usize)
+            .map_or("?", |r| r.name)
+            .to_string(),
+        start_ns: ev.start_ns,
+        duration_ns: ev.dur_ns,
+        bytes: (ev.bucket != collector_common::UNKNOWN_BUCKET).then_some(ev.bytes),
+        peer: ev.peer,
+        comm_size: ev.comm_size,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(pid: u32, routine: &str, start_ns: u64) -> pb::CallEvent {
+        pb::CallEvent {
+            pid,
+            tid: pid,
+            routine: routine.into(),
+            start_ns,
+            duration_ns: 1500,
+            bytes: Some(16),
+            peer: 1,
+            comm_size: 2,
+        }
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("commtap-trace-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        dir.join("t.json")
+    }
+
+    fn load(path: &Path) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(path).expect("read")).expect("valid JSON")
+    }
+
+    fn slices(v: &serde_json::Value) -> usize {
+        v["traceEvents"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .count()
+    }
+
+    #[test]
+    fn a_trace_is_valid_json_with_names_and_losses() {
+        let path = scratch("valid");
+        let mut opts = TraceOptions::new(path.clone());
+        opts.max_events = Some(2);
+        opts.routines.exclude = vec!["MPI_Iprobe".into()];
+        let mut w = TraceWriter::create(opts).expect("create");
+        for i in 0..3 {
+            w.call(&ev(7, "MPI_Send", 1000 + i)).expect("call");
+        }
+        w.call(&ev(8, "MPI_Iprobe", 1000)).expect("call");
+        w.call(&ev(8, "MPI_Recv", 1000)).expect("call");
+        assert_eq!(w.unnamed(), vec![7, 8]);
+        w.name(
+            7,
+            ProcessName {
+                rank: Some(0),
+                host: "n1".into(),
+                job: "j".into(),
+            },
+        );
+        let s = w.finish().expect("finish");
+        assert_eq!((s.events, s.lost.max_events), (3, 1));
+        let v = load(&path);
+        assert_eq!(slices(&v), 3);
+        let names: Vec<&str> = v["traceEvents"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .filter(|e| e["name"] == "process_name")
+            .filter_map(|e| e["args"]["name"].as_str())
+            .collect();
+        assert_eq!(names, vec!["rank 0 (n1)", "pid 8"]);
+        assert_eq!(v["metadata"]["commtap"]["calls_lost"]["max_events"], 1);
+    }
+
+    #[test]
+    fn a_trace_past_its_split_size_goes_on_in_numbered_files_that_each_load() {
+        let path = scratch("split");
+        let mut opts = TraceOptions::new(path.clone());
+        opts.split_bytes = 1000;
+        let mut w = TraceWriter::create(opts).expect("create");
+        for i in 0..50 {
+            w.call(&ev(7, "MPI_Send", 1000 * i)).expect("call");
+        }
+        let s = w.finish().expect("finish");
+        assert!(s.files.len() > 2, "{:?}", s.files);
+        assert_eq!(s.files[1], part_path(&path, 2));
+        let total: usize = s.files.iter().map(|f| slices(&load(f))).sum();
+        assert_eq!(total, 50);
+    }
+
+    #[test]
+    fn a_window_keeps_the_calls_that_start_inside_it() {
+        let path = scratch("window");
+        let mut opts = TraceOptions::new(path.clone());
+        opts.window = Some((1.0, 2.0));
+        let mut w = TraceWriter::create(opts).expect("create");
+        for s in [
+            0u64,
+            500_000_000,
+            1_000_000_000,
+            1_500_000_000,
+            2_500_000_000,
+        ] {
+            w.call(&ev(7, "MPI_Send", s)).expect("call");
+        }
+        assert_eq!(w.finish().expect("finish").events, 2);
+    }
+
+    #[test]
+    fn unknown_formats_are_refused_with_the_list() {
+        let e = TraceWriter::create(TraceOptions::new("/tmp/x.perfetto".into()))
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("FILE.json"), "{e}");
+    }
+}

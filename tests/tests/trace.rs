@@ -1,0 +1,273 @@
+//! Timelines (`record --trace`, `commtap trace`), loaded in a real consumer: Chrome
+//! DevTools' trace engine. Every slice it finds is a call the program made: per rank and
+//! routine, slices and bytes equal the profile's counts (which equal the program's truth).
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use commtap_tests::*;
+use serde_json::Value;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// Asserts that rank `pid`'s slices in the trace equal `expected` (calls, bytes) per routine.
+#[track_caller]
+fn assert_traced(summary: &Value, pid: u64, expected: &BTreeMap<String, (u64, u64)>) {
+    assert_eq!(
+        &traced_routines(summary, pid),
+        expected,
+        "pid {pid}: slices and bytes per routine in the trace"
+    );
+}
+
+/// A launched job's trace holds every call of every rank, each rank a named process with
+/// its own track; nothing was lost.
+fn launched_trace_matches_profile(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("trace-launch-{}", mpi.suffix()));
+    let prog = build_program("mpi_truth.c", mpi);
+    let (out, trace, prefix) = (
+        scratch.path("profile.json"),
+        scratch.path("job.json"),
+        scratch.path("truth"),
+    );
+    let mut args: Vec<String> = vec![
+        "record".into(),
+        "--trace".into(),
+        trace.display().to_string(),
+        "--format".into(),
+        "json".into(),
+        "-o".into(),
+        out.display().to_string(),
+        "--".into(),
+    ];
+    args.extend(mpi.launcher(2));
+    args.push(prog.display().to_string());
+    args.push(prefix.display().to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    assert!(run.stderr.contains("trace: "), "{}", run.stderr);
+
+    let profile = read_json(&out);
+    let truths = read_truths(&prefix, 2);
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    let summary = devtools_summary(&trace);
+    let host = profile["ranks"][0]["host"].as_str().expect("host");
+    for truth in &truths {
+        let pid = truth["pid"].as_u64().expect("pid");
+        let rank = rank_by_pid(&profile, pid);
+        assert_traced(&summary, pid, &routine_table(&rank["routines"]));
+        let process = &summary["processes"][pid.to_string()];
+        assert_eq!(
+            process["name"],
+            format!("rank {} ({host})", truth["rank"]),
+            "{process}"
+        );
+        assert_eq!(process["threads"][pid.to_string()], "main", "{process}");
+    }
+    let lost = &summary["metadata"]["commtap"]["calls_lost"];
+    assert_eq!(
+        (&lost["ring_buffer_full"], &lost["reader_too_slow"]),
+        (&Value::from(0), &Value::from(0)),
+        "{lost}"
+    );
+}
+
+#[test]
+fn a_launched_open_mpi_jobs_trace_holds_every_call_of_every_rank() {
+    launched_trace_matches_profile(Mpi::OpenMpi);
+}
+
+#[test]
+fn a_launched_mpich_jobs_trace_holds_every_call_of_every_rank() {
+    launched_trace_matches_profile(Mpi::Mpich);
+}
+
+/// `mpi_loop`'s truth file of `rank`.
+fn loop_truth(scratch: &Scratch, rank: u32) -> PathBuf {
+    PathBuf::from(format!("{}.{rank}.json", scratch.path("truth").display()))
+}
+
+/// `record --pid --trace` stopped by `signal` once the ranks are done: the trace loads,
+/// and holds exactly the calls made after the attach.
+fn trace_stopped_by(signal: i32, name: &str) {
+    let scratch = Scratch::new(name);
+    let hold = scratch.path("hold");
+    let (mut job, ranks) = start_waiting_loop(
+        &scratch,
+        Mpi::OpenMpi,
+        2,
+        300,
+        &[("COMMTAP_TEST_HOLD", path_str(&hold))],
+    );
+    let trace = scratch.path("t.json");
+    let (commtap, _) = record_attached_with(&scratch, &ranks, &["--trace", path_str(&trace)]);
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    wait_until("both ranks' truths", LIMIT, || {
+        loop_truth(&scratch, 0).exists() && loop_truth(&scratch, 1).exists()
+    });
+    // SAFETY: kill(2) of the commtap we spawned.
+    unsafe { libc::kill(commtap.0.id() as i32, signal) };
+    finish_ok(&scratch, commtap, LIMIT);
+    let summary = devtools_summary(&trace);
+    for truth in read_truths(&scratch.path("truth"), 2) {
+        let pid = truth["pid"].as_u64().expect("pid");
+        assert_traced(&summary, pid, &routine_table(&truth["routines"]));
+    }
+    std::fs::write(&hold, b"").expect("hold file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+}
+
+#[test]
+fn a_trace_stopped_by_sigterm_is_complete() {
+    trace_stopped_by(libc::SIGTERM, "trace-sigterm");
+}
+
+#[test]
+fn a_trace_stopped_by_ctrl_c_is_complete() {
+    trace_stopped_by(libc::SIGINT, "trace-sigint");
+}
+
+/// A trace larger than its split size goes on in numbered files; each loads on its own and
+/// together they hold every call; filters leave out what they name, and nothing else.
+#[test]
+fn a_large_trace_is_split_into_files_that_each_load() {
+    let scratch = Scratch::new("trace-split");
+    let n = 4000u64;
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, n, &[]);
+    let trace = scratch.path("t.json");
+    let (commtap, _) = record_attached_with(
+        &scratch,
+        &ranks,
+        &[
+            "--trace",
+            path_str(&trace),
+            "--split-mb",
+            "1",
+            "--skip-routines",
+            "MPI_Barrier,MPI_Finalize",
+        ],
+    );
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let run = finish_ok(&scratch, commtap, LIMIT);
+    let parts: Vec<PathBuf> = (1..)
+        .map(|i| {
+            if i == 1 {
+                trace.clone()
+            } else {
+                scratch.path(&format!("t.{i}.json"))
+            }
+        })
+        .take_while(|p| p.exists())
+        .collect();
+    assert!(parts.len() >= 2, "one file only: {}", run.stderr);
+    let mut total: BTreeMap<u64, BTreeMap<String, (u64, u64)>> = BTreeMap::new();
+    for part in &parts {
+        let size = std::fs::metadata(part).expect("part").len();
+        assert!(size < 2 << 20, "{} is {size} bytes", part.display());
+        let summary = devtools_summary(part);
+        for &pid in &ranks {
+            for (routine, (slices, bytes)) in traced_routines(&summary, u64::from(pid)) {
+                let t = total
+                    .entry(u64::from(pid))
+                    .or_default()
+                    .entry(routine)
+                    .or_default();
+                t.0 += slices;
+                t.1 += bytes;
+            }
+        }
+    }
+    for truth in read_truths(&scratch.path("truth"), 2) {
+        let pid = truth["pid"].as_u64().expect("pid");
+        let mut expected = routine_table(&truth["routines"]);
+        expected.remove("MPI_Barrier");
+        assert_eq!(total.get(&pid), Some(&expected), "pid {pid}");
+    }
+}
+
+/// `commtap trace` from a daemon, for a job already running: every call from the moment
+/// it is streaming, each rank named; it ends by itself when the ranks have exited.
+#[test]
+fn a_trace_from_a_daemon_holds_every_call_until_the_ranks_exit() {
+    let scratch = Scratch::new("trace-daemon");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 200, &[]);
+    let pids: Vec<u64> = ranks.iter().map(|p| u64::from(*p)).collect();
+    wait_for_state(&daemon.target, &pids, "probed");
+    let trace = scratch.path("t.json");
+    let ready = scratch.path("trace.ready");
+    let list = ranks
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let tracer = spawn_commtap(
+        &scratch,
+        &[
+            "trace",
+            "--from",
+            &daemon.target,
+            "--pid",
+            &list,
+            "-o",
+            path_str(&trace),
+            "--ready-file",
+            path_str(&ready),
+        ],
+    );
+    wait_until("the trace to stream", LIMIT, || ready.exists());
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    finish_ok(&scratch, tracer, LIMIT);
+    let summary = devtools_summary(&trace);
+    for truth in read_truths(&scratch.path("truth"), 2) {
+        let pid = truth["pid"].as_u64().expect("pid");
+        let mut expected = routine_table(&truth["routines"]);
+        // After its truth is written, each rank calls MPI_Finalize.
+        expected.insert("MPI_Finalize".into(), (1, 0));
+        assert_traced(&summary, pid, &expected);
+        assert_eq!(
+            summary["processes"][pid.to_string()]["name"]
+                .as_str()
+                .map(|n| n.starts_with(&format!("rank {} (", truth["rank"]))),
+            Some(true),
+            "{summary}"
+        );
+    }
+    daemon.stop(&scratch);
+}
+
+/// A trace that cannot be written fails before the job starts; an unknown format is
+/// refused with the list of formats.
+#[test]
+fn a_trace_that_cannot_be_written_fails_before_the_job_starts() {
+    let scratch = Scratch::new("trace-bad");
+    let marker = scratch.path("ran");
+    for (file, needle) in [
+        (
+            Path::new("/nonexistent/dir/t.json").to_path_buf(),
+            "No such file",
+        ),
+        (scratch.path("t.perfetto"), "FILE.json"),
+    ] {
+        let run = run_commtap(
+            &scratch,
+            &[
+                "record",
+                "--trace",
+                path_str(&file),
+                "--",
+                "touch",
+                path_str(&marker),
+            ],
+            LIMIT,
+        );
+        assert!(!run.status.success(), "{}", run.stderr);
+        assert!(run.stderr.contains(needle), "{}", run.stderr);
+        assert!(!marker.exists(), "the command ran");
+    }
+}
