@@ -540,11 +540,7 @@ pub fn record_attached_with(
 ) -> (ChildGuard, PathBuf) {
     let out = scratch.path("profile.json");
     let ready = scratch.path("commtap.ready");
-    let pids = pids
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
+    let pids = pid_list(pids);
     let mut args = vec![
         "record",
         "--pid",
@@ -929,4 +925,12 @@ pub fn traced_routines(
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Pids as a command line's comma-separated list (`--pid 811,812`).
+pub fn pid_list(pids: &[u32]) -> String {
+    pids.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }

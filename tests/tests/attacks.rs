@@ -436,11 +436,7 @@ fn aggregator_callers_do_only_what_their_certificates_allow() {
     let job_id = format!("attack{}", std::process::id());
     let (mut job, ranks) =
         start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 50, &[("SLURM_JOB_ID", &job_id)]);
-    let pids = ranks
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
+    let pids = pid_list(&ranks);
     let daemon = Daemon::start(
         &scratch,
         &[],

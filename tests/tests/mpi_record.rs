@@ -338,8 +338,8 @@ fn a_library_loaded_late_with_dlopen_is_found_and_counted() {
 }
 
 /// `record --pid` stopped by `signal` while the job is still running (done with its
-/// counted calls, held before MPI_Finalize): the report is written complete and exact, and
-/// `record` exits 0, as on Ctrl-C.
+/// counted calls, held before MPI_Finalize): the report is written complete and exact, its
+/// trace is complete (it loads, every call in it), and `record` exits 0, as on Ctrl-C.
 fn record_stopped_by(signal: i32, name: &str) {
     let scratch = Scratch::new(name);
     let hold = scratch.path("hold");
@@ -350,7 +350,9 @@ fn record_stopped_by(signal: i32, name: &str) {
         300,
         &[("COMMTAP_TEST_HOLD", path_str(&hold))],
     );
-    let (commtap, out) = record_attached(&scratch, &ranks);
+    // With a trace: it must be complete too (loaded by DevTools' engine).
+    let trace = scratch.path("t.json");
+    let (commtap, out) = record_attached_with(&scratch, &ranks, &["--trace", path_str(&trace)]);
     std::fs::write(scratch.path("go"), b"go").expect("go file");
     let truth =
         |r: u32| std::path::PathBuf::from(format!("{}.{r}.json", scratch.path("truth").display()));
@@ -360,11 +362,17 @@ fn record_stopped_by(signal: i32, name: &str) {
     // SAFETY: kill(2) of the commtap we spawned.
     unsafe { libc::kill(commtap.0.id() as i32, signal) };
     finish_ok(&scratch, commtap, LIMIT);
-    assert_profile_matches(
-        &read_json(&out),
-        &read_truths(&scratch.path("truth"), 2),
-        &[],
-    );
+    let truths = read_truths(&scratch.path("truth"), 2);
+    assert_profile_matches(&read_json(&out), &truths, &[]);
+    let summary = devtools_summary(&trace);
+    for truth in &truths {
+        let pid = truth["pid"].as_u64().expect("pid");
+        assert_eq!(
+            traced_routines(&summary, pid),
+            routine_table(&truth["routines"]),
+            "pid {pid}: the trace's slices and bytes"
+        );
+    }
     std::fs::write(&hold, b"").expect("hold file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
 }

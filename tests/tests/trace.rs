@@ -85,51 +85,6 @@ fn a_launched_mpich_jobs_trace_holds_every_call_of_every_rank() {
     launched_trace_matches_profile(Mpi::Mpich);
 }
 
-/// `mpi_loop`'s truth file of `rank`.
-fn loop_truth(scratch: &Scratch, rank: u32) -> PathBuf {
-    PathBuf::from(format!("{}.{rank}.json", scratch.path("truth").display()))
-}
-
-/// `record --pid --trace` stopped by `signal` once the ranks are done: the trace loads,
-/// and holds exactly the calls made after the attach.
-fn trace_stopped_by(signal: i32, name: &str) {
-    let scratch = Scratch::new(name);
-    let hold = scratch.path("hold");
-    let (mut job, ranks) = start_waiting_loop(
-        &scratch,
-        Mpi::OpenMpi,
-        2,
-        300,
-        &[("COMMTAP_TEST_HOLD", path_str(&hold))],
-    );
-    let trace = scratch.path("t.json");
-    let (commtap, _) = record_attached_with(&scratch, &ranks, &["--trace", path_str(&trace)]);
-    std::fs::write(scratch.path("go"), b"go").expect("go file");
-    wait_until("both ranks' truths", LIMIT, || {
-        loop_truth(&scratch, 0).exists() && loop_truth(&scratch, 1).exists()
-    });
-    // SAFETY: kill(2) of the commtap we spawned.
-    unsafe { libc::kill(commtap.0.id() as i32, signal) };
-    finish_ok(&scratch, commtap, LIMIT);
-    let summary = devtools_summary(&trace);
-    for truth in read_truths(&scratch.path("truth"), 2) {
-        let pid = truth["pid"].as_u64().expect("pid");
-        assert_traced(&summary, pid, &routine_table(&truth["routines"]));
-    }
-    std::fs::write(&hold, b"").expect("hold file");
-    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
-}
-
-#[test]
-fn a_trace_stopped_by_sigterm_is_complete() {
-    trace_stopped_by(libc::SIGTERM, "trace-sigterm");
-}
-
-#[test]
-fn a_trace_stopped_by_ctrl_c_is_complete() {
-    trace_stopped_by(libc::SIGINT, "trace-sigint");
-}
-
 /// A trace larger than its split size goes on in numbered files; each loads on its own and
 /// together they hold every call; filters leave out what they name, and nothing else.
 #[test]
@@ -200,11 +155,7 @@ fn a_trace_from_a_daemon_holds_every_call_until_the_ranks_exit() {
     wait_for_state(&daemon.target, &pids, "probed");
     let trace = scratch.path("t.json");
     let ready = scratch.path("trace.ready");
-    let list = ranks
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
+    let list = pid_list(&ranks);
     let tracer = spawn_commtap(
         &scratch,
         &[
