@@ -50,6 +50,8 @@ pub struct DaemonOptions {
     pub call_events: bool,
     /// New processes' identities from the kernel's events only (tests).
     pub identity_from_kernel: bool,
+    /// Added to every time the API gives out (tests: a node whose clock is off).
+    pub clock_offset_ns: i64,
     /// bpffs directory keeping the counting maps across restarts (None: not kept).
     pub state_dir: Option<PathBuf>,
     /// Also serve the API on this TCP address, with this TLS (None: plaintext, asked for).
@@ -135,6 +137,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         detached: Mutex::default(),
         event_streams: Default::default(),
         call_events: opts.call_events,
+        clock_offset_ns: opts.clock_offset_ns,
     });
     let listener = socket::bind_unix(&opts.socket, opts.socket_mode).await?;
     let (health, health_service) = tonic_health::server::health_reporter();

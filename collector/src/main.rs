@@ -225,6 +225,10 @@ struct DaemonArgs {
     /// only, as for a process that exits before its /proc entry can be read.
     #[arg(long, hide = true)]
     identity_from_kernel: bool,
+    /// Tests: add this many ns to every time the API gives out (call events, Clock), as
+    /// a node whose clock is off would.
+    #[arg(long, hide = true, default_value_t = 0, allow_hyphen_values = true)]
+    test_clock_offset_ns: i64,
     /// Also serve the API on this TCP address (needs --tls-cert/--tls-key, or
     /// --insecure-tcp). A TCP caller sees every process only with a client certificate
     /// signed by --tls-client-ca; any other TCP caller is treated as a user who owns no
@@ -567,10 +571,12 @@ struct TraceArgs {
     /// The trace file: FILE.json is the Chrome Trace Event Format.
     #[arg(short, long, value_name = "FILE")]
     output: PathBuf,
-    /// The daemon: unix:///path/to.sock or https://host:port.
+    /// A node's daemon: unix:///path/to.sock or https://host:port. Repeat it for a job on
+    /// several nodes: one file, every node's calls on the first node's clock.
     #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
-    from: Target,
-    /// Only these processes (comma separated); the trace ends when all have exited.
+    from: Vec<Target>,
+    /// Only these processes (comma separated; one --from); the trace ends when all have
+    /// exited.
     #[arg(short, long, value_delimiter = ',')]
     pid: Vec<u32>,
     /// Only the ranks of this job (as `commtap ps` shows it); the trace ends when all of
@@ -737,6 +743,7 @@ fn main() -> ExitCode {
                     push_interval: a.push_interval,
                     call_events: a.probe.call_events,
                     identity_from_kernel: a.identity_from_kernel,
+                    clock_offset_ns: a.test_clock_offset_ns,
                     state_dir,
                     listen: match a.listen {
                         Some(addr) => Some((
@@ -763,13 +770,14 @@ fn main() -> ExitCode {
             Command::Detach(a) => client::detach(&a.target.from, a.target.pid, &a.out).await,
             Command::Events(a) => client::events(&a.from, a.pid, a.duration).await,
             Command::Trace(a) => {
-                let request = client::TraceRequest {
+                let request = trace::remote::TraceRequest {
                     pids: a.pid,
                     job: a.job,
                     duration: a.duration,
                     ready_file: a.ready_file,
                 };
-                let summary = client::trace(&a.from, request, a.filter.options(a.output)).await?;
+                let summary =
+                    trace::remote::trace(&a.from, request, a.filter.options(a.output)).await?;
                 eprintln!("{summary}");
                 Ok(())
             }

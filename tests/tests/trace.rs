@@ -222,3 +222,138 @@ fn a_trace_that_cannot_be_written_fails_before_the_job_starts() {
         assert!(!marker.exists(), "the command ran");
     }
 }
+
+/// End times (µs on the trace's axis) of each process's calls of `routine`, in order.
+fn ends_of(trace: &Value, routine: &str) -> BTreeMap<u64, Vec<f64>> {
+    let mut ends: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+    for e in trace["traceEvents"].as_array().expect("events") {
+        if e["ph"] == "X" && e["name"] == routine {
+            let (ts, dur) = (
+                e["ts"].as_f64().expect("ts"),
+                e["dur"].as_f64().expect("dur"),
+            );
+            ends.entry(e["pid"].as_u64().expect("pid"))
+                .or_default()
+                .push(ts + dur);
+        }
+    }
+    for v in ends.values_mut() {
+        v.sort_by(f64::total_cmp);
+    }
+    ends
+}
+
+/// One job, two "nodes" (a daemon each, watching half of the ranks), the second node's
+/// clock 5 s ahead: `commtap trace --from A --from B --job J` writes one trace with every
+/// rank's calls, the offset it reports equals the injected one within the error it
+/// reports, and after correction both halves of each MPI_Allreduce end together.
+#[test]
+fn a_trace_of_two_nodes_puts_both_on_one_clock() {
+    const OFFSET_NS: i64 = 5_000_000_000;
+    let scratch = Scratch::new("trace-two-nodes");
+    let job_id = format!("trace{}", std::process::id());
+    let n = 200u64;
+    let (mut job, ranks) =
+        start_waiting_loop(&scratch, Mpi::OpenMpi, 4, n, &[("SLURM_JOB_ID", &job_id)]);
+    let offset = OFFSET_NS.to_string();
+    let nodes = [
+        ("node-a", &ranks[..2], "0"),
+        ("node-b", &ranks[2..], offset.as_str()),
+    ];
+    let mut daemons = Vec::new();
+    for (node, pids, clock) in nodes {
+        let node_scratch = Scratch::new(&format!("trace-{node}"));
+        let list = pid_list(pids);
+        let d = Daemon::start(
+            &node_scratch,
+            &[],
+            &[],
+            &[
+                "--node-name",
+                node,
+                "--pid",
+                &list,
+                "--test-clock-offset-ns",
+                clock,
+            ],
+        );
+        let watched: Vec<u64> = pids.iter().map(|p| u64::from(*p)).collect();
+        wait_for_state(&d.target, &watched, "probed");
+        daemons.push((node_scratch, d));
+    }
+    let trace = scratch.path("t.json");
+    let ready = scratch.path("trace.ready");
+    let tracer = spawn_commtap(
+        &scratch,
+        &[
+            "trace",
+            "--from",
+            &daemons[0].1.target,
+            "--from",
+            &daemons[1].1.target,
+            "--job",
+            &job_id,
+            "-o",
+            path_str(&trace),
+            "--ready-file",
+            path_str(&ready),
+        ],
+    );
+    wait_until("the trace to stream from both nodes", LIMIT, || {
+        ready.exists()
+    });
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let run = finish_ok(&scratch, tracer, LIMIT);
+    assert!(run.stderr.contains("clocks aligned"), "{}", run.stderr);
+
+    // Every rank, named by its node.
+    let summary = devtools_summary(&trace);
+    for truth in read_truths(&scratch.path("truth"), 4) {
+        let pid = truth["pid"].as_u64().expect("pid");
+        let mut expected = routine_table(&truth["routines"]);
+        expected.insert("MPI_Finalize".into(), (1, 0));
+        assert_traced(&summary, pid, &expected);
+        let node = if ranks[..2].contains(&(pid as u32)) {
+            "node-a"
+        } else {
+            "node-b"
+        };
+        assert_eq!(
+            summary["processes"][pid.to_string()]["name"],
+            format!("rank {} ({node})", truth["rank"]),
+        );
+    }
+
+    // The offset found is the injected one, within the error it states.
+    let raw = read_json(&trace);
+    let clocks = &raw["metadata"]["commtap"]["clock"]["nodes"];
+    assert_eq!(clocks[1]["node"], "node-b", "{clocks}");
+    let found = clocks[1]["offset_ns"].as_i64().expect("offset");
+    let error = clocks[1]["error_ns"].as_u64().expect("error");
+    assert!(
+        found.abs_diff(OFFSET_NS) <= error,
+        "offset {found} ns, error {error} ns, injected {OFFSET_NS} ns"
+    );
+    // Both halves of each allreduce end together once node-b's times are corrected (on
+    // this oversubscribed machine a rank may be descheduled for a few ms: the median).
+    let ends = ends_of(&raw, "MPI_Allreduce");
+    let end = |pid: u32| &ends[&u64::from(pid)];
+    let mut gaps: Vec<f64> = (0..n as usize)
+        .map(|k| (end(ranks[0])[k] - end(ranks[2])[k]).abs())
+        .collect();
+    gaps.sort_by(f64::total_cmp);
+    let median_us = gaps[gaps.len() / 2];
+    eprintln!(
+        "node-b: offset {found} ns (injected {OFFSET_NS}), error {error} ns; median gap \
+         between the nodes' allreduce ends {median_us:.1} µs"
+    );
+    let slack_us = error as f64 / 1e3 + 50_000.0;
+    assert!(
+        median_us <= slack_us,
+        "median gap between the nodes' allreduce ends: {median_us} µs (error {error} ns)"
+    );
+    for (node_scratch, d) in daemons {
+        d.stop(&node_scratch);
+    }
+}

@@ -47,6 +47,15 @@ pub struct NodeState {
     pub call_events: bool,
     /// Final profiles let go before their time by [`NodeState::keep_finished`]'s caps.
     pub finished_dropped: std::sync::atomic::AtomicU64,
+    /// Added to every time the API gives out (0 but in tests of clock alignment).
+    pub clock_offset_ns: i64,
+}
+
+impl NodeState {
+    /// A time of this node's monotonic clock as the API gives it out.
+    pub fn api_time(&self, ns: u64) -> u64 {
+        ns.saturating_add_signed(self.clock_offset_ns)
+    }
 }
 
 /// Most final profiles of exited processes kept at once, and per user: a user starting
@@ -364,6 +373,16 @@ impl pb::node_server::Node for NodeService {
 
     type StreamEventsStream = EventStream;
 
+    async fn clock(
+        &self,
+        _req: Request<pb::ClockRequest>,
+    ) -> Result<Response<pb::ClockResponse>, Status> {
+        Ok(Response::new(pb::ClockResponse {
+            monotonic_ns: self.state.api_time(monotonic_ns()),
+            node: self.state.node.clone(),
+        }))
+    }
+
     async fn stream_events(
         &self,
         req: Request<pb::StreamEventsRequest>,
@@ -419,7 +438,9 @@ fn event_stream(
             loop {
                 match feed.try_recv() {
                     Ok(FeedItem::Call(ev)) if visible(&ev.tgid) => {
-                        events.push(crate::trace::call_event(&ev));
+                        let mut ev = crate::trace::call_event(&ev);
+                        ev.start_ns = state.api_time(ev.start_ns);
+                        events.push(ev);
                     }
                     Ok(FeedItem::Exited(pid)) if visible(&pid) => exited.push(pid),
                     Ok(_) => {}

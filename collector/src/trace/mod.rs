@@ -4,6 +4,7 @@
 //! and written into the file.
 
 pub mod chrome;
+pub mod remote;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -126,12 +127,22 @@ pub struct TraceSummary {
     pub events: u64,
     /// Calls not written.
     pub lost: Lost,
+    /// With several nodes: the node whose calls' times are least certain, and by how much
+    /// (ns).
+    pub largest_clock_error: Option<(String, u64)>,
 }
 
 impl std::fmt::Display for TraceSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let files: Vec<String> = self.files.iter().map(|p| p.display().to_string()).collect();
         write!(f, "trace: {} calls in {}", self.events, files.join(", "))?;
+        if let Some((node, ns)) = &self.largest_clock_error {
+            write!(
+                f,
+                "; nodes' clocks aligned to within {:.3} ms (largest error: {node})",
+                *ns as f64 / 1e6
+            )?;
+        }
         let l = &self.lost;
         if l.total() > 0 {
             write!(
@@ -167,8 +178,9 @@ pub struct TraceWriter {
     per_process: BTreeMap<u32, u64>,
     events: u64,
     lost: Lost,
-    /// A note on the time axis, written into the metadata.
-    clock: String,
+    /// The time axis and each node's clock offset, written into the metadata.
+    clocks: serde_json::Value,
+    largest_clock_error: Option<(String, u64)>,
 }
 
 impl TraceWriter {
@@ -190,7 +202,8 @@ impl TraceWriter {
             per_process: BTreeMap::new(),
             events: 0,
             lost: Lost::default(),
-            clock: "one node: every rank's CLOCK_MONOTONIC, nothing corrected".into(),
+            clocks: "one node: every rank's CLOCK_MONOTONIC, nothing corrected".into(),
+            largest_clock_error: None,
         };
         w.write(chrome::HEADER)?;
         Ok(w)
@@ -218,6 +231,12 @@ impl TraceWriter {
     /// Calls the reader lost (cumulative count from the feed, or an increment).
     pub fn lost_by_reader(&mut self, n: u64) {
         self.lost.reader_too_slow += n;
+    }
+
+    /// The time axis and the nodes' clock offsets (metadata), and the largest error.
+    pub fn set_clocks(&mut self, clocks: serde_json::Value, largest: Option<(String, u64)>) {
+        self.clocks = clocks;
+        self.largest_clock_error = largest;
     }
 
     /// Calls the kernel could not queue, as the ranks' profiles count them.
@@ -274,6 +293,7 @@ impl TraceWriter {
             files: self.files,
             events: self.events,
             lost: self.lost,
+            largest_clock_error: self.largest_clock_error,
         })
     }
 
@@ -297,7 +317,7 @@ impl TraceWriter {
                 "calls_written": self.events,
                 "calls_lost": self.lost,
                 "max_events_policy": "the first --max-events calls of each process are kept",
-                "clock": self.clock,
+                "clock": self.clocks,
             }
         });
         tail.push_str(&chrome::footer(&meta));

@@ -1,0 +1,370 @@
+//! `commtap trace`: calls streamed from one or more node daemons (StreamEvents) into one
+//! trace, each node's clock put on the first node's axis.
+//!
+//! Clocks: every rank of a node stamps its calls with the node's CLOCK_MONOTONIC, which
+//! means nothing on another node. For each daemon, commtap asks its clock (`Clock`) several
+//! times and keeps the answer with the shortest round trip: the node's time was read
+//! somewhere inside that round trip, so its offset from ours is known to within half of
+//! it. Offsets are estimated when the trace starts and again when it ends; the calls are
+//! moved by the first estimate, and the error written into the trace is the round trips'
+//! plus how far the offset drifted meanwhile.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use tokio_stream::StreamExt as _;
+use tonic::transport::Channel;
+
+use super::{ProcessName, TraceOptions, TraceSummary, TraceWriter};
+use crate::{
+    ingest::monotonic_ns,
+    report::JobProfile,
+    serve::{
+        pb::{self, node_client::NodeClient},
+        socket::{connect, Target},
+    },
+};
+
+/// Which calls `commtap trace` takes, and until when.
+#[derive(Debug, Default)]
+pub struct TraceRequest {
+    /// Only these processes (of the one daemon asked).
+    pub pids: Vec<u32>,
+    /// Only this job's processes, as each daemon lists them when the trace starts.
+    pub job: Option<String>,
+    /// Stop after this long.
+    pub duration: Option<Duration>,
+    /// Created once every call from then on goes into the trace.
+    pub ready_file: Option<std::path::PathBuf>,
+}
+
+/// Clock requests per estimate: the shortest round trip of these bounds the error.
+const CLOCK_SAMPLES: usize = 16;
+
+/// A node's clock against ours.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClockEstimate {
+    /// Node time minus our time, ns.
+    pub offset_ns: i64,
+    /// How far off `offset_ns` may be (half the shortest round trip), ns.
+    pub error_ns: u64,
+}
+
+impl ClockEstimate {
+    /// The estimate from one exchange: we read `sent` and `received` around the node's
+    /// `remote` reading.
+    pub fn from_exchange(sent: u64, remote: u64, received: u64) -> ClockEstimate {
+        let rtt = received.saturating_sub(sent);
+        let mid = sent + rtt / 2;
+        ClockEstimate {
+            offset_ns: remote as i64 - mid as i64,
+            error_ns: rtt.div_ceil(2),
+        }
+    }
+}
+
+/// Estimates `client`'s node clock against ours: the best of [`CLOCK_SAMPLES`] exchanges.
+pub async fn estimate_clock(client: &mut NodeClient<Channel>) -> Result<(ClockEstimate, String)> {
+    let mut best: Option<ClockEstimate> = None;
+    let mut node = String::new();
+    for _ in 0..CLOCK_SAMPLES {
+        let sent = monotonic_ns();
+        let reply = client
+            .clock(pb::ClockRequest {})
+            .await
+            .context("Clock")?
+            .into_inner();
+        let received = monotonic_ns();
+        let e = ClockEstimate::from_exchange(sent, reply.monotonic_ns, received);
+        if best.is_none_or(|b| e.error_ns < b.error_ns) {
+            best = Some(e);
+        }
+        node = reply.node;
+    }
+    Ok((best.expect("at least one sample"), node))
+}
+
+/// One daemon the trace reads.
+struct Source {
+    client: NodeClient<Channel>,
+    node: String,
+    /// Processes asked for (empty: all).
+    pids: BTreeSet<u32>,
+    /// Of those, the ones still running.
+    running: BTreeSet<u32>,
+    start_clock: ClockEstimate,
+    /// Its pids as the trace shows them (another node's process may have the same pid).
+    trace_pid: BTreeMap<u32, u32>,
+    streaming: bool,
+}
+
+/// The daemons' names for their processes, by pid.
+async fn process_names(source: &mut Source) -> Result<BTreeMap<u32, pb::ProcessState>> {
+    let list = source
+        .client
+        .list_processes(pb::ListProcessesRequest {})
+        .await
+        .context("ListProcesses")?
+        .into_inner();
+    Ok(list.processes.into_iter().map(|p| (p.pid, p)).collect())
+}
+
+/// Connects to every daemon and works out what to stream from each.
+async fn open_sources(from: &[Target], request: &TraceRequest) -> Result<Vec<Source>> {
+    if from.len() > 1 && !request.pids.is_empty() {
+        bail!("--pid names one node's processes: give one --from with it (or --job)");
+    }
+    let mut sources = Vec::new();
+    for target in from {
+        let mut client = crate::serve::node_client(connect(target).await?);
+        let (start_clock, node) = match estimate_clock(&mut client).await {
+            Ok(c) => c,
+            Err(e)
+                if e.downcast_ref::<tonic::Status>()
+                    .is_some_and(|s| s.code() == tonic::Code::Unimplemented) =>
+            {
+                bail!(
+                    "{target:?} does not serve the node API (an aggregator?): take a trace \
+                     from the nodes' daemons, one --from each"
+                )
+            }
+            Err(e) => return Err(e),
+        };
+        let mut source = Source {
+            client,
+            node,
+            pids: request.pids.iter().copied().collect(),
+            running: BTreeSet::new(),
+            start_clock,
+            trace_pid: BTreeMap::new(),
+            streaming: false,
+        };
+        if let Some(job) = &request.job {
+            let of_job: Vec<u32> = process_names(&mut source)
+                .await?
+                .into_values()
+                .filter(|p| &p.job == job && !p.exited)
+                .map(|p| p.pid)
+                .collect();
+            if of_job.is_empty() {
+                // With several nodes, a node may hold none of the job's ranks.
+                if from.len() == 1 {
+                    bail!("job {job}: the daemon lists no running process of it (`commtap ps`)");
+                }
+                continue;
+            }
+            source.pids.extend(of_job);
+        }
+        source.running = source.pids.clone();
+        sources.push(source);
+    }
+    if sources.is_empty() {
+        bail!(
+            "job {}: no daemon lists a running process of it",
+            request.job.as_deref().unwrap_or("")
+        );
+    }
+    Ok(sources)
+}
+
+/// `commtap trace`: every call of the daemons' processes into a trace file, until the
+/// duration ends, a signal comes, or every process asked for has exited.
+pub async fn trace(
+    from: &[Target],
+    request: TraceRequest,
+    opts: TraceOptions,
+) -> Result<TraceSummary> {
+    let mut writer = TraceWriter::create(opts)?;
+    let mut sources = open_sources(from, &request).await?;
+    // Every stream feeds one channel: (source, batch).
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Result<pb::EventBatch>)>(64);
+    for (i, source) in sources.iter_mut().enumerate() {
+        let mut stream = source
+            .client
+            .stream_events(pb::StreamEventsRequest {
+                pids: source.pids.iter().copied().collect(),
+            })
+            .await
+            .with_context(|| format!("StreamEvents from {}", source.node))?
+            .into_inner();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(b) = stream.next().await {
+                let failed = b.is_err();
+                if tx.send((i, b.map_err(anyhow::Error::from))).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+    }
+    drop(tx);
+    let stop = tokio::time::sleep(
+        request
+            .duration
+            .unwrap_or(Duration::from_secs(u64::MAX / 4)),
+    );
+    tokio::pin!(stop);
+    let mut signals = crate::signals::StopSignals::listen()?;
+    let reference = sources[0].start_clock;
+    let mut lost_by_source = vec![0u64; sources.len()];
+    let mut taken: BTreeSet<u32> = BTreeSet::new();
+    let mut next_synthetic = 1u32 << 22;
+    let started = Instant::now();
+    loop {
+        let (i, batch) = tokio::select! {
+            _ = &mut stop => break,
+            name = signals.recv() => {
+                crate::signals::stopping(name, "finishing the trace");
+                break;
+            }
+            b = rx.recv() => match b {
+                Some(b) => b,
+                None => break,
+            },
+        };
+        let batch = batch.with_context(|| format!("StreamEvents from {}", sources[i].node))?;
+        let source = &mut sources[i];
+        if !source.streaming {
+            source.streaming = true;
+            if let Some(path) = &request.ready_file {
+                if sources.iter().all(|s| s.streaming) {
+                    crate::report::write_file(path, b"streaming\n")
+                        .with_context(|| format!("writing {}", path.display()))?;
+                }
+            }
+        }
+        let source = &mut sources[i];
+        writer.lost_by_reader(batch.dropped.saturating_sub(lost_by_source[i]));
+        lost_by_source[i] = batch.dropped;
+        // Onto the first node's clock.
+        let shift = reference.offset_ns - source.start_clock.offset_ns;
+        for mut e in batch.events {
+            let pid = *source.trace_pid.entry(e.pid).or_insert_with(|| {
+                if taken.insert(e.pid) {
+                    e.pid
+                } else {
+                    next_synthetic += 1;
+                    next_synthetic
+                }
+            });
+            e.pid = pid;
+            e.start_ns = e.start_ns.saturating_add_signed(shift);
+            writer.call(&e)?;
+        }
+        let unnamed: BTreeSet<u32> = writer.unnamed().into_iter().collect();
+        if source.trace_pid.values().any(|p| unnamed.contains(p)) {
+            let names = process_names(source).await?;
+            for (pid, shown) in &source.trace_pid {
+                if let Some(p) = names.get(pid).filter(|_| unnamed.contains(shown)) {
+                    writer.name(
+                        *shown,
+                        ProcessName {
+                            rank: p.rank,
+                            host: source.node.clone(),
+                            job: p.job.clone(),
+                        },
+                    );
+                }
+            }
+        }
+        for pid in &batch.exited {
+            source.running.remove(pid);
+        }
+        if sources
+            .iter()
+            .all(|s| !s.pids.is_empty() && s.running.is_empty())
+        {
+            break;
+        }
+    }
+    signals.exit_on_next();
+    finish_sources(&mut writer, &mut sources, started.elapsed()).await?;
+    Ok(writer.finish()?)
+}
+
+/// Names every traced process from its daemon's final profiles, counts what the kernel
+/// could not queue, and writes each node's clock offset and error into the trace.
+async fn finish_sources(
+    writer: &mut TraceWriter,
+    sources: &mut [Source],
+    took: Duration,
+) -> Result<()> {
+    let mut ring_full = 0;
+    let mut clocks = Vec::new();
+    let reference = sources[0].start_clock;
+    for (i, source) in sources.iter_mut().enumerate() {
+        let (end_clock, _) = estimate_clock(&mut source.client).await?;
+        let drift = end_clock.offset_ns.abs_diff(source.start_clock.offset_ns);
+        let (offset, error) = if i == 0 {
+            (0, 0)
+        } else {
+            (
+                source.start_clock.offset_ns - reference.offset_ns,
+                source.start_clock.error_ns + reference.error_ns + drift,
+            )
+        };
+        clocks.push(serde_json::json!({
+            "node": source.node,
+            "offset_ns": offset,
+            "error_ns": error,
+            "drift_ns": drift,
+        }));
+        let snap = source
+            .client
+            .get_snapshot(pb::GetSnapshotRequest::default())
+            .await
+            .context("GetSnapshot")?
+            .into_inner();
+        let Some(wire) = snap.profile else { continue };
+        let profile = JobProfile::try_from(&wire)?;
+        for r in &profile.ranks {
+            if let Some(&shown) = source.trace_pid.get(&r.pid) {
+                ring_full += r.health.dropped;
+                writer.name(
+                    shown,
+                    ProcessName {
+                        rank: r.rank_known.then_some(r.rank),
+                        // The daemon's node name (--node-name), as `commtap ps` says it.
+                        host: source.node.clone(),
+                        job: r.job.clone(),
+                    },
+                );
+            }
+        }
+    }
+    writer.set_ring_buffer_full(ring_full);
+    let largest = clocks
+        .iter()
+        .filter_map(|c| Some((c["node"].as_str()?.to_string(), c["error_ns"].as_u64()?)))
+        .max_by_key(|(_, e)| *e);
+    writer.set_clocks(
+        serde_json::json!({
+            "axis": format!("{}'s CLOCK_MONOTONIC", sources[0].node),
+            "estimated_over_s": took.as_secs_f64(),
+            "nodes": clocks,
+        }),
+        largest.filter(|_| sources.len() > 1),
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exchange_bounds_the_offset_by_half_its_round_trip() {
+        // Sent at 1000, answered at 1400 (ours): the node read 5_001_100 in between.
+        let e = ClockEstimate::from_exchange(1000, 5_001_100, 1400);
+        assert_eq!(e.offset_ns, 5_001_100 - 1200);
+        assert_eq!(e.error_ns, 200);
+        // Whenever in [sent, received] the node read its clock, the truth lies within.
+        for true_mid in [1000i64, 1400] {
+            let true_offset = 5_001_100 - true_mid;
+            assert!(true_offset.abs_diff(e.offset_ns) <= e.error_ns);
+        }
+    }
+}
