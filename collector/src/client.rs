@@ -40,21 +40,52 @@ pub async fn snapshot(from: &Target, job: Option<&str>) -> Result<JobProfile> {
         job: job.unwrap_or_default().to_string(),
         ..Default::default()
     };
-    let resp = match client
-        .get_snapshot(pb::GetSnapshotRequest {
-            filter: Some(filter),
-        })
-        .await
-    {
-        Ok(resp) => resp.into_inner(),
-        Err(s) if s.code() == tonic::Code::Unimplemented => anyhow::bail!(
-            "an aggregator reports one job at a time: give --job (`commtap jobs` lists them)"
-        ),
-        Err(s) => return Err(s).context("GetSnapshot"),
-    };
-    let wire = resp.profile.context("the daemon sent no profile")?;
-    Ok(JobProfile::try_from(&wire)?)
+    node_snapshot(&mut client, filter).await
 }
+
+/// A daemon's profile now, page by page: a node with thousands of ranks does not fit in
+/// one reply.
+pub async fn node_snapshot(
+    client: &mut pb::node_client::NodeClient<tonic::transport::Channel>,
+    filter: pb::ProcessFilter,
+) -> Result<JobProfile> {
+    let mut profile: Option<JobProfile> = None;
+    let mut page_token = String::new();
+    loop {
+        let resp = match client
+            .get_snapshot(pb::GetSnapshotRequest {
+                filter: Some(filter.clone()),
+                page_size: SNAPSHOT_PAGE_RANKS,
+                page_token: page_token.clone(),
+            })
+            .await
+        {
+            Ok(resp) => resp.into_inner(),
+            Err(s) if s.code() == tonic::Code::Unimplemented => anyhow::bail!(
+                "an aggregator reports one job at a time: give --job (`commtap jobs` lists them)"
+            ),
+            Err(s) => return Err(s).context("GetSnapshot"),
+        };
+        let wire = resp.profile.context("the daemon sent no profile")?;
+        let page = JobProfile::try_from(&wire)?;
+        match profile.as_mut() {
+            None => profile = Some(page),
+            Some(p) => p.ranks.extend(page.ranks),
+        }
+        if resp.next_page_token.is_empty() {
+            break;
+        }
+        page_token = resp.next_page_token;
+    }
+    let mut profile = profile.expect("at least one page");
+    profile
+        .ranks
+        .sort_by(|a, b| (a.job.as_str(), a.rank).cmp(&(b.job.as_str(), b.rank)));
+    Ok(profile)
+}
+
+/// Ranks asked for per GetSnapshot page.
+const SNAPSHOT_PAGE_RANKS: u32 = 1000;
 
 /// `s` safe to print on an operator's terminal: control characters (escape sequences a
 /// user put in a command line or a file name) are shown escaped, not sent.
@@ -97,7 +128,7 @@ pub async fn print_processes(from: &Target) -> Result<()> {
             rank,
             printable(&p.job),
             state,
-            printable(&p.cmdline)
+            printable(shortened(&p.cmdline, PS_COMMAND_CHARS))
         );
     }
     for l in &resp.libraries {
@@ -109,6 +140,15 @@ pub async fn print_processes(from: &Target) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Characters of a command line `ps` shows (the JSON profile has it whole): a node with
+/// thousands of ranks lists them in a readable time.
+const PS_COMMAND_CHARS: usize = 256;
+
+/// `s` cut to at most `max` characters.
+fn shortened(s: &str, max: usize) -> &str {
+    s.char_indices().nth(max).map_or(s, |(at, _)| &s[..at])
 }
 
 /// Prints the jobs an aggregator knows, one per line.

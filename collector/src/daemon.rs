@@ -52,6 +52,8 @@ pub struct DaemonOptions {
     pub identity_from_kernel: bool,
     /// Added to every time the API gives out (tests: a node whose clock is off).
     pub clock_offset_ns: i64,
+    /// Made-up exited ranks served beside the real ones (tests of scale).
+    pub synthetic_ranks: u32,
     /// bpffs directory keeping the counting maps across restarts (None: not kept).
     pub state_dir: Option<PathBuf>,
     /// Also serve the API on this TCP address, with this TLS (None: plaintext, asked for).
@@ -139,6 +141,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         call_events: opts.call_events,
         clock_offset_ns: opts.clock_offset_ns,
     });
+    add_synthetic_ranks(&state, opts.synthetic_ranks).await;
     let listener = socket::bind_unix(&opts.socket, opts.socket_mode).await?;
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -369,4 +372,23 @@ fn oversized_is_resource_exhausted<B>(
             .insert("grpc-status", HeaderValue::from_static("8"));
     }
     resp
+}
+
+/// Serves `n` made-up exited ranks (job `synthetic`, pids from 2^30, their command lines at
+/// the 4 KiB cap, spread over 16 users so that the per-user cap keeps them all): what a
+/// node with that many ranks asks of the API, without starting them.
+async fn add_synthetic_ranks(state: &NodeState, n: u32) {
+    let routines: Vec<String> = collector_common::ROUTINES
+        .iter()
+        .take(16)
+        .map(|r| r.name.to_string())
+        .collect();
+    for i in 0..n {
+        let mut rank =
+            crate::aggregator::bench::synthetic_rank(i, (1 << 30) + i, &state.node, &routines, 4);
+        rank.job = "synthetic".into();
+        rank.cmdline = "x".repeat(discover::MAX_CMDLINE);
+        rank.uid = Some(i % 16);
+        state.keep_finished(rank).await;
+    }
 }

@@ -71,7 +71,8 @@ enum Command {
     /// Example: commtap report --from unix:///run/commtap/commtap.sock --job 4242
     #[command(verbatim_doc_comment)]
     Report(ReportArgs),
-    /// List the processes a daemon knows and the libraries it probes.
+    /// List the processes a daemon knows and the libraries it probes (command lines cut
+    /// at 256 characters; `report --format json` has them whole).
     Ps(PsArgs),
     /// Ask the daemon to watch a running process (the daemon finds new MPI processes by
     /// itself; this is for one it does not watch, e.g. outside its --uid/--cgroup scope).
@@ -229,6 +230,10 @@ struct DaemonArgs {
     /// a node whose clock is off would.
     #[arg(long, hide = true, default_value_t = 0, allow_hyphen_values = true)]
     test_clock_offset_ns: i64,
+    /// Tests: also serve N made-up exited ranks (job `synthetic`), as a node with that many
+    /// ranks would.
+    #[arg(long, hide = true, default_value_t = 0)]
+    test_synthetic_ranks: u32,
     /// Also serve the API on this TCP address (needs --tls-cert/--tls-key, or
     /// --insecure-tcp). A TCP caller sees every process only with a client certificate
     /// signed by --tls-client-ca; any other TCP caller is treated as a user who owns no
@@ -744,6 +749,7 @@ fn main() -> ExitCode {
                     call_events: a.probe.call_events,
                     identity_from_kernel: a.identity_from_kernel,
                     clock_offset_ns: a.test_clock_offset_ns,
+                    synthetic_ranks: a.test_synthetic_ranks,
                     state_dir,
                     listen: match a.listen {
                         Some(addr) => Some((

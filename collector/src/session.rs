@@ -646,15 +646,24 @@ fn assemble(
         group.sort_by_key(|r| r.rank);
         let job = match batch_job_id(&key, &key_refs) {
             Some(batch) => batch,
-            None => job_ids
-                .entry(key.clone())
-                .or_insert_with(|| {
-                    group
+            None => match job_ids.get(&key) {
+                Some(id) => id.clone(),
+                None => {
+                    let first = group
                         .first()
                         .map(|r| r.pid.to_string())
-                        .unwrap_or_else(|| "0".into())
-                })
-                .clone(),
+                        .unwrap_or_else(|| "0".into());
+                    // Kept once rank 0 is among them (or no launcher said any rank): a job
+                    // whose rank 1 was seen a moment before its rank 0 is still named after
+                    // rank 0's pid.
+                    if group.first().is_some_and(|r| r.rank_known && r.rank == 0)
+                        || group.iter().all(|r| !r.rank_known)
+                    {
+                        job_ids.insert(key.clone(), first.clone());
+                    }
+                    first
+                }
+            },
         };
         for mut r in group {
             r.job = job.clone();

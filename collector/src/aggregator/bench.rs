@@ -114,7 +114,9 @@ pub async fn run(
     Ok(())
 }
 
-fn synthetic_rank(
+/// A made-up final rank profile with `routines` x `buckets` sizes: for benchmarks and
+/// tests of scale, never for a real report.
+pub fn synthetic_rank(
     rank: u32,
     pid: u32,
     node: &str,

@@ -65,6 +65,45 @@ pub const MAX_FINISHED: usize = 65_536;
 /// See [`MAX_FINISHED`].
 pub const MAX_FINISHED_PER_UID: usize = 4096;
 
+/// Most ranks in one page of GetSnapshot: at the 4 KiB command line cap and a few dozen
+/// routines each, a page stays well under the reply limit.
+pub const MAX_PAGE_RANKS: u32 = 4096;
+
+/// The page GetSnapshot asks for: after the rank `token` names (`pid:start_ticks`, the
+/// last of the previous page), at most `size` ranks; None for all of them at once.
+fn page_of(size: u32, token: &str) -> Result<Option<Page>, Status> {
+    if size == 0 && token.is_empty() {
+        return Ok(None);
+    }
+    let after = if token.is_empty() {
+        None
+    } else {
+        let bad = || Status::invalid_argument(format!("page_token {token:?} is not one we gave"));
+        let (pid, start) = token.split_once(':').ok_or_else(bad)?;
+        Some((
+            pid.parse::<u32>().map_err(|_| bad())?,
+            start.parse::<u64>().map_err(|_| bad())?,
+        ))
+    };
+    let size = match size {
+        0 => MAX_PAGE_RANKS,
+        n => n.min(MAX_PAGE_RANKS),
+    };
+    Ok(Some(Page {
+        after,
+        size: size as usize,
+    }))
+}
+
+/// One page of a snapshot's ranks.
+#[derive(Clone, Copy, Debug)]
+pub struct Page {
+    /// After this rank (pid, start ticks); None: from the first.
+    pub after: Option<(u32, u64)>,
+    /// At most this many ranks.
+    pub size: usize,
+}
+
 /// A tracked process as the API lists it.
 fn process_state(pid: u32, t: &Tracked) -> pb::ProcessState {
     let info = t.info.as_ref();
@@ -156,6 +195,19 @@ impl NodeState {
     /// The node's cumulative profile now: live processes and those that exited, filtered,
     /// and limited to what `caller` may see.
     pub async fn snapshot(&self, filter: &pb::ProcessFilter, caller: Caller) -> JobProfile {
+        self.snapshot_page(filter, caller, None).await.0
+    }
+
+    /// [`NodeState::snapshot`], or one page of it: the ranks after `after` in (pid, start)
+    /// order, at most `size`, with the job-wide totals of them all; and the last rank's
+    /// key when more follow. Only the page's exited ranks are copied: a node keeping
+    /// thousands of them answers page by page in bounded memory.
+    pub async fn snapshot_page(
+        &self,
+        filter: &pb::ProcessFilter,
+        caller: Caller,
+        page: Option<Page>,
+    ) -> (JobProfile, Option<(u32, u64)>) {
         let mut profile = {
             let mut session = self.session.lock().await;
             let mut profile = session.profile(monotonic_ns());
@@ -168,37 +220,62 @@ impl NodeState {
             }
             profile
         };
+        let wanted = |r: &RankProfile| {
+            caller.may_see(r.uid)
+                && (filter.job.is_empty() || r.job == filter.job)
+                && (filter.ranks.is_empty() || filter.ranks.contains(&r.rank))
+        };
+        profile.ranks.retain(|r| wanted(r));
         let finished = self.finished.lock().await;
+        let exited: Vec<&RankProfile> = finished
+            .iter()
+            .map(|f| &f.rank)
+            .filter(|r| wanted(r))
+            .collect();
+        let all = || profile.ranks.iter().chain(exited.iter().copied());
+        let dropped = all().map(|r| r.health.dropped).sum();
+        let undecoded = all().map(|r| r.health.undecoded).sum();
+        let mut jobs: Vec<&str> = all().map(|r| r.job.as_str()).collect();
+        jobs.sort_unstable();
+        jobs.dedup();
+        let job = if jobs.len() == 1 {
+            jobs[0].to_string()
+        } else {
+            String::new()
+        };
+        let key = |r: &RankProfile| (r.pid, r.start_ticks);
+        let mut next = None;
+        let ranks = match page {
+            None => all().cloned().collect(),
+            Some(Page { after, size }) => {
+                let mut keys: Vec<(u32, u64)> = all()
+                    .map(key)
+                    .filter(|k| after.is_none_or(|a| *k > a))
+                    .collect();
+                keys.sort_unstable();
+                if keys.len() > size {
+                    keys.truncate(size);
+                    next = keys.last().copied();
+                }
+                let keys: std::collections::BTreeSet<(u32, u64)> = keys.into_iter().collect();
+                all().filter(|r| keys.contains(&key(r))).cloned().collect()
+            }
+        };
+        drop(finished);
+        profile.ranks = ranks;
+        if !filter.routines.is_empty() {
+            for r in &mut profile.ranks {
+                r.routines.retain(|name, _| filter.routines.contains(name));
+            }
+        }
         profile
             .ranks
-            .extend(finished.iter().map(|f| f.rank.clone()));
-        profile.ranks.retain(|r| caller.may_see(r.uid));
-        apply_filter(&mut profile, filter);
-        profile
+            .sort_by(|a, b| (a.job.as_str(), a.rank).cmp(&(b.job.as_str(), b.rank)));
+        profile.dropped = dropped;
+        profile.undecoded = undecoded;
+        profile.job = job;
+        (profile, next)
     }
-}
-
-/// Keeps only the ranks and routines `filter` asks for, and recomputes the totals.
-fn apply_filter(p: &mut JobProfile, f: &pb::ProcessFilter) {
-    p.ranks.retain(|r| {
-        (f.job.is_empty() || r.job == f.job) && (f.ranks.is_empty() || f.ranks.contains(&r.rank))
-    });
-    if !f.routines.is_empty() {
-        for r in &mut p.ranks {
-            r.routines.retain(|name, _| f.routines.contains(name));
-        }
-    }
-    p.ranks
-        .sort_by(|a, b| (a.job.as_str(), a.rank).cmp(&(b.job.as_str(), b.rank)));
-    p.dropped = p.ranks.iter().map(|r| r.health.dropped).sum();
-    p.undecoded = p.ranks.iter().map(|r| r.health.undecoded).sum();
-    let mut jobs: Vec<&str> = p.ranks.iter().map(|r| r.job.as_str()).collect();
-    jobs.dedup();
-    p.job = if jobs.len() == 1 {
-        jobs[0].to_string()
-    } else {
-        String::new()
-    };
 }
 
 /// The gRPC service over a [`NodeState`].
@@ -277,11 +354,14 @@ impl pb::node_server::Node for NodeService {
         req: Request<pb::GetSnapshotRequest>,
     ) -> Result<Response<pb::GetSnapshotResponse>, Status> {
         let caller = Caller::of(&req);
-        let filter = req.into_inner().filter.unwrap_or_default();
-        let profile = self.state.snapshot(&filter, caller).await;
+        let req = req.into_inner();
+        let filter = req.filter.unwrap_or_default();
+        let page = page_of(req.page_size, &req.page_token)?;
+        let (profile, next) = self.state.snapshot_page(&filter, caller, page).await;
         Ok(Response::new(pb::GetSnapshotResponse {
             node: self.state.node.clone(),
             profile: Some((&profile).into()),
+            next_page_token: next.map_or(String::new(), |(pid, start)| format!("{pid}:{start}")),
         }))
     }
 

@@ -30,10 +30,18 @@ pub async fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener> {
         std::fs::remove_file(path)
             .with_context(|| format!("removing the stale socket {}", path.display()))?;
     }
+    // Bound under a temporary name, given its mode, then renamed into place: the socket
+    // never exists at `path` with the umask's wider mode, not even for a moment.
+    let mut staging = path.as_os_str().to_owned();
+    staging.push(format!(".{}.tmp", std::process::id()));
+    let staging = PathBuf::from(staging);
+    let _ = std::fs::remove_file(&staging);
     let listener =
-        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("setting the mode of {}", path.display()))?;
+        UnixListener::bind(&staging).with_context(|| format!("binding {}", staging.display()))?;
+    std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {}", staging.display()))?;
+    std::fs::rename(&staging, path)
+        .with_context(|| format!("moving {} to {}", staging.display(), path.display()))?;
     Ok(listener)
 }
 

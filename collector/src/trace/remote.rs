@@ -21,7 +21,6 @@ use tonic::transport::Channel;
 use super::{ProcessName, TraceOptions, TraceSummary, TraceWriter};
 use crate::{
     ingest::monotonic_ns,
-    report::JobProfile,
     serve::{
         pb::{self, node_client::NodeClient},
         socket::{connect, Target},
@@ -312,14 +311,8 @@ async fn finish_sources(
             "error_ns": error,
             "drift_ns": drift,
         }));
-        let snap = source
-            .client
-            .get_snapshot(pb::GetSnapshotRequest::default())
-            .await
-            .context("GetSnapshot")?
-            .into_inner();
-        let Some(wire) = snap.profile else { continue };
-        let profile = JobProfile::try_from(&wire)?;
+        let profile =
+            crate::client::node_snapshot(&mut source.client, pb::ProcessFilter::default()).await?;
         for r in &profile.ranks {
             if let Some(&shown) = source.trace_pid.get(&r.pid) {
                 ring_full += r.health.dropped;
