@@ -77,7 +77,7 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
     let halves = [("node-a", &ranks[..2]), ("node-b", &ranks[2..])];
     for ((node, pids), (net, n)) in halves.into_iter().zip(nets.iter().zip(1..)) {
         let node_scratch = Scratch::new(node);
-        let pids = pid_list(&pids);
+        let pids = pid_list(pids);
         let upstream = format!("https://10.231.{n}.1:{port}");
         let args = [
             "--node-name",
