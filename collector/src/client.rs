@@ -78,9 +78,7 @@ pub async fn node_snapshot(
         page_token = resp.next_page_token;
     }
     let mut profile = profile.expect("at least one page");
-    profile
-        .ranks
-        .sort_by(|a, b| (a.job.as_str(), a.rank).cmp(&(b.job.as_str(), b.rank)));
+    sort_ranks(&mut profile);
     Ok(profile)
 }
 
@@ -263,52 +261,82 @@ pub async fn watch(
 ) -> Result<()> {
     use tokio_stream::StreamExt as _;
     let interval_ms = u32::try_from(every.as_millis()).context("--watch is too long")?;
-    let mut profiles: std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<JobProfile>>>> =
-        if let Target::Tcp(_) = from {
-            let job = job.context(
-                "an aggregator reports one job at a time: give --job (`commtap jobs` lists them)",
-            )?;
+    let mut n = 0;
+    let mut emit = |profile: &JobProfile| -> Result<bool> {
+        out.write(profile)?;
+        n += 1;
+        Ok(count.is_some_and(|c| n >= c))
+    };
+    if let Target::Tcp(_) = from {
+        if let Some(job) = job {
             let mut client = crate::serve::aggregator_client(connect(from).await?);
-            let stream = client
+            match client
                 .watch_job_report(pb::WatchJobReportRequest {
                     job: job.to_string(),
                     interval_ms,
                 })
                 .await
-                .context("WatchJobReport")?
-                .into_inner();
-            Box::pin(stream.map(|r| {
-                let wire = r.context("WatchJobReport")?.profile;
-                Ok(JobProfile::try_from(&wire.context("no profile")?)?)
-            }))
-        } else {
-            let mut client = crate::serve::node_client(connect(from).await?);
-            let filter = pb::ProcessFilter {
-                job: job.unwrap_or_default().to_string(),
-                ..Default::default()
-            };
-            let stream = client
-                .watch_snapshots(pb::WatchSnapshotsRequest {
-                    filter: Some(filter),
-                    interval_ms,
-                })
-                .await
-                .context("WatchSnapshots")?
-                .into_inner();
-            Box::pin(stream.map(|r| {
-                let wire = r.context("WatchSnapshots")?.profile;
-                Ok(JobProfile::try_from(&wire.context("no profile")?)?)
-            }))
-        };
-    let mut n = 0;
-    while let Some(profile) = profiles.next().await {
-        out.write(&profile?)?;
-        n += 1;
-        if count.is_some_and(|c| n >= c) {
-            break;
+            {
+                Ok(stream) => {
+                    let mut stream = stream.into_inner();
+                    while let Some(r) = stream.next().await {
+                        let wire = r.context("WatchJobReport")?.profile;
+                        if emit(&JobProfile::try_from(&wire.context("no profile")?)?)? {
+                            break;
+                        }
+                    }
+                    return Ok(());
+                }
+                // A daemon's TCP listener: watch it below.
+                Err(s) if s.code() == tonic::Code::Unimplemented => {}
+                Err(s) => return Err(s).context("WatchJobReport"),
+            }
+        }
+    }
+    let mut client = crate::serve::node_client(connect(from).await?);
+    let filter = pb::ProcessFilter {
+        job: job.unwrap_or_default().to_string(),
+        ..Default::default()
+    };
+    let mut stream = match client
+        .watch_snapshots(pb::WatchSnapshotsRequest {
+            filter: Some(filter),
+            interval_ms,
+            page_size: SNAPSHOT_PAGE_RANKS,
+        })
+        .await
+    {
+        Ok(s) => s.into_inner(),
+        Err(s) if s.code() == tonic::Code::Unimplemented => anyhow::bail!(
+            "an aggregator reports one job at a time: give --job (`commtap jobs` lists them)"
+        ),
+        Err(s) => return Err(s).context("WatchSnapshots"),
+    };
+    // Pages of one snapshot come in a row, the last with `more` false.
+    let mut profile: Option<JobProfile> = None;
+    while let Some(r) = stream.next().await {
+        let r = r.context("WatchSnapshots")?;
+        let page = JobProfile::try_from(&r.profile.context("no profile")?)?;
+        match profile.as_mut() {
+            None => profile = Some(page),
+            Some(p) => p.ranks.extend(page.ranks),
+        }
+        if !r.more {
+            let mut whole = profile.take().expect("a page");
+            sort_ranks(&mut whole);
+            if emit(&whole)? {
+                break;
+            }
         }
     }
     Ok(())
+}
+
+/// Ranks in the order reports show them: by job, then rank.
+fn sort_ranks(profile: &mut JobProfile) {
+    profile
+        .ranks
+        .sort_by(|a, b| (a.job.as_str(), a.rank).cmp(&(b.job.as_str(), b.rank)));
 }
 
 #[cfg(test)]

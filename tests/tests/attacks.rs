@@ -758,25 +758,33 @@ fn ten_thousand_ranks_are_reported_page_by_page() {
         &[],
         &["--test-synthetic-ranks", &RANKS.to_string()],
     );
-    let out = commtap_output(&["report", "--from", &daemon.target, "--job", "synthetic"]);
-    assert!(
-        out.status.success(),
-        "report: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // The text report's last table lists every rank with its pid (the made-up ones count
-    // from 2^30).
-    let text = String::from_utf8_lossy(&out.stdout);
-    let table = text
-        .split("MPI timing summary for all ranks:")
-        .nth(1)
-        .expect("the per-rank table");
-    let pids: std::collections::BTreeSet<u64> = table
-        .lines()
-        .filter_map(|l| l.split_whitespace().last()?.parse().ok())
-        .filter(|pid| *pid >= 1 << 30)
-        .collect();
-    assert_eq!(pids.len(), RANKS, "every rank, once");
+    // Once, and live (`--watch`: WatchSnapshots, in pages too).
+    for watch in [&[][..], &["--watch", "200ms", "--count", "1"][..]] {
+        let args = [
+            &["report", "--from", &daemon.target, "--job", "synthetic"][..],
+            watch,
+        ]
+        .concat();
+        let out = commtap_output(&args);
+        assert!(
+            out.status.success(),
+            "report {watch:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The text report's last table lists every rank with its pid (the made-up ones
+        // count from 2^30).
+        let text = String::from_utf8_lossy(&out.stdout);
+        let table = text
+            .split("MPI timing summary for all ranks:")
+            .nth(1)
+            .expect("the per-rank table");
+        let pids: std::collections::BTreeSet<u64> = table
+            .lines()
+            .filter_map(|l| l.split_whitespace().last()?.parse().ok())
+            .filter(|pid| *pid >= 1 << 30)
+            .collect();
+        assert_eq!(pids.len(), RANKS, "every rank, once ({watch:?})");
+    }
     assert_healthy_within(&scratch, &daemon, DAEMON_PEAK_LIMIT_KIB + (256 << 10));
     daemon.stop(&scratch);
 }

@@ -8,6 +8,8 @@ pub mod clock;
 pub mod commit;
 pub mod limit;
 pub mod store;
+#[cfg(test)]
+mod tests;
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 
@@ -68,6 +70,21 @@ pub struct AggregatorService {
     pushes: limit::StreamLimit,
     /// Open job watches.
     watches: limit::StreamLimit,
+}
+
+impl AggregatorService {
+    /// The service over `store`; with `mutual_tls`, callers are known by their client
+    /// certificates' roles.
+    pub fn new(store: Arc<Mutex<Store>>, mutual_tls: bool) -> AggregatorService {
+        AggregatorService {
+            commits: GroupCommit::start(store.clone()),
+            store,
+            mutual_tls,
+            clocks: std::sync::Mutex::new(clock::NodeClocks::default()),
+            pushes: limit::StreamLimit::default(),
+            watches: limit::StreamLimit::default(),
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -242,14 +259,7 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
     let tls = opts.tls;
     let store = Store::open(&opts.db).with_context(|| format!("opening {}", opts.db.display()))?;
     let store = Arc::new(Mutex::new(store));
-    let service = AggregatorService {
-        store: store.clone(),
-        commits: GroupCommit::start(store.clone()),
-        mutual_tls: opts.mutual_tls,
-        clocks: std::sync::Mutex::new(clock::NodeClocks::default()),
-        pushes: limit::StreamLimit::default(),
-        watches: limit::StreamLimit::default(),
-    };
+    let service = AggregatorService::new(store.clone(), opts.mutual_tls);
     let shutdown = CancellationToken::new();
     let expiry = tokio::spawn(expire_every(store.clone(), opts.retain, shutdown.clone()));
     let upstream = opts.upstream.clone().map(|(target, every)| {

@@ -42,6 +42,19 @@ pub enum StoreError {
     Invalid(String),
 }
 
+/// Opens (or creates) the database file with its table.
+fn open_db(path: &Path) -> Result<Database, StoreError> {
+    // redb caches up to 1 GiB by default; reports read little and rarely.
+    let db = Database::builder()
+        .set_cache_size(CACHE_BYTES)
+        .create(path)
+        .map_err(db_err)?;
+    let txn = db.begin_write().map_err(db_err)?;
+    txn.open_table(PROCESSES).map_err(db_err)?;
+    txn.commit().map_err(db_err)?;
+    Ok(db)
+}
+
 fn db_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Db(e.to_string())
 }
@@ -118,7 +131,9 @@ pub fn supersedes(old: Option<u64>, new: u64) -> bool {
 
 /// The merged state, persisted.
 pub struct Store {
-    db: Database,
+    /// None after a failed write until the next one opens it again.
+    db: Option<Database>,
+    path: std::path::PathBuf,
     processes: BTreeMap<ProcessKey, Entry>,
     /// The processes of each job: a job's report and the job list read these, never the
     /// whole store.
@@ -128,14 +143,7 @@ pub struct Store {
 impl Store {
     /// Opens (or creates) the database at `path` and loads what it holds.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        // redb caches up to 1 GiB by default; reports read little and rarely.
-        let db = Database::builder()
-            .set_cache_size(CACHE_BYTES)
-            .create(path)
-            .map_err(db_err)?;
-        let txn = db.begin_write().map_err(db_err)?;
-        txn.open_table(PROCESSES).map_err(db_err)?;
-        txn.commit().map_err(db_err)?;
+        let db = open_db(path)?;
         let mut processes = BTreeMap::new();
         let mut by_job: BTreeMap<String, BTreeSet<ProcessKey>> = BTreeMap::new();
         let read = db.begin_read().map_err(db_err)?;
@@ -150,11 +158,35 @@ impl Store {
             by_job.entry(e.job.clone()).or_default().insert(key.clone());
             processes.insert(key, e);
         }
+        drop(table);
+        drop(read);
         Ok(Store {
-            db,
+            db: Some(db),
+            path: path.to_path_buf(),
             processes,
             by_job,
         })
+    }
+
+    /// The database, to write: opened again if the last write failed (redb refuses every
+    /// write after an I/O error, a full disk say, until the file is opened again).
+    fn writable(&mut self) -> Result<&Database, StoreError> {
+        if self.db.is_none() {
+            self.db = Some(open_db(&self.path)?);
+            tracing::info!("aggregator database {} opened again", self.path.display());
+        }
+        Ok(self.db.as_ref().expect("just opened"))
+    }
+
+    /// After a failed write: the database is closed and opened again (now, for readers,
+    /// or at the next write if that fails too); memory still matches the disk, since it
+    /// changes only after a commit.
+    fn failed(&mut self, e: StoreError) -> StoreError {
+        self.db = None;
+        if let Err(again) = self.writable() {
+            tracing::warn!("opening {} again: {again}", self.path.display());
+        }
+        e
     }
 
     /// Checks and merges a batch; returns (accepted, stale). Accepted snapshots are durable
@@ -170,28 +202,43 @@ impl Store {
     /// outcome of each, as [`Store::merge`] would give it. One commit per group rather than
     /// per push is what lets many daemons push at once (a commit waits for the disk).
     pub fn merge_many(&mut self, batches: Vec<Prepared>) -> Result<Vec<Outcome>, StoreError> {
-        let txn = self.db.begin_write().map_err(db_err)?;
+        self.try_merge_many(batches).map_err(|e| self.failed(e))
+    }
+
+    fn try_merge_many(&mut self, batches: Vec<Prepared>) -> Result<Vec<Outcome>, StoreError> {
+        let txn = self.writable()?.begin_write().map_err(db_err)?;
         let mut outcomes = Vec::with_capacity(batches.len());
+        // What this commit accepts: held here, and shown to readers only once it is durable
+        // (a commit that fails, on a full disk say, leaves memory as the disk is, and its
+        // senders push again).
+        let mut accepted_now: BTreeMap<ProcessKey, Entry> = BTreeMap::new();
         {
             let mut table = txn.open_table(PROCESSES).map_err(db_err)?;
             for batch in batches {
                 let (mut accepted, mut stale) = (0, 0);
                 for (key, entry, encoded) in batch.0 {
-                    if !supersedes(self.processes.get(&key).map(|e| e.taken_ns), entry.taken_ns) {
+                    let known = accepted_now
+                        .get(&key)
+                        .or_else(|| self.processes.get(&key))
+                        .map(|e| e.taken_ns);
+                    if !supersedes(known, entry.taken_ns) {
                         stale += 1;
                         continue;
                     }
                     table
                         .insert(key.bytes().as_slice(), encoded.as_slice())
                         .map_err(db_err)?;
-                    self.index(&key, &entry.job);
-                    self.processes.insert(key, entry);
+                    accepted_now.insert(key, entry);
                     accepted += 1;
                 }
                 outcomes.push(Ok((accepted, stale)));
             }
         }
         txn.commit().map_err(db_err)?;
+        for (key, entry) in accepted_now {
+            self.index(&key, &entry.job);
+            self.processes.insert(key, entry);
+        }
         Ok(outcomes)
     }
 
@@ -236,22 +283,28 @@ impl Store {
         if old.is_empty() {
             return Ok(0);
         }
-        let txn = self.db.begin_write().map_err(db_err)?;
+        self.remove_jobs(&old).map_err(|e| self.failed(e))?;
+        Ok(old.len())
+    }
+
+    /// Deletes every process of `jobs`, on disk, then in memory.
+    fn remove_jobs(&mut self, old: &[String]) -> Result<(), StoreError> {
+        let txn = self.writable()?.begin_write().map_err(db_err)?;
         {
             let mut table = txn.open_table(PROCESSES).map_err(db_err)?;
-            for job in &old {
+            for job in old {
                 for key in self.by_job.get(job).into_iter().flatten() {
                     table.remove(key.bytes().as_slice()).map_err(db_err)?;
                 }
             }
         }
         txn.commit().map_err(db_err)?;
-        for job in &old {
+        for job in old {
             for key in self.by_job.remove(job).unwrap_or_default() {
                 self.processes.remove(&key);
             }
         }
-        Ok(old.len())
+        Ok(())
     }
 
     /// Every snapshot as it was received (original node keys and clocks), for pushing to a
@@ -266,7 +319,7 @@ impl Store {
         &self,
         keys: impl Iterator<Item = &'a ProcessKey>,
     ) -> Vec<pb::ProcessSnapshot> {
-        let Ok(read) = self.db.begin_read() else {
+        let Some(Ok(read)) = self.db.as_ref().map(Database::begin_read) else {
             return Vec::new();
         };
         let Ok(table) = read.open_table(PROCESSES) else {

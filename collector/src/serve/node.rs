@@ -384,9 +384,10 @@ impl pb::node_server::Node for NodeService {
                 MIN_INTERVAL.as_millis()
             )));
         }
+        let page_size = page_of(req.page_size, "")?.map(|p| p.size);
         let filter = req.filter.unwrap_or_default();
         let state = self.state.clone();
-        let stream = async_stream(state, filter, interval, caller);
+        let stream = async_stream(state, filter, interval, caller, page_size);
         Ok(Response::new(Box::pin(stream)))
     }
     async fn attach_process(
@@ -545,25 +546,36 @@ fn event_stream(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
-/// Snapshots every `interval` until the client goes away (the send fails).
+/// Snapshots every `interval` until the client goes away (the send fails), each whole or
+/// in pages of `page_size` ranks.
 fn async_stream(
     state: Arc<NodeState>,
     filter: pb::ProcessFilter,
     interval: Duration,
     caller: Caller,
+    page_size: Option<usize>,
 ) -> impl Stream<Item = Result<pb::WatchSnapshotsResponse, Status>> {
     let (tx, rx) = tokio::sync::mpsc::channel(2);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
-        loop {
+        'watch: loop {
             tick.tick().await;
-            let profile = state.snapshot(&filter, caller).await;
-            let msg = pb::WatchSnapshotsResponse {
-                node: state.node.clone(),
-                profile: Some((&profile).into()),
-            };
-            if tx.send(Ok(msg)).await.is_err() {
-                break;
+            let mut after = None;
+            loop {
+                let page = page_size.map(|size| Page { after, size });
+                let (profile, next) = state.snapshot_page(&filter, caller, page).await;
+                let msg = pb::WatchSnapshotsResponse {
+                    node: state.node.clone(),
+                    profile: Some((&profile).into()),
+                    more: next.is_some(),
+                };
+                if tx.send(Ok(msg)).await.is_err() {
+                    break 'watch;
+                }
+                match next {
+                    Some(n) => after = Some(n),
+                    None => break,
+                }
             }
         }
     });

@@ -97,6 +97,9 @@ struct Source {
     start_clock: ClockEstimate,
     /// Its pids as the trace shows them (another node's process may have the same pid).
     trace_pid: BTreeMap<u32, u32>,
+    /// Pids whose names were asked for already (a process the daemon no longer lists is
+    /// named from the final profiles, not asked for again with every batch).
+    asked: BTreeSet<u32>,
     streaming: bool,
 }
 
@@ -139,6 +142,7 @@ async fn open_sources(from: &[Target], request: &TraceRequest) -> Result<Vec<Sou
             running: BTreeSet::new(),
             start_clock,
             trace_pid: BTreeMap::new(),
+            asked: BTreeSet::new(),
             streaming: false,
         };
         if let Some(job) = &request.job {
@@ -254,7 +258,14 @@ pub async fn trace(
             writer.call(&e)?;
         }
         let unnamed: BTreeSet<u32> = writer.unnamed().into_iter().collect();
-        if source.trace_pid.values().any(|p| unnamed.contains(p)) {
+        let new: Vec<u32> = source
+            .trace_pid
+            .iter()
+            .filter(|(pid, shown)| unnamed.contains(shown) && !source.asked.contains(pid))
+            .map(|(pid, _)| *pid)
+            .collect();
+        if !new.is_empty() {
+            source.asked.extend(new);
             let names = process_names(source).await?;
             for (pid, shown) in &source.trace_pid {
                 if let Some(p) = names.get(pid).filter(|_| unnamed.contains(shown)) {

@@ -1,0 +1,191 @@
+//! Faults an operator meets: the aggregator's disk fills up, its database file is
+//! corrupted. Each test passes only when nothing is lost that the fault did not destroy,
+//! and the aggregator says clearly what happened.
+
+use std::{path::Path, process::Command, time::Duration};
+
+use commtap_tests::*;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// A tmpfs of `kib` KiB mounted on `dir` (a disk that fills up), unmounted when dropped.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, kib: u32) -> SmallDisk {
+        std::fs::create_dir_all(dir).expect("mount point");
+        sh(&format!(
+            "mount -t tmpfs -o size={kib}k commtap-test {}",
+            dir.display()
+        ));
+        SmallDisk(dir.to_path_buf())
+    }
+
+    fn grow(&self, kib: u32) {
+        sh(&format!(
+            "mount -o remount,size={kib}k {}",
+            self.0.display()
+        ));
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Starts `commtap aggregator` on plaintext 127.0.0.1 with its database at `db`.
+fn start_aggregator(scratch: &Scratch, db: &Path) -> (ChildGuard, String) {
+    let addr = free_port();
+    let child = spawn_commtap(
+        scratch,
+        &[
+            "--log",
+            "info",
+            "aggregator",
+            "--listen",
+            &addr,
+            "--insecure-tcp",
+            "--db",
+            path_str(db),
+        ],
+    );
+    let url = format!("http://{addr}");
+    wait_until("the aggregator to listen", LIMIT, || {
+        commtap_output(&["jobs", "--from", &url]).status.success()
+    });
+    (child, url)
+}
+
+/// (calls, bytes) per routine per pid of a JSON profile.
+fn tables(
+    profile: &serde_json::Value,
+) -> std::collections::BTreeMap<u64, std::collections::BTreeMap<String, (u64, u64)>> {
+    profile["ranks"]
+        .as_array()
+        .expect("ranks")
+        .iter()
+        .map(|r| {
+            (
+                r["pid"].as_u64().expect("pid"),
+                routine_table(&r["routines"]),
+            )
+        })
+        .collect()
+}
+
+/// The aggregator's disk fills up while a daemon pushes 300 ranks: the pushes fail and say
+/// why, the aggregator keeps answering, and once there is room again the daemon's next
+/// push lands everything, exactly as the daemon has it.
+#[test]
+fn an_aggregator_whose_disk_fills_up_keeps_serving_and_catches_up() {
+    let scratch = Scratch::new("fault-disk-full");
+    let disk = SmallDisk::mount(&scratch.path("disk"), 256);
+    let agg_scratch = Scratch::new("fault-disk-full-aggregator");
+    let (mut aggregator, url) = start_aggregator(&agg_scratch, &disk.0.join("agg.redb"));
+    let node_scratch = Scratch::new("fault-disk-full-node");
+    let daemon = Daemon::start(
+        &node_scratch,
+        &[],
+        &["--log", "info"],
+        &[
+            "--node-name",
+            "full-disk-node",
+            "--aggregator",
+            &url,
+            "--push-interval",
+            "200ms",
+            "--test-synthetic-ranks",
+            "300",
+        ],
+    );
+    let daemon_log =
+        || std::fs::read_to_string(node_scratch.path("commtap.stderr")).unwrap_or_default();
+    wait_until("a push to fail for want of space", LIMIT, || {
+        daemon_log().contains("No space left on device")
+    });
+    let jobs = commtap_output(&["jobs", "--from", &url]);
+    assert!(
+        jobs.status.success(),
+        "the aggregator stopped answering: {}",
+        String::from_utf8_lossy(&jobs.stderr)
+    );
+
+    disk.grow(64 << 10);
+    let report = |out: &Path, from: &str| {
+        commtap_output(&[
+            "report",
+            "--from",
+            from,
+            "--job",
+            "synthetic",
+            "--format",
+            "json",
+            "-o",
+            path_str(out),
+        ])
+        .status
+        .success()
+        .then(|| read_json(out))
+    };
+    let at_node = report(&scratch.path("node.json"), &daemon.target).expect("node report");
+    let merged = scratch.path("merged.json");
+    wait_until("the aggregator to have every rank", LIMIT, || {
+        report(&merged, &url).is_some_and(|p| p["ranks"].as_array().map(Vec::len) == Some(300))
+    });
+    assert_eq!(
+        tables(&read_json(&merged)),
+        tables(&at_node),
+        "the aggregator holds what the node has, once"
+    );
+    daemon.stop(&node_scratch);
+    // SAFETY: kill(2) of the aggregator we spawned.
+    unsafe { libc::kill(aggregator.0.id() as i32, libc::SIGTERM) };
+    assert!(
+        aggregator.wait_with_limit(LIMIT).success(),
+        "the aggregator's exit"
+    );
+}
+
+/// A database file that is not a database, or one whose header was overwritten: the
+/// aggregator refuses to start, names the file and the fault, and leaves it as it was
+/// (whatever can still be recovered from it is not destroyed by a restart).
+#[test]
+fn a_corrupted_database_is_refused_at_start_and_left_as_it_was() {
+    let scratch = Scratch::new("fault-corrupt-db");
+    // A real database, written by an aggregator and closed cleanly.
+    let db = scratch.path("agg.redb");
+    let (mut aggregator, _) = start_aggregator(&scratch, &db);
+    // SAFETY: kill(2) of the aggregator we spawned.
+    unsafe { libc::kill(aggregator.0.id() as i32, libc::SIGTERM) };
+    assert!(aggregator.wait_with_limit(LIMIT).success());
+    let mut bytes = std::fs::read(&db).expect("database");
+    assert!(bytes.len() > 512, "{} bytes", bytes.len());
+    for b in &mut bytes[..512] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&db, &bytes).expect("corrupting the header");
+    let garbage = scratch.path("garbage.redb");
+    std::fs::write(&garbage, vec![0x42u8; 64 << 10]).expect("garbage");
+    for file in [&db, &garbage] {
+        let before = std::fs::read(file).expect("file");
+        let out = commtap_output(&[
+            "aggregator",
+            "--listen",
+            &free_port(),
+            "--insecure-tcp",
+            "--db",
+            path_str(file),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(path_str(file)), "{stderr}");
+        assert!(stderr.contains("Not a redb database"), "{stderr}");
+        assert_eq!(
+            std::fs::read(file).expect("file"),
+            before,
+            "the file was changed"
+        );
+    }
+}
