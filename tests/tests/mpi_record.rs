@@ -1,7 +1,7 @@
 //! `commtap record` against real Open MPI 4.1 and MPICH 4.0 jobs: the profile must equal
 //! what the programs say they did, call for call and byte for byte.
 
-use std::{path::Path, time::Duration};
+use std::{path::Path, process::Command, time::Duration};
 
 use commtap_tests::*;
 
@@ -390,4 +390,58 @@ fn record_stopped_by_sighup_reports_everything() {
 #[test]
 fn record_stopped_by_ctrl_c_reports_everything() {
     record_stopped_by(libc::SIGINT, "record-sigint");
+}
+
+/// LAMMPS's thermodynamic output (the table from `Step` to `Loop time`): what a run
+/// computed, the same whenever the run is the same; timings left out.
+fn thermo_table(stdout: &str) -> String {
+    let start = stdout.find("Step ").expect("a thermo table");
+    let end = stdout[start..]
+        .find("Loop time")
+        .expect("the end of the run")
+        + start;
+    stdout[start..end].to_string()
+}
+
+/// A real application, LAMMPS (Debian's `lmp`, Open MPI, 4 ranks, a Lennard-Jones melt):
+/// probed from MPI_Init on by `record`, it computes exactly what it computes alone (the
+/// same thermodynamic output, to the last digit) and exits cleanly; its profile has every
+/// rank, and every rank the same number of each collective.
+#[test]
+fn a_real_application_never_notices_and_is_profiled() {
+    let scratch = Scratch::new("lammps");
+    let input = repo_root().join("tests/programs/in.lj");
+    let mut lammps = Mpi::OpenMpi.launcher(4);
+    lammps.extend(["lmp", "-in", path_str(&input), "-log", "none"].map(String::from));
+    let mut alone = Command::new(&lammps[0]);
+    let alone = mpi_env(&mut alone)
+        .args(&lammps[1..])
+        .output()
+        .expect("running LAMMPS");
+    assert!(alone.status.success(), "LAMMPS alone failed");
+    let out = scratch.path("profile.json");
+    let mut args = vec!["record", "--format", "json", "-o", path_str(&out), "--"];
+    args.extend(lammps.iter().map(String::as_str));
+    let run = finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    assert_eq!(
+        thermo_table(&run.stdout),
+        thermo_table(&String::from_utf8_lossy(&alone.stdout)),
+        "LAMMPS computed something else under commtap"
+    );
+    let profile = read_json(&out);
+    let ranks = profile["ranks"].as_array().expect("ranks");
+    let mut numbers: Vec<u64> = ranks.iter().filter_map(|r| r["rank"].as_u64()).collect();
+    numbers.sort_unstable();
+    assert_eq!(numbers, vec![0, 1, 2, 3]);
+    for collective in ["MPI_Allreduce", "MPI_Barrier", "MPI_Bcast"] {
+        let calls: Vec<u64> = ranks
+            .iter()
+            .map(|r| r["routines"][collective]["calls"].as_u64().unwrap_or(0))
+            .collect();
+        assert!(calls[0] > 0, "{collective}: {calls:?}");
+        assert!(
+            calls.iter().all(|c| *c == calls[0]),
+            "{collective} per rank: {calls:?}"
+        );
+    }
 }

@@ -168,6 +168,9 @@ pub fn run(root: &Path) -> Result<()> {
     let daemon = daemon_cpu(&commtap, &out)?;
     let _ = writeln!(report, "node daemon during a job: {daemon}");
     json.push(format!("  {{\"daemon\": {daemon}}}"));
+    let lammps = lammps(&commtap, root, &out)?;
+    let _ = writeln!(report, "LAMMPS (4 ranks) under the node daemon: {lammps}");
+    json.push(format!("  {{\"lammps\": {lammps}}}"));
 
     // The aggregator's merge: 100 daemons x 100 ranks x 50 routines x 32 buckets.
     let agg = Command::new(&commtap)
@@ -395,11 +398,11 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
 /// Runs the daemon (defaults: per-call events off), then a 2-rank Open MPI job making
 /// Allreduce and Send/Recv calls back to back; reports the job's MPI call rate and the
 /// daemon's CPU use over the job, in percent of one core.
-fn daemon_cpu(commtap: &Path, out: &Path) -> Result<String> {
-    let socket = out.join("bench-daemon.sock");
+/// Starts `commtap daemon` on `socket` and waits until it serves.
+fn start_daemon(commtap: &Path, socket: &Path) -> Result<std::process::Child> {
     let mut daemon = Command::new(commtap)
-        .args(["daemon", "--socket"])
-        .arg(&socket)
+        .args(["daemon", "--no-state", "--socket"])
+        .arg(socket)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -412,6 +415,72 @@ fn daemon_cpu(commtap: &Path, out: &Path) -> Result<String> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    Ok(daemon)
+}
+
+/// Stops a daemon from [`start_daemon`].
+fn stop_daemon(mut daemon: std::process::Child) {
+    // SAFETY: kill(2) of the daemon we spawned.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let _ = daemon.wait();
+}
+
+/// LAMMPS rounds: a Lennard-Jones melt of 32,000 atoms, 4 ranks, timed by LAMMPS itself.
+const LAMMPS_ROUNDS: usize = 7;
+
+/// What a real application pays: LAMMPS (Debian's `lmp`, Open MPI, 4 ranks) with the node
+/// daemon running against without, interleaved; its own "Loop time", medians.
+fn lammps(commtap: &Path, root: &Path, out: &Path) -> Result<String> {
+    let input = std::fs::read_to_string(root.join("tests/programs/in.lj"))?
+        .replace("block 0 10 0 10 0 10", "block 0 20 0 20 0 20")
+        .replace("run             100", "run             300");
+    let input_path = out.join("in.lj.bench");
+    std::fs::write(&input_path, input)?;
+    let run = || -> Result<f64> {
+        let o = Command::new("mpirun.openmpi")
+            .args(["--oversubscribe", "-np", "4", "lmp", "-log", "none", "-in"])
+            .arg(&input_path)
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .output()?;
+        if !o.status.success() {
+            bail!("LAMMPS failed: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("Loop time of ")?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .context("LAMMPS printed no loop time")
+    };
+    let socket = out.join("bench-lammps.sock");
+    let (mut alone, mut probed) = (Vec::new(), Vec::new());
+    for round in 0..LAMMPS_ROUNDS {
+        eprintln!("LAMMPS: round {}/{LAMMPS_ROUNDS}", round + 1);
+        alone.push(run()?);
+        let daemon = start_daemon(commtap, &socket)?;
+        let t = run();
+        stop_daemon(daemon);
+        probed.push(t?);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (a, d) = (median(&mut alone), median(&mut probed));
+    Ok(format!(
+        "{{\"lammps_loop_seconds_alone\": {a:.3}, \"lammps_loop_seconds_with_daemon\": {d:.3}, \"slowdown_percent\": {:.1}, \"rounds\": {LAMMPS_ROUNDS}}}",
+        100.0 * (d - a) / a
+    ))
+}
+
+fn daemon_cpu(commtap: &Path, out: &Path) -> Result<String> {
+    let socket = out.join("bench-daemon.sock");
+    let daemon = start_daemon(commtap, &socket)?;
     let iterations: u64 = 200_000;
     let before = cpu_seconds(daemon.id())?;
     let start = Instant::now();
@@ -424,9 +493,7 @@ fn daemon_cpu(commtap: &Path, out: &Path) -> Result<String> {
         .output()?;
     let wall = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds(daemon.id())? - before;
-    // SAFETY: kill(2) of the daemon we spawned.
-    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
-    let _ = daemon.wait();
+    stop_daemon(daemon);
     if !job.status.success() {
         bail!("the benchmark job failed");
     }

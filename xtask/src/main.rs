@@ -66,6 +66,9 @@ const PACKAGES: &[&str] = &[
     "libfabric1",
     "libfabric-bin",
     "curl",
+    // A real MPI application (Open MPI): the tests compare its output with and without
+    // commtap, the benchmark what it pays.
+    "lammps",
 ];
 
 /// bpf-linker release known to work with the nightly's LLVM 22 (FACTS.md).
