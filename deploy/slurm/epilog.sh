@@ -8,9 +8,12 @@ case "$SLURM_JOB_ID" in
     ''|*[!0-9_]*) echo "commtap: unexpected job id '$SLURM_JOB_ID': no report" >&2; exit 0 ;;
 esac
 base="${COMMTAP_REPORT_DIR:-/var/log/commtap}"
+# The base only to pass through (0711): each user reaches their own job's directory, and
+# no one lists the others'.
+[ -d "$base" ] || mkdir -p -m 0711 "$base" || exit 0
 out="$base/$SLURM_JOB_ID/$(hostname -s)"
 mkdir -p "$out" || exit 0
-commtap report --from unix:///run/commtap/commtap.sock --job "$SLURM_JOB_ID" \
+commtap report --from "unix://${COMMTAP_SOCKET:-/run/commtap/commtap.sock}" --job "$SLURM_JOB_ID" \
     --mpitrace-dir "$out" --json "$out/profile.json" -o "$out/report.txt" \
     || echo "commtap: no profile for job $SLURM_JOB_ID on $(hostname -s)" >&2
 if [ -n "$SLURM_JOB_UID" ]; then

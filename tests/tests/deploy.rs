@@ -159,3 +159,93 @@ fn nobodys_private_library_is_counted(scratch: &Scratch, daemon: &Daemon) {
         }
     }
 }
+
+/// The Slurm epilog, run as slurmd runs it (as root, the job's id and owner in its
+/// environment) after a job of 2 ranks: it writes the job's mpitrace files, JSON profile
+/// and text report under `COMMTAP_REPORT_DIR/<job>/<host>/`, readable by the job's owner
+/// only (directories 0700, files 0600, owned by SLURM_JOB_UID; the base 0711, so each
+/// owner can reach theirs), and the profile is the job's truth. A job id that could climb out of the directory gets no report.
+#[test]
+fn the_slurm_epilog_hands_the_report_to_the_jobs_owner_only() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let scratch = Scratch::new("epilog");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let job_id = format!("{}", 7_000_000 + std::process::id());
+    let (mut job, ranks) =
+        start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 20, &[("SLURM_JOB_ID", &job_id)]);
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let pids: Vec<u64> = ranks.iter().map(|p| u64::from(*p)).collect();
+    wait_for_exited(&daemon.target, &pids);
+
+    let reports = scratch.path("reports");
+    let bin_dir = commtap_bin().parent().expect("bin dir").to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let epilog = |id: &str| {
+        Command::new("sh")
+            .arg(repo_root().join("deploy/slurm/epilog.sh"))
+            .env("PATH", &path)
+            .env("SLURM_JOB_ID", id)
+            .env("SLURM_JOB_UID", NOBODY.to_string())
+            .env("SLURM_JOB_GID", NOBODY.to_string())
+            .env("COMMTAP_REPORT_DIR", &reports)
+            .env("COMMTAP_SOCKET", &daemon.socket)
+            .output()
+            .expect("running the epilog")
+    };
+    let out = epilog(&job_id);
+    assert!(
+        out.status.success(),
+        "epilog: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let host = String::from_utf8(
+        Command::new("hostname")
+            .arg("-s")
+            .output()
+            .expect("hostname")
+            .stdout,
+    )
+    .expect("utf8");
+    let dir = reports.join(&job_id).join(host.trim());
+    let mut files = vec![dir.join("profile.json"), dir.join("report.txt")];
+    files.extend((0..2).map(|r| dir.join(format!("mpi_profile.{job_id}.{r}"))));
+    // The base: others may pass through to their own job's directory, not list it.
+    let base = std::fs::metadata(&reports).expect("base").permissions().mode() & 0o777;
+    assert_eq!(base, 0o711, "{base:o}");
+    for d in [reports.join(&job_id), dir.clone()] {
+        let m = std::fs::metadata(&d).expect("report directory");
+        assert_eq!(m.permissions().mode() & 0o777, 0o700, "{}", d.display());
+        assert_eq!(m.uid(), NOBODY, "{}", d.display());
+    }
+    for f in &files {
+        let m = std::fs::metadata(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        assert_eq!(m.permissions().mode() & 0o777, 0o600, "{}", f.display());
+        assert_eq!(m.uid(), NOBODY, "{}", f.display());
+    }
+    let profile = read_json(&dir.join("profile.json"));
+    assert_eq!(profile["job"], job_id.as_str());
+    for truth in read_truths(&scratch.path("truth"), 2) {
+        let pid = truth["pid"].as_u64().expect("pid");
+        assert_eq!(
+            loop_counts_after_go(&rank_by_pid(&profile, pid)["routines"]),
+            routine_table(&truth["routines"]),
+            "pid {pid}"
+        );
+    }
+
+    // A job id that is a path gets nothing written anywhere.
+    let out = epilog("../../etc");
+    assert!(out.status.success(), "the epilog never fails the job");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unexpected job id"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!reports.join("../../etc").join(host.trim()).exists());
+    daemon.stop(&scratch);
+}
