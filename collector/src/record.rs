@@ -147,8 +147,18 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
         };
         tokio::select! {
             item = next_call => {
-                if let Some(t) = tracer.as_mut() {
+                if let (Some(t), Some(f)) = (tracer.as_mut(), feed.as_mut()) {
                     trace_item(t, item)?;
+                    // Whatever else is queued, before going round the loop again.
+                    for _ in 0..FEED_BATCH {
+                        match f.try_recv() {
+                            Ok(item) => trace_item(t, Ok(item))?,
+                            Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => {
+                                t.lost_by_reader(n);
+                            }
+                            Err(_) => break,
+                        }
+                    }
                 }
             }
             name = signals.recv() => {
@@ -225,6 +235,9 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     }
     Ok(profile)
 }
+
+/// Calls written to a trace in a row before `record` looks at its other work.
+const FEED_BATCH: usize = 4096;
 
 /// Writes one item of the call feed into the trace.
 fn trace_item(

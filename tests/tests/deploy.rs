@@ -215,7 +215,11 @@ fn the_slurm_epilog_hands_the_report_to_the_jobs_owner_only() {
     let mut files = vec![dir.join("profile.json"), dir.join("report.txt")];
     files.extend((0..2).map(|r| dir.join(format!("mpi_profile.{job_id}.{r}"))));
     // The base: others may pass through to their own job's directory, not list it.
-    let base = std::fs::metadata(&reports).expect("base").permissions().mode() & 0o777;
+    let base = std::fs::metadata(&reports)
+        .expect("base")
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(base, 0o711, "{base:o}");
     for d in [reports.join(&job_id), dir.clone()] {
         let m = std::fs::metadata(&d).expect("report directory");

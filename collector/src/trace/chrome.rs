@@ -12,9 +12,21 @@ use crate::serve::pb;
 /// What opens a trace file.
 pub const HEADER: &str = "{\"traceEvents\":[";
 
-/// `ns` as microseconds, exactly.
-fn micros(ns: u64) -> String {
-    format!("{}.{:03}", ns / 1000, ns % 1000)
+/// Appends `ns` as microseconds, exactly (`1234.567`).
+fn push_micros(out: &mut String, ns: u64) {
+    let _ = write!(out, "{}.{:03}", ns / 1000, ns % 1000);
+}
+
+/// Appends `s` as a JSON string: routine names are identifiers, written as they are;
+/// anything else (a name from another daemon) is escaped.
+fn push_json_str(out: &mut String, s: &str) {
+    if s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        out.push_str(&serde_json::Value::from(s).to_string());
+    }
 }
 
 /// The category of a routine's slices: its library family.
@@ -41,35 +53,35 @@ fn sep(first: bool) -> &'static str {
     }
 }
 
-/// One call as a complete slice, named by its routine, with its arguments.
-pub fn slice(ev: &pb::CallEvent, first: bool) -> String {
-    let mut s = String::with_capacity(192);
+/// Appends one call as a complete slice, named by its routine, with its arguments (called
+/// for every call: no allocation of its own).
+pub fn slice(out: &mut String, ev: &pb::CallEvent, first: bool) {
+    out.push_str(sep(first));
     let _ = write!(
-        s,
-        "{}{{\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{},\"dur\":{},\"name\":{},\"cat\":\"{}\",\"args\":{{",
-        sep(first),
-        ev.pid,
-        ev.tid,
-        micros(ev.start_ns),
-        micros(ev.duration_ns),
-        serde_json::Value::from(ev.routine.as_str()),
-        category(&ev.routine),
+        out,
+        "{{\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":",
+        ev.pid, ev.tid
     );
-    let mut args = Vec::with_capacity(4);
+    push_micros(out, ev.start_ns);
+    out.push_str(",\"dur\":");
+    push_micros(out, ev.duration_ns);
+    out.push_str(",\"name\":");
+    push_json_str(out, &ev.routine);
+    let _ = write!(out, ",\"cat\":\"{}\",\"args\":{{", category(&ev.routine));
+    let mut comma = "";
     if let Some(bytes) = ev.bytes {
-        args.push(format!("\"bytes\":{bytes}"));
         let (lo, hi) = bucket_range(size_bucket(bytes));
-        args.push(format!("\"size\":\"{lo}..{hi}\""));
+        let _ = write!(out, "\"bytes\":{bytes},\"size\":\"{lo}..{hi}\"");
+        comma = ",";
     }
     if ev.peer >= 0 {
-        args.push(format!("\"peer\":{}", ev.peer));
+        let _ = write!(out, "{comma}\"peer\":{}", ev.peer);
+        comma = ",";
     }
     if ev.comm_size > 0 {
-        args.push(format!("\"comm_size\":{}", ev.comm_size));
+        let _ = write!(out, "{comma}\"comm_size\":{}", ev.comm_size);
     }
-    s.push_str(&args.join(","));
-    s.push_str("}}");
-    s
+    out.push_str("}}");
 }
 
 /// The name of a process's track (`rank R (host)`, else `pid P`) and its place (by rank).

@@ -180,6 +180,8 @@ pub struct TraceWriter {
     lost: Lost,
     /// The time axis and each node's clock offset, written into the metadata.
     clocks: serde_json::Value,
+    /// The line being written (kept: one allocation for every call).
+    line: String,
     largest_clock_error: Option<(String, u64)>,
 }
 
@@ -204,6 +206,7 @@ impl TraceWriter {
             lost: Lost::default(),
             clocks: "one node: every rank's CLOCK_MONOTONIC, nothing corrected".into(),
             largest_clock_error: None,
+            line: String::with_capacity(256),
         };
         w.write(chrome::HEADER)?;
         Ok(w)
@@ -271,9 +274,13 @@ impl TraceWriter {
         *written += 1;
         self.events += 1;
         self.threads.insert((ev.pid, ev.tid));
-        let line = chrome::slice(ev, self.part_events == 0);
+        let mut line = std::mem::take(&mut self.line);
+        line.clear();
+        chrome::slice(&mut line, ev, self.part_events == 0);
         self.part_events += 1;
-        self.write(&line)?;
+        let written = self.write(&line);
+        self.line = line;
+        written?;
         if self.part_bytes >= self.opts.split_bytes {
             self.close_part()?;
             let next = part_path(&self.opts.path, self.files.len() + 1);
