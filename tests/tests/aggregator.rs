@@ -431,3 +431,109 @@ fn aggregators_form_a_tree() {
         assert!(run.status.success(), "aggregator: {}", run.stderr);
     }
 }
+
+/// A network partition between a daemon (in its own network namespace) and its
+/// aggregator while the job runs and ends: the daemon keeps counting and keeps its exited
+/// ranks; once the link is back, its next push catches the aggregator up, exactly (each
+/// rank once, equal to the job's truth and to what the daemon itself reports).
+#[test]
+fn a_partition_heals_and_the_aggregator_catches_up_exactly() {
+    let scratch = Scratch::new("aggregator-partition");
+    let net = Netns::new(3);
+    let port = free_port().rsplit(':').next().expect("port").to_string();
+    let agg_scratch = Scratch::new("aggregator-partition-server");
+    let db = scratch.path("agg.redb");
+    let listen = format!("0.0.0.0:{port}");
+    let mut aggregator = spawn_commtap(
+        &agg_scratch,
+        &[
+            "aggregator",
+            "--listen",
+            &listen,
+            "--insecure-tcp",
+            "--db",
+            path_str(&db),
+        ],
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    // The daemon first: it counts the job's ranks from MPI_Init on.
+    let node_scratch = Scratch::new("aggregator-partition-node");
+    let upstream = format!("http://10.231.3.1:{port}");
+    let daemon = Daemon::start(
+        &node_scratch,
+        &["ip", "netns", "exec", &net.name],
+        &[],
+        &[
+            "--node-name",
+            "cut-off",
+            "--push-interval",
+            "200ms",
+            "--aggregator",
+            &upstream,
+        ],
+    );
+    let job_id = format!("part{}", std::process::id());
+    let (mut job, ranks) =
+        start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 300, &[("SLURM_JOB_ID", &job_id)]);
+    let report = |name: &str, from: &str| {
+        let out = scratch.path(name);
+        let args = [
+            "report",
+            "--from",
+            from,
+            "--job",
+            &job_id,
+            "--format",
+            "json",
+            "-o",
+            path_str(&out),
+        ];
+        commtap(&args).status.success().then(|| read_json(&out))
+    };
+    wait_until("the aggregator to have both ranks", LIMIT, || {
+        report("before.json", &url).is_some_and(|p| p["ranks"].as_array().map(Vec::len) == Some(2))
+    });
+
+    // Cut the link; the job does all its work and ends while the node is cut off.
+    sh(&format!("ip link set {} down", net.host_if));
+    std::fs::write(scratch.path("go"), b"go").expect("go");
+    assert!(job.wait_with_limit(LIMIT).success(), "the job failed");
+    let watched: Vec<u64> = ranks.iter().map(|p| u64::from(*p)).collect();
+    wait_for_exited(&daemon.target, &watched);
+    let during = report("during.json", &url).expect("the aggregator still answers");
+    assert!(
+        during["ranks"]
+            .as_array()
+            .expect("ranks")
+            .iter()
+            .all(|r| r["exited"] != true),
+        "the aggregator cannot know of the exits yet"
+    );
+
+    // Heal: the daemon's next push lands everything.
+    sh(&format!("ip link set {} up", net.host_if));
+    let finalized = |p: &serde_json::Value| {
+        p["ranks"]
+            .as_array()
+            .is_some_and(|r| r.len() == 2 && r.iter().all(|x| x["exited"] == true))
+    };
+    wait_until("the aggregator to catch up", LIMIT, || {
+        report("after.json", &url).is_some_and(|p| finalized(&p))
+    });
+    let after = read_json(&scratch.path("after.json"));
+    let at_node = report("node.json", &daemon.target).expect("the node's report");
+    assert_eq!(tables(&after), tables(&at_node), "aggregator != node");
+    let truths = read_truths(&scratch.path("truth"), 2);
+    for truth in &truths {
+        let pid = truth["pid"].as_u64().expect("pid");
+        assert_eq!(
+            loop_counts_after_go(&rank_by_pid(&after, pid)["routines"]),
+            routine_table(&truth["routines"]),
+            "pid {pid}"
+        );
+    }
+    daemon.stop(&node_scratch);
+    // SAFETY: kill(2) of the aggregator we spawned.
+    unsafe { libc::kill(aggregator.0.id() as i32, libc::SIGTERM) };
+    assert!(aggregator.wait_with_limit(LIMIT).success());
+}
