@@ -934,3 +934,13 @@ pub fn pid_list(pids: &[u32]) -> String {
         .collect::<Vec<_>>()
         .join(",")
 }
+
+/// Peak resident memory of `pid` in KiB (`VmHWM`).
+pub fn peak_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmHWM")
+}

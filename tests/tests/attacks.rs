@@ -89,16 +89,6 @@ fn start_attacker(
     child
 }
 
-/// Peak resident memory of `pid` in KiB (`VmHWM`).
-fn peak_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .expect("status")
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmHWM")
-}
-
 /// The daemon is alive and well: `ps` answers within 2 s, its peak memory is bounded, and
 /// a root MPI job run now is counted exactly.
 #[track_caller]

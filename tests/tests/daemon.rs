@@ -637,3 +637,52 @@ fn a_killed_daemon_restarts_with_its_counts() {
         state.display()
     );
 }
+
+/// The node churns: 3,000 short processes without MPI while ten short MPI jobs (2 ranks
+/// each) run one after another. Every rank of every job is counted
+/// exactly, none of the short processes is kept, the daemon's memory stays bounded, and a
+/// clean stop leaves nothing pinned.
+#[test]
+fn a_churning_node_misses_no_rank_and_keeps_nothing_it_should_not() {
+    let scratch = Scratch::new("daemon-churn");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let churn = std::thread::spawn(|| {
+        let out = Command::new("sh")
+            .args([
+                "-c",
+                "i=0; while [ $i -lt 3000 ]; do /bin/true; i=$((i+1)); done",
+            ])
+            .output()
+            .expect("churn");
+        assert!(out.status.success());
+    });
+    let mut jobs = Vec::new();
+    // Open MPI: each job has its launcher's key (Hydra sets none, so MPICH jobs outside a
+    // batch system are one job to the daemon; see the README).
+    for n in 0..10 {
+        let prefix = scratch.path(&format!("truth-{n}"));
+        jobs.push(run_truth_job(&prefix, Mpi::OpenMpi, 2));
+    }
+    churn.join().expect("the churn");
+    let all: Vec<u64> = jobs.iter().flat_map(|t| pids_of(t)).collect();
+    wait_for_exited(&daemon.target, &all);
+    for truths in &jobs {
+        let job = truths[0]["pid"].as_u64().expect("pid").to_string();
+        let profile = report_json(&["report", "--from", &daemon.target, "--job", &job]);
+        assert_profile_matches(&profile, truths, &["MPI_Finalize"]);
+    }
+    // The daemon lists the MPI ranks only: none of the 3,000 is kept.
+    let listed = ps_states(&daemon.target);
+    let stray: Vec<&u64> = listed.keys().filter(|p| !all.contains(p)).collect();
+    assert!(stray.is_empty(), "kept: {stray:?}");
+    let peak = peak_kib(daemon.child.0.id());
+    eprintln!("daemon peak resident memory under churn: {peak} KiB");
+    assert!(peak < 256 << 10, "the daemon's peak memory is {peak} KiB");
+    let tag: String = path_str(&daemon.socket)
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let state = std::path::Path::new("/sys/fs/bpf/commtap").join(tag.trim_matches('_'));
+    daemon.stop(&scratch);
+    assert!(!state.exists(), "{} left pinned", state.display());
+}
