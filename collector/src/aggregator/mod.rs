@@ -23,6 +23,7 @@ use crate::serve::{
     pb,
     push::{self, SnapshotSource},
     socket::Target,
+    status::{watch_interval, ToStatus},
 };
 use commit::GroupCommit;
 use store::Store;
@@ -123,10 +124,7 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
                 .commits
                 .merge(msg.processes)
                 .await
-                .map_err(|e| match e {
-                    store::StoreError::Invalid(_) => Status::invalid_argument(e.to_string()),
-                    other => Status::unavailable(other.to_string()),
-                })?;
+                .map_err(|e| e.to_status())?;
             accepted += a;
             stale += s;
             if first {
@@ -191,15 +189,7 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
                 "a job id is required (ListJobs lists them)",
             ));
         }
-        let interval = match req.interval_ms {
-            0 => std::time::Duration::from_secs(1),
-            ms if ms < 100 => {
-                return Err(Status::invalid_argument(format!(
-                    "interval_ms {ms} is below the minimum of 100 ms"
-                )))
-            }
-            ms => std::time::Duration::from_millis(u64::from(ms)),
-        };
+        let interval = watch_interval(req.interval_ms)?;
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         let store = self.store.clone();
         tokio::spawn(async move {

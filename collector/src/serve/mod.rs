@@ -6,6 +6,7 @@ pub mod metrics;
 pub mod node;
 pub mod push;
 pub mod socket;
+pub mod status;
 
 /// Largest reply a commtap client accepts (a node's or a job's whole profile: 10,000 ranks
 /// take about 10 MiB; gRPC's default of 4 MiB would refuse them).

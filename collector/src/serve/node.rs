@@ -13,7 +13,10 @@ use tokio::sync::{broadcast, Mutex};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::pb;
+use super::{
+    pb,
+    status::{watch_interval, ToStatus},
+};
 use crate::{
     ingest::{monotonic_ns, FeedItem},
     report::{JobProfile, RankProfile},
@@ -291,9 +294,6 @@ impl NodeService {
     }
 }
 
-/// Smallest interval a watcher may ask for.
-const MIN_INTERVAL: Duration = Duration::from_millis(100);
-
 type SnapshotStream =
     Pin<Box<dyn Stream<Item = Result<pb::WatchSnapshotsResponse, Status>> + Send>>;
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::EventBatch, Status>> + Send>>;
@@ -373,17 +373,7 @@ impl pb::node_server::Node for NodeService {
     ) -> Result<Response<Self::WatchSnapshotsStream>, Status> {
         let caller = Caller::of(&req);
         let req = req.into_inner();
-        let interval = match req.interval_ms {
-            0 => Duration::from_secs(1),
-            ms => Duration::from_millis(u64::from(ms)),
-        };
-        if interval < MIN_INTERVAL {
-            return Err(Status::invalid_argument(format!(
-                "interval_ms {} is below the minimum of {} ms",
-                req.interval_ms,
-                MIN_INTERVAL.as_millis()
-            )));
-        }
+        let interval = watch_interval(req.interval_ms)?;
         let page_size = page_of(req.page_size, "")?.map(|p| p.size);
         let filter = req.filter.unwrap_or_default();
         let state = self.state.clone();
@@ -399,17 +389,14 @@ impl pb::node_server::Node for NodeService {
         if pid == 0 {
             return Err(Status::invalid_argument("pid 0 is not a process"));
         }
-        let info =
-            crate::discover::process_info(pid).map_err(|e| Status::not_found(format!("{e:#}")))?;
+        let info = crate::discover::process_info(pid).map_err(|e| e.to_status())?;
         if !caller.may_see(info.uid) {
             return Err(Status::permission_denied(format!(
                 "PID {pid} belongs to another user"
             )));
         }
         let mut session = self.state.session.lock().await;
-        let t = session
-            .attach(pid)
-            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
+        let t = session.attach(pid).map_err(|e| e.to_status())?;
         let process = process_state(pid, t);
         drop(session);
         self.state.detached.lock().await.remove(&pid);
@@ -433,9 +420,7 @@ impl pb::node_server::Node for NodeService {
                 "PID {pid} belongs to another user"
             )));
         }
-        let rank = session
-            .detach(pid)
-            .map_err(|e| Status::internal(format!("{e:#}")))?;
+        let rank = session.detach(pid).map_err(|e| e.to_status())?;
         drop(session);
         self.state.detached.lock().await.insert(pid);
         if let Some(rank) = &rank {

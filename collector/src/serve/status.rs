@@ -1,0 +1,100 @@
+//! What the node and the aggregator services answer when something goes wrong: one mapping
+//! from commtap's errors to gRPC status codes, whose code tells a client what it can do
+//! (fix the request, ask someone else, retry later), and the request checks both services
+//! share.
+
+use std::time::Duration;
+
+use tonic::Status;
+
+use crate::{aggregator::store::StoreError, discover::DiscoverError};
+
+/// An error as the API reports it.
+pub trait ToStatus {
+    /// Its status: code and message.
+    fn to_status(&self) -> Status;
+}
+
+impl ToStatus for DiscoverError {
+    fn to_status(&self) -> Status {
+        match self {
+            DiscoverError::NoSuchProcess(_) => Status::not_found(self.to_string()),
+            DiscoverError::Proc { source, .. }
+                if source.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                Status::permission_denied(format!("{self}: {source}"))
+            }
+            DiscoverError::Proc { source, .. } => Status::unavailable(format!("{self}: {source}")),
+        }
+    }
+}
+
+impl ToStatus for StoreError {
+    fn to_status(&self) -> Status {
+        match self {
+            // The sender's fault: retrying the same snapshots will not help.
+            StoreError::Invalid(_) => Status::invalid_argument(self.to_string()),
+            // The aggregator's disk: retry later (cumulative snapshots lose nothing).
+            StoreError::Db(_) => Status::unavailable(self.to_string()),
+            StoreError::Corrupt(_) => Status::data_loss(self.to_string()),
+        }
+    }
+}
+
+impl ToStatus for anyhow::Error {
+    /// What the session could not do to a process that exists (attach, detach): its cause
+    /// decides, else the process is in no state for it.
+    fn to_status(&self) -> Status {
+        if let Some(e) = self.downcast_ref::<DiscoverError>() {
+            return e.to_status();
+        }
+        Status::failed_precondition(format!("{self:#}"))
+    }
+}
+
+/// The shortest interval a watch (`WatchSnapshots`, `WatchJobReport`) may ask for.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The interval a watch asks for in `interval_ms` (0: one second), refused below
+/// [`MIN_INTERVAL`].
+pub fn watch_interval(interval_ms: u32) -> Result<Duration, Status> {
+    let interval = match interval_ms {
+        0 => Duration::from_secs(1),
+        ms => Duration::from_millis(u64::from(ms)),
+    };
+    if interval < MIN_INTERVAL {
+        return Err(Status::invalid_argument(format!(
+            "interval_ms {interval_ms} is below the minimum of {} ms",
+            MIN_INTERVAL.as_millis()
+        )));
+    }
+    Ok(interval)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_say_what_a_client_can_do() {
+        assert_eq!(
+            DiscoverError::NoSuchProcess(7).to_status().code(),
+            tonic::Code::NotFound
+        );
+        assert_eq!(
+            StoreError::Invalid("x".into()).to_status().code(),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            StoreError::Db("disk full".into()).to_status().code(),
+            tonic::Code::Unavailable
+        );
+        let wrapped = anyhow::Error::new(DiscoverError::NoSuchProcess(7)).context("attaching");
+        assert_eq!(wrapped.to_status().code(), tonic::Code::NotFound);
+        assert_eq!(
+            watch_interval(10).expect_err("too short").code(),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(watch_interval(0).expect("default"), Duration::from_secs(1));
+    }
+}
