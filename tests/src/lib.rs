@@ -944,3 +944,44 @@ pub fn peak_kib(pid: u32) -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .expect("VmHWM")
 }
+
+/// (calls, bytes) per routine of each rank of a JSON profile, by pid.
+pub fn rank_tables(
+    profile: &Value,
+) -> std::collections::BTreeMap<u64, std::collections::BTreeMap<String, (u64, u64)>> {
+    profile["ranks"]
+        .as_array()
+        .expect("ranks")
+        .iter()
+        .map(|r| {
+            (
+                r["pid"].as_u64().expect("pid"),
+                routine_table(&r["routines"]),
+            )
+        })
+        .collect()
+}
+
+/// `commtap GLOBAL.. report --from FROM --job JOB --format json -o OUT`: the profile, or
+/// None if the report failed (not there yet, say).
+pub fn try_job_report(global: &[&str], from: &str, job: &str, out: &Path) -> Option<Value> {
+    let args = [
+        global,
+        &[
+            "report",
+            "--from",
+            from,
+            "--job",
+            job,
+            "--format",
+            "json",
+            "-o",
+            path_str(out),
+        ],
+    ]
+    .concat();
+    commtap_output(&args)
+        .status
+        .success()
+        .then(|| read_json(out))
+}

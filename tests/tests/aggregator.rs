@@ -20,16 +20,11 @@ fn commtap(args: &[&str]) -> std::process::Output {
 fn tables(
     profile: &serde_json::Value,
 ) -> std::collections::BTreeMap<u64, std::collections::BTreeMap<String, (u64, u64)>> {
-    profile["ranks"]
-        .as_array()
-        .expect("ranks")
-        .iter()
-        .map(|r| {
-            let mut t = routine_table(&r["routines"]);
-            t.remove("MPI_Finalize");
-            (r["pid"].as_u64().expect("pid"), t)
-        })
-        .collect()
+    let mut t = rank_tables(profile);
+    for routines in t.values_mut() {
+        routines.remove("MPI_Finalize");
+    }
+    t
 }
 
 #[test]
@@ -110,27 +105,15 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
     let truths = read_truths(&scratch.path("truth"), 4);
 
     // Final once every rank's MPI_Finalize has reached the aggregator.
-    let report = |name: &str| {
-        let out = scratch.path(name);
-        let args = [
-            "--tls-ca",
-            &ca_arg,
-            "--tls-cert",
-            path_str(&read_cert),
-            "--tls-key",
-            path_str(&read_key),
-            "report",
-            "--from",
-            &url,
-            "--job",
-            &job_id,
-            "--format",
-            "json",
-            "-o",
-            out.to_str().expect("utf8"),
-        ];
-        commtap(&args).status.success().then(|| read_json(&out))
-    };
+    let reader = [
+        "--tls-ca",
+        &ca_arg,
+        "--tls-cert",
+        path_str(&read_cert),
+        "--tls-key",
+        path_str(&read_key),
+    ];
+    let report = |name: &str| try_job_report(&reader, &url, &job_id, &scratch.path(name));
     let finalized = |p: &serde_json::Value| {
         p["ranks"]
             .as_array()
@@ -475,21 +458,7 @@ fn a_partition_heals_and_the_aggregator_catches_up_exactly() {
     let job_id = format!("part{}", std::process::id());
     let (mut job, ranks) =
         start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 300, &[("SLURM_JOB_ID", &job_id)]);
-    let report = |name: &str, from: &str| {
-        let out = scratch.path(name);
-        let args = [
-            "report",
-            "--from",
-            from,
-            "--job",
-            &job_id,
-            "--format",
-            "json",
-            "-o",
-            path_str(&out),
-        ];
-        commtap(&args).status.success().then(|| read_json(&out))
-    };
+    let report = |name: &str, from: &str| try_job_report(&[], from, &job_id, &scratch.path(name));
     wait_until("the aggregator to have both ranks", LIMIT, || {
         report("before.json", &url).is_some_and(|p| p["ranks"].as_array().map(Vec::len) == Some(2))
     });

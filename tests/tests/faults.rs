@@ -58,23 +58,6 @@ fn start_aggregator(scratch: &Scratch, db: &Path) -> (ChildGuard, String) {
     (child, url)
 }
 
-/// (calls, bytes) per routine per pid of a JSON profile.
-fn tables(
-    profile: &serde_json::Value,
-) -> std::collections::BTreeMap<u64, std::collections::BTreeMap<String, (u64, u64)>> {
-    profile["ranks"]
-        .as_array()
-        .expect("ranks")
-        .iter()
-        .map(|r| {
-            (
-                r["pid"].as_u64().expect("pid"),
-                routine_table(&r["routines"]),
-            )
-        })
-        .collect()
-}
-
 /// The aggregator's disk fills up while a daemon pushes 300 ranks: the pushes fail and say
 /// why, the aggregator keeps answering, and once there is room again the daemon's next
 /// push lands everything, exactly as the daemon has it.
@@ -135,8 +118,8 @@ fn an_aggregator_whose_disk_fills_up_keeps_serving_and_catches_up() {
         report(&merged, &url).is_some_and(|p| p["ranks"].as_array().map(Vec::len) == Some(300))
     });
     assert_eq!(
-        tables(&read_json(&merged)),
-        tables(&at_node),
+        rank_tables(&read_json(&merged)),
+        rank_tables(&at_node),
         "the aggregator holds what the node has, once"
     );
     daemon.stop(&node_scratch);
