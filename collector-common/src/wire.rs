@@ -31,6 +31,18 @@ impl Abi {
             _ => None,
         }
     }
+
+    /// `MPI_PROC_NULL` in this ABI (Open MPI -2; MPICH and Intel MPI -1, where -2 is
+    /// `MPI_ANY_SOURCE`): a point-to-point call with it moves 0 bytes, whatever its count
+    /// (mpitrace's convention: nothing crosses the network).
+    #[inline(always)]
+    pub const fn proc_null(abi: u8) -> Option<i32> {
+        match Abi::from_u8(abi) {
+            Some(Abi::OpenMpi) => Some(-2),
+            Some(Abi::Mpich) => Some(-1),
+            _ => None,
+        }
+    }
 }
 
 /// Attach cookie: which routine a probe point is, and which layout slot its library uses.

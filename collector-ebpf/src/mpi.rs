@@ -394,7 +394,16 @@ impl Call<'_> {
 #[inline(always)]
 fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Option<u64> {
     let p = comm.map(|c| c.size);
-    match ByteRule::from_u8(spec.rule) {
+    let rule = ByteRule::from_u8(spec.rule);
+    // A send to or receive from MPI_PROC_NULL moves nothing (one peer: not Sendrecv's
+    // pair, whose other half may be real).
+    if spec.class == class::P2P
+        && matches!(rule, ByteRule::CountType | ByteRule::RecvStatus)
+        && Abi::proc_null(c.abi).is_some_and(|null| c.arg(spec.peer).map(int_arg) == Some(null))
+    {
+        return Some(0);
+    }
+    match rule {
         ByteRule::None => Some(0),
         ByteRule::CountType => c.count_type(spec.a, spec.b),
         ByteRule::RecvStatus => {

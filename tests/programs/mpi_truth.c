@@ -365,6 +365,17 @@ int main(int argc, char **argv)
                              MPI_PROC_NULL, 22, world, &st);
         proc_null_replaces++;
 
+        /* MPI_PROC_NULL as the one peer: the call moves nothing and counts 0 bytes,
+         * whatever its count (mpitrace's convention). */
+        note("MPI_Send", 0);
+        MPI_Send(ibuf, 10, MPI_INT, MPI_PROC_NULL, 23, world);
+        note("MPI_Recv", 0);    /* MPI_STATUS_IGNORE: else the posted size */
+        MPI_Recv(ibuf2, 20, MPI_INT, MPI_PROC_NULL, 23, world, MPI_STATUS_IGNORE);
+        note("MPI_Irecv", 0);
+        MPI_Irecv(bbuf2, 16, MPI_BYTE, MPI_PROC_NULL, 24, world, &req[0]);
+        note("MPI_Wait", 0);
+        MPI_Wait(&req[0], MPI_STATUS_IGNORE);
+
         /* ================= nonblocking point-to-point ================= */
         note("MPI_Irecv", 16 * SZ_BYTE);        /* posted size */
         MPI_Irecv(bbuf2, 16, MPI_BYTE, left, 30, world, &req[0]);
