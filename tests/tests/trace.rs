@@ -357,3 +357,62 @@ fn a_trace_of_two_nodes_puts_both_on_one_clock() {
         d.stop(&node_scratch);
     }
 }
+
+/// NCCL (the real `libnccl.so.2`, no GPU): each group is one `ncclGroup` slice from its
+/// `ncclGroupStart` to its `ncclGroupEnd`, around the operations enqueued in it, carrying
+/// their bytes: as many slices and bytes as the program's truth counts groups.
+#[test]
+fn an_nccl_group_is_a_slice_around_its_operations() {
+    let scratch = Scratch::new("trace-nccl-group");
+    let prog = build_nccl_program("nccl_calls.c", &nccl_lib_dir(), &["libnccl.so.2"]);
+    let (trace, out, truth) = (
+        scratch.path("t.json"),
+        scratch.path("p.json"),
+        scratch.path("truth.json"),
+    );
+    let (ready, go) = (scratch.path("ready"), scratch.path("go"));
+    let commtap = spawn_commtap(
+        &scratch,
+        &[
+            "record",
+            "--trace",
+            path_str(&trace),
+            "--format",
+            "json",
+            "-o",
+            path_str(&out),
+            "--",
+            path_str(&prog),
+            path_str(&ready),
+            path_str(&go),
+            "50",
+            path_str(&truth),
+        ],
+    );
+    wait_until("the program to be ready", LIMIT, || ready.exists());
+    std::fs::write(&go, b"").expect("go file");
+    finish_ok(&scratch, commtap, LIMIT);
+    let truth = read_json(&truth);
+    let summary = devtools_summary(&trace);
+    let (pid, process) = summary["processes"]
+        .as_object()
+        .and_then(|p| p.iter().next())
+        .expect("one process");
+    let pid: u64 = pid.parse().expect("pid");
+    let traced = traced_routines(&summary, pid);
+    let group = routine_table(&truth["routines"])["ncclGroup"];
+    assert_eq!(traced.get("ncclGroup"), Some(&group), "groups: {traced:?}");
+    let nested: Vec<(String, String)> = process["nested"]
+        .as_array()
+        .expect("nested")
+        .iter()
+        .filter_map(|p| Some((p[0].as_str()?.to_string(), p[1].as_str()?.to_string())))
+        .collect();
+    for op in ["ncclGroupStart", "ncclSend", "ncclRecv", "ncclGroupEnd"] {
+        let inside = nested
+            .iter()
+            .filter(|(outer, inner)| outer == "ncclGroup" && inner == op)
+            .count() as u64;
+        assert_eq!(inside, group.0, "{op} inside its group");
+    }
+}
