@@ -89,6 +89,8 @@ enum Command {
     ///   commtap trace --job 4242 -o job4242.json          (until the job's ranks exit)
     ///   commtap trace --pid 811,812 --duration 30s -o t.json
     ///   commtap trace --skip-routines MPI_Iprobe --max-events 100000 -o t.json
+    ///   commtap trace --from https://node07:7481 --from https://node08:7481 --job 4242 -o t.json
+    ///                                       (one file, both nodes on node07's clock)
     ///
     /// Open the file in https://ui.perfetto.dev or chrome://tracing: one process per rank
     /// (`rank R (host)`, in rank order), one track per thread, one slice per call with
