@@ -19,8 +19,8 @@ use aya_ebpf::{
 };
 use collector_common::{
     routines::{FABRIC_FIRST, FABRIC_SLOTS},
-    size_bucket, ArgSpec, ByteRule, Cookie, CounterKey, EventKind, FabricEvent, FABRIC_NAME_LEN,
-    MAX_FABRIC_RANGES, UNKNOWN_BUCKET,
+    size_bucket, ArgSpec, ByteRule, CallEvent, Cookie, CounterKey, EventKind, FabricEvent,
+    FABRIC_NAME_LEN, MAX_FABRIC_RANGES, UNKNOWN_BUCKET,
 };
 
 use crate::{
@@ -30,7 +30,7 @@ use crate::{
         call_state, is_counted, is_watched, new_call_state, still_counted, with_proc_stats, EVENTS,
         FABRIC_FUNCS, FABRIC_KINDS, FABRIC_RANGES, FABRIC_TEXT, ROUTINE_SPECS,
     },
-    mpi::cookie,
+    mpi::{call_events_on, cookie, emit_call},
 };
 
 /// Longest `struct iovec` array summed.
@@ -228,7 +228,24 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
         bucket,
         _pad: [0; 7],
     };
-    add(e, &key, 1, bytes, now.saturating_sub(start));
+    let dur = now.saturating_sub(start);
+    add(e, &key, 1, bytes, dur);
+    if call_events_on() {
+        // For timelines: the operation inside the MPI or NCCL call that made it.
+        emit_call(&CallEvent {
+            kind: EventKind::Call as u32,
+            tgid,
+            tid: bpf_get_current_pid_tgid() as u32,
+            routine,
+            bucket,
+            _pad: 0,
+            peer: -1,
+            comm_size: 0,
+            start_ns: start,
+            dur_ns: dur,
+            bytes,
+        });
+    }
     0
 }
 

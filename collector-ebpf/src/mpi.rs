@@ -256,7 +256,7 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         bucket,
         _pad: [0; 7],
     };
-    let events = CONFIG.get(0).is_some_and(|c| c.call_events != 0);
+    let events = call_events_on();
     // Read before `e` is borrowed for the counters, and only for an event.
     let peer = if events {
         arg(args, spec.peer).map(int_arg).unwrap_or(-1)
@@ -284,12 +284,24 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         dur_ns: dur,
         bytes,
     };
-    if EVENTS.output::<CallEvent>(&ev, batched_wakeup()).is_err() {
-        with_proc_stats(tgid, |s| s.events_dropped += 1);
-    }
+    emit_call(&ev);
     // Last: `args` pointed into this entry.
     e.busy = 0;
     0
+}
+
+/// Whether per-call events are on (a trace or a stream is open, or asked for).
+#[inline(always)]
+pub(crate) fn call_events_on() -> bool {
+    CONFIG.get(0).is_some_and(|c| c.call_events != 0)
+}
+
+/// Sends a completed call to userspace; a full ring buffer counts it as dropped.
+#[inline(always)]
+pub(crate) fn emit_call(ev: &CallEvent) {
+    if EVENTS.output::<CallEvent>(ev, batched_wakeup()).is_err() {
+        with_proc_stats(ev.tgid, |s| s.events_dropped += 1);
+    }
 }
 
 /// Ring-buffer flags for a call event: wake the consumer only once the buffer is a quarter

@@ -226,10 +226,12 @@ fn mpi_loop_on_fabric(
     let scratch = Scratch::new(name);
     let n: u64 = 5000;
     let (mut job, ranks) = start_waiting_loop(&scratch, mpi, 2, n, env);
-    let (commtap, out) = record_attached(&scratch, &ranks);
+    let trace = scratch.path("t.json");
+    let (commtap, out) = record_attached_with(&scratch, &ranks, &["--trace", path_str(&trace)]);
     std::fs::write(scratch.path("go"), b"").expect("go file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
     let run = finish_ok(&scratch, commtap, LIMIT);
+    let summary = devtools_summary(&trace);
     let profile = read_json(&out);
     let truths = read_truths(&scratch.path("truth"), 2);
     let ignored: Vec<&str> = ["MPI_Finalize", send, recv]
@@ -267,6 +269,27 @@ fn mpi_loop_on_fabric(
             Some(made_by_mpi(rank, send)),
             "every fabric send was made by an MPI call; {who}"
         );
+        // In the trace, each of those operations is a slice inside its MPI call's.
+        let pid = truth["pid"].as_u64().expect("pid");
+        for (op, expected) in [(send, &sent), (recv, &received)] {
+            let mut inside: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+            for pair in summary["processes"][pid.to_string()]["nested"]
+                .as_array()
+                .expect("nested")
+            {
+                let (outer, inner) = (pair[0].as_str(), pair[1].as_str());
+                if inner == Some(op) && outer.is_some_and(|o| o.starts_with("MPI_")) {
+                    let outer = outer.expect("outer").to_string();
+                    if outer != "MPI_Finalize" {
+                        inside.entry(outer).or_default().0 += 1;
+                    }
+                }
+            }
+            let calls: BTreeMap<String, u64> =
+                expected.iter().map(|(k, v)| (k.clone(), v.0)).collect();
+            let traced: BTreeMap<String, u64> = inside.into_iter().map(|(k, v)| (k, v.0)).collect();
+            assert_eq!(traced, calls, "{op} slices inside MPI calls; {who}");
+        }
     }
     (profile, truths, run.stderr)
 }
