@@ -61,10 +61,7 @@ pub async fn node_snapshot(
             .await
         {
             Ok(resp) => resp.into_inner(),
-            Err(s) if s.code() == tonic::Code::Unimplemented => anyhow::bail!(
-                "an aggregator reports one job at a time: give --job (`commtap jobs` lists them)"
-            ),
-            Err(s) => return Err(s).context("GetSnapshot"),
+            Err(s) => return Err(node_api_error(s, "GetSnapshot")),
         };
         let wire = resp.profile.context("the daemon sent no profile")?;
         let page = JobProfile::try_from(&wire)?;
@@ -80,6 +77,18 @@ pub async fn node_snapshot(
     let mut profile = profile.expect("at least one page");
     sort_ranks(&mut profile);
     Ok(profile)
+}
+
+/// A failed call of the node API: an aggregator answers UNIMPLEMENTED, and what to do
+/// then is said.
+fn node_api_error(s: tonic::Status, rpc: &'static str) -> anyhow::Error {
+    if s.code() == tonic::Code::Unimplemented {
+        anyhow::anyhow!(
+            "an aggregator reports one job at a time: give --job (`commtap jobs` lists them)"
+        )
+    } else {
+        anyhow::Error::new(s).context(rpc)
+    }
 }
 
 /// Ranks asked for per GetSnapshot page.
@@ -307,10 +316,7 @@ pub async fn watch(
         .await
     {
         Ok(s) => s.into_inner(),
-        Err(s) if s.code() == tonic::Code::Unimplemented => anyhow::bail!(
-            "an aggregator reports one job at a time: give --job (`commtap jobs` lists them)"
-        ),
-        Err(s) => return Err(s).context("WatchSnapshots"),
+        Err(s) => return Err(node_api_error(s, "WatchSnapshots")),
     };
     // Pages of one snapshot come in a row, the last with `more` false.
     let mut profile: Option<JobProfile> = None;

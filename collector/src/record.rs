@@ -150,15 +150,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
                 if let (Some(t), Some(f)) = (tracer.as_mut(), feed.as_mut()) {
                     trace_item(t, item)?;
                     // Whatever else is queued, before going round the loop again.
-                    for _ in 0..FEED_BATCH {
-                        match f.try_recv() {
-                            Ok(item) => trace_item(t, Ok(item))?,
-                            Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => {
-                                t.lost_by_reader(n);
-                            }
-                            Err(_) => break,
-                        }
-                    }
+                    drain_feed(t, f, FEED_BATCH)?;
                 }
             }
             name = signals.recv() => {
@@ -200,16 +192,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     session.stop_ingest().await;
     if let (Some(t), Some(f)) = (tracer.as_mut(), feed.as_mut()) {
         // The calls the last drain of the ring buffer found.
-        loop {
-            let item = match f.try_recv() {
-                Ok(item) => Ok(item),
-                Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => {
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n))
-                }
-                Err(_) => break,
-            };
-            trace_item(t, item)?;
-        }
+        drain_feed(t, f, usize::MAX)?;
     }
     let mut profile = session.profile(end_ns);
     for r in &mut profile.ranks {
@@ -238,6 +221,24 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
 
 /// Calls written to a trace in a row before `record` looks at its other work.
 const FEED_BATCH: usize = 4096;
+
+/// Writes up to `max` items already queued on the call feed into the trace.
+fn drain_feed(
+    t: &mut TraceWriter,
+    f: &mut tokio::sync::broadcast::Receiver<FeedItem>,
+    max: usize,
+) -> Result<()> {
+    use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+    for _ in 0..max {
+        let item = match f.try_recv() {
+            Ok(item) => Ok(item),
+            Err(TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
+            Err(_) => break,
+        };
+        trace_item(t, item)?;
+    }
+    Ok(())
+}
 
 /// Writes one item of the call feed into the trace.
 fn trace_item(

@@ -170,12 +170,8 @@ pub struct TraceWriter {
     part_events: u64,
     /// Start of the first traced call: the origin of `--window`.
     first_ns: Option<u64>,
-    /// Names of the processes seen (None: asked for, not known yet).
-    names: BTreeMap<u32, Option<ProcessName>>,
-    /// Threads seen, per process.
-    threads: BTreeSet<(u32, u32)>,
-    /// Calls written per process.
-    per_process: BTreeMap<u32, u64>,
+    /// The processes seen, by pid.
+    processes: BTreeMap<u32, Traced>,
     events: u64,
     lost: Lost,
     /// The time axis and each node's clock offset, written into the metadata.
@@ -201,9 +197,7 @@ impl TraceWriter {
             part_bytes: 0,
             part_events: 0,
             first_ns: None,
-            names: BTreeMap::new(),
-            threads: BTreeSet::new(),
-            per_process: BTreeMap::new(),
+            processes: BTreeMap::new(),
             events: 0,
             lost: Lost::default(),
             clocks: "one node: every rank's CLOCK_MONOTONIC, nothing corrected".into(),
@@ -217,21 +211,21 @@ impl TraceWriter {
 
     /// Processes whose calls were seen but whose names are not known yet.
     pub fn unnamed(&self) -> Vec<u32> {
-        self.names
+        self.processes
             .iter()
-            .filter(|(_, n)| n.is_none())
-            .map(|(p, _)| *p)
+            .filter(|(_, p)| p.name.is_none())
+            .map(|(pid, _)| *pid)
             .collect()
     }
 
     /// Processes whose calls were seen.
     pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.names.keys().copied()
+        self.processes.keys().copied()
     }
 
     /// Names process `pid`'s track.
     pub fn name(&mut self, pid: u32, name: ProcessName) {
-        self.names.insert(pid, Some(name));
+        self.processes.entry(pid).or_default().name = Some(name);
     }
 
     /// Calls the reader lost (cumulative count from the feed, or an increment).
@@ -262,9 +256,9 @@ impl TraceWriter {
     }
 
     fn write_call(&mut self, ev: &pb::CallEvent) -> Result<(), TraceError> {
-        let name = self.names.entry(ev.pid).or_insert(None);
+        let process = self.processes.entry(ev.pid).or_default();
         if let Some(ranks) = &self.opts.ranks {
-            match name.as_ref().and_then(|n| n.rank) {
+            match process.name.as_ref().and_then(|n| n.rank) {
                 Some(r) if ranks.contains(&r) => {}
                 _ => return Ok(()),
             }
@@ -279,14 +273,17 @@ impl TraceWriter {
                 return Ok(());
             }
         }
-        let written = self.per_process.entry(ev.pid).or_default();
-        if self.opts.max_events.is_some_and(|max| *written >= max) {
+        if self
+            .opts
+            .max_events
+            .is_some_and(|max| process.written >= max)
+        {
             self.lost.max_events += 1;
             return Ok(());
         }
-        *written += 1;
+        process.written += 1;
+        process.threads.insert(ev.tid);
         self.events += 1;
-        self.threads.insert((ev.pid, ev.tid));
         let mut line = std::mem::take(&mut self.line);
         line.clear();
         chrome::slice(&mut line, ev, self.part_events == 0);
@@ -322,13 +319,15 @@ impl TraceWriter {
     fn close_part(&mut self) -> Result<(), TraceError> {
         let mut tail = String::new();
         let mut first = self.part_events == 0;
-        for (pid, name) in &self.names {
-            tail.push_str(&chrome::process_names(*pid, name.as_ref(), first));
+        for (pid, p) in &self.processes {
+            tail.push_str(&chrome::process_names(*pid, p.name.as_ref(), first));
             first = false;
         }
-        for (pid, tid) in &self.threads {
-            tail.push_str(&chrome::thread_name(*pid, *tid, first));
-            first = false;
+        for (pid, p) in &self.processes {
+            for tid in &p.threads {
+                tail.push_str(&chrome::thread_name(*pid, *tid, first));
+                first = false;
+            }
         }
         let meta = serde_json::json!({
             "commtap": {
@@ -359,6 +358,17 @@ impl TraceWriter {
                 source,
             })
     }
+}
+
+/// What the trace knows of one process: one lookup per call finds it all.
+#[derive(Debug, Default)]
+struct Traced {
+    /// Its track's name (None: not known yet).
+    name: Option<ProcessName>,
+    /// Calls written.
+    written: u64,
+    /// Its threads seen.
+    threads: BTreeSet<u32>,
 }
 
 /// An NCCL group open on a thread: from its outermost `ncclGroupStart`.
