@@ -88,9 +88,21 @@ pub enum ByteRule {
     /// **request)`): sum(`b`[0..`a`]) posted bytes (`size_t`s); an operation only if `*d`
     /// is set on return.
     NetIrecv = 36,
+    /// MPI communicator constructor: `*d` is the new communicator (read at return), `a` the
+    /// color or split type that tells its sibling communicators apart (`NO_ARG`: none).
+    CommCreate = 37,
+    /// `MPI_Comm_dup(comm, *d)`: a constructor whose new communicator has `comm`'s size and
+    /// ranks.
+    CommDup = 38,
 }
 
 impl ByteRule {
+    /// Whether the routine creates a communicator (its new handle is argument `*d`).
+    #[inline(always)]
+    pub const fn creates_comm(self) -> bool {
+        matches!(self, ByteRule::CommCreate | ByteRule::CommDup)
+    }
+
     /// Whether argument `a` points at a handle that the call resets (MPI_Type_free,
     /// MPI_Comm_free): it is read at entry.
     #[inline(always)]
@@ -131,6 +143,8 @@ impl ByteRule {
             34 => ByteRule::FabricMsg,
             35 => ByteRule::NetIsend,
             36 => ByteRule::NetIrecv,
+            37 => ByteRule::CommCreate,
+            38 => ByteRule::CommDup,
             _ => ByteRule::None,
         }
     }
@@ -528,9 +542,12 @@ pub const ROUTINES: &[Routine] = &[
     r("MPI_Win_complete", ONE_SIDED, B::None, [N; 4], N, N),
     r("MPI_Win_wait", ONE_SIDED, B::None, [N; 4], N, N),
     // Communicator management (sizes of new communicators are learnt from Comm_size).
-    r("MPI_Comm_dup", COMM, B::None, [N; 4], 0, N),
-    r("MPI_Comm_split", COMM, B::None, [N; 4], 0, N),
-    r("MPI_Comm_create", COMM, B::None, [N; 4], 0, N),
+    // (comm, *newcomm)
+    r("MPI_Comm_dup", COMM, B::CommDup, [N, N, N, 1], 0, N),
+    // (comm, color, key, *newcomm)
+    r("MPI_Comm_split", COMM, B::CommCreate, [1, N, N, 3], 0, N),
+    // (comm, group, *newcomm)
+    r("MPI_Comm_create", COMM, B::CommCreate, [N, N, N, 2], 0, N),
     r("MPI_Comm_free", COMM, B::CommFree, [0, N, N, N], N, N),
     // Datatype constructors: sizes learnt in the kernel for integer-handle ABIs.
     // (count, oldtype, *newtype)
@@ -859,6 +876,16 @@ pub const ROUTINES: &[Routine] = &[
     // exported `ncclNetPlugin_v10`..`_v12` table (the same signatures as the built-ins).
     r("ncclNetPluginIsend", NET, B::NetIsend, [2, N, N, 6], N, N),
     r("ncclNetPluginIrecv", NET, B::NetIrecv, [1, 3, N, 7], N, N),
+    // (comm, split_type, key, info, *newcomm): one communicator per node for
+    // MPI_COMM_TYPE_SHARED, so the type alone does not tell siblings apart (the host does).
+    r(
+        "MPI_Comm_split_type",
+        COMM,
+        B::CommCreate,
+        [1, N, N, 4],
+        0,
+        N,
+    ),
 ];
 
 /// A libfabric ops-table slot: `(ep, buf, len, ...)`, `(ep, iov, desc, count, ...)` or

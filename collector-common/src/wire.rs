@@ -106,8 +106,14 @@ pub struct Layout {
     pub comm_group_off: u32,
     /// Open MPI: offset of `grp_proc_count` (int) in a group.
     pub group_size_off: u32,
+    /// Open MPI: offset of `c_contextid` (uint32_t) in a communicator, 0 if unknown. Every
+    /// member of a communicator holds the same context id (Open MPI agrees on it when the
+    /// communicator is created), so it names the communicator across processes.
+    pub comm_cid_off: u32,
+    /// Explicit padding.
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<Layout>() == 16);
+const _: () = assert!(size_of::<Layout>() == 24);
 
 /// Arguments saved at entry: 6 in registers and 6 from the stack (x86-64 SysV).
 pub const MAX_ARGS: usize = 12;
@@ -173,8 +179,9 @@ pub struct CallState {
     pub cookie: u64,
     /// The thread's process (a thread's tgid never changes), set when the state is made.
     pub tgid: u32,
-    /// Explicit padding.
-    pub _pad: u32,
+    /// Call events this thread tried to emit (sent or dropped): numbers them, so that
+    /// userspace sees where one went missing.
+    pub events: u32,
     /// The stamp of the handle generation in which the process was last found counted:
     /// a detach bumps the generation, and the next call checks again.
     pub counted_gen: u64,
@@ -274,9 +281,9 @@ pub struct Config {
     pub cgroup_level: u32,
     /// Watch-all counts only processes in this cgroup v2 or below it (0: any).
     pub cgroup_id: u64,
-    /// Non-zero: emit a [`CallEvent`] per call (latency, timelines). Counts never depend
-    /// on it; the events cost about as much as the rest of the probe, so they are on only
-    /// when something consumes them.
+    /// Which calls emit a [`CallEvent`] ([`Config::EVENTS_ALL`], [`Config::EVENTS_COLLECTIVE`]
+    /// or both; 0: none). Counts never depend on it; an event costs about as much as the
+    /// rest of the probe, so events are on only for the calls something consumes.
     pub call_events: u32,
     /// Explicit padding.
     pub _pad: u32,
@@ -286,6 +293,10 @@ const _: () = assert!(size_of::<Config>() == 32);
 impl Config {
     /// `uid` value meaning every user.
     pub const ANY_UID: u32 = u32::MAX;
+    /// `call_events` bit: every call (timelines, event streams).
+    pub const EVENTS_ALL: u32 = 1;
+    /// `call_events` bit: collectives and communicator constructors (who is late).
+    pub const EVENTS_COLLECTIVE: u32 = 2;
 }
 
 /// Flags in the `WATCHED` map: which processes the probes count.
@@ -563,9 +574,49 @@ pub struct CallEvent {
     pub dur_ns: u64,
     /// Bytes by the routine's rule.
     pub bytes: u64,
+    /// The call's communicator handle as this process sees it (0 if none): local to the
+    /// process, it ties the call to the creation event that named the communicator.
+    pub comm: u64,
+    /// An identity of the communicator that every member shares, where the library holds
+    /// one (see [`comm_id`]); 0 if not known.
+    pub comm_id: u64,
+    /// A communicator constructor's new handle (`MPI_Comm_dup`, `MPI_Comm_split` ...), read
+    /// at return; 0 otherwise or if unreadable.
+    pub created: u64,
+    /// This process's rank in the communicator, -1 if unknown.
+    pub comm_rank: i32,
+    /// `MPI_Comm_split`'s color or `MPI_Comm_split_type`'s type; 0 otherwise.
+    pub color: i32,
+    /// The thread's count of call events before this one (see [`CallState::events`]): a
+    /// gap means events of this thread were lost.
+    pub thread_seq: u32,
+    /// Explicit padding.
+    pub _pad2: u32,
 }
-const _: () = assert!(size_of::<CallEvent>() == 48);
+const _: () = assert!(size_of::<CallEvent>() == 88);
 const _: () = assert!(offset_of!(CallEvent, start_ns) == 24);
+const _: () = assert!(offset_of!(CallEvent, comm) == 48);
+const _: () = assert!(offset_of!(CallEvent, comm_rank) == 72);
+
+/// Values of [`CallEvent::comm_id`] for MPI communicators (NCCL's are the hash of the
+/// communicator's unique id).
+pub mod comm_id {
+    /// `MPI_COMM_WORLD`, in every ABI.
+    pub const WORLD: u64 = 1 << 62;
+    /// Open MPI: this bit or-ed with the communicator's context id (never 0: that is
+    /// `WORLD`). Sibling communicators of one split share a context id.
+    pub const OMPI_CID: u64 = 1 << 61;
+
+    /// The identity of an Open MPI communicator with context id `cid`.
+    #[inline(always)]
+    pub const fn ompi(cid: u32) -> u64 {
+        if cid == 0 {
+            WORLD
+        } else {
+            OMPI_CID | cid as u64
+        }
+    }
+}
 
 /// A process lifecycle record (exec, exit, fork) for a watched process.
 #[repr(C)]

@@ -5,7 +5,7 @@
 //! derived types / communicators are learnt from the calls that create or query them.
 
 use aya_ebpf::helpers::{bpf_probe_read_user, generated as gen};
-use collector_common::{mpich, nccl, Abi, CommInfo, HandleKey, Layout};
+use collector_common::{comm_id, mpich, nccl, Abi, CommInfo, HandleKey, Layout};
 
 use crate::maps::{COMMS, DTYPES};
 
@@ -114,7 +114,11 @@ pub fn comm_info(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<CommInfo
         if size <= 0 {
             return None;
         }
-        let info = CommInfo::new(size as u32, rank, 0);
+        let id = match layout.comm_cid_off {
+            0 => 0,
+            off => read::<u32>(h + off as u64).map_or(0, comm_id::ompi),
+        };
+        let info = CommInfo::new(size as u32, rank, id);
         let _ = COMMS.insert(key, info, 0);
         return Some(info);
     }
@@ -122,6 +126,11 @@ pub fn comm_info(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<CommInfo
     if h == mpich::COMM_SELF {
         return Some(CommInfo::new(1, 0, 0));
     }
+    let id = if h == mpich::COMM_WORLD {
+        comm_id::WORLD
+    } else {
+        0
+    };
     // SAFETY: plain value.
     let info = unsafe {
         COMMS.get(HandleKey {
@@ -134,7 +143,7 @@ pub fn comm_info(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<CommInfo
     if info.size == 0 {
         None
     } else {
-        Some(info)
+        Some(CommInfo { id, ..info })
     }
 }
 

@@ -13,8 +13,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use collector_common::{
-    routines::class, Abi, ArgSpec, ByteRule, CallEvent, CommInfo, Cookie, CounterKey, EventKind,
-    HandleCache, HandleKey, Layout, ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
+    routines::class, Abi, ArgSpec, ByteRule, CallEvent, CommInfo, Config, Cookie, CounterKey,
+    EventKind, HandleCache, HandleKey, Layout, ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
 };
 
 use collector_common::routines::NO_ARG as N;
@@ -256,13 +256,27 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         bucket,
         _pad: [0; 7],
     };
-    let events = call_events_on();
-    // Read before `e` is borrowed for the counters, and only for an event.
-    let peer = if events {
-        arg(args, spec.peer).map(int_arg).unwrap_or(-1)
-    } else {
-        -1
+    let events = match CONFIG.get(0).map_or(0, |c| c.call_events) {
+        0 => false,
+        m if m & Config::EVENTS_ALL != 0 => true,
+        _ => spec.class == class::COLLECTIVE || ByteRule::from_u8(spec.rule).creates_comm(),
     };
+    // Read before `e` is borrowed for the counters, and only for an event.
+    let mut ev = CallEvent {
+        kind: EventKind::Call as u32,
+        routine: c.routine,
+        bucket,
+        comm_size,
+        start_ns,
+        dur_ns: dur,
+        bytes,
+        comm_rank: -1,
+        peer: -1,
+        ..CallEvent::default()
+    };
+    if events {
+        describe_call(&mut ev, &call, &spec, comm);
+    }
     crate::counters::add(e, &key, 1, bytes, dur);
     if ABI == Abi::Nccl as u8 {
         crate::nccl::after_call(e, &spec, &key, bytes, start_ns, now, ret);
@@ -271,29 +285,56 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         e.busy = 0;
         return 0;
     }
-    let ev = CallEvent {
-        kind: EventKind::Call as u32,
-        tgid,
-        tid: bpf_get_current_pid_tgid() as u32,
-        routine: c.routine,
-        bucket,
-        _pad: 0,
-        peer,
-        comm_size,
-        start_ns,
-        dur_ns: dur,
-        bytes,
-    };
+    ev.tgid = tgid;
+    ev.tid = bpf_get_current_pid_tgid() as u32;
+    ev.thread_seq = e.events;
+    e.events = e.events.wrapping_add(1);
     emit_call(&ev);
     // Last: `args` pointed into this entry.
     e.busy = 0;
     0
 }
 
-/// Whether per-call events are on (a trace or a stream is open, or asked for).
+/// Fills what an event says of the call beyond its counters: the peer, the communicator
+/// (local handle, shared identity, this process's rank) and what a constructor created.
+#[inline(always)]
+fn describe_call(ev: &mut CallEvent, c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) {
+    ev.peer = c.arg(spec.peer).map(int_arg).unwrap_or(-1);
+    if let Some(h) = c.arg(spec.comm) {
+        ev.comm = handle(c.abi, h);
+    }
+    if let Some(info) = comm {
+        ev.comm_id = info.id;
+        ev.comm_rank = info.rank;
+    } else if c.abi == Abi::Mpich as u8 && ev.comm == collector_common::mpich::COMM_WORLD {
+        // Its size was never asked while commtap watched (attached mid-job): still the world.
+        ev.comm_id = collector_common::comm_id::WORLD;
+    }
+    if c.ret == 0 && ByteRule::from_u8(spec.rule).creates_comm() {
+        ev.color = c.arg(spec.a).map(int_arg).unwrap_or(0);
+        ev.created = c
+            .arg(spec.d)
+            .and_then(|p| read_handle(c.abi, p))
+            .unwrap_or(0);
+    }
+}
+
+/// The handle a call stored at `p` (an `int` in integer-handle ABIs, a pointer otherwise).
+#[inline(always)]
+fn read_handle(abi: u8, p: u64) -> Option<u64> {
+    if abi == Abi::Mpich as u8 {
+        read::<u32>(p).map(u64::from)
+    } else {
+        read::<u64>(p)
+    }
+}
+
+/// Whether every call emits an event (a trace or a stream is open, or asked for).
 #[inline(always)]
 pub(crate) fn call_events_on() -> bool {
-    CONFIG.get(0).is_some_and(|c| c.call_events != 0)
+    CONFIG
+        .get(0)
+        .is_some_and(|c| c.call_events & Config::EVENTS_ALL != 0)
 }
 
 /// Sends a completed call to userspace; a full ring buffer counts it as dropped.
@@ -454,6 +495,23 @@ fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Option<u64> {
                 _pad: 0,
                 handle: h,
             });
+            Some(0)
+        }
+        ByteRule::CommCreate => Some(0),
+        ByteRule::CommDup => {
+            // A duplicate has its parent's size and ranks: integer-handle ABIs learn them
+            // here, as they would from MPI_Comm_size on it.
+            if c.abi == Abi::Mpich as u8 && c.ret == 0 {
+                if let (Some(parent), Some(new)) = (comm, c.arg(spec.d).and_then(read::<u32>)) {
+                    let key = HandleKey {
+                        tgid: c.tgid,
+                        _pad: 0,
+                        handle: new as u64,
+                    };
+                    let _ = COMMS.insert(key, CommInfo::new(parent.size, parent.rank, 0), 0);
+                    crate::cache::bump();
+                }
+            }
             Some(0)
         }
         rule @ (ByteRule::CommSize | ByteRule::CommRank) => {

@@ -19,6 +19,7 @@ pub mod report;
 pub mod serve;
 pub mod session;
 pub mod signals;
+pub mod skew;
 pub mod stats;
 pub mod symbols;
 pub mod trace;

@@ -515,6 +515,11 @@ struct RecordArgs {
     trace: Option<PathBuf>,
     #[command(flatten)]
     trace_filter: TraceFilterArgs,
+    /// Do not match collective calls across ranks. By default every collective call (and
+    /// communicator constructor) emits an event, and the report's "Who is late" section
+    /// (JSON `skew`) names the rank that arrives last and how long the others waited.
+    #[arg(long)]
+    no_skew: bool,
     /// Command to launch and profile, with every process it spawns (after `--`).
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -711,6 +716,7 @@ fn main() -> ExitCode {
                     ready_file: a.ready_file,
                     call_events: a.probe.call_events,
                     trace: a.trace.map(|path| a.trace_filter.options(path)),
+                    skew: !a.no_skew,
                 };
                 let profile = record::record(opts).await?;
                 a.out.write(&profile)?;

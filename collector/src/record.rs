@@ -13,6 +13,7 @@ use crate::{
     ingest::FeedItem,
     report::JobProfile,
     session::{Session, Tracked},
+    skew,
     trace::{self, ProcessName, TraceOptions, TraceWriter},
 };
 
@@ -35,6 +36,8 @@ pub struct RecordOptions {
     pub call_events: bool,
     /// Also write a timeline of every call (implies `call_events`).
     pub trace: Option<TraceOptions>,
+    /// Match collective calls across ranks (who is late): an event per collective call.
+    pub skew: bool,
 }
 
 /// Runs `record` to completion and returns the profile.
@@ -61,12 +64,18 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     }
 
     // Before anything runs: a trace that cannot be written fails now, not after the job.
-    let mut tracer = opts.trace.clone().map(TraceWriter::create).transpose()?;
+    let mut sinks = FeedSinks {
+        tracer: opts.trace.clone().map(TraceWriter::create).transpose()?,
+        late: opts
+            .skew
+            .then(|| skew::Tracker::new(!opts.command.is_empty(), discover::this_host())),
+    };
     let mut session = Session::start(LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib))?;
     session
         .probes
-        .set_call_events(opts.call_events || tracer.is_some())?;
-    let mut feed = tracer.as_ref().map(|_| session.call_feed());
+        .set_call_events(opts.call_events || sinks.tracer.is_some())?;
+    session.probes.set_collective_events(opts.skew)?;
+    let mut feed = sinks.wants_feed().then(|| session.call_feed());
 
     // Attach-late mode: probe what each process maps, then count it.
     for (pid, info) in requested {
@@ -147,10 +156,10 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
         };
         tokio::select! {
             item = next_call => {
-                if let (Some(t), Some(f)) = (tracer.as_mut(), feed.as_mut()) {
-                    trace_item(t, item)?;
+                sinks.item(item)?;
+                if let Some(f) = feed.as_mut() {
                     // Whatever else is queued, before going round the loop again.
-                    drain_feed(t, f, FEED_BATCH)?;
+                    sinks.drain(f, FEED_BATCH)?;
                 }
             }
             name = signals.recv() => {
@@ -166,8 +175,16 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
             }
             _ = tick.tick() => {
                 session.rescan();
-                if let Some(t) = tracer.as_mut() {
+                if let Some(t) = sinks.tracer.as_mut() {
                     name_processes(t, &session);
+                }
+                if let Some(l) = sinks.late.as_mut() {
+                    for (pid, t) in &session.tracked {
+                        if let Some(n) = t.info.as_ref().and_then(|i| i.world_size) {
+                            l.world_size(*pid, n);
+                        }
+                    }
+                    l.tick();
                 }
                 if !launched && session.tracked.values().filter(|t| t.requested).all(|t| t.exit_ns.is_some()) {
                     info!("all watched processes exited");
@@ -190,9 +207,9 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     // Stop counting before reading, so the counters and the events describe the same calls.
     session.unwatch_all();
     session.stop_ingest().await;
-    if let (Some(t), Some(f)) = (tracer.as_mut(), feed.as_mut()) {
+    if let Some(f) = feed.as_mut() {
         // The calls the last drain of the ring buffer found.
-        drain_feed(t, f, usize::MAX)?;
+        sinks.drain(f, usize::MAX)?;
     }
     let mut profile = session.profile(end_ns);
     for r in &mut profile.ranks {
@@ -201,7 +218,15 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
             .get(&r.pid)
             .is_some_and(|t| t.exit_ns.is_some());
     }
-    if let Some(mut t) = tracer {
+    if let Some(late) = sinks.late {
+        let whois = |pid: u32| {
+            let r = profile.ranks.iter().find(|r| r.pid == pid)?;
+            Some((r.rank, r.host.clone()))
+        };
+        let report = late.finish(&whois);
+        profile.skew = Some(report);
+    }
+    if let Some(mut t) = sinks.tracer {
         for r in &profile.ranks {
             t.name(
                 r.pid,
@@ -222,36 +247,66 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
 /// Calls written to a trace in a row before `record` looks at its other work.
 const FEED_BATCH: usize = 4096;
 
-/// Writes up to `max` items already queued on the call feed into the trace.
-fn drain_feed(
-    t: &mut TraceWriter,
-    f: &mut tokio::sync::broadcast::Receiver<FeedItem>,
-    max: usize,
-) -> Result<()> {
-    use tokio::sync::broadcast::error::{RecvError, TryRecvError};
-    for _ in 0..max {
-        let item = match f.try_recv() {
-            Ok(item) => Ok(item),
-            Err(TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
-            Err(_) => break,
-        };
-        trace_item(t, item)?;
-    }
-    Ok(())
+/// What `record` does with the call feed: a timeline, who is late, or both.
+struct FeedSinks {
+    tracer: Option<TraceWriter>,
+    late: Option<skew::Tracker>,
 }
 
-/// Writes one item of the call feed into the trace.
-fn trace_item(
-    t: &mut TraceWriter,
-    item: Result<FeedItem, tokio::sync::broadcast::error::RecvError>,
-) -> Result<()> {
-    match item {
-        Ok(FeedItem::Call(ev)) => t.call(&trace::call_event(&ev))?,
-        Ok(FeedItem::Exited(_)) => {}
-        Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => t.lost_by_reader(n),
-        Err(tokio::sync::broadcast::error::RecvError::Closed) => {}
+type FeedResult = Result<FeedItem, tokio::sync::broadcast::error::RecvError>;
+
+impl FeedSinks {
+    fn wants_feed(&self) -> bool {
+        self.tracer.is_some() || self.late.is_some()
     }
-    Ok(())
+
+    /// Takes up to `max` items already queued on the call feed.
+    fn drain(
+        &mut self,
+        f: &mut tokio::sync::broadcast::Receiver<FeedItem>,
+        max: usize,
+    ) -> Result<()> {
+        use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+        for _ in 0..max {
+            let item = match f.try_recv() {
+                Ok(item) => Ok(item),
+                Err(TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
+                Err(_) => break,
+            };
+            self.item(item)?;
+        }
+        Ok(())
+    }
+
+    /// Takes one item of the call feed.
+    fn item(&mut self, item: FeedResult) -> Result<()> {
+        use tokio::sync::broadcast::error::RecvError;
+        match item {
+            Ok(FeedItem::Call(ev)) => {
+                if let Some(l) = self.late.as_mut() {
+                    l.call(&ev);
+                }
+                if let Some(t) = self.tracer.as_mut() {
+                    t.call(&trace::call_event(&ev))?;
+                }
+            }
+            Ok(FeedItem::Exited(pid)) => {
+                if let Some(l) = self.late.as_mut() {
+                    l.exited(pid);
+                }
+            }
+            Err(RecvError::Lagged(n)) => {
+                if let Some(t) = self.tracer.as_mut() {
+                    t.lost_by_reader(n);
+                }
+                if let Some(l) = self.late.as_mut() {
+                    l.lost_by_reader(n);
+                }
+            }
+            Err(RecvError::Closed) => {}
+        }
+        Ok(())
+    }
 }
 
 /// Names the trace's processes whose world rank is known by now.

@@ -690,6 +690,7 @@ fn assemble(
         unsupported_libraries: probes.unsupported().to_vec(),
         not_profiled,
         call_events: probes.call_events(),
+        skew: None,
     }
 }
 

@@ -421,13 +421,27 @@ impl Probes {
 
     /// Turns the per-call events (latency, timelines) on or off; counts never depend on them.
     pub fn set_call_events(&mut self, on: bool) -> Result<(), AttachError> {
-        self.settings.call_events = u32::from(on);
+        self.set_events(Config::EVENTS_ALL, on)
+    }
+
+    /// Turns the events of collective calls and communicator constructors (who is late) on
+    /// or off; they are a subset of all call events, and cheaper where collectives are few.
+    pub fn set_collective_events(&mut self, on: bool) -> Result<(), AttachError> {
+        self.set_events(Config::EVENTS_COLLECTIVE, on)
+    }
+
+    fn set_events(&mut self, bit: u32, on: bool) -> Result<(), AttachError> {
+        if on {
+            self.settings.call_events |= bit;
+        } else {
+            self.settings.call_events &= !bit;
+        }
         self.write_settings()
     }
 
-    /// Whether per-call events are on.
+    /// Whether an event is emitted for every call.
     pub fn call_events(&self) -> bool {
-        self.settings.call_events != 0
+        self.settings.call_events & Config::EVENTS_ALL != 0
     }
 
     fn write_settings(&mut self) -> Result<(), AttachError> {

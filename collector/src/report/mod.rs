@@ -100,6 +100,9 @@ pub struct JobProfile {
     /// Whether per-call events were on (`events`/`dropped` per rank mean something only then).
     #[serde(default)]
     pub call_events: bool,
+    /// Who is late: collective instances matched across ranks (absent when not measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skew: Option<crate::skew::SkewReport>,
 }
 
 /// The ranks' communication times, for the cross-rank summary.
@@ -125,6 +128,7 @@ impl JobProfile {
             unsupported_libraries: Vec::new(),
             not_profiled: Vec::new(),
             call_events: false,
+            skew: None,
         }
     }
 

@@ -484,6 +484,9 @@ pub fn render_text(job: &JobProfile) -> String {
         o.push_str(&render_fabric(r));
     }
     o.push_str(&render_summary(job));
+    if let Some(skew) = &job.skew {
+        o.push_str(&crate::skew::render_text(skew));
+    }
     let _ = writeln!(o);
     let _ = writeln!(
         o,

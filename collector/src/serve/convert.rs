@@ -338,6 +338,7 @@ impl TryFrom<&pb::JobProfile> for JobProfile {
             unsupported_libraries: j.unsupported_libraries.clone(),
             not_profiled: j.not_profiled.clone(),
             call_events: j.call_events,
+            skew: None,
         })
     }
 }
@@ -417,6 +418,7 @@ pub(crate) mod tests {
             unsupported_libraries: vec!["x".into()],
             not_profiled: vec![],
             call_events: true,
+            skew: None,
         }
     }
 

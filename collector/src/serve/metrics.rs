@@ -461,6 +461,7 @@ mod tests {
                 unsupported_libraries: vec![],
                 not_profiled: vec![],
                 call_events: false,
+                skew: None,
             },
             1,
             2,

@@ -136,6 +136,8 @@ const OMPI4: Layout = Layout {
     comm_rank_off: 228,
     comm_group_off: 248,
     group_size_off: 16,
+    comm_cid_off: 224,
+    _pad: 0,
 };
 /// Open MPI 5.0 object offsets (found by scanning a live process; see TARGETS.md §3).
 const OMPI5: Layout = Layout {
@@ -143,6 +145,9 @@ const OMPI5: Layout = Layout {
     comm_rank_off: 220,
     comm_group_off: 264,
     group_size_off: 16,
+    // 5.0's context id is a 128-bit extended id whose layout is not verified here.
+    comm_cid_off: 0,
+    _pad: 0,
 };
 
 /// Reads `file` (opened once, see [`file`]) and decides whether and how to probe it.

@@ -1,0 +1,166 @@
+//! Naming communicators alike in every member process.
+//!
+//! An MPI handle is local to its process (Open MPI's are pointers; MPICH's integers are
+//! handed out in whatever order each process created objects), so collective instances are
+//! keyed by a name every member computes from what all members did alike:
+//!
+//! - `MPI_COMM_WORLD` is the world, recognised in the kernel (Open MPI's context id 0,
+//!   MPICH's handle `0x44000000`).
+//! - A communicator made by a constructor on a named parent (`MPI_Comm_dup`, `_split`,
+//!   `_split_type`, `_create`) is named by the parent's name, how many communicators the
+//!   process had made from that parent before, and the color (split) or split type. MPI
+//!   requires every member of the parent to call its constructors in the same order, so
+//!   the members of one new communicator name it alike, and sibling communicators of one
+//!   split (different colors) differ. `MPI_Comm_split_type` also takes the host: its
+//!   siblings (one per node for `MPI_COMM_TYPE_SHARED`) share the type.
+//! - An NCCL communicator is named by the hash of its unique id, which every member holds.
+//!
+//! A communicator made before commtap watched the process (attached mid-job) has no name:
+//! its collectives are counted as unidentified, never matched by guess.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+use collector_common::{comm_id, CallEvent};
+
+/// A communicator's name, the same in every member process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CommKey(pub u64);
+
+impl CommKey {
+    /// `MPI_COMM_WORLD`.
+    pub const WORLD: CommKey = CommKey(1);
+
+    /// An NCCL communicator with this unique-id hash.
+    pub fn nccl(id: u64) -> CommKey {
+        CommKey(hash(&("nccl", id)))
+    }
+
+    /// The `index`-th communicator made from `self` by `routine` with `color` (and `host`
+    /// where the constructor groups by node).
+    pub fn child(self, index: u32, routine: u16, color: i32, host: Option<&str>) -> CommKey {
+        CommKey(hash(&(self.0, index, routine, color, host)))
+    }
+
+    /// How the report shows it: `world`, else a short hexadecimal name.
+    pub fn label(self) -> String {
+        if self == CommKey::WORLD {
+            "world".to_string()
+        } else {
+            format!("{:08x}", self.0 as u32 ^ (self.0 >> 32) as u32)
+        }
+    }
+}
+
+/// A stable hash (SipHash with fixed keys): every process's name for a communicator must
+/// come out the same, in this process and in another daemon's.
+fn hash<T: Hash>(v: &T) -> u64 {
+    #[allow(deprecated)]
+    let mut h = std::hash::SipHasher::new_with_keys(0x636f_6d6d_7461_7031, 0x736b_6577_2d76_3100);
+    v.hash(&mut h);
+    // 0 and 1 are reserved (no name, the world).
+    h.finish().max(2)
+}
+
+/// Communicators one process has named so far, by their local handle.
+#[derive(Debug, Default)]
+pub struct ProcComms {
+    names: HashMap<u64, CommKey>,
+    made_from: HashMap<CommKey, u32>,
+}
+
+/// Communicator names kept per process: a program making more without freeing them is
+/// leaking, and what is past this is counted as unidentified.
+const MAX_NAMES: usize = 1 << 14;
+
+impl ProcComms {
+    /// The name of the communicator `ev` was called on, if it has one.
+    pub fn name(&self, ev: &CallEvent, nccl: bool) -> Option<CommKey> {
+        if nccl {
+            return (ev.comm_id != 0).then(|| CommKey::nccl(ev.comm_id));
+        }
+        if ev.comm == 0 {
+            return None;
+        }
+        if let Some(k) = self.names.get(&ev.comm) {
+            return Some(*k);
+        }
+        (ev.comm_id == comm_id::WORLD).then_some(CommKey::WORLD)
+    }
+
+    /// Names the communicator a constructor call made, from its parent's name.
+    pub fn created(&mut self, ev: &CallEvent, by_host: bool, host: &str) {
+        let parent = self.name(ev, false);
+        let Some(parent) = parent else {
+            // The parent has no name: neither does the child. Forget what a reused handle
+            // was called before.
+            self.names.remove(&ev.created);
+            return;
+        };
+        let index = self.made_from.entry(parent).or_default();
+        let key = parent.child(*index, ev.routine, ev.color, by_host.then_some(host));
+        *index += 1;
+        if ev.created != 0 && (self.names.len() < MAX_NAMES || self.names.contains_key(&ev.created))
+        {
+            self.names.insert(ev.created, key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(comm: u64, comm_id: u64, created: u64, color: i32) -> CallEvent {
+        CallEvent {
+            comm,
+            comm_id,
+            created,
+            color,
+            routine: 7,
+            ..CallEvent::default()
+        }
+    }
+
+    #[test]
+    fn members_name_alike_and_siblings_differ() {
+        // Two processes whose handles differ make the same split of the world.
+        let (mut a, mut b) = (ProcComms::default(), ProcComms::default());
+        a.created(&ev(0x10, comm_id::WORLD, 0x100, 0), false, "h");
+        b.created(&ev(0x20, comm_id::WORLD, 0x200, 0), false, "h");
+        let mut c = ProcComms::default();
+        c.created(&ev(0x30, comm_id::WORLD, 0x100, 1), false, "h");
+        let na = a.name(&ev(0x100, 0, 0, 0), false).unwrap();
+        let nb = b.name(&ev(0x200, 0, 0, 0), false).unwrap();
+        let nc = c.name(&ev(0x100, 0, 0, 0), false).unwrap();
+        assert_eq!(na, nb);
+        assert_ne!(na, nc, "another color is another communicator");
+        // The second communicator made from the world is another one.
+        a.created(&ev(0x10, comm_id::WORLD, 0x101, 0), false, "h");
+        assert_ne!(a.name(&ev(0x101, 0, 0, 0), false).unwrap(), na);
+    }
+
+    #[test]
+    fn unnamed_parents_make_unnamed_children() {
+        let mut a = ProcComms::default();
+        a.created(&ev(0x10, 0, 0x100, 0), false, "h");
+        assert_eq!(a.name(&ev(0x100, 0, 0, 0), false), None);
+        assert_eq!(
+            a.name(&ev(0x44, comm_id::WORLD, 0, 0), false),
+            Some(CommKey::WORLD)
+        );
+        assert_eq!(a.name(&ev(0, 0, 0, 0), true), None);
+        assert_eq!(a.name(&ev(0, 9, 0, 0), true), Some(CommKey::nccl(9)));
+    }
+
+    #[test]
+    fn split_type_siblings_differ_by_host() {
+        let (mut a, mut b) = (ProcComms::default(), ProcComms::default());
+        a.created(&ev(1, comm_id::WORLD, 5, 0), true, "node1");
+        b.created(&ev(1, comm_id::WORLD, 5, 0), true, "node2");
+        assert_ne!(
+            a.name(&ev(5, 0, 0, 0), false),
+            b.name(&ev(5, 0, 0, 0), false)
+        );
+    }
+}

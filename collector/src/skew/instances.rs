@@ -1,0 +1,525 @@
+//! Collective instances: each process's collectives on a communicator numbered in call
+//! order, the same numbers matched across processes, an instance finished when every
+//! member has arrived (or given up on as incomplete).
+//!
+//! Processes watched from their start number their calls from the first, so the numbers
+//! agree as they are. A process attached mid-job, or one that lost call events (a full
+//! ring buffer, seen as a gap in its threads' event numbers), starts counting somewhere
+//! else: its calls wait in a buffer until they can be aligned by time. Every member of a
+//! collective is inside the call while the others are (a collective cannot finish before
+//! its last member arrives), so a call overlaps the calls of the other members of its own
+//! instance: each buffered call votes for the offsets that put it on an instance whose
+//! members' span it overlaps, and the offset with most votes (unique, and at least half of
+//! the calls) wins. When no member is aligned yet (attach), the member attached last
+//! defines the numbering: its first call is the first instance every member was watched
+//! for. Calls that find no instance are counted as unaligned, never guessed.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use super::identity::CommKey;
+
+/// One member's part in an instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arrival {
+    /// Process id.
+    pub pid: u32,
+    /// Monotonic ns at entry (arrival).
+    pub start_ns: u64,
+    /// Monotonic ns at return (departure).
+    pub end_ns: u64,
+}
+
+/// A collective call as the matcher takes it.
+#[derive(Clone, Copy, Debug)]
+pub struct Collective {
+    /// Its communicator.
+    pub comm: CommKey,
+    /// The communicator's size (0: unknown).
+    pub size: u32,
+    /// Routine id.
+    pub routine: u16,
+    /// Size bucket.
+    pub bucket: u8,
+    /// Whether the call returns before the collective completes (`MPI_Iallreduce`): it
+    /// takes a number, but its times say nothing of the others'.
+    pub nonblocking: bool,
+    /// Who and when.
+    pub arrival: Arrival,
+}
+
+/// A finished instance.
+#[derive(Clone, Debug)]
+pub struct Instance {
+    /// Its communicator.
+    pub comm: CommKey,
+    /// Its number on the communicator.
+    pub seq: u64,
+    /// Routine id (of its first arrival).
+    pub routine: u16,
+    /// Size bucket (of its first arrival).
+    pub bucket: u8,
+    /// Every member arrived.
+    pub complete: bool,
+    /// The members seen.
+    pub arrivals: Vec<Arrival>,
+}
+
+/// What the matcher could not place.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MatchCounts {
+    /// Calls that could not be aligned with the other members' (no unique offset, or their
+    /// instance was already closed).
+    pub unaligned: u64,
+    /// Calls that arrived twice at one instance (a misalignment caught).
+    pub conflicts: u64,
+}
+
+/// Buffered calls an alignment waits for (and retries after each as many more).
+const MIN_ALIGN: usize = 16;
+/// Buffered calls kept per unaligned member; older ones are counted unaligned.
+const MAX_BUFFER: usize = 512;
+/// Recent instance spans kept per communicator for alignment.
+const MAX_SPANS: usize = 1024;
+/// Open instances kept per communicator; older ones are closed as incomplete.
+const MAX_OPEN: usize = 8192;
+/// An instance no member arrived at for this long (on the calls' clock) is closed.
+pub const EXPIRE_NS: u64 = 30_000_000_000;
+
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    min_start: u64,
+    max_end: u64,
+}
+
+#[derive(Debug)]
+struct Buffered {
+    local: u64,
+    routine: u16,
+    bucket: u8,
+    arrival: Arrival,
+}
+
+#[derive(Debug, Default)]
+struct Stream {
+    /// The local number of the process's next collective on the communicator.
+    next_local: u64,
+    /// seq = local + offset, once known.
+    offset: Option<i64>,
+    buffer: VecDeque<Buffered>,
+}
+
+#[derive(Debug)]
+struct Open {
+    routine: u16,
+    bucket: u8,
+    arrivals: Vec<Arrival>,
+    newest_ns: u64,
+}
+
+#[derive(Debug, Default)]
+struct Comm {
+    size: u32,
+    streams: HashMap<u32, Stream>,
+    open: BTreeMap<u64, Open>,
+    spans: BTreeMap<u64, Span>,
+    /// One past the highest number used.
+    next_fresh: u64,
+}
+
+/// Matches collective calls into instances.
+#[derive(Debug)]
+pub struct Matcher {
+    comms: HashMap<CommKey, Comm>,
+    from_start: bool,
+    newest_ns: u64,
+    /// What could not be placed.
+    pub counts: MatchCounts,
+}
+
+impl Matcher {
+    /// A matcher for processes watched from their first call (`from_start`) or attached
+    /// while running.
+    pub fn new(from_start: bool) -> Matcher {
+        Matcher {
+            comms: HashMap::new(),
+            from_start,
+            newest_ns: 0,
+            counts: MatchCounts::default(),
+        }
+    }
+
+    /// Takes one collective call; finished instances go to `out`.
+    pub fn arrive(&mut self, c: Collective, out: &mut Vec<Instance>) {
+        self.newest_ns = self.newest_ns.max(c.arrival.end_ns);
+        let from_start = self.from_start;
+        let comm = self.comms.entry(c.comm).or_default();
+        if c.size > 0 {
+            comm.size = c.size;
+        }
+        let stream = comm.streams.entry(c.arrival.pid).or_insert_with(|| Stream {
+            offset: from_start.then_some(0),
+            ..Stream::default()
+        });
+        let local = stream.next_local;
+        stream.next_local += 1;
+        if c.nonblocking {
+            return;
+        }
+        match stream.offset {
+            Some(off) => {
+                let seq = local as i64 + off;
+                place(
+                    comm,
+                    c.comm,
+                    seq,
+                    c.routine,
+                    c.bucket,
+                    c.arrival,
+                    &mut self.counts,
+                    out,
+                );
+            }
+            None => {
+                stream.buffer.push_back(Buffered {
+                    local,
+                    routine: c.routine,
+                    bucket: c.bucket,
+                    arrival: c.arrival,
+                });
+                if stream.buffer.len() > MAX_BUFFER {
+                    stream.buffer.pop_front();
+                    self.counts.unaligned += 1;
+                }
+                if stream.buffer.len().is_multiple_of(MIN_ALIGN) {
+                    align(comm, c.comm, false, &mut self.counts, out);
+                }
+            }
+        }
+    }
+
+    /// Events of `pid` were lost: its numbering is no longer known on any communicator.
+    pub fn lost(&mut self, pid: u32) {
+        for comm in self.comms.values_mut() {
+            if let Some(s) = comm.streams.get_mut(&pid) {
+                s.offset = None;
+            }
+        }
+    }
+
+    /// Closes the instances nobody arrived at for [`EXPIRE_NS`].
+    pub fn expire(&mut self, out: &mut Vec<Instance>) {
+        let horizon = self.newest_ns.saturating_sub(EXPIRE_NS);
+        for (key, comm) in &mut self.comms {
+            let old: Vec<u64> = comm
+                .open
+                .iter()
+                .filter(|(_, o)| o.newest_ns < horizon)
+                .map(|(s, _)| *s)
+                .collect();
+            for seq in old {
+                close(comm, *key, seq, out);
+            }
+        }
+    }
+
+    /// Aligns what can be and closes every open instance.
+    pub fn finish(&mut self, out: &mut Vec<Instance>) {
+        for (key, comm) in &mut self.comms {
+            align(comm, *key, true, &mut self.counts, out);
+            for s in comm.streams.values_mut() {
+                self.counts.unaligned += s.buffer.len() as u64;
+                s.buffer.clear();
+            }
+            let seqs: Vec<u64> = comm.open.keys().copied().collect();
+            for seq in seqs {
+                close(comm, *key, seq, out);
+            }
+        }
+    }
+}
+
+/// Puts one aligned call on its instance.
+#[allow(clippy::too_many_arguments)]
+fn place(
+    comm: &mut Comm,
+    key: CommKey,
+    seq: i64,
+    routine: u16,
+    bucket: u8,
+    a: Arrival,
+    counts: &mut MatchCounts,
+    out: &mut Vec<Instance>,
+) {
+    let Ok(seq) = u64::try_from(seq) else {
+        counts.unaligned += 1;
+        return;
+    };
+    if !comm.open.contains_key(&seq) && seq < comm.next_fresh && comm.spans.contains_key(&seq) {
+        // Its instance was closed already (expired, or the others all came).
+        counts.unaligned += 1;
+        return;
+    }
+    comm.next_fresh = comm.next_fresh.max(seq + 1);
+    let open = comm.open.entry(seq).or_insert_with(|| Open {
+        routine,
+        bucket,
+        arrivals: Vec::new(),
+        newest_ns: 0,
+    });
+    if open.arrivals.iter().any(|x| x.pid == a.pid) {
+        counts.conflicts += 1;
+        return;
+    }
+    open.arrivals.push(a);
+    open.newest_ns = open.newest_ns.max(a.end_ns);
+    let span = comm.spans.entry(seq).or_insert(Span {
+        min_start: a.start_ns,
+        max_end: a.end_ns,
+    });
+    span.min_start = span.min_start.min(a.start_ns);
+    span.max_end = span.max_end.max(a.end_ns);
+    while comm.spans.len() > MAX_SPANS {
+        comm.spans.pop_first();
+    }
+    let full = comm.size > 0 && open.arrivals.len() >= comm.size as usize;
+    if full {
+        close(comm, key, seq, out);
+    }
+    while comm.open.len() > MAX_OPEN {
+        let first = *comm.open.keys().next().expect("not empty");
+        close(comm, key, first, out);
+    }
+}
+
+fn close(comm: &mut Comm, key: CommKey, seq: u64, out: &mut Vec<Instance>) {
+    if let Some(o) = comm.open.remove(&seq) {
+        out.push(Instance {
+            comm: key,
+            seq,
+            routine: o.routine,
+            bucket: o.bucket,
+            complete: comm.size > 0 && o.arrivals.len() == comm.size as usize,
+            arrivals: o.arrivals,
+        });
+    }
+}
+
+/// Aligns the communicator's buffered members where their calls allow (`force`: at the
+/// end, with whatever is buffered).
+fn align(
+    comm: &mut Comm,
+    key: CommKey,
+    force: bool,
+    counts: &mut MatchCounts,
+    out: &mut Vec<Instance>,
+) {
+    let waiting: Vec<u32> = comm
+        .streams
+        .iter()
+        .filter(|(_, s)| s.offset.is_none() && !s.buffer.is_empty())
+        .map(|(p, _)| *p)
+        .collect();
+    if waiting.is_empty() {
+        return;
+    }
+    let any_aligned = comm.streams.values().any(|s| s.offset.is_some()) && !comm.spans.is_empty();
+    if !any_aligned {
+        // Nobody's numbering is known: the member watched last starts it, once every
+        // member has shown enough calls to be aligned against it.
+        let ready = comm.size > 0
+            && comm.streams.len() >= comm.size as usize
+            && waiting.len() == comm.streams.len()
+            && comm.streams.values().all(|s| s.buffer.len() >= MIN_ALIGN);
+        if !ready && !force {
+            return;
+        }
+        let Some(&first) = waiting.iter().max_by_key(|p| {
+            (
+                comm.streams[p].buffer.front().map(|b| b.arrival.start_ns),
+                **p,
+            )
+        }) else {
+            return;
+        };
+        let s = comm.streams.get_mut(&first).expect("waiting");
+        let local0 = s.buffer.front().expect("not empty").local;
+        s.offset = Some(comm.next_fresh as i64 - local0 as i64);
+        flush(comm, key, first, counts, out);
+    }
+    for pid in waiting {
+        if comm.streams[&pid].offset.is_some() {
+            continue;
+        }
+        if let Some(off) = vote(comm, pid, force) {
+            comm.streams.get_mut(&pid).expect("waiting").offset = Some(off);
+            flush(comm, key, pid, counts, out);
+        } else if let Some(oldest) = comm.spans.values().next().map(|s| s.min_start) {
+            // Calls that ended before every span cannot match any: they belong to
+            // instances from before the others were watched.
+            let s = comm.streams.get_mut(&pid).expect("waiting");
+            while s.buffer.front().is_some_and(|b| b.arrival.end_ns < oldest) {
+                s.buffer.pop_front();
+                counts.unaligned += 1;
+            }
+        }
+    }
+}
+
+/// The offset most of `pid`'s buffered calls agree on, if it is clear.
+fn vote(comm: &Comm, pid: u32, force: bool) -> Option<i64> {
+    let buffer = &comm.streams[&pid].buffer;
+    let mut votes: HashMap<i64, usize> = HashMap::new();
+    let mut voters = 0;
+    for b in buffer {
+        let mut voted = false;
+        for (&seq, span) in &comm.spans {
+            if b.arrival.start_ns <= span.max_end && b.arrival.end_ns >= span.min_start {
+                *votes.entry(seq as i64 - b.local as i64).or_default() += 1;
+                voted = true;
+            }
+        }
+        voters += usize::from(voted);
+    }
+    let mut ranked: Vec<(usize, i64)> = votes.into_iter().map(|(o, n)| (n, o)).collect();
+    ranked.sort_unstable_by(|a, b| b.cmp(a));
+    let (best, offset) = *ranked.first()?;
+    let runner_up = ranked.get(1).map_or(0, |r| r.0);
+    let enough = if force { 1 } else { MIN_ALIGN / 2 };
+    (best > runner_up && best >= enough && best * 2 >= voters).then_some(offset)
+}
+
+/// Places an aligned member's buffered calls.
+fn flush(
+    comm: &mut Comm,
+    key: CommKey,
+    pid: u32,
+    counts: &mut MatchCounts,
+    out: &mut Vec<Instance>,
+) {
+    let s = comm.streams.get_mut(&pid).expect("stream");
+    let off = s.offset.expect("aligned");
+    let buffered: Vec<Buffered> = s.buffer.drain(..).collect();
+    for b in buffered {
+        place(
+            comm,
+            key,
+            b.local as i64 + off,
+            b.routine,
+            b.bucket,
+            b.arrival,
+            counts,
+            out,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K: CommKey = CommKey::WORLD;
+
+    /// Calls of `pids` on a world of `size`: instance i runs from 10i ms, each member
+    /// inside it from `start` to 10i+5 ms.
+    fn call(pid: u32, size: u32, i: u64, late: u64) -> Collective {
+        Collective {
+            comm: K,
+            size,
+            routine: 1,
+            bucket: 3,
+            nonblocking: false,
+            arrival: Arrival {
+                pid,
+                start_ns: i * 10_000_000 + late,
+                end_ns: i * 10_000_000 + 5_000_000,
+            },
+        }
+    }
+
+    #[test]
+    fn from_start_matches_by_number() {
+        let mut m = Matcher::new(true);
+        let mut out = Vec::new();
+        for i in 0..3 {
+            for p in 0..3 {
+                m.arrive(call(p, 3, i, p as u64 * 1000), &mut out);
+            }
+        }
+        assert_eq!(out.len(), 3);
+        assert!(out.iter().all(|i| i.complete && i.arrivals.len() == 3));
+        assert_eq!(out.iter().map(|i| i.seq).collect::<Vec<_>>(), [0, 1, 2]);
+    }
+
+    #[test]
+    fn attached_at_different_instances_still_match() {
+        // Process 0 was watched from instance 0, process 1 from instance 7, process 2
+        // from instance 20: each numbers from its first call, the matcher aligns them.
+        let mut m = Matcher::new(false);
+        let mut out = Vec::new();
+        for i in 0..100u64 {
+            for (p, from) in [(0u32, 0u64), (1, 7), (2, 20)] {
+                if i >= from {
+                    m.arrive(call(p, 3, i, p as u64 * 1000), &mut out);
+                }
+            }
+        }
+        m.finish(&mut out);
+        let complete: Vec<&Instance> = out.iter().filter(|i| i.complete).collect();
+        assert_eq!(complete.len(), 80, "instances 20..100");
+        for inst in &complete {
+            let starts: Vec<u64> = inst
+                .arrivals
+                .iter()
+                .map(|a| a.start_ns / 10_000_000)
+                .collect();
+            assert!(
+                starts.iter().all(|s| *s == starts[0]),
+                "one instance: {starts:?}"
+            );
+        }
+        assert_eq!(
+            m.counts.unaligned,
+            20 + 13,
+            "calls from before the last was watched"
+        );
+        assert_eq!(m.counts.conflicts, 0);
+    }
+
+    #[test]
+    fn a_member_that_lost_calls_is_realigned() {
+        let mut m = Matcher::new(true);
+        let mut out = Vec::new();
+        for i in 0..200u64 {
+            for p in 0..2u32 {
+                // Process 1's calls 50..53 were lost.
+                if p == 1 && (50..53).contains(&i) {
+                    continue;
+                }
+                if p == 1 && i == 53 {
+                    m.lost(1);
+                }
+                m.arrive(call(p, 2, i, 0), &mut out);
+            }
+        }
+        m.finish(&mut out);
+        let bad = out
+            .iter()
+            .filter(|i| i.complete)
+            .filter(|i| i.arrivals[0].start_ns / 10_000_000 != i.arrivals[1].start_ns / 10_000_000)
+            .count();
+        assert_eq!(bad, 0);
+        assert!(out.iter().filter(|i| i.complete).count() >= 190);
+    }
+
+    #[test]
+    fn nobody_arriving_closes_incomplete() {
+        let mut m = Matcher::new(true);
+        let mut out = Vec::new();
+        m.arrive(call(0, 2, 0, 0), &mut out);
+        assert!(out.is_empty());
+        m.arrive(call(0, 2, 10_000, 0), &mut out);
+        m.expire(&mut out);
+        assert_eq!(out.len(), 1);
+        assert!(!out[0].complete);
+    }
+}

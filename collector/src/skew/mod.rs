@@ -1,0 +1,164 @@
+//! Who is late: every collective call placed on its *instance* (its communicator and its
+//! number there), the members' arrivals compared, the rank that arrived last named.
+//!
+//! The flow: call events (the same feed a trace reads) → [`identity`] names the call's
+//! communicator alike in every member → [`instances`] numbers each member's calls on it and
+//! matches the numbers across members → [`summary`] turns finished instances into the
+//! report (`skew` in the profile, "Who is late" in the text).
+
+pub mod identity;
+pub mod instances;
+pub mod summary;
+
+use std::collections::HashMap;
+
+use collector_common::{
+    routines::{class, Family},
+    ByteRule, CallEvent, ROUTINES,
+};
+
+pub use identity::CommKey;
+pub use summary::{render_text, SkewReport};
+
+use identity::ProcComms;
+use instances::{Arrival, Collective, Instance, Matcher};
+use summary::{Summary, Whois};
+
+/// Threads whose event numbers are followed; past this the table starts again (a gap is
+/// then missed until the next one, never invented).
+const MAX_THREADS: usize = 1 << 16;
+
+/// Matches the collective calls of a feed of call events into instances.
+#[derive(Debug)]
+pub struct Tracker {
+    host: String,
+    procs: HashMap<u32, ProcComms>,
+    /// Per (process, thread): the event number expected next.
+    threads: HashMap<(u32, u32), u32>,
+    matcher: Matcher,
+    summary: Summary,
+    finished: Vec<Instance>,
+    unidentified: u64,
+    lost: u64,
+    /// World sizes from the launchers' environment, for calls whose communicator size the
+    /// kernel does not know (MPICH's world when attached after `MPI_Comm_size`).
+    world_sizes: HashMap<u32, u32>,
+}
+
+impl Tracker {
+    /// A tracker for processes on `host` watched from their first call (`from_start`: a
+    /// launched job) or attached while running.
+    pub fn new(from_start: bool, host: String) -> Tracker {
+        Tracker {
+            host,
+            procs: HashMap::new(),
+            threads: HashMap::new(),
+            matcher: Matcher::new(from_start),
+            summary: Summary::default(),
+            finished: Vec::new(),
+            unidentified: 0,
+            lost: 0,
+            world_sizes: HashMap::new(),
+        }
+    }
+
+    /// Takes one call event.
+    pub fn call(&mut self, ev: &CallEvent) {
+        self.follow_thread(ev);
+        let Some(routine) = ROUTINES.get(ev.routine as usize) else {
+            return;
+        };
+        let rule = ByteRule::from_u8(routine.spec.rule);
+        if rule.creates_comm() {
+            let by_host = routine.name == "MPI_Comm_split_type";
+            self.procs
+                .entry(ev.tgid)
+                .or_default()
+                .created(ev, by_host, &self.host);
+            return;
+        }
+        if routine.spec.class != class::COLLECTIVE {
+            return;
+        }
+        let nccl = routine.family() == Family::Nccl;
+        let Some(comm) = self.procs.entry(ev.tgid).or_default().name(ev, nccl) else {
+            self.unidentified += 1;
+            return;
+        };
+        let size = match ev.comm_size {
+            0 if comm == CommKey::WORLD => self.world_sizes.get(&ev.tgid).copied().unwrap_or(0),
+            n => n,
+        };
+        self.matcher.arrive(
+            Collective {
+                comm,
+                size,
+                routine: ev.routine,
+                bucket: ev.bucket,
+                nonblocking: routine.name.starts_with("MPI_I"),
+                arrival: Arrival {
+                    pid: ev.tgid,
+                    start_ns: ev.start_ns,
+                    end_ns: ev.start_ns + ev.dur_ns,
+                },
+            },
+            &mut self.finished,
+        );
+        self.take_finished();
+    }
+
+    /// Process `pid` belongs to a world of `size` ranks (its launcher says).
+    pub fn world_size(&mut self, pid: u32, size: u32) {
+        self.world_sizes.insert(pid, size);
+    }
+
+    /// The reader fell behind and `n` events were lost, from processes unknown: every
+    /// process's numbering is realigned.
+    pub fn lost_by_reader(&mut self, n: u64) {
+        self.lost += n;
+        for &pid in self.procs.keys() {
+            self.matcher.lost(pid);
+        }
+    }
+
+    /// Process `pid` exited: what was learnt of its communicators goes.
+    pub fn exited(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+        self.world_sizes.remove(&pid);
+        self.threads.retain(|(p, _), _| *p != pid);
+    }
+
+    /// Closes instances nobody arrived at for a while (call now and then).
+    pub fn tick(&mut self) {
+        self.matcher.expire(&mut self.finished);
+        self.take_finished();
+    }
+
+    /// The report, once every event has been taken.
+    pub fn finish(mut self, whois: Whois) -> SkewReport {
+        self.matcher.finish(&mut self.finished);
+        self.take_finished();
+        self.summary
+            .report(self.matcher.counts, self.unidentified, self.lost, whois)
+    }
+
+    fn take_finished(&mut self) {
+        for inst in self.finished.drain(..) {
+            self.summary.add(&inst);
+        }
+    }
+
+    /// Notices events missing between a thread's events (a full ring buffer).
+    fn follow_thread(&mut self, ev: &CallEvent) {
+        if self.threads.len() >= MAX_THREADS {
+            self.threads.clear();
+        }
+        let next = ev.thread_seq.wrapping_add(1);
+        if let Some(expected) = self.threads.insert((ev.tgid, ev.tid), next) {
+            if expected != ev.thread_seq {
+                self.lost += u64::from(ev.thread_seq.wrapping_sub(expected));
+                self.matcher.lost(ev.tgid);
+            }
+        }
+    }
+}

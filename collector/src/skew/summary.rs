@@ -1,0 +1,588 @@
+//! From finished instances to the "Who is late" report: per rank, how often it arrived
+//! last and how long it made the others wait; per routine and size, the skew's
+//! distribution; the worst instances; and a sentence naming a rank that stands out.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+
+use collector_common::{buckets::bucket_range, ROUTINES, UNKNOWN_BUCKET};
+use serde::{Deserialize, Serialize};
+
+use super::instances::{Instance, MatchCounts};
+
+/// The `skew` object of a profile: who arrived late at collectives, and who waited.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SkewReport {
+    /// Collective instances every member of was seen at.
+    pub instances: u64,
+    /// Instances some member of was never seen at (not watched, exited, events lost):
+    /// counted, not used.
+    pub incomplete: u64,
+    /// Collective calls on communicators with no shared name (made before commtap watched
+    /// the process): not matched.
+    pub unidentified: u64,
+    /// Collective calls that could not be aligned with the other members' (attached after
+    /// their instance, or no clear alignment).
+    pub unaligned: u64,
+    /// Call events lost before matching (a full ring buffer, a slow reader): the members
+    /// they belonged to are realigned by time.
+    pub lost: u64,
+    /// Per rank, by rank.
+    pub ranks: Vec<RankSkew>,
+    /// Per routine and size bucket.
+    pub routines: Vec<RoutineSkew>,
+    /// The instances with the largest skew, largest first.
+    pub worst: Vec<WorstInstance>,
+    /// Ranks that stand out, in words (`rank 2 (node07) arrived last in ...`).
+    pub findings: Vec<String>,
+}
+
+/// One rank's part in the job's collective instances.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankSkew {
+    /// World rank.
+    pub rank: u32,
+    /// Host name.
+    pub host: String,
+    /// Complete instances it was a member of.
+    pub instances: u64,
+    /// Instances at which it arrived last.
+    pub last: u64,
+    /// Time it made the others wait: the sum of the skews of the instances where it was
+    /// last, ns.
+    pub caused_ns: u64,
+    /// Time it waited for others: the sum over its instances of last arrival minus its own, ns.
+    pub waited_ns: u64,
+}
+
+/// Skew of one routine's instances in one size bucket.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoutineSkew {
+    /// C name.
+    pub routine: String,
+    /// Size bucket (absent: bytes not decoded).
+    pub bucket: Option<u8>,
+    /// Smallest byte count of the bucket.
+    pub min_bytes: Option<u64>,
+    /// Largest byte count of the bucket.
+    pub max_bytes: Option<u64>,
+    /// Complete instances.
+    pub instances: u64,
+    /// Last arrival minus first arrival, ns.
+    pub skew_ns: Quantiles,
+    /// The instance's transfer time, the shortest member's duration: what the collective
+    /// costs once everyone is there, ns.
+    pub transfer_ns: Quantiles,
+    /// The rank that arrived last most often (absent with no instances).
+    pub most_last: Option<LateRank>,
+}
+
+/// The rank most often last at one routine and size.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LateRank {
+    /// World rank.
+    pub rank: u32,
+    /// Host name.
+    pub host: String,
+    /// Instances at which it arrived last.
+    pub last: u64,
+    /// The sum of the skews of those instances (what it made the others wait), ns.
+    pub caused_ns: u64,
+    /// Median skew of those instances, ns.
+    pub median_ns: u64,
+}
+
+/// Quantiles of a distribution, ns. p50..p99 are within 3% (a log-linear histogram); max
+/// is exact.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quantiles {
+    /// Median.
+    pub p50: u64,
+    /// 90th percentile.
+    pub p90: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// Largest.
+    pub max: u64,
+}
+
+/// One of the worst instances.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorstInstance {
+    /// C name.
+    pub routine: String,
+    /// The communicator's name (`world`, else a short hash shared by its members).
+    pub comm: String,
+    /// The instance's number on its communicator.
+    pub seq: u64,
+    /// The rank that arrived last.
+    pub late_rank: u32,
+    /// Its host.
+    pub host: String,
+    /// Last arrival minus first arrival, ns.
+    pub skew_ns: u64,
+}
+
+/// A log-linear histogram: 32 sub-buckets per power of two (about 3% wide).
+#[derive(Clone, Debug, Default)]
+struct Histogram {
+    counts: BTreeMap<u16, u64>,
+    n: u64,
+    max: u64,
+}
+
+const SUB_BITS: u32 = 5;
+
+impl Histogram {
+    fn add(&mut self, v: u64) {
+        *self.counts.entry(Self::index(v)).or_default() += 1;
+        self.n += 1;
+        self.max = self.max.max(v);
+    }
+
+    fn index(v: u64) -> u16 {
+        if v < 1 << (SUB_BITS + 1) {
+            return v as u16;
+        }
+        let e = 63 - v.leading_zeros();
+        let sub = (v >> (e - SUB_BITS)) & ((1 << SUB_BITS) - 1);
+        ((e - SUB_BITS) << SUB_BITS) as u16 + sub as u16 + (1 << SUB_BITS)
+    }
+
+    /// The middle of bucket `i`.
+    fn value(i: u16) -> u64 {
+        let i = i as u64;
+        if i < 1 << (SUB_BITS + 1) {
+            return i;
+        }
+        let e = (i >> SUB_BITS) - 1 + SUB_BITS as u64;
+        let sub = i & ((1 << SUB_BITS) - 1);
+        let low = (1u64 << e) + (sub << (e - SUB_BITS as u64));
+        low + (1u64 << (e - SUB_BITS as u64)) / 2
+    }
+
+    fn quantile(&self, q: f64) -> u64 {
+        if self.n == 0 {
+            return 0;
+        }
+        let rank = ((q * self.n as f64).ceil() as u64).clamp(1, self.n);
+        let mut seen = 0;
+        for (&i, &c) in &self.counts {
+            seen += c;
+            if seen >= rank {
+                return Self::value(i).min(self.max);
+            }
+        }
+        self.max
+    }
+
+    fn quantiles(&self) -> Quantiles {
+        Quantiles {
+            p50: self.quantile(0.5),
+            p90: self.quantile(0.9),
+            p99: self.quantile(0.99),
+            max: self.max,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct PerRank {
+    instances: u64,
+    last: u64,
+    caused_ns: u64,
+    waited_ns: u64,
+}
+
+impl PerRoutine {
+    fn most_last(&self, whois: Whois) -> Option<LateRank> {
+        let (&pid, (last, caused, hist)) = self.last.iter().max_by_key(|(p, l)| (l.0, **p))?;
+        let (rank, host) = whois(pid)?;
+        Some(LateRank {
+            rank,
+            host,
+            last: *last,
+            caused_ns: *caused,
+            median_ns: hist.quantile(0.5),
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+struct PerRoutine {
+    instances: u64,
+    skew: Histogram,
+    transfer: Histogram,
+    /// Per process: instances at which it was last, and the skews of those.
+    last: HashMap<u32, (u64, u64, Histogram)>,
+}
+
+/// Instances worth keeping as the worst.
+const WORST: usize = 10;
+
+/// Accumulates finished instances.
+#[derive(Debug, Default)]
+pub struct Summary {
+    instances: u64,
+    incomplete: u64,
+    ranks: HashMap<u32, PerRank>,
+    routines: BTreeMap<(u16, u8), PerRoutine>,
+    /// (skew, routine, comm, seq, late pid), largest first.
+    worst: Vec<(u64, u16, super::CommKey, u64, u32)>,
+}
+
+/// Where a process is in the job: world rank and host.
+pub type Whois<'a> = &'a dyn Fn(u32) -> Option<(u32, String)>;
+
+impl Summary {
+    /// Adds one finished instance.
+    pub fn add(&mut self, inst: &Instance) {
+        if !inst.complete || inst.arrivals.len() < 2 {
+            self.incomplete += u64::from(!inst.complete);
+            return;
+        }
+        self.instances += 1;
+        let first = inst.arrivals.iter().map(|a| a.start_ns).min().unwrap_or(0);
+        let late = inst
+            .arrivals
+            .iter()
+            .max_by_key(|a| (a.start_ns, std::cmp::Reverse(a.pid)))
+            .expect("arrivals");
+        let skew = late.start_ns - first;
+        let transfer = inst
+            .arrivals
+            .iter()
+            .map(|a| a.end_ns.saturating_sub(a.start_ns))
+            .min()
+            .unwrap_or(0);
+        for a in &inst.arrivals {
+            let r = self.ranks.entry(a.pid).or_default();
+            r.instances += 1;
+            r.waited_ns += late.start_ns - a.start_ns;
+        }
+        let r = self.ranks.entry(late.pid).or_default();
+        r.last += 1;
+        r.caused_ns += skew;
+        let per = self
+            .routines
+            .entry((inst.routine, inst.bucket))
+            .or_default();
+        per.instances += 1;
+        per.skew.add(skew);
+        per.transfer.add(transfer);
+        let l = per.last.entry(late.pid).or_default();
+        l.0 += 1;
+        l.1 += skew;
+        l.2.add(skew);
+        if self.worst.len() < WORST || self.worst.last().is_some_and(|w| skew > w.0) {
+            let at = self.worst.partition_point(|w| w.0 >= skew);
+            self.worst
+                .insert(at, (skew, inst.routine, inst.comm, inst.seq, late.pid));
+            self.worst.truncate(WORST);
+        }
+    }
+
+    /// The report, with processes named by `whois` (processes it does not know are left
+    /// out of the per-rank table).
+    pub fn report(
+        &self,
+        counts: MatchCounts,
+        unidentified: u64,
+        lost: u64,
+        whois: Whois,
+    ) -> SkewReport {
+        let mut ranks: Vec<RankSkew> = self
+            .ranks
+            .iter()
+            .filter_map(|(pid, r)| {
+                let (rank, host) = whois(*pid)?;
+                Some(RankSkew {
+                    rank,
+                    host,
+                    instances: r.instances,
+                    last: r.last,
+                    caused_ns: r.caused_ns,
+                    waited_ns: r.waited_ns,
+                })
+            })
+            .collect();
+        ranks.sort_by_key(|r| r.rank);
+        let name = |id: u16| {
+            ROUTINES
+                .get(id as usize)
+                .map_or("?", |r| r.name)
+                .to_string()
+        };
+        let routines = self
+            .routines
+            .iter()
+            .map(|(&(routine, bucket), per)| {
+                let known = (bucket != UNKNOWN_BUCKET).then_some(bucket);
+                let (min_bytes, max_bytes) = known.map(bucket_range).unzip();
+                RoutineSkew {
+                    routine: name(routine),
+                    bucket: known,
+                    min_bytes,
+                    max_bytes,
+                    instances: per.instances,
+                    skew_ns: per.skew.quantiles(),
+                    transfer_ns: per.transfer.quantiles(),
+                    most_last: per.most_last(whois),
+                }
+            })
+            .collect();
+        let worst = self
+            .worst
+            .iter()
+            .map(|&(skew, routine, comm, seq, pid)| {
+                let (late_rank, host) = whois(pid).unwrap_or((u32::MAX, String::new()));
+                WorstInstance {
+                    routine: name(routine),
+                    comm: comm.label(),
+                    seq,
+                    late_rank,
+                    host,
+                    skew_ns: skew,
+                }
+            })
+            .collect();
+        SkewReport {
+            instances: self.instances,
+            incomplete: self.incomplete,
+            unidentified,
+            unaligned: counts.unaligned + counts.conflicts,
+            lost,
+            ranks,
+            routines,
+            worst,
+            findings: self.findings(whois),
+        }
+    }
+
+    /// A sentence per (routine, size) where one rank was last in most instances and kept
+    /// the others waiting for a time worth naming.
+    fn findings(&self, whois: Whois) -> Vec<String> {
+        let mut out = Vec::new();
+        for (&(routine, bucket), per) in &self.routines {
+            if per.instances < MIN_INSTANCES {
+                continue;
+            }
+            let Some(LateRank {
+                rank,
+                host,
+                last,
+                caused_ns: caused,
+                median_ns: median,
+            }) = per.most_last(whois)
+            else {
+                continue;
+            };
+            let share = last as f64 / per.instances as f64;
+            if share < STANDS_OUT || median < NOTABLE_NS {
+                continue;
+            }
+            let size = if bucket == UNKNOWN_BUCKET {
+                String::new()
+            } else {
+                let (lo, hi) = bucket_range(bucket);
+                format!(" ({})", bytes_range(lo, hi))
+            };
+            out.push(format!(
+                "rank {rank} ({host}) arrived last in {:.0}% of {}{size} instances, {} late on median; the other ranks waited {} for it",
+                share * 100.0,
+                ROUTINES.get(routine as usize).map_or("?", |r| r.name),
+                human_ns(median),
+                human_ns(caused),
+            ));
+        }
+        out
+    }
+}
+
+/// Instances of a routine and size before a rank can be said to stand out.
+const MIN_INSTANCES: u64 = 10;
+/// Share of instances a rank must be last in to be named.
+const STANDS_OUT: f64 = 0.75;
+/// Median lateness below which nobody is named (scheduling noise).
+const NOTABLE_NS: u64 = 100_000;
+
+fn bytes_range(lo: u64, hi: u64) -> String {
+    if lo == hi {
+        format!("{lo} B")
+    } else if hi == u64::MAX {
+        format!("> {} B", lo - 1)
+    } else {
+        format!("{lo}-{hi} B")
+    }
+}
+
+/// `3.1 ms`, `4.6 s`, `850 us`.
+pub fn human_ns(ns: u64) -> String {
+    let v = ns as f64;
+    if v >= 1e9 {
+        format!("{:.1} s", v / 1e9)
+    } else if v >= 1e6 {
+        format!("{:.1} ms", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.0} us", v / 1e3)
+    } else {
+        format!("{ns} ns")
+    }
+}
+
+/// The text report's "Who is late" section.
+pub fn render_text(s: &SkewReport) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "-----------------------------------------------------------------"
+    );
+    let _ = writeln!(
+        o,
+        "Who is late (collective instances matched across ranks):"
+    );
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "  instances: {}   incomplete: {}   unidentified calls: {}   unaligned calls: {}   lost events: {}",
+        s.instances, s.incomplete, s.unidentified, s.unaligned, s.lost
+    );
+    for f in &s.findings {
+        let _ = writeln!(o, "  {f}.");
+    }
+    if s.instances == 0 {
+        return o;
+    }
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "  {:>6}  {:<16} {:>10} {:>7} {:>14} {:>14}",
+        "rank", "host", "last", "% last", "caused (s)", "waited (s)"
+    );
+    for r in &s.ranks {
+        let pct = if r.instances == 0 {
+            0.0
+        } else {
+            r.last as f64 * 100.0 / r.instances as f64
+        };
+        let _ = writeln!(
+            o,
+            "  {:>6}  {:<16} {:>10} {:>6.1}% {:>14.6} {:>14.6}",
+            r.rank,
+            r.host,
+            r.last,
+            pct,
+            r.caused_ns as f64 / 1e9,
+            r.waited_ns as f64 / 1e9
+        );
+    }
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "  {:<24} {:>16} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "routine", "bytes", "instances", "skew p50", "p90", "p99", "max"
+    );
+    for r in &s.routines {
+        let bytes = match (r.min_bytes, r.max_bytes) {
+            (Some(lo), Some(hi)) => bytes_range(lo, hi),
+            _ => "unknown".to_string(),
+        };
+        let q = r.skew_ns;
+        let _ = writeln!(
+            o,
+            "  {:<24} {:>16} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            r.routine,
+            bytes,
+            r.instances,
+            human_ns(q.p50),
+            human_ns(q.p90),
+            human_ns(q.p99),
+            human_ns(q.max)
+        );
+    }
+    if !s.worst.is_empty() {
+        let _ = writeln!(o);
+        let _ = writeln!(o, "  worst instances:");
+        for w in &s.worst {
+            let _ = writeln!(
+                o,
+                "    {} on {} #{}: rank {} ({}) late by {}",
+                w.routine,
+                w.comm,
+                w.seq,
+                w.late_rank,
+                w.host,
+                human_ns(w.skew_ns)
+            );
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::skew::instances::Arrival;
+
+    #[test]
+    fn histogram_quantiles_within_three_percent() {
+        let mut h = Histogram::default();
+        for v in 1..=100_000u64 {
+            h.add(v * 1000);
+        }
+        for (q, want) in [
+            (0.5, 50_000_000f64),
+            (0.9, 90_000_000.0),
+            (0.99, 99_000_000.0),
+        ] {
+            let got = h.quantile(q) as f64;
+            assert!((got - want).abs() / want < 0.03, "q{q}: {got} vs {want}");
+        }
+        assert_eq!(h.max, 100_000_000);
+        for v in [0u64, 1, 63, 64, 65, 1 << 40] {
+            let mid = Histogram::value(Histogram::index(v));
+            assert!(
+                mid.abs_diff(v) as f64 <= v as f64 * 0.03 + 1.0,
+                "{v} -> {mid}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_late_rank_is_named_with_what_it_caused() {
+        let mut s = Summary::default();
+        for seq in 0..20u64 {
+            let base = seq * 1_000_000_000;
+            let arrivals = (0..4u32)
+                .map(|pid| Arrival {
+                    pid,
+                    start_ns: base + if pid == 2 { 3_000_000 } else { pid as u64 * 10 },
+                    end_ns: base + 3_100_000,
+                })
+                .collect();
+            s.add(&Instance {
+                comm: crate::skew::CommKey::WORLD,
+                seq,
+                routine: 0,
+                bucket: 2,
+                complete: true,
+                arrivals,
+            });
+        }
+        let whois = |pid: u32| Some((pid, format!("node{pid}")));
+        let r = s.report(MatchCounts::default(), 0, 0, &whois);
+        assert_eq!(r.instances, 20);
+        assert_eq!(r.ranks[2].last, 20);
+        assert_eq!(r.ranks[2].caused_ns, 20 * 3_000_000);
+        assert_eq!(r.ranks[0].waited_ns, 20 * 3_000_000);
+        assert_eq!(r.ranks[3].waited_ns, 20 * (3_000_000 - 30));
+        assert_eq!(r.worst.len(), 10);
+        assert_eq!(r.worst[0].late_rank, 2);
+        assert_eq!(r.findings.len(), 1);
+        assert!(
+            r.findings[0].starts_with("rank 2 (node2) arrived last in 100% of MPI_Init (5-8 B) instances, 3.0 ms late on median"),
+            "{}",
+            r.findings[0]
+        );
+    }
+}

@@ -1,0 +1,153 @@
+/*
+ * mpi_late: a job with a known late rank, for commtap's "who is late" tests.
+ *
+ * Usage: mpi_late LATE_RANK DELAY_MS N OUT_PREFIX
+ *        mpi_late LATE_RANK DELAY_MS N OUT_PREFIX STOP_FILE
+ *
+ * Every phase runs N collectives; "K sleeps" means world rank LATE_RANK sleeps DELAY_MS
+ * before each one, so it arrives last and every other member waits about DELAY_MS:
+ *
+ *   1. MPI_Allreduce, 1 double (8 bytes) on MPI_COMM_WORLD; K sleeps.
+ *   2. MPI_Allreduce, 256 doubles (2048 bytes) on MPI_COMM_WORLD; nobody sleeps.
+ *   3. MPI_Bcast, 4 ints (16 bytes) from root K on MPI_COMM_WORLD; K sleeps (a late
+ *      root: Scalasca's Late Broadcast).
+ *   4. MPI_Barrier on MPI_COMM_WORLD; K sleeps.
+ *   5. MPI_Comm_split by color rank % 2; on each half, MPI_Allreduce of 4 ints (16
+ *      bytes); in the half of color c, world rank c sleeps (two communicators, two late
+ *      ranks, instances never mixed).
+ *   6. MPI_Comm_dup of MPI_COMM_WORLD; MPI_Allreduce of 1 int (4 bytes) on the
+ *      duplicate; K sleeps.
+ *
+ * No other collective is called. Each rank writes OUT_PREFIX.<rank>.json with its rank,
+ * pid and the world size, then calls MPI_Finalize.
+ *
+ * With STOP_FILE (for attaching to a running job) it runs one phase instead, until any
+ * rank sees STOP_FILE: MPI_Allreduce (MPI_MAX) of 1 int, the flag "I saw STOP_FILE", on
+ * MPI_COMM_WORLD, K sleeping before each; all ranks leave after the instance in which
+ * one saw it. Rank 0 writes its number of calls so far to OUT_PREFIX.progress after each
+ * (written then renamed: a reader sees a whole number). Each rank's JSON then has
+ * "allreduce_calls", its total.
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+static void nap(int ms)
+{
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0)
+        ;
+}
+
+static int until_stopped(int rank, int size, int late, int delay, const char *prefix,
+                         const char *stop)
+{
+    long calls = 0;
+    char path[4096], tmp[4096];
+    for (;;) {
+        if (rank == late)
+            nap(delay);
+        int seen = access(stop, F_OK) == 0, any = 0;
+        MPI_Allreduce(&seen, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        calls++;
+        if (rank == 0) {
+            snprintf(tmp, sizeof tmp, "%s.progress.tmp", prefix);
+            snprintf(path, sizeof path, "%s.progress", prefix);
+            FILE *p = fopen(tmp, "w");
+            if (!p) {
+                perror(tmp);
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            }
+            fprintf(p, "%ld\n", calls);
+            fclose(p);
+            rename(tmp, path);
+        }
+        if (any)
+            break;
+    }
+    snprintf(path, sizeof path, "%s.%d.json", prefix, rank);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    fprintf(f, "{\"rank\": %d, \"pid\": %ld, \"size\": %d, \"allreduce_calls\": %ld}\n",
+            rank, (long)getpid(), size, calls);
+    fclose(f);
+    MPI_Finalize();
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 5 && argc != 6) {
+        fprintf(stderr, "usage: %s LATE_RANK DELAY_MS N OUT_PREFIX [STOP_FILE]\n", argv[0]);
+        return 2;
+    }
+    int late = atoi(argv[1]), delay = atoi(argv[2]);
+    long n = atol(argv[3]);
+    int rank, size;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (argc == 6)
+        return until_stopped(rank, size, late, delay, argv[4], argv[5]);
+
+    double d = rank, dsum = 0, big[256], bigsum[256];
+    for (int i = 0; i < 256; i++)
+        big[i] = i;
+    int four[4] = {1, 2, 3, 4}, foursum[4], one = 1, onesum = 0;
+
+    for (long i = 0; i < n; i++) {
+        if (rank == late)
+            nap(delay);
+        MPI_Allreduce(&d, &dsum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    }
+    for (long i = 0; i < n; i++)
+        MPI_Allreduce(big, bigsum, 256, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    for (long i = 0; i < n; i++) {
+        if (rank == late)
+            nap(delay);
+        MPI_Bcast(four, 4, MPI_INT, late, MPI_COMM_WORLD);
+    }
+    for (long i = 0; i < n; i++) {
+        if (rank == late)
+            nap(delay);
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+
+    MPI_Comm half;
+    int color = rank % 2, half_size;
+    MPI_Comm_split(MPI_COMM_WORLD, color, rank, &half);
+    MPI_Comm_size(half, &half_size);
+    for (long i = 0; i < n; i++) {
+        if (rank == color)
+            nap(delay);
+        MPI_Allreduce(four, foursum, 4, MPI_INT, MPI_SUM, half);
+    }
+
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    for (long i = 0; i < n; i++) {
+        if (rank == late)
+            nap(delay);
+        MPI_Allreduce(&one, &onesum, 1, MPI_INT, MPI_SUM, dup);
+    }
+
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%d.json", argv[4], rank);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    fprintf(f, "{\"rank\": %d, \"pid\": %ld, \"size\": %d, \"half_size\": %d}\n", rank,
+            (long)getpid(), size, half_size);
+    fclose(f);
+    MPI_Comm_free(&dup);
+    MPI_Comm_free(&half);
+    MPI_Finalize();
+    return 0;
+}

@@ -1,0 +1,266 @@
+//! Who is late: real Open MPI and MPICH jobs with a known late rank (`mpi_late.c`),
+//! launched and attached mid-job. The report must name that rank for every phase in which
+//! it sleeps, book what it made the others wait, see no one standing out where nobody
+//! sleeps, and keep the instances of two sibling communicators apart.
+
+use std::{path::Path, process::Command, time::Duration};
+
+use commtap_tests::*;
+use serde_json::Value;
+
+const LIMIT: Duration = Duration::from_secs(300);
+/// Ranks of the job (4 on 2 cores: oversubscribed, as CI is).
+const NP: u32 = 4;
+/// The late rank.
+const LATE: u64 = 2;
+/// How long it sleeps before each collective, ms.
+const DELAY_MS: u64 = 50;
+/// Collectives per phase.
+const N: u64 = 20;
+
+/// The skew entry of `routine` in size bucket `bucket`.
+#[track_caller]
+fn routine<'a>(skew: &'a Value, routine: &str, bucket: u64) -> &'a Value {
+    skew["routines"]
+        .as_array()
+        .expect("routines")
+        .iter()
+        .find(|r| r["routine"] == routine && r["bucket"] == bucket)
+        .unwrap_or_else(|| panic!("no {routine} in bucket {bucket}: {skew:#}"))
+}
+
+/// `caused` is `n` delays, within 20%.
+#[track_caller]
+fn about_n_delays(caused: u64, n: u64, what: &str) {
+    let want = n * DELAY_MS * 1_000_000;
+    assert!(
+        caused >= want * 8 / 10 && caused <= want * 12 / 10,
+        "{what}: caused {caused} ns, want {want} ns within 20%"
+    );
+}
+
+/// A phase in which rank `late` sleeps before each of `n` instances.
+#[track_caller]
+fn assert_late_phase(skew: &Value, name: &str, bucket: u64, late: u64, n: u64) {
+    let r = routine(skew, name, bucket);
+    assert_eq!(r["instances"], n, "{name} {bucket}: {r:#}");
+    let most = &r["most_last"];
+    assert_eq!(most["rank"], late, "{name} {bucket}: {r:#}");
+    let last = most["last"].as_u64().expect("last");
+    assert!(
+        last * 100 >= n * 95,
+        "{name} {bucket}: last in {last} of {n}"
+    );
+    about_n_delays(most["caused_ns"].as_u64().expect("caused"), last, name);
+}
+
+fn launched(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("skew-{}", mpi.suffix()));
+    let prog = build_program("mpi_late.c", mpi);
+    let prefix = scratch.path("truth");
+    let json = scratch.path("profile.json");
+    let text = scratch.path("report.txt");
+    let mut args: Vec<String> = vec![
+        "record".into(),
+        "--format".into(),
+        "text".into(),
+        "-o".into(),
+        text.display().to_string(),
+        "--json".into(),
+        json.display().to_string(),
+        "--".into(),
+    ];
+    args.extend(mpi.launcher(NP));
+    args.extend([
+        prog.display().to_string(),
+        LATE.to_string(),
+        DELAY_MS.to_string(),
+        N.to_string(),
+        prefix.display().to_string(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+
+    let profile = read_json(&json);
+    let truths = read_truths(&prefix, NP);
+    assert!(truths.iter().all(|t| t["half_size"] == NP / 2));
+    let skew = &profile["skew"];
+    // Seven phases' worth: five on the world or its duplicate, two halves of N each.
+    assert_eq!(skew["instances"], 7 * N, "{skew:#}");
+    for counter in ["incomplete", "unidentified", "unaligned", "lost"] {
+        assert_eq!(skew[counter], 0, "{counter}: {skew:#}");
+    }
+
+    // Rank LATE sleeps: 8-byte and 4-byte (on the duplicate) Allreduce, Bcast from it
+    // (16 bytes), Barrier.
+    let host = profile["ranks"][0]["host"]
+        .as_str()
+        .expect("host")
+        .to_string();
+    for (name, bucket, bytes) in [
+        ("MPI_Allreduce", 2, "5-8 B"),
+        ("MPI_Allreduce", 1, "1-4 B"),
+        ("MPI_Bcast", 3, "9-16 B"),
+        ("MPI_Barrier", 0, "0 B"),
+    ] {
+        assert_late_phase(skew, name, bucket, LATE, N);
+        let sentence = format!("rank {LATE} ({host}) arrived last in");
+        let routine = format!("of {name} ({bytes}) instances");
+        assert!(
+            skew["findings"]
+                .as_array()
+                .expect("findings")
+                .iter()
+                .any(|f| f
+                    .as_str()
+                    .is_some_and(|f| f.starts_with(&sentence) && f.contains(&routine))),
+            "no finding for {name} {bytes}: {skew:#}"
+        );
+    }
+    // Nobody sleeps before the 2048-byte Allreduce: skew near zero, nobody named.
+    let quiet = routine(skew, "MPI_Allreduce", 10);
+    assert_eq!(quiet["instances"], N);
+    let p50 = quiet["skew_ns"]["p50"].as_u64().expect("p50");
+    assert!(
+        p50 < DELAY_MS * 1_000_000 / 4,
+        "quiet phase skew p50 {p50} ns"
+    );
+    assert!(
+        !skew["findings"].to_string().contains("1025-2048 B"),
+        "{skew:#}"
+    );
+    // The two halves of the split: N instances each, each with its own late rank (world
+    // rank c in the half of color c), never mixed (a mixed instance would have been
+    // closed with the wrong members, and the rest counted as unaligned).
+    let halves = routine(skew, "MPI_Allreduce", 3);
+    assert_eq!(halves["instances"], 2 * N, "{halves:#}");
+    let most = halves["most_last"]["rank"].as_u64().expect("rank");
+    assert!(most == 0 || most == 1, "{halves:#}");
+    assert!(halves["skew_ns"]["p50"].as_u64().expect("p50") >= DELAY_MS * 1_000_000 * 8 / 10);
+
+    // Per rank: every rank is a member of the five world phases and its half's N.
+    let ranks = skew["ranks"].as_array().expect("ranks");
+    assert_eq!(ranks.len(), NP as usize);
+    for r in ranks {
+        assert_eq!(r["instances"], 6 * N, "{r:#}");
+    }
+    let late = &ranks[LATE as usize];
+    assert_eq!(late["rank"], LATE);
+    assert!(
+        late["last"].as_u64().expect("last") * 100 >= 4 * N * 95,
+        "{late:#}"
+    );
+    about_n_delays(
+        late["caused_ns"].as_u64().expect("caused"),
+        4 * N,
+        "rank total",
+    );
+    // The ranks that are never late waited for it in every phase it slept.
+    let waited = ranks[3]["waited_ns"].as_u64().expect("waited");
+    assert!(
+        waited >= 4 * N * DELAY_MS * 1_000_000 * 8 / 10,
+        "{:#}",
+        ranks[3]
+    );
+    let worst = skew["worst"].as_array().expect("worst");
+    assert_eq!(worst.len(), 10);
+    assert!(worst
+        .iter()
+        .all(|w| w["skew_ns"].as_u64().expect("skew") >= DELAY_MS * 1_000_000 * 8 / 10));
+
+    let report = std::fs::read_to_string(&text).expect("text report");
+    assert!(report.contains("Who is late"), "{report}");
+    assert!(
+        report.contains(&format!("rank {LATE} ({host}) arrived last in")),
+        "{report}"
+    );
+}
+
+#[test]
+fn launched_open_mpi_job_names_the_late_rank() {
+    launched(Mpi::OpenMpi);
+}
+
+#[test]
+fn launched_mpich_job_names_the_late_rank() {
+    launched(Mpi::Mpich);
+}
+
+/// Rank 0's count of calls so far (0 before it wrote one).
+fn progress(prefix: &Path) -> u64 {
+    std::fs::read_to_string(format!("{}.progress", prefix.display()))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn attached(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("skew-attach-{}", mpi.suffix()));
+    let prog = build_program("mpi_late.c", mpi);
+    let prefix = scratch.path("truth");
+    let stop = scratch.path("stop");
+    let launcher = mpi.launcher(NP);
+    let mut cmd = Command::new(&launcher[0]);
+    mpi_env(&mut cmd)
+        .args(&launcher[1..])
+        .arg(&prog)
+        .args([LATE.to_string(), DELAY_MS.to_string(), "0".into()])
+        .arg(&prefix)
+        .arg(&stop);
+    let mut job = ChildGuard::spawn(&mut cmd);
+    // The job has run collectives before commtap attaches.
+    wait_until("the job to run collectives", LIMIT, || {
+        progress(&prefix) >= 5
+    });
+    let mut ranks = Vec::new();
+    wait_until("all ranks to be running", Duration::from_secs(10), || {
+        ranks = pids_running(&prog);
+        ranks.len() == NP as usize
+    });
+    let (commtap, out) = record_attached(&scratch, &ranks);
+    let attached_at = progress(&prefix);
+    wait_until("30 collectives after attaching", LIMIT, || {
+        progress(&prefix) >= attached_at + 30
+    });
+    std::fs::write(&stop, "").expect("stop file");
+    assert!(job.wait_with_limit(LIMIT).success());
+    finish_ok(&scratch, commtap, LIMIT);
+
+    let profile = read_json(&out);
+    let truths = read_truths(&prefix, NP);
+    // What each rank was seen to call: a suffix of its calls, longer for ranks attached
+    // earlier. The instances every rank was seen at are the shortest suffix; the longer
+    // ones' extra calls belong to instances from before the last rank was watched.
+    let seen: Vec<u64> = truths
+        .iter()
+        .map(|t| {
+            let rank = rank_by_pid(&profile, t["pid"].as_u64().expect("pid"));
+            rank["routines"]["MPI_Allreduce"]["calls"]
+                .as_u64()
+                .expect("calls")
+        })
+        .collect();
+    let all = *seen.iter().min().expect("ranks");
+    assert!(all >= 30, "seen {seen:?}");
+    let skew = &profile["skew"];
+    assert_eq!(skew["instances"], all, "seen {seen:?}: {skew:#}");
+    assert_eq!(
+        skew["unaligned"],
+        seen.iter().map(|s| s - all).sum::<u64>(),
+        "seen {seen:?}: {skew:#}"
+    );
+    for counter in ["incomplete", "unidentified", "lost"] {
+        assert_eq!(skew[counter], 0, "{counter}: {skew:#}");
+    }
+    assert_late_phase(skew, "MPI_Allreduce", 1, LATE, all);
+}
+
+#[test]
+fn attached_open_mpi_job_aligns_instances_and_names_the_late_rank() {
+    attached(Mpi::OpenMpi);
+}
+
+#[test]
+fn attached_mpich_job_aligns_instances_and_names_the_late_rank() {
+    attached(Mpi::Mpich);
+}
