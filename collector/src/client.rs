@@ -67,7 +67,12 @@ pub async fn node_snapshot(
         let page = JobProfile::try_from(&wire)?;
         match profile.as_mut() {
             None => profile = Some(page),
-            Some(p) => p.ranks.extend(page.ranks),
+            Some(p) => {
+                p.ranks.extend(page.ranks);
+                if let (Some(all), Some(more)) = (p.skew.as_mut(), page.skew) {
+                    all.ranks.extend(more.ranks);
+                }
+            }
         }
         if resp.next_page_token.is_empty() {
             break;
@@ -343,6 +348,9 @@ fn sort_ranks(profile: &mut JobProfile) {
     profile
         .ranks
         .sort_by(|a, b| (a.job.as_str(), a.rank).cmp(&(b.job.as_str(), b.rank)));
+    if let Some(s) = profile.skew.as_mut() {
+        s.ranks.sort_by_key(|r| r.rank);
+    }
 }
 
 #[cfg(test)]

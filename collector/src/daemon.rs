@@ -48,6 +48,8 @@ pub struct DaemonOptions {
     pub push_interval: Duration,
     /// Emit per-call events.
     pub call_events: bool,
+    /// Match collective calls across each job's ranks (who is late).
+    pub skew: bool,
     /// New processes' identities from the kernel's events only (tests).
     pub identity_from_kernel: bool,
     /// Added to every time the API gives out (tests: a node whose clock is off).
@@ -111,6 +113,8 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         info!("counts kept across restarts in {}", dir.display());
     }
     session.probes.set_call_events(opts.call_events)?;
+    session.probes.set_collective_events(opts.skew)?;
+    let feed = opts.skew.then(|| session.call_feed());
     session.identity_from_kernel = opts.identity_from_kernel;
     if opts.scope.pids.is_empty() {
         session
@@ -140,6 +144,10 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         event_streams: Default::default(),
         call_events: opts.call_events,
         clock_offset_ns: opts.clock_offset_ns,
+        // Processes already running are attached mid-job: numbered by time, not from 0.
+        late: opts
+            .skew
+            .then(|| Mutex::new(crate::skew::Board::new(node.clone(), false))),
     });
     add_synthetic_ranks(&state, opts.synthetic_ranks).await;
     let listener = socket::bind_unix(&opts.socket, opts.socket_mode).await?;
@@ -209,6 +217,8 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             shutdown.clone(),
         ))
     });
+    let late_task =
+        feed.map(|feed| tokio::spawn(follow_collectives(state.clone(), feed, shutdown.clone())));
     let metrics_task = opts
         .metrics
         .clone()
@@ -247,6 +257,9 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     }
     if let Some(p) = push_task {
         let _ = p.await;
+    }
+    if let Some(l) = late_task {
+        let _ = l.await;
     }
     if let Some(m) = metrics_task {
         match m.await {
@@ -331,13 +344,51 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
             session.tracked.remove(&pid);
         }
     }
-    drop(session);
-    state
-        .finished
-        .lock()
-        .await
-        .retain(|f| f.at.elapsed() < keep);
+    let mut finished = state.finished.lock().await;
+    finished.retain(|f| f.at.elapsed() < keep);
+    if let Some(late) = &state.late {
+        let mut board = late.lock().await;
+        crate::session::place_in_worlds(&mut board, &session);
+        let kept: std::collections::HashSet<u32> = finished.iter().map(|f| f.rank.pid).collect();
+        board.retain(|pid| session.tracked.contains_key(&pid) || kept.contains(&pid));
+        board.tick();
+    }
 }
+
+/// Feeds the call events of collectives to the per-job matching, in batches (one lock
+/// each), until shutdown.
+async fn follow_collectives(
+    state: Arc<NodeState>,
+    mut feed: tokio::sync::broadcast::Receiver<crate::ingest::FeedItem>,
+    shutdown: CancellationToken,
+) {
+    use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+    let Some(late) = &state.late else { return };
+    loop {
+        let first = tokio::select! {
+            item = feed.recv() => item,
+            _ = shutdown.cancelled() => return,
+        };
+        if matches!(first, Err(RecvError::Closed)) {
+            return;
+        }
+        let mut batch = vec![first];
+        while batch.len() < FEED_BATCH {
+            match feed.try_recv() {
+                Ok(item) => batch.push(Ok(item)),
+                Err(TryRecvError::Lagged(n)) => batch.push(Err(RecvError::Lagged(n))),
+                Err(_) => break,
+            }
+        }
+        let mut board = late.lock().await;
+        for item in batch {
+            board.item(item);
+        }
+    }
+}
+
+/// Call events taken under one lock of the matching.
+const FEED_BATCH: usize = 4096;
 
 /// Applies a batch of process events; the libraries the new processes map are opened
 /// and read first, in a blocking task and off the session's lock (a slow file system holds

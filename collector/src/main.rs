@@ -482,6 +482,11 @@ struct ProbeArgs {
     /// call, so it is off unless asked for.
     #[arg(long)]
     call_events: bool,
+    /// Do not match collective calls across ranks. By default every collective call (and
+    /// communicator constructor) emits an event, and the report's "Who is late" section
+    /// (JSON `skew`) names the rank that arrives last and how long the others waited.
+    #[arg(long)]
+    no_skew: bool,
     /// Ring buffer for call events, in KiB (events beyond it are counted as dropped;
     /// counts and bytes stay exact).
     #[arg(long, default_value_t = 1024)]
@@ -515,11 +520,6 @@ struct RecordArgs {
     trace: Option<PathBuf>,
     #[command(flatten)]
     trace_filter: TraceFilterArgs,
-    /// Do not match collective calls across ranks. By default every collective call (and
-    /// communicator constructor) emits an event, and the report's "Who is late" section
-    /// (JSON `skew`) names the rank that arrives last and how long the others waited.
-    #[arg(long)]
-    no_skew: bool,
     /// Command to launch and profile, with every process it spawns (after `--`).
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -716,7 +716,7 @@ fn main() -> ExitCode {
                     ready_file: a.ready_file,
                     call_events: a.probe.call_events,
                     trace: a.trace.map(|path| a.trace_filter.options(path)),
-                    skew: !a.no_skew,
+                    skew: !a.probe.no_skew,
                 };
                 let profile = record::record(opts).await?;
                 a.out.write(&profile)?;
@@ -755,6 +755,7 @@ fn main() -> ExitCode {
                     aggregator: a.aggregator,
                     push_interval: a.push_interval,
                     call_events: a.probe.call_events,
+                    skew: !a.probe.no_skew,
                     identity_from_kernel: a.identity_from_kernel,
                     clock_offset_ns: a.test_clock_offset_ns,
                     synthetic_ranks: a.test_synthetic_ranks,

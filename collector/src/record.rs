@@ -68,7 +68,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
         tracer: opts.trace.clone().map(TraceWriter::create).transpose()?,
         late: opts
             .skew
-            .then(|| skew::Tracker::new(!opts.command.is_empty(), discover::this_host())),
+            .then(|| skew::Board::new(discover::this_host(), !opts.command.is_empty())),
     };
     let mut session = Session::start(LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib))?;
     session
@@ -179,11 +179,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
                     name_processes(t, &session);
                 }
                 if let Some(l) = sinks.late.as_mut() {
-                    for (pid, t) in &session.tracked {
-                        if let Some(n) = t.info.as_ref().and_then(|i| i.world_size) {
-                            l.world_size(*pid, n);
-                        }
-                    }
+                    crate::session::place_in_worlds(l, &session);
                     l.tick();
                 }
                 if !launched && session.tracked.values().filter(|t| t.requested).all(|t| t.exit_ns.is_some()) {
@@ -218,13 +214,15 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
             .get(&r.pid)
             .is_some_and(|t| t.exit_ns.is_some());
     }
-    if let Some(late) = sinks.late {
+    if let Some(mut late) = sinks.late {
+        crate::session::place_in_worlds(&mut late, &session);
+        late.finish();
         let whois = |pid: u32| {
             let r = profile.ranks.iter().find(|r| r.pid == pid)?;
             Some((r.rank, r.host.clone()))
         };
-        let report = late.finish(&whois);
-        profile.skew = Some(report);
+        let pids: Vec<u32> = profile.ranks.iter().map(|r| r.pid).collect();
+        profile.skew = late.report_for(&pids, &whois);
     }
     if let Some(mut t) = sinks.tracer {
         for r in &profile.ranks {
@@ -250,7 +248,7 @@ const FEED_BATCH: usize = 4096;
 /// What `record` does with the call feed: a timeline, who is late, or both.
 struct FeedSinks {
     tracer: Option<TraceWriter>,
-    late: Option<skew::Tracker>,
+    late: Option<skew::Board>,
 }
 
 type FeedResult = Result<FeedItem, tokio::sync::broadcast::error::RecvError>;
@@ -281,29 +279,15 @@ impl FeedSinks {
     /// Takes one item of the call feed.
     fn item(&mut self, item: FeedResult) -> Result<()> {
         use tokio::sync::broadcast::error::RecvError;
-        match item {
-            Ok(FeedItem::Call(ev)) => {
-                if let Some(l) = self.late.as_mut() {
-                    l.call(&ev);
-                }
-                if let Some(t) = self.tracer.as_mut() {
-                    t.call(&trace::call_event(&ev))?;
-                }
+        if let Some(t) = self.tracer.as_mut() {
+            match &item {
+                Ok(FeedItem::Call(ev)) => t.call(&trace::call_event(ev))?,
+                Err(RecvError::Lagged(n)) => t.lost_by_reader(*n),
+                _ => {}
             }
-            Ok(FeedItem::Exited(pid)) => {
-                if let Some(l) = self.late.as_mut() {
-                    l.exited(pid);
-                }
-            }
-            Err(RecvError::Lagged(n)) => {
-                if let Some(t) = self.tracer.as_mut() {
-                    t.lost_by_reader(n);
-                }
-                if let Some(l) = self.late.as_mut() {
-                    l.lost_by_reader(n);
-                }
-            }
-            Err(RecvError::Closed) => {}
+        }
+        if let Some(l) = self.late.as_mut() {
+            l.item(item);
         }
         Ok(())
     }

@@ -581,11 +581,23 @@ impl Session {
     }
 }
 
+/// Tells `board` the job of every process whose environment has been read.
+pub fn place_in_worlds(board: &mut crate::skew::Board, session: &Session) {
+    for (pid, t) in &session.tracked {
+        if board.knows(*pid) {
+            continue;
+        }
+        if let Some(info) = t.info.as_ref() {
+            board.set_world(*pid, &job_key(info), info.world_size);
+        }
+    }
+}
+
 /// Groups a process with the other ranks of its job: the batch system's job id, else the
 /// launcher's own job key, else one group for everything unlabelled. A batch job id that
 /// only the process's environment claims is grouped per user: nobody joins another user's
 /// job by setting `SLURM_JOB_ID`.
-fn job_key(info: &ProcessInfo) -> String {
+pub fn job_key(info: &ProcessInfo) -> String {
     match (&info.batch_job, &info.launcher_job) {
         (Some(b), _) if info.batch_job_from_cgroup => format!("batch:{b}"),
         (Some(b), _) => format!("claim:{}:{b}", info.uid.map_or(-1, i64::from)),

@@ -152,24 +152,6 @@ fn report_without_a_daemon_says_so() {
     assert_eq!(out.status.code(), Some(2), "a bad target is a usage error");
 }
 
-/// A minimal HTTP/1.0 GET against a server of ours on loopback; returns the body.
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s =
-        std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("request");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("response");
-    let (head, body) = resp
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no HTTP body in {resp:?}"));
-    assert!(
-        head.starts_with("HTTP/1.") && head.contains(" 200 "),
-        "{head}"
-    );
-    body.to_string()
-}
-
 #[test]
 fn a_user_sees_only_their_own_processes() {
     users_see_only_their_own_processes("daemon-uid", &[]);
@@ -617,6 +599,12 @@ fn a_killed_daemon_restarts_with_its_counts() {
         }
         let barrier = routines.get_mut("MPI_Barrier").expect("barrier");
         barrier["calls"] = (barrier["calls"].as_u64().expect("calls") + 1).into();
+    }
+    // Counts survive the restart, call events do not: the first daemon took the event of
+    // that first MPI_Barrier (who is late follows collectives), the second saw the rest.
+    let mut profile = profile;
+    for r in profile["ranks"].as_array_mut().expect("ranks") {
+        r["events"] = (r["events"].as_u64().expect("events") + 1).into();
     }
     assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
 

@@ -54,36 +54,23 @@ fn assert_late_phase(skew: &Value, name: &str, bucket: u64, late: u64, n: u64) {
     about_n_delays(most["caused_ns"].as_u64().expect("caused"), last, name);
 }
 
-fn launched(mpi: Mpi) {
-    let scratch = Scratch::new(&format!("skew-{}", mpi.suffix()));
-    let prog = build_program("mpi_late.c", mpi);
-    let prefix = scratch.path("truth");
-    let json = scratch.path("profile.json");
-    let text = scratch.path("report.txt");
-    let mut args: Vec<String> = vec![
-        "record".into(),
-        "--format".into(),
-        "text".into(),
-        "-o".into(),
-        text.display().to_string(),
-        "--json".into(),
-        json.display().to_string(),
-        "--".into(),
-    ];
-    args.extend(mpi.launcher(NP));
+/// Starts `mpi_late` with `extra` arguments after the common ones, as `cmd` would run it
+/// (under `record`, or alone beside a daemon).
+fn late_job_args(mpi: Mpi, prefix: &Path) -> Vec<String> {
+    let mut args = mpi.launcher(NP);
     args.extend([
-        prog.display().to_string(),
+        build_program("mpi_late.c", mpi).display().to_string(),
         LATE.to_string(),
         DELAY_MS.to_string(),
         N.to_string(),
         prefix.display().to_string(),
     ]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    args
+}
 
-    let profile = read_json(&json);
-    let truths = read_truths(&prefix, NP);
-    assert!(truths.iter().all(|t| t["half_size"] == NP / 2));
+/// The report of a whole `mpi_late` job (six phases) names the right ranks.
+#[track_caller]
+fn assert_late_job(profile: &Value) {
     let skew = &profile["skew"];
     // Seven phases' worth: five on the world or its duplicate, two halves of N each.
     assert_eq!(skew["instances"], 7 * N, "{skew:#}");
@@ -93,10 +80,7 @@ fn launched(mpi: Mpi) {
 
     // Rank LATE sleeps: 8-byte and 4-byte (on the duplicate) Allreduce, Bcast from it
     // (16 bytes), Barrier.
-    let host = profile["ranks"][0]["host"]
-        .as_str()
-        .expect("host")
-        .to_string();
+    let host = profile["ranks"][0]["host"].as_str().expect("host");
     for (name, bucket, bytes) in [
         ("MPI_Allreduce", 2, "5-8 B"),
         ("MPI_Allreduce", 1, "1-4 B"),
@@ -167,7 +151,32 @@ fn launched(mpi: Mpi) {
     assert!(worst
         .iter()
         .all(|w| w["skew_ns"].as_u64().expect("skew") >= DELAY_MS * 1_000_000 * 8 / 10));
+}
 
+fn launched(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("skew-{}", mpi.suffix()));
+    let prefix = scratch.path("truth");
+    let json = scratch.path("profile.json");
+    let text = scratch.path("report.txt");
+    let mut args: Vec<String> = vec![
+        "record".into(),
+        "--format".into(),
+        "text".into(),
+        "-o".into(),
+        text.display().to_string(),
+        "--json".into(),
+        json.display().to_string(),
+        "--".into(),
+    ];
+    args.extend(late_job_args(mpi, &prefix));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+
+    let profile = read_json(&json);
+    let truths = read_truths(&prefix, NP);
+    assert!(truths.iter().all(|t| t["half_size"] == NP / 2));
+    assert_late_job(&profile);
+    let host = profile["ranks"][0]["host"].as_str().expect("host");
     let report = std::fs::read_to_string(&text).expect("text report");
     assert!(report.contains("Who is late"), "{report}");
     assert!(
@@ -263,4 +272,55 @@ fn attached_open_mpi_job_aligns_instances_and_names_the_late_rank() {
 #[test]
 fn attached_mpich_job_aligns_instances_and_names_the_late_rank() {
     attached(Mpi::Mpich);
+}
+
+/// The node daemon matches a job it was never told about, live: over gRPC (`report
+/// --from`) and in Prometheus.
+#[test]
+fn the_daemon_names_the_late_rank_of_a_job_it_was_not_told_about() {
+    let scratch = Scratch::new("skew-daemon");
+    let metrics = scratch.path("metrics.sock");
+    let metrics_addr = format!("unix://{}", metrics.display());
+    let daemon = Daemon::start(&scratch, &[], &[], &["--metrics-addr", &metrics_addr]);
+    let prefix = scratch.path("truth");
+    let args = late_job_args(Mpi::OpenMpi, &prefix);
+    let mut cmd = Command::new(&args[0]);
+    mpi_env(&mut cmd).args(&args[1..]);
+    assert!(ChildGuard::spawn(&mut cmd).wait_with_limit(LIMIT).success());
+    let truths = read_truths(&prefix, NP);
+    wait_for_exited(&daemon.target, &pids_of(&truths));
+    let job = truths[0]["pid"].as_u64().expect("pid").to_string();
+    let profile = report_json(&["report", "--from", &daemon.target, "--job", &job]);
+    assert_late_job(&profile);
+
+    let text = std::process::Command::new("curl")
+        .args(["-s", "--unix-socket"])
+        .arg(&metrics)
+        .arg("http://localhost/metrics")
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&text.stdout);
+    let value = |name: &str, rank: u64| -> f64 {
+        let prefix = format!("{name}{{job=\"{job}\",rank=\"{rank}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+            .parse()
+            .expect("a number")
+    };
+    let skew_ranks = profile["skew"]["ranks"].as_array().expect("ranks");
+    for r in 0..NP as u64 {
+        let want = &skew_ranks[r as usize];
+        assert_eq!(
+            value("commtap_late_last_total", r),
+            want["last"].as_f64().expect("last")
+        );
+        assert_eq!(
+            value("commtap_late_instances_total", r),
+            want["instances"].as_f64().expect("instances")
+        );
+        let caused = value("commtap_late_caused_seconds_total", r);
+        assert!((caused - want["caused_ns"].as_f64().expect("caused") / 1e9).abs() < 1e-6);
+    }
+    daemon.stop(&scratch);
 }

@@ -4,6 +4,8 @@
 use super::pb;
 use crate::{
     report::{JobProfile, ProbedLibrary, RankProfile},
+    skew::summary::{LateRank, Quantiles, RankSkew, RoutineSkew, WorstInstance},
+    skew::SkewReport,
     stats::{CommStats, DeviceTime, Health, RoutineStats, SizeBucket, Totals},
 };
 
@@ -316,7 +318,152 @@ impl From<&JobProfile> for pb::JobProfile {
             unsupported_libraries: j.unsupported_libraries.clone(),
             not_profiled: j.not_profiled.clone(),
             call_events: j.call_events,
+            skew: j.skew.as_ref().map(Into::into),
         }
+    }
+}
+
+impl From<&SkewReport> for pb::SkewReport {
+    fn from(s: &SkewReport) -> Self {
+        let q = |q: &Quantiles| pb::Quantiles {
+            p50: q.p50,
+            p90: q.p90,
+            p99: q.p99,
+            max: q.max,
+        };
+        pb::SkewReport {
+            instances: s.instances,
+            incomplete: s.incomplete,
+            unidentified: s.unidentified,
+            unaligned: s.unaligned,
+            lost: s.lost,
+            ranks: s
+                .ranks
+                .iter()
+                .map(|r| pb::RankSkew {
+                    rank: r.rank,
+                    host: r.host.clone(),
+                    instances: r.instances,
+                    last: r.last,
+                    caused_ns: r.caused_ns,
+                    waited_ns: r.waited_ns,
+                })
+                .collect(),
+            routines: s
+                .routines
+                .iter()
+                .map(|r| pb::RoutineSkew {
+                    routine: r.routine.clone(),
+                    bucket: r.bucket.map(u32::from),
+                    min_bytes: r.min_bytes,
+                    max_bytes: r.max_bytes,
+                    instances: r.instances,
+                    skew_ns: Some(q(&r.skew_ns)),
+                    transfer_ns: Some(q(&r.transfer_ns)),
+                    most_last: r.most_last.as_ref().map(|l| pb::LateRank {
+                        rank: l.rank,
+                        host: l.host.clone(),
+                        last: l.last,
+                        caused_ns: l.caused_ns,
+                        median_ns: l.median_ns,
+                    }),
+                })
+                .collect(),
+            worst: s
+                .worst
+                .iter()
+                .map(|w| pb::WorstInstance {
+                    routine: w.routine.clone(),
+                    comm: w.comm.clone(),
+                    seq: w.seq,
+                    late_rank: w.late_rank,
+                    host: w.host.clone(),
+                    skew_ns: w.skew_ns,
+                })
+                .collect(),
+            findings: s.findings.clone(),
+        }
+    }
+}
+
+impl TryFrom<&pb::SkewReport> for SkewReport {
+    type Error = InvalidMessage;
+
+    fn try_from(s: &pb::SkewReport) -> Result<Self, Self::Error> {
+        let q = |q: &Option<pb::Quantiles>| {
+            q.as_ref().map_or(Quantiles::default(), |q| Quantiles {
+                p50: q.p50,
+                p90: q.p90,
+                p99: q.p99,
+                max: q.max,
+            })
+        };
+        let routines = s
+            .routines
+            .iter()
+            .map(|r| {
+                let bucket = r
+                    .bucket
+                    .map(|v| {
+                        u8::try_from(v)
+                            .ok()
+                            .filter(|b| *b < collector_common::BUCKETS)
+                            .ok_or_else(|| {
+                                invalid("RoutineSkew", format!("bucket {v} out of range"))
+                            })
+                    })
+                    .transpose()?;
+                Ok(RoutineSkew {
+                    routine: r.routine.clone(),
+                    bucket,
+                    min_bytes: r.min_bytes,
+                    max_bytes: r.max_bytes,
+                    instances: r.instances,
+                    skew_ns: q(&r.skew_ns),
+                    transfer_ns: q(&r.transfer_ns),
+                    most_last: r.most_last.as_ref().map(|l| LateRank {
+                        rank: l.rank,
+                        host: l.host.clone(),
+                        last: l.last,
+                        caused_ns: l.caused_ns,
+                        median_ns: l.median_ns,
+                    }),
+                })
+            })
+            .collect::<Result<_, InvalidMessage>>()?;
+        Ok(SkewReport {
+            instances: s.instances,
+            incomplete: s.incomplete,
+            unidentified: s.unidentified,
+            unaligned: s.unaligned,
+            lost: s.lost,
+            ranks: s
+                .ranks
+                .iter()
+                .map(|r| RankSkew {
+                    rank: r.rank,
+                    host: r.host.clone(),
+                    instances: r.instances,
+                    last: r.last,
+                    caused_ns: r.caused_ns,
+                    waited_ns: r.waited_ns,
+                })
+                .collect(),
+            routines,
+            worst: s
+                .worst
+                .iter()
+                .map(|w| WorstInstance {
+                    routine: w.routine.clone(),
+                    comm: w.comm.clone(),
+                    seq: w.seq,
+                    late_rank: w.late_rank,
+                    host: w.host.clone(),
+                    skew_ns: w.skew_ns,
+                })
+                .collect(),
+            findings: s.findings.clone(),
+        })
     }
 }
 
@@ -338,7 +485,7 @@ impl TryFrom<&pb::JobProfile> for JobProfile {
             unsupported_libraries: j.unsupported_libraries.clone(),
             not_profiled: j.not_profiled.clone(),
             call_events: j.call_events,
-            skew: None,
+            skew: j.skew.as_ref().map(SkewReport::try_from).transpose()?,
         })
     }
 }
@@ -418,7 +565,51 @@ pub(crate) mod tests {
             unsupported_libraries: vec!["x".into()],
             not_profiled: vec![],
             call_events: true,
-            skew: None,
+            skew: Some(SkewReport {
+                instances: 20,
+                incomplete: 1,
+                unidentified: 2,
+                unaligned: 3,
+                lost: 4,
+                ranks: vec![RankSkew {
+                    rank: 0,
+                    host: "n1".into(),
+                    instances: 20,
+                    last: 19,
+                    caused_ns: 5,
+                    waited_ns: 6,
+                }],
+                routines: vec![RoutineSkew {
+                    routine: "MPI_Allreduce".into(),
+                    bucket: Some(2),
+                    min_bytes: Some(5),
+                    max_bytes: Some(8),
+                    instances: 20,
+                    skew_ns: Quantiles {
+                        p50: 1,
+                        p90: 2,
+                        p99: 3,
+                        max: 4,
+                    },
+                    transfer_ns: Quantiles::default(),
+                    most_last: Some(LateRank {
+                        rank: 0,
+                        host: "n1".into(),
+                        last: 19,
+                        caused_ns: 5,
+                        median_ns: 1,
+                    }),
+                }],
+                worst: vec![WorstInstance {
+                    routine: "MPI_Allreduce".into(),
+                    comm: "world".into(),
+                    seq: 7,
+                    late_rank: 0,
+                    host: "n1".into(),
+                    skew_ns: 4,
+                }],
+                findings: vec!["rank 0 (n1) arrived last".into()],
+            }),
         }
     }
 

@@ -37,6 +37,63 @@ struct RoutineLines {
     size_bytes: Vec<String>,
 }
 
+/// Who is late, per job and rank: the instances each rank arrived last at, the time it
+/// made the others wait and the time it waited (labels bounded: no communicators, no
+/// instance numbers).
+pub fn render_skew(profile: &JobProfile, board: &crate::skew::Board) -> String {
+    let mut jobs: std::collections::BTreeMap<&str, Vec<&crate::report::RankProfile>> =
+        Default::default();
+    for r in &profile.ranks {
+        jobs.entry(r.job.as_str()).or_default().push(r);
+    }
+    let mut lines: [Vec<String>; 4] = Default::default();
+    for (job, ranks) in jobs {
+        let pids: Vec<u32> = ranks.iter().map(|r| r.pid).collect();
+        let whois = |pid: u32| {
+            let r = ranks.iter().find(|r| r.pid == pid)?;
+            Some((r.rank, r.host.clone()))
+        };
+        let Some(skew) = board.report_for(&pids, &whois) else {
+            continue;
+        };
+        for r in &skew.ranks {
+            let l = format!("{{job=\"{}\",rank=\"{}\"}}", escape(job), r.rank);
+            lines[0].push(format!("{l} {}", r.instances));
+            lines[1].push(format!("{l} {}", r.last));
+            lines[2].push(format!("{l} {}", r.caused_ns as f64 / 1e9));
+            lines[3].push(format!("{l} {}", r.waited_ns as f64 / 1e9));
+        }
+    }
+    let mut o = String::new();
+    for ((name, help), lines) in [
+        (
+            "commtap_late_instances_total",
+            "Collective instances the rank was matched in with every other member.",
+        ),
+        (
+            "commtap_late_last_total",
+            "Collective instances at which the rank arrived last.",
+        ),
+        (
+            "commtap_late_caused_seconds_total",
+            "Time the other members waited for the rank (skews of the instances it was last at).",
+        ),
+        (
+            "commtap_late_waited_seconds_total",
+            "Time the rank waited inside collectives for the last member to arrive.",
+        ),
+    ]
+    .into_iter()
+    .zip(lines)
+    {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+        for l in lines {
+            let _ = writeln!(o, "{name}{l}");
+        }
+    }
+    o
+}
+
 /// Renders the Prometheus text format for `profile`, plus the daemon's own health.
 pub fn render(
     profile: &JobProfile,
@@ -426,6 +483,10 @@ async fn respond(
     // Exited: profiles kept, plus processes whose final profile is not taken yet.
     let exited = state.finished.lock().await.len() + exiting;
     let mut body = render(&profile, live, exited, libraries, failures);
+    if let Some(late) = &state.late {
+        let board = late.lock().await;
+        body.push_str(&render_skew(&profile, &board));
+    }
     let _ = writeln!(
         body,
         "# HELP commtap_finished_profiles_dropped_total Final profiles of exited processes let go \

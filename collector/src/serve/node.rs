@@ -52,6 +52,8 @@ pub struct NodeState {
     pub finished_dropped: std::sync::atomic::AtomicU64,
     /// Added to every time the API gives out (0 but in tests of clock alignment).
     pub clock_offset_ns: i64,
+    /// Who is late, per job (None: the daemon was started with --no-skew).
+    pub late: Option<Mutex<crate::skew::Board>>,
 }
 
 impl NodeState {
@@ -264,6 +266,12 @@ impl NodeState {
                 all().filter(|r| keys.contains(&key(r))).cloned().collect()
             }
         };
+        let names: std::collections::HashMap<u32, (u32, String)> =
+            if self.late.is_some() && !job.is_empty() {
+                all().map(|r| (r.pid, (r.rank, r.host.clone()))).collect()
+            } else {
+                Default::default()
+            };
         drop(finished);
         profile.ranks = ranks;
         if !filter.routines.is_empty() {
@@ -277,6 +285,19 @@ impl NodeState {
         profile.dropped = dropped;
         profile.undecoded = undecoded;
         profile.job = job;
+        if let (Some(late), false) = (&self.late, names.is_empty()) {
+            let pids: Vec<u32> = names.keys().copied().collect();
+            let whois = |pid: u32| names.get(&pid).cloned();
+            profile.skew = late.lock().await.report_for(&pids, &whois).map(|mut s| {
+                // A page carries the rows of its own ranks (the client joins them).
+                if page.is_some() {
+                    let here: std::collections::HashSet<u32> =
+                        profile.ranks.iter().map(|r| r.rank).collect();
+                    s.ranks.retain(|r| here.contains(&r.rank));
+                }
+                s
+            });
+        }
         (profile, next)
     }
 }

@@ -6,6 +6,7 @@
 //! matches the numbers across members → [`summary`] turns finished instances into the
 //! report (`skew` in the profile, "Who is late" in the text).
 
+pub mod board;
 pub mod identity;
 pub mod instances;
 pub mod summary;
@@ -17,6 +18,7 @@ use collector_common::{
     ByteRule, CallEvent, ROUTINES,
 };
 
+pub use board::Board;
 pub use identity::CommKey;
 pub use summary::{render_text, SkewReport};
 
@@ -128,16 +130,25 @@ impl Tracker {
         self.threads.retain(|(p, _), _| *p != pid);
     }
 
+    /// Whether no process it followed is still running.
+    pub fn idle(&self) -> bool {
+        self.procs.is_empty()
+    }
+
     /// Closes instances nobody arrived at for a while (call now and then).
     pub fn tick(&mut self) {
         self.matcher.expire(&mut self.finished);
         self.take_finished();
     }
 
-    /// The report, once every event has been taken.
-    pub fn finish(mut self, whois: Whois) -> SkewReport {
+    /// Aligns what can be and closes every open instance (no more calls will come).
+    pub fn finish_matching(&mut self) {
         self.matcher.finish(&mut self.finished);
         self.take_finished();
+    }
+
+    /// The report of the instances finished so far.
+    pub fn report(&self, whois: Whois) -> SkewReport {
         self.summary
             .report(self.matcher.counts, self.unidentified, self.lost, whois)
     }

@@ -1,0 +1,157 @@
+//! One [`Tracker`] per MPI world: a node runs several jobs at once, and every job has its
+//! own `MPI_COMM_WORLD`, so collective instances are matched within a job only.
+//!
+//! Which job a process belongs to is read from its environment after its first calls may
+//! already have arrived: those wait here (bounded) until the process's job is known.
+
+use std::collections::{HashMap, VecDeque};
+
+use collector_common::CallEvent;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::{summary::Whois, SkewReport, Tracker};
+use crate::ingest::FeedItem;
+
+/// Calls kept per process whose job is not known yet; past this they are counted as lost.
+const MAX_WAITING: usize = 1 << 14;
+/// Processes whose calls may wait at once.
+const MAX_WAITING_PROCS: usize = 1 << 12;
+
+/// Trackers by job, fed from the call feed.
+#[derive(Debug)]
+pub struct Board {
+    host: String,
+    from_start: bool,
+    trackers: HashMap<String, Tracker>,
+    world_of: HashMap<u32, String>,
+    waiting: HashMap<u32, VecDeque<CallEvent>>,
+    /// Calls that waited for a job that never became known, or past the caps.
+    unplaced: u64,
+}
+
+impl Board {
+    /// A board for processes on `host`, watched from their first call (`from_start`) or not.
+    pub fn new(host: String, from_start: bool) -> Board {
+        Board {
+            host,
+            from_start,
+            trackers: HashMap::new(),
+            world_of: HashMap::new(),
+            waiting: HashMap::new(),
+            unplaced: 0,
+        }
+    }
+
+    /// Takes one item of the call feed.
+    pub fn item(&mut self, item: Result<FeedItem, RecvError>) {
+        match item {
+            Ok(FeedItem::Call(ev)) => self.call(ev),
+            Ok(FeedItem::Exited(pid)) => {
+                if let Some(t) = self.tracker_of(pid) {
+                    t.exited(pid);
+                    // The job's last process is gone: all its calls are in.
+                    if t.idle() {
+                        t.finish_matching();
+                    }
+                }
+            }
+            Err(RecvError::Lagged(n)) => {
+                for t in self.trackers.values_mut() {
+                    t.lost_by_reader(n);
+                }
+            }
+            Err(RecvError::Closed) => {}
+        }
+    }
+
+    fn call(&mut self, ev: CallEvent) {
+        if let Some(t) = self.tracker_of(ev.tgid) {
+            t.call(&ev);
+            return;
+        }
+        if !self.waiting.contains_key(&ev.tgid) && self.waiting.len() >= MAX_WAITING_PROCS {
+            self.unplaced += 1;
+            return;
+        }
+        let q = self.waiting.entry(ev.tgid).or_default();
+        if q.len() >= MAX_WAITING {
+            self.unplaced += 1;
+            return;
+        }
+        q.push_back(ev);
+    }
+
+    fn tracker_of(&mut self, pid: u32) -> Option<&mut Tracker> {
+        let world = self.world_of.get(&pid)?;
+        self.trackers.get_mut(world)
+    }
+
+    /// Process `pid` belongs to job `world` (a key that groups the ranks of one MPI world
+    /// on this node) of `size` ranks where known; calls that waited are taken now.
+    pub fn set_world(&mut self, pid: u32, world: &str, size: Option<u32>) {
+        // A process stays in the world it was first placed in.
+        let world = self
+            .world_of
+            .entry(pid)
+            .or_insert_with(|| world.to_string())
+            .clone();
+        let (host, from_start) = (self.host.clone(), self.from_start);
+        let t = self
+            .trackers
+            .entry(world)
+            .or_insert_with(|| Tracker::new(from_start, host));
+        if let Some(n) = size {
+            t.world_size(pid, n);
+        }
+        for ev in self.waiting.remove(&pid).into_iter().flatten() {
+            t.call(&ev);
+        }
+    }
+
+    /// Whether the job of `pid` is known.
+    pub fn knows(&self, pid: u32) -> bool {
+        self.world_of.contains_key(&pid)
+    }
+
+    /// Closes instances nobody arrived at for a while.
+    pub fn tick(&mut self) {
+        for t in self.trackers.values_mut() {
+            t.tick();
+        }
+    }
+
+    /// Forgets the processes `keep` says no longer matter, and jobs left with none.
+    pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
+        self.world_of.retain(|pid, _| keep(*pid));
+        let unplaced = &mut self.unplaced;
+        self.waiting.retain(|pid, q| {
+            let k = keep(*pid);
+            if !k {
+                *unplaced += q.len() as u64;
+            }
+            k
+        });
+        let live: std::collections::HashSet<&String> = self.world_of.values().collect();
+        self.trackers.retain(|w, _| live.contains(w));
+    }
+
+    /// Aligns and closes everything (no more calls will come).
+    pub fn finish(&mut self) {
+        for q in self.waiting.values() {
+            self.unplaced += q.len() as u64;
+        }
+        self.waiting.clear();
+        for t in self.trackers.values_mut() {
+            t.finish_matching();
+        }
+    }
+
+    /// The report of the job that `pids` belong to (the first whose job is known), with
+    /// processes named by `whois`.
+    pub fn report_for(&self, pids: &[u32], whois: Whois) -> Option<SkewReport> {
+        let world = pids.iter().find_map(|p| self.world_of.get(p))?;
+        let mut r = self.trackers.get(world)?.report(whois);
+        r.unidentified += self.unplaced;
+        Some(r)
+    }
+}
