@@ -295,7 +295,8 @@ impl Config {
     pub const ANY_UID: u32 = u32::MAX;
     /// `call_events` bit: every call (timelines, event streams).
     pub const EVENTS_ALL: u32 = 1;
-    /// `call_events` bit: collectives and communicator constructors (who is late).
+    /// `call_events` bit: collectives, communicator constructors and `MPI_Init` (who is
+    /// late).
     pub const EVENTS_COLLECTIVE: u32 = 2;
 }
 

@@ -259,7 +259,13 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
     let events = match CONFIG.get(0).map_or(0, |c| c.call_events) {
         0 => false,
         m if m & Config::EVENTS_ALL != 0 => true,
-        _ => spec.class == class::COLLECTIVE || ByteRule::from_u8(spec.rule).creates_comm(),
+        // Who is late: collectives, what names communicators, and MPI_Init (after which
+        // a process's count of world collectives is the instance number).
+        _ => {
+            spec.class == class::COLLECTIVE
+                || spec.class == class::INIT
+                || ByteRule::from_u8(spec.rule).creates_comm()
+        }
     };
     // Read before `e` is borrowed for the counters, and only for an event.
     let mut ev = CallEvent {

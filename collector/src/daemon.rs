@@ -144,10 +144,9 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         event_streams: Default::default(),
         call_events: opts.call_events,
         clock_offset_ns: opts.clock_offset_ns,
-        // Processes already running are attached mid-job: numbered by time, not from 0.
         late: opts
             .skew
-            .then(|| Mutex::new(crate::skew::Board::new(node.clone(), false))),
+            .then(|| Mutex::new(crate::skew::Board::new(node.clone()))),
     });
     add_synthetic_ranks(&state, opts.synthetic_ranks).await;
     let listener = socket::bind_unix(&opts.socket, opts.socket_mode).await?;

@@ -66,9 +66,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     // Before anything runs: a trace that cannot be written fails now, not after the job.
     let mut sinks = FeedSinks {
         tracer: opts.trace.clone().map(TraceWriter::create).transpose()?,
-        late: opts
-            .skew
-            .then(|| skew::Board::new(discover::this_host(), !opts.command.is_empty())),
+        late: opts.skew.then(|| skew::Board::new(discover::this_host())),
     };
     let mut session = Session::start(LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib))?;
     session

@@ -479,7 +479,9 @@ pub fn assert_events_account_for_collectives(rank: &Value) {
         .iter()
         .filter(|(name, _)| {
             let spec = ROUTINES[routine_id(name).expect("a known routine") as usize].spec;
-            spec.class == class::COLLECTIVE || ByteRule::from_u8(spec.rule).creates_comm()
+            spec.class == class::COLLECTIVE
+                || spec.class == class::INIT
+                || ByteRule::from_u8(spec.rule).creates_comm()
         })
         .map(|(_, (c, _))| c)
         .sum();

@@ -324,3 +324,67 @@ fn the_daemon_names_the_late_rank_of_a_job_it_was_not_told_about() {
     }
     daemon.stop(&scratch);
 }
+
+/// NCCL: the rank that enqueues last is named (two processes on the NCCL stand-in, which
+/// makes the early one wait after its enqueue as a GPU would).
+#[test]
+fn the_late_nccl_enqueuer_is_named() {
+    let scratch = Scratch::new("skew-nccl");
+    let standin = build_shared_c("nccl_standin.c");
+    let dir = standin.parent().expect("bin dir").to_path_buf();
+    let prog = build_nccl_program("nccl_late.c", &dir, &["libnccl_standin.so"]);
+    let tokens = scratch.path("tokens");
+    std::fs::create_dir_all(&tokens).expect("token dir");
+    let late = 1u64;
+    let rank = |r: u64| {
+        format!(
+            "RANK={r} WORLD_SIZE=2 '{}' '{}' '{}' {r} {late} {DELAY_MS} {N} '{}'",
+            prog.display(),
+            scratch.path("uid").display(),
+            tokens.display(),
+            scratch.path(&format!("truth.{r}.json")).display()
+        )
+    };
+    let script = format!("{} & a=$!; {} & b=$!; wait $a && wait $b", rank(0), rank(1));
+    let out = scratch.path("profile.json");
+    finish_ok(
+        &scratch,
+        spawn_commtap(
+            &scratch,
+            &[
+                "record",
+                "--format",
+                "json",
+                "-o",
+                path_str(&out),
+                // The ranks start from a shell: their RPATH is not on its command line.
+                "--lib",
+                path_str(&standin),
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        ),
+        LIMIT,
+    );
+    let profile = read_json(&out);
+    let skew = &profile["skew"];
+    assert_eq!(skew["instances"], N, "{skew:#}");
+    for counter in ["incomplete", "unidentified", "unaligned", "lost"] {
+        assert_eq!(skew[counter], 0, "{counter}: {skew:#}");
+    }
+    // 256 x Float32: 1024 bytes, bucket 9.
+    assert_late_phase(skew, "ncclAllReduce", 9, late, N);
+    let truth = read_json(&scratch.path(&format!("truth.{late}.json")));
+    let host = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"))["host"]
+        .as_str()
+        .expect("host")
+        .to_string();
+    let finding = skew["findings"][0].as_str().expect("a finding");
+    assert!(
+        finding.starts_with(&format!("rank {late} ({host}) arrived last in"))
+            && finding.contains("of ncclAllReduce (513-1024 B) instances"),
+        "{skew:#}"
+    );
+}

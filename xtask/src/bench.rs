@@ -5,11 +5,14 @@
 //!   (a) no probes,
 //!   (b) a bare uprobe + uretprobe pair with empty programs on the same functions
 //!       (bpftrace), the floor any uprobe-based tool pays,
-//!   (c) commtap record,
-//!   (d) commtap record --trace (a timeline of every call written to a file).
-//! Runs are interleaved (a, b, c, d, a, b, c, d, ...) and medians taken, because the
-//! machines are shared and noisy; the figures to quote are the ratio (c - a) / (b - a) and
-//! what tracing adds per call, (d - c), from one run.
+//!   (c) commtap record --no-skew (counting only),
+//!   (d) commtap record --trace (a timeline of every call written to a file),
+//!   (e) commtap record (the default: counting, and an event per collective call for who
+//!       is late).
+//! Runs are interleaved (a, b, c, d, e, a, b, ...) and medians taken, because the
+//! machines are shared and noisy; the figures to quote are the ratio (c - a) / (b - a),
+//! what tracing adds per call, (d - c), and what matching collectives adds, (e - c), from
+//! one run.
 
 use std::{
     fmt::Write as _,
@@ -81,14 +84,15 @@ pub fn run(root: &Path) -> Result<()> {
     let mut report = String::new();
     let mut json = Vec::new();
     let _ = writeln!(report, "commtap probe overhead, ns per call (median of {ROUNDS} interleaved runs, {ITERATIONS} calls each)");
-    let _ = writeln!(report, "(a) no probes, (b) bare uprobe+uretprobe with empty programs (bpftrace), (c) commtap record, (d) commtap record --trace\n");
+    let _ = writeln!(report, "(a) no probes, (b) bare uprobe+uretprobe with empty programs (bpftrace), (c) commtap record --no-skew, (d) commtap record --trace, (e) commtap record (who is late: an event per collective)\n");
     for stack in STACKS {
         let bin = out.join(format!("bench_calls.{}", stack.suffix));
         sh(Command::new(format!("mpicc.{}", stack.suffix))
             .args(["-O2", "-o"])
             .arg(&bin)
             .arg(root.join("xtask/demo/bench_calls.c")))?;
-        let (mut a, mut b, mut c, mut d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut a, mut b, mut c, mut d, mut e) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let profile = out.join(format!("profile.{}.json", stack.suffix));
         let trace = out.join(format!("trace.{}.json", stack.suffix));
         let mut traced = (0u64, 0u64, 0f64);
@@ -96,24 +100,31 @@ pub fn run(root: &Path) -> Result<()> {
             eprintln!("{}: round {}/{ROUNDS}", stack.name, round + 1);
             a.push(plain(stack, &bin)?);
             b.push(under_bpftrace(stack, &bin)?);
-            c.push(under_commtap(stack, &bin, &commtap, &profile, None)?);
+            c.push(under_commtap(
+                stack,
+                &bin,
+                &commtap,
+                &profile,
+                Mode::Counting,
+            )?);
             let started = Instant::now();
             d.push(under_commtap(
                 stack,
                 &bin,
                 &commtap,
                 &profile,
-                Some(&trace),
+                Mode::Trace(&trace),
             )?);
             let secs = started.elapsed().as_secs_f64();
             traced = (trace_calls(&trace)?, std::fs::metadata(&trace)?.len(), secs);
+            e.push(under_commtap(stack, &bin, &commtap, &profile, Mode::Skew)?);
         }
-        let (ma, mb, mc, md) = (median(&a), median(&b), median(&c), median(&d));
+        let (ma, mb, mc, md, me) = (median(&a), median(&b), median(&c), median(&d), median(&e));
         let single = single_stepped(&profile, stack.library)?;
         let _ = writeln!(report, "{} ({})", stack.name, stack.library);
         let _ = writeln!(
             report,
-            "  {:<28}{:>12}{:>12}{:>12}{:>14}{:>26}{:>12}{:>10}",
+            "  {:<28}{:>12}{:>12}{:>12}{:>14}{:>26}{:>12}{:>10}{:>12}{:>10}",
             "",
             "(a) none",
             "(b) bare",
@@ -121,7 +132,9 @@ pub fn run(root: &Path) -> Result<()> {
             "(c-a)/(b-a)",
             "per round: median [IQR]",
             "(d) --trace",
-            "(d-c)"
+            "(d-c)",
+            "(e) skew",
+            "(e-c)"
         );
         for (label, pick) in [
             ("MPI_Allreduce 8 B", 0usize),
@@ -135,13 +148,14 @@ pub fn run(root: &Path) -> Result<()> {
                 .collect();
             per_round.sort_by(f64::total_cmp);
             let q = |f: f64| per_round[((per_round.len() - 1) as f64 * f).round() as usize];
-            let t = get(md, pick);
+            let (t, k) = (get(md, pick), get(me, pick));
             let _ = writeln!(
                 report,
-                "  {label:<28}{x:>12.0}{y:>12.0}{z:>12.0}{:>14.2}{:>26}{t:>12.0}{:>10.0}",
+                "  {label:<28}{x:>12.0}{y:>12.0}{z:>12.0}{:>14.2}{:>26}{t:>12.0}{:>10.0}{k:>12.0}{:>10.0}",
                 ratio(x, y, z),
                 format!("{:.2} [{:.2}-{:.2}]", q(0.5), q(0.25), q(0.75)),
-                t - z
+                t - z,
+                k - z
             );
             json.push(serde_json_line(stack.name, label, x, y, z, q(0.5)));
         }
@@ -303,17 +317,33 @@ fn under_bpftrace(stack: &Stack, bin: &Path) -> Result<Sample> {
     result
 }
 
+/// What `record` is asked to do besides counting.
+enum Mode<'a> {
+    /// Nothing (`--no-skew`).
+    Counting,
+    /// A timeline into this file.
+    Trace(&'a Path),
+    /// The default: who is late.
+    Skew,
+}
+
 fn under_commtap(
     stack: &Stack,
     bin: &Path,
     commtap: &PathBuf,
     profile: &Path,
-    trace: Option<&Path>,
+    mode: Mode,
 ) -> Result<Sample> {
     let mut cmd = Command::new(commtap);
     cmd.args(["record", "--format", "json", "-o"]).arg(profile);
-    if let Some(trace) = trace {
-        cmd.arg("--trace").arg(trace);
+    match mode {
+        Mode::Counting => {
+            cmd.arg("--no-skew");
+        }
+        Mode::Trace(trace) => {
+            cmd.arg("--trace").arg(trace);
+        }
+        Mode::Skew => {}
     }
     cmd.arg("--");
     let inner = mpi_command(stack, bin);

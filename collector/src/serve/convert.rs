@@ -334,6 +334,7 @@ impl From<&SkewReport> for pb::SkewReport {
         pb::SkewReport {
             instances: s.instances,
             incomplete: s.incomplete,
+            remote: s.remote,
             unidentified: s.unidentified,
             unaligned: s.unaligned,
             lost: s.lost,
@@ -434,6 +435,7 @@ impl TryFrom<&pb::SkewReport> for SkewReport {
         Ok(SkewReport {
             instances: s.instances,
             incomplete: s.incomplete,
+            remote: s.remote,
             unidentified: s.unidentified,
             unaligned: s.unaligned,
             lost: s.lost,
@@ -568,6 +570,7 @@ pub(crate) mod tests {
             skew: Some(SkewReport {
                 instances: 20,
                 incomplete: 1,
+                remote: 5,
                 unidentified: 2,
                 unaligned: 3,
                 lost: 4,

@@ -21,7 +21,6 @@ const MAX_WAITING_PROCS: usize = 1 << 12;
 #[derive(Debug)]
 pub struct Board {
     host: String,
-    from_start: bool,
     trackers: HashMap<String, Tracker>,
     world_of: HashMap<u32, String>,
     waiting: HashMap<u32, VecDeque<CallEvent>>,
@@ -30,11 +29,10 @@ pub struct Board {
 }
 
 impl Board {
-    /// A board for processes on `host`, watched from their first call (`from_start`) or not.
-    pub fn new(host: String, from_start: bool) -> Board {
+    /// A board for processes on `host`.
+    pub fn new(host: String) -> Board {
         Board {
             host,
-            from_start,
             trackers: HashMap::new(),
             world_of: HashMap::new(),
             waiting: HashMap::new(),
@@ -95,11 +93,11 @@ impl Board {
             .entry(pid)
             .or_insert_with(|| world.to_string())
             .clone();
-        let (host, from_start) = (self.host.clone(), self.from_start);
+        let host = self.host.clone();
         let t = self
             .trackers
             .entry(world)
-            .or_insert_with(|| Tracker::new(from_start, host));
+            .or_insert_with(|| Tracker::new(host));
         if let Some(n) = size {
             t.world_size(pid, n);
         }

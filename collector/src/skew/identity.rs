@@ -76,16 +76,23 @@ const MAX_NAMES: usize = 1 << 14;
 impl ProcComms {
     /// The name of the communicator `ev` was called on, if it has one.
     pub fn name(&self, ev: &CallEvent, nccl: bool) -> Option<CommKey> {
+        self.named(ev, nccl).map(|(k, _)| k)
+    }
+
+    /// [`ProcComms::name`], and whether the communicator's creation was seen (a named
+    /// constructor's, or NCCL's: an NCCL communicator has an identity only if its creation
+    /// was seen): then every collective of this process on it was seen too.
+    pub fn named(&self, ev: &CallEvent, nccl: bool) -> Option<(CommKey, bool)> {
         if nccl {
-            return (ev.comm_id != 0).then(|| CommKey::nccl(ev.comm_id));
+            return (ev.comm_id != 0).then(|| (CommKey::nccl(ev.comm_id), true));
         }
         if ev.comm == 0 {
             return None;
         }
         if let Some(k) = self.names.get(&ev.comm) {
-            return Some(*k);
+            return Some((*k, true));
         }
-        (ev.comm_id == comm_id::WORLD).then_some(CommKey::WORLD)
+        (ev.comm_id == comm_id::WORLD).then_some((CommKey::WORLD, false))
     }
 
     /// Names the communicator a constructor call made, from its parent's name.

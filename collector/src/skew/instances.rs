@@ -43,6 +43,9 @@ pub struct Collective {
     /// Whether the call returns before the collective completes (`MPI_Iallreduce`): it
     /// takes a number, but its times say nothing of the others'.
     pub nonblocking: bool,
+    /// Whether the process was watched since the communicator was made (its creation, or
+    /// `MPI_Init` for the world, was seen): then its count of calls there is the number.
+    pub from_start: bool,
     /// Who and when.
     pub arrival: Arrival,
 }
@@ -60,6 +63,10 @@ pub struct Instance {
     pub bucket: u8,
     /// Every member arrived.
     pub complete: bool,
+    /// Members of the communicator this matcher follows (those on this node).
+    pub local_members: usize,
+    /// The communicator's size (0: unknown).
+    pub size: u32,
     /// The members seen.
     pub arrivals: Vec<Arrival>,
 }
@@ -127,31 +134,19 @@ struct Comm {
 }
 
 /// Matches collective calls into instances.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Matcher {
     comms: HashMap<CommKey, Comm>,
-    from_start: bool,
     newest_ns: u64,
     /// What could not be placed.
     pub counts: MatchCounts,
 }
 
 impl Matcher {
-    /// A matcher for processes watched from their first call (`from_start`) or attached
-    /// while running.
-    pub fn new(from_start: bool) -> Matcher {
-        Matcher {
-            comms: HashMap::new(),
-            from_start,
-            newest_ns: 0,
-            counts: MatchCounts::default(),
-        }
-    }
-
     /// Takes one collective call; finished instances go to `out`.
     pub fn arrive(&mut self, c: Collective, out: &mut Vec<Instance>) {
         self.newest_ns = self.newest_ns.max(c.arrival.end_ns);
-        let from_start = self.from_start;
+        let from_start = c.from_start;
         let comm = self.comms.entry(c.comm).or_default();
         if c.size > 0 {
             comm.size = c.size;
@@ -299,6 +294,8 @@ fn close(comm: &mut Comm, key: CommKey, seq: u64, out: &mut Vec<Instance>) {
             routine: o.routine,
             bucket: o.bucket,
             complete: comm.size > 0 && o.arrivals.len() == comm.size as usize,
+            local_members: comm.streams.len(),
+            size: comm.size,
             arrivals: o.arrivals,
         });
     }
@@ -428,6 +425,7 @@ mod tests {
             routine: 1,
             bucket: 3,
             nonblocking: false,
+            from_start: true,
             arrival: Arrival {
                 pid,
                 start_ns: i * 10_000_000 + late,
@@ -438,7 +436,7 @@ mod tests {
 
     #[test]
     fn from_start_matches_by_number() {
-        let mut m = Matcher::new(true);
+        let mut m = Matcher::default();
         let mut out = Vec::new();
         for i in 0..3 {
             for p in 0..3 {
@@ -454,12 +452,16 @@ mod tests {
     fn attached_at_different_instances_still_match() {
         // Process 0 was watched from instance 0, process 1 from instance 7, process 2
         // from instance 20: each numbers from its first call, the matcher aligns them.
-        let mut m = Matcher::new(false);
+        let mut m = Matcher::default();
         let mut out = Vec::new();
         for i in 0..100u64 {
             for (p, from) in [(0u32, 0u64), (1, 7), (2, 20)] {
                 if i >= from {
-                    m.arrive(call(p, 3, i, p as u64 * 1000), &mut out);
+                    let c = Collective {
+                        from_start: false,
+                        ..call(p, 3, i, p as u64 * 1000)
+                    };
+                    m.arrive(c, &mut out);
                 }
             }
         }
@@ -487,7 +489,7 @@ mod tests {
 
     #[test]
     fn a_member_that_lost_calls_is_realigned() {
-        let mut m = Matcher::new(true);
+        let mut m = Matcher::default();
         let mut out = Vec::new();
         for i in 0..200u64 {
             for p in 0..2u32 {
@@ -513,7 +515,7 @@ mod tests {
 
     #[test]
     fn nobody_arriving_closes_incomplete() {
-        let mut m = Matcher::new(true);
+        let mut m = Matcher::default();
         let mut out = Vec::new();
         m.arrive(call(0, 2, 0, 0), &mut out);
         assert!(out.is_empty());

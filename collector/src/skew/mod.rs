@@ -34,6 +34,9 @@ const MAX_THREADS: usize = 1 << 16;
 #[derive(Debug)]
 pub struct Tracker {
     host: String,
+    /// Processes whose `MPI_Init` was seen: their count of world collectives is the
+    /// instance number (others are aligned by time).
+    init_seen: std::collections::HashSet<u32>,
     procs: HashMap<u32, ProcComms>,
     /// Per (process, thread): the event number expected next.
     threads: HashMap<(u32, u32), u32>,
@@ -48,14 +51,14 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    /// A tracker for processes on `host` watched from their first call (`from_start`: a
-    /// launched job) or attached while running.
-    pub fn new(from_start: bool, host: String) -> Tracker {
+    /// A tracker for processes on `host`.
+    pub fn new(host: String) -> Tracker {
         Tracker {
             host,
+            init_seen: Default::default(),
             procs: HashMap::new(),
             threads: HashMap::new(),
-            matcher: Matcher::new(from_start),
+            matcher: Matcher::default(),
             summary: Summary::default(),
             finished: Vec::new(),
             unidentified: 0,
@@ -79,14 +82,22 @@ impl Tracker {
                 .created(ev, by_host, &self.host);
             return;
         }
+        if routine.spec.class == class::INIT {
+            // Every world collective after it is seen: counting them numbers them.
+            self.init_seen.insert(ev.tgid);
+            return;
+        }
         if routine.spec.class != class::COLLECTIVE {
             return;
         }
         let nccl = routine.family() == Family::Nccl;
-        let Some(comm) = self.procs.entry(ev.tgid).or_default().name(ev, nccl) else {
+        let Some((comm, made_while_watched)) =
+            self.procs.entry(ev.tgid).or_default().named(ev, nccl)
+        else {
             self.unidentified += 1;
             return;
         };
+        let from_start = made_while_watched || self.init_seen.contains(&ev.tgid);
         let size = match ev.comm_size {
             0 if comm == CommKey::WORLD => self.world_sizes.get(&ev.tgid).copied().unwrap_or(0),
             n => n,
@@ -98,6 +109,7 @@ impl Tracker {
                 routine: ev.routine,
                 bucket: ev.bucket,
                 nonblocking: routine.name.starts_with("MPI_I"),
+                from_start,
                 arrival: Arrival {
                     pid: ev.tgid,
                     start_ns: ev.start_ns,
@@ -127,6 +139,7 @@ impl Tracker {
     pub fn exited(&mut self, pid: u32) {
         self.procs.remove(&pid);
         self.world_sizes.remove(&pid);
+        self.init_seen.remove(&pid);
         self.threads.retain(|(p, _), _| *p != pid);
     }
 

@@ -18,6 +18,10 @@ pub struct SkewReport {
     /// Instances some member of was never seen at (not watched, exited, events lost):
     /// counted, not used.
     pub incomplete: u64,
+    /// Instances every member on this node arrived at, whose other members are on other
+    /// nodes (a node daemon's view of a job that spans nodes): counted, not used.
+    #[serde(default)]
+    pub remote: u64,
     /// Collective calls on communicators with no shared name (made before commtap watched
     /// the process): not matched.
     pub unidentified: u64,
@@ -225,6 +229,7 @@ const WORST: usize = 10;
 pub struct Summary {
     instances: u64,
     incomplete: u64,
+    remote: u64,
     ranks: HashMap<u32, PerRank>,
     routines: BTreeMap<(u16, u8), PerRoutine>,
     /// (skew, routine, comm, seq, late pid), largest first.
@@ -237,8 +242,16 @@ pub type Whois<'a> = &'a dyn Fn(u32) -> Option<(u32, String)>;
 impl Summary {
     /// Adds one finished instance.
     pub fn add(&mut self, inst: &Instance) {
-        if !inst.complete || inst.arrivals.len() < 2 {
-            self.incomplete += u64::from(!inst.complete);
+        if !inst.complete {
+            if inst.arrivals.len() == inst.local_members && inst.local_members < inst.size as usize
+            {
+                self.remote += 1;
+            } else {
+                self.incomplete += 1;
+            }
+            return;
+        }
+        if inst.arrivals.len() < 2 {
             return;
         }
         self.instances += 1;
@@ -349,6 +362,7 @@ impl Summary {
         SkewReport {
             instances: self.instances,
             incomplete: self.incomplete,
+            remote: self.remote,
             unidentified,
             unaligned: counts.unaligned + counts.conflicts,
             lost,
@@ -447,6 +461,13 @@ pub fn render_text(s: &SkewReport) -> String {
         "  instances: {}   incomplete: {}   unidentified calls: {}   unaligned calls: {}   lost events: {}",
         s.instances, s.incomplete, s.unidentified, s.unaligned, s.lost
     );
+    if s.remote > 0 {
+        let _ = writeln!(
+            o,
+            "  instances with members on other nodes (not matched on one node): {}",
+            s.remote
+        );
+    }
     for f in &s.findings {
         let _ = writeln!(o, "  {f}.");
     }
@@ -549,6 +570,32 @@ mod tests {
     }
 
     #[test]
+    fn instances_with_members_elsewhere_are_remote_not_incomplete() {
+        let mut s = Summary::default();
+        let a = |pid| Arrival {
+            pid,
+            start_ns: 1,
+            end_ns: 2,
+        };
+        let inst = |arrivals: Vec<Arrival>, local_members| Instance {
+            comm: crate::skew::CommKey::WORLD,
+            seq: 0,
+            routine: 0,
+            bucket: 0,
+            complete: false,
+            local_members,
+            size: 4,
+            arrivals,
+        };
+        // Both members on this node arrived; the other two are elsewhere.
+        s.add(&inst(vec![a(1), a(2)], 2));
+        // One of the two on this node never came.
+        s.add(&inst(vec![a(1)], 2));
+        let r = s.report(MatchCounts::default(), 0, 0, &|_| None);
+        assert_eq!((r.instances, r.remote, r.incomplete), (0, 1, 1));
+    }
+
+    #[test]
     fn the_late_rank_is_named_with_what_it_caused() {
         let mut s = Summary::default();
         for seq in 0..20u64 {
@@ -566,6 +613,8 @@ mod tests {
                 routine: 0,
                 bucket: 2,
                 complete: true,
+                local_members: 4,
+                size: 4,
                 arrivals,
             });
         }
