@@ -23,7 +23,10 @@ pub enum ByteRule {
     CountType = 1,
     /// Bytes received per the status at `c` (posted `a` x size(`b`) with STATUS_IGNORE).
     RecvStatus = 2,
-    /// `a` x size(`b`) + `c` x size(`d`) (Sendrecv).
+    /// `a` x size(`b`) sent + `c` x size(`d`) received (Sendrecv). The destination is
+    /// `peer`, the source the argument two before the communicator (both Sendrecv
+    /// signatures end `source, recvtag, comm, status`): a half whose peer is
+    /// `MPI_PROC_NULL` moves nothing.
     Pair = 3,
     /// sum(`a`[0..P]) x size(`b`), P the communicator size (Reduce_scatter).
     SumCounts = 4,
@@ -215,6 +218,18 @@ pub struct ArgSpec {
     pub class: u8,
 }
 const _: () = assert!(size_of::<ArgSpec>() == 8);
+
+impl ArgSpec {
+    /// Whether who-is-late needs an event for the call: a collective, a communicator
+    /// constructor (it names a communicator), or `MPI_Init` (after which a process's count
+    /// of world collectives is the instance number).
+    #[inline(always)]
+    pub const fn matters_for_skew(&self) -> bool {
+        self.class == class::COLLECTIVE
+            || self.class == class::INIT
+            || ByteRule::from_u8(self.rule).creates_comm()
+    }
+}
 
 /// One probed routine: its C name and its argument spec.
 #[derive(Clone, Copy, Debug)]

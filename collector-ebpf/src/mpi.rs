@@ -259,13 +259,7 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
     let events = match CONFIG.get(0).map_or(0, |c| c.call_events) {
         0 => false,
         m if m & Config::EVENTS_ALL != 0 => true,
-        // Who is late: collectives, what names communicators, and MPI_Init (after which
-        // a process's count of world collectives is the instance number).
-        _ => {
-            spec.class == class::COLLECTIVE
-                || spec.class == class::INIT
-                || ByteRule::from_u8(spec.rule).creates_comm()
-        }
+        _ => spec.matters_for_skew(),
     };
     // Read before `e` is borrowed for the counters, and only for an event.
     let mut ev = CallEvent {
@@ -473,7 +467,21 @@ fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Option<u64> {
                 status_bytes(c.abi, status)
             }
         }
-        ByteRule::Pair => Some(c.count_type(spec.a, spec.b)? + c.count_type(spec.c, spec.d)?),
+        ByteRule::Pair => {
+            let null =
+                |i: u8| Abi::proc_null(c.abi).is_some_and(|n| c.arg(i).map(int_arg) == Some(n));
+            let sent = if null(spec.peer) {
+                0
+            } else {
+                c.count_type(spec.a, spec.b)?
+            };
+            let received = if null(spec.comm.wrapping_sub(2)) {
+                0
+            } else {
+                c.count_type(spec.c, spec.d)?
+            };
+            Some(sent + received)
+        }
         ByteRule::SumCounts => Some(c.sum(spec.a, p?)? * c.size(spec.b)?),
         ByteRule::SumCountsPerPeer => (c.sum(spec.a, p?)? * c.size(spec.b)?).checked_div(p? as u64),
         ByteRule::CountAtRank => {

@@ -359,11 +359,21 @@ int main(int argc, char **argv)
         MPI_Sendrecv_replace(dbuf2, 4, MPI_DOUBLE, right, 21, left, 21, world,
                              &st);
         /* With MPI_PROC_NULL peers Open MPI 4.1 implements this by calling
-         * PMPI_Sendrecv: one nested MPI call, which must not be counted again. */
-        note("MPI_Sendrecv_replace", 2 * 4 * SZ_DOUBLE);
+         * PMPI_Sendrecv: one nested MPI call, which must not be counted again.
+         * Neither half crosses the network: 0 bytes. */
+        note("MPI_Sendrecv_replace", 0);
         MPI_Sendrecv_replace(dbuf2, 4, MPI_DOUBLE, MPI_PROC_NULL, 22,
                              MPI_PROC_NULL, 22, world, &st);
         proc_null_replaces++;
+        /* One half to or from MPI_PROC_NULL: only the other half counts. Every rank
+         * sends 6 chars to the right (eager: complete without a receive), then receives
+         * them from the left. */
+        note("MPI_Sendrecv", 6 * SZ_CHAR);
+        MPI_Sendrecv(cbuf, 6, MPI_CHAR, right, 25, cbuf2, 8, MPI_CHAR,
+                     MPI_PROC_NULL, 25, world, &st);
+        note("MPI_Sendrecv", 7 * SZ_CHAR);
+        MPI_Sendrecv(cbuf, 9, MPI_CHAR, MPI_PROC_NULL, 25, cbuf2, 7, MPI_CHAR,
+                     left, 25, world, &st);
 
         /* MPI_PROC_NULL as the one peer: the call moves nothing and counts 0 bytes,
          * whatever its count (mpitrace's convention). */

@@ -453,36 +453,26 @@ pub fn assert_profile_matches(profile: &Value, truths: &[Value], ignore: &[&str]
 /// Every call in the counters was either delivered as an event or counted as dropped.
 #[track_caller]
 pub fn assert_events_account_for_calls(rank: &Value) {
-    let calls: u64 = routine_table(&rank["routines"])
-        .values()
-        .map(|(c, _)| c)
-        .sum();
-    let events = rank["events"].as_u64().expect("events");
-    let dropped = rank["dropped"].as_u64().expect("dropped");
-    assert_eq!(
-        events + dropped,
-        calls,
-        "rank {}: events {events} + dropped {dropped} != calls {calls}",
-        rank["rank"]
-    );
+    assert_events_account_for(rank, "calls", |_| true);
 }
 
-/// With per-call events off but who-is-late on, exactly the collective calls and the
-/// communicator constructors were delivered as events or counted as dropped.
+/// With per-call events off but who-is-late on, exactly the calls it needs (collectives,
+/// communicator constructors, MPI_Init) were delivered as events or counted as dropped.
 #[track_caller]
 pub fn assert_events_account_for_collectives(rank: &Value) {
-    use collector_common::{
-        routines::{class, routine_id},
-        ByteRule, ROUTINES,
-    };
+    use collector_common::{routines::routine_id, ROUTINES};
+    assert_events_account_for(rank, "calls who-is-late follows", |name| {
+        ROUTINES[routine_id(name).expect("a known routine") as usize]
+            .spec
+            .matters_for_skew()
+    });
+}
+
+#[track_caller]
+fn assert_events_account_for(rank: &Value, what: &str, wanted: impl Fn(&str) -> bool) {
     let calls: u64 = routine_table(&rank["routines"])
         .iter()
-        .filter(|(name, _)| {
-            let spec = ROUTINES[routine_id(name).expect("a known routine") as usize].spec;
-            spec.class == class::COLLECTIVE
-                || spec.class == class::INIT
-                || ByteRule::from_u8(spec.rule).creates_comm()
-        })
+        .filter(|(name, _)| wanted(name))
         .map(|(_, (c, _))| c)
         .sum();
     let events = rank["events"].as_u64().expect("events");
@@ -490,7 +480,7 @@ pub fn assert_events_account_for_collectives(rank: &Value) {
     assert_eq!(
         events + dropped,
         calls,
-        "rank {}: events {events} + dropped {dropped} != collective calls {calls}",
+        "rank {}: events {events} + dropped {dropped} != {what} {calls}",
         rank["rank"]
     );
 }

@@ -128,8 +128,24 @@ fn assert_late_job(profile: &Value) {
     for r in ranks {
         assert_eq!(r["instances"], 6 * N, "{r:#}");
     }
+    for r in ranks {
+        // The highest number reached: the world's, after four phases on it.
+        assert_eq!(r["seq"], 4 * N - 1, "{r:#}");
+    }
     let late = &ranks[LATE as usize];
     assert_eq!(late["rank"], LATE);
+    // Per routine: it was last at (nearly) every Barrier, and waited at none of them.
+    let barrier = late["routines"]
+        .as_array()
+        .expect("routines")
+        .iter()
+        .find(|x| x["routine"] == "MPI_Barrier")
+        .unwrap_or_else(|| panic!("{late:#}"));
+    assert!(
+        barrier["last"].as_u64().expect("last") * 100 >= N * 95,
+        "{barrier:#}"
+    );
+    about_n_delays(barrier["caused_ns"].as_u64().expect("caused"), N, "Barrier");
     assert!(
         late["last"].as_u64().expect("last") * 100 >= 4 * N * 95,
         "{late:#}"
@@ -309,8 +325,24 @@ fn the_daemon_names_the_late_rank_of_a_job_it_was_not_told_about() {
             .expect("a number")
     };
     let skew_ranks = profile["skew"]["ranks"].as_array().expect("ranks");
+    let routine_value = |name: &str, rank: u64, routine: &str| -> f64 {
+        let prefix = format!("{name}{{job=\"{job}\",rank=\"{rank}\",routine=\"{routine}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+            .parse()
+            .expect("a number")
+    };
     for r in 0..NP as u64 {
         let want = &skew_ranks[r as usize];
+        assert_eq!(value("commtap_late_seq", r), (4 * N - 1) as f64);
+        for x in want["routines"].as_array().expect("routines") {
+            let routine = x["routine"].as_str().expect("routine");
+            assert_eq!(
+                routine_value("commtap_late_routine_last_total", r, routine),
+                x["last"].as_f64().expect("last")
+            );
+        }
         assert_eq!(
             value("commtap_late_last_total", r),
             want["last"].as_f64().expect("last")

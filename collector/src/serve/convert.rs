@@ -4,7 +4,7 @@
 use super::pb;
 use crate::{
     report::{JobProfile, ProbedLibrary, RankProfile},
-    skew::summary::{LateRank, Quantiles, RankSkew, RoutineSkew, WorstInstance},
+    skew::summary::{LateRank, Quantiles, RankRoutineSkew, RankSkew, RoutineSkew, WorstInstance},
     skew::SkewReport,
     stats::{CommStats, DeviceTime, Health, RoutineStats, SizeBucket, Totals},
 };
@@ -348,6 +348,17 @@ impl From<&SkewReport> for pb::SkewReport {
                     last: r.last,
                     caused_ns: r.caused_ns,
                     waited_ns: r.waited_ns,
+                    seq: r.seq,
+                    routines: r
+                        .routines
+                        .iter()
+                        .map(|x| pb::RankRoutineSkew {
+                            routine: x.routine.clone(),
+                            last: x.last,
+                            caused_ns: x.caused_ns,
+                            waited_ns: x.waited_ns,
+                        })
+                        .collect(),
                 })
                 .collect(),
             routines: s
@@ -449,6 +460,17 @@ impl TryFrom<&pb::SkewReport> for SkewReport {
                     last: r.last,
                     caused_ns: r.caused_ns,
                     waited_ns: r.waited_ns,
+                    seq: r.seq,
+                    routines: r
+                        .routines
+                        .iter()
+                        .map(|x| RankRoutineSkew {
+                            routine: x.routine.clone(),
+                            last: x.last,
+                            caused_ns: x.caused_ns,
+                            waited_ns: x.waited_ns,
+                        })
+                        .collect(),
                 })
                 .collect(),
             routines,
@@ -581,6 +603,13 @@ pub(crate) mod tests {
                     last: 19,
                     caused_ns: 5,
                     waited_ns: 6,
+                    seq: Some(41),
+                    routines: vec![RankRoutineSkew {
+                        routine: "MPI_Allreduce".into(),
+                        last: 19,
+                        caused_ns: 5,
+                        waited_ns: 6,
+                    }],
                 }],
                 routines: vec![RoutineSkew {
                     routine: "MPI_Allreduce".into(),

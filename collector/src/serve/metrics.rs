@@ -37,9 +37,9 @@ struct RoutineLines {
     size_bytes: Vec<String>,
 }
 
-/// Who is late, per job and rank: the instances each rank arrived last at, the time it
-/// made the others wait and the time it waited (labels bounded: no communicators, no
-/// instance numbers).
+/// Who is late, per job and rank (and routine): the instances each rank arrived last at,
+/// the time it made the others wait and the time it waited, and the highest instance
+/// number it reached (labels bounded: no communicators, no instance numbers).
 pub fn render_skew(profile: &JobProfile, board: &crate::skew::Board) -> String {
     let mut jobs: std::collections::BTreeMap<&str, Vec<&crate::report::RankProfile>> =
         Default::default();
@@ -47,6 +47,8 @@ pub fn render_skew(profile: &JobProfile, board: &crate::skew::Board) -> String {
         jobs.entry(r.job.as_str()).or_default().push(r);
     }
     let mut lines: [Vec<String>; 4] = Default::default();
+    let mut per_routine: [Vec<String>; 3] = Default::default();
+    let mut seq = Vec::new();
     for (job, ranks) in jobs {
         let pids: Vec<u32> = ranks.iter().map(|r| r.pid).collect();
         let whois = |pid: u32| {
@@ -62,6 +64,20 @@ pub fn render_skew(profile: &JobProfile, board: &crate::skew::Board) -> String {
             lines[1].push(format!("{l} {}", r.last));
             lines[2].push(format!("{l} {}", r.caused_ns as f64 / 1e9));
             lines[3].push(format!("{l} {}", r.waited_ns as f64 / 1e9));
+            if let Some(s) = r.seq {
+                seq.push(format!("{l} {s}"));
+            }
+            for x in &r.routines {
+                let l = format!(
+                    "{{job=\"{}\",rank=\"{}\",routine=\"{}\"}}",
+                    escape(job),
+                    r.rank,
+                    escape(&x.routine)
+                );
+                per_routine[0].push(format!("{l} {}", x.last));
+                per_routine[1].push(format!("{l} {}", x.caused_ns as f64 / 1e9));
+                per_routine[2].push(format!("{l} {}", x.waited_ns as f64 / 1e9));
+            }
         }
     }
     let mut o = String::new();
@@ -90,6 +106,36 @@ pub fn render_skew(profile: &JobProfile, board: &crate::skew::Board) -> String {
         for l in lines {
             let _ = writeln!(o, "{name}{l}");
         }
+    }
+    for ((name, help), lines) in [
+        (
+            "commtap_late_routine_last_total",
+            "Instances of the routine at which the rank arrived last.",
+        ),
+        (
+            "commtap_late_routine_caused_seconds_total",
+            "Time the other members of the routine's instances waited for the rank.",
+        ),
+        (
+            "commtap_late_routine_waited_seconds_total",
+            "Time the rank waited inside the routine for the last member to arrive.",
+        ),
+    ]
+    .into_iter()
+    .zip(per_routine)
+    {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+        for l in lines {
+            let _ = writeln!(o, "{name}{l}");
+        }
+    }
+    let _ = writeln!(
+        o,
+        "# HELP commtap_late_seq The highest collective instance number the rank reached (it \
+         stops moving for the rank a hung job waits for).\n# TYPE commtap_late_seq gauge"
+    );
+    for l in seq {
+        let _ = writeln!(o, "commtap_late_seq{l}");
     }
     o
 }

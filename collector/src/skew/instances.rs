@@ -192,6 +192,18 @@ impl Matcher {
         }
     }
 
+    /// The highest instance number `pid` arrived at (aligned), on any communicator.
+    pub fn highest_seq(&self, pid: u32) -> Option<u64> {
+        self.comms
+            .values()
+            .filter_map(|c| {
+                let s = c.streams.get(&pid)?;
+                let last = s.next_local.checked_sub(1)? as i64 + s.offset?;
+                u64::try_from(last).ok()
+            })
+            .max()
+    }
+
     /// Events of `pid` were lost: its numbering is no longer known on any communicator.
     pub fn lost(&mut self, pid: u32) {
         for comm in self.comms.values_mut() {

@@ -162,8 +162,14 @@ impl Tracker {
 
     /// The report of the instances finished so far.
     pub fn report(&self, whois: Whois) -> SkewReport {
-        self.summary
-            .report(self.matcher.counts, self.unidentified, self.lost, whois)
+        let seq = |pid| self.matcher.highest_seq(pid);
+        self.summary.report(
+            self.matcher.counts,
+            self.unidentified,
+            self.lost,
+            whois,
+            &seq,
+        )
     }
 
     fn take_finished(&mut self) {

@@ -57,6 +57,27 @@ pub struct RankSkew {
     pub caused_ns: u64,
     /// Time it waited for others: the sum over its instances of last arrival minus its own, ns.
     pub waited_ns: u64,
+    /// The highest instance number it arrived at, on any communicator (in a job with one
+    /// communicator, its count of collectives): a rank whose number stops moving while the
+    /// others' go on is the one a hung job waits for.
+    #[serde(default)]
+    pub seq: Option<u64>,
+    /// The same per routine (all sizes).
+    #[serde(default)]
+    pub routines: Vec<RankRoutineSkew>,
+}
+
+/// One rank's part in one routine's instances.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankRoutineSkew {
+    /// C name.
+    pub routine: String,
+    /// Instances at which it arrived last.
+    pub last: u64,
+    /// Time it made the others wait, ns.
+    pub caused_ns: u64,
+    /// Time it waited for others, ns.
+    pub waited_ns: u64,
 }
 
 /// Skew of one routine's instances in one size bucket.
@@ -219,6 +240,8 @@ struct PerRoutine {
     transfer: Histogram,
     /// Per process: instances at which it was last, and the skews of those.
     last: HashMap<u32, (u64, u64, Histogram)>,
+    /// Per process: time it waited for others.
+    waited: HashMap<u32, u64>,
 }
 
 /// Instances worth keeping as the worst.
@@ -268,18 +291,19 @@ impl Summary {
             .map(|a| a.end_ns.saturating_sub(a.start_ns))
             .min()
             .unwrap_or(0);
-        for a in &inst.arrivals {
-            let r = self.ranks.entry(a.pid).or_default();
-            r.instances += 1;
-            r.waited_ns += late.start_ns - a.start_ns;
-        }
-        let r = self.ranks.entry(late.pid).or_default();
-        r.last += 1;
-        r.caused_ns += skew;
         let per = self
             .routines
             .entry((inst.routine, inst.bucket))
             .or_default();
+        for a in &inst.arrivals {
+            let r = self.ranks.entry(a.pid).or_default();
+            r.instances += 1;
+            r.waited_ns += late.start_ns - a.start_ns;
+            *per.waited.entry(a.pid).or_default() += late.start_ns - a.start_ns;
+        }
+        let r = self.ranks.entry(late.pid).or_default();
+        r.last += 1;
+        r.caused_ns += skew;
         per.instances += 1;
         per.skew.add(skew);
         per.transfer.add(transfer);
@@ -296,13 +320,14 @@ impl Summary {
     }
 
     /// The report, with processes named by `whois` (processes it does not know are left
-    /// out of the per-rank table).
+    /// out of the per-rank table) and their highest instance numbers by `seq`.
     pub fn report(
         &self,
         counts: MatchCounts,
         unidentified: u64,
         lost: u64,
         whois: Whois,
+        seq: &dyn Fn(u32) -> Option<u64>,
     ) -> SkewReport {
         let mut ranks: Vec<RankSkew> = self
             .ranks
@@ -316,6 +341,8 @@ impl Summary {
                     last: r.last,
                     caused_ns: r.caused_ns,
                     waited_ns: r.waited_ns,
+                    seq: seq(*pid),
+                    routines: self.rank_routines(*pid),
                 })
             })
             .collect();
@@ -371,6 +398,28 @@ impl Summary {
             worst,
             findings: self.findings(whois),
         }
+    }
+
+    /// One process's last / caused / waited per routine, all sizes together.
+    fn rank_routines(&self, pid: u32) -> Vec<RankRoutineSkew> {
+        let mut by: BTreeMap<u16, RankRoutineSkew> = BTreeMap::new();
+        for (&(routine, _), per) in &self.routines {
+            let Some(&waited) = per.waited.get(&pid) else {
+                continue;
+            };
+            let (last, caused) = per.last.get(&pid).map_or((0, 0), |l| (l.0, l.1));
+            let e = by.entry(routine).or_insert_with(|| RankRoutineSkew {
+                routine: ROUTINES
+                    .get(routine as usize)
+                    .map_or("?", |r| r.name)
+                    .to_string(),
+                ..Default::default()
+            });
+            e.last += last;
+            e.caused_ns += caused;
+            e.waited_ns += waited;
+        }
+        by.into_values().collect()
     }
 
     /// A sentence per (routine, size) where one rank was last in most instances and kept
@@ -591,7 +640,7 @@ mod tests {
         s.add(&inst(vec![a(1), a(2)], 2));
         // One of the two on this node never came.
         s.add(&inst(vec![a(1)], 2));
-        let r = s.report(MatchCounts::default(), 0, 0, &|_| None);
+        let r = s.report(MatchCounts::default(), 0, 0, &|_| None, &|_| None);
         assert_eq!((r.instances, r.remote, r.incomplete), (0, 1, 1));
     }
 
@@ -619,7 +668,7 @@ mod tests {
             });
         }
         let whois = |pid: u32| Some((pid, format!("node{pid}")));
-        let r = s.report(MatchCounts::default(), 0, 0, &whois);
+        let r = s.report(MatchCounts::default(), 0, 0, &whois, &|_| None);
         assert_eq!(r.instances, 20);
         assert_eq!(r.ranks[2].last, 20);
         assert_eq!(r.ranks[2].caused_ns, 20 * 3_000_000);
