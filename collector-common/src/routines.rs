@@ -91,6 +91,8 @@ pub enum ByteRule {
     /// **request)`): sum(`b`[0..`a`]) posted bytes (`size_t`s); an operation only if `*d`
     /// is set on return.
     NetIrecv = 36,
+    /// A posted receive: `a` (count) x size(`b`), from `peer` (`MPI_Irecv`).
+    RecvPosted = 39,
     /// MPI communicator constructor: `*d` is the new communicator (read at return), `a` the
     /// color or split type that tells its sibling communicators apart (`NO_ARG`: none).
     CommCreate = 37,
@@ -148,6 +150,7 @@ impl ByteRule {
             36 => ByteRule::NetIrecv,
             37 => ByteRule::CommCreate,
             38 => ByteRule::CommDup,
+            39 => ByteRule::RecvPosted,
             _ => ByteRule::None,
         }
     }
@@ -306,7 +309,7 @@ pub const ROUTINES: &[Routine] = &[
     r("MPI_Ibsend", P2P, B::CountType, [1, 2, N, N], 5, 3),
     r("MPI_Issend", P2P, B::CountType, [1, 2, N, N], 5, 3),
     r("MPI_Irsend", P2P, B::CountType, [1, 2, N, N], 5, 3),
-    r("MPI_Irecv", P2P, B::CountType, [1, 2, N, N], 5, 3),
+    r("MPI_Irecv", P2P, B::RecvPosted, [1, 2, N, N], 5, 3),
     // (sbuf, scount, stype, dest, stag, rbuf, rcount, rtype, source, rtag, comm, status)
     r("MPI_Sendrecv", P2P, B::Pair, [1, 2, 6, 7], 10, 3),
     // (buf, count, type, dest, stag, source, rtag, comm, status): sent and received.

@@ -308,6 +308,50 @@ pub mod watch {
     pub const DESCENDANTS: u32 = 2;
 }
 
+/// Most per-peer counters at once (process, communicator, peer, direction).
+pub const MAX_PEER_COUNTERS: u32 = 1 << 16;
+
+/// Key of the per-peer point-to-point counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerKey {
+    /// Process id.
+    pub tgid: u32,
+    /// The peer's rank in the communicator; [`PeerKey::ANY`] for a receive from
+    /// `MPI_ANY_SOURCE` whose source was not learnt (no status).
+    pub peer: i32,
+    /// The communicator: [`PeerKey::WORLD`] for `MPI_COMM_WORLD`, else its handle as this
+    /// process sees it.
+    pub comm: u64,
+    /// [`PeerKey::SENT`] or [`PeerKey::RECEIVED`].
+    pub dir: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<PeerKey>() == 24);
+
+impl PeerKey {
+    /// `comm` of `MPI_COMM_WORLD` (no handle is 0).
+    pub const WORLD: u64 = 0;
+    /// `peer` of a receive from any source.
+    pub const ANY: i32 = -1;
+    /// Sent to the peer.
+    pub const SENT: u32 = 0;
+    /// Received from the peer (posted bytes for nonblocking receives).
+    pub const RECEIVED: u32 = 1;
+}
+
+/// Calls and bytes of one [`PeerKey`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerVal {
+    /// Calls (a Sendrecv is one call to each of its peers).
+    pub calls: u64,
+    /// Bytes by the routine's rule, the half to or from this peer.
+    pub bytes: u64,
+}
+const _: () = assert!(size_of::<PeerVal>() == 16);
+
 /// Key of the ground-truth counters: one per process, routine, size bucket and communicator.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -437,8 +481,11 @@ pub struct ProcStats {
     /// NCCL network transport `isend`/`irecv` calls that posted nothing (the transport was
     /// not ready; NCCL calls again): not counted as operations.
     pub net_unposted: u64,
+    /// Point-to-point calls left out of the per-peer counters because their map was full
+    /// (the flat counters still have them).
+    pub peers_full: u64,
 }
-const _: () = assert!(size_of::<ProcStats>() == 96);
+const _: () = assert!(size_of::<ProcStats>() == 104);
 
 /// Offsets of the tracepoint fields commtap reads, parsed by userspace from tracefs
 /// `format` files (they differ between kernel versions).
@@ -754,6 +801,8 @@ mod pod {
     unsafe impl aya::Pod for Layout {}
     unsafe impl aya::Pod for CounterKey {}
     unsafe impl aya::Pod for CounterVal {}
+    unsafe impl aya::Pod for PeerKey {}
+    unsafe impl aya::Pod for PeerVal {}
     unsafe impl aya::Pod for ProcStats {}
     unsafe impl aya::Pod for HandleKey {}
     unsafe impl aya::Pod for CommInfo {}

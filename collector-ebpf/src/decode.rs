@@ -160,6 +160,14 @@ pub fn status_bytes(abi: u8, status: u64) -> Option<u64> {
     Some(((hi as u64 >> 1) << 32) | lo as u64)
 }
 
+/// The source rank an `MPI_Status` at `status` holds, per ABI.
+#[inline(always)]
+pub fn status_source(abi: u8, status: u64) -> Option<i32> {
+    // Open MPI: MPI_SOURCE first; MPICH: after the two count words.
+    let off = if abi == Abi::OpenMpi as u8 { 0 } else { 8 };
+    read::<i32>(status + off)
+}
+
 /// Whether `status` is `MPI_STATUS_IGNORE` in this ABI.
 #[inline(always)]
 pub fn status_ignored(abi: u8, status: u64) -> bool {

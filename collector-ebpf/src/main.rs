@@ -17,6 +17,7 @@ mod fabric;
 mod maps;
 mod mpi;
 mod nccl;
+mod p2p;
 mod process;
 
 #[cfg(not(test))]

@@ -21,8 +21,7 @@ use collector_common::routines::NO_ARG as N;
 
 use crate::{
     decode::{
-        comm_info, count_arg, handle, int_arg, product_ints, read, status_bytes, status_ignored,
-        sum_ints, sum_typed, type_size,
+        comm_info, count_arg, handle, int_arg, product_ints, read, sum_ints, sum_typed, type_size,
     },
     maps::{
         call_state, is_counted, is_watched, new_call_state, still_counted, with_proc_stats, COMMS,
@@ -448,40 +447,12 @@ impl Call<'_> {
 fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Option<u64> {
     let p = comm.map(|c| c.size);
     let rule = ByteRule::from_u8(spec.rule);
-    // A send to or receive from MPI_PROC_NULL moves nothing (one peer: not Sendrecv's
-    // pair, whose other half may be real).
-    if spec.class == class::P2P
-        && matches!(rule, ByteRule::CountType | ByteRule::RecvStatus)
-        && Abi::proc_null(c.abi).is_some_and(|null| c.arg(spec.peer).map(int_arg) == Some(null))
-    {
-        return Some(0);
+    if spec.class == class::P2P {
+        return crate::p2p::on_return(c, spec, rule, crate::p2p::comm_key(c, spec, comm));
     }
     match rule {
         ByteRule::None => Some(0),
         ByteRule::CountType => c.count_type(spec.a, spec.b),
-        ByteRule::RecvStatus => {
-            let status = c.arg(spec.c).unwrap_or(0);
-            if status_ignored(c.abi, status) {
-                c.count_type(spec.a, spec.b)
-            } else {
-                status_bytes(c.abi, status)
-            }
-        }
-        ByteRule::Pair => {
-            let null =
-                |i: u8| Abi::proc_null(c.abi).is_some_and(|n| c.arg(i).map(int_arg) == Some(n));
-            let sent = if null(spec.peer) {
-                0
-            } else {
-                c.count_type(spec.a, spec.b)?
-            };
-            let received = if null(spec.comm.wrapping_sub(2)) {
-                0
-            } else {
-                c.count_type(spec.c, spec.d)?
-            };
-            Some(sent + received)
-        }
         ByteRule::SumCounts => Some(c.sum(spec.a, p?)? * c.size(spec.b)?),
         ByteRule::SumCountsPerPeer => (c.sum(spec.a, p?)? * c.size(spec.b)?).checked_div(p? as u64),
         ByteRule::CountAtRank => {

@@ -525,6 +525,7 @@ impl Session {
     pub fn profile(&mut self, end_ns: u64) -> JobProfile {
         let counters = self.probes.read_counters();
         let device = self.probes.read_device_time();
+        let peers = self.probes.read_peers();
         let counted: BTreeSet<u32> = counters.iter().map(|(k, _)| k.tgid).collect();
         let host = discover::this_host();
         let mut ranks = Vec::new();
@@ -575,6 +576,7 @@ impl Session {
                 routines,
                 health,
                 fabrics: t.fabrics.iter().cloned().collect(),
+                peers: stats::peers_of(pid, &peers),
             });
         }
         assemble(ranks, &self.probes, not_profiled, &mut self.job_ids)

@@ -270,6 +270,55 @@ pub struct Health {
     /// NCCL network transport sends/receives that posted nothing (retried), not counted.
     #[serde(default)]
     pub net_unposted: u64,
+    /// Point-to-point calls left out of the per-peer traffic (its kernel map was full).
+    #[serde(default)]
+    pub peers_full: u64,
+}
+
+/// Point-to-point traffic of a rank with one peer (MPI).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerTraffic {
+    /// The peer's world rank (calls on `MPI_COMM_WORLD`); `None` for what cannot be put
+    /// on a world rank: calls on other communicators, receives from `MPI_ANY_SOURCE` with
+    /// no status to tell the source.
+    pub peer: Option<u32>,
+    /// Calls that sent to it (a Sendrecv counts once on each side).
+    pub sent_calls: u64,
+    /// Bytes sent to it.
+    pub sent_bytes: u64,
+    /// Calls that received from it.
+    pub received_calls: u64,
+    /// Bytes received from it (posted bytes for nonblocking receives).
+    pub received_bytes: u64,
+}
+
+/// The per-peer traffic of process `tgid` from the kernel's counters, by peer (the
+/// unattributed entry last).
+pub fn peers_of(
+    tgid: u32,
+    counters: &[(collector_common::PeerKey, collector_common::PeerVal)],
+) -> Vec<PeerTraffic> {
+    use collector_common::PeerKey;
+    let mut by: BTreeMap<Option<u32>, PeerTraffic> = BTreeMap::new();
+    for (k, v) in counters.iter().filter(|(k, _)| k.tgid == tgid) {
+        let peer = (k.comm == PeerKey::WORLD && k.peer >= 0).then_some(k.peer as u32);
+        let e = by.entry(peer).or_insert(PeerTraffic {
+            peer,
+            ..Default::default()
+        });
+        if k.dir == PeerKey::SENT {
+            e.sent_calls += v.calls;
+            e.sent_bytes += v.bytes;
+        } else {
+            e.received_calls += v.calls;
+            e.received_bytes += v.bytes;
+        }
+    }
+    // None sorts first in a BTreeMap: put the unattributed entry last.
+    let mut out: Vec<PeerTraffic> = by.into_values().collect();
+    let unattributed_first = out.first().is_some_and(|p| p.peer.is_none());
+    out.rotate_left(usize::from(unattributed_first));
+    out
 }
 
 impl From<&ProcStats> for Health {
@@ -287,6 +336,7 @@ impl From<&ProcStats> for Health {
             fabric_internal: s.fabric_internal,
             fabric_failed: s.fabric_failed,
             net_unposted: s.net_unposted,
+            peers_full: s.peers_full,
         }
     }
 }

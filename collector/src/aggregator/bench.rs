@@ -175,6 +175,7 @@ pub fn synthetic_rank(
         routines,
         health: Health::default(),
         fabrics: Vec::new(),
+        peers: Vec::new(),
     }
 }
 

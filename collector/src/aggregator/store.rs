@@ -452,6 +452,7 @@ mod tests {
                 routines,
                 health: Health::default(),
                 fabrics: Vec::new(),
+                peers: Vec::new(),
             },
         })
     }

@@ -130,6 +130,7 @@ pub struct Probes {
     layouts: Array<MapData, Layout>,
     counters: counters::Counters,
     device_time: PerCpuHashMap<MapData, CounterKey, CounterVal>,
+    peers: PerCpuHashMap<MapData, collector_common::PeerKey, collector_common::PeerVal>,
     fabric_funcs: BpfHashMap<MapData, u64, u64>,
     fabric_text: Array<MapData, FabricText>,
     fabric_ranges: BpfHashMap<MapData, u32, FabricRanges>,
@@ -166,12 +167,13 @@ pub struct LoadOptions {
 
 /// The maps that carry a node's counts across a daemon restart (the others are refilled
 /// at start, or hold per-run state such as library slots).
-const KEPT_MAPS: [&str; 8] = [
+const KEPT_MAPS: [&str; 9] = [
     "WATCHED",
     "COUNTER_SLOTS",
     "COUNTER_VALUES",
     "FREE_SLOTS",
     "DEVICE_TIME",
+    "PEERS",
     "PROC_STATS",
     "COMMS",
     "DTYPES",
@@ -184,14 +186,15 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// (an older commtap) are never reused.
 pub fn state_dir_for_layout(base: &Path) -> PathBuf {
     let tag = format!(
-        "layout-k{}-s{}-v{}-p{}-c{}-h{}-r{}",
+        "layout-k{}-s{}-v{}-p{}-c{}-h{}-r{}-e{}",
         size_of::<CounterKey>(),
         collector_common::MAX_COUNTERS,
         size_of::<CounterVal>(),
         size_of::<ProcStats>(),
         size_of::<CommInfo>(),
         size_of::<HandleKey>(),
-        ROUTINES.len()
+        ROUTINES.len(),
+        size_of::<collector_common::PeerKey>()
     );
     base.join(tag)
 }
@@ -341,6 +344,7 @@ impl Probes {
             counters: counters::Counters::take_from(&mut ebpf)?,
             device_time: PerCpuHashMap::try_from(take(&mut ebpf, "DEVICE_TIME")?)
                 .map_err(map_err("DEVICE_TIME"))?,
+            peers: PerCpuHashMap::try_from(take(&mut ebpf, "PEERS")?).map_err(map_err("PEERS"))?,
             fabric_funcs: BpfHashMap::try_from(take(&mut ebpf, "FABRIC_FUNCS")?)
                 .map_err(map_err("FABRIC_FUNCS"))?,
             fabric_text: Array::try_from(take(&mut ebpf, "FABRIC_TEXT")?)
@@ -462,6 +466,15 @@ impl Probes {
             .collect();
         for k in keys {
             let _ = self.device_time.remove(&k);
+        }
+        let keys: Vec<collector_common::PeerKey> = self
+            .peers
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.tgid == pid)
+            .collect();
+        for k in keys {
+            let _ = self.peers.remove(&k);
         }
         let _ = self.proc_stats.remove(&pid);
         let _ = self.fabric_ranges.remove(&pid);
@@ -794,6 +807,22 @@ impl Probes {
         sum_over_cpus(&self.device_time)
     }
 
+    /// The per-peer point-to-point counters, summed over CPUs.
+    pub fn read_peers(&self) -> Vec<(collector_common::PeerKey, collector_common::PeerVal)> {
+        self.peers
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, per_cpu)| {
+                let mut v = collector_common::PeerVal::default();
+                for c in per_cpu.iter() {
+                    v.calls += c.calls;
+                    v.bytes += c.bytes;
+                }
+                (k, v)
+            })
+            .collect()
+    }
+
     /// Health counters of `pid`, summed (marks: the latest) over CPUs.
     pub fn read_proc_stats(&self, pid: u32) -> ProcStats {
         let mut s = ProcStats::default();
@@ -809,6 +838,7 @@ impl Probes {
                 s.fabric_failed += v.fabric_failed;
                 s.fabric_internal += v.fabric_internal;
                 s.net_unposted += v.net_unposted;
+                s.peers_full += v.peers_full;
                 s.init_ns = s.init_ns.max(v.init_ns);
                 s.finalize_ns = s.finalize_ns.max(v.finalize_ns);
             }

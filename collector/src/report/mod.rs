@@ -2,6 +2,7 @@
 //! mpitrace-style text report, and mpitrace's per-rank `mpi_profile.<job>.<rank>` files.
 
 mod mpitrace;
+mod peers;
 
 use std::{io::Write as _, path::PathBuf};
 
@@ -50,6 +51,9 @@ pub struct RankProfile {
     /// libfabric fabrics it was seen to open (`fi_fabric`), with their providers.
     #[serde(default)]
     pub fabrics: Vec<Fabric>,
+    /// Point-to-point traffic per peer (sparse: peers it exchanged with).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<crate::stats::PeerTraffic>,
 }
 
 /// A libfabric fabric a process opened.

@@ -484,6 +484,7 @@ pub fn render_text(job: &JobProfile) -> String {
         o.push_str(&render_fabric(r));
     }
     o.push_str(&render_summary(job));
+    o.push_str(&super::peers::render_peers(job));
     if let Some(skew) = &job.skew {
         o.push_str(&crate::skew::render_text(skew));
     }

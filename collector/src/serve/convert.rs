@@ -67,6 +67,7 @@ impl From<&Health> for pb::Health {
             fabric_failed: h.fabric_failed,
             fabric_internal: h.fabric_internal,
             net_unposted: h.net_unposted,
+            peers_full: h.peers_full,
         }
     }
 }
@@ -86,6 +87,7 @@ impl From<&pb::Health> for Health {
             fabric_failed: h.fabric_failed,
             fabric_internal: h.fabric_internal,
             net_unposted: h.net_unposted,
+            peers_full: h.peers_full,
         }
     }
 }
@@ -242,6 +244,17 @@ impl From<&RankProfile> for pb::RankProfile {
                     name: f.name.clone(),
                 })
                 .collect(),
+            peers: r
+                .peers
+                .iter()
+                .map(|p| pb::PeerTraffic {
+                    peer: p.peer,
+                    sent_calls: p.sent_calls,
+                    sent_bytes: p.sent_bytes,
+                    received_calls: p.received_calls,
+                    received_bytes: p.received_bytes,
+                })
+                .collect(),
         }
     }
 }
@@ -274,6 +287,17 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
                 .map(|f| crate::report::Fabric {
                     provider: f.provider.clone(),
                     name: f.name.clone(),
+                })
+                .collect(),
+            peers: r
+                .peers
+                .iter()
+                .map(|p| crate::stats::PeerTraffic {
+                    peer: p.peer,
+                    sent_calls: p.sent_calls,
+                    sent_bytes: p.sent_bytes,
+                    received_calls: p.received_calls,
+                    received_bytes: p.received_bytes,
                 })
                 .collect(),
         })
@@ -582,6 +606,21 @@ pub(crate) mod tests {
                     provider: "tcp;ofi_rxm".into(),
                     name: "10.0.0.0/8".into(),
                 }],
+                peers: vec![
+                    crate::stats::PeerTraffic {
+                        peer: Some(1),
+                        sent_calls: 2,
+                        sent_bytes: 16,
+                        received_calls: 3,
+                        received_bytes: 24,
+                    },
+                    crate::stats::PeerTraffic {
+                        peer: None,
+                        received_calls: 1,
+                        received_bytes: 8,
+                        ..Default::default()
+                    },
+                ],
             }],
             dropped: 0,
             undecoded: 3,

@@ -1,0 +1,138 @@
+//! Point-to-point calls at return: bytes by the routine's rule, and the per-peer counters
+//! (who sent how much to whom: the communication matrix).
+
+use aya_ebpf::{macros::map, maps::PerCpuHashMap};
+use collector_common::{
+    comm_id, mpich, Abi, ArgSpec, ByteRule, CommInfo, PeerKey, PeerVal, MAX_PEER_COUNTERS,
+};
+
+use crate::{
+    decode::{handle, int_arg, status_bytes, status_ignored, status_source},
+    maps::with_proc_stats,
+    mpi::Call,
+};
+
+/// Calls and bytes per process, communicator, peer and direction.
+#[map]
+pub static PEERS: PerCpuHashMap<PeerKey, PeerVal> =
+    PerCpuHashMap::with_max_entries(MAX_PEER_COUNTERS, 0);
+
+/// Bytes of a point-to-point call by `rule`, and its traffic counted per peer.
+///
+/// A function of its own (a BPF-to-BPF call): inlined into the return program, the
+/// verifier found a register read after a helper call had clobbered it.
+#[inline(never)]
+pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Option<u64> {
+    let null = Abi::proc_null(c.abi);
+    // A peer of MPI_PROC_NULL: nothing crosses the network.
+    let is_null = |i: u8| null.is_some_and(|n| c.arg(i).map(int_arg) == Some(n));
+    match rule {
+        ByteRule::CountType | ByteRule::RecvPosted => {
+            if is_null(spec.peer) {
+                return Some(0);
+            }
+            let bytes = c.count_type(spec.a, spec.b)?;
+            let dir = if rule == ByteRule::RecvPosted {
+                PeerKey::RECEIVED
+            } else {
+                PeerKey::SENT
+            };
+            add(c, comm_key, peer(c, spec.peer, None), dir, bytes);
+            Some(bytes)
+        }
+        ByteRule::RecvStatus => {
+            if is_null(spec.peer) {
+                return Some(0);
+            }
+            let status = c.arg(spec.c).unwrap_or(0);
+            let known = !status_ignored(c.abi, status);
+            let bytes = if known {
+                status_bytes(c.abi, status)?
+            } else {
+                c.count_type(spec.a, spec.b)?
+            };
+            let status = known.then_some(status);
+            add(
+                c,
+                comm_key,
+                peer(c, spec.peer, status),
+                PeerKey::RECEIVED,
+                bytes,
+            );
+            Some(bytes)
+        }
+        ByteRule::Pair => {
+            // Sendrecv and Sendrecv_replace both end (source, recvtag, comm, status).
+            let source = spec.comm.wrapping_sub(2);
+            let sent = if is_null(spec.peer) {
+                0
+            } else {
+                let b = c.count_type(spec.a, spec.b)?;
+                add(c, comm_key, peer(c, spec.peer, None), PeerKey::SENT, b);
+                b
+            };
+            let received = if is_null(source) {
+                0
+            } else {
+                let b = c.count_type(spec.c, spec.d)?;
+                let status = c
+                    .arg(spec.comm.wrapping_add(1))
+                    .filter(|s| !status_ignored(c.abi, *s));
+                add(c, comm_key, peer(c, source, status), PeerKey::RECEIVED, b);
+                b
+            };
+            Some(sent + received)
+        }
+        _ => Some(0),
+    }
+}
+
+/// The communicator as the per-peer counters key it: the world, or the local handle.
+#[inline(always)]
+pub fn comm_key(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> u64 {
+    let h = c.arg(spec.comm).map_or(0, |h| handle(c.abi, h));
+    let world = comm.is_some_and(|i| i.id == comm_id::WORLD)
+        || (c.abi == Abi::Mpich as u8 && h == mpich::COMM_WORLD);
+    if world {
+        PeerKey::WORLD
+    } else {
+        h
+    }
+}
+
+/// The peer rank in argument `i`; a wildcard source is taken from the status where there
+/// is one.
+#[inline(always)]
+fn peer(c: &Call, i: u8, status: Option<u64>) -> i32 {
+    let Some(p) = c.arg(i).map(int_arg) else {
+        return PeerKey::ANY;
+    };
+    if p >= 0 {
+        return p;
+    }
+    // MPI_ANY_SOURCE (the only other negative a valid call passes here).
+    status
+        .and_then(|s| status_source(c.abi, s))
+        .filter(|s| *s >= 0)
+        .unwrap_or(PeerKey::ANY)
+}
+
+#[inline(always)]
+fn add(c: &Call, comm: u64, peer: i32, dir: u32, bytes: u64) {
+    let key = PeerKey {
+        tgid: c.tgid,
+        peer,
+        comm,
+        dir,
+        _pad: 0,
+    };
+    if let Some(v) = PEERS.get_ptr_mut(key) {
+        // SAFETY: this CPU's value.
+        unsafe {
+            (*v).calls += 1;
+            (*v).bytes += bytes;
+        }
+    } else if PEERS.insert(key, PeerVal { calls: 1, bytes }, 0).is_err() {
+        with_proc_stats(c.tgid, |s| s.peers_full += 1);
+    }
+}

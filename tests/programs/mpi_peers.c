@@ -1,0 +1,150 @@
+/*
+ * mpi_peers: point-to-point traffic with a known communication matrix, for commtap's
+ * per-peer counters.
+ *
+ * Usage: mpi_peers OUT_PREFIX
+ *
+ * Every call below notes, next to it, which peer it sent to or received from and how many
+ * bytes (commtap's rules: posted bytes for nonblocking receives, the status's for blocking
+ * ones). On MPI_COMM_WORLD with a known peer the traffic belongs to that world rank; on
+ * another communicator, or from MPI_ANY_SOURCE with no status, to nobody ("peer": null).
+ *
+ *   ring:    3 x MPI_Sendrecv of 8 x (i + 1) chars to the right, from the left (posted
+ *            the same);
+ *   pairs:   for d in 1 .. size-1, partner = rank XOR d (where it exists): the lower rank
+ *            MPI_Send then MPI_Recv, the higher MPI_Recv then MPI_Send, 4 x (d + sender)
+ *            ints each way (the status's size);
+ *   nonblocking: MPI_Irecv from the left (5 doubles posted), MPI_Isend to the right;
+ *   wildcard: MPI_Recv from MPI_ANY_SOURCE with a status (the left rank sends 3 ints):
+ *            attributed to the left; MPI_Irecv from MPI_ANY_SOURCE (2 ints posted):
+ *            nobody's;
+ *   another communicator: MPI_Send of 6 chars to the right on a duplicate of the world,
+ *            received there (nobody's, both sides);
+ *   MPI_PROC_NULL: an MPI_Send to it, which moves nothing and is nobody's traffic.
+ *
+ * Each rank writes OUT_PREFIX.<rank>.json: {"rank", "pid", "peers": [{"peer", "sent_calls",
+ * "sent_bytes", "received_calls", "received_bytes"}]} (peers it exchanged with, by world
+ * rank, then null).
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static long long sent_calls[257], sent_bytes[257], recv_calls[257], recv_bytes[257];
+static int nobody;
+
+static void sent(int peer, long long bytes)
+{
+    sent_calls[peer]++;
+    sent_bytes[peer] += bytes;
+}
+
+static void received(int peer, long long bytes)
+{
+    recv_calls[peer]++;
+    recv_bytes[peer] += bytes;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s OUT_PREFIX\n", argv[0]);
+        return 2;
+    }
+    int rank, size;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 256)
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    nobody = size;
+    MPI_Comm world = MPI_COMM_WORLD;
+    int right = (rank + 1) % size, left = (rank + size - 1) % size;
+    static char cbuf[64], cbuf2[64];
+    static int ibuf[64], ibuf2[64];
+    static double dbuf[8];
+    MPI_Status st, sts[2];
+    MPI_Request req[2];
+
+    for (int i = 0; i < 3; i++) {
+        MPI_Sendrecv(cbuf, 8 * (i + 1), MPI_CHAR, right, 1, cbuf2, 8 * (i + 1), MPI_CHAR,
+                     left, 1, world, &st);
+        sent(right, 8 * (i + 1));
+        received(left, 8 * (i + 1));
+    }
+
+    for (int d = 1; d < size; d++) {
+        int partner = rank ^ d;
+        if (partner >= size)
+            continue;
+        int mine = 4 * (d + rank), theirs = 4 * (d + partner);
+        if (rank < partner) {
+            MPI_Send(ibuf, mine / 4, MPI_INT, partner, 2, world);
+            sent(partner, mine);
+            MPI_Recv(ibuf2, 64, MPI_INT, partner, 2, world, &st);
+            received(partner, theirs);
+        } else {
+            MPI_Recv(ibuf2, 64, MPI_INT, partner, 2, world, &st);
+            received(partner, theirs);
+            MPI_Send(ibuf, mine / 4, MPI_INT, partner, 2, world);
+            sent(partner, mine);
+        }
+    }
+
+    MPI_Irecv(dbuf, 5, MPI_DOUBLE, left, 3, world, &req[0]);
+    received(left, 5 * 8);
+    MPI_Isend(dbuf + 5, 3, MPI_DOUBLE, right, 3, world, &req[1]);
+    sent(right, 3 * 8);
+    MPI_Waitall(2, req, sts);
+
+    MPI_Send(ibuf, 3, MPI_INT, right, 4, world);
+    sent(right, 3 * 4);
+    MPI_Recv(ibuf2, 64, MPI_INT, MPI_ANY_SOURCE, 4, world, &st);
+    received(left, 3 * 4);
+
+    MPI_Irecv(ibuf2, 2, MPI_INT, MPI_ANY_SOURCE, 5, world, &req[0]);
+    received(nobody, 2 * 4);
+    MPI_Send(ibuf, 2, MPI_INT, right, 5, world);
+    sent(right, 2 * 4);
+    MPI_Wait(&req[0], MPI_STATUS_IGNORE);
+
+    MPI_Comm dup;
+    MPI_Comm_dup(world, &dup);
+    MPI_Sendrecv(cbuf, 6, MPI_CHAR, right, 6, cbuf2, 6, MPI_CHAR, left, 6, dup, &st);
+    sent(nobody, 6);
+    received(nobody, 6);
+    MPI_Comm_free(&dup);
+
+    MPI_Send(ibuf, 10, MPI_INT, MPI_PROC_NULL, 7, world);
+
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%d.json", argv[1], rank);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    fprintf(f, "{\"rank\": %d, \"pid\": %ld, \"peers\": [", rank, (long)getpid());
+    int first = 1;
+    for (int p = 0; p <= size; p++) {
+        if (!sent_calls[p] && !recv_calls[p])
+            continue;
+        char peer[16];
+        if (p == nobody)
+            strcpy(peer, "null");
+        else
+            snprintf(peer, sizeof peer, "%d", p);
+        fprintf(f,
+                "%s{\"peer\": %s, \"sent_calls\": %lld, \"sent_bytes\": %lld, "
+                "\"received_calls\": %lld, \"received_bytes\": %lld}",
+                first ? "" : ", ", peer, sent_calls[p], sent_bytes[p], recv_calls[p],
+                recv_bytes[p]);
+        first = 0;
+    }
+    fprintf(f, "]}\n");
+    fclose(f);
+    MPI_Finalize();
+    return 0;
+}
