@@ -12,6 +12,7 @@ pub mod client;
 pub mod compare;
 pub mod daemon;
 pub mod discover;
+pub mod doctor;
 pub mod fabric;
 pub mod ingest;
 pub mod record;

@@ -74,6 +74,10 @@ enum Command {
     /// List the processes a daemon knows and the libraries it probes (command lines cut
     /// at 256 characters; `report --format json` has them whole).
     Ps(PsArgs),
+    /// Check this node: kernel, capabilities, BPF, mounts, the MPI and NCCL libraries the
+    /// linker finds, and the daemon. Run it first on a new node; each problem comes with
+    /// its fix, and the exit status is 1 when something commtap needs is missing.
+    Doctor(DoctorArgs),
     /// Ask the daemon to watch a running process (the daemon finds new MPI processes by
     /// itself; this is for one it does not watch, e.g. outside its --uid/--cgroup scope).
     Attach(PidArgs),
@@ -301,6 +305,16 @@ struct EventsArgs {
     /// The daemon: unix:///path/to.sock or https://host:port.
     #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
     from: Target,
+}
+
+#[derive(clap::Args, Debug)]
+struct DoctorArgs {
+    /// The daemon's socket to check.
+    #[arg(long, default_value = serve::socket::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// The checks as JSON (an array of {name, status, detail, fix}).
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -781,6 +795,21 @@ fn main() -> ExitCode {
                 }
             },
             Command::Ps(a) => client::print_processes(&a.from).await,
+            Command::Doctor(a) => {
+                let checks = collector::doctor::run(&a.socket).await;
+                if a.json {
+                    println!("{}", serde_json::to_string_pretty(&checks)?);
+                } else {
+                    print!("{}", collector::doctor::render(&checks));
+                }
+                if checks
+                    .iter()
+                    .any(|c| c.status == collector::doctor::Status::Fail)
+                {
+                    std::process::exit(1);
+                }
+                Ok(())
+            }
             Command::Attach(a) => client::attach(&a.from, a.pid).await,
             Command::Detach(a) => client::detach(&a.target.from, a.target.pid, &a.out).await,
             Command::Events(a) => client::events(&a.from, a.pid, a.duration).await,

@@ -253,3 +253,57 @@ fn the_slurm_epilog_hands_the_report_to_the_jobs_owner_only() {
     assert!(!reports.join("../../etc").join(host.trim()).exists());
     daemon.stop(&scratch);
 }
+
+/// `commtap doctor` passes on this machine (what CI runs on) and lists the MPI libraries
+/// setup installed; without CAP_BPF it fails, exits 1, and names the capability.
+#[test]
+fn doctor_passes_here_and_names_a_missing_capability() {
+    let scratch = Scratch::new("doctor");
+    let absent = scratch.path("no-daemon.sock");
+    let out = commtap_output(&["doctor", "--json", "--socket", path_str(&absent)]);
+    let checks: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor --json: {e}\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(out.status.success(), "{checks:#}");
+    let check = |name: &str| -> serde_json::Value {
+        checks
+            .as_array()
+            .expect("checks")
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} check in {checks:#}"))
+            .clone()
+    };
+    for name in ["kernel", "capabilities", "bpf", "btf", "bpffs", "cgroup"] {
+        assert_eq!(check(name)["status"], "pass", "{:#}", check(name));
+    }
+    let libs = check("libraries");
+    let detail = libs["detail"].as_str().expect("detail");
+    assert!(
+        detail.contains("libmpi.so.40 (Open MPI") && detail.contains("libmpich.so.12 (MPICH"),
+        "{libs:#}"
+    );
+    let daemon = check("daemon");
+    assert_eq!(daemon["status"], "warn", "{daemon:#}");
+    assert!(daemon["fix"]
+        .as_str()
+        .is_some_and(|f| f.contains("systemctl")));
+
+    let out = Command::new("setpriv")
+        .args(["--bounding-set=-bpf", "--inh-caps=-all"])
+        .arg(commtap_bin())
+        .args(["doctor", "--socket", path_str(&absent)])
+        .output()
+        .expect("setpriv");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("[FAIL] capabilities") && l.contains("CAP_BPF")),
+        "{text}"
+    );
+}

@@ -101,7 +101,9 @@ fn assert_late_job(profile: &Value) {
             "no finding for {name} {bytes}: {skew:#}"
         );
     }
-    // Nobody sleeps before the 2048-byte Allreduce: skew near zero, nobody named.
+    // Nobody sleeps before the 2048-byte Allreduce: skew near zero, the late rank of the
+    // other phases not named. (With 4 ranks busy-polling on 2 cores, the rank the
+    // scheduler runs last may be a few ms late in most instances, and said so.)
     let quiet = routine(skew, "MPI_Allreduce", 10);
     assert_eq!(quiet["instances"], N);
     let p50 = quiet["skew_ns"]["p50"].as_u64().expect("p50");
@@ -109,10 +111,14 @@ fn assert_late_job(profile: &Value) {
         p50 < DELAY_MS * 1_000_000 / 4,
         "quiet phase skew p50 {p50} ns"
     );
-    assert!(
-        !skew["findings"].to_string().contains("1025-2048 B"),
-        "{skew:#}"
-    );
+    let named = format!("rank {LATE} ");
+    for f in skew["findings"].as_array().expect("findings") {
+        let f = f.as_str().expect("finding");
+        assert!(
+            !(f.contains("1025-2048 B") && f.starts_with(&named)),
+            "{skew:#}"
+        );
+    }
     // The two halves of the split: N instances each, each with its own late rank (world
     // rank c in the half of color c), never mixed (a mixed instance would have been
     // closed with the wrong members, and the rest counted as unaligned).

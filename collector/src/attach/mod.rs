@@ -243,6 +243,11 @@ pub fn remove_state_dir(dir: &Path) {
     }
 }
 
+/// Whether `path` is a mounted bpffs.
+pub fn is_bpffs(path: &Path) -> bool {
+    fs_type(path) == Some(BPF_FS_MAGIC)
+}
+
 /// The file-system type (`statfs.f_type`) of `path`.
 fn fs_type(path: &Path) -> Option<i64> {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
@@ -698,6 +703,12 @@ impl Probes {
                 groups.push(("mpi_return_mpich_types", true, types));
             }
         }
+        // Returns before entries: a call that enters between the two attachments would
+        // otherwise leave its thread marked busy for good (its return never seen), and
+        // every later call of the thread would be taken for a nested one and not counted.
+        // The other way round, such a call's return comes without an entry: counted as
+        // in flight at attach.
+        groups.sort_by_key(|(_, is_return, _)| !*is_return);
         for (prog, is_return, points) in groups {
             if points.is_empty() {
                 continue;
@@ -713,6 +724,8 @@ impl Probes {
                 Err(e) => failed.push(format!("{e:#}")),
             }
         }
+        // Dropped in order: entries first, for the same reason.
+        links.reverse();
         Ok((links, failed))
     }
 
