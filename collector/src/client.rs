@@ -255,7 +255,7 @@ pub async fn events(from: &Target, pids: Vec<u32>, duration: Option<Duration>) -
             let line = serde_json::json!({
                 "pid": e.pid, "tid": e.tid, "routine": e.routine, "start_ns": e.start_ns,
                 "duration_ns": e.duration_ns, "bytes": e.bytes, "peer": e.peer,
-                "comm_size": e.comm_size,
+                "comm_size": e.comm_size, "comm_rank": e.comm_rank, "comm": e.comm,
             });
             writeln!(stdout, "{line}")?;
         }

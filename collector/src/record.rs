@@ -4,6 +4,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context, Result};
+use collector_common::CallEvent;
 use tracing::{info, warn};
 
 use crate::{
@@ -176,10 +177,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
                 if let Some(t) = sinks.tracer.as_mut() {
                     name_processes(t, &session);
                 }
-                if let Some(l) = sinks.late.as_mut() {
-                    crate::session::place_in_worlds(l, &session);
-                    l.tick();
-                }
+                sinks.place_in_worlds(&session)?;
                 if !launched && session.tracked.values().filter(|t| t.requested).all(|t| t.exit_ns.is_some()) {
                     info!("all watched processes exited");
                     break;
@@ -212,9 +210,10 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
             .get(&r.pid)
             .is_some_and(|t| t.exit_ns.is_some());
     }
-    if let Some(mut late) = sinks.late {
-        crate::session::place_in_worlds(&mut late, &session);
-        late.finish();
+    sinks.place_in_worlds(&session)?;
+    let held = sinks.late.as_mut().map(|l| l.finish()).unwrap_or_default();
+    sinks.write_released(held)?;
+    if let Some(late) = sinks.late {
         let whois = |pid: u32| {
             let r = profile.ranks.iter().find(|r| r.pid == pid)?;
             Some((r.rank, r.host.clone()))
@@ -252,6 +251,37 @@ struct FeedSinks {
 type FeedResult = Result<FeedItem, tokio::sync::broadcast::error::RecvError>;
 
 impl FeedSinks {
+    /// Writes one call into the trace, with its communicator and number where known.
+    fn write(&mut self, ev: &CallEvent, placed: Option<(skew::CommKey, u64)>) -> Result<()> {
+        if let Some(t) = self.tracer.as_mut() {
+            let mut call = trace::call_event(ev);
+            if let Some((comm, seq)) = placed {
+                call.comm = comm.label();
+                call.seq = Some(seq);
+            }
+            t.call(&call)?;
+        }
+        Ok(())
+    }
+
+    fn write_released(&mut self, released: Vec<skew::board::Released>) -> Result<()> {
+        for (ev, placed) in released {
+            self.write(&ev, placed)?;
+        }
+        Ok(())
+    }
+
+    /// Tells who-is-late the jobs of the processes known by now, and writes the calls it
+    /// held for them.
+    fn place_in_worlds(&mut self, session: &Session) -> Result<()> {
+        let Some(l) = self.late.as_mut() else {
+            return Ok(());
+        };
+        let released = crate::session::place_in_worlds(l, session);
+        l.tick();
+        self.write_released(released)
+    }
+
     fn wants_feed(&self) -> bool {
         self.tracer.is_some() || self.late.is_some()
     }
@@ -277,12 +307,20 @@ impl FeedSinks {
     /// Takes one item of the call feed.
     fn item(&mut self, item: FeedResult) -> Result<()> {
         use tokio::sync::broadcast::error::RecvError;
-        if let Some(t) = self.tracer.as_mut() {
-            match &item {
-                Ok(FeedItem::Call(ev)) => t.call(&trace::call_event(ev))?,
-                Err(RecvError::Lagged(n)) => t.lost_by_reader(*n),
-                _ => {}
+        if let Ok(FeedItem::Call(ev)) = item {
+            // Who is late numbers the collectives: the trace shows the numbers, and a call
+            // it holds until its process's job is known is written when it gives it back.
+            let taken = match self.late.as_mut() {
+                Some(l) => l.call(ev),
+                None => skew::board::Taken::Now(None),
+            };
+            if let skew::board::Taken::Now(placed) = taken {
+                self.write(&ev, placed)?;
             }
+            return Ok(());
+        }
+        if let (Some(t), Err(RecvError::Lagged(n))) = (self.tracer.as_mut(), &item) {
+            t.lost_by_reader(*n);
         }
         if let Some(l) = self.late.as_mut() {
             l.item(item);

@@ -583,16 +583,22 @@ impl Session {
     }
 }
 
-/// Tells `board` the job of every process whose environment has been read.
-pub fn place_in_worlds(board: &mut crate::skew::Board, session: &Session) {
+/// Tells `board` the job of every process whose environment has been read; returns the
+/// calls it held for them.
+pub fn place_in_worlds(
+    board: &mut crate::skew::Board,
+    session: &Session,
+) -> Vec<crate::skew::board::Released> {
+    let mut released = Vec::new();
     for (pid, t) in &session.tracked {
         if board.knows(*pid) {
             continue;
         }
         if let Some(info) = t.info.as_ref() {
-            board.set_world(*pid, &job_key(info), info.world_size);
+            released.extend(board.set_world(*pid, &job_key(info), info.world_size));
         }
     }
+    released
 }
 
 /// Groups a process with the other ranks of its job: the batch system's job id, else the

@@ -73,6 +73,43 @@ fn launched_trace_matches_profile(mpi: Mpi) {
         (&Value::from(0), &Value::from(0)),
         "{lost}"
     );
+    assert_world_collectives_numbered(&trace, &truths);
+}
+
+/// Every collective on MPI_COMM_WORLD carries its number there: on each rank 0, 1, 2 ...
+/// with no gap, the same routine at the same number on every rank, and the rank's own
+/// rank as `comm_rank`.
+#[track_caller]
+fn assert_world_collectives_numbered(trace: &std::path::Path, truths: &[Value]) {
+    let doc = read_json(trace);
+    let mut per_rank = Vec::new();
+    for truth in truths {
+        let pid = truth["pid"].as_u64().expect("pid");
+        let mut seqs: Vec<(u64, String)> = doc["traceEvents"]
+            .as_array()
+            .expect("traceEvents")
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"] == pid && e["args"]["comm"] == "world")
+            .filter_map(|e| {
+                let seq = e["args"]["seq"].as_u64()?;
+                assert_eq!(e["args"]["comm_rank"], truth["rank"], "{e}");
+                Some((seq, e["name"].as_str().expect("name").to_string()))
+            })
+            .collect();
+        seqs.sort();
+        assert!(!seqs.is_empty(), "pid {pid}: no numbered world collective");
+        let numbers: Vec<u64> = seqs.iter().map(|(s, _)| *s).collect();
+        assert_eq!(
+            numbers,
+            (0..seqs.len() as u64).collect::<Vec<_>>(),
+            "pid {pid}: world collectives numbered 0, 1, 2 ..."
+        );
+        per_rank.push(seqs);
+    }
+    assert!(
+        per_rank.windows(2).all(|w| w[0] == w[1]),
+        "the same routine at the same number on every rank: {per_rank:?}"
+    );
 }
 
 #[test]

@@ -9,13 +9,25 @@ use std::collections::{HashMap, VecDeque};
 use collector_common::CallEvent;
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{summary::Whois, SkewReport, Tracker};
+use super::{summary::Whois, CommKey, SkewReport, Tracker};
 use crate::ingest::FeedItem;
 
 /// Calls kept per process whose job is not known yet; past this they are counted as lost.
 const MAX_WAITING: usize = 1 << 14;
 /// Processes whose calls may wait at once.
 const MAX_WAITING_PROCS: usize = 1 << 12;
+
+/// What became of a call given to [`Board::call`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Taken {
+    /// Matched now; a collective's communicator and number where known.
+    Now(Option<(CommKey, u64)>),
+    /// Held until its process's job is known.
+    Held,
+}
+
+/// A held call given back, with its communicator and number where known.
+pub type Released = (CallEvent, Option<(CommKey, u64)>);
 
 /// Trackers by job, fed from the call feed.
 #[derive(Debug)]
@@ -43,7 +55,9 @@ impl Board {
     /// Takes one item of the call feed.
     pub fn item(&mut self, item: Result<FeedItem, RecvError>) {
         match item {
-            Ok(FeedItem::Call(ev)) => self.call(ev),
+            Ok(FeedItem::Call(ev)) => {
+                self.call(ev);
+            }
             Ok(FeedItem::Exited(pid)) => {
                 if let Some(t) = self.tracker_of(pid) {
                     t.exited(pid);
@@ -62,21 +76,24 @@ impl Board {
         }
     }
 
-    fn call(&mut self, ev: CallEvent) {
+    /// Takes one call event: matched now (with, for a collective whose number is known,
+    /// its communicator's shared name and that number), or held until its process's job
+    /// is known (then [`Board::set_world`] gives it back).
+    pub fn call(&mut self, ev: CallEvent) -> Taken {
         if let Some(t) = self.tracker_of(ev.tgid) {
-            t.call(&ev);
-            return;
+            return Taken::Now(t.call(&ev));
         }
         if !self.waiting.contains_key(&ev.tgid) && self.waiting.len() >= MAX_WAITING_PROCS {
             self.unplaced += 1;
-            return;
+            return Taken::Now(None);
         }
         let q = self.waiting.entry(ev.tgid).or_default();
         if q.len() >= MAX_WAITING {
             self.unplaced += 1;
-            return;
+            return Taken::Now(None);
         }
         q.push_back(ev);
+        Taken::Held
     }
 
     fn tracker_of(&mut self, pid: u32) -> Option<&mut Tracker> {
@@ -85,8 +102,9 @@ impl Board {
     }
 
     /// Process `pid` belongs to job `world` (a key that groups the ranks of one MPI world
-    /// on this node) of `size` ranks where known; calls that waited are taken now.
-    pub fn set_world(&mut self, pid: u32, world: &str, size: Option<u32>) {
+    /// on this node) of `size` ranks where known; calls that waited are taken now, and
+    /// returned with what [`Board::call`] would have said of each.
+    pub fn set_world(&mut self, pid: u32, world: &str, size: Option<u32>) -> Vec<Released> {
         // A process stays in the world it was first placed in.
         let world = self
             .world_of
@@ -101,9 +119,15 @@ impl Board {
         if let Some(n) = size {
             t.world_size(pid, n);
         }
-        for ev in self.waiting.remove(&pid).into_iter().flatten() {
-            t.call(&ev);
-        }
+        self.waiting
+            .remove(&pid)
+            .into_iter()
+            .flatten()
+            .map(|ev| {
+                let placed = t.call(&ev);
+                (ev, placed)
+            })
+            .collect()
     }
 
     /// Whether the job of `pid` is known.
@@ -133,15 +157,20 @@ impl Board {
         self.trackers.retain(|w, _| live.contains(w));
     }
 
-    /// Aligns and closes everything (no more calls will come).
-    pub fn finish(&mut self) {
-        for q in self.waiting.values() {
-            self.unplaced += q.len() as u64;
-        }
-        self.waiting.clear();
+    /// Aligns and closes everything (no more calls will come); returns the calls still
+    /// held (their process's job never became known: not matched).
+    pub fn finish(&mut self) -> Vec<Released> {
+        let held: Vec<Released> = self
+            .waiting
+            .drain()
+            .flat_map(|(_, q)| q)
+            .map(|ev| (ev, None))
+            .collect();
+        self.unplaced += held.len() as u64;
         for t in self.trackers.values_mut() {
             t.finish_matching();
         }
+        held
     }
 
     /// The report of the job that `pids` belong to (the first whose job is known), with

@@ -143,8 +143,9 @@ pub struct Matcher {
 }
 
 impl Matcher {
-    /// Takes one collective call; finished instances go to `out`.
-    pub fn arrive(&mut self, c: Collective, out: &mut Vec<Instance>) {
+    /// Takes one collective call; finished instances go to `out`. Returns its number on
+    /// its communicator when that is known now (not while its process is being aligned).
+    pub fn arrive(&mut self, c: Collective, out: &mut Vec<Instance>) -> Option<u64> {
         self.newest_ns = self.newest_ns.max(c.arrival.end_ns);
         let from_start = c.from_start;
         let comm = self.comms.entry(c.comm).or_default();
@@ -157,8 +158,11 @@ impl Matcher {
         });
         let local = stream.next_local;
         stream.next_local += 1;
+        let known = stream
+            .offset
+            .and_then(|off| u64::try_from(local as i64 + off).ok());
         if c.nonblocking {
-            return;
+            return known;
         }
         match stream.offset {
             Some(off) => {
@@ -190,6 +194,7 @@ impl Matcher {
                 }
             }
         }
+        known
     }
 
     /// The highest instance number `pid` arrived at (aligned), on any communicator.

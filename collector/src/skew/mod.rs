@@ -67,12 +67,11 @@ impl Tracker {
         }
     }
 
-    /// Takes one call event.
-    pub fn call(&mut self, ev: &CallEvent) {
+    /// Takes one call event; for a collective, returns its communicator's shared name and
+    /// its number there, where known now.
+    pub fn call(&mut self, ev: &CallEvent) -> Option<(CommKey, u64)> {
         self.follow_thread(ev);
-        let Some(routine) = ROUTINES.get(ev.routine as usize) else {
-            return;
-        };
+        let routine = ROUTINES.get(ev.routine as usize)?;
         let rule = ByteRule::from_u8(routine.spec.rule);
         if rule.creates_comm() {
             let by_host = routine.name == "MPI_Comm_split_type";
@@ -80,29 +79,29 @@ impl Tracker {
                 .entry(ev.tgid)
                 .or_default()
                 .created(ev, by_host, &self.host);
-            return;
+            return None;
         }
         if routine.spec.class == class::INIT {
             // Every world collective after it is seen: counting them numbers them.
             self.init_seen.insert(ev.tgid);
-            return;
+            return None;
         }
         if routine.spec.class != class::COLLECTIVE {
-            return;
+            return None;
         }
         let nccl = routine.family() == Family::Nccl;
         let Some((comm, made_while_watched)) =
             self.procs.entry(ev.tgid).or_default().named(ev, nccl)
         else {
             self.unidentified += 1;
-            return;
+            return None;
         };
         let from_start = made_while_watched || self.init_seen.contains(&ev.tgid);
         let size = match ev.comm_size {
             0 if comm == CommKey::WORLD => self.world_sizes.get(&ev.tgid).copied().unwrap_or(0),
             n => n,
         };
-        self.matcher.arrive(
+        let seq = self.matcher.arrive(
             Collective {
                 comm,
                 size,
@@ -119,6 +118,7 @@ impl Tracker {
             &mut self.finished,
         );
         self.take_finished();
+        Some((comm, seq?))
     }
 
     /// Process `pid` belongs to a world of `size` ranks (its launcher says).

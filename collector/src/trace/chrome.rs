@@ -80,6 +80,19 @@ pub fn slice(out: &mut String, ev: &pb::CallEvent, first: bool) {
     }
     if ev.comm_size > 0 {
         let _ = write!(out, "{comma}\"comm_size\":{}", ev.comm_size);
+        comma = ",";
+    }
+    if ev.comm_rank >= 0 {
+        let _ = write!(out, "{comma}\"comm_rank\":{}", ev.comm_rank);
+        comma = ",";
+    }
+    if !ev.comm.is_empty() {
+        let _ = write!(out, "{comma}\"comm\":");
+        push_json_str(out, &ev.comm);
+        comma = ",";
+    }
+    if let Some(seq) = ev.seq {
+        let _ = write!(out, "{comma}\"seq\":{seq}");
     }
     out.push_str("}}");
 }

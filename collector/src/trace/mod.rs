@@ -422,7 +422,8 @@ impl NcclGroups {
                     duration_ns: end.saturating_sub(g.start_ns),
                     bytes: Some(g.bytes),
                     peer: -1,
-                    comm_size: 0,
+                    comm_rank: -1,
+                    ..Default::default()
                 })
             }
             r if r.starts_with("nccl") => {
@@ -472,6 +473,26 @@ pub fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
         bytes: (ev.bucket != collector_common::UNKNOWN_BUCKET).then_some(ev.bytes),
         peer: ev.peer,
         comm_size: ev.comm_size,
+        comm_rank: ev.comm_rank,
+        comm: comm_label(ev),
+        seq: None,
+    }
+}
+
+/// How a trace names the communicator of a call (see `CallEvent.comm` in the node API).
+fn comm_label(ev: &collector_common::CallEvent) -> String {
+    use collector_common::{comm_id, routines::Family, ROUTINES};
+    let nccl = ROUTINES
+        .get(ev.routine as usize)
+        .is_some_and(|r| r.family() == Family::Nccl);
+    match ev.comm_id {
+        comm_id::WORLD if !nccl => "world".to_string(),
+        id if nccl && id != 0 => format!("nccl:{id:016x}"),
+        id if id & comm_id::OMPI_CID != 0 && !nccl => {
+            format!("cid:{}", id & !comm_id::OMPI_CID)
+        }
+        _ if ev.comm != 0 => format!("local:{:#x}", ev.comm),
+        _ => String::new(),
     }
 }
 
@@ -489,6 +510,8 @@ mod tests {
             bytes: Some(16),
             peer: 1,
             comm_size: 2,
+            comm_rank: 0,
+            ..Default::default()
         }
     }
 
@@ -593,7 +616,8 @@ mod tests {
             duration_ns: 10,
             bytes,
             peer: -1,
-            comm_size: 0,
+            comm_rank: -1,
+            ..Default::default()
         };
         assert!(groups.track(&at("ncclGroupStart", 100, None)).is_none());
         assert!(groups.track(&at("ncclGroupStart", 120, None)).is_none());
