@@ -10,14 +10,15 @@ from grpc_tools import protoc
 
 
 def generate(proto_dir, service):
-    """Generates profile.proto and SERVICE.proto (node, aggregator) into a temporary
-    package; returns (SERVICE_pb2, SERVICE_pb2_grpc, profile_pb2)."""
+    """Generates profile.proto, node.proto (the aggregator's imports it) and SERVICE.proto
+    (node, aggregator) into a temporary package; returns (SERVICE_pb2, SERVICE_pb2_grpc,
+    profile_pb2)."""
     out_dir = tempfile.mkdtemp()
     # Make commtap/ and commtap/v1/ importable packages.
     os.makedirs(os.path.join(out_dir, "commtap", "v1"))
     for d in ("commtap", os.path.join("commtap", "v1")):
         open(os.path.join(out_dir, d, "__init__.py"), "w").close()
-    for name in ("profile", service):
+    for name in dict.fromkeys(("profile", "node", service)):
         rc = protoc.main([
             "protoc", f"-I{proto_dir}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
             os.path.join(proto_dir, "commtap", "v1", f"{name}.proto"),

@@ -3,6 +3,7 @@
  *
  * Usage: mpi_late LATE_RANK DELAY_MS N OUT_PREFIX
  *        mpi_late LATE_RANK DELAY_MS N OUT_PREFIX STOP_FILE
+ *        mpi_late LATE_RANK DELAY_MS N OUT_PREFIX READY_FILE GO_FILE
  *
  * Every phase runs N collectives; "K sleeps" means world rank LATE_RANK sleeps DELAY_MS
  * before each one, so it arrives last and every other member waits about DELAY_MS:
@@ -27,18 +28,57 @@
  * one saw it. Rank 0 writes its number of calls so far to OUT_PREFIX.progress after each
  * (written then renamed: a reader sees a whole number). Each rank's JSON then has
  * "allreduce_calls", its total.
+ *
+ * With READY_FILE and GO_FILE (for daemons that attach before the collectives): rank 0
+ * creates READY_FILE after MPI_Init, every rank waits (no MPI call) for GO_FILE, then
+ * makes a duplicate of MPI_COMM_WORLD and runs N MPI_Allreduce of 1 double (8 bytes) on
+ * it, K sleeping before each.
  */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
+#include "ready_go.h"
 
 static void nap(int ms)
 {
     struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
     while (nanosleep(&t, &t) != 0)
         ;
+}
+
+static int after_go(int rank, int size, int late, int delay, long n, const char *prefix,
+                    const char *ready, const char *go)
+{
+    if (rank == 0) {
+        FILE *r = fopen(ready, "w");
+        if (!r || fclose(r) != 0) {
+            perror(ready);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+    wait_for_file(go);
+    MPI_Comm dup;
+    MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+    double d = rank, sum = 0;
+    for (long i = 0; i < n; i++) {
+        if (rank == late)
+            nap(delay);
+        MPI_Allreduce(&d, &sum, 1, MPI_DOUBLE, MPI_SUM, dup);
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%d.json", prefix, rank);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    fprintf(f, "{\"rank\": %d, \"pid\": %ld, \"size\": %d}\n", rank, (long)getpid(), size);
+    fclose(f);
+    MPI_Comm_free(&dup);
+    MPI_Finalize();
+    return 0;
 }
 
 static int until_stopped(int rank, int size, int late, int delay, const char *prefix,
@@ -82,8 +122,9 @@ static int until_stopped(int rank, int size, int late, int delay, const char *pr
 
 int main(int argc, char **argv)
 {
-    if (argc != 5 && argc != 6) {
-        fprintf(stderr, "usage: %s LATE_RANK DELAY_MS N OUT_PREFIX [STOP_FILE]\n", argv[0]);
+    if (argc < 5 || argc > 7) {
+        fprintf(stderr, "usage: %s LATE_RANK DELAY_MS N OUT_PREFIX [STOP_FILE | READY GO]\n",
+                argv[0]);
         return 2;
     }
     int late = atoi(argv[1]), delay = atoi(argv[2]);
@@ -94,6 +135,8 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (argc == 6)
         return until_stopped(rank, size, late, delay, argv[4], argv[5]);
+    if (argc == 7)
+        return after_go(rank, size, late, delay, n, argv[4], argv[5], argv[6]);
 
     double d = rank, dsum = 0, big[256], bigsum[256];
     for (int i = 0; i < 256; i++)

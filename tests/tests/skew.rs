@@ -426,3 +426,115 @@ fn the_late_nccl_enqueuer_is_named() {
         "{skew:#}"
     );
 }
+
+/// Two "nodes" (two daemons, each watching half of the ranks; node-b's clock 5 s ahead)
+/// push to one aggregator: the instances whose members are on both meet there, on one
+/// clock, and the late rank (on node-b) is named with what it caused.
+#[test]
+fn the_aggregator_names_the_late_rank_across_nodes() {
+    let scratch = Scratch::new("skew-nodes");
+    let agg_addr = free_port();
+    let agg_scratch = Scratch::new("skew-nodes-aggregator");
+    let db = scratch.path("agg.redb");
+    let mut aggregator = spawn_commtap(
+        &agg_scratch,
+        &[
+            "aggregator",
+            "--listen",
+            &agg_addr,
+            "--insecure-tcp",
+            "--db",
+            path_str(&db),
+        ],
+    );
+    let url = format!("http://{agg_addr}");
+
+    // A batch job of 4 ranks, waiting at its GO file once MPI_Init is done.
+    let job_id = format!("nodes{}", std::process::id());
+    let prog = build_program("mpi_late.c", Mpi::OpenMpi);
+    let launcher = Mpi::OpenMpi.launcher(NP);
+    let mut cmd = Command::new(&launcher[0]);
+    mpi_env(&mut cmd)
+        .args(&launcher[1..])
+        .args(["-x", "SLURM_JOB_ID"])
+        .env("SLURM_JOB_ID", &job_id)
+        .arg(&prog)
+        .args([LATE.to_string(), DELAY_MS.to_string(), N.to_string()])
+        .arg(scratch.path("truth"))
+        .arg(scratch.path("ready"))
+        .arg(scratch.path("go"));
+    let mut job = ChildGuard::spawn(&mut cmd);
+    wait_until("the job to be ready", LIMIT, || {
+        scratch.path("ready").exists()
+    });
+    let mut ranks = Vec::new();
+    wait_until("all ranks to be running", Duration::from_secs(10), || {
+        ranks = pids_running(&prog);
+        ranks.len() == NP as usize
+    });
+
+    let mut daemons = Vec::new();
+    for (node, pids, clock) in [
+        ("node-a", &ranks[..2], "0"),
+        ("node-b", &ranks[2..], "5000000000"),
+    ] {
+        let node_scratch = Scratch::new(&format!("skew-{node}"));
+        let list = pid_list(pids);
+        let d = Daemon::start(
+            &node_scratch,
+            &[],
+            &[],
+            &[
+                "--node-name",
+                node,
+                "--pid",
+                &list,
+                "--test-clock-offset-ns",
+                clock,
+                "--aggregator",
+                &url,
+                "--push-interval",
+                "200ms",
+            ],
+        );
+        let watched: Vec<u64> = pids.iter().map(|p| u64::from(*p)).collect();
+        wait_for_state(&d.target, &watched, "probed");
+        daemons.push((node_scratch, d));
+    }
+    std::fs::write(scratch.path("go"), b"go").expect("go");
+    assert!(job.wait_with_limit(LIMIT).success(), "the job failed");
+    let truths = read_truths(&scratch.path("truth"), NP);
+
+    let report = || try_job_report(&[], &url, &job_id, &scratch.path("merged.json"));
+    wait_until("every instance to meet at the aggregator", LIMIT, || {
+        report().is_some_and(|p| p["skew"]["instances"] == N)
+    });
+    let merged = report().expect("report");
+    let skew = &merged["skew"];
+    assert_eq!(skew["incomplete"], 0, "{skew:#}");
+    assert_eq!(skew["within_clock_error"], 0, "{skew:#}");
+    // 8-byte Allreduce on the duplicate: bucket 2. Rank LATE is on node-b, whose clock
+    // is 5 s ahead: corrected, it is late by about the delay, not by 5 s.
+    assert_late_phase(skew, "MPI_Allreduce", 2, LATE, N);
+    let late = &skew["ranks"][LATE as usize];
+    assert_eq!(late["host"], "node-b", "{late:#}");
+    assert!(
+        skew["findings"][0]
+            .as_str()
+            .is_some_and(|f| f.starts_with(&format!("rank {LATE} (node-b) arrived last in"))),
+        "{skew:#}"
+    );
+    // Each node alone sees its half: instances handed on, none matched there.
+    for (node_scratch, d) in &daemons {
+        let own = report_json(&["report", "--from", &d.target, "--job", &job_id]);
+        assert_eq!(own["skew"]["instances"], 0, "{}", node_scratch.0.display());
+        assert_eq!(own["skew"]["remote"], N, "{}", node_scratch.0.display());
+    }
+    assert_eq!(truths.len(), NP as usize);
+    for (node_scratch, d) in daemons {
+        d.stop(&node_scratch);
+    }
+    // SAFETY: kill(2) of the aggregator we spawned.
+    unsafe { libc::kill(aggregator.0.id() as i32, libc::SIGTERM) };
+    let _ = aggregator.wait_with_limit(LIMIT);
+}

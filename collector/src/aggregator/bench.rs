@@ -63,7 +63,13 @@ pub async fn run(
                 })
             })
             .collect();
-        wire_batches.push(pb::PushSnapshotsRequest { processes }.encode_to_vec());
+        wire_batches.push(
+            pb::PushSnapshotsRequest {
+                processes,
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
     }
     let bytes: usize = wire_batches.iter().map(Vec::len).sum();
     let _ = std::fs::remove_file(db);

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod clock;
 pub mod commit;
 pub mod limit;
+pub mod skew;
 pub mod store;
 #[cfg(test)]
 mod tests;
@@ -55,6 +56,7 @@ impl SnapshotSource for StoreSource {
     async fn batch(&self) -> pb::PushSnapshotsRequest {
         pb::PushSnapshotsRequest {
             processes: self.0.lock().await.all(),
+            ..Default::default()
         }
     }
 }
@@ -71,6 +73,8 @@ pub struct AggregatorService {
     pushes: limit::StreamLimit,
     /// Open job watches.
     watches: limit::StreamLimit,
+    /// Who is late across nodes.
+    skew: Arc<std::sync::Mutex<skew::CrossSkew>>,
 }
 
 impl AggregatorService {
@@ -84,6 +88,7 @@ impl AggregatorService {
             clocks: std::sync::Mutex::new(clock::NodeClocks::default()),
             pushes: limit::StreamLimit::default(),
             watches: limit::StreamLimit::default(),
+            skew: Default::default(),
         }
     }
 }
@@ -110,6 +115,17 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
             let mut msg = msg?;
             for p in &msg.processes {
                 role.check_node(&p.node)?;
+            }
+            // A sender's instances name ranks of its own node only.
+            for a in msg.instances.iter().flat_map(|i| &i.arrivals) {
+                role.check_node(&a.host)?;
+            }
+            if let Some(offset) = msg.clock_offset_ns {
+                self.skew.lock().unwrap_or_else(|e| e.into_inner()).add(
+                    &msg.instances,
+                    offset,
+                    msg.clock_error_ns,
+                );
             }
             let r = self
                 .clocks
@@ -160,14 +176,29 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
                 "a job id is required (ListJobs lists them)",
             ));
         }
-        let profile = self
+        let mut profile = self
             .store
             .lock()
             .await
             .job(&job)
             .ok_or_else(|| Status::not_found(format!("no job {job}")))?;
+        profile.skew = self
+            .skew
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .report(&job);
         Ok(Response::new(pb::GetJobReportResponse {
             profile: Some((&profile).into()),
+        }))
+    }
+
+    async fn clock(
+        &self,
+        _req: Request<pb::ClockRequest>,
+    ) -> Result<Response<pb::ClockResponse>, Status> {
+        Ok(Response::new(pb::ClockResponse {
+            monotonic_ns: crate::ingest::monotonic_ns(),
+            node: "aggregator".into(),
         }))
     }
 
@@ -192,6 +223,7 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
         let interval = watch_interval(req.interval_ms)?;
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         let store = self.store.clone();
+        let cross = self.skew.clone();
         tokio::spawn(async move {
             // Held while the watch lasts.
             let _slot = slot;
@@ -202,9 +234,13 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
                     break;
                 }
                 // A job not (yet) known streams nothing until its first snapshot arrives.
-                let Some(profile) = store.lock().await.job(&req.job) else {
+                let Some(mut profile) = store.lock().await.job(&req.job) else {
                     continue;
                 };
+                profile.skew = cross
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .report(&req.job);
                 let msg = pb::GetJobReportResponse {
                     profile: Some((&profile).into()),
                 };

@@ -90,7 +90,10 @@ fn snapshot(node: &str, rank: u32, taken_ns: u64) -> pb::ProcessSnapshot {
 async fn push(url: &str, processes: Vec<pb::ProcessSnapshot>) -> pb::PushSnapshotsResponse {
     client(url)
         .await
-        .push_snapshots(tokio_stream::iter([pb::PushSnapshotsRequest { processes }]))
+        .push_snapshots(tokio_stream::iter([pb::PushSnapshotsRequest {
+            processes,
+            ..Default::default()
+        }]))
         .await
         .expect("push")
         .into_inner()
@@ -155,6 +158,7 @@ async fn pushes_merge_once_refusals_hold_and_a_restart_keeps_everything() {
         .await
         .push_snapshots(tokio_stream::iter([pb::PushSnapshotsRequest {
             processes: vec![bad],
+            ..Default::default()
         }]))
         .await
         .expect_err("no rank");

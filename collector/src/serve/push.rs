@@ -23,8 +23,14 @@ use crate::{
 /// Where snapshots come from.
 #[tonic::async_trait]
 pub trait SnapshotSource: Send + Sync + 'static {
-    /// Every process's cumulative snapshot now.
+    /// Every process's cumulative snapshot now (and, from a node, the collective
+    /// instances handed on since the last batch).
     async fn batch(&self) -> pb::PushSnapshotsRequest;
+
+    /// The clock the batches' times are on (the node's monotonic clock, as its API gives it).
+    fn clock_ns(&self) -> u64 {
+        monotonic_ns()
+    }
 }
 
 #[tonic::async_trait]
@@ -34,6 +40,7 @@ impl SnapshotSource for NodeState {
             .snapshot(&pb::ProcessFilter::default(), Caller::Any)
             .await;
         let taken_ns = monotonic_ns();
+        let instances = self.parts(&profile).await;
         let processes = profile
             .ranks
             .into_iter()
@@ -51,7 +58,59 @@ impl SnapshotSource for NodeState {
                 })
             })
             .collect();
-        pb::PushSnapshotsRequest { processes }
+        pb::PushSnapshotsRequest {
+            processes,
+            instances,
+            ..Default::default()
+        }
+    }
+
+    fn clock_ns(&self) -> u64 {
+        self.api_time(monotonic_ns())
+    }
+}
+
+impl NodeState {
+    /// The collective instances who-is-late handed on (their other members are on other
+    /// nodes), with ranks, hosts and job as `profile` names them, on the API's clock.
+    async fn parts(&self, profile: &crate::report::JobProfile) -> Vec<pb::InstancePart> {
+        let Some(late) = &self.late else {
+            return Vec::new();
+        };
+        let parts = late.lock().await.take_parts();
+        let rank_of = |pid: u32| profile.ranks.iter().find(|r| r.pid == pid);
+        parts
+            .into_iter()
+            .filter_map(|inst| {
+                let job = rank_of(inst.arrivals.first()?.pid)?.job.clone();
+                let arrivals = inst
+                    .arrivals
+                    .iter()
+                    .filter_map(|a| {
+                        let r = rank_of(a.pid)?;
+                        Some(pb::InstanceArrival {
+                            rank: r.rank,
+                            host: self.node.clone(),
+                            start_ns: self.api_time(a.start_ns),
+                            end_ns: self.api_time(a.end_ns),
+                        })
+                    })
+                    .collect();
+                Some(pb::InstancePart {
+                    job,
+                    comm: inst.comm.0,
+                    seq: inst.seq,
+                    routine: collector_common::ROUTINES
+                        .get(inst.routine as usize)
+                        .map_or("?", |r| r.name)
+                        .to_string(),
+                    bucket: (inst.bucket != collector_common::UNKNOWN_BUCKET)
+                        .then_some(u32::from(inst.bucket)),
+                    size: inst.size,
+                    arrivals,
+                })
+            })
+            .collect()
     }
 }
 
@@ -86,7 +145,14 @@ pub async fn run<S: SnapshotSource>(
 /// takes in one message. An empty batch stays one (empty) message.
 pub fn split(batch: pb::PushSnapshotsRequest, max: usize) -> Vec<pb::PushSnapshotsRequest> {
     use prost::Message as _;
-    let mut parts = vec![pb::PushSnapshotsRequest::default()];
+    // Instances and the clock go with the first message (instances are few: one per
+    // multi-node collective since the last push, at most 65,536).
+    let mut parts = vec![pb::PushSnapshotsRequest {
+        processes: Vec::new(),
+        instances: batch.instances,
+        clock_offset_ns: batch.clock_offset_ns,
+        clock_error_ns: batch.clock_error_ns,
+    }];
     let mut size = 0;
     for p in batch.processes {
         let len = p.encoded_len() + 8;
@@ -109,6 +175,9 @@ async fn push_session<S: SnapshotSource>(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let mut client = crate::serve::aggregator_client(connect(target).await?);
+    // The aggregator's clock against ours, NTP-style, for who is late across nodes (an
+    // aggregator without the Clock call gets no instances matched).
+    let clock = estimate_clock(&mut client, state.as_ref()).await;
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let call = tokio::spawn(async move {
         client
@@ -121,7 +190,7 @@ async fn push_session<S: SnapshotSource>(
         tokio::select! {
             _ = shutdown.cancelled() => {
                 // A last snapshot, then close the stream and let the aggregator answer.
-                for part in split(state.batch().await, crate::serve::PUSH_MESSAGE_BYTES) {
+                for part in split(stamped(state.batch().await, clock), crate::serve::PUSH_MESSAGE_BYTES) {
                     let _ = tx.send(part).await;
                 }
                 drop(tx);
@@ -129,7 +198,7 @@ async fn push_session<S: SnapshotSource>(
                 return Ok(());
             }
             _ = tick.tick() => {
-                for part in split(state.batch().await, crate::serve::PUSH_MESSAGE_BYTES) {
+                for part in split(stamped(state.batch().await, clock), crate::serve::PUSH_MESSAGE_BYTES) {
                     if tx.send(part).await.is_err() {
                         let outcome = call.await?;
                         anyhow::bail!("the aggregator closed the stream: {:?}", outcome.err());
@@ -139,6 +208,35 @@ async fn push_session<S: SnapshotSource>(
             }
         }
     }
+}
+
+/// `batch` with the clock estimate.
+fn stamped(
+    mut batch: pb::PushSnapshotsRequest,
+    clock: Option<crate::trace::remote::ClockEstimate>,
+) -> pb::PushSnapshotsRequest {
+    if let Some(c) = clock {
+        batch.clock_offset_ns = Some(c.offset_ns);
+        batch.clock_error_ns = c.error_ns;
+    }
+    batch
+}
+
+/// The aggregator's clock minus `source`'s: the best of 16 exchanges (None if the
+/// aggregator has no Clock call).
+async fn estimate_clock<S: SnapshotSource>(
+    client: &mut pb::aggregator_client::AggregatorClient<tonic::transport::Channel>,
+    source: &S,
+) -> Option<crate::trace::remote::ClockEstimate> {
+    crate::trace::remote::best_exchange(
+        || source.clock_ns(),
+        || {
+            let mut c = client.clone();
+            async move { Ok(c.clock(pb::ClockRequest {}).await?.into_inner()) }
+        },
+    )
+    .await
+    .ok()
 }
 
 #[cfg(test)]
@@ -154,6 +252,7 @@ mod tests {
         };
         let batch = pb::PushSnapshotsRequest {
             processes: (0..1000).map(snap).collect(),
+            ..Default::default()
         };
         let parts = split(batch, 10_000);
         assert!(parts.len() > 10);

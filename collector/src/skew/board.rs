@@ -173,6 +173,15 @@ impl Board {
         held
     }
 
+    /// The instances every job's trackers handed on since last asked (their other
+    /// members are on other nodes).
+    pub fn take_parts(&mut self) -> Vec<super::instances::Instance> {
+        self.trackers
+            .values_mut()
+            .flat_map(|t| t.take_parts())
+            .collect()
+    }
+
     /// The report of the job that `pids` belong to (the first whose job is known), with
     /// processes named by `whois`.
     pub fn report_for(&self, pids: &[u32], whois: Whois) -> Option<SkewReport> {

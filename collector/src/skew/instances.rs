@@ -71,6 +71,16 @@ pub struct Instance {
     pub arrivals: Vec<Arrival>,
 }
 
+impl Instance {
+    /// Every member on this node arrived and the others are on other nodes: matched only
+    /// where all nodes' parts meet (the aggregator).
+    pub fn is_remote(&self) -> bool {
+        !self.complete
+            && self.arrivals.len() == self.local_members
+            && self.local_members < self.size as usize
+    }
+}
+
 /// What the matcher could not place.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MatchCounts {
@@ -91,6 +101,9 @@ const MAX_SPANS: usize = 1024;
 const MAX_OPEN: usize = 8192;
 /// An instance no member arrived at for this long (on the calls' clock) is closed.
 pub const EXPIRE_NS: u64 = 30_000_000_000;
+/// An instance whose members on this node all arrived, the others being elsewhere, is
+/// handed on once it is this old (a local member that starts late still makes it in).
+pub const HANDOFF_NS: u64 = 1_000_000_000;
 
 #[derive(Debug, Clone, Copy)]
 struct Span {
@@ -218,14 +231,21 @@ impl Matcher {
         }
     }
 
-    /// Closes the instances nobody arrived at for [`EXPIRE_NS`].
+    /// Closes the instances nobody arrived at for [`EXPIRE_NS`], and hands on those whose
+    /// other members are on other nodes after [`HANDOFF_NS`].
     pub fn expire(&mut self, out: &mut Vec<Instance>) {
         let horizon = self.newest_ns.saturating_sub(EXPIRE_NS);
+        let handoff = self.newest_ns.saturating_sub(HANDOFF_NS);
         for (key, comm) in &mut self.comms {
+            let local = comm.streams.len();
+            let elsewhere = local < comm.size as usize;
             let old: Vec<u64> = comm
                 .open
                 .iter()
-                .filter(|(_, o)| o.newest_ns < horizon)
+                .filter(|(_, o)| {
+                    o.newest_ns < horizon
+                        || (elsewhere && o.arrivals.len() >= local && o.newest_ns < handoff)
+                })
                 .map(|(s, _)| *s)
                 .collect();
             for seq in old {
@@ -528,6 +548,28 @@ mod tests {
             .count();
         assert_eq!(bad, 0);
         assert!(out.iter().filter(|i| i.complete).count() >= 190);
+    }
+
+    #[test]
+    fn members_elsewhere_hand_an_instance_on_once_the_local_ones_arrived() {
+        let mut m = Matcher::default();
+        let mut out = Vec::new();
+        // Two of four members here; instances 10 ms apart, then one 2 s later.
+        for i in 0..3 {
+            for p in 0..2 {
+                m.arrive(call(p, 4, i, 0), &mut out);
+            }
+        }
+        m.arrive(call(0, 4, 300, 0), &mut out);
+        m.expire(&mut out);
+        assert_eq!(
+            out.len(),
+            3,
+            "the instance of 2 s later waits for its other local member"
+        );
+        assert!(out
+            .iter()
+            .all(|i| !i.complete && i.arrivals.len() == 2 && i.local_members == 2));
     }
 
     #[test]

@@ -26,6 +26,9 @@ use identity::ProcComms;
 use instances::{Arrival, Collective, Instance, Matcher};
 use summary::{Summary, Whois};
 
+/// Instances kept for the aggregator between two pushes.
+const MAX_PARTS: usize = 1 << 16;
+
 /// Threads whose event numbers are followed; past this the table starts again (a gap is
 /// then missed until the next one, never invented).
 const MAX_THREADS: usize = 1 << 16;
@@ -45,6 +48,11 @@ pub struct Tracker {
     finished: Vec<Instance>,
     unidentified: u64,
     lost: u64,
+    /// Instances whose other members are on other nodes, for the aggregator (oldest
+    /// dropped past [`MAX_PARTS`], counted in `parts_dropped`).
+    parts: std::collections::VecDeque<Instance>,
+    /// Parts let go before anyone took them.
+    pub parts_dropped: u64,
     /// World sizes from the launchers' environment, for calls whose communicator size the
     /// kernel does not know (MPICH's world when attached after `MPI_Comm_size`).
     world_sizes: HashMap<u32, u32>,
@@ -64,6 +72,8 @@ impl Tracker {
             unidentified: 0,
             lost: 0,
             world_sizes: HashMap::new(),
+            parts: Default::default(),
+            parts_dropped: 0,
         }
     }
 
@@ -175,7 +185,19 @@ impl Tracker {
     fn take_finished(&mut self) {
         for inst in self.finished.drain(..) {
             self.summary.add(&inst);
+            if inst.is_remote() {
+                if self.parts.len() >= MAX_PARTS {
+                    self.parts.pop_front();
+                    self.parts_dropped += 1;
+                }
+                self.parts.push_back(inst);
+            }
         }
+    }
+
+    /// The instances handed on since last asked (their other members are on other nodes).
+    pub fn take_parts(&mut self) -> Vec<Instance> {
+        self.parts.drain(..).collect()
     }
 
     /// Notices events missing between a thread's events (a full ring buffer).

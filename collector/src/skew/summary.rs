@@ -22,6 +22,10 @@ pub struct SkewReport {
     /// nodes (a node daemon's view of a job that spans nodes): counted, not used.
     #[serde(default)]
     pub remote: u64,
+    /// Instances whose skew is smaller than the error of the nodes' clock offsets (an
+    /// aggregator's view): counted, nobody named.
+    #[serde(default)]
+    pub within_clock_error: u64,
     /// Collective calls on communicators with no shared name (made before commtap watched
     /// the process): not matched.
     pub unidentified: u64,
@@ -266,8 +270,7 @@ impl Summary {
     /// Adds one finished instance.
     pub fn add(&mut self, inst: &Instance) {
         if !inst.complete {
-            if inst.arrivals.len() == inst.local_members && inst.local_members < inst.size as usize
-            {
+            if inst.is_remote() {
                 self.remote += 1;
             } else {
                 self.incomplete += 1;
@@ -390,6 +393,7 @@ impl Summary {
             instances: self.instances,
             incomplete: self.incomplete,
             remote: self.remote,
+            within_clock_error: 0,
             unidentified,
             unaligned: counts.unaligned + counts.conflicts,
             lost,

@@ -1,0 +1,240 @@
+//! Who is late across nodes: node daemons hand on the collective instances whose members
+//! are on several nodes (each with its own members' arrivals), and the parts of an
+//! instance meet here, put on the aggregator's clock with each node's offset.
+//!
+//! Bounded: at most [`MAX_JOBS`] jobs and [`MAX_PENDING`] open instances per job (the
+//! oldest closed as incomplete); a part names ranks of its sender's node only.
+
+use std::collections::{HashMap, VecDeque};
+
+use collector_common::{routines::routine_id, BUCKETS, UNKNOWN_BUCKET};
+
+use crate::{
+    serve::pb,
+    skew::{
+        instances::{Arrival, Instance, MatchCounts},
+        summary::Summary,
+        CommKey, SkewReport,
+    },
+};
+
+/// Jobs followed at once.
+const MAX_JOBS: usize = 4096;
+/// Open instances per job.
+const MAX_PENDING: usize = 1 << 16;
+/// The largest communicator an instance may claim (a part claiming more is refused).
+const MAX_SIZE: u32 = 1 << 22;
+
+#[derive(Debug)]
+struct Pending {
+    routine: u16,
+    bucket: u8,
+    size: u32,
+    arrivals: Vec<Arrival>,
+    /// The largest clock error of the nodes whose parts are in.
+    error_ns: u64,
+}
+
+#[derive(Debug, Default)]
+struct JobSkew {
+    pending: HashMap<(u64, u64), Pending>,
+    order: VecDeque<(u64, u64)>,
+    summary: Summary,
+    hosts: HashMap<u32, String>,
+    within_clock_error: u64,
+}
+
+/// The instances of every job, as their parts arrive.
+#[derive(Debug, Default)]
+pub struct CrossSkew {
+    jobs: HashMap<String, JobSkew>,
+}
+
+impl CrossSkew {
+    /// Takes a sender's parts, whose times are on its clock: the aggregator's is that
+    /// plus `offset_ns`, within `error_ns`.
+    pub fn add(&mut self, parts: &[pb::InstancePart], offset_ns: i64, error_ns: u64) {
+        for p in parts {
+            let Some(routine) = routine_id(&p.routine) else {
+                continue;
+            };
+            if p.size == 0 || p.size > MAX_SIZE {
+                continue;
+            }
+            let bucket = p
+                .bucket
+                .and_then(|b| u8::try_from(b).ok())
+                .filter(|b| *b < BUCKETS)
+                .unwrap_or(UNKNOWN_BUCKET);
+            if !self.jobs.contains_key(&p.job) && self.jobs.len() >= MAX_JOBS {
+                continue;
+            }
+            let job = self.jobs.entry(p.job.clone()).or_default();
+            let key = (p.comm, p.seq);
+            let pending = job.pending.entry(key).or_insert_with(|| {
+                job.order.push_back(key);
+                Pending {
+                    routine,
+                    bucket,
+                    size: p.size,
+                    arrivals: Vec::new(),
+                    error_ns: 0,
+                }
+            });
+            pending.error_ns = pending.error_ns.max(error_ns);
+            for a in &p.arrivals {
+                if pending.arrivals.len() >= pending.size as usize
+                    || pending.arrivals.iter().any(|x| x.pid == a.rank)
+                {
+                    continue;
+                }
+                pending.arrivals.push(Arrival {
+                    pid: a.rank,
+                    start_ns: a.start_ns.saturating_add_signed(offset_ns),
+                    end_ns: a.end_ns.saturating_add_signed(offset_ns),
+                });
+                if job.hosts.len() < MAX_SIZE as usize || job.hosts.contains_key(&a.rank) {
+                    job.hosts.insert(a.rank, a.host.clone());
+                }
+            }
+            if pending.arrivals.len() >= pending.size as usize {
+                job.close(key);
+            }
+            while job.pending.len() > MAX_PENDING {
+                let Some(oldest) = job.order.pop_front() else {
+                    break;
+                };
+                job.close(oldest);
+            }
+            if job.order.len() > 2 * MAX_PENDING {
+                let open = &job.pending;
+                job.order.retain(|k| open.contains_key(k));
+            }
+        }
+    }
+
+    /// The report of `job`, if any of its instances spanned nodes.
+    pub fn report(&self, job: &str) -> Option<SkewReport> {
+        let j = self.jobs.get(job)?;
+        let whois = |rank: u32| Some((rank, j.hosts.get(&rank).cloned().unwrap_or_default()));
+        let mut r = j
+            .summary
+            .report(MatchCounts::default(), 0, 0, &whois, &|_| None);
+        r.within_clock_error = j.within_clock_error;
+        Some(r)
+    }
+
+    /// Forgets jobs no longer kept.
+    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        self.jobs.retain(|j, _| keep(j));
+    }
+}
+
+impl JobSkew {
+    /// Closes instance `key`: complete when every member's part came; a skew within the
+    /// nodes' clock error names nobody.
+    fn close(&mut self, key: (u64, u64)) {
+        let Some(p) = self.pending.remove(&key) else {
+            return;
+        };
+        let complete = p.arrivals.len() == p.size as usize;
+        let inst = Instance {
+            comm: CommKey(key.0),
+            seq: key.1,
+            routine: p.routine,
+            bucket: p.bucket,
+            complete,
+            local_members: p.arrivals.len(),
+            size: p.size,
+            arrivals: p.arrivals,
+        };
+        if complete {
+            let first = inst.arrivals.iter().map(|a| a.start_ns).min().unwrap_or(0);
+            let last = inst.arrivals.iter().map(|a| a.start_ns).max().unwrap_or(0);
+            // Two nodes' offsets may each be off by their error.
+            if last - first < p.error_ns.saturating_mul(2) {
+                self.within_clock_error += 1;
+                return;
+            }
+        }
+        // An incomplete one counts as incomplete (its arrivals are not all of its members).
+        self.summary.add(&Instance {
+            local_members: usize::MAX,
+            ..inst
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(job: &str, seq: u64, ranks: &[(u32, u64)], host: &str) -> pb::InstancePart {
+        pb::InstancePart {
+            job: job.into(),
+            comm: 1,
+            seq,
+            routine: "MPI_Allreduce".into(),
+            bucket: Some(2),
+            size: 4,
+            arrivals: ranks
+                .iter()
+                .map(|&(rank, start)| pb::InstanceArrival {
+                    rank,
+                    host: host.into(),
+                    start_ns: start,
+                    end_ns: start + 1_000_000,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn parts_of_two_nodes_meet_on_one_clock() {
+        let mut x = CrossSkew::default();
+        // Node b's clock is 5 s ahead; its rank 2 arrives 3 ms after the others.
+        for seq in 0..20u64 {
+            let t = 1_000_000_000 + seq * 10_000_000;
+            x.add(&[part("j", seq, &[(0, t), (1, t + 10)], "a")], 0, 50_000);
+            let b = 5_000_000_000 + t;
+            x.add(
+                &[part("j", seq, &[(2, b + 3_000_000), (3, b + 20)], "b")],
+                -5_000_000_000,
+                50_000,
+            );
+        }
+        let r = x.report("j").expect("job");
+        assert_eq!(
+            (r.instances, r.incomplete, r.within_clock_error),
+            (20, 0, 0)
+        );
+        assert_eq!(r.ranks[2].last, 20);
+        assert_eq!(r.ranks[2].host, "b");
+        assert_eq!(r.ranks[2].caused_ns, 20 * 3_000_000);
+    }
+
+    #[test]
+    fn a_skew_within_the_clock_error_names_nobody() {
+        let mut x = CrossSkew::default();
+        x.add(&[part("j", 0, &[(0, 100), (1, 100)], "a")], 0, 1_000_000);
+        x.add(
+            &[part("j", 0, &[(2, 600_000), (3, 100)], "b")],
+            0,
+            1_000_000,
+        );
+        let r = x.report("j").expect("job");
+        assert_eq!((r.instances, r.within_clock_error), (0, 1));
+    }
+
+    #[test]
+    fn a_part_is_never_counted_twice() {
+        let mut x = CrossSkew::default();
+        let p = part("j", 0, &[(0, 100), (1, 100)], "a");
+        x.add(&[p.clone(), p], 0, 0);
+        x.add(&[part("j", 0, &[(2, 5_000_000), (3, 100)], "b")], 0, 0);
+        let r = x.report("j").expect("job");
+        assert_eq!((r.instances, r.incomplete), (1, 0));
+        assert_eq!(r.ranks.len(), 4);
+        assert!(r.ranks.iter().all(|k| k.instances == 1));
+    }
+}
