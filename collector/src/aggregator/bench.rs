@@ -100,6 +100,8 @@ pub async fn run(
         decode_secs += d;
     }
     let secs = start.elapsed().as_secs_f64();
+    // 1,000 nodes of 8 ranks (GPU nodes): 1 million per-node instance records.
+    let (parts, parts_secs) = match_parts(1_000, 8, 1_000);
     let job: u32 = store
         .lock()
         .await
@@ -111,13 +113,59 @@ pub async fn run(
     println!(
         "{{\"daemons\": {daemons}, \"ranks\": {}, \"routines\": {routines}, \"buckets\": {buckets}, \"wire_mib\": {:.1}, \
          \"merged\": {accepted}, \"ranks_in_job\": {job}, \"seconds\": {secs:.3}, \"decode_seconds\": {decode_secs:.3}, \"peak_rss_mib\": {:.1}, \
-         \"rss_before_mib\": {:.1}}}",
+         \"rss_before_mib\": {:.1}, \"skew_parts\": {parts}, \"skew_seconds\": {parts_secs:.3}, \
+         \"skew_parts_per_second\": {:.0}}}",
         daemons * ranks_per_daemon,
         bytes as f64 / 1048576.0,
         peak_rss_kib() as f64 / 1024.0,
-        rss_before as f64 / 1024.0
+        rss_before as f64 / 1024.0,
+        parts as f64 / parts_secs
     );
     Ok(())
+}
+
+/// Who is late across nodes: `daemons` nodes of `ranks` ranks each hand on their part of
+/// each of `instances` instances of one world communicator (each node's ranks arrive 1 µs
+/// apart, node 0's last rank 1 ms late); the timed part is the aggregator's matching.
+/// Returns (parts matched, seconds).
+fn match_parts(daemons: u32, ranks: u32, instances: u64) -> (u64, f64) {
+    let mut cross = super::skew::CrossSkew::default();
+    let mut secs = 0.0;
+    let size = daemons * ranks;
+    for seq in 0..instances {
+        let t0 = 1_000_000_000 + seq * 10_000_000;
+        let parts: Vec<pb::InstancePart> = (0..daemons)
+            .map(|d| pb::InstancePart {
+                job: "bench".into(),
+                comm: 1,
+                seq,
+                routine: "MPI_Allreduce".into(),
+                bucket: Some(2),
+                size,
+                arrivals: (0..ranks)
+                    .map(|r| {
+                        let late = if d == 0 && r == ranks - 1 {
+                            1_000_000
+                        } else {
+                            0
+                        };
+                        pb::InstanceArrival {
+                            rank: d * ranks + r,
+                            host: format!("node{d:04}"),
+                            start_ns: t0 + u64::from(r) * 1_000 + late,
+                            end_ns: t0 + 2_000_000,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
+        let start = Instant::now();
+        cross.add(&parts, 0, 1_000);
+        secs += start.elapsed().as_secs_f64();
+    }
+    let report = cross.report("bench").expect("the bench job");
+    assert_eq!(report.instances, instances, "every instance matched");
+    (instances * u64::from(daemons), secs)
 }
 
 /// A made-up final rank profile with `routines` x `buckets` sizes: for benchmarks and

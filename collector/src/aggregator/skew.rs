@@ -31,6 +31,8 @@ struct Pending {
     bucket: u8,
     size: u32,
     arrivals: Vec<Arrival>,
+    /// The ranks in `arrivals` (a part sent twice is not counted twice).
+    ranks: std::collections::HashSet<u32>,
     /// The largest clock error of the nodes whose parts are in.
     error_ns: u64,
 }
@@ -78,13 +80,13 @@ impl CrossSkew {
                     bucket,
                     size: p.size,
                     arrivals: Vec::new(),
+                    ranks: Default::default(),
                     error_ns: 0,
                 }
             });
             pending.error_ns = pending.error_ns.max(error_ns);
             for a in &p.arrivals {
-                if pending.arrivals.len() >= pending.size as usize
-                    || pending.arrivals.iter().any(|x| x.pid == a.rank)
+                if pending.arrivals.len() >= pending.size as usize || !pending.ranks.insert(a.rank)
                 {
                     continue;
                 }
@@ -93,7 +95,7 @@ impl CrossSkew {
                     start_ns: a.start_ns.saturating_add_signed(offset_ns),
                     end_ns: a.end_ns.saturating_add_signed(offset_ns),
                 });
-                if job.hosts.len() < MAX_SIZE as usize || job.hosts.contains_key(&a.rank) {
+                if !job.hosts.contains_key(&a.rank) && job.hosts.len() < MAX_SIZE as usize {
                     job.hosts.insert(a.rank, a.host.clone());
                 }
             }
