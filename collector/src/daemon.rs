@@ -144,9 +144,13 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         event_streams: Default::default(),
         call_events: opts.call_events,
         clock_offset_ns: opts.clock_offset_ns,
-        late: opts
-            .skew
-            .then(|| Mutex::new(crate::skew::Board::new(node.clone()))),
+        late: opts.skew.then(|| {
+            let mut board = crate::skew::Board::new(node.clone());
+            if opts.aggregator.is_some() {
+                board.hand_on_parts();
+            }
+            Mutex::new(board)
+        }),
     });
     add_synthetic_ranks(&state, opts.synthetic_ranks).await;
     let listener = socket::bind_unix(&opts.socket, opts.socket_mode).await?;

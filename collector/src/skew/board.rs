@@ -33,6 +33,8 @@ pub type Released = (CallEvent, Option<(CommKey, u64)>);
 #[derive(Debug)]
 pub struct Board {
     host: String,
+    /// Whether instances with members on other nodes are kept for an aggregator.
+    hand_on: bool,
     trackers: HashMap<String, Tracker>,
     world_of: HashMap<u32, String>,
     waiting: HashMap<u32, VecDeque<CallEvent>>,
@@ -45,11 +47,19 @@ impl Board {
     pub fn new(host: String) -> Board {
         Board {
             host,
+            hand_on: false,
             trackers: HashMap::new(),
             world_of: HashMap::new(),
             waiting: HashMap::new(),
             unplaced: 0,
         }
+    }
+
+    /// Keeps the instances whose other members are on other nodes for
+    /// [`Board::take_parts`] (a daemon that pushes to an aggregator); without it they are
+    /// only counted as remote.
+    pub fn hand_on_parts(&mut self) {
+        self.hand_on = true;
     }
 
     /// Takes one item of the call feed.
@@ -111,11 +121,12 @@ impl Board {
             .entry(pid)
             .or_insert_with(|| world.to_string())
             .clone();
-        let host = self.host.clone();
-        let t = self
-            .trackers
-            .entry(world)
-            .or_insert_with(|| Tracker::new(host));
+        let (host, hand_on) = (self.host.clone(), self.hand_on);
+        let t = self.trackers.entry(world).or_insert_with(|| {
+            let mut t = Tracker::new(host);
+            t.hand_on = hand_on;
+            t
+        });
         if let Some(n) = size {
             t.world_size(pid, n);
         }

@@ -53,6 +53,8 @@ pub struct Tracker {
     parts: std::collections::VecDeque<Instance>,
     /// Parts let go before anyone took them.
     pub parts_dropped: u64,
+    /// Whether parts are kept (an aggregator takes them); else only counted as remote.
+    pub hand_on: bool,
     /// World sizes from the launchers' environment, for calls whose communicator size the
     /// kernel does not know (MPICH's world when attached after `MPI_Comm_size`).
     world_sizes: HashMap<u32, u32>,
@@ -74,6 +76,7 @@ impl Tracker {
             world_sizes: HashMap::new(),
             parts: Default::default(),
             parts_dropped: 0,
+            hand_on: false,
         }
     }
 
@@ -185,7 +188,7 @@ impl Tracker {
     fn take_finished(&mut self) {
         for inst in self.finished.drain(..) {
             self.summary.add(&inst);
-            if inst.is_remote() {
+            if self.hand_on && inst.is_remote() {
                 if self.parts.len() >= MAX_PARTS {
                     self.parts.pop_front();
                     self.parts_dropped += 1;
