@@ -126,11 +126,6 @@ pub fn comm_info(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<CommInfo
     if h == mpich::COMM_SELF {
         return Some(CommInfo::new(1, 0, 0));
     }
-    let id = if h == mpich::COMM_WORLD {
-        comm_id::WORLD
-    } else {
-        0
-    };
     // SAFETY: plain value.
     let info = unsafe {
         COMMS.get(HandleKey {
@@ -143,7 +138,19 @@ pub fn comm_info(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<CommInfo
     if info.size == 0 {
         None
     } else {
-        Some(CommInfo { id, ..info })
+        Some(info)
+    }
+}
+
+/// An identity of communicator `h` that every member shares (see `comm_id`): what was
+/// decoded into `info` (Open MPI's context id, NCCL's unique-id hash), else the world for
+/// MPICH's world handle, whose size may never have been asked while commtap watched.
+#[inline(always)]
+pub fn shared_comm_id(abi: u8, h: u64, info: Option<CommInfo>) -> u64 {
+    match info {
+        Some(i) if i.id != 0 => i.id,
+        _ if abi == Abi::Mpich as u8 && h == mpich::COMM_WORLD => comm_id::WORLD,
+        _ => 0,
     }
 }
 

@@ -231,23 +231,23 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
     let dur = now.saturating_sub(start);
     add(e, &key, 1, bytes, dur);
     if call_events_on() {
-        let thread_seq = e.events;
-        e.events = e.events.wrapping_add(1);
         // For timelines: the operation inside the MPI or NCCL call that made it.
-        emit_call(&CallEvent {
-            kind: EventKind::Call as u32,
-            tgid,
-            tid: bpf_get_current_pid_tgid() as u32,
-            routine,
-            bucket,
-            peer: -1,
-            comm_rank: -1,
-            start_ns: start,
-            dur_ns: dur,
-            bytes,
-            thread_seq,
-            ..CallEvent::default()
-        });
+        emit_call(
+            e,
+            &mut CallEvent {
+                kind: EventKind::Call as u32,
+                tgid,
+                tid: bpf_get_current_pid_tgid() as u32,
+                routine,
+                bucket,
+                peer: -1,
+                comm_rank: -1,
+                start_ns: start,
+                dur_ns: dur,
+                bytes,
+                ..CallEvent::default()
+            },
+        );
     }
     0
 }

@@ -13,15 +13,16 @@ use aya_ebpf::{
     EbpfContext,
 };
 use collector_common::{
-    routines::class, Abi, ArgSpec, ByteRule, CallEvent, CommInfo, Config, Cookie, CounterKey,
-    EventKind, HandleCache, HandleKey, Layout, ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
+    routines::class, Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Config, Cookie,
+    CounterKey, EventKind, HandleCache, HandleKey, Layout, ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
 };
 
 use collector_common::routines::NO_ARG as N;
 
 use crate::{
     decode::{
-        comm_info, count_arg, handle, int_arg, product_ints, read, sum_ints, sum_typed, type_size,
+        comm_info, count_arg, handle, int_arg, product_ints, read, shared_comm_id, sum_ints,
+        sum_typed, type_size,
     },
     maps::{
         call_state, is_counted, is_watched, new_call_state, still_counted, with_proc_stats, COMMS,
@@ -261,34 +262,29 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         _ => spec.matters_for_skew(),
     };
     // Read before `e` is borrowed for the counters, and only for an event.
-    let mut ev = CallEvent {
-        kind: EventKind::Call as u32,
-        routine: c.routine,
-        bucket,
-        comm_size,
-        start_ns,
-        dur_ns: dur,
-        bytes,
-        comm_rank: -1,
-        peer: -1,
-        ..CallEvent::default()
-    };
-    if events {
+    let ev = events.then(|| {
+        let mut ev = CallEvent {
+            kind: EventKind::Call as u32,
+            tgid,
+            tid: bpf_get_current_pid_tgid() as u32,
+            routine: c.routine,
+            bucket,
+            comm_size,
+            start_ns,
+            dur_ns: dur,
+            bytes,
+            ..CallEvent::default()
+        };
         describe_call(&mut ev, &call, &spec, comm);
-    }
+        ev
+    });
     crate::counters::add(e, &key, 1, bytes, dur);
     if ABI == Abi::Nccl as u8 {
         crate::nccl::after_call(e, &spec, &key, bytes, start_ns, now, ret);
     }
-    if !events {
-        e.busy = 0;
-        return 0;
+    if let Some(mut ev) = ev {
+        emit_call(e, &mut ev);
     }
-    ev.tgid = tgid;
-    ev.tid = bpf_get_current_pid_tgid() as u32;
-    ev.thread_seq = e.events;
-    e.events = e.events.wrapping_add(1);
-    emit_call(&ev);
     // Last: `args` pointed into this entry.
     e.busy = 0;
     0
@@ -299,16 +295,9 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
 #[inline(always)]
 fn describe_call(ev: &mut CallEvent, c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) {
     ev.peer = c.arg(spec.peer).map(int_arg).unwrap_or(-1);
-    if let Some(h) = c.arg(spec.comm) {
-        ev.comm = handle(c.abi, h);
-    }
-    if let Some(info) = comm {
-        ev.comm_id = info.id;
-        ev.comm_rank = info.rank;
-    } else if c.abi == Abi::Mpich as u8 && ev.comm == collector_common::mpich::COMM_WORLD {
-        // Its size was never asked while commtap watched (attached mid-job): still the world.
-        ev.comm_id = collector_common::comm_id::WORLD;
-    }
+    ev.comm = c.arg(spec.comm).map_or(0, |h| handle(c.abi, h));
+    ev.comm_id = shared_comm_id(c.abi, ev.comm, comm);
+    ev.comm_rank = comm.map_or(-1, |i| i.rank);
     if c.ret == 0 && ByteRule::from_u8(spec.rule).creates_comm() {
         ev.color = c.arg(spec.a).map(int_arg).unwrap_or(0);
         ev.created = c
@@ -336,10 +325,14 @@ pub(crate) fn call_events_on() -> bool {
         .is_some_and(|c| c.call_events & Config::EVENTS_ALL != 0)
 }
 
-/// Sends a completed call to userspace; a full ring buffer counts it as dropped.
+/// Sends a completed call of the thread whose state is `e` to userspace, numbered in the
+/// thread's events (a gap tells userspace events were lost); a full ring buffer counts it
+/// as dropped.
 #[inline(always)]
-pub(crate) fn emit_call(ev: &CallEvent) {
-    if EVENTS.output::<CallEvent>(ev, batched_wakeup()).is_err() {
+pub(crate) fn emit_call(e: &mut CallState, ev: &mut CallEvent) {
+    ev.thread_seq = e.events;
+    e.events = e.events.wrapping_add(1);
+    if EVENTS.output::<CallEvent>(&*ev, batched_wakeup()).is_err() {
         with_proc_stats(ev.tgid, |s| s.events_dropped += 1);
     }
 }

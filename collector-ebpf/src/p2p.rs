@@ -3,11 +3,11 @@
 
 use aya_ebpf::{macros::map, maps::PerCpuHashMap};
 use collector_common::{
-    comm_id, mpich, Abi, ArgSpec, ByteRule, CommInfo, PeerKey, PeerVal, MAX_PEER_COUNTERS,
+    comm_id, Abi, ArgSpec, ByteRule, CommInfo, PeerKey, PeerVal, MAX_PEER_COUNTERS,
 };
 
 use crate::{
-    decode::{handle, int_arg, status_bytes, status_ignored, status_source},
+    decode::{handle, int_arg, shared_comm_id, status_bytes, status_ignored, status_source},
     maps::with_proc_stats,
     mpi::Call,
 };
@@ -91,9 +91,7 @@ pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Opt
 #[inline(always)]
 pub fn comm_key(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> u64 {
     let h = c.arg(spec.comm).map_or(0, |h| handle(c.abi, h));
-    let world = comm.is_some_and(|i| i.id == comm_id::WORLD)
-        || (c.abi == Abi::Mpich as u8 && h == mpich::COMM_WORLD);
-    if world {
+    if shared_comm_id(c.abi, h, comm) == comm_id::WORLD {
         PeerKey::WORLD
     } else {
         h

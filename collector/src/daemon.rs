@@ -365,7 +365,7 @@ async fn follow_collectives(
     mut feed: tokio::sync::broadcast::Receiver<crate::ingest::FeedItem>,
     shutdown: CancellationToken,
 ) {
-    use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+    use tokio::sync::broadcast::error::RecvError;
     let Some(late) = &state.late else { return };
     loop {
         let first = tokio::select! {
@@ -377,11 +377,10 @@ async fn follow_collectives(
         }
         let mut batch = vec![first];
         while batch.len() < FEED_BATCH {
-            match feed.try_recv() {
-                Ok(item) => batch.push(Ok(item)),
-                Err(TryRecvError::Lagged(n)) => batch.push(Err(RecvError::Lagged(n))),
-                Err(_) => break,
-            }
+            let Some(item) = crate::ingest::queued_item(&mut feed) else {
+                break;
+            };
+            batch.push(item);
         }
         let mut board = late.lock().await;
         for item in batch {

@@ -107,6 +107,19 @@ pub enum FeedItem {
     Exited(u32),
 }
 
+/// What a reader of the call feed gets: an item, how many it fell behind by, or the end.
+pub type FeedResult = Result<FeedItem, tokio::sync::broadcast::error::RecvError>;
+
+/// The next item already queued on `feed`, without waiting (None: nothing is).
+pub fn queued_item(feed: &mut tokio::sync::broadcast::Receiver<FeedItem>) -> Option<FeedResult> {
+    use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+    match feed.try_recv() {
+        Ok(item) => Some(Ok(item)),
+        Err(TryRecvError::Lagged(n)) => Some(Err(RecvError::Lagged(n))),
+        Err(_) => None,
+    }
+}
+
 /// Call events the feed holds for its slowest listener.
 const FEED_CAPACITY: usize = 1 << 16;
 

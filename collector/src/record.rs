@@ -11,7 +11,7 @@ use crate::{
     attach::{self, LoadOptions, Probes},
     discover::{self, DiscoverError},
     ingest::monotonic_ns,
-    ingest::FeedItem,
+    ingest::{FeedItem, FeedResult},
     report::JobProfile,
     session::{Session, Tracked},
     skew,
@@ -248,8 +248,6 @@ struct FeedSinks {
     late: Option<skew::Board>,
 }
 
-type FeedResult = Result<FeedItem, tokio::sync::broadcast::error::RecvError>;
-
 impl FeedSinks {
     /// Writes one call into the trace, with its communicator and number where known.
     fn write(&mut self, ev: &CallEvent, placed: Option<(skew::CommKey, u64)>) -> Result<()> {
@@ -292,12 +290,9 @@ impl FeedSinks {
         f: &mut tokio::sync::broadcast::Receiver<FeedItem>,
         max: usize,
     ) -> Result<()> {
-        use tokio::sync::broadcast::error::{RecvError, TryRecvError};
         for _ in 0..max {
-            let item = match f.try_recv() {
-                Ok(item) => Ok(item),
-                Err(TryRecvError::Lagged(n)) => Err(RecvError::Lagged(n)),
-                Err(_) => break,
+            let Some(item) = crate::ingest::queued_item(f) else {
+                break;
             };
             self.item(item)?;
         }

@@ -140,29 +140,25 @@ impl JobSkew {
             return;
         };
         let complete = p.arrivals.len() == p.size as usize;
-        let inst = Instance {
-            comm: CommKey(key.0),
-            seq: key.1,
-            routine: p.routine,
-            bucket: p.bucket,
-            complete,
-            local_members: p.arrivals.len(),
-            size: p.size,
-            arrivals: p.arrivals,
-        };
         if complete {
-            let first = inst.arrivals.iter().map(|a| a.start_ns).min().unwrap_or(0);
-            let last = inst.arrivals.iter().map(|a| a.start_ns).max().unwrap_or(0);
+            let first = p.arrivals.iter().map(|a| a.start_ns).min().unwrap_or(0);
+            let last = p.arrivals.iter().map(|a| a.start_ns).max().unwrap_or(0);
             // Two nodes' offsets may each be off by their error.
             if last - first < p.error_ns.saturating_mul(2) {
                 self.within_clock_error += 1;
                 return;
             }
         }
-        // An incomplete one counts as incomplete (its arrivals are not all of its members).
         self.summary.add(&Instance {
+            comm: CommKey(key.0),
+            seq: key.1,
+            routine: p.routine,
+            bucket: p.bucket,
+            complete,
+            // Every node is in view here: an incomplete instance is incomplete, not remote.
             local_members: usize::MAX,
-            ..inst
+            size: p.size,
+            arrivals: p.arrivals,
         });
     }
 }

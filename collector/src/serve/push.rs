@@ -237,6 +237,7 @@ async fn estimate_clock<S: SnapshotSource>(
     )
     .await
     .ok()
+    .map(|(estimate, _)| estimate)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use collector_common::CallEvent;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::{summary::Whois, CommKey, SkewReport, Tracker};
-use crate::ingest::FeedItem;
+use crate::ingest::{FeedItem, FeedResult};
 
 /// Calls kept per process whose job is not known yet; past this they are counted as lost.
 const MAX_WAITING: usize = 1 << 14;
@@ -63,7 +63,7 @@ impl Board {
     }
 
     /// Takes one item of the call feed.
-    pub fn item(&mut self, item: Result<FeedItem, RecvError>) {
+    pub fn item(&mut self, item: FeedResult) {
         match item {
             Ok(FeedItem::Call(ev)) => {
                 self.call(ev);

@@ -49,10 +49,8 @@ pub struct Tracker {
     unidentified: u64,
     lost: u64,
     /// Instances whose other members are on other nodes, for the aggregator (oldest
-    /// dropped past [`MAX_PARTS`], counted in `parts_dropped`).
+    /// dropped past [`MAX_PARTS`]: the aggregator then counts them incomplete).
     parts: std::collections::VecDeque<Instance>,
-    /// Parts let go before anyone took them.
-    pub parts_dropped: u64,
     /// Whether parts are kept (an aggregator takes them); else only counted as remote.
     pub hand_on: bool,
     /// World sizes from the launchers' environment, for calls whose communicator size the
@@ -75,7 +73,6 @@ impl Tracker {
             lost: 0,
             world_sizes: HashMap::new(),
             parts: Default::default(),
-            parts_dropped: 0,
             hand_on: false,
         }
     }
@@ -191,7 +188,6 @@ impl Tracker {
             if self.hand_on && inst.is_remote() {
                 if self.parts.len() >= MAX_PARTS {
                     self.parts.pop_front();
-                    self.parts_dropped += 1;
                 }
                 self.parts.push_back(inst);
             }

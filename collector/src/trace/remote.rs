@@ -66,43 +66,43 @@ impl ClockEstimate {
 }
 
 /// Another clock against `ours`: the best of [`CLOCK_SAMPLES`] exchanges, each asking
-/// the other side's reading with `ask` (the node API's `Clock`, or the aggregator's).
-pub async fn best_exchange<F, Fut>(ours: impl Fn() -> u64, mut ask: F) -> Result<ClockEstimate>
+/// the other side's reading with `ask` (the node API's `Clock`, or the aggregator's);
+/// with the last answer (it names the other side).
+pub async fn best_exchange<F, Fut>(
+    ours: impl Fn() -> u64,
+    mut ask: F,
+) -> Result<(ClockEstimate, pb::ClockResponse)>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<pb::ClockResponse>>,
 {
     let mut best: Option<ClockEstimate> = None;
+    let mut last = pb::ClockResponse::default();
     for _ in 0..CLOCK_SAMPLES {
         let sent = ours();
-        let reply = ask().await?;
+        last = ask().await?;
         let received = ours();
-        let e = ClockEstimate::from_exchange(sent, reply.monotonic_ns, received);
+        let e = ClockEstimate::from_exchange(sent, last.monotonic_ns, received);
         if best.is_none_or(|b| e.error_ns < b.error_ns) {
             best = Some(e);
         }
     }
-    Ok(best.expect("at least one sample"))
+    Ok((best.expect("at least one sample"), last))
 }
 
 /// Estimates `client`'s node clock against ours, and says which node it is.
 pub async fn estimate_clock(client: &mut NodeClient<Channel>) -> Result<(ClockEstimate, String)> {
-    let mut node = String::new();
-    let estimate = best_exchange(monotonic_ns, || {
+    let (estimate, last) = best_exchange(monotonic_ns, || {
         let mut c = client.clone();
         async move {
-            let reply = c
-                .clock(pb::ClockRequest {})
+            Ok(c.clock(pb::ClockRequest {})
                 .await
                 .context("Clock")?
-                .into_inner();
-            Ok(reply)
+                .into_inner())
         }
     })
     .await?;
-    let reply = client.clock(pb::ClockRequest {}).await.context("Clock")?;
-    node.push_str(&reply.into_inner().node);
-    Ok((estimate, node))
+    Ok((estimate, last.node))
 }
 
 /// One daemon the trace reads.
