@@ -500,7 +500,13 @@ impl pb::node_server::Node for NodeService {
             }
             session.call_feed()
         };
-        Ok(Response::new(Box::pin(event_stream(state, feed, pids))))
+        // The stream carries the calls that start from now on: the ring buffer may still
+        // hold events of collectives from before (who is late asks for those all along),
+        // drained only on the next timer.
+        let opened_ns = monotonic_ns();
+        Ok(Response::new(Box::pin(event_stream(
+            state, feed, pids, opened_ns,
+        ))))
     }
 }
 
@@ -510,6 +516,7 @@ fn event_stream(
     state: Arc<NodeState>,
     mut feed: broadcast::Receiver<FeedItem>,
     pids: std::collections::BTreeSet<u32>,
+    opened_ns: u64,
 ) -> impl Stream<Item = Result<pb::EventBatch, Status>> {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
@@ -524,7 +531,7 @@ fn event_stream(
             let (mut events, mut exited) = (Vec::new(), Vec::new());
             loop {
                 match feed.try_recv() {
-                    Ok(FeedItem::Call(ev)) if visible(&ev.tgid) => {
+                    Ok(FeedItem::Call(ev)) if visible(&ev.tgid) && ev.start_ns >= opened_ns => {
                         let mut ev = crate::trace::call_event(&ev);
                         ev.start_ns = state.api_time(ev.start_ns);
                         events.push(ev);
