@@ -38,6 +38,34 @@ pub const fn bucket_range(bucket: u8) -> (u64, u64) {
     }
 }
 
+/// How every output spells a size range: `0`, `1-4`, `5-8` ... and `2147483649+` for the
+/// last, open bucket. Bytes are the unit; a caller that names it appends ` B`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RangeLabel {
+    /// Smallest size in the range.
+    pub lo: u64,
+    /// Largest (`u64::MAX`: open).
+    pub hi: u64,
+}
+
+impl RangeLabel {
+    /// The label of bucket `bucket` (see [`bucket_range`]).
+    pub const fn of_bucket(bucket: u8) -> RangeLabel {
+        let (lo, hi) = bucket_range(bucket);
+        RangeLabel { lo, hi }
+    }
+}
+
+impl core::fmt::Display for RangeLabel {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match (self.lo, self.hi) {
+            (lo, u64::MAX) => write!(f, "{lo}+"),
+            (lo, hi) if lo == hi => write!(f, "{lo}"),
+            (lo, hi) => write!(f, "{lo}-{hi}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,6 +87,18 @@ mod tests {
         assert_eq!(size_bucket(33), 5);
         assert_eq!(size_bucket(1 << 20), 19);
         assert_eq!(size_bucket(u64::MAX), BUCKETS - 1);
+    }
+
+    #[test]
+    fn labels_are_spelled_one_way() {
+        extern crate std;
+        use std::string::ToString;
+        assert_eq!(RangeLabel::of_bucket(0).to_string(), "0");
+        assert_eq!(RangeLabel::of_bucket(2).to_string(), "5-8");
+        assert_eq!(
+            RangeLabel::of_bucket(BUCKETS - 1).to_string(),
+            "2147483649+"
+        );
     }
 
     #[test]

@@ -922,6 +922,12 @@ const fn fab(name: &'static str, rule: ByteRule) -> Routine {
 pub const FABRIC_FIRST: u16 = routine_index("fi_msg_recv");
 /// Slots per libfabric ops table.
 pub const FABRIC_SLOTS: u16 = 9;
+/// `sizeof(struct fi_ops_msg)` (and `fi_ops_tagged`, `fi_ops_rma`): a `size_t` equal to
+/// the table's own size, then the slots.
+pub const FI_OPS_TABLE_SIZE: u64 = 8 + 8 * FABRIC_SLOTS as u64;
+/// Offset in `struct fid_ep` of its `msg` table pointer; `rma` and `tagged` follow (+48,
+/// +56), in the order of the table kinds of the slot ids.
+pub const FID_EP_TABLES_OFF: u64 = 40;
 /// Id of libfabric's `fi_fabric`.
 pub const FABRIC_OPEN: u16 = routine_index("fi_fabric");
 

@@ -15,7 +15,7 @@ use aya_ebpf::{
 };
 use collector_common::{CallState, CounterKey, CounterVal, MAX_COUNTERS};
 
-use crate::maps::{still_counted, with_proc_stats};
+use crate::{maps::with_proc_stats, process::still_counted};
 
 /// The slot of each counter's key in `COUNTER_VALUES`.
 #[map]

@@ -18,19 +18,20 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use collector_common::{
-    routines::{FABRIC_FIRST, FABRIC_SLOTS},
+    routines::{FABRIC_FIRST, FABRIC_SLOTS, FID_EP_TABLES_OFF},
     size_bucket, ArgSpec, ByteRule, CallEvent, Cookie, CounterKey, EventKind, FabricEvent,
     FABRIC_NAME_LEN, MAX_FABRIC_RANGES, UNKNOWN_BUCKET,
 };
 
 use crate::{
+    call::{call_events_on, cookie, emit_call},
     counters::add,
     decode::read,
     maps::{
-        call_state, is_counted, is_watched, new_call_state, still_counted, with_proc_stats, EVENTS,
-        FABRIC_FUNCS, FABRIC_KINDS, FABRIC_RANGES, FABRIC_TEXT, ROUTINE_SPECS,
+        call_state, new_call_state, with_proc_stats, EVENTS, FABRIC_FUNCS, FABRIC_KINDS,
+        FABRIC_RANGES, FABRIC_TEXT, ROUTINE_SPECS,
     },
-    mpi::{call_events_on, cookie, emit_call},
+    process::{is_counted, is_watched, still_counted},
 };
 
 /// Longest `struct iovec` array summed.
@@ -133,7 +134,7 @@ fn resolve(c: &Cookie, ip: u64, ep: u64) -> u16 {
         return FABRIC_FIRST + *kind as u16 * FABRIC_SLOTS + slot;
     }
     let function = ip.wrapping_sub(c.skip as u64);
-    if let Some(tables) = read::<[u64; 3]>(ep.wrapping_add(40)) {
+    if let Some(tables) = read::<[u64; 3]>(ep.wrapping_add(FID_EP_TABLES_OFF)) {
         for (kind, table) in tables.iter().enumerate() {
             if read::<u64>(table.wrapping_add(8 + 8 * slot as u64)) == Some(function) {
                 let _ = FABRIC_KINDS.insert(id, kind as u8, 0);

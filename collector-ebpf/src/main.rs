@@ -11,6 +11,7 @@
 #![no_main]
 
 mod cache;
+mod call;
 mod counters;
 mod decode;
 mod fabric;
@@ -18,6 +19,7 @@ mod maps;
 mod mpi;
 mod nccl;
 mod p2p;
+mod probe;
 mod process;
 
 #[cfg(not(test))]

@@ -79,21 +79,6 @@ pub fn new_call_state(tgid: u32) -> Option<*mut CallState> {
     Some(e)
 }
 
-/// Whether the process of a thread with call state is still counted: looked up again only
-/// after the handle generation moved (a detach bumps it), so a loop of calls pays nothing.
-#[inline(always)]
-pub fn still_counted(e: &mut CallState) -> bool {
-    let now = crate::cache::stamp();
-    if e.counted_gen == now {
-        return true;
-    }
-    if !is_counted(e.tgid) {
-        return false;
-    }
-    e.counted_gen = now;
-    true
-}
-
 /// NCCL device time: per operation key, the windows from an operation's enqueue to the
 /// return of the host's next wait for the GPU (calls = operations in those windows).
 #[map]
@@ -146,47 +131,4 @@ pub fn with_proc_stats(tgid: u32, f: impl FnOnce(&mut ProcStats)) {
     let mut s = ProcStats::default();
     f(&mut s);
     let _ = PROC_STATS.insert(tgid, s, 0);
-}
-
-/// Whether calls of `tgid` are counted: it is watched, or every process is (but commtap).
-/// In watch-all mode a process seen for the first time joins the watched set (so that its
-/// exit is reported) and userspace is told, while the process is still young enough for
-/// its environment (rank, job) to be read.
-#[inline(always)]
-pub fn is_counted(tgid: u32) -> bool {
-    // A process in the map is counted per its flags: one detached on request stays there
-    // without COUNT, so that watch-all mode does not take it up again.
-    // SAFETY: plain u32 value.
-    if let Some(f) = unsafe { WATCHED.get(tgid) } {
-        return f & collector_common::watch::COUNT != 0;
-    }
-    match CONFIG.get(0) {
-        Some(c) if c.watch_all != 0 && c.self_tgid != tgid && in_scope(c) => {
-            let _ = WATCHED.insert(tgid, collector_common::watch::COUNT, 0);
-            crate::process::emit(collector_common::EventKind::Discovered, tgid, 0);
-            true
-        }
-        _ => false,
-    }
-}
-
-/// Whether the current process is within the daemon's user and cgroup limits.
-#[inline(always)]
-fn in_scope(c: &Config) -> bool {
-    use aya_ebpf::helpers::generated as h;
-    if c.uid != Config::ANY_UID && aya_ebpf::helpers::bpf_get_current_uid_gid() as u32 != c.uid {
-        return false;
-    }
-    // The ancestor at the filter's level is the filter's cgroup for it and everything below
-    // it (a Slurm job's step cgroups, say).
-    // SAFETY: plain helper call.
-    c.cgroup_id == 0
-        || unsafe { h::bpf_get_current_ancestor_cgroup_id(c.cgroup_level as i32) } == c.cgroup_id
-}
-
-/// Whether `tgid` is in the watched set.
-#[inline(always)]
-pub fn is_watched(tgid: u32) -> bool {
-    // SAFETY: plain u32 value.
-    matches!(unsafe { WATCHED.get(tgid) }, Some(f) if f & collector_common::watch::COUNT != 0)
 }

@@ -8,18 +8,17 @@
 //! operation key when all the window's operations share one key, as in nccl-tests' timed
 //! loops and training steps that synchronise after their collective.
 
-use aya_ebpf::{macros::uretprobe, programs::RetProbeContext};
 use collector_common::{
     nccl,
     routines::{class, NCCL_GROUP},
-    size_bucket, Abi, ArgSpec, ByteRule, CallState, CommInfo, CounterKey, HandleKey,
+    size_bucket, ArgSpec, ByteRule, CallState, CommInfo, CounterKey, HandleKey,
 };
 
 use crate::{
+    call::{learn_comm, Call},
     counters::{add, add_hashed},
     decode::{int_arg, read},
     maps::{with_proc_stats, COMMS, DEVICE_TIME},
-    mpi::{learn_comm, on_return_probe, Call},
 };
 
 /// Largest `ncclCommInitAll` clique whose communicators are learnt.
@@ -27,12 +26,6 @@ const MAX_INIT_ALL: u32 = 16;
 
 /// Most receives one network `irecv` posts (NCCL's IB transport groups up to 8).
 const MAX_NET_RECVS: u32 = 8;
-
-/// Return of any NCCL routine (entry is the shared `call_entry`).
-#[uretprobe]
-pub fn nccl_return(ctx: RetProbeContext) -> u32 {
-    on_return_probe::<{ Abi::Nccl as u8 }, false>(ctx)
-}
 
 /// Applies an NCCL routine's byte rule and its communicator bookkeeping at return.
 #[inline(always)]

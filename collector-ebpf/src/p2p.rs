@@ -7,9 +7,9 @@ use collector_common::{
 };
 
 use crate::{
+    call::Call,
     decode::{handle, int_arg, shared_comm_id, status_bytes, status_ignored, status_source},
     maps::with_proc_stats,
-    mpi::Call,
 };
 
 /// Calls and bytes per process, communicator, peer and direction.

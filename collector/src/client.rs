@@ -5,11 +5,11 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::{
-    report::JobProfile,
-    serve::{
+    api::{
         pb,
-        socket::{connect, Target},
+        transport::{connect, Target},
     },
+    profile::JobProfile,
 };
 
 /// The profile a daemon (unix://, or TCP with `daemon --listen`) or an aggregator (TCP, one
@@ -17,7 +17,7 @@ use crate::{
 /// answers UNIMPLEMENTED to that, and is asked then.
 pub async fn snapshot(from: &Target, job: Option<&str>) -> Result<JobProfile> {
     if let (Target::Tcp(_), Some(job)) = (from, job) {
-        let mut client = crate::serve::aggregator_client(connect(from).await?);
+        let mut client = crate::api::aggregator_client(connect(from).await?);
         match client
             .get_job_report(pb::GetJobReportRequest {
                 job: job.to_string(),
@@ -35,7 +35,7 @@ pub async fn snapshot(from: &Target, job: Option<&str>) -> Result<JobProfile> {
             Err(s) => return Err(s).context("GetJobReport"),
         }
     }
-    let mut client = crate::serve::node_client(connect(from).await?);
+    let mut client = crate::api::node_client(connect(from).await?);
     let filter = pb::ProcessFilter {
         job: job.unwrap_or_default().to_string(),
         ..Default::default()
@@ -115,7 +115,7 @@ pub fn printable(s: &str) -> String {
 
 /// Prints the processes a daemon knows, one per line.
 pub async fn print_processes(from: &Target) -> Result<()> {
-    let mut client = crate::serve::node_client(connect(from).await?);
+    let mut client = crate::api::node_client(connect(from).await?);
     let resp = client
         .list_processes(pb::ListProcessesRequest {})
         .await
@@ -165,7 +165,7 @@ fn shortened(s: &str, max: usize) -> &str {
 
 /// Prints the jobs an aggregator knows, one per line.
 pub async fn print_jobs(from: &Target) -> Result<()> {
-    let mut client = crate::serve::aggregator_client(connect(from).await?);
+    let mut client = crate::api::aggregator_client(connect(from).await?);
     let resp = client
         .list_jobs(pb::ListJobsRequest {})
         .await
@@ -186,7 +186,7 @@ pub async fn print_jobs(from: &Target) -> Result<()> {
 
 /// Asks a daemon to watch `pid`; prints what it says of it.
 pub async fn attach(from: &Target, pid: u32) -> Result<()> {
-    let mut client = crate::serve::node_client(connect(from).await?);
+    let mut client = crate::api::node_client(connect(from).await?);
     let p = client
         .attach_process(pb::AttachProcessRequest { pid })
         .await
@@ -205,7 +205,7 @@ pub async fn attach(from: &Target, pid: u32) -> Result<()> {
 
 /// Asks a daemon to stop watching `pid`; prints its profile so far as `out` says.
 pub async fn detach(from: &Target, pid: u32, out: &crate::report::Outputs) -> Result<()> {
-    let mut client = crate::serve::node_client(connect(from).await?);
+    let mut client = crate::api::node_client(connect(from).await?);
     let resp = client
         .detach_process(pb::DetachProcessRequest { pid })
         .await
@@ -215,7 +215,7 @@ pub async fn detach(from: &Target, pid: u32, out: &crate::report::Outputs) -> Re
         println!("PID {pid} detached; it made no call while watched");
         return Ok(());
     };
-    let rank = crate::report::RankProfile::try_from(&rank)?;
+    let rank = crate::profile::RankProfile::try_from(&rank)?;
     out.write(&JobProfile::of_ranks(vec![rank]))
 }
 
@@ -225,7 +225,7 @@ pub async fn detach(from: &Target, pid: u32, out: &crate::report::Outputs) -> Re
 pub async fn events(from: &Target, pids: Vec<u32>, duration: Option<Duration>) -> Result<()> {
     use std::io::Write as _;
     use tokio_stream::StreamExt as _;
-    let mut client = crate::serve::node_client(connect(from).await?);
+    let mut client = crate::api::node_client(connect(from).await?);
     let mut stream = client
         .stream_events(pb::StreamEventsRequest { pids })
         .await
@@ -283,7 +283,7 @@ pub async fn watch(
     };
     if let Target::Tcp(_) = from {
         if let Some(job) = job {
-            let mut client = crate::serve::aggregator_client(connect(from).await?);
+            let mut client = crate::api::aggregator_client(connect(from).await?);
             match client
                 .watch_job_report(pb::WatchJobReportRequest {
                     job: job.to_string(),
@@ -307,7 +307,7 @@ pub async fn watch(
             }
         }
     }
-    let mut client = crate::serve::node_client(connect(from).await?);
+    let mut client = crate::api::node_client(connect(from).await?);
     let filter = pb::ProcessFilter {
         job: job.unwrap_or_default().to_string(),
         ..Default::default()

@@ -9,10 +9,13 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Context, Result};
-use collector_common::{buckets::bucket_range, size_bucket};
+use collector_common::{
+    buckets::{bucket_range, RangeLabel},
+    size_bucket,
+};
 use serde::Serialize;
 
-use crate::report::JobProfile;
+use crate::profile::JobProfile;
 
 /// One row of an nccl-tests table (out-of-place figures).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -257,13 +260,7 @@ pub fn render(c: &Comparison) -> String {
         "{:>24}{:>16}{:>16}{:>8}",
         "size range (bytes)", "expected(GB/s)", "measured(GB/s)", "ratio"
     );
-    let range = |lo: u64, hi: u64| {
-        if hi == u64::MAX {
-            format!("{lo}-")
-        } else {
-            format!("{lo}-{hi}")
-        }
-    };
+    let range = |lo: u64, hi: u64| RangeLabel { lo, hi }.to_string();
     for b in &c.buckets {
         let _ = writeln!(
             o,

@@ -12,15 +12,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::{
+    api::{pb, transport},
     attach::LoadOptions,
-    discover::{self, CgroupRef, ProcessInfo},
-    ingest::monotonic_ns,
+    clock::monotonic_ns,
+    discover::{self, tracked::Tracked, CgroupRef, ProcessInfo},
+    push,
     serve::{
         metrics,
         node::{NodeService, NodeState},
-        pb, push, socket,
     },
-    session::{Session, Tracked},
+    session::Session,
 };
 
 /// How the daemon runs.
@@ -43,7 +44,7 @@ pub struct DaemonOptions {
     /// Which processes to profile.
     pub scope: Scope,
     /// Push snapshots to this aggregator.
-    pub aggregator: Option<socket::Target>,
+    pub aggregator: Option<transport::Target>,
     /// How often.
     pub push_interval: Duration,
     /// Emit per-call events.
@@ -153,7 +154,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         }),
     });
     add_synthetic_ranks(&state, opts.synthetic_ranks).await;
-    let listener = socket::bind_unix(&opts.socket, opts.socket_mode).await?;
+    let listener = transport::bind_unix(&opts.socket, opts.socket_mode).await?;
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<pb::node_server::NodeServer<NodeService>>()

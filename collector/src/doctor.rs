@@ -7,9 +7,9 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::{
+    api::{pb, transport::Target},
     attach::{self, LoadOptions},
     discover,
-    serve::{pb, socket::Target},
     symbols::{self, file::LibraryFile, LibraryKind},
 };
 
@@ -239,8 +239,8 @@ async fn daemon_check(socket: &Path) -> Check {
         );
     }
     let answer = async {
-        let channel = crate::serve::socket::connect(&target).await?;
-        let mut client = crate::serve::node_client(channel);
+        let channel = crate::api::transport::connect(&target).await?;
+        let mut client = crate::api::node_client(channel);
         let resp = client.list_processes(pb::ListProcessesRequest {}).await?;
         anyhow::Ok(resp.into_inner())
     };

@@ -17,7 +17,7 @@ use collector_common::{
     IDENTITY_ENV_LEN,
 };
 
-use crate::report::Fabric;
+use crate::discover::Fabric;
 use tokio::{
     io::unix::AsyncFd,
     sync::{broadcast, mpsc},
@@ -38,6 +38,8 @@ pub enum ProcessEvent {
         pid: u32,
         /// Its real user id, from the kernel.
         uid: u32,
+        /// When, on the monotonic clock (the kernel's reading, not when we read it).
+        ts_ns: u64,
     },
     /// It forked a child that is now watched.
     Fork {
@@ -47,6 +49,8 @@ pub enum ProcessEvent {
         parent: u32,
         /// The child's real user id (its parent's), from the kernel.
         uid: u32,
+        /// When, on the monotonic clock (the kernel's reading, not when we read it).
+        ts_ns: u64,
     },
     /// It made its first MPI call (watch-all mode) and is now watched.
     Discovered {
@@ -247,12 +251,14 @@ fn drain(
                     ProcessEvent::Exec {
                         pid: ev.tgid,
                         uid: ev.uid,
+                        ts_ns: ev.ts_ns,
                     }
                 } else if k == EventKind::Fork as u32 {
                     ProcessEvent::Fork {
                         pid: ev.tgid,
                         parent: ev.parent,
                         uid: ev.uid,
+                        ts_ns: ev.ts_ns,
                     }
                 } else if k == EventKind::Discovered as u32 {
                     ProcessEvent::Discovered {
@@ -286,17 +292,6 @@ fn drain(
             }
         }
     }
-}
-
-/// Monotonic time in ns, the clock `bpf_ktime_get_ns` reads.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(test)]

@@ -2,8 +2,8 @@
 //! the stages of the data's flow).
 
 use collector::{
-    aggregator, attach, client, compare, daemon, discover, fabric, record, report, serve, symbols,
-    trace,
+    aggregator, api, attach, client, compare, daemon, discover, profile, record, report, serve,
+    symbols, trace,
 };
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
@@ -12,7 +12,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 use collector::{
-    daemon::DaemonOptions, record::RecordOptions, report::Outputs, serve::socket::Target,
+    api::transport::Target, daemon::DaemonOptions, record::RecordOptions, report::Outputs,
 };
 
 /// commtap: profile the communication of running MPI and NCCL jobs with eBPF: no relink,
@@ -183,7 +183,7 @@ struct JobsArgs {
 #[derive(clap::Args, Debug)]
 struct DaemonArgs {
     /// Unix socket to serve on.
-    #[arg(long, default_value = serve::socket::DEFAULT_SOCKET)]
+    #[arg(long, default_value = api::transport::DEFAULT_SOCKET)]
     socket: PathBuf,
     /// Permission bits of the socket, in octal (owner and group by default).
     #[arg(long, default_value = "660", value_parser = parse_mode)]
@@ -311,7 +311,7 @@ struct EventsArgs {
 #[derive(clap::Args, Debug)]
 struct DoctorArgs {
     /// The daemon's socket to check.
-    #[arg(long, default_value = serve::socket::DEFAULT_SOCKET)]
+    #[arg(long, default_value = api::transport::DEFAULT_SOCKET)]
     socket: PathBuf,
     /// The checks as JSON (an array of {name, status, detail, fix}).
     #[arg(long)]
@@ -361,7 +361,7 @@ struct CompareArgs {
 }
 
 /// A JSON profile saved by `record` or `report`.
-fn read_profile(p: &std::path::Path) -> Result<report::JobProfile> {
+fn read_profile(p: &std::path::Path) -> Result<profile::JobProfile> {
     use anyhow::Context as _;
     let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
     serde_json::from_str(&text)
@@ -485,7 +485,7 @@ impl TlsArgs {
         cert_key: Option<(PathBuf, PathBuf)>,
         who: &str,
     ) -> Result<Option<tonic::transport::ServerTlsConfig>> {
-        serve::socket::server_tls(cert_key, self.tls_client_ca, self.insecure_tcp, who)
+        api::transport::server_tls(cert_key, self.tls_client_ca, self.insecure_tcp, who)
     }
 }
 
@@ -696,7 +696,7 @@ fn init_logging(filter: &str) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log);
-    // Read by `serve::socket::connect`; set before any thread starts.
+    // Read by `api::transport::connect`; set before any thread starts.
     for (var, value) in [
         ("COMMTAP_TLS_CA", &cli.tls_ca),
         ("COMMTAP_TLS_CERT", &cli.tls_cert),
@@ -847,14 +847,14 @@ fn main() -> ExitCode {
                         o.dev_inode,
                         &o.path.display().to_string(),
                     )?;
-                    let cands = fabric::read_candidates(&file)?;
+                    let cands = symbols::fabric::read_candidates(&file)?;
                     if cands.is_empty() {
                         continue;
                     }
-                    let Some(map) = fabric::Mapping::of(&o) else {
+                    let Some(map) = discover::memory::Mapping::of(&o) else {
                         continue;
                     };
-                    let scan = fabric::endpoint_tables(pid, map, &cands);
+                    let scan = discover::memory::endpoint_tables(pid, map, &cands);
                     println!(
                         "{}: {} candidates, {} endpoints in {} MiB, tables {:x?}",
                         o.path.display(),

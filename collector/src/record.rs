@@ -9,11 +9,11 @@ use tracing::{info, warn};
 
 use crate::{
     attach::{self, LoadOptions, Probes},
-    discover::{self, DiscoverError},
-    ingest::monotonic_ns,
+    clock::monotonic_ns,
+    discover::{self, tracked::Tracked, DiscoverError},
     ingest::{FeedItem, FeedResult},
-    report::JobProfile,
-    session::{Session, Tracked},
+    profile::JobProfile,
+    session::Session,
     skew,
     trace::{self, ProcessName, TraceOptions, TraceWriter},
 };

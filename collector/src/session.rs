@@ -14,55 +14,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::{
-    attach::{AttachedLibrary, LoadOptions, Probes},
-    discover::{self, MappedObject, ProcessInfo},
-    ingest::{self, monotonic_ns, IngestCounters, ProcessEvent},
-    report::{JobProfile, ProbedLibrary, RankProfile, SCHEMA},
-    stats,
-    symbols::{file::FileError, LibraryFile, Placement},
+    attach::{LoadOptions, Probes},
+    clock::monotonic_ns,
+    discover::{self, tracked::Tracked, MappedObject, ProcessInfo},
+    ingest::{self, IngestCounters, ProcessEvent},
+    profile::{
+        build::{self, job_key},
+        JobProfile, ProbedLibrary, RankProfile,
+    },
+    symbols::{file::FileError, LibraryFile},
 };
-
-/// What the session keeps per watched process.
-#[derive(Debug, Default)]
-pub struct Tracked {
-    /// Identity and launcher environment, once read.
-    pub info: Option<ProcessInfo>,
-    /// Monotonic ns from which its calls are counted (attach, or fork for launched ones).
-    pub since_ns: u64,
-    /// Monotonic ns at which it exited.
-    pub exit_ns: Option<u64>,
-    /// Asked for by the user (reported even without MPI calls).
-    pub requested: bool,
-    /// Whether it maps an MPI library commtap probes.
-    pub maps_mpi: bool,
-    /// Address-space size when its mappings were last read. Reading `/proc/PID/maps` walks
-    /// the process's memory map (measured: 4% of a core for a 2-rank job every 200 ms,
-    /// taken from the ranks on a busy node), so rescans wait for this to change (dlopen).
-    pub seen_pages: Option<u64>,
-    /// libfabric fabrics it opened.
-    pub fabrics: BTreeSet<crate::report::Fabric>,
-    /// Its real user id as the kernel gave it with the event that made it known: a rank
-    /// that exits before its `/proc` entry is read still has an owner.
-    pub kernel_uid: Option<u32>,
-    /// Its identity as the kernel captured it when it became known (environment,
-    /// arguments, start time): what is used when `/proc` cannot be read in time.
-    pub kernel_info: Option<ProcessInfo>,
-}
-
-impl Tracked {
-    /// Its owner: from `/proc` once read, else from the kernel's event.
-    pub fn uid(&self) -> Option<u32> {
-        self.info.as_ref().and_then(|i| i.uid).or(self.kernel_uid)
-    }
-
-    /// A process counted from now on.
-    pub fn from_now() -> Tracked {
-        Tracked {
-            since_ns: monotonic_ns(),
-            ..Default::default()
-        }
-    }
-}
 
 /// Loaded probes, the watched processes and the ingest task.
 pub struct Session {
@@ -75,7 +36,7 @@ pub struct Session {
     ingest_counters: Arc<IngestCounters>,
     cancel: CancellationToken,
     ingest: Option<JoinHandle<()>>,
-    /// Job id given to each job key (see `job_key`), kept stable across profiles.
+    /// Job id given to each job key (see `profile::build::job_key`), kept stable across profiles.
     job_ids: BTreeMap<String, String>,
     /// Take new processes' identities from the kernel's identity events only, never from
     /// `/proc` (for tests: what a process that exits at once gets).
@@ -250,7 +211,7 @@ impl Session {
     }
 
     /// Names the libfabric fabrics `pid` opened before commtap attached (its `fi_fabric`
-    /// calls were not seen), from its memory (`fabric::open_fabrics`); `objects` are what
+    /// calls were not seen), from its memory (`discover::memory::open_fabrics`); `objects` are what
     /// it maps.
     fn find_open_fabrics(&mut self, pid: u32, objects: &[MappedObject]) {
         let mut mappings = Vec::new();
@@ -262,7 +223,7 @@ impl Session {
             if lib.abi != collector_common::Abi::Fabric {
                 continue;
             }
-            let Some(m) = crate::fabric::Mapping::of(o) else {
+            let Some(m) = discover::memory::Mapping::of(o) else {
                 continue;
             };
             for p in &lib.fabric_providers {
@@ -273,12 +234,12 @@ impl Session {
         if providers.is_empty() {
             return;
         }
-        let found = crate::fabric::open_fabrics(pid, &mappings, &providers);
+        let found = discover::memory::open_fabrics(pid, &mappings, &providers);
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.fabrics.extend(
                 found
                     .into_iter()
-                    .map(|(provider, name)| crate::report::Fabric { provider, name }),
+                    .map(|(provider, name)| crate::discover::Fabric { provider, name }),
             );
         }
     }
@@ -333,19 +294,27 @@ impl Session {
     /// read ahead.
     fn on_process_event(&mut self, ev: ProcessEvent, identity: Option<ProcessInfo>) {
         match ev {
-            ProcessEvent::Fork { pid, uid, .. } => {
-                let t = self.tracked.entry(pid).or_insert_with(Tracked::from_now);
+            // Counted from the kernel's own reading of the fork or exec: a short rank may
+            // have come and gone by the time userspace reads the event.
+            ProcessEvent::Fork {
+                pid, uid, ts_ns, ..
+            } => {
+                let t = self
+                    .tracked
+                    .entry(pid)
+                    .or_insert_with(|| Tracked::since(ts_ns));
                 t.kernel_uid = Some(uid);
             }
-            ProcessEvent::Exec { pid, uid } | ProcessEvent::Discovered { pid, uid } => {
-                let t = self.tracked.entry(pid).or_insert_with(|| {
-                    let mut t = Tracked::from_now();
-                    if matches!(ev, ProcessEvent::Discovered { .. }) {
-                        // Counted from its first MPI call: the kernel saw it before we did.
-                        t.since_ns = 0;
-                    }
-                    t
-                });
+            ProcessEvent::Exec { pid, uid, .. } | ProcessEvent::Discovered { pid, uid } => {
+                let since = match ev {
+                    ProcessEvent::Exec { ts_ns, .. } => ts_ns,
+                    // Counted from its first MPI call: the kernel saw it before we did.
+                    _ => 0,
+                };
+                let t = self
+                    .tracked
+                    .entry(pid)
+                    .or_insert_with(|| Tracked::since(since));
                 t.kernel_uid = Some(uid);
                 // The new image's environment names the rank; its libraries may be new. What
                 // the kernel captured stands in for a process already gone from /proc.
@@ -368,7 +337,9 @@ impl Session {
                 if let Ok(cgroup) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
                     info.trust_cgroup(&cgroup);
                 }
-                let t = self.tracked.entry(pid).or_insert_with(Tracked::from_now);
+                // Sent just before the event that makes the process known (an exec or its
+                // first call in watch-all mode): counted since the kernel saw it.
+                let t = self.tracked.entry(pid).or_default();
                 t.kernel_uid = info.uid;
                 t.kernel_info = Some(*info);
             }
@@ -477,7 +448,7 @@ impl Session {
 
     /// The probed libraries as reports show them.
     pub fn library_summaries(&self) -> Vec<ProbedLibrary> {
-        library_summaries(&self.probes)
+        build::library_summaries(&self.probes)
     }
 
     /// Whether a process of `uid` was seen mapping the library shown as `path`.
@@ -523,63 +494,14 @@ impl Session {
     /// The profile of every tracked process that made MPI calls, from the kernel's counters
     /// as they are now; `end_ns` closes the elapsed time of processes still running.
     pub fn profile(&mut self, end_ns: u64) -> JobProfile {
-        let counters = self.probes.read_counters();
-        let device = self.probes.read_device_time();
-        let peers = self.probes.read_peers();
-        let counted: BTreeSet<u32> = counters.iter().map(|(k, _)| k.tgid).collect();
-        let host = discover::this_host();
-        let mut ranks = Vec::new();
-        let mut not_profiled = Vec::new();
-        for (&pid, t) in &self.tracked {
-            if !counted.contains(&pid) {
-                if t.requested {
-                    not_profiled.push(if t.maps_mpi {
-                        format!("PID {pid}: made no MPI call while watched")
-                    } else {
-                        format!("PID {pid}: never mapped an MPI library")
-                    });
-                }
-                continue;
-            }
-            let ps = self.probes.read_proc_stats(pid);
-            let routines = stats::routines_of(pid, &counters, &device);
-            let mut health: stats::Health = (&ps).into();
-            health.fabric_unresolved = stats::fabric_unresolved(pid, &counters);
-            health.events = self.ingest_counters.events_of(pid);
-            let start = if ps.init_ns != 0 {
-                ps.init_ns.max(t.since_ns)
-            } else {
-                t.since_ns
-            };
-            let end = if ps.finalize_ns != 0 {
-                ps.finalize_ns
-            } else {
-                t.exit_ns.unwrap_or(end_ns)
-            };
-            let info = t.info.clone().unwrap_or(ProcessInfo {
-                pid,
-                ..Default::default()
-            });
-            let start = if start == 0 { ps.init_ns } else { start };
-            ranks.push(RankProfile {
-                rank: info.rank.unwrap_or(u32::MAX),
-                rank_known: info.rank.is_some(),
-                pid,
-                host: host.clone(),
-                job: job_key(&info),
-                cmdline: info.cmdline.clone(),
-                uid: t.uid(),
-                start_ticks: info.start_ticks,
-                exited: false,
-                elapsed_ns: end.saturating_sub(start),
-                comm_time_ns: stats::communication_ns(&routines),
-                routines,
-                health,
-                fabrics: t.fabrics.iter().cloned().collect(),
-                peers: stats::peers_of(pid, &peers),
-            });
-        }
-        assemble(ranks, &self.probes, not_profiled, &mut self.job_ids)
+        let events = &self.ingest_counters;
+        build::job_profile(
+            &self.probes,
+            &self.tracked,
+            |pid| events.events_of(pid),
+            end_ns,
+            &mut self.job_ids,
+        )
     }
 }
 
@@ -599,202 +521,4 @@ pub fn place_in_worlds(
         }
     }
     released
-}
-
-/// Groups a process with the other ranks of its job: the batch system's job id, else the
-/// launcher's own job key, else one group for everything unlabelled. A batch job id that
-/// only the process's environment claims is grouped per user: nobody joins another user's
-/// job by setting `SLURM_JOB_ID`.
-pub fn job_key(info: &ProcessInfo) -> String {
-    match (&info.batch_job, &info.launcher_job) {
-        (Some(b), _) if info.batch_job_from_cgroup => format!("batch:{b}"),
-        (Some(b), _) => format!("claim:{}:{b}", info.uid.map_or(-1, i64::from)),
-        (None, Some(l)) => format!("launcher:{l}"),
-        (None, None) => String::new(),
-    }
-}
-
-/// The job id a group keyed `key` (see `job_key`) is shown with: a batch job's own id, and
-/// for a claimed one the same unless another group (the real job, or another user's claim)
-/// has that id too: then `ID.uUID`. Else `None` (launcher keys: mpitrace's rank 0 pid).
-fn batch_job_id(key: &str, keys: &[&String]) -> Option<String> {
-    if let Some(batch) = key.strip_prefix("batch:") {
-        return Some(batch.to_string());
-    }
-    let (uid, id) = key.strip_prefix("claim:")?.split_once(':')?;
-    let shared = keys.iter().any(|k| {
-        *k != key
-            && (k.strip_prefix("batch:") == Some(id)
-                || k.strip_prefix("claim:")
-                    .and_then(|c| c.split_once(':'))
-                    .is_some_and(|(_, other)| other == id))
-    });
-    Some(if shared {
-        format!("{id}.u{uid}")
-    } else {
-        id.to_string()
-    })
-}
-
-/// Orders ranks by job and rank, fills in what the environment did not say (ranks, job
-/// ids: the batch system's, else mpitrace's rank 0 pid, kept stable in `job_ids`), and adds
-/// the probe summary. `ranks[].job` holds the job key on entry.
-fn assemble(
-    mut ranks: Vec<RankProfile>,
-    probes: &Probes,
-    not_profiled: Vec<String>,
-    job_ids: &mut BTreeMap<String, String>,
-) -> JobProfile {
-    let mut groups: BTreeMap<String, Vec<RankProfile>> = BTreeMap::new();
-    for r in ranks.drain(..) {
-        groups.entry(r.job.clone()).or_default().push(r);
-    }
-    let keys: Vec<String> = groups.keys().cloned().collect();
-    let key_refs: Vec<&String> = keys.iter().collect();
-    for (key, mut group) in groups {
-        // Ranks without a launcher rank get the next free numbers, in pid order.
-        group.sort_by_key(|r| (r.rank, r.pid));
-        let first_free = group
-            .iter()
-            .filter(|r| r.rank_known)
-            .map(|r| r.rank + 1)
-            .max()
-            .unwrap_or(0);
-        for (r, rank) in group.iter_mut().filter(|r| !r.rank_known).zip(first_free..) {
-            r.rank = rank;
-        }
-        group.sort_by_key(|r| r.rank);
-        let job = match batch_job_id(&key, &key_refs) {
-            Some(batch) => batch,
-            None => match job_ids.get(&key) {
-                Some(id) => id.clone(),
-                None => {
-                    let first = group
-                        .first()
-                        .map(|r| r.pid.to_string())
-                        .unwrap_or_else(|| "0".into());
-                    // Kept once rank 0 is among them (or no launcher said any rank): a job
-                    // whose rank 1 was seen a moment before its rank 0 is still named after
-                    // rank 0's pid.
-                    if group.first().is_some_and(|r| r.rank_known && r.rank == 0)
-                        || group.iter().all(|r| !r.rank_known)
-                    {
-                        job_ids.insert(key.clone(), first.clone());
-                    }
-                    first
-                }
-            },
-        };
-        for mut r in group {
-            r.job = job.clone();
-            ranks.push(r);
-        }
-    }
-    ranks.sort_by(|a, b| (a.job.as_str(), a.rank).cmp(&(b.job.as_str(), b.rank)));
-    let mut jobs: Vec<&str> = ranks.iter().map(|r| r.job.as_str()).collect();
-    jobs.dedup();
-    // One job: its id; several (a node daemon's view): empty, each rank says its own.
-    let job = if jobs.len() == 1 {
-        jobs[0].to_string()
-    } else {
-        String::new()
-    };
-    let libraries = library_summaries(probes);
-    JobProfile {
-        schema: SCHEMA.into(),
-        job,
-        dropped: ranks.iter().map(|r| r.health.dropped).sum(),
-        undecoded: ranks.iter().map(|r| r.health.undecoded).sum(),
-        ranks,
-        libraries,
-        unsupported_libraries: probes.unsupported().to_vec(),
-        not_profiled,
-        call_events: probes.call_events(),
-        skew: None,
-    }
-}
-
-/// The probed libraries as the report shows them.
-fn library_summaries(probes: &Probes) -> Vec<ProbedLibrary> {
-    probes
-        .libraries()
-        .map(|l| ProbedLibrary {
-            path: l.library.path.clone(),
-            flavor: l.library.flavor.clone(),
-            probes: l.library.probes.len(),
-            moved_past_single_step: names_with(l, Placement::MovedPastSingleStep),
-            single_stepped: names_with(l, Placement::SingleStepped),
-            failed: l.failed.clone(),
-        })
-        .collect()
-}
-
-fn names_with(l: &AttachedLibrary, p: Placement) -> Vec<String> {
-    counted_names(
-        l.library
-            .probes
-            .iter()
-            .filter(|x| x.placement == p)
-            .map(|x| x.name),
-    )
-}
-
-/// Names in first-seen order, each once: a libfabric library has one probe per provider
-/// function, named by its ops-table slot, so one slot's name stands for many functions
-/// ("fi_msg_send (12 functions)").
-fn counted_names<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
-    let mut seen: Vec<(&str, usize)> = Vec::new();
-    for name in names {
-        match seen.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, count)) => *count += 1,
-            None => seen.push((name, 1)),
-        }
-    }
-    seen.into_iter()
-        .map(|(name, count)| match count {
-            1 => name.to_string(),
-            n => format!("{name} ({n} functions)"),
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{batch_job_id, counted_names, job_key};
-    use crate::discover::ProcessInfo;
-
-    #[test]
-    fn a_claimed_job_id_never_joins_another_users_job() {
-        let info = |uid, job: &str, from_cgroup| ProcessInfo {
-            uid: Some(uid),
-            batch_job: Some(job.to_string()),
-            batch_job_from_cgroup: from_cgroup,
-            ..Default::default()
-        };
-        let real = job_key(&info(1000, "77", true));
-        let claim = job_key(&info(1001, "77", false));
-        let own_claim = job_key(&info(1000, "88", false));
-        assert_ne!(real, claim);
-        let keys = [&real, &claim, &own_claim];
-        assert_eq!(batch_job_id(&real, &keys).as_deref(), Some("77"));
-        assert_eq!(batch_job_id(&claim, &keys).as_deref(), Some("77.u1001"));
-        // Alone with its id (no Slurm cgroups here: tests, PBS): shown as it is.
-        assert_eq!(batch_job_id(&own_claim, &keys).as_deref(), Some("88"));
-        assert_eq!(batch_job_id("launcher:x", &keys), None);
-    }
-
-    #[test]
-    fn probe_names_are_listed_once_with_their_count() {
-        let names = [
-            "fi_msg_send",
-            "MPI_Test",
-            "fi_msg_send",
-            "fi_msg_recv",
-            "fi_msg_send",
-        ];
-        assert_eq!(
-            counted_names(names.into_iter()),
-            ["fi_msg_send (3 functions)", "MPI_Test", "fi_msg_recv"]
-        );
-    }
 }

@@ -3,7 +3,7 @@
 
 #![no_main]
 
-use collector::{compare::profile_curve, report::JobProfile};
+use collector::{compare::profile_curve, profile::JobProfile};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

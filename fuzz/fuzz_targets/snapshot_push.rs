@@ -6,8 +6,8 @@
 
 use collector::{
     aggregator::store::prepare,
-    report::{JobProfile, RankProfile},
-    serve::pb::PushSnapshotsRequest,
+    api::pb::PushSnapshotsRequest,
+    profile::{JobProfile, RankProfile},
 };
 use libfuzzer_sys::fuzz_target;
 use prost::Message;

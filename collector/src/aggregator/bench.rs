@@ -15,13 +15,13 @@ use std::sync::Arc;
 
 use tokio::sync::Mutex;
 
-use super::{
-    commit::GroupCommit,
-    store::{to_wire, ProcessKey, Snapshot, Store},
-};
+use super::{commit::GroupCommit, store::Store};
 use crate::{
-    report::RankProfile,
-    serve::pb,
+    api::{
+        pb,
+        snapshot::{to_wire, ProcessKey, Snapshot},
+    },
+    profile::RankProfile,
     stats::{Health, RoutineStats, SizeBucket, Totals},
 };
 

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::serve::pb;
+use crate::api::pb;
 
 /// How far ahead of a node's clock, as last seen and advanced by the aggregator's own
 /// elapsed time, a snapshot may be (pushes are seconds apart; rates of two clocks differ

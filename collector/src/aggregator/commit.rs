@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::store::{prepare, Outcome, Prepared, Store, StoreError};
-use crate::serve::pb;
+use crate::api::pb;
 
 /// Most batches merged in one commit.
 const MAX_GROUP: usize = 256;

@@ -20,11 +20,13 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 
-use crate::serve::{
-    pb,
+use crate::{
+    api::{
+        pb,
+        status::{watch_interval, ToStatus},
+        transport::Target,
+    },
     push::{self, SnapshotSource},
-    socket::Target,
-    status::{watch_interval, ToStatus},
 };
 use commit::GroupCommit;
 use store::Store;
@@ -197,7 +199,7 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
         _req: Request<pb::ClockRequest>,
     ) -> Result<Response<pb::ClockResponse>, Status> {
         Ok(Response::new(pb::ClockResponse {
-            monotonic_ns: crate::ingest::monotonic_ns(),
+            monotonic_ns: crate::clock::monotonic_ns(),
             node: "aggregator".into(),
         }))
     }
@@ -335,7 +337,7 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
         .add_service(reflection)
         .add_service(
             pb::aggregator_server::AggregatorServer::new(service)
-                .max_decoding_message_size(crate::serve::MAX_PUSH_BYTES),
+                .max_decoding_message_size(crate::api::MAX_PUSH_BYTES),
         )
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),

@@ -10,7 +10,7 @@ use std::collections::{HashMap, VecDeque};
 use collector_common::{routines::routine_id, BUCKETS, UNKNOWN_BUCKET};
 
 use crate::{
-    serve::pb,
+    api::pb,
     skew::{
         instances::{Arrival, Instance, MatchCounts},
         summary::Summary,

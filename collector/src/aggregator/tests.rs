@@ -8,8 +8,8 @@ use tokio::sync::Mutex;
 
 use super::{bench::synthetic_rank, store, AggregatorService};
 use crate::{
-    report::JobProfile,
-    serve::pb::{self, aggregator_client::AggregatorClient},
+    api::pb::{self, aggregator_client::AggregatorClient},
+    profile::JobProfile,
 };
 
 /// A served aggregator over the database `db`.
@@ -74,8 +74,8 @@ async fn client(url: &str) -> AggregatorClient<tonic::transport::Channel> {
 fn snapshot(node: &str, rank: u32, taken_ns: u64) -> pb::ProcessSnapshot {
     let mut r = synthetic_rank(rank, 100 + rank, node, &["MPI_Allreduce".into()], 2);
     r.job = "j".into();
-    store::to_wire(&store::Snapshot {
-        key: store::ProcessKey {
+    crate::api::snapshot::to_wire(&crate::api::snapshot::Snapshot {
+        key: crate::api::snapshot::ProcessKey {
             node: node.into(),
             pid: 100 + rank,
             start_ticks: 7,

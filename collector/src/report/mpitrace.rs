@@ -3,9 +3,12 @@
 
 use std::{collections::BTreeMap, fmt::Write as _, fs, io, path::Path};
 
-use collector_common::routines::{class, Family, ROUTINES};
+use collector_common::{
+    buckets::RangeLabel,
+    routines::{class, Family, ROUTINES},
+};
 
-use super::{JobProfile, RankProfile};
+use crate::profile::{JobProfile, RankProfile};
 use crate::stats::{table_order, RoutineStats, Totals};
 
 fn secs(ns: u64) -> f64 {
@@ -401,7 +404,7 @@ fn render_device_time(o: &mut String, rows: &[(&String, &RoutineStats)]) {
     );
     for (name, b, d) in measured {
         let range = match (b.min_bytes, b.max_bytes) {
-            (Some(lo), Some(hi)) => format!("{lo}-{hi}"),
+            (Some(lo), Some(hi)) => RangeLabel { lo, hi }.to_string(),
             _ => "undecoded".to_string(),
         };
         let gbps = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:.2}"));
@@ -486,7 +489,7 @@ pub fn render_text(job: &JobProfile) -> String {
     o.push_str(&render_summary(job));
     o.push_str(&super::peers::render_peers(job));
     if let Some(skew) = &job.skew {
-        o.push_str(&crate::skew::render_text(skew));
+        o.push_str(&super::skew::render_text(skew));
     }
     let _ = writeln!(o);
     let _ = writeln!(

@@ -24,7 +24,7 @@ pub fn render_peers(job: &JobProfile) -> String {
         "Point-to-point bytes sent, by rank (row) to world rank (column):"
     );
     let _ = writeln!(o);
-    let sent = |r: &super::RankProfile, to: u32| {
+    let sent = |r: &crate::profile::RankProfile, to: u32| {
         r.peers
             .iter()
             .find(|p| p.peer == Some(to))

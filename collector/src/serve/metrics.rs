@@ -8,7 +8,7 @@ use std::{fmt::Write as _, net::SocketAddr, sync::Arc};
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use collector_common::{
-    buckets::bucket_range,
+    buckets::RangeLabel,
     routines::{routine_id, Family},
     ROUTINES,
 };
@@ -21,11 +21,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{
-    node::{Caller, NodeState},
-    pb,
-};
-use crate::report::JobProfile;
+use super::node::{Caller, NodeState};
+use crate::{api::pb, profile::JobProfile};
 
 /// Lines of the per-routine families of one routine family (MPI or NCCL).
 #[derive(Default)]
@@ -41,7 +38,7 @@ struct RoutineLines {
 /// the time it made the others wait and the time it waited, and the highest instance
 /// number it reached (labels bounded: no communicators, no instance numbers).
 pub fn render_skew(profile: &JobProfile, board: &crate::skew::Board) -> String {
-    let mut jobs: std::collections::BTreeMap<&str, Vec<&crate::report::RankProfile>> =
+    let mut jobs: std::collections::BTreeMap<&str, Vec<&crate::profile::RankProfile>> =
         Default::default();
     for r in &profile.ranks {
         jobs.entry(r.job.as_str()).or_default().push(r);
@@ -180,14 +177,7 @@ pub fn render(
                 .push(format!("{l} {}", s.totals.time_ns as f64 / 1e9));
             for b in &s.sizes {
                 let size = match b.bucket {
-                    Some(k) => {
-                        let (lo, hi) = bucket_range(k);
-                        if hi == u64::MAX {
-                            format!("{lo}+")
-                        } else {
-                            format!("{lo}-{hi}")
-                        }
-                    }
+                    Some(k) => RangeLabel::of_bucket(k).to_string(),
                     None => "undecoded".to_string(),
                 };
                 let l = format!("{{{base},routine=\"{}\",size=\"{size}\"}}", escape(routine));
@@ -382,7 +372,7 @@ pub async fn serve(
 ) -> Result<()> {
     match listener {
         MetricsListener::Unix { path, mode } => {
-            let listener = super::socket::bind_unix(&path, mode).await?;
+            let listener = crate::api::transport::bind_unix(&path, mode).await?;
             info!("Prometheus metrics on unix://{}", path.display());
             loop {
                 let (stream, _) = tokio::select! {
@@ -583,7 +573,7 @@ mod tests {
 
     #[test]
     fn fabric_providers_are_an_info_gauge() {
-        let text = render(&crate::serve::convert::tests::sample(), 1, 0, 1, 0);
+        let text = render(&crate::api::convert::tests::sample(), 1, 0, 1, 0);
         assert!(text.contains(
             "commtap_fabric_provider_info{job=\"42\",rank=\"0\",provider=\"tcp;ofi_rxm\",fabric=\"10.0.0.0/8\"} 1\n"
         ), "{text}");
@@ -591,7 +581,7 @@ mod tests {
 
     #[test]
     fn nccl_operations_have_their_own_families() {
-        let text = render(&crate::serve::convert::tests::sample(), 1, 0, 1, 0);
+        let text = render(&crate::api::convert::tests::sample(), 1, 0, 1, 0);
         let base = "job=\"42\",rank=\"0\"";
         assert!(text.contains(&format!(
             "commtap_nccl_calls_total{{{base},routine=\"ncclAllReduce\"}} 2\n"
@@ -601,7 +591,7 @@ mod tests {
         )));
         assert!(!text
             .contains("commtap_mpi_calls_total{job=\"42\",rank=\"0\",routine=\"ncclAllReduce\"}"));
-        let (lo, hi) = bucket_range(12);
+        let (lo, hi) = collector_common::buckets::bucket_range(12);
         // 8192 bytes on 2 ranks: AllReduce's factor 2(n-1)/n is 1.
         assert!(text.contains(&format!(
             "commtap_nccl_device_bus_bytes_total{{{base},routine=\"ncclAllReduce\",size=\"{lo}-{hi}\"}} 8192\n"

@@ -13,14 +13,18 @@ use tokio::sync::{broadcast, Mutex};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::{
-    pb,
-    status::{watch_interval, ToStatus},
-};
 use crate::{
-    ingest::{monotonic_ns, FeedItem},
-    report::{JobProfile, RankProfile},
-    session::{Session, Tracked},
+    api::{
+        pb,
+        snapshot::{to_wire, ProcessKey, Snapshot},
+        status::{watch_interval, ToStatus},
+    },
+    clock::monotonic_ns,
+    discover::tracked::Tracked,
+    ingest::FeedItem,
+    profile::{JobProfile, JobTotals, RankProfile},
+    push::SnapshotSource,
+    session::Session,
 };
 
 /// A process that exited: its last profile, kept until it expires.
@@ -238,16 +242,7 @@ impl NodeState {
             .filter(|r| wanted(r))
             .collect();
         let all = || profile.ranks.iter().chain(exited.iter().copied());
-        let dropped = all().map(|r| r.health.dropped).sum();
-        let undecoded = all().map(|r| r.health.undecoded).sum();
-        let mut jobs: Vec<&str> = all().map(|r| r.job.as_str()).collect();
-        jobs.sort_unstable();
-        jobs.dedup();
-        let job = if jobs.len() == 1 {
-            jobs[0].to_string()
-        } else {
-            String::new()
-        };
+        let totals = JobTotals::of(all());
         let key = |r: &RankProfile| (r.pid, r.start_ticks);
         let mut next = None;
         let ranks = match page {
@@ -267,7 +262,7 @@ impl NodeState {
             }
         };
         let names: std::collections::HashMap<u32, (u32, String)> =
-            if self.late.is_some() && !job.is_empty() {
+            if self.late.is_some() && !totals.job.is_empty() {
                 all().map(|r| (r.pid, (r.rank, r.host.clone()))).collect()
             } else {
                 Default::default()
@@ -282,9 +277,7 @@ impl NodeState {
         profile
             .ranks
             .sort_by(|a, b| (a.job.as_str(), a.rank).cmp(&(b.job.as_str(), b.rank)));
-        profile.dropped = dropped;
-        profile.undecoded = undecoded;
-        profile.job = job;
+        profile.set_totals(totals);
         if let (Some(late), false) = (&self.late, names.is_empty()) {
             let pids: Vec<u32> = names.keys().copied().collect();
             let whois = |pid: u32| names.get(&pid).cloned();
@@ -593,4 +586,85 @@ fn async_stream(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+#[tonic::async_trait]
+impl SnapshotSource for NodeState {
+    async fn batch(&self) -> pb::PushSnapshotsRequest {
+        let profile = self
+            .snapshot(&pb::ProcessFilter::default(), Caller::Any)
+            .await;
+        let taken_ns = monotonic_ns();
+        let instances = self.parts(&profile).await;
+        let processes = profile
+            .ranks
+            .into_iter()
+            .map(|rank| {
+                let key = ProcessKey {
+                    node: self.node.clone(),
+                    pid: rank.pid,
+                    start_ticks: rank.start_ticks,
+                    boot_id: self.boot_id.clone(),
+                };
+                to_wire(&Snapshot {
+                    key,
+                    taken_ns,
+                    rank,
+                })
+            })
+            .collect();
+        pb::PushSnapshotsRequest {
+            processes,
+            instances,
+            ..Default::default()
+        }
+    }
+
+    fn clock_ns(&self) -> u64 {
+        self.api_time(monotonic_ns())
+    }
+}
+
+impl NodeState {
+    /// The collective instances who-is-late handed on (their other members are on other
+    /// nodes), with ranks, hosts and job as `profile` names them, on the API's clock.
+    async fn parts(&self, profile: &crate::profile::JobProfile) -> Vec<pb::InstancePart> {
+        let Some(late) = &self.late else {
+            return Vec::new();
+        };
+        let parts = late.lock().await.take_parts();
+        let rank_of = |pid: u32| profile.ranks.iter().find(|r| r.pid == pid);
+        parts
+            .into_iter()
+            .filter_map(|inst| {
+                let job = rank_of(inst.arrivals.first()?.pid)?.job.clone();
+                let arrivals = inst
+                    .arrivals
+                    .iter()
+                    .filter_map(|a| {
+                        let r = rank_of(a.pid)?;
+                        Some(pb::InstanceArrival {
+                            rank: r.rank,
+                            host: self.node.clone(),
+                            start_ns: self.api_time(a.start_ns),
+                            end_ns: self.api_time(a.end_ns),
+                        })
+                    })
+                    .collect();
+                Some(pb::InstancePart {
+                    job,
+                    comm: inst.comm.0,
+                    seq: inst.seq,
+                    routine: collector_common::ROUTINES
+                        .get(inst.routine as usize)
+                        .map_or("?", |r| r.name)
+                        .to_string(),
+                    bucket: (inst.bucket != collector_common::UNKNOWN_BUCKET)
+                        .then_some(u32::from(inst.bucket)),
+                    size: inst.size,
+                    arrivals,
+                })
+            })
+            .collect()
+    }
 }

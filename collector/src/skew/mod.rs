@@ -20,7 +20,7 @@ use collector_common::{
 
 pub use board::Board;
 pub use identity::CommKey;
-pub use summary::{render_text, SkewReport};
+pub use summary::SkewReport;
 
 use identity::ProcComms;
 use instances::{Arrival, Collective, Instance, Matcher};

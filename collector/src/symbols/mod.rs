@@ -6,6 +6,7 @@
 //! names share one address, as do `ncclX` and `pncclX`, and attaching twice would count
 //! twice.
 
+pub mod fabric;
 pub mod file;
 
 use std::{
@@ -106,7 +107,7 @@ pub struct Library {
     pub text: (u64, u64),
     /// libfabric: the providers' `struct fi_provider`s it holds.
     #[serde(skip)]
-    pub fabric_providers: Vec<crate::fabric::ProviderStruct>,
+    pub fabric_providers: Vec<fabric::ProviderStruct>,
 }
 
 fn ser_abi<S: serde::Serializer>(abi: &Abi, s: S) -> Result<S::Ok, S::Error> {
@@ -367,7 +368,7 @@ fn nccl_net_plugin(
     if tables.is_empty() {
         return None;
     }
-    let pointers = crate::fabric::relocated_pointers(elf);
+    let pointers = fabric::relocated_pointers(elf);
     let isend = collector_common::routines::routine_index("ncclNetPluginIsend");
     let mut probes = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
@@ -428,7 +429,7 @@ fn fabric_library(
     flavor: String,
     open: Option<u64>,
 ) -> LibraryKind {
-    let candidates = crate::fabric::candidate_tables(elf, map);
+    let candidates = fabric::candidate_tables(elf, map);
     if candidates.is_empty() {
         return LibraryKind::Unsupported(format!(
             "{path}: libfabric without recognisable ops tables (80-byte tables of relocated \
@@ -462,7 +463,7 @@ fn fabric_library(
         missing: Vec::new(),
         family: Family::Fabric,
         text: text_range(elf),
-        fabric_providers: crate::fabric::provider_structs(elf, map),
+        fabric_providers: fabric::provider_structs(elf, map),
     })
 }
 

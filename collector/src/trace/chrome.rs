@@ -4,10 +4,10 @@
 
 use std::fmt::Write as _;
 
-use collector_common::{buckets::bucket_range, routines::Family, size_bucket, ROUTINES};
+use collector_common::{buckets::RangeLabel, routines::Family, size_bucket, ROUTINES};
 
 use super::ProcessName;
-use crate::serve::pb;
+use crate::api::pb;
 
 /// What opens a trace file.
 pub const HEADER: &str = "{\"traceEvents\":[";
@@ -70,8 +70,8 @@ pub fn slice(out: &mut String, ev: &pb::CallEvent, first: bool) {
     let _ = write!(out, ",\"cat\":\"{}\",\"args\":{{", category(&ev.routine));
     let mut comma = "";
     if let Some(bytes) = ev.bytes {
-        let (lo, hi) = bucket_range(size_bucket(bytes));
-        let _ = write!(out, "\"bytes\":{bytes},\"size\":\"{lo}..{hi}\"");
+        let size = RangeLabel::of_bucket(size_bucket(bytes));
+        let _ = write!(out, "\"bytes\":{bytes},\"size\":\"{size}\"");
         comma = ",";
     }
     if ev.peer >= 0 {

@@ -15,7 +15,7 @@ use std::{
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::serve::pb;
+use crate::api::pb;
 
 /// Default size at which a trace is split into another file: chrome://tracing stops
 /// loading at about 256 MB.

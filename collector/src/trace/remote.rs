@@ -20,11 +20,11 @@ use tonic::transport::Channel;
 
 use super::{ProcessName, TraceOptions, TraceSummary, TraceWriter};
 use crate::{
-    ingest::monotonic_ns,
-    serve::{
+    api::{
         pb::{self, node_client::NodeClient},
-        socket::{connect, Target},
+        transport::{connect, Target},
     },
+    clock::{best_exchange, monotonic_ns, ClockEstimate},
 };
 
 /// Which calls `commtap trace` takes, and until when.
@@ -40,65 +40,17 @@ pub struct TraceRequest {
     pub ready_file: Option<std::path::PathBuf>,
 }
 
-/// Clock requests per estimate: the shortest round trip of these bounds the error.
-const CLOCK_SAMPLES: usize = 16;
-
-/// A node's clock against ours.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClockEstimate {
-    /// Node time minus our time, ns.
-    pub offset_ns: i64,
-    /// How far off `offset_ns` may be (half the shortest round trip), ns.
-    pub error_ns: u64,
-}
-
-impl ClockEstimate {
-    /// The estimate from one exchange: we read `sent` and `received` around the node's
-    /// `remote` reading.
-    pub fn from_exchange(sent: u64, remote: u64, received: u64) -> ClockEstimate {
-        let rtt = received.saturating_sub(sent);
-        let mid = sent + rtt / 2;
-        ClockEstimate {
-            offset_ns: remote as i64 - mid as i64,
-            error_ns: rtt.div_ceil(2),
-        }
-    }
-}
-
-/// Another clock against `ours`: the best of [`CLOCK_SAMPLES`] exchanges, each asking
-/// the other side's reading with `ask` (the node API's `Clock`, or the aggregator's);
-/// with the last answer (it names the other side).
-pub async fn best_exchange<F, Fut>(
-    ours: impl Fn() -> u64,
-    mut ask: F,
-) -> Result<(ClockEstimate, pb::ClockResponse)>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<pb::ClockResponse>>,
-{
-    let mut best: Option<ClockEstimate> = None;
-    let mut last = pb::ClockResponse::default();
-    for _ in 0..CLOCK_SAMPLES {
-        let sent = ours();
-        last = ask().await?;
-        let received = ours();
-        let e = ClockEstimate::from_exchange(sent, last.monotonic_ns, received);
-        if best.is_none_or(|b| e.error_ns < b.error_ns) {
-            best = Some(e);
-        }
-    }
-    Ok((best.expect("at least one sample"), last))
-}
-
 /// Estimates `client`'s node clock against ours, and says which node it is.
 pub async fn estimate_clock(client: &mut NodeClient<Channel>) -> Result<(ClockEstimate, String)> {
     let (estimate, last) = best_exchange(monotonic_ns, || {
         let mut c = client.clone();
         async move {
-            Ok(c.clock(pb::ClockRequest {})
+            let r = c
+                .clock(pb::ClockRequest {})
                 .await
                 .context("Clock")?
-                .into_inner())
+                .into_inner();
+            Ok((r.monotonic_ns, r))
         }
     })
     .await?;
@@ -140,7 +92,7 @@ async fn open_sources(from: &[Target], request: &TraceRequest) -> Result<Vec<Sou
     }
     let mut sources = Vec::new();
     for target in from {
-        let mut client = crate::serve::node_client(connect(target).await?);
+        let mut client = crate::api::node_client(connect(target).await?);
         let (start_clock, node) = match estimate_clock(&mut client).await {
             Ok(c) => c,
             Err(e)

@@ -14,9 +14,10 @@
 use std::{collections::BTreeMap, path::Path};
 
 use collector::{
-    aggregator::store::{to_wire, ProcessKey, Snapshot},
-    report::{Fabric, JobProfile, RankProfile},
-    serve::pb::PushSnapshotsRequest,
+    api::pb::PushSnapshotsRequest,
+    api::snapshot::{to_wire, ProcessKey, Snapshot},
+    discover::Fabric,
+    profile::{JobProfile, RankProfile},
     stats::{CommStats, DeviceTime, Health, RoutineStats, SizeBucket, Totals},
 };
 use collector_common::{EventKind, IDENTITY_ARGS_LEN, IDENTITY_ENV_LEN};
@@ -63,7 +64,10 @@ fn main() {
                 })
             })
             .collect();
-        let req = PushSnapshotsRequest { processes };
+        let req = PushSnapshotsRequest {
+            processes,
+            ..Default::default()
+        };
         write("snapshot_push", &format!("push_{n}"), &req.encode_to_vec());
     }
 
@@ -195,6 +199,7 @@ fn rank(rank: u32) -> RankProfile {
             provider: "tcp;ofi_rxm".into(),
             name: "127.0.0.0/8".into(),
         }],
+        peers: Vec::new(),
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::pb;
 use crate::{
-    report::{JobProfile, ProbedLibrary, RankProfile},
+    profile::{JobProfile, ProbedLibrary, RankProfile},
     skew::summary::{LateRank, Quantiles, RankRoutineSkew, RankSkew, RoutineSkew, WorstInstance},
     skew::SkewReport,
     stats::{CommStats, DeviceTime, Health, RoutineStats, SizeBucket, Totals},
@@ -284,7 +284,7 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
             fabrics: r
                 .fabrics
                 .iter()
-                .map(|f| crate::report::Fabric {
+                .map(|f| crate::discover::Fabric {
                     provider: f.provider.clone(),
                     name: f.name.clone(),
                 })
@@ -584,7 +584,7 @@ pub(crate) mod tests {
         // One device-time window of both AllReduces.
         let device = vec![(counters[2].0, counters[2].1)];
         JobProfile {
-            schema: crate::report::SCHEMA.into(),
+            schema: crate::profile::SCHEMA.into(),
             job: "42".into(),
             ranks: vec![RankProfile {
                 rank: 0,
@@ -604,7 +604,7 @@ pub(crate) mod tests {
                     undecoded: 3,
                     ..Default::default()
                 },
-                fabrics: vec![crate::report::Fabric {
+                fabrics: vec![crate::discover::Fabric {
                     provider: "tcp;ofi_rxm".into(),
                     name: "10.0.0.0/8".into(),
                 }],

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tonic::Status;
 
-use crate::{aggregator::store::StoreError, discover::DiscoverError};
+use crate::discover::DiscoverError;
 
 /// An error as the API reports it.
 pub trait ToStatus {
@@ -25,18 +25,6 @@ impl ToStatus for DiscoverError {
                 Status::permission_denied(format!("{self}: {source}"))
             }
             DiscoverError::Proc { source, .. } => Status::unavailable(format!("{self}: {source}")),
-        }
-    }
-}
-
-impl ToStatus for StoreError {
-    fn to_status(&self) -> Status {
-        match self {
-            // The sender's fault: retrying the same snapshots will not help.
-            StoreError::Invalid(_) => Status::invalid_argument(self.to_string()),
-            // The aggregator's disk: retry later (cumulative snapshots lose nothing).
-            StoreError::Db(_) => Status::unavailable(self.to_string()),
-            StoreError::Corrupt(_) => Status::data_loss(self.to_string()),
         }
     }
 }
@@ -74,6 +62,7 @@ pub fn watch_interval(interval_ms: u32) -> Result<Duration, Status> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::aggregator::store::StoreError;
 
     #[test]
     fn codes_say_what_a_client_can_do() {

@@ -1,4 +1,4 @@
-//! Pushing cumulative snapshots to an aggregator, resent until delivered: a daemon pushes
+//! The aggregator's client: pushing cumulative snapshots to an aggregator, resent until delivered: a daemon pushes
 //! its processes, an aggregator of a tree pushes what it has merged.
 //!
 //! Snapshots are cumulative, so the daemon needs no outbox: while the aggregator is down
@@ -10,14 +10,12 @@ use std::{sync::Arc, time::Duration};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{
-    node::{Caller, NodeState},
-    pb,
-    socket::{connect, Target},
-};
 use crate::{
-    aggregator::store::{to_wire, ProcessKey, Snapshot},
-    ingest::monotonic_ns,
+    api::{
+        pb,
+        transport::{connect, Target},
+    },
+    clock::monotonic_ns,
 };
 
 /// Where snapshots come from.
@@ -30,87 +28,6 @@ pub trait SnapshotSource: Send + Sync + 'static {
     /// The clock the batches' times are on (the node's monotonic clock, as its API gives it).
     fn clock_ns(&self) -> u64 {
         monotonic_ns()
-    }
-}
-
-#[tonic::async_trait]
-impl SnapshotSource for NodeState {
-    async fn batch(&self) -> pb::PushSnapshotsRequest {
-        let profile = self
-            .snapshot(&pb::ProcessFilter::default(), Caller::Any)
-            .await;
-        let taken_ns = monotonic_ns();
-        let instances = self.parts(&profile).await;
-        let processes = profile
-            .ranks
-            .into_iter()
-            .map(|rank| {
-                let key = ProcessKey {
-                    node: self.node.clone(),
-                    pid: rank.pid,
-                    start_ticks: rank.start_ticks,
-                    boot_id: self.boot_id.clone(),
-                };
-                to_wire(&Snapshot {
-                    key,
-                    taken_ns,
-                    rank,
-                })
-            })
-            .collect();
-        pb::PushSnapshotsRequest {
-            processes,
-            instances,
-            ..Default::default()
-        }
-    }
-
-    fn clock_ns(&self) -> u64 {
-        self.api_time(monotonic_ns())
-    }
-}
-
-impl NodeState {
-    /// The collective instances who-is-late handed on (their other members are on other
-    /// nodes), with ranks, hosts and job as `profile` names them, on the API's clock.
-    async fn parts(&self, profile: &crate::report::JobProfile) -> Vec<pb::InstancePart> {
-        let Some(late) = &self.late else {
-            return Vec::new();
-        };
-        let parts = late.lock().await.take_parts();
-        let rank_of = |pid: u32| profile.ranks.iter().find(|r| r.pid == pid);
-        parts
-            .into_iter()
-            .filter_map(|inst| {
-                let job = rank_of(inst.arrivals.first()?.pid)?.job.clone();
-                let arrivals = inst
-                    .arrivals
-                    .iter()
-                    .filter_map(|a| {
-                        let r = rank_of(a.pid)?;
-                        Some(pb::InstanceArrival {
-                            rank: r.rank,
-                            host: self.node.clone(),
-                            start_ns: self.api_time(a.start_ns),
-                            end_ns: self.api_time(a.end_ns),
-                        })
-                    })
-                    .collect();
-                Some(pb::InstancePart {
-                    job,
-                    comm: inst.comm.0,
-                    seq: inst.seq,
-                    routine: collector_common::ROUTINES
-                        .get(inst.routine as usize)
-                        .map_or("?", |r| r.name)
-                        .to_string(),
-                    bucket: (inst.bucket != collector_common::UNKNOWN_BUCKET)
-                        .then_some(u32::from(inst.bucket)),
-                    size: inst.size,
-                    arrivals,
-                })
-            })
-            .collect()
     }
 }
 
@@ -174,7 +91,7 @@ async fn push_session<S: SnapshotSource>(
     interval: Duration,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut client = crate::serve::aggregator_client(connect(target).await?);
+    let mut client = crate::api::aggregator_client(connect(target).await?);
     // The aggregator's clock against ours, NTP-style, for who is late across nodes (an
     // aggregator without the Clock call gets no instances matched).
     let clock = estimate_clock(&mut client, state.as_ref()).await;
@@ -190,7 +107,7 @@ async fn push_session<S: SnapshotSource>(
         tokio::select! {
             _ = shutdown.cancelled() => {
                 // A last snapshot, then close the stream and let the aggregator answer.
-                for part in split(stamped(state.batch().await, clock), crate::serve::PUSH_MESSAGE_BYTES) {
+                for part in split(stamped(state.batch().await, clock), crate::api::PUSH_MESSAGE_BYTES) {
                     let _ = tx.send(part).await;
                 }
                 drop(tx);
@@ -198,7 +115,7 @@ async fn push_session<S: SnapshotSource>(
                 return Ok(());
             }
             _ = tick.tick() => {
-                for part in split(stamped(state.batch().await, clock), crate::serve::PUSH_MESSAGE_BYTES) {
+                for part in split(stamped(state.batch().await, clock), crate::api::PUSH_MESSAGE_BYTES) {
                     if tx.send(part).await.is_err() {
                         let outcome = call.await?;
                         anyhow::bail!("the aggregator closed the stream: {:?}", outcome.err());
@@ -213,7 +130,7 @@ async fn push_session<S: SnapshotSource>(
 /// `batch` with the clock estimate.
 fn stamped(
     mut batch: pb::PushSnapshotsRequest,
-    clock: Option<crate::trace::remote::ClockEstimate>,
+    clock: Option<crate::clock::ClockEstimate>,
 ) -> pb::PushSnapshotsRequest {
     if let Some(c) = clock {
         batch.clock_offset_ns = Some(c.offset_ns);
@@ -227,12 +144,15 @@ fn stamped(
 async fn estimate_clock<S: SnapshotSource>(
     client: &mut pb::aggregator_client::AggregatorClient<tonic::transport::Channel>,
     source: &S,
-) -> Option<crate::trace::remote::ClockEstimate> {
-    crate::trace::remote::best_exchange(
+) -> Option<crate::clock::ClockEstimate> {
+    crate::clock::best_exchange(
         || source.clock_ns(),
         || {
             let mut c = client.clone();
-            async move { Ok(c.clock(pb::ClockRequest {}).await?.into_inner()) }
+            async move {
+                let r = c.clock(pb::ClockRequest {}).await?.into_inner();
+                Ok((r.monotonic_ns, r))
+            }
         },
     )
     .await

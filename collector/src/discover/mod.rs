@@ -1,6 +1,10 @@
 //! Finding processes and what they map: rank, job and launcher from the environment, and
 //! the library files to probe from `/proc/PID/maps` (through `/proc/PID/root` so that
-//! processes in containers resolve in their own mount namespace).
+//! processes in containers resolve in their own mount namespace), and what their memory
+//! shows of libfabric (`memory`).
+
+pub mod memory;
+pub mod tracked;
 
 use std::{
     collections::BTreeMap,
@@ -9,7 +13,16 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+
+/// A libfabric fabric a process opened.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Fabric {
+    /// Provider, layered ones included: `tcp;ofi_rxm`.
+    pub provider: String,
+    /// Fabric name (for tcp and udp, the network: `127.0.0.0/8`).
+    pub name: String,
+}
 
 /// Errors inspecting a process.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,196 @@
+//! A call in progress, as every routine's path sees it: the attachment's cookie, the
+//! saved arguments and how they decode, what a communicator call teaches (MPI and NCCL
+//! alike), and the call event sent to userspace.
+
+use aya_ebpf::EbpfContext;
+use collector_common::{
+    routines::NO_ARG as N, Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Config, Cookie,
+    HandleCache, HandleKey, Layout, ARG_SLOTS,
+};
+
+use crate::{
+    decode::{count_arg, handle, int_arg, read, shared_comm_id, sum_ints, sum_typed, type_size},
+    maps::{with_proc_stats, COMMS, CONFIG, EVENTS},
+};
+
+#[inline(always)]
+pub(crate) fn cookie(ctx: &impl EbpfContext) -> Cookie {
+    Cookie::unpack(raw_cookie(ctx))
+}
+
+/// The attachment's cookie as the kernel keeps it.
+#[inline(always)]
+pub(crate) fn raw_cookie(ctx: &impl EbpfContext) -> u64 {
+    // SAFETY: the helper only reads the attachment's cookie.
+    unsafe { aya_ebpf::helpers::generated::bpf_get_attach_cookie(ctx.as_ptr()) }
+}
+
+/// Fills what an event says of the call beyond its counters: the peer, the communicator
+/// (local handle, shared identity, this process's rank) and what a constructor created.
+#[inline(always)]
+pub(crate) fn describe_call(ev: &mut CallEvent, c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) {
+    ev.peer = c.arg(spec.peer).map(int_arg).unwrap_or(-1);
+    ev.comm = c.arg(spec.comm).map_or(0, |h| handle(c.abi, h));
+    ev.comm_id = shared_comm_id(c.abi, ev.comm, comm);
+    ev.comm_rank = comm.map_or(-1, |i| i.rank);
+    if c.ret == 0 && ByteRule::from_u8(spec.rule).creates_comm() {
+        ev.color = c.arg(spec.a).map(int_arg).unwrap_or(0);
+        ev.created = c
+            .arg(spec.d)
+            .and_then(|p| read_handle(c.abi, p))
+            .unwrap_or(0);
+    }
+}
+
+/// The handle a call stored at `p` (an `int` in integer-handle ABIs, a pointer otherwise).
+#[inline(always)]
+fn read_handle(abi: u8, p: u64) -> Option<u64> {
+    if abi == Abi::Mpich as u8 {
+        read::<u32>(p).map(u64::from)
+    } else {
+        read::<u64>(p)
+    }
+}
+
+/// Whether every call emits an event (a trace or a stream is open, or asked for).
+#[inline(always)]
+pub(crate) fn call_events_on() -> bool {
+    CONFIG
+        .get(0)
+        .is_some_and(|c| c.call_events & Config::EVENTS_ALL != 0)
+}
+
+/// Sends a completed call of the thread whose state is `e` to userspace, numbered in the
+/// thread's events (a gap tells userspace events were lost); a full ring buffer counts it
+/// as dropped.
+#[inline(always)]
+pub(crate) fn emit_call(e: &mut CallState, ev: &mut CallEvent) {
+    ev.thread_seq = e.events;
+    e.events = e.events.wrapping_add(1);
+    if EVENTS.output::<CallEvent>(&*ev, batched_wakeup()).is_err() {
+        with_proc_stats(ev.tgid, |s| s.events_dropped += 1);
+    }
+}
+
+/// Ring-buffer flags for a call event: wake the consumer only once the buffer is a quarter
+/// full. Waking it for every event costs a context switch per MPI call, which on busy
+/// nodes (ranks on every core) multiplies the probe cost; userspace also drains on a timer.
+#[inline(always)]
+fn batched_wakeup() -> u64 {
+    use aya_ebpf::bindings::{
+        BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
+    };
+    let avail = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
+    let size = EVENTS.query(BPF_RB_RING_SIZE as u64);
+    if avail >= size / 4 {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
+}
+
+#[inline(always)]
+pub(crate) fn arg(args: &[u64; ARG_SLOTS], i: u8) -> Option<u64> {
+    // Operands are < MAX_ARGS or NO_ARG (checked by collector-common's tests). Only the
+    // mask bounds the index: a range check here lets LLVM drop the mask, and the verifier
+    // then loses the bound.
+    if i == N {
+        None
+    } else {
+        Some(args[(i & 15) as usize])
+    }
+}
+
+/// A returning call's decoding context.
+pub(crate) struct Call<'a> {
+    pub abi: u8,
+    pub layout: &'a Layout,
+    pub tgid: u32,
+    pub args: &'a [u64; ARG_SLOTS],
+    /// The routine's return value (`int`: MPI and NCCL both return 0 on success).
+    pub ret: i32,
+    /// The thread's handle cache.
+    pub cache: *mut HandleCache,
+}
+
+impl Call<'_> {
+    #[inline(always)]
+    pub fn arg(&self, i: u8) -> Option<u64> {
+        arg(self.args, i)
+    }
+
+    /// Size of the datatype in argument `i`.
+    #[inline(always)]
+    pub fn size(&self, i: u8) -> Option<u64> {
+        let h = handle(self.abi, self.arg(i)?);
+        let decode = || type_size(self.abi, self.layout, self.tgid, h);
+        if self.abi == Abi::Nccl as u8 {
+            // An enum: nothing to look up.
+            decode()
+        } else {
+            crate::cache::type_size(self.cache, h, decode)
+        }
+    }
+
+    /// The count in argument `i` (one element when the operand is absent).
+    #[inline(always)]
+    pub fn count(&self, i: u8) -> Option<u64> {
+        if i == N {
+            Some(1)
+        } else if self.abi == Abi::Nccl as u8 {
+            // size_t
+            self.arg(i)
+        } else {
+            count_arg(self.arg(i)?)
+        }
+    }
+
+    /// `count(a) x size(b)`.
+    #[inline(always)]
+    pub fn count_type(&self, a: u8, b: u8) -> Option<u64> {
+        Some(self.count(a)? * self.size(b)?)
+    }
+
+    /// Sum of the int array in argument `i` over `n` entries.
+    #[inline(always)]
+    pub fn sum(&self, i: u8, n: u32) -> Option<u64> {
+        sum_ints(self.arg(i)?, n)
+    }
+
+    #[inline(always)]
+    pub fn sum_typed(&self, counts: u8, types: u8, n: u32) -> Option<u64> {
+        sum_typed(
+            self.abi,
+            self.layout,
+            self.tgid,
+            self.arg(counts)?,
+            self.arg(types)?,
+            n,
+        )
+    }
+}
+
+/// Records a communicator's size or this process's rank in it.
+#[inline(always)]
+pub(crate) fn learn_comm(c: &Call, spec: &ArgSpec, rule: ByteRule) {
+    let Some(h) = c.arg(spec.a) else { return };
+    let Some(v) = c.arg(spec.d).and_then(read::<i32>) else {
+        return;
+    };
+    let key = HandleKey {
+        tgid: c.tgid,
+        _pad: 0,
+        handle: handle(c.abi, h),
+    };
+    // SAFETY: plain value.
+    let mut info = unsafe { COMMS.get(key) }
+        .copied()
+        .unwrap_or(CommInfo::new(0, -1, 0));
+    if rule == ByteRule::CommSize {
+        info.size = v as u32;
+    } else {
+        info.rank = v;
+    }
+    let _ = COMMS.insert(key, info, 0);
+    crate::cache::bump();
+}

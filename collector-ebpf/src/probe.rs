@@ -1,0 +1,281 @@
+//! The generic path of every MPI and NCCL routine: one entry probe for all, and one
+//! return program per ABI and argument shape.
+//!
+//! Entry saves the arguments and a timestamp per thread; return applies the routine's
+//! byte rule (`mpi` or `nccl`, from `ROUTINE_SPECS`), updates the ground-truth counters
+//! and emits a `CallEvent`. A call made while another is in progress on the same thread
+//! (MPI-IO, `MPI_Sendrecv_replace` in some builds, `ncclBcast` → `ncclBroadcast`) is
+//! counted once, at the outermost call. libfabric's data path has programs of its own
+//! (`fabric`).
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_probe_read_user},
+    macros::{uprobe, uretprobe},
+    programs::{ProbeContext, RetProbeContext},
+};
+use collector_common::{
+    routines::{class, NO_ARG as N},
+    Abi, ArgSpec, ByteRule, CallEvent, Config, Cookie, CounterKey, EventKind, MAX_ARGS,
+    UNKNOWN_BUCKET,
+};
+
+use crate::{
+    call::{arg, describe_call, emit_call, raw_cookie, Call},
+    decode::{comm_info, handle, read},
+    maps::{call_state, new_call_state, with_proc_stats, CONFIG, LAYOUTS, ROUTINE_SPECS},
+    process::{is_counted, is_watched, still_counted},
+};
+
+/// Entry of any probed routine (MPI or NCCL); arguments per `ROUTINE_SPECS[cookie.routine]`.
+#[uprobe]
+pub fn call_entry(ctx: ProbeContext) -> u32 {
+    // A thread has call state only if its process was counted when it first called MPI,
+    // and loses it when it exits; so the watched set is consulted once per thread (and
+    // again after a detach), and the process id is asked of the kernel only then.
+    let packed = raw_cookie(&ctx);
+    let c = Cookie::unpack(packed);
+    let Some(spec) = ROUTINE_SPECS.get(c.routine as u32) else {
+        return 0;
+    };
+    let existing = call_state(false);
+    let tgid = match existing {
+        Some(e) => {
+            // SAFETY: the thread's own entry; only this thread touches it.
+            let e = unsafe { &mut *e };
+            if e.busy != 0 {
+                e.depth += 1;
+                with_proc_stats(e.tgid, |s| s.nested += 1);
+                return 0;
+            }
+            if !still_counted(e) {
+                return 0;
+            }
+            e.tgid
+        }
+        None => {
+            let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+            // A wait for the GPU alone does not make a process one to profile (every CUDA
+            // program makes them); it counts in processes already watched.
+            let counted = if spec.class == class::SYNC {
+                is_watched(tgid)
+            } else {
+                is_counted(tgid)
+            };
+            if !counted {
+                return 0;
+            }
+            tgid
+        }
+    };
+    let Some(e) = existing.or_else(|| new_call_state(tgid)) else {
+        // No storage could be created (memory, or the storage lock busy): not counted.
+        with_proc_stats(tgid, |s| s.counters_full += 1);
+        return 0;
+    };
+    // SAFETY: the thread's own, idle state. Only the call's fields are written: an open
+    // NCCL group and device-time window outlive the call. Argument slots the routine's
+    // spec does not name keep older values; nothing reads them.
+    let e = unsafe { &mut *e };
+    // SAFETY: regs points at this probe's saved registers.
+    let regs = unsafe { &*ctx.regs };
+    e.args[0] = regs.rdi;
+    e.args[1] = regs.rsi;
+    e.args[2] = regs.rdx;
+    e.args[3] = regs.rcx;
+    e.args[4] = regs.r8;
+    e.args[5] = regs.r9;
+    if uses_stack_args(spec) {
+        // Arguments 7.. are on the stack above the return address (probes sit before any
+        // push). SAFETY: reading the traced thread's stack into the thread's state; the
+        // helper zeroes the destination when the read fails.
+        unsafe {
+            bpf_probe_read_user(
+                e.args[6..MAX_ARGS].as_mut_ptr().cast(),
+                ((MAX_ARGS - 6) * 8) as u32,
+                (regs.rsp + 8) as *const core::ffi::c_void,
+            )
+        };
+    }
+    if ByteRule::from_u8(spec.rule).frees_handle() {
+        // Before the handle goes: no thread may keep it cached across the free.
+        crate::cache::bump();
+        // The call resets the handle to MPI_*_NULL: read it now (an MPICH-ABI handle is
+        // an int; `handle()` drops the upper half later).
+        let i = (spec.a & 15) as usize;
+        e.args[i] = read::<u64>(e.args[i]).unwrap_or(0);
+    }
+    e.depth = 0;
+    e.routine = c.routine;
+    e.cookie = packed;
+    e.start_ns = unsafe { bpf_ktime_get_ns() };
+    e.busy = 1;
+    0
+}
+
+/// Whether any operand of `spec` is a stack argument (7th or later).
+#[inline(always)]
+fn uses_stack_args(spec: &ArgSpec) -> bool {
+    let on_stack = |i: u8| i != N && i >= 6;
+    on_stack(spec.a)
+        || on_stack(spec.b)
+        || on_stack(spec.c)
+        || on_stack(spec.d)
+        || on_stack(spec.comm)
+        || on_stack(spec.peer)
+}
+
+/// Return of any MPI routine of an Open MPI library (same attach points as `mpi_entry`).
+#[uretprobe]
+pub fn mpi_return_ompi(ctx: RetProbeContext) -> u32 {
+    on_return_probe::<{ Abi::OpenMpi as u8 }, false>(ctx)
+}
+
+/// Return of any MPI routine of an MPICH-ABI library but its datatype constructors.
+#[uretprobe]
+pub fn mpi_return_mpich(ctx: RetProbeContext) -> u32 {
+    on_return_probe::<{ Abi::Mpich as u8 }, false>(ctx)
+}
+
+/// Return of the datatype constructors and MPI_Type_free of an MPICH-ABI library, whose
+/// integer handles carry no size for derived types: the sizes are learnt here.
+#[uretprobe]
+pub fn mpi_return_mpich_types(ctx: RetProbeContext) -> u32 {
+    on_return_probe::<{ Abi::Mpich as u8 }, true>(ctx)
+}
+
+/// Return of any NCCL routine (entry is the shared `call_entry`).
+#[uretprobe]
+pub fn nccl_return(ctx: RetProbeContext) -> u32 {
+    on_return_probe::<{ Abi::Nccl as u8 }, false>(ctx)
+}
+
+/// One program per ABI and argument shape: with both constants, each program carries only
+/// its own decoding paths, which keeps the verifier's work small.
+#[inline(always)]
+pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeContext) -> u32 {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let ret: i32 = ctx.ret();
+    // Only counted processes have call state: no need to look the process up again.
+    let e = match call_state(false) {
+        // SAFETY: the thread's own entry.
+        Some(e) if unsafe { (*e).busy } != 0 => unsafe { &mut *e },
+        _ => {
+            let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+            if is_counted(tgid) {
+                with_proc_stats(tgid, |s| s.orphan_returns += 1);
+            }
+            return 0;
+        }
+    };
+    if e.depth > 0 {
+        e.depth -= 1;
+        return 0;
+    }
+    let start_ns = e.start_ns;
+    let tgid = e.tgid;
+    // The entry's cookie: the outermost call returns through the same attach point.
+    let c = Cookie::unpack(e.cookie);
+    let Some(spec) = ROUTINE_SPECS.get(c.routine as u32) else {
+        return 0;
+    };
+    let Some(layout) = LAYOUTS.get(c.layout as u32) else {
+        return 0;
+    };
+    let spec = *spec;
+    let args = &e.args;
+
+    let cache = core::ptr::addr_of_mut!(e.cache);
+    let comm = arg(args, spec.comm).and_then(|h| {
+        let decode = || comm_info(ABI, layout, tgid, h);
+        if ABI == Abi::Nccl as u8 {
+            // NCCL's communicators are learnt and relearnt by many calls: not cached.
+            decode()
+        } else {
+            crate::cache::comm_info(cache, handle(ABI, h), decode)
+        }
+    });
+    let call = Call {
+        abi: ABI,
+        layout,
+        tgid,
+        args,
+        ret,
+        cache,
+    };
+    if ABI == Abi::Nccl as u8 && crate::nccl::unposted(&call, &spec) {
+        with_proc_stats(tgid, |s| s.net_unposted += 1);
+        e.busy = 0;
+        return 0;
+    }
+    let out = if ABI == Abi::Nccl as u8 {
+        crate::nccl::on_return(&call, &spec, comm)
+    } else if TYPES {
+        crate::mpi::on_type_return(&call, &spec)
+    } else {
+        crate::mpi::on_return(&call, &spec, comm)
+    };
+    let dur = now.saturating_sub(start_ns);
+
+    match spec.class {
+        class::INIT => with_proc_stats(tgid, |s| s.init_ns = now),
+        class::FINALIZE => with_proc_stats(tgid, |s| s.finalize_ns = start_ns),
+        _ => {}
+    }
+
+    let (bucket, bytes) = match out {
+        Some(b) => (collector_common::size_bucket(b), b),
+        None => {
+            with_proc_stats(tgid, |s| s.undecoded += 1);
+            (UNKNOWN_BUCKET, 0)
+        }
+    };
+    let comm_size = comm.map(|c| c.size).unwrap_or(0);
+    // Only NCCL keeps counters per communicator; MPI's are per communicator size.
+    let (comm_rank, comm_id) = match comm {
+        _ if ABI != Abi::Nccl as u8 => (0, 0),
+        Some(c) => (c.rank, c.id),
+        None => (-1, 0),
+    };
+    let key = CounterKey {
+        tgid,
+        routine: c.routine,
+        parent: CounterKey::NO_PARENT,
+        comm_size,
+        comm_rank,
+        comm_id,
+        bucket,
+        _pad: [0; 7],
+    };
+    let events = match CONFIG.get(0).map_or(0, |c| c.call_events) {
+        0 => false,
+        m if m & Config::EVENTS_ALL != 0 => true,
+        _ => spec.matters_for_skew(),
+    };
+    // Read before `e` is borrowed for the counters, and only for an event.
+    let ev = events.then(|| {
+        let mut ev = CallEvent {
+            kind: EventKind::Call as u32,
+            tgid,
+            tid: bpf_get_current_pid_tgid() as u32,
+            routine: c.routine,
+            bucket,
+            comm_size,
+            start_ns,
+            dur_ns: dur,
+            bytes,
+            ..CallEvent::default()
+        };
+        describe_call(&mut ev, &call, &spec, comm);
+        ev
+    });
+    crate::counters::add(e, &key, 1, bytes, dur);
+    if ABI == Abi::Nccl as u8 {
+        crate::nccl::after_call(e, &spec, &key, bytes, start_ns, now, ret);
+    }
+    if let Some(mut ev) = ev {
+        emit_call(e, &mut ev);
+    }
+    // Last: `args` pointed into this entry.
+    e.busy = 0;
+    0
+}

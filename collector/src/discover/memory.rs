@@ -1,0 +1,174 @@
+//! What a process's memory shows of libfabric (`/proc/PID/mem`): the endpoints and the ops
+//! tables they point at (`commtap scan-fabric --pid`, a diagnostic: how the method of
+//! `symbols::fabric` was first verified), and the fabrics a process opened before commtap
+//! attached (their `fi_fabric` calls were not seen).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs::File,
+    io::{Read, Seek, SeekFrom},
+};
+
+use collector_common::routines::FID_EP_TABLES_OFF;
+
+use crate::symbols::fabric::{Candidate, TableKind};
+
+/// `FI_CLASS_EP`.
+const FI_CLASS_EP: u64 = 3;
+/// `FI_CLASS_FABRIC`.
+const FI_CLASS_FABRIC: u64 = 1;
+/// Most bytes of a process's memory read while looking for endpoints.
+const SCAN_LIMIT: u64 = 512 << 20;
+
+/// A library mapping of a process: its load bias (runtime address − file virtual address)
+/// and the end of its last segment.
+#[derive(Clone, Copy, Debug)]
+pub struct Mapping {
+    /// Runtime address of virtual address 0.
+    pub bias: u64,
+    /// One past the last byte the object has mapped.
+    pub end: u64,
+}
+
+impl Mapping {
+    /// Whether `addr` is inside the object's mappings.
+    pub fn holds(&self, addr: u64) -> bool {
+        addr >= self.bias && addr < self.end
+    }
+}
+
+impl Mapping {
+    /// Where `o` is mapped (`None` without a mapping at file offset 0).
+    pub fn of(o: &super::MappedObject) -> Option<Mapping> {
+        Some(Mapping {
+            bias: o.bias?,
+            end: o.end,
+        })
+    }
+}
+
+/// What a process's memory shows of its endpoints.
+#[derive(Debug, Default)]
+pub struct EndpointScan {
+    /// Candidate tables (by file virtual address) seen as each kind.
+    pub tables: BTreeSet<(TableKind, u64)>,
+    /// Endpoints found.
+    pub endpoints: usize,
+    /// Bytes of memory read.
+    pub scanned: u64,
+}
+
+/// Calls `visit(base, bytes)` for each of `pid`'s writable anonymous mappings (the heap,
+/// malloc's arenas: where libfabric's objects live), up to `SCAN_LIMIT` bytes in all;
+/// returns the bytes read.
+fn for_each_anonymous_region(pid: u32, mut visit: impl FnMut(u64, &[u8])) -> u64 {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return 0;
+    };
+    let Ok(mut mem) = File::open(format!("/proc/{pid}/mem")) else {
+        return 0;
+    };
+    let mut scanned = 0;
+    let mut buf = Vec::new();
+    for m in super::maps_lines(&maps) {
+        if !m.perms.starts_with("rw") || m.inode != 0 || !(m.path.is_empty() || m.path == "[heap]")
+        {
+            continue;
+        }
+        let (lo, hi) = (m.lo, m.hi);
+        let len = hi - lo;
+        if scanned + len > SCAN_LIMIT {
+            continue;
+        }
+        buf.resize(len as usize, 0);
+        if mem.seek(SeekFrom::Start(lo)).is_err() || mem.read_exact(&mut buf).is_err() {
+            continue;
+        }
+        scanned += len;
+        visit(lo, &buf);
+    }
+    scanned
+}
+
+/// The little-endian word at byte `at` of `buf`.
+fn word(buf: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(buf.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// Finds `pid`'s endpoints in its writable anonymous memory and which candidates their
+/// msg/rma/tagged fields point at.
+pub fn endpoint_tables(pid: u32, map: Mapping, candidates: &[Candidate]) -> EndpointScan {
+    let runtime: BTreeMap<u64, u64> = candidates
+        .iter()
+        .map(|c| (c.vaddr.wrapping_add(map.bias), c.vaddr))
+        .collect();
+    let mut scan = EndpointScan::default();
+    scan.scanned = for_each_anonymous_region(pid, |_, buf| {
+        for at in (0..buf.len()).step_by(8) {
+            if word(buf, at) != Some(FI_CLASS_EP) {
+                continue;
+            }
+            let mut any = false;
+            for (i, kind) in TableKind::ALL.iter().enumerate() {
+                if let Some(vaddr) =
+                    word(buf, at + FID_EP_TABLES_OFF as usize + 8 * i).and_then(|p| runtime.get(&p))
+                {
+                    scan.tables.insert((*kind, *vaddr));
+                    any = true;
+                }
+            }
+            scan.endpoints += usize::from(any);
+        }
+    });
+    scan
+}
+
+/// The fabrics `pid` has open, found in its memory, as (provider, fabric name): libfabric's
+/// common fabric object (`struct util_fabric`) starts with a `fid` of class FI_CLASS_FABRIC
+/// whose two ops pointers point into a libfabric object, and a few words on holds the
+/// fabric's name and a pointer to its provider's `struct fi_provider` (one of `providers`,
+/// by runtime address). For processes commtap attaches to after they opened their fabric.
+pub fn open_fabrics(
+    pid: u32,
+    objects: &[Mapping],
+    providers: &BTreeMap<u64, String>,
+) -> BTreeSet<(String, String)> {
+    let in_libfabric = |p: Option<u64>| p.is_some_and(|p| objects.iter().any(|m| m.holds(p)));
+    let mut found = Vec::new();
+    for_each_anonymous_region(pid, |_, buf| {
+        for at in (0..buf.len()).step_by(8) {
+            if word(buf, at) != Some(FI_CLASS_FABRIC)
+                || !in_libfabric(word(buf, at + 16))
+                || !in_libfabric(word(buf, at + 24))
+            {
+                continue;
+            }
+            if let Some(k) =
+                (4..24).find(|k| word(buf, at + 8 * k).is_some_and(|p| providers.contains_key(&p)))
+            {
+                let prov = word(buf, at + 8 * k).unwrap_or(0);
+                found.push((providers[&prov].clone(), word(buf, at + 8 * (k - 1))));
+            }
+        }
+    });
+    found
+        .into_iter()
+        .map(|(prov, name)| {
+            (
+                prov,
+                name.and_then(|p| read_c_string(pid, p)).unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// A short NUL-terminated string at `addr` in `pid`'s memory.
+fn read_c_string(pid: u32, addr: u64) -> Option<String> {
+    let mut mem = File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut buf = [0u8; 64];
+    mem.seek(SeekFrom::Start(addr)).ok()?;
+    mem.read_exact(&mut buf).ok()?;
+    let end = buf.iter().position(|b| *b == 0)?;
+    let s = std::str::from_utf8(&buf[..end]).ok()?;
+    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic())).then(|| s.to_string())
+}

@@ -1,0 +1,55 @@
+//! A watched process as discovery knows it: its identity (from `/proc`, else from the
+//! kernel's events), when it was counted from and until, and what it opened.
+
+use std::collections::BTreeSet;
+
+use super::{Fabric, ProcessInfo};
+use crate::clock::monotonic_ns;
+
+/// What is known of a watched process.
+#[derive(Debug, Default)]
+pub struct Tracked {
+    /// Identity and launcher environment, once read.
+    pub info: Option<ProcessInfo>,
+    /// Monotonic ns from which its calls are counted (attach, or fork for launched ones).
+    pub since_ns: u64,
+    /// Monotonic ns at which it exited.
+    pub exit_ns: Option<u64>,
+    /// Asked for by the user (reported even without MPI calls).
+    pub requested: bool,
+    /// Whether it maps an MPI library commtap probes.
+    pub maps_mpi: bool,
+    /// Address-space size when its mappings were last read. Reading `/proc/PID/maps` walks
+    /// the process's memory map (measured: 4% of a core for a 2-rank job every 200 ms,
+    /// taken from the ranks on a busy node), so rescans wait for this to change (dlopen).
+    pub seen_pages: Option<u64>,
+    /// libfabric fabrics it opened.
+    pub fabrics: BTreeSet<Fabric>,
+    /// Its real user id as the kernel gave it with the event that made it known: a rank
+    /// that exits before its `/proc` entry is read still has an owner.
+    pub kernel_uid: Option<u32>,
+    /// Its identity as the kernel captured it when it became known (environment,
+    /// arguments, start time): what is used when `/proc` cannot be read in time.
+    pub kernel_info: Option<ProcessInfo>,
+}
+
+impl Tracked {
+    /// Its owner: from `/proc` once read, else from the kernel's event.
+    pub fn uid(&self) -> Option<u32> {
+        self.info.as_ref().and_then(|i| i.uid).or(self.kernel_uid)
+    }
+
+    /// A process counted from now on.
+    pub fn from_now() -> Tracked {
+        Tracked::since(monotonic_ns())
+    }
+
+    /// A process counted from `since_ns` on (monotonic): when the kernel saw it forked or
+    /// exec'd, whenever userspace gets to read that.
+    pub fn since(since_ns: u64) -> Tracked {
+        Tracked {
+            since_ns,
+            ..Default::default()
+        }
+    }
+}

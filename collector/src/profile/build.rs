@@ -1,0 +1,300 @@
+//! Building a job's profile from the kernel's counters and what discovery knows of each
+//! process: the one place the profile is assembled (`record`, the daemon and `detach`
+//! alike), with job ids and ranks filled in where the launcher did not say them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use collector_common::{CounterKey, CounterVal, PeerKey, PeerVal, ProcStats};
+
+use super::{JobProfile, JobTotals, ProbedLibrary, RankProfile, SCHEMA};
+use crate::{
+    attach::{AttachedLibrary, Probes},
+    discover::{self, tracked::Tracked, ProcessInfo},
+    stats,
+    symbols::Placement,
+};
+
+/// The kernel's counters, read once for a profile.
+struct Counters {
+    all: Vec<(CounterKey, CounterVal)>,
+    device: Vec<(CounterKey, CounterVal)>,
+    peers: Vec<(PeerKey, PeerVal)>,
+}
+
+/// The profile of every process in `tracked` that made MPI calls, from `probes`' counters
+/// as they are now; `end_ns` closes the elapsed time of processes still running,
+/// `events_of` says how many call events each delivered, and `job_ids` keeps the job ids
+/// given so far stable across profiles.
+pub fn job_profile(
+    probes: &Probes,
+    tracked: &BTreeMap<u32, Tracked>,
+    events_of: impl Fn(u32) -> u64,
+    end_ns: u64,
+    job_ids: &mut BTreeMap<String, String>,
+) -> JobProfile {
+    let c = Counters {
+        all: probes.read_counters(),
+        device: probes.read_device_time(),
+        peers: probes.read_peers(),
+    };
+    let counted: BTreeSet<u32> = c.all.iter().map(|(k, _)| k.tgid).collect();
+    let host = discover::this_host();
+    let mut ranks = Vec::new();
+    let mut not_profiled = Vec::new();
+    for (&pid, t) in tracked {
+        if counted.contains(&pid) {
+            let ps = probes.read_proc_stats(pid);
+            ranks.push(rank_profile(pid, t, &ps, &c, events_of(pid), &host, end_ns));
+        } else if t.requested {
+            not_profiled.push(if t.maps_mpi {
+                format!("PID {pid}: made no MPI call while watched")
+            } else {
+                format!("PID {pid}: never mapped an MPI library")
+            });
+        }
+    }
+    assemble(ranks, probes, not_profiled, job_ids)
+}
+
+/// One process's profile; its `job` holds the job key (see [`job_key`]) until
+/// [`assemble`] names the job.
+fn rank_profile(
+    pid: u32,
+    t: &Tracked,
+    ps: &ProcStats,
+    c: &Counters,
+    events: u64,
+    host: &str,
+    end_ns: u64,
+) -> RankProfile {
+    let routines = stats::routines_of(pid, &c.all, &c.device);
+    let mut health: stats::Health = ps.into();
+    health.fabric_unresolved = stats::fabric_unresolved(pid, &c.all);
+    health.events = events;
+    let start = if ps.init_ns != 0 {
+        ps.init_ns.max(t.since_ns)
+    } else {
+        t.since_ns
+    };
+    let end = if ps.finalize_ns != 0 {
+        ps.finalize_ns
+    } else {
+        t.exit_ns.unwrap_or(end_ns)
+    };
+    let info = t.info.clone().unwrap_or(ProcessInfo {
+        pid,
+        ..Default::default()
+    });
+    let start = if start == 0 { ps.init_ns } else { start };
+    RankProfile {
+        rank: info.rank.unwrap_or(u32::MAX),
+        rank_known: info.rank.is_some(),
+        pid,
+        host: host.to_string(),
+        job: job_key(&info),
+        cmdline: info.cmdline.clone(),
+        uid: t.uid(),
+        start_ticks: info.start_ticks,
+        exited: false,
+        elapsed_ns: end.saturating_sub(start),
+        comm_time_ns: stats::communication_ns(&routines),
+        routines,
+        health,
+        fabrics: t.fabrics.iter().cloned().collect(),
+        peers: stats::peers_of(pid, &c.peers),
+    }
+}
+
+/// Groups a process with the other ranks of its job: the batch system's job id, else the
+/// launcher's own job key, else one group for everything unlabelled. A batch job id that
+/// only the process's environment claims is grouped per user: nobody joins another user's
+/// job by setting `SLURM_JOB_ID`.
+pub fn job_key(info: &ProcessInfo) -> String {
+    match (&info.batch_job, &info.launcher_job) {
+        (Some(b), _) if info.batch_job_from_cgroup => format!("batch:{b}"),
+        (Some(b), _) => format!("claim:{}:{b}", info.uid.map_or(-1, i64::from)),
+        (None, Some(l)) => format!("launcher:{l}"),
+        (None, None) => String::new(),
+    }
+}
+
+/// The job id a group keyed `key` (see `job_key`) is shown with: a batch job's own id, and
+/// for a claimed one the same unless another group (the real job, or another user's claim)
+/// has that id too: then `ID.uUID`. Else `None` (launcher keys: mpitrace's rank 0 pid).
+fn batch_job_id(key: &str, keys: &[&String]) -> Option<String> {
+    if let Some(batch) = key.strip_prefix("batch:") {
+        return Some(batch.to_string());
+    }
+    let (uid, id) = key.strip_prefix("claim:")?.split_once(':')?;
+    let shared = keys.iter().any(|k| {
+        *k != key
+            && (k.strip_prefix("batch:") == Some(id)
+                || k.strip_prefix("claim:")
+                    .and_then(|c| c.split_once(':'))
+                    .is_some_and(|(_, other)| other == id))
+    });
+    Some(if shared {
+        format!("{id}.u{uid}")
+    } else {
+        id.to_string()
+    })
+}
+
+/// Orders ranks by job and rank, fills in what the environment did not say (ranks, job
+/// ids: the batch system's, else mpitrace's rank 0 pid, kept stable in `job_ids`), and adds
+/// the probe summary. `ranks[].job` holds the job key on entry.
+fn assemble(
+    mut ranks: Vec<RankProfile>,
+    probes: &Probes,
+    not_profiled: Vec<String>,
+    job_ids: &mut BTreeMap<String, String>,
+) -> JobProfile {
+    let mut groups: BTreeMap<String, Vec<RankProfile>> = BTreeMap::new();
+    for r in ranks.drain(..) {
+        groups.entry(r.job.clone()).or_default().push(r);
+    }
+    let keys: Vec<String> = groups.keys().cloned().collect();
+    let key_refs: Vec<&String> = keys.iter().collect();
+    for (key, mut group) in groups {
+        // Ranks without a launcher rank get the next free numbers, in pid order.
+        group.sort_by_key(|r| (r.rank, r.pid));
+        let first_free = group
+            .iter()
+            .filter(|r| r.rank_known)
+            .map(|r| r.rank + 1)
+            .max()
+            .unwrap_or(0);
+        for (r, rank) in group.iter_mut().filter(|r| !r.rank_known).zip(first_free..) {
+            r.rank = rank;
+        }
+        group.sort_by_key(|r| r.rank);
+        let job = match batch_job_id(&key, &key_refs) {
+            Some(batch) => batch,
+            None => match job_ids.get(&key) {
+                Some(id) => id.clone(),
+                None => {
+                    let first = group
+                        .first()
+                        .map(|r| r.pid.to_string())
+                        .unwrap_or_else(|| "0".into());
+                    // Kept once rank 0 is among them (or no launcher said any rank): a job
+                    // whose rank 1 was seen a moment before its rank 0 is still named after
+                    // rank 0's pid.
+                    if group.first().is_some_and(|r| r.rank_known && r.rank == 0)
+                        || group.iter().all(|r| !r.rank_known)
+                    {
+                        job_ids.insert(key.clone(), first.clone());
+                    }
+                    first
+                }
+            },
+        };
+        for mut r in group {
+            r.job = job.clone();
+            ranks.push(r);
+        }
+    }
+    ranks.sort_by(|a, b| (a.job.as_str(), a.rank).cmp(&(b.job.as_str(), b.rank)));
+    let libraries = library_summaries(probes);
+    let totals = JobTotals::of(&ranks);
+    let mut profile = JobProfile {
+        schema: SCHEMA.into(),
+        job: String::new(),
+        dropped: 0,
+        undecoded: 0,
+        ranks,
+        libraries,
+        unsupported_libraries: probes.unsupported().to_vec(),
+        not_profiled,
+        call_events: probes.call_events(),
+        skew: None,
+    };
+    // One job: its id; several (a node daemon's view): empty, each rank says its own.
+    profile.set_totals(totals);
+    profile
+}
+
+/// The probed libraries as the report shows them.
+pub fn library_summaries(probes: &Probes) -> Vec<ProbedLibrary> {
+    probes
+        .libraries()
+        .map(|l| ProbedLibrary {
+            path: l.library.path.clone(),
+            flavor: l.library.flavor.clone(),
+            probes: l.library.probes.len(),
+            moved_past_single_step: names_with(l, Placement::MovedPastSingleStep),
+            single_stepped: names_with(l, Placement::SingleStepped),
+            failed: l.failed.clone(),
+        })
+        .collect()
+}
+
+fn names_with(l: &AttachedLibrary, p: Placement) -> Vec<String> {
+    counted_names(
+        l.library
+            .probes
+            .iter()
+            .filter(|x| x.placement == p)
+            .map(|x| x.name),
+    )
+}
+
+/// Names in first-seen order, each once: a libfabric library has one probe per provider
+/// function, named by its ops-table slot, so one slot's name stands for many functions
+/// ("fi_msg_send (12 functions)").
+fn counted_names<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut seen: Vec<(&str, usize)> = Vec::new();
+    for name in names {
+        match seen.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, count)) => *count += 1,
+            None => seen.push((name, 1)),
+        }
+    }
+    seen.into_iter()
+        .map(|(name, count)| match count {
+            1 => name.to_string(),
+            n => format!("{name} ({n} functions)"),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{batch_job_id, counted_names, job_key};
+    use crate::discover::ProcessInfo;
+
+    #[test]
+    fn a_claimed_job_id_never_joins_another_users_job() {
+        let info = |uid, job: &str, from_cgroup| ProcessInfo {
+            uid: Some(uid),
+            batch_job: Some(job.to_string()),
+            batch_job_from_cgroup: from_cgroup,
+            ..Default::default()
+        };
+        let real = job_key(&info(1000, "77", true));
+        let claim = job_key(&info(1001, "77", false));
+        let own_claim = job_key(&info(1000, "88", false));
+        assert_ne!(real, claim);
+        let keys = [&real, &claim, &own_claim];
+        assert_eq!(batch_job_id(&real, &keys).as_deref(), Some("77"));
+        assert_eq!(batch_job_id(&claim, &keys).as_deref(), Some("77.u1001"));
+        // Alone with its id (no Slurm cgroups here: tests, PBS): shown as it is.
+        assert_eq!(batch_job_id(&own_claim, &keys).as_deref(), Some("88"));
+        assert_eq!(batch_job_id("launcher:x", &keys), None);
+    }
+
+    #[test]
+    fn probe_names_are_listed_once_with_their_count() {
+        let names = [
+            "fi_msg_send",
+            "MPI_Test",
+            "fi_msg_send",
+            "fi_msg_recv",
+            "fi_msg_send",
+        ];
+        assert_eq!(
+            counted_names(names.into_iter()),
+            ["fi_msg_send (3 functions)", "MPI_Test", "fi_msg_recv"]
+        );
+    }
+}
