@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::{
-    api::{pb, transport},
+    api::{pb, server, transport},
     attach::LoadOptions,
     clock::monotonic_ns,
     discover::{self, tracked::Tracked, CgroupRef, ProcessInfo},
@@ -106,6 +106,42 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             .inspect_err(|e| warn!("counts will not survive a restart of this daemon: {e}"))
             .is_ok()
     });
+    let mut session = start_session(&opts, state_dir.clone())?;
+    let feed = opts.skew.then(|| session.call_feed());
+    let events = session.take_events();
+    let state = node_state(session, &opts);
+    add_synthetic_ranks(&state, opts.synthetic_ranks).await;
+    let shutdown = CancellationToken::new();
+    let tasks = spawn_tasks(&state, &opts, feed, &shutdown).await?;
+    info!(
+        "commtap daemon on node {}: serving unix://{}",
+        state.node,
+        opts.socket.display()
+    );
+    watch(&state, events, &opts).await?;
+    info!("shutting down");
+    shutdown.cancel();
+    tasks.join().await;
+    let _ = std::fs::remove_file(&opts.socket);
+    let mut session = state.session.lock().await;
+    session.stop_ingest().await;
+    // Kept for a daemon that follows only while there is something to carry on counting.
+    if let Some(dir) = &state_dir {
+        // Alive, not "not yet seen to exit": a stop right after a job ends finds its ranks
+        // gone before the exit events are processed.
+        let alive = |pid: &u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+        if !session.tracked.keys().any(alive) {
+            crate::attach::remove_state_dir(dir);
+        } else {
+            info!("counts of running processes kept in {}", dir.display());
+        }
+    }
+    Ok(())
+}
+
+/// Loads the probes as `opts` say, probes the libraries the linker finds, and starts
+/// watching the MPI processes already running in scope.
+fn start_session(opts: &DaemonOptions, state_dir: Option<PathBuf>) -> Result<Session> {
     let mut session = Session::start(LoadOptions {
         state_dir: state_dir.clone(),
         ..LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib)
@@ -115,7 +151,6 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     }
     session.probes.set_call_events(opts.call_events)?;
     session.probes.set_collective_events(opts.skew)?;
-    let feed = opts.skew.then(|| session.call_feed());
     session.identity_from_kernel = opts.identity_from_kernel;
     if opts.scope.pids.is_empty() {
         session
@@ -132,10 +167,13 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         }
     }
     adopt_running(&mut session, &opts.scope);
-    let mut events = session.take_events();
+    Ok(session)
+}
 
+/// What the node's services share: the session and what the daemon keeps besides.
+fn node_state(session: Session, opts: &DaemonOptions) -> Arc<NodeState> {
     let node = opts.node_name.clone().unwrap_or_else(discover::this_host);
-    let state = Arc::new(NodeState {
+    Arc::new(NodeState {
         node: node.clone(),
         session: Mutex::new(session),
         finished: Mutex::new(Vec::new()),
@@ -146,92 +184,96 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         call_events: opts.call_events,
         clock_offset_ns: opts.clock_offset_ns,
         late: opts.skew.then(|| {
-            let mut board = crate::skew::Board::new(node.clone());
+            let mut board = crate::skew::Board::new(node);
             if opts.aggregator.is_some() {
                 board.hand_on_parts();
             }
             Mutex::new(board)
         }),
-    });
-    add_synthetic_ranks(&state, opts.synthetic_ranks).await;
-    let listener = transport::bind_unix(&opts.socket, opts.socket_mode).await?;
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<pb::node_server::NodeServer<NodeService>>()
-        .await;
-    // Both reflection versions: grpcurl speaks v1, many clients (Python's) still v1alpha.
-    let reflection_builder = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection = reflection_builder()
-        .build_v1()
-        .context("building the reflection service")?;
-    let reflection_alpha = reflection_builder()
-        .build_v1alpha()
-        .context("building the reflection service")?;
-    let shutdown = CancellationToken::new();
-    // The same services on the Unix socket and, if asked, on TCP.
-    let router = |tls: Option<tonic::transport::ServerTlsConfig>| -> Result<_> {
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = tls {
-            builder = builder.tls_config(tls).context("setting up TLS")?;
-        }
-        Ok(builder
-            .layer(tower::util::MapResponseLayer::new(
-                oversized_is_resource_exhausted,
-            ))
-            .add_service(health_service.clone())
-            .add_service(reflection.clone())
-            .add_service(reflection_alpha.clone())
-            .add_service(pb::node_server::NodeServer::new(NodeService::new(
-                state.clone(),
-            ))))
-    };
-    let server = tokio::spawn({
-        let shutdown = shutdown.clone();
-        router(None)?.serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-            shutdown.cancelled().await
-        })
-    });
-    let tcp_server = match opts.listen.clone() {
-        Some((addr, tls)) => {
-            let tcp = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding {addr}"))?;
-            info!(
-                "serving gRPC on {} ({})",
-                tcp.local_addr()?,
-                if tls.is_some() { "TLS" } else { "plaintext" }
-            );
-            let shutdown = shutdown.clone();
-            Some(tokio::spawn(router(tls)?.serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(tcp),
-                async move { shutdown.cancelled().await },
-            )))
-        }
-        None => None,
-    };
-    let push_task = opts.aggregator.clone().map(|target| {
-        tokio::spawn(push::run(
-            state.clone(),
-            target,
-            opts.push_interval,
-            shutdown.clone(),
-        ))
-    });
-    let late_task =
-        feed.map(|feed| tokio::spawn(follow_collectives(state.clone(), feed, shutdown.clone())));
-    let metrics_task = opts
-        .metrics
-        .clone()
-        .map(|listener| tokio::spawn(metrics::serve(listener, state.clone(), shutdown.clone())));
-    info!(
-        "commtap daemon on node {node}: serving unix://{}",
-        opts.socket.display()
-    );
+    })
+}
 
+/// The daemon's tasks besides its watch loop: the servers, pushing, who-is-late, metrics.
+struct Tasks(Vec<tokio::task::JoinHandle<Result<()>>>);
+
+impl Tasks {
+    /// Waits for every task (after shutdown), logging how the ones that failed ended.
+    async fn join(self) {
+        for task in self.0 {
+            match task.await {
+                Ok(Err(e)) => warn!("{e:#}"),
+                Err(e) => warn!("{e}"),
+                Ok(Ok(())) => {}
+            }
+        }
+    }
+}
+
+/// Starts serving (the Unix socket, TCP if asked) and the background tasks, until `shutdown`.
+async fn spawn_tasks(
+    state: &Arc<NodeState>,
+    opts: &DaemonOptions,
+    feed: Option<tokio::sync::broadcast::Receiver<crate::ingest::FeedItem>>,
+    shutdown: &CancellationToken,
+) -> Result<Tasks> {
+    let listener = transport::bind_unix(&opts.socket, opts.socket_mode).await?;
+    let routes = server::routes(pb::node_server::NodeServer::new(NodeService::new(
+        state.clone(),
+    )))
+    .await?;
+    let mut tasks = vec![tokio::spawn(server::serve(
+        routes.clone(),
+        None,
+        UnixListenerStream::new(listener),
+        shutdown.clone().cancelled_owned(),
+    ))];
+    // The same services on TCP, if asked.
+    if let Some((addr, tls)) = opts.listen.clone() {
+        let tcp = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        info!(
+            "serving gRPC on {} ({})",
+            tcp.local_addr()?,
+            if tls.is_some() { "TLS" } else { "plaintext" }
+        );
+        tasks.push(tokio::spawn(server::serve(
+            routes,
+            tls,
+            tokio_stream::wrappers::TcpListenerStream::new(tcp),
+            shutdown.clone().cancelled_owned(),
+        )));
+    }
+    if let Some(target) = opts.aggregator.clone() {
+        let push = push::run(state.clone(), target, opts.push_interval, shutdown.clone());
+        tasks.push(tokio::spawn(async move {
+            push.await;
+            Ok(())
+        }));
+    }
+    if let Some(feed) = feed {
+        let late = follow_collectives(state.clone(), feed, shutdown.clone());
+        tasks.push(tokio::spawn(async move {
+            late.await;
+            Ok(())
+        }));
+    }
+    if let Some(listener) = opts.metrics.clone() {
+        let metrics = metrics::serve(listener, state.clone(), shutdown.clone());
+        tasks.push(tokio::spawn(async move {
+            metrics.await.context("metrics server")
+        }));
+    }
+    Ok(Tasks(tasks))
+}
+
+/// The watch loop: process events as they come, a look around every tick, until SIGINT or
+/// SIGTERM (a second one exits at once).
+async fn watch(
+    state: &NodeState,
+    mut events: tokio::sync::mpsc::UnboundedReceiver<crate::ingest::ProcessEvent>,
+    opts: &DaemonOptions,
+) -> Result<()> {
     let mut signals = crate::signals::StopSignals::listen()?;
     let mut tick = tokio::time::interval(TICK);
     let mut ticks: u32 = 0;
@@ -240,53 +282,19 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             name = signals.recv() => {
                 crate::signals::stopping(name, "stopping");
                 signals.exit_on_next();
-                break;
+                return Ok(());
             }
             Some(ev) = events.recv() => {
                 let batch = crate::session::queued(vec![ev], &mut events);
-                apply_events(&state, batch).await;
+                apply_events(state, batch).await;
             }
             _ = tick.tick() => {
                 ticks = ticks.wrapping_add(1);
                 let scan = ticks.is_multiple_of(SCAN_EVERY).then_some(&opts.scope);
-                look_around(&state, scan, opts.keep_exited).await;
+                look_around(state, scan, opts.keep_exited).await;
             }
         }
     }
-    info!("shutting down");
-    shutdown.cancel();
-    let _ = server.await;
-    if let Some(tcp) = tcp_server {
-        let _ = tcp.await;
-    }
-    if let Some(p) = push_task {
-        let _ = p.await;
-    }
-    if let Some(l) = late_task {
-        let _ = l.await;
-    }
-    if let Some(m) = metrics_task {
-        match m.await {
-            Ok(Err(e)) => warn!("metrics server: {e:#}"),
-            Err(e) => warn!("metrics server: {e}"),
-            Ok(Ok(())) => {}
-        }
-    }
-    let _ = std::fs::remove_file(&opts.socket);
-    let mut session = state.session.lock().await;
-    session.stop_ingest().await;
-    // Kept for a daemon that follows only while there is something to carry on counting.
-    if let Some(dir) = &state_dir {
-        // Alive, not "not yet seen to exit": a stop right after a job ends finds its ranks
-        // gone before the exit events are processed.
-        let alive = |pid: &u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
-        if !session.tracked.keys().any(alive) {
-            crate::attach::remove_state_dir(dir);
-        } else {
-            info!("counts of running processes kept in {}", dir.display());
-        }
-    }
-    Ok(())
 }
 
 /// Starts watching MPI processes in scope that were running before the daemon (counted
@@ -405,27 +413,6 @@ async fn apply_events(state: &NodeState, batch: Vec<crate::ingest::ProcessEvent>
         state.session.lock().await.add_read_libraries(read);
     }
     state.session.lock().await.apply_events(batch);
-}
-
-/// tonic answers a request larger than the server accepts with OUT_OF_RANGE; gRPC's status
-/// for that is RESOURCE_EXHAUSTED, which clients and proxies expect (trailers-only replies
-/// carry the status in the headers).
-fn oversized_is_resource_exhausted<B>(
-    mut resp: tonic::codegen::http::Response<B>,
-) -> tonic::codegen::http::Response<B> {
-    use tonic::codegen::http::HeaderValue;
-    let out_of_range = resp.headers().get("grpc-status").is_some_and(|v| v == "11");
-    let too_large = resp
-        .headers()
-        .get("grpc-message")
-        .and_then(|m| m.to_str().ok())
-        // grpc-message is percent-encoded.
-        .is_some_and(|m| m.replace("%20", " ").contains("message length too large"));
-    if out_of_range && too_large {
-        resp.headers_mut()
-            .insert("grpc-status", HeaderValue::from_static("8"));
-    }
-    resp
 }
 
 /// Serves `n` made-up exited ranks (job `synthetic`, pids from 2^30, their command lines at

@@ -298,14 +298,11 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
             shutdown.clone(),
         ))
     });
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<pb::aggregator_server::AggregatorServer<AggregatorService>>()
-        .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("building the reflection service")?;
+    let routes = crate::api::server::routes(
+        pb::aggregator_server::AggregatorServer::new(service)
+            .max_decoding_message_size(crate::api::MAX_PUSH_BYTES),
+    )
+    .await?;
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("binding {}", opts.listen))?;
@@ -325,30 +322,21 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
             listener.local_addr()?
         ),
     }
-    let mut server = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
-        server = server.tls_config(tls).context("TLS configuration")?;
-    }
     info!("commtap aggregator: database {}", opts.db.display());
     let mut signals = crate::signals::StopSignals::listen()?;
     let stop = shutdown.clone();
-    server
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(
-            pb::aggregator_server::AggregatorServer::new(service)
-                .max_decoding_message_size(crate::api::MAX_PUSH_BYTES),
-        )
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            async move {
-                let name = signals.recv().await;
-                crate::signals::stopping(name, "shutting down");
-                signals.exit_on_next();
-                stop.cancel();
-            },
-        )
-        .await?;
+    crate::api::server::serve(
+        routes,
+        tls,
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        async move {
+            let name = signals.recv().await;
+            crate::signals::stopping(name, "shutting down");
+            signals.exit_on_next();
+            stop.cancel();
+        },
+    )
+    .await?;
     if let Some(task) = upstream {
         let _ = task.await;
     }

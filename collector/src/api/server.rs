@@ -1,0 +1,102 @@
+//! What the node daemon and the aggregator serve alike: their service next to gRPC health
+//! and server reflection (v1 and v1alpha: grpcurl speaks v1, many clients, Python's among
+//! them, still v1alpha), one response fix-up, and serving until shutdown on any listener.
+
+use std::future::Future;
+
+use anyhow::{Context, Result};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_stream::Stream;
+use tonic::{
+    body::Body,
+    server::NamedService,
+    service::Routes,
+    transport::{server::Connected, ServerTlsConfig},
+};
+
+use super::pb;
+
+/// `service` with health (reporting it serving) and reflection beside it.
+pub async fn routes<S>(service: S) -> Result<Routes>
+where
+    S: tower::Service<
+            tonic::codegen::http::Request<Body>,
+            Response = tonic::codegen::http::Response<Body>,
+            Error = std::convert::Infallible,
+        > + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status(S::NAME, tonic_health::ServingStatus::Serving)
+        .await;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    Ok(Routes::new(health_service)
+        .add_service(
+            reflection()
+                .build_v1()
+                .context("building the reflection service")?,
+        )
+        .add_service(
+            reflection()
+                .build_v1alpha()
+                .context("building the reflection service")?,
+        )
+        .add_service(service))
+}
+
+/// Serves `routes` on the connections of `incoming` (over `tls` if given) until `shutdown`
+/// completes.
+pub async fn serve<I, IO, IE>(
+    routes: Routes,
+    tls: Option<ServerTlsConfig>,
+    incoming: I,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()>
+where
+    I: Stream<Item = Result<IO, IE>>,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls).context("setting up TLS")?;
+    }
+    builder
+        .layer(tower::util::MapResponseLayer::new(
+            oversized_is_resource_exhausted,
+        ))
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .context("serving gRPC")
+}
+
+/// tonic answers a request larger than the server accepts with OUT_OF_RANGE; gRPC's status
+/// for that is RESOURCE_EXHAUSTED, which clients and proxies expect (trailers-only replies
+/// carry the status in the headers).
+fn oversized_is_resource_exhausted<B>(
+    mut resp: tonic::codegen::http::Response<B>,
+) -> tonic::codegen::http::Response<B> {
+    use tonic::codegen::http::HeaderValue;
+    let out_of_range = resp.headers().get("grpc-status").is_some_and(|v| v == "11");
+    let too_large = resp
+        .headers()
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        // grpc-message is percent-encoded.
+        .is_some_and(|m| m.replace("%20", " ").contains("message length too large"));
+    if out_of_range && too_large {
+        resp.headers_mut()
+            .insert("grpc-status", HeaderValue::from_static("8"));
+    }
+    resp
+}

@@ -1,0 +1,457 @@
+//! The command line's arguments: one struct per command, the groups of flags several
+//! commands share, and the parsers of their values.
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Result;
+
+use collector::{api, api::transport::Target, report, report::Outputs, trace};
+
+#[derive(clap::Args, Debug)]
+pub struct AggregatorArgs {
+    /// Address to listen on: this host only by default; give e.g. 0.0.0.0:7480 to serve a
+    /// cluster (with --tls-cert, --tls-key and --tls-client-ca).
+    #[arg(long, default_value = "127.0.0.1:7480")]
+    pub listen: std::net::SocketAddr,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Database file (created if missing).
+    #[arg(long, default_value = "/var/lib/commtap/aggregator.redb")]
+    pub db: PathBuf,
+    /// Push everything merged here to a higher aggregator (a tree of aggregators).
+    #[arg(long)]
+    pub upstream: Option<Target>,
+    /// How often to push upstream.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub push_interval: Duration,
+    /// How long a finished job (every rank exited) is kept after its last snapshot, e.g.
+    /// 30d, 12h.
+    #[arg(long, default_value = "7d", value_parser = parse_duration)]
+    pub retain: Duration,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct JobsArgs {
+    /// The aggregator: http://host:port.
+    #[arg(long)]
+    pub from: Target,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DaemonArgs {
+    /// Unix socket to serve on.
+    #[arg(long, default_value = api::transport::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Permission bits of the socket, in octal (owner and group by default).
+    #[arg(long, default_value = "660", value_parser = parse_mode)]
+    pub socket_mode: u32,
+    /// Node name reported to clients (default: the host name).
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// How long the profile of an exited process is kept (e.g. 1h, 30m).
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub keep_exited: Duration,
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+    /// Serve Prometheus metrics (path /metrics): unix:///run/commtap/metrics.sock (each
+    /// caller sees what the API shows it: root every job, a user its own), or a TCP
+    /// address (e.g. 0.0.0.0:9464) served over mutual TLS (--tls-cert, --tls-key and
+    /// --tls-client-ca: scrapers present a certificate), or plaintext with
+    /// --metrics-insecure.
+    #[arg(long)]
+    pub metrics_addr: Option<MetricsAddr>,
+    /// Serve TCP metrics in plaintext: whoever reaches the port, every local user
+    /// included, reads every job's series.
+    #[arg(long, requires = "metrics_addr")]
+    pub metrics_insecure: bool,
+    /// Profile only these processes (comma separated), not every MPI process on the node.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["uid", "cgroup", "slurm_job"])]
+    pub pid: Vec<u32>,
+    /// Profile only processes of this user (name or numeric id).
+    #[arg(long, value_parser = parse_user)]
+    pub uid: Option<u32>,
+    /// Profile only processes in this cgroup v2 directory or below it.
+    #[arg(long, conflicts_with = "slurm_job")]
+    pub cgroup: Option<PathBuf>,
+    /// Profile only Slurm job ID (its cgroup `job_<ID>`, Slurm's cgroup v2 plugin).
+    #[arg(long)]
+    pub slurm_job: Option<String>,
+    /// Push cumulative snapshots to this aggregator (http://host:port).
+    #[arg(long)]
+    pub aggregator: Option<Target>,
+    /// Keep the counts in BPF maps pinned under this bpffs directory, so that a restarted
+    /// daemon (crash, kill, upgrade of the same layout) carries on where the last one was.
+    #[arg(long, default_value = "/sys/fs/bpf/commtap")]
+    pub state_dir: PathBuf,
+    /// Do not keep counts across restarts (a restarted daemon starts from zero).
+    #[arg(long)]
+    pub no_state: bool,
+    /// Tests: take new processes' identities (rank, job, owner) from the kernel's events
+    /// only, as for a process that exits before its /proc entry can be read.
+    #[arg(long, hide = true)]
+    pub identity_from_kernel: bool,
+    /// Tests: add this many ns to every time the API gives out (call events, Clock), as
+    /// a node whose clock is off would.
+    #[arg(long, hide = true, default_value_t = 0, allow_hyphen_values = true)]
+    pub test_clock_offset_ns: i64,
+    /// Tests: also serve N made-up exited ranks (job `synthetic`), as a node with that many
+    /// ranks would.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub test_synthetic_ranks: u32,
+    /// Also serve the API on this TCP address (needs --tls-cert/--tls-key, or
+    /// --insecure-tcp). A TCP caller sees every process only with a client certificate
+    /// signed by --tls-client-ca; any other TCP caller is treated as a user who owns no
+    /// process (it sees nothing and may change nothing).
+    #[arg(long)]
+    pub listen: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// How often to push.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub push_interval: Duration,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// Where to read: unix:///path/to.sock (a node daemon) or http://host:port (an
+    /// aggregator, which needs --job).
+    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    pub from: Target,
+    /// Only this job.
+    #[arg(long)]
+    pub job: Option<String>,
+    /// Live: print the report again every this long (e.g. 5s), until Ctrl-C or --count.
+    #[arg(long, value_parser = parse_duration)]
+    pub watch: Option<Duration>,
+    /// With --watch: stop after this many reports.
+    #[arg(long, requires = "watch")]
+    pub count: Option<u64>,
+    /// Print a JSON profile saved earlier (`record --format json -o FILE`) instead of
+    /// asking a daemon: as text, or in mpitrace's files with --mpitrace-dir.
+    #[arg(long, conflicts_with_all = ["job", "watch"])]
+    pub profile: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: Outputs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PidArgs {
+    /// The process.
+    #[arg(long)]
+    pub pid: u32,
+    /// The daemon: unix:///path/to.sock or https://host:port.
+    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    pub from: Target,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DetachArgs {
+    #[command(flatten)]
+    pub target: PidArgs,
+    #[command(flatten)]
+    pub out: Outputs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct EventsArgs {
+    /// Only these processes (comma separated or repeated; default: all you may see).
+    #[arg(short, long, value_delimiter = ',')]
+    pub pid: Vec<u32>,
+    /// Stop after this long (e.g. 10s).
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// The daemon: unix:///path/to.sock or https://host:port.
+    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    pub from: Target,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DoctorArgs {
+    /// The daemon's socket to check.
+    #[arg(long, default_value = api::transport::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// The checks as JSON (an array of {name, status, detail, fix}).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PsArgs {
+    /// Where to read: unix:///path/to.sock (a daemon) or http(s)://host:port.
+    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    pub from: Target,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("measured_from").required(true).args(["profile", "measured", "from"])))]
+pub struct CompareArgs {
+    /// nccl-tests output whose out-of-place busbw is the expected curve.
+    #[arg(long, value_name = "FILE")]
+    pub expected: PathBuf,
+    /// Which table of --expected (1-based) when the file holds several.
+    #[arg(long, value_name = "N")]
+    pub expected_table: Option<usize>,
+    /// A JSON profile (`commtap record --format json`, `commtap report --format json`).
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
+    /// Another nccl-tests output, as the measured curve.
+    #[arg(long, value_name = "FILE")]
+    pub measured: Option<PathBuf>,
+    /// Which table of --measured (1-based) when the file holds several.
+    #[arg(long, value_name = "N")]
+    pub measured_table: Option<usize>,
+    /// A daemon (unix:///run/commtap/commtap.sock) or aggregator (https://host:port).
+    #[arg(long)]
+    pub from: Option<Target>,
+    /// The job to read from --from (needed for an aggregator).
+    #[arg(long)]
+    pub job: Option<String>,
+    /// The NCCL routine (default: the benchmark --expected names, e.g. all_reduce_perf).
+    #[arg(long)]
+    pub op: Option<String>,
+    /// Flag buckets measured below this fraction of the expected bus bandwidth.
+    #[arg(long, default_value_t = 0.5)]
+    pub threshold: f64,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = report::Format::Text)]
+    pub format: report::Format,
+}
+
+/// Where `--metrics-addr` serves.
+#[derive(Clone, Debug)]
+pub enum MetricsAddr {
+    Unix(PathBuf),
+    Tcp(std::net::SocketAddr),
+}
+
+impl std::str::FromStr for MetricsAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = s.strip_prefix("unix://") {
+            if !path.starts_with('/') {
+                return Err(format!("{s}: a unix address needs an absolute path"));
+            }
+            return Ok(MetricsAddr::Unix(PathBuf::from(path)));
+        }
+        s.parse()
+            .map(MetricsAddr::Tcp)
+            .map_err(|_| format!("{s}: expected unix:///path/to.sock or HOST:PORT"))
+    }
+}
+
+/// How a TCP listener is secured (shared by `aggregator` and `daemon --listen`); its own
+/// certificate is the global --tls-cert/--tls-key.
+#[derive(clap::Args, Debug)]
+pub struct TlsArgs {
+    /// Accept plaintext TCP (no --tls-cert): only on a network you trust. Plaintext callers
+    /// are never trusted with anything (see --tls-client-ca).
+    #[arg(long)]
+    pub insecure_tcp: bool,
+    /// CA bundle (PEM) whose certificates clients must present (mutual TLS): only such a
+    /// caller is trusted with every process's data and with changes.
+    #[arg(long)]
+    pub tls_client_ca: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The listener's TLS setting (`who` names the server in the refusal).
+    pub fn server(
+        self,
+        cert_key: Option<(PathBuf, PathBuf)>,
+        who: &str,
+    ) -> Result<Option<tonic::transport::ServerTlsConfig>> {
+        api::transport::server_tls(cert_key, self.tls_client_ca, self.insecure_tcp, who)
+    }
+}
+
+/// How the probes run (shared by `record` and `daemon`).
+#[derive(clap::Args, Debug)]
+pub struct ProbeArgs {
+    /// Also emit an event per MPI call through a ring buffer (for latency and timelines).
+    /// Counts, bytes and time never depend on it; it costs about half a microsecond per
+    /// call, so it is off unless asked for.
+    #[arg(long)]
+    pub call_events: bool,
+    /// Do not match collective calls across ranks. By default every collective call (and
+    /// communicator constructor) emits an event, and the report's "Who is late" section
+    /// (JSON `skew`) names the rank that arrives last and how long the others waited.
+    #[arg(long)]
+    pub no_skew: bool,
+    /// Ring buffer for call events, in KiB (events beyond it are counted as dropped;
+    /// counts and bytes stay exact).
+    #[arg(long, default_value_t = 1024)]
+    pub ring_buffer_kib: u32,
+    /// An MPI library to probe from the start, besides those the dynamic linker finds
+    /// (ldconfig, LD_LIBRARY_PATH, the RPATH/RUNPATH of programs on the command line);
+    /// repeatable; for libraries in a venv or an unusual prefix.
+    #[arg(long = "lib")]
+    pub libraries: Vec<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RecordArgs {
+    /// Running processes to attach to (comma separated or repeated).
+    #[arg(short, long, value_delimiter = ',', conflicts_with = "command")]
+    pub pid: Vec<u32>,
+    /// Stop recording after this long (e.g. 30s, 5m, 1h, 500ms).
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    #[command(flatten)]
+    pub out: Outputs,
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+    /// Create this file once the probes are attached (for scripts: attach, then go).
+    #[arg(long)]
+    pub ready_file: Option<PathBuf>,
+    /// Also write a timeline of every call into FILE: FILE.json is the Chrome Trace Event
+    /// Format (open it in https://ui.perfetto.dev or chrome://tracing). Switches per-call
+    /// events on; the profile's counts stay exact whatever the trace loses.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    #[command(flatten)]
+    pub trace_filter: TraceFilterArgs,
+    /// Command to launch and profile, with every process it spawns (after `--`).
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// What goes into a trace (shared by `record --trace` and `trace`).
+#[derive(clap::Args, Debug)]
+pub struct TraceFilterArgs {
+    /// Trace only calls that start in this window, in seconds after the first traced
+    /// call: FROM..TO (e.g. 10..20).
+    #[arg(long, value_parser = parse_window, value_name = "FROM..TO")]
+    pub window: Option<(f64, f64)>,
+    /// Trace only these world ranks (comma separated).
+    #[arg(long, value_delimiter = ',')]
+    pub ranks: Vec<u32>,
+    /// Trace only these routines (comma separated, e.g. MPI_Allreduce,ncclAllReduce).
+    #[arg(long, value_delimiter = ',')]
+    pub routines: Vec<String>,
+    /// Never trace these routines (e.g. MPI_Iprobe,MPI_Test: polls that flood a trace).
+    #[arg(long, value_delimiter = ',')]
+    pub skip_routines: Vec<String>,
+    /// At most N calls per process: its first N are kept, the rest counted as lost.
+    #[arg(long, value_name = "N")]
+    pub max_events: Option<u64>,
+    /// Start another file (FILE.2.json, FILE.3.json ...) past this many MB, each one
+    /// loadable on its own (chrome://tracing stops at about 256 MB).
+    #[arg(long, default_value_t = 256, value_name = "MB")]
+    pub split_mb: u64,
+}
+
+impl TraceFilterArgs {
+    /// The trace options for writing into `path`.
+    pub fn options(self, path: PathBuf) -> trace::TraceOptions {
+        trace::TraceOptions {
+            path,
+            window: self.window,
+            ranks: (!self.ranks.is_empty()).then(|| self.ranks.into_iter().collect()),
+            routines: trace::RoutineFilter {
+                include: self.routines,
+                exclude: self.skip_routines,
+            },
+            max_events: self.max_events,
+            split_bytes: self.split_mb.max(1) << 20,
+        }
+    }
+}
+
+pub fn parse_window(s: &str) -> Result<(f64, f64), String> {
+    let bad = || format!("invalid window {s:?}: expected FROM..TO in seconds, e.g. 10..20");
+    let (from, to) = s.split_once("..").ok_or_else(bad)?;
+    let from: f64 = from.trim().parse().map_err(|_| bad())?;
+    let to: f64 = to.trim().parse().map_err(|_| bad())?;
+    if !(from >= 0.0 && to > from) {
+        return Err(bad());
+    }
+    Ok((from, to))
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TraceArgs {
+    /// The trace file: FILE.json is the Chrome Trace Event Format.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// A node's daemon: unix:///path/to.sock or https://host:port. Repeat it for a job on
+    /// several nodes: one file, every node's calls on the first node's clock.
+    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    pub from: Vec<Target>,
+    /// Only these processes (comma separated; one --from); the trace ends when all have
+    /// exited.
+    #[arg(short, long, value_delimiter = ',')]
+    pub pid: Vec<u32>,
+    /// Only the ranks of this job (as `commtap ps` shows it); the trace ends when all of
+    /// them have exited.
+    #[arg(long)]
+    pub job: Option<String>,
+    /// Stop after this long (e.g. 30s); else at Ctrl-C, SIGTERM or when the processes end.
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Create this file once every call from now on goes into the trace.
+    #[arg(long)]
+    pub ready_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub filter: TraceFilterArgs,
+}
+
+pub fn parse_user(s: &str) -> Result<u32, String> {
+    if let Ok(uid) = s.parse() {
+        return Ok(uid);
+    }
+    nix::unistd::User::from_name(s)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw())
+        .ok_or_else(|| format!("no user {s:?}"))
+}
+
+pub fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("invalid mode {s:?}: expected octal, e.g. 660"))
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 30s, 5m, 500ms"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        "d" => n * 86400.0,
+        _ => {
+            return Err(format!(
+                "invalid duration unit {unit:?} in {s:?}: use ms, s, m, h or d"
+            ))
+        }
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("3 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

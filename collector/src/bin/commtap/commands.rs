@@ -1,0 +1,297 @@
+//! What each command does with its arguments: the library's entry points, called with the
+//! options the flags give.
+
+use std::{path::PathBuf, process::ExitCode};
+
+use anyhow::Result;
+
+use collector::{
+    aggregator, attach, client, compare, daemon, daemon::DaemonOptions, discover, profile, record,
+    record::RecordOptions, report, serve, symbols, trace,
+};
+
+use super::{args::*, Command};
+
+/// A JSON profile saved by `record` or `report`.
+fn read_profile(p: &std::path::Path) -> Result<profile::JobProfile> {
+    use anyhow::Context as _;
+    let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a commtap JSON profile", p.display()))
+}
+
+/// Runs `commtap compare`; whether some bucket was below the threshold.
+async fn run_compare(a: CompareArgs) -> Result<bool> {
+    use anyhow::Context as _;
+    let read = |p: &PathBuf| {
+        std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+    };
+    if !(a.threshold > 0.0 && a.threshold <= 1.0) {
+        anyhow::bail!("--threshold {}: expected a fraction in (0, 1]", a.threshold);
+    }
+    let name = a.expected.display().to_string();
+    let expected = compare::pick_table(&read(&a.expected)?, &name, a.expected_table)?;
+    let op = compare::resolve_op(a.op.as_deref(), &expected)?;
+    let measured = if let Some(p) = &a.profile {
+        compare::profile_curve(&read_profile(p)?, &op)
+    } else if let Some(p) = &a.measured {
+        let name = p.display().to_string();
+        compare::table_curve(&compare::pick_table(&read(p)?, &name, a.measured_table)?)
+    } else {
+        let from = a.from.as_ref().context("no measured side")?;
+        compare::profile_curve(&client::snapshot(from, a.job.as_deref()).await?, &op)
+    };
+    if measured.is_empty() {
+        anyhow::bail!(
+            "nothing measured for {op}: no device time (the host never waited for the GPU right \
+             after {op} operations of one kind; see README \"NCCL device time\")"
+        );
+    }
+    let c = compare::compare(
+        &op,
+        &compare::table_curve(&expected),
+        &measured,
+        a.threshold,
+    );
+    match a.format {
+        report::Format::Text => print!("{}", compare::render(&c)),
+        report::Format::Json => println!("{}", serde_json::to_string_pretty(&c)?),
+    }
+    Ok(c.any_below())
+}
+
+/// The metrics endpoint `--metrics-addr` asks for, secured as the options allow; refuses
+/// a TCP address with neither mutual TLS nor `--metrics-insecure`.
+fn metrics_listener(
+    addr: Option<MetricsAddr>,
+    insecure: bool,
+    socket_mode: u32,
+    identity: Option<(PathBuf, PathBuf)>,
+    client_ca: Option<PathBuf>,
+) -> Result<Option<serve::metrics::MetricsListener>> {
+    use serve::metrics::MetricsListener;
+    Ok(match addr {
+        None => None,
+        Some(MetricsAddr::Unix(path)) => Some(MetricsListener::Unix {
+            path,
+            mode: socket_mode,
+        }),
+        Some(MetricsAddr::Tcp(addr)) if insecure => Some(MetricsListener::Plain(addr)),
+        Some(MetricsAddr::Tcp(addr)) => match (identity, client_ca) {
+            (Some((cert, key)), Some(client_ca)) => Some(MetricsListener::Tls {
+                addr,
+                cert,
+                key,
+                client_ca,
+            }),
+            _ => anyhow::bail!(
+                "--metrics-addr {addr}: TCP metrics show every job's series, so they need \
+                 mutual TLS (--tls-cert, --tls-key and --tls-client-ca), or \
+                 --metrics-insecure; or serve them on unix:///run/commtap/metrics.sock"
+            ),
+        },
+    })
+}
+
+/// The daemon's scope from its flags, the cgroup resolved to what the kernel compares.
+fn daemon_scope(
+    pids: Vec<u32>,
+    uid: Option<u32>,
+    cgroup: Option<PathBuf>,
+    slurm_job: Option<String>,
+) -> anyhow::Result<daemon::Scope> {
+    let cgroup = match (cgroup, slurm_job) {
+        (Some(path), _) => Some(path),
+        (None, Some(job)) => Some(discover::slurm_job_cgroup(&job).map_err(anyhow::Error::msg)?),
+        (None, None) => None,
+    };
+    let cgroup = cgroup
+        .map(|p| discover::cgroup_ref(&p).map_err(anyhow::Error::msg))
+        .transpose()?;
+    Ok(daemon::Scope { pids, uid, cgroup })
+}
+
+/// Runs `command`; `identity` is this program's TLS certificate and key, if given. Exit 1
+/// says a comparison found buckets below the expected bandwidth (or doctor a failure).
+pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Result<ExitCode> {
+    match command {
+        Command::Record(a) => record(a).await?,
+        Command::Daemon(a) => daemon(a, identity).await?,
+        Command::Report(a) => report(a).await?,
+        Command::Ps(a) => client::print_processes(&a.from).await?,
+        Command::Doctor(a) => return doctor(a).await,
+        Command::Attach(a) => client::attach(&a.from, a.pid).await?,
+        Command::Detach(a) => client::detach(&a.target.from, a.target.pid, &a.out).await?,
+        Command::Events(a) => client::events(&a.from, a.pid, a.duration).await?,
+        Command::Trace(a) => trace(a).await?,
+        Command::Aggregator(a) => aggregator(a, identity).await?,
+        Command::Jobs(a) => client::print_jobs(&a.from).await?,
+        Command::ScanFabric { pid } => scan_fabric(pid)?,
+        Command::Compare(a) => {
+            if run_compare(a).await? {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        Command::BenchAggregator {
+            daemons,
+            ranks_per_daemon,
+            routines,
+            buckets,
+            db,
+        } => aggregator::bench::run(daemons, ranks_per_daemon, routines, buckets, &db).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `commtap record`.
+async fn record(a: RecordArgs) -> Result<()> {
+    let opts = RecordOptions {
+        pids: a.pid,
+        command: a.command,
+        duration: a.duration,
+        ring_buffer_kib: a.probe.ring_buffer_kib,
+        libraries: a.probe.libraries,
+        ready_file: a.ready_file,
+        call_events: a.probe.call_events,
+        trace: a.trace.map(|path| a.trace_filter.options(path)),
+        skew: !a.probe.no_skew,
+    };
+    let profile = record::record(opts).await?;
+    a.out.write(&profile)?;
+    if profile.ranks.is_empty() {
+        anyhow::bail!("no MPI calls were recorded");
+    }
+    Ok(())
+}
+
+/// `commtap daemon`.
+async fn daemon(a: DaemonArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<()> {
+    // One state per daemon socket: two daemons never share counts.
+    let state_dir = (!a.no_state).then(|| {
+        // bpffs refuses names with a dot.
+        let tag: String = a
+            .socket
+            .to_string_lossy()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        attach::state_dir_for_layout(&a.state_dir.join(tag.trim_matches('_')))
+    });
+    daemon::run(DaemonOptions {
+        socket: a.socket,
+        socket_mode: a.socket_mode,
+        node_name: a.node_name,
+        ring_buffer_kib: a.probe.ring_buffer_kib,
+        keep_exited: a.keep_exited,
+        libraries: a.probe.libraries,
+        metrics: metrics_listener(
+            a.metrics_addr,
+            a.metrics_insecure,
+            a.socket_mode,
+            identity.clone(),
+            a.tls.tls_client_ca.clone(),
+        )?,
+        scope: daemon_scope(a.pid, a.uid, a.cgroup, a.slurm_job)?,
+        aggregator: a.aggregator,
+        push_interval: a.push_interval,
+        call_events: a.probe.call_events,
+        skew: !a.probe.no_skew,
+        identity_from_kernel: a.identity_from_kernel,
+        clock_offset_ns: a.test_clock_offset_ns,
+        synthetic_ranks: a.test_synthetic_ranks,
+        state_dir,
+        listen: match a.listen {
+            Some(addr) => Some((addr, a.tls.server(identity, "the daemon's --listen")?)),
+            None => None,
+        },
+    })
+    .await
+}
+
+/// `commtap report`: a saved profile, a daemon's or an aggregator's, once or watched.
+async fn report(a: ReportArgs) -> Result<()> {
+    match (a.watch, &a.profile) {
+        (_, Some(saved)) => a.out.write(&read_profile(saved)?),
+        (Some(every), None) => {
+            client::watch(&a.from, a.job.as_deref(), every, a.count, &a.out).await
+        }
+        (None, None) => {
+            let profile = client::snapshot(&a.from, a.job.as_deref()).await?;
+            a.out.write(&profile)
+        }
+    }
+}
+
+/// `commtap doctor`: exit 1 when a check fails.
+async fn doctor(a: DoctorArgs) -> Result<ExitCode> {
+    let checks = collector::doctor::run(&a.socket).await;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&checks)?);
+    } else {
+        print!("{}", collector::doctor::render(&checks));
+    }
+    let failed = checks
+        .iter()
+        .any(|c| c.status == collector::doctor::Status::Fail);
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// `commtap trace`: a timeline from daemons.
+async fn trace(a: TraceArgs) -> Result<()> {
+    let request = trace::remote::TraceRequest {
+        pids: a.pid,
+        job: a.job,
+        duration: a.duration,
+        ready_file: a.ready_file,
+    };
+    let summary = trace::remote::trace(&a.from, request, a.filter.options(a.output)).await?;
+    eprintln!("{summary}");
+    Ok(())
+}
+
+/// `commtap aggregator`.
+async fn aggregator(a: AggregatorArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<()> {
+    let mutual_tls = a.tls.tls_client_ca.is_some();
+    aggregator::run(aggregator::AggregatorOptions {
+        listen: a.listen,
+        tls: a.tls.server(identity, "the aggregator")?,
+        mutual_tls,
+        db: a.db,
+        upstream: a.upstream.map(|t| (t, a.push_interval)),
+        retain: a.retain,
+    })
+    .await
+}
+
+/// `commtap scan-fabric`: the libfabric endpoints in a process's memory (a diagnostic).
+fn scan_fabric(pid: u32) -> Result<()> {
+    for o in discover::mapped_objects(pid)? {
+        let file = symbols::LibraryFile::open_mapped(
+            pid,
+            o.range,
+            o.dev_inode,
+            &o.path.display().to_string(),
+        )?;
+        let cands = symbols::fabric::read_candidates(&file)?;
+        if cands.is_empty() {
+            continue;
+        }
+        let Some(map) = discover::memory::Mapping::of(&o) else {
+            continue;
+        };
+        let scan = discover::memory::endpoint_tables(pid, map, &cands);
+        println!(
+            "{}: {} candidates, {} endpoints in {} MiB, tables {:x?}",
+            o.path.display(),
+            cands.len(),
+            scan.endpoints,
+            scan.scanned >> 20,
+            scan.tables
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,203 @@
+//! `commtap`: the command line over the `collector` library (see its documentation for
+//! the stages of the data's flow). `args` holds what the flags are, `commands` what each
+//! command does with them.
+
+mod args;
+mod commands;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Parser, Subcommand};
+
+use args::*;
+
+/// commtap: profile the communication of running MPI and NCCL jobs with eBPF: no relink,
+/// no LD_PRELOAD, no restart.
+///
+/// Probes MPI entry points (Open MPI, MPICH), NCCL's (libnccl, librccl, or NCCL linked in)
+/// and libfabric's data path (provider ops tables) in running processes and reports, per
+/// rank, routine, message size and (NCCL) communicator, calls, bytes and time, in IBM
+/// mpitrace's layout or as JSON.
+/// Needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and
+/// CAP_CHECKPOINT_RESTORE).
+#[derive(Parser, Debug)]
+#[command(name = "commtap", version, propagate_version = true)]
+struct Cli {
+    /// Log filter (also RUST_LOG), e.g. `info`, `commtap=debug`.
+    #[arg(long, global = true, default_value = "warn", env = "COMMTAP_LOG")]
+    log: String,
+    /// CA certificate bundle (PEM) that authenticates https:// aggregators and daemons.
+    #[arg(long, global = true, env = "COMMTAP_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// This program's TLS certificate chain (PEM): what a client presents to a server that
+    /// asks for one (--tls-client-ca), and what `daemon --listen` and `aggregator` serve
+    /// with (a daemon presents it when pushing, too).
+    #[arg(long, global = true, requires = "tls_key", env = "COMMTAP_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, global = true, requires = "tls_cert", env = "COMMTAP_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Profile MPI, NCCL and libfabric processes: attach to running ranks or launch a job,
+    /// then print its profile.
+    ///
+    /// Examples:
+    ///   commtap record --pid 4242,4243 --duration 30s
+    ///   commtap record -- mpirun -np 4 ./app
+    ///   commtap record --format json --mpitrace-dir prof/ -- mpiexec -n 8 ./app
+    ///
+    /// The profile is printed when the duration ends, on Ctrl-C, or when the processes
+    /// (or the launched command) exit. Counts and bytes are exact: they come from counters
+    /// kept in the kernel, which no event loss can thin out.
+    #[command(verbatim_doc_comment)]
+    Record(RecordArgs),
+    /// Run the node daemon: count every MPI, NCCL or libfabric process on this node from its first call and
+    /// serve their profiles over gRPC (commtap.v1.Node) on a Unix socket.
+    ///
+    /// Start it from systemd or a Slurm prolog; query it with `commtap report` and
+    /// `commtap ps`, or any gRPC client (health and server reflection are served).
+    Daemon(DaemonArgs),
+    /// Print the profile a daemon (or aggregator) holds, as `record` prints it.
+    ///
+    /// Example: commtap report --from unix:///run/commtap/commtap.sock --job 4242
+    #[command(verbatim_doc_comment)]
+    Report(ReportArgs),
+    /// List the processes a daemon knows and the libraries it probes (command lines cut
+    /// at 256 characters; `report --format json` has them whole).
+    Ps(PsArgs),
+    /// Check this node: kernel, capabilities, BPF, mounts, the MPI and NCCL libraries the
+    /// linker finds, and the daemon. Run it first on a new node; each problem comes with
+    /// its fix, and the exit status is 1 when something commtap needs is missing.
+    Doctor(DoctorArgs),
+    /// Ask the daemon to watch a running process (the daemon finds new MPI processes by
+    /// itself; this is for one it does not watch, e.g. outside its --uid/--cgroup scope).
+    Attach(PidArgs),
+    /// Ask the daemon to stop watching a process; prints its profile so far (kept as final).
+    Detach(DetachArgs),
+    /// Print every completed call of the daemon's processes as JSON lines (for timelines):
+    /// pid, tid, routine, start_ns, duration_ns, bytes, peer, comm_size, comm_rank, comm
+    /// (see the trace arguments in the README). Per-call events are
+    /// switched on while this runs; a last line says how many this reader missed.
+    Events(EventsArgs),
+    /// Write a timeline of every call of a daemon's processes, as they run (no relaunch).
+    ///
+    /// Examples:
+    ///   commtap trace --job 4242 -o job4242.json          (until the job's ranks exit)
+    ///   commtap trace --pid 811,812 --duration 30s -o t.json
+    ///   commtap trace --skip-routines MPI_Iprobe --max-events 100000 -o t.json
+    ///   commtap trace --from https://node07:7481 --from https://node08:7481 --job 4242 -o t.json
+    ///                                       (one file, both nodes on node07's clock)
+    ///
+    /// Open the file in https://ui.perfetto.dev or chrome://tracing: one process per rank
+    /// (`rank R (host)`, in rank order), one track per thread, one slice per call with
+    /// its bytes, size bucket, peer and communicator size. Ctrl-C or SIGTERM ends it with
+    /// a complete file; calls it could not hold are counted in the file and printed.
+    #[command(verbatim_doc_comment)]
+    Trace(TraceArgs),
+    /// Run an aggregator: merge the ranks of jobs across nodes from the snapshots daemons
+    /// push (`commtap daemon --aggregator http://HOST:PORT`), persisted across restarts.
+    Aggregator(AggregatorArgs),
+    /// List the jobs an aggregator knows.
+    Jobs(JobsArgs),
+    /// Compare a job's NCCL bus bandwidth per message size with an nccl-tests table.
+    ///
+    /// The expected curve is the out-of-place busbw of an nccl-tests / rccl-tests output
+    /// (`all_reduce_perf -b 64K -e 4G -f 2 ...` as printed). The measured one is a commtap
+    /// profile's NCCL device time (a JSON profile, or a daemon or aggregator), or another
+    /// nccl-tests table. Size buckets measured below --threshold x expected are flagged.
+    /// Exit status: 0 nothing below, 1 some bucket below, 2 error.
+    ///
+    /// Examples:
+    ///   commtap compare --expected allreduce_baseline.txt --profile job.json
+    ///   commtap compare --expected baseline.txt --from https://agg:7443 --job 4242
+    ///   commtap compare --expected a.txt --expected-table 2 --measured b.txt
+    #[command(verbatim_doc_comment)]
+    Compare(CompareArgs),
+    /// Show what commtap finds of a process's libfabric endpoints and ops tables.
+    #[command(hide = true)]
+    ScanFabric {
+        /// The process.
+        #[arg(long)]
+        pid: u32,
+    },
+    /// Benchmark the aggregator's merge (used by `cargo xtask bench`).
+    #[command(hide = true)]
+    BenchAggregator {
+        /// Simulated daemons.
+        #[arg(long, default_value_t = 100)]
+        daemons: u32,
+        /// Ranks per daemon.
+        #[arg(long, default_value_t = 100)]
+        ranks_per_daemon: u32,
+        /// Routines per rank.
+        #[arg(long, default_value_t = 50)]
+        routines: u32,
+        /// Size buckets per routine.
+        #[arg(long, default_value_t = 32)]
+        buckets: u8,
+        /// Database file (replaced).
+        #[arg(long)]
+        db: PathBuf,
+    },
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log);
+    // Read by `api::transport::connect`; set before any thread starts.
+    for (var, value) in [
+        ("COMMTAP_TLS_CA", &cli.tls_ca),
+        ("COMMTAP_TLS_CERT", &cli.tls_cert),
+        ("COMMTAP_TLS_KEY", &cli.tls_key),
+    ] {
+        if let Some(v) = value {
+            std::env::set_var(var, v);
+        }
+    }
+    let identity = cli.tls_cert.clone().zip(cli.tls_key.clone());
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("commtap: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(commands::run(cli.command, identity));
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("commtap: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}
