@@ -6,6 +6,7 @@
 #![no_std]
 
 pub mod buckets;
+pub mod names;
 pub mod routines;
 pub mod wire;
 

@@ -99,10 +99,10 @@ const SCAN_EVERY: u32 = 20;
 
 /// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(opts: DaemonOptions) -> Result<()> {
-    crate::attach::check_privileges()?;
+    crate::attach::system::check_privileges()?;
     // Keeping counts across restarts is worth a warning when it cannot be done, not a refusal.
     let state_dir = opts.state_dir.clone().filter(|dir| {
-        crate::attach::prepare_state_dir(dir)
+        crate::attach::state::prepare_state_dir(dir)
             .inspect_err(|e| warn!("counts will not survive a restart of this daemon: {e}"))
             .is_ok()
     });
@@ -131,7 +131,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         // gone before the exit events are processed.
         let alive = |pid: &u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
         if !session.tracked.keys().any(alive) {
-            crate::attach::remove_state_dir(dir);
+            crate::attach::state::remove_state_dir(dir);
         } else {
             info!("counts of running processes kept in {}", dir.display());
         }

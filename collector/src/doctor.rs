@@ -114,7 +114,7 @@ fn kernel() -> Check {
 }
 
 fn capabilities() -> Check {
-    match attach::check_privileges() {
+    match attach::system::check_privileges() {
         Ok(()) => Check::pass(
             "capabilities",
             "CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH, CAP_CHECKPOINT_RESTORE",
@@ -166,7 +166,7 @@ fn btf() -> Check {
 }
 
 fn bpffs() -> Check {
-    if attach::is_bpffs(Path::new("/sys/fs/bpf")) {
+    if attach::state::is_bpffs(Path::new("/sys/fs/bpf")) {
         Check::pass("bpffs", "/sys/fs/bpf")
     } else {
         Check::not(

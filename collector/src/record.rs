@@ -49,7 +49,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     if !opts.pids.is_empty() && !opts.command.is_empty() {
         bail!("give either --pid or a command to launch, not both");
     }
-    attach::check_privileges()?;
+    attach::system::check_privileges()?;
     let me = std::process::id();
     let mut requested = Vec::new();
     for &pid in &opts.pids {

@@ -3,13 +3,17 @@
 //! hands slots to new keys (see collector-ebpf's `counters`).
 
 use aya::{
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues, Stack},
+    maps::{
+        Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, Stack,
+    },
     Ebpf,
 };
-use collector_common::{CounterKey, CounterVal, MAX_COUNTERS};
+use collector_common::{CounterKey, CounterVal, ProcStats, MAX_COUNTERS};
 use tracing::debug;
 
-use super::{map_err, take, AttachError};
+use collector_common::names;
+
+use super::{map, map_err, AttachError};
 
 /// The counter maps, and the handle generation that makes threads drop cached slots.
 pub struct Counters {
@@ -24,13 +28,10 @@ impl Counters {
     /// counts (pinned), hands every slot to the free stack.
     pub fn take_from(ebpf: &mut Ebpf) -> Result<Counters, AttachError> {
         let mut c = Counters {
-            slots: BpfHashMap::try_from(take(ebpf, "COUNTER_SLOTS")?)
-                .map_err(map_err("COUNTER_SLOTS"))?,
-            values: PerCpuArray::try_from(take(ebpf, "COUNTER_VALUES")?)
-                .map_err(map_err("COUNTER_VALUES"))?,
-            free: Stack::try_from(take(ebpf, "FREE_SLOTS")?).map_err(map_err("FREE_SLOTS"))?,
-            handle_gen: Array::try_from(take(ebpf, "HANDLE_GEN")?)
-                .map_err(map_err("HANDLE_GEN"))?,
+            slots: map(ebpf, names::maps::COUNTER_SLOTS)?,
+            values: map(ebpf, names::maps::COUNTER_VALUES)?,
+            free: map(ebpf, names::maps::FREE_SLOTS)?,
+            handle_gen: map(ebpf, names::maps::HANDLE_GEN)?,
         };
         c.fill_free_stack()?;
         Ok(c)
@@ -44,7 +45,9 @@ impl Counters {
         }
         while self.free.pop(0).is_ok() {}
         for slot in 0..MAX_COUNTERS {
-            self.free.push(slot, 0).map_err(map_err("FREE_SLOTS"))?;
+            self.free
+                .push(slot, 0)
+                .map_err(map_err(names::maps::FREE_SLOTS))?;
         }
         debug!("{MAX_COUNTERS} counter slots free");
         Ok(())
@@ -107,4 +110,65 @@ pub fn sum<'a>(per_cpu: impl Iterator<Item = &'a CounterVal>) -> CounterVal {
         total.add(v.calls, v.bytes, v.time_ns);
     }
     total
+}
+
+/// A per-CPU counter map's values, summed over CPUs.
+pub fn sum_over_cpus(
+    map: &PerCpuHashMap<MapData, CounterKey, CounterVal>,
+) -> Vec<(CounterKey, CounterVal)> {
+    map.iter()
+        .filter_map(Result::ok)
+        .map(|(k, per_cpu)| (k, sum(per_cpu.iter())))
+        .collect()
+}
+
+impl super::Probes {
+    /// Ground-truth counters, summed over CPUs.
+    pub fn read_counters(&self) -> Vec<(CounterKey, CounterVal)> {
+        self.counters.read()
+    }
+
+    /// NCCL device-time windows per operation key, summed over CPUs.
+    pub fn read_device_time(&self) -> Vec<(CounterKey, CounterVal)> {
+        sum_over_cpus(&self.device_time)
+    }
+
+    /// The per-peer point-to-point counters, summed over CPUs.
+    pub fn read_peers(&self) -> Vec<(collector_common::PeerKey, collector_common::PeerVal)> {
+        self.peers
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, per_cpu)| {
+                let mut v = collector_common::PeerVal::default();
+                for c in per_cpu.iter() {
+                    v.calls += c.calls;
+                    v.bytes += c.bytes;
+                }
+                (k, v)
+            })
+            .collect()
+    }
+
+    /// Health counters of `pid`, summed (marks: the latest) over CPUs.
+    pub fn read_proc_stats(&self, pid: u32) -> ProcStats {
+        let mut s = ProcStats::default();
+        if let Ok(per_cpu) = self.proc_stats.get(&pid, 0) {
+            for v in per_cpu.iter() {
+                s.events_dropped += v.events_dropped;
+                s.undecoded += v.undecoded;
+                s.nested += v.nested;
+                s.orphan_returns += v.orphan_returns;
+                s.counters_full += v.counters_full;
+                s.group_ops += v.group_ops;
+                s.mixed_windows += v.mixed_windows;
+                s.fabric_failed += v.fabric_failed;
+                s.fabric_internal += v.fabric_internal;
+                s.net_unposted += v.net_unposted;
+                s.peers_full += v.peers_full;
+                s.init_ns = s.init_ns.max(v.init_ns);
+                s.finalize_ns = s.finalize_ns.max(v.finalize_ns);
+            }
+        }
+        s
+    }
 }

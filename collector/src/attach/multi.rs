@@ -104,7 +104,11 @@ pub fn create_task_storage(value_size: u32) -> Result<OwnedFd, MultiError> {
     m.btf_fd = btf_fd.as_raw_fd() as u32;
     m.btf_key_type_id = 1;
     m.btf_value_type_id = 2;
-    for (dst, src) in m.map_name.iter_mut().zip(b"TASK_STATE".iter()) {
+    for (dst, src) in m
+        .map_name
+        .iter_mut()
+        .zip(collector_common::names::maps::TASK_STATE.as_bytes().iter())
+    {
         *dst = *src as libc::c_char;
     }
     bpf(bpf_cmd::BPF_MAP_CREATE, &mut attr).map_err(|e| err("map", e))

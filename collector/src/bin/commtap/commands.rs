@@ -175,7 +175,7 @@ async fn daemon(a: DaemonArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<(
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .collect();
-        attach::state_dir_for_layout(&a.state_dir.join(tag.trim_matches('_')))
+        attach::state::state_dir_for_layout(&a.state_dir.join(tag.trim_matches('_')))
     });
     daemon::run(DaemonOptions {
         socket: a.socket,

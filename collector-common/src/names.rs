@@ -1,0 +1,99 @@
+//! The names userspace asks the BPF object for: its maps and programs. In collector-ebpf
+//! they are the identifiers of the `#[map]` statics and program functions; a name that
+//! disagrees fails the load, naming it.
+
+/// Map names.
+pub mod maps {
+    /// Processes whose calls are counted, with their watch flags.
+    pub const WATCHED: &str = "WATCHED";
+    /// Counter keys and their slots.
+    pub const COUNTER_SLOTS: &str = "COUNTER_SLOTS";
+    /// Per-CPU counter values by slot.
+    pub const COUNTER_VALUES: &str = "COUNTER_VALUES";
+    /// Slots not yet given to a key.
+    pub const FREE_SLOTS: &str = "FREE_SLOTS";
+    /// The handle generation that makes threads drop cached slots and handles.
+    pub const HANDLE_GEN: &str = "HANDLE_GEN";
+    /// NCCL device-time windows per operation key.
+    pub const DEVICE_TIME: &str = "DEVICE_TIME";
+    /// Point-to-point traffic per peer.
+    pub const PEERS: &str = "PEERS";
+    /// Per-process health counters and times.
+    pub const PROC_STATS: &str = "PROC_STATS";
+    /// Communicators learnt per process.
+    pub const COMMS: &str = "COMMS";
+    /// Datatype sizes learnt per process.
+    pub const DTYPES: &str = "DTYPES";
+    /// The settings userspace writes.
+    pub const CONFIG: &str = "CONFIG";
+    /// Decoding layouts per library slot.
+    pub const LAYOUTS: &str = "LAYOUTS";
+    /// libfabric functions and their slots.
+    pub const FABRIC_FUNCS: &str = "FABRIC_FUNCS";
+    /// libfabric text ranges per library slot.
+    pub const FABRIC_TEXT: &str = "FABRIC_TEXT";
+    /// libfabric code ranges per process.
+    pub const FABRIC_RANGES: &str = "FABRIC_RANGES";
+    /// The ring buffer of process and call events.
+    pub const EVENTS: &str = "EVENTS";
+    /// The routine table.
+    pub const ROUTINE_SPECS: &str = "ROUTINE_SPECS";
+    /// This kernel's `task_struct` offsets for identity events.
+    pub const IDENTITY_OFFSETS: &str = "IDENTITY_OFFSETS";
+    /// This kernel's tracepoint field offsets.
+    pub const TP_OFFSETS: &str = "TP_OFFSETS";
+    /// The task-local storage of in-flight calls (created by userspace).
+    pub const TASK_STATE: &str = "TASK_STATE";
+
+    /// The maps that carry a node's counts across a daemon restart (the others are refilled
+    /// at start, or hold per-run state such as library slots).
+    pub const KEPT: [&str; 9] = [
+        WATCHED,
+        COUNTER_SLOTS,
+        COUNTER_VALUES,
+        FREE_SLOTS,
+        DEVICE_TIME,
+        PEERS,
+        PROC_STATS,
+        COMMS,
+        DTYPES,
+    ];
+}
+
+/// Program names.
+pub mod programs {
+    /// Entry of every MPI and NCCL routine.
+    pub const CALL_ENTRY: &str = "call_entry";
+    /// Return of Open MPI's routines.
+    pub const MPI_RETURN_OMPI: &str = "mpi_return_ompi";
+    /// Return of an MPICH-ABI library's routines but its datatype constructors.
+    pub const MPI_RETURN_MPICH: &str = "mpi_return_mpich";
+    /// Return of an MPICH-ABI library's datatype constructors and `MPI_Type_free`.
+    pub const MPI_RETURN_MPICH_TYPES: &str = "mpi_return_mpich_types";
+    /// Return of NCCL's routines.
+    pub const NCCL_RETURN: &str = "nccl_return";
+    /// Entry of a libfabric ops-table function.
+    pub const FABRIC_ENTRY: &str = "fabric_entry";
+    /// Return of a libfabric ops-table function.
+    pub const FABRIC_RETURN: &str = "fabric_return";
+    /// libfabric's `fi_fabric`.
+    pub const FABRIC_OPEN: &str = "fabric_open";
+    /// `sched:sched_process_fork`.
+    pub const SCHED_FORK: &str = "sched_fork";
+    /// `sched:sched_process_exec`.
+    pub const SCHED_EXEC: &str = "sched_exec";
+    /// `sched:sched_process_exit`.
+    pub const SCHED_EXIT: &str = "sched_exit";
+
+    /// The programs attached through uprobe_multi links.
+    pub const PROBES: [&str; 8] = [
+        CALL_ENTRY,
+        MPI_RETURN_OMPI,
+        MPI_RETURN_MPICH,
+        MPI_RETURN_MPICH_TYPES,
+        NCCL_RETURN,
+        FABRIC_ENTRY,
+        FABRIC_RETURN,
+        FABRIC_OPEN,
+    ];
+}

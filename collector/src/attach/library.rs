@@ -1,0 +1,351 @@
+//! Probing a library: read once (or taken from what was read ahead), counted against its
+//! owner's quota, its layout and libfabric tables written for the kernel, and its
+//! uprobe_multi links attached; and letting it go when no process maps it.
+
+use std::os::fd::AsFd;
+
+use collector_common::{
+    names,
+    routines::{class, Family},
+    Abi, Cookie, FabricRanges, FabricText, MAX_FABRIC_RANGES, MAX_LAYOUTS, ROUTINES,
+};
+use tracing::{debug, info, warn};
+
+use super::{map_err, multi, AttachError, AttachedLibrary, Probes, MAX_LIBRARIES_PER_UID};
+use crate::symbols::{
+    self, file::FileError, Library, LibraryFile, LibraryKind, Placement, ProbePoint,
+};
+
+impl Probes {
+    /// Notes that `pid` maps the library `dev_inode` (if it is probed).
+    pub fn note_mapped(&mut self, dev_inode: (u64, u64), pid: u32) {
+        if let Some(Some(slot)) = self.seen.get(&dev_inode) {
+            self.mapped_by.entry(*slot).or_default().insert(pid);
+        }
+    }
+
+    /// Lets a user's library go once no process maps it: its probes detached, its slot
+    /// free, and read again should a process map it later. Shared libraries stay.
+    pub(super) fn release(&mut self, slot: usize) {
+        let Some(lib) = self.libraries.get_mut(slot) else {
+            return;
+        };
+        if lib.owner.is_none() || lib.released {
+            return;
+        }
+        info!(
+            "letting {} go: no process maps it any more",
+            lib.library.path
+        );
+        lib.links.clear();
+        lib.released = true;
+        self.seen.remove(&lib.dev_inode);
+        self.free_slots.push(slot);
+    }
+
+    /// Attaches to the library `dev_inode` unless already done, opening it with `open` if
+    /// it was never read; `shared` when commtap's caller asked for it (never let go, in no
+    /// user's quota). Returns whether it is an MPI or NCCL library now probed.
+    pub fn attach_library(
+        &mut self,
+        dev_inode: (u64, u64),
+        shared: bool,
+        open: impl FnOnce() -> Result<LibraryFile, FileError>,
+    ) -> Result<bool, AttachError> {
+        if let Some(state) = self.seen.get(&dev_inode) {
+            return Ok(state.is_some_and(|i| self.libraries[i].library.family != Family::Cuda));
+        }
+        let Some((file, lib, owner)) = self.admit(dev_inode, shared, open) else {
+            return Ok(false);
+        };
+        let index = self.free_slots.pop().unwrap_or(self.libraries.len());
+        let slot = index as u32;
+        if slot >= MAX_LAYOUTS {
+            return Err(AttachError::TooManyLibraries);
+        }
+        self.write_library_maps(slot, &lib)?;
+        let (links, failed) = self.attach_links(&lib, slot, &file)?;
+        log_probing(&lib, &failed);
+        let attached = AttachedLibrary {
+            library: lib,
+            failed,
+            dev_inode,
+            owner,
+            links,
+            released: false,
+        };
+        let counted = attached.library.family != Family::Cuda;
+        if index < self.libraries.len() {
+            self.libraries[index] = attached;
+        } else {
+            self.libraries.push(attached);
+        }
+        self.seen.insert(dev_inode, Some(index));
+        Ok(counted)
+    }
+
+    /// Reads the library `dev_inode` (or takes what was read ahead) and decides whether it
+    /// is probed: a library commtap decodes, within its owner's quota (`shared`: none).
+    /// Anything else is marked seen, and why it is not probed noted where it matters.
+    fn admit(
+        &mut self,
+        dev_inode: (u64, u64),
+        shared: bool,
+        open: impl FnOnce() -> Result<LibraryFile, FileError>,
+    ) -> Option<(LibraryFile, Library, Option<u32>)> {
+        let (file, read) = match self.read_ahead.remove(&dev_inode) {
+            Some(r) => r,
+            None => match open() {
+                Ok(file) => {
+                    let read = symbols::read_library(&file);
+                    (file, read)
+                }
+                Err(e) => {
+                    // Not marked seen: another process may map it where it can be opened.
+                    debug!("not probing: {e:#}");
+                    return None;
+                }
+            },
+        };
+        let lib = match read {
+            Ok(LibraryKind::Probed(lib)) => lib,
+            Ok(LibraryKind::Unsupported(why)) => {
+                warn!("{why}");
+                self.unsupported.push(why);
+                self.seen.insert(dev_inode, None);
+                return None;
+            }
+            Ok(LibraryKind::Other) => {
+                self.seen.insert(dev_inode, None);
+                return None;
+            }
+            Err(e) => {
+                debug!("not probing {}: {e}", file.shown);
+                self.seen.insert(dev_inode, None);
+                return None;
+            }
+        };
+        let owner = (!shared && file.owner != 0).then_some(file.owner);
+        if let Some(uid) = owner {
+            let held = self.libraries().filter(|l| l.owner == Some(uid)).count();
+            if held >= MAX_LIBRARIES_PER_UID {
+                let why = format!(
+                    "{}: user {uid} has {held} libraries of their own probed already \
+                     (at most {MAX_LIBRARIES_PER_UID}): not probed",
+                    file.shown
+                );
+                warn!("{why}");
+                self.unsupported.push(why);
+                self.seen.insert(dev_inode, None);
+                return None;
+            }
+        }
+        Some((file, lib, owner))
+    }
+
+    /// What the kernel needs of the library in layout `slot`: its decoding layout and, for
+    /// libfabric, its text range and ops-table functions.
+    fn write_library_maps(&mut self, slot: u32, lib: &Library) -> Result<(), AttachError> {
+        self.layouts
+            .set(slot, lib.layout, 0)
+            .map_err(map_err(names::maps::LAYOUTS))?;
+        if lib.abi == Abi::Fabric {
+            // Where calls from libfabric's own code come from (see collector-ebpf's fabric).
+            let (lo, hi) = lib.text;
+            self.fabric_text
+                .set(slot, FabricText { lo, hi }, 0)
+                .map_err(map_err(names::maps::FABRIC_TEXT))?;
+            for p in &lib.probes {
+                let id = Cookie {
+                    routine: p.routine,
+                    layout: slot as u8,
+                    abi: Abi::Fabric as u8,
+                    function: p.function,
+                    skip: p.skip,
+                }
+                .fabric_function();
+                self.fabric_funcs
+                    .insert(id, p.vaddr, 0)
+                    .map_err(map_err(names::maps::FABRIC_FUNCS))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The uprobe_multi links of `lib` in layout `slot` (one per program and kind of
+    /// probe point), attached through the open `file`; and the failures, by message.
+    fn attach_links(
+        &self,
+        lib: &Library,
+        slot: u32,
+        file: &LibraryFile,
+    ) -> Result<(Vec<multi::MultiLink>, Vec<String>), AttachError> {
+        let mut links = Vec::new();
+        let mut failed = Vec::new();
+        let cookie = |p: &ProbePoint| {
+            Cookie {
+                routine: p.routine,
+                layout: slot as u8,
+                abi: lib.abi as u8,
+                function: p.function,
+                skip: p.skip,
+            }
+            .pack()
+        };
+        // libfabric's fi_fabric has its own program (it names the provider), without return.
+        let (open, all): (Vec<&ProbePoint>, Vec<&ProbePoint>) = lib
+            .probes
+            .iter()
+            .partition(|p| p.routine == collector_common::routines::FABRIC_OPEN);
+        let entry = if lib.abi == Abi::Fabric {
+            names::programs::FABRIC_ENTRY
+        } else {
+            names::programs::CALL_ENTRY
+        };
+        let mut groups = vec![
+            (names::programs::FABRIC_OPEN, false, open),
+            (entry, false, all.clone()),
+        ];
+        match lib.abi {
+            Abi::Fabric => groups.push((names::programs::FABRIC_RETURN, true, all)),
+            Abi::OpenMpi => groups.push((names::programs::MPI_RETURN_OMPI, true, all)),
+            Abi::Nccl => groups.push((names::programs::NCCL_RETURN, true, all)),
+            Abi::Mpich => {
+                // Datatype constructors have their own return program (they learn sizes).
+                let (types, rest): (Vec<&ProbePoint>, Vec<&ProbePoint>) = all
+                    .into_iter()
+                    .partition(|p| ROUTINES[p.routine as usize].spec.class == class::DATATYPE);
+                groups.push((names::programs::MPI_RETURN_MPICH, true, rest));
+                groups.push((names::programs::MPI_RETURN_MPICH_TYPES, true, types));
+            }
+        }
+        // Returns before entries: a call that enters between the two attachments would
+        // otherwise leave its thread marked busy for good (its return never seen), and
+        // every later call of the thread would be taken for a nested one and not counted.
+        // The other way round, such a call's return comes without an entry: counted as
+        // in flight at attach.
+        groups.sort_by_key(|(_, is_return, _)| !*is_return);
+        for (prog, is_return, points) in groups {
+            if points.is_empty() {
+                continue;
+            }
+            let offsets: Vec<u64> = points.iter().map(|p| p.offset).collect();
+            let cookies: Vec<u64> = points.iter().map(|p| cookie(p)).collect();
+            let fd = self
+                .programs
+                .get(prog)
+                .ok_or(AttachError::Missing("probe program"))?;
+            match multi::attach(fd.as_fd(), file, &offsets, &cookies, is_return) {
+                Ok(link) => links.push(link),
+                Err(e) => failed.push(format!("{e:#}")),
+            }
+        }
+        // Dropped in order: entries first, for the same reason.
+        links.reverse();
+        Ok((links, failed))
+    }
+
+    /// Whether a decision was made on the object `dev_inode` (probed, or not to be), or it
+    /// was read already.
+    pub fn knows(&self, dev_inode: (u64, u64)) -> bool {
+        self.seen.contains_key(&dev_inode) || self.read_ahead.contains_key(&dev_inode)
+    }
+
+    /// Keeps a library read elsewhere (off the session's lock) for `attach_library`.
+    pub fn read_ahead(
+        &mut self,
+        dev_inode: (u64, u64),
+        file: LibraryFile,
+        read: Result<LibraryKind, symbols::SymbolError>,
+    ) {
+        if !self.knows(dev_inode) {
+            self.read_ahead.insert(dev_inode, (file, read));
+        }
+    }
+
+    /// Whether the object `dev_inode` is a libfabric library or provider that commtap
+    /// probes (opened with `open` and read now if it was not, and kept for
+    /// `attach_library`).
+    pub fn is_fabric_file(
+        &mut self,
+        dev_inode: (u64, u64),
+        open: impl FnOnce() -> Result<LibraryFile, FileError>,
+    ) -> bool {
+        if let Some(state) = self.seen.get(&dev_inode) {
+            return matches!(state, Some(i) if self.libraries[*i].library.abi == Abi::Fabric);
+        }
+        let read = match self.read_ahead.entry(dev_inode) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                let Ok(file) = open() else {
+                    return false;
+                };
+                let read = symbols::read_library(&file);
+                e.insert((file, read))
+            }
+        };
+        matches!(&read.1, Ok(LibraryKind::Probed(lib)) if lib.abi == Abi::Fabric)
+    }
+
+    /// Tells the kernel where `pid` has libfabric's code (libfabric and provider DSOs), so
+    /// that calls one provider makes to another are known as libfabric's own. Beyond
+    /// `MAX_FABRIC_RANGES` the rest is left out (a warning says so).
+    pub fn set_fabric_ranges(&mut self, pid: u32, code: &[(u64, u64)]) -> Result<(), AttachError> {
+        if code.is_empty() {
+            return Ok(());
+        }
+        let mut r = FabricRanges::default();
+        for (i, &(lo, hi)) in code.iter().take(MAX_FABRIC_RANGES).enumerate() {
+            r.ranges[i] = FabricText { lo, hi };
+            r.n = i as u32 + 1;
+        }
+        if code.len() > MAX_FABRIC_RANGES {
+            warn!(
+                "PID {pid}: {} libfabric code mappings, {MAX_FABRIC_RANGES} kept: calls from the others count as the application's",
+                code.len()
+            );
+        }
+        self.fabric_ranges
+            .insert(pid, r, 0)
+            .map_err(map_err(names::maps::FABRIC_RANGES))
+    }
+
+    /// The probed library that is the object `dev_inode`, if any.
+    pub fn library_of(&self, dev_inode: (u64, u64)) -> Option<&symbols::Library> {
+        let i = (*self.seen.get(&dev_inode)?)?;
+        Some(&self.libraries[i].library)
+    }
+
+    /// Libraries probed now (not those let go).
+    pub fn libraries(&self) -> impl Iterator<Item = &AttachedLibrary> {
+        self.libraries.iter().filter(|l| !l.released)
+    }
+
+    /// Libraries seen but not decoded (an unknown MPI ABI, NCCL without symbols).
+    pub fn unsupported(&self) -> &[String] {
+        &self.unsupported
+    }
+}
+
+/// Says what was probed in `lib` and how.
+fn log_probing(lib: &Library, failed: &[String]) {
+    let single = lib
+        .probes
+        .iter()
+        .filter(|p| p.placement == Placement::SingleStepped)
+        .count();
+    let skipped = lib
+        .probes
+        .iter()
+        .filter(|p| p.placement == Placement::MovedPastSingleStep)
+        .count();
+    info!(
+        library = %lib.path,
+        flavor = %lib.flavor,
+        routines = lib.probes.len(),
+        moved_past_single_step = skipped,
+        single_stepped = single,
+        failed = failed.len(),
+        "probing"
+    );
+}

@@ -1,0 +1,85 @@
+//! The bpffs directory where a daemon's counting maps are pinned, so that a restarted
+//! daemon carries on with the counts of the one before.
+
+use std::path::{Path, PathBuf};
+
+use collector_common::{names, CommInfo, CounterKey, CounterVal, HandleKey, ProcStats, ROUTINES};
+
+use super::AttachError;
+
+/// `BPF_FS_MAGIC`, the file-system type of bpffs.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// The directory under `base` for this build's map layout: pinned maps of another layout
+/// (an older commtap) are never reused.
+pub fn state_dir_for_layout(base: &Path) -> PathBuf {
+    let tag = format!(
+        "layout-k{}-s{}-v{}-p{}-c{}-h{}-r{}-e{}",
+        size_of::<CounterKey>(),
+        collector_common::MAX_COUNTERS,
+        size_of::<CounterVal>(),
+        size_of::<ProcStats>(),
+        size_of::<CommInfo>(),
+        size_of::<HandleKey>(),
+        ROUTINES.len(),
+        size_of::<collector_common::PeerKey>()
+    );
+    base.join(tag)
+}
+
+/// Creates `dir` and checks it is on a bpffs, where maps can be pinned (mounting bpffs on
+/// /sys/fs/bpf first if nothing is mounted there, as systemd does at boot).
+pub fn prepare_state_dir(dir: &Path) -> Result<(), AttachError> {
+    let bpffs = Path::new("/sys/fs/bpf");
+    if dir.starts_with(bpffs) && fs_type(bpffs) != Some(BPF_FS_MAGIC) {
+        // SAFETY: mount(2) with static NUL-terminated strings.
+        let rc = unsafe {
+            libc::mount(
+                c"bpf".as_ptr(),
+                c"/sys/fs/bpf".as_ptr(),
+                c"bpf".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            return Err(AttachError::StateDir(format!(
+                "mounting bpffs on /sys/fs/bpf: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| AttachError::StateDir(format!("creating {}: {e}", dir.display())))?;
+    if fs_type(dir) != Some(BPF_FS_MAGIC) {
+        return Err(AttachError::StateDir(format!(
+            "{} is not on a bpf file system (mount -t bpf bpf /sys/fs/bpf)",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Unpins the kept maps in `dir` and removes it (and its parent, if that is left empty).
+pub fn remove_state_dir(dir: &Path) {
+    for map in names::maps::KEPT {
+        let _ = std::fs::remove_file(dir.join(map));
+    }
+    let _ = std::fs::remove_dir(dir);
+    if let Some(parent) = dir.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
+}
+
+/// Whether `path` is a mounted bpffs.
+pub fn is_bpffs(path: &Path) -> bool {
+    fs_type(path) == Some(BPF_FS_MAGIC)
+}
+
+/// The file-system type (`statfs.f_type`) of `path`.
+fn fs_type(path: &Path) -> Option<i64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statfs(2) into a zeroed struct with a valid path.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type as i64)
+}
