@@ -15,12 +15,12 @@ use aya_ebpf::{
 };
 use collector_common::{
     routines::{class, NO_ARG as N},
-    Abi, ArgSpec, ByteRule, CallEvent, Config, Cookie, CounterKey, EventKind, MAX_ARGS,
-    UNKNOWN_BUCKET,
+    Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Config, Cookie, CounterKey, EventKind,
+    MAX_ARGS, UNKNOWN_BUCKET,
 };
 
 use crate::{
-    call::{arg, describe_call, emit_call, raw_cookie, Call},
+    call::{describe_call, emit_call, raw_cookie, Call},
     decode::{comm_info, handle, read},
     maps::{call_state, new_call_state, with_proc_stats, CONFIG, LAYOUTS, ROUTINE_SPECS},
     process::{is_counted, is_watched, still_counted},
@@ -155,22 +155,9 @@ pub fn nccl_return(ctx: RetProbeContext) -> u32 {
 pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeContext) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let ret: i32 = ctx.ret();
-    // Only counted processes have call state: no need to look the process up again.
-    let e = match call_state(false) {
-        // SAFETY: the thread's own entry.
-        Some(e) if unsafe { (*e).busy } != 0 => unsafe { &mut *e },
-        _ => {
-            let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-            if is_counted(tgid) {
-                with_proc_stats(tgid, |s| s.orphan_returns += 1);
-            }
-            return 0;
-        }
-    };
-    if e.depth > 0 {
-        e.depth -= 1;
+    let Some(e) = outermost_return() else {
         return 0;
-    }
+    };
     let start_ns = e.start_ns;
     let tgid = e.tgid;
     // The entry's cookie: the outermost call returns through the same attach point.
@@ -182,26 +169,16 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         return 0;
     };
     let spec = *spec;
-    let args = &e.args;
-
     let cache = core::ptr::addr_of_mut!(e.cache);
-    let comm = arg(args, spec.comm).and_then(|h| {
-        let decode = || comm_info(ABI, layout, tgid, h);
-        if ABI == Abi::Nccl as u8 {
-            // NCCL's communicators are learnt and relearnt by many calls: not cached.
-            decode()
-        } else {
-            crate::cache::comm_info(cache, handle(ABI, h), decode)
-        }
-    });
     let call = Call {
         abi: ABI,
         layout,
         tgid,
-        args,
+        args: &e.args,
         ret,
         cache,
     };
+    let comm = communicator::<ABI>(&call, &spec);
     if ABI == Abi::Nccl as u8 && crate::nccl::unposted(&call, &spec) {
         with_proc_stats(tgid, |s| s.net_unposted += 1);
         e.busy = 0;
@@ -215,13 +192,11 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         crate::mpi::on_return(&call, &spec, comm)
     };
     let dur = now.saturating_sub(start_ns);
-
     match spec.class {
         class::INIT => with_proc_stats(tgid, |s| s.init_ns = now),
         class::FINALIZE => with_proc_stats(tgid, |s| s.finalize_ns = start_ns),
         _ => {}
     }
-
     let (bucket, bytes) = match out {
         Some(b) => (collector_common::size_bucket(b), b),
         None => {
@@ -229,37 +204,16 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
             (UNKNOWN_BUCKET, 0)
         }
     };
-    let comm_size = comm.map(|c| c.size).unwrap_or(0);
-    // Only NCCL keeps counters per communicator; MPI's are per communicator size.
-    let (comm_rank, comm_id) = match comm {
-        _ if ABI != Abi::Nccl as u8 => (0, 0),
-        Some(c) => (c.rank, c.id),
-        None => (-1, 0),
-    };
-    let key = CounterKey {
-        tgid,
-        routine: c.routine,
-        parent: CounterKey::NO_PARENT,
-        comm_size,
-        comm_rank,
-        comm_id,
-        bucket,
-        _pad: [0; 7],
-    };
-    let events = match CONFIG.get(0).map_or(0, |c| c.call_events) {
-        0 => false,
-        m if m & Config::EVENTS_ALL != 0 => true,
-        _ => spec.matters_for_skew(),
-    };
+    let key = counter_key::<ABI>(tgid, c.routine, bucket, comm);
     // Read before `e` is borrowed for the counters, and only for an event.
-    let ev = events.then(|| {
+    let ev = wants_event(&spec).then(|| {
         let mut ev = CallEvent {
             kind: EventKind::Call as u32,
             tgid,
             tid: bpf_get_current_pid_tgid() as u32,
             routine: c.routine,
             bucket,
-            comm_size,
+            comm_size: key.comm_size,
             start_ns,
             dur_ns: dur,
             bytes,
@@ -278,4 +232,79 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
     // Last: `args` pointed into this entry.
     e.busy = 0;
     0
+}
+
+/// The call state of the thread's outermost call now returning; `None` for a nested
+/// call's return (counted at the outermost) or a return whose entry was not seen (an
+/// orphan, counted as such).
+#[inline(always)]
+fn outermost_return() -> Option<&'static mut CallState> {
+    // Only counted processes have call state: no need to look the process up again.
+    let e = match call_state(false) {
+        // SAFETY: the thread's own entry.
+        Some(e) if unsafe { (*e).busy } != 0 => unsafe { &mut *e },
+        _ => {
+            let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+            if is_counted(tgid) {
+                with_proc_stats(tgid, |s| s.orphan_returns += 1);
+            }
+            return None;
+        }
+    };
+    if e.depth > 0 {
+        e.depth -= 1;
+        return None;
+    }
+    Some(e)
+}
+
+/// The communicator the call names, if any (cached per thread, but NCCL's: they are
+/// learnt and relearnt by many calls).
+#[inline(always)]
+fn communicator<const ABI: u8>(call: &Call, spec: &ArgSpec) -> Option<CommInfo> {
+    call.arg(spec.comm).and_then(|h| {
+        let decode = || comm_info(ABI, call.layout, call.tgid, h);
+        if ABI == Abi::Nccl as u8 {
+            decode()
+        } else {
+            crate::cache::comm_info(call.cache, handle(ABI, h), decode)
+        }
+    })
+}
+
+/// The counter a call adds to: only NCCL keeps counters per communicator; MPI's are per
+/// communicator size.
+#[inline(always)]
+fn counter_key<const ABI: u8>(
+    tgid: u32,
+    routine: u16,
+    bucket: u8,
+    comm: Option<CommInfo>,
+) -> CounterKey {
+    let (comm_rank, comm_id) = match comm {
+        _ if ABI != Abi::Nccl as u8 => (0, 0),
+        Some(c) => (c.rank, c.id),
+        None => (-1, 0),
+    };
+    CounterKey {
+        tgid,
+        routine,
+        parent: CounterKey::NO_PARENT,
+        comm_size: comm.map(|c| c.size).unwrap_or(0),
+        comm_rank,
+        comm_id,
+        bucket,
+        _pad: [0; 7],
+    }
+}
+
+/// Whether the call is sent to userspace: every call while events are on for all, else
+/// the collectives who-is-late follows.
+#[inline(always)]
+fn wants_event(spec: &ArgSpec) -> bool {
+    match CONFIG.get(0).map_or(0, |c| c.call_events) {
+        0 => false,
+        m if m & Config::EVENTS_ALL != 0 => true,
+        _ => spec.matters_for_skew(),
+    }
 }

@@ -43,6 +43,34 @@ pub struct RecordOptions {
 
 /// Runs `record` to completion and returns the profile.
 pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
+    let requested = check_request(&opts)?;
+    // Before anything runs: a trace that cannot be written fails now, not after the job.
+    let mut sinks = FeedSinks {
+        tracer: opts.trace.clone().map(TraceWriter::create).transpose()?,
+        late: opts.skew.then(|| skew::Board::new(discover::this_host())),
+    };
+    let mut session = Session::start(LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib))?;
+    session
+        .probes
+        .set_call_events(opts.call_events || sinks.tracer.is_some())?;
+    session.probes.set_collective_events(opts.skew)?;
+    let mut feed = sinks.wants_feed().then(|| session.call_feed());
+    if !requested.is_empty() {
+        watch_requested(&mut session, requested, &opts).await?;
+        mark_ready(&opts)?;
+    }
+    let child = if opts.command.is_empty() {
+        None
+    } else {
+        Some(launch_command(&mut session, &opts)?)
+    };
+    follow(&mut session, &mut sinks, &mut feed, child, &opts).await?;
+    finish(session, sinks, feed).await
+}
+
+/// Checks what `record` was asked; the processes to attach to, with what `/proc` says of
+/// them (a PID that does not exist fails here, before anything is loaded).
+fn check_request(opts: &RecordOptions) -> Result<Vec<(u32, discover::ProcessInfo)>> {
     if opts.pids.is_empty() && opts.command.is_empty() {
         bail!("nothing to record: give --pid PID[,PID...] or a command after `--`");
     }
@@ -56,27 +84,22 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
         if pid == me {
             bail!("PID {pid} is commtap itself");
         }
-        // Fail before loading anything if a PID does not exist.
         let info = discover::process_info(pid).map_err(|e| match e {
             DiscoverError::NoSuchProcess(_) => anyhow::anyhow!("{e}"),
             other => anyhow::Error::new(other).context(format!("inspecting PID {pid}")),
         })?;
         requested.push((pid, info));
     }
+    Ok(requested)
+}
 
-    // Before anything runs: a trace that cannot be written fails now, not after the job.
-    let mut sinks = FeedSinks {
-        tracer: opts.trace.clone().map(TraceWriter::create).transpose()?,
-        late: opts.skew.then(|| skew::Board::new(discover::this_host())),
-    };
-    let mut session = Session::start(LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib))?;
-    session
-        .probes
-        .set_call_events(opts.call_events || sinks.tracer.is_some())?;
-    session.probes.set_collective_events(opts.skew)?;
-    let mut feed = sinks.wants_feed().then(|| session.call_feed());
-
-    // Attach-late mode: probe what each process maps, then count it.
+/// Attach-late mode: probes what each process maps, then counts it; fails when none of
+/// them is an MPI or NCCL process.
+async fn watch_requested(
+    session: &mut Session,
+    requested: Vec<(u32, discover::ProcessInfo)>,
+    opts: &RecordOptions,
+) -> Result<()> {
     for (pid, info) in requested {
         session.tracked.insert(
             pid,
@@ -91,48 +114,55 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
             warn!("PID {pid} maps no MPI library (yet); watching it in case it loads one");
         }
     }
-    if !opts.pids.is_empty() {
-        if session.tracked.values().all(|t| !t.maps_mpi) {
-            session.stop_ingest().await;
-            let list = opts
-                .pids
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ");
-            let seen = session.probes.unsupported();
-            let seen = if seen.is_empty() {
-                String::new()
-            } else {
-                format!("; seen but not probed: {}", seen.join("; "))
-            };
-            bail!(
-                "PID {list}: not an MPI or NCCL process (maps no MPI library such as libmpi or \
-                 libmpich, and nothing that holds NCCL){seen}"
-            );
-        }
-        mark_ready(&opts)?;
+    if session.tracked.values().any(|t| t.maps_mpi) {
+        return Ok(());
     }
+    session.stop_ingest().await;
+    let list = opts
+        .pids
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let seen = session.probes.unsupported();
+    let seen = if seen.is_empty() {
+        String::new()
+    } else {
+        format!("; seen but not probed: {}", seen.join("; "))
+    };
+    bail!(
+        "PID {list}: not an MPI or NCCL process (maps no MPI library such as libmpi or \
+         libmpich, and nothing that holds NCCL){seen}"
+    );
+}
 
-    // Launch mode: probe the libraries the job will load before it starts.
-    let mut child = None;
-    if !opts.command.is_empty() {
-        let mut libs = discover::candidate_libraries(&opts.command);
-        libs.extend(opts.libraries.iter().cloned());
-        for lib in &libs {
-            if let Err(e) = session.attach_file(lib) {
-                warn!("--lib {}: {e:#}", lib.display());
-            }
+/// Launch mode: probes the libraries the job will load before it starts, then starts it.
+fn launch_command(session: &mut Session, opts: &RecordOptions) -> Result<tokio::process::Child> {
+    let mut libs = discover::candidate_libraries(&opts.command);
+    libs.extend(opts.libraries.iter().cloned());
+    for lib in &libs {
+        if let Err(e) = session.attach_file(lib) {
+            warn!("--lib {}: {e:#}", lib.display());
         }
-        if session.probes.libraries().next().is_none() {
-            warn!("no MPI library found in the linker's search path; libraries are probed as processes map them");
-        }
-        mark_ready(&opts)?;
-        let (c, pid) = launch(&opts.command, &mut session.probes)?;
-        session.tracked.insert(pid, Tracked::from_now());
-        child = Some(c);
     }
+    if session.probes.libraries().next().is_none() {
+        warn!("no MPI library found in the linker's search path; libraries are probed as processes map them");
+    }
+    mark_ready(opts)?;
+    let (child, pid) = launch(&opts.command, &mut session.probes)?;
+    session.tracked.insert(pid, Tracked::from_now());
+    Ok(child)
+}
 
+/// Follows the job until it ends (the launched command exits, or every requested process
+/// has), `--duration` passes or a signal comes (after which a second one exits at once).
+async fn follow(
+    session: &mut Session,
+    sinks: &mut FeedSinks,
+    feed: &mut Option<tokio::sync::broadcast::Receiver<FeedItem>>,
+    mut child: Option<tokio::process::Child>,
+    opts: &RecordOptions,
+) -> Result<()> {
     let stop = tokio::time::sleep(opts.duration.unwrap_or(Duration::from_secs(u64::MAX / 4)));
     tokio::pin!(stop);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
@@ -143,9 +173,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
             None => std::future::pending().await,
         }
     });
-    let mut exit_status = None;
     let mut signals = crate::signals::StopSignals::listen()?;
-    let mut stopped_by_signal = false;
     loop {
         let next_call = async {
             match feed.as_mut() {
@@ -163,11 +191,16 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
             }
             name = signals.recv() => {
                 crate::signals::stopping(name, "reporting what was recorded");
-                stopped_by_signal = true;
-                break;
+                signals.exit_on_next();
+                return Ok(());
             }
-            _ = &mut stop => { info!("duration reached"); break; }
-            status = &mut child_exit => { exit_status = status; break; }
+            _ = &mut stop => { info!("duration reached"); return Ok(()); }
+            status = &mut child_exit => {
+                if let Some(status) = status.filter(|s| !s.success()) {
+                    warn!("the command exited with {status}");
+                }
+                return Ok(());
+            }
             Some(ev) = session.events.recv() => {
                 let batch = crate::session::queued(vec![ev], &mut session.events);
                 session.apply_events(batch);
@@ -175,27 +208,28 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
             _ = tick.tick() => {
                 session.rescan();
                 if let Some(t) = sinks.tracer.as_mut() {
-                    name_processes(t, &session);
+                    name_processes(t, session);
                 }
-                sinks.place_in_worlds(&session)?;
+                sinks.place_in_worlds(session)?;
                 if !launched && session.tracked.values().filter(|t| t.requested).all(|t| t.exit_ns.is_some()) {
                     info!("all watched processes exited");
-                    break;
+                    return Ok(());
                 }
             }
         }
     }
-    if stopped_by_signal {
-        signals.exit_on_next();
-    }
+}
+
+/// Stops counting, drains what is left and builds the profile (who is late included);
+/// finishes the trace.
+async fn finish(
+    mut session: Session,
+    mut sinks: FeedSinks,
+    mut feed: Option<tokio::sync::broadcast::Receiver<FeedItem>>,
+) -> Result<JobProfile> {
     // Events already queued (exits of ranks just before the launcher) still count.
     session.drain_process_events();
     let end_ns = monotonic_ns();
-    if let Some(status) = exit_status {
-        if !status.success() {
-            warn!("the command exited with {status}");
-        }
-    }
     // Stop counting before reading, so the counters and the events describe the same calls.
     session.unwatch_all();
     session.stop_ingest().await;

@@ -8,11 +8,14 @@
 
 pub mod fabric;
 pub mod file;
+mod nccl;
+mod probes;
 
-use std::{
-    collections::BTreeMap,
-    path::{Path, PathBuf},
-};
+use nccl::{nccl_banner_version, nccl_net_plugin, nccl_version};
+pub use probes::{choose_probe_point, library_search_path};
+use probes::{fabric_library, file_offset, needed_libs, probe_points};
+
+use std::{collections::BTreeMap, path::Path};
 
 use collector_common::{routines::Family, Abi, Layout, ROUTINES};
 use object::{Object, ObjectSection, ObjectSymbol, ReadRef};
@@ -158,76 +161,118 @@ pub fn read_library(file: &LibraryFile) -> Result<LibraryKind, SymbolError> {
         path: display.clone(),
         source,
     })?;
-    let map = &data;
-    let elf: Elf = object::File::parse(map).map_err(|source| SymbolError::Elf {
+    let elf: Elf = object::File::parse(&data).map_err(|source| SymbolError::Elf {
         path: display.clone(),
         source,
     })?;
+    let r = Reading::new(file, &elf, &data);
+    if let Some(plugin) = nccl_net_plugin(&elf, &data, &r.globals, &display) {
+        return Ok(plugin);
+    }
+    Ok(if r.has("ncclAllReduce") || r.has("pncclAllReduce") {
+        r.nccl()
+    } else if r.has("MPI_Send") || r.has("PMPI_Send") {
+        r.mpi()
+    } else {
+        r.not_mpi()
+    })
+}
 
-    // name -> address; dynamic symbols first, the static table where a library keeps one.
-    let mut syms: BTreeMap<&str, u64> = BTreeMap::new();
-    // The same, global symbols only: a CUDA runtime linked in privately (as in libnccl)
-    // serves its library, not the application.
-    let mut globals: BTreeMap<&str, u64> = BTreeMap::new();
-    for sym in elf.dynamic_symbols().chain(elf.symbols()) {
-        if sym.is_definition() && sym.address() != 0 {
-            if let Ok(name) = sym.name() {
-                syms.entry(name).or_insert(sym.address());
-                if !sym.is_local() {
-                    globals.entry(name).or_insert(sym.address());
+/// A library file being read: its ELF and the symbols it defines.
+struct Reading<'a> {
+    file: &'a LibraryFile,
+    elf: &'a Elf<'a>,
+    map: Data<'a>,
+    /// name -> address; dynamic symbols first, the static table where a library keeps one.
+    syms: BTreeMap<&'a str, u64>,
+    /// The same, global symbols only: a CUDA runtime linked in privately (as in libnccl)
+    /// serves its library, not the application.
+    globals: BTreeMap<&'a str, u64>,
+}
+
+impl<'a> Reading<'a> {
+    fn new(file: &'a LibraryFile, elf: &'a Elf<'a>, map: Data<'a>) -> Reading<'a> {
+        let mut syms = BTreeMap::new();
+        let mut globals = BTreeMap::new();
+        for sym in elf.dynamic_symbols().chain(elf.symbols()) {
+            if sym.is_definition() && sym.address() != 0 {
+                if let Ok(name) = sym.name() {
+                    syms.entry(name).or_insert(sym.address());
+                    if !sym.is_local() {
+                        globals.entry(name).or_insert(sym.address());
+                    }
                 }
             }
         }
-    }
-    let has = |name: &str| syms.contains_key(name);
-    let has_cuda = |name: &str| globals.contains_key(name);
-    let (runtime, driver) = (
-        has_cuda("cudaStreamSynchronize"),
-        has_cuda("cuStreamSynchronize"),
-    );
-    if let Some(plugin) = nccl_net_plugin(&elf, map, &globals, &display) {
-        return Ok(plugin);
-    }
-    if has("ncclAllReduce") || has("pncclAllReduce") {
-        let flavor = nccl_version(&elf, file);
-        let mut lib = probe_points(
-            &elf,
+        Reading {
+            file,
+            elf,
             map,
-            &syms,
-            display.clone(),
+            syms,
+            globals,
+        }
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.syms.contains_key(name)
+    }
+
+    fn has_global(&self, name: &str) -> bool {
+        self.globals.contains_key(name)
+    }
+
+    /// Whether it holds the CUDA runtime's or driver's wait for the GPU (globally).
+    fn cuda(&self) -> (bool, bool) {
+        (
+            self.has_global("cudaStreamSynchronize"),
+            self.has_global("cuStreamSynchronize"),
+        )
+    }
+
+    fn display(&self) -> String {
+        self.file.shown.clone()
+    }
+
+    /// NCCL (or RCCL), and the CUDA waits of an executable that links NCCL in.
+    fn nccl(&self) -> LibraryKind {
+        let flavor = nccl_version(self.elf, self.file);
+        let mut lib = probe_points(
+            self.elf,
+            self.map,
+            &self.syms,
+            self.display(),
             (Abi::Nccl, flavor, Layout::default()),
             Family::Nccl,
         );
+        let (runtime, driver) = self.cuda();
         // An executable that links NCCL and the CUDA runtime in: its waits for the GPU too.
         if runtime || driver {
             let cuda = probe_points(
-                &elf,
-                map,
-                &globals,
-                display,
+                self.elf,
+                self.map,
+                &self.globals,
+                self.display(),
                 (Abi::Nccl, String::new(), Layout::default()),
                 Family::Cuda,
             );
             lib.probes.extend(cuda.probes);
             lib.missing.extend(cuda.missing);
         }
-        return Ok(LibraryKind::Probed(lib));
+        LibraryKind::Probed(lib)
     }
-    if !has("MPI_Send") && !has("PMPI_Send") {
-        if has_cuda("fi_getinfo") && has_cuda("fi_fabric") {
-            let open = globals.get("fi_fabric").copied();
-            return Ok(fabric_library(
-                &elf,
-                map,
-                display,
-                "libfabric".to_string(),
-                open,
-            ));
+
+    /// A library that is neither MPI nor NCCL by its symbols: libfabric or one of its
+    /// providers, the CUDA runtime or driver, NCCL without symbols, or nothing to probe.
+    fn not_mpi(&self) -> LibraryKind {
+        let display = self.display();
+        if self.has_global("fi_getinfo") && self.has_global("fi_fabric") {
+            let open = self.globals.get("fi_fabric").copied();
+            return fabric_library(self.elf, self.map, display, "libfabric".to_string(), open);
         }
         // A provider built as its own DSO (`prov/libtcp-fi.so`, as Intel MPI ships
         // libfabric), loaded by libfabric through its `fi_prov_ini`: its ops tables are the
         // data path of the endpoints it serves.
-        if has_cuda("fi_prov_ini") {
+        if self.has_global("fi_prov_ini") {
             let name = Path::new(&display)
                 .file_name()
                 .and_then(|n| n.to_str())
@@ -236,22 +281,24 @@ pub fn read_library(file: &LibraryFile) -> Result<LibraryKind, SymbolError> {
                 .unwrap_or("?")
                 .to_string();
             let flavor = format!("libfabric provider {name}");
-            return Ok(fabric_library(&elf, map, display, flavor, None));
+            return fabric_library(self.elf, self.map, display, flavor, None);
         }
+        let (runtime, driver) = self.cuda();
         if !runtime && !driver {
             // NCCL linked in with hidden symbols, or a stripped libnccl: say so rather than
             // report a training process as communication-free. A library that imports NCCL
             // (PyTorch's libtorch_cuda carries a banner too) calls the libnccl probed beside it.
-            let imports_nccl = elf
+            let imports_nccl = self
+                .elf
                 .dynamic_symbols()
                 .any(|s| s.is_undefined() && s.name().is_ok_and(|n| n.starts_with("nccl")));
-            return Ok(match nccl_banner_version(&elf, file) {
+            return match nccl_banner_version(self.elf, self.file) {
                 Some(v) if !imports_nccl => LibraryKind::Unsupported(format!(
                     "{display}: holds NCCL {v} but none of its symbols (stripped, or linked \
                      in with hidden visibility): not probed"
                 )),
                 _ => LibraryKind::Other,
-            });
+            };
         }
         let flavor = if runtime {
             "CUDA runtime"
@@ -259,455 +306,67 @@ pub fn read_library(file: &LibraryFile) -> Result<LibraryKind, SymbolError> {
             "CUDA driver"
         };
         // Decoded by NCCL's return program, which keeps the device-time windows.
-        return Ok(LibraryKind::Probed(probe_points(
-            &elf,
-            map,
-            &globals,
+        LibraryKind::Probed(probe_points(
+            self.elf,
+            self.map,
+            &self.globals,
             display,
             (Abi::Nccl, flavor.to_string(), Layout::default()),
             Family::Cuda,
-        )));
+        ))
     }
-    let needed = needed_libs(&elf);
-    let (abi, flavor, layout) = if syms.contains_key("ompi_mpi_comm_world") {
-        if needed.iter().any(|n| n.starts_with("libopen-pal.so.40")) {
-            (Abi::OpenMpi, "Open MPI 4.x", OMPI4)
-        } else if syms.contains_key("ompi_mpi_instance_default")
-            || needed.iter().any(|n| n.starts_with("libopen-pal.so.80"))
+
+    /// An MPI library: which ABI and version, and so which decoding layout.
+    fn mpi(&self) -> LibraryKind {
+        let display = self.display();
+        let needed = needed_libs(self.elf);
+        let (abi, flavor, layout) = if self.has("ompi_mpi_comm_world") {
+            if needed.iter().any(|n| n.starts_with("libopen-pal.so.40")) {
+                (Abi::OpenMpi, "Open MPI 4.x", OMPI4)
+            } else if self.has("ompi_mpi_instance_default")
+                || needed.iter().any(|n| n.starts_with("libopen-pal.so.80"))
+            {
+                (Abi::OpenMpi, "Open MPI 5.x", OMPI5)
+            } else {
+                return LibraryKind::Unsupported(format!(
+                    "{display}: Open MPI of an unknown version"
+                ));
+            }
+        } else if self.has("MPI_Abi_get_version") || display.contains("libmpi_abi") {
+            return LibraryKind::Unsupported(format!(
+                "{display}: the MPI-5 standard ABI (libmpi_abi) is not decoded yet"
+            ));
+        } else if self
+            .syms
+            .keys()
+            .any(|k| k.starts_with("MPIR_") || k.starts_with("MPID_"))
+            || display.contains("mpich")
         {
-            (Abi::OpenMpi, "Open MPI 5.x", OMPI5)
+            (Abi::Mpich, "MPICH ABI", Layout::default())
         } else {
-            return Ok(LibraryKind::Unsupported(format!(
-                "{display}: Open MPI of an unknown version"
-            )));
-        }
-    } else if syms.contains_key("MPI_Abi_get_version") || display.contains("libmpi_abi") {
-        return Ok(LibraryKind::Unsupported(format!(
-            "{display}: the MPI-5 standard ABI (libmpi_abi) is not decoded yet"
-        )));
-    } else if syms
-        .keys()
-        .any(|k| k.starts_with("MPIR_") || k.starts_with("MPID_"))
-        || display.contains("mpich")
-    {
-        (Abi::Mpich, "MPICH ABI", Layout::default())
-    } else {
-        return Ok(LibraryKind::Unsupported(format!(
-            "{display}: exports MPI_Send but its ABI is unknown"
-        )));
-    };
-
-    Ok(LibraryKind::Probed(probe_points(
-        &elf,
-        map,
-        &syms,
-        display,
-        (abi, flavor.to_string(), layout),
-        Family::Mpi,
-    )))
-}
-
-/// "NCCL 2.32.3" or "RCCL 2.x" from the version banner in the library's read-only data.
-fn nccl_version(elf: &Elf, file: &LibraryFile) -> String {
-    let name = if file.shown.contains("rccl") {
-        "RCCL"
-    } else {
-        "NCCL"
-    };
-    match nccl_banner_version(elf, file) {
-        Some(v) => format!("{name} {v}"),
-        None => name.to_string(),
+            return LibraryKind::Unsupported(format!(
+                "{display}: exports MPI_Send but its ABI is unknown"
+            ));
+        };
+        LibraryKind::Probed(probe_points(
+            self.elf,
+            self.map,
+            &self.syms,
+            display,
+            (abi, flavor.to_string(), layout),
+            Family::Mpi,
+        ))
     }
-}
-
-/// The version in NCCL's "NCCL version 2.x.y" banner, if the object's read-only data has
-/// one (the first followed by a digit: "NCCL version information" comes first). Searched
-/// in the file piece by piece: a framework's read-only data can be hundreds of megabytes.
-fn nccl_banner_version(elf: &Elf, file: &LibraryFile) -> Option<String> {
-    let banner = b"NCCL version ";
-    let (start, size) = elf.section_by_name(".rodata")?.file_range()?;
-    let end = start.checked_add(size)?;
-    let mut from = start;
-    while let Some(at) = file.find(from..end, banner) {
-        let rest = file.read_at(at + banner.len() as u64, 64);
-        let len = rest.iter().position(|b| !b.is_ascii_graphic())?;
-        if let Ok(v) = std::str::from_utf8(&rest[..len]) {
-            if v.starts_with(|c: char| c.is_ascii_digit()) {
-                return Some(v.to_string());
-            }
-        }
-        from = at + 1;
-    }
-    None
-}
-
-/// Versions of NCCL's net plugin table whose isend/irecv commtap decodes: slots 10 and 11,
-/// with `size_t` sizes and a `phandle` before the request (as NCCL's built-in transports).
-const NET_PLUGIN_TABLES: &[&str] = &[
-    "ncclNetPlugin_v12",
-    "ncclNetPlugin_v11",
-    "ncclNetPlugin_v10",
-];
-/// Slot of `isend` in those tables (`irecv` follows).
-const NET_PLUGIN_ISEND_SLOT: u64 = 10;
-
-/// An external NCCL net plugin (`libnccl-net*.so`, e.g. aws-ofi-nccl: what NCCL logs as
-/// `NET/AWS Libfabric`): the isend/irecv of every table version it exports that commtap
-/// decodes, found through the table's relocated pointers. `None` if `globals` has no such
-/// table.
-fn nccl_net_plugin(
-    elf: &Elf,
-    map: Data<'_>,
-    globals: &BTreeMap<&str, u64>,
-    path: &str,
-) -> Option<LibraryKind> {
-    let tables: Vec<u64> = NET_PLUGIN_TABLES
-        .iter()
-        .filter_map(|t| globals.get(t).copied())
-        .collect();
-    if tables.is_empty() {
-        return None;
-    }
-    let pointers = fabric::relocated_pointers(elf);
-    let isend = collector_common::routines::routine_index("ncclNetPluginIsend");
-    let mut probes = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
-    let mut name = None;
-    for table in &tables {
-        name = name.or_else(|| pointers.get(table).and_then(|p| c_string(elf, map, *p)));
-        for (i, routine) in [(0, isend), (1, isend + 1)] {
-            let slot = table.wrapping_add(8 * (NET_PLUGIN_ISEND_SLOT + i));
-            let Some(&addr) = pointers.get(&slot) else {
-                continue;
-            };
-            let Some(offset) = code_offset(elf, addr) else {
-                continue;
-            };
-            if seen.insert(offset) {
-                probes.push(probe_at(map, routine, addr, offset, 0));
-            }
-        }
-    }
-    if probes.is_empty() {
-        return Some(LibraryKind::Unsupported(format!(
-            "{path}: an NCCL net plugin whose isend/irecv could not be found in its table"
-        )));
-    }
-    let name = name.unwrap_or_else(|| "?".to_string());
-    Some(LibraryKind::Probed(Library {
-        path: path.to_string(),
-        abi: Abi::Nccl,
-        flavor: format!("NCCL net plugin \"{name}\""),
-        layout: Layout::default(),
-        probes,
-        missing: Vec::new(),
-        family: Family::Nccl,
-        text: text_range(elf),
-        fabric_providers: Vec::new(),
-    }))
 }
 
 /// The NUL-terminated string (at most 256 bytes) at virtual address `addr` of the file.
-pub(crate) fn c_string(elf: &Elf, map: Data<'_>, addr: u64) -> Option<String> {
+pub fn c_string(elf: &Elf, map: Data<'_>, addr: u64) -> Option<String> {
     let off = file_offset(elf, addr)?;
     // The delimiter is not part of what is returned: a 257th byte means no NUL in 256.
     let s = map
         .read_bytes_at_until(off..off.checked_add(257)?, 0)
         .ok()?;
     (s.len() <= 256).then(|| String::from_utf8_lossy(s).into_owned())
-}
-
-/// A libfabric library: every slot of every ops-table candidate, probed once per address
-/// (stubs such as `fi_no_msg_recv` serve many tables; the kind of table a call went
-/// through is found at the call, see collector-ebpf's `fabric`).
-/// A libfabric library or provider DSO: every slot of its candidate ops tables, and its
-/// `fi_fabric` (at `open`) where it exports one.
-fn fabric_library(
-    elf: &Elf,
-    map: Data<'_>,
-    path: String,
-    flavor: String,
-    open: Option<u64>,
-) -> LibraryKind {
-    let candidates = fabric::candidate_tables(elf, map);
-    if candidates.is_empty() {
-        return LibraryKind::Unsupported(format!(
-            "{path}: libfabric without recognisable ops tables (80-byte tables of relocated \
-             code pointers): its data path is not probed"
-        ));
-    }
-    let mut probes = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
-    for c in &candidates {
-        for (slot, &addr) in c.slots.iter().enumerate() {
-            let Some(offset) = code_offset(elf, addr) else {
-                continue;
-            };
-            if !seen.insert(offset) || probes.len() >= usize::from(u16::MAX) {
-                continue;
-            }
-            let routine = collector_common::routines::FABRIC_FIRST + slot as u16;
-            probes.push(probe_at(map, routine, addr, offset, probes.len() as u16));
-        }
-    }
-    if let Some((addr, offset)) = open.and_then(|a| Some((a, code_offset(elf, a)?))) {
-        let routine = collector_common::routines::FABRIC_OPEN;
-        probes.push(probe_at(map, routine, addr, offset, probes.len() as u16));
-    }
-    LibraryKind::Probed(Library {
-        path,
-        abi: Abi::Fabric,
-        flavor,
-        layout: Layout::default(),
-        probes,
-        missing: Vec::new(),
-        family: Family::Fabric,
-        text: text_range(elf),
-        fabric_providers: fabric::provider_structs(elf, map),
-    })
-}
-
-/// The probe of `routine` on the function at file `offset` (virtual address `addr`), past
-/// a first instruction the kernel would single-step where it can be.
-fn probe_at(map: Data<'_>, routine: u16, addr: u64, offset: u64, function: u16) -> ProbePoint {
-    let code = (1..=16)
-        .rev()
-        .find_map(|len| map.bytes(offset, len))
-        .unwrap_or(&[]);
-    let (skip, placement) = choose_probe_point(code);
-    ProbePoint {
-        routine,
-        name: ROUTINES[routine as usize].name,
-        offset: offset + skip,
-        placement,
-        function,
-        skip: skip as u8,
-        vaddr: addr,
-    }
-}
-
-/// NCCL's network transport functions are local C++ functions: found by their mangled
-/// names, which also pin the signature the kernel decodes (NCCL 2.19 on: `size_t` sizes and
-/// a `phandle` before the request). Another signature leaves the routine unprobed.
-const NCCL_NET_SIGNATURES: &[(&str, &str)] = &[
-    ("ncclNetSocketIsend", "_Z18ncclNetSocketIsendPvS_miS_S_PS_"),
-    (
-        "ncclNetSocketIrecv",
-        "_Z18ncclNetSocketIrecvPviPS_PmPiS0_S0_S0_",
-    ),
-    ("ncclIbIsend", "_Z11ncclIbIsendPvS_miS_S_PS_"),
-    ("ncclIbIrecv", "_Z11ncclIbIrecvPviPS_PmPiS0_S0_S0_"),
-];
-
-/// The symbol a routine is found by when it has no C name (`NCCL_NET_SIGNATURES`).
-fn mangled_name(routine: &str) -> Option<&'static str> {
-    NCCL_NET_SIGNATURES
-        .iter()
-        .find(|(name, _)| *name == routine)
-        .map(|(_, mangled)| *mangled)
-}
-
-/// The probe points of `family`'s routines in a library whose symbols are `syms`.
-fn probe_points(
-    elf: &Elf,
-    map: Data<'_>,
-    syms: &BTreeMap<&str, u64>,
-    path: String,
-    (abi, flavor, layout): (Abi, String, Layout),
-    family: Family,
-) -> Library {
-    let mut probes = Vec::new();
-    let mut missing = Vec::new();
-    let mut seen = BTreeMap::new();
-    for (id, routine) in ROUTINES.iter().enumerate() {
-        if routine.family() != family || !routine.is_probed() {
-            continue;
-        }
-        // The profiling alias: PMPI_X, pncclX.
-        let alias = match family {
-            Family::Mpi => format!("P{}", routine.name),
-            Family::Nccl => format!("p{}", routine.name),
-            Family::Cuda | Family::Fabric => routine.name.to_string(),
-        };
-        let Some(&addr) = syms
-            .get(routine.name)
-            .or_else(|| syms.get(alias.as_str()))
-            .or_else(|| mangled_name(routine.name).and_then(|m| syms.get(m)))
-        else {
-            missing.push(routine.name);
-            continue;
-        };
-        let Some(offset) = code_offset(elf, addr) else {
-            missing.push(routine.name);
-            continue;
-        };
-        // Two names at one address (an alias) are one function: probe it once.
-        if seen.insert(offset, routine.name).is_some() {
-            continue;
-        }
-        probes.push(probe_at(map, id as u16, addr, offset, 0));
-    }
-    Library {
-        path,
-        abi,
-        flavor,
-        layout,
-        probes,
-        missing,
-        family,
-        text: text_range(elf),
-        fabric_providers: Vec::new(),
-    }
-}
-
-fn needed_libs(elf: &Elf) -> Vec<String> {
-    dynamic_strings(elf, object::elf::DT_NEEDED)
-}
-
-/// The directories an executable or library asks the dynamic linker to search first
-/// (`DT_RPATH` and `DT_RUNPATH`, with `$ORIGIN` expanded): where a program built with
-/// `-Wl,-rpath` (Spack, Intel MPI, vendor stacks) finds its MPI. Empty for anything that
-/// is not a readable 64-bit ELF file (a job's input file on the command line is mapped, not
-/// read).
-pub fn library_search_path(file: &Path) -> Vec<PathBuf> {
-    let Ok(opened) = LibraryFile::open_path(file) else {
-        return Vec::new();
-    };
-    let Ok(data) = opened.data() else {
-        return Vec::new();
-    };
-    let Ok(elf) = Elf::parse(&data) else {
-        return Vec::new();
-    };
-    let origin = std::fs::canonicalize(file)
-        .ok()
-        .and_then(|p| p.parent().map(Path::to_path_buf))
-        .unwrap_or_default();
-    let origin = origin.display().to_string();
-    [object::elf::DT_RPATH, object::elf::DT_RUNPATH]
-        .into_iter()
-        .flat_map(|tag| dynamic_strings(&elf, tag))
-        .flat_map(|list| {
-            list.split(':')
-                .filter(|d| !d.is_empty())
-                .map(|d| d.replace("${ORIGIN}", &origin).replace("$ORIGIN", &origin))
-                .map(PathBuf::from)
-                .collect::<Vec<_>>()
-        })
-        .take(MAX_DYNAMIC_STRINGS)
-        .collect()
-}
-
-/// Most entries of one tag read from a dynamic section (a real library has tens of
-/// `DT_NEEDED`; a crafted one could repeat one long string a million times).
-const MAX_DYNAMIC_STRINGS: usize = 256;
-
-/// The strings of the dynamic section's entries with `tag` (`DT_NEEDED`, `DT_RUNPATH`), at
-/// most [`MAX_DYNAMIC_STRINGS`], each as long as `file::LibraryData` reads a string.
-fn dynamic_strings(elf: &Elf, tag: u32) -> Vec<String> {
-    let object::File::Elf64(e) = elf else {
-        return Vec::new();
-    };
-    use object::read::elf::{Dyn, FileHeader};
-    let endian = e.endian();
-    let data = e.data();
-    let Ok(sections) = e.elf_header().sections(endian, data) else {
-        return Vec::new();
-    };
-    let Ok(Some((dynamic, index))) = sections.dynamic(endian, data) else {
-        return Vec::new();
-    };
-    let Ok(strings) = sections.strings(endian, data, index) else {
-        return Vec::new();
-    };
-    dynamic
-        .iter()
-        .filter(|d| d.tag32(endian) == Some(tag))
-        .take(MAX_DYNAMIC_STRINGS)
-        .filter_map(|d| strings.get(u32::try_from(d.d_val(endian)).ok()?).ok())
-        .map(|s| String::from_utf8_lossy(s).into_owned())
-        .collect()
-}
-
-/// Virtual addresses of `.text` (start, end); (0, 0) without one.
-fn text_range(elf: &Elf) -> (u64, u64) {
-    elf.section_by_name(".text").map_or((0, 0), |s| {
-        (s.address(), s.address().saturating_add(s.size()))
-    })
-}
-
-/// File offset of virtual address `addr`, through the section that contains it.
-fn file_offset(elf: &Elf, addr: u64) -> Option<u64> {
-    elf.sections().find_map(|s| {
-        let (start, size) = (s.address(), s.size());
-        let (off, _) = s.file_range()?;
-        if addr < start || addr >= start.checked_add(size)? {
-            return None;
-        }
-        // The offset is what the section header says: the sum may not fit.
-        (addr - start).checked_add(off)
-    })
-}
-
-/// File offset of the function at virtual address `addr`, only if an executable section
-/// of the file holds it: a probe is never put into data, whatever a symbol claims.
-fn code_offset(elf: &Elf, addr: u64) -> Option<u64> {
-    elf.sections().find_map(|s| {
-        let executable = matches!(
-            s.flags(),
-            object::SectionFlags::Elf { sh_flags } if sh_flags & u64::from(object::elf::SHF_EXECINSTR) != 0
-        );
-        let (start, size) = (s.address(), s.size());
-        let (off, _) = s.file_range()?;
-        if !executable || addr < start || addr >= start.checked_add(size)? {
-            return None;
-        }
-        (addr - start).checked_add(off)
-    })
-}
-
-/// Classifies the instruction at the start of `code` for the kernel's uprobe handling.
-fn emulated(code: &[u8]) -> bool {
-    match code {
-        // push %reg, push %r8..%r15
-        [0x50..=0x57, ..] | [0x41, 0x50..=0x57, ..] => true,
-        // call rel32, jmp rel32, jmp rel8, nop, jcc rel8, jcc rel32
-        [0xe8 | 0xe9 | 0xeb | 0x90, ..] | [0x70..=0x7f, ..] | [0x0f, 0x80..=0x8f, ..] => true,
-        _ => false,
-    }
-}
-
-/// Picks the probe offset within a function starting with `code`.
-///
-/// A RIP-relative `mov`/`lea` into %rax, %r10 or %r11 (Open MPI's `MPI_Test` starts
-/// `mov ompi_mpi_param_check(%rip),%rax`), or a `movabs` of a constant into %rax (NCCL's
-/// `ncclCommInitAll` starts with one), writes no argument register and leaves %rsp alone,
-/// so probing the next instruction sees the same arguments and the same return address.
-pub fn choose_probe_point(code: &[u8]) -> (u64, Placement) {
-    if emulated(code) {
-        return (0, Placement::Entry);
-    }
-    // endbr64 (CET builds, libfabric's among them) only marks a branch target: the next
-    // instruction sees the same arguments and return address.
-    if let [0xf3, 0x0f, 0x1e, 0xfa, rest @ ..] = code {
-        let (skip, placement) = choose_probe_point(rest);
-        if placement != Placement::SingleStepped {
-            return (4 + skip, Placement::MovedPastSingleStep);
-        }
-    }
-    if let [0x48, 0xb8, _, _, _, _, _, _, _, _, rest @ ..] = code {
-        if emulated(rest) {
-            return (10, Placement::MovedPastSingleStep);
-        }
-    }
-    if let [rex @ (0x48 | 0x4c), 0x8b | 0x8d, modrm, _, _, _, _, rest @ ..] = code {
-        let rip_relative = modrm & 0xc7 == 0x05;
-        let dest = ((modrm >> 3) & 7) + if *rex == 0x4c { 8 } else { 0 };
-        if rip_relative && matches!(dest, 0 | 10 | 11) && emulated(rest) {
-            return (7, Placement::MovedPastSingleStep);
-        }
-    }
-    (0, Placement::SingleStepped)
 }
 
 #[cfg(test)]

@@ -1,0 +1,421 @@
+//! Prometheus text exposition of a node's profile.
+//!
+//! Label cardinality stays bounded: job, rank, routine and size bucket (mpitrace's bins),
+//! never raw sizes, peers, pids or NCCL communicator ids.
+
+use std::fmt::Write as _;
+
+use collector_common::{
+    buckets::RangeLabel,
+    routines::{routine_id, Family},
+    ROUTINES,
+};
+
+use crate::profile::{JobProfile, RankProfile};
+
+/// Metric families in the text format, written one family at a time.
+#[derive(Default)]
+struct Exposition(String);
+
+impl Exposition {
+    /// Writes the family `name` of `kind` (`counter`, `gauge`): its help and its series
+    /// (each a label set and a value).
+    fn family(&mut self, name: &str, kind: &str, help: &str, lines: Vec<String>) {
+        let _ = writeln!(self.0, "# HELP {name} {help}");
+        let _ = writeln!(self.0, "# TYPE {name} {kind}");
+        for l in lines {
+            let _ = writeln!(self.0, "{name}{l}");
+        }
+    }
+}
+
+/// Lines of the per-routine families of one routine family (MPI, NCCL or libfabric).
+#[derive(Default)]
+struct RoutineLines {
+    calls: Vec<String>,
+    bytes: Vec<String>,
+    seconds: Vec<String>,
+    size_calls: Vec<String>,
+    size_bytes: Vec<String>,
+}
+
+/// A profile's series, gathered per family before they are written.
+#[derive(Default)]
+struct Series {
+    mpi: RoutineLines,
+    nccl: RoutineLines,
+    fabric: RoutineLines,
+    /// NCCL device time: operations, bytes, seconds, bus bytes.
+    device: [Vec<String>; 4],
+    providers: Vec<String>,
+    /// Health: dropped, undecoded, nested, in flight at attach.
+    health: [Vec<String>; 4],
+}
+
+impl Series {
+    fn of(profile: &JobProfile) -> Series {
+        let mut s = Series::default();
+        for r in &profile.ranks {
+            s.add_rank(r);
+        }
+        s
+    }
+
+    fn add_rank(&mut self, r: &RankProfile) {
+        let base = format!("job=\"{}\",rank=\"{}\"", escape(&r.job), r.rank);
+        for (routine, st) in &r.routines {
+            let lines = match routine_id(routine).map(|id| ROUTINES[id as usize].family()) {
+                Some(Family::Nccl | Family::Cuda) => &mut self.nccl,
+                Some(Family::Fabric) => &mut self.fabric,
+                _ => &mut self.mpi,
+            };
+            let l = format!("{{{base},routine=\"{}\"}}", escape(routine));
+            lines.calls.push(format!("{l} {}", st.totals.calls));
+            lines.bytes.push(format!("{l} {}", st.totals.bytes));
+            lines
+                .seconds
+                .push(format!("{l} {}", st.totals.time_ns as f64 / 1e9));
+            for b in &st.sizes {
+                let size = match b.bucket {
+                    Some(k) => RangeLabel::of_bucket(k).to_string(),
+                    None => "undecoded".to_string(),
+                };
+                let l = format!("{{{base},routine=\"{}\",size=\"{size}\"}}", escape(routine));
+                lines.size_calls.push(format!("{l} {}", b.totals.calls));
+                lines.size_bytes.push(format!("{l} {}", b.totals.bytes));
+                if let Some(d) = b.device {
+                    self.device[0].push(format!("{l} {}", d.calls));
+                    self.device[1].push(format!("{l} {}", d.bytes));
+                    self.device[2].push(format!("{l} {}", d.time_ns as f64 / 1e9));
+                    if let Some(bus) = d.bus_bytes {
+                        self.device[3].push(format!("{l} {bus}"));
+                    }
+                }
+            }
+        }
+        let l = format!("{{{base}}}");
+        let h = &r.health;
+        for (lines, v) in
+            self.health
+                .iter_mut()
+                .zip([h.dropped, h.undecoded, h.nested, h.in_flight_at_attach])
+        {
+            lines.push(format!("{l} {v}"));
+        }
+        for f in &r.fabrics {
+            self.providers.push(format!(
+                "{{{base},provider=\"{}\",fabric=\"{}\"}} 1",
+                escape(&f.provider),
+                escape(&f.name)
+            ));
+        }
+    }
+
+    /// The per-routine families of MPI, NCCL and libfabric.
+    fn write_routines(&mut self, o: &mut Exposition) {
+        for (prefix, what, time, lines) in [
+            (
+                "commtap_mpi",
+                "MPI calls",
+                "time_seconds_total",
+                std::mem::take(&mut self.mpi),
+            ),
+            (
+                "commtap_nccl",
+                "NCCL operations and host waits for the GPU",
+                "enqueue_seconds_total",
+                std::mem::take(&mut self.nccl),
+            ),
+            (
+                "commtap_fabric",
+                "libfabric operations",
+                "post_seconds_total",
+                std::mem::take(&mut self.fabric),
+            ),
+        ] {
+            o.family(
+                &format!("{prefix}_calls_total"),
+                "counter",
+                &format!("{what} completed, per job, rank and routine."),
+                lines.calls,
+            );
+            o.family(
+                &format!("{prefix}_bytes_total"),
+                "counter",
+                &format!("Bytes of {what} (mpitrace's / nccl-tests' conventions)."),
+                lines.bytes,
+            );
+            o.family(
+                &format!("{prefix}_{time}"),
+                "counter",
+                &format!("Host time inside {what} (NCCL: enqueue time), per routine."),
+                lines.seconds,
+            );
+            o.family(
+                &format!("{prefix}_size_calls_total"),
+                "counter",
+                &format!("{what} per message-size bucket (mpitrace's bins)."),
+                lines.size_calls,
+            );
+            o.family(
+                &format!("{prefix}_size_bytes_total"),
+                "counter",
+                &format!("Bytes of {what} per message-size bucket (mpitrace's bins)."),
+                lines.size_bytes,
+            );
+        }
+    }
+
+    /// NCCL device time, the health counters and libfabric providers.
+    fn write_device_and_health(self, o: &mut Exposition) {
+        let [ops, dev_bytes, dev_seconds, bus] = self.device;
+        let [dropped, undecoded, nested, in_flight] = self.health;
+        let providers = self.providers;
+        o.family(
+            "commtap_nccl_device_ops_total",
+            "counter",
+            "NCCL operations with device time (a host wait for the GPU followed them).",
+            ops,
+        );
+        o.family(
+            "commtap_nccl_device_bytes_total",
+            "counter",
+            "Bytes of the NCCL operations with device time (rate over device seconds: algbw).",
+            dev_bytes,
+        );
+        o.family(
+            "commtap_nccl_device_seconds_total",
+            "counter",
+            "Device time of NCCL operations: enqueue to the return of the host's wait.",
+            dev_seconds,
+        );
+        o.family(
+            "commtap_nccl_device_bus_bytes_total",
+            "counter",
+            "Bytes x nccl-tests' bus factor (rate over device seconds: busbw).",
+            bus,
+        );
+        o.family(
+            "commtap_events_dropped_total",
+            "counter",
+            "Call events lost to a full ring buffer (counts stay exact).",
+            dropped,
+        );
+        o.family(
+            "commtap_undecoded_calls_total",
+            "counter",
+            "Calls whose bytes could not be decoded.",
+            undecoded,
+        );
+        o.family(
+            "commtap_nested_calls_total",
+            "counter",
+            "MPI calls made inside another MPI call (counted once).",
+            nested,
+        );
+        o.family(
+            "commtap_in_flight_at_attach_total",
+            "counter",
+            "Calls already running when probes attached (not counted).",
+            in_flight,
+        );
+        o.family(
+            "commtap_fabric_provider_info",
+            "gauge",
+            "libfabric fabrics a rank opened (fi_fabric), by provider (tcp;ofi_rxm) and fabric.",
+            providers,
+        );
+    }
+}
+
+/// Renders the Prometheus text format for `profile`, plus the daemon's own health.
+pub fn render(
+    profile: &JobProfile,
+    live: usize,
+    exited: usize,
+    libraries: usize,
+    attach_failures: usize,
+) -> String {
+    let mut o = Exposition::default();
+    let mut series = Series::of(profile);
+    series.write_routines(&mut o);
+    series.write_device_and_health(&mut o);
+    o.family(
+        "commtap_processes",
+        "gauge",
+        "MPI processes the daemon knows, by state.",
+        vec![
+            format!("{{state=\"live\"}} {live}"),
+            format!("{{state=\"exited\"}} {exited}"),
+        ],
+    );
+    o.family(
+        "commtap_probed_libraries",
+        "gauge",
+        "MPI libraries with probes attached.",
+        vec![format!(" {libraries}")],
+    );
+    o.family(
+        "commtap_probe_attach_failures",
+        "gauge",
+        "Probe links that could not be attached.",
+        vec![format!(" {attach_failures}")],
+    );
+    o.0
+}
+
+/// Who is late, per job and rank (and routine): the instances each rank arrived last at,
+/// the time it made the others wait and the time it waited, and the highest instance
+/// number it reached (labels bounded: no communicators, no instance numbers).
+pub fn render_skew(profile: &JobProfile, board: &crate::skew::Board) -> String {
+    let mut jobs: std::collections::BTreeMap<&str, Vec<&crate::profile::RankProfile>> =
+        Default::default();
+    for r in &profile.ranks {
+        jobs.entry(r.job.as_str()).or_default().push(r);
+    }
+    let mut lines: [Vec<String>; 4] = Default::default();
+    let mut per_routine: [Vec<String>; 3] = Default::default();
+    let mut seq = Vec::new();
+    for (job, ranks) in jobs {
+        let pids: Vec<u32> = ranks.iter().map(|r| r.pid).collect();
+        let whois = |pid: u32| {
+            let r = ranks.iter().find(|r| r.pid == pid)?;
+            Some((r.rank, r.host.clone()))
+        };
+        let Some(skew) = board.report_for(&pids, &whois) else {
+            continue;
+        };
+        for r in &skew.ranks {
+            let l = format!("{{job=\"{}\",rank=\"{}\"}}", escape(job), r.rank);
+            lines[0].push(format!("{l} {}", r.instances));
+            lines[1].push(format!("{l} {}", r.last));
+            lines[2].push(format!("{l} {}", r.caused_ns as f64 / 1e9));
+            lines[3].push(format!("{l} {}", r.waited_ns as f64 / 1e9));
+            if let Some(s) = r.seq {
+                seq.push(format!("{l} {s}"));
+            }
+            for x in &r.routines {
+                let l = format!(
+                    "{{job=\"{}\",rank=\"{}\",routine=\"{}\"}}",
+                    escape(job),
+                    r.rank,
+                    escape(&x.routine)
+                );
+                per_routine[0].push(format!("{l} {}", x.last));
+                per_routine[1].push(format!("{l} {}", x.caused_ns as f64 / 1e9));
+                per_routine[2].push(format!("{l} {}", x.waited_ns as f64 / 1e9));
+            }
+        }
+    }
+    let mut o = Exposition::default();
+    let families = [
+        (
+            "commtap_late_instances_total",
+            "Collective instances the rank was matched in with every other member.",
+        ),
+        (
+            "commtap_late_last_total",
+            "Collective instances at which the rank arrived last.",
+        ),
+        (
+            "commtap_late_caused_seconds_total",
+            "Time the other members waited for the rank (skews of the instances it was last at).",
+        ),
+        (
+            "commtap_late_waited_seconds_total",
+            "Time the rank waited inside collectives for the last member to arrive.",
+        ),
+    ];
+    for ((name, help), lines) in families.into_iter().zip(lines) {
+        o.family(name, "counter", help, lines);
+    }
+    let routine_families = [
+        (
+            "commtap_late_routine_last_total",
+            "Instances of the routine at which the rank arrived last.",
+        ),
+        (
+            "commtap_late_routine_caused_seconds_total",
+            "Time the other members of the routine's instances waited for the rank.",
+        ),
+        (
+            "commtap_late_routine_waited_seconds_total",
+            "Time the rank waited inside the routine for the last member to arrive.",
+        ),
+    ];
+    for ((name, help), lines) in routine_families.into_iter().zip(per_routine) {
+        o.family(name, "counter", help, lines);
+    }
+    o.family(
+        "commtap_late_seq",
+        "gauge",
+        "The highest collective instance number the rank reached (it stops moving for the \
+         rank a hung job waits for).",
+        seq,
+    );
+    o.0
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_well_formed() {
+        let text = render(
+            &JobProfile {
+                schema: String::new(),
+                job: String::new(),
+                ranks: vec![],
+                dropped: 0,
+                undecoded: 0,
+                libraries: vec![],
+                unsupported_libraries: vec![],
+                not_profiled: vec![],
+                call_events: false,
+                skew: None,
+            },
+            1,
+            2,
+            3,
+            0,
+        );
+        assert!(text.contains("# TYPE commtap_mpi_calls_total counter"));
+        assert!(text.contains("commtap_processes{state=\"exited\"} 2"));
+        assert!(text.contains("commtap_probed_libraries 3"));
+        assert_eq!(escape("a\"b\\c"), "a\\\"b\\\\c");
+    }
+
+    #[test]
+    fn fabric_providers_are_an_info_gauge() {
+        let text = render(&crate::api::convert::tests::sample(), 1, 0, 1, 0);
+        assert!(text.contains(
+            "commtap_fabric_provider_info{job=\"42\",rank=\"0\",provider=\"tcp;ofi_rxm\",fabric=\"10.0.0.0/8\"} 1\n"
+        ), "{text}");
+    }
+
+    #[test]
+    fn nccl_operations_have_their_own_families() {
+        let text = render(&crate::api::convert::tests::sample(), 1, 0, 1, 0);
+        let base = "job=\"42\",rank=\"0\"";
+        assert!(text.contains(&format!(
+            "commtap_nccl_calls_total{{{base},routine=\"ncclAllReduce\"}} 2\n"
+        )));
+        assert!(text.contains(&format!(
+            "commtap_mpi_calls_total{{{base},routine=\"MPI_Allreduce\"}} 10\n"
+        )));
+        assert!(!text
+            .contains("commtap_mpi_calls_total{job=\"42\",rank=\"0\",routine=\"ncclAllReduce\"}"));
+        let (lo, hi) = collector_common::buckets::bucket_range(12);
+        // 8192 bytes on 2 ranks: AllReduce's factor 2(n-1)/n is 1.
+        assert!(text.contains(&format!(
+            "commtap_nccl_device_bus_bytes_total{{{base},routine=\"ncclAllReduce\",size=\"{lo}-{hi}\"}} 8192\n"
+        )));
+    }
+}
