@@ -365,27 +365,32 @@ pub struct CounterKey {
     pub parent: u16,
     /// Size of the call's communicator; 0 when the routine has none or it is unknown.
     pub comm_size: u32,
-    /// This process's rank in the communicator (NCCL; 0 for MPI, whose counters are kept
-    /// per communicator size only). libfabric: -1 when the call's endpoint did not show
-    /// which table (msg, rma, tagged) the function belongs to.
+    /// This process's rank in the communicator (NCCL; -1 when unknown); 0 for MPI, whose
+    /// counters are kept per communicator size only, and for libfabric.
     pub comm_rank: i32,
-    /// Identity of the communicator, equal in every process that is part of it (NCCL: a
-    /// hash of its unique id; 0 when unknown and for MPI). libfabric: the endpoint's
-    /// address.
-    pub comm_id: u64,
+    /// What the call acted on; the routine's family says what it is. NCCL: the
+    /// communicator's identity, equal in every member (a hash of its unique id). libfabric:
+    /// the endpoint's address. 0 for MPI and when unknown.
+    pub object: u64,
     /// [`crate::size_bucket`] of the call's bytes, or [`crate::UNKNOWN_BUCKET`].
     pub bucket: u8,
+    /// [`CounterKey::UNRESOLVED_TABLE`], or 0.
+    pub flags: u8,
     /// Explicit padding.
-    pub _pad: [u8; 7],
+    pub _pad: [u8; 6],
 }
 const _: () = assert!(size_of::<CounterKey>() == 32);
 const _: () = assert!(offset_of!(CounterKey, comm_size) == 8);
-const _: () = assert!(offset_of!(CounterKey, comm_id) == 16);
+const _: () = assert!(offset_of!(CounterKey, object) == 16);
 const _: () = assert!(offset_of!(CounterKey, bucket) == 24);
+const _: () = assert!(offset_of!(CounterKey, flags) == 25);
 
 impl CounterKey {
     /// `parent` of a call made outside any MPI or NCCL call.
     pub const NO_PARENT: u16 = u16::MAX;
+    /// `flags`: a libfabric call whose endpoint did not show which table (msg, rma,
+    /// tagged) its function belongs to; not shown as a routine's call.
+    pub const UNRESOLVED_TABLE: u8 = 1;
 
     /// The key as four words, to compare in four instructions (a derived `==` compares the
     /// pad bytes one by one).

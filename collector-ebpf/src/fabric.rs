@@ -224,10 +224,15 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
         routine,
         parent,
         comm_size: 0,
-        comm_rank: if resolved { 0 } else { -1 },
-        comm_id: args[0],
+        comm_rank: 0,
+        object: args[0],
         bucket,
-        _pad: [0; 7],
+        flags: if resolved {
+            0
+        } else {
+            CounterKey::UNRESOLVED_TABLE
+        },
+        _pad: [0; 6],
     };
     let dur = now.saturating_sub(start);
     add(e, &key, 1, bytes, dur);

@@ -228,9 +228,10 @@ pub(crate) fn after_call(
                 parent: CounterKey::NO_PARENT,
                 comm_size: 0,
                 comm_rank: 0,
-                comm_id: 0,
+                object: 0,
                 bucket: size_bucket(b),
-                _pad: [0; 7],
+                flags: 0,
+                _pad: [0; 6],
             };
             let group_start = e.group_start_ns;
             add(e, &group, 1, b, now.saturating_sub(group_start));
@@ -280,7 +281,7 @@ fn join_window(e: &mut CallState, key: &CounterKey, bytes: u64, start: u64) {
     } else if e.win_key.routine != key.routine
         || e.win_key.bucket != key.bucket
         || e.win_key.comm_size != key.comm_size
-        || e.win_key.comm_id != key.comm_id
+        || e.win_key.object != key.object
     {
         e.win_mixed = 1;
     }

@@ -281,7 +281,7 @@ fn counter_key<const ABI: u8>(
     bucket: u8,
     comm: Option<CommInfo>,
 ) -> CounterKey {
-    let (comm_rank, comm_id) = match comm {
+    let (comm_rank, object) = match comm {
         _ if ABI != Abi::Nccl as u8 => (0, 0),
         Some(c) => (c.rank, c.id),
         None => (-1, 0),
@@ -292,9 +292,10 @@ fn counter_key<const ABI: u8>(
         parent: CounterKey::NO_PARENT,
         comm_size: comm.map(|c| c.size).unwrap_or(0),
         comm_rank,
-        comm_id,
+        object,
         bucket,
-        _pad: [0; 7],
+        flags: 0,
+        _pad: [0; 6],
     }
 }
 

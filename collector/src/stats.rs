@@ -373,7 +373,7 @@ pub fn routines_of(
         one.comm_sizes.insert(k.comm_size, v.calls);
         if routine.family() == Family::Nccl && routine.spec.comm != NO_ARG {
             one.communicators.push(CommStats {
-                id: CommStats::id_of(k.comm_id),
+                id: CommStats::id_of(k.object),
                 size: k.comm_size,
                 rank: k.comm_rank,
                 totals,
@@ -382,9 +382,9 @@ pub fn routines_of(
         if let Some(parent) = ROUTINES.get(k.parent as usize) {
             one.called_from.insert(parent.name.to_string(), totals);
         }
-        if routine.family() == Family::Fabric && k.comm_id != 0 {
+        if routine.family() == Family::Fabric && k.object != 0 {
             // The kernel keys libfabric calls by endpoint (the call's first argument).
-            one.endpoints.insert(format!("{:#x}", k.comm_id), totals);
+            one.endpoints.insert(format!("{:#x}", k.object), totals);
         }
         out.entry(routine.name.to_string()).or_default().merge(&one);
     }
@@ -409,7 +409,7 @@ pub fn routines_of(
 /// calls whose endpoint did not show which table their function is in.
 fn shown(k: &CounterKey) -> Option<&'static Routine> {
     let routine = ROUTINES.get(k.routine as usize)?;
-    (routine.family() != Family::Fabric || k.comm_rank >= 0).then_some(routine)
+    (k.flags & CounterKey::UNRESOLVED_TABLE == 0).then_some(routine)
 }
 
 /// libfabric calls of `tgid` whose endpoint did not show which table their function is in
@@ -470,9 +470,10 @@ pub(crate) mod tests {
             parent: CounterKey::NO_PARENT,
             comm_size,
             comm_rank: 0,
-            comm_id: 0,
+            object: 0,
             bucket,
-            _pad: [0; 7],
+            flags: 0,
+            _pad: [0; 6],
         }
     }
 
@@ -571,7 +572,7 @@ pub(crate) mod tests {
     #[test]
     fn device_time_takes_the_bus_factor_of_its_communicator_size() {
         let mut k = key(3, "ncclAllReduce", 20, 8);
-        k.comm_id = 9;
+        k.object = 9;
         let c = vec![(
             k,
             CounterVal {

@@ -571,7 +571,7 @@ pub(crate) mod tests {
             (
                 CounterKey {
                     comm_rank: 1,
-                    comm_id: 0xfeed,
+                    object: 0xfeed,
                     ..key("ncclAllReduce", 12, 2)
                 },
                 CounterVal {
