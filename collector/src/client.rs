@@ -127,12 +127,10 @@ pub async fn print_processes(from: &Target) -> Result<()> {
     );
     for p in &resp.processes {
         let rank = p.rank.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
-        let state = if p.exited {
-            "exited"
-        } else if p.maps_mpi {
-            "probed"
-        } else {
-            "no-mpi"
+        let state = match p.status() {
+            pb::ProcessStatus::Exited => "exited",
+            pb::ProcessStatus::Probed => "probed",
+            pb::ProcessStatus::NoMpi | pb::ProcessStatus::Unspecified => "no-mpi",
         };
         println!(
             "{:>8} {:>6} {:<12} {:<8} {}",
@@ -194,7 +192,7 @@ pub async fn attach(from: &Target, pid: u32) -> Result<()> {
         .into_inner()
         .process
         .context("the daemon sent no process")?;
-    let what = if p.maps_mpi {
+    let what = if p.status() == pb::ProcessStatus::Probed {
         "probed"
     } else {
         "watched (it maps nothing probed yet)"

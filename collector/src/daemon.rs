@@ -15,7 +15,7 @@ use crate::{
     api::{pb, server, transport},
     attach::LoadOptions,
     clock::monotonic_ns,
-    discover::{self, tracked::Tracked, CgroupRef, ProcessInfo},
+    discover::{self, cgroup::CgroupRef, tracked::Tracked, ProcessInfo},
     push,
     serve::{
         metrics,
@@ -85,7 +85,7 @@ impl Scope {
             && self
                 .cgroup
                 .as_ref()
-                .is_none_or(|cg| discover::in_cgroup(pid, cg))
+                .is_none_or(|cg| discover::cgroup::in_cgroup(pid, cg))
     }
 }
 

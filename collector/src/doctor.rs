@@ -179,7 +179,7 @@ fn bpffs() -> Check {
 }
 
 fn cgroup2() -> Check {
-    match discover::cgroup2_root() {
+    match discover::cgroup::cgroup2_root() {
         Some(root) => Check::pass("cgroup", format!("cgroup v2 at {}", root.display())),
         None => Check::not(
             "cgroup",

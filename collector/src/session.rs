@@ -49,7 +49,7 @@ pub struct Session {
 /// The objects `pid` maps (none if its maps cannot be read: it exited, say).
 fn objects_of(pid: u32) -> Vec<MappedObject> {
     discover::mapped_objects(pid).unwrap_or_else(|e| {
-        debug!("PID {pid}: {e}");
+        debug!(pid, error = %e, "mappings not read");
         Vec::new()
     })
 }
@@ -141,8 +141,21 @@ impl Session {
         self.attach_objects(pid, &objects)
     }
 
+    /// A span for what is done to `pid`, with its rank and job as far as they are known:
+    /// `--log debug` output can be filtered by rank.
+    fn process_span(&self, pid: u32) -> tracing::Span {
+        let info = self.tracked.get(&pid).and_then(|t| t.info.as_ref());
+        tracing::info_span!(
+            "process",
+            pid,
+            rank = info.and_then(|i| i.rank),
+            job = info.map(job_key).unwrap_or_default()
+        )
+    }
+
     /// Probes every MPI library among `objects` (mapped by `pid`); whether there is one.
     fn attach_objects(&mut self, pid: u32, objects: &[MappedObject]) -> bool {
+        let _process = self.process_span(pid).entered();
         // libfabric's code ranges first: a provider's probes must never fire before the
         // kernel can tell its calls to the provider beneath from the application's.
         let mut fabric_code = Vec::new();
@@ -155,7 +168,7 @@ impl Session {
             }
         }
         if let Err(e) = self.probes.set_fabric_ranges(pid, &fabric_code) {
-            warn!("PID {pid}: {e}");
+            warn!(error = %e, "libfabric code ranges not set");
         }
         let mut any = false;
         let owner = self.tracked.get(&pid).and_then(Tracked::uid);
@@ -166,7 +179,7 @@ impl Session {
             {
                 Ok(true) => any = true,
                 Ok(false) => {}
-                Err(e) => warn!("PID {pid}: {}: {e}", o.path.display()),
+                Err(e) => warn!(library = %o.path.display(), error = %e, "not probed"),
             }
             self.probes.note_mapped(o.dev_inode, pid);
             if let (Some(uid), Some(lib)) = (owner, self.probes.library_of(o.dev_inode)) {
@@ -478,7 +491,7 @@ impl Session {
             t.since_ns = 0;
             self.tracked.insert(pid, t);
             if let Err(e) = self.probes.watch(pid, false) {
-                warn!("PID {pid}: {e}");
+                warn!(pid, error = %e, "not watched");
             }
             self.seed(pid);
         }

@@ -55,7 +55,7 @@ def main():
                 totals = profile_pb.Totals(calls=calls, bytes=8 * calls, time_ns=1000 * calls)
                 routine = profile_pb.RoutineStats(name="MPI_Allreduce", totals=totals,
                                                   sizes=[profile_pb.SizeBucket(bucket=2, totals=totals)])
-                rank = profile_pb.RankProfile(rank=i, rank_known=True, pid=i + 1, host=node, job=job,
+                rank = profile_pb.RankProfile(rank=i, rank_source=profile_pb.RANK_SOURCE_LAUNCHER, pid=i + 1, host=node, job=job,
                                               cmdline=f"./app --rank {i} " + "x" * 600, routines=[routine],
                                               exited=True)
                 return pb.ProcessSnapshot(node=node, pid=i + 1, start_ticks=1000 + i, taken_ns=1_000_000,

@@ -42,9 +42,8 @@ impl GroupCommit {
                         }
                     }
                     Err(e) => {
-                        let why = e.to_string();
                         for ack in acks {
-                            let _ = ack.send(Err(StoreError::Db(why.clone())));
+                            let _ = ack.send(Err(e.clone()));
                         }
                     }
                 }
@@ -58,7 +57,7 @@ impl GroupCommit {
     pub async fn merge(&self, batch: Vec<pb::ProcessSnapshot>) -> Outcome {
         let batch = prepare(batch)?;
         let (ack, done) = oneshot::channel();
-        let gone = || StoreError::Db("the merging task has stopped".into());
+        let gone = || StoreError::Stopped;
         self.tx.send((batch, ack)).await.map_err(|_| gone())?;
         done.await.map_err(|_| gone())?
     }

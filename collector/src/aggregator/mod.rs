@@ -205,7 +205,7 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
     }
 
     type WatchJobReportStream = std::pin::Pin<
-        Box<dyn tokio_stream::Stream<Item = Result<pb::GetJobReportResponse, Status>> + Send>,
+        Box<dyn tokio_stream::Stream<Item = Result<pb::WatchJobReportResponse, Status>> + Send>,
     >;
 
     async fn watch_job_report(
@@ -243,7 +243,7 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .report(&req.job);
-                let msg = pb::GetJobReportResponse {
+                let msg = pb::WatchJobReportResponse {
                     profile: Some((&profile).into()),
                 };
                 if tx.send(Ok(msg)).await.is_err() {

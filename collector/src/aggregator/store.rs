@@ -32,12 +32,15 @@ const PROCESSES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("processes
 /// redb page cache.
 const CACHE_BYTES: usize = 64 << 20;
 
-/// Errors of the store.
-#[derive(Debug, thiserror::Error)]
+/// Errors of the store (cloneable: one failed commit answers every sender in its group).
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database failed.
-    #[error("aggregator database: {0}")]
-    Db(String),
+    #[error("aggregator database")]
+    Db(#[source] std::sync::Arc<redb::Error>),
+    /// The task that merges pushes has stopped (the aggregator is shutting down).
+    #[error("the aggregator's merging task has stopped")]
+    Stopped,
     /// A stored record could not be decoded.
     #[error("aggregator database holds an unreadable record: {0}")]
     Corrupt(String),
@@ -59,8 +62,8 @@ fn open_db(path: &Path) -> Result<Database, StoreError> {
     Ok(db)
 }
 
-fn db_err(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Db(e.to_string())
+fn db_err(e: impl Into<redb::Error>) -> StoreError {
+    StoreError::Db(std::sync::Arc::new(e.into()))
 }
 
 impl ToStatus for StoreError {
@@ -68,8 +71,9 @@ impl ToStatus for StoreError {
         match self {
             // The sender's fault: retrying the same snapshots will not help.
             StoreError::Invalid(_) => tonic::Status::invalid_argument(self.to_string()),
+            StoreError::Stopped => tonic::Status::unavailable(self.to_string()),
             // The aggregator's disk: retry later (cumulative snapshots lose nothing).
-            StoreError::Db(_) => tonic::Status::unavailable(self.to_string()),
+            StoreError::Db(e) => tonic::Status::unavailable(format!("{self}: {e}")),
             StoreError::Corrupt(_) => tonic::Status::data_loss(self.to_string()),
         }
     }

@@ -120,7 +120,7 @@ fn routine_to_pb(name: &str, r: &RoutineStats) -> pb::RoutineStats {
             .map(|c| pb::CommunicatorStats {
                 id: c.id.clone().unwrap_or_default(),
                 size: c.size,
-                rank: c.rank,
+                rank: (c.rank >= 0).then_some(c.rank),
                 totals: Some((&c.totals).into()),
             })
             .collect(),
@@ -168,7 +168,7 @@ fn routine_from_pb(r: &pb::RoutineStats) -> Result<(String, RoutineStats), Inval
         communicators.push(CommStats {
             id: (!c.id.is_empty()).then(|| c.id.clone()),
             size: c.size,
-            rank: c.rank,
+            rank: c.rank.unwrap_or(-1),
             totals: totals(&c.totals, "CommunicatorStats")?,
         });
     }
@@ -220,7 +220,11 @@ impl From<&RankProfile> for pb::RankProfile {
     fn from(r: &RankProfile) -> Self {
         pb::RankProfile {
             rank: r.rank,
-            rank_known: r.rank_known,
+            rank_source: if r.rank_known {
+                pb::RankSource::Launcher
+            } else {
+                pb::RankSource::Discovery
+            } as i32,
             pid: r.pid,
             host: r.host.clone(),
             job: r.job.clone(),
@@ -265,7 +269,7 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
     fn try_from(r: &pb::RankProfile) -> Result<Self, Self::Error> {
         Ok(RankProfile {
             rank: r.rank,
-            rank_known: r.rank_known,
+            rank_known: r.rank_source() == pb::RankSource::Launcher,
             pid: r.pid,
             host: r.host.clone(),
             job: r.job.clone(),

@@ -75,7 +75,7 @@ mod tests {
             tonic::Code::InvalidArgument
         );
         assert_eq!(
-            StoreError::Db("disk full".into()).to_status().code(),
+            StoreError::Stopped.to_status().code(),
             tonic::Code::Unavailable
         );
         let wrapped = anyhow::Error::new(DiscoverError::NoSuchProcess(7)).context("attaching");

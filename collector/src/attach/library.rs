@@ -58,6 +58,7 @@ impl Probes {
         let Some((file, lib, owner)) = self.admit(dev_inode, shared, open) else {
             return Ok(false);
         };
+        let _library = tracing::info_span!("library", path = %lib.path).entered();
         let index = self.free_slots.pop().unwrap_or(self.libraries.len());
         let slot = index as u32;
         if slot >= MAX_LAYOUTS {
@@ -102,7 +103,7 @@ impl Probes {
                 }
                 Err(e) => {
                     // Not marked seen: another process may map it where it can be opened.
-                    debug!("not probing: {e:#}");
+                    debug!(error = format!("{e:#}"), "not probed");
                     return None;
                 }
             },
@@ -120,7 +121,7 @@ impl Probes {
                 return None;
             }
             Err(e) => {
-                debug!("not probing {}: {e}", file.shown);
+                debug!(library = %file.shown, error = %e, "not probed");
                 self.seen.insert(dev_inode, None);
                 return None;
             }

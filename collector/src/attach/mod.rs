@@ -29,7 +29,7 @@ use serde::Serialize;
 use tracing::warn;
 
 use crate::{
-    discover::CgroupRef,
+    discover::cgroup::CgroupRef,
     symbols::{self, Library, LibraryFile, LibraryKind},
 };
 

@@ -3,6 +3,7 @@
 //! processes in containers resolve in their own mount namespace), and what their memory
 //! shows of libfabric (`memory`).
 
+pub mod cgroup;
 pub mod memory;
 pub mod tracked;
 
@@ -462,93 +463,6 @@ pub fn mpi_processes() -> Vec<u32> {
         .collect();
     out.sort_unstable();
     out
-}
-
-/// A cgroup v2 directory, as the kernel identifies it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CgroupRef {
-    /// Its path relative to the cgroup v2 root (`/` for the root), as `/proc/PID/cgroup`
-    /// shows it.
-    pub relative: String,
-    /// Its id (the directory's inode number), as `bpf_get_current_ancestor_cgroup_id` gives.
-    pub id: u64,
-    /// Its depth below the root (the root is 0).
-    pub level: u32,
-}
-
-/// The cgroup v2 mount point (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on hybrid hosts).
-pub fn cgroup2_root() -> Option<PathBuf> {
-    let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mounts.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        let mount_point = left.split_whitespace().nth(4)?;
-        right
-            .starts_with("cgroup2 ")
-            .then(|| PathBuf::from(mount_point))
-    })
-}
-
-/// Identifies the cgroup v2 directory `path`.
-pub fn cgroup_ref(path: &Path) -> Result<CgroupRef, String> {
-    let root = cgroup2_root().ok_or("no cgroup v2 hierarchy is mounted")?;
-    let path = fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let rel = path.strip_prefix(&root).map_err(|_| {
-        format!(
-            "{} is not under the cgroup v2 mount {}",
-            path.display(),
-            root.display()
-        )
-    })?;
-    let meta = fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if !meta.is_dir() {
-        return Err(format!("{} is not a cgroup directory", path.display()));
-    }
-    Ok(CgroupRef {
-        relative: format!("/{}", rel.display()).replace("//", "/"),
-        id: meta.ino(),
-        level: rel.components().count() as u32,
-    })
-}
-
-/// The cgroup of Slurm job `job` (Slurm's cgroup v2 plugin names it `job_<id>`).
-pub fn slurm_job_cgroup(job: &str) -> Result<PathBuf, String> {
-    let root = cgroup2_root().ok_or("no cgroup v2 hierarchy is mounted")?;
-    let want = format!("job_{job}");
-    let mut dirs = vec![(root.clone(), 0)];
-    while let Some((dir, depth)) = dirs.pop() {
-        let Ok(entries) = fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            if !e.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            if e.file_name().to_string_lossy() == want {
-                return Ok(e.path());
-            }
-            if depth < 5 {
-                dirs.push((e.path(), depth + 1));
-            }
-        }
-    }
-    Err(format!(
-        "no cgroup job_{job} under {} (is Slurm's cgroup v2 plugin in use on this node?)",
-        root.display()
-    ))
-}
-
-/// Whether `pid`'s cgroup v2 is `cg` or below it.
-pub fn in_cgroup(pid: u32, cg: &CgroupRef) -> bool {
-    let Ok(text) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
-        return false;
-    };
-    text.lines()
-        .filter_map(|l| l.strip_prefix("0::"))
-        .any(|own| {
-            own == cg.relative
-                || cg.relative == "/"
-                || own.starts_with(&format!("{}/", cg.relative))
-        })
 }
 
 /// This boot's id (`/proc/sys/kernel/random/boot_id`), empty where it cannot be read.

@@ -121,9 +121,12 @@ fn process_state(pid: u32, t: &Tracked) -> pb::ProcessState {
         rank: info.and_then(|i| i.rank),
         job: info.and_then(|i| i.batch_job.clone()).unwrap_or_default(),
         cmdline: info.map(|i| i.cmdline.clone()).unwrap_or_default(),
-        maps_mpi: t.maps_mpi,
         // Exited only once its final profile is taken (see the daemon's settling).
-        exited: false,
+        status: if t.maps_mpi {
+            pb::ProcessStatus::Probed
+        } else {
+            pb::ProcessStatus::NoMpi
+        } as i32,
     }
 }
 
@@ -310,7 +313,7 @@ impl NodeService {
 
 type SnapshotStream =
     Pin<Box<dyn Stream<Item = Result<pb::WatchSnapshotsResponse, Status>> + Send>>;
-type EventStream = Pin<Box<dyn Stream<Item = Result<pb::EventBatch, Status>> + Send>>;
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::StreamEventsResponse, Status>> + Send>>;
 
 /// Most StreamEvents streams open at once (each holds a task and a copy of every event).
 const MAX_EVENT_STREAMS: usize = 16;
@@ -352,8 +355,7 @@ impl pb::node_server::Node for NodeService {
                 rank: f.rank.rank_known.then_some(f.rank.rank),
                 job: f.rank.job.clone(),
                 cmdline: f.rank.cmdline.clone(),
-                maps_mpi: true,
-                exited: true,
+                status: pb::ProcessStatus::Exited as i32,
             });
         }
         processes.sort_by_key(|p| p.pid);
@@ -510,7 +512,7 @@ fn event_stream(
     mut feed: broadcast::Receiver<FeedItem>,
     pids: std::collections::BTreeSet<u32>,
     opened_ns: u64,
-) -> impl Stream<Item = Result<pb::EventBatch, Status>> {
+) -> impl Stream<Item = Result<pb::StreamEventsResponse, Status>> {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
         let mut dropped = 0u64;
@@ -535,7 +537,7 @@ fn event_stream(
                     Err(_) => break,
                 }
             }
-            let batch = pb::EventBatch {
+            let batch = pb::StreamEventsResponse {
                 events,
                 dropped,
                 exited,

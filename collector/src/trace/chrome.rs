@@ -74,16 +74,16 @@ pub fn slice(out: &mut String, ev: &pb::CallEvent, first: bool) {
         let _ = write!(out, "\"bytes\":{bytes},\"size\":\"{size}\"");
         comma = ",";
     }
-    if ev.peer >= 0 {
-        let _ = write!(out, "{comma}\"peer\":{}", ev.peer);
+    if let Some(peer) = ev.peer {
+        let _ = write!(out, "{comma}\"peer\":{peer}");
         comma = ",";
     }
     if ev.comm_size > 0 {
         let _ = write!(out, "{comma}\"comm_size\":{}", ev.comm_size);
         comma = ",";
     }
-    if ev.comm_rank >= 0 {
-        let _ = write!(out, "{comma}\"comm_rank\":{}", ev.comm_rank);
+    if let Some(rank) = ev.comm_rank {
+        let _ = write!(out, "{comma}\"comm_rank\":{rank}");
         comma = ",";
     }
     if !ev.comm.is_empty() {

@@ -421,8 +421,6 @@ impl NcclGroups {
                     start_ns: g.start_ns,
                     duration_ns: end.saturating_sub(g.start_ns),
                     bytes: Some(g.bytes),
-                    peer: -1,
-                    comm_rank: -1,
                     ..Default::default()
                 })
             }
@@ -471,9 +469,9 @@ pub fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
         start_ns: ev.start_ns,
         duration_ns: ev.dur_ns,
         bytes: (ev.bucket != collector_common::UNKNOWN_BUCKET).then_some(ev.bytes),
-        peer: ev.peer,
+        peer: (ev.peer >= 0).then_some(ev.peer),
         comm_size: ev.comm_size,
-        comm_rank: ev.comm_rank,
+        comm_rank: (ev.comm_rank >= 0).then_some(ev.comm_rank),
         comm: comm_label(ev),
         seq: None,
     }
@@ -508,9 +506,9 @@ mod tests {
             start_ns,
             duration_ns: 1500,
             bytes: Some(16),
-            peer: 1,
+            peer: Some(1),
             comm_size: 2,
-            comm_rank: 0,
+            comm_rank: Some(0),
             ..Default::default()
         }
     }
@@ -615,8 +613,6 @@ mod tests {
             start_ns,
             duration_ns: 10,
             bytes,
-            peer: -1,
-            comm_rank: -1,
             ..Default::default()
         };
         assert!(groups.track(&at("ncclGroupStart", 100, None)).is_none());

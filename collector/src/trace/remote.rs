@@ -120,7 +120,7 @@ async fn open_sources(from: &[Target], request: &TraceRequest) -> Result<Vec<Sou
             let of_job: Vec<u32> = process_names(&mut source)
                 .await?
                 .into_values()
-                .filter(|p| &p.job == job && !p.exited)
+                .filter(|p| &p.job == job && p.status() != pb::ProcessStatus::Exited)
                 .map(|p| p.pid)
                 .collect();
             if of_job.is_empty() {
@@ -154,7 +154,7 @@ pub async fn trace(
     let mut writer = TraceWriter::create(opts)?;
     let mut sources = open_sources(from, &request).await?;
     // Every stream feeds one channel: (source, batch).
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Result<pb::EventBatch>)>(64);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Result<pb::StreamEventsResponse>)>(64);
     for (i, source) in sources.iter_mut().enumerate() {
         let mut stream = source
             .client

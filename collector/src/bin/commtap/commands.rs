@@ -102,11 +102,11 @@ fn daemon_scope(
 ) -> anyhow::Result<daemon::Scope> {
     let cgroup = match (cgroup, slurm_job) {
         (Some(path), _) => Some(path),
-        (None, Some(job)) => Some(discover::slurm_job_cgroup(&job).map_err(anyhow::Error::msg)?),
+        (None, Some(job)) => Some(discover::cgroup::slurm_job_cgroup(&job)?),
         (None, None) => None,
     };
     let cgroup = cgroup
-        .map(|p| discover::cgroup_ref(&p).map_err(anyhow::Error::msg))
+        .map(|p| discover::cgroup::cgroup_ref(&p))
         .transpose()?;
     Ok(daemon::Scope { pids, uid, cgroup })
 }
