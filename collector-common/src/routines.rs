@@ -287,7 +287,10 @@ const fn r(
     }
 }
 
-use class::*;
+use class::{
+    COLLECTIVE, COMM, COMPLETION, DATATYPE, FABRIC, FINALIZE, GROUP, INIT, NET, ONE_SIDED, P2P,
+    SYNC,
+};
 use ByteRule as B;
 
 /// Every routine commtap probes. Index = routine id (stable: append only).

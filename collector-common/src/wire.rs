@@ -801,22 +801,38 @@ pub mod mpich {
 
 #[cfg(feature = "user")]
 mod pod {
-    use super::*;
-    // SAFETY: all of these are #[repr(C)] plain integers with explicit padding.
-    unsafe impl aya::Pod for Layout {}
-    unsafe impl aya::Pod for CounterKey {}
-    unsafe impl aya::Pod for CounterVal {}
-    unsafe impl aya::Pod for PeerKey {}
-    unsafe impl aya::Pod for PeerVal {}
-    unsafe impl aya::Pod for ProcStats {}
-    unsafe impl aya::Pod for HandleKey {}
-    unsafe impl aya::Pod for CommInfo {}
-    unsafe impl aya::Pod for TpOffsets {}
-    unsafe impl aya::Pod for IdentityOffsets {}
-    unsafe impl aya::Pod for Config {}
-    unsafe impl aya::Pod for FabricText {}
-    unsafe impl aya::Pod for crate::FabricRanges {}
-    unsafe impl aya::Pod for crate::ArgSpec {}
+    use super::{
+        CommInfo, Config, CounterKey, CounterVal, FabricText, HandleKey, IdentityOffsets, Layout,
+        PeerKey, PeerVal, ProcStats, TpOffsets,
+    };
+
+    /// Marks plain-old-data types that userspace reads out of BPF maps.
+    macro_rules! pod {
+        ($($t:ty),* $(,)?) => {
+            $(
+                // SAFETY: a #[repr(C)] struct of plain integers with explicit padding
+                // (the layout assertions above check each).
+                unsafe impl aya::Pod for $t {}
+            )*
+        };
+    }
+
+    pod!(
+        Layout,
+        CounterKey,
+        CounterVal,
+        PeerKey,
+        PeerVal,
+        ProcStats,
+        HandleKey,
+        CommInfo,
+        TpOffsets,
+        IdentityOffsets,
+        Config,
+        FabricText,
+        crate::FabricRanges,
+        crate::ArgSpec,
+    );
 }
 
 #[cfg(test)]
@@ -874,7 +890,7 @@ mod tests {
             skip: 4,
         };
         assert_eq!(Cookie::unpack(c.pack()), c);
-        assert_eq!(c.fabric_function(), (7 << 16) | 300);
+        assert_eq!(c.fabric_function(), (7 << 16) | 0x12c);
     }
 
     #[test]

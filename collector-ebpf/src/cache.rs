@@ -18,8 +18,7 @@ pub fn stamp() -> u64 {
     // safe (frees bump both before and after the handle goes).
     HANDLE_GEN
         .get_ptr(0)
-        .map(|p| unsafe { core::ptr::read_volatile(p) })
-        .unwrap_or(0)
+        .map_or(0, |p| unsafe { core::ptr::read_volatile(p) })
         .wrapping_add(1)
 }
 

@@ -29,12 +29,12 @@ pub(crate) fn raw_cookie(ctx: &impl EbpfContext) -> u64 {
 /// (local handle, shared identity, this process's rank) and what a constructor created.
 #[inline(always)]
 pub(crate) fn describe_call(ev: &mut CallEvent, c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) {
-    ev.peer = c.arg(spec.peer).map(int_arg).unwrap_or(-1);
+    ev.peer = c.arg(spec.peer).map_or(-1, int_arg);
     ev.comm = c.arg(spec.comm).map_or(0, |h| handle(c.abi, h));
     ev.comm_id = shared_comm_id(c.abi, ev.comm, comm);
     ev.comm_rank = comm.map_or(-1, |i| i.rank);
     if c.ret == 0 && ByteRule::from_u8(spec.rule).creates_comm() {
-        ev.color = c.arg(spec.a).map(int_arg).unwrap_or(0);
+        ev.color = c.arg(spec.a).map_or(0, int_arg);
         ev.created = c
             .arg(spec.d)
             .and_then(|p| read_handle(c.abi, p))
@@ -80,12 +80,12 @@ fn batched_wakeup() -> u64 {
     use aya_ebpf::bindings::{
         BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
     };
-    let avail = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
-    let size = EVENTS.query(BPF_RB_RING_SIZE as u64);
+    let avail = EVENTS.query(u64::from(BPF_RB_AVAIL_DATA));
+    let size = EVENTS.query(u64::from(BPF_RB_RING_SIZE));
     if avail >= size / 4 {
-        BPF_RB_FORCE_WAKEUP as u64
+        u64::from(BPF_RB_FORCE_WAKEUP)
     } else {
-        BPF_RB_NO_WAKEUP as u64
+        u64::from(BPF_RB_NO_WAKEUP)
     }
 }
 

@@ -61,13 +61,14 @@ fn slot_of(e: &mut CallState, key: &CounterKey) -> Option<u32> {
     // SAFETY: plain value.
     let slot = match unsafe { COUNTER_SLOTS.get(key) } {
         Some(s) => *s,
-        None => match new_slot(key) {
-            Some(s) => s,
-            None => {
+        None => {
+            if let Some(s) = new_slot(key) {
+                s
+            } else {
                 with_proc_stats(key.tgid, |s| s.counters_full += 1);
                 return None;
             }
-        },
+        }
     };
     c.remember_counter(words, slot);
     Some(slot)
@@ -77,7 +78,10 @@ fn slot_of(e: &mut CallState, key: &CounterKey) -> Option<u32> {
 #[inline(always)]
 fn new_slot(key: &CounterKey) -> Option<u32> {
     let slot = FREE_SLOTS.pop().ok()??;
-    if COUNTER_SLOTS.insert(key, slot, BPF_NOEXIST as u64).is_ok() {
+    if COUNTER_SLOTS
+        .insert(key, slot, u64::from(BPF_NOEXIST))
+        .is_ok()
+    {
         return Some(slot);
     }
     let _ = FREE_SLOTS.push(slot, 0);

@@ -55,7 +55,7 @@ pub fn handle(abi: u8, v: u64) -> u64 {
 #[inline(always)]
 pub fn type_size(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<u64> {
     if abi == Abi::OpenMpi as u8 {
-        return read::<u64>(h.checked_add(layout.dt_size_off as u64)?).filter(|_| h != 0);
+        return read::<u64>(h.checked_add(u64::from(layout.dt_size_off))?).filter(|_| h != 0);
     }
     if abi == Abi::Nccl as u8 {
         return nccl::type_size(h as u32);
@@ -108,15 +108,15 @@ pub fn comm_info(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<CommInfo
         if let Some(info) = unsafe { COMMS.get(key) } {
             return Some(*info);
         }
-        let rank: i32 = read(h + layout.comm_rank_off as u64)?;
-        let group: u64 = read(h + layout.comm_group_off as u64)?;
-        let size: i32 = read(group.checked_add(layout.group_size_off as u64)?)?;
+        let rank: i32 = read(h + u64::from(layout.comm_rank_off))?;
+        let group: u64 = read(h + u64::from(layout.comm_group_off))?;
+        let size: i32 = read(group.checked_add(u64::from(layout.group_size_off))?)?;
         if size <= 0 {
             return None;
         }
         let id = match layout.comm_cid_off {
             0 => 0,
-            off => read::<u32>(h + off as u64).map_or(0, comm_id::ompi),
+            off => read::<u32>(h + u64::from(off)).map_or(0, comm_id::ompi),
         };
         let info = CommInfo::new(size as u32, rank, id);
         let _ = COMMS.insert(key, info, 0);
@@ -164,7 +164,7 @@ pub fn status_bytes(abi: u8, status: u64) -> Option<u64> {
     // { int count_lo; int count_hi_and_cancelled; int MPI_SOURCE, MPI_TAG, MPI_ERROR; }
     let lo: u32 = read(status)?;
     let hi: u32 = read(status + 4)?;
-    Some(((hi as u64 >> 1) << 32) | lo as u64)
+    Some(((u64::from(hi) >> 1) << 32) | u64::from(lo))
 }
 
 /// The source rank an `MPI_Status` at `status` holds, per ABI.
@@ -212,12 +212,12 @@ pub fn sum_ints(addr: u64, n: u32) -> Option<u64> {
             break;
         }
         let mut chunk = [0i32; CHUNK];
-        if !read_chunk(addr + base as u64 * 4, n - base, &mut chunk) {
+        if !read_chunk(addr + u64::from(base) * 4, n - base, &mut chunk) {
             return None;
         }
         for v in chunk {
             sign |= v;
-            total += v as u32 as u64;
+            total += u64::from(v as u32);
         }
     }
     if sign < 0 {
@@ -272,14 +272,14 @@ pub fn sum_typed(
         if i >= n {
             break;
         }
-        let c: i32 = read(counts + i as u64 * 4)?;
+        let c: i32 = read(counts + u64::from(i) * 4)?;
         if c < 0 {
             return None;
         }
         let t: u64 = if stride == 4 {
-            read::<u32>(types + i as u64 * 4)? as u64
+            u64::from(read::<u32>(types + u64::from(i) * 4)?)
         } else {
-            read::<u64>(types + i as u64 * 8)?
+            read::<u64>(types + u64::from(i) * 8)?
         };
         total += c as u64 * type_size(abi, layout, tgid, t)?;
     }

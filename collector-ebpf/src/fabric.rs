@@ -56,19 +56,17 @@ pub fn fabric_entry(ctx: ProbeContext) -> u32 {
     if internal && !is_watched(tgid) {
         return 0;
     }
-    let e = match call_state(false) {
-        Some(e) => e,
-        None => {
-            if !is_counted(tgid) {
-                return 0;
-            }
-            match new_call_state(tgid) {
-                Some(e) => e,
-                None => {
-                    with_proc_stats(tgid, |s| s.counters_full += 1);
-                    return 0;
-                }
-            }
+    let e = if let Some(e) = call_state(false) {
+        e
+    } else {
+        if !is_counted(tgid) {
+            return 0;
+        }
+        if let Some(e) = new_call_state(tgid) {
+            e
+        } else {
+            with_proc_stats(tgid, |s| s.counters_full += 1);
+            return 0;
         }
     };
     // SAFETY: the thread's own state; only this thread touches it.
@@ -88,6 +86,7 @@ pub fn fabric_entry(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let routine = resolve(&c, regs.rip, args[0]);
+    // SAFETY: reads the monotonic clock.
     let now = unsafe { bpf_ktime_get_ns() };
     if e.busy == 0 {
         if !still_counted(e) {
@@ -131,12 +130,12 @@ fn resolve(c: &Cookie, ip: u64, ep: u64) -> u16 {
     let id = c.fabric_function();
     // SAFETY: plain u8 value.
     if let Some(kind) = unsafe { FABRIC_KINDS.get(id) } {
-        return FABRIC_FIRST + *kind as u16 * FABRIC_SLOTS + slot;
+        return FABRIC_FIRST + u16::from(*kind) * FABRIC_SLOTS + slot;
     }
-    let function = ip.wrapping_sub(c.skip as u64);
+    let function = ip.wrapping_sub(u64::from(c.skip));
     if let Some(tables) = read::<[u64; 3]>(ep.wrapping_add(FID_EP_TABLES_OFF)) {
         for (kind, table) in tables.iter().enumerate() {
-            if read::<u64>(table.wrapping_add(8 + 8 * slot as u64)) == Some(function) {
+            if read::<u64>(table.wrapping_add(8 + 8 * u64::from(slot))) == Some(function) {
                 let _ = FABRIC_KINDS.insert(id, kind as u8, 0);
                 return FABRIC_FIRST + kind as u16 * FABRIC_SLOTS + slot;
             }
@@ -152,16 +151,16 @@ const UNRESOLVED: u16 = 0x8000;
 #[uretprobe]
 pub fn fabric_return(ctx: RetProbeContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: reads the monotonic clock.
     let now = unsafe { bpf_ktime_get_ns() };
-    let e = match call_state(false) {
+    let e = if let Some(e) = call_state(false) {
         // SAFETY: the thread's own state.
-        Some(e) => unsafe { &mut *e },
-        None => {
-            if is_counted(tgid) {
-                with_proc_stats(tgid, |s| s.orphan_returns += 1);
-            }
-            return 0;
+        unsafe { &mut *e }
+    } else {
+        if is_counted(tgid) {
+            with_proc_stats(tgid, |s| s.orphan_returns += 1);
         }
+        return 0;
     };
     // The return of a call libfabric made itself outside any counted call (calls cannot
     // start inside such a call but from libfabric: returns come back in order).
@@ -209,15 +208,14 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
     }
     let resolved = routine & UNRESOLVED == 0;
     let routine = routine & !UNRESOLVED;
-    let Some(spec) = ROUTINE_SPECS.get(routine as u32) else {
+    let Some(spec) = ROUTINE_SPECS.get(u32::from(routine)) else {
         return 0;
     };
-    let (bucket, bytes) = match fabric_bytes(spec, &args) {
-        Some(b) => (size_bucket(b), b),
-        None => {
-            with_proc_stats(tgid, |s| s.undecoded += 1);
-            (UNKNOWN_BUCKET, 0)
-        }
+    let (bucket, bytes) = if let Some(b) = fabric_bytes(spec, &args) {
+        (size_bucket(b), b)
+    } else {
+        with_proc_stats(tgid, |s| s.undecoded += 1);
+        (UNKNOWN_BUCKET, 0)
     };
     let key = CounterKey {
         tgid,
@@ -266,11 +264,11 @@ fn called_from_inside(c: &Cookie, tgid: u32, ip: u64, sp: u64) -> bool {
     // SAFETY: plain values.
     let (Some(file), Some(text)) = (
         unsafe { FABRIC_FUNCS.get(c.fabric_function()) },
-        FABRIC_TEXT.get(c.layout as u32),
+        FABRIC_TEXT.get(u32::from(c.layout)),
     ) else {
         return false;
     };
-    let bias = ip.wrapping_sub(c.skip as u64).wrapping_sub(*file);
+    let bias = ip.wrapping_sub(u64::from(c.skip)).wrapping_sub(*file);
     let Some(ret) = read::<u64>(sp) else {
         return false;
     };

@@ -46,7 +46,7 @@ pub static TASK_STATE: HashMap<u32, CallState> = HashMap::with_max_entries(1, 0)
 pub fn call_state(create: bool) -> Option<*mut CallState> {
     use aya_ebpf::{bindings::BPF_LOCAL_STORAGE_GET_F_CREATE, helpers::generated as h};
     let flags = if create {
-        BPF_LOCAL_STORAGE_GET_F_CREATE as u64
+        u64::from(BPF_LOCAL_STORAGE_GET_F_CREATE)
     } else {
         0
     };

@@ -22,17 +22,21 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
         ByteRule::None => Some(0),
         ByteRule::CountType => c.count_type(spec.a, spec.b),
         ByteRule::SumCounts => Some(c.sum(spec.a, p?)? * c.size(spec.b)?),
-        ByteRule::SumCountsPerPeer => (c.sum(spec.a, p?)? * c.size(spec.b)?).checked_div(p? as u64),
+        ByteRule::SumCountsPerPeer => {
+            (c.sum(spec.a, p?)? * c.size(spec.b)?).checked_div(u64::from(p?))
+        }
         ByteRule::CountAtRank => {
             let info = comm?;
             if info.rank < 0 || info.rank as u32 >= info.size {
                 return None;
             }
             let n: i32 = read(c.arg(spec.a)? + info.rank as u64 * 4)?;
-            Some(count_arg(n as u32 as u64)? * c.size(spec.b)?)
+            Some(count_arg(u64::from(n as u32))? * c.size(spec.b)?)
         }
-        ByteRule::CountTypeTimesP => Some(c.count_type(spec.a, spec.b)? * p? as u64),
-        ByteRule::SumCountsTypesPerPeer => c.sum_typed(spec.a, spec.b, p?)?.checked_div(p? as u64),
+        ByteRule::CountTypeTimesP => Some(c.count_type(spec.a, spec.b)? * u64::from(p?)),
+        ByteRule::SumCountsTypesPerPeer => {
+            c.sum_typed(spec.a, spec.b, p?)?.checked_div(u64::from(p?))
+        }
         // Constructors and MPI_Type_free: sizes live in Open MPI's objects; MPICH-ABI
         // libraries attach these routines to `mpi_return_mpich_types` instead.
         ByteRule::CtorProduct
@@ -59,7 +63,7 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
                     let key = HandleKey {
                         tgid: c.tgid,
                         _pad: 0,
-                        handle: new as u64,
+                        handle: u64::from(new),
                     };
                     let _ = COMMS.insert(key, CommInfo::new(parent.size, parent.rank, 0), 0);
                     crate::cache::bump();
@@ -80,6 +84,10 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
 
 /// Datatype constructors and MPI_Type_free (integer-handle ABIs): learn or forget sizes.
 #[inline(always)]
+#[expect(
+    clippy::unnecessary_wraps,
+    reason = "one of the return rules the generic path picks between, all returning Option"
+)]
 pub(crate) fn on_type_return(c: &Call, spec: &ArgSpec) -> Option<u64> {
     match ByteRule::from_u8(spec.rule) {
         rule @ (ByteRule::CtorProduct
@@ -125,7 +133,7 @@ fn learn_type(c: &Call, spec: &ArgSpec, rule: ByteRule) {
         HandleKey {
             tgid: c.tgid,
             _pad: 0,
-            handle: new as u64,
+            handle: u64::from(new),
         },
         size,
         0,

@@ -34,7 +34,7 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
     let ok = c.ret == 0;
     match ByteRule::from_u8(spec.rule) {
         ByteRule::CountType => c.count_type(spec.a, spec.b),
-        ByteRule::CountTypeTimesP => Some(c.count_type(spec.a, spec.b)? * nranks? as u64),
+        ByteRule::CountTypeTimesP => Some(c.count_type(spec.a, spec.b)? * u64::from(nranks?)),
         ByteRule::NcclCommInit if ok => {
             learn_init(c, spec);
             Some(0)
@@ -83,7 +83,7 @@ fn sum_sizes(sizes: u64, n: i32) -> Option<u64> {
         if i >= n as u32 {
             break;
         }
-        total += read::<u64>(sizes + i as u64 * 8)?;
+        total += read::<u64>(sizes + u64::from(i) * 8)?;
     }
     Some(total)
 }
@@ -145,12 +145,12 @@ fn learn_init_all(c: &Call, spec: &ArgSpec) {
     let Some(first) = read::<u64>(comms) else {
         return;
     };
-    let id = nccl::mix(nccl::mix(nccl::SEED, first), c.tgid as u64);
+    let id = nccl::mix(nccl::mix(nccl::SEED, first), u64::from(c.tgid));
     for i in 0..MAX_INIT_ALL {
         if i >= n as u32 {
             break;
         }
-        if let Some(h) = read::<u64>(comms + i as u64 * 8) {
+        if let Some(h) = read::<u64>(comms + u64::from(i) * 8) {
             let _ = COMMS.insert(key(c, h), CommInfo::new(n as u32, i as i32, id), 0);
         }
     }
@@ -184,7 +184,10 @@ fn learn_split(c: &Call, spec: &ArgSpec, parent: Option<CommInfo>) {
     let id = if p.id == 0 {
         0
     } else {
-        nccl::mix(nccl::mix(p.id, seq as u64), int_arg(color) as u32 as u64)
+        nccl::mix(
+            nccl::mix(p.id, u64::from(seq)),
+            u64::from(int_arg(color) as u32),
+        )
     };
     let _ = COMMS.insert(key(c, new), CommInfo::new(0, -1, id), 0);
 }
@@ -221,7 +224,7 @@ pub(crate) fn after_call(
                 return;
             }
             let b = e.group_bytes;
-            let ops = e.group_ops as u64;
+            let ops = u64::from(e.group_ops);
             let group = CounterKey {
                 tgid,
                 routine: NCCL_GROUP,
@@ -247,7 +250,7 @@ pub(crate) fn after_call(
                 add_hashed(
                     &DEVICE_TIME,
                     &k,
-                    e.win_ops as u64,
+                    u64::from(e.win_ops),
                     e.win_bytes,
                     now.saturating_sub(e.win_start_ns),
                 );

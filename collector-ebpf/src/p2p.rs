@@ -22,6 +22,10 @@ pub static PEERS: PerCpuHashMap<PeerKey, PeerVal> =
 /// A function of its own (a BPF-to-BPF call): inlined into the return program, the
 /// verifier found a register read after a helper call had clobbered it.
 #[inline(never)]
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "takes the routine's spec as the other return rules do"
+)]
 pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Option<u64> {
     let null = Abi::proc_null(c.abi);
     // A peer of MPI_PROC_NULL: nothing crosses the network.

@@ -34,38 +34,35 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
     // again after a detach), and the process id is asked of the kernel only then.
     let packed = raw_cookie(&ctx);
     let c = Cookie::unpack(packed);
-    let Some(spec) = ROUTINE_SPECS.get(c.routine as u32) else {
+    let Some(spec) = ROUTINE_SPECS.get(u32::from(c.routine)) else {
         return 0;
     };
     let existing = call_state(false);
-    let tgid = match existing {
-        Some(e) => {
-            // SAFETY: the thread's own entry; only this thread touches it.
-            let e = unsafe { &mut *e };
-            if e.busy != 0 {
-                e.depth += 1;
-                with_proc_stats(e.tgid, |s| s.nested += 1);
-                return 0;
-            }
-            if !still_counted(e) {
-                return 0;
-            }
-            e.tgid
+    let tgid = if let Some(e) = existing {
+        // SAFETY: the thread's own entry; only this thread touches it.
+        let e = unsafe { &mut *e };
+        if e.busy != 0 {
+            e.depth += 1;
+            with_proc_stats(e.tgid, |s| s.nested += 1);
+            return 0;
         }
-        None => {
-            let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-            // A wait for the GPU alone does not make a process one to profile (every CUDA
-            // program makes them); it counts in processes already watched.
-            let counted = if spec.class == class::SYNC {
-                is_watched(tgid)
-            } else {
-                is_counted(tgid)
-            };
-            if !counted {
-                return 0;
-            }
-            tgid
+        if !still_counted(e) {
+            return 0;
         }
+        e.tgid
+    } else {
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        // A wait for the GPU alone does not make a process one to profile (every CUDA
+        // program makes them); it counts in processes already watched.
+        let counted = if spec.class == class::SYNC {
+            is_watched(tgid)
+        } else {
+            is_counted(tgid)
+        };
+        if !counted {
+            return 0;
+        }
+        tgid
     };
     let Some(e) = existing.or_else(|| new_call_state(tgid)) else {
         // No storage could be created (memory, or the storage lock busy): not counted.
@@ -107,6 +104,7 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
     e.depth = 0;
     e.routine = c.routine;
     e.cookie = packed;
+    // SAFETY: reads the monotonic clock.
     e.start_ns = unsafe { bpf_ktime_get_ns() };
     e.busy = 1;
     0
@@ -153,6 +151,7 @@ pub fn nccl_return(ctx: RetProbeContext) -> u32 {
 /// its own decoding paths, which keeps the verifier's work small.
 #[inline(always)]
 pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeContext) -> u32 {
+    // SAFETY: reads the monotonic clock.
     let now = unsafe { bpf_ktime_get_ns() };
     let ret: i32 = ctx.ret();
     let Some(e) = outermost_return() else {
@@ -162,10 +161,10 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
     let tgid = e.tgid;
     // The entry's cookie: the outermost call returns through the same attach point.
     let c = Cookie::unpack(e.cookie);
-    let Some(spec) = ROUTINE_SPECS.get(c.routine as u32) else {
+    let Some(spec) = ROUTINE_SPECS.get(u32::from(c.routine)) else {
         return 0;
     };
-    let Some(layout) = LAYOUTS.get(c.layout as u32) else {
+    let Some(layout) = LAYOUTS.get(u32::from(c.layout)) else {
         return 0;
     };
     let spec = *spec;
@@ -197,12 +196,11 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         class::FINALIZE => with_proc_stats(tgid, |s| s.finalize_ns = start_ns),
         _ => {}
     }
-    let (bucket, bytes) = match out {
-        Some(b) => (collector_common::size_bucket(b), b),
-        None => {
-            with_proc_stats(tgid, |s| s.undecoded += 1);
-            (UNKNOWN_BUCKET, 0)
-        }
+    let (bucket, bytes) = if let Some(b) = out {
+        (collector_common::size_bucket(b), b)
+    } else {
+        with_proc_stats(tgid, |s| s.undecoded += 1);
+        (UNKNOWN_BUCKET, 0)
     };
     let key = counter_key::<ABI>(tgid, c.routine, bucket, comm);
     // Read before `e` is borrowed for the counters, and only for an event.
@@ -290,7 +288,7 @@ fn counter_key<const ABI: u8>(
         tgid,
         routine,
         parent: CounterKey::NO_PARENT,
-        comm_size: comm.map(|c| c.size).unwrap_or(0),
+        comm_size: comm.map_or(0, |c| c.size),
         comm_rank,
         object,
         bucket,

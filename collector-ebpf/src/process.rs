@@ -31,8 +31,13 @@ fn emit_identity(tgid: u32) {
     // memory goes through bpf_probe_read_kernel, which fails cleanly.
     let task = unsafe { bpf_get_current_task() } as *const u8;
     let word = |base: *const u8, at: u32| -> u64 {
+        #[expect(
+            clippy::cast_ptr_alignment,
+            reason = "bpf_probe_read_kernel copies bytes: nothing is read through the pointer"
+        )]
+        let at = base.wrapping_add(at as usize).cast::<u64>();
         // SAFETY: as above.
-        unsafe { bpf_probe_read_kernel(base.wrapping_add(at as usize) as *const u64) }.unwrap_or(0)
+        unsafe { bpf_probe_read_kernel(at) }.unwrap_or(0)
     };
     let mm = word(task, off.task_mm) as *const u8;
     if mm.is_null() {
@@ -81,6 +86,7 @@ pub fn emit(kind: EventKind, tgid: u32, parent: u32) {
         parent,
         // The low half is the real uid.
         uid: bpf_get_current_uid_gid() as u32,
+        // SAFETY: reads the monotonic clock.
         ts_ns: unsafe { bpf_ktime_get_ns() },
     };
     // A lost process event is recovered by userspace's periodic /proc scan.
@@ -146,11 +152,10 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let group_dead = match TP_OFFSETS.get(0) {
-        // SAFETY: offset from this kernel's format file.
         Some(off) if off.exit_group_dead != u32::MAX => {
-            unsafe { ctx.read_at::<u8>(off.exit_group_dead as usize) }
-                .map(|v| v != 0)
-                .unwrap_or(true)
+            // SAFETY: offset from this kernel's format file.
+            let dead = unsafe { ctx.read_at::<u8>(off.exit_group_dead as usize) };
+            dead != Ok(0)
         }
         _ => true,
     };

@@ -126,7 +126,7 @@ pub async fn print_processes(from: &Target) -> Result<()> {
         "PID", "RANK", "JOB", "STATE"
     );
     for p in &resp.processes {
-        let rank = p.rank.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
+        let rank = p.rank.map_or_else(|| "-".into(), |r| r.to_string());
         let state = match p.status() {
             pb::ProcessStatus::Exited => "exited",
             pb::ProcessStatus::Probed => "probed",
@@ -236,7 +236,7 @@ pub async fn events(from: &Target, pids: Vec<u32>, duration: Option<Duration>) -
     let mut first = true;
     loop {
         let batch = tokio::select! {
-            _ = &mut stop => break,
+            () = &mut stop => break,
             b = stream.next() => match b {
                 Some(b) => b.context("StreamEvents")?,
                 None => break,

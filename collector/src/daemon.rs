@@ -130,10 +130,10 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
         // Alive, not "not yet seen to exit": a stop right after a job ends finds its ranks
         // gone before the exit events are processed.
         let alive = |pid: &u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
-        if !session.tracked.keys().any(alive) {
-            crate::attach::state::remove_state_dir(dir);
-        } else {
+        if session.tracked.keys().any(alive) {
             info!("counts of running processes kept in {}", dir.display());
+        } else {
+            crate::attach::state::remove_state_dir(dir);
         }
     }
     Ok(())
@@ -379,7 +379,7 @@ async fn follow_collectives(
     loop {
         let first = tokio::select! {
             item = feed.recv() => item,
-            _ = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => return,
         };
         if matches!(first, Err(RecvError::Closed)) {
             return;

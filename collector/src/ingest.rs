@@ -142,8 +142,7 @@ impl IngestCounters {
     pub fn events_of(&self, pid: u32) -> u64 {
         self.call_events
             .lock()
-            .map(|m| m.get(&pid).copied().unwrap_or(0))
-            .unwrap_or(0)
+            .map_or(0, |m| m.get(&pid).copied().unwrap_or(0))
     }
 }
 
@@ -168,7 +167,7 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = cancel.cancelled() => break,
+            () = cancel.cancelled() => break,
             _ = tick.tick() => drain(fd.get_mut(), &tx, &counters),
             guard = fd.readable_mut() => {
                 let Ok(mut guard) = guard else { break };

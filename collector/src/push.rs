@@ -48,8 +48,8 @@ pub async fn run<S: SnapshotSource>(
             Err(e) => {
                 warn!("pushing to the aggregator: {e:#}; retrying in {backoff:?}");
                 tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(30));
             }
@@ -105,7 +105,7 @@ async fn push_session<S: SnapshotSource>(
     let mut tick = tokio::time::interval(interval);
     loop {
         tokio::select! {
-            _ = shutdown.cancelled() => {
+            () = shutdown.cancelled() => {
                 // A last snapshot, then close the stream and let the aggregator answer.
                 for part in split(stamped(state.batch().await, clock), crate::api::PUSH_MESSAGE_BYTES) {
                     let _ = tx.send(part).await;

@@ -86,7 +86,9 @@ fn check_request(opts: &RecordOptions) -> Result<Vec<(u32, discover::ProcessInfo
         }
         let info = discover::process_info(pid).map_err(|e| match e {
             DiscoverError::NoSuchProcess(_) => anyhow::anyhow!("{e}"),
-            other => anyhow::Error::new(other).context(format!("inspecting PID {pid}")),
+            other @ DiscoverError::Proc { .. } => {
+                anyhow::Error::new(other).context(format!("inspecting PID {pid}"))
+            }
         })?;
         requested.push((pid, info));
     }
@@ -194,7 +196,7 @@ async fn follow(
                 signals.exit_on_next();
                 return Ok(());
             }
-            _ = &mut stop => { info!("duration reached"); return Ok(()); }
+            () = &mut stop => { info!("duration reached"); return Ok(()); }
             status = &mut child_exit => {
                 if let Some(status) = status.filter(|s| !s.success()) {
                     warn!("the command exited with {status}");
@@ -245,7 +247,11 @@ async fn finish(
             .is_some_and(|t| t.exit_ns.is_some());
     }
     sinks.place_in_worlds(&session)?;
-    let held = sinks.late.as_mut().map(|l| l.finish()).unwrap_or_default();
+    let held = sinks
+        .late
+        .as_mut()
+        .map(super::skew::board::Board::finish)
+        .unwrap_or_default();
     sinks.write_released(held)?;
     if let Some(late) = sinks.late {
         let whois = |pid: u32| {

@@ -194,42 +194,38 @@ impl RoutineStats {
             self.endpoints.entry(ep.clone()).or_default().merge(t);
         }
         for c in &other.communicators {
-            match self
+            if let Some(m) = self
                 .communicators
                 .iter_mut()
                 .find(|m| (&m.id, m.size, m.rank) == (&c.id, c.size, c.rank))
             {
-                Some(m) => m.totals.merge(&c.totals),
-                None => {
-                    self.communicators.push(c.clone());
-                    self.communicators
-                        .sort_by(|a, b| (&a.id, a.size, a.rank).cmp(&(&b.id, b.size, b.rank)));
-                }
+                m.totals.merge(&c.totals);
+            } else {
+                self.communicators.push(c.clone());
+                self.communicators
+                    .sort_by(|a, b| (&a.id, a.size, a.rank).cmp(&(&b.id, b.size, b.rank)));
             }
         }
     }
 
     fn add_bucket(&mut self, bucket: Option<u8>, t: &Totals, device: Option<&DeviceTime>) {
-        match self.sizes.iter_mut().find(|b| b.bucket == bucket) {
-            Some(b) => {
-                b.totals.merge(t);
-                if let Some(d) = device {
-                    b.device.get_or_insert_with(DeviceTime::empty).merge(d);
-                }
+        if let Some(b) = self.sizes.iter_mut().find(|b| b.bucket == bucket) {
+            b.totals.merge(t);
+            if let Some(d) = device {
+                b.device.get_or_insert_with(DeviceTime::empty).merge(d);
             }
-            None => {
-                let (min, max) = bucket.map(bucket_range).unzip();
-                self.sizes.push(SizeBucket {
-                    bucket,
-                    min_bytes: min,
-                    max_bytes: max,
-                    totals: *t,
-                    device: device.copied(),
-                });
-                // Undecoded (None) sorts last.
-                self.sizes
-                    .sort_by_key(|b| b.bucket.map_or(u16::MAX, u16::from));
-            }
+        } else {
+            let (min, max) = bucket.map(bucket_range).unzip();
+            self.sizes.push(SizeBucket {
+                bucket,
+                min_bytes: min,
+                max_bytes: max,
+                totals: *t,
+                device: device.copied(),
+            });
+            // Undecoded (None) sorts last.
+            self.sizes
+                .sort_by_key(|b| b.bucket.map_or(u16::MAX, u16::from));
         }
     }
 }
@@ -430,13 +426,10 @@ pub fn communication_ns(routines: &Routines) -> u64 {
     routines
         .iter()
         .filter(|(name, _)| {
-            collector_common::routines::routine_id(name)
-                .map(|id| {
-                    let r = &ROUTINES[id as usize];
-                    r.family() == Family::Mpi
-                        && !matches!(r.spec.class, class::INIT | class::FINALIZE)
-                })
-                .unwrap_or(true)
+            collector_common::routines::routine_id(name).is_none_or(|id| {
+                let r = &ROUTINES[id as usize];
+                r.family() == Family::Mpi && !matches!(r.spec.class, class::INIT | class::FINALIZE)
+            })
         })
         .map(|(_, r)| r.totals.time_ns)
         .sum()
@@ -593,7 +586,7 @@ pub(crate) mod tests {
         let dev = r["ncclAllReduce"].sizes[0].device.expect("device time");
         // 2(n-1)/n on 8 ranks.
         assert_eq!(dev.bus_bytes, Some((2 << 20) * 14 / 8));
-        assert_eq!(dev.algbw_gbps(), Some((2 << 20) as f64 / 2e6));
+        assert_eq!(dev.algbw_gbps(), Some(f64::from(2 << 20) / 2e6));
         // An unknown size leaves bus bandwidth unknown, and merging keeps it so.
         let unknown = vec![(key(3, "ncclAllReduce", 20, 0), d[0].1)];
         let mut merged = r["ncclAllReduce"].clone();

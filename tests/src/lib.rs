@@ -97,8 +97,7 @@ pub fn repo_root() -> PathBuf {
 #[track_caller]
 pub fn commtap_bin() -> PathBuf {
     let p = std::env::var_os("COMMTAP_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target/debug/commtap"));
+        .map_or_else(|| repo_root().join("target/debug/commtap"), PathBuf::from);
     assert!(
         p.exists(),
         "{} not found: run the tests with `cargo xtask test`",
@@ -522,7 +521,7 @@ pub fn pids_running(exe: &Path) -> Vec<u32> {
             out.push(pid);
         }
     }
-    out.sort();
+    out.sort_unstable();
     out
 }
 
@@ -553,7 +552,7 @@ pub fn start_waiting_loop(
         .arg(n.to_string())
         .arg(scratch.path("truth"));
     let job = ChildGuard::spawn(&mut cmd);
-    wait_until("the job to be ready", Duration::from_secs(60), || {
+    wait_until("the job to be ready", Duration::from_mins(1), || {
         scratch.path("ready").exists()
     });
     let mut ranks = Vec::new();
@@ -594,7 +593,7 @@ pub fn record_attached_with(
     ];
     args.extend_from_slice(extra);
     let commtap = spawn_commtap(scratch, &args);
-    wait_until("commtap to attach", Duration::from_secs(60), || {
+    wait_until("commtap to attach", Duration::from_mins(1), || {
         ready.exists()
     });
     (commtap, out)
@@ -639,7 +638,7 @@ impl Daemon {
             .stdout(out)
             .stderr(err);
         let child = ChildGuard::spawn(&mut cmd);
-        wait_until("the daemon's socket", Duration::from_secs(60), || {
+        wait_until("the daemon's socket", Duration::from_mins(1), || {
             socket.exists()
         });
         let target = format!("unix://{}", socket.display());
@@ -655,7 +654,7 @@ impl Daemon {
     pub fn stop(self, scratch: &Scratch) {
         // SAFETY: kill(2) of the daemon we spawned (`ip netns exec` execs it: same pid).
         unsafe { libc::kill(self.child.0.id() as i32, libc::SIGTERM) };
-        let run = finish_commtap(scratch, self.child, Duration::from_secs(60));
+        let run = finish_commtap(scratch, self.child, Duration::from_mins(1));
         assert!(
             run.status.success(),
             "daemon exit: {}\n{}",
@@ -776,15 +775,11 @@ pub fn make_client_cert(dir: &Path, cn: &str, ou: Option<&str>) -> (PathBuf, Pat
 #[track_caller]
 pub fn assert_record_refuses(scratch: &Scratch, program: &mut Command, needle: &str) {
     let app = ChildGuard::spawn(program);
-    wait_until("the program to be ready", Duration::from_secs(60), || {
+    wait_until("the program to be ready", Duration::from_mins(1), || {
         scratch.path("ready").exists()
     });
     let pid = app.0.id().to_string();
-    let run = run_commtap(
-        scratch,
-        &["record", "--pid", &pid],
-        Duration::from_secs(120),
-    );
+    let run = run_commtap(scratch, &["record", "--pid", &pid], Duration::from_mins(2));
     assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
     assert!(run.stderr.contains(needle), "{}", run.stderr);
 }
@@ -893,7 +888,7 @@ pub fn run_truth_job(prefix: &Path, mpi: Mpi, np: u32) -> Vec<Value> {
         .arg(prefix);
     let mut job = ChildGuard::spawn(&mut cmd);
     assert!(
-        job.wait_with_limit(Duration::from_secs(300)).success(),
+        job.wait_with_limit(Duration::from_mins(5)).success(),
         "{mpi:?} job failed"
     );
     read_truths(prefix, np)

@@ -13,7 +13,7 @@ use std::{
 
 use commtap_tests::*;
 
-const LIMIT: Duration = Duration::from_secs(120);
+const LIMIT: Duration = Duration::from_mins(2);
 /// Most resident memory a healthy daemon may have reached, attacked or not (it peaks at
 /// about 60 MiB here, ring buffer and BPF maps included).
 const DAEMON_PEAK_LIMIT_KIB: u64 = 256 << 10;

@@ -5,7 +5,7 @@ use std::{process::Command, time::Duration};
 
 use commtap_tests::*;
 
-const LIMIT: Duration = Duration::from_secs(300);
+const LIMIT: Duration = Duration::from_mins(5);
 
 #[track_caller]
 fn assert_clear_failure(run: &Run, needle: &str) {

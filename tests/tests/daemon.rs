@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use commtap_tests::*;
 
-const LIMIT: Duration = Duration::from_secs(300);
+const LIMIT: Duration = Duration::from_mins(5);
 
 #[test]
 fn daemon_profiles_every_job_on_the_node_exactly() {

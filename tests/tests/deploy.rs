@@ -6,7 +6,7 @@ use std::{path::Path, process::Command, time::Duration};
 
 use commtap_tests::*;
 
-const LIMIT: Duration = Duration::from_secs(120);
+const LIMIT: Duration = Duration::from_mins(2);
 
 #[test]
 fn systemd_unit_verifies() {

@@ -11,7 +11,7 @@ use std::{
 use commtap_tests::*;
 use serde_json::Value;
 
-const LIMIT: Duration = Duration::from_secs(120);
+const LIMIT: Duration = Duration::from_mins(2);
 /// fi_pingpong's control port.
 const CONTROL_PORT: u16 = 47592;
 const SIZE: u64 = 64;
@@ -49,7 +49,9 @@ fn ops(rank: &Value) -> BTreeMap<String, (u64, u64)> {
 fn pingpong(provider: &str, ep: &str, iters: u64) -> (Value, Value) {
     // Every fi_pingpong server listens on the same control port: one run at a time.
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let scratch = Scratch::new(&format!("fabric-{provider}-{ep}"));
     let args = format!("-p {provider} -e {ep} -I {iters} -S {SIZE}");
     let mut server = ChildGuard::spawn(
@@ -89,8 +91,8 @@ fn pingpong(provider: &str, ep: &str, iters: u64) -> (Value, Value) {
         run.stderr
     );
     let (server, client) = (
-        rank_by_pid(&profile, spid as u64).clone(),
-        rank_by_pid(&profile, cpid as u64).clone(),
+        rank_by_pid(&profile, u64::from(spid)).clone(),
+        rank_by_pid(&profile, u64::from(cpid)).clone(),
     );
     // pingpong.c opens one endpoint on each side (rxm's or rxd's, for rdm: not the core
     // endpoints beneath it).

@@ -6,7 +6,7 @@ use std::{path::Path, process::Command, time::Duration};
 
 use commtap_tests::*;
 
-const LIMIT: Duration = Duration::from_secs(120);
+const LIMIT: Duration = Duration::from_mins(2);
 
 /// A tmpfs of `kib` KiB mounted on `dir` (a disk that fills up), unmounted when dropped.
 struct SmallDisk(std::path::PathBuf);

@@ -5,7 +5,7 @@ use std::{path::Path, process::Command, time::Duration};
 
 use commtap_tests::*;
 
-const LIMIT: Duration = Duration::from_secs(300);
+const LIMIT: Duration = Duration::from_mins(5);
 
 /// Launches `np` ranks of `mpi_truth` under `commtap record` and checks every rank.
 fn launched_truth(mpi: Mpi, np: u32) {
@@ -237,7 +237,7 @@ fn ring_buffer_overflow_keeps_counts_and_bytes_exact() {
     args.push(truth.display().to_string());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let commtap = spawn_commtap(&scratch, &args);
-    wait_until("the job to be ready", Duration::from_secs(120), || {
+    wait_until("the job to be ready", Duration::from_mins(2), || {
         ready.exists()
     });
     std::fs::write(&go, b"go").expect("go file");
@@ -311,11 +311,9 @@ fn a_library_loaded_late_with_dlopen_is_found_and_counted() {
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let commtap = spawn_commtap(&scratch, &args);
-    wait_until(
-        "the program to load libmpi",
-        Duration::from_secs(60),
-        || ready.exists(),
-    );
+    wait_until("the program to load libmpi", Duration::from_mins(1), || {
+        ready.exists()
+    });
     wait_until(
         "commtap to probe the late library",
         Duration::from_secs(30),

@@ -7,7 +7,7 @@ use std::{process::Command, time::Duration};
 
 use commtap_tests::*;
 
-const LIMIT: Duration = Duration::from_secs(120);
+const LIMIT: Duration = Duration::from_mins(2);
 
 /// A single-process program run as `PROG READY GO EXTRA...`, recorded by commtap from
 /// the moment it is ready until it exits.
@@ -62,7 +62,7 @@ fn real_libnccl_calls_are_counted_exactly() {
     let (pid, profile) = (r.pid, &r.profile);
     let truth = read_json(&scratch.path("truth.json"));
 
-    let rank = rank_by_pid(profile, pid as u64);
+    let rank = rank_by_pid(profile, u64::from(pid));
     assert_eq!(
         routine_table(&rank["routines"]),
         routine_table(&truth["routines"]),
@@ -170,7 +170,7 @@ fn communicator_identity_size_and_rank_follow_their_lifecycle() {
     let mut ids = Vec::new();
     for (r, pid) in pids.iter().enumerate() {
         let truth = read_json(&scratch.path(&format!("truth.{r}.json")));
-        let rank = rank_by_pid(&profile, *pid as u64);
+        let rank = rank_by_pid(&profile, u64::from(*pid));
         assert_eq!(rank["rank"], r, "rank from RANK");
         assert_eq!(
             routine_table(&rank["routines"]),
@@ -341,7 +341,7 @@ fn build_with_standins(
             .iter()
             .map(|s| programs.join(s).display().to_string()),
     );
-    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(extra.iter().map(std::string::ToString::to_string));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     compile_c(src, out, &args)
 }
@@ -397,7 +397,7 @@ const MIB: u64 = 1 << 20;
 /// Asserts what nccl_device.c did, as its comment says; returns the AllReduces' device time.
 #[track_caller]
 fn assert_device_time(r: &Recorded) -> serde_json::Value {
-    let rank = rank_by_pid(&r.profile, r.pid as u64);
+    let rank = rank_by_pid(&r.profile, u64::from(r.pid));
     let routines = &rank["routines"];
     assert_eq!(
         routines["cudaStreamSynchronize"]["calls"], 31,
@@ -514,7 +514,7 @@ fn network_transport_messages_are_counted_per_transport() {
         &["-shared", "-fPIC"],
     );
     let r = attach_then_go(&scratch, &prog, &[path_str(&plugin).to_string()]);
-    let rank = rank_by_pid(&r.profile, r.pid as u64);
+    let rank = rank_by_pid(&r.profile, u64::from(r.pid));
     let routines = &rank["routines"];
     let calls_bytes = |name: &str| {
         (

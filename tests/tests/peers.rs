@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use commtap_tests::*;
 
-const LIMIT: Duration = Duration::from_secs(300);
+const LIMIT: Duration = Duration::from_mins(5);
 
 fn matrix(mpi: Mpi, np: u32) {
     let scratch = Scratch::new(&format!("peers-{}", mpi.suffix()));

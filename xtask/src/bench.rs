@@ -281,10 +281,14 @@ fn plain(stack: &Stack, bin: &Path) -> Result<Sample> {
 fn under_bpftrace(stack: &Stack, bin: &Path) -> Result<Sample> {
     let lib = std::fs::canonicalize(stack.library)?;
     let lib = lib.display();
-    let script: String = ["MPI_Allreduce", "MPI_Send", "MPI_Recv"]
-        .iter()
-        .map(|f| format!("uprobe:{lib}:{f} {{}} uretprobe:{lib}:{f} {{}} "))
-        .collect();
+    let script: String =
+        ["MPI_Allreduce", "MPI_Send", "MPI_Recv"]
+            .iter()
+            .fold(String::new(), |mut s, f| {
+                use std::fmt::Write as _;
+                let _ = write!(s, "uprobe:{lib}:{f} {{}} uretprobe:{lib}:{f} {{}} ");
+                s
+            });
     let mut tracer = Command::new("bpftrace")
         .arg("-e")
         .arg(&script)
@@ -295,7 +299,7 @@ fn under_bpftrace(stack: &Stack, bin: &Path) -> Result<Sample> {
     // bpftrace prints "Attaching N probes..." once they are in place.
     let stdout = tracer.stdout.take().context("bpftrace stdout")?;
     let mut lines = BufReader::new(stdout).lines();
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_mins(1);
     loop {
         match lines.next() {
             Some(Ok(l)) if l.starts_with("Attaching") => break,
@@ -437,7 +441,7 @@ fn start_daemon(commtap: &Path, socket: &Path) -> Result<std::process::Child> {
         .stderr(Stdio::null())
         .spawn()
         .context("starting the daemon")?;
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_mins(1);
     while !socket.exists() {
         if Instant::now() > deadline {
             let _ = daemon.kill();

@@ -13,7 +13,7 @@ use crate::api::pb;
 /// How far ahead of a node's clock, as last seen and advanced by the aggregator's own
 /// elapsed time, a snapshot may be (pushes are seconds apart; rates of two clocks differ
 /// by far less).
-pub const SLACK: Duration = Duration::from_secs(60);
+pub const SLACK: Duration = Duration::from_mins(1);
 /// Most nodes whose clocks are followed; past it the oldest seen is forgotten.
 const MAX_NODES: usize = 1 << 20;
 

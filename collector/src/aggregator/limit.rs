@@ -31,7 +31,10 @@ pub struct StreamSlot {
 impl StreamLimit {
     /// A place for one more stream of `peer`, or RESOURCE_EXHAUSTED saying which limit.
     pub fn acquire(&self, peer: Option<IpAddr>, what: &str) -> Result<StreamSlot, Status> {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let total: usize = open.values().sum();
         let mine = open.get(&peer).copied().unwrap_or(0);
         if mine >= PER_PEER {
@@ -54,7 +57,10 @@ impl StreamLimit {
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(n) = open.get_mut(&self.peer) {
             *n -= 1;
             if *n == 0 {

@@ -108,8 +108,7 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
             .acquire(req.remote_addr().map(|a| a.ip()), "push")?;
         let peer = req
             .remote_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|| "?".into());
+            .map_or_else(|| "?".into(), |a| a.to_string());
         let mut stream = req.into_inner();
         let (mut accepted, mut stale, mut refused) = (0, 0, 0);
         let mut first = true;
@@ -123,16 +122,15 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
                 role.check_node(&a.host)?;
             }
             if let Some(offset) = msg.clock_offset_ns {
-                self.skew.lock().unwrap_or_else(|e| e.into_inner()).add(
-                    &msg.instances,
-                    offset,
-                    msg.clock_error_ns,
-                );
+                self.skew
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .add(&msg.instances, offset, msg.clock_error_ns);
             }
             let r = self
                 .clocks
                 .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .admit(&mut msg.processes, std::time::Instant::now());
             if r > 0 {
                 warn!("push stream from {peer}: {r} snapshots refused, their clock runs ahead of their node's");
@@ -187,7 +185,7 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
         profile.skew = self
             .skew
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .report(&job);
         Ok(Response::new(pb::GetJobReportResponse {
             profile: Some((&profile).into()),
@@ -241,7 +239,7 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
                 };
                 profile.skew = cross
                     .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .report(&req.job);
                 let msg = pb::WatchJobReportResponse {
                     profile: Some((&profile).into()),
@@ -266,12 +264,12 @@ async fn expire_every(
 ) {
     let every = (retain / 10).clamp(
         std::time::Duration::from_millis(100),
-        std::time::Duration::from_secs(60),
+        std::time::Duration::from_mins(1),
     );
     let mut tick = tokio::time::interval(every);
     loop {
         tokio::select! {
-            _ = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
         match store.lock().await.expire(retain, std::time::Instant::now()) {

@@ -462,7 +462,7 @@ mod tests {
             ]
         );
         let now = std::time::Instant::now();
-        let retain = std::time::Duration::from_secs(60);
+        let retain = std::time::Duration::from_mins(1);
         assert_eq!(store.expire(retain, now).unwrap(), 0, "too young");
         let later = now + std::time::Duration::from_secs(61);
         assert_eq!(store.expire(retain, later).unwrap(), 1);

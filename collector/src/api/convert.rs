@@ -46,9 +46,8 @@ impl From<&pb::Totals> for Totals {
     }
 }
 
-fn totals(t: &Option<pb::Totals>, what: &'static str) -> Result<Totals, InvalidMessage> {
-    t.as_ref()
-        .map(Totals::from)
+fn totals(t: Option<&pb::Totals>, what: &'static str) -> Result<Totals, InvalidMessage> {
+    t.map(Totals::from)
         .ok_or_else(|| invalid(what, "missing totals"))
 }
 
@@ -154,7 +153,7 @@ fn routine_from_pb(r: &pb::RoutineStats) -> Result<(String, RoutineStats), Inval
             bucket,
             min_bytes: b.min_bytes,
             max_bytes: b.max_bytes,
-            totals: totals(&b.totals, "SizeBucket")?,
+            totals: totals(b.totals.as_ref(), "SizeBucket")?,
             device: b.device.map(|d| DeviceTime {
                 calls: d.calls,
                 bytes: d.bytes,
@@ -169,13 +168,13 @@ fn routine_from_pb(r: &pb::RoutineStats) -> Result<(String, RoutineStats), Inval
             id: (!c.id.is_empty()).then(|| c.id.clone()),
             size: c.size,
             rank: c.rank.unwrap_or(-1),
-            totals: totals(&c.totals, "CommunicatorStats")?,
+            totals: totals(c.totals.as_ref(), "CommunicatorStats")?,
         });
     }
     Ok((
         r.name.clone(),
         RoutineStats {
-            totals: totals(&r.totals, "RoutineStats")?,
+            totals: totals(r.totals.as_ref(), "RoutineStats")?,
             undecoded_calls: r.undecoded_calls,
             sizes,
             comm_sizes: r.comm_sizes.iter().map(|(k, v)| (*k, *v)).collect(),
@@ -201,16 +200,16 @@ pub fn check_rank(r: &pb::RankProfile) -> Result<(), InvalidMessage> {
         if routine.name.is_empty() {
             return Err(invalid("RoutineStats", "empty name"));
         }
-        totals(&routine.totals, "RoutineStats")?;
+        totals(routine.totals.as_ref(), "RoutineStats")?;
         for b in &routine.sizes {
             if let Some(v) = b.bucket {
                 u8::try_from(v)
                     .map_err(|_| invalid("SizeBucket", format!("bucket {v} out of range")))?;
             }
-            totals(&b.totals, "SizeBucket")?;
+            totals(b.totals.as_ref(), "SizeBucket")?;
         }
         for c in &routine.communicators {
-            totals(&c.totals, "CommunicatorStats")?;
+            totals(c.totals.as_ref(), "CommunicatorStats")?;
         }
     }
     Ok(())

@@ -405,15 +405,15 @@ fn remove_handles_of<V: aya::Pod>(map: &mut BpfHashMap<MapData, HandleKey, V>, p
 fn map_fds(ebpf: &Ebpf) -> HashMap<String, RawFd> {
     ebpf.maps()
         .filter_map(|(name, map)| {
-            let data = match map {
-                Map::Array(d)
-                | Map::HashMap(d)
-                | Map::LruHashMap(d)
-                | Map::PerCpuHashMap(d)
-                | Map::PerCpuArray(d)
-                | Map::Stack(d)
-                | Map::RingBuf(d) => d,
-                _ => return None,
+            let (Map::Array(data)
+            | Map::HashMap(data)
+            | Map::LruHashMap(data)
+            | Map::PerCpuHashMap(data)
+            | Map::PerCpuArray(data)
+            | Map::Stack(data)
+            | Map::RingBuf(data)) = map
+            else {
+                return None;
             };
             Some((name.to_string(), data.fd().as_fd().as_raw_fd()))
         })

@@ -58,7 +58,7 @@ fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
         libc::syscall(
             libc::SYS_bpf,
             cmd as libc::c_long,
-            attr as *mut bpf_attr,
+            std::ptr::from_mut::<bpf_attr>(attr),
             size_of::<bpf_attr>(),
         )
     };
@@ -197,37 +197,34 @@ pub fn load_programs(
         for (dst, src) in u.prog_name.iter_mut().zip(name.bytes().take(15)) {
             *dst = src as libc::c_char;
         }
-        match bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr) {
-            Ok(fd) => {
-                out.insert(name.to_string(), fd);
-            }
-            Err(_) => {
-                // Retry with the verifier log on, to say why.
-                // SAFETY: as above.
-                let u = unsafe { &mut attr.__bindgen_anon_3 };
-                u.log_level = 1;
-                u.log_buf = log.as_mut_ptr() as u64;
-                u.log_size = log.len() as u32;
-                let source = bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr)
-                    .err()
-                    .unwrap_or_else(|| io::Error::other("load failed once"));
-                let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
-                let text = String::from_utf8_lossy(&log[..end]);
-                let tail: String = text
-                    .lines()
-                    .rev()
-                    .take(20)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                return Err(MultiError::Load {
-                    name: name.to_string(),
-                    log: tail,
-                    source,
-                });
-            }
+        if let Ok(fd) = bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr) {
+            out.insert(name.to_string(), fd);
+        } else {
+            // Retry with the verifier log on, to say why.
+            // SAFETY: as above.
+            let u = unsafe { &mut attr.__bindgen_anon_3 };
+            u.log_level = 1;
+            u.log_buf = log.as_mut_ptr() as u64;
+            u.log_size = log.len() as u32;
+            let source = bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr)
+                .err()
+                .unwrap_or_else(|| io::Error::other("load failed once"));
+            let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
+            let text = String::from_utf8_lossy(&log[..end]);
+            let tail: String = text
+                .lines()
+                .rev()
+                .take(20)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n");
+            return Err(MultiError::Load {
+                name: name.to_string(),
+                log: tail,
+                source,
+            });
         }
     }
     Ok(out)

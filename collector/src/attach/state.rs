@@ -79,7 +79,8 @@ pub fn is_bpffs(path: &Path) -> bool {
 /// The file-system type (`statfs.f_type`) of `path`.
 fn fs_type(path: &Path) -> Option<i64> {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: statfs(2) into a zeroed struct with a valid path.
+    // SAFETY: `statfs` is plain integers, for which all zeroes is a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type as i64)
+    // SAFETY: statfs(2) with a NUL-terminated path into a struct of the right type.
+    (unsafe { libc::statfs(c.as_ptr(), &raw mut st) } == 0).then_some(st.f_type as i64)
 }

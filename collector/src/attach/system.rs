@@ -57,7 +57,7 @@ pub fn bump_memlock_rlimit() {
         rlim_max: libc::RLIM_INFINITY,
     };
     // SAFETY: plain syscall with a valid struct.
-    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) } != 0 {
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const rlim) } != 0 {
         debug!("could not raise RLIMIT_MEMLOCK");
     }
 }

@@ -474,9 +474,7 @@ pub fn boot_id() -> String {
 
 /// This host's name, as reports show it.
 pub fn this_host() -> String {
-    hostname::get()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "unknown".into())
+    hostname::get().map_or_else(|_| "unknown".into(), |h| h.to_string_lossy().into_owned())
 }
 
 #[cfg(test)]

@@ -170,13 +170,13 @@ fn assemble(
         group.sort_by_key(|r| r.rank);
         let job = match batch_job_id(&key, &key_refs) {
             Some(batch) => batch,
-            None => match job_ids.get(&key) {
-                Some(id) => id.clone(),
-                None => {
+            None => {
+                if let Some(id) = job_ids.get(&key) {
+                    id.clone()
+                } else {
                     let first = group
                         .first()
-                        .map(|r| r.pid.to_string())
-                        .unwrap_or_else(|| "0".into());
+                        .map_or_else(|| "0".into(), |r| r.pid.to_string());
                     // Kept once rank 0 is among them (or no launcher said any rank): a job
                     // whose rank 1 was seen a moment before its rank 0 is still named after
                     // rank 0's pid.
@@ -187,10 +187,10 @@ fn assemble(
                     }
                     first
                 }
-            },
+            }
         };
         for mut r in group {
-            r.job = job.clone();
+            r.job.clone_from(&job);
             ranks.push(r);
         }
     }

@@ -189,7 +189,7 @@ impl Board {
     pub fn take_parts(&mut self) -> Vec<super::instances::Instance> {
         self.trackers
             .values_mut()
-            .flat_map(|t| t.take_parts())
+            .flat_map(super::Tracker::take_parts)
             .collect()
     }
 

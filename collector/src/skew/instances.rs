@@ -177,34 +177,31 @@ impl Matcher {
         if c.nonblocking {
             return known;
         }
-        match stream.offset {
-            Some(off) => {
-                let seq = local as i64 + off;
-                place(
-                    comm,
-                    c.comm,
-                    seq,
-                    c.routine,
-                    c.bucket,
-                    c.arrival,
-                    &mut self.counts,
-                    out,
-                );
+        if let Some(off) = stream.offset {
+            let seq = local as i64 + off;
+            place(
+                comm,
+                c.comm,
+                seq,
+                c.routine,
+                c.bucket,
+                c.arrival,
+                &mut self.counts,
+                out,
+            );
+        } else {
+            stream.buffer.push_back(Buffered {
+                local,
+                routine: c.routine,
+                bucket: c.bucket,
+                arrival: c.arrival,
+            });
+            if stream.buffer.len() > MAX_BUFFER {
+                stream.buffer.pop_front();
+                self.counts.unaligned += 1;
             }
-            None => {
-                stream.buffer.push_back(Buffered {
-                    local,
-                    routine: c.routine,
-                    bucket: c.bucket,
-                    arrival: c.arrival,
-                });
-                if stream.buffer.len() > MAX_BUFFER {
-                    stream.buffer.pop_front();
-                    self.counts.unaligned += 1;
-                }
-                if stream.buffer.len().is_multiple_of(MIN_ALIGN) {
-                    align(comm, c.comm, false, &mut self.counts, out);
-                }
+            if stream.buffer.len().is_multiple_of(MIN_ALIGN) {
+                align(comm, c.comm, false, &mut self.counts, out);
             }
         }
         known
@@ -477,7 +474,7 @@ mod tests {
         let mut out = Vec::new();
         for i in 0..3 {
             for p in 0..3 {
-                m.arrive(call(p, 3, i, p as u64 * 1000), &mut out);
+                m.arrive(call(p, 3, i, u64::from(p) * 1000), &mut out);
             }
         }
         assert_eq!(out.len(), 3);
@@ -496,7 +493,7 @@ mod tests {
                 if i >= from {
                     let c = Collective {
                         from_start: false,
-                        ..call(p, 3, i, p as u64 * 1000)
+                        ..call(p, 3, i, u64::from(p) * 1000)
                     };
                     m.arrive(c, &mut out);
                 }

@@ -175,21 +175,21 @@ impl Histogram {
         if v < 1 << (SUB_BITS + 1) {
             return v as u16;
         }
-        let e = 63 - v.leading_zeros();
+        let e = v.ilog2();
         let sub = (v >> (e - SUB_BITS)) & ((1 << SUB_BITS) - 1);
         ((e - SUB_BITS) << SUB_BITS) as u16 + sub as u16 + (1 << SUB_BITS)
     }
 
     /// The middle of bucket `i`.
     fn value(i: u16) -> u64 {
-        let i = i as u64;
+        let i = u64::from(i);
         if i < 1 << (SUB_BITS + 1) {
             return i;
         }
-        let e = (i >> SUB_BITS) - 1 + SUB_BITS as u64;
+        let e = (i >> SUB_BITS) - 1 + u64::from(SUB_BITS);
         let sub = i & ((1 << SUB_BITS) - 1);
-        let low = (1u64 << e) + (sub << (e - SUB_BITS as u64));
-        low + (1u64 << (e - SUB_BITS as u64)) / 2
+        let low = (1u64 << e) + (sub << (e - u64::from(SUB_BITS)));
+        low + (1u64 << (e - u64::from(SUB_BITS))) / 2
     }
 
     fn quantile(&self, q: f64) -> u64 {
@@ -558,7 +558,12 @@ mod tests {
             let arrivals = (0..4u32)
                 .map(|pid| Arrival {
                     pid,
-                    start_ns: base + if pid == 2 { 3_000_000 } else { pid as u64 * 10 },
+                    start_ns: base
+                        + if pid == 2 {
+                            3_000_000
+                        } else {
+                            u64::from(pid) * 10
+                        },
                     end_ns: base + 3_100_000,
                 })
                 .collect();

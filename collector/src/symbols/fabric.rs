@@ -73,7 +73,7 @@ pub fn relocated_pointers(elf: &Elf) -> BTreeMap<u64, u64> {
             (R_X86_64_64, object::RelocationTarget::Symbol(i)) => elf
                 .dynamic_symbol_table()
                 .and_then(|t| t.symbol_by_index(i).ok())
-                .filter(|s| s.is_definition())
+                .filter(object::ObjectSymbol::is_definition)
                 .map(|s| s.address().wrapping_add(r.addend() as u64)),
             _ => None,
         };

@@ -113,6 +113,10 @@ pub struct Library {
     pub fabric_providers: Vec<fabric::ProviderStruct>,
 }
 
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's serialize_with passes the field by reference"
+)]
 fn ser_abi<S: serde::Serializer>(abi: &Abi, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(match abi {
         Abi::OpenMpi => "open_mpi",

@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 
 use super::{
+    c_string, fabric,
     probes::{code_offset, probe_at, text_range},
-    *,
+    Abi, Data, Elf, Family, Layout, Library, LibraryFile, LibraryKind, Object, ObjectSection,
 };
 
 /// "NCCL 2.32.3" or "RCCL 2.x" from the version banner in the library's read-only data.

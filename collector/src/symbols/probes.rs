@@ -4,7 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{nccl::mangled_name, *};
+use super::{
+    fabric, nccl::mangled_name, Abi, BTreeMap, Data, Elf, Family, Layout, Library, LibraryFile,
+    LibraryKind, Object, ObjectSection, Placement, ProbePoint, ROUTINES,
+};
 
 /// A libfabric library: every slot of every ops-table candidate, probed once per address
 /// (stubs such as `fi_no_msg_recv` serve many tables; the kind of table a call went
@@ -246,7 +249,7 @@ pub(crate) fn emulated(code: &[u8]) -> bool {
         // push %reg, push %r8..%r15
         [0x50..=0x57, ..] | [0x41, 0x50..=0x57, ..] => true,
         // call rel32, jmp rel32, jmp rel8, nop, jcc rel8, jcc rel32
-        [0xe8 | 0xe9 | 0xeb | 0x90, ..] | [0x70..=0x7f, ..] | [0x0f, 0x80..=0x8f, ..] => true,
+        [0xe8 | 0xe9 | 0xeb | 0x90 | 0x70..=0x7f, ..] | [0x0f, 0x80..=0x8f, ..] => true,
         _ => false,
     }
 }

@@ -34,7 +34,7 @@ fn category(routine: &str) -> &'static str {
     match ROUTINES
         .iter()
         .find(|r| r.name == routine)
-        .map(|r| r.family())
+        .map(collector_common::Routine::family)
     {
         Some(Family::Mpi) => "mpi",
         Some(Family::Nccl) => "nccl",

@@ -189,7 +189,7 @@ pub async fn trace(
     let started = Instant::now();
     loop {
         let (i, batch) = tokio::select! {
-            _ = &mut stop => break,
+            () = &mut stop => break,
             name = signals.recv() => {
                 crate::signals::stopping(name, "finishing the trace");
                 break;

@@ -449,7 +449,7 @@ mod tests {
     fn durations() {
         assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_mins(2));
         assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
         assert!(parse_duration("3 parsecs").is_err());
         assert!(parse_duration("").is_err());

@@ -10,7 +10,13 @@ use collector::{
     record::RecordOptions, report, serve, symbols, trace,
 };
 
-use super::{args::*, Command};
+use super::{
+    args::{
+        AggregatorArgs, CompareArgs, DaemonArgs, DoctorArgs, MetricsAddr, RecordArgs, ReportArgs,
+        TraceArgs,
+    },
+    Command,
+};
 
 /// A JSON profile saved by `record` or `report`.
 fn read_profile(p: &std::path::Path) -> Result<profile::JobProfile> {

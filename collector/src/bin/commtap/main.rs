@@ -9,7 +9,10 @@ use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 
-use args::*;
+use args::{
+    AggregatorArgs, CompareArgs, DaemonArgs, DetachArgs, DoctorArgs, EventsArgs, JobsArgs, PidArgs,
+    PsArgs, RecordArgs, ReportArgs, TraceArgs,
+};
 
 /// commtap: profile the communication of running MPI and NCCL jobs with eBPF: no relink,
 /// no LD_PRELOAD, no restart.

@@ -60,7 +60,7 @@ pub async fn serve(
             info!("Prometheus metrics on unix://{}", path.display());
             loop {
                 let (stream, _) = tokio::select! {
-                    _ = shutdown.cancelled() => {
+                    () = shutdown.cancelled() => {
                         let _ = std::fs::remove_file(&path);
                         return Ok(());
                     }
@@ -90,7 +90,7 @@ pub async fn serve(
             );
             loop {
                 let (stream, _) = tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
+                    () = shutdown.cancelled() => return Ok(()),
                     accepted = listener.accept() => accepted?,
                 };
                 let (acceptor, state) = (acceptor.clone(), state.clone());
@@ -114,7 +114,7 @@ pub async fn serve(
             );
             loop {
                 let (stream, _) = tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
+                    () = shutdown.cancelled() => return Ok(()),
                     accepted = listener.accept() => accepted?,
                 };
                 tokio::spawn(serve_connection(stream, state.clone(), Caller::Any));
