@@ -200,6 +200,38 @@ pub fn identity_event(bytes: &[u8]) -> ProcessEvent {
     }
 }
 
+/// The lifecycle event of kind `k` that `ev` reports (None for a kind it cannot be).
+fn process_event(k: u32, ev: &ProcEvent) -> Option<ProcessEvent> {
+    Some(if k == EventKind::Exec as u32 {
+        ProcessEvent::Exec {
+            pid: ev.tgid,
+            uid: ev.uid,
+            ts_ns: ev.ts_ns,
+        }
+    } else if k == EventKind::Fork as u32 {
+        ProcessEvent::Fork {
+            pid: ev.tgid,
+            parent: ev.parent,
+            uid: ev.uid,
+            ts_ns: ev.ts_ns,
+        }
+    } else if k == EventKind::Discovered as u32 {
+        ProcessEvent::Discovered {
+            pid: ev.tgid,
+            uid: ev.uid,
+        }
+    } else if k == EventKind::Exit as u32 {
+        ProcessEvent::Exit {
+            pid: ev.tgid,
+            ts_ns: ev.ts_ns,
+        }
+    } else {
+        return None;
+    })
+}
+
+/// Drains the ring buffer: process events to `tx`, call events to the feed (counted per
+/// process), anything malformed counted.
 fn drain(
     ring: &mut RingBuf<MapData>,
     tx: &mpsc::UnboundedSender<ProcessEvent>,
@@ -246,36 +278,13 @@ fn drain(
             Some(k) if bytes.len() >= size_of::<ProcEvent>() => {
                 // SAFETY: length checked; ProcEvent is plain integers.
                 let ev: ProcEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-                let pe = if k == EventKind::Exec as u32 {
-                    ProcessEvent::Exec {
-                        pid: ev.tgid,
-                        uid: ev.uid,
-                        ts_ns: ev.ts_ns,
-                    }
-                } else if k == EventKind::Fork as u32 {
-                    ProcessEvent::Fork {
-                        pid: ev.tgid,
-                        parent: ev.parent,
-                        uid: ev.uid,
-                        ts_ns: ev.ts_ns,
-                    }
-                } else if k == EventKind::Discovered as u32 {
-                    ProcessEvent::Discovered {
-                        pid: ev.tgid,
-                        uid: ev.uid,
-                    }
-                } else if k == EventKind::Exit as u32 {
-                    if counters.feed.receiver_count() > 0 {
-                        let _ = counters.feed.send(FeedItem::Exited(ev.tgid));
-                    }
-                    ProcessEvent::Exit {
-                        pid: ev.tgid,
-                        ts_ns: ev.ts_ns,
-                    }
-                } else {
+                let Some(pe) = process_event(k, &ev) else {
                     counters.malformed.fetch_add(1, Ordering::Relaxed);
                     continue;
                 };
+                if matches!(pe, ProcessEvent::Exit { .. }) && counters.feed.receiver_count() > 0 {
+                    let _ = counters.feed.send(FeedItem::Exited(ev.tgid));
+                }
                 debug!(?pe, "process event");
                 let _ = tx.send(pe);
             }

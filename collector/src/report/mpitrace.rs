@@ -95,6 +95,14 @@ pub fn render_rank(job: &JobProfile, r: &RankProfile) -> String {
             r.health.undecoded, r.health.in_flight_at_attach, r.health.counter_map_full, r.health.dropped
         );
     }
+    o.push_str(&render_sizes(&rows));
+    o
+}
+
+/// The rank's "Message size distributions" section: per routine with bytes, a line per
+/// size bucket.
+fn render_sizes(rows: &[(&String, &RoutineStats)]) -> String {
+    let mut o = String::new();
     let _ = writeln!(o);
     let _ = writeln!(
         o,
@@ -102,7 +110,7 @@ pub fn render_rank(job: &JobProfile, r: &RankProfile) -> String {
     );
     let _ = writeln!(o, "Message size distributions:");
     let _ = writeln!(o);
-    for (name, s) in &rows {
+    for (name, s) in rows {
         if s.totals.bytes == 0 && s.undecoded_calls == 0 {
             continue;
         }

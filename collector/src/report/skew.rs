@@ -37,6 +37,14 @@ pub fn render_text(s: &SkewReport) -> String {
     if s.instances == 0 {
         return o;
     }
+    ranks_table(&mut o, s);
+    routines_table(&mut o, s);
+    worst_instances(&mut o, s);
+    o
+}
+
+/// Per rank: how often it was last, what it caused and what it waited.
+fn ranks_table(o: &mut String, s: &SkewReport) {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
@@ -60,6 +68,10 @@ pub fn render_text(s: &SkewReport) -> String {
             r.waited_ns as f64 / 1e9
         );
     }
+}
+
+/// Per routine and size: skew percentiles.
+fn routines_table(o: &mut String, s: &SkewReport) {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
@@ -84,6 +96,10 @@ pub fn render_text(s: &SkewReport) -> String {
             human_ns(q.max)
         );
     }
+}
+
+/// The worst instances, named.
+fn worst_instances(o: &mut String, s: &SkewReport) {
     if !s.worst.is_empty() {
         let _ = writeln!(o);
         let _ = writeln!(o, "  worst instances:");
@@ -100,5 +116,4 @@ pub fn render_text(s: &SkewReport) -> String {
             );
         }
     }
-    o
 }

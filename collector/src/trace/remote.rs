@@ -153,8 +153,52 @@ pub async fn trace(
 ) -> Result<TraceSummary> {
     let mut writer = TraceWriter::create(opts)?;
     let mut sources = open_sources(from, &request).await?;
-    // Every stream feeds one channel: (source, batch).
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Result<pb::StreamEventsResponse>)>(64);
+    let mut rx = subscribe(&mut sources).await?;
+    let stop = tokio::time::sleep(
+        request
+            .duration
+            .unwrap_or(Duration::from_secs(u64::MAX / 4)),
+    );
+    tokio::pin!(stop);
+    let mut signals = crate::signals::StopSignals::listen()?;
+    let mut merge = Merge::new(&sources);
+    let started = Instant::now();
+    loop {
+        let (i, batch) = tokio::select! {
+            () = &mut stop => break,
+            name = signals.recv() => {
+                crate::signals::stopping(name, "finishing the trace");
+                break;
+            }
+            b = rx.recv() => match b {
+                Some(b) => b,
+                None => break,
+            },
+        };
+        let batch = batch.with_context(|| format!("StreamEvents from {}", sources[i].node))?;
+        note_streaming(&mut sources, i, &request)?;
+        merge.take(&mut writer, &mut sources[i], i, batch.events, batch.dropped)?;
+        name_new_processes(&mut writer, &mut sources[i]).await?;
+        for pid in &batch.exited {
+            sources[i].running.remove(pid);
+        }
+        if sources
+            .iter()
+            .all(|s| !s.pids.is_empty() && s.running.is_empty())
+        {
+            break;
+        }
+    }
+    signals.exit_on_next();
+    finish_sources(&mut writer, &mut sources, started.elapsed()).await?;
+    Ok(writer.finish()?)
+}
+
+/// Opens every source's event stream, all feeding one channel: (source, batch).
+async fn subscribe(
+    sources: &mut [Source],
+) -> Result<tokio::sync::mpsc::Receiver<(usize, Result<pb::StreamEventsResponse>)>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
     for (i, source) in sources.iter_mut().enumerate() {
         let mut stream = source
             .client
@@ -174,96 +218,100 @@ pub async fn trace(
             }
         });
     }
-    drop(tx);
-    let stop = tokio::time::sleep(
-        request
-            .duration
-            .unwrap_or(Duration::from_secs(u64::MAX / 4)),
-    );
-    tokio::pin!(stop);
-    let mut signals = crate::signals::StopSignals::listen()?;
-    let reference = sources[0].start_clock;
-    let mut lost_by_source = vec![0u64; sources.len()];
-    let mut taken: BTreeSet<u32> = BTreeSet::new();
-    let mut next_synthetic = 1u32 << 22;
-    let started = Instant::now();
-    loop {
-        let (i, batch) = tokio::select! {
-            () = &mut stop => break,
-            name = signals.recv() => {
-                crate::signals::stopping(name, "finishing the trace");
-                break;
-            }
-            b = rx.recv() => match b {
-                Some(b) => b,
-                None => break,
-            },
-        };
-        let batch = batch.with_context(|| format!("StreamEvents from {}", sources[i].node))?;
-        let source = &mut sources[i];
-        if !source.streaming {
-            source.streaming = true;
-            if let Some(path) = &request.ready_file {
-                if sources.iter().all(|s| s.streaming) {
-                    crate::report::write_file(path, b"streaming\n")
-                        .with_context(|| format!("writing {}", path.display()))?;
-                }
-            }
+    Ok(rx)
+}
+
+/// Notes that source `i` streams; once every source does, writes the ready file.
+fn note_streaming(sources: &mut [Source], i: usize, request: &TraceRequest) -> Result<()> {
+    if sources[i].streaming {
+        return Ok(());
+    }
+    sources[i].streaming = true;
+    if let Some(path) = &request.ready_file {
+        if sources.iter().all(|s| s.streaming) {
+            crate::report::write_file(path, b"streaming\n")
+                .with_context(|| format!("writing {}", path.display()))?;
         }
-        let source = &mut sources[i];
-        writer.lost_by_reader(batch.dropped.saturating_sub(lost_by_source[i]));
-        lost_by_source[i] = batch.dropped;
-        // Onto the first node's clock.
-        let shift = reference.offset_ns - source.start_clock.offset_ns;
-        for mut e in batch.events {
+    }
+    Ok(())
+}
+
+/// How the sources' events go into one trace: onto the first node's clock, each process
+/// under a pid no other node's process has.
+struct Merge {
+    reference: ClockEstimate,
+    lost_by_source: Vec<u64>,
+    taken: BTreeSet<u32>,
+    next_synthetic: u32,
+}
+
+impl Merge {
+    fn new(sources: &[Source]) -> Merge {
+        Merge {
+            reference: sources[0].start_clock,
+            lost_by_source: vec![0; sources.len()],
+            taken: BTreeSet::new(),
+            next_synthetic: 1 << 22,
+        }
+    }
+
+    /// Writes source `i`'s `events`; `dropped` is what its stream lost so far.
+    fn take(
+        &mut self,
+        writer: &mut TraceWriter,
+        source: &mut Source,
+        i: usize,
+        events: Vec<pb::CallEvent>,
+        dropped: u64,
+    ) -> Result<()> {
+        writer.lost_by_reader(dropped.saturating_sub(self.lost_by_source[i]));
+        self.lost_by_source[i] = dropped;
+        let shift = self.reference.offset_ns - source.start_clock.offset_ns;
+        for mut e in events {
             let pid = *source.trace_pid.entry(e.pid).or_insert_with(|| {
-                if taken.insert(e.pid) {
+                if self.taken.insert(e.pid) {
                     e.pid
                 } else {
-                    next_synthetic += 1;
-                    next_synthetic
+                    self.next_synthetic += 1;
+                    self.next_synthetic
                 }
             });
             e.pid = pid;
             e.start_ns = e.start_ns.saturating_add_signed(shift);
             writer.call(&e)?;
         }
-        let unnamed: BTreeSet<u32> = writer.unnamed().into_iter().collect();
-        let new: Vec<u32> = source
-            .trace_pid
-            .iter()
-            .filter(|(pid, shown)| unnamed.contains(shown) && !source.asked.contains(pid))
-            .map(|(pid, _)| *pid)
-            .collect();
-        if !new.is_empty() {
-            source.asked.extend(new);
-            let names = process_names(source).await?;
-            for (pid, shown) in &source.trace_pid {
-                if let Some(p) = names.get(pid).filter(|_| unnamed.contains(shown)) {
-                    writer.name(
-                        *shown,
-                        ProcessName {
-                            rank: p.rank,
-                            host: source.node.clone(),
-                            job: p.job.clone(),
-                        },
-                    );
-                }
-            }
-        }
-        for pid in &batch.exited {
-            source.running.remove(pid);
-        }
-        if sources
-            .iter()
-            .all(|s| !s.pids.is_empty() && s.running.is_empty())
-        {
-            break;
+        Ok(())
+    }
+}
+
+/// Names the processes of `source` the trace has no name for yet (asking its daemon once
+/// per process).
+async fn name_new_processes(writer: &mut TraceWriter, source: &mut Source) -> Result<()> {
+    let unnamed: BTreeSet<u32> = writer.unnamed().into_iter().collect();
+    let new: Vec<u32> = source
+        .trace_pid
+        .iter()
+        .filter(|(pid, shown)| unnamed.contains(shown) && !source.asked.contains(pid))
+        .map(|(pid, _)| *pid)
+        .collect();
+    if new.is_empty() {
+        return Ok(());
+    }
+    source.asked.extend(new);
+    let names = process_names(source).await?;
+    for (pid, shown) in &source.trace_pid {
+        if let Some(p) = names.get(pid).filter(|_| unnamed.contains(shown)) {
+            writer.name(
+                *shown,
+                ProcessName {
+                    rank: p.rank,
+                    host: source.node.clone(),
+                    job: p.job.clone(),
+                },
+            );
         }
     }
-    signals.exit_on_next();
-    finish_sources(&mut writer, &mut sources, started.elapsed()).await?;
-    Ok(writer.finish()?)
+    Ok(())
 }
 
 /// Names every traced process from its daemon's final profiles, counts what the kernel

@@ -1,0 +1,332 @@
+//! What the node daemon keeps and serves: its session, the profiles of processes that
+//! exited, who may see what, and the node's snapshots (paged), for the `commtap.v1.Node`
+//! service (`service`), the metrics endpoint and the pushes to an aggregator.
+
+mod service;
+
+pub use service::NodeService;
+
+use std::{sync::atomic::Ordering, time::Instant};
+
+use tokio::sync::Mutex;
+use tonic::Request;
+
+use crate::{
+    api::{
+        pb,
+        snapshot::{to_wire, ProcessKey, Snapshot},
+    },
+    clock::monotonic_ns,
+    profile::{JobProfile, JobTotals, RankProfile},
+    push::SnapshotSource,
+    session::Session,
+};
+
+/// A process that exited: its last profile, kept until it expires.
+pub struct Finished {
+    /// When it exited.
+    pub at: Instant,
+    /// Its final profile.
+    pub rank: RankProfile,
+}
+
+/// What the daemon's loop and the API share.
+pub struct NodeState {
+    /// Node name reported to clients.
+    pub node: String,
+    /// This boot's id (`/proc/sys/kernel/random/boot_id`): with node, pid and start time,
+    /// a process's identity at an aggregator across reboots.
+    pub boot_id: String,
+    /// The live profiling session.
+    pub session: Mutex<Session>,
+    /// Profiles of processes that exited.
+    pub finished: Mutex<Vec<Finished>>,
+    /// Processes detached on request (the kernel ignores them until they exit).
+    pub detached: Mutex<std::collections::BTreeSet<u32>>,
+    /// Open StreamEvents streams (per-call events are on while there is one).
+    pub event_streams: std::sync::atomic::AtomicUsize,
+    /// Whether the daemon was started with --call-events (then they stay on).
+    pub call_events: bool,
+    /// Final profiles let go before their time by [`NodeState::keep_finished`]'s caps.
+    pub finished_dropped: std::sync::atomic::AtomicU64,
+    /// Added to every time the API gives out (0 but in tests of clock alignment).
+    pub clock_offset_ns: i64,
+    /// Who is late, per job (None: the daemon was started with --no-skew).
+    pub late: Option<Mutex<crate::skew::Board>>,
+}
+
+impl NodeState {
+    /// A time of this node's monotonic clock as the API gives it out.
+    pub fn api_time(&self, ns: u64) -> u64 {
+        ns.saturating_add_signed(self.clock_offset_ns)
+    }
+}
+
+/// Most final profiles of exited processes kept at once, and per user: a user starting
+/// processes without end can neither fill the daemon's memory nor push out other users'
+/// profiles.
+pub const MAX_FINISHED: usize = 65_536;
+/// See [`MAX_FINISHED`].
+pub const MAX_FINISHED_PER_UID: usize = 4096;
+
+/// Most ranks in one page of GetSnapshot: at the 4 KiB command line cap and a few dozen
+/// routines each, a page stays well under the reply limit.
+pub const MAX_PAGE_RANKS: u32 = 4096;
+
+/// One page of a snapshot's ranks.
+#[derive(Clone, Copy, Debug)]
+pub struct Page {
+    /// After this rank (pid, start ticks); None: from the first.
+    pub after: Option<(u32, u64)>,
+    /// At most this many ranks.
+    pub size: usize,
+}
+
+/// Who is asking: root sees everything, another user only its own processes, a caller
+/// nobody vouches for nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// Root on the Unix socket, or a TCP caller whose client certificate the listener's
+    /// `--tls-client-ca` verified.
+    Any,
+    /// A non-root user on the Unix socket.
+    Uid(u32),
+    /// A TCP caller without a verified client certificate (plaintext under
+    /// `--insecure-tcp`, or TLS without one): treated as a user who owns no process.
+    Nobody,
+}
+
+impl Caller {
+    /// The caller of `req`: the Unix socket's peer credentials, else the client
+    /// certificate TLS verified, else nobody.
+    pub fn of<T>(req: &Request<T>) -> Caller {
+        let uid = req
+            .extensions()
+            .get::<tonic::transport::server::UdsConnectInfo>()
+            .and_then(|info| info.peer_cred)
+            .map(|cred| cred.uid());
+        match uid {
+            Some(0) => Caller::Any,
+            Some(uid) => Caller::Uid(uid),
+            // Certificates are only there when the listener required and verified them.
+            None if req.peer_certs().is_some_and(|c| !c.is_empty()) => Caller::Any,
+            None => Caller::Nobody,
+        }
+    }
+
+    /// Whether this caller may see a process of user `uid`.
+    pub fn may_see(self, uid: Option<u32>) -> bool {
+        match self {
+            Caller::Any => true,
+            Caller::Uid(me) => uid == Some(me),
+            Caller::Nobody => false,
+        }
+    }
+
+    /// Whether this caller may see the probed library shown as `path` (a user: only those
+    /// its own processes map, the paths of others' being theirs).
+    pub fn may_see_library(self, session: &Session, path: &str) -> bool {
+        match self {
+            Caller::Any => true,
+            Caller::Uid(me) => session.library_used_by(path, me),
+            Caller::Nobody => false,
+        }
+    }
+}
+
+impl NodeState {
+    /// Keeps `rank`'s final profile, letting the oldest of its user's go past
+    /// [`MAX_FINISHED_PER_UID`], and the oldest of all past [`MAX_FINISHED`] (counted).
+    pub async fn keep_finished(&self, rank: RankProfile) {
+        let mut finished = self.finished.lock().await;
+        let uid = rank.uid;
+        if finished.iter().filter(|f| f.rank.uid == uid).count() >= MAX_FINISHED_PER_UID {
+            if let Some(i) = finished.iter().position(|f| f.rank.uid == uid) {
+                finished.remove(i);
+                self.finished_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if finished.len() >= MAX_FINISHED {
+            finished.remove(0);
+            self.finished_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        finished.push(Finished {
+            at: Instant::now(),
+            rank,
+        });
+    }
+
+    /// The node's cumulative profile now: live processes and those that exited, filtered,
+    /// and limited to what `caller` may see.
+    pub async fn snapshot(&self, filter: &pb::ProcessFilter, caller: Caller) -> JobProfile {
+        self.snapshot_page(filter, caller, None).await.0
+    }
+
+    /// [`NodeState::snapshot`], or one page of it: the ranks after `after` in (pid, start)
+    /// order, at most `size`, with the job-wide totals of them all; and the last rank's
+    /// key when more follow. Only the page's exited ranks are copied: a node keeping
+    /// thousands of them answers page by page in bounded memory.
+    pub async fn snapshot_page(
+        &self,
+        filter: &pb::ProcessFilter,
+        caller: Caller,
+        page: Option<Page>,
+    ) -> (JobProfile, Option<(u32, u64)>) {
+        let mut profile = {
+            let mut session = self.session.lock().await;
+            let mut profile = session.profile(monotonic_ns());
+            profile
+                .libraries
+                .retain(|l| caller.may_see_library(&session, &l.path));
+            if caller != Caller::Any {
+                // Each names another user's file and why it was not probed.
+                profile.unsupported_libraries.clear();
+            }
+            profile
+        };
+        let wanted = |r: &RankProfile| {
+            caller.may_see(r.uid)
+                && (filter.job.is_empty() || r.job == filter.job)
+                && (filter.ranks.is_empty() || filter.ranks.contains(&r.rank))
+        };
+        profile.ranks.retain(|r| wanted(r));
+        let finished = self.finished.lock().await;
+        let exited: Vec<&RankProfile> = finished
+            .iter()
+            .map(|f| &f.rank)
+            .filter(|r| wanted(r))
+            .collect();
+        let all = || profile.ranks.iter().chain(exited.iter().copied());
+        let totals = JobTotals::of(all());
+        let key = |r: &RankProfile| (r.pid, r.start_ticks);
+        let mut next = None;
+        let ranks = match page {
+            None => all().cloned().collect(),
+            Some(Page { after, size }) => {
+                let mut keys: Vec<(u32, u64)> = all()
+                    .map(key)
+                    .filter(|k| after.is_none_or(|a| *k > a))
+                    .collect();
+                keys.sort_unstable();
+                if keys.len() > size {
+                    keys.truncate(size);
+                    next = keys.last().copied();
+                }
+                let keys: std::collections::BTreeSet<(u32, u64)> = keys.into_iter().collect();
+                all().filter(|r| keys.contains(&key(r))).cloned().collect()
+            }
+        };
+        let names: std::collections::HashMap<u32, (u32, String)> =
+            if self.late.is_some() && !totals.job.is_empty() {
+                all().map(|r| (r.pid, (r.rank, r.host.clone()))).collect()
+            } else {
+                Default::default()
+            };
+        drop(finished);
+        profile.ranks = ranks;
+        if !filter.routines.is_empty() {
+            for r in &mut profile.ranks {
+                r.routines.retain(|name, _| filter.routines.contains(name));
+            }
+        }
+        profile
+            .ranks
+            .sort_by(|a, b| (a.job.as_str(), a.rank).cmp(&(b.job.as_str(), b.rank)));
+        profile.set_totals(totals);
+        if let (Some(late), false) = (&self.late, names.is_empty()) {
+            let pids: Vec<u32> = names.keys().copied().collect();
+            let whois = |pid: u32| names.get(&pid).cloned();
+            profile.skew = late.lock().await.report_for(&pids, &whois).map(|mut s| {
+                // A page carries the rows of its own ranks (the client joins them).
+                if page.is_some() {
+                    let here: std::collections::HashSet<u32> =
+                        profile.ranks.iter().map(|r| r.rank).collect();
+                    s.ranks.retain(|r| here.contains(&r.rank));
+                }
+                s
+            });
+        }
+        (profile, next)
+    }
+}
+
+#[tonic::async_trait]
+impl SnapshotSource for NodeState {
+    async fn batch(&self) -> pb::PushSnapshotsRequest {
+        let profile = self
+            .snapshot(&pb::ProcessFilter::default(), Caller::Any)
+            .await;
+        let taken_ns = monotonic_ns();
+        let instances = self.parts(&profile).await;
+        let processes = profile
+            .ranks
+            .into_iter()
+            .map(|rank| {
+                let key = ProcessKey {
+                    node: self.node.clone(),
+                    pid: rank.pid,
+                    start_ticks: rank.start_ticks,
+                    boot_id: self.boot_id.clone(),
+                };
+                to_wire(&Snapshot {
+                    key,
+                    taken_ns,
+                    rank,
+                })
+            })
+            .collect();
+        pb::PushSnapshotsRequest {
+            processes,
+            instances,
+            ..Default::default()
+        }
+    }
+
+    fn clock_ns(&self) -> u64 {
+        self.api_time(monotonic_ns())
+    }
+}
+
+impl NodeState {
+    /// The collective instances who-is-late handed on (their other members are on other
+    /// nodes), with ranks, hosts and job as `profile` names them, on the API's clock.
+    async fn parts(&self, profile: &crate::profile::JobProfile) -> Vec<pb::InstancePart> {
+        let Some(late) = &self.late else {
+            return Vec::new();
+        };
+        let parts = late.lock().await.take_parts();
+        let rank_of = |pid: u32| profile.ranks.iter().find(|r| r.pid == pid);
+        parts
+            .into_iter()
+            .filter_map(|inst| {
+                let job = rank_of(inst.arrivals.first()?.pid)?.job.clone();
+                let arrivals = inst
+                    .arrivals
+                    .iter()
+                    .filter_map(|a| {
+                        let r = rank_of(a.pid)?;
+                        Some(pb::InstanceArrival {
+                            rank: r.rank,
+                            host: self.node.clone(),
+                            start_ns: self.api_time(a.start_ns),
+                            end_ns: self.api_time(a.end_ns),
+                        })
+                    })
+                    .collect();
+                Some(pb::InstancePart {
+                    job,
+                    comm: inst.comm.0,
+                    seq: inst.seq,
+                    routine: collector_common::ROUTINES
+                        .get(inst.routine as usize)
+                        .map_or("?", |r| r.name)
+                        .to_string(),
+                    bucket: (inst.bucket != collector_common::UNKNOWN_BUCKET)
+                        .then_some(u32::from(inst.bucket)),
+                    size: inst.size,
+                    arrivals,
+                })
+            })
+            .collect()
+    }
+}

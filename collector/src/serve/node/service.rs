@@ -1,0 +1,357 @@
+//! The `commtap.v1.Node` service: the node daemon's processes and their cumulative
+//! profiles, live and as a stream, over a [`NodeState`].
+
+use std::{pin::Pin, sync::Arc, time::Duration};
+
+use std::sync::atomic::Ordering;
+
+use tokio::sync::broadcast;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use super::{Caller, NodeState, Page, MAX_PAGE_RANKS};
+use crate::{
+    api::{
+        pb,
+        status::{watch_interval, ToStatus},
+    },
+    clock::monotonic_ns,
+    discover::tracked::Tracked,
+    ingest::FeedItem,
+    profile::RankProfile,
+};
+
+/// The gRPC service over a [`NodeState`].
+#[derive(Clone)]
+pub struct NodeService {
+    state: Arc<NodeState>,
+}
+
+impl NodeService {
+    /// A service over `state`.
+    pub fn new(state: Arc<NodeState>) -> Self {
+        NodeService { state }
+    }
+}
+
+type SnapshotStream =
+    Pin<Box<dyn Stream<Item = Result<pb::WatchSnapshotsResponse, Status>> + Send>>;
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::StreamEventsResponse, Status>> + Send>>;
+
+/// Most StreamEvents streams open at once (each holds a task and a copy of every event).
+const MAX_EVENT_STREAMS: usize = 16;
+
+/// How often a StreamEvents stream sends what it gathered.
+const EVENT_BATCH: Duration = Duration::from_millis(100);
+
+#[tonic::async_trait]
+impl pb::node_server::Node for NodeService {
+    async fn list_processes(
+        &self,
+        req: Request<pb::ListProcessesRequest>,
+    ) -> Result<Response<pb::ListProcessesResponse>, Status> {
+        let caller = Caller::of(&req);
+        let session = self.state.session.lock().await;
+        let mut processes: Vec<pb::ProcessState> = session
+            .tracked
+            .iter()
+            .filter(|(_, t)| caller.may_see(t.uid()))
+            .map(|(pid, t)| process_state(*pid, t))
+            .collect();
+        let libraries = session
+            .library_summaries()
+            .iter()
+            .filter(|l| caller.may_see_library(&session, &l.path))
+            .map(Into::into)
+            .collect();
+        drop(session);
+        for f in self
+            .state
+            .finished
+            .lock()
+            .await
+            .iter()
+            .filter(|f| caller.may_see(f.rank.uid))
+        {
+            processes.push(pb::ProcessState {
+                pid: f.rank.pid,
+                rank: f.rank.rank_known.then_some(f.rank.rank),
+                job: f.rank.job.clone(),
+                cmdline: f.rank.cmdline.clone(),
+                status: pb::ProcessStatus::Exited as i32,
+            });
+        }
+        processes.sort_by_key(|p| p.pid);
+        Ok(Response::new(pb::ListProcessesResponse {
+            processes,
+            libraries,
+        }))
+    }
+
+    async fn get_snapshot(
+        &self,
+        req: Request<pb::GetSnapshotRequest>,
+    ) -> Result<Response<pb::GetSnapshotResponse>, Status> {
+        let caller = Caller::of(&req);
+        let req = req.into_inner();
+        let filter = req.filter.unwrap_or_default();
+        let page = page_of(req.page_size, &req.page_token)?;
+        let (profile, next) = self.state.snapshot_page(&filter, caller, page).await;
+        Ok(Response::new(pb::GetSnapshotResponse {
+            node: self.state.node.clone(),
+            profile: Some((&profile).into()),
+            next_page_token: next.map_or(String::new(), |(pid, start)| format!("{pid}:{start}")),
+        }))
+    }
+
+    type WatchSnapshotsStream = SnapshotStream;
+
+    async fn watch_snapshots(
+        &self,
+        req: Request<pb::WatchSnapshotsRequest>,
+    ) -> Result<Response<Self::WatchSnapshotsStream>, Status> {
+        let caller = Caller::of(&req);
+        let req = req.into_inner();
+        let interval = watch_interval(req.interval_ms)?;
+        let page_size = page_of(req.page_size, "")?.map(|p| p.size);
+        let filter = req.filter.unwrap_or_default();
+        let state = self.state.clone();
+        let stream = async_stream(state, filter, interval, caller, page_size);
+        Ok(Response::new(Box::pin(stream)))
+    }
+    async fn attach_process(
+        &self,
+        req: Request<pb::AttachProcessRequest>,
+    ) -> Result<Response<pb::AttachProcessResponse>, Status> {
+        let caller = Caller::of(&req);
+        let pid = req.into_inner().pid;
+        if pid == 0 {
+            return Err(Status::invalid_argument("pid 0 is not a process"));
+        }
+        let info = crate::discover::process_info(pid).map_err(|e| e.to_status())?;
+        if !caller.may_see(info.uid) {
+            return Err(Status::permission_denied(format!(
+                "PID {pid} belongs to another user"
+            )));
+        }
+        let mut session = self.state.session.lock().await;
+        let t = session.attach(pid).map_err(|e| e.to_status())?;
+        let process = process_state(pid, t);
+        drop(session);
+        self.state.detached.lock().await.remove(&pid);
+        Ok(Response::new(pb::AttachProcessResponse {
+            process: Some(process),
+        }))
+    }
+
+    async fn detach_process(
+        &self,
+        req: Request<pb::DetachProcessRequest>,
+    ) -> Result<Response<pb::DetachProcessResponse>, Status> {
+        let caller = Caller::of(&req);
+        let pid = req.into_inner().pid;
+        let mut session = self.state.session.lock().await;
+        let Some(t) = session.tracked.get(&pid) else {
+            return Err(Status::not_found(format!("PID {pid} is not watched")));
+        };
+        if !caller.may_see(t.uid()) {
+            return Err(Status::permission_denied(format!(
+                "PID {pid} belongs to another user"
+            )));
+        }
+        let rank = session.detach(pid).map_err(|e| e.to_status())?;
+        drop(session);
+        self.state.detached.lock().await.insert(pid);
+        if let Some(rank) = &rank {
+            // Nothing lost: the profile stays in snapshots (and pushes) as a final one.
+            self.state
+                .keep_finished(RankProfile {
+                    exited: true,
+                    ..rank.clone()
+                })
+                .await;
+        }
+        Ok(Response::new(pb::DetachProcessResponse {
+            profile: rank.as_ref().map(Into::into),
+        }))
+    }
+
+    type StreamEventsStream = EventStream;
+
+    async fn clock(
+        &self,
+        _req: Request<pb::ClockRequest>,
+    ) -> Result<Response<pb::ClockResponse>, Status> {
+        Ok(Response::new(pb::ClockResponse {
+            monotonic_ns: self.state.api_time(monotonic_ns()),
+            node: self.state.node.clone(),
+        }))
+    }
+
+    async fn stream_events(
+        &self,
+        req: Request<pb::StreamEventsRequest>,
+    ) -> Result<Response<Self::StreamEventsStream>, Status> {
+        let caller = Caller::of(&req);
+        if caller != Caller::Any {
+            // A stream switches per-call events on for every process of the node, whose
+            // cost every rank pays: the operator's decision, not any user's.
+            return Err(Status::permission_denied(
+                "streaming events is for root (on the Unix socket) or a caller with a client \
+                 certificate over TCP: it switches per-call events on node-wide",
+            ));
+        }
+        if self.state.event_streams.load(Ordering::SeqCst) >= MAX_EVENT_STREAMS {
+            return Err(Status::resource_exhausted(format!(
+                "{MAX_EVENT_STREAMS} event streams are open already"
+            )));
+        }
+        let pids: std::collections::BTreeSet<u32> = req.into_inner().pids.into_iter().collect();
+        let state = self.state.clone();
+        let feed = {
+            let mut session = state.session.lock().await;
+            if state.event_streams.fetch_add(1, Ordering::SeqCst) == 0 && !state.call_events {
+                session
+                    .probes
+                    .set_call_events(true)
+                    .map_err(|e| Status::internal(format!("{e:#}")))?;
+            }
+            session.call_feed()
+        };
+        // The stream carries the calls that start from now on: the ring buffer may still
+        // hold events of collectives from before (who is late asks for those all along),
+        // drained only on the next timer.
+        let opened_ns = monotonic_ns();
+        Ok(Response::new(Box::pin(event_stream(
+            state, feed, pids, opened_ns,
+        ))))
+    }
+}
+
+/// Batches of the call feed for one StreamEvents caller, until it goes away; then switches
+/// per-call events off again if it was the last and the daemon did not ask for them.
+fn event_stream(
+    state: Arc<NodeState>,
+    mut feed: broadcast::Receiver<FeedItem>,
+    pids: std::collections::BTreeSet<u32>,
+    opened_ns: u64,
+) -> impl Stream<Item = Result<pb::StreamEventsResponse, Status>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut dropped = 0u64;
+        let mut tick = tokio::time::interval(EVENT_BATCH);
+        loop {
+            tick.tick().await;
+            // Only root and certified callers stream (checked by the caller): they may see every
+            // process, so the pid filter is the only one; an exited process's last calls
+            // and its exit still reach them after the daemon has let it go.
+            let visible = |pid: &u32| pids.is_empty() || pids.contains(pid);
+            let (mut events, mut exited) = (Vec::new(), Vec::new());
+            loop {
+                match feed.try_recv() {
+                    Ok(FeedItem::Call(ev)) if visible(&ev.tgid) && ev.start_ns >= opened_ns => {
+                        let mut ev = crate::trace::call_event(&ev);
+                        ev.start_ns = state.api_time(ev.start_ns);
+                        events.push(ev);
+                    }
+                    Ok(FeedItem::Exited(pid)) if visible(&pid) => exited.push(pid),
+                    Ok(_) => {}
+                    Err(broadcast::error::TryRecvError::Lagged(n)) => dropped += n,
+                    Err(_) => break,
+                }
+            }
+            let batch = pb::StreamEventsResponse {
+                events,
+                dropped,
+                exited,
+            };
+            if tx.send(Ok(batch)).await.is_err() {
+                break;
+            }
+        }
+        if state.event_streams.fetch_sub(1, Ordering::SeqCst) == 1 && !state.call_events {
+            let mut session = state.session.lock().await;
+            let _ = session.probes.set_call_events(false);
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// Snapshots every `interval` until the client goes away (the send fails), each whole or
+/// in pages of `page_size` ranks.
+fn async_stream(
+    state: Arc<NodeState>,
+    filter: pb::ProcessFilter,
+    interval: Duration,
+    caller: Caller,
+    page_size: Option<usize>,
+) -> impl Stream<Item = Result<pb::WatchSnapshotsResponse, Status>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        'watch: loop {
+            tick.tick().await;
+            let mut after = None;
+            loop {
+                let page = page_size.map(|size| Page { after, size });
+                let (profile, next) = state.snapshot_page(&filter, caller, page).await;
+                let msg = pb::WatchSnapshotsResponse {
+                    node: state.node.clone(),
+                    profile: Some((&profile).into()),
+                    more: next.is_some(),
+                };
+                if tx.send(Ok(msg)).await.is_err() {
+                    break 'watch;
+                }
+                match next {
+                    Some(n) => after = Some(n),
+                    None => break,
+                }
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// The page GetSnapshot asks for: after the rank `token` names (`pid:start_ticks`, the
+/// last of the previous page), at most `size` ranks; None for all of them at once.
+fn page_of(size: u32, token: &str) -> Result<Option<Page>, Status> {
+    if size == 0 && token.is_empty() {
+        return Ok(None);
+    }
+    let after = if token.is_empty() {
+        None
+    } else {
+        let bad = || Status::invalid_argument(format!("page_token {token:?} is not one we gave"));
+        let (pid, start) = token.split_once(':').ok_or_else(bad)?;
+        Some((
+            pid.parse::<u32>().map_err(|_| bad())?,
+            start.parse::<u64>().map_err(|_| bad())?,
+        ))
+    };
+    let size = match size {
+        0 => MAX_PAGE_RANKS,
+        n => n.min(MAX_PAGE_RANKS),
+    };
+    Ok(Some(Page {
+        after,
+        size: size as usize,
+    }))
+}
+
+/// A tracked process as the API lists it.
+fn process_state(pid: u32, t: &Tracked) -> pb::ProcessState {
+    let info = t.info.as_ref();
+    pb::ProcessState {
+        pid,
+        rank: info.and_then(|i| i.rank),
+        job: info.and_then(|i| i.batch_job.clone()).unwrap_or_default(),
+        cmdline: info.map(|i| i.cmdline.clone()).unwrap_or_default(),
+        // Exited only once its final profile is taken (see the daemon's settling).
+        status: if t.maps_mpi {
+            pb::ProcessStatus::Probed
+        } else {
+            pb::ProcessStatus::NoMpi
+        } as i32,
+    }
+}
