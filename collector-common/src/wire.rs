@@ -492,6 +492,25 @@ pub struct ProcStats {
 }
 const _: () = assert!(size_of::<ProcStats>() == 104);
 
+impl ProcStats {
+    /// Adds another CPU's share: counters sum, lifetime marks take the latest.
+    pub fn add(&mut self, o: &ProcStats) {
+        self.events_dropped += o.events_dropped;
+        self.undecoded += o.undecoded;
+        self.nested += o.nested;
+        self.orphan_returns += o.orphan_returns;
+        self.init_ns = self.init_ns.max(o.init_ns);
+        self.finalize_ns = self.finalize_ns.max(o.finalize_ns);
+        self.counters_full += o.counters_full;
+        self.group_ops += o.group_ops;
+        self.mixed_windows += o.mixed_windows;
+        self.fabric_failed += o.fabric_failed;
+        self.fabric_internal += o.fabric_internal;
+        self.net_unposted += o.net_unposted;
+        self.peers_full += o.peers_full;
+    }
+}
+
 /// Offsets of the tracepoint fields commtap reads, parsed by userspace from tracefs
 /// `format` files (they differ between kernel versions).
 #[repr(C)]

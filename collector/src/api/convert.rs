@@ -51,45 +51,23 @@ fn totals(t: Option<&pb::Totals>, what: &'static str) -> Result<Totals, InvalidM
         .ok_or_else(|| invalid(what, "missing totals"))
 }
 
-impl From<&Health> for pb::Health {
-    fn from(h: &Health) -> Self {
-        pb::Health {
-            events: h.events,
-            dropped: h.dropped,
-            undecoded: h.undecoded,
-            nested: h.nested,
-            in_flight_at_attach: h.in_flight_at_attach,
-            counter_map_full: h.counter_map_full,
-            group_ops: h.group_ops,
-            mixed_windows: h.mixed_windows,
-            fabric_unresolved: h.fabric_unresolved,
-            fabric_failed: h.fabric_failed,
-            fabric_internal: h.fabric_internal,
-            net_unposted: h.net_unposted,
-            peers_full: h.peers_full,
+/// The wire form of [`Health`] and back, from the one list of its counters.
+macro_rules! health_wire {
+    ($( $(#[$doc:meta])* $name:ident <- $src:ident ),* $(,)?) => {
+        impl From<&Health> for pb::Health {
+            fn from(h: &Health) -> Self {
+                pb::Health { $( $name: h.$name, )* }
+            }
         }
-    }
-}
 
-impl From<&pb::Health> for Health {
-    fn from(h: &pb::Health) -> Self {
-        Health {
-            events: h.events,
-            dropped: h.dropped,
-            undecoded: h.undecoded,
-            nested: h.nested,
-            in_flight_at_attach: h.in_flight_at_attach,
-            counter_map_full: h.counter_map_full,
-            group_ops: h.group_ops,
-            mixed_windows: h.mixed_windows,
-            fabric_unresolved: h.fabric_unresolved,
-            fabric_failed: h.fabric_failed,
-            fabric_internal: h.fabric_internal,
-            net_unposted: h.net_unposted,
-            peers_full: h.peers_full,
+        impl From<&pb::Health> for Health {
+            fn from(h: &pb::Health) -> Self {
+                Health { $( $name: h.$name, )* }
+            }
         }
-    }
+    };
 }
+crate::stats::health_counters!(health_wire);
 
 fn routine_to_pb(name: &str, r: &RoutineStats) -> pb::RoutineStats {
     pb::RoutineStats {

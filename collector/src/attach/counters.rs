@@ -154,19 +154,7 @@ impl super::Probes {
         let mut s = ProcStats::default();
         if let Ok(per_cpu) = self.proc_stats.get(&pid, 0) {
             for v in per_cpu.iter() {
-                s.events_dropped += v.events_dropped;
-                s.undecoded += v.undecoded;
-                s.nested += v.nested;
-                s.orphan_returns += v.orphan_returns;
-                s.counters_full += v.counters_full;
-                s.group_ops += v.group_ops;
-                s.mixed_windows += v.mixed_windows;
-                s.fabric_failed += v.fabric_failed;
-                s.fabric_internal += v.fabric_internal;
-                s.net_unposted += v.net_unposted;
-                s.peers_full += v.peers_full;
-                s.init_ns = s.init_ns.max(v.init_ns);
-                s.finalize_ns = s.finalize_ns.max(v.finalize_ns);
+                s.add(v);
             }
         }
         s
