@@ -264,6 +264,43 @@ pub fn render(
     o.0
 }
 
+/// Who-is-late series of every job, gathered per family before they are written.
+#[derive(Default)]
+struct LateSeries {
+    /// Per rank: instances, last, caused seconds, waited seconds.
+    lines: [Vec<String>; 4],
+    /// Per rank and routine: last, caused seconds, waited seconds.
+    per_routine: [Vec<String>; 3],
+    /// Per rank: the highest instance number reached.
+    seq: Vec<String>,
+}
+
+impl LateSeries {
+    fn add(&mut self, job: &str, skew: &crate::skew::SkewReport) {
+        for r in &skew.ranks {
+            let l = format!("{{job=\"{}\",rank=\"{}\"}}", escape(job), r.rank);
+            self.lines[0].push(format!("{l} {}", r.instances));
+            self.lines[1].push(format!("{l} {}", r.last));
+            self.lines[2].push(format!("{l} {}", r.caused_ns as f64 / 1e9));
+            self.lines[3].push(format!("{l} {}", r.waited_ns as f64 / 1e9));
+            if let Some(s) = r.seq {
+                self.seq.push(format!("{l} {s}"));
+            }
+            for x in &r.routines {
+                let l = format!(
+                    "{{job=\"{}\",rank=\"{}\",routine=\"{}\"}}",
+                    escape(job),
+                    r.rank,
+                    escape(&x.routine)
+                );
+                self.per_routine[0].push(format!("{l} {}", x.last));
+                self.per_routine[1].push(format!("{l} {}", x.caused_ns as f64 / 1e9));
+                self.per_routine[2].push(format!("{l} {}", x.waited_ns as f64 / 1e9));
+            }
+        }
+    }
+}
+
 /// Who is late, per job and rank (and routine): the instances each rank arrived last at,
 /// the time it made the others wait and the time it waited, and the highest instance
 /// number it reached (labels bounded: no communicators, no instance numbers).
@@ -273,40 +310,22 @@ pub fn render_skew(profile: &JobProfile, board: &crate::skew::Board) -> String {
     for r in &profile.ranks {
         jobs.entry(r.job.as_str()).or_default().push(r);
     }
-    let mut lines: [Vec<String>; 4] = Default::default();
-    let mut per_routine: [Vec<String>; 3] = Default::default();
-    let mut seq = Vec::new();
+    let mut series = LateSeries::default();
     for (job, ranks) in jobs {
         let pids: Vec<u32> = ranks.iter().map(|r| r.pid).collect();
         let whois = |pid: u32| {
             let r = ranks.iter().find(|r| r.pid == pid)?;
             Some((r.rank, r.host.clone()))
         };
-        let Some(skew) = board.report_for(&pids, &whois) else {
-            continue;
-        };
-        for r in &skew.ranks {
-            let l = format!("{{job=\"{}\",rank=\"{}\"}}", escape(job), r.rank);
-            lines[0].push(format!("{l} {}", r.instances));
-            lines[1].push(format!("{l} {}", r.last));
-            lines[2].push(format!("{l} {}", r.caused_ns as f64 / 1e9));
-            lines[3].push(format!("{l} {}", r.waited_ns as f64 / 1e9));
-            if let Some(s) = r.seq {
-                seq.push(format!("{l} {s}"));
-            }
-            for x in &r.routines {
-                let l = format!(
-                    "{{job=\"{}\",rank=\"{}\",routine=\"{}\"}}",
-                    escape(job),
-                    r.rank,
-                    escape(&x.routine)
-                );
-                per_routine[0].push(format!("{l} {}", x.last));
-                per_routine[1].push(format!("{l} {}", x.caused_ns as f64 / 1e9));
-                per_routine[2].push(format!("{l} {}", x.waited_ns as f64 / 1e9));
-            }
+        if let Some(skew) = board.report_for(&pids, &whois) {
+            series.add(job, &skew);
         }
     }
+    let LateSeries {
+        lines,
+        per_routine,
+        seq,
+    } = series;
     let mut o = Exposition::default();
     let families = [
         (

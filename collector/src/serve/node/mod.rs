@@ -162,6 +162,21 @@ impl NodeState {
         self.snapshot_page(filter, caller, None).await.0
     }
 
+    /// The live processes' profile as `caller` may see it (libraries of its own processes
+    /// only; no other user's unsupported files).
+    async fn live_profile(&self, caller: Caller) -> JobProfile {
+        let mut session = self.session.lock().await;
+        let mut profile = session.profile(monotonic_ns());
+        profile
+            .libraries
+            .retain(|l| caller.may_see_library(&session, &l.path));
+        if caller != Caller::Any {
+            // Each names another user's file and why it was not probed.
+            profile.unsupported_libraries.clear();
+        }
+        profile
+    }
+
     /// [`NodeState::snapshot`], or one page of it: the ranks after `after` in (pid, start)
     /// order, at most `size`, with the job-wide totals of them all; and the last rank's
     /// key when more follow. Only the page's exited ranks are copied: a node keeping
@@ -172,18 +187,7 @@ impl NodeState {
         caller: Caller,
         page: Option<Page>,
     ) -> (JobProfile, Option<(u32, u64)>) {
-        let mut profile = {
-            let mut session = self.session.lock().await;
-            let mut profile = session.profile(monotonic_ns());
-            profile
-                .libraries
-                .retain(|l| caller.may_see_library(&session, &l.path));
-            if caller != Caller::Any {
-                // Each names another user's file and why it was not probed.
-                profile.unsupported_libraries.clear();
-            }
-            profile
-        };
+        let mut profile = self.live_profile(caller).await;
         let wanted = |r: &RankProfile| {
             caller.may_see(r.uid)
                 && (filter.job.is_empty() || r.job == filter.job)
@@ -199,23 +203,11 @@ impl NodeState {
         let all = || profile.ranks.iter().chain(exited.iter().copied());
         let totals = JobTotals::of(all());
         let key = |r: &RankProfile| (r.pid, r.start_ticks);
-        let mut next = None;
-        let ranks = match page {
-            None => all().cloned().collect(),
-            Some(Page { after, size }) => {
-                let mut keys: Vec<(u32, u64)> = all()
-                    .map(key)
-                    .filter(|k| after.is_none_or(|a| *k > a))
-                    .collect();
-                keys.sort_unstable();
-                if keys.len() > size {
-                    keys.truncate(size);
-                    next = keys.last().copied();
-                }
-                let keys: std::collections::BTreeSet<(u32, u64)> = keys.into_iter().collect();
-                all().filter(|r| keys.contains(&key(r))).cloned().collect()
-            }
-        };
+        let (keys, next) = page_keys(all().map(key), page);
+        let ranks = all()
+            .filter(|r| keys.as_ref().is_none_or(|k| k.contains(&key(r))))
+            .cloned()
+            .collect();
         let names: std::collections::HashMap<u32, (u32, String)> =
             if self.late.is_some() && !totals.job.is_empty() {
                 all().map(|r| (r.pid, (r.rank, r.host.clone()))).collect()
@@ -329,4 +321,26 @@ impl NodeState {
             })
             .collect()
     }
+}
+
+/// A rank's key in a page: (pid, start ticks).
+type RankKey = (u32, u64);
+
+/// The keys (pid, start ticks) of `page` among `keys`, and the last one's when more
+/// follow; `None` for every rank (no page asked for).
+fn page_keys(
+    keys: impl Iterator<Item = RankKey>,
+    page: Option<Page>,
+) -> (Option<std::collections::BTreeSet<RankKey>>, Option<RankKey>) {
+    let Some(Page { after, size }) = page else {
+        return (None, None);
+    };
+    let mut keys: Vec<RankKey> = keys.filter(|k| after.is_none_or(|a| *k > a)).collect();
+    keys.sort_unstable();
+    let mut next = None;
+    if keys.len() > size {
+        keys.truncate(size);
+        next = keys.last().copied();
+    }
+    (Some(keys.into_iter().collect()), next)
 }
