@@ -15,7 +15,7 @@ use crate::{
     api::{pb, server, transport},
     attach::LoadOptions,
     clock::monotonic_ns,
-    discover::{self, cgroup::CgroupRef, tracked::Tracked, ProcessInfo},
+    discover::{self, cgroup::CgroupRef, ProcessInfo},
     push,
     serve::{
         metrics,
@@ -166,7 +166,7 @@ fn start_session(opts: &DaemonOptions, state_dir: Option<PathBuf>) -> Result<Ses
             warn!("{}: {e:#}", lib.display());
         }
     }
-    adopt_running(&mut session, &opts.scope);
+    session.adopt_running(|pid, info| opts.scope.admits(pid, info));
     Ok(session)
 }
 
@@ -285,34 +285,14 @@ async fn watch(
                 return Ok(());
             }
             Some(ev) = events.recv() => {
-                let batch = crate::session::queued(vec![ev], &mut events);
-                apply_events(state, batch).await;
+                let batch = crate::session::follow::queued(vec![ev], &mut events);
+                crate::session::follow::apply_events_shared(&state.session, batch).await;
             }
             _ = tick.tick() => {
                 ticks = ticks.wrapping_add(1);
                 let scan = ticks.is_multiple_of(SCAN_EVERY).then_some(&opts.scope);
                 look_around(state, scan, opts.keep_exited).await;
             }
-        }
-    }
-}
-
-/// Starts watching MPI processes in scope that were running before the daemon (counted
-/// from now).
-fn adopt_running(session: &mut Session, scope: &Scope) {
-    for pid in discover::mpi_processes() {
-        if session.tracked.contains_key(&pid) {
-            continue;
-        }
-        let info = discover::process_info(pid).ok();
-        if !scope.admits(pid, info.as_ref()) {
-            continue;
-        }
-        let mut t = Tracked::from_now();
-        t.info = info;
-        session.tracked.insert(pid, t);
-        if let Err(e) = session.watch_tracked(pid) {
-            warn!("PID {pid}: {e:#}");
         }
     }
 }
@@ -324,7 +304,7 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
     session.drain_process_events();
     session.track_counted();
     if let Some(scope) = scan_proc {
-        adopt_running(&mut session, scope);
+        session.adopt_running(|pid, info| scope.admits(pid, info));
     }
     session.rescan();
     // Detached processes that exited: their pid may be reused by a process to count.
@@ -400,20 +380,6 @@ async fn follow_collectives(
 
 /// Call events taken under one lock of the matching.
 const FEED_BATCH: usize = 4096;
-
-/// Applies a batch of process events; the libraries the new processes map are opened
-/// and read first, in a blocking task and off the session's lock (a slow file system holds
-/// up neither the API nor the other processes), then attached under it.
-async fn apply_events(state: &NodeState, batch: Vec<crate::ingest::ProcessEvent>) {
-    let unread = state.session.lock().await.unread_objects(&batch);
-    if !unread.is_empty() {
-        let read = tokio::task::spawn_blocking(move || crate::session::read_libraries(unread))
-            .await
-            .unwrap_or_default();
-        state.session.lock().await.add_read_libraries(read);
-    }
-    state.session.lock().await.apply_events(batch);
-}
 
 /// Serves `n` made-up exited ranks (job `synthetic`, pids from 2^30, their command lines at
 /// the 4 KiB cap, spread over 16 users so that the per-user cap keeps them all): what a

@@ -204,7 +204,7 @@ async fn follow(
                 return Ok(());
             }
             Some(ev) = session.events.recv() => {
-                let batch = crate::session::queued(vec![ev], &mut session.events);
+                let batch = crate::session::follow::queued(vec![ev], &mut session.events);
                 session.apply_events(batch);
             }
             _ = tick.tick() => {

@@ -1,50 +1,26 @@
-//! A profiling session: loaded probes, the processes they watch, the ingest task, and the
-//! profile built from the kernel's counters on demand. `record` runs one to completion; a
-//! long-running daemon keeps one and takes snapshots of it.
+//! How a session follows processes: the kernel's process events (fork, exec, exit, identity),
+//! rescans for libraries loaded later and for exits that never reached us, processes the
+//! counters show before userspace knew them, and processes running before commtap (the
+//! daemon's adoption). `discover` reads `/proc`; this applies what it read to the session's
+//! watched set and probes.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::Path,
-    sync::Arc,
 };
 
-use anyhow::{Context, Result};
-use tokio::{sync::mpsc, task::JoinHandle};
-use tokio_util::sync::CancellationToken;
+use anyhow::Result;
+use tokio::sync::{mpsc, Mutex};
 use tracing::{debug, warn};
 
+use super::Session;
 use crate::{
-    attach::{LoadOptions, Probes},
     clock::monotonic_ns,
     discover::{self, tracked::Tracked, MappedObject, ProcessInfo},
-    ingest::{self, IngestCounters, ProcessEvent},
-    profile::{
-        build::{self, job_key},
-        JobProfile, ProbedLibrary, RankProfile,
-    },
+    ingest::ProcessEvent,
+    profile::build::job_key,
     symbols::{file::FileError, LibraryFile},
 };
-
-/// Loaded probes, the watched processes and the ingest task.
-pub struct Session {
-    /// The kernel side.
-    pub probes: Probes,
-    /// Watched processes by pid.
-    pub tracked: BTreeMap<u32, Tracked>,
-    /// Process lifecycle events from the ingest task.
-    pub events: mpsc::UnboundedReceiver<ProcessEvent>,
-    ingest_counters: Arc<IngestCounters>,
-    cancel: CancellationToken,
-    ingest: Option<JoinHandle<()>>,
-    /// Job id given to each job key (see `profile::build::job_key`), kept stable across profiles.
-    job_ids: BTreeMap<String, String>,
-    /// Take new processes' identities from the kernel's identity events only, never from
-    /// `/proc` (for tests: what a process that exits at once gets).
-    pub identity_from_kernel: bool,
-    /// The owners of the processes seen mapping each probed library (by its path as
-    /// reports show it): a user is shown the libraries of its own processes only.
-    library_users: BTreeMap<String, BTreeSet<u32>>,
-}
 
 /// The objects `pid` maps (none if its maps cannot be read: it exited, say).
 fn objects_of(pid: u32) -> Vec<MappedObject> {
@@ -92,49 +68,6 @@ pub fn queued(
 }
 
 impl Session {
-    /// Loads the probes and starts draining the ring buffer.
-    pub fn start(opts: LoadOptions) -> Result<Session> {
-        let mut probes = Probes::load(opts).context("setting up the probes")?;
-        let ring = probes.take_events().context("ring buffer already taken")?;
-        let (tx, events) = mpsc::unbounded_channel();
-        let ingest_counters = Arc::new(IngestCounters::default());
-        let cancel = CancellationToken::new();
-        let ingest = tokio::spawn(ingest::run(
-            ring,
-            tx,
-            ingest_counters.clone(),
-            cancel.clone(),
-        ));
-        Ok(Session {
-            probes,
-            tracked: BTreeMap::new(),
-            events,
-            ingest_counters,
-            cancel,
-            ingest: Some(ingest),
-            job_ids: BTreeMap::new(),
-            identity_from_kernel: false,
-            library_users: BTreeMap::new(),
-        })
-    }
-
-    /// Stops the ingest task after a last drain of the ring buffer (call events are
-    /// batched, so the last ones are only counted after this).
-    pub async fn stop_ingest(&mut self) {
-        self.cancel.cancel();
-        if let Some(task) = self.ingest.take() {
-            let _ = task.await;
-        }
-    }
-
-    /// Probes the library file at `path` now (before any process maps it).
-    pub fn attach_file(&mut self, path: &Path) -> Result<bool> {
-        let file = LibraryFile::open_path(path)?;
-        Ok(self
-            .probes
-            .attach_library(file.identity, true, || Ok(file))?)
-    }
-
     /// Probes every MPI library `pid` maps; returns whether it maps one.
     pub fn attach_mapped(&mut self, pid: u32) -> bool {
         let objects = objects_of(pid);
@@ -369,50 +302,6 @@ impl Session {
         }
     }
 
-    /// Starts watching the running process `pid` on request (the daemon's AttachProcess).
-    pub fn attach(&mut self, pid: u32) -> Result<&Tracked> {
-        let info = discover::process_info(pid)?;
-        self.tracked.insert(
-            pid,
-            Tracked {
-                info: Some(info),
-                requested: true,
-                ..Tracked::from_now()
-            },
-        );
-        self.watch_tracked(pid)?;
-        Ok(&self.tracked[&pid])
-    }
-
-    /// Stops watching `pid` for good and returns its profile so far (None if it is not
-    /// tracked or made no call).
-    pub fn detach(&mut self, pid: u32) -> Result<Option<RankProfile>> {
-        if !self.tracked.contains_key(&pid) {
-            return Ok(None);
-        }
-        self.probes.ignore(pid)?;
-        let rank = self
-            .profile(monotonic_ns())
-            .ranks
-            .into_iter()
-            .find(|r| r.pid == pid);
-        self.probes.forget_process(pid);
-        self.tracked.remove(&pid);
-        Ok(rank)
-    }
-
-    /// Every call event (while per-call events are on) and process exit from now on.
-    pub fn call_feed(&self) -> tokio::sync::broadcast::Receiver<crate::ingest::FeedItem> {
-        self.ingest_counters.feed.subscribe()
-    }
-
-    /// Hands the process-event stream to a caller that waits on it outside the session
-    /// (the daemon, which shares the session behind a lock).
-    pub fn take_events(&mut self) -> mpsc::UnboundedReceiver<ProcessEvent> {
-        let (_, empty) = mpsc::unbounded_channel();
-        std::mem::replace(&mut self.events, empty)
-    }
-
     /// Applies every queued process event.
     pub fn drain_process_events(&mut self) {
         let batch = queued(Vec::new(), &mut self.events);
@@ -459,18 +348,6 @@ impl Session {
         }
     }
 
-    /// The probed libraries as reports show them.
-    pub fn library_summaries(&self) -> Vec<ProbedLibrary> {
-        build::library_summaries(&self.probes)
-    }
-
-    /// Whether a process of `uid` was seen mapping the library shown as `path`.
-    pub fn library_used_by(&self, path: &str, uid: u32) -> bool {
-        self.library_users
-            .get(path)
-            .is_some_and(|users| users.contains(&uid))
-    }
-
     /// Tracks processes that the counters show made MPI calls but that are not tracked yet
     /// (in watch-all mode the kernel counts processes before userspace knows them).
     pub fn track_counted(&mut self) {
@@ -496,42 +373,40 @@ impl Session {
             self.seed(pid);
         }
     }
-
-    /// Stops counting every tracked process (their counters stay readable).
-    pub fn unwatch_all(&mut self) {
-        for pid in self.tracked.keys() {
-            self.probes.unwatch(*pid);
-        }
+}
+/// Applies a batch of process events to a session shared behind a lock (the daemon's): the
+/// libraries the new processes map are opened and read first, in a blocking task and off
+/// the lock (a slow file system holds up neither the API nor the other processes), then
+/// attached under it.
+pub async fn apply_events_shared(session: &Mutex<Session>, batch: Vec<ProcessEvent>) {
+    let unread = session.lock().await.unread_objects(&batch);
+    if !unread.is_empty() {
+        let read = tokio::task::spawn_blocking(move || read_libraries(unread))
+            .await
+            .unwrap_or_default();
+        session.lock().await.add_read_libraries(read);
     }
-
-    /// The profile of every tracked process that made MPI calls, from the kernel's counters
-    /// as they are now; `end_ns` closes the elapsed time of processes still running.
-    pub fn profile(&mut self, end_ns: u64) -> JobProfile {
-        let events = &self.ingest_counters;
-        build::job_profile(
-            &self.probes,
-            &self.tracked,
-            |pid| events.events_of(pid),
-            end_ns,
-            &mut self.job_ids,
-        )
-    }
+    session.lock().await.apply_events(batch);
 }
 
-/// Tells `board` the job of every process whose environment has been read; returns the
-/// calls it held for them.
-pub fn place_in_worlds(
-    board: &mut crate::skew::Board,
-    session: &Session,
-) -> Vec<crate::skew::board::Released> {
-    let mut released = Vec::new();
-    for (pid, t) in &session.tracked {
-        if board.knows(*pid) {
-            continue;
-        }
-        if let Some(info) = t.info.as_ref() {
-            released.extend(board.set_world(*pid, &job_key(info), info.world_size));
+impl Session {
+    /// Starts watching the MPI processes that were running before commtap and that
+    /// `admits` (the daemon's scope), counted from now.
+    pub fn adopt_running(&mut self, admits: impl Fn(u32, Option<&ProcessInfo>) -> bool) {
+        for pid in discover::mpi_processes() {
+            if self.tracked.contains_key(&pid) {
+                continue;
+            }
+            let info = discover::process_info(pid).ok();
+            if !admits(pid, info.as_ref()) {
+                continue;
+            }
+            let mut t = Tracked::from_now();
+            t.info = info;
+            self.tracked.insert(pid, t);
+            if let Err(e) = self.watch_tracked(pid) {
+                warn!(pid, error = format!("{e:#}"), "not watched");
+            }
         }
     }
-    released
 }
