@@ -21,6 +21,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::{
     api::{
+        convert::InvalidMessage,
         pb,
         snapshot::{check, ProcessKey},
         status::ToStatus,
@@ -42,11 +43,11 @@ pub enum StoreError {
     #[error("the aggregator's merging task has stopped")]
     Stopped,
     /// A stored record could not be decoded.
-    #[error("aggregator database holds an unreadable record: {0}")]
-    Corrupt(String),
+    #[error("aggregator database holds an unreadable record")]
+    Corrupt(#[source] std::sync::Arc<dyn std::error::Error + Send + Sync>),
     /// A pushed snapshot makes no sense.
-    #[error("invalid snapshot: {0}")]
-    Invalid(String),
+    #[error("pushed snapshot refused")]
+    Invalid(#[source] std::sync::Arc<InvalidMessage>),
 }
 
 /// Opens (or creates) the database file with its table.
@@ -70,11 +71,11 @@ impl ToStatus for StoreError {
     fn to_status(&self) -> tonic::Status {
         match self {
             // The sender's fault: retrying the same snapshots will not help.
-            StoreError::Invalid(_) => tonic::Status::invalid_argument(self.to_string()),
+            StoreError::Invalid(e) => tonic::Status::invalid_argument(format!("{self}: {e}")),
             StoreError::Stopped => tonic::Status::unavailable(self.to_string()),
             // The aggregator's disk: retry later (cumulative snapshots lose nothing).
             StoreError::Db(e) => tonic::Status::unavailable(format!("{self}: {e}")),
-            StoreError::Corrupt(_) => tonic::Status::data_loss(self.to_string()),
+            StoreError::Corrupt(e) => tonic::Status::data_loss(format!("{self}: {e}")),
         }
     }
 }
@@ -91,7 +92,7 @@ pub fn prepare(batch: Vec<pb::ProcessSnapshot>) -> Result<Prepared, StoreError> 
     batch
         .into_iter()
         .map(|wire| {
-            let key = check(&wire).map_err(StoreError::Invalid)?;
+            let key = check(&wire).map_err(|e| StoreError::Invalid(e.into()))?;
             Ok((key, entry(&wire), wire.encode_to_vec()))
         })
         .collect::<Result<_, _>>()
@@ -138,8 +139,8 @@ impl Store {
             let (_, value) = item.map_err(db_err)?;
             let encoded = value.value().to_vec();
             let wire = pb::ProcessSnapshot::decode(encoded.as_slice())
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            let key = check(&wire).map_err(StoreError::Corrupt)?;
+                .map_err(|e| StoreError::Corrupt(std::sync::Arc::new(e)))?;
+            let key = check(&wire).map_err(|e| StoreError::Corrupt(std::sync::Arc::new(e)))?;
             let e = entry(&wire);
             by_job.entry(e.job.clone()).or_default().insert(key.clone());
             processes.insert(key, e);

@@ -1,7 +1,10 @@
 //! A process's cumulative snapshot as pushers send it and aggregators keep it: its
 //! identity across the cluster and its wire form.
 
-use super::{convert::check_rank, pb};
+use super::{
+    convert::{check_rank, InvalidMessage},
+    pb,
+};
 use crate::profile::RankProfile;
 
 /// A process's identity across the cluster.
@@ -52,18 +55,25 @@ pub fn to_wire(s: &Snapshot) -> pb::ProcessSnapshot {
 }
 
 /// Checks a snapshot from the wire; its key, or why it makes no sense.
-pub fn check(w: &pb::ProcessSnapshot) -> Result<ProcessKey, String> {
+pub fn check(w: &pb::ProcessSnapshot) -> Result<ProcessKey, InvalidMessage> {
+    let invalid = |why: String| InvalidMessage {
+        what: "ProcessSnapshot",
+        why,
+    };
     if w.node.is_empty() {
-        return Err("snapshot without a node name".into());
+        return Err(invalid("no node name".into()));
     }
-    let rank = w.rank.as_ref().ok_or("snapshot without a profile")?;
+    let rank = w
+        .rank
+        .as_ref()
+        .ok_or_else(|| invalid("no profile".into()))?;
     if rank.pid != w.pid {
-        return Err(format!(
-            "snapshot of pid {} carries the profile of pid {}",
+        return Err(invalid(format!(
+            "the snapshot of pid {} carries the profile of pid {}",
             w.pid, rank.pid
-        ));
+        )));
     }
-    check_rank(rank).map_err(|e| e.to_string())?;
+    check_rank(rank)?;
     Ok(ProcessKey {
         node: w.node.clone(),
         pid: w.pid,

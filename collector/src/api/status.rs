@@ -71,7 +71,15 @@ mod tests {
             tonic::Code::NotFound
         );
         assert_eq!(
-            StoreError::Invalid("x".into()).to_status().code(),
+            StoreError::Invalid(
+                crate::api::convert::InvalidMessage {
+                    what: "ProcessSnapshot",
+                    why: "no node name".into()
+                }
+                .into()
+            )
+            .to_status()
+            .code(),
             tonic::Code::InvalidArgument
         );
         assert_eq!(

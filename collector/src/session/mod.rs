@@ -92,7 +92,6 @@ impl Session {
             .attach_library(file.identity, true, || Ok(file))?)
     }
 
-
     /// Starts watching the running process `pid` on request (the daemon's AttachProcess).
     pub fn attach(&mut self, pid: u32) -> Result<&Tracked> {
         let info = discover::process_info(pid)?;
@@ -137,7 +136,6 @@ impl Session {
         std::mem::replace(&mut self.events, empty)
     }
 
-
     /// The probed libraries as reports show them.
     pub fn library_summaries(&self) -> Vec<ProbedLibrary> {
         build::library_summaries(&self.probes)
@@ -149,7 +147,6 @@ impl Session {
             .get(path)
             .is_some_and(|users| users.contains(&uid))
     }
-
 
     /// Stops counting every tracked process (their counters stay readable).
     pub fn unwatch_all(&mut self) {

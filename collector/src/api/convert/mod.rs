@@ -1,0 +1,294 @@
+//! Domain types <-> wire types. Conversions happen here, at the API boundary only; a
+//! message from the wire that does not make sense is refused with a reason.
+
+mod skew;
+
+use super::pb;
+use crate::{
+    discover::Fabric,
+    profile::{JobProfile, ProbedLibrary, RankProfile},
+    skew::SkewReport,
+    stats::{CommStats, DeviceTime, Health, PeerTraffic, RoutineStats, SizeBucket, Totals},
+};
+
+/// A wire message that cannot be turned into a domain value.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {what}: {why}")]
+pub struct InvalidMessage {
+    /// Which message.
+    pub what: &'static str,
+    /// What is wrong with it.
+    pub why: String,
+}
+
+fn invalid(what: &'static str, why: impl Into<String>) -> InvalidMessage {
+    InvalidMessage {
+        what,
+        why: why.into(),
+    }
+}
+
+/// `From` both ways between a domain struct and its wire message whose fields match one to
+/// one: `copy` fields are copied, `clone` fields cloned, `each` fields (lists) converted item
+/// by item, `cast` fields converted between integer widths.
+macro_rules! mirror {
+    ($a:ty, $b:ty; copy [$($c:ident),*] clone [$($k:ident),*] each [$($e:ident),*] cast [$($n:ident),*]) => {
+        mirror!(@to $a, $b; [$($c),*] [$($k),*] [$($e),*] [$($n),*]);
+        mirror!(@to $b, $a; [$($c),*] [$($k),*] [$($e),*] [$($n),*]);
+    };
+    (@to $from:ty, $to:ty; [$($c:ident),*] [$($k:ident),*] [$($e:ident),*] [$($n:ident),*]) => {
+        impl From<&$from> for $to {
+            fn from(x: &$from) -> Self {
+                Self {
+                    $($c: x.$c,)*
+                    $($k: x.$k.clone(),)*
+                    $($e: x.$e.iter().map(Into::into).collect(),)*
+                    $($n: x.$n as _,)*
+                }
+            }
+        }
+    };
+}
+use mirror;
+
+mirror!(Totals, pb::Totals; copy [calls, bytes, time_ns] clone [] each [] cast []);
+mirror!(DeviceTime, pb::DeviceTime; copy [calls, bytes, time_ns, bus_bytes] clone [] each [] cast []);
+mirror!(Fabric, pb::Fabric; copy [] clone [provider, name] each [] cast []);
+mirror!(PeerTraffic, pb::PeerTraffic;
+    copy [peer, sent_calls, sent_bytes, received_calls, received_bytes] clone [] each [] cast []);
+mirror!(ProbedLibrary, pb::ProbedLibrary;
+    copy [] clone [path, flavor, moved_past_single_step, single_stepped, failed] each [] cast [probes]);
+
+/// A size bucket's number from the wire, if it has one.
+fn bucket(v: Option<u32>, what: &'static str) -> Result<Option<u8>, InvalidMessage> {
+    v.map(|v| u8::try_from(v).map_err(|_| invalid(what, format!("bucket {v} out of range"))))
+        .transpose()
+}
+
+fn totals(t: Option<&pb::Totals>, what: &'static str) -> Result<Totals, InvalidMessage> {
+    t.map(Totals::from)
+        .ok_or_else(|| invalid(what, "missing totals"))
+}
+
+/// The wire form of [`Health`] and back, from the one list of its counters.
+macro_rules! health_wire {
+    ($( $(#[$doc:meta])* $name:ident <- $src:ident ),* $(,)?) => {
+        impl From<&Health> for pb::Health {
+            fn from(h: &Health) -> Self {
+                pb::Health { $( $name: h.$name, )* }
+            }
+        }
+
+        impl From<&pb::Health> for Health {
+            fn from(h: &pb::Health) -> Self {
+                Health { $( $name: h.$name, )* }
+            }
+        }
+    };
+}
+crate::stats::health_counters!(health_wire);
+
+fn routine_to_pb(name: &str, r: &RoutineStats) -> pb::RoutineStats {
+    pb::RoutineStats {
+        name: name.to_string(),
+        totals: Some((&r.totals).into()),
+        undecoded_calls: r.undecoded_calls,
+        sizes: r
+            .sizes
+            .iter()
+            .map(|b| pb::SizeBucket {
+                bucket: b.bucket.map(u32::from),
+                min_bytes: b.min_bytes,
+                max_bytes: b.max_bytes,
+                totals: Some((&b.totals).into()),
+                device: b.device.as_ref().map(Into::into),
+            })
+            .collect(),
+        comm_sizes: r.comm_sizes.iter().map(|(k, v)| (*k, *v)).collect(),
+        communicators: r
+            .communicators
+            .iter()
+            .map(|c| pb::CommunicatorStats {
+                id: c.id.clone().unwrap_or_default(),
+                size: c.size,
+                rank: (c.rank >= 0).then_some(c.rank),
+                totals: Some((&c.totals).into()),
+            })
+            .collect(),
+        called_from: r
+            .called_from
+            .iter()
+            .map(|(k, v)| (k.clone(), v.into()))
+            .collect(),
+        endpoints: r
+            .endpoints
+            .iter()
+            .map(|(k, v)| (k.clone(), v.into()))
+            .collect(),
+    }
+}
+
+fn routine_from_pb(r: &pb::RoutineStats) -> Result<(String, RoutineStats), InvalidMessage> {
+    if r.name.is_empty() {
+        return Err(invalid("RoutineStats", "empty name"));
+    }
+    let mut sizes = Vec::with_capacity(r.sizes.len());
+    for b in &r.sizes {
+        sizes.push(SizeBucket {
+            bucket: bucket(b.bucket, "SizeBucket")?,
+            min_bytes: b.min_bytes,
+            max_bytes: b.max_bytes,
+            totals: totals(b.totals.as_ref(), "SizeBucket")?,
+            device: b.device.as_ref().map(Into::into),
+        });
+    }
+    let mut communicators = Vec::with_capacity(r.communicators.len());
+    for c in &r.communicators {
+        communicators.push(CommStats {
+            id: (!c.id.is_empty()).then(|| c.id.clone()),
+            size: c.size,
+            rank: c.rank.unwrap_or(-1),
+            totals: totals(c.totals.as_ref(), "CommunicatorStats")?,
+        });
+    }
+    Ok((
+        r.name.clone(),
+        RoutineStats {
+            totals: totals(r.totals.as_ref(), "RoutineStats")?,
+            undecoded_calls: r.undecoded_calls,
+            sizes,
+            comm_sizes: r.comm_sizes.iter().map(|(k, v)| (*k, *v)).collect(),
+            communicators,
+            called_from: r
+                .called_from
+                .iter()
+                .map(|(k, v)| (k.clone(), Totals::from(v)))
+                .collect(),
+            endpoints: r
+                .endpoints
+                .iter()
+                .map(|(k, v)| (k.clone(), Totals::from(v)))
+                .collect(),
+        },
+    ))
+}
+
+/// Checks a rank from the wire without converting it (the aggregator keeps snapshots in
+/// their wire form): what `RankProfile::try_from` would refuse, this refuses.
+pub fn check_rank(r: &pb::RankProfile) -> Result<(), InvalidMessage> {
+    for routine in &r.routines {
+        if routine.name.is_empty() {
+            return Err(invalid("RoutineStats", "empty name"));
+        }
+        totals(routine.totals.as_ref(), "RoutineStats")?;
+        for b in &routine.sizes {
+            bucket(b.bucket, "SizeBucket")?;
+            totals(b.totals.as_ref(), "SizeBucket")?;
+        }
+        for c in &routine.communicators {
+            totals(c.totals.as_ref(), "CommunicatorStats")?;
+        }
+    }
+    Ok(())
+}
+
+impl From<&RankProfile> for pb::RankProfile {
+    fn from(r: &RankProfile) -> Self {
+        pb::RankProfile {
+            rank: r.rank,
+            rank_source: if r.rank_known {
+                pb::RankSource::Launcher
+            } else {
+                pb::RankSource::Discovery
+            } as i32,
+            pid: r.pid,
+            host: r.host.clone(),
+            job: r.job.clone(),
+            cmdline: r.cmdline.clone(),
+            elapsed_ns: r.elapsed_ns,
+            comm_time_ns: r.comm_time_ns,
+            routines: r
+                .routines
+                .iter()
+                .map(|(n, s)| routine_to_pb(n, s))
+                .collect(),
+            health: Some((&r.health).into()),
+            uid: r.uid,
+            start_ticks: r.start_ticks,
+            exited: r.exited,
+            fabrics: r.fabrics.iter().map(Into::into).collect(),
+            peers: r.peers.iter().map(Into::into).collect(),
+        }
+    }
+}
+
+impl TryFrom<&pb::RankProfile> for RankProfile {
+    type Error = InvalidMessage;
+
+    fn try_from(r: &pb::RankProfile) -> Result<Self, Self::Error> {
+        Ok(RankProfile {
+            rank: r.rank,
+            rank_known: r.rank_source() == pb::RankSource::Launcher,
+            pid: r.pid,
+            host: r.host.clone(),
+            job: r.job.clone(),
+            cmdline: r.cmdline.clone(),
+            elapsed_ns: r.elapsed_ns,
+            comm_time_ns: r.comm_time_ns,
+            routines: r
+                .routines
+                .iter()
+                .map(routine_from_pb)
+                .collect::<Result<_, _>>()?,
+            health: r.health.as_ref().map(Health::from).unwrap_or_default(),
+            uid: r.uid,
+            start_ticks: r.start_ticks,
+            exited: r.exited,
+            fabrics: r.fabrics.iter().map(Into::into).collect(),
+            peers: r.peers.iter().map(Into::into).collect(),
+        })
+    }
+}
+
+impl From<&JobProfile> for pb::JobProfile {
+    fn from(j: &JobProfile) -> Self {
+        pb::JobProfile {
+            schema: j.schema.clone(),
+            job: j.job.clone(),
+            ranks: j.ranks.iter().map(Into::into).collect(),
+            dropped: j.dropped,
+            undecoded: j.undecoded,
+            libraries: j.libraries.iter().map(Into::into).collect(),
+            unsupported_libraries: j.unsupported_libraries.clone(),
+            not_profiled: j.not_profiled.clone(),
+            call_events: j.call_events,
+            skew: j.skew.as_ref().map(Into::into),
+        }
+    }
+}
+
+impl TryFrom<&pb::JobProfile> for JobProfile {
+    type Error = InvalidMessage;
+
+    fn try_from(j: &pb::JobProfile) -> Result<Self, Self::Error> {
+        Ok(JobProfile {
+            schema: j.schema.clone(),
+            job: j.job.clone(),
+            ranks: j
+                .ranks
+                .iter()
+                .map(RankProfile::try_from)
+                .collect::<Result<_, _>>()?,
+            dropped: j.dropped,
+            undecoded: j.undecoded,
+            libraries: j.libraries.iter().map(Into::into).collect(),
+            unsupported_libraries: j.unsupported_libraries.clone(),
+            not_profiled: j.not_profiled.clone(),
+            call_events: j.call_events,
+            skew: j.skew.as_ref().map(SkewReport::try_from).transpose()?,
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

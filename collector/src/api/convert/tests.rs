@@ -1,0 +1,169 @@
+//! Round trips through the wire form, on a profile with every field set.
+
+use collector_common::{CounterKey, CounterVal, UNKNOWN_BUCKET};
+
+use super::*;
+use crate::{
+    skew::summary::{LateRank, Quantiles, RankRoutineSkew, RankSkew, RoutineSkew, WorstInstance},
+    stats::routines_of,
+};
+
+pub(crate) fn sample() -> JobProfile {
+    let key =
+        |routine: &str, bucket, comm_size| crate::stats::tests::key(7, routine, bucket, comm_size);
+    let counters = vec![
+        (
+            key("MPI_Allreduce", 2, 4),
+            CounterVal {
+                calls: 10,
+                bytes: 80,
+                time_ns: 100,
+            },
+        ),
+        (
+            key("MPI_Send", UNKNOWN_BUCKET, 4),
+            CounterVal {
+                calls: 3,
+                bytes: 0,
+                time_ns: 3,
+            },
+        ),
+        (
+            CounterKey {
+                comm_rank: 1,
+                object: 0xfeed,
+                ..key("ncclAllReduce", 12, 2)
+            },
+            CounterVal {
+                calls: 2,
+                bytes: 8192,
+                time_ns: 50,
+            },
+        ),
+    ];
+    // One device-time window of both AllReduces.
+    let device = vec![(counters[2].0, counters[2].1)];
+    JobProfile {
+        schema: crate::profile::SCHEMA.into(),
+        job: "42".into(),
+        ranks: vec![RankProfile {
+            rank: 0,
+            rank_known: true,
+            pid: 7,
+            host: "n1".into(),
+            job: "42".into(),
+            cmdline: "./app".into(),
+            uid: Some(1000),
+            start_ticks: 99,
+            exited: true,
+            elapsed_ns: 5,
+            comm_time_ns: 4,
+            routines: routines_of(7, &counters, &device),
+            health: Health {
+                events: 13,
+                undecoded: 3,
+                ..Default::default()
+            },
+            fabrics: vec![crate::discover::Fabric {
+                provider: "tcp;ofi_rxm".into(),
+                name: "10.0.0.0/8".into(),
+            }],
+            peers: vec![
+                crate::stats::PeerTraffic {
+                    peer: Some(1),
+                    sent_calls: 2,
+                    sent_bytes: 16,
+                    received_calls: 3,
+                    received_bytes: 24,
+                },
+                crate::stats::PeerTraffic {
+                    peer: None,
+                    received_calls: 1,
+                    received_bytes: 8,
+                    ..Default::default()
+                },
+            ],
+        }],
+        dropped: 0,
+        undecoded: 3,
+        libraries: vec![],
+        unsupported_libraries: vec!["x".into()],
+        not_profiled: vec![],
+        call_events: true,
+        skew: Some(SkewReport {
+            instances: 20,
+            incomplete: 1,
+            remote: 5,
+            within_clock_error: 6,
+            unidentified: 2,
+            unaligned: 3,
+            lost: 4,
+            ranks: vec![RankSkew {
+                rank: 0,
+                host: "n1".into(),
+                instances: 20,
+                last: 19,
+                caused_ns: 5,
+                waited_ns: 6,
+                seq: Some(41),
+                routines: vec![RankRoutineSkew {
+                    routine: "MPI_Allreduce".into(),
+                    last: 19,
+                    caused_ns: 5,
+                    waited_ns: 6,
+                }],
+            }],
+            routines: vec![RoutineSkew {
+                routine: "MPI_Allreduce".into(),
+                bucket: Some(2),
+                min_bytes: Some(5),
+                max_bytes: Some(8),
+                instances: 20,
+                skew_ns: Quantiles {
+                    p50: 1,
+                    p90: 2,
+                    p99: 3,
+                    max: 4,
+                },
+                transfer_ns: Quantiles::default(),
+                most_last: Some(LateRank {
+                    rank: 0,
+                    host: "n1".into(),
+                    last: 19,
+                    caused_ns: 5,
+                    median_ns: 1,
+                }),
+            }],
+            worst: vec![WorstInstance {
+                routine: "MPI_Allreduce".into(),
+                comm: "world".into(),
+                seq: 7,
+                late_rank: 0,
+                host: "n1".into(),
+                skew_ns: 4,
+            }],
+            findings: vec!["rank 0 (n1) arrived last".into()],
+        }),
+    }
+}
+
+#[test]
+fn round_trip_is_lossless() {
+    let j = sample();
+    let wire = pb::JobProfile::from(&j);
+    let back = JobProfile::try_from(&wire).unwrap();
+    assert_eq!(
+        serde_json::to_value(&back).unwrap(),
+        serde_json::to_value(&j).unwrap()
+    );
+}
+
+#[test]
+fn nonsense_is_refused() {
+    let mut wire = pb::JobProfile::from(&sample());
+    wire.ranks[0].routines[0].sizes[0].bucket = Some(1000);
+    assert!(JobProfile::try_from(&wire).is_err());
+    wire.ranks[0].routines[0].sizes[0].bucket = Some(2);
+    wire.ranks[0].routines[0].totals = None;
+    assert!(JobProfile::try_from(&wire).is_err());
+}
