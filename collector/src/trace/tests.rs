@@ -1,0 +1,146 @@
+//! A trace written and read back: valid, named, split, windowed, NCCL groups nested.
+
+use std::path::Path;
+
+use super::{groups::NcclGroups, *};
+
+fn ev(pid: u32, routine: &str, start_ns: u64) -> pb::CallEvent {
+    pb::CallEvent {
+        pid,
+        tid: pid,
+        routine: routine.into(),
+        start_ns,
+        duration_ns: 1500,
+        bytes: Some(16),
+        peer: Some(1),
+        comm_size: 2,
+        comm_rank: Some(0),
+        ..Default::default()
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("commtap-trace-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    dir.join("t.json")
+}
+
+fn load(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).expect("read")).expect("valid JSON")
+}
+
+fn slices(v: &serde_json::Value) -> usize {
+    v["traceEvents"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .count()
+}
+
+#[test]
+fn a_trace_is_valid_json_with_names_and_losses() {
+    let path = scratch("valid");
+    let mut opts = TraceOptions::new(path.clone());
+    opts.max_events = Some(2);
+    opts.routines.exclude = vec!["MPI_Iprobe".into()];
+    let mut w = TraceWriter::create(opts).expect("create");
+    for i in 0..3 {
+        w.call(&ev(7, "MPI_Send", 1000 + i)).expect("call");
+    }
+    w.call(&ev(8, "MPI_Iprobe", 1000)).expect("call");
+    w.call(&ev(8, "MPI_Recv", 1000)).expect("call");
+    assert_eq!(w.unnamed(), vec![7, 8]);
+    w.name(
+        7,
+        ProcessName {
+            rank: Some(0),
+            host: "n1".into(),
+            job: "j".into(),
+        },
+    );
+    let s = w.finish().expect("finish");
+    assert_eq!((s.events, s.lost.max_events), (3, 1));
+    let v = load(&path);
+    assert_eq!(slices(&v), 3);
+    let names: Vec<&str> = v["traceEvents"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["name"] == "process_name")
+        .filter_map(|e| e["args"]["name"].as_str())
+        .collect();
+    assert_eq!(names, vec!["rank 0 (n1)", "pid 8"]);
+    assert_eq!(v["metadata"]["commtap"]["calls_lost"]["max_events"], 1);
+}
+
+#[test]
+fn a_trace_past_its_split_size_goes_on_in_numbered_files_that_each_load() {
+    let path = scratch("split");
+    let mut opts = TraceOptions::new(path.clone());
+    opts.split_bytes = 1000;
+    let mut w = TraceWriter::create(opts).expect("create");
+    for i in 0..50 {
+        w.call(&ev(7, "MPI_Send", 1000 * i)).expect("call");
+    }
+    let s = w.finish().expect("finish");
+    assert!(s.files.len() > 2, "{:?}", s.files);
+    assert_eq!(s.files[1], part_path(&path, 2));
+    let total: usize = s.files.iter().map(|f| slices(&load(f))).sum();
+    assert_eq!(total, 50);
+}
+
+#[test]
+fn a_window_keeps_the_calls_that_start_inside_it() {
+    let path = scratch("window");
+    let mut opts = TraceOptions::new(path.clone());
+    opts.window = Some((1.0, 2.0));
+    let mut w = TraceWriter::create(opts).expect("create");
+    for s in [
+        0u64,
+        500_000_000,
+        1_000_000_000,
+        1_500_000_000,
+        2_500_000_000,
+    ] {
+        w.call(&ev(7, "MPI_Send", s)).expect("call");
+    }
+    assert_eq!(w.finish().expect("finish").events, 2);
+}
+
+#[test]
+fn a_nested_nccl_group_is_one_slice_from_its_outermost_start_to_its_end() {
+    let mut groups = NcclGroups::default();
+    let at = |routine: &str, start_ns: u64, bytes: Option<u64>| pb::CallEvent {
+        pid: 7,
+        tid: 8,
+        routine: routine.into(),
+        start_ns,
+        duration_ns: 10,
+        bytes,
+        ..Default::default()
+    };
+    assert!(groups.track(&at("ncclGroupStart", 100, None)).is_none());
+    assert!(groups.track(&at("ncclGroupStart", 120, None)).is_none());
+    assert!(groups.track(&at("ncclSend", 140, Some(5))).is_none());
+    assert!(groups.track(&at("ncclRecv", 160, Some(9))).is_none());
+    assert!(groups.track(&at("ncclGroupEnd", 180, None)).is_none());
+    let g = groups
+        .track(&at("ncclGroupEnd", 200, None))
+        .expect("the outer end closes it");
+    assert_eq!(
+        (g.routine.as_str(), g.start_ns, g.duration_ns, g.bytes),
+        ("ncclGroup", 100, 111, Some(14))
+    );
+    // An end whose start came before the trace began closes nothing.
+    assert!(groups.track(&at("ncclGroupEnd", 300, None)).is_none());
+}
+
+#[test]
+fn unknown_formats_are_refused_with_the_list() {
+    let e = TraceWriter::create(TraceOptions::new("/tmp/x.perfetto".into()))
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("FILE.json"), "{e}");
+}

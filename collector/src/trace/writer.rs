@@ -1,0 +1,247 @@
+//! The trace file as it is written: calls appended as they come, the file split by size,
+//! each part closed so that it loads on its own.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{BufWriter, Write},
+    path::{Path, PathBuf},
+};
+
+use super::{
+    chrome, groups::NcclGroups, Lost, ProcessName, TraceError, TraceOptions, TraceSummary,
+};
+use crate::api::pb;
+
+/// Writes calls into a trace file as they come, splitting it by size.
+pub struct TraceWriter {
+    opts: TraceOptions,
+    out: BufWriter<std::fs::File>,
+    /// Files so far; the last is being written.
+    files: Vec<PathBuf>,
+    /// Bytes and calls in the file being written.
+    part_bytes: u64,
+    part_events: u64,
+    /// Start of the first traced call: the origin of `--window`.
+    first_ns: Option<u64>,
+    /// The processes seen, by pid.
+    processes: BTreeMap<u32, Traced>,
+    events: u64,
+    lost: Lost,
+    /// The time axis and each node's clock offset, written into the metadata.
+    clocks: serde_json::Value,
+    /// The line being written (kept: one allocation for every call).
+    line: String,
+    /// NCCL groups open on each thread.
+    groups: NcclGroups,
+    largest_clock_error: Option<(String, u64)>,
+}
+
+impl TraceWriter {
+    /// Creates the first file (fails before anything runs when it cannot be written).
+    pub fn create(opts: TraceOptions) -> Result<TraceWriter, TraceError> {
+        if opts.path.extension().and_then(|e| e.to_str()) != Some("json") {
+            return Err(TraceError::Format(opts.path.display().to_string()));
+        }
+        let out = open(&opts.path)?;
+        let mut w = TraceWriter {
+            files: vec![opts.path.clone()],
+            opts,
+            out,
+            part_bytes: 0,
+            part_events: 0,
+            first_ns: None,
+            processes: BTreeMap::new(),
+            events: 0,
+            lost: Lost::default(),
+            clocks: "one node: every rank's CLOCK_MONOTONIC, nothing corrected".into(),
+            largest_clock_error: None,
+            line: String::with_capacity(256),
+            groups: NcclGroups::default(),
+        };
+        w.write(chrome::HEADER)?;
+        Ok(w)
+    }
+
+    /// Processes whose calls were seen but whose names are not known yet.
+    pub fn unnamed(&self) -> Vec<u32> {
+        self.processes
+            .iter()
+            .filter(|(_, p)| p.name.is_none())
+            .map(|(pid, _)| *pid)
+            .collect()
+    }
+
+    /// Processes whose calls were seen.
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.processes.keys().copied()
+    }
+
+    /// Names process `pid`'s track.
+    pub fn name(&mut self, pid: u32, name: ProcessName) {
+        self.processes.entry(pid).or_default().name = Some(name);
+    }
+
+    /// Calls the reader lost (cumulative count from the feed, or an increment).
+    pub fn lost_by_reader(&mut self, n: u64) {
+        self.lost.reader_too_slow += n;
+    }
+
+    /// The time axis and the nodes' clock offsets (metadata), and the largest error.
+    pub fn set_clocks(&mut self, clocks: serde_json::Value, largest: Option<(String, u64)>) {
+        self.clocks = clocks;
+        self.largest_clock_error = largest;
+    }
+
+    /// Calls the kernel could not queue, as the ranks' profiles count them.
+    pub fn set_ring_buffer_full(&mut self, n: u64) {
+        self.lost.ring_buffer_full = n;
+    }
+
+    /// Writes one call, unless the options leave it out; an NCCL group's end also writes
+    /// the group, as a slice around its operations.
+    pub fn call(&mut self, ev: &pb::CallEvent) -> Result<(), TraceError> {
+        let group = self.groups.track(ev);
+        self.write_call(ev)?;
+        match group {
+            Some(g) => self.write_call(&g),
+            None => Ok(()),
+        }
+    }
+
+    fn write_call(&mut self, ev: &pb::CallEvent) -> Result<(), TraceError> {
+        let process = self.processes.entry(ev.pid).or_default();
+        if let Some(ranks) = &self.opts.ranks {
+            match process.name.as_ref().and_then(|n| n.rank) {
+                Some(r) if ranks.contains(&r) => {}
+                _ => return Ok(()),
+            }
+        }
+        if !self.opts.routines.admits(&ev.routine) {
+            return Ok(());
+        }
+        let first = *self.first_ns.get_or_insert(ev.start_ns);
+        if let Some((from, to)) = self.opts.window {
+            let after = ev.start_ns.saturating_sub(first) as f64 / 1e9;
+            if after < from || after > to {
+                return Ok(());
+            }
+        }
+        if self
+            .opts
+            .max_events
+            .is_some_and(|max| process.written >= max)
+        {
+            self.lost.max_events += 1;
+            return Ok(());
+        }
+        process.written += 1;
+        process.threads.insert(ev.tid);
+        self.events += 1;
+        let mut line = std::mem::take(&mut self.line);
+        line.clear();
+        chrome::slice(&mut line, ev, self.part_events == 0);
+        self.part_events += 1;
+        let written = self.write(&line);
+        self.line = line;
+        written?;
+        if self.part_bytes >= self.opts.split_bytes {
+            self.close_part()?;
+            let next = part_path(&self.opts.path, self.files.len() + 1);
+            self.out = open(&next)?;
+            self.files.push(next);
+            self.part_bytes = 0;
+            self.part_events = 0;
+            self.write(chrome::HEADER)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the trace: names every track, writes what was lost, closes the file.
+    pub fn finish(mut self) -> Result<TraceSummary, TraceError> {
+        self.close_part()?;
+        Ok(TraceSummary {
+            files: self.files,
+            events: self.events,
+            lost: self.lost,
+            largest_clock_error: self.largest_clock_error,
+        })
+    }
+
+    /// Closes the file being written so that it loads on its own: the names of every
+    /// process and thread seen so far, and the metadata.
+    fn close_part(&mut self) -> Result<(), TraceError> {
+        let mut tail = String::new();
+        let mut first = self.part_events == 0;
+        for (pid, p) in &self.processes {
+            tail.push_str(&chrome::process_names(*pid, p.name.as_ref(), first));
+            first = false;
+        }
+        for (pid, p) in &self.processes {
+            for tid in &p.threads {
+                tail.push_str(&chrome::thread_name(*pid, *tid, first));
+                first = false;
+            }
+        }
+        let meta = serde_json::json!({
+            "commtap": {
+                "version": env!("CARGO_PKG_VERSION"),
+                "part": self.files.len(),
+                "calls_written": self.events,
+                "calls_lost": self.lost,
+                "max_events_policy": "the first --max-events calls of each process are kept",
+                "clock": self.clocks,
+            }
+        });
+        tail.push_str(&chrome::footer(&meta));
+        self.write(&tail)?;
+        let path = self.files.last().cloned().unwrap_or_default();
+        self.out.flush().map_err(|source| TraceError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    fn write(&mut self, s: &str) -> Result<(), TraceError> {
+        self.part_bytes += s.len() as u64;
+        let path = self.files.last();
+        self.out
+            .write_all(s.as_bytes())
+            .map_err(|source| TraceError::Io {
+                path: path.map(|p| p.display().to_string()).unwrap_or_default(),
+                source,
+            })
+    }
+}
+
+/// What the trace knows of one process: one lookup per call finds it all.
+#[derive(Debug, Default)]
+struct Traced {
+    /// Its track's name (None: not known yet).
+    name: Option<ProcessName>,
+    /// Calls written.
+    written: u64,
+    /// Its threads seen.
+    threads: BTreeSet<u32>,
+}
+
+/// Creates a trace file (never through a symlink: commtap runs as root).
+fn open(path: &Path) -> Result<BufWriter<std::fs::File>, TraceError> {
+    crate::report::create_file(path)
+        .map(|f| BufWriter::with_capacity(1 << 20, f))
+        .map_err(|source| TraceError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+/// The `n`th file of a split trace: `t.json`, `t.2.json`, `t.3.json` ...
+pub fn part_path(first: &Path, n: usize) -> PathBuf {
+    if n <= 1 {
+        return first.to_path_buf();
+    }
+    let stem = first
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    first.with_file_name(format!("{stem}.{n}.json"))
+}
