@@ -33,72 +33,14 @@ pub async fn run(
     buckets: u8,
     db: &std::path::Path,
 ) -> Result<()> {
-    let routine_names: Vec<String> = collector_common::ROUTINES
-        .iter()
-        .take(routines as usize)
-        .map(|r| r.name.to_string())
-        .collect();
-    let mut wire_batches = Vec::new();
-    for d in 0..daemons {
-        let node = format!("node{d:04}");
-        let processes = (0..ranks_per_daemon)
-            .map(|i| {
-                let pid = 1000 + i;
-                let rank = synthetic_rank(
-                    d * ranks_per_daemon + i,
-                    pid,
-                    &node,
-                    &routine_names,
-                    buckets,
-                );
-                to_wire(&Snapshot {
-                    key: ProcessKey {
-                        node: node.clone(),
-                        pid,
-                        start_ticks: 7,
-                        boot_id: String::new(),
-                    },
-                    taken_ns: 1,
-                    rank,
-                })
-            })
-            .collect();
-        wire_batches.push(
-            pb::PushSnapshotsRequest {
-                processes,
-                ..Default::default()
-            }
-            .encode_to_vec(),
-        );
-    }
+    let wire_batches = encoded_pushes(daemons, ranks_per_daemon, routines, buckets);
     let bytes: usize = wire_batches.iter().map(Vec::len).sum();
     let _ = std::fs::remove_file(db);
     let store = Arc::new(Mutex::new(Store::open(db)?));
-    let commits = GroupCommit::start(store.clone());
     let rss_before = peak_rss_kib();
     let start = Instant::now();
-    // As the server runs: every daemon's push decoded by its own handler task (on the
-    // runtime's worker threads), merged by the group-commit task.
-    let pushes: Vec<_> = wire_batches
-        .into_iter()
-        .map(|encoded| {
-            let commits = commits.clone();
-            tokio::spawn(async move {
-                let t = Instant::now();
-                let msg = pb::PushSnapshotsRequest::decode(encoded.as_slice())?;
-                let decode = t.elapsed().as_secs_f64();
-                let (accepted, _) = commits.merge(msg.processes).await?;
-                anyhow::Ok((accepted, decode))
-            })
-        })
-        .collect();
-    let mut accepted = 0;
-    let mut decode_secs = 0.0;
-    for p in pushes {
-        let (a, d) = p.await??;
-        accepted += a;
-        decode_secs += d;
-    }
+    let (accepted, decode_secs) =
+        merge_pushes(wire_batches, GroupCommit::start(store.clone())).await?;
     let secs = start.elapsed().as_secs_f64();
     // 1,000 nodes of 8 ranks (GPU nodes): 1 million per-node instance records.
     let (parts, parts_secs) = match_parts(1_000, 8, 1_000);
@@ -122,6 +64,74 @@ pub async fn run(
         parts as f64 / parts_secs
     );
     Ok(())
+}
+
+/// Each simulated daemon's push, encoded as it arrives off the network.
+fn encoded_pushes(daemons: u32, ranks_per_daemon: u32, routines: u32, buckets: u8) -> Vec<Vec<u8>> {
+    let routine_names: Vec<String> = collector_common::ROUTINES
+        .iter()
+        .take(routines as usize)
+        .map(|r| r.name.to_string())
+        .collect();
+    (0..daemons)
+        .map(|d| {
+            let node = format!("node{d:04}");
+            let processes = (0..ranks_per_daemon)
+                .map(|i| {
+                    let pid = 1000 + i;
+                    let rank = synthetic_rank(
+                        d * ranks_per_daemon + i,
+                        pid,
+                        &node,
+                        &routine_names,
+                        buckets,
+                    );
+                    to_wire(&Snapshot {
+                        key: ProcessKey {
+                            node: node.clone(),
+                            pid,
+                            start_ticks: 7,
+                            boot_id: String::new(),
+                        },
+                        taken_ns: 1,
+                        rank,
+                    })
+                })
+                .collect();
+            pb::PushSnapshotsRequest {
+                processes,
+                ..Default::default()
+            }
+            .encode_to_vec()
+        })
+        .collect()
+}
+
+/// Merges the pushes as the server does: every daemon's push decoded by its own handler
+/// task (on the runtime's worker threads), merged by the group-commit task. Returns (ranks
+/// accepted, seconds spent decoding, summed over the tasks).
+async fn merge_pushes(wire_batches: Vec<Vec<u8>>, commits: GroupCommit) -> Result<(u64, f64)> {
+    let pushes: Vec<_> = wire_batches
+        .into_iter()
+        .map(|encoded| {
+            let commits = commits.clone();
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let msg = pb::PushSnapshotsRequest::decode(encoded.as_slice())?;
+                let decode = t.elapsed().as_secs_f64();
+                let (accepted, _) = commits.merge(msg.processes).await?;
+                anyhow::Ok((accepted, decode))
+            })
+        })
+        .collect();
+    let mut accepted = 0;
+    let mut decode_secs = 0.0;
+    for p in pushes {
+        let (a, d) = p.await??;
+        accepted += a;
+        decode_secs += d;
+    }
+    Ok((accepted, decode_secs))
 }
 
 /// Who is late across nodes: `daemons` nodes of `ranks` ranks each hand on their part of
