@@ -59,21 +59,7 @@ type Sample = (f64, f64);
 
 /// Runs the benchmark and writes `target/bench/probe_overhead.{txt,json}`.
 pub fn run(root: &Path) -> Result<()> {
-    if !Command::new("bpftrace")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        sh(Command::new("apt-get")
-            .args([
-                "install",
-                "-y",
-                "-qq",
-                "--no-install-recommends",
-                "bpftrace",
-            ])
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    }
+    ensure_bpftrace()?;
     sh(Command::new("cargo")
         .current_dir(root)
         .args(["build", "--release", "-p", "collector"]))?;
@@ -91,36 +77,125 @@ pub fn run(root: &Path) -> Result<()> {
             .args(["-O2", "-o"])
             .arg(&bin)
             .arg(root.join("xtask/demo/bench_calls.c")))?;
-        let (mut a, mut b, mut c, mut d, mut e) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let rounds = Rounds::run(stack, &bin, &commtap, &out)?;
+        let single = single_stepped(&rounds.profile, stack.library)?;
+        rounds.write(stack, single, &mut report, &mut json);
+    }
+    // The node daemon's own CPU while a job makes MPI calls as fast as it can.
+    let daemon = daemon_cpu(&commtap, &out)?;
+    let _ = writeln!(report, "node daemon during a job: {daemon}");
+    json.push(format!("  {{\"daemon\": {daemon}}}"));
+    let lammps = lammps(&commtap, root, &out)?;
+    let _ = writeln!(report, "LAMMPS (4 ranks) under the node daemon: {lammps}");
+    json.push(format!("  {{\"lammps\": {lammps}}}"));
+    let agg = aggregator_merge(&commtap, &out)?;
+    let _ = writeln!(
+        report,
+        "aggregator merge (target: under 2 s and 1 GiB): {agg}"
+    );
+    json.push(format!("  {{\"aggregator_merge\": {agg}}}"));
+    print!("{report}");
+    std::fs::write(out.join("probe_overhead.txt"), &report)?;
+    std::fs::write(
+        out.join("probe_overhead.json"),
+        format!("[\n{}\n]\n", json.join(",\n")),
+    )?;
+    eprintln!(
+        "figures written to {}",
+        out.join("probe_overhead.txt").display()
+    );
+    Ok(())
+}
+
+/// Installs bpftrace (the bare-probe floor, (b)) if it is missing.
+fn ensure_bpftrace() -> Result<()> {
+    if Command::new("bpftrace")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        return Ok(());
+    }
+    sh(Command::new("apt-get")
+        .args([
+            "install",
+            "-y",
+            "-qq",
+            "--no-install-recommends",
+            "bpftrace",
+        ])
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+/// One stack's interleaved rounds: a sample per round for each of (a) to (e).
+struct Rounds {
+    a: Vec<Sample>,
+    b: Vec<Sample>,
+    c: Vec<Sample>,
+    d: Vec<Sample>,
+    e: Vec<Sample>,
+    /// The last traced run: (calls written, bytes on disk, seconds).
+    traced: (u64, u64, f64),
+    /// The profile the last commtap run wrote.
+    profile: PathBuf,
+}
+
+impl Rounds {
+    /// Runs (a) to (e) in turn, `ROUNDS` times.
+    fn run(stack: &Stack, bin: &Path, commtap: &Path, out: &Path) -> Result<Rounds> {
         let profile = out.join(format!("profile.{}.json", stack.suffix));
         let trace = out.join(format!("trace.{}.json", stack.suffix));
-        let mut traced = (0u64, 0u64, 0f64);
+        let mut r = Rounds {
+            a: Vec::new(),
+            b: Vec::new(),
+            c: Vec::new(),
+            d: Vec::new(),
+            e: Vec::new(),
+            traced: (0, 0, 0.0),
+            profile,
+        };
         for round in 0..ROUNDS {
             eprintln!("{}: round {}/{ROUNDS}", stack.name, round + 1);
-            a.push(plain(stack, &bin)?);
-            b.push(under_bpftrace(stack, &bin)?);
-            c.push(under_commtap(
+            r.a.push(plain(stack, bin)?);
+            r.b.push(under_bpftrace(stack, bin)?);
+            r.c.push(under_commtap(
                 stack,
-                &bin,
-                &commtap,
-                &profile,
+                bin,
+                commtap,
+                &r.profile,
                 Mode::Counting,
             )?);
             let started = Instant::now();
-            d.push(under_commtap(
+            r.d.push(under_commtap(
                 stack,
-                &bin,
-                &commtap,
-                &profile,
+                bin,
+                commtap,
+                &r.profile,
                 Mode::Trace(&trace),
             )?);
             let secs = started.elapsed().as_secs_f64();
-            traced = (trace_calls(&trace)?, std::fs::metadata(&trace)?.len(), secs);
-            e.push(under_commtap(stack, &bin, &commtap, &profile, Mode::Skew)?);
+            r.traced = (trace_calls(&trace)?, std::fs::metadata(&trace)?.len(), secs);
+            r.e.push(under_commtap(stack, bin, commtap, &r.profile, Mode::Skew)?);
         }
-        let (ma, mb, mc, md, me) = (median(&a), median(&b), median(&c), median(&d), median(&e));
-        let single = single_stepped(&profile, stack.library)?;
+        Ok(r)
+    }
+
+    /// Writes the stack's table rows and JSON lines; `single` is (probes moved past a
+    /// single-stepped first instruction, probes still single-stepped).
+    fn write(
+        &self,
+        stack: &Stack,
+        single: (String, String),
+        report: &mut String,
+        json: &mut Vec<String>,
+    ) {
+        let (ma, mb, mc, md, me) = (
+            median(&self.a),
+            median(&self.b),
+            median(&self.c),
+            median(&self.d),
+            median(&self.e),
+        );
         let _ = writeln!(report, "{} ({})", stack.name, stack.library);
         let _ = writeln!(
             report,
@@ -143,8 +218,14 @@ pub fn run(root: &Path) -> Result<()> {
             let (x, y, z) = (get(ma, pick), get(mb, pick), get(mc, pick));
             // The same ratio within each round (a, b and c run back to back there), which
             // shows how far the machine's load moves it.
-            let mut per_round: Vec<f64> = (0..a.len())
-                .map(|r| ratio(get(a[r], pick), get(b[r], pick), get(c[r], pick)))
+            let mut per_round: Vec<f64> = (0..self.a.len())
+                .map(|r| {
+                    ratio(
+                        get(self.a[r], pick),
+                        get(self.b[r], pick),
+                        get(self.c[r], pick),
+                    )
+                })
                 .collect();
             per_round.sort_by(f64::total_cmp);
             let q = |f: f64| per_round[((per_round.len() - 1) as f64 * f).round() as usize];
@@ -159,7 +240,7 @@ pub fn run(root: &Path) -> Result<()> {
             );
             json.push(serde_json_line(stack.name, label, x, y, z, q(0.5)));
         }
-        let (calls, bytes, secs) = traced;
+        let (calls, bytes, secs) = self.traced;
         let _ = writeln!(
             report,
             "  last traced run: {calls} calls written in {secs:.1} s (job start-up included: \
@@ -178,16 +259,12 @@ pub fn run(root: &Path) -> Result<()> {
             single.1
         );
     }
-    // The node daemon's own CPU while a job makes MPI calls as fast as it can.
-    let daemon = daemon_cpu(&commtap, &out)?;
-    let _ = writeln!(report, "node daemon during a job: {daemon}");
-    json.push(format!("  {{\"daemon\": {daemon}}}"));
-    let lammps = lammps(&commtap, root, &out)?;
-    let _ = writeln!(report, "LAMMPS (4 ranks) under the node daemon: {lammps}");
-    json.push(format!("  {{\"lammps\": {lammps}}}"));
+}
 
-    // The aggregator's merge: 100 daemons x 100 ranks x 50 routines x 32 buckets.
-    let agg = Command::new(&commtap)
+/// The aggregator's merge: 100 daemons x 100 ranks x 50 routines x 32 buckets (one line of
+/// JSON from `commtap bench-aggregator`).
+fn aggregator_merge(commtap: &Path, out: &Path) -> Result<String> {
+    let agg = Command::new(commtap)
         .arg("bench-aggregator")
         .arg("--db")
         .arg(out.join("bench-aggregator.redb"))
@@ -199,23 +276,7 @@ pub fn run(root: &Path) -> Result<()> {
             String::from_utf8_lossy(&agg.stderr)
         );
     }
-    let agg = String::from_utf8_lossy(&agg.stdout).trim().to_string();
-    let _ = writeln!(
-        report,
-        "aggregator merge (target: under 2 s and 1 GiB): {agg}"
-    );
-    json.push(format!("  {{\"aggregator_merge\": {agg}}}"));
-    print!("{report}");
-    std::fs::write(out.join("probe_overhead.txt"), &report)?;
-    std::fs::write(
-        out.join("probe_overhead.json"),
-        format!("[\n{}\n]\n", json.join(",\n")),
-    )?;
-    eprintln!(
-        "figures written to {}",
-        out.join("probe_overhead.txt").display()
-    );
-    Ok(())
+    Ok(String::from_utf8_lossy(&agg.stdout).trim().to_string())
 }
 
 fn get(s: Sample, i: usize) -> f64 {
@@ -334,7 +395,7 @@ enum Mode<'a> {
 fn under_commtap(
     stack: &Stack,
     bin: &Path,
-    commtap: &PathBuf,
+    commtap: &Path,
     profile: &Path,
     mode: Mode,
 ) -> Result<Sample> {
