@@ -83,19 +83,7 @@ struct Outcome {
 
 /// Fuzzes `targets` (all when empty) for `seconds` each; fails if any crashed.
 pub fn run(root: &Path, seconds: u64, targets: &[String]) -> Result<()> {
-    let chosen: Vec<&Target> = if targets.is_empty() {
-        TARGETS.iter().collect()
-    } else {
-        targets
-            .iter()
-            .map(|name| {
-                TARGETS.iter().find(|t| t.name == name).with_context(|| {
-                    let names: Vec<&str> = TARGETS.iter().map(|t| t.name).collect();
-                    format!("no fuzz target {name} (one of {})", names.join(", "))
-                })
-            })
-            .collect::<Result<_>>()?
-    };
+    let chosen = choose(targets)?;
     let fuzz = root.join("fuzz");
     install_cargo_fuzz()?;
     // Every target and the seed maker, with the flags `cargo fuzz run` uses (so the runs
@@ -109,46 +97,10 @@ pub fn run(root: &Path, seconds: u64, targets: &[String]) -> Result<()> {
 
     let logs = fuzz.join("target/logs");
     fs::create_dir_all(&logs)?;
-    let mut outcomes = Vec::new();
-    for t in &chosen {
-        let log = logs.join(format!("{}.log", t.name));
-        eprintln!(
-            "fuzzing {} for {seconds} s (log: {})",
-            t.name,
-            log.display()
-        );
-        let started = Instant::now();
-        let file = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let status = cargo_fuzz(root)
-            .args(["run", t.name])
-            .arg(corpus.join(t.name))
-            .arg("--")
-            .arg(format!("-max_total_time={seconds}"))
-            .arg(format!("-rss_limit_mb={RSS_LIMIT_MB}"))
-            .arg(format!("-max_len={}", t.max_len))
-            .arg(format!("-timeout={TIMEOUT_S}"))
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .stdin(Stdio::null())
-            .status()
-            .with_context(|| format!("running cargo fuzz run {}", t.name))?;
-        let text = String::from_utf8_lossy(&fs::read(&log)?).into_owned();
-        let crash = (!status.success())
-            .then(|| artifact(&text).unwrap_or_else(|| format!("{status}: see {}", log.display())));
-        if crash.is_some() {
-            let tail: Vec<&str> = text.lines().rev().take(30).collect();
-            for line in tail.iter().rev() {
-                eprintln!("  | {line}");
-            }
-        }
-        let (runs, fuzzed) = runs(&text);
-        outcomes.push(Outcome {
-            name: t.name,
-            seconds: fuzzed.unwrap_or(started.elapsed().as_secs()),
-            runs,
-            crash,
-        });
-    }
+    let outcomes = chosen
+        .iter()
+        .map(|t| fuzz_one(root, t, &corpus, &logs, seconds))
+        .collect::<Result<Vec<_>>>()?;
 
     eprintln!("\n{:<18}{:>10}{:>14}  result", "target", "seconds", "runs");
     for o in &outcomes {
@@ -167,6 +119,64 @@ pub fn run(root: &Path, seconds: u64, targets: &[String]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The targets named (all when none is), or which names are not targets.
+fn choose(targets: &[String]) -> Result<Vec<&'static Target>> {
+    if targets.is_empty() {
+        return Ok(TARGETS.iter().collect());
+    }
+    targets
+        .iter()
+        .map(|name| {
+            TARGETS.iter().find(|t| t.name == name).with_context(|| {
+                let names: Vec<&str> = TARGETS.iter().map(|t| t.name).collect();
+                format!("no fuzz target {name} (one of {})", names.join(", "))
+            })
+        })
+        .collect()
+}
+
+/// Fuzzes one target for `seconds`, its output in `logs`; a crash is shown with the log's
+/// last lines.
+fn fuzz_one(root: &Path, t: &Target, corpus: &Path, logs: &Path, seconds: u64) -> Result<Outcome> {
+    let log = logs.join(format!("{}.log", t.name));
+    eprintln!(
+        "fuzzing {} for {seconds} s (log: {})",
+        t.name,
+        log.display()
+    );
+    let started = Instant::now();
+    let file = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let status = cargo_fuzz(root)
+        .args(["run", t.name])
+        .arg(corpus.join(t.name))
+        .arg("--")
+        .arg(format!("-max_total_time={seconds}"))
+        .arg(format!("-rss_limit_mb={RSS_LIMIT_MB}"))
+        .arg(format!("-max_len={}", t.max_len))
+        .arg(format!("-timeout={TIMEOUT_S}"))
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .stdin(Stdio::null())
+        .status()
+        .with_context(|| format!("running cargo fuzz run {}", t.name))?;
+    let text = String::from_utf8_lossy(&fs::read(&log)?).into_owned();
+    let crash = (!status.success())
+        .then(|| artifact(&text).unwrap_or_else(|| format!("{status}: see {}", log.display())));
+    if crash.is_some() {
+        let tail: Vec<&str> = text.lines().rev().take(30).collect();
+        for line in tail.iter().rev() {
+            eprintln!("  | {line}");
+        }
+    }
+    let (runs, fuzzed) = runs(&text);
+    Ok(Outcome {
+        name: t.name,
+        seconds: fuzzed.unwrap_or(started.elapsed().as_secs()),
+        runs,
+        crash,
+    })
 }
 
 /// `cargo +nightly fuzz` on `fuzz/`, building commtap without its BPF programs (the fuzz
