@@ -19,8 +19,8 @@ use aya_ebpf::{
 };
 use collector_common::{
     routines::{FABRIC_FIRST, FABRIC_SLOTS, FID_EP_TABLES_OFF},
-    size_bucket, ArgSpec, ByteRule, CallEvent, Cookie, CounterKey, EventKind, FabricEvent,
-    FABRIC_NAME_LEN, MAX_FABRIC_RANGES, UNKNOWN_BUCKET,
+    size_bucket, ArgSpec, ByteRule, CallEvent, CallState, Cookie, CounterKey, EventKind,
+    FabricEvent, FABRIC_NAME_LEN, MAX_FABRIC_RANGES, UNKNOWN_BUCKET,
 };
 
 use crate::{
@@ -162,43 +162,8 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
         }
         return 0;
     };
-    // The return of a call libfabric made itself outside any counted call (calls cannot
-    // start inside such a call but from libfabric: returns come back in order).
-    if e.fab_internal > 0 {
-        e.fab_internal -= 1;
+    let Some(op) = outermost_return(e, tgid) else {
         return 0;
-    }
-    if e.busy == 0 {
-        with_proc_stats(tgid, |s| s.orphan_returns += 1);
-        return 0;
-    }
-    let (args, start, parent) = if is_fabric(e.routine) {
-        if e.depth > 0 {
-            e.depth -= 1;
-            return 0;
-        }
-        e.busy = 0;
-        (
-            [e.args[0], e.args[1], e.args[2], e.args[3]],
-            e.start_ns,
-            CounterKey::NO_PARENT,
-        )
-    } else {
-        if e.fab_busy == 0 {
-            with_proc_stats(tgid, |s| s.orphan_returns += 1);
-            return 0;
-        }
-        if e.fab_depth > 0 {
-            e.fab_depth -= 1;
-            return 0;
-        }
-        e.fab_busy = 0;
-        (e.fab_args, e.fab_start_ns, e.routine)
-    };
-    let routine = if parent == CounterKey::NO_PARENT {
-        e.routine
-    } else {
-        e.fab_routine
     };
     // ssize_t: 0 when posted; -FI_EAGAIN and other errors post nothing.
     let ret: i64 = ctx.ret();
@@ -206,12 +171,73 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
         with_proc_stats(tgid, |s| s.fabric_failed += 1);
         return 0;
     }
-    let resolved = routine & UNRESOLVED == 0;
-    let routine = routine & !UNRESOLVED;
+    count_operation(e, tgid, &op, now);
+    0
+}
+
+/// A libfabric operation that returned: what its entry saved.
+struct Operation {
+    /// Its routine id (with `UNRESOLVED` when its table kind is unknown).
+    routine: u16,
+    args: [u64; 4],
+    start_ns: u64,
+    /// The MPI or NCCL call it was made in, or `CounterKey::NO_PARENT`.
+    parent: u16,
+}
+
+/// The operation whose outermost return this is, freeing its slot; None for the return of
+/// a call libfabric made itself, a nested one, or one whose entry was not seen.
+#[inline(always)]
+fn outermost_return(e: &mut CallState, tgid: u32) -> Option<Operation> {
+    // The return of a call libfabric made itself outside any counted call (calls cannot
+    // start inside such a call but from libfabric: returns come back in order).
+    if e.fab_internal > 0 {
+        e.fab_internal -= 1;
+        return None;
+    }
+    if e.busy == 0 {
+        with_proc_stats(tgid, |s| s.orphan_returns += 1);
+        return None;
+    }
+    if is_fabric(e.routine) {
+        if e.depth > 0 {
+            e.depth -= 1;
+            return None;
+        }
+        e.busy = 0;
+        return Some(Operation {
+            routine: e.routine,
+            args: [e.args[0], e.args[1], e.args[2], e.args[3]],
+            start_ns: e.start_ns,
+            parent: CounterKey::NO_PARENT,
+        });
+    }
+    if e.fab_busy == 0 {
+        with_proc_stats(tgid, |s| s.orphan_returns += 1);
+        return None;
+    }
+    if e.fab_depth > 0 {
+        e.fab_depth -= 1;
+        return None;
+    }
+    e.fab_busy = 0;
+    Some(Operation {
+        routine: e.fab_routine,
+        args: e.fab_args,
+        start_ns: e.fab_start_ns,
+        parent: e.routine,
+    })
+}
+
+/// Counts a posted operation (and emits its call event for timelines).
+#[inline(always)]
+fn count_operation(e: &mut CallState, tgid: u32, op: &Operation, now: u64) {
+    let resolved = op.routine & UNRESOLVED == 0;
+    let routine = op.routine & !UNRESOLVED;
     let Some(spec) = ROUTINE_SPECS.get(u32::from(routine)) else {
-        return 0;
+        return;
     };
-    let (bucket, bytes) = if let Some(b) = fabric_bytes(spec, &args) {
+    let (bucket, bytes) = if let Some(b) = fabric_bytes(spec, &op.args) {
         (size_bucket(b), b)
     } else {
         with_proc_stats(tgid, |s| s.undecoded += 1);
@@ -220,10 +246,10 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
     let key = CounterKey {
         tgid,
         routine,
-        parent,
+        parent: op.parent,
         comm_size: 0,
         comm_rank: 0,
-        object: args[0],
+        object: op.args[0],
         bucket,
         flags: if resolved {
             0
@@ -232,7 +258,7 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
         },
         _pad: [0; 6],
     };
-    let dur = now.saturating_sub(start);
+    let dur = now.saturating_sub(op.start_ns);
     add(e, &key, 1, bytes, dur);
     if call_events_on() {
         // For timelines: the operation inside the MPI or NCCL call that made it.
@@ -246,14 +272,13 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
                 bucket,
                 peer: -1,
                 comm_rank: -1,
-                start_ns: start,
+                start_ns: op.start_ns,
                 dur_ns: dur,
                 bytes,
                 ..CallEvent::default()
             },
         );
     }
-    0
 }
 
 /// Whether the function probed at `ip` was called from libfabric's own code (its return
