@@ -1,0 +1,211 @@
+//! Building the programs under test: ground-truth MPI and NCCL programs with the real
+//! compilers, plain C, and where each MPI lives.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+/// An MPI implementation installed by `cargo xtask setup`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mpi {
+    /// Debian's Open MPI 4.1.
+    OpenMpi,
+    /// Debian's MPICH 4.0.
+    Mpich,
+    /// Intel MPI 2021.14 from PyPI (`impi-rt`, unpacked by `cargo xtask setup` into
+    /// [`impi_dir`]), with its own libfabric; MPICH's ABI, so programs build with MPICH's
+    /// header and link Intel's `libmpi.so.12`.
+    IntelMpi,
+}
+
+/// Where `cargo xtask setup` unpacked Intel MPI.
+#[track_caller]
+pub fn impi_dir() -> PathBuf {
+    let dir = PathBuf::from("/opt/commtap-deps/impi-2021.14.2");
+    assert!(
+        dir.join("bin/mpiexec.hydra").exists(),
+        "Intel MPI is not unpacked at {} (run `cargo xtask setup`)",
+        dir.display()
+    );
+    dir
+}
+
+/// What an Intel MPI job needs to run over its own libfabric's tcp provider (as Intel's
+/// `vars.sh` would set it): `I_MPI_FABRICS=ofi FI_PROVIDER=tcp`, its libfabric and providers.
+pub fn impi_env() -> Vec<(&'static str, String)> {
+    let dir = impi_dir();
+    vec![
+        ("I_MPI_FABRICS", "ofi".to_string()),
+        ("FI_PROVIDER", "tcp".to_string()),
+        (
+            "FI_PROVIDER_PATH",
+            dir.join("lib/libfabric/prov").display().to_string(),
+        ),
+        (
+            "LD_LIBRARY_PATH",
+            dir.join("lib/libfabric").display().to_string(),
+        ),
+    ]
+}
+
+impl Mpi {
+    /// Suffix of the Debian alternatives (`mpicc.openmpi`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Mpi::OpenMpi => "openmpi",
+            Mpi::Mpich => "mpich",
+            Mpi::IntelMpi => "impi",
+        }
+    }
+
+    /// The launcher command line for `np` ranks.
+    pub fn launcher(self, np: u32) -> Vec<String> {
+        match self {
+            Mpi::OpenMpi => vec![
+                "mpirun.openmpi".into(),
+                "--oversubscribe".into(),
+                "-np".into(),
+                np.to_string(),
+            ],
+            Mpi::Mpich => vec!["mpiexec.mpich".into(), "-n".into(), np.to_string()],
+            Mpi::IntelMpi => vec![
+                impi_dir().join("bin/mpiexec.hydra").display().to_string(),
+                "-n".into(),
+                np.to_string(),
+            ],
+        }
+    }
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// The `commtap` binary under test: `$COMMTAP_BIN`, else `target/debug/commtap`.
+#[track_caller]
+pub fn commtap_bin() -> PathBuf {
+    let p = std::env::var_os("COMMTAP_BIN")
+        .map_or_else(|| repo_root().join("target/debug/commtap"), PathBuf::from);
+    assert!(
+        p.exists(),
+        "{} not found: run the tests with `cargo xtask test`",
+        p.display()
+    );
+    p
+}
+
+/// Builds `tests/programs/<src>` with `mpi`'s compiler wrapper into `target/e2e/bin`.
+#[track_caller]
+pub fn build_program(src: &str, mpi: Mpi) -> PathBuf {
+    let bin_dir = repo_root().join("target/e2e/bin");
+    std::fs::create_dir_all(&bin_dir).expect("creating target/e2e/bin");
+    let stem = src.split('.').next().expect("source name");
+    let out = bin_dir.join(format!("{stem}.{}", mpi.suffix()));
+    let source = repo_root().join("tests/programs").join(src);
+    let compiler = if src.ends_with(".f90") {
+        format!("mpif90.{}", mpi.suffix())
+    } else {
+        format!("mpicc.{}", mpi.suffix())
+    };
+    let mut cmd = Command::new(&compiler);
+    cmd.args(["-O1", "-o"]).arg(&out).arg(&source);
+    if mpi == Mpi::IntelMpi {
+        // MPICH's header and wrapper flags, Intel's library (MPICH ABI compatibility).
+        let lib = impi_dir().join("lib");
+        cmd = Command::new("cc");
+        cmd.args(["-O1", "-I/usr/include/x86_64-linux-gnu/mpich", "-o"])
+            .arg(&out)
+            .arg(&source)
+            .arg(format!("-L{}", lib.display()))
+            .arg(format!("-Wl,-rpath,{}", lib.display()))
+            .arg("-lmpi");
+    }
+    if src.ends_with(".f90") {
+        // Keep .mod files out of the source tree.
+        cmd.arg("-J").arg(&bin_dir);
+    }
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("running {compiler}: {e} (run `cargo xtask setup`)"));
+    assert!(
+        status.success(),
+        "{compiler} failed on {}",
+        source.display()
+    );
+    out
+}
+
+/// Builds `tests/programs/<src>` with the plain C compiler (no MPI wrapper), linking `libs`.
+#[track_caller]
+pub fn build_plain_c(src: &str, libs: &[&str]) -> PathBuf {
+    compile_c(src, src.trim_end_matches(".c"), libs)
+}
+
+/// Builds `tests/programs/<src>` into the shared library `lib<stem>.so`.
+#[track_caller]
+pub fn build_shared_c(src: &str) -> PathBuf {
+    let name = format!("lib{}.so", src.trim_end_matches(".c"));
+    compile_c(src, &name, &["-shared", "-fPIC", "-fno-omit-frame-pointer"])
+}
+
+/// Builds `tests/programs/<src>` with `cc ARGS` into `target/e2e/bin/<out_name>`.
+#[track_caller]
+pub fn compile_c(src: &str, out_name: &str, args: &[&str]) -> PathBuf {
+    let bin_dir = repo_root().join("target/e2e/bin");
+    std::fs::create_dir_all(&bin_dir).expect("creating target/e2e/bin");
+    let out = bin_dir.join(out_name);
+    let status = Command::new("cc")
+        .args(["-O1", "-Wall", "-o"])
+        .arg(&out)
+        .arg(repo_root().join("tests/programs").join(src))
+        .args(args)
+        .status()
+        .expect("running cc");
+    assert!(status.success(), "cc failed on {src}");
+    out
+}
+
+/// Environment every MPI launch needs here (Open MPI refuses root otherwise).
+pub fn mpi_env(cmd: &mut Command) -> &mut Command {
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+}
+
+/// The `lib` directory of the nvidia-nccl-cu13 wheel (the real `libnccl.so.2`) that
+/// `cargo xtask setup` installs.
+#[track_caller]
+pub fn nccl_lib_dir() -> PathBuf {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))",
+        ])
+        .output()
+        .expect("running python3");
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(
+        out.status.success() && dir.join("libnccl.so.2").exists(),
+        "the nvidia-nccl-cu13 wheel is not installed (run `cargo xtask setup`): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+/// Builds a C test program that calls NCCL through `tests/programs/nccl_abi.h`, linked
+/// against the libraries in `lib_dir` named `libs` (`libnccl.so.2`, or stand-ins).
+#[track_caller]
+pub fn build_nccl_program(src: &str, lib_dir: &Path, libs: &[&str]) -> PathBuf {
+    let mut args = vec![
+        format!("-I{}", repo_root().join("tests/programs").display()),
+        format!("-L{}", lib_dir.display()),
+        format!("-Wl,-rpath,{}", lib_dir.display()),
+    ];
+    args.extend(libs.iter().map(|l| format!("-l:{l}")));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    build_plain_c(src, &args)
+}

@@ -1,0 +1,338 @@
+//! Running the real `commtap` binary: record, the daemon, its clients, certificates.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use serde_json::Value;
+
+use crate::{
+    commtap_bin, mpi_env, path_str, pid_list, read_json, sh, wait_until, ChildGuard, Scratch,
+};
+
+/// What a finished `commtap` run left.
+pub struct Run {
+    /// Its exit status.
+    pub status: std::process::ExitStatus,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+/// Starts `commtap` with `args`, its output going to files in `scratch`.
+#[track_caller]
+pub fn spawn_commtap(scratch: &Scratch, args: &[&str]) -> ChildGuard {
+    spawn_commtap_with_env(scratch, args, &[])
+}
+
+/// [`spawn_commtap`] with extra environment variables (which a launched job inherits).
+pub fn spawn_commtap_with_env(
+    scratch: &Scratch,
+    args: &[&str],
+    env: &[(&str, String)],
+) -> ChildGuard {
+    let out = std::fs::File::create(scratch.path("commtap.stdout")).expect("stdout file");
+    let err = std::fs::File::create(scratch.path("commtap.stderr")).expect("stderr file");
+    let mut cmd = Command::new(commtap_bin());
+    mpi_env(&mut cmd)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    ChildGuard::spawn(&mut cmd)
+}
+
+/// Waits for a `commtap` started by [`spawn_commtap`] and collects its output.
+#[track_caller]
+pub fn finish_commtap(scratch: &Scratch, mut child: ChildGuard, limit: Duration) -> Run {
+    let status = child.wait_with_limit(limit);
+    let read = |f: &str| std::fs::read_to_string(scratch.path(f)).unwrap_or_default();
+    Run {
+        status,
+        stdout: read("commtap.stdout"),
+        stderr: read("commtap.stderr"),
+    }
+}
+
+/// Waits for a `commtap` started by [`spawn_commtap`], which must succeed.
+#[track_caller]
+pub fn finish_ok(scratch: &Scratch, child: ChildGuard, limit: Duration) -> Run {
+    let run = finish_commtap(scratch, child, limit);
+    assert!(
+        run.status.success(),
+        "commtap failed: {}\n{}",
+        run.status,
+        run.stderr
+    );
+    run
+}
+
+/// Runs `commtap` with `args` to completion (at most `limit`).
+#[track_caller]
+pub fn run_commtap(scratch: &Scratch, args: &[&str], limit: Duration) -> Run {
+    let child = spawn_commtap(scratch, args);
+    finish_commtap(scratch, child, limit)
+}
+
+/// Starts `commtap record --pid PIDS --format json -o OUT` and waits until it has attached;
+/// returns it and OUT.
+#[track_caller]
+pub fn record_attached(scratch: &Scratch, pids: &[u32]) -> (ChildGuard, PathBuf) {
+    record_attached_with(scratch, pids, &[])
+}
+
+/// [`record_attached`] with more arguments for `record`.
+#[track_caller]
+pub fn record_attached_with(
+    scratch: &Scratch,
+    pids: &[u32],
+    extra: &[&str],
+) -> (ChildGuard, PathBuf) {
+    let out = scratch.path("profile.json");
+    let ready = scratch.path("commtap.ready");
+    let pids = pid_list(pids);
+    let mut args = vec![
+        "record",
+        "--pid",
+        &pids,
+        "--format",
+        "json",
+        "-o",
+        path_str(&out),
+        "--ready-file",
+        path_str(&ready),
+    ];
+    args.extend_from_slice(extra);
+    let commtap = spawn_commtap(scratch, &args);
+    wait_until("commtap to attach", Duration::from_mins(1), || {
+        ready.exists()
+    });
+    (commtap, out)
+}
+
+/// A `commtap daemon` serving on a socket in its scratch directory; `stop` shuts it down
+/// with SIGTERM and checks that it exits cleanly.
+pub struct Daemon {
+    /// The daemon process.
+    pub child: ChildGuard,
+    /// Its socket.
+    pub socket: PathBuf,
+    /// `unix://` + socket.
+    pub target: String,
+}
+
+impl Daemon {
+    /// Starts `[prefix..] commtap [global..] daemon --socket S [args..]` (prefix: e.g.
+    /// `ip netns exec NS`) and waits for its socket.
+    #[track_caller]
+    pub fn start(scratch: &Scratch, prefix: &[&str], global: &[&str], args: &[&str]) -> Daemon {
+        let socket = scratch.path("commtap.sock");
+        let out = std::fs::File::create(scratch.path("commtap.stdout")).expect("stdout file");
+        let err = std::fs::File::create(scratch.path("commtap.stderr")).expect("stderr file");
+        let mut cmd = match prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(commtap_bin());
+                c
+            }
+            None => Command::new(commtap_bin()),
+        };
+        cmd.args(global)
+            .args(["daemon", "--socket", path_str(&socket)])
+            .args(args)
+            .stdout(out)
+            .stderr(err);
+        let child = ChildGuard::spawn(&mut cmd);
+        wait_until("the daemon's socket", Duration::from_mins(1), || {
+            socket.exists()
+        });
+        let target = format!("unix://{}", socket.display());
+        Daemon {
+            child,
+            socket,
+            target,
+        }
+    }
+
+    /// SIGTERM; the daemon must exit cleanly and remove its socket.
+    #[track_caller]
+    pub fn stop(self, scratch: &Scratch) {
+        // SAFETY: kill(2) of the daemon we spawned (`ip netns exec` execs it: same pid).
+        unsafe { libc::kill(self.child.0.id() as i32, libc::SIGTERM) };
+        let run = finish_commtap(scratch, self.child, Duration::from_mins(1));
+        assert!(
+            run.status.success(),
+            "daemon exit: {}\n{}",
+            run.status,
+            run.stderr
+        );
+        assert!(!self.socket.exists(), "the socket is removed at shutdown");
+    }
+}
+
+/// A minimal HTTP/1.0 GET against a server of ours on loopback; returns the body.
+#[track_caller]
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s =
+        std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("request");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("response");
+    let (head, body) = resp
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP body in {resp:?}"));
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "{head}"
+    );
+    body.to_string()
+}
+
+/// A test CA and a server certificate for 127.0.0.1 and the test namespaces' host
+/// addresses (10.231.1.1, 10.231.2.1): (ca, cert, key).
+pub fn make_certs(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let d = dir.display();
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,IP:10.231.1.1,IP:10.231.2.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("ext.cnf");
+    sh(&format!(
+        "cd {d} && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 \
+         -subj /CN=commtap-test-ca 2>&1 && openssl req -newkey rsa:2048 -nodes -keyout server.key \
+         -out server.csr -subj /CN=aggregator 2>&1 && openssl x509 -req -in server.csr -CA ca.pem \
+         -CAkey ca.key -CAcreateserial -out server.pem -days 1 -extfile ext.cnf 2>&1"
+    ));
+    (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    )
+}
+
+/// A client certificate with common name `cn` and, if given, organizational unit `ou` (an
+/// aggregator reads a caller's role there), signed by the CA [`make_certs`] made in `dir`:
+/// (cert, key).
+pub fn make_client_cert(dir: &Path, cn: &str, ou: Option<&str>) -> (PathBuf, PathBuf) {
+    let d = dir.display();
+    let name = format!("{cn}-{}", ou.unwrap_or("none"));
+    std::fs::write(
+        dir.join(format!("{name}.cnf")),
+        format!("subjectAltName=DNS:{cn}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth,serverAuth\n"),
+    )
+    .expect("client cnf");
+    let subject = match ou {
+        Some(ou) => format!("/OU={ou}/CN={cn}"),
+        None => format!("/CN={cn}"),
+    };
+    sh(&format!(
+        "cd {d} && openssl req -newkey rsa:2048 -nodes -keyout {name}.key -out {name}.csr \
+         -subj {subject} 2>&1 && openssl x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key \
+         -CAcreateserial -out {name}.pem -days 1 -extfile {name}.cnf 2>&1"
+    ));
+    (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    )
+}
+
+/// Starts `program` (which creates `scratch/ready` once it mapped what it maps), and
+/// asserts `commtap record --pid` refuses it with exit status 2 and `needle` in its message.
+#[track_caller]
+pub fn assert_record_refuses(scratch: &Scratch, program: &mut Command, needle: &str) {
+    let app = ChildGuard::spawn(program);
+    wait_until("the program to be ready", Duration::from_mins(1), || {
+        scratch.path("ready").exists()
+    });
+    let pid = app.0.id().to_string();
+    let run = run_commtap(scratch, &["record", "--pid", &pid], Duration::from_mins(2));
+    assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains(needle), "{}", run.stderr);
+}
+
+/// Runs `commtap ARGS` to completion and returns its output.
+pub fn commtap_output(args: &[&str]) -> std::process::Output {
+    Command::new(commtap_bin())
+        .args(args)
+        .output()
+        .expect("running commtap")
+}
+
+/// `commtap ARGS --format json` (a `report`), which must succeed: its JSON profile.
+#[track_caller]
+pub fn report_json(args: &[&str]) -> Value {
+    let out = commtap_output(&[args, &["--format", "json"]].concat());
+    assert!(
+        out.status.success(),
+        "report failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON profile")
+}
+
+/// The state (`probed`, `exited` ...) of each process `commtap ps` lists.
+pub fn ps_states(target: &str) -> std::collections::BTreeMap<u64, String> {
+    let out = commtap_output(&["ps", "--from", target]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut fields = l.split_whitespace();
+            let pid = fields.next()?.parse().ok()?;
+            // The job column may be empty: the state is the first known word after the pid.
+            let state = fields.find(|f| ["probed", "exited", "no-mpi"].contains(f))?;
+            Some((pid, state.to_string()))
+        })
+        .collect()
+}
+
+#[track_caller]
+/// Waits until the daemon lists every one of `pids` in `state`. By pid: a daemon that
+/// watches the whole node also sees the processes of tests running beside this one.
+pub fn wait_for_state(target: &str, pids: &[u64], state: &str) {
+    wait_until(
+        &format!("the daemon to list {pids:?} as {state}"),
+        Duration::from_secs(30),
+        || {
+            let states = ps_states(target);
+            pids.iter()
+                .all(|p| states.get(p).is_some_and(|s| s == state))
+        },
+    );
+}
+
+/// Waits until the daemon lists every one of `pids` as exited (their profiles final).
+#[track_caller]
+pub fn wait_for_exited(target: &str, pids: &[u64]) {
+    wait_for_state(target, pids, "exited");
+}
+
+/// `commtap GLOBAL.. report --from FROM --job JOB --format json -o OUT`: the profile, or
+/// None if the report failed (not there yet, say).
+pub fn try_job_report(global: &[&str], from: &str, job: &str, out: &Path) -> Option<Value> {
+    let args = [
+        global,
+        &[
+            "report",
+            "--from",
+            from,
+            "--job",
+            job,
+            "--format",
+            "json",
+            "-o",
+            path_str(out),
+        ],
+    ]
+    .concat();
+    commtap_output(&args)
+        .status
+        .success()
+        .then(|| read_json(out))
+}

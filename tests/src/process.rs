@@ -1,0 +1,230 @@
+//! Processes a test starts and must clean up: scratch directories, child guards, waiting
+//! with a deadline, programs run as the unprivileged `nobody`.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use crate::{build_program, mpi_env, repo_root, Mpi};
+
+/// A scratch directory for one test (removed when dropped).
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    /// Creates `target/e2e/<name>-<pid>`.
+    pub fn new(name: &str) -> Scratch {
+        let dir = repo_root()
+            .join("target/e2e")
+            .join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("creating scratch dir");
+        Scratch(dir)
+    }
+
+    /// A path inside the scratch directory.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Kills a child process (and its process group) when dropped, so a failing test leaves
+/// nothing running.
+pub struct ChildGuard(pub Child);
+
+impl ChildGuard {
+    /// Spawns `cmd` in its own process group.
+    #[track_caller]
+    pub fn spawn(cmd: &mut Command) -> ChildGuard {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+        ChildGuard(
+            cmd.spawn()
+                .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}")),
+        )
+    }
+
+    /// Waits for the child to exit, at most `limit`.
+    #[track_caller]
+    pub fn wait_with_limit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.0.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process {} still running after {limit:?}",
+                self.0.id()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            // SAFETY: plain kill(2) of our own child's process group.
+            unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Polls `cond` every 20 ms until it holds, failing after `limit`.
+#[track_caller]
+pub fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Pids of running processes whose executable is `exe`.
+pub fn pids_running(exe: &Path) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if std::fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .as_deref()
+            == Some(exe)
+        {
+            out.push(pid);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// Starts `np` ranks of `mpi_loop` (N iterations) that wait at `scratch/go`; returns the
+/// launcher and the ranks' pids once they are all running. `env` is passed to every rank
+/// (Open MPI's `-x`, MPICH's environment inheritance).
+#[track_caller]
+pub fn start_waiting_loop(
+    scratch: &Scratch,
+    mpi: Mpi,
+    np: u32,
+    n: u64,
+    env: &[(&str, &str)],
+) -> (ChildGuard, Vec<u32>) {
+    let prog = build_program("mpi_loop.c", mpi);
+    let launcher = mpi.launcher(np);
+    let mut cmd = Command::new(&launcher[0]);
+    mpi_env(&mut cmd).args(&launcher[1..]);
+    for (k, v) in env {
+        if mpi == Mpi::OpenMpi {
+            cmd.args(["-x", k]);
+        }
+        cmd.env(k, v);
+    }
+    cmd.arg(&prog)
+        .arg(scratch.path("ready"))
+        .arg(scratch.path("go"))
+        .arg(n.to_string())
+        .arg(scratch.path("truth"));
+    let job = ChildGuard::spawn(&mut cmd);
+    wait_until("the job to be ready", Duration::from_mins(1), || {
+        scratch.path("ready").exists()
+    });
+    let mut ranks = Vec::new();
+    wait_until("all ranks to be running", Duration::from_secs(10), || {
+        ranks = pids_running(&prog);
+        ranks.len() == np as usize
+    });
+    (job, ranks)
+}
+
+/// A path as the `&str` argument of a command.
+#[track_caller]
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().expect("test paths are UTF-8")
+}
+
+/// A TCP address on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("addr").to_string()
+}
+
+/// Runs `script` with sh; panics with its stderr if it fails.
+#[track_caller]
+pub fn sh(script: &str) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .output()
+        .expect("running sh");
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Pids as a command line's comma-separated list (`--pid 811,812`).
+pub fn pid_list(pids: &[u32]) -> String {
+    pids.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Peak resident memory of `pid` in KiB (`VmHWM`).
+pub fn peak_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmHWM")
+}
+
+/// uid and gid of `nobody`, the unprivileged user tests act as.
+pub const NOBODY: u32 = 65534;
+
+/// A directory in `scratch` that belongs to `nobody`.
+pub fn nobody_dir(scratch: &Scratch, name: &str) -> PathBuf {
+    let dir = scratch.path(name);
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).expect("chown");
+    dir
+}
+
+/// A copy of `from` at `to`, owned by `nobody`.
+pub fn copy_as_nobody(from: &Path, to: &Path) {
+    std::fs::copy(from, to).expect("copy");
+    std::os::unix::fs::chown(to, Some(NOBODY), Some(NOBODY)).expect("chown");
+}
+
+/// A command that runs `program` as `nobody`, with no groups (add its arguments).
+pub fn as_nobody(program: &Path) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(program);
+    cmd
+}
+
+/// `program ARGS` run as `nobody`, with no groups.
+pub fn spawn_as_nobody(program: &Path, args: &[&str]) -> ChildGuard {
+    ChildGuard::spawn(as_nobody(program).args(args))
+}

@@ -1,0 +1,271 @@
+//! What the programs say they did against what commtap reports: profiles, truths,
+//! traces.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use serde_json::Value;
+
+use crate::{build_program, mpi_env, repo_root, ChildGuard, Mpi};
+
+/// Reads a JSON file.
+#[track_caller]
+pub fn read_json(path: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("parsing {}: {e}\n{text}", path.display()))
+}
+
+/// The truth files `prefix.<rank>.json` written by a ground-truth program, by rank.
+#[track_caller]
+pub fn read_truths(prefix: &Path, np: u32) -> Vec<Value> {
+    (0..np)
+        .map(|r| {
+            let p = PathBuf::from(format!("{}.{r}.json", prefix.display()));
+            read_json(&p)
+        })
+        .collect()
+}
+
+/// The profile's rank whose pid is `pid`.
+#[track_caller]
+pub fn rank_by_pid(profile: &Value, pid: u64) -> &Value {
+    profile["ranks"]
+        .as_array()
+        .expect("ranks array")
+        .iter()
+        .find(|r| r["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("no rank with pid {pid} in profile:\n{profile:#}"))
+}
+
+/// (calls, bytes) per routine, from a truth file or a profile rank.
+pub fn routine_table(routines: &Value) -> std::collections::BTreeMap<String, (u64, u64)> {
+    routines
+        .as_object()
+        .expect("routines object")
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                (
+                    v["calls"].as_u64().unwrap_or(0),
+                    v["bytes"].as_u64().unwrap_or(0),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Asserts that every rank of `profile` equals its truth: the same routines, calls and
+/// bytes, the same communicator sizes, the right rank, nothing undecoded, and every counted
+/// call either delivered as an event or counted as dropped. `ignore` names routines the
+/// truth does not count (e.g. MPI_Finalize, called after the truth is written).
+#[track_caller]
+pub fn assert_profile_matches(profile: &Value, truths: &[Value], ignore: &[&str]) {
+    assert_eq!(
+        profile["ranks"].as_array().map(Vec::len),
+        Some(truths.len()),
+        "rank count:\n{profile:#}"
+    );
+    for truth in truths {
+        let pid = truth["pid"].as_u64().expect("truth pid");
+        let rank = rank_by_pid(profile, pid);
+        assert_eq!(rank["rank"], truth["rank"], "rank of pid {pid}");
+        let mut got = routine_table(&rank["routines"]);
+        got.retain(|k, _| !ignore.contains(&k.as_str()));
+        let want = routine_table(&truth["routines"]);
+        assert_eq!(
+            got, want,
+            "rank {}: (calls, bytes) per routine differ",
+            truth["rank"]
+        );
+        if let Some(sizes) = truth["comm_sizes"].as_object() {
+            for (routine, want_sizes) in sizes {
+                let got_sizes: Vec<u64> = rank["routines"][routine]["comm_sizes"]
+                    .as_object()
+                    .map(|m| {
+                        m.keys()
+                            .map(|k| k.parse().expect("numeric comm size"))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let want_sizes: Vec<u64> = want_sizes
+                    .as_array()
+                    .expect("sizes")
+                    .iter()
+                    .map(|v| v.as_u64().expect("size"))
+                    .collect();
+                assert_eq!(
+                    got_sizes, want_sizes,
+                    "rank {} {routine}: communicator sizes",
+                    truth["rank"]
+                );
+            }
+        }
+        assert_eq!(
+            rank["undecoded"], 0,
+            "rank {}: undecoded calls",
+            truth["rank"]
+        );
+        if profile["call_events"] == true {
+            assert_events_account_for_calls(rank);
+        } else if profile.get("skew").is_some() || rank["events"] != 0 {
+            // Who is late was on (a daemon's or an aggregator's profile does not say).
+            assert_events_account_for_collectives(rank);
+        } else {
+            assert_eq!(
+                rank["dropped"], 0,
+                "rank {}: call events while they are off",
+                truth["rank"]
+            );
+        }
+    }
+}
+
+/// Every call in the counters was either delivered as an event or counted as dropped.
+#[track_caller]
+pub fn assert_events_account_for_calls(rank: &Value) {
+    assert_events_account_for(rank, "calls", |_| true);
+}
+
+/// With per-call events off but who-is-late on, exactly the calls it needs (collectives,
+/// communicator constructors, MPI_Init) were delivered as events or counted as dropped.
+#[track_caller]
+pub fn assert_events_account_for_collectives(rank: &Value) {
+    use collector_common::{routines::routine_id, ROUTINES};
+    assert_events_account_for(rank, "calls who-is-late follows", |name| {
+        ROUTINES[routine_id(name).expect("a known routine") as usize]
+            .spec
+            .matters_for_skew()
+    });
+}
+
+#[track_caller]
+fn assert_events_account_for(rank: &Value, what: &str, wanted: impl Fn(&str) -> bool) {
+    let calls: u64 = routine_table(&rank["routines"])
+        .iter()
+        .filter(|(name, _)| wanted(name))
+        .map(|(_, (c, _))| c)
+        .sum();
+    let events = rank["events"].as_u64().expect("events");
+    let dropped = rank["dropped"].as_u64().expect("dropped");
+    assert_eq!(
+        events + dropped,
+        calls,
+        "rank {}: events {events} + dropped {dropped} != {what} {calls}",
+        rank["rank"]
+    );
+}
+
+/// The paths of the libraries a profile says were probed.
+pub fn probed_paths(profile: &Value) -> Vec<&str> {
+    profile["libraries"]
+        .as_array()
+        .expect("libraries")
+        .iter()
+        .filter_map(|l| l["path"].as_str())
+        .collect()
+}
+
+/// The pids of the ranks whose truths these are.
+pub fn pids_of(truths: &[Value]) -> Vec<u64> {
+    truths.iter().filter_map(|t| t["pid"].as_u64()).collect()
+}
+
+/// The (calls, bytes) per routine of an `mpi_loop` rank counted from `MPI_Init`, less what
+/// it did before `go` (MPI_Init, Comm_rank, Comm_size and a Barrier; MPI_Finalize after
+/// its truth was written): what its truth file holds. Panics if those calls are not there
+/// exactly once.
+#[track_caller]
+pub fn loop_counts_after_go(routines: &Value) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let mut got = routine_table(routines);
+    for before in ["MPI_Init", "MPI_Comm_rank", "MPI_Comm_size", "MPI_Finalize"] {
+        assert_eq!(
+            got.remove(before).map(|(calls, _)| calls),
+            Some(1),
+            "{before}"
+        );
+    }
+    if let Some(b) = got.get_mut("MPI_Barrier") {
+        b.0 -= 1;
+    }
+    got
+}
+
+/// Runs `mpi_truth` (3 iterations) as `np` ranks of `mpi` to completion, writing its truths
+/// to `prefix.<rank>.json`; returns them by rank.
+#[track_caller]
+pub fn run_truth_job(prefix: &Path, mpi: Mpi, np: u32) -> Vec<Value> {
+    let prog = build_program("mpi_truth.c", mpi);
+    let launcher = mpi.launcher(np);
+    let mut cmd = Command::new(&launcher[0]);
+    mpi_env(&mut cmd)
+        .args(&launcher[1..])
+        .arg(&prog)
+        .arg(prefix);
+    let mut job = ChildGuard::spawn(&mut cmd);
+    assert!(
+        job.wait_with_limit(Duration::from_mins(5)).success(),
+        "{mpi:?} job failed"
+    );
+    read_truths(prefix, np)
+}
+
+/// (calls, bytes) per routine of each rank of a JSON profile, by pid.
+pub fn rank_tables(
+    profile: &Value,
+) -> std::collections::BTreeMap<u64, std::collections::BTreeMap<String, (u64, u64)>> {
+    profile["ranks"]
+        .as_array()
+        .expect("ranks")
+        .iter()
+        .map(|r| {
+            (
+                r["pid"].as_u64().expect("pid"),
+                routine_table(&r["routines"]),
+            )
+        })
+        .collect()
+}
+
+/// What Chrome DevTools' trace engine finds in a Chrome JSON trace
+/// (`tests/consumers/devtools.mjs`): per process (by pid) its `name`, `threads`,
+/// `routines` ({slices, bytes}) and `nested` pairs; `flows`; the file's `metadata`.
+#[track_caller]
+pub fn devtools_summary(trace: &Path) -> Value {
+    let out = Command::new("node")
+        .arg(repo_root().join("tests/consumers/devtools.mjs"))
+        .arg(trace)
+        .output()
+        .expect("running node (cargo xtask setup installs it)");
+    assert!(
+        out.status.success(),
+        "DevTools' trace engine could not load {}: {}",
+        trace.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the consumer's JSON")
+}
+
+/// (slices, bytes) per routine of process `pid` in a [`devtools_summary`] (empty if the
+/// trace holds none of its calls).
+pub fn traced_routines(
+    summary: &Value,
+    pid: u64,
+) -> std::collections::BTreeMap<String, (u64, u64)> {
+    summary["processes"][pid.to_string()]["routines"]
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .map(|(k, v)| {
+                    let n = |f: &str| v[f].as_u64().unwrap_or(0);
+                    (k.clone(), (n("slices"), n("bytes")))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
