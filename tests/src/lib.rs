@@ -5,11 +5,13 @@
 //! These tests need root and a BPF-capable kernel; they fail (never skip) without them.
 //! `cargo xtask test` builds commtap and runs them with `--test-threads=1`.
 
+pub mod attack;
 mod build;
 mod commtap;
 mod process;
 mod truth;
 
+pub use attack::*;
 pub use build::*;
 pub use commtap::*;
 pub use process::*;

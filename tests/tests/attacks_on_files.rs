@@ -1,0 +1,244 @@
+//! Attacks on the root daemon through the files it reads, by an unprivileged local user
+//! (uid 65534, `nobody`), run for real against a real daemon: each test passes only when
+//! the attack fails **and** the daemon stays healthy (answers `ps` within 2 s, its memory
+//! bounded, and still counts a real MPI job of root's exactly). Shared parts:
+//! `commtap_tests::attack`.
+
+use std::{os::unix::fs::PermissionsExt, process::Command, time::Duration};
+
+use commtap_tests::*;
+
+const LIMIT: Duration = Duration::from_mins(2);
+
+/// Attack: map a crafted `libmpich.so.12`, wait until the daemon has read it, then rename
+/// a symlink to a root-owned library over it. A daemon that attaches by path puts its
+/// probes, at the crafted file's offsets, into the root-owned file (and so into every root
+/// process that maps it). The probes must go into the file that was read, and only there.
+#[test]
+fn a_library_swapped_after_it_was_read_gets_no_probe_into_root_files() {
+    let a = Attack::start("attack-swap");
+    let (scratch, lib, crafted) = (&a.scratch, &a.lib, &a.crafted);
+
+    // Root's side: a root-owned library, mapped by a root process.
+    let root_dir = scratch.path("root-only");
+    std::fs::create_dir_all(&root_dir).expect("dir");
+    let victim = root_dir.join("libvictim.so");
+    std::fs::copy(lib, &victim).expect("victim copy");
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).expect("mode");
+    let victim_prog = build_plain_c("attack_victim.c", &["-ldl"]);
+    let victim_ready = scratch.path("victim-ready");
+    let victim_proc = ChildGuard::spawn(Command::new(&victim_prog).arg(&victim).arg(&victim_ready));
+    wait_until("the victim to map its library", LIMIT, || {
+        victim_ready.exists()
+    });
+
+    // The user's side: the crafted library, and a symlink to the victim ready to swap in.
+    let swap = crafted.with_file_name("swap");
+    std::os::unix::fs::symlink(&victim, &swap).expect("symlink");
+    std::os::unix::fs::lchown(&swap, Some(NOBODY), Some(NOBODY)).expect("lchown");
+    let attacker = start_attacker(scratch, &a.map, crafted, "swap", path_str(&swap));
+    let done = scratch.path("signals/done");
+    wait_until(
+        "the attacker to swap the file after the daemon's read",
+        LIMIT,
+        || done.exists(),
+    );
+    // Probed: the daemon attached to the library it read (the attacker's own file).
+    let pid = u64::from(attacker.0.id());
+    wait_for_state(&a.daemon.target, &[pid], "probed");
+    assert!(
+        std::fs::read_link(crafted).is_ok_and(|t| t == victim),
+        "the swap happened"
+    );
+    assert!(
+        !code_equals_file(attacker.0.id(), "/libmpich.so.12 (deleted)", lib),
+        "the probe went into the file the daemon read (the attacker's own)"
+    );
+    assert!(
+        code_equals_file(victim_proc.0.id(), "/libvictim.so", &victim),
+        "a probe was written into the root-owned library's code"
+    );
+    drop(victim_proc);
+    a.end_healthy();
+    drop(attacker);
+}
+
+/// Attack: map a library whose path holds two spaces (`a  b/libmpich.so.12`) while a FIFO
+/// waits at the path with one (`a b/libmpich.so.12`). A maps parser that splits on
+/// whitespace opens the FIFO and blocks the daemon forever. The path is kept verbatim and
+/// no FIFO is ever opened.
+#[test]
+fn a_fifo_behind_a_path_with_spaces_does_not_stop_the_daemon() {
+    let scratch = Scratch::new("attack-fifo");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let (lib, map) = attack_programs();
+    let dir = nobody_dir(&scratch, "attacker");
+    let (two, one) = (dir.join("a  b"), dir.join("a b"));
+    for d in [&two, &one] {
+        std::fs::create_dir_all(d).expect("dir");
+        std::os::unix::fs::chown(d, Some(NOBODY), Some(NOBODY)).expect("chown");
+    }
+    let crafted = two.join("libmpich.so.12");
+    copy_as_nobody(&lib, &crafted);
+    sh(&format!(
+        "mkfifo '{}'",
+        one.join("libmpich.so.12").display()
+    ));
+    let attacker = start_attacker(&scratch, &map, &crafted, "none", "-");
+    wait_for_state(&daemon.target, &[u64::from(attacker.0.id())], "probed");
+    let out = commtap_output(&["ps", "--from", &daemon.target]);
+    let ps = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        ps.contains("attacker/a  b/libmpich.so.12"),
+        "the library's path is kept verbatim:\n{ps}"
+    );
+    assert_healthy(&scratch, &daemon);
+    drop(attacker);
+    daemon.stop(&scratch);
+}
+
+/// Attack: truncate the library as the daemon opens it (inotify `IN_OPEN`). A daemon that
+/// maps library files dies of SIGBUS reading past the new end. It reads what it needs with
+/// bounded reads and gives up on that file.
+#[test]
+fn a_library_truncated_while_it_is_read_does_not_kill_the_daemon() {
+    let a = Attack::start("attack-truncate");
+    let _attacker = start_attacker(&a.scratch, &a.map, &a.crafted, "truncate", "-");
+    let done = a.scratch.path("signals/done");
+    wait_until("the attacker to truncate its library", LIMIT, || {
+        done.exists()
+    });
+    assert_eq!(std::fs::metadata(&a.crafted).expect("crafted").len(), 0);
+    a.end_healthy();
+}
+
+/// Attack: a small library whose dynamic section repeats `DT_NEEDED` thousands of times,
+/// every entry naming one long string. A parser that copies each entry allocates the
+/// string once per entry (gigabytes from a file of megabytes). Reads and copies are capped.
+#[test]
+fn a_library_with_many_long_needed_entries_does_not_bloat_the_daemon() {
+    let a = Attack::start("attack-needed");
+    // 60,000 DT_NEEDED entries (16 bytes each) naming one 60,000-byte string: a 1 MB file
+    // that names 3.6 GB of strings.
+    let status = Command::new("python3")
+        .arg(repo_root().join("tests/programs/many_needed.py"))
+        .arg(&a.crafted)
+        .args(["60000", "60000"])
+        .status()
+        .expect("python3");
+    assert!(status.success(), "crafting the library failed");
+    let attacker = start_attacker(&a.scratch, &a.map, &a.crafted, "none", "-");
+    wait_for_state(&a.daemon.target, &[u64::from(attacker.0.id())], "probed");
+    a.end_healthy();
+}
+
+/// The library lines of `commtap ps` (as root) whose path contains `part`.
+fn probed_libraries_with(daemon: &Daemon, part: &str) -> usize {
+    let out = commtap_output(&["ps", "--from", &daemon.target]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("library ") && l.contains(part))
+        .count()
+}
+
+/// Attack: map many copies of a tiny fake MPI library to use up the daemon's 64 library
+/// slots, so that no later MPI build (a venv, Spack) is probed until a restart. A user's
+/// own libraries are limited to 8 at once and let go when no process maps them: root's
+/// library mapped after the attack is probed, and once the attacker's processes are gone
+/// so are their libraries.
+#[test]
+fn one_user_cannot_use_up_the_library_slots() {
+    let scratch = Scratch::new("attack-slots");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let (lib, map) = attack_programs();
+    let dir = nobody_dir(&scratch, "attacker");
+    let mut attackers = Vec::new();
+    for i in 0..10 {
+        let sub = dir.join(format!("d{i}"));
+        std::fs::create_dir_all(&sub).expect("dir");
+        std::os::unix::fs::chown(&sub, Some(NOBODY), Some(NOBODY)).expect("chown");
+        let copy = sub.join("libmpich.so.12");
+        copy_as_nobody(&lib, &copy);
+        let signals = nobody_dir(&scratch, &format!("signals{i}"));
+        let ready = signals.join("ready");
+        attackers.push(spawn_as_nobody(
+            &map,
+            &[
+                path_str(&copy),
+                path_str(&ready),
+                "none",
+                "-",
+                path_str(&signals.join("done")),
+            ],
+        ));
+        wait_until("an attacker to map its copy", LIMIT, || ready.exists());
+    }
+    let pids: Vec<u64> = attackers.iter().map(|c| u64::from(c.0.id())).collect();
+    wait_until("the daemon to look at every attacker", LIMIT, || {
+        let states = ps_states(&daemon.target);
+        pids.iter().all(|p| states.contains_key(p))
+    });
+    assert_eq!(
+        probed_libraries_with(&daemon, "/attacker/d"),
+        8,
+        "one user's libraries probed at once"
+    );
+
+    // Root's own build, mapped now, still gets a slot.
+    let root_dir = scratch.path("root-build");
+    std::fs::create_dir_all(&root_dir).expect("dir");
+    let root_lib = root_dir.join("libmpich.so.12");
+    std::fs::copy(&lib, &root_lib).expect("copy");
+    let root_ready = scratch.path("root-ready");
+    let root = ChildGuard::spawn(Command::new(&map).args([
+        path_str(&root_lib),
+        path_str(&root_ready),
+        "none",
+        "-",
+        path_str(&scratch.path("root-done")),
+    ]));
+    wait_until("root's process to map its library", LIMIT, || {
+        root_ready.exists()
+    });
+    wait_for_state(&daemon.target, &[u64::from(root.0.id())], "probed");
+    assert_eq!(probed_libraries_with(&daemon, "/root-build/"), 1);
+
+    // The attacker's processes end: their libraries are let go.
+    drop(attackers);
+    wait_until("the attacker's libraries to be let go", LIMIT, || {
+        probed_libraries_with(&daemon, "/attacker/d") == 0
+    });
+    assert_eq!(probed_libraries_with(&daemon, "/root-build/"), 1);
+    drop(root);
+    assert_healthy(&scratch, &daemon);
+    daemon.stop(&scratch);
+}
+
+/// Attack: a library whose `MPI_Send` symbol names data (bytes that look like a function
+/// prologue), not code. Probes go only into executable sections: MPI_Send is not probed,
+/// MPI_Recv (real code) is.
+#[test]
+fn a_symbol_that_names_data_is_never_probed() {
+    let a = Attack::start("attack-data-symbol");
+    let lib = compile_c(
+        "attack_data_symbol.c",
+        "libattack_data_symbol.so",
+        &["-shared", "-fPIC"],
+    );
+    copy_as_nobody(&lib, &a.crafted);
+    let attacker = start_attacker(&a.scratch, &a.map, &a.crafted, "none", "-");
+    wait_for_state(&a.daemon.target, &[u64::from(attacker.0.id())], "probed");
+    let out = commtap_output(&["ps", "--from", &a.daemon.target]);
+    let ps = String::from_utf8_lossy(&out.stdout);
+    // MPI_Recv is code: probed. MPI_Send names 64 bytes of data that start like a
+    // function (push %rbp; mov %rsp,%rbp): never probed.
+    let line = ps
+        .lines()
+        .find(|l| l.starts_with("library ") && l.contains("/attacker/libmpich.so.12"))
+        .unwrap_or_else(|| panic!("the crafted library is listed:\n{ps}"));
+    assert!(
+        line.ends_with(": 1 probes"),
+        "only MPI_Recv is probed: {line}"
+    );
+    a.end_healthy();
+}

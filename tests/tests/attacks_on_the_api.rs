@@ -1,0 +1,393 @@
+//! Attacks on the root daemon and the aggregator through their APIs (Unix socket, TCP,
+//! Prometheus), by an unprivileged local user (uid 65534, `nobody`) or a caller with the
+//! wrong certificate, run for real: each test passes only when the attack fails **and**
+//! the daemon stays healthy. Shared parts: `commtap_tests::attack`.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use commtap_tests::*;
+
+const LIMIT: Duration = Duration::from_mins(2);
+
+/// Attack: over the daemon's plaintext TCP listener (`--insecure-tcp`), nobody lists
+/// root's processes, detaches root's MPI rank and switches per-call events on node-wide. A
+/// caller that presents no verified client certificate owns nothing: it sees no process,
+/// may detach none, and may not stream events.
+#[test]
+fn an_unauthenticated_tcp_caller_can_neither_see_nor_change_roots_processes() {
+    let scratch = Scratch::new("attack-tcp");
+    let addr = free_port();
+    let daemon = Daemon::start(&scratch, &[], &[], &["--listen", &addr, "--insecure-tcp"]);
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 50, &[]);
+    let pids: Vec<u64> = ranks.iter().map(|p| u64::from(*p)).collect();
+    wait_for_state(&daemon.target, &pids, "probed");
+    let url = format!("http://{addr}");
+
+    let ps = commtap_as_nobody(&["ps", "--from", &url]);
+    assert!(
+        ps.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ps.stderr)
+    );
+    let listed = String::from_utf8_lossy(&ps.stdout);
+    for pid in &ranks {
+        assert!(
+            !listed
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(&pid.to_string())),
+            "nobody sees root's rank {pid} over TCP:\n{listed}"
+        );
+    }
+    let report = commtap_as_nobody(&["report", "--from", &url, "--format", "json"]);
+    let seen: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap_or_default();
+    assert!(
+        seen["ranks"].as_array().is_none_or(Vec::is_empty),
+        "nobody reads root's profiles over TCP: {seen:#}"
+    );
+    let detach = commtap_as_nobody(&["detach", "--pid", &ranks[0].to_string(), "--from", &url]);
+    assert!(!detach.status.success(), "nobody detached root's rank");
+    let events = commtap_as_nobody(&["events", "--from", &url]);
+    assert!(!events.status.success(), "nobody streamed events");
+    assert!(
+        String::from_utf8_lossy(&events.stderr).contains("permission"),
+        "{}",
+        String::from_utf8_lossy(&events.stderr)
+    );
+
+    // Root's ranks are still watched and counted to the end.
+    assert!(
+        ranks.iter().all(|p| ps_states(&daemon.target)
+            .get(&u64::from(*p))
+            .map(String::as_str)
+            == Some("probed")),
+        "root's ranks are still probed"
+    );
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(
+        job.wait_with_limit(LIMIT).success(),
+        "root's MPI job failed"
+    );
+    wait_for_exited(&daemon.target, &pids);
+    let profile = report_json(&["report", "--from", &daemon.target]);
+    let truths = read_truths(&scratch.path("truth"), 2);
+    for t in &truths {
+        let rank = rank_by_pid(&profile, t["pid"].as_u64().expect("pid"));
+        assert_eq!(
+            loop_counts_after_go(&rank["routines"]),
+            routine_table(&t["routines"]),
+            "rank {}: every call, before and after the attack",
+            t["rank"]
+        );
+    }
+    assert_healthy(&scratch, &daemon);
+    daemon.stop(&scratch);
+}
+
+/// `aggregator_client.py ADDR CA CERT KEY ARGS`: a network peer holding whatever
+/// certificate it holds (over TCP the aggregator knows no uid), and the JSON it prints.
+fn aggregator_call(
+    addr: &str,
+    ca: &Path,
+    cert: Option<&(PathBuf, PathBuf)>,
+    args: &[&str],
+) -> serde_json::Value {
+    let (cert, key) = cert.map_or(("-", "-"), |(c, k)| (path_str(c), path_str(k)));
+    let out = Command::new("python3")
+        .arg(repo_root().join("tests/clients/aggregator_client.py"))
+        .arg(repo_root().join("proto"))
+        .args([addr, path_str(ca), cert, key])
+        .args(args)
+        .output()
+        .expect("python3");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "aggregator client: {e}\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Field 22 of `/proc/PID/stat`: the process's start time in clock ticks.
+fn start_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let (_, rest) = stat.rsplit_once(')').expect("stat");
+    rest.split_whitespace()
+        .nth(19)
+        .and_then(|s| s.parse().ok())
+        .expect("starttime")
+}
+
+/// Attacks on an aggregator by network peers: without a certificate nothing is served; a
+/// reader cannot push and a pusher cannot read; a node's certificate cannot push another
+/// node's processes; a snapshot stamped far in the future (`taken_ns = u64::MAX`, which
+/// would own that process's record for good) is refused even from the node's own
+/// certificate. Root's job, pushed by its node's daemon, ends up in the aggregator exactly.
+#[test]
+fn aggregator_callers_do_only_what_their_certificates_allow() {
+    let scratch = Scratch::new("attack-aggregator");
+    let (ca, cert, key) = make_certs(&scratch.0);
+    let node = make_client_cert(&scratch.0, "node-a", Some("commtap-push"));
+    let other = make_client_cert(&scratch.0, "node-evil", Some("commtap-push"));
+    let reader = make_client_cert(&scratch.0, "reader", Some("commtap-read"));
+    let addr = free_port();
+    let agg_scratch = Scratch::new("attack-aggregator-server");
+    let aggregator = spawn_commtap(
+        &agg_scratch,
+        &[
+            "--log",
+            "info",
+            "aggregator",
+            "--listen",
+            &addr,
+            "--db",
+            path_str(&scratch.path("agg.redb")),
+            "--tls-cert",
+            path_str(&cert),
+            "--tls-key",
+            path_str(&key),
+            "--tls-client-ca",
+            path_str(&ca),
+        ],
+    );
+    let job_id = format!("attack{}", std::process::id());
+    let (mut job, ranks) =
+        start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 50, &[("SLURM_JOB_ID", &job_id)]);
+    let pids = pid_list(&ranks);
+    let daemon = Daemon::start(
+        &scratch,
+        &[],
+        &[
+            "--tls-ca",
+            path_str(&ca),
+            "--tls-cert",
+            path_str(&node.0),
+            "--tls-key",
+            path_str(&node.1),
+        ],
+        &[
+            "--node-name",
+            "node-a",
+            "--pid",
+            &pids,
+            "--push-interval",
+            "200ms",
+            "--aggregator",
+            &format!("https://{addr}"),
+        ],
+    );
+    // The attacks name one of root's ranks by its identity at the aggregator; they come
+    // once the daemon has pushed the job (the node's clock is known from then on).
+    let (victim, victim_start) = (ranks[0], start_ticks(ranks[0]));
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    wait_until("the daemon's first snapshots of the job", LIMIT, || {
+        aggregator_call(&addr, &ca, Some(&reader), &["list"])["jobs"]
+            .as_array()
+            .is_some_and(|j| j.iter().any(|j| j == job_id.as_str()))
+    });
+    let push = |cert: Option<&(PathBuf, PathBuf)>, node: &str, taken: u64| {
+        let (pid, start, taken) = (
+            victim.to_string(),
+            victim_start.to_string(),
+            taken.to_string(),
+        );
+        aggregator_call(&addr, &ca, cert, &["push", node, &pid, &start, &taken])
+    };
+    let anonymous = aggregator_call(&addr, &ca, None, &["list"]);
+    assert_ne!(
+        anonymous["code"], "OK",
+        "served without a certificate: {anonymous}"
+    );
+    assert_eq!(
+        push(Some(&reader), "node-a", 1)["code"],
+        "PERMISSION_DENIED",
+        "a reader pushed"
+    );
+    let read_by_pusher = aggregator_call(&addr, &ca, Some(&node), &["list"]);
+    assert_eq!(read_by_pusher["code"], "PERMISSION_DENIED", "a pusher read");
+    assert_eq!(
+        push(Some(&other), "node-a", 1)["code"],
+        "PERMISSION_DENIED",
+        "node-evil pushed node-a's process"
+    );
+    let future = push(Some(&node), "node-a", u64::MAX);
+    assert_eq!(future["code"], "OK", "{future}");
+    assert_eq!(
+        future["refused"], 1,
+        "a snapshot from the future was taken: {future}"
+    );
+    assert_eq!(future["accepted"], 0, "{future}");
+
+    // The daemon's own snapshots still land: the job is exact at the end.
+    assert!(
+        job.wait_with_limit(LIMIT).success(),
+        "root's MPI job failed"
+    );
+    let truths = read_truths(&scratch.path("truth"), 2);
+    let out = scratch.path("merged.json");
+    let report = || {
+        let r = commtap_output(&[
+            "--tls-ca",
+            path_str(&ca),
+            "--tls-cert",
+            path_str(&reader.0),
+            "--tls-key",
+            path_str(&reader.1),
+            "report",
+            "--from",
+            &format!("https://{addr}"),
+            "--job",
+            &job_id,
+            "--format",
+            "json",
+            "-o",
+            path_str(&out),
+        ]);
+        r.status.success().then(|| read_json(&out))
+    };
+    wait_until(
+        "every rank's final profile at the aggregator",
+        LIMIT,
+        || {
+            report().is_some_and(|p| {
+                p["ranks"]
+                    .as_array()
+                    .is_some_and(|r| r.len() == 2 && r.iter().all(|x| x["exited"] == true))
+            })
+        },
+    );
+    let merged = report().expect("report");
+    // Attached after the job's start: counted from then on, which is what the truth holds.
+    assert_profile_matches(&merged, &truths, &["MPI_Finalize"]);
+    daemon.stop(&scratch);
+    // SAFETY: kill(2) of the aggregator we spawned.
+    unsafe { libc::kill(aggregator.0.id() as i32, libc::SIGTERM) };
+    let run = finish_commtap(&agg_scratch, aggregator, LIMIT);
+    assert!(run.status.success(), "aggregator: {}", run.stderr);
+}
+
+/// `GET /metrics` on the Unix socket `socket`, as nobody or as root.
+fn metrics_as(socket: &Path, nobody: bool) -> String {
+    let mut cmd = Command::new("setpriv");
+    if nobody {
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+    }
+    let out = cmd
+        .args(["--", "curl", "-sS", "--unix-socket"])
+        .arg(socket)
+        .arg("http://localhost/metrics")
+        .output()
+        .expect("curl (cargo xtask setup installs it)");
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Attack: read every user's job series (and choose their label values) on the metrics
+/// endpoint every local user can reach. On the metrics Unix socket each caller sees what
+/// the API shows it: nobody no series of root's job, root all of them; a TCP endpoint
+/// without mutual TLS is refused unless `--metrics-insecure` says so.
+#[test]
+fn metrics_show_a_user_only_their_own_jobs() {
+    let scratch = Scratch::new("attack-metrics");
+    let refused = commtap_output(&[
+        "daemon",
+        "--socket",
+        path_str(&scratch.path("refused.sock")),
+        "--metrics-addr",
+        &free_port(),
+    ]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--metrics-insecure"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+
+    let socket = scratch.path("metrics.sock");
+    let metrics_addr = format!("unix://{}", socket.display());
+    let daemon = Daemon::start(
+        &scratch,
+        &[],
+        &[],
+        &["--socket-mode", "666", "--metrics-addr", &metrics_addr],
+    );
+    wait_until("the metrics socket", LIMIT, || socket.exists());
+    let truths = run_truth_job(&scratch.path("root-truth"), Mpi::OpenMpi, 2);
+    let pids: Vec<u64> = truths.iter().filter_map(|t| t["pid"].as_u64()).collect();
+    wait_for_exited(&daemon.target, &pids);
+    let job = format!("job=\"{}\"", pids[0]);
+    let calls = truths[0]["routines"]["MPI_Allreduce"]["calls"]
+        .as_u64()
+        .expect("calls");
+    let line =
+        format!("commtap_mpi_calls_total{{{job},rank=\"0\",routine=\"MPI_Allreduce\"}} {calls}");
+    let roots = metrics_as(&socket, false);
+    assert!(
+        roots.lines().any(|l| l == line),
+        "root sees {line}:\n{roots}"
+    );
+    let nobodys = metrics_as(&socket, true);
+    assert!(
+        nobodys.contains("# TYPE commtap_mpi_calls_total"),
+        "nobody gets the families:\n{nobodys}"
+    );
+    assert!(
+        !nobodys.contains(&job),
+        "nobody sees root's job:\n{nobodys}"
+    );
+    daemon.stop(&scratch);
+}
+
+/// A node with 10,000 ranks, each with a command line at the 4 KiB cap and 16 routines:
+/// more than one gRPC reply may hold (64 MiB). `report` reads them page by page, each rank
+/// once; `ps` still answers in time, and a real job beside them is counted exactly. The
+/// daemon holds those 10,000 profiles (about 150 MiB here), so its bound is raised by
+/// that; paging copies one page at a time.
+#[test]
+fn ten_thousand_ranks_are_reported_page_by_page() {
+    const RANKS: usize = 10_000;
+    let scratch = Scratch::new("attack-many-ranks");
+    let daemon = Daemon::start(
+        &scratch,
+        &[],
+        &[],
+        &["--test-synthetic-ranks", &RANKS.to_string()],
+    );
+    // Once, and live (`--watch`: WatchSnapshots, in pages too).
+    for watch in [&[][..], &["--watch", "200ms", "--count", "1"][..]] {
+        let args = [
+            &["report", "--from", &daemon.target, "--job", "synthetic"][..],
+            watch,
+        ]
+        .concat();
+        let out = commtap_output(&args);
+        assert!(
+            out.status.success(),
+            "report {watch:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The text report's last table lists every rank with its pid (the made-up ones
+        // count from 2^30).
+        let text = String::from_utf8_lossy(&out.stdout);
+        let table = text
+            .split("MPI timing summary for all ranks:")
+            .nth(1)
+            .expect("the per-rank table");
+        let pids: std::collections::BTreeSet<u64> = table
+            .lines()
+            .filter_map(|l| l.split_whitespace().last()?.parse().ok())
+            .filter(|pid| *pid >= 1 << 30)
+            .collect();
+        assert_eq!(pids.len(), RANKS, "every rank, once ({watch:?})");
+    }
+    assert_healthy_within(&scratch, &daemon, DAEMON_PEAK_LIMIT_KIB + (256 << 10));
+    daemon.stop(&scratch);
+}

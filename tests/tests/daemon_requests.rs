@@ -1,0 +1,195 @@
+//! The node daemon on request: a running process attached and detached through the API
+//! (`commtap attach`/`detach`), its call events streamed (`StreamEvents`), and a detached
+//! rank never counted again.
+
+use std::{collections::BTreeMap, process::Command, time::Duration};
+
+use serde_json::Value;
+
+use commtap_tests::*;
+
+const LIMIT: Duration = Duration::from_mins(5);
+
+/// AttachProcess, DetachProcess and StreamEvents through the CLI: a daemon scoped to
+/// another user watches two ranks only when asked, stops watching one when asked (and does
+/// not take it up again), and streams every call of the other as it happens.
+#[test]
+fn attach_detach_and_stream_events_on_request() {
+    let scratch = Scratch::new("daemon-attach");
+    // Scoped to nobody: the job (root's) is outside it until attached.
+    let daemon = Daemon::start(&scratch, &[], &[], &["--uid", "65534"]);
+    let n = 300u64;
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, n, &[]);
+    let (r0, r1) = rank_pids(&ranks);
+    for pid in [r0, r1] {
+        let out = commtap_output(&[
+            "attach",
+            "--pid",
+            &pid.to_string(),
+            "--from",
+            &daemon.target,
+        ]);
+        assert!(
+            out.status.success(),
+            "attach: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = commtap_output(&["detach", "--pid", &r1.to_string(), "--from", &daemon.target]);
+    assert!(
+        out.status.success(),
+        "detach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("made no call while watched"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Bad requests are clear errors.
+    let out = commtap_output(&["detach", "--pid", "4194305", "--from", &daemon.target]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not watched"));
+    let out = commtap_output(&["attach", "--pid", "4194305", "--from", &daemon.target]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("4194305"));
+
+    let events_out = scratch.path("events.jsonl");
+    let events = ChildGuard::spawn(
+        Command::new(commtap_bin())
+            .args([
+                "events",
+                "--pid",
+                &format!("{r0},{r1}"),
+                "--duration",
+                "8s",
+                "--from",
+            ])
+            .arg(&daemon.target)
+            .stdout(std::fs::File::create(&events_out).expect("events file")),
+    );
+    wait_until("the event stream to open", LIMIT, || {
+        std::fs::read_to_string(&events_out).is_ok_and(|s| s.contains("streaming"))
+    });
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let run = finish_ok(&scratch, events, LIMIT);
+    let lines: Vec<Value> = std::fs::read_to_string(&events_out)
+        .expect("events")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(
+        lines.last().map(|l| &l["dropped"]),
+        Some(&0.into()),
+        "{}",
+        run.stderr
+    );
+    let mut seen: BTreeMap<(u64, String), u64> = BTreeMap::new();
+    for e in lines.iter().filter(|l| l.get("routine").is_some()) {
+        let key = (
+            e["pid"].as_u64().expect("pid"),
+            e["routine"].as_str().expect("routine").to_string(),
+        );
+        *seen.entry(key).or_default() += 1;
+    }
+    let r0 = u64::from(r0);
+    for routine in ["MPI_Allreduce", "MPI_Send", "MPI_Recv"] {
+        assert_eq!(
+            seen.get(&(r0, routine.to_string())),
+            Some(&n),
+            "{routine} events of rank 0"
+        );
+    }
+    assert!(
+        !seen.keys().any(|(pid, _)| *pid == u64::from(r1)),
+        "no event of the detached rank: {seen:?}"
+    );
+
+    // The attached rank's profile is exact; the detached one is not taken up again.
+    wait_for_exited(&daemon.target, &[r0]);
+    let profile = report_json(&["report", "--from", &daemon.target]);
+    let truths = read_truths(&scratch.path("truth"), 2);
+    let t0 = truths
+        .iter()
+        .find(|t| t["pid"].as_u64() == Some(r0))
+        .expect("truth of rank 0");
+    // Events were on only while the stream was open: compare the counts, not the events.
+    let ranks = profile["ranks"].as_array().expect("ranks");
+    assert_eq!(ranks.len(), 1, "only the attached rank: {profile:#}");
+    let mut got = routine_table(&ranks[0]["routines"]);
+    got.remove("MPI_Finalize");
+    assert_eq!(got, routine_table(&t0["routines"]), "rank 0's counts");
+    assert_eq!(ranks[0]["undecoded"], 0);
+    daemon.stop(&scratch);
+}
+
+/// A rank detached after it made calls (its threads have call state in the kernel) stops
+/// counting at its next call: its profile is what it did until the detach (kept as a final
+/// one), the calls after it are not counted, and the other rank's profile stays exact.
+#[test]
+fn a_rank_detached_after_its_first_calls_is_not_counted_again() {
+    let scratch = Scratch::new("daemon-detach-late");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let n = 200u64;
+    // MPI_Init, Comm_rank, Comm_size and a Barrier before `ready`: counted from the first.
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, n, &[]);
+    let (r0, r1) = rank_pids(&ranks);
+    wait_until("the daemon to track both ranks", LIMIT, || {
+        let out = commtap_output(&["ps", "--from", &daemon.target]);
+        let ps = String::from_utf8_lossy(&out.stdout).to_string();
+        [r0, r1].iter().all(|p| ps.contains(&p.to_string()))
+    });
+    let out = commtap_output(&["detach", "--pid", &r1.to_string(), "--from", &daemon.target]);
+    assert!(
+        out.status.success(),
+        "detach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    wait_for_exited(&daemon.target, &[u64::from(r0), u64::from(r1)]);
+    let profile = report_json(&["report", "--from", &daemon.target]);
+    let ranks = profile["ranks"].as_array().expect("ranks");
+    let rank_of = |pid: u32| {
+        ranks
+            .iter()
+            .find(|r| r["pid"].as_u64() == Some(u64::from(pid)))
+            .unwrap_or_else(|| panic!("rank of pid {pid}: {profile:#}"))
+    };
+    let before_go: BTreeMap<String, (u64, u64)> =
+        ["MPI_Init", "MPI_Comm_rank", "MPI_Comm_size", "MPI_Barrier"]
+            .iter()
+            .map(|r| (r.to_string(), (1, 0)))
+            .collect();
+    assert_eq!(
+        routine_table(&rank_of(r1)["routines"]),
+        before_go,
+        "rank 1: its calls until the detach, none after"
+    );
+    let truths = read_truths(&scratch.path("truth"), 2);
+    let t0 = truths
+        .iter()
+        .find(|t| t["pid"].as_u64() == Some(u64::from(r0)))
+        .expect("truth of rank 0");
+    // The truth holds the calls after `go`; the profile also those before it.
+    let got = loop_counts_after_go(&rank_of(r0)["routines"]);
+    assert_eq!(got, routine_table(&t0["routines"]), "rank 0's counts");
+    daemon.stop(&scratch);
+}
+
+/// (rank 0's pid, rank 1's pid) of a 2-rank Open MPI job, from its environment.
+fn rank_pids(ranks: &[u32]) -> (u32, u32) {
+    let rank_of = |pid: u32| -> u32 {
+        let env = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
+        env.split(|b| *b == 0)
+            .find_map(|kv| kv.strip_prefix(b"OMPI_COMM_WORLD_RANK="))
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+            .expect("OMPI_COMM_WORLD_RANK")
+    };
+    let (a, b) = (ranks[0], ranks[1]);
+    if rank_of(a) == 0 {
+        (a, b)
+    } else {
+        (b, a)
+    }
+}
