@@ -181,6 +181,7 @@ fn node_state(session: Session, opts: &DaemonOptions) -> Arc<NodeState> {
         finished_dropped: std::sync::atomic::AtomicU64::new(0),
         detached: Mutex::default(),
         event_streams: Default::default(),
+        watches: Default::default(),
         call_events: opts.call_events,
         clock_offset_ns: opts.clock_offset_ns,
         late: opts.skew.then(|| {

@@ -391,3 +391,77 @@ fn ten_thousand_ranks_are_reported_page_by_page() {
     assert_healthy_within(&scratch, &daemon, DAEMON_PEAK_LIMIT_KIB + (256 << 10));
     daemon.stop(&scratch);
 }
+
+/// Attack: nobody opens snapshot watches on the daemon's Unix socket without end (each one
+/// has the daemon build a whole profile every interval, so a few thousand would eat its
+/// CPU). A caller may hold 16 open; the 17th is refused with a reason, a closed one frees
+/// its place, and root is not held up.
+#[test]
+fn a_user_cannot_open_snapshot_watches_without_end() {
+    const PER_CALLER: usize = 16;
+    let scratch = Scratch::new("attack-watches");
+    let daemon = Daemon::start(&scratch, &[], &[], &["--socket-mode", "666"]);
+    let watch = |out: &Path| {
+        let file = std::fs::File::create(out).expect("watch output");
+        let mut cmd = as_nobody(&commtap_bin());
+        cmd.args(["report", "--from", &daemon.target, "--format", "json"])
+            .args(["--watch", "1s"])
+            .stdout(file);
+        ChildGuard::spawn(&mut cmd)
+    };
+    let outputs: Vec<PathBuf> = (0..PER_CALLER)
+        .map(|i| scratch.path(&format!("watch-{i}.json")))
+        .collect();
+    let mut watchers: Vec<ChildGuard> = outputs.iter().map(|o| watch(o)).collect();
+    // Every watch is open once it has printed its first snapshot.
+    wait_until("every watch to print a snapshot", LIMIT, || {
+        outputs
+            .iter()
+            .all(|o| std::fs::metadata(o).is_ok_and(|m| m.len() > 0))
+    });
+    // (--count 1: a daemon that let it open answers, and the test fails, never hangs.)
+    let refused = commtap_as_nobody(&[
+        "report",
+        "--from",
+        &daemon.target,
+        "--watch",
+        "1s",
+        "--count",
+        "1",
+    ]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "a 17th watch was let open");
+    assert!(
+        stderr.contains("16 watch streams of this caller are open already"),
+        "{stderr}"
+    );
+    // Closing one frees its place, once the daemon has seen the client go (at its next tick).
+    drop(watchers.pop());
+    wait_until("the closed watch's place to be free", LIMIT, || {
+        commtap_as_nobody(&[
+            "report",
+            "--from",
+            &daemon.target,
+            "--watch",
+            "1s",
+            "--count",
+            "1",
+        ])
+        .status
+        .success()
+    });
+    // Root's own watch and requests are not held up by nobody's.
+    let root = report_json(&[
+        "report",
+        "--from",
+        &daemon.target,
+        "--watch",
+        "1s",
+        "--count",
+        "1",
+    ]);
+    assert!(root["ranks"].is_array(), "{root}");
+    assert_healthy(&scratch, &daemon);
+    drop(watchers);
+    daemon.stop(&scratch);
+}

@@ -6,13 +6,16 @@ pub mod auth;
 pub mod bench;
 pub mod clock;
 pub mod commit;
-pub mod limit;
 pub mod skew;
 pub mod store;
 #[cfg(test)]
 mod tests;
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    sync::Arc,
+};
 
 use anyhow::{Context, Result};
 use tokio::sync::Mutex;
@@ -22,6 +25,7 @@ use tracing::{info, warn};
 
 use crate::{
     api::{
+        limit::StreamLimit,
         pb,
         status::{watch_interval, ToStatus},
         transport::Target,
@@ -72,9 +76,9 @@ pub struct AggregatorService {
     /// Each node's clock as its snapshots showed it.
     clocks: std::sync::Mutex<clock::NodeClocks>,
     /// Open push streams.
-    pushes: limit::StreamLimit,
+    pushes: StreamLimit<Option<IpAddr>>,
     /// Open job watches.
-    watches: limit::StreamLimit,
+    watches: StreamLimit<Option<IpAddr>>,
     /// Who is late across nodes.
     skew: Arc<std::sync::Mutex<skew::CrossSkew>>,
 }
@@ -88,8 +92,8 @@ impl AggregatorService {
             store,
             mutual_tls,
             clocks: std::sync::Mutex::new(clock::NodeClocks::default()),
-            pushes: limit::StreamLimit::default(),
-            watches: limit::StreamLimit::default(),
+            pushes: StreamLimit::default(),
+            watches: StreamLimit::default(),
             skew: Default::default(),
         }
     }
@@ -221,37 +225,27 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
             ));
         }
         let interval = watch_interval(req.interval_ms)?;
-        let (tx, rx) = tokio::sync::mpsc::channel(2);
         let store = self.store.clone();
         let cross = self.skew.clone();
-        tokio::spawn(async move {
-            // Held while the watch lasts.
-            let _slot = slot;
-            let mut tick = tokio::time::interval(interval);
-            loop {
-                tick.tick().await;
-                if tx.is_closed() {
-                    break;
-                }
+        let job = req.job;
+        let stream = crate::api::server::watch_stream(interval, slot, move |tx| {
+            let (store, cross, job) = (store.clone(), cross.clone(), job.clone());
+            async move {
                 // A job not (yet) known streams nothing until its first snapshot arrives.
-                let Some(mut profile) = store.lock().await.job(&req.job) else {
-                    continue;
+                let Some(mut profile) = store.lock().await.job(&job) else {
+                    return true;
                 };
                 profile.skew = cross
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .report(&req.job);
+                    .report(&job);
                 let msg = pb::WatchJobReportResponse {
                     profile: Some((&profile).into()),
                 };
-                if tx.send(Ok(msg)).await.is_err() {
-                    break;
-                }
+                tx.send(Ok(msg)).await.is_ok()
             }
         });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        Ok(Response::new(Box::pin(stream)))
     }
 }
 

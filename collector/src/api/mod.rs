@@ -3,6 +3,7 @@
 //! process snapshots, the error mapping, message limits, and how a server is reached.
 
 pub mod convert;
+pub mod limit;
 pub mod server;
 pub mod snapshot;
 pub mod status;

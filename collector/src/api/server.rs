@@ -100,3 +100,32 @@ fn oversized_is_resource_exhausted<B>(
     }
     resp
 }
+
+/// The stream of a Watch RPC: `send_tick` runs every `interval` in a task of its own and
+/// sends that tick's messages, until the client goes away (it returns false once a send
+/// failed). `slot` (the caller's place under the stream limit) is held as long as the
+/// stream lasts. One loop for the node's and the aggregator's watches.
+pub fn watch_stream<T, S, F, Fut>(
+    interval: std::time::Duration,
+    slot: S,
+    mut send_tick: F,
+) -> tokio_stream::wrappers::ReceiverStream<Result<T, tonic::Status>>
+where
+    T: Send + 'static,
+    S: Send + 'static,
+    F: FnMut(tokio::sync::mpsc::Sender<Result<T, tonic::Status>>) -> Fut + Send + 'static,
+    Fut: Future<Output = bool> + Send,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    tokio::spawn(async move {
+        let _slot = slot;
+        let mut tick = tokio::time::interval(interval);
+        loop {
+            tick.tick().await;
+            if tx.is_closed() || !send_tick(tx.clone()).await {
+                break;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}

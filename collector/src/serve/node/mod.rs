@@ -45,6 +45,8 @@ pub struct NodeState {
     pub detached: Mutex<std::collections::BTreeSet<u32>>,
     /// Open StreamEvents streams (per-call events are on while there is one).
     pub event_streams: std::sync::atomic::AtomicUsize,
+    /// Snapshot watches open, by caller (each builds a profile every interval).
+    pub watches: crate::api::limit::StreamLimit<(Caller, Option<std::net::IpAddr>)>,
     /// Whether the daemon was started with --call-events (then they stay on).
     pub call_events: bool,
     /// Final profiles let go before their time by [`NodeState::keep_finished`]'s caps.
@@ -84,7 +86,7 @@ pub struct Page {
 
 /// Who is asking: root sees everything, another user only its own processes, a caller
 /// nobody vouches for nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Caller {
     /// Root on the Unix socket, or a TCP caller whose client certificate the listener's
     /// `--tls-client-ca` verified.

@@ -111,12 +111,20 @@ impl pb::node_server::Node for NodeService {
         req: Request<pb::WatchSnapshotsRequest>,
     ) -> Result<Response<Self::WatchSnapshotsStream>, Status> {
         let caller = Caller::of(&req);
+        // A user's watches are theirs to spend, up to the limit; a TCP caller's by address.
+        let slot = self
+            .state
+            .watches
+            .acquire((caller, req.remote_addr().map(|a| a.ip())), "watch")?;
         let req = req.into_inner();
         let interval = watch_interval(req.interval_ms)?;
         let page_size = page_of(req.page_size, "")?.map(|p| p.size);
         let filter = req.filter.unwrap_or_default();
         let state = self.state.clone();
-        let stream = async_stream(state, filter, interval, caller, page_size);
+        let stream = crate::api::server::watch_stream(interval, slot, move |tx| {
+            let (state, filter) = (state.clone(), filter.clone());
+            async move { send_snapshot(&state, &filter, caller, page_size, &tx).await }
+        });
         Ok(Response::new(Box::pin(stream)))
     }
     async fn attach_process(
@@ -277,40 +285,32 @@ fn event_stream(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
-/// Snapshots every `interval` until the client goes away (the send fails), each whole or
-/// in pages of `page_size` ranks.
-fn async_stream(
-    state: Arc<NodeState>,
-    filter: pb::ProcessFilter,
-    interval: Duration,
+/// One watch tick: the snapshot, whole or in pages of `page_size` ranks (each page built
+/// and sent before the next); false once the client has gone away.
+async fn send_snapshot(
+    state: &NodeState,
+    filter: &pb::ProcessFilter,
     caller: Caller,
     page_size: Option<usize>,
-) -> impl Stream<Item = Result<pb::WatchSnapshotsResponse, Status>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(2);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(interval);
-        'watch: loop {
-            tick.tick().await;
-            let mut after = None;
-            loop {
-                let page = page_size.map(|size| Page { after, size });
-                let (profile, next) = state.snapshot_page(&filter, caller, page).await;
-                let msg = pb::WatchSnapshotsResponse {
-                    node: state.node.clone(),
-                    profile: Some((&profile).into()),
-                    more: next.is_some(),
-                };
-                if tx.send(Ok(msg)).await.is_err() {
-                    break 'watch;
-                }
-                match next {
-                    Some(n) => after = Some(n),
-                    None => break,
-                }
-            }
+    tx: &tokio::sync::mpsc::Sender<Result<pb::WatchSnapshotsResponse, Status>>,
+) -> bool {
+    let mut after = None;
+    loop {
+        let page = page_size.map(|size| Page { after, size });
+        let (profile, next) = state.snapshot_page(filter, caller, page).await;
+        let msg = pb::WatchSnapshotsResponse {
+            node: state.node.clone(),
+            profile: Some((&profile).into()),
+            more: next.is_some(),
+        };
+        if tx.send(Ok(msg)).await.is_err() {
+            return false;
         }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
+        match next {
+            Some(n) => after = Some(n),
+            None => return true,
+        }
+    }
 }
 
 /// The page GetSnapshot asks for: after the rank `token` names (`pid:start_ticks`, the
