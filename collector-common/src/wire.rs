@@ -454,62 +454,80 @@ impl CounterVal {
     }
 }
 
-/// Per-process health counters and MPI lifetime marks (per-CPU; userspace sums / maxes).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProcStats {
-    /// Call events that did not fit in the ring buffer (counters still hold them).
-    pub events_dropped: u64,
-    /// Calls whose bytes could not be decoded (counted in the unknown bucket).
-    pub undecoded: u64,
-    /// MPI calls made from inside another MPI call (not counted again).
-    pub nested: u64,
-    /// Returns seen without a matching entry (call in flight when probes attached).
-    pub orphan_returns: u64,
-    /// Monotonic ns at which MPI_Init / MPI_Init_thread returned (0: not seen).
-    pub init_ns: u64,
-    /// Monotonic ns at which MPI_Finalize was entered (0: not seen).
-    pub finalize_ns: u64,
-    /// Calls that could not be counted because the counter map was full.
-    pub counters_full: u64,
-    /// NCCL operations enqueued inside `ncclGroupStart`/`ncclGroupEnd` groups.
-    pub group_ops: u64,
-    /// Device synchronisations that ended a window of different NCCL operations, whose
-    /// device time could not be attributed to one of them.
-    pub mixed_windows: u64,
-    /// libfabric calls that returned an error (mostly -FI_EAGAIN: the caller retries), not
-    /// counted as operations.
-    pub fabric_failed: u64,
-    /// libfabric ops-table calls made from inside libfabric itself (a provider layered on
-    /// another, such as rxm on tcp, and progress): not the application's, not counted.
-    pub fabric_internal: u64,
-    /// NCCL network transport `isend`/`irecv` calls that posted nothing (the transport was
-    /// not ready; NCCL calls again): not counted as operations.
-    pub net_unposted: u64,
-    /// Point-to-point calls left out of the per-peer counters because their map was full
-    /// (the flat counters still have them).
-    pub peers_full: u64,
+/// What the kernel counts per process of what it could not measure, by the names reports
+/// give them: the one list from which [`ProcStats`] (the kernel's per-CPU struct), the
+/// report's `Health` and its wire form are made. A new counter is a line here and its
+/// field in the proto. `$then` is a macro taking the list.
+#[macro_export]
+macro_rules! kernel_health_counters {
+    ($then:ident) => {
+        $then! {
+            /// Call events lost because the ring buffer was full (counts stay exact).
+            dropped,
+            /// Calls whose bytes could not be decoded (counted in the unknown bucket).
+            undecoded,
+            /// MPI calls made inside another MPI call (counted once, at the outer call).
+            nested,
+            /// Calls already in progress when the probes attached (their returns came
+            /// without an entry: not counted).
+            in_flight_at_attach,
+            /// Calls lost because the kernel's counter map was full.
+            counter_map_full,
+            /// NCCL operations enqueued inside groups (each completed group is one
+            /// `ncclGroup`).
+            group_ops,
+            /// Host waits for the GPU after NCCL operations of different kinds, whose device
+            /// time could not be attributed.
+            mixed_windows,
+            /// libfabric ops-table calls made by libfabric itself (a provider layered on
+            /// another, such as rxm on tcp, and progress): not the application's, not
+            /// reported.
+            fabric_internal,
+            /// libfabric calls that returned an error (mostly -FI_EAGAIN: retried), not
+            /// counted.
+            fabric_failed,
+            /// NCCL network transport sends/receives that posted nothing (retried), not
+            /// counted.
+            net_unposted,
+            /// Point-to-point calls left out of the per-peer traffic (its kernel map was
+            /// full; the flat counters still have them).
+            peers_full,
+        }
+    };
 }
-const _: () = assert!(size_of::<ProcStats>() == 104);
 
-impl ProcStats {
-    /// Adds another CPU's share: counters sum, lifetime marks take the latest.
-    pub fn add(&mut self, o: &ProcStats) {
-        self.events_dropped += o.events_dropped;
-        self.undecoded += o.undecoded;
-        self.nested += o.nested;
-        self.orphan_returns += o.orphan_returns;
-        self.init_ns = self.init_ns.max(o.init_ns);
-        self.finalize_ns = self.finalize_ns.max(o.finalize_ns);
-        self.counters_full += o.counters_full;
-        self.group_ops += o.group_ops;
-        self.mixed_windows += o.mixed_windows;
-        self.fabric_failed += o.fabric_failed;
-        self.fabric_internal += o.fabric_internal;
-        self.net_unposted += o.net_unposted;
-        self.peers_full += o.peers_full;
-    }
+/// Makes [`ProcStats`] from [`kernel_health_counters`]' list.
+macro_rules! define_proc_stats {
+    ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
+        /// Per-process health counters and MPI lifetime marks (per-CPU; userspace sums /
+        /// maxes).
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct ProcStats {
+            $( $(#[$doc])* pub $name: u64, )*
+            /// Monotonic ns at which MPI_Init / MPI_Init_thread returned (0: not seen).
+            pub init_ns: u64,
+            /// Monotonic ns at which MPI_Finalize was entered (0: not seen).
+            pub finalize_ns: u64,
+        }
+
+        impl ProcStats {
+            /// How many health counters it holds (besides the two lifetime marks).
+            pub const COUNTERS: usize = [$(stringify!($name)),*].len();
+
+            /// Adds another CPU's share: counters sum, lifetime marks take the latest.
+            pub fn add(&mut self, o: &ProcStats) {
+                $( self.$name += o.$name; )*
+                self.init_ns = self.init_ns.max(o.init_ns);
+                self.finalize_ns = self.finalize_ns.max(o.finalize_ns);
+            }
+        }
+    };
 }
+kernel_health_counters!(define_proc_stats);
+// Every field a u64, nothing between them: the kernel and userspace read the same bytes.
+const _: () = assert!(size_of::<ProcStats>() == 8 * (ProcStats::COUNTERS + 2));
+const _: () = assert!(ProcStats::COUNTERS == 11);
 
 /// Offsets of the tracepoint fields commtap reads, parsed by userspace from tracefs
 /// `format` files (they differ between kernel versions).

@@ -68,7 +68,7 @@ pub(crate) fn emit_call(e: &mut CallState, ev: &mut CallEvent) {
     ev.thread_seq = e.events;
     e.events = e.events.wrapping_add(1);
     if EVENTS.output::<CallEvent>(&*ev, batched_wakeup()).is_err() {
-        with_proc_stats(ev.tgid, |s| s.events_dropped += 1);
+        with_proc_stats(ev.tgid, |s| s.dropped += 1);
     }
 }
 

@@ -43,7 +43,7 @@ pub fn add(e: &mut CallState, key: &CounterKey, calls: u64, bytes: u64, dur: u64
 }
 
 /// The slot of `key`: the thread's last one, the assigned one, or a new one. None when
-/// the process is no longer counted or no slot is left (counted as `counters_full`).
+/// the process is no longer counted or no slot is left (counted as `counter_map_full`).
 #[inline(always)]
 fn slot_of(e: &mut CallState, key: &CounterKey) -> Option<u32> {
     let words = key.words();
@@ -65,7 +65,7 @@ fn slot_of(e: &mut CallState, key: &CounterKey) -> Option<u32> {
             if let Some(s) = new_slot(key) {
                 s
             } else {
-                with_proc_stats(key.tgid, |s| s.counters_full += 1);
+                with_proc_stats(key.tgid, |s| s.counter_map_full += 1);
                 return None;
             }
         }
@@ -114,6 +114,6 @@ pub fn add_hashed(
         )
         .is_err()
     {
-        with_proc_stats(tgid, |s| s.counters_full += 1);
+        with_proc_stats(tgid, |s| s.counter_map_full += 1);
     }
 }

@@ -65,7 +65,7 @@ pub fn fabric_entry(ctx: ProbeContext) -> u32 {
         if let Some(e) = new_call_state(tgid) {
             e
         } else {
-            with_proc_stats(tgid, |s| s.counters_full += 1);
+            with_proc_stats(tgid, |s| s.counter_map_full += 1);
             return 0;
         }
     };
@@ -158,7 +158,7 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
         unsafe { &mut *e }
     } else {
         if is_counted(tgid) {
-            with_proc_stats(tgid, |s| s.orphan_returns += 1);
+            with_proc_stats(tgid, |s| s.in_flight_at_attach += 1);
         }
         return 0;
     };
@@ -196,7 +196,7 @@ fn outermost_return(e: &mut CallState, tgid: u32) -> Option<Operation> {
         return None;
     }
     if e.busy == 0 {
-        with_proc_stats(tgid, |s| s.orphan_returns += 1);
+        with_proc_stats(tgid, |s| s.in_flight_at_attach += 1);
         return None;
     }
     if is_fabric(e.routine) {
@@ -213,7 +213,7 @@ fn outermost_return(e: &mut CallState, tgid: u32) -> Option<Operation> {
         });
     }
     if e.fab_busy == 0 {
-        with_proc_stats(tgid, |s| s.orphan_returns += 1);
+        with_proc_stats(tgid, |s| s.in_flight_at_attach += 1);
         return None;
     }
     if e.fab_depth > 0 {

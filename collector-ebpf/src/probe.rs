@@ -66,7 +66,7 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
     };
     let Some(e) = existing.or_else(|| new_call_state(tgid)) else {
         // No storage could be created (memory, or the storage lock busy): not counted.
-        with_proc_stats(tgid, |s| s.counters_full += 1);
+        with_proc_stats(tgid, |s| s.counter_map_full += 1);
         return 0;
     };
     // SAFETY: the thread's own, idle state. Only the call's fields are written: an open
@@ -244,7 +244,7 @@ fn outermost_return() -> Option<&'static mut CallState> {
         _ => {
             let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
             if is_counted(tgid) {
-                with_proc_stats(tgid, |s| s.orphan_returns += 1);
+                with_proc_stats(tgid, |s| s.in_flight_at_attach += 1);
             }
             return None;
         }

@@ -230,66 +230,33 @@ impl RoutineStats {
     }
 }
 
-/// The health counters of a process, each named once: its documentation, and where it
-/// comes from (a field of the kernel's `ProcStats`, or userspace). The `Health` struct,
-/// its reading from `ProcStats` and (`api::convert`) its wire form are all made from this
-/// list, so a new counter is its `ProcStats` field, a line here and its proto field.
-macro_rules! health_counters {
-    ($then:ident) => {
-        $then! {
-            /// Call events received through the ring buffer (with `dropped`: every counted call).
-            events <- userspace,
-            /// Call events lost because the ring buffer was full (counts stay exact).
-            dropped <- events_dropped,
-            /// Calls whose bytes could not be decoded.
-            undecoded <- undecoded,
-            /// MPI calls made inside another MPI call (counted once, at the outer call).
-            nested <- nested,
-            /// Calls already in progress when the probes attached (not counted).
-            in_flight_at_attach <- orphan_returns,
-            /// Calls lost because the kernel's counter map was full.
-            counter_map_full <- counters_full,
-            /// NCCL operations enqueued inside groups (each completed group is one `ncclGroup`).
-            group_ops <- group_ops,
-            /// Host waits for the GPU after NCCL operations of different kinds, whose device
-            /// time could not be attributed.
-            mixed_windows <- mixed_windows,
-            /// libfabric calls on ops tables no endpoint of the process was seen to use (not
-            /// reported as fabric operations).
-            fabric_unresolved <- userspace,
-            /// libfabric ops-table calls made by libfabric itself (a provider layered on
-            /// another, such as rxm on tcp, and progress): not the application's, not reported.
-            fabric_internal <- fabric_internal,
-            /// libfabric calls that returned an error (mostly -FI_EAGAIN: retried), not counted.
-            fabric_failed <- fabric_failed,
-            /// NCCL network transport sends/receives that posted nothing (retried), not counted.
-            net_unposted <- net_unposted,
-            /// Point-to-point calls left out of the per-peer traffic (its kernel map was full).
-            peers_full <- peers_full,
-        }
-    };
-}
-pub(crate) use health_counters;
-
-/// Makes `Health` and its reading from `ProcStats` from [`health_counters`]' list.
+/// Makes `Health` and its reading from `ProcStats` from the kernel's list
+/// ([`collector_common::kernel_health_counters`]), with what userspace counts besides; the
+/// wire form (`api::convert`) is made from the same list.
 macro_rules! define_health {
-    ($( $(#[$doc:meta])* $name:ident <- $src:ident ),* $(,)?) => {
+    ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
         /// What commtap could not measure for a process: shown, never hidden.
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
         pub struct Health {
+            /// Call events received through the ring buffer (with `dropped`: every counted
+            /// call).
+            #[serde(default)]
+            pub events: u64,
             $( $(#[$doc])* #[serde(default)] pub $name: u64, )*
+            /// libfabric calls on ops tables no endpoint of the process was seen to use (not
+            /// reported as fabric operations).
+            #[serde(default)]
+            pub fabric_unresolved: u64,
         }
 
         impl From<&ProcStats> for Health {
             fn from(s: &ProcStats) -> Self {
-                Health { $( $name: define_health!(@read s $src), )* }
+                Health { $( $name: s.$name, )* ..Health::default() }
             }
         }
     };
-    (@read $s:ident userspace) => { 0 };
-    (@read $s:ident $field:ident) => { $s.$field };
 }
-health_counters!(define_health);
+collector_common::kernel_health_counters!(define_health);
 
 /// Point-to-point traffic of a rank with one peer (MPI).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -70,23 +70,32 @@ fn totals(t: Option<&pb::Totals>, what: &'static str) -> Result<Totals, InvalidM
         .ok_or_else(|| invalid(what, "missing totals"))
 }
 
-/// The wire form of [`Health`] and back, from the one list of its counters.
+/// The wire form of [`Health`] and back, from the kernel's list of its counters and the
+/// two userspace counts.
 macro_rules! health_wire {
-    ($( $(#[$doc:meta])* $name:ident <- $src:ident ),* $(,)?) => {
+    ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
         impl From<&Health> for pb::Health {
             fn from(h: &Health) -> Self {
-                pb::Health { $( $name: h.$name, )* }
+                pb::Health {
+                    events: h.events,
+                    fabric_unresolved: h.fabric_unresolved,
+                    $( $name: h.$name, )*
+                }
             }
         }
 
         impl From<&pb::Health> for Health {
             fn from(h: &pb::Health) -> Self {
-                Health { $( $name: h.$name, )* }
+                Health {
+                    events: h.events,
+                    fabric_unresolved: h.fabric_unresolved,
+                    $( $name: h.$name, )*
+                }
             }
         }
     };
 }
-crate::stats::health_counters!(health_wire);
+collector_common::kernel_health_counters!(health_wire);
 
 fn routine_to_pb(name: &str, r: &RoutineStats) -> pb::RoutineStats {
     pb::RoutineStats {
