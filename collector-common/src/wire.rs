@@ -492,6 +492,9 @@ macro_rules! kernel_health_counters {
             /// Point-to-point calls left out of the per-peer traffic (its kernel map was
             /// full; the flat counters still have them).
             peers_full,
+            /// Device-time windows left out of a timeline because the ring buffer was full
+            /// (the profile's device time still has them).
+            windows_dropped,
         }
     };
 }
@@ -527,7 +530,7 @@ macro_rules! define_proc_stats {
 kernel_health_counters!(define_proc_stats);
 // Every field a u64, nothing between them: the kernel and userspace read the same bytes.
 const _: () = assert!(size_of::<ProcStats>() == 8 * (ProcStats::COUNTERS + 2));
-const _: () = assert!(ProcStats::COUNTERS == 11);
+const _: () = assert!(ProcStats::COUNTERS == 12);
 
 /// Offsets of the tracepoint fields commtap reads, parsed by userspace from tracefs
 /// `format` files (they differ between kernel versions).
@@ -617,6 +620,12 @@ pub enum EventKind {
     FabricOpen = 6,
     /// Who a process that just became known is: [`IdentityEvent`].
     Identity = 7,
+    /// A device-time window ended (a host wait for the GPU after NCCL operations; see
+    /// `nccl.rs` in the BPF crate), for timelines: a [`CallEvent`] from the window's first
+    /// enqueue to the wait's return, with the operations' routine, bytes and communicator
+    /// (`CallEvent::NOT_ATTRIBUTED` when they differ or the wait failed). Sent only while
+    /// per-call events are on, and not numbered among the thread's calls.
+    DeviceWindow = 8,
 }
 
 /// Longest provider or fabric name carried by a [`FabricEvent`] (NUL included).
@@ -638,11 +647,13 @@ pub struct FabricEvent {
 }
 const _: () = assert!(size_of::<FabricEvent>() == 72);
 
-/// One completed MPI call, for latency and timelines (counts come from the counters).
+/// One completed MPI call, for latency and timelines (counts come from the counters); or,
+/// as [`EventKind::DeviceWindow`], one NCCL device-time window.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CallEvent {
-    /// Always [`EventKind::Call`]: shares the first field with every ring-buffer record.
+    /// [`EventKind::Call`] or [`EventKind::DeviceWindow`]: shares the first field with
+    /// every ring-buffer record.
     pub kind: u32,
     /// Process id.
     pub tgid: u32,
@@ -652,8 +663,8 @@ pub struct CallEvent {
     pub routine: u16,
     /// Size bucket or [`crate::UNKNOWN_BUCKET`].
     pub bucket: u8,
-    /// Explicit padding.
-    pub _pad: u8,
+    /// What else is known of the event ([`CallEvent::NOT_ATTRIBUTED`]).
+    pub flags: u8,
     /// Peer rank (dest/source/root/target) in the call's communicator, -1 if none.
     pub peer: i32,
     /// Communicator size, 0 if none or unknown.
@@ -684,6 +695,12 @@ pub struct CallEvent {
     pub _pad2: u32,
 }
 const _: () = assert!(size_of::<CallEvent>() == 88);
+
+impl CallEvent {
+    /// In [`CallEvent::flags`] of a device window: its operations were of different kinds,
+    /// or the wait failed, so its time is not attributed to them (`mixed_windows`).
+    pub const NOT_ATTRIBUTED: u8 = 1;
+}
 const _: () = assert!(offset_of!(CallEvent, start_ns) == 24);
 const _: () = assert!(offset_of!(CallEvent, comm) == 48);
 const _: () = assert!(offset_of!(CallEvent, comm_rank) == 72);

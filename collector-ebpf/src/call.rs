@@ -72,6 +72,13 @@ pub(crate) fn emit_call(e: &mut CallState, ev: &mut CallEvent) {
     }
 }
 
+/// Sends an event that is not one of the thread's calls (a device window) to userspace,
+/// unnumbered; whether the ring buffer had room.
+#[inline(always)]
+pub(crate) fn emit_unnumbered(ev: &CallEvent) -> bool {
+    EVENTS.output::<CallEvent>(ev, batched_wakeup()).is_ok()
+}
+
 /// Ring-buffer flags for a call event: wake the consumer only once the buffer is a quarter
 /// full. Waking it for every event costs a context switch per MPI call, which on busy
 /// nodes (ranks on every core) multiplies the probe cost; userspace also drains on a timer.

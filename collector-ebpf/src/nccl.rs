@@ -8,14 +8,16 @@
 //! operation key when all the window's operations share one key, as in nccl-tests' timed
 //! loops and training steps that synchronise after their collective.
 
+use aya_ebpf::helpers::bpf_get_current_pid_tgid;
 use collector_common::{
     nccl,
     routines::{class, NCCL_GROUP},
-    size_bucket, ArgSpec, ByteRule, CallState, CommInfo, CounterKey, HandleKey,
+    size_bucket, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, CounterKey, EventKind,
+    HandleKey,
 };
 
 use crate::{
-    call::{learn_comm, Call},
+    call::{call_events_on, emit_unnumbered, learn_comm, Call},
     counters::{add, add_hashed},
     decode::{int_arg, read},
     maps::{with_proc_stats, COMMS, DEVICE_TIME},
@@ -245,7 +247,8 @@ pub(crate) fn after_call(
             if e.win_ops == 0 {
                 return;
             }
-            if e.win_mixed == 0 && ret == 0 {
+            let attributed = e.win_mixed == 0 && ret == 0;
+            if attributed {
                 let k = e.win_key;
                 add_hashed(
                     &DEVICE_TIME,
@@ -256,6 +259,9 @@ pub(crate) fn after_call(
                 );
             } else {
                 with_proc_stats(tgid, |s| s.mixed_windows += 1);
+            }
+            if call_events_on() {
+                emit_window(e, now, attributed);
             }
             e.win_ops = 0;
         }
@@ -270,6 +276,36 @@ pub(crate) fn after_call(
                 join_window(e, key, bytes, start);
             }
         }
+    }
+}
+
+/// Sends the thread's device-time window, ending `now`, for timelines.
+#[inline(always)]
+fn emit_window(e: &CallState, now: u64, attributed: bool) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let k = &e.win_key;
+    let ev = CallEvent {
+        kind: EventKind::DeviceWindow as u32,
+        tgid: (pid_tgid >> 32) as u32,
+        tid: pid_tgid as u32,
+        routine: k.routine,
+        bucket: size_bucket(e.win_bytes),
+        flags: if attributed {
+            0
+        } else {
+            CallEvent::NOT_ATTRIBUTED
+        },
+        peer: -1,
+        comm_size: k.comm_size,
+        start_ns: e.win_start_ns,
+        dur_ns: now.saturating_sub(e.win_start_ns),
+        bytes: e.win_bytes,
+        comm_id: k.object,
+        comm_rank: k.comm_rank,
+        ..CallEvent::default()
+    };
+    if !emit_unnumbered(&ev) {
+        with_proc_stats(ev.tgid, |s| s.windows_dropped += 1);
     }
 }
 

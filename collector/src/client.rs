@@ -250,11 +250,15 @@ pub async fn events(from: &Target, pids: Vec<u32>, duration: Option<Duration>) -
             first = false;
         }
         for e in batch.events {
-            let line = serde_json::json!({
+            let mut line = serde_json::json!({
                 "pid": e.pid, "tid": e.tid, "routine": e.routine, "start_ns": e.start_ns,
                 "duration_ns": e.duration_ns, "bytes": e.bytes, "peer": e.peer,
                 "comm_size": e.comm_size, "comm_rank": e.comm_rank, "comm": e.comm,
             });
+            // An NCCL device window, not a call: said so, so that no script counts it as one.
+            if let Some(w) = e.device_window {
+                line["device_window"] = serde_json::json!({ "not_attributed": w.not_attributed });
+            }
             writeln!(stdout, "{line}")?;
         }
     }

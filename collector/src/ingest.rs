@@ -267,10 +267,16 @@ fn drain(
                 debug!(?pe, "process event");
                 let _ = tx.send(pe);
             }
-            Some(k) if k == EventKind::Call as u32 && bytes.len() >= size_of::<CallEvent>() => {
+            Some(k)
+                if (k == EventKind::Call as u32 || k == EventKind::DeviceWindow as u32)
+                    && bytes.len() >= size_of::<CallEvent>() =>
+            {
                 // SAFETY: length checked; CallEvent is plain integers.
                 let ev: CallEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-                *calls.entry(ev.tgid).or_default() += 1;
+                // Device windows are not calls: `events` (with `dropped`) counts calls.
+                if k == EventKind::Call as u32 {
+                    *calls.entry(ev.tgid).or_default() += 1;
+                }
                 if counters.feed.receiver_count() > 0 {
                     let _ = counters.feed.send(FeedItem::Call(ev));
                 }

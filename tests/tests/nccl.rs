@@ -20,6 +20,17 @@ struct Recorded {
 
 #[track_caller]
 fn attach_then_go(scratch: &Scratch, prog: &std::path::Path, extra: &[String]) -> Recorded {
+    attach_then_go_with(scratch, prog, extra, &[])
+}
+
+/// [`attach_then_go`] with more arguments for `record`.
+#[track_caller]
+fn attach_then_go_with(
+    scratch: &Scratch,
+    prog: &std::path::Path,
+    extra: &[String],
+    record_args: &[&str],
+) -> Recorded {
     let mut app = ChildGuard::spawn(
         Command::new(prog)
             .arg(scratch.path("ready"))
@@ -30,7 +41,7 @@ fn attach_then_go(scratch: &Scratch, prog: &std::path::Path, extra: &[String]) -
         scratch.path("ready").exists()
     });
     let pid = app.0.id();
-    let (commtap, out) = record_attached(scratch, &[pid]);
+    let (commtap, out) = record_attached_with(scratch, &[pid], record_args);
     std::fs::write(scratch.path("go"), b"").expect("go file");
     assert!(
         app.wait_with_limit(LIMIT).success(),
@@ -268,16 +279,7 @@ fn communicator_identity_size_and_rank_follow_their_lifecycle() {
 #[test]
 fn waits_for_the_gpu_measure_device_time() {
     let scratch = Scratch::new("nccl-device");
-    let dir = build_shared_c("nccl_standin.c")
-        .parent()
-        .expect("bin dir")
-        .to_path_buf();
-    build_shared_c("cudart_standin.c");
-    let prog = build_nccl_program(
-        "nccl_device.c",
-        &dir,
-        &["libnccl_standin.so", "libcudart_standin.so"],
-    );
+    let prog = device_program();
     let r = attach_then_go(&scratch, &prog, &[]);
     let d = assert_device_time(&r);
 
@@ -324,6 +326,68 @@ fn waits_for_the_gpu_measure_device_time() {
     );
     let ratio = b["ratio"].as_f64().expect("ratio");
     assert!((ratio - measured / 18.05).abs() <= 1e-12, "{ratio}");
+}
+
+/// `nccl_device.c` built against the NCCL and CUDA runtime stand-ins.
+fn device_program() -> std::path::PathBuf {
+    let dir = build_shared_c("nccl_standin.c")
+        .parent()
+        .expect("bin dir")
+        .to_path_buf();
+    build_shared_c("cudart_standin.c");
+    build_nccl_program(
+        "nccl_device.c",
+        &dir,
+        &["libnccl_standin.so", "libcudart_standin.so"],
+    )
+}
+
+/// A timeline of `nccl_device.c`: its device-time windows are a track of their own
+/// (`GPU (device window)`), one slice per window from the first enqueue to the wait's
+/// return, named apart from the enqueues, as the program made them: 25 AllReduce windows
+/// (40 MiB), 2 group windows (2 x 2 KiB), 3 mixed ones (not attributed), none for the wait
+/// with nothing enqueued; the enqueue slices stay on the calling thread, all 43.
+#[test]
+fn device_windows_are_a_track_of_their_own_in_a_timeline() {
+    let scratch = Scratch::new("nccl-device-trace");
+    let prog = device_program();
+    let trace = scratch.path("t.json");
+    let r = attach_then_go_with(&scratch, &prog, &[], &["--trace", path_str(&trace)]);
+    assert_device_time(&r);
+    let rank = rank_by_pid(&r.profile, u64::from(r.pid));
+    assert_eq!(rank["windows_dropped"], 0, "{rank}");
+
+    let summary = devtools_summary(&trace);
+    let process = &summary["processes"][r.pid.to_string()];
+    let device_tid = (1u32 << 22).to_string();
+    assert_eq!(
+        process["threads"][&device_tid], "GPU (device window)",
+        "{process:#}"
+    );
+    let routines = traced_routines(&summary, u64::from(r.pid));
+    let of = |name: &str| routines.get(name).copied().unwrap_or_default();
+    assert_eq!(of("ncclAllReduce (device)"), (25, 40 * MIB), "{routines:?}");
+    assert_eq!(of("ncclGroup (device)"), (2, 2 * 2048), "{routines:?}");
+    assert_eq!(
+        of("not attributed (device)"),
+        (3, 3 * (MIB + 64)),
+        "{routines:?}"
+    );
+    assert_eq!(of("ncclAllReduce"), (43, 43 * MIB), "{routines:?}");
+
+    // Every window lies on the device track and ends with a 1 ms wait.
+    let json = read_json(&trace);
+    let windows: Vec<&serde_json::Value> = json["traceEvents"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["cat"] == "gpu")
+        .collect();
+    assert_eq!(windows.len(), 30);
+    for w in windows {
+        assert_eq!(w["tid"].as_u64(), Some(1 << 22), "{w}");
+        assert!(w["dur"].as_f64().expect("dur") >= 1000.0, "{w}");
+    }
 }
 
 /// Builds `tests/programs/<src>` into one executable `out` with the stand-ins `standins`

@@ -44,6 +44,19 @@ fn category(routine: &str) -> &'static str {
     }
 }
 
+/// The thread id of a rank's `GPU (device window)` track: above every Linux thread id
+/// (at most 2^22), so it is never one of the rank's threads.
+pub const DEVICE_TRACK_TID: u32 = 1 << 22;
+
+/// The track `ev` goes on: its thread's, or its rank's device-window track.
+pub fn track_of(ev: &pb::CallEvent) -> u32 {
+    if ev.device_window.is_some() {
+        DEVICE_TRACK_TID
+    } else {
+        ev.tid
+    }
+}
+
 /// The separator before an event: none before a file's first.
 fn sep(first: bool) -> &'static str {
     if first {
@@ -60,14 +73,28 @@ pub fn slice(out: &mut String, ev: &pb::CallEvent, first: bool) {
     let _ = write!(
         out,
         "{{\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":",
-        ev.pid, ev.tid
+        ev.pid,
+        track_of(ev)
     );
     push_micros(out, ev.start_ns);
     out.push_str(",\"dur\":");
     push_micros(out, ev.duration_ns);
     out.push_str(",\"name\":");
-    push_json_str(out, &ev.routine);
-    let _ = write!(out, ",\"cat\":\"{}\",\"args\":{{", category(&ev.routine));
+    match &ev.device_window {
+        // Named apart from the enqueue slices: the two are never confused, nor counted as
+        // one another.
+        Some(w) if w.not_attributed => out.push_str("\"not attributed (device)\""),
+        Some(_) => {
+            let _ = write!(out, "\"{} (device)\"", ev.routine);
+        }
+        None => push_json_str(out, &ev.routine),
+    }
+    let cat = if ev.device_window.is_some() {
+        "gpu"
+    } else {
+        category(&ev.routine)
+    };
+    let _ = write!(out, ",\"cat\":\"{cat}\",\"args\":{{");
     let mut comma = "";
     if let Some(bytes) = ev.bytes {
         let size = RangeLabel::of_bucket(size_bucket(bytes));
@@ -127,9 +154,12 @@ pub fn process_names(pid: u32, name: Option<&ProcessName>, first: bool) -> Strin
     out
 }
 
-/// The name of a thread's track: `main` for the process's first thread.
+/// The name of a thread's track: `main` for the process's first thread, `GPU (device
+/// window)` for the device windows.
 pub fn thread_name(pid: u32, tid: u32, first: bool) -> String {
-    let name = if pid == tid {
+    let name = if tid == DEVICE_TRACK_TID {
+        "GPU (device window)".to_string()
+    } else if pid == tid {
         "main".to_string()
     } else {
         format!("thread {tid}")

@@ -22,6 +22,9 @@ pub struct NcclGroups {
 impl NcclGroups {
     /// Follows `ev`; the group it closes, if it closes one.
     pub fn track(&mut self, ev: &pb::CallEvent) -> Option<pb::CallEvent> {
+        if ev.device_window.is_some() {
+            return None;
+        }
         let thread = (ev.pid, ev.tid);
         match ev.routine.as_str() {
             "ncclGroupStart" => {

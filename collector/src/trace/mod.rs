@@ -176,6 +176,11 @@ pub fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
         comm_rank: (ev.comm_rank >= 0).then_some(ev.comm_rank),
         comm: comm_label(ev),
         seq: None,
+        device_window: (ev.kind == collector_common::EventKind::DeviceWindow as u32).then_some(
+            pb::DeviceWindow {
+                not_attributed: ev.flags & collector_common::CallEvent::NOT_ATTRIBUTED != 0,
+            },
+        ),
     }
 }
 

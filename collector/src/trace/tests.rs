@@ -144,3 +144,38 @@ fn unknown_formats_are_refused_with_the_list() {
         .expect("refused");
     assert!(e.to_string().contains("FILE.json"), "{e}");
 }
+
+#[test]
+fn a_device_window_is_a_slice_on_its_ranks_gpu_track_and_leaves_groups_alone() {
+    let path = scratch("device");
+    let mut w = TraceWriter::create(TraceOptions::new(path.clone())).expect("create");
+    let window = |routine: &str, not_attributed: bool| pb::CallEvent {
+        device_window: Some(pb::DeviceWindow { not_attributed }),
+        ..ev(7, routine, 3000)
+    };
+    w.call(&ev(7, "ncclGroupStart", 1000)).expect("call");
+    w.call(&ev(7, "ncclAllReduce", 1500)).expect("call");
+    // A window ending inside a group adds nothing to the group's bytes.
+    w.call(&window("ncclAllReduce", false)).expect("call");
+    w.call(&window("ncclAllReduce", true)).expect("call");
+    w.call(&ev(7, "ncclGroupEnd", 4000)).expect("call");
+    w.finish().expect("finish");
+    let v = load(&path);
+    let events = v["traceEvents"].as_array().expect("events");
+    let named = |name: &str| -> Vec<&serde_json::Value> {
+        events.iter().filter(|e| e["name"] == name).collect()
+    };
+    let device = named("ncclAllReduce (device)");
+    assert_eq!(device.len(), 1);
+    assert_eq!(
+        (&device[0]["tid"], &device[0]["cat"]),
+        (&(1u32 << 22).into(), &"gpu".into())
+    );
+    assert_eq!(named("not attributed (device)").len(), 1);
+    assert_eq!(named("ncclAllReduce").len(), 1, "the enqueue alone");
+    let group = named("ncclGroup");
+    assert_eq!(group[0]["args"]["bytes"], 16, "{}", group[0]);
+    assert!(events.iter().any(|e| e["name"] == "thread_name"
+        && e["tid"] == 1u32 << 22
+        && e["args"]["name"] == "GPU (device window)"));
+}

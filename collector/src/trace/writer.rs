@@ -135,7 +135,7 @@ impl TraceWriter {
             return Ok(());
         }
         process.written += 1;
-        process.threads.insert(ev.tid);
+        process.threads.insert(chrome::track_of(ev));
         self.events += 1;
         let mut line = std::mem::take(&mut self.line);
         line.clear();
