@@ -307,3 +307,102 @@ fn doctor_passes_here_and_names_a_missing_capability() {
         "{text}"
     );
 }
+
+/// The commands `commtap --help` lists (but `help`).
+fn listed_commands() -> Vec<String> {
+    let out = commtap_output(&["--help"]);
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    help.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        // A command's line starts at column 2; continuation lines are indented further.
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect()
+}
+
+/// Completion scripts load in bash and offer every command `--help` lists (zsh's and
+/// fish's name them all); the manual pages are one per listed command, render in groff
+/// without a warning, and carry each command's options.
+#[test]
+fn completions_and_manual_pages_cover_every_command() {
+    let scratch = Scratch::new("completions");
+    let commands = listed_commands();
+    assert!(
+        commands.len() >= 10 && commands.iter().any(|c| c == "record"),
+        "{commands:?}"
+    );
+
+    let script = scratch.path("commtap.bash");
+    let out = commtap_output(&["completions", "bash"]);
+    assert!(out.status.success());
+    std::fs::write(&script, &out.stdout).expect("script");
+    let offered = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {} && COMP_WORDS=(commtap '') && COMP_CWORD=1 && _commtap commtap '' commtap \
+             && printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            path_str(&script)
+        ))
+        .output()
+        .expect("bash");
+    assert!(
+        offered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&offered.stderr)
+    );
+    let offered = String::from_utf8_lossy(&offered.stdout).into_owned();
+    for c in &commands {
+        assert!(
+            offered.lines().any(|l| l == c),
+            "bash does not offer {c}: {offered}"
+        );
+    }
+    for shell in ["zsh", "fish"] {
+        let out = commtap_output(&["completions", shell]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{shell}");
+        for c in &commands {
+            assert!(text.contains(c.as_str()), "{shell} does not name {c}");
+        }
+    }
+
+    let dir = scratch.path("man");
+    let out = commtap_output(&["man", "--out", path_str(&dir)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut pages: Vec<String> = std::fs::read_dir(&dir)
+        .expect("man dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    pages.sort();
+    let mut wanted: Vec<String> = commands.iter().map(|c| format!("commtap-{c}.1")).collect();
+    wanted.push("commtap.1".into());
+    wanted.sort();
+    assert_eq!(
+        pages, wanted,
+        "one page per listed command, none for hidden ones"
+    );
+    for page in &pages {
+        let rendered = Command::new("groff")
+            .args(["-man", "-Tutf8", "-ww"])
+            .arg(dir.join(page))
+            .output()
+            .expect("groff");
+        let warnings = String::from_utf8_lossy(&rendered.stderr);
+        assert!(
+            rendered.status.success() && warnings.is_empty(),
+            "{page}: {warnings}"
+        );
+    }
+    let record = std::fs::read_to_string(dir.join("commtap-record.1")).expect("record page");
+    assert!(
+        record.contains("\\-\\-trace") && record.contains("\\-\\-pid"),
+        "{record}"
+    );
+}

@@ -3,7 +3,7 @@
 
 use std::{path::PathBuf, process::ExitCode};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 
 use collector::{
     aggregator, attach, client, compare, daemon, daemon::DaemonOptions, discover, profile, record,
@@ -20,7 +20,6 @@ use super::{
 
 /// A JSON profile saved by `record` or `report`.
 fn read_profile(p: &std::path::Path) -> Result<profile::JobProfile> {
-    use anyhow::Context as _;
     let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
     serde_json::from_str(&text)
         .with_context(|| format!("{}: not a commtap JSON profile", p.display()))
@@ -28,7 +27,6 @@ fn read_profile(p: &std::path::Path) -> Result<profile::JobProfile> {
 
 /// Runs `commtap compare`; whether some bucket was below the threshold.
 async fn run_compare(a: CompareArgs) -> Result<bool> {
-    use anyhow::Context as _;
     let read = |p: &PathBuf| {
         std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
     };
@@ -133,6 +131,8 @@ pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Resu
         Command::Aggregator(a) => aggregator(a, identity).await?,
         Command::Jobs(a) => client::print_jobs(&a.from).await?,
         Command::ScanFabric { pid } => scan_fabric(pid)?,
+        Command::Completions { shell } => completions(shell)?,
+        Command::Man { out } => man_pages(&out)?,
         Command::Compare(a) => {
             if run_compare(a).await? {
                 return Ok(ExitCode::from(1));
@@ -271,6 +271,26 @@ async fn aggregator(a: AggregatorArgs, identity: Option<(PathBuf, PathBuf)>) -> 
         retain: a.retain,
     })
     .await
+}
+
+/// `commtap completions SHELL`: the completion script, on standard output.
+fn completions(shell: clap_complete::Shell) -> Result<()> {
+    use clap::CommandFactory as _;
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut crate::Cli::command(), "commtap", &mut out);
+    std::io::Write::write_all(&mut std::io::stdout().lock(), &out)
+        .context("writing the completion script")
+}
+
+/// `commtap man --out DIR`: a page per visible command, from the same definitions as
+/// `--help` (so the two never drift).
+fn man_pages(out: &std::path::Path) -> Result<()> {
+    use clap::CommandFactory as _;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    clap_mangen::generate_to(crate::Cli::command(), out)
+        .with_context(|| format!("writing the manual pages into {}", out.display()))?;
+    eprintln!("manual pages written to {}", out.display());
+    Ok(())
 }
 
 /// `commtap scan-fabric`: the libfabric endpoints in a process's memory (a diagnostic).

@@ -121,6 +121,27 @@ enum Command {
     ///   commtap compare --expected a.txt --expected-table 2 --measured b.txt
     #[command(verbatim_doc_comment)]
     Compare(CompareArgs),
+    /// Print a shell completion script: bash, zsh, fish, elvish or powershell.
+    ///
+    /// Examples:
+    ///   commtap completions bash > /etc/bash_completion.d/commtap
+    ///   commtap completions zsh > "${fpath[1]}/_commtap"
+    ///   commtap completions fish > ~/.config/fish/completions/commtap.fish
+    #[command(verbatim_doc_comment)]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the manual pages: commtap.1 and one per command (commtap-record.1 ...).
+    ///
+    /// Example:
+    ///   commtap man --out /usr/local/share/man/man1 && man commtap-record
+    #[command(verbatim_doc_comment)]
+    Man {
+        /// The directory to write them into (created if missing).
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+    },
     /// Show what commtap finds of a process's libfabric endpoints and ops tables.
     #[command(hide = true)]
     ScanFabric {
