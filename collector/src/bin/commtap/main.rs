@@ -26,7 +26,8 @@ use args::{
 #[derive(Parser, Debug)]
 #[command(name = "commtap", version, propagate_version = true)]
 struct Cli {
-    /// Log filter (also RUST_LOG), e.g. `info`, `commtap=debug`.
+    /// Log filter, e.g. `info`, `commtap=debug` (given here or as COMMTAP_LOG, it wins over
+    /// RUST_LOG; RUST_LOG applies when neither is).
     #[arg(long, global = true, default_value = "warn", env = "COMMTAP_LOG")]
     log: String,
     /// CA certificate bundle (PEM) that authenticates https:// aggregators and daemons.
@@ -170,9 +171,20 @@ enum Command {
     },
 }
 
+/// The log filter: `--log` (or `COMMTAP_LOG`) when given, else `RUST_LOG` when set, else
+/// the default: an explicit choice is never overridden by the generic variable.
+fn log_filter(log: &str, explicit: bool, rust_log: Option<String>) -> String {
+    match rust_log {
+        Some(r) if !explicit && !r.trim().is_empty() => r,
+        _ => log.to_string(),
+    }
+}
+
 fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|e| {
+        eprintln!("commtap: log filter {filter:?} not understood ({e}); logging warnings");
+        tracing_subscriber::EnvFilter::new("warn")
+    });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -181,8 +193,17 @@ fn init_logging(filter: &str) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging(&cli.log);
+    use clap::{parser::ValueSource, CommandFactory as _, FromArgMatches as _};
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let explicit = matches
+        .value_source("log")
+        .is_some_and(|s| s != ValueSource::DefaultValue);
+    init_logging(&log_filter(
+        &cli.log,
+        explicit,
+        std::env::var("RUST_LOG").ok(),
+    ));
     // Read by `api::transport::connect`; set before any thread starts.
     for (var, value) in [
         ("COMMTAP_TLS_CA", &cli.tls_ca),
@@ -223,5 +244,14 @@ mod tests {
     fn cli_is_well_formed() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn an_explicit_log_filter_is_never_overridden_by_rust_log() {
+        let rust_log = || Some("debug".to_string());
+        assert_eq!(log_filter("error", true, rust_log()), "error");
+        assert_eq!(log_filter("warn", false, rust_log()), "debug");
+        assert_eq!(log_filter("warn", false, None), "warn");
+        assert_eq!(log_filter("warn", false, Some(" ".into())), "warn");
     }
 }
