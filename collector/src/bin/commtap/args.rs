@@ -294,7 +294,7 @@ pub struct RecordArgs {
     /// Running processes to attach to (comma separated or repeated).
     #[arg(short, long, value_delimiter = ',', conflicts_with = "command")]
     pub pid: Vec<u32>,
-    /// Stop recording after this long (e.g. 30s, 5m, 1h, 500ms).
+    /// Stop recording after this long (e.g. 30s, 5m, 1h30m, 500ms; a bare number is seconds).
     #[arg(short, long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     #[command(flatten)]
@@ -416,29 +416,13 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 30s, 5m, 500ms"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        "d" => n * 86400.0,
-        _ => {
-            return Err(format!(
-                "invalid duration unit {unit:?} in {s:?}: use ms, s, m, h or d"
-            ))
-        }
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("invalid duration {s:?}"));
+    // A bare number is seconds (`--duration 30`, `1.5`).
+    if let Ok(secs) = s.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs)
+            .map_err(|_| format!("invalid duration {s:?}: a number of seconds, 0 or more"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    humantime::parse_duration(s)
+        .map_err(|e| format!("invalid duration {s:?} ({e}): e.g. 30s, 5m, 1h30m, 500ms, 2d"))
 }
 
 #[cfg(test)]
@@ -451,7 +435,14 @@ mod tests {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_mins(2));
         assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_mins(90));
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_mins(90));
+        assert_eq!(parse_duration("2d").unwrap(), Duration::from_hours(48));
         assert!(parse_duration("3 parsecs").is_err());
         assert!(parse_duration("").is_err());
+        assert!(parse_duration("-5").is_err());
+        // Too long for a Duration: an error, not a panic.
+        assert!(parse_duration("99999999999999999999999").is_err());
+        assert!(parse_duration("99999999999999999999999h").is_err());
     }
 }
