@@ -113,31 +113,45 @@ pub fn printable(s: &str) -> String {
         .collect()
 }
 
-/// Prints the processes a daemon knows, one per line.
-pub async fn print_processes(from: &Target) -> Result<()> {
+/// Prints the processes a daemon knows and the libraries it probes: a table, or (`json`)
+/// one JSON document with every field and whole command lines.
+pub async fn print_processes(from: &Target, json: bool) -> Result<()> {
     let mut client = crate::api::node_client(connect(from).await?);
     let resp = client
         .list_processes(pb::ListProcessesRequest {})
         .await
         .context("ListProcesses")?
         .into_inner();
+    let state = |p: &pb::ProcessState| match p.status() {
+        pb::ProcessStatus::Exited => "exited",
+        pb::ProcessStatus::Probed => "probed",
+        pb::ProcessStatus::NoMpi | pb::ProcessStatus::Unspecified => "no-mpi",
+    };
+    if json {
+        let doc = serde_json::json!({
+            "processes": resp.processes.iter().map(|p| serde_json::json!({
+                "pid": p.pid, "rank": p.rank, "job": p.job, "state": state(p),
+                "cmdline": p.cmdline,
+            })).collect::<Vec<_>>(),
+            "libraries": resp.libraries.iter().map(|l| serde_json::json!({
+                "path": l.path, "flavor": l.flavor, "probes": l.probes,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{doc}");
+        return Ok(());
+    }
     println!(
         "{:>8} {:>6} {:<12} {:<8} COMMAND",
         "PID", "RANK", "JOB", "STATE"
     );
     for p in &resp.processes {
         let rank = p.rank.map_or_else(|| "-".into(), |r| r.to_string());
-        let state = match p.status() {
-            pb::ProcessStatus::Exited => "exited",
-            pb::ProcessStatus::Probed => "probed",
-            pb::ProcessStatus::NoMpi | pb::ProcessStatus::Unspecified => "no-mpi",
-        };
         println!(
             "{:>8} {:>6} {:<12} {:<8} {}",
             p.pid,
             rank,
             printable(&p.job),
-            state,
+            state(p),
             printable(shortened(&p.cmdline, PS_COMMAND_CHARS))
         );
     }
@@ -161,14 +175,27 @@ fn shortened(s: &str, max: usize) -> &str {
     s.char_indices().nth(max).map_or(s, |(at, _)| &s[..at])
 }
 
-/// Prints the jobs an aggregator knows, one per line.
-pub async fn print_jobs(from: &Target) -> Result<()> {
+/// Prints the jobs an aggregator knows, one per line, or (`json`) as one JSON document.
+pub async fn print_jobs(from: &Target, json: bool) -> Result<()> {
     let mut client = crate::api::aggregator_client(connect(from).await?);
     let resp = client
         .list_jobs(pb::ListJobsRequest {})
         .await
         .context("ListJobs")?
         .into_inner();
+    if json {
+        let jobs: Vec<_> = resp
+            .jobs
+            .iter()
+            .map(|j| {
+                serde_json::json!({
+                    "job": j.job, "ranks": j.ranks, "calls": j.calls, "nodes": j.nodes,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "jobs": jobs }));
+        return Ok(());
+    }
     println!("{:<16} {:>6} {:>14}  NODES", "JOB", "RANKS", "CALLS");
     for j in &resp.jobs {
         println!(

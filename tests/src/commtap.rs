@@ -279,16 +279,16 @@ pub fn report_json(args: &[&str]) -> Value {
 
 /// The state (`probed`, `exited` ...) of each process `commtap ps` lists.
 pub fn ps_states(target: &str) -> std::collections::BTreeMap<u64, String> {
-    let out = commtap_output(&["ps", "--from", target]);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let mut fields = l.split_whitespace();
-            let pid = fields.next()?.parse().ok()?;
-            // The job column may be empty: the state is the first known word after the pid.
-            let state = fields.find(|f| ["probed", "exited", "no-mpi"].contains(f))?;
-            Some((pid, state.to_string()))
-        })
+    let out = commtap_output(&["ps", "--from", target, "--json"]);
+    let Ok(listed) = serde_json::from_slice::<Value>(&out.stdout) else {
+        // Not answering yet (the daemon starting): nothing listed.
+        return std::collections::BTreeMap::new();
+    };
+    listed["processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| Some((p["pid"].as_u64()?, p["state"].as_str()?.to_string())))
         .collect()
 }
 

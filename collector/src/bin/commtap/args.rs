@@ -35,6 +35,10 @@ pub struct JobsArgs {
     /// The aggregator: http://host:port.
     #[arg(long)]
     pub from: Target,
+    /// One JSON document (`{"jobs": [{"job", "ranks", "calls", "nodes"}]}`) instead of the
+    /// table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -180,6 +184,11 @@ pub struct PsArgs {
     /// Where to read: unix:///path/to.sock (a daemon) or http(s)://host:port.
     #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
     pub from: Target,
+    /// One JSON document (`{"processes": [{"pid", "rank", "job", "state", "cmdline"}],
+    /// "libraries": [{"path", "flavor", "probes"}]}`, command lines whole) instead of the
+    /// table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(clap::Args, Debug)]
