@@ -283,12 +283,27 @@ fn completions(shell: clap_complete::Shell) -> Result<()> {
 }
 
 /// `commtap man --out DIR`: a page per visible command, from the same definitions as
-/// `--help` (so the two never drift).
+/// `--help` (so the two never drift). Written as every commtap output is
+/// (`report::write_file`): run as root, it must not follow a link someone left in DIR, which
+/// `clap_mangen::generate_to` would.
 fn man_pages(out: &std::path::Path) -> Result<()> {
     use clap::CommandFactory as _;
+    fn write_pages(cmd: clap::Command, out: &std::path::Path) -> Result<()> {
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()).cloned() {
+            write_pages(sub, out)?;
+        }
+        let man = clap_mangen::Man::new(cmd);
+        let mut page = Vec::new();
+        man.render(&mut page)?;
+        let path = out.join(man.get_filename());
+        collector::report::write_file(&path, &page)
+            .with_context(|| format!("writing {}", path.display()))
+    }
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    clap_mangen::generate_to(crate::Cli::command(), out)
-        .with_context(|| format!("writing the manual pages into {}", out.display()))?;
+    // As clap_mangen::generate_to prepares it: no `help` pseudo-command, names resolved.
+    let mut cmd = crate::Cli::command().disable_help_subcommand(true);
+    cmd.build();
+    write_pages(cmd, out)?;
     eprintln!("manual pages written to {}", out.display());
     Ok(())
 }
