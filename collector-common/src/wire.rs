@@ -530,7 +530,6 @@ macro_rules! define_proc_stats {
 kernel_health_counters!(define_proc_stats);
 // Every field a u64, nothing between them: the kernel and userspace read the same bytes.
 const _: () = assert!(size_of::<ProcStats>() == 8 * (ProcStats::COUNTERS + 2));
-const _: () = assert!(ProcStats::COUNTERS == 12);
 
 /// Offsets of the tracepoint fields commtap reads, parsed by userspace from tracefs
 /// `format` files (they differ between kernel versions).
