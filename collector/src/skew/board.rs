@@ -90,6 +90,11 @@ impl Board {
     /// its communicator's shared name and that number), or held until its process's job
     /// is known (then [`Board::set_world`] gives it back).
     pub fn call(&mut self, ev: CallEvent) -> Taken {
+        // A device window is no call of the thread's (nor numbered among them): nothing to
+        // match, nothing to hold.
+        if ev.kind != collector_common::EventKind::Call as u32 {
+            return Taken::Now(None);
+        }
         if let Some(t) = self.tracker_of(ev.tgid) {
             return Taken::Now(t.call(&ev));
         }

@@ -80,10 +80,6 @@ impl Tracker {
     /// Takes one call event; for a collective, returns its communicator's shared name and
     /// its number there, where known now.
     pub fn call(&mut self, ev: &CallEvent) -> Option<(CommKey, u64)> {
-        // A device window is no call of the thread's (and not numbered among them).
-        if ev.kind != collector_common::EventKind::Call as u32 {
-            return None;
-        }
         self.follow_thread(ev);
         let routine = ROUTINES.get(ev.routine as usize)?;
         let rule = ByteRule::from_u8(routine.spec.rule);
