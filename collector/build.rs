@@ -11,7 +11,7 @@ fn main() -> Result<()> {
 }
 
 /// Generates the gRPC code from `proto/commtap/v1/*.proto`, the single source of the wire
-/// API, plus the descriptor set that server reflection serves.
+/// API, plus the descriptor set that server reflection serves; and Perfetto's trace messages.
 fn compile_protos() -> Result<()> {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
     let proto = manifest.join("../proto");
@@ -25,8 +25,14 @@ fn compile_protos() -> Result<()> {
     .map(|f| proto.join(f));
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("commtap_descriptor.bin"))
-        .compile_protos(&files, &[proto])
+        .compile_protos(&files, std::slice::from_ref(&proto))
         .context("compiling proto/commtap/v1 (needs protoc: `cargo xtask setup` installs protobuf-compiler)")?;
+    // Perfetto's trace format, for `.pftrace` timelines: messages only, not served.
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(false)
+        .compile_protos(&[proto.join("perfetto/trace.proto")], &[proto])
+        .context("compiling proto/perfetto/trace.proto")?;
     Ok(())
 }
 

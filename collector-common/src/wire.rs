@@ -690,19 +690,32 @@ pub struct CallEvent {
     /// The thread's count of call events before this one (see [`CallState::events`]): a
     /// gap means events of this thread were lost.
     pub thread_seq: u32,
-    /// Explicit padding.
-    pub _pad2: u32,
+    /// A point-to-point call's tag: the send's, or the receive's (a wildcard resolved from
+    /// the status where there is one). With `peer`, it pairs a send with its receive on a
+    /// timeline.
+    pub tag: i32,
+    /// The receiving half of `MPI_Sendrecv`/`MPI_Sendrecv_replace`: the source (a wildcard
+    /// resolved from the status), -1 otherwise.
+    pub recv_peer: i32,
+    /// The receiving half's tag (resolved likewise).
+    pub recv_tag: i32,
 }
-const _: () = assert!(size_of::<CallEvent>() == 88);
+const _: () = assert!(size_of::<CallEvent>() == 96);
 
 impl CallEvent {
     /// In [`CallEvent::flags`] of a device window: its operations were of different kinds,
     /// or the wait failed, so its time is not attributed to them (`mixed_windows`).
     pub const NOT_ATTRIBUTED: u8 = 1;
+    /// A point-to-point call's `peer`/`recv_peer` that moves no message: `MPI_PROC_NULL`.
+    pub const PEER_NONE: i32 = -1;
+    /// A point-to-point receive's `peer`/`recv_peer` from a wildcard (`MPI_ANY_SOURCE`)
+    /// that no status resolved.
+    pub const PEER_ANY: i32 = -2;
 }
 const _: () = assert!(offset_of!(CallEvent, start_ns) == 24);
 const _: () = assert!(offset_of!(CallEvent, comm) == 48);
 const _: () = assert!(offset_of!(CallEvent, comm_rank) == 72);
+const _: () = assert!(offset_of!(CallEvent, tag) == 84);
 
 /// Values of [`CallEvent::comm_id`] for MPI communicators (NCCL's are the hash of the
 /// communicator's unique id).

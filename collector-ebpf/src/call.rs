@@ -33,6 +33,8 @@ pub(crate) fn describe_call(ev: &mut CallEvent, c: &Call, spec: &ArgSpec, comm: 
     ev.comm = c.arg(spec.comm).map_or(0, |h| handle(c.abi, h));
     ev.comm_id = shared_comm_id(c.abi, ev.comm, comm);
     ev.comm_rank = comm.map_or(-1, |i| i.rank);
+    ev.recv_peer = -1;
+    crate::p2p::describe_match(ev, c, spec);
     if c.ret == 0 && ByteRule::from_u8(spec.rule).creates_comm() {
         ev.color = c.arg(spec.a).map_or(0, int_arg);
         ev.created = c

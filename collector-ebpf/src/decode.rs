@@ -175,6 +175,13 @@ pub fn status_source(abi: u8, status: u64) -> Option<i32> {
     read::<i32>(status + off)
 }
 
+/// The tag an `MPI_Status` at `status` holds, per ABI (the int after the source).
+#[inline(always)]
+pub fn status_tag(abi: u8, status: u64) -> Option<i32> {
+    let off = if abi == Abi::OpenMpi as u8 { 4 } else { 12 };
+    read::<i32>(status + off)
+}
+
 /// Whether `status` is `MPI_STATUS_IGNORE` in this ABI.
 #[inline(always)]
 pub fn status_ignored(abi: u8, status: u64) -> bool {

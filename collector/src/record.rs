@@ -35,8 +35,9 @@ pub struct RecordOptions {
     pub ready_file: Option<PathBuf>,
     /// Emit per-call events (latency, timelines); counts never need them.
     pub call_events: bool,
-    /// Also write a timeline of every call (implies `call_events`).
-    pub trace: Option<TraceOptions>,
+    /// Also write a timeline of every call, into each of these files (implies
+    /// `call_events`).
+    pub traces: Vec<TraceOptions>,
     /// Match collective calls across ranks (who is late): an event per collective call.
     pub skew: bool,
 }
@@ -46,13 +47,18 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     let requested = check_request(&opts)?;
     // Before anything runs: a trace that cannot be written fails now, not after the job.
     let mut sinks = FeedSinks {
-        tracer: opts.trace.clone().map(TraceWriter::create).transpose()?,
+        tracers: opts
+            .traces
+            .iter()
+            .cloned()
+            .map(TraceWriter::create)
+            .collect::<Result<_, _>>()?,
         late: opts.skew.then(|| skew::Board::new(discover::this_host())),
     };
     let mut session = Session::start(LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib))?;
     session
         .probes
-        .set_call_events(opts.call_events || sinks.tracer.is_some())?;
+        .set_call_events(opts.call_events || !sinks.tracers.is_empty())?;
     session.probes.set_collective_events(opts.skew)?;
     let mut feed = sinks.wants_feed().then(|| session.call_feed());
     if !requested.is_empty() {
@@ -209,7 +215,7 @@ async fn follow(
             }
             _ = tick.tick() => {
                 session.rescan();
-                if let Some(t) = sinks.tracer.as_mut() {
+                for t in &mut sinks.tracers {
                     name_processes(t, session);
                 }
                 sinks.place_in_worlds(session)?;
@@ -261,7 +267,7 @@ async fn finish(
         let pids: Vec<u32> = profile.ranks.iter().map(|r| r.pid).collect();
         profile.skew = late.report_for(&pids, &whois);
     }
-    if let Some(mut t) = sinks.tracer {
+    for mut t in sinks.tracers {
         for r in &profile.ranks {
             t.name(
                 r.pid,
@@ -284,20 +290,22 @@ const FEED_BATCH: usize = 4096;
 
 /// What `record` does with the call feed: a timeline, who is late, or both.
 struct FeedSinks {
-    tracer: Option<TraceWriter>,
+    tracers: Vec<TraceWriter>,
     late: Option<skew::Board>,
 }
 
 impl FeedSinks {
     /// Writes one call into the trace, with its communicator and number where known.
     fn write(&mut self, ev: &CallEvent, placed: Option<(skew::CommKey, u64)>) -> Result<()> {
-        if let Some(t) = self.tracer.as_mut() {
+        if !self.tracers.is_empty() {
             let mut call = trace::call_event(ev);
             if let Some((comm, seq)) = placed {
                 call.comm = comm.label();
                 call.seq = Some(seq);
             }
-            t.call(&call)?;
+            for t in &mut self.tracers {
+                t.call(&call)?;
+            }
         }
         Ok(())
     }
@@ -321,7 +329,7 @@ impl FeedSinks {
     }
 
     fn wants_feed(&self) -> bool {
-        self.tracer.is_some() || self.late.is_some()
+        !self.tracers.is_empty() || self.late.is_some()
     }
 
     /// Takes up to `max` items already queued on the call feed.
@@ -354,8 +362,10 @@ impl FeedSinks {
             }
             return Ok(());
         }
-        if let (Some(t), Err(RecvError::Lagged(n))) = (self.tracer.as_mut(), &item) {
-            t.lost_by_reader(*n);
+        if let Err(RecvError::Lagged(n)) = &item {
+            for t in &mut self.tracers {
+                t.lost_by_reader(*n);
+            }
         }
         if let Some(l) = self.late.as_mut() {
             l.item(item);

@@ -9,7 +9,7 @@
  * right next to it.  After its last counted MPI call, and before
  * MPI_Finalize, each rank writes OUT_PREFIX.<rank>.json:
  *
- *   {"rank":R,"size":P,"pid":PID,
+ *   {"rank":R,"size":P,"pid":PID,"arrows_from_left":M,
  *    "routines":{"MPI_Send":{"calls":N,"bytes":B}, ...},
  *    "comm_sizes":{"MPI_Allreduce":[2,4], ...}}
  *
@@ -88,6 +88,11 @@ static void note_coll(const char *name, long long bytes, int csize)
 /* Sendrecv_replace calls with MPI_PROC_NULL peers (nested calls in Open MPI). */
 static int proc_null_replaces;
 
+/* Messages from the left neighbour this rank took with a blocking receive (MPI_Recv, the
+ * receiving half of MPI_Sendrecv and MPI_Sendrecv_replace): each one is an arrow on a
+ * timeline, from the left rank's send to this rank's receive. */
+static long long arrows_from_left;
+
 static void write_truth(const char *prefix, int rank, int size)
 {
     char path[4096];
@@ -98,8 +103,8 @@ static void write_truth(const char *prefix, int rank, int size)
         abort();
     }
     fprintf(f, "{\"rank\":%d,\"size\":%d,\"pid\":%ld,"
-               "\"proc_null_sendrecv_replace\":%d,\"routines\":{",
-            rank, size, (long)getpid(), proc_null_replaces);
+               "\"proc_null_sendrecv_replace\":%d,\"arrows_from_left\":%lld,\"routines\":{",
+            rank, size, (long)getpid(), proc_null_replaces, arrows_from_left);
     for (int i = 0; i < nroutines; i++)
         fprintf(f, "%s\"%s\":{\"calls\":%lld,\"bytes\":%lld}", i ? "," : "",
                 table[i].name, table[i].calls, table[i].bytes);
@@ -321,24 +326,32 @@ int main(int argc, char **argv)
                 /* posted 20 ints, 10 arrive: bytes = received (status) */
                 note("MPI_Recv", 10 * SZ_INT);
                 MPI_Recv(ibuf2, 20, MPI_INT, left, 1, world, &st);
+                arrows_from_left++;
                 /* MPI_STATUS_IGNORE: bytes = POSTED size (9 doubles),
                  * although only 7 arrive */
                 note("MPI_Recv", 9 * SZ_DOUBLE);
                 MPI_Recv(dbuf2, 9, MPI_DOUBLE, left, 2, world,
                          MPI_STATUS_IGNORE);
+                arrows_from_left++;
                 note("MPI_Recv", 2 * SZ_CONTIG3D);
                 MPI_Recv(dbuf2, 2, t_contig, left, 3, world, &st);
+                arrows_from_left++;
                 /* vec arrives as 6 plain ints (same type signature) */
                 note("MPI_Recv", 6 * SZ_INT);
                 MPI_Recv(ibuf2, 6, MPI_INT, left, 4, world, &st);
+                arrows_from_left++;
                 note("MPI_Recv", 3 * SZ_STRUCT);
                 MPI_Recv(pbuf2, 3, t_struct, left, 5, world, &st);
+                arrows_from_left++;
                 note("MPI_Recv", 1 * SZ_INDEXED);
                 MPI_Recv(ibuf2, 1, t_indexed, left, 6, world, &st);
+                arrows_from_left++;
                 note("MPI_Recv", 1 * SZ_DUP);
                 MPI_Recv(dbuf2, 1, t_dup, left, 7, world, &st);
+                arrows_from_left++;
                 note("MPI_Recv", 2 * SZ_RESIZED);
                 MPI_Recv(ibuf2, 2, t_resized, left, 8, world, &st);
+                arrows_from_left++;
                 /* poll with MPI_Iprobe; every call is counted */
                 do {
                     note("MPI_Iprobe", 0);
@@ -347,6 +360,7 @@ int main(int argc, char **argv)
                 /* posted 16 chars, 6 arrive: bytes = received (status) */
                 note("MPI_Recv", 6 * SZ_CHAR);
                 MPI_Recv(cbuf2, 16, MPI_CHAR, left, 9, world, &st);
+                arrows_from_left++;
             }
         }
 
@@ -354,10 +368,12 @@ int main(int argc, char **argv)
         note("MPI_Sendrecv", 5 * SZ_CHAR + 8 * SZ_CHAR);
         MPI_Sendrecv(cbuf, 5, MPI_CHAR, right, 20, cbuf2, 8, MPI_CHAR, left,
                      20, world, &st);
+        arrows_from_left++;
         /* 2 x count x size */
         note("MPI_Sendrecv_replace", 2 * 4 * SZ_DOUBLE);
         MPI_Sendrecv_replace(dbuf2, 4, MPI_DOUBLE, right, 21, left, 21, world,
                              &st);
+        arrows_from_left++;
         /* With MPI_PROC_NULL peers Open MPI 4.1 implements this by calling
          * PMPI_Sendrecv: one nested MPI call, which must not be counted again.
          * Neither half crosses the network: 0 bytes. */
@@ -374,6 +390,7 @@ int main(int argc, char **argv)
         note("MPI_Sendrecv", 7 * SZ_CHAR);
         MPI_Sendrecv(cbuf, 9, MPI_CHAR, MPI_PROC_NULL, 25, cbuf2, 7, MPI_CHAR,
                      left, 25, world, &st);
+        arrows_from_left++;
 
         /* MPI_PROC_NULL as the one peer: the call moves nothing and counts 0 bytes,
          * whatever its count (mpitrace's convention). */

@@ -28,15 +28,18 @@ fn assert_traced(summary: &Value, pid: u64, expected: &BTreeMap<String, (u64, u6
 fn launched_trace_matches_profile(mpi: Mpi) {
     let scratch = Scratch::new(&format!("trace-launch-{}", mpi.suffix()));
     let prog = build_program("mpi_truth.c", mpi);
-    let (out, trace, prefix) = (
+    let (out, trace, pftrace, prefix) = (
         scratch.path("profile.json"),
         scratch.path("job.json"),
+        scratch.path("job.pftrace"),
         scratch.path("truth"),
     );
     let mut args: Vec<String> = vec![
         "record".into(),
         "--trace".into(),
         trace.display().to_string(),
+        "--trace".into(),
+        pftrace.display().to_string(),
         "--format".into(),
         "json".into(),
         "-o".into(),
@@ -74,6 +77,64 @@ fn launched_trace_matches_profile(mpi: Mpi) {
         "{lost}"
     );
     assert_world_collectives_numbered(&trace, &truths);
+    assert_arrows(&summary["flows"], &truths);
+}
+
+/// Every message a rank took with a blocking receive is one arrow, from the send of the
+/// rank on its left to its receive, forward in time; there is no other arrow.
+#[track_caller]
+fn assert_arrows(flows: &Value, truths: &[Value]) {
+    let pid_of = |rank: u64| {
+        truths
+            .iter()
+            .find(|t| t["rank"] == rank)
+            .and_then(|t| t["pid"].as_u64())
+            .expect("rank's pid")
+    };
+    let mut into: BTreeMap<u64, u64> = BTreeMap::new();
+    for flow in flows.as_array().expect("flows") {
+        let mut ends: Vec<&Value> = flow.as_array().expect("a flow's events").iter().collect();
+        assert_eq!(ends.len(), 2, "{flow}");
+        ends.sort_by(|a, b| {
+            a["ts"]
+                .as_f64()
+                .partial_cmp(&b["ts"].as_f64())
+                .expect("times")
+        });
+        let (send, recv) = (ends[0], ends[1]);
+        let (from, to) = (send["pid"].as_u64(), recv["pid"].as_u64().expect("pid"));
+        let truth = truths.iter().find(|t| t["pid"] == to).expect("a rank's");
+        let size = truth["size"].as_u64().expect("size");
+        let left = (truth["rank"].as_u64().expect("rank") + size - 1) % size;
+        assert_eq!(from, Some(pid_of(left)), "from the left rank: {flow}");
+        let name = |e: &Value| e["name"].as_str().unwrap_or_default().to_string();
+        assert!(
+            [
+                "MPI_Send",
+                "MPI_Ssend",
+                "MPI_Sendrecv",
+                "MPI_Sendrecv_replace"
+            ]
+            .contains(&name(send).as_str()),
+            "starts at a send: {flow}"
+        );
+        assert!(
+            ["MPI_Recv", "MPI_Sendrecv", "MPI_Sendrecv_replace"].contains(&name(recv).as_str()),
+            "ends at a blocking receive: {flow}"
+        );
+        *into.entry(to).or_default() += 1;
+    }
+    for truth in truths {
+        let pid = truth["pid"].as_u64().expect("pid");
+        assert_eq!(
+            into.get(&pid).copied().unwrap_or(0),
+            truth["arrows_from_left"]
+                .as_u64()
+                .expect("arrows_from_left"),
+            "arrows into rank {}",
+            truth["rank"]
+        );
+    }
 }
 
 /// Every collective on MPI_COMM_WORLD carries its number there: on each rank 0, 1, 2 ...

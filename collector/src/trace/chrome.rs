@@ -2,11 +2,15 @@
 //! process per rank, one thread per OS thread, one complete ("X") slice per call. Times
 //! are microseconds with nanosecond decimals.
 
-use std::fmt::Write as _;
+use std::{
+    borrow::Cow,
+    collections::{HashMap, HashSet},
+    fmt::Write as _,
+};
 
-use collector_common::{buckets::RangeLabel, routines::Family, size_bucket, ROUTINES};
+use collector_common::{buckets::RangeLabel, routines::Family, size_bucket};
 
-use super::ProcessName;
+use super::{flows::FlowEnds, Arg, ProcessName};
 use crate::api::pb;
 
 /// What opens a trace file.
@@ -31,11 +35,7 @@ fn push_json_str(out: &mut String, s: &str) {
 
 /// The category of a routine's slices: its library family.
 fn category(routine: &str) -> &'static str {
-    match ROUTINES
-        .iter()
-        .find(|r| r.name == routine)
-        .map(collector_common::Routine::family)
-    {
+    match super::routine(routine).map(collector_common::Routine::family) {
         Some(Family::Mpi) => "mpi",
         Some(Family::Nccl) => "nccl",
         Some(Family::Cuda) => "cuda",
@@ -66,78 +66,138 @@ fn sep(first: bool) -> &'static str {
     }
 }
 
-/// Appends one call as a complete slice, named by its routine, with its arguments (called
-/// for every call: no allocation of its own).
-pub fn slice(out: &mut String, ev: &pb::CallEvent, first: bool) {
-    out.push_str(sep(first));
-    let _ = write!(
-        out,
-        "{{\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":",
-        ev.pid,
-        track_of(ev)
-    );
-    push_micros(out, ev.start_ns);
-    out.push_str(",\"dur\":");
-    push_micros(out, ev.duration_ns);
-    out.push_str(",\"name\":");
+/// The name of a call's slice: its routine; a device window's is named apart from the
+/// enqueue slices, so the two are never confused, nor counted as one another.
+pub fn slice_name(ev: &pb::CallEvent) -> Cow<'_, str> {
     match &ev.device_window {
-        // Named apart from the enqueue slices: the two are never confused, nor counted as
-        // one another.
-        Some(w) if w.not_attributed => out.push_str("\"not attributed (device)\""),
-        Some(_) => {
-            let _ = write!(out, "\"{} (device)\"", ev.routine);
-        }
-        None => push_json_str(out, &ev.routine),
+        Some(w) if w.not_attributed => "not attributed (device)".into(),
+        Some(_) => format!("{} (device)", ev.routine).into(),
+        None => ev.routine.as_str().into(),
     }
-    let cat = if ev.device_window.is_some() {
+}
+
+/// The category of a call's slice: its library family, `gpu` for device windows.
+pub fn slice_category(ev: &pb::CallEvent) -> &'static str {
+    if ev.device_window.is_some() {
         "gpu"
     } else {
         category(&ev.routine)
-    };
-    let _ = write!(out, ",\"cat\":\"{cat}\",\"args\":{{");
-    let mut comma = "";
-    if let Some(bytes) = ev.bytes {
-        let size = RangeLabel::of_bucket(size_bucket(bytes));
-        let _ = write!(out, "\"bytes\":{bytes},\"size\":\"{size}\"");
-        comma = ",";
     }
-    if let Some(peer) = ev.peer {
-        let _ = write!(out, "{comma}\"peer\":{peer}");
-        comma = ",";
+}
+
+/// Most flow ends held for their starts, and most starts remembered: past either, the
+/// held ends are written at once (DevTools may then not draw them; Perfetto does).
+const MAX_HELD_FLOWS: usize = 1 << 18;
+
+/// What the Chrome format keeps between calls: the flows whose start is written, and the
+/// ends that came before their start. DevTools reads flow events in file order, and binds
+/// an end only after its start; Perfetto sorts them by time. A message's receive may well
+/// return before its send (`MPI_Ssend` waits for the receiver), so its flow's end waits
+/// here until the start is written.
+#[derive(Debug, Default)]
+pub struct Encoder {
+    started: HashSet<u64>,
+    held: HashMap<u64, String>,
+}
+
+impl Encoder {
+    /// Starts a file: flows never cross files.
+    pub fn begin_part(&mut self) {
+        self.started.clear();
+        self.held.clear();
     }
-    if ev.comm_size > 0 {
-        let _ = write!(out, "{comma}\"comm_size\":{}", ev.comm_size);
-        comma = ",";
+
+    /// Appends one call as a slice, named by its routine, with its arguments and the flows
+    /// it starts and ends. A slice is one complete ("X") event; a slice that ends a flow
+    /// is a begin/end pair, and the flow's end has the time of the end event: DevTools
+    /// binds a flow only to an event of the same time, and both consumers want a flow to go
+    /// forward in time.
+    pub fn slice(&mut self, out: &mut String, ev: &pb::CallEvent, flows: FlowEnds, first: bool) {
+        let (pid, tid, cat) = (ev.pid, track_of(ev), slice_category(ev));
+        out.push_str(sep(first));
+        let phase = if flows.into.is_some() { "B" } else { "X" };
+        let _ = write!(
+            out,
+            "{{\"ph\":\"{phase}\",\"pid\":{pid},\"tid\":{tid},\"ts\":"
+        );
+        push_micros(out, ev.start_ns);
+        if flows.into.is_none() {
+            out.push_str(",\"dur\":");
+            push_micros(out, ev.duration_ns);
+        }
+        out.push_str(",\"name\":");
+        push_json_str(out, &slice_name(ev));
+        let _ = write!(out, ",\"cat\":\"{cat}\",\"args\":{{");
+        let mut comma = "";
+        super::slice_args(ev, |name, value| {
+            let _ = write!(out, "{comma}\"{name}\":");
+            comma = ",";
+            match value {
+                Arg::Int(v) => {
+                    let _ = write!(out, "{v}");
+                }
+                Arg::Str(s) => push_json_str(out, s),
+                Arg::Size(bytes) => {
+                    let _ = write!(out, "\"{}\"", RangeLabel::of_bucket(size_bucket(bytes)));
+                }
+            }
+        });
+        out.push_str("}}");
+        let end = ev.start_ns + ev.duration_ns;
+        if let Some(id) = flows.into {
+            let _ = write!(
+                out,
+                ",\n{{\"ph\":\"E\",\"pid\":{pid},\"tid\":{tid},\"cat\":\"{cat}\",\"name\":"
+            );
+            push_json_str(out, &slice_name(ev));
+            out.push_str(",\"ts\":");
+            push_micros(out, end);
+            out.push('}');
+            let mut line = String::new();
+            flow(&mut line, "f", (pid, tid, cat), end, id);
+            if self.started.remove(&id) {
+                out.push_str(&line);
+            } else {
+                self.held.insert(id, line);
+            }
+        }
+        if let Some(id) = flows.out {
+            flow(out, "s", (pid, tid, cat), ev.start_ns, id);
+            match self.held.remove(&id) {
+                Some(end) => out.push_str(&end),
+                None => {
+                    self.started.insert(id);
+                }
+            }
+        }
+        if self.held.len() > MAX_HELD_FLOWS || self.started.len() > MAX_HELD_FLOWS {
+            self.started.clear();
+            self.release(out);
+        }
     }
-    if let Some(rank) = ev.comm_rank {
-        let _ = write!(out, "{comma}\"comm_rank\":{rank}");
-        comma = ",";
+
+    /// Writes every flow end still held (at the end of a file: after every start in it).
+    pub fn release(&mut self, out: &mut String) {
+        for (_, line) in self.held.drain() {
+            out.push_str(&line);
+        }
     }
-    if !ev.comm.is_empty() {
-        let _ = write!(out, "{comma}\"comm\":");
-        push_json_str(out, &ev.comm);
-        comma = ",";
-    }
-    if let Some(seq) = ev.seq {
-        let _ = write!(out, "{comma}\"seq\":{seq}");
-    }
-    out.push_str("}}");
+}
+
+/// Appends a flow event `ph` of flow `id` at `ts`, bound to the slice of the same time
+/// on the thread.
+fn flow(out: &mut String, ph: &str, (pid, tid, cat): (u32, u32, &str), ts: u64, id: u64) {
+    let _ = write!(
+        out,
+        ",\n{{\"ph\":\"{ph}\",\"pid\":{pid},\"tid\":{tid},\"cat\":\"{cat}\",\"name\":\"message\",\"id\":\"{id:#x}\",\"bp\":\"e\",\"ts\":"
+    );
+    push_micros(out, ts);
+    out.push('}');
 }
 
 /// The name of a process's track (`rank R (host)`, else `pid P`) and its place (by rank).
 pub fn process_names(pid: u32, name: Option<&ProcessName>, first: bool) -> String {
-    let (label, sort) = match name {
-        Some(ProcessName {
-            rank: Some(r),
-            host,
-            ..
-        }) => (format!("rank {r} ({host})"), u64::from(*r)),
-        Some(ProcessName { host, .. }) if !host.is_empty() => (
-            format!("pid {pid} ({host})"),
-            u64::from(u32::MAX) + u64::from(pid),
-        ),
-        _ => (format!("pid {pid}"), u64::from(u32::MAX) + u64::from(pid)),
-    };
+    let (label, sort) = process_label(pid, name);
     let mut out = format!(
         "{}{{\"ph\":\"M\",\"pid\":{pid},\"tid\":{pid},\"name\":\"process_name\",\"args\":{{\"name\":{}}}}},\n\
          {{\"ph\":\"M\",\"pid\":{pid},\"tid\":{pid},\"name\":\"process_sort_index\",\"args\":{{\"sort_index\":{sort}}}}}",
@@ -154,20 +214,43 @@ pub fn process_names(pid: u32, name: Option<&ProcessName>, first: bool) -> Strin
     out
 }
 
+/// A process's track name (`rank R (host)`, else `pid P`) and its place (by rank, the
+/// ones of unknown rank after every rank).
+pub fn process_label(pid: u32, name: Option<&ProcessName>) -> (String, u64) {
+    match name {
+        Some(ProcessName {
+            rank: Some(r),
+            host,
+            ..
+        }) => (format!("rank {r} ({host})"), u64::from(*r)),
+        Some(ProcessName { host, .. }) if !host.is_empty() => (
+            format!("pid {pid} ({host})"),
+            u64::from(u32::MAX) + u64::from(pid),
+        ),
+        _ => (format!("pid {pid}"), u64::from(u32::MAX) + u64::from(pid)),
+    }
+}
+
 /// The name of a thread's track: `main` for the process's first thread, `GPU (device
 /// window)` for the device windows.
 pub fn thread_name(pid: u32, tid: u32, first: bool) -> String {
-    let name = if tid == DEVICE_TRACK_TID {
+    let name = thread_label(pid, tid);
+    format!(
+        "{}{{\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"name\":\"thread_name\",\"args\":{{\"name\":\"{name}\"}}}}",
+        sep(first)
+    )
+}
+
+/// A thread track's name: `main` for the process's first thread, `GPU (device window)`
+/// for the device windows, else `thread TID`.
+pub fn thread_label(pid: u32, tid: u32) -> String {
+    if tid == DEVICE_TRACK_TID {
         "GPU (device window)".to_string()
     } else if pid == tid {
         "main".to_string()
     } else {
         format!("thread {tid}")
-    };
-    format!(
-        "{}{{\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"name\":\"thread_name\",\"args\":{{\"name\":\"{name}\"}}}}",
-        sep(first)
-    )
+    }
 }
 
 /// What closes a trace file, with its metadata.

@@ -4,7 +4,9 @@
 //! and written into the file.
 
 pub mod chrome;
+pub mod flows;
 mod groups;
+pub mod perfetto;
 pub mod remote;
 mod writer;
 
@@ -27,7 +29,8 @@ pub enum TraceError {
     /// The file name names no format commtap writes.
     #[error(
         "{0}: unknown trace format; name the file FILE.json (Chrome Trace Event Format: \
-         Perfetto UI, chrome://tracing)"
+         Perfetto UI, chrome://tracing) or FILE.pftrace (Perfetto's protobuf format: Perfetto \
+         UI, trace_processor; smaller, for large traces)"
     )]
     Format(String),
     /// The file could not be created or written.
@@ -70,7 +73,8 @@ pub struct TraceOptions {
     pub routines: RoutineFilter,
     /// At most this many calls per process: the first ones are kept, later ones counted.
     pub max_events: Option<u64>,
-    /// Start another file (`NAME.2.json` ...) once one holds this many bytes.
+    /// Start another file (`NAME.2.json`, `NAME.2.pftrace` ...) once one holds this many
+    /// bytes.
     pub split_bytes: u64,
 }
 
@@ -159,8 +163,67 @@ impl std::fmt::Display for TraceSummary {
     }
 }
 
+/// The routine named `name` (one lookup for every call a trace writes).
+pub fn routine(name: &str) -> Option<&'static collector_common::Routine> {
+    static BY_NAME: std::sync::LazyLock<
+        std::collections::HashMap<&'static str, &'static collector_common::Routine>,
+    > = std::sync::LazyLock::new(|| {
+        collector_common::ROUTINES
+            .iter()
+            .map(|r| (r.name, r))
+            .collect()
+    });
+    BY_NAME.get(name).copied()
+}
+
+/// A value of a slice's argument.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg<'a> {
+    /// A number.
+    Int(i64),
+    /// A string.
+    Str(&'a str),
+    /// The mpitrace size bucket of this many bytes (`1K..4K`).
+    Size(u64),
+}
+
+/// The arguments of a call's slice, in the order every format writes them: bytes and their
+/// size bucket, the peer and tag (and Sendrecv's receiving half), the communicator
+/// (size, this rank, identity) and the collective's number on it.
+pub fn slice_args<'a>(ev: &'a pb::CallEvent, mut arg: impl FnMut(&'static str, Arg<'a>)) {
+    if let Some(bytes) = ev.bytes {
+        arg("bytes", Arg::Int(bytes as i64));
+        arg("size", Arg::Size(bytes));
+    }
+    let ranks = [
+        ("peer", ev.peer.filter(|p| *p >= 0)),
+        ("tag", ev.tag.filter(|t| *t >= 0)),
+        ("recv_peer", ev.recv_peer.filter(|p| *p >= 0)),
+        ("recv_tag", ev.recv_tag.filter(|t| *t >= 0)),
+        (
+            "comm_size",
+            (ev.comm_size > 0).then_some(ev.comm_size as i32),
+        ),
+        ("comm_rank", ev.comm_rank),
+    ];
+    for (name, v) in ranks {
+        if let Some(v) = v {
+            arg(name, Arg::Int(i64::from(v)));
+        }
+    }
+    if !ev.comm.is_empty() {
+        arg("comm", Arg::Str(&ev.comm));
+    }
+    if let Some(seq) = ev.seq {
+        arg("seq", Arg::Int(seq as i64));
+    }
+}
+
 /// A kernel call event as the API sends it (and a trace writes it).
 pub fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
+    let moves = collector_common::ROUTINES
+        .get(ev.routine as usize)
+        .and_then(flows::direction);
     pb::CallEvent {
         pid: ev.tgid,
         tid: ev.tid,
@@ -171,11 +234,14 @@ pub fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
         start_ns: ev.start_ns,
         duration_ns: ev.dur_ns,
         bytes: (ev.bucket != collector_common::UNKNOWN_BUCKET).then_some(ev.bytes),
-        peer: (ev.peer >= 0).then_some(ev.peer),
+        peer: (ev.peer >= 0 || moves.is_some()).then_some(ev.peer),
         comm_size: ev.comm_size,
         comm_rank: (ev.comm_rank >= 0).then_some(ev.comm_rank),
         comm: comm_label(ev),
         seq: None,
+        tag: moves.map(|_| ev.tag),
+        recv_peer: (moves == Some(flows::Direction::Both)).then_some(ev.recv_peer),
+        recv_tag: (moves == Some(flows::Direction::Both)).then_some(ev.recv_tag),
         device_window: (ev.kind == collector_common::EventKind::DeviceWindow as u32).then_some(
             pb::DeviceWindow {
                 not_attributed: ev.flags & collector_common::CallEvent::NOT_ATTRIBUTED != 0,

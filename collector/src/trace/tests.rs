@@ -143,6 +143,111 @@ fn unknown_formats_are_refused_with_the_list() {
         .err()
         .expect("refused");
     assert!(e.to_string().contains("FILE.json"), "{e}");
+    assert!(e.to_string().contains("FILE.pftrace"), "{e}");
+}
+
+/// A slice of a `.pftrace` file: (track, name, begin, end).
+type Slice = (u64, String, u64, u64);
+
+/// The slices of a `.pftrace` file, decoded, in file order, and the process names its
+/// descriptors give, in order.
+fn pftrace_slices(path: &Path) -> (Vec<Slice>, Vec<(i32, String)>) {
+    use perfetto::proto::{trace_packet::Data, track_event::NameField, Trace};
+    use prost::Message;
+    let trace = Trace::decode(std::fs::read(path).expect("read").as_slice()).expect("decodes");
+    let mut names = std::collections::HashMap::new();
+    let mut open: std::collections::HashMap<u64, Vec<(String, u64)>> = Default::default();
+    let (mut slices, mut processes) = (Vec::new(), Vec::new());
+    for p in trace.packet {
+        assert_eq!(p.trusted_packet_sequence_id, Some(1));
+        for n in p.interned_data.iter().flat_map(|i| &i.event_names) {
+            names.insert(n.iid(), n.name().to_string());
+        }
+        let ts = p.timestamp();
+        match p.data {
+            Some(Data::TrackDescriptor(d)) => {
+                if let Some(proc_) = d.process {
+                    processes.push((proc_.pid(), proc_.process_name().to_string()));
+                }
+            }
+            Some(Data::TrackEvent(e)) if e.r#type == Some(1) => {
+                let Some(NameField::NameIid(iid)) = e.name_field else {
+                    panic!("a slice's name is interned: {e:?}");
+                };
+                let name = names.get(&iid).expect("interned before use").clone();
+                open.entry(e.track_uuid()).or_default().push((name, ts));
+            }
+            Some(Data::TrackEvent(e)) if e.r#type == Some(2) => {
+                let (name, begin) = open
+                    .get_mut(&e.track_uuid())
+                    .and_then(Vec::pop)
+                    .expect("an end closes a begin");
+                slices.push((e.track_uuid(), name, begin, ts));
+            }
+            _ => {}
+        }
+    }
+    (slices, processes)
+}
+
+#[test]
+fn a_pftrace_holds_the_same_slices_with_interned_names_and_late_process_names() {
+    let dir = scratch("pftrace");
+    let path = dir.with_file_name("t.pftrace");
+    let mut w = TraceWriter::create(TraceOptions::new(path.clone())).expect("create");
+    w.call(&ev(7, "MPI_Send", 1000)).expect("call");
+    w.call(&ev(7, "MPI_Send", 5000)).expect("call");
+    w.call(&pb::CallEvent {
+        tid: 9,
+        ..ev(7, "MPI_Recv", 2000)
+    })
+    .expect("call");
+    w.name(
+        7,
+        ProcessName {
+            rank: Some(3),
+            host: "n1".into(),
+            job: "j".into(),
+        },
+    );
+    let s = w.finish().expect("finish");
+    assert_eq!(s.events, 3);
+    let (slices, processes) = pftrace_slices(&path);
+    let main = (7u64 << 32) | 7;
+    assert_eq!(
+        slices,
+        vec![
+            (main, "MPI_Send".to_string(), 1000, 2500),
+            (main, "MPI_Send".to_string(), 5000, 6500),
+            ((7 << 32) | 9, "MPI_Recv".to_string(), 2000, 3500),
+        ]
+    );
+    assert_eq!(
+        processes,
+        vec![(7, "pid 7".to_string()), (7, "rank 3 (n1)".to_string())],
+        "described at its first call, again once its name is known"
+    );
+}
+
+#[test]
+fn a_split_pftrace_interns_and_describes_again_in_every_part() {
+    let path = scratch("pfsplit").with_file_name("t.pftrace");
+    let mut opts = TraceOptions::new(path.clone());
+    opts.split_bytes = 400;
+    let mut w = TraceWriter::create(opts).expect("create");
+    for i in 0..50 {
+        w.call(&ev(7, "MPI_Send", 1000 * i)).expect("call");
+    }
+    let s = w.finish().expect("finish");
+    assert!(s.files.len() > 2, "{:?}", s.files);
+    assert_eq!(s.files[1], path.with_file_name("t.2.pftrace"));
+    let mut total = 0;
+    for f in &s.files {
+        let (slices, processes) = pftrace_slices(f);
+        assert_eq!(processes, vec![(7, "pid 7".to_string())]);
+        total += slices.len();
+    }
+    assert_eq!(total, 50);
 }
 
 #[test]

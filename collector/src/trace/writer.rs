@@ -8,13 +8,37 @@ use std::{
 };
 
 use super::{
-    chrome, groups::NcclGroups, Lost, ProcessName, TraceError, TraceOptions, TraceSummary,
+    chrome,
+    flows::{FlowEnds, Flows},
+    groups::NcclGroups,
+    perfetto, Lost, ProcessName, TraceError, TraceOptions, TraceSummary,
 };
 use crate::api::pb;
+
+/// How calls are written: the file name's extension says which.
+#[derive(Debug)]
+enum Format {
+    /// `.json`: the Chrome Trace Event Format.
+    Chrome(chrome::Encoder),
+    /// `.pftrace`: Perfetto's protobuf trace.
+    Perfetto(perfetto::Encoder),
+}
+
+impl Format {
+    /// The format `path` names.
+    fn of(path: &Path) -> Result<Format, TraceError> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => Ok(Format::Chrome(chrome::Encoder::default())),
+            Some("pftrace") => Ok(Format::Perfetto(perfetto::Encoder::default())),
+            _ => Err(TraceError::Format(path.display().to_string())),
+        }
+    }
+}
 
 /// Writes calls into a trace file as they come, splitting it by size.
 pub struct TraceWriter {
     opts: TraceOptions,
+    format: Format,
     out: BufWriter<std::fs::File>,
     /// Files so far; the last is being written.
     files: Vec<PathBuf>,
@@ -29,21 +53,23 @@ pub struct TraceWriter {
     lost: Lost,
     /// The time axis and each node's clock offset, written into the metadata.
     clocks: serde_json::Value,
-    /// The line being written (kept: one allocation for every call).
+    /// The call being written (kept: one allocation for every call).
     line: String,
+    bytes: Vec<u8>,
     /// NCCL groups open on each thread.
     groups: NcclGroups,
+    /// Messages numbered on both sides, for the arrows from sends to receives.
+    flows: Flows,
     largest_clock_error: Option<(String, u64)>,
 }
 
 impl TraceWriter {
     /// Creates the first file (fails before anything runs when it cannot be written).
     pub fn create(opts: TraceOptions) -> Result<TraceWriter, TraceError> {
-        if opts.path.extension().and_then(|e| e.to_str()) != Some("json") {
-            return Err(TraceError::Format(opts.path.display().to_string()));
-        }
+        let format = Format::of(&opts.path)?;
         let out = open(&opts.path)?;
         let mut w = TraceWriter {
+            format,
             files: vec![opts.path.clone()],
             opts,
             out,
@@ -56,9 +82,11 @@ impl TraceWriter {
             clocks: "one node: every rank's CLOCK_MONOTONIC, nothing corrected".into(),
             largest_clock_error: None,
             line: String::with_capacity(256),
+            bytes: Vec::with_capacity(256),
             groups: NcclGroups::default(),
+            flows: Flows::default(),
         };
-        w.write(chrome::HEADER)?;
+        w.begin_part()?;
         Ok(w)
     }
 
@@ -100,15 +128,17 @@ impl TraceWriter {
     /// Writes one call, unless the options leave it out; an NCCL group's end also writes
     /// the group, as a slice around its operations.
     pub fn call(&mut self, ev: &pb::CallEvent) -> Result<(), TraceError> {
+        // Every message is numbered, written or not: both sides count them all.
+        let flows = self.flows.ends(ev);
         let group = self.groups.track(ev);
-        self.write_call(ev)?;
+        self.write_call(ev, flows)?;
         match group {
-            Some(g) => self.write_call(&g),
+            Some(g) => self.write_call(&g, FlowEnds::default()),
             None => Ok(()),
         }
     }
 
-    fn write_call(&mut self, ev: &pb::CallEvent) -> Result<(), TraceError> {
+    fn write_call(&mut self, ev: &pb::CallEvent, flows: FlowEnds) -> Result<(), TraceError> {
         let process = self.processes.entry(ev.pid).or_default();
         if let Some(ranks) = &self.opts.ranks {
             match process.name.as_ref().and_then(|n| n.rank) {
@@ -135,25 +165,60 @@ impl TraceWriter {
             return Ok(());
         }
         process.written += 1;
+        self.split_if_full()?;
+        let process = self.processes.entry(ev.pid).or_default();
         process.threads.insert(chrome::track_of(ev));
         self.events += 1;
-        let mut line = std::mem::take(&mut self.line);
-        line.clear();
-        chrome::slice(&mut line, ev, self.part_events == 0);
+        let written = match &mut self.format {
+            Format::Chrome(encoder) => {
+                let mut line = std::mem::take(&mut self.line);
+                line.clear();
+                encoder.slice(&mut line, ev, flows, self.part_events == 0);
+                let written = self.write(line.as_bytes());
+                self.line = line;
+                written
+            }
+            Format::Perfetto(encoder) => {
+                let mut bytes = std::mem::take(&mut self.bytes);
+                bytes.clear();
+                encoder.slice(&mut bytes, ev, flows, process.name.as_ref());
+                let written = self.write(&bytes);
+                self.bytes = bytes;
+                written
+            }
+        };
         self.part_events += 1;
-        let written = self.write(&line);
-        self.line = line;
-        written?;
-        if self.part_bytes >= self.opts.split_bytes {
-            self.close_part()?;
-            let next = part_path(&self.opts.path, self.files.len() + 1);
-            self.out = open(&next)?;
-            self.files.push(next);
-            self.part_bytes = 0;
-            self.part_events = 0;
-            self.write(chrome::HEADER)?;
+        written
+    }
+
+    /// Goes on in the next file once this one is full: only when a call is to be written,
+    /// so that no part is empty.
+    fn split_if_full(&mut self) -> Result<(), TraceError> {
+        if self.part_bytes < self.opts.split_bytes || self.part_events == 0 {
+            return Ok(());
         }
-        Ok(())
+        self.close_part()?;
+        let next = part_path(&self.opts.path, self.files.len() + 1);
+        self.out = open(&next)?;
+        self.files.push(next);
+        self.part_bytes = 0;
+        self.part_events = 0;
+        self.begin_part()
+    }
+
+    /// Opens the file being written: the JSON array, or a clean Perfetto sequence.
+    fn begin_part(&mut self) -> Result<(), TraceError> {
+        match &mut self.format {
+            Format::Chrome(encoder) => {
+                encoder.begin_part();
+                self.write(chrome::HEADER.as_bytes())
+            }
+            Format::Perfetto(encoder) => {
+                let mut head = Vec::new();
+                encoder.begin_part(&mut head);
+                self.write(&head)
+            }
+        }
     }
 
     /// Ends the trace: names every track, writes what was lost, closes the file.
@@ -170,29 +235,46 @@ impl TraceWriter {
     /// Closes the file being written so that it loads on its own: the names of every
     /// process and thread seen so far, and the metadata.
     fn close_part(&mut self) -> Result<(), TraceError> {
-        let mut tail = String::new();
-        let mut first = self.part_events == 0;
-        for (pid, p) in &self.processes {
-            tail.push_str(&chrome::process_names(*pid, p.name.as_ref(), first));
-            first = false;
-        }
-        for (pid, p) in &self.processes {
-            for tid in &p.threads {
-                tail.push_str(&chrome::thread_name(*pid, *tid, first));
-                first = false;
-            }
-        }
         let meta = serde_json::json!({
             "commtap": {
                 "version": env!("CARGO_PKG_VERSION"),
                 "part": self.files.len(),
                 "calls_written": self.events,
                 "calls_lost": self.lost,
+                "messages_without_arrows": self.flows.unlinked,
                 "max_events_policy": "the first --max-events calls of each process are kept",
                 "clock": self.clocks,
             }
         });
-        tail.push_str(&chrome::footer(&meta));
+        let tail = match &mut self.format {
+            Format::Chrome(encoder) => {
+                let mut tail = String::new();
+                encoder.release(&mut tail);
+                let mut first = self.part_events == 0;
+                for (pid, p) in &self.processes {
+                    tail.push_str(&chrome::process_names(*pid, p.name.as_ref(), first));
+                    first = false;
+                }
+                for (pid, p) in &self.processes {
+                    for tid in &p.threads {
+                        tail.push_str(&chrome::thread_name(*pid, *tid, first));
+                        first = false;
+                    }
+                }
+                tail.push_str(&chrome::footer(&meta));
+                tail.into_bytes()
+            }
+            Format::Perfetto(encoder) => {
+                let names = self
+                    .processes
+                    .iter()
+                    .map(|(pid, p)| (*pid, p.name.clone()))
+                    .collect();
+                let mut tail = Vec::new();
+                encoder.end_part(&mut tail, &names, &meta);
+                tail
+            }
+        };
         self.write(&tail)?;
         let path = self.files.last().cloned().unwrap_or_default();
         self.out.flush().map_err(|source| TraceError::Io {
@@ -201,15 +283,13 @@ impl TraceWriter {
         })
     }
 
-    fn write(&mut self, s: &str) -> Result<(), TraceError> {
+    fn write(&mut self, s: &[u8]) -> Result<(), TraceError> {
         self.part_bytes += s.len() as u64;
         let path = self.files.last();
-        self.out
-            .write_all(s.as_bytes())
-            .map_err(|source| TraceError::Io {
-                path: path.map(|p| p.display().to_string()).unwrap_or_default(),
-                source,
-            })
+        self.out.write_all(s).map_err(|source| TraceError::Io {
+            path: path.map(|p| p.display().to_string()).unwrap_or_default(),
+            source,
+        })
     }
 }
 
@@ -234,7 +314,8 @@ fn open(path: &Path) -> Result<BufWriter<std::fs::File>, TraceError> {
         })
 }
 
-/// The `n`th file of a split trace: `t.json`, `t.2.json`, `t.3.json` ...
+/// The `n`th file of a split trace: `t.json`, `t.2.json`, `t.3.json` ... (`t.2.pftrace`
+/// for Perfetto's format).
 pub fn part_path(first: &Path, n: usize) -> PathBuf {
     if n <= 1 {
         return first.to_path_buf();
@@ -243,5 +324,9 @@ pub fn part_path(first: &Path, n: usize) -> PathBuf {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    first.with_file_name(format!("{stem}.{n}.json"))
+    let ext = first
+        .extension()
+        .map(|e| e.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    first.with_file_name(format!("{stem}.{n}.{ext}"))
 }

@@ -314,10 +314,12 @@ pub struct RecordArgs {
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
     /// Also write a timeline of every call into FILE: FILE.json is the Chrome Trace Event
-    /// Format (open it in https://ui.perfetto.dev or chrome://tracing). Switches per-call
-    /// events on; the profile's counts stay exact whatever the trace loses.
+    /// Format (https://ui.perfetto.dev or chrome://tracing), FILE.pftrace Perfetto's
+    /// protobuf format (about a third of the size: for large traces). Switches per-call
+    /// events on; the profile's counts stay exact whatever the trace loses. Give it twice
+    /// (`--trace t.json --trace t.pftrace`) for both formats of the same run.
     #[arg(long, value_name = "FILE")]
-    pub trace: Option<PathBuf>,
+    pub trace: Vec<PathBuf>,
     #[command(flatten)]
     pub trace_filter: TraceFilterArgs,
     /// Command to launch and profile, with every process it spawns (after `--`).
@@ -326,7 +328,7 @@ pub struct RecordArgs {
 }
 
 /// What goes into a trace (shared by `record --trace` and `trace`).
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Clone, Debug)]
 pub struct TraceFilterArgs {
     /// Trace only calls that start in this window, in seconds after the first traced
     /// call: FROM..TO (e.g. 10..20).
@@ -380,7 +382,8 @@ pub fn parse_window(s: &str) -> Result<(f64, f64), String> {
 
 #[derive(clap::Args, Debug)]
 pub struct TraceArgs {
-    /// The trace file: FILE.json is the Chrome Trace Event Format.
+    /// The trace file: FILE.json is the Chrome Trace Event Format, FILE.pftrace Perfetto's
+    /// protobuf format (smaller, for large traces).
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
     /// A node's daemon: unix:///path/to.sock or https://host:port. Repeat it for a job on

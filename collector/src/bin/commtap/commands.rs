@@ -159,7 +159,11 @@ async fn record(a: RecordArgs) -> Result<()> {
         libraries: a.probe.libraries,
         ready_file: a.ready_file,
         call_events: a.probe.call_events,
-        trace: a.trace.map(|path| a.trace_filter.options(path)),
+        traces: a
+            .trace
+            .into_iter()
+            .map(|path| a.trace_filter.clone().options(path))
+            .collect(),
         skew: !a.probe.no_skew,
     };
     let profile = record::record(opts).await?;

@@ -1,0 +1,195 @@
+//! Point-to-point flows: on a timeline, an arrow from each send to the receive that matched
+//! it.
+//!
+//! MPI matches the messages of one channel (communicator, sender, receiver, tag) in the
+//! order they were sent, with the receives in the order they were posted (messages do not
+//! overtake one another). So the k-th send on a channel and the k-th receive on it are one
+//! message, and both ends can name it alone, without waiting for the other: the flow's id
+//! is a hash of the channel and k. That needs every message of the channel counted on both
+//! sides from the first, so a process is numbered only when the trace holds it from
+//! `MPI_Init` on (launched by `record`, or started after the trace did); a receive whose
+//! source or tag nobody knows (a wildcard with `MPI_STATUS_IGNORE`) ends the numbering of
+//! its communicator at that receiver. What could not be numbered is counted.
+//!
+//! The arrow goes from the send's start to the receive's end: the message cannot have
+//! arrived before it was sent, so the arrow always points forward in time (Perfetto drops
+//! arrows that go back). A nonblocking receive's message arrives in a later wait, which
+//! the trace cannot tell: it is counted in its channel, and draws no arrow.
+
+use std::collections::{HashMap, HashSet};
+
+use collector_common::{
+    routines::{class, NO_ARG},
+    ByteRule, CallEvent, Routine,
+};
+use serde::Serialize;
+
+use super::routine;
+use crate::api::pb;
+
+/// Most channels followed at once: past it, messages on new channels draw no arrows.
+pub const MAX_CHANNELS: usize = 1 << 20;
+
+/// Which way a point-to-point routine moves its message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// A send (blocking or not).
+    Send,
+    /// A blocking receive: its end is the message's arrival.
+    Receive,
+    /// A nonblocking receive: its message arrives in a later wait.
+    Post,
+    /// `MPI_Sendrecv`: a send (`peer`, `tag`) and a receive (`recv_peer`, `recv_tag`).
+    Both,
+}
+
+/// The way `r` moves a message, if it moves one to a named peer.
+pub fn direction(r: &Routine) -> Option<Direction> {
+    if r.spec.class != class::P2P || r.spec.peer == NO_ARG {
+        return None;
+    }
+    match ByteRule::from_u8(r.spec.rule) {
+        ByteRule::CountType => Some(Direction::Send),
+        ByteRule::RecvStatus => Some(Direction::Receive),
+        ByteRule::RecvPosted => Some(Direction::Post),
+        ByteRule::Pair => Some(Direction::Both),
+        _ => None,
+    }
+}
+
+/// The flows a call's slice starts and ends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowEnds {
+    /// The flow of the message it sent (drawn from its start).
+    pub out: Option<u64>,
+    /// The flow of the message it received (drawn to its end).
+    pub into: Option<u64>,
+}
+
+/// Messages that have no arrow, though their calls are in the trace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Unlinked {
+    /// Calls of processes the trace does not hold from `MPI_Init` on.
+    pub not_from_init: u64,
+    /// Receives after a wildcard receive nobody could resolve, on its communicator.
+    pub after_unresolved_wildcard: u64,
+    /// Calls whose rank in their communicator, or whose communicator's identity across
+    /// processes, is not known.
+    pub communicator_unknown: u64,
+    /// Calls on channels past [`MAX_CHANNELS`].
+    pub too_many_channels: u64,
+}
+
+/// One side of a channel: (receiving side, communicator's hash, sender, receiver, tag).
+type ChannelEnd = (bool, u64, i32, i32, i32);
+
+/// Numbers the messages of every channel, on both sides, as the calls come.
+#[derive(Debug, Default)]
+pub struct Flows {
+    /// Processes whose `MPI_Init` the trace holds.
+    from_init: HashSet<u32>,
+    /// (process, communicator) whose receives cannot be numbered any more.
+    lost_track: HashSet<(u32, u64)>,
+    /// Messages numbered so far on each side of each channel.
+    counted: HashMap<ChannelEnd, u64>,
+    /// What could not be numbered.
+    pub unlinked: Unlinked,
+}
+
+impl Flows {
+    /// Numbers `ev`'s messages, if it moves any; the flows its slice draws.
+    pub fn ends(&mut self, ev: &pb::CallEvent) -> FlowEnds {
+        let Some(r) = routine(&ev.routine) else {
+            return FlowEnds::default();
+        };
+        if r.spec.class == class::INIT {
+            self.from_init.insert(ev.pid);
+        }
+        let Some(dir) = direction(r) else {
+            return FlowEnds::default();
+        };
+        if !self.from_init.contains(&ev.pid) {
+            self.unlinked.not_from_init += 1;
+            return FlowEnds::default();
+        }
+        let (Some(me), true) = (
+            ev.comm_rank,
+            !ev.comm.is_empty() && !ev.comm.starts_with("local:"),
+        ) else {
+            self.unlinked.communicator_unknown += 1;
+            return FlowEnds::default();
+        };
+        let peer = ev.peer.unwrap_or(CallEvent::PEER_NONE);
+        let tag = ev.tag.unwrap_or(-1);
+        let comm = fnv(FNV_START, ev.comm.as_bytes());
+        let mut ends = FlowEnds::default();
+        if matches!(dir, Direction::Send | Direction::Both) {
+            ends.out = self.number(ev.pid, (false, comm, me, peer, tag));
+        }
+        let received = match dir {
+            Direction::Both => Some((
+                ev.recv_peer.unwrap_or(CallEvent::PEER_NONE),
+                ev.recv_tag.unwrap_or(-1),
+            )),
+            Direction::Receive | Direction::Post => Some((peer, tag)),
+            Direction::Send => None,
+        };
+        if let Some((from, tag)) = received {
+            let into = self.number(ev.pid, (true, comm, from, me, tag));
+            if dir != Direction::Post {
+                ends.into = into;
+            }
+        }
+        ends
+    }
+
+    /// The id of the next message at this end of its channel.
+    fn number(&mut self, pid: u32, end: ChannelEnd) -> Option<u64> {
+        let (receiving, comm, from, to, tag) = end;
+        let peer = if receiving { from } else { to };
+        if peer == CallEvent::PEER_NONE {
+            return None;
+        }
+        if receiving {
+            let track = (pid, comm);
+            if self.lost_track.contains(&track) {
+                self.unlinked.after_unresolved_wildcard += 1;
+                return None;
+            }
+            if peer < 0 || tag < 0 {
+                // Which message it took is unknown: the next ones on this communicator
+                // cannot be numbered either.
+                self.lost_track.insert(track);
+                self.unlinked.after_unresolved_wildcard += 1;
+                return None;
+            }
+        }
+        if self.counted.len() >= MAX_CHANNELS && !self.counted.contains_key(&end) {
+            self.unlinked.too_many_channels += 1;
+            return None;
+        }
+        let n = self.counted.entry(end).or_insert(0);
+        let k = *n;
+        *n += 1;
+        // The same on both sides; never 0, which readers take for "no flow".
+        let id = [
+            &comm.to_le_bytes()[..],
+            &from.to_le_bytes(),
+            &to.to_le_bytes(),
+            &tag.to_le_bytes(),
+            &k.to_le_bytes(),
+        ]
+        .iter()
+        .fold(FNV_START, |h, bytes| fnv(h, bytes));
+        Some(id | 1)
+    }
+}
+
+const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a: `bytes` folded into `h`.
+fn fnv(h: u64, bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
