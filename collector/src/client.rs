@@ -193,7 +193,11 @@ pub async fn print_jobs(from: &Target, json: bool) -> Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::json!({ "jobs": jobs }));
+        let node_api: std::collections::BTreeMap<_, _> = resp.node_api.iter().collect();
+        println!(
+            "{}",
+            serde_json::json!({ "jobs": jobs, "node_api": node_api })
+        );
         return Ok(());
     }
     println!("{:<16} {:>6} {:>14}  NODES", "JOB", "RANKS", "CALLS");

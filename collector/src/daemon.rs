@@ -59,6 +59,9 @@ pub struct DaemonOptions {
     pub synthetic_ranks: u32,
     /// bpffs directory keeping the counting maps across restarts (None: not kept).
     pub state_dir: Option<PathBuf>,
+    /// Where clients reach the TCP API, as pushes tell the aggregator (default: the node
+    /// name and the --listen port).
+    pub advertise: Option<String>,
     /// Also serve the API on this TCP address, with this TLS (None: plaintext, asked for).
     pub listen: Option<(
         std::net::SocketAddr,
@@ -178,6 +181,15 @@ fn node_state(session: Session, opts: &DaemonOptions) -> Arc<NodeState> {
         session: Mutex::new(session),
         finished: Mutex::new(Vec::new()),
         boot_id: discover::boot_id(),
+        node_api: opts.advertise.clone().unwrap_or_else(|| {
+            // The name the node goes by, and the port it listens on.
+            opts.listen
+                .as_ref()
+                .map_or_else(String::new, |(addr, tls)| {
+                    let scheme = if tls.is_some() { "https" } else { "http" };
+                    format!("{scheme}://{node}:{}", addr.port())
+                })
+        }),
         finished_dropped: std::sync::atomic::AtomicU64::new(0),
         detached: Mutex::default(),
         event_streams: Default::default(),

@@ -69,6 +69,8 @@ pub fn split(batch: pb::PushSnapshotsRequest, max: usize) -> Vec<pb::PushSnapsho
         instances: batch.instances,
         clock_offset_ns: batch.clock_offset_ns,
         clock_error_ns: batch.clock_error_ns,
+        node: batch.node,
+        node_api: batch.node_api,
     }];
     let mut size = 0;
     for p in batch.processes {

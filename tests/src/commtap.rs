@@ -219,13 +219,14 @@ pub fn make_certs(
 
 /// A client certificate with common name `cn` and, if given, organizational unit `ou` (an
 /// aggregator reads a caller's role there), signed by the CA [`make_certs`] made in `dir`:
-/// (cert, key).
+/// (cert, key). It serves as a server's too (for `cn` and 127.0.0.1): a daemon's one
+/// identity pushes to the aggregator and serves its `--listen`.
 pub fn make_client_cert(dir: &Path, cn: &str, ou: Option<&str>) -> (PathBuf, PathBuf) {
     let d = dir.display();
     let name = format!("{cn}-{}", ou.unwrap_or("none"));
     std::fs::write(
         dir.join(format!("{name}.cnf")),
-        format!("subjectAltName=DNS:{cn}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth,serverAuth\n"),
+        format!("subjectAltName=DNS:{cn},IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth,serverAuth\n"),
     )
     .expect("client cnf");
     let subject = match ou {

@@ -351,8 +351,76 @@ fn ends_of(trace: &Value, routine: &str) -> BTreeMap<u64, Vec<f64>> {
 /// reports, and after correction both halves of each MPI_Allreduce end together.
 #[test]
 fn a_trace_of_two_nodes_puts_both_on_one_clock() {
+    two_nodes_on_one_clock(false);
+}
+
+/// The same through an aggregator: `commtap trace --from AGGREGATOR --job J`, the nodes'
+/// daemons on mutual TLS, each telling the aggregator where it serves (`--advertise`).
+#[test]
+fn a_trace_through_the_aggregator_holds_every_node_on_one_clock() {
+    two_nodes_on_one_clock(true);
+}
+
+/// A TLS aggregator on this host, its CA, and the global options of a caller with the
+/// reader's role.
+struct TlsAggregator {
+    _scratch: Scratch,
+    _child: ChildGuard,
+    url: String,
+    ca: String,
+    reader: Vec<String>,
+}
+
+impl TlsAggregator {
+    fn start(scratch: &Scratch) -> TlsAggregator {
+        let (ca, cert, key) = make_certs(&scratch.0);
+        let (ca, cert, key) = (
+            path_str(&ca).to_string(),
+            path_str(&cert).to_string(),
+            path_str(&key).to_string(),
+        );
+        let addr = free_port();
+        let agg_scratch = Scratch::new("trace-aggregator");
+        let db = scratch.path("agg.redb");
+        let child = spawn_commtap(
+            &agg_scratch,
+            &[
+                "aggregator",
+                "--listen",
+                &addr,
+                "--db",
+                path_str(&db),
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--tls-client-ca",
+                &ca,
+            ],
+        );
+        let (read_cert, read_key) = make_client_cert(&scratch.0, "reader", Some("commtap-read"));
+        let reader = vec![
+            "--tls-ca".to_string(),
+            ca.clone(),
+            "--tls-cert".into(),
+            path_str(&read_cert).into(),
+            "--tls-key".into(),
+            path_str(&read_key).into(),
+        ];
+        TlsAggregator {
+            _scratch: agg_scratch,
+            _child: child,
+            url: format!("https://{addr}"),
+            ca,
+            reader,
+        }
+    }
+}
+
+fn two_nodes_on_one_clock(via_aggregator: bool) {
     const OFFSET_NS: i64 = 5_000_000_000;
     let scratch = Scratch::new("trace-two-nodes");
+    let aggregator = via_aggregator.then(|| TlsAggregator::start(&scratch));
     let job_id = format!("trace{}", std::process::id());
     let n = 200u64;
     let (mut job, ranks) =
@@ -366,41 +434,89 @@ fn a_trace_of_two_nodes_puts_both_on_one_clock() {
     for (node, pids, clock) in nodes {
         let node_scratch = Scratch::new(&format!("trace-{node}"));
         let list = pid_list(pids);
-        let d = Daemon::start(
-            &node_scratch,
-            &[],
-            &[],
-            &[
-                "--node-name",
-                node,
-                "--pid",
-                &list,
-                "--test-clock-offset-ns",
-                clock,
-            ],
-        );
+        let mut args: Vec<String> = [
+            "--node-name",
+            node,
+            "--pid",
+            &list,
+            "--test-clock-offset-ns",
+            clock,
+        ]
+        .map(String::from)
+        .to_vec();
+        let mut global = Vec::new();
+        if let Some(agg) = &aggregator {
+            // Serves its API on mutual TLS, says where, and pushes, with its node's
+            // certificate.
+            let addr = free_port();
+            args.extend(
+                [
+                    "--listen",
+                    &addr,
+                    "--tls-client-ca",
+                    &agg.ca,
+                    "--advertise",
+                    &format!("https://{addr}"),
+                    "--aggregator",
+                    &agg.url,
+                    "--push-interval",
+                    "200ms",
+                ]
+                .map(String::from),
+            );
+            let (cert, key) = make_client_cert(&scratch.0, node, Some("commtap-push"));
+            global = vec![
+                "--tls-ca".to_string(),
+                agg.ca.clone(),
+                "--tls-cert".into(),
+                path_str(&cert).into(),
+                "--tls-key".into(),
+                path_str(&key).into(),
+            ];
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let global: Vec<&str> = global.iter().map(String::as_str).collect();
+        let d = Daemon::start(&node_scratch, &[], &global, &args);
         let watched: Vec<u64> = pids.iter().map(|p| u64::from(*p)).collect();
         wait_for_state(&d.target, &watched, "probed");
         daemons.push((node_scratch, d));
     }
     let trace = scratch.path("t.json");
     let ready = scratch.path("trace.ready");
-    let tracer = spawn_commtap(
-        &scratch,
-        &[
-            "trace",
-            "--from",
-            &daemons[0].1.target,
-            "--from",
-            &daemons[1].1.target,
+    let mut args: Vec<String> = Vec::new();
+    if let Some(agg) = &aggregator {
+        // Once both nodes have told the aggregator where they serve (the job has made
+        // no call since they attached: the aggregator does not know it yet, and the
+        // trace asks every node for it).
+        let mut list = agg.reader.clone();
+        list.extend(["jobs", "--json", "--from", &agg.url].map(String::from));
+        let list: Vec<&str> = list.iter().map(String::as_str).collect();
+        wait_until("both nodes to reach the aggregator", LIMIT, || {
+            let out = commtap_output(&list);
+            let jobs: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            jobs["node_api"].as_object().is_some_and(|m| m.len() == 2)
+        });
+        args.extend(agg.reader.iter().cloned());
+        args.extend(["trace", "--from", &agg.url].map(String::from));
+    } else {
+        args.push("trace".into());
+        for (_, d) in &daemons {
+            args.extend(["--from".to_string(), d.target.clone()]);
+        }
+    }
+    args.extend(
+        [
             "--job",
             &job_id,
             "-o",
             path_str(&trace),
             "--ready-file",
             path_str(&ready),
-        ],
+        ]
+        .map(String::from),
     );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let tracer = spawn_commtap(&scratch, &args);
     wait_until("the trace to stream from both nodes", LIMIT, || {
         ready.exists()
     });

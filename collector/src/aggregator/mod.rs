@@ -81,6 +81,28 @@ pub struct AggregatorService {
     watches: StreamLimit<Option<IpAddr>>,
     /// Who is late across nodes.
     skew: Arc<std::sync::Mutex<skew::CrossSkew>>,
+    /// Where each node's daemon serves its API, as pushes said.
+    node_api: std::sync::Mutex<NodeApis>,
+}
+
+/// Most nodes whose API addresses the aggregator keeps (a cluster's worth; a pusher
+/// inventing node names cannot grow it further).
+pub const MAX_NODE_APIS: usize = 65_536;
+
+/// Node name -> where its daemon serves its API over TCP.
+#[derive(Debug, Default)]
+struct NodeApis(std::collections::BTreeMap<String, String>);
+
+impl NodeApis {
+    /// Notes that `node` serves at `url` (checked by the caller), within the cap.
+    fn note(&mut self, node: &str, url: &str) {
+        if url.is_empty() || self.0.get(node).is_some_and(|u| u == url) {
+            return;
+        }
+        if self.0.len() < MAX_NODE_APIS || self.0.contains_key(node) {
+            self.0.insert(node.to_string(), url.to_string());
+        }
+    }
 }
 
 impl AggregatorService {
@@ -95,6 +117,7 @@ impl AggregatorService {
             pushes: StreamLimit::default(),
             watches: StreamLimit::default(),
             skew: Default::default(),
+            node_api: Default::default(),
         }
     }
 }
@@ -120,6 +143,25 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
             let mut msg = msg?;
             for p in &msg.processes {
                 role.check_node(&p.node)?;
+            }
+            if !msg.node.is_empty() {
+                role.check_node(&msg.node)?;
+                if !msg.node_api.is_empty() && !crate::api::snapshot::is_node_api(&msg.node_api) {
+                    return Err(Status::invalid_argument(
+                        "node_api is not an http(s)://host:port address",
+                    ));
+                }
+            }
+            {
+                // Snapshots were checked on decoding; an aggregator of a tree relays them.
+                let mut apis = self
+                    .node_api
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                apis.note(&msg.node, &msg.node_api);
+                for p in &msg.processes {
+                    apis.note(&p.node, &p.node_api);
+                }
             }
             // A sender's instances name ranks of its own node only.
             for a in msg.instances.iter().flat_map(|i| &i.arrivals) {
@@ -164,8 +206,17 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
         auth::Role::of(&req, self.mutual_tls)?.check_read()?;
+        let jobs = self.store.lock().await.jobs();
         Ok(Response::new(pb::ListJobsResponse {
-            jobs: self.store.lock().await.jobs(),
+            jobs,
+            node_api: self
+                .node_api
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0
+                .clone()
+                .into_iter()
+                .collect(),
         }))
     }
 

@@ -51,6 +51,7 @@ pub fn to_wire(s: &Snapshot) -> pb::ProcessSnapshot {
         taken_ns: s.taken_ns,
         rank: Some((&s.rank).into()),
         boot_id: s.key.boot_id.clone(),
+        node_api: String::new(),
     }
 }
 
@@ -74,10 +75,27 @@ pub fn check(w: &pb::ProcessSnapshot) -> Result<ProcessKey, InvalidMessage> {
         )));
     }
     check_rank(rank)?;
+    if !w.node_api.is_empty() && !is_node_api(&w.node_api) {
+        return Err(invalid(format!(
+            "node_api {:?} is not an http(s)://host:port address",
+            w.node_api.chars().take(64).collect::<String>()
+        )));
+    }
     Ok(ProcessKey {
         node: w.node.clone(),
         pid: w.pid,
         start_ticks: w.start_ticks,
         boot_id: w.boot_id.clone(),
     })
+}
+
+/// Most bytes of a node's advertised API address.
+pub const MAX_NODE_API: usize = 256;
+
+/// Whether `s` may be a node's advertised API address: a short http(s) URL (clients are
+/// sent there, so nothing else: never a Unix socket of the client's own machine).
+pub fn is_node_api(s: &str) -> bool {
+    s.len() <= MAX_NODE_API
+        && (s.starts_with("https://") || s.starts_with("http://"))
+        && s.bytes().all(|b| b.is_ascii_graphic())
 }

@@ -1,5 +1,6 @@
 //! `commtap trace`: calls streamed from one or more node daemons (StreamEvents) into one
-//! trace, each node's clock put on the first node's axis.
+//! trace, each node's clock put on the first node's axis; given an aggregator, from the
+//! daemons of the job's nodes, as the aggregator names them.
 //!
 //! Clocks: every rank of a node stamps its calls with the node's CLOCK_MONOTONIC, which
 //! means nothing on another node. For each daemon, commtap asks its clock (`Clock`) several
@@ -99,10 +100,12 @@ async fn open_sources(from: &[Target], request: &TraceRequest) -> Result<Vec<Sou
                 if e.downcast_ref::<tonic::Status>()
                     .is_some_and(|s| s.code() == tonic::Code::Unimplemented) =>
             {
-                bail!(
-                    "{target:?} does not serve the node API (an aggregator?): take a trace \
-                     from the nodes' daemons, one --from each"
-                )
+                // Not a node: an aggregator says where the job's nodes serve.
+                if from.len() > 1 {
+                    bail!("{target:?} is an aggregator: give it alone, as --from with --job");
+                }
+                let nodes = job_nodes(target, request).await?;
+                return Box::pin(open_sources(&nodes, request)).await;
             }
             Err(e) => return Err(e),
         };
@@ -142,6 +145,62 @@ async fn open_sources(from: &[Target], request: &TraceRequest) -> Result<Vec<Sou
         );
     }
     Ok(sources)
+}
+
+/// The daemons of job `request.job`, as the aggregator at `target` knows them: each node's
+/// advertised API address (`commtap daemon --listen`, `--advertise`); every node's that
+/// said, if the aggregator has no call of the job yet (each daemon is then asked for the
+/// job's processes, and the nodes without one are left out). The calls stream from the
+/// daemons straight to this client: the aggregator holds no trace.
+async fn job_nodes(target: &Target, request: &TraceRequest) -> Result<Vec<Target>> {
+    let Some(job) = &request.job else {
+        bail!("{target:?} is an aggregator: name the job with --job (`commtap jobs` lists them)");
+    };
+    if !request.pids.is_empty() {
+        bail!("--pid names one node's processes: ask its daemon, not the aggregator");
+    }
+    let list = crate::api::aggregator_client(connect(target).await?)
+        .list_jobs(pb::ListJobsRequest {})
+        .await
+        .context("ListJobs")?
+        .into_inner();
+    let mut node_api: Vec<(String, String)> = list.node_api.into_iter().collect();
+    // By name: the first node's clock is the trace's axis.
+    node_api.sort();
+    let nodes: Vec<(String, String)> = match list.jobs.into_iter().find(|j| &j.job == job) {
+        Some(summary) => {
+            let silent: Vec<&str> = summary
+                .nodes
+                .iter()
+                .filter(|n| !node_api.iter().any(|(m, _)| m == *n))
+                .map(String::as_str)
+                .collect();
+            if !silent.is_empty() {
+                bail!(
+                    "job {job}: nodes {} did not say where their daemons serve (start them \
+                     with --listen, and --advertise where clients reach them by another name)",
+                    silent.join(", ")
+                );
+            }
+            node_api
+                .into_iter()
+                .filter(|(n, _)| summary.nodes.contains(n))
+                .collect()
+        }
+        None => node_api,
+    };
+    if nodes.is_empty() {
+        bail!("the aggregator knows no node that serves its API over TCP (daemon --listen)");
+    }
+    nodes
+        .into_iter()
+        .map(|(node, url)| {
+            if !crate::api::snapshot::is_node_api(&url) {
+                bail!("the aggregator gave {url:?} as node {node}'s address");
+            }
+            url.parse::<Target>().map_err(anyhow::Error::msg)
+        })
+        .collect()
 }
 
 /// `commtap trace`: every call of the daemons' processes into a trace file, until the

@@ -284,3 +284,15 @@ fn a_device_window_is_a_slice_on_its_ranks_gpu_track_and_leaves_groups_alone() {
         && e["tid"] == 1u32 << 22
         && e["args"]["name"] == "GPU (device window)"));
 }
+
+#[test]
+fn a_trace_dropped_without_finish_is_closed_and_loads() {
+    let path = scratch("dropped");
+    let mut w = TraceWriter::create(TraceOptions::new(path.clone())).expect("create");
+    w.call(&ev(7, "MPI_Send", 1000)).expect("call");
+    drop(w);
+    assert_eq!(slices(&load(&path)), 1);
+    let empty = path.with_file_name("empty.json");
+    drop(TraceWriter::create(TraceOptions::new(empty.clone())).expect("create"));
+    assert_eq!(slices(&load(&empty)), 0);
+}

@@ -61,6 +61,18 @@ pub struct TraceWriter {
     /// Messages numbered on both sides, for the arrows from sends to receives.
     flows: Flows,
     largest_clock_error: Option<(String, u64)>,
+    /// Whether the last file is closed.
+    closed: bool,
+}
+
+/// A trace abandoned by an error (the probes could not be set up, a daemon went away) is
+/// closed all the same: its file holds what was written, and loads.
+impl Drop for TraceWriter {
+    fn drop(&mut self) {
+        if !self.closed {
+            let _ = self.close_part();
+        }
+    }
 }
 
 impl TraceWriter {
@@ -85,6 +97,7 @@ impl TraceWriter {
             bytes: Vec::with_capacity(256),
             groups: NcclGroups::default(),
             flows: Flows::default(),
+            closed: false,
         };
         w.begin_part()?;
         Ok(w)
@@ -223,12 +236,13 @@ impl TraceWriter {
 
     /// Ends the trace: names every track, writes what was lost, closes the file.
     pub fn finish(mut self) -> Result<TraceSummary, TraceError> {
+        self.closed = true;
         self.close_part()?;
         Ok(TraceSummary {
-            files: self.files,
+            files: std::mem::take(&mut self.files),
             events: self.events,
             lost: self.lost,
-            largest_clock_error: self.largest_clock_error,
+            largest_clock_error: self.largest_clock_error.take(),
         })
     }
 

@@ -108,6 +108,11 @@ pub struct DaemonArgs {
     /// process (it sees nothing and may change nothing).
     #[arg(long)]
     pub listen: Option<std::net::SocketAddr>,
+    /// Where clients reach --listen, as the aggregator is told (`commtap trace --from
+    /// AGGREGATOR --job J` streams from there): default https://NODE-NAME:PORT (http://
+    /// with --insecure-tcp).
+    #[arg(long, value_name = "URL", requires = "listen", value_parser = parse_advertise)]
+    pub advertise: Option<String>,
     #[command(flatten)]
     pub tls: TlsArgs,
     /// How often to push.
@@ -366,6 +371,17 @@ impl TraceFilterArgs {
             max_events: self.max_events,
             split_bytes: self.split_mb.max(1) << 20,
         }
+    }
+}
+
+pub fn parse_advertise(s: &str) -> Result<String, String> {
+    if api::snapshot::is_node_api(s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s:?}: expected http(s)://host:port, at most {} bytes",
+            api::snapshot::MAX_NODE_API
+        ))
     }
 }
 

@@ -210,6 +210,7 @@ async fn daemon(a: DaemonArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<(
         clock_offset_ns: a.test_clock_offset_ns,
         synthetic_ranks: a.test_synthetic_ranks,
         state_dir,
+        advertise: a.advertise,
         listen: match a.listen {
             Some(addr) => Some((addr, a.tls.server(identity, "the daemon's --listen")?)),
             None => None,

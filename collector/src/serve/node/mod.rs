@@ -37,6 +37,9 @@ pub struct NodeState {
     /// This boot's id (`/proc/sys/kernel/random/boot_id`): with node, pid and start time,
     /// a process's identity at an aggregator across reboots.
     pub boot_id: String,
+    /// Where this daemon serves its API over TCP, as pushes tell the aggregator (empty: its
+    /// Unix socket only).
+    pub node_api: String,
     /// The live profiling session.
     pub session: Mutex<Session>,
     /// Profiles of processes that exited.
@@ -262,16 +265,21 @@ impl SnapshotSource for NodeState {
                     start_ticks: rank.start_ticks,
                     boot_id: self.boot_id.clone(),
                 };
-                to_wire(&Snapshot {
-                    key,
-                    taken_ns,
-                    rank,
-                })
+                pb::ProcessSnapshot {
+                    node_api: self.node_api.clone(),
+                    ..to_wire(&Snapshot {
+                        key,
+                        taken_ns,
+                        rank,
+                    })
+                }
             })
             .collect();
         pb::PushSnapshotsRequest {
             processes,
             instances,
+            node: self.node.clone(),
+            node_api: self.node_api.clone(),
             ..Default::default()
         }
     }
