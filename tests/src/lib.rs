@@ -8,11 +8,13 @@
 pub mod attack;
 mod build;
 mod commtap;
+mod consumers;
 mod process;
 mod truth;
 
 pub use attack::*;
 pub use build::*;
 pub use commtap::*;
+pub use consumers::*;
 pub use process::*;
 pub use truth::*;

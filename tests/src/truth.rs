@@ -9,7 +9,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{build_program, mpi_env, repo_root, ChildGuard, Mpi};
+use crate::{build_program, mpi_env, ChildGuard, Mpi};
 
 /// Reads a JSON file.
 #[track_caller]
@@ -230,42 +230,4 @@ pub fn rank_tables(
             )
         })
         .collect()
-}
-
-/// What Chrome DevTools' trace engine finds in a Chrome JSON trace
-/// (`tests/consumers/devtools.mjs`): per process (by pid) its `name`, `threads`,
-/// `routines` ({slices, bytes}) and `nested` pairs; `flows`; the file's `metadata`.
-#[track_caller]
-pub fn devtools_summary(trace: &Path) -> Value {
-    let out = Command::new("node")
-        .arg(repo_root().join("tests/consumers/devtools.mjs"))
-        .arg(trace)
-        .output()
-        .expect("running node (cargo xtask setup installs it)");
-    assert!(
-        out.status.success(),
-        "DevTools' trace engine could not load {}: {}",
-        trace.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("the consumer's JSON")
-}
-
-/// (slices, bytes) per routine of process `pid` in a [`devtools_summary`] (empty if the
-/// trace holds none of its calls).
-pub fn traced_routines(
-    summary: &Value,
-    pid: u64,
-) -> std::collections::BTreeMap<String, (u64, u64)> {
-    summary["processes"][pid.to_string()]["routines"]
-        .as_object()
-        .map(|o| {
-            o.iter()
-                .map(|(k, v)| {
-                    let n = |f: &str| v[f].as_u64().unwrap_or(0);
-                    (k.clone(), (n("slices"), n("bytes")))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }

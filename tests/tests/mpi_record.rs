@@ -348,9 +348,14 @@ fn record_stopped_by(signal: i32, name: &str) {
         300,
         &[("COMMTAP_TEST_HOLD", path_str(&hold))],
     );
-    // With a trace: it must be complete too (loaded by DevTools' engine).
-    let trace = scratch.path("t.json");
-    let (commtap, out) = record_attached_with(&scratch, &ranks, &["--trace", path_str(&trace)]);
+    // With a trace in both formats: each must be complete too (loaded by DevTools' engine
+    // and by Perfetto's trace processor).
+    let (trace, pftrace) = (scratch.path("t.json"), scratch.path("t.pftrace"));
+    let (commtap, out) = record_attached_with(
+        &scratch,
+        &ranks,
+        &["--trace", path_str(&trace), "--trace", path_str(&pftrace)],
+    );
     std::fs::write(scratch.path("go"), b"go").expect("go file");
     let truth =
         |r: u32| std::path::PathBuf::from(format!("{}.{r}.json", scratch.path("truth").display()));
@@ -362,14 +367,19 @@ fn record_stopped_by(signal: i32, name: &str) {
     finish_ok(&scratch, commtap, LIMIT);
     let truths = read_truths(&scratch.path("truth"), 2);
     assert_profile_matches(&read_json(&out), &truths, &[]);
-    let summary = devtools_summary(&trace);
-    for truth in &truths {
-        let pid = truth["pid"].as_u64().expect("pid");
-        assert_eq!(
-            traced_routines(&summary, pid),
-            routine_table(&truth["routines"]),
-            "pid {pid}: the trace's slices and bytes"
-        );
+    for summary in [
+        devtools_summary(&trace),
+        perfetto_summary(&trace),
+        perfetto_summary(&pftrace),
+    ] {
+        for truth in &truths {
+            let pid = truth["pid"].as_u64().expect("pid");
+            assert_eq!(
+                traced_routines(&summary, pid),
+                routine_table(&truth["routines"]),
+                "pid {pid}: the trace's slices and bytes"
+            );
+        }
     }
     std::fs::write(&hold, b"").expect("hold file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");

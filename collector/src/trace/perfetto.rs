@@ -76,8 +76,6 @@ pub struct Encoder {
     names: HashMap<String, u64>,
     /// Tracks described in this part.
     described: HashSet<u64>,
-    /// Processes described in this part, with the name they were described with.
-    named: HashMap<u32, Option<ProcessName>>,
     /// The latest time in this part, for the record at its end.
     last_ns: u64,
     /// The packet being encoded (kept: one allocation for every call).
@@ -136,40 +134,23 @@ impl Encoder {
     }
 
     /// Appends one call: its tracks where this part has not described them yet, then a
-    /// slice begin (starting the flow of a message it sent) and end (ending the flow of one
-    /// it received) on its track.
-    pub fn slice(
-        &mut self,
-        out: &mut Vec<u8>,
-        ev: &pb::CallEvent,
-        flows: FlowEnds,
-        name: Option<&ProcessName>,
-    ) {
+    /// slice begin (starting or ending the flows of `flows`) and end on its track.
+    pub fn slice(&mut self, out: &mut Vec<u8>, ev: &pb::CallEvent, flows: FlowEnds) {
         let track = chrome::track_of(ev);
         let uuid = thread_track(ev.pid, track);
-        if !self.described.contains(&uuid) {
-            if !self.named.contains_key(&ev.pid) {
-                self.describe_process(out, ev.pid, name);
-            }
-            self.described.insert(uuid);
-            let descriptor = if track == chrome::DEVICE_TRACK_TID {
-                TrackDescriptor {
-                    uuid: Some(uuid),
-                    parent_uuid: Some(process_track(ev.pid)),
-                    name: Some(chrome::thread_label(ev.pid, track)),
-                    ..Default::default()
-                }
-            } else {
-                TrackDescriptor {
-                    uuid: Some(uuid),
-                    parent_uuid: Some(process_track(ev.pid)),
-                    thread: Some(ThreadDescriptor {
-                        pid: Some(ev.pid as i32),
-                        tid: Some(i64::from(track)),
-                        thread_name: Some(chrome::thread_label(ev.pid, track)),
-                    }),
-                    ..Default::default()
-                }
+        if self.described.insert(uuid) {
+            // A thread track names its process by pid; the process's own descriptor, with
+            // its name, comes at the end of the part (the trace processor keeps the first
+            // name it is given, and a rank's may be learnt after its first call). The
+            // device windows are a thread of their own, as in the Chrome format.
+            let descriptor = TrackDescriptor {
+                uuid: Some(uuid),
+                thread: Some(ThreadDescriptor {
+                    pid: Some(ev.pid as i32),
+                    tid: Some(i64::from(track)),
+                    thread_name: Some(chrome::thread_label(ev.pid, track)),
+                }),
+                ..Default::default()
             };
             self.push(out, packet(None, Some(Data::TrackDescriptor(descriptor))));
         }
@@ -201,7 +182,7 @@ impl Encoder {
                 .map_or(CATEGORIES.len() as u64, |i| i as u64 + 1)],
             debug_annotations: annotations(ev),
             flow_ids: flows.out.into_iter().collect(),
-            ..Default::default()
+            terminating_flow_ids: flows.into.into_iter().collect(),
         };
         self.push(
             out,
@@ -211,20 +192,17 @@ impl Encoder {
             },
         );
         let end_ns = ev.start_ns + ev.duration_ns;
-        // A received message's flow ends with the slice: it arrived by then, never before
-        // it was sent.
         let end = TrackEvent {
             r#type: Some(Type::SliceEnd as i32),
             track_uuid: Some(uuid),
-            terminating_flow_ids: flows.into.into_iter().collect(),
             ..Default::default()
         };
         self.push(out, packet(Some(end_ns), Some(Data::TrackEvent(end))));
         self.last_ns = self.last_ns.max(end_ns);
     }
 
-    /// Ends a file: the processes whose names were learnt after their first call described
-    /// again, and commtap's record of the trace (an instant on the `commtap` track whose
+    /// Ends a file: every process described, with its name, and commtap's record of the
+    /// trace (an instant on the `commtap` track whose
     /// `metadata` argument is the JSON metadata of the Chrome format).
     pub fn end_part(
         &mut self,
@@ -233,9 +211,7 @@ impl Encoder {
         meta: &serde_json::Value,
     ) {
         for (pid, name) in names {
-            if self.named.get(pid).is_some_and(|had| had != name) {
-                self.describe_process(out, *pid, name.as_ref());
-            }
+            self.describe_process(out, *pid, name.as_ref());
         }
         let record = TrackEvent {
             r#type: Some(Type::Instant as i32),
@@ -252,7 +228,6 @@ impl Encoder {
     }
 
     fn describe_process(&mut self, out: &mut Vec<u8>, pid: u32, name: Option<&ProcessName>) {
-        self.named.insert(pid, name.cloned());
         let (label, sort) = chrome::process_label(pid, name);
         let descriptor = TrackDescriptor {
             uuid: Some(process_track(pid)),

@@ -224,8 +224,8 @@ fn a_pftrace_holds_the_same_slices_with_interned_names_and_late_process_names() 
     );
     assert_eq!(
         processes,
-        vec![(7, "pid 7".to_string()), (7, "rank 3 (n1)".to_string())],
-        "described at its first call, again once its name is known"
+        vec![(7, "rank 3 (n1)".to_string())],
+        "described once, at the end, with the name learnt after its first call"
     );
 }
 

@@ -182,6 +182,27 @@ impl TraceWriter {
         let process = self.processes.entry(ev.pid).or_default();
         process.threads.insert(chrome::track_of(ev));
         self.events += 1;
+        self.encode(
+            ev,
+            FlowEnds {
+                out: flows.out,
+                into: None,
+            },
+        )?;
+        if let Some(into) = flows.into {
+            self.encode(
+                &arrival(ev),
+                FlowEnds {
+                    out: None,
+                    into: Some(into),
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Appends one slice in the file's format.
+    fn encode(&mut self, ev: &pb::CallEvent, flows: FlowEnds) -> Result<(), TraceError> {
         let written = match &mut self.format {
             Format::Chrome(encoder) => {
                 let mut line = std::mem::take(&mut self.line);
@@ -194,7 +215,7 @@ impl TraceWriter {
             Format::Perfetto(encoder) => {
                 let mut bytes = std::mem::take(&mut self.bytes);
                 bytes.clear();
-                encoder.slice(&mut bytes, ev, flows, process.name.as_ref());
+                encoder.slice(&mut bytes, ev, flows);
                 let written = self.write(&bytes);
                 self.bytes = bytes;
                 written
@@ -306,6 +327,27 @@ impl TraceWriter {
         })
     }
 }
+
+/// The slice a received message's arrow ends on: 1 ns just before the end of the receive
+/// that took it, inside it. An arrow must end on an event of its own time for DevTools,
+/// and strictly inside a slice for Perfetto (which closes a slice before anything else at
+/// its end): the receive's end is neither, so both formats end the arrow here. It ends
+/// 1 ns before the receive does: viewers that add times as floats (DevTools) then still
+/// find it inside.
+fn arrival(ev: &pb::CallEvent) -> pb::CallEvent {
+    let end = ev.start_ns + ev.duration_ns;
+    pb::CallEvent {
+        pid: ev.pid,
+        tid: ev.tid,
+        routine: ARRIVAL.into(),
+        start_ns: end.saturating_sub(2).max(ev.start_ns),
+        duration_ns: 1,
+        ..Default::default()
+    }
+}
+
+/// The name of the slice an arrow ends on.
+pub const ARRIVAL: &str = "message received";
 
 /// What the trace knows of one process: one lookup per call finds it all.
 #[derive(Debug, Default)]
