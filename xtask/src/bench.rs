@@ -8,11 +8,12 @@
 //!   (c) commtap record --no-skew (counting only),
 //!   (d) commtap record --trace (a timeline of every call written to a file),
 //!   (e) commtap record (the default: counting, and an event per collective call for who
-//!       is late).
-//! Runs are interleaved (a, b, c, d, e, a, b, ...) and medians taken, because the
+//!       is late),
+//!   (f) (d) into Perfetto's protobuf format (`--trace FILE.pftrace`).
+//! Runs are interleaved (a, b, c, d, e, f, a, b, ...) and medians taken, because the
 //! machines are shared and noisy; the figures to quote are the ratio (c - a) / (b - a),
-//! what tracing adds per call, (d - c), and what matching collectives adds, (e - c), from
-//! one run.
+//! what tracing adds per call, (d - c) and (f - c), and what matching collectives adds,
+//! (e - c), from one run.
 
 use std::{
     fmt::Write as _,
@@ -70,7 +71,7 @@ pub fn run(root: &Path) -> Result<()> {
     let mut report = String::new();
     let mut json = Vec::new();
     let _ = writeln!(report, "commtap probe overhead, ns per call (median of {ROUNDS} interleaved runs, {ITERATIONS} calls each)");
-    let _ = writeln!(report, "(a) no probes, (b) bare uprobe+uretprobe with empty programs (bpftrace), (c) commtap record --no-skew, (d) commtap record --trace, (e) commtap record (who is late: an event per collective)\n");
+    let _ = writeln!(report, "(a) no probes, (b) bare uprobe+uretprobe with empty programs (bpftrace), (c) commtap record --no-skew, (d) commtap record --trace (JSON), (e) commtap record (who is late: an event per collective), (f) commtap record --trace FILE.pftrace\n");
     for stack in STACKS {
         let bin = out.join(format!("bench_calls.{}", stack.suffix));
         sh(Command::new(format!("mpicc.{}", stack.suffix))
@@ -134,8 +135,12 @@ struct Rounds {
     c: Vec<Sample>,
     d: Vec<Sample>,
     e: Vec<Sample>,
+    /// (d) with Perfetto's protobuf format.
+    f: Vec<Sample>,
     /// The last traced run: (calls written, bytes on disk, seconds).
     traced: (u64, u64, f64),
+    /// The last `.pftrace`'s bytes on disk (the same calls).
+    pftrace_bytes: u64,
     /// The profile the last commtap run wrote.
     profile: PathBuf,
 }
@@ -145,13 +150,16 @@ impl Rounds {
     fn run(stack: &Stack, bin: &Path, commtap: &Path, out: &Path) -> Result<Rounds> {
         let profile = out.join(format!("profile.{}.json", stack.suffix));
         let trace = out.join(format!("trace.{}.json", stack.suffix));
+        let pftrace = out.join(format!("trace.{}.pftrace", stack.suffix));
         let mut r = Rounds {
             a: Vec::new(),
             b: Vec::new(),
             c: Vec::new(),
             d: Vec::new(),
             e: Vec::new(),
+            f: Vec::new(),
             traced: (0, 0, 0.0),
+            pftrace_bytes: 0,
             profile,
         };
         for round in 0..ROUNDS {
@@ -176,6 +184,14 @@ impl Rounds {
             let secs = started.elapsed().as_secs_f64();
             r.traced = (trace_calls(&trace)?, std::fs::metadata(&trace)?.len(), secs);
             r.e.push(under_commtap(stack, bin, commtap, &r.profile, Mode::Skew)?);
+            r.f.push(under_commtap(
+                stack,
+                bin,
+                commtap,
+                &r.profile,
+                Mode::Trace(&pftrace),
+            )?);
+            r.pftrace_bytes = std::fs::metadata(&pftrace)?.len();
         }
         Ok(r)
     }
@@ -189,17 +205,18 @@ impl Rounds {
         report: &mut String,
         json: &mut Vec<String>,
     ) {
-        let (ma, mb, mc, md, me) = (
+        let (ma, mb, mc, md, me, mf) = (
             median(&self.a),
             median(&self.b),
             median(&self.c),
             median(&self.d),
             median(&self.e),
+            median(&self.f),
         );
         let _ = writeln!(report, "{} ({})", stack.name, stack.library);
         let _ = writeln!(
             report,
-            "  {:<28}{:>12}{:>12}{:>12}{:>14}{:>26}{:>12}{:>10}{:>12}{:>10}",
+            "  {:<28}{:>12}{:>12}{:>12}{:>14}{:>26}{:>12}{:>10}{:>12}{:>10}{:>12}{:>10}",
             "",
             "(a) none",
             "(b) bare",
@@ -209,7 +226,9 @@ impl Rounds {
             "(d) --trace",
             "(d-c)",
             "(e) skew",
-            "(e-c)"
+            "(e-c)",
+            "(f) pftrace",
+            "(f-c)"
         );
         for (label, pick) in [
             ("MPI_Allreduce 8 B", 0usize),
@@ -229,14 +248,15 @@ impl Rounds {
                 .collect();
             per_round.sort_by(f64::total_cmp);
             let q = |f: f64| per_round[((per_round.len() - 1) as f64 * f).round() as usize];
-            let (t, k) = (get(md, pick), get(me, pick));
+            let (t, k, p) = (get(md, pick), get(me, pick), get(mf, pick));
             let _ = writeln!(
                 report,
-                "  {label:<28}{x:>12.0}{y:>12.0}{z:>12.0}{:>14.2}{:>26}{t:>12.0}{:>10.0}{k:>12.0}{:>10.0}",
+                "  {label:<28}{x:>12.0}{y:>12.0}{z:>12.0}{:>14.2}{:>26}{t:>12.0}{:>10.0}{k:>12.0}{:>10.0}{p:>12.0}{:>10.0}",
                 ratio(x, y, z),
                 format!("{:.2} [{:.2}-{:.2}]", q(0.5), q(0.25), q(0.75)),
                 t - z,
-                k - z
+                k - z,
+                p - z
             );
             json.push(serde_json_line(stack.name, label, x, y, z, q(0.5)));
         }
@@ -244,9 +264,10 @@ impl Rounds {
         let _ = writeln!(
             report,
             "  last traced run: {calls} calls written in {secs:.1} s (job start-up included: \
-             {:.0} calls/s at least), {:.0} bytes per call on disk",
+             {:.0} calls/s at least), {:.0} bytes per call on disk ({:.0} in a .pftrace)",
             calls as f64 / secs,
-            bytes as f64 / calls.max(1) as f64
+            bytes as f64 / calls.max(1) as f64,
+            self.pftrace_bytes as f64 / calls.max(1) as f64
         );
         let _ = writeln!(
             report,
