@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::skew::{
+    late_sender::LateSenderReport,
     summary::{bytes_range, human_ns},
     SkewReport,
 };
@@ -34,13 +35,64 @@ pub fn render_text(s: &SkewReport) -> String {
     for f in &s.findings {
         let _ = writeln!(o, "  {f}.");
     }
-    if s.instances == 0 {
-        return o;
+    if s.instances > 0 {
+        ranks_table(&mut o, s);
+        routines_table(&mut o, s);
+        worst_instances(&mut o, s);
     }
-    ranks_table(&mut o, s);
-    routines_table(&mut o, s);
-    worst_instances(&mut o, s);
+    if let Some(ls) = &s.late_sender {
+        late_senders(&mut o, ls);
+    }
     o
+}
+
+/// Late Sender: per pair of ranks, how often a blocking receive waited for its send to
+/// start, and how long.
+fn late_senders(o: &mut String, ls: &LateSenderReport) {
+    let _ = writeln!(o);
+    let n = &ls.not_numbered;
+    let _ = writeln!(
+        o,
+        "  Late Sender (blocking receives waiting for their send to start): {} pairs of ranks; \
+         not numbered: {} (not seen from MPI_Init: {}, after an unresolved wildcard: {}, \
+         communicator unknown: {}); unpaired: {}",
+        ls.pairs.len(),
+        n.not_from_init
+            + n.after_unresolved_wildcard
+            + n.communicator_unknown
+            + n.too_many_channels,
+        n.not_from_init,
+        n.after_unresolved_wildcard,
+        n.communicator_unknown,
+        ls.unpaired
+    );
+    if ls.pairs.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "  {:>9} {:>7} {:>10} {:>7} {:>14} {:>12}",
+        "receiver", "sender", "messages", "late", "waited (s)", "per late"
+    );
+    for p in ls.pairs.iter().take(20) {
+        let _ = writeln!(
+            o,
+            "  {:>9} {:>7} {:>10} {:>7} {:>14.6} {:>12}",
+            p.receiver,
+            p.sender,
+            p.messages,
+            p.late,
+            p.wait_ns as f64 / 1e9,
+            human_ns(p.wait_ns.checked_div(p.late).unwrap_or(0))
+        );
+    }
+    if ls.pairs.len() > 20 {
+        let _ = writeln!(
+            o,
+            "  ... {} more pairs (JSON: skew.late_sender)",
+            ls.pairs.len() - 20
+        );
+    }
 }
 
 /// Per rank: how often it was last, what it caused and what it waited.

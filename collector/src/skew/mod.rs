@@ -9,6 +9,7 @@
 pub mod board;
 pub mod identity;
 pub mod instances;
+pub mod late_sender;
 pub mod summary;
 
 use std::collections::HashMap;

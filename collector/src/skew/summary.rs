@@ -45,6 +45,10 @@ pub struct SkewReport {
     pub worst: Vec<WorstInstance>,
     /// Ranks that stand out, in words (`rank 2 (node07) arrived last in ...`).
     pub findings: Vec<String>,
+    /// Blocking receives that waited for their send to start (absent: per-call events
+    /// were off, so point-to-point calls were not seen one by one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_sender: Option<super::late_sender::LateSenderReport>,
 }
 
 /// One rank's part in the job's collective instances.
@@ -403,6 +407,7 @@ impl Summary {
             routines,
             worst,
             findings: self.findings(whois),
+            late_sender: None,
         }
     }
 

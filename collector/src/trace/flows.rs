@@ -22,7 +22,7 @@ use collector_common::{
     routines::{class, NO_ARG},
     ByteRule, CallEvent, Routine,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::routine;
 use crate::api::pb;
@@ -64,10 +64,13 @@ pub struct FlowEnds {
     pub out: Option<u64>,
     /// The flow of the message it received (drawn to its end).
     pub into: Option<u64>,
+    /// The flow of the message an `MPI_Irecv` posted for (its message arrives in a later
+    /// wait: no arrow is drawn to it).
+    pub posted: Option<u64>,
 }
 
 /// Messages that have no arrow, though their calls are in the trace.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unlinked {
     /// Calls of processes the trace does not hold from `MPI_Init` on.
     pub not_from_init: u64,
@@ -136,7 +139,9 @@ impl Flows {
         };
         if let Some((from, tag)) = received {
             let into = self.number(ev.pid, (true, comm, from, me, tag));
-            if dir != Direction::Post {
+            if dir == Direction::Post {
+                ends.posted = into;
+            } else {
                 ends.into = into;
             }
         }

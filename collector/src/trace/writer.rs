@@ -186,15 +186,15 @@ impl TraceWriter {
             ev,
             FlowEnds {
                 out: flows.out,
-                into: None,
+                ..FlowEnds::default()
             },
         )?;
         if let Some(into) = flows.into {
             self.encode(
                 &arrival(ev),
                 FlowEnds {
-                    out: None,
                     into: Some(into),
+                    ..FlowEnds::default()
                 },
             )?;
         }

@@ -1,9 +1,13 @@
 //! Who is late's report <-> its wire form.
 
 use super::{bucket, invalid, mirror, pb, InvalidMessage};
-use crate::skew::{
-    summary::{LateRank, Quantiles, RankRoutineSkew, RankSkew, RoutineSkew, WorstInstance},
-    SkewReport,
+use crate::{
+    skew::{
+        late_sender::{LateSenderPair, LateSenderReport},
+        summary::{LateRank, Quantiles, RankRoutineSkew, RankSkew, RoutineSkew, WorstInstance},
+        SkewReport,
+    },
+    trace::flows::Unlinked,
 };
 
 mirror!(Quantiles, pb::Quantiles; copy [p50, p90, p99, max] clone [] each [] cast []);
@@ -15,6 +19,32 @@ mirror!(RankSkew, pb::RankSkew;
     copy [rank, instances, last, caused_ns, waited_ns, seq] clone [host] each [routines] cast []);
 mirror!(WorstInstance, pb::WorstInstance;
     copy [seq, late_rank, skew_ns] clone [routine, comm, host] each [] cast []);
+mirror!(LateSenderPair, pb::LateSenderPair;
+    copy [receiver, sender, messages, late, wait_ns] clone [receiver_host, sender_host]
+    each [] cast []);
+mirror!(Unlinked, pb::MessagesNotNumbered;
+    copy [not_from_init, after_unresolved_wildcard, communicator_unknown, too_many_channels]
+    clone [] each [] cast []);
+
+impl From<&LateSenderReport> for pb::LateSenderReport {
+    fn from(r: &LateSenderReport) -> Self {
+        pb::LateSenderReport {
+            pairs: r.pairs.iter().map(Into::into).collect(),
+            not_numbered: Some((&r.not_numbered).into()),
+            unpaired: r.unpaired,
+        }
+    }
+}
+
+impl From<&pb::LateSenderReport> for LateSenderReport {
+    fn from(r: &pb::LateSenderReport) -> Self {
+        LateSenderReport {
+            pairs: r.pairs.iter().map(Into::into).collect(),
+            not_numbered: r.not_numbered.as_ref().map(Into::into).unwrap_or_default(),
+            unpaired: r.unpaired,
+        }
+    }
+}
 
 impl From<&RoutineSkew> for pb::RoutineSkew {
     fn from(r: &RoutineSkew) -> Self {
@@ -67,6 +97,7 @@ impl From<&SkewReport> for pb::SkewReport {
             routines: s.routines.iter().map(Into::into).collect(),
             worst: s.worst.iter().map(Into::into).collect(),
             findings: s.findings.clone(),
+            late_sender: s.late_sender.as_ref().map(Into::into),
         }
     }
 }
@@ -91,6 +122,7 @@ impl TryFrom<&pb::SkewReport> for SkewReport {
                 .collect::<Result<_, _>>()?,
             worst: s.worst.iter().map(Into::into).collect(),
             findings: s.findings.clone(),
+            late_sender: s.late_sender.as_ref().map(Into::into),
         })
     }
 }

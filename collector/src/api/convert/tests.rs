@@ -143,6 +143,24 @@ pub(crate) fn sample() -> JobProfile {
                 skew_ns: 4,
             }],
             findings: vec!["rank 0 (n1) arrived last".into()],
+            late_sender: Some(crate::skew::late_sender::LateSenderReport {
+                pairs: vec![crate::skew::late_sender::LateSenderPair {
+                    receiver: 0,
+                    receiver_host: "n1".into(),
+                    sender: 1,
+                    sender_host: "n2".into(),
+                    messages: 9,
+                    late: 4,
+                    wait_ns: 77,
+                }],
+                not_numbered: crate::trace::flows::Unlinked {
+                    not_from_init: 1,
+                    after_unresolved_wildcard: 2,
+                    communicator_unknown: 3,
+                    too_many_channels: 4,
+                },
+                unpaired: 5,
+            }),
         }),
     }
 }

@@ -1,0 +1,244 @@
+//! Late Sender (Scalasca's pattern): a blocking receive that was waiting before the send
+//! of its message had even started. The time from the receive's start to the send's start
+//! (or to the receive's end, if that came first) is time the receiver lost to a late
+//! sender, not to the network.
+//!
+//! Sends and receives are paired as the timeline's arrows are ([`crate::trace::flows`]):
+//! the k-th message of a channel on both sides, numbered from `MPI_Init`. So this needs
+//! per-call events (`--call-events`, or a trace), and processes seen from their start;
+//! what could not be numbered or paired is counted.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::summary::Whois;
+use crate::{
+    api::pb,
+    trace::flows::{Flows, Unlinked},
+};
+
+/// Most halves (a send or a receive seen before its partner) kept at once: past it, new
+/// ones are counted as unpaired.
+pub const MAX_PENDING: usize = 1 << 20;
+
+/// The `late_sender` part of the `skew` object.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LateSenderReport {
+    /// Per (receiving rank, sending rank) with at least one message, most waited first.
+    pub pairs: Vec<LateSenderPair>,
+    /// Point-to-point calls that could not be numbered (see the timeline's arrows).
+    pub not_numbered: Unlinked,
+    /// Sends and blocking receives whose partner was never seen (its process not
+    /// watched, or still in flight at the end), or past [`MAX_PENDING`].
+    pub unpaired: u64,
+}
+
+/// Messages from one rank to another taken by blocking receives.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LateSenderPair {
+    /// The receiving world rank and its host.
+    pub receiver: u32,
+    /// Host name of the receiver.
+    pub receiver_host: String,
+    /// The sending world rank.
+    pub sender: u32,
+    /// Host name of the sender.
+    pub sender_host: String,
+    /// Messages paired.
+    pub messages: u64,
+    /// Of those, the ones whose receive started before their send did.
+    pub late: u64,
+    /// Time the receiver waited for those sends to start, ns.
+    pub wait_ns: u64,
+}
+
+/// One side of a message, seen before the other.
+#[derive(Clone, Copy, Debug)]
+enum Half {
+    Send {
+        pid: u32,
+        start_ns: u64,
+    },
+    Receive {
+        pid: u32,
+        start_ns: u64,
+        end_ns: u64,
+    },
+    /// An `MPI_Irecv`: its message arrives in a later wait, which names no message.
+    Posted,
+}
+
+/// Pairs each send with its receive as calls come, and adds up the waits.
+#[derive(Debug, Default)]
+pub struct LateSenders {
+    numbering: Flows,
+    pending: HashMap<u64, Half>,
+    /// By (receiver pid, sender pid).
+    pairs: BTreeMap<(u32, u32), LateSenderPair>,
+    dropped: u64,
+}
+
+impl LateSenders {
+    /// Takes one call (every call of the processes, in each thread's order).
+    pub fn call(&mut self, ev: &pb::CallEvent) {
+        let ends = self.numbering.ends(ev);
+        if let Some(id) = ends.out {
+            self.meet(
+                id,
+                Half::Send {
+                    pid: ev.pid,
+                    start_ns: ev.start_ns,
+                },
+            );
+        }
+        if let Some(id) = ends.into {
+            self.meet(
+                id,
+                Half::Receive {
+                    pid: ev.pid,
+                    start_ns: ev.start_ns,
+                    end_ns: ev.start_ns + ev.duration_ns,
+                },
+            );
+        }
+        if let Some(id) = ends.posted {
+            self.meet(id, Half::Posted);
+        }
+    }
+
+    fn meet(&mut self, id: u64, half: Half) {
+        let Some(other) = self.pending.remove(&id) else {
+            if self.pending.len() < MAX_PENDING {
+                self.pending.insert(id, half);
+            } else {
+                self.dropped += 1;
+            }
+            return;
+        };
+        // Taken by MPI_Irecv (Posted): no blocking receive waited for it here.
+        let ((
+            Half::Send {
+                pid: sender,
+                start_ns: sent,
+            },
+            Half::Receive {
+                pid: receiver,
+                start_ns,
+                end_ns,
+            },
+        )
+        | (
+            Half::Receive {
+                pid: receiver,
+                start_ns,
+                end_ns,
+            },
+            Half::Send {
+                pid: sender,
+                start_ns: sent,
+            },
+        )) = (half, other)
+        else {
+            return;
+        };
+        let p = self.pairs.entry((receiver, sender)).or_default();
+        p.messages += 1;
+        if sent > start_ns {
+            p.late += 1;
+            p.wait_ns += sent.min(end_ns) - start_ns;
+        }
+    }
+
+    /// The report, ranks and hosts from `whois` (processes it does not know are left out).
+    pub fn report(&self, whois: Whois) -> LateSenderReport {
+        let mut pairs: Vec<LateSenderPair> = self
+            .pairs
+            .iter()
+            .filter_map(|(&(receiver, sender), p)| {
+                let (receiver, receiver_host) = whois(receiver)?;
+                let (sender, sender_host) = whois(sender)?;
+                Some(LateSenderPair {
+                    receiver,
+                    receiver_host,
+                    sender,
+                    sender_host,
+                    ..p.clone()
+                })
+            })
+            .collect();
+        pairs.sort_by(|a, b| {
+            b.wait_ns
+                .cmp(&a.wait_ns)
+                .then((a.receiver, a.sender).cmp(&(b.receiver, b.sender)))
+        });
+        let unpaired = self
+            .pending
+            .values()
+            .filter(|h| !matches!(h, Half::Posted))
+            .count() as u64;
+        LateSenderReport {
+            pairs,
+            not_numbered: self.numbering.unlinked,
+            unpaired: unpaired + self.dropped,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p2p(pid: u32, routine: &str, peer: i32, start_ns: u64, duration_ns: u64) -> pb::CallEvent {
+        pb::CallEvent {
+            pid,
+            tid: pid,
+            routine: routine.into(),
+            start_ns,
+            duration_ns,
+            peer: Some(peer),
+            tag: Some(7),
+            comm: "world".into(),
+            comm_rank: Some(i32::from(pid != 1)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_receive_that_started_before_its_send_waited_for_it() {
+        let mut ls = LateSenders::default();
+        for pid in [1, 2] {
+            ls.call(&pb::CallEvent {
+                pid,
+                routine: "MPI_Init".into(),
+                ..Default::default()
+            });
+        }
+        // Late: rank 0 waits 1000..5000 for a send starting at 4000.
+        ls.call(&p2p(1, "MPI_Recv", 1, 1000, 4000));
+        ls.call(&p2p(2, "MPI_Send", 0, 4000, 500));
+        // On time: the send (10000) starts before the receive (12000).
+        ls.call(&p2p(2, "MPI_Send", 0, 10_000, 500));
+        ls.call(&p2p(1, "MPI_Recv", 1, 12_000, 100));
+        // Taken by MPI_Irecv: paired, not counted.
+        ls.call(&p2p(1, "MPI_Irecv", 1, 20_000, 10));
+        ls.call(&p2p(2, "MPI_Send", 0, 30_000, 500));
+        // A send nobody received.
+        ls.call(&p2p(2, "MPI_Send", 0, 40_000, 500));
+        let whois = |pid: u32| Some((pid - 1, "n".to_string()));
+        let r = ls.report(&whois);
+        assert_eq!(
+            r.pairs,
+            vec![LateSenderPair {
+                receiver: 0,
+                receiver_host: "n".into(),
+                sender: 1,
+                sender_host: "n".into(),
+                messages: 2,
+                late: 1,
+                wait_ns: 3000,
+            }]
+        );
+        assert_eq!(r.unpaired, 1);
+    }
+}

@@ -1,0 +1,92 @@
+/*
+ * mpi_late_sender: point-to-point messages with a known late sender, for commtap's Late
+ * Sender tests.
+ *
+ * Usage: mpi_late_sender DELAY_MS N OUT_PREFIX        (2 ranks)
+ *
+ *   1. Rank 1 sleeps DELAY_MS before each of N sends (MPI_Send, 1 int, tag 1) to rank 0,
+ *      which is already waiting in MPI_Recv: N late senders, each receive waiting about
+ *      DELAY_MS.
+ *   2. MPI_Barrier; rank 1 sends N more (tag 2) at once, and rank 0 sleeps DELAY_MS before
+ *      each MPI_Recv: the sends started first (small messages complete eagerly), so none
+ *      is late.
+ *   3. MPI_Barrier; rank 0 posts MPI_Irecv (tag 3), rank 1 sleeps DELAY_MS then sends,
+ *      rank 0 waits in MPI_Wait: taken by a nonblocking receive, not a Late Sender here.
+ *
+ * Each rank writes OUT_PREFIX.<rank>.json: {"rank":R,"pid":PID,"late":L,"messages":M,
+ * "delay_ns":D}: as receiver, the messages it took with MPI_Recv and how many of them
+ * were sent late, and the sleep before each.
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+static void sleep_ms(long ms)
+{
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0)
+        ;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 4) {
+        fprintf(stderr, "usage: %s DELAY_MS N OUT_PREFIX\n", argv[0]);
+        return 2;
+    }
+    long delay = atol(argv[1]);
+    int n = atoi(argv[2]);
+    int rank, size, v = 0;
+    long long late = 0, messages = 0;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != 2) {
+        fprintf(stderr, "mpi_late_sender: needs 2 ranks\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    for (int i = 0; i < n; i++) {
+        if (rank == 1) {
+            sleep_ms(delay);
+            MPI_Send(&i, 1, MPI_INT, 0, 1, MPI_COMM_WORLD);
+        } else {
+            MPI_Recv(&v, 1, MPI_INT, 1, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            late++;
+            messages++;
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (int i = 0; i < n; i++) {
+        if (rank == 1) {
+            MPI_Send(&i, 1, MPI_INT, 0, 2, MPI_COMM_WORLD);
+        } else {
+            sleep_ms(delay);
+            MPI_Recv(&v, 1, MPI_INT, 1, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            messages++;
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 1) {
+        sleep_ms(delay);
+        MPI_Send(&v, 1, MPI_INT, 0, 3, MPI_COMM_WORLD);
+    } else {
+        MPI_Request req;
+        MPI_Irecv(&v, 1, MPI_INT, 1, 3, MPI_COMM_WORLD, &req);
+        MPI_Wait(&req, MPI_STATUS_IGNORE);
+    }
+
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%d.json", argv[3], rank);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    fprintf(f, "{\"rank\":%d,\"pid\":%ld,\"late\":%lld,\"messages\":%lld,\"delay_ns\":%lld}\n",
+            rank, (long)getpid(), late, messages, delay * 1000000LL);
+    fclose(f);
+    MPI_Finalize();
+    return 0;
+}

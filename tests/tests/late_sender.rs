@@ -1,0 +1,93 @@
+//! Late Sender: a real Open MPI and MPICH job whose rank 1 is known to send late to a rank
+//! 0 already waiting in MPI_Recv (`mpi_late_sender.c`): the profile pairs every message
+//! with its receive and counts exactly the late ones, with about the sleeps as the wait.
+
+use std::time::Duration;
+
+use commtap_tests::*;
+
+const LIMIT: Duration = Duration::from_mins(2);
+const DELAY_MS: u64 = 20;
+const N: u64 = 10;
+
+fn late_senders_are_counted(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("late-sender-{}", mpi.suffix()));
+    let prog = build_program("mpi_late_sender.c", mpi);
+    let (out, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
+    let mut args: Vec<String> = [
+        "record",
+        "--call-events",
+        "--format",
+        "json",
+        "-o",
+        path_str(&out),
+        "--",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(mpi.launcher(2));
+    args.extend([
+        prog.display().to_string(),
+        DELAY_MS.to_string(),
+        N.to_string(),
+        prefix.display().to_string(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let truths = read_truths(&prefix, 2);
+    let receiver = &truths[0];
+    let ls = &read_json(&out)["skew"]["late_sender"];
+    let pairs = ls["pairs"].as_array().expect("pairs");
+    assert_eq!(pairs.len(), 1, "rank 1 -> rank 0 only: {ls}");
+    let p = &pairs[0];
+    assert_eq!(
+        (&p["receiver"], &p["sender"]),
+        (&0.into(), &1.into()),
+        "{p}"
+    );
+    assert_eq!(
+        p["messages"], receiver["messages"],
+        "every MPI_Recv paired: {p}"
+    );
+    assert_eq!(p["late"], receiver["late"], "exactly the late ones: {p}");
+    // Each late receive waited about the sender's sleep (more on a loaded machine: the
+    // sleep is a floor, an oversubscribed scheduler adds to it).
+    let wait = p["wait_ns"].as_u64().expect("wait");
+    let sleeps =
+        receiver["late"].as_u64().expect("late") * receiver["delay_ns"].as_u64().expect("delay");
+    assert!(
+        wait >= sleeps * 8 / 10 && wait <= sleeps * 3,
+        "waited {wait} ns for {sleeps} ns of sleeps"
+    );
+    assert_eq!(ls["unpaired"], 0, "{ls}");
+    for (reason, n) in ls["not_numbered"].as_object().expect("not_numbered") {
+        assert_eq!(n, 0, "{reason}: {ls}");
+    }
+
+    // Without per-call events, point-to-point calls are not seen one by one: no Late
+    // Sender section, rather than a wrong one.
+    let plain = scratch.path("plain.json");
+    let mut args: Vec<String> = ["record", "--format", "json", "-o", path_str(&plain), "--"]
+        .map(String::from)
+        .to_vec();
+    args.extend(mpi.launcher(2));
+    args.extend([
+        prog.display().to_string(),
+        "1".into(),
+        "2".into(),
+        scratch.path("plain").display().to_string(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    assert!(read_json(&plain)["skew"].get("late_sender").is_none());
+}
+
+#[test]
+fn late_senders_are_counted_in_an_open_mpi_job() {
+    late_senders_are_counted(Mpi::OpenMpi);
+}
+
+#[test]
+fn late_senders_are_counted_in_an_mpich_job() {
+    late_senders_are_counted(Mpi::Mpich);
+}
