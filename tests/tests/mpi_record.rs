@@ -95,6 +95,13 @@ fn launched_open_mpi_5_job_matches_truth() {
     launched_truth(Mpi::OpenMpi5, 2);
 }
 
+/// MPICH 5 from its wheel (`pip install mpich`): its `libmpi.so.12` speaks MPICH's own
+/// ABI, though it also has the MPI-5 routines (`MPI_Abi_get_version`).
+#[test]
+fn launched_mpich_5_job_matches_truth() {
+    launched_truth(Mpi::Mpich5, 2);
+}
+
 /// `record --format json -o OUT -- LAUNCHER(2 ranks) PROGRAM ARGS...`
 fn launch_args(out: &Path, mpi: Mpi, program: &[&Path]) -> Vec<String> {
     let mut args: Vec<String> = ["record", "--format", "json", "-o"]

