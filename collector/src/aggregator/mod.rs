@@ -94,9 +94,13 @@ pub const MAX_NODE_APIS: usize = 65_536;
 struct NodeApis(std::collections::BTreeMap<String, String>);
 
 impl NodeApis {
-    /// Notes that `node` serves at `url` (checked by the caller), within the cap.
+    /// Notes that `node` serves at `url`, within the cap (anything but an http(s) URL is
+    /// left out: clients are sent there).
     fn note(&mut self, node: &str, url: &str) {
-        if url.is_empty() || self.0.get(node).is_some_and(|u| u == url) {
+        if node.is_empty()
+            || !crate::api::snapshot::is_node_api(url)
+            || self.0.get(node).is_some_and(|u| u == url)
+        {
             return;
         }
         if self.0.len() < MAX_NODE_APIS || self.0.contains_key(node) {
@@ -153,7 +157,8 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
                 }
             }
             {
-                // Snapshots were checked on decoding; an aggregator of a tree relays them.
+                // Addresses of the pushing node, and of the nodes an aggregator of a tree
+                // relays (their role was checked above).
                 let mut apis = self
                     .node_api
                     .lock()

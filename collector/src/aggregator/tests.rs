@@ -179,3 +179,17 @@ async fn pushes_merge_once_refusals_hold_and_a_restart_keeps_everything() {
     served.close().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn node_addresses_are_kept_only_as_http_urls() {
+    let mut apis = super::NodeApis::default();
+    apis.note("a", "unix:///run/commtap/commtap.sock");
+    apis.note("b", "https://b:7481");
+    apis.note("", "https://x:7481");
+    apis.note("c", "");
+    apis.note("b", "http://b2:7481");
+    assert_eq!(
+        apis.0.into_iter().collect::<Vec<_>>(),
+        vec![("b".to_string(), "http://b2:7481".to_string())]
+    );
+}
