@@ -403,7 +403,9 @@ pub struct TraceArgs {
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
     /// A node's daemon: unix:///path/to.sock or https://host:port. Repeat it for a job on
-    /// several nodes: one file, every node's calls on the first node's clock.
+    /// several nodes: one file, every node's calls on the first node's clock. Or one
+    /// aggregator (https://host:port, with --job): it says where the job's daemons serve,
+    /// and the calls stream from them.
     #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
     pub from: Vec<Target>,
     /// Only these processes (comma separated; one --from); the trace ends when all have

@@ -96,11 +96,15 @@ enum Command {
     ///   commtap trace --skip-routines MPI_Iprobe --max-events 100000 -o t.json
     ///   commtap trace --from https://node07:7481 --from https://node08:7481 --job 4242 -o t.json
     ///                                       (one file, both nodes on node07's clock)
+    ///   commtap trace --from https://aggregator:7443 --job 4242 -o t.pftrace
+    ///                                       (the job's nodes, as the aggregator knows them)
     ///
-    /// Open the file in https://ui.perfetto.dev or chrome://tracing: one process per rank
-    /// (`rank R (host)`, in rank order), one track per thread, one slice per call with
-    /// its bytes, size bucket, peer and communicator size. Ctrl-C or SIGTERM ends it with
-    /// a complete file; calls it could not hold are counted in the file and printed.
+    /// Open the file in https://ui.perfetto.dev (.json or .pftrace) or chrome://tracing
+    /// (.json): one process per rank (`rank R (host)`, in rank order), one track per
+    /// thread, one slice per call with its bytes, size bucket, peer, tag and communicator,
+    /// an arrow from each send to the receive that took its message (for processes traced
+    /// from MPI_Init). Ctrl-C or SIGTERM ends it with a complete file; calls it could not
+    /// hold are counted in the file and printed.
     #[command(verbatim_doc_comment)]
     Trace(TraceArgs),
     /// Run an aggregator: merge the ranks of jobs across nodes from the snapshots daemons
