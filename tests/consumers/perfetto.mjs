@@ -3,7 +3,8 @@
 // unpacks it into tests/consumers/perfetto/), and prints, as one JSON document, the rows
 // each SQL query returns: {"queries": [[{column: value, ...}, ...], ...]} (NULL as null).
 // Without SQL it prints a summary instead: {"processes", "threads", "slices_per_name",
-// "flows" (a count), "stats_errors" (the error and data-loss stats that are not 0)}.
+// "flows" (a count), "stats_errors" (the error and data-loss stats that are not 0, and the
+// counts of TrackEvent packets dropped for want of incremental state)}.
 // A trace the processor refuses, or a query it cannot answer, exits 1 with its message on
 // stderr (the processor's own progress lines go to stderr too: stdout is only the answer).
 //
