@@ -6,10 +6,12 @@
 #![no_std]
 
 pub mod buckets;
+pub mod durations;
 pub mod names;
 pub mod routines;
 pub mod wire;
 
 pub use buckets::{size_bucket, BUCKETS, UNKNOWN_BUCKET};
+pub use durations::{duration_bucket, DurationHist, DURATION_BUCKETS};
 pub use routines::{ArgSpec, ByteRule, Routine, ROUTINES, ROUTINE_COUNT};
 pub use wire::*;

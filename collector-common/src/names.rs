@@ -10,6 +10,8 @@ pub mod maps {
     pub const COUNTER_SLOTS: &str = "COUNTER_SLOTS";
     /// Per-CPU counter values by slot.
     pub const COUNTER_VALUES: &str = "COUNTER_VALUES";
+    /// Duration histograms by counter slot.
+    pub const COUNTER_DURATIONS: &str = "COUNTER_DURATIONS";
     /// Slots not yet given to a key.
     pub const FREE_SLOTS: &str = "FREE_SLOTS";
     /// The handle generation that makes threads drop cached slots and handles.
@@ -47,10 +49,11 @@ pub mod maps {
 
     /// The maps that carry a node's counts across a daemon restart (the others are refilled
     /// at start, or hold per-run state such as library slots).
-    pub const KEPT: [&str; 9] = [
+    pub const KEPT: [&str; 10] = [
         WATCHED,
         COUNTER_SLOTS,
         COUNTER_VALUES,
+        COUNTER_DURATIONS,
         FREE_SLOTS,
         DEVICE_TIME,
         PEERS,

@@ -441,16 +441,42 @@ pub struct CounterVal {
     pub bytes: u64,
     /// Time inside the call, entry to return, in nanoseconds.
     pub time_ns: u64,
+    /// The fastest call, ns (0: none timed; a call takes far more than a nanosecond).
+    pub min_ns: u64,
+    /// The slowest call, ns.
+    pub max_ns: u64,
 }
-const _: () = assert!(size_of::<CounterVal>() == 24);
+const _: () = assert!(size_of::<CounterVal>() == 40);
 
 impl CounterVal {
-    /// Adds `calls` calls of `bytes` bytes that took `time_ns` in all.
+    /// Adds `calls` calls of `bytes` bytes that took `time_ns` in all (their extremes
+    /// unknown: NCCL's device windows).
     #[inline(always)]
     pub fn add(&mut self, calls: u64, bytes: u64, time_ns: u64) {
         self.calls += calls;
         self.bytes += bytes;
         self.time_ns += time_ns;
+    }
+
+    /// Adds one call of `bytes` bytes that took `ns`.
+    #[inline(always)]
+    pub fn add_call(&mut self, bytes: u64, ns: u64) {
+        self.add(1, bytes, ns);
+        if self.min_ns == 0 || ns < self.min_ns {
+            self.min_ns = ns;
+        }
+        if ns > self.max_ns {
+            self.max_ns = ns;
+        }
+    }
+
+    /// Adds another CPU's (or counter's) value into this one.
+    pub fn merge(&mut self, other: &CounterVal) {
+        self.add(other.calls, other.bytes, other.time_ns);
+        if other.min_ns != 0 && (self.min_ns == 0 || other.min_ns < self.min_ns) {
+            self.min_ns = other.min_ns;
+        }
+        self.max_ns = self.max_ns.max(other.max_ns);
     }
 }
 
@@ -898,6 +924,7 @@ mod pod {
         FabricText,
         crate::FabricRanges,
         crate::ArgSpec,
+        crate::DurationHist,
     );
 }
 

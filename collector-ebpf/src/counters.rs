@@ -4,6 +4,10 @@
 //! its counters without a map lookup: a per-CPU hash lookup costs ~50 ns here, a per-CPU
 //! array's is a few inlined instructions.
 //!
+//! Each slot also has a duration histogram in `COUNTER_DURATIONS`, shared by the CPUs and
+//! added to atomically (a per-CPU one would cost 256 bytes per slot and CPU); the exact
+//! fastest and slowest calls are in the per-CPU value.
+//!
 //! Slots come from `FREE_SLOTS`, which userspace fills with every slot at start and to
 //! which it returns (zeroed) the slots of the processes it forgets, bumping the handle
 //! generation so that no thread keeps a slot across its reuse.
@@ -11,9 +15,12 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     macros::map,
-    maps::{HashMap, PerCpuArray, PerCpuHashMap, Stack},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, Stack},
 };
-use collector_common::{CallState, CounterKey, CounterVal, MAX_COUNTERS};
+use collector_common::{
+    duration_bucket, CallState, CounterKey, CounterVal, DurationHist, DURATION_BUCKETS,
+    MAX_COUNTERS,
+};
 
 use crate::{maps::with_proc_stats, process::still_counted};
 
@@ -25,20 +32,45 @@ pub static COUNTER_SLOTS: HashMap<CounterKey, u32> = HashMap::with_max_entries(M
 #[map]
 pub static COUNTER_VALUES: PerCpuArray<CounterVal> = PerCpuArray::with_max_entries(MAX_COUNTERS, 0);
 
+/// The duration histograms, by slot.
+#[map]
+pub static COUNTER_DURATIONS: Array<DurationHist> = Array::with_max_entries(MAX_COUNTERS, 0);
+
 /// Slots not assigned to a key. A stack: a freed slot is the next one handed out (its
 /// counters still in cache, and its reuse exercised by every test that forgets a process).
 #[map]
 pub static FREE_SLOTS: Stack<u32> = Stack::with_max_entries(MAX_COUNTERS, 0);
 
-/// Adds `calls` calls to the counter of `key`, for the thread whose state is `e`.
+/// Adds a call of `bytes` bytes that took `dur` ns to the counter of `key`, for the thread
+/// whose state is `e`.
 #[inline(always)]
-pub fn add(e: &mut CallState, key: &CounterKey, calls: u64, bytes: u64, dur: u64) {
+pub fn add(e: &mut CallState, key: &CounterKey, bytes: u64, dur: u64) {
     let Some(slot) = slot_of(e, key) else {
         return;
     };
     if let Some(v) = COUNTER_VALUES.get_ptr_mut(slot) {
         // SAFETY: this CPU's value of the slot.
-        unsafe { (*v).add(calls, bytes, dur) };
+        unsafe { (*v).add_call(bytes, dur) };
+    }
+    add_duration(slot, dur);
+}
+
+/// Counts a call of `dur` ns in the histogram of `slot`. Not inlined: the callers' programs
+/// keep the shape the verifier accepted.
+#[inline(never)]
+fn add_duration(slot: u32, dur: u64) {
+    let Some(h) = COUNTER_DURATIONS.get_ptr_mut(slot) else {
+        return;
+    };
+    // The mask is the bound the verifier checks (the bucket is below it already).
+    let b = duration_bucket(dur) & (DURATION_BUCKETS - 1);
+    use core::intrinsics::{atomic_xadd, AtomicOrdering};
+    // SAFETY: a slot of the map, added to with BPF's atomic add (other CPUs do the same).
+    unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
+            core::ptr::addr_of_mut!((*h).calls[b]),
+            1,
+        );
     }
 }
 
@@ -109,6 +141,7 @@ pub fn add_hashed(
                 calls,
                 bytes,
                 time_ns: dur,
+                ..CounterVal::default()
             },
             0,
         )

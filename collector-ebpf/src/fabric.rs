@@ -259,7 +259,7 @@ fn count_operation(e: &mut CallState, tgid: u32, op: &Operation, now: u64) {
         _pad: [0; 6],
     };
     let dur = now.saturating_sub(op.start_ns);
-    add(e, &key, 1, bytes, dur);
+    add(e, &key, bytes, dur);
     if call_events_on() {
         // For timelines: the operation inside the MPI or NCCL call that made it.
         emit_call(

@@ -239,7 +239,7 @@ pub(crate) fn after_call(
                 _pad: [0; 6],
             };
             let group_start = e.group_start_ns;
-            add(e, &group, 1, b, now.saturating_sub(group_start));
+            add(e, &group, b, now.saturating_sub(group_start));
             with_proc_stats(tgid, |s| s.group_ops += ops);
             join_window(e, &group, b, group_start);
         }

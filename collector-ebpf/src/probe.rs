@@ -220,7 +220,7 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         describe_call(&mut ev, &call, &spec, comm);
         ev
     });
-    crate::counters::add(e, &key, 1, bytes, dur);
+    crate::counters::add(e, &key, bytes, dur);
     if ABI == Abi::Nccl as u8 {
         crate::nccl::after_call(e, &spec, &key, bytes, start_ns, now, ret);
     }

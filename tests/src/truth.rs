@@ -83,6 +83,9 @@ pub fn assert_profile_matches(profile: &Value, truths: &[Value], ignore: &[&str]
             "rank {}: (calls, bytes) per routine differ",
             truth["rank"]
         );
+        for name in want.keys() {
+            assert_durations_account_for_calls(&rank["routines"][name], name);
+        }
         if let Some(sizes) = truth["comm_sizes"].as_object() {
             for (routine, want_sizes) in sizes {
                 let got_sizes: Vec<u64> = rank["routines"][routine]["comm_sizes"]
@@ -123,6 +126,49 @@ pub fn assert_profile_matches(profile: &Value, truths: &[Value], ignore: &[&str]
                 truth["rank"]
             );
         }
+    }
+}
+
+/// Every call of `routine` (a routine's JSON) is in its duration histogram, in all and in
+/// each size bucket, between the fastest and the slowest, whose mean lies between them.
+#[track_caller]
+pub fn assert_durations_account_for_calls(routine: &Value, name: &str) {
+    let check = |part: &Value, what: &str| {
+        let calls = part["calls"].as_u64().expect("calls");
+        if calls == 0 {
+            // A size bucket that only NCCL device time reached.
+            return;
+        }
+        let d = &part["durations"];
+        let timed: u64 = d["buckets"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{name} {what}: no durations: {part}"))
+            .iter()
+            .map(|b| b["calls"].as_u64().expect("bucket calls"))
+            .sum();
+        assert_eq!(
+            timed, calls,
+            "{name} {what}: calls in the histogram: {part}"
+        );
+        let (min, max) = (
+            d["min_ns"].as_u64().expect("min"),
+            d["max_ns"].as_u64().expect("max"),
+        );
+        let time = part["time_ns"].as_u64().expect("time");
+        assert!(
+            min > 0 && min * calls <= time && time <= max * calls,
+            "{name} {what}: min {min} mean {} max {max}",
+            time / calls.max(1)
+        );
+    };
+    check(routine, "all sizes");
+    for (i, size) in routine["sizes"]
+        .as_array()
+        .expect("sizes")
+        .iter()
+        .enumerate()
+    {
+        check(size, &format!("size bucket #{i}"));
     }
 }
 

@@ -202,19 +202,28 @@ pub fn synthetic_rank(
                             bytes: lo * 10,
                             time_ns: 1000,
                         },
+                        // Real counters hold a few neighbouring duration buckets.
+                        durations: Some(crate::stats::Durations {
+                            min_ns: 60,
+                            max_ns: 180,
+                            calls: std::array::from_fn(|i| u64::from(i < 3) * 5),
+                        }),
                         device: None,
                     }
                 })
                 .collect();
             let mut totals = Totals::default();
+            let mut durations = None;
             for s in &sizes {
                 totals.merge(&s.totals);
+                crate::stats::Durations::merge_into(&mut durations, s.durations.as_ref());
             }
             (
                 name.clone(),
                 RoutineStats {
                     totals,
                     undecoded_calls: 0,
+                    durations,
                     sizes,
                     comm_sizes: [(64, totals.calls)].into(),
                     communicators: Vec::new(),

@@ -8,7 +8,7 @@ use aya::{
     },
     Ebpf,
 };
-use collector_common::{CounterKey, CounterVal, ProcStats, MAX_COUNTERS};
+use collector_common::{CounterKey, CounterVal, DurationHist, ProcStats, MAX_COUNTERS};
 use tracing::debug;
 
 use collector_common::names;
@@ -19,6 +19,7 @@ use super::{map, map_err, AttachError};
 pub struct Counters {
     slots: BpfHashMap<MapData, CounterKey, u32>,
     values: PerCpuArray<MapData, CounterVal>,
+    durations: Array<MapData, DurationHist>,
     free: Stack<MapData, u32>,
     handle_gen: Array<MapData, u64>,
 }
@@ -30,6 +31,7 @@ impl Counters {
         let mut c = Counters {
             slots: map(ebpf, names::maps::COUNTER_SLOTS)?,
             values: map(ebpf, names::maps::COUNTER_VALUES)?,
+            durations: map(ebpf, names::maps::COUNTER_DURATIONS)?,
             free: map(ebpf, names::maps::FREE_SLOTS)?,
             handle_gen: map(ebpf, names::maps::HANDLE_GEN)?,
         };
@@ -53,14 +55,16 @@ impl Counters {
         Ok(())
     }
 
-    /// Every counter, summed over CPUs.
-    pub fn read(&self) -> Vec<(CounterKey, CounterVal)> {
+    /// Every counter, summed over CPUs, with its duration histogram. The histogram is read
+    /// after the values: calls returning in between are in it and not yet in the calls.
+    pub fn read(&self) -> Vec<crate::stats::Counter> {
         self.slots
             .iter()
             .filter_map(Result::ok)
             .filter_map(|(k, slot)| {
                 let per_cpu = self.values.get(&slot, 0).ok()?;
-                Some((k, sum(per_cpu.iter())))
+                let durations = self.durations.get(&slot, 0).ok()?;
+                Some((k, sum(per_cpu.iter()), durations))
             })
             .collect()
     }
@@ -87,7 +91,9 @@ impl Counters {
         for (_, slot) in gone {
             let zero = PerCpuValues::try_from(vec![CounterVal::default(); cpus]);
             if let Ok(zero) = zero {
-                if self.values.set(slot, zero, 0).is_ok() {
+                if self.values.set(slot, zero, 0).is_ok()
+                    && self.durations.set(slot, DurationHist::default(), 0).is_ok()
+                {
                     let _ = self.free.push(slot, 0);
                 }
             }
@@ -107,7 +113,7 @@ impl Counters {
 pub fn sum<'a>(per_cpu: impl Iterator<Item = &'a CounterVal>) -> CounterVal {
     let mut total = CounterVal::default();
     for v in per_cpu {
-        total.add(v.calls, v.bytes, v.time_ns);
+        total.merge(v);
     }
     total
 }
@@ -124,7 +130,7 @@ pub fn sum_over_cpus(
 
 impl super::Probes {
     /// Ground-truth counters, summed over CPUs.
-    pub fn read_counters(&self) -> Vec<(CounterKey, CounterVal)> {
+    pub fn read_counters(&self) -> Vec<crate::stats::Counter> {
         self.counters.read()
     }
 

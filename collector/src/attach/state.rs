@@ -14,10 +14,11 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// (an older commtap) are never reused.
 pub fn state_dir_for_layout(base: &Path) -> PathBuf {
     let tag = format!(
-        "layout-k{}-s{}-v{}-p{}-c{}-h{}-r{}-e{}",
+        "layout-k{}-s{}-v{}-d{}-p{}-c{}-h{}-r{}-e{}",
         size_of::<CounterKey>(),
         collector_common::MAX_COUNTERS,
         size_of::<CounterVal>(),
+        size_of::<collector_common::DurationHist>(),
         size_of::<ProcStats>(),
         size_of::<CommInfo>(),
         size_of::<HandleKey>(),

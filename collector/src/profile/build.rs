@@ -16,7 +16,7 @@ use crate::{
 
 /// The kernel's counters, read once for a profile.
 struct Counters {
-    all: Vec<(CounterKey, CounterVal)>,
+    all: Vec<crate::stats::Counter>,
     device: Vec<(CounterKey, CounterVal)>,
     peers: Vec<(PeerKey, PeerVal)>,
 }
@@ -37,7 +37,7 @@ pub fn job_profile(
         device: probes.read_device_time(),
         peers: probes.read_peers(),
     };
-    let counted: BTreeSet<u32> = c.all.iter().map(|(k, _)| k.tgid).collect();
+    let counted: BTreeSet<u32> = c.all.iter().map(|(k, ..)| k.tgid).collect();
     let host = discover::this_host();
     let mut ranks = Vec::new();
     let mut not_profiled = Vec::new();

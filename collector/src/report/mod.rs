@@ -2,6 +2,7 @@
 //! an mpitrace-style text report, and mpitrace's per-rank `mpi_profile.<job>.<rank>` files.
 //! Reports only render: every figure they show is in the profile.
 
+mod durations;
 mod mpitrace;
 mod peers;
 mod skew;

@@ -495,6 +495,7 @@ pub fn render_text(job: &JobProfile) -> String {
         o.push_str(&render_fabric(r));
     }
     o.push_str(&render_summary(job));
+    o.push_str(&super::durations::render_durations(job));
     o.push_str(&super::peers::render_peers(job));
     if let Some(skew) = &job.skew {
         o.push_str(&super::skew::render_text(skew));

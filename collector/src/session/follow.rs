@@ -355,7 +355,7 @@ impl Session {
             .probes
             .read_counters()
             .iter()
-            .map(|(k, _)| k.tgid)
+            .map(|(k, ..)| k.tgid)
             .collect();
         for pid in counted {
             if self.tracked.contains_key(&pid) {

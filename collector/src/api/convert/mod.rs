@@ -8,7 +8,9 @@ use crate::{
     discover::Fabric,
     profile::{JobProfile, ProbedLibrary, RankProfile},
     skew::SkewReport,
-    stats::{CommStats, DeviceTime, Health, PeerTraffic, RoutineStats, SizeBucket, Totals},
+    stats::{
+        CommStats, DeviceTime, Durations, Health, PeerTraffic, RoutineStats, SizeBucket, Totals,
+    },
 };
 
 /// A wire message that cannot be turned into a domain value.
@@ -70,6 +72,39 @@ fn totals(t: Option<&pb::Totals>, what: &'static str) -> Result<Totals, InvalidM
         .ok_or_else(|| invalid(what, "missing totals"))
 }
 
+impl From<&Durations> for pb::Durations {
+    fn from(d: &Durations) -> Self {
+        let used = d
+            .calls
+            .iter()
+            .rposition(|&n| n > 0)
+            .map_or(0, |last| last + 1);
+        pb::Durations {
+            min_ns: d.min_ns,
+            max_ns: d.max_ns,
+            calls: d.calls[..used].to_vec(),
+        }
+    }
+}
+
+/// Durations from the wire: no more buckets than the kernel counts.
+fn durations(d: Option<&pb::Durations>) -> Result<Option<Durations>, InvalidMessage> {
+    let Some(d) = d else { return Ok(None) };
+    let mut calls = [0; collector_common::DURATION_BUCKETS];
+    if d.calls.len() > calls.len() {
+        return Err(invalid(
+            "Durations",
+            format!("{} buckets, at most {}", d.calls.len(), calls.len()),
+        ));
+    }
+    calls[..d.calls.len()].copy_from_slice(&d.calls);
+    Ok(Some(Durations {
+        min_ns: d.min_ns,
+        max_ns: d.max_ns,
+        calls,
+    }))
+}
+
 /// The wire form of [`Health`] and back, from the kernel's list of its counters and the
 /// two userspace counts.
 macro_rules! health_wire {
@@ -102,6 +137,7 @@ fn routine_to_pb(name: &str, r: &RoutineStats) -> pb::RoutineStats {
         name: name.to_string(),
         totals: Some((&r.totals).into()),
         undecoded_calls: r.undecoded_calls,
+        durations: r.durations.as_ref().map(Into::into),
         sizes: r
             .sizes
             .iter()
@@ -111,6 +147,7 @@ fn routine_to_pb(name: &str, r: &RoutineStats) -> pb::RoutineStats {
                 max_bytes: b.max_bytes,
                 totals: Some((&b.totals).into()),
                 device: b.device.as_ref().map(Into::into),
+                durations: b.durations.as_ref().map(Into::into),
             })
             .collect(),
         comm_sizes: r.comm_sizes.iter().map(|(k, v)| (*k, *v)).collect(),
@@ -148,6 +185,7 @@ fn routine_from_pb(r: &pb::RoutineStats) -> Result<(String, RoutineStats), Inval
             min_bytes: b.min_bytes,
             max_bytes: b.max_bytes,
             totals: totals(b.totals.as_ref(), "SizeBucket")?,
+            durations: durations(b.durations.as_ref())?,
             device: b.device.as_ref().map(Into::into),
         });
     }
@@ -165,6 +203,7 @@ fn routine_from_pb(r: &pb::RoutineStats) -> Result<(String, RoutineStats), Inval
         RoutineStats {
             totals: totals(r.totals.as_ref(), "RoutineStats")?,
             undecoded_calls: r.undecoded_calls,
+            durations: durations(r.durations.as_ref())?,
             sizes,
             comm_sizes: r.comm_sizes.iter().map(|(k, v)| (*k, *v)).collect(),
             communicators,
@@ -190,9 +229,11 @@ pub fn check_rank(r: &pb::RankProfile) -> Result<(), InvalidMessage> {
             return Err(invalid("RoutineStats", "empty name"));
         }
         totals(routine.totals.as_ref(), "RoutineStats")?;
+        durations(routine.durations.as_ref())?;
         for b in &routine.sizes {
             bucket(b.bucket, "SizeBucket")?;
             totals(b.totals.as_ref(), "SizeBucket")?;
+            durations(b.durations.as_ref())?;
         }
         for c in &routine.communicators {
             totals(c.totals.as_ref(), "CommunicatorStats")?;

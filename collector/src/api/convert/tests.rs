@@ -1,6 +1,6 @@
 //! Round trips through the wire form, on a profile with every field set.
 
-use collector_common::{CounterKey, CounterVal, UNKNOWN_BUCKET};
+use collector_common::{CounterKey, CounterVal, DurationHist, UNKNOWN_BUCKET};
 
 use super::*;
 use crate::{
@@ -18,6 +18,14 @@ pub(crate) fn sample() -> JobProfile {
                 calls: 10,
                 bytes: 80,
                 time_ns: 100,
+                min_ns: 100,
+                max_ns: 3000,
+            },
+            {
+                let mut h = DurationHist::default();
+                h.calls[0] = 4;
+                h.calls[3] = 6;
+                h
             },
         ),
         (
@@ -26,7 +34,9 @@ pub(crate) fn sample() -> JobProfile {
                 calls: 3,
                 bytes: 0,
                 time_ns: 3,
+                ..CounterVal::default()
             },
+            DurationHist::default(),
         ),
         (
             CounterKey {
@@ -38,7 +48,9 @@ pub(crate) fn sample() -> JobProfile {
                 calls: 2,
                 bytes: 8192,
                 time_ns: 50,
+                ..CounterVal::default()
             },
+            DurationHist::default(),
         ),
     ];
     // One device-time window of both AllReduces.

@@ -37,6 +37,8 @@ struct RoutineLines {
     seconds: Vec<String>,
     size_calls: Vec<String>,
     size_bytes: Vec<String>,
+    /// A histogram's `_bucket`, `_sum` and `_count` lines together.
+    durations: Vec<String>,
 }
 
 /// A profile's series, gathered per family before they are written.
@@ -75,6 +77,9 @@ impl Series {
             lines
                 .seconds
                 .push(format!("{l} {}", st.totals.time_ns as f64 / 1e9));
+            if let Some(d) = &st.durations {
+                duration_histogram(&mut lines.durations, &base, routine, d, st.totals.time_ns);
+            }
             for b in &st.sizes {
                 let size = match b.bucket {
                     Some(k) => RangeLabel::of_bucket(k).to_string(),
@@ -152,6 +157,12 @@ impl Series {
                 lines.seconds,
             );
             o.family(
+                &format!("{prefix}_call_duration_seconds"),
+                "histogram",
+                &format!("Durations of {what}, per routine (the kernel's log2 buckets)."),
+                lines.durations,
+            );
+            o.family(
                 &format!("{prefix}_size_calls_total"),
                 "counter",
                 &format!("{what} per message-size bucket (mpitrace's bins)."),
@@ -226,6 +237,32 @@ impl Series {
             providers,
         );
     }
+}
+
+/// The `le` bounds of the duration histograms, as powers of two nanoseconds: every other
+/// kernel bucket boundary from 1 us to 69 s keeps a routine's series at 16.
+const DURATION_LE_LOG2: std::ops::RangeInclusive<u32> = 10..=36;
+
+/// Appends the Prometheus histogram lines (suffix, labels, value) of one routine's
+/// durations: cumulative `_bucket`s, `_sum` and `_count`.
+fn duration_histogram(
+    out: &mut Vec<String>,
+    base: &str,
+    routine: &str,
+    d: &crate::stats::Durations,
+    time_ns: u64,
+) {
+    let l = format!("{base},routine=\"{}\"", escape(routine));
+    for log2 in DURATION_LE_LOG2.step_by(2) {
+        // Kernel bucket b (b >= 1) ends at 2^(b + 8) ns; bucket 0 at 2^9.
+        let last = (log2 - 9) as usize;
+        let below: u64 = d.calls[..=last].iter().sum();
+        let le = (1u64 << log2) as f64 / 1e9;
+        out.push(format!("_bucket{{{l},le=\"{le}\"}} {below}"));
+    }
+    out.push(format!("_bucket{{{l},le=\"+Inf\"}} {}", d.timed()));
+    out.push(format!("_sum{{{l}}} {}", time_ns as f64 / 1e9));
+    out.push(format!("_count{{{l}}} {}", d.timed()));
 }
 
 /// Renders the Prometheus text format for `profile`, plus the daemon's own health.
@@ -431,6 +468,15 @@ mod tests {
         )));
         assert!(!text
             .contains("commtap_mpi_calls_total{job=\"42\",rank=\"0\",routine=\"ncclAllReduce\"}"));
+        // Cumulative: 4 calls under 512 ns, 6 in [2048, 4096) ns.
+        let h = "commtap_mpi_call_duration_seconds";
+        let l = format!("{base},routine=\"MPI_Allreduce\"");
+        for (le, n) in [("0.000001024", 4), ("0.000004096", 10), ("+Inf", 10)] {
+            let line = format!("{h}_bucket{{{l},le=\"{le}\"}} {n}\n");
+            assert!(text.contains(&line), "{line}in\n{text}");
+        }
+        assert!(text.contains(&format!("{h}_count{{{l}}} 10\n")));
+        assert!(text.contains(&format!("# TYPE {h} histogram\n")));
         let (lo, hi) = collector_common::buckets::bucket_range(12);
         // 8192 bytes on 2 ranks: AllReduce's factor 2(n-1)/n is 1.
         assert!(text.contains(&format!(

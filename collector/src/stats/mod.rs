@@ -1,15 +1,23 @@
 //! The profile: per process, per routine, per size bucket and communicator size; built from
 //! the kernel's ground-truth counters, merged with one function wherever profiles meet.
 
+mod durations;
+
 use std::collections::BTreeMap;
 
 use collector_common::{
     buckets::bucket_range,
     routines::{class, Family, NO_ARG},
-    CounterKey, CounterVal, ProcStats, Routine, ROUTINES, UNKNOWN_BUCKET,
+    CounterKey, CounterVal, DurationHist, ProcStats, Routine, ROUTINES, UNKNOWN_BUCKET,
 };
 
 use serde::{Deserialize, Serialize};
+
+pub use durations::Durations;
+
+/// A ground-truth counter as userspace reads it: key, value summed over CPUs, and the
+/// duration histogram of its calls.
+pub type Counter = (CounterKey, CounterVal, DurationHist);
 
 /// Calls, bytes and time of a set of calls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +60,9 @@ pub struct SizeBucket {
     /// The calls in it.
     #[serde(flatten)]
     pub totals: Totals,
+    /// How long its calls took (absent when none was timed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durations: Option<Durations>,
     /// NCCL: device time of the calls whose completion the host waited for (absent when
     /// none was measured; see README "NCCL device time").
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -139,6 +150,9 @@ pub struct RoutineStats {
     pub totals: Totals,
     /// Calls whose bytes could not be decoded (counted, bytes not guessed).
     pub undecoded_calls: u64,
+    /// How long the calls took, all sizes together (absent when none was timed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub durations: Option<Durations>,
     /// Message-size distribution, smallest bucket first, undecoded last.
     pub sizes: Vec<SizeBucket>,
     /// Calls per communicator size ("0": unknown or none).
@@ -181,8 +195,9 @@ impl RoutineStats {
     pub fn merge(&mut self, other: &RoutineStats) {
         self.totals.merge(&other.totals);
         self.undecoded_calls += other.undecoded_calls;
+        Durations::merge_into(&mut self.durations, other.durations.as_ref());
         for b in &other.sizes {
-            self.add_bucket(b.bucket, &b.totals, b.device.as_ref());
+            self.add_bucket(b.bucket, &b.totals, b.durations.as_ref(), b.device.as_ref());
         }
         for (size, calls) in &other.comm_sizes {
             *self.comm_sizes.entry(*size).or_default() += calls;
@@ -208,9 +223,16 @@ impl RoutineStats {
         }
     }
 
-    fn add_bucket(&mut self, bucket: Option<u8>, t: &Totals, device: Option<&DeviceTime>) {
+    fn add_bucket(
+        &mut self,
+        bucket: Option<u8>,
+        t: &Totals,
+        durations: Option<&Durations>,
+        device: Option<&DeviceTime>,
+    ) {
         if let Some(b) = self.sizes.iter_mut().find(|b| b.bucket == bucket) {
             b.totals.merge(t);
+            Durations::merge_into(&mut b.durations, durations);
             if let Some(d) = device {
                 b.device.get_or_insert_with(DeviceTime::empty).merge(d);
             }
@@ -221,6 +243,7 @@ impl RoutineStats {
                 min_bytes: min,
                 max_bytes: max,
                 totals: *t,
+                durations: durations.copied(),
                 device: device.copied(),
             });
             // Undecoded (None) sorts last.
@@ -311,11 +334,11 @@ pub type Routines = BTreeMap<String, RoutineStats>;
 /// device-time windows.
 pub fn routines_of(
     tgid: u32,
-    counters: &[(CounterKey, CounterVal)],
+    counters: &[Counter],
     device: &[(CounterKey, CounterVal)],
 ) -> Routines {
     let mut out = Routines::new();
-    for (k, v) in counters.iter().filter(|(k, _)| k.tgid == tgid) {
+    for (k, v, hist) in counters.iter().filter(|(k, ..)| k.tgid == tgid) {
         let Some(routine) = shown(k) else {
             continue;
         };
@@ -325,14 +348,16 @@ pub fn routines_of(
             time_ns: v.time_ns,
         };
         let bucket = (k.bucket != UNKNOWN_BUCKET).then_some(k.bucket);
+        let durations = Durations::of_counter(v.min_ns, v.max_ns, hist);
         let mut one = RoutineStats {
             totals,
+            durations,
             ..Default::default()
         };
         if bucket.is_none() {
             one.undecoded_calls = v.calls;
         }
-        one.add_bucket(bucket, &totals, None);
+        one.add_bucket(bucket, &totals, durations.as_ref(), None);
         one.comm_sizes.insert(k.comm_size, v.calls);
         if routine.family() == Family::Nccl && routine.spec.comm != NO_ARG {
             one.communicators.push(CommStats {
@@ -363,7 +388,7 @@ pub fn routines_of(
             bus_bytes: bus_factor(routine.name, k.comm_size).map(|(a, b)| v.bytes * a / b),
         };
         let stats = out.entry(routine.name.to_string()).or_default();
-        stats.add_bucket(bucket, &Totals::default(), Some(&d));
+        stats.add_bucket(bucket, &Totals::default(), None, Some(&d));
     }
     out
 }
@@ -377,13 +402,13 @@ fn shown(k: &CounterKey) -> Option<&'static Routine> {
 
 /// libfabric calls of `tgid` whose endpoint did not show which table their function is in
 /// (a function of another table of the same shape, connection management say).
-pub fn fabric_unresolved(tgid: u32, counters: &[(CounterKey, CounterVal)]) -> u64 {
+pub fn fabric_unresolved(tgid: u32, counters: &[Counter]) -> u64 {
     counters
         .iter()
-        .filter(|(k, _)| {
+        .filter(|(k, ..)| {
             k.tgid == tgid && shown(k).is_none() && (k.routine as usize) < ROUTINES.len()
         })
-        .map(|(_, v)| v.calls)
+        .map(|(_, v, _)| v.calls)
         .sum()
 }
 
@@ -446,7 +471,9 @@ pub(crate) mod tests {
                     calls: 10,
                     bytes: 80,
                     time_ns: 100,
+                    ..CounterVal::default()
                 },
+                DurationHist::default(),
             ),
             (
                 key(7, "MPI_Allreduce", 2, 2),
@@ -454,7 +481,9 @@ pub(crate) mod tests {
                     calls: 5,
                     bytes: 40,
                     time_ns: 50,
+                    ..CounterVal::default()
                 },
+                DurationHist::default(),
             ),
             (
                 key(7, "MPI_Allreduce", 10, 4),
@@ -462,7 +491,9 @@ pub(crate) mod tests {
                     calls: 1,
                     bytes: 2000,
                     time_ns: 9,
+                    ..CounterVal::default()
                 },
+                DurationHist::default(),
             ),
             (
                 key(7, "MPI_Send", UNKNOWN_BUCKET, 4),
@@ -470,7 +501,9 @@ pub(crate) mod tests {
                     calls: 3,
                     bytes: 0,
                     time_ns: 3,
+                    ..CounterVal::default()
                 },
+                DurationHist::default(),
             ),
             (
                 key(8, "MPI_Send", 1, 4),
@@ -478,7 +511,9 @@ pub(crate) mod tests {
                     calls: 1,
                     bytes: 4,
                     time_ns: 1,
+                    ..CounterVal::default()
                 },
+                DurationHist::default(),
             ),
         ];
         let r = routines_of(7, &c, &[]);
@@ -510,7 +545,9 @@ pub(crate) mod tests {
                     calls: n,
                     bytes: 16 * n,
                     time_ns: n,
+                    ..CounterVal::default()
                 },
+                DurationHist::default(),
             )]
         };
         let (a, b, d) = (
@@ -539,7 +576,9 @@ pub(crate) mod tests {
                 calls: 4,
                 bytes: 4 << 20,
                 time_ns: 100,
+                ..CounterVal::default()
             },
+            DurationHist::default(),
         )];
         let d = vec![(
             k,
@@ -547,6 +586,7 @@ pub(crate) mod tests {
                 calls: 2,
                 bytes: 2 << 20,
                 time_ns: 2_000_000,
+                ..CounterVal::default()
             },
         )];
         let r = routines_of(3, &c, &d);

@@ -1,0 +1,112 @@
+//! How long calls took, across all ranks: mpiP's min / mean / max per routine, the log2
+//! histogram's median and 99th percentile, and how unevenly the ranks spent their time.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use crate::{
+    profile::JobProfile,
+    stats::{Durations, Totals},
+};
+
+/// Per routine, all ranks together: calls and time, the merged durations, and each rank's
+/// time in it (ranks that never called it count as zero).
+struct Row {
+    totals: Totals,
+    durations: Durations,
+    per_rank_ns: Vec<f64>,
+}
+
+/// The text section, empty when no call was timed.
+pub fn render_durations(job: &JobProfile) -> String {
+    let mut o = String::new();
+    let mut rows: BTreeMap<(u16, &str), Row> = BTreeMap::new();
+    for (i, r) in job.ranks.iter().enumerate() {
+        for (name, s) in &r.routines {
+            let Some(d) = &s.durations else { continue };
+            let order = collector_common::routines::routine_id(name).unwrap_or(u16::MAX);
+            let row = rows.entry((order, name)).or_insert_with(|| Row {
+                totals: Totals::default(),
+                durations: *d,
+                per_rank_ns: vec![0.0; job.ranks.len()],
+            });
+            if row.totals.calls > 0 {
+                row.durations.merge(d);
+            }
+            row.totals.merge(&s.totals);
+            row.per_rank_ns[i] += s.totals.time_ns as f64;
+        }
+    }
+    if rows.is_empty() {
+        return o;
+    }
+    let _ = writeln!(
+        o,
+        "-----------------------------------------------------------------"
+    );
+    let _ = writeln!(
+        o,
+        "Call durations, all ranks (p50 and p99 are upper bounds: the log2 bucket's end):"
+    );
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "{:<24} {:>10} {:>11} {:>11} {:>11} {:>11} {:>11} {:>8}",
+        "Routine", "#calls", "min(us)", "mean(us)", "p50<=(us)", "p99<=(us)", "max(us)", "CV"
+    );
+    let us = |ns: f64| ns / 1e3;
+    for ((_, name), row) in &rows {
+        let d = &row.durations;
+        let mean = row.totals.time_ns as f64 / row.totals.calls.max(1) as f64;
+        let _ = writeln!(
+            o,
+            "{:<24} {:>10} {:>11.3} {:>11.3} {:>11.3} {:>11.3} {:>11.3} {:>8}",
+            name,
+            row.totals.calls,
+            us(d.min_ns as f64),
+            us(mean),
+            us(d.quantile_ns(0.5) as f64),
+            us(d.quantile_ns(0.99) as f64),
+            us(d.max_ns as f64),
+            cv(&row.per_rank_ns).map_or("-".into(), |c| format!("{c:.2}")),
+        );
+    }
+    let comm: Vec<f64> = job.ranks.iter().map(|r| r.comm_time_ns as f64).collect();
+    if let Some(c) = cv(&comm) {
+        let _ = writeln!(o);
+        let _ = writeln!(
+            o,
+            "CV: coefficient of variation of the time spent in the routine across ranks \
+             (standard deviation / mean); of communication time: {c:.2}"
+        );
+    }
+    o
+}
+
+/// Standard deviation over mean of `v` (population), where there are two values or more
+/// and a non-zero mean.
+fn cv(v: &[f64]) -> Option<f64> {
+    if v.len() < 2 {
+        return None;
+    }
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    if mean <= 0.0 {
+        return None;
+    }
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+    Some(var.sqrt() / mean)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cv;
+
+    #[test]
+    fn coefficient_of_variation() {
+        assert_eq!(cv(&[1.0]), None);
+        assert_eq!(cv(&[0.0, 0.0]), None);
+        assert_eq!(cv(&[2.0, 2.0]), Some(0.0));
+        // mean 2, deviations 1: sd 1.
+        assert_eq!(cv(&[1.0, 3.0]), Some(0.5));
+    }
+}

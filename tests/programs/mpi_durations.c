@@ -1,0 +1,67 @@
+/*
+ * mpi_durations: calls whose durations are known, for commtap's latency-distribution tests.
+ *
+ * Usage: mpi_durations OUT_PREFIX SLEEP_US...        (2 ranks)
+ *
+ * For each SLEEP_US, rank 0 calls MPI_Sendrecv: it sends rank 1 a "go" (tag 1) and takes
+ * its reply (tag 2). Rank 1 receives the go (MPI_Recv), sleeps SLEEP_US, then replies
+ * (MPI_Send). The go leaves after rank 0's MPI_Sendrecv began and the reply after the
+ * sleep, so that MPI_Sendrecv lasts at least SLEEP_US, and a little more: the message
+ * latency and the oversleep.
+ *
+ * Each rank writes OUT_PREFIX.<rank>.json: {"rank":R,"pid":PID,"sleeps_ns":[...]}, the
+ * sleeps rank 0's MPI_Sendrecv calls waited for, in order (empty on rank 1).
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+static void sleep_us(long us)
+{
+    struct timespec t = {us / 1000000, (us % 1000000) * 1000L};
+    while (nanosleep(&t, &t) != 0)
+        ;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s OUT_PREFIX SLEEP_US...\n", argv[0]);
+        return 2;
+    }
+    int rank, size, go = 1, reply = 0;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != 2) {
+        fprintf(stderr, "mpi_durations: needs 2 ranks\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    for (int i = 2; i < argc; i++) {
+        if (rank == 0) {
+            MPI_Sendrecv(&go, 1, MPI_INT, 1, 1, &reply, 1, MPI_INT, 1, 2, MPI_COMM_WORLD,
+                         MPI_STATUS_IGNORE);
+        } else {
+            MPI_Recv(&go, 1, MPI_INT, 0, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            sleep_us(atol(argv[i]));
+            MPI_Send(&reply, 1, MPI_INT, 0, 2, MPI_COMM_WORLD);
+        }
+    }
+
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%d.json", argv[1], rank);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    fprintf(f, "{\"rank\":%d,\"pid\":%ld,\"sleeps_ns\":[", rank, (long)getpid());
+    for (int i = 2; rank == 0 && i < argc; i++)
+        fprintf(f, "%s%lld", i > 2 ? "," : "", atol(argv[i]) * 1000LL);
+    fprintf(f, "]}\n");
+    fclose(f);
+    MPI_Finalize();
+    return 0;
+}
