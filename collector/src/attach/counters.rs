@@ -25,23 +25,21 @@ pub struct Counters {
 }
 
 impl Counters {
-    /// Takes the maps out of the loaded object and, unless they carry a previous daemon's
-    /// counts (pinned), hands every slot to the free stack.
+    /// Takes the maps out of the loaded object (see [`Counters::fill_free_stack`]).
     pub fn take_from(ebpf: &mut Ebpf) -> Result<Counters, AttachError> {
-        let mut c = Counters {
+        Ok(Counters {
             slots: map(ebpf, names::maps::COUNTER_SLOTS)?,
             values: map(ebpf, names::maps::COUNTER_VALUES)?,
             durations: map(ebpf, names::maps::COUNTER_DURATIONS)?,
             free: map(ebpf, names::maps::FREE_SLOTS)?,
             handle_gen: map(ebpf, names::maps::HANDLE_GEN)?,
-        };
-        c.fill_free_stack()?;
-        Ok(c)
+        })
     }
 
-    /// With no key assigned, every slot is free: the stack is (re)filled with all of them.
-    /// Pinned maps kept with keys are left as they are.
-    fn fill_free_stack(&mut self) -> Result<(), AttachError> {
+    /// With no key assigned, every slot is free: the stack is (re)filled with all of them
+    /// (one bpf(2) call each: a stack has no batch update). Pinned maps kept with keys are
+    /// left as they are. Needed before the programs run.
+    pub fn fill_free_stack(&mut self) -> Result<(), AttachError> {
         if self.slots.keys().next().is_some() {
             return Ok(());
         }

@@ -37,7 +37,7 @@ impl Probes {
             "letting {} go: no process maps it any more",
             lib.library.path
         );
-        lib.links.clear();
+        multi::detach_all(std::mem::take(&mut lib.links));
         lib.released = true;
         self.seen.remove(&lib.dev_inode);
         self.free_slots.push(slot);
@@ -241,8 +241,7 @@ impl Probes {
                 Err(e) => failed.push(format!("{e:#}")),
             }
         }
-        // Dropped in order: entries first, for the same reason.
-        links.reverse();
+        // Detached the other way round, entries first (`multi::detach_all`).
         Ok((links, failed))
     }
 

@@ -17,7 +17,7 @@ use std::{
 
 use aya::{
     maps::{Array, HashMap as BpfHashMap, Map, MapData, PerCpuHashMap, RingBuf},
-    programs::TracePoint,
+    programs::{trace_point::TracePointLink, TracePoint},
     Ebpf, EbpfLoader,
 };
 use collector_common::{
@@ -155,6 +155,8 @@ pub struct Probes {
     mapped_by: BTreeMap<usize, BTreeSet<u32>>,
     /// The task-local storage of in-flight calls (held by the programs too).
     _task_state: OwnedFd,
+    /// The process tracepoints' links (detached with the probes, see `Drop`).
+    tracepoints: Vec<TracePointLink>,
 }
 
 /// Options for loading.
@@ -175,6 +177,24 @@ impl LoadOptions {
             ring_buffer_bytes: (kib.clamp(4, 1 << 20) * 1024).next_power_of_two(),
             state_dir: None,
         }
+    }
+}
+
+impl Drop for Probes {
+    /// Detaches every library's probes and the tracepoints together: each detach waits
+    /// for a grace period (see [`multi::detach_all`]).
+    fn drop(&mut self) {
+        let links = self
+            .libraries
+            .iter_mut()
+            .flat_map(|l| std::mem::take(&mut l.links))
+            .collect();
+        std::thread::scope(|s| {
+            for t in std::mem::take(&mut self.tracepoints) {
+                s.spawn(move || drop(t));
+            }
+            multi::detach_all(links);
+        });
     }
 }
 
@@ -210,12 +230,22 @@ impl Probes {
         let task_state = multi::create_task_storage(size_of::<CallState>() as u32)?;
         let mut fds = map_fds(&ebpf);
         fds.insert(names::maps::TASK_STATE.to_string(), task_state.as_raw_fd());
-        let programs = multi::load_programs(BPF_OBJECT, &fds, &names::programs::PROBES)?;
+        // The slots are handed out while the verifier checks the programs: the two take
+        // most of the start-up, and the stack is needed only once a program runs.
+        let mut counters = counters::Counters::take_from(&mut ebpf)?;
+        let programs = std::thread::scope(|s| {
+            let fill = s.spawn(|| counters.fill_free_stack());
+            let programs = multi::load_programs(BPF_OBJECT, &fds, &names::programs::PROBES);
+            let filled = fill.join().unwrap_or_else(|_| {
+                Err(AttachError::Missing("counter slots: filling them panicked"))
+            });
+            filled.and(programs.map_err(AttachError::from))
+        })?;
 
         // Held until the tracepoints are loaded: they refer to these maps, which close when
         // dropped.
         let _tables = fill_tables(&mut ebpf)?;
-        attach_tracepoints(&mut ebpf)?;
+        let tracepoints = attach_tracepoints(&mut ebpf)?;
         Ok(Probes {
             watched: map(&mut ebpf, names::maps::WATCHED)?,
             comms: map(&mut ebpf, names::maps::COMMS)?,
@@ -227,7 +257,7 @@ impl Probes {
                 ..Config::default()
             },
             layouts: map(&mut ebpf, names::maps::LAYOUTS)?,
-            counters: counters::Counters::take_from(&mut ebpf)?,
+            counters,
             device_time: map(&mut ebpf, names::maps::DEVICE_TIME)?,
             peers: map(&mut ebpf, names::maps::PEERS)?,
             fabric_funcs: map(&mut ebpf, names::maps::FABRIC_FUNCS)?,
@@ -244,6 +274,7 @@ impl Probes {
             free_slots: Vec::new(),
             mapped_by: BTreeMap::new(),
             _task_state: task_state,
+            tracepoints,
         })
     }
 
@@ -461,7 +492,8 @@ fn fill_tables(ebpf: &mut Ebpf) -> Result<Tables, AttachError> {
 }
 
 /// Attaches the process tracepoints (fork, exec, exit).
-fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<(), AttachError> {
+fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracePointLink>, AttachError> {
+    let mut links = Vec::new();
     for (prog, event) in [
         (names::programs::SCHED_FORK, "sched_process_fork"),
         (names::programs::SCHED_EXEC, "sched_process_exec"),
@@ -473,7 +505,8 @@ fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<(), AttachError> {
             .try_into()
             .map_err(prog_err("tracepoint"))?;
         p.load().map_err(prog_err("tracepoint"))?;
-        p.attach("sched", event).map_err(prog_err("tracepoint"))?;
+        let id = p.attach("sched", event).map_err(prog_err("tracepoint"))?;
+        links.push(p.take_link(id).map_err(prog_err("tracepoint"))?);
     }
-    Ok(())
+    Ok(links)
 }
