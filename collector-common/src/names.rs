@@ -75,6 +75,14 @@ pub mod programs {
     pub const MPI_RETURN_MPICH_TYPES: &str = "mpi_return_mpich_types";
     /// Return of NCCL's routines.
     pub const NCCL_RETURN: &str = "nccl_return";
+    /// Entry and return of Open MPI's routines, as a uprobe session.
+    pub const SESS_OMPI: &str = "sess_ompi";
+    /// `MPI_RETURN_MPICH`'s routines, as a uprobe session.
+    pub const SESS_MPICH: &str = "sess_mpich";
+    /// `MPI_RETURN_MPICH_TYPES`'s routines, as a uprobe session.
+    pub const SESS_MPICH_TYPES: &str = "sess_mpich_types";
+    /// NCCL's routines, as a uprobe session.
+    pub const SESS_NCCL: &str = "sess_nccl";
     /// Entry of a libfabric ops-table function.
     pub const FABRIC_ENTRY: &str = "fabric_entry";
     /// Return of a libfabric ops-table function.
@@ -87,6 +95,21 @@ pub mod programs {
     pub const SCHED_EXEC: &str = "sched_exec";
     /// `sched:sched_process_exit`.
     pub const SCHED_EXIT: &str = "sched_exit";
+
+    /// The session program that stands for an entry probe of `CALL_ENTRY` with a return
+    /// probe of the given program.
+    pub const fn session_for(ret: &str) -> Option<&'static str> {
+        match ret.as_bytes() {
+            b"mpi_return_ompi" => Some(SESS_OMPI),
+            b"mpi_return_mpich" => Some(SESS_MPICH),
+            b"mpi_return_mpich_types" => Some(SESS_MPICH_TYPES),
+            b"nccl_return" => Some(SESS_NCCL),
+            _ => None,
+        }
+    }
+
+    /// The session programs (uprobe_multi links of the session kind).
+    pub const SESSIONS: [&str; 4] = [SESS_OMPI, SESS_MPICH, SESS_MPICH_TYPES, SESS_NCCL];
 
     /// The programs attached through uprobe_multi links.
     pub const PROBES: [&str; 8] = [

@@ -266,6 +266,10 @@ pub const MAX_COUNTERS: u32 = 131072;
 /// Number of library layout slots (distinct probed MPI libraries at once).
 pub const MAX_LAYOUTS: u32 = 64;
 
+/// The helper number the session programs call for `bpf_session_is_return()`: no kernel
+/// has such a helper, and the loader rewrites each of these calls into the kfunc's.
+pub const SESSION_IS_RETURN_CALL: i32 = 0x7ff0;
+
 /// Run-time settings of the BPF programs (the `CONFIG` array's only element).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

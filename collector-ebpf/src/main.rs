@@ -21,6 +21,7 @@ mod nccl;
 mod p2p;
 mod probe;
 mod process;
+mod session;
 
 #[cfg(not(test))]
 #[panic_handler]

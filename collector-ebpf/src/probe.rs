@@ -12,6 +12,7 @@ use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_probe_read_user},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
+    EbpfContext,
 };
 use collector_common::{
     routines::{class, NO_ARG as N},
@@ -29,13 +30,23 @@ use crate::{
 /// Entry of any probed routine (MPI or NCCL); arguments per `ROUTINE_SPECS[cookie.routine]`.
 #[uprobe]
 pub fn call_entry(ctx: ProbeContext) -> u32 {
+    enter(&ctx);
+    0
+}
+
+/// The entry of a call: its arguments and start saved in the thread's state. Whether its
+/// return must be seen: a counted process's call, or a call nested in one (whose return
+/// unwinds the nesting). Not inlined: the session programs call it beside their return
+/// path, which keeps the shape the verifier accepted.
+#[inline(never)]
+fn enter(ctx: &ProbeContext) -> bool {
     // A thread has call state only if its process was counted when it first called MPI,
     // and loses it when it exits; so the watched set is consulted once per thread (and
     // again after a detach), and the process id is asked of the kernel only then.
-    let packed = raw_cookie(&ctx);
+    let packed = raw_cookie(ctx);
     let c = Cookie::unpack(packed);
     let Some(spec) = ROUTINE_SPECS.get(u32::from(c.routine)) else {
-        return 0;
+        return false;
     };
     let existing = call_state(false);
     let tgid = if let Some(e) = existing {
@@ -44,10 +55,10 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
         if e.busy != 0 {
             e.depth += 1;
             with_proc_stats(e.tgid, |s| s.nested += 1);
-            return 0;
+            return true;
         }
         if !still_counted(e) {
-            return 0;
+            return false;
         }
         e.tgid
     } else {
@@ -60,14 +71,14 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
             is_counted(tgid)
         };
         if !counted {
-            return 0;
+            return false;
         }
         tgid
     };
     let Some(e) = existing.or_else(|| new_call_state(tgid)) else {
         // No storage could be created (memory, or the storage lock busy): not counted.
         with_proc_stats(tgid, |s| s.counter_map_full += 1);
-        return 0;
+        return false;
     };
     // SAFETY: the thread's own, idle state. Only the call's fields are written: an open
     // NCCL group and device-time window outlive the call. Argument slots the routine's
@@ -107,7 +118,7 @@ pub fn call_entry(ctx: ProbeContext) -> u32 {
     // SAFETY: reads the monotonic clock.
     e.start_ns = unsafe { bpf_ktime_get_ns() };
     e.busy = 1;
-    0
+    true
 }
 
 /// Whether any operand of `spec` is a stack argument (7th or later).
@@ -125,26 +136,86 @@ fn uses_stack_args(spec: &ArgSpec) -> bool {
 /// Return of any MPI routine of an Open MPI library (same attach points as `mpi_entry`).
 #[uretprobe]
 pub fn mpi_return_ompi(ctx: RetProbeContext) -> u32 {
-    on_return_probe::<{ Abi::OpenMpi as u8 }, false>(ctx)
+    returned::<{ Abi::OpenMpi as u8 }, false>(ctx.as_ptr())
 }
 
 /// Return of any MPI routine of an MPICH-ABI library but its datatype constructors.
 #[uretprobe]
 pub fn mpi_return_mpich(ctx: RetProbeContext) -> u32 {
-    on_return_probe::<{ Abi::Mpich as u8 }, false>(ctx)
+    returned::<{ Abi::Mpich as u8 }, false>(ctx.as_ptr())
 }
 
 /// Return of the datatype constructors and MPI_Type_free of an MPICH-ABI library, whose
 /// integer handles carry no size for derived types: the sizes are learnt here.
 #[uretprobe]
 pub fn mpi_return_mpich_types(ctx: RetProbeContext) -> u32 {
-    on_return_probe::<{ Abi::Mpich as u8 }, true>(ctx)
+    returned::<{ Abi::Mpich as u8 }, true>(ctx.as_ptr())
 }
 
 /// Return of any NCCL routine (entry is the shared `call_entry`).
 #[uretprobe]
 pub fn nccl_return(ctx: RetProbeContext) -> u32 {
-    on_return_probe::<{ Abi::Nccl as u8 }, false>(ctx)
+    returned::<{ Abi::Nccl as u8 }, false>(ctx.as_ptr())
+}
+
+/// Declares a uprobe session program. Not aya's `#[uprobe]`: its wrapper returns 0 whatever
+/// the function returns, and a session program's return value is the decision whether
+/// the call's return runs.
+macro_rules! session_program {
+    ($(#[$doc:meta])* $name:ident, $abi:expr, $types:expr) => {
+        $(#[$doc])*
+        #[unsafe(no_mangle)]
+        #[unsafe(link_section = "uprobe")]
+        pub extern "C" fn $name(ctx: *mut core::ffi::c_void) -> u32 {
+            on_session::<{ $abi as u8 }, $types>(ProbeContext::new(ctx))
+        }
+    };
+}
+
+session_program!(
+    /// Entry and return of any MPI routine of an Open MPI library, as one uprobe session
+    /// program: the return runs only for the calls whose entry asks for it.
+    sess_ompi,
+    Abi::OpenMpi,
+    false
+);
+session_program!(
+    /// `mpi_return_mpich`'s routines as a session program.
+    sess_mpich,
+    Abi::Mpich,
+    false
+);
+session_program!(
+    /// `mpi_return_mpich_types`'s routines as a session program.
+    sess_mpich_types,
+    Abi::Mpich,
+    true
+);
+session_program!(
+    /// NCCL's routines as a session program.
+    sess_nccl,
+    Abi::Nccl,
+    false
+);
+
+/// A uprobe session (Linux 6.13+): the same program runs at entry and, if the entry
+/// returned 0, at return. A process that is not watched pays the entry only: no return
+/// probe, no trampoline on its way back.
+#[inline(always)]
+fn on_session<const ABI: u8, const TYPES: bool>(ctx: ProbeContext) -> u32 {
+    if crate::session::is_return() {
+        returned::<ABI, TYPES>(ctx.as_ptr())
+    } else {
+        u32::from(!enter(&ctx))
+    }
+}
+
+/// The return of a call, for a return probe and a session alike: a function of its own,
+/// whose stack frame (most of BPF's 512 bytes) no caller adds to, and whose shape the
+/// verifier checks the same way from both.
+#[inline(never)]
+fn returned<const ABI: u8, const TYPES: bool>(ctx: *mut core::ffi::c_void) -> u32 {
+    on_return_probe::<ABI, TYPES>(RetProbeContext::new(ctx))
 }
 
 /// One program per ABI and argument shape: with both constants, each program carries only

@@ -33,8 +33,8 @@ pub struct DaemonOptions {
     pub socket_mode: u32,
     /// Node name reported to clients (default: the host name).
     pub node_name: Option<String>,
-    /// Ring buffer size in KiB.
-    pub ring_buffer_kib: u32,
+    /// How the probes are loaded (the state directory is `state_dir`, checked first).
+    pub load: LoadOptions,
     /// How long the profile of an exited process is kept.
     pub keep_exited: Duration,
     /// Extra MPI libraries to probe from the start.
@@ -147,7 +147,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
 fn start_session(opts: &DaemonOptions, state_dir: Option<PathBuf>) -> Result<Session> {
     let mut session = Session::start(LoadOptions {
         state_dir: state_dir.clone(),
-        ..LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib)
+        ..opts.load.clone()
     })?;
     if let Some(dir) = &state_dir {
         info!("counts kept across restarts in {}", dir.display());

@@ -27,8 +27,8 @@ pub struct RecordOptions {
     pub command: Vec<String>,
     /// Stop after this long.
     pub duration: Option<Duration>,
-    /// Ring buffer size in KiB.
-    pub ring_buffer_kib: u32,
+    /// How the probes are loaded (program run statistics are logged at the end).
+    pub load: LoadOptions,
     /// Extra MPI libraries to probe before launching (beyond the linker's search path).
     pub libraries: Vec<PathBuf>,
     /// Created once the probes are attached (a handshake for scripts and tests).
@@ -58,7 +58,7 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
         late_senders: (opts.skew && (opts.call_events || !opts.traces.is_empty()))
             .then(skew::late_sender::LateSenders::default),
     };
-    let mut session = Session::start(LoadOptions::with_ring_buffer_kib(opts.ring_buffer_kib))?;
+    let mut session = Session::start(opts.load.clone())?;
     session
         .probes
         .set_call_events(opts.call_events || !sinks.tracers.is_empty())?;
@@ -249,6 +249,14 @@ async fn finish(
         sinks.drain(f, usize::MAX)?;
     }
     let mut profile = session.profile(end_ns);
+    for p in session.probes.program_stats().unwrap_or_default() {
+        info!(
+            program = p.name,
+            runs = p.runs,
+            ns_per_run = p.run_ns.checked_div(p.runs).unwrap_or(0),
+            "probe program cost"
+        );
+    }
     for r in &mut profile.ranks {
         r.exited = session
             .tracked
@@ -417,7 +425,14 @@ fn launch(command: &[String], probes: &mut Probes) -> Result<(tokio::process::Ch
     probes.unwatch(me);
     let child = spawned.with_context(|| format!("starting {}", command[0]))?;
     let pid = child.id().context("launched process has no pid")?;
-    if !probes.is_watched(pid) {
+    // A child that already exited (a zombie) has left the watched set: nothing missed.
+    let exited = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+            .unwrap_or(true)
+    };
+    if !probes.is_watched(pid) && !exited() {
         // Should not happen: the fork tracepoint ran before the child could.
         probes.watch(pid, true)?;
         warn!("PID {pid} was not watched from its start; calls before now are not counted");

@@ -388,7 +388,9 @@ fn ten_thousand_ranks_are_reported_page_by_page() {
             .collect();
         assert_eq!(pids.len(), RANKS, "every rank, once ({watch:?})");
     }
-    assert_healthy_within(&scratch, &daemon, DAEMON_PEAK_LIMIT_KIB + (256 << 10));
+    // Each rank holds 16 routines x 4 size buckets with their duration histograms (about
+    // 110 bytes each, stored and served): 90 MiB of the peak, beside 40 MiB of command lines.
+    assert_healthy_within(&scratch, &daemon, DAEMON_PEAK_LIMIT_KIB + (384 << 10));
     daemon.stop(&scratch);
 }
 

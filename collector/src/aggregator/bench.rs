@@ -203,11 +203,11 @@ pub fn synthetic_rank(
                             time_ns: 1000,
                         },
                         // Real counters hold a few neighbouring duration buckets.
-                        durations: Some(crate::stats::Durations {
-                            min_ns: 60,
-                            max_ns: 180,
-                            calls: std::array::from_fn(|i| u64::from(i < 3) * 5),
-                        }),
+                        durations: crate::stats::Durations::from_buckets(
+                            60,
+                            180,
+                            (0..3).map(|b| (b, 5)),
+                        ),
                         device: None,
                     }
                 })

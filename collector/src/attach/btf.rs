@@ -26,6 +26,7 @@ pub enum BtfError {
 
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
+const KIND_FUNC: u32 = 12;
 
 /// One type of the BTF blob: its kind, name, and (structs and unions) its members as
 /// (name offset, type id, bit offset).
@@ -124,6 +125,16 @@ impl Btf {
         Ok(btf)
     }
 
+    /// The type id of the kernel function `name` (a kfunc's, for a program to call it).
+    pub fn func_id(&self, name: &str) -> Option<u32> {
+        (1..self.types.len())
+            .find(|&id| {
+                let t = &self.types[id];
+                t.kind == KIND_FUNC && self.string(t.name) == name
+            })
+            .map(|id| id as u32)
+    }
+
     fn string(&self, at: u32) -> &str {
         let rest = self.strings.get(at as usize..).unwrap_or(&[]);
         let end = rest.iter().position(|b| *b == 0).unwrap_or(rest.len());
@@ -173,8 +184,7 @@ impl Btf {
 }
 
 /// Where identity events find a process's environment, arguments and start time.
-pub fn identity_offsets() -> Result<IdentityOffsets, BtfError> {
-    let btf = Btf::vmlinux()?;
+pub fn identity_offsets(btf: &Btf) -> Result<IdentityOffsets, BtfError> {
     Ok(IdentityOffsets {
         valid: 1,
         task_mm: btf.offset("task_struct", "mm")?,
@@ -191,7 +201,7 @@ mod tests {
 
     #[test]
     fn this_kernels_offsets_are_found() {
-        let o = identity_offsets().expect("BTF offsets");
+        let o = identity_offsets(&Btf::vmlinux().expect("BTF")).expect("BTF offsets");
         // The kernel keeps arg_end right after arg_start, env_end after env_start.
         let btf = Btf::vmlinux().expect("btf");
         assert_eq!(

@@ -11,7 +11,11 @@ use collector_common::{
 };
 use tracing::{debug, info, warn};
 
-use super::{map_err, multi, AttachError, AttachedLibrary, Probes, MAX_LIBRARIES_PER_UID};
+use super::{
+    map_err,
+    multi::{self, ProbeKind},
+    AttachError, AttachedLibrary, Probes, MAX_LIBRARIES_PER_UID,
+};
 use crate::symbols::{
     self, file::FileError, Library, LibraryFile, LibraryKind, Placement, ProbePoint,
 };
@@ -203,30 +207,39 @@ impl Probes {
         } else {
             names::programs::CALL_ENTRY
         };
-        let mut groups = vec![
-            (names::programs::FABRIC_OPEN, false, open),
-            (entry, false, all.clone()),
-        ];
+        let mut returns = Vec::new();
         match lib.abi {
-            Abi::Fabric => groups.push((names::programs::FABRIC_RETURN, true, all)),
-            Abi::OpenMpi => groups.push((names::programs::MPI_RETURN_OMPI, true, all)),
-            Abi::Nccl => groups.push((names::programs::NCCL_RETURN, true, all)),
+            Abi::Fabric => returns.push((names::programs::FABRIC_RETURN, all.clone())),
+            Abi::OpenMpi => returns.push((names::programs::MPI_RETURN_OMPI, all.clone())),
+            Abi::Nccl => returns.push((names::programs::NCCL_RETURN, all.clone())),
             Abi::Mpich => {
                 // Datatype constructors have their own return program (they learn sizes).
                 let (types, rest): (Vec<&ProbePoint>, Vec<&ProbePoint>) = all
-                    .into_iter()
+                    .iter()
                     .partition(|p| ROUTINES[p.routine as usize].spec.class == class::DATATYPE);
-                groups.push((names::programs::MPI_RETURN_MPICH, true, rest));
-                groups.push((names::programs::MPI_RETURN_MPICH_TYPES, true, types));
+                returns.push((names::programs::MPI_RETURN_MPICH, rest));
+                returns.push((names::programs::MPI_RETURN_MPICH_TYPES, types));
             }
+        }
+        let mut groups = vec![(names::programs::FABRIC_OPEN, ProbeKind::Entry, open)];
+        if self.sessions && lib.abi != Abi::Fabric {
+            // One session link per return program: its entry and return in one.
+            for (ret, points) in returns {
+                let session = names::programs::session_for(ret)
+                    .ok_or(AttachError::Missing("session program"))?;
+                groups.push((session, ProbeKind::Session, points));
+            }
+        } else {
+            groups.push((entry, ProbeKind::Entry, all));
+            groups.extend(returns.into_iter().map(|(r, p)| (r, ProbeKind::Return, p)));
         }
         // Returns before entries: a call that enters between the two attachments would
         // otherwise leave its thread marked busy for good (its return never seen), and
         // every later call of the thread would be taken for a nested one and not counted.
         // The other way round, such a call's return comes without an entry: counted as
-        // in flight at attach.
-        groups.sort_by_key(|(_, is_return, _)| !*is_return);
-        for (prog, is_return, points) in groups {
+        // in flight at attach. A session attaches both at once.
+        groups.sort_by_key(|(_, kind, _)| *kind != ProbeKind::Return);
+        for (prog, kind, points) in groups {
             if points.is_empty() {
                 continue;
             }
@@ -236,7 +249,7 @@ impl Probes {
                 .programs
                 .get(prog)
                 .ok_or(AttachError::Missing("probe program"))?;
-            match multi::attach(fd.as_fd(), file, &offsets, &cookies, is_return) {
+            match multi::attach(fd.as_fd(), file, &offsets, &cookies, kind) {
                 Ok(link) => links.push(link),
                 Err(e) => failed.push(format!("{e:#}")),
             }

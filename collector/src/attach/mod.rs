@@ -26,7 +26,7 @@ use collector_common::{
     MAX_LAYOUTS, ROUTINES,
 };
 use serde::Serialize;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::{
     discover::cgroup::CgroupRef,
@@ -79,6 +79,9 @@ pub enum AttachError {
     /// Too many distinct MPI libraries.
     #[error("more than {MAX_LAYOUTS} distinct MPI libraries")]
     TooManyLibraries,
+    /// The kernel's run-time statistics of BPF programs could not be turned on.
+    #[error("turning on BPF run-time statistics (--probe-stats)")]
+    RunStats(#[source] std::io::Error),
 }
 
 fn map_err(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> AttachError {
@@ -157,6 +160,22 @@ pub struct Probes {
     _task_state: OwnedFd,
     /// The process tracepoints' links (detached with the probes, see `Drop`).
     tracepoints: Vec<TracePointLink>,
+    /// MPI and NCCL routines are probed through uprobe sessions (else an entry and a
+    /// return probe each).
+    sessions: bool,
+    /// Held while the kernel keeps run-time statistics for us (`--probe-stats`).
+    run_stats: Option<OwnedFd>,
+}
+
+/// What one probe program has cost, from the kernel's run-time statistics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgramStats {
+    /// The program (`sess_ompi`, `call_entry`, `mpi_return_mpich` ...).
+    pub name: String,
+    /// Its runs (a session program runs at entry and at each return asked for).
+    pub runs: u64,
+    /// Their total time, ns.
+    pub run_ns: u64,
 }
 
 /// Options for loading.
@@ -167,6 +186,9 @@ pub struct LoadOptions {
     /// A bpffs directory in which the counting maps are pinned, and reused if they are
     /// there: a restarted daemon carries on with the counts of the one before.
     pub state_dir: Option<PathBuf>,
+    /// Turn on the kernel's run-time statistics of BPF programs while loaded, for
+    /// [`Probes::program_stats`].
+    pub probe_stats: bool,
 }
 
 impl LoadOptions {
@@ -176,6 +198,7 @@ impl LoadOptions {
         LoadOptions {
             ring_buffer_bytes: (kib.clamp(4, 1 << 20) * 1024).next_power_of_two(),
             state_dir: None,
+            probe_stats: false,
         }
     }
 }
@@ -233,18 +256,27 @@ impl Probes {
         // The slots are handed out while the verifier checks the programs: the two take
         // most of the start-up, and the stack is needed only once a program runs.
         let mut counters = counters::Counters::take_from(&mut ebpf)?;
+        let btf = btf::Btf::vmlinux();
+        let session_kfunc = match &btf {
+            Ok(b) => uprobe_sessions(b),
+            Err(e) => {
+                warn!("no uprobe sessions: {e:#}");
+                None
+            }
+        };
         let programs = std::thread::scope(|s| {
             let fill = s.spawn(|| counters.fill_free_stack());
-            let programs = multi::load_programs(BPF_OBJECT, &fds, &names::programs::PROBES);
+            let programs = load_probe_programs(&fds, session_kfunc);
             let filled = fill.join().unwrap_or_else(|_| {
                 Err(AttachError::Missing("counter slots: filling them panicked"))
             });
-            filled.and(programs.map_err(AttachError::from))
+            filled.and(programs)
         })?;
+        let sessions = programs.contains_key(names::programs::SESS_OMPI);
 
         // Held until the tracepoints are loaded: they refer to these maps, which close when
         // dropped.
-        let _tables = fill_tables(&mut ebpf)?;
+        let _tables = fill_tables(&mut ebpf, btf.as_ref().ok())?;
         let tracepoints = attach_tracepoints(&mut ebpf)?;
         Ok(Probes {
             watched: map(&mut ebpf, names::maps::WATCHED)?,
@@ -275,7 +307,38 @@ impl Probes {
             mapped_by: BTreeMap::new(),
             _task_state: task_state,
             tracepoints,
+            sessions,
+            run_stats: if opts.probe_stats {
+                Some(multi::enable_run_stats().map_err(AttachError::RunStats)?)
+            } else {
+                None
+            },
         })
+    }
+
+    /// Whether MPI and NCCL are probed through uprobe sessions.
+    pub fn uses_sessions(&self) -> bool {
+        self.sessions
+    }
+
+    /// Each probe program's runs and run time since it was loaded; `None` unless loaded
+    /// with `probe_stats` (the kernel counts nothing otherwise).
+    pub fn program_stats(&self) -> Option<Vec<ProgramStats>> {
+        self.run_stats.as_ref()?;
+        let mut out: Vec<ProgramStats> = self
+            .programs
+            .iter()
+            .filter_map(|(name, fd)| {
+                let (runs, run_ns) = multi::run_stats(fd.as_fd()).ok()?;
+                Some(ProgramStats {
+                    name: name.clone(),
+                    runs,
+                    run_ns,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Some(out)
     }
 
     /// Hands the ring buffer to the ingest loop (once).
@@ -460,6 +523,50 @@ where
     M::try_from(m).map_err(map_err(name))
 }
 
+/// Whether MPI and NCCL are probed through uprobe sessions: the BTF id of the kernel's
+/// `bpf_session_is_return` where it has one (Linux 6.13+) and the environment does not
+/// turn them off (`COMMTAP_UPROBE_SESSIONS=0`).
+fn uprobe_sessions(btf: &btf::Btf) -> Option<u32> {
+    if std::env::var_os("COMMTAP_UPROBE_SESSIONS").is_some_and(|v| v == "0") {
+        info!("uprobe sessions turned off (COMMTAP_UPROBE_SESSIONS=0): entry and return probes");
+        return None;
+    }
+    let id = btf.func_id("bpf_session_is_return");
+    if id.is_none() {
+        info!("this kernel has no uprobe sessions (Linux 6.13+): entry and return probes");
+    }
+    id
+}
+
+/// Loads the programs of the uprobe_multi links: with sessions, one program per ABI for
+/// entry and return together; else (or if the kernel refuses them) an entry program and
+/// return programs.
+fn load_probe_programs(
+    fds: &HashMap<String, RawFd>,
+    session_kfunc: Option<u32>,
+) -> Result<HashMap<String, OwnedFd>, AttachError> {
+    use names::programs as p;
+    if let Some(id) = session_kfunc {
+        let names = [
+            p::FABRIC_ENTRY,
+            p::FABRIC_RETURN,
+            p::FABRIC_OPEN,
+            p::SESS_OMPI,
+            p::SESS_MPICH,
+            p::SESS_MPICH_TYPES,
+            p::SESS_NCCL,
+        ];
+        match multi::load_programs(BPF_OBJECT, fds, &names, Some(id)) {
+            Ok(programs) => {
+                info!("MPI and NCCL probed through uprobe sessions: unwatched processes pay the entry only");
+                return Ok(programs);
+            }
+            Err(e) => warn!("uprobe sessions refused, using entry and return probes: {e:#}"),
+        }
+    }
+    Ok(multi::load_programs(BPF_OBJECT, fds, &p::PROBES, None)?)
+}
+
 /// The maps [`fill_tables`] filled, taken out of the object.
 type Tables = (
     Array<MapData, ArgSpec>,
@@ -469,7 +576,7 @@ type Tables = (
 
 /// Fills what the programs read and nobody changes after: the routine table and this
 /// kernel's offsets (identity events, tracepoint fields).
-fn fill_tables(ebpf: &mut Ebpf) -> Result<Tables, AttachError> {
+fn fill_tables(ebpf: &mut Ebpf, btf: Option<&btf::Btf>) -> Result<Tables, AttachError> {
     let mut specs: Array<MapData, ArgSpec> = map(ebpf, names::maps::ROUTINE_SPECS)?;
     for (i, r) in ROUTINES.iter().enumerate() {
         specs
@@ -477,7 +584,12 @@ fn fill_tables(ebpf: &mut Ebpf) -> Result<Tables, AttachError> {
             .map_err(map_err(names::maps::ROUTINE_SPECS))?;
     }
     let mut identity: Array<MapData, IdentityOffsets> = map(ebpf, names::maps::IDENTITY_OFFSETS)?;
-    match btf::identity_offsets() {
+    match btf
+        .ok_or(btf::BtfError::Missing(
+            "readable /sys/kernel/btf/vmlinux".into(),
+        ))
+        .and_then(btf::identity_offsets)
+    {
         Ok(offsets) => identity
             .set(0, offsets, 0)
             .map_err(map_err(names::maps::IDENTITY_OFFSETS))?,

@@ -53,6 +53,13 @@ pub enum MultiError {
 }
 
 fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
+    let rc = bpf_raw(cmd, attr)?;
+    // SAFETY: on success these commands return a new file descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc as RawFd) })
+}
+
+/// bpf(2) for a command that returns a number, not a descriptor.
+fn bpf_raw(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<libc::c_long> {
     // SAFETY: attr is a valid, fully initialised bpf_attr of the size we pass.
     let rc = unsafe {
         libc::syscall(
@@ -65,8 +72,33 @@ fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: on success bpf(2) returns a new file descriptor that we now own.
-    Ok(unsafe { OwnedFd::from_raw_fd(rc as RawFd) })
+    Ok(rc)
+}
+
+/// Turns on the kernel's run-time statistics of every BPF program (`BPF_ENABLE_STATS`)
+/// for as long as the returned descriptor is open; each program run then costs two more
+/// clock reads.
+pub fn enable_run_stats() -> io::Result<OwnedFd> {
+    // SAFETY: zeroed is a valid bpf_attr; we fill the BPF_ENABLE_STATS member.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // BPF_STATS_RUN_TIME is 0: the zeroed member asks for it.
+    bpf(bpf_cmd::BPF_ENABLE_STATS, &mut attr)
+}
+
+/// The kernel's count of runs of program `prog` and their total time, ns (both 0 while
+/// run-time statistics are off).
+pub fn run_stats(prog: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+    // SAFETY: a plain C struct the kernel fills; zeroed is valid.
+    let mut info: aya_obj::generated::bpf_prog_info = unsafe { std::mem::zeroed() };
+    // SAFETY: zeroed is a valid bpf_attr; we fill the BPF_OBJ_GET_INFO_BY_FD member.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: plain integers into the member this command reads.
+    let i = unsafe { &mut attr.info };
+    i.bpf_fd = prog.as_raw_fd() as u32;
+    i.info_len = size_of_val(&info) as u32;
+    i.info = std::ptr::from_mut(&mut info) as u64;
+    bpf_raw(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    Ok((info.run_cnt, info.run_time_ns))
 }
 
 /// Creates the task-local storage map holding each thread's in-flight call
@@ -153,6 +185,7 @@ pub fn load_programs(
     object: &[u8],
     maps: &HashMap<String, RawFd>,
     names: &[&str],
+    session_kfunc: Option<u32>,
 ) -> Result<HashMap<String, OwnedFd>, MultiError> {
     let prep = |e: String| MultiError::Prepare(names.join(","), e);
     let mut obj = aya_obj::Object::parse(object).map_err(|e| prep(e.to_string()))?;
@@ -183,7 +216,12 @@ pub fn load_programs(
             .functions
             .get(&program.function_key())
             .ok_or_else(|| prep(format!("no code for {name}")))?;
-        code.push((name, function.instructions.as_slice()));
+        let mut insns = function.instructions.clone();
+        let session = match session_kfunc {
+            Some(id) => call_session_kfunc(&mut insns, id),
+            None => false,
+        };
+        code.push((name, insns, session));
     }
     // The verifier takes most of commtap's start-up (half a second for the largest return
     // program here), and it runs in the loading thread: one thread per program lets a
@@ -191,7 +229,7 @@ pub fn load_programs(
     std::thread::scope(|s| {
         let loads: Vec<_> = code
             .into_iter()
-            .map(|(name, insns)| (name, s.spawn(move || load_one(name, insns))))
+            .map(|(name, insns, session)| (name, s.spawn(move || load_one(name, &insns, session))))
             .collect();
         let mut out = HashMap::new();
         for (name, load) in loads {
@@ -204,16 +242,46 @@ pub fn load_programs(
     })
 }
 
-/// Loads one program for uprobe_multi links; on refusal, loads it again with the verifier
-/// log on to say why.
-fn load_one(name: &str, insns: &[aya_obj::generated::bpf_insn]) -> Result<OwnedFd, MultiError> {
+/// Turns the session programs' calls of helper `SESSION_IS_RETURN_CALL` into calls of the
+/// kernel function whose BTF id is `id` (`bpf_session_is_return`); whether there were any.
+fn call_session_kfunc(insns: &mut [aya_obj::generated::bpf_insn], id: u32) -> bool {
+    /// `BPF_JMP | BPF_CALL`.
+    const CALL: u8 = 0x85;
+    /// `BPF_PSEUDO_KFUNC_CALL`: `imm` is a BTF id, `off` 0 the kernel's own BTF.
+    const PSEUDO_KFUNC_CALL: u8 = 2;
+    let mut found = false;
+    for insn in insns {
+        if insn.code == CALL
+            && insn.src_reg() == 0
+            && insn.imm == collector_common::SESSION_IS_RETURN_CALL
+        {
+            insn.set_src_reg(PSEUDO_KFUNC_CALL);
+            insn.imm = id as i32;
+            insn.off = 0;
+            found = true;
+        }
+    }
+    found
+}
+
+/// Loads one program for uprobe_multi links (of the session kind when `session`); on
+/// refusal, loads it again with the verifier log on to say why.
+fn load_one(
+    name: &str,
+    insns: &[aya_obj::generated::bpf_insn],
+    session: bool,
+) -> Result<OwnedFd, MultiError> {
     let license = CString::new("GPL").expect("no NUL");
     // SAFETY: zeroed is a valid bpf_attr; we fill the BPF_PROG_LOAD member.
     let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
     // SAFETY: writing plain integers into the union member this command reads.
     let u = unsafe { &mut attr.__bindgen_anon_3 };
     u.prog_type = bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32;
-    u.expected_attach_type = bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32;
+    u.expected_attach_type = if session {
+        BPF_TRACE_UPROBE_SESSION
+    } else {
+        bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32
+    };
     u.insns = insns.as_ptr() as u64;
     u.insn_cnt = insns.len() as u32;
     u.license = license.as_ptr() as u64;
@@ -250,6 +318,21 @@ fn load_one(name: &str, insns: &[aya_obj::generated::bpf_insn]) -> Result<OwnedF
     })
 }
 
+/// What a uprobe_multi link's program runs at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeKind {
+    /// The functions' entries.
+    Entry,
+    /// Their returns.
+    Return,
+    /// Their entries, and the returns of the calls whose entry asked for it (a uprobe
+    /// session, Linux 6.13+).
+    Session,
+}
+
+/// `BPF_TRACE_UPROBE_SESSION`, newer than aya-obj's bindings.
+const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+
 /// One uprobe_multi link: every probe point of one program in one library. Dropping it
 /// detaches them all.
 #[derive(Debug)]
@@ -275,15 +358,15 @@ pub fn detach_all(links: Vec<MultiLink>) {
     }
 }
 
-/// Attaches `prog` at `offsets` of the open `file` (each with its cookie), as return probes
-/// when `ret`; every process is probed (the programs filter by pid). The kernel reaches the
+/// Attaches `prog` at `offsets` of the open `file` (each with its cookie), as probes of
+/// `kind`; every process is probed (the programs filter by pid). The kernel reaches the
 /// file through commtap's own descriptor: no path its owner controls is walked again.
 pub fn attach(
     prog: BorrowedFd<'_>,
     file: &crate::symbols::LibraryFile,
     offsets: &[u64],
     cookies: &[u64],
-    ret: bool,
+    kind: ProbeKind,
 ) -> Result<MultiLink, MultiError> {
     debug_assert_eq!(offsets.len(), cookies.len());
     let err = |source| MultiError::Link {
@@ -299,15 +382,26 @@ pub fn attach(
     // SAFETY: plain integers into the member this command reads.
     let l = unsafe { &mut attr.link_create };
     l.__bindgen_anon_1.prog_fd = prog.as_raw_fd() as u32;
-    l.attach_type = bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32;
+    l.attach_type = if kind == ProbeKind::Session {
+        BPF_TRACE_UPROBE_SESSION
+    } else {
+        bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32
+    };
     // SAFETY: as above.
     let m = unsafe { &mut l.__bindgen_anon_3.uprobe_multi };
     m.path = cpath.as_ptr() as u64;
     m.offsets = offsets.as_ptr() as u64;
     m.cookies = cookies.as_ptr() as u64;
     m.cnt = offsets.len() as u32;
-    m.flags = if ret { BPF_F_UPROBE_MULTI_RETURN } else { 0 };
+    m.flags = if kind == ProbeKind::Return {
+        BPF_F_UPROBE_MULTI_RETURN
+    } else {
+        0
+    };
     bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)
-        .map(|fd| MultiLink { fd, is_return: ret })
+        .map(|fd| MultiLink {
+            fd,
+            is_return: kind == ProbeKind::Return,
+        })
         .map_err(err)
 }

@@ -68,6 +68,10 @@ pub struct ProbedLibrary {
     pub single_stepped: Vec<String>,
     /// Probe points that could not be attached, with the reason.
     pub failed: Vec<String>,
+    /// Its routines are probed through uprobe sessions (Linux 6.13+: a process commtap
+    /// does not watch pays the entry probe only), not an entry and a return probe each.
+    #[serde(default)]
+    pub uprobe_sessions: bool,
 }
 
 /// The whole profile of a job on this node.

@@ -26,7 +26,7 @@ pub fn render_durations(job: &JobProfile) -> String {
             let order = collector_common::routines::routine_id(name).unwrap_or(u16::MAX);
             let row = rows.entry((order, name)).or_insert_with(|| Row {
                 totals: Totals::default(),
-                durations: *d,
+                durations: d.clone(),
                 per_rank_ns: vec![0.0; job.ranks.len()],
             });
             if row.totals.calls > 0 {

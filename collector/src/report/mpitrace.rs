@@ -507,7 +507,16 @@ pub fn render_text(job: &JobProfile) -> String {
         job.dropped, job.undecoded
     );
     for l in &job.libraries {
-        let _ = writeln!(o, "probed {} ({}): {} routines", l.path, l.flavor, l.probes);
+        let how = if l.uprobe_sessions {
+            ", through uprobe sessions"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            o,
+            "probed {} ({}): {} routines{how}",
+            l.path, l.flavor, l.probes
+        );
         if !l.moved_past_single_step.is_empty() {
             let _ = writeln!(
                 o,

@@ -4,27 +4,83 @@
 use collector_common::{durations::duration_range, DurationHist, DURATION_BUCKETS};
 use serde::{Deserialize, Serialize};
 
-/// The distribution of a set of calls' durations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The distribution of a set of calls' durations. The buckets in use are kept from the
+/// first to the last that holds calls: a profile holds one of these per routine and size
+/// bucket, so the 32 buckets of the kernel's histogram would weigh on a node's thousands
+/// of ranks (the daemon's 10,000-rank test), where a routine's calls fill a few.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "DurationsJson", into = "DurationsJson")]
 pub struct Durations {
     /// The fastest call, ns.
     pub min_ns: u64,
     /// The slowest call, ns.
     pub max_ns: u64,
-    /// Calls per bucket ([`collector_common::duration_bucket`]).
-    pub calls: [u64; DURATION_BUCKETS],
+    /// The bucket ([`collector_common::duration_bucket`]) of `calls[0]`.
+    first: u8,
+    /// Calls per bucket, from `first` on.
+    calls: Vec<u64>,
 }
 
 impl Durations {
     /// The durations the kernel counted for one counter; `None` when no call was timed.
     pub fn of_counter(min_ns: u64, max_ns: u64, hist: &DurationHist) -> Option<Durations> {
-        let d = Durations {
+        Durations::from_buckets(min_ns, max_ns, hist.calls.iter().copied().enumerate())
+    }
+
+    /// Durations from (bucket, calls) pairs; `None` when none holds calls. Buckets past the
+    /// last are left out.
+    pub fn from_buckets(
+        min_ns: u64,
+        max_ns: u64,
+        buckets: impl IntoIterator<Item = (usize, u64)>,
+    ) -> Option<Durations> {
+        let mut d = Durations {
             min_ns,
             max_ns,
-            calls: hist.calls,
+            ..Durations::default()
         };
+        for (b, n) in buckets {
+            if b < DURATION_BUCKETS {
+                d.add(b, n);
+            }
+        }
         (d.timed() > 0).then_some(d)
+    }
+
+    /// Adds `n` calls to bucket `b` (< [`DURATION_BUCKETS`]).
+    fn add(&mut self, b: usize, n: u64) {
+        if n == 0 {
+            return;
+        }
+        if self.calls.is_empty() {
+            self.first = b as u8;
+        } else if b < usize::from(self.first) {
+            let grow = usize::from(self.first) - b;
+            self.calls.splice(0..0, std::iter::repeat_n(0, grow));
+            self.first = b as u8;
+        }
+        let i = b - usize::from(self.first);
+        if i >= self.calls.len() {
+            self.calls.resize(i + 1, 0);
+        }
+        self.calls[i] += n;
+    }
+
+    /// Calls in bucket `b`.
+    pub fn calls_in(&self, b: usize) -> u64 {
+        b.checked_sub(usize::from(self.first))
+            .and_then(|i| self.calls.get(i))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// (bucket, calls) of the buckets in use, in order.
+    pub fn buckets(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        let first = usize::from(self.first);
+        self.calls
+            .iter()
+            .enumerate()
+            .map(move |(i, &n)| (first + i, n))
     }
 
     /// Calls in the histogram.
@@ -36,8 +92,8 @@ impl Durations {
     pub fn merge(&mut self, other: &Durations) {
         self.min_ns = self.min_ns.min(other.min_ns);
         self.max_ns = self.max_ns.max(other.max_ns);
-        for (a, b) in self.calls.iter_mut().zip(other.calls) {
-            *a += b;
+        for (b, n) in other.buckets() {
+            self.add(b, n);
         }
     }
 
@@ -45,7 +101,7 @@ impl Durations {
     pub fn merge_into(into: &mut Option<Durations>, other: Option<&Durations>) {
         match (into.as_mut(), other) {
             (Some(a), Some(b)) => a.merge(b),
-            (None, Some(b)) => *into = Some(*b),
+            (None, Some(b)) => *into = Some(b.clone()),
             (_, None) => {}
         }
     }
@@ -57,7 +113,7 @@ impl Durations {
         let total = self.timed();
         let rank = ((q * total as f64).ceil() as u64).clamp(1, total.max(1));
         let mut seen = 0;
-        for (b, n) in self.calls.iter().enumerate() {
+        for (b, n) in self.buckets() {
             seen += n;
             if seen >= rank {
                 let (_, hi) = duration_range(b);
@@ -87,14 +143,15 @@ struct DurationBucketJson {
 
 impl From<Durations> for DurationsJson {
     fn from(d: Durations) -> Self {
-        let buckets = (0..DURATION_BUCKETS)
-            .filter(|&b| d.calls[b] > 0)
-            .map(|b| {
+        let buckets = d
+            .buckets()
+            .filter(|&(_, n)| n > 0)
+            .map(|(b, calls)| {
                 let (from_ns, to) = duration_range(b);
                 DurationBucketJson {
                     from_ns,
                     to_ns: (to != u64::MAX).then_some(to),
-                    calls: d.calls[b],
+                    calls,
                 }
             })
             .collect();
@@ -108,15 +165,15 @@ impl From<Durations> for DurationsJson {
 
 impl From<DurationsJson> for Durations {
     fn from(j: DurationsJson) -> Self {
-        let mut calls = [0; DURATION_BUCKETS];
-        for b in j.buckets {
-            calls[collector_common::duration_bucket(b.from_ns)] += b.calls;
-        }
-        Durations {
+        let mut d = Durations {
             min_ns: j.min_ns,
             max_ns: j.max_ns,
-            calls,
+            ..Durations::default()
+        };
+        for b in j.buckets {
+            d.add(collector_common::duration_bucket(b.from_ns), b.calls);
         }
+        d
     }
 }
 
@@ -144,6 +201,21 @@ mod tests {
             "{json}"
         );
         assert_eq!(serde_json::from_str::<Durations>(&json).unwrap(), a);
+    }
+
+    #[test]
+    fn buckets_in_use_grow_both_ways() {
+        let mut d = of(&[5_000]);
+        d.merge(&of(&[600, 1 << 30]));
+        assert_eq!(d.calls_in(duration_bucket(600)), 1);
+        assert_eq!(d.calls_in(duration_bucket(5_000)), 1);
+        assert_eq!(d.calls_in(duration_bucket(1 << 30)), 1);
+        assert_eq!(d.calls_in(0), 0);
+        assert_eq!(d.calls_in(DURATION_BUCKETS + 5), 0);
+        assert_eq!(
+            d.buckets().count(),
+            duration_bucket(1 << 30) - duration_bucket(600) + 1
+        );
     }
 
     #[test]

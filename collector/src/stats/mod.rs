@@ -243,7 +243,7 @@ impl RoutineStats {
                 min_bytes: min,
                 max_bytes: max,
                 totals: *t,
-                durations: durations.copied(),
+                durations: durations.cloned(),
                 device: device.copied(),
             });
             // Undecoded (None) sorts last.
@@ -351,13 +351,13 @@ pub fn routines_of(
         let durations = Durations::of_counter(v.min_ns, v.max_ns, hist);
         let mut one = RoutineStats {
             totals,
-            durations,
             ..Default::default()
         };
         if bucket.is_none() {
             one.undecoded_calls = v.calls;
         }
         one.add_bucket(bucket, &totals, durations.as_ref(), None);
+        one.durations = durations;
         one.comm_sizes.insert(k.comm_size, v.calls);
         if routine.family() == Family::Nccl && routine.spec.comm != NO_ARG {
             one.communicators.push(CommStats {

@@ -59,7 +59,7 @@ mirror!(Fabric, pb::Fabric; copy [] clone [provider, name] each [] cast []);
 mirror!(PeerTraffic, pb::PeerTraffic;
     copy [peer, sent_calls, sent_bytes, received_calls, received_bytes] clone [] each [] cast []);
 mirror!(ProbedLibrary, pb::ProbedLibrary;
-    copy [] clone [path, flavor, moved_past_single_step, single_stepped, failed] each [] cast [probes]);
+    copy [uprobe_sessions] clone [path, flavor, moved_past_single_step, single_stepped, failed] each [] cast [probes]);
 
 /// A size bucket's number from the wire, if it has one.
 fn bucket(v: Option<u32>, what: &'static str) -> Result<Option<u8>, InvalidMessage> {
@@ -74,35 +74,40 @@ fn totals(t: Option<&pb::Totals>, what: &'static str) -> Result<Totals, InvalidM
 
 impl From<&Durations> for pb::Durations {
     fn from(d: &Durations) -> Self {
-        let used = d
-            .calls
-            .iter()
-            .rposition(|&n| n > 0)
-            .map_or(0, |last| last + 1);
+        let mut buckets = d.buckets();
+        let first = buckets.next();
         pb::Durations {
             min_ns: d.min_ns,
             max_ns: d.max_ns,
-            calls: d.calls[..used].to_vec(),
+            first: first.map_or(0, |(b, _)| b as u32),
+            calls: first
+                .map(|(_, n)| n)
+                .into_iter()
+                .chain(buckets.map(|(_, n)| n))
+                .collect(),
         }
     }
 }
 
-/// Durations from the wire: no more buckets than the kernel counts.
+/// Durations from the wire: within the kernel's buckets.
 fn durations(d: Option<&pb::Durations>) -> Result<Option<Durations>, InvalidMessage> {
     let Some(d) = d else { return Ok(None) };
-    let mut calls = [0; collector_common::DURATION_BUCKETS];
-    if d.calls.len() > calls.len() {
+    let first = d.first as usize;
+    if first + d.calls.len() > collector_common::DURATION_BUCKETS {
         return Err(invalid(
             "Durations",
-            format!("{} buckets, at most {}", d.calls.len(), calls.len()),
+            format!(
+                "buckets {first}..{} past the last, {}",
+                first + d.calls.len(),
+                collector_common::DURATION_BUCKETS - 1
+            ),
         ));
     }
-    calls[..d.calls.len()].copy_from_slice(&d.calls);
-    Ok(Some(Durations {
-        min_ns: d.min_ns,
-        max_ns: d.max_ns,
-        calls,
-    }))
+    Ok(Durations::from_buckets(
+        d.min_ns,
+        d.max_ns,
+        d.calls.iter().enumerate().map(|(i, &n)| (first + i, n)),
+    ))
 }
 
 /// The wire form of [`Health`] and back, from the kernel's list of its counters and the

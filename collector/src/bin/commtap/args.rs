@@ -301,6 +301,22 @@ pub struct ProbeArgs {
     /// repeatable; for libraries in a venv or an unusual prefix.
     #[arg(long = "lib")]
     pub libraries: Vec<PathBuf>,
+    /// Have the kernel count each probe program's runs and run time (BPF run-time
+    /// statistics, on while commtap runs: two more clock reads per probe run). The daemon
+    /// serves them as `commtap_probe_program_runs_total` and `..._seconds_total`; `record`
+    /// logs them at the end.
+    #[arg(long)]
+    pub probe_stats: bool,
+}
+
+impl ProbeArgs {
+    /// How the probes are loaded, as these flags say.
+    pub fn load_options(&self) -> collector::attach::LoadOptions {
+        collector::attach::LoadOptions {
+            probe_stats: self.probe_stats,
+            ..collector::attach::LoadOptions::with_ring_buffer_kib(self.ring_buffer_kib)
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]

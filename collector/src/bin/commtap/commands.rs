@@ -155,7 +155,7 @@ async fn record(a: RecordArgs) -> Result<()> {
         pids: a.pid,
         command: a.command,
         duration: a.duration,
-        ring_buffer_kib: a.probe.ring_buffer_kib,
+        load: a.probe.load_options(),
         libraries: a.probe.libraries,
         ready_file: a.ready_file,
         call_events: a.probe.call_events,
@@ -191,7 +191,7 @@ async fn daemon(a: DaemonArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<(
         socket: a.socket,
         socket_mode: a.socket_mode,
         node_name: a.node_name,
-        ring_buffer_kib: a.probe.ring_buffer_kib,
+        load: a.probe.load_options(),
         keep_exited: a.keep_exited,
         libraries: a.probe.libraries,
         metrics: metrics_listener(

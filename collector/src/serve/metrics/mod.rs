@@ -189,7 +189,7 @@ async fn respond(
         return r;
     }
     let profile = state.snapshot(&pb::ProcessFilter::default(), caller).await;
-    let (live, exiting, libraries, failures) = {
+    let (live, exiting, libraries, failures, programs) = {
         let session = state.session.lock().await;
         let libs = session.library_summaries();
         let failures = libs.iter().map(|l| l.failed.len()).sum();
@@ -198,7 +198,13 @@ async fn respond(
             .values()
             .filter(|t| t.exit_ns.is_none())
             .count();
-        (live, session.tracked.len() - live, libs.len(), failures)
+        (
+            live,
+            session.tracked.len() - live,
+            libs.len(),
+            failures,
+            session.probes.program_stats(),
+        )
     };
     // Exited: profiles kept, plus processes whose final profile is not taken yet.
     let exited = state.finished.lock().await.len() + exiting;
@@ -206,6 +212,9 @@ async fn respond(
     if let Some(late) = &state.late {
         let board = late.lock().await;
         body.push_str(&render_skew(&profile, &board));
+    }
+    if let Some(programs) = programs {
+        body.push_str(&render::render_programs(&programs));
     }
     let _ = writeln!(
         body,

@@ -256,13 +256,38 @@ fn duration_histogram(
     for log2 in DURATION_LE_LOG2.step_by(2) {
         // Kernel bucket b (b >= 1) ends at 2^(b + 8) ns; bucket 0 at 2^9.
         let last = (log2 - 9) as usize;
-        let below: u64 = d.calls[..=last].iter().sum();
+        let below: u64 = (0..=last).map(|b| d.calls_in(b)).sum();
         let le = (1u64 << log2) as f64 / 1e9;
         out.push(format!("_bucket{{{l},le=\"{le}\"}} {below}"));
     }
     out.push(format!("_bucket{{{l},le=\"+Inf\"}} {}", d.timed()));
     out.push(format!("_sum{{{l}}} {}", time_ns as f64 / 1e9));
     out.push(format!("_count{{{l}}} {}", d.timed()));
+}
+
+/// The probe programs' runs and run time (the daemon's `--probe-stats`): what commtap
+/// costs the node's processes, per program (labels bounded: a dozen programs).
+pub fn render_programs(programs: &[crate::attach::ProgramStats]) -> String {
+    let mut o = Exposition::default();
+    let line = |p: &crate::attach::ProgramStats, v: String| {
+        format!("{{program=\"{}\"}} {v}", escape(&p.name))
+    };
+    o.family(
+        "commtap_probe_program_runs_total",
+        "counter",
+        "Runs of each probe program (a uprobe session's program runs at entry and at the returns it asks for).",
+        programs.iter().map(|p| line(p, p.runs.to_string())).collect(),
+    );
+    o.family(
+        "commtap_probe_program_seconds_total",
+        "counter",
+        "Time inside each probe program (the kernel's BPF run-time statistics).",
+        programs
+            .iter()
+            .map(|p| line(p, (p.run_ns as f64 / 1e9).to_string()))
+            .collect(),
+    );
+    o.0
 }
 
 /// Renders the Prometheus text format for `profile`, plus the daemon's own health.

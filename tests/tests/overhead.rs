@@ -1,0 +1,141 @@
+//! What probing costs the processes commtap does not watch: with uprobe sessions (Linux
+//! 6.13+), the probes of an MPI library run at each call's entry only, unless the process
+//! is watched. Checked through the kernel's own count of the probe programs' runs
+//! (`--probe-stats`, served in the daemon's metrics) around a known number of calls of a
+//! real Open MPI and MPICH job (`mpi_loop`): a job the daemon does not watch costs one
+//! run per call, one it watches two (entry and return), exactly.
+
+use std::time::Duration;
+
+use commtap_tests::*;
+
+const LIMIT: Duration = Duration::from_mins(2);
+const N: u64 = 200;
+
+/// Runs of the session programs (`sess_*`) in the daemon's metrics at `addr`.
+fn session_runs(addr: &str) -> u64 {
+    let metrics = http_get(addr, "/metrics");
+    let runs: Vec<u64> = metrics
+        .lines()
+        .filter(|l| l.starts_with("commtap_probe_program_runs_total{program=\"sess_"))
+        .map(|l| {
+            l.rsplit_once(' ')
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or_else(|| panic!("a count in {l:?}"))
+        })
+        .collect();
+    assert!(
+        !runs.is_empty(),
+        "no session program in the metrics:\n{metrics}"
+    );
+    runs.iter().sum()
+}
+
+/// Session program runs while `mpi_loop` makes its counted calls, under a daemon started
+/// with `scope` (its arguments), and the calls the job says it made.
+fn runs_during_the_loop(mpi: Mpi, name: &str, scope: &[&str]) -> (u64, u64) {
+    let scratch = Scratch::new(&format!("{name}-{}", mpi.suffix()));
+    let metrics_addr = free_port();
+    let mut args = vec![
+        "--probe-stats",
+        "--metrics-addr",
+        &metrics_addr,
+        "--metrics-insecure",
+    ];
+    args.extend(scope);
+    let daemon = Daemon::start(&scratch, &[], &[], &args);
+    let hold = scratch.path("hold");
+    let (mut job, _ranks) = start_waiting_loop(
+        &scratch,
+        mpi,
+        2,
+        N,
+        &[("COMMTAP_TEST_HOLD", path_str(&hold))],
+    );
+    // The ranks wait for the go file without calling MPI, and after their counted calls
+    // for the hold file: nothing else runs the probes in between.
+    let before = session_runs(&metrics_addr);
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    let prefix = scratch.path("truth");
+    let truth = |r: u32| std::path::PathBuf::from(format!("{}.{r}.json", prefix.display()));
+    wait_until("both ranks' truths", LIMIT, || {
+        (0..2).all(|r| {
+            std::fs::read(truth(r))
+                .is_ok_and(|b| serde_json::from_slice::<serde_json::Value>(&b).is_ok())
+        })
+    });
+    let after = session_runs(&metrics_addr);
+    let calls: u64 = read_truths(&prefix, 2)
+        .iter()
+        .flat_map(|t| routine_table(&t["routines"]).into_values())
+        .map(|(calls, _)| calls)
+        .sum();
+    std::fs::write(&hold, b"").expect("hold file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    daemon.stop(&scratch);
+    (after - before, calls)
+}
+
+fn unwatched_processes_pay_the_entry_only(mpi: Mpi) {
+    // The daemon watches nobody's processes; the job is root's.
+    let (runs, calls) = runs_during_the_loop(mpi, "unwatched", &["--uid", "65534"]);
+    assert!(calls > 2 * N, "the loop's calls: {calls}");
+    assert_eq!(
+        runs, calls,
+        "an unwatched process: one run per call, at entry"
+    );
+    let (runs, calls) = runs_during_the_loop(mpi, "watched", &[]);
+    assert_eq!(
+        runs,
+        2 * calls,
+        "a watched process: entry and return of each call"
+    );
+}
+
+#[test]
+fn unwatched_processes_pay_the_entry_only_under_open_mpi() {
+    unwatched_processes_pay_the_entry_only(Mpi::OpenMpi);
+}
+
+#[test]
+fn unwatched_processes_pay_the_entry_only_under_mpich() {
+    unwatched_processes_pay_the_entry_only(Mpi::Mpich);
+}
+
+/// Without uprobe sessions (an older kernel, or `COMMTAP_UPROBE_SESSIONS=0`), MPI is probed
+/// with an entry and a return probe per routine, as before: a launched `mpi_truth` job is
+/// still counted exactly, and the profile says which way each library was probed.
+fn without_sessions_counts_stay_exact(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("no-sessions-{}", mpi.suffix()));
+    let prog = build_program("mpi_truth.c", mpi);
+    let (out, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
+    let mut args: Vec<String> = ["record", "--format", "json", "-o", path_str(&out), "--"]
+        .map(String::from)
+        .to_vec();
+    args.extend(mpi.launcher(2));
+    args.extend([prog.display().to_string(), prefix.display().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let env = [("COMMTAP_UPROBE_SESSIONS", "0".to_string())];
+    finish_ok(
+        &scratch,
+        spawn_commtap_with_env(&scratch, &args, &env),
+        LIMIT,
+    );
+    let profile = read_json(&out);
+    assert_profile_matches(&profile, &read_truths(&prefix, 2), &["MPI_Finalize"]);
+    let libraries = profile["libraries"].as_array().expect("libraries");
+    assert!(!libraries.is_empty());
+    for l in libraries {
+        assert_eq!(l["uprobe_sessions"], false, "{l}");
+    }
+}
+
+#[test]
+fn without_sessions_open_mpi_counts_stay_exact() {
+    without_sessions_counts_stay_exact(Mpi::OpenMpi);
+}
+
+#[test]
+fn without_sessions_mpich_counts_stay_exact() {
+    without_sessions_counts_stay_exact(Mpi::Mpich);
+}
