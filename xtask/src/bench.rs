@@ -9,7 +9,9 @@
 //!   (d) commtap record --trace (a timeline of every call written to a file),
 //!   (e) commtap record (the default: counting, and an event per collective call for who
 //!       is late),
-//!   (f) (d) into Perfetto's protobuf format (`--trace FILE.pftrace`).
+//!   (f) (d) into Perfetto's protobuf format (`--trace FILE.pftrace`),
+//!   (g) (a) while a daemon that does not watch the job runs (uprobe sessions: entries
+//!       only), and (h) the same with entry and return probes.
 //! Runs are interleaved (a, b, c, d, e, f, a, b, ...) and medians taken, because the
 //! machines are shared and noisy; the figures to quote are the ratio (c - a) / (b - a),
 //! what tracing adds per call, (d - c) and (f - c), and what matching collectives adds,
@@ -82,6 +84,15 @@ pub fn run(root: &Path) -> Result<()> {
         let single = single_stepped(&rounds.profile, stack.library)?;
         rounds.write(stack, single, &mut report, &mut json);
     }
+    // What a polling code pays: commtap against the cheapest bpftrace script.
+    let rate = call_rate(root, &commtap, &out)?;
+    let _ = writeln!(
+        report,
+        "call-rate program (per rank 1M MPI_Comm_rank, 1M MPI_Iprobe, 200k ping-pongs, 100k \
+         MPI_Allreduce; 2 ranks), seconds, median of {RATE_ROUNDS}; added_ratio = (commtap - \
+         none) / (bpftrace - none), the issue's target at most 0.5: {rate}"
+    );
+    json.push(format!("  {{\"call_rate\": [{rate}]}}"));
     // The node daemon's own CPU while a job makes MPI calls as fast as it can.
     let daemon = daemon_cpu(&commtap, &out)?;
     let _ = writeln!(report, "node daemon during a job: {daemon}");
@@ -137,6 +148,10 @@ struct Rounds {
     e: Vec<Sample>,
     /// (d) with Perfetto's protobuf format.
     f: Vec<Sample>,
+    /// (a) while a daemon that does not watch the job runs: uprobe sessions.
+    g: Vec<Sample>,
+    /// (g) with entry and return probes (`COMMTAP_UPROBE_SESSIONS=0`).
+    h: Vec<Sample>,
     /// The last traced run: (calls written, bytes on disk, seconds).
     traced: (u64, u64, f64),
     /// The last `.pftrace`'s bytes on disk (the same calls).
@@ -158,6 +173,8 @@ impl Rounds {
             d: Vec::new(),
             e: Vec::new(),
             f: Vec::new(),
+            g: Vec::new(),
+            h: Vec::new(),
             traced: (0, 0, 0.0),
             pftrace_bytes: 0,
             profile,
@@ -192,6 +209,8 @@ impl Rounds {
                 Mode::Trace(&pftrace),
             )?);
             r.pftrace_bytes = std::fs::metadata(&pftrace)?.len();
+            r.g.push(unwatched(stack, bin, commtap, out, true)?);
+            r.h.push(unwatched(stack, bin, commtap, out, false)?);
         }
         Ok(r)
     }
@@ -259,6 +278,25 @@ impl Rounds {
                 p - z
             );
             json.push(serde_json_line(stack.name, label, x, y, z, q(0.5)));
+        }
+        let (mg, mh) = (median(&self.g), median(&self.h));
+        for (label, pick) in [
+            ("MPI_Allreduce 8 B", 0usize),
+            ("Send/Recv round trip 8 B", 1),
+        ] {
+            let (a, g, h) = (get(ma, pick), get(mg, pick), get(mh, pick));
+            let _ = writeln!(
+                report,
+                "  {label}, a job commtap does not watch (a daemon scoped to another uid): \
+                 (g) uprobe sessions {g:.0} ns (+{:.0} over none), (h) entry and return \
+                 probes {h:.0} ns (+{:.0})",
+                g - a,
+                h - a
+            );
+            json.push(format!(
+                "  {{\"stack\": \"{}\", \"call\": \"{label}\", \"unwatched_sessions_ns\": {g:.1}, \"unwatched_entry_return_ns\": {h:.1}, \"none_ns\": {a:.1}}}",
+                stack.name
+            ));
         }
         let (calls, bytes, secs) = self.traced;
         let _ = writeln!(
@@ -331,10 +369,15 @@ fn median(v: &[Sample]) -> Sample {
 }
 
 fn mpi_command(stack: &Stack, bin: &Path) -> Command {
+    mpi_command_args(stack, bin, &[ITERATIONS])
+}
+
+/// `bin` with `args` under the stack's launcher, 2 ranks.
+fn mpi_command_args(stack: &Stack, bin: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(stack.launcher[0]);
     cmd.args(&stack.launcher[1..])
         .arg(bin)
-        .arg(ITERATIONS)
+        .args(args)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     cmd
@@ -371,9 +414,14 @@ fn under_bpftrace(stack: &Stack, bin: &Path) -> Result<Sample> {
                 let _ = write!(s, "uprobe:{lib}:{f} {{}} uretprobe:{lib}:{f} {{}} ");
                 s
             });
+    with_bpftrace(&script, || plain(stack, bin))
+}
+
+/// Runs `f` while bpftrace runs `script` (attached before, detached after).
+fn with_bpftrace<T>(script: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let mut tracer = Command::new("bpftrace")
         .arg("-e")
-        .arg(&script)
+        .arg(script)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -396,11 +444,117 @@ fn under_bpftrace(stack: &Stack, bin: &Path) -> Result<Sample> {
             bail!("bpftrace took too long to attach");
         }
     }
-    let result = plain(stack, bin);
-    // SAFETY: kill(2) of the bpftrace we spawned; SIGINT makes it detach and exit.
+    let result = f();
+    // SAFETY: kill(2) of the bpftrace we spawned; SIGINT makes it detach and exit (its
+    // maps are printed into the pipe, drained here).
     unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    for _ in lines {}
     let _ = tracer.wait();
     result
+}
+
+/// Rounds of the call-rate workload.
+const RATE_ROUNDS: usize = 5;
+
+/// The call-rate workload (`bench_rate.c`: per rank 1M MPI_Comm_rank, 1M empty MPI_Iprobe,
+/// 200k ping-pongs, 100k MPI_Allreduce) with no profiler, with the cheapest bpftrace script
+/// a user would write for the same routines (entry and return: a count and a latency
+/// histogram each), and under `commtap record`; interleaved, medians. Checks that
+/// commtap's counts are exact.
+fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
+    let mut lines = Vec::new();
+    for stack in STACKS {
+        let bin = out.join(format!("bench_rate.{}", stack.suffix));
+        sh(Command::new(format!("mpicc.{}", stack.suffix))
+            .args(["-O2", "-o"])
+            .arg(&bin)
+            .arg(root.join("xtask/demo/bench_rate.c")))?;
+        let lib = std::fs::canonicalize(stack.library)?;
+        let lib = lib.display();
+        let routines = [
+            "MPI_Comm_rank",
+            "MPI_Iprobe",
+            "MPI_Send",
+            "MPI_Recv",
+            "MPI_Allreduce",
+        ];
+        let on = |kind: &str| {
+            routines
+                .iter()
+                .map(|r| format!("{kind}:{lib}:{r}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let script = format!(
+            "{} {{ @start[tid] = nsecs; @calls[probe] = count(); }} \
+             {} /@start[tid]/ {{ @ns[probe] = hist(nsecs - @start[tid]); delete(@start[tid]); }}",
+            on("uprobe"),
+            on("uretprobe")
+        );
+        let run = |cmd: &mut Command| -> Result<f64> {
+            let o = cmd.output()?;
+            if !o.status.success() {
+                bail!("bench_rate failed: {}", String::from_utf8_lossy(&o.stderr));
+            }
+            let text = String::from_utf8_lossy(&o.stdout);
+            text.lines()
+                .find_map(|l| l.strip_prefix("rate_s="))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .context("no rate_s line")
+        };
+        let profile = out.join(format!("rate.{}.json", stack.suffix));
+        let (mut none, mut bpf, mut ours) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..RATE_ROUNDS {
+            eprintln!(
+                "{} call rate: round {}/{RATE_ROUNDS}",
+                stack.name,
+                round + 1
+            );
+            none.push(run(&mut mpi_command_args(stack, &bin, &[]))?);
+            bpf.push(with_bpftrace(&script, || {
+                run(&mut mpi_command_args(stack, &bin, &[]))
+            })?);
+            let mut cmd = Command::new(commtap);
+            cmd.args(["record", "--format", "json", "-o"])
+                .arg(&profile)
+                .arg("--");
+            let inner = mpi_command_args(stack, &bin, &[]);
+            cmd.arg(inner.get_program()).args(inner.get_args());
+            cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+                .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+            ours.push(run(&mut cmd)?);
+        }
+        let exact = rate_counts_exact(&profile)?;
+        let med = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (n, b, c) = (med(none), med(bpf), med(ours));
+        lines.push(format!(
+            "{{\"stack\": \"{}\", \"none_s\": {n:.3}, \"bpftrace_s\": {b:.3}, \"commtap_s\": {c:.3}, \"added_ratio\": {:.2}, \"counts_exact\": {exact}}}",
+            stack.name,
+            (c - n) / (b - n)
+        ));
+    }
+    Ok(lines.join(", "))
+}
+
+/// Whether every rank of the call-rate profile holds exactly the workload's calls.
+fn rate_counts_exact(profile: &Path) -> Result<bool> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(profile)?)?;
+    let ranks = v["ranks"].as_array().context("ranks")?;
+    let want = [
+        ("MPI_Comm_rank", 1_000_001),
+        ("MPI_Iprobe", 1_000_000),
+        ("MPI_Send", 200_000),
+        ("MPI_Recv", 200_000),
+        ("MPI_Allreduce", 100_000),
+    ];
+    Ok(ranks.len() == 2
+        && ranks.iter().all(|r| {
+            want.iter()
+                .all(|(name, n)| r["routines"][name]["calls"].as_u64() == Some(*n))
+        }))
 }
 
 /// What `record` is asked to do besides counting.
@@ -442,6 +596,42 @@ fn under_commtap(
         bail!("commtap failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     parse(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// (a) while `commtap daemon --uid 65534` runs: the job, root's, is not watched; with or
+/// without uprobe sessions.
+fn unwatched(
+    stack: &Stack,
+    bin: &Path,
+    commtap: &Path,
+    out: &Path,
+    sessions: bool,
+) -> Result<Sample> {
+    let socket = out.join("bench-daemon.sock");
+    let _ = std::fs::remove_file(&socket);
+    let mut cmd = Command::new(commtap);
+    cmd.args(["daemon", "--no-state", "--uid", "65534", "--socket"])
+        .arg(&socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if !sessions {
+        cmd.env("COMMTAP_UPROBE_SESSIONS", "0");
+    }
+    let mut daemon = cmd.spawn().context("starting commtap daemon")?;
+    // The socket appears once the probes are attached.
+    let deadline = Instant::now() + Duration::from_mins(1);
+    while !socket.exists() {
+        if Instant::now() > deadline || daemon.try_wait()?.is_some() {
+            let _ = daemon.kill();
+            bail!("the daemon did not start");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let result = plain(stack, bin);
+    // SAFETY: kill(2) of the daemon we spawned.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let _ = daemon.wait();
+    result
 }
 
 /// Calls a trace says it holds (its metadata).
