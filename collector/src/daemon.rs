@@ -201,6 +201,11 @@ fn node_state(session: Session, opts: &DaemonOptions) -> Arc<NodeState> {
             if opts.aggregator.is_some() {
                 board.hand_on_parts();
             }
+            // Late Sender needs every call numbered from MPI_Init: per-call events on from
+            // the daemon's start, not switched on for a while by a trace.
+            if opts.call_events {
+                board = board.with_late_senders();
+            }
             Mutex::new(board)
         }),
     })

@@ -53,10 +53,15 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
             .cloned()
             .map(TraceWriter::create)
             .collect::<Result<_, _>>()?,
-        late: opts.skew.then(|| skew::Board::new(discover::this_host())),
-        // Sends paired with their receives: needs every call, so per-call events.
-        late_senders: (opts.skew && (opts.call_events || !opts.traces.is_empty()))
-            .then(skew::late_sender::LateSenders::default),
+        late: opts.skew.then(|| {
+            let board = skew::Board::new(discover::this_host());
+            // Sends paired with their receives: needs every call, so per-call events.
+            if opts.call_events || !opts.traces.is_empty() {
+                board.with_late_senders()
+            } else {
+                board
+            }
+        }),
     };
     let mut session = Session::start(opts.load.clone())?;
     session
@@ -277,12 +282,6 @@ async fn finish(
         };
         let pids: Vec<u32> = profile.ranks.iter().map(|r| r.pid).collect();
         profile.skew = late.report_for(&pids, &whois);
-        if let Some(ls) = &sinks.late_senders {
-            profile
-                .skew
-                .get_or_insert_with(Default::default)
-                .late_sender = Some(ls.report(&whois));
-        }
     }
     for mut t in sinks.tracers {
         for r in &profile.ranks {
@@ -309,21 +308,13 @@ const FEED_BATCH: usize = 4096;
 struct FeedSinks {
     tracers: Vec<TraceWriter>,
     late: Option<skew::Board>,
-    late_senders: Option<skew::late_sender::LateSenders>,
 }
 
 impl FeedSinks {
     /// Writes one call into the trace, with its communicator and number where known.
     fn write(&mut self, ev: &CallEvent, placed: Option<(skew::CommKey, u64)>) -> Result<()> {
-        if !self.tracers.is_empty() || self.late_senders.is_some() {
-            let mut call = trace::call_event(ev);
-            if let Some((comm, seq)) = placed {
-                call.comm = comm.label();
-                call.seq = Some(seq);
-            }
-            if let Some(ls) = self.late_senders.as_mut() {
-                ls.call(&call);
-            }
+        if !self.tracers.is_empty() {
+            let call = trace::placed_call_event(ev, placed);
             for t in &mut self.tracers {
                 t.call(&call)?;
             }

@@ -275,7 +275,9 @@ pub fn report_json(args: &[&str]) -> Value {
         "report failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("JSON profile")
+    let profile = serde_json::from_slice(&out.stdout).expect("JSON profile");
+    crate::assert_valid_profile(&profile);
+    profile
 }
 
 /// The state (`probed`, `exited` ...) of each process `commtap ps` lists.

@@ -66,6 +66,7 @@ pub fn routine_table(routines: &Value) -> std::collections::BTreeMap<String, (u6
 /// truth does not count (e.g. MPI_Finalize, called after the truth is written).
 #[track_caller]
 pub fn assert_profile_matches(profile: &Value, truths: &[Value], ignore: &[&str]) {
+    assert_valid_profile(profile);
     assert_eq!(
         profile["ranks"].as_array().map(Vec::len),
         Some(truths.len()),
@@ -127,6 +128,45 @@ pub fn assert_profile_matches(profile: &Value, truths: &[Value], ignore: &[&str]
             );
         }
     }
+}
+
+/// `profile` is a `commtap.profile.v1` document by the schema the repository ships
+/// (`docs/commtap.profile.v1.schema.json`), checked by Python's `jsonschema` (installed by
+/// `cargo xtask setup`): a validator nobody here wrote.
+#[track_caller]
+pub fn assert_valid_profile(profile: &Value) {
+    use std::io::Write as _;
+    let schema = crate::repo_root().join("docs/commtap.profile.v1.schema.json");
+    let mut child = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys, jsonschema\n\
+             schema = json.load(open(sys.argv[1]))\n\
+             jsonschema.Draft202012Validator.check_schema(schema)\n\
+             errors = list(jsonschema.Draft202012Validator(schema).iter_errors(json.load(sys.stdin)))\n\
+             for e in errors[:5]: print(f'{e.json_path}: {e.message}')\n\
+             sys.exit(1 if errors else 0)",
+        ])
+        .arg(&schema)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(profile.to_string().as_bytes())
+        .expect("writing the profile");
+    let out = child.wait_with_output().expect("python3");
+    assert!(
+        out.status.success(),
+        "the profile does not match {}:\n{}{}",
+        schema.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Every call of `routine` (a routine's JSON) is in its duration histogram, in all and in

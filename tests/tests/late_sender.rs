@@ -10,34 +10,15 @@ const LIMIT: Duration = Duration::from_mins(2);
 const DELAY_MS: u64 = 20;
 const N: u64 = 10;
 
-fn late_senders_are_counted(mpi: Mpi) {
-    let scratch = Scratch::new(&format!("late-sender-{}", mpi.suffix()));
-    let prog = build_program("mpi_late_sender.c", mpi);
-    let (out, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
-    let mut args: Vec<String> = [
-        "record",
-        "--call-events",
-        "--format",
-        "json",
-        "-o",
-        path_str(&out),
-        "--",
-    ]
-    .map(String::from)
-    .to_vec();
-    args.extend(mpi.launcher(2));
-    args.extend([
-        prog.display().to_string(),
-        DELAY_MS.to_string(),
-        N.to_string(),
-        prefix.display().to_string(),
-    ]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
-    let truths = read_truths(&prefix, 2);
+/// The profile's Late Sender section is the job's truth: rank 1's late sends to rank 0
+/// paired with every MPI_Recv, exactly the late ones, waits of about the sleeps.
+#[track_caller]
+fn assert_late_senders(profile: &serde_json::Value, truths: &[serde_json::Value]) {
     let receiver = &truths[0];
-    let ls = &read_json(&out)["skew"]["late_sender"];
-    let pairs = ls["pairs"].as_array().expect("pairs");
+    let ls = &profile["skew"]["late_sender"];
+    let pairs = ls["pairs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("pairs: {profile:#}"));
     assert_eq!(pairs.len(), 1, "rank 1 -> rank 0 only: {ls}");
     let p = &pairs[0];
     assert_eq!(
@@ -63,6 +44,34 @@ fn late_senders_are_counted(mpi: Mpi) {
     for (reason, n) in ls["not_numbered"].as_object().expect("not_numbered") {
         assert_eq!(n, 0, "{reason}: {ls}");
     }
+}
+
+fn late_senders_are_counted(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("late-sender-{}", mpi.suffix()));
+    let prog = build_program("mpi_late_sender.c", mpi);
+    let (out, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
+    let mut args: Vec<String> = [
+        "record",
+        "--call-events",
+        "--format",
+        "json",
+        "-o",
+        path_str(&out),
+        "--",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(mpi.launcher(2));
+    args.extend([
+        prog.display().to_string(),
+        DELAY_MS.to_string(),
+        N.to_string(),
+        prefix.display().to_string(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let truths = read_truths(&prefix, 2);
+    assert_late_senders(&read_json(&out), &truths);
 
     // Without per-call events, point-to-point calls are not seen one by one: no Late
     // Sender section, rather than a wrong one.
@@ -80,6 +89,40 @@ fn late_senders_are_counted(mpi: Mpi) {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
     assert!(read_json(&plain)["skew"].get("late_sender").is_none());
+}
+
+/// A node daemon with per-call events (`--call-events`) pairs the sends and receives of a
+/// job it was not told about, as `record` does, and serves them in the job's report.
+fn late_senders_are_counted_by_a_daemon(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("late-sender-daemon-{}", mpi.suffix()));
+    let daemon = Daemon::start(&scratch, &[], &[], &["--call-events", "--no-state"]);
+    let prog = build_program("mpi_late_sender.c", mpi);
+    let prefix = scratch.path("truth");
+    let launcher = mpi.launcher(2);
+    let mut cmd = std::process::Command::new(&launcher[0]);
+    mpi_env(&mut cmd)
+        .args(&launcher[1..])
+        .arg(&prog)
+        .args([&DELAY_MS.to_string(), &N.to_string()])
+        .arg(&prefix);
+    let mut job = ChildGuard::spawn(&mut cmd);
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let truths = read_truths(&prefix, 2);
+    wait_for_exited(&daemon.target, &pids_of(&truths));
+    let job_id = truths[0]["pid"].as_u64().expect("pid").to_string();
+    let profile = report_json(&["report", "--from", &daemon.target, "--job", &job_id]);
+    assert_late_senders(&profile, &truths);
+    daemon.stop(&scratch);
+}
+
+#[test]
+fn late_senders_are_counted_by_a_daemon_under_open_mpi() {
+    late_senders_are_counted_by_a_daemon(Mpi::OpenMpi);
+}
+
+#[test]
+fn late_senders_are_counted_by_a_daemon_under_mpich() {
+    late_senders_are_counted_by_a_daemon(Mpi::Mpich);
 }
 
 #[test]

@@ -175,9 +175,13 @@ fn setup() -> Result<()> {
         ]))?;
     }
 
-    // A gRPC client nobody here wrote: Python's, with the standard health and reflection clients.
+    // A gRPC client nobody here wrote: Python's, with the standard health and reflection
+    // clients; and a JSON Schema validator nobody here wrote, for the profiles.
     let have_python_grpc = Command::new("python3")
-        .args(["-c", "import grpc_tools, grpc_health, grpc_reflection"])
+        .args([
+            "-c",
+            "import grpc_tools, grpc_health, grpc_reflection, jsonschema",
+        ])
         .output()
         .is_ok_and(|o| o.status.success());
     if !have_python_grpc {
@@ -189,6 +193,7 @@ fn setup() -> Result<()> {
             "grpcio-tools",
             "grpcio-health-checking",
             "grpcio-reflection",
+            "jsonschema",
         ]))?;
     }
 

@@ -17,7 +17,18 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 /// A libfabric fabric a process opened.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 pub struct Fabric {
     /// Provider, layered ones included: `tcp;ofi_rxm`.
     pub provider: String,

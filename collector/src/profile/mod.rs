@@ -3,6 +3,7 @@
 //! merges. Built once, from the kernel's counters, in `build`.
 
 pub mod build;
+pub mod schema;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,7 +16,7 @@ use crate::{
 pub const SCHEMA: &str = "commtap.profile.v1";
 
 /// One profiled process (an MPI rank).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RankProfile {
     /// MPI world rank (from the launcher's environment; else the order of discovery).
     pub rank: u32,
@@ -54,7 +55,7 @@ pub struct RankProfile {
 }
 
 /// A library commtap probed, summarised for the report.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ProbedLibrary {
     /// Path as seen from commtap.
     pub path: String,
@@ -75,7 +76,7 @@ pub struct ProbedLibrary {
 }
 
 /// The whole profile of a job on this node.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct JobProfile {
     /// [`SCHEMA`].
     pub schema: String,

@@ -9,7 +9,7 @@ use std::collections::{HashMap, VecDeque};
 use collector_common::CallEvent;
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{summary::Whois, CommKey, SkewReport, Tracker};
+use super::{late_sender::LateSenders, summary::Whois, CommKey, SkewReport, Tracker};
 use crate::ingest::{FeedItem, FeedResult};
 
 /// Calls kept per process whose job is not known yet; past this they are counted as lost.
@@ -40,6 +40,8 @@ pub struct Board {
     waiting: HashMap<u32, VecDeque<CallEvent>>,
     /// Calls that waited for a job that never became known, or past the caps.
     unplaced: u64,
+    /// Sends paired with their receives, when every call comes (per-call events).
+    late_senders: Option<LateSenders>,
 }
 
 impl Board {
@@ -52,6 +54,21 @@ impl Board {
             world_of: HashMap::new(),
             waiting: HashMap::new(),
             unplaced: 0,
+            late_senders: None,
+        }
+    }
+
+    /// Also pairs every send with its receive (Late Sender): only where every call of the
+    /// processes comes, numbered from `MPI_Init` (per-call events on from the start).
+    pub fn with_late_senders(mut self) -> Board {
+        self.late_senders = Some(LateSenders::default());
+        self
+    }
+
+    /// Hands a call, as who-is-late placed it, to the Late Sender pairing.
+    fn pair(&mut self, ev: &CallEvent, placed: Option<(CommKey, u64)>) {
+        if let Some(ls) = self.late_senders.as_mut() {
+            ls.call(&crate::trace::placed_call_event(ev, placed));
         }
     }
 
@@ -96,7 +113,9 @@ impl Board {
             return Taken::Now(None);
         }
         if let Some(t) = self.tracker_of(ev.tgid) {
-            return Taken::Now(t.call(&ev));
+            let placed = t.call(&ev);
+            self.pair(&ev, placed);
+            return Taken::Now(placed);
         }
         if !self.waiting.contains_key(&ev.tgid) && self.waiting.len() >= MAX_WAITING_PROCS {
             self.unplaced += 1;
@@ -135,7 +154,8 @@ impl Board {
         if let Some(n) = size {
             t.world_size(pid, n);
         }
-        self.waiting
+        let released: Vec<Released> = self
+            .waiting
             .remove(&pid)
             .into_iter()
             .flatten()
@@ -143,7 +163,11 @@ impl Board {
                 let placed = t.call(&ev);
                 (ev, placed)
             })
-            .collect()
+            .collect();
+        for (ev, placed) in &released {
+            self.pair(ev, *placed);
+        }
+        released
     }
 
     /// Whether the job of `pid` is known.
@@ -171,6 +195,9 @@ impl Board {
         });
         let live: std::collections::HashSet<&String> = self.world_of.values().collect();
         self.trackers.retain(|w, _| live.contains(w));
+        if let Some(ls) = self.late_senders.as_mut() {
+            ls.retain(&keep);
+        }
     }
 
     /// Aligns and closes everything (no more calls will come); returns the calls still
@@ -183,6 +210,9 @@ impl Board {
             .map(|ev| (ev, None))
             .collect();
         self.unplaced += held.len() as u64;
+        for (ev, _) in &held {
+            self.pair(ev, None);
+        }
         for t in self.trackers.values_mut() {
             t.finish_matching();
         }
@@ -204,6 +234,7 @@ impl Board {
         let world = pids.iter().find_map(|p| self.world_of.get(p))?;
         let mut r = self.trackers.get(world)?.report(whois);
         r.unidentified += self.unplaced;
+        r.late_sender = self.late_senders.as_ref().map(|ls| ls.report(whois));
         Some(r)
     }
 }

@@ -23,7 +23,7 @@ use crate::{
 pub const MAX_PENDING: usize = 1 << 20;
 
 /// The `late_sender` part of the `skew` object.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LateSenderReport {
     /// Per (receiving rank, sending rank) with at least one message, most waited first.
     pub pairs: Vec<LateSenderPair>,
@@ -35,7 +35,7 @@ pub struct LateSenderReport {
 }
 
 /// Messages from one rank to another taken by blocking receives.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LateSenderPair {
     /// The receiving world rank and its host.
     pub receiver: u32,
@@ -148,6 +148,12 @@ impl LateSenders {
             p.late += 1;
             p.wait_ns += sent.min(end_ns) - start_ns;
         }
+    }
+
+    /// Forgets the pairs of processes `keep` no longer keeps (both ends gone).
+    pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
+        self.pairs
+            .retain(|&(receiver, sender), _| keep(receiver) || keep(sender));
     }
 
     /// The report, ranks and hosts from `whois` (processes it does not know are left out).

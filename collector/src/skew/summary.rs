@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::instances::{Instance, MatchCounts};
 
 /// The `skew` object of a profile: who arrived late at collectives, and who waited.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SkewReport {
     /// Collective instances every member of was seen at.
     pub instances: u64,
@@ -52,7 +52,7 @@ pub struct SkewReport {
 }
 
 /// One rank's part in the job's collective instances.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RankSkew {
     /// World rank.
     pub rank: u32,
@@ -78,7 +78,7 @@ pub struct RankSkew {
 }
 
 /// One rank's part in one routine's instances.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RankRoutineSkew {
     /// C name.
     pub routine: String,
@@ -91,7 +91,7 @@ pub struct RankRoutineSkew {
 }
 
 /// Skew of one routine's instances in one size bucket.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RoutineSkew {
     /// C name.
     pub routine: String,
@@ -113,7 +113,7 @@ pub struct RoutineSkew {
 }
 
 /// The rank most often last at one routine and size.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LateRank {
     /// World rank.
     pub rank: u32,
@@ -129,7 +129,9 @@ pub struct LateRank {
 
 /// Quantiles of a distribution, ns. p50..p99 are within 3% (a log-linear histogram); max
 /// is exact.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct Quantiles {
     /// Median.
     pub p50: u64,
@@ -142,7 +144,7 @@ pub struct Quantiles {
 }
 
 /// One of the worst instances.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct WorstInstance {
     /// C name.
     pub routine: String,

@@ -124,20 +124,37 @@ impl Durations {
     }
 }
 
+impl schemars::JsonSchema for Durations {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Durations".into()
+    }
+
+    /// The JSON form's.
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        DurationsJson::json_schema(generator)
+    }
+}
+
 /// The JSON form: only the buckets that hold calls, each with its range.
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
 struct DurationsJson {
+    /// The fastest call, ns.
     min_ns: u64,
+    /// The slowest call, ns.
     max_ns: u64,
+    /// The log2 buckets holding calls, fastest first.
     buckets: Vec<DurationBucketJson>,
 }
 
 /// Calls that took from `from_ns` up to (not including) `to_ns`; no `to_ns` in the last.
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
 struct DurationBucketJson {
+    /// Shortest duration the bucket holds, ns.
     from_ns: u64,
+    /// Where the next bucket starts, ns (none for the last, open bucket).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     to_ns: Option<u64>,
+    /// Calls that took that long.
     calls: u64,
 }
 

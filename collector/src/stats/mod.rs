@@ -20,7 +20,9 @@ pub use durations::Durations;
 pub type Counter = (CounterKey, CounterVal, DurationHist);
 
 /// Calls, bytes and time of a set of calls.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct Totals {
     /// Number of calls.
     pub calls: u64,
@@ -49,7 +51,7 @@ impl Totals {
 }
 
 /// One message-size bucket of a routine.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SizeBucket {
     /// Bucket index (mpitrace bins), absent for calls whose bytes were not decoded.
     pub bucket: Option<u8>,
@@ -72,7 +74,9 @@ pub struct SizeBucket {
 /// Device time of NCCL operations: from their enqueue to the return of the host's wait for
 /// the GPU that followed, over windows holding only operations of this routine, size
 /// bucket and communicator.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct DeviceTime {
     /// Operations in the measured windows.
     pub calls: u64,
@@ -143,7 +147,7 @@ pub fn bus_factor(routine: &str, n: u32) -> Option<(u64, u64)> {
 }
 
 /// All calls of one routine in one process.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RoutineStats {
     /// All calls.
     #[serde(flatten)]
@@ -169,7 +173,7 @@ pub struct RoutineStats {
 }
 
 /// One NCCL communicator's share of a routine's calls.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CommStats {
     /// Identity, the same in every member process (16 hex digits); `None` when unknown (the
     /// communicator was created before commtap attached).
@@ -259,7 +263,7 @@ impl RoutineStats {
 macro_rules! define_health {
     ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
         /// What commtap could not measure for a process: shown, never hidden.
-        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
         pub struct Health {
             /// Call events received through the ring buffer (with `dropped`: every counted
             /// call).
@@ -282,7 +286,9 @@ macro_rules! define_health {
 collector_common::kernel_health_counters!(define_health);
 
 /// Point-to-point traffic of a rank with one peer (MPI).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct PeerTraffic {
     /// The peer's world rank (calls on `MPI_COMM_WORLD`); `None` for what cannot be put
     /// on a world rank: calls on other communicators, receives from `MPI_ANY_SOURCE` with

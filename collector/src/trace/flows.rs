@@ -70,7 +70,9 @@ pub struct FlowEnds {
 }
 
 /// Messages that have no arrow, though their calls are in the trace.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct Unlinked {
     /// Calls of processes the trace does not hold from `MPI_Init` on.
     pub not_from_init: u64,

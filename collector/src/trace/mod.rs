@@ -219,6 +219,20 @@ pub fn slice_args<'a>(ev: &'a pb::CallEvent, mut arg: impl FnMut(&'static str, A
     }
 }
 
+/// [`call_event`] with what who-is-late placed it as: a collective's communicator by the
+/// name every member shares, and its number there.
+pub fn placed_call_event(
+    ev: &collector_common::CallEvent,
+    placed: Option<(crate::skew::CommKey, u64)>,
+) -> pb::CallEvent {
+    let mut call = call_event(ev);
+    if let Some((comm, seq)) = placed {
+        call.comm = comm.label();
+        call.seq = Some(seq);
+    }
+    call
+}
+
 /// A kernel call event as the API sends it (and a trace writes it).
 pub fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
     let moves = collector_common::ROUTINES

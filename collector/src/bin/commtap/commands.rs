@@ -132,6 +132,7 @@ pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Resu
         Command::Jobs(a) => client::print_jobs(&a.from, a.json).await?,
         Command::ScanFabric { pid } => scan_fabric(pid)?,
         Command::Completions { shell } => completions(shell)?,
+        Command::Schema => print!("{}", collector::profile::schema::profile_schema()),
         Command::Man { out } => man_pages(&out)?,
         Command::Compare(a) => {
             if run_compare(a).await? {

@@ -147,6 +147,14 @@ enum Command {
         #[arg(long, default_value = ".")]
         out: PathBuf,
     },
+    /// Print the JSON Schema (draft 2020-12) of the JSON profile, `commtap.profile.v1`, as
+    /// `record --format json`, `report --format json` and the aggregator write it (the same
+    /// file is in the repository: docs/commtap.profile.v1.schema.json).
+    ///
+    /// Example:
+    ///   commtap schema > commtap.profile.v1.schema.json
+    #[command(verbatim_doc_comment)]
+    Schema,
     /// Show what commtap finds of a process's libfabric endpoints and ops tables.
     #[command(hide = true)]
     ScanFabric {
