@@ -138,6 +138,14 @@ pub fn pick_table(text: &str, file: &str, index: Option<usize>) -> Result<Table>
     }
 }
 
+/// Parses a `--threshold`: a fraction of the expected bandwidth, in (0, 1].
+pub fn parse_threshold(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if t > 0.0 && t <= 1.0 => Ok(t),
+        _ => Err(format!("{s:?}: expected a fraction in (0, 1], e.g. 0.5")),
+    }
+}
+
 /// Bus bandwidth per commtap size bucket (GB/s).
 pub type Curve = BTreeMap<u8, f64>;
 

@@ -6,6 +6,7 @@
 //! `cargo xtask test` builds commtap and runs them with `--test-threads=1`.
 
 pub mod attack;
+mod browser;
 mod build;
 mod commtap;
 mod consumers;
@@ -13,6 +14,7 @@ mod process;
 mod truth;
 
 pub use attack::*;
+pub use browser::*;
 pub use build::*;
 pub use commtap::*;
 pub use consumers::*;

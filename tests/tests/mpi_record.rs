@@ -14,12 +14,15 @@ fn launched_truth(mpi: Mpi, np: u32) {
     let prefix = scratch.path("truth");
     let out = scratch.path("profile.json");
     let mpitrace = scratch.path("mpitrace");
+    let html = scratch.path("report.html");
     let mut args: Vec<String> = ["record", "--call-events", "--format", "json", "-o"]
         .map(String::from)
         .to_vec();
     args.push(out.display().to_string());
     args.push("--mpitrace-dir".into());
     args.push(mpitrace.display().to_string());
+    args.push("--html".into());
+    args.push(html.display().to_string());
     args.push("--".into());
     args.extend(mpi.launcher(np));
     args.push(prog.display().to_string());
@@ -38,6 +41,22 @@ fn launched_truth(mpi: Mpi, np: u32) {
         );
         assert!(rank["elapsed_ns"].as_u64().expect("elapsed") > 0);
     }
+
+    // The HTML report, as Chromium shows it: its routine table is the ranks' truths added
+    // up, and it draws every size bucket, rank and duration bucket of the profile.
+    let page = browse(&scratch, &html, &format!("truth-{}", mpi.suffix()));
+    assert_html_report_matches(&page, &profile);
+    let mut want = std::collections::BTreeMap::<String, (u64, u64)>::new();
+    for t in &truths {
+        for (name, (calls, bytes)) in routine_table(&t["routines"]) {
+            let e = want.entry(name).or_default();
+            e.0 += calls;
+            e.1 += bytes;
+        }
+    }
+    let mut got = html_routine_table(&page);
+    got.remove("MPI_Finalize");
+    assert_eq!(got, want, "the HTML routine table");
 
     // mpitrace files: one per rank, named by job id (rank 0's pid here) and rank.
     let job = profile["job"].as_str().expect("job").to_string();

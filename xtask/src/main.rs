@@ -69,6 +69,8 @@ const PACKAGES: &[&str] = &[
     // A real MPI application (Open MPI): the tests compare its output with and without
     // commtap, the benchmark what it pays.
     "lammps",
+    // Headless Chromium: the tests load the HTML report as a reader's browser does.
+    "chromium",
 ];
 
 /// bpf-linker release known to work with the nightly's LLVM 22 (FACTS.md).

@@ -3,6 +3,7 @@
 //! Reports only render: every figure they show is in the profile.
 
 mod durations;
+pub mod html;
 mod mpitrace;
 mod peers;
 mod skew;
@@ -40,6 +41,27 @@ pub struct Outputs {
     /// Also write IBM mpitrace's `mpi_profile.<jobid>.<rank>` files into this directory.
     #[arg(long)]
     pub mpitrace_dir: Option<PathBuf>,
+    /// Also write a one-file HTML report with plots into this file: message sizes, ranks'
+    /// communication time, NCCL bus bandwidth, who is late, call durations, the peer
+    /// matrix. No scripts and no network: it opens anywhere, JavaScript off.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// With --html: nccl-tests output whose out-of-place busbw the NCCL plot draws as the
+    /// expected curve (buckets measured below --threshold of it are marked).
+    #[arg(long, value_name = "FILE", requires = "html")]
+    pub expected: Option<PathBuf>,
+    /// Which table of --expected (1-based) when the file holds several.
+    #[arg(long, value_name = "N", requires = "expected")]
+    pub expected_table: Option<usize>,
+    /// The NCCL routine --expected describes (default: the benchmark it names, e.g.
+    /// all_reduce_perf is ncclAllReduce).
+    #[arg(long, value_name = "ROUTINE", requires = "expected")]
+    pub expected_op: Option<String>,
+    /// With --expected: mark buckets measured below this fraction of the expected bus
+    /// bandwidth.
+    #[arg(long, default_value_t = 0.5, requires = "expected",
+          value_parser = crate::compare::parse_threshold)]
+    pub threshold: f64,
 }
 
 /// Writes `bytes` to `path`, created or truncated, never through a symlink: commtap runs
@@ -74,8 +96,26 @@ pub fn create_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
 }
 
 impl Outputs {
+    /// The expected NCCL curve of `--expected`, read now (a watch rereads it each time).
+    fn expected(&self) -> Result<Option<html::Expected>> {
+        let Some(path) = &self.expected else {
+            return Ok(None);
+        };
+        let source = path.display().to_string();
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {source}"))?;
+        let table = crate::compare::pick_table(&text, &source, self.expected_table)?;
+        Ok(Some(html::Expected {
+            op: crate::compare::resolve_op(self.expected_op.as_deref(), &table)?,
+            curve: crate::compare::table_curve(&table),
+            threshold: self.threshold,
+            source,
+        }))
+    }
+
     /// Writes `profile` as asked.
     pub fn write(&self, profile: &JobProfile) -> Result<()> {
+        // A bad --expected stops everything before anything is written.
+        let expected = self.expected()?;
         let json = || -> Result<String> { Ok(serde_json::to_string_pretty(profile)? + "\n") };
         let text = match self.format {
             Format::Json => json()?,
@@ -88,6 +128,11 @@ impl Outputs {
         }
         if let Some(path) = &self.json {
             write_file(path, json()?.as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        if let Some(path) = &self.html {
+            let html = html::render_html(profile, expected.as_ref());
+            write_file(path, html.as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         if let Some(dir) = &self.mpitrace_dir {

@@ -423,14 +423,17 @@ pub fn fabric_unresolved(tgid: u32, counters: &[Counter]) -> u64 {
 pub fn communication_ns(routines: &Routines) -> u64 {
     routines
         .iter()
-        .filter(|(name, _)| {
-            collector_common::routines::routine_id(name).is_none_or(|id| {
-                let r = &ROUTINES[id as usize];
-                r.family() == Family::Mpi && !matches!(r.spec.class, class::INIT | class::FINALIZE)
-            })
-        })
+        .filter(|(name, _)| is_communication(name))
         .map(|(_, r)| r.totals.time_ns)
         .sum()
+}
+
+/// Whether a routine's time is communication time (see [`communication_ns`]).
+pub fn is_communication(name: &str) -> bool {
+    collector_common::routines::routine_id(name).is_none_or(|id| {
+        let r = &ROUTINES[id as usize];
+        r.family() == Family::Mpi && !matches!(r.spec.class, class::INIT | class::FINALIZE)
+    })
 }
 
 /// The routines of `family` in the order mpitrace lists them: the routine table's order.

@@ -224,7 +224,7 @@ pub struct CompareArgs {
     #[arg(long)]
     pub op: Option<String>,
     /// Flag buckets measured below this fraction of the expected bus bandwidth.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, value_parser = collector::compare::parse_threshold)]
     pub threshold: f64,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = report::Format::Text)]

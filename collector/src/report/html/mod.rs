@@ -1,0 +1,348 @@
+//! The one-file HTML report: the job summary and mpitrace's tables as HTML, and the figures
+//! people otherwise draw by hand (message sizes, ranks' communication time, NCCL bus
+//! bandwidth against nccl-tests, who is late, call durations, the peer matrix, libfabric
+//! under MPI) as inline SVG. No script, no external resource: it is read on laptops,
+//! attached to tickets and kept with job logs, with JavaScript off and no network.
+//! Every string from the profile is escaped: profiles come from daemons, and command
+//! lines and host names from the processes they watched.
+
+mod charts;
+mod figures;
+
+use std::fmt::Write as _;
+
+use collector_common::routines::Family;
+
+use crate::{
+    compare::Curve,
+    profile::JobProfile,
+    stats::{table_order, Routines},
+};
+
+/// Ranks up to which the text report (every rank's section) is embedded in the page.
+const TEXT_RANKS: usize = 64;
+
+/// An nccl-tests table drawn as the expected curve of one NCCL routine.
+#[derive(Clone, Debug)]
+pub struct Expected {
+    /// The NCCL routine it describes (`ncclAllReduce`).
+    pub op: String,
+    /// Out-of-place bus bandwidth per size bucket, GB/s.
+    pub curve: Curve,
+    /// Fraction of the expected bandwidth below which a measured bucket is marked.
+    pub threshold: f64,
+    /// Where it came from (the file name), for the caption.
+    pub source: String,
+}
+
+/// `s` safe in HTML text and attribute values.
+pub fn escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '&' => o.push_str("&amp;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// Every rank's routines added together, per family in the routine table's order.
+fn job_routines(job: &JobProfile) -> Routines {
+    let mut all = Routines::new();
+    for r in &job.ranks {
+        for (name, s) in &r.routines {
+            all.entry(name.clone()).or_default().merge(s);
+        }
+    }
+    all
+}
+
+/// The page.
+pub fn render_html(job: &JobProfile, expected: Option<&Expected>) -> String {
+    let routines = job_routines(job);
+    let title = if job.job.is_empty() {
+        "commtap profile".to_string()
+    } else {
+        format!("commtap profile of job {}", job.job)
+    };
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width\">\
+         <meta name=\"generator\" content=\"commtap {}\">\
+         <title>{}</title><style>{}</style></head><body>\n<h1>{}</h1>",
+        env!("CARGO_PKG_VERSION"),
+        escape(&title),
+        STYLE,
+        escape(&title)
+    );
+    let sections = [
+        ("summary", "Summary", summary(job)),
+        ("routines", "Routines, all ranks", routine_tables(&routines)),
+        (
+            "sizes",
+            "Message sizes, all ranks",
+            figures::sizes(&routines),
+        ),
+        ("ranks", "Communication time per rank", figures::ranks(job)),
+        (
+            "nccl",
+            "NCCL bus bandwidth",
+            figures::nccl_bandwidth(job, expected),
+        ),
+        ("late", "Who is late", figures::who_is_late(job)),
+        (
+            "durations",
+            "Call durations, all ranks",
+            figures::durations(&routines),
+        ),
+        ("peers", "Point-to-point traffic", figures::peers(job)),
+        (
+            "fabric",
+            "libfabric operations under MPI and NCCL calls",
+            figures::fabric(&routines),
+        ),
+        ("text", "The text report", text_report(job)),
+    ];
+    o.push_str("<nav><ul>");
+    for (id, name, body) in &sections {
+        if !body.is_empty() {
+            let _ = write!(o, "<li><a href=\"#{id}\">{name}</a></li>");
+        }
+    }
+    o.push_str("</ul></nav>\n");
+    for (id, name, body) in &sections {
+        if !body.is_empty() {
+            let _ = writeln!(o, "<section id=\"{id}\"><h2>{name}</h2>\n{body}</section>");
+        }
+    }
+    let _ = writeln!(
+        o,
+        "<footer>Made by commtap {} from a {} profile. Sizes are mpitrace's buckets \
+         (the largest size of each shown); times are seconds of host time unless said.</footer>\
+         </body></html>",
+        env!("CARGO_PKG_VERSION"),
+        escape(&job.schema)
+    );
+    o
+}
+
+const STYLE: &str = "body{font-family:sans-serif;margin:1.5em auto;max-width:64em;color:#111;\
+line-height:1.4}h1{font-size:1.5em}h2{border-bottom:1px solid #999;margin-top:2em}\
+table{border-collapse:collapse;margin:.5em 0}td,th{padding:.15em .6em;border-bottom:1px solid #ddd}\
+th{text-align:left}td.n{text-align:right;font-variant-numeric:tabular-nums}\
+figure.chart{margin:1em 1em 1em 0;page-break-inside:avoid}\
+div.pair{display:flex;flex-wrap:wrap}div.pair figure.chart{flex:1 1 26em}figcaption{font-weight:bold}\
+ul.legend{list-style:none;padding:0;margin:.2em 0}ul.legend li{display:inline-block;margin-right:1.5em}\
+.swatch{display:inline-block;width:1em;height:1em;margin-right:.4em;vertical-align:middle;\
+border:1px solid #333}nav ul{padding-left:1.2em}pre{font-size:.8em;overflow-x:auto}\
+.warn{color:#a30}p.scale{font-size:.9em;margin:.2em 0}footer{margin-top:3em;font-size:.85em;color:#555}\
+svg{max-width:100%;height:auto}";
+
+/// One row of a two-column table: a label and its (already escaped) value.
+fn row(o: &mut String, label: &str, value: &str) {
+    let _ = write!(o, "<tr><th>{}</th><td>{value}</td></tr>", escape(label));
+}
+
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// The job summary: ranks, hosts, times and what was not measured.
+fn summary(job: &JobProfile) -> String {
+    let mut o = String::from("<table class=\"summary\">");
+    let hosts: std::collections::BTreeSet<&str> =
+        job.ranks.iter().map(|r| r.host.as_str()).collect();
+    row(&mut o, "Job", &escape(&job.job));
+    row(&mut o, "Ranks", &job.ranks.len().to_string());
+    let mut host_list: Vec<String> = hosts.iter().take(8).map(|h| escape(h)).collect();
+    if hosts.len() > 8 {
+        host_list.push(format!("and {} more", hosts.len() - 8));
+    }
+    row(
+        &mut o,
+        "Hosts",
+        &format!("{} ({})", hosts.len(), host_list.join(", ")),
+    );
+    let elapsed = job.ranks.iter().map(|r| r.elapsed_ns).max().unwrap_or(0);
+    let total_elapsed: u64 = job.ranks.iter().map(|r| r.elapsed_ns).sum();
+    let total_comm: u64 = job.ranks.iter().map(|r| r.comm_time_ns).sum();
+    row(
+        &mut o,
+        "Elapsed (longest rank)",
+        &format!("{:.3} s", secs(elapsed)),
+    );
+    let share = if total_elapsed > 0 {
+        format!(
+            " ({:.1}% of the ranks' elapsed time)",
+            100.0 * total_comm as f64 / total_elapsed as f64
+        )
+    } else {
+        String::new()
+    };
+    row(
+        &mut o,
+        "MPI communication time, all ranks",
+        &format!("{:.3} s{share}", secs(total_comm)),
+    );
+    if let Some(s) = job.comm_summary() {
+        for (what, r) in [("minimum", s.min), ("median", s.median), ("maximum", s.max)] {
+            row(
+                &mut o,
+                &format!("Communication time, {what}"),
+                &format!("{:.3} s, rank {}", secs(r.comm_time_ns), r.rank),
+            );
+        }
+    }
+    let sum =
+        |f: fn(&crate::stats::Health) -> u64| job.ranks.iter().map(|r| f(&r.health)).sum::<u64>();
+    let not_measured = [
+        ("Events dropped (counts stay exact)", job.dropped),
+        ("Calls with undecodable bytes", job.undecoded),
+        ("Calls in flight at attach", sum(|h| h.in_flight_at_attach)),
+        (
+            "Calls lost to a full counter map",
+            sum(|h| h.counter_map_full),
+        ),
+    ];
+    for (what, n) in not_measured {
+        let cell = if n > 0 {
+            format!("<span class=\"warn\">{n}</span>")
+        } else {
+            n.to_string()
+        };
+        row(&mut o, what, &cell);
+    }
+    for l in &job.libraries {
+        let how = if l.uprobe_sessions {
+            ", through uprobe sessions"
+        } else {
+            ""
+        };
+        row(
+            &mut o,
+            "Probed",
+            &format!(
+                "{} ({}): {} routines{how}{}",
+                escape(&l.path),
+                escape(&l.flavor),
+                l.probes,
+                if l.failed.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; <span class=\"warn\">failed: {}</span>",
+                        escape(&l.failed.join(", "))
+                    )
+                }
+            ),
+        );
+    }
+    for u in &job.unsupported_libraries {
+        row(
+            &mut o,
+            "Not probed",
+            &format!("<span class=\"warn\">{}</span>", escape(u)),
+        );
+    }
+    for n in &job.not_profiled {
+        row(
+            &mut o,
+            "Not profiled",
+            &format!("<span class=\"warn\">{}</span>", escape(n)),
+        );
+    }
+    o.push_str("</table>\n");
+    if job.ranks.is_empty() {
+        o.push_str("<p>No MPI or NCCL calls were seen.</p>\n");
+    }
+    o
+}
+
+/// mpitrace's routine table per family, all ranks together.
+fn routine_tables(routines: &Routines) -> String {
+    let mut o = String::new();
+    let comm: u64 = crate::stats::communication_ns(routines);
+    for (family, heading, time) in [
+        (Family::Mpi, "MPI Routine", "time (s)"),
+        (Family::Nccl, "NCCL Operation", "enqueue (s)"),
+        (Family::Fabric, "libfabric Operation", "time (s)"),
+    ] {
+        let rows = table_order(routines, family);
+        if rows.is_empty() {
+            continue;
+        }
+        let _ = write!(
+            o,
+            "<table class=\"routines\"><thead><tr><th>{heading}</th><th>#calls</th>\
+             <th>bytes</th><th>avg. bytes</th><th>{time}</th>{}</tr></thead><tbody>",
+            if family == Family::Mpi {
+                "<th>% of comm.</th>"
+            } else {
+                ""
+            }
+        );
+        for (name, s) in rows {
+            let _ = write!(
+                o,
+                "<tr><th>{}</th><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+                 <td class=\"n\">{:.1}</td><td class=\"n\">{:.6}</td>",
+                escape(name),
+                s.totals.calls,
+                s.totals.bytes,
+                s.totals.avg_bytes(),
+                secs(s.totals.time_ns)
+            );
+            if family == Family::Mpi {
+                // MPI_Init and MPI_Finalize are not communication (mpitrace leaves them out).
+                if comm > 0 && crate::stats::is_communication(name) {
+                    let share = 100.0 * s.totals.time_ns as f64 / comm as f64;
+                    let _ = write!(o, "<td class=\"n\">{share:.1}</td>");
+                } else {
+                    o.push_str("<td class=\"n\">-</td>");
+                }
+            }
+            o.push_str("</tr>");
+        }
+        o.push_str("</tbody></table>\n");
+    }
+    o
+}
+
+/// The text report, every rank's section, for small jobs.
+fn text_report(job: &JobProfile) -> String {
+    if job.ranks.len() > TEXT_RANKS {
+        return format!(
+            "<p>The job has {} ranks: `commtap report` prints every rank's section.</p>\n",
+            job.ranks.len()
+        );
+    }
+    format!(
+        "<details><summary>Every rank's mpitrace sections and the job summary</summary>\
+         <pre>{}</pre></details>\n",
+        escape(&super::render_text(job))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_strings_stay_text() {
+        let mut job = JobProfile::of_ranks(Vec::new());
+        job.job = "<script>alert(1)</script>".into();
+        job.not_profiled
+            .push("\"><img src=x onerror=alert(1)>".into());
+        let html = render_html(&job, None);
+        assert!(!html.contains("<script"), "{html}");
+        assert!(!html.contains("<img"), "{html}");
+        assert!(html.contains("&lt;script&gt;"));
+    }
+}
