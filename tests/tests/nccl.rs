@@ -326,6 +326,54 @@ fn waits_for_the_gpu_measure_device_time() {
     );
     let ratio = b["ratio"].as_f64().expect("ratio");
     assert!((ratio - measured / 18.05).abs() <= 1e-12, "{ratio}");
+
+    // The HTML report draws the same comparison: the one measured bucket, below the
+    // threshold and marked so, under the expected curve's points (one per size bucket of
+    // the seed's table, as `compare` reads it).
+    let html = scratch.path("report.html");
+    let run = run_commtap(
+        &scratch,
+        &[
+            "report",
+            "--profile",
+            path_str(&r.out),
+            "--html",
+            path_str(&html),
+            "--expected",
+            path_str(&seed),
+            "--expected-table",
+            "1",
+        ],
+        LIMIT,
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let run = run_commtap(
+        &scratch,
+        &[
+            "compare",
+            "--expected",
+            path_str(&seed),
+            "--expected-table",
+            "1",
+            "--measured",
+            path_str(&seed),
+            "--measured-table",
+            "1",
+            "--format",
+            "json",
+        ],
+        LIMIT,
+    );
+    let table: serde_json::Value = serde_json::from_str(&run.stdout).expect("JSON comparison");
+    let points = table["buckets"].as_array().expect("buckets").len() as u64;
+    let page = browse(&scratch, &html, "nccl-device");
+    assert_html_report_matches(&page, &r.profile);
+    let id = "nccl-busbw-ncclAllReduce";
+    assert_eq!(bars_in(&page, id, VERMILLION), 1, "the bucket below");
+    assert_eq!(bars_in(&page, id, BLUE), 0, "no bucket at or above");
+    assert_eq!(figure(&page, id)["circles"], points, "expected points");
+    assert!(figure_says(&page, id, "below"), "the bucket is marked");
+    assert!(figure_says(&page, id, "bus bandwidth"), "y axis");
 }
 
 /// `nccl_device.c` built against the NCCL and CUDA runtime stand-ins.

@@ -1,6 +1,7 @@
 //! Per-peer point-to-point traffic: a program whose communication matrix is known
 //! (`mpi_peers.c`) under `commtap record`, Open MPI and MPICH: every rank's traffic with
-//! every peer, sent and received, calls and bytes, equals what the program did.
+//! every peer, sent and received, calls and bytes, equals what the program did, and the
+//! HTML report's heat map has a cell for each pair that exchanged bytes.
 
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ fn matrix(mpi: Mpi, np: u32) {
     let prefix = scratch.path("truth");
     let json = scratch.path("profile.json");
     let text = scratch.path("report.txt");
+    let html = scratch.path("report.html");
     let mut args: Vec<String> = [
         "record",
         "--no-skew",
@@ -23,6 +25,8 @@ fn matrix(mpi: Mpi, np: u32) {
         path_str(&text),
         "--json",
         path_str(&json),
+        "--html",
+        path_str(&html),
         "--",
     ]
     .map(String::from)
@@ -43,6 +47,10 @@ fn matrix(mpi: Mpi, np: u32) {
         );
         assert_eq!(rank["peers_full"], 0);
     }
+    // The HTML report's heat map: a cell per pair of ranks the truths say exchanged bytes
+    // (the profile's peers equal the truths' above).
+    let page = browse(&scratch, &html, &format!("peers-{}", mpi.suffix()));
+    assert_html_report_matches(&page, &profile);
     let report = std::fs::read_to_string(&text).expect("text report");
     assert!(
         report.contains("Point-to-point bytes sent, by rank (row) to world rank (column):"),

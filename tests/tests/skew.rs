@@ -180,12 +180,15 @@ fn launched(mpi: Mpi) {
     let prefix = scratch.path("truth");
     let json = scratch.path("profile.json");
     let text = scratch.path("report.txt");
+    let html = scratch.path("report.html");
     let mut args: Vec<String> = vec![
         "record".into(),
         "--format".into(),
         "text".into(),
         "-o".into(),
         text.display().to_string(),
+        "--html".into(),
+        html.display().to_string(),
         "--json".into(),
         json.display().to_string(),
         "--".into(),
@@ -204,6 +207,26 @@ fn launched(mpi: Mpi) {
     assert!(
         report.contains(&format!("rank {LATE} ({host}) arrived last in")),
         "{report}"
+    );
+
+    // The HTML report marks the late rank: over its bars (the most time made others wait)
+    // and as the rank most often last at the Allreduces it slept before.
+    let page = browse(&scratch, &html, &format!("late-{}", mpi.suffix()));
+    assert_html_report_matches(&page, &profile);
+    let late = profile["skew"]["ranks"]
+        .as_array()
+        .expect("ranks")
+        .iter()
+        .find(|r| r["rank"] == LATE)
+        .expect("the late rank");
+    let mark = format!("last {}×", late["last"]);
+    assert!(
+        figure_says(&page, "late-ranks", &mark),
+        "{mark} over rank {LATE}"
+    );
+    assert!(
+        figure_says(&page, "late-skew-MPI_Allreduce", &format!("r{LATE}")),
+        "rank {LATE} named over the Allreduce buckets"
     );
 }
 

@@ -255,7 +255,9 @@ impl BarChart {
         let top = drawn.iter().copied().fold(f64::MIN, f64::max);
         let (floor, ceil) = if log {
             let lo = drawn.iter().copied().fold(f64::MAX, f64::min);
-            (lo.floor() - 0.0, top.ceil().max(lo.floor() + 1.0) + 0.15)
+            // Half a decade below the smallest value at least, so its bar shows.
+            let floor = (lo - 0.5).floor();
+            (floor, top.ceil().max(floor + 1.0) + 0.15)
         } else {
             (0.0, if top > 0.0 { top * 1.15 } else { 1.0 })
         };
