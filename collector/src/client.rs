@@ -306,14 +306,25 @@ pub async fn watch(
     count: Option<u64>,
     out: &crate::report::Outputs,
 ) -> Result<()> {
-    use tokio_stream::StreamExt as _;
-    let interval_ms = u32::try_from(every.as_millis()).context("--watch is too long")?;
     let mut n = 0;
-    let mut emit = |profile: &JobProfile| -> Result<bool> {
-        out.write(profile)?;
+    watch_profiles(from, job, every, |profile| {
+        out.write(&profile)?;
         n += 1;
         Ok(count.is_some_and(|c| n >= c))
-    };
+    })
+    .await
+}
+
+/// Hands `emit` the whole profile a daemon or an aggregator holds every `every`, until the
+/// stream ends or `emit` says to stop (true). The server paces the stream.
+pub async fn watch_profiles(
+    from: &Target,
+    job: Option<&str>,
+    every: Duration,
+    mut emit: impl FnMut(JobProfile) -> Result<bool>,
+) -> Result<()> {
+    use tokio_stream::StreamExt as _;
+    let interval_ms = u32::try_from(every.as_millis()).context("the interval is too long")?;
     if let Target::Tcp(_) = from {
         if let Some(job) = job {
             let mut client = crate::api::aggregator_client(connect(from).await?);
@@ -328,7 +339,7 @@ pub async fn watch(
                     let mut stream = stream.into_inner();
                     while let Some(r) = stream.next().await {
                         let wire = r.context("WatchJobReport")?.profile;
-                        if emit(&JobProfile::try_from(&wire.context("no profile")?)?)? {
+                        if emit(JobProfile::try_from(&wire.context("no profile")?)?)? {
                             break;
                         }
                     }
@@ -368,7 +379,7 @@ pub async fn watch(
         if !r.more {
             let mut whole = profile.take().expect("a page");
             sort_ranks(&mut whole);
-            if emit(&whole)? {
+            if emit(whole)? {
                 break;
             }
         }

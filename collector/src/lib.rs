@@ -40,4 +40,5 @@ pub mod signals;
 pub mod skew;
 pub mod stats;
 pub mod symbols;
+pub mod top;
 pub mod trace;

@@ -71,6 +71,8 @@ const PACKAGES: &[&str] = &[
     "lammps",
     // Headless Chromium: the tests load the HTML report as a reader's browser does.
     "chromium",
+    // A real terminal for `commtap top`'s test.
+    "tmux",
 ];
 
 /// bpf-linker release known to work with the nightly's LLVM 22 (FACTS.md).

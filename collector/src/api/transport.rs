@@ -88,6 +88,15 @@ pub enum Target {
     Tcp(String),
 }
 
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Unix(path) => write!(f, "unix://{}", path.display()),
+            Target::Tcp(uri) => f.write_str(uri),
+        }
+    }
+}
+
 impl std::str::FromStr for Target {
     type Err = String;
 

@@ -7,6 +7,7 @@ pub mod html;
 mod mpitrace;
 mod peers;
 mod skew;
+pub mod units;
 
 use std::{io::Write as _, path::PathBuf};
 

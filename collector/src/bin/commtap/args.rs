@@ -185,6 +185,20 @@ pub struct DoctorArgs {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct TopArgs {
+    /// Where to read: unix:///path/to.sock (a node daemon) or http(s)://host:port (an
+    /// aggregator, which needs --job; or a daemon's --listen).
+    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    pub from: Target,
+    /// Only this job (the `j` key cycles through the jobs of a daemon).
+    #[arg(long)]
+    pub job: Option<String>,
+    /// How often the server sends a profile: the rates' interval (e.g. 1s, 500ms).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub interval: Duration,
+}
+
+#[derive(clap::Args, Debug)]
 pub struct PsArgs {
     /// Where to read: unix:///path/to.sock (a daemon) or http(s)://host:port.
     #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]

@@ -120,6 +120,14 @@ pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Resu
         Command::Daemon(a) => daemon(a, identity).await?,
         Command::Report(a) => report(a).await?,
         Command::Ps(a) => client::print_processes(&a.from, a.json).await?,
+        Command::Top(a) => {
+            collector::top::run(collector::top::TopOptions {
+                from: a.from,
+                job: a.job,
+                every: a.interval,
+            })
+            .await?;
+        }
         Command::Doctor(a) => return doctor(a).await,
         Command::Attach(a) => client::attach(&a.from, a.pid).await?,
         Command::Detach(a) => client::detach(&a.target.from, a.target.pid, &a.out).await?,

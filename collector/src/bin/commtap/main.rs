@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 
 use args::{
     AggregatorArgs, CompareArgs, DaemonArgs, DetachArgs, DoctorArgs, EventsArgs, JobsArgs, PidArgs,
-    PsArgs, RecordArgs, ReportArgs, TraceArgs,
+    PsArgs, RecordArgs, ReportArgs, TopArgs, TraceArgs,
 };
 
 /// commtap: profile the communication of running MPI and NCCL jobs with eBPF: no relink,
@@ -71,6 +71,18 @@ enum Command {
     /// Example: commtap report --from unix:///run/commtap/commtap.sock --job 4242
     #[command(verbatim_doc_comment)]
     Report(ReportArgs),
+    /// A live view of a daemon's or an aggregator's jobs, as `top` shows processes: per
+    /// routine the calls, bytes and share of time over the last interval, the busiest
+    /// ranks, what could not be measured, the rank the others wait for.
+    ///
+    /// Examples:
+    ///   commtap top                                    (this node's daemon)
+    ///   commtap top --from https://aggregator:7443 --job 4242 --interval 5s
+    ///
+    /// Keys: s sort (time share, calls/s, bytes/s, name), j next job, r next rank,
+    /// a all jobs and ranks, p or space pause, q or Esc quit.
+    #[command(verbatim_doc_comment)]
+    Top(TopArgs),
     /// List the processes a daemon knows and the libraries it probes (command lines cut
     /// at 256 characters; `report --format json` has them whole).
     Ps(PsArgs),

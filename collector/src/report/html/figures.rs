@@ -6,13 +6,14 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use collector_common::{durations::duration_range, routines::Family};
 
 use super::{
-    charts::{BarChart, HeatMap, Layout, Series, Unit, BLUE, GREY, ORANGE, PALETTE, VERMILLION},
+    charts::{BarChart, HeatMap, Layout, Series, BLUE, GREY, ORANGE, PALETTE, VERMILLION},
     escape, secs, Expected,
 };
 use crate::{
     compare,
     profile::JobProfile,
     report::mpitrace::net_transport,
+    report::units::Unit,
     stats::{table_order, Routines},
 };
 

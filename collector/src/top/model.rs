@@ -1,0 +1,422 @@
+//! What `commtap top` shows, from the two latest profiles of a watch stream: per routine the
+//! rates over the last interval, the busiest ranks, what could not be measured, the rank
+//! the others wait for. Pure: the screen (`view`) only lays it out.
+
+use std::{collections::BTreeMap, time::Instant};
+
+use crate::{
+    profile::{JobProfile, RankProfile},
+    stats::Totals,
+};
+
+/// Which ranks are shown.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Only this job.
+    pub job: Option<String>,
+    /// Only this world rank (of the job shown).
+    pub rank: Option<u32>,
+}
+
+impl Filter {
+    fn admits(&self, r: &RankProfile) -> bool {
+        self.job.as_ref().is_none_or(|j| *j == r.job) && self.rank.is_none_or(|n| n == r.rank)
+    }
+}
+
+/// The routine table's order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SortKey {
+    /// Share of the ranks' time in the routine over the last interval.
+    Time,
+    /// Calls per second over the last interval.
+    Calls,
+    /// Bytes per second over the last interval.
+    Bytes,
+    /// Routine name.
+    Name,
+}
+
+impl SortKey {
+    /// The next order (the `s` key).
+    pub fn next(self) -> SortKey {
+        match self {
+            SortKey::Time => SortKey::Calls,
+            SortKey::Calls => SortKey::Bytes,
+            SortKey::Bytes => SortKey::Name,
+            SortKey::Name => SortKey::Time,
+        }
+    }
+
+    /// As the header names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SortKey::Time => "time share",
+            SortKey::Calls => "calls/s",
+            SortKey::Bytes => "bytes/s",
+            SortKey::Name => "name",
+        }
+    }
+}
+
+/// One routine, the shown ranks together.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoutineRow {
+    /// C name.
+    pub name: String,
+    /// Calls since the ranks were first watched.
+    pub calls: u64,
+    /// Bytes since then.
+    pub bytes: u64,
+    /// Calls per second over the last interval (none before a second profile).
+    pub calls_per_s: Option<f64>,
+    /// Bytes per second over the last interval.
+    pub bytes_per_s: Option<f64>,
+    /// Share of the shown ranks' time spent in it over the last interval.
+    pub time_share: Option<f64>,
+}
+
+/// One rank.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankRow {
+    /// World rank.
+    pub rank: u32,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+    /// Job id.
+    pub job: String,
+    /// Share of the last interval it spent in MPI communication.
+    pub comm_share: Option<f64>,
+    /// MPI communication time so far, s.
+    pub comm_s: f64,
+    /// Elapsed time so far, s.
+    pub elapsed_s: f64,
+}
+
+/// What could not be measured, the shown ranks together.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unmeasured {
+    /// Events lost to a full ring buffer (counts stay exact).
+    pub dropped: u64,
+    /// Calls whose bytes could not be decoded.
+    pub undecoded: u64,
+    /// Calls in flight at attach (not timed).
+    pub in_flight: u64,
+    /// Calls lost to a full counter map.
+    pub map_full: u64,
+    /// Processes that could not be profiled (attach errors), with the reason.
+    pub not_profiled: Vec<String>,
+}
+
+/// A screenful.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Screen {
+    /// Ranks shown.
+    pub ranks_shown: usize,
+    /// Hosts they run on.
+    pub hosts: usize,
+    /// Seconds between the two profiles the rates come from (none with one profile).
+    pub interval_s: Option<f64>,
+    /// Routines, in the chosen order.
+    pub routines: Vec<RoutineRow>,
+    /// Ranks, busiest first.
+    pub ranks: Vec<RankRow>,
+    /// Not measured.
+    pub unmeasured: Unmeasured,
+    /// The late rank, when one stands out (see [`late_rank`]), in a sentence.
+    pub late: Option<String>,
+}
+
+/// The latest two profiles and when they came.
+#[derive(Default)]
+pub struct Model {
+    prev: Option<(Instant, JobProfile)>,
+    cur: Option<(Instant, JobProfile)>,
+}
+
+/// A process across profiles: host, pid and start time.
+fn identity(r: &RankProfile) -> (&str, u32, u64) {
+    (r.host.as_str(), r.pid, r.start_ticks)
+}
+
+impl Model {
+    /// Takes the profile that came at `at`.
+    pub fn update(&mut self, at: Instant, profile: JobProfile) {
+        self.prev = self.cur.take();
+        self.cur = Some((at, profile));
+    }
+
+    /// The world ranks of `job` (all jobs: none) in the latest profile, sorted.
+    pub fn ranks_of(&self, job: Option<&str>) -> Vec<u32> {
+        let mut ranks: Vec<u32> = self
+            .ranks()
+            .filter(|r| job.is_none_or(|j| j == r.job))
+            .map(|r| r.rank)
+            .collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        ranks
+    }
+
+    fn ranks(&self) -> impl Iterator<Item = &RankProfile> {
+        self.cur.iter().flat_map(|(_, p)| p.ranks.iter())
+    }
+
+    /// The screen for `filter`, routines in `sort` order.
+    pub fn screen(&self, filter: &Filter, sort: SortKey) -> Option<Screen> {
+        let (now, cur) = self.cur.as_ref()?;
+        let shown: Vec<&RankProfile> = cur.ranks.iter().filter(|r| filter.admits(r)).collect();
+        let prev: BTreeMap<_, &RankProfile> = self
+            .prev
+            .iter()
+            .flat_map(|(_, p)| p.ranks.iter())
+            .map(|r| (identity(r), r))
+            .collect();
+        // The server's own measure of the interval: how far the live ranks' elapsed time
+        // moved (receipt times carry the network's jitter); else the receipt times.
+        let elapsed_moved = shown
+            .iter()
+            .filter_map(|r| {
+                let before = prev.get(&identity(r))?;
+                Some(r.elapsed_ns.saturating_sub(before.elapsed_ns))
+            })
+            .max()
+            .filter(|ns| *ns > 0)
+            .map(|ns| ns as f64 / 1e9);
+        let interval = self.prev.as_ref().and_then(|(at, _)| {
+            elapsed_moved
+                .or_else(|| Some(now.duration_since(*at).as_secs_f64()).filter(|s| *s > 0.0))
+        });
+
+        // Totals so far, and what the last interval added (a rank new in it counts whole).
+        let mut totals: BTreeMap<&str, (Totals, Totals)> = BTreeMap::new();
+        let mut ranks = Vec::new();
+        for r in &shown {
+            let before = prev.get(&identity(r));
+            for (name, s) in &r.routines {
+                let e = totals.entry(name.as_str()).or_default();
+                e.0.merge(&s.totals);
+                let old = before
+                    .and_then(|b| b.routines.get(name))
+                    .map(|b| b.totals)
+                    .unwrap_or_default();
+                e.1.merge(&Totals {
+                    calls: s.totals.calls.saturating_sub(old.calls),
+                    bytes: s.totals.bytes.saturating_sub(old.bytes),
+                    time_ns: s.totals.time_ns.saturating_sub(old.time_ns),
+                });
+            }
+            let comm_delta = r
+                .comm_time_ns
+                .saturating_sub(before.map_or(0, |b| b.comm_time_ns));
+            ranks.push(RankRow {
+                rank: r.rank,
+                host: r.host.clone(),
+                pid: r.pid,
+                job: r.job.clone(),
+                // Time is booked when a call returns: an interval may hold a little more
+                // than its length.
+                comm_share: interval.map(|i| (comm_delta as f64 / 1e9 / i).min(1.0)),
+                comm_s: r.comm_time_ns as f64 / 1e9,
+                elapsed_s: r.elapsed_ns as f64 / 1e9,
+            });
+        }
+        ranks.sort_by(|a, b| {
+            let key = |r: &RankRow| (r.comm_share.unwrap_or(0.0), r.comm_s);
+            key(b)
+                .partial_cmp(&key(a))
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.rank.cmp(&b.rank))
+        });
+        let rank_seconds = interval.map(|i| i * shown.len().max(1) as f64);
+        let mut routines: Vec<RoutineRow> = totals
+            .into_iter()
+            .map(|(name, (all, last))| RoutineRow {
+                name: name.to_string(),
+                calls: all.calls,
+                bytes: all.bytes,
+                calls_per_s: interval.map(|i| last.calls as f64 / i),
+                bytes_per_s: interval.map(|i| last.bytes as f64 / i),
+                time_share: rank_seconds.map(|s| (last.time_ns as f64 / 1e9 / s).min(1.0)),
+            })
+            .collect();
+        let key = |r: &RoutineRow| match sort {
+            SortKey::Time => r.time_share.unwrap_or(0.0),
+            SortKey::Calls => r.calls_per_s.unwrap_or(0.0),
+            SortKey::Bytes => r.bytes_per_s.unwrap_or(0.0),
+            SortKey::Name => 0.0,
+        };
+        // Ties (and the rates' absence) fall back on the totals, then the name.
+        routines.sort_by(|a, b| {
+            key(b)
+                .partial_cmp(&key(a))
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then_with(|| match sort {
+                    SortKey::Name => std::cmp::Ordering::Equal,
+                    SortKey::Bytes => b.bytes.cmp(&a.bytes),
+                    SortKey::Time | SortKey::Calls => b.calls.cmp(&a.calls),
+                })
+                .then_with(|| a.name.cmp(&b.name))
+        });
+
+        let mut unmeasured = Unmeasured::default();
+        for r in &shown {
+            unmeasured.dropped += r.health.dropped;
+            unmeasured.undecoded += r.health.undecoded;
+            unmeasured.in_flight += r.health.in_flight_at_attach;
+            unmeasured.map_full += r.health.counter_map_full;
+        }
+        unmeasured.not_profiled.clone_from(&cur.not_profiled);
+        let hosts = shown
+            .iter()
+            .map(|r| r.host.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        Some(Screen {
+            ranks_shown: shown.len(),
+            hosts,
+            interval_s: interval,
+            routines,
+            ranks,
+            unmeasured,
+            late: late_rank(cur),
+        })
+    }
+}
+
+/// The rank that made the others wait at least half of all the waiting, arriving last at
+/// one collective in ten at least, in a sentence.
+fn late_rank(p: &JobProfile) -> Option<String> {
+    let skew = p.skew.as_ref()?;
+    let total: u64 = skew.ranks.iter().map(|r| r.caused_ns).sum();
+    let top = skew.ranks.iter().max_by_key(|r| r.caused_ns)?;
+    // Last at one collective in ten at least: a rank the scheduler happened to run last a
+    // few times is not "the late rank".
+    (total > 0 && top.caused_ns * 2 >= total && top.last * 10 >= top.instances).then(|| {
+        format!(
+            "rank {} ({}) arrived last at {} of {} collectives and made the others wait {:.3} s",
+            top.rank,
+            top.host,
+            top.last,
+            top.instances,
+            top.caused_ns as f64 / 1e9
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::RoutineStats;
+    use std::time::Duration;
+
+    fn rank(rank: u32, calls: u64, bytes: u64, time_ns: u64, comm_ns: u64) -> RankProfile {
+        let mut routines = crate::stats::Routines::new();
+        routines.insert(
+            "MPI_Allreduce".into(),
+            RoutineStats {
+                totals: Totals {
+                    calls,
+                    bytes,
+                    time_ns,
+                },
+                ..RoutineStats::default()
+            },
+        );
+        routines.insert(
+            "MPI_Send".into(),
+            RoutineStats {
+                totals: Totals {
+                    calls: 1,
+                    bytes: 1 << 20,
+                    time_ns: 1,
+                },
+                ..RoutineStats::default()
+            },
+        );
+        RankProfile {
+            rank,
+            rank_known: true,
+            pid: 100 + rank,
+            host: "n1".into(),
+            job: "7".into(),
+            cmdline: String::new(),
+            uid: Some(0),
+            start_ticks: 1,
+            exited: false,
+            elapsed_ns: 0,
+            comm_time_ns: comm_ns,
+            routines,
+            health: crate::stats::Health::default(),
+            fabrics: Vec::new(),
+            peers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn rates_are_the_last_interval_over_its_length() {
+        let t0 = Instant::now();
+        let mut m = Model::default();
+        m.update(
+            t0,
+            JobProfile::of_ranks(vec![rank(0, 10, 80, 1_000_000, 0), rank(1, 10, 80, 0, 0)]),
+        );
+        let first = m.screen(&Filter::default(), SortKey::Time).expect("screen");
+        assert_eq!(first.interval_s, None);
+        assert_eq!(first.routines[0].calls_per_s, None);
+        m.update(
+            t0 + Duration::from_secs(2),
+            JobProfile::of_ranks(vec![
+                rank(0, 30, 240, 401_000_000, 1_000_000_000),
+                rank(1, 20, 160, 0, 0),
+            ]),
+        );
+        let s = m.screen(&Filter::default(), SortKey::Time).expect("screen");
+        let all = &s.routines[0];
+        assert_eq!(all.name, "MPI_Allreduce");
+        assert_eq!((all.calls, all.bytes), (50, 400));
+        assert_eq!(all.calls_per_s, Some(15.0));
+        assert_eq!(all.bytes_per_s, Some(120.0));
+        // 0.4 s of the two ranks' 4 s.
+        assert_eq!(all.time_share, Some(0.1));
+        assert_eq!(s.ranks[0].rank, 0, "busiest first");
+        assert_eq!(s.ranks[0].comm_share, Some(0.5));
+
+        // By bytes/s, MPI_Send (1 MiB so far, none in the interval) is second; by name first.
+        let by_bytes = m
+            .screen(&Filter::default(), SortKey::Bytes)
+            .expect("screen");
+        assert_eq!(by_bytes.routines[0].name, "MPI_Allreduce");
+        let by_name = m.screen(&Filter::default(), SortKey::Name).expect("screen");
+        assert_eq!(by_name.routines[0].name, "MPI_Allreduce");
+        assert_eq!(by_name.routines[1].name, "MPI_Send");
+
+        let one = Filter {
+            job: Some("7".into()),
+            rank: Some(1),
+        };
+        let s = m.screen(&one, SortKey::Calls).expect("screen");
+        assert_eq!(s.ranks_shown, 1);
+        assert_eq!(s.routines[0].calls, 20);
+        assert_eq!(s.routines[0].calls_per_s, Some(5.0));
+        assert_eq!(m.ranks_of(Some("7")), vec![0, 1]);
+    }
+
+    #[test]
+    fn the_interval_is_the_servers_when_ranks_live() {
+        let t0 = Instant::now();
+        let mut m = Model::default();
+        let mut a = rank(0, 10, 80, 0, 0);
+        a.elapsed_ns = 1_000_000_000;
+        m.update(t0, JobProfile::of_ranks(vec![a.clone()]));
+        a.elapsed_ns = 2_500_000_000;
+        a.routines.get_mut("MPI_Allreduce").unwrap().totals.calls = 40;
+        // Received 2 s apart, measured 1.5 s apart by the server.
+        m.update(t0 + Duration::from_secs(2), JobProfile::of_ranks(vec![a]));
+        let s = m.screen(&Filter::default(), SortKey::Time).expect("screen");
+        assert_eq!(s.interval_s, Some(1.5));
+        assert_eq!(s.routines[0].calls_per_s, Some(20.0));
+    }
+}
