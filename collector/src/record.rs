@@ -62,6 +62,9 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
                 board
             }
         }),
+        // Every call is in the feed only with per-call events: then, the timeline's shape.
+        timeline: (opts.call_events || !opts.traces.is_empty())
+            .then(|| crate::profile::timeline::TimelineBuilder::new(monotonic_ns())),
     };
     let mut session = Session::start(opts.load.clone())?;
     session
@@ -275,6 +278,7 @@ async fn finish(
         .map(super::skew::board::Board::finish)
         .unwrap_or_default();
     sinks.write_released(held)?;
+    profile.timeline = sinks.timeline.take().map(|t| t.finish(end_ns));
     if let Some(late) = sinks.late {
         let whois = |pid: u32| {
             let r = profile.ranks.iter().find(|r| r.pid == pid)?;
@@ -308,6 +312,7 @@ const FEED_BATCH: usize = 4096;
 struct FeedSinks {
     tracers: Vec<TraceWriter>,
     late: Option<skew::Board>,
+    timeline: Option<crate::profile::timeline::TimelineBuilder>,
 }
 
 impl FeedSinks {
@@ -341,7 +346,7 @@ impl FeedSinks {
     }
 
     fn wants_feed(&self) -> bool {
-        !self.tracers.is_empty() || self.late.is_some()
+        !self.tracers.is_empty() || self.late.is_some() || self.timeline.is_some()
     }
 
     /// Takes up to `max` items already queued on the call feed.
@@ -363,6 +368,9 @@ impl FeedSinks {
     fn item(&mut self, item: FeedResult) -> Result<()> {
         use tokio::sync::broadcast::error::RecvError;
         if let Ok(FeedItem::Call(ev)) = item {
+            if let Some(t) = self.timeline.as_mut() {
+                t.add(&ev);
+            }
             // Who is late numbers the collectives: the trace shows the numbers, and a call
             // it holds until its process's job is known is written when it gives it back.
             let taken = match self.late.as_mut() {

@@ -9,8 +9,11 @@
  * sleep, so that MPI_Sendrecv lasts at least SLEEP_US, and a little more: the message
  * latency and the oversleep.
  *
- * Each rank writes OUT_PREFIX.<rank>.json: {"rank":R,"pid":PID,"sleeps_ns":[...]}, the
- * sleeps rank 0's MPI_Sendrecv calls waited for, in order (empty on rank 1).
+ * Each rank writes OUT_PREFIX.<rank>.json: {"rank":R,"pid":PID,"sleeps_ns":[...],
+ * "took_ns":[...]}: the sleeps rank 0's MPI_Sendrecv calls waited for, in order, and how
+ * long each call took as rank 0 timed it around the call (CLOCK_MONOTONIC, the probes'
+ * clock); both empty on rank 1. A probe sees each call last between its sleep and its
+ * time around the call, however loaded the machine.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -32,6 +35,7 @@ int main(int argc, char **argv)
         return 2;
     }
     int rank, size, go = 1, reply = 0;
+    long long *took = calloc((size_t)argc, sizeof *took);
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -41,8 +45,12 @@ int main(int argc, char **argv)
     }
     for (int i = 2; i < argc; i++) {
         if (rank == 0) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
             MPI_Sendrecv(&go, 1, MPI_INT, 1, 1, &reply, 1, MPI_INT, 1, 2, MPI_COMM_WORLD,
                          MPI_STATUS_IGNORE);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            took[i] = (t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
         } else {
             MPI_Recv(&go, 1, MPI_INT, 0, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             sleep_us(atol(argv[i]));
@@ -60,6 +68,9 @@ int main(int argc, char **argv)
     fprintf(f, "{\"rank\":%d,\"pid\":%ld,\"sleeps_ns\":[", rank, (long)getpid());
     for (int i = 2; rank == 0 && i < argc; i++)
         fprintf(f, "%s%lld", i > 2 ? "," : "", atol(argv[i]) * 1000LL);
+    fprintf(f, "],\"took_ns\":[");
+    for (int i = 2; rank == 0 && i < argc; i++)
+        fprintf(f, "%s%lld", i > 2 ? "," : "", took[i]);
     fprintf(f, "]}\n");
     fclose(f);
     MPI_Finalize();

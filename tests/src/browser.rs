@@ -228,7 +228,7 @@ pub const VERMILLION: &str = "#C03C00";
 /// time chart with a bar per size bucket holding calls (all ranks together), a bar per rank
 /// of elapsed and of communication time, per routine a bar per duration bucket holding
 /// calls, who-is-late's bars per rank, a heat-map cell per pair of ranks that exchanged
-/// bytes; and that it is a [self-contained page](assert_self_contained_page).
+/// bytes and per rank and time bin with MPI time; and that it is a [self-contained page](assert_self_contained_page).
 #[track_caller]
 pub fn assert_html_report_matches(page: &Value, profile: &Value) {
     use std::collections::{BTreeMap, BTreeSet};
@@ -324,26 +324,71 @@ pub fn assert_html_report_matches(page: &Value, profile: &Value) {
                 .filter_map(move |p| p["peer"].as_u64().map(|peer| (me, peer)))
         })
         .collect();
-    if !pairs.is_empty() {
-        let f = figure(page, "peers-sent");
-        let cells: u64 = f["fills"]
-            .as_object()
-            .expect("fills")
+    if let Some(t) = profile["timeline"]["ranks"]
+        .as_array()
+        .filter(|r| !r.is_empty())
+    {
+        let busy_bins: usize = t
             .iter()
-            .filter(|(fill, _)| *fill != "#FFFFFF")
-            .map(|(_, n)| n.as_u64().expect("count"))
+            .map(|r| {
+                r["busy_ns"]
+                    .as_array()
+                    .expect("busy_ns")
+                    .iter()
+                    .filter(|ns| ns.as_u64() > Some(0))
+                    .count()
+            })
             .sum();
         assert_eq!(
-            cells as usize,
+            heat_cells(page, "timeline") as usize,
+            busy_bins,
+            "a timeline cell per rank and bin with MPI time"
+        );
+    }
+    if !pairs.is_empty() {
+        assert_eq!(
+            heat_cells(page, "peers-sent") as usize,
             pairs.len(),
             "a cell per pair that sent bytes: {pairs:?}"
         );
     }
 }
 
+/// The coloured cells of heat map `id` (every rect but the white background).
+#[track_caller]
+fn heat_cells(page: &Value, id: &str) -> u64 {
+    figure(page, id)["fills"]
+        .as_object()
+        .expect("fills")
+        .iter()
+        .filter(|(fill, _)| *fill != "#FFFFFF")
+        .map(|(_, n)| n.as_u64().expect("count"))
+        .sum()
+}
+
+/// Asserts that the page's MPI routine table (all ranks together) holds the ranks' truths
+/// added up, routine by routine, but for the routines in `ignore`.
+#[track_caller]
+pub fn assert_html_routine_table_equals_truths(page: &Value, truths: &[Value], ignore: &[&str]) {
+    let mut want = std::collections::BTreeMap::<String, (u64, u64)>::new();
+    for t in truths {
+        for (name, (calls, bytes)) in crate::routine_table(&t["routines"]) {
+            let e = want.entry(name).or_default();
+            e.0 += calls;
+            e.1 += bytes;
+        }
+    }
+    let mut got = html_routine_table(page);
+    got.retain(|name, _| !ignore.contains(&name.as_str()));
+    assert_eq!(
+        got, want,
+        "the HTML routine table: (calls, bytes) per routine"
+    );
+}
+
 /// (calls, bytes) per routine of the page's MPI routine table (all ranks together).
 #[track_caller]
-pub fn html_routine_table(page: &Value) -> std::collections::BTreeMap<String, (u64, u64)> {
+fn html_routine_table(page: &Value) -> std::collections::BTreeMap<String, (u64, u64)> {
     let rows = page["tables"]["routines"]
         .as_array()
         .expect("routine tables");

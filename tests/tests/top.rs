@@ -236,6 +236,39 @@ fn top_shows_a_daemons_job_and_obeys_its_keys() {
         "the cursor is shown again"
     );
 
+    // A terminal that goes away (its tmux session killed: SIGHUP, the tty gone) leaves
+    // nothing running: once, stale tops kept reading their streams behind dead terminals.
+    tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "gone",
+        "-x",
+        "120",
+        "-y",
+        "40",
+        path_str(&commtap_bin()),
+        "top",
+        "--from",
+        &daemon.target,
+        "--interval",
+        "300ms",
+    ]);
+    let pid: i32 = tmux
+        .run(&["display-message", "-p", "-t", "gone", "#{pane_pid}"])
+        .trim()
+        .parse()
+        .expect("pane pid");
+    let on_screen = || {
+        tmux.run(&["capture-pane", "-p", "-t", "gone"])
+            .contains("MPI_Allreduce")
+    };
+    wait_until("the second top's screen", LIMIT, on_screen);
+    tmux.run(&["kill-session", "-t", "gone"]);
+    wait_until("top to exit with its terminal", LIMIT, || {
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    });
+
     std::fs::write(&hold, b"").expect("hold file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
     daemon.stop(&scratch);

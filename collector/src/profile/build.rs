@@ -208,6 +208,7 @@ fn assemble(
         not_profiled,
         call_events: probes.call_events(),
         skew: None,
+        timeline: None,
     };
     // One job: its id; several (a node daemon's view): empty, each rank says its own.
     profile.set_totals(totals);

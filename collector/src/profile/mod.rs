@@ -4,6 +4,7 @@
 
 pub mod build;
 pub mod schema;
+pub mod timeline;
 
 use serde::{Deserialize, Serialize};
 
@@ -100,6 +101,9 @@ pub struct JobProfile {
     /// Who is late: collective instances matched across ranks (absent when not measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skew: Option<crate::skew::SkewReport>,
+    /// MPI time per rank over the run, in time bins (`record` with per-call events only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<timeline::Timeline>,
 }
 
 /// The ranks' communication times, for the cross-rank summary.
@@ -167,6 +171,7 @@ impl JobProfile {
             not_profiled: Vec::new(),
             call_events: false,
             skew: None,
+            timeline: None,
         }
     }
 

@@ -12,6 +12,8 @@ pub enum Unit {
     Bytes,
     /// GB/s.
     GBps,
+    /// A fraction, written as a percentage.
+    Share,
 }
 
 impl Unit {
@@ -31,6 +33,7 @@ impl Unit {
                 }
             }
             Unit::GBps => (v, ""),
+            Unit::Share => (v * 100.0, ""),
             Unit::Count | Unit::Bytes => {
                 let a = v.abs();
                 if a >= 1e12 {
@@ -59,6 +62,7 @@ impl Unit {
             Unit::Seconds => format!("{number} {prefix}s"),
             Unit::Bytes => format!("{number} {prefix}B"),
             Unit::GBps => format!("{number} GB/s"),
+            Unit::Share => format!("{number}%"),
         }
     }
 }
@@ -74,5 +78,6 @@ mod tests {
         assert_eq!(Unit::Bytes.format(1_500_000.0), "1.5 MB");
         assert_eq!(Unit::Count.format(12.0), "12");
         assert_eq!(Unit::GBps.format(123.4), "123 GB/s");
+        assert_eq!(Unit::Share.format(0.5), "50%");
     }
 }

@@ -430,8 +430,12 @@ pub fn communication_ns(routines: &Routines) -> u64 {
 
 /// Whether a routine's time is communication time (see [`communication_ns`]).
 pub fn is_communication(name: &str) -> bool {
-    collector_common::routines::routine_id(name).is_none_or(|id| {
-        let r = &ROUTINES[id as usize];
+    collector_common::routines::routine_id(name).is_none_or(is_communication_id)
+}
+
+/// [`is_communication`] of the routine with index `id` in `ROUTINES`.
+pub fn is_communication_id(id: u16) -> bool {
+    ROUTINES.get(usize::from(id)).is_some_and(|r| {
         r.family() == Family::Mpi && !matches!(r.spec.class, class::INIT | class::FINALIZE)
     })
 }

@@ -151,26 +151,37 @@ pub async fn run(opts: TopOptions) -> Result<()> {
     }
 
     let quit = Arc::new(AtomicBool::new(false));
-    let signals = {
+    // A thread of its own, not tokio's blocking pool: the runtime's end does not wait for
+    // it, so a screen stuck on a dead terminal cannot keep the process alive.
+    let (done_tx, mut done) = tokio::sync::oneshot::channel();
+    {
         let quit = quit.clone();
-        tokio::spawn(async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let (Ok(mut term), Ok(mut hup)) = (
-                signal(SignalKind::terminate()),
-                signal(SignalKind::hangup()),
-            ) else {
-                return;
-            };
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = hup.recv() => {}
-            }
-            quit.store(true, Ordering::Relaxed);
-        })
+        std::thread::Builder::new()
+            .name("commtap-top-screen".into())
+            .spawn(move || {
+                let _ = done_tx.send(screen(&opts, stream, &rx, &quit));
+            })
+            .context("starting the screen's thread")?;
+    }
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut hup) = (
+        signal(SignalKind::terminate()).context("SIGTERM handler")?,
+        signal(SignalKind::hangup()).context("SIGHUP handler")?,
+    );
+    let signalled = tokio::select! {
+        ended = &mut done => return ended.context("the screen's thread ended")?,
+        _ = term.recv() => "SIGTERM",
+        _ = hup.recv() => "SIGHUP",
     };
-    let screen = tokio::task::spawn_blocking(move || screen(&opts, stream, &rx, &quit)).await;
-    signals.abort();
-    screen.context("the screen's thread")?
+    // The screen notices within one key wait; a terminal that hung up may keep it from
+    // ever reading its flag (crossterm waits on a dead tty), so past a second top leaves
+    // without it: nothing is left running behind a closed terminal.
+    quit.store(true, Ordering::Relaxed);
+    if let Ok(ended) = tokio::time::timeout(Duration::from_secs(1), &mut done).await {
+        return ended.context("the screen's thread ended")?;
+    }
+    ratatui::restore();
+    anyhow::bail!("{signalled}: the screen did not stop; leaving without it")
 }
 
 /// The screen's loop: draw, then wait up to 100 ms for a key, then take what came.

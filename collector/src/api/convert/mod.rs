@@ -341,6 +341,8 @@ impl TryFrom<&pb::JobProfile> for JobProfile {
             not_profiled: j.not_profiled.clone(),
             call_events: j.call_events,
             skew: j.skew.as_ref().map(SkewReport::try_from).transpose()?,
+            // Made by `record` only (daemons do not keep per-call history).
+            timeline: None,
         })
     }
 }

@@ -174,6 +174,7 @@ pub(crate) fn sample() -> JobProfile {
                 unpaired: 5,
             }),
         }),
+        timeline: None,
     }
 }
 

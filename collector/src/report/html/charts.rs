@@ -230,16 +230,7 @@ impl BarChart {
                 unit.format(*y)
             }
         };
-        let label_style = ("sans-serif", 12).into_font();
-        let x_style = if rotate {
-            label_style
-                .clone()
-                .transform(FontTransform::Rotate270)
-                .into_text_style(&root)
-                .pos(Pos::new(HPos::Right, VPos::Center))
-        } else {
-            label_style.clone().into_text_style(&root)
-        };
+        let x_style = x_label_style(&root, rotate);
         let mut mesh = chart.configure_mesh();
         mesh.disable_x_mesh()
             .light_line_style(TRANSPARENT)
@@ -329,8 +320,10 @@ pub struct HeatMap {
     pub id: String,
     /// Caption.
     pub title: String,
-    /// Row and column labels (the same set: ranks or rank ranges).
-    pub labels: Vec<String>,
+    /// Row labels, top to bottom.
+    pub rows: Vec<String>,
+    /// Column labels, left to right.
+    pub cols: Vec<String>,
     /// What a row is.
     pub row_desc: String,
     /// What a column is.
@@ -339,6 +332,8 @@ pub struct HeatMap {
     pub cells: Vec<(usize, usize, f64)>,
     /// Unit of the values.
     pub unit: Unit,
+    /// Colours on a log scale of the values (else linear from zero).
+    pub log: bool,
 }
 
 impl HeatMap {
@@ -356,9 +351,14 @@ impl HeatMap {
         );
         let (lo, hi) = self.range();
         let mut scale = String::new();
+        let (lo, how) = if self.log {
+            (lo, "log scale")
+        } else {
+            (0.0, "linear")
+        };
         let _ = write!(
             scale,
-            "<p class=\"scale\">colour: {} (dark) to {} (light), log scale; no cell: nothing</p>",
+            "<p class=\"scale\">colour: {} (dark) to {} (light), {how}; no cell: nothing</p>",
             escape(&self.unit.format(lo)),
             escape(&self.unit.format(hi))
         );
@@ -372,21 +372,27 @@ impl HeatMap {
     }
 
     fn draw_into(&self, svg: &mut String) -> DrawResult {
-        let n = self.labels.len().max(1);
-        let side = 520u32;
-        let root = SVGBackend::with_string(svg, (side + 120, side + 100)).into_drawing_area();
+        let (rows, cols) = (self.rows.len().max(1), self.cols.len().max(1));
+        let (width, height) = (640u32, (160 + 14 * rows as u32).clamp(240, 620));
+        let root = SVGBackend::with_string(svg, (width, height)).into_drawing_area();
         root.fill(&WHITE)?;
+        let rotate = cols > 12;
         let mut chart = ChartBuilder::on(&root)
             .margin(12)
-            .x_label_area_size(70)
+            .x_label_area_size(if rotate { 90 } else { 50 })
             .y_label_area_size(70)
-            .build_cartesian_2d(Categories::new(n), Categories::new(n))?;
-        let labels = &self.labels;
-        // Row 0 at the top, as in the text matrix.
-        let col_label = |x: &f64| labels.get(x.floor() as usize).cloned().unwrap_or_default();
+            .build_cartesian_2d(Categories::new(cols), Categories::new(rows))?;
+        let x_style = x_label_style(&root, rotate);
+        // Row 0 at the top, as in a table.
+        let col_label = |x: &f64| {
+            self.cols
+                .get(x.floor() as usize)
+                .cloned()
+                .unwrap_or_default()
+        };
         let row_label = |y: &f64| {
-            labels
-                .get(n - 1 - (y.floor() as usize).min(n - 1))
+            self.rows
+                .get(rows - 1 - (y.floor() as usize).min(rows - 1))
                 .cloned()
                 .unwrap_or_default()
         };
@@ -397,25 +403,47 @@ impl HeatMap {
             .y_desc(&self.row_desc)
             .x_label_formatter(&col_label)
             .y_label_formatter(&row_label)
+            .x_label_style(x_style)
             .axis_desc_style(("sans-serif", 14))
             .draw()?;
         let (lo, hi) = self.range();
-        let (llo, lhi) = (lo.log10(), hi.log10());
-        let map = ViridisRGB;
-        chart.draw_series(self.cells.iter().map(|&(row, col, v)| {
-            let t = if lhi > llo {
-                ((v.log10() - llo) / (lhi - llo)) as f32
+        let scale = |v: f64| -> f32 {
+            let (v, lo, hi) = if self.log {
+                (v.log10(), lo.log10(), hi.log10())
+            } else {
+                (v, 0.0, hi)
+            };
+            if hi > lo {
+                ((v - lo) / (hi - lo)) as f32
             } else {
                 1.0
-            };
-            let y = (n - 1 - row) as f64;
+            }
+        };
+        let map = ViridisRGB;
+        chart.draw_series(self.cells.iter().map(|&(row, col, v)| {
+            let y = (rows - 1 - row) as f64;
             Rectangle::new(
                 [(col as f64, y), (col as f64 + 1.0, y + 1.0)],
-                map.get_color(t).filled(),
+                map.get_color(scale(v)).filled(),
             )
         }))?;
         root.present()?;
         Ok(())
+    }
+}
+
+/// The category axis's labels, turned upright when there are many or long ones.
+fn x_label_style(
+    root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    rotate: bool,
+) -> TextStyle<'static> {
+    let font = ("sans-serif", 12).into_font();
+    if rotate {
+        font.transform(FontTransform::Rotate270)
+            .into_text_style(root)
+            .pos(Pos::new(HPos::Right, VPos::Center))
+    } else {
+        font.into_text_style(root)
     }
 }
 

@@ -431,7 +431,7 @@ pub fn peers(job: &JobProfile) -> String {
         }
     }
     let single = groups.iter().all(|(a, b)| a == b);
-    let labels = groups
+    let labels: Vec<String> = groups
         .iter()
         .map(|&(a, b)| {
             if single {
@@ -444,11 +444,13 @@ pub fn peers(job: &JobProfile) -> String {
     let map = HeatMap {
         id: "peers-sent".into(),
         title: "Point-to-point bytes sent, by rank (row) to world rank (column)".into(),
-        labels,
+        rows: labels.clone(),
+        cols: labels,
         row_desc: "sending rank".into(),
         col_desc: "receiving rank".into(),
         cells: cells.into_iter().map(|((a, b), v)| (a, b, v)).collect(),
         unit: Unit::Bytes,
+        log: true,
     };
     let mut o = map.render();
     if elsewhere > 0 {
@@ -520,6 +522,71 @@ pub fn fabric(routines: &Routines) -> String {
     }
     table.push_str("</tbody></table>\n");
     c.render() + &table
+}
+
+/// When each rank was in MPI: the share of each time bin its communication calls took, a
+/// row per rank (per range of ranks past [`HEAT_CELLS`], their mean).
+pub fn timeline(job: &JobProfile) -> String {
+    let Some(t) = job.timeline.as_ref().filter(|t| !t.ranks.is_empty()) else {
+        return String::new();
+    };
+    let position: BTreeMap<u32, usize> = job
+        .ranks
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.pid, i))
+        .collect();
+    let groups = groups(job.ranks.len(), HEAT_CELLS);
+    let group_of = |i: usize| groups.partition_point(|(_, last)| *last < i);
+    let mut busy: BTreeMap<(usize, usize), u64> = BTreeMap::new();
+    for r in &t.ranks {
+        let Some(&i) = position.get(&r.pid) else {
+            continue;
+        };
+        for (bin, ns) in r.busy_ns.iter().enumerate().filter(|(_, ns)| **ns > 0) {
+            *busy.entry((group_of(i), bin)).or_default() += ns;
+        }
+    }
+    let single = groups.iter().all(|(a, b)| a == b);
+    let rows = groups
+        .iter()
+        .map(|&(a, b)| {
+            if single {
+                job.ranks[a].rank.to_string()
+            } else {
+                format!("{}-{}", job.ranks[a].rank, job.ranks[b].rank)
+            }
+        })
+        .collect();
+    // From the first bin with MPI time to the last: a job's start-up (launcher, MPI_Init)
+    // and its end are no part of the picture.
+    let first = busy.keys().map(|(_, bin)| *bin).min().unwrap_or(0);
+    let last = busy.keys().map(|(_, bin)| *bin).max().unwrap_or(0);
+    let cols = (first..=last)
+        .map(|b| Unit::Seconds.format(b as f64 * t.bin_ns as f64 / 1e9))
+        .collect();
+    let map = HeatMap {
+        id: "timeline".into(),
+        title: format!(
+            "Share of each {} in MPI communication, per rank (from the per-call events)",
+            Unit::Seconds.format(t.bin_ns as f64 / 1e9)
+        ),
+        rows,
+        cols,
+        row_desc: "rank".into(),
+        col_desc: "time since recording began".into(),
+        cells: busy
+            .into_iter()
+            .map(|((g, bin), ns)| {
+                let (a, b) = groups[g];
+                let share = ns as f64 / (t.bin_ns as f64 * (b - a + 1) as f64);
+                (g, bin - first, share.min(1.0))
+            })
+            .collect(),
+        unit: Unit::Share,
+        log: false,
+    };
+    map.render()
 }
 
 #[cfg(test)]

@@ -91,6 +91,7 @@ pub fn render_html(job: &JobProfile, expected: Option<&Expected>) -> String {
             figures::sizes(&routines),
         ),
         ("ranks", "Communication time per rank", figures::ranks(job)),
+        ("timeline", "When ranks were in MPI", figures::timeline(job)),
         (
             "nccl",
             "NCCL bus bandwidth",

@@ -461,6 +461,7 @@ mod tests {
                 not_profiled: vec![],
                 call_events: false,
                 skew: None,
+                timeline: None,
             },
             1,
             2,
