@@ -4,8 +4,8 @@
  *
  * Usage: mpi_loop READY_FILE GO_FILE N OUT_PREFIX
  *
- *  1. MPI_Init, MPI_Comm_rank, MPI_Comm_size, MPI_Barrier; then rank 0
- *     creates READY_FILE.                                  (not counted)
+ *  1. MPI_Init, MPI_Comm_rank, MPI_Comm_size, MPI_Barrier; then each rank
+ *     creates READY_FILE.<rank> and rank 0 READY_FILE.      (not counted)
  *  2. Every rank polls (stat() every 10 ms, no MPI calls) until GO_FILE
  *     exists.
  *  3. Counted from here on:
@@ -15,6 +15,8 @@
  *             2k: MPI_Send then MPI_Recv; 2k+1: MPI_Recv then MPI_Send }
  *     With an odd size the last rank does no point-to-point.  MPI_Recv uses
  *     a posted count of 16 (== received), MPI_STATUS_IGNORE.
+ *     With COMMTAP_TEST_UNTIL naming a file, the loop goes on past N iterations until
+ *     that file exists (all ranks stop after the same iteration).
  *  4. Each rank writes OUT_PREFIX.<rank>.json (same shape as mpi_truth)
  *     with only the calls of step 3, then calls MPI_Finalize; if the
  *     environment names a file in COMMTAP_TEST_HOLD, it first waits (no MPI
@@ -47,6 +49,15 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     MPI_Barrier(MPI_COMM_WORLD);
+    /* READY_FILE.<rank>: this rank is out of MPI_Barrier (its probes have run) and makes
+     * no MPI call until GO_FILE: a test may read counters from here on. */
+    char mine[4096];
+    snprintf(mine, sizeof mine, "%s.%d", ready, rank);
+    FILE *m = fopen(mine, "w");
+    if (!m || fclose(m) != 0) {
+        perror(mine);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     if (rank == 0) {
         FILE *f = fopen(ready, "w");
         if (!f) {
@@ -77,10 +88,20 @@ int main(int argc, char **argv)
     for (int i = 0; i < 16; i++)
         sbuf[i] = (char)('a' + i);
 
-    for (long it = 0; it < n; it++) {
+    /* COMMTAP_TEST_UNTIL=FILE: go on past N iterations until FILE exists. Rank 0 looks
+     * every 1000 iterations and tells the others through the Allreduce's sum, so every
+     * rank stops after the same iteration (the truth still counts every call). */
+    const double stop = 1e12;
+    const char *until = getenv("COMMTAP_TEST_UNTIL");
+    int more = until && *until;
+    for (long it = 0; it < n || more; it++) {
+        if (rank == 0 && more && it >= n && it % 1000 == 0 && access(until, F_OK) == 0)
+            in = stop;
         allreduce_calls++;
         allreduce_bytes += (long long)sizeof(double);
         MPI_Allreduce(&in, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        if (out >= stop)
+            more = 0;
         if (peer < 0)
             continue;
         if (rank % 2 == 0) {

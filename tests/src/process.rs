@@ -143,8 +143,11 @@ pub fn start_waiting_loop(
         .arg(n.to_string())
         .arg(scratch.path("truth"));
     let job = ChildGuard::spawn(&mut cmd);
-    wait_until("the job to be ready", Duration::from_mins(1), || {
+    // Every rank's own marker: each is out of its last MPI call before the go, so no probe
+    // runs until the go file (a test reading counters now reads still ones).
+    wait_until("every rank to be ready", Duration::from_mins(1), || {
         scratch.path("ready").exists()
+            && (0..np).all(|r| scratch.path(&format!("ready.{r}")).exists())
     });
     let mut ranks = Vec::new();
     wait_until("all ranks to be running", Duration::from_secs(10), || {

@@ -2,7 +2,7 @@
 //! real Open MPI job (`mpi_loop`, held after its counted calls): the job's routines appear
 //! with the truth's call counts, `s` sorts, `r` and `j` filter (the counts become one
 //! rank's), `p` pauses, the screen follows a resize, and `q` quits with the terminal given
-//! back.
+//! back; while a job runs, its rates move.
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
@@ -271,6 +271,61 @@ fn top_shows_a_daemons_job_and_obeys_its_keys() {
 
     std::fs::write(&hold, b"").expect("hold file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    daemon.stop(&scratch);
+}
+
+/// While a job runs, its rates move: `mpi_loop` goes on until told to stop, and top's
+/// MPI_Allreduce row shows calls per second and a share of time above zero.
+#[test]
+fn top_shows_the_rates_of_a_running_job() {
+    let scratch = Scratch::new("top-rates");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let until = scratch.path("stop");
+    let (mut job, _ranks) = start_waiting_loop(
+        &scratch,
+        Mpi::OpenMpi,
+        2,
+        1000,
+        &[("COMMTAP_TEST_UNTIL", path_str(&until))],
+    );
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    let tmux = Tmux {
+        socket: scratch.path("tmux.sock"),
+    };
+    tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "top",
+        "-x",
+        "150",
+        "-y",
+        "45",
+        path_str(&commtap_bin()),
+        "top",
+        "--from",
+        &daemon.target,
+        "--interval",
+        "300ms",
+    ]);
+    // calls/s is the first column ending in "/s", the time share the last.
+    let moving = |s: &str| {
+        s.lines().any(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            cols.first() == Some(&"MPI_Allreduce")
+                && cols
+                    .iter()
+                    .find(|c| c.ends_with("/s"))
+                    .is_some_and(|c| *c != "0/s")
+                && cols
+                    .last()
+                    .is_some_and(|c| c.ends_with('%') && *c != "0.0%")
+        })
+    };
+    tmux.wait_for("MPI_Allreduce's rates above zero", moving);
+    std::fs::write(&until, b"").expect("stop file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    tmux.keys("q");
     daemon.stop(&scratch);
 }
 
