@@ -8,16 +8,16 @@ use collector_common::{
     routines::{class, Family, ROUTINES},
 };
 
-use crate::profile::{JobProfile, RankProfile};
+use crate::profile::{CommSummary, JobProfile, RankProfile};
 use crate::stats::{table_order, RoutineStats, Totals};
 
 fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
-/// Where a rank stands among all ranks, as mpitrace words it.
-fn standing(job: &JobProfile, r: &RankProfile) -> Option<&'static str> {
-    let s = job.comm_summary()?;
+/// Where a rank stands among all ranks (`s`: the job's summary), as mpitrace words it.
+fn standing(job: &JobProfile, s: Option<&CommSummary>, r: &RankProfile) -> Option<&'static str> {
+    let s = s?;
     if job.ranks.len() < 2 {
         return None;
     }
@@ -32,8 +32,9 @@ fn standing(job: &JobProfile, r: &RankProfile) -> Option<&'static str> {
     }
 }
 
-/// One rank's section, as in an mpitrace `mpi_profile.<job>.<rank>` file.
-pub fn render_rank(job: &JobProfile, r: &RankProfile) -> String {
+/// One rank's section, as in an mpitrace `mpi_profile.<job>.<rank>` file; `summary` is
+/// the job's [`JobProfile::comm_summary`], computed once for all ranks (it sorts them).
+pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProfile) -> String {
     let mut o = String::new();
     let size = job.ranks.len();
     let _ = writeln!(o, "Data for MPI rank {} of {}:", r.rank, size);
@@ -66,7 +67,7 @@ pub fn render_rank(job: &JobProfile, r: &RankProfile) -> String {
         o,
         "-----------------------------------------------------------------------"
     );
-    if let Some(w) = standing(job, r) {
+    if let Some(w) = standing(job, summary, r) {
         let _ = writeln!(
             o,
             "MPI task {} of {} had the {} communication time.",
@@ -484,12 +485,13 @@ fn render_summary(job: &JobProfile) -> String {
 /// The full text report: every rank's section, then the job summary and what was not measured.
 pub fn render_text(job: &JobProfile) -> String {
     let mut o = String::new();
+    let summary = job.comm_summary();
     for r in &job.ranks {
         let nccl = render_nccl(r);
         // A process that only calls NCCL or libfabric has no MPI table to show.
         let has = |family| !table_order(&r.routines, family).is_empty();
         if has(Family::Mpi) || (nccl.is_empty() && !has(Family::Fabric)) {
-            o.push_str(&render_rank(job, r));
+            o.push_str(&render_rank(job, summary.as_ref(), r));
         }
         o.push_str(&nccl);
         o.push_str(&render_fabric(r));
@@ -555,8 +557,9 @@ pub fn write_mpitrace_dir(job: &JobProfile, dir: &Path) -> io::Result<Vec<std::p
     fs::create_dir_all(dir)?;
     let mut written = Vec::new();
     let mut failed = Vec::new();
+    let summary = job.comm_summary();
     for r in &job.ranks {
-        let mut text = render_rank(job, r);
+        let mut text = render_rank(job, summary.as_ref(), r);
         if r.rank == 0 {
             text.push_str(&render_summary(job));
         }
