@@ -35,6 +35,14 @@ impl Tmux {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Starts session `name` (150 x 45) running `command`.
+    #[track_caller]
+    fn session(&self, name: &str, command: &[String]) {
+        let mut args = vec!["new-session", "-d", "-s", name, "-x", "150", "-y", "45"];
+        args.extend(command.iter().map(String::as_str));
+        self.run(&args);
+    }
+
     fn screen(&self) -> String {
         self.run(&["capture-pane", "-p", "-t", "top"])
     }
@@ -69,6 +77,21 @@ impl Drop for Tmux {
     fn drop(&mut self) {
         let _ = self.cmd().arg("kill-server").output();
     }
+}
+
+/// `commtap top` on `daemon`, a profile every 300 ms.
+fn top_command(daemon: &Daemon) -> Vec<String> {
+    let bin = commtap_bin().display().to_string();
+    [
+        bin.as_str(),
+        "top",
+        "--from",
+        &daemon.target,
+        "--interval",
+        "300ms",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// The routine rows of a screen, in order: (name, calls).
@@ -131,19 +154,7 @@ fn top_shows_a_daemons_job_and_obeys_its_keys() {
         commtap_bin().display(),
         daemon.target
     );
-    tmux.run(&[
-        "new-session",
-        "-d",
-        "-s",
-        "top",
-        "-x",
-        "150",
-        "-y",
-        "45",
-        "sh",
-        "-c",
-        &top,
-    ]);
+    tmux.session("top", &["sh".into(), "-c".into(), top]);
 
     // The job's routines with the truth's counts; rates once a second profile came (none
     // move: the ranks hold).
@@ -238,22 +249,7 @@ fn top_shows_a_daemons_job_and_obeys_its_keys() {
 
     // A terminal that goes away (its tmux session killed: SIGHUP, the tty gone) leaves
     // nothing running: once, stale tops kept reading their streams behind dead terminals.
-    tmux.run(&[
-        "new-session",
-        "-d",
-        "-s",
-        "gone",
-        "-x",
-        "120",
-        "-y",
-        "40",
-        path_str(&commtap_bin()),
-        "top",
-        "--from",
-        &daemon.target,
-        "--interval",
-        "300ms",
-    ]);
+    tmux.session("gone", &top_command(&daemon));
     let pid: i32 = tmux
         .run(&["display-message", "-p", "-t", "gone", "#{pane_pid}"])
         .trim()
@@ -292,22 +288,7 @@ fn top_shows_the_rates_of_a_running_job() {
     let tmux = Tmux {
         socket: scratch.path("tmux.sock"),
     };
-    tmux.run(&[
-        "new-session",
-        "-d",
-        "-s",
-        "top",
-        "-x",
-        "150",
-        "-y",
-        "45",
-        path_str(&commtap_bin()),
-        "top",
-        "--from",
-        &daemon.target,
-        "--interval",
-        "300ms",
-    ]);
+    tmux.session("top", &top_command(&daemon));
     // calls/s is the first column ending in "/s", the time share the last.
     let moving = |s: &str| {
         s.lines().any(|l| {

@@ -404,6 +404,48 @@ pub fn durations(routines: &Routines) -> String {
     o
 }
 
+/// A heat map's rows (and columns) of ranks: one per rank up to [`HEAT_CELLS`], then
+/// contiguous ranges of ranks, labelled by their ranks.
+struct RankCells<'a> {
+    job: &'a JobProfile,
+    groups: Vec<(usize, usize)>,
+}
+
+impl<'a> RankCells<'a> {
+    fn new(job: &'a JobProfile) -> RankCells<'a> {
+        RankCells {
+            job,
+            groups: groups(job.ranks.len(), HEAT_CELLS),
+        }
+    }
+
+    /// The row of the rank at index `i` of the profile's ranks.
+    fn of(&self, i: usize) -> usize {
+        self.groups.partition_point(|(_, last)| *last < i)
+    }
+
+    /// Ranks in row `g`.
+    fn len(&self, g: usize) -> usize {
+        let (a, b) = self.groups[g];
+        b - a + 1
+    }
+
+    fn labels(&self) -> Vec<String> {
+        let single = self.groups.iter().all(|(a, b)| a == b);
+        let ranks = &self.job.ranks;
+        self.groups
+            .iter()
+            .map(|&(a, b)| {
+                if single {
+                    ranks[a].rank.to_string()
+                } else {
+                    format!("{}-{}", ranks[a].rank, ranks[b].rank)
+                }
+            })
+            .collect()
+    }
+}
+
 /// The bytes each rank sent each world rank, as a heat map.
 pub fn peers(job: &JobProfile) -> String {
     if job.ranks.iter().all(|r| r.peers.is_empty()) {
@@ -415,32 +457,21 @@ pub fn peers(job: &JobProfile) -> String {
         .enumerate()
         .map(|(i, r)| (r.rank, i))
         .collect();
-    let groups = groups(job.ranks.len(), HEAT_CELLS);
-    let group_of = |i: usize| groups.partition_point(|(_, last)| *last < i);
+    let rows = RankCells::new(job);
     let mut cells: BTreeMap<(usize, usize), f64> = BTreeMap::new();
     let mut elsewhere = 0u64;
     for (i, r) in job.ranks.iter().enumerate() {
         for p in &r.peers {
             match p.peer.and_then(|peer| position.get(&peer)) {
                 Some(&j) if p.sent_bytes > 0 => {
-                    *cells.entry((group_of(i), group_of(j))).or_default() += p.sent_bytes as f64;
+                    *cells.entry((rows.of(i), rows.of(j))).or_default() += p.sent_bytes as f64;
                 }
                 Some(_) => {}
                 None => elsewhere += p.sent_calls + p.received_calls,
             }
         }
     }
-    let single = groups.iter().all(|(a, b)| a == b);
-    let labels: Vec<String> = groups
-        .iter()
-        .map(|&(a, b)| {
-            if single {
-                job.ranks[a].rank.to_string()
-            } else {
-                format!("{}-{}", job.ranks[a].rank, job.ranks[b].rank)
-            }
-        })
-        .collect();
+    let labels = rows.labels();
     let map = HeatMap {
         id: "peers-sent".into(),
         title: "Point-to-point bytes sent, by rank (row) to world rank (column)".into(),
@@ -536,28 +567,16 @@ pub fn timeline(job: &JobProfile) -> String {
         .enumerate()
         .map(|(i, r)| (r.pid, i))
         .collect();
-    let groups = groups(job.ranks.len(), HEAT_CELLS);
-    let group_of = |i: usize| groups.partition_point(|(_, last)| *last < i);
+    let rows = RankCells::new(job);
     let mut busy: BTreeMap<(usize, usize), u64> = BTreeMap::new();
     for r in &t.ranks {
         let Some(&i) = position.get(&r.pid) else {
             continue;
         };
         for (bin, ns) in r.busy_ns.iter().enumerate().filter(|(_, ns)| **ns > 0) {
-            *busy.entry((group_of(i), bin)).or_default() += ns;
+            *busy.entry((rows.of(i), bin)).or_default() += ns;
         }
     }
-    let single = groups.iter().all(|(a, b)| a == b);
-    let rows = groups
-        .iter()
-        .map(|&(a, b)| {
-            if single {
-                job.ranks[a].rank.to_string()
-            } else {
-                format!("{}-{}", job.ranks[a].rank, job.ranks[b].rank)
-            }
-        })
-        .collect();
     // From the first bin with MPI time to the last: a job's start-up (launcher, MPI_Init)
     // and its end are no part of the picture.
     let first = busy.keys().map(|(_, bin)| *bin).min().unwrap_or(0);
@@ -571,15 +590,14 @@ pub fn timeline(job: &JobProfile) -> String {
             "Share of each {} in MPI communication, per rank (from the per-call events)",
             Unit::Seconds.format(t.bin_ns as f64 / 1e9)
         ),
-        rows,
+        rows: rows.labels(),
         cols,
         row_desc: "rank".into(),
         col_desc: "time since recording began".into(),
         cells: busy
             .into_iter()
             .map(|((g, bin), ns)| {
-                let (a, b) = groups[g];
-                let share = ns as f64 / (t.bin_ns as f64 * (b - a + 1) as f64);
+                let share = ns as f64 / (t.bin_ns as f64 * rows.len(g) as f64);
                 (g, bin - first, share.min(1.0))
             })
             .collect(),
