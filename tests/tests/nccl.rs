@@ -286,21 +286,21 @@ fn waits_for_the_gpu_measure_device_time() {
     // Against the seed's single-node all_reduce_perf (table 1: 18.05 GB/s at 1 MiB), the
     // stand-in's 1 ms waits make this job's 1 MiB AllReduces far slower.
     let seed = repo_root().join("tests/data/seed_003_rccl_ofi_plugin.txt");
-    let run = run_commtap(
-        &scratch,
-        &[
+    // `commtap compare` of the seed's table 1 with `measured`, as JSON.
+    let compare_with_table_1 = |measured: &[&str]| {
+        let mut args = vec![
             "compare",
             "--expected",
             path_str(&seed),
             "--expected-table",
             "1",
-            "--profile",
-            path_str(&r.out),
             "--format",
             "json",
-        ],
-        LIMIT,
-    );
+        ];
+        args.extend(measured);
+        run_commtap(&scratch, &args, LIMIT)
+    };
+    let run = compare_with_table_1(&["--profile", path_str(&r.out)]);
     assert_eq!(run.status.code(), Some(1), "{}", run.stderr);
     let c: serde_json::Value = serde_json::from_str(&run.stdout).expect("JSON comparison");
     let measured = d["bus_bytes"].as_u64().expect("bus bytes") as f64
@@ -347,23 +347,7 @@ fn waits_for_the_gpu_measure_device_time() {
         LIMIT,
     );
     assert!(run.status.success(), "{}", run.stderr);
-    let run = run_commtap(
-        &scratch,
-        &[
-            "compare",
-            "--expected",
-            path_str(&seed),
-            "--expected-table",
-            "1",
-            "--measured",
-            path_str(&seed),
-            "--measured-table",
-            "1",
-            "--format",
-            "json",
-        ],
-        LIMIT,
-    );
+    let run = compare_with_table_1(&["--measured", path_str(&seed), "--measured-table", "1"]);
     let table: serde_json::Value = serde_json::from_str(&run.stdout).expect("JSON comparison");
     let points = table["buckets"].as_array().expect("buckets").len() as u64;
     let page = browse(&scratch, &html, "nccl-device");

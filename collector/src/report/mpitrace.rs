@@ -8,12 +8,9 @@ use collector_common::{
     routines::{class, Family, ROUTINES},
 };
 
+use super::units::secs;
 use crate::profile::{CommSummary, JobProfile, RankProfile};
 use crate::stats::{table_order, RoutineStats, Totals};
-
-fn secs(ns: u64) -> f64 {
-    ns as f64 / 1e9
-}
 
 /// Where a rank stands among all ranks (`s`: the job's summary), as mpitrace words it.
 fn standing(job: &JobProfile, s: Option<&CommSummary>, r: &RankProfile) -> Option<&'static str> {

@@ -1,6 +1,11 @@
 //! Quantities as reports print them: three significant figures and an SI prefix
 //! (`2.5 ms`, `1.5 MB`, `12k`), for chart axes and the live view alike.
 
+/// `ns` nanoseconds in seconds.
+pub fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
 /// What a value measures: how it is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unit {

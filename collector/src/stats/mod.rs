@@ -281,6 +281,15 @@ macro_rules! define_health {
                 Health { $( $name: s.$name, )* ..Health::default() }
             }
         }
+
+        impl Health {
+            /// Adds `other` into `self` (several ranks' health together).
+            pub fn merge(&mut self, other: &Health) {
+                self.events += other.events;
+                $( self.$name += other.$name; )*
+                self.fabric_unresolved += other.fabric_unresolved;
+            }
+        }
     };
 }
 collector_common::kernel_health_counters!(define_health);

@@ -47,7 +47,7 @@ struct Stream {
     every: Duration,
     tx: mpsc::Sender<Update>,
     generation: u64,
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Stream {
@@ -58,44 +58,50 @@ impl Stream {
         opts: &TopOptions,
         job: Option<String>,
         tx: mpsc::Sender<Update>,
-        first: Option<tokio::sync::oneshot::Sender<Result<()>>>,
+        first: tokio::sync::oneshot::Sender<Result<()>>,
     ) -> Stream {
-        let task = runtime.spawn(watch(
-            opts.from.clone(),
-            job,
-            opts.every,
-            0,
-            tx.clone(),
-            first,
-        ));
-        Stream {
+        let mut stream = Stream {
             runtime,
             from: opts.from.clone(),
             every: opts.every,
             tx,
             generation: 0,
-            task,
-        }
+            task: None,
+        };
+        stream.spawn(job, Some(first));
+        stream
     }
 
     /// Stops this stream and starts one for `job`.
     fn restart(&mut self, job: Option<String>) {
-        self.task.abort();
         self.generation += 1;
-        self.task = self.runtime.spawn(watch(
+        self.spawn(job, None);
+    }
+
+    fn spawn(
+        &mut self,
+        job: Option<String>,
+        first: Option<tokio::sync::oneshot::Sender<Result<()>>>,
+    ) {
+        if let Some(old) = self.task.take() {
+            old.abort();
+        }
+        self.task = Some(self.runtime.spawn(watch(
             self.from.clone(),
             job,
             self.every,
             self.generation,
             self.tx.clone(),
-            None,
-        ));
+            first,
+        )));
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
@@ -142,7 +148,7 @@ pub async fn run(opts: TopOptions) -> Result<()> {
         &opts,
         opts.job.clone(),
         tx,
-        Some(first_tx),
+        first_tx,
     );
     match first_rx.await {
         Ok(Ok(())) => {}

@@ -6,7 +6,8 @@ use std::{collections::BTreeMap, time::Instant};
 
 use crate::{
     profile::{JobProfile, RankProfile},
-    stats::Totals,
+    report::units::secs,
+    stats::{Health, Totals},
 };
 
 /// Which ranks are shown.
@@ -98,14 +99,9 @@ pub struct RankRow {
 /// What could not be measured, the shown ranks together.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Unmeasured {
-    /// Events lost to a full ring buffer (counts stay exact).
-    pub dropped: u64,
-    /// Calls whose bytes could not be decoded.
-    pub undecoded: u64,
-    /// Calls in flight at attach (not timed).
-    pub in_flight: u64,
-    /// Calls lost to a full counter map.
-    pub map_full: u64,
+    /// The shown ranks' health added up (drops, undecoded calls, calls in flight at
+    /// attach, a full counter map).
+    pub health: Health,
     /// Processes that could not be profiled (attach errors), with the reason.
     pub not_profiled: Vec<String>,
 }
@@ -184,7 +180,7 @@ impl Model {
             })
             .max()
             .filter(|ns| *ns > 0)
-            .map(|ns| ns as f64 / 1e9);
+            .map(secs);
         let interval = self.prev.as_ref().and_then(|(at, _)| {
             elapsed_moved
                 .or_else(|| Some(now.duration_since(*at).as_secs_f64()).filter(|s| *s > 0.0))
@@ -218,16 +214,16 @@ impl Model {
                 job: r.job.clone(),
                 // Time is booked when a call returns: an interval may hold a little more
                 // than its length.
-                comm_share: interval.map(|i| (comm_delta as f64 / 1e9 / i).min(1.0)),
-                comm_s: r.comm_time_ns as f64 / 1e9,
-                elapsed_s: r.elapsed_ns as f64 / 1e9,
+                comm_share: interval.map(|i| (secs(comm_delta) / i).min(1.0)),
+                comm_s: secs(r.comm_time_ns),
+                elapsed_s: secs(r.elapsed_ns),
             });
         }
         ranks.sort_by(|a, b| {
-            let key = |r: &RankRow| (r.comm_share.unwrap_or(0.0), r.comm_s);
-            key(b)
-                .partial_cmp(&key(a))
-                .unwrap_or(std::cmp::Ordering::Equal)
+            let share = |r: &RankRow| r.comm_share.unwrap_or(0.0);
+            share(b)
+                .total_cmp(&share(a))
+                .then(b.comm_s.total_cmp(&a.comm_s))
                 .then(a.rank.cmp(&b.rank))
         });
         let rank_seconds = interval.map(|i| i * shown.len().max(1) as f64);
@@ -239,7 +235,7 @@ impl Model {
                 bytes: all.bytes,
                 calls_per_s: interval.map(|i| last.calls as f64 / i),
                 bytes_per_s: interval.map(|i| last.bytes as f64 / i),
-                time_share: rank_seconds.map(|s| (last.time_ns as f64 / 1e9 / s).min(1.0)),
+                time_share: rank_seconds.map(|s| (secs(last.time_ns) / s).min(1.0)),
             })
             .collect();
         let key = |r: &RoutineRow| match sort {
@@ -251,8 +247,7 @@ impl Model {
         // Ties (and the rates' absence) fall back on the totals, then the name.
         routines.sort_by(|a, b| {
             key(b)
-                .partial_cmp(&key(a))
-                .unwrap_or(std::cmp::Ordering::Equal)
+                .total_cmp(&key(a))
                 .then_with(|| match sort {
                     SortKey::Name => std::cmp::Ordering::Equal,
                     SortKey::Bytes => b.bytes.cmp(&a.bytes),
@@ -261,14 +256,13 @@ impl Model {
                 .then_with(|| a.name.cmp(&b.name))
         });
 
-        let mut unmeasured = Unmeasured::default();
+        let mut unmeasured = Unmeasured {
+            not_profiled: cur.not_profiled.clone(),
+            ..Unmeasured::default()
+        };
         for r in &shown {
-            unmeasured.dropped += r.health.dropped;
-            unmeasured.undecoded += r.health.undecoded;
-            unmeasured.in_flight += r.health.in_flight_at_attach;
-            unmeasured.map_full += r.health.counter_map_full;
+            unmeasured.health.merge(&r.health);
         }
-        unmeasured.not_profiled.clone_from(&cur.not_profiled);
         let hosts = shown
             .iter()
             .map(|r| r.host.as_str())
@@ -301,7 +295,7 @@ fn late_rank(p: &JobProfile) -> Option<String> {
             top.host,
             top.last,
             top.instances,
-            top.caused_ns as f64 / 1e9
+            secs(top.caused_ns)
         )
     })
 }

@@ -76,10 +76,10 @@ pub fn draw(frame: &mut Frame, screen: Option<&Screen>, status: &Status) {
             lines.push(Line::raw(format!(
                 "not measured: {} events dropped, {} undecoded, {} in flight at attach, \
                  {} counter map full; {} attach errors",
-                u.dropped,
-                u.undecoded,
-                u.in_flight,
-                u.map_full,
+                u.health.dropped,
+                u.health.undecoded,
+                u.health.in_flight_at_attach,
+                u.health.counter_map_full,
                 u.not_profiled.len()
             )));
             lines.push(Line::raw(match &s.late {

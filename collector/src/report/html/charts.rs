@@ -159,25 +159,14 @@ impl BarChart {
 
     /// The `<figure>`: caption, SVG and legend (an error drawing is said in place of the SVG).
     pub fn render(&self) -> String {
-        let svg = self.draw().map_err(|e| {
-            format!(
-                "<p class=\"error\">could not draw: {}</p>",
-                escape(&e.to_string())
-            )
-        });
         let legend = self
             .series
             .iter()
             .chain(&self.line)
             .map(|s| (s.name.as_str(), s.colour))
             .collect::<Vec<_>>();
-        figure(&self.id, &self.title, &svg.unwrap_or_else(|e| e), &legend)
-    }
-
-    fn draw(&self) -> Result<String, Box<dyn std::error::Error>> {
-        let mut svg = String::new();
-        self.draw_into(&mut svg)?;
-        Ok(accessible(&svg, &self.title))
+        let svg = svg(&self.title, |out| self.draw_into(out));
+        figure(&self.id, &self.title, &svg, &legend)
     }
 
     fn draw_into(&self, svg: &mut String) -> DrawResult {
@@ -217,15 +206,11 @@ impl BarChart {
                 .unwrap_or_default()
         };
         let y_label = |y: &f64| {
-            // A count axis names whole counts only.
-            if unit == Unit::Count && !log && y.fract().abs() > 1e-9 {
+            // A log axis names whole decades only, a count axis whole counts.
+            if (log || unit == Unit::Count) && y.fract().abs() > 1e-9 {
                 String::new()
             } else if log {
-                if y.fract().abs() > 1e-9 {
-                    String::new()
-                } else {
-                    unit.format(10f64.powf(*y))
-                }
+                unit.format(10f64.powf(*y))
             } else {
                 unit.format(*y)
             }
@@ -339,16 +324,7 @@ pub struct HeatMap {
 impl HeatMap {
     /// The `<figure>`: caption, SVG and the colour scale.
     pub fn render(&self) -> String {
-        let mut svg = String::new();
-        let drawn = self.draw_into(&mut svg).map_or_else(
-            |e| {
-                format!(
-                    "<p class=\"error\">could not draw: {}</p>",
-                    escape(&e.to_string())
-                )
-            },
-            |()| accessible(&svg, &self.title),
-        );
+        let drawn = svg(&self.title, |out| self.draw_into(out));
         let (lo, hi) = self.range();
         let mut scale = String::new();
         let (lo, how) = if self.log {
@@ -447,7 +423,20 @@ fn x_label_style(
     }
 }
 
-/// An SVG made readable by assistive technology: a role and a title.
+/// What `draw` draws, made readable by assistive technology (a role and a title), or
+/// the error in its place.
+fn svg(title: &str, draw: impl FnOnce(&mut String) -> DrawResult) -> String {
+    let mut svg = String::new();
+    match draw(&mut svg) {
+        Ok(()) => accessible(&svg, title),
+        Err(e) => format!(
+            "<p class=\"error\">could not draw: {}</p>",
+            escape(&e.to_string())
+        ),
+    }
+}
+
+/// `svg` with a role and a title.
 fn accessible(svg: &str, title: &str) -> String {
     svg.replacen(
         "<svg ",

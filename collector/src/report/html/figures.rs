@@ -7,13 +7,13 @@ use collector_common::{durations::duration_range, routines::Family};
 
 use super::{
     charts::{BarChart, HeatMap, Layout, Series, BLUE, GREY, ORANGE, PALETTE, VERMILLION},
-    escape, secs, Expected,
+    escape, Expected,
 };
 use crate::{
     compare,
-    profile::JobProfile,
+    profile::{JobProfile, RankProfile},
     report::mpitrace::net_transport,
-    report::units::Unit,
+    report::units::{secs, Unit},
     stats::{table_order, Routines},
 };
 
@@ -104,13 +104,11 @@ pub fn ranks(job: &JobProfile) -> String {
     let Some(summary) = job.comm_summary() else {
         return String::new();
     };
-    let ranks = &job.ranks;
-    let groups = groups(ranks.len(), RANK_BARS);
-    let single = groups.iter().all(|(a, b)| a == b);
+    let bars = RankGroups::new(job, RANK_BARS);
     let mut c = BarChart::new(
         "ranks-comm",
         "MPI communication time within elapsed time, per rank",
-        if single {
+        if bars.single() {
             "rank"
         } else {
             "ranks (each bar: the range's largest)"
@@ -120,22 +118,18 @@ pub fn ranks(job: &JobProfile) -> String {
     );
     c.layout = Layout::Overlaid;
     c.log_above_ratio = 0.0;
+    c.categories = bars.labels();
     let mut elapsed = Vec::new();
     let mut comm = Vec::new();
-    for (gi, &(a, b)) in groups.iter().enumerate() {
-        let part = &ranks[a..=b];
-        c.categories.push(if single {
-            part[0].rank.to_string()
-        } else {
-            format!("{}-{}", part[0].rank, part[part.len() - 1].rank)
-        });
+    for gi in 0..c.categories.len() {
+        let part = bars.ranks(gi);
         elapsed.push(Some(secs(
             part.iter().map(|r| r.elapsed_ns).max().unwrap_or(0),
         )));
         comm.push(Some(secs(
             part.iter().map(|r| r.comm_time_ns).max().unwrap_or(0),
         )));
-        if ranks.len() > 1 {
+        if job.ranks.len() > 1 {
             let mut words = Vec::new();
             for (word, r) in [
                 ("min", summary.min),
@@ -166,10 +160,13 @@ pub fn ranks(job: &JobProfile) -> String {
 
 /// The NCCL operations with device time: bus bandwidth per size bucket, the expected
 /// curve over it when given, measured buckets below the threshold marked.
-pub fn nccl_bandwidth(job: &JobProfile, expected: Option<&Expected>) -> String {
+pub fn nccl_bandwidth(
+    job: &JobProfile,
+    routines: &Routines,
+    expected: Option<&Expected>,
+) -> String {
     let mut o = String::new();
-    let routines = super::job_routines(job);
-    let ops: Vec<&String> = table_order(&routines, Family::Nccl)
+    let ops: Vec<&String> = table_order(routines, Family::Nccl)
         .into_iter()
         .map(|(name, _)| name)
         .filter(|n| net_transport(n).is_none() && !n.ends_with("Config"))
@@ -366,8 +363,8 @@ pub fn who_is_late(job: &JobProfile) -> String {
 /// A duration bucket as a chart labels it: below its end.
 fn duration_label(b: usize) -> String {
     match duration_range(b) {
-        (lo, u64::MAX) => format!("≥{}", Unit::Seconds.format(lo as f64 / 1e9)),
-        (_, hi) => format!("<{}", Unit::Seconds.format(hi as f64 / 1e9)),
+        (lo, u64::MAX) => format!("≥{}", Unit::Seconds.format(secs(lo))),
+        (_, hi) => format!("<{}", Unit::Seconds.format(secs(hi))),
     }
 }
 
@@ -382,8 +379,8 @@ pub fn durations(routines: &Routines) -> String {
                 &format!("durations-{name}"),
                 &format!(
                     "{name}: calls per duration (fastest {}, slowest {})",
-                    Unit::Seconds.format(d.min_ns as f64 / 1e9),
-                    Unit::Seconds.format(d.max_ns as f64 / 1e9)
+                    Unit::Seconds.format(secs(d.min_ns)),
+                    Unit::Seconds.format(secs(d.max_ns))
                 ),
                 "call duration (log2 buckets)",
                 "calls",
@@ -404,19 +401,24 @@ pub fn durations(routines: &Routines) -> String {
     o
 }
 
-/// A heat map's rows (and columns) of ranks: one per rank up to [`HEAT_CELLS`], then
+/// A job's ranks in at most `max` rows (bars, heat-map rows): one per rank, or past `max`
 /// contiguous ranges of ranks, labelled by their ranks.
-struct RankCells<'a> {
+struct RankGroups<'a> {
     job: &'a JobProfile,
     groups: Vec<(usize, usize)>,
 }
 
-impl<'a> RankCells<'a> {
-    fn new(job: &'a JobProfile) -> RankCells<'a> {
-        RankCells {
+impl<'a> RankGroups<'a> {
+    fn new(job: &'a JobProfile, max: usize) -> RankGroups<'a> {
+        RankGroups {
             job,
-            groups: groups(job.ranks.len(), HEAT_CELLS),
+            groups: groups(job.ranks.len(), max),
         }
+    }
+
+    /// Whether every row is a single rank.
+    fn single(&self) -> bool {
+        self.groups.iter().all(|(a, b)| a == b)
     }
 
     /// The row of the rank at index `i` of the profile's ranks.
@@ -424,24 +426,34 @@ impl<'a> RankCells<'a> {
         self.groups.partition_point(|(_, last)| *last < i)
     }
 
-    /// Ranks in row `g`.
-    fn len(&self, g: usize) -> usize {
+    /// The ranks in row `g`.
+    fn ranks(&self, g: usize) -> &'a [RankProfile] {
         let (a, b) = self.groups[g];
-        b - a + 1
+        &self.job.ranks[a..=b]
     }
 
+    /// The rows' labels: `7`, or `0-15` for a range.
     fn labels(&self) -> Vec<String> {
-        let single = self.groups.iter().all(|(a, b)| a == b);
-        let ranks = &self.job.ranks;
-        self.groups
-            .iter()
-            .map(|&(a, b)| {
+        let single = self.single();
+        (0..self.groups.len())
+            .map(|g| {
+                let part = self.ranks(g);
                 if single {
-                    ranks[a].rank.to_string()
+                    part[0].rank.to_string()
                 } else {
-                    format!("{}-{}", ranks[a].rank, ranks[b].rank)
+                    format!("{}-{}", part[0].rank, part[part.len() - 1].rank)
                 }
             })
+            .collect()
+    }
+
+    /// Each rank's index in the profile, by `key`.
+    fn index_by<K: Ord>(&self, key: impl Fn(&RankProfile) -> K) -> BTreeMap<K, usize> {
+        self.job
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (key(r), i))
             .collect()
     }
 }
@@ -451,13 +463,8 @@ pub fn peers(job: &JobProfile) -> String {
     if job.ranks.iter().all(|r| r.peers.is_empty()) {
         return String::new();
     }
-    let position: BTreeMap<u32, usize> = job
-        .ranks
-        .iter()
-        .enumerate()
-        .map(|(i, r)| (r.rank, i))
-        .collect();
-    let rows = RankCells::new(job);
+    let rows = RankGroups::new(job, HEAT_CELLS);
+    let position = rows.index_by(|r| r.rank);
     let mut cells: BTreeMap<(usize, usize), f64> = BTreeMap::new();
     let mut elsewhere = 0u64;
     for (i, r) in job.ranks.iter().enumerate() {
@@ -561,13 +568,8 @@ pub fn timeline(job: &JobProfile) -> String {
     let Some(t) = job.timeline.as_ref().filter(|t| !t.ranks.is_empty()) else {
         return String::new();
     };
-    let position: BTreeMap<u32, usize> = job
-        .ranks
-        .iter()
-        .enumerate()
-        .map(|(i, r)| (r.pid, i))
-        .collect();
-    let rows = RankCells::new(job);
+    let rows = RankGroups::new(job, HEAT_CELLS);
+    let position = rows.index_by(|r| r.pid);
     let mut busy: BTreeMap<(usize, usize), u64> = BTreeMap::new();
     for r in &t.ranks {
         let Some(&i) = position.get(&r.pid) else {
@@ -582,13 +584,13 @@ pub fn timeline(job: &JobProfile) -> String {
     let first = busy.keys().map(|(_, bin)| *bin).min().unwrap_or(0);
     let last = busy.keys().map(|(_, bin)| *bin).max().unwrap_or(0);
     let cols = (first..=last)
-        .map(|b| Unit::Seconds.format(b as f64 * t.bin_ns as f64 / 1e9))
+        .map(|b| Unit::Seconds.format(secs(b as u64 * t.bin_ns)))
         .collect();
     let map = HeatMap {
         id: "timeline".into(),
         title: format!(
             "Share of each {} in MPI communication, per rank (from the per-call events)",
-            Unit::Seconds.format(t.bin_ns as f64 / 1e9)
+            Unit::Seconds.format(secs(t.bin_ns))
         ),
         rows: rows.labels(),
         cols,
@@ -597,7 +599,7 @@ pub fn timeline(job: &JobProfile) -> String {
         cells: busy
             .into_iter()
             .map(|((g, bin), ns)| {
-                let share = ns as f64 / (t.bin_ns as f64 * rows.len(g) as f64);
+                let share = ns as f64 / (t.bin_ns as f64 * rows.ranks(g).len() as f64);
                 (g, bin - first, share.min(1.0))
             })
             .collect(),

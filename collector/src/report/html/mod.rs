@@ -16,6 +16,7 @@ use collector_common::routines::Family;
 use crate::{
     compare::Curve,
     profile::JobProfile,
+    report::units::secs,
     stats::{table_order, Routines},
 };
 
@@ -95,7 +96,7 @@ pub fn render_html(job: &JobProfile, expected: Option<&Expected>) -> String {
         (
             "nccl",
             "NCCL bus bandwidth",
-            figures::nccl_bandwidth(job, expected),
+            figures::nccl_bandwidth(job, &routines, expected),
         ),
         ("late", "Who is late", figures::who_is_late(job)),
         (
@@ -151,10 +152,6 @@ fn row(o: &mut String, label: &str, value: &str) {
     let _ = write!(o, "<tr><th>{}</th><td>{value}</td></tr>", escape(label));
 }
 
-fn secs(ns: u64) -> f64 {
-    ns as f64 / 1e9
-}
-
 /// The job summary: ranks, hosts, times and what was not measured.
 fn summary(job: &JobProfile) -> String {
     let mut o = String::from("<table class=\"summary\">");
@@ -201,16 +198,15 @@ fn summary(job: &JobProfile) -> String {
             );
         }
     }
-    let sum =
-        |f: fn(&crate::stats::Health) -> u64| job.ranks.iter().map(|r| f(&r.health)).sum::<u64>();
+    let mut health = crate::stats::Health::default();
+    for r in &job.ranks {
+        health.merge(&r.health);
+    }
     let not_measured = [
         ("Events dropped (counts stay exact)", job.dropped),
         ("Calls with undecodable bytes", job.undecoded),
-        ("Calls in flight at attach", sum(|h| h.in_flight_at_attach)),
-        (
-            "Calls lost to a full counter map",
-            sum(|h| h.counter_map_full),
-        ),
+        ("Calls in flight at attach", health.in_flight_at_attach),
+        ("Calls lost to a full counter map", health.counter_map_full),
     ];
     for (what, n) in not_measured {
         let cell = if n > 0 {
