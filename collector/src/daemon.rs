@@ -110,7 +110,7 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
             .is_ok()
     });
     let mut session = start_session(&opts, state_dir.clone())?;
-    let feed = opts.skew.then(|| session.call_feed());
+    let feed = session.call_feed();
     let events = session.take_events();
     let state = node_state(session, &opts);
     add_synthetic_ranks(&state, opts.synthetic_ranks).await;
@@ -176,6 +176,7 @@ fn start_session(opts: &DaemonOptions, state_dir: Option<PathBuf>) -> Result<Ses
 /// What the node's services share: the session and what the daemon keeps besides.
 fn node_state(session: Session, opts: &DaemonOptions) -> Arc<NodeState> {
     let node = opts.node_name.clone().unwrap_or_else(discover::this_host);
+    let (placed_calls, _) = tokio::sync::broadcast::channel(crate::ingest::FEED_CAPACITY);
     Arc::new(NodeState {
         node: node.clone(),
         session: Mutex::new(session),
@@ -197,7 +198,7 @@ fn node_state(session: Session, opts: &DaemonOptions) -> Arc<NodeState> {
         call_events: opts.call_events,
         clock_offset_ns: opts.clock_offset_ns,
         late: opts.skew.then(|| {
-            let mut board = crate::skew::Board::new(node);
+            let mut board = crate::skew::Board::new(node).forward_to(placed_calls.clone());
             if opts.aggregator.is_some() {
                 board.hand_on_parts();
             }
@@ -208,6 +209,7 @@ fn node_state(session: Session, opts: &DaemonOptions) -> Arc<NodeState> {
             }
             Mutex::new(board)
         }),
+        placed_calls,
     })
 }
 
@@ -231,7 +233,7 @@ impl Tasks {
 async fn spawn_tasks(
     state: &Arc<NodeState>,
     opts: &DaemonOptions,
-    feed: Option<tokio::sync::broadcast::Receiver<crate::ingest::FeedItem>>,
+    feed: tokio::sync::broadcast::Receiver<crate::ingest::FeedItem>,
     shutdown: &CancellationToken,
 ) -> Result<Tasks> {
     let listener = transport::bind_unix(&opts.socket, opts.socket_mode).await?;
@@ -269,13 +271,11 @@ async fn spawn_tasks(
             Ok(())
         }));
     }
-    if let Some(feed) = feed {
-        let late = follow_collectives(state.clone(), feed, shutdown.clone());
-        tasks.push(tokio::spawn(async move {
-            late.await;
-            Ok(())
-        }));
-    }
+    let place = place_calls(state.clone(), feed, shutdown.clone());
+    tasks.push(tokio::spawn(async move {
+        place.await;
+        Ok(())
+    }));
     if let Some(listener) = opts.metrics.clone() {
         let metrics = metrics::serve(listener, state.clone(), shutdown.clone());
         tasks.push(tokio::spawn(async move {
@@ -365,15 +365,16 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
     }
 }
 
-/// Feeds the call events of collectives to the per-job matching, in batches (one lock
-/// each), until shutdown.
-async fn follow_collectives(
+/// Feeds the call events to who-is-late, in batches (one lock each), which passes them on
+/// placed to StreamEvents (without who-is-late, they are passed on as they come), until
+/// shutdown.
+async fn place_calls(
     state: Arc<NodeState>,
     mut feed: tokio::sync::broadcast::Receiver<crate::ingest::FeedItem>,
     shutdown: CancellationToken,
 ) {
+    use crate::{ingest::FeedItem, skew::board::PlacedItem};
     use tokio::sync::broadcast::error::RecvError;
-    let Some(late) = &state.late else { return };
     loop {
         let first = tokio::select! {
             item = feed.recv() => item,
@@ -389,6 +390,18 @@ async fn follow_collectives(
             };
             batch.push(item);
         }
+        let Some(late) = &state.late else {
+            for item in batch {
+                let placed = match item {
+                    Ok(FeedItem::Call(ev)) => PlacedItem::Call(ev, Default::default()),
+                    Ok(FeedItem::Exited(pid)) => PlacedItem::Exited(pid),
+                    Err(RecvError::Lagged(n)) => PlacedItem::Lost(n),
+                    Err(RecvError::Closed) => continue,
+                };
+                let _ = state.placed_calls.send(placed);
+            }
+            continue;
+        };
         let mut board = late.lock().await;
         for item in batch {
             board.item(item);

@@ -317,9 +317,9 @@ struct FeedSinks {
 
 impl FeedSinks {
     /// Writes one call into the trace, with its communicator and number where known.
-    fn write(&mut self, ev: &CallEvent, placed: Option<(skew::CommKey, u64)>) -> Result<()> {
+    fn write(&mut self, ev: &CallEvent, placement: skew::Placement) -> Result<()> {
         if !self.tracers.is_empty() {
-            let call = trace::placed_call_event(ev, placed);
+            let call = trace::placed_call_event(ev, placement);
             for t in &mut self.tracers {
                 t.call(&call)?;
             }
@@ -375,7 +375,7 @@ impl FeedSinks {
             // it holds until its process's job is known is written when it gives it back.
             let taken = match self.late.as_mut() {
                 Some(l) => l.call(ev),
-                None => skew::board::Taken::Now(None),
+                None => skew::board::Taken::Now(skew::Placement::default()),
             };
             if let skew::board::Taken::Now(placed) = taken {
                 self.write(&ev, placed)?;

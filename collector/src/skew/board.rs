@@ -4,12 +4,12 @@
 //! Which job a process belongs to is read from its environment after its first calls may
 //! already have arrived: those wait here (bounded) until the process's job is known.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use collector_common::CallEvent;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::{self, error::RecvError};
 
-use super::{late_sender::LateSenders, summary::Whois, CommKey, SkewReport, Tracker};
+use super::{late_sender::LateSenders, summary::Whois, Placement, SkewReport, Tracker};
 use crate::ingest::{FeedItem, FeedResult};
 
 /// Calls kept per process whose job is not known yet; past this they are counted as lost.
@@ -20,14 +20,27 @@ const MAX_WAITING_PROCS: usize = 1 << 12;
 /// What became of a call given to [`Board::call`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Taken {
-    /// Matched now; a collective's communicator and number where known.
-    Now(Option<(CommKey, u64)>),
+    /// Matched now: its communicator's name and a collective's number, where known.
+    Now(Placement),
     /// Held until its process's job is known.
     Held,
 }
 
-/// A held call given back, with its communicator and number where known.
-pub type Released = (CallEvent, Option<(CommKey, u64)>);
+/// A held call given back, with its communicator's name and number where known.
+pub type Released = (CallEvent, Placement);
+
+/// The call feed as who-is-late passes it on: each call with its placement (a node
+/// daemon's `StreamEvents`, so that traces taken from it show communicators and numbers
+/// as `record`'s do).
+#[derive(Clone, Copy, Debug)]
+pub enum PlacedItem {
+    /// A call, and what who-is-late knows of it.
+    Call(CallEvent, Placement),
+    /// A process exited: its calls, held ones included, came before.
+    Exited(u32),
+    /// Calls the board's reader of the feed fell behind by (lost to every stream).
+    Lost(u64),
+}
 
 /// Trackers by job, fed from the call feed.
 #[derive(Debug)]
@@ -42,6 +55,11 @@ pub struct Board {
     unplaced: u64,
     /// Sends paired with their receives, when every call comes (per-call events).
     late_senders: Option<LateSenders>,
+    /// Where placed calls are passed on, if anywhere.
+    forward: Option<broadcast::Sender<PlacedItem>>,
+    /// Processes that exited while calls of theirs were held: their exit is passed on
+    /// after those calls.
+    exited_while_held: HashSet<u32>,
 }
 
 impl Board {
@@ -55,6 +73,36 @@ impl Board {
             waiting: HashMap::new(),
             unplaced: 0,
             late_senders: None,
+            forward: None,
+            exited_while_held: HashSet::new(),
+        }
+    }
+
+    /// Passes every call on to `tx` once placed (held calls when given back).
+    pub fn forward_to(mut self, tx: broadcast::Sender<PlacedItem>) -> Board {
+        self.forward = Some(tx);
+        self
+    }
+
+    fn pass_on(&self, item: PlacedItem) {
+        if let Some(tx) = self.forward.as_ref().filter(|tx| tx.receiver_count() > 0) {
+            // No receiver left between the check and the send: nobody to tell.
+            let _ = tx.send(item);
+        }
+    }
+
+    /// A call leaves the board: to Late Sender's pairing and to whoever it is passed on to.
+    fn placed(&mut self, ev: &CallEvent, placement: Placement) {
+        if let Some(ls) = self.late_senders.as_mut() {
+            ls.call(&crate::trace::placed_call_event(ev, placement));
+        }
+        self.pass_on(PlacedItem::Call(*ev, placement));
+    }
+
+    /// The held calls of `pid` have left the board: its exit may be passed on now.
+    fn released(&mut self, pid: u32) {
+        if self.exited_while_held.remove(&pid) {
+            self.pass_on(PlacedItem::Exited(pid));
         }
     }
 
@@ -63,13 +111,6 @@ impl Board {
     pub fn with_late_senders(mut self) -> Board {
         self.late_senders = Some(LateSenders::default());
         self
-    }
-
-    /// Hands a call, as who-is-late placed it, to the Late Sender pairing.
-    fn pair(&mut self, ev: &CallEvent, placed: Option<(CommKey, u64)>) {
-        if let Some(ls) = self.late_senders.as_mut() {
-            ls.call(&crate::trace::placed_call_event(ev, placed));
-        }
     }
 
     /// Keeps the instances whose other members are on other nodes for
@@ -86,6 +127,11 @@ impl Board {
                 self.call(ev);
             }
             Ok(FeedItem::Exited(pid)) => {
+                if self.waiting.contains_key(&pid) {
+                    self.exited_while_held.insert(pid);
+                } else {
+                    self.pass_on(PlacedItem::Exited(pid));
+                }
                 if let Some(t) = self.tracker_of(pid) {
                     t.exited(pid);
                     // The job's last process is gone: all its calls are in.
@@ -98,6 +144,7 @@ impl Board {
                 for t in self.trackers.values_mut() {
                     t.lost_by_reader(n);
                 }
+                self.pass_on(PlacedItem::Lost(n));
             }
             Err(RecvError::Closed) => {}
         }
@@ -110,22 +157,25 @@ impl Board {
         // A device window is no call of the thread's (nor numbered among them): nothing to
         // match, nothing to hold.
         if ev.kind != collector_common::EventKind::Call as u32 {
-            return Taken::Now(None);
+            self.pass_on(PlacedItem::Call(ev, Placement::default()));
+            return Taken::Now(Placement::default());
         }
         if let Some(t) = self.tracker_of(ev.tgid) {
-            let placed = t.call(&ev);
-            self.pair(&ev, placed);
-            return Taken::Now(placed);
+            let placement = t.call(&ev);
+            self.placed(&ev, placement);
+            return Taken::Now(placement);
         }
-        if !self.waiting.contains_key(&ev.tgid) && self.waiting.len() >= MAX_WAITING_PROCS {
+        let full = if self.waiting.contains_key(&ev.tgid) {
+            self.waiting[&ev.tgid].len() >= MAX_WAITING
+        } else {
+            self.waiting.len() >= MAX_WAITING_PROCS
+        };
+        if full {
             self.unplaced += 1;
-            return Taken::Now(None);
+            self.placed(&ev, Placement::default());
+            return Taken::Now(Placement::default());
         }
         let q = self.waiting.entry(ev.tgid).or_default();
-        if q.len() >= MAX_WAITING {
-            self.unplaced += 1;
-            return Taken::Now(None);
-        }
         q.push_back(ev);
         Taken::Held
     }
@@ -160,13 +210,14 @@ impl Board {
             .into_iter()
             .flatten()
             .map(|ev| {
-                let placed = t.call(&ev);
-                (ev, placed)
+                let placement = t.call(&ev);
+                (ev, placement)
             })
             .collect();
-        for (ev, placed) in &released {
-            self.pair(ev, *placed);
+        for (ev, placement) in &released {
+            self.placed(ev, *placement);
         }
+        self.released(pid);
         released
     }
 
@@ -185,14 +236,20 @@ impl Board {
     /// Forgets the processes `keep` says no longer matter, and jobs left with none.
     pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
         self.world_of.retain(|pid, _| keep(*pid));
-        let unplaced = &mut self.unplaced;
-        self.waiting.retain(|pid, q| {
-            let k = keep(*pid);
-            if !k {
-                *unplaced += q.len() as u64;
+        let gone: Vec<u32> = self
+            .waiting
+            .keys()
+            .copied()
+            .filter(|pid| !keep(*pid))
+            .collect();
+        for pid in gone {
+            // Their job never became known: passed on unplaced.
+            for ev in self.waiting.remove(&pid).into_iter().flatten() {
+                self.unplaced += 1;
+                self.placed(&ev, Placement::default());
             }
-            k
-        });
+            self.released(pid);
+        }
         let live: std::collections::HashSet<&String> = self.world_of.values().collect();
         self.trackers.retain(|w, _| live.contains(w));
         if let Some(ls) = self.late_senders.as_mut() {
@@ -207,11 +264,14 @@ impl Board {
             .waiting
             .drain()
             .flat_map(|(_, q)| q)
-            .map(|ev| (ev, None))
+            .map(|ev| (ev, Placement::default()))
             .collect();
         self.unplaced += held.len() as u64;
-        for (ev, _) in &held {
-            self.pair(ev, None);
+        for (ev, placement) in &held {
+            self.placed(ev, *placement);
+        }
+        for pid in std::mem::take(&mut self.exited_while_held) {
+            self.pass_on(PlacedItem::Exited(pid));
         }
         for t in self.trackers.values_mut() {
             t.finish_matching();
@@ -236,5 +296,73 @@ impl Board {
         r.unidentified += self.unplaced;
         r.late_sender = self.late_senders.as_ref().map(|ls| ls.report(whois));
         Some(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::skew::CommKey;
+    use collector_common::{comm_id, routines::routine_id, EventKind};
+
+    fn call(pid: u32, routine: &str, comm: u64, created: u64, thread_seq: u32) -> CallEvent {
+        CallEvent {
+            kind: EventKind::Call as u32,
+            tgid: pid,
+            tid: pid,
+            routine: routine_id(routine).expect("a routine"),
+            comm,
+            comm_id: if comm == 0x4400_0000 {
+                comm_id::WORLD
+            } else {
+                0
+            },
+            created,
+            thread_seq,
+            ..CallEvent::default()
+        }
+    }
+
+    fn passed_on(rx: &mut broadcast::Receiver<PlacedItem>) -> Vec<PlacedItem> {
+        std::iter::from_fn(|| rx.try_recv().ok()).collect()
+    }
+
+    /// Two processes make a duplicate of the world (their handles for it differ) and send on
+    /// it: both sends are passed on under one name. The calls of the process whose job is
+    /// not known yet wait, and its exit is passed on after them.
+    #[test]
+    fn calls_pass_on_named_alike_and_held_ones_before_their_exit() {
+        let (tx, mut rx) = broadcast::channel(16);
+        let mut board = Board::new("h".into()).forward_to(tx);
+        board.set_world(8, "job", Some(2));
+        for (pid, dup) in [(7, 0x8400_0001), (8, 0x8400_0005)] {
+            board.item(Ok(FeedItem::Call(call(
+                pid,
+                "MPI_Comm_dup",
+                0x4400_0000,
+                dup,
+                0,
+            ))));
+            board.item(Ok(FeedItem::Call(call(pid, "MPI_Send", dup, 0, 1))));
+        }
+        board.item(Ok(FeedItem::Exited(7)));
+        let early = passed_on(&mut rx);
+        assert_eq!(early.len(), 2, "only the known job's calls: {early:?}");
+        board.set_world(7, "job", Some(2));
+        let late = passed_on(&mut rx);
+        assert_eq!(late.len(), 3, "{late:?}");
+        assert!(matches!(late[2], PlacedItem::Exited(7)), "{late:?}");
+        let name = |item: &PlacedItem| match item {
+            PlacedItem::Call(ev, placement) => (ev.tgid, placement.comm),
+            other => panic!("{other:?}"),
+        };
+        let (dup_8, send_8) = (name(&early[0]), name(&early[1]));
+        let (dup_7, send_7) = (name(&late[0]), name(&late[1]));
+        assert_eq!(
+            (dup_7.1, dup_8.1),
+            (Some(CommKey::WORLD), Some(CommKey::WORLD))
+        );
+        assert!(send_7.1.is_some_and(|k| k != CommKey::WORLD), "{send_7:?}");
+        assert_eq!(send_7.1, send_8.1, "one name for the duplicate in both");
     }
 }

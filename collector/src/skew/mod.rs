@@ -27,6 +27,23 @@ use identity::ProcComms;
 use instances::{Arrival, Collective, Instance, Matcher};
 use summary::{Summary, Whois};
 
+/// What who-is-late knows of a call: its communicator's name, alike in every member, and
+/// for a collective its number on that communicator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// The communicator's shared name, where its creation (or the world) was seen.
+    pub comm: Option<CommKey>,
+    /// A collective's instance number on it, where known.
+    pub seq: Option<u64>,
+}
+
+impl Placement {
+    /// A call on `comm`, numbered by nothing.
+    fn on(comm: Option<CommKey>) -> Placement {
+        Placement { comm, seq: None }
+    }
+}
+
 /// Instances kept for the aggregator between two pushes.
 const MAX_PARTS: usize = 1 << 16;
 
@@ -78,34 +95,34 @@ impl Tracker {
         }
     }
 
-    /// Takes one call event; for a collective, returns its communicator's shared name and
-    /// its number there, where known now.
-    pub fn call(&mut self, ev: &CallEvent) -> Option<(CommKey, u64)> {
+    /// Takes one call event; returns its communicator's shared name where known, and for
+    /// a collective its number there.
+    pub fn call(&mut self, ev: &CallEvent) -> Placement {
         self.follow_thread(ev);
-        let routine = ROUTINES.get(ev.routine as usize)?;
-        let rule = ByteRule::from_u8(routine.spec.rule);
-        if rule.creates_comm() {
+        let Some(routine) = ROUTINES.get(ev.routine as usize) else {
+            return Placement::default();
+        };
+        let nccl = routine.family() == Family::Nccl;
+        let procs = self.procs.entry(ev.tgid).or_default();
+        if ByteRule::from_u8(routine.spec.rule).creates_comm() {
+            let parent = procs.name(ev, false);
             let by_host = routine.name == "MPI_Comm_split_type";
-            self.procs
-                .entry(ev.tgid)
-                .or_default()
-                .created(ev, by_host, &self.host);
-            return None;
+            procs.created(ev, by_host, &self.host);
+            return Placement::on(parent);
         }
         if routine.spec.class == class::INIT {
             // Every world collective after it is seen: counting them numbers them.
             self.init_seen.insert(ev.tgid);
-            return None;
+            return Placement::default();
         }
         if routine.spec.class != class::COLLECTIVE {
-            return None;
+            // Named all the same, so that both ends of a message name its communicator
+            // alike (a trace's arrows, Late Sender).
+            return Placement::on(procs.name(ev, nccl));
         }
-        let nccl = routine.family() == Family::Nccl;
-        let Some((comm, made_while_watched)) =
-            self.procs.entry(ev.tgid).or_default().named(ev, nccl)
-        else {
+        let Some((comm, made_while_watched)) = procs.named(ev, nccl) else {
             self.unidentified += 1;
-            return None;
+            return Placement::default();
         };
         let from_start = made_while_watched || self.init_seen.contains(&ev.tgid);
         let size = match ev.comm_size {
@@ -129,7 +146,10 @@ impl Tracker {
             &mut self.finished,
         );
         self.take_finished();
-        Some((comm, seq?))
+        Placement {
+            comm: Some(comm),
+            seq,
+        }
     }
 
     /// Process `pid` belongs to a world of `size` ranks (its launcher says).

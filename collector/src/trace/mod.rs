@@ -219,17 +219,17 @@ pub fn slice_args<'a>(ev: &'a pb::CallEvent, mut arg: impl FnMut(&'static str, A
     }
 }
 
-/// [`call_event`] with what who-is-late placed it as: a collective's communicator by the
-/// name every member shares, and its number there.
+/// [`call_event`] with what who-is-late placed it as: its communicator by the name every
+/// member shares, and a collective's number there.
 pub fn placed_call_event(
     ev: &collector_common::CallEvent,
-    placed: Option<(crate::skew::CommKey, u64)>,
+    placement: crate::skew::Placement,
 ) -> pb::CallEvent {
     let mut call = call_event(ev);
-    if let Some((comm, seq)) = placed {
+    if let Some(comm) = placement.comm {
         call.comm = comm.label();
-        call.seq = Some(seq);
     }
+    call.seq = placement.seq;
     call
 }
 

@@ -58,6 +58,9 @@ pub struct NodeState {
     pub clock_offset_ns: i64,
     /// Who is late, per job (None: the daemon was started with --no-skew).
     pub late: Option<Mutex<crate::skew::Board>>,
+    /// The call feed with each call's communicator name and collective number where
+    /// who-is-late knows them: what StreamEvents streams.
+    pub placed_calls: tokio::sync::broadcast::Sender<crate::skew::board::PlacedItem>,
 }
 
 impl NodeState {

@@ -17,8 +17,8 @@ use crate::{
     },
     clock::monotonic_ns,
     discover::tracked::Tracked,
-    ingest::FeedItem,
     profile::RankProfile,
+    skew::board::PlacedItem,
 };
 
 /// The gRPC service over a [`NodeState`].
@@ -224,7 +224,7 @@ impl pb::node_server::Node for NodeService {
                     .set_call_events(true)
                     .map_err(|e| Status::internal(format!("{e:#}")))?;
             }
-            session.call_feed()
+            state.placed_calls.subscribe()
         };
         // The stream carries the calls that start from now on: the ring buffer may still
         // hold events of collectives from before (who is late asks for those all along),
@@ -240,7 +240,7 @@ impl pb::node_server::Node for NodeService {
 /// per-call events off again if it was the last and the daemon did not ask for them.
 fn event_stream(
     state: Arc<NodeState>,
-    mut feed: broadcast::Receiver<FeedItem>,
+    mut feed: broadcast::Receiver<PlacedItem>,
     pids: std::collections::BTreeSet<u32>,
     opened_ns: u64,
 ) -> impl Stream<Item = Result<pb::StreamEventsResponse, Status>> {
@@ -257,12 +257,15 @@ fn event_stream(
             let (mut events, mut exited) = (Vec::new(), Vec::new());
             loop {
                 match feed.try_recv() {
-                    Ok(FeedItem::Call(ev)) if visible(&ev.tgid) && ev.start_ns >= opened_ns => {
-                        let mut ev = crate::trace::call_event(&ev);
+                    Ok(PlacedItem::Call(ev, placement))
+                        if visible(&ev.tgid) && ev.start_ns >= opened_ns =>
+                    {
+                        let mut ev = crate::trace::placed_call_event(&ev, placement);
                         ev.start_ns = state.api_time(ev.start_ns);
                         events.push(ev);
                     }
-                    Ok(FeedItem::Exited(pid)) if visible(&pid) => exited.push(pid),
+                    Ok(PlacedItem::Exited(pid)) if visible(&pid) => exited.push(pid),
+                    Ok(PlacedItem::Lost(n)) => dropped += n,
                     Ok(_) => {}
                     Err(broadcast::error::TryRecvError::Lagged(n)) => dropped += n,
                     Err(_) => break,
