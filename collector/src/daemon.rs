@@ -176,7 +176,7 @@ fn start_session(opts: &DaemonOptions, state_dir: Option<PathBuf>) -> Result<Ses
 /// What the node's services share: the session and what the daemon keeps besides.
 fn node_state(session: Session, opts: &DaemonOptions) -> Arc<NodeState> {
     let node = opts.node_name.clone().unwrap_or_else(discover::this_host);
-    let (placed_calls, _) = tokio::sync::broadcast::channel(crate::ingest::FEED_CAPACITY);
+    let placed_calls = Arc::new(crate::skew::board::PlacedFeed::default());
     Arc::new(NodeState {
         node: node.clone(),
         session: Mutex::new(session),
@@ -398,7 +398,7 @@ async fn place_calls(
                     Err(RecvError::Lagged(n)) => PlacedItem::Lost(n),
                     Err(RecvError::Closed) => continue,
                 };
-                let _ = state.placed_calls.send(placed);
+                state.placed_calls.send(placed);
             }
             continue;
         };

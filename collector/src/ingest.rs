@@ -125,7 +125,7 @@ pub fn queued_item(feed: &mut tokio::sync::broadcast::Receiver<FeedItem>) -> Opt
 }
 
 /// Call events the feed holds for its slowest listener.
-pub const FEED_CAPACITY: usize = 1 << 16;
+const FEED_CAPACITY: usize = 1 << 16;
 
 impl Default for IngestCounters {
     fn default() -> Self {

@@ -474,40 +474,69 @@ fn ends_of(trace: &Value, routine: &str) -> BTreeMap<u64, Vec<f64>> {
 /// reports, and after correction both halves of each MPI_Allreduce end together.
 #[test]
 fn a_trace_of_two_nodes_puts_both_on_one_clock() {
-    two_nodes_on_one_clock(false);
+    two_nodes_on_one_clock(Route::Daemons);
 }
 
-/// The same through an aggregator: `commtap trace --from AGGREGATOR --job J`, the nodes'
-/// daemons on mutual TLS, each telling the aggregator where it serves (`--advertise`).
+/// The same through an aggregator that says where the nodes serve: `commtap trace --from
+/// AGGREGATOR --job J --direct`, the nodes' daemons on mutual TLS, each telling the
+/// aggregator where it serves (`--advertise`).
 #[test]
 fn a_trace_through_the_aggregator_holds_every_node_on_one_clock() {
-    two_nodes_on_one_clock(true);
+    two_nodes_on_one_clock(Route::AggregatorSaysWhere);
 }
 
-/// A TLS aggregator on this host, its CA, and the global options of a caller with the
-/// reader's role.
+/// The same relayed by the aggregator, to a client the nodes refuse: the daemons take
+/// calls only from the aggregator's certificate (another CA's), and the client does not
+/// trust theirs; `--direct` fails, the relayed trace holds every call.
+#[test]
+fn a_trace_relayed_by_the_aggregator_reaches_nodes_the_client_cannot() {
+    two_nodes_on_one_clock(Route::Relayed);
+}
+
+/// How a two-node trace reaches its nodes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Route {
+    /// `--from` each daemon.
+    Daemons,
+    /// `--from` the aggregator `--direct`: it says where the daemons serve.
+    AggregatorSaysWhere,
+    /// `--from` the aggregator: it relays.
+    Relayed,
+}
+
+/// A TLS aggregator on this host (its callers', readers' and daemons', certificates signed
+/// by the scratch directory's CA), the CA daemons take its calls and pushes with, and the
+/// global options of a caller with the reader's role.
 struct TlsAggregator {
     _scratch: Scratch,
     _child: ChildGuard,
     url: String,
-    ca: String,
+    /// What daemons verify the aggregator with (--tls-ca), and accept callers of their API
+    /// by (--tls-client-ca).
+    node_ca: String,
     reader: Vec<String>,
 }
 
 impl TlsAggregator {
-    fn start(scratch: &Scratch) -> TlsAggregator {
-        let (ca, cert, key) = make_certs(&scratch.0);
-        let (ca, cert, key) = (
-            path_str(&ca).to_string(),
-            path_str(&cert).to_string(),
-            path_str(&key).to_string(),
-        );
-        let addr = free_port();
+    /// With `own_ca`, the aggregator's certificate is another CA's, and only that CA is
+    /// the nodes': the readers reach the nodes no more.
+    fn start(scratch: &Scratch, own_ca: bool) -> TlsAggregator {
+        let (ca, mut cert, mut key) = make_certs(&scratch.0);
         let agg_scratch = Scratch::new("trace-aggregator");
+        let mut agg_ca = ca.clone();
+        if own_ca {
+            agg_ca = make_certs(&agg_scratch.0).0;
+            // It calls the daemons with it, too: a client's as much as a server's.
+            (cert, key) = make_client_cert(&agg_scratch.0, "aggregator", None);
+        }
+        let [ca, agg_ca, cert, key] = [ca, agg_ca, cert, key].map(|p| path_str(&p).to_string());
+        let addr = free_port();
         let db = scratch.path("agg.redb");
         let child = spawn_commtap(
             &agg_scratch,
             &[
+                "--tls-ca",
+                &ca,
                 "aggregator",
                 "--listen",
                 &addr,
@@ -524,7 +553,7 @@ impl TlsAggregator {
         let (read_cert, read_key) = make_client_cert(&scratch.0, "reader", Some("commtap-read"));
         let reader = vec![
             "--tls-ca".to_string(),
-            ca.clone(),
+            agg_ca.clone(),
             "--tls-cert".into(),
             path_str(&read_cert).into(),
             "--tls-key".into(),
@@ -534,16 +563,17 @@ impl TlsAggregator {
             _scratch: agg_scratch,
             _child: child,
             url: format!("https://{addr}"),
-            ca,
+            node_ca: agg_ca,
             reader,
         }
     }
 }
 
-fn two_nodes_on_one_clock(via_aggregator: bool) {
+fn two_nodes_on_one_clock(route: Route) {
     const OFFSET_NS: i64 = 5_000_000_000;
     let scratch = Scratch::new("trace-two-nodes");
-    let aggregator = via_aggregator.then(|| TlsAggregator::start(&scratch));
+    let aggregator =
+        (route != Route::Daemons).then(|| TlsAggregator::start(&scratch, route == Route::Relayed));
     let job_id = format!("trace{}", std::process::id());
     let n = 200u64;
     let (mut job, ranks) =
@@ -577,7 +607,7 @@ fn two_nodes_on_one_clock(via_aggregator: bool) {
                     "--listen",
                     &addr,
                     "--tls-client-ca",
-                    &agg.ca,
+                    &agg.node_ca,
                     "--advertise",
                     &format!("https://{addr}"),
                     "--aggregator",
@@ -590,7 +620,7 @@ fn two_nodes_on_one_clock(via_aggregator: bool) {
             let (cert, key) = make_client_cert(&scratch.0, node, Some("commtap-push"));
             global = vec![
                 "--tls-ca".to_string(),
-                agg.ca.clone(),
+                agg.node_ca.clone(),
                 "--tls-cert".into(),
                 path_str(&cert).into(),
                 "--tls-key".into(),
@@ -621,6 +651,56 @@ fn two_nodes_on_one_clock(via_aggregator: bool) {
         });
         args.extend(agg.reader.iter().cloned());
         args.extend(["trace", "--from", &agg.url].map(String::from));
+        match route {
+            Route::AggregatorSaysWhere => args.push("--direct".into()),
+            Route::Relayed => {
+                // This client cannot stream from the nodes itself.
+                let mut direct = args.clone();
+                direct.extend(
+                    [
+                        "--job",
+                        &job_id,
+                        "--direct",
+                        "-o",
+                        path_str(&scratch.path("d.json")),
+                    ]
+                    .map(String::from),
+                );
+                let direct: Vec<&str> = direct.iter().map(String::as_str).collect();
+                let out = commtap_output(&direct);
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                assert!(
+                    !out.status.success() && stderr.contains("certificate"),
+                    "--direct reached the nodes: {stderr}"
+                );
+                // A node's certificate may push, not read: it gets no relayed trace.
+                let (pem, key) = (
+                    scratch.path("node-a-commtap-push.pem"),
+                    scratch.path("node-a-commtap-push.key"),
+                );
+                let out = commtap_output(&[
+                    "--tls-ca",
+                    &agg.node_ca,
+                    "--tls-cert",
+                    path_str(&pem),
+                    "--tls-key",
+                    path_str(&key),
+                    "trace",
+                    "--from",
+                    &agg.url,
+                    "--job",
+                    &job_id,
+                    "-o",
+                    path_str(&scratch.path("p.json")),
+                ]);
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                assert!(
+                    !out.status.success() && stderr.contains("may push, not read"),
+                    "a pusher's relayed trace: {stderr}"
+                );
+            }
+            Route::Daemons => {}
+        }
     } else {
         args.push("trace".into());
         for (_, d) in &daemons {

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod bench;
 pub mod clock;
 pub mod commit;
+pub mod relay;
 pub mod skew;
 pub mod store;
 #[cfg(test)]
@@ -83,6 +84,10 @@ pub struct AggregatorService {
     skew: Arc<std::sync::Mutex<skew::CrossSkew>>,
     /// Where each node's daemon serves its API, as pushes said.
     node_api: std::sync::Mutex<NodeApis>,
+    /// Open relayed traces.
+    relays: StreamLimit<Option<IpAddr>>,
+    /// Ends relayed traces when the aggregator stops.
+    shutdown: CancellationToken,
 }
 
 /// Most nodes whose API addresses the aggregator keeps (a cluster's worth; a pusher
@@ -122,6 +127,30 @@ impl AggregatorService {
             watches: StreamLimit::default(),
             skew: Default::default(),
             node_api: Default::default(),
+            relays: StreamLimit::default(),
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    /// Ends the service's relayed traces when `shutdown` comes.
+    pub fn until(mut self, shutdown: CancellationToken) -> AggregatorService {
+        self.shutdown = shutdown;
+        self
+    }
+
+    /// The jobs known, and where each node's daemon serves.
+    async fn job_list(&self) -> pb::ListJobsResponse {
+        let jobs = self.store.lock().await.jobs();
+        pb::ListJobsResponse {
+            jobs,
+            node_api: self
+                .node_api
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0
+                .clone()
+                .into_iter()
+                .collect(),
         }
     }
 }
@@ -211,18 +240,33 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
         auth::Role::of(&req, self.mutual_tls)?.check_read()?;
-        let jobs = self.store.lock().await.jobs();
-        Ok(Response::new(pb::ListJobsResponse {
-            jobs,
-            node_api: self
-                .node_api
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0
-                .clone()
-                .into_iter()
-                .collect(),
-        }))
+        Ok(Response::new(self.job_list().await))
+    }
+
+    type StreamJobEventsStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<pb::StreamJobEventsResponse, Status>> + Send>,
+    >;
+
+    async fn stream_job_events(
+        &self,
+        req: Request<pb::StreamJobEventsRequest>,
+    ) -> Result<Response<Self::StreamJobEventsStream>, Status> {
+        auth::Role::of(&req, self.mutual_tls)?.check_read()?;
+        let slot = self
+            .relays
+            .acquire(req.remote_addr().map(|a| a.ip()), "relayed trace")?;
+        let req = req.into_inner();
+        if req.job.is_empty() {
+            return Err(Status::invalid_argument(
+                "a job id is required (ListJobs lists them)",
+            ));
+        }
+        let nodes = crate::trace::remote::nodes_of_job(self.job_list().await, &req.job)
+            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
+        let rx = relay::start(nodes, req.job, req.duration_ms, self.shutdown.clone(), slot);
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
     async fn get_job_report(
@@ -335,8 +379,8 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
     let tls = opts.tls;
     let store = Store::open(&opts.db).with_context(|| format!("opening {}", opts.db.display()))?;
     let store = Arc::new(Mutex::new(store));
-    let service = AggregatorService::new(store.clone(), opts.mutual_tls);
     let shutdown = CancellationToken::new();
+    let service = AggregatorService::new(store.clone(), opts.mutual_tls).until(shutdown.clone());
     let expiry = tokio::spawn(expire_every(store.clone(), opts.retain, shutdown.clone()));
     let upstream = opts.upstream.clone().map(|(target, every)| {
         tokio::spawn(push::run(

@@ -7,7 +7,12 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use collector_common::CallEvent;
-use tokio::sync::broadcast::{self, error::RecvError};
+use std::sync::{
+    atomic::{AtomicU64, Ordering},
+    Arc,
+};
+
+use tokio::sync::{broadcast::error::RecvError, mpsc};
 
 use super::{late_sender::LateSenders, summary::Whois, Placement, SkewReport, Tracker};
 use crate::ingest::{FeedItem, FeedResult};
@@ -28,6 +33,63 @@ pub enum Taken {
 
 /// A held call given back, with its communicator's name and number where known.
 pub type Released = (CallEvent, Placement);
+
+/// Calls one [`PlacedFeed`] subscriber may have waiting: past it, it loses them (counted).
+pub const PLACED_QUEUE: usize = 1 << 16;
+
+/// Who the placed calls go to: one bounded queue per subscriber (a StreamEvents caller),
+/// which takes memory only for the calls waiting in it; a subscriber that falls behind
+/// loses calls and is told how many.
+#[derive(Debug, Default)]
+pub struct PlacedFeed {
+    subscribers: std::sync::Mutex<Vec<Subscriber>>,
+}
+
+#[derive(Debug)]
+struct Subscriber {
+    tx: mpsc::Sender<PlacedItem>,
+    lost: Arc<AtomicU64>,
+}
+
+impl PlacedFeed {
+    /// A new subscriber's queue, and how many calls it lost so far.
+    pub fn subscribe(&self) -> (mpsc::Receiver<PlacedItem>, Arc<AtomicU64>) {
+        let (tx, rx) = mpsc::channel(PLACED_QUEUE);
+        let lost = Arc::new(AtomicU64::new(0));
+        self.lock().push(Subscriber {
+            tx,
+            lost: lost.clone(),
+        });
+        (rx, lost)
+    }
+
+    /// Hands `item` to every subscriber (forgetting those that went away).
+    pub fn send(&self, item: PlacedItem) {
+        self.lock().retain(|s| match s.tx.try_send(item) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                let n = match item {
+                    PlacedItem::Lost(n) => n,
+                    _ => 1,
+                };
+                s.lost.fetch_add(n, Ordering::Relaxed);
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        });
+    }
+
+    /// Whether anyone subscribes.
+    fn wanted(&self) -> bool {
+        !self.lock().is_empty()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Subscriber>> {
+        self.subscribers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
 
 /// The call feed as who-is-late passes it on: each call with its placement (a node
 /// daemon's `StreamEvents`, so that traces taken from it show communicators and numbers
@@ -56,7 +118,7 @@ pub struct Board {
     /// Sends paired with their receives, when every call comes (per-call events).
     late_senders: Option<LateSenders>,
     /// Where placed calls are passed on, if anywhere.
-    forward: Option<broadcast::Sender<PlacedItem>>,
+    forward: Option<Arc<PlacedFeed>>,
     /// Processes that exited while calls of theirs were held: their exit is passed on
     /// after those calls.
     exited_while_held: HashSet<u32>,
@@ -79,15 +141,14 @@ impl Board {
     }
 
     /// Passes every call on to `tx` once placed (held calls when given back).
-    pub fn forward_to(mut self, tx: broadcast::Sender<PlacedItem>) -> Board {
-        self.forward = Some(tx);
+    pub fn forward_to(mut self, feed: Arc<PlacedFeed>) -> Board {
+        self.forward = Some(feed);
         self
     }
 
     fn pass_on(&self, item: PlacedItem) {
-        if let Some(tx) = self.forward.as_ref().filter(|tx| tx.receiver_count() > 0) {
-            // No receiver left between the check and the send: nobody to tell.
-            let _ = tx.send(item);
+        if let Some(feed) = self.forward.as_ref().filter(|f| f.wanted()) {
+            feed.send(item);
         }
     }
 
@@ -323,7 +384,7 @@ mod tests {
         }
     }
 
-    fn passed_on(rx: &mut broadcast::Receiver<PlacedItem>) -> Vec<PlacedItem> {
+    fn passed_on(rx: &mut mpsc::Receiver<PlacedItem>) -> Vec<PlacedItem> {
         std::iter::from_fn(|| rx.try_recv().ok()).collect()
     }
 
@@ -332,8 +393,9 @@ mod tests {
     /// not known yet wait, and its exit is passed on after them.
     #[test]
     fn calls_pass_on_named_alike_and_held_ones_before_their_exit() {
-        let (tx, mut rx) = broadcast::channel(16);
-        let mut board = Board::new("h".into()).forward_to(tx);
+        let feed = Arc::new(PlacedFeed::default());
+        let (mut rx, _) = feed.subscribe();
+        let mut board = Board::new("h".into()).forward_to(feed);
         board.set_world(8, "job", Some(2));
         for (pid, dup) in [(7, 0x8400_0001), (8, 0x8400_0005)] {
             board.item(Ok(FeedItem::Call(call(

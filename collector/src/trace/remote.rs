@@ -1,6 +1,9 @@
 //! `commtap trace`: calls streamed from one or more node daemons (StreamEvents) into one
-//! trace, each node's clock put on the first node's axis; given an aggregator, from the
-//! daemons of the job's nodes, as the aggregator names them.
+//! trace, each node's clock put on the first node's axis. Given an aggregator, the
+//! aggregator gathers them from the job's daemons and relays them (StreamJobEvents: for a
+//! client that reaches the aggregator but not the nodes), or, with `--direct`, the client
+//! asks the aggregator where the daemons serve and streams from them itself. Both run
+//! [`gather`]: into a trace file here, into the caller's stream at the aggregator.
 //!
 //! Clocks: every rank of a node stamps its calls with the node's CLOCK_MONOTONIC, which
 //! means nothing on another node. For each daemon, commtap asks its clock (`Clock`) several
@@ -12,6 +15,8 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    future::Future,
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -38,7 +43,82 @@ pub struct TraceRequest {
     /// Stop after this long.
     pub duration: Option<Duration>,
     /// Created once every call from then on goes into the trace.
-    pub ready_file: Option<std::path::PathBuf>,
+    pub ready_file: Option<PathBuf>,
+    /// Given an aggregator: stream from the job's daemons directly, not relayed by it.
+    pub direct: bool,
+}
+
+/// Where the calls gathered from daemons go: a trace file (`commtap trace`), or the caller
+/// of an aggregator's StreamJobEvents.
+pub trait Sink {
+    /// One call, on the trace's clock, under its pid in the trace.
+    fn call(&mut self, ev: pb::CallEvent) -> Result<()>;
+    /// Processes whose calls came but whose names did not.
+    fn unnamed(&self) -> Vec<u32>;
+    /// Names process `pid`.
+    fn name(&mut self, pid: u32, name: ProcessName);
+    /// Calls the streams lost by reading too slowly (an increment).
+    fn lost_by_reader(&mut self, n: u64);
+    /// Calls the nodes' kernels could not queue (the ranks' `dropped`, summed).
+    fn set_ring_buffer_full(&mut self, n: u64);
+    /// The clock metadata: the axis, and each node's offset, error and drift.
+    fn set_clocks(&mut self, clocks: serde_json::Value);
+    /// Every node streams: every call from now on is in.
+    fn streaming(&mut self) -> Result<()>;
+    /// Hands on what came since the last flush (a relay sends it; an error: its caller left).
+    fn flush(&mut self) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// A trace file, and the file that says it streams.
+struct FileSink {
+    writer: TraceWriter,
+    ready_file: Option<PathBuf>,
+    /// Calls the relay said were lost so far (it says it cumulatively).
+    relay_lost: u64,
+}
+
+impl Sink for FileSink {
+    fn call(&mut self, ev: pb::CallEvent) -> Result<()> {
+        Ok(self.writer.call(&ev)?)
+    }
+
+    fn unnamed(&self) -> Vec<u32> {
+        self.writer.unnamed()
+    }
+
+    fn name(&mut self, pid: u32, name: ProcessName) {
+        self.writer.name(pid, name);
+    }
+
+    fn lost_by_reader(&mut self, n: u64) {
+        self.writer.lost_by_reader(n);
+    }
+
+    fn set_ring_buffer_full(&mut self, n: u64) {
+        self.writer.set_ring_buffer_full(n);
+    }
+
+    fn set_clocks(&mut self, clocks: serde_json::Value) {
+        let nodes = clocks["nodes"].as_array().map_or(&[][..], Vec::as_slice);
+        let largest = nodes
+            .iter()
+            .filter_map(|c| Some((c["node"].as_str()?.to_string(), c["error_ns"].as_u64()?)))
+            .max_by_key(|(_, e)| *e)
+            .filter(|_| nodes.len() > 1);
+        self.writer.set_clocks(clocks, largest);
+    }
+
+    fn streaming(&mut self) -> Result<()> {
+        if let Some(path) = &self.ready_file {
+            crate::report::write_file(path, b"streaming\n")
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Estimates `client`'s node clock against ours, and says which node it is.
@@ -147,27 +227,38 @@ async fn open_sources(from: &[Target], request: &TraceRequest) -> Result<Vec<Sou
     Ok(sources)
 }
 
-/// The daemons of job `request.job`, as the aggregator at `target` knows them: each node's
-/// advertised API address (`commtap daemon --listen`, `--advertise`); every node's that
-/// said, if the aggregator has no call of the job yet (each daemon is then asked for the
-/// job's processes, and the nodes without one are left out). The calls stream from the
-/// daemons straight to this client: the aggregator holds no trace.
-async fn job_nodes(target: &Target, request: &TraceRequest) -> Result<Vec<Target>> {
+/// The job a trace asks the aggregator at `target` for (it has no use for pids).
+fn aggregator_job<'a>(target: &Target, request: &'a TraceRequest) -> Result<&'a str> {
     let Some(job) = &request.job else {
         bail!("{target:?} is an aggregator: name the job with --job (`commtap jobs` lists them)");
     };
     if !request.pids.is_empty() {
         bail!("--pid names one node's processes: ask its daemon, not the aggregator");
     }
+    Ok(job)
+}
+
+/// The daemons of job `request.job`, as the aggregator at `target` knows them (see
+/// [`nodes_of_job`]): the calls stream from the daemons straight to this client.
+async fn job_nodes(target: &Target, request: &TraceRequest) -> Result<Vec<Target>> {
+    let job = aggregator_job(target, request)?;
     let list = crate::api::aggregator_client(connect(target).await?)
         .list_jobs(pb::ListJobsRequest {})
         .await
         .context("ListJobs")?
         .into_inner();
+    nodes_of_job(list, job)
+}
+
+/// The daemons of `job` in an aggregator's list: each node's advertised API address
+/// (`commtap daemon --listen`, `--advertise`), by node name (the first node's clock is the
+/// trace's axis); every node's that said, if the aggregator has no call of the job yet
+/// (each daemon is then asked for the job's processes, and the nodes without one are left
+/// out).
+pub fn nodes_of_job(list: pb::ListJobsResponse, job: &str) -> Result<Vec<Target>> {
     let mut node_api: Vec<(String, String)> = list.node_api.into_iter().collect();
-    // By name: the first node's clock is the trace's axis.
     node_api.sort();
-    let nodes: Vec<(String, String)> = match list.jobs.into_iter().find(|j| &j.job == job) {
+    let nodes: Vec<(String, String)> = match list.jobs.into_iter().find(|j| j.job == job) {
         Some(summary) => {
             let silent: Vec<&str> = summary
                 .nodes
@@ -210,37 +301,133 @@ pub async fn trace(
     request: TraceRequest,
     opts: TraceOptions,
 ) -> Result<TraceSummary> {
-    let mut writer = TraceWriter::create(opts)?;
-    let mut sources = open_sources(from, &request).await?;
+    let mut sink = FileSink {
+        writer: TraceWriter::create(opts)?,
+        ready_file: request.ready_file.clone(),
+        relay_lost: 0,
+    };
+    let mut signals = crate::signals::StopSignals::listen()?;
+    let stop = async {
+        let name = signals.recv().await;
+        crate::signals::stopping(name, "finishing the trace");
+    };
+    match relaying_aggregator(from, &request).await? {
+        Some(aggregator) => relayed(aggregator, &request, &mut sink, stop).await?,
+        None => gather(from, &request, &mut sink, stop).await?,
+    }
+    signals.exit_on_next();
+    Ok(sink.writer.finish()?)
+}
+
+/// The aggregator to ask for a relayed trace: `from`, if it is one aggregator and
+/// `--direct` was not given.
+async fn relaying_aggregator<'a>(
+    from: &'a [Target],
+    request: &TraceRequest,
+) -> Result<Option<&'a Target>> {
+    let [target] = from else { return Ok(None) };
+    if request.direct {
+        return Ok(None);
+    }
+    let mut node = crate::api::node_client(connect(target).await?);
+    match node.clock(pb::ClockRequest {}).await {
+        Err(s) if s.code() == tonic::Code::Unimplemented => Ok(Some(target)),
+        // A daemon (or one that is not answering: `gather` says why).
+        _ => Ok(None),
+    }
+}
+
+/// A trace relayed by the aggregator at `target` (StreamJobEvents) into `sink`.
+async fn relayed(
+    target: &Target,
+    request: &TraceRequest,
+    sink: &mut FileSink,
+    stop: impl Future<Output = ()>,
+) -> Result<()> {
+    let job = aggregator_job(target, request)?;
+    let mut stream = crate::api::aggregator_client(connect(target).await?)
+        .stream_job_events(pb::StreamJobEventsRequest {
+            job: job.to_string(),
+            duration_ms: request
+                .duration
+                .map_or(0, |d| d.as_millis().clamp(1, u128::from(u64::MAX)) as u64),
+        })
+        .await
+        .context("StreamJobEvents")?
+        .into_inner();
+    tokio::pin!(stop);
+    loop {
+        let msg = tokio::select! {
+            () = &mut stop => break,
+            m = stream.message() => m.context("StreamJobEvents")?,
+        };
+        let Some(msg) = msg else { break };
+        for ev in msg.events {
+            sink.call(ev)?;
+        }
+        for p in msg.processes {
+            sink.name(
+                p.pid,
+                ProcessName {
+                    rank: p.rank,
+                    host: p.host,
+                    job: p.job,
+                },
+            );
+        }
+        sink.lost_by_reader(msg.lost_by_reader.saturating_sub(sink.relay_lost));
+        sink.relay_lost = sink.relay_lost.max(msg.lost_by_reader);
+        if let Some(n) = msg.ring_buffer_full {
+            sink.set_ring_buffer_full(n);
+        }
+        if !msg.clocks_json.is_empty() {
+            sink.set_clocks(
+                serde_json::from_str(&msg.clocks_json).context("the relay's clock metadata")?,
+            );
+        }
+        if msg.streaming {
+            sink.streaming()?;
+        }
+    }
+    Ok(())
+}
+
+/// Every call of the daemons' processes into `sink`, until the duration ends, `stop`
+/// does, every process asked for has exited, or the sink fails (a relay's caller left).
+pub async fn gather<S: Sink>(
+    from: &[Target],
+    request: &TraceRequest,
+    sink: &mut S,
+    stop: impl Future<Output = ()>,
+) -> Result<()> {
+    let mut sources = open_sources(from, request).await?;
+    let started = Instant::now();
+    sink.set_clocks(clock_metadata(&sources, &[], started.elapsed()));
     let mut rx = subscribe(&mut sources).await?;
-    let stop = tokio::time::sleep(
+    let duration = tokio::time::sleep(
         request
             .duration
             .unwrap_or(Duration::from_secs(u64::MAX / 4)),
     );
-    tokio::pin!(stop);
-    let mut signals = crate::signals::StopSignals::listen()?;
+    tokio::pin!(duration, stop);
     let mut merge = Merge::new(&sources);
-    let started = Instant::now();
     loop {
         let (i, batch) = tokio::select! {
+            () = &mut duration => break,
             () = &mut stop => break,
-            name = signals.recv() => {
-                crate::signals::stopping(name, "finishing the trace");
-                break;
-            }
             b = rx.recv() => match b {
                 Some(b) => b,
                 None => break,
             },
         };
         let batch = batch.with_context(|| format!("StreamEvents from {}", sources[i].node))?;
-        note_streaming(&mut sources, i, &request)?;
-        merge.take(&mut writer, &mut sources[i], i, batch.events, batch.dropped)?;
-        name_new_processes(&mut writer, &mut sources[i]).await?;
+        note_streaming(&mut sources, i, sink)?;
+        merge.take(sink, &mut sources[i], i, batch.events, batch.dropped)?;
+        name_new_processes(sink, &mut sources[i]).await?;
         for pid in &batch.exited {
             sources[i].running.remove(pid);
         }
+        sink.flush().await?;
         if sources
             .iter()
             .all(|s| !s.pids.is_empty() && s.running.is_empty())
@@ -248,9 +435,8 @@ pub async fn trace(
             break;
         }
     }
-    signals.exit_on_next();
-    finish_sources(&mut writer, &mut sources, started.elapsed()).await?;
-    Ok(writer.finish()?)
+    finish_sources(sink, &mut sources, started.elapsed()).await?;
+    sink.flush().await
 }
 
 /// Opens every source's event stream, all feeding one channel: (source, batch).
@@ -280,17 +466,14 @@ async fn subscribe(
     Ok(rx)
 }
 
-/// Notes that source `i` streams; once every source does, writes the ready file.
-fn note_streaming(sources: &mut [Source], i: usize, request: &TraceRequest) -> Result<()> {
+/// Notes that source `i` streams; once every source does, tells the sink.
+fn note_streaming<S: Sink>(sources: &mut [Source], i: usize, sink: &mut S) -> Result<()> {
     if sources[i].streaming {
         return Ok(());
     }
     sources[i].streaming = true;
-    if let Some(path) = &request.ready_file {
-        if sources.iter().all(|s| s.streaming) {
-            crate::report::write_file(path, b"streaming\n")
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
+    if sources.iter().all(|s| s.streaming) {
+        sink.streaming()?;
     }
     Ok(())
 }
@@ -315,15 +498,15 @@ impl Merge {
     }
 
     /// Writes source `i`'s `events`; `dropped` is what its stream lost so far.
-    fn take(
+    fn take<S: Sink>(
         &mut self,
-        writer: &mut TraceWriter,
+        sink: &mut S,
         source: &mut Source,
         i: usize,
         events: Vec<pb::CallEvent>,
         dropped: u64,
     ) -> Result<()> {
-        writer.lost_by_reader(dropped.saturating_sub(self.lost_by_source[i]));
+        sink.lost_by_reader(dropped.saturating_sub(self.lost_by_source[i]));
         self.lost_by_source[i] = dropped;
         let shift = self.reference.offset_ns - source.start_clock.offset_ns;
         for mut e in events {
@@ -337,7 +520,7 @@ impl Merge {
             });
             e.pid = pid;
             e.start_ns = e.start_ns.saturating_add_signed(shift);
-            writer.call(&e)?;
+            sink.call(e)?;
         }
         Ok(())
     }
@@ -345,8 +528,8 @@ impl Merge {
 
 /// Names the processes of `source` the trace has no name for yet (asking its daemon once
 /// per process).
-async fn name_new_processes(writer: &mut TraceWriter, source: &mut Source) -> Result<()> {
-    let unnamed: BTreeSet<u32> = writer.unnamed().into_iter().collect();
+async fn name_new_processes<S: Sink>(sink: &mut S, source: &mut Source) -> Result<()> {
+    let unnamed: BTreeSet<u32> = sink.unnamed().into_iter().collect();
     let new: Vec<u32> = source
         .trace_pid
         .iter()
@@ -360,7 +543,7 @@ async fn name_new_processes(writer: &mut TraceWriter, source: &mut Source) -> Re
     let names = process_names(source).await?;
     for (pid, shown) in &source.trace_pid {
         if let Some(p) = names.get(pid).filter(|_| unnamed.contains(shown)) {
-            writer.name(
+            sink.name(
                 *shown,
                 ProcessName {
                     rank: p.rank,
@@ -374,38 +557,23 @@ async fn name_new_processes(writer: &mut TraceWriter, source: &mut Source) -> Re
 }
 
 /// Names every traced process from its daemon's final profiles, counts what the kernel
-/// could not queue, and writes each node's clock offset and error into the trace.
-async fn finish_sources(
-    writer: &mut TraceWriter,
+/// could not queue, and gives each node's clock offset, error and drift.
+async fn finish_sources<S: Sink>(
+    sink: &mut S,
     sources: &mut [Source],
     took: Duration,
 ) -> Result<()> {
     let mut ring_full = 0;
-    let mut clocks = Vec::new();
-    let reference = sources[0].start_clock;
-    for (i, source) in sources.iter_mut().enumerate() {
+    let mut ends = Vec::new();
+    for source in sources.iter_mut() {
         let (end_clock, _) = estimate_clock(&mut source.client).await?;
-        let drift = end_clock.offset_ns.abs_diff(source.start_clock.offset_ns);
-        let (offset, error) = if i == 0 {
-            (0, 0)
-        } else {
-            (
-                source.start_clock.offset_ns - reference.offset_ns,
-                source.start_clock.error_ns + reference.error_ns + drift,
-            )
-        };
-        clocks.push(serde_json::json!({
-            "node": source.node,
-            "offset_ns": offset,
-            "error_ns": error,
-            "drift_ns": drift,
-        }));
+        ends.push(end_clock);
         let profile =
             crate::client::node_snapshot(&mut source.client, pb::ProcessFilter::default()).await?;
         for r in &profile.ranks {
             if let Some(&shown) = source.trace_pid.get(&r.pid) {
                 ring_full += r.health.dropped;
-                writer.name(
+                sink.name(
                     shown,
                     ProcessName {
                         rank: r.rank_known.then_some(r.rank),
@@ -417,20 +585,44 @@ async fn finish_sources(
             }
         }
     }
-    writer.set_ring_buffer_full(ring_full);
-    let largest = clocks
-        .iter()
-        .filter_map(|c| Some((c["node"].as_str()?.to_string(), c["error_ns"].as_u64()?)))
-        .max_by_key(|(_, e)| *e);
-    writer.set_clocks(
-        serde_json::json!({
-            "axis": format!("{}'s CLOCK_MONOTONIC", sources[0].node),
-            "estimated_over_s": took.as_secs_f64(),
-            "nodes": clocks,
-        }),
-        largest.filter(|_| sources.len() > 1),
-    );
+    sink.set_ring_buffer_full(ring_full);
+    sink.set_clocks(clock_metadata(sources, &ends, took));
     Ok(())
+}
+
+/// The trace's clock metadata: the first node's clock is the axis; each other node's
+/// offset from it and the error of that, with how far the offset drifted by `ends` (the
+/// estimates when the trace ended; none yet: no drift known).
+fn clock_metadata(sources: &[Source], ends: &[ClockEstimate], took: Duration) -> serde_json::Value {
+    let reference = sources[0].start_clock;
+    let nodes: Vec<serde_json::Value> = sources
+        .iter()
+        .enumerate()
+        .map(|(i, source)| {
+            let drift = ends.get(i).map_or(0, |end| {
+                end.offset_ns.abs_diff(source.start_clock.offset_ns)
+            });
+            let (offset, error) = if i == 0 {
+                (0, 0)
+            } else {
+                (
+                    source.start_clock.offset_ns - reference.offset_ns,
+                    source.start_clock.error_ns + reference.error_ns + drift,
+                )
+            };
+            serde_json::json!({
+                "node": source.node,
+                "offset_ns": offset,
+                "error_ns": error,
+                "drift_ns": drift,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "axis": format!("{}'s CLOCK_MONOTONIC", sources[0].node),
+        "estimated_over_s": took.as_secs_f64(),
+        "nodes": nodes,
+    })
 }
 
 #[cfg(test)]

@@ -434,10 +434,14 @@ pub struct TraceArgs {
     pub output: PathBuf,
     /// A node's daemon: unix:///path/to.sock or https://host:port. Repeat it for a job on
     /// several nodes: one file, every node's calls on the first node's clock. Or one
-    /// aggregator (https://host:port, with --job): it says where the job's daemons serve,
-    /// and the calls stream from them.
+    /// aggregator (https://host:port, with --job): it gathers the calls from the job's
+    /// daemons and relays them (this machine need not reach the nodes).
     #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
     pub from: Vec<Target>,
+    /// With an aggregator: ask it where the job's daemons serve and stream from them
+    /// directly (this machine reaches the nodes, with a certificate they accept).
+    #[arg(long)]
+    pub direct: bool,
     /// Only these processes (comma separated; one --from); the trace ends when all have
     /// exited.
     #[arg(short, long, value_delimiter = ',')]

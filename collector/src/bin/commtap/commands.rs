@@ -264,6 +264,7 @@ async fn trace(a: TraceArgs) -> Result<()> {
         job: a.job,
         duration: a.duration,
         ready_file: a.ready_file,
+        direct: a.direct,
     };
     let summary = trace::remote::trace(&a.from, request, a.filter.options(a.output)).await?;
     eprintln!("{summary}");

@@ -60,7 +60,7 @@ pub struct NodeState {
     pub late: Option<Mutex<crate::skew::Board>>,
     /// The call feed with each call's communicator name and collective number where
     /// who-is-late knows them: what StreamEvents streams.
-    pub placed_calls: tokio::sync::broadcast::Sender<crate::skew::board::PlacedItem>,
+    pub placed_calls: std::sync::Arc<crate::skew::board::PlacedFeed>,
 }
 
 impl NodeState {

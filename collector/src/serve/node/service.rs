@@ -5,7 +5,6 @@ use std::{pin::Pin, sync::Arc, time::Duration};
 
 use std::sync::atomic::Ordering;
 
-use tokio::sync::broadcast;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
@@ -240,7 +239,10 @@ impl pb::node_server::Node for NodeService {
 /// per-call events off again if it was the last and the daemon did not ask for them.
 fn event_stream(
     state: Arc<NodeState>,
-    mut feed: broadcast::Receiver<PlacedItem>,
+    (mut feed, lost): (
+        tokio::sync::mpsc::Receiver<PlacedItem>,
+        Arc<std::sync::atomic::AtomicU64>,
+    ),
     pids: std::collections::BTreeSet<u32>,
     opened_ns: u64,
 ) -> impl Stream<Item = Result<pb::StreamEventsResponse, Status>> {
@@ -267,10 +269,10 @@ fn event_stream(
                     Ok(PlacedItem::Exited(pid)) if visible(&pid) => exited.push(pid),
                     Ok(PlacedItem::Lost(n)) => dropped += n,
                     Ok(_) => {}
-                    Err(broadcast::error::TryRecvError::Lagged(n)) => dropped += n,
                     Err(_) => break,
                 }
             }
+            let dropped = dropped + lost.load(Ordering::Relaxed);
             let batch = pb::StreamEventsResponse {
                 events,
                 dropped,
