@@ -37,7 +37,12 @@ enum Cmd {
     },
     /// Measure probe overhead (ns per call: no probes, bare uprobes, commtap) and write
     /// the figures to target/bench/.
-    Bench,
+    Bench {
+        /// Only this part (repeatable): per-call, call-rate, daemon, trace-rates, lammps,
+        /// aggregator. Its figures go to target/bench/PART.txt, leaving the full run's.
+        #[arg(long)]
+        only: Vec<String>,
+    },
     /// Fuzz every parser of hostile input (cargo-fuzz, nightly), one target at a time, from
     /// seeds made of real files; fails if any target crashed. Not part of `test`.
     Fuzz {
@@ -109,9 +114,9 @@ fn main() -> Result<()> {
             setup()?;
             test(filter.as_deref())
         }
-        Cmd::Bench => {
+        Cmd::Bench { only } => {
             setup()?;
-            bench::run(&root())
+            bench::run(&root(), &only)
         }
         // No `setup`: fuzzing needs neither the BPF toolchain nor the MPI packages.
         Cmd::Fuzz { seconds, targets } => fuzz::run(&root(), seconds, &targets),

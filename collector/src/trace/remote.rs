@@ -439,11 +439,14 @@ pub async fn gather<S: Sink>(
     sink.flush().await
 }
 
+/// Daemons' batches (at most 4,096 calls each) waiting to be written, from all nodes.
+const BATCHES_WAITING: usize = 16;
+
 /// Opens every source's event stream, all feeding one channel: (source, batch).
 async fn subscribe(
     sources: &mut [Source],
 ) -> Result<tokio::sync::mpsc::Receiver<(usize, Result<pb::StreamEventsResponse>)>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let (tx, rx) = tokio::sync::mpsc::channel(BATCHES_WAITING);
     for (i, source) in sources.iter_mut().enumerate() {
         let mut stream = source
             .client
@@ -455,9 +458,13 @@ async fn subscribe(
             .into_inner();
         let tx = tx.clone();
         tokio::spawn(async move {
-            while let Some(b) = stream.next().await {
+            // A batch is read off the connection only once there is room for it: what
+            // waits is bounded by the channel, however many nodes there are.
+            while let Ok(room) = tx.reserve().await {
+                let Some(b) = stream.next().await else { break };
                 let failed = b.is_err();
-                if tx.send((i, b.map_err(anyhow::Error::from))).await.is_err() || failed {
+                room.send((i, b.map_err(anyhow::Error::from)));
+                if failed {
                     break;
                 }
             }

@@ -42,6 +42,8 @@ const MAX_EVENT_STREAMS: usize = 16;
 
 /// How often a StreamEvents stream sends what it gathered.
 const EVENT_BATCH: Duration = Duration::from_millis(100);
+/// Most calls in one StreamEvents message.
+const MAX_BATCH_EVENTS: usize = 4096;
 
 #[tonic::async_trait]
 impl pb::node_server::Node for NodeService {
@@ -250,36 +252,44 @@ fn event_stream(
     tokio::spawn(async move {
         let mut dropped = 0u64;
         let mut tick = tokio::time::interval(EVENT_BATCH);
-        loop {
+        'streaming: loop {
             tick.tick().await;
             // Only root and certified callers stream (checked by the caller): they may see every
             // process, so the pid filter is the only one; an exited process's last calls
             // and its exit still reach them after the daemon has let it go.
             let visible = |pid: &u32| pids.is_empty() || pids.contains(pid);
-            let (mut events, mut exited) = (Vec::new(), Vec::new());
-            loop {
-                match feed.try_recv() {
-                    Ok(PlacedItem::Call(ev, placement))
-                        if visible(&ev.tgid) && ev.start_ns >= opened_ns =>
-                    {
-                        let mut ev = crate::trace::placed_call_event(&ev, placement);
-                        ev.start_ns = state.api_time(ev.start_ns);
-                        events.push(ev);
+            // What is queued, in messages of at most MAX_BATCH_EVENTS calls: the stream's
+            // few waiting messages hold a bounded number of calls whatever the rate.
+            let mut more = true;
+            while more {
+                let (mut events, mut exited) = (Vec::new(), Vec::new());
+                more = false;
+                while let Ok(item) = feed.try_recv() {
+                    match item {
+                        PlacedItem::Call(ev, placement)
+                            if visible(&ev.tgid) && ev.start_ns >= opened_ns =>
+                        {
+                            let mut ev = crate::trace::placed_call_event(&ev, placement);
+                            ev.start_ns = state.api_time(ev.start_ns);
+                            events.push(ev);
+                        }
+                        PlacedItem::Exited(pid) if visible(&pid) => exited.push(pid),
+                        PlacedItem::Lost(n) => dropped += n,
+                        _ => {}
                     }
-                    Ok(PlacedItem::Exited(pid)) if visible(&pid) => exited.push(pid),
-                    Ok(PlacedItem::Lost(n)) => dropped += n,
-                    Ok(_) => {}
-                    Err(_) => break,
+                    if events.len() >= MAX_BATCH_EVENTS {
+                        more = true;
+                        break;
+                    }
                 }
-            }
-            let dropped = dropped + lost.load(Ordering::Relaxed);
-            let batch = pb::StreamEventsResponse {
-                events,
-                dropped,
-                exited,
-            };
-            if tx.send(Ok(batch)).await.is_err() {
-                break;
+                let batch = pb::StreamEventsResponse {
+                    events,
+                    dropped: dropped + lost.load(Ordering::Relaxed),
+                    exited,
+                };
+                if tx.send(Ok(batch)).await.is_err() {
+                    break 'streaming;
+                }
             }
         }
         if state.event_streams.fetch_sub(1, Ordering::SeqCst) == 1 && !state.call_events {

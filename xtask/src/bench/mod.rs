@@ -29,6 +29,8 @@ use anyhow::{bail, Context, Result};
 
 use crate::run as sh;
 
+mod trace_rates;
+
 const ROUNDS: usize = 15;
 const ITERATIONS: &str = "150000";
 
@@ -60,8 +62,27 @@ const STACKS: &[Stack] = &[
 /// ns per call for (allreduce, ping-pong round trip).
 type Sample = (f64, f64);
 
-/// Runs the benchmark and writes `target/bench/probe_overhead.{txt,json}`.
-pub fn run(root: &Path) -> Result<()> {
+/// The parts of the benchmark, as `--only` names them.
+pub const SECTIONS: [&str; 6] = [
+    "per-call",
+    "call-rate",
+    "daemon",
+    "trace-rates",
+    "lammps",
+    "aggregator",
+];
+
+/// Runs the benchmark (the `only` sections, or all) and writes
+/// `target/bench/probe_overhead.{txt,json}` (with `only`, `target/bench/SECTION....{txt,json}`,
+/// so that a partial run leaves the full figures alone).
+pub fn run(root: &Path, only: &[String]) -> Result<()> {
+    if let Some(unknown) = only.iter().find(|o| !SECTIONS.contains(&o.as_str())) {
+        bail!(
+            "no bench section {unknown:?}: the sections are {}",
+            SECTIONS.join(", ")
+        );
+    }
+    let want = |section: &str| only.is_empty() || only.iter().any(|o| o == section);
     ensure_bpftrace()?;
     sh(Command::new("cargo")
         .current_dir(root)
@@ -72,49 +93,75 @@ pub fn run(root: &Path) -> Result<()> {
 
     let mut report = String::new();
     let mut json = Vec::new();
-    let _ = writeln!(report, "commtap probe overhead, ns per call (median of {ROUNDS} interleaved runs, {ITERATIONS} calls each)");
-    let _ = writeln!(report, "(a) no probes, (b) bare uprobe+uretprobe with empty programs (bpftrace), (c) commtap record --no-skew, (d) commtap record --trace (JSON), (e) commtap record (who is late: an event per collective), (f) commtap record --trace FILE.pftrace\n");
     for stack in STACKS {
-        let bin = out.join(format!("bench_calls.{}", stack.suffix));
         sh(Command::new(format!("mpicc.{}", stack.suffix))
             .args(["-O2", "-o"])
-            .arg(&bin)
+            .arg(out.join(format!("bench_calls.{}", stack.suffix)))
             .arg(root.join("xtask/demo/bench_calls.c")))?;
-        let rounds = Rounds::run(stack, &bin, &commtap, &out)?;
-        let single = single_stepped(&rounds.profile, stack.library)?;
-        rounds.write(stack, single, &mut report, &mut json);
     }
-    // What a polling code pays: commtap against the cheapest bpftrace script.
-    let rate = call_rate(root, &commtap, &out)?;
-    let _ = writeln!(
-        report,
-        "call-rate program (per rank 1M MPI_Comm_rank, 1M MPI_Iprobe, 200k ping-pongs, 100k \
-         MPI_Allreduce; 2 ranks), seconds, median of {RATE_ROUNDS}; added_ratio = (commtap - \
-         none) / (bpftrace - none), the issue's target at most 0.5: {rate}"
-    );
-    json.push(format!("  {{\"call_rate\": [{rate}]}}"));
-    // The node daemon's own CPU while a job makes MPI calls as fast as it can.
-    let daemon = daemon_cpu(&commtap, &out)?;
-    let _ = writeln!(report, "node daemon during a job: {daemon}");
-    json.push(format!("  {{\"daemon\": {daemon}}}"));
-    let lammps = lammps(&commtap, root, &out)?;
-    let _ = writeln!(report, "LAMMPS (4 ranks) under the node daemon: {lammps}");
-    json.push(format!("  {{\"lammps\": {lammps}}}"));
-    let agg = aggregator_merge(&commtap, &out)?;
-    let _ = writeln!(
-        report,
-        "aggregator merge (target: under 2 s and 1 GiB): {agg}"
-    );
-    json.push(format!("  {{\"aggregator_merge\": {agg}}}"));
+    if want("per-call") {
+        let _ = writeln!(report, "commtap probe overhead, ns per call (median of {ROUNDS} interleaved runs, {ITERATIONS} calls each)");
+        let _ = writeln!(report, "(a) no probes, (b) bare uprobe+uretprobe with empty programs (bpftrace), (c) commtap record --no-skew, (d) commtap record --trace (JSON), (e) commtap record (who is late: an event per collective), (f) commtap record --trace FILE.pftrace\n");
+        for stack in STACKS {
+            let bin = out.join(format!("bench_calls.{}", stack.suffix));
+            let rounds = Rounds::run(stack, &bin, &commtap, &out)?;
+            let single = single_stepped(&rounds.profile, stack.library)?;
+            rounds.write(stack, single, &mut report, &mut json);
+        }
+    }
+    if want("call-rate") {
+        // What a polling code pays: commtap against the cheapest bpftrace script.
+        let rate = call_rate(root, &commtap, &out)?;
+        let _ = writeln!(
+            report,
+            "call-rate program (per rank 1M MPI_Comm_rank, 1M MPI_Iprobe, 200k ping-pongs, 100k \
+             MPI_Allreduce; 2 ranks), seconds, median of {RATE_ROUNDS}; added_ratio = (commtap - \
+             none) / (bpftrace - none), the issue's target at most 0.5: {rate}"
+        );
+        json.push(format!("  {{\"call_rate\": [{rate}]}}"));
+    }
+    if want("daemon") {
+        // The node daemon's own CPU while a job makes MPI calls as fast as it can.
+        let daemon = daemon_cpu(&commtap, &out)?;
+        let _ = writeln!(report, "node daemon during a job: {daemon}");
+        json.push(format!("  {{\"daemon\": {daemon}}}"));
+    }
+    if want("trace-rates") {
+        let traces = trace_rates::run(&commtap, &out)?;
+        let _ = writeln!(
+            report,
+            "a trace of a running job (2 ranks of MPI_Allreduce as fast as they go), from the \
+             node daemon and relayed by an aggregator: {traces}"
+        );
+        json.push(format!("  {{\"trace_rates\": {traces}}}"));
+    }
+    if want("lammps") {
+        let lammps = lammps(&commtap, root, &out)?;
+        let _ = writeln!(report, "LAMMPS (4 ranks) under the node daemon: {lammps}");
+        json.push(format!("  {{\"lammps\": {lammps}}}"));
+    }
+    if want("aggregator") {
+        let agg = aggregator_merge(&commtap, &out)?;
+        let _ = writeln!(
+            report,
+            "aggregator merge (target: under 2 s and 1 GiB): {agg}"
+        );
+        json.push(format!("  {{\"aggregator_merge\": {agg}}}"));
+    }
     print!("{report}");
-    std::fs::write(out.join("probe_overhead.txt"), &report)?;
+    let name = if only.is_empty() {
+        "probe_overhead".to_string()
+    } else {
+        only.join("+")
+    };
+    std::fs::write(out.join(format!("{name}.txt")), &report)?;
     std::fs::write(
-        out.join("probe_overhead.json"),
+        out.join(format!("{name}.json")),
         format!("[\n{}\n]\n", json.join(",\n")),
     )?;
     eprintln!(
         "figures written to {}",
-        out.join("probe_overhead.txt").display()
+        out.join(format!("{name}.txt")).display()
     );
     Ok(())
 }
@@ -704,11 +751,19 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
 /// Runs the daemon (defaults: per-call events off), then a 2-rank Open MPI job making
 /// Allreduce and Send/Recv calls back to back; reports the job's MPI call rate and the
 /// daemon's CPU use over the job, in percent of one core.
-/// Starts `commtap daemon` on `socket` and waits until it serves.
-fn start_daemon(commtap: &Path, socket: &Path) -> Result<std::process::Child> {
+/// Starts `commtap daemon` on `socket` (with the `global` options before the command and
+/// `extra` after it) and waits until it serves.
+fn start_daemon(
+    commtap: &Path,
+    socket: &Path,
+    global: &[&str],
+    extra: &[&str],
+) -> Result<std::process::Child> {
     let mut daemon = Command::new(commtap)
+        .args(global)
         .args(["daemon", "--no-state", "--socket"])
         .arg(socket)
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -768,7 +823,7 @@ fn lammps(commtap: &Path, root: &Path, out: &Path) -> Result<String> {
     for round in 0..LAMMPS_ROUNDS {
         eprintln!("LAMMPS: round {}/{LAMMPS_ROUNDS}", round + 1);
         alone.push(run()?);
-        let daemon = start_daemon(commtap, &socket)?;
+        let daemon = start_daemon(commtap, &socket, &[], &[])?;
         let t = run();
         stop_daemon(daemon);
         probed.push(t?);
@@ -786,7 +841,7 @@ fn lammps(commtap: &Path, root: &Path, out: &Path) -> Result<String> {
 
 fn daemon_cpu(commtap: &Path, out: &Path) -> Result<String> {
     let socket = out.join("bench-daemon.sock");
-    let daemon = start_daemon(commtap, &socket)?;
+    let daemon = start_daemon(commtap, &socket, &[], &[])?;
     let iterations: u64 = 200_000;
     let before = cpu_seconds(daemon.id())?;
     let start = Instant::now();
