@@ -115,13 +115,16 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     let state = node_state(session, &opts);
     add_synthetic_ranks(&state, opts.synthetic_ranks).await;
     let shutdown = CancellationToken::new();
+    // Before the socket appears: whoever sees it may stop the daemon, and a SIGTERM then
+    // must be a clean shutdown, not the default action.
+    let signals = crate::signals::StopSignals::listen()?;
     let tasks = spawn_tasks(&state, &opts, feed, &shutdown).await?;
     info!(
         "commtap daemon on node {}: serving unix://{}",
         state.node,
         opts.socket.display()
     );
-    watch(&state, events, &opts).await?;
+    watch(&state, events, signals, &opts).await?;
     info!("shutting down");
     shutdown.cancel();
     tasks.join().await;
@@ -290,9 +293,9 @@ async fn spawn_tasks(
 async fn watch(
     state: &NodeState,
     mut events: tokio::sync::mpsc::UnboundedReceiver<crate::ingest::ProcessEvent>,
+    mut signals: crate::signals::StopSignals,
     opts: &DaemonOptions,
 ) -> Result<()> {
-    let mut signals = crate::signals::StopSignals::listen()?;
     let mut tick = tokio::time::interval(TICK);
     let mut ticks: u32 = 0;
     loop {

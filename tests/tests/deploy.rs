@@ -406,3 +406,330 @@ fn completions_and_manual_pages_cover_every_command() {
         "{record}"
     );
 }
+
+/// Options come from the file, the environment over the file, flags over both: a real
+/// daemon serves on the socket each of them names in turn (and logs JSON lines when told
+/// to, from the file); `config --show` says where each value came from, and `--help` names
+/// each option's variable.
+#[test]
+fn a_daemon_takes_its_options_from_the_file_the_environment_and_flags_in_that_order() {
+    let scratch = Scratch::new("config-precedence");
+    let (from_file, from_env, from_flag) = (
+        scratch.path("file.sock"),
+        scratch.path("env.sock"),
+        scratch.path("flag.sock"),
+    );
+    let config = scratch.path("commtap.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "log = \"info\"\nlog_format = \"json\"\n\n[daemon]\nsocket = \"{}\"\nno_state = true\n",
+            from_file.display()
+        ),
+    )
+    .expect("config file");
+    let config = path_str(&config);
+    let env_socket = from_env.display().to_string();
+    for (env, flag, expected) in [
+        (None, None, &from_file),
+        (Some(env_socket.clone()), None, &from_env),
+        (Some(env_socket), Some(path_str(&from_flag)), &from_flag),
+    ] {
+        let mut args = vec!["--config", config, "daemon"];
+        if let Some(flag) = flag {
+            args.extend(["--socket", flag]);
+        }
+        let env: Vec<(&str, String)> = env
+            .into_iter()
+            .map(|v| ("COMMTAP_DAEMON_SOCKET", v))
+            .collect();
+        let shown = {
+            let mut show = vec!["--config", config, "config", "--show"];
+            show.extend(&args[2..]);
+            let out = Command::new(commtap_bin())
+                .args(&show)
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .output()
+                .expect("config --show");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let source = if flag.is_some() {
+            "flag"
+        } else if !env.is_empty() {
+            "environment"
+        } else {
+            "file"
+        };
+        let line = shown
+            .lines()
+            .find(|l| l.starts_with("socket "))
+            .unwrap_or_else(|| panic!("no socket in {shown}"));
+        assert_eq!(
+            line.split_whitespace().collect::<Vec<_>>(),
+            ["socket", source, &expected.display().to_string()],
+            "{shown}"
+        );
+        let daemon = spawn_commtap_with_env(&scratch, &args, &env);
+        wait_until("the daemon's socket", LIMIT, || expected.exists());
+        for other in [&from_file, &from_env, &from_flag] {
+            assert!(
+                other == expected || !other.exists(),
+                "{} exists",
+                other.display()
+            );
+        }
+        // SAFETY: kill(2) of the daemon we spawned.
+        unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
+        let run = finish_ok(&scratch, daemon, LIMIT);
+        // Its log, as the file asked: one JSON object per line.
+        let serving = run
+            .stderr
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}"))
+            })
+            .find(|v| {
+                v["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("serving unix://"))
+            })
+            .unwrap_or_else(|| panic!("no JSON line says where it serves: {}", run.stderr));
+        assert_eq!(serving["level"], "INFO", "{serving}");
+        assert!(
+            serving["message"]
+                .as_str()
+                .is_some_and(|m| m.ends_with(&expected.display().to_string())),
+            "{serving}"
+        );
+    }
+    let help = commtap_output(&["daemon", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("[env: COMMTAP_DAEMON_LISTEN="), "{help}");
+}
+
+/// The example configuration holds every option `--help` lists, for the daemon and the
+/// aggregator, and is a valid file once every option in it is uncommented.
+#[test]
+fn the_example_configuration_names_every_option_and_parses() {
+    let scratch = Scratch::new("config-example");
+    let out = commtap_output(&["config", "--example"]);
+    assert!(out.status.success());
+    let example = String::from_utf8_lossy(&out.stdout).into_owned();
+    // `#key = value    # VARIABLE` lines are options (their defaults, or a placeholder
+    // where they have none); `# text` lines their help.
+    let uncomment = |with_placeholders: bool| -> String {
+        example
+            .lines()
+            .filter_map(|l| match l.strip_prefix('#') {
+                Some(rest) if !rest.starts_with(' ') && rest.contains(" = ") => (with_placeholders
+                    || !rest.ends_with("(unset by default)"))
+                .then(|| rest.split("    #").next().expect("a key").to_string()),
+                Some(_) => None,
+                None => Some(l.to_string()),
+            })
+            .map(|l| l + "\n")
+            .collect()
+    };
+    let uncommented = uncomment(true);
+    for command in ["daemon", "aggregator"] {
+        let help = commtap_output(&[command, "--help"]);
+        let help = String::from_utf8_lossy(&help.stdout);
+        let options: Vec<String> = help
+            .lines()
+            .filter_map(|l| {
+                // An option's own line: `  -p, --pid <PID>` or `      --listen <ADDR>`.
+                let mut words = l.split_whitespace();
+                let first = words.next().filter(|w| w.starts_with('-'))?;
+                let long = [first]
+                    .into_iter()
+                    .chain(words.next())
+                    .find(|w| w.starts_with("--"))?;
+                let long = long.trim_start_matches("--").trim_end_matches(',');
+                (!["help", "version", "config"].contains(&long)).then(|| long.replace('-', "_"))
+            })
+            .collect();
+        let section = uncommented
+            .split(&format!("[{command}]\n"))
+            .nth(1)
+            .and_then(|rest| rest.split("\n[").next())
+            .unwrap_or_else(|| panic!("no [{command}] in the example"));
+        let top = uncommented.split("\n[").next().expect("top-level keys");
+        for option in &options {
+            let key = format!("\n{option} = ");
+            assert!(
+                section.contains(&key) || top.contains(&key) || section.starts_with(&key[1..]),
+                "`commtap {command} --{option}` is not in the example"
+            );
+        }
+    }
+    // Its defaults uncommented, it is a file commtap takes: each command runs with it (the
+    // log filter changed, to see that the file is read).
+    let defaults = uncomment(false);
+    assert!(defaults.contains("\nlog = \"warn\"\n"), "{defaults}");
+    let defaults = defaults.replace("\nlog = \"warn\"\n", "\nlog = \"debug\"\n");
+    let file = scratch.path("example.toml");
+    std::fs::write(&file, &defaults).expect("write");
+    for command in ["daemon", "aggregator", "record", "report", "top"] {
+        let out = commtap_output(&["--config", path_str(&file), "config", "--show", command]);
+        let shown = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{command}: {}\n{defaults}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            shown
+                .lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["log", "file", "debug"]),
+            "{command}: the log filter is not the file's\n{shown}"
+        );
+    }
+    // A typo is refused, naming what is valid.
+    std::fs::write(&file, "[daemon]\nkeep_exitted = \"1h\"\n").expect("write");
+    let out = commtap_output(&["--config", path_str(&file), "config", "--show", "daemon"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("keep_exitted is no option of `commtap daemon`"),
+        "{stderr}"
+    );
+}
+
+/// Removes the package whatever the test's outcome (the machine is left as it was).
+struct Purge;
+
+impl Drop for Purge {
+    fn drop(&mut self) {
+        let _ = Command::new("dpkg").args(["--purge", "commtap"]).output();
+    }
+}
+
+/// What dpkg says of the package: its status line, or None if it knows none.
+fn dpkg_status() -> Option<String> {
+    let out = Command::new("dpkg-query")
+        .args(["-W", "-f", "${Status}", "commtap"])
+        .output()
+        .expect("dpkg-query");
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        .filter(|s| !s.contains("not-installed"))
+}
+
+/// The Debian package (`deploy/debian/build-deb.sh`, what `cargo xtask package` runs on
+/// the release build) installs with `dpkg -i`: its binary runs, its unit verifies, the
+/// manual pages, completions, Slurm scripts and configuration are where they belong;
+/// `dpkg -r` leaves nothing but the configuration, and `dpkg -P` not even that.
+#[test]
+fn the_debian_package_installs_runs_and_removes_cleanly() {
+    let scratch = Scratch::new("debian-package");
+    assert_eq!(
+        dpkg_status(),
+        None,
+        "a commtap package is installed on this machine: this test would replace it"
+    );
+    let out = Command::new(repo_root().join("deploy/debian/build-deb.sh"))
+        .arg(commtap_bin())
+        .args(["0.0.0~test", path_str(&scratch.0), "none"])
+        .output()
+        .expect("build-deb.sh");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deb = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let _purge = Purge;
+    let sh = |args: &[&str]| {
+        let out = Command::new(args[0])
+            .args(&args[1..])
+            .output()
+            .expect("a command");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    sh(&["dpkg", "-i", &deb]);
+    assert!(dpkg_status().is_some_and(|s| s == "install ok installed"));
+    let version = sh(&["/usr/bin/commtap", "--version"]);
+    assert!(version.starts_with("commtap "), "{version}");
+    let verify = Command::new("systemd-analyze")
+        .args(["verify", "/lib/systemd/system/commtap.service"])
+        .output()
+        .expect("systemd-analyze");
+    let msgs = String::from_utf8_lossy(&verify.stderr);
+    assert!(
+        verify.status.success() && !msgs.contains("commtap.service:"),
+        "systemd-analyze verify:\n{msgs}"
+    );
+    let unit = std::fs::read_to_string("/lib/systemd/system/commtap.service").expect("unit");
+    assert!(unit.contains("ExecStart=/usr/bin/commtap daemon"), "{unit}");
+    assert!(
+        unit.contains("EnvironmentFile=-/etc/default/commtap"),
+        "{unit}"
+    );
+    for page in listed_commands()
+        .iter()
+        .map(|c| format!("commtap-{c}.1.gz"))
+        .chain(["commtap.1.gz".to_string()])
+    {
+        sh(&["gzip", "-t", &format!("/usr/share/man/man1/{page}")]);
+    }
+    for (file, needle) in [
+        ("/usr/share/bash-completion/completions/commtap", "_commtap"),
+        (
+            "/usr/share/zsh/vendor-completions/_commtap",
+            "#compdef commtap",
+        ),
+        (
+            "/usr/share/fish/vendor_completions.d/commtap.fish",
+            "complete -c commtap",
+        ),
+        ("/usr/share/commtap/slurm/prolog.sh", "systemctl"),
+        ("/usr/share/commtap/slurm/epilog.sh", "commtap report"),
+        ("/etc/default/commtap", "COMMTAP_DAEMON_"),
+    ] {
+        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(text.contains(needle), "{file}");
+    }
+    let example = sh(&["/usr/bin/commtap", "config", "--example"]);
+    assert_eq!(
+        std::fs::read_to_string("/etc/commtap/commtap.toml").expect("the configuration"),
+        example
+    );
+    // The installed binary reads it (every line commented out: the defaults).
+    let shown = sh(&["/usr/bin/commtap", "config", "--show", "daemon"]);
+    assert!(
+        shown.contains("# configuration file: /etc/commtap/commtap.toml"),
+        "{shown}"
+    );
+
+    sh(&["dpkg", "-r", "commtap"]);
+    assert_eq!(dpkg_status().as_deref(), Some("deinstall ok config-files"));
+    for gone in [
+        "/usr/bin/commtap",
+        "/lib/systemd/system/commtap.service",
+        "/usr/share/man/man1/commtap.1.gz",
+        "/usr/share/commtap",
+    ] {
+        assert!(!Path::new(gone).exists(), "{gone} is left after dpkg -r");
+    }
+    assert!(
+        Path::new("/etc/commtap/commtap.toml").exists(),
+        "the configuration is kept"
+    );
+    sh(&["dpkg", "-P", "commtap"]);
+    assert_eq!(dpkg_status(), None);
+    for gone in ["/etc/commtap", "/etc/default/commtap"] {
+        assert!(!Path::new(gone).exists(), "{gone} is left after dpkg -P");
+    }
+}

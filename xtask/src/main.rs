@@ -43,6 +43,10 @@ enum Cmd {
         #[arg(long)]
         only: Vec<String>,
     },
+    /// Build the Debian package (release build): target/package/commtap_VERSION_ARCH.deb,
+    /// with the systemd unit, the Slurm prolog and epilog, manual pages, shell completions
+    /// and a configuration file listing every option. Install it with `dpkg -i`.
+    Package,
     /// Fuzz every parser of hostile input (cargo-fuzz, nightly), one target at a time, from
     /// seeds made of real files; fails if any target crashed. Not part of `test`.
     Fuzz {
@@ -118,9 +122,33 @@ fn main() -> Result<()> {
             setup()?;
             bench::run(&root(), &only)
         }
+        Cmd::Package => {
+            setup()?;
+            package()
+        }
         // No `setup`: fuzzing needs neither the BPF toolchain nor the MPI packages.
         Cmd::Fuzz { seconds, targets } => fuzz::run(&root(), seconds, &targets),
     }
+}
+
+/// `cargo xtask package`: the release build, packaged by `deploy/debian/build-deb.sh`.
+fn package() -> Result<()> {
+    let root = root();
+    run(Command::new("cargo")
+        .current_dir(&root)
+        .args(["build", "--release", "-p", "collector"]))?;
+    let out = root.join("target/package");
+    std::fs::create_dir_all(&out)?;
+    run(Command::new(root.join("deploy/debian/build-deb.sh"))
+        .arg(root.join("target/release/commtap"))
+        .arg(env!("CARGO_PKG_VERSION"))
+        .arg(&out))?;
+    eprintln!(
+        "install it with: sudo dpkg -i {}/commtap_{}_*.deb",
+        out.display(),
+        env!("CARGO_PKG_VERSION")
+    );
+    Ok(())
 }
 
 /// The workspace root.

@@ -395,6 +395,8 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
             .max_decoding_message_size(crate::api::MAX_PUSH_BYTES),
     )
     .await?;
+    // Before the port opens: whoever reaches it may stop the aggregator, cleanly.
+    let mut signals = crate::signals::StopSignals::listen()?;
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("binding {}", opts.listen))?;
@@ -415,7 +417,6 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
         ),
     }
     info!("commtap aggregator: database {}", opts.db.display());
-    let mut signals = crate::signals::StopSignals::listen()?;
     let stop = shutdown.clone();
     crate::api::server::serve(
         routes,

@@ -8,6 +8,18 @@ use anyhow::Result;
 use collector::{api, api::transport::Target, report, report::Outputs, trace};
 
 #[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["example", "show"])))]
+pub struct ConfigArgs {
+    /// Print every option of every command, with its help, default and environment
+    /// variable, commented out: a file to start from.
+    #[arg(long)]
+    pub example: bool,
+    /// Show what `commtap COMMAND ARGS...` would run with, and where each value comes from.
+    #[arg(long, num_args = 1.., allow_hyphen_values = true, value_name = "COMMAND [ARGS]")]
+    pub show: Vec<String>,
+}
+
+#[derive(clap::Args, Debug)]
 pub struct AggregatorArgs {
     /// Address to listen on: this host only by default; give e.g. 0.0.0.0:7480 to serve a
     /// cluster (with --tls-cert, --tls-key and --tls-client-ca).

@@ -139,6 +139,8 @@ pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Resu
         Command::Completions { shell } => completions(shell)?,
         Command::Schema => print!("{}", collector::profile::schema::profile_schema()),
         Command::Man { out } => man_pages(&out)?,
+        // Answered before the runtime starts (it needs the command line's definition).
+        Command::Config(_) => {}
         Command::Compare(a) => {
             if run_compare(a).await? {
                 return Ok(ExitCode::from(1));
@@ -287,9 +289,8 @@ async fn aggregator(a: AggregatorArgs, identity: Option<(PathBuf, PathBuf)>) -> 
 
 /// `commtap completions SHELL`: the completion script, on standard output.
 fn completions(shell: clap_complete::Shell) -> Result<()> {
-    use clap::CommandFactory as _;
     let mut out = Vec::new();
-    clap_complete::generate(shell, &mut crate::Cli::command(), "commtap", &mut out);
+    clap_complete::generate(shell, &mut crate::cli_command(), "commtap", &mut out);
     std::io::Write::write_all(&mut std::io::stdout().lock(), &out)
         .context("writing the completion script")
 }
@@ -299,7 +300,6 @@ fn completions(shell: clap_complete::Shell) -> Result<()> {
 /// (`report::write_file`): run as root, it must not follow a link someone left in DIR, which
 /// `clap_mangen::generate_to` would.
 fn man_pages(out: &std::path::Path) -> Result<()> {
-    use clap::CommandFactory as _;
     fn write_pages(cmd: clap::Command, out: &std::path::Path) -> Result<()> {
         for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()).cloned() {
             write_pages(sub, out)?;
@@ -313,7 +313,7 @@ fn man_pages(out: &std::path::Path) -> Result<()> {
     }
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     // As clap_mangen::generate_to prepares it: no `help` pseudo-command, names resolved.
-    let mut cmd = crate::Cli::command().disable_help_subcommand(true);
+    let mut cmd = crate::cli_command().disable_help_subcommand(true);
     cmd.build();
     write_pages(cmd, out)?;
     eprintln!("manual pages written to {}", out.display());

@@ -4,14 +4,15 @@
 
 mod args;
 mod commands;
+mod config;
 
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 
 use args::{
-    AggregatorArgs, CompareArgs, DaemonArgs, DetachArgs, DoctorArgs, EventsArgs, JobsArgs, PidArgs,
-    PsArgs, RecordArgs, ReportArgs, TopArgs, TraceArgs,
+    AggregatorArgs, CompareArgs, ConfigArgs, DaemonArgs, DetachArgs, DoctorArgs, EventsArgs,
+    JobsArgs, PidArgs, PsArgs, RecordArgs, ReportArgs, TopArgs, TraceArgs,
 };
 
 /// commtap: profile the communication of running MPI and NCCL jobs with eBPF: no relink,
@@ -41,8 +42,31 @@ struct Cli {
     /// The private key (PEM) of --tls-cert.
     #[arg(long, global = true, requires = "tls_cert", env = "COMMTAP_TLS_KEY")]
     tls_key: Option<PathBuf>,
+    /// How log lines are written to standard error: `text` for people, `json` (one object
+    /// per line: timestamp, level, message and fields) for a log collector.
+    #[arg(
+        long,
+        global = true,
+        default_value = "text",
+        env = "COMMTAP_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
+    /// Configuration file (TOML) with any option of any command; default
+    /// /etc/commtap/commtap.toml where it exists. Flags and COMMTAP_* variables win over it
+    /// (`commtap config --example` prints one with every option).
+    #[arg(long, global = true, env = "COMMTAP_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    /// Lines for people.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -159,6 +183,19 @@ enum Command {
         #[arg(long, default_value = ".")]
         out: PathBuf,
     },
+    /// Print a configuration file holding every option, documented, or show what a command
+    /// would run with and where each value comes from (flag, environment, file, default).
+    ///
+    /// Every option is also an environment variable: COMMTAP_<COMMAND>_<OPTION> (e.g.
+    /// COMMTAP_DAEMON_LISTEN), COMMTAP_<OPTION> for the options of every command (e.g.
+    /// COMMTAP_TLS_CA). A flag wins over the environment, which wins over the file.
+    ///
+    /// Examples:
+    ///   commtap config --example > /etc/commtap/commtap.toml
+    ///   commtap config --show daemon
+    ///   commtap --config site.toml config --show aggregator --listen 0.0.0.0:7480
+    #[command(verbatim_doc_comment)]
+    Config(ConfigArgs),
     /// Print the JSON Schema (draft 2020-12) of the JSON profile, `commtap.profile.v1`, as
     /// `record --format json`, `report --format json` and the aggregator write it (the same
     /// file is in the repository: docs/commtap.profile.v1.schema.json).
@@ -195,6 +232,35 @@ enum Command {
     },
 }
 
+/// The command line's definition, with an environment variable for every option.
+pub fn cli_command() -> clap::Command {
+    use clap::CommandFactory as _;
+    config::with_env(Cli::command())
+}
+
+/// `commtap config`: the example file, or what a command would run with.
+fn configuration(cmd: &clap::Command, a: &ConfigArgs, file: Option<&std::path::Path>) -> ExitCode {
+    if a.example {
+        print!("{}", config::example(cmd));
+        return ExitCode::SUCCESS;
+    }
+    let mut argv: Vec<std::ffi::OsString> = vec!["commtap".into()];
+    if let Some(f) = file {
+        argv.extend(["--config".into(), f.as_os_str().to_owned()]);
+    }
+    argv.extend(a.show.iter().map(Into::into));
+    match config::show(cmd, argv) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("commtap: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 /// The log filter: `--log` (or `COMMTAP_LOG`) when given, else `RUST_LOG` when set, else
 /// the default: an explicit choice is never overridden by the generic variable.
 fn log_filter(log: &str, explicit: bool, rust_log: Option<String>) -> String {
@@ -204,30 +270,43 @@ fn log_filter(log: &str, explicit: bool, rust_log: Option<String>) -> String {
     }
 }
 
-fn init_logging(filter: &str) {
+fn init_logging(filter: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|e| {
         eprintln!("commtap: log filter {filter:?} not understood ({e}); logging warnings");
         tracing_subscriber::EnvFilter::new("warn")
     });
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+        .with_target(false);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
 }
 
 fn main() -> ExitCode {
-    use clap::{parser::ValueSource, CommandFactory as _, FromArgMatches as _};
-    let matches = Cli::command().get_matches();
+    use clap::{parser::ValueSource, FromArgMatches as _};
+    let cmd = cli_command();
+    let argv = match config::with_file(&cmd, std::env::args_os().collect()) {
+        Ok((argv, _)) => argv,
+        Err(e) => {
+            eprintln!("commtap: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let matches = cmd.clone().get_matches_from(argv);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Command::Config(a) = &cli.command {
+        return configuration(&cmd, a, cli.config.as_deref());
+    }
     let explicit = matches
         .value_source("log")
         .is_some_and(|s| s != ValueSource::DefaultValue);
-    init_logging(&log_filter(
-        &cli.log,
-        explicit,
-        std::env::var("RUST_LOG").ok(),
-    ));
+    init_logging(
+        &log_filter(&cli.log, explicit, std::env::var("RUST_LOG").ok()),
+        cli.log_format,
+    );
     // Read by `api::transport::connect`; set before any thread starts.
     for (var, value) in [
         ("COMMTAP_TLS_CA", &cli.tls_ca),
@@ -266,8 +345,7 @@ mod tests {
 
     #[test]
     fn cli_is_well_formed() {
-        use clap::CommandFactory;
-        Cli::command().debug_assert();
+        cli_command().debug_assert();
     }
 
     #[test]
