@@ -323,7 +323,7 @@ fn metrics_show_a_user_only_their_own_jobs() {
     let truths = run_truth_job(&scratch.path("root-truth"), Mpi::OpenMpi, 2);
     let pids: Vec<u64> = truths.iter().filter_map(|t| t["pid"].as_u64()).collect();
     wait_for_exited(&daemon.target, &pids);
-    let job = format!("job=\"{}\"", pids[0]);
+    let job = format!("job_id=\"{}\"", pids[0]);
     let calls = truths[0]["routines"]["MPI_Allreduce"]["calls"]
         .as_u64()
         .expect("calls");

@@ -2,7 +2,7 @@
 //! every MPI process on the node from its first call, keeps the profiles of processes
 //! that exited, and serves them per job over its Unix socket, exactly.
 
-use std::{os::unix::fs::PermissionsExt, process::Command, time::Duration};
+use std::{collections::BTreeMap, os::unix::fs::PermissionsExt, process::Command, time::Duration};
 
 use commtap_tests::*;
 
@@ -121,7 +121,7 @@ fn daemon_profiles_every_job_on_the_node_exactly() {
         .as_u64()
         .expect("calls");
     let line = format!(
-        "commtap_mpi_calls_total{{job=\"{job0}\",rank=\"0\",routine=\"MPI_Allreduce\"}} {calls}"
+        "commtap_mpi_calls_total{{job_id=\"{job0}\",rank=\"0\",routine=\"MPI_Allreduce\"}} {calls}"
     );
     assert!(
         metrics.lines().any(|l| l == line),
@@ -487,4 +487,185 @@ fn a_churning_node_misses_no_rank_and_keeps_nothing_it_should_not() {
     let state = std::path::Path::new("/sys/fs/bpf/commtap").join(tag.trim_matches('_'));
     daemon.stop(&scratch);
     assert!(!state.exists(), "{} left pinned", state.display());
+}
+
+/// A query string as a URL's query: everything but unreserved characters escaped.
+fn url_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// `sum by (routine) (METRIC{job_id="JOB"})` from a Prometheus server's HTTP API, per
+/// routine (None until it answers).
+fn prometheus_sums(server: &str, metric: &str, job: &str) -> Option<BTreeMap<String, u64>> {
+    let v = prometheus_query(
+        server,
+        &format!("sum by (routine) ({metric}{{job_id=\"{job}\"}})"),
+    )?;
+    let result = v["data"]["result"].as_array()?;
+    Some(
+        result
+            .iter()
+            .filter_map(|r| {
+                let routine = r["metric"]["routine"].as_str()?.to_string();
+                let value: f64 = r["value"][1].as_str()?.parse().ok()?;
+                Some((routine, value as u64))
+            })
+            .collect(),
+    )
+}
+
+/// A PromQL query's answer from a Prometheus server's HTTP API (None until it gives one).
+fn prometheus_query(server: &str, query: &str) -> Option<serde_json::Value> {
+    let body = {
+        use std::io::{Read as _, Write as _};
+        // Refused while the server starts: not an answer yet.
+        let mut s = std::net::TcpStream::connect(server).ok()?;
+        let path = format!("/api/v1/query?query={}", url_escape(query));
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {server}\r\n\r\n").ok()?;
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).ok()?;
+        resp.split_once("\r\n\r\n")?.1.to_string()
+    };
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    (v["status"] == "success").then_some(v)
+}
+
+/// A real Prometheus server (Debian's `prometheus`) scraping a daemon and the aggregator it
+/// pushes to, queried over its HTTP API: the job's calls and bytes per routine there equal
+/// the program's truth, and the aggregator's health shows the ranks pushed. The job is the
+/// `job_id` label (Prometheus keeps `job` for the scrape job: an exporter's `job` would have
+/// come out as `exported_job`).
+#[test]
+fn a_real_prometheus_holds_the_jobs_exact_totals() {
+    let scratch = Scratch::new("prometheus");
+    let (node_metrics, aggregator_metrics, aggregator) = (free_port(), free_port(), free_port());
+    let _aggregator = spawn_commtap(
+        &Scratch::new("prometheus-aggregator"),
+        &[
+            "aggregator",
+            "--listen",
+            &aggregator,
+            "--insecure-tcp",
+            "--db",
+            path_str(&scratch.path("agg.redb")),
+            "--metrics-addr",
+            &aggregator_metrics,
+            "--metrics-insecure",
+        ],
+    );
+    let daemon = Daemon::start(
+        &scratch,
+        &[],
+        &[],
+        &[
+            "--metrics-addr",
+            &node_metrics,
+            "--metrics-insecure",
+            "--aggregator",
+            &format!("http://{aggregator}"),
+            "--push-interval",
+            "200ms",
+        ],
+    );
+    let server = free_port();
+    let config = scratch.path("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: commtap\n    \
+             static_configs:\n      - targets: ['{node_metrics}']\n  - job_name: commtap-aggregator\n    \
+             static_configs:\n      - targets: ['{aggregator_metrics}']\n"
+        ),
+    )
+    .expect("prometheus.yml");
+    let log = std::fs::File::create(scratch.path("prometheus.log")).expect("log");
+    let _prometheus = ChildGuard::spawn(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                scratch.path("data").display()
+            ))
+            .arg(format!("--web.listen-address={server}"))
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log),
+    );
+    let truth = run_truth_job(&scratch.path("truth"), Mpi::OpenMpi, 2);
+    wait_for_exited(&daemon.target, &pids_of(&truth));
+    let job = truth[0]["pid"].as_u64().expect("pid").to_string();
+    let mut expected_calls: BTreeMap<String, u64> = BTreeMap::new();
+    let mut expected_bytes: BTreeMap<String, u64> = BTreeMap::new();
+    for rank in &truth {
+        for (routine, (calls, bytes)) in routine_table(&rank["routines"]) {
+            *expected_calls.entry(routine.clone()).or_default() += calls;
+            *expected_bytes.entry(routine).or_default() += bytes;
+        }
+    }
+    // Scraped every second, stored, queried: until the stored totals are the final ones.
+    let got = |metric: &str| {
+        prometheus_sums(&server, metric, &job).map(|mut m| {
+            m.remove("MPI_Finalize");
+            m
+        })
+    };
+    let mut last = (None, None);
+    let deadline = std::time::Instant::now() + LIMIT;
+    while std::time::Instant::now() < deadline {
+        last = (
+            got("commtap_mpi_calls_total"),
+            got("commtap_mpi_bytes_total"),
+        );
+        if last.0.as_ref() == Some(&expected_calls) && last.1.as_ref() == Some(&expected_bytes) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(
+        last.0.as_ref(),
+        Some(&expected_calls),
+        "calls per routine in Prometheus"
+    );
+    assert_eq!(
+        last.1.as_ref(),
+        Some(&expected_bytes),
+        "bytes per routine in Prometheus"
+    );
+    // Both say what they are; the aggregator has the job's two ranks (pushed, accepted).
+    let scalar = |query: &str| prometheus_value(&server, query);
+    let mut seen = (None, None, None);
+    let deadline = std::time::Instant::now() + LIMIT;
+    while std::time::Instant::now() < deadline {
+        seen = (
+            scalar("count(commtap_build_info)"),
+            scalar("max(commtap_aggregator_ranks)"),
+            scalar("sum(commtap_aggregator_snapshots_total{outcome=\"accepted\"})"),
+        );
+        if seen.0 == Some(2.0) && seen.1 >= Some(2.0) && seen.2 >= Some(2.0) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(
+        seen.0,
+        Some(2.0),
+        "commtap_build_info of the daemon and the aggregator"
+    );
+    assert!(
+        seen.1 >= Some(2.0) && seen.2 >= Some(2.0),
+        "the aggregator's ranks and accepted snapshots: {seen:?}"
+    );
+    daemon.stop(&scratch);
+}
+
+/// One number from a Prometheus server's HTTP API (None until it has one).
+fn prometheus_value(server: &str, query: &str) -> Option<f64> {
+    let v = prometheus_query(server, query)?;
+    v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
 }

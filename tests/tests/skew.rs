@@ -346,7 +346,7 @@ fn the_daemon_names_the_late_rank_of_a_job_it_was_not_told_about() {
         .expect("curl");
     let text = String::from_utf8_lossy(&text.stdout);
     let value = |name: &str, rank: u64| -> f64 {
-        let prefix = format!("{name}{{job=\"{job}\",rank=\"{rank}\"}} ");
+        let prefix = format!("{name}{{job_id=\"{job}\",rank=\"{rank}\"}} ");
         text.lines()
             .find_map(|l| l.strip_prefix(&prefix))
             .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
@@ -355,7 +355,7 @@ fn the_daemon_names_the_late_rank_of_a_job_it_was_not_told_about() {
     };
     let skew_ranks = profile["skew"]["ranks"].as_array().expect("ranks");
     let routine_value = |name: &str, rank: u64, routine: &str| -> f64 {
-        let prefix = format!("{name}{{job=\"{job}\",rank=\"{rank}\",routine=\"{routine}\"}} ");
+        let prefix = format!("{name}{{job_id=\"{job}\",rank=\"{rank}\",routine=\"{routine}\"}} ");
         text.lines()
             .find_map(|l| l.strip_prefix(&prefix))
             .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))

@@ -39,8 +39,11 @@ pub async fn run(
     let store = Arc::new(Mutex::new(Store::open(db)?));
     let rss_before = peak_rss_kib();
     let start = Instant::now();
-    let (accepted, decode_secs) =
-        merge_pushes(wire_batches, GroupCommit::start(store.clone())).await?;
+    let (accepted, decode_secs) = merge_pushes(
+        wire_batches,
+        GroupCommit::start(store.clone(), Default::default()),
+    )
+    .await?;
     let secs = start.elapsed().as_secs_f64();
     // 1,000 nodes of 8 ranks (GPU nodes): 1 million per-node instance records.
     let (parts, parts_secs) = match_parts(1_000, 8, 1_000);

@@ -9,7 +9,10 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Mutex};
 
-use super::store::{prepare, Outcome, Prepared, Store, StoreError};
+use super::{
+    health::Health,
+    store::{prepare, Outcome, Prepared, Store, StoreError},
+};
 use crate::api::pb;
 
 /// Most batches merged in one commit.
@@ -22,8 +25,8 @@ pub struct GroupCommit {
 }
 
 impl GroupCommit {
-    /// Starts the merging task over `store`.
-    pub fn start(store: Arc<Mutex<Store>>) -> GroupCommit {
+    /// Starts the merging task over `store`, counting its commits in `health`.
+    pub fn start(store: Arc<Mutex<Store>>, health: Arc<Health>) -> GroupCommit {
         let (tx, mut rx) = mpsc::channel::<(Prepared, oneshot::Sender<Outcome>)>(MAX_GROUP);
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
@@ -35,7 +38,10 @@ impl GroupCommit {
                     }
                 }
                 let (batches, acks): (Vec<_>, Vec<_>) = group.into_iter().unzip();
-                match store.lock().await.merge_many(batches) {
+                let started = std::time::Instant::now();
+                let merged = store.lock().await.merge_many(batches);
+                health.committed(started.elapsed().as_nanos() as u64);
+                match merged {
                     Ok(outcomes) => {
                         for (ack, outcome) in acks.into_iter().zip(outcomes) {
                             let _ = ack.send(outcome);

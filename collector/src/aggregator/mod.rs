@@ -6,6 +6,7 @@ pub mod auth;
 pub mod bench;
 pub mod clock;
 pub mod commit;
+pub mod health;
 pub mod relay;
 pub mod skew;
 pub mod store;
@@ -53,6 +54,8 @@ pub struct AggregatorOptions {
     pub upstream: Option<(Target, std::time::Duration)>,
     /// How long a finished job (every rank exited) is kept after its last snapshot.
     pub retain: std::time::Duration,
+    /// Serve its health as Prometheus metrics here.
+    pub metrics: Option<crate::serve::metrics::MetricsListener>,
 }
 
 /// The store as a source of snapshots for a higher aggregator.
@@ -88,6 +91,8 @@ pub struct AggregatorService {
     relays: StreamLimit<Option<IpAddr>>,
     /// Ends relayed traces when the aggregator stops.
     shutdown: CancellationToken,
+    /// What its `/metrics` shows.
+    health: Arc<health::Health>,
 }
 
 /// Most nodes whose API addresses the aggregator keeps (a cluster's worth; a pusher
@@ -118,8 +123,10 @@ impl AggregatorService {
     /// The service over `store`; with `mutual_tls`, callers are known by their client
     /// certificates' roles.
     pub fn new(store: Arc<Mutex<Store>>, mutual_tls: bool) -> AggregatorService {
+        let health = Arc::new(health::Health::default());
         AggregatorService {
-            commits: GroupCommit::start(store.clone()),
+            commits: GroupCommit::start(store.clone(), health.clone()),
+            health,
             store,
             mutual_tls,
             clocks: std::sync::Mutex::new(clock::NodeClocks::default()),
@@ -136,6 +143,16 @@ impl AggregatorService {
     pub fn until(mut self, shutdown: CancellationToken) -> AggregatorService {
         self.shutdown = shutdown;
         self
+    }
+
+    /// Its `/metrics`: the service's health and the store's size (the database at `db`).
+    fn exporter(&self, db: PathBuf) -> health::AggregatorExporter {
+        health::AggregatorExporter {
+            health: self.health.clone(),
+            store: self.store.clone(),
+            db,
+            pushes: self.pushes.clone(),
+        }
     }
 
     /// The jobs known, and where each node's daemon serves.
@@ -223,6 +240,13 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
                 .map_err(|e| e.to_status())?;
             accepted += a;
             stale += s;
+            for (counter, n) in [
+                (&self.health.accepted, a),
+                (&self.health.stale, s),
+                (&self.health.refused, r),
+            ] {
+                counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            }
             if first {
                 info!("push stream from {peer}: first batch {a} accepted, {s} stale");
                 first = false;
@@ -381,6 +405,19 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
     let store = Arc::new(Mutex::new(store));
     let shutdown = CancellationToken::new();
     let service = AggregatorService::new(store.clone(), opts.mutual_tls).until(shutdown.clone());
+    let metrics = opts.metrics.clone().map(|listener| {
+        let serving = crate::serve::metrics::serve(
+            listener,
+            Arc::new(service.exporter(opts.db.clone())),
+            shutdown.clone(),
+        );
+        tokio::spawn(async move {
+            // Said when it happens (a port taken), not at shutdown.
+            if let Err(e) = serving.await {
+                tracing::error!("metrics server: {e:#}");
+            }
+        })
+    });
     let expiry = tokio::spawn(expire_every(store.clone(), opts.retain, shutdown.clone()));
     let upstream = opts.upstream.clone().map(|(target, every)| {
         tokio::spawn(push::run(
@@ -431,6 +468,9 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
     )
     .await?;
     if let Some(task) = upstream {
+        let _ = task.await;
+    }
+    if let Some(task) = metrics {
         let _ = task.await;
     }
     let _ = expiry.await;

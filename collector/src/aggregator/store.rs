@@ -317,6 +317,11 @@ impl Store {
             .collect()
     }
 
+    /// How many jobs and processes are held.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.by_job.len(), self.processes.len())
+    }
+
     /// Every job with its ranks' nodes and calls.
     pub fn jobs(&self) -> Vec<pb::JobSummary> {
         self.by_job

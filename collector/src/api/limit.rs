@@ -45,6 +45,15 @@ pub struct StreamSlot<K: Eq + Hash> {
 }
 
 impl<K: Eq + Hash + Clone> StreamLimit<K> {
+    /// Streams open now, of every caller.
+    pub fn open(&self) -> usize {
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .sum()
+    }
+
     /// A place for one more stream of `peer`, or RESOURCE_EXHAUSTED saying which limit.
     pub fn acquire(&self, peer: K, what: &str) -> Result<StreamSlot<K>, Status> {
         let mut open = self

@@ -40,6 +40,10 @@ pub struct AggregatorArgs {
     /// 30d, 12h.
     #[arg(long, default_value = "7d", value_parser = parse_duration)]
     pub retain: Duration,
+    /// The aggregator's own health as Prometheus metrics: pushes, snapshots accepted,
+    /// stale and refused, commits and their time, jobs, ranks, nodes, database size.
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -69,17 +73,8 @@ pub struct DaemonArgs {
     pub keep_exited: Duration,
     #[command(flatten)]
     pub probe: ProbeArgs,
-    /// Serve Prometheus metrics (path /metrics): unix:///run/commtap/metrics.sock (each
-    /// caller sees what the API shows it: root every job, a user its own), or a TCP
-    /// address (e.g. 0.0.0.0:9464) served over mutual TLS (--tls-cert, --tls-key and
-    /// --tls-client-ca: scrapers present a certificate), or plaintext with
-    /// --metrics-insecure.
-    #[arg(long)]
-    pub metrics_addr: Option<MetricsAddr>,
-    /// Serve TCP metrics in plaintext: whoever reaches the port, every local user
-    /// included, reads every job's series.
-    #[arg(long, requires = "metrics_addr")]
-    pub metrics_insecure: bool,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
     /// Profile only these processes (comma separated), not every MPI process on the node.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["uid", "cgroup", "slurm_job"])]
     pub pid: Vec<u32>,
@@ -255,6 +250,22 @@ pub struct CompareArgs {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = report::Format::Text)]
     pub format: report::Format,
+}
+
+/// The Prometheus endpoint (`daemon`, `aggregator`).
+#[derive(clap::Args, Debug)]
+pub struct MetricsArgs {
+    /// Serve Prometheus metrics (path /metrics): unix:///run/commtap/metrics.sock (a
+    /// daemon shows each caller what its API shows it: root every job, a user its own), or
+    /// a TCP address (e.g. 0.0.0.0:9464) served over mutual TLS (--tls-cert, --tls-key and
+    /// --tls-client-ca: scrapers present a certificate), or plaintext with
+    /// --metrics-insecure.
+    #[arg(long)]
+    pub metrics_addr: Option<MetricsAddr>,
+    /// Serve TCP metrics in plaintext: whoever reaches the port, every local user
+    /// included, reads every series.
+    #[arg(long, requires = "metrics_addr")]
+    pub metrics_insecure: bool,
 }
 
 /// Where `--metrics-addr` serves.

@@ -12,8 +12,8 @@ use collector::{
 
 use super::{
     args::{
-        AggregatorArgs, CompareArgs, DaemonArgs, DoctorArgs, MetricsAddr, RecordArgs, ReportArgs,
-        TraceArgs,
+        AggregatorArgs, CompareArgs, DaemonArgs, DoctorArgs, MetricsAddr, MetricsArgs, RecordArgs,
+        ReportArgs, TraceArgs,
     },
     Command,
 };
@@ -64,20 +64,21 @@ async fn run_compare(a: CompareArgs) -> Result<bool> {
 /// The metrics endpoint `--metrics-addr` asks for, secured as the options allow; refuses
 /// a TCP address with neither mutual TLS nor `--metrics-insecure`.
 fn metrics_listener(
-    addr: Option<MetricsAddr>,
-    insecure: bool,
+    metrics: MetricsArgs,
     socket_mode: u32,
     identity: Option<(PathBuf, PathBuf)>,
     client_ca: Option<PathBuf>,
 ) -> Result<Option<serve::metrics::MetricsListener>> {
     use serve::metrics::MetricsListener;
-    Ok(match addr {
+    Ok(match metrics.metrics_addr {
         None => None,
         Some(MetricsAddr::Unix(path)) => Some(MetricsListener::Unix {
             path,
             mode: socket_mode,
         }),
-        Some(MetricsAddr::Tcp(addr)) if insecure => Some(MetricsListener::Plain(addr)),
+        Some(MetricsAddr::Tcp(addr)) if metrics.metrics_insecure => {
+            Some(MetricsListener::Plain(addr))
+        }
         Some(MetricsAddr::Tcp(addr)) => match (identity, client_ca) {
             (Some((cert, key)), Some(client_ca)) => Some(MetricsListener::Tls {
                 addr,
@@ -203,8 +204,7 @@ async fn daemon(a: DaemonArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<(
         keep_exited: a.keep_exited,
         libraries: a.probe.libraries,
         metrics: metrics_listener(
-            a.metrics_addr,
-            a.metrics_insecure,
+            a.metrics,
             a.socket_mode,
             identity.clone(),
             a.tls.tls_client_ca.clone(),
@@ -276,6 +276,13 @@ async fn trace(a: TraceArgs) -> Result<()> {
 /// `commtap aggregator`.
 async fn aggregator(a: AggregatorArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<()> {
     let mutual_tls = a.tls.tls_client_ca.is_some();
+    // On a Unix socket: owner and group (the aggregator has no --socket-mode).
+    let metrics = metrics_listener(
+        a.metrics,
+        0o660,
+        identity.clone(),
+        a.tls.tls_client_ca.clone(),
+    )?;
     aggregator::run(aggregator::AggregatorOptions {
         listen: a.listen,
         tls: a.tls.server(identity, "the aggregator")?,
@@ -283,6 +290,7 @@ async fn aggregator(a: AggregatorArgs, identity: Option<(PathBuf, PathBuf)>) -> 
         db: a.db,
         upstream: a.upstream.map(|t| (t, a.push_interval)),
         retain: a.retain,
+        metrics,
     })
     .await
 }

@@ -18,7 +18,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::node::{Caller, NodeState};
+pub use super::node::Caller;
+use super::node::NodeState;
 use crate::api::pb;
 
 /// Where `/metrics` is served, and to whom.
@@ -48,10 +49,17 @@ pub enum MetricsListener {
     Plain(SocketAddr),
 }
 
+/// What a `/metrics` endpoint serves: a node's profiles and health, or an aggregator's
+/// health.
+pub trait Exporter: Send + Sync + 'static {
+    /// The exposition (Prometheus text format) `caller` may see.
+    fn exposition(&self, caller: Caller) -> impl std::future::Future<Output = String> + Send;
+}
+
 /// Serves `/metrics` until `shutdown`.
-pub async fn serve(
+pub async fn serve<E: Exporter>(
     listener: MetricsListener,
-    state: Arc<NodeState>,
+    state: Arc<E>,
     shutdown: CancellationToken,
 ) -> Result<()> {
     match listener {
@@ -162,13 +170,13 @@ fn tls_acceptor(
 }
 
 /// HTTP/1 on one connection, answering as `caller` may see.
-async fn serve_connection<S>(stream: S, state: Arc<NodeState>, caller: Caller)
+async fn serve_connection<S, E: Exporter>(stream: S, state: Arc<E>, caller: Caller)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let service = service_fn(move |req: Request<Incoming>| {
         let state = state.clone();
-        async move { Ok::<_, std::convert::Infallible>(respond(&state, &req, caller).await) }
+        async move { Ok::<_, std::convert::Infallible>(respond(state.as_ref(), &req, caller).await) }
     });
     if let Err(e) = http1::Builder::new()
         .serve_connection(TokioIo::new(stream), service)
@@ -178,8 +186,8 @@ where
     }
 }
 
-async fn respond(
-    state: &NodeState,
+async fn respond<E: Exporter>(
+    state: &E,
     req: &Request<Incoming>,
     caller: Caller,
 ) -> Response<Full<Bytes>> {
@@ -188,6 +196,30 @@ async fn respond(
         *r.status_mut() = StatusCode::NOT_FOUND;
         return r;
     }
+    let mut body = format!(
+        "# HELP commtap_build_info The commtap that serves these metrics.\n\
+         # TYPE commtap_build_info gauge\n\
+         commtap_build_info{{version=\"{}\"}} 1\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    body.push_str(&state.exposition(caller).await);
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    r.headers_mut().insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    r
+}
+
+impl Exporter for NodeState {
+    async fn exposition(&self, caller: Caller) -> String {
+        node_exposition(self, caller).await
+    }
+}
+
+/// A node's series: its processes' profiles as `caller` may see them, who is late, the
+/// probes' cost, and the daemon's own health.
+async fn node_exposition(state: &NodeState, caller: Caller) -> String {
     let profile = state.snapshot(&pb::ProcessFilter::default(), caller).await;
     let (live, exiting, libraries, failures, programs) = {
         let session = state.session.lock().await;
@@ -226,10 +258,5 @@ async fn respond(
             .finished_dropped
             .load(std::sync::atomic::Ordering::Relaxed)
     );
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    r.headers_mut().insert(
-        "content-type",
-        hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
-    );
-    r
+    body
 }

@@ -64,7 +64,7 @@ impl Series {
     }
 
     fn add_rank(&mut self, r: &RankProfile) {
-        let base = format!("job=\"{}\",rank=\"{}\"", escape(&r.job), r.rank);
+        let base = format!("job_id=\"{}\",rank=\"{}\"", escape(&r.job), r.rank);
         for (routine, st) in &r.routines {
             let lines = match routine_id(routine).map(|id| ROUTINES[id as usize].family()) {
                 Some(Family::Nccl | Family::Cuda) => &mut self.nccl,
@@ -340,7 +340,7 @@ struct LateSeries {
 impl LateSeries {
     fn add(&mut self, job: &str, skew: &crate::skew::SkewReport) {
         for r in &skew.ranks {
-            let l = format!("{{job=\"{}\",rank=\"{}\"}}", escape(job), r.rank);
+            let l = format!("{{job_id=\"{}\",rank=\"{}\"}}", escape(job), r.rank);
             self.lines[0].push(format!("{l} {}", r.instances));
             self.lines[1].push(format!("{l} {}", r.last));
             self.lines[2].push(format!("{l} {}", r.caused_ns as f64 / 1e9));
@@ -350,7 +350,7 @@ impl LateSeries {
             }
             for x in &r.routines {
                 let l = format!(
-                    "{{job=\"{}\",rank=\"{}\",routine=\"{}\"}}",
+                    "{{job_id=\"{}\",rank=\"{}\",routine=\"{}\"}}",
                     escape(job),
                     r.rank,
                     escape(&x.routine)
@@ -478,22 +478,23 @@ mod tests {
     fn fabric_providers_are_an_info_gauge() {
         let text = render(&crate::api::convert::tests::sample(), 1, 0, 1, 0);
         assert!(text.contains(
-            "commtap_fabric_provider_info{job=\"42\",rank=\"0\",provider=\"tcp;ofi_rxm\",fabric=\"10.0.0.0/8\"} 1\n"
+            "commtap_fabric_provider_info{job_id=\"42\",rank=\"0\",provider=\"tcp;ofi_rxm\",fabric=\"10.0.0.0/8\"} 1\n"
         ), "{text}");
     }
 
     #[test]
     fn nccl_operations_have_their_own_families() {
         let text = render(&crate::api::convert::tests::sample(), 1, 0, 1, 0);
-        let base = "job=\"42\",rank=\"0\"";
+        let base = "job_id=\"42\",rank=\"0\"";
         assert!(text.contains(&format!(
             "commtap_nccl_calls_total{{{base},routine=\"ncclAllReduce\"}} 2\n"
         )));
         assert!(text.contains(&format!(
             "commtap_mpi_calls_total{{{base},routine=\"MPI_Allreduce\"}} 10\n"
         )));
-        assert!(!text
-            .contains("commtap_mpi_calls_total{job=\"42\",rank=\"0\",routine=\"ncclAllReduce\"}"));
+        assert!(!text.contains(
+            "commtap_mpi_calls_total{job_id=\"42\",rank=\"0\",routine=\"ncclAllReduce\"}"
+        ));
         // Cumulative: 4 calls under 512 ns, 6 in [2048, 4096) ns.
         let h = "commtap_mpi_call_duration_seconds";
         let l = format!("{base},routine=\"MPI_Allreduce\"");
