@@ -39,7 +39,8 @@ enum Cmd {
     /// the figures to target/bench/.
     Bench {
         /// Only this part (repeatable): per-call, call-rate, daemon, trace-rates, lammps,
-        /// aggregator. Its figures go to target/bench/PART.txt, leaving the full run's.
+        /// aggregator, aggregator-load. Its figures go to target/bench/PART.txt, leaving the
+        /// full run's.
         #[arg(long)]
         only: Vec<String>,
     },

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod clock;
 pub mod commit;
 pub mod health;
+pub mod load;
 pub mod relay;
 pub mod skew;
 pub mod store;
@@ -398,8 +399,27 @@ async fn expire_every(
     }
 }
 
+/// Raises this process's open-file limit to its hard limit: an aggregator holds a
+/// connection per node (a thousand nodes are past the usual soft limit of 1024).
+pub fn raise_file_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a valid struct of our own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim) != 0 {
+                warn!("could not raise the open-file limit to {}", lim.rlim_max);
+            }
+        }
+    }
+}
+
 /// Runs the aggregator until SIGINT or SIGTERM.
 pub async fn run(opts: AggregatorOptions) -> Result<()> {
+    raise_file_limit();
     let tls = opts.tls;
     let store = Store::open(&opts.db).with_context(|| format!("opening {}", opts.db.display()))?;
     let store = Arc::new(Mutex::new(store));

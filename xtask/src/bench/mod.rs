@@ -29,6 +29,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::run as sh;
 
+mod aggregator_load;
 mod trace_rates;
 
 const ROUNDS: usize = 15;
@@ -63,13 +64,14 @@ const STACKS: &[Stack] = &[
 type Sample = (f64, f64);
 
 /// The parts of the benchmark, as `--only` names them.
-pub const SECTIONS: [&str; 6] = [
+pub const SECTIONS: [&str; 7] = [
     "per-call",
     "call-rate",
     "daemon",
     "trace-rates",
     "lammps",
     "aggregator",
+    "aggregator-load",
 ];
 
 /// Runs the benchmark (the `only` sections, or all) and writes
@@ -147,6 +149,16 @@ pub fn run(root: &Path, only: &[String]) -> Result<()> {
             "aggregator merge (target: under 2 s and 1 GiB): {agg}"
         );
         json.push(format!("  {{\"aggregator_merge\": {agg}}}"));
+    }
+    if want("aggregator-load") {
+        let load = aggregator_load::run(&commtap, &out)?;
+        let _ = writeln!(
+            report,
+            "aggregator under simulated daemons (8 ranks each, a push every second, {} s per \
+             level; latency: pushed to merged and durable): {load}",
+            aggregator_load::SECONDS_EACH
+        );
+        json.push(format!("  {{\"aggregator_load\": {load}}}"));
     }
     print!("{report}");
     let name = if only.is_empty() {
@@ -739,7 +751,7 @@ fn single_stepped(profile: &Path, library: &str) -> Result<(String, String)> {
 }
 
 /// CPU time (user + system) of `pid` in seconds, from /proc/PID/stat.
-fn cpu_seconds(pid: u32) -> Result<f64> {
+pub(super) fn cpu_seconds(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     let rest = stat.rsplit_once(')').context("malformed stat")?.1;
     let f: Vec<&str> = rest.split_whitespace().collect();

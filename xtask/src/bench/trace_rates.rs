@@ -241,12 +241,12 @@ fn certificates(dir: &Path) -> Result<()> {
 }
 
 /// A free TCP address on 127.0.0.1.
-fn free_address() -> Result<String> {
+pub(super) fn free_address() -> Result<String> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.to_string())
 }
 
 /// Polls `ready` until it holds, for a minute at most.
-fn wait_until(what: &str, mut ready: impl FnMut() -> bool) -> Result<()> {
+pub(super) fn wait_until(what: &str, mut ready: impl FnMut() -> bool) -> Result<()> {
     let deadline = Instant::now() + Duration::from_mins(1);
     while !ready() {
         if Instant::now() > deadline {
@@ -258,7 +258,7 @@ fn wait_until(what: &str, mut ready: impl FnMut() -> bool) -> Result<()> {
 }
 
 /// A process's peak resident memory (VmHWM), MiB.
-fn peak_rss_mib(pid: u32) -> Result<f64> {
+pub(super) fn peak_rss_mib(pid: u32) -> Result<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib: f64 = status
         .lines()
@@ -269,7 +269,7 @@ fn peak_rss_mib(pid: u32) -> Result<f64> {
 }
 
 /// A child killed when dropped (a job or server left behind would skew what follows).
-struct Guard(Child);
+pub(super) struct Guard(pub(super) Child);
 
 impl Drop for Guard {
     fn drop(&mut self) {

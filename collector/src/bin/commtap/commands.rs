@@ -147,6 +147,13 @@ pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Resu
                 return Ok(ExitCode::from(1));
             }
         }
+        Command::BenchPush {
+            to,
+            daemons,
+            ranks,
+            seconds,
+            interval,
+        } => aggregator::load::run(to, daemons, ranks, seconds, interval).await?,
         Command::BenchAggregator {
             daemons,
             ranks_per_daemon,

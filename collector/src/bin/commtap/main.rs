@@ -211,6 +211,25 @@ enum Command {
         #[arg(long)]
         pid: u32,
     },
+    /// Simulated daemons pushing to a running aggregator (used by `cargo xtask bench`).
+    #[command(hide = true)]
+    BenchPush {
+        /// The aggregator (plaintext, `--insecure-tcp`).
+        #[arg(long)]
+        to: std::net::SocketAddr,
+        /// Simulated daemons, each from an address of its own (127.1.x.y).
+        #[arg(long, default_value_t = 1000)]
+        daemons: u32,
+        /// Ranks per daemon.
+        #[arg(long, default_value_t = 8)]
+        ranks: u32,
+        /// How long.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// Each daemon pushes this often.
+        #[arg(long, default_value = "1s", value_parser = args::parse_duration)]
+        interval: std::time::Duration,
+    },
     /// Benchmark the aggregator's merge (used by `cargo xtask bench`).
     #[command(hide = true)]
     BenchAggregator {
