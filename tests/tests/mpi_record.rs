@@ -34,6 +34,21 @@ fn launched_truth(mpi: Mpi, np: u32) {
     let truths = read_truths(&prefix, np);
     // MPI_Finalize runs after the program writes its truth.
     assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    // The program never notices: run alone, each rank received and computed the same
+    // (its checksum over every receive buffer) as under commtap with every call probed.
+    let alone = run_truth_job(&scratch.path("alone"), mpi, np);
+    for (probed, alone) in truths.iter().zip(&alone) {
+        assert!(
+            probed["checksum"].as_str().is_some_and(|c| c.len() == 16),
+            "{probed}"
+        );
+        assert_eq!(
+            (&probed["rank"], &probed["checksum"]),
+            (&alone["rank"], &alone["checksum"]),
+            "what rank {} received under commtap and alone",
+            probed["rank"]
+        );
+    }
     for rank in profile["ranks"].as_array().expect("ranks") {
         assert_eq!(
             rank["routines"]["MPI_Finalize"]["calls"], 1,
