@@ -44,6 +44,8 @@ pub mod maps {
     pub const IDENTITY_OFFSETS: &str = "IDENTITY_OFFSETS";
     /// This kernel's tracepoint field offsets.
     pub const TP_OFFSETS: &str = "TP_OFFSETS";
+    /// Per routine: time one call in N (0 or 1: every call).
+    pub const TIME_ONE_IN: &str = "TIME_ONE_IN";
     /// The task-local storage of in-flight calls (created by userspace).
     pub const TASK_STATE: &str = "TASK_STATE";
 

@@ -236,6 +236,34 @@ impl ArgSpec {
             || self.class == class::INIT
             || ByteRule::from_u8(self.rule).creates_comm()
     }
+
+    /// Whether a call's time may be sampled: an MPI routine whose bytes are known from its
+    /// arguments at entry and whose return teaches nothing (no status, no new handle), so
+    /// that a call left untimed is counted whole at its entry and its return never runs.
+    /// Where the return teaches something in one ABI only (MPICH-ABI libraries learn
+    /// communicator sizes and ranks at `MPI_Comm_size`/`MPI_Comm_rank`'s return), the
+    /// kernel keeps that ABI's calls timed.
+    #[inline(always)]
+    pub const fn time_can_be_sampled(&self) -> bool {
+        use ByteRule as B;
+        matches!(
+            self.class,
+            class::P2P | class::COMPLETION | class::COLLECTIVE | class::ONE_SIDED | class::COMM
+        ) && matches!(
+            ByteRule::from_u8(self.rule),
+            B::None
+                | B::CountType
+                | B::RecvPosted
+                | B::SumCounts
+                | B::SumCountsPerPeer
+                | B::CountAtRank
+                | B::CountTypeTimesP
+                | B::LargeCountType
+                | B::SumCountsTypesPerPeer
+                | B::CommSize
+                | B::CommRank
+        )
+    }
 }
 
 /// One probed routine: its C name and its argument spec.

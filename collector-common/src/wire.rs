@@ -135,7 +135,7 @@ pub struct CallState {
     pub args: [u64; ARG_SLOTS],
     /// Nested MPI calls currently inside this one (not counted again).
     pub depth: u32,
-    /// 1 while the thread is inside an MPI call, 0 when idle.
+    /// [`CallState::BUSY`] while the thread is inside an MPI call, 0 when idle.
     pub busy: u32,
     /// NCCL: monotonic ns at the entry of the outermost open `ncclGroupStart`.
     pub group_start_ns: u64,
@@ -187,6 +187,14 @@ pub struct CallState {
     pub counted_gen: u64,
 }
 const _: () = assert!(size_of::<CallState>() == 672);
+
+impl CallState {
+    /// `busy`: inside a call whose return will be seen.
+    pub const BUSY: u32 = 1;
+    /// `busy`: inside a call counted at its entry, untimed, whose return will not be seen
+    /// (only while the return path counts it, then idle).
+    pub const BUSY_UNTIMED: u32 = 2;
+}
 const _: () = assert!(offset_of!(CallState, cache) == 280);
 
 /// Per-thread cache of the MPI handles a thread's last calls decoded: datatype sizes (Open
@@ -428,8 +436,10 @@ pub const MAX_FABRIC_RANGES: usize = 8;
 pub struct FabricRanges {
     /// Ranges in use.
     pub n: u32,
-    /// Explicit padding.
-    pub _pad: u32,
+    /// Set by the kernel once a libfabric call was made inside one of the process's MPI
+    /// or NCCL calls: from then on its MPI calls are all timed (a call counted untimed at
+    /// its entry has no return to end it, and its fabric operations would have no parent).
+    pub inside_mpi: u32,
     /// Absolute code ranges in the process.
     pub ranges: [FabricText; MAX_FABRIC_RANGES],
 }
@@ -449,8 +459,11 @@ pub struct CounterVal {
     pub min_ns: u64,
     /// The slowest call, ns.
     pub max_ns: u64,
+    /// Calls counted at their entry and not timed (their routine's time is sampled):
+    /// `time_ns`, the extremes and the histogram hold the other `calls - untimed`.
+    pub untimed: u64,
 }
-const _: () = assert!(size_of::<CounterVal>() == 40);
+const _: () = assert!(size_of::<CounterVal>() == 48);
 
 impl CounterVal {
     /// Adds `calls` calls of `bytes` bytes that took `time_ns` in all (their extremes
@@ -474,9 +487,22 @@ impl CounterVal {
         }
     }
 
+    /// Adds one call of `bytes` bytes whose time was not measured.
+    #[inline(always)]
+    pub fn add_untimed(&mut self, bytes: u64) {
+        self.add(1, bytes, 0);
+        self.untimed += 1;
+    }
+
+    /// The calls whose time was measured.
+    pub fn timed(&self) -> u64 {
+        self.calls.saturating_sub(self.untimed)
+    }
+
     /// Adds another CPU's (or counter's) value into this one.
     pub fn merge(&mut self, other: &CounterVal) {
         self.add(other.calls, other.bytes, other.time_ns);
+        self.untimed += other.untimed;
         if other.min_ns != 0 && (self.min_ns == 0 || other.min_ns < self.min_ns) {
             self.min_ns = other.min_ns;
         }

@@ -41,18 +41,34 @@ pub static COUNTER_DURATIONS: Array<DurationHist> = Array::with_max_entries(MAX_
 #[map]
 pub static FREE_SLOTS: Stack<u32> = Stack::with_max_entries(MAX_COUNTERS, 0);
 
-/// Adds a call of `bytes` bytes that took `dur` ns to the counter of `key`, for the thread
-/// whose state is `e`.
+/// Adds the call of the thread whose state is `e`, of `bytes` bytes, that took `dur` ns
+/// (unless it is counted untimed, at its entry: `CallState::BUSY_UNTIMED`), to the counter
+/// of `key`.
 #[inline(always)]
 pub fn add(e: &mut CallState, key: &CounterKey, bytes: u64, dur: u64) {
     let Some(slot) = slot_of(e, key) else {
         return;
     };
+    add_to_slot(slot, bytes, dur, e.busy != CallState::BUSY_UNTIMED);
+}
+
+/// Adds a call to the counter and histogram of `slot`. Not inlined: the return programs'
+/// frames are at BPF's 512-byte limit.
+#[inline(never)]
+fn add_to_slot(slot: u32, bytes: u64, dur: u64, timed: bool) {
     if let Some(v) = COUNTER_VALUES.get_ptr_mut(slot) {
         // SAFETY: this CPU's value of the slot.
-        unsafe { (*v).add_call(bytes, dur) };
+        unsafe {
+            if timed {
+                (*v).add_call(bytes, dur);
+            } else {
+                (*v).add_untimed(bytes);
+            }
+        }
     }
-    add_duration(slot, dur);
+    if timed {
+        add_duration(slot, dur);
+    }
 }
 
 /// Counts a call of `dur` ns in the histogram of `slot`. Not inlined: the callers' programs

@@ -118,7 +118,22 @@ pub fn fabric_entry(ctx: ProbeContext) -> u32 {
     e.fab_depth = 0;
     e.fab_busy = 1;
     e.fab_routine = routine;
+    mark_inside_mpi(tgid);
     0
+}
+
+/// Records that the process's MPI (or NCCL) calls make libfabric calls: their time is no
+/// longer sampled (`FabricRanges::inside_mpi`). Written once; read by every later call.
+#[inline(never)]
+fn mark_inside_mpi(tgid: u32) {
+    if let Some(r) = FABRIC_RANGES.get_ptr_mut(tgid) {
+        // SAFETY: the process's entry; a plain flag any CPU may set to the same value.
+        unsafe {
+            if (*r).inside_mpi == 0 {
+                (*r).inside_mpi = 1;
+            }
+        }
+    }
 }
 
 /// The routine of a call: its slot in the table of the kind the endpoint `ep` says the

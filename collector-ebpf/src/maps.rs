@@ -18,6 +18,12 @@ pub static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
 #[map]
 pub static ROUTINE_SPECS: Array<ArgSpec> = Array::with_max_entries(1024, 0);
 
+/// Per routine id: time one call in N, chosen at random (0 or 1: every call). Only for
+/// routines whose time may be sampled (`ArgSpec::time_can_be_sampled`), and only through
+/// uprobe sessions, whose entry can skip the return.
+#[map]
+pub static TIME_ONE_IN: Array<u32> = Array::with_max_entries(1024, 0);
+
 /// Object layouts per probed library, indexed by the cookie's layout slot.
 #[map]
 pub static LAYOUTS: Array<Layout> = Array::with_max_entries(collector_common::MAX_LAYOUTS, 0);

@@ -9,7 +9,10 @@
 //! (`fabric`).
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_probe_read_user},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
+        generated::bpf_probe_read_user,
+    },
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
@@ -23,30 +26,51 @@ use collector_common::{
 use crate::{
     call::{describe_call, emit_call, raw_cookie, Call},
     decode::{comm_info, handle, read},
-    maps::{call_state, new_call_state, with_proc_stats, CONFIG, LAYOUTS, ROUTINE_SPECS},
+    maps::{
+        call_state, new_call_state, with_proc_stats, CONFIG, FABRIC_RANGES, LAYOUTS, ROUTINE_SPECS,
+        TIME_ONE_IN,
+    },
     process::{is_counted, is_watched, still_counted},
 };
 
 /// Entry of any probed routine (MPI or NCCL); arguments per `ROUTINE_SPECS[cookie.routine]`.
+/// Its return probe runs whatever the entry decides: every call is timed.
 #[uprobe]
 pub fn call_entry(ctx: ProbeContext) -> u32 {
-    enter(&ctx);
+    enter(&ctx, NO_SAMPLING);
     0
 }
 
-/// The entry of a call: its arguments and start saved in the thread's state. Whether its
-/// return must be seen: a counted process's call, or a call nested in one (whose return
-/// unwinds the nesting). Not inlined: the session programs call it beside their return
-/// path, which keeps the shape the verifier accepted.
+/// How an entry may sample: never (every call timed).
+const NO_SAMPLING: u32 = 0;
+/// How an entry may sample: any routine whose time may be sampled.
+const SAMPLING: u32 = 1;
+/// How an entry may sample: as `SAMPLING`, but MPI_Comm_size and MPI_Comm_rank, whose
+/// returns teach an MPICH-ABI library's communicator sizes and ranks.
+const SAMPLING_BUT_LEARNING: u32 = 2;
+
+/// What an entry decided: nothing to do at the return (a process not counted).
+const SKIP: u32 = 0;
+/// What an entry decided: the return must be seen (a counted call, timed, or a call nested
+/// in one, whose return unwinds the nesting).
+const TIMED: u32 = 1;
+/// What an entry decided: count the call now, untimed, and skip its return (its routine's
+/// time is sampled and this call was not drawn).
+const UNTIMED: u32 = 2;
+
+/// The entry of a call: its arguments and start saved in the thread's state, and what its
+/// return must do (`SKIP`, `TIMED`, or, as `sampling` allows, `UNTIMED`: then `busy` is
+/// `CallState::BUSY_UNTIMED`). Not inlined: the session programs call it beside their
+/// return path, which keeps the shape the verifier accepted.
 #[inline(never)]
-fn enter(ctx: &ProbeContext) -> bool {
+fn enter(ctx: &ProbeContext, sampling: u32) -> u32 {
     // A thread has call state only if its process was counted when it first called MPI,
     // and loses it when it exits; so the watched set is consulted once per thread (and
     // again after a detach), and the process id is asked of the kernel only then.
     let packed = raw_cookie(ctx);
     let c = Cookie::unpack(packed);
     let Some(spec) = ROUTINE_SPECS.get(u32::from(c.routine)) else {
-        return false;
+        return SKIP;
     };
     let existing = call_state(false);
     let tgid = if let Some(e) = existing {
@@ -55,10 +79,10 @@ fn enter(ctx: &ProbeContext) -> bool {
         if e.busy != 0 {
             e.depth += 1;
             with_proc_stats(e.tgid, |s| s.nested += 1);
-            return true;
+            return TIMED;
         }
         if !still_counted(e) {
-            return false;
+            return SKIP;
         }
         e.tgid
     } else {
@@ -71,14 +95,14 @@ fn enter(ctx: &ProbeContext) -> bool {
             is_counted(tgid)
         };
         if !counted {
-            return false;
+            return SKIP;
         }
         tgid
     };
     let Some(e) = existing.or_else(|| new_call_state(tgid)) else {
         // No storage could be created (memory, or the storage lock busy): not counted.
         with_proc_stats(tgid, |s| s.counter_map_full += 1);
-        return false;
+        return SKIP;
     };
     // SAFETY: the thread's own, idle state. Only the call's fields are written: an open
     // NCCL group and device-time window outlive the call. Argument slots the routine's
@@ -117,8 +141,40 @@ fn enter(ctx: &ProbeContext) -> bool {
     e.cookie = packed;
     // SAFETY: reads the monotonic clock.
     e.start_ns = unsafe { bpf_ktime_get_ns() };
-    e.busy = 1;
-    true
+    if sampling != NO_SAMPLING && left_untimed(spec, c.routine, e.tgid, sampling) {
+        e.busy = CallState::BUSY_UNTIMED;
+        UNTIMED
+    } else {
+        e.busy = CallState::BUSY;
+        TIMED
+    }
+}
+
+/// Whether this call goes untimed: its routine's time is sampled one call in N and this
+/// call was not drawn. Never for a call an event is wanted for (the event carries its
+/// time), nor in a process whose MPI calls were seen making libfabric calls (those are
+/// attributed to the MPI call in progress, and a call counted at its entry has no return
+/// to end it).
+#[inline(always)]
+fn left_untimed(spec: &ArgSpec, routine: u16, tgid: u32, sampling: u32) -> bool {
+    if !spec.time_can_be_sampled() || wants_event(spec) {
+        return false;
+    }
+    if sampling == SAMPLING_BUT_LEARNING
+        && matches!(
+            ByteRule::from_u8(spec.rule),
+            ByteRule::CommSize | ByteRule::CommRank
+        )
+    {
+        return false;
+    }
+    let n = TIME_ONE_IN.get(u32::from(routine)).copied().unwrap_or(0);
+    // SAFETY: the helper only returns a pseudo-random number.
+    if n <= 1 || unsafe { bpf_get_prandom_u32() } % n == 0 {
+        return false;
+    }
+    // SAFETY: plain value.
+    unsafe { FABRIC_RANGES.get(tgid) }.is_none_or(|r| r.inside_mpi == 0)
 }
 
 /// Whether any operand of `spec` is a stack argument (7th or later).
@@ -200,19 +256,34 @@ session_program!(
 
 /// A uprobe session (Linux 6.13+): the same program runs at entry and, if the entry
 /// returned 0, at return. A process that is not watched pays the entry only: no return
-/// probe, no trampoline on its way back.
+/// probe, no trampoline on its way back; nor does a call left untimed, counted at its
+/// entry by the return path itself.
 #[inline(always)]
 fn on_session<const ABI: u8, const TYPES: bool>(ctx: ProbeContext) -> u32 {
-    if crate::session::is_return() {
-        returned::<ABI, TYPES>(ctx.as_ptr())
-    } else {
-        u32::from(!enter(&ctx))
+    if !crate::session::is_return() {
+        // NCCL's returns keep its groups and device windows; an MPICH-ABI library learns
+        // sizes and ranks at MPI_Comm_size/MPI_Comm_rank's return.
+        let sampling = if ABI == Abi::Nccl as u8 || TYPES {
+            NO_SAMPLING
+        } else if ABI == Abi::Mpich as u8 {
+            SAMPLING_BUT_LEARNING
+        } else {
+            SAMPLING
+        };
+        match enter(&ctx, sampling) {
+            SKIP => return 1,
+            TIMED => return 0,
+            _ => {}
+        }
     }
+    returned::<ABI, TYPES>(ctx.as_ptr());
+    // At entry (an untimed call, counted): no return wanted.
+    1
 }
 
-/// The return of a call, for a return probe and a session alike: a function of its own,
-/// whose stack frame (most of BPF's 512 bytes) no caller adds to, and whose shape the
-/// verifier checks the same way from both.
+/// The return of a call, for a return probe and a session alike (or at the entry of a
+/// call left untimed): a function of its own, whose stack frame (most of BPF's 512 bytes)
+/// no caller adds to, and whose shape the verifier checks the same way from all.
 #[inline(never)]
 fn returned<const ABI: u8, const TYPES: bool>(ctx: *mut core::ffi::c_void) -> u32 {
     on_return_probe::<ABI, TYPES>(RetProbeContext::new(ctx))
@@ -224,6 +295,8 @@ fn returned<const ABI: u8, const TYPES: bool>(ctx: *mut core::ffi::c_void) -> u3
 pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeContext) -> u32 {
     // SAFETY: reads the monotonic clock.
     let now = unsafe { bpf_ktime_get_ns() };
+    // For a call counted at its entry (untimed) the register holds no return value yet:
+    // no routine whose time may be sampled reads it.
     let ret: i32 = ctx.ret();
     let Some(e) = outermost_return() else {
         return 0;

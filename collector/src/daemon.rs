@@ -328,6 +328,7 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
         session.adopt_running(|pid, info| scope.admits(pid, info));
     }
     session.rescan();
+    session.keep_budget();
     // Detached processes that exited: their pid may be reused by a process to count.
     state.detached.lock().await.retain(|pid| {
         let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();

@@ -226,6 +226,7 @@ async fn follow(
             }
             _ = tick.tick() => {
                 session.rescan();
+                session.keep_budget();
                 for t in &mut sinks.tracers {
                     name_processes(t, session);
                 }

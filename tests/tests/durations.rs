@@ -2,7 +2,8 @@
 //! calls that each wait for a known sleep of rank 1 (`mpi_durations.c`): every call lands
 //! in a log2 bucket between those of its sleep and of rank 0's own timing around it (the
 //! same bucket on an idle machine), the fastest and slowest within the same bounds, and
-//! the text report shows them.
+//! the text report shows them. And sampled time: MPI_Wait calls of known durations timed
+//! one in two, their time estimated within its stated error.
 
 use std::time::Duration;
 
@@ -142,4 +143,96 @@ fn durations_land_in_their_buckets_in_an_open_mpi_job() {
 #[test]
 fn durations_land_in_their_buckets_in_an_mpich_job() {
     durations_land_in_their_buckets(Mpi::Mpich);
+}
+
+/// Sleeps for the sampled-time test, microseconds: 40 calls, 2 ms and 8 ms alternating.
+fn sampled_sleeps_us() -> Vec<u64> {
+    (0..40)
+        .map(|i| if i % 2 == 0 { 2_000 } else { 8_000 })
+        .collect()
+}
+
+/// Rank 0's MPI_Wait calls, each waiting for a known sleep of rank 1, under `--time-one-in
+/// 2`: calls and bytes exact, about half the Waits timed (the histogram holds exactly
+/// those), and the estimated time within the stated error of the calls' true total, which
+/// lies between the sum of their floors and the sum of rank 0's timings around them.
+fn sampled_time_is_estimated_within_its_error(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("sampled-{}", mpi.suffix()));
+    let prog = build_program("mpi_durations.c", mpi);
+    let (json, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
+    let mut args: Vec<String> = [
+        "record",
+        "--no-skew",
+        "--time-one-in",
+        "2",
+        "--format",
+        "json",
+        "-o",
+        path_str(&json),
+        "--",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(mpi.launcher(2));
+    args.push(prog.display().to_string());
+    args.push(prefix.display().to_string());
+    args.push("--wait".into());
+    let sleeps_us = sampled_sleeps_us();
+    args.extend(sleeps_us.iter().map(u64::to_string));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+
+    let truths = read_truths(&prefix, 2);
+    let profile = read_json(&json);
+    let sum = |key: &str| -> u64 {
+        truths[0][key]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key}"))
+            .iter()
+            .map(|s| s.as_u64().expect("ns"))
+            .sum()
+    };
+    let (floor, took) = (sum("floors_ns"), sum("took_ns"));
+    let n = sleeps_us.len() as u64;
+    let rank0 = rank_by_pid(&profile, truths[0]["pid"].as_u64().expect("pid"));
+    let wait = &rank0["routines"]["MPI_Wait"];
+    assert_eq!(wait["calls"], n, "{wait}");
+    assert_eq!(wait["bytes"], 0, "{wait}");
+    let sampled = &wait["sampled_time"];
+    let timed = sampled["timed_calls"].as_u64().expect("timed_calls");
+    // One in two at random: none or all of 40 timed has a chance of 2^-39.
+    assert!(timed > 0 && timed < n, "{wait}");
+    for rank in profile["ranks"].as_array().expect("ranks") {
+        for (name, routine) in rank["routines"].as_object().expect("routines") {
+            assert_durations_account_for_calls(routine, name);
+        }
+    }
+    // The error stated is a 95% interval's half-width; three of them (six standard errors)
+    // make a bound that no honest estimate misses.
+    let time = wait["time_ns"].as_u64().expect("time");
+    let error = sampled["error_ns"].as_u64().expect("error");
+    assert!(error > 0, "{wait}");
+    assert!(
+        time + 3 * error >= floor && time <= took + 3 * error,
+        "estimated {time} ns ± {error}: the calls took between {floor} and {took} ns"
+    );
+    // MPI_Irecv and MPI_Send too may be sampled: exact all the same.
+    for (routine, calls, bytes) in [("MPI_Irecv", n, 4 * n), ("MPI_Send", n, 4 * n)] {
+        let r = &rank0["routines"][routine];
+        assert_eq!(
+            (&r["calls"], &r["bytes"]),
+            (&calls.into(), &bytes.into()),
+            "{r}"
+        );
+    }
+}
+
+#[test]
+fn sampled_time_is_estimated_within_its_error_in_an_open_mpi_job() {
+    sampled_time_is_estimated_within_its_error(Mpi::OpenMpi);
+}
+
+#[test]
+fn sampled_time_is_estimated_within_its_error_in_an_mpich_job() {
+    sampled_time_is_estimated_within_its_error(Mpi::Mpich);
 }

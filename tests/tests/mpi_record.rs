@@ -165,14 +165,73 @@ fn large_count_collectives_are_counted_exactly() {
     assert_profile_matches(&read_json(&out), &truths, &["MPI_Finalize"]);
 }
 
+/// `mpi_truth` (4 ranks) with the time of every routine that may be sampled timed one call
+/// in three, collectives included (`--no-skew`: no event wants them): calls and bytes per
+/// routine, size and communicator size stay exact, each histogram holds exactly the calls
+/// timed, and routines whose return carries what they count (a status, a new handle, an
+/// MPICH-ABI library's communicator size and rank) are never sampled.
+fn sampled_truth(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("sampled-truth-{}", mpi.suffix()));
+    let prog = build_program("mpi_truth.c", mpi);
+    let (out, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
+    let np = 4;
+    let mut args: Vec<String> = ["record", "--no-skew", "--time-one-in", "3"]
+        .map(String::from)
+        .to_vec();
+    args.extend(
+        launch_ranks_args(&out, mpi, np, &[&prog, &prefix])
+            .into_iter()
+            .skip(1),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let profile = read_json(&out);
+    let truths = read_truths(&prefix, np);
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    let mut untimed = 0;
+    for rank in profile["ranks"].as_array().expect("ranks") {
+        for (name, r) in rank["routines"].as_object().expect("routines") {
+            let sampled = &r["sampled_time"];
+            if sampled.is_null() {
+                continue;
+            }
+            let never = name.starts_with("MPI_Init")
+                || name.starts_with("MPI_Type_")
+                || ["MPI_Recv", "MPI_Sendrecv", "MPI_Comm_split", "MPI_Comm_dup"]
+                    .contains(&name.as_str())
+                || (mpi == Mpi::Mpich && name.starts_with("MPI_Comm_"));
+            assert!(!never, "{name} sampled: {r}");
+            untimed += r["calls"].as_u64().expect("calls")
+                - sampled["timed_calls"].as_u64().expect("timed");
+        }
+    }
+    // Dozens of calls may go untimed, each with a chance of 2 in 3: none going is no chance.
+    assert!(untimed > 0, "no call went untimed:\n{profile:#}");
+}
+
+#[test]
+fn sampled_time_keeps_open_mpi_counts_exact() {
+    sampled_truth(Mpi::OpenMpi);
+}
+
+#[test]
+fn sampled_time_keeps_mpich_counts_exact() {
+    sampled_truth(Mpi::Mpich);
+}
+
 /// `record --format json -o OUT -- LAUNCHER(2 ranks) PROGRAM ARGS...`
 fn launch_args(out: &Path, mpi: Mpi, program: &[&Path]) -> Vec<String> {
+    launch_ranks_args(out, mpi, 2, program)
+}
+
+/// `record --format json -o OUT -- LAUNCHER(np ranks) PROGRAM ARGS...`
+fn launch_ranks_args(out: &Path, mpi: Mpi, np: u32, program: &[&Path]) -> Vec<String> {
     let mut args: Vec<String> = ["record", "--format", "json", "-o"]
         .map(String::from)
         .to_vec();
     args.push(out.display().to_string());
     args.push("--".into());
-    args.extend(mpi.launcher(2));
+    args.extend(mpi.launcher(np));
     args.extend(program.iter().map(|p| p.display().to_string()));
     args
 }

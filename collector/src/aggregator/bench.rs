@@ -211,6 +211,7 @@ pub fn synthetic_rank(
                             180,
                             (0..3).map(|b| (b, 5)),
                         ),
+                        sampled_time: None,
                         device: None,
                     }
                 })
@@ -227,6 +228,7 @@ pub fn synthetic_rank(
                     totals,
                     undecoded_calls: 0,
                     durations,
+                    sampled_time: None,
                     sizes,
                     comm_sizes: [(64, totals.calls)].into(),
                     communicators: Vec::new(),

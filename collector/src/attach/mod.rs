@@ -130,6 +130,10 @@ pub struct Probes {
     comms: BpfHashMap<MapData, HandleKey, CommInfo>,
     dtypes: BpfHashMap<MapData, HandleKey, u64>,
     config: Array<MapData, Config>,
+    /// Per routine id: time one call in N (sampled time).
+    time_one_in: Array<MapData, u32>,
+    /// What `time_one_in` holds, for the routines whose N is above 1.
+    sampled: BTreeMap<u16, u32>,
     /// What `config` holds.
     settings: Config,
     layouts: Array<MapData, Layout>,
@@ -189,6 +193,8 @@ pub struct LoadOptions {
     /// Turn on the kernel's run-time statistics of BPF programs while loaded, for
     /// [`Probes::program_stats`].
     pub probe_stats: bool,
+    /// How the time of hot routines is sampled (a session applies it while it runs).
+    pub time_sampling: crate::session::budget::TimeSampling,
 }
 
 impl LoadOptions {
@@ -199,6 +205,7 @@ impl LoadOptions {
             ring_buffer_bytes: (kib.clamp(4, 1 << 20) * 1024).next_power_of_two(),
             state_dir: None,
             probe_stats: false,
+            time_sampling: crate::session::budget::TimeSampling::DEFAULT,
         }
     }
 }
@@ -283,6 +290,8 @@ impl Probes {
             comms: map(&mut ebpf, names::maps::COMMS)?,
             dtypes: map(&mut ebpf, names::maps::DTYPES)?,
             config: map(&mut ebpf, names::maps::CONFIG)?,
+            time_one_in: map(&mut ebpf, names::maps::TIME_ONE_IN)?,
+            sampled: BTreeMap::new(),
             settings: Config {
                 self_tgid: std::process::id(),
                 uid: Config::ANY_UID,
@@ -418,6 +427,37 @@ impl Probes {
             self.settings.call_events &= !bit;
         }
         self.write_settings()
+    }
+
+    /// Times one call in `n` of `routine` (chosen at random; 0 or 1: every call), for the
+    /// routines whose time may be sampled, through uprobe sessions (with entry and return
+    /// probes every call is timed whatever this says).
+    pub fn set_time_one_in(&mut self, routine: u16, n: u32) -> Result<(), AttachError> {
+        let n = n.max(1);
+        if self.sampled.get(&routine).copied().unwrap_or(1) == n {
+            return Ok(());
+        }
+        self.time_one_in
+            .set(u32::from(routine), n, 0)
+            .map_err(map_err(names::maps::TIME_ONE_IN))?;
+        if n > 1 {
+            self.sampled.insert(routine, n);
+        } else {
+            self.sampled.remove(&routine);
+        }
+        Ok(())
+    }
+
+    /// Whether a call of the routine of `spec` emits an event now (then its time is never
+    /// sampled: the event carries it). The kernel decides the same way.
+    pub fn event_wanted_for(&self, spec: &ArgSpec) -> bool {
+        let m = self.settings.call_events;
+        m & Config::EVENTS_ALL != 0 || (m != 0 && spec.matters_for_skew())
+    }
+
+    /// The routines whose time is sampled now, with their N (one call in N timed).
+    pub fn time_sampled(&self) -> &BTreeMap<u16, u32> {
+        &self.sampled
     }
 
     /// Whether an event is emitted for every call.

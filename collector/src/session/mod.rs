@@ -3,6 +3,7 @@
 //! long-running daemon keeps one and takes snapshots of it. How it follows processes
 //! (events, rescans, adoption) is [`follow`].
 
+pub mod budget;
 pub mod follow;
 
 use std::{
@@ -46,12 +47,17 @@ pub struct Session {
     /// The owners of the processes seen mapping each probed library (by its path as
     /// reports show it): a user is shown the libraries of its own processes only.
     library_users: BTreeMap<String, BTreeSet<u32>>,
+    /// How the time of hot routines is sampled to keep the probes' cost in bounds.
+    pub budget: budget::Budget,
 }
 
 impl Session {
     /// Loads the probes and starts draining the ring buffer.
     pub fn start(opts: LoadOptions) -> Result<Session> {
+        let mut budget = budget::Budget::new(opts.time_sampling);
         let mut probes = Probes::load(opts).context("setting up the probes")?;
+        // A fixed sampling applies from the first call.
+        budget.step(&mut probes);
         let ring = probes.take_events().context("ring buffer already taken")?;
         let (tx, events) = mpsc::unbounded_channel();
         let ingest_counters = Arc::new(IngestCounters::default());
@@ -72,7 +78,13 @@ impl Session {
             job_ids: BTreeMap::new(),
             identity_from_kernel: false,
             library_users: BTreeMap::new(),
+            budget,
         })
+    }
+
+    /// Keeps the probes' cost within the budget (call it on every tick).
+    pub fn keep_budget(&mut self) {
+        self.budget.step(&mut self.probes);
     }
 
     /// Stops the ingest task after a last drain of the ring buffer (call events are

@@ -2,6 +2,7 @@
 //! the kernel's ground-truth counters, merged with one function wherever profiles meet.
 
 mod durations;
+mod sampling;
 
 use std::collections::BTreeMap;
 
@@ -14,6 +15,7 @@ use collector_common::{
 use serde::{Deserialize, Serialize};
 
 pub use durations::Durations;
+pub use sampling::SampledTime;
 
 /// A ground-truth counter as userspace reads it: key, value summed over CPUs, and the
 /// duration histogram of its calls.
@@ -65,6 +67,10 @@ pub struct SizeBucket {
     /// How long its calls took (absent when none was timed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub durations: Option<Durations>,
+    /// Present when not every call in it was timed: `time_ns` is an estimate (see
+    /// `RoutineStats::sampled_time`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled_time: Option<SampledTime>,
     /// NCCL: device time of the calls whose completion the host waited for (absent when
     /// none was measured; see README "NCCL device time").
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -157,6 +163,11 @@ pub struct RoutineStats {
     /// How long the calls took, all sizes together (absent when none was timed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub durations: Option<Durations>,
+    /// Present when not every call was timed (the routine's time was sampled to keep the
+    /// probes' cost down): `time_ns` is then an estimate, from the calls timed, with its
+    /// error; calls and bytes stay exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled_time: Option<SampledTime>,
     /// Message-size distribution, smallest bucket first, undecoded last.
     pub sizes: Vec<SizeBucket>,
     /// Calls per communicator size ("0": unknown or none).
@@ -195,13 +206,31 @@ impl CommStats {
 }
 
 impl RoutineStats {
+    /// The time of the calls that were timed: all of `time_ns`, or where time was sampled
+    /// the estimate's share of them (the estimate is their mean times every call).
+    pub fn timed_time_ns(&self) -> u64 {
+        match self.sampled_time {
+            Some(s) if self.totals.calls > 0 => {
+                (u128::from(self.totals.time_ns) * u128::from(s.timed_calls)
+                    / u128::from(self.totals.calls)) as u64
+            }
+            _ => self.totals.time_ns,
+        }
+    }
+
     /// Adds `other` into `self`.
     pub fn merge(&mut self, other: &RoutineStats) {
+        SampledTime::merge_into(
+            &mut self.sampled_time,
+            self.totals.calls,
+            other.sampled_time.as_ref(),
+            other.totals.calls,
+        );
         self.totals.merge(&other.totals);
         self.undecoded_calls += other.undecoded_calls;
         Durations::merge_into(&mut self.durations, other.durations.as_ref());
         for b in &other.sizes {
-            self.add_bucket(b.bucket, &b.totals, b.durations.as_ref(), b.device.as_ref());
+            self.add_bucket(b);
         }
         for (size, calls) in &other.comm_sizes {
             *self.comm_sizes.entry(*size).or_default() += calls;
@@ -227,28 +256,27 @@ impl RoutineStats {
         }
     }
 
-    fn add_bucket(
-        &mut self,
-        bucket: Option<u8>,
-        t: &Totals,
-        durations: Option<&Durations>,
-        device: Option<&DeviceTime>,
-    ) {
-        if let Some(b) = self.sizes.iter_mut().find(|b| b.bucket == bucket) {
-            b.totals.merge(t);
-            Durations::merge_into(&mut b.durations, durations);
-            if let Some(d) = device {
+    /// Adds the calls of `part` (its `min_bytes`/`max_bytes` are ignored: the bucket's) to
+    /// its size bucket.
+    fn add_bucket(&mut self, part: &SizeBucket) {
+        if let Some(b) = self.sizes.iter_mut().find(|b| b.bucket == part.bucket) {
+            SampledTime::merge_into(
+                &mut b.sampled_time,
+                b.totals.calls,
+                part.sampled_time.as_ref(),
+                part.totals.calls,
+            );
+            b.totals.merge(&part.totals);
+            Durations::merge_into(&mut b.durations, part.durations.as_ref());
+            if let Some(d) = &part.device {
                 b.device.get_or_insert_with(DeviceTime::empty).merge(d);
             }
         } else {
-            let (min, max) = bucket.map(bucket_range).unzip();
+            let (min, max) = part.bucket.map(bucket_range).unzip();
             self.sizes.push(SizeBucket {
-                bucket,
                 min_bytes: min,
                 max_bytes: max,
-                totals: *t,
-                durations: durations.cloned(),
-                device: device.copied(),
+                ..part.clone()
             });
             // Undecoded (None) sorts last.
             self.sizes
@@ -353,25 +381,46 @@ pub fn routines_of(
     device: &[(CounterKey, CounterVal)],
 ) -> Routines {
     let mut out = Routines::new();
-    for (k, v, hist) in counters.iter().filter(|(k, ..)| k.tgid == tgid) {
+    let mine: Vec<(&CounterKey, &CounterVal, Option<Durations>)> = counters
+        .iter()
+        .filter(|(k, ..)| k.tgid == tgid)
+        .map(|(k, v, hist)| (k, v, Durations::of_counter(v.min_ns, v.max_ns, hist)))
+        .collect();
+    let mut pools: BTreeMap<u16, sampling::Pool> = BTreeMap::new();
+    for (k, v, durations) in &mine {
+        pools
+            .entry(k.routine)
+            .or_default()
+            .add(v, durations.as_ref());
+    }
+    let no_pool = sampling::Pool::default();
+    for (k, v, durations) in mine {
         let Some(routine) = shown(k) else {
             continue;
         };
+        let pool = pools.get(&k.routine).unwrap_or(&no_pool);
+        let (time_ns, sampled_time) = sampling::estimate(v, durations.as_ref(), pool);
         let totals = Totals {
             calls: v.calls,
             bytes: v.bytes,
-            time_ns: v.time_ns,
+            time_ns,
         };
         let bucket = (k.bucket != UNKNOWN_BUCKET).then_some(k.bucket);
-        let durations = Durations::of_counter(v.min_ns, v.max_ns, hist);
         let mut one = RoutineStats {
             totals,
+            sampled_time,
             ..Default::default()
         };
         if bucket.is_none() {
             one.undecoded_calls = v.calls;
         }
-        one.add_bucket(bucket, &totals, durations.as_ref(), None);
+        one.add_bucket(&SizeBucket {
+            bucket,
+            totals,
+            durations: durations.clone(),
+            sampled_time,
+            ..SizeBucket::default()
+        });
         one.durations = durations;
         one.comm_sizes.insert(k.comm_size, v.calls);
         if routine.family() == Family::Nccl && routine.spec.comm != NO_ARG {
@@ -403,7 +452,11 @@ pub fn routines_of(
             bus_bytes: bus_factor(routine.name, k.comm_size).map(|(a, b)| v.bytes * a / b),
         };
         let stats = out.entry(routine.name.to_string()).or_default();
-        stats.add_bucket(bucket, &Totals::default(), None, Some(&d));
+        stats.add_bucket(&SizeBucket {
+            bucket,
+            device: Some(d),
+            ..SizeBucket::default()
+        });
     }
     out
 }

@@ -9,7 +9,8 @@ use crate::{
     profile::{JobProfile, ProbedLibrary, RankProfile},
     skew::SkewReport,
     stats::{
-        CommStats, DeviceTime, Durations, Health, PeerTraffic, RoutineStats, SizeBucket, Totals,
+        CommStats, DeviceTime, Durations, Health, PeerTraffic, RoutineStats, SampledTime,
+        SizeBucket, Totals,
     },
 };
 
@@ -137,12 +138,31 @@ macro_rules! health_wire {
 }
 collector_common::kernel_health_counters!(health_wire);
 
+impl From<&SampledTime> for pb::SampledTime {
+    fn from(s: &SampledTime) -> Self {
+        pb::SampledTime {
+            timed_calls: s.timed_calls,
+            error_ns: s.error_ns,
+        }
+    }
+}
+
+impl From<&pb::SampledTime> for SampledTime {
+    fn from(s: &pb::SampledTime) -> Self {
+        SampledTime {
+            timed_calls: s.timed_calls,
+            error_ns: s.error_ns,
+        }
+    }
+}
+
 fn routine_to_pb(name: &str, r: &RoutineStats) -> pb::RoutineStats {
     pb::RoutineStats {
         name: name.to_string(),
         totals: Some((&r.totals).into()),
         undecoded_calls: r.undecoded_calls,
         durations: r.durations.as_ref().map(Into::into),
+        sampled_time: r.sampled_time.as_ref().map(Into::into),
         sizes: r
             .sizes
             .iter()
@@ -153,6 +173,7 @@ fn routine_to_pb(name: &str, r: &RoutineStats) -> pb::RoutineStats {
                 totals: Some((&b.totals).into()),
                 device: b.device.as_ref().map(Into::into),
                 durations: b.durations.as_ref().map(Into::into),
+                sampled_time: b.sampled_time.as_ref().map(Into::into),
             })
             .collect(),
         comm_sizes: r.comm_sizes.iter().map(|(k, v)| (*k, *v)).collect(),
@@ -191,6 +212,7 @@ fn routine_from_pb(r: &pb::RoutineStats) -> Result<(String, RoutineStats), Inval
             max_bytes: b.max_bytes,
             totals: totals(b.totals.as_ref(), "SizeBucket")?,
             durations: durations(b.durations.as_ref())?,
+            sampled_time: b.sampled_time.as_ref().map(Into::into),
             device: b.device.as_ref().map(Into::into),
         });
     }
@@ -209,6 +231,7 @@ fn routine_from_pb(r: &pb::RoutineStats) -> Result<(String, RoutineStats), Inval
             totals: totals(r.totals.as_ref(), "RoutineStats")?,
             undecoded_calls: r.undecoded_calls,
             durations: durations(r.durations.as_ref())?,
+            sampled_time: r.sampled_time.as_ref().map(Into::into),
             sizes,
             comm_sizes: r.comm_sizes.iter().map(|(k, v)| (*k, *v)).collect(),
             communicators,

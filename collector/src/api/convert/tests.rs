@@ -20,11 +20,13 @@ pub(crate) fn sample() -> JobProfile {
                 time_ns: 100,
                 min_ns: 100,
                 max_ns: 3000,
+                // Its time sampled: 6 calls timed.
+                untimed: 4,
             },
             {
                 let mut h = DurationHist::default();
-                h.calls[0] = 4;
-                h.calls[3] = 6;
+                h.calls[0] = 1;
+                h.calls[3] = 5;
                 h
             },
         ),

@@ -318,6 +318,10 @@ impl TlsArgs {
 
 /// How the probes run (shared by `record` and `daemon`).
 #[derive(clap::Args, Debug)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent command-line switches, each its own flag"
+)]
 pub struct ProbeArgs {
     /// Also emit an event per MPI call through a ring buffer (for latency and timelines).
     /// Counts, bytes and time never depend on it; it costs about half a microsecond per
@@ -344,6 +348,22 @@ pub struct ProbeArgs {
     /// logs them at the end.
     #[arg(long)]
     pub probe_stats: bool,
+    /// Keep the probes' estimated cost under PCT percent of each process's time. A process
+    /// calling MPI so often that timing every call would cost more (polling with
+    /// MPI_Iprobe or MPI_Test, MPI_Comm_rank in an inner loop) gets the time of its
+    /// hottest routines sampled: one call in N timed, N doubled until the estimate fits,
+    /// the other calls counted at their entry with no return probe. Calls and bytes stay
+    /// exact; the profile's `sampled_time` gives the calls timed and the time estimate's
+    /// error. Needs uprobe sessions (Linux 6.13+); 0 times every call.
+    #[arg(long, value_name = "PCT", default_value_t = 1.0, value_parser = parse_percent)]
+    pub max_overhead: f64,
+    /// Time every call, whatever it costs (no sampling).
+    #[arg(long, conflicts_with = "time_one_in")]
+    pub time_every_call: bool,
+    /// Time one call in N of every routine whose time may be sampled, whatever the call
+    /// rate (instead of --max-overhead: for comparisons and tests).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(collector::session::budget::MAX_ONE_IN)))]
+    pub time_one_in: Option<u32>,
 }
 
 impl ProbeArgs {
@@ -351,6 +371,11 @@ impl ProbeArgs {
     pub fn load_options(&self) -> collector::attach::LoadOptions {
         collector::attach::LoadOptions {
             probe_stats: self.probe_stats,
+            time_sampling: collector::session::budget::TimeSampling::from_options(
+                self.time_every_call,
+                self.time_one_in,
+                self.max_overhead,
+            ),
             ..collector::attach::LoadOptions::with_ring_buffer_kib(self.ring_buffer_kib)
         }
     }
@@ -510,6 +535,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     }
     humantime::parse_duration(s)
         .map_err(|e| format!("invalid duration {s:?} ({e}): e.g. 30s, 5m, 1h30m, 500ms, 2d"))
+}
+
+/// A percentage: a number from 0 to 100.
+fn parse_percent(s: &str) -> Result<f64, String> {
+    match s.trim().trim_end_matches('%').parse::<f64>() {
+        Ok(p) if (0.0..=100.0).contains(&p) => Ok(p),
+        _ => Err(format!(
+            "invalid percentage {s:?}: a number from 0 to 100, e.g. 1 or 0.5"
+        )),
+    }
 }
 
 #[cfg(test)]

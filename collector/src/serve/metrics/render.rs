@@ -78,7 +78,7 @@ impl Series {
                 .seconds
                 .push(format!("{l} {}", st.totals.time_ns as f64 / 1e9));
             if let Some(d) = &st.durations {
-                duration_histogram(&mut lines.durations, &base, routine, d, st.totals.time_ns);
+                duration_histogram(&mut lines.durations, &base, routine, d, st.timed_time_ns());
             }
             for b in &st.sizes {
                 let size = match b.bucket {
@@ -244,7 +244,8 @@ impl Series {
 const DURATION_LE_LOG2: std::ops::RangeInclusive<u32> = 10..=36;
 
 /// Appends the Prometheus histogram lines (suffix, labels, value) of one routine's
-/// durations: cumulative `_bucket`s, `_sum` and `_count`.
+/// durations: cumulative `_bucket`s, `_sum` and `_count`, of the calls timed (`time_ns`
+/// theirs: where time is sampled, `_sum / _count` is their mean).
 fn duration_histogram(
     out: &mut Vec<String>,
     base: &str,
@@ -498,11 +499,17 @@ mod tests {
         // Cumulative: 4 calls under 512 ns, 6 in [2048, 4096) ns.
         let h = "commtap_mpi_call_duration_seconds";
         let l = format!("{base},routine=\"MPI_Allreduce\"");
-        for (le, n) in [("0.000001024", 4), ("0.000004096", 10), ("+Inf", 10)] {
+        // Its time sampled: 6 of its 10 calls timed, 1 under 512 ns, 5 in [2048, 4096) ns;
+        // the sum is theirs (100 ns measured; the estimate for all 10 is 167 ns).
+        for (le, n) in [("0.000001024", 1), ("0.000004096", 6), ("+Inf", 6)] {
             let line = format!("{h}_bucket{{{l},le=\"{le}\"}} {n}\n");
             assert!(text.contains(&line), "{line}in\n{text}");
         }
-        assert!(text.contains(&format!("{h}_count{{{l}}} 10\n")));
+        assert!(text.contains(&format!("{h}_count{{{l}}} 6\n")));
+        assert!(
+            text.contains(&format!("{h}_sum{{{l}}} 0.0000001\n")),
+            "{text}"
+        );
         assert!(text.contains(&format!("# TYPE {h} histogram\n")));
         let (lo, hi) = collector_common::buckets::bucket_range(12);
         // 8192 bytes on 2 ranks: AllReduce's factor 2(n-1)/n is 1.

@@ -1,0 +1,274 @@
+//! The probes' cost kept within a budget: where a process calls MPI so often that timing
+//! every call would cost more than `--max-overhead` of its time, the time of its hottest
+//! routines is sampled (one call in N timed, the others counted at their entry and their
+//! return skipped: through uprobe sessions, an untimed call costs an entry only). Calls
+//! and bytes are never sampled.
+
+use std::collections::BTreeMap;
+
+use collector_common::{routines::Family, ROUTINES};
+use tracing::{debug, info, warn};
+
+use crate::{attach::Probes, clock::monotonic_ns};
+
+/// What a probed call costs the calling thread here, ns: the entry (the breakpoint trap,
+/// the kernel's uprobe lookup, our entry program) and the return (the return trampoline
+/// and our return program). From `cargo xtask bench` on this project's 2-core machine: an
+/// unwatched process pays +1,007 ns per call with sessions (entry only) and +1,680 with an
+/// entry and a return probe; a counted call's programs add about 200 ns on each side.
+pub const ENTRY_NS: u64 = 1_200;
+/// See [`ENTRY_NS`].
+pub const RETURN_NS: u64 = 900;
+
+/// The most a routine's time is thinned: one call in this many timed.
+pub const MAX_ONE_IN: u32 = 1 << 12;
+
+/// How the time of routines that may be sampled is taken.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TimeSampling {
+    /// Every call timed (`--time-every-call`).
+    EveryCall,
+    /// Every routine that may be sampled timed one call in N (`--time-one-in N`).
+    OneIn(u32),
+    /// Sampling raised on a process's hottest routines while its estimated probe cost
+    /// is above this share of its time (`--max-overhead`, 0.01 for 1%).
+    Budget(f64),
+}
+
+impl TimeSampling {
+    /// The default: a budget of 1% of each process's time.
+    pub const DEFAULT: TimeSampling = TimeSampling::Budget(0.01);
+
+    /// The mode the command-line options ask for: `--time-every-call`, `--time-one-in N`,
+    /// or `--max-overhead PCT` (0: every call timed).
+    pub fn from_options(every_call: bool, one_in: Option<u32>, max_overhead_pct: f64) -> Self {
+        match (every_call, one_in) {
+            (true, _) => TimeSampling::EveryCall,
+            (false, Some(n)) if n > 1 => TimeSampling::OneIn(n),
+            (false, Some(_)) => TimeSampling::EveryCall,
+            (false, None) if max_overhead_pct > 0.0 => {
+                TimeSampling::Budget(max_overhead_pct / 100.0)
+            }
+            (false, None) => TimeSampling::EveryCall,
+        }
+    }
+}
+
+/// The sampling a session applies, and what the budget last saw.
+pub struct Budget {
+    mode: TimeSampling,
+    /// Calls per (process, routine) at the last look, and when that was.
+    last: BTreeMap<(u32, u16), u64>,
+    last_ns: u64,
+    applied: bool,
+}
+
+/// How often the budget looks at the call rates.
+const EVERY_NS: u64 = 1_000_000_000;
+
+impl Budget {
+    /// A budget applying `mode`.
+    pub fn new(mode: TimeSampling) -> Budget {
+        Budget {
+            mode,
+            last: BTreeMap::new(),
+            last_ns: 0,
+            applied: false,
+        }
+    }
+
+    /// Applies the mode: a fixed one at once, a budget from the call rates since the last
+    /// look (at most once a second; call it on every tick).
+    pub fn step(&mut self, probes: &mut Probes) {
+        if !probes.uses_sessions() {
+            if !self.applied && self.mode != TimeSampling::EveryCall {
+                info!("every call is timed: sampling needs uprobe sessions (Linux 6.13+)");
+            }
+            self.applied = true;
+            return;
+        }
+        let wanted = match self.mode {
+            TimeSampling::EveryCall | TimeSampling::OneIn(_) if self.applied => return,
+            TimeSampling::EveryCall => BTreeMap::new(),
+            TimeSampling::OneIn(n) => sampleable(probes).map(|r| (r, n)).collect(),
+            TimeSampling::Budget(share) => {
+                let now = monotonic_ns();
+                if self.applied && now.saturating_sub(self.last_ns) < EVERY_NS {
+                    return;
+                }
+                let calls: BTreeMap<(u32, u16), u64> =
+                    probes
+                        .read_counters()
+                        .iter()
+                        .fold(BTreeMap::new(), |mut m, (k, v, _)| {
+                            *m.entry((k.tgid, k.routine)).or_default() += v.calls;
+                            m
+                        });
+                let secs = now.saturating_sub(self.last_ns) as f64 / 1e9;
+                let rates = rates(&self.last, &calls, secs);
+                let (last, last_ns) = (std::mem::replace(&mut self.last, calls), self.last_ns);
+                self.last_ns = now;
+                if last_ns == 0 && last.is_empty() && !self.applied {
+                    self.applied = true;
+                    return;
+                }
+                let may: Vec<u16> = sampleable(probes).collect();
+                one_in_for_budget(&rates, &may, share)
+            }
+        };
+        self.applied = true;
+        apply(probes, &wanted);
+    }
+}
+
+/// The routines whose time may be sampled now: MPI routines whose calls are counted whole
+/// at their entry, and for which no event is wanted (an event carries the call's time).
+fn sampleable(probes: &Probes) -> impl Iterator<Item = u16> + '_ {
+    ROUTINES.iter().enumerate().filter_map(move |(id, r)| {
+        (r.family() == Family::Mpi
+            && r.spec.time_can_be_sampled()
+            && !probes.event_wanted_for(&r.spec))
+        .then_some(id as u16)
+    })
+}
+
+/// Calls per second of each process and routine between two readings `secs` apart.
+fn rates(
+    before: &BTreeMap<(u32, u16), u64>,
+    now: &BTreeMap<(u32, u16), u64>,
+    secs: f64,
+) -> BTreeMap<u32, BTreeMap<u16, f64>> {
+    let mut out: BTreeMap<u32, BTreeMap<u16, f64>> = BTreeMap::new();
+    if secs <= 0.0 {
+        return out;
+    }
+    for (&(tgid, routine), &calls) in now {
+        let was = before.get(&(tgid, routine)).copied().unwrap_or(0);
+        let rate = calls.saturating_sub(was) as f64 / secs;
+        if rate > 0.0 {
+            out.entry(tgid).or_default().insert(routine, rate);
+        }
+    }
+    out
+}
+
+/// A process's estimated probe cost per second of its time, ns, with `one_in` applied to
+/// the routines that may be sampled.
+fn cost_per_sec(rates: &BTreeMap<u16, f64>, one_in: &BTreeMap<u16, u32>) -> f64 {
+    rates
+        .iter()
+        .map(|(r, rate)| {
+            let n = f64::from(one_in.get(r).copied().unwrap_or(1));
+            rate * (ENTRY_NS as f64 + RETURN_NS as f64 / n)
+        })
+        .sum()
+}
+
+/// For each process whose estimated cost is above `share` of its time, the routine whose
+/// returns cost it most is thinned (its N doubled) until the estimate fits or nothing is
+/// left worth thinning (returns costing under a hundredth of the budget are left timed:
+/// where the entries alone pass the budget, thinning them gains nothing); a routine gets
+/// the largest N any process needs.
+fn one_in_for_budget(
+    rates: &BTreeMap<u32, BTreeMap<u16, f64>>,
+    may: &[u16],
+    share: f64,
+) -> BTreeMap<u16, u32> {
+    let limit = share * 1e9;
+    let mut wanted: BTreeMap<u16, u32> = BTreeMap::new();
+    for process in rates.values() {
+        let mut one_in: BTreeMap<u16, u32> = BTreeMap::new();
+        while cost_per_sec(process, &one_in) > limit {
+            let thinnest = process
+                .iter()
+                .filter(|(r, _)| may.contains(r))
+                .map(|(r, rate)| (*r, rate / f64::from(one_in.get(r).copied().unwrap_or(1))))
+                .filter(|(r, timed)| {
+                    one_in.get(r).copied().unwrap_or(1) < MAX_ONE_IN
+                        && timed * RETURN_NS as f64 > limit / 100.0
+                })
+                .max_by(|a, b| a.1.total_cmp(&b.1));
+            let Some((r, _)) = thinnest else { break };
+            *one_in.entry(r).or_insert(1) *= 2;
+        }
+        for (r, n) in one_in {
+            let w = wanted.entry(r).or_insert(1);
+            *w = (*w).max(n);
+        }
+    }
+    wanted
+}
+
+/// Sets every routine's N: the wanted ones, and 1 (every call) for the others.
+fn apply(probes: &mut Probes, wanted: &BTreeMap<u16, u32>) {
+    let before = probes.time_sampled().clone();
+    for r in before.keys().chain(wanted.keys()) {
+        let n = wanted.get(r).copied().unwrap_or(1);
+        if let Err(e) = probes.set_time_one_in(*r, n) {
+            warn!(
+                "cannot set the time sampling of {}: {e:#}",
+                ROUTINES[*r as usize].name
+            );
+        }
+    }
+    if &before != probes.time_sampled() {
+        let names: Vec<String> = probes
+            .time_sampled()
+            .iter()
+            .map(|(r, n)| format!("{} 1 in {n}", ROUTINES[*r as usize].name))
+            .collect();
+        debug!("time sampled: {}", names.join(", "));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(name: &str) -> u16 {
+        ROUTINES
+            .iter()
+            .position(|r| r.name == name)
+            .expect("routine") as u16
+    }
+
+    #[test]
+    fn a_process_within_the_budget_has_every_call_timed() {
+        // 1,000 calls/s cost about 2.1 ms a second: 0.2%.
+        let rates = [(7, [(id("MPI_Iprobe"), 1_000.0)].into())].into();
+        assert!(one_in_for_budget(&rates, &[id("MPI_Iprobe")], 0.01).is_empty());
+    }
+
+    #[test]
+    fn the_hottest_routine_is_thinned_until_the_estimate_fits() {
+        let (probe, send) = (id("MPI_Iprobe"), id("MPI_Send"));
+        // 1M Iprobe/s cost 2.1 s a second timed; entries alone 1.2 s: more than any budget,
+        // so Iprobe is thinned to the most, and Send (10 calls/s) never.
+        let rates = [(7, [(probe, 1e6), (send, 10.0)].into())].into();
+        let wanted = one_in_for_budget(&rates, &[probe, send], 0.01);
+        assert_eq!(wanted, [(probe, MAX_ONE_IN)].into());
+        // 5,000 Iprobe/s: 10.5 ms a second timed; 1% of a second is 10 ms: one in 2 (8.25).
+        let rates = [(7, [(probe, 5_000.0), (send, 10.0)].into())].into();
+        assert_eq!(
+            one_in_for_budget(&rates, &[probe, send], 0.01),
+            [(probe, 2)].into()
+        );
+    }
+
+    #[test]
+    fn a_routine_that_may_not_be_sampled_is_never_thinned() {
+        let recv = id("MPI_Recv");
+        let rates = [(7, [(recv, 1e6)].into())].into();
+        assert!(one_in_for_budget(&rates, &[], 0.01).is_empty());
+    }
+
+    #[test]
+    fn a_routine_gets_the_largest_n_a_process_needs() {
+        let probe = id("MPI_Iprobe");
+        let rates = [(7, [(probe, 5_000.0)].into()), (8, [(probe, 1e6)].into())].into();
+        assert_eq!(
+            one_in_for_budget(&rates, &[probe], 0.01),
+            [(probe, MAX_ONE_IN)].into()
+        );
+    }
+}
