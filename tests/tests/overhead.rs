@@ -3,7 +3,8 @@
 //! is watched. Checked through the kernel's own count of the probe programs' runs
 //! (`--probe-stats`, served in the daemon's metrics) around a known number of calls of a
 //! real Open MPI and MPICH job (`mpi_loop`): a job the daemon does not watch costs one
-//! run per call, one it watches two (entry and return), exactly.
+//! run per call, one it watches two (entry and return), exactly; with time sampled, a
+//! call left untimed one.
 
 use std::time::Duration;
 
@@ -12,28 +13,56 @@ use commtap_tests::*;
 const LIMIT: Duration = Duration::from_mins(2);
 const N: u64 = 200;
 
-/// Runs of the session programs (`sess_*`) in the daemon's metrics at `addr`.
-fn session_runs(addr: &str) -> u64 {
+/// The sum of the values of the metrics at `addr` whose lines start with `prefix`, and
+/// how many there were.
+fn metric_sum(addr: &str, prefix: &str) -> (u64, usize) {
     let metrics = http_get(addr, "/metrics");
-    let runs: Vec<u64> = metrics
+    let values: Vec<u64> = metrics
         .lines()
-        .filter(|l| l.starts_with("commtap_probe_program_runs_total{program=\"sess_"))
+        .filter(|l| l.starts_with(prefix))
         .map(|l| {
             l.rsplit_once(' ')
                 .and_then(|(_, v)| v.parse().ok())
                 .unwrap_or_else(|| panic!("a count in {l:?}"))
         })
         .collect();
-    assert!(
-        !runs.is_empty(),
-        "no session program in the metrics:\n{metrics}"
-    );
-    runs.iter().sum()
+    (values.iter().sum(), values.len())
+}
+
+/// Runs of the session programs (`sess_*`) in the daemon's metrics at `addr`.
+fn session_runs(addr: &str) -> u64 {
+    let (runs, n) = metric_sum(addr, "commtap_probe_program_runs_total{program=\"sess_");
+    assert!(n > 0, "no session program in the metrics");
+    runs
+}
+
+/// MPI calls the daemon at `addr` counted, and of them those it timed (its duration
+/// histograms' counts).
+fn calls_and_timed(addr: &str) -> (u64, u64) {
+    (
+        metric_sum(addr, "commtap_mpi_calls_total{").0,
+        metric_sum(addr, "commtap_mpi_call_duration_seconds_count{").0,
+    )
+}
+
+/// What the loop costs: the session programs' runs while `mpi_loop` makes its counted
+/// calls, the calls the job says it made, and the calls and timed calls the daemon
+/// counted meanwhile.
+struct LoopRuns {
+    runs: u64,
+    calls: u64,
+    counted: u64,
+    timed: u64,
 }
 
 /// Session program runs while `mpi_loop` makes its counted calls, under a daemon started
 /// with `scope` (its arguments), and the calls the job says it made.
 fn runs_during_the_loop(mpi: Mpi, name: &str, scope: &[&str]) -> (u64, u64) {
+    let r = loop_runs(mpi, name, scope);
+    (r.runs, r.calls)
+}
+
+fn loop_runs(mpi: Mpi, name: &str, scope: &[&str]) -> LoopRuns {
     let scratch = Scratch::new(&format!("{name}-{}", mpi.suffix()));
     let metrics_addr = free_port();
     let mut args = vec![
@@ -54,7 +83,20 @@ fn runs_during_the_loop(mpi: Mpi, name: &str, scope: &[&str]) -> (u64, u64) {
     );
     // The ranks wait for the go file without calling MPI, and after their counted calls
     // for the hold file: nothing else runs the probes in between.
+    let watches_the_job = !scope.contains(&"--uid");
+    if watches_the_job {
+        // The daemon shows a rank's counts once it knows its job: both, before counting.
+        wait_until("both ranks in the daemon's metrics", LIMIT, || {
+            let metrics = http_get(&metrics_addr, "/metrics");
+            ["rank=\"0\"", "rank=\"1\""].iter().all(|r| {
+                metrics
+                    .lines()
+                    .any(|l| l.starts_with("commtap_mpi_calls_total{") && l.contains(r))
+            })
+        });
+    }
     let before = session_runs(&metrics_addr);
+    let counted_before = calls_and_timed(&metrics_addr);
     std::fs::write(scratch.path("go"), b"go").expect("go file");
     let prefix = scratch.path("truth");
     let truth = |r: u32| std::path::PathBuf::from(format!("{}.{r}.json", prefix.display()));
@@ -70,10 +112,24 @@ fn runs_during_the_loop(mpi: Mpi, name: &str, scope: &[&str]) -> (u64, u64) {
         .flat_map(|t| routine_table(&t["routines"]).into_values())
         .map(|(calls, _)| calls)
         .sum();
+    // The ranks hold without calling MPI: the daemon's counts settle on what they did
+    // (its metrics show a rank once it knows the rank's job), where they are read.
+    let mut counted_after = calls_and_timed(&metrics_addr);
+    if watches_the_job {
+        wait_until("the daemon's counts of the loop", LIMIT, || {
+            counted_after = calls_and_timed(&metrics_addr);
+            counted_after.0 - counted_before.0 >= calls
+        });
+    }
     std::fs::write(&hold, b"").expect("hold file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
     daemon.stop(&scratch);
-    (after - before, calls)
+    LoopRuns {
+        runs: after - before,
+        calls,
+        counted: counted_after.0 - counted_before.0,
+        timed: counted_after.1 - counted_before.1,
+    }
 }
 
 fn unwatched_processes_pay_the_entry_only(mpi: Mpi) {
@@ -90,6 +146,34 @@ fn unwatched_processes_pay_the_entry_only(mpi: Mpi) {
         2 * calls,
         "a watched process: entry and return of each call"
     );
+}
+
+/// Time sampled one call in four (`--time-one-in 4`): a call left untimed runs the session
+/// program at its entry only, so the runs are the calls plus the calls timed, exactly.
+fn untimed_calls_pay_the_entry_only(mpi: Mpi) {
+    let r = loop_runs(mpi, "sampled", &["--no-skew", "--time-one-in", "4"]);
+    assert_eq!(r.counted, r.calls, "the daemon counted the loop's calls");
+    assert!(
+        r.timed > 0 && r.timed < r.calls,
+        "timed {} of {} calls",
+        r.timed,
+        r.calls
+    );
+    assert_eq!(
+        r.runs,
+        r.calls + r.timed,
+        "an untimed call: one run; a timed one: two"
+    );
+}
+
+#[test]
+fn untimed_calls_pay_the_entry_only_under_open_mpi() {
+    untimed_calls_pay_the_entry_only(Mpi::OpenMpi);
+}
+
+#[test]
+fn untimed_calls_pay_the_entry_only_under_mpich() {
+    untimed_calls_pay_the_entry_only(Mpi::Mpich);
 }
 
 #[test]

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use crate::{
     profile::JobProfile,
-    stats::{Durations, Totals},
+    stats::{Durations, SampledTime, Totals},
 };
 
 /// Per routine, all ranks together: calls and time, the merged durations, and each rank's
@@ -14,6 +14,8 @@ struct Row {
     totals: Totals,
     durations: Durations,
     per_rank_ns: Vec<f64>,
+    /// Where the time was sampled: the calls timed and the estimate's error.
+    sampled: Option<SampledTime>,
 }
 
 /// The text section, empty when no call was timed.
@@ -28,10 +30,17 @@ pub fn render_durations(job: &JobProfile) -> String {
                 totals: Totals::default(),
                 durations: d.clone(),
                 per_rank_ns: vec![0.0; job.ranks.len()],
+                sampled: None,
             });
             if row.totals.calls > 0 {
                 row.durations.merge(d);
             }
+            SampledTime::merge_into(
+                &mut row.sampled,
+                row.totals.calls,
+                s.sampled_time.as_ref(),
+                s.totals.calls,
+            );
             row.totals.merge(&s.totals);
             row.per_rank_ns[i] += s.totals.time_ns as f64;
         }
@@ -57,10 +66,15 @@ pub fn render_durations(job: &JobProfile) -> String {
     for ((_, name), row) in &rows {
         let d = &row.durations;
         let mean = row.totals.time_ns as f64 / row.totals.calls.max(1) as f64;
+        let marked = if row.sampled.is_some() {
+            format!("{name}*")
+        } else {
+            (*name).to_string()
+        };
         let _ = writeln!(
             o,
             "{:<24} {:>10} {:>11.3} {:>11.3} {:>11.3} {:>11.3} {:>11.3} {:>8}",
-            name,
+            marked,
             row.totals.calls,
             us(d.min_ns as f64),
             us(mean),
@@ -68,6 +82,27 @@ pub fn render_durations(job: &JobProfile) -> String {
             us(d.quantile_ns(0.99) as f64),
             us(d.max_ns as f64),
             cv(&row.per_rank_ns).map_or("-".into(), |c| format!("{c:.2}")),
+        );
+    }
+    let sampled: Vec<String> = rows
+        .iter()
+        .filter_map(|((_, name), row)| {
+            let s = row.sampled?;
+            Some(format!(
+                "{name} timed {} of {} calls, its time {:.3} s ± {:.3} s",
+                s.timed_calls,
+                row.totals.calls,
+                row.totals.time_ns as f64 / 1e9,
+                s.error_ns as f64 / 1e9
+            ))
+        })
+        .collect();
+    if !sampled.is_empty() {
+        let _ = writeln!(o);
+        let _ = writeln!(
+            o,
+            "* time sampled to keep the probes' cost down (--max-overhead; calls and bytes              exact), estimated from the calls timed (± 95% interval); the histogram holds              those: {}",
+            sampled.join("; ")
         );
     }
     let comm: Vec<f64> = job.ranks.iter().map(|r| r.comm_time_ns as f64).collect();

@@ -57,14 +57,18 @@ impl TimeSampling {
 /// The sampling a session applies, and what the budget last saw.
 pub struct Budget {
     mode: TimeSampling,
-    /// Calls per (process, routine) at the last look, and when that was.
+    /// Calls per (process, routine) at the last look, and when that was (monotonic ns).
     last: BTreeMap<(u32, u16), u64>,
     last_ns: u64,
     applied: bool,
+    /// How long until the next look: [`EVERY_NS`], or longer where reading the counters
+    /// took long (a node with many processes), so that looking costs at most 5% of a core.
+    wait_ns: u64,
 }
 
-/// How often the budget looks at the call rates.
-const EVERY_NS: u64 = 1_000_000_000;
+/// How often the budget looks at the call rates, at most: a program's phases of hot calls
+/// are thinned within a fraction of a second.
+const EVERY_NS: u64 = 250_000_000;
 
 impl Budget {
     /// A budget applying `mode`.
@@ -74,11 +78,12 @@ impl Budget {
             last: BTreeMap::new(),
             last_ns: 0,
             applied: false,
+            wait_ns: EVERY_NS,
         }
     }
 
     /// Applies the mode: a fixed one at once, a budget from the call rates since the last
-    /// look (at most once a second; call it on every tick).
+    /// look (at most every quarter of a second; call it on every tick).
     pub fn step(&mut self, probes: &mut Probes) {
         if !probes.uses_sessions() {
             if !self.applied && self.mode != TimeSampling::EveryCall {
@@ -93,7 +98,7 @@ impl Budget {
             TimeSampling::OneIn(n) => sampleable(probes).map(|r| (r, n)).collect(),
             TimeSampling::Budget(share) => {
                 let now = monotonic_ns();
-                if self.applied && now.saturating_sub(self.last_ns) < EVERY_NS {
+                if self.applied && now.saturating_sub(self.last_ns) < self.wait_ns {
                     return;
                 }
                 let calls: BTreeMap<(u32, u16), u64> =
@@ -104,6 +109,7 @@ impl Budget {
                             *m.entry((k.tgid, k.routine)).or_default() += v.calls;
                             m
                         });
+                self.wait_ns = EVERY_NS.max(20 * monotonic_ns().saturating_sub(now));
                 let secs = now.saturating_sub(self.last_ns) as f64 / 1e9;
                 let rates = rates(&self.last, &calls, secs);
                 let (last, last_ns) = (std::mem::replace(&mut self.last, calls), self.last_ns);

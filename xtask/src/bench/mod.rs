@@ -5,13 +5,15 @@
 //!   (a) no probes,
 //!   (b) a bare uprobe + uretprobe pair with empty programs on the same functions
 //!       (bpftrace), the floor any uprobe-based tool pays,
-//!   (c) commtap record --no-skew (counting only),
+//!   (c) commtap record --no-skew --time-every-call (counting only),
 //!   (d) commtap record --trace (a timeline of every call written to a file),
 //!   (e) commtap record (the default: counting, and an event per collective call for who
 //!       is late),
 //!   (f) (d) into Perfetto's protobuf format (`--trace FILE.pftrace`),
 //!   (g) (a) while a daemon that does not watch the job runs (uprobe sessions: entries
-//!       only), and (h) the same with entry and return probes.
+//!       only), and (h) the same with entry and return probes,
+//!   (i) (c) with time sampled one call in 64 (`--time-one-in 64`: the calls not drawn
+//!       pay an entry only).
 //! Runs are interleaved (a, b, c, d, e, f, a, b, ...) and medians taken, because the
 //! machines are shared and noisy; the figures to quote are the ratio (c - a) / (b - a),
 //! what tracing adds per call, (d - c) and (f - c), and what matching collectives adds,
@@ -211,6 +213,8 @@ struct Rounds {
     g: Vec<Sample>,
     /// (g) with entry and return probes (`COMMTAP_UPROBE_SESSIONS=0`).
     h: Vec<Sample>,
+    /// (c) with the time of every routine that may be sampled timed one call in 64.
+    i: Vec<Sample>,
     /// The last traced run: (calls written, bytes on disk, seconds).
     traced: (u64, u64, f64),
     /// The last `.pftrace`'s bytes on disk (the same calls).
@@ -234,6 +238,7 @@ impl Rounds {
             f: Vec::new(),
             g: Vec::new(),
             h: Vec::new(),
+            i: Vec::new(),
             traced: (0, 0, 0.0),
             pftrace_bytes: 0,
             profile,
@@ -270,6 +275,13 @@ impl Rounds {
             r.pftrace_bytes = std::fs::metadata(&pftrace)?.len();
             r.g.push(unwatched(stack, bin, commtap, out, true)?);
             r.h.push(unwatched(stack, bin, commtap, out, false)?);
+            r.i.push(under_commtap(
+                stack,
+                bin,
+                commtap,
+                &r.profile,
+                Mode::Sampled,
+            )?);
         }
         Ok(r)
     }
@@ -337,6 +349,27 @@ impl Rounds {
                 p - z
             );
             json.push(serde_json_line(stack.name, label, x, y, z, q(0.5)));
+        }
+        let mi = median(&self.i);
+        for (label, pick, what) in [
+            ("MPI_Allreduce 8 B", 0usize, "every call"),
+            (
+                "Send/Recv round trip 8 B",
+                1,
+                "MPI_Send's (MPI_Recv's return carries its status: timed)",
+            ),
+        ] {
+            let (a, b, i) = (get(ma, pick), get(mb, pick), get(mi, pick));
+            let _ = writeln!(
+                report,
+                "  {label}, (i) time sampled one call in 64 ({what}): {i:.0} ns, (i-a)/(b-a)                  {:.2}",
+                ratio(a, b, i)
+            );
+            json.push(format!(
+                "  {{\"stack\": \"{}\", \"call\": \"{label}\", \"sampled_ns\": {i:.1}, \"sampled_ratio\": {:.3}}}",
+                stack.name,
+                ratio(a, b, i)
+            ));
         }
         let (mg, mh) = (median(&self.g), median(&self.h));
         for (label, pick) in [
@@ -562,7 +595,8 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
                 .context("no rate_s line")
         };
         let profile = out.join(format!("rate.{}.json", stack.suffix));
-        let (mut none, mut bpf, mut ours) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut none, mut bpf, mut ours, mut every) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for round in 0..RATE_ROUNDS {
             eprintln!(
                 "{} call rate: round {}/{RATE_ROUNDS}",
@@ -573,26 +607,40 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
             bpf.push(with_bpftrace(&script, || {
                 run(&mut mpi_command_args(stack, &bin, &[]))
             })?);
-            let mut cmd = Command::new(commtap);
-            cmd.args(["record", "--format", "json", "-o"])
-                .arg(&profile)
-                .arg("--");
-            let inner = mpi_command_args(stack, &bin, &[]);
-            cmd.arg(inner.get_program()).args(inner.get_args());
-            cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-                .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-            ours.push(run(&mut cmd)?);
+            // As it runs by default (its --max-overhead budget), then every call timed.
+            for (flags, into) in [
+                (&[][..], &mut ours),
+                (&["--time-every-call"][..], &mut every),
+            ] {
+                let mut cmd = Command::new(commtap);
+                cmd.args(["record", "--format", "json", "-o"])
+                    .arg(&profile)
+                    .args(flags)
+                    .arg("--");
+                let inner = mpi_command_args(stack, &bin, &[]);
+                cmd.arg(inner.get_program()).args(inner.get_args());
+                cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+                    .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+                into.push(run(&mut cmd)?);
+                if !rate_counts_exact(&profile)? {
+                    bail!(
+                        "{} call rate: counts differ from the workload's",
+                        stack.name
+                    );
+                }
+            }
         }
         let exact = rate_counts_exact(&profile)?;
         let med = |mut v: Vec<f64>| {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
-        let (n, b, c) = (med(none), med(bpf), med(ours));
+        let (n, b, c, e) = (med(none), med(bpf), med(ours), med(every));
         lines.push(format!(
-            "{{\"stack\": \"{}\", \"none_s\": {n:.3}, \"bpftrace_s\": {b:.3}, \"commtap_s\": {c:.3}, \"added_ratio\": {:.2}, \"counts_exact\": {exact}}}",
+            "{{\"stack\": \"{}\", \"none_s\": {n:.3}, \"bpftrace_s\": {b:.3}, \"commtap_s\": {c:.3}, \"added_ratio\": {:.2}, \"commtap_every_call_timed_s\": {e:.3}, \"every_call_added_ratio\": {:.2}, \"counts_exact\": {exact}}}",
             stack.name,
-            (c - n) / (b - n)
+            (c - n) / (b - n),
+            (e - n) / (b - n)
         ));
     }
     Ok(lines.join(", "))
@@ -616,10 +664,12 @@ fn rate_counts_exact(profile: &Path) -> Result<bool> {
         }))
 }
 
-/// What `record` is asked to do besides counting.
+/// What `record` is asked to do besides counting (every call timed, but in `Sampled`).
 enum Mode<'a> {
     /// Nothing (`--no-skew`).
     Counting,
+    /// Nothing, and the time of every routine that may be sampled timed one call in 64.
+    Sampled,
     /// A timeline into this file.
     Trace(&'a Path),
     /// The default: who is late.
@@ -637,12 +687,17 @@ fn under_commtap(
     cmd.args(["record", "--format", "json", "-o"]).arg(profile);
     match mode {
         Mode::Counting => {
-            cmd.arg("--no-skew");
+            cmd.args(["--no-skew", "--time-every-call"]);
+        }
+        Mode::Sampled => {
+            cmd.args(["--no-skew", "--time-one-in", "64"]);
         }
         Mode::Trace(trace) => {
             cmd.arg("--trace").arg(trace);
         }
-        Mode::Skew => {}
+        Mode::Skew => {
+            cmd.arg("--time-every-call");
+        }
     }
     cmd.arg("--");
     let inner = mpi_command(stack, bin);
