@@ -166,6 +166,56 @@ fn untimed_calls_pay_the_entry_only(mpi: Mpi) {
     );
 }
 
+/// A polling code (`mpi_poll`: 3M empty `MPI_Iprobe` a rank, as fast as they go) under
+/// `record` as it runs by default (`--max-overhead 1`): timing every call would cost it
+/// more than its time, so from the budget's first look on its Iprobes are timed one in
+/// thousands; every count stays exact, the barrier (who is late wants its event) stays
+/// timed.
+fn a_polling_code_has_its_hottest_routine_sampled(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("poll-{}", mpi.suffix()));
+    let prog = build_program("mpi_poll.c", mpi);
+    let (out, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
+    let mut args: Vec<String> = ["record", "--format", "json", "-o", path_str(&out), "--"]
+        .map(String::from)
+        .to_vec();
+    args.extend(mpi.launcher(2));
+    args.extend([
+        prog.display().to_string(),
+        "3000000".into(),
+        prefix.display().to_string(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let profile = read_json(&out);
+    assert_profile_matches(&profile, &read_truths(&prefix, 2), &["MPI_Finalize"]);
+    for rank in profile["ranks"].as_array().expect("ranks") {
+        let iprobe = &rank["routines"]["MPI_Iprobe"];
+        let (calls, timed) = (
+            iprobe["calls"].as_u64().expect("calls"),
+            iprobe["sampled_time"]["timed_calls"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("MPI_Iprobe's time not sampled: {iprobe}")),
+        );
+        // Timed: the calls before the budget's first look (a quarter to half a second),
+        // then one in thousands.
+        assert!(timed < calls / 2, "{timed} of {calls} Iprobes timed");
+        assert!(
+            rank["routines"]["MPI_Barrier"]["sampled_time"].is_null(),
+            "{rank}"
+        );
+    }
+}
+
+#[test]
+fn a_polling_code_has_its_hottest_routine_sampled_under_open_mpi() {
+    a_polling_code_has_its_hottest_routine_sampled(Mpi::OpenMpi);
+}
+
+#[test]
+fn a_polling_code_has_its_hottest_routine_sampled_under_mpich() {
+    a_polling_code_has_its_hottest_routine_sampled(Mpi::Mpich);
+}
+
 #[test]
 fn untimed_calls_pay_the_entry_only_under_open_mpi() {
     untimed_calls_pay_the_entry_only(Mpi::OpenMpi);

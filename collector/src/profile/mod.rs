@@ -55,6 +55,21 @@ pub struct RankProfile {
     pub peers: Vec<crate::stats::PeerTraffic>,
 }
 
+impl RankProfile {
+    /// What the probes cost this process by the budget's estimate (`session::budget`): an
+    /// entry per call and a return per timed call.
+    pub fn estimated_probe_ns(&self) -> u64 {
+        use crate::session::budget::{ENTRY_NS, RETURN_NS};
+        self.routines
+            .values()
+            .map(|r| {
+                let timed = r.sampled_time.map_or(r.totals.calls, |s| s.timed_calls);
+                r.totals.calls * ENTRY_NS + timed * RETURN_NS
+            })
+            .sum()
+    }
+}
+
 /// A library commtap probed, summarised for the report.
 #[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ProbedLibrary {

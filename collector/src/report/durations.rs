@@ -101,8 +101,25 @@ pub fn render_durations(job: &JobProfile) -> String {
         let _ = writeln!(o);
         let _ = writeln!(
             o,
-            "* time sampled to keep the probes' cost down (--max-overhead; calls and bytes              exact), estimated from the calls timed (± 95% interval); the histogram holds              those: {}",
+            "* time sampled to keep the probes' cost down (--max-overhead; calls and bytes \
+             exact), estimated from the calls timed (± 95% interval); the histogram holds \
+             those: {}",
             sampled.join("; ")
+        );
+    }
+    if let Some((share, rank)) = job
+        .ranks
+        .iter()
+        .filter(|r| r.elapsed_ns > 0)
+        .map(|r| (r.estimated_probe_ns() as f64 / r.elapsed_ns as f64, r.rank))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+    {
+        let _ = writeln!(o);
+        let _ = writeln!(
+            o,
+            "Probes' estimated cost (an entry per call, a return per timed call): at most \
+             {:.2}% of a rank's time (rank {rank})",
+            share * 100.0
         );
     }
     let comm: Vec<f64> = job.ranks.iter().map(|r| r.comm_time_ns as f64).collect();

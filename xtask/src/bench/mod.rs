@@ -362,7 +362,8 @@ impl Rounds {
             let (a, b, i) = (get(ma, pick), get(mb, pick), get(mi, pick));
             let _ = writeln!(
                 report,
-                "  {label}, (i) time sampled one call in 64 ({what}): {i:.0} ns, (i-a)/(b-a)                  {:.2}",
+                "  {label}, (i) time sampled one call in 64 ({what}): {i:.0} ns, (i-a)/(b-a) \
+                 {:.2}",
                 ratio(a, b, i)
             );
             json.push(format!(
