@@ -157,7 +157,9 @@ fn enter(ctx: &ProbeContext, sampling: u32) -> u32 {
 /// to end it).
 #[inline(always)]
 fn left_untimed(spec: &ArgSpec, routine: u16, tgid: u32, sampling: u32) -> bool {
-    if !spec.time_can_be_sampled() || wants_event(spec) {
+    // Cheapest first: most calls stop at the routine's N (one array lookup).
+    let n = TIME_ONE_IN.get(u32::from(routine)).copied().unwrap_or(0);
+    if n <= 1 || !spec.time_can_be_sampled() || wants_event(spec) {
         return false;
     }
     if sampling == SAMPLING_BUT_LEARNING
@@ -168,9 +170,8 @@ fn left_untimed(spec: &ArgSpec, routine: u16, tgid: u32, sampling: u32) -> bool 
     {
         return false;
     }
-    let n = TIME_ONE_IN.get(u32::from(routine)).copied().unwrap_or(0);
     // SAFETY: the helper only returns a pseudo-random number.
-    if n <= 1 || unsafe { bpf_get_prandom_u32() } % n == 0 {
+    if unsafe { bpf_get_prandom_u32() } % n == 0 {
         return false;
     }
     // SAFETY: plain value.

@@ -18,32 +18,38 @@ const LIMIT: Duration = Duration::from_mins(2);
 /// upper bound, never a guess at the oversleep.
 const SLEEPS_US: [u64; 6] = [43_620, 43_620, 43_620, 174_483, 174_483, 697_932];
 
-fn durations_land_in_their_buckets(mpi: Mpi) {
-    let scratch = Scratch::new(&format!("durations-{}", mpi.suffix()));
+/// Runs `record RECORD -- LAUNCHER(2) mpi_durations PREFIX PROGRAM...` and returns the two
+/// ranks' truths.
+fn run_durations(
+    scratch: &Scratch,
+    mpi: Mpi,
+    record: &[&str],
+    program: &[String],
+) -> Vec<serde_json::Value> {
     let prog = build_program("mpi_durations.c", mpi);
-    let (json, text, prefix) = (
-        scratch.path("profile.json"),
-        scratch.path("report.txt"),
-        scratch.path("truth"),
-    );
-    let mut args: Vec<String> = [
-        "record",
-        "--json",
-        path_str(&json),
-        "-o",
-        path_str(&text),
-        "--",
-    ]
-    .map(String::from)
-    .to_vec();
+    let prefix = scratch.path("truth");
+    let mut args: Vec<String> = vec!["record".into()];
+    args.extend(record.iter().map(|a| (*a).to_string()));
+    args.push("--".into());
     args.extend(mpi.launcher(2));
     args.push(prog.display().to_string());
     args.push(prefix.display().to_string());
-    args.extend(SLEEPS_US.map(|s| s.to_string()));
+    args.extend(program.iter().cloned());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    finish_ok(scratch, spawn_commtap(scratch, &args), LIMIT);
+    read_truths(&prefix, 2)
+}
 
-    let truths = read_truths(&prefix, 2);
+fn durations_land_in_their_buckets(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("durations-{}", mpi.suffix()));
+    let (json, text) = (scratch.path("profile.json"), scratch.path("report.txt"));
+    let program: Vec<String> = SLEEPS_US.map(|s| s.to_string()).to_vec();
+    let truths = run_durations(
+        &scratch,
+        mpi,
+        &["--json", path_str(&json), "-o", path_str(&text)],
+        &program,
+    );
     let profile = read_json(&json);
     let list = |key: &str| -> Vec<u64> {
         truths[0][key]
@@ -158,31 +164,24 @@ fn sampled_sleeps_us() -> Vec<u64> {
 /// lies between the sum of their floors and the sum of rank 0's timings around them.
 fn sampled_time_is_estimated_within_its_error(mpi: Mpi) {
     let scratch = Scratch::new(&format!("sampled-{}", mpi.suffix()));
-    let prog = build_program("mpi_durations.c", mpi);
-    let (json, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
-    let mut args: Vec<String> = [
-        "record",
-        "--no-skew",
-        "--time-one-in",
-        "2",
-        "--format",
-        "json",
-        "-o",
-        path_str(&json),
-        "--",
-    ]
-    .map(String::from)
-    .to_vec();
-    args.extend(mpi.launcher(2));
-    args.push(prog.display().to_string());
-    args.push(prefix.display().to_string());
-    args.push("--wait".into());
+    let json = scratch.path("profile.json");
     let sleeps_us = sampled_sleeps_us();
-    args.extend(sleeps_us.iter().map(u64::to_string));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
-
-    let truths = read_truths(&prefix, 2);
+    let mut program = vec!["--wait".to_string()];
+    program.extend(sleeps_us.iter().map(u64::to_string));
+    let truths = run_durations(
+        &scratch,
+        mpi,
+        &[
+            "--no-skew",
+            "--time-one-in",
+            "2",
+            "--format",
+            "json",
+            "-o",
+            path_str(&json),
+        ],
+        &program,
+    );
     let profile = read_json(&json);
     let sum = |key: &str| -> u64 {
         truths[0][key]

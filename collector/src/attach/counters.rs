@@ -67,6 +67,18 @@ impl Counters {
             .collect()
     }
 
+    /// Every counter's calls, summed over CPUs (no histogram: what call rates need).
+    pub fn read_calls(&self) -> Vec<(CounterKey, u64)> {
+        self.slots
+            .iter()
+            .filter_map(Result::ok)
+            .filter_map(|(k, slot)| {
+                let per_cpu = self.values.get(&slot, 0).ok()?;
+                Some((k, per_cpu.iter().map(|v| v.calls).sum()))
+            })
+            .collect()
+    }
+
     /// Removes the counters of `pid`, zeroes their slots and frees them. Threads drop their
     /// cached slots first (the generation moves), so none is updated after its reuse.
     pub fn forget(&mut self, pid: u32) {
@@ -130,6 +142,11 @@ impl super::Probes {
     /// Ground-truth counters, summed over CPUs.
     pub fn read_counters(&self) -> Vec<crate::stats::Counter> {
         self.counters.read()
+    }
+
+    /// Each counter's calls, summed over CPUs.
+    pub fn read_counter_calls(&self) -> Vec<(CounterKey, u64)> {
+        self.counters.read_calls()
     }
 
     /// NCCL device-time windows per operation key, summed over CPUs.

@@ -101,23 +101,20 @@ impl Budget {
                 if self.applied && now.saturating_sub(self.last_ns) < self.wait_ns {
                     return;
                 }
-                let calls: BTreeMap<(u32, u16), u64> =
-                    probes
-                        .read_counters()
-                        .iter()
-                        .fold(BTreeMap::new(), |mut m, (k, v, _)| {
-                            *m.entry((k.tgid, k.routine)).or_default() += v.calls;
-                            m
-                        });
+                let mut calls: BTreeMap<(u32, u16), u64> = BTreeMap::new();
+                for (k, n) in probes.read_counter_calls() {
+                    *calls.entry((k.tgid, k.routine)).or_default() += n;
+                }
                 self.wait_ns = EVERY_NS.max(20 * monotonic_ns().saturating_sub(now));
                 let secs = now.saturating_sub(self.last_ns) as f64 / 1e9;
-                let rates = rates(&self.last, &calls, secs);
-                let (last, last_ns) = (std::mem::replace(&mut self.last, calls), self.last_ns);
+                let last = std::mem::replace(&mut self.last, calls);
                 self.last_ns = now;
-                if last_ns == 0 && last.is_empty() && !self.applied {
+                if !self.applied {
+                    // The first look: rates need a second.
                     self.applied = true;
                     return;
                 }
+                let rates = rates(&last, &self.last, secs);
                 let may: Vec<u16> = sampleable(probes).collect();
                 one_in_for_budget(&rates, &may, share)
             }

@@ -386,12 +386,16 @@ pub fn routines_of(
         .filter(|(k, ..)| k.tgid == tgid)
         .map(|(k, v, hist)| (k, v, Durations::of_counter(v.min_ns, v.max_ns, hist)))
         .collect();
-    let mut pools: BTreeMap<u16, sampling::Pool> = BTreeMap::new();
+    // Only routines with untimed calls borrow from a pool (all their counters feed it).
+    let mut pools: BTreeMap<u16, sampling::Pool> = mine
+        .iter()
+        .filter(|(_, v, _)| v.untimed > 0)
+        .map(|(k, ..)| (k.routine, sampling::Pool::default()))
+        .collect();
     for (k, v, durations) in &mine {
-        pools
-            .entry(k.routine)
-            .or_default()
-            .add(v, durations.as_ref());
+        if let Some(pool) = pools.get_mut(&k.routine) {
+            pool.add(v, durations.as_ref());
+        }
     }
     let no_pool = sampling::Pool::default();
     for (k, v, durations) in mine {
