@@ -337,10 +337,12 @@ pub struct PeerKey {
     pub comm: u64,
     /// [`PeerKey::SENT`] or [`PeerKey::RECEIVED`].
     pub dir: u32,
-    /// Explicit padding.
-    pub _pad: u32,
+    /// This process's rank in the communicator, [`PeerKey::ANY`] if unknown: what places a
+    /// peer's rank on another communicator on a world rank (see `stats::peers_of`).
+    pub me: i32,
 }
 const _: () = assert!(size_of::<PeerKey>() == 24);
+const _: () = assert!(offset_of!(PeerKey, comm) == 8 && offset_of!(PeerKey, me) == 20);
 
 impl PeerKey {
     /// `comm` of `MPI_COMM_WORLD` (no handle is 0).

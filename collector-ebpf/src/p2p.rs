@@ -10,7 +10,8 @@ use collector_common::{
 use crate::{
     call::Call,
     decode::{
-        handle, int_arg, shared_comm_id, status_bytes, status_ignored, status_source, status_tag,
+        comm_info, handle, int_arg, shared_comm_id, status_bytes, status_ignored, status_source,
+        status_tag,
     },
     maps::with_proc_stats,
 };
@@ -30,6 +31,15 @@ pub static PEERS: PerCpuHashMap<PeerKey, PeerVal> =
     reason = "takes the routine's spec as the other return rules do"
 )]
 pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Option<u64> {
+    // This process's rank in the communicator, which places its peers' ranks there on
+    // world ranks (looked up here: a fifth argument reshaped the code around the call
+    // into something the verifier refused). The world's counters need none.
+    let me = if comm_key == PeerKey::WORLD {
+        PeerKey::ANY
+    } else {
+        comm_info(c.abi, c.layout, c.tgid, comm_key).map_or(PeerKey::ANY, |i| i.rank)
+    };
+    let comm_key = (comm_key, me);
     let null = Abi::proc_null(c.abi);
     // A peer of MPI_PROC_NULL: nothing crosses the network.
     let is_null = |i: u8| null.is_some_and(|n| c.arg(i).map(int_arg) == Some(n));
@@ -181,13 +191,13 @@ fn peer(c: &Call, i: u8, status: Option<u64>) -> i32 {
 }
 
 #[inline(always)]
-fn add(c: &Call, comm: u64, peer: i32, dir: u32, bytes: u64) {
+fn add(c: &Call, (comm, me): (u64, i32), peer: i32, dir: u32, bytes: u64) {
     let key = PeerKey {
         tgid: c.tgid,
         peer,
         comm,
         dir,
-        _pad: 0,
+        me,
     };
     if let Some(v) = PEERS.get_ptr_mut(key) {
         // SAFETY: this CPU's value.

@@ -387,8 +387,10 @@ pub async fn watch_profiles(
     Ok(())
 }
 
-/// Ranks in the order reports show them: by job, then rank.
+/// Ranks in the order reports show them: by job, then rank; and the pages' per-peer
+/// traffic placed on world ranks where another page holds the peer.
 fn sort_ranks(profile: &mut JobProfile) {
+    profile.place_peers_on_world_ranks();
     profile
         .ranks
         .sort_by(|a, b| (a.job.as_str(), a.rank).cmp(&(b.job.as_str(), b.rank)));

@@ -347,7 +347,9 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
         .map(|(p, _)| *p)
         .collect();
     if !exited.is_empty() {
-        let profile = session.profile(monotonic_ns());
+        let board = state.board().await;
+        let profile = session.profile(monotonic_ns(), board.as_deref());
+        drop(board);
         for pid in exited {
             if let Some(rank) = profile.ranks.iter().find(|r| r.pid == pid) {
                 let mut rank = rank.clone();

@@ -257,7 +257,15 @@ async fn finish(
         // The calls the last drain of the ring buffer found.
         sinks.drain(f, usize::MAX)?;
     }
-    let mut profile = session.profile(end_ns);
+    sinks.place_in_worlds(&session)?;
+    let held = sinks
+        .late
+        .as_mut()
+        .map(super::skew::board::Board::finish)
+        .unwrap_or_default();
+    sinks.write_released(held)?;
+    // After the board has every call: it names the communicators of the per-peer traffic.
+    let mut profile = session.profile(end_ns, sinks.late.as_ref());
     for p in session.probes.program_stats().unwrap_or_default() {
         info!(
             program = p.name,
@@ -272,13 +280,6 @@ async fn finish(
             .get(&r.pid)
             .is_some_and(|t| t.exit_ns.is_some());
     }
-    sinks.place_in_worlds(&session)?;
-    let held = sinks
-        .late
-        .as_mut()
-        .map(super::skew::board::Board::finish)
-        .unwrap_or_default();
-    sinks.write_released(held)?;
     profile.timeline = sinks.timeline.take().map(|t| t.finish(end_ns));
     if let Some(late) = sinks.late {
         let whois = |pid: u32| {

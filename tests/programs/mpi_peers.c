@@ -2,12 +2,15 @@
  * mpi_peers: point-to-point traffic with a known communication matrix, for commtap's
  * per-peer counters.
  *
- * Usage: mpi_peers OUT_PREFIX
+ * Usage: mpi_peers OUT_PREFIX [READY GO]
+ *
+ * With READY and GO, rank 0 creates READY once MPI is initialised, and every rank waits
+ * for GO before its first call below (a test attaches daemons in between).
  *
  * Every call below notes, next to it, which peer it sent to or received from and how many
  * bytes (commtap's rules: posted bytes for nonblocking receives, the status's for blocking
- * ones). On MPI_COMM_WORLD with a known peer the traffic belongs to that world rank; on
- * another communicator, or from MPI_ANY_SOURCE with no status, to nobody ("peer": null).
+ * ones). With a known peer the traffic belongs to that peer's world rank; from
+ * MPI_ANY_SOURCE with no status, to nobody ("peer": null).
  *
  *   ring:    3 x MPI_Sendrecv of 8 x (i + 1) chars to the right, from the left (posted
  *            the same);
@@ -18,8 +21,14 @@
  *   wildcard: MPI_Recv from MPI_ANY_SOURCE with a status (the left rank sends 3 ints):
  *            attributed to the left; MPI_Irecv from MPI_ANY_SOURCE (2 ints posted):
  *            nobody's;
- *   another communicator: MPI_Send of 6 chars to the right on a duplicate of the world,
- *            received there (nobody's, both sides);
+ *   other communicators: an MPI_Sendrecv of 6 chars to the right on a duplicate of the
+ *            world; then on two splits of the world, to the right and from the left
+ *            there: one with its ranks the other way round (key size - rank), one per
+ *            parity of the world rank (key -rank), 7 and 9 chars. commtap places a rank in
+ *            such a communicator on its world rank (the program asks MPI_Group_translate_ranks
+ *            for the truth); it learns each process's rank there from the communicator
+ *            (Open MPI) or from MPI_Comm_rank and MPI_Comm_size (MPICH: asked here, as
+ *            programs do);
  *   MPI_PROC_NULL: an MPI_Send to it, which moves nothing and is nobody's traffic.
  *
  * Each rank writes OUT_PREFIX.<rank>.json: {"rank", "pid", "peers": [{"peer", "sent_calls",
@@ -31,6 +40,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "ready_go.h"
 
 static long long sent_calls[257], sent_bytes[257], recv_calls[257], recv_bytes[257];
 static int nobody;
@@ -47,10 +58,32 @@ static void received(int peer, long long bytes)
     recv_bytes[peer] += bytes;
 }
 
+/* A Sendrecv of `n` chars to the right of this rank in `comm` and from its left there,
+ * noted on their world ranks. */
+static void ring_on(MPI_Comm comm, int n, int tag)
+{
+    static char out[64], in[64];
+    int me, size, ends[2], world_ends[2];
+    MPI_Comm_rank(comm, &me);
+    MPI_Comm_size(comm, &size);
+    ends[0] = (me + 1) % size;
+    ends[1] = (me + size - 1) % size;
+    MPI_Group group, world_group;
+    MPI_Comm_group(comm, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    MPI_Group_translate_ranks(group, 2, ends, world_group, world_ends);
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    MPI_Status st;
+    MPI_Sendrecv(out, n, MPI_CHAR, ends[0], tag, in, n, MPI_CHAR, ends[1], tag, comm, &st);
+    sent(world_ends[0], n);
+    received(world_ends[1], n);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s OUT_PREFIX\n", argv[0]);
+    if (argc != 2 && argc != 4) {
+        fprintf(stderr, "usage: %s OUT_PREFIX [READY GO]\n", argv[0]);
         return 2;
     }
     int rank, size;
@@ -59,6 +92,16 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (size > 256)
         MPI_Abort(MPI_COMM_WORLD, 2);
+    if (argc == 4) {
+        if (rank == 0) {
+            FILE *r = fopen(argv[2], "w");
+            if (!r || fclose(r) != 0) {
+                perror(argv[2]);
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            }
+        }
+        wait_for_file(argv[3]);
+    }
     nobody = size;
     MPI_Comm world = MPI_COMM_WORLD;
     int right = (rank + 1) % size, left = (rank + size - 1) % size;
@@ -110,12 +153,17 @@ int main(int argc, char **argv)
     sent(right, 2 * 4);
     MPI_Wait(&req[0], MPI_STATUS_IGNORE);
 
-    MPI_Comm dup;
+    /* Freed only at the end: a freed handle may be given to the next communicator. */
+    MPI_Comm dup, reversed, parity;
     MPI_Comm_dup(world, &dup);
-    MPI_Sendrecv(cbuf, 6, MPI_CHAR, right, 6, cbuf2, 6, MPI_CHAR, left, 6, dup, &st);
-    sent(nobody, 6);
-    received(nobody, 6);
+    ring_on(dup, 6, 6);
+    MPI_Comm_split(world, 0, size - rank, &reversed);
+    ring_on(reversed, 7, 8);
+    MPI_Comm_split(world, rank % 2, -rank, &parity);
+    ring_on(parity, 9, 9);
     MPI_Comm_free(&dup);
+    MPI_Comm_free(&reversed);
+    MPI_Comm_free(&parity);
 
     MPI_Send(ibuf, 10, MPI_INT, MPI_PROC_NULL, 7, world);
 

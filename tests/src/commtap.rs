@@ -339,3 +339,72 @@ pub fn try_job_report(global: &[&str], from: &str, job: &str, out: &Path) -> Opt
         .success()
         .then(|| read_json(out))
 }
+
+/// An aggregator on a free local port over plain TCP (`--insecure-tcp`), its database at
+/// `db`: its guard and URL, once it answers.
+pub fn spawn_local_aggregator(scratch: &Scratch, db: &Path) -> (ChildGuard, String) {
+    let addr = crate::free_port();
+    let args = [
+        "--log",
+        "info",
+        "aggregator",
+        "--listen",
+        &addr,
+        "--insecure-tcp",
+        "--db",
+        path_str(db),
+    ];
+    let child = spawn_commtap(scratch, &args);
+    let url = format!("http://{addr}");
+    wait_until("the aggregator to listen", Duration::from_mins(1), || {
+        commtap_output(&["jobs", "--from", &url]).status.success()
+    });
+    (child, url)
+}
+
+/// Whether `profile` has `n` ranks, each with its final profile (exited).
+pub fn every_rank_final(profile: &Value, n: usize) -> bool {
+    profile["ranks"]
+        .as_array()
+        .is_some_and(|r| r.len() == n && r.iter().all(|x| x["exited"] == true))
+}
+
+/// Two simulated nodes on this host: a daemon each, named `node-a` and `node-b`, watching
+/// one of `halves` and pushing to the aggregator at `url` every 200 ms, `node-b`'s clock
+/// `offset_b_ns` ahead (`--test-clock-offset-ns`). Returns once each has probed its ranks.
+pub fn start_two_nodes(
+    halves: [&[u32]; 2],
+    url: &str,
+    offset_b_ns: &str,
+) -> Vec<(Scratch, Daemon)> {
+    let mut daemons = Vec::new();
+    for ((node, pids), clock) in ["node-a", "node-b"]
+        .into_iter()
+        .zip(halves)
+        .zip(["0", offset_b_ns])
+    {
+        let node_scratch = Scratch::new(&format!("two-nodes-{node}"));
+        let list = pid_list(pids);
+        let d = Daemon::start(
+            &node_scratch,
+            &[],
+            &[],
+            &[
+                "--node-name",
+                node,
+                "--pid",
+                &list,
+                "--test-clock-offset-ns",
+                clock,
+                "--aggregator",
+                url,
+                "--push-interval",
+                "200ms",
+            ],
+        );
+        let watched: Vec<u64> = pids.iter().map(|p| u64::from(*p)).collect();
+        wait_for_state(&d.target, &watched, "probed");
+        daemons.push((node_scratch, d));
+    }
+    daemons
+}

@@ -128,6 +128,34 @@ pub fn start_waiting_loop(
     env: &[(&str, &str)],
 ) -> (ChildGuard, Vec<u32>) {
     let prog = build_program("mpi_loop.c", mpi);
+    let args = [
+        scratch.path("ready").into_os_string(),
+        scratch.path("go").into_os_string(),
+        n.to_string().into(),
+        scratch.path("truth").into_os_string(),
+    ];
+    let started = start_waiting_program(scratch, mpi, np, &prog, &args, env);
+    // Every rank's own marker: each is out of its last MPI call before the go, so no probe
+    // runs until the go file (a test reading counters now reads still ones).
+    wait_until("every rank to be ready", Duration::from_mins(1), || {
+        (0..np).all(|r| scratch.path(&format!("ready.{r}")).exists())
+    });
+    started
+}
+
+/// Starts `np` ranks of `prog` with `args`, which create `scratch/ready` and then wait (for
+/// a go file the test writes); returns the launcher and the ranks' pids once `ready` is
+/// there and they are all running. `env` is passed to every rank (Open MPI's `-x`,
+/// MPICH's environment inheritance).
+#[track_caller]
+pub fn start_waiting_program(
+    scratch: &Scratch,
+    mpi: Mpi,
+    np: u32,
+    prog: &Path,
+    args: &[std::ffi::OsString],
+    env: &[(&str, &str)],
+) -> (ChildGuard, Vec<u32>) {
     let launcher = mpi.launcher(np);
     let mut cmd = Command::new(&launcher[0]);
     mpi_env(&mut cmd).args(&launcher[1..]);
@@ -137,21 +165,14 @@ pub fn start_waiting_loop(
         }
         cmd.env(k, v);
     }
-    cmd.arg(&prog)
-        .arg(scratch.path("ready"))
-        .arg(scratch.path("go"))
-        .arg(n.to_string())
-        .arg(scratch.path("truth"));
+    cmd.arg(prog).args(args);
     let job = ChildGuard::spawn(&mut cmd);
-    // Every rank's own marker: each is out of its last MPI call before the go, so no probe
-    // runs until the go file (a test reading counters now reads still ones).
-    wait_until("every rank to be ready", Duration::from_mins(1), || {
+    wait_until("the job to be ready", Duration::from_mins(1), || {
         scratch.path("ready").exists()
-            && (0..np).all(|r| scratch.path(&format!("ready.{r}")).exists())
     });
     let mut ranks = Vec::new();
     wait_until("all ranks to be running", Duration::from_secs(10), || {
-        ranks = pids_running(&prog);
+        ranks = pids_running(prog);
         ranks.len() == np as usize
     });
     (job, ranks)

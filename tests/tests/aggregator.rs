@@ -114,11 +114,7 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
         path_str(&read_key),
     ];
     let report = |name: &str| try_job_report(&reader, &url, &job_id, &scratch.path(name));
-    let finalized = |p: &serde_json::Value| {
-        p["ranks"]
-            .as_array()
-            .is_some_and(|r| r.len() == 4 && r.iter().all(|x| x["exited"] == true))
-    };
+    let finalized = |p: &serde_json::Value| every_rank_final(p, 4);
     wait_until(
         "the aggregator to have every rank's final profile",
         Duration::from_mins(1),
@@ -321,10 +317,7 @@ fn aggregators_form_a_tree() {
                 "-o",
                 path_str(&out),
             ]);
-            r.status.success()
-                && read_json(&out)["ranks"]
-                    .as_array()
-                    .is_some_and(|r| r.len() == 2 && r.iter().all(|x| x["exited"] == true))
+            r.status.success() && every_rank_final(&read_json(&out), 2)
         },
     );
     assert_profile_matches(&read_json(&out), &truths, &["MPI_Finalize"]);
@@ -492,11 +485,7 @@ fn a_partition_heals_and_the_aggregator_catches_up_exactly() {
 
     // Heal: the daemon's next push lands everything.
     sh(&format!("ip link set {} up", net.host_if));
-    let finalized = |p: &serde_json::Value| {
-        p["ranks"]
-            .as_array()
-            .is_some_and(|r| r.len() == 2 && r.iter().all(|x| x["exited"] == true))
-    };
+    let finalized = |p: &serde_json::Value| every_rank_final(p, 2);
     wait_until("the aggregator to catch up", LIMIT, || {
         report("after.json", &url).is_some_and(|p| finalized(&p))
     });

@@ -252,13 +252,7 @@ fn aggregator_callers_do_only_what_their_certificates_allow() {
     wait_until(
         "every rank's final profile at the aggregator",
         LIMIT,
-        || {
-            report().is_some_and(|p| {
-                p["ranks"]
-                    .as_array()
-                    .is_some_and(|r| r.len() == 2 && r.iter().all(|x| x["exited"] == true))
-            })
-        },
+        || report().is_some_and(|p| every_rank_final(&p, 2)),
     );
     let merged = report().expect("report");
     // Attached after the job's start: counted from then on, which is what the truth holds.

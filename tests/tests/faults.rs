@@ -35,29 +35,6 @@ impl Drop for SmallDisk {
     }
 }
 
-/// Starts `commtap aggregator` on plaintext 127.0.0.1 with its database at `db`.
-fn start_aggregator(scratch: &Scratch, db: &Path) -> (ChildGuard, String) {
-    let addr = free_port();
-    let child = spawn_commtap(
-        scratch,
-        &[
-            "--log",
-            "info",
-            "aggregator",
-            "--listen",
-            &addr,
-            "--insecure-tcp",
-            "--db",
-            path_str(db),
-        ],
-    );
-    let url = format!("http://{addr}");
-    wait_until("the aggregator to listen", LIMIT, || {
-        commtap_output(&["jobs", "--from", &url]).status.success()
-    });
-    (child, url)
-}
-
 /// The aggregator's disk fills up while a daemon pushes 300 ranks: the pushes fail and say
 /// why, the aggregator keeps answering, and once there is room again the daemon's next
 /// push lands everything, exactly as the daemon has it.
@@ -66,7 +43,7 @@ fn an_aggregator_whose_disk_fills_up_keeps_serving_and_catches_up() {
     let scratch = Scratch::new("fault-disk-full");
     let disk = SmallDisk::mount(&scratch.path("disk"), 256);
     let agg_scratch = Scratch::new("fault-disk-full-aggregator");
-    let (mut aggregator, url) = start_aggregator(&agg_scratch, &disk.0.join("agg.redb"));
+    let (mut aggregator, url) = spawn_local_aggregator(&agg_scratch, &disk.0.join("agg.redb"));
     let node_scratch = Scratch::new("fault-disk-full-node");
     let daemon = Daemon::start(
         &node_scratch,
@@ -139,7 +116,7 @@ fn a_corrupted_database_is_refused_at_start_and_left_as_it_was() {
     let scratch = Scratch::new("fault-corrupt-db");
     // A real database, written by an aggregator and closed cleanly.
     let db = scratch.path("agg.redb");
-    let (mut aggregator, _) = start_aggregator(&scratch, &db);
+    let (mut aggregator, _) = spawn_local_aggregator(&scratch, &db);
     // SAFETY: kill(2) of the aggregator we spawned.
     unsafe { libc::kill(aggregator.0.id() as i32, libc::SIGTERM) };
     assert!(aggregator.wait_with_limit(LIMIT).success());

@@ -1,7 +1,8 @@
 //! Per-peer point-to-point traffic: a program whose communication matrix is known
 //! (`mpi_peers.c`) under `commtap record`, Open MPI and MPICH: every rank's traffic with
-//! every peer, sent and received, calls and bytes, equals what the program did, and the
-//! HTML report's heat map has a cell for each pair that exchanged bytes.
+//! every peer, sent and received, calls and bytes, equals what the program did (traffic on
+//! a duplicate and on two splits of the world placed on world ranks too), and the HTML
+//! report's heat map has a cell for each pair that exchanged bytes.
 
 use std::time::Duration;
 
@@ -18,7 +19,6 @@ fn matrix(mpi: Mpi, np: u32) {
     let html = scratch.path("report.html");
     let mut args: Vec<String> = [
         "record",
-        "--no-skew",
         "--format",
         "text",
         "-o",
@@ -67,4 +67,69 @@ fn open_mpi_traffic_per_peer_is_exact() {
 fn mpich_traffic_per_peer_is_exact() {
     // An odd size: some ranks have no partner at some distances.
     matrix(Mpi::Mpich, 3);
+}
+
+/// Two simulated nodes (a daemon each, one aggregator): traffic on the splits whose other
+/// end is on the other node cannot be placed by either daemon, and is by the aggregator,
+/// which merges their ranks: every rank's traffic per world rank equals the program's.
+#[test]
+fn the_aggregator_places_traffic_on_sub_communicators_across_nodes() {
+    let scratch = Scratch::new("peers-nodes");
+    let agg_scratch = Scratch::new("peers-nodes-aggregator");
+    let (mut aggregator, url) = spawn_local_aggregator(&agg_scratch, &scratch.path("agg.redb"));
+    let job_id = format!("peers{}", std::process::id());
+    let prog = build_program("mpi_peers.c", Mpi::OpenMpi);
+    let args = [
+        scratch.path("truth").into_os_string(),
+        scratch.path("ready").into_os_string(),
+        scratch.path("go").into_os_string(),
+    ];
+    let env = [("SLURM_JOB_ID", job_id.as_str())];
+    let (mut job, ranks) = start_waiting_program(&scratch, Mpi::OpenMpi, 4, &prog, &args, &env);
+    let daemons = start_two_nodes([&ranks[..2], &ranks[2..]], &url, "0");
+    std::fs::write(scratch.path("go"), b"go").expect("go");
+    assert!(job.wait_with_limit(LIMIT).success(), "the job failed");
+    let truths = read_truths(&scratch.path("truth"), 4);
+
+    let report = || try_job_report(&[], &url, &job_id, &scratch.path("merged.json"));
+    wait_until(
+        "every rank's final profile at the aggregator",
+        LIMIT,
+        || report().is_some_and(|p| every_rank_final(&p, 4)),
+    );
+    let merged = report().expect("report");
+    for truth in &truths {
+        let rank = rank_by_pid(&merged, truth["pid"].as_u64().expect("pid"));
+        assert_eq!(
+            rank["peers"], truth["peers"],
+            "rank {}: per-peer traffic",
+            truth["rank"]
+        );
+    }
+    // A ring of four split two and two crosses between the nodes: some of each node's
+    // traffic on the splits waited for the aggregator.
+    let mut waiting = 0;
+    for (node_scratch, d) in &daemons {
+        let own = report_json(&["report", "--from", &d.target, "--job", &job_id]);
+        waiting += own["ranks"]
+            .as_array()
+            .expect("ranks")
+            .iter()
+            .flat_map(|r| r["peers"].as_array().cloned().unwrap_or_default())
+            .filter(|p| p["comm"].is_string())
+            .count();
+        assert_eq!(
+            own["ranks"].as_array().map(Vec::len),
+            Some(2),
+            "{}",
+            node_scratch.0.display()
+        );
+    }
+    assert!(waiting > 0, "no traffic crossed the nodes on a split");
+    for (node_scratch, d) in daemons {
+        d.stop(&node_scratch);
+    }
+    // SAFETY: kill(2) of the aggregator we spawned.
+    unsafe { libc::kill(aggregator.0.id() as i32, libc::SIGTERM) };
+    let _ = aggregator.wait_with_limit(LIMIT);
 }

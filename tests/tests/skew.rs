@@ -456,74 +456,25 @@ fn the_late_nccl_enqueuer_is_named() {
 #[test]
 fn the_aggregator_names_the_late_rank_across_nodes() {
     let scratch = Scratch::new("skew-nodes");
-    let agg_addr = free_port();
     let agg_scratch = Scratch::new("skew-nodes-aggregator");
-    let db = scratch.path("agg.redb");
-    let mut aggregator = spawn_commtap(
-        &agg_scratch,
-        &[
-            "aggregator",
-            "--listen",
-            &agg_addr,
-            "--insecure-tcp",
-            "--db",
-            path_str(&db),
-        ],
-    );
-    let url = format!("http://{agg_addr}");
+    let (mut aggregator, url) = spawn_local_aggregator(&agg_scratch, &scratch.path("agg.redb"));
 
     // A batch job of 4 ranks, waiting at its GO file once MPI_Init is done.
     let job_id = format!("nodes{}", std::process::id());
     let prog = build_program("mpi_late.c", Mpi::OpenMpi);
-    let launcher = Mpi::OpenMpi.launcher(NP);
-    let mut cmd = Command::new(&launcher[0]);
-    mpi_env(&mut cmd)
-        .args(&launcher[1..])
-        .args(["-x", "SLURM_JOB_ID"])
-        .env("SLURM_JOB_ID", &job_id)
-        .arg(&prog)
-        .args([LATE.to_string(), DELAY_MS.to_string(), N.to_string()])
-        .arg(scratch.path("truth"))
-        .arg(scratch.path("ready"))
-        .arg(scratch.path("go"));
-    let mut job = ChildGuard::spawn(&mut cmd);
-    wait_until("the job to be ready", LIMIT, || {
-        scratch.path("ready").exists()
-    });
-    let mut ranks = Vec::new();
-    wait_until("all ranks to be running", Duration::from_secs(10), || {
-        ranks = pids_running(&prog);
-        ranks.len() == NP as usize
-    });
+    let args = [
+        LATE.to_string().into(),
+        DELAY_MS.to_string().into(),
+        N.to_string().into(),
+        scratch.path("truth").into_os_string(),
+        scratch.path("ready").into_os_string(),
+        scratch.path("go").into_os_string(),
+    ];
+    let env = [("SLURM_JOB_ID", job_id.as_str())];
+    let (mut job, ranks) = start_waiting_program(&scratch, Mpi::OpenMpi, NP, &prog, &args, &env);
 
-    let mut daemons = Vec::new();
-    for (node, pids, clock) in [
-        ("node-a", &ranks[..2], "0"),
-        ("node-b", &ranks[2..], "5000000000"),
-    ] {
-        let node_scratch = Scratch::new(&format!("skew-{node}"));
-        let list = pid_list(pids);
-        let d = Daemon::start(
-            &node_scratch,
-            &[],
-            &[],
-            &[
-                "--node-name",
-                node,
-                "--pid",
-                &list,
-                "--test-clock-offset-ns",
-                clock,
-                "--aggregator",
-                &url,
-                "--push-interval",
-                "200ms",
-            ],
-        );
-        let watched: Vec<u64> = pids.iter().map(|p| u64::from(*p)).collect();
-        wait_for_state(&d.target, &watched, "probed");
-        daemons.push((node_scratch, d));
-    }
+    // node-b's clock is 5 s ahead.
+    let daemons = start_two_nodes([&ranks[..2], &ranks[2..]], &url, "5000000000");
     std::fs::write(scratch.path("go"), b"go").expect("go");
     assert!(job.wait_with_limit(LIMIT).success(), "the job failed");
     let truths = read_truths(&scratch.path("truth"), NP);

@@ -254,6 +254,7 @@ pub fn synthetic_rank(
         health: Health::default(),
         fabrics: Vec::new(),
         peers: Vec::new(),
+        comm_ranks: Vec::new(),
     }
 }
 

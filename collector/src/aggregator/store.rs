@@ -413,6 +413,7 @@ mod tests {
                 health: Health::default(),
                 fabrics: Vec::new(),
                 peers: Vec::new(),
+                comm_ranks: Vec::new(),
             },
         })
     }

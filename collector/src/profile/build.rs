@@ -14,6 +14,9 @@ use crate::{
     symbols::Placement,
 };
 
+/// Names communicator `handle` of process `pid` alike in every member, where it can.
+pub type CommName<'a> = dyn Fn(u32, u64) -> Option<String> + 'a;
+
 /// The kernel's counters, read once for a profile.
 struct Counters {
     all: Vec<crate::stats::Counter>,
@@ -24,11 +27,13 @@ struct Counters {
 /// The profile of every process in `tracked` that made MPI calls, from `probes`' counters
 /// as they are now; `end_ns` closes the elapsed time of processes still running,
 /// `events_of` says how many call events each delivered, and `job_ids` keeps the job ids
-/// given so far stable across profiles.
+/// given so far stable across profiles; `comm_name` names a process's communicator
+/// handle alike in every member (see [`stats::peers_of`]).
 pub fn job_profile(
     probes: &Probes,
     tracked: &BTreeMap<u32, Tracked>,
     events_of: impl Fn(u32) -> u64,
+    comm_name: &CommName<'_>,
     end_ns: u64,
     job_ids: &mut BTreeMap<String, String>,
 ) -> JobProfile {
@@ -44,7 +49,17 @@ pub fn job_profile(
     for (&pid, t) in tracked {
         if counted.contains(&pid) {
             let ps = probes.read_proc_stats(pid);
-            ranks.push(rank_profile(pid, t, &ps, &c, events_of(pid), &host, end_ns));
+            let events = events_of(pid);
+            let name = |handle| comm_name(pid, handle);
+            ranks.push(rank_profile(
+                pid,
+                t,
+                &ps,
+                &c,
+                (events, &name),
+                &host,
+                end_ns,
+            ));
         } else if t.requested {
             not_profiled.push(if t.maps_mpi {
                 format!("PID {pid}: made no MPI call while watched")
@@ -63,7 +78,7 @@ fn rank_profile(
     t: &Tracked,
     ps: &ProcStats,
     c: &Counters,
-    events: u64,
+    (events, comm_name): (u64, &dyn Fn(u64) -> Option<String>),
     host: &str,
     end_ns: u64,
 ) -> RankProfile {
@@ -86,6 +101,7 @@ fn rank_profile(
         ..Default::default()
     });
     let start = if start == 0 { ps.init_ns } else { start };
+    let (peers, comm_ranks) = stats::peers_of(pid, &c.peers, comm_name);
     RankProfile {
         rank: info.rank.unwrap_or(u32::MAX),
         rank_known: info.rank.is_some(),
@@ -101,7 +117,8 @@ fn rank_profile(
         routines,
         health,
         fabrics: t.fabrics.iter().cloned().collect(),
-        peers: stats::peers_of(pid, &c.peers),
+        peers,
+        comm_ranks,
     }
 }
 

@@ -53,6 +53,10 @@ pub struct RankProfile {
     /// Point-to-point traffic per peer (sparse: peers it exchanged with).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub peers: Vec<crate::stats::PeerTraffic>,
+    /// Its ranks in the communicators other than the world that its point-to-point traffic
+    /// names: what places its peers' traffic there on its world rank.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub comm_ranks: Vec<crate::stats::CommRank>,
 }
 
 impl RankProfile {
@@ -121,6 +125,53 @@ pub struct JobProfile {
     pub timeline: Option<timeline::Timeline>,
 }
 
+impl JobProfile {
+    /// Places the traffic its ranks had with peers named by their rank in another
+    /// communicator on those peers' world ranks, where a rank of this profile says it is
+    /// that rank there (its `comm_ranks`). What no rank claims, or two claim, stays as it
+    /// is: a later merge (the aggregator's, of the nodes) may place it. Placing twice
+    /// changes nothing.
+    pub fn place_peers_on_world_ranks(&mut self) {
+        use std::collections::HashMap;
+        // (job, communicator, rank there) -> world rank; None where two ranks claim it.
+        // Names are alike in every job that made its communicators alike: keyed by job too.
+        let mut at: HashMap<(&str, &str, u32), Option<u32>> = HashMap::new();
+        for r in self.ranks.iter().filter(|r| r.rank_known) {
+            for c in &r.comm_ranks {
+                at.entry((r.job.as_str(), c.comm.as_str(), c.rank))
+                    .and_modify(|w| {
+                        if *w != Some(r.rank) {
+                            *w = None;
+                        }
+                    })
+                    .or_insert(Some(r.rank));
+            }
+        }
+        // Where each rank's traffic goes: (rank index, peer index, world rank).
+        let moves: Vec<(usize, usize, u32)> = self
+            .ranks
+            .iter()
+            .enumerate()
+            .flat_map(|(i, r)| {
+                let at = &at;
+                r.peers.iter().enumerate().filter_map(move |(j, p)| {
+                    let (comm, peer) = (p.comm.as_deref()?, p.peer?);
+                    Some((i, j, (*at.get(&(r.job.as_str(), comm, peer))?)?))
+                })
+            })
+            .collect();
+        for &(i, j, world) in &moves {
+            let p = &mut self.ranks[i].peers[j];
+            p.peer = Some(world);
+            p.comm = None;
+        }
+        let touched: std::collections::BTreeSet<usize> = moves.iter().map(|m| m.0).collect();
+        for i in touched {
+            crate::stats::PeerTraffic::tidy(&mut self.ranks[i].peers);
+        }
+    }
+}
+
 /// The ranks' communication times, for the cross-rank summary.
 pub struct CommSummary<'a> {
     /// (rank, time) of the minimum.
@@ -175,7 +226,7 @@ impl JobProfile {
             dropped,
             undecoded,
         } = JobTotals::of(&ranks);
-        JobProfile {
+        let mut profile = JobProfile {
             schema: SCHEMA.to_string(),
             job,
             dropped,
@@ -187,7 +238,9 @@ impl JobProfile {
             call_events: false,
             skew: None,
             timeline: None,
-        }
+        };
+        profile.place_peers_on_world_ranks();
+        profile
     }
 
     /// Minimum / median / maximum communication time over ranks (None with no ranks).
@@ -202,5 +255,95 @@ impl JobProfile {
             median: by_time[(by_time.len() - 1) / 2],
             max: by_time[by_time.len() - 1],
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::{CommRank, PeerTraffic};
+
+    fn rank(job: &str, world: u32, comm_rank: u32, sends_to: u32) -> RankProfile {
+        RankProfile {
+            rank: world,
+            rank_known: true,
+            pid: 100 + world,
+            host: format!("node{}", world % 2),
+            job: job.into(),
+            cmdline: String::new(),
+            uid: None,
+            start_ticks: 0,
+            exited: false,
+            elapsed_ns: 0,
+            comm_time_ns: 0,
+            routines: Default::default(),
+            health: Default::default(),
+            fabrics: Vec::new(),
+            peers: vec![
+                PeerTraffic {
+                    peer: Some(sends_to),
+                    comm: Some("split".into()),
+                    sent_calls: 1,
+                    sent_bytes: 8,
+                    ..Default::default()
+                },
+                PeerTraffic {
+                    peer: Some(sends_to),
+                    comm: Some("claimed twice".into()),
+                    sent_calls: 1,
+                    ..Default::default()
+                },
+            ],
+            comm_ranks: vec![
+                CommRank {
+                    comm: "claimed twice".into(),
+                    rank: 0,
+                },
+                CommRank {
+                    comm: "split".into(),
+                    rank: comm_rank,
+                },
+            ],
+        }
+    }
+
+    /// World ranks 0 and 1 are ranks 1 and 0 of a split, and each sends to the other there:
+    /// a node seeing one of them cannot place its traffic; the merge of both can, once, and
+    /// only within one job. A rank two members claim is placed on neither.
+    #[test]
+    fn traffic_on_a_split_goes_to_world_ranks_once_both_ends_are_in() {
+        let alone = JobProfile::of_ranks(vec![rank("j", 0, 1, 0)]);
+        assert!(
+            alone.ranks[0]
+                .peers
+                .iter()
+                .any(|p| p.comm.as_deref() == Some("split") && p.sent_bytes == 8),
+            "{:?}",
+            alone.ranks[0].peers
+        );
+        let mut both = JobProfile::of_ranks(vec![
+            rank("j", 0, 1, 0),
+            rank("j", 1, 0, 1),
+            rank("other", 5, 0, 1),
+        ]);
+        both.place_peers_on_world_ranks();
+        let world = |r: &RankProfile| -> Vec<(Option<u32>, u64)> {
+            r.peers
+                .iter()
+                .filter(|p| p.comm.is_none())
+                .map(|p| (p.world_peer(), p.sent_bytes))
+                .collect()
+        };
+        assert_eq!(world(&both.ranks[0]), vec![(Some(1), 8)]);
+        assert_eq!(world(&both.ranks[1]), vec![(Some(0), 8)]);
+        assert!(world(&both.ranks[2]).is_empty(), "another job's split");
+        for r in &both.ranks {
+            assert!(
+                r.peers
+                    .iter()
+                    .any(|p| p.comm.as_deref() == Some("claimed twice")),
+                "{r:?}"
+            );
+        }
     }
 }

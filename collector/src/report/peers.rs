@@ -27,7 +27,7 @@ pub fn render_peers(job: &JobProfile) -> String {
     let sent = |r: &crate::profile::RankProfile, to: u32| {
         r.peers
             .iter()
-            .find(|p| p.peer == Some(to))
+            .find(|p| p.world_peer() == Some(to))
             .map_or(0, |p| p.sent_bytes)
     };
     if job.ranks.len() <= MATRIX_RANKS {
@@ -45,7 +45,11 @@ pub fn render_peers(job: &JobProfile) -> String {
         }
     } else {
         for r in &job.ranks {
-            let mut top: Vec<_> = r.peers.iter().filter(|p| p.peer.is_some()).collect();
+            let mut top: Vec<_> = r
+                .peers
+                .iter()
+                .filter(|p| p.world_peer().is_some())
+                .collect();
             top.sort_by_key(|p| std::cmp::Reverse(p.sent_bytes + p.received_bytes));
             let list: Vec<String> = top
                 .iter()
@@ -65,14 +69,14 @@ pub fn render_peers(job: &JobProfile) -> String {
     let other: u64 = job
         .ranks
         .iter()
-        .flat_map(|r| r.peers.iter().filter(|p| p.peer.is_none()))
-        .map(|p| p.sent_calls + p.received_calls)
+        .flat_map(|r| &r.peers)
+        .map(crate::stats::PeerTraffic::calls_not_on_a_world_rank)
         .sum();
     if other > 0 {
         let _ = writeln!(
             o,
-            "  calls not put on a world rank (other communicators, receives from any source \
-             without a status): {other}"
+            "  calls not put on a world rank (communicators whose creation or members' ranks \
+             were not seen, receives from any source without a status): {other}"
         );
     }
     o

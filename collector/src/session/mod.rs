@@ -120,14 +120,18 @@ impl Session {
     }
 
     /// Stops watching `pid` for good and returns its profile so far (None if it is not
-    /// tracked or made no call).
-    pub fn detach(&mut self, pid: u32) -> Result<Option<RankProfile>> {
+    /// tracked or made no call); `board` as for [`Session::profile`].
+    pub fn detach(
+        &mut self,
+        pid: u32,
+        board: Option<&crate::skew::Board>,
+    ) -> Result<Option<RankProfile>> {
         if !self.tracked.contains_key(&pid) {
             return Ok(None);
         }
         self.probes.ignore(pid)?;
         let rank = self
-            .profile(monotonic_ns())
+            .profile(monotonic_ns(), board)
             .ranks
             .into_iter()
             .find(|r| r.pid == pid);
@@ -168,16 +172,26 @@ impl Session {
     }
 
     /// The profile of every tracked process that made MPI calls, from the kernel's counters
-    /// as they are now; `end_ns` closes the elapsed time of processes still running.
-    pub fn profile(&mut self, end_ns: u64) -> JobProfile {
+    /// as they are now; `end_ns` closes the elapsed time of processes still running. Who-is-
+    /// late's `board`, where there is one, names communicators (their traffic then goes on
+    /// world ranks).
+    pub fn profile(&mut self, end_ns: u64, board: Option<&crate::skew::Board>) -> JobProfile {
         let events = &self.ingest_counters;
-        build::job_profile(
+        let name = |pid, handle| {
+            board?
+                .comm_name(pid, handle)
+                .map(crate::skew::CommKey::label)
+        };
+        let mut profile = build::job_profile(
             &self.probes,
             &self.tracked,
             |pid| events.events_of(pid),
+            &name,
             end_ns,
             &mut self.job_ids,
-        )
+        );
+        profile.place_peers_on_world_ranks();
+        profile
     }
 }
 

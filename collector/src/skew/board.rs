@@ -282,6 +282,14 @@ impl Board {
         released
     }
 
+    /// The name of communicator `handle` of process `pid`, alike in every member, where
+    /// its creation was seen (the world has its own key in the per-peer counters).
+    pub fn comm_name(&self, pid: u32, handle: u64) -> Option<super::CommKey> {
+        self.trackers
+            .get(self.world_of.get(&pid)?)?
+            .comm_name(pid, handle)
+    }
+
     /// Whether the job of `pid` is known.
     pub fn knows(&self, pid: u32) -> bool {
         self.world_of.contains_key(&pid)
@@ -313,6 +321,9 @@ impl Board {
         }
         let live: std::collections::HashSet<&String> = self.world_of.values().collect();
         self.trackers.retain(|w, _| live.contains(w));
+        for t in self.trackers.values_mut() {
+            t.forget(&keep);
+        }
         if let Some(ls) = self.late_senders.as_mut() {
             ls.retain(&keep);
         }

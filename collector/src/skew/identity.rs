@@ -95,6 +95,12 @@ impl ProcComms {
         (ev.comm_id == comm_id::WORLD).then_some((CommKey::WORLD, false))
     }
 
+    /// The name of the communicator whose local handle is `handle`, where its creation was
+    /// seen.
+    pub fn of_handle(&self, handle: u64) -> Option<CommKey> {
+        self.names.get(&handle).copied()
+    }
+
     /// Names the communicator a constructor call made, from its parent's name.
     pub fn created(&mut self, ev: &CallEvent, by_host: bool, host: &str) {
         let parent = self.name(ev, false);

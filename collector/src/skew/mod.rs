@@ -59,6 +59,9 @@ pub struct Tracker {
     /// instance number (others are aligned by time).
     init_seen: std::collections::HashSet<u32>,
     procs: HashMap<u32, ProcComms>,
+    /// The communicator names of processes that exited, while their profile is still
+    /// wanted (forgotten by [`Tracker::forget`]).
+    gone: HashMap<u32, ProcComms>,
     /// Per (process, thread): the event number expected next.
     threads: HashMap<(u32, u32), u32>,
     matcher: Matcher,
@@ -83,6 +86,7 @@ impl Tracker {
             host,
             init_seen: Default::default(),
             procs: HashMap::new(),
+            gone: HashMap::new(),
             threads: HashMap::new(),
             matcher: Matcher::default(),
             summary: Summary::default(),
@@ -166,12 +170,29 @@ impl Tracker {
         }
     }
 
-    /// Process `pid` exited: what was learnt of its communicators goes.
+    /// Process `pid` exited: what was learnt of its communicators goes, but for their names
+    /// (its profile still names them).
     pub fn exited(&mut self, pid: u32) {
-        self.procs.remove(&pid);
+        if let Some(comms) = self.procs.remove(&pid) {
+            self.gone.insert(pid, comms);
+        }
         self.world_sizes.remove(&pid);
         self.init_seen.remove(&pid);
         self.threads.retain(|(p, _), _| *p != pid);
+    }
+
+    /// The name of communicator `handle` of process `pid` (running or exited), where its
+    /// creation was seen.
+    pub fn comm_name(&self, pid: u32, handle: u64) -> Option<CommKey> {
+        self.procs
+            .get(&pid)
+            .or_else(|| self.gone.get(&pid))?
+            .of_handle(handle)
+    }
+
+    /// Forgets the names of exited processes `keep` no longer keeps.
+    pub fn forget(&mut self, keep: impl Fn(u32) -> bool) {
+        self.gone.retain(|pid, _| keep(*pid));
     }
 
     /// Whether no process it followed is still running.

@@ -323,14 +323,17 @@ macro_rules! define_health {
 collector_common::kernel_health_counters!(define_health);
 
 /// Point-to-point traffic of a rank with one peer (MPI).
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
-)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PeerTraffic {
-    /// The peer's world rank (calls on `MPI_COMM_WORLD`); `None` for what cannot be put
-    /// on a world rank: calls on other communicators, receives from `MPI_ANY_SOURCE` with
-    /// no status to tell the source.
+    /// The peer's world rank; `None` for what cannot be put on a world rank: receives from
+    /// `MPI_ANY_SOURCE` with no status to tell the source, calls on a communicator whose
+    /// creation was not seen, or whose members' ranks in it are not known.
     pub peer: Option<u32>,
+    /// Set while `peer` is a rank in this communicator (its name, alike in every member:
+    /// see `skew::identity`), not yet placed on a world rank: the member that is that rank
+    /// has not been seen (on another node, until the aggregator merges the nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm: Option<String>,
     /// Calls that sent to it (a Sendrecv counts once on each side).
     pub sent_calls: u64,
     /// Bytes sent to it.
@@ -341,33 +344,111 @@ pub struct PeerTraffic {
     pub received_bytes: u64,
 }
 
-/// The per-peer traffic of process `tgid` from the kernel's counters, by peer (the
-/// unattributed entry last).
+impl PeerTraffic {
+    /// The peer's world rank, where the traffic is placed on one.
+    pub fn world_peer(&self) -> Option<u32> {
+        self.peer.filter(|_| self.comm.is_none())
+    }
+
+    /// Point-to-point calls not placed on a world rank.
+    pub fn calls_not_on_a_world_rank(&self) -> u64 {
+        if self.world_peer().is_some() {
+            0
+        } else {
+            self.sent_calls + self.received_calls
+        }
+    }
+
+    fn add(&mut self, other: &PeerTraffic) {
+        self.sent_calls += other.sent_calls;
+        self.sent_bytes += other.sent_bytes;
+        self.received_calls += other.received_calls;
+        self.received_bytes += other.received_bytes;
+    }
+
+    /// Sorts `peers` and merges entries of the same peer: world ranks first, then ranks in
+    /// other communicators, then what is nobody's.
+    pub fn tidy(peers: &mut Vec<PeerTraffic>) {
+        let order = |p: &PeerTraffic| (p.peer.is_none(), p.comm.clone(), p.peer);
+        let mut by: BTreeMap<(bool, Option<String>, Option<u32>), PeerTraffic> = BTreeMap::new();
+        for p in peers.drain(..) {
+            by.entry(order(&p)).and_modify(|e| e.add(&p)).or_insert(p);
+        }
+        peers.extend(by.into_values());
+    }
+}
+
+/// A rank's rank in a communicator other than the world (named as in [`PeerTraffic::comm`]),
+/// as the kernel saw it in its point-to-point calls there.
+#[derive(
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
+pub struct CommRank {
+    /// The communicator's name.
+    pub comm: String,
+    /// This process's rank in it.
+    pub rank: u32,
+}
+
+/// Most communicator ranks kept per process (a program leaking communicators makes more;
+/// their traffic stays unplaced).
+pub const MAX_COMM_RANKS: usize = 4096;
+
+/// The per-peer traffic of process `tgid` from the kernel's counters, in [`PeerTraffic::tidy`]
+/// order, and its ranks in the communicators its traffic names. `comm_name` names a local
+/// communicator handle alike in every member (where its creation was seen); traffic on a
+/// communicator it cannot name is nobody's.
 pub fn peers_of(
     tgid: u32,
     counters: &[(collector_common::PeerKey, collector_common::PeerVal)],
-) -> Vec<PeerTraffic> {
+    comm_name: impl Fn(u64) -> Option<String>,
+) -> (Vec<PeerTraffic>, Vec<CommRank>) {
     use collector_common::PeerKey;
-    let mut by: BTreeMap<Option<u32>, PeerTraffic> = BTreeMap::new();
+    let mut peers = Vec::new();
+    let mut ranks = std::collections::BTreeSet::new();
     for (k, v) in counters.iter().filter(|(k, _)| k.tgid == tgid) {
-        let peer = (k.comm == PeerKey::WORLD && k.peer >= 0).then_some(k.peer as u32);
-        let e = by.entry(peer).or_insert(PeerTraffic {
-            peer,
-            ..Default::default()
-        });
-        if k.dir == PeerKey::SENT {
-            e.sent_calls += v.calls;
-            e.sent_bytes += v.bytes;
+        let known = |r: i32| u32::try_from(r).ok();
+        let (peer, comm) = if k.comm == PeerKey::WORLD {
+            (known(k.peer), None)
         } else {
-            e.received_calls += v.calls;
-            e.received_bytes += v.bytes;
-        }
+            match comm_name(k.comm) {
+                Some(name) if known(k.me).is_some() => {
+                    if ranks.len() < MAX_COMM_RANKS {
+                        ranks.insert(CommRank {
+                            comm: name.clone(),
+                            rank: k.me as u32,
+                        });
+                    }
+                    (known(k.peer), known(k.peer).map(|_| name))
+                }
+                _ => (None, None),
+            }
+        };
+        let (sent, received) = if k.dir == PeerKey::SENT {
+            ((v.calls, v.bytes), (0, 0))
+        } else {
+            ((0, 0), (v.calls, v.bytes))
+        };
+        peers.push(PeerTraffic {
+            peer,
+            comm,
+            sent_calls: sent.0,
+            sent_bytes: sent.1,
+            received_calls: received.0,
+            received_bytes: received.1,
+        });
     }
-    // None sorts first in a BTreeMap: put the unattributed entry last.
-    let mut out: Vec<PeerTraffic> = by.into_values().collect();
-    let unattributed_first = out.first().is_some_and(|p| p.peer.is_none());
-    out.rotate_left(usize::from(unattributed_first));
-    out
+    PeerTraffic::tidy(&mut peers);
+    (peers, ranks.into_iter().collect())
 }
 
 /// Routines by name, ordered as the routine table orders them.
@@ -539,6 +620,71 @@ pub(crate) mod tests {
             flags: 0,
             _pad: [0; 6],
         }
+    }
+
+    /// Traffic on the world goes to world ranks; on a named communicator to that
+    /// communicator's ranks (with this process's rank there); on an unnamed one, or where
+    /// this process's rank there is unknown, to nobody.
+    #[test]
+    fn peers_are_kept_by_world_rank_or_by_rank_in_a_named_communicator() {
+        use collector_common::{PeerKey, PeerVal};
+        let k = |comm, peer, dir, me| PeerKey {
+            tgid: 7,
+            peer,
+            comm,
+            dir,
+            me,
+        };
+        let v = |calls, bytes| PeerVal { calls, bytes };
+        let counters = vec![
+            (k(PeerKey::WORLD, 1, PeerKey::SENT, 0), v(2, 16)),
+            (k(PeerKey::WORLD, 1, PeerKey::RECEIVED, 0), v(1, 8)),
+            (k(0x10, 1, PeerKey::SENT, 0), v(3, 30)),
+            (k(0x10, PeerKey::ANY, PeerKey::RECEIVED, 0), v(1, 4)),
+            (k(0x20, 0, PeerKey::SENT, 1), v(5, 50)),
+            (k(0x30, 0, PeerKey::SENT, PeerKey::ANY), v(7, 70)),
+            (
+                PeerKey {
+                    tgid: 8,
+                    ..k(PeerKey::WORLD, 0, PeerKey::SENT, 0)
+                },
+                v(9, 9),
+            ),
+        ];
+        let name = |h: u64| (h != 0x20).then(|| format!("c{h:x}"));
+        let (peers, ranks) = peers_of(7, &counters, name);
+        let t = |peer, comm: Option<&str>, sent: (u64, u64), received: (u64, u64)| PeerTraffic {
+            peer,
+            comm: comm.map(String::from),
+            sent_calls: sent.0,
+            sent_bytes: sent.1,
+            received_calls: received.0,
+            received_bytes: received.1,
+        };
+        assert_eq!(
+            peers,
+            vec![
+                t(Some(1), None, (2, 16), (1, 8)),
+                t(Some(1), Some("c10"), (3, 30), (0, 0)),
+                t(None, None, (5 + 7, 50 + 70), (1, 4)),
+            ]
+        );
+        // A rank unknown (0x30) or a communicator unnamed (0x20) teaches nothing.
+        assert_eq!(
+            ranks,
+            vec![CommRank {
+                comm: "c10".into(),
+                rank: 0
+            }]
+        );
+        assert_eq!(peers[1].world_peer(), None);
+        assert_eq!(
+            peers
+                .iter()
+                .map(PeerTraffic::calls_not_on_a_world_rank)
+                .sum::<u64>(),
+            3 + 5 + 7 + 1
+        );
     }
 
     #[test]

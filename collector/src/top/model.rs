@@ -346,6 +346,7 @@ mod tests {
             health: crate::stats::Health::default(),
             fabrics: Vec::new(),
             peers: Vec::new(),
+            comm_ranks: Vec::new(),
         }
     }
 

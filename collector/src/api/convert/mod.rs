@@ -9,7 +9,7 @@ use crate::{
     profile::{JobProfile, ProbedLibrary, RankProfile},
     skew::SkewReport,
     stats::{
-        CommStats, DeviceTime, Durations, Health, PeerTraffic, RoutineStats, SampledTime,
+        CommRank, CommStats, DeviceTime, Durations, Health, PeerTraffic, RoutineStats, SampledTime,
         SizeBucket, Totals,
     },
 };
@@ -58,7 +58,8 @@ mirror!(Totals, pb::Totals; copy [calls, bytes, time_ns] clone [] each [] cast [
 mirror!(DeviceTime, pb::DeviceTime; copy [calls, bytes, time_ns, bus_bytes] clone [] each [] cast []);
 mirror!(Fabric, pb::Fabric; copy [] clone [provider, name] each [] cast []);
 mirror!(PeerTraffic, pb::PeerTraffic;
-    copy [peer, sent_calls, sent_bytes, received_calls, received_bytes] clone [] each [] cast []);
+    copy [peer, sent_calls, sent_bytes, received_calls, received_bytes] clone [comm] each [] cast []);
+mirror!(CommRank, pb::CommRank; copy [rank] clone [comm] each [] cast []);
 mirror!(ProbedLibrary, pb::ProbedLibrary;
     copy [uprobe_sessions] clone [path, flavor, moved_past_single_step, single_stepped, failed] each [] cast [probes]);
 
@@ -296,6 +297,7 @@ impl From<&RankProfile> for pb::RankProfile {
             exited: r.exited,
             fabrics: r.fabrics.iter().map(Into::into).collect(),
             peers: r.peers.iter().map(Into::into).collect(),
+            comm_ranks: r.comm_ranks.iter().map(Into::into).collect(),
         }
     }
 }
@@ -324,6 +326,12 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
             exited: r.exited,
             fabrics: r.fabrics.iter().map(Into::into).collect(),
             peers: r.peers.iter().map(Into::into).collect(),
+            comm_ranks: r
+                .comm_ranks
+                .iter()
+                .take(crate::stats::MAX_COMM_RANKS)
+                .map(Into::into)
+                .collect(),
         })
     }
 }

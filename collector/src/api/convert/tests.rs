@@ -89,6 +89,14 @@ pub(crate) fn sample() -> JobProfile {
                     sent_bytes: 16,
                     received_calls: 3,
                     received_bytes: 24,
+                    ..Default::default()
+                },
+                crate::stats::PeerTraffic {
+                    peer: Some(3),
+                    comm: Some("0badcafe".into()),
+                    sent_calls: 1,
+                    sent_bytes: 4,
+                    ..Default::default()
                 },
                 crate::stats::PeerTraffic {
                     peer: None,
@@ -97,6 +105,10 @@ pub(crate) fn sample() -> JobProfile {
                     ..Default::default()
                 },
             ],
+            comm_ranks: vec![crate::stats::CommRank {
+                comm: "0badcafe".into(),
+                rank: 2,
+            }],
         }],
         dropped: 0,
         undecoded: 3,

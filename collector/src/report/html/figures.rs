@@ -469,12 +469,12 @@ pub fn peers(job: &JobProfile) -> String {
     let mut elsewhere = 0u64;
     for (i, r) in job.ranks.iter().enumerate() {
         for p in &r.peers {
-            match p.peer.and_then(|peer| position.get(&peer)) {
+            match p.world_peer().and_then(|peer| position.get(&peer)) {
                 Some(&j) if p.sent_bytes > 0 => {
                     *cells.entry((rows.of(i), rows.of(j))).or_default() += p.sent_bytes as f64;
                 }
                 Some(_) => {}
-                None => elsewhere += p.sent_calls + p.received_calls,
+                None => elsewhere += p.calls_not_on_a_world_rank(),
             }
         }
     }
@@ -494,8 +494,8 @@ pub fn peers(job: &JobProfile) -> String {
     if elsewhere > 0 {
         let _ = writeln!(
             o,
-            "<p>Calls not put on a world rank (other communicators, receives from any source \
-             without a status): {elsewhere}</p>"
+            "<p>Calls not put on a world rank (communicators whose creation or members' ranks \
+             were not seen, receives from any source without a status): {elsewhere}</p>"
         );
     }
     o

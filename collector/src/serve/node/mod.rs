@@ -68,6 +68,14 @@ impl NodeState {
     pub fn api_time(&self, ns: u64) -> u64 {
         ns.saturating_add_signed(self.clock_offset_ns)
     }
+
+    /// Who-is-late's board, where there is one (locked after the session, never before).
+    pub async fn board(&self) -> Option<tokio::sync::MutexGuard<'_, crate::skew::Board>> {
+        match &self.late {
+            Some(late) => Some(late.lock().await),
+            None => None,
+        }
+    }
 }
 
 /// Most final profiles of exited processes kept at once, and per user: a user starting
@@ -174,7 +182,9 @@ impl NodeState {
     /// only; no other user's unsupported files).
     async fn live_profile(&self, caller: Caller) -> JobProfile {
         let mut session = self.session.lock().await;
-        let mut profile = session.profile(monotonic_ns());
+        let board = self.board().await;
+        let mut profile = session.profile(monotonic_ns(), board.as_deref());
+        drop(board);
         profile
             .libraries
             .retain(|l| caller.may_see_library(&session, &l.path));

@@ -168,8 +168,11 @@ impl pb::node_server::Node for NodeService {
                 "PID {pid} belongs to another user"
             )));
         }
-        let rank = session.detach(pid).map_err(|e| e.to_status())?;
-        drop(session);
+        let board = self.state.board().await;
+        let rank = session
+            .detach(pid, board.as_deref())
+            .map_err(|e| e.to_status())?;
+        drop((board, session));
         self.state.detached.lock().await.insert(pid);
         if let Some(rank) = &rank {
             // Nothing lost: the profile stays in snapshots (and pushes) as a final one.
