@@ -60,20 +60,15 @@ pub async fn run<S: SnapshotSource>(
 /// `batch` as messages of at most `max` encoded bytes each (a snapshot larger than that
 /// goes alone): a node or an aggregator of any size never sends more than the receiver
 /// takes in one message. An empty batch stays one (empty) message.
-pub fn split(batch: pb::PushSnapshotsRequest, max: usize) -> Vec<pb::PushSnapshotsRequest> {
+pub fn split(mut batch: pb::PushSnapshotsRequest, max: usize) -> Vec<pb::PushSnapshotsRequest> {
     use prost::Message as _;
-    // Instances and the clock go with the first message (instances are few: one per
-    // multi-node collective since the last push, at most 65,536).
-    let mut parts = vec![pb::PushSnapshotsRequest {
-        processes: Vec::new(),
-        instances: batch.instances,
-        clock_offset_ns: batch.clock_offset_ns,
-        clock_error_ns: batch.clock_error_ns,
-        node: batch.node,
-        node_api: batch.node_api,
-    }];
+    let processes = std::mem::take(&mut batch.processes);
+    // The rest goes with the first message: the clock, instances (few: one per multi-node
+    // collective since the last push, at most 65,536), message halves (at most 65,536) and
+    // each job's Late Sender report.
+    let mut parts = vec![batch];
     let mut size = 0;
-    for p in batch.processes {
+    for p in processes {
         let len = p.encoded_len() + 8;
         if size + len > max && size > 0 {
             parts.push(pb::PushSnapshotsRequest::default());

@@ -252,3 +252,41 @@ pub fn as_nobody(program: &Path) -> Command {
 pub fn spawn_as_nobody(program: &Path, args: &[&str]) -> ChildGuard {
     ChildGuard::spawn(as_nobody(program).args(args))
 }
+
+/// The cgroup v2 mount point of this machine.
+pub fn cgroup2_root() -> PathBuf {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    mounts
+        .lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            right
+                .starts_with("cgroup2 ")
+                .then(|| PathBuf::from(left.split_whitespace().nth(4).expect("mount point")))
+        })
+        .expect("a cgroup v2 hierarchy (the daemon's --cgroup needs one)")
+}
+
+/// A test cgroup `<name>-<test pid>` under the cgroup v2 root, removed when dropped (once
+/// its processes are gone).
+pub struct CgroupGuard(pub PathBuf);
+
+impl CgroupGuard {
+    /// Creates it.
+    pub fn new(name: &str) -> CgroupGuard {
+        let dir = cgroup2_root().join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("creating a test cgroup");
+        CgroupGuard(dir)
+    }
+
+    /// A shell command line that moves the shell into this cgroup, then execs `cmd`.
+    pub fn exec_inside(&self, cmd: &str) -> String {
+        format!("echo $$ > {}/cgroup.procs && exec {cmd}", self.0.display())
+    }
+}
+
+impl Drop for CgroupGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}

@@ -236,34 +236,10 @@ fn users_see_only_their_own_processes(name: &str, daemon_args: &[&str]) {
     daemon.stop(&scratch);
 }
 
-/// The cgroup v2 mount point of this machine.
-fn cgroup2_root() -> std::path::PathBuf {
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    mounts
-        .lines()
-        .find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            right.starts_with("cgroup2 ").then(|| {
-                std::path::PathBuf::from(left.split_whitespace().nth(4).expect("mount point"))
-            })
-        })
-        .expect("a cgroup v2 hierarchy (the daemon's --cgroup needs one)")
-}
-
-/// Removes a test cgroup when dropped (once its processes are gone).
-struct CgroupGuard(std::path::PathBuf);
-
-impl Drop for CgroupGuard {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.0);
-    }
-}
-
 #[test]
 fn a_daemon_scoped_to_a_cgroup_profiles_only_that_job() {
     let scratch = Scratch::new("daemon-cgroup");
-    let cg = CgroupGuard(cgroup2_root().join(format!("commtap-test-{}", std::process::id())));
-    std::fs::create_dir_all(&cg.0).expect("creating a test cgroup");
+    let cg = CgroupGuard::new("commtap-test");
     let daemon = Daemon::start(
         &scratch,
         &[],
@@ -282,7 +258,7 @@ fn a_daemon_scoped_to_a_cgroup_profiles_only_that_job() {
         );
         // The job inside joins the cgroup before it starts (as slurmstepd puts a step there).
         let script = if inside {
-            format!("echo $$ > {}/cgroup.procs && exec {run}", cg.0.display())
+            cg.exec_inside(&run)
         } else {
             format!("exec {run}")
         };

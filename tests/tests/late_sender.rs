@@ -134,3 +134,97 @@ fn late_senders_are_counted_in_an_open_mpi_job() {
 fn late_senders_are_counted_in_an_mpich_job() {
     late_senders_are_counted(Mpi::Mpich);
 }
+
+/// Two simulated nodes: rank 0 in one cgroup, watched by node-a's daemon; rank 1 in
+/// another, watched by node-b's, whose clock is 5 s ahead. Neither daemon sees both ends
+/// of a message: each hands its halves on, and the aggregator pairs them on its clock,
+/// exactly as `record` pairs them on one node.
+#[test]
+fn late_senders_across_nodes_are_paired_by_the_aggregator() {
+    let scratch = Scratch::new("late-sender-nodes");
+    let agg_scratch = Scratch::new("late-sender-nodes-aggregator");
+    let (mut aggregator, url) = spawn_local_aggregator(&agg_scratch, &scratch.path("agg.redb"));
+    let groups = [
+        CgroupGuard::new("commtap-node-a"),
+        CgroupGuard::new("commtap-node-b"),
+    ];
+    let mut daemons = Vec::new();
+    for ((node, cg), clock) in ["node-a", "node-b"]
+        .into_iter()
+        .zip(&groups)
+        .zip(["0", "5000000000"])
+    {
+        let node_scratch = Scratch::new(&format!("late-sender-{node}"));
+        let d = Daemon::start(
+            &node_scratch,
+            &[],
+            &[],
+            &[
+                "--call-events",
+                "--no-state",
+                "--node-name",
+                node,
+                "--cgroup",
+                path_str(&cg.0),
+                "--test-clock-offset-ns",
+                clock,
+                "--aggregator",
+                &url,
+                "--push-interval",
+                "200ms",
+            ],
+        );
+        daemons.push((node_scratch, d));
+    }
+
+    // One rank per cgroup (Open MPI's per-rank application contexts).
+    let job_id = format!("ls{}", std::process::id());
+    let prog = build_program("mpi_late_sender.c", Mpi::OpenMpi);
+    let prefix = scratch.path("truth");
+    let rank_cmd = format!("{} {DELAY_MS} {N} {}", prog.display(), prefix.display());
+    let launcher = Mpi::OpenMpi.launcher(1);
+    let mut cmd = std::process::Command::new(&launcher[0]);
+    mpi_env(&mut cmd)
+        .args(["-x", "SLURM_JOB_ID"])
+        .env("SLURM_JOB_ID", &job_id)
+        .args(&launcher[1..])
+        .args(["sh", "-c", &groups[0].exec_inside(&rank_cmd), ":"])
+        .args(&launcher[2..])
+        .args(["sh", "-c", &groups[1].exec_inside(&rank_cmd)]);
+    let mut job = ChildGuard::spawn(&mut cmd);
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let truths = read_truths(&prefix, 2);
+
+    let report = || try_job_report(&[], &url, &job_id, &scratch.path("merged.json"));
+    wait_until("every message paired at the aggregator", LIMIT, || {
+        report().is_some_and(|p| {
+            every_rank_final(&p, 2)
+                && p["skew"]["late_sender"]["unpaired"] == 0
+                && p["skew"]["late_sender"]["pairs"][0]["messages"] == truths[0]["messages"]
+        })
+    });
+    let merged = report().expect("report");
+    assert_late_senders(&merged, &truths);
+    let pair = &merged["skew"]["late_sender"]["pairs"][0];
+    assert_eq!(
+        (&pair["receiver_host"], &pair["sender_host"]),
+        (&"node-a".into(), &"node-b".into()),
+        "{pair}"
+    );
+    // Each node alone paired nothing: every message crossed.
+    for (node_scratch, d) in &daemons {
+        let own = report_json(&["report", "--from", &d.target, "--job", &job_id]);
+        assert_eq!(
+            own["skew"]["late_sender"]["pairs"].as_array().map(Vec::len),
+            Some(0),
+            "{}: {own:#}",
+            node_scratch.0.display()
+        );
+    }
+    for (node_scratch, d) in daemons {
+        d.stop(&node_scratch);
+    }
+    // SAFETY: kill(2) of the aggregator we spawned.
+    unsafe { libc::kill(aggregator.0.id() as i32, libc::SIGTERM) };
+    let _ = aggregator.wait_with_limit(LIMIT);
+}

@@ -215,15 +215,31 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
                     apis.note(&p.node, &p.node_api);
                 }
             }
-            // A sender's instances name ranks of its own node only.
+            // A sender's instances and message halves name ranks of its own node only.
             for a in msg.instances.iter().flat_map(|i| &i.arrivals) {
                 role.check_node(&a.host)?;
             }
-            if let Some(offset) = msg.clock_offset_ns {
-                self.skew
+            for h in &msg.message_halves {
+                role.check_node(&h.host)?;
+            }
+            {
+                let mut skew = self
+                    .skew
                     .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .add(&msg.instances, offset, msg.clock_error_ns);
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Some(offset) = msg.clock_offset_ns {
+                    skew.add(&msg.instances, offset, msg.clock_error_ns);
+                }
+                if !msg.node.is_empty()
+                    && (!msg.late_senders.is_empty() || !msg.message_halves.is_empty())
+                {
+                    skew.add_late_senders(
+                        &msg.node,
+                        &msg.late_senders,
+                        &msg.message_halves,
+                        msg.clock_offset_ns,
+                    );
+                }
             }
             let r = self
                 .clocks

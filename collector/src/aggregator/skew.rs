@@ -5,7 +5,7 @@
 //! Bounded: at most [`MAX_JOBS`] jobs and [`MAX_PENDING`] open instances per job (the
 //! oldest closed as incomplete); a part names ranks of its sender's node only.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use collector_common::{routines::routine_id, BUCKETS, UNKNOWN_BUCKET};
 
@@ -13,9 +13,11 @@ use crate::{
     api::pb,
     skew::{
         instances::{Arrival, Instance, MatchCounts},
+        late_sender::{LateSenderPair, LateSenderReport, LateSenders},
         summary::Summary,
         CommKey, SkewReport,
     },
+    trace::flows::Unlinked,
 };
 
 /// Jobs followed at once.
@@ -44,7 +46,31 @@ struct JobSkew {
     summary: Summary,
     hosts: HashMap<u32, String>,
     within_clock_error: u64,
+    /// Late Sender, once a node sent any of it.
+    late: Option<JobLateSender>,
 }
+
+/// Late Sender of one job across its nodes: the messages each node paired itself, and
+/// those whose halves the nodes handed on, paired here.
+#[derive(Debug, Default)]
+struct JobLateSender {
+    /// The handed-on halves, paired (ends by world rank).
+    across: LateSenders,
+    /// Each node's own report, the latest of each pair: a pair a node stops reporting (its
+    /// processes forgotten there) keeps what it last said.
+    nodes: HashMap<String, NodeReport>,
+}
+
+#[derive(Debug, Default)]
+struct NodeReport {
+    pairs: BTreeMap<(u32, u32), LateSenderPair>,
+    not_numbered: Unlinked,
+    unpaired: u64,
+}
+
+/// Nodes whose Late Sender reports one job keeps, and pairs per node.
+const MAX_NODES: usize = 1 << 14;
+const MAX_NODE_PAIRS: usize = 1 << 16;
 
 /// The instances of every job, as their parts arrive.
 #[derive(Debug, Default)]
@@ -115,7 +141,87 @@ impl CrossSkew {
         }
     }
 
-    /// The report of `job`, if any of its instances spanned nodes.
+    /// Takes a node's Late Sender parts: its own report of each job, and the message halves
+    /// it handed on, whose times are on its clock (the aggregator's is that plus
+    /// `offset_ns`; without an offset they cannot be paired and are left out).
+    pub fn add_late_senders(
+        &mut self,
+        node: &str,
+        reports: &[pb::NodeLateSender],
+        halves: &[pb::MessageHalf],
+        offset_ns: Option<i64>,
+    ) {
+        use crate::skew::late_sender::Half;
+        for r in reports {
+            let Some(late) = self.late_of(&r.job) else {
+                continue;
+            };
+            if !late.nodes.contains_key(node) && late.nodes.len() >= MAX_NODES {
+                continue;
+            }
+            let report = LateSenderReport::from(&r.report.clone().unwrap_or_default());
+            let mine = late.nodes.entry(node.to_string()).or_default();
+            for p in report.pairs {
+                let key = (p.receiver, p.sender);
+                if mine.pairs.contains_key(&key) || mine.pairs.len() < MAX_NODE_PAIRS {
+                    mine.pairs.insert(key, p);
+                }
+            }
+            mine.not_numbered = report.not_numbered;
+            mine.unpaired = report.unpaired;
+        }
+        let Some(offset_ns) = offset_ns else {
+            return;
+        };
+        for h in halves {
+            let (start_ns, end_ns) = (
+                h.start_ns.saturating_add_signed(offset_ns),
+                h.end_ns.saturating_add_signed(offset_ns),
+            );
+            let half = match h.kind() {
+                pb::HalfKind::Send => Half::Send {
+                    pid: h.rank,
+                    start_ns,
+                },
+                pb::HalfKind::Receive => Half::Receive {
+                    pid: h.rank,
+                    start_ns,
+                    end_ns,
+                },
+                pb::HalfKind::Posted => Half::Posted { pid: h.rank },
+                pb::HalfKind::Unspecified => continue,
+            };
+            if self.late_of(&h.job).is_none() {
+                continue;
+            }
+            let job = self.jobs.get_mut(&h.job).expect("just made");
+            if !job.hosts.contains_key(&h.rank) && job.hosts.len() < MAX_SIZE as usize {
+                job.hosts.insert(h.rank, h.host.clone());
+            }
+            job.late
+                .as_mut()
+                .expect("just made")
+                .across
+                .meet(h.id, half);
+        }
+    }
+
+    /// The Late Sender state of `job`, made if new (None past [`MAX_JOBS`]).
+    fn late_of(&mut self, job: &str) -> Option<&mut JobLateSender> {
+        if !self.jobs.contains_key(job) && self.jobs.len() >= MAX_JOBS {
+            return None;
+        }
+        Some(
+            self.jobs
+                .entry(job.to_string())
+                .or_default()
+                .late
+                .get_or_insert_with(JobLateSender::default),
+        )
+    }
+
+    /// The report of `job`, if any of its instances spanned nodes or a node paired its
+    /// messages.
     pub fn report(&self, job: &str) -> Option<SkewReport> {
         let j = self.jobs.get(job)?;
         let whois = |rank: u32| Some((rank, j.hosts.get(&rank).cloned().unwrap_or_default()));
@@ -123,6 +229,19 @@ impl CrossSkew {
             .summary
             .report(MatchCounts::default(), 0, 0, &whois, &|_| None);
         r.within_clock_error = j.within_clock_error;
+        r.late_sender = j.late.as_ref().map(|late| {
+            let nodes: Vec<LateSenderReport> = late
+                .nodes
+                .values()
+                .map(|n| LateSenderReport {
+                    pairs: n.pairs.values().cloned().collect(),
+                    not_numbered: n.not_numbered,
+                    unpaired: n.unpaired,
+                })
+                .collect();
+            let across = late.across.report(&whois);
+            LateSenderReport::combine(nodes.iter().chain([&across]))
+        });
         Some(r)
     }
 
@@ -185,6 +304,101 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    fn half(
+        id: u64,
+        rank: u32,
+        host: &str,
+        kind: pb::HalfKind,
+        start: u64,
+        end: u64,
+    ) -> pb::MessageHalf {
+        pb::MessageHalf {
+            job: "j".into(),
+            id,
+            rank,
+            host: host.into(),
+            kind: kind as i32,
+            start_ns: start,
+            end_ns: end,
+        }
+    }
+
+    fn node_report(
+        receiver: u32,
+        sender: u32,
+        messages: u64,
+        late: u64,
+        wait_ns: u64,
+    ) -> pb::NodeLateSender {
+        let r = LateSenderReport {
+            pairs: vec![LateSenderPair {
+                receiver,
+                receiver_host: "a".into(),
+                sender,
+                sender_host: "a".into(),
+                messages,
+                late,
+                wait_ns,
+            }],
+            unpaired: 1,
+            ..Default::default()
+        };
+        pb::NodeLateSender {
+            job: "j".into(),
+            report: Some((&r).into()),
+        }
+    }
+
+    /// Rank 0 (node a) waits in two receives for rank 2 (node b, clock 5 s ahead): the
+    /// first send started 2 ms after the receive, the second before it. Node a's own
+    /// pairs are added, its later report replacing the earlier; a posted receive takes
+    /// its send without a wait.
+    #[test]
+    fn halves_of_two_nodes_pair_on_one_clock() {
+        use pb::HalfKind::{Posted, Receive, Send};
+        let mut x = CrossSkew::default();
+        let b = 5_000_000_000;
+        x.add_late_senders(
+            "a",
+            &[node_report(0, 1, 3, 1, 100)],
+            &[
+                half(1, 0, "a", Receive, 1_000_000, 4_000_000),
+                half(2, 0, "a", Receive, 10_000_000, 11_000_000),
+                half(3, 0, "a", Posted, 0, 0),
+            ],
+            Some(0),
+        );
+        x.add_late_senders(
+            "b",
+            &[],
+            &[
+                half(1, 2, "b", Send, b + 3_000_000, b + 3_000_000),
+                half(2, 2, "b", Send, b + 9_000_000, b + 9_000_000),
+                half(3, 2, "b", Send, b + 20_000_000, b + 20_000_000),
+                half(4, 2, "b", Send, b + 30_000_000, b + 30_000_000),
+            ],
+            Some(-5_000_000_000),
+        );
+        x.add_late_senders("a", &[node_report(0, 1, 5, 2, 300)], &[], Some(0));
+        let ls = x
+            .report("j")
+            .expect("report")
+            .late_sender
+            .expect("late sender");
+        let pairs: Vec<(u32, u32, u64, u64, u64)> = ls
+            .pairs
+            .iter()
+            .map(|p| (p.receiver, p.sender, p.messages, p.late, p.wait_ns))
+            .collect();
+        assert_eq!(pairs, vec![(0, 2, 2, 1, 2_000_000), (0, 1, 5, 2, 300)]);
+        assert_eq!(ls.pairs[0].sender_host, "b");
+        // Node a's own unpaired one, and message 4's send.
+        assert_eq!(ls.unpaired, 2);
+        // Without a clock offset, halves are not paired (nor kept).
+        x.add_late_senders("b", &[], &[half(9, 2, "b", Send, 1, 1)], None);
+        assert_eq!(x.report("j").unwrap().late_sender.unwrap().unpaired, 2);
     }
 
     #[test]

@@ -14,7 +14,11 @@ use std::sync::{
 
 use tokio::sync::{broadcast::error::RecvError, mpsc};
 
-use super::{late_sender::LateSenders, summary::Whois, Placement, SkewReport, Tracker};
+use super::{
+    late_sender::{Half, LateSenderReport, LateSenders},
+    summary::Whois,
+    Placement, SkewReport, Tracker,
+};
 use crate::ingest::{FeedItem, FeedResult};
 
 /// Calls kept per process whose job is not known yet; past this they are counted as lost.
@@ -115,8 +119,9 @@ pub struct Board {
     waiting: HashMap<u32, VecDeque<CallEvent>>,
     /// Calls that waited for a job that never became known, or past the caps.
     unplaced: u64,
-    /// Sends paired with their receives, when every call comes (per-call events).
-    late_senders: Option<LateSenders>,
+    /// Whether sends are paired with their receives (each job's tracker does it), when
+    /// every call comes (per-call events).
+    late_senders: bool,
     /// Where placed calls are passed on, if anywhere.
     forward: Option<Arc<PlacedFeed>>,
     /// Processes that exited while calls of theirs were held: their exit is passed on
@@ -134,7 +139,7 @@ impl Board {
             world_of: HashMap::new(),
             waiting: HashMap::new(),
             unplaced: 0,
-            late_senders: None,
+            late_senders: false,
             forward: None,
             exited_while_held: HashSet::new(),
         }
@@ -154,7 +159,13 @@ impl Board {
 
     /// A call leaves the board: to Late Sender's pairing and to whoever it is passed on to.
     fn placed(&mut self, ev: &CallEvent, placement: Placement) {
-        if let Some(ls) = self.late_senders.as_mut() {
+        // Per job: the messages of two jobs on one node are numbered alike.
+        let ls = self
+            .world_of
+            .get(&ev.tgid)
+            .and_then(|w| self.trackers.get_mut(w))
+            .and_then(|t| t.late_senders.as_mut());
+        if let Some(ls) = ls {
             ls.call(&crate::trace::placed_call_event(ev, placement));
         }
         self.pass_on(PlacedItem::Call(*ev, placement));
@@ -170,7 +181,7 @@ impl Board {
     /// Also pairs every send with its receive (Late Sender): only where every call of the
     /// processes comes, numbered from `MPI_Init` (per-call events on from the start).
     pub fn with_late_senders(mut self) -> Board {
-        self.late_senders = Some(LateSenders::default());
+        self.late_senders = true;
         self
     }
 
@@ -256,10 +267,11 @@ impl Board {
             .entry(pid)
             .or_insert_with(|| world.to_string())
             .clone();
-        let (host, hand_on) = (self.host.clone(), self.hand_on);
+        let (host, hand_on, late) = (self.host.clone(), self.hand_on, self.late_senders);
         let t = self.trackers.entry(world).or_insert_with(|| {
             let mut t = Tracker::new(host);
             t.hand_on = hand_on;
+            t.late_senders = late.then(LateSenders::default);
             t
         });
         if let Some(n) = size {
@@ -323,9 +335,9 @@ impl Board {
         self.trackers.retain(|w, _| live.contains(w));
         for t in self.trackers.values_mut() {
             t.forget(&keep);
-        }
-        if let Some(ls) = self.late_senders.as_mut() {
-            ls.retain(&keep);
+            if let Some(ls) = t.late_senders.as_mut() {
+                ls.retain(&keep);
+            }
         }
     }
 
@@ -364,10 +376,37 @@ impl Board {
     /// processes named by `whois`.
     pub fn report_for(&self, pids: &[u32], whois: Whois) -> Option<SkewReport> {
         let world = pids.iter().find_map(|p| self.world_of.get(p))?;
-        let mut r = self.trackers.get(world)?.report(whois);
+        let t = self.trackers.get(world)?;
+        let mut r = t.report(whois);
         r.unidentified += self.unplaced;
-        r.late_sender = self.late_senders.as_ref().map(|ls| ls.report(whois));
+        r.late_sender = t.late_senders.as_ref().map(|ls| ls.report(whois));
         Some(r)
+    }
+
+    /// The Late Sender report of the job `pids` belong to, if sends are paired.
+    pub fn late_sender_for(&self, pids: &[u32], whois: Whois) -> Option<LateSenderReport> {
+        let world = pids.iter().find_map(|p| self.world_of.get(p))?;
+        Some(
+            self.trackers
+                .get(world)?
+                .late_senders
+                .as_ref()?
+                .report(whois),
+        )
+    }
+
+    /// At most `max` message halves of the jobs here whose other end this node did not see
+    /// since the last call (for the aggregator: see [`LateSenders::take_unmatched`]).
+    pub fn take_unmatched_halves(&mut self, max: usize) -> Vec<(u64, Half)> {
+        let mut out = Vec::new();
+        for ls in self
+            .trackers
+            .values_mut()
+            .filter_map(|t| t.late_senders.as_mut())
+        {
+            out.extend(ls.take_unmatched(max - out.len()));
+        }
+        out
     }
 }
 

@@ -53,27 +53,50 @@ pub struct LateSenderPair {
     pub wait_ns: u64,
 }
 
-/// One side of a message, seen before the other.
-#[derive(Clone, Copy, Debug)]
-enum Half {
+/// One side of a message, seen before the other. `pid` is the process on a node, the
+/// world rank at the aggregator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Half {
+    /// A send, from its start.
     Send {
+        /// Who sent.
         pid: u32,
+        /// When the send started.
         start_ns: u64,
     },
+    /// A blocking receive.
     Receive {
+        /// Who received.
         pid: u32,
+        /// When it started waiting.
         start_ns: u64,
+        /// When it returned.
         end_ns: u64,
     },
     /// An `MPI_Irecv`: its message arrives in a later wait, which names no message.
-    Posted,
+    Posted {
+        /// Who posted it.
+        pid: u32,
+    },
+}
+
+impl Half {
+    /// The process (or rank) of this end.
+    pub fn pid(&self) -> u32 {
+        match *self {
+            Half::Send { pid, .. } | Half::Receive { pid, .. } | Half::Posted { pid } => pid,
+        }
+    }
 }
 
 /// Pairs each send with its receive as calls come, and adds up the waits.
 #[derive(Debug, Default)]
 pub struct LateSenders {
     numbering: Flows,
-    pending: HashMap<u64, Half>,
+    /// Halves waiting for their other end, with the generation they came in.
+    pending: HashMap<u64, (Half, u32)>,
+    /// Counts calls to [`LateSenders::take_unmatched`].
+    generation: u32,
     /// By (receiver pid, sender pid).
     pairs: BTreeMap<(u32, u32), LateSenderPair>,
     dropped: u64,
@@ -103,14 +126,16 @@ impl LateSenders {
             );
         }
         if let Some(id) = ends.posted {
-            self.meet(id, Half::Posted);
+            self.meet(id, Half::Posted { pid: ev.pid });
         }
     }
 
-    fn meet(&mut self, id: u64, half: Half) {
-        let Some(other) = self.pending.remove(&id) else {
+    /// Takes one half of message `id` (an identity both ends compute alike): paired with
+    /// its other half if that came, else kept for it.
+    pub fn meet(&mut self, id: u64, half: Half) {
+        let Some((other, _)) = self.pending.remove(&id) else {
             if self.pending.len() < MAX_PENDING {
-                self.pending.insert(id, half);
+                self.pending.insert(id, (half, self.generation));
             } else {
                 self.dropped += 1;
             }
@@ -150,6 +175,24 @@ impl LateSenders {
         }
     }
 
+    /// At most `max` of the halves whose other end did not come since the last call (it is
+    /// on another node: the aggregator pairs them), taken out; those that came since stay a
+    /// while, and those past `max` until the next call.
+    pub fn take_unmatched(&mut self, max: usize) -> Vec<(u64, Half)> {
+        let now = self.generation;
+        self.generation = now.wrapping_add(1);
+        let old: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, (_, g))| *g != now)
+            .map(|(id, _)| *id)
+            .take(max)
+            .collect();
+        old.into_iter()
+            .filter_map(|id| Some((id, self.pending.remove(&id)?.0)))
+            .collect()
+    }
+
     /// Forgets the pairs of processes `keep` no longer keeps (both ends gone).
     pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
         self.pairs
@@ -173,21 +216,55 @@ impl LateSenders {
                 })
             })
             .collect();
-        pairs.sort_by(|a, b| {
-            b.wait_ns
-                .cmp(&a.wait_ns)
-                .then((a.receiver, a.sender).cmp(&(b.receiver, b.sender)))
-        });
+        sort_pairs(&mut pairs);
         let unpaired = self
             .pending
             .values()
-            .filter(|h| !matches!(h, Half::Posted))
+            .filter(|(h, _)| !matches!(h, Half::Posted { .. }))
             .count() as u64;
         LateSenderReport {
             pairs,
             not_numbered: self.numbering.unlinked,
             unpaired: unpaired + self.dropped,
         }
+    }
+}
+
+/// Most waited first.
+fn sort_pairs(pairs: &mut [LateSenderPair]) {
+    pairs.sort_by(|a, b| {
+        b.wait_ns
+            .cmp(&a.wait_ns)
+            .then((a.receiver, a.sender).cmp(&(b.receiver, b.sender)))
+    });
+}
+
+impl LateSenderReport {
+    /// The reports of several parts of a job (each node's, the aggregator's pairs across
+    /// nodes) as one: pairs of the same ranks added up, counts summed.
+    pub fn combine<'a>(parts: impl IntoIterator<Item = &'a LateSenderReport>) -> LateSenderReport {
+        let mut by: BTreeMap<(u32, u32), LateSenderPair> = BTreeMap::new();
+        let mut out = LateSenderReport::default();
+        for r in parts {
+            for p in &r.pairs {
+                let e = by
+                    .entry((p.receiver, p.sender))
+                    .or_insert_with(|| LateSenderPair {
+                        messages: 0,
+                        late: 0,
+                        wait_ns: 0,
+                        ..p.clone()
+                    });
+                e.messages += p.messages;
+                e.late += p.late;
+                e.wait_ns += p.wait_ns;
+            }
+            out.not_numbered.add(&r.not_numbered);
+            out.unpaired += r.unpaired;
+        }
+        out.pairs = by.into_values().collect();
+        sort_pairs(&mut out.pairs);
+        out
     }
 }
 

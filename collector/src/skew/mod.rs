@@ -74,6 +74,8 @@ pub struct Tracker {
     parts: std::collections::VecDeque<Instance>,
     /// Whether parts are kept (an aggregator takes them); else only counted as remote.
     pub hand_on: bool,
+    /// Sends paired with their receives (Late Sender), where every call comes.
+    pub late_senders: Option<late_sender::LateSenders>,
     /// World sizes from the launchers' environment, for calls whose communicator size the
     /// kernel does not know (MPICH's world when attached after `MPI_Comm_size`).
     world_sizes: HashMap<u32, u32>,
@@ -96,6 +98,7 @@ impl Tracker {
             world_sizes: HashMap::new(),
             parts: Default::default(),
             hand_on: false,
+            late_senders: None,
         }
     }
 

@@ -85,6 +85,16 @@ pub struct Unlinked {
     pub too_many_channels: u64,
 }
 
+impl Unlinked {
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: &Unlinked) {
+        self.not_from_init += other.not_from_init;
+        self.after_unresolved_wildcard += other.after_unresolved_wildcard;
+        self.communicator_unknown += other.communicator_unknown;
+        self.too_many_channels += other.too_many_channels;
+    }
+}
+
 /// One side of a channel: (receiving side, communicator's hash, sender, receiver, tag).
 type ChannelEnd = (bool, u64, i32, i32, i32);
 

@@ -6,7 +6,7 @@ mod service;
 
 pub use service::NodeService;
 
-use std::{sync::atomic::Ordering, time::Instant};
+use std::{collections::BTreeMap, sync::atomic::Ordering, time::Instant};
 
 use tokio::sync::Mutex;
 use tonic::Request;
@@ -268,6 +268,7 @@ impl SnapshotSource for NodeState {
             .await;
         let taken_ns = monotonic_ns();
         let instances = self.parts(&profile).await;
+        let (message_halves, late_senders) = self.late_sender_parts(&profile).await;
         let processes = profile
             .ranks
             .into_iter()
@@ -291,6 +292,8 @@ impl SnapshotSource for NodeState {
         pb::PushSnapshotsRequest {
             processes,
             instances,
+            message_halves,
+            late_senders,
             node: self.node.clone(),
             node_api: self.node_api.clone(),
             ..Default::default()
@@ -302,7 +305,64 @@ impl SnapshotSource for NodeState {
     }
 }
 
+/// Most message halves handed on in one push (the rest wait for the next).
+const MAX_HALVES_PER_PUSH: usize = 1 << 16;
+
 impl NodeState {
+    /// Late Sender for the aggregator: the message halves whose other end this node did
+    /// not see (with ranks and job as `profile` names them, on the API's clock), and each
+    /// job's report of the messages paired here.
+    async fn late_sender_parts(
+        &self,
+        profile: &crate::profile::JobProfile,
+    ) -> (Vec<pb::MessageHalf>, Vec<pb::NodeLateSender>) {
+        use crate::skew::late_sender::Half;
+        let Some(late) = &self.late else {
+            return Default::default();
+        };
+        let mut board = late.lock().await;
+        let rank_of = |pid: u32| profile.ranks.iter().find(|r| r.pid == pid);
+        let halves = board
+            .take_unmatched_halves(MAX_HALVES_PER_PUSH)
+            .into_iter()
+            .filter_map(|(id, half)| {
+                let r = rank_of(half.pid())?;
+                let (kind, start_ns, end_ns) = match half {
+                    Half::Send { start_ns, .. } => (pb::HalfKind::Send, start_ns, start_ns),
+                    Half::Receive {
+                        start_ns, end_ns, ..
+                    } => (pb::HalfKind::Receive, start_ns, end_ns),
+                    Half::Posted { .. } => (pb::HalfKind::Posted, 0, 0),
+                };
+                Some(pb::MessageHalf {
+                    job: r.job.clone(),
+                    id,
+                    rank: r.rank,
+                    host: self.node.clone(),
+                    kind: kind as i32,
+                    start_ns: self.api_time(start_ns),
+                    end_ns: self.api_time(end_ns),
+                })
+            })
+            .collect();
+        let mut jobs: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+        for r in &profile.ranks {
+            jobs.entry(r.job.as_str()).or_default().push(r.pid);
+        }
+        let whois = |pid: u32| rank_of(pid).map(|r| (r.rank, r.host.clone()));
+        let reports = jobs
+            .into_iter()
+            .filter_map(|(job, pids)| {
+                let report = board.late_sender_for(&pids, &whois)?;
+                Some(pb::NodeLateSender {
+                    job: job.to_string(),
+                    report: Some((&report).into()),
+                })
+            })
+            .collect();
+        (halves, reports)
+    }
+
     /// The collective instances who-is-late handed on (their other members are on other
     /// nodes), with ranks, hosts and job as `profile` names them, on the API's clock.
     async fn parts(&self, profile: &crate::profile::JobProfile) -> Vec<pb::InstancePart> {
