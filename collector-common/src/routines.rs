@@ -237,6 +237,22 @@ impl ArgSpec {
             || ByteRule::from_u8(self.rule).creates_comm()
     }
 
+    /// Whether some of its calls' time may be sampled: [`ArgSpec::time_can_be_sampled`]
+    /// routines, and receives whose status is `MPI_STATUS_IGNORE` (the kernel decides per
+    /// call: see [`ArgSpec::sampled_when_status_ignored`]).
+    #[inline(always)]
+    pub const fn time_may_be_sampled(&self) -> bool {
+        self.time_can_be_sampled() || self.sampled_when_status_ignored()
+    }
+
+    /// Whether a call with `MPI_STATUS_IGNORE` may go untimed: a blocking receive whose
+    /// status is ignored counts its posted size, known at entry, and its return teaches
+    /// nothing (with a status, the bytes and a wildcard's source are read from it at return).
+    #[inline(always)]
+    pub const fn sampled_when_status_ignored(&self) -> bool {
+        self.class == class::P2P && self.rule == ByteRule::RecvStatus as u8
+    }
+
     /// Whether a call's time may be sampled: an MPI routine whose bytes are known from its
     /// arguments at entry and whose return teaches nothing (no status, no new handle), so
     /// that a call left untimed is counted whole at its entry and its return never runs.

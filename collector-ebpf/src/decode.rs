@@ -182,6 +182,13 @@ pub fn status_tag(abi: u8, status: u64) -> Option<i32> {
     read::<i32>(status + off)
 }
 
+/// Whether `status` is `MPI_STATUS_IGNORE` in any MPI ABI, for a probe that does not
+/// know which (Open MPI's is NULL, MPICH's 1: never a status's address in either).
+#[inline(always)]
+pub fn status_ignored_in_any_abi(status: u64) -> bool {
+    status == 0 || status == mpich::STATUS_IGNORE
+}
+
 /// Whether `status` is `MPI_STATUS_IGNORE` in this ABI.
 #[inline(always)]
 pub fn status_ignored(abi: u8, status: u64) -> bool {

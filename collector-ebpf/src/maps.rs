@@ -19,7 +19,7 @@ pub static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
 pub static ROUTINE_SPECS: Array<ArgSpec> = Array::with_max_entries(1024, 0);
 
 /// Per routine id: time one call in N, chosen at random (0 or 1: every call). Only for
-/// routines whose time may be sampled (`ArgSpec::time_can_be_sampled`), and only through
+/// routines whose time may be sampled (`ArgSpec::time_may_be_sampled`), and only through
 /// uprobe sessions, whose entry can skip the return.
 #[map]
 pub static TIME_ONE_IN: Array<u32> = Array::with_max_entries(1024, 0);

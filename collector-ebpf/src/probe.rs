@@ -25,7 +25,7 @@ use collector_common::{
 
 use crate::{
     call::{describe_call, emit_call, raw_cookie, Call},
-    decode::{comm_info, handle, read},
+    decode::{comm_info, handle, read, status_ignored_in_any_abi},
     maps::{
         call_state, new_call_state, with_proc_stats, CONFIG, FABRIC_RANGES, LAYOUTS, ROUTINE_SPECS,
         TIME_ONE_IN,
@@ -141,7 +141,8 @@ fn enter(ctx: &ProbeContext, sampling: u32) -> u32 {
     e.cookie = packed;
     // SAFETY: reads the monotonic clock.
     e.start_ns = unsafe { bpf_ktime_get_ns() };
-    if sampling != NO_SAMPLING && left_untimed(spec, c.routine, e.tgid, sampling) {
+    let status = e.args.get((spec.c & 15) as usize).copied().unwrap_or(0);
+    if sampling != NO_SAMPLING && left_untimed(spec, c.routine, e.tgid, sampling, status) {
         e.busy = CallState::BUSY_UNTIMED;
         UNTIMED
     } else {
@@ -156,10 +157,15 @@ fn enter(ctx: &ProbeContext, sampling: u32) -> u32 {
 /// attributed to the MPI call in progress, and a call counted at its entry has no return
 /// to end it).
 #[inline(always)]
-fn left_untimed(spec: &ArgSpec, routine: u16, tgid: u32, sampling: u32) -> bool {
+fn left_untimed(spec: &ArgSpec, routine: u16, tgid: u32, sampling: u32, status: u64) -> bool {
     // Cheapest first: most calls stop at the routine's N (one array lookup).
     let n = TIME_ONE_IN.get(u32::from(routine)).copied().unwrap_or(0);
-    if n <= 1 || !spec.time_can_be_sampled() || wants_event(spec) {
+    if n <= 1 || wants_event(spec) {
+        return false;
+    }
+    let this_call = spec.time_can_be_sampled()
+        || (spec.sampled_when_status_ignored() && status_ignored_in_any_abi(status));
+    if !this_call {
         return false;
     }
     if sampling == SAMPLING_BUT_LEARNING
