@@ -248,29 +248,42 @@ fn progress(prefix: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-fn attached(mpi: Mpi) {
-    let scratch = Scratch::new(&format!("skew-attach-{}", mpi.suffix()));
+/// Starts `mpi_late` collecting until `scratch/stop` exists (`env` passed to every rank:
+/// Open MPI's `-x`, MPICH's inheritance); returns once it has run collectives, with its ranks' pids.
+fn start_running_job(scratch: &Scratch, mpi: Mpi, env: &[(&str, &str)]) -> (ChildGuard, Vec<u32>) {
     let prog = build_program("mpi_late.c", mpi);
-    let prefix = scratch.path("truth");
-    let stop = scratch.path("stop");
     let launcher = mpi.launcher(NP);
     let mut cmd = Command::new(&launcher[0]);
-    mpi_env(&mut cmd)
-        .args(&launcher[1..])
+    mpi_env(&mut cmd);
+    for (k, v) in env {
+        if mpi == Mpi::OpenMpi {
+            cmd.args(["-x", k]);
+        }
+        cmd.env(k, v);
+    }
+    cmd.args(&launcher[1..])
         .arg(&prog)
         .args([LATE.to_string(), DELAY_MS.to_string(), "0".into()])
-        .arg(&prefix)
-        .arg(&stop);
-    let mut job = ChildGuard::spawn(&mut cmd);
+        .arg(scratch.path("truth"))
+        .arg(scratch.path("stop"));
+    let job = ChildGuard::spawn(&mut cmd);
     // The job has run collectives before commtap attaches.
     wait_until("the job to run collectives", LIMIT, || {
-        progress(&prefix) >= 5
+        progress(&scratch.path("truth")) >= 5
     });
     let mut ranks = Vec::new();
     wait_until("all ranks to be running", Duration::from_secs(10), || {
         ranks = pids_running(&prog);
         ranks.len() == NP as usize
     });
+    (job, ranks)
+}
+
+fn attached(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("skew-attach-{}", mpi.suffix()));
+    let prefix = scratch.path("truth");
+    let stop = scratch.path("stop");
+    let (mut job, ranks) = start_running_job(&scratch, mpi, &[]);
     let (commtap, out) = record_attached(&scratch, &ranks);
     let attached_at = progress(&prefix);
     wait_until("30 collectives after attaching", LIMIT, || {
@@ -505,6 +518,61 @@ fn the_aggregator_names_the_late_rank_across_nodes() {
         assert_eq!(own["skew"]["remote"], N, "{}", node_scratch.0.display());
     }
     assert_eq!(truths.len(), NP as usize);
+    for (node_scratch, d) in daemons {
+        d.stop(&node_scratch);
+    }
+    // SAFETY: kill(2) of the aggregator we spawned.
+    unsafe { libc::kill(aggregator.0.id() as i32, libc::SIGTERM) };
+    let _ = aggregator.wait_with_limit(LIMIT);
+}
+
+/// Two daemons attach to a running job one after the other (each to its node's half): each
+/// node numbers the instances from where it started watching, so their numbers are not
+/// comparable. The aggregator matches none of them by guess: every arrival the nodes handed
+/// on is counted as unaligned, and no late rank is named across nodes.
+#[test]
+fn instances_numbered_from_a_mid_job_attach_are_counted_not_matched_across_nodes() {
+    let scratch = Scratch::new("skew-nodes-attached");
+    let agg_scratch = Scratch::new("skew-nodes-attached-aggregator");
+    let (mut aggregator, url) = spawn_local_aggregator(&agg_scratch, &scratch.path("agg.redb"));
+    let job_id = format!("attached{}", std::process::id());
+    let prefix = scratch.path("truth");
+    let stop = scratch.path("stop");
+    let (mut job, ranks) = start_running_job(&scratch, Mpi::OpenMpi, &[("SLURM_JOB_ID", &job_id)]);
+    let daemons = start_two_nodes([&ranks[..2], &ranks[2..]], &url, "0");
+    let attached_at = progress(&prefix);
+    wait_until("30 collectives after attaching", LIMIT, || {
+        progress(&prefix) >= attached_at + 30
+    });
+    std::fs::write(&stop, "").expect("stop file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the job failed");
+
+    // Each node handed on its instances (their other members are elsewhere); the
+    // aggregator counts their arrivals, two a part, and matches none.
+    let handed_on = || -> u64 {
+        daemons
+            .iter()
+            .map(|(_, d)| {
+                let own = report_json(&["report", "--from", &d.target, "--job", &job_id]);
+                own["skew"]["remote"].as_u64().expect("remote")
+            })
+            .sum()
+    };
+    let report = || try_job_report(&[], &url, &job_id, &scratch.path("merged.json"));
+    wait_until("every part counted at the aggregator", LIMIT, || {
+        report().is_some_and(|p| {
+            every_rank_final(&p, NP as usize) && p["skew"]["unaligned"] == 2 * handed_on()
+        })
+    });
+    let merged = report().expect("report");
+    let skew = &merged["skew"];
+    assert!(handed_on() >= 30, "{skew:#}");
+    assert_eq!(skew["instances"], 0, "{skew:#}");
+    assert_eq!(
+        skew["findings"].as_array().map(Vec::len),
+        Some(0),
+        "{skew:#}"
+    );
     for (node_scratch, d) in daemons {
         d.stop(&node_scratch);
     }

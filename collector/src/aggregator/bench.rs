@@ -149,6 +149,7 @@ fn match_parts(daemons: u32, ranks: u32, instances: u64) -> (u64, f64) {
         let t0 = 1_000_000_000 + seq * 10_000_000;
         let parts: Vec<pb::InstancePart> = (0..daemons)
             .map(|d| pb::InstancePart {
+                numbering_local: false,
                 job: "bench".into(),
                 comm: 1,
                 seq,

@@ -46,6 +46,9 @@ struct JobSkew {
     summary: Summary,
     hosts: HashMap<u32, String>,
     within_clock_error: u64,
+    /// Arrivals in parts whose node numbered them from where it started watching: not
+    /// comparable with other nodes' numbers, so matched with none.
+    unaligned: u64,
     /// Late Sender, once a node sent any of it.
     late: Option<JobLateSender>,
 }
@@ -98,6 +101,12 @@ impl CrossSkew {
                 continue;
             }
             let job = self.jobs.entry(p.job.clone()).or_default();
+            if p.numbering_local {
+                // Aligning another node's numbering by time is not done here: counted,
+                // never matched by guess.
+                job.unaligned += p.arrivals.len() as u64;
+                continue;
+            }
             let key = (p.comm, p.seq);
             let pending = job.pending.entry(key).or_insert_with(|| {
                 job.order.push_back(key);
@@ -225,9 +234,11 @@ impl CrossSkew {
     pub fn report(&self, job: &str) -> Option<SkewReport> {
         let j = self.jobs.get(job)?;
         let whois = |rank: u32| Some((rank, j.hosts.get(&rank).cloned().unwrap_or_default()));
-        let mut r = j
-            .summary
-            .report(MatchCounts::default(), 0, 0, &whois, &|_| None);
+        let counts = MatchCounts {
+            unaligned: j.unaligned,
+            ..MatchCounts::default()
+        };
+        let mut r = j.summary.report(counts, 0, 0, &whois, &|_| None);
         r.within_clock_error = j.within_clock_error;
         r.late_sender = j.late.as_ref().map(|late| {
             let nodes: Vec<LateSenderReport> = late
@@ -276,6 +287,7 @@ impl JobSkew {
             complete,
             // Every node is in view here: an incomplete instance is incomplete, not remote.
             local_members: usize::MAX,
+            numbered_from_start: true,
             size: p.size,
             arrivals: p.arrivals,
         });
@@ -303,6 +315,7 @@ mod tests {
                     end_ns: start + 1_000_000,
                 })
                 .collect(),
+            numbering_local: false,
         }
     }
 
@@ -399,6 +412,19 @@ mod tests {
         // Without a clock offset, halves are not paired (nor kept).
         x.add_late_senders("b", &[], &[half(9, 2, "b", Send, 1, 1)], None);
         assert_eq!(x.report("j").unwrap().late_sender.unwrap().unpaired, 2);
+    }
+
+    /// A node that attached mid-job numbers from where it started: its parts are counted
+    /// as unaligned, never matched with another node's same numbers.
+    #[test]
+    fn parts_numbered_from_an_attach_are_not_matched() {
+        let mut x = CrossSkew::default();
+        x.add(&[part("j", 0, &[(0, 10), (1, 20)], "a")], 0, 0);
+        let mut late = part("j", 0, &[(2, 30), (3, 40)], "b");
+        late.numbering_local = true;
+        x.add(&[late], 0, 0);
+        let r = x.report("j").expect("report");
+        assert_eq!((r.instances, r.unaligned), (0, 2), "{r:?}");
     }
 
     #[test]

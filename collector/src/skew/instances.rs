@@ -65,6 +65,10 @@ pub struct Instance {
     pub complete: bool,
     /// Members of the communicator this matcher follows (those on this node).
     pub local_members: usize,
+    /// Whether its number counts from the communicator's creation (some member here was
+    /// watched since then and never lost track): comparable with other nodes' numbers.
+    /// Else this node numbered from where it started watching (attached mid-job).
+    pub numbered_from_start: bool,
     /// The communicator's size (0: unknown).
     pub size: u32,
     /// The members seen.
@@ -125,6 +129,9 @@ struct Stream {
     next_local: u64,
     /// seq = local + offset, once known.
     offset: Option<i64>,
+    /// Watched since the communicator was made, and no call lost since: its count is the
+    /// communicator's own numbering (which the others are aligned to).
+    anchored: bool,
     buffer: VecDeque<Buffered>,
 }
 
@@ -167,6 +174,7 @@ impl Matcher {
         }
         let stream = comm.streams.entry(c.arrival.pid).or_insert_with(|| Stream {
             offset: from_start.then_some(0),
+            anchored: from_start,
             ..Stream::default()
         });
         let local = stream.next_local;
@@ -224,6 +232,7 @@ impl Matcher {
         for comm in self.comms.values_mut() {
             if let Some(s) = comm.streams.get_mut(&pid) {
                 s.offset = None;
+                s.anchored = false;
             }
         }
     }
@@ -329,6 +338,7 @@ fn close(comm: &mut Comm, key: CommKey, seq: u64, out: &mut Vec<Instance>) {
             bucket: o.bucket,
             complete: comm.size > 0 && o.arrivals.len() == comm.size as usize,
             local_members: comm.streams.len(),
+            numbered_from_start: comm.streams.values().any(|s| s.anchored),
             size: comm.size,
             arrivals: o.arrivals,
         });

@@ -546,6 +546,7 @@ mod tests {
             bucket: 0,
             complete: false,
             local_members,
+            numbered_from_start: true,
             size: 4,
             arrivals,
         };
@@ -581,6 +582,7 @@ mod tests {
                 bucket: 2,
                 complete: true,
                 local_members: 4,
+                numbered_from_start: true,
                 size: 4,
                 arrivals,
             });

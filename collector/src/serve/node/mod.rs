@@ -392,6 +392,7 @@ impl NodeState {
                     job,
                     comm: inst.comm.0,
                     seq: inst.seq,
+                    numbering_local: !inst.numbered_from_start,
                     routine: collector_common::ROUTINES
                         .get(inst.routine as usize)
                         .map_or("?", |r| r.name)
