@@ -39,6 +39,212 @@ struct Pending {
     error_ns: u64,
 }
 
+/// A node's part of an instance, its times on the aggregator's clock.
+#[derive(Debug)]
+struct Part {
+    comm: u64,
+    /// The node's number for the instance.
+    seq: u64,
+    routine: u16,
+    bucket: u8,
+    size: u32,
+    node: String,
+    arrivals: Vec<(Arrival, String)>,
+    error_ns: u64,
+}
+
+impl Part {
+    /// From its members' first arrival to their last departure.
+    fn span(&self) -> (u64, u64) {
+        let start = self
+            .arrivals
+            .iter()
+            .map(|(a, _)| a.start_ns)
+            .min()
+            .unwrap_or(0);
+        let end = self
+            .arrivals
+            .iter()
+            .map(|(a, _)| a.end_ns)
+            .max()
+            .unwrap_or(0);
+        (start, end)
+    }
+}
+
+/// Parts a node that attached mid-job shows before its numbering is aligned.
+const MIN_ALIGN: usize = 8;
+/// Parts kept waiting per node and communicator (older ones are counted unaligned).
+const MAX_WAITING: usize = 512;
+/// Recent instances kept per communicator for alignment.
+const MAX_SPANS: usize = 1024;
+/// Communicators, and (communicator, node) numberings, followed per job for alignment.
+const MAX_ALIGNED: usize = 1 << 14;
+
+/// How the numbers of nodes that attached mid-job map onto a job's numbering of each
+/// communicator. A node watching since a communicator was made numbers its instances as
+/// every member does; one that attached later counts from where it started. Every member of
+/// a collective is inside it while the others are, so a node's part overlaps in time the
+/// instance it belongs to: each waiting part votes for the offset that puts it on the
+/// instance whose span it overlaps most, and a clear winner (unique, half the parts, at least
+/// [`MIN_ALIGN`] / 2) becomes the node's offset, as a node aligns its own ranks. When no
+/// node numbers from the start, the node that attached last (its first waiting part the
+/// latest), once every rank's node has parts waiting, gives the job its numbering.
+#[derive(Debug, Default)]
+struct Alignment {
+    /// Per communicator: recent instances by the job's number, when they ran.
+    spans: HashMap<u64, BTreeMap<u64, (u64, u64)>>,
+    /// Per (communicator, node): its offset once known.
+    offsets: HashMap<(u64, String), i64>,
+    /// Per (communicator, node): parts waiting for the offset.
+    waiting: HashMap<(u64, String), VecDeque<Part>>,
+}
+
+impl Alignment {
+    fn offset(&self, comm: u64, node: &str) -> Option<i64> {
+        self.offsets.get(&(comm, node.to_string())).copied()
+    }
+
+    /// Instance `seq` of `comm` had these arrivals.
+    fn ran(&mut self, comm: u64, seq: u64, arrivals: &[(Arrival, String)]) {
+        if !self.spans.contains_key(&comm) && self.spans.len() >= MAX_ALIGNED {
+            return;
+        }
+        let spans = self.spans.entry(comm).or_default();
+        let e = spans.entry(seq).or_insert((u64::MAX, 0));
+        for (a, _) in arrivals {
+            e.0 = e.0.min(a.start_ns);
+            e.1 = e.1.max(a.end_ns);
+        }
+        while spans.len() > MAX_SPANS {
+            spans.pop_first();
+        }
+    }
+
+    /// Keeps `part` until its node's numbering is aligned; returns the parts that can be
+    /// placed now with their offsets, and the arrivals dropped past [`MAX_WAITING`].
+    fn wait(&mut self, part: Part) -> (Vec<(Part, i64)>, u64) {
+        let comm = part.comm;
+        let size = part.size;
+        let key = (comm, part.node.clone());
+        if !self.waiting.contains_key(&key)
+            && self.waiting.len() + self.offsets.len() >= MAX_ALIGNED
+        {
+            return (Vec::new(), part.arrivals.len() as u64);
+        }
+        let q = self.waiting.entry(key).or_default();
+        q.push_back(part);
+        let mut dropped = 0;
+        if q.len() > MAX_WAITING {
+            dropped = q.pop_front().map_or(0, |p| p.arrivals.len() as u64);
+        }
+        if !q.len().is_multiple_of(MIN_ALIGN) {
+            return (Vec::new(), dropped);
+        }
+        let mut ready = Vec::new();
+        if self.spans.get(&comm).is_none_or(BTreeMap::is_empty) {
+            // Nobody's numbering is the job's yet: the node that attached last gives it,
+            // once every rank's node has shown enough parts.
+            let nodes: Vec<&(u64, String)> =
+                self.waiting.keys().filter(|(c, _)| *c == comm).collect();
+            let ranks: std::collections::HashSet<u32> = nodes
+                .iter()
+                .flat_map(|k| self.waiting[*k].iter())
+                .flat_map(|p| p.arrivals.iter().map(|(a, _)| a.pid))
+                .collect();
+            let enough = nodes.iter().all(|k| self.waiting[*k].len() >= MIN_ALIGN);
+            if ranks.len() < size as usize || !enough {
+                return (Vec::new(), dropped);
+            }
+            let last = nodes
+                .iter()
+                .max_by_key(|k| (self.waiting[*k].front().map(|p| p.span().0), k.1.clone()))
+                .map(|k| (*k).clone())
+                .expect("a node");
+            let settled = self.settle(last, 0);
+            for (p, _) in &settled {
+                self.ran(comm, p.seq, &p.arrivals);
+            }
+            ready.extend(settled);
+        }
+        let keys: Vec<(u64, String)> = self
+            .waiting
+            .keys()
+            .filter(|(c, _)| *c == comm)
+            .cloned()
+            .collect();
+        for key in keys {
+            if let Some(off) = self.vote(&key) {
+                ready.extend(self.settle(key, off));
+            }
+        }
+        (ready, dropped)
+    }
+
+    /// The offset most of `key`'s waiting parts agree on, if it is clear.
+    fn vote(&self, key: &(u64, String)) -> Option<i64> {
+        let spans = self.spans.get(&key.0)?;
+        let mut votes: HashMap<i64, usize> = HashMap::new();
+        let mut voters = 0;
+        for p in self.waiting.get(key)? {
+            // The instance it overlaps most: back-to-back collectives overlap their
+            // neighbours' edges (a member leaving one enters the next before another has
+            // left it), never as much as their own.
+            let (start, end) = p.span();
+            let mut best: Option<(u64, u64)> = None;
+            let mut tied = false;
+            for (&seq, &(min_start, max_end)) in spans {
+                let overlap = end.min(max_end).saturating_sub(start.max(min_start));
+                if start > max_end || end < min_start {
+                    continue;
+                }
+                match best {
+                    Some((b, _)) if overlap < b => {}
+                    Some((b, _)) if overlap == b => tied = true,
+                    _ => {
+                        best = Some((overlap, seq));
+                        tied = false;
+                    }
+                }
+            }
+            if let (Some((_, seq)), false) = (best, tied) {
+                *votes.entry(seq as i64 - p.seq as i64).or_default() += 1;
+                voters += 1;
+            }
+        }
+        let mut ranked: Vec<(usize, i64)> = votes.into_iter().map(|(o, n)| (n, o)).collect();
+        ranked.sort_unstable_by(|a, b| b.cmp(a));
+        let (best, offset) = *ranked.first()?;
+        let runner_up = ranked.get(1).map_or(0, |r| r.0);
+        (best > runner_up && best >= MIN_ALIGN / 2 && best * 2 >= voters).then_some(offset)
+    }
+
+    /// Whether instance `seq` of `comm` comes before every instance the job's numbering
+    /// has (a part from before the nodes' watches overlapped: it has no instance).
+    fn before_first(&self, comm: u64, seq: u64) -> bool {
+        self.spans
+            .get(&comm)
+            .and_then(|s| s.keys().next())
+            .is_some_and(|first| seq < *first)
+    }
+
+    /// Arrivals in parts still waiting for their node's numbering.
+    fn waiting_arrivals(&self) -> u64 {
+        self.waiting
+            .values()
+            .flatten()
+            .map(|p| p.arrivals.len() as u64)
+            .sum()
+    }
+
+    /// `key`'s numbering is the job's plus `off`: its waiting parts, to be placed.
+    fn settle(&mut self, key: (u64, String), off: i64) -> Vec<(Part, i64)> {
+        let parts = self.waiting.remove(&key).unwrap_or_default();
+        self.offsets.insert(key, off);
+        parts.into_iter().map(|p| (p, off)).collect()
+    }
+}
+
 #[derive(Debug, Default)]
 struct JobSkew {
     pending: HashMap<(u64, u64), Pending>,
@@ -46,9 +252,10 @@ struct JobSkew {
     summary: Summary,
     hosts: HashMap<u32, String>,
     within_clock_error: u64,
-    /// Arrivals in parts whose node numbered them from where it started watching: not
-    /// comparable with other nodes' numbers, so matched with none.
+    /// Arrivals in parts whose node's numbering could not be aligned with the job's.
     unaligned: u64,
+    /// How the numbers of nodes that attached mid-job map onto the job's.
+    alignment: Alignment,
     /// Late Sender, once a node sent any of it.
     late: Option<JobLateSender>,
 }
@@ -101,51 +308,36 @@ impl CrossSkew {
                 continue;
             }
             let job = self.jobs.entry(p.job.clone()).or_default();
+            let part = Part {
+                comm: p.comm,
+                seq: p.seq,
+                routine,
+                bucket,
+                size: p.size,
+                node: p
+                    .arrivals
+                    .first()
+                    .map(|a| a.host.clone())
+                    .unwrap_or_default(),
+                arrivals: p
+                    .arrivals
+                    .iter()
+                    .map(|a| {
+                        let arrival = Arrival {
+                            pid: a.rank,
+                            start_ns: a.start_ns.saturating_add_signed(offset_ns),
+                            end_ns: a.end_ns.saturating_add_signed(offset_ns),
+                        };
+                        (arrival, a.host.clone())
+                    })
+                    .collect(),
+                error_ns,
+            };
             if p.numbering_local {
-                // Aligning another node's numbering by time is not done here: counted,
-                // never matched by guess.
-                job.unaligned += p.arrivals.len() as u64;
-                continue;
-            }
-            let key = (p.comm, p.seq);
-            let pending = job.pending.entry(key).or_insert_with(|| {
-                job.order.push_back(key);
-                Pending {
-                    routine,
-                    bucket,
-                    size: p.size,
-                    arrivals: Vec::new(),
-                    ranks: Default::default(),
-                    error_ns: 0,
-                }
-            });
-            pending.error_ns = pending.error_ns.max(error_ns);
-            for a in &p.arrivals {
-                if pending.arrivals.len() >= pending.size as usize || !pending.ranks.insert(a.rank)
-                {
-                    continue;
-                }
-                pending.arrivals.push(Arrival {
-                    pid: a.rank,
-                    start_ns: a.start_ns.saturating_add_signed(offset_ns),
-                    end_ns: a.end_ns.saturating_add_signed(offset_ns),
-                });
-                if !job.hosts.contains_key(&a.rank) && job.hosts.len() < MAX_SIZE as usize {
-                    job.hosts.insert(a.rank, a.host.clone());
-                }
-            }
-            if pending.arrivals.len() >= pending.size as usize {
-                job.close(key);
-            }
-            while job.pending.len() > MAX_PENDING {
-                let Some(oldest) = job.order.pop_front() else {
-                    break;
-                };
-                job.close(oldest);
-            }
-            if job.order.len() > 2 * MAX_PENDING {
-                let open = &job.pending;
-                job.order.retain(|k| open.contains_key(k));
+                job.align(part);
+            } else {
+                let seq = part.seq;
+                job.place(part, seq);
             }
         }
     }
@@ -235,7 +427,7 @@ impl CrossSkew {
         let j = self.jobs.get(job)?;
         let whois = |rank: u32| Some((rank, j.hosts.get(&rank).cloned().unwrap_or_default()));
         let counts = MatchCounts {
-            unaligned: j.unaligned,
+            unaligned: j.unaligned + j.alignment.waiting_arrivals(),
             ..MatchCounts::default()
         };
         let mut r = j.summary.report(counts, 0, 0, &whois, &|_| None);
@@ -263,6 +455,69 @@ impl CrossSkew {
 }
 
 impl JobSkew {
+    /// Puts `part` on instance `seq` of the job's numbering of its communicator.
+    fn place(&mut self, part: Part, seq: u64) {
+        let key = (part.comm, seq);
+        self.alignment.ran(part.comm, seq, &part.arrivals);
+        let order = &mut self.order;
+        let pending = self.pending.entry(key).or_insert_with(|| {
+            order.push_back(key);
+            Pending {
+                routine: part.routine,
+                bucket: part.bucket,
+                size: part.size,
+                arrivals: Vec::new(),
+                ranks: Default::default(),
+                error_ns: 0,
+            }
+        });
+        pending.error_ns = pending.error_ns.max(part.error_ns);
+        for (a, host) in part.arrivals {
+            if pending.arrivals.len() >= pending.size as usize || !pending.ranks.insert(a.pid) {
+                continue;
+            }
+            pending.arrivals.push(a);
+            if !self.hosts.contains_key(&a.pid) && self.hosts.len() < MAX_SIZE as usize {
+                self.hosts.insert(a.pid, host);
+            }
+        }
+        if pending.arrivals.len() >= pending.size as usize {
+            self.close(key);
+        }
+        while self.pending.len() > MAX_PENDING {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            self.close(oldest);
+        }
+        if self.order.len() > 2 * MAX_PENDING {
+            let open = &self.pending;
+            self.order.retain(|k| open.contains_key(k));
+        }
+    }
+
+    /// Takes a part numbered by a node that attached mid-job: placed once its node's
+    /// numbering of the communicator is aligned with the job's, by time (see [`Alignment`]).
+    fn align(&mut self, part: Part) {
+        let (comm, node) = (part.comm, part.node.clone());
+        if let Some(off) = self.alignment.offset(comm, &node) {
+            self.place_aligned(part, off);
+            return;
+        }
+        let (ready, dropped) = self.alignment.wait(part);
+        self.unaligned += dropped;
+        for (part, off) in ready {
+            self.place_aligned(part, off);
+        }
+    }
+
+    fn place_aligned(&mut self, part: Part, off: i64) {
+        match part.seq.checked_add_signed(off) {
+            Some(seq) if !self.alignment.before_first(part.comm, seq) => self.place(part, seq),
+            _ => self.unaligned += part.arrivals.len() as u64,
+        }
+    }
+
     /// Closes instance `key`: complete when every member's part came; a skew within the
     /// nodes' clock error names nobody.
     fn close(&mut self, key: (u64, u64)) {
@@ -414,17 +669,38 @@ mod tests {
         assert_eq!(x.report("j").unwrap().late_sender.unwrap().unpaired, 2);
     }
 
-    /// A node that attached mid-job numbers from where it started: its parts are counted
-    /// as unaligned, never matched with another node's same numbers.
+    /// Two nodes attached mid-job, each numbering from where it started (node b attached
+    /// later: its 0 is node a's 5). Once both have shown enough parts, node b (attached
+    /// last) gives the numbering and node a's parts are aligned to it by time; node a's
+    /// first five, from before node b watched, have no instance and are counted unaligned.
     #[test]
-    fn parts_numbered_from_an_attach_are_not_matched() {
+    fn nodes_attached_mid_job_are_aligned_by_time() {
         let mut x = CrossSkew::default();
-        x.add(&[part("j", 0, &[(0, 10), (1, 20)], "a")], 0, 0);
-        let mut late = part("j", 0, &[(2, 30), (3, 40)], "b");
-        late.numbering_local = true;
-        x.add(&[late], 0, 0);
+        let t = |i: u64| 1_000_000_000 + i * 10_000_000;
+        let mut a_parts = Vec::new();
+        for i in 0..5 + 2 * MIN_ALIGN as u64 {
+            let mut p = part("j", i, &[(0, t(i)), (1, t(i) + 10)], "a");
+            p.numbering_local = true;
+            a_parts.push(p);
+        }
+        let mut b_parts = Vec::new();
+        for i in 5..5 + 2 * MIN_ALIGN as u64 {
+            // Rank 3 arrives 3 ms late.
+            let mut p = part("j", i - 5, &[(2, t(i) + 20), (3, t(i) + 3_000_000)], "b");
+            p.numbering_local = true;
+            b_parts.push(p);
+        }
+        x.add(&a_parts, 0, 0);
+        x.add(&b_parts, 0, 0);
         let r = x.report("j").expect("report");
-        assert_eq!((r.instances, r.unaligned), (0, 2), "{r:?}");
+        assert_eq!(r.instances, 2 * MIN_ALIGN as u64, "{r:?}");
+        assert_eq!(r.incomplete, 0, "{r:?}");
+        assert_eq!(
+            r.unaligned,
+            5 * 2,
+            "node a's parts from before node b watched: {r:?}"
+        );
+        assert_eq!(r.ranks[3].last, 2 * MIN_ALIGN as u64, "{r:?}");
     }
 
     #[test]
