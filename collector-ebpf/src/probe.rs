@@ -20,7 +20,7 @@ use aya_ebpf::{
 use collector_common::{
     routines::{class, NO_ARG as N},
     Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Config, Cookie, CounterKey, EventKind,
-    MAX_ARGS, UNKNOWN_BUCKET,
+    ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
 };
 
 use crate::{
@@ -141,8 +141,7 @@ fn enter(ctx: &ProbeContext, sampling: u32) -> u32 {
     e.cookie = packed;
     // SAFETY: reads the monotonic clock.
     e.start_ns = unsafe { bpf_ktime_get_ns() };
-    let status = e.args.get((spec.c & 15) as usize).copied().unwrap_or(0);
-    if sampling != NO_SAMPLING && left_untimed(spec, c.routine, e.tgid, sampling, status) {
+    if sampling != NO_SAMPLING && left_untimed(spec, c.routine, e.tgid, sampling, &e.args) {
         e.busy = CallState::BUSY_UNTIMED;
         UNTIMED
     } else {
@@ -157,14 +156,21 @@ fn enter(ctx: &ProbeContext, sampling: u32) -> u32 {
 /// attributed to the MPI call in progress, and a call counted at its entry has no return
 /// to end it).
 #[inline(always)]
-fn left_untimed(spec: &ArgSpec, routine: u16, tgid: u32, sampling: u32, status: u64) -> bool {
+fn left_untimed(
+    spec: &ArgSpec,
+    routine: u16,
+    tgid: u32,
+    sampling: u32,
+    args: &[u64; ARG_SLOTS],
+) -> bool {
     // Cheapest first: most calls stop at the routine's N (one array lookup).
     let n = TIME_ONE_IN.get(u32::from(routine)).copied().unwrap_or(0);
     if n <= 1 || wants_event(spec) {
         return false;
     }
+    let status = || args.get((spec.c & 15) as usize).copied().unwrap_or(0);
     let this_call = spec.time_can_be_sampled()
-        || (spec.sampled_when_status_ignored() && status_ignored_in_any_abi(status));
+        || (spec.sampled_when_status_ignored() && status_ignored_in_any_abi(status()));
     if !this_call {
         return false;
     }

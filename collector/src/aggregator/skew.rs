@@ -194,10 +194,10 @@ impl Alignment {
             let mut best: Option<(u64, u64)> = None;
             let mut tied = false;
             for (&seq, &(min_start, max_end)) in spans {
-                let overlap = end.min(max_end).saturating_sub(start.max(min_start));
                 if start > max_end || end < min_start {
                     continue;
                 }
+                let overlap = end.min(max_end).saturating_sub(start.max(min_start));
                 match best {
                     Some((b, _)) if overlap < b => {}
                     Some((b, _)) if overlap == b => tied = true,
@@ -354,13 +354,17 @@ impl CrossSkew {
     ) {
         use crate::skew::late_sender::Half;
         for r in reports {
-            let Some(late) = self.late_of(&r.job) else {
+            let Some((_, late)) = self.late_of(&r.job) else {
                 continue;
             };
             if !late.nodes.contains_key(node) && late.nodes.len() >= MAX_NODES {
                 continue;
             }
-            let report = LateSenderReport::from(&r.report.clone().unwrap_or_default());
+            let report = r
+                .report
+                .as_ref()
+                .map(LateSenderReport::from)
+                .unwrap_or_default();
             let mine = late.nodes.entry(node.to_string()).or_default();
             for p in report.pairs {
                 let key = (p.receiver, p.sender);
@@ -392,33 +396,27 @@ impl CrossSkew {
                 pb::HalfKind::Posted => Half::Posted { pid: h.rank },
                 pb::HalfKind::Unspecified => continue,
             };
-            if self.late_of(&h.job).is_none() {
+            let Some((hosts, late)) = self.late_of(&h.job) else {
                 continue;
+            };
+            if !hosts.contains_key(&h.rank) && hosts.len() < MAX_SIZE as usize {
+                hosts.insert(h.rank, h.host.clone());
             }
-            let job = self.jobs.get_mut(&h.job).expect("just made");
-            if !job.hosts.contains_key(&h.rank) && job.hosts.len() < MAX_SIZE as usize {
-                job.hosts.insert(h.rank, h.host.clone());
-            }
-            job.late
-                .as_mut()
-                .expect("just made")
-                .across
-                .meet(h.id, half);
+            late.across.meet(h.id, half);
         }
     }
 
-    /// The Late Sender state of `job`, made if new (None past [`MAX_JOBS`]).
-    fn late_of(&mut self, job: &str) -> Option<&mut JobLateSender> {
+    /// The Late Sender state of `job` (made if new) and its ranks' hosts; None past
+    /// [`MAX_JOBS`].
+    fn late_of(&mut self, job: &str) -> Option<(&mut HashMap<u32, String>, &mut JobLateSender)> {
         if !self.jobs.contains_key(job) && self.jobs.len() >= MAX_JOBS {
             return None;
         }
-        Some(
-            self.jobs
-                .entry(job.to_string())
-                .or_default()
-                .late
-                .get_or_insert_with(JobLateSender::default),
-        )
+        let j = self.jobs.entry(job.to_string()).or_default();
+        Some((
+            &mut j.hosts,
+            j.late.get_or_insert_with(JobLateSender::default),
+        ))
     }
 
     /// The report of `job`, if any of its instances spanned nodes or a node paired its

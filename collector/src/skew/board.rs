@@ -157,17 +157,8 @@ impl Board {
         }
     }
 
-    /// A call leaves the board: to Late Sender's pairing and to whoever it is passed on to.
-    fn placed(&mut self, ev: &CallEvent, placement: Placement) {
-        // Per job: the messages of two jobs on one node are numbered alike.
-        let ls = self
-            .world_of
-            .get(&ev.tgid)
-            .and_then(|w| self.trackers.get_mut(w))
-            .and_then(|t| t.late_senders.as_mut());
-        if let Some(ls) = ls {
-            ls.call(&crate::trace::placed_call_event(ev, placement));
-        }
+    /// A call leaves the board, to whoever it is passed on to.
+    fn placed(&self, ev: &CallEvent, placement: Placement) {
         self.pass_on(PlacedItem::Call(*ev, placement));
     }
 

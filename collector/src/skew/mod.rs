@@ -103,8 +103,17 @@ impl Tracker {
     }
 
     /// Takes one call event; returns its communicator's shared name where known, and for
-    /// a collective its number there.
+    /// a collective its number there. Late Sender, where on, pairs it (per job: two jobs'
+    /// messages are numbered alike).
     pub fn call(&mut self, ev: &CallEvent) -> Placement {
+        let placement = self.place(ev);
+        if let Some(ls) = self.late_senders.as_mut() {
+            ls.call(&crate::trace::placed_call_event(ev, placement));
+        }
+        placement
+    }
+
+    fn place(&mut self, ev: &CallEvent) -> Placement {
         self.follow_thread(ev);
         let Some(routine) = ROUTINES.get(ev.routine as usize) else {
             return Placement::default();

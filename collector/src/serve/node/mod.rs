@@ -6,7 +6,11 @@ mod service;
 
 pub use service::NodeService;
 
-use std::{collections::BTreeMap, sync::atomic::Ordering, time::Instant};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::atomic::Ordering,
+    time::Instant,
+};
 
 use tokio::sync::Mutex;
 use tonic::Request;
@@ -308,6 +312,11 @@ impl SnapshotSource for NodeState {
 /// Most message halves handed on in one push (the rest wait for the next).
 const MAX_HALVES_PER_PUSH: usize = 1 << 16;
 
+/// `profile`'s ranks by process id (a push names thousands of parts by pid).
+fn ranks_by_pid(profile: &crate::profile::JobProfile) -> HashMap<u32, &RankProfile> {
+    profile.ranks.iter().map(|r| (r.pid, r)).collect()
+}
+
 impl NodeState {
     /// Late Sender for the aggregator: the message halves whose other end this node did
     /// not see (with ranks and job as `profile` names them, on the API's clock), and each
@@ -321,7 +330,8 @@ impl NodeState {
             return Default::default();
         };
         let mut board = late.lock().await;
-        let rank_of = |pid: u32| profile.ranks.iter().find(|r| r.pid == pid);
+        let by_pid = ranks_by_pid(profile);
+        let rank_of = |pid: u32| by_pid.get(&pid).copied();
         let halves = board
             .take_unmatched_halves(MAX_HALVES_PER_PUSH)
             .into_iter()
@@ -370,7 +380,8 @@ impl NodeState {
             return Vec::new();
         };
         let parts = late.lock().await.take_parts();
-        let rank_of = |pid: u32| profile.ranks.iter().find(|r| r.pid == pid);
+        let by_pid = ranks_by_pid(profile);
+        let rank_of = |pid: u32| by_pid.get(&pid).copied();
         parts
             .into_iter()
             .filter_map(|inst| {
