@@ -46,12 +46,15 @@ pub mod maps {
     pub const TP_OFFSETS: &str = "TP_OFFSETS";
     /// Per routine: time one call in N (0 or 1: every call).
     pub const TIME_ONE_IN: &str = "TIME_ONE_IN";
+    /// Processes paused at a library load, not yet continued: pid -> when (monotonic ns).
+    pub const PAUSED: &str = "PAUSED";
     /// The task-local storage of in-flight calls (created by userspace).
     pub const TASK_STATE: &str = "TASK_STATE";
 
     /// The maps that carry a node's counts across a daemon restart (the others are refilled
-    /// at start, or hold per-run state such as library slots).
-    pub const KEPT: [&str; 10] = [
+    /// at start, or hold per-run state such as library slots); `PAUSED` too, so that a
+    /// daemon restarted after a crash continues the processes its predecessor paused.
+    pub const KEPT: [&str; 11] = [
         WATCHED,
         COUNTER_SLOTS,
         COUNTER_VALUES,
@@ -62,6 +65,7 @@ pub mod maps {
         PROC_STATS,
         COMMS,
         DTYPES,
+        PAUSED,
     ];
 }
 
@@ -91,6 +95,8 @@ pub mod programs {
     pub const FABRIC_RETURN: &str = "fabric_return";
     /// libfabric's `fi_fabric`.
     pub const FABRIC_OPEN: &str = "fabric_open";
+    /// The dynamic linker's `_dl_debug_state`: libraries were loaded.
+    pub const LINKER_LOADED: &str = "linker_loaded";
     /// `sched:sched_process_fork`.
     pub const SCHED_FORK: &str = "sched_fork";
     /// `sched:sched_process_exec`.
@@ -114,7 +120,7 @@ pub mod programs {
     pub const SESSIONS: [&str; 4] = [SESS_OMPI, SESS_MPICH, SESS_MPICH_TYPES, SESS_NCCL];
 
     /// The programs attached through uprobe_multi links.
-    pub const PROBES: [&str; 8] = [
+    pub const PROBES: [&str; 9] = [
         CALL_ENTRY,
         MPI_RETURN_OMPI,
         MPI_RETURN_MPICH,
@@ -123,5 +129,6 @@ pub mod programs {
         FABRIC_ENTRY,
         FABRIC_RETURN,
         FABRIC_OPEN,
+        LINKER_LOADED,
     ];
 }

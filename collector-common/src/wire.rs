@@ -299,8 +299,14 @@ pub struct Config {
     pub call_events: u32,
     /// Explicit padding.
     pub _pad: u32,
+    /// Until this time (monotonic ns; 0: never), a watched process is paused when its
+    /// dynamic linker has mapped new libraries (`dlopen`, or the libraries a program starts
+    /// with), before it can run them, and a [`EventKind::Loaded`] event asks userspace to
+    /// probe them and continue it: exact from a late library's first call. Userspace
+    /// renews it on every look around: if it hangs, pausing stops within a lease.
+    pub pause_until_ns: u64,
 }
-const _: () = assert!(size_of::<Config>() == 32);
+const _: () = assert!(size_of::<Config>() == 40);
 
 impl Config {
     /// `uid` value meaning every user.
@@ -621,10 +627,18 @@ pub struct IdentityOffsets {
     pub mm_arg_start: u32,
     /// `mm_struct.env_start` (`env_end` follows it).
     pub mm_env_start: u32,
+    /// `task_struct.real_parent`.
+    pub task_real_parent: u32,
+    /// `task_struct.signal`.
+    pub task_signal: u32,
+    /// `signal_struct.pids[PIDTYPE_PGID]`: the process group.
+    pub signal_pgrp: u32,
+    /// `signal_struct.tty`: the controlling terminal.
+    pub signal_tty: u32,
     /// Explicit padding.
     pub _pad: u32,
 }
-const _: () = assert!(size_of::<IdentityOffsets>() == 24);
+const _: () = assert!(size_of::<IdentityOffsets>() == 40);
 
 /// Bytes of a process's environment an [`IdentityEvent`] carries.
 pub const IDENTITY_ENV_LEN: usize = 16384;
@@ -683,6 +697,9 @@ pub enum EventKind {
     /// (`CallEvent::NOT_ATTRIBUTED` when they differ or the wait failed). Sent only while
     /// per-call events are on, and not numbered among the thread's calls.
     DeviceWindow = 8,
+    /// A counted process's dynamic linker has mapped new libraries and the process is
+    /// paused (`SIGSTOP`) until userspace has probed them and continues it: [`ProcEvent`].
+    Loaded = 9,
 }
 
 /// Longest provider or fabric name carried by a [`FabricEvent`] (NUL included).

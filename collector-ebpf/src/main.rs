@@ -4,6 +4,7 @@
 //!   routine and its library's layout (see `collector_common::Cookie`).
 //! - `mpi_return_*` / `nccl_return`: the return probes, one per ABI and argument shape.
 //! - `fabric_entry` / `fabric_return`: libfabric ops-table functions.
+//! - `linker_loaded`: the dynamic linker loaded libraries; pause until they are probed.
 //! - `sched_fork` / `sched_exec` / `sched_exit`: follow the watched process tree.
 #![no_std]
 #![feature(core_intrinsics)]
@@ -15,6 +16,7 @@ mod call;
 mod counters;
 mod decode;
 mod fabric;
+mod loader;
 mod maps;
 mod mpi;
 mod nccl;

@@ -14,6 +14,11 @@ use collector_common::{
 #[map]
 pub static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
 
+/// Processes paused at a library load until userspace continues them: tgid -> when
+/// (monotonic ns). Full: nobody more is paused.
+#[map]
+pub static PAUSED: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
 /// The routine table (`collector_common::ROUTINES` specs), indexed by routine id.
 #[map]
 pub static ROUTINE_SPECS: Array<ArgSpec> = Array::with_max_entries(1024, 0);

@@ -16,6 +16,56 @@ use collector_common::{
 
 use crate::maps::{CONFIG, EVENTS, IDENTITY_OFFSETS, TP_OFFSETS, WATCHED};
 
+/// The current task (valid for the program's run).
+#[inline(always)]
+fn current_task() -> *const u8 {
+    // SAFETY: plain helper call.
+    unsafe { bpf_get_current_task() as *const u8 }
+}
+
+/// The word at byte `at` of kernel object `base` (0 where it cannot be read): every read of
+/// kernel memory goes through bpf_probe_read_kernel, which fails cleanly.
+#[inline(always)]
+fn kernel_word(base: *const u8, at: u32) -> u64 {
+    #[expect(
+        clippy::cast_ptr_alignment,
+        reason = "bpf_probe_read_kernel copies bytes: nothing is read through the pointer"
+    )]
+    let at = base.wrapping_add(at as usize).cast::<u64>();
+    // SAFETY: as above.
+    unsafe { bpf_probe_read_kernel(at) }.unwrap_or(0)
+}
+
+/// Whether the current process may be paused (`SIGSTOP`) without anyone noticing: a
+/// job-control shell reports a stopped job and takes the terminal back, and only puts jobs
+/// in process groups of their own on a terminal. So: no controlling terminal, or the
+/// process group of its parent (which then did no job control for it). `false` when the
+/// kernel's offsets are unknown.
+#[inline(always)]
+pub fn pausable_unnoticed() -> bool {
+    let Some(off) = IDENTITY_OFFSETS.get(0) else {
+        return false;
+    };
+    if off.valid == 0 {
+        return false;
+    }
+    let task = current_task();
+    let signal = kernel_word(task, off.task_signal) as *const u8;
+    if signal.is_null() {
+        return false;
+    }
+    if kernel_word(signal, off.signal_tty) == 0 {
+        return true;
+    }
+    let parent = kernel_word(task, off.task_real_parent) as *const u8;
+    let parent_signal = kernel_word(parent, off.task_signal) as *const u8;
+    let (group, parents) = (
+        kernel_word(signal, off.signal_pgrp),
+        kernel_word(parent_signal, off.signal_pgrp),
+    );
+    group != 0 && group == parents
+}
+
 /// Sends who the current process is ([`IdentityEvent`]): its environment and arguments as
 /// its memory holds them now, its uid and start time. Called once per process (its exec,
 /// or its first MPI call), so not inlined into the probes' hot path.
@@ -27,18 +77,8 @@ fn emit_identity(tgid: u32) {
     if off.valid == 0 {
         return;
     }
-    // SAFETY: the current task is valid for the program's run; every read of kernel
-    // memory goes through bpf_probe_read_kernel, which fails cleanly.
-    let task = unsafe { bpf_get_current_task() } as *const u8;
-    let word = |base: *const u8, at: u32| -> u64 {
-        #[expect(
-            clippy::cast_ptr_alignment,
-            reason = "bpf_probe_read_kernel copies bytes: nothing is read through the pointer"
-        )]
-        let at = base.wrapping_add(at as usize).cast::<u64>();
-        // SAFETY: as above.
-        unsafe { bpf_probe_read_kernel(at) }.unwrap_or(0)
-    };
+    let task = current_task();
+    let word = kernel_word;
     let mm = word(task, off.task_mm) as *const u8;
     if mm.is_null() {
         return;

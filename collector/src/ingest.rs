@@ -74,6 +74,14 @@ pub enum ProcessEvent {
         /// Its identity.
         info: Box<crate::discover::ProcessInfo>,
     },
+    /// Its dynamic linker mapped new libraries, and the kernel paused it (`SIGSTOP`) until
+    /// they are probed: the receiver must continue it.
+    Loaded {
+        /// Process id.
+        pid: u32,
+        /// When it was paused, on the monotonic clock.
+        ts_ns: u64,
+    },
     /// It opened a libfabric fabric.
     FabricOpened {
         /// Process id.
@@ -222,6 +230,11 @@ fn process_event(k: u32, ev: &ProcEvent) -> Option<ProcessEvent> {
         }
     } else if k == EventKind::Exit as u32 {
         ProcessEvent::Exit {
+            pid: ev.tgid,
+            ts_ns: ev.ts_ns,
+        }
+    } else if k == EventKind::Loaded as u32 {
+        ProcessEvent::Loaded {
             pid: ev.tgid,
             ts_ns: ev.ts_ns,
         }

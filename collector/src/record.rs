@@ -253,6 +253,9 @@ async fn finish(
     // Stop counting before reading, so the counters and the events describe the same calls.
     session.unwatch_all();
     session.stop_ingest().await;
+    if session.pauses.count > 0 {
+        info!("{}", session.pauses);
+    }
     if let Some(f) = feed.as_mut() {
         // The calls the last drain of the ring buffer found.
         sinks.drain(f, usize::MAX)?;

@@ -6,10 +6,12 @@
  * e.g. a private copy that no profiler could have probed in advance), creates READY_FILE,
  * waits (polling, no MPI) for GO_FILE, then, as an MPI singleton, calls MPI_Init,
  * MPI_Comm_rank, MPI_Comm_size, N x MPI_Allreduce of one double, and writes
- * OUT_PREFIX.0.json (the same format as mpi_truth) before MPI_Finalize. */
+ * OUT_PREFIX.0.json (the same format as mpi_truth) before MPI_Finalize. READY_FILE and
+ * GO_FILE "-": no file, no wait: the first MPI call follows the dlopen at once. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -40,15 +42,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "mpi_dlopen: %s\n", dlerror());
         return 1;
     }
-    FILE *ready = fopen(argv[2], "w");
-    if (!ready) {
-        perror(argv[2]);
-        return 1;
+    if (strcmp(argv[2], "-") != 0) {
+        FILE *ready = fopen(argv[2], "w");
+        if (!ready) {
+            perror(argv[2]);
+            return 1;
+        }
+        fclose(ready);
     }
-    fclose(ready);
     struct stat st;
     struct timespec tick = {0, 10 * 1000 * 1000};
-    while (stat(argv[3], &st) != 0)
+    while (strcmp(argv[3], "-") != 0 && stat(argv[3], &st) != 0)
         nanosleep(&tick, NULL);
 
     /* Open MPI's predefined handles are the addresses of exported objects. */

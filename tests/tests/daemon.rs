@@ -416,6 +416,74 @@ fn a_killed_daemon_restarts_with_its_counts() {
     );
 }
 
+/// The state letter of `pid` in `/proc/PID/stat` (`T`: stopped), None once it is gone.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// A daemon killed while a process it watches is paused at a library load (the process's
+/// event unread): the next daemon continues it as it starts (the list of paused processes
+/// is kept with the counts), and says so.
+#[test]
+fn a_process_left_paused_by_a_killed_daemon_is_continued_by_the_next() {
+    use std::os::unix::process::CommandExt;
+    let scratch = Scratch::new("daemon-paused");
+    // Scoped to nobody: only the process attached below is watched. The lease outlasts
+    // the test, so that the frozen daemon's kernel side still pauses.
+    let args = ["--uid", "65534", "--test-pause-lease", "10m"];
+    let first = Daemon::start(&scratch, &[], &[], &args);
+    let go = scratch.path("go");
+    // A session of its own: no controlling terminal, so nothing keeps it from being paused.
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(format!(
+        "while [ ! -e {} ]; do sleep 0.01; done; exec /bin/true",
+        go.display()
+    ));
+    // SAFETY: setsid(2) is async-signal-safe, the only call made between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut waiting = ChildGuard(cmd.spawn().expect("sh"));
+    let pid = waiting.0.id();
+    let out = commtap_output(&["attach", "--pid", &pid.to_string(), "--from", &first.target]);
+    assert!(
+        out.status.success(),
+        "attach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Frozen, the daemon reads no event: the exec'd program's start (a library load) pauses
+    // it for good.
+    // SAFETY: kill(2) of the daemon we spawned.
+    unsafe { libc::kill(first.child.0.id() as i32, libc::SIGSTOP) };
+    std::fs::write(&go, b"").expect("go file");
+    wait_until("the program paused at its start", LIMIT, || {
+        process_state(pid) == Some('T')
+            && std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| e.ends_with("true"))
+    });
+    // SAFETY: as above.
+    unsafe { libc::kill(first.child.0.id() as i32, libc::SIGKILL) };
+    let mut child = first.child;
+    assert!(!child.wait_with_limit(LIMIT).success(), "killed");
+    assert_eq!(
+        process_state(pid),
+        Some('T'),
+        "still paused, nobody to continue it"
+    );
+    std::fs::remove_file(&first.socket).expect("stale socket");
+    let second = Daemon::start(&scratch, &[], &[], &["--uid", "65534"]);
+    assert!(waiting.wait_with_limit(LIMIT).success(), "/bin/true failed");
+    let log = std::fs::read_to_string(scratch.path("commtap.stderr")).expect("daemon log");
+    assert!(
+        log.contains("continued 1 process(es) a commtap before this one left paused"),
+        "{log}"
+    );
+    second.stop(&scratch);
+}
+
 /// The node churns: 3,000 short processes without MPI while ten short MPI jobs (2 ranks
 /// each) run one after another. Every rank of every job is counted
 /// exactly, none of the short processes is kept, the daemon's memory stays bounded, and a

@@ -423,57 +423,56 @@ fn ring_buffer_overflow_keeps_counts_and_bytes_exact() {
     );
 }
 
-#[test]
-fn a_library_loaded_late_with_dlopen_is_found_and_counted() {
-    let scratch = Scratch::new("dlopen");
-    // A private copy of libmpi: a file commtap cannot have probed before the process
-    // loads it, as with an MPI library inside a Python venv loaded by mpi4py.
+/// A private copy of Open MPI's libmpi in `scratch`: a file commtap cannot have probed
+/// before the process loads it, as with an MPI library inside a Python venv loaded by
+/// mpi4py.
+fn private_libmpi(scratch: &Scratch) -> std::path::PathBuf {
     let private = scratch.path("private");
     std::fs::create_dir_all(&private).expect("mkdir");
     let lib = private.join("libmpi.so.40");
     let system =
         std::fs::canonicalize("/usr/lib/x86_64-linux-gnu/libmpi.so.40").expect("Open MPI's libmpi");
     std::fs::copy(&system, &lib).expect("copying libmpi");
+    lib
+}
+
+/// `record -- mpi_dlopen LIB ...` with `flags`, the program making its calls once `go`
+/// (None: at once, right after its dlopen); the profile equals its truth, the private
+/// library among those probed. Returns commtap's log.
+fn record_dlopen(scratch: &Scratch, flags: &[&str], go: Option<&dyn Fn()>) -> String {
+    let lib = private_libmpi(scratch);
     let prog = build_plain_c("mpi_dlopen.c", &["-ldl"]);
-    let (ready, go, truth) = (
+    let (ready, go_file, truth) = (
         scratch.path("ready"),
         scratch.path("go"),
         scratch.path("truth"),
     );
     let out = scratch.path("profile.json");
-    let args: Vec<String> = vec![
-        "--log".into(),
-        "info".into(),
-        "record".into(),
-        "--format".into(),
-        "json".into(),
-        "-o".into(),
-        out.display().to_string(),
-        "--".into(),
-        prog.display().to_string(),
-        lib.display().to_string(),
-        ready.display().to_string(),
-        go.display().to_string(),
-        "1000".into(),
-        truth.display().to_string(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let commtap = spawn_commtap(&scratch, &args);
-    wait_until("the program to load libmpi", Duration::from_mins(1), || {
-        ready.exists()
-    });
-    wait_until(
-        "commtap to probe the late library",
-        Duration::from_secs(30),
-        || {
-            std::fs::read_to_string(scratch.path("commtap.stderr")).is_ok_and(|e| {
-                e.lines()
-                    .any(|l| l.contains("probing") && l.contains("private/libmpi.so.40"))
-            })
-        },
-    );
-    std::fs::write(&go, b"go").expect("go file");
-    finish_ok(&scratch, commtap, LIMIT);
+    let (ready_arg, go_arg) = match go {
+        Some(_) => (path_str(&ready).to_string(), path_str(&go_file).to_string()),
+        None => ("-".to_string(), "-".to_string()),
+    };
+    let mut args: Vec<&str> = vec!["--log", "info", "record", "--format", "json", "-o"];
+    args.push(path_str(&out));
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&[
+        "--",
+        path_str(&prog),
+        path_str(&lib),
+        &ready_arg,
+        &go_arg,
+        "1000",
+        path_str(&truth),
+    ]);
+    let commtap = spawn_commtap(scratch, &args);
+    if let Some(go) = go {
+        wait_until("the program to load libmpi", Duration::from_mins(1), || {
+            ready.exists()
+        });
+        go();
+        std::fs::write(&go_file, b"go").expect("go file");
+    }
+    finish_ok(scratch, commtap, LIMIT);
     let profile = read_json(&out);
     assert_profile_matches(&profile, &read_truths(&truth, 1), &["MPI_Finalize"]);
     let libs = probed_paths(&profile);
@@ -481,6 +480,95 @@ fn a_library_loaded_late_with_dlopen_is_found_and_counted() {
         libs.iter().any(|p| p.ends_with("private/libmpi.so.40")),
         "{libs:?}"
     );
+    std::fs::read_to_string(scratch.path("commtap.stderr")).expect("commtap's log")
+}
+
+#[test]
+fn a_library_loaded_late_with_dlopen_is_counted_from_its_first_call() {
+    // The program calls MPI_Init right after its dlopen returns: exact only because the
+    // process was paused while commtap probed what the dynamic linker had just mapped.
+    let scratch = Scratch::new("dlopen-at-once");
+    let log = record_dlopen(&scratch, &[], None);
+    assert!(
+        log.lines().any(|l| l.contains("pause(s) at library loads")),
+        "no pause reported:\n{log}"
+    );
+}
+
+#[test]
+fn without_pausing_a_library_loaded_late_is_found_once_mapped() {
+    let scratch = Scratch::new("dlopen");
+    let stderr = scratch.path("commtap.stderr");
+    let probed = || {
+        wait_until(
+            "commtap to probe the late library",
+            Duration::from_secs(30),
+            || {
+                std::fs::read_to_string(&stderr).is_ok_and(|e| {
+                    e.lines()
+                        .any(|l| l.contains("probing") && l.contains("private/libmpi.so.40"))
+                })
+            },
+        );
+    };
+    let log = record_dlopen(&scratch, &["--no-pause-at-load"], Some(&probed));
+    assert!(
+        !log.contains("pause(s) at library loads"),
+        "paused although told not to:\n{log}"
+    );
+}
+
+/// Runs `bash -i` on a terminal (a pty) under `record`, types `line` into it followed by an
+/// `echo` of its exit status, and returns everything the terminal showed once the status
+/// came (or a minute passed), after `exit`.
+fn interactive_shell_running(scratch: &Scratch, line: &str) -> String {
+    const SHELL_ON_A_TERMINAL: &str = r#"
+import os, pty, select, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:2] + ["record", "-o", sys.argv[2], "--", "bash", "--norc", "--noprofile", "-i"])
+os.write(fd, sys.argv[3].encode() + b"; echo STATUS=$?\n")
+out, end = b"", time.time() + 60
+def read_until(done):
+    global out
+    while not done() and time.time() < end:
+        if select.select([fd], [], [], 0.1)[0]:
+            try:
+                out += os.read(fd, 65536)
+            except OSError:
+                return
+read_until(lambda: b"STATUS=" in out.split(b"echo STATUS")[-1])
+os.write(fd, b"exit\n")
+read_until(lambda: False if os.waitpid(pid, os.WNOHANG)[0] == 0 else True)
+sys.stdout.write(out.decode(errors="replace"))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", SHELL_ON_A_TERMINAL])
+        .arg(commtap_bin())
+        .arg(scratch.path("report.txt"))
+        .arg(line)
+        .output()
+        .expect("python3");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_job_of_an_interactive_shell_is_never_paused() {
+    // A job-control shell reports a stopped job ("Stopped", status 147) and takes the
+    // terminal back: a process it runs in a process group of its own on a terminal must
+    // never be paused at a library load, whatever that costs the profile.
+    let scratch = Scratch::new("dlopen-shell");
+    let lib = private_libmpi(&scratch);
+    let prog = build_plain_c("mpi_dlopen.c", &["-ldl"]);
+    let line = format!(
+        "{} {} - - 10 {}",
+        prog.display(),
+        lib.display(),
+        scratch.path("truth").display()
+    );
+    let shown = interactive_shell_running(&scratch, &line);
+    assert!(shown.contains("STATUS=0"), "{shown}");
+    assert!(!shown.contains("Stopped"), "{shown}");
 }
 
 /// `record --pid` stopped by `signal` while the job is still running (done with its

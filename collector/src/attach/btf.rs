@@ -183,7 +183,8 @@ impl Btf {
     }
 }
 
-/// Where identity events find a process's environment, arguments and start time.
+/// Where identity events find a process's environment, arguments and start time, and where
+/// the linker probe finds its process group, its parent's and its terminal.
 pub fn identity_offsets(btf: &Btf) -> Result<IdentityOffsets, BtfError> {
     Ok(IdentityOffsets {
         valid: 1,
@@ -191,9 +192,17 @@ pub fn identity_offsets(btf: &Btf) -> Result<IdentityOffsets, BtfError> {
         task_start_boottime: btf.offset("task_struct", "start_boottime")?,
         mm_arg_start: btf.offset("mm_struct", "arg_start")?,
         mm_env_start: btf.offset("mm_struct", "env_start")?,
+        task_real_parent: btf.offset("task_struct", "real_parent")?,
+        task_signal: btf.offset("task_struct", "signal")?,
+        signal_pgrp: btf.offset("signal_struct", "pids")? + 8 * PIDTYPE_PGID,
+        signal_tty: btf.offset("signal_struct", "tty")?,
         _pad: 0,
     })
 }
+
+/// `PIDTYPE_PGID` of the kernel's `enum pid_type` (2 since Linux 4.19, which added
+/// `PIDTYPE_TGID` before it; uprobe_multi needs 6.6): `signal_struct.pids` is indexed by it.
+const PIDTYPE_PGID: u32 = 2;
 
 #[cfg(test)]
 mod tests {

@@ -118,6 +118,10 @@ pub struct AttachedLibrary {
     released: bool,
 }
 
+/// How long pausing at library loads lasts unless renewed (commtap renews it several times
+/// a second while it handles the pauses).
+pub const PAUSE_LEASE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Most libraries owned by one user (not root) probed at once: one user's copies of a
 /// library cannot take the slots every job of the node needs.
 pub const MAX_LIBRARIES_PER_UID: usize = 8;
@@ -144,6 +148,14 @@ pub struct Probes {
     fabric_text: Array<MapData, FabricText>,
     fabric_ranges: BpfHashMap<MapData, u32, FabricRanges>,
     proc_stats: PerCpuHashMap<MapData, u32, ProcStats>,
+    /// Processes paused at a library load, not yet continued (see [`Probes::resume`]).
+    paused: BpfHashMap<MapData, u32, u64>,
+    /// The dynamic linker's probe (`linker_loaded`), where it could be placed.
+    linker: Option<multi::MultiLink>,
+    /// Pausing at library loads is wanted (and possible).
+    pause_at_load: bool,
+    /// How long pausing lasts unless renewed.
+    pause_lease: std::time::Duration,
     events: Option<RingBuf<MapData>>,
     /// By (dev, inode): attached MPI libraries, or `None` for objects that are not MPI.
     seen: BTreeMap<(u64, u64), Option<usize>>,
@@ -195,6 +207,11 @@ pub struct LoadOptions {
     pub probe_stats: bool,
     /// How the time of hot routines is sampled (a session applies it while it runs).
     pub time_sampling: crate::session::budget::TimeSampling,
+    /// Pause counted processes when their dynamic linker maps new libraries, until those
+    /// are probed (see [`Probes::set_pause_at_load`]).
+    pub pause_at_load: bool,
+    /// How long pausing lasts unless renewed ([`PAUSE_LEASE`]; tests make it longer).
+    pub pause_lease: std::time::Duration,
 }
 
 impl LoadOptions {
@@ -206,6 +223,8 @@ impl LoadOptions {
             state_dir: None,
             probe_stats: false,
             time_sampling: crate::session::budget::TimeSampling::DEFAULT,
+            pause_at_load: true,
+            pause_lease: PAUSE_LEASE,
         }
     }
 }
@@ -214,10 +233,14 @@ impl Drop for Probes {
     /// Detaches every library's probes and the tracepoints together: each detach waits
     /// for a grace period (see [`multi::detach_all`]).
     fn drop(&mut self) {
+        // Nobody is paused from now on, and nobody paused is left so.
+        let _ = self.set_pause_at_load(false);
+        let _ = self.resume_all();
         let links = self
             .libraries
             .iter_mut()
             .flat_map(|l| std::mem::take(&mut l.links))
+            .chain(self.linker.take())
             .collect();
         std::thread::scope(|s| {
             for t in std::mem::take(&mut self.tracepoints) {
@@ -285,7 +308,8 @@ impl Probes {
         // dropped.
         let _tables = fill_tables(&mut ebpf, btf.as_ref().ok())?;
         let tracepoints = attach_tracepoints(&mut ebpf)?;
-        Ok(Probes {
+        let linker = attach_linker(&programs);
+        let mut probes = Probes {
             watched: map(&mut ebpf, names::maps::WATCHED)?,
             comms: map(&mut ebpf, names::maps::COMMS)?,
             dtypes: map(&mut ebpf, names::maps::DTYPES)?,
@@ -305,6 +329,10 @@ impl Probes {
             fabric_text: map(&mut ebpf, names::maps::FABRIC_TEXT)?,
             fabric_ranges: map(&mut ebpf, names::maps::FABRIC_RANGES)?,
             proc_stats: map(&mut ebpf, names::maps::PROC_STATS)?,
+            paused: map(&mut ebpf, names::maps::PAUSED)?,
+            linker,
+            pause_at_load: false,
+            pause_lease: opts.pause_lease,
             events: Some(map(&mut ebpf, names::maps::EVENTS)?),
             _ebpf: ebpf,
             seen: BTreeMap::new(),
@@ -322,7 +350,79 @@ impl Probes {
             } else {
                 None
             },
+        };
+        // Left paused by a daemon that died before continuing them (the map is kept).
+        let left = probes.resume_all();
+        if left > 0 {
+            warn!("continued {left} process(es) a commtap before this one left paused at a library load");
+        }
+        if probes.set_pause_at_load(opts.pause_at_load)? {
+            info!("libraries loaded late (dlopen) are probed before their first call: a process is paused while its new libraries are probed");
+        }
+        Ok(probes)
+    }
+
+    /// Pauses watched processes when their dynamic linker maps new libraries, until they
+    /// are probed (see `collector-ebpf`'s `loader.rs`); whether that could be turned on (the
+    /// dynamic linker's probe is in place). It lasts a lease: renew it with
+    /// [`Probes::renew_pause_lease`] from the loop that handles the pauses' events.
+    pub fn set_pause_at_load(&mut self, on: bool) -> Result<bool, AttachError> {
+        self.pause_at_load = on && self.linker.is_some();
+        self.renew_pause_lease()?;
+        Ok(self.pause_at_load)
+    }
+
+    /// Lets the kernel pause processes at library loads for a lease more ([`PAUSE_LEASE`],
+    /// if that is on): a commtap that stops handling their events stops pausing them soon
+    /// after.
+    pub fn renew_pause_lease(&mut self) -> Result<(), AttachError> {
+        self.settings.pause_until_ns = if self.pause_at_load {
+            crate::clock::monotonic_ns() + self.pause_lease.as_nanos() as u64
+        } else {
+            0
+        };
+        self.write_settings()
+    }
+
+    /// Continues `pid`, paused at a library load; how long it was paused (None: it was not,
+    /// as far as the kernel's list says).
+    pub fn resume(&mut self, pid: u32) -> Option<std::time::Duration> {
+        let since = self.paused.get(&pid, 0).ok();
+        // Off the list first: a pause the process makes right after continuing is its own.
+        let _ = self.paused.remove(&pid);
+        // Always sent: the stop may still be pending (SIGCONT cancels it). A pid cannot be
+        // reused while its process is stopped; one killed meanwhile is gone from the list.
+        // SAFETY: kill(2) with a plain signal.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+        since.map(|at| {
+            std::time::Duration::from_nanos(crate::clock::monotonic_ns().saturating_sub(at))
         })
+    }
+
+    /// Continues every process paused at a library load; how many.
+    pub fn resume_all(&mut self) -> usize {
+        let pids: Vec<u32> = self.paused.keys().filter_map(Result::ok).collect();
+        for pid in &pids {
+            self.resume(*pid);
+        }
+        pids.len()
+    }
+
+    /// Continues the processes paused longer than `max` ago (their event was not handled:
+    /// it should not happen, and no process stays stopped if it does); how many.
+    pub fn resume_overdue(&mut self, max: std::time::Duration) -> usize {
+        let now = crate::clock::monotonic_ns();
+        let overdue: Vec<u32> = self
+            .paused
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, at)| now.saturating_sub(*at) > max.as_nanos() as u64)
+            .map(|(pid, _)| pid)
+            .collect();
+        for pid in &overdue {
+            self.resume(*pid);
+        }
+        overdue.len()
     }
 
     /// Whether MPI and NCCL are probed through uprobe sessions.
@@ -581,6 +681,46 @@ fn uprobe_sessions(btf: &btf::Btf) -> Option<u32> {
 /// Loads the programs of the uprobe_multi links: with sessions, one program per ABI for
 /// entry and return together; else (or if the kernel refuses them) an entry program and
 /// return programs.
+/// The system's dynamic linker: what every program of this machine's ABI starts with.
+const DYNAMIC_LINKER: &str = "/lib64/ld-linux-x86-64.so.2";
+
+/// Places `linker_loaded` on the dynamic linker's `_dl_debug_state` (None, with a warning,
+/// where it cannot be: libraries loaded late are then probed after their first calls).
+fn attach_linker(programs: &HashMap<String, OwnedFd>) -> Option<multi::MultiLink> {
+    let gap = "libraries loaded late (dlopen) are probed after their first calls";
+    let prog = programs.get(names::programs::LINKER_LOADED)?;
+    let file = match LibraryFile::open_path(std::path::Path::new(DYNAMIC_LINKER)) {
+        Ok(f) => f,
+        Err(e) => {
+            warn!("{DYNAMIC_LINKER}: {e:#}; {gap}");
+            return None;
+        }
+    };
+    match symbols::linker_hook(&file) {
+        Ok(Some(hook)) => match multi::attach(
+            prog.as_fd(),
+            &file,
+            &[hook.offset],
+            &[hook.to_r_debug as u64],
+            multi::ProbeKind::Entry,
+        ) {
+            Ok(link) => Some(link),
+            Err(e) => {
+                warn!("{e:#}; {gap}");
+                None
+            }
+        },
+        Ok(None) => {
+            warn!("{DYNAMIC_LINKER} has no _dl_debug_state and _r_debug; {gap}");
+            None
+        }
+        Err(e) => {
+            warn!("{e:#}; {gap}");
+            None
+        }
+    }
+}
+
 fn load_probe_programs(
     fds: &HashMap<String, RawFd>,
     session_kfunc: Option<u32>,
@@ -595,6 +735,7 @@ fn load_probe_programs(
             p::SESS_MPICH,
             p::SESS_MPICH_TYPES,
             p::SESS_NCCL,
+            p::LINKER_LOADED,
         ];
         match multi::load_programs(BPF_OBJECT, fds, &names, Some(id)) {
             Ok(programs) => {

@@ -22,6 +22,10 @@ use crate::{
     symbols::{file::FileError, LibraryFile},
 };
 
+/// How long a process paused at a library load may wait for its event before it is
+/// continued anyway (the event is sent before the pause: this is a safety net).
+const PAUSE_OVERDUE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The objects `pid` maps (none if its maps cannot be read: it exited, say).
 fn objects_of(pid: u32) -> Vec<MappedObject> {
     discover::mapped_objects(pid).unwrap_or_else(|e| {
@@ -195,7 +199,10 @@ impl Session {
     pub fn unread_objects(&self, batch: &[ProcessEvent]) -> Vec<(u32, MappedObject)> {
         let mut out: Vec<(u32, MappedObject)> = Vec::new();
         for ev in batch {
-            let (ProcessEvent::Exec { pid, .. } | ProcessEvent::Discovered { pid, .. }) = ev else {
+            let (ProcessEvent::Exec { pid, .. }
+            | ProcessEvent::Discovered { pid, .. }
+            | ProcessEvent::Loaded { pid, .. }) = ev
+            else {
                 continue;
             };
             for o in objects_of(*pid) {
@@ -289,6 +296,17 @@ impl Session {
                 t.kernel_uid = info.uid;
                 t.kernel_info = Some(*info);
             }
+            ProcessEvent::Loaded { pid, .. } => {
+                // Paused by the kernel until what it just mapped is probed.
+                let maps = self.attach_mapped(pid);
+                if let Some(t) = self.tracked.get_mut(&pid) {
+                    t.maps_mpi |= maps;
+                }
+                if let Some(paused) = self.probes.resume(pid) {
+                    self.pauses.add(paused);
+                    debug!(pid, ?paused, "continued after probing what it loaded");
+                }
+            }
             ProcessEvent::FabricOpened { pid, fabric } => {
                 if let Some(t) = self.tracked.get_mut(&pid) {
                     t.fabrics.insert(fabric);
@@ -309,8 +327,19 @@ impl Session {
     }
 
     /// Picks up libraries loaded since the last look (dlopen) and processes that ended
-    /// without an exit event reaching us.
+    /// without an exit event reaching us; renews pausing at library loads, and continues
+    /// processes paused too long. Call it on every tick of the loop that handles events.
     pub fn rescan(&mut self) {
+        if let Err(e) = self.probes.renew_pause_lease() {
+            warn!("{e:#}");
+        }
+        let overdue = self.probes.resume_overdue(PAUSE_OVERDUE);
+        if overdue > 0 {
+            warn!(
+                overdue,
+                "continued processes paused at a library load whose event never came"
+            );
+        }
         let live: Vec<u32> = self
             .tracked
             .iter()

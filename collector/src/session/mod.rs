@@ -49,6 +49,40 @@ pub struct Session {
     library_users: BTreeMap<String, BTreeSet<u32>>,
     /// How the time of hot routines is sampled to keep the probes' cost in bounds.
     pub budget: budget::Budget,
+    /// The pauses of processes at library loads (see [`Probes::set_pause_at_load`]).
+    pub pauses: Pauses,
+}
+
+/// How often, and how long in all, processes were paused at library loads until probed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pauses {
+    /// Pauses.
+    pub count: u64,
+    /// Their total.
+    pub total: std::time::Duration,
+    /// The longest.
+    pub longest: std::time::Duration,
+}
+
+impl Pauses {
+    /// Counts one pause of `d`.
+    pub fn add(&mut self, d: std::time::Duration) {
+        self.count += 1;
+        self.total += d;
+        self.longest = self.longest.max(d);
+    }
+}
+
+impl std::fmt::Display for Pauses {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} pause(s) at library loads until probed, {:.1} ms in all, the longest {:.1} ms",
+            self.count,
+            self.total.as_secs_f64() * 1e3,
+            self.longest.as_secs_f64() * 1e3
+        )
+    }
 }
 
 impl Session {
@@ -79,6 +113,7 @@ impl Session {
             identity_from_kernel: false,
             library_users: BTreeMap::new(),
             budget,
+            pauses: Pauses::default(),
         })
     }
 
@@ -90,10 +125,15 @@ impl Session {
     /// Stops the ingest task after a last drain of the ring buffer (call events are
     /// batched, so the last ones are only counted after this).
     pub async fn stop_ingest(&mut self) {
+        // Nobody is paused from now on, and nobody whose event is no longer read stays so.
+        if let Err(e) = self.probes.set_pause_at_load(false) {
+            tracing::warn!("{e:#}");
+        }
         self.cancel.cancel();
         if let Some(task) = self.ingest.take() {
             let _ = task.await;
         }
+        let _ = self.probes.resume_all();
     }
 
     /// Probes the library file at `path` now (before any process maps it).

@@ -369,6 +369,41 @@ impl<'a> Reading<'a> {
     }
 }
 
+/// Where a dynamic linker tells debuggers that its list of loaded objects changed: the file
+/// offset of `_dl_debug_state` (called after each change) and the distance from it to
+/// `_r_debug` (whose `r_state` says which change), both as glibc's `ld.so` exports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkerHook {
+    /// File offset of `_dl_debug_state`, in code.
+    pub offset: u64,
+    /// `_r_debug`'s address minus `_dl_debug_state`'s (the same load bias moves both).
+    pub to_r_debug: i64,
+}
+
+/// The dynamic linker's hook in `file` (`None`: not a glibc dynamic linker).
+pub fn linker_hook(file: &LibraryFile) -> Result<Option<LinkerHook>, SymbolError> {
+    let data = file.data().map_err(|source| SymbolError::Io {
+        path: file.shown.clone(),
+        source,
+    })?;
+    let elf: Elf = object::File::parse(&data).map_err(|source| SymbolError::Elf {
+        path: file.shown.clone(),
+        source,
+    })?;
+    let find = |name: &str| {
+        elf.dynamic_symbols()
+            .find(|s| s.is_definition() && s.name() == Ok(name))
+            .map(|s| s.address())
+    };
+    let (Some(hook), Some(r_debug)) = (find("_dl_debug_state"), find("_r_debug")) else {
+        return Ok(None);
+    };
+    Ok(probes::code_offset(&elf, hook).map(|offset| LinkerHook {
+        offset,
+        to_r_debug: r_debug.wrapping_sub(hook) as i64,
+    }))
+}
+
 /// The NUL-terminated string (at most 256 bytes) at virtual address `addr` of the file.
 pub fn c_string(elf: &Elf, map: Data<'_>, addr: u64) -> Option<String> {
     let off = file_offset(elf, addr)?;

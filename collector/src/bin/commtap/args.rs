@@ -109,6 +109,10 @@ pub struct DaemonArgs {
     /// ranks would.
     #[arg(long, hide = true, default_value_t = 0)]
     pub test_synthetic_ranks: u32,
+    /// Tests: how long pausing processes at library loads lasts unless renewed (a frozen
+    /// daemon's kernel side keeps pausing for this long).
+    #[arg(long, hide = true, value_parser = parse_duration)]
+    pub test_pause_lease: Option<Duration>,
     /// Also serve the API on this TCP address (needs --tls-cert/--tls-key, or
     /// --insecure-tcp). A TCP caller sees every process only with a client certificate
     /// signed by --tls-client-ca; any other TCP caller is treated as a user who owns no
@@ -357,6 +361,15 @@ pub struct ProbeArgs {
     /// error. Needs uprobe sessions (Linux 6.13+); 0 times every call.
     #[arg(long, value_name = "PCT", default_value_t = 1.0, value_parser = parse_percent)]
     pub max_overhead: f64,
+    /// Do not pause a process while the libraries it just loaded are probed. By default,
+    /// when the dynamic linker of a profiled process maps new libraries (`dlopen`: Python's
+    /// mpi4py, a framework's NCCL from a wheel, or the libraries a program starts with),
+    /// the process is stopped for the moment it takes to probe them (about a millisecond)
+    /// and continued, so their very first calls are counted. A process a job-control shell
+    /// started on a terminal is never paused (the shell would report it stopped). Without
+    /// pausing, such a library is probed as soon as it is seen, after its first calls.
+    #[arg(long)]
+    pub no_pause_at_load: bool,
     /// Time every call, whatever it costs (no sampling).
     #[arg(long, conflicts_with = "time_one_in")]
     pub time_every_call: bool,
@@ -376,6 +389,7 @@ impl ProbeArgs {
                 self.time_one_in,
                 self.max_overhead,
             ),
+            pause_at_load: !self.no_pause_at_load,
             ..collector::attach::LoadOptions::with_ring_buffer_kib(self.ring_buffer_kib)
         }
     }

@@ -207,7 +207,10 @@ async fn daemon(a: DaemonArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<(
         socket: a.socket,
         socket_mode: a.socket_mode,
         node_name: a.node_name,
-        load: a.probe.load_options(),
+        load: collector::attach::LoadOptions {
+            pause_lease: a.test_pause_lease.unwrap_or(collector::attach::PAUSE_LEASE),
+            ..a.probe.load_options()
+        },
         keep_exited: a.keep_exited,
         libraries: a.probe.libraries,
         metrics: metrics_listener(

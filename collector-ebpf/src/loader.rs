@@ -1,0 +1,87 @@
+//! The dynamic linker's hook for debuggers, `_dl_debug_state`, which glibc's `ld.so` calls
+//! whenever its list of loaded objects changes: a watched process that has just mapped new
+//! libraries (`dlopen`, or those it starts with) is paused before it can run them, until
+//! userspace has probed them and continues it. A library loaded late (Python's mpi4py, a
+//! framework's NCCL from a wheel) is then counted from its first call.
+
+use aya_ebpf::{
+    bindings::BPF_RB_FORCE_WAKEUP,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_ktime_get_ns, bpf_probe_read_user,
+        generated::{bpf_get_attach_cookie, bpf_get_func_ip, bpf_send_signal},
+    },
+    macros::uprobe,
+    programs::ProbeContext,
+    EbpfContext,
+};
+use collector_common::{EventKind, ProcEvent};
+
+use crate::{
+    maps::{CONFIG, EVENTS, PAUSED},
+    process::{is_watched, pausable_unnoticed},
+};
+
+/// `RT_CONSISTENT` of `enum r_state` (`<link.h>`): the list is complete again, the new
+/// objects mapped (not yet relocated or initialised).
+const RT_CONSISTENT: i32 = 0;
+/// Byte offset of `r_state` in `struct r_debug` (x86-64).
+const R_STATE: u64 = 24;
+/// `SIGSTOP`: the one stop no process can catch or ignore; userspace sends `SIGCONT`.
+const SIGSTOP: u32 = 19;
+
+/// Entry of `_dl_debug_state`; the cookie is the distance from it to `_r_debug`.
+#[uprobe]
+pub fn linker_loaded(ctx: ProbeContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !is_watched(tgid) {
+        return 0;
+    }
+    // SAFETY: reads the monotonic clock.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // Only while userspace is there to continue the process (it renews the lease).
+    match CONFIG.get(0) {
+        Some(c) if now <= c.pause_until_ns => {}
+        _ => return 0,
+    }
+    // SAFETY: helpers that read this program's own attachment.
+    let (at, to_r_debug) = unsafe {
+        (
+            bpf_get_func_ip(ctx.as_ptr()),
+            bpf_get_attach_cookie(ctx.as_ptr()),
+        )
+    };
+    let state = at.wrapping_add(to_r_debug).wrapping_add(R_STATE) as *const i32;
+    // An object being added or removed is not mapped yet (or not gone yet): nothing to do
+    // before the list is consistent again.
+    // SAFETY: the helper reads user memory and fails cleanly.
+    if unsafe { bpf_probe_read_user(state) } != Ok(RT_CONSISTENT) {
+        return 0;
+    }
+    if !pausable_unnoticed() {
+        return 0;
+    }
+    // Listed first: whatever becomes of the event, userspace finds it there and continues it
+    // (at its exit at the latest, or at the next start of a daemon).
+    if PAUSED.insert(tgid, now, 0).is_err() {
+        return 0;
+    }
+    let ev = ProcEvent {
+        kind: EventKind::Loaded as u32,
+        tgid,
+        parent: 0,
+        uid: bpf_get_current_uid_gid() as u32,
+        ts_ns: now,
+    };
+    // Paused only once userspace is sure to hear of it (it continues the process), and at
+    // once (call events do not wake the reader).
+    if EVENTS
+        .output::<ProcEvent>(&ev, u64::from(BPF_RB_FORCE_WAKEUP))
+        .is_err()
+    {
+        let _ = PAUSED.remove(tgid);
+        return 0;
+    }
+    // SAFETY: plain helper call; the signal goes to the current process.
+    unsafe { bpf_send_signal(SIGSTOP) };
+    0
+}
