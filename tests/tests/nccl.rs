@@ -121,6 +121,38 @@ fn real_libnccl_calls_are_counted_exactly() {
     );
 }
 
+#[test]
+fn nccl_loaded_late_from_a_wheel_is_counted_from_its_first_call() {
+    // As PyTorch does: the wheel's libnccl.so.2, on no linker path, dlopened and called at
+    // once; before commtap paused processes at library loads: "no MPI calls were recorded".
+    let scratch = Scratch::new("nccl-dlopen");
+    let prog = build_plain_c("nccl_dlopen.c", &["-ldl"]);
+    let lib = nccl_lib_dir().join("libnccl.so.2");
+    let (out, truth) = (scratch.path("profile.json"), scratch.path("truth.json"));
+    let n = 1000.to_string();
+    let args = [
+        "record",
+        "--format",
+        "json",
+        "-o",
+        path_str(&out),
+        "--",
+        path_str(&prog),
+        path_str(&lib),
+        &n,
+        path_str(&truth),
+    ];
+    let run = finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let (profile, truth) = (read_json(&out), read_json(&truth));
+    let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
+    assert_eq!(
+        routine_table(&rank["routines"]),
+        routine_table(&truth["routines"]),
+        "(calls, bytes) per routine; stderr:\n{}",
+        run.stderr
+    );
+}
+
 /// (id, size, rank, calls, bytes) of each communicator of `routine` in a profile rank.
 fn communicators(
     rank: &serde_json::Value,
