@@ -635,8 +635,8 @@ pub struct IdentityOffsets {
     pub signal_pgrp: u32,
     /// `signal_struct.tty`: the controlling terminal.
     pub signal_tty: u32,
-    /// Explicit padding.
-    pub _pad: u32,
+    /// `task_struct.ptrace`: non-zero while a tracer (a debugger, strace) holds the task.
+    pub task_ptrace: u32,
 }
 const _: () = assert!(size_of::<IdentityOffsets>() == 40);
 

@@ -37,10 +37,11 @@ fn kernel_word(base: *const u8, at: u32) -> u64 {
 }
 
 /// Whether the current process may be paused (`SIGSTOP`) without anyone noticing: a
+/// tracer (a debugger, strace) is told of every signal, so a traced thread never is; a
 /// job-control shell reports a stopped job and takes the terminal back, and only puts jobs
-/// in process groups of their own on a terminal. So: no controlling terminal, or the
-/// process group of its parent (which then did no job control for it). `false` when the
-/// kernel's offsets are unknown.
+/// in process groups of their own on a terminal. So: not traced, and no controlling
+/// terminal or the process group of its parent (which then did no job control for it).
+/// `false` when the kernel's offsets are unknown.
 #[inline(always)]
 pub fn pausable_unnoticed() -> bool {
     let Some(off) = IDENTITY_OFFSETS.get(0) else {
@@ -50,6 +51,10 @@ pub fn pausable_unnoticed() -> bool {
         return false;
     }
     let task = current_task();
+    // `ptrace` is an unsigned int: the low half of the word (little-endian).
+    if kernel_word(task, off.task_ptrace) as u32 != 0 {
+        return false;
+    }
     let signal = kernel_word(task, off.task_signal) as *const u8;
     if signal.is_null() {
         return false;

@@ -41,6 +41,8 @@ pub struct DaemonOptions {
     pub libraries: Vec<PathBuf>,
     /// Serve Prometheus metrics here.
     pub metrics: Option<crate::serve::metrics::MetricsListener>,
+    /// Push the metrics' series over OTLP too.
+    pub otlp: Option<crate::serve::metrics::otlp::OtlpOptions>,
     /// Which processes to profile.
     pub scope: Scope,
     /// Push snapshots to this aggregator.
@@ -283,6 +285,13 @@ async fn spawn_tasks(
         let metrics = metrics::serve(listener, state.clone(), shutdown.clone());
         tasks.push(tokio::spawn(async move {
             metrics.await.context("metrics server")
+        }));
+    }
+    if let Some(otlp) = opts.otlp.clone() {
+        let push = metrics::otlp::push(state.clone(), otlp, shutdown.clone());
+        tasks.push(tokio::spawn(async move {
+            push.await;
+            Ok(())
         }));
     }
     Ok(Tasks(tasks))

@@ -708,6 +708,164 @@ fn a_real_prometheus_holds_the_jobs_exact_totals() {
     daemon.stop(&scratch);
 }
 
+/// The last request an OTLP receiver (`tests/consumers/otlp_receiver.py`) got from the
+/// exporter whose resource says `service.name` = `service`, as protobuf's JSON mapping.
+fn last_otlp_request(dir: &std::path::Path, service: &str) -> Option<serde_json::Value> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    files.iter().rev().find_map(|f| {
+        let req: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(f).ok()?).ok()?;
+        let attrs = req["resourceMetrics"][0]["resource"]["attributes"].as_array()?;
+        attrs
+            .iter()
+            .any(|a| a["key"] == "service.name" && a["value"]["stringValue"] == service)
+            .then_some(req)
+    })
+}
+
+/// The data points of the OTLP sum `name` in `req`, per its `routine` attribute, for the
+/// points whose `job_id` is `job` (ints are strings in protobuf's JSON mapping).
+fn otlp_sums(req: &serde_json::Value, name: &str, job: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let metrics = req["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for m in metrics.iter().filter(|m| m["name"] == name) {
+        assert_eq!(m["sum"]["isMonotonic"], true, "{name} is a counter");
+        for p in m["sum"]["dataPoints"].as_array().into_iter().flatten() {
+            let attr = |k: &str| {
+                p["attributes"]
+                    .as_array()
+                    .and_then(|a| a.iter().find(|a| a["key"] == k))
+                    .and_then(|a| a["value"]["stringValue"].as_str())
+                    .map(str::to_string)
+            };
+            if attr("job_id").as_deref() != Some(job) {
+                continue;
+            }
+            let value = p["asInt"]
+                .as_str()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("an integer point: {p}"));
+            *out.entry(attr("routine").expect("routine")).or_default() += value;
+        }
+    }
+    out
+}
+
+#[test]
+fn an_opentelemetry_collector_receives_the_jobs_exact_totals_over_otlp() {
+    let scratch = Scratch::new("otlp");
+    // A receiver built from OpenTelemetry's own protos, on a port it picks and tells.
+    let (port_file, received) = (scratch.path("otlp.port"), scratch.path("received"));
+    let _receiver = ChildGuard::spawn(
+        Command::new("python3")
+            .arg(repo_root().join("tests/consumers/otlp_receiver.py"))
+            .arg(&port_file)
+            .arg(&received),
+    );
+    wait_until("the OTLP receiver to listen", LIMIT, || port_file.exists());
+    let endpoint = format!(
+        "http://127.0.0.1:{}",
+        std::fs::read_to_string(&port_file).expect("port").trim()
+    );
+    // The aggregator finds the collector through the standard variables, the daemon
+    // through its flags.
+    let _aggregator = spawn_commtap_with_env(
+        &Scratch::new("otlp-aggregator"),
+        &[
+            "aggregator",
+            "--listen",
+            &free_port(),
+            "--insecure-tcp",
+            "--db",
+            path_str(&scratch.path("agg.redb")),
+        ],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "200".into()),
+            ("OTEL_SERVICE_NAME", "commtap-aggregator".into()),
+            ("OTEL_RESOURCE_ATTRIBUTES", "cluster=test%20one".into()),
+        ],
+    );
+    let daemon = Daemon::start(
+        &scratch,
+        &[],
+        &[],
+        &["--otlp-endpoint", &endpoint, "--otlp-interval", "200ms"],
+    );
+    let truth = run_truth_job(&scratch.path("truth"), Mpi::OpenMpi, 2);
+    wait_for_exited(&daemon.target, &pids_of(&truth));
+    let job = truth[0]["pid"].as_u64().expect("pid").to_string();
+    let mut expected: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for rank in &truth {
+        for (routine, (calls, bytes)) in routine_table(&rank["routines"]) {
+            let e = expected.entry(routine).or_default();
+            *e = (e.0 + calls, e.1 + bytes);
+        }
+    }
+    let got = || {
+        let req = last_otlp_request(&received, "commtap")?;
+        let (mut calls, mut bytes) = (
+            otlp_sums(&req, "commtap_mpi_calls", &job),
+            otlp_sums(&req, "commtap_mpi_bytes", &job),
+        );
+        // After each rank's truth was written.
+        calls.remove("MPI_Finalize");
+        bytes.remove("MPI_Finalize");
+        Some(
+            calls
+                .into_iter()
+                .map(|(r, c)| {
+                    let b = bytes.get(&r).copied().unwrap_or(0);
+                    (r, (c, b))
+                })
+                .collect::<BTreeMap<_, _>>(),
+        )
+    };
+    let mut last = None;
+    let deadline = std::time::Instant::now() + LIMIT;
+    while std::time::Instant::now() < deadline {
+        last = got();
+        if last.as_ref() == Some(&expected) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        last.as_ref(),
+        Some(&expected),
+        "(calls, bytes) per routine as the collector received them"
+    );
+    // The aggregator pushes its own series, with the resource the variables gave it.
+    wait_until("the aggregator's first push", LIMIT, || {
+        last_otlp_request(&received, "commtap-aggregator").is_some()
+    });
+    let req = last_otlp_request(&received, "commtap-aggregator").expect("a push");
+    let resource = &req["resourceMetrics"][0]["resource"]["attributes"];
+    assert!(
+        resource.as_array().is_some_and(|a| a
+            .iter()
+            .any(|a| a["key"] == "cluster" && a["value"]["stringValue"] == "test one")),
+        "{resource}"
+    );
+    let names: Vec<&str> = req["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]
+        .as_array()
+        .expect("metrics")
+        .iter()
+        .filter_map(|m| m["name"].as_str())
+        .collect();
+    assert!(names.contains(&"commtap_build_info"), "{names:?}");
+    daemon.stop(&scratch);
+}
+
 /// One number from a Prometheus server's HTTP API (None until it has one).
 fn prometheus_value(server: &str, query: &str) -> Option<f64> {
     let v = prometheus_query(server, query)?;

@@ -582,6 +582,47 @@ fn mpi4py_ranks_are_counted_from_the_mpi_init_its_import_makes() {
     );
 }
 
+#[test]
+fn a_traced_process_is_never_paused() {
+    // A tracer is told of every signal: strace would log the pause's SIGSTOP (checked with
+    // the rule removed), a debugger would stop there.
+    let scratch = Scratch::new("dlopen-traced");
+    let lib = private_libmpi(&scratch);
+    let prog = build_plain_c("mpi_dlopen.c", &["-ldl"]);
+    let (log, truth) = (scratch.path("strace.log"), scratch.path("truth"));
+    let args = [
+        "record",
+        "--",
+        "strace",
+        "-f",
+        "-o",
+        path_str(&log),
+        path_str(&prog),
+        path_str(&lib),
+        "-",
+        "-",
+        "10",
+        path_str(&truth),
+    ];
+    // Not paused, the program may be done before its late library is probed: "no MPI calls
+    // were recorded" is then the profile's right answer.
+    let status = spawn_commtap(&scratch, &args).wait_with_limit(LIMIT);
+    assert!(matches!(status.code(), Some(0 | 2)), "record: {status}");
+    assert!(
+        std::fs::read_to_string(format!("{}.0.json", truth.display())).is_ok(),
+        "the program ran to its end"
+    );
+    let traced = std::fs::read_to_string(&log).expect("strace's log");
+    assert!(
+        traced.contains("dlopen") || traced.contains("libmpi.so.40"),
+        "{traced}"
+    );
+    assert!(
+        !traced.contains("SIGSTOP"),
+        "a traced process was paused:\n{traced}"
+    );
+}
+
 /// Runs `bash -i` on a terminal (a pty) under `record`, types `line` into it followed by an
 /// `echo` of its exit status, and returns everything the terminal showed once the status
 /// came (or a minute passed), after `exit`.

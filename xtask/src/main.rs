@@ -83,6 +83,8 @@ const PACKAGES: &[&str] = &[
     "chromium",
     // A real terminal for `commtap top`'s test.
     "tmux",
+    // A tracer: a traced process is never paused at a library load (tested under it).
+    "strace",
 ];
 
 /// bpf-linker release known to work with the nightly's LLVM 22 (FACTS.md).
@@ -217,11 +219,12 @@ fn setup() -> Result<()> {
     }
 
     // A gRPC client nobody here wrote: Python's, with the standard health and reflection
-    // clients; and a JSON Schema validator nobody here wrote, for the profiles.
+    // clients; a JSON Schema validator nobody here wrote, for the profiles; and
+    // OpenTelemetry's own OTLP protos, for a receiver of what commtap exports.
     let have_python_grpc = Command::new("python3")
         .args([
             "-c",
-            "import grpc_tools, grpc_health, grpc_reflection, jsonschema",
+            "import grpc_tools, grpc_health, grpc_reflection, jsonschema, opentelemetry.proto",
         ])
         .output()
         .is_ok_and(|o| o.status.success());
@@ -235,6 +238,7 @@ fn setup() -> Result<()> {
             "grpcio-health-checking",
             "grpcio-reflection",
             "jsonschema",
+            "opentelemetry-proto==1.45.2",
         ]))?;
     }
 

@@ -57,6 +57,8 @@ pub struct AggregatorOptions {
     pub retain: std::time::Duration,
     /// Serve its health as Prometheus metrics here.
     pub metrics: Option<crate::serve::metrics::MetricsListener>,
+    /// Push the metrics' series over OTLP too.
+    pub otlp: Option<crate::serve::metrics::otlp::OtlpOptions>,
 }
 
 /// The store as a source of snapshots for a higher aggregator.
@@ -441,12 +443,16 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
     let store = Arc::new(Mutex::new(store));
     let shutdown = CancellationToken::new();
     let service = AggregatorService::new(store.clone(), opts.mutual_tls).until(shutdown.clone());
-    let metrics = opts.metrics.clone().map(|listener| {
-        let serving = crate::serve::metrics::serve(
-            listener,
-            Arc::new(service.exporter(opts.db.clone())),
+    let exporter = Arc::new(service.exporter(opts.db.clone()));
+    let otlp = opts.otlp.clone().map(|o| {
+        tokio::spawn(crate::serve::metrics::otlp::push(
+            exporter.clone(),
+            o,
             shutdown.clone(),
-        );
+        ))
+    });
+    let metrics = opts.metrics.clone().map(|listener| {
+        let serving = crate::serve::metrics::serve(listener, exporter.clone(), shutdown.clone());
         tokio::spawn(async move {
             // Said when it happens (a port taken), not at shutdown.
             if let Err(e) = serving.await {
@@ -506,7 +512,7 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
     if let Some(task) = upstream {
         let _ = task.await;
     }
-    if let Some(task) = metrics {
+    for task in [metrics, otlp].into_iter().flatten() {
         let _ = task.await;
     }
     let _ = expiry.await;

@@ -196,7 +196,7 @@ pub fn identity_offsets(btf: &Btf) -> Result<IdentityOffsets, BtfError> {
         task_signal: btf.offset("task_struct", "signal")?,
         signal_pgrp: btf.offset("signal_struct", "pids")? + 8 * PIDTYPE_PGID,
         signal_tty: btf.offset("signal_struct", "tty")?,
-        _pad: 0,
+        task_ptrace: btf.offset("task_struct", "ptrace")?,
     })
 }
 

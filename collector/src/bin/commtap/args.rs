@@ -270,6 +270,28 @@ pub struct MetricsArgs {
     /// included, reads every series.
     #[arg(long, requires = "metrics_addr")]
     pub metrics_insecure: bool,
+    /// Also push the same series over OTLP/gRPC to an OpenTelemetry collector at URL
+    /// (http://collector:4317). Without it, OTEL_EXPORTER_OTLP_METRICS_ENDPOINT or
+    /// OTEL_EXPORTER_OTLP_ENDPOINT name one; OTEL_SERVICE_NAME (default commtap) and
+    /// OTEL_RESOURCE_ATTRIBUTES add to the resource, with host.name.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// How often to push over OTLP (default: OTEL_METRIC_EXPORT_INTERVAL milliseconds, else
+    /// 1m).
+    #[arg(long, value_parser = parse_duration)]
+    pub otlp_interval: Option<Duration>,
+}
+
+impl MetricsArgs {
+    /// Where and how to push over OTLP, from these flags and the standard `OTEL_*`
+    /// variables (flags first); None when no endpoint is named.
+    pub fn otlp(&self) -> Option<collector::serve::metrics::otlp::OtlpOptions> {
+        collector::serve::metrics::otlp::OtlpOptions::from_flags_and_env(
+            self.otlp_endpoint.clone(),
+            self.otlp_interval,
+            |k| std::env::var(k).ok().filter(|v| !v.is_empty()),
+        )
+    }
 }
 
 /// Where `--metrics-addr` serves.

@@ -213,6 +213,7 @@ async fn daemon(a: DaemonArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<(
         },
         keep_exited: a.keep_exited,
         libraries: a.probe.libraries,
+        otlp: a.metrics.otlp(),
         metrics: metrics_listener(
             a.metrics,
             a.socket_mode,
@@ -286,6 +287,7 @@ async fn trace(a: TraceArgs) -> Result<()> {
 /// `commtap aggregator`.
 async fn aggregator(a: AggregatorArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<()> {
     let mutual_tls = a.tls.tls_client_ca.is_some();
+    let otlp = a.metrics.otlp();
     // On a Unix socket: owner and group (the aggregator has no --socket-mode).
     let metrics = metrics_listener(
         a.metrics,
@@ -301,6 +303,7 @@ async fn aggregator(a: AggregatorArgs, identity: Option<(PathBuf, PathBuf)>) -> 
         upstream: a.upstream.map(|t| (t, a.push_interval)),
         retain: a.retain,
         metrics,
+        otlp,
     })
     .await
 }

@@ -1,6 +1,7 @@
 //! The Prometheus endpoint of a node (`commtap daemon --metrics-addr`): who may read what,
 //! over which listener; the text itself is `render`'s.
 
+pub mod otlp;
 mod render;
 
 pub use render::{render, render_skew};
@@ -186,6 +187,19 @@ where
     }
 }
 
+/// What `caller` is shown: which commtap this is, then `state`'s series (`/metrics` and
+/// OTLP alike).
+async fn everything<E: Exporter>(state: &E, caller: Caller) -> String {
+    let mut body = format!(
+        "# HELP commtap_build_info The commtap that serves these metrics.\n\
+         # TYPE commtap_build_info gauge\n\
+         commtap_build_info{{version=\"{}\"}} 1\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    body.push_str(&state.exposition(caller).await);
+    body
+}
+
 async fn respond<E: Exporter>(
     state: &E,
     req: &Request<Incoming>,
@@ -196,13 +210,7 @@ async fn respond<E: Exporter>(
         *r.status_mut() = StatusCode::NOT_FOUND;
         return r;
     }
-    let mut body = format!(
-        "# HELP commtap_build_info The commtap that serves these metrics.\n\
-         # TYPE commtap_build_info gauge\n\
-         commtap_build_info{{version=\"{}\"}} 1\n",
-        env!("CARGO_PKG_VERSION")
-    );
-    body.push_str(&state.exposition(caller).await);
+    let body = everything(state, caller).await;
     let mut r = Response::new(Full::new(Bytes::from(body)));
     r.headers_mut().insert(
         "content-type",
