@@ -760,34 +760,98 @@ fn otlp_sums(req: &serde_json::Value, name: &str, job: &str) -> BTreeMap<String,
     out
 }
 
+/// An aggregator with its database at `db` that pushes its health over OTLP as the `OTEL_*`
+/// variables `env` say (no flags); its log in `scratch`.
+fn otlp_aggregator(scratch: &Scratch, db: &std::path::Path, env: &[(&str, String)]) -> ChildGuard {
+    let listen = free_port();
+    let args = [
+        "aggregator",
+        "--listen",
+        &listen,
+        "--insecure-tcp",
+        "--db",
+        path_str(db),
+    ];
+    spawn_commtap_with_env(scratch, &args, env)
+}
+
+/// Starts `tests/consumers/otlp_receiver.py` writing into `scratch/received` (with `tls`:
+/// its certificate, key and the CA of the clients it serves); returns it and its endpoint.
+fn start_otlp_receiver(
+    scratch: &Scratch,
+    tls: Option<[&std::path::Path; 3]>,
+) -> (ChildGuard, String) {
+    let port_file = scratch.path("otlp.port");
+    let mut cmd = Command::new("python3");
+    cmd.arg(repo_root().join("tests/consumers/otlp_receiver.py"))
+        .arg(&port_file)
+        .arg(scratch.path("received"))
+        .args(tls.into_iter().flatten())
+        .stderr(std::fs::File::create(scratch.path("otlp-receiver.log")).expect("log"));
+    let receiver = ChildGuard::spawn(&mut cmd);
+    wait_until("the OTLP receiver to listen", LIMIT, || port_file.exists());
+    let port = std::fs::read_to_string(&port_file).expect("port");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    (receiver, format!("{scheme}://127.0.0.1:{}", port.trim()))
+}
+
+#[test]
+fn an_opentelemetry_collector_over_tls_gets_the_series_of_a_client_it_trusts() {
+    let scratch = Scratch::new("otlp-tls");
+    let (ca, cert, key) = make_certs(&scratch.0);
+    let (client_cert, client_key) = make_client_cert(&scratch.0, "node07", None);
+    let (_receiver, endpoint) = start_otlp_receiver(&scratch, Some([&cert, &key, &ca]));
+    let _aggregator = otlp_aggregator(
+        &Scratch::new("otlp-tls-aggregator"),
+        &scratch.path("agg.redb"),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "200".into()),
+            ("OTEL_SERVICE_NAME", "commtap-aggregator".into()),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", path_str(&ca).into()),
+            (
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                path_str(&client_cert).into(),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+                path_str(&client_key).into(),
+            ),
+        ],
+    );
+    wait_until("a push over TLS", LIMIT, || {
+        last_otlp_request(&scratch.path("received"), "commtap-aggregator").is_some()
+    });
+    // Without a client certificate the collector refuses it, and the aggregator says so.
+    let untrusted = Scratch::new("otlp-tls-untrusted");
+    let _refused = otlp_aggregator(
+        &untrusted,
+        &scratch.path("agg2.redb"),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "200".into()),
+            ("OTEL_SERVICE_NAME", "commtap-untrusted".into()),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", path_str(&ca).into()),
+        ],
+    );
+    wait_until("the refused push to be reported", LIMIT, || {
+        std::fs::read_to_string(untrusted.path("commtap.stderr"))
+            .is_ok_and(|e| e.contains("OTLP export to"))
+    });
+    assert!(last_otlp_request(&scratch.path("received"), "commtap-untrusted").is_none());
+}
+
 #[test]
 fn an_opentelemetry_collector_receives_the_jobs_exact_totals_over_otlp() {
     let scratch = Scratch::new("otlp");
     // A receiver built from OpenTelemetry's own protos, on a port it picks and tells.
-    let (port_file, received) = (scratch.path("otlp.port"), scratch.path("received"));
-    let _receiver = ChildGuard::spawn(
-        Command::new("python3")
-            .arg(repo_root().join("tests/consumers/otlp_receiver.py"))
-            .arg(&port_file)
-            .arg(&received),
-    );
-    wait_until("the OTLP receiver to listen", LIMIT, || port_file.exists());
-    let endpoint = format!(
-        "http://127.0.0.1:{}",
-        std::fs::read_to_string(&port_file).expect("port").trim()
-    );
+    let received = scratch.path("received");
+    let (_receiver, endpoint) = start_otlp_receiver(&scratch, None);
     // The aggregator finds the collector through the standard variables, the daemon
     // through its flags.
-    let _aggregator = spawn_commtap_with_env(
+    let _aggregator = otlp_aggregator(
         &Scratch::new("otlp-aggregator"),
-        &[
-            "aggregator",
-            "--listen",
-            &free_port(),
-            "--insecure-tcp",
-            "--db",
-            path_str(&scratch.path("agg.redb")),
-        ],
+        &scratch.path("agg.redb"),
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()),
             ("OTEL_METRIC_EXPORT_INTERVAL", "200".into()),

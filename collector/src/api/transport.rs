@@ -119,7 +119,7 @@ impl std::str::FromStr for Target {
 }
 
 /// The PEM file named by the environment variable `var` (set from the global TLS options).
-fn pem_from_env(var: &str, what: &str) -> Result<Option<Vec<u8>>> {
+pub fn pem_from_env(var: &str, what: &str) -> Result<Option<Vec<u8>>> {
     match std::env::var_os(var) {
         Some(path) => {
             let shown = PathBuf::from(&path).display().to_string();
@@ -131,28 +131,40 @@ fn pem_from_env(var: &str, what: &str) -> Result<Option<Vec<u8>>> {
     }
 }
 
+/// An `https://` endpoint verified against the CA `ca` (PEM), showing `identity`
+/// (certificate and key, PEM) where one is given, for servers that require client
+/// certificates.
+pub fn tls_endpoint(
+    uri: &str,
+    ca: Vec<u8>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+) -> Result<Endpoint> {
+    let mut tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(ca));
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(tonic::transport::Identity::from_pem(cert, key));
+    }
+    Endpoint::from_shared(uri.to_string())?
+        .tls_config(tls)
+        .with_context(|| format!("TLS for {uri}"))
+}
+
 /// Opens a channel to `target`. An `https://` target is verified against `--tls-ca` (the
 /// `COMMTAP_TLS_CA` file), and is shown `--tls-cert` (`COMMTAP_TLS_CERT`/`_KEY`) where one
 /// is given, for servers that require client certificates.
 pub async fn connect(target: &Target) -> Result<Channel> {
     match target {
         Target::Tcp(uri) => {
-            let mut endpoint = Endpoint::from_shared(uri.clone())?;
-            if uri.starts_with("https://") {
+            let endpoint = if uri.starts_with("https://") {
                 let pem = pem_from_env("COMMTAP_TLS_CA", "CA bundle")?.with_context(|| {
                     format!("{uri}: give the CA that signed its certificate with --tls-ca")
                 })?;
-                let mut tls = tonic::transport::ClientTlsConfig::new()
-                    .ca_certificate(tonic::transport::Certificate::from_pem(pem));
                 let cert = pem_from_env("COMMTAP_TLS_CERT", "certificate")?;
                 let key = pem_from_env("COMMTAP_TLS_KEY", "private key")?;
-                if let Some((cert, key)) = cert.zip(key) {
-                    tls = tls.identity(tonic::transport::Identity::from_pem(cert, key));
-                }
-                endpoint = endpoint
-                    .tls_config(tls)
-                    .with_context(|| format!("TLS for {uri}"))?;
-            }
+                tls_endpoint(uri, pem, cert.zip(key))?
+            } else {
+                Endpoint::from_shared(uri.clone())?
+            };
             Ok(endpoint
                 .connect()
                 .await

@@ -36,6 +36,10 @@ pub struct OtlpOptions {
     pub interval: Duration,
     /// Resource attributes (`service.name`, `host.name` and `OTEL_RESOURCE_ATTRIBUTES`).
     pub resource: Vec<(String, String)>,
+    /// The variables naming the PEM files of an `https://` endpoint: the CA that signed the
+    /// collector's certificate, and a client certificate and key (for collectors that ask
+    /// for one); each the `_METRICS_` variable if set, else the general one.
+    pub tls_vars: [Option<String>; 3],
 }
 
 impl OtlpOptions {
@@ -76,10 +80,22 @@ impl OtlpOptions {
                 resource.push((k, v));
             }
         }
+        let var = |name: &str| {
+            let specific = format!("OTEL_EXPORTER_OTLP_METRICS_{name}");
+            let general = format!("OTEL_EXPORTER_OTLP_{name}");
+            env(&specific)
+                .map(|_| specific)
+                .or(env(&general).map(|_| general))
+        };
         Some(OtlpOptions {
             endpoint,
             interval: interval.max(Duration::from_millis(100)),
             resource,
+            tls_vars: [
+                var("CERTIFICATE"),
+                var("CLIENT_CERTIFICATE"),
+                var("CLIENT_KEY"),
+            ],
         })
     }
 }
@@ -363,6 +379,26 @@ fn unix_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// The collector's endpoint; an `https://` one verified against the CA the standard
+/// variables name, with the client certificate they name, if any.
+fn endpoint(opts: &OtlpOptions) -> anyhow::Result<tonic::transport::Endpoint> {
+    use anyhow::Context as _;
+    if !opts.endpoint.starts_with("https://") {
+        return Ok(tonic::transport::Endpoint::from_shared(
+            opts.endpoint.clone(),
+        )?);
+    }
+    let pem = |i: usize, what: &str| match &opts.tls_vars[i] {
+        Some(var) => crate::api::transport::pem_from_env(var, what),
+        None => Ok(None),
+    };
+    let ca = pem(0, "CA bundle")?.context(
+        "give the CA that signed the collector's certificate with OTEL_EXPORTER_OTLP_CERTIFICATE",
+    )?;
+    let identity = pem(1, "client certificate")?.zip(pem(2, "client key")?);
+    crate::api::transport::tls_endpoint(&opts.endpoint, ca, identity)
+}
+
 /// Pushes what `state` shows every caller, every `opts.interval`, until `shutdown` (and
 /// once more then); a collector that is down is retried at the next push, said once.
 pub async fn push<E: Exporter>(
@@ -371,10 +407,10 @@ pub async fn push<E: Exporter>(
     shutdown: CancellationToken,
 ) {
     let start_ns = unix_ns();
-    let channel = match tonic::transport::Endpoint::from_shared(opts.endpoint.clone()) {
+    let channel = match endpoint(&opts) {
         Ok(e) => e.connect_timeout(Duration::from_secs(5)).connect_lazy(),
         Err(e) => {
-            warn!("--otlp-endpoint {}: {e}", opts.endpoint);
+            warn!("OTLP export to {}: {e:#}", opts.endpoint);
             return;
         }
     };
@@ -446,6 +482,7 @@ mod tests {
             endpoint: "http://127.0.0.1:4317".into(),
             interval: Duration::from_secs(1),
             resource: vec![("service.name".into(), "commtap".into())],
+            tls_vars: [None, None, None],
         }
     }
 
@@ -514,6 +551,9 @@ mod tests {
             "OTEL_METRIC_EXPORT_INTERVAL" => Some("2500".to_string()),
             "OTEL_SERVICE_NAME" => Some("hpc".to_string()),
             "OTEL_RESOURCE_ATTRIBUTES" => Some("cluster=a%2Cb, service.name=x".to_string()),
+            "OTEL_EXPORTER_OTLP_CERTIFICATE" | "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY" => {
+                Some("/some.pem".to_string())
+            }
             _ => None,
         };
         let o = OtlpOptions::from_flags_and_env(None, None, env).expect("an endpoint");
@@ -527,6 +567,14 @@ mod tests {
         };
         assert_eq!(attr("cluster"), Some("a,b"));
         assert_eq!(attr("service.name"), Some("x"));
+        assert_eq!(
+            o.tls_vars,
+            [
+                Some("OTEL_EXPORTER_OTLP_CERTIFICATE".to_string()),
+                None,
+                Some("OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY".to_string())
+            ]
+        );
         let o = OtlpOptions::from_flags_and_env(
             Some("http://flag:4317".into()),
             Some(Duration::from_secs(3)),
