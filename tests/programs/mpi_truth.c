@@ -678,6 +678,12 @@ int main(int argc, char **argv)
     {
         static char attached[4 * sizeof(int) + MPI_BSEND_OVERHEAD + 64];
         MPI_Buffer_attach(attached, (int)sizeof attached);   /* not probed, not counted */
+        typedef int (*send_init_fn)(const void *, int, MPI_Datatype, int, int, MPI_Comm,
+                                    MPI_Request *);
+        const send_init_fn inits[4] = {MPI_Send_init, MPI_Bsend_init, MPI_Ssend_init,
+                                       MPI_Rsend_init};
+        const char *const kinds[4] = {"MPI_Send_init", "MPI_Bsend_init", "MPI_Ssend_init",
+                                      "MPI_Rsend_init"};
         int pin[4], pout[4];
         for (int k = 0; k < 4; k++) {
             MPI_Request req[2];
@@ -691,17 +697,8 @@ int main(int argc, char **argv)
             note("MPI_Start", 0);
             note_coll("MPI_Barrier", 0, P);
             MPI_Barrier(world);
-            const char *kind = k == 0 ? "MPI_Send_init" : k == 1 ? "MPI_Bsend_init"
-                             : k == 2 ? "MPI_Ssend_init" : "MPI_Rsend_init";
-            if (k == 0)
-                MPI_Send_init(pout, 4, MPI_INT, right, 40 + k, world, &req[1]);
-            else if (k == 1)
-                MPI_Bsend_init(pout, 4, MPI_INT, right, 40 + k, world, &req[1]);
-            else if (k == 2)
-                MPI_Ssend_init(pout, 4, MPI_INT, right, 40 + k, world, &req[1]);
-            else
-                MPI_Rsend_init(pout, 4, MPI_INT, right, 40 + k, world, &req[1]);
-            note(kind, 4 * SZ_INT);
+            inits[k](pout, 4, MPI_INT, right, 40 + k, world, &req[1]);
+            note(kinds[k], 4 * SZ_INT);
             MPI_Start(&req[1]);
             note("MPI_Start", 0);
             MPI_Status done[2];
