@@ -12,8 +12,20 @@ use crate::{
     profile::JobProfile,
 };
 
+/// A job asked for by id that the daemon or aggregator does not hold (or does not show this
+/// caller): `report --job` exits 3 on it, so scripts (the Slurm epilog) can tell a job
+/// without MPI from a failure.
+#[derive(Debug, thiserror::Error)]
+#[error("no job {job} at {from} (`commtap ps --from {from}` lists the jobs there)")]
+pub struct NoSuchJob {
+    /// The job asked for.
+    pub job: String,
+    /// Where it was asked.
+    pub from: String,
+}
+
 /// The profile a daemon (unix://, or TCP with `daemon --listen`) or an aggregator (TCP, one
-/// job) holds now. Over TCP the aggregator is asked first when a job is given; a daemon
+/// job) holds now; [`NoSuchJob`] when a job is asked for that has no rank there. Over TCP the aggregator is asked first when a job is given; a daemon
 /// answers UNIMPLEMENTED to that, and is asked then.
 pub async fn snapshot(from: &Target, job: Option<&str>) -> Result<JobProfile> {
     if let (Target::Tcp(_), Some(job)) = (from, job) {
@@ -32,6 +44,13 @@ pub async fn snapshot(from: &Target, job: Option<&str>) -> Result<JobProfile> {
                 return Ok(JobProfile::try_from(&wire)?);
             }
             Err(s) if s.code() == tonic::Code::Unimplemented => {}
+            Err(s) if s.code() == tonic::Code::NotFound => {
+                return Err(NoSuchJob {
+                    job: job.to_string(),
+                    from: from.to_string(),
+                }
+                .into())
+            }
             Err(s) => return Err(s).context("GetJobReport"),
         }
     }
@@ -40,7 +59,15 @@ pub async fn snapshot(from: &Target, job: Option<&str>) -> Result<JobProfile> {
         job: job.unwrap_or_default().to_string(),
         ..Default::default()
     };
-    node_snapshot(&mut client, filter).await
+    let profile = node_snapshot(&mut client, filter).await?;
+    match job {
+        Some(job) if profile.ranks.is_empty() => Err(NoSuchJob {
+            job: job.to_string(),
+            from: from.to_string(),
+        }
+        .into()),
+        _ => Ok(profile),
+    }
 }
 
 /// A daemon's profile now, page by page: a node with thousands of ranks does not fit in

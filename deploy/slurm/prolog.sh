@@ -1,7 +1,13 @@
 #!/bin/sh
-# Slurm Prolog (slurm.conf: Prolog=/etc/slurm/commtap-prolog.sh). The node daemon counts
-# every MPI process from its first call, so the prolog only makes sure it is running;
-# the job is found by its SLURM_JOB_ID at epilog.
-systemctl is-active --quiet commtap || systemctl start commtap || \
-    echo "commtap: daemon not started; job $SLURM_JOB_ID is not profiled" >&2
+# Slurm Prolog (slurm.conf: Prolog=/usr/share/commtap/slurm/prolog.sh). The node daemon
+# counts every MPI process from its first call, so the prolog only makes sure one runs;
+# the job is found by its Slurm cgroup (or SLURM_JOB_ID) at epilog. A daemon that answers,
+# however it was started (systemd, the site's own supervisor), is enough; else systemd is
+# asked to start it. Never fails the job: slurmd runs this with no PATH, as root.
+sock="${COMMTAP_SOCKET:-/run/commtap/commtap.sock}"
+timeout 10 commtap ps --from "unix://$sock" > /dev/null 2>&1 && exit 0
+if [ -d /run/systemd/system ]; then
+    systemctl start commtap && exit 0
+fi
+echo "commtap: no daemon answers on $sock and systemd could not start one: job $SLURM_JOB_ID is not profiled" >&2
 exit 0

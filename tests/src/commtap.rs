@@ -282,6 +282,11 @@ pub fn report_json(args: &[&str]) -> Value {
 
 /// The state (`probed`, `exited` ...) of each process `commtap ps` lists.
 pub fn ps_states(target: &str) -> std::collections::BTreeMap<u64, String> {
+    ps_field(target, "state")
+}
+
+/// `field` (`state`, `job` ...) of each process `commtap ps --json` lists, by pid.
+pub fn ps_field(target: &str, field: &str) -> std::collections::BTreeMap<u64, String> {
     let out = commtap_output(&["ps", "--from", target, "--json"]);
     let Ok(listed) = serde_json::from_slice::<Value>(&out.stdout) else {
         // Not answering yet (the daemon starting): nothing listed.
@@ -291,7 +296,7 @@ pub fn ps_states(target: &str) -> std::collections::BTreeMap<u64, String> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|p| Some((p["pid"].as_u64()?, p["state"].as_str()?.to_string())))
+        .filter_map(|p| Some((p["pid"].as_u64()?, p[field].as_str()?.to_string())))
         .collect()
 }
 

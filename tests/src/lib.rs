@@ -11,6 +11,7 @@ mod build;
 mod commtap;
 mod consumers;
 mod process;
+mod slurm;
 mod truth;
 
 pub use attack::*;
@@ -19,4 +20,5 @@ pub use build::*;
 pub use commtap::*;
 pub use consumers::*;
 pub use process::*;
+pub use slurm::*;
 pub use truth::*;

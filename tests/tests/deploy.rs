@@ -167,7 +167,6 @@ fn nobodys_private_library_is_counted(scratch: &Scratch, daemon: &Daemon) {
 /// owner can reach theirs), and the profile is the job's truth. A job id that could climb out of the directory gets no report.
 #[test]
 fn the_slurm_epilog_hands_the_report_to_the_jobs_owner_only() {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let scratch = Scratch::new("epilog");
     let daemon = Daemon::start(&scratch, &[], &[], &[]);
     let job_id = format!("{}", 7_000_000 + std::process::id());
@@ -203,44 +202,13 @@ fn the_slurm_epilog_hands_the_report_to_the_jobs_owner_only() {
         "epilog: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let host = String::from_utf8(
-        Command::new("hostname")
-            .arg("-s")
-            .output()
-            .expect("hostname")
-            .stdout,
-    )
-    .expect("utf8");
-    let dir = reports.join(&job_id).join(host.trim());
-    let mut files = vec![dir.join("profile.json"), dir.join("report.txt")];
-    files.extend((0..2).map(|r| dir.join(format!("mpi_profile.{job_id}.{r}"))));
-    // The base: others may pass through to their own job's directory, not list it.
-    let base = std::fs::metadata(&reports)
-        .expect("base")
-        .permissions()
-        .mode()
-        & 0o777;
-    assert_eq!(base, 0o711, "{base:o}");
-    for d in [reports.join(&job_id), dir.clone()] {
-        let m = std::fs::metadata(&d).expect("report directory");
-        assert_eq!(m.permissions().mode() & 0o777, 0o700, "{}", d.display());
-        assert_eq!(m.uid(), NOBODY, "{}", d.display());
-    }
-    for f in &files {
-        let m = std::fs::metadata(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        assert_eq!(m.permissions().mode() & 0o777, 0o600, "{}", f.display());
-        assert_eq!(m.uid(), NOBODY, "{}", f.display());
-    }
-    let profile = read_json(&dir.join("profile.json"));
-    assert_eq!(profile["job"], job_id.as_str());
-    for truth in read_truths(&scratch.path("truth"), 2) {
-        let pid = truth["pid"].as_u64().expect("pid");
-        assert_eq!(
-            loop_counts_after_go(&rank_by_pid(&profile, pid)["routines"]),
-            routine_table(&truth["routines"]),
-            "pid {pid}"
-        );
-    }
+    assert_epilog_report(
+        &reports,
+        &job_id,
+        NOBODY,
+        &read_truths(&scratch.path("truth"), 2),
+    );
+    let host = host_name();
 
     // A job id that is a path gets nothing written anywhere.
     let out = epilog("../../etc");
@@ -250,7 +218,7 @@ fn the_slurm_epilog_hands_the_report_to_the_jobs_owner_only() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(!reports.join("../../etc").join(host.trim()).exists());
+    assert!(!reports.join("../../etc").join(&host).exists());
     daemon.stop(&scratch);
 }
 

@@ -85,6 +85,11 @@ const PACKAGES: &[&str] = &[
     "tmux",
     // A tracer: a traced process is never paused at a library load (tested under it).
     "strace",
+    // A real Slurm (one-node clusters in the tests run the project's prolog and epilog).
+    "slurmctld",
+    "slurmd",
+    "slurm-client",
+    "munge",
 ];
 
 /// bpf-linker release known to work with the nightly's LLVM 22 (FACTS.md).

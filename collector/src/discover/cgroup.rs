@@ -1,5 +1,6 @@
-//! cgroup v2: which cgroup a daemon is limited to (a directory, or a Slurm job's), as the
-//! kernel identifies it, and whether a process is in it.
+//! cgroups: which cgroup v2 a daemon is limited to (a directory, or a Slurm job's), as the
+//! kernel identifies it, and whether a process is in it; which Slurm job's cgroup (v1 or v2)
+//! holds a process.
 
 use std::{
     fs,
@@ -117,6 +118,81 @@ pub fn slurm_job_cgroup(job: &str) -> Result<PathBuf, CgroupError> {
     })
 }
 
+/// The Slurm job whose cgroup holds a process, from its `/proc/PID/cgroup` text: a
+/// `job_<id>` directory in any hierarchy (cgroup v2: `.../slurmstepd.scope/job_<id>/...`;
+/// v1: `/slurm/uid_<uid>/job_<id>/...`), believed only where that directory and every one
+/// above it belong to root. A user's delegated cgroup (systemd's `user@UID.service`) is the
+/// user's own, and its user may name a directory there `job_<id>` and move into it.
+pub fn slurm_job(cgroup_text: &str) -> Option<String> {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    slurm_job_with(cgroup_text, &mounts, |dir| {
+        fs::symlink_metadata(dir).ok().map(|m| m.uid())
+    })
+}
+
+/// [`slurm_job`] over the given mount table, with `owner` telling a directory's owner
+/// (None: gone, or unreadable).
+fn slurm_job_with(
+    cgroup_text: &str,
+    mountinfo: &str,
+    owner: impl Fn(&Path) -> Option<u32>,
+) -> Option<String> {
+    cgroup_text.lines().find_map(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (_id, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+        let at = parts.iter().position(|c| job_of_dir(c).is_some())?;
+        let (mount_point, root) = hierarchy_mount(mountinfo, controllers)?;
+        // The path is the cgroup's from the hierarchy's root; the mount may show a subtree.
+        let below: Vec<&str> = root.split('/').filter(|c| !c.is_empty()).collect();
+        let rest = parts[..=at].strip_prefix(below.as_slice())?;
+        let mut dir = PathBuf::from(mount_point);
+        if owner(&dir) != Some(0) {
+            return None;
+        }
+        for c in rest {
+            if *c == "." || *c == ".." {
+                return None;
+            }
+            dir.push(c);
+            if owner(&dir) != Some(0) {
+                return None;
+            }
+        }
+        job_of_dir(parts[at]).map(str::to_string)
+    })
+}
+
+/// The job id a directory named `job_<id>` stands for.
+fn job_of_dir(name: &str) -> Option<&str> {
+    name.strip_prefix("job_")
+        .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+}
+
+/// Where the hierarchy a `/proc/PID/cgroup` line names (`controllers` empty: cgroup v2;
+/// else v1's comma-separated controllers, `name=systemd` included) is mounted, and which of
+/// its cgroups the mount shows at its top. Mount points with escaped characters are
+/// skipped: nothing Slurm makes.
+fn hierarchy_mount<'a>(mountinfo: &'a str, controllers: &str) -> Option<(&'a str, &'a str)> {
+    mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let mut left = left.split_whitespace().skip(3);
+        let (root, mount_point) = (left.next()?, left.next()?);
+        let mut right = right.split_whitespace();
+        let (fstype, superopts) = (right.next()?, right.nth(1).unwrap_or(""));
+        let matches = if controllers.is_empty() {
+            fstype == "cgroup2"
+        } else {
+            fstype == "cgroup"
+                && controllers
+                    .split(',')
+                    .all(|c| superopts.split(',').any(|o| o == c))
+        };
+        (matches && !mount_point.contains('\\') && !root.contains('\\'))
+            .then_some((mount_point, root))
+    })
+}
+
 /// Whether `pid`'s cgroup v2 is `cg` or below it.
 pub fn in_cgroup(pid: u32, cg: &CgroupRef) -> bool {
     let Ok(text) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
@@ -129,4 +205,63 @@ pub fn in_cgroup(pid: u32, cg: &CgroupRef) -> bool {
                 || cg.relative == "/"
                 || own.starts_with(&format!("{}/", cg.relative))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slurm_job_with;
+    use std::path::Path;
+
+    /// A hybrid host's mounts, as on the test machines (cgroup v1 controllers and a v2
+    /// hierarchy at `unified`).
+    const HYBRID: &str = "\
+30 25 0:26 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
+31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw\n\
+36 30 0:32 / /sys/fs/cgroup/freezer rw,nosuid - cgroup cgroup rw,freezer\n\
+37 30 0:33 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n";
+
+    /// Root owns everything but what is under a `user@1000.service`.
+    fn owner(dir: &Path) -> Option<u32> {
+        let user = dir.to_string_lossy().contains("user@1000.service");
+        [Some(0), Some(1000)][usize::from(user)]
+    }
+
+    #[test]
+    fn slurm_jobs_come_from_root_made_job_cgroups_v1_or_v2() {
+        let v2 = "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_1\n";
+        assert_eq!(slurm_job_with(v2, HYBRID, owner).as_deref(), Some("4242"));
+        let v1 = "6:freezer:/slurm_vm/uid_0/job_2/step_batch\n0::/\n";
+        assert_eq!(slurm_job_with(v1, HYBRID, owner).as_deref(), Some("2"));
+        let joined = "5:cpuacct,cpu:/slurm/uid_7/job_9/step_0\n";
+        assert_eq!(slurm_job_with(joined, HYBRID, owner).as_deref(), Some("9"));
+        for none in [
+            "0::/user.slice/user-1000.slice\n",
+            "0::/x/job_/y\n",
+            "0::/a/job_1;x\n",
+        ] {
+            assert_eq!(slurm_job_with(none, HYBRID, owner), None, "{none}");
+        }
+    }
+
+    #[test]
+    fn a_users_own_cgroup_named_like_a_job_is_not_believed() {
+        let delegated = "0::/user.slice/user-1000.slice/user@1000.service/job_4242/x\n";
+        assert_eq!(slurm_job_with(delegated, HYBRID, owner), None);
+        // Nor one that cannot be checked: no such hierarchy mounted, or the directory gone.
+        assert_eq!(
+            slurm_job_with("3:memory:/slurm/uid_0/job_5\n", HYBRID, owner),
+            None
+        );
+        assert_eq!(
+            slurm_job_with("0::/system.slice/job_5\n", HYBRID, |_| None),
+            None
+        );
+        // A mount showing a subtree: the path must lie in it.
+        let sub = "40 25 0:27 /system.slice /mnt/cg rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            slurm_job_with("0::/system.slice/job_5/step_0\n", sub, owner).as_deref(),
+            Some("5")
+        );
+        assert_eq!(slurm_job_with("0::/other/job_5\n", sub, owner), None);
+    }
 }

@@ -68,8 +68,8 @@ pub struct ProcessInfo {
     pub world_size: Option<u32>,
     /// Batch job id (Slurm, PBS, LSF) if the process runs in one.
     pub batch_job: Option<String>,
-    /// Whether `batch_job` comes from the process's cgroup (Slurm's `job_<id>`, which only
-    /// root can put a process in) rather than from its environment (which its owner
+    /// Whether `batch_job` comes from the process's cgroup (a Slurm `job_<id>` directory
+    /// that root made, which only root can put a process in) rather than from its environment (which its owner
     /// writes, and so may name another user's job).
     pub batch_job_from_cgroup: bool,
     /// The launcher's own job key (PMIx namespace, Open MPI jobid, Hydra UUID), if any.
@@ -184,23 +184,14 @@ impl ProcessInfo {
     }
 
     /// Takes the batch job from the process's `/proc/PID/cgroup` text where it names a
-    /// Slurm job: that, not the environment's claim, is the process's job.
+    /// Slurm job's cgroup (root's: see [`cgroup::slurm_job`]): that, not the environment's
+    /// claim, is the process's job.
     pub fn trust_cgroup(&mut self, cgroup: &str) {
-        if let Some(job) = slurm_job_of_cgroup(cgroup) {
+        if let Some(job) = cgroup::slurm_job(cgroup) {
             self.batch_job = Some(job);
             self.batch_job_from_cgroup = true;
         }
     }
-}
-
-/// The Slurm job whose cgroup (`.../job_<id>/...`, Slurm's cgroup v2 plugin) holds a
-/// process, from its `/proc/PID/cgroup` text.
-fn slurm_job_of_cgroup(text: &str) -> Option<String> {
-    let own = text.lines().find_map(|l| l.strip_prefix("0::"))?;
-    own.split('/')
-        .find_map(|c| c.strip_prefix("job_"))
-        .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
-        .map(str::to_string)
 }
 
 /// Longest command line kept (what mpitrace and `ps` users need to recognise a job; a
@@ -508,17 +499,6 @@ mod tests {
         assert_eq!(lines[0].dev, Some(libc::makedev(8, 1)));
         assert_eq!(lines[1].path, "");
         assert_eq!(lines[2].path, "/x/lib (deleted)");
-    }
-
-    #[test]
-    fn slurm_jobs_come_from_the_cgroup() {
-        let text = "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_1\n";
-        assert_eq!(slurm_job_of_cgroup(text).as_deref(), Some("4242"));
-        assert_eq!(
-            slurm_job_of_cgroup("0::/user.slice/user-1000.slice\n"),
-            None
-        );
-        assert_eq!(slurm_job_of_cgroup("0::/x/job_/y\n"), None);
     }
 
     #[test]

@@ -137,7 +137,8 @@ pub struct ReportArgs {
     /// aggregator, which needs --job).
     #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
     pub from: Target,
-    /// Only this job.
+    /// Only this job (exit status 3, nothing written, when it is not there: a job that
+    /// made no MPI call, say).
     #[arg(long)]
     pub job: Option<String>,
     /// Live: print the report again every this long (e.g. 5s), until Ctrl-C or --count.

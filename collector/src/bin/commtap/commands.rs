@@ -119,7 +119,7 @@ pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Resu
     match command {
         Command::Record(a) => record(a).await?,
         Command::Daemon(a) => daemon(a, identity).await?,
-        Command::Report(a) => report(a).await?,
+        Command::Report(a) => return report(a).await,
         Command::Ps(a) => client::print_processes(&a.from, a.json).await?,
         Command::Top(a) => {
             collector::top::run(collector::top::TopOptions {
@@ -239,17 +239,23 @@ async fn daemon(a: DaemonArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<(
 }
 
 /// `commtap report`: a saved profile, a daemon's or an aggregator's, once or watched.
-async fn report(a: ReportArgs) -> Result<()> {
+/// Exit status 3 when the job asked for is not there.
+async fn report(a: ReportArgs) -> Result<ExitCode> {
     match (a.watch, &a.profile) {
-        (_, Some(saved)) => a.out.write(&read_profile(saved)?),
+        (_, Some(saved)) => a.out.write(&read_profile(saved)?)?,
         (Some(every), None) => {
-            client::watch(&a.from, a.job.as_deref(), every, a.count, &a.out).await
+            client::watch(&a.from, a.job.as_deref(), every, a.count, &a.out).await?;
         }
-        (None, None) => {
-            let profile = client::snapshot(&a.from, a.job.as_deref()).await?;
-            a.out.write(&profile)
-        }
+        (None, None) => match client::snapshot(&a.from, a.job.as_deref()).await {
+            Ok(profile) => a.out.write(&profile)?,
+            Err(e) if e.is::<client::NoSuchJob>() => {
+                eprintln!("commtap: {e}");
+                return Ok(ExitCode::from(3));
+            }
+            Err(e) => return Err(e),
+        },
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `commtap doctor`: exit 1 when a check fails.

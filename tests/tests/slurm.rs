@@ -1,0 +1,232 @@
+//! Under a real Slurm (Debian's slurmctld, slurmd and munge, a one-node cluster each test
+//! configures with `proctrack/cgroup` and the project's `deploy/slurm` prolog and epilog):
+//! what a Slurm site gets, and what a user cannot fake.
+
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use commtap_tests::*;
+
+const LIMIT: Duration = Duration::from_mins(2);
+
+/// Iterations of each rank's loop after the go.
+const ITERS: u64 = 20;
+
+/// An executable script at `scratch/<name>` that runs the project's `deploy/slurm/<name>`
+/// as slurmd runs it (as root, with no PATH of its own: commtap's directory stands in for
+/// `/usr/bin`), for `daemon` and reports under `reports`. What it printed on stderr and its
+/// exit status go to `<name>.<job>.stderr` and, last, `<name>.<job>.status`.
+fn slurm_script(scratch: &Scratch, name: &str, daemon: &Daemon, reports: &Path) -> PathBuf {
+    let path = scratch.path(name);
+    let bin = commtap_bin();
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\n\
+             export PATH={bin}:/usr/sbin:/usr/bin:/sbin:/bin COMMTAP_SOCKET={socket} \
+             COMMTAP_REPORT_DIR={reports}\n\
+             out={path}.$SLURM_JOB_ID\n\
+             sh {script} 2> $out.stderr\n\
+             echo $? > $out.tmp && mv $out.tmp $out.status\n",
+            bin = bin.parent().expect("bin dir").display(),
+            socket = daemon.socket.display(),
+            reports = reports.display(),
+            path = path.display(),
+            script = repo_root().join("deploy/slurm").join(name).display(),
+        ),
+    )
+    .expect("writing a Slurm script");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+/// What the prolog or epilog (`slurm_script`) said for `job`: (status, stderr), once it ran.
+#[track_caller]
+fn script_result(script: &Path, job: &str) -> (String, String) {
+    let status = PathBuf::from(format!("{}.{job}.status", script.display()));
+    wait_until(&format!("{} of job {job}", script.display()), LIMIT, || {
+        status.exists()
+    });
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    (
+        read(&status).trim().to_string(),
+        read(Path::new(&format!("{}.{job}.stderr", script.display()))),
+    )
+}
+
+/// nobody's job script in `dir`: `mpi_loop` (a copy nobody owns) as 2 Open MPI ranks that
+/// wait at `dir/go`, writing their truths to `dir/truth.<rank>.json`.
+fn loop_job(dir: &Path) -> (PathBuf, PathBuf) {
+    let prog = dir.join("mpi_loop");
+    copy_as_nobody(&build_program("mpi_loop.c", Mpi::OpenMpi), &prog);
+    let script = dir.join("job.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nexec mpirun.openmpi --oversubscribe -np 2 {prog} {d}/ready {d}/go {ITERS} {d}/truth\n",
+            prog = prog.display(),
+            d = dir.display()
+        ),
+    )
+    .expect("job script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    (prog, script)
+}
+
+/// A job of nobody's, submitted with `sbatch` to a real slurmctld and run by slurmd in the
+/// cgroup Slurm makes for it, under the node daemon: the daemon names its ranks by the
+/// Slurm job's id (from that cgroup: root's), the prolog finds the daemon answering and
+/// says nothing, and the epilog writes the report files, exact against the ranks' truth
+/// and nobody's only. A process of root's outside Slurm that claims the same
+/// `SLURM_JOB_ID` in its environment is kept apart (`<id>.u0`) and is not in the job's
+/// report. A job that makes no MPI call leaves no report directory and no message.
+#[test]
+fn a_slurm_job_is_profiled_under_its_id_and_its_epilog_writes_its_exact_report() {
+    let scratch = Scratch::new("slurm");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let reports = scratch.path("reports");
+    let prolog = slurm_script(&scratch, "prolog.sh", &daemon, &reports);
+    let epilog = slurm_script(&scratch, "epilog.sh", &daemon, &reports);
+    let slurm = Slurm::start(&scratch, &prolog, &epilog);
+
+    let dir = nobody_dir(&scratch, "job");
+    let (prog, script) = loop_job(&dir);
+    let job = slurm.sbatch_as_nobody(2, &dir, &script);
+    wait_until("the Slurm job's ranks to be ready", LIMIT, || {
+        (0..2).all(|r| dir.join(format!("ready.{r}")).exists())
+    });
+    let ranks: Vec<u64> = pids_running(&prog).into_iter().map(u64::from).collect();
+    assert_eq!(ranks.len(), 2, "{ranks:?}");
+
+    // Root's claim of the same id, outside Slurm.
+    let claim = Scratch::new("slurm-claim");
+    let (mut claimer, claim_ranks) =
+        start_waiting_loop(&claim, Mpi::OpenMpi, 2, ITERS, &[("SLURM_JOB_ID", &job)]);
+    let claim_ranks: Vec<u64> = claim_ranks.into_iter().map(u64::from).collect();
+    let claimed = format!("{job}.u0");
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let jobs = ps_field(&daemon.target, "job");
+        if ranks.iter().all(|p| jobs.get(p) == Some(&job))
+            && claim_ranks.iter().all(|p| jobs.get(p) == Some(&claimed))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Slurm's ranks {ranks:?} should be job {job}, root's {claim_ranks:?} {claimed}: {jobs:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    std::fs::write(dir.join("go"), b"go").expect("go file");
+    std::fs::write(claim.path("go"), b"go").expect("go file");
+    slurm.wait_completed(&job, LIMIT);
+    assert!(
+        claimer.wait_with_limit(LIMIT).success(),
+        "root's job failed"
+    );
+
+    assert_eq!(script_result(&prolog, &job), ("0".into(), String::new()));
+    assert_eq!(script_result(&epilog, &job), ("0".into(), String::new()));
+    let profile = assert_epilog_report(&reports, &job, NOBODY, &read_truths(&dir.join("truth"), 2));
+    let mpitrace = std::fs::read_to_string(
+        reports
+            .join(&job)
+            .join(&slurm.node)
+            .join(format!("mpi_profile.{job}.0")),
+    )
+    .expect("rank 0's mpitrace file");
+    assert!(mpitrace.contains("MPI_Allreduce"), "{mpitrace}");
+    assert_eq!(profile["ranks"].as_array().map(Vec::len), Some(2));
+
+    // Root's claim is its own job, whole.
+    let claimed_profile = report_json(&["report", "--from", &daemon.target, "--job", &claimed]);
+    for truth in read_truths(&claim.path("truth"), 2) {
+        let pid = truth["pid"].as_u64().expect("pid");
+        assert_eq!(
+            loop_counts_after_go(&rank_by_pid(&claimed_profile, pid)["routines"]),
+            routine_table(&truth["routines"]),
+            "root's pid {pid}"
+        );
+    }
+
+    // No MPI: no report, no message.
+    let plain = dir.join("plain.sh");
+    std::fs::write(&plain, "#!/bin/sh\ntrue\n").expect("script");
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let quiet = slurm.sbatch_as_nobody(1, &dir, &plain);
+    slurm.wait_completed(&quiet, LIMIT);
+    assert_eq!(script_result(&epilog, &quiet), ("0".into(), String::new()));
+    assert!(
+        !reports.join(&quiet).exists(),
+        "a job without MPI leaves nothing"
+    );
+    drop(slurm);
+    daemon.stop(&scratch);
+}
+
+/// systemd delegates `user@UID.service` to its user, who may make cgroups below it and move
+/// into them. A user who names one `job_<id>` does not make their ranks that Slurm job:
+/// the daemon believes only job cgroups root made (here: a cgroup given to nobody as systemd
+/// gives one, nobody's `job_<id>` inside).
+#[test]
+fn a_users_own_cgroup_named_like_a_slurm_job_does_not_make_its_ranks_that_job() {
+    use std::os::unix::fs::chown;
+    let scratch = Scratch::new("slurm-fake-cgroup");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let delegated = CgroupGuard::new("commtap-delegated");
+    for f in [
+        "",
+        "cgroup.procs",
+        "cgroup.threads",
+        "cgroup.subtree_control",
+    ] {
+        chown(delegated.0.join(f), Some(NOBODY), Some(NOBODY)).expect("delegating the cgroup");
+    }
+    let job = format!("{}", 7_000_000 + std::process::id());
+    let fake = CgroupGuard(delegated.0.join(format!("job_{job}")));
+    let dir = nobody_dir(&scratch, "job");
+    let (prog, script) = loop_job(&dir);
+    // Root puts the shell in the delegated cgroup (as systemd starts the user's manager
+    // there); from then on, everything is nobody's doing.
+    let mut run = ChildGuard::spawn(Command::new("sh").arg("-c").arg(format!(
+        "echo $$ > {d}/cgroup.procs && exec setpriv --reuid=65534 --regid=65534 \
+         --clear-groups -- sh -c 'mkdir {f} && echo $$ > {f}/cgroup.procs && exec {script}'",
+        d = delegated.0.display(),
+        f = fake.0.display(),
+        script = script.display(),
+    )));
+    wait_until("the ranks to be ready", LIMIT, || {
+        (0..2).all(|r| dir.join(format!("ready.{r}")).exists())
+    });
+    let ranks: Vec<u64> = pids_running(&prog).into_iter().map(u64::from).collect();
+    assert_eq!(ranks.len(), 2, "{ranks:?}");
+    for pid in &ranks {
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+        assert!(cgroup.contains(&format!("/job_{job}\n")), "{cgroup}");
+    }
+    let mut jobs = Default::default();
+    wait_until("the daemon to list the ranks", LIMIT, || {
+        jobs = ps_field(&daemon.target, "job");
+        ranks.iter().all(|p| jobs.contains_key(p))
+    });
+    std::fs::write(dir.join("go"), b"go").expect("go file");
+    assert!(run.wait_with_limit(LIMIT).success(), "the job failed");
+    wait_for_exited(&daemon.target, &ranks);
+    for pid in &ranks {
+        assert_ne!(
+            jobs.get(pid),
+            Some(&job),
+            "pid {pid} taken for Slurm job {job}"
+        );
+    }
+    // Named by its launcher instead: one job, both ranks.
+    assert_eq!(jobs.get(&ranks[0]), jobs.get(&ranks[1]));
+    drop(fake);
+    daemon.stop(&scratch);
+}
