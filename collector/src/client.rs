@@ -159,6 +159,9 @@ pub async fn print_processes(from: &Target, json: bool) -> Result<()> {
             "processes": resp.processes.iter().map(|p| serde_json::json!({
                 "pid": p.pid, "rank": p.rank, "job": p.job, "state": state(p),
                 "cmdline": p.cmdline,
+                "container": p.container.as_ref().map(|c| serde_json::json!({
+                    "pid": c.pid, "cgroup": c.cgroup, "id": c.id,
+                })),
             })).collect::<Vec<_>>(),
             "libraries": resp.libraries.iter().map(|l| serde_json::json!({
                 "path": l.path, "flavor": l.flavor, "probes": l.probes,
@@ -168,17 +171,26 @@ pub async fn print_processes(from: &Target, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:>8} {:>6} {:<12} {:<8} COMMAND",
-        "PID", "RANK", "JOB", "STATE"
+        "{:>8} {:>6} {:<12} {:<8} {:<20} COMMAND",
+        "PID", "RANK", "JOB", "STATE", "CONTAINER"
     );
     for p in &resp.processes {
         let rank = p.rank.map_or_else(|| "-".into(), |r| r.to_string());
+        // As `docker ps` shortens the id, and the pid the container's own `ps` shows.
+        let container = p.container.as_ref().map_or_else(
+            || "-".to_string(),
+            |c| {
+                let id = c.id.as_deref().unwrap_or("(namespaces)");
+                format!("{} pid {}", id.get(..12).unwrap_or(id), c.pid)
+            },
+        );
         println!(
-            "{:>8} {:>6} {:<12} {:<8} {}",
+            "{:>8} {:>6} {:<12} {:<8} {:<20} {}",
             p.pid,
             rank,
             printable(&p.job),
             state(p),
+            printable(&container),
             printable(shortened(&p.cmdline, PS_COMMAND_CHARS))
         );
     }

@@ -247,6 +247,7 @@ pub fn synthetic_rank(
         job: "bench".into(),
         cmdline: "./app".into(),
         uid: Some(1000),
+        container: None,
         start_ticks: 7,
         exited: true,
         elapsed_ns: 1,

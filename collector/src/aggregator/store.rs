@@ -405,6 +405,7 @@ mod tests {
                 job: "j".into(),
                 cmdline: String::new(),
                 uid: None,
+                container: None,
                 start_ticks: 1,
                 exited: false,
                 elapsed_ns: 0,

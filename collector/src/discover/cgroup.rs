@@ -34,6 +34,22 @@ pub enum CgroupError {
     /// The path is a file.
     #[error("{} is not a cgroup directory", .0.display())]
     NotADirectory(PathBuf),
+    /// No cgroup of that container.
+    #[error("no container {id} under {} (give its id, or the first 12 or more hex digits of it, as `docker ps` or `crictl ps` shows it; its cgroup must be in the cgroup v2 hierarchy)", root.display())]
+    NoContainer {
+        /// The id asked for.
+        id: String,
+        /// The hierarchy's mount point.
+        root: PathBuf,
+    },
+    /// More than one container's id starts so.
+    #[error("{found} containers' ids start with {id}: give more of it")]
+    AmbiguousContainer {
+        /// The id asked for.
+        id: String,
+        /// How many matched.
+        found: usize,
+    },
     /// No cgroup of that Slurm job.
     #[error("no cgroup job_{job} under {} (is Slurm's cgroup v2 plugin in use on this node?)", root.display())]
     NoSlurmJob {
@@ -93,8 +109,48 @@ pub fn cgroup_ref(path: &Path) -> Result<CgroupRef, CgroupError> {
 
 /// The cgroup of Slurm job `job` (Slurm's cgroup v2 plugin names it `job_<id>`).
 pub fn slurm_job_cgroup(job: &str) -> Result<PathBuf, CgroupError> {
-    let root = cgroup2_root().ok_or(CgroupError::NoHierarchy)?;
     let want = format!("job_{job}");
+    let (root, found) = find_cgroups(5, |name| name == want)?;
+    found.into_iter().next().ok_or(CgroupError::NoSlurmJob {
+        job: job.to_string(),
+        root,
+    })
+}
+
+/// The cgroup of the container whose id is or starts with `id` (at least 12 characters, as
+/// `docker ps` shows it): the directory Docker, containerd, CRI-O or Podman made for it.
+pub fn container_cgroup(id: &str) -> Result<PathBuf, CgroupError> {
+    let bad = || CgroupError::NoContainer {
+        id: id.to_string(),
+        root: cgroup2_root().unwrap_or_default(),
+    };
+    if id.len() < 12 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    let id = id.to_ascii_lowercase();
+    let (_, mut found) = find_cgroups(10, |name| {
+        crate::discover::container::container_id(name).is_some_and(|c| c.starts_with(&id))
+    })?;
+    // A container's own cgroups below its directory (`.../container` of Podman) do not
+    // name it again; two directories do only for two containers sharing the prefix.
+    found.sort();
+    match found.len() {
+        0 => Err(bad()),
+        1 => Ok(found.remove(0)),
+        _ => Err(CgroupError::AmbiguousContainer {
+            id,
+            found: found.len(),
+        }),
+    }
+}
+
+/// The cgroup v2 root and the directories down to `max_depth` whose names satisfy `wanted`.
+fn find_cgroups(
+    max_depth: usize,
+    wanted: impl Fn(&str) -> bool,
+) -> Result<(PathBuf, Vec<PathBuf>), CgroupError> {
+    let root = cgroup2_root().ok_or(CgroupError::NoHierarchy)?;
+    let mut found = Vec::new();
     let mut dirs = vec![(root.clone(), 0)];
     while let Some((dir, depth)) = dirs.pop() {
         let Ok(entries) = fs::read_dir(&dir) else {
@@ -104,18 +160,14 @@ pub fn slurm_job_cgroup(job: &str) -> Result<PathBuf, CgroupError> {
             if !e.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
-            if e.file_name().to_string_lossy() == want {
-                return Ok(e.path());
-            }
-            if depth < 5 {
+            if wanted(&e.file_name().to_string_lossy()) {
+                found.push(e.path());
+            } else if depth < max_depth {
                 dirs.push((e.path(), depth + 1));
             }
         }
     }
-    Err(CgroupError::NoSlurmJob {
-        job: job.to_string(),
-        root,
-    })
+    Ok((root, found))
 }
 
 /// The Slurm job whose cgroup holds a process, from its `/proc/PID/cgroup` text: a

@@ -4,6 +4,7 @@
 //! shows of libfabric (`memory`).
 
 pub mod cgroup;
+pub mod container;
 pub mod memory;
 pub mod tracked;
 
@@ -78,6 +79,8 @@ pub struct ProcessInfo {
     pub start_ticks: u64,
     /// Real user id of the process.
     pub uid: Option<u32>,
+    /// The container it runs in, if any.
+    pub container: Option<container::Container>,
 }
 
 /// Variables that carry the world rank, in order of preference.
@@ -176,21 +179,23 @@ impl ProcessInfo {
             launcher_job: first(LAUNCHER_JOB_VARS),
             start_ticks,
             uid,
+            container: None,
         };
         if let Some(text) = cgroup {
-            info.trust_cgroup(text);
+            info.place(text);
         }
         info
     }
 
-    /// Takes the batch job from the process's `/proc/PID/cgroup` text where it names a
-    /// Slurm job's cgroup (root's: see [`cgroup::slurm_job`]): that, not the environment's
-    /// claim, is the process's job.
-    pub fn trust_cgroup(&mut self, cgroup: &str) {
+    /// Places the process by its `/proc/PID/cgroup` text: the batch job where it names a
+    /// Slurm job's cgroup (root's: see [`cgroup::slurm_job`]; that, not the environment's
+    /// claim, is the process's job), and the container it runs in.
+    pub fn place(&mut self, cgroup: &str) {
         if let Some(job) = cgroup::slurm_job(cgroup) {
             self.batch_job = Some(job);
             self.batch_job_from_cgroup = true;
         }
+        self.container = container::of_process(self.pid, cgroup);
     }
 }
 
@@ -233,8 +238,8 @@ fn parse_environ(raw: &[u8]) -> BTreeMap<String, String> {
 pub struct MappedObject {
     /// Device and inode: the identity of the file, whatever path reaches it.
     pub dev_inode: (u64, u64),
-    /// Its path as the process names it, through `/proc/PID/root` (for messages: the file
-    /// is opened through `range`, never by this path).
+    /// Its path as the process names it (for messages: the file is opened through `range`,
+    /// never by this path; see `shown_path`).
     pub path: PathBuf,
     /// One of its mappings (the first executable one): `/proc/PID/map_files/` names the
     /// mapped file by it.
@@ -332,12 +337,12 @@ pub fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>, DiscoverError> {
         }
     }
     let mut out: Vec<MappedObject> = Vec::new();
+    let root = fs::read_link(format!("/proc/{pid}/root")).ok();
     for lines in files {
         if !lines.iter().any(|m| m.perms.contains('x')) {
             continue;
         }
-        let path = &lines[0].path;
-        let in_ns = Path::new(&format!("/proc/{pid}/root")).join(path.trim_start_matches('/'));
+        let in_ns = shown_path(&lines[0].path, root.as_deref(), pid);
         let Some(range) = lines
             .iter()
             .find(|m| m.perms.contains('x'))
@@ -355,7 +360,7 @@ pub fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>, DiscoverError> {
         }
         out.push(MappedObject {
             dev_inode,
-            path: in_ns,
+            path: PathBuf::from(in_ns),
             range,
             code: lines
                 .iter()
@@ -367,6 +372,22 @@ pub fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>, DiscoverError> {
         });
     }
     Ok(out)
+}
+
+/// A mapped file's path for messages and reports: as `/proc/PID/maps` gives it for a
+/// process with our root; for one in a root of its own (a container, a chroot), as the
+/// process itself names it, with whose root it is in (the file may be on a mount no path of
+/// ours reaches).
+fn shown_path(maps_path: &str, root: Option<&Path>, pid: u32) -> String {
+    match root {
+        Some(r) if r == Path::new("/") => maps_path.to_string(),
+        _ => {
+            let inside = root
+                .and_then(|r| Path::new(maps_path).strip_prefix(r).ok())
+                .map_or_else(|| maps_path.to_string(), |p| format!("/{}", p.display()));
+            format!("{inside} (root of pid {pid})")
+        }
+    }
 }
 
 /// MPI, NCCL and libfabric libraries the dynamic linker would find for `command` started
@@ -482,6 +503,24 @@ pub fn this_host() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_in_a_root_of_its_own_is_shown_as_its_process_names_it() {
+        let lib = "/opt/mpi/libmpi.so.40";
+        assert_eq!(shown_path(lib, Some(Path::new("/")), 7), lib);
+        assert_eq!(
+            shown_path(
+                "/srv/c1/rootfs/opt/mpi/libmpi.so.40",
+                Some(Path::new("/srv/c1/rootfs")),
+                7
+            ),
+            "/opt/mpi/libmpi.so.40 (root of pid 7)"
+        );
+        assert_eq!(
+            shown_path(lib, None, 7),
+            "/opt/mpi/libmpi.so.40 (root of pid 7)"
+        );
+    }
 
     #[test]
     fn maps_paths_are_kept_verbatim() {

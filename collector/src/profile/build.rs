@@ -110,6 +110,7 @@ fn rank_profile(
         job: job_key(&info),
         cmdline: info.cmdline.clone(),
         uid: t.uid(),
+        container: info.container.clone(),
         start_ticks: info.start_ticks,
         exited: false,
         elapsed_ns: end.saturating_sub(start),

@@ -33,6 +33,9 @@ pub struct RankProfile {
     pub cmdline: String,
     /// Real user id of the process (who may see it through the daemon).
     pub uid: Option<u32>,
+    /// The container it runs in (its pid there, its cgroup, the container id), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<crate::discover::container::Container>,
     /// Process start time in clock ticks since boot: with host and pid, its identity.
     pub start_ticks: u64,
     /// The process exited and this profile is final (all its events drained).
@@ -272,6 +275,7 @@ mod tests {
             job: job.into(),
             cmdline: String::new(),
             uid: None,
+            container: None,
             start_ticks: 0,
             exited: false,
             elapsed_ns: 0,

@@ -479,6 +479,37 @@ fn render_summary(job: &JobProfile) -> String {
     o
 }
 
+/// The ranks that run in containers: their pid inside, and the container (its id, as
+/// `docker ps` shortens it, else its cgroup).
+fn render_containers(o: &mut String, job: &JobProfile) {
+    let contained: Vec<(&RankProfile, &crate::discover::container::Container)> = job
+        .ranks
+        .iter()
+        .filter_map(|r| Some((r, r.container.as_ref()?)))
+        .collect();
+    if contained.is_empty() {
+        return;
+    }
+    let _ = writeln!(o);
+    let _ = writeln!(o, "Ranks in containers:");
+    let _ = writeln!(
+        o,
+        "{:>8} {:<20} {:>10} {:>10}  container",
+        "taskid", "hostname", "pid", "pid inside"
+    );
+    for (r, c) in contained {
+        let name = c.id.as_deref().map_or_else(
+            || format!("cgroup {}", c.cgroup),
+            |id| format!("{} ({})", id.get(..12).unwrap_or(id), c.cgroup),
+        );
+        let _ = writeln!(
+            o,
+            "{:>8} {:<20} {:>10} {:>10}  {name}",
+            r.rank, r.host, r.pid, c.pid
+        );
+    }
+}
+
 /// The full text report: every rank's section, then the job summary and what was not measured.
 pub fn render_text(job: &JobProfile) -> String {
     let mut o = String::new();
@@ -494,6 +525,7 @@ pub fn render_text(job: &JobProfile) -> String {
         o.push_str(&render_fabric(r));
     }
     o.push_str(&render_summary(job));
+    render_containers(&mut o, job);
     o.push_str(&super::durations::render_durations(job));
     o.push_str(&super::peers::render_peers(job));
     if let Some(skew) = &job.skew {

@@ -288,7 +288,7 @@ impl Session {
             }
             ProcessEvent::Identity { pid, mut info } => {
                 if let Ok(cgroup) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
-                    info.trust_cgroup(&cgroup);
+                    info.place(&cgroup);
                 }
                 // Sent just before the event that makes the process known (an exec or its
                 // first call in watch-all mode): counted since the kernel saw it.

@@ -338,6 +338,7 @@ mod tests {
             job: "7".into(),
             cmdline: String::new(),
             uid: Some(0),
+            container: None,
             start_ticks: 1,
             exited: false,
             elapsed_ns: 0,

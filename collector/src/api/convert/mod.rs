@@ -5,7 +5,7 @@ mod skew;
 
 use super::pb;
 use crate::{
-    discover::Fabric,
+    discover::{container::Container, Fabric},
     profile::{JobProfile, ProbedLibrary, RankProfile},
     skew::SkewReport,
     stats::{
@@ -57,6 +57,7 @@ use mirror;
 mirror!(Totals, pb::Totals; copy [calls, bytes, time_ns] clone [] each [] cast []);
 mirror!(DeviceTime, pb::DeviceTime; copy [calls, bytes, time_ns, bus_bytes] clone [] each [] cast []);
 mirror!(Fabric, pb::Fabric; copy [] clone [provider, name] each [] cast []);
+mirror!(Container, pb::Container; copy [pid] clone [cgroup, id] each [] cast []);
 mirror!(PeerTraffic, pb::PeerTraffic;
     copy [peer, sent_calls, sent_bytes, received_calls, received_bytes] clone [comm] each [] cast []);
 mirror!(CommRank, pb::CommRank; copy [rank] clone [comm] each [] cast []);
@@ -298,6 +299,7 @@ impl From<&RankProfile> for pb::RankProfile {
             fabrics: r.fabrics.iter().map(Into::into).collect(),
             peers: r.peers.iter().map(Into::into).collect(),
             comm_ranks: r.comm_ranks.iter().map(Into::into).collect(),
+            container: r.container.as_ref().map(Into::into),
         }
     }
 }
@@ -322,6 +324,7 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
                 .collect::<Result<_, _>>()?,
             health: r.health.as_ref().map(Health::from).unwrap_or_default(),
             uid: r.uid,
+            container: r.container.as_ref().map(Into::into),
             start_ticks: r.start_ticks,
             exited: r.exited,
             fabrics: r.fabrics.iter().map(Into::into).collect(),

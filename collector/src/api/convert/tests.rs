@@ -68,6 +68,11 @@ pub(crate) fn sample() -> JobProfile {
             job: "42".into(),
             cmdline: "./app".into(),
             uid: Some(1000),
+            container: Some(crate::discover::container::Container {
+                pid: 3,
+                cgroup: "/system.slice/docker-ab.scope".into(),
+                id: Some("ab".into()),
+            }),
             start_ticks: 99,
             exited: true,
             elapsed_ns: 5,

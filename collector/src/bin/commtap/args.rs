@@ -76,7 +76,7 @@ pub struct DaemonArgs {
     #[command(flatten)]
     pub metrics: MetricsArgs,
     /// Profile only these processes (comma separated), not every MPI process on the node.
-    #[arg(long, value_delimiter = ',', conflicts_with_all = ["uid", "cgroup", "slurm_job"])]
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["uid", "cgroup", "slurm_job", "container"])]
     pub pid: Vec<u32>,
     /// Profile only processes of this user (name or numeric id).
     #[arg(long, value_parser = parse_user)]
@@ -87,6 +87,11 @@ pub struct DaemonArgs {
     /// Profile only Slurm job ID (its cgroup `job_<ID>`, Slurm's cgroup v2 plugin).
     #[arg(long)]
     pub slurm_job: Option<String>,
+    /// Profile only the processes of this container: its id, or its first 12 or more hex
+    /// digits as `docker ps` or `crictl ps` shows it (the cgroup its runtime made for it:
+    /// Docker, containerd, CRI-O, Podman, Kubernetes pods; cgroup v2).
+    #[arg(long, conflicts_with_all = ["cgroup", "slurm_job"])]
+    pub container: Option<String>,
     /// Push cumulative snapshots to this aggregator (http://host:port).
     #[arg(long)]
     pub aggregator: Option<Target>,

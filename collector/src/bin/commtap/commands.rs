@@ -101,11 +101,13 @@ fn daemon_scope(
     uid: Option<u32>,
     cgroup: Option<PathBuf>,
     slurm_job: Option<String>,
+    container: Option<String>,
 ) -> anyhow::Result<daemon::Scope> {
-    let cgroup = match (cgroup, slurm_job) {
-        (Some(path), _) => Some(path),
-        (None, Some(job)) => Some(discover::cgroup::slurm_job_cgroup(&job)?),
-        (None, None) => None,
+    let cgroup = match (cgroup, slurm_job, container) {
+        (Some(path), ..) => Some(path),
+        (None, Some(job), _) => Some(discover::cgroup::slurm_job_cgroup(&job)?),
+        (None, None, Some(id)) => Some(discover::cgroup::container_cgroup(&id)?),
+        (None, None, None) => None,
     };
     let cgroup = cgroup
         .map(|p| discover::cgroup::cgroup_ref(&p))
@@ -220,7 +222,7 @@ async fn daemon(a: DaemonArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<(
             identity.clone(),
             a.tls.tls_client_ca.clone(),
         )?,
-        scope: daemon_scope(a.pid, a.uid, a.cgroup, a.slurm_job)?,
+        scope: daemon_scope(a.pid, a.uid, a.cgroup, a.slurm_job, a.container)?,
         aggregator: a.aggregator,
         push_interval: a.push_interval,
         call_events: a.probe.call_events,

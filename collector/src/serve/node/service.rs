@@ -90,6 +90,7 @@ impl pb::node_server::Node for NodeService {
                 job: f.rank.job.clone(),
                 cmdline: f.rank.cmdline.clone(),
                 status: pb::ProcessStatus::Exited as i32,
+                container: f.rank.container.as_ref().map(Into::into),
             });
         }
         processes.sort_by_key(|p| p.pid);
@@ -378,6 +379,7 @@ fn process_state(pid: u32, t: &Tracked, job: Option<&String>) -> pb::ProcessStat
             .or_else(|| info.and_then(|i| i.batch_job.clone()))
             .unwrap_or_default(),
         cmdline: info.map(|i| i.cmdline.clone()).unwrap_or_default(),
+        container: info.and_then(|i| i.container.as_ref()).map(Into::into),
         // Exited only once its final profile is taken (see the daemon's settling).
         status: if t.maps_mpi {
             pb::ProcessStatus::Probed
