@@ -88,6 +88,7 @@ pub async fn run(daemon: &Path) -> Vec<Check> {
         bpffs(),
         cgroup2(),
         libraries(),
+        ucx(),
         daemon_check(daemon).await,
     ]
 }
@@ -226,6 +227,27 @@ fn libraries() -> Check {
     } else {
         Check::pass("libraries", detail)
     }
+}
+
+/// UCX on the linker's path: recognised, not probed. MPI routines over it are counted in
+/// full; what UCX itself sends is not seen (as libfabric's is).
+fn ucx() -> Check {
+    let found = discover::linker_cache(|name| name.starts_with("libucp.so"));
+    if found.is_empty() {
+        return Check::pass("ucx", "no UCX on the linker's search path");
+    }
+    let paths: Vec<String> = found.iter().map(|p| p.display().to_string()).collect();
+    Check::not(
+        "ucx",
+        Status::Warn,
+        format!(
+            "UCX at {}: recognised, not probed: MPI routines over it are counted in full, \
+             UCX's own transfers (ucp_tag_send_nbx and friends) are not seen",
+            paths.join(", ")
+        ),
+        "nothing to do for MPI profiles; for the transport's view, run Open MPI over \
+         libfabric (--mca pml cm --mca mtl ofi), whose data path commtap probes",
+    )
 }
 
 async fn daemon_check(socket: &Path) -> Check {

@@ -390,6 +390,22 @@ fn shown_path(maps_path: &str, root: Option<&Path>, pid: u32) -> String {
     }
 }
 
+/// The libraries of this machine's kind (x86-64) in the dynamic linker's cache (`ldconfig
+/// -p`) whose names `wanted` accepts.
+pub fn linker_cache(wanted: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+    let Ok(out) = std::process::Command::new("ldconfig").arg("-p").output() else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let (name, path) = line.split_once(" => ")?;
+            (wanted(name) && line.contains("x86-64")).then(|| PathBuf::from(path.trim()))
+        })
+        .collect()
+}
+
 /// MPI, NCCL and libfabric libraries the dynamic linker would find for `command` started
 /// from commtap's environment: the `ldconfig` cache, `LD_LIBRARY_PATH`, and the RPATH or
 /// RUNPATH of every program the command line names (`mpirun -np 4 ./app`: mpirun's and
@@ -404,19 +420,8 @@ pub fn candidate_libraries(command: &[String]) -> Vec<PathBuf> {
         "librccl.so",
         "libfabric.so",
     ];
-    let mut found: Vec<PathBuf> = Vec::new();
     let is_mpi = |name: &str| NAMES.iter().any(|n| name.starts_with(n));
-    if let Ok(out) = std::process::Command::new("ldconfig").arg("-p").output() {
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let line = line.trim();
-            let Some((name, path)) = line.split_once(" => ") else {
-                continue;
-            };
-            if is_mpi(name) && line.contains("x86-64") {
-                found.push(PathBuf::from(path.trim()));
-            }
-        }
-    }
+    let mut found = linker_cache(is_mpi);
     let mut dirs: Vec<PathBuf> = std::env::var("LD_LIBRARY_PATH")
         .unwrap_or_default()
         .split(':')

@@ -158,59 +158,97 @@ fn batch_job_id(key: &str, keys: &[&String]) -> Option<String> {
     })
 }
 
+/// A process as job naming sees it.
+pub struct Member {
+    /// Its job key ([`job_key`]).
+    pub key: String,
+    /// Its world rank, where the launcher said it.
+    pub rank: Option<u32>,
+    /// Its pid.
+    pub pid: u32,
+}
+
+/// Each member's rank and job, in input order: ranks the launcher did not say get the next
+/// free numbers of their job, in pid order; a job is named by its batch id (see
+/// [`batch_job_id`]), else by the id kept in `job_ids`, else by its rank 0's pid (kept in
+/// `job_ids` once rank 0 is among them, or no launcher said any rank: a job whose rank 1
+/// was seen a moment before its rank 0 is still named after rank 0's pid).
+pub fn name_jobs(members: &[Member], job_ids: &mut BTreeMap<String, String>) -> Vec<(u32, String)> {
+    let mut groups: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, m) in members.iter().enumerate() {
+        groups.entry(&m.key).or_default().push(i);
+    }
+    let keys: Vec<String> = groups.keys().map(ToString::to_string).collect();
+    let key_refs: Vec<&String> = keys.iter().collect();
+    let mut named = vec![(0, String::new()); members.len()];
+    for (key, mut group) in groups {
+        let sort_key = |i: &usize| (members[*i].rank.unwrap_or(u32::MAX), members[*i].pid);
+        group.sort_by_key(sort_key);
+        let first_free = group
+            .iter()
+            .filter_map(|i| members[*i].rank)
+            .map(|r| r + 1)
+            .max()
+            .unwrap_or(0);
+        let mut next = first_free..;
+        let mut ranks: Vec<(u32, usize)> = group
+            .iter()
+            .map(|&i| {
+                (
+                    members[i]
+                        .rank
+                        .unwrap_or_else(|| next.next().unwrap_or(u32::MAX)),
+                    i,
+                )
+            })
+            .collect();
+        ranks.sort_unstable();
+        let job = match batch_job_id(key, &key_refs) {
+            Some(batch) => batch,
+            None => {
+                if let Some(id) = job_ids.get(key) {
+                    id.clone()
+                } else {
+                    let first = ranks
+                        .first()
+                        .map_or_else(|| "0".into(), |(_, i)| members[*i].pid.to_string());
+                    let rank0_known = ranks
+                        .first()
+                        .is_some_and(|(r, i)| members[*i].rank.is_some() && *r == 0);
+                    if rank0_known || group.iter().all(|i| members[*i].rank.is_none()) {
+                        job_ids.insert(key.to_string(), first.clone());
+                    }
+                    first
+                }
+            }
+        };
+        for (rank, i) in ranks {
+            named[i] = (rank, job.clone());
+        }
+    }
+    named
+}
+
 /// Orders ranks by job and rank, fills in what the environment did not say (ranks, job
-/// ids: the batch system's, else mpitrace's rank 0 pid, kept stable in `job_ids`), and adds
-/// the probe summary. `ranks[].job` holds the job key on entry.
+/// ids: see [`name_jobs`]), and adds the probe summary. `ranks[].job` holds the job key on
+/// entry.
 fn assemble(
     mut ranks: Vec<RankProfile>,
     probes: &Probes,
     not_profiled: Vec<String>,
     job_ids: &mut BTreeMap<String, String>,
 ) -> JobProfile {
-    let mut groups: BTreeMap<String, Vec<RankProfile>> = BTreeMap::new();
-    for r in ranks.drain(..) {
-        groups.entry(r.job.clone()).or_default().push(r);
-    }
-    let keys: Vec<String> = groups.keys().cloned().collect();
-    let key_refs: Vec<&String> = keys.iter().collect();
-    for (key, mut group) in groups {
-        // Ranks without a launcher rank get the next free numbers, in pid order.
-        group.sort_by_key(|r| (r.rank, r.pid));
-        let first_free = group
-            .iter()
-            .filter(|r| r.rank_known)
-            .map(|r| r.rank + 1)
-            .max()
-            .unwrap_or(0);
-        for (r, rank) in group.iter_mut().filter(|r| !r.rank_known).zip(first_free..) {
-            r.rank = rank;
-        }
-        group.sort_by_key(|r| r.rank);
-        let job = match batch_job_id(&key, &key_refs) {
-            Some(batch) => batch,
-            None => {
-                if let Some(id) = job_ids.get(&key) {
-                    id.clone()
-                } else {
-                    let first = group
-                        .first()
-                        .map_or_else(|| "0".into(), |r| r.pid.to_string());
-                    // Kept once rank 0 is among them (or no launcher said any rank): a job
-                    // whose rank 1 was seen a moment before its rank 0 is still named after
-                    // rank 0's pid.
-                    if group.first().is_some_and(|r| r.rank_known && r.rank == 0)
-                        || group.iter().all(|r| !r.rank_known)
-                    {
-                        job_ids.insert(key.clone(), first.clone());
-                    }
-                    first
-                }
-            }
-        };
-        for mut r in group {
-            r.job.clone_from(&job);
-            ranks.push(r);
-        }
+    let members: Vec<Member> = ranks
+        .iter()
+        .map(|r| Member {
+            key: r.job.clone(),
+            rank: r.rank_known.then_some(r.rank),
+            pid: r.pid,
+        })
+        .collect();
+    for (r, (rank, job)) in ranks.iter_mut().zip(name_jobs(&members, job_ids)) {
+        r.rank = rank;
+        r.job = job;
     }
     ranks.sort_by(|a, b| (a.job.as_str(), a.rank).cmp(&(b.job.as_str(), b.rank)));
     let libraries = library_summaries(probes);
@@ -281,8 +319,40 @@ fn counted_names<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{batch_job_id, counted_names, job_key};
+    use super::{batch_job_id, counted_names, job_key, name_jobs, Member};
     use crate::discover::ProcessInfo;
+
+    #[test]
+    fn jobs_and_unsaid_ranks_are_named_from_identities_alone() {
+        let m = |key: &str, rank, pid| Member {
+            key: key.into(),
+            rank,
+            pid,
+        };
+        let members = [
+            m("launcher:a", Some(1), 20),
+            m("launcher:a", Some(0), 30),
+            m("", None, 9),
+            m("", None, 5),
+            m("batch:77", None, 40),
+            m("claim:0:77", None, 41),
+        ];
+        let mut ids = std::collections::BTreeMap::new();
+        let named = name_jobs(&members, &mut ids);
+        let want: Vec<(u32, String)> = [
+            (1, "30"),
+            (0, "30"),
+            (1, "5"),
+            (0, "5"),
+            (0, "77"),
+            (0, "77.u0"),
+        ]
+        .into_iter()
+        .map(|(r, j)| (r, j.to_string()))
+        .collect();
+        assert_eq!(named, want);
+        assert_eq!(ids.get("launcher:a").map(String::as_str), Some("30"));
+    }
 
     #[test]
     fn a_claimed_job_id_never_joins_another_users_job() {

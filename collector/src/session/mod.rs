@@ -233,6 +233,27 @@ impl Session {
         profile.place_peers_on_world_ranks();
         profile
     }
+
+    /// The job each tracked process is in, named as a profile names it ([`build::name_jobs`])
+    /// from identities alone: what `ps` lists, without reading a counter.
+    pub fn job_names(&self) -> std::collections::HashMap<u32, String> {
+        let members: Vec<build::Member> = self
+            .tracked
+            .iter()
+            .map(|(&pid, t)| build::Member {
+                key: t.info.as_ref().map(build::job_key).unwrap_or_default(),
+                rank: t.info.as_ref().and_then(|i| i.rank),
+                pid,
+            })
+            .collect();
+        let mut job_ids = self.job_ids.clone();
+        let named = build::name_jobs(&members, &mut job_ids);
+        members
+            .iter()
+            .zip(named)
+            .map(|(m, (_, job))| (m.pid, job))
+            .collect()
+    }
 }
 
 /// Tells `board` the job of every process whose environment has been read; returns the

@@ -52,17 +52,10 @@ impl pb::node_server::Node for NodeService {
         req: Request<pb::ListProcessesRequest>,
     ) -> Result<Response<pb::ListProcessesResponse>, Status> {
         let caller = Caller::of(&req);
-        // Each rank's job as the profile names it (a claim shared with another user's job
-        // is `ID.uUID` there, a launcher's job its rank 0's pid), not the raw claim.
-        let jobs: std::collections::HashMap<u32, String> = self
-            .state
-            .snapshot(&pb::ProcessFilter::default(), caller)
-            .await
-            .ranks
-            .into_iter()
-            .map(|r| (r.pid, r.job))
-            .collect();
         let session = self.state.session.lock().await;
+        // Each process's job as the profile names it (a claim shared with another user's
+        // job is `ID.uUID` there, a launcher's job its rank 0's pid), not the raw claim.
+        let jobs = session.job_names();
         let mut processes: Vec<pb::ProcessState> = session
             .tracked
             .iter()
@@ -155,8 +148,13 @@ impl pb::node_server::Node for NodeService {
             )));
         }
         let mut session = self.state.session.lock().await;
-        let t = session.attach(pid).map_err(|e| e.to_status())?;
-        let process = process_state(pid, t, None);
+        session.attach(pid).map_err(|e| e.to_status())?;
+        let jobs = session.job_names();
+        let t = session
+            .tracked
+            .get(&pid)
+            .ok_or_else(|| Status::internal(format!("PID {pid} attached but not tracked")))?;
+        let process = process_state(pid, t, jobs.get(&pid));
         drop(session);
         self.state.detached.lock().await.remove(&pid);
         Ok(Response::new(pb::AttachProcessResponse {
@@ -368,16 +366,13 @@ fn page_of(size: u32, token: &str) -> Result<Option<Page>, Status> {
     }))
 }
 
-/// A tracked process as the API lists it: in `job` where it is a rank of one.
+/// A tracked process as the API lists it, in `job`.
 fn process_state(pid: u32, t: &Tracked, job: Option<&String>) -> pb::ProcessState {
     let info = t.info.as_ref();
     pb::ProcessState {
         pid,
         rank: info.and_then(|i| i.rank),
-        job: job
-            .cloned()
-            .or_else(|| info.and_then(|i| i.batch_job.clone()))
-            .unwrap_or_default(),
+        job: job.cloned().unwrap_or_default(),
         cmdline: info.map(|i| i.cmdline.clone()).unwrap_or_default(),
         container: info.and_then(|i| i.container.as_ref()).map(Into::into),
         // Exited only once its final profile is taken (see the daemon's settling).
