@@ -97,6 +97,8 @@ pub mod programs {
     pub const FABRIC_OPEN: &str = "fabric_open";
     /// The dynamic linker's `_dl_debug_state`: libraries were loaded.
     pub const LINKER_LOADED: &str = "linker_loaded";
+    /// `MPI_Pcontrol`: the profiled region starts or pauses.
+    pub const MPI_PCONTROL: &str = "mpi_pcontrol";
     /// `sched:sched_process_fork`.
     pub const SCHED_FORK: &str = "sched_fork";
     /// `sched:sched_process_exec`.
@@ -120,7 +122,7 @@ pub mod programs {
     pub const SESSIONS: [&str; 4] = [SESS_OMPI, SESS_MPICH, SESS_MPICH_TYPES, SESS_NCCL];
 
     /// The programs attached through uprobe_multi links.
-    pub const PROBES: [&str; 9] = [
+    pub const PROBES: [&str; 10] = [
         CALL_ENTRY,
         MPI_RETURN_OMPI,
         MPI_RETURN_MPICH,
@@ -130,5 +132,6 @@ pub mod programs {
         FABRIC_RETURN,
         FABRIC_OPEN,
         LINKER_LOADED,
+        MPI_PCONTROL,
     ];
 }

@@ -1260,6 +1260,8 @@ pub const FI_OPS_TABLE_SIZE: u64 = 8 + 8 * FABRIC_SLOTS as u64;
 pub const FID_EP_TABLES_OFF: u64 = 40;
 /// Id of libfabric's `fi_fabric`.
 pub const FABRIC_OPEN: u16 = routine_index("fi_fabric");
+/// `MPI_Pcontrol`'s routine id (it has a program of its own besides the counting one).
+pub const PCONTROL: u16 = routine_index("MPI_Pcontrol");
 
 /// Id of the routine named `name`, at compile time (panics if there is none).
 pub const fn routine_index(name: &str) -> u16 {

@@ -700,6 +700,10 @@ pub enum EventKind {
     /// A counted process's dynamic linker has mapped new libraries and the process is
     /// paused (`SIGSTOP`) until userspace has probed them and continues it: [`ProcEvent`].
     Loaded = 9,
+    /// A watched process called `MPI_Pcontrol(level)`: [`ProcEvent`] whose `parent` is
+    /// [`ProcEvent::pcontrol`]'s word (the level, and whether the process was paused
+    /// until userspace has read its counters and continues it).
+    Pcontrol = 10,
 }
 
 /// Longest provider or fabric name carried by a [`FabricEvent`] (NUL included).
@@ -829,6 +833,25 @@ pub struct ProcEvent {
     pub ts_ns: u64,
 }
 const _: () = assert!(size_of::<ProcEvent>() == 24);
+
+impl ProcEvent {
+    /// Bit of a [`EventKind::Pcontrol`] event's `parent` word: the process was paused.
+    pub const PCONTROL_PAUSED: u32 = 1 << 31;
+
+    /// The `parent` word of a [`EventKind::Pcontrol`] event: the level (its low 31 bits;
+    /// MPI_Pcontrol's levels are small and non-negative) and whether the process was paused.
+    pub const fn pcontrol(level: i32, paused: bool) -> u32 {
+        (level as u32 & !Self::PCONTROL_PAUSED) | if paused { Self::PCONTROL_PAUSED } else { 0 }
+    }
+
+    /// The level and paused flag of a [`EventKind::Pcontrol`] event.
+    pub const fn pcontrol_of(&self) -> (i32, bool) {
+        (
+            (self.parent & !Self::PCONTROL_PAUSED) as i32,
+            self.parent & Self::PCONTROL_PAUSED != 0,
+        )
+    }
+}
 
 /// Key of maps indexed by a process and an MPI handle (datatypes, communicators).
 #[repr(C)]

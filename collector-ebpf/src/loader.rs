@@ -2,7 +2,9 @@
 //! whenever its list of loaded objects changes: a watched process that has just mapped new
 //! libraries (`dlopen`, or those it starts with) is paused before it can run them, until
 //! userspace has probed them and continues it. A library loaded late (Python's mpi4py, a
-//! framework's NCCL from a wheel) is then counted from its first call.
+//! framework's NCCL from a wheel) is then counted from its first call. `MPI_Pcontrol`, the
+//! profiling region's start and pause, pauses a process the same way while userspace reads
+//! its counters at that very point.
 
 use aya_ebpf::{
     bindings::BPF_RB_FORCE_WAKEUP,
@@ -60,15 +62,48 @@ pub fn linker_loaded(ctx: ProbeContext) -> u32 {
     if !pausable_unnoticed() {
         return 0;
     }
-    // Listed first: whatever becomes of the event, userspace finds it there and continues it
-    // (at its exit at the latest, or at the next start of a daemon).
-    if PAUSED.insert(tgid, now, 0).is_err() {
+    tell(tgid, now, EventKind::Loaded, 0, true);
+    0
+}
+
+/// Entry of `MPI_Pcontrol(int level)`: userspace is told at once, and the process is paused
+/// until it has read the process's counters (where it may be paused unnoticed, while
+/// userspace is there: else the event says it was not, and the region's bounds are late).
+#[uprobe]
+pub fn mpi_pcontrol(ctx: ProbeContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !is_watched(tgid) {
         return 0;
     }
+    let level: i32 = ctx.arg::<i64>(0).unwrap_or(0) as i32;
+    // Only 0 (pause) and 1 (start) bound the region, as in mpitrace; other levels are
+    // counted by the routine's own probe and change nothing here.
+    if level != 0 && level != 1 {
+        return 0;
+    }
+    // SAFETY: reads the monotonic clock.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let leased = matches!(CONFIG.get(0), Some(c) if now <= c.pause_until_ns);
+    let pause = leased && pausable_unnoticed();
+    tell(tgid, now, EventKind::Pcontrol, level, pause);
+    0
+}
+
+/// Sends `kind` (a [`ProcEvent`]; a Pcontrol event's word holds `level` and whether the
+/// process was paused) at once and, if `pause`, stops the process until userspace continues
+/// it.
+#[inline(always)]
+fn tell(tgid: u32, now: u64, kind: EventKind, level: i32, pause: bool) {
+    // Listed first: whatever becomes of the event, userspace finds it there and continues it
+    // (at its exit at the latest, or at the next start of a daemon).
+    let pause = pause && PAUSED.insert(tgid, now, 0).is_ok();
     let ev = ProcEvent {
-        kind: EventKind::Loaded as u32,
+        kind: kind as u32,
         tgid,
-        parent: 0,
+        parent: match kind {
+            EventKind::Pcontrol => ProcEvent::pcontrol(level, pause),
+            _ => 0,
+        },
         uid: bpf_get_current_uid_gid() as u32,
         ts_ns: now,
     };
@@ -78,10 +113,13 @@ pub fn linker_loaded(ctx: ProbeContext) -> u32 {
         .output::<ProcEvent>(&ev, u64::from(BPF_RB_FORCE_WAKEUP))
         .is_err()
     {
-        let _ = PAUSED.remove(tgid);
-        return 0;
+        if pause {
+            let _ = PAUSED.remove(tgid);
+        }
+        return;
     }
-    // SAFETY: plain helper call; the signal goes to the current process.
-    unsafe { bpf_send_signal(SIGSTOP) };
-    0
+    if pause {
+        // SAFETY: plain helper call; the signal goes to the current process.
+        unsafe { bpf_send_signal(SIGSTOP) };
+    }
 }

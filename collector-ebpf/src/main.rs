@@ -5,6 +5,7 @@
 //! - `mpi_return_*` / `nccl_return`: the return probes, one per ABI and argument shape.
 //! - `fabric_entry` / `fabric_return`: libfabric ops-table functions.
 //! - `linker_loaded`: the dynamic linker loaded libraries; pause until they are probed.
+//! - `mpi_pcontrol`: `MPI_Pcontrol`; pause while userspace reads the counters.
 //! - `sched_fork` / `sched_exec` / `sched_exit`: follow the watched process tree.
 #![no_std]
 #![feature(core_intrinsics)]

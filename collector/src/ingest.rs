@@ -82,6 +82,18 @@ pub enum ProcessEvent {
         /// When it was paused, on the monotonic clock.
         ts_ns: u64,
     },
+    /// It called `MPI_Pcontrol(level)` at monotonic `ts_ns`; `paused`: the kernel stopped it
+    /// there, and the receiver must continue it once it has read its counters.
+    Pcontrol {
+        /// Process id.
+        pid: u32,
+        /// The level it passed.
+        level: i32,
+        /// Whether it was paused.
+        paused: bool,
+        /// When.
+        ts_ns: u64,
+    },
     /// It opened a libfabric fabric.
     FabricOpened {
         /// Process id.
@@ -236,6 +248,14 @@ fn process_event(k: u32, ev: &ProcEvent) -> Option<ProcessEvent> {
     } else if k == EventKind::Loaded as u32 {
         ProcessEvent::Loaded {
             pid: ev.tgid,
+            ts_ns: ev.ts_ns,
+        }
+    } else if k == EventKind::Pcontrol as u32 {
+        let (level, paused) = ev.pcontrol_of();
+        ProcessEvent::Pcontrol {
+            pid: ev.tgid,
+            level,
+            paused,
             ts_ns: ev.ts_ns,
         }
     } else {

@@ -794,3 +794,80 @@ fn a_real_application_never_notices_and_is_profiled() {
         );
     }
 }
+
+/// `MPI_Pcontrol` honoured as mpitrace honours it (`tests/programs/mpi_pcontrol.c`, 2 ranks,
+/// Open MPI and MPICH under `record`): `MPI_Pcontrol(1)` starts the region (the first one
+/// anew: the Allreduces before it are left out), `MPI_Pcontrol(0)` pauses it (the Barriers
+/// then are left out), the region's counts equal what the program did inside its two
+/// intervals, exactly (each bound read while the kernel held the process at the call:
+/// none late); the JSON profile keeps the whole run beside it; the mpitrace files and the
+/// text report show the region, as mpitrace does.
+#[test]
+fn mpi_pcontrol_marks_the_region_the_reports_show_and_the_json_keeps_both() {
+    for mpi in [Mpi::OpenMpi, Mpi::Mpich] {
+        let scratch = Scratch::new(&format!("pcontrol-{mpi:?}"));
+        let prog = build_program("mpi_pcontrol.c", mpi);
+        let (out, dir, prefix) = (
+            scratch.path("profile.json"),
+            scratch.path("mpitrace"),
+            scratch.path("truth"),
+        );
+        let mut args: Vec<String> = ["record", "--format", "json", "-o"]
+            .map(String::from)
+            .to_vec();
+        args.extend([
+            path_str(&out).into(),
+            "--mpitrace-dir".into(),
+            path_str(&dir).into(),
+        ]);
+        args.push("--".into());
+        args.extend(mpi.launcher(2));
+        args.extend([path_str(&prog).into(), path_str(&prefix).into()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+
+        let profile = read_json(&out);
+        let truths = read_truths(&prefix, 2);
+        assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+        for truth in &truths {
+            let pid = truth["pid"].as_u64().expect("pid");
+            let rank = rank_by_pid(&profile, pid);
+            let region = &rank["region"];
+            assert_eq!(
+                routine_table(&region["routines"]),
+                routine_table(&truth["region"]),
+                "{mpi:?} pid {pid}: the region"
+            );
+            assert_eq!(region["intervals"], truth["intervals"], "{region:#}");
+            assert_eq!(region["late_bounds"], 0, "{region:#}");
+            // The rank's mpitrace file: the region's table.
+            let file = dir.join(format!(
+                "mpi_profile.{}.{}",
+                rank["job"].as_str().expect("job"),
+                rank["rank"]
+            ));
+            let text = std::fs::read_to_string(&file)
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            assert!(text.contains("within the profiled region"), "{text}");
+            let allreduces = text
+                .lines()
+                .find_map(|l| l.strip_prefix("MPI_Allreduce"))
+                .and_then(|l| l.split_whitespace().next()?.parse::<u64>().ok());
+            assert_eq!(
+                allreduces,
+                Some(
+                    truth["region"]["MPI_Allreduce"]["calls"]
+                        .as_u64()
+                        .expect("calls")
+                ),
+                "{text}"
+            );
+        }
+        let text = commtap_output(&["report", "--profile", path_str(&out)]);
+        assert!(
+            String::from_utf8_lossy(&text.stdout).contains("2 interval(s)"),
+            "{}",
+            String::from_utf8_lossy(&text.stdout)
+        );
+    }
+}

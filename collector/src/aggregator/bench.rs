@@ -248,6 +248,7 @@ pub fn synthetic_rank(
         cmdline: "./app".into(),
         uid: Some(1000),
         container: None,
+        region: None,
         start_ticks: 7,
         exited: true,
         elapsed_ns: 1,

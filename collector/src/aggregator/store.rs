@@ -406,6 +406,7 @@ mod tests {
                 cmdline: String::new(),
                 uid: None,
                 container: None,
+                region: None,
                 start_ticks: 1,
                 exited: false,
                 elapsed_ns: 0,

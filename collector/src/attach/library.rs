@@ -221,7 +221,16 @@ impl Probes {
                 returns.push((names::programs::MPI_RETURN_MPICH_TYPES, types));
             }
         }
-        let mut groups = vec![(names::programs::FABRIC_OPEN, ProbeKind::Entry, open)];
+        // MPI_Pcontrol's own program (the region's bounds) beside the counting one.
+        let pcontrol: Vec<&ProbePoint> = all
+            .iter()
+            .copied()
+            .filter(|p| p.routine == collector_common::routines::PCONTROL)
+            .collect();
+        let mut groups = vec![
+            (names::programs::FABRIC_OPEN, ProbeKind::Entry, open),
+            (names::programs::MPI_PCONTROL, ProbeKind::Entry, pcontrol),
+        ];
         if self.sessions && lib.abi != Abi::Fabric {
             // One session link per return program: its entry and return in one.
             for (ret, points) in returns {

@@ -736,6 +736,7 @@ fn load_probe_programs(
             p::SESS_MPICH_TYPES,
             p::SESS_NCCL,
             p::LINKER_LOADED,
+            p::MPI_PCONTROL,
         ];
         match multi::load_programs(BPF_OBJECT, fds, &names, Some(id)) {
             Ok(programs) => {

@@ -31,6 +31,8 @@ pub struct Tracked {
     /// Its identity as the kernel captured it when it became known (environment,
     /// arguments, start time): what is used when `/proc` cannot be read in time.
     pub kernel_info: Option<ProcessInfo>,
+    /// Its `MPI_Pcontrol` region.
+    pub region: crate::stats::region::Region,
 }
 
 impl Tracked {

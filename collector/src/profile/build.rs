@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use collector_common::{CounterKey, CounterVal, PeerKey, PeerVal, ProcStats};
 
-use super::{JobProfile, JobTotals, ProbedLibrary, RankProfile, SCHEMA};
+use super::{JobProfile, JobTotals, ProbedLibrary, RankProfile, RegionProfile, SCHEMA};
 use crate::{
     attach::{AttachedLibrary, Probes},
     discover::{self, tracked::Tracked, ProcessInfo},
@@ -102,6 +102,26 @@ fn rank_profile(
     });
     let start = if start == 0 { ps.init_ns } else { start };
     let (peers, comm_ranks) = stats::peers_of(pid, &c.peers, comm_name);
+    let region = t.region.used().then(|| {
+        let mine: Vec<stats::Counter> = c
+            .all
+            .iter()
+            .filter(|(k, ..)| k.tgid == pid)
+            .copied()
+            .collect();
+        t.region.counts(&mine, end, start)
+    });
+    let region = region.flatten().map(|r| {
+        let mut routines = stats::routines_of(pid, &r.counters, &[]);
+        routines.remove("MPI_Pcontrol");
+        RegionProfile {
+            intervals: r.intervals,
+            elapsed_ns: r.elapsed_ns,
+            comm_time_ns: stats::communication_ns(&routines),
+            late_bounds: r.late_bounds,
+            routines,
+        }
+    });
     RankProfile {
         rank: info.rank.unwrap_or(u32::MAX),
         rank_known: info.rank.is_some(),
@@ -120,6 +140,7 @@ fn rank_profile(
         fabrics: t.fabrics.iter().cloned().collect(),
         peers,
         comm_ranks,
+        region,
     }
 }
 

@@ -60,6 +60,28 @@ pub struct RankProfile {
     /// names: what places its peers' traffic there on its world rank.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub comm_ranks: Vec<crate::stats::CommRank>,
+    /// Its `MPI_Pcontrol` region (what mpitrace profiles), where it called `MPI_Pcontrol`;
+    /// `routines` above is the whole run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<RegionProfile>,
+}
+
+/// A rank's `MPI_Pcontrol` region: `MPI_Pcontrol(1)` starts it (the first one anew),
+/// `MPI_Pcontrol(0)` pauses it; without a `1`, it runs from the rank's start to the first `0`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct RegionProfile {
+    /// Its intervals, the one under way included.
+    pub intervals: u32,
+    /// Time inside it, ns.
+    pub elapsed_ns: u64,
+    /// Time in MPI routines inside it (MPI_Init and MPI_Finalize aside), ns.
+    pub comm_time_ns: u64,
+    /// Bounds read late (the process could not be paused at that `MPI_Pcontrol`: traced,
+    /// or a job of an interactive shell): calls close to them may fall on the wrong side.
+    #[serde(default)]
+    pub late_bounds: u32,
+    /// Per routine, inside it (`MPI_Pcontrol`'s own calls left out).
+    pub routines: Routines,
 }
 
 impl RankProfile {
@@ -215,6 +237,23 @@ impl JobTotals {
 }
 
 impl JobProfile {
+    /// The profile as mpitrace shows it: each rank that called `MPI_Pcontrol` by its region
+    /// alone (its routines, elapsed and communication time); None when none did.
+    pub fn profiled_region(&self) -> Option<JobProfile> {
+        if self.ranks.iter().all(|r| r.region.is_none()) {
+            return None;
+        }
+        let mut view = self.clone();
+        for r in &mut view.ranks {
+            if let Some(g) = &r.region {
+                r.routines.clone_from(&g.routines);
+                r.elapsed_ns = g.elapsed_ns;
+                r.comm_time_ns = g.comm_time_ns;
+            }
+        }
+        Some(view)
+    }
+
     /// Sets the job id and the sums from `totals` (see [`JobTotals`]).
     pub fn set_totals(&mut self, totals: JobTotals) {
         self.job = totals.job;
@@ -276,6 +315,7 @@ mod tests {
             cmdline: String::new(),
             uid: None,
             container: None,
+            region: None,
             start_ticks: 0,
             exited: false,
             elapsed_ns: 0,

@@ -35,7 +35,29 @@ pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProf
     let mut o = String::new();
     let size = job.ranks.len();
     let _ = writeln!(o, "Data for MPI rank {} of {}:", r.rank, size);
-    let _ = writeln!(o, "Times and statistics from MPI_Init() to MPI_Finalize().");
+    match &r.region {
+        Some(g) => {
+            let _ = writeln!(
+                o,
+                "Times and statistics within the profiled region (MPI_Pcontrol(1) to \
+                 MPI_Pcontrol(0)): {} interval(s), {:.3} sec; the whole run is in the JSON \
+                 profile.",
+                g.intervals,
+                secs(g.elapsed_ns)
+            );
+            if g.late_bounds > 0 {
+                let _ = writeln!(
+                    o,
+                    "{} bound(s) read late (the process could not be paused at MPI_Pcontrol): \
+                     calls close to them may fall on the wrong side.",
+                    g.late_bounds
+                );
+            }
+        }
+        None => {
+            let _ = writeln!(o, "Times and statistics from MPI_Init() to MPI_Finalize().");
+        }
+    }
     let _ = writeln!(
         o,
         "-----------------------------------------------------------------------"
@@ -511,8 +533,12 @@ fn render_containers(o: &mut String, job: &JobProfile) {
 }
 
 /// The full text report: every rank's section, then the job summary and what was not measured.
-pub fn render_text(job: &JobProfile) -> String {
+pub fn render_text(whole: &JobProfile) -> String {
     let mut o = String::new();
+    // Ranks that called MPI_Pcontrol are shown by their region, as mpitrace shows them;
+    // per-peer traffic and who-is-late cover the whole run.
+    let region = whole.profiled_region();
+    let job = region.as_ref().unwrap_or(whole);
     let summary = job.comm_summary();
     for r in &job.ranks {
         let nccl = render_nccl(r);
@@ -527,8 +553,8 @@ pub fn render_text(job: &JobProfile) -> String {
     o.push_str(&render_summary(job));
     render_containers(&mut o, job);
     o.push_str(&super::durations::render_durations(job));
-    o.push_str(&super::peers::render_peers(job));
-    if let Some(skew) = &job.skew {
+    o.push_str(&super::peers::render_peers(whole));
+    if let Some(skew) = &whole.skew {
         o.push_str(&super::skew::render_text(skew));
     }
     let _ = writeln!(o);
@@ -582,8 +608,10 @@ pub fn render_text(job: &JobProfile) -> String {
 /// 0's file ending with the job summary, as mpitrace does. A job id is made safe for a
 /// file name first (see [`file_name_part`]); a rank whose file cannot be written does not
 /// stop the others: every failure is in the error, after all were tried.
-pub fn write_mpitrace_dir(job: &JobProfile, dir: &Path) -> io::Result<Vec<std::path::PathBuf>> {
+pub fn write_mpitrace_dir(whole: &JobProfile, dir: &Path) -> io::Result<Vec<std::path::PathBuf>> {
     fs::create_dir_all(dir)?;
+    let region = whole.profiled_region();
+    let job = region.as_ref().unwrap_or(whole);
     let mut written = Vec::new();
     let mut failed = Vec::new();
     let summary = job.comm_summary();

@@ -307,6 +307,31 @@ impl Session {
                     debug!(pid, ?paused, "continued after probing what it loaded");
                 }
             }
+            ProcessEvent::Pcontrol {
+                pid,
+                level,
+                paused,
+                ts_ns,
+            } => {
+                // Read while the kernel holds the process at the call: the region's bound.
+                let counters: Vec<_> = self
+                    .probes
+                    .read_counters()
+                    .into_iter()
+                    .filter(|(k, ..)| k.tgid == pid)
+                    .collect();
+                let init_ns = self.probes.read_proc_stats(pid).init_ns;
+                if let Some(t) = self.tracked.get_mut(&pid) {
+                    let origin = init_ns.max(t.since_ns);
+                    t.region.control(level, ts_ns, counters, paused, origin);
+                }
+                if paused && self.probes.resume(pid).is_some() {
+                    debug!(
+                        pid,
+                        level, "continued after reading its counters at MPI_Pcontrol"
+                    );
+                }
+            }
             ProcessEvent::FabricOpened { pid, fabric } => {
                 if let Some(t) = self.tracked.get_mut(&pid) {
                     t.fabrics.insert(fabric);

@@ -2,6 +2,7 @@
 //! the kernel's ground-truth counters, merged with one function wherever profiles meet.
 
 mod durations;
+pub mod region;
 mod sampling;
 
 use std::collections::BTreeMap;

@@ -339,6 +339,7 @@ mod tests {
             cmdline: String::new(),
             uid: Some(0),
             container: None,
+            region: None,
             start_ticks: 1,
             exited: false,
             elapsed_ns: 0,

@@ -6,7 +6,7 @@ mod skew;
 use super::pb;
 use crate::{
     discover::{container::Container, Fabric},
-    profile::{JobProfile, ProbedLibrary, RankProfile},
+    profile::{JobProfile, ProbedLibrary, RankProfile, RegionProfile},
     skew::SkewReport,
     stats::{
         CommRank, CommStats, DeviceTime, Durations, Health, PeerTraffic, RoutineStats, SampledTime,
@@ -300,6 +300,17 @@ impl From<&RankProfile> for pb::RankProfile {
             peers: r.peers.iter().map(Into::into).collect(),
             comm_ranks: r.comm_ranks.iter().map(Into::into).collect(),
             container: r.container.as_ref().map(Into::into),
+            region: r.region.as_ref().map(|g| pb::RegionProfile {
+                intervals: g.intervals,
+                elapsed_ns: g.elapsed_ns,
+                comm_time_ns: g.comm_time_ns,
+                late_bounds: g.late_bounds,
+                routines: g
+                    .routines
+                    .iter()
+                    .map(|(n, s)| routine_to_pb(n, s))
+                    .collect(),
+            }),
         }
     }
 }
@@ -325,6 +336,23 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
             health: r.health.as_ref().map(Health::from).unwrap_or_default(),
             uid: r.uid,
             container: r.container.as_ref().map(Into::into),
+            region: r
+                .region
+                .as_ref()
+                .map(|g| -> Result<RegionProfile, InvalidMessage> {
+                    Ok(RegionProfile {
+                        intervals: g.intervals,
+                        elapsed_ns: g.elapsed_ns,
+                        comm_time_ns: g.comm_time_ns,
+                        late_bounds: g.late_bounds,
+                        routines: g
+                            .routines
+                            .iter()
+                            .map(routine_from_pb)
+                            .collect::<Result<_, _>>()?,
+                    })
+                })
+                .transpose()?,
             start_ticks: r.start_ticks,
             exited: r.exited,
             fabrics: r.fabrics.iter().map(Into::into).collect(),

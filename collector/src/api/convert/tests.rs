@@ -73,6 +73,13 @@ pub(crate) fn sample() -> JobProfile {
                 cgroup: "/system.slice/docker-ab.scope".into(),
                 id: Some("ab".into()),
             }),
+            region: Some(crate::profile::RegionProfile {
+                intervals: 2,
+                elapsed_ns: 3,
+                comm_time_ns: 2,
+                late_bounds: 1,
+                routines: routines_of(7, &counters[..1], &[]),
+            }),
             start_ticks: 99,
             exited: true,
             elapsed_ns: 5,
