@@ -116,7 +116,9 @@ where
     F: FnMut(tokio::sync::mpsc::Sender<Result<T, tonic::Status>>) -> Fut + Send + 'static,
     Fut: Future<Output = bool> + Send,
 {
-    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    // One message waiting at most: a page can be a thousand ranks (tens of MiB at a node's
+    // scale), and a slow reader must not have several queued for it.
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
     tokio::spawn(async move {
         let _slot = slot;
         let mut tick = tokio::time::interval(interval);

@@ -114,13 +114,13 @@ fn rank_profile(
     let region = region.flatten().map(|r| {
         let mut routines = stats::routines_of(pid, &r.counters, &[]);
         routines.remove("MPI_Pcontrol");
-        RegionProfile {
+        Box::new(RegionProfile {
             intervals: r.intervals,
             elapsed_ns: r.elapsed_ns,
             comm_time_ns: stats::communication_ns(&routines),
             late_bounds: r.late_bounds,
             routines,
-        }
+        })
     });
     RankProfile {
         rank: info.rank.unwrap_or(u32::MAX),
@@ -130,7 +130,7 @@ fn rank_profile(
         job: job_key(&info),
         cmdline: info.cmdline.clone(),
         uid: t.uid(),
-        container: info.container.clone(),
+        container: info.container.clone().map(Box::new),
         start_ticks: info.start_ticks,
         exited: false,
         elapsed_ns: end.saturating_sub(start),

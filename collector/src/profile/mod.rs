@@ -33,9 +33,10 @@ pub struct RankProfile {
     pub cmdline: String,
     /// Real user id of the process (who may see it through the daemon).
     pub uid: Option<u32>,
+    // Boxed, as `region`: a node holds thousands of ranks, most without either.
     /// The container it runs in (its pid there, its cgroup, the container id), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub container: Option<crate::discover::container::Container>,
+    pub container: Option<Box<crate::discover::container::Container>>,
     /// Process start time in clock ticks since boot: with host and pid, its identity.
     pub start_ticks: u64,
     /// The process exited and this profile is final (all its events drained).
@@ -63,7 +64,7 @@ pub struct RankProfile {
     /// Its `MPI_Pcontrol` region (what mpitrace profiles), where it called `MPI_Pcontrol`;
     /// `routines` above is the whole run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub region: Option<RegionProfile>,
+    pub region: Option<Box<RegionProfile>>,
 }
 
 /// A rank's `MPI_Pcontrol` region: `MPI_Pcontrol(1)` starts it (the first one anew),

@@ -507,7 +507,7 @@ fn render_containers(o: &mut String, job: &JobProfile) {
     let contained: Vec<(&RankProfile, &crate::discover::container::Container)> = job
         .ranks
         .iter()
-        .filter_map(|r| Some((r, r.container.as_ref()?)))
+        .filter_map(|r| Some((r, r.container.as_deref()?)))
         .collect();
     if contained.is_empty() {
         return;

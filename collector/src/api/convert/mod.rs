@@ -299,17 +299,19 @@ impl From<&RankProfile> for pb::RankProfile {
             fabrics: r.fabrics.iter().map(Into::into).collect(),
             peers: r.peers.iter().map(Into::into).collect(),
             comm_ranks: r.comm_ranks.iter().map(Into::into).collect(),
-            container: r.container.as_ref().map(Into::into),
-            region: r.region.as_ref().map(|g| pb::RegionProfile {
-                intervals: g.intervals,
-                elapsed_ns: g.elapsed_ns,
-                comm_time_ns: g.comm_time_ns,
-                late_bounds: g.late_bounds,
-                routines: g
-                    .routines
-                    .iter()
-                    .map(|(n, s)| routine_to_pb(n, s))
-                    .collect(),
+            container: r.container.as_deref().map(|c| Box::new(c.into())),
+            region: r.region.as_deref().map(|g| {
+                Box::new(pb::RegionProfile {
+                    intervals: g.intervals,
+                    elapsed_ns: g.elapsed_ns,
+                    comm_time_ns: g.comm_time_ns,
+                    late_bounds: g.late_bounds,
+                    routines: g
+                        .routines
+                        .iter()
+                        .map(|(n, s)| routine_to_pb(n, s))
+                        .collect(),
+                })
             }),
         }
     }
@@ -335,12 +337,12 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
                 .collect::<Result<_, _>>()?,
             health: r.health.as_ref().map(Health::from).unwrap_or_default(),
             uid: r.uid,
-            container: r.container.as_ref().map(Into::into),
+            container: r.container.as_deref().map(|c| Box::new(c.into())),
             region: r
                 .region
-                .as_ref()
-                .map(|g| -> Result<RegionProfile, InvalidMessage> {
-                    Ok(RegionProfile {
+                .as_deref()
+                .map(|g| -> Result<Box<RegionProfile>, InvalidMessage> {
+                    Ok(Box::new(RegionProfile {
                         intervals: g.intervals,
                         elapsed_ns: g.elapsed_ns,
                         comm_time_ns: g.comm_time_ns,
@@ -350,7 +352,7 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
                             .iter()
                             .map(routine_from_pb)
                             .collect::<Result<_, _>>()?,
-                    })
+                    }))
                 })
                 .transpose()?,
             start_ticks: r.start_ticks,

@@ -68,18 +68,18 @@ pub(crate) fn sample() -> JobProfile {
             job: "42".into(),
             cmdline: "./app".into(),
             uid: Some(1000),
-            container: Some(crate::discover::container::Container {
+            container: Some(Box::new(crate::discover::container::Container {
                 pid: 3,
                 cgroup: "/system.slice/docker-ab.scope".into(),
                 id: Some("ab".into()),
-            }),
-            region: Some(crate::profile::RegionProfile {
+            })),
+            region: Some(Box::new(crate::profile::RegionProfile {
                 intervals: 2,
                 elapsed_ns: 3,
                 comm_time_ns: 2,
                 late_bounds: 1,
                 routines: routines_of(7, &counters[..1], &[]),
-            }),
+            })),
             start_ticks: 99,
             exited: true,
             elapsed_ns: 5,

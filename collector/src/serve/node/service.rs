@@ -83,7 +83,7 @@ impl pb::node_server::Node for NodeService {
                 job: f.rank.job.clone(),
                 cmdline: f.rank.cmdline.clone(),
                 status: pb::ProcessStatus::Exited as i32,
-                container: f.rank.container.as_ref().map(Into::into),
+                container: f.rank.container.as_deref().map(Into::into),
             });
         }
         processes.sort_by_key(|p| p.pid);
