@@ -149,20 +149,9 @@ pub async fn print_processes(from: &Target, json: bool) -> Result<()> {
         .await
         .context("ListProcesses")?
         .into_inner();
-    let state = |p: &pb::ProcessState| match p.status() {
-        pb::ProcessStatus::Exited => "exited",
-        pb::ProcessStatus::Probed => "probed",
-        pb::ProcessStatus::NoMpi | pb::ProcessStatus::Unspecified => "no-mpi",
-    };
     if json {
         let doc = serde_json::json!({
-            "processes": resp.processes.iter().map(|p| serde_json::json!({
-                "pid": p.pid, "rank": p.rank, "job": p.job, "state": state(p),
-                "cmdline": p.cmdline,
-                "container": p.container.as_ref().map(|c| serde_json::json!({
-                    "pid": c.pid, "cgroup": c.cgroup, "id": c.id,
-                })),
-            })).collect::<Vec<_>>(),
+            "processes": resp.processes.iter().map(process_json).collect::<Vec<_>>(),
             "libraries": resp.libraries.iter().map(|l| serde_json::json!({
                 "path": l.path, "flavor": l.flavor, "probes": l.probes,
             })).collect::<Vec<_>>(),
@@ -203,6 +192,25 @@ pub async fn print_processes(from: &Target, json: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Where a process the daemon knows stands, as `ps` and `attach` say it.
+fn state(p: &pb::ProcessState) -> &'static str {
+    match p.status() {
+        pb::ProcessStatus::Exited => "exited",
+        pb::ProcessStatus::Probed => "probed",
+        pb::ProcessStatus::NoMpi | pb::ProcessStatus::Unspecified => "no-mpi",
+    }
+}
+
+/// A process as `ps --json` lists it and `attach --json` prints it.
+fn process_json(p: &pb::ProcessState) -> serde_json::Value {
+    serde_json::json!({
+        "pid": p.pid, "rank": p.rank, "job": p.job, "state": state(p), "cmdline": p.cmdline,
+        "container": p.container.as_ref().map(|c| serde_json::json!({
+            "pid": c.pid, "cgroup": c.cgroup, "id": c.id,
+        })),
+    })
 }
 
 /// Characters of a command line `ps` shows (the JSON profile has it whole): a node with
@@ -253,7 +261,7 @@ pub async fn print_jobs(from: &Target, json: bool) -> Result<()> {
 }
 
 /// Asks a daemon to watch `pid`; prints what it says of it.
-pub async fn attach(from: &Target, pid: u32) -> Result<()> {
+pub async fn attach(from: &Target, pid: u32, json: bool) -> Result<()> {
     let mut client = crate::api::node_client(connect(from).await?);
     let p = client
         .attach_process(pb::AttachProcessRequest { pid })
@@ -262,6 +270,10 @@ pub async fn attach(from: &Target, pid: u32) -> Result<()> {
         .into_inner()
         .process
         .context("the daemon sent no process")?;
+    if json {
+        println!("{}", process_json(&p));
+        return Ok(());
+    }
     let what = if p.status() == pb::ProcessStatus::Probed {
         "probed"
     } else {

@@ -21,19 +21,33 @@ fn attach_detach_and_stream_events_on_request() {
     let n = 300u64;
     let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, n, &[]);
     let (r0, r1) = rank_pids(&ranks);
-    for pid in [r0, r1] {
-        let out = commtap_output(&[
-            "attach",
-            "--pid",
-            &pid.to_string(),
-            "--from",
-            &daemon.target,
-        ]);
+    for (pid, json) in [(r0, false), (r1, true)] {
+        let pid_text = pid.to_string();
+        let mut args = vec!["attach", "--pid", &pid_text, "--from", &daemon.target];
+        if json {
+            args.push("--json");
+        }
+        let out = commtap_output(&args);
         assert!(
             out.status.success(),
             "attach: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        if json {
+            // As `ps --json` lists a process.
+            let p: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+            assert_eq!(
+                (p["pid"].as_u64(), p["state"].as_str()),
+                (Some(u64::from(pid)), Some("probed")),
+                "{p}"
+            );
+            assert!(
+                p["cmdline"]
+                    .as_str()
+                    .is_some_and(|c| c.contains("mpi_loop")),
+                "{p}"
+            );
+        }
     }
     let out = commtap_output(&["detach", "--pid", &r1.to_string(), "--from", &daemon.target]);
     assert!(

@@ -171,6 +171,16 @@ pub struct PidArgs {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct AttachArgs {
+    #[command(flatten)]
+    pub target: PidArgs,
+    /// The process as one JSON object (as `ps --json` lists each: pid, rank, job, state,
+    /// cmdline, container) instead of a line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args, Debug)]
 pub struct DetachArgs {
     #[command(flatten)]
     pub target: PidArgs,

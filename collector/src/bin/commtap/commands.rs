@@ -132,7 +132,7 @@ pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Resu
             .await?;
         }
         Command::Doctor(a) => return doctor(a).await,
-        Command::Attach(a) => client::attach(&a.from, a.pid).await?,
+        Command::Attach(a) => client::attach(&a.target.from, a.target.pid, a.json).await?,
         Command::Detach(a) => client::detach(&a.target.from, a.target.pid, &a.out).await?,
         Command::Events(a) => client::events(&a.from, a.pid, a.duration).await?,
         Command::Trace(a) => trace(a).await?,

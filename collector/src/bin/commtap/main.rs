@@ -11,8 +11,8 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand};
 
 use args::{
-    AggregatorArgs, CompareArgs, ConfigArgs, DaemonArgs, DetachArgs, DoctorArgs, EventsArgs,
-    JobsArgs, PidArgs, PsArgs, RecordArgs, ReportArgs, TopArgs, TraceArgs,
+    AggregatorArgs, AttachArgs, CompareArgs, ConfigArgs, DaemonArgs, DetachArgs, DoctorArgs,
+    EventsArgs, JobsArgs, PsArgs, RecordArgs, ReportArgs, TopArgs, TraceArgs,
 };
 
 /// commtap: profile the communication of running MPI and NCCL jobs with eBPF: no relink,
@@ -116,7 +116,7 @@ enum Command {
     Doctor(DoctorArgs),
     /// Ask the daemon to watch a running process (the daemon finds new MPI processes by
     /// itself; this is for one it does not watch, e.g. outside its --uid/--cgroup scope).
-    Attach(PidArgs),
+    Attach(AttachArgs),
     /// Ask the daemon to stop watching a process; prints its profile so far (kept as final).
     Detach(DetachArgs),
     /// Print every completed call of the daemon's processes as JSON lines (for timelines):
