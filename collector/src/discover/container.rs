@@ -24,9 +24,10 @@ pub struct Container {
 /// private) and no container runtime names its cgroup.
 pub fn of_process(pid: u32, cgroup_text: &str) -> Option<Container> {
     let ns = |p: &str, kind: &str| fs::read_link(format!("/proc/{p}/ns/{kind}")).ok();
-    let own_namespace = ["pid", "mnt"]
-        .iter()
-        .any(|kind| ns(&pid.to_string(), kind).is_some_and(|mine| ns("1", kind) != Some(mine)));
+    // Told only where both can be read: an unreadable pid 1 puts nobody in a container.
+    let own_namespace = ["pid", "mnt"].iter().any(|kind| {
+        matches!((ns(&pid.to_string(), kind), ns("1", kind)), (Some(mine), Some(host)) if mine != host)
+    });
     let (cgroup, id) = placement(cgroup_text);
     if !own_namespace && id.is_none() {
         return None;
