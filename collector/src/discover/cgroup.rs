@@ -75,13 +75,7 @@ pub struct CgroupRef {
 /// The cgroup v2 mount point (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on hybrid hosts).
 pub fn cgroup2_root() -> Option<PathBuf> {
     let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mounts.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        let mount_point = left.split_whitespace().nth(4)?;
-        right
-            .starts_with("cgroup2 ")
-            .then(|| PathBuf::from(mount_point))
-    })
+    hierarchy_mount(&mounts, "").map(|(mount_point, _)| PathBuf::from(mount_point))
 }
 
 /// Identifies the cgroup v2 directory `path`.

@@ -102,16 +102,8 @@ fn rank_profile(
     });
     let start = if start == 0 { ps.init_ns } else { start };
     let (peers, comm_ranks) = stats::peers_of(pid, &c.peers, comm_name);
-    let region = t.region.used().then(|| {
-        let mine: Vec<stats::Counter> = c
-            .all
-            .iter()
-            .filter(|(k, ..)| k.tgid == pid)
-            .copied()
-            .collect();
-        t.region.counts(&mine, end, start)
-    });
-    let region = region.flatten().map(|r| {
+    let mine = c.all.iter().filter(|(k, ..)| k.tgid == pid);
+    let region = t.region.counts(mine, end, start).map(|r| {
         let mut routines = stats::routines_of(pid, &r.counters, &[]);
         routines.remove("MPI_Pcontrol");
         Box::new(RegionProfile {

@@ -101,14 +101,14 @@ impl Region {
         }
     }
 
-    /// Whether `MPI_Pcontrol` was called: the process has a region.
-    pub fn used(&self) -> bool {
-        self.used
-    }
-
-    /// The region's counts with the process's counters `now` (at `end_ns`), or None if
-    /// `MPI_Pcontrol` was never called.
-    pub fn counts(&self, now: &[Counter], end_ns: u64, origin_ns: u64) -> Option<RegionCounts> {
+    /// The region's counts with the process's counters `now` (at `end_ns`; taken only if
+    /// there is a region), or None if `MPI_Pcontrol` was never called.
+    pub fn counts<'a>(
+        &self,
+        now: impl IntoIterator<Item = &'a Counter>,
+        end_ns: u64,
+        origin_ns: u64,
+    ) -> Option<RegionCounts> {
         if !self.used {
             return None;
         }
@@ -139,10 +139,10 @@ impl Region {
 
 /// `now - before`, per counter (a counter absent before counts from zero); counters that
 /// did not move are left out.
-fn difference(now: &[Counter], before: &[Counter]) -> Vec<Counter> {
+fn difference<'a>(now: impl IntoIterator<Item = &'a Counter>, before: &[Counter]) -> Vec<Counter> {
     let before: BTreeMap<&CounterKey, (&CounterVal, &DurationHist)> =
         before.iter().map(|(k, v, h)| (k, (v, h))).collect();
-    now.iter()
+    now.into_iter()
         .filter_map(|(k, v, h)| {
             let (mut dv, mut dh) = (*v, *h);
             if let Some((bv, bh)) = before.get(k) {

@@ -9,8 +9,8 @@ use crate::{
     profile::{JobProfile, ProbedLibrary, RankProfile, RegionProfile},
     skew::SkewReport,
     stats::{
-        CommRank, CommStats, DeviceTime, Durations, Health, PeerTraffic, RoutineStats, SampledTime,
-        SizeBucket, Totals,
+        CommRank, CommStats, DeviceTime, Durations, Health, PeerTraffic, RoutineStats, Routines,
+        SampledTime, SizeBucket, Totals,
     },
 };
 
@@ -272,6 +272,42 @@ pub fn check_rank(r: &pb::RankProfile) -> Result<(), InvalidMessage> {
     Ok(())
 }
 
+/// A routine table on the wire (a rank's, or its region's).
+fn routines_to_pb(routines: &Routines) -> Vec<pb::RoutineStats> {
+    routines.iter().map(|(n, s)| routine_to_pb(n, s)).collect()
+}
+
+/// A routine table from the wire.
+fn routines_from_pb(routines: &[pb::RoutineStats]) -> Result<Routines, InvalidMessage> {
+    routines.iter().map(routine_from_pb).collect()
+}
+
+impl From<&RegionProfile> for pb::RegionProfile {
+    fn from(g: &RegionProfile) -> Self {
+        pb::RegionProfile {
+            intervals: g.intervals,
+            elapsed_ns: g.elapsed_ns,
+            comm_time_ns: g.comm_time_ns,
+            late_bounds: g.late_bounds,
+            routines: routines_to_pb(&g.routines),
+        }
+    }
+}
+
+impl TryFrom<&pb::RegionProfile> for RegionProfile {
+    type Error = InvalidMessage;
+
+    fn try_from(g: &pb::RegionProfile) -> Result<Self, Self::Error> {
+        Ok(RegionProfile {
+            intervals: g.intervals,
+            elapsed_ns: g.elapsed_ns,
+            comm_time_ns: g.comm_time_ns,
+            late_bounds: g.late_bounds,
+            routines: routines_from_pb(&g.routines)?,
+        })
+    }
+}
+
 impl From<&RankProfile> for pb::RankProfile {
     fn from(r: &RankProfile) -> Self {
         pb::RankProfile {
@@ -287,11 +323,7 @@ impl From<&RankProfile> for pb::RankProfile {
             cmdline: r.cmdline.clone(),
             elapsed_ns: r.elapsed_ns,
             comm_time_ns: r.comm_time_ns,
-            routines: r
-                .routines
-                .iter()
-                .map(|(n, s)| routine_to_pb(n, s))
-                .collect(),
+            routines: routines_to_pb(&r.routines),
             health: Some((&r.health).into()),
             uid: r.uid,
             start_ticks: r.start_ticks,
@@ -300,19 +332,7 @@ impl From<&RankProfile> for pb::RankProfile {
             peers: r.peers.iter().map(Into::into).collect(),
             comm_ranks: r.comm_ranks.iter().map(Into::into).collect(),
             container: r.container.as_deref().map(|c| Box::new(c.into())),
-            region: r.region.as_deref().map(|g| {
-                Box::new(pb::RegionProfile {
-                    intervals: g.intervals,
-                    elapsed_ns: g.elapsed_ns,
-                    comm_time_ns: g.comm_time_ns,
-                    late_bounds: g.late_bounds,
-                    routines: g
-                        .routines
-                        .iter()
-                        .map(|(n, s)| routine_to_pb(n, s))
-                        .collect(),
-                })
-            }),
+            region: r.region.as_deref().map(|g| Box::new(g.into())),
         }
     }
 }
@@ -330,30 +350,14 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
             cmdline: r.cmdline.clone(),
             elapsed_ns: r.elapsed_ns,
             comm_time_ns: r.comm_time_ns,
-            routines: r
-                .routines
-                .iter()
-                .map(routine_from_pb)
-                .collect::<Result<_, _>>()?,
+            routines: routines_from_pb(&r.routines)?,
             health: r.health.as_ref().map(Health::from).unwrap_or_default(),
             uid: r.uid,
             container: r.container.as_deref().map(|c| Box::new(c.into())),
             region: r
                 .region
                 .as_deref()
-                .map(|g| -> Result<Box<RegionProfile>, InvalidMessage> {
-                    Ok(Box::new(RegionProfile {
-                        intervals: g.intervals,
-                        elapsed_ns: g.elapsed_ns,
-                        comm_time_ns: g.comm_time_ns,
-                        late_bounds: g.late_bounds,
-                        routines: g
-                            .routines
-                            .iter()
-                            .map(routine_from_pb)
-                            .collect::<Result<_, _>>()?,
-                    }))
-                })
+                .map(|g| RegionProfile::try_from(g).map(Box::new))
                 .transpose()?,
             start_ticks: r.start_ticks,
             exited: r.exited,
