@@ -287,7 +287,7 @@ pub fn ps_states(target: &str) -> std::collections::BTreeMap<u64, String> {
 
 /// `field` (`state`, `job` ...) of each process `commtap ps --json` lists, by pid.
 pub fn ps_field(target: &str, field: &str) -> std::collections::BTreeMap<u64, String> {
-    let out = commtap_output(&["ps", "--from", target, "--json"]);
+    let out = commtap_output(&["ps", "--from", target, "--format", "json"]);
     let Ok(listed) = serde_json::from_slice::<Value>(&out.stdout) else {
         // Not answering yet (the daemon starting): nothing listed.
         return std::collections::BTreeMap::new();

@@ -347,7 +347,7 @@ fn aggregators_form_a_tree() {
     );
     // The same as JSON: the job's ranks, and the one node (the daemon's --node-name) that
     // pushed them.
-    let listed = commtap(&["jobs", "--from", &top_url, "--json"]);
+    let listed = commtap(&["jobs", "--from", &top_url, "--format", "json"]);
     let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("jobs JSON");
     let job = listed["jobs"]
         .as_array()
@@ -493,14 +493,7 @@ fn a_partition_heals_and_the_aggregator_catches_up_exactly() {
     let at_node = report("node.json", &daemon.target).expect("the node's report");
     assert_eq!(tables(&after), tables(&at_node), "aggregator != node");
     let truths = read_truths(&scratch.path("truth"), 2);
-    for truth in &truths {
-        let pid = truth["pid"].as_u64().expect("pid");
-        assert_eq!(
-            loop_counts_after_go(&rank_by_pid(&after, pid)["routines"]),
-            routine_table(&truth["routines"]),
-            "pid {pid}"
-        );
-    }
+    assert_loop_ranks(&after, &truths);
     daemon.stop(&node_scratch);
     // SAFETY: kill(2) of the aggregator we spawned.
     unsafe { libc::kill(aggregator.0.id() as i32, libc::SIGTERM) };

@@ -228,7 +228,7 @@ fn the_slurm_epilog_hands_the_report_to_the_jobs_owner_only() {
 fn doctor_passes_here_and_names_a_missing_capability() {
     let scratch = Scratch::new("doctor");
     let absent = scratch.path("no-daemon.sock");
-    let out = commtap_output(&["doctor", "--json", "--socket", path_str(&absent)]);
+    let out = commtap_output(&["doctor", "--format", "json", "--socket", path_str(&absent)]);
     let checks: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "doctor --json: {e}\n{}\n{}",

@@ -46,15 +46,41 @@ pub struct AggregatorArgs {
     pub metrics: MetricsArgs,
 }
 
+/// How a command that lists things prints them: `--format text` (a table for people) or
+/// `--format json` (one document for programs, its shape in the command's help).
+#[derive(clap::Args, Debug)]
+pub struct ListingFormat {
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Listing::Text)]
+    format: Listing,
+    /// The same as --format json.
+    #[arg(long, conflicts_with = "format")]
+    json: bool,
+}
+
+/// The formats of [`ListingFormat`].
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Listing {
+    /// For people.
+    Text,
+    /// For programs.
+    Json,
+}
+
+impl ListingFormat {
+    /// Whether JSON was asked for.
+    pub fn json(&self) -> bool {
+        self.json || self.format == Listing::Json
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct JobsArgs {
     /// The aggregator: http://host:port.
     #[arg(long)]
     pub from: Target,
-    /// One JSON document (`{"jobs": [{"job", "ranks", "calls", "nodes"}]}`) instead of the
-    /// table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub format: ListingFormat,
 }
 
 #[derive(clap::Args, Debug)]
@@ -81,10 +107,12 @@ pub struct DaemonArgs {
     /// Profile only processes of this user (name or numeric id).
     #[arg(long, value_parser = parse_user)]
     pub uid: Option<u32>,
-    /// Profile only processes in this cgroup v2 directory or below it.
+    /// Profile only processes in this cgroup directory or below it: in the cgroup v2
+    /// hierarchy, or in a v1 controller's (/sys/fs/cgroup/freezer/..., hybrid hosts).
     #[arg(long, conflicts_with = "slurm_job")]
     pub cgroup: Option<PathBuf>,
-    /// Profile only Slurm job ID (its cgroup `job_<ID>`, Slurm's cgroup v2 plugin).
+    /// Profile only Slurm job ID: the processes in its cgroup `job_<ID>`, root's, which
+    /// Slurm's proctrack/cgroup or task/cgroup plugin makes (cgroup v2, or v1 on hybrid hosts).
     #[arg(long)]
     pub slurm_job: Option<String>,
     /// Profile only the processes of this container: its id, or its first 12 or more hex
@@ -174,10 +202,8 @@ pub struct PidArgs {
 pub struct AttachArgs {
     #[command(flatten)]
     pub target: PidArgs,
-    /// The process as one JSON object (as `ps --json` lists each: pid, rank, job, state,
-    /// cmdline, container) instead of a line.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub format: ListingFormat,
 }
 
 #[derive(clap::Args, Debug)]
@@ -206,9 +232,8 @@ pub struct DoctorArgs {
     /// The daemon's socket to check.
     #[arg(long, default_value = api::transport::DEFAULT_SOCKET)]
     pub socket: PathBuf,
-    /// The checks as JSON (an array of {name, status, detail, fix}).
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub format: ListingFormat,
 }
 
 #[derive(clap::Args, Debug)]
@@ -230,11 +255,8 @@ pub struct PsArgs {
     /// Where to read: unix:///path/to.sock (a daemon) or http(s)://host:port.
     #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
     pub from: Target,
-    /// One JSON document (`{"processes": [{"pid", "rank", "job", "state", "cmdline"}],
-    /// "libraries": [{"path", "flavor", "probes"}]}`, command lines whole) instead of the
-    /// table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub format: ListingFormat,
 }
 
 #[derive(clap::Args, Debug)]

@@ -122,7 +122,7 @@ pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Resu
         Command::Record(a) => record(a).await?,
         Command::Daemon(a) => daemon(a, identity).await?,
         Command::Report(a) => return report(a).await,
-        Command::Ps(a) => client::print_processes(&a.from, a.json).await?,
+        Command::Ps(a) => client::print_processes(&a.from, a.format.json()).await?,
         Command::Top(a) => {
             collector::top::run(collector::top::TopOptions {
                 from: a.from,
@@ -132,12 +132,12 @@ pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Resu
             .await?;
         }
         Command::Doctor(a) => return doctor(a).await,
-        Command::Attach(a) => client::attach(&a.target.from, a.target.pid, a.json).await?,
+        Command::Attach(a) => client::attach(&a.target.from, a.target.pid, a.format.json()).await?,
         Command::Detach(a) => client::detach(&a.target.from, a.target.pid, &a.out).await?,
         Command::Events(a) => client::events(&a.from, a.pid, a.duration).await?,
         Command::Trace(a) => trace(a).await?,
         Command::Aggregator(a) => aggregator(a, identity).await?,
-        Command::Jobs(a) => client::print_jobs(&a.from, a.json).await?,
+        Command::Jobs(a) => client::print_jobs(&a.from, a.format.json()).await?,
         Command::ScanFabric { pid } => scan_fabric(pid)?,
         Command::Completions { shell } => completions(shell)?,
         Command::Schema => print!("{}", collector::profile::schema::profile_schema()),
@@ -263,7 +263,7 @@ async fn report(a: ReportArgs) -> Result<ExitCode> {
 /// `commtap doctor`: exit 1 when a check fails.
 async fn doctor(a: DoctorArgs) -> Result<ExitCode> {
     let checks = collector::doctor::run(&a.socket).await;
-    if a.json {
+    if a.format.json() {
         println!("{}", serde_json::to_string_pretty(&checks)?);
     } else {
         print!("{}", collector::doctor::render(&checks));

@@ -108,14 +108,18 @@ enum Command {
     #[command(verbatim_doc_comment)]
     Top(TopArgs),
     /// List the processes a daemon knows and the libraries it probes (command lines cut
-    /// at 256 characters; `report --format json` has them whole).
+    /// at 256 characters; `report --format json` has them whole). `--format json`: one
+    /// document, `{"processes": [{"pid", "rank", "job", "state", "cmdline", "container"}],
+    /// "libraries": [{"path", "flavor", "probes"}]}`, command lines whole.
     Ps(PsArgs),
     /// Check this node: kernel, capabilities, BPF, mounts, the MPI and NCCL libraries the
     /// linker finds, and the daemon. Run it first on a new node; each problem comes with
     /// its fix, and the exit status is 1 when something commtap needs is missing.
+    /// `--format json`: an array of `{name, status, detail, fix}`.
     Doctor(DoctorArgs),
     /// Ask the daemon to watch a running process (the daemon finds new MPI processes by
     /// itself; this is for one it does not watch, e.g. outside its --uid/--cgroup scope).
+    /// `--format json`: the process as one object, as `ps --format json` lists each.
     Attach(AttachArgs),
     /// Ask the daemon to stop watching a process; prints its profile so far (kept as final).
     Detach(DetachArgs),
@@ -146,7 +150,8 @@ enum Command {
     /// Run an aggregator: merge the ranks of jobs across nodes from the snapshots daemons
     /// push (`commtap daemon --aggregator http://HOST:PORT`), persisted across restarts.
     Aggregator(AggregatorArgs),
-    /// List the jobs an aggregator knows.
+    /// List the jobs an aggregator knows. `--format json`: one document, `{"jobs":
+    /// [{"job", "ranks", "calls", "nodes"}]}`.
     Jobs(JobsArgs),
     /// Compare a job's NCCL bus bandwidth per message size with an nccl-tests table.
     ///
