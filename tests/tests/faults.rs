@@ -1,5 +1,5 @@
 //! Faults an operator meets: the aggregator's disk fills up, its database file is
-//! corrupted. Each test passes only when nothing is lost that the fault did not destroy,
+//! corrupted, a node's clock is stepped back. Each test passes only when nothing is lost that the fault did not destroy,
 //! and the aggregator says clearly what happened.
 
 use std::{path::Path, process::Command, time::Duration};
@@ -73,22 +73,7 @@ fn an_aggregator_whose_disk_fills_up_keeps_serving_and_catches_up() {
     );
 
     disk.grow(64 << 10);
-    let report = |out: &Path, from: &str| {
-        commtap_output(&[
-            "report",
-            "--from",
-            from,
-            "--job",
-            "synthetic",
-            "--format",
-            "json",
-            "-o",
-            path_str(out),
-        ])
-        .status
-        .success()
-        .then(|| read_json(out))
-    };
+    let report = |out: &Path, from: &str| try_job_report(&[], from, "synthetic", out);
     let at_node = report(&scratch.path("node.json"), &daemon.target).expect("node report");
     let merged = scratch.path("merged.json");
     wait_until("the aggregator to have every rank", LIMIT, || {
@@ -148,4 +133,110 @@ fn a_corrupted_database_is_refused_at_start_and_left_as_it_was() {
             "the file was changed"
         );
     }
+}
+
+/// libfaketime, multithreaded variant (the daemon is): Debian's `faketime` package.
+const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// The times of a log's lines (RFC 3339, UTC: in order as strings), in order.
+fn log_times(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|l| {
+            // Colour codes around the time, if any.
+            let plain: String = l
+                .split('\x1b')
+                .map(|part| {
+                    part.split_once('m')
+                        .filter(|_| part.starts_with('['))
+                        .map_or(part, |(_, rest)| rest)
+                })
+                .collect();
+            let stamp = plain.split_whitespace().next()?.to_string();
+            (stamp.len() >= 20 && stamp.as_bytes()[10] == b'T' && stamp.ends_with('Z'))
+                .then_some(stamp)
+        })
+        .collect()
+}
+
+/// A node's wall clock stepped back an hour while its daemon pushes a running job (as NTP
+/// steps a clock that ran ahead; libfaketime steps the daemon's, the monotonic clock left
+/// alone as a step leaves it): nothing commtap orders or merges by goes by the wall clock,
+/// so the pushes after the step are taken and the aggregator ends with the job's exact
+/// profile. The daemon's log shows the step (its last line timed before its first).
+#[test]
+fn a_clock_stepped_back_while_pushing_loses_nothing() {
+    let scratch = Scratch::new("fault-clock-step");
+    let agg_scratch = Scratch::new("fault-clock-step-aggregator");
+    let (mut aggregator, url) = spawn_local_aggregator(&agg_scratch, &agg_scratch.path("agg.redb"));
+    let clock = scratch.path("faketime");
+    std::fs::write(&clock, "+0\n").expect("clock file");
+    let preload = format!("LD_PRELOAD={FAKETIME}");
+    let clock_file = format!("FAKETIME_TIMESTAMP_FILE={}", clock.display());
+    let node_scratch = Scratch::new("fault-clock-step-node");
+    let daemon = Daemon::start(
+        &node_scratch,
+        &[
+            "env",
+            &preload,
+            &clock_file,
+            "FAKETIME_NO_CACHE=1",
+            "DONT_FAKE_MONOTONIC=1",
+        ],
+        &["--log", "info"],
+        &[
+            "--node-name",
+            "stepped",
+            "--aggregator",
+            &url,
+            "--push-interval",
+            "200ms",
+        ],
+    );
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 20, &[]);
+    let ranks: Vec<u64> = ranks.into_iter().map(u64::from).collect();
+    let mut jobs = Default::default();
+    wait_until("the daemon to name the job", LIMIT, || {
+        jobs = ps_field(&daemon.target, "job");
+        ranks.iter().all(|p| jobs.contains_key(p))
+    });
+    let id = jobs[&ranks[0]].clone();
+    let merged = scratch.path("merged.json");
+    let report = |from: &str, out: &Path| try_job_report(&[], from, &id, out);
+    wait_until(
+        "the aggregator to have the job before the step",
+        LIMIT,
+        || report(&url, &merged).is_some_and(|p| p["ranks"].as_array().map(Vec::len) == Some(2)),
+    );
+
+    std::fs::write(&clock, "-1h\n").expect("stepping the clock back");
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the job failed");
+    wait_for_exited(&daemon.target, &ranks);
+    let truths = read_truths(&scratch.path("truth"), 2);
+    wait_until(
+        "the aggregator to have the job's final profile",
+        LIMIT,
+        || report(&url, &merged).is_some_and(|p| every_rank_final(&p, 2)),
+    );
+    let profile = read_json(&merged);
+    assert_loop_ranks(&profile, &truths);
+    daemon.stop(&node_scratch);
+    // The step reached the daemon: its shutdown is logged before its start, by the clock.
+    let times = log_times(
+        &std::fs::read_to_string(node_scratch.path("commtap.stderr")).expect("daemon log"),
+    );
+    let (first, last) = (
+        times.first().expect("logged"),
+        times.last().expect("logged"),
+    );
+    assert!(
+        last < first,
+        "the daemon's clock never stepped back: {times:?}"
+    );
+    // SAFETY: kill(2) of the aggregator we spawned.
+    unsafe { libc::kill(aggregator.0.id() as i32, libc::SIGTERM) };
+    assert!(
+        aggregator.wait_with_limit(LIMIT).success(),
+        "the aggregator's exit"
+    );
 }

@@ -90,6 +90,8 @@ const PACKAGES: &[&str] = &[
     "slurmd",
     "slurm-client",
     "munge",
+    // libfaketime: a daemon whose node's clock is stepped back while it pushes.
+    "faketime",
 ];
 
 /// bpf-linker release known to work with the nightly's LLVM 22 (FACTS.md).
