@@ -289,16 +289,21 @@ pub struct Config {
     pub self_tgid: u32,
     /// Watch-all counts only this real user id ([`Config::ANY_UID`]: any).
     pub uid: u32,
-    /// Level below the cgroup v2 root of `cgroup_id` (used when `cgroup_id` is not 0).
+    /// Level below the cgroup v2 root of `cgroup_id` (used when `cgroup_id` is not 0 and
+    /// `cgroup_v1_subsys` is).
     pub cgroup_level: u32,
-    /// Watch-all counts only processes in this cgroup v2 or below it (0: any).
+    /// Watch-all counts only processes in this cgroup or below it (0: any): its id, the
+    /// directory's inode number (a cgroup v1 directory's too).
     pub cgroup_id: u64,
     /// Which calls emit a [`CallEvent`] ([`Config::EVENTS_ALL`], [`Config::EVENTS_COLLECTIVE`]
     /// or both; 0: none). Counts never depend on it; an event costs about as much as the
     /// rest of the probe, so events are on only for the calls something consumes.
     pub call_events: u32,
-    /// Explicit padding.
-    pub _pad: u32,
+    /// 0: `cgroup_id` is a cgroup v2's; else it is a cgroup v1's, in the hierarchy of the
+    /// controller whose subsystem id (`enum cgroup_subsys_id`) is this less one: a process's
+    /// cgroup there is found through [`IdentityOffsets`]'s `cgroup_*` offsets (Slurm's
+    /// cgroup v1 plugin puts jobs there, on hosts whose controllers are all v1).
+    pub cgroup_v1_subsys: u32,
     /// Until this time (monotonic ns; 0: never), a watched process is paused when its
     /// dynamic linker has mapped new libraries (`dlopen`, or the libraries a program starts
     /// with), before it can run them, and a [`EventKind::Loaded`] event asks userspace to
@@ -611,9 +616,10 @@ pub struct TpOffsets {
 }
 const _: () = assert!(size_of::<TpOffsets>() == 16);
 
-/// Offsets into this kernel's `task_struct` and `mm_struct`, read by userspace from the
-/// kernel's BTF: where the kernel side finds a process's environment, arguments and start
-/// time when it first sees it (an [`IdentityEvent`]).
+/// Offsets into this kernel's `task_struct`, `mm_struct` and cgroup structures, read by
+/// userspace from the kernel's BTF: where the kernel side finds a process's environment,
+/// arguments and start time when it first sees it (an [`IdentityEvent`]), and its cgroup v1
+/// (a daemon limited to one: [`Config::cgroup_v1_subsys`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IdentityOffsets {
@@ -637,8 +643,24 @@ pub struct IdentityOffsets {
     pub signal_tty: u32,
     /// `task_struct.ptrace`: non-zero while a tracer (a debugger, strace) holds the task.
     pub task_ptrace: u32,
+    /// 1 once the `cgroup_*` offsets below are filled in (a kernel may lack one).
+    pub cgroup_valid: u32,
+    /// `task_struct.cgroups`: the process's `css_set`.
+    pub cgroup_task_cgroups: u32,
+    /// `css_set.subsys`: its controllers' states, indexed by subsystem id.
+    pub cgroup_css_set_subsys: u32,
+    /// `cgroup_subsys_state.cgroup`: the cgroup a state is of.
+    pub cgroup_css_cgroup: u32,
+    /// `cgroup.kn`: the cgroup's directory.
+    pub cgroup_kn: u32,
+    /// `kernfs_node.id`: the directory's inode number.
+    pub cgroup_kernfs_id: u32,
+    /// `kernfs_node.__parent` (`parent` before Linux 6.15): the directory above.
+    pub cgroup_kernfs_parent: u32,
+    /// Explicit padding.
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<IdentityOffsets>() == 40);
+const _: () = assert!(size_of::<IdentityOffsets>() == 72);
 
 /// Bytes of a process's environment an [`IdentityEvent`] carries.
 pub const IDENTITY_ENV_LEN: usize = 16384;

@@ -241,11 +241,57 @@ fn in_scope(c: &Config) -> bool {
     if c.uid != Config::ANY_UID && aya_ebpf::helpers::bpf_get_current_uid_gid() as u32 != c.uid {
         return false;
     }
+    if c.cgroup_id == 0 {
+        return true;
+    }
+    if c.cgroup_v1_subsys != 0 {
+        return in_cgroup_v1(c.cgroup_v1_subsys - 1, c.cgroup_id);
+    }
     // The ancestor at the filter's level is the filter's cgroup for it and everything below
     // it (a Slurm job's step cgroups, say).
     // SAFETY: plain helper call.
-    c.cgroup_id == 0
-        || unsafe { h::bpf_get_current_ancestor_cgroup_id(c.cgroup_level as i32) } == c.cgroup_id
+    unsafe { h::bpf_get_current_ancestor_cgroup_id(c.cgroup_level as i32) == c.cgroup_id }
+}
+
+/// Deepest cgroup v1 path searched for the filter's directory: Slurm's
+/// `/slurm/uid_U/job_J/step_S/task_T` is 5 deep.
+const MAX_CGROUP_V1_DEPTH: u32 = 16;
+
+/// Whether the current process's cgroup in the v1 hierarchy of controller `subsys` is
+/// directory `id` or below it: no helper reads a v1 cgroup, so the kernel's structures are
+/// walked (task -> css_set -> the controller's state -> cgroup -> its directory and those
+/// above). Called once per process, so not inlined into the probes.
+#[inline(never)]
+fn in_cgroup_v1(subsys: u32, id: u64) -> bool {
+    let Some(off) = IDENTITY_OFFSETS.get(0) else {
+        return false;
+    };
+    if off.cgroup_valid == 0 {
+        return false;
+    }
+    let css_set = kernel_word(current_task(), off.cgroup_task_cgroups) as *const u8;
+    if css_set.is_null() {
+        return false;
+    }
+    let css = kernel_word(css_set, off.cgroup_css_set_subsys + 8 * subsys) as *const u8;
+    if css.is_null() {
+        return false;
+    }
+    let cgroup = kernel_word(css, off.cgroup_css_cgroup) as *const u8;
+    if cgroup.is_null() {
+        return false;
+    }
+    let mut dir = kernel_word(cgroup, off.cgroup_kn) as *const u8;
+    for _ in 0..MAX_CGROUP_V1_DEPTH {
+        if dir.is_null() {
+            return false;
+        }
+        if kernel_word(dir, off.cgroup_kernfs_id) == id {
+            return true;
+        }
+        dir = kernel_word(dir, off.cgroup_kernfs_parent) as *const u8;
+    }
+    false
 }
 
 /// Whether `tgid` is in the watched set.

@@ -78,7 +78,8 @@ pub struct Scope {
     pub pids: Vec<u32>,
     /// Only processes of this user.
     pub uid: Option<u32>,
-    /// Only processes in this cgroup v2 or below it (a Slurm job's cgroup, say).
+    /// Only processes in this cgroup (v2, or a v1 controller's) or below it (a Slurm job's
+    /// cgroup, say).
     pub cgroup: Option<CgroupRef>,
 }
 

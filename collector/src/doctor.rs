@@ -185,7 +185,7 @@ fn cgroup2() -> Check {
         None => Check::not(
             "cgroup",
             Status::Warn,
-            "no cgroup v2 hierarchy: --cgroup and batch job ids from cgroups are unavailable",
+            "no cgroup v2 hierarchy: --container is unavailable (--cgroup, --slurm-job and job ids from cgroups work with v1 hierarchies)",
             "mount the unified cgroup hierarchy (systemd.unified_cgroup_hierarchy=1)",
         ),
     }

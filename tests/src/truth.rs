@@ -304,6 +304,20 @@ pub fn loop_counts_after_go(routines: &Value) -> std::collections::BTreeMap<Stri
     got
 }
 
+/// Asserts that each `mpi_loop` rank of `truths` is in `profile`, counted from `MPI_Init`,
+/// with exactly the calls its truth file holds (see [`loop_counts_after_go`]).
+#[track_caller]
+pub fn assert_loop_ranks(profile: &Value, truths: &[Value]) {
+    for truth in truths {
+        let pid = truth["pid"].as_u64().expect("pid");
+        assert_eq!(
+            loop_counts_after_go(&rank_by_pid(profile, pid)["routines"]),
+            routine_table(&truth["routines"]),
+            "pid {pid}"
+        );
+    }
+}
+
 /// Runs `mpi_truth` (3 iterations) as `np` ranks of `mpi` to completion, writing its truths
 /// to `prefix.<rank>.json`; returns them by rank.
 #[track_caller]

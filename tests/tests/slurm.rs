@@ -59,15 +59,16 @@ fn script_result(script: &Path, job: &str) -> (String, String) {
 }
 
 /// nobody's job script in `dir`: `mpi_loop` (a copy nobody owns) as 2 Open MPI ranks that
-/// wait at `dir/go`, writing their truths to `dir/truth.<rank>.json`.
-fn loop_job(dir: &Path) -> (PathBuf, PathBuf) {
+/// wait at `dir/go`, writing their truths to `dir/truth.<rank>.json`; `before`: shell
+/// lines run first.
+fn loop_job(dir: &Path, before: &str) -> (PathBuf, PathBuf) {
     let prog = dir.join("mpi_loop");
     copy_as_nobody(&build_program("mpi_loop.c", Mpi::OpenMpi), &prog);
     let script = dir.join("job.sh");
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\nexec mpirun.openmpi --oversubscribe -np 2 {prog} {d}/ready {d}/go {ITERS} {d}/truth\n",
+            "#!/bin/sh\n{before}exec mpirun.openmpi --oversubscribe -np 2 {prog} {d}/ready {d}/go {ITERS} {d}/truth\n",
             prog = prog.display(),
             d = dir.display()
         ),
@@ -94,7 +95,7 @@ fn a_slurm_job_is_profiled_under_its_id_and_its_epilog_writes_its_exact_report()
     let slurm = Slurm::start(&scratch, &prolog, &epilog);
 
     let dir = nobody_dir(&scratch, "job");
-    let (prog, script) = loop_job(&dir);
+    let (prog, script) = loop_job(&dir, "");
     let job = slurm.sbatch_as_nobody(2, &dir, &script);
     wait_until("the Slurm job's ranks to be ready", LIMIT, || {
         (0..2).all(|r| dir.join(format!("ready.{r}")).exists())
@@ -146,14 +147,7 @@ fn a_slurm_job_is_profiled_under_its_id_and_its_epilog_writes_its_exact_report()
 
     // Root's claim is its own job, whole.
     let claimed_profile = report_json(&["report", "--from", &daemon.target, "--job", &claimed]);
-    for truth in read_truths(&claim.path("truth"), 2) {
-        let pid = truth["pid"].as_u64().expect("pid");
-        assert_eq!(
-            loop_counts_after_go(&rank_by_pid(&claimed_profile, pid)["routines"]),
-            routine_table(&truth["routines"]),
-            "root's pid {pid}"
-        );
-    }
+    assert_loop_ranks(&claimed_profile, &read_truths(&claim.path("truth"), 2));
 
     // No MPI: no report, no message.
     let plain = dir.join("plain.sh");
@@ -167,6 +161,96 @@ fn a_slurm_job_is_profiled_under_its_id_and_its_epilog_writes_its_exact_report()
         "a job without MPI leaves nothing"
     );
     drop(slurm);
+    daemon.stop(&scratch);
+}
+
+/// A daemon started for one Slurm job (`--slurm-job ID`, as a site that profiles chosen
+/// jobs only would start one) counts that job's ranks from their first call, exactly, and
+/// never those of the same user's other job running beside it on the node: the kernel
+/// tells them apart by the job's cgroup, v1 (Slurm on a hybrid host, as here) or v2. A
+/// node daemon beside it sees both. A job that is not on the node is a clear error.
+#[test]
+fn a_daemon_for_one_slurm_job_counts_that_jobs_ranks_only() {
+    let scratch = Scratch::new("slurm-one-job");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let reports = scratch.path("reports");
+    let prolog = slurm_script(&scratch, "prolog.sh", &daemon, &reports);
+    let epilog = slurm_script(&scratch, "epilog.sh", &daemon, &reports);
+    let slurm = Slurm::start(&scratch, &prolog, &epilog);
+
+    // Two jobs of nobody's, each waiting for `start` before its ranks begin.
+    let jobs: Vec<(String, PathBuf, PathBuf)> = ["a", "b"]
+        .into_iter()
+        .map(|name| {
+            let dir = nobody_dir(&scratch, name);
+            let wait = format!(
+                "touch {d}/started\nwhile [ ! -e {d}/start ]; do sleep 0.05; done\n",
+                d = dir.display()
+            );
+            let (prog, script) = loop_job(&dir, &wait);
+            (slurm.sbatch_as_nobody(2, &dir, &script), dir, prog)
+        })
+        .collect();
+    wait_until("both jobs to run", LIMIT, || {
+        jobs.iter().all(|(_, dir, _)| dir.join("started").exists())
+    });
+
+    let one = Scratch::new("slurm-one-job-daemon");
+    let socket = one.path("missing.sock");
+    let socket = socket.to_str().expect("utf-8 path");
+    let missing = commtap_output(&["daemon", "--socket", socket, "--slurm-job", "999999999"]);
+    assert!(!missing.status.success());
+    let said = String::from_utf8_lossy(&missing.stderr);
+    assert!(said.contains("no cgroup job_999999999 of root's"), "{said}");
+
+    let (job, dir, prog) = &jobs[0];
+    let (other, other_dir, other_prog) = &jobs[1];
+    let scoped = Daemon::start(&one, &[], &[], &["--slurm-job", job]);
+    for (_, dir, _) in &jobs {
+        std::fs::write(dir.join("start"), b"start").expect("start file");
+    }
+    wait_until("both jobs' ranks to be ready", LIMIT, || {
+        jobs.iter()
+            .all(|(_, dir, _)| (0..2).all(|r| dir.join(format!("ready.{r}")).exists()))
+    });
+    let pids = |prog: &Path| -> Vec<u64> {
+        let mut pids: Vec<u64> = pids_running(prog).into_iter().map(u64::from).collect();
+        assert_eq!(pids.len(), 2, "{pids:?}");
+        pids.sort_unstable();
+        pids
+    };
+    let (ranks, others) = (pids(prog), pids(other_prog));
+    // Every rank has made its first calls: the node daemon counts both jobs, each under its
+    // id; the job's daemon decided at the others' first call not to count them.
+    let mut seen = Default::default();
+    wait_until("the node daemon to list both jobs' ranks", LIMIT, || {
+        seen = ps_field(&daemon.target, "job");
+        ranks.iter().all(|p| seen.get(p) == Some(job))
+            && others.iter().all(|p| seen.get(p) == Some(other))
+    });
+    wait_until("the job's daemon to list its ranks", LIMIT, || {
+        seen = ps_field(&scoped.target, "job");
+        ranks.iter().all(|p| seen.get(p) == Some(job))
+    });
+    assert_eq!(seen.keys().copied().collect::<Vec<_>>(), ranks, "{seen:?}");
+
+    for (_, dir, _) in &jobs {
+        std::fs::write(dir.join("go"), b"go").expect("go file");
+    }
+    for (id, ..) in &jobs {
+        slurm.wait_completed(id, LIMIT);
+    }
+    wait_for_exited(&scoped.target, &ranks);
+    // Exited processes stay listed: the job's two ranks were all it ever counted.
+    let seen = ps_field(&scoped.target, "job");
+    assert_eq!(seen.keys().copied().collect::<Vec<_>>(), ranks, "{seen:?}");
+    let profile = report_json(&["report", "--from", &scoped.target, "--job", job]);
+    assert_eq!(profile["ranks"].as_array().map(Vec::len), Some(2));
+    assert_loop_ranks(&profile, &read_truths(&dir.join("truth"), 2));
+    // The other job made its calls meanwhile: its truths are written.
+    assert_eq!(read_truths(&other_dir.join("truth"), 2).len(), 2);
+    drop(slurm);
+    scoped.stop(&one);
     daemon.stop(&scratch);
 }
 
@@ -191,7 +275,7 @@ fn a_users_own_cgroup_named_like_a_slurm_job_does_not_make_its_ranks_that_job() 
     let job = format!("{}", 7_000_000 + std::process::id());
     let fake = CgroupGuard(delegated.0.join(format!("job_{job}")));
     let dir = nobody_dir(&scratch, "job");
-    let (prog, script) = loop_job(&dir);
+    let (prog, script) = loop_job(&dir, "");
     // Root puts the shell in the delegated cgroup (as systemd starts the user's manager
     // there); from then on, everything is nobody's doing.
     let mut run = ChildGuard::spawn(Command::new("sh").arg("-c").arg(format!(

@@ -1,12 +1,12 @@
 //! Member offsets of the running kernel's structures, from its BTF
 //! (`/sys/kernel/btf/vmlinux`): what the identity events need to find a process's
-//! environment and arguments (`task_struct.mm`, `mm_struct.env_start` ...), which move
-//! between kernel versions and configurations.
+//! environment and arguments (`task_struct.mm`, `mm_struct.env_start` ...) and its cgroup
+//! v1 (`task_struct.cgroups` ...), which move between kernel versions and configurations.
 //!
 //! aya-obj parses BTF but keeps member offsets private, so the few lookups needed are done
 //! here, on the format the kernel documents (Documentation/bpf/btf.rst).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use collector_common::IdentityOffsets;
 
@@ -26,6 +26,7 @@ pub enum BtfError {
 
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
 const KIND_FUNC: u32 = 12;
 
 /// One type of the BTF blob: its kind, name, and (structs and unions) its members as
@@ -41,6 +42,8 @@ pub struct Btf {
     types: Vec<Type>,
     strings: Vec<u8>,
     by_name: HashMap<String, u32>,
+    /// The 32-bit enums' constants: (name offset, value).
+    constants: Vec<(u32, i32)>,
 }
 
 impl Btf {
@@ -74,6 +77,7 @@ impl Btf {
             name: 0,
             members: Vec::new(),
         }];
+        let mut constants = Vec::new();
         let mut at = types_at;
         while at < types_at + type_len {
             let (name, info) = (u32_at(at)?, u32_at(at + 4)?);
@@ -98,7 +102,14 @@ impl Btf {
                     }
                     12 * vlen
                 }
-                6 | 13 => 8 * vlen,   // enum, func proto
+                KIND_ENUM => {
+                    for i in 0..vlen {
+                        let e = at + 8 * i;
+                        constants.push((u32_at(e)?, u32_at(e + 4)? as i32));
+                    }
+                    8 * vlen
+                }
+                13 => 8 * vlen,       // func proto
                 15 | 19 => 12 * vlen, // datasec, enum64
                 2 | 7..=12 | 16 | 18 => 0,
                 _ => return Err(BtfError::Malformed("unknown kind")),
@@ -114,6 +125,7 @@ impl Btf {
             types,
             strings,
             by_name: HashMap::new(),
+            constants,
         };
         for id in 1..btf.types.len() {
             let t = &btf.types[id];
@@ -197,7 +209,49 @@ pub fn identity_offsets(btf: &Btf) -> Result<IdentityOffsets, BtfError> {
         signal_pgrp: btf.offset("signal_struct", "pids")? + 8 * PIDTYPE_PGID,
         signal_tty: btf.offset("signal_struct", "tty")?,
         task_ptrace: btf.offset("task_struct", "ptrace")?,
+        ..cgroup_offsets(btf).unwrap_or_default()
     })
+}
+
+/// Where the kernel side finds a process's cgroup v1 directory and those above it (the
+/// identity offsets left 0: [`identity_offsets`] fills them).
+fn cgroup_offsets(btf: &Btf) -> Result<IdentityOffsets, BtfError> {
+    Ok(IdentityOffsets {
+        cgroup_valid: 1,
+        cgroup_task_cgroups: btf.offset("task_struct", "cgroups")?,
+        cgroup_css_set_subsys: btf.offset("css_set", "subsys")?,
+        cgroup_css_cgroup: btf.offset("cgroup_subsys_state", "cgroup")?,
+        cgroup_kn: btf.offset("cgroup", "kn")?,
+        cgroup_kernfs_id: btf.offset("kernfs_node", "id")?,
+        // Renamed when it became RCU-protected (Linux 6.15).
+        cgroup_kernfs_parent: btf
+            .offset("kernfs_node", "__parent")
+            .or_else(|_| btf.offset("kernfs_node", "parent"))?,
+        ..IdentityOffsets::default()
+    })
+}
+
+/// The cgroup controllers (`freezer`, `cpuset`...) whose v1 cgroup the kernel side can
+/// find, each with its subsystem id (its constant `<name>_cgrp_id` of `enum
+/// cgroup_subsys_id`, which indexes `css_set.subsys`); none where the structures' offsets
+/// are not all known.
+pub fn cgroup_v1_subsystems(btf: &Btf) -> BTreeMap<String, u32> {
+    if cgroup_offsets(btf).is_err() {
+        return BTreeMap::new();
+    }
+    let mut found: BTreeMap<String, u32> = btf
+        .constants
+        .iter()
+        .filter_map(|&(name, value)| {
+            let controller = btf.string(name).strip_suffix("_cgrp_id")?;
+            Some((controller.to_string(), u32::try_from(value).ok()?))
+        })
+        .collect();
+    // The one controller whose v1 name (mount option, /proc/cgroups) is not its own.
+    if let Some(&io) = found.get("io") {
+        found.insert("blkio".into(), io);
+    }
+    found
 }
 
 /// `PIDTYPE_PGID` of the kernel's `enum pid_type` (2 since Linux 4.19, which added
@@ -222,6 +276,19 @@ mod tests {
             o.mm_env_start + 8
         );
         assert!(o.task_mm > 0 && o.task_start_boottime > 0);
+        assert_eq!(o.cgroup_valid, 1, "{o:?}");
+        // /proc/cgroups lists the controllers in subsystem id order.
+        let ids = cgroup_v1_subsystems(&btf);
+        let listed = std::fs::read_to_string("/proc/cgroups").expect("/proc/cgroups");
+        let listed: Vec<&str> = listed
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert!(listed.contains(&"freezer"), "{listed:?}");
+        for (ssid, name) in listed.iter().enumerate() {
+            assert_eq!(ids.get(*name), Some(&(ssid as u32)), "{name}: {ids:?}");
+        }
     }
 
     #[test]

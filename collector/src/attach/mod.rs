@@ -76,6 +76,9 @@ pub enum AttachError {
     /// commtap lacks the privileges BPF needs.
     #[error("{0}")]
     Privileges(String),
+    /// A cgroup v1 limit the programs cannot check.
+    #[error("cannot limit counting to a cgroup of the {0} controller's v1 hierarchy: this kernel's BTF does not say where its structures keep a process's cgroup")]
+    CgroupV1(String),
     /// Too many distinct MPI libraries.
     #[error("more than {MAX_LAYOUTS} distinct MPI libraries")]
     TooManyLibraries,
@@ -181,6 +184,8 @@ pub struct Probes {
     sessions: bool,
     /// Held while the kernel keeps run-time statistics for us (`--probe-stats`).
     run_stats: Option<OwnedFd>,
+    /// The controllers whose cgroup v1 the programs can find, with their subsystem ids.
+    cgroup_v1_subsys: BTreeMap<String, u32>,
 }
 
 /// What one probe program has cost, from the kernel's run-time statistics.
@@ -303,6 +308,10 @@ impl Probes {
             filled.and(programs)
         })?;
         let sessions = programs.contains_key(names::programs::SESS_OMPI);
+        let cgroup_v1_subsys = btf
+            .as_ref()
+            .map(btf::cgroup_v1_subsystems)
+            .unwrap_or_default();
 
         // Held until the tracepoints are loaded: they refer to these maps, which close when
         // dropped.
@@ -350,6 +359,7 @@ impl Probes {
             } else {
                 None
             },
+            cgroup_v1_subsys,
         };
         // Left paused by a daemon that died before continuing them (the map is kept).
         let left = probes.resume_all();
@@ -495,17 +505,28 @@ impl Probes {
     }
 
     /// Counts every process that calls a probed MPI library (but commtap itself), not only
-    /// the watched ones, optionally only those of user `uid` and in (or below) cgroup `cg`:
-    /// how a node daemon sees jobs from their first call.
+    /// the watched ones, optionally only those of user `uid` and in (or below) cgroup `cg`
+    /// (v2, or v1: a Slurm job's on a hybrid host): how a node daemon sees jobs from their
+    /// first call.
     pub fn set_watch_all(
         &mut self,
         uid: Option<u32>,
         cg: Option<&CgroupRef>,
     ) -> Result<(), AttachError> {
+        let v1_subsys = match cg.and_then(|c| c.v1_controller.as_ref()) {
+            None => 0,
+            Some(controller) => {
+                1 + *self
+                    .cgroup_v1_subsys
+                    .get(controller)
+                    .ok_or_else(|| AttachError::CgroupV1(controller.clone()))?
+            }
+        };
         self.settings.watch_all = 1;
         self.settings.uid = uid.unwrap_or(Config::ANY_UID);
         self.settings.cgroup_level = cg.map_or(0, |c| c.level);
         self.settings.cgroup_id = cg.map_or(0, |c| c.id);
+        self.settings.cgroup_v1_subsys = v1_subsys;
         self.write_settings()
     }
 

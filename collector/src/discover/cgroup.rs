@@ -1,6 +1,6 @@
-//! cgroups: which cgroup v2 a daemon is limited to (a directory, or a Slurm job's), as the
-//! kernel identifies it, and whether a process is in it; which Slurm job's cgroup (v1 or v2)
-//! holds a process.
+//! cgroups: which cgroup a daemon is limited to (a directory of the v2 hierarchy or of a v1
+//! controller's, a Slurm job's, a container's), as the kernel identifies it, and whether a
+//! process is in it; which Slurm job's cgroup (v1 or v2) holds a process.
 
 use std::{
     fs,
@@ -23,13 +23,13 @@ pub enum CgroupError {
         #[source]
         source: std::io::Error,
     },
-    /// The path is not in the cgroup v2 hierarchy.
-    #[error("{} is not under the cgroup v2 mount {}", path.display(), root.display())]
+    /// The path is in no cgroup hierarchy.
+    #[error("{} is not in a cgroup hierarchy (the v2 one or a v1 controller's: {})", path.display(), mounts.join(", "))]
     Outside {
         /// The path asked for, resolved.
         path: PathBuf,
-        /// The hierarchy's mount point.
-        root: PathBuf,
+        /// The hierarchies' mount points.
+        mounts: Vec<String>,
     },
     /// The path is a file.
     #[error("{} is not a cgroup directory", .0.display())]
@@ -51,25 +51,93 @@ pub enum CgroupError {
         found: usize,
     },
     /// No cgroup of that Slurm job.
-    #[error("no cgroup job_{job} under {} (is Slurm's cgroup v2 plugin in use on this node?)", root.display())]
+    #[error("no cgroup job_{job} of root's under {} (is the job running on this node, and Slurm's proctrack/cgroup or task/cgroup plugin in use?)", searched.join(", "))]
     NoSlurmJob {
         /// The job id.
         job: String,
-        /// The hierarchy's mount point.
-        root: PathBuf,
+        /// The hierarchies searched.
+        searched: Vec<String>,
     },
 }
 
-/// A cgroup v2 directory, as the kernel identifies it.
+/// A cgroup directory, as the kernel identifies it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CgroupRef {
-    /// Its path relative to the cgroup v2 root (`/` for the root), as `/proc/PID/cgroup`
+    /// Its path relative to its hierarchy's root (`/` for the root), as `/proc/PID/cgroup`
     /// shows it.
     pub relative: String,
-    /// Its id (the directory's inode number), as `bpf_get_current_ancestor_cgroup_id` gives.
+    /// Its id (the directory's inode number), as `bpf_get_current_ancestor_cgroup_id` gives
+    /// (cgroup v2), or as the kernel's `kernfs_node` holds it (v1).
     pub id: u64,
     /// Its depth below the root (the root is 0).
     pub level: u32,
+    /// None: a cgroup v2. Else a cgroup v1, in the hierarchy of this controller.
+    pub v1_controller: Option<String>,
+}
+
+/// A mounted cgroup hierarchy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Mount<'a> {
+    /// Where.
+    point: &'a str,
+    /// Which of its cgroups the mount shows at its top (`/` but for a subtree's mount).
+    root: &'a str,
+    /// cgroup v2.
+    v2: bool,
+    /// Its mount options: a v1 hierarchy's controllers (`freezer`, `cpu,cpuacct`,
+    /// `name=systemd`) among others (`rw`, `xattr`).
+    options: &'a str,
+}
+
+/// The cgroup hierarchies mounted, as a mount table (`/proc/self/mountinfo`) lists them.
+/// Mount points with escaped characters are skipped: nothing Slurm or a runtime makes.
+fn mounts(mountinfo: &str) -> impl Iterator<Item = Mount<'_>> {
+    mountinfo.lines().filter_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let mut left = left.split_whitespace().skip(3);
+        let (root, point) = (left.next()?, left.next()?);
+        let mut right = right.split_whitespace();
+        let (fstype, options) = (right.next()?, right.nth(1).unwrap_or(""));
+        let v2 = match fstype {
+            "cgroup2" => true,
+            "cgroup" => false,
+            _ => return None,
+        };
+        (!point.contains('\\') && !root.contains('\\')).then_some(Mount {
+            point,
+            root,
+            v2,
+            options,
+        })
+    })
+}
+
+/// Where the hierarchy a `/proc/PID/cgroup` line names (`controllers` empty: cgroup v2;
+/// else v1's comma-separated controllers, `name=systemd` included) is mounted, and which of
+/// its cgroups the mount shows at its top.
+fn hierarchy_mount<'a>(mountinfo: &'a str, controllers: &str) -> Option<(&'a str, &'a str)> {
+    mounts(mountinfo)
+        .find(|m| {
+            if controllers.is_empty() {
+                m.v2
+            } else {
+                !m.v2
+                    && controllers
+                        .split(',')
+                        .all(|c| m.options.split(',').any(|o| o == c))
+            }
+        })
+        .map(|m| (m.point, m.root))
+}
+
+/// The controllers this kernel has (`/proc/cgroups`' first column).
+fn controllers() -> Vec<String> {
+    fs::read_to_string("/proc/cgroups")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
 }
 
 /// The cgroup v2 mount point (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on hybrid hosts).
@@ -78,53 +146,139 @@ pub fn cgroup2_root() -> Option<PathBuf> {
     hierarchy_mount(&mounts, "").map(|(mount_point, _)| PathBuf::from(mount_point))
 }
 
-/// Identifies the cgroup v2 directory `path`.
+/// The hierarchies a cgroup may be looked for in, each as its mount point and (v1) the
+/// controller that names it: cgroup v2 first, then the v1 controllers' (`freezer` first:
+/// Slurm's proctrack/cgroup keeps every process of a job in it). Named v1 hierarchies
+/// (`name=systemd`) have no controller, and no kernel structure for a probe to find.
+fn hierarchies() -> Vec<(PathBuf, Option<String>)> {
+    let table = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let known = controllers();
+    let mut found: Vec<(PathBuf, Option<String>)> = mounts(&table)
+        .filter_map(|m| {
+            let controller = if m.v2 {
+                None
+            } else {
+                Some(
+                    m.options
+                        .split(',')
+                        .find(|o| known.iter().any(|k| k == o))?
+                        .to_string(),
+                )
+            };
+            Some((PathBuf::from(m.point), controller))
+        })
+        .collect();
+    found.sort_by_key(|(_, c)| match c.as_deref() {
+        None => 0,
+        Some("freezer") => 1,
+        Some(_) => 2,
+    });
+    found.dedup_by(|a, b| a.0 == b.0);
+    found
+}
+
+/// Identifies the cgroup directory `path`: in the cgroup v2 hierarchy, or in a v1
+/// controller's.
 pub fn cgroup_ref(path: &Path) -> Result<CgroupRef, CgroupError> {
-    let root = cgroup2_root().ok_or(CgroupError::NoHierarchy)?;
+    let table = fs::read_to_string("/proc/self/mountinfo").map_err(|source| CgroupError::Io {
+        path: "/proc/self/mountinfo".into(),
+        source,
+    })?;
     let io = |source| CgroupError::Io {
         path: path.to_path_buf(),
         source,
     };
     let path = fs::canonicalize(path).map_err(io)?;
-    let rel = path.strip_prefix(&root).map_err(|_| CgroupError::Outside {
-        path: path.clone(),
-        root: root.clone(),
-    })?;
+    let known = controllers();
+    // The innermost cgroup mount holding the path.
+    let (mount, rest) = mounts(&table)
+        .filter_map(|m| Some((m.clone(), path.strip_prefix(m.point).ok()?.to_path_buf())))
+        .min_by_key(|(_, rest)| rest.components().count())
+        .ok_or_else(|| CgroupError::Outside {
+            path: path.clone(),
+            mounts: mounts(&table).map(|m| m.point.to_string()).collect(),
+        })?;
+    let v1_controller = if mount.v2 {
+        None
+    } else {
+        let named = mount
+            .options
+            .split(',')
+            .find(|o| known.iter().any(|k| k == o));
+        Some(
+            named
+                .ok_or_else(|| CgroupError::Outside {
+                    path: path.clone(),
+                    mounts: hierarchies()
+                        .into_iter()
+                        .map(|(p, _)| p.display().to_string())
+                        .collect(),
+                })?
+                .to_string(),
+        )
+    };
     let meta = fs::metadata(&path).map_err(io)?;
     if !meta.is_dir() {
         return Err(CgroupError::NotADirectory(path));
     }
+    let relative = if rest.as_os_str().is_empty() {
+        PathBuf::from(mount.root)
+    } else {
+        Path::new(mount.root).join(&rest)
+    };
     Ok(CgroupRef {
-        relative: format!("/{}", rel.display()).replace("//", "/"),
+        relative: relative.display().to_string(),
         id: meta.ino(),
-        level: rel.components().count() as u32,
+        level: relative
+            .components()
+            .filter(|c| matches!(c, std::path::Component::Normal(_)))
+            .count() as u32,
+        v1_controller,
     })
 }
 
-/// The cgroup of Slurm job `job` (Slurm's cgroup v2 plugin names it `job_<id>`).
+/// The cgroup of Slurm job `job`: the directory `job_<id>` Slurm made for it, in the
+/// cgroup v2 hierarchy (Slurm's cgroup/v2 plugin) or a v1 controller's (cgroup/v1, as on
+/// hybrid hosts), it and every directory above it root's: a user's delegated cgroup may be
+/// named so too.
 pub fn slurm_job_cgroup(job: &str) -> Result<PathBuf, CgroupError> {
     let want = format!("job_{job}");
-    let (root, found) = find_cgroups(5, |name| name == want)?;
-    found.into_iter().next().ok_or(CgroupError::NoSlurmJob {
+    let mut searched = Vec::new();
+    for (root, _) in hierarchies() {
+        let root_owned = |dir: &Path| fs::symlink_metadata(dir).is_ok_and(|m| m.uid() == 0);
+        if !root_owned(&root) {
+            continue;
+        }
+        let found = find_cgroups(&root, 5, |name| name == want, root_owned);
+        if let Some(dir) = found.into_iter().min() {
+            return Ok(dir);
+        }
+        searched.push(root.display().to_string());
+    }
+    Err(CgroupError::NoSlurmJob {
         job: job.to_string(),
-        root,
+        searched,
     })
 }
 
 /// The cgroup of the container whose id is or starts with `id` (at least 12 characters, as
 /// `docker ps` shows it): the directory Docker, containerd, CRI-O or Podman made for it.
 pub fn container_cgroup(id: &str) -> Result<PathBuf, CgroupError> {
+    let root = cgroup2_root();
     let bad = || CgroupError::NoContainer {
         id: id.to_string(),
-        root: cgroup2_root().unwrap_or_default(),
+        root: root.clone().unwrap_or_default(),
     };
     if id.len() < 12 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(bad());
     }
     let id = id.to_ascii_lowercase();
-    let (_, mut found) = find_cgroups(10, |name| {
-        crate::discover::container::container_id(name).is_some_and(|c| c.starts_with(&id))
-    })?;
+    let mut found = find_cgroups(
+        root.as_deref().ok_or(CgroupError::NoHierarchy)?,
+        10,
+        |name| crate::discover::container::container_id(name).is_some_and(|c| c.starts_with(&id)),
+        |_| true,
+    );
     // A container's own cgroups below its directory (`.../container` of Podman) do not
     // name it again; two directories do only for two containers sharing the prefix.
     found.sort();
@@ -138,20 +292,22 @@ pub fn container_cgroup(id: &str) -> Result<PathBuf, CgroupError> {
     }
 }
 
-/// The cgroup v2 root and the directories down to `max_depth` whose names satisfy `wanted`.
+/// The directories below `root`, down to `max_depth`, whose names satisfy `wanted`, looked
+/// for only in (and below) those that `enter` lets in.
 fn find_cgroups(
+    root: &Path,
     max_depth: usize,
     wanted: impl Fn(&str) -> bool,
-) -> Result<(PathBuf, Vec<PathBuf>), CgroupError> {
-    let root = cgroup2_root().ok_or(CgroupError::NoHierarchy)?;
+    enter: impl Fn(&Path) -> bool,
+) -> Vec<PathBuf> {
     let mut found = Vec::new();
-    let mut dirs = vec![(root.clone(), 0)];
+    let mut dirs = vec![(root.to_path_buf(), 0)];
     while let Some((dir, depth)) = dirs.pop() {
         let Ok(entries) = fs::read_dir(&dir) else {
             continue;
         };
         for e in entries.flatten() {
-            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            if !e.file_type().is_ok_and(|t| t.is_dir()) || !enter(&e.path()) {
                 continue;
             }
             if wanted(&e.file_name().to_string_lossy()) {
@@ -161,7 +317,7 @@ fn find_cgroups(
             }
         }
     }
-    Ok((root, found))
+    found
 }
 
 /// The Slurm job whose cgroup holds a process, from its `/proc/PID/cgroup` text: a
@@ -215,37 +371,26 @@ fn job_of_dir(name: &str) -> Option<&str> {
         .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
 }
 
-/// Where the hierarchy a `/proc/PID/cgroup` line names (`controllers` empty: cgroup v2;
-/// else v1's comma-separated controllers, `name=systemd` included) is mounted, and which of
-/// its cgroups the mount shows at its top. Mount points with escaped characters are
-/// skipped: nothing Slurm makes.
-fn hierarchy_mount<'a>(mountinfo: &'a str, controllers: &str) -> Option<(&'a str, &'a str)> {
-    mountinfo.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        let mut left = left.split_whitespace().skip(3);
-        let (root, mount_point) = (left.next()?, left.next()?);
-        let mut right = right.split_whitespace();
-        let (fstype, superopts) = (right.next()?, right.nth(1).unwrap_or(""));
-        let matches = if controllers.is_empty() {
-            fstype == "cgroup2"
-        } else {
-            fstype == "cgroup"
-                && controllers
-                    .split(',')
-                    .all(|c| superopts.split(',').any(|o| o == c))
-        };
-        (matches && !mount_point.contains('\\') && !root.contains('\\'))
-            .then_some((mount_point, root))
-    })
-}
-
-/// Whether `pid`'s cgroup v2 is `cg` or below it.
+/// Whether `pid`'s cgroup (in `cg`'s hierarchy) is `cg` or below it.
 pub fn in_cgroup(pid: u32, cg: &CgroupRef) -> bool {
     let Ok(text) = fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
         return false;
     };
+    in_cgroup_text(&text, cg)
+}
+
+/// [`in_cgroup`] on a `/proc/PID/cgroup` text.
+fn in_cgroup_text(text: &str, cg: &CgroupRef) -> bool {
     text.lines()
-        .filter_map(|l| l.strip_prefix("0::"))
+        .filter_map(|l| {
+            let mut fields = l.splitn(3, ':');
+            let (_id, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+            let ours = match &cg.v1_controller {
+                None => controllers.is_empty(),
+                Some(c) => controllers.split(',').any(|x| x == c),
+            };
+            ours.then_some(path)
+        })
         .any(|own| {
             own == cg.relative
                 || cg.relative == "/"
@@ -255,7 +400,7 @@ pub fn in_cgroup(pid: u32, cg: &CgroupRef) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::slurm_job_with;
+    use super::{hierarchy_mount, in_cgroup_text, slurm_job_with, CgroupRef};
     use std::path::Path;
 
     /// A hybrid host's mounts, as on the test machines (cgroup v1 controllers and a v2
@@ -309,5 +454,41 @@ mod tests {
             Some("5")
         );
         assert_eq!(slurm_job_with("0::/other/job_5\n", sub, owner), None);
+    }
+
+    #[test]
+    fn a_process_is_in_a_cgroup_by_its_line_of_that_hierarchy() {
+        let job = |v1_controller: Option<&str>| CgroupRef {
+            relative: "/slurm_vm/uid_65534/job_3".into(),
+            id: 7,
+            level: 3,
+            v1_controller: v1_controller.map(str::to_string),
+        };
+        let text = "6:freezer:/slurm_vm/uid_65534/job_3/step_0/task_0\n\
+                    5:cpu,cpuacct:/slurm_vm/uid_65534/job_31\n\
+                    0::/user.slice\n";
+        assert!(in_cgroup_text(text, &job(Some("freezer"))));
+        // A job whose id starts like it, another hierarchy's line, or v2's: not in it.
+        assert!(!in_cgroup_text(text, &job(Some("cpuacct"))));
+        assert!(!in_cgroup_text(text, &job(Some("memory"))));
+        assert!(!in_cgroup_text(text, &job(None)));
+        let v2 = "0::/slurm_vm/uid_65534/job_3\n";
+        assert!(in_cgroup_text(v2, &job(None)));
+        assert!(!in_cgroup_text(v2, &job(Some("freezer"))));
+    }
+
+    #[test]
+    fn hierarchies_are_found_by_their_controllers() {
+        assert_eq!(
+            hierarchy_mount(HYBRID, ""),
+            Some(("/sys/fs/cgroup/unified", "/"))
+        );
+        assert_eq!(
+            hierarchy_mount(HYBRID, "cpuacct,cpu"),
+            Some(("/sys/fs/cgroup/cpu,cpuacct", "/"))
+        );
+        assert_eq!(hierarchy_mount(HYBRID, "memory"), None);
+        // tmpfs is not a cgroup hierarchy, whatever its options.
+        assert_eq!(hierarchy_mount(HYBRID, "ro"), None);
     }
 }
