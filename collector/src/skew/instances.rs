@@ -8,9 +8,10 @@
 //! else: its calls wait in a buffer until they can be aligned by time. Every member of a
 //! collective is inside the call while the others are (a collective cannot finish before
 //! its last member arrives), so a call overlaps the calls of the other members of its own
-//! instance: each buffered call votes for the offsets that put it on an instance whose
-//! members' span it overlaps, and the offset with most votes (unique, and at least half of
-//! the calls) wins. When no member is aligned yet (attach), the member attached last
+//! instance: each buffered call votes for the offset that puts it on the instance whose
+//! members' span it overlaps longest (the member that arrives last also leaves last, after
+//! the first to leave has entered the next instance: its call overlaps that one too, but
+//! briefly), and the offset with most votes (unique, and at least half of the calls) wins. When no member is aligned yet (attach), the member attached last
 //! defines the numbering: its first call is the first instance every member was watched
 //! for. Calls that find no instance are counted as unaligned, never guessed.
 
@@ -412,14 +413,28 @@ fn vote(comm: &Comm, pid: u32, force: bool) -> Option<i64> {
     let mut votes: HashMap<i64, usize> = HashMap::new();
     let mut voters = 0;
     for b in buffer {
-        let mut voted = false;
+        // (overlap, instance, another overlaps as long)
+        let mut best: Option<(u64, u64, bool)> = None;
         for (&seq, span) in &comm.spans {
-            if b.arrival.start_ns <= span.max_end && b.arrival.end_ns >= span.min_start {
+            let (from, to) = (
+                b.arrival.start_ns.max(span.min_start),
+                b.arrival.end_ns.min(span.max_end),
+            );
+            let Some(overlap) = to.checked_sub(from) else {
+                continue;
+            };
+            best = match best {
+                Some((o, s, _)) if overlap == o => Some((o, s, true)),
+                Some(kept) if overlap < kept.0 => Some(kept),
+                _ => Some((overlap, seq, false)),
+            };
+        }
+        if let Some((_, seq, tied)) = best {
+            voters += 1;
+            if !tied {
                 *votes.entry(seq as i64 - b.local as i64).or_default() += 1;
-                voted = true;
             }
         }
-        voters += usize::from(voted);
     }
     let mut ranked: Vec<(usize, i64)> = votes.into_iter().map(|(o, n)| (n, o)).collect();
     ranked.sort_unstable_by(|a, b| b.cmp(a));
@@ -529,6 +544,57 @@ mod tests {
             "calls from before the last was watched"
         );
         assert_eq!(m.counts.conflicts, 0);
+    }
+
+    #[test]
+    fn a_late_members_call_overlapping_the_next_instance_is_not_taken_for_it() {
+        // Member 2 arrives last at every instance (8 ms in) and leaves last (10.5 ms),
+        // after the others, out at 10.2 ms, entered the next one. It was watched from
+        // instance 4, member 1 (watched last) from 5: member 2's first call belongs to no
+        // instance every member was watched for, and overlaps the first one such.
+        let ms = 1_000_000;
+        let mut m = Matcher::default();
+        let mut out = Vec::new();
+        for i in 0..40u64 {
+            for (p, from) in [(0u32, 0u64), (2, 4), (1, 5)] {
+                if i < from {
+                    continue;
+                }
+                let t = i * 10 * ms;
+                let (start_ns, end_ns) = if p == 2 {
+                    (t + 8 * ms, t + 10 * ms + ms / 2)
+                } else {
+                    (t + ms / 5, t + 10 * ms + ms / 5)
+                };
+                let arrival = Arrival {
+                    pid: p,
+                    start_ns,
+                    end_ns,
+                };
+                let c = Collective {
+                    from_start: false,
+                    arrival,
+                    ..call(p, 3, i, 0)
+                };
+                m.arrive(c, &mut out);
+            }
+        }
+        m.finish(&mut out);
+        assert!(out.iter().all(|i| i.complete), "{out:?}");
+        assert_eq!(out.len(), 35, "instances 5..40");
+        for inst in &out {
+            let at: Vec<u64> = inst
+                .arrivals
+                .iter()
+                .map(|a| a.start_ns / (10 * ms))
+                .collect();
+            assert!(at.iter().all(|i| *i == at[0]), "one instance: {at:?}");
+        }
+        assert_eq!(
+            m.counts.unaligned,
+            5 + 1,
+            "calls from before member 1 was watched"
+        );
     }
 
     #[test]
