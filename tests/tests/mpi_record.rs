@@ -800,8 +800,8 @@ fn a_real_application_never_notices_and_is_profiled() {
 /// anew: the Allreduces before it are left out), `MPI_Pcontrol(0)` pauses it (the Barriers
 /// then are left out), the region's counts equal what the program did inside its two
 /// intervals, exactly (each bound read while the kernel held the process at the call:
-/// none late); the JSON profile keeps the whole run beside it; the mpitrace files and the
-/// text report show the region, as mpitrace does.
+/// none late); the JSON profile keeps the whole run beside it; the mpitrace files, the
+/// text report and the HTML report's region section show the region, as mpitrace does.
 #[test]
 fn mpi_pcontrol_marks_the_region_the_reports_show_and_the_json_keeps_both() {
     for mpi in [Mpi::OpenMpi, Mpi::Mpich] {
@@ -815,10 +815,13 @@ fn mpi_pcontrol_marks_the_region_the_reports_show_and_the_json_keeps_both() {
         let mut args: Vec<String> = ["record", "--format", "json", "-o"]
             .map(String::from)
             .to_vec();
+        let html = scratch.path("report.html");
         args.extend([
             path_str(&out).into(),
             "--mpitrace-dir".into(),
             path_str(&dir).into(),
+            "--html".into(),
+            path_str(&html).into(),
         ]);
         args.push("--".into());
         args.extend(mpi.launcher(2));
@@ -863,6 +866,33 @@ fn mpi_pcontrol_marks_the_region_the_reports_show_and_the_json_keeps_both() {
                 "{text}"
             );
         }
+        // The HTML report's region section: both ranks, the region's calls.
+        let page = std::fs::read_to_string(&html).expect("the HTML report");
+        let section = page
+            .split_once("<section id=\"region\">")
+            .and_then(|(_, rest)| rest.split_once("</section>"))
+            .map_or_else(
+                || panic!("{mpi:?}: no region section"),
+                |(section, _)| section,
+            );
+        assert!(
+            section.contains("2 of 2 ranks marked a region"),
+            "{section}"
+        );
+        let region_allreduces: u64 = truths
+            .iter()
+            .map(|t| {
+                t["region"]["MPI_Allreduce"]["calls"]
+                    .as_u64()
+                    .expect("calls")
+            })
+            .sum();
+        assert!(
+            section.contains(&format!(
+                "<tr><th>MPI_Allreduce</th><td class=\"n\">{region_allreduces}</td>"
+            )),
+            "{mpi:?}: {region_allreduces} Allreduces in the region: {section}"
+        );
         let text = commtap_output(&["report", "--profile", path_str(&out)]);
         assert!(
             String::from_utf8_lossy(&text.stdout).contains("2 interval(s)"),

@@ -87,6 +87,11 @@ pub fn render_html(job: &JobProfile, expected: Option<&Expected>) -> String {
         ("summary", "Summary", summary(job)),
         ("routines", "Routines, all ranks", routine_tables(&routines)),
         (
+            "region",
+            "The profiled region (MPI_Pcontrol)",
+            profiled_region(job),
+        ),
+        (
             "sizes",
             "Message sizes, all ranks",
             figures::sizes(&routines),
@@ -313,6 +318,45 @@ fn routine_tables(routines: &Routines) -> String {
 }
 
 /// The text report, every rank's section, for small jobs.
+/// The ranks' `MPI_Pcontrol` region, as mpitrace's files show it: each rank that marked
+/// one by its region alone, the others whole; empty when none did.
+fn profiled_region(job: &JobProfile) -> String {
+    let Some(view) = job.profiled_region() else {
+        return String::new();
+    };
+    let marked: Vec<_> = job
+        .ranks
+        .iter()
+        .filter_map(|r| Some((r, r.region.as_ref()?)))
+        .collect();
+    let mut o = format!(
+        "<p>{} of {} ranks marked a region with <code>MPI_Pcontrol</code> (1 starts or \
+         resumes it, 0 pauses it): the tables below count only what they did inside it, as \
+         mpitrace's files do (ranks that marked none are counted whole). The other sections \
+         cover the whole run.</p>\n<table class=\"region\"><thead><tr><th>rank</th>\
+         <th>host</th><th>intervals</th><th>time inside (s)</th><th>in MPI (s)</th>\
+         <th>bounds read late</th></tr></thead><tbody>",
+        marked.len(),
+        job.ranks.len()
+    );
+    for (r, g) in &marked {
+        let _ = write!(
+            o,
+            "<tr><td class=\"n\">{}</td><td>{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{:.6}</td><td class=\"n\">{:.6}</td><td class=\"n\">{}</td></tr>",
+            r.rank,
+            escape(&r.host),
+            g.intervals,
+            secs(g.elapsed_ns),
+            secs(g.comm_time_ns),
+            g.late_bounds
+        );
+    }
+    o.push_str("</tbody></table>\n");
+    o.push_str(&routine_tables(&job_routines(&view)));
+    o
+}
+
 fn text_report(job: &JobProfile) -> String {
     if job.ranks.len() > TEXT_RANKS {
         return format!(
