@@ -100,8 +100,12 @@ pub enum ByteRule {
     /// ranks.
     CommDup = 38,
     /// `a` x size(`b`) with `a` a 64-bit `MPI_Count` (MPI-4's large-count collectives:
-    /// `MPI_Allreduce_c` ...).
+    /// `MPI_Allreduce_c` ...; point-to-point: sent, as [`ByteRule::CountType`]).
     LargeCountType = 40,
+    /// [`ByteRule::RecvPosted`] with a 64-bit `MPI_Count` (`MPI_Irecv_c`).
+    LargeRecvPosted = 41,
+    /// [`ByteRule::RecvStatus`] with a 64-bit `MPI_Count` (`MPI_Recv_c`).
+    LargeRecvStatus = 42,
 }
 
 impl ByteRule {
@@ -155,6 +159,8 @@ impl ByteRule {
             38 => ByteRule::CommDup,
             39 => ByteRule::RecvPosted,
             40 => ByteRule::LargeCountType,
+            41 => ByteRule::LargeRecvPosted,
+            42 => ByteRule::LargeRecvStatus,
             _ => ByteRule::None,
         }
     }
@@ -257,7 +263,9 @@ impl ArgSpec {
     /// nothing (with a status, the bytes and a wildcard's source are read from it at return).
     #[inline(always)]
     pub const fn sampled_when_status_ignored(&self) -> bool {
-        self.class == class::P2P && self.rule == ByteRule::RecvStatus as u8
+        self.class == class::P2P
+            && (self.rule == ByteRule::RecvStatus as u8
+                || self.rule == ByteRule::LargeRecvStatus as u8)
     }
 
     /// Whether a call's time may be sampled: an MPI routine whose bytes are known from its
@@ -277,6 +285,7 @@ impl ArgSpec {
             B::None
                 | B::CountType
                 | B::RecvPosted
+                | B::LargeRecvPosted
                 | B::SumCounts
                 | B::SumCountsPerPeer
                 | B::CountAtRank
@@ -977,6 +986,18 @@ pub const ROUTINES: &[Routine] = &[
         0,
         N,
     ),
+    // MPI-4's large-count point-to-point (`MPI_Count` counts), counted as their own
+    // routines, with their base routine's arguments and per-peer traffic.
+    r("MPI_Send_c", P2P, B::LargeCountType, [1, 2, N, N], 5, 3),
+    r("MPI_Bsend_c", P2P, B::LargeCountType, [1, 2, N, N], 5, 3),
+    r("MPI_Ssend_c", P2P, B::LargeCountType, [1, 2, N, N], 5, 3),
+    r("MPI_Rsend_c", P2P, B::LargeCountType, [1, 2, N, N], 5, 3),
+    r("MPI_Isend_c", P2P, B::LargeCountType, [1, 2, N, N], 5, 3),
+    r("MPI_Ibsend_c", P2P, B::LargeCountType, [1, 2, N, N], 5, 3),
+    r("MPI_Issend_c", P2P, B::LargeCountType, [1, 2, N, N], 5, 3),
+    r("MPI_Irsend_c", P2P, B::LargeCountType, [1, 2, N, N], 5, 3),
+    r("MPI_Recv_c", P2P, B::LargeRecvStatus, [1, 2, 6, N], 5, 3),
+    r("MPI_Irecv_c", P2P, B::LargeRecvPosted, [1, 2, N, N], 5, 3),
     // MPI-4's large-count collectives (`MPI_Count` counts), counted as their own routines,
     // with their base routine's arguments.
     r(

@@ -160,6 +160,21 @@ impl Call<'_> {
         Some(self.count(a)? * self.size(b)?)
     }
 
+    /// [`Call::count_type`], the count an `int`, or MPI-4's 64-bit `MPI_Count` for the
+    /// large-count rules (`MPI_Send_c` ...).
+    #[inline(always)]
+    pub fn count_type_by(&self, a: u8, b: u8, rule: ByteRule) -> Option<u64> {
+        let n = if matches!(
+            rule,
+            ByteRule::LargeCountType | ByteRule::LargeRecvPosted | ByteRule::LargeRecvStatus
+        ) {
+            self.arg(a).filter(|n| (*n as i64) >= 0)?
+        } else {
+            self.count(a)?
+        };
+        Some(n * self.size(b)?)
+    }
+
     /// Sum of the int array in argument `i` over `n` entries.
     #[inline(always)]
     pub fn sum(&self, i: u8, n: u32) -> Option<u64> {

@@ -44,12 +44,15 @@ pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Opt
     // A peer of MPI_PROC_NULL: nothing crosses the network.
     let is_null = |i: u8| null.is_some_and(|n| c.arg(i).map(int_arg) == Some(n));
     match rule {
-        ByteRule::CountType | ByteRule::RecvPosted => {
+        ByteRule::CountType
+        | ByteRule::RecvPosted
+        | ByteRule::LargeCountType
+        | ByteRule::LargeRecvPosted => {
             if is_null(spec.peer) {
                 return Some(0);
             }
-            let bytes = c.count_type(spec.a, spec.b)?;
-            let dir = if rule == ByteRule::RecvPosted {
+            let bytes = c.count_type_by(spec.a, spec.b, rule)?;
+            let dir = if matches!(rule, ByteRule::RecvPosted | ByteRule::LargeRecvPosted) {
                 PeerKey::RECEIVED
             } else {
                 PeerKey::SENT
@@ -57,7 +60,7 @@ pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Opt
             add(c, comm_key, peer(c, spec.peer, None), dir, bytes);
             Some(bytes)
         }
-        ByteRule::RecvStatus => {
+        ByteRule::RecvStatus | ByteRule::LargeRecvStatus => {
             if is_null(spec.peer) {
                 return Some(0);
             }
@@ -66,7 +69,7 @@ pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Opt
             let bytes = if known {
                 status_bytes(c.abi, status)?
             } else {
-                c.count_type(spec.a, spec.b)?
+                c.count_type_by(spec.a, spec.b, rule)?
             };
             let status = known.then_some(status);
             add(
@@ -113,7 +116,16 @@ pub fn describe_match(ev: &mut CallEvent, c: &Call, spec: &ArgSpec) {
     use ByteRule as B;
     let rule = ByteRule::from_u8(spec.rule);
     if spec.peer == NO_ARG
-        || !matches!(rule, B::CountType | B::RecvPosted | B::RecvStatus | B::Pair)
+        || !matches!(
+            rule,
+            B::CountType
+                | B::RecvPosted
+                | B::RecvStatus
+                | B::Pair
+                | B::LargeCountType
+                | B::LargeRecvPosted
+                | B::LargeRecvStatus
+        )
     {
         return;
     }
@@ -143,7 +155,9 @@ pub fn describe_match(ev: &mut CallEvent, c: &Call, spec: &ArgSpec) {
     };
     let tag = int_arg(arg_at(c.args, spec.peer + 1));
     match rule {
-        B::RecvStatus => (ev.peer, ev.tag) = resolve(ev.peer, tag, status_at(spec.c)),
+        B::RecvStatus | B::LargeRecvStatus => {
+            (ev.peer, ev.tag) = resolve(ev.peer, tag, status_at(spec.c));
+        }
         B::Pair => {
             ev.tag = tag;
             let source = int_arg(arg_at(c.args, spec.comm.wrapping_sub(2)));

@@ -5,11 +5,13 @@
  * Usage: mpi_large_count OUT_PREFIX        (2 ranks)
  *
  * Each rank makes a fixed set of `_c` collectives on MPI_COMM_WORLD (with `MPI_Count`
- * counts), and one broadcast of 2 GiB + 8 bytes on MPI_COMM_SELF, counting each itself,
- * and writes OUT_PREFIX.<rank>.json
- * in mpi_truth's form: {"rank":R,"size":P,"pid":PID,"routines":{"MPI_Send_c":{"calls":N,
- * "bytes":B}, ...}}. Bytes follow mpitrace's rules, as for the base routines:
- * count x type size (Gather: what each rank sends; Scatter: what each receives).
+ * counts), one broadcast of 2 GiB + 8 bytes on MPI_COMM_SELF, and `_c` point-to-point
+ * with the other rank (blocking, with a status and without; nonblocking), counting each
+ * itself, and writes OUT_PREFIX.<rank>.json in mpi_truth's form: {"rank":R,"size":P,
+ * "pid":PID,"routines":{"MPI_Send_c":{"calls":N,"bytes":B}, ...},"peers":[{"peer",
+ * "sent_calls","sent_bytes","received_calls","received_bytes"}]} (mpi_peers' form). Bytes
+ * follow mpitrace's rules, as for the base routines: count x type size (Gather: what each
+ * rank sends; Scatter: what each receives; a receive with a status: what arrived).
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -96,6 +98,40 @@ int main(int argc, char **argv)
     note("MPI_Wait", 0);
     MPI_Wait(&req, MPI_STATUS_IGNORE);
 
+    /* Point-to-point with MPI_Count counts, each rank to the other in turn. */
+    const int other = 1 - rank;
+    long long sent_calls = 0, sent_bytes = 0, received_calls = 0, received_bytes = 0;
+#define SENT(n) (sent_calls++, sent_bytes += (n))
+#define RECEIVED(n) (received_calls++, received_bytes += (n))
+    for (int turn = 0; turn < 2; turn++) {
+        if (turn == rank) {
+            note("MPI_Send_c", 700 * (long long)sizeof(double));
+            SENT(700 * (long long)sizeof(double));
+            MPI_Send_c(a, 700, MPI_DOUBLE, other, 7, MPI_COMM_WORLD);
+            note("MPI_Ssend_c", 21 * (long long)sizeof(int));
+            SENT(21 * (long long)sizeof(int));
+            MPI_Ssend_c(a, 21, MPI_INT, other, 8, MPI_COMM_WORLD);
+        } else {
+            /* Posted for 800, 700 arrive: the status says what came. */
+            MPI_Status status;
+            note("MPI_Recv_c", 700 * (long long)sizeof(double));
+            RECEIVED(700 * (long long)sizeof(double));
+            MPI_Recv_c(b, 800, MPI_DOUBLE, other, 7, MPI_COMM_WORLD, &status);
+            note("MPI_Recv_c", 21 * (long long)sizeof(int));
+            RECEIVED(21 * (long long)sizeof(int));
+            MPI_Recv_c(b, 21, MPI_INT, other, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        }
+    }
+    MPI_Request both[2];
+    note("MPI_Irecv_c", 55 * (long long)sizeof(double));
+    RECEIVED(55 * (long long)sizeof(double));
+    MPI_Irecv_c(b, 55, MPI_DOUBLE, other, 9, MPI_COMM_WORLD, &both[0]);
+    note("MPI_Isend_c", 55 * (long long)sizeof(double));
+    SENT(55 * (long long)sizeof(double));
+    MPI_Isend_c(a, 55, MPI_DOUBLE, other, 9, MPI_COMM_WORLD, &both[1]);
+    note("MPI_Waitall", 0);
+    MPI_Waitall(2, both, MPI_STATUSES_IGNORE);
+
     char path[4096];
     snprintf(path, sizeof path, "%s.%d.json", argv[1], rank);
     FILE *f = fopen(path, "w");
@@ -107,7 +143,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < nroutines; i++)
         fprintf(f, "%s\"%s\":{\"calls\":%lld,\"bytes\":%lld}", i ? "," : "", table[i].name,
                 table[i].calls, table[i].bytes);
-    fprintf(f, "}}\n");
+    fprintf(f, "},\"peers\":[{\"peer\":%d,\"sent_calls\":%lld,\"sent_bytes\":%lld,"
+               "\"received_calls\":%lld,\"received_bytes\":%lld}]}\n",
+            other, sent_calls, sent_bytes, received_calls, received_bytes);
     fclose(f);
     MPI_Finalize();
     return 0;

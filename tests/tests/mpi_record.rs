@@ -151,10 +151,11 @@ fn launched_mpich_5_job_matches_truth() {
     launched_truth(Mpi::Mpich5, 2);
 }
 
-/// MPI-4's large-count collectives (`MPI_Allreduce_c` ..., with `MPI_Count` counts) of
-/// MPICH 5, each counted as its own routine, exactly (`mpi_large_count.c`).
+/// MPI-4's large-count routines (`MPI_Allreduce_c`, `MPI_Send_c`, `MPI_Recv_c` ..., with
+/// `MPI_Count` counts) of MPICH 5, each counted as its own routine, exactly, and the
+/// point-to-point ones per peer (`mpi_large_count.c`).
 #[test]
-fn large_count_collectives_are_counted_exactly() {
+fn large_count_routines_are_counted_exactly() {
     let scratch = Scratch::new("large-count");
     let prog = build_program("mpi_large_count.c", Mpi::Mpich5);
     let (out, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
@@ -162,7 +163,12 @@ fn large_count_collectives_are_counted_exactly() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
     let truths = read_truths(&prefix, 2);
-    assert_profile_matches(&read_json(&out), &truths, &["MPI_Finalize"]);
+    let profile = read_json(&out);
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    for truth in &truths {
+        let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
+        assert_eq!(rank["peers"], truth["peers"], "rank {}", truth["rank"]);
+    }
 }
 
 /// `mpi_truth` (4 ranks) with the time of every routine that may be sampled timed one call

@@ -49,9 +49,9 @@ pub fn direction(r: &Routine) -> Option<Direction> {
         return None;
     }
     match ByteRule::from_u8(r.spec.rule) {
-        ByteRule::CountType => Some(Direction::Send),
-        ByteRule::RecvStatus => Some(Direction::Receive),
-        ByteRule::RecvPosted => Some(Direction::Post),
+        ByteRule::CountType | ByteRule::LargeCountType => Some(Direction::Send),
+        ByteRule::RecvStatus | ByteRule::LargeRecvStatus => Some(Direction::Receive),
+        ByteRule::RecvPosted | ByteRule::LargeRecvPosted => Some(Direction::Post),
         ByteRule::Pair => Some(Direction::Both),
         _ => None,
     }
