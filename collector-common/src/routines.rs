@@ -106,6 +106,8 @@ pub enum ByteRule {
     LargeRecvPosted = 41,
     /// [`ByteRule::RecvStatus`] with a 64-bit `MPI_Count` (`MPI_Recv_c`).
     LargeRecvStatus = 42,
+    /// [`ByteRule::Pair`] with 64-bit `MPI_Count`s (`MPI_Sendrecv_c`).
+    LargePair = 43,
 }
 
 impl ByteRule {
@@ -161,6 +163,7 @@ impl ByteRule {
             40 => ByteRule::LargeCountType,
             41 => ByteRule::LargeRecvPosted,
             42 => ByteRule::LargeRecvStatus,
+            43 => ByteRule::LargePair,
             _ => ByteRule::None,
         }
     }
@@ -998,6 +1001,15 @@ pub const ROUTINES: &[Routine] = &[
     r("MPI_Irsend_c", P2P, B::LargeCountType, [1, 2, N, N], 5, 3),
     r("MPI_Recv_c", P2P, B::LargeRecvStatus, [1, 2, 6, N], 5, 3),
     r("MPI_Irecv_c", P2P, B::LargeRecvPosted, [1, 2, N, N], 5, 3),
+    r("MPI_Sendrecv_c", P2P, B::LargePair, [1, 2, 6, 7], 10, 3),
+    r(
+        "MPI_Sendrecv_replace_c",
+        P2P,
+        B::LargePair,
+        [1, 2, 1, 2],
+        7,
+        3,
+    ),
     // MPI-4's large-count collectives (`MPI_Count` counts), counted as their own routines,
     // with their base routine's arguments.
     r(

@@ -166,7 +166,10 @@ impl Call<'_> {
     pub fn count_type_by(&self, a: u8, b: u8, rule: ByteRule) -> Option<u64> {
         let n = if matches!(
             rule,
-            ByteRule::LargeCountType | ByteRule::LargeRecvPosted | ByteRule::LargeRecvStatus
+            ByteRule::LargeCountType
+                | ByteRule::LargeRecvPosted
+                | ByteRule::LargeRecvStatus
+                | ByteRule::LargePair
         ) {
             self.arg(a).filter(|n| (*n as i64) >= 0)?
         } else {

@@ -81,20 +81,20 @@ pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Opt
             );
             Some(bytes)
         }
-        ByteRule::Pair => {
+        ByteRule::Pair | ByteRule::LargePair => {
             // Sendrecv and Sendrecv_replace both end (source, recvtag, comm, status).
             let source = spec.comm.wrapping_sub(2);
             let sent = if is_null(spec.peer) {
                 0
             } else {
-                let b = c.count_type(spec.a, spec.b)?;
+                let b = c.count_type_by(spec.a, spec.b, rule)?;
                 add(c, comm_key, peer(c, spec.peer, None), PeerKey::SENT, b);
                 b
             };
             let received = if is_null(source) {
                 0
             } else {
-                let b = c.count_type(spec.c, spec.d)?;
+                let b = c.count_type_by(spec.c, spec.d, rule)?;
                 let status = c
                     .arg(spec.comm.wrapping_add(1))
                     .filter(|s| !status_ignored(c.abi, *s));
@@ -122,6 +122,7 @@ pub fn describe_match(ev: &mut CallEvent, c: &Call, spec: &ArgSpec) {
                 | B::RecvPosted
                 | B::RecvStatus
                 | B::Pair
+                | B::LargePair
                 | B::LargeCountType
                 | B::LargeRecvPosted
                 | B::LargeRecvStatus
@@ -158,7 +159,7 @@ pub fn describe_match(ev: &mut CallEvent, c: &Call, spec: &ArgSpec) {
         B::RecvStatus | B::LargeRecvStatus => {
             (ev.peer, ev.tag) = resolve(ev.peer, tag, status_at(spec.c));
         }
-        B::Pair => {
+        B::Pair | B::LargePair => {
             ev.tag = tag;
             let source = int_arg(arg_at(c.args, spec.comm.wrapping_sub(2)));
             let rtag = int_arg(arg_at(c.args, spec.comm.wrapping_sub(1)));

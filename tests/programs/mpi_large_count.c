@@ -131,6 +131,19 @@ int main(int argc, char **argv)
     MPI_Isend_c(a, 55, MPI_DOUBLE, other, 9, MPI_COMM_WORLD, &both[1]);
     note("MPI_Waitall", 0);
     MPI_Waitall(2, both, MPI_STATUSES_IGNORE);
+    /* Both at once: bytes sent and posted to receive (mpitrace's rule for Sendrecv). */
+    /* Rank 0 sends 17 and receives 19; rank 1 the other way round. */
+    const MPI_Count out = rank ? 19 : 17, in = rank ? 17 : 19;
+    note("MPI_Sendrecv_c", (out + in) * (long long)sizeof(int));
+    SENT(out * (long long)sizeof(int));
+    RECEIVED(in * (long long)sizeof(int));
+    MPI_Sendrecv_c(a, out, MPI_INT, other, 10, b, in, MPI_INT, other, 10, MPI_COMM_WORLD,
+                   MPI_STATUS_IGNORE);
+    note("MPI_Sendrecv_replace_c", 2 * 23 * (long long)sizeof(double));
+    SENT(23 * (long long)sizeof(double));
+    RECEIVED(23 * (long long)sizeof(double));
+    MPI_Sendrecv_replace_c(b, 23, MPI_DOUBLE, other, 11, other, 11, MPI_COMM_WORLD,
+                           MPI_STATUS_IGNORE);
 
     char path[4096];
     snprintf(path, sizeof path, "%s.%d.json", argv[1], rank);

@@ -52,7 +52,7 @@ pub fn direction(r: &Routine) -> Option<Direction> {
         ByteRule::CountType | ByteRule::LargeCountType => Some(Direction::Send),
         ByteRule::RecvStatus | ByteRule::LargeRecvStatus => Some(Direction::Receive),
         ByteRule::RecvPosted | ByteRule::LargeRecvPosted => Some(Direction::Post),
-        ByteRule::Pair => Some(Direction::Both),
+        ByteRule::Pair | ByteRule::LargePair => Some(Direction::Both),
         _ => None,
     }
 }
