@@ -31,6 +31,14 @@ pub enum CgroupError {
         /// The hierarchies' mount points.
         mounts: Vec<String>,
     },
+    /// The path is in a named v1 hierarchy, which no controller's state leads to.
+    #[error("{} is in {}, a cgroup v1 hierarchy of no controller (as systemd's name=systemd): give a directory of the v2 hierarchy or of a controller's (freezer, cpu, memory...)", path.display(), mount.display())]
+    NoController {
+        /// The path asked for, resolved.
+        path: PathBuf,
+        /// The hierarchy's mount point.
+        mount: PathBuf,
+    },
     /// The path is a file.
     #[error("{} is not a cgroup directory", .0.display())]
     NotADirectory(PathBuf),
@@ -87,6 +95,16 @@ struct Mount<'a> {
     /// Its mount options: a v1 hierarchy's controllers (`freezer`, `cpu,cpuacct`,
     /// `name=systemd`) among others (`rw`, `xattr`).
     options: &'a str,
+}
+
+impl Mount<'_> {
+    /// The controller that names a v1 hierarchy (the first of its mount options that
+    /// `known`, the kernel's controllers, holds); None for a named one (`name=systemd`).
+    fn controller(&self, known: &[String]) -> Option<&str> {
+        self.options
+            .split(',')
+            .find(|o| known.iter().any(|k| k == o))
+    }
 }
 
 /// The cgroup hierarchies mounted, as a mount table (`/proc/self/mountinfo`) lists them.
@@ -158,12 +176,7 @@ fn hierarchies() -> Vec<(PathBuf, Option<String>)> {
             let controller = if m.v2 {
                 None
             } else {
-                Some(
-                    m.options
-                        .split(',')
-                        .find(|o| known.iter().any(|k| k == o))?
-                        .to_string(),
-                )
+                Some(m.controller(&known)?.to_string())
             };
             Some((PathBuf::from(m.point), controller))
         })
@@ -201,21 +214,13 @@ pub fn cgroup_ref(path: &Path) -> Result<CgroupRef, CgroupError> {
     let v1_controller = if mount.v2 {
         None
     } else {
-        let named = mount
-            .options
-            .split(',')
-            .find(|o| known.iter().any(|k| k == o));
-        Some(
-            named
-                .ok_or_else(|| CgroupError::Outside {
-                    path: path.clone(),
-                    mounts: hierarchies()
-                        .into_iter()
-                        .map(|(p, _)| p.display().to_string())
-                        .collect(),
-                })?
-                .to_string(),
-        )
+        let controller = mount
+            .controller(&known)
+            .ok_or_else(|| CgroupError::NoController {
+                path: path.clone(),
+                mount: mount.point.into(),
+            })?;
+        Some(controller.to_string())
     };
     let meta = fs::metadata(&path).map_err(io)?;
     if !meta.is_dir() {
