@@ -155,16 +155,20 @@ async fn watch_requested(
     );
 }
 
-/// Launch mode: probes the libraries the job will load before it starts, then starts it.
+/// Launch mode: probes the libraries the job will load before it starts (unless each of
+/// its processes will be paused at its loads until they are probed), then starts it.
 fn launch_command(session: &mut Session, opts: &RecordOptions) -> Result<tokio::process::Child> {
-    let mut libs = discover::candidate_libraries(&opts.command);
-    libs.extend(opts.libraries.iter().cloned());
+    let mut libs = opts.libraries.clone();
+    let ahead = !launched_processes_pause(&session.probes);
+    if ahead {
+        libs.extend(discover::candidate_libraries(&opts.command));
+    }
     for lib in &libs {
         if let Err(e) = session.attach_file(lib) {
             warn!("--lib {}: {e:#}", lib.display());
         }
     }
-    if session.probes.libraries().next().is_none() {
+    if ahead && session.probes.libraries().next().is_none() {
         warn!("no MPI library found in the linker's search path; libraries are probed as processes map them");
     }
     mark_ready(opts)?;
@@ -443,6 +447,30 @@ fn launch(command: &[String], probes: &mut Probes) -> Result<(tokio::process::Ch
     }
     info!("launched {} as PID {pid}", command.join(" "));
     Ok((child, pid))
+}
+
+/// Whether every process of a launched job will be paused at its library loads until
+/// they are probed (its first libraries included: the dynamic linker announces them before
+/// running any of their code), so that nothing needs probing before it starts. The kernel
+/// side pauses a process only where nobody notices (see `collector-ebpf`'s
+/// `pausable_unnoticed`): never a traced one, and on a terminal only one in its parent's
+/// process group, which a launcher's `setpgid` leaves. So: pausing is on, and commtap
+/// (whose descendants inherit both) has no controlling terminal and no tracer. Otherwise
+/// every MPI, NCCL and libfabric library the job may load is probed first, as before
+/// pausing existed: slower to start (each ABI's programs are verified), as exact.
+fn launched_processes_pause(probes: &Probes) -> bool {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command's closing parenthesis: state ppid pgrp session tty_nr ...
+    let no_terminal = stat
+        .rsplit_once(") ")
+        .and_then(|(_, rest)| rest.split_whitespace().nth(4))
+        .is_some_and(|tty| tty == "0");
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let untraced = status.lines().any(|l| {
+        l.strip_prefix("TracerPid:")
+            .is_some_and(|v| v.trim() == "0")
+    });
+    probes.pauses_at_load() && no_terminal && untraced
 }
 
 fn mark_ready(opts: &RecordOptions) -> Result<()> {

@@ -68,8 +68,10 @@ impl Probes {
         if slot >= MAX_LAYOUTS {
             return Err(AttachError::TooManyLibraries);
         }
+        self.load_programs_for(lib.abi)?;
         self.write_library_maps(slot, &lib)?;
         let (links, failed) = self.attach_links(&lib, slot, &file)?;
+        let through_sessions = self.programs.sessions() && lib.abi != Abi::Fabric;
         log_probing(&lib, &failed);
         let attached = AttachedLibrary {
             library: lib,
@@ -78,6 +80,7 @@ impl Probes {
             owner,
             links,
             released: false,
+            through_sessions,
         };
         let counted = attached.library.family != Family::Cuda;
         if index < self.libraries.len() {
@@ -231,7 +234,7 @@ impl Probes {
             (names::programs::FABRIC_OPEN, ProbeKind::Entry, open),
             (names::programs::MPI_PCONTROL, ProbeKind::Entry, pcontrol),
         ];
-        if self.sessions && lib.abi != Abi::Fabric {
+        if self.programs.sessions() && lib.abi != Abi::Fabric {
             // One session link per return program: its entry and return in one.
             for (ret, points) in returns {
                 let session = names::programs::session_for(ret)

@@ -6,6 +6,7 @@ pub mod btf;
 mod counters;
 mod library;
 mod multi;
+mod programs;
 pub mod state;
 pub mod system;
 
@@ -85,6 +86,9 @@ pub enum AttachError {
     /// The kernel's run-time statistics of BPF programs could not be turned on.
     #[error("turning on BPF run-time statistics (--probe-stats)")]
     RunStats(#[source] std::io::Error),
+    /// Descriptors of the maps could not be kept for the programs loaded later.
+    #[error("keeping the BPF maps open for the programs loaded later")]
+    MapDescriptors(#[source] std::io::Error),
 }
 
 fn map_err(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> AttachError {
@@ -119,6 +123,9 @@ pub struct AttachedLibrary {
     /// Let go (its slot is free for another library).
     #[serde(skip)]
     released: bool,
+    /// Probed through uprobe sessions (else an entry and a return probe per routine).
+    #[serde(skip)]
+    pub through_sessions: bool,
 }
 
 /// How long pausing at library loads lasts unless renewed (commtap renews it several times
@@ -157,6 +164,11 @@ pub struct Probes {
     linker: Option<multi::MultiLink>,
     /// Pausing at library loads is wanted (and possible).
     pause_at_load: bool,
+    /// The kernel's offsets into a task are known (without them nobody is paused).
+    identity_known: bool,
+    /// When the last program load ended (monotonic ns): a process paused while programs
+    /// were verified is not overdue before that.
+    programs_loaded_ns: u64,
     /// How long pausing lasts unless renewed.
     pause_lease: std::time::Duration,
     events: Option<RingBuf<MapData>>,
@@ -169,8 +181,8 @@ pub struct Probes {
     libraries: Vec<AttachedLibrary>,
     /// MPI libraries we saw but do not decode, with the reason.
     unsupported: Vec<String>,
-    /// The MPI and NCCL probe programs, loaded for uprobe_multi links.
-    programs: HashMap<String, OwnedFd>,
+    /// The uprobe_multi programs loaded so far (an ABI's at its first library).
+    programs: programs::ProgramSet,
     /// Slots of libraries let go, for reuse.
     free_slots: Vec<usize>,
     /// The processes seen mapping each library (by slot).
@@ -179,9 +191,6 @@ pub struct Probes {
     _task_state: OwnedFd,
     /// The process tracepoints' links (detached with the probes, see `Drop`).
     tracepoints: Vec<TracePointLink>,
-    /// MPI and NCCL routines are probed through uprobe sessions (else an entry and a
-    /// return probe each).
-    sessions: bool,
     /// Held while the kernel keeps run-time statistics for us (`--probe-stats`).
     run_stats: Option<OwnedFd>,
     /// The controllers whose cgroup v1 the programs can find, with their subsystem ids.
@@ -288,8 +297,6 @@ impl Probes {
         let task_state = multi::create_task_storage(size_of::<CallState>() as u32)?;
         let mut fds = map_fds(&ebpf);
         fds.insert(names::maps::TASK_STATE.to_string(), task_state.as_raw_fd());
-        // The slots are handed out while the verifier checks the programs: the two take
-        // most of the start-up, and the stack is needed only once a program runs.
         let mut counters = counters::Counters::take_from(&mut ebpf)?;
         let btf = btf::Btf::vmlinux();
         let session_kfunc = match &btf {
@@ -299,15 +306,21 @@ impl Probes {
                 None
             }
         };
-        let programs = std::thread::scope(|s| {
+        let mut programs =
+            programs::ProgramSet::new(&fds, session_kfunc).map_err(AttachError::MapDescriptors)?;
+        // The slots are handed out while the verifier checks the first programs.
+        let first = std::thread::scope(|s| {
             let fill = s.spawn(|| counters.fill_free_stack());
-            let programs = load_probe_programs(&fds, session_kfunc);
+            let first = programs.loader(programs::AT_START.to_vec())();
             let filled = fill.join().unwrap_or_else(|_| {
                 Err(AttachError::Missing("counter slots: filling them panicked"))
             });
-            filled.and(programs)
+            filled.and(first.map_err(AttachError::from))
         })?;
-        let sessions = programs.contains_key(names::programs::SESS_OMPI);
+        programs.add(first);
+        if programs.sessions() {
+            info!("MPI and NCCL are probed through uprobe sessions: unwatched processes pay the entry only");
+        }
         let cgroup_v1_subsys = btf
             .as_ref()
             .map(btf::cgroup_v1_subsystems)
@@ -315,7 +328,7 @@ impl Probes {
 
         // Held until the tracepoints are loaded: they refer to these maps, which close when
         // dropped.
-        let _tables = fill_tables(&mut ebpf, btf.as_ref().ok())?;
+        let (_tables, identity_known) = fill_tables(&mut ebpf, btf.as_ref().ok())?;
         let tracepoints = attach_tracepoints(&mut ebpf)?;
         let linker = attach_linker(&programs);
         let mut probes = Probes {
@@ -341,6 +354,8 @@ impl Probes {
             paused: map(&mut ebpf, names::maps::PAUSED)?,
             linker,
             pause_at_load: false,
+            identity_known,
+            programs_loaded_ns: 0,
             pause_lease: opts.pause_lease,
             events: Some(map(&mut ebpf, names::maps::EVENTS)?),
             _ebpf: ebpf,
@@ -353,7 +368,6 @@ impl Probes {
             mapped_by: BTreeMap::new(),
             _task_state: task_state,
             tracepoints,
-            sessions,
             run_stats: if opts.probe_stats {
                 Some(multi::enable_run_stats().map_err(AttachError::RunStats)?)
             } else {
@@ -418,15 +432,18 @@ impl Probes {
         pids.len()
     }
 
-    /// Continues the processes paused longer than `max` ago (their event was not handled:
-    /// it should not happen, and no process stays stopped if it does); how many.
+    /// Continues the processes paused longer than `max` ago, or than `max` after the last
+    /// program load (their event was not handled: it should not happen, and no process
+    /// stays stopped if it does); how many.
     pub fn resume_overdue(&mut self, max: std::time::Duration) -> usize {
         let now = crate::clock::monotonic_ns();
         let overdue: Vec<u32> = self
             .paused
             .iter()
             .filter_map(Result::ok)
-            .filter(|(_, at)| now.saturating_sub(*at) > max.as_nanos() as u64)
+            .filter(|(_, at)| {
+                now.saturating_sub((*at).max(self.programs_loaded_ns)) > max.as_nanos() as u64
+            })
             .map(|(pid, _)| pid)
             .collect();
         for pid in &overdue {
@@ -435,9 +452,73 @@ impl Probes {
         overdue.len()
     }
 
-    /// Whether MPI and NCCL are probed through uprobe sessions.
+    /// Whether watched processes are paused at their library loads until those are probed
+    /// (where they may be unnoticed: see `collector-ebpf`'s `pausable_unnoticed`).
+    pub fn pauses_at_load(&self) -> bool {
+        self.pause_at_load && self.identity_known
+    }
+
+    /// Whether MPI and NCCL are probed through uprobe sessions (from now on).
     pub fn uses_sessions(&self) -> bool {
-        self.sessions
+        self.programs.sessions()
+    }
+
+    /// Loads the programs that probe libraries of `abi`, unless they are loaded. The
+    /// verifier takes a second or two: meanwhile the pause at library loads is renewed
+    /// (the process whose load brought the library waits paused for these programs, and
+    /// the other ranks loading it must pause too). A session program the kernel refuses
+    /// turns sessions off: entry and return programs instead.
+    fn load_programs_for(&mut self, abi: collector_common::Abi) -> Result<(), AttachError> {
+        let sessions = self.programs.sessions();
+        match self.load_renewing(programs::for_abi(abi, sessions)) {
+            Err(e) if sessions && abi != collector_common::Abi::Fabric => {
+                warn!("uprobe sessions refused, using entry and return probes: {e:#}");
+                self.programs.stop_sessions();
+                self.load_renewing(programs::for_abi(abi, false))
+            }
+            done => done,
+        }
+    }
+
+    /// Loads those of `names` not loaded yet on another thread, renewing the pause lease
+    /// until they are.
+    fn load_renewing(&mut self, names: &[&'static str]) -> Result<(), AttachError> {
+        let missing = self.programs.missing(names);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let load = self.programs.loader(missing);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(load());
+        });
+        let loaded = loop {
+            match rx.recv_timeout(self.pause_lease / 4) {
+                Ok(loaded) => break loaded,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    // Not given up on: the loading thread uses the maps' descriptors.
+                    if let Err(e) = self.renew_pause_lease() {
+                        warn!("{e:#}");
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(AttachError::Missing(
+                        "probe programs: loading them panicked",
+                    ));
+                }
+            }
+        }?;
+        self.programs.add(loaded);
+        self.programs_loaded_ns = crate::clock::monotonic_ns();
+        Ok(())
+    }
+
+    /// Loads every program (the verifier's verdict on each, for `commtap doctor`).
+    pub fn load_all_programs(&mut self) -> Result<(), AttachError> {
+        for abi in programs::ABIS {
+            self.load_programs_for(abi)?;
+        }
+        Ok(())
     }
 
     /// Each probe program's runs and run time since it was loaded; `None` unless loaded
@@ -699,15 +780,12 @@ fn uprobe_sessions(btf: &btf::Btf) -> Option<u32> {
     id
 }
 
-/// Loads the programs of the uprobe_multi links: with sessions, one program per ABI for
-/// entry and return together; else (or if the kernel refuses them) an entry program and
-/// return programs.
 /// The system's dynamic linker: what every program of this machine's ABI starts with.
 const DYNAMIC_LINKER: &str = "/lib64/ld-linux-x86-64.so.2";
 
 /// Places `linker_loaded` on the dynamic linker's `_dl_debug_state` (None, with a warning,
 /// where it cannot be: libraries loaded late are then probed after their first calls).
-fn attach_linker(programs: &HashMap<String, OwnedFd>) -> Option<multi::MultiLink> {
+fn attach_linker(programs: &programs::ProgramSet) -> Option<multi::MultiLink> {
     let gap = "libraries loaded late (dlopen) are probed after their first calls";
     let prog = programs.get(names::programs::LINKER_LOADED)?;
     let file = match LibraryFile::open_path(std::path::Path::new(DYNAMIC_LINKER)) {
@@ -742,34 +820,6 @@ fn attach_linker(programs: &HashMap<String, OwnedFd>) -> Option<multi::MultiLink
     }
 }
 
-fn load_probe_programs(
-    fds: &HashMap<String, RawFd>,
-    session_kfunc: Option<u32>,
-) -> Result<HashMap<String, OwnedFd>, AttachError> {
-    use names::programs as p;
-    if let Some(id) = session_kfunc {
-        let names = [
-            p::FABRIC_ENTRY,
-            p::FABRIC_RETURN,
-            p::FABRIC_OPEN,
-            p::SESS_OMPI,
-            p::SESS_MPICH,
-            p::SESS_MPICH_TYPES,
-            p::SESS_NCCL,
-            p::LINKER_LOADED,
-            p::MPI_PCONTROL,
-        ];
-        match multi::load_programs(BPF_OBJECT, fds, &names, Some(id)) {
-            Ok(programs) => {
-                info!("MPI and NCCL probed through uprobe sessions: unwatched processes pay the entry only");
-                return Ok(programs);
-            }
-            Err(e) => warn!("uprobe sessions refused, using entry and return probes: {e:#}"),
-        }
-    }
-    Ok(multi::load_programs(BPF_OBJECT, fds, &p::PROBES, None)?)
-}
-
 /// The maps [`fill_tables`] filled, taken out of the object.
 type Tables = (
     Array<MapData, ArgSpec>,
@@ -779,7 +829,9 @@ type Tables = (
 
 /// Fills what the programs read and nobody changes after: the routine table and this
 /// kernel's offsets (identity events, tracepoint fields).
-fn fill_tables(ebpf: &mut Ebpf, btf: Option<&btf::Btf>) -> Result<Tables, AttachError> {
+/// Whether the identity offsets were found is returned beside them.
+fn fill_tables(ebpf: &mut Ebpf, btf: Option<&btf::Btf>) -> Result<(Tables, bool), AttachError> {
+    let mut identity_known = true;
     let mut specs: Array<MapData, ArgSpec> = map(ebpf, names::maps::ROUTINE_SPECS)?;
     for (i, r) in ROUTINES.iter().enumerate() {
         specs
@@ -797,13 +849,17 @@ fn fill_tables(ebpf: &mut Ebpf, btf: Option<&btf::Btf>) -> Result<Tables, Attach
             .set(0, offsets, 0)
             .map_err(map_err(names::maps::IDENTITY_OFFSETS))?,
         // Processes are then known by their /proc entries only (a rank that exits at
-        // once may lose its rank and job).
-        Err(e) => warn!("no identity events: {e:#}"),
+        // once may lose its rank and job), and none is paused (whether it may be unnoticed
+        // is read from its task).
+        Err(e) => {
+            warn!("no identity events: {e:#}");
+            identity_known = false;
+        }
     }
     let mut tp: Array<MapData, TpOffsets> = map(ebpf, names::maps::TP_OFFSETS)?;
     tp.set(0, system::tracepoint_offsets()?, 0)
         .map_err(map_err(names::maps::TP_OFFSETS))?;
-    Ok((specs, identity, tp))
+    Ok(((specs, identity, tp), identity_known))
 }
 
 /// Attaches the process tracepoints (fork, exec, exit).

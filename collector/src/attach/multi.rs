@@ -288,7 +288,22 @@ fn load_one(
     for (dst, src) in u.prog_name.iter_mut().zip(name.bytes().take(15)) {
         *dst = src as libc::c_char;
     }
+    // BPF_LOG_STATS: the verifier's few lines of effort (instructions processed, states),
+    // logged at debug level with the time the load took.
+    let mut stats = vec![0u8; 4096];
+    u.log_level = 4;
+    u.log_buf = stats.as_mut_ptr() as u64;
+    u.log_size = stats.len() as u32;
+    let started = std::time::Instant::now();
     if let Ok(fd) = bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr) {
+        let end = stats.iter().position(|b| *b == 0).unwrap_or(stats.len());
+        tracing::debug!(
+            "verified {name} in {:?}: {}",
+            started.elapsed(),
+            String::from_utf8_lossy(&stats[..end])
+                .trim()
+                .replace('\n', "; ")
+        );
         return Ok(fd);
     }
     let mut log = vec![0u8; 1 << 20];

@@ -295,8 +295,7 @@ pub fn library_summaries(probes: &Probes) -> Vec<ProbedLibrary> {
             moved_past_single_step: names_with(l, Placement::MovedPastSingleStep),
             single_stepped: names_with(l, Placement::SingleStepped),
             failed: l.failed.clone(),
-            uprobe_sessions: probes.uses_sessions()
-                && l.library.abi != collector_common::Abi::Fabric,
+            uprobe_sessions: l.through_sessions,
         })
         .collect()
 }
