@@ -12,8 +12,10 @@ pub mod maps {
     pub const COUNTER_VALUES: &str = "COUNTER_VALUES";
     /// Duration histograms by counter slot.
     pub const COUNTER_DURATIONS: &str = "COUNTER_DURATIONS";
-    /// Slots not yet given to a key.
+    /// Slots given back, to be given to new keys.
     pub const FREE_SLOTS: &str = "FREE_SLOTS";
+    /// The first counter slot never given to a key.
+    pub const NEXT_FRESH_SLOT: &str = "NEXT_FRESH_SLOT";
     /// The handle generation that makes threads drop cached slots and handles.
     pub const HANDLE_GEN: &str = "HANDLE_GEN";
     /// NCCL device-time windows per operation key.
@@ -54,12 +56,13 @@ pub mod maps {
     /// The maps that carry a node's counts across a daemon restart (the others are refilled
     /// at start, or hold per-run state such as library slots); `PAUSED` too, so that a
     /// daemon restarted after a crash continues the processes its predecessor paused.
-    pub const KEPT: [&str; 11] = [
+    pub const KEPT: [&str; 12] = [
         WATCHED,
         COUNTER_SLOTS,
         COUNTER_VALUES,
         COUNTER_DURATIONS,
         FREE_SLOTS,
+        NEXT_FRESH_SLOT,
         DEVICE_TIME,
         PEERS,
         PROC_STATS,

@@ -9,6 +9,7 @@
 //! - `sched_fork` / `sched_exec` / `sched_exit`: follow the watched process tree.
 #![no_std]
 #![feature(core_intrinsics)]
+#![feature(asm_experimental_arch)]
 #![allow(internal_features)]
 #![no_main]
 

@@ -1,6 +1,7 @@
 //! The kernel's ground-truth counters as userspace sees them: keys with their slots in
-//! `COUNTER_SLOTS`, per-CPU values in `COUNTER_VALUES`, and the `FREE_SLOTS` stack that
-//! hands slots to new keys (see collector-ebpf's `counters`).
+//! `COUNTER_SLOTS`, per-CPU values in `COUNTER_VALUES`, and the `FREE_SLOTS` stack and
+//! `NEXT_FRESH_SLOT` counter that hand slots to new keys (see collector-ebpf's
+//! `counters`).
 
 use aya::{
     maps::{
@@ -21,34 +22,34 @@ pub struct Counters {
     values: PerCpuArray<MapData, CounterVal>,
     durations: Array<MapData, DurationHist>,
     free: Stack<MapData, u32>,
+    next_fresh: Array<MapData, u64>,
     handle_gen: Array<MapData, u64>,
 }
 
 impl Counters {
-    /// Takes the maps out of the loaded object (see [`Counters::fill_free_stack`]).
+    /// Takes the maps out of the loaded object (see [`Counters::reset_unassigned`]).
     pub fn take_from(ebpf: &mut Ebpf) -> Result<Counters, AttachError> {
         Ok(Counters {
             slots: map(ebpf, names::maps::COUNTER_SLOTS)?,
             values: map(ebpf, names::maps::COUNTER_VALUES)?,
             durations: map(ebpf, names::maps::COUNTER_DURATIONS)?,
             free: map(ebpf, names::maps::FREE_SLOTS)?,
+            next_fresh: map(ebpf, names::maps::NEXT_FRESH_SLOT)?,
             handle_gen: map(ebpf, names::maps::HANDLE_GEN)?,
         })
     }
 
-    /// With no key assigned, every slot is free: the stack is (re)filled with all of them
-    /// (one bpf(2) call each: a stack has no batch update). Pinned maps kept with keys are
-    /// left as they are. Needed before the programs run.
-    pub fn fill_free_stack(&mut self) -> Result<(), AttachError> {
+    /// With no key assigned, every slot is free: handed out from the first on (pinned maps
+    /// kept empty by a daemon before are reset so; kept with keys, left as they are).
+    /// Needed before the programs run.
+    pub fn reset_unassigned(&mut self) -> Result<(), AttachError> {
         if self.slots.keys().next().is_some() {
             return Ok(());
         }
         while self.free.pop(0).is_ok() {}
-        for slot in 0..MAX_COUNTERS {
-            self.free
-                .push(slot, 0)
-                .map_err(map_err(names::maps::FREE_SLOTS))?;
-        }
+        self.next_fresh
+            .set(0, 0, 0)
+            .map_err(map_err(names::maps::NEXT_FRESH_SLOT))?;
         debug!("{MAX_COUNTERS} counter slots free");
         Ok(())
     }

@@ -308,16 +308,8 @@ impl Probes {
         };
         let mut programs =
             programs::ProgramSet::new(&fds, session_kfunc).map_err(AttachError::MapDescriptors)?;
-        // The slots are handed out while the verifier checks the first programs.
-        let first = std::thread::scope(|s| {
-            let fill = s.spawn(|| counters.fill_free_stack());
-            let first = programs.loader(programs::AT_START.to_vec())();
-            let filled = fill.join().unwrap_or_else(|_| {
-                Err(AttachError::Missing("counter slots: filling them panicked"))
-            });
-            filled.and(first.map_err(AttachError::from))
-        })?;
-        programs.add(first);
+        counters.reset_unassigned()?;
+        programs.add(programs.loader(programs::AT_START.to_vec())()?);
         if programs.sessions() {
             info!("MPI and NCCL are probed through uprobe sessions: unwatched processes pay the entry only");
         }
