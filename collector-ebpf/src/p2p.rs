@@ -16,10 +16,11 @@ use crate::{
     maps::with_proc_stats,
 };
 
-/// Calls and bytes per process, communicator, peer and direction.
+/// Calls and bytes per process, communicator, peer and direction (allocated as keys come,
+/// see `maps::DEVICE_TIME`).
 #[map]
 pub static PEERS: PerCpuHashMap<PeerKey, PeerVal> =
-    PerCpuHashMap::with_max_entries(MAX_PEER_COUNTERS, 0);
+    PerCpuHashMap::with_max_entries(MAX_PEER_COUNTERS, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
 
 /// Bytes of a point-to-point call by `rule`, and its traffic counted per peer.
 ///
