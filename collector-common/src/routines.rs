@@ -1267,6 +1267,66 @@ pub const ROUTINES: &[Routine] = &[
     ),
     // The profiler's hook (level, ...): counted; its region is not yet honoured.
     r("MPI_Pcontrol", OTHER, B::None, [N; 4], N, N),
+    // A Cartesian communicator (comm_old, ndims, dims, periods, reorder, *comm_cart): the
+    // topology neighbourhood collectives run on.
+    r("MPI_Cart_create", COMM, B::CommCreate, [N, N, N, 5], 0, N),
+    // Neighbourhood collectives: the bytes a rank sends to each neighbour, as Alltoall's
+    // per peer. (sbuf, scount, stype, rbuf, rcount, rtype, comm[, request])
+    r(
+        "MPI_Neighbor_allgather",
+        COLLECTIVE,
+        B::CountType,
+        [1, 2, N, N],
+        6,
+        N,
+    ),
+    r(
+        "MPI_Neighbor_alltoall",
+        COLLECTIVE,
+        B::CountType,
+        [1, 2, N, N],
+        6,
+        N,
+    ),
+    r(
+        "MPI_Ineighbor_allgather",
+        COLLECTIVE,
+        B::CountType,
+        [1, 2, N, N],
+        6,
+        N,
+    ),
+    r(
+        "MPI_Ineighbor_alltoall",
+        COLLECTIVE,
+        B::CountType,
+        [1, 2, N, N],
+        6,
+        N,
+    ),
+    // (sbuf, scount, stype, rbuf, rcounts, displs, rtype, comm[, request])
+    r(
+        "MPI_Neighbor_allgatherv",
+        COLLECTIVE,
+        B::CountType,
+        [1, 2, N, N],
+        7,
+        N,
+    ),
+    r(
+        "MPI_Ineighbor_allgatherv",
+        COLLECTIVE,
+        B::CountType,
+        [1, 2, N, N],
+        7,
+        N,
+    ),
+    // (sbuf, scounts, sdispls, stype[s], rbuf, rcounts, rdispls, rtype[s], comm[, request]):
+    // one count per neighbour, whose number is the topology's (not read): calls and time.
+    r("MPI_Neighbor_alltoallv", COLLECTIVE, B::None, [N; 4], 8, N),
+    r("MPI_Ineighbor_alltoallv", COLLECTIVE, B::None, [N; 4], 8, N),
+    r("MPI_Neighbor_alltoallw", COLLECTIVE, B::None, [N; 4], 8, N),
+    r("MPI_Ineighbor_alltoallw", COLLECTIVE, B::None, [N; 4], 8, N),
 ];
 
 /// A libfabric ops-table slot: `(ep, buf, len, ...)`, `(ep, iov, desc, count, ...)` or
@@ -1328,6 +1388,8 @@ pub const NCCL_GROUP: u16 = routine_index("ncclGroup");
 /// Number of routines in [`ROUTINES`].
 pub const ROUTINE_COUNT: usize = ROUTINES.len();
 const _: () = assert!(ROUTINE_COUNT < u16::MAX as usize);
+// The kernel's per-routine maps (`ROUTINE_SPECS`, `TIME_ONE_IN`) hold 1,024.
+const _: () = assert!(ROUTINE_COUNT <= 1024);
 
 /// Id of the routine with this C name (`MPI_Send`), if commtap probes it.
 pub fn routine_id(name: &str) -> Option<u16> {

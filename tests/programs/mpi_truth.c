@@ -736,6 +736,70 @@ int main(int argc, char **argv)
         note("MPI_Comm_free", 0);
     }
 
+    /* ---- a periodic Cartesian ring: neighbourhood collectives, each rank's two
+     * neighbours its left and right (with P = 2, the other rank twice); bytes are those
+     * sent to each neighbour (the v and w forms: calls only, their counts are per
+     * neighbour) ---- */
+    {
+        MPI_Comm ring;
+        int dims[1] = {P}, periods[1] = {1}, ring_size;
+        MPI_Cart_create(world, 1, dims, periods, 0, &ring);
+        note("MPI_Cart_create", 0);
+        MPI_Comm_size(ring, &ring_size);
+        note("MPI_Comm_size", 0);
+        int nsend[8], nrecv[8], counts[2] = {1, 1}, displs[2] = {0, 1};
+        MPI_Aint wdispls[2] = {0, (MPI_Aint)sizeof(int)};
+        MPI_Datatype wtypes[2] = {MPI_INT, MPI_INT};
+        for (int i = 0; i < 8; i++)
+            nsend[i] = 10 * rank + i;
+        note_coll("MPI_Neighbor_allgather", 1 * SZ_INT, ring_size);
+        MPI_Neighbor_allgather(nsend, 1, MPI_INT, nrecv, 1, MPI_INT, ring);
+        digest(nrecv, 2 * sizeof(int));
+        note_coll("MPI_Neighbor_alltoall", 2 * SZ_INT, ring_size);
+        MPI_Neighbor_alltoall(nsend, 2, MPI_INT, nrecv, 2, MPI_INT, ring);
+        digest(nrecv, 4 * sizeof(int));
+        note_coll("MPI_Neighbor_allgatherv", 1 * SZ_DOUBLE, ring_size);
+        double dsend1 = rank, drecv2[2];
+        MPI_Neighbor_allgatherv(&dsend1, 1, MPI_DOUBLE, drecv2, counts, displs, MPI_DOUBLE,
+                                ring);
+        digest(drecv2, sizeof drecv2);
+        note_coll("MPI_Neighbor_alltoallv", 0, ring_size);
+        MPI_Neighbor_alltoallv(nsend, counts, displs, MPI_INT, nrecv, counts, displs, MPI_INT,
+                               ring);
+        digest(nrecv, 2 * sizeof(int));
+        note_coll("MPI_Neighbor_alltoallw", 0, ring_size);
+        MPI_Neighbor_alltoallw(nsend, counts, wdispls, wtypes, nrecv, counts, wdispls, wtypes,
+                               ring);
+        digest(nrecv, 2 * sizeof(int));
+        MPI_Request nreq[2];
+        MPI_Status nsts[2];
+        note_coll("MPI_Ineighbor_allgather", 3 * SZ_INT, ring_size);
+        MPI_Ineighbor_allgather(nsend, 3, MPI_INT, nrecv, 3, MPI_INT, ring, &nreq[0]);
+        note("MPI_Wait", 0);
+        MPI_Wait(&nreq[0], MPI_STATUS_IGNORE);
+        digest(nrecv, 6 * sizeof(int));
+        note_coll("MPI_Ineighbor_alltoall", 1 * SZ_INT, ring_size);
+        MPI_Ineighbor_alltoall(nsend, 1, MPI_INT, nrecv, 1, MPI_INT, ring, &nreq[0]);
+        note_coll("MPI_Ineighbor_allgatherv", 1 * SZ_DOUBLE, ring_size);
+        MPI_Ineighbor_allgatherv(&dsend1, 1, MPI_DOUBLE, drecv2, counts, displs, MPI_DOUBLE,
+                                 ring, &nreq[1]);
+        note("MPI_Waitall", 0);
+        MPI_Waitall(2, nreq, nsts);
+        digest(nrecv, 2 * sizeof(int));
+        digest(drecv2, sizeof drecv2);
+        note_coll("MPI_Ineighbor_alltoallv", 0, ring_size);
+        MPI_Ineighbor_alltoallv(nsend, counts, displs, MPI_INT, nrecv, counts, displs,
+                                MPI_INT, ring, &nreq[0]);
+        note_coll("MPI_Ineighbor_alltoallw", 0, ring_size);
+        MPI_Ineighbor_alltoallw(nsend, counts, wdispls, wtypes, nrecv + 4, counts, wdispls,
+                                wtypes, ring, &nreq[1]);
+        note("MPI_Waitall", 0);
+        MPI_Waitall(2, nreq, nsts);
+        digest(nrecv, 6 * sizeof(int));
+        MPI_Comm_free(&ring);
+        note("MPI_Comm_free", 0);
+    }
+
     /* ---- MPI-IO: one file, each rank its own block of 16 ints ---- */
     {
         char path[4096];
