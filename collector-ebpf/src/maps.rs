@@ -4,7 +4,7 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuHashMap, RingBuf},
 };
 use collector_common::{
     ArgSpec, CallState, CommInfo, Config, CounterKey, CounterVal, FabricRanges, FabricText,
@@ -19,6 +19,13 @@ pub static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
 /// (monotonic ns). Full: nobody more is paused.
 #[map]
 pub static PAUSED: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
+/// Processes a daemon limited to a cgroup found outside it at their first call (watch-all
+/// mode): judged once, not at each of their calls (a cgroup v1 check walks the kernel's
+/// structures). Until their exit or exec; an LRU map, so that other jobs' processes never
+/// crowd out anything (one evicted is judged again).
+#[map]
+pub static OUT_OF_SCOPE: LruHashMap<u32, u8> = LruHashMap::with_max_entries(16384, 0);
 
 /// The routine table (`collector_common::ROUTINES` specs), indexed by routine id.
 #[map]

@@ -14,7 +14,7 @@ use collector_common::{
     IDENTITY_ENV_LEN,
 };
 
-use crate::maps::{CONFIG, EVENTS, IDENTITY_OFFSETS, TP_OFFSETS, WATCHED};
+use crate::maps::{CONFIG, EVENTS, IDENTITY_OFFSETS, OUT_OF_SCOPE, TP_OFFSETS, WATCHED};
 
 /// The current task (valid for the program's run).
 #[inline(always)]
@@ -173,6 +173,8 @@ pub fn sched_fork(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn sched_exec(_ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // A new image (a setuid one, say) is judged anew at its first call.
+    let _ = OUT_OF_SCOPE.remove(tgid);
     // SAFETY: plain u32.
     if unsafe { WATCHED.get(tgid) }.is_some() {
         // The new image's handles mean something else; its threads keep their task storage.
@@ -188,6 +190,10 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
+    if tid == tgid {
+        // Its pid may come back as another process's.
+        let _ = OUT_OF_SCOPE.remove(tgid);
+    }
     // SAFETY: plain u32.
     if unsafe { WATCHED.get(tid) }.is_none() && unsafe { WATCHED.get(tgid) }.is_none() {
         return 0;
@@ -225,13 +231,33 @@ pub fn is_counted(tgid: u32) -> bool {
         return f & collector_common::watch::COUNT != 0;
     }
     match CONFIG.get(0) {
-        Some(c) if c.watch_all != 0 && c.self_tgid != tgid && in_scope(c) => {
-            let _ = WATCHED.insert(tgid, collector_common::watch::COUNT, 0);
-            emit(collector_common::EventKind::Discovered, tgid, 0);
-            true
-        }
+        Some(c) if c.watch_all != 0 && c.self_tgid != tgid => join_if_in_scope(tgid),
         _ => false,
     }
+}
+
+/// Watch-all mode, a process not in the watched set: within the daemon's limits, it joins
+/// the set (and userspace is told); outside a cgroup limit, it is marked so, and not judged
+/// again at its next calls. Not inlined: once per process.
+#[inline(never)]
+fn join_if_in_scope(tgid: u32) -> bool {
+    let Some(c) = CONFIG.get(0) else {
+        return false;
+    };
+    let cgroup_limited = c.cgroup_id != 0;
+    // SAFETY: plain u8 value.
+    if cgroup_limited && unsafe { OUT_OF_SCOPE.get(tgid) }.is_some() {
+        return false;
+    }
+    if !in_scope(c) {
+        if cgroup_limited {
+            let _ = OUT_OF_SCOPE.insert(tgid, 1, 0);
+        }
+        return false;
+    }
+    let _ = WATCHED.insert(tgid, collector_common::watch::COUNT, 0);
+    emit(collector_common::EventKind::Discovered, tgid, 0);
+    true
 }
 
 /// Whether the current process is within the daemon's user and cgroup limits.

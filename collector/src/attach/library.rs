@@ -63,12 +63,18 @@ impl Probes {
             return Ok(false);
         };
         let _library = tracing::info_span!("library", path = %lib.path).entered();
+        if let Err(e) = self.load_programs_for(lib.abi) {
+            // Not tried again for each process that maps it: verifying takes seconds.
+            let why = format!("{}: not probed: {e:#}", lib.path);
+            self.unsupported.push(why);
+            self.seen.insert(dev_inode, None);
+            return Err(e);
+        }
         let index = self.free_slots.pop().unwrap_or(self.libraries.len());
         let slot = index as u32;
         if slot >= MAX_LAYOUTS {
             return Err(AttachError::TooManyLibraries);
         }
-        self.load_programs_for(lib.abi)?;
         self.write_library_maps(slot, &lib)?;
         let (links, failed) = self.attach_links(&lib, slot, &file)?;
         let through_sessions = self.programs.sessions() && lib.abi != Abi::Fabric;
