@@ -38,8 +38,8 @@ enum Cmd {
     /// Measure probe overhead (ns per call: no probes, bare uprobes, commtap) and write
     /// the figures to target/bench/.
     Bench {
-        /// Only this part (repeatable): per-call, call-rate, daemon, trace-rates, lammps,
-        /// aggregator, aggregator-load. Its figures go to target/bench/PART.txt, leaving the
+        /// Only this part (repeatable): per-call, call-rate, daemon, trace-rates, startup,
+        /// lammps, aggregator, aggregator-load. Its figures go to target/bench/PART.txt, leaving the
         /// full run's.
         #[arg(long)]
         only: Vec<String>,

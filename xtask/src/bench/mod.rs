@@ -13,7 +13,10 @@
 //!   (g) (a) while a daemon that does not watch the job runs (uprobe sessions: entries
 //!       only), and (h) the same with entry and return probes,
 //!   (i) (c) with time sampled one call in 64 (`--time-one-in 64`: the calls not drawn
-//!       pay an entry only).
+//!       pay an entry only),
+//!   (j) (g) with the daemon limited to a cgroup the job is not in (`--cgroup`, a cgroup
+//!       v1 directory where the host has the freezer's v1 hierarchy, as Slurm's jobs), the
+//!       job 5 levels deep in that hierarchy, as a Slurm task is.
 //! Runs are interleaved (a, b, c, d, e, f, a, b, ...) and medians taken, because the
 //! machines are shared and noisy; the figures to quote are the ratio (c - a) / (b - a),
 //! what tracing adds per call, (d - c) and (f - c), and what matching collectives adds,
@@ -66,11 +69,12 @@ const STACKS: &[Stack] = &[
 type Sample = (f64, f64);
 
 /// The parts of the benchmark, as `--only` names them.
-pub const SECTIONS: [&str; 7] = [
+pub const SECTIONS: [&str; 8] = [
     "per-call",
     "call-rate",
     "daemon",
     "trace-rates",
+    "startup",
     "lammps",
     "aggregator",
     "aggregator-load",
@@ -144,6 +148,15 @@ pub fn run(root: &Path, only: &[String]) -> Result<()> {
         let _ = writeln!(report, "LAMMPS (4 ranks) under the node daemon: {lammps}");
         json.push(format!("  {{\"lammps\": {lammps}}}"));
     }
+    if want("startup") {
+        let startup = startup(&commtap, &out)?;
+        let _ = writeln!(
+            report,
+            "start-up, s (median of {STARTUP_ROUNDS}, interleaved; commtap with no controlling \
+             terminal, as from a prolog or a batch script): {startup}"
+        );
+        json.push(format!("  {{\"startup\": {startup}}}"));
+    }
     if want("aggregator") {
         let agg = aggregator_merge(&commtap, &out)?;
         let _ = writeln!(
@@ -178,6 +191,97 @@ pub fn run(root: &Path, only: &[String]) -> Result<()> {
         out.join(format!("{name}.txt")).display()
     );
     Ok(())
+}
+
+/// Rounds of the start-up measurements.
+const STARTUP_ROUNDS: usize = 7;
+
+/// Seconds from start to exit, run without a controlling terminal (`setsid -w`): what a job
+/// prolog or a batch script pays.
+fn startup_seconds(cmd: &mut Command) -> Result<f64> {
+    let started = Instant::now();
+    let status = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()?;
+    let secs = started.elapsed().as_secs_f64();
+    if !status.success() && status.code() != Some(2) {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(secs)
+}
+
+/// `job` under `setsid -w` (no controlling terminal), after `prefix` (commtap and its
+/// arguments, or nothing).
+fn detached(prefix: &[&std::ffi::OsStr], job: &Command) -> Command {
+    let mut cmd = Command::new("setsid");
+    cmd.arg("-w")
+        .args(prefix)
+        .arg(job.get_program())
+        .args(job.get_args())
+        .envs(job.get_envs().filter_map(|(k, v)| Some((k, v?))));
+    cmd
+}
+
+/// What starting commtap costs: `record -- true` (nothing to probe: the process is
+/// paused at its libraries' load, none is MPI), the same with `--no-pause-at-load` (every
+/// MPI library of the system probed first, each ABI's programs verified), and a 2-rank MPI
+/// job of 10 calls alone and under `record` (the job's one MPI flavour verified while
+/// its ranks wait paused).
+fn startup(commtap: &Path, out: &Path) -> Result<String> {
+    fn record<'a>(commtap: &'a Path, args: &'a [&'static str]) -> Vec<&'a std::ffi::OsStr> {
+        let mut v = vec![commtap.as_os_str(), "record".as_ref()];
+        v.extend(args.iter().map(std::ffi::OsStr::new));
+        v.push("--".as_ref());
+        v
+    }
+    let true_cmd = Command::new("true");
+    let mut rows: Vec<(String, Vec<f64>)> = vec![
+        ("record -- true".into(), Vec::new()),
+        ("record --no-pause-at-load -- true".into(), Vec::new()),
+    ];
+    for stack in STACKS {
+        rows.push((format!("{} job of 10 calls alone", stack.name), Vec::new()));
+        rows.push((
+            format!("{} job under record --no-skew", stack.name),
+            Vec::new(),
+        ));
+    }
+    for _ in 0..STARTUP_ROUNDS {
+        rows[0].1.push(startup_seconds(&mut detached(
+            &record(commtap, &[]),
+            &true_cmd,
+        ))?);
+        rows[1].1.push(startup_seconds(&mut detached(
+            &record(commtap, &["--no-pause-at-load"]),
+            &true_cmd,
+        ))?);
+        for (i, stack) in STACKS.iter().enumerate() {
+            let bin = out.join(format!("bench_calls.{}", stack.suffix));
+            let job = mpi_command_args(stack, &bin, &["10"]);
+            rows[2 + 2 * i]
+                .1
+                .push(startup_seconds(&mut detached(&[], &job))?);
+            rows[3 + 2 * i].1.push(startup_seconds(&mut detached(
+                &record(commtap, &["--no-skew"]),
+                &job,
+            ))?);
+        }
+    }
+    let cells: Vec<String> = rows
+        .iter_mut()
+        .map(|(what, v)| {
+            v.sort_by(f64::total_cmp);
+            format!(
+                "{{\"what\": \"{what}\", \"median_s\": {:.3}, \"min_s\": {:.3}, \"max_s\": {:.3}}}",
+                v[v.len() / 2],
+                v[0],
+                v[v.len() - 1]
+            )
+        })
+        .collect();
+    Ok(format!("[{}]", cells.join(", ")))
 }
 
 /// Installs bpftrace (the bare-probe floor, (b)) if it is missing.
@@ -215,6 +319,8 @@ struct Rounds {
     h: Vec<Sample>,
     /// (c) with the time of every routine that may be sampled timed one call in 64.
     i: Vec<Sample>,
+    /// (g) with the daemon limited to a cgroup the job is not in.
+    j: Vec<Sample>,
     /// The last traced run: (calls written, bytes on disk, seconds).
     traced: (u64, u64, f64),
     /// The last `.pftrace`'s bytes on disk (the same calls).
@@ -239,6 +345,7 @@ impl Rounds {
             g: Vec::new(),
             h: Vec::new(),
             i: Vec::new(),
+            j: Vec::new(),
             traced: (0, 0, 0.0),
             pftrace_bytes: 0,
             profile,
@@ -273,8 +380,12 @@ impl Rounds {
                 Mode::Trace(&pftrace),
             )?);
             r.pftrace_bytes = std::fs::metadata(&pftrace)?.len();
-            r.g.push(unwatched(stack, bin, commtap, out, true)?);
-            r.h.push(unwatched(stack, bin, commtap, out, false)?);
+            let other_uid = ["--uid", "65534"];
+            r.g.push(unwatched(stack, bin, commtap, out, &other_uid, true)?);
+            r.h.push(unwatched(stack, bin, commtap, out, &other_uid, false)?);
+            let cgroup = bench_cgroup()?;
+            let other_cgroup = ["--cgroup", cgroup.to_str().context("cgroup path")?];
+            r.j.push(unwatched(stack, bin, commtap, out, &other_cgroup, true)?);
             r.i.push(under_commtap(
                 stack,
                 bin,
@@ -372,22 +483,24 @@ impl Rounds {
                 ratio(a, b, i)
             ));
         }
-        let (mg, mh) = (median(&self.g), median(&self.h));
+        let (mg, mh, mj) = (median(&self.g), median(&self.h), median(&self.j));
         for (label, pick) in [
             ("MPI_Allreduce 8 B", 0usize),
             ("Send/Recv round trip 8 B", 1),
         ] {
-            let (a, g, h) = (get(ma, pick), get(mg, pick), get(mh, pick));
+            let (a, g, h, j) = (get(ma, pick), get(mg, pick), get(mh, pick), get(mj, pick));
             let _ = writeln!(
                 report,
                 "  {label}, a job commtap does not watch (a daemon scoped to another uid): \
                  (g) uprobe sessions {g:.0} ns (+{:.0} over none), (h) entry and return \
-                 probes {h:.0} ns (+{:.0})",
+                 probes {h:.0} ns (+{:.0}); (j) a daemon limited to another cgroup {j:.0} ns \
+                 (+{:.0})",
                 g - a,
-                h - a
+                h - a,
+                j - a
             );
             json.push(format!(
-                "  {{\"stack\": \"{}\", \"call\": \"{label}\", \"unwatched_sessions_ns\": {g:.1}, \"unwatched_entry_return_ns\": {h:.1}, \"none_ns\": {a:.1}}}",
+                "  {{\"stack\": \"{}\", \"call\": \"{label}\", \"unwatched_sessions_ns\": {g:.1}, \"unwatched_entry_return_ns\": {h:.1}, \"unwatched_other_cgroup_ns\": {j:.1}, \"none_ns\": {a:.1}}}",
                 stack.name
             ));
         }
@@ -713,19 +826,49 @@ fn under_commtap(
     parse(&String::from_utf8_lossy(&out.stdout))
 }
 
-/// (a) while `commtap daemon --uid 65534` runs: the job, root's, is not watched; with or
-/// without uprobe sessions.
+/// The freezer's v1 hierarchy where the host has one (Slurm keeps its jobs there on hybrid
+/// hosts), else the v2 hierarchy.
+fn cgroup_base() -> &'static Path {
+    let v1 = Path::new("/sys/fs/cgroup/freezer");
+    if v1.is_dir() {
+        v1
+    } else {
+        Path::new("/sys/fs/cgroup")
+    }
+}
+
+/// A cgroup the benchmark's jobs are not in, for a daemon limited to it.
+fn bench_cgroup() -> Result<PathBuf> {
+    let dir = cgroup_base().join("commtap-bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Where (j)'s job runs: as deep as a Slurm task's cgroup (`slurm/uid_U/job_J/step_S/
+/// task_T`), whose depth the kernel side walks when judging a process against a v1 limit
+/// (not named `job_<id>`: a daemon's `--slurm-job` would take it for a job's).
+fn job_cgroup() -> Result<PathBuf> {
+    let dir = cgroup_base().join("commtap-bench-jobs/uid/job/step/task");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// (a) while `commtap daemon SCOPE` runs and does not watch the job (root's): `--uid 65534`
+/// or `--cgroup DIR`; with or without uprobe sessions.
 fn unwatched(
     stack: &Stack,
     bin: &Path,
     commtap: &Path,
     out: &Path,
+    scope: &[&str],
     sessions: bool,
 ) -> Result<Sample> {
     let socket = out.join("bench-daemon.sock");
     let _ = std::fs::remove_file(&socket);
     let mut cmd = Command::new(commtap);
-    cmd.args(["daemon", "--no-state", "--uid", "65534", "--socket"])
+    cmd.args(["daemon", "--no-state"])
+        .args(scope)
+        .arg("--socket")
         .arg(&socket)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -742,7 +885,25 @@ fn unwatched(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let result = plain(stack, bin);
+    let result = if scope.first() == Some(&"--cgroup") {
+        // The job in a cgroup of its own, as deep as a Slurm task's.
+        let dir = job_cgroup()?;
+        let job = mpi_command(stack, bin);
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs && exec \"$@\"",
+                dir.display()
+            ))
+            .arg("sh")
+            .arg(job.get_program())
+            .args(job.get_args())
+            .envs(job.get_envs().filter_map(|(k, v)| Some((k, v?))));
+        let out = cmd.output()?;
+        parse(&String::from_utf8_lossy(&out.stdout))
+    } else {
+        plain(stack, bin)
+    };
     // SAFETY: kill(2) of the daemon we spawned.
     unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
     let _ = daemon.wait();
