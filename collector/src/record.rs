@@ -162,6 +162,9 @@ fn launch_command(session: &mut Session, opts: &RecordOptions) -> Result<tokio::
     let ahead = !launched_processes_pause(&session.probes);
     if ahead {
         libs.extend(discover::candidate_libraries(&opts.command));
+        if let Err(e) = session.probes.load_all_programs() {
+            warn!("{e:#}");
+        }
     }
     for lib in &libs {
         if let Err(e) = session.attach_file(lib) {

@@ -505,12 +505,28 @@ impl Probes {
         Ok(())
     }
 
-    /// Loads every program (the verifier's verdict on each, for `commtap doctor`).
+    /// Loads every ABI's programs at once, each on a thread of its own (one ABI after the
+    /// other took 3.4 s here against 2.2 s): for probing the system's libraries ahead of
+    /// their processes (a daemon's start, `record` on a terminal) and for `commtap doctor`.
     pub fn load_all_programs(&mut self) -> Result<(), AttachError> {
-        for abi in programs::ABIS {
-            self.load_programs_for(abi)?;
+        let all = |sessions| -> Vec<&'static str> {
+            let mut names: Vec<&'static str> = programs::ABIS
+                .iter()
+                .flat_map(|abi| programs::for_abi(*abi, sessions).iter().copied())
+                .collect();
+            names.sort_unstable();
+            names.dedup();
+            names
+        };
+        let sessions = self.programs.sessions();
+        match self.load_renewing(&all(sessions)) {
+            Err(e) if sessions => {
+                warn!("uprobe sessions refused, using entry and return probes: {e:#}");
+                self.programs.stop_sessions();
+                self.load_renewing(&all(false))
+            }
+            done => done,
         }
-        Ok(())
     }
 
     /// Each probe program's runs and run time since it was loaded; `None` unless loaded
