@@ -455,18 +455,24 @@ impl Probes {
         self.programs.sessions()
     }
 
-    /// Loads the programs that probe libraries of `abi`, unless they are loaded. The
-    /// verifier takes a second or two: meanwhile the pause at library loads is renewed
-    /// (the process whose load brought the library waits paused for these programs, and
-    /// the other ranks loading it must pause too). A session program the kernel refuses
-    /// turns sessions off: entry and return programs instead.
+    /// Loads the programs that probe libraries of `abi`, unless they are loaded (see
+    /// [`Probes::load_programs_of`]).
     fn load_programs_for(&mut self, abi: collector_common::Abi) -> Result<(), AttachError> {
+        self.load_programs_of(&[abi])
+    }
+
+    /// Loads the programs that probe libraries of `abis`, unless they are loaded, each on
+    /// a thread of its own. The verifier takes a second or two: meanwhile the pause at
+    /// library loads is renewed (the process whose load brought the library waits paused
+    /// for these programs, and the other ranks loading it must pause too). A session
+    /// program the kernel refuses turns sessions off: entry and return programs instead.
+    fn load_programs_of(&mut self, abis: &[collector_common::Abi]) -> Result<(), AttachError> {
         let sessions = self.programs.sessions();
-        match self.load_renewing(programs::for_abi(abi, sessions)) {
-            Err(e) if sessions && abi != collector_common::Abi::Fabric => {
+        match self.load_renewing(&programs::for_abis(abis, sessions)) {
+            Err(e) if sessions && abis.iter().any(|a| *a != collector_common::Abi::Fabric) => {
                 warn!("uprobe sessions refused, using entry and return probes: {e:#}");
                 self.programs.stop_sessions();
-                self.load_renewing(programs::for_abi(abi, false))
+                self.load_renewing(&programs::for_abis(abis, false))
             }
             done => done,
         }
@@ -509,24 +515,7 @@ impl Probes {
     /// other took 3.4 s here against 2.2 s): for probing the system's libraries ahead of
     /// their processes (a daemon's start, `record` on a terminal) and for `commtap doctor`.
     pub fn load_all_programs(&mut self) -> Result<(), AttachError> {
-        let all = |sessions| -> Vec<&'static str> {
-            let mut names: Vec<&'static str> = programs::ABIS
-                .iter()
-                .flat_map(|abi| programs::for_abi(*abi, sessions).iter().copied())
-                .collect();
-            names.sort_unstable();
-            names.dedup();
-            names
-        };
-        let sessions = self.programs.sessions();
-        match self.load_renewing(&all(sessions)) {
-            Err(e) if sessions => {
-                warn!("uprobe sessions refused, using entry and return probes: {e:#}");
-                self.programs.stop_sessions();
-                self.load_renewing(&all(false))
-            }
-            done => done,
-        }
+        self.load_programs_of(&programs::ABIS)
     }
 
     /// Each probe program's runs and run time since it was loaded; `None` unless loaded

@@ -49,6 +49,17 @@ pub fn for_abi(abi: Abi, sessions: bool) -> &'static [&'static str] {
     }
 }
 
+/// The programs that probe libraries of `abis`, each once.
+pub fn for_abis(abis: &[Abi], sessions: bool) -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = abis
+        .iter()
+        .flat_map(|abi| for_abi(*abi, sessions).iter().copied())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
 /// Every ABI, for loading every program (`commtap doctor`).
 pub const ABIS: [Abi; 4] = [Abi::OpenMpi, Abi::Mpich, Abi::Nccl, Abi::Fabric];
 
