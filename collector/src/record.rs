@@ -440,7 +440,7 @@ fn launch(command: &[String], probes: &mut Probes) -> Result<(tokio::process::Ch
     let exited = || {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
-            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('Z')))
+            .and_then(|s| discover::stat_field(&s, 0).map(|state| state == "Z"))
             .unwrap_or(true)
     };
     if !probes.is_watched(pid) && !exited() {
@@ -463,11 +463,7 @@ fn launch(command: &[String], probes: &mut Probes) -> Result<(tokio::process::Ch
 /// pausing existed: slower to start (each ABI's programs are verified), as exact.
 fn launched_processes_pause(probes: &Probes) -> bool {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command's closing parenthesis: state ppid pgrp session tty_nr ...
-    let no_terminal = stat
-        .rsplit_once(") ")
-        .and_then(|(_, rest)| rest.split_whitespace().nth(4))
-        .is_some_and(|tty| tty == "0");
+    let no_terminal = discover::stat_field(&stat, 4).is_some_and(|tty| tty == "0");
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let untraced = status.lines().any(|l| {
         l.strip_prefix("TracerPid:")

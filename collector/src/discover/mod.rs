@@ -124,13 +124,19 @@ fn proc_err(pid: u32, what: &'static str) -> impl FnOnce(std::io::Error) -> Disc
     }
 }
 
+/// Field `i` (from 0) of a `/proc/PID/stat` line after the `)` that closes the command
+/// name (which may hold spaces and parentheses): 0 is the state, 4 `tty_nr`, 19
+/// `starttime`.
+pub fn stat_field(stat: &str, i: usize) -> Option<&str> {
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(i))
+}
+
 /// Reads a process's identity and launcher environment.
 pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).map_err(proc_err(pid, "stat"))?;
     // Field 22 (starttime) counted after the ")" that closes the command name.
-    let start_ticks = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(19))
+    let start_ticks = stat_field(&stat, 19)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     let uid = fs::read_to_string(format!("/proc/{pid}/status"))
@@ -507,6 +513,15 @@ pub fn this_host() -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn stat_fields_count_from_after_the_last_parenthesis() {
+        let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560";
+        assert_eq!(stat_field(stat, 0), Some("S"));
+        assert_eq!(stat_field(stat, 4), Some("0"));
+        assert_eq!(stat_field(stat, 9), None);
+    }
+
     use super::*;
 
     #[test]
