@@ -28,6 +28,8 @@ pub mod maps {
     pub const COMMS: &str = "COMMS";
     /// Datatype sizes learnt per process.
     pub const DTYPES: &str = "DTYPES";
+    /// What each start of a persistent request moves, learnt at its creation.
+    pub const PERSISTENT: &str = "PERSISTENT";
     /// The settings userspace writes.
     pub const CONFIG: &str = "CONFIG";
     /// Decoding layouts per library slot.
@@ -56,7 +58,7 @@ pub mod maps {
     /// The maps that carry a node's counts across a daemon restart (the others are refilled
     /// at start, or hold per-run state such as library slots); `PAUSED` too, so that a
     /// daemon restarted after a crash continues the processes its predecessor paused.
-    pub const KEPT: [&str; 12] = [
+    pub const KEPT: [&str; 13] = [
         WATCHED,
         COUNTER_SLOTS,
         COUNTER_VALUES,
@@ -68,6 +70,7 @@ pub mod maps {
         PROC_STATS,
         COMMS,
         DTYPES,
+        PERSISTENT,
         PAUSED,
     ];
 }

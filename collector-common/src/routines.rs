@@ -108,6 +108,11 @@ pub enum ByteRule {
     LargeRecvStatus = 42,
     /// [`ByteRule::Pair`] with 64-bit `MPI_Count`s (`MPI_Sendrecv_c`).
     LargePair = 43,
+    /// `MPI_Start(*a)`: the bytes the persistent request moves, learnt at its creation
+    /// (its traffic is counted per peer as a send or receive of that creation's would be).
+    Start = 44,
+    /// `MPI_Startall(a, b[])`: [`ByteRule::Start`] for each of the `a` requests of `b`.
+    StartAll = 45,
 }
 
 impl ByteRule {
@@ -164,6 +169,8 @@ impl ByteRule {
             41 => ByteRule::LargeRecvPosted,
             42 => ByteRule::LargeRecvStatus,
             43 => ByteRule::LargePair,
+            44 => ByteRule::Start,
+            45 => ByteRule::StartAll,
             _ => ByteRule::None,
         }
     }
@@ -197,8 +204,9 @@ pub mod class {
     pub const NET: u8 = 12;
     /// MPI-IO (`MPI_File_*`).
     pub const IO: u8 = 13;
-    /// Persistent requests' creation (`MPI_Send_init` ...): bytes as mpitrace counts them,
-    /// at the creation; their starts move the data.
+    /// Persistent requests' creation (`MPI_Send_init`, `MPI_Allreduce_init` ...): bytes as
+    /// mpitrace counts them, at the creation; the new request is `*d` (a point-to-point
+    /// one's peer is argument `c`), and each of its starts moves the data.
     pub const PERSISTENT: u8 = 14;
     /// Calls that move nothing and belong to no other class (`MPI_Pcontrol`).
     pub const OTHER: u8 = 15;
@@ -297,6 +305,8 @@ impl ArgSpec {
                 | B::SumCountsTypesPerPeer
                 | B::CommSize
                 | B::CommRank
+                | B::Start
+                | B::StartAll
         )
     }
 }
@@ -354,6 +364,19 @@ const fn r(
     }
 }
 
+/// A persistent collective's creation: `rule` over arguments `ab` of the blocking routine
+/// whose arguments it takes, then (info, request): the request is argument `comm + 2`.
+const fn pinit(name: &'static str, rule: ByteRule, ab: [u8; 2], comm: u8) -> Routine {
+    r(
+        name,
+        class::PERSISTENT,
+        rule,
+        [ab[0], ab[1], N, comm + 2],
+        comm,
+        N,
+    )
+}
+
 use class::{
     COLLECTIVE, COMM, COMPLETION, DATATYPE, FABRIC, FINALIZE, GROUP, INIT, IO, NET, ONE_SIDED,
     OTHER, P2P, PERSISTENT, SYNC,
@@ -392,26 +415,27 @@ pub const ROUTINES: &[Routine] = &[
     // (buf, count, type, message, status) / (buf, count, type, message, request)
     r("MPI_Mrecv", P2P, B::RecvStatus, [1, 2, 4, N], N, N),
     r("MPI_Imrecv", P2P, B::CountType, [1, 2, N, N], N, N),
-    // Persistent requests: bytes as mpitrace counts them, at the creation (MPI_Start moves
-    // the data but does not name it): no peer traffic at the creation.
+    // Persistent requests (buf, count, type, peer, tag, comm, request): bytes as mpitrace
+    // counts them, at the creation, and the request learnt (`c` the peer, `d` the request);
+    // each start moves them again, to or from that peer.
     r(
         "MPI_Send_init",
         PERSISTENT,
         B::CountType,
-        [1, 2, N, N],
+        [1, 2, 3, 6],
         5,
         N,
     ),
     r(
         "MPI_Recv_init",
         PERSISTENT,
-        B::CountType,
-        [1, 2, N, N],
+        B::RecvPosted,
+        [1, 2, 3, 6],
         5,
         N,
     ),
-    r("MPI_Start", P2P, B::None, [N; 4], N, N),
-    r("MPI_Startall", P2P, B::None, [N; 4], N, N),
+    r("MPI_Start", P2P, B::Start, [0, N, N, N], N, N),
+    r("MPI_Startall", P2P, B::StartAll, [0, 1, N, N], N, N),
     // Completion.
     r("MPI_Wait", COMPLETION, B::None, [N; 4], N, N),
     r("MPI_Waitall", COMPLETION, B::None, [N; 4], N, N),
@@ -1245,7 +1269,7 @@ pub const ROUTINES: &[Routine] = &[
         "MPI_Bsend_init",
         PERSISTENT,
         B::CountType,
-        [1, 2, N, N],
+        [1, 2, 3, 6],
         5,
         N,
     ),
@@ -1253,7 +1277,7 @@ pub const ROUTINES: &[Routine] = &[
         "MPI_Ssend_init",
         PERSISTENT,
         B::CountType,
-        [1, 2, N, N],
+        [1, 2, 3, 6],
         5,
         N,
     ),
@@ -1261,7 +1285,7 @@ pub const ROUTINES: &[Routine] = &[
         "MPI_Rsend_init",
         PERSISTENT,
         B::CountType,
-        [1, 2, N, N],
+        [1, 2, 3, 6],
         5,
         N,
     ),
@@ -1326,7 +1350,63 @@ pub const ROUTINES: &[Routine] = &[
     r("MPI_Neighbor_alltoallv", COLLECTIVE, B::None, [N; 4], 8, N),
     r("MPI_Ineighbor_alltoallv", COLLECTIVE, B::None, [N; 4], 8, N),
     r("MPI_Neighbor_alltoallw", COLLECTIVE, B::None, [N; 4], 8, N),
-    r("MPI_Ineighbor_alltoallw", COLLECTIVE, B::None, [N; 4], 8, N),
+    r("MPI_Ineighbor_alltoallw", COLLECTIVE, B::None, [N; 4], 8, N), // MPI-4's persistent collectives (MPICH 4's `MPI_*_init`, Open MPI 4.1's `MPIX_*_init`):
+    // the blocking routine's arguments, then (info, request). Bytes by its rule at the
+    // creation; each start moves them again.
+    pinit("MPI_Barrier_init", B::None, [N, N], 0),
+    pinit("MPI_Bcast_init", B::CountType, [1, 2], 4),
+    pinit("MPI_Reduce_init", B::CountType, [2, 3], 6),
+    pinit("MPI_Allreduce_init", B::CountType, [2, 3], 5),
+    pinit("MPI_Reduce_scatter_init", B::SumCounts, [2, 3], 5),
+    pinit(
+        "MPI_Reduce_scatter_block_init",
+        B::CountTypeTimesP,
+        [2, 3],
+        5,
+    ),
+    pinit("MPI_Scan_init", B::CountType, [2, 3], 5),
+    pinit("MPI_Exscan_init", B::CountType, [2, 3], 5),
+    pinit("MPI_Gather_init", B::CountType, [1, 2], 7),
+    pinit("MPI_Gatherv_init", B::CountType, [1, 2], 8),
+    pinit("MPI_Scatter_init", B::CountType, [4, 5], 7),
+    pinit("MPI_Scatterv_init", B::CountType, [5, 6], 8),
+    pinit("MPI_Allgather_init", B::CountType, [4, 5], 6),
+    pinit("MPI_Allgatherv_init", B::CountAtRank, [4, 6], 7),
+    pinit("MPI_Alltoall_init", B::CountType, [1, 2], 6),
+    pinit("MPI_Alltoallv_init", B::SumCountsPerPeer, [1, 3], 8),
+    pinit("MPI_Alltoallw_init", B::SumCountsTypesPerPeer, [1, 3], 8),
+    pinit("MPI_Neighbor_allgather_init", B::CountType, [1, 2], 6),
+    pinit("MPI_Neighbor_alltoall_init", B::CountType, [1, 2], 6),
+    pinit("MPI_Neighbor_allgatherv_init", B::CountType, [1, 2], 7),
+    pinit("MPI_Neighbor_alltoallv_init", B::None, [N, N], 8),
+    pinit("MPI_Neighbor_alltoallw_init", B::None, [N, N], 8),
+    pinit("MPIX_Barrier_init", B::None, [N, N], 0),
+    pinit("MPIX_Bcast_init", B::CountType, [1, 2], 4),
+    pinit("MPIX_Reduce_init", B::CountType, [2, 3], 6),
+    pinit("MPIX_Allreduce_init", B::CountType, [2, 3], 5),
+    pinit("MPIX_Reduce_scatter_init", B::SumCounts, [2, 3], 5),
+    pinit(
+        "MPIX_Reduce_scatter_block_init",
+        B::CountTypeTimesP,
+        [2, 3],
+        5,
+    ),
+    pinit("MPIX_Scan_init", B::CountType, [2, 3], 5),
+    pinit("MPIX_Exscan_init", B::CountType, [2, 3], 5),
+    pinit("MPIX_Gather_init", B::CountType, [1, 2], 7),
+    pinit("MPIX_Gatherv_init", B::CountType, [1, 2], 8),
+    pinit("MPIX_Scatter_init", B::CountType, [4, 5], 7),
+    pinit("MPIX_Scatterv_init", B::CountType, [5, 6], 8),
+    pinit("MPIX_Allgather_init", B::CountType, [4, 5], 6),
+    pinit("MPIX_Allgatherv_init", B::CountAtRank, [4, 6], 7),
+    pinit("MPIX_Alltoall_init", B::CountType, [1, 2], 6),
+    pinit("MPIX_Alltoallv_init", B::SumCountsPerPeer, [1, 3], 8),
+    pinit("MPIX_Alltoallw_init", B::SumCountsTypesPerPeer, [1, 3], 8),
+    pinit("MPIX_Neighbor_allgather_init", B::CountType, [1, 2], 6),
+    pinit("MPIX_Neighbor_alltoall_init", B::CountType, [1, 2], 6),
+    pinit("MPIX_Neighbor_allgatherv_init", B::CountType, [1, 2], 7),
+    pinit("MPIX_Neighbor_alltoallv_init", B::None, [N, N], 8),
+    pinit("MPIX_Neighbor_alltoallw_init", B::None, [N, N], 8),
 ];
 
 /// A libfabric ops-table slot: `(ep, buf, len, ...)`, `(ep, iov, desc, count, ...)` or
@@ -1408,6 +1488,7 @@ mod tests {
         for (i, r) in ROUTINES.iter().enumerate() {
             assert!(
                 r.name.starts_with("MPI_")
+                    || r.name.starts_with("MPIX_")
                     || r.name.starts_with("nccl")
                     || r.name.starts_with("cu")
                     || r.name.starts_with("fi_"),
@@ -1416,6 +1497,43 @@ mod tests {
             );
             assert_eq!(routine_id(r.name), Some(i as u16), "duplicate {}", r.name);
         }
+    }
+
+    #[test]
+    fn persistent_creations_name_their_request_and_no_message() {
+        for r in ROUTINES
+            .iter()
+            .filter(|r| r.spec.class == class::PERSISTENT)
+        {
+            assert_ne!(r.spec.d, NO_ARG, "{}", r.name);
+            // A peer would make a timeline pair the creation with a message.
+            assert_eq!(r.spec.peer, NO_ARG, "{}", r.name);
+        }
+    }
+
+    #[test]
+    fn persistent_collectives_count_as_their_blocking_routine() {
+        extern crate std;
+        let mut seen = 0;
+        for r in ROUTINES
+            .iter()
+            .filter(|r| r.spec.class == class::PERSISTENT)
+        {
+            if r.spec.c != NO_ARG {
+                continue; // point-to-point: the peer is argument c
+            }
+            let base = r.name.strip_suffix("_init").expect(r.name);
+            let base = std::format!("MPI_{}", base.split_once('_').expect(r.name).1);
+            let b = ROUTINES[usize::from(routine_id(&base).expect(r.name))].spec;
+            assert_eq!(
+                (r.spec.rule, r.spec.a, r.spec.b, r.spec.comm, r.spec.d),
+                (b.rule, b.a, b.b, b.comm, b.comm + 2),
+                "{}",
+                r.name
+            );
+            seen += 1;
+        }
+        assert_eq!(seen, 44);
     }
 
     #[test]

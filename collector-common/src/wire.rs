@@ -185,8 +185,11 @@ pub struct CallState {
     /// The stamp of the handle generation in which the process was last found counted:
     /// a detach bumps the generation, and the next call checks again.
     pub counted_gen: u64,
+    /// A persistent request's creation that returned: its bytes plus one (0: none), for
+    /// the request to be learnt after the return path (whose stack has no room for it).
+    pub persistent_pending: u64,
 }
-const _: () = assert!(size_of::<CallState>() == 672);
+const _: () = assert!(size_of::<CallState>() == 680);
 
 impl CallState {
     /// `busy`: inside a call whose return will be seen.
@@ -888,6 +891,27 @@ pub struct HandleKey {
 }
 const _: () = assert!(size_of::<HandleKey>() == 16);
 
+/// What each start of a persistent request moves, learnt at its creation (`MPI_Send_init`,
+/// `MPI_Allreduce_init` ...); kept per (process, request handle) in a [`HandleKey`] map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PersistentOp {
+    /// Bytes by the creating routine's rule.
+    pub bytes: u64,
+    /// The per-peer counter each start adds to; `tgid` 0 for none (a collective, or a peer
+    /// of `MPI_PROC_NULL`).
+    pub peer: PeerKey,
+}
+const _: () = assert!(size_of::<PersistentOp>() == 32);
+const _: () = assert!(offset_of!(PersistentOp, peer) == 8);
+
+/// Persistent requests remembered at once (an LRU map: one freed unseen ages out).
+pub const MAX_PERSISTENT: u32 = 1 << 16;
+
+/// Requests of one `MPI_Startall` whose traffic is counted (more: the call's bytes are not
+/// measured, and counted as such).
+pub const MAX_STARTALL: u32 = 4096;
+
 /// What is known of a communicator (MPICH ABI: learnt from MPI_Comm_size/rank returns;
 /// NCCL: from its creation, `ncclCommCount` and `ncclCommUserRank`).
 #[repr(C)]
@@ -989,7 +1013,7 @@ pub mod mpich {
 mod pod {
     use super::{
         CommInfo, Config, CounterKey, CounterVal, FabricText, HandleKey, IdentityOffsets, Layout,
-        PeerKey, PeerVal, ProcStats, TpOffsets,
+        PeerKey, PeerVal, PersistentOp, ProcStats, TpOffsets,
     };
 
     /// Marks plain-old-data types that userspace reads out of BPF maps.
@@ -1012,6 +1036,7 @@ mod pod {
         ProcStats,
         HandleKey,
         CommInfo,
+        PersistentOp,
         TpOffsets,
         IdentityOffsets,
         Config,

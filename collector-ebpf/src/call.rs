@@ -46,7 +46,7 @@ pub(crate) fn describe_call(ev: &mut CallEvent, c: &Call, spec: &ArgSpec, comm: 
 
 /// The handle a call stored at `p` (an `int` in integer-handle ABIs, a pointer otherwise).
 #[inline(always)]
-fn read_handle(abi: u8, p: u64) -> Option<u64> {
+pub(crate) fn read_handle(abi: u8, p: u64) -> Option<u64> {
     if abi == Abi::Mpich as u8 {
         read::<u32>(p).map(u64::from)
     } else {

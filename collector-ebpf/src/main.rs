@@ -23,6 +23,7 @@ mod maps;
 mod mpi;
 mod nccl;
 mod p2p;
+mod persistent;
 mod probe;
 mod process;
 mod session;

@@ -13,14 +13,26 @@ use crate::{
 /// Applies the routine's byte rule (and its bookkeeping side effects) at return.
 #[inline(always)]
 pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Option<u64> {
-    let p = comm.map(|c| c.size);
     let rule = ByteRule::from_u8(spec.rule);
     if spec.class == class::P2P {
+        if matches!(rule, ByteRule::Start | ByteRule::StartAll) {
+            let bytes = crate::persistent::on_start(c, spec);
+            return (bytes != crate::persistent::UNKNOWN).then_some(bytes);
+        }
         return crate::p2p::on_return(c, spec, rule, crate::p2p::comm_key(c, spec, comm));
     }
+    let p = comm.map(|c| c.size);
     match rule {
         ByteRule::None => Some(0),
-        ByteRule::CountType => c.count_type(spec.a, spec.b),
+        // A posted receive here is a persistent one's creation (`MPI_Recv_init`), whose
+        // peer (`c`) may be MPI_PROC_NULL: nothing named (as mpitrace).
+        ByteRule::CountType | ByteRule::RecvPosted => {
+            if crate::persistent::peer_is_null(c, spec) {
+                Some(0)
+            } else {
+                c.count_type(spec.a, spec.b)
+            }
+        }
         ByteRule::SumCounts => Some(c.sum(spec.a, p?)? * c.size(spec.b)?),
         ByteRule::SumCountsPerPeer => {
             (c.sum(spec.a, p?)? * c.size(spec.b)?).checked_div(u64::from(p?))

@@ -215,6 +215,12 @@ fn add(c: &Call, (comm, me): (u64, i32), peer: i32, dir: u32, bytes: u64) {
         dir,
         me,
     };
+    add_traffic(c.tgid, &key, bytes);
+}
+
+/// One call's `bytes` to or from the peer of `key`, in process `tgid`'s counters.
+#[inline(always)]
+pub(crate) fn add_traffic(tgid: u32, key: &PeerKey, bytes: u64) {
     if let Some(v) = PEERS.get_ptr_mut(key) {
         // SAFETY: this CPU's value.
         unsafe {
@@ -222,6 +228,6 @@ fn add(c: &Call, (comm, me): (u64, i32), peer: i32, dir: u32, bytes: u64) {
             (*v).bytes += bytes;
         }
     } else if PEERS.insert(key, PeerVal { calls: 1, bytes }, 0).is_err() {
-        with_proc_stats(c.tgid, |s| s.peers_full += 1);
+        with_proc_stats(tgid, |s| s.peers_full += 1);
     }
 }

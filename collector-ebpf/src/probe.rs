@@ -205,13 +205,17 @@ fn uses_stack_args(spec: &ArgSpec) -> bool {
 /// Return of any MPI routine of an Open MPI library (same attach points as `mpi_entry`).
 #[uretprobe]
 pub fn mpi_return_ompi(ctx: RetProbeContext) -> u32 {
-    returned::<{ Abi::OpenMpi as u8 }, false>(ctx.as_ptr())
+    returned::<{ Abi::OpenMpi as u8 }, false>(ctx.as_ptr());
+    crate::persistent::after_return::<{ Abi::OpenMpi as u8 }>(ctx.ret());
+    0
 }
 
 /// Return of any MPI routine of an MPICH-ABI library but its datatype constructors.
 #[uretprobe]
 pub fn mpi_return_mpich(ctx: RetProbeContext) -> u32 {
-    returned::<{ Abi::Mpich as u8 }, false>(ctx.as_ptr())
+    returned::<{ Abi::Mpich as u8 }, false>(ctx.as_ptr());
+    crate::persistent::after_return::<{ Abi::Mpich as u8 }>(ctx.ret());
+    0
 }
 
 /// Return of the datatype constructors and MPI_Type_free of an MPICH-ABI library, whose
@@ -290,6 +294,10 @@ fn on_session<const ABI: u8, const TYPES: bool>(ctx: ProbeContext) -> u32 {
         }
     }
     returned::<ABI, TYPES>(ctx.as_ptr());
+    if ABI != Abi::Nccl as u8 && !TYPES {
+        // An untimed call never pends (persistent creations are always timed).
+        crate::persistent::after_return::<ABI>(RetProbeContext::new(ctx.as_ptr()).ret());
+    }
     // At entry (an untimed call, counted): no return wanted.
     1
 }
@@ -359,6 +367,16 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(ctx: RetProbeCon
         with_proc_stats(tgid, |s| s.undecoded += 1);
         (UNKNOWN_BUCKET, 0)
     };
+    if ABI != Abi::Nccl as u8 && !TYPES && spec.class == class::PERSISTENT {
+        // The request is learnt after this function, whose stack frame has no room left.
+        // (From `bytes`, always set: read from `out`, LLVM computed on its undefined
+        // payload, which the verifier refuses.)
+        e.persistent_pending = if bucket == UNKNOWN_BUCKET {
+            0
+        } else {
+            bytes.wrapping_add(1)
+        };
+    }
     let key = counter_key::<ABI>(tgid, c.routine, bucket, comm);
     // Read before `e` is borrowed for the counters, and only for an event.
     let ev = wants_event(&spec).then(|| {

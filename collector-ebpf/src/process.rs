@@ -174,7 +174,7 @@ pub fn sched_fork(ctx: TracePointContext) -> u32 {
 pub fn sched_exec(_ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // A new image (a setuid one, say) is judged anew at its first call.
-    let _ = OUT_OF_SCOPE.remove(tgid);
+    forget_scope(tgid);
     // SAFETY: plain u32.
     if unsafe { WATCHED.get(tgid) }.is_some() {
         // The new image's handles mean something else; its threads keep their task storage.
@@ -192,7 +192,7 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
     let tid = pid_tgid as u32;
     if tid == tgid {
         // Its pid may come back as another process's.
-        let _ = OUT_OF_SCOPE.remove(tgid);
+        forget_scope(tgid);
     }
     // SAFETY: plain u32.
     if unsafe { WATCHED.get(tid) }.is_none() && unsafe { WATCHED.get(tgid) }.is_none() {
@@ -216,6 +216,15 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
         emit(EventKind::Exit, tgid, 0);
     }
     0
+}
+
+/// Drops the out-of-scope mark of `tgid`, where there can be one (a daemon limited to a
+/// cgroup): every exit and exec of the node passes here.
+#[inline(always)]
+fn forget_scope(tgid: u32) {
+    if CONFIG.get(0).is_some_and(|c| c.cgroup_id != 0) {
+        let _ = OUT_OF_SCOPE.remove(tgid);
+    }
 }
 
 /// Whether calls of `tgid` are counted: it is watched, or every process is (but commtap).

@@ -29,6 +29,11 @@
  *            for the truth); it learns each process's rank there from the communicator
  *            (Open MPI) or from MPI_Comm_rank and MPI_Comm_size (MPICH: asked here, as
  *            programs do);
+ *   persistent requests: on the reversed split, a ring of 11 ints each way (MPI_Recv_init,
+ *            MPI_Send_init, each started with MPI_Start); on the world, twice an
+ *            MPI_Startall of a receive of 6 ints from the left (posted bytes), a send of 6
+ *            to the right and one to MPI_PROC_NULL: each start is traffic with the peer
+ *            its creation named;
  *   MPI_PROC_NULL: an MPI_Send to it, which moves nothing and is nobody's traffic.
  *
  * Each rank writes OUT_PREFIX.<rank>.json: {"rank", "pid", "peers": [{"peer", "sent_calls",
@@ -58,12 +63,10 @@ static void received(int peer, long long bytes)
     recv_bytes[peer] += bytes;
 }
 
-/* A Sendrecv of `n` chars to the right of this rank in `comm` and from its left there,
- * noted on their world ranks. */
-static void ring_on(MPI_Comm comm, int n, int tag)
+/* This rank's right and left neighbours in `comm` (ends), and their world ranks. */
+static void neighbours_on(MPI_Comm comm, int ends[2], int world_ends[2])
 {
-    static char out[64], in[64];
-    int me, size, ends[2], world_ends[2];
+    int me, size;
     MPI_Comm_rank(comm, &me);
     MPI_Comm_size(comm, &size);
     ends[0] = (me + 1) % size;
@@ -74,10 +77,39 @@ static void ring_on(MPI_Comm comm, int n, int tag)
     MPI_Group_translate_ranks(group, 2, ends, world_group, world_ends);
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
+}
+
+/* A Sendrecv of `n` chars to the right of this rank in `comm` and from its left there,
+ * noted on their world ranks. */
+static void ring_on(MPI_Comm comm, int n, int tag)
+{
+    static char out[64], in[64];
+    int ends[2], world_ends[2];
+    neighbours_on(comm, ends, world_ends);
     MPI_Status st;
     MPI_Sendrecv(out, n, MPI_CHAR, ends[0], tag, in, n, MPI_CHAR, ends[1], tag, comm, &st);
     sent(world_ends[0], n);
     received(world_ends[1], n);
+}
+
+/* ring_on's traffic through persistent requests, started one by one (`n` ints each way):
+ * each start is traffic with the peer the request's creation named. */
+static void persistent_ring_on(MPI_Comm comm, int n, int tag)
+{
+    static int out[64], in[64];
+    int ends[2], world_ends[2];
+    neighbours_on(comm, ends, world_ends);
+    MPI_Request req[2];
+    MPI_Status sts[2];
+    MPI_Recv_init(in, n, MPI_INT, ends[1], tag, comm, &req[0]);
+    MPI_Send_init(out, n, MPI_INT, ends[0], tag, comm, &req[1]);
+    MPI_Start(&req[0]);
+    received(world_ends[1], 4 * n);
+    MPI_Start(&req[1]);
+    sent(world_ends[0], 4 * n);
+    MPI_Waitall(2, req, sts);
+    MPI_Request_free(&req[0]);
+    MPI_Request_free(&req[1]);
 }
 
 int main(int argc, char **argv)
@@ -161,11 +193,28 @@ int main(int argc, char **argv)
     ring_on(reversed, 7, 8);
     MPI_Comm_split(world, rank % 2, -rank, &parity);
     ring_on(parity, 9, 9);
+    persistent_ring_on(reversed, 11, 11);
     MPI_Comm_free(&dup);
     MPI_Comm_free(&reversed);
     MPI_Comm_free(&parity);
 
     MPI_Send(ibuf, 10, MPI_INT, MPI_PROC_NULL, 7, world);
+
+    /* Persistent requests started together, twice: the receive's posted bytes from the
+     * left, the send's to the right, and nothing for the one to MPI_PROC_NULL. */
+    MPI_Request preq[3];
+    MPI_Status psts[3];
+    MPI_Recv_init(ibuf2, 6, MPI_INT, left, 10, world, &preq[0]);
+    MPI_Send_init(ibuf, 6, MPI_INT, right, 10, world, &preq[1]);
+    MPI_Send_init(ibuf, 6, MPI_INT, MPI_PROC_NULL, 10, world, &preq[2]);
+    for (int i = 0; i < 2; i++) {
+        MPI_Startall(3, preq);
+        received(left, 6 * 4);
+        sent(right, 6 * 4);
+        MPI_Waitall(3, preq, psts);
+    }
+    for (int i = 0; i < 3; i++)
+        MPI_Request_free(&preq[i]);
 
     char path[4096];
     snprintf(path, sizeof path, "%s.%d.json", argv[1], rank);

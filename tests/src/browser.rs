@@ -400,7 +400,9 @@ fn html_routine_table(page: &Value) -> std::collections::BTreeMap<String, (u64, 
             .iter()
             .map(|c| c.as_str().expect("cell"))
             .collect();
-        if cells.len() < 4 || !cells[0].starts_with("MPI_") {
+        // MPI routines: MPI_*, and the MPIX_* extensions (Open MPI 4.1's persistent
+        // collectives).
+        if cells.len() < 4 || !(cells[0].starts_with("MPI_") || cells[0].starts_with("MPIX_")) {
             continue;
         }
         let calls: u64 = cells[1].parse().expect("#calls");

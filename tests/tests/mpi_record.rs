@@ -117,6 +117,23 @@ fn launched_truth(mpi: Mpi, np: u32) {
             Some(calls.to_string().as_str()),
             "{line}"
         );
+        // mpitrace logs no bytes for MPI_Start (its bytes were the request's creation's);
+        // the profile counts what each start moved (the truth).
+        let starts = &truth["routines"]["MPI_Start"];
+        assert!(
+            starts["bytes"].as_u64().expect("start bytes") > 0,
+            "{truth}"
+        );
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some("MPI_Start"))
+            .unwrap_or_else(|| panic!("no MPI_Start line in\n{text}"));
+        let calls = starts["calls"].to_string();
+        assert_eq!(
+            line.split_whitespace().skip(1).take(2).collect::<Vec<_>>(),
+            [calls.as_str(), "0.0"],
+            "{line}"
+        );
         assert!(text.contains("Message size distributions:"), "{text}");
         if r == 0 {
             assert!(

@@ -143,6 +143,7 @@ pub struct Probes {
     watched: BpfHashMap<MapData, u32, u32>,
     comms: BpfHashMap<MapData, HandleKey, CommInfo>,
     dtypes: BpfHashMap<MapData, HandleKey, u64>,
+    persistent: BpfHashMap<MapData, HandleKey, collector_common::PersistentOp>,
     config: Array<MapData, Config>,
     /// Per routine id: time one call in N (sampled time).
     time_one_in: Array<MapData, u32>,
@@ -327,6 +328,7 @@ impl Probes {
             watched: map(&mut ebpf, names::maps::WATCHED)?,
             comms: map(&mut ebpf, names::maps::COMMS)?,
             dtypes: map(&mut ebpf, names::maps::DTYPES)?,
+            persistent: map(&mut ebpf, names::maps::PERSISTENT)?,
             config: map(&mut ebpf, names::maps::CONFIG)?,
             time_one_in: map(&mut ebpf, names::maps::TIME_ONE_IN)?,
             sampled: BTreeMap::new(),
@@ -696,6 +698,7 @@ impl Probes {
         let _ = self.fabric_ranges.remove(&pid);
         remove_handles_of(&mut self.comms, pid);
         remove_handles_of(&mut self.dtypes, pid);
+        remove_handles_of(&mut self.persistent, pid);
         let mut unused = Vec::new();
         for (slot, pids) in &mut self.mapped_by {
             if pids.remove(&pid) && pids.is_empty() {

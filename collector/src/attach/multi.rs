@@ -189,6 +189,7 @@ pub fn load_programs(
 ) -> Result<HashMap<String, OwnedFd>, MultiError> {
     let prep = |e: String| MultiError::Prepare(names.join(","), e);
     let mut obj = aya_obj::Object::parse(object).map_err(|e| prep(e.to_string()))?;
+    let btf = load_btf(&mut obj);
     let parsed: Vec<(String, aya_obj::Map)> = obj
         .maps
         .iter()
@@ -221,7 +222,13 @@ pub fn load_programs(
             Some(id) => call_session_kfunc(&mut insns, id),
             None => false,
         };
-        code.push((name, insns, session));
+        let funcs = btf.as_ref().map(|fd| FuncInfo {
+            btf: fd.as_raw_fd(),
+            records: function.func_info.func_info_bytes(),
+            count: function.func_info.len(),
+            record_size: function.func_info_rec_size,
+        });
+        code.push((name, insns, session, funcs));
     }
     // The verifier takes most of commtap's start-up (half a second for the largest return
     // program here), and it runs in the loading thread: one thread per program lets a
@@ -229,7 +236,10 @@ pub fn load_programs(
     std::thread::scope(|s| {
         let loads: Vec<_> = code
             .into_iter()
-            .map(|(name, insns, session)| (name, s.spawn(move || load_one(name, &insns, session))))
+            .map(|(name, insns, session, funcs)| {
+                let load = s.spawn(move || load_one(name, &insns, session, funcs.as_ref()));
+                (name, load)
+            })
             .collect();
         let mut out = HashMap::new();
         for (name, load) in loads {
@@ -240,6 +250,46 @@ pub fn load_programs(
         }
         Ok(out)
     })
+}
+
+/// The object's BTF loaded into the kernel, as aya loads it for its own programs (fixed up
+/// for this kernel's features); `None` where the kernel has no BTF support or refuses it
+/// (then programs that need function information, those with `bpf_loop` callbacks, are
+/// refused, and say so).
+fn load_btf(obj: &mut aya_obj::Object) -> Option<OwnedFd> {
+    let features = aya::features().btf()?;
+    let raw = match obj.fixup_and_sanitize_btf(features) {
+        Ok(Some(btf)) => btf.to_bytes(),
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::debug!("BPF object's BTF not usable: {e}");
+            return None;
+        }
+    };
+    // SAFETY: zeroed is a valid bpf_attr; we fill the BPF_BTF_LOAD member.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: writing plain integers into the union member this command reads.
+    let u = unsafe { &mut attr.__bindgen_anon_7 };
+    u.btf = raw.as_ptr() as u64;
+    u.btf_size = raw.len() as u32;
+    match bpf(bpf_cmd::BPF_BTF_LOAD, &mut attr) {
+        Ok(fd) => Some(fd),
+        Err(e) => {
+            tracing::debug!("loading the BPF object's BTF: {e}");
+            None
+        }
+    }
+}
+
+/// A program's function information (one BTF function per subprogram), which the kernel
+/// asks of programs with callbacks.
+struct FuncInfo {
+    /// The loaded BTF the records' type ids refer to.
+    btf: RawFd,
+    /// `bpf_func_info` records, one per subprogram, in instruction order.
+    records: Vec<u8>,
+    count: usize,
+    record_size: usize,
 }
 
 /// Turns the session programs' calls of helper `SESSION_IS_RETURN_CALL` into calls of the
@@ -270,6 +320,7 @@ fn load_one(
     name: &str,
     insns: &[aya_obj::generated::bpf_insn],
     session: bool,
+    funcs: Option<&FuncInfo>,
 ) -> Result<OwnedFd, MultiError> {
     let license = CString::new("GPL").expect("no NUL");
     // SAFETY: zeroed is a valid bpf_attr; we fill the BPF_PROG_LOAD member.
@@ -287,6 +338,12 @@ fn load_one(
     u.license = license.as_ptr() as u64;
     for (dst, src) in u.prog_name.iter_mut().zip(name.bytes().take(15)) {
         *dst = src as libc::c_char;
+    }
+    if let Some(f) = funcs.filter(|f| f.record_size > 0 && f.count > 0) {
+        u.prog_btf_fd = f.btf as u32;
+        u.func_info = f.records.as_ptr() as u64;
+        u.func_info_cnt = f.count as u32;
+        u.func_info_rec_size = f.record_size as u32;
     }
     // BPF_LOG_STATS: the verifier's few lines of effort (instructions processed, states),
     // logged at debug level with the time the load took.

@@ -73,12 +73,17 @@ pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProf
     );
     let rows = table_order(&r.routines, Family::Mpi);
     for (name, s) in &rows {
+        let avg_bytes = if logs_bytes(name) {
+            s.totals.avg_bytes()
+        } else {
+            0.0
+        };
         let _ = writeln!(
             o,
             "{:<28}{:>12}{:>16.1}{:>14.3}",
             name,
             s.totals.calls,
-            s.totals.avg_bytes(),
+            avg_bytes,
             secs(s.totals.time_ns)
         );
     }
@@ -119,6 +124,13 @@ pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProf
     o
 }
 
+/// Whether mpitrace's wrapper of `routine` logs bytes: its `MPI_Start` and `MPI_Startall`
+/// log none (their bytes were logged at the request's creation), where commtap's profile
+/// counts what each start moves.
+fn logs_bytes(routine: &str) -> bool {
+    !matches!(routine, "MPI_Start" | "MPI_Startall")
+}
+
 /// The rank's "Message size distributions" section: per routine with bytes, a line per
 /// size bucket.
 fn render_sizes(rows: &[(&String, &RoutineStats)]) -> String {
@@ -131,7 +143,7 @@ fn render_sizes(rows: &[(&String, &RoutineStats)]) -> String {
     let _ = writeln!(o, "Message size distributions:");
     let _ = writeln!(o);
     for (name, s) in rows {
-        if s.totals.bytes == 0 && s.undecoded_calls == 0 {
+        if !logs_bytes(name) || (s.totals.bytes == 0 && s.undecoded_calls == 0) {
             continue;
         }
         let _ = writeln!(

@@ -1,0 +1,207 @@
+//! Persistent requests: what each start moves is learnt at the request's creation
+//! (`MPI_Send_init`, `MPI_Recv_init`, `MPI_Allreduce_init` ...) and counted at each
+//! `MPI_Start` / `MPI_Startall`, with a point-to-point request's traffic per peer.
+
+use aya_ebpf::{cty::c_void, helpers::generated::bpf_loop, macros::map, maps::LruHashMap};
+use collector_common::{
+    comm_id, routines::class, Abi, ArgSpec, ByteRule, Cookie, HandleKey, PeerKey, PersistentOp,
+    MAX_PERSISTENT, MAX_STARTALL,
+};
+
+use crate::{
+    call::{read_handle, Call},
+    decode::{comm_info, handle, int_arg, shared_comm_id},
+    maps::{call_state, LAYOUTS, ROUTINE_SPECS},
+};
+
+/// Requests learnt per process (an LRU: a request freed unseen, or a process's that exited
+/// while the daemon was down, ages out).
+#[map]
+pub static PERSISTENT: LruHashMap<HandleKey, PersistentOp> =
+    LruHashMap::with_max_entries(MAX_PERSISTENT, 0);
+
+/// What [`on_start`] returns when it cannot tell a start's bytes: a request created before
+/// commtap attached (or forgotten), or more of them in one `MPI_Startall` than it reads.
+pub const UNKNOWN: u64 = u64::MAX;
+
+/// Whether a persistent point-to-point request's creation names `MPI_PROC_NULL` as its
+/// peer (argument `c`; other routines have none there). Not inlined: the return
+/// program's stack frame has no room left.
+#[inline(never)]
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "takes the routine's spec as the other return rules do"
+)]
+pub fn peer_is_null(c: &Call, spec: &ArgSpec) -> bool {
+    spec.class == class::PERSISTENT
+        && c.arg(spec.c)
+            .map(int_arg)
+            .is_some_and(|p| Abi::proc_null(c.abi) == Some(p))
+}
+
+/// After the return path, in the program's own stack frame: remembers the request a
+/// persistent creation returned (`ret`: its return value), if one is pending.
+#[inline(always)]
+pub fn after_return<const ABI: u8>(ret: i32) {
+    let Some(e) = call_state(false) else {
+        return;
+    };
+    // SAFETY: the thread's own state; its call has returned.
+    let e = unsafe { &mut *e };
+    let pending = e.persistent_pending;
+    if pending == 0 {
+        return;
+    }
+    e.persistent_pending = 0;
+    let c = Cookie::unpack(e.cookie);
+    let (Some(spec), Some(layout)) = (
+        ROUTINE_SPECS.get(u32::from(c.routine)),
+        LAYOUTS.get(u32::from(c.layout)),
+    ) else {
+        return;
+    };
+    let call = Call {
+        abi: ABI,
+        layout,
+        tgid: e.tgid,
+        args: &e.args,
+        ret,
+        cache: core::ptr::addr_of_mut!(e.cache),
+    };
+    on_init(&call, spec, pending - 1);
+}
+
+/// At a persistent request's creation, after its return: remembers what each start of it
+/// moves, `bytes` (by the creating routine's rule), to or from the peer in argument `c` of
+/// a point-to-point one. Not inlined: once per creation.
+#[inline(never)]
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "takes the routine's spec as the other return rules do"
+)]
+fn on_init(c: &Call, spec: &ArgSpec, bytes: u64) {
+    if c.ret != 0 || spec.class != class::PERSISTENT {
+        return;
+    }
+    let Some(request) = c.arg(spec.d).and_then(|p| read_handle(c.abi, p)) else {
+        return;
+    };
+    let mut peer = PeerKey::default();
+    if let Some(p) = c.arg(spec.c).map(int_arg) {
+        if Abi::proc_null(c.abi) != Some(p) {
+            // Keyed as `p2p` keys a send's or receive's traffic: the world, or the handle
+            // with this process's rank there.
+            let h = c.arg(spec.comm).map_or(0, |h| handle(c.abi, h));
+            let info = comm_info(c.abi, c.layout, c.tgid, h);
+            let (comm, me) = if shared_comm_id(c.abi, h, info) == comm_id::WORLD {
+                (PeerKey::WORLD, PeerKey::ANY)
+            } else {
+                (h, info.map_or(PeerKey::ANY, |i| i.rank))
+            };
+            peer = PeerKey {
+                tgid: c.tgid,
+                // MPI_ANY_SOURCE: each start's source is known only from its completion.
+                peer: if p >= 0 { p } else { PeerKey::ANY },
+                comm,
+                dir: if spec.rule == ByteRule::RecvPosted as u8 {
+                    PeerKey::RECEIVED
+                } else {
+                    PeerKey::SENT
+                },
+                me,
+            };
+        }
+    }
+    let key = HandleKey {
+        tgid: c.tgid,
+        _pad: 0,
+        handle: request,
+    };
+    let _ = PERSISTENT.insert(key, PersistentOp { bytes, peer }, 0);
+}
+
+/// At `MPI_Start(*a)` or `MPI_Startall(a, b[])`: the bytes its requests move (each
+/// request's traffic added to its peer's counters), or [`UNKNOWN`] if any was not learnt.
+/// The requests are read in a `bpf_loop`, whose body the verifier checks once: an unrolled
+/// loop, checked for every iteration in each of the return path's states, went past the
+/// kernel's million instructions.
+#[inline(never)]
+pub fn on_start(c: &Call, spec: &ArgSpec) -> u64 {
+    let (n, requests) = if spec.rule == ByteRule::StartAll as u8 {
+        (
+            c.arg(spec.a).map_or(-1, int_arg),
+            c.arg(spec.b).unwrap_or(0),
+        )
+    } else {
+        (1, c.arg(spec.a).unwrap_or(0))
+    };
+    if n < 0 || n as u32 > MAX_STARTALL {
+        return UNKNOWN;
+    }
+    let mut starts = Starts {
+        requests,
+        total: 0,
+        tgid: c.tgid,
+        abi: u32::from(c.abi),
+        unknown: 0,
+        _pad: 0,
+    };
+    // SAFETY: the callback is a BPF function of this object; its context is `starts`,
+    // alive for the call.
+    let looped = unsafe {
+        bpf_loop(
+            n as u32,
+            start_one as *mut c_void,
+            core::ptr::addr_of_mut!(starts).cast(),
+            0,
+        )
+    };
+    if looped != i64::from(n) || starts.unknown != 0 {
+        UNKNOWN
+    } else {
+        starts.total
+    }
+}
+
+/// What [`start_one`] reads and adds up, on the caller's stack.
+#[repr(C)]
+struct Starts {
+    /// Address of the request array.
+    requests: u64,
+    /// Bytes of the requests learnt so far.
+    total: u64,
+    tgid: u32,
+    abi: u32,
+    /// 1 if a request was not learnt.
+    unknown: u32,
+    _pad: u32,
+}
+
+/// One request of a start (`bpf_loop`'s body): its bytes added up, its traffic counted.
+extern "C" fn start_one(i: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes `on_start`'s context.
+    let s = unsafe { &mut *ctx.cast::<Starts>() };
+    let abi = s.abi as u8;
+    let width: u64 = if abi == Abi::Mpich as u8 { 4 } else { 8 };
+    let op = read_handle(abi, s.requests + i * width).and_then(|h| {
+        let key = HandleKey {
+            tgid: s.tgid,
+            _pad: 0,
+            handle: h,
+        };
+        // SAFETY: copied out at once.
+        unsafe { PERSISTENT.get(key) }.copied()
+    });
+    match op {
+        Some(op) => {
+            s.total += op.bytes;
+            if op.peer.tgid != 0 {
+                crate::p2p::add_traffic(s.tgid, &op.peer, op.bytes);
+            }
+        }
+        // Set, not counted: a count is a new exact value at each iteration, and the
+        // verifier, which iterates the body until its states repeat, would never finish.
+        None => s.unknown = 1,
+    }
+    0
+}
