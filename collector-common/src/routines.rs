@@ -113,6 +113,11 @@ pub enum ByteRule {
     Start = 44,
     /// `MPI_Startall(a, b[])`: [`ByteRule::Start`] for each of the `a` requests of `b`.
     StartAll = 45,
+    /// [`ByteRule::Pair`] of a nonblocking call (`MPI_Isendrecv`): the receive counts its
+    /// posted size, from the source it names (no status yet).
+    PairPosted = 46,
+    /// [`ByteRule::PairPosted`] with 64-bit `MPI_Count`s (`MPI_Isendrecv_c`).
+    LargePairPosted = 47,
 }
 
 impl ByteRule {
@@ -171,6 +176,8 @@ impl ByteRule {
             43 => ByteRule::LargePair,
             44 => ByteRule::Start,
             45 => ByteRule::StartAll,
+            46 => ByteRule::PairPosted,
+            47 => ByteRule::LargePairPosted,
             _ => ByteRule::None,
         }
     }
@@ -1350,7 +1357,8 @@ pub const ROUTINES: &[Routine] = &[
     r("MPI_Neighbor_alltoallv", COLLECTIVE, B::None, [N; 4], 8, N),
     r("MPI_Ineighbor_alltoallv", COLLECTIVE, B::None, [N; 4], 8, N),
     r("MPI_Neighbor_alltoallw", COLLECTIVE, B::None, [N; 4], 8, N),
-    r("MPI_Ineighbor_alltoallw", COLLECTIVE, B::None, [N; 4], 8, N), // MPI-4's persistent collectives (MPICH 4's `MPI_*_init`, Open MPI 4.1's `MPIX_*_init`):
+    r("MPI_Ineighbor_alltoallw", COLLECTIVE, B::None, [N; 4], 8, N),
+    // MPI-4's persistent collectives (MPICH 4's `MPI_*_init`, Open MPI 4.1's `MPIX_*_init`):
     // the blocking routine's arguments, then (info, request). Bytes by its rule at the
     // creation; each start moves them again.
     pinit("MPI_Barrier_init", B::None, [N, N], 0),
@@ -1407,6 +1415,34 @@ pub const ROUTINES: &[Routine] = &[
     pinit("MPIX_Neighbor_allgatherv_init", B::CountType, [1, 2], 7),
     pinit("MPIX_Neighbor_alltoallv_init", B::None, [N, N], 8),
     pinit("MPIX_Neighbor_alltoallw_init", B::None, [N, N], 8),
+    // MPI-4's nonblocking Sendrecv: (sbuf, scount, stype, dest, stag, rbuf, rcount, rtype,
+    // source, rtag, comm, request) and (buf, count, type, dest, stag, source, rtag, comm,
+    // request); the receive counts its posted size.
+    r("MPI_Isendrecv", P2P, B::PairPosted, [1, 2, 6, 7], 10, 3),
+    r(
+        "MPI_Isendrecv_replace",
+        P2P,
+        B::PairPosted,
+        [1, 2, 1, 2],
+        7,
+        3,
+    ),
+    r(
+        "MPI_Isendrecv_c",
+        P2P,
+        B::LargePairPosted,
+        [1, 2, 6, 7],
+        10,
+        3,
+    ),
+    r(
+        "MPI_Isendrecv_replace_c",
+        P2P,
+        B::LargePairPosted,
+        [1, 2, 1, 2],
+        7,
+        3,
+    ),
 ];
 
 /// A libfabric ops-table slot: `(ep, buf, len, ...)`, `(ep, iov, desc, count, ...)` or

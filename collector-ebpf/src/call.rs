@@ -9,7 +9,10 @@ use collector_common::{
 };
 
 use crate::{
-    decode::{count_arg, handle, int_arg, read, shared_comm_id, sum_ints, sum_typed, type_size},
+    decode::{
+        add_typed, count_arg, handle, int_arg, read, shared_comm_id, sum_ints, type_size, TypedSum,
+        MAX_TYPED,
+    },
     maps::{with_proc_stats, COMMS, CONFIG, EVENTS},
 };
 
@@ -170,6 +173,7 @@ impl Call<'_> {
                 | ByteRule::LargeRecvPosted
                 | ByteRule::LargeRecvStatus
                 | ByteRule::LargePair
+                | ByteRule::LargePairPosted
         ) {
             self.arg(a).filter(|n| (*n as i64) >= 0)?
         } else {
@@ -184,16 +188,52 @@ impl Call<'_> {
         sum_ints(self.arg(i)?, n)
     }
 
+    /// sum(counts[i] x size(types[i])) for i < `n`, the arrays in arguments `counts` and
+    /// `types`.
     #[inline(always)]
     pub fn sum_typed(&self, counts: u8, types: u8, n: u32) -> Option<u64> {
-        sum_typed(
-            self.abi,
-            self.layout,
-            self.tgid,
-            self.arg(counts)?,
-            self.arg(types)?,
+        let total = sum_typed(self, counts, types, n);
+        (total != UNDECODED).then_some(total)
+    }
+}
+
+/// What [`sum_typed`] returns when it cannot tell.
+const UNDECODED: u64 = u64::MAX;
+
+/// [`Call::sum_typed`], or [`UNDECODED`]: the elements read in a `bpf_loop`. Not inlined
+/// (and returning a plain number): the loop's state is in this frame, not in the return
+/// program's, which has no room left.
+#[inline(never)]
+fn sum_typed(c: &Call, counts: u8, types: u8, n: u32) -> u64 {
+    let (Some(counts), Some(types)) = (c.arg(counts), c.arg(types)) else {
+        return UNDECODED;
+    };
+    if n > MAX_TYPED {
+        return UNDECODED;
+    }
+    let mut sum = TypedSum {
+        counts,
+        types,
+        total: 0,
+        dt_size_off: c.layout.dt_size_off,
+        tgid: c.tgid,
+        abi: u32::from(c.abi),
+        bad: 0,
+    };
+    // SAFETY: the callback is a BPF function of this object; its context is `sum`, alive
+    // for the call.
+    let done = unsafe {
+        aya_ebpf::helpers::generated::bpf_loop(
             n,
+            add_typed as *mut core::ffi::c_void,
+            core::ptr::addr_of_mut!(sum).cast(),
+            0,
         )
+    };
+    if done != i64::from(n) || sum.bad != 0 {
+        UNDECODED
+    } else {
+        sum.total
     }
 }
 

@@ -54,8 +54,14 @@ pub fn handle(abi: u8, v: u64) -> u64 {
 /// Size in bytes of one element of datatype handle `h`.
 #[inline(always)]
 pub fn type_size(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<u64> {
+    type_size_at(abi, layout.dt_size_off, tgid, h)
+}
+
+/// [`type_size`], with the one field of the layout it reads.
+#[inline(always)]
+fn type_size_at(abi: u8, dt_size_off: u32, tgid: u32, h: u64) -> Option<u64> {
     if abi == Abi::OpenMpi as u8 {
-        return read::<u64>(h.checked_add(u64::from(layout.dt_size_off))?).filter(|_| h != 0);
+        return read::<u64>(h.checked_add(u64::from(dt_size_off))?).filter(|_| h != 0);
     }
     if abi == Abi::Nccl as u8 {
         return nccl::type_size(h as u32);
@@ -263,39 +269,50 @@ pub fn product_ints(addr: u64, n: u32) -> Option<u64> {
     Some(p)
 }
 
-/// Largest array walked element by element with a type lookup each (struct types,
-/// Alltoallw).
-pub const MAX_TYPED: u32 = 32;
+/// Largest array summed element by element with a type lookup each (struct types,
+/// Alltoallw: one count and type per rank), in a `bpf_loop`.
+pub const MAX_TYPED: u32 = 1 << 16;
 
-/// sum(counts[i] x size(types[i])) for i < n.
-#[inline(always)]
-pub fn sum_typed(
-    abi: u8,
-    layout: &Layout,
-    tgid: u32,
-    counts: u64,
-    types: u64,
-    n: u32,
-) -> Option<u64> {
-    if n > MAX_TYPED {
-        return None;
+/// What [`add_typed`] sums up, on its caller's stack.
+#[repr(C)]
+pub struct TypedSum {
+    /// Address of the `int` counts.
+    pub counts: u64,
+    /// Address of the datatype handles (`int`s in MPICH's ABI, pointers in Open MPI's).
+    pub types: u64,
+    /// The sum so far.
+    pub total: u64,
+    /// The layout's `dt_size_off` (Open MPI: where a datatype holds its size).
+    pub dt_size_off: u32,
+    pub tgid: u32,
+    pub abi: u32,
+    /// 1 once an element could not be read or sized (a negative count, an unknown type).
+    pub bad: u32,
+}
+
+/// One element of a [`TypedSum`] (`bpf_loop`'s body, which the verifier checks once: walked
+/// element by element, 32 type lookups were a good part of the return programs'
+/// verification, and an Alltoallw of more than 32 ranks went undecoded).
+pub extern "C" fn add_typed(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes its caller's `TypedSum`.
+    let s = unsafe { &mut *ctx.cast::<TypedSum>() };
+    let abi = s.abi as u8;
+    let size = read::<i32>(s.counts + i * 4)
+        .filter(|c| *c >= 0)
+        .and_then(|c| {
+            let t = if abi == Abi::Mpich as u8 {
+                u64::from(read::<u32>(s.types + i * 4)?)
+            } else {
+                read::<u64>(s.types + i * 8)?
+            };
+            Some(c as u64 * type_size_at(abi, s.dt_size_off, s.tgid, t)?)
+        });
+    if let Some(b) = size {
+        s.total += b;
+        0
+    } else {
+        // Set, not counted: the verifier iterates the body until its states repeat.
+        s.bad = 1;
+        1
     }
-    let stride = if abi == Abi::Mpich as u8 { 4 } else { 8 };
-    let mut total = 0u64;
-    for i in 0..MAX_TYPED {
-        if i >= n {
-            break;
-        }
-        let c: i32 = read(counts + u64::from(i) * 4)?;
-        if c < 0 {
-            return None;
-        }
-        let t: u64 = if stride == 4 {
-            u64::from(read::<u32>(types + u64::from(i) * 4)?)
-        } else {
-            read::<u64>(types + u64::from(i) * 8)?
-        };
-        total += c as u64 * type_size(abi, layout, tgid, t)?;
-    }
-    Some(total)
 }

@@ -82,8 +82,10 @@ pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Opt
             );
             Some(bytes)
         }
-        ByteRule::Pair | ByteRule::LargePair => {
-            // Sendrecv and Sendrecv_replace both end (source, recvtag, comm, status).
+        ByteRule::Pair | ByteRule::LargePair | ByteRule::PairPosted | ByteRule::LargePairPosted => {
+            // Sendrecv and Sendrecv_replace both end (source, recvtag, comm, status); their
+            // nonblocking forms (source, recvtag, comm, request): no status yet.
+            let posted = matches!(rule, ByteRule::PairPosted | ByteRule::LargePairPosted);
             let source = spec.comm.wrapping_sub(2);
             let sent = if is_null(spec.peer) {
                 0
@@ -98,7 +100,7 @@ pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Opt
                 let b = c.count_type_by(spec.c, spec.d, rule)?;
                 let status = c
                     .arg(spec.comm.wrapping_add(1))
-                    .filter(|s| !status_ignored(c.abi, *s));
+                    .filter(|s| !posted && !status_ignored(c.abi, *s));
                 add(c, comm_key, peer(c, source, status), PeerKey::RECEIVED, b);
                 b
             };
@@ -124,6 +126,8 @@ pub fn describe_match(ev: &mut CallEvent, c: &Call, spec: &ArgSpec) {
                 | B::RecvStatus
                 | B::Pair
                 | B::LargePair
+                | B::PairPosted
+                | B::LargePairPosted
                 | B::LargeCountType
                 | B::LargeRecvPosted
                 | B::LargeRecvStatus
@@ -165,6 +169,12 @@ pub fn describe_match(ev: &mut CallEvent, c: &Call, spec: &ArgSpec) {
             let source = int_arg(arg_at(c.args, spec.comm.wrapping_sub(2)));
             let rtag = int_arg(arg_at(c.args, spec.comm.wrapping_sub(1)));
             (ev.recv_peer, ev.recv_tag) = resolve(source, rtag, status_at(spec.comm + 1));
+        }
+        B::PairPosted | B::LargePairPosted => {
+            ev.tag = tag;
+            let source = int_arg(arg_at(c.args, spec.comm.wrapping_sub(2)));
+            let rtag = int_arg(arg_at(c.args, spec.comm.wrapping_sub(1)));
+            (ev.recv_peer, ev.recv_tag) = resolve(source, rtag, None);
         }
         _ => (ev.peer, ev.tag) = resolve(ev.peer, tag, None),
     }

@@ -208,6 +208,24 @@ int main(int argc, char **argv)
     const int even = (rank % 2) == 0;
     MPI_Comm world = MPI_COMM_WORLD;
 
+#if defined(MPI_VERSION) && MPI_VERSION >= 4
+    /* ---- MPI-4's nonblocking Sendrecv: what it sends and the receive it posts, counted
+     * at the call (3 ints sent, 5 posted; the replacing one 2 each way) ---- */
+    {
+        int out[3] = {rank, rank + 1, rank + 2}, in[5] = {0}, both[2] = {rank, -rank};
+        MPI_Request req[2];
+        MPI_Isendrecv(out, 3, MPI_INT, right, 80, in, 5, MPI_INT, left, 80, world, &req[0]);
+        note("MPI_Isendrecv", 3 * SZ_INT + 5 * SZ_INT);
+        MPI_Isendrecv_replace(both, 2, MPI_INT, right, 81, left, 81, world, &req[1]);
+        note("MPI_Isendrecv_replace", 2 * 2 * SZ_INT);
+        MPI_Status done[2];
+        MPI_Waitall(2, req, done);
+        note("MPI_Waitall", 0);
+        digest(in, 3 * sizeof(int));
+        digest(both, sizeof both);
+    }
+#endif
+
 #if PERSISTENT_COLLECTIVES
     /* ---- MPI-4's persistent collectives (Open MPI 4.1: its MPIX_ extension): bytes by
      * the collective's rule at the creation, and again at each start. First: Debian's
@@ -294,6 +312,35 @@ int main(int argc, char **argv)
     note("MPI_Type_create_resized", 0);
     MPI_Type_commit(&t_resized);
     note("MPI_Type_commit", 0);
+
+    /* ---- a struct of 40 blocks (more than the kernel once walked type by type): one
+     * int or one double each, 20 x 4 + 20 x 8 bytes, sent right and received from the
+     * left ---- */
+    {
+        enum { BLOCKS = 40 };
+        int lens[BLOCKS];
+        MPI_Aint displs[BLOCKS];
+        MPI_Datatype types[BLOCKS], t_wide;
+        for (int i = 0; i < BLOCKS; i++) {
+            lens[i] = 1;
+            displs[i] = (MPI_Aint)(i * sizeof(double));
+            types[i] = i % 2 ? MPI_DOUBLE : MPI_INT;
+        }
+        MPI_Type_create_struct(BLOCKS, lens, displs, types, &t_wide);
+        note("MPI_Type_create_struct", 0);
+        MPI_Type_commit(&t_wide);
+        note("MPI_Type_commit", 0);
+        static double wide_out[BLOCKS], wide_in[BLOCKS];
+        for (int i = 0; i < BLOCKS; i++)
+            wide_out[i] = rank * 100 + i;
+        MPI_Status wst;
+        note("MPI_Sendrecv", 2 * (20 * SZ_INT + 20 * SZ_DOUBLE));
+        MPI_Sendrecv(wide_out, 1, t_wide, right, 70, wide_in, 1, t_wide, left, 70, world, &wst);
+        arrows_from_left++;
+        digest(wide_in, sizeof wide_in);
+        MPI_Type_free(&t_wide);
+        note("MPI_Type_free", 0);
+    }
 
     /* ---- communicators ---- */
     MPI_Comm dup, split;

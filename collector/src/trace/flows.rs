@@ -41,6 +41,16 @@ pub enum Direction {
     Post,
     /// `MPI_Sendrecv`: a send (`peer`, `tag`) and a receive (`recv_peer`, `recv_tag`).
     Both,
+    /// `MPI_Isendrecv`: a send (`peer`, `tag`) and a posted receive (`recv_peer`,
+    /// `recv_tag`), whose message arrives in a later wait.
+    SendAndPost,
+}
+
+impl Direction {
+    /// Whether the call names a receive in `recv_peer`, `recv_tag` (beside its send).
+    pub fn has_receiving_half(self) -> bool {
+        matches!(self, Direction::Both | Direction::SendAndPost)
+    }
 }
 
 /// The way `r` moves a message, if it moves one to a named peer.
@@ -53,6 +63,7 @@ pub fn direction(r: &Routine) -> Option<Direction> {
         ByteRule::RecvStatus | ByteRule::LargeRecvStatus => Some(Direction::Receive),
         ByteRule::RecvPosted | ByteRule::LargeRecvPosted => Some(Direction::Post),
         ByteRule::Pair | ByteRule::LargePair => Some(Direction::Both),
+        ByteRule::PairPosted | ByteRule::LargePairPosted => Some(Direction::SendAndPost),
         _ => None,
     }
 }
@@ -138,11 +149,14 @@ impl Flows {
         let tag = ev.tag.unwrap_or(-1);
         let comm = fnv(FNV_START, ev.comm.as_bytes());
         let mut ends = FlowEnds::default();
-        if matches!(dir, Direction::Send | Direction::Both) {
+        if matches!(
+            dir,
+            Direction::Send | Direction::Both | Direction::SendAndPost
+        ) {
             ends.out = self.number(ev.pid, (false, comm, me, peer, tag));
         }
         let received = match dir {
-            Direction::Both => Some((
+            Direction::Both | Direction::SendAndPost => Some((
                 ev.recv_peer.unwrap_or(CallEvent::PEER_NONE),
                 ev.recv_tag.unwrap_or(-1),
             )),
@@ -151,7 +165,7 @@ impl Flows {
         };
         if let Some((from, tag)) = received {
             let into = self.number(ev.pid, (true, comm, from, me, tag));
-            if dir == Direction::Post {
+            if matches!(dir, Direction::Post | Direction::SendAndPost) {
                 ends.posted = into;
             } else {
                 ends.into = into;
@@ -209,4 +223,41 @@ fn fnv(h: u64, bytes: &[u8]) -> u64 {
     bytes
         .iter()
         .fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call of `routine` by rank `me` (process `me + 1`) on a named world.
+    fn call(me: i32, routine: &str, send: (i32, i32), recv: Option<(i32, i32)>) -> pb::CallEvent {
+        pb::CallEvent {
+            pid: me as u32 + 1,
+            routine: routine.into(),
+            comm: "world".into(),
+            comm_rank: Some(me),
+            peer: Some(send.0),
+            tag: Some(send.1),
+            recv_peer: recv.map(|r| r.0),
+            recv_tag: recv.map(|r| r.1),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_isendrecv_sends_at_its_call_and_posts_its_receive() {
+        let mut f = Flows::default();
+        for me in [0, 1] {
+            f.ends(&call(me, "MPI_Init", (-1, -1), None));
+        }
+        // Rank 0 sends tag 5 to rank 1 and posts a receive of tag 6 from it; rank 1 takes
+        // the first with a blocking receive and sends the second with a blocking send.
+        let a = f.ends(&call(0, "MPI_Isendrecv", (1, 5), Some((1, 6))));
+        assert!(a.out.is_some() && a.posted.is_some(), "{a:?}");
+        assert_eq!(a.into, None, "its message arrives in a later wait");
+        let b = f.ends(&call(1, "MPI_Recv", (0, 5), None));
+        assert_eq!(b.into, a.out);
+        let c = f.ends(&call(1, "MPI_Send", (0, 6), None));
+        assert_eq!(c.out, a.posted);
+    }
 }

@@ -254,8 +254,12 @@ pub fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
         comm: comm_label(ev),
         seq: None,
         tag: moves.map(|_| ev.tag),
-        recv_peer: (moves == Some(flows::Direction::Both)).then_some(ev.recv_peer),
-        recv_tag: (moves == Some(flows::Direction::Both)).then_some(ev.recv_tag),
+        recv_peer: moves
+            .is_some_and(flows::Direction::has_receiving_half)
+            .then_some(ev.recv_peer),
+        recv_tag: moves
+            .is_some_and(flows::Direction::has_receiving_half)
+            .then_some(ev.recv_tag),
         device_window: (ev.kind == collector_common::EventKind::DeviceWindow as u32).then_some(
             pb::DeviceWindow {
                 not_attributed: ev.flags & collector_common::CallEvent::NOT_ATTRIBUTED != 0,
