@@ -118,6 +118,11 @@ pub enum ByteRule {
     PairPosted = 46,
     /// [`ByteRule::PairPosted`] with 64-bit `MPI_Count`s (`MPI_Isendrecv_c`).
     LargePairPosted = 47,
+    /// A partitioned send's creation (`MPI_Psend_init`): `a` partitions x `b` (count per
+    /// partition) x size(argument `b + 1`).
+    Partitioned = 48,
+    /// [`ByteRule::Partitioned`] of a receive (`MPI_Precv_init`).
+    PartitionedRecv = 49,
 }
 
 impl ByteRule {
@@ -178,6 +183,8 @@ impl ByteRule {
             45 => ByteRule::StartAll,
             46 => ByteRule::PairPosted,
             47 => ByteRule::LargePairPosted,
+            48 => ByteRule::Partitioned,
+            49 => ByteRule::PartitionedRecv,
             _ => ByteRule::None,
         }
     }
@@ -1443,6 +1450,29 @@ pub const ROUTINES: &[Routine] = &[
         7,
         3,
     ),
+    // MPI-4's partitioned point-to-point: (buf, partitions, count, type, peer, tag, comm,
+    // info, request) creates a persistent request of partitions x count elements, started
+    // with MPI_Start; the partitions are marked ready or tested one by one.
+    r(
+        "MPI_Psend_init",
+        PERSISTENT,
+        B::Partitioned,
+        [1, 2, 4, 8],
+        6,
+        N,
+    ),
+    r(
+        "MPI_Precv_init",
+        PERSISTENT,
+        B::PartitionedRecv,
+        [1, 2, 4, 8],
+        6,
+        N,
+    ),
+    r("MPI_Pready", P2P, B::None, [N; 4], N, N),
+    r("MPI_Pready_range", P2P, B::None, [N; 4], N, N),
+    r("MPI_Pready_list", P2P, B::None, [N; 4], N, N),
+    r("MPI_Parrived", P2P, B::None, [N; 4], N, N),
 ];
 
 /// A libfabric ops-table slot: `(ep, buf, len, ...)`, `(ep, iov, desc, count, ...)` or

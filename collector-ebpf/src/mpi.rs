@@ -26,9 +26,14 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
         ByteRule::None => Some(0),
         // A posted receive here is a persistent one's creation (`MPI_Recv_init`), whose
         // peer (`c`) may be MPI_PROC_NULL: nothing named (as mpitrace).
-        ByteRule::CountType | ByteRule::RecvPosted => {
+        ByteRule::CountType
+        | ByteRule::RecvPosted
+        | ByteRule::Partitioned
+        | ByteRule::PartitionedRecv => {
             if crate::persistent::peer_is_null(c, spec) {
                 Some(0)
+            } else if matches!(rule, ByteRule::Partitioned | ByteRule::PartitionedRecv) {
+                Some(c.count(spec.a)? * c.count_type(spec.b, spec.b.wrapping_add(1))?)
             } else {
                 c.count_type(spec.a, spec.b)
             }

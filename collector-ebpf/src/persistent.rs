@@ -103,7 +103,9 @@ fn on_init(c: &Call, spec: &ArgSpec, bytes: u64) {
                 // MPI_ANY_SOURCE: each start's source is known only from its completion.
                 peer: if p >= 0 { p } else { PeerKey::ANY },
                 comm,
-                dir: if spec.rule == ByteRule::RecvPosted as u8 {
+                dir: if spec.rule == ByteRule::RecvPosted as u8
+                    || spec.rule == ByteRule::PartitionedRecv as u8
+                {
                     PeerKey::RECEIVED
                 } else {
                     PeerKey::SENT

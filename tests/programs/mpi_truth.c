@@ -224,6 +224,34 @@ int main(int argc, char **argv)
         digest(in, 3 * sizeof(int));
         digest(both, sizeof both);
     }
+    /* ---- MPI-4's partitioned point-to-point: 4 partitions of 3 ints each way, started
+     * twice; the creations name 4 x 3 ints, and each start moves them again ---- */
+    {
+        int pout[12], pin[12] = {0};
+        MPI_Request req[2];
+        MPI_Precv_init(pin, 4, 3, MPI_INT, left, 90, world, MPI_INFO_NULL, &req[0]);
+        note("MPI_Precv_init", 12 * SZ_INT);
+        MPI_Psend_init(pout, 4, 3, MPI_INT, right, 90, world, MPI_INFO_NULL, &req[1]);
+        note("MPI_Psend_init", 12 * SZ_INT);
+        for (int it = 0; it < 2; it++) {
+            for (int i = 0; i < 12; i++)
+                pout[i] = 1000 * it + 10 * rank + i;
+            MPI_Startall(2, req);
+            note("MPI_Startall", 24 * SZ_INT);
+            for (int p = 0; p < 4; p++) {
+                MPI_Pready(p, req[1]);
+                note("MPI_Pready", 0);
+            }
+            MPI_Status done[2];
+            MPI_Waitall(2, req, done);
+            note("MPI_Waitall", 0);
+            digest(pin, sizeof pin);
+        }
+        for (int i = 0; i < 2; i++) {
+            MPI_Request_free(&req[i]);
+            note("MPI_Request_free", 0);
+        }
+    }
 #endif
 
 #if PERSISTENT_COLLECTIVES
