@@ -33,7 +33,9 @@
  *            MPI_Send_init, each started with MPI_Start); on the world, twice an
  *            MPI_Startall of a receive of 6 ints from the left (posted bytes), a send of 6
  *            to the right and one to MPI_PROC_NULL: each start is traffic with the peer
- *            its creation named;
+ *            its creation named; MPI-4 libraries (MPICH): an MPI_Isendrecv of 5 ints to
+ *            the right and 7 posted from the left, and a partitioned send to the right and
+ *            receive from the left of 2 x 4 ints;
  *   MPI_PROC_NULL: an MPI_Send to it, which moves nothing and is nobody's traffic.
  *
  * Each rank writes OUT_PREFIX.<rank>.json: {"rank", "pid", "peers": [{"peer", "sent_calls",
@@ -215,6 +217,24 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < 3; i++)
         MPI_Request_free(&preq[i]);
+
+#if defined(MPI_VERSION) && MPI_VERSION >= 4
+    /* MPI-4: a nonblocking Sendrecv (5 ints to the right, 7 posted from the left) and a
+     * partitioned send and receive (2 partitions of 4 ints), started once. */
+    MPI_Isendrecv(ibuf, 5, MPI_INT, right, 12, ibuf2, 7, MPI_INT, left, 12, world, &preq[0]);
+    sent(right, 5 * 4);
+    received(left, 7 * 4);
+    MPI_Waitall(1, preq, psts);
+    MPI_Precv_init(ibuf2, 2, 4, MPI_INT, left, 13, world, MPI_INFO_NULL, &preq[0]);
+    MPI_Psend_init(ibuf, 2, 4, MPI_INT, right, 13, world, MPI_INFO_NULL, &preq[1]);
+    MPI_Startall(2, preq);
+    received(left, 2 * 4 * 4);
+    sent(right, 2 * 4 * 4);
+    MPI_Pready_range(0, 1, preq[1]);
+    MPI_Waitall(2, preq, psts);
+    MPI_Request_free(&preq[0]);
+    MPI_Request_free(&preq[1]);
+#endif
 
     char path[4096];
     snprintf(path, sizeof path, "%s.%d.json", argv[1], rank);
