@@ -481,6 +481,19 @@ pub struct CounterVal {
 }
 const _: () = assert!(size_of::<CounterVal>() == 48);
 
+/// A counter's slot in the counters' array, which every CPU adds to atomically: its value,
+/// padded to 128 bytes so that no two slots' values (each another process's key, counted
+/// from another CPU) ever share a 64-byte cache line, wherever the array starts.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CounterSlot {
+    /// The counter.
+    pub val: CounterVal,
+    /// Explicit padding.
+    pub _pad: [u64; 10],
+}
+const _: () = assert!(size_of::<CounterSlot>() == 128);
+
 impl CounterVal {
     /// Adds `calls` calls of `bytes` bytes that took `time_ns` in all (their extremes
     /// unknown: NCCL's device windows).
@@ -1012,8 +1025,8 @@ pub mod mpich {
 #[cfg(feature = "user")]
 mod pod {
     use super::{
-        CommInfo, Config, CounterKey, CounterVal, FabricText, HandleKey, IdentityOffsets, Layout,
-        PeerKey, PeerVal, PersistentOp, ProcStats, TpOffsets,
+        CommInfo, Config, CounterKey, CounterSlot, CounterVal, FabricText, HandleKey,
+        IdentityOffsets, Layout, PeerKey, PeerVal, PersistentOp, ProcStats, TpOffsets,
     };
 
     /// Marks plain-old-data types that userspace reads out of BPF maps.
@@ -1030,6 +1043,7 @@ mod pod {
     pod!(
         Layout,
         CounterKey,
+        CounterSlot,
         CounterVal,
         PeerKey,
         PeerVal,

@@ -1,12 +1,14 @@
-//! The ground-truth counters: calls, bytes and time per `CounterKey`, in a slot of a
-//! per-CPU array that `COUNTER_SLOTS` assigns to the key. A thread remembers the slots of
-//! the last eight keys it counted (`HandleCache::counter_slot`), so a loop of calls updates
-//! its counters without a map lookup: a per-CPU hash lookup costs ~50 ns here, a per-CPU
-//! array's is a few inlined instructions.
+//! The ground-truth counters: calls, bytes and time per `CounterKey`, in a slot of an
+//! array that `COUNTER_SLOTS` assigns to the key. A thread remembers the slots of the last
+//! eight keys it counted (`HandleCache::counter_slot`), so a loop of calls updates its
+//! counters without a map lookup: a hash lookup costs ~50 ns here, an array's is a few
+//! inlined instructions.
 //!
-//! Each slot also has a duration histogram in `COUNTER_DURATIONS`, shared by the CPUs and
-//! added to atomically (a per-CPU one would cost 256 bytes per slot and CPU); the exact
-//! fastest and slowest calls are in the per-CPU value.
+//! The array is shared by the CPUs, and added to atomically (the extremes by
+//! compare-and-swap). It was a per-CPU array: 6 MiB per possible CPU (1.5 GiB on a 256-CPU
+//! node) and 131,072 per-CPU allocations at every start (0.18 s). Each slot is padded to
+//! 128 bytes so that two processes' counters never share a cache line. Each slot also has
+//! a duration histogram in `COUNTER_DURATIONS`, added to the same way.
 //!
 //! A new key takes a slot from `FREE_SLOTS`, to which userspace returns (zeroed) the slots
 //! of the processes it forgets, bumping the handle generation so that no thread keeps a
@@ -17,11 +19,11 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, Stack},
+    maps::{Array, HashMap, PerCpuHashMap, Stack},
 };
 use collector_common::{
-    duration_bucket, CallState, CounterKey, CounterVal, DurationHist, DURATION_BUCKETS,
-    MAX_COUNTERS,
+    duration_bucket, CallState, CounterKey, CounterSlot, CounterVal, DurationHist,
+    DURATION_BUCKETS, MAX_COUNTERS,
 };
 
 use crate::{maps::with_proc_stats, process::still_counted};
@@ -32,7 +34,7 @@ pub static COUNTER_SLOTS: HashMap<CounterKey, u32> = HashMap::with_max_entries(M
 
 /// The counters, by slot.
 #[map]
-pub static COUNTER_VALUES: PerCpuArray<CounterVal> = PerCpuArray::with_max_entries(MAX_COUNTERS, 0);
+pub static COUNTER_VALUES: Array<CounterSlot> = Array::with_max_entries(MAX_COUNTERS, 0);
 
 /// The duration histograms, by slot.
 #[map]
@@ -62,19 +64,90 @@ pub fn add(e: &mut CallState, key: &CounterKey, bytes: u64, dur: u64) {
 /// frames are at BPF's 512-byte limit.
 #[inline(never)]
 fn add_to_slot(slot: u32, bytes: u64, dur: u64, timed: bool) {
-    if let Some(v) = COUNTER_VALUES.get_ptr_mut(slot) {
-        // SAFETY: this CPU's value of the slot.
+    if let Some(s) = COUNTER_VALUES.get_ptr_mut(slot) {
+        // SAFETY: fields of a map value, which every CPU changes atomically.
         unsafe {
+            let v = core::ptr::addr_of_mut!((*s).val);
+            add_atomic(core::ptr::addr_of_mut!((*v).calls), 1);
+            // Even 0: a branch on the bytes made the verifier track them precisely back into
+            // every caller, which doubled its work.
+            add_atomic(core::ptr::addr_of_mut!((*v).bytes), bytes);
             if timed {
-                (*v).add_call(bytes, dur);
+                add_atomic(core::ptr::addr_of_mut!((*v).time_ns), dur);
+                move_extreme::<true>(core::ptr::addr_of_mut!((*v).min_ns), dur);
+                move_extreme::<false>(core::ptr::addr_of_mut!((*v).max_ns), dur);
             } else {
-                (*v).add_untimed(bytes);
+                add_atomic(core::ptr::addr_of_mut!((*v).untimed), 1);
             }
         }
     }
     if timed {
         add_duration(slot, dur);
     }
+}
+
+/// Adds `v` to `*p` atomically (BPF's atomic add: its result unused, any CPU version).
+///
+/// # Safety
+/// `p` must point into a map value (the verifier checks it).
+#[inline(always)]
+unsafe fn add_atomic(p: *mut u64, v: u64) {
+    use core::intrinsics::{atomic_xadd, AtomicOrdering};
+    // SAFETY: as the caller promises.
+    unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, v);
+    }
+}
+
+/// Compare-and-swap attempts for an extreme before giving up: each failure means another
+/// CPU moved it, which only other threads of the same process counting the same key do.
+const CAS_TRIES: u32 = 8;
+
+/// Moves the extreme at `*p` to `v` if `v` is beyond it, atomically: the fastest call
+/// (`LOWEST`; 0 is none yet) or the slowest. Not inlined: the verifier then walks its few
+/// paths once per caller's state, not multiplied by the paths of the code around it.
+///
+/// # Safety
+/// `p` must point into a map value (the verifier checks it).
+#[inline(never)]
+unsafe fn move_extreme<const LOWEST: bool>(p: *mut u64, v: u64) {
+    // SAFETY: as the caller promises.
+    let mut cur = unsafe { core::ptr::read_volatile(p) };
+    for _ in 0..CAS_TRIES {
+        let beyond = if LOWEST { cur == 0 || v < cur } else { v > cur };
+        if !beyond {
+            return;
+        }
+        // SAFETY: as the caller promises.
+        let seen = unsafe { compare_exchange(p, cur, v) };
+        if seen == cur {
+            return;
+        }
+        cur = seen;
+    }
+}
+
+/// Stores `new` at `p` if it holds `expected`, atomically; returns what it held
+/// (`BPF_ATOMIC | BPF_CMPXCHG`, Linux 5.12+). Written out, as [`fetch_add`] is.
+///
+/// # Safety
+/// `p` must point into a map value (the verifier checks it).
+#[inline(always)]
+unsafe fn compare_exchange(p: *mut u64, expected: u64, new: u64) -> u64 {
+    let mut r = expected;
+    // SAFETY: one instruction, `r0 = atomic_cmpxchg((u64 *)(r2 + 0), r0, r1)`: opcode 0xdb
+    // (BPF_STX | BPF_ATOMIC | BPF_DW), registers 0x12 (src r1, dst r2), offset 0,
+    // immediate 0xf1 (BPF_CMPXCHG, which always fetches into r0).
+    unsafe {
+        core::arch::asm!(
+            ".quad 0x000000f1000012db",
+            inout("r0") r,
+            in("r1") new,
+            in("r2") p,
+            options(nostack),
+        );
+    }
+    r
 }
 
 /// Counts a call of `dur` ns in the histogram of `slot`. Not inlined: the callers' programs
@@ -86,14 +159,8 @@ fn add_duration(slot: u32, dur: u64) {
     };
     // The mask is the bound the verifier checks (the bucket is below it already).
     let b = duration_bucket(dur) & (DURATION_BUCKETS - 1);
-    use core::intrinsics::{atomic_xadd, AtomicOrdering};
     // SAFETY: a slot of the map, added to with BPF's atomic add (other CPUs do the same).
-    unsafe {
-        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
-            core::ptr::addr_of_mut!((*h).calls[b]),
-            1,
-        );
-    }
+    unsafe { add_atomic(core::ptr::addr_of_mut!((*h).calls[b]), 1) };
 }
 
 /// The slot of `key`: the thread's last one, the assigned one, or a new one. None when

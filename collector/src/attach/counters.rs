@@ -1,15 +1,16 @@
 //! The kernel's ground-truth counters as userspace sees them: keys with their slots in
-//! `COUNTER_SLOTS`, per-CPU values in `COUNTER_VALUES`, and the `FREE_SLOTS` stack and
+//! `COUNTER_SLOTS`, values in `COUNTER_VALUES` (shared by the CPUs), and the `FREE_SLOTS`
+//! stack and
 //! `NEXT_FRESH_SLOT` counter that hand slots to new keys (see collector-ebpf's
 //! `counters`).
 
 use aya::{
-    maps::{
-        Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, Stack,
-    },
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuHashMap, Stack},
     Ebpf,
 };
-use collector_common::{CounterKey, CounterVal, DurationHist, ProcStats, MAX_COUNTERS};
+use collector_common::{
+    CounterKey, CounterSlot, CounterVal, DurationHist, ProcStats, MAX_COUNTERS,
+};
 use tracing::debug;
 
 use collector_common::names;
@@ -19,7 +20,7 @@ use super::{map, map_err, AttachError};
 /// The counter maps, and the handle generation that makes threads drop cached slots.
 pub struct Counters {
     slots: BpfHashMap<MapData, CounterKey, u32>,
-    values: PerCpuArray<MapData, CounterVal>,
+    values: Array<MapData, CounterSlot>,
     durations: Array<MapData, DurationHist>,
     free: Stack<MapData, u32>,
     next_fresh: Array<MapData, u64>,
@@ -54,29 +55,26 @@ impl Counters {
         Ok(())
     }
 
-    /// Every counter, summed over CPUs, with its duration histogram. The histogram is read
-    /// after the values: calls returning in between are in it and not yet in the calls.
+    /// Every counter, with its duration histogram. The histogram is read after the values:
+    /// calls returning in between are in it and not yet in the calls.
     pub fn read(&self) -> Vec<crate::stats::Counter> {
         self.slots
             .iter()
             .filter_map(Result::ok)
             .filter_map(|(k, slot)| {
-                let per_cpu = self.values.get(&slot, 0).ok()?;
+                let value = self.values.get(&slot, 0).ok()?.val;
                 let durations = self.durations.get(&slot, 0).ok()?;
-                Some((k, sum(per_cpu.iter()), durations))
+                Some((k, value, durations))
             })
             .collect()
     }
 
-    /// Every counter's calls, summed over CPUs (no histogram: what call rates need).
+    /// Every counter's calls (no histogram: what call rates need).
     pub fn read_calls(&self) -> Vec<(CounterKey, u64)> {
         self.slots
             .iter()
             .filter_map(Result::ok)
-            .filter_map(|(k, slot)| {
-                let per_cpu = self.values.get(&slot, 0).ok()?;
-                Some((k, per_cpu.iter().map(|v| v.calls).sum()))
-            })
+            .filter_map(|(k, slot)| Some((k, self.values.get(&slot, 0).ok()?.val.calls)))
             .collect()
     }
 
@@ -96,17 +94,11 @@ impl Counters {
             let _ = self.slots.remove(k);
         }
         self.bump_generation();
-        let Ok(cpus) = aya::util::nr_cpus() else {
-            return;
-        };
         for (_, slot) in gone {
-            let zero = PerCpuValues::try_from(vec![CounterVal::default(); cpus]);
-            if let Ok(zero) = zero {
-                if self.values.set(slot, zero, 0).is_ok()
-                    && self.durations.set(slot, DurationHist::default(), 0).is_ok()
-                {
-                    let _ = self.free.push(slot, 0);
-                }
+            if self.values.set(slot, CounterSlot::default(), 0).is_ok()
+                && self.durations.set(slot, DurationHist::default(), 0).is_ok()
+            {
+                let _ = self.free.push(slot, 0);
             }
         }
     }

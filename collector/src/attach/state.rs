@@ -13,10 +13,11 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// The directory under `base` for this build's map layout: pinned maps of another layout
 /// (an older commtap) are never reused. `a2`: slots are handed out from a fresh-slot
 /// counter as well as the free stack (an older daemon's pins have no counter); `a3`:
-/// persistent requests are kept (`PERSISTENT`).
+/// persistent requests are kept (`PERSISTENT`); `a4`: the counters' values are one array
+/// shared by the CPUs (a per-CPU one before).
 pub fn state_dir_for_layout(base: &Path) -> PathBuf {
     let tag = format!(
-        "layout-a3-k{}-s{}-v{}-d{}-p{}-c{}-h{}-r{}-e{}",
+        "layout-a4-k{}-s{}-v{}-d{}-p{}-c{}-h{}-r{}-e{}",
         size_of::<CounterKey>(),
         collector_common::MAX_COUNTERS,
         size_of::<CounterVal>(),
