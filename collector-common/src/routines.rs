@@ -118,8 +118,8 @@ pub enum ByteRule {
     PairPosted = 46,
     /// [`ByteRule::PairPosted`] with 64-bit `MPI_Count`s (`MPI_Isendrecv_c`).
     LargePairPosted = 47,
-    /// A partitioned send's creation (`MPI_Psend_init`): `a` partitions x `b` (count per
-    /// partition) x size(argument `b + 1`).
+    /// A partitioned send's creation (`MPI_Psend_init`): `a` partitions (an `int`) x `b`
+    /// (the count per partition, an `MPI_Count`) x size(argument `b + 1`).
     Partitioned = 48,
     /// [`ByteRule::Partitioned`] of a receive (`MPI_Precv_init`).
     PartitionedRecv = 49,

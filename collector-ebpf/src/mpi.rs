@@ -33,7 +33,13 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
             if crate::persistent::peer_is_null(c, spec) {
                 Some(0)
             } else if matches!(rule, ByteRule::Partitioned | ByteRule::PartitionedRecv) {
-                Some(c.count(spec.a)? * c.count_type(spec.b, spec.b.wrapping_add(1))?)
+                // The count per partition is an `MPI_Count` (64 bits), the partitions an
+                // `int`.
+                let per_partition =
+                    c.count_type_by(spec.b, spec.b.wrapping_add(1), ByteRule::LargeCountType)?;
+                // The product is the size of the caller's buffer (below 2^47 on x86-64), so
+                // no overflow check (BPF has no 128-bit multiply, which LLVM would use).
+                Some(c.count(spec.a)?.wrapping_mul(per_partition))
             } else {
                 c.count_type(spec.a, spec.b)
             }

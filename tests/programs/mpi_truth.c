@@ -27,9 +27,16 @@
 #include <string.h>
 #include <unistd.h>
 
-/* MPI-4's persistent collectives: MPI_*_init in MPI-4 libraries (MPICH 4), MPIX_*_init in
- * Open MPI 4.1's extension; none in MPI-3 libraries. */
-#if defined(MPI_VERSION) && MPI_VERSION >= 4
+/* MPI-4's persistent collectives: MPI_*_init in MPI-4 libraries (MPICH 4) and in Open MPI 5
+ * (which says MPI 3.1 but has MPI-4's persistent, partitioned and Isendrecv routines),
+ * MPIX_*_init in Open MPI 4.1's extension; none in MPI-3 libraries. */
+#if (defined(MPI_VERSION) && MPI_VERSION >= 4) || \
+    (defined(OMPI_MAJOR_VERSION) && OMPI_MAJOR_VERSION >= 5)
+#define MPI4_ROUTINES 1
+#else
+#define MPI4_ROUTINES 0
+#endif
+#if MPI4_ROUTINES
 #define PERSISTENT_COLLECTIVES 1
 #define PCOLL(name) "MPI_" name
 #define ALLREDUCE_INIT MPI_Allreduce_init
@@ -208,7 +215,7 @@ int main(int argc, char **argv)
     const int even = (rank % 2) == 0;
     MPI_Comm world = MPI_COMM_WORLD;
 
-#if defined(MPI_VERSION) && MPI_VERSION >= 4
+#if MPI4_ROUTINES
     /* ---- MPI-4's nonblocking Sendrecv: what it sends and the receive it posts, counted
      * at the call (3 ints sent, 5 posted; the replacing one 2 each way) ---- */
     {
