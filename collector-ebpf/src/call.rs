@@ -10,8 +10,8 @@ use collector_common::{
 
 use crate::{
     decode::{
-        add_typed, count_arg, handle, int_arg, read, shared_comm_id, sum_ints, type_size, TypedSum,
-        MAX_TYPED,
+        add_typed, count_arg, each, handle, int_arg, read, shared_comm_id, sum_ints, type_size,
+        TypedSum, MAX_TYPED, UNDECODED,
     },
     maps::{with_proc_stats, COMMS, CONFIG, EVENTS},
 };
@@ -197,9 +197,6 @@ impl Call<'_> {
     }
 }
 
-/// What [`sum_typed`] returns when it cannot tell.
-const UNDECODED: u64 = u64::MAX;
-
 /// [`Call::sum_typed`], or [`UNDECODED`]: the elements read in a `bpf_loop`. Not inlined
 /// (and returning a plain number): the loop's state is in this frame, not in the return
 /// program's, which has no room left.
@@ -220,20 +217,10 @@ fn sum_typed(c: &Call, counts: u8, types: u8, n: u32) -> u64 {
         abi: u32::from(c.abi),
         bad: 0,
     };
-    // SAFETY: the callback is a BPF function of this object; its context is `sum`, alive
-    // for the call.
-    let done = unsafe {
-        aya_ebpf::helpers::generated::bpf_loop(
-            n,
-            add_typed as *mut core::ffi::c_void,
-            core::ptr::addr_of_mut!(sum).cast(),
-            0,
-        )
-    };
-    if done != i64::from(n) || sum.bad != 0 {
-        UNDECODED
-    } else {
+    if each(n, add_typed, &mut sum) && sum.bad == 0 {
         sum.total
+    } else {
+        UNDECODED
     }
 }
 

@@ -269,6 +269,31 @@ pub fn product_ints(addr: u64, n: u32) -> Option<u64> {
     Some(p)
 }
 
+/// What a decoder returning a plain number (not an `Option`: see its callers) returns when
+/// it cannot tell.
+pub const UNDECODED: u64 = u64::MAX;
+
+/// A `bpf_loop` body: called with the iteration and the loop's context; 0 goes on, 1 stops.
+pub type LoopBody = extern "C" fn(u64, *mut core::ffi::c_void) -> i64;
+
+/// Runs `body` `n` times over `ctx` in a `bpf_loop`, whose body the verifier checks once
+/// (an unrolled loop is checked at every iteration, in each state of its caller); whether
+/// every iteration ran.
+#[inline(always)]
+pub fn each<T>(n: u32, body: LoopBody, ctx: &mut T) -> bool {
+    // SAFETY: `body` is a BPF function of this object; its context is `ctx`, alive for the
+    // call.
+    let done = unsafe {
+        aya_ebpf::helpers::generated::bpf_loop(
+            n,
+            body as *mut core::ffi::c_void,
+            core::ptr::from_mut(ctx).cast(),
+            0,
+        )
+    };
+    done == i64::from(n)
+}
+
 /// Largest array summed element by element with a type lookup each (struct types,
 /// Alltoallw: one count and type per rank), in a `bpf_loop`.
 pub const MAX_TYPED: u32 = 1 << 16;

@@ -6,7 +6,7 @@ use collector_common::{routines::class, Abi, ArgSpec, ByteRule, CommInfo, Handle
 
 use crate::{
     call::{learn_comm, Call},
-    decode::{count_arg, handle, product_ints, read},
+    decode::{count_arg, handle, product_ints, read, UNDECODED},
     maps::{COMMS, DTYPES},
 };
 
@@ -17,7 +17,7 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
     if spec.class == class::P2P {
         if matches!(rule, ByteRule::Start | ByteRule::StartAll) {
             let bytes = crate::persistent::on_start(c, spec);
-            return (bytes != crate::persistent::UNKNOWN).then_some(bytes);
+            return (bytes != UNDECODED).then_some(bytes);
         }
         return crate::p2p::on_return(c, spec, rule, crate::p2p::comm_key(c, spec, comm));
     }
@@ -166,9 +166,6 @@ fn learn_type(c: &Call, spec: &ArgSpec, rule: ByteRule) {
         0,
     );
 }
-
-/// What [`large_count_type`] returns when it cannot tell.
-const UNDECODED: u64 = u64::MAX;
 
 /// `MPI_Count` argument `a` x size(`b`), or [`UNDECODED`]. A function of its own returning
 /// a plain number: inlined (or returning an `Option`), it reshaped the code around it,

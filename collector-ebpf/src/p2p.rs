@@ -164,17 +164,17 @@ pub fn describe_match(ev: &mut CallEvent, c: &Call, spec: &ArgSpec) {
         B::RecvStatus | B::LargeRecvStatus => {
             (ev.peer, ev.tag) = resolve(ev.peer, tag, status_at(spec.c));
         }
-        B::Pair | B::LargePair => {
+        B::Pair | B::LargePair | B::PairPosted | B::LargePairPosted => {
             ev.tag = tag;
             let source = int_arg(arg_at(c.args, spec.comm.wrapping_sub(2)));
             let rtag = int_arg(arg_at(c.args, spec.comm.wrapping_sub(1)));
-            (ev.recv_peer, ev.recv_tag) = resolve(source, rtag, status_at(spec.comm + 1));
-        }
-        B::PairPosted | B::LargePairPosted => {
-            ev.tag = tag;
-            let source = int_arg(arg_at(c.args, spec.comm.wrapping_sub(2)));
-            let rtag = int_arg(arg_at(c.args, spec.comm.wrapping_sub(1)));
-            (ev.recv_peer, ev.recv_tag) = resolve(source, rtag, None);
+            // The nonblocking forms have a request there, and no status yet.
+            let status = if matches!(rule, B::Pair | B::LargePair) {
+                status_at(spec.comm + 1)
+            } else {
+                None
+            };
+            (ev.recv_peer, ev.recv_tag) = resolve(source, rtag, status);
         }
         _ => (ev.peer, ev.tag) = resolve(ev.peer, tag, None),
     }

@@ -2,7 +2,7 @@
 //! (`MPI_Send_init`, `MPI_Recv_init`, `MPI_Allreduce_init` ...) and counted at each
 //! `MPI_Start` / `MPI_Startall`, with a point-to-point request's traffic per peer.
 
-use aya_ebpf::{cty::c_void, helpers::generated::bpf_loop, macros::map, maps::LruHashMap};
+use aya_ebpf::{cty::c_void, macros::map, maps::LruHashMap};
 use collector_common::{
     comm_id, routines::class, Abi, ArgSpec, ByteRule, Cookie, HandleKey, PeerKey, PersistentOp,
     MAX_PERSISTENT, MAX_STARTALL,
@@ -10,7 +10,7 @@ use collector_common::{
 
 use crate::{
     call::{read_handle, Call},
-    decode::{comm_info, handle, int_arg, shared_comm_id},
+    decode::{comm_info, each, handle, int_arg, shared_comm_id, UNDECODED},
     maps::{call_state, LAYOUTS, ROUTINE_SPECS},
 };
 
@@ -19,10 +19,6 @@ use crate::{
 #[map]
 pub static PERSISTENT: LruHashMap<HandleKey, PersistentOp> =
     LruHashMap::with_max_entries(MAX_PERSISTENT, 0);
-
-/// What [`on_start`] returns when it cannot tell a start's bytes: a request created before
-/// commtap attached (or forgotten), or more of them in one `MPI_Startall` than it reads.
-pub const UNKNOWN: u64 = u64::MAX;
 
 /// Whether a persistent point-to-point request's creation names `MPI_PROC_NULL` as its
 /// peer (argument `c`; other routines have none there). Not inlined: the return
@@ -123,11 +119,15 @@ fn on_init(c: &Call, spec: &ArgSpec, bytes: u64) {
 }
 
 /// At `MPI_Start(*a)` or `MPI_Startall(a, b[])`: the bytes its requests move (each
-/// request's traffic added to its peer's counters), or [`UNKNOWN`] if any was not learnt.
-/// The requests are read in a `bpf_loop`, whose body the verifier checks once: an unrolled
-/// loop, checked for every iteration in each of the return path's states, went past the
-/// kernel's million instructions.
+/// request's traffic added to its peer's counters), or [`UNDECODED`] if any was not learnt
+/// (created before commtap attached, or forgotten) or there are more than it reads. The
+/// requests are read in a `bpf_loop`: an unrolled loop went past the kernel's million
+/// instructions.
 #[inline(never)]
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "takes the routine's spec as the other return rules do"
+)]
 pub fn on_start(c: &Call, spec: &ArgSpec) -> u64 {
     let (n, requests) = if spec.rule == ByteRule::StartAll as u8 {
         (
@@ -138,7 +138,7 @@ pub fn on_start(c: &Call, spec: &ArgSpec) -> u64 {
         (1, c.arg(spec.a).unwrap_or(0))
     };
     if n < 0 || n as u32 > MAX_STARTALL {
-        return UNKNOWN;
+        return UNDECODED;
     }
     let mut starts = Starts {
         requests,
@@ -148,20 +148,10 @@ pub fn on_start(c: &Call, spec: &ArgSpec) -> u64 {
         unknown: 0,
         _pad: 0,
     };
-    // SAFETY: the callback is a BPF function of this object; its context is `starts`,
-    // alive for the call.
-    let looped = unsafe {
-        bpf_loop(
-            n as u32,
-            start_one as *mut c_void,
-            core::ptr::addr_of_mut!(starts).cast(),
-            0,
-        )
-    };
-    if looped != i64::from(n) || starts.unknown != 0 {
-        UNKNOWN
-    } else {
+    if each(n as u32, start_one, &mut starts) && starts.unknown == 0 {
         starts.total
+    } else {
+        UNDECODED
     }
 }
 

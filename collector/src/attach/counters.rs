@@ -1,7 +1,6 @@
 //! The kernel's ground-truth counters as userspace sees them: keys with their slots in
 //! `COUNTER_SLOTS`, values in `COUNTER_VALUES` (shared by the CPUs), and the `FREE_SLOTS`
-//! stack and
-//! `NEXT_FRESH_SLOT` counter that hand slots to new keys (see collector-ebpf's
+//! stack and `NEXT_FRESH_SLOT` counter that hand slots to new keys (see collector-ebpf's
 //! `counters`).
 
 use aya::{
