@@ -314,6 +314,8 @@ async fn finish(
         let summary = t.finish()?;
         eprintln!("{summary}");
     }
+    // The report need not wait for the probes' detach.
+    session.probes.detach_in_background();
     Ok(profile)
 }
 

@@ -196,6 +196,9 @@ pub struct Probes {
     run_stats: Option<OwnedFd>,
     /// The controllers whose cgroup v1 the programs can find, with their subsystem ids.
     cgroup_v1_subsys: BTreeMap<String, u32>,
+    /// The child left to wait for the detach (see [`Probes::detach_in_background`]): the
+    /// last field, dropped after every other descriptor of these probes is closed.
+    closer: Option<multi::DetachInChild>,
 }
 
 /// What one probe program has cost, from the kernel's run-time statistics.
@@ -267,6 +270,18 @@ impl Drop for Probes {
 }
 
 impl Probes {
+    /// Forks now the child that will wait out the detach of these probes (an RCU grace
+    /// period or two per link, 50 to 200 ms here): it holds the last references to the
+    /// links until this process has dropped them, so their release happens there and
+    /// `record` ends as soon as its report is written. Only where no other commtap takes
+    /// these counts over at once (a daemon's successor reuses its pinned maps, into which
+    /// the old probes would count meanwhile).
+    pub fn detach_in_background(&mut self) {
+        if self.closer.is_none() {
+            self.closer = multi::DetachInChild::start();
+        }
+    }
+
     /// Loads the programs, fills the routine table and attaches the process tracepoints.
     pub fn load(opts: LoadOptions) -> Result<Probes, AttachError> {
         if BPF_OBJECT.is_empty() {
@@ -276,6 +291,9 @@ impl Probes {
         }
         system::bump_memlock_rlimit();
         let mut loader = EbpfLoader::new();
+        // The programs have no CO-RE relocations: aya need not parse the kernel's BTF
+        // (30 ms of each start); `btf::Btf::vmlinux` reads what commtap needs of it.
+        loader.btf(None);
         let pins: Vec<(&str, PathBuf)> = match &opts.state_dir {
             Some(dir) => {
                 state::prepare_state_dir(dir)?;
@@ -368,6 +386,7 @@ impl Probes {
                 None
             },
             cgroup_v1_subsys,
+            closer: None,
         };
         // Left paused by a daemon that died before continuing them (the map is kept).
         let left = probes.resume_all();

@@ -430,6 +430,59 @@ pub fn detach_all(links: Vec<MultiLink>) {
     }
 }
 
+/// A child process forked to hold the last references to this process's links (and
+/// everything else it has open) until this process has let go of them, so that releasing
+/// them, and the grace periods the kernel waits for then, happens in the child. The child
+/// closes its standard streams at once (whoever reads this process's output sees its end
+/// when this process ends) and exits when the pipe from this one closes: when this is
+/// dropped, or when this process dies. It never outlives its parent by more than the
+/// releases.
+pub struct DetachInChild {
+    #[allow(dead_code, reason = "held for its Drop: the child's signal to exit")]
+    release: OwnedFd,
+}
+
+impl DetachInChild {
+    /// Forks the child; `None` where that fails (the caller detaches itself).
+    pub fn start() -> Option<DetachInChild> {
+        let mut ends = [0 as libc::c_int; 2];
+        // SAFETY: `ends` has room for the two descriptors pipe2 writes.
+        if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return None;
+        }
+        // SAFETY: both are new descriptors owned by nobody else.
+        let (wait, release) =
+            unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+        // SAFETY: the child of a multi-threaded process may only make async-signal-safe
+        // calls: `hold_until_released` makes system calls only, and never returns.
+        match unsafe { libc::fork() } {
+            -1 => None,
+            // SAFETY: in the child, which `hold_until_released` ends.
+            0 => unsafe { hold_until_released(wait.as_raw_fd(), release.as_raw_fd()) },
+            _ => Some(DetachInChild { release }),
+        }
+    }
+}
+
+/// The child of [`DetachInChild::start`]: system calls only (it was forked from a
+/// multi-threaded process), no destructor, no exit handler.
+unsafe fn hold_until_released(wait: RawFd, release: RawFd) -> ! {
+    // SAFETY: plain system calls on descriptors this process owns.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, c"commtap-detach".as_ptr());
+        for fd in [release, 0, 1, 2] {
+            libc::close(fd);
+        }
+        let mut byte = 0u8;
+        // Nothing is ever written: it returns at the end of file, when the parent's end
+        // closes; again after a signal's handler ran.
+        while libc::read(wait, (&raw mut byte).cast(), 1) < 0
+            && *libc::__errno_location() == libc::EINTR
+        {}
+        libc::_exit(0)
+    }
+}
+
 /// Attaches `prog` at `offsets` of the open `file` (each with its cookie), as probes of
 /// `kind`; every process is probed (the programs filter by pid). The kernel reaches the
 /// file through commtap's own descriptor: no path its owner controls is walked again.
