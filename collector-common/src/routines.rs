@@ -34,7 +34,8 @@ pub enum ByteRule {
     SumCountsPerPeer = 5,
     /// `a`[my rank] x size(`b`) (Allgatherv).
     CountAtRank = 6,
-    /// `a` x size(`b`) x P (Reduce_scatter_block: the whole vector).
+    /// `a` x size(`b`) x P (NCCL's AllGather, ReduceScatter ...: the whole vector, as
+    /// nccl-tests sizes them).
     CountTypeTimesP = 7,
     /// sum(`a`[i] x size(`b`[i])) / P (Alltoallw).
     SumCountsTypesPerPeer = 8,
@@ -123,6 +124,9 @@ pub enum ByteRule {
     Partitioned = 48,
     /// [`ByteRule::Partitioned`] of a receive (`MPI_Precv_init`).
     PartitionedRecv = 49,
+    /// The value of argument `a`, an `MPI_Aint` (a window's creation: its size in bytes, as
+    /// mpitrace counts it); a negative one is not decoded.
+    AintArg = 50,
 }
 
 impl ByteRule {
@@ -185,6 +189,7 @@ impl ByteRule {
             47 => ByteRule::LargePairPosted,
             48 => ByteRule::Partitioned,
             49 => ByteRule::PartitionedRecv,
+            50 => ByteRule::AintArg,
             _ => ByteRule::None,
         }
     }
@@ -487,7 +492,7 @@ pub const ROUTINES: &[Routine] = &[
     r(
         "MPI_Reduce_scatter_block",
         COLLECTIVE,
-        B::CountTypeTimesP,
+        B::CountType,
         [2, 3, N, N],
         5,
         N,
@@ -563,7 +568,7 @@ pub const ROUTINES: &[Routine] = &[
     r(
         "MPI_Ireduce_scatter_block",
         COLLECTIVE,
-        B::CountTypeTimesP,
+        B::CountType,
         [2, 3, N, N],
         5,
         N,
@@ -1273,9 +1278,25 @@ pub const ROUTINES: &[Routine] = &[
     r("MPI_File_write_at_all_end", IO, B::None, [N; 4], N, N),
     // Windows: (base, size, disp_unit, info, comm, win); the allocating ones (size,
     // disp_unit, info, comm, baseptr, win); (info, comm, win).
-    r("MPI_Win_create", ONE_SIDED, B::None, [N; 4], 4, N),
-    r("MPI_Win_allocate", ONE_SIDED, B::None, [N; 4], 3, N),
-    r("MPI_Win_allocate_shared", ONE_SIDED, B::None, [N; 4], 3, N),
+    // (base, size, disp_unit, info, comm, win) and (size, disp_unit, info, comm, baseptr,
+    // win): the window's size, as mpitrace counts them.
+    r("MPI_Win_create", ONE_SIDED, B::AintArg, [1, N, N, N], 4, N),
+    r(
+        "MPI_Win_allocate",
+        ONE_SIDED,
+        B::AintArg,
+        [0, N, N, N],
+        3,
+        N,
+    ),
+    r(
+        "MPI_Win_allocate_shared",
+        ONE_SIDED,
+        B::AintArg,
+        [0, N, N, N],
+        3,
+        N,
+    ),
     r("MPI_Win_create_dynamic", ONE_SIDED, B::None, [N; 4], 1, N),
     r("MPI_Win_free", ONE_SIDED, B::None, [N; 4], N, N),
     // The other persistent sends: (buf, count, type, peer, tag, comm, request).
@@ -1373,12 +1394,7 @@ pub const ROUTINES: &[Routine] = &[
     pinit("MPI_Reduce_init", B::CountType, [2, 3], 6),
     pinit("MPI_Allreduce_init", B::CountType, [2, 3], 5),
     pinit("MPI_Reduce_scatter_init", B::SumCounts, [2, 3], 5),
-    pinit(
-        "MPI_Reduce_scatter_block_init",
-        B::CountTypeTimesP,
-        [2, 3],
-        5,
-    ),
+    pinit("MPI_Reduce_scatter_block_init", B::CountType, [2, 3], 5),
     pinit("MPI_Scan_init", B::CountType, [2, 3], 5),
     pinit("MPI_Exscan_init", B::CountType, [2, 3], 5),
     pinit("MPI_Gather_init", B::CountType, [1, 2], 7),
@@ -1400,12 +1416,7 @@ pub const ROUTINES: &[Routine] = &[
     pinit("MPIX_Reduce_init", B::CountType, [2, 3], 6),
     pinit("MPIX_Allreduce_init", B::CountType, [2, 3], 5),
     pinit("MPIX_Reduce_scatter_init", B::SumCounts, [2, 3], 5),
-    pinit(
-        "MPIX_Reduce_scatter_block_init",
-        B::CountTypeTimesP,
-        [2, 3],
-        5,
-    ),
+    pinit("MPIX_Reduce_scatter_block_init", B::CountType, [2, 3], 5),
     pinit("MPIX_Scan_init", B::CountType, [2, 3], 5),
     pinit("MPIX_Exscan_init", B::CountType, [2, 3], 5),
     pinit("MPIX_Gather_init", B::CountType, [1, 2], 7),

@@ -56,7 +56,7 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
             let n: i32 = read(c.arg(spec.a)? + info.rank as u64 * 4)?;
             Some(count_arg(u64::from(n as u32))? * c.size(spec.b)?)
         }
-        ByteRule::CountTypeTimesP => Some(c.count_type(spec.a, spec.b)? * u64::from(p?)),
+        ByteRule::AintArg => c.arg(spec.a).filter(|&v| v as i64 >= 0),
         ByteRule::LargeCountType => {
             let bytes = large_count_type(c, spec.a, spec.b);
             (bytes != UNDECODED).then_some(bytes)

@@ -319,22 +319,37 @@ pub fn assert_loop_ranks(profile: &Value, truths: &[Value]) {
 }
 
 /// Runs `mpi_truth` (3 iterations) as `np` ranks of `mpi` to completion, writing its truths
-/// to `prefix.<rank>.json`; returns them by rank.
+/// to `prefix.<rank>.json` and its standard output to `prefix.stdout`; returns the truths
+/// by rank.
 #[track_caller]
 pub fn run_truth_job(prefix: &Path, mpi: Mpi, np: u32) -> Vec<Value> {
     let prog = build_program("mpi_truth.c", mpi);
     let launcher = mpi.launcher(np);
     let mut cmd = Command::new(&launcher[0]);
+    let stdout = std::fs::File::create(prefix.with_extension("stdout")).expect("stdout file");
     mpi_env(&mut cmd)
         .args(&launcher[1..])
         .arg(&prog)
-        .arg(prefix);
+        .arg(prefix)
+        .stdout(stdout);
     let mut job = ChildGuard::spawn(&mut cmd);
     assert!(
         job.wait_with_limit(Duration::from_mins(5)).success(),
         "{mpi:?} job failed"
     );
     read_truths(prefix, np)
+}
+
+/// The lines a program wrote to its standard output that start with `tag` (its own, not
+/// its MPI's warnings), sorted: the ranks of a job write theirs in any order.
+pub fn program_output(stdout: &str, tag: &str) -> Vec<String> {
+    let mut lines: Vec<String> = stdout
+        .lines()
+        .filter(|l| l.starts_with(tag))
+        .map(String::from)
+        .collect();
+    lines.sort();
+    lines
 }
 
 /// (calls, bytes) per routine of each rank of a JSON profile, by pid.

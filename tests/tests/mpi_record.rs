@@ -9,6 +9,7 @@ const LIMIT: Duration = Duration::from_mins(5);
 
 /// Launches `np` ranks of `mpi_truth` under `commtap record` and checks every rank.
 fn launched_truth(mpi: Mpi, np: u32) {
+    let since = boottime_ns();
     let scratch = Scratch::new(&format!("truth-{}", mpi.suffix()));
     let prog = build_program("mpi_truth.c", mpi);
     let prefix = scratch.path("truth");
@@ -28,7 +29,7 @@ fn launched_truth(mpi: Mpi, np: u32) {
     args.push(prog.display().to_string());
     args.push(prefix.display().to_string());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let run = finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
 
     let profile = read_json(&out);
     let truths = read_truths(&prefix, np);
@@ -49,6 +50,21 @@ fn launched_truth(mpi: Mpi, np: u32) {
             probed["rank"]
         );
     }
+    // Nor its output (the job's standard output is `record`'s, the profile going to -o).
+    let tag = "mpi_truth: ";
+    let probed = program_output(&run.stdout, tag);
+    assert_eq!(
+        probed.len(),
+        np as usize,
+        "one line per rank in\n{}",
+        run.stdout
+    );
+    let alone = std::fs::read_to_string(scratch.path("alone.stdout")).expect("alone's output");
+    assert_eq!(
+        probed,
+        program_output(&alone, tag),
+        "the job's output under commtap and alone"
+    );
     for rank in profile["ranks"].as_array().expect("ranks") {
         assert_eq!(
             rank["routines"]["MPI_Finalize"]["calls"], 1,
@@ -142,6 +158,10 @@ fn launched_truth(mpi: Mpi, np: u32) {
             );
         }
     }
+
+    // Nothing is left in the kernel: `record` left the waits of its detach to a child
+    // (its report does not wait for them), which lets go of every program it loaded.
+    wait_for_commtap_programs_unloaded(since, Duration::from_mins(1));
 }
 
 #[test]

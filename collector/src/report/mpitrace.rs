@@ -126,9 +126,10 @@ pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProf
 
 /// Whether mpitrace's wrapper of `routine` logs bytes: its `MPI_Start` and `MPI_Startall`
 /// log none (their bytes were logged at the request's creation), where commtap's profile
-/// counts what each start moves.
+/// counts what each start moves; its `MPI_Fetch_and_op` none, where the profile counts the
+/// element fetched.
 fn logs_bytes(routine: &str) -> bool {
-    !matches!(routine, "MPI_Start" | "MPI_Startall")
+    !matches!(routine, "MPI_Start" | "MPI_Startall" | "MPI_Fetch_and_op")
 }
 
 /// The rank's "Message size distributions" section: per routine with bytes, a line per
