@@ -127,6 +127,14 @@ pub enum ByteRule {
     /// The value of argument `a`, an `MPI_Aint` (a window's creation: its size in bytes, as
     /// mpitrace counts it); a negative one is not decoded.
     AintArg = 50,
+    /// [`ByteRule::SumCounts`] over 64-bit `MPI_Count`s (`MPI_Reduce_scatter_c`).
+    LargeSumCounts = 51,
+    /// [`ByteRule::SumCountsPerPeer`] over `MPI_Count`s (`MPI_Alltoallv_c`).
+    LargeSumCountsPerPeer = 52,
+    /// [`ByteRule::CountAtRank`] over `MPI_Count`s (`MPI_Allgatherv_c`).
+    LargeCountAtRank = 53,
+    /// [`ByteRule::SumCountsTypesPerPeer`] over `MPI_Count`s (`MPI_Alltoallw_c`).
+    LargeSumCountsTypesPerPeer = 54,
 }
 
 impl ByteRule {
@@ -141,6 +149,26 @@ impl ByteRule {
     #[inline(always)]
     pub const fn frees_handle(self) -> bool {
         matches!(self, ByteRule::TypeFree | ByteRule::CommFree)
+    }
+
+    /// The rule of the large-count (`_c`) form of a routine of this rule: its counts are
+    /// 64-bit `MPI_Count`s where this rule's are `int`s. Panics (at compile time, where the
+    /// table is built) for a rule that has none.
+    pub const fn large_count(self) -> ByteRule {
+        match self {
+            ByteRule::None => ByteRule::None,
+            ByteRule::AintArg => ByteRule::AintArg,
+            ByteRule::CountType | ByteRule::LargeCountType => ByteRule::LargeCountType,
+            ByteRule::RecvStatus => ByteRule::LargeRecvStatus,
+            ByteRule::RecvPosted => ByteRule::LargeRecvPosted,
+            ByteRule::Pair => ByteRule::LargePair,
+            ByteRule::PairPosted => ByteRule::LargePairPosted,
+            ByteRule::SumCounts => ByteRule::LargeSumCounts,
+            ByteRule::SumCountsPerPeer => ByteRule::LargeSumCountsPerPeer,
+            ByteRule::CountAtRank => ByteRule::LargeCountAtRank,
+            ByteRule::SumCountsTypesPerPeer => ByteRule::LargeSumCountsTypesPerPeer,
+            _ => panic!("no large-count form of this byte rule"),
+        }
     }
 
     /// The rule with this id (unknown ids decode as `None`).
@@ -190,6 +218,10 @@ impl ByteRule {
             48 => ByteRule::Partitioned,
             49 => ByteRule::PartitionedRecv,
             50 => ByteRule::AintArg,
+            51 => ByteRule::LargeSumCounts,
+            52 => ByteRule::LargeSumCountsPerPeer,
+            53 => ByteRule::LargeCountAtRank,
+            54 => ByteRule::LargeSumCountsTypesPerPeer,
             _ => ByteRule::None,
         }
     }
@@ -402,8 +434,153 @@ use class::{
 };
 use ByteRule as B;
 
-/// Every routine commtap probes. Index = routine id (stable: append only).
-pub const ROUTINES: &[Routine] = &[
+/// Every routine commtap probes: those listed, then the large-count forms. Index = routine
+/// id, which a daemon's pinned counters keep across restarts and upgrades: both lists are
+/// append only, and a routine added to the first would move the second's ids (add a third
+/// list after them, or change the pinned layout's tag).
+pub const ROUTINES: &[Routine] = &ALL_ROUTINES;
+
+const ALL_ROUTINES: [Routine; LISTED_ROUTINES.len() + LARGE_COUNT.len()] = {
+    let mut all = [LISTED_ROUTINES[0]; LISTED_ROUTINES.len() + LARGE_COUNT.len()];
+    let mut i = 0;
+    while i < LISTED_ROUTINES.len() {
+        all[i] = LISTED_ROUTINES[i];
+        i += 1;
+    }
+    let mut k = 0;
+    while k < LARGE_COUNT.len() {
+        all[i + k] = large_count_form(LARGE_COUNT[k]);
+        k += 1;
+    }
+    all
+};
+
+/// The large-count form `name` (`MPI_Igather_c`) of the listed routine without its `_c`:
+/// the same arguments at the same places, its counts `MPI_Count`s and its displacements
+/// `MPI_Aint`s (MPI-4, section 5.2.1), so the same spec with the rule's large-count form.
+const fn large_count_form(name: &'static str) -> Routine {
+    let (base, suffix) = name.as_bytes().split_at(name.len() - 2);
+    assert!(
+        const_eq(suffix, b"_c"),
+        "a large-count routine's name ends in _c"
+    );
+    let mut i = 0;
+    while i < LISTED_ROUTINES.len() {
+        let r = LISTED_ROUTINES[i];
+        if const_eq(r.name.as_bytes(), base) {
+            let mut spec = r.spec;
+            spec.rule = ByteRule::from_u8(spec.rule).large_count() as u8;
+            return Routine { name, spec };
+        }
+        i += 1;
+    }
+    panic!("a large-count routine whose base routine is not listed")
+}
+
+/// MPI-4's large-count routines (MPICH 4 and 5 export them) beyond those listed with
+/// their own spec: each counted as its own routine, by its base routine's rule over its
+/// 64-bit counts. Append only. Not here: the datatype constructors' `_c` forms (a type
+/// made by one has no size the kernel knows: calls with it are counted as undecodable).
+const LARGE_COUNT: &[&str] = &[
+    "MPI_Accumulate_c",
+    "MPI_Allgather_init_c",
+    "MPI_Allgatherv_c",
+    "MPI_Allgatherv_init_c",
+    "MPI_Allreduce_init_c",
+    "MPI_Alltoall_init_c",
+    "MPI_Alltoallv_c",
+    "MPI_Alltoallv_init_c",
+    "MPI_Alltoallw_c",
+    "MPI_Alltoallw_init_c",
+    "MPI_Bcast_init_c",
+    "MPI_Bsend_init_c",
+    "MPI_Exscan_init_c",
+    "MPI_File_iread_all_c",
+    "MPI_File_iread_at_all_c",
+    "MPI_File_iread_at_c",
+    "MPI_File_iread_c",
+    "MPI_File_iread_shared_c",
+    "MPI_File_iwrite_all_c",
+    "MPI_File_iwrite_at_all_c",
+    "MPI_File_iwrite_at_c",
+    "MPI_File_iwrite_c",
+    "MPI_File_iwrite_shared_c",
+    "MPI_File_read_all_begin_c",
+    "MPI_File_read_all_c",
+    "MPI_File_read_at_all_begin_c",
+    "MPI_File_read_at_all_c",
+    "MPI_File_read_at_c",
+    "MPI_File_read_c",
+    "MPI_File_read_ordered_c",
+    "MPI_File_read_shared_c",
+    "MPI_File_write_all_begin_c",
+    "MPI_File_write_all_c",
+    "MPI_File_write_at_all_begin_c",
+    "MPI_File_write_at_all_c",
+    "MPI_File_write_at_c",
+    "MPI_File_write_c",
+    "MPI_File_write_ordered_c",
+    "MPI_File_write_shared_c",
+    "MPI_Gather_init_c",
+    "MPI_Gatherv_c",
+    "MPI_Gatherv_init_c",
+    "MPI_Get_accumulate_c",
+    "MPI_Get_c",
+    "MPI_Iallgather_c",
+    "MPI_Iallgatherv_c",
+    "MPI_Ialltoall_c",
+    "MPI_Ialltoallv_c",
+    "MPI_Ialltoallw_c",
+    "MPI_Iexscan_c",
+    "MPI_Igather_c",
+    "MPI_Igatherv_c",
+    "MPI_Imrecv_c",
+    "MPI_Ineighbor_allgather_c",
+    "MPI_Ineighbor_allgatherv_c",
+    "MPI_Ineighbor_alltoall_c",
+    "MPI_Ineighbor_alltoallv_c",
+    "MPI_Ineighbor_alltoallw_c",
+    "MPI_Ireduce_c",
+    "MPI_Ireduce_scatter_block_c",
+    "MPI_Ireduce_scatter_c",
+    "MPI_Iscan_c",
+    "MPI_Iscatter_c",
+    "MPI_Iscatterv_c",
+    "MPI_Mrecv_c",
+    "MPI_Neighbor_allgather_c",
+    "MPI_Neighbor_allgather_init_c",
+    "MPI_Neighbor_allgatherv_c",
+    "MPI_Neighbor_allgatherv_init_c",
+    "MPI_Neighbor_alltoall_c",
+    "MPI_Neighbor_alltoall_init_c",
+    "MPI_Neighbor_alltoallv_c",
+    "MPI_Neighbor_alltoallv_init_c",
+    "MPI_Neighbor_alltoallw_c",
+    "MPI_Neighbor_alltoallw_init_c",
+    "MPI_Put_c",
+    "MPI_Raccumulate_c",
+    "MPI_Recv_init_c",
+    "MPI_Reduce_init_c",
+    "MPI_Reduce_scatter_block_c",
+    "MPI_Reduce_scatter_block_init_c",
+    "MPI_Reduce_scatter_c",
+    "MPI_Reduce_scatter_init_c",
+    "MPI_Rget_c",
+    "MPI_Rput_c",
+    "MPI_Rsend_init_c",
+    "MPI_Scan_init_c",
+    "MPI_Scatter_init_c",
+    "MPI_Scatterv_c",
+    "MPI_Scatterv_init_c",
+    "MPI_Send_init_c",
+    "MPI_Ssend_init_c",
+    "MPI_Win_allocate_c",
+    "MPI_Win_allocate_shared_c",
+    "MPI_Win_create_c",
+];
+
+/// The routines listed with their own spec. Index = routine id (see [`ROUTINES`]).
+const LISTED_ROUTINES: &[Routine] = &[
     // Environment.
     r("MPI_Init", INIT, B::None, [N; 4], N, N),
     r("MPI_Init_thread", INIT, B::None, [N; 4], N, N),
@@ -1599,8 +1776,13 @@ mod tests {
             if r.spec.c != NO_ARG {
                 continue; // point-to-point: the peer is argument c
             }
-            let base = r.name.strip_suffix("_init").expect(r.name);
-            let base = std::format!("MPI_{}", base.split_once('_').expect(r.name).1);
+            // MPI_Allreduce_init_c's blocking routine is MPI_Allreduce_c.
+            let (name, large) = r
+                .name
+                .strip_suffix("_c")
+                .map_or((r.name, ""), |n| (n, "_c"));
+            let base = name.strip_suffix("_init").expect(r.name);
+            let base = std::format!("MPI_{}{large}", base.split_once('_').expect(r.name).1);
             let b = ROUTINES[usize::from(routine_id(&base).expect(r.name))].spec;
             assert_eq!(
                 (r.spec.rule, r.spec.a, r.spec.b, r.spec.comm, r.spec.d),
@@ -1610,7 +1792,7 @@ mod tests {
             );
             seen += 1;
         }
-        assert_eq!(seen, 44);
+        assert_eq!(seen, 44 + 21);
     }
 
     #[test]

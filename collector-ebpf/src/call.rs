@@ -10,8 +10,8 @@ use collector_common::{
 
 use crate::{
     decode::{
-        add_typed, count_arg, each, handle, int_arg, read, shared_comm_id, sum_ints, type_size,
-        TypedSum, MAX_TYPED, UNDECODED,
+        add_counts_wide, add_typed, add_typed_wide, count_arg, each, handle, int_arg, read,
+        shared_comm_id, sum_ints, type_size, LoopBody, TypedSum, MAX_TYPED, UNDECODED,
     },
     maps::{with_proc_stats, COMMS, CONFIG, EVENTS},
 };
@@ -188,21 +188,47 @@ impl Call<'_> {
         sum_ints(self.arg(i)?, n)
     }
 
-    /// sum(counts[i] x size(types[i])) for i < `n`, the arrays in arguments `counts` and
-    /// `types`.
+    /// The sum of `B`'s body over the `n` elements of the arrays in arguments `counts` and
+    /// `types` ([`Typed`]: sum(counts[i] x size(types[i])); [`TypedWide`]: the same of
+    /// `MPI_Count`s; [`CountsWide`]: the `MPI_Count`s alone, `types` unused).
     #[inline(always)]
-    pub fn sum_typed(&self, counts: u8, types: u8, n: u32) -> Option<u64> {
-        let total = sum_typed(self, counts, types, n);
+    pub fn sum_typed<B: SumBody>(&self, counts: u8, types: u8, n: u32) -> Option<u64> {
+        let total = sum_typed::<B>(self, counts, types, n);
         (total != UNDECODED).then_some(total)
     }
+}
+
+/// Which `bpf_loop` body a [`Call::sum_typed`] runs: a type, so that each is a function of
+/// its own with its body a constant (the verifier follows a callback passed as a value
+/// through every state of its callers: the MPICH return program had none to spare).
+pub(crate) trait SumBody {
+    const BODY: LoopBody;
+}
+
+/// [`add_typed`]: `int` counts times their types' sizes.
+pub(crate) struct Typed;
+impl SumBody for Typed {
+    const BODY: LoopBody = add_typed;
+}
+
+/// [`add_typed_wide`]: `MPI_Count` counts times their types' sizes.
+pub(crate) struct TypedWide;
+impl SumBody for TypedWide {
+    const BODY: LoopBody = add_typed_wide;
+}
+
+/// [`add_counts_wide`]: `MPI_Count` counts alone.
+pub(crate) struct CountsWide;
+impl SumBody for CountsWide {
+    const BODY: LoopBody = add_counts_wide;
 }
 
 /// [`Call::sum_typed`], or [`UNDECODED`]: the elements read in a `bpf_loop`. Not inlined
 /// (and returning a plain number): the loop's state is in this frame, not in the return
 /// program's, which has no room left.
 #[inline(never)]
-fn sum_typed(c: &Call, counts: u8, types: u8, n: u32) -> u64 {
-    let (Some(counts), Some(types)) = (c.arg(counts), c.arg(types)) else {
+fn sum_typed<B: SumBody>(c: &Call, counts: u8, types: u8, n: u32) -> u64 {
+    let Some(counts) = c.arg(counts) else {
         return UNDECODED;
     };
     if n > MAX_TYPED {
@@ -210,14 +236,14 @@ fn sum_typed(c: &Call, counts: u8, types: u8, n: u32) -> u64 {
     }
     let mut sum = TypedSum {
         counts,
-        types,
+        types: c.arg(types).unwrap_or(0),
         total: 0,
         dt_size_off: c.layout.dt_size_off,
         tgid: c.tgid,
         abi: u32::from(c.abi),
         bad: 0,
     };
-    if each(n, add_typed, &mut sum) && sum.bad == 0 {
+    if each(n, B::BODY, &mut sum) && sum.bad == 0 {
         sum.total
     } else {
         UNDECODED

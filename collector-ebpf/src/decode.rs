@@ -298,12 +298,13 @@ pub fn each<T>(n: u32, body: LoopBody, ctx: &mut T) -> bool {
 /// Alltoallw: one count and type per rank), in a `bpf_loop`.
 pub const MAX_TYPED: u32 = 1 << 16;
 
-/// What [`add_typed`] sums up, on its caller's stack.
+/// What [`add_typed`] and its kin sum up, on their caller's stack.
 #[repr(C)]
 pub struct TypedSum {
-    /// Address of the `int` counts.
+    /// Address of the counts (`int`s, or `MPI_Count`s for the `_wide` bodies).
     pub counts: u64,
-    /// Address of the datatype handles (`int`s in MPICH's ABI, pointers in Open MPI's).
+    /// Address of the datatype handles (`int`s in MPICH's ABI, pointers in Open MPI's);
+    /// unused by [`add_counts_wide`].
     pub types: u64,
     /// The sum so far.
     pub total: u64,
@@ -315,13 +316,16 @@ pub struct TypedSum {
     pub bad: u32,
 }
 
-/// One element of a [`TypedSum`] (`bpf_loop`'s body, which the verifier checks once: walked
-/// element by element, 32 type lookups were a good part of the return programs'
-/// verification, and an Alltoallw of more than 32 ranks went undecoded).
+/// One element of a [`TypedSum`] of `int` counts (`bpf_loop`'s body, which the verifier
+/// checks once: walked element by element, 32 type lookups were a good part of the return
+/// programs' verification, and an Alltoallw of more than 32 ranks went undecoded).
 pub extern "C" fn add_typed(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: `bpf_loop` passes its caller's `TypedSum`.
     let s = unsafe { &mut *ctx.cast::<TypedSum>() };
     let abi = s.abi as u8;
+    // Written out, not with the helpers below that the `MPI_Count` bodies use: so written,
+    // the MPICH return program's verification went past the kernel's limit on pending
+    // branches ("the sequence of 8193 jumps is too complex").
     let size = read::<i32>(s.counts + i * 4)
         .filter(|c| *c >= 0)
         .and_then(|c| {
@@ -340,4 +344,52 @@ pub extern "C" fn add_typed(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
         s.bad = 1;
         1
     }
+}
+
+/// The size of element `i`'s datatype in a [`TypedSum`].
+#[inline(always)]
+fn element_type_size(s: &TypedSum, abi: u8, i: u64) -> Option<u64> {
+    let t = if abi == Abi::Mpich as u8 {
+        u64::from(read::<u32>(s.types + i * 4)?)
+    } else {
+        read::<u64>(s.types + i * 8)?
+    };
+    type_size_at(abi, s.dt_size_off, s.tgid, t)
+}
+
+/// Adds an element's bytes (`Some`) to `s`, or marks it bad (as [`add_typed`] does);
+/// what a `bpf_loop` body returns (0: go on, 1: stop).
+#[inline(always)]
+fn add_to(s: &mut TypedSum, bytes: Option<u64>) -> i64 {
+    if let Some(b) = bytes {
+        s.total += b;
+        0
+    } else {
+        // Set, not counted: the verifier iterates the body until its states repeat.
+        s.bad = 1;
+        1
+    }
+}
+
+/// [`add_typed`] of `MPI_Count` counts (`MPI_Alltoallw_c`). A body of its own, not a
+/// branch in one: the verifier explores each branch of a body in every caller state, and
+/// the MPICH return program had none to spare.
+pub extern "C" fn add_typed_wide(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes its caller's `TypedSum`.
+    let s = unsafe { &mut *ctx.cast::<TypedSum>() };
+    let abi = s.abi as u8;
+    // A count times a type's size is the caller's buffer (below 2^47 on x86-64): no
+    // overflow check (BPF has no 128-bit multiply, which LLVM would use).
+    let size = read::<i64>(s.counts + i * 8)
+        .filter(|c| *c >= 0)
+        .and_then(|c| Some((c as u64).wrapping_mul(element_type_size(s, abi, i)?)));
+    add_to(s, size)
+}
+
+/// One `MPI_Count` of a [`TypedSum`] without types (`MPI_Alltoallv_c`'s counts).
+pub extern "C" fn add_counts_wide(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes its caller's `TypedSum`.
+    let s = unsafe { &mut *ctx.cast::<TypedSum>() };
+    let count = read::<i64>(s.counts + i * 8).filter(|c| *c >= 0);
+    add_to(s, count.map(|c| c as u64))
 }

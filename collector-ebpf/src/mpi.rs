@@ -2,10 +2,13 @@
 //! and datatype calls teach (integer-handle ABIs learn sizes here). Reached from the
 //! generic return path (`probe`).
 
-use collector_common::{routines::class, Abi, ArgSpec, ByteRule, CommInfo, HandleKey};
+use collector_common::{
+    routines::{class, NO_ARG as N},
+    Abi, ArgSpec, ByteRule, CommInfo, HandleKey,
+};
 
 use crate::{
-    call::{learn_comm, Call},
+    call::{learn_comm, Call, CountsWide, Typed, TypedWide},
     decode::{count_arg, handle, product_ints, read, UNDECODED},
     maps::{COMMS, DTYPES},
 };
@@ -56,14 +59,22 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
             let n: i32 = read(c.arg(spec.a)? + info.rank as u64 * 4)?;
             Some(count_arg(u64::from(n as u32))? * c.size(spec.b)?)
         }
-        ByteRule::AintArg => c.arg(spec.a).filter(|&v| v as i64 >= 0),
-        ByteRule::LargeCountType => {
-            let bytes = large_count_type(c, spec.a, spec.b);
+        ByteRule::LargeSumCounts
+        | ByteRule::LargeSumCountsPerPeer
+        | ByteRule::LargeCountAtRank
+        | ByteRule::LargeSumCountsTypesPerPeer => {
+            let bytes = large_vector(c, spec, comm?);
             (bytes != UNDECODED).then_some(bytes)
         }
-        ByteRule::SumCountsTypesPerPeer => {
-            c.sum_typed(spec.a, spec.b, p?)?.checked_div(u64::from(p?))
+        ByteRule::AintArg => c.arg(spec.a).filter(|&v| v as i64 >= 0),
+        // A posted receive here is a persistent one's creation (`MPI_Recv_init_c`).
+        ByteRule::LargeCountType | ByteRule::LargeRecvPosted => {
+            let bytes = large_count_type(c, spec);
+            (bytes != UNDECODED).then_some(bytes)
         }
+        ByteRule::SumCountsTypesPerPeer => c
+            .sum_typed::<Typed>(spec.a, spec.b, p?)?
+            .checked_div(u64::from(p?)),
         // Constructors and MPI_Type_free: sizes live in Open MPI's objects; MPICH-ABI
         // libraries attach these routines to `mpi_return_mpich_types` instead.
         ByteRule::CtorProduct
@@ -141,7 +152,7 @@ fn constructed_size(c: &Call, spec: &ArgSpec, rule: ByteRule) -> Option<u64> {
     match rule {
         ByteRule::CtorProduct => Some(n * c.count(spec.c)? * c.size(spec.b)?),
         ByteRule::CtorSum => Some(c.sum(spec.c, n as u32)? * c.size(spec.b)?),
-        ByteRule::CtorStruct => c.sum_typed(spec.c, spec.b, n as u32),
+        ByteRule::CtorStruct => c.sum_typed::<Typed>(spec.c, spec.b, n as u32),
         ByteRule::CtorProdArray => Some(product_ints(c.arg(spec.c)?, n as u32)? * c.size(spec.b)?),
         _ => None,
     }
@@ -167,11 +178,57 @@ fn learn_type(c: &Call, spec: &ArgSpec, rule: ByteRule) {
     );
 }
 
-/// `MPI_Count` argument `a` x size(`b`), or [`UNDECODED`]. A function of its own returning
+/// The bytes of a large-count routine whose counts are an array of `MPI_Count`s, one per
+/// rank of `comm` (`MPI_Alltoallv_c` ...), by its rule; or [`UNDECODED`]. Not inlined, and
+/// its arrays read in a `bpf_loop`: the return programs have no verifier states to spare.
+#[inline(never)]
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "takes the routine's spec as the other return rules do"
+)]
+fn large_vector(c: &Call, spec: &ArgSpec, comm: CommInfo) -> u64 {
+    let p = comm.size;
+    let rule = ByteRule::from_u8(spec.rule);
+    let bytes = if rule == ByteRule::LargeCountAtRank {
+        if comm.rank < 0 || comm.rank as u32 >= p {
+            return UNDECODED;
+        }
+        c.arg(spec.a)
+            .and_then(|counts| read::<i64>(counts + comm.rank as u64 * 8))
+            .filter(|n| *n >= 0)
+            .and_then(|n| Some(n as u64 * c.size(spec.b)?))
+    } else if rule == ByteRule::LargeSumCountsTypesPerPeer {
+        c.sum_typed::<TypedWide>(spec.a, spec.b, p)
+            .and_then(|b| b.checked_div(u64::from(p)))
+    } else {
+        let total = c
+            .sum_typed::<CountsWide>(spec.a, N, p)
+            .and_then(|n| Some(n * c.size(spec.b)?));
+        if rule == ByteRule::LargeSumCountsPerPeer {
+            total.and_then(|b| b.checked_div(u64::from(p)))
+        } else {
+            total
+        }
+    };
+    bytes.unwrap_or(UNDECODED)
+}
+
+/// `MPI_Count` argument `a` x size(`b`) (0 for a persistent creation naming `MPI_PROC_NULL`),
+/// or [`UNDECODED`]. A function of its own returning
 /// a plain number: inlined (or returning an `Option`), it reshaped the code around it,
 /// and the verifier lost bounds it had before.
 #[inline(never)]
-fn large_count_type(c: &Call, a: u8, b: u8) -> u64 {
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "takes the routine's spec as the other return rules do"
+)]
+fn large_count_type(c: &Call, spec: &ArgSpec) -> u64 {
+    // A persistent request's creation (`MPI_Send_init_c`) to or from MPI_PROC_NULL: nothing
+    // named (as mpitrace).
+    if crate::persistent::peer_is_null(c, spec) {
+        return 0;
+    }
+    let (a, b) = (spec.a, spec.b);
     let n = c.args[usize::from(a) & (collector_common::ARG_SLOTS - 1)];
     if (n as i64) < 0 {
         return UNDECODED;

@@ -100,6 +100,7 @@ fn on_init(c: &Call, spec: &ArgSpec, bytes: u64) {
                 peer: if p >= 0 { p } else { PeerKey::ANY },
                 comm,
                 dir: if spec.rule == ByteRule::RecvPosted as u8
+                    || spec.rule == ByteRule::LargeRecvPosted as u8
                     || spec.rule == ByteRule::PartitionedRecv as u8
                 {
                     PeerKey::RECEIVED

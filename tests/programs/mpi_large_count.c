@@ -11,7 +11,9 @@
  * "pid":PID,"routines":{"MPI_Send_c":{"calls":N,"bytes":B}, ...},"peers":[{"peer",
  * "sent_calls","sent_bytes","received_calls","received_bytes"}]} (mpi_peers' form). Bytes
  * follow mpitrace's rules, as for the base routines: count x type size (Gather: what each
- * rank sends; Scatter: what each receives; a receive with a status: what arrived).
+ * rank sends; Scatter: what each receives; a receive with a status: what arrived), and
+ * the vector forms (`MPI_Alltoallv_c` ...: `MPI_Count` arrays) as theirs; persistent
+ * requests created with `_c` routines count again at each `MPI_Startall`.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -19,7 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MAX_ROUTINES 32
+#define MAX_ROUTINES 64
 
 static struct {
     const char *name;
@@ -98,6 +100,70 @@ int main(int argc, char **argv)
     note("MPI_Wait", 0);
     MPI_Wait(&req, MPI_STATUS_IGNORE);
 
+    /* Vector collectives: MPI_Count counts, MPI_Aint displacements (MPI-4). Rank r sends
+     * r + j + 1 ints to rank j (Alltoallv: bytes per peer, sum / P, integer division). */
+    {
+        MPI_Count sc[2], rc[2];
+        MPI_Aint sd[2], rd[2];
+        long long sum = 0;
+        for (int j = 0; j < 2; j++) {
+            sc[j] = rank + j + 1;
+            rc[j] = j + rank + 1;
+            sum += sc[j];
+        }
+        sd[0] = 0, sd[1] = 16, rd[0] = 0, rd[1] = 16;
+        note("MPI_Alltoallv_c", sum * (long long)sizeof(int) / size);
+        MPI_Alltoallv_c(a, sc, sd, MPI_INT, b, rc, rd, MPI_INT, MPI_COMM_WORLD);
+        note("MPI_Ialltoallv_c", sum * (long long)sizeof(int) / size);
+        MPI_Ialltoallv_c(a, sc, sd, MPI_INT, b, rc, rd, MPI_INT, MPI_COMM_WORLD, &req);
+        note("MPI_Wait", 0);
+        MPI_Wait(&req, MPI_STATUS_IGNORE);
+
+        /* Allgatherv: rank r contributes r + 2 ints (bytes: what this rank's slot holds). */
+        MPI_Count ac[2] = {2, 3};
+        MPI_Aint ad[2] = {0, 16};
+        note("MPI_Allgatherv_c", ac[rank] * (long long)sizeof(int));
+        MPI_Allgatherv_c(a, ac[rank], MPI_INT, b, ac, ad, MPI_INT, MPI_COMM_WORLD);
+
+        /* Reduce_scatter: rank r gets r + 1 doubles (bytes: the whole vector). */
+        MPI_Count rsc[2] = {1, 2};
+        note("MPI_Reduce_scatter_c", (rsc[0] + rsc[1]) * (long long)sizeof(double));
+        MPI_Reduce_scatter_c(a, b, rsc, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        /* Reduce_scatter_block: each rank's block (mpitrace's rule). */
+        note("MPI_Reduce_scatter_block_c", 3 * (long long)sizeof(double));
+        MPI_Reduce_scatter_block_c(a, b, 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+
+        /* Alltoallw: to rank 0 (r + 1) ints, to rank 1 (r + 1) doubles; byte displacements. */
+        MPI_Count wc[2] = {rank + 1, rank + 1}, wrc[2] = {1, 2};
+        MPI_Aint wsd[2] = {0, 64}, wrd[2] = {0, 64};
+        MPI_Datatype wst[2] = {MPI_INT, MPI_DOUBLE};
+        MPI_Datatype wrt[2] = {rank ? MPI_DOUBLE : MPI_INT, rank ? MPI_DOUBLE : MPI_INT};
+        note("MPI_Alltoallw_c",
+             (wc[0] * (long long)sizeof(int) + wc[1] * (long long)sizeof(double)) / size);
+        MPI_Alltoallw_c(a, wc, wsd, wst, b, wrc, wrd, wrt, MPI_COMM_WORLD);
+
+        /* Gatherv to rank 0 (rank + 3 ints each), Scatterv from rank 1 (rank + 4 each). */
+        MPI_Count gc[2] = {3, 4}, vc[2] = {4, 5};
+        MPI_Aint gd[2] = {0, 16}, vd[2] = {0, 16};
+        note("MPI_Gatherv_c", gc[rank] * (long long)sizeof(int));
+        MPI_Gatherv_c(a, gc[rank], MPI_INT, b, gc, gd, MPI_INT, 0, MPI_COMM_WORLD);
+        note("MPI_Scatterv_c", vc[rank] * (long long)sizeof(int));
+        MPI_Scatterv_c(a, vc, vd, MPI_INT, b, vc[rank], MPI_INT, 1, MPI_COMM_WORLD);
+        note("MPI_Iallgather_c", 6 * (long long)sizeof(int));
+        MPI_Iallgather_c(a, 6, MPI_INT, b, 6, MPI_INT, MPI_COMM_WORLD, &req);
+        note("MPI_Wait", 0);
+        MPI_Wait(&req, MPI_STATUS_IGNORE);
+    }
+    /* A window of 64 bytes: its size, as mpitrace counts it. */
+    {
+        void *base;
+        MPI_Win win;
+        note("MPI_Win_allocate_c", 64);
+        MPI_Win_allocate_c(64, 8, MPI_INFO_NULL, MPI_COMM_WORLD, &base, &win);
+        note("MPI_Win_free", 0);
+        MPI_Win_free(&win);
+    }
+
     /* Point-to-point with MPI_Count counts, each rank to the other in turn. */
     const int other = 1 - rank;
     long long sent_calls = 0, sent_bytes = 0, received_calls = 0, received_bytes = 0;
@@ -144,6 +210,26 @@ int main(int argc, char **argv)
     RECEIVED(23 * (long long)sizeof(double));
     MPI_Sendrecv_replace_c(b, 23, MPI_DOUBLE, other, 11, other, 11, MPI_COMM_WORLD,
                            MPI_STATUS_IGNORE);
+
+    /* Persistent requests with MPI_Count counts: their bytes at the creation, and again
+     * at each start (per peer too: a send and a posted receive). */
+    MPI_Request pr[2];
+    note("MPI_Recv_init_c", 30 * (long long)sizeof(double));
+    MPI_Recv_init_c(b, 30, MPI_DOUBLE, other, 12, MPI_COMM_WORLD, &pr[0]);
+    note("MPI_Send_init_c", 30 * (long long)sizeof(double));
+    MPI_Send_init_c(a, 30, MPI_DOUBLE, other, 12, MPI_COMM_WORLD, &pr[1]);
+    for (int round = 0; round < 2; round++) {
+        note("MPI_Startall", 2 * 30 * (long long)sizeof(double));
+        RECEIVED(30 * (long long)sizeof(double));
+        SENT(30 * (long long)sizeof(double));
+        MPI_Startall(2, pr);
+        note("MPI_Waitall", 0);
+        MPI_Waitall(2, pr, MPI_STATUSES_IGNORE);
+    }
+    note("MPI_Request_free", 0);
+    MPI_Request_free(&pr[0]);
+    note("MPI_Request_free", 0);
+    MPI_Request_free(&pr[1]);
 
     char path[4096];
     snprintf(path, sizeof path, "%s.%d.json", argv[1], rank);
