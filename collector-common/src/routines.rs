@@ -135,6 +135,12 @@ pub enum ByteRule {
     LargeCountAtRank = 53,
     /// [`ByteRule::SumCountsTypesPerPeer`] over `MPI_Count`s (`MPI_Alltoallw_c`).
     LargeSumCountsTypesPerPeer = 54,
+    /// [`ByteRule::CtorProduct`] with `MPI_Count`s (`MPI_Type_contiguous_c` ...).
+    LargeCtorProduct = 55,
+    /// [`ByteRule::CtorSum`] with `MPI_Count`s (`MPI_Type_indexed_c` ...).
+    LargeCtorSum = 56,
+    /// [`ByteRule::CtorStruct`] with `MPI_Count`s (`MPI_Type_create_struct_c`).
+    LargeCtorStruct = 57,
 }
 
 impl ByteRule {
@@ -167,6 +173,9 @@ impl ByteRule {
             ByteRule::SumCountsPerPeer => ByteRule::LargeSumCountsPerPeer,
             ByteRule::CountAtRank => ByteRule::LargeCountAtRank,
             ByteRule::SumCountsTypesPerPeer => ByteRule::LargeSumCountsTypesPerPeer,
+            ByteRule::CtorProduct => ByteRule::LargeCtorProduct,
+            ByteRule::CtorSum => ByteRule::LargeCtorSum,
+            ByteRule::CtorStruct => ByteRule::LargeCtorStruct,
             _ => panic!("no large-count form of this byte rule"),
         }
     }
@@ -222,6 +231,9 @@ impl ByteRule {
             52 => ByteRule::LargeSumCountsPerPeer,
             53 => ByteRule::LargeCountAtRank,
             54 => ByteRule::LargeSumCountsTypesPerPeer,
+            55 => ByteRule::LargeCtorProduct,
+            56 => ByteRule::LargeCtorSum,
+            57 => ByteRule::LargeCtorStruct,
             _ => ByteRule::None,
         }
     }
@@ -479,8 +491,9 @@ const fn large_count_form(name: &'static str) -> Routine {
 
 /// MPI-4's large-count routines (MPICH 4 and 5 export them) beyond those listed with
 /// their own spec: each counted as its own routine, by its base routine's rule over its
-/// 64-bit counts. Append only. Not here: the datatype constructors' `_c` forms (a type
-/// made by one has no size the kernel knows: calls with it are counted as undecodable).
+/// 64-bit counts (a datatype constructor's: the size of the type it makes). Append only.
+/// Not here: `MPI_Type_create_subarray_c` (a type made by it has no size the kernel knows:
+/// calls with it are counted as undecodable).
 const LARGE_COUNT: &[&str] = &[
     "MPI_Accumulate_c",
     "MPI_Allgather_init_c",
@@ -577,6 +590,15 @@ const LARGE_COUNT: &[&str] = &[
     "MPI_Win_allocate_c",
     "MPI_Win_allocate_shared_c",
     "MPI_Win_create_c",
+    "MPI_Type_contiguous_c",
+    "MPI_Type_vector_c",
+    "MPI_Type_create_hvector_c",
+    "MPI_Type_indexed_c",
+    "MPI_Type_create_hindexed_c",
+    "MPI_Type_create_indexed_block_c",
+    "MPI_Type_create_hindexed_block_c",
+    "MPI_Type_create_struct_c",
+    "MPI_Type_create_resized_c",
 ];
 
 /// The routines listed with their own spec. Index = routine id (see [`ROUTINES`]).

@@ -157,6 +157,17 @@ impl Call<'_> {
         }
     }
 
+    /// The `MPI_Count` in argument `i` (one element when the operand is absent), if not
+    /// negative.
+    #[inline(always)]
+    pub fn count_wide(&self, i: u8) -> Option<u64> {
+        if i == N {
+            Some(1)
+        } else {
+            self.arg(i).filter(|n| (*n as i64) >= 0)
+        }
+    }
+
     /// `count(a) x size(b)`.
     #[inline(always)]
     pub fn count_type(&self, a: u8, b: u8) -> Option<u64> {

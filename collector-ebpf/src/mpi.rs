@@ -131,7 +131,10 @@ pub(crate) fn on_type_return(c: &Call, spec: &ArgSpec) -> Option<u64> {
         rule @ (ByteRule::CtorProduct
         | ByteRule::CtorSum
         | ByteRule::CtorStruct
-        | ByteRule::CtorProdArray) => learn_type(c, spec, rule),
+        | ByteRule::CtorProdArray
+        | ByteRule::LargeCtorProduct
+        | ByteRule::LargeCtorSum
+        | ByteRule::LargeCtorStruct) => learn_type(c, spec, rule),
         ByteRule::TypeFree => {
             crate::cache::bump();
             let _ = DTYPES.remove(HandleKey {
@@ -148,13 +151,45 @@ pub(crate) fn on_type_return(c: &Call, spec: &ArgSpec) -> Option<u64> {
 /// Size of the type a constructor builds, from its arguments.
 #[inline(always)]
 fn constructed_size(c: &Call, spec: &ArgSpec, rule: ByteRule) -> Option<u64> {
-    let n = c.count(spec.a)?;
     match rule {
-        ByteRule::CtorProduct => Some(n * c.count(spec.c)? * c.size(spec.b)?),
-        ByteRule::CtorSum => Some(c.sum(spec.c, n as u32)? * c.size(spec.b)?),
-        ByteRule::CtorStruct => c.sum_typed::<Typed>(spec.c, spec.b, n as u32),
-        ByteRule::CtorProdArray => Some(product_ints(c.arg(spec.c)?, n as u32)? * c.size(spec.b)?),
-        _ => None,
+        ByteRule::LargeCtorProduct | ByteRule::LargeCtorSum | ByteRule::LargeCtorStruct => {
+            large_constructed_size(c, spec, rule)
+        }
+        _ => {
+            let n = c.count(spec.a)?;
+            match rule {
+                ByteRule::CtorProduct => Some(n * c.count(spec.c)? * c.size(spec.b)?),
+                ByteRule::CtorSum => Some(c.sum(spec.c, n as u32)? * c.size(spec.b)?),
+                ByteRule::CtorStruct => c.sum_typed::<Typed>(spec.c, spec.b, n as u32),
+                ByteRule::CtorProdArray => {
+                    Some(product_ints(c.arg(spec.c)?, n as u32)? * c.size(spec.b)?)
+                }
+                _ => None,
+            }
+        }
+    }
+}
+
+/// [`constructed_size`] of a large-count constructor (`MPI_Type_vector_c` ...): its counts
+/// are `MPI_Count`s, its arrays of them read in a `bpf_loop`.
+#[inline(always)]
+fn large_constructed_size(c: &Call, spec: &ArgSpec, rule: ByteRule) -> Option<u64> {
+    let n = c.count_wide(spec.a)?;
+    // The products are the sizes of the caller's types (below 2^47 on x86-64): wrapping,
+    // as BPF has no 128-bit multiply to check them with.
+    match rule {
+        ByteRule::LargeCtorProduct => Some(
+            n.wrapping_mul(c.count_wide(spec.c)?)
+                .wrapping_mul(c.size(spec.b)?),
+        ),
+        ByteRule::LargeCtorSum => {
+            let n = u32::try_from(n).ok()?;
+            Some(
+                c.sum_typed::<CountsWide>(spec.c, N, n)?
+                    .wrapping_mul(c.size(spec.b)?),
+            )
+        }
+        _ => c.sum_typed::<TypedWide>(spec.c, spec.b, u32::try_from(n).ok()?),
     }
 }
 

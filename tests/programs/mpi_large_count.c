@@ -211,6 +211,39 @@ int main(int argc, char **argv)
     MPI_Sendrecv_replace_c(b, 23, MPI_DOUBLE, other, 11, other, 11, MPI_COMM_WORLD,
                            MPI_STATUS_IGNORE);
 
+    /* Datatypes made by the large-count constructors: a Sendrecv of one element of each,
+     * each way, moves its size (which the kernel learnt at the constructor's return). */
+    {
+        MPI_Datatype t[4];
+        note("MPI_Type_contiguous_c", 0);
+        MPI_Type_contiguous_c(5, MPI_INT, &t[0]); /* 20 bytes */
+        note("MPI_Type_vector_c", 0);
+        MPI_Type_vector_c(3, 2, 4, MPI_DOUBLE, &t[1]); /* 48 */
+        const MPI_Count bl[2] = {1, 3}, dl[2] = {0, 4};
+        note("MPI_Type_indexed_c", 0);
+        MPI_Type_indexed_c(2, bl, dl, MPI_INT, &t[2]); /* 16 */
+        const MPI_Count sbl[2] = {1, 2}, sdl[2] = {0, 8};
+        const MPI_Datatype st[2] = {MPI_INT, MPI_DOUBLE};
+        note("MPI_Type_create_struct_c", 0);
+        MPI_Type_create_struct_c(2, sbl, sdl, st, &t[3]); /* 4 + 16 */
+        const long long tsize[4] = {20, 48, 16, 20};
+        for (int k = 0; k < 4; k++) {
+            note("MPI_Type_commit", 0);
+            MPI_Type_commit(&t[k]);
+        }
+        for (int k = 0; k < 4; k++) {
+            note("MPI_Sendrecv", 2 * tsize[k]);
+            SENT(tsize[k]);
+            RECEIVED(tsize[k]);
+            MPI_Sendrecv(a, 1, t[k], other, 20 + k, b, 1, t[k], other, 20 + k, MPI_COMM_WORLD,
+                         MPI_STATUS_IGNORE);
+        }
+        for (int k = 0; k < 4; k++) {
+            note("MPI_Type_free", 0);
+            MPI_Type_free(&t[k]);
+        }
+    }
+
     /* Persistent requests with MPI_Count counts: their bytes at the creation, and again
      * at each start (per peer too: a send and a posted receive). */
     MPI_Request pr[2];
