@@ -141,6 +141,9 @@ pub enum ByteRule {
     LargeCtorSum = 56,
     /// [`ByteRule::CtorStruct`] with `MPI_Count`s (`MPI_Type_create_struct_c`).
     LargeCtorStruct = 57,
+    /// [`ByteRule::CtorProdArray`] with `MPI_Count` sizes (`MPI_Type_create_subarray_c`;
+    /// its number of dimensions `a` stays an `int`).
+    LargeCtorProdArray = 58,
 }
 
 impl ByteRule {
@@ -176,6 +179,7 @@ impl ByteRule {
             ByteRule::CtorProduct => ByteRule::LargeCtorProduct,
             ByteRule::CtorSum => ByteRule::LargeCtorSum,
             ByteRule::CtorStruct => ByteRule::LargeCtorStruct,
+            ByteRule::CtorProdArray => ByteRule::LargeCtorProdArray,
             _ => panic!("no large-count form of this byte rule"),
         }
     }
@@ -234,6 +238,7 @@ impl ByteRule {
             55 => ByteRule::LargeCtorProduct,
             56 => ByteRule::LargeCtorSum,
             57 => ByteRule::LargeCtorStruct,
+            58 => ByteRule::LargeCtorProdArray,
             _ => ByteRule::None,
         }
     }
@@ -492,8 +497,6 @@ const fn large_count_form(name: &'static str) -> Routine {
 /// MPI-4's large-count routines (MPICH 4 and 5 export them) beyond those listed with
 /// their own spec: each counted as its own routine, by its base routine's rule over its
 /// 64-bit counts (a datatype constructor's: the size of the type it makes). Append only.
-/// Not here: `MPI_Type_create_subarray_c` (a type made by it has no size the kernel knows:
-/// calls with it are counted as undecodable).
 const LARGE_COUNT: &[&str] = &[
     "MPI_Accumulate_c",
     "MPI_Allgather_init_c",
@@ -599,6 +602,7 @@ const LARGE_COUNT: &[&str] = &[
     "MPI_Type_create_hindexed_block_c",
     "MPI_Type_create_struct_c",
     "MPI_Type_create_resized_c",
+    "MPI_Type_create_subarray_c",
 ];
 
 /// The routines listed with their own spec. Index = routine id (see [`ROUTINES`]).

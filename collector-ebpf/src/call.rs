@@ -10,8 +10,9 @@ use collector_common::{
 
 use crate::{
     decode::{
-        add_counts_wide, add_typed, add_typed_wide, count_arg, each, handle, int_arg, read,
-        shared_comm_id, sum_ints, type_size, LoopBody, TypedSum, MAX_TYPED, UNDECODED,
+        add_counts_wide, add_typed, add_typed_wide, count_arg, each, handle, int_arg,
+        mul_counts_wide, read, shared_comm_id, sum_ints, type_size, LoopBody, TypedSum, MAX_TYPED,
+        UNDECODED,
     },
     maps::{with_proc_stats, COMMS, CONFIG, EVENTS},
 };
@@ -201,7 +202,8 @@ impl Call<'_> {
 
     /// The sum of `B`'s body over the `n` elements of the arrays in arguments `counts` and
     /// `types` ([`Typed`]: sum(counts[i] x size(types[i])); [`TypedWide`]: the same of
-    /// `MPI_Count`s; [`CountsWide`]: the `MPI_Count`s alone, `types` unused).
+    /// `MPI_Count`s; [`CountsWide`]: the `MPI_Count`s alone, `types` unused;
+    /// [`ProductWide`]: their product).
     #[inline(always)]
     pub fn sum_typed<B: SumBody>(&self, counts: u8, types: u8, n: u32) -> Option<u64> {
         let total = sum_typed::<B>(self, counts, types, n);
@@ -214,6 +216,8 @@ impl Call<'_> {
 /// through every state of its callers: the MPICH return program had none to spare).
 pub(crate) trait SumBody {
     const BODY: LoopBody;
+    /// The total before the first element (1 for a product).
+    const START: u64 = 0;
 }
 
 /// [`add_typed`]: `int` counts times their types' sizes.
@@ -234,6 +238,13 @@ impl SumBody for CountsWide {
     const BODY: LoopBody = add_counts_wide;
 }
 
+/// [`mul_counts_wide`]: the product of `MPI_Count`s (a subarray's sizes).
+pub(crate) struct ProductWide;
+impl SumBody for ProductWide {
+    const BODY: LoopBody = mul_counts_wide;
+    const START: u64 = 1;
+}
+
 /// [`Call::sum_typed`], or [`UNDECODED`]: the elements read in a `bpf_loop`. Not inlined
 /// (and returning a plain number): the loop's state is in this frame, not in the return
 /// program's, which has no room left.
@@ -248,7 +259,7 @@ fn sum_typed<B: SumBody>(c: &Call, counts: u8, types: u8, n: u32) -> u64 {
     let mut sum = TypedSum {
         counts,
         types: c.arg(types).unwrap_or(0),
-        total: 0,
+        total: B::START,
         dt_size_off: c.layout.dt_size_off,
         tgid: c.tgid,
         abi: u32::from(c.abi),

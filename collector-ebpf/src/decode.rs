@@ -393,3 +393,17 @@ pub extern "C" fn add_counts_wide(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let count = read::<i64>(s.counts + i * 8).filter(|c| *c >= 0);
     add_to(s, count.map(|c| c as u64))
 }
+
+/// One `MPI_Count` of a [`TypedSum`] that multiplies (a subarray's sizes: its total
+/// starts at 1).
+pub extern "C" fn mul_counts_wide(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes its caller's `TypedSum`.
+    let s = unsafe { &mut *ctx.cast::<TypedSum>() };
+    match read::<i64>(s.counts + i * 8).filter(|c| *c >= 0) {
+        Some(c) => {
+            s.total = s.total.wrapping_mul(c as u64);
+            0
+        }
+        None => add_to(s, None),
+    }
+}

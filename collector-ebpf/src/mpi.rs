@@ -8,7 +8,7 @@ use collector_common::{
 };
 
 use crate::{
-    call::{learn_comm, Call, CountsWide, Typed, TypedWide},
+    call::{learn_comm, Call, CountsWide, ProductWide, Typed, TypedWide},
     decode::{count_arg, handle, product_ints, read, UNDECODED},
     maps::{COMMS, DTYPES},
 };
@@ -134,7 +134,8 @@ pub(crate) fn on_type_return(c: &Call, spec: &ArgSpec) -> Option<u64> {
         | ByteRule::CtorProdArray
         | ByteRule::LargeCtorProduct
         | ByteRule::LargeCtorSum
-        | ByteRule::LargeCtorStruct) => learn_type(c, spec, rule),
+        | ByteRule::LargeCtorStruct
+        | ByteRule::LargeCtorProdArray) => learn_type(c, spec, rule),
         ByteRule::TypeFree => {
             crate::cache::bump();
             let _ = DTYPES.remove(HandleKey {
@@ -152,9 +153,10 @@ pub(crate) fn on_type_return(c: &Call, spec: &ArgSpec) -> Option<u64> {
 #[inline(always)]
 fn constructed_size(c: &Call, spec: &ArgSpec, rule: ByteRule) -> Option<u64> {
     match rule {
-        ByteRule::LargeCtorProduct | ByteRule::LargeCtorSum | ByteRule::LargeCtorStruct => {
-            large_constructed_size(c, spec, rule)
-        }
+        ByteRule::LargeCtorProduct
+        | ByteRule::LargeCtorSum
+        | ByteRule::LargeCtorStruct
+        | ByteRule::LargeCtorProdArray => large_constructed_size(c, spec, rule),
         _ => {
             let n = c.count(spec.a)?;
             match rule {
@@ -174,7 +176,12 @@ fn constructed_size(c: &Call, spec: &ArgSpec, rule: ByteRule) -> Option<u64> {
 /// are `MPI_Count`s, its arrays of them read in a `bpf_loop`.
 #[inline(always)]
 fn large_constructed_size(c: &Call, spec: &ArgSpec, rule: ByteRule) -> Option<u64> {
-    let n = c.count_wide(spec.a)?;
+    // A subarray's number of dimensions stays an `int`.
+    let n = if rule == ByteRule::LargeCtorProdArray {
+        c.count(spec.a)?
+    } else {
+        c.count_wide(spec.a)?
+    };
     // The products are the sizes of the caller's types (below 2^47 on x86-64): wrapping,
     // as BPF has no 128-bit multiply to check them with.
     match rule {
@@ -186,6 +193,13 @@ fn large_constructed_size(c: &Call, spec: &ArgSpec, rule: ByteRule) -> Option<u6
             let n = u32::try_from(n).ok()?;
             Some(
                 c.sum_typed::<CountsWide>(spec.c, N, n)?
+                    .wrapping_mul(c.size(spec.b)?),
+            )
+        }
+        ByteRule::LargeCtorProdArray => {
+            let n = u32::try_from(n).ok()?;
+            Some(
+                c.sum_typed::<ProductWide>(spec.c, N, n)?
                     .wrapping_mul(c.size(spec.b)?),
             )
         }

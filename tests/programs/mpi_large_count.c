@@ -214,7 +214,7 @@ int main(int argc, char **argv)
     /* Datatypes made by the large-count constructors: a Sendrecv of one element of each,
      * each way, moves its size (which the kernel learnt at the constructor's return). */
     {
-        MPI_Datatype t[4];
+        MPI_Datatype t[5];
         note("MPI_Type_contiguous_c", 0);
         MPI_Type_contiguous_c(5, MPI_INT, &t[0]); /* 20 bytes */
         note("MPI_Type_vector_c", 0);
@@ -226,19 +226,23 @@ int main(int argc, char **argv)
         const MPI_Datatype st[2] = {MPI_INT, MPI_DOUBLE};
         note("MPI_Type_create_struct_c", 0);
         MPI_Type_create_struct_c(2, sbl, sdl, st, &t[3]); /* 4 + 16 */
-        const long long tsize[4] = {20, 48, 16, 20};
-        for (int k = 0; k < 4; k++) {
+        const MPI_Count sizes[2] = {4, 6}, subsizes[2] = {2, 3}, starts[2] = {1, 2};
+        note("MPI_Type_create_subarray_c", 0);
+        MPI_Type_create_subarray_c(2, sizes, subsizes, starts, MPI_ORDER_C, MPI_INT,
+                                   &t[4]); /* 2 x 3 ints */
+        const long long tsize[5] = {20, 48, 16, 20, 24};
+        for (int k = 0; k < 5; k++) {
             note("MPI_Type_commit", 0);
             MPI_Type_commit(&t[k]);
         }
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 5; k++) {
             note("MPI_Sendrecv", 2 * tsize[k]);
             SENT(tsize[k]);
             RECEIVED(tsize[k]);
             MPI_Sendrecv(a, 1, t[k], other, 20 + k, b, 1, t[k], other, 20 + k, MPI_COMM_WORLD,
                          MPI_STATUS_IGNORE);
         }
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 5; k++) {
             note("MPI_Type_free", 0);
             MPI_Type_free(&t[k]);
         }
