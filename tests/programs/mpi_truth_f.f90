@@ -62,6 +62,10 @@ program mpi_truth_f
   write (u, '(A,I0,A,I0,A,I0,A)') '"comm_sizes":{"MPI_Allreduce":[', nprocs, &
        '],"MPI_Bcast":[', nprocs, '],"MPI_Barrier":[', nprocs, ']}}'
   close (u)
+  ! Its output: what it received (the tests compare it with a run alone).
+  write (*, '(A,I0,A,I0,A,F0.3,A,I0)') 'mpi_truth_f: rank ', rank, ' of ', nprocs, &
+       ' received ', sum(drecv), ' and ', sum(ibuf)
+  flush (6)
 
   call MPI_FINALIZE(ierr)
 end program mpi_truth_f

@@ -9,7 +9,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{build_program, mpi_env, ChildGuard, Mpi};
+use crate::{build_program, mpi_env, ChildGuard, Mpi, Scratch};
 
 /// Reads a JSON file.
 #[track_caller]
@@ -350,6 +350,38 @@ pub fn program_output(stdout: &str, tag: &str) -> Vec<String> {
         .collect();
     lines.sort();
     lines
+}
+
+/// Runs `command` (a launcher, its program and the program's arguments) alone, as it ran
+/// under `record`, and asserts that the program's own output (its `lines` lines starting
+/// with `tag`) is what it printed there (`probed`: the job's standard output, which is
+/// `record`'s when the profile goes to `-o`).
+#[track_caller]
+pub fn assert_output_as_alone(
+    scratch: &Scratch,
+    probed: &str,
+    command: &[String],
+    tag: &str,
+    lines: usize,
+) {
+    let path = scratch.path("alone.stdout");
+    let mut cmd = Command::new(&command[0]);
+    mpi_env(&mut cmd)
+        .args(&command[1..])
+        .stdout(std::fs::File::create(&path).expect("stdout file"));
+    let mut job = ChildGuard::spawn(&mut cmd);
+    assert!(
+        job.wait_with_limit(Duration::from_mins(5)).success(),
+        "{command:?} alone failed"
+    );
+    let probed = program_output(probed, tag);
+    assert_eq!(probed.len(), lines, "{tag} lines under commtap: {probed:?}");
+    let alone = std::fs::read_to_string(&path).expect("the output alone");
+    assert_eq!(
+        probed,
+        program_output(&alone, tag),
+        "the program's output under commtap and alone"
+    );
 }
 
 /// (calls, bytes) per routine of each rank of a JSON profile, by pid.

@@ -361,12 +361,16 @@ fn fortran(mpi: Mpi) {
     let out = scratch.path("profile.json");
     let args = launch_args(&out, mpi, &[&prog, &prefix]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let run = finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
     assert_profile_matches(
         &read_json(&out),
         &read_truths(&prefix, 2),
         &["MPI_Finalize"],
     );
+    // What each rank received, printed under commtap and alone.
+    let mut alone = mpi.launcher(2);
+    alone.extend([prog, scratch.path("alone")].map(|p| p.display().to_string()));
+    assert_output_as_alone(&scratch, &run.stdout, &alone, "mpi_truth_f: ", 2);
 }
 
 #[test]
@@ -586,9 +590,16 @@ fn mpi4py_ranks_are_counted_from_the_mpi_init_its_import_makes() {
     args.push(n.to_string());
     args.push(prefix.display().to_string());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let run = finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
     let profile = read_json(&out);
     let truths = read_truths(&prefix, 2);
+    // What each rank computed, printed under commtap and alone (the job after `--`, its
+    // truth to another prefix).
+    let mut alone = args[args.iter().position(|a| *a == "--").expect("--") + 1..].to_vec();
+    let alone_prefix = scratch.path("alone").display().to_string();
+    *alone.last_mut().expect("prefix") = &alone_prefix;
+    let alone: Vec<String> = alone.into_iter().map(String::from).collect();
+    assert_output_as_alone(&scratch, &run.stdout, &alone, "mpi4py_truth: ", 2);
     let ranks = profile["ranks"].as_array().expect("ranks");
     assert_eq!(ranks.len(), 2, "{profile}");
     for truth in &truths {
