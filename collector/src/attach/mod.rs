@@ -196,8 +196,10 @@ pub struct Probes {
     run_stats: Option<OwnedFd>,
     /// The controllers whose cgroup v1 the programs can find, with their subsystem ids.
     cgroup_v1_subsys: BTreeMap<String, u32>,
-    /// The child left to wait for the detach (see [`Probes::detach_in_background`]): the
-    /// last field, dropped after every other descriptor of these probes is closed.
+    /// The child left to wait for the detach (see [`Probes::detach_in_background`]). Keep
+    /// it the last field: fields drop in order, and it must drop after every other
+    /// descriptor of these probes is closed (before, the parent would hold the last
+    /// references again, and wait out their release itself).
     closer: Option<multi::DetachInChild>,
 }
 
