@@ -352,7 +352,7 @@ impl ArgSpec {
     /// that a call left untimed is counted whole at its entry and its return never runs.
     /// Where the return teaches something in one ABI only (MPICH-ABI libraries learn
     /// communicator sizes and ranks at `MPI_Comm_size`/`MPI_Comm_rank`'s return), the
-    /// kernel keeps that ABI's calls timed.
+    /// kernel keeps that ABI's calls timed until the fact is learnt.
     #[inline(always)]
     pub const fn time_can_be_sampled(&self) -> bool {
         use ByteRule as B;

@@ -187,7 +187,7 @@ impl Call<'_> {
                 | ByteRule::LargePair
                 | ByteRule::LargePairPosted
         ) {
-            self.arg(a).filter(|n| (*n as i64) >= 0)?
+            self.count_wide(a)?
         } else {
             self.count(a)?
         };
@@ -272,13 +272,20 @@ fn sum_typed<B: SumBody>(c: &Call, counts: u8, types: u8, n: u32) -> u64 {
     }
 }
 
+/// Whether `info` holds what `rule` (`MPI_Comm_size` or `MPI_Comm_rank`) would learn.
+#[inline(always)]
+pub(crate) fn comm_fact_known(info: &CommInfo, rule: ByteRule) -> bool {
+    if rule == ByteRule::CommSize {
+        info.size != 0
+    } else {
+        info.rank >= 0
+    }
+}
+
 /// Records a communicator's size or this process's rank in it.
 #[inline(always)]
 pub(crate) fn learn_comm(c: &Call, spec: &ArgSpec, rule: ByteRule) {
     let Some(h) = c.arg(spec.a) else { return };
-    let Some(v) = c.arg(spec.d).and_then(read::<i32>) else {
-        return;
-    };
     let key = HandleKey {
         tgid: c.tgid,
         _pad: 0,
@@ -288,6 +295,15 @@ pub(crate) fn learn_comm(c: &Call, spec: &ArgSpec, rule: ByteRule) {
     let mut info = unsafe { COMMS.get(key) }
         .copied()
         .unwrap_or(CommInfo::new(0, -1, 0));
+    // Learnt once: a handle's size and rank hold until it is freed (which forgets them).
+    // So the entry may leave later calls untimed, and count them here at entry, when the
+    // output argument is not written yet (`probe::left_untimed`).
+    if comm_fact_known(&info, rule) {
+        return;
+    }
+    let Some(v) = c.arg(spec.d).and_then(read::<i32>) else {
+        return;
+    };
     if rule == ByteRule::CommSize {
         info.size = v as u32;
     } else {

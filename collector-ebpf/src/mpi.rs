@@ -8,7 +8,7 @@ use collector_common::{
 };
 
 use crate::{
-    call::{learn_comm, Call, CountsWide, ProductWide, Typed, TypedWide},
+    call::{learn_comm, Call, CountsWide, ProductWide, SumBody, Typed, TypedWide},
     decode::{count_arg, handle, product_ints, read, UNDECODED},
     maps::{COMMS, DTYPES},
 };
@@ -66,7 +66,7 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
             let bytes = large_vector(c, spec, comm?);
             (bytes != UNDECODED).then_some(bytes)
         }
-        ByteRule::AintArg => c.arg(spec.a).filter(|&v| v as i64 >= 0),
+        ByteRule::AintArg => c.count_wide(spec.a),
         // A posted receive here is a persistent one's creation (`MPI_Recv_init_c`).
         ByteRule::LargeCountType | ByteRule::LargeRecvPosted => {
             let bytes = large_count_type(c, spec);
@@ -189,22 +189,20 @@ fn large_constructed_size(c: &Call, spec: &ArgSpec, rule: ByteRule) -> Option<u6
             n.wrapping_mul(c.count_wide(spec.c)?)
                 .wrapping_mul(c.size(spec.b)?),
         ),
-        ByteRule::LargeCtorSum => {
-            let n = u32::try_from(n).ok()?;
-            Some(
-                c.sum_typed::<CountsWide>(spec.c, N, n)?
-                    .wrapping_mul(c.size(spec.b)?),
-            )
-        }
-        ByteRule::LargeCtorProdArray => {
-            let n = u32::try_from(n).ok()?;
-            Some(
-                c.sum_typed::<ProductWide>(spec.c, N, n)?
-                    .wrapping_mul(c.size(spec.b)?),
-            )
-        }
+        ByteRule::LargeCtorSum => array_times_size::<CountsWide>(c, spec, n),
+        ByteRule::LargeCtorProdArray => array_times_size::<ProductWide>(c, spec, n),
         _ => c.sum_typed::<TypedWide>(spec.c, spec.b, u32::try_from(n).ok()?),
     }
+}
+
+/// `body` over the `n` `MPI_Count`s in argument `c` (their sum, their product), times the
+/// size of the type in argument `b`.
+#[inline(always)]
+fn array_times_size<B: SumBody>(c: &Call, spec: &ArgSpec, n: u64) -> Option<u64> {
+    Some(
+        c.sum_typed::<B>(spec.c, N, u32::try_from(n).ok()?)?
+            .wrapping_mul(c.size(spec.b)?),
+    )
 }
 
 /// Records the size of a type built by a constructor, keyed by its new handle.

@@ -20,15 +20,15 @@ use aya_ebpf::{
 use collector_common::{
     routines::{class, NO_ARG as N},
     Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Config, Cookie, CounterKey, EventKind,
-    ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
+    HandleKey, ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
 };
 
 use crate::{
-    call::{describe_call, emit_call, raw_cookie, Call},
+    call::{comm_fact_known, describe_call, emit_call, raw_cookie, Call},
     decode::{comm_info, handle, read, status_ignored_in_any_abi},
     maps::{
-        call_state, new_call_state, with_proc_stats, CONFIG, FABRIC_RANGES, LAYOUTS, ROUTINE_SPECS,
-        TIME_ONE_IN,
+        call_state, new_call_state, with_proc_stats, COMMS, CONFIG, FABRIC_RANGES, LAYOUTS,
+        ROUTINE_SPECS, TIME_ONE_IN,
     },
     process::{is_counted, is_watched, still_counted},
 };
@@ -46,7 +46,7 @@ const NO_SAMPLING: u32 = 0;
 /// How an entry may sample: any routine whose time may be sampled.
 const SAMPLING: u32 = 1;
 /// How an entry may sample: as `SAMPLING`, but MPI_Comm_size and MPI_Comm_rank, whose
-/// returns teach an MPICH-ABI library's communicator sizes and ranks.
+/// returns teach an MPICH-ABI library's communicator sizes and ranks, only once taught.
 const SAMPLING_BUT_LEARNING: u32 = 2;
 
 /// What an entry decided: nothing to do at the return (a process not counted).
@@ -174,13 +174,24 @@ fn left_untimed(
     if !this_call {
         return false;
     }
-    if sampling == SAMPLING_BUT_LEARNING
-        && matches!(
-            ByteRule::from_u8(spec.rule),
-            ByteRule::CommSize | ByteRule::CommRank
-        )
-    {
-        return false;
+    if sampling == SAMPLING_BUT_LEARNING {
+        let rule = ByteRule::from_u8(spec.rule);
+        if matches!(rule, ByteRule::CommSize | ByteRule::CommRank) {
+            // Timed until its return has taught the fact (`learn_comm`), then as any other.
+            let key = HandleKey {
+                tgid,
+                _pad: 0,
+                handle: handle(
+                    Abi::Mpich as u8,
+                    args.get((spec.a & 15) as usize).copied().unwrap_or(0),
+                ),
+            };
+            // SAFETY: plain value.
+            let known = unsafe { COMMS.get(key) }.is_some_and(|i| comm_fact_known(i, rule));
+            if !known {
+                return false;
+            }
+        }
     }
     // SAFETY: the helper only returns a pseudo-random number.
     if unsafe { bpf_get_prandom_u32() } % n == 0 {
