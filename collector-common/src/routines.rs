@@ -276,7 +276,8 @@ pub mod class {
     /// mpitrace counts them, at the creation; the new request is `*d` (a point-to-point
     /// one's peer is argument `c`), and each of its starts moves the data.
     pub const PERSISTENT: u8 = 14;
-    /// Calls that move nothing and belong to no other class (`MPI_Pcontrol`).
+    /// Calls that move nothing and belong to no other class (`MPI_Pcontrol`, and every
+    /// routine counted with its calls and time only).
     pub const OTHER: u8 = 15;
 }
 
@@ -358,7 +359,12 @@ impl ArgSpec {
         use ByteRule as B;
         matches!(
             self.class,
-            class::P2P | class::COMPLETION | class::COLLECTIVE | class::ONE_SIDED | class::COMM
+            class::P2P
+                | class::COMPLETION
+                | class::COLLECTIVE
+                | class::ONE_SIDED
+                | class::COMM
+                | class::OTHER
         ) && matches!(
             ByteRule::from_u8(self.rule),
             B::None
@@ -451,14 +457,20 @@ use class::{
 };
 use ByteRule as B;
 
-/// Every routine commtap probes: those listed, then the large-count forms. Index = routine
-/// id, which a daemon's pinned counters keep across restarts and upgrades: both lists are
-/// append only, and a routine added to the first would move the second's ids (add a third
-/// list after them, or change the pinned layout's tag).
+/// Every routine commtap probes: those listed, then the large-count forms, then every
+/// other. Index = routine id, which a daemon's pinned counters keep across restarts and
+/// upgrades: the lists are append only, and a routine added to one would move the ids of
+/// those after it (add a list after them, or change the pinned layout's tag).
 pub const ROUTINES: &[Routine] = &ALL_ROUTINES;
 
-const ALL_ROUTINES: [Routine; LISTED_ROUTINES.len() + LARGE_COUNT.len()] = {
-    let mut all = [LISTED_ROUTINES[0]; LISTED_ROUTINES.len() + LARGE_COUNT.len()];
+#[expect(
+    clippy::large_const_arrays,
+    reason = "built and read at compile time (`routine_index`), and only through `ROUTINES`, \
+              a reference: one copy"
+)]
+const ALL_ROUTINES: [Routine; LISTED_ROUTINES.len() + LARGE_COUNT.len() + EVERY_OTHER.len()] = {
+    let mut all =
+        [LISTED_ROUTINES[0]; LISTED_ROUTINES.len() + LARGE_COUNT.len() + EVERY_OTHER.len()];
     let mut i = 0;
     while i < LISTED_ROUTINES.len() {
         all[i] = LISTED_ROUTINES[i];
@@ -466,11 +478,314 @@ const ALL_ROUTINES: [Routine; LISTED_ROUTINES.len() + LARGE_COUNT.len()] = {
     }
     let mut k = 0;
     while k < LARGE_COUNT.len() {
-        all[i + k] = large_count_form(LARGE_COUNT[k]);
+        all[i] = large_count_form(LARGE_COUNT[k]);
+        i += 1;
+        k += 1;
+    }
+    k = 0;
+    while k < EVERY_OTHER.len() {
+        all[i] = EVERY_OTHER[k];
+        i += 1;
         k += 1;
     }
     all
 };
+
+/// Every other routine of the MPI standard (MPI-1 to MPI-5) that an MPI here exports (Open
+/// MPI 4.1 and 5.0, MPICH 4.0 and 5.0 with its standard ABI, Intel MPI 2021), so that the
+/// flat profile holds every call the application makes and a call a library makes inside
+/// one of them is nested, not the application's. Counted with their calls and time; they
+/// move nothing (no bytes), but for `MPI_Rget_accumulate`, whose origin buffer is counted
+/// as `MPI_Get_accumulate`'s. Not probed: the timers (`MPI_Wtime`, `MPI_Wtick`: called in
+/// the hottest loops, in tens of nanoseconds), handle conversions (`MPI_Comm_f2c`,
+/// `MPI_Type_c2f`, `MPI_Comm_toint` ...: Fortran and Python bindings make them around
+/// their calls), the tool interface (`MPI_T_*`: a tool's, not the application's), and the
+/// predefined callbacks (`MPI_COMM_DUP_FN` ...: the library calls them). Append only.
+const EVERY_OTHER: &[Routine] = &[
+    // (oaddr, ocount, otype, raddr, rcount, rtype, target, ...): as MPI_Get_accumulate.
+    r(
+        "MPI_Rget_accumulate",
+        ONE_SIDED,
+        B::CountType,
+        [1, 2, N, N],
+        N,
+        6,
+    ),
+    r(
+        "MPI_Rget_accumulate_c",
+        ONE_SIDED,
+        B::LargeCountType,
+        [1, 2, N, N],
+        N,
+        6,
+    ),
+    calls_only("MPI_Abi_get_fortran_booleans"),
+    calls_only("MPI_Abi_get_fortran_info"),
+    calls_only("MPI_Abi_get_info"),
+    calls_only("MPI_Abi_get_version"),
+    calls_only("MPI_Abi_set_fortran_booleans"),
+    calls_only("MPI_Abi_set_fortran_info"),
+    calls_only("MPI_Abort"),
+    calls_only("MPI_Add_error_class"),
+    calls_only("MPI_Add_error_code"),
+    calls_only("MPI_Add_error_string"),
+    calls_only("MPI_Address"),
+    calls_only("MPI_Aint_add"),
+    calls_only("MPI_Aint_diff"),
+    calls_only("MPI_Alloc_mem"),
+    calls_only("MPI_Attr_delete"),
+    calls_only("MPI_Attr_get"),
+    calls_only("MPI_Attr_put"),
+    calls_only("MPI_Buffer_attach"),
+    calls_only("MPI_Buffer_attach_c"),
+    calls_only("MPI_Buffer_detach"),
+    calls_only("MPI_Buffer_detach_c"),
+    calls_only("MPI_Buffer_flush"),
+    calls_only("MPI_Buffer_iflush"),
+    calls_only("MPI_Cart_coords"),
+    calls_only("MPI_Cart_get"),
+    calls_only("MPI_Cart_map"),
+    calls_only("MPI_Cart_rank"),
+    calls_only("MPI_Cart_shift"),
+    calls_only("MPI_Cart_sub"),
+    calls_only("MPI_Cartdim_get"),
+    calls_only("MPI_Close_port"),
+    calls_only("MPI_Comm_accept"),
+    calls_only("MPI_Comm_attach_buffer"),
+    calls_only("MPI_Comm_attach_buffer_c"),
+    calls_only("MPI_Comm_call_errhandler"),
+    calls_only("MPI_Comm_compare"),
+    calls_only("MPI_Comm_connect"),
+    calls_only("MPI_Comm_create_errhandler"),
+    calls_only("MPI_Comm_create_from_group"),
+    calls_only("MPI_Comm_create_group"),
+    calls_only("MPI_Comm_create_keyval"),
+    calls_only("MPI_Comm_delete_attr"),
+    calls_only("MPI_Comm_detach_buffer"),
+    calls_only("MPI_Comm_detach_buffer_c"),
+    calls_only("MPI_Comm_disconnect"),
+    calls_only("MPI_Comm_dup_with_info"),
+    calls_only("MPI_Comm_flush_buffer"),
+    calls_only("MPI_Comm_free_keyval"),
+    calls_only("MPI_Comm_get_attr"),
+    calls_only("MPI_Comm_get_errhandler"),
+    calls_only("MPI_Comm_get_info"),
+    calls_only("MPI_Comm_get_name"),
+    calls_only("MPI_Comm_get_parent"),
+    calls_only("MPI_Comm_group"),
+    calls_only("MPI_Comm_idup"),
+    calls_only("MPI_Comm_idup_with_info"),
+    calls_only("MPI_Comm_iflush_buffer"),
+    calls_only("MPI_Comm_join"),
+    calls_only("MPI_Comm_remote_group"),
+    calls_only("MPI_Comm_remote_size"),
+    calls_only("MPI_Comm_set_attr"),
+    calls_only("MPI_Comm_set_errhandler"),
+    calls_only("MPI_Comm_set_info"),
+    calls_only("MPI_Comm_set_name"),
+    calls_only("MPI_Comm_spawn"),
+    calls_only("MPI_Comm_spawn_multiple"),
+    calls_only("MPI_Comm_test_inter"),
+    calls_only("MPI_Dims_create"),
+    calls_only("MPI_Dist_graph_create"),
+    calls_only("MPI_Dist_graph_create_adjacent"),
+    calls_only("MPI_Dist_graph_neighbors"),
+    calls_only("MPI_Dist_graph_neighbors_count"),
+    calls_only("MPI_Errhandler_create"),
+    calls_only("MPI_Errhandler_free"),
+    calls_only("MPI_Errhandler_get"),
+    calls_only("MPI_Errhandler_set"),
+    calls_only("MPI_Error_class"),
+    calls_only("MPI_Error_string"),
+    calls_only("MPI_File_call_errhandler"),
+    calls_only("MPI_File_create_errhandler"),
+    calls_only("MPI_File_get_amode"),
+    calls_only("MPI_File_get_atomicity"),
+    calls_only("MPI_File_get_byte_offset"),
+    calls_only("MPI_File_get_errhandler"),
+    calls_only("MPI_File_get_group"),
+    calls_only("MPI_File_get_info"),
+    calls_only("MPI_File_get_position_shared"),
+    calls_only("MPI_File_get_type_extent"),
+    calls_only("MPI_File_get_type_extent_c"),
+    calls_only("MPI_File_read_ordered_begin"),
+    calls_only("MPI_File_read_ordered_begin_c"),
+    calls_only("MPI_File_read_ordered_end"),
+    calls_only("MPI_File_set_errhandler"),
+    calls_only("MPI_File_write_ordered_begin"),
+    calls_only("MPI_File_write_ordered_begin_c"),
+    calls_only("MPI_File_write_ordered_end"),
+    calls_only("MPI_Finalized"),
+    calls_only("MPI_Free_mem"),
+    calls_only("MPI_Get_address"),
+    calls_only("MPI_Get_count"),
+    calls_only("MPI_Get_count_c"),
+    calls_only("MPI_Get_elements"),
+    calls_only("MPI_Get_elements_c"),
+    calls_only("MPI_Get_elements_x"),
+    calls_only("MPI_Get_hw_resource_info"),
+    calls_only("MPI_Get_library_version"),
+    calls_only("MPI_Get_processor_name"),
+    calls_only("MPI_Get_version"),
+    calls_only("MPI_Graph_create"),
+    calls_only("MPI_Graph_get"),
+    calls_only("MPI_Graph_map"),
+    calls_only("MPI_Graph_neighbors"),
+    calls_only("MPI_Graph_neighbors_count"),
+    calls_only("MPI_Graphdims_get"),
+    calls_only("MPI_Grequest_complete"),
+    calls_only("MPI_Grequest_start"),
+    calls_only("MPI_Group_compare"),
+    calls_only("MPI_Group_difference"),
+    calls_only("MPI_Group_excl"),
+    calls_only("MPI_Group_free"),
+    calls_only("MPI_Group_from_session_pset"),
+    calls_only("MPI_Group_incl"),
+    calls_only("MPI_Group_intersection"),
+    calls_only("MPI_Group_range_excl"),
+    calls_only("MPI_Group_range_incl"),
+    calls_only("MPI_Group_rank"),
+    calls_only("MPI_Group_size"),
+    calls_only("MPI_Group_translate_ranks"),
+    calls_only("MPI_Group_union"),
+    calls_only("MPI_Info_create"),
+    calls_only("MPI_Info_create_env"),
+    calls_only("MPI_Info_delete"),
+    calls_only("MPI_Info_dup"),
+    calls_only("MPI_Info_free"),
+    calls_only("MPI_Info_get"),
+    calls_only("MPI_Info_get_nkeys"),
+    calls_only("MPI_Info_get_nthkey"),
+    calls_only("MPI_Info_get_string"),
+    calls_only("MPI_Info_get_valuelen"),
+    calls_only("MPI_Info_set"),
+    calls_only("MPI_Initialized"),
+    calls_only("MPI_Intercomm_create"),
+    calls_only("MPI_Intercomm_create_from_groups"),
+    calls_only("MPI_Intercomm_merge"),
+    calls_only("MPI_Is_thread_main"),
+    calls_only("MPI_Keyval_create"),
+    calls_only("MPI_Keyval_free"),
+    calls_only("MPI_Lookup_name"),
+    calls_only("MPI_Op_commutative"),
+    calls_only("MPI_Op_create"),
+    calls_only("MPI_Op_create_c"),
+    calls_only("MPI_Op_free"),
+    calls_only("MPI_Open_port"),
+    calls_only("MPI_Pack"),
+    calls_only("MPI_Pack_c"),
+    calls_only("MPI_Pack_external"),
+    calls_only("MPI_Pack_external_c"),
+    calls_only("MPI_Pack_external_size"),
+    calls_only("MPI_Pack_external_size_c"),
+    calls_only("MPI_Pack_size"),
+    calls_only("MPI_Pack_size_c"),
+    calls_only("MPI_Publish_name"),
+    calls_only("MPI_Query_thread"),
+    calls_only("MPI_Reduce_local"),
+    calls_only("MPI_Reduce_local_c"),
+    calls_only("MPI_Register_datarep"),
+    calls_only("MPI_Register_datarep_c"),
+    calls_only("MPI_Remove_error_class"),
+    calls_only("MPI_Remove_error_code"),
+    calls_only("MPI_Remove_error_string"),
+    calls_only("MPI_Request_get_status"),
+    calls_only("MPI_Request_get_status_all"),
+    calls_only("MPI_Request_get_status_any"),
+    calls_only("MPI_Request_get_status_some"),
+    calls_only("MPI_Session_attach_buffer"),
+    calls_only("MPI_Session_attach_buffer_c"),
+    calls_only("MPI_Session_call_errhandler"),
+    calls_only("MPI_Session_create_errhandler"),
+    calls_only("MPI_Session_detach_buffer"),
+    calls_only("MPI_Session_detach_buffer_c"),
+    calls_only("MPI_Session_finalize"),
+    calls_only("MPI_Session_flush_buffer"),
+    calls_only("MPI_Session_get_errhandler"),
+    calls_only("MPI_Session_get_info"),
+    calls_only("MPI_Session_get_nth_pset"),
+    calls_only("MPI_Session_get_num_psets"),
+    calls_only("MPI_Session_get_pset_info"),
+    calls_only("MPI_Session_iflush_buffer"),
+    calls_only("MPI_Session_init"),
+    calls_only("MPI_Session_set_errhandler"),
+    calls_only("MPI_Session_set_info"),
+    calls_only("MPI_Status_f2f08"),
+    calls_only("MPI_Status_get_error"),
+    calls_only("MPI_Status_get_source"),
+    calls_only("MPI_Status_get_tag"),
+    calls_only("MPI_Status_set_cancelled"),
+    calls_only("MPI_Status_set_elements"),
+    calls_only("MPI_Status_set_elements_c"),
+    calls_only("MPI_Status_set_elements_x"),
+    calls_only("MPI_Status_set_error"),
+    calls_only("MPI_Status_set_source"),
+    calls_only("MPI_Status_set_tag"),
+    calls_only("MPI_Test_cancelled"),
+    calls_only("MPI_Topo_test"),
+    calls_only("MPI_Type_create_darray"),
+    calls_only("MPI_Type_create_darray_c"),
+    calls_only("MPI_Type_create_f90_complex"),
+    calls_only("MPI_Type_create_f90_integer"),
+    calls_only("MPI_Type_create_f90_real"),
+    calls_only("MPI_Type_create_keyval"),
+    calls_only("MPI_Type_delete_attr"),
+    calls_only("MPI_Type_extent"),
+    calls_only("MPI_Type_free_keyval"),
+    calls_only("MPI_Type_get_attr"),
+    calls_only("MPI_Type_get_contents"),
+    calls_only("MPI_Type_get_contents_c"),
+    calls_only("MPI_Type_get_envelope"),
+    calls_only("MPI_Type_get_envelope_c"),
+    calls_only("MPI_Type_get_extent"),
+    calls_only("MPI_Type_get_extent_c"),
+    calls_only("MPI_Type_get_extent_x"),
+    calls_only("MPI_Type_get_name"),
+    calls_only("MPI_Type_get_true_extent"),
+    calls_only("MPI_Type_get_true_extent_c"),
+    calls_only("MPI_Type_get_true_extent_x"),
+    calls_only("MPI_Type_get_value_index"),
+    calls_only("MPI_Type_hindexed"),
+    calls_only("MPI_Type_lb"),
+    calls_only("MPI_Type_match_size"),
+    calls_only("MPI_Type_set_attr"),
+    calls_only("MPI_Type_set_name"),
+    calls_only("MPI_Type_size"),
+    calls_only("MPI_Type_size_c"),
+    calls_only("MPI_Type_size_x"),
+    calls_only("MPI_Type_struct"),
+    calls_only("MPI_Type_ub"),
+    calls_only("MPI_Unpack"),
+    calls_only("MPI_Unpack_c"),
+    calls_only("MPI_Unpack_external"),
+    calls_only("MPI_Unpack_external_c"),
+    calls_only("MPI_Unpublish_name"),
+    calls_only("MPI_Win_attach"),
+    calls_only("MPI_Win_call_errhandler"),
+    calls_only("MPI_Win_create_errhandler"),
+    calls_only("MPI_Win_create_keyval"),
+    calls_only("MPI_Win_delete_attr"),
+    calls_only("MPI_Win_detach"),
+    calls_only("MPI_Win_free_keyval"),
+    calls_only("MPI_Win_get_attr"),
+    calls_only("MPI_Win_get_errhandler"),
+    calls_only("MPI_Win_get_group"),
+    calls_only("MPI_Win_get_info"),
+    calls_only("MPI_Win_get_name"),
+    calls_only("MPI_Win_set_attr"),
+    calls_only("MPI_Win_set_errhandler"),
+    calls_only("MPI_Win_set_info"),
+    calls_only("MPI_Win_set_name"),
+    calls_only("MPI_Win_shared_query"),
+    calls_only("MPI_Win_shared_query_c"),
+    calls_only("MPI_Win_sync"),
+    calls_only("MPI_Win_test"),
+];
+
+/// A routine counted with its calls and time only.
+const fn calls_only(name: &'static str) -> Routine {
+    r(name, OTHER, B::None, [N; 4], N, N)
+}
 
 /// The large-count form `name` (`MPI_Igather_c`) of the listed routine without its `_c`:
 /// the same arguments at the same places, its counts `MPI_Count`s and its displacements
