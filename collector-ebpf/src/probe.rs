@@ -139,12 +139,15 @@ fn enter(ctx: &ProbeContext, sampling: u32) -> u32 {
     e.depth = 0;
     e.routine = c.routine;
     e.cookie = packed;
-    // SAFETY: reads the monotonic clock.
-    e.start_ns = unsafe { bpf_ktime_get_ns() };
     if sampling != NO_SAMPLING && left_untimed(spec, c.routine, e.tgid, sampling, &e.args) {
+        // No clock read: an untimed call has no duration (the return path's own read is
+        // left alone: a branch on it there doubles the verifier's work).
+        e.start_ns = 0;
         e.busy = CallState::BUSY_UNTIMED;
         UNTIMED
     } else {
+        // SAFETY: reads the monotonic clock.
+        e.start_ns = unsafe { bpf_ktime_get_ns() };
         e.busy = CallState::BUSY;
         TIMED
     }
