@@ -40,7 +40,9 @@
  *
  * Each rank writes OUT_PREFIX.<rank>.json: {"rank", "pid", "peers": [{"peer", "sent_calls",
  * "sent_bytes", "received_calls", "received_bytes"}]} (peers it exchanged with, by world
- * rank, then null).
+ * rank, then null). Every message carries data of its sender's, and each rank prints
+ * "mpi_peers: rank R of P received <checksum>" over what it received: the same with and
+ * without a profiler watching, or the profiler changed the program.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -65,6 +67,23 @@ static void received(int peer, long long bytes)
     recv_bytes[peer] += bytes;
 }
 
+/* FNV-1a over what this rank received. */
+static unsigned long long checksum = 0xcbf29ce484222325ULL;
+static void digest(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        checksum = (checksum ^ b[i]) * 0x100000001b3ULL;
+}
+
+/* What `sender` puts in a message: n bytes that differ by sender, tag and place. */
+static void fill(void *buf, size_t n, int sender, int tag)
+{
+    unsigned char *b = buf;
+    for (size_t i = 0; i < n; i++)
+        b[i] = (unsigned char)(sender * 37 + tag * 11 + i);
+}
+
 /* This rank's right and left neighbours in `comm` (ends), and their world ranks. */
 static void neighbours_on(MPI_Comm comm, int ends[2], int world_ends[2])
 {
@@ -86,12 +105,15 @@ static void neighbours_on(MPI_Comm comm, int ends[2], int world_ends[2])
 static void ring_on(MPI_Comm comm, int n, int tag)
 {
     static char out[64], in[64];
-    int ends[2], world_ends[2];
+    int ends[2], world_ends[2], me;
     neighbours_on(comm, ends, world_ends);
+    MPI_Comm_rank(comm, &me);
+    fill(out, sizeof out, me, tag);
     MPI_Status st;
     MPI_Sendrecv(out, n, MPI_CHAR, ends[0], tag, in, n, MPI_CHAR, ends[1], tag, comm, &st);
     sent(world_ends[0], n);
     received(world_ends[1], n);
+    digest(in, n);
 }
 
 /* ring_on's traffic through persistent requests, started one by one (`n` ints each way):
@@ -99,8 +121,10 @@ static void ring_on(MPI_Comm comm, int n, int tag)
 static void persistent_ring_on(MPI_Comm comm, int n, int tag)
 {
     static int out[64], in[64];
-    int ends[2], world_ends[2];
+    int ends[2], world_ends[2], me;
     neighbours_on(comm, ends, world_ends);
+    MPI_Comm_rank(comm, &me);
+    fill(out, sizeof out, me, tag);
     MPI_Request req[2];
     MPI_Status sts[2];
     MPI_Recv_init(in, n, MPI_INT, ends[1], tag, comm, &req[0]);
@@ -110,6 +134,7 @@ static void persistent_ring_on(MPI_Comm comm, int n, int tag)
     MPI_Start(&req[1]);
     sent(world_ends[0], 4 * n);
     MPI_Waitall(2, req, sts);
+    digest(in, 4 * n);
     MPI_Request_free(&req[0]);
     MPI_Request_free(&req[1]);
 }
@@ -144,12 +169,16 @@ int main(int argc, char **argv)
     static double dbuf[8];
     MPI_Status st, sts[2];
     MPI_Request req[2];
+    fill(cbuf, sizeof cbuf, rank, 1);
+    fill(ibuf, sizeof ibuf, rank, 2);
+    fill(dbuf + 5, 3 * sizeof(double), rank, 3);
 
     for (int i = 0; i < 3; i++) {
         MPI_Sendrecv(cbuf, 8 * (i + 1), MPI_CHAR, right, 1, cbuf2, 8 * (i + 1), MPI_CHAR,
                      left, 1, world, &st);
         sent(right, 8 * (i + 1));
         received(left, 8 * (i + 1));
+        digest(cbuf2, 8 * (i + 1));
     }
 
     for (int d = 1; d < size; d++) {
@@ -162,9 +191,11 @@ int main(int argc, char **argv)
             sent(partner, mine);
             MPI_Recv(ibuf2, 64, MPI_INT, partner, 2, world, &st);
             received(partner, theirs);
+            digest(ibuf2, theirs);
         } else {
             MPI_Recv(ibuf2, 64, MPI_INT, partner, 2, world, &st);
             received(partner, theirs);
+            digest(ibuf2, theirs);
             MPI_Send(ibuf, mine / 4, MPI_INT, partner, 2, world);
             sent(partner, mine);
         }
@@ -175,17 +206,20 @@ int main(int argc, char **argv)
     MPI_Isend(dbuf + 5, 3, MPI_DOUBLE, right, 3, world, &req[1]);
     sent(right, 3 * 8);
     MPI_Waitall(2, req, sts);
+    digest(dbuf, 5 * 8);
 
     MPI_Send(ibuf, 3, MPI_INT, right, 4, world);
     sent(right, 3 * 4);
     MPI_Recv(ibuf2, 64, MPI_INT, MPI_ANY_SOURCE, 4, world, &st);
     received(left, 3 * 4);
+    digest(ibuf2, 3 * 4);
 
     MPI_Irecv(ibuf2, 2, MPI_INT, MPI_ANY_SOURCE, 5, world, &req[0]);
     received(nobody, 2 * 4);
     MPI_Send(ibuf, 2, MPI_INT, right, 5, world);
     sent(right, 2 * 4);
     MPI_Wait(&req[0], MPI_STATUS_IGNORE);
+    digest(ibuf2, 2 * 4);
 
     /* Freed only at the end: a freed handle may be given to the next communicator. */
     MPI_Comm dup, reversed, parity;
@@ -214,6 +248,7 @@ int main(int argc, char **argv)
         received(left, 6 * 4);
         sent(right, 6 * 4);
         MPI_Waitall(3, preq, psts);
+        digest(ibuf2, 6 * 4);
     }
     for (int i = 0; i < 3; i++)
         MPI_Request_free(&preq[i]);
@@ -225,6 +260,7 @@ int main(int argc, char **argv)
     sent(right, 5 * 4);
     received(left, 7 * 4);
     MPI_Waitall(1, preq, psts);
+    digest(ibuf2, 5 * 4);
     MPI_Precv_init(ibuf2, 2, 4, MPI_INT, left, 13, world, MPI_INFO_NULL, &preq[0]);
     MPI_Psend_init(ibuf, 2, 4, MPI_INT, right, 13, world, MPI_INFO_NULL, &preq[1]);
     MPI_Startall(2, preq);
@@ -232,6 +268,7 @@ int main(int argc, char **argv)
     sent(right, 2 * 4 * 4);
     MPI_Pready_range(0, 1, preq[1]);
     MPI_Waitall(2, preq, psts);
+    digest(ibuf2, 2 * 4 * 4);
     MPI_Request_free(&preq[0]);
     MPI_Request_free(&preq[1]);
 #endif
@@ -262,6 +299,8 @@ int main(int argc, char **argv)
     }
     fprintf(f, "]}\n");
     fclose(f);
+    printf("mpi_peers: rank %d of %d received %016llx\n", rank, size, checksum);
+    fflush(stdout);
     MPI_Finalize();
     return 0;
 }

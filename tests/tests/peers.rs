@@ -1,8 +1,9 @@
 //! Per-peer point-to-point traffic: a program whose communication matrix is known
 //! (`mpi_peers.c`) under `commtap record`, Open MPI and MPICH: every rank's traffic with
 //! every peer, sent and received, calls and bytes, equals what the program did (traffic on
-//! a duplicate and on two splits of the world placed on world ranks too), and the HTML
-//! report's heat map has a cell for each pair that exchanged bytes.
+//! a duplicate and on two splits of the world placed on world ranks too), the HTML
+//! report's heat map has a cell for each pair that exchanged bytes, and what each rank
+//! received is what it receives in the same job run alone.
 
 use std::time::Duration;
 
@@ -35,7 +36,11 @@ fn matrix(mpi: Mpi, np: u32) {
     args.push(prog.display().to_string());
     args.push(prefix.display().to_string());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let run = finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    // What each rank received, printed under commtap and alone.
+    let mut alone = mpi.launcher(np);
+    alone.extend([prog.clone(), scratch.path("alone")].map(|p| p.display().to_string()));
+    assert_output_as_alone(&scratch, &run.stdout, &alone, "mpi_peers: ", np as usize);
 
     let profile = read_json(&json);
     for truth in read_truths(&prefix, np) {
