@@ -54,6 +54,8 @@ pub mod maps {
     pub const PAUSED: &str = "PAUSED";
     /// The task-local storage of in-flight calls (created by userspace).
     pub const TASK_STATE: &str = "TASK_STATE";
+    /// The names of job launchers, never paused at their library loads.
+    pub const LAUNCHERS: &str = "LAUNCHERS";
 
     /// The maps that carry a node's counts across a daemon restart (the others are refilled
     /// at start, or hold per-run state such as library slots); `PAUSED` too, so that a

@@ -334,6 +334,50 @@ pub mod watch {
     pub const DESCENDANTS: u32 = 2;
 }
 
+/// The launchers of MPI jobs, by the name the kernel gives a process at its exec (the
+/// executable's file name, cut to 15 bytes): never paused at their library loads. They
+/// call no MPI, so pausing them gains nothing, and Open MPI's `mpirun` forwards the
+/// `SIGCONT` that ends each pause to its job's ranks — one line on the job's standard
+/// error each time ("Forwarding signal 18 to job"), and a rank paused at its own library
+/// load continued before its probes are in place.
+pub mod launcher {
+    /// Open MPI 4 (ORTE) and 5 (PRRTE), MPICH's and Intel MPI's Hydra, Slurm's `srun`.
+    pub const NAMES: [&str; 17] = [
+        "mpirun",
+        "mpiexec",
+        "mpirun.openmpi",
+        "mpiexec.openmpi",
+        "orterun",
+        "orted",
+        "oshrun",
+        "prterun",
+        "prted",
+        "prte",
+        "mpirun.mpich",
+        "mpiexec.mpich",
+        "mpiexec.hydra",
+        "hydra_pmi_proxy",
+        "hydra_bstrap_proxy",
+        "srun",
+        "slurmstepd",
+    ];
+
+    /// Bytes of a process's name in the kernel (`TASK_COMM_LEN`).
+    pub const COMM_LEN: usize = 16;
+
+    /// `name` as the kernel holds a process's name: at most 15 bytes, NUL-padded.
+    pub const fn comm(name: &str) -> [u8; COMM_LEN] {
+        let mut out = [0u8; COMM_LEN];
+        let b = name.as_bytes();
+        let mut i = 0;
+        while i < b.len() && i < COMM_LEN - 1 {
+            out[i] = b[i];
+            i += 1;
+        }
+        out
+    }
+}
+
 /// Most per-peer counters at once (process, communicator, peer, direction).
 pub const MAX_PEER_COUNTERS: u32 = 1 << 16;
 

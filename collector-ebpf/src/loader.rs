@@ -9,7 +9,8 @@
 use aya_ebpf::{
     bindings::BPF_RB_FORCE_WAKEUP,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_ktime_get_ns, bpf_probe_read_user,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_ktime_get_ns,
+        bpf_probe_read_user,
         generated::{bpf_get_attach_cookie, bpf_get_func_ip, bpf_send_signal},
     },
     macros::uprobe,
@@ -19,7 +20,7 @@ use aya_ebpf::{
 use collector_common::{EventKind, ProcEvent};
 
 use crate::{
-    maps::{CONFIG, EVENTS, PAUSED},
+    maps::{CONFIG, EVENTS, LAUNCHERS, PAUSED},
     process::{is_watched, pausable_unnoticed},
 };
 
@@ -35,7 +36,7 @@ const SIGSTOP: u32 = 19;
 #[uprobe]
 pub fn linker_loaded(ctx: ProbeContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !is_watched(tgid) {
+    if !is_watched(tgid) || is_launcher() {
         return 0;
     }
     // SAFETY: reads the monotonic clock.
@@ -64,6 +65,16 @@ pub fn linker_loaded(ctx: ProbeContext) -> u32 {
     }
     tell(tgid, now, EventKind::Loaded, 0, true);
     0
+}
+
+/// Whether the current process is a job launcher (`mpirun`, `orted`, `hydra_pmi_proxy` ...,
+/// by its name: see `collector_common::launcher`), which is never paused.
+#[inline(always)]
+fn is_launcher() -> bool {
+    bpf_get_current_comm().is_ok_and(|name| {
+        // SAFETY: plain value.
+        unsafe { LAUNCHERS.get(name) }.is_some()
+    })
 }
 
 /// Entry of `MPI_Pcontrol(int level)`: userspace is told at once, and the process is paused

@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuHashMap, RingBuf},
 };
 use collector_common::{
-    ArgSpec, CallState, CommInfo, Config, CounterKey, CounterVal, FabricRanges, FabricText,
-    HandleKey, IdentityOffsets, Layout, ProcStats, TpOffsets,
+    launcher::COMM_LEN as LAUNCHER_COMM_LEN, ArgSpec, CallState, CommInfo, Config, CounterKey,
+    CounterVal, FabricRanges, FabricText, HandleKey, IdentityOffsets, Layout, ProcStats, TpOffsets,
 };
 
 /// Processes whose calls are counted: tgid -> `collector_common::watch` flags.
@@ -19,6 +19,10 @@ pub static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
 /// (monotonic ns). Full: nobody more is paused.
 #[map]
 pub static PAUSED: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+
+/// The names of job launchers (`collector_common::launcher`), never paused: name -> 1.
+#[map]
+pub static LAUNCHERS: HashMap<[u8; LAUNCHER_COMM_LEN], u8> = HashMap::with_max_entries(64, 0);
 
 /// Processes a daemon limited to a cgroup found outside it at their first call (watch-all
 /// mode): judged once, not at each of their calls (a cgroup v1 check walks the kernel's

@@ -65,6 +65,13 @@ fn launched_truth(mpi: Mpi, np: u32) {
         program_output(&alone, tag),
         "the job's output under commtap and alone"
     );
+    // The launcher was never paused: Open MPI's mpirun forwards each SIGCONT that ends a
+    // pause to its ranks, and says so on its standard error (record's).
+    assert!(
+        !run.stderr.contains("Forwarding signal"),
+        "the launcher was paused:\n{}",
+        run.stderr
+    );
     for rank in profile["ranks"].as_array().expect("ranks") {
         assert_eq!(
             rank["routines"]["MPI_Finalize"]["calls"], 1,

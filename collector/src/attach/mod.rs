@@ -22,7 +22,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use collector_common::{
-    names, routines::ArgSpec, watch, CallState, CommInfo, Config, CounterKey, CounterVal,
+    launcher, names, routines::ArgSpec, watch, CallState, CommInfo, Config, CounterKey, CounterVal,
     FabricRanges, FabricText, HandleKey, IdentityOffsets, Layout, ProcStats, TpOffsets,
     MAX_LAYOUTS, ROUTINES,
 };
@@ -846,10 +846,11 @@ type Tables = (
     Array<MapData, ArgSpec>,
     Array<MapData, IdentityOffsets>,
     Array<MapData, TpOffsets>,
+    BpfHashMap<MapData, [u8; launcher::COMM_LEN], u8>,
 );
 
-/// Fills what the programs read and nobody changes after: the routine table and this
-/// kernel's offsets (identity events, tracepoint fields).
+/// Fills what the programs read and nobody changes after: the routine table, this
+/// kernel's offsets (identity events, tracepoint fields) and the launchers' names.
 /// Whether the identity offsets were found is returned beside them.
 fn fill_tables(ebpf: &mut Ebpf, btf: Option<&btf::Btf>) -> Result<(Tables, bool), AttachError> {
     let mut identity_known = true;
@@ -880,7 +881,14 @@ fn fill_tables(ebpf: &mut Ebpf, btf: Option<&btf::Btf>) -> Result<(Tables, bool)
     let mut tp: Array<MapData, TpOffsets> = map(ebpf, names::maps::TP_OFFSETS)?;
     tp.set(0, system::tracepoint_offsets()?, 0)
         .map_err(map_err(names::maps::TP_OFFSETS))?;
-    Ok(((specs, identity, tp), identity_known))
+    let mut launchers: BpfHashMap<MapData, [u8; launcher::COMM_LEN], u8> =
+        map(ebpf, names::maps::LAUNCHERS)?;
+    for name in launcher::NAMES {
+        launchers
+            .insert(launcher::comm(name), 1, 0)
+            .map_err(map_err(names::maps::LAUNCHERS))?;
+    }
+    Ok(((specs, identity, tp, launchers), identity_known))
 }
 
 /// Attaches the process tracepoints (fork, exec, exit).
