@@ -144,6 +144,10 @@ pub enum ByteRule {
     /// [`ByteRule::CtorProdArray`] with `MPI_Count` sizes (`MPI_Type_create_subarray_c`;
     /// its number of dimensions `a` stays an `int`).
     LargeCtorProdArray = 58,
+    /// `MPI_Type_create_darray` (integer-handle ABIs): the elements of the distributed
+    /// array this process holds (arguments 0 to 6: size, rank, ndims and the per-dimension
+    /// arrays) times the size of type `b`; its new handle `*d`.
+    CtorDarray = 59,
 }
 
 impl ByteRule {
@@ -239,6 +243,7 @@ impl ByteRule {
             56 => ByteRule::LargeCtorSum,
             57 => ByteRule::LargeCtorStruct,
             58 => ByteRule::LargeCtorProdArray,
+            59 => ByteRule::CtorDarray,
             _ => ByteRule::None,
         }
     }
@@ -496,7 +501,7 @@ const ALL_ROUTINES: [Routine; LISTED_ROUTINES.len() + LARGE_COUNT.len() + EVERY_
 /// flat profile holds every call the application makes and a call a library makes inside
 /// one of them is nested, not the application's. Counted with their calls and time; they
 /// move nothing (no bytes), but for `MPI_Rget_accumulate`, whose origin buffer is counted
-/// as `MPI_Get_accumulate`'s. Not probed: the timers (`MPI_Wtime`, `MPI_Wtick`: called in
+/// as `MPI_Get_accumulate`'s, and `MPI_Type_create_darray`, a datatype constructor. Not probed: the timers (`MPI_Wtime`, `MPI_Wtick`: called in
 /// the hottest loops, in tens of nanoseconds), handle conversions (`MPI_Comm_f2c`,
 /// `MPI_Type_c2f`, `MPI_Comm_toint` ...: Fortran and Python bindings make them around
 /// their calls), the tool interface (`MPI_T_*`: a tool's, not the application's), and the
@@ -723,7 +728,17 @@ const EVERY_OTHER: &[Routine] = &[
     calls_only("MPI_Status_set_tag"),
     calls_only("MPI_Test_cancelled"),
     calls_only("MPI_Topo_test"),
-    calls_only("MPI_Type_create_darray"),
+    // (size, rank, ndims, gsizes[], distribs[], dargs[], psizes[], order, oldtype,
+    // *newtype): its size learnt as the other constructors' (Open MPI reads it from the
+    // type).
+    r(
+        "MPI_Type_create_darray",
+        DATATYPE,
+        B::CtorDarray,
+        [2, 8, 3, 9],
+        N,
+        N,
+    ),
     calls_only("MPI_Type_create_darray_c"),
     calls_only("MPI_Type_create_f90_complex"),
     calls_only("MPI_Type_create_f90_integer"),

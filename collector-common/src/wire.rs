@@ -1047,6 +1047,46 @@ pub mod mpich {
     /// `MPI_STATUS_IGNORE` / `MPI_STATUSES_IGNORE` are `(MPI_Status *)1`.
     pub const STATUS_IGNORE: u64 = 1;
 
+    /// `MPI_DISTRIBUTE_BLOCK` (`mpi.h`; Intel MPI's the same).
+    pub const DISTRIBUTE_BLOCK: i32 = 121;
+    /// `MPI_DISTRIBUTE_CYCLIC`.
+    pub const DISTRIBUTE_CYCLIC: i32 = 122;
+    /// `MPI_DISTRIBUTE_NONE`.
+    pub const DISTRIBUTE_NONE: i32 = 123;
+    /// `MPI_DISTRIBUTE_DFLT_DARG`.
+    pub const DISTRIBUTE_DFLT_DARG: i32 = -49767;
+
+    /// Elements of one dimension of a distributed array (`MPI_Type_create_darray`) that
+    /// the process at coordinate `r` of the `p` along it holds: `g` elements distributed by
+    /// `distrib` with argument `darg` (MPI-4.1, section 5.1.4: one block of `darg`, by
+    /// default `ceil(g / p)`, each; or blocks of `darg`, by default 1, dealt round the `p`
+    /// cyclically). `None` for arguments MPI would refuse.
+    #[inline(always)]
+    pub fn darray_local(g: i32, distrib: i32, darg: i32, p: i32, r: u64) -> Option<u64> {
+        if g < 0 || p <= 0 || r >= p as u64 {
+            return None;
+        }
+        let (g, p) = (g as u64, p as u64);
+        let block = |default: u64| match darg {
+            DISTRIBUTE_DFLT_DARG => Some(default),
+            b if b > 0 => Some(b as u64),
+            _ => None,
+        };
+        match distrib {
+            DISTRIBUTE_NONE => Some(g),
+            DISTRIBUTE_BLOCK => {
+                let b = block(g.div_ceil(p))?;
+                Some(b.min(g.saturating_sub(r * b)))
+            }
+            DISTRIBUTE_CYCLIC => {
+                let b = block(1)?;
+                let cycle = b * p;
+                Some(g / cycle * b + b.min((g % cycle).saturating_sub(r * b)))
+            }
+            _ => None,
+        }
+    }
+
     /// Size in bytes of a predefined datatype handle, if the handle encodes it or is a
     /// known pair type; `None` for derived types (looked up in the learnt-types map).
     #[inline(always)]
@@ -1108,6 +1148,32 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_darray_dimension_holds_what_the_standard_deals_each_process() {
+        extern crate std;
+        use mpich::{
+            darray_local, DISTRIBUTE_BLOCK as BLOCK, DISTRIBUTE_CYCLIC as CYCLIC,
+            DISTRIBUTE_DFLT_DARG as DFLT, DISTRIBUTE_NONE as NONE,
+        };
+        let all = |g, d, a, p: i32| -> std::vec::Vec<Option<u64>> {
+            (0..p as u64).map(|r| darray_local(g, d, a, p, r)).collect()
+        };
+        // 10 over 3 in blocks of ceil(10 / 3) = 4: 4, 4, 2; in blocks of 5: 5, 5, 0.
+        assert_eq!(all(10, BLOCK, DFLT, 3), [Some(4), Some(4), Some(2)]);
+        assert_eq!(all(10, BLOCK, 5, 3), [Some(5), Some(5), Some(0)]);
+        // Cyclic by 1: 0 3 6 9 | 1 4 7 | 2 5 8; by 2: 0-1 6-7 | 2-3 8-9 | 4-5.
+        assert_eq!(all(10, CYCLIC, DFLT, 3), [Some(4), Some(3), Some(3)]);
+        assert_eq!(all(10, CYCLIC, 2, 3), [Some(4), Some(4), Some(2)]);
+        // 7 by 3 over 2: 0-2 6 | 3-5.
+        assert_eq!(all(7, CYCLIC, 3, 2), [Some(4), Some(3)]);
+        assert_eq!(all(7, NONE, DFLT, 1), [Some(7)]);
+        // What MPI refuses: a process grid of 0, a negative block, an unknown kind.
+        assert_eq!(darray_local(7, BLOCK, DFLT, 0, 0), None);
+        assert_eq!(darray_local(7, CYCLIC, -2, 2, 0), None);
+        assert_eq!(darray_local(7, 999, DFLT, 2, 0), None);
+        assert_eq!(darray_local(7, BLOCK, DFLT, 2, 2), None);
+    }
 
     #[test]
     fn a_loop_of_up_to_eight_keys_finds_them_all_in_the_counter_cache() {

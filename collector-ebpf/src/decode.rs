@@ -407,3 +407,47 @@ pub extern "C" fn mul_counts_wide(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
         None => add_to(s, None),
     }
 }
+
+/// Largest number of dimensions of a distributed array decoded (`MPI_Type_create_darray`).
+pub const MAX_DARRAY_DIMS: u32 = 64;
+
+/// What [`darray_dim`] works on, on its caller's stack: a darray's arrays (one `int` per
+/// dimension) and the elements this process holds so far.
+#[repr(C)]
+pub struct DarrayElements {
+    pub gsizes: u64,
+    pub distribs: u64,
+    pub dargs: u64,
+    pub psizes: u64,
+    /// The last dimension's index: the process grid is row-major, so its coordinates come
+    /// off the rank from the last dimension on.
+    pub last: u64,
+    /// The rank, divided by the grid sizes of the dimensions done.
+    pub left: u64,
+    pub product: u64,
+    /// 1 once a dimension could not be read or was invalid.
+    pub bad: u64,
+}
+
+/// One dimension of a [`DarrayElements`], the last first (`bpf_loop`'s body).
+pub extern "C" fn darray_dim(k: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes its caller's `DarrayElements`.
+    let s = unsafe { &mut *ctx.cast::<DarrayElements>() };
+    let i = s.last.wrapping_sub(k);
+    let at = |base: u64| read::<i32>(base.wrapping_add(i.wrapping_mul(4)));
+    let local = match (at(s.gsizes), at(s.distribs), at(s.dargs), at(s.psizes)) {
+        (Some(g), Some(distrib), Some(darg), Some(p)) if p > 0 => {
+            let r = s.left % p as u64;
+            s.left /= p as u64;
+            mpich::darray_local(g, distrib, darg, p, r)
+        }
+        _ => None,
+    };
+    if let Some(n) = local {
+        s.product = s.product.wrapping_mul(n);
+        0
+    } else {
+        s.bad = 1;
+        1
+    }
+}

@@ -9,7 +9,10 @@ use collector_common::{
 
 use crate::{
     call::{learn_comm, Call, CountsWide, ProductWide, SumBody, Typed, TypedWide},
-    decode::{count_arg, handle, product_ints, read, UNDECODED},
+    decode::{
+        count_arg, darray_dim, each, handle, product_ints, read, DarrayElements, MAX_DARRAY_DIMS,
+        UNDECODED,
+    },
     maps::{COMMS, DTYPES},
 };
 
@@ -135,7 +138,8 @@ pub(crate) fn on_type_return(c: &Call, spec: &ArgSpec) -> Option<u64> {
         | ByteRule::LargeCtorProduct
         | ByteRule::LargeCtorSum
         | ByteRule::LargeCtorStruct
-        | ByteRule::LargeCtorProdArray) => learn_type(c, spec, rule),
+        | ByteRule::LargeCtorProdArray
+        | ByteRule::CtorDarray) => learn_type(c, spec, rule),
         ByteRule::TypeFree => {
             crate::cache::bump();
             let _ = DTYPES.remove(HandleKey {
@@ -157,6 +161,11 @@ fn constructed_size(c: &Call, spec: &ArgSpec, rule: ByteRule) -> Option<u64> {
         | ByteRule::LargeCtorSum
         | ByteRule::LargeCtorStruct
         | ByteRule::LargeCtorProdArray => large_constructed_size(c, spec, rule),
+        ByteRule::CtorDarray => {
+            let n = darray_elements(c);
+            // Wrapping, as the other constructors' (the caller's type, below 2^47).
+            Some((n != UNDECODED).then_some(n)?.wrapping_mul(c.size(spec.b)?))
+        }
         _ => {
             let n = c.count(spec.a)?;
             match rule {
@@ -203,6 +212,36 @@ fn array_times_size<B: SumBody>(c: &Call, spec: &ArgSpec, n: u64) -> Option<u64>
         c.sum_typed::<B>(spec.c, N, u32::try_from(n).ok()?)?
             .wrapping_mul(c.size(spec.b)?),
     )
+}
+
+/// Elements of a distributed array this process holds (`MPI_Type_create_darray(size,
+/// rank, ndims, gsizes[], distribs[], dargs[], psizes[], order, oldtype, *newtype)`: the
+/// local block's, whatever the order), or [`UNDECODED`]. Not inlined, its dimensions read
+/// in a `bpf_loop`.
+#[inline(never)]
+fn darray_elements(c: &Call) -> u64 {
+    let (Some(size), Some(rank), Some(ndims)) = (c.arg(0), c.arg(1), c.arg(2)) else {
+        return UNDECODED;
+    };
+    let (size, rank, ndims) = (size as u32 as i32, rank as u32 as i32, ndims as u32 as i32);
+    if rank < 0 || rank >= size || ndims <= 0 || ndims as u32 > MAX_DARRAY_DIMS {
+        return UNDECODED;
+    }
+    let mut s = DarrayElements {
+        gsizes: c.arg(3).unwrap_or(0),
+        distribs: c.arg(4).unwrap_or(0),
+        dargs: c.arg(5).unwrap_or(0),
+        psizes: c.arg(6).unwrap_or(0),
+        last: (ndims - 1) as u64,
+        left: rank as u64,
+        product: 1,
+        bad: 0,
+    };
+    if each(ndims as u32, darray_dim, &mut s) && s.bad == 0 {
+        s.product
+    } else {
+        UNDECODED
+    }
 }
 
 /// Records the size of a type built by a constructor, keyed by its new handle.

@@ -403,6 +403,37 @@ int main(int argc, char **argv)
         note("MPI_Type_free", 0);
     }
 
+    /* ---- a distributed array (MPI_Type_create_darray): a 7 x 10 grid of ints, its rows
+     * in blocks, its columns cyclic in pairs, over a process grid of 2 x P/2 (1 x P for an
+     * odd P); each rank sends its part to the right and takes the left's as ints, its
+     * size as MPI_Type_size gives it ---- */
+    {
+        int grid[2] = {P % 2 == 0 ? 2 : 1, P % 2 == 0 ? P / 2 : P};
+        int gsizes[2] = {7, 10};
+        int distribs[2] = {MPI_DISTRIBUTE_BLOCK, MPI_DISTRIBUTE_CYCLIC};
+        int dargs[2] = {MPI_DISTRIBUTE_DFLT_DARG, 2};
+        MPI_Datatype t_darray;
+        MPI_Type_create_darray(P, rank, 2, gsizes, distribs, dargs, grid, MPI_ORDER_C,
+                               MPI_INT, &t_darray);
+        note("MPI_Type_create_darray", 0);
+        MPI_Type_commit(&t_darray);
+        note("MPI_Type_commit", 0);
+        int part;
+        MPI_Type_size(t_darray, &part);
+        note("MPI_Type_size", 0);
+        static int grid_out[70], grid_in[70];
+        for (int i = 0; i < 70; i++)
+            grid_out[i] = rank * 1000 + i;
+        MPI_Status gst;
+        note("MPI_Sendrecv", part + 70 * SZ_INT);
+        MPI_Sendrecv(grid_out, 1, t_darray, right, 71, grid_in, 70, MPI_INT, left, 71, world,
+                     &gst);
+        arrows_from_left++;
+        digest(grid_in, sizeof grid_in);
+        MPI_Type_free(&t_darray);
+        note("MPI_Type_free", 0);
+    }
+
     /* ---- communicators ---- */
     MPI_Comm dup, split;
     int dup_rank, dup_size, split_rank, split_size;
