@@ -148,6 +148,9 @@ pub enum ByteRule {
     /// array this process holds (arguments 0 to 6: size, rank, ndims and the per-dimension
     /// arrays) times the size of type `b`; its new handle `*d`.
     CtorDarray = 59,
+    /// [`ByteRule::CtorDarray`] with `MPI_Count` global sizes
+    /// (`MPI_Type_create_darray_c`).
+    LargeCtorDarray = 60,
 }
 
 impl ByteRule {
@@ -184,6 +187,7 @@ impl ByteRule {
             ByteRule::CtorSum => ByteRule::LargeCtorSum,
             ByteRule::CtorStruct => ByteRule::LargeCtorStruct,
             ByteRule::CtorProdArray => ByteRule::LargeCtorProdArray,
+            ByteRule::CtorDarray => ByteRule::LargeCtorDarray,
             _ => panic!("no large-count form of this byte rule"),
         }
     }
@@ -244,6 +248,7 @@ impl ByteRule {
             57 => ByteRule::LargeCtorStruct,
             58 => ByteRule::LargeCtorProdArray,
             59 => ByteRule::CtorDarray,
+            60 => ByteRule::LargeCtorDarray,
             _ => ByteRule::None,
         }
     }
@@ -501,7 +506,7 @@ const ALL_ROUTINES: [Routine; LISTED_ROUTINES.len() + LARGE_COUNT.len() + EVERY_
 /// flat profile holds every call the application makes and a call a library makes inside
 /// one of them is nested, not the application's. Counted with their calls and time; they
 /// move nothing (no bytes), but for `MPI_Rget_accumulate`, whose origin buffer is counted
-/// as `MPI_Get_accumulate`'s, and `MPI_Type_create_darray`, a datatype constructor. Not probed: the timers (`MPI_Wtime`, `MPI_Wtick`: called in
+/// as `MPI_Get_accumulate`'s, and `MPI_Type_create_darray(_c)`, a datatype constructor. Not probed: the timers (`MPI_Wtime`, `MPI_Wtick`: called in
 /// the hottest loops, in tens of nanoseconds), handle conversions (`MPI_Comm_f2c`,
 /// `MPI_Type_c2f`, `MPI_Comm_toint` ...: Fortran and Python bindings make them around
 /// their calls), the tool interface (`MPI_T_*`: a tool's, not the application's), and the
@@ -739,7 +744,14 @@ const EVERY_OTHER: &[Routine] = &[
         N,
         N,
     ),
-    calls_only("MPI_Type_create_darray_c"),
+    r(
+        "MPI_Type_create_darray_c",
+        DATATYPE,
+        B::LargeCtorDarray,
+        [2, 8, 3, 9],
+        N,
+        N,
+    ),
     calls_only("MPI_Type_create_f90_complex"),
     calls_only("MPI_Type_create_f90_integer"),
     calls_only("MPI_Type_create_f90_real"),

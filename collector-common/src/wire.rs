@@ -1062,7 +1062,7 @@ pub mod mpich {
     /// default `ceil(g / p)`, each; or blocks of `darg`, by default 1, dealt round the `p`
     /// cyclically). `None` for arguments MPI would refuse.
     #[inline(always)]
-    pub fn darray_local(g: i32, distrib: i32, darg: i32, p: i32, r: u64) -> Option<u64> {
+    pub fn darray_local(g: i64, distrib: i32, darg: i32, p: i32, r: u64) -> Option<u64> {
         if g < 0 || p <= 0 || r >= p as u64 {
             return None;
         }

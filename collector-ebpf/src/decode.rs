@@ -427,6 +427,8 @@ pub struct DarrayElements {
     pub product: u64,
     /// 1 once a dimension could not be read or was invalid.
     pub bad: u64,
+    /// 1: the global sizes are `MPI_Count`s (`MPI_Type_create_darray_c`), not `int`s.
+    pub wide: u64,
 }
 
 /// One dimension of a [`DarrayElements`], the last first (`bpf_loop`'s body).
@@ -435,7 +437,12 @@ pub extern "C" fn darray_dim(k: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let s = unsafe { &mut *ctx.cast::<DarrayElements>() };
     let i = s.last.wrapping_sub(k);
     let at = |base: u64| read::<i32>(base.wrapping_add(i.wrapping_mul(4)));
-    let local = match (at(s.gsizes), at(s.distribs), at(s.dargs), at(s.psizes)) {
+    let g = if s.wide == 0 {
+        at(s.gsizes).map(i64::from)
+    } else {
+        read::<i64>(s.gsizes.wrapping_add(i.wrapping_mul(8)))
+    };
+    let local = match (g, at(s.distribs), at(s.dargs), at(s.psizes)) {
         (Some(g), Some(distrib), Some(darg), Some(p)) if p > 0 => {
             let r = s.left % p as u64;
             s.left /= p as u64;

@@ -139,7 +139,8 @@ pub(crate) fn on_type_return(c: &Call, spec: &ArgSpec) -> Option<u64> {
         | ByteRule::LargeCtorSum
         | ByteRule::LargeCtorStruct
         | ByteRule::LargeCtorProdArray
-        | ByteRule::CtorDarray) => learn_type(c, spec, rule),
+        | ByteRule::CtorDarray
+        | ByteRule::LargeCtorDarray) => learn_type(c, spec, rule),
         ByteRule::TypeFree => {
             crate::cache::bump();
             let _ = DTYPES.remove(HandleKey {
@@ -161,8 +162,8 @@ fn constructed_size(c: &Call, spec: &ArgSpec, rule: ByteRule) -> Option<u64> {
         | ByteRule::LargeCtorSum
         | ByteRule::LargeCtorStruct
         | ByteRule::LargeCtorProdArray => large_constructed_size(c, spec, rule),
-        ByteRule::CtorDarray => {
-            let n = darray_elements(c);
+        ByteRule::CtorDarray | ByteRule::LargeCtorDarray => {
+            let n = darray_elements(c, rule == ByteRule::LargeCtorDarray);
             // Wrapping, as the other constructors' (the caller's type, below 2^47).
             Some((n != UNDECODED).then_some(n)?.wrapping_mul(c.size(spec.b)?))
         }
@@ -216,10 +217,11 @@ fn array_times_size<B: SumBody>(c: &Call, spec: &ArgSpec, n: u64) -> Option<u64>
 
 /// Elements of a distributed array this process holds (`MPI_Type_create_darray(size,
 /// rank, ndims, gsizes[], distribs[], dargs[], psizes[], order, oldtype, *newtype)`: the
-/// local block's, whatever the order), or [`UNDECODED`]. Not inlined, its dimensions read
+/// local block's, whatever the order; `wide`: its `_c` form, whose global sizes are
+/// `MPI_Count`s), or [`UNDECODED`]. Not inlined, its dimensions read
 /// in a `bpf_loop`.
 #[inline(never)]
-fn darray_elements(c: &Call) -> u64 {
+fn darray_elements(c: &Call, wide: bool) -> u64 {
     let (Some(size), Some(rank), Some(ndims)) = (c.arg(0), c.arg(1), c.arg(2)) else {
         return UNDECODED;
     };
@@ -236,6 +238,7 @@ fn darray_elements(c: &Call) -> u64 {
         left: rank as u64,
         product: 1,
         bad: 0,
+        wide: u64::from(wide),
     };
     if each(ndims as u32, darray_dim, &mut s) && s.bad == 0 {
         s.product

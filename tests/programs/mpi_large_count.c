@@ -214,7 +214,7 @@ int main(int argc, char **argv)
     /* Datatypes made by the large-count constructors: a Sendrecv of one element of each,
      * each way, moves its size (which the kernel learnt at the constructor's return). */
     {
-        MPI_Datatype t[5];
+        MPI_Datatype t[6];
         note("MPI_Type_contiguous_c", 0);
         MPI_Type_contiguous_c(5, MPI_INT, &t[0]); /* 20 bytes */
         note("MPI_Type_vector_c", 0);
@@ -230,19 +230,28 @@ int main(int argc, char **argv)
         note("MPI_Type_create_subarray_c", 0);
         MPI_Type_create_subarray_c(2, sizes, subsizes, starts, MPI_ORDER_C, MPI_INT,
                                    &t[4]); /* 2 x 3 ints */
-        const long long tsize[5] = {20, 48, 16, 20, 24};
-        for (int k = 0; k < 5; k++) {
+        /* A 4 x 6 array of ints, its rows whole, its columns dealt one by one to the 1 x 2
+         * process grid: 4 x 3 ints each. */
+        const MPI_Count gsizes[2] = {4, 6};
+        const int distribs[2] = {MPI_DISTRIBUTE_NONE, MPI_DISTRIBUTE_CYCLIC};
+        const int dargs[2] = {MPI_DISTRIBUTE_DFLT_DARG, MPI_DISTRIBUTE_DFLT_DARG};
+        const int grid[2] = {1, 2};
+        note("MPI_Type_create_darray_c", 0);
+        MPI_Type_create_darray_c(2, rank, 2, gsizes, distribs, dargs, grid, MPI_ORDER_C,
+                                 MPI_INT, &t[5]); /* 48 */
+        const long long tsize[6] = {20, 48, 16, 20, 24, 48};
+        for (int k = 0; k < 6; k++) {
             note("MPI_Type_commit", 0);
             MPI_Type_commit(&t[k]);
         }
-        for (int k = 0; k < 5; k++) {
+        for (int k = 0; k < 6; k++) {
             note("MPI_Sendrecv", 2 * tsize[k]);
             SENT(tsize[k]);
             RECEIVED(tsize[k]);
             MPI_Sendrecv(a, 1, t[k], other, 20 + k, b, 1, t[k], other, 20 + k, MPI_COMM_WORLD,
                          MPI_STATUS_IGNORE);
         }
-        for (int k = 0; k < 5; k++) {
+        for (int k = 0; k < 6; k++) {
             note("MPI_Type_free", 0);
             MPI_Type_free(&t[k]);
         }
