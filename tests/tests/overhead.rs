@@ -173,14 +173,25 @@ fn untimed_calls_pay_the_entry_only(mpi: Mpi) {
 /// events) stay timed. Under MPICH, whose `MPI_Comm_rank` teaches the rank at its return,
 /// the rank is learnt at the first call and the calls after it go untimed all the same: the
 /// Allgatherv's bytes, the receive count at the rank learnt, come out exact although every
-/// later call's output held a wrong rank when it began.
+/// later call's output held a wrong rank when it began. The text report names them as where
+/// the probes' estimated cost goes.
 fn a_polling_code_has_its_hottest_routine_sampled(mpi: Mpi) {
     let scratch = Scratch::new(&format!("poll-{}", mpi.suffix()));
     let prog = build_program("mpi_poll.c", mpi);
     let (out, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
-    let mut args: Vec<String> = ["record", "--format", "json", "-o", path_str(&out), "--"]
-        .map(String::from)
-        .to_vec();
+    let text = scratch.path("report.txt");
+    let mut args: Vec<String> = [
+        "record",
+        "--format",
+        "text",
+        "-o",
+        path_str(&text),
+        "--json",
+        path_str(&out),
+        "--",
+    ]
+    .map(String::from)
+    .to_vec();
     args.extend(mpi.launcher(2));
     args.extend([
         prog.display().to_string(),
@@ -211,6 +222,23 @@ fn a_polling_code_has_its_hottest_routine_sampled(mpi: Mpi) {
             );
         }
     }
+    // The report says where the probes' cost goes: the two hot routines first (2M calls
+    // each, against one of the others).
+    let report = std::fs::read_to_string(&text).expect("text report");
+    let line = report
+        .lines()
+        .find(|l| l.starts_with("Probes' estimated cost"))
+        .unwrap_or_else(|| panic!("no estimated cost in\n{report}"));
+    let (_, costliest) = line
+        .split_once("most of it in ")
+        .expect("the costliest routines");
+    let mut first_two: Vec<&str> = costliest
+        .split(", ")
+        .take(2)
+        .filter_map(|r| r.split(' ').next())
+        .collect();
+    first_two.sort_unstable();
+    assert_eq!(first_two, ["MPI_Comm_rank", "MPI_Iprobe"], "{line}");
 }
 
 #[test]

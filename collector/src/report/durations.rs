@@ -107,19 +107,34 @@ pub fn render_durations(job: &JobProfile) -> String {
             sampled.join("; ")
         );
     }
-    if let Some((share, rank)) = job
+    if let Some((share, r)) = job
         .ranks
         .iter()
         .filter(|r| r.elapsed_ns > 0)
-        .map(|r| (r.estimated_probe_ns() as f64 / r.elapsed_ns as f64, r.rank))
+        .map(|r| (r.estimated_probe_ns() as f64 / r.elapsed_ns as f64, r))
         .max_by(|a, b| a.0.total_cmp(&b.0))
     {
+        // Where it goes: the routines whose probes cost that rank most.
+        let costliest: Vec<String> = r
+            .estimated_probe_ns_by_routine()
+            .iter()
+            .take(3)
+            .filter(|(_, ns)| *ns > 0)
+            .map(|(name, ns)| {
+                format!(
+                    "{name} {}",
+                    super::units::Unit::Seconds.format(super::units::secs(*ns))
+                )
+            })
+            .collect();
         let _ = writeln!(o);
         let _ = writeln!(
             o,
             "Probes' estimated cost (an entry per call, a return per timed call): at most \
-             {:.2}% of a rank's time (rank {rank})",
-            share * 100.0
+             {:.2}% of a rank's time (rank {}), most of it in {}",
+            share * 100.0,
+            r.rank,
+            costliest.join(", ")
         );
     }
     let comm: Vec<f64> = job.ranks.iter().map(|r| r.comm_time_ns as f64).collect();
