@@ -71,6 +71,18 @@ pub fn finish_ok(scratch: &Scratch, child: ChildGuard, limit: Duration) -> Run {
     run
 }
 
+/// `record --format text -o TEXT --json JSON`: the start of a `record` command line that
+/// writes both reports (the caller adds its other options, `--` and the job).
+pub fn record_text_and_json(text: &Path, json: &Path) -> Vec<String> {
+    let mut args: Vec<String> = ["record", "--format", "text", "-o"]
+        .map(String::from)
+        .to_vec();
+    args.push(text.display().to_string());
+    args.push("--json".into());
+    args.push(json.display().to_string());
+    args
+}
+
 /// Runs `commtap` with `args` to completion (at most `limit`).
 #[track_caller]
 pub fn run_commtap(scratch: &Scratch, args: &[&str], limit: Duration) -> Run {

@@ -180,18 +180,8 @@ fn a_polling_code_has_its_hottest_routine_sampled(mpi: Mpi) {
     let prog = build_program("mpi_poll.c", mpi);
     let (out, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
     let text = scratch.path("report.txt");
-    let mut args: Vec<String> = [
-        "record",
-        "--format",
-        "text",
-        "-o",
-        path_str(&text),
-        "--json",
-        path_str(&out),
-        "--",
-    ]
-    .map(String::from)
-    .to_vec();
+    let mut args = record_text_and_json(&text, &out);
+    args.push("--".into());
     args.extend(mpi.launcher(2));
     args.extend([
         prog.display().to_string(),

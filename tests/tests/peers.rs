@@ -18,20 +18,8 @@ fn matrix(mpi: Mpi, np: u32) {
     let json = scratch.path("profile.json");
     let text = scratch.path("report.txt");
     let html = scratch.path("report.html");
-    let mut args: Vec<String> = [
-        "record",
-        "--format",
-        "text",
-        "-o",
-        path_str(&text),
-        "--json",
-        path_str(&json),
-        "--html",
-        path_str(&html),
-        "--",
-    ]
-    .map(String::from)
-    .to_vec();
+    let mut args = record_text_and_json(&text, &json);
+    args.extend(["--html".into(), html.display().to_string(), "--".into()]);
     args.extend(mpi.launcher(np));
     args.push(prog.display().to_string());
     args.push(prefix.display().to_string());
