@@ -506,8 +506,9 @@ const ALL_ROUTINES: [Routine; LISTED_ROUTINES.len() + LARGE_COUNT.len() + EVERY_
 /// flat profile holds every call the application makes and a call a library makes inside
 /// one of them is nested, not the application's. Counted with their calls and time; they
 /// move nothing (no bytes), but for `MPI_Rget_accumulate`, whose origin buffer is counted
-/// as `MPI_Get_accumulate`'s, and `MPI_Type_create_darray(_c)`, a datatype constructor. Not probed: the timers (`MPI_Wtime`, `MPI_Wtick`: called in
-/// the hottest loops, in tens of nanoseconds), handle conversions (`MPI_Comm_f2c`,
+/// as `MPI_Get_accumulate`'s, and `MPI_Type_create_darray(_c)`, a datatype constructor.
+/// Not probed: the timers (`MPI_Wtime`, `MPI_Wtick`: called in the hottest loops, in tens
+/// of nanoseconds), handle conversions (`MPI_Comm_f2c`,
 /// `MPI_Type_c2f`, `MPI_Comm_toint` ...: Fortran and Python bindings make them around
 /// their calls), the tool interface (`MPI_T_*`: a tool's, not the application's), and the
 /// predefined callbacks (`MPI_COMM_DUP_FN` ...: the library calls them). Append only.

@@ -84,8 +84,9 @@ static void fill(void *buf, size_t n, int sender, int tag)
         b[i] = (unsigned char)(sender * 37 + tag * 11 + i);
 }
 
-/* This rank's right and left neighbours in `comm` (ends), and their world ranks. */
-static void neighbours_on(MPI_Comm comm, int ends[2], int world_ends[2])
+/* This rank's right and left neighbours in `comm` (ends), and their world ranks; its own
+ * rank there. */
+static int neighbours_on(MPI_Comm comm, int ends[2], int world_ends[2])
 {
     int me, size;
     MPI_Comm_rank(comm, &me);
@@ -98,6 +99,7 @@ static void neighbours_on(MPI_Comm comm, int ends[2], int world_ends[2])
     MPI_Group_translate_ranks(group, 2, ends, world_group, world_ends);
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
+    return me;
 }
 
 /* A Sendrecv of `n` chars to the right of this rank in `comm` and from its left there,
@@ -105,10 +107,8 @@ static void neighbours_on(MPI_Comm comm, int ends[2], int world_ends[2])
 static void ring_on(MPI_Comm comm, int n, int tag)
 {
     static char out[64], in[64];
-    int ends[2], world_ends[2], me;
-    neighbours_on(comm, ends, world_ends);
-    MPI_Comm_rank(comm, &me);
-    fill(out, sizeof out, me, tag);
+    int ends[2], world_ends[2];
+    fill(out, sizeof out, neighbours_on(comm, ends, world_ends), tag);
     MPI_Status st;
     MPI_Sendrecv(out, n, MPI_CHAR, ends[0], tag, in, n, MPI_CHAR, ends[1], tag, comm, &st);
     sent(world_ends[0], n);
@@ -121,10 +121,8 @@ static void ring_on(MPI_Comm comm, int n, int tag)
 static void persistent_ring_on(MPI_Comm comm, int n, int tag)
 {
     static int out[64], in[64];
-    int ends[2], world_ends[2], me;
-    neighbours_on(comm, ends, world_ends);
-    MPI_Comm_rank(comm, &me);
-    fill(out, sizeof out, me, tag);
+    int ends[2], world_ends[2];
+    fill(out, sizeof out, neighbours_on(comm, ends, world_ends), tag);
     MPI_Request req[2];
     MPI_Status sts[2];
     MPI_Recv_init(in, n, MPI_INT, ends[1], tag, comm, &req[0]);

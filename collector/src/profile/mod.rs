@@ -89,26 +89,26 @@ impl RankProfile {
     /// What the probes cost this process by the budget's estimate (`session::budget`): an
     /// entry per call and a return per timed call.
     pub fn estimated_probe_ns(&self) -> u64 {
-        self.estimated_probe_ns_by_routine()
-            .iter()
-            .map(|(_, ns)| ns)
-            .sum()
+        self.routines.values().map(routine_probe_ns).sum()
     }
 
     /// [`RankProfile::estimated_probe_ns`] per routine, the costliest first.
     pub fn estimated_probe_ns_by_routine(&self) -> Vec<(&str, u64)> {
-        use crate::session::budget::{ENTRY_NS, RETURN_NS};
         let mut by: Vec<(&str, u64)> = self
             .routines
             .iter()
-            .map(|(name, r)| {
-                let timed = r.sampled_time.map_or(r.totals.calls, |s| s.timed_calls);
-                (name.as_str(), r.totals.calls * ENTRY_NS + timed * RETURN_NS)
-            })
+            .map(|(name, r)| (name.as_str(), routine_probe_ns(r)))
             .collect();
         by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
         by
     }
+}
+
+/// The probes' estimated cost of one routine's calls: an entry each, a return each timed.
+fn routine_probe_ns(r: &crate::stats::RoutineStats) -> u64 {
+    use crate::session::budget::{ENTRY_NS, RETURN_NS};
+    let timed = r.sampled_time.map_or(r.totals.calls, |s| s.timed_calls);
+    r.totals.calls * ENTRY_NS + timed * RETURN_NS
 }
 
 /// A library commtap probed, summarised for the report.

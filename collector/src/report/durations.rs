@@ -131,10 +131,14 @@ pub fn render_durations(job: &JobProfile) -> String {
         let _ = writeln!(
             o,
             "Probes' estimated cost (an entry per call, a return per timed call): at most \
-             {:.2}% of a rank's time (rank {}), most of it in {}",
+             {:.2}% of a rank's time (rank {}){}",
             share * 100.0,
             r.rank,
-            costliest.join(", ")
+            if costliest.is_empty() {
+                String::new()
+            } else {
+                format!(", most of it in {}", costliest.join(", "))
+            }
         );
     }
     let comm: Vec<f64> = job.ranks.iter().map(|r| r.comm_time_ns as f64).collect();
