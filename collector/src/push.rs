@@ -21,15 +21,19 @@ use crate::{
 /// Where snapshots come from.
 #[tonic::async_trait]
 pub trait SnapshotSource: Send + Sync + 'static {
-    /// Every process's cumulative snapshot now (and, from a node, the collective
-    /// instances handed on since the last batch).
-    async fn batch(&self) -> pb::PushSnapshotsRequest;
+    /// Every process's cumulative snapshot now, or (`everything` false) those that may
+    /// have changed since the last batch, which went down the same stream (and, from a
+    /// node, the collective instances handed on since the last batch).
+    async fn batch(&self, everything: bool) -> pb::PushSnapshotsRequest;
 
     /// The clock the batches' times are on (the node's monotonic clock, as its API gives it).
     fn clock_ns(&self) -> u64 {
         monotonic_ns()
     }
 }
+
+/// Every this many pushes of a stream, one carries every snapshot, changed or not.
+const EVERYTHING_EVERY: u64 = 60;
 
 /// Pushes `state`'s snapshots to `target` every `interval` until `shutdown`.
 pub async fn run<S: SnapshotSource>(
@@ -100,11 +104,12 @@ async fn push_session<S: SnapshotSource>(
     });
     info!("pushing snapshots to the aggregator");
     let mut tick = tokio::time::interval(interval);
+    let mut ticks: u64 = 0;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => {
                 // A last snapshot, then close the stream and let the aggregator answer.
-                for part in split(stamped(state.batch().await, clock), crate::api::PUSH_MESSAGE_BYTES) {
+                for part in split(stamped(state.batch(false).await, clock), crate::api::PUSH_MESSAGE_BYTES) {
                     let _ = tx.send(part).await;
                 }
                 drop(tx);
@@ -112,7 +117,13 @@ async fn push_session<S: SnapshotSource>(
                 return Ok(());
             }
             _ = tick.tick() => {
-                for part in split(stamped(state.batch().await, clock), crate::api::PUSH_MESSAGE_BYTES) {
+                // Everything first, since this stream's receiver may know nothing of ours
+                // (a new aggregator, one restored from an old file); then now and then, for
+                // a snapshot it refused (stamped ahead of its node's clock as it knew it)
+                // and would otherwise never see again once that process stops changing.
+                let everything = ticks.is_multiple_of(EVERYTHING_EVERY);
+                ticks += 1;
+                for part in split(stamped(state.batch(everything).await, clock), crate::api::PUSH_MESSAGE_BYTES) {
                     if tx.send(part).await.is_err() {
                         let outcome = call.await?;
                         anyhow::bail!("the aggregator closed the stream: {:?}", outcome.err());

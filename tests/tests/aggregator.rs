@@ -377,6 +377,7 @@ fn aggregators_form_a_tree() {
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&pushed.stderr)));
     assert_eq!(pushed["accepted"], n, "{pushed}");
     let big_out = scratch.path("big.json");
+    // None while the job is not there (yet).
     let big_report = |url: &str| {
         let r = commtap(&[
             "report",
@@ -389,8 +390,7 @@ fn aggregators_form_a_tree() {
             "-o",
             path_str(&big_out),
         ]);
-        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-        read_json(&big_out)
+        r.status.success().then(|| read_json(&big_out))
     };
     let calls_of = |p: &serde_json::Value| -> (usize, u64, u64) {
         let ranks = p["ranks"].as_array().expect("ranks");
@@ -402,16 +402,79 @@ fn aggregators_form_a_tree() {
     };
     let want = (n as usize, n * (n + 1) / 2, 8 * n * (n + 1) / 2);
     assert_eq!(
-        calls_of(&big_report(&mid_url)),
+        calls_of(&big_report(&mid_url).expect("the job at the middle")),
         want,
         "at the middle aggregator"
     );
     wait_until("10,000 ranks at the top", Duration::from_mins(1), || {
-        calls_of(&big_report(&top_url)) == want
+        big_report(&top_url).is_some_and(|p| calls_of(&p) == want)
     });
 
+    // The top lost (SIGKILL) and replaced by one with an empty database: the middle's new
+    // stream starts with everything it holds, changed or not, and after that carries only
+    // what changed (the 10,000 ranks, final, are not pushed again and again).
+    // SAFETY: kill(2) of the aggregator we spawned.
+    unsafe { libc::kill(top.0.id() as i32, libc::SIGKILL) };
+    let mut top = top;
+    top.wait_with_limit(LIMIT);
+    let top_metrics = free_port();
+    let new_top_scratch = Scratch::new("aggregator-new-top");
+    let new_top = spawn_commtap(
+        &new_top_scratch,
+        &[
+            "aggregator",
+            "--listen",
+            &top_addr,
+            "--insecure-tcp",
+            "--db",
+            path_str(&scratch.path("new-top.redb")),
+            "--metrics-addr",
+            &top_metrics,
+            "--metrics-insecure",
+        ],
+    );
+    wait_until("everything at the new top", Duration::from_mins(1), || {
+        big_report(&top_url).is_some_and(|p| calls_of(&p) == want)
+    });
+    let small = scratch.path("new-top.json");
+    let r = commtap(&[
+        "report",
+        "--from",
+        &top_url,
+        "--job",
+        &job_id,
+        "--format",
+        "json",
+        "-o",
+        path_str(&small),
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert_profile_matches(&read_json(&small), &truths, &["MPI_Finalize"]);
+    let pushed = |outcome: &str| -> u64 {
+        let m = http_get(&top_metrics, "/metrics");
+        let name = format!("commtap_aggregator_snapshots_total{{outcome=\"{outcome}\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(name.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {m}"))
+    };
+    // The daemon's two exited ranks are snapshotted anew at every push (2 a push): wait
+    // for 10 more pushes of the middle's.
+    let (accepted, stale) = (pushed("accepted"), pushed("stale"));
+    wait_until(
+        "10 more pushes at the new top",
+        Duration::from_mins(1),
+        || pushed("accepted") >= accepted + 20,
+    );
+    // Everything again at most once in those (once every 60 pushes), not 10 times.
+    let again = pushed("stale") - stale;
+    assert!(
+        again < 2 * n,
+        "the middle pushed {again} unchanged snapshots again"
+    );
+
     daemon.stop(&daemon_scratch);
-    for (s, a) in [(&mid_scratch, mid), (&top_scratch, top)] {
+    for (s, a) in [(&mid_scratch, mid), (&new_top_scratch, new_top)] {
         // SAFETY: kill(2) of an aggregator we spawned.
         unsafe { libc::kill(a.0.id() as i32, libc::SIGTERM) };
         let run = finish_commtap(s, a, Duration::from_mins(1));

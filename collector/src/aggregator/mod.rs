@@ -62,13 +62,27 @@ pub struct AggregatorOptions {
 }
 
 /// The store as a source of snapshots for a higher aggregator.
-struct StoreSource(Arc<Mutex<Store>>);
+struct StoreSource {
+    store: Arc<Mutex<Store>>,
+    /// The store's generation at the last batch.
+    pushed: std::sync::atomic::AtomicU64,
+}
 
 #[tonic::async_trait]
 impl SnapshotSource for StoreSource {
-    async fn batch(&self) -> pb::PushSnapshotsRequest {
+    async fn batch(&self, everything: bool) -> pb::PushSnapshotsRequest {
+        use std::sync::atomic::Ordering::Relaxed;
+        // Only what changed: a relay that holds a week of jobs does not push them all
+        // every interval, and the aggregator above merges each snapshot once.
+        let after = if everything {
+            0
+        } else {
+            self.pushed.load(Relaxed)
+        };
+        let (processes, now) = self.store.lock().await.changed_since(after);
+        self.pushed.store(now, Relaxed);
         pb::PushSnapshotsRequest {
-            processes: self.0.lock().await.all(),
+            processes,
             ..Default::default()
         }
     }
@@ -463,7 +477,10 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
     let expiry = tokio::spawn(expire_every(store.clone(), opts.retain, shutdown.clone()));
     let upstream = opts.upstream.clone().map(|(target, every)| {
         tokio::spawn(push::run(
-            Arc::new(StoreSource(store.clone())),
+            Arc::new(StoreSource {
+                store: store.clone(),
+                pushed: 0.into(),
+            }),
             target,
             every,
             shutdown.clone(),

@@ -93,7 +93,7 @@ pub fn prepare(batch: Vec<pb::ProcessSnapshot>) -> Result<Prepared, StoreError> 
         .into_iter()
         .map(|wire| {
             let key = check(&wire).map_err(|e| StoreError::Invalid(e.into()))?;
-            Ok((key, entry(&wire), wire.encode_to_vec()))
+            Ok((key, entry(&wire, 0), wire.encode_to_vec()))
         })
         .collect::<Result<_, _>>()
         .map(Prepared)
@@ -108,6 +108,8 @@ pub struct Entry {
     exited: bool,
     /// When the aggregator last took a snapshot of it (at start: when it was loaded).
     updated: std::time::Instant,
+    /// The store's generation when that snapshot was committed.
+    generation: u64,
 }
 
 /// Whether a snapshot taken at `new` replaces one taken at `old` (the merge rule: the later
@@ -125,6 +127,10 @@ pub struct Store {
     /// The processes of each job: a job's report and the job list read these, never the
     /// whole store.
     by_job: BTreeMap<String, BTreeSet<ProcessKey>>,
+    /// 1 for what was on disk at start, then one more per commit that accepted anything:
+    /// each entry carries the generation it came in, so a relay pushes upstream only what
+    /// changed since its last push.
+    generation: u64,
 }
 
 impl Store {
@@ -141,7 +147,7 @@ impl Store {
             let wire = pb::ProcessSnapshot::decode(encoded.as_slice())
                 .map_err(|e| StoreError::Corrupt(std::sync::Arc::new(e)))?;
             let key = check(&wire).map_err(|e| StoreError::Corrupt(std::sync::Arc::new(e)))?;
-            let e = entry(&wire);
+            let e = entry(&wire, 1);
             by_job.entry(e.job.clone()).or_default().insert(key.clone());
             processes.insert(key, e);
         }
@@ -152,6 +158,7 @@ impl Store {
             path: path.to_path_buf(),
             processes,
             by_job,
+            generation: 1,
         })
     }
 
@@ -222,7 +229,11 @@ impl Store {
             }
         }
         txn.commit().map_err(db_err)?;
-        for (key, entry) in accepted_now {
+        if !accepted_now.is_empty() {
+            self.generation += 1;
+        }
+        for (key, mut entry) in accepted_now {
+            entry.generation = self.generation;
             self.index(&key, &entry.job);
             self.processes.insert(key, entry);
         }
@@ -294,10 +305,16 @@ impl Store {
         Ok(())
     }
 
-    /// Every snapshot as it was received (original node keys and clocks), for pushing to a
-    /// higher aggregator, which then merges exactly as this one did.
-    pub fn all(&self) -> Vec<pb::ProcessSnapshot> {
-        self.read_keys(self.processes.keys())
+    /// The snapshots committed after generation `after` (0: every one) as they were
+    /// received (original node keys and clocks), and the generation now: what a relay
+    /// pushes to a higher aggregator, which then merges exactly as this one did.
+    pub fn changed_since(&self, after: u64) -> (Vec<pb::ProcessSnapshot>, u64) {
+        let keys = self
+            .processes
+            .iter()
+            .filter(|(_, e)| e.generation > after)
+            .map(|(k, _)| k);
+        (self.read_keys(keys), self.generation)
     }
 
     /// The stored snapshots of `keys` (unreadable ones are skipped: they were checked on
@@ -361,9 +378,10 @@ impl Store {
     }
 }
 
-fn entry(wire: &pb::ProcessSnapshot) -> Entry {
+fn entry(wire: &pb::ProcessSnapshot, generation: u64) -> Entry {
     let rank = wire.rank.as_ref();
     Entry {
+        generation,
         taken_ns: wire.taken_ns,
         job: rank.map(|r| r.job.clone()).unwrap_or_default(),
         exited: rank.is_some_and(|r| r.exited),
@@ -529,6 +547,37 @@ mod tests {
         assert_eq!(calls(&store), 12);
         assert_eq!(store.job("j").unwrap().ranks.len(), 2);
         assert!(store.job("other").is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_relay_is_given_only_what_changed_since_its_last_push() {
+        let dir = std::env::temp_dir().join(format!("commtap-store-gen-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("agg.redb");
+        let _ = std::fs::remove_file(&path);
+        let mut store = Store::open(&path).unwrap();
+        let pids = |v: &[pb::ProcessSnapshot]| v.iter().map(|p| p.pid).collect::<Vec<_>>();
+        let (none, start) = store.changed_since(0);
+        assert!(none.is_empty());
+        store
+            .merge(vec![snap("a", 1, 20, 7), snap("b", 2, 5, 3)])
+            .unwrap();
+        let (all, first) = store.changed_since(0);
+        assert_eq!(pids(&all), [1, 2]);
+        assert!(first > start);
+        // Stale snapshots change nothing, so nothing is to be pushed again.
+        store.merge(vec![snap("a", 1, 10, 4)]).unwrap();
+        assert_eq!(store.changed_since(first), (Vec::new(), first));
+        store.merge(vec![snap("b", 2, 6, 5)]).unwrap();
+        let (changed, second) = store.changed_since(first);
+        assert_eq!(pids(&changed), [2]);
+        assert_eq!(changed[0].taken_ns, 6);
+        assert_eq!(store.changed_since(second).0, Vec::new());
+        drop(store);
+        // After a restart, what was on disk is all of one generation.
+        let store = Store::open(&path).unwrap();
+        assert_eq!(pids(&store.changed_since(0).0), [1, 2]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -266,7 +266,8 @@ impl NodeState {
 
 #[tonic::async_trait]
 impl SnapshotSource for NodeState {
-    async fn batch(&self) -> pb::PushSnapshotsRequest {
+    // A node holds only its own processes: it sends them all every time.
+    async fn batch(&self, _everything: bool) -> pb::PushSnapshotsRequest {
         let profile = self
             .snapshot(&pb::ProcessFilter::default(), Caller::Any)
             .await;
