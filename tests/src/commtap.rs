@@ -135,6 +135,9 @@ pub struct Daemon {
     pub socket: PathBuf,
     /// `unix://` + socket.
     pub target: String,
+    /// Its peak resident memory once its socket was there, KiB: what it holds before any
+    /// work (BPF maps and the ring buffer are mapped by then).
+    pub started_peak_kib: u64,
 }
 
 impl Daemon {
@@ -163,10 +166,12 @@ impl Daemon {
             socket.exists()
         });
         let target = format!("unix://{}", socket.display());
+        let started_peak_kib = crate::peak_kib(child.0.id());
         Daemon {
             child,
             socket,
             target,
+            started_peak_kib,
         }
     }
 

@@ -343,8 +343,8 @@ fn metrics_show_a_user_only_their_own_jobs() {
 /// A node with 10,000 ranks, each with a command line at the 4 KiB cap and 16 routines:
 /// more than one gRPC reply may hold (64 MiB). `report` reads them page by page, each rank
 /// once; `ps` still answers in time, and a real job beside them is counted exactly. The
-/// daemon holds those 10,000 profiles (about 150 MiB here), so its bound is raised by
-/// that; paging copies one page at a time.
+/// daemon holds those 10,000 profiles (about 290 MiB here, at its start), so its bound is
+/// raised by that; serving them takes a copy of each at most (about 220 MiB more here).
 #[test]
 fn ten_thousand_ranks_are_reported_page_by_page() {
     const RANKS: usize = 10_000;
@@ -384,7 +384,13 @@ fn ten_thousand_ranks_are_reported_page_by_page() {
     }
     // Each rank holds 16 routines x 4 size buckets with their duration histograms (about
     // 110 bytes each, stored and served): 90 MiB of the peak, beside 40 MiB of command lines.
-    assert_healthy_within(&scratch, &daemon, DAEMON_PEAK_LIMIT_KIB + (384 << 10));
+    // Serving them may grow the daemon by what they take, not more (its own 64 MiB aside).
+    assert_healthy_within(
+        &scratch,
+        &daemon,
+        DAEMON_PEAK_LIMIT_KIB + (384 << 10),
+        daemon.started_peak_kib.saturating_sub(64 << 10),
+    );
     daemon.stop(&scratch);
 }
 
