@@ -39,8 +39,8 @@ enum Cmd {
     /// the figures to target/bench/.
     Bench {
         /// Only this part (repeatable): per-call, call-rate, daemon, trace-rates, startup,
-        /// lammps, aggregator, aggregator-load. Its figures go to target/bench/PART.txt, leaving the
-        /// full run's.
+        /// lammps, aggregator, aggregator-load, aggregator-tree. Its figures go to
+        /// target/bench/PART.txt, leaving the full run's.
         #[arg(long)]
         only: Vec<String>,
     },

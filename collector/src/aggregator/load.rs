@@ -2,7 +2,8 @@
 //! daemons pushing to a running aggregator over gRPC, each from an address of its own (as
 //! nodes do, so the aggregator's per-caller limits apply to each), each pushing every
 //! interval the cumulative snapshot of its ranks; the time from each push to the
-//! aggregator's answer (the batch merged and durable) is the push latency.
+//! aggregator's answer (the batch merged and durable) is the push latency. With `--nodes`,
+//! each pusher is a lower aggregator of a tree relaying that many nodes' ranks.
 
 use std::{
     net::{Ipv4Addr, SocketAddr},
@@ -31,11 +32,13 @@ struct Outcomes {
     accepted: u64,
 }
 
-/// Runs `daemons` simulated daemons of `ranks` ranks against the aggregator at `to` for
-/// `seconds`, pushing every `every`; prints one line of JSON.
+/// Runs `daemons` simulated pushers, each of `nodes` nodes of `ranks` ranks (a daemon when
+/// `nodes` is 1, a relay otherwise), against the aggregator at `to` for `seconds`, pushing
+/// every `every`; prints one line of JSON.
 pub async fn run(
     to: SocketAddr,
     daemons: u32,
+    nodes: u32,
     ranks: u32,
     seconds: u64,
     every: Duration,
@@ -58,7 +61,7 @@ pub async fn run(
         tasks.push(tokio::spawn(async move {
             let node = format!("load{daemons}-{d:05}");
             if let Err(e) = daemon(
-                d, &node, to, ranks, &routines, offset, every, until, &outcomes,
+                d, &node, to, nodes, ranks, &routines, offset, every, until, &outcomes,
             )
             .await
             {
@@ -87,7 +90,7 @@ pub async fn run(
             .map_or(0.0, |ns| *ns as f64 / 1e6)
     };
     println!(
-        "{{\"daemons\": {daemons}, \"ranks_per_daemon\": {ranks}, \"interval_s\": {}, \"seconds\": {wall:.1}, \
+        "{{\"daemons\": {daemons}, \"nodes_per_daemon\": {nodes}, \"ranks_per_node\": {ranks}, \"interval_s\": {}, \"seconds\": {wall:.1}, \
          \"pushes\": {}, \"pushes_per_second\": {:.0}, \"snapshots_accepted\": {}, \
          \"latency_ms\": {{\"p50\": {:.1}, \"p90\": {:.1}, \"p99\": {:.1}, \"max\": {:.1}}}, \"errors\": {}}}",
         every.as_secs_f64(),
@@ -103,12 +106,14 @@ pub async fn run(
     Ok(())
 }
 
-/// One simulated daemon: its own source address, a push every `every` until `until`.
+/// One simulated daemon (or relay of `nodes` nodes): its own source address, a push every
+/// `every` until `until`.
 #[allow(clippy::too_many_arguments)]
 async fn daemon(
     d: u32,
     node: &str,
     to: SocketAddr,
+    nodes: u32,
     ranks: u32,
     routines: &[String],
     offset: Duration,
@@ -137,9 +142,17 @@ async fn daemon(
     while Instant::now() < until {
         tick.tick().await;
         round += 1;
-        let processes = (0..ranks)
-            .map(|i| {
-                let mut rank = synthetic_rank(d * ranks + i, 1000 + i, node, routines, 4);
+        let processes = (0..nodes)
+            .flat_map(|n| (0..ranks).map(move |i| (n, i)))
+            .map(|(n, i)| {
+                // A relay's nodes: named after it, numbered.
+                let node = if nodes == 1 {
+                    node.to_string()
+                } else {
+                    format!("{node}-{n:04}")
+                };
+                let mut rank =
+                    synthetic_rank((d * nodes + n) * ranks + i, 1000 + i, &node, routines, 4);
                 rank.job = "load".into();
                 // Cumulative: every push carries more calls than the last.
                 for r in rank.routines.values_mut() {
@@ -147,7 +160,7 @@ async fn daemon(
                 }
                 to_wire(&Snapshot {
                     key: ProcessKey {
-                        node: node.to_string(),
+                        node,
                         pid: 1000 + i,
                         start_ticks: 7,
                         boot_id: String::new(),
@@ -157,13 +170,19 @@ async fn daemon(
                 })
             })
             .collect();
+        // A relay's pushes name no node of their own, and travel in bounded messages.
         let batch = pb::PushSnapshotsRequest {
             processes,
-            node: node.to_string(),
+            node: if nodes == 1 {
+                node.to_string()
+            } else {
+                String::new()
+            },
             ..Default::default()
         };
+        let batch = crate::push::split(batch, crate::api::PUSH_MESSAGE_BYTES);
         let sent = Instant::now();
-        let answer = client.push_snapshots(tokio_stream::iter([batch])).await;
+        let answer = client.push_snapshots(tokio_stream::iter(batch)).await;
         let took = sent.elapsed().as_nanos() as u64;
         let mut o = outcomes
             .lock()

@@ -69,7 +69,7 @@ const STACKS: &[Stack] = &[
 type Sample = (f64, f64);
 
 /// The parts of the benchmark, as `--only` names them.
-pub const SECTIONS: [&str; 8] = [
+pub const SECTIONS: [&str; 9] = [
     "per-call",
     "call-rate",
     "daemon",
@@ -78,6 +78,7 @@ pub const SECTIONS: [&str; 8] = [
     "lammps",
     "aggregator",
     "aggregator-load",
+    "aggregator-tree",
 ];
 
 /// Runs the benchmark (the `only` sections, or all) and writes
@@ -174,6 +175,21 @@ pub fn run(root: &Path, only: &[String]) -> Result<()> {
             aggregator_load::SECONDS_EACH
         );
         json.push(format!("  {{\"aggregator_load\": {load}}}"));
+    }
+    if want("aggregator-tree") {
+        let tree = aggregator_load::run_tree(&commtap, &out)?;
+        let _ = writeln!(
+            report,
+            "a tree of aggregators (relays push upstream every {} s, only what changed): a real \
+             relay under {} simulated daemons ({} s), then the root under simulated relays of {} \
+             nodes of 8 ranks ({} s per level): {tree}",
+            aggregator_load::RELAY_INTERVAL_S,
+            aggregator_load::NODES_PER_RELAY,
+            aggregator_load::SECONDS_EACH,
+            aggregator_load::NODES_PER_RELAY,
+            aggregator_load::ROOT_SECONDS
+        );
+        json.push(format!("  {{\"aggregator_tree\": {tree}}}"));
     }
     print!("{report}");
     let name = if only.is_empty() {

@@ -152,10 +152,11 @@ pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Resu
         Command::BenchPush {
             to,
             daemons,
+            nodes,
             ranks,
             seconds,
             interval,
-        } => aggregator::load::run(to, daemons, ranks, seconds, interval).await?,
+        } => aggregator::load::run(to, daemons, nodes, ranks, seconds, interval).await?,
         Command::BenchAggregator {
             daemons,
             ranks_per_daemon,

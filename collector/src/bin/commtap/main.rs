@@ -225,7 +225,10 @@ enum Command {
         /// Simulated daemons, each from an address of its own (127.1.x.y).
         #[arg(long, default_value_t = 1000)]
         daemons: u32,
-        /// Ranks per daemon.
+        /// Nodes each simulated daemon pushes for (more than 1: it is a relay of a tree).
+        #[arg(long, default_value_t = 1)]
+        nodes: u32,
+        /// Ranks per node.
         #[arg(long, default_value_t = 8)]
         ranks: u32,
         /// How long.
