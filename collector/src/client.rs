@@ -160,8 +160,8 @@ pub async fn print_processes(from: &Target, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:>8} {:>6} {:<12} {:<8} {:<20} COMMAND",
-        "PID", "RANK", "JOB", "STATE", "CONTAINER"
+        "{:>8} {:>6} {:<12} {:<8} {:<20} {:<28} COMMAND",
+        "PID", "RANK", "JOB", "STATE", "CONTAINER", "PROBES (EST. COST, TOP)"
     );
     for p in &resp.processes {
         let rank = p.rank.map_or_else(|| "-".into(), |r| r.to_string());
@@ -174,12 +174,15 @@ pub async fn print_processes(from: &Target, json: bool) -> Result<()> {
             },
         );
         println!(
-            "{:>8} {:>6} {:<12} {:<8} {:<20} {}",
+            "{:>8} {:>6} {:<12} {:<8} {:<20} {:<28} {}",
             p.pid,
             rank,
             printable(&p.job),
             state(p),
             printable(&container),
+            p.probe_cost
+                .as_ref()
+                .map_or_else(|| "-".into(), probe_cost_text),
             printable(shortened(&p.cmdline, PS_COMMAND_CHARS))
         );
     }
@@ -192,6 +195,16 @@ pub async fn print_processes(from: &Target, json: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A process's probes' estimated cost for `ps`: its share of the process's time so far,
+/// and the routine that costs most (`1.2% MPI_Iprobe`).
+fn probe_cost_text(c: &pb::ProbeCost) -> String {
+    let share = 100.0 * c.estimated_ns as f64 / c.elapsed_ns.max(1) as f64;
+    match c.routines.first() {
+        Some(r) => format!("{share:.1}% {}", printable(&r.routine)),
+        None => format!("{share:.1}%"),
+    }
 }
 
 /// Where a process the daemon knows stands, as `ps` and `attach` say it.
@@ -209,6 +222,12 @@ fn process_json(p: &pb::ProcessState) -> serde_json::Value {
         "pid": p.pid, "rank": p.rank, "job": p.job, "state": state(p), "cmdline": p.cmdline,
         "container": p.container.as_ref().map(|c| serde_json::json!({
             "pid": c.pid, "cgroup": c.cgroup, "id": c.id,
+        })),
+        "probe_cost": p.probe_cost.as_ref().map(|c| serde_json::json!({
+            "estimated_ns": c.estimated_ns, "elapsed_ns": c.elapsed_ns,
+            "routines": c.routines.iter().map(|r| serde_json::json!({
+                "routine": r.routine, "estimated_ns": r.estimated_ns,
+            })).collect::<Vec<_>>(),
         })),
     })
 }

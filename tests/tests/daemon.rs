@@ -41,12 +41,63 @@ fn daemon_profiles_every_job_on_the_node_exactly() {
     // Wait until the daemon has seen every rank exit.
     let all: Vec<u64> = truths.iter().flat_map(|t| pids_of(t)).collect();
     wait_for_exited(&target, &all);
+    let mut profiles = Vec::new();
     for truth in &truths {
         let job = truth[0]["pid"].as_u64().expect("pid").to_string();
         let profile = report_json(&["report", "--from", &target, "--job", &job]);
         assert_eq!(profile["job"].as_str(), Some(job.as_str()));
         assert_profile_matches(&profile, truth, &["MPI_Finalize"]);
+        profiles.push(profile);
     }
+
+    // `ps`: each rank's probes' estimated cost, an entry per call (1.2 us) and a return per
+    // timed call (0.9 us) by the counts the profile holds, and its costliest routines.
+    let ps = commtap_output(&["ps", "--from", &target, "--format", "json"]);
+    let ps: serde_json::Value = serde_json::from_slice(&ps.stdout).expect("ps JSON");
+    for rank in profiles
+        .iter()
+        .flat_map(|p| p["ranks"].as_array().expect("ranks"))
+    {
+        let mut by: Vec<(&str, u64)> = rank["routines"]
+            .as_object()
+            .expect("routines")
+            .iter()
+            .map(|(name, r)| {
+                let calls = r["calls"].as_u64().expect("calls");
+                let timed = r["sampled_time"]["timed_calls"].as_u64().unwrap_or(calls);
+                (name.as_str(), calls * 1_200 + timed * 900)
+            })
+            .collect();
+        by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        let listed = ps["processes"]
+            .as_array()
+            .expect("processes")
+            .iter()
+            .find(|p| p["pid"] == rank["pid"])
+            .unwrap_or_else(|| panic!("pid {} not in {ps}", rank["pid"]));
+        let cost = &listed["probe_cost"];
+        assert_eq!(
+            cost["estimated_ns"].as_u64(),
+            Some(by.iter().map(|(_, ns)| ns).sum::<u64>()),
+            "{listed}"
+        );
+        assert_eq!(cost["elapsed_ns"], rank["elapsed_ns"], "{listed}");
+        let top: Vec<(&str, u64)> = cost["routines"]
+            .as_array()
+            .expect("routines")
+            .iter()
+            .map(|r| {
+                (
+                    r["routine"].as_str().expect("routine"),
+                    r["estimated_ns"].as_u64().expect("ns"),
+                )
+            })
+            .collect();
+        assert_eq!(top, by[..3], "{listed}");
+    }
+    let text = commtap_output(&["ps", "--from", &target]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("PROBES (EST. COST, TOP)"), "{text}");
 
     // A client nobody here wrote: Python stubs generated from the proto, standard health
     // and reflection clients, malformed and oversized requests.

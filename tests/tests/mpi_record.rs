@@ -868,8 +868,9 @@ fn a_real_application_never_notices_and_is_profiled() {
 /// anew: the Allreduces before it are left out), `MPI_Pcontrol(0)` pauses it (the Barriers
 /// then are left out), the region's counts equal what the program did inside its two
 /// intervals, exactly (each bound read while the kernel held the process at the call:
-/// none late); the JSON profile keeps the whole run beside it; the mpitrace files, the
-/// text report and the HTML report's region section show the region, as mpitrace does.
+/// none late), per routine and per peer; the JSON profile keeps the whole run beside it;
+/// the mpitrace files, the text report and the HTML report's region section show the
+/// region, as mpitrace does (the text report's peer matrix both).
 #[test]
 fn mpi_pcontrol_marks_the_region_the_reports_show_and_the_json_keeps_both() {
     for mpi in [Mpi::OpenMpi, Mpi::Mpich] {
@@ -911,6 +912,9 @@ fn mpi_pcontrol_marks_the_region_the_reports_show_and_the_json_keeps_both() {
             );
             assert_eq!(region["intervals"], truth["intervals"], "{region:#}");
             assert_eq!(region["late_bounds"], 0, "{region:#}");
+            // Per peer too: the ring's traffic inside the region, and in the whole run.
+            assert_eq!(region["peers"], truth["region_peers"], "{mpi:?} pid {pid}");
+            assert_eq!(rank["peers"], truth["peers"], "{mpi:?} pid {pid}");
             // The rank's mpitrace file: the region's table.
             let file = dir.join(format!(
                 "mpi_profile.{}.{}",
@@ -947,6 +951,10 @@ fn mpi_pcontrol_marks_the_region_the_reports_show_and_the_json_keeps_both() {
             section.contains("2 of 2 ranks marked a region"),
             "{section}"
         );
+        assert!(
+            section.contains("<figure class=\"chart\" id=\"region-peers-sent\">"),
+            "{mpi:?}: no heat map of the region's traffic: {section}"
+        );
         let region_allreduces: u64 = truths
             .iter()
             .map(|t| {
@@ -962,10 +970,15 @@ fn mpi_pcontrol_marks_the_region_the_reports_show_and_the_json_keeps_both() {
             "{mpi:?}: {region_allreduces} Allreduces in the region: {section}"
         );
         let text = commtap_output(&["report", "--profile", path_str(&out)]);
-        assert!(
-            String::from_utf8_lossy(&text.stdout).contains("2 interval(s)"),
-            "{}",
-            String::from_utf8_lossy(&text.stdout)
-        );
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(text.contains("2 interval(s)"), "{text}");
+        // Both matrices: the region's, then the whole run's.
+        let region_matrix = text
+            .find("Point-to-point bytes sent within the profiled region")
+            .unwrap_or_else(|| panic!("no region matrix: {text}"));
+        let whole_matrix = text
+            .find("Point-to-point bytes sent, by rank")
+            .unwrap_or_else(|| panic!("no whole-run matrix: {text}"));
+        assert!(region_matrix < whole_matrix, "{text}");
     }
 }

@@ -71,6 +71,16 @@ pub fn job_profile(
     assemble(ranks, probes, not_profiled, job_ids)
 }
 
+/// Where a process's profiled time starts (monotonic ns): its `MPI_Init`'s return, or
+/// when it was first counted if that came later (attached mid-run).
+pub fn counted_from(t: &Tracked, ps: &ProcStats) -> u64 {
+    if ps.init_ns != 0 {
+        ps.init_ns.max(t.since_ns)
+    } else {
+        t.since_ns
+    }
+}
+
 /// One process's profile; its `job` holds the job key (see [`job_key`]) until
 /// [`assemble`] names the job.
 fn rank_profile(
@@ -86,11 +96,7 @@ fn rank_profile(
     let mut health: stats::Health = ps.into();
     health.fabric_unresolved = stats::fabric_unresolved(pid, &c.all);
     health.events = events;
-    let start = if ps.init_ns != 0 {
-        ps.init_ns.max(t.since_ns)
-    } else {
-        t.since_ns
-    };
+    let start = counted_from(t, ps);
     let end = if ps.finalize_ns != 0 {
         ps.finalize_ns
     } else {
@@ -100,10 +106,10 @@ fn rank_profile(
         pid,
         ..Default::default()
     });
-    let start = if start == 0 { ps.init_ns } else { start };
     let (peers, comm_ranks) = stats::peers_of(pid, &c.peers, comm_name);
     let mine = c.all.iter().filter(|(k, ..)| k.tgid == pid);
-    let region = t.region.counts(mine, end, start).map(|r| {
+    let my_peers = c.peers.iter().filter(|(k, _)| k.tgid == pid);
+    let region = t.region.counts(mine, my_peers, end, start).map(|r| {
         let mut routines = stats::routines_of(pid, &r.counters, &[]);
         routines.remove("MPI_Pcontrol");
         Box::new(RegionProfile {
@@ -112,6 +118,7 @@ fn rank_profile(
             comm_time_ns: stats::communication_ns(&routines),
             late_bounds: r.late_bounds,
             routines,
+            peers: stats::peers_of(pid, &r.peers, comm_name).0,
         })
     });
     RankProfile {

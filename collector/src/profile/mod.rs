@@ -83,6 +83,9 @@ pub struct RegionProfile {
     pub late_bounds: u32,
     /// Per routine, inside it (`MPI_Pcontrol`'s own calls left out).
     pub routines: Routines,
+    /// Point-to-point traffic per peer, inside it (as the rank's `peers`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<crate::stats::PeerTraffic>,
 }
 
 impl RankProfile {
@@ -94,14 +97,18 @@ impl RankProfile {
 
     /// [`RankProfile::estimated_probe_ns`] per routine, the costliest first.
     pub fn estimated_probe_ns_by_routine(&self) -> Vec<(&str, u64)> {
-        let mut by: Vec<(&str, u64)> = self
-            .routines
-            .iter()
-            .map(|(name, r)| (name.as_str(), routine_probe_ns(r)))
-            .collect();
-        by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-        by
+        probe_ns_by_routine(&self.routines)
     }
+}
+
+/// The probes' estimated cost of each routine of `routines`, the costliest first.
+pub fn probe_ns_by_routine(routines: &Routines) -> Vec<(&str, u64)> {
+    let mut by: Vec<(&str, u64)> = routines
+        .iter()
+        .map(|(name, r)| (name.as_str(), routine_probe_ns(r)))
+        .collect();
+    by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    by
 }
 
 /// The probes' estimated cost of one routine's calls: an entry each, a return each timed.
@@ -165,17 +172,17 @@ pub struct JobProfile {
 impl JobProfile {
     /// Places the traffic its ranks had with peers named by their rank in another
     /// communicator on those peers' world ranks, where a rank of this profile says it is
-    /// that rank there (its `comm_ranks`). What no rank claims, or two claim, stays as it
-    /// is: a later merge (the aggregator's, of the nodes) may place it. Placing twice
-    /// changes nothing.
+    /// that rank there (its `comm_ranks`), in the whole run and in their regions. What no
+    /// rank claims, or two claim, stays as it is: a later merge (the aggregator's, of the
+    /// nodes) may place it. Placing twice changes nothing.
     pub fn place_peers_on_world_ranks(&mut self) {
         use std::collections::HashMap;
         // (job, communicator, rank there) -> world rank; None where two ranks claim it.
         // Names are alike in every job that made its communicators alike: keyed by job too.
-        let mut at: HashMap<(&str, &str, u32), Option<u32>> = HashMap::new();
+        let mut at: HashMap<(String, String, u32), Option<u32>> = HashMap::new();
         for r in self.ranks.iter().filter(|r| r.rank_known) {
             for c in &r.comm_ranks {
-                at.entry((r.job.as_str(), c.comm.as_str(), c.rank))
+                at.entry((r.job.clone(), c.comm.clone(), c.rank))
                     .and_modify(|w| {
                         if *w != Some(r.rank) {
                             *w = None;
@@ -184,28 +191,36 @@ impl JobProfile {
                     .or_insert(Some(r.rank));
             }
         }
-        // Where each rank's traffic goes: (rank index, peer index, world rank).
-        let moves: Vec<(usize, usize, u32)> = self
-            .ranks
-            .iter()
-            .enumerate()
-            .flat_map(|(i, r)| {
-                let at = &at;
-                r.peers.iter().enumerate().filter_map(move |(j, p)| {
-                    let (comm, peer) = (p.comm.as_deref()?, p.peer?);
-                    Some((i, j, (*at.get(&(r.job.as_str(), comm, peer))?)?))
-                })
-            })
-            .collect();
-        for &(i, j, world) in &moves {
-            let p = &mut self.ranks[i].peers[j];
-            p.peer = Some(world);
+        for r in &mut self.ranks {
+            let job = r.job.as_str();
+            place_peers(&mut r.peers, job, &at);
+            if let Some(g) = r.region.as_mut() {
+                place_peers(&mut g.peers, job, &at);
+            }
+        }
+    }
+}
+
+/// Places `peers` (of a rank of `job`) named by a rank in another communicator on the
+/// world rank `at` says is that rank there.
+fn place_peers(
+    peers: &mut Vec<crate::stats::PeerTraffic>,
+    job: &str,
+    at: &std::collections::HashMap<(String, String, u32), Option<u32>>,
+) {
+    let mut moved = false;
+    for p in peers.iter_mut() {
+        let (Some(comm), Some(peer)) = (p.comm.as_deref(), p.peer) else {
+            continue;
+        };
+        if let Some(Some(world)) = at.get(&(job.to_string(), comm.to_string(), peer)) {
+            p.peer = Some(*world);
             p.comm = None;
+            moved = true;
         }
-        let touched: std::collections::BTreeSet<usize> = moves.iter().map(|m| m.0).collect();
-        for i in touched {
-            crate::stats::PeerTraffic::tidy(&mut self.ranks[i].peers);
-        }
+    }
+    if moved {
+        crate::stats::PeerTraffic::tidy(peers);
     }
 }
 
@@ -250,7 +265,8 @@ impl JobTotals {
 
 impl JobProfile {
     /// The profile as mpitrace shows it: each rank that called `MPI_Pcontrol` by its region
-    /// alone (its routines, elapsed and communication time); None when none did.
+    /// alone (its routines, elapsed and communication time, per-peer traffic); None when
+    /// none did.
     pub fn profiled_region(&self) -> Option<JobProfile> {
         if self.ranks.iter().all(|r| r.region.is_none()) {
             return None;
@@ -261,6 +277,7 @@ impl JobProfile {
                 r.routines.clone_from(&g.routines);
                 r.elapsed_ns = g.elapsed_ns;
                 r.comm_time_ns = g.comm_time_ns;
+                r.peers.clone_from(&g.peers);
             }
         }
         Some(view)

@@ -549,7 +549,7 @@ fn render_containers(o: &mut String, job: &JobProfile) {
 pub fn render_text(whole: &JobProfile) -> String {
     let mut o = String::new();
     // Ranks that called MPI_Pcontrol are shown by their region, as mpitrace shows them;
-    // per-peer traffic and who-is-late cover the whole run.
+    // per-peer traffic both ways, who-is-late over the whole run.
     let region = whole.profiled_region();
     let job = region.as_ref().unwrap_or(whole);
     let summary = job.comm_summary();
@@ -566,7 +566,13 @@ pub fn render_text(whole: &JobProfile) -> String {
     o.push_str(&render_summary(job));
     render_containers(&mut o, job);
     o.push_str(&super::durations::render_durations(job));
-    o.push_str(&super::peers::render_peers(whole));
+    if let Some(region) = &region {
+        o.push_str(&super::peers::render_peers(
+            region,
+            " within the profiled region (ranks that marked none: the whole run)",
+        ));
+    }
+    o.push_str(&super::peers::render_peers(whole, ""));
     if let Some(skew) = &whole.skew {
         o.push_str(&super::skew::render_text(skew));
     }

@@ -9,8 +9,9 @@ const MATRIX_RANKS: usize = 64;
 /// Peers listed per rank past [`MATRIX_RANKS`].
 const TOP_PEERS: usize = 5;
 
-/// The text section, empty when no rank has per-peer traffic.
-pub fn render_peers(job: &JobProfile) -> String {
+/// The text section, empty when no rank has per-peer traffic; `within` says what part of
+/// the run it covers (empty: the whole run).
+pub fn render_peers(job: &JobProfile, within: &str) -> String {
     let mut o = String::new();
     if job.ranks.iter().all(|r| r.peers.is_empty()) {
         return o;
@@ -21,7 +22,7 @@ pub fn render_peers(job: &JobProfile) -> String {
     );
     let _ = writeln!(
         o,
-        "Point-to-point bytes sent, by rank (row) to world rank (column):"
+        "Point-to-point bytes sent{within}, by rank (row) to world rank (column):"
     );
     let _ = writeln!(o);
     let sent = |r: &crate::profile::RankProfile, to: u32| {

@@ -314,16 +314,24 @@ impl Session {
                 ts_ns,
             } => {
                 // Read while the kernel holds the process at the call: the region's bound.
-                let counters: Vec<_> = self
-                    .probes
-                    .read_counters()
-                    .into_iter()
-                    .filter(|(k, ..)| k.tgid == pid)
-                    .collect();
+                let now = crate::stats::region::Reading {
+                    counters: self
+                        .probes
+                        .read_counters()
+                        .into_iter()
+                        .filter(|(k, ..)| k.tgid == pid)
+                        .collect(),
+                    peers: self
+                        .probes
+                        .read_peers()
+                        .into_iter()
+                        .filter(|(k, _)| k.tgid == pid)
+                        .collect(),
+                };
                 let init_ns = self.probes.read_proc_stats(pid).init_ns;
                 if let Some(t) = self.tracked.get_mut(&pid) {
                     let origin = init_ns.max(t.since_ns);
-                    t.region.control(level, ts_ns, counters, paused, origin);
+                    t.region.control(level, ts_ns, now, paused, origin);
                 }
                 if paused && self.probes.resume(pid).is_some() {
                     debug!(

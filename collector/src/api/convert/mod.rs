@@ -290,6 +290,7 @@ impl From<&RegionProfile> for pb::RegionProfile {
             comm_time_ns: g.comm_time_ns,
             late_bounds: g.late_bounds,
             routines: routines_to_pb(&g.routines),
+            peers: g.peers.iter().map(Into::into).collect(),
         }
     }
 }
@@ -304,6 +305,7 @@ impl TryFrom<&pb::RegionProfile> for RegionProfile {
             comm_time_ns: g.comm_time_ns,
             late_bounds: g.late_bounds,
             routines: routines_from_pb(&g.routines)?,
+            peers: g.peers.iter().map(Into::into).collect(),
         })
     }
 }

@@ -79,6 +79,12 @@ pub(crate) fn sample() -> JobProfile {
                 comm_time_ns: 2,
                 late_bounds: 1,
                 routines: routines_of(7, &counters[..1], &[]),
+                peers: vec![crate::stats::PeerTraffic {
+                    peer: Some(1),
+                    sent_calls: 1,
+                    sent_bytes: 8,
+                    ..Default::default()
+                }],
             })),
             start_ticks: 99,
             exited: true,

@@ -458,8 +458,9 @@ impl<'a> RankGroups<'a> {
     }
 }
 
-/// The bytes each rank sent each world rank, as a heat map.
-pub fn peers(job: &JobProfile) -> String {
+/// The bytes each rank sent each world rank, as a heat map (its element id `id`; `within`
+/// says what part of the run it covers, empty for the whole run).
+pub fn peers(job: &JobProfile, id: &str, within: &str) -> String {
     if job.ranks.iter().all(|r| r.peers.is_empty()) {
         return String::new();
     }
@@ -480,8 +481,8 @@ pub fn peers(job: &JobProfile) -> String {
     }
     let labels = rows.labels();
     let map = HeatMap {
-        id: "peers-sent".into(),
-        title: "Point-to-point bytes sent, by rank (row) to world rank (column)".into(),
+        id: id.into(),
+        title: format!("Point-to-point bytes sent{within}, by rank (row) to world rank (column)"),
         rows: labels.clone(),
         cols: labels,
         row_desc: "sending rank".into(),

@@ -109,7 +109,11 @@ pub fn render_html(job: &JobProfile, expected: Option<&Expected>) -> String {
             "Call durations, all ranks",
             figures::durations(&routines),
         ),
-        ("peers", "Point-to-point traffic", figures::peers(job)),
+        (
+            "peers",
+            "Point-to-point traffic",
+            figures::peers(job, "peers-sent", ""),
+        ),
         (
             "fabric",
             "libfabric operations under MPI and NCCL calls",
@@ -332,8 +336,8 @@ fn profiled_region(job: &JobProfile) -> String {
     let mut o = format!(
         "<p>{} of {} ranks marked a region with <code>MPI_Pcontrol</code> (1 starts or \
          resumes it, 0 pauses it): the tables below count only what they did inside it, as \
-         mpitrace's files do (ranks that marked none are counted whole). The other sections \
-         cover the whole run.</p>\n<table class=\"region\"><thead><tr><th>rank</th>\
+         mpitrace's files do (ranks that marked none are counted whole), and so does the \
+         point-to-point heat map below. The other sections cover the whole run.</p>\n<table class=\"region\"><thead><tr><th>rank</th>\
          <th>host</th><th>intervals</th><th>time inside (s)</th><th>in MPI (s)</th>\
          <th>bounds read late</th></tr></thead><tbody>",
         marked.len(),
@@ -354,6 +358,11 @@ fn profiled_region(job: &JobProfile) -> String {
     }
     o.push_str("</tbody></table>\n");
     o.push_str(&routine_tables(&job_routines(&view)));
+    o.push_str(&figures::peers(
+        &view,
+        "region-peers-sent",
+        " within the profiled region",
+    ));
     o
 }
 

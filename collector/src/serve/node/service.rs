@@ -56,11 +56,29 @@ impl pb::node_server::Node for NodeService {
         // Each process's job as the profile names it (a claim shared with another user's
         // job is `ID.uUID` there, a launcher's job its rank 0's pid), not the raw claim.
         let jobs = session.job_names();
+        // The counters, read once and grouped by process, for each one's probes' cost.
+        let mut counters: std::collections::BTreeMap<u32, Vec<crate::stats::Counter>> =
+            std::collections::BTreeMap::new();
+        for c in session.probes.read_counters() {
+            counters.entry(c.0.tgid).or_default().push(c);
+        }
+        let now = monotonic_ns();
         let mut processes: Vec<pb::ProcessState> = session
             .tracked
             .iter()
             .filter(|(_, t)| caller.may_see(t.uid()))
-            .map(|(pid, t)| process_state(*pid, t, jobs.get(pid)))
+            .map(|(pid, t)| {
+                let routines = counters
+                    .get(pid)
+                    .map(|c| crate::stats::routines_of(*pid, c, &[]))
+                    .unwrap_or_default();
+                let ps = session.probes.read_proc_stats(*pid);
+                let since = crate::profile::build::counted_from(t, &ps);
+                pb::ProcessState {
+                    probe_cost: probe_cost(&routines, now.saturating_sub(since)),
+                    ..process_state(*pid, t, jobs.get(pid))
+                }
+            })
             .collect();
         let libraries = session
             .library_summaries()
@@ -84,6 +102,7 @@ impl pb::node_server::Node for NodeService {
                 cmdline: f.rank.cmdline.clone(),
                 status: pb::ProcessStatus::Exited as i32,
                 container: f.rank.container.as_deref().map(Into::into),
+                probe_cost: probe_cost(&f.rank.routines, f.rank.elapsed_ns),
             });
         }
         processes.sort_by_key(|p| p.pid);
@@ -367,6 +386,26 @@ fn page_of(size: u32, token: &str) -> Result<Option<Page>, Status> {
 }
 
 /// A tracked process as the API lists it, in `job`.
+/// What `routines`' probes cost a process whose run so far took `elapsed_ns`, by the
+/// budget's estimate; None where it made no call.
+fn probe_cost(routines: &crate::stats::Routines, elapsed_ns: u64) -> Option<pb::ProbeCost> {
+    let by = crate::profile::probe_ns_by_routine(routines);
+    let estimated_ns: u64 = by.iter().map(|(_, ns)| ns).sum();
+    (estimated_ns > 0).then(|| pb::ProbeCost {
+        estimated_ns,
+        elapsed_ns,
+        routines: by
+            .iter()
+            .take(3)
+            .filter(|(_, ns)| *ns > 0)
+            .map(|(routine, ns)| pb::RoutineCost {
+                routine: (*routine).to_string(),
+                estimated_ns: *ns,
+            })
+            .collect(),
+    })
+}
+
 fn process_state(pid: u32, t: &Tracked, job: Option<&String>) -> pb::ProcessState {
     let info = t.info.as_ref();
     pb::ProcessState {
@@ -381,5 +420,6 @@ fn process_state(pid: u32, t: &Tracked, job: Option<&String>) -> pb::ProcessStat
         } else {
             pb::ProcessStatus::NoMpi
         } as i32,
+        probe_cost: None,
     }
 }
