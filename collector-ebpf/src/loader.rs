@@ -36,15 +36,8 @@ const SIGSTOP: u32 = 19;
 #[uprobe]
 pub fn linker_loaded(ctx: ProbeContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if !is_watched(tgid) || is_launcher() {
+    if !is_watched(tgid) {
         return 0;
-    }
-    // SAFETY: reads the monotonic clock.
-    let now = unsafe { bpf_ktime_get_ns() };
-    // Only while userspace is there to continue the process (it renews the lease).
-    match CONFIG.get(0) {
-        Some(c) if now <= c.pause_until_ns => {}
-        _ => return 0,
     }
     // SAFETY: helpers that read this program's own attachment.
     let (at, to_r_debug) = unsafe {
@@ -60,11 +53,31 @@ pub fn linker_loaded(ctx: ProbeContext) -> u32 {
     if unsafe { bpf_probe_read_user(state) } != Ok(RT_CONSISTENT) {
         return 0;
     }
+    pause_to_probe(tgid);
+    0
+}
+
+/// Tells userspace that the current (watched) process maps new objects and pauses it until
+/// they are probed: at a library load, and at an exec, before the new image's dynamic
+/// linker runs (a program's own `ld.so`, a container's or a Spack glibc's, is not the one
+/// probed at start: userspace probes it then, and its loads pause like any other). Only
+/// while userspace is there to continue it (it renews the lease), where nobody notices,
+/// and never a launcher.
+#[inline(always)]
+pub fn pause_to_probe(tgid: u32) {
+    if is_launcher() {
+        return;
+    }
+    // SAFETY: reads the monotonic clock.
+    let now = unsafe { bpf_ktime_get_ns() };
+    match CONFIG.get(0) {
+        Some(c) if now <= c.pause_until_ns => {}
+        _ => return,
+    }
     if !pausable_unnoticed() {
-        return 0;
+        return;
     }
     tell(tgid, now, EventKind::Loaded, 0, true);
-    0
 }
 
 /// Whether the current process is a job launcher (`mpirun`, `orted`, `hydra_pmi_proxy` ...,

@@ -169,7 +169,8 @@ pub fn sched_fork(ctx: TracePointContext) -> u32 {
 }
 
 /// `sched:sched_process_exec`: a watched process replaced its image (rank processes are
-/// usually exec'd by a launcher); userspace rereads its environment and mappings.
+/// usually exec'd by a launcher); userspace rereads its environment and mappings, while
+/// the process waits (paused before its first instruction) where it may.
 #[tracepoint]
 pub fn sched_exec(_ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -180,6 +181,7 @@ pub fn sched_exec(_ctx: TracePointContext) -> u32 {
         // The new image's handles mean something else; its threads keep their task storage.
         crate::cache::bump();
         emit(EventKind::Exec, tgid, 0);
+        crate::loader::pause_to_probe(tgid);
     }
     0
 }

@@ -205,7 +205,7 @@ fn libraries() -> Check {
                 probed.push(format!("{} ({})", path.display(), lib.flavor));
             }
             Ok(LibraryKind::Unsupported(why)) => refused.push(format!("{}: {why}", path.display())),
-            Ok(LibraryKind::Other) => {}
+            Ok(LibraryKind::Other | LibraryKind::Linker(_)) => {}
             Err(e) => refused.push(format!("{}: {e}", path.display())),
         }
     }

@@ -367,6 +367,27 @@ fn a_launched_program_linked_with_an_rpath_is_counted_from_mpi_init() {
     }
 }
 
+/// A program started through a dynamic linker of its own (as a Spack glibc's programs are,
+/// or a container image's: here a copy of the system's `ld.so`, another file, given the
+/// program to run), under `record` pausing at library loads: the process is paused as it
+/// execs, before its first instruction, while its `ld.so` is probed, so the loads of its
+/// libraries pause it too and every call from `MPI_Init` on is counted (before, nothing of
+/// it was: "no MPI calls were recorded").
+#[test]
+fn a_program_started_by_its_own_dynamic_linker_is_counted_from_mpi_init() {
+    for mpi in [Mpi::OpenMpi, Mpi::Mpich] {
+        let scratch = Scratch::new(&format!("own-ld-{}", mpi.suffix()));
+        let ld = scratch.path("ld.so");
+        std::fs::copy("/lib64/ld-linux-x86-64.so.2", &ld).expect("a copy of ld.so");
+        let prog = build_program("mpi_truth.c", mpi);
+        let (out, truth) = (scratch.path("profile.json"), scratch.path("truth"));
+        let args = launch_args(&out, mpi, &[&ld, &prog, &truth]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+        assert_profile_matches(&read_json(&out), &read_truths(&truth, 2), &["MPI_Finalize"]);
+    }
+}
+
 /// Fortran bindings reach the C entry points: counted once, under the C names.
 fn fortran(mpi: Mpi) {
     let scratch = Scratch::new(&format!("fortran-{}", mpi.suffix()));

@@ -12,9 +12,10 @@ use collector_common::{
 use tracing::{debug, info, warn};
 
 use super::{
-    map_err,
+    hook_linker, map_err,
     multi::{self, ProbeKind},
-    AttachError, AttachedLibrary, Probes, MAX_LIBRARIES_PER_UID,
+    AttachError, AttachedLibrary, HookedLinker, Probes, MAX_LIBRARIES_PER_UID, MAX_LINKERS,
+    MAX_LINKERS_PER_UID,
 };
 use crate::symbols::{
     self, file::FileError, Library, LibraryFile, LibraryKind, Placement, ProbePoint,
@@ -98,6 +99,42 @@ impl Probes {
         Ok(counted)
     }
 
+    /// Probes a dynamic linker a process maps that is not the system's (a container image's,
+    /// a Spack glibc's, one a program is started with): from now on its processes pause at
+    /// their library loads too. Within caps: a user's own copies cannot take every place.
+    fn hook_own_linker(&mut self, file: &LibraryFile, hook: symbols::LinkerHook) {
+        if self.linkers.contains_key(&file.identity) {
+            return;
+        }
+        let owner = (file.owner != 0).then_some(file.owner);
+        let held = |o: Option<u32>| self.linkers.values().filter(|l| l.owner == o).count();
+        if self.linkers.len() > MAX_LINKERS
+            || owner.is_some_and(|_| held(owner) >= MAX_LINKERS_PER_UID)
+        {
+            warn!(
+                "{}: a dynamic linker not probed (at most {MAX_LINKERS}, {MAX_LINKERS_PER_UID} \
+                 of one user's): libraries its processes load late are probed after their \
+                 first calls",
+                file.shown
+            );
+            return;
+        }
+        let Some(prog) = self.programs.get(names::programs::LINKER_LOADED) else {
+            return;
+        };
+        match hook_linker(prog.as_fd(), file, hook) {
+            Ok(link) => {
+                info!(
+                    "probing the dynamic linker {}: its processes pause at library loads too",
+                    file.shown
+                );
+                self.linkers
+                    .insert(file.identity, HookedLinker { link, owner });
+            }
+            Err(e) => warn!("{}: {e:#}", file.shown),
+        }
+    }
+
     /// Reads the library `dev_inode` (or takes what was read ahead) and decides whether it
     /// is probed: a library commtap decodes, within its owner's quota (`shared`: none).
     /// Anything else is marked seen, and why it is not probed noted where it matters.
@@ -126,6 +163,11 @@ impl Probes {
             Ok(LibraryKind::Unsupported(why)) => {
                 warn!("{why}");
                 self.unsupported.push(why);
+                self.seen.insert(dev_inode, None);
+                return None;
+            }
+            Ok(LibraryKind::Linker(hook)) => {
+                self.hook_own_linker(&file, hook);
                 self.seen.insert(dev_inode, None);
                 return None;
             }

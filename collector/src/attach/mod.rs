@@ -161,8 +161,9 @@ pub struct Probes {
     proc_stats: PerCpuHashMap<MapData, u32, ProcStats>,
     /// Processes paused at a library load, not yet continued (see [`Probes::resume`]).
     paused: BpfHashMap<MapData, u32, u64>,
-    /// The dynamic linker's probe (`linker_loaded`), where it could be placed.
-    linker: Option<multi::MultiLink>,
+    /// The dynamic linkers' probes (`linker_loaded`) by (dev, inode): the system's, placed
+    /// at start where it could be, and programs' own, placed as they exec.
+    linkers: BTreeMap<(u64, u64), HookedLinker>,
     /// Pausing at library loads is wanted (and possible).
     pause_at_load: bool,
     /// The kernel's offsets into a task are known (without them nobody is paused).
@@ -260,7 +261,11 @@ impl Drop for Probes {
             .libraries
             .iter_mut()
             .flat_map(|l| std::mem::take(&mut l.links))
-            .chain(self.linker.take())
+            .chain(
+                std::mem::take(&mut self.linkers)
+                    .into_values()
+                    .map(|l| l.link),
+            )
             .collect();
         std::thread::scope(|s| {
             for t in std::mem::take(&mut self.tracepoints) {
@@ -343,7 +348,10 @@ impl Probes {
         // dropped.
         let (_tables, identity_known) = fill_tables(&mut ebpf, btf.as_ref().ok())?;
         let tracepoints = attach_tracepoints(&mut ebpf)?;
-        let linker = attach_linker(&programs);
+        let linkers = attach_linker(&programs)
+            .map(|(identity, link)| (identity, HookedLinker { link, owner: None }))
+            .into_iter()
+            .collect();
         let mut probes = Probes {
             watched: map(&mut ebpf, names::maps::WATCHED)?,
             comms: map(&mut ebpf, names::maps::COMMS)?,
@@ -366,7 +374,7 @@ impl Probes {
             fabric_ranges: map(&mut ebpf, names::maps::FABRIC_RANGES)?,
             proc_stats: map(&mut ebpf, names::maps::PROC_STATS)?,
             paused: map(&mut ebpf, names::maps::PAUSED)?,
-            linker,
+            linkers,
             pause_at_load: false,
             identity_known,
             programs_loaded_ns: 0,
@@ -406,7 +414,7 @@ impl Probes {
     /// dynamic linker's probe is in place). It lasts a lease: renew it with
     /// [`Probes::renew_pause_lease`] from the loop that handles the pauses' events.
     pub fn set_pause_at_load(&mut self, on: bool) -> Result<bool, AttachError> {
-        self.pause_at_load = on && self.linker.is_some();
+        self.pause_at_load = on && !self.linkers.is_empty();
         self.renew_pause_lease()?;
         Ok(self.pause_at_load)
     }
@@ -804,9 +812,37 @@ fn uprobe_sessions(btf: &btf::Btf) -> Option<u32> {
 /// The system's dynamic linker: what every program of this machine's ABI starts with.
 const DYNAMIC_LINKER: &str = "/lib64/ld-linux-x86-64.so.2";
 
-/// Places `linker_loaded` on the dynamic linker's `_dl_debug_state` (None, with a warning,
-/// where it cannot be: libraries loaded late are then probed after their first calls).
-fn attach_linker(programs: &programs::ProgramSet) -> Option<multi::MultiLink> {
+/// Most dynamic linkers probed besides the system's (containers' images, Spack glibcs),
+/// and most of them owned by one user (not root).
+const MAX_LINKERS: usize = 16;
+const MAX_LINKERS_PER_UID: usize = 2;
+
+/// Places `linker_loaded` (`prog`) on the `_dl_debug_state` of the dynamic linker `file`.
+fn hook_linker(
+    prog: std::os::fd::BorrowedFd<'_>,
+    file: &LibraryFile,
+    hook: symbols::LinkerHook,
+) -> Result<multi::MultiLink, multi::MultiError> {
+    multi::attach(
+        prog,
+        file,
+        &[hook.offset],
+        &[hook.to_r_debug as u64],
+        multi::ProbeKind::Entry,
+    )
+}
+
+/// A dynamic linker's probe.
+struct HookedLinker {
+    link: multi::MultiLink,
+    /// The file's owner where it is not root's (a user's own `ld.so`, against their quota).
+    owner: Option<u32>,
+}
+
+/// Places `linker_loaded` on the system dynamic linker's `_dl_debug_state`, with the
+/// file's (dev, inode) (None, with a warning, where it cannot be: libraries loaded late are
+/// then probed after their first calls).
+fn attach_linker(programs: &programs::ProgramSet) -> Option<((u64, u64), multi::MultiLink)> {
     let gap = "libraries loaded late (dlopen) are probed after their first calls";
     let prog = programs.get(names::programs::LINKER_LOADED)?;
     let file = match LibraryFile::open_path(std::path::Path::new(DYNAMIC_LINKER)) {
@@ -817,14 +853,8 @@ fn attach_linker(programs: &programs::ProgramSet) -> Option<multi::MultiLink> {
         }
     };
     match symbols::linker_hook(&file) {
-        Ok(Some(hook)) => match multi::attach(
-            prog.as_fd(),
-            &file,
-            &[hook.offset],
-            &[hook.to_r_debug as u64],
-            multi::ProbeKind::Entry,
-        ) {
-            Ok(link) => Some(link),
+        Ok(Some(hook)) => match hook_linker(prog.as_fd(), &file, hook) {
+            Ok(link) => Some((file.identity, link)),
             Err(e) => {
                 warn!("{e:#}; {gap}");
                 None

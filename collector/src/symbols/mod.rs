@@ -134,6 +134,9 @@ pub enum LibraryKind {
     /// An MPI library whose ABI commtap does not decode, or an object that holds NCCL
     /// without its symbols (reason given).
     Unsupported(String),
+    /// A dynamic linker (`_dl_debug_state` and `_r_debug` defined): probed where it says
+    /// its list of objects changed (a program's own, beside the system's).
+    Linker(LinkerHook),
     /// Neither MPI nor NCCL.
     Other,
 }
@@ -268,6 +271,9 @@ impl<'a> Reading<'a> {
     /// A library that is neither MPI nor NCCL by its symbols: libfabric or one of its
     /// providers, the CUDA runtime or driver, NCCL without symbols, or nothing to probe.
     fn not_mpi(&self) -> LibraryKind {
+        if let Some(hook) = hook_of(self.elf) {
+            return LibraryKind::Linker(hook);
+        }
         let display = self.display();
         if self.has_global("fi_getinfo") && self.has_global("fi_fabric") {
             let open = self.globals.get("fi_fabric").copied();
@@ -390,18 +396,23 @@ pub fn linker_hook(file: &LibraryFile) -> Result<Option<LinkerHook>, SymbolError
         path: file.shown.clone(),
         source,
     })?;
+    Ok(hook_of(&elf))
+}
+
+/// Where the dynamic linker `elf` announces changes to its list of objects, if it is one.
+fn hook_of(elf: &Elf) -> Option<LinkerHook> {
     let find = |name: &str| {
         elf.dynamic_symbols()
             .find(|s| s.is_definition() && s.name() == Ok(name))
             .map(|s| s.address())
     };
     let (Some(hook), Some(r_debug)) = (find("_dl_debug_state"), find("_r_debug")) else {
-        return Ok(None);
+        return None;
     };
-    Ok(probes::code_offset(&elf, hook).map(|offset| LinkerHook {
+    probes::code_offset(elf, hook).map(|offset| LinkerHook {
         offset,
         to_r_debug: r_debug.wrapping_sub(hook) as i64,
-    }))
+    })
 }
 
 /// The NUL-terminated string (at most 256 bytes) at virtual address `addr` of the file.
