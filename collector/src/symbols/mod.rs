@@ -399,8 +399,13 @@ pub fn linker_hook(file: &LibraryFile) -> Result<Option<LinkerHook>, SymbolError
     Ok(hook_of(&elf))
 }
 
-/// Where the dynamic linker `elf` announces changes to its list of objects, if it is one.
+/// Where the dynamic linker `elf` announces changes to its list of objects, if it is one
+/// of this machine's ABI (the kernel side reads `struct r_debug` as x86-64 lays it out).
 fn hook_of(elf: &Elf) -> Option<LinkerHook> {
+    use object::Object as _;
+    if elf.architecture() != object::Architecture::X86_64 || !elf.is_64() {
+        return None;
+    }
     let find = |name: &str| {
         elf.dynamic_symbols()
             .find(|s| s.is_definition() && s.name() == Ok(name))
