@@ -26,6 +26,12 @@ pub trait SnapshotSource: Send + Sync + 'static {
     /// node, the collective instances handed on since the last batch).
     async fn batch(&self, everything: bool) -> pb::PushSnapshotsRequest;
 
+    /// More processes of the batch last asked for, a part at a time (None: no more): a
+    /// source holding many hands them out so that a push never holds them all in memory.
+    async fn more(&self) -> Option<Vec<pb::ProcessSnapshot>> {
+        None
+    }
+
     /// The clock the batches' times are on (the node's monotonic clock, as its API gives it).
     fn clock_ns(&self) -> u64 {
         monotonic_ns()
@@ -109,9 +115,7 @@ async fn push_session<S: SnapshotSource>(
         tokio::select! {
             () = shutdown.cancelled() => {
                 // A last snapshot, then close the stream and let the aggregator answer.
-                for part in split(stamped(state.batch(false).await, clock), crate::api::PUSH_MESSAGE_BYTES) {
-                    let _ = tx.send(part).await;
-                }
+                let _ = send_batch(state.as_ref(), false, clock, &tx).await;
                 drop(tx);
                 let _ = tokio::time::timeout(Duration::from_secs(5), call).await;
                 return Ok(());
@@ -123,15 +127,36 @@ async fn push_session<S: SnapshotSource>(
                 // and would otherwise never see again once that process stops changing.
                 let everything = ticks.is_multiple_of(EVERYTHING_EVERY);
                 ticks += 1;
-                for part in split(stamped(state.batch(everything).await, clock), crate::api::PUSH_MESSAGE_BYTES) {
-                    if tx.send(part).await.is_err() {
-                        let outcome = call.await?;
-                        anyhow::bail!("the aggregator closed the stream: {:?}", outcome.err());
-                    }
+                if send_batch(state.as_ref(), everything, clock, &tx).await.is_err() {
+                    let outcome = call.await?;
+                    anyhow::bail!("the aggregator closed the stream: {:?}", outcome.err());
                 }
                 debug!("snapshot pushed");
             }
         }
+    }
+}
+
+/// Sends a batch of `source`'s down the stream `tx`, in messages of bounded size, its
+/// parts as the source hands them out; Err when the stream is closed.
+async fn send_batch<S: SnapshotSource>(
+    source: &S,
+    everything: bool,
+    clock: Option<crate::clock::ClockEstimate>,
+    tx: &tokio::sync::mpsc::Sender<pb::PushSnapshotsRequest>,
+) -> Result<(), ()> {
+    let mut batch = stamped(source.batch(everything).await, clock);
+    loop {
+        for part in split(batch, crate::api::PUSH_MESSAGE_BYTES) {
+            tx.send(part).await.map_err(drop)?;
+        }
+        let Some(processes) = source.more().await else {
+            return Ok(());
+        };
+        batch = pb::PushSnapshotsRequest {
+            processes,
+            ..Default::default()
+        };
     }
 }
 

@@ -66,25 +66,48 @@ struct StoreSource {
     store: Arc<Mutex<Store>>,
     /// The store's generation at the last batch.
     pushed: std::sync::atomic::AtomicU64,
+    /// The processes of the batch under way not handed out yet.
+    pending: std::sync::Mutex<std::collections::VecDeque<crate::api::snapshot::ProcessKey>>,
 }
+
+/// Snapshots a relay reads from its store at a time: a push of a week of jobs holds a few
+/// megabytes, never them all.
+const RELAYED_AT_ONCE: usize = 256;
 
 #[tonic::async_trait]
 impl SnapshotSource for StoreSource {
     async fn batch(&self, everything: bool) -> pb::PushSnapshotsRequest {
         use std::sync::atomic::Ordering::Relaxed;
         // Only what changed: a relay that holds a week of jobs does not push them all
-        // every interval, and the aggregator above merges each snapshot once.
+        // every interval, and the aggregator above merges each snapshot once. What
+        // changes while the batch is read goes again next time (stale then, harmless).
         let after = if everything {
             0
         } else {
             self.pushed.load(Relaxed)
         };
-        let (processes, now) = self.store.lock().await.changed_since(after);
+        let (keys, now) = self.store.lock().await.changed_since(after);
         self.pushed.store(now, Relaxed);
-        pb::PushSnapshotsRequest {
-            processes,
-            ..Default::default()
+        *self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = keys.into();
+        pb::PushSnapshotsRequest::default()
+    }
+
+    async fn more(&self) -> Option<Vec<pb::ProcessSnapshot>> {
+        let keys: Vec<_> = {
+            let mut pending = self
+                .pending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let n = pending.len().min(RELAYED_AT_ONCE);
+            pending.drain(..n).collect()
+        };
+        if keys.is_empty() {
+            return None;
         }
+        Some(self.store.lock().await.snapshots(&keys))
     }
 }
 
@@ -480,6 +503,7 @@ pub async fn run(opts: AggregatorOptions) -> Result<()> {
             Arc::new(StoreSource {
                 store: store.clone(),
                 pushed: 0.into(),
+                pending: Default::default(),
             }),
             target,
             every,

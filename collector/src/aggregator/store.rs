@@ -305,16 +305,23 @@ impl Store {
         Ok(())
     }
 
-    /// The snapshots committed after generation `after` (0: every one) as they were
-    /// received (original node keys and clocks), and the generation now: what a relay
-    /// pushes to a higher aggregator, which then merges exactly as this one did.
-    pub fn changed_since(&self, after: u64) -> (Vec<pb::ProcessSnapshot>, u64) {
+    /// The processes whose snapshots were committed after generation `after` (0: every
+    /// one), and the generation now: what a relay pushes to a higher aggregator.
+    pub fn changed_since(&self, after: u64) -> (Vec<ProcessKey>, u64) {
         let keys = self
             .processes
             .iter()
             .filter(|(_, e)| e.generation > after)
-            .map(|(k, _)| k);
-        (self.read_keys(keys), self.generation)
+            .map(|(k, _)| k.clone())
+            .collect();
+        (keys, self.generation)
+    }
+
+    /// The stored snapshots of `keys` as they were received (original node keys and
+    /// clocks), so that a higher aggregator merges exactly as this one did; those no longer
+    /// held are left out.
+    pub fn snapshots(&self, keys: &[ProcessKey]) -> Vec<pb::ProcessSnapshot> {
+        self.read_keys(keys.iter())
     }
 
     /// The stored snapshots of `keys` (unreadable ones are skipped: they were checked on
@@ -557,7 +564,7 @@ mod tests {
         let path = dir.join("agg.redb");
         let _ = std::fs::remove_file(&path);
         let mut store = Store::open(&path).unwrap();
-        let pids = |v: &[pb::ProcessSnapshot]| v.iter().map(|p| p.pid).collect::<Vec<_>>();
+        let pids = |v: &[ProcessKey]| v.iter().map(|p| p.pid).collect::<Vec<_>>();
         let (none, start) = store.changed_since(0);
         assert!(none.is_empty());
         store
@@ -572,7 +579,7 @@ mod tests {
         store.merge(vec![snap("b", 2, 6, 5)]).unwrap();
         let (changed, second) = store.changed_since(first);
         assert_eq!(pids(&changed), [2]);
-        assert_eq!(changed[0].taken_ns, 6);
+        assert_eq!(store.snapshots(&changed)[0].taken_ns, 6);
         assert_eq!(store.changed_since(second).0, Vec::new());
         drop(store);
         // After a restart, what was on disk is all of one generation.
