@@ -305,20 +305,7 @@ fn aggregators_form_a_tree() {
     wait_until(
         "the job to reach the top aggregator",
         Duration::from_mins(1),
-        || {
-            let r = commtap(&[
-                "report",
-                "--from",
-                &top_url,
-                "--job",
-                &job_id,
-                "--format",
-                "json",
-                "-o",
-                path_str(&out),
-            ]);
-            r.status.success() && every_rank_final(&read_json(&out), 2)
-        },
+        || try_job_report(&[], &top_url, &job_id, &out).is_some_and(|p| every_rank_final(&p, 2)),
     );
     assert_profile_matches(&read_json(&out), &truths, &["MPI_Finalize"]);
     // Live: WatchJobReport streams the same report.
@@ -378,20 +365,7 @@ fn aggregators_form_a_tree() {
     assert_eq!(pushed["accepted"], n, "{pushed}");
     let big_out = scratch.path("big.json");
     // None while the job is not there (yet).
-    let big_report = |url: &str| {
-        let r = commtap(&[
-            "report",
-            "--from",
-            url,
-            "--job",
-            &big,
-            "--format",
-            "json",
-            "-o",
-            path_str(&big_out),
-        ]);
-        r.status.success().then(|| read_json(&big_out))
-    };
+    let big_report = |url: &str| try_job_report(&[], url, &big, &big_out);
     let calls_of = |p: &serde_json::Value| -> (usize, u64, u64) {
         let ranks = p["ranks"].as_array().expect("ranks");
         let (calls, bytes) = ranks
@@ -436,20 +410,9 @@ fn aggregators_form_a_tree() {
     wait_until("everything at the new top", Duration::from_mins(1), || {
         big_report(&top_url).is_some_and(|p| calls_of(&p) == want)
     });
-    let small = scratch.path("new-top.json");
-    let r = commtap(&[
-        "report",
-        "--from",
-        &top_url,
-        "--job",
-        &job_id,
-        "--format",
-        "json",
-        "-o",
-        path_str(&small),
-    ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    assert_profile_matches(&read_json(&small), &truths, &["MPI_Finalize"]);
+    let small = try_job_report(&[], &top_url, &job_id, &scratch.path("new-top.json"))
+        .expect("the MPI job at the new top");
+    assert_profile_matches(&small, &truths, &["MPI_Finalize"]);
     let pushed = |outcome: &str| -> u64 {
         let m = http_get(&top_metrics, "/metrics");
         let name = format!("commtap_aggregator_snapshots_total{{outcome=\"{outcome}\"}} ");
