@@ -114,8 +114,9 @@ async fn push_session<S: SnapshotSource>(
     loop {
         tokio::select! {
             () = shutdown.cancelled() => {
-                // A last snapshot, then close the stream and let the aggregator answer.
-                let _ = send_batch(state.as_ref(), false, clock, &tx).await;
+                // A last snapshot (everything, if this stream has pushed nothing yet), then
+                // close the stream and let the aggregator answer.
+                let _ = send_batch(state.as_ref(), ticks == 0, clock, &tx).await;
                 drop(tx);
                 let _ = tokio::time::timeout(Duration::from_secs(5), call).await;
                 return Ok(());

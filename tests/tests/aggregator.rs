@@ -429,10 +429,12 @@ fn aggregators_form_a_tree() {
         Duration::from_mins(1),
         || pushed("accepted") >= accepted + 20,
     );
-    // Everything again at most once in those (once every 60 pushes), not 10 times.
+    // Everything again once every 60 pushes, not at each: under 5 times in those 10 or
+    // more pushes however slowly the node's pushes come (that would take 240 of the
+    // middle's), where pushing everything each time gives 10 times or more.
     let again = pushed("stale") - stale;
     assert!(
-        again < 2 * n,
+        again < 5 * n,
         "the middle pushed {again} unchanged snapshots again"
     );
 

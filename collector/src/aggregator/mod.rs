@@ -70,8 +70,8 @@ struct StoreSource {
     pending: std::sync::Mutex<std::collections::VecDeque<crate::api::snapshot::ProcessKey>>,
 }
 
-/// Snapshots a relay reads from its store at a time: a push of a week of jobs holds a few
-/// megabytes, never them all.
+/// Snapshots a relay reads from its store at a time: a push of a week of jobs holds their
+/// keys and a few megabytes of snapshots, never all the snapshots.
 const RELAYED_AT_ONCE: usize = 256;
 
 #[tonic::async_trait]
@@ -289,11 +289,16 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
                 warn!("push stream from {peer}: {r} snapshots refused, their clock runs ahead of their node's");
             }
             refused += r;
-            let (a, s) = self
-                .commits
-                .merge(msg.processes)
-                .await
-                .map_err(|e| e.to_status())?;
+            // A message of a relay's push may carry no process (its first holds the clock
+            // only): no commit for it.
+            let (a, s) = if msg.processes.is_empty() {
+                (0, 0)
+            } else {
+                self.commits
+                    .merge(msg.processes)
+                    .await
+                    .map_err(|e| e.to_status())?
+            };
             accepted += a;
             stale += s;
             for (counter, n) in [
@@ -303,7 +308,7 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
             ] {
                 counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
             }
-            if first {
+            if first && a + s > 0 {
                 info!("push stream from {peer}: first batch {a} accepted, {s} stale");
                 first = false;
             }

@@ -306,15 +306,22 @@ impl Store {
     }
 
     /// The processes whose snapshots were committed after generation `after` (0: every
-    /// one), and the generation now: what a relay pushes to a higher aggregator.
+    /// one), and the generation now: what a relay pushes to a higher aggregator. Each
+    /// node's newest snapshot comes first: an aggregator learns a node's clock from the
+    /// first part of a push that names it, and would refuse the node's later snapshots as
+    /// stamped ahead of it if that part held only old ones (see `clock::NodeClocks`).
     pub fn changed_since(&self, after: u64) -> (Vec<ProcessKey>, u64) {
-        let keys = self
+        let mut keys: Vec<(&ProcessKey, u64)> = self
             .processes
             .iter()
             .filter(|(_, e)| e.generation > after)
-            .map(|(k, _)| k.clone())
+            .map(|(k, e)| (k, e.taken_ns))
             .collect();
-        (keys, self.generation)
+        keys.sort_by(|a, b| a.0.node.cmp(&b.0.node).then(b.1.cmp(&a.1)));
+        (
+            keys.into_iter().map(|(k, _)| k.clone()).collect(),
+            self.generation,
+        )
     }
 
     /// The stored snapshots of `keys` as they were received (original node keys and
@@ -581,10 +588,13 @@ mod tests {
         assert_eq!(pids(&changed), [2]);
         assert_eq!(store.snapshots(&changed)[0].taken_ns, 6);
         assert_eq!(store.changed_since(second).0, Vec::new());
+        // A node's newest snapshot first, whatever its pid.
+        store.merge(vec![snap("a", 3, 90, 1)]).unwrap();
+        assert_eq!(pids(&store.changed_since(0).0), [3, 1, 2]);
         drop(store);
         // After a restart, what was on disk is all of one generation.
         let store = Store::open(&path).unwrap();
-        assert_eq!(pids(&store.changed_since(0).0), [1, 2]);
+        assert_eq!(pids(&store.changed_since(0).0), [3, 1, 2]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -328,9 +328,9 @@ impl Session {
                         .filter(|(k, _)| k.tgid == pid)
                         .collect(),
                 };
-                let init_ns = self.probes.read_proc_stats(pid).init_ns;
+                let ps = self.probes.read_proc_stats(pid);
                 if let Some(t) = self.tracked.get_mut(&pid) {
-                    let origin = init_ns.max(t.since_ns);
+                    let origin = crate::profile::build::counted_from(t, &ps);
                     t.region.control(level, ts_ns, now, paused, origin);
                 }
                 if paused && self.probes.resume(pid).is_some() {

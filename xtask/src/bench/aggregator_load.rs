@@ -193,10 +193,11 @@ pub fn run_tree(commtap: &Path, out: &Path) -> Result<String> {
     );
     drop((relay, root));
 
-    let (mut root, root_addr) = start_aggregator(commtap, &root_db, &[])?;
-    let pid = root.0.id();
     let mut levels = vec![relayed];
     for relays in RELAYS {
+        // A root of its own per level: it holds only that level's nodes.
+        let (mut root, root_addr) = start_aggregator(commtap, &root_db, &[])?;
+        let pid = root.0.id();
         eprintln!(
             "aggregator tree: a root under {relays} simulated relays of {NODES_PER_RELAY} nodes for {ROOT_SECONDS} s"
         );

@@ -56,11 +56,15 @@ impl pb::node_server::Node for NodeService {
         // Each process's job as the profile names it (a claim shared with another user's
         // job is `ID.uUID` there, a launcher's job its rank 0's pid), not the raw claim.
         let jobs = session.job_names();
-        // The counters, read once and grouped by process, for each one's probes' cost.
+        // The counters, read once and grouped by process, for each one's probes' cost;
+        // not at all for a caller who may see no process (a user asking again and again
+        // does not have the daemon read every counter of the node each time).
         let mut counters: std::collections::BTreeMap<u32, Vec<crate::stats::Counter>> =
             std::collections::BTreeMap::new();
-        for c in session.probes.read_counters() {
-            counters.entry(c.0.tgid).or_default().push(c);
+        if session.tracked.values().any(|t| caller.may_see(t.uid())) {
+            for c in session.probes.read_counters() {
+                counters.entry(c.0.tgid).or_default().push(c);
+            }
         }
         let now = monotonic_ns();
         let mut processes: Vec<pb::ProcessState> = session
@@ -385,7 +389,6 @@ fn page_of(size: u32, token: &str) -> Result<Option<Page>, Status> {
     }))
 }
 
-/// A tracked process as the API lists it, in `job`.
 /// What `routines`' probes cost a process whose run so far took `elapsed_ns`, by the
 /// budget's estimate; None where it made no call.
 fn probe_cost(routines: &crate::stats::Routines, elapsed_ns: u64) -> Option<pb::ProbeCost> {
@@ -406,6 +409,7 @@ fn probe_cost(routines: &crate::stats::Routines, elapsed_ns: u64) -> Option<pb::
     })
 }
 
+/// A tracked process as the API lists it, in `job` (its probes' cost left to the caller).
 fn process_state(pid: u32, t: &Tracked, job: Option<&String>) -> pb::ProcessState {
     let info = t.info.as_ref();
     pb::ProcessState {
