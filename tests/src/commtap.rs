@@ -191,6 +191,13 @@ impl Daemon {
     }
 }
 
+/// [`http_get`], or None while nothing listens at `addr` (a server still starting: for
+/// polls).
+pub fn try_http_get(addr: &str, path: &str) -> Option<String> {
+    std::net::TcpStream::connect(addr).ok()?;
+    Some(http_get(addr, path))
+}
+
 /// A minimal HTTP/1.0 GET against a server of ours on loopback; returns the body.
 #[track_caller]
 pub fn http_get(addr: &str, path: &str) -> String {
@@ -323,7 +330,9 @@ pub fn ps_field(target: &str, field: &str) -> std::collections::BTreeMap<u64, St
 pub fn wait_for_state(target: &str, pids: &[u64], state: &str) {
     wait_until(
         &format!("the daemon to list {pids:?} as {state}"),
-        Duration::from_secs(30),
+        // Only bounds a failure: a loaded machine may need the daemon's next /proc scan,
+        // a program's verification and a settling delay.
+        Duration::from_mins(3),
         || {
             let states = ps_states(target);
             pids.iter()

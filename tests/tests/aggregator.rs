@@ -160,7 +160,7 @@ fn aggregator_merges_nodes_exactly_and_survives_a_restart() {
     // daemons reconnect and resend their cumulative snapshots: nothing doubled.
     // SAFETY: kill(2) of the aggregator we spawned.
     unsafe { libc::kill(aggregator.0.id() as i32, libc::SIGKILL) };
-    let _ = aggregator.wait_with_limit(Duration::from_secs(10));
+    let _ = aggregator.wait_with_limit(LIMIT);
     drop(aggregator);
     let stale_lines = |s: &str| s.lines().filter(|l| l.contains("first batch")).count();
     aggregator = start_aggregator();
@@ -407,13 +407,17 @@ fn aggregators_form_a_tree() {
             "--metrics-insecure",
         ],
     );
+    // Both jobs: the middle's first push may bring them in either order.
     wait_until("everything at the new top", Duration::from_mins(1), || {
         big_report(&top_url).is_some_and(|p| calls_of(&p) == want)
+            && try_job_report(&[], &top_url, &job_id, &scratch.path("new-top.json"))
+                .is_some_and(|p| every_rank_final(&p, 2))
     });
     let small = try_job_report(&[], &top_url, &job_id, &scratch.path("new-top.json"))
         .expect("the MPI job at the new top");
     assert_profile_matches(&small, &truths, &["MPI_Finalize"]);
     let pushed = |outcome: &str| -> u64 {
+        // The top answered the reports above: its metrics listener is up by now.
         let m = http_get(&top_metrics, "/metrics");
         let name = format!("commtap_aggregator_snapshots_total{{outcome=\"{outcome}\"}} ");
         m.lines()

@@ -789,9 +789,12 @@ fn record_stopped_by(signal: i32, name: &str) {
     std::fs::write(scratch.path("go"), b"go").expect("go file");
     let truth =
         |r: u32| std::path::PathBuf::from(format!("{}.{r}.json", scratch.path("truth").display()));
-    wait_until("both ranks' truths", LIMIT, || {
-        truth(0).exists() && truth(1).exists()
-    });
+    // Written whole (a file exists from its fopen on, before it is written).
+    let whole = |r: u32| {
+        std::fs::read(truth(r))
+            .is_ok_and(|b| serde_json::from_slice::<serde_json::Value>(&b).is_ok())
+    };
+    wait_until("both ranks' truths", LIMIT, || whole(0) && whole(1));
     // SAFETY: kill(2) of the commtap we spawned.
     unsafe { libc::kill(commtap.0.id() as i32, signal) };
     finish_ok(&scratch, commtap, LIMIT);

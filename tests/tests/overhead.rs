@@ -87,7 +87,9 @@ fn loop_runs(mpi: Mpi, name: &str, scope: &[&str]) -> LoopRuns {
     if watches_the_job {
         // The daemon shows a rank's counts once it knows its job: both, before counting.
         wait_until("both ranks in the daemon's metrics", LIMIT, || {
-            let metrics = http_get(&metrics_addr, "/metrics");
+            let Some(metrics) = try_http_get(&metrics_addr, "/metrics") else {
+                return false;
+            };
             ["rank=\"0\"", "rank=\"1\""].iter().all(|r| {
                 metrics
                     .lines()
