@@ -12,8 +12,6 @@ use commtap_tests::*;
 use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_mins(2);
-/// fi_pingpong's control port.
-const CONTROL_PORT: u16 = 47592;
 const SIZE: u64 = 64;
 
 /// Whether a TCP socket listens on `port` (from /proc/net/tcp).
@@ -53,22 +51,29 @@ fn pingpong(provider: &str, ep: &str, iters: u64) -> (Value, Value) {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let scratch = Scratch::new(&format!("fabric-{provider}-{ep}"));
+    // A free control port, not fi_pingpong's fixed default (47592), which anything else on
+    // the machine may hold.
+    let port: u16 = free_port()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a port");
     let args = format!("-p {provider} -e {ep} -I {iters} -S {SIZE}");
     let mut server = ChildGuard::spawn(
         Command::new("sh")
             .arg("-c")
-            .arg(format!("exec fi_pingpong {args}"))
+            .arg(format!("exec fi_pingpong {args} -B {port}"))
             .stdout(std::fs::File::create(scratch.path("server.out")).expect("out")),
     );
-    wait_until("fi_pingpong's server to listen", LIMIT, || {
-        listening(CONTROL_PORT)
-    });
+    wait_until("fi_pingpong's server to listen", LIMIT, || listening(port));
     // The client stops itself before it becomes fi_pingpong: commtap attaches to a
     // process that has started but made no call yet.
     let mut client = ChildGuard::spawn(
         Command::new("sh")
             .arg("-c")
-            .arg(format!("kill -STOP $$; exec fi_pingpong {args} 127.0.0.1"))
+            .arg(format!(
+                "kill -STOP $$; exec fi_pingpong {args} -P {port} 127.0.0.1"
+            ))
             .stdout(std::fs::File::create(scratch.path("client.out")).expect("out")),
     );
     let (spid, cpid) = (server.0.id(), client.0.id());
