@@ -87,6 +87,10 @@ pub mod programs {
     pub const MPI_RETURN_MPICH: &str = "mpi_return_mpich";
     /// Return of an MPICH-ABI library's datatype constructors and `MPI_Type_free`.
     pub const MPI_RETURN_MPICH_TYPES: &str = "mpi_return_mpich_types";
+    /// Return of an MPI-5-ABI library's routines but its datatype constructors.
+    pub const MPI_RETURN_MPI_ABI: &str = "mpi_return_mpi_abi";
+    /// Return of an MPI-5-ABI library's datatype constructors and `MPI_Type_free`.
+    pub const MPI_RETURN_MPI_ABI_TYPES: &str = "mpi_return_mpi_abi_types";
     /// Return of NCCL's routines.
     pub const NCCL_RETURN: &str = "nccl_return";
     /// Entry and return of Open MPI's routines, as a uprobe session.
@@ -95,6 +99,10 @@ pub mod programs {
     pub const SESS_MPICH: &str = "sess_mpich";
     /// `MPI_RETURN_MPICH_TYPES`'s routines, as a uprobe session.
     pub const SESS_MPICH_TYPES: &str = "sess_mpich_types";
+    /// `MPI_RETURN_MPI_ABI`'s routines, as a uprobe session.
+    pub const SESS_MPI_ABI: &str = "sess_mpi_abi";
+    /// `MPI_RETURN_MPI_ABI_TYPES`'s routines, as a uprobe session.
+    pub const SESS_MPI_ABI_TYPES: &str = "sess_mpi_abi_types";
     /// NCCL's routines, as a uprobe session.
     pub const SESS_NCCL: &str = "sess_nccl";
     /// Entry of a libfabric ops-table function.
@@ -121,20 +129,31 @@ pub mod programs {
             b"mpi_return_ompi" => Some(SESS_OMPI),
             b"mpi_return_mpich" => Some(SESS_MPICH),
             b"mpi_return_mpich_types" => Some(SESS_MPICH_TYPES),
+            b"mpi_return_mpi_abi" => Some(SESS_MPI_ABI),
+            b"mpi_return_mpi_abi_types" => Some(SESS_MPI_ABI_TYPES),
             b"nccl_return" => Some(SESS_NCCL),
             _ => None,
         }
     }
 
     /// The session programs (uprobe_multi links of the session kind).
-    pub const SESSIONS: [&str; 4] = [SESS_OMPI, SESS_MPICH, SESS_MPICH_TYPES, SESS_NCCL];
+    pub const SESSIONS: [&str; 6] = [
+        SESS_OMPI,
+        SESS_MPICH,
+        SESS_MPICH_TYPES,
+        SESS_MPI_ABI,
+        SESS_MPI_ABI_TYPES,
+        SESS_NCCL,
+    ];
 
     /// The programs attached through uprobe_multi links.
-    pub const PROBES: [&str; 10] = [
+    pub const PROBES: [&str; 12] = [
         CALL_ENTRY,
         MPI_RETURN_OMPI,
         MPI_RETURN_MPICH,
         MPI_RETURN_MPICH_TYPES,
+        MPI_RETURN_MPI_ABI,
+        MPI_RETURN_MPI_ABI_TYPES,
         NCCL_RETURN,
         FABRIC_ENTRY,
         FABRIC_RETURN,

@@ -18,6 +18,10 @@ pub enum Abi {
     /// libfabric provider ops-table functions (`ep->msg->send` ...): lengths are `size_t`,
     /// vectors `struct iovec`, messages `struct fi_msg`.
     Fabric = 4,
+    /// The MPI-5 standard ABI (`libmpi_abi.so`, MPICH 4.2+'s `mpicc_abi`): handles are
+    /// pointer-sized, predefined ones small constants, the others pointers to MPICH's
+    /// objects (see [`mpi_abi`]).
+    MpiAbi = 5,
 }
 
 impl Abi {
@@ -28,18 +32,28 @@ impl Abi {
             2 => Some(Abi::Mpich),
             3 => Some(Abi::Nccl),
             4 => Some(Abi::Fabric),
+            5 => Some(Abi::MpiAbi),
             _ => None,
         }
     }
 
+    /// Whether, once read through [`handle`-normalising](mpi_abi::to_mpich), the ABI's
+    /// handles are MPICH's integers: sizes of derived types and communicators learnt from
+    /// the calls that make or ask them, `MPI_COMM_WORLD` known by value.
+    #[inline(always)]
+    pub const fn integer_handles(abi: u8) -> bool {
+        abi == Abi::Mpich as u8 || abi == Abi::MpiAbi as u8
+    }
+
     /// `MPI_PROC_NULL` in this ABI (Open MPI -2; MPICH and Intel MPI -1, where -2 is
-    /// `MPI_ANY_SOURCE`): a point-to-point call with it moves 0 bytes, whatever its count
+    /// `MPI_ANY_SOURCE`; the MPI-5 ABI -3): a point-to-point call with it moves 0 bytes, whatever its count
     /// (mpitrace's convention: nothing crosses the network).
     #[inline(always)]
     pub const fn proc_null(abi: u8) -> Option<i32> {
         match Abi::from_u8(abi) {
             Some(Abi::OpenMpi) => Some(-2),
             Some(Abi::Mpich) => Some(-1),
+            Some(Abi::MpiAbi) => Some(mpi_abi::PROC_NULL),
             _ => None,
         }
     }
@@ -1087,6 +1101,13 @@ pub mod mpich {
         }
     }
 
+    /// A builtin datatype handle of `size` bytes (below 256), as MPICH encodes one: what
+    /// [`builtin_type_size`] decodes.
+    #[inline(always)]
+    pub const fn builtin_type_handle(size: u64) -> u64 {
+        0x4c00_0000 | ((size & 0xff) << 8)
+    }
+
     /// Size in bytes of a predefined datatype handle, if the handle encodes it or is a
     /// known pair type; `None` for derived types (looked up in the learnt-types map).
     #[inline(always)]
@@ -1102,6 +1123,208 @@ pub mod mpich {
             0x8c00_0003 => Some(6),  // MPI_SHORT_INT
             0x8c00_0004 => Some(20), // MPI_LONG_DOUBLE_INT
             _ => None,
+        }
+    }
+}
+
+/// The MPI-5 standard ABI (`mpi_abi.h`, MPI-5.0 chapter 20; MPICH's `libmpi_abi.so`).
+///
+/// Predefined handles are constants below [`BUILTIN_LIMIT`]; any other handle is a
+/// pointer to the implementation's object. MPICH's objects begin with MPICH's own integer
+/// handle (its `MPIR_OBJECT_HEADER`, which its ABI layer reads to convert): commtap reads
+/// it too, and from there decodes as for MPICH's ABI ([`to_mpich`]).
+pub mod mpi_abi {
+    /// Every predefined handle is below this value (`mpi_abi.h`: 0x1000).
+    pub const BUILTIN_LIMIT: u64 = 0x1000;
+    /// `MPI_COMM_NULL`.
+    pub const COMM_NULL: u64 = 0x100;
+    /// `MPI_COMM_WORLD`.
+    pub const COMM_WORLD: u64 = 0x101;
+    /// `MPI_COMM_SELF`.
+    pub const COMM_SELF: u64 = 0x102;
+    /// `MPI_PROC_NULL` (`MPI_ANY_SOURCE` is -1, `MPI_ROOT` -4).
+    pub const PROC_NULL: i32 = -3;
+    /// `MPI_DISTRIBUTE_NONE`.
+    pub const DISTRIBUTE_NONE: i32 = 16;
+    /// `MPI_DISTRIBUTE_BLOCK`.
+    pub const DISTRIBUTE_BLOCK: i32 = 17;
+    /// `MPI_DISTRIBUTE_CYCLIC`.
+    pub const DISTRIBUTE_CYCLIC: i32 = 18;
+    /// `MPI_DISTRIBUTE_DFLT_DARG` (so a `darg` of 19 is the default, as the ABI has it).
+    pub const DISTRIBUTE_DFLT_DARG: i32 = 19;
+
+    /// A darray dimension's distribution and argument as MPICH's constants, which
+    /// [`super::mpich::darray_local`] takes.
+    #[inline(always)]
+    pub const fn darray_to_mpich(distrib: i32, darg: i32) -> (i32, i32) {
+        use super::mpich;
+        let distrib = match distrib {
+            DISTRIBUTE_NONE => mpich::DISTRIBUTE_NONE,
+            DISTRIBUTE_BLOCK => mpich::DISTRIBUTE_BLOCK,
+            DISTRIBUTE_CYCLIC => mpich::DISTRIBUTE_CYCLIC,
+            // Not a distribution: `darray_local` refuses it.
+            _ => 0,
+        };
+        let darg = if darg == DISTRIBUTE_DFLT_DARG {
+            mpich::DISTRIBUTE_DFLT_DARG
+        } else {
+            darg
+        };
+        (distrib, darg)
+    }
+
+    /// Offset of an `MPI_Status`'s received byte count: after `MPI_SOURCE`, `MPI_TAG`,
+    /// `MPI_ERROR`, MPICH keeps its `count_lo` and `count_hi_and_cancelled` in
+    /// `MPI_internal[0..2]` (measured: a receive of 12,345 bytes left 0x3039 at +12).
+    pub const STATUS_COUNT_OFF: u64 = 12;
+    /// Offset of `MPI_SOURCE` in an `MPI_Status`.
+    pub const STATUS_SOURCE_OFF: u64 = 0;
+    /// Offset of `MPI_TAG` in an `MPI_Status`.
+    pub const STATUS_TAG_OFF: u64 = 4;
+
+    /// MPICH's handle for predefined handle `h`: the communicators commtap knows by
+    /// value, and for a predefined datatype a builtin MPICH handle of its size (so every
+    /// handle, once read, decodes as MPICH's); `h` itself otherwise.
+    #[inline(always)]
+    pub const fn builtin_to_mpich(h: u64) -> u64 {
+        match h {
+            COMM_WORLD => super::mpich::COMM_WORLD,
+            COMM_SELF => super::mpich::COMM_SELF,
+            _ => match builtin_type_size(h) {
+                Some(size) => super::mpich::builtin_type_handle(size),
+                None => h,
+            },
+        }
+    }
+
+    /// MPICH's integer handle for ABI handle `h`, reading a non-predefined handle's object
+    /// with `read_int` (its first `int`); `None` if it cannot be read.
+    #[inline(always)]
+    pub fn to_mpich(h: u64, read_int: impl FnOnce(u64) -> Option<u32>) -> Option<u64> {
+        if h < BUILTIN_LIMIT {
+            Some(builtin_to_mpich(h))
+        } else {
+            read_int(h).map(u64::from)
+        }
+    }
+
+    /// Sizes of the predefined datatypes 0x200..0x240 on x86-64 Linux (LP64), by value:
+    /// the C and Fortran types whose size the platform decides, and the pair types.
+    pub(crate) const PLATFORM_SIZES: [u8; 64] = {
+        let mut t = [0u8; 64];
+        let sized: [(usize, u8); 41] = [
+            (0x01, 8),  // AINT
+            (0x02, 8),  // COUNT
+            (0x03, 8),  // OFFSET
+            (0x07, 1),  // PACKED
+            (0x08, 2),  // SHORT
+            (0x09, 4),  // INT
+            (0x0a, 8),  // LONG
+            (0x0b, 8),  // LONG_LONG
+            (0x0c, 2),  // UNSIGNED_SHORT
+            (0x0d, 4),  // UNSIGNED
+            (0x0e, 8),  // UNSIGNED_LONG
+            (0x0f, 8),  // UNSIGNED_LONG_LONG
+            (0x10, 4),  // FLOAT
+            (0x12, 8),  // C_FLOAT_COMPLEX
+            (0x13, 8),  // CXX_FLOAT_COMPLEX
+            (0x14, 8),  // DOUBLE
+            (0x16, 16), // C_DOUBLE_COMPLEX
+            (0x17, 16), // CXX_DOUBLE_COMPLEX
+            (0x18, 4),  // LOGICAL
+            (0x19, 4),  // INTEGER
+            (0x1a, 4),  // REAL
+            (0x1b, 8),  // COMPLEX
+            (0x1c, 8),  // DOUBLE_PRECISION
+            (0x1d, 16), // DOUBLE_COMPLEX
+            (0x1e, 1),  // CHARACTER
+            (0x20, 16), // LONG_DOUBLE
+            (0x24, 32), // C_LONG_DOUBLE_COMPLEX
+            (0x25, 32), // CXX_LONG_DOUBLE_COMPLEX
+            (0x28, 8),  // FLOAT_INT
+            (0x29, 12), // DOUBLE_INT
+            (0x2a, 12), // LONG_INT
+            (0x2b, 8),  // 2INT
+            (0x2c, 6),  // SHORT_INT
+            (0x2d, 20), // LONG_DOUBLE_INT
+            (0x30, 8),  // 2REAL
+            (0x31, 16), // 2DOUBLE_PRECISION
+            (0x32, 8),  // 2INTEGER
+            (0x38, 1),  // C_BOOL
+            (0x39, 1),  // CXX_BOOL
+            (0x3c, 4),  // WCHAR
+            (0x00, 0),  // DATATYPE_NULL
+        ];
+        let mut i = 0;
+        while i < sized.len() {
+            t[sized[i].0] = sized[i].1;
+            i += 1;
+        }
+        t
+    };
+
+    /// The sizes [`PLATFORM_SIZES`] holds, each a 4-bit code's (its index here).
+    const SIZE_CODES: [u8; 10] = [0, 1, 2, 4, 8, 16, 32, 6, 12, 20];
+
+    /// [`SIZE_CODES`] packed 6 bits each, indexed by code.
+    const CODE_SIZES: u64 = {
+        let mut w = 0u64;
+        let mut i = 0;
+        while i < SIZE_CODES.len() {
+            w |= (SIZE_CODES[i] as u64) << (i * 6);
+            i += 1;
+        }
+        w
+    };
+
+    /// [`PLATFORM_SIZES`] as 4-bit codes, 16 to a word: looked up by shifts, not by a
+    /// tree of branches (the verifier walks every branch of a `bpf_loop` body).
+    const PACKED_SIZES: [u64; 4] = {
+        let mut words = [0u64; 4];
+        let mut i = 0;
+        while i < 64 {
+            let mut code = 0;
+            while SIZE_CODES[code] != PLATFORM_SIZES[i] {
+                code += 1;
+            }
+            words[i / 16] |= (code as u64) << ((i % 16) * 4);
+            i += 1;
+        }
+        words
+    };
+
+    /// Size in bytes of predefined datatype `h` on x86-64 Linux (LP64), `None` for any other
+    /// handle. The ABI encodes the size of its fixed-size types (0x240..0x300) in the value,
+    /// as log2 in bits 3..6; the others are [`PLATFORM_SIZES`]. Checked against the
+    /// library's own `MPI_Type_size` by an end-to-end test.
+    #[inline(always)]
+    pub const fn builtin_type_size(h: u64) -> Option<u64> {
+        if h >= 0x240 && h < 0x300 {
+            return Some(1 << ((h >> 3) & 7));
+        }
+        if h < 0x200 || h >= 0x240 {
+            return None;
+        }
+        // Constants, not an array indexed at run time (which BPF would copy to its stack).
+        const W: [u64; 4] = PACKED_SIZES;
+        const W0: u64 = W[0];
+        const W1: u64 = W[1];
+        const W2: u64 = W[2];
+        const W3: u64 = W[3];
+        let i = h - 0x200;
+        let word = if i < 16 {
+            W0
+        } else if i < 32 {
+            W1
+        } else if i < 48 {
+            W2
+        } else {
+            W3
+        };
+        let code = (word >> ((i & 15) * 4)) & 15;
+        match (CODE_SIZES >> (code * 6)) & 63 {
+            0 => None,
+            size => Some(size),
         }
     }
 }
@@ -1148,6 +1371,53 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mpi_abi_predefined_types_have_their_platform_sizes() {
+        use mpi_abi::builtin_type_size as size;
+        // mpi_abi.h's values: the fixed-size types by their encoding, the others listed.
+        for (h, bytes) in [
+            (0x240, 1),  // INT8_T
+            (0x243, 1),  // CHAR
+            (0x247, 1),  // BYTE
+            (0x249, 2),  // UINT16_T
+            (0x251, 4),  // UINT32_T
+            (0x258, 8),  // INT64_T
+            (0x2d3, 4),  // COMPLEX4
+            (0x2e2, 16), // REAL16
+            (0x2eb, 32), // COMPLEX32
+            (0x209, 4),  // INT
+            (0x20a, 8),  // LONG
+            (0x214, 8),  // DOUBLE
+            (0x220, 16), // LONG_DOUBLE
+            (0x229, 12), // DOUBLE_INT
+            (0x22d, 20), // LONG_DOUBLE_INT
+            (0x23c, 4),  // WCHAR
+        ] {
+            assert_eq!(size(h), Some(bytes), "{h:#x}");
+        }
+        // The packed lookup holds the table.
+        for (i, bytes) in mpi_abi::PLATFORM_SIZES.iter().enumerate() {
+            let want = (*bytes != 0).then_some(u64::from(*bytes));
+            assert_eq!(size(0x200 + i as u64), want, "{:#x}", 0x200 + i);
+        }
+        // MPI_DATATYPE_NULL, a communicator, an MPICH handle, a pointer.
+        for h in [0x200, 0x101, 0x4c00_0405, 0x7f00_1234_5000] {
+            assert_eq!(size(h), None, "{h:#x}");
+        }
+        let read = |_| Some(0x8400_0002);
+        assert_eq!(mpi_abi::to_mpich(0x101, read), Some(mpich::COMM_WORLD));
+        assert_eq!(mpi_abi::to_mpich(0x102, read), Some(mpich::COMM_SELF));
+        let int = mpi_abi::to_mpich(0x209, read).expect("INT");
+        assert_eq!(mpich::builtin_type_size(int as u32), Some(4));
+        let double_int = mpi_abi::to_mpich(0x229, read).expect("DOUBLE_INT");
+        assert_eq!(mpich::builtin_type_size(double_int as u32), Some(12));
+        assert_eq!(mpi_abi::to_mpich(0x180, read), Some(0x180)); // MPI_REQUEST_NULL
+        assert_eq!(mpi_abi::to_mpich(0x7f00_1234_5000, read), Some(0x8400_0002));
+        assert_eq!(mpi_abi::to_mpich(0x7f00_1234_5000, |_| None), None);
+        assert!(Abi::integer_handles(Abi::MpiAbi as u8));
+        assert_eq!(Abi::proc_null(Abi::MpiAbi as u8), Some(-3));
+    }
 
     #[test]
     fn a_darray_dimension_holds_what_the_standard_deals_each_process() {

@@ -10,9 +10,9 @@ use collector_common::{
 
 use crate::{
     decode::{
-        add_counts_wide, add_typed, add_typed_wide, count_arg, each, handle, int_arg,
-        mul_counts_wide, read, shared_comm_id, sum_ints, type_size, LoopBody, TypedSum, MAX_TYPED,
-        UNDECODED,
+        add_counts_wide, add_typed, add_typed_std, add_typed_wide, add_typed_wide_std, count_arg,
+        each, handle, int_arg, mul_counts_wide, read, shared_comm_id, sum_ints, type_size,
+        LoopBody, TypedSum, MAX_TYPED, UNDECODED,
     },
     maps::{with_proc_stats, COMMS, CONFIG, EVENTS},
 };
@@ -48,14 +48,11 @@ pub(crate) fn describe_call(ev: &mut CallEvent, c: &Call, spec: &ArgSpec, comm: 
     }
 }
 
-/// The handle a call stored at `p` (an `int` in integer-handle ABIs, a pointer otherwise).
+/// The handle a call stored at `p` (an `int` in MPICH's ABI, a pointer otherwise),
+/// normalised (as `handle`).
 #[inline(always)]
 pub(crate) fn read_handle(abi: u8, p: u64) -> Option<u64> {
-    if abi == Abi::Mpich as u8 {
-        read::<u32>(p).map(u64::from)
-    } else {
-        read::<u64>(p)
-    }
+    crate::decode::element_handle(abi, p, 0)
 }
 
 /// Whether every call emits an event (a trace or a stream is open, or asked for).
@@ -206,7 +203,25 @@ impl Call<'_> {
     /// [`ProductWide`]: their product).
     #[inline(always)]
     pub fn sum_typed<B: SumBody>(&self, counts: u8, types: u8, n: u32) -> Option<u64> {
-        let total = sum_typed::<B>(self, counts, types, n);
+        // `abi` is the return program's constant wherever this is inlined into it.
+        if self.abi == Abi::MpiAbi as u8 {
+            self.sum_typed_in::<B, true>(counts, types, n)
+        } else {
+            self.sum_typed_in::<B, false>(counts, types, n)
+        }
+    }
+
+    /// [`Call::sum_typed`] where the caller knows whether the ABI is the MPI-5 one
+    /// (`STD`): a function not inlined into its return program, whose `abi` the verifier
+    /// does not know, would have both bodies verified in every program.
+    #[inline(always)]
+    pub fn sum_typed_in<B: SumBody, const STD: bool>(
+        &self,
+        counts: u8,
+        types: u8,
+        n: u32,
+    ) -> Option<u64> {
+        let total = sum_typed::<B, STD>(self, counts, types, n);
         (total != UNDECODED).then_some(total)
     }
 }
@@ -216,6 +231,8 @@ impl Call<'_> {
 /// through every state of its callers: the MPICH return program had none to spare).
 pub(crate) trait SumBody {
     const BODY: LoopBody;
+    /// The body in the MPI-5 ABI (a body of its own where it reads handles).
+    const STD_BODY: LoopBody = Self::BODY;
     /// The total before the first element (1 for a product).
     const START: u64 = 0;
 }
@@ -224,12 +241,14 @@ pub(crate) trait SumBody {
 pub(crate) struct Typed;
 impl SumBody for Typed {
     const BODY: LoopBody = add_typed;
+    const STD_BODY: LoopBody = add_typed_std;
 }
 
 /// [`add_typed_wide`]: `MPI_Count` counts times their types' sizes.
 pub(crate) struct TypedWide;
 impl SumBody for TypedWide {
     const BODY: LoopBody = add_typed_wide;
+    const STD_BODY: LoopBody = add_typed_wide_std;
 }
 
 /// [`add_counts_wide`]: `MPI_Count` counts alone.
@@ -249,7 +268,7 @@ impl SumBody for ProductWide {
 /// (and returning a plain number): the loop's state is in this frame, not in the return
 /// program's, which has no room left.
 #[inline(never)]
-fn sum_typed<B: SumBody>(c: &Call, counts: u8, types: u8, n: u32) -> u64 {
+fn sum_typed<B: SumBody, const STD: bool>(c: &Call, counts: u8, types: u8, n: u32) -> u64 {
     let Some(counts) = c.arg(counts) else {
         return UNDECODED;
     };
@@ -265,7 +284,8 @@ fn sum_typed<B: SumBody>(c: &Call, counts: u8, types: u8, n: u32) -> u64 {
         abi: u32::from(c.abi),
         bad: 0,
     };
-    if each(n, B::BODY, &mut sum) && sum.bad == 0 {
+    let body = if STD { B::STD_BODY } else { B::BODY };
+    if each(n, body, &mut sum) && sum.bad == 0 {
         sum.total
     } else {
         UNDECODED

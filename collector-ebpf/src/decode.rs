@@ -2,10 +2,12 @@
 //!
 //! Open MPI handles are pointers to objects whose layout userspace supplies per library
 //! version (`Layout`); MPICH-ABI handles are 32-bit integers that encode builtin sizes, and
-//! derived types / communicators are learnt from the calls that create or query them.
+//! derived types / communicators are learnt from the calls that create or query them. The
+//! MPI-5 ABI's handles are read as MPICH's (`mpi_abi::to_mpich`) and decoded as those,
+//! but for their predefined datatypes and their `MPI_Status`.
 
 use aya_ebpf::helpers::{bpf_probe_read_user, generated as gen};
-use collector_common::{comm_id, mpich, nccl, Abi, CommInfo, HandleKey, Layout};
+use collector_common::{comm_id, mpi_abi, mpich, nccl, Abi, CommInfo, HandleKey, Layout};
 
 use crate::maps::{COMMS, DTYPES};
 
@@ -41,17 +43,28 @@ pub fn count_arg(v: u64) -> Option<u64> {
     }
 }
 
-/// Normalises a handle argument: MPICH handles are `int`s, Open MPI's are pointers.
+/// Normalises a handle argument: MPICH handles are `int`s, Open MPI's are pointers, and
+/// the MPI-5 ABI's become MPICH's (0 if the object cannot be read: no handle's value).
+/// Exactly once per handle: an MPICH handle is no MPI-5 ABI handle.
 #[inline(always)]
 pub fn handle(abi: u8, v: u64) -> u64 {
     if abi == Abi::Mpich as u8 {
         v & 0xffff_ffff
+    } else if abi == Abi::MpiAbi as u8 {
+        mpi_abi_handle(v)
     } else {
         v
     }
 }
 
-/// Size in bytes of one element of datatype handle `h`.
+/// [`handle`] in the MPI-5 ABI: a function of its own, whose stack is not that of each
+/// return program it would be inlined in many times over.
+#[inline(never)]
+fn mpi_abi_handle(v: u64) -> u64 {
+    mpi_abi::to_mpich(v, read::<u32>).unwrap_or(0)
+}
+
+/// Size in bytes of one element of datatype handle `h` (normalised by [`handle`]).
 #[inline(always)]
 pub fn type_size(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<u64> {
     type_size_at(abi, layout.dt_size_off, tgid, h)
@@ -81,8 +94,9 @@ fn type_size_at(abi: u8, dt_size_off: u32, tgid: u32, h: u64) -> Option<u64> {
     .copied()
 }
 
-/// Size of communicator `h` and this process's rank in it. For NCCL, a communicator whose
-/// size is not known yet (split off, not asked) still has its identity.
+/// Size of communicator `h` (normalised by [`handle`]) and this process's rank in it. For
+/// NCCL, a communicator whose size is not known yet (split off, not asked) still has its
+/// identity.
 #[inline(always)]
 pub fn comm_info(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<CommInfo> {
     if abi == Abi::Nccl as u8 {
@@ -155,7 +169,7 @@ pub fn comm_info(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<CommInfo
 pub fn shared_comm_id(abi: u8, h: u64, info: Option<CommInfo>) -> u64 {
     match info {
         Some(i) if i.id != 0 => i.id,
-        _ if abi == Abi::Mpich as u8 && h == mpich::COMM_WORLD => comm_id::WORLD,
+        _ if Abi::integer_handles(abi) && h == mpich::COMM_WORLD => comm_id::WORLD,
         _ => 0,
     }
 }
@@ -167,6 +181,13 @@ pub fn status_bytes(abi: u8, status: u64) -> Option<u64> {
         // { int MPI_SOURCE, MPI_TAG, MPI_ERROR, _cancelled; size_t _ucount; }
         return read::<u64>(status + 16);
     }
+    // The MPI-5 ABI's: { int MPI_SOURCE, MPI_TAG, MPI_ERROR, MPI_internal[5] }, MPICH's
+    // two count words first in MPI_internal.
+    let status = if abi == Abi::MpiAbi as u8 {
+        status + mpi_abi::STATUS_COUNT_OFF
+    } else {
+        status
+    };
     // { int count_lo; int count_hi_and_cancelled; int MPI_SOURCE, MPI_TAG, MPI_ERROR; }
     let lo: u32 = read(status)?;
     let hi: u32 = read(status + 4)?;
@@ -176,15 +197,23 @@ pub fn status_bytes(abi: u8, status: u64) -> Option<u64> {
 /// The source rank an `MPI_Status` at `status` holds, per ABI.
 #[inline(always)]
 pub fn status_source(abi: u8, status: u64) -> Option<i32> {
-    // Open MPI: MPI_SOURCE first; MPICH: after the two count words.
-    let off = if abi == Abi::OpenMpi as u8 { 0 } else { 8 };
+    // Open MPI and the MPI-5 ABI: MPI_SOURCE first; MPICH: after the two count words.
+    let off = if abi == Abi::Mpich as u8 {
+        8
+    } else {
+        mpi_abi::STATUS_SOURCE_OFF
+    };
     read::<i32>(status + off)
 }
 
 /// The tag an `MPI_Status` at `status` holds, per ABI (the int after the source).
 #[inline(always)]
 pub fn status_tag(abi: u8, status: u64) -> Option<i32> {
-    let off = if abi == Abi::OpenMpi as u8 { 4 } else { 12 };
+    let off = if abi == Abi::Mpich as u8 {
+        12
+    } else {
+        mpi_abi::STATUS_TAG_OFF
+    };
     read::<i32>(status + off)
 }
 
@@ -346,7 +375,17 @@ pub extern "C" fn add_typed(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     }
 }
 
-/// The size of element `i`'s datatype in a [`TypedSum`].
+/// Element `i` of an array of handles at `base`, normalised (as [`handle`]).
+#[inline(always)]
+pub fn element_handle(abi: u8, base: u64, i: u64) -> Option<u64> {
+    if abi == Abi::Mpich as u8 {
+        read::<u32>(base + i * 4).map(u64::from)
+    } else {
+        read::<u64>(base + i * 8).map(|h| handle(abi, h))
+    }
+}
+
+/// The size of element `i`'s datatype in a [`TypedSum`] (Open MPI's or MPICH's ABI).
 #[inline(always)]
 fn element_type_size(s: &TypedSum, abi: u8, i: u64) -> Option<u64> {
     let t = if abi == Abi::Mpich as u8 {
@@ -355,6 +394,35 @@ fn element_type_size(s: &TypedSum, abi: u8, i: u64) -> Option<u64> {
         read::<u64>(s.types + i * 8)?
     };
     type_size_at(abi, s.dt_size_off, s.tgid, t)
+}
+
+/// [`element_type_size`] in the MPI-5 ABI, for its own bodies: each body verifies its
+/// ABI's path alone (the verifier walks every branch of a body, and the MPICH return
+/// program had no pending branches to spare for a third ABI's).
+#[inline(always)]
+fn std_element_type_size(s: &TypedSum, i: u64) -> Option<u64> {
+    let t = handle(Abi::MpiAbi as u8, read::<u64>(s.types + i * 8)?);
+    type_size_at(Abi::Mpich as u8, 0, s.tgid, t)
+}
+
+/// [`add_typed`] in the MPI-5 ABI.
+pub extern "C" fn add_typed_std(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes its caller's `TypedSum`.
+    let s = unsafe { &mut *ctx.cast::<TypedSum>() };
+    let size = read::<i32>(s.counts + i * 4)
+        .filter(|c| *c >= 0)
+        .and_then(|c| Some(c as u64 * std_element_type_size(s, i)?));
+    add_to(s, size)
+}
+
+/// [`add_typed_wide`] in the MPI-5 ABI.
+pub extern "C" fn add_typed_wide_std(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes its caller's `TypedSum`.
+    let s = unsafe { &mut *ctx.cast::<TypedSum>() };
+    let size = read::<i64>(s.counts + i * 8)
+        .filter(|c| *c >= 0)
+        .and_then(|c| Some((c as u64).wrapping_mul(std_element_type_size(s, i)?)));
+    add_to(s, size)
 }
 
 /// Adds an element's bytes (`Some`) to `s`, or marks it bad (as [`add_typed`] does);
@@ -432,7 +500,8 @@ pub struct DarrayElements {
 }
 
 /// One dimension of a [`DarrayElements`], the last first (`bpf_loop`'s body).
-pub extern "C" fn darray_dim(k: u64, ctx: *mut core::ffi::c_void) -> i64 {
+/// `STD`: the MPI-5 ABI's constants (a body of its own: see [`std_element_type_size`]).
+pub extern "C" fn darray_dim<const STD: bool>(k: u64, ctx: *mut core::ffi::c_void) -> i64 {
     // SAFETY: `bpf_loop` passes its caller's `DarrayElements`.
     let s = unsafe { &mut *ctx.cast::<DarrayElements>() };
     let i = s.last.wrapping_sub(k);
@@ -446,6 +515,11 @@ pub extern "C" fn darray_dim(k: u64, ctx: *mut core::ffi::c_void) -> i64 {
         (Some(g), Some(distrib), Some(darg), Some(p)) if p > 0 => {
             let r = s.left % p as u64;
             s.left /= p as u64;
+            let (distrib, darg) = if STD {
+                mpi_abi::darray_to_mpich(distrib, darg)
+            } else {
+                (distrib, darg)
+            };
             mpich::darray_local(g, distrib, darg, p, r)
         }
         _ => None,

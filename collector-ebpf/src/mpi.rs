@@ -8,10 +8,9 @@ use collector_common::{
 };
 
 use crate::{
-    call::{learn_comm, Call, CountsWide, ProductWide, SumBody, Typed, TypedWide},
+    call::{learn_comm, read_handle, Call, CountsWide, ProductWide, SumBody, Typed, TypedWide},
     decode::{
-        count_arg, darray_dim, each, handle, product_ints, read, DarrayElements, MAX_DARRAY_DIMS,
-        UNDECODED,
+        count_arg, darray_dim, each, product_ints, read, DarrayElements, MAX_DARRAY_DIMS, UNDECODED,
     },
     maps::{COMMS, DTYPES},
 };
@@ -66,7 +65,11 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
         | ByteRule::LargeSumCountsPerPeer
         | ByteRule::LargeCountAtRank
         | ByteRule::LargeSumCountsTypesPerPeer => {
-            let bytes = large_vector(c, spec, comm?);
+            let bytes = if c.abi == Abi::MpiAbi as u8 {
+                large_vector::<true>(c, spec, comm?)
+            } else {
+                large_vector::<false>(c, spec, comm?)
+            };
             (bytes != UNDECODED).then_some(bytes)
         }
         ByteRule::AintArg => c.count_wide(spec.a),
@@ -87,7 +90,12 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
         | ByteRule::TypeFree => Some(0),
         ByteRule::CommFree => {
             crate::cache::bump();
-            let h = handle(c.abi, c.args[0]);
+            // Read at the entry (`frees_handle`), and an MPI-5 ABI handle normalised there.
+            let h = if Abi::integer_handles(c.abi) {
+                c.args[0] & 0xffff_ffff
+            } else {
+                c.args[0]
+            };
             let _ = COMMS.remove(HandleKey {
                 tgid: c.tgid,
                 _pad: 0,
@@ -99,12 +107,13 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
         ByteRule::CommDup => {
             // A duplicate has its parent's size and ranks: integer-handle ABIs learn them
             // here, as they would from MPI_Comm_size on it.
-            if c.abi == Abi::Mpich as u8 && c.ret == 0 {
-                if let (Some(parent), Some(new)) = (comm, c.arg(spec.d).and_then(read::<u32>)) {
+            if Abi::integer_handles(c.abi) && c.ret == 0 {
+                let new = c.arg(spec.d).and_then(|p| read_handle(c.abi, p));
+                if let (Some(parent), Some(new)) = (comm, new) {
                     let key = HandleKey {
                         tgid: c.tgid,
                         _pad: 0,
-                        handle: u64::from(new),
+                        handle: new,
                     };
                     let _ = COMMS.insert(key, CommInfo::new(parent.size, parent.rank, 0), 0);
                     crate::cache::bump();
@@ -113,7 +122,7 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
             Some(0)
         }
         rule @ (ByteRule::CommSize | ByteRule::CommRank) => {
-            if c.abi == Abi::Mpich as u8 {
+            if Abi::integer_handles(c.abi) {
                 learn_comm(c, spec, rule);
             }
             Some(0)
@@ -163,7 +172,12 @@ fn constructed_size(c: &Call, spec: &ArgSpec, rule: ByteRule) -> Option<u64> {
         | ByteRule::LargeCtorStruct
         | ByteRule::LargeCtorProdArray => large_constructed_size(c, spec, rule),
         ByteRule::CtorDarray | ByteRule::LargeCtorDarray => {
-            let n = darray_elements(c, rule == ByteRule::LargeCtorDarray);
+            let wide = rule == ByteRule::LargeCtorDarray;
+            let n = if c.abi == Abi::MpiAbi as u8 {
+                darray_elements::<true>(c, wide)
+            } else {
+                darray_elements::<false>(c, wide)
+            };
             // Wrapping, as the other constructors' (the caller's type, below 2^47).
             Some((n != UNDECODED).then_some(n)?.wrapping_mul(c.size(spec.b)?))
         }
@@ -221,7 +235,7 @@ fn array_times_size<B: SumBody>(c: &Call, spec: &ArgSpec, n: u64) -> Option<u64>
 /// `MPI_Count`s), or [`UNDECODED`]. Not inlined, its dimensions read
 /// in a `bpf_loop`.
 #[inline(never)]
-fn darray_elements(c: &Call, wide: bool) -> u64 {
+fn darray_elements<const STD: bool>(c: &Call, wide: bool) -> u64 {
     let (Some(size), Some(rank), Some(ndims)) = (c.arg(0), c.arg(1), c.arg(2)) else {
         return UNDECODED;
     };
@@ -240,7 +254,7 @@ fn darray_elements(c: &Call, wide: bool) -> u64 {
         bad: 0,
         wide: u64::from(wide),
     };
-    if each(ndims as u32, darray_dim, &mut s) && s.bad == 0 {
+    if each(ndims as u32, darray_dim::<STD>, &mut s) && s.bad == 0 {
         s.product
     } else {
         UNDECODED
@@ -253,14 +267,14 @@ fn learn_type(c: &Call, spec: &ArgSpec, rule: ByteRule) {
     let Some(size) = constructed_size(c, spec, rule) else {
         return;
     };
-    let Some(new) = c.arg(spec.d).and_then(read::<u32>) else {
+    let Some(new) = c.arg(spec.d).and_then(|p| read_handle(c.abi, p)) else {
         return;
     };
     let _ = DTYPES.insert(
         HandleKey {
             tgid: c.tgid,
             _pad: 0,
-            handle: u64::from(new),
+            handle: new,
         },
         size,
         0,
@@ -275,7 +289,7 @@ fn learn_type(c: &Call, spec: &ArgSpec, rule: ByteRule) {
     clippy::trivially_copy_pass_by_ref,
     reason = "takes the routine's spec as the other return rules do"
 )]
-fn large_vector(c: &Call, spec: &ArgSpec, comm: CommInfo) -> u64 {
+fn large_vector<const STD: bool>(c: &Call, spec: &ArgSpec, comm: CommInfo) -> u64 {
     let p = comm.size;
     let rule = ByteRule::from_u8(spec.rule);
     let bytes = if rule == ByteRule::LargeCountAtRank {
@@ -287,11 +301,11 @@ fn large_vector(c: &Call, spec: &ArgSpec, comm: CommInfo) -> u64 {
             .filter(|n| *n >= 0)
             .and_then(|n| Some(n as u64 * c.size(spec.b)?))
     } else if rule == ByteRule::LargeSumCountsTypesPerPeer {
-        c.sum_typed::<TypedWide>(spec.a, spec.b, p)
+        c.sum_typed_in::<TypedWide, STD>(spec.a, spec.b, p)
             .and_then(|b| b.checked_div(u64::from(p)))
     } else {
         let total = c
-            .sum_typed::<CountsWide>(spec.a, N, p)
+            .sum_typed_in::<CountsWide, STD>(spec.a, N, p)
             .and_then(|n| Some(n * c.size(spec.b)?));
         if rule == ByteRule::LargeSumCountsPerPeer {
             total.and_then(|b| b.checked_div(u64::from(p)))

@@ -175,8 +175,7 @@ extern "C" fn start_one(i: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `bpf_loop` passes `on_start`'s context.
     let s = unsafe { &mut *ctx.cast::<Starts>() };
     let abi = s.abi as u8;
-    let width: u64 = if abi == Abi::Mpich as u8 { 4 } else { 8 };
-    let op = read_handle(abi, s.requests + i * width).and_then(|h| {
+    let op = crate::decode::element_handle(abi, s.requests, i).and_then(|h| {
         let key = HandleKey {
             tgid: s.tgid,
             _pad: 0,

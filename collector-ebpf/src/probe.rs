@@ -132,14 +132,20 @@ fn enter(ctx: &ProbeContext, sampling: u32) -> u32 {
         // Before the handle goes: no thread may keep it cached across the free.
         crate::cache::bump();
         // The call resets the handle to MPI_*_NULL: read it now (an MPICH-ABI handle is
-        // an int; `handle()` drops the upper half later).
+        // an int: the return drops the upper half; an MPI-5 ABI handle is read as MPICH's
+        // now, while its object is alive).
         let i = (spec.a & 15) as usize;
-        e.args[i] = read::<u64>(e.args[i]).unwrap_or(0);
+        let h = read::<u64>(e.args[i]).unwrap_or(0);
+        e.args[i] = if c.abi == Abi::MpiAbi as u8 {
+            handle(c.abi, h)
+        } else {
+            h
+        };
     }
     e.depth = 0;
     e.routine = c.routine;
     e.cookie = packed;
-    if sampling != NO_SAMPLING && left_untimed(spec, c.routine, e.tgid, sampling, &e.args) {
+    if sampling != NO_SAMPLING && left_untimed(spec, &c, e.tgid, sampling, &e.args) {
         // No clock read: an untimed call has no duration (the return path's own read is
         // left alone: a branch on it there doubles the verifier's work).
         e.start_ns = 0;
@@ -161,13 +167,13 @@ fn enter(ctx: &ProbeContext, sampling: u32) -> u32 {
 #[inline(always)]
 fn left_untimed(
     spec: &ArgSpec,
-    routine: u16,
+    c: &Cookie,
     tgid: u32,
     sampling: u32,
     args: &[u64; ARG_SLOTS],
 ) -> bool {
     // Cheapest first: most calls stop at the routine's N (one array lookup).
-    let n = TIME_ONE_IN.get(u32::from(routine)).copied().unwrap_or(0);
+    let n = TIME_ONE_IN.get(u32::from(c.routine)).copied().unwrap_or(0);
     if n <= 1 || wants_event(spec) {
         return false;
     }
@@ -185,7 +191,7 @@ fn left_untimed(
                 tgid,
                 _pad: 0,
                 handle: handle(
-                    Abi::Mpich as u8,
+                    c.abi,
                     args.get((spec.a & 15) as usize).copied().unwrap_or(0),
                 ),
             };
@@ -239,6 +245,21 @@ pub fn mpi_return_mpich_types(ctx: RetProbeContext) -> u32 {
     returned::<{ Abi::Mpich as u8 }, true>(ctx.as_ptr())
 }
 
+/// Return of any MPI routine of an MPI-5 ABI library but its datatype constructors.
+#[uretprobe]
+pub fn mpi_return_mpi_abi(ctx: RetProbeContext) -> u32 {
+    returned::<{ Abi::MpiAbi as u8 }, false>(ctx.as_ptr());
+    crate::persistent::after_return::<{ Abi::MpiAbi as u8 }>(ctx.ret());
+    0
+}
+
+/// `mpi_return_mpich_types` for an MPI-5 ABI library (MPICH's: its objects' handles carry
+/// no size for derived types either).
+#[uretprobe]
+pub fn mpi_return_mpi_abi_types(ctx: RetProbeContext) -> u32 {
+    returned::<{ Abi::MpiAbi as u8 }, true>(ctx.as_ptr())
+}
+
 /// Return of any NCCL routine (entry is the shared `call_entry`).
 #[uretprobe]
 pub fn nccl_return(ctx: RetProbeContext) -> u32 {
@@ -279,6 +300,18 @@ session_program!(
     true
 );
 session_program!(
+    /// `mpi_return_mpi_abi`'s routines as a session program.
+    sess_mpi_abi,
+    Abi::MpiAbi,
+    false
+);
+session_program!(
+    /// `mpi_return_mpi_abi_types`'s routines as a session program.
+    sess_mpi_abi_types,
+    Abi::MpiAbi,
+    true
+);
+session_program!(
     /// NCCL's routines as a session program.
     sess_nccl,
     Abi::Nccl,
@@ -296,7 +329,7 @@ fn on_session<const ABI: u8, const TYPES: bool>(ctx: ProbeContext) -> u32 {
         // sizes and ranks at MPI_Comm_size/MPI_Comm_rank's return.
         let sampling = if ABI == Abi::Nccl as u8 || TYPES {
             NO_SAMPLING
-        } else if ABI == Abi::Mpich as u8 {
+        } else if Abi::integer_handles(ABI) {
             SAMPLING_BUT_LEARNING
         } else {
             SAMPLING
@@ -450,11 +483,12 @@ fn outermost_return() -> Option<&'static mut CallState> {
 #[inline(always)]
 fn communicator<const ABI: u8>(call: &Call, spec: &ArgSpec) -> Option<CommInfo> {
     call.arg(spec.comm).and_then(|h| {
+        let h = handle(ABI, h);
         let decode = || comm_info(ABI, call.layout, call.tgid, h);
         if ABI == Abi::Nccl as u8 {
             decode()
         } else {
-            crate::cache::comm_info(call.cache, handle(ABI, h), decode)
+            crate::cache::comm_info(call.cache, h, decode)
         }
     })
 }

@@ -24,6 +24,9 @@ pub enum Mpi {
     /// MPICH 5.0 from PyPI (the `mpich` wheel, likewise): its `mpicc` builds against
     /// `libmpi.so.12`, MPICH's own ABI; `mpiexec` is Hydra.
     Mpich5,
+    /// The same wheel's `libmpi_abi.so`, the MPI-5 standard ABI, which its `mpicc_abi`
+    /// builds against: pointer-sized handles, the standard's constants and `MPI_Status`.
+    Mpich5Abi,
 }
 
 /// Where `cargo xtask setup` installed the wheel of `mpi` (Open MPI 5, MPICH 5).
@@ -80,6 +83,7 @@ impl Mpi {
             Mpi::IntelMpi => "impi",
             Mpi::OpenMpi5 => "openmpi5",
             Mpi::Mpich5 => "mpich5",
+            Mpi::Mpich5Abi => "mpich5abi",
         }
     }
 
@@ -104,7 +108,7 @@ impl Mpi {
                 "-np".into(),
                 np.to_string(),
             ],
-            Mpi::Mpich5 => vec![
+            Mpi::Mpich5 | Mpi::Mpich5Abi => vec![
                 wheel_dir(self).join("bin/mpiexec").display().to_string(),
                 "-n".into(),
                 np.to_string(),
@@ -147,10 +151,10 @@ pub fn build_program(src: &str, mpi: Mpi) -> PathBuf {
     } else {
         format!("mpicc.{}", mpi.suffix())
     };
-    let compiler = if matches!(mpi, Mpi::OpenMpi5 | Mpi::Mpich5) {
-        wheel_dir(mpi).join("bin/mpicc").display().to_string()
-    } else {
-        compiler
+    let compiler = match mpi {
+        Mpi::OpenMpi5 | Mpi::Mpich5 => wheel_dir(mpi).join("bin/mpicc").display().to_string(),
+        Mpi::Mpich5Abi => wheel_dir(mpi).join("bin/mpicc_abi").display().to_string(),
+        _ => compiler,
     };
     let mut cmd = Command::new(&compiler);
     cmd.args(["-O1", "-o"]).arg(&out).arg(&source);

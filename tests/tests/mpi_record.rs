@@ -195,15 +195,58 @@ fn launched_mpich_5_job_matches_truth() {
     launched_truth(Mpi::Mpich5, 2);
 }
 
+/// The same wheel's `libmpi_abi.so`, the MPI-5 standard ABI (`mpicc_abi`): pointer-sized
+/// handles, predefined ones the standard's constants, its own `MPI_Status` and
+/// `MPI_PROC_NULL`; exact as MPICH's own ABI.
+#[test]
+fn launched_mpich_5_standard_abi_job_matches_truth() {
+    launched_truth(Mpi::Mpich5Abi, 2);
+}
+
+/// The sizes commtap gives the MPI-5 ABI's predefined datatypes (from the values the ABI
+/// fixes, reading no library) are the library's own: `MPI_Type_size` of each, asked of
+/// MPICH 5's `libmpi_abi.so` (`mpi_abi_type_sizes.c`).
+#[test]
+fn mpi_abi_predefined_type_sizes_are_the_librarys() {
+    let prog = build_program("mpi_abi_type_sizes.c", Mpi::Mpich5Abi);
+    let launcher = Mpi::Mpich5Abi.launcher(1);
+    let out = mpi_env(Command::new(&launcher[0]).args(&launcher[1..]).arg(&prog))
+        .output()
+        .expect("running mpi_abi_type_sizes");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut checked = 0;
+    for line in stdout.lines() {
+        let [name, value, size] = line.split_whitespace().collect::<Vec<_>>()[..] else {
+            panic!("not NAME VALUE SIZE: {line}");
+        };
+        let value = u64::from_str_radix(value.trim_start_matches("0x"), 16).expect(value);
+        let size: u64 = size
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} refused: {line}"));
+        assert_eq!(
+            collector_common::mpi_abi::builtin_type_size(value),
+            Some(size),
+            "{name} ({value:#x})"
+        );
+        checked += 1;
+    }
+    // Every predefined datatype of mpi_abi.h the program names.
+    assert_eq!(checked, 70, "{stdout}");
+}
+
 /// MPI-4's large-count routines (`MPI_Allreduce_c`, `MPI_Send_c`, `MPI_Recv_c` ..., with
 /// `MPI_Count` counts) of MPICH 5, each counted as its own routine, exactly, and the
 /// point-to-point ones per peer (`mpi_large_count.c`).
-#[test]
-fn large_count_routines_are_counted_exactly() {
-    let scratch = Scratch::new("large-count");
-    let prog = build_program("mpi_large_count.c", Mpi::Mpich5);
+fn large_count_truth(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("large-count-{}", mpi.suffix()));
+    let prog = build_program("mpi_large_count.c", mpi);
     let (out, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
-    let args = launch_args(&out, Mpi::Mpich5, &[&prog, &prefix]);
+    let args = launch_args(&out, mpi, &[&prog, &prefix]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
     let truths = read_truths(&prefix, 2);
@@ -213,6 +256,17 @@ fn large_count_routines_are_counted_exactly() {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
         assert_eq!(rank["peers"], truth["peers"], "rank {}", truth["rank"]);
     }
+}
+
+#[test]
+fn large_count_routines_are_counted_exactly() {
+    large_count_truth(Mpi::Mpich5);
+}
+
+/// The same in the MPI-5 ABI, whose `MPI_Count`s are the same and handles are not.
+#[test]
+fn large_count_routines_are_counted_exactly_in_the_mpi_5_abi() {
+    large_count_truth(Mpi::Mpich5Abi);
 }
 
 /// `mpi_truth` (4 ranks) with the time of every routine that may be sampled timed one call
@@ -286,6 +340,13 @@ fn sampled_time_keeps_open_mpi_counts_exact() {
 #[test]
 fn sampled_time_keeps_mpich_counts_exact() {
     sampled_truth(Mpi::Mpich);
+}
+
+/// In the MPI-5 ABI too: its `MPI_Comm_size`/`MPI_Comm_rank` teach by the handle read at
+/// their entry, which decides whether the call may go untimed.
+#[test]
+fn sampled_time_keeps_mpi_5_abi_counts_exact() {
+    sampled_truth(Mpi::Mpich5Abi);
 }
 
 /// `record --format json -o OUT -- LAUNCHER(2 ranks) PROGRAM ARGS...`

@@ -263,13 +263,24 @@ impl Probes {
             Abi::Fabric => returns.push((names::programs::FABRIC_RETURN, all.clone())),
             Abi::OpenMpi => returns.push((names::programs::MPI_RETURN_OMPI, all.clone())),
             Abi::Nccl => returns.push((names::programs::NCCL_RETURN, all.clone())),
-            Abi::Mpich => {
+            abi @ (Abi::Mpich | Abi::MpiAbi) => {
                 // Datatype constructors have their own return program (they learn sizes).
                 let (types, rest): (Vec<&ProbePoint>, Vec<&ProbePoint>) = all
                     .iter()
                     .partition(|p| ROUTINES[p.routine as usize].spec.class == class::DATATYPE);
-                returns.push((names::programs::MPI_RETURN_MPICH, rest));
-                returns.push((names::programs::MPI_RETURN_MPICH_TYPES, types));
+                let (ret, ret_types) = if abi == Abi::Mpich {
+                    (
+                        names::programs::MPI_RETURN_MPICH,
+                        names::programs::MPI_RETURN_MPICH_TYPES,
+                    )
+                } else {
+                    (
+                        names::programs::MPI_RETURN_MPI_ABI,
+                        names::programs::MPI_RETURN_MPI_ABI_TYPES,
+                    )
+                };
+                returns.push((ret, rest));
+                returns.push((ret_types, types));
             }
         }
         // MPI_Pcontrol's own program (the region's bounds) beside the counting one.

@@ -38,12 +38,18 @@ pub fn for_abi(abi: Abi, sessions: bool) -> &'static [&'static str] {
         (Abi::Fabric, _) => &[p::FABRIC_ENTRY, p::FABRIC_RETURN, p::FABRIC_OPEN],
         (Abi::OpenMpi, true) => &[p::SESS_OMPI],
         (Abi::Mpich, true) => &[p::SESS_MPICH, p::SESS_MPICH_TYPES],
+        (Abi::MpiAbi, true) => &[p::SESS_MPI_ABI, p::SESS_MPI_ABI_TYPES],
         (Abi::Nccl, true) => &[p::SESS_NCCL],
         (Abi::OpenMpi, false) => &[p::CALL_ENTRY, p::MPI_RETURN_OMPI],
         (Abi::Mpich, false) => &[
             p::CALL_ENTRY,
             p::MPI_RETURN_MPICH,
             p::MPI_RETURN_MPICH_TYPES,
+        ],
+        (Abi::MpiAbi, false) => &[
+            p::CALL_ENTRY,
+            p::MPI_RETURN_MPI_ABI,
+            p::MPI_RETURN_MPI_ABI_TYPES,
         ],
         (Abi::Nccl, false) => &[p::CALL_ENTRY, p::NCCL_RETURN],
     }
@@ -61,7 +67,13 @@ pub fn for_abis(abis: &[Abi], sessions: bool) -> Vec<&'static str> {
 }
 
 /// Every ABI, for loading every program (`commtap doctor`).
-pub const ABIS: [Abi; 4] = [Abi::OpenMpi, Abi::Mpich, Abi::Nccl, Abi::Fabric];
+pub const ABIS: [Abi; 5] = [
+    Abi::OpenMpi,
+    Abi::Mpich,
+    Abi::MpiAbi,
+    Abi::Nccl,
+    Abi::Fabric,
+];
 
 impl ProgramSet {
     /// A set with nothing loaded, over the maps `maps` (by name; duplicated here).
