@@ -151,6 +151,13 @@ pub enum ByteRule {
     /// [`ByteRule::CtorDarray`] with `MPI_Count` global sizes
     /// (`MPI_Type_create_darray_c`).
     LargeCtorDarray = 60,
+    /// UCX `_nbx` operation: `a` (count) elements of the datatype the
+    /// `ucp_request_param_t` in argument `b` names (its `datatype` when its `op_attr_mask`
+    /// says so, else bytes), the buffer in argument 1 (an iovec array for `UCP_DATATYPE_IOV`).
+    UcxParam = 61,
+    /// UCX `_nb`/`_nbr` operation: `a` (count) elements of the `ucp_datatype_t` in argument
+    /// `b`, the buffer in argument 1.
+    UcxDatatype = 62,
 }
 
 impl ByteRule {
@@ -249,6 +256,8 @@ impl ByteRule {
             58 => ByteRule::LargeCtorProdArray,
             59 => ByteRule::CtorDarray,
             60 => ByteRule::LargeCtorDarray,
+            61 => ByteRule::UcxParam,
+            62 => ByteRule::UcxDatatype,
             _ => ByteRule::None,
         }
     }
@@ -411,7 +420,8 @@ impl Routine {
         match self.name.as_bytes() {
             [b'n', b'c', b'c', b'l', ..] => Family::Nccl,
             [b'c', b'u', ..] => Family::Cuda,
-            [b'f', b'i', b'_', ..] => Family::Fabric,
+            // UCX's data path is a transport's, as libfabric's: counted the same way.
+            [b'f', b'i', b'_', ..] | [b'u', b'c', b'p', b'_', ..] => Family::Fabric,
             _ => Family::Mpi,
         }
     }
@@ -1489,6 +1499,28 @@ const LISTED_ROUTINES: &[Routine] = &[
     fab("fi_tagged_inject", B::FabricLen),
     fab("fi_tagged_senddata", B::FabricLen),
     fab("fi_tagged_injectdata", B::FabricLen),
+    // UCX's data path (ucp.h): exported functions, each probed by its symbol. Operands:
+    // the count, then the param (`_nbx`) or datatype (`_nb`, `_nbr`); lengths in bytes for
+    // the `_nb`/`_nbi` RMA forms. `ucp_am_send_nbx`'s param is its 7th argument, read from
+    // the stack at its entry into the buffer's slot (4).
+    ucx("ucp_tag_send_nbx", B::UcxParam, 2, 4),
+    ucx("ucp_tag_send_sync_nbx", B::UcxParam, 2, 4),
+    ucx("ucp_tag_recv_nbx", B::UcxParam, 2, 5),
+    ucx("ucp_put_nbx", B::UcxParam, 2, 5),
+    ucx("ucp_get_nbx", B::UcxParam, 2, 5),
+    ucx("ucp_stream_send_nbx", B::UcxParam, 2, 3),
+    ucx("ucp_am_send_nbx", B::UcxParam, 5, 4),
+    ucx("ucp_tag_send_nb", B::UcxDatatype, 2, 3),
+    ucx("ucp_tag_send_nbr", B::UcxDatatype, 2, 3),
+    ucx("ucp_tag_send_sync_nb", B::UcxDatatype, 2, 3),
+    ucx("ucp_tag_recv_nb", B::UcxDatatype, 2, 3),
+    ucx("ucp_tag_recv_nbr", B::UcxDatatype, 2, 3),
+    ucx("ucp_stream_send_nb", B::UcxDatatype, 2, 3),
+    ucx("ucp_am_send_nb", B::UcxDatatype, 3, 4),
+    ucx("ucp_put_nb", B::FabricLen, 2, N),
+    ucx("ucp_put_nbi", B::FabricLen, 2, N),
+    ucx("ucp_get_nb", B::FabricLen, 2, N),
+    ucx("ucp_get_nbi", B::FabricLen, 2, N),
     // NCCL 2.32's per-call-config variants: the same arguments, then a config pointer.
     r(
         "ncclAllReduceConfig",
@@ -2043,6 +2075,18 @@ const fn fab(name: &'static str, rule: ByteRule) -> Routine {
     r(name, FABRIC, rule, abcd, N, N)
 }
 
+/// A UCX data-path function: `count` and `what` (its param or datatype) operands.
+const fn ucx(name: &'static str, rule: ByteRule, count: u8, what: u8) -> Routine {
+    r(name, FABRIC, rule, [count, what, N, N], N, N)
+}
+
+/// Id of the first UCX routine; they run to [`UCX_END`].
+pub const UCX_FIRST: u16 = routine_index("ucp_tag_send_nbx");
+/// One past the last UCX routine.
+pub const UCX_END: u16 = routine_index("ucp_get_nbi") + 1;
+/// Id of `ucp_am_send_nbx`, whose param the entry reads from the stack.
+pub const UCX_AM_SEND_NBX: u16 = routine_index("ucp_am_send_nbx");
+
 /// Id of the first libfabric slot (`fi_msg_recv`); slot `s` of table kind `k` (0 msg, 1
 /// rma, 2 tagged) is `FABRIC_FIRST + 9k + s`.
 pub const FABRIC_FIRST: u16 = routine_index("fi_msg_recv");
@@ -2114,11 +2158,29 @@ mod tests {
                     || r.name.starts_with("MPIX_")
                     || r.name.starts_with("nccl")
                     || r.name.starts_with("cu")
-                    || r.name.starts_with("fi_"),
+                    || r.name.starts_with("fi_")
+                    || r.name.starts_with("ucp_"),
                 "{}",
                 r.name
             );
             assert_eq!(routine_id(r.name), Some(i as u16), "duplicate {}", r.name);
+        }
+    }
+
+    #[test]
+    fn ucx_routines_are_one_run_of_transport_routines() {
+        for (i, r) in ROUTINES.iter().enumerate() {
+            let ucx = (UCX_FIRST..UCX_END).contains(&(i as u16));
+            assert_eq!(r.name.starts_with("ucp_"), ucx, "{}", r.name);
+            if ucx {
+                assert_eq!(r.family(), Family::Fabric, "{}", r.name);
+                // Operands within the six register arguments the transport entry saves.
+                assert!(
+                    r.spec.a < 6 && (r.spec.b < 6 || r.spec.b == NO_ARG),
+                    "{}",
+                    r.name
+                );
+            }
         }
     }
 

@@ -173,8 +173,9 @@ pub struct CallState {
     pub win_mixed: u32,
     /// libfabric call made inside an MPI or NCCL call: monotonic ns at its entry.
     pub fab_start_ns: u64,
-    /// libfabric call made inside an MPI or NCCL call: its first four arguments.
-    pub fab_args: [u64; 4],
+    /// libfabric (or UCX) call made inside an MPI or NCCL call: its six register
+    /// arguments.
+    pub fab_args: [u64; 6],
     /// The routine of the call in progress (`args`), for libfabric calls made inside it.
     pub routine: u16,
     /// The routine of the libfabric call in `fab_args`.
@@ -203,7 +204,7 @@ pub struct CallState {
     /// the request to be learnt after the return path (whose stack has no room for it).
     pub persistent_pending: u64,
 }
-const _: () = assert!(size_of::<CallState>() == 680);
+const _: () = assert!(size_of::<CallState>() == 696);
 
 impl CallState {
     /// `busy`: inside a call whose return will be seen.
@@ -212,7 +213,7 @@ impl CallState {
     /// (only while the return path counts it, then idle).
     pub const BUSY_UNTIMED: u32 = 2;
 }
-const _: () = assert!(offset_of!(CallState, cache) == 280);
+const _: () = assert!(offset_of!(CallState, cache) == 296);
 
 /// Per-thread cache of the MPI handles a thread's last calls decoded: datatype sizes (Open
 /// MPI's are read from the library's object, measured at ~110 ns a read here; MPICH's
@@ -638,6 +639,10 @@ macro_rules! kernel_health_counters {
             /// Device-time windows left out of a timeline because the ring buffer was full
             /// (the profile's device time still has them).
             windows_dropped,
+            /// Transport operations (libfabric, UCX) whose bytes could not be decoded (a
+            /// UCX generic datatype, MPICH's for a derived MPI type): counted, in the
+            /// unknown size bucket; the MPI call that made them has its bytes.
+            fabric_undecoded,
         }
     };
 }

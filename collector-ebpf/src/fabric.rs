@@ -11,6 +11,10 @@
 //! made while another is in progress on the thread is counted once, outside. One made
 //! inside an MPI or NCCL call is counted with that call as its parent, in a second
 //! per-thread slot, since the MPI call's own state is still in use.
+//!
+//! UCX's data path (`ucp_tag_send_nbx` ...) is counted by the same programs: its functions
+//! are exported, each probed by its symbol with its routine in the cookie (nothing to
+//! resolve), and calls from UCX's own code are its own as libfabric's are.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_str_bytes},
@@ -18,7 +22,9 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext},
 };
 use collector_common::{
-    routines::{FABRIC_FIRST, FABRIC_SLOTS, FID_EP_TABLES_OFF},
+    routines::{
+        FABRIC_FIRST, FABRIC_SLOTS, FID_EP_TABLES_OFF, UCX_AM_SEND_NBX, UCX_END, UCX_FIRST,
+    },
     size_bucket, ArgSpec, ByteRule, CallEvent, CallState, Cookie, CounterKey, EventKind,
     FabricEvent, FABRIC_NAME_LEN, MAX_FABRIC_RANGES, UNKNOWN_BUCKET,
 };
@@ -37,11 +43,17 @@ use crate::{
 /// Longest `struct iovec` array summed.
 const MAX_IOV: u64 = 16;
 
-/// Whether `routine` is a libfabric ops-table slot.
+/// Whether `routine` is a libfabric ops-table slot or a UCX data-path function.
 #[inline(always)]
 fn is_fabric(routine: u16) -> bool {
     let routine = routine & !UNRESOLVED;
-    (FABRIC_FIRST..FABRIC_FIRST + 3 * FABRIC_SLOTS).contains(&routine)
+    (FABRIC_FIRST..FABRIC_FIRST + 3 * FABRIC_SLOTS).contains(&routine) || is_ucx(routine)
+}
+
+/// Whether `routine` is a UCX data-path function.
+#[inline(always)]
+fn is_ucx(routine: u16) -> bool {
+    (UCX_FIRST..UCX_END).contains(&routine)
 }
 
 /// Entry of any libfabric ops-table function.
@@ -51,7 +63,12 @@ pub fn fabric_entry(ctx: ProbeContext) -> u32 {
     let c = cookie(&ctx);
     // SAFETY: regs points at this probe's saved registers.
     let regs = unsafe { &*ctx.regs };
-    let args = [regs.rdi, regs.rsi, regs.rdx, regs.rcx];
+    let mut args = [regs.rdi, regs.rsi, regs.rdx, regs.rcx, regs.r8, regs.r9];
+    if c.routine == UCX_AM_SEND_NBX {
+        // Its param is its 7th argument, on the stack above the return address (probes
+        // sit before any push); its buffer's slot is not read for it.
+        args[4] = read::<u64>(regs.rsp + 8).unwrap_or(0);
+    }
     let internal = called_from_inside(&c, tgid, regs.rip, regs.rsp);
     if internal && !is_watched(tgid) {
         return 0;
@@ -96,6 +113,8 @@ pub fn fabric_entry(ctx: ProbeContext) -> u32 {
         e.args[1] = args[1];
         e.args[2] = args[2];
         e.args[3] = args[3];
+        e.args[4] = args[4];
+        e.args[5] = args[5];
         e.start_ns = now;
         e.depth = 0;
         e.busy = 1;
@@ -141,6 +160,9 @@ fn mark_inside_mpi(tgid: u32) {
 /// told (then the slot's `fi_msg_*` id).
 #[inline(always)]
 fn resolve(c: &Cookie, ip: u64, ep: u64) -> u16 {
+    if is_ucx(c.routine) {
+        return c.routine;
+    }
     let slot = c.routine.wrapping_sub(FABRIC_FIRST) % FABRIC_SLOTS;
     let id = c.fabric_function();
     // SAFETY: plain u8 value.
@@ -180,9 +202,16 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
     let Some(op) = outermost_return(e, tgid) else {
         return 0;
     };
-    // ssize_t: 0 when posted; -FI_EAGAIN and other errors post nothing.
+    // ssize_t: 0 when posted; -FI_EAGAIN and other errors post nothing. UCX: a status
+    // pointer (`_nbx`, `_nb`: NULL done, a request, or an error from -1 to -100) or an
+    // `int` status (`_nbi`, `_nbr`: zero-extended, its upper half not to be trusted).
     let ret: i64 = ctx.ret();
-    if ret < 0 {
+    let failed = if is_ucx(op.routine) {
+        (-100..0).contains(&ret) || (ret >> 32 == 0 && (-100..0).contains(&(ret as i32)))
+    } else {
+        ret < 0
+    };
+    if failed {
         with_proc_stats(tgid, |s| s.fabric_failed += 1);
         return 0;
     }
@@ -194,7 +223,7 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
 struct Operation {
     /// Its routine id (with `UNRESOLVED` when its table kind is unknown).
     routine: u16,
-    args: [u64; 4],
+    args: [u64; 6],
     start_ns: u64,
     /// The MPI or NCCL call it was made in, or `CounterKey::NO_PARENT`.
     parent: u16,
@@ -222,7 +251,9 @@ fn outermost_return(e: &mut CallState, tgid: u32) -> Option<Operation> {
         e.busy = 0;
         return Some(Operation {
             routine: e.routine,
-            args: [e.args[0], e.args[1], e.args[2], e.args[3]],
+            args: [
+                e.args[0], e.args[1], e.args[2], e.args[3], e.args[4], e.args[5],
+            ],
             start_ns: e.start_ns,
             parent: CounterKey::NO_PARENT,
         });
@@ -255,7 +286,7 @@ fn count_operation(e: &mut CallState, tgid: u32, op: &Operation, now: u64) {
     let (bucket, bytes) = if let Some(b) = fabric_bytes(spec, &op.args) {
         (size_bucket(b), b)
     } else {
-        with_proc_stats(tgid, |s| s.undecoded += 1);
+        with_proc_stats(tgid, |s| s.fabric_undecoded += 1);
         (UNKNOWN_BUCKET, 0)
     };
     let key = CounterKey {
@@ -333,18 +364,55 @@ fn called_from_inside(c: &Cookie, tgid: u32, ip: u64, sp: u64) -> bool {
     false
 }
 
-/// Bytes of a libfabric call by its slot's rule.
+/// Bytes of a libfabric or UCX call by its routine's rule.
 #[inline(always)]
-fn fabric_bytes(spec: &ArgSpec, args: &[u64; 4]) -> Option<u64> {
+fn fabric_bytes(spec: &ArgSpec, args: &[u64; 6]) -> Option<u64> {
+    let arg = |i: u8| args.get(usize::from(i)).copied();
     match ByteRule::from_u8(spec.rule) {
-        ByteRule::FabricLen => Some(args[(spec.a & 3) as usize]),
-        ByteRule::FabricIov => iov_bytes(args[(spec.a & 3) as usize], args[(spec.b & 3) as usize]),
+        ByteRule::FabricLen => arg(spec.a),
+        ByteRule::FabricIov => iov_bytes(arg(spec.a)?, arg(spec.b)?),
         ByteRule::FabricMsg => {
             // struct fi_msg { const struct iovec *msg_iov; void **desc; size_t iov_count; ... }
-            let msg = args[(spec.a & 3) as usize];
+            let msg = arg(spec.a)?;
             iov_bytes(read::<u64>(msg)?, read::<u64>(msg + 16)?)
         }
+        ByteRule::UcxParam => {
+            // ucp_request_param_t { uint32_t op_attr_mask; uint32_t flags; void *request;
+            // void *cb; ucp_datatype_t datatype; ... }: bytes unless a datatype is named.
+            let param = arg(spec.b)?;
+            let datatype = if param == 0 {
+                UCP_BYTES
+            } else if read::<u32>(param)? & UCP_OP_ATTR_FIELD_DATATYPE != 0 {
+                read::<u64>(param + 24)?
+            } else {
+                UCP_BYTES
+            };
+            ucx_bytes(datatype, arg(spec.a)?, args[1])
+        }
+        ByteRule::UcxDatatype => ucx_bytes(arg(spec.b)?, arg(spec.a)?, args[1]),
         _ => Some(0),
+    }
+}
+
+/// `UCP_OP_ATTR_FIELD_DATATYPE` (ucp.h).
+const UCP_OP_ATTR_FIELD_DATATYPE: u32 = 1 << 3;
+/// `ucp_dt_make_contig(1)`: what an `_nbx` call without a datatype moves (bytes).
+const UCP_BYTES: u64 = 1 << 3;
+
+/// Bytes of `count` elements of UCX `datatype` at `buffer`: a contiguous type's size is
+/// in its upper bits (`ucp_dt_make_contig`); an iov's `count` is its entries (`struct
+/// iovec`s at `buffer`, summed); strided and generic ones are not decoded.
+#[inline(always)]
+fn ucx_bytes(datatype: u64, count: u64, buffer: u64) -> Option<u64> {
+    match datatype & 7 {
+        // No 128-bit multiply in BPF (and LLVM makes one of a division's overflow check):
+        // a buffer (below 2^47 bytes on x86-64) of elements below 64 KiB cannot overflow.
+        0 => {
+            let size = datatype >> 3;
+            (size < 1 << 16 && count < 1 << 47).then(|| count.wrapping_mul(size))
+        }
+        2 => iov_bytes(buffer, count),
+        _ => None,
     }
 }
 

@@ -197,10 +197,7 @@ fn libraries() -> Check {
     let mut probed = Vec::new();
     let mut refused = Vec::new();
     for path in discover::candidate_libraries(&[]) {
-        let kind = LibraryFile::open_path(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|f| symbols::read_library(&f).map_err(|e| e.to_string()));
-        match kind {
+        match read_kind(&path) {
             Ok(LibraryKind::Probed(lib)) => {
                 probed.push(format!("{} ({})", path.display(), lib.flavor));
             }
@@ -230,25 +227,60 @@ fn libraries() -> Check {
     }
 }
 
-/// UCX on the linker's path: recognised, not probed. MPI routines over it are counted in
-/// full; what UCX itself sends is not seen (as libfabric's is).
+/// What reading the library at `path` finds (the error said).
+fn read_kind(path: &Path) -> Result<LibraryKind, String> {
+    LibraryFile::open_path(path)
+        .map_err(|e| e.to_string())
+        .and_then(|f| symbols::read_library(&f).map_err(|e| e.to_string()))
+}
+
+/// UCX on the linker's path: whether its data path (`ucp_tag_send_nbx` and friends) can
+/// be probed, and how much of it the library exports.
 fn ucx() -> Check {
     let found = discover::linker_cache(|name| name.starts_with("libucp.so"));
     if found.is_empty() {
         return Check::pass("ucx", "no UCX on the linker's search path");
     }
-    let paths: Vec<String> = found.iter().map(|p| p.display().to_string()).collect();
-    Check::not(
-        "ucx",
-        Status::Warn,
-        format!(
-            "UCX at {}: recognised, not probed: MPI routines over it are counted in full, \
-             UCX's own transfers (ucp_tag_send_nbx and friends) are not seen",
-            paths.join(", ")
-        ),
-        "nothing to do for MPI profiles; for the transport's view, run Open MPI over \
-         libfabric (--mca pml cm --mca mtl ofi), whose data path commtap probes",
-    )
+    let mut probed = Vec::new();
+    let mut refused = Vec::new();
+    for path in &found {
+        match read_kind(path) {
+            Ok(LibraryKind::Probed(lib)) => probed.push(format!(
+                "{}: {} data-path functions probed{}",
+                path.display(),
+                lib.probes.len(),
+                if lib.missing.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " ({} absent: {})",
+                        lib.missing.len(),
+                        lib.missing.join(", ")
+                    )
+                }
+            )),
+            Ok(LibraryKind::Unsupported(why)) => refused.push(why),
+            Ok(_) => refused.push(format!("{}: no UCX data path", path.display())),
+            Err(e) => refused.push(format!("{}: {e}", path.display())),
+        }
+    }
+    if refused.is_empty() {
+        Check::pass(
+            "ucx",
+            format!(
+                "UCX {}; its operations are counted inside the MPI calls that make them",
+                probed.join("; ")
+            ),
+        )
+    } else {
+        Check::not(
+            "ucx",
+            Status::Warn,
+            format!("UCX not probed: {}", refused.join("; ")),
+            "nothing to do for MPI profiles (MPI routines over it are counted in full); \
+             for the transport's view, a UCX that exports ucp_tag_send_nbx and friends",
+        )
+    }
 }
 
 async fn daemon_check(socket: &Path) -> Check {

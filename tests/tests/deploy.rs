@@ -255,13 +255,13 @@ fn doctor_passes_here_and_names_a_missing_capability() {
         detail.contains("libmpi.so.40 (Open MPI") && detail.contains("libmpich.so.12 (MPICH"),
         "{libs:#}"
     );
-    // Open MPI's UCX (Debian's libucx0): recognised, said not probed.
+    // Debian's UCX (libucx0, beneath its MPICH and Open MPI): its data path probed.
     let ucx = check("ucx");
-    assert_eq!(ucx["status"], "warn", "{ucx:#}");
+    assert_eq!(ucx["status"], "pass", "{ucx:#}");
     assert!(
         ucx["detail"]
             .as_str()
-            .is_some_and(|d| d.contains("libucp.so") && d.contains("not probed")),
+            .is_some_and(|d| d.contains("libucp.so") && d.contains("data-path functions probed")),
         "{ucx:#}"
     );
     let daemon = check("daemon");

@@ -102,7 +102,12 @@ fn pingpong(provider: &str, ep: &str, iters: u64) -> (Value, Value) {
     // pingpong.c opens one endpoint on each side (rxm's or rxd's, for rdm: not the core
     // endpoints beneath it).
     for (who, rank) in [("server", &server), ("client", &client)] {
-        assert_eq!(endpoints(rank).len(), 1, "{who}: {:?}", endpoints(rank));
+        assert_eq!(
+            endpoints(rank, "fi_").len(),
+            1,
+            "{who}: {:?}",
+            endpoints(rank, "fi_")
+        );
     }
     (server, client)
 }
@@ -121,12 +126,12 @@ fn expected(send: &str, iters: u64, extra_recv: u64) -> BTreeMap<String, (u64, u
 }
 
 /// The endpoints a process's fabric operations went through.
-fn endpoints(rank: &Value) -> BTreeSet<String> {
+fn endpoints(rank: &Value, prefix: &str) -> BTreeSet<String> {
     rank["routines"]
         .as_object()
         .into_iter()
         .flatten()
-        .filter(|(name, _)| name.starts_with("fi_"))
+        .filter(|(name, _)| name.starts_with(prefix))
         .flat_map(|(_, r)| r["endpoints"].as_object().into_iter().flatten())
         .map(|(ep, _)| ep.clone())
         .collect()
@@ -212,6 +217,7 @@ fn open_mpi_over_libfabric_is_attributed_to_mpi_calls() {
         ("fi_tagged_injectdata", "fi_tagged_recv"),
         // rxm's fabric and the core tcp fabric beneath it.
         &["ofi_rxm", "tcp"],
+        [((1, 0), (1, 0)); 2],
     );
 }
 
@@ -229,6 +235,7 @@ fn mpi_loop_on_fabric(
     env: &[(&str, &str)],
     (send, recv): (&str, &str),
     fabrics: &[&str],
+    barrier: [((u64, u64), (u64, u64)); 2],
 ) -> (Value, Vec<Value>, String) {
     let scratch = Scratch::new(name);
     let n: u64 = 5000;
@@ -246,21 +253,25 @@ fn mpi_loop_on_fabric(
         .chain(other_fabric_ops(&profile, &[send, recv]))
         .collect();
     assert_profile_matches(&profile, &truths, &ignored);
-    let sent = BTreeMap::from([
-        ("MPI_Allreduce".to_string(), (n, 8 * n)),
-        ("MPI_Barrier".to_string(), (1, 0)),
-        ("MPI_Send".to_string(), (n, 16 * n)),
-    ]);
-    let received = BTreeMap::from([
-        ("MPI_Allreduce".to_string(), (n, 8 * n)),
-        ("MPI_Barrier".to_string(), (1, 0)),
-        ("MPI_Recv".to_string(), (n, 16 * n)),
-    ]);
     for truth in &truths {
+        let (barrier_sent, barrier_received) =
+            barrier[truth["rank"].as_u64().expect("rank") as usize % 2];
+        let sent = BTreeMap::from([
+            ("MPI_Allreduce".to_string(), (n, 8 * n)),
+            ("MPI_Barrier".to_string(), barrier_sent),
+            ("MPI_Send".to_string(), (n, 16 * n)),
+        ]);
+        let received = BTreeMap::from([
+            ("MPI_Allreduce".to_string(), (n, 8 * n)),
+            ("MPI_Barrier".to_string(), barrier_received),
+            ("MPI_Recv".to_string(), (n, 16 * n)),
+        ]);
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
         // One endpoint per rank, the MPI library's (the provider's own beneath it are not
-        // the application's).
-        assert_eq!(endpoints(rank).len(), 1, "{:?}", endpoints(rank));
+        // the application's); UCX's sends name theirs (its receives, the worker).
+        let prefix = if send.starts_with("fi_") { "fi_" } else { send };
+        let eps = endpoints(rank, prefix);
+        assert_eq!(eps.len(), 1, "{eps:?}");
         // Attached after MPI_Init: the fabrics it opened are found in its memory.
         assert_eq!(providers(rank), fabrics, "fabrics opened; {}", run.stderr);
         let from = |op: &str| {
@@ -309,7 +320,9 @@ fn other_fabric_ops<'a>(profile: &'a Value, known: &[&str]) -> Vec<&'a str> {
         .flatten()
         .flat_map(|r| r["routines"].as_object().into_iter().flatten())
         .map(|(name, _)| name.as_str())
-        .filter(|name| name.starts_with("fi_") && !known.contains(name))
+        .filter(|name| {
+            (name.starts_with("fi_") || name.starts_with("ucp_")) && !known.contains(name)
+        })
         .collect();
     ops.sort_unstable();
     ops.dedup();
@@ -352,6 +365,48 @@ fn libfabric_without_ops_tables_is_reported() {
 /// (`prov/librxm-fi.so` over `prov/libtcp-fi.so`): the MPI profile equals the truth and
 /// what crosses the fabric is the application endpoint's (rxm's) operations, each made by
 /// an MPI call; rxm's own calls into tcp, across the two DSOs, are libfabric's.
+/// Debian's MPICH 4 runs over UCX (ch4:ucx): its point-to-point and collectives post
+/// `ucp_tag_send_nbx` and `ucp_tag_recv_nbx`, each counted inside the MPI call that made
+/// it, with exactly the bytes the program moved; UCX's own calls are not the application's.
+#[test]
+fn mpich_over_ucx_is_attributed_to_mpi_calls() {
+    let (profile, truths, stderr) = mpi_loop_on_fabric(
+        "ucx-mpich",
+        Mpi::Mpich,
+        &[],
+        ("ucp_tag_send_nbx", "ucp_tag_recv_nbx"),
+        &[],
+        // MPICH 4's barrier of 2 ranks: rank 0 sends one empty and one 1-byte message,
+        // rank 1 one empty message.
+        [((2, 1), (1, 0)), ((1, 0), (2, 1))],
+    );
+    for truth in &truths {
+        let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
+        let on_ucx: Vec<&str> = rank["routines"]
+            .as_object()
+            .expect("routines")
+            .keys()
+            .filter(|r| r.starts_with("ucp_"))
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            on_ucx,
+            ["ucp_tag_recv_nbx", "ucp_tag_send_nbx"],
+            "rank {}; {stderr}",
+            truth["rank"]
+        );
+        // Contiguous buffers only: every operation's bytes known.
+        assert_eq!(rank["fabric_undecoded"], 0, "{stderr}");
+    }
+    let flavors: Vec<&str> = profile["libraries"]
+        .as_array()
+        .expect("libraries")
+        .iter()
+        .filter_map(|l| l["flavor"].as_str())
+        .collect();
+    assert!(flavors.contains(&"UCX"), "UCX probed: {flavors:?}");
+}
+
 #[test]
 fn intel_mpi_over_its_bundled_libfabric_is_attributed_to_mpi_calls() {
     let env = impi_env();
@@ -363,6 +418,7 @@ fn intel_mpi_over_its_bundled_libfabric_is_attributed_to_mpi_calls() {
         ("fi_tagged_inject", "fi_tagged_recv"),
         // Intel's libfabric serves FI_EP_RDM from tcp itself (no rxm fabric opened).
         &["tcp"],
+        [((1, 0), (1, 0)); 2],
     );
     for truth in &truths {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));

@@ -425,6 +425,7 @@ pub fn candidate_libraries(command: &[String]) -> Vec<PathBuf> {
         "libnccl.so",
         "librccl.so",
         "libfabric.so",
+        "libucp.so",
     ];
     let is_mpi = |name: &str| NAMES.iter().any(|n| name.starts_with(n));
     let mut found = linker_cache(is_mpi);

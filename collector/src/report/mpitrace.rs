@@ -342,12 +342,15 @@ pub fn render_fabric(r: &RankProfile) -> String {
     let mut o = String::new();
     let rows = table_order(&r.routines, Family::Fabric);
     let h = &r.health;
-    if rows.is_empty() && h.fabric_internal + h.fabric_unresolved == 0 && r.fabrics.is_empty() {
+    if rows.is_empty()
+        && h.fabric_internal + h.fabric_unresolved + h.fabric_undecoded == 0
+        && r.fabrics.is_empty()
+    {
         return o;
     }
     let _ = writeln!(
         o,
-        "libfabric operations of rank {} (pid {}):",
+        "Transport operations (libfabric, UCX) of rank {} (pid {}):",
         r.rank, r.pid
     );
     if !r.fabrics.is_empty() {
@@ -360,7 +363,7 @@ pub fn render_fabric(r: &RankProfile) -> String {
     }
     let _ = writeln!(
         o,
-        "Times are posting times (entry to return of the provider's function)."
+        "Times are posting times (entry to return of the provider's or UCX's function)."
     );
     write_routine_table(&mut o, ("Operation", "time(sec)"), &rows, true);
     // Which endpoints carried them.
@@ -412,6 +415,14 @@ pub fn render_fabric(r: &RankProfile) -> String {
             "not counted as operations: {} calls libfabric made itself (a provider over \
              another, progress), {} on tables of unknown kind, {} refused (-FI_EAGAIN & co).",
             h.fabric_internal, h.fabric_unresolved, h.fabric_failed
+        );
+    }
+    if h.fabric_undecoded > 0 {
+        let _ = writeln!(
+            o,
+            "bytes unknown: {} operations (a UCX generic datatype: the MPI call that made \
+             each has its bytes).",
+            h.fabric_undecoded
         );
     }
     let _ = writeln!(o);

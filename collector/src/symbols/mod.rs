@@ -13,7 +13,7 @@ mod probes;
 
 use nccl::{nccl_banner_version, nccl_net_plugin, nccl_version};
 pub use probes::{choose_probe_point, library_search_path};
-use probes::{fabric_library, file_offset, needed_libs, probe_points};
+use probes::{fabric_library, file_offset, needed_libs, probe_points, ucx_library};
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -279,6 +279,9 @@ impl<'a> Reading<'a> {
         if self.has_global("fi_getinfo") && self.has_global("fi_fabric") {
             let open = self.globals.get("fi_fabric").copied();
             return fabric_library(self.elf, self.map, display, "libfabric".to_string(), open);
+        }
+        if self.has_global("ucp_tag_send_nbx") || self.has_global("ucp_tag_send_nb") {
+            return ucx_library(self.elf, self.map, &self.globals, display);
         }
         // A provider built as its own DSO (`prov/libtcp-fi.so`, as Intel MPI ships
         // libfabric), loaded by libfabric through its `fi_prov_ini`: its ops tables are the

@@ -59,6 +59,50 @@ pub(crate) fn fabric_library(
     })
 }
 
+/// UCX's `libucp`: its exported data-path functions (`ucp_tag_send_nbx` ...), each probed
+/// by its symbol and counted as a transport operation (collector-ebpf's `fabric`), the
+/// function's index among them for telling UCX's own calls from the application's.
+pub(crate) fn ucx_library(
+    elf: &Elf,
+    map: Data<'_>,
+    syms: &BTreeMap<&str, u64>,
+    path: String,
+) -> LibraryKind {
+    use collector_common::routines::{UCX_END, UCX_FIRST};
+    let mut probes = Vec::new();
+    let mut missing = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for id in UCX_FIRST..UCX_END {
+        let name = ROUTINES[usize::from(id)].name;
+        let Some((addr, offset)) = syms
+            .get(name)
+            .and_then(|&a| Some((a, code_offset(elf, a)?)))
+        else {
+            missing.push(name);
+            continue;
+        };
+        if seen.insert(offset) {
+            probes.push(probe_at(map, id, addr, offset, probes.len() as u16));
+        }
+    }
+    if probes.is_empty() {
+        return LibraryKind::Unsupported(format!(
+            "{path}: UCX without its data-path functions (ucp_tag_send_nbx ...): not probed"
+        ));
+    }
+    LibraryKind::Probed(Library {
+        path,
+        abi: Abi::Fabric,
+        flavor: "UCX".to_string(),
+        layout: Layout::default(),
+        probes,
+        missing,
+        family: Family::Fabric,
+        text: text_range(elf),
+        fabric_providers: Vec::new(),
+    })
+}
+
 /// The probe of `routine` on the function at file `offset` (virtual address `addr`), past
 /// a first instruction the kernel would single-step where it can be.
 pub(crate) fn probe_at(

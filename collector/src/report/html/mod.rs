@@ -278,7 +278,11 @@ fn routine_tables(routines: &Routines) -> String {
     for (family, heading, time) in [
         (Family::Mpi, "MPI Routine", "time (s)"),
         (Family::Nccl, "NCCL Operation", "enqueue (s)"),
-        (Family::Fabric, "libfabric Operation", "time (s)"),
+        (
+            Family::Fabric,
+            "Transport Operation (libfabric, UCX)",
+            "time (s)",
+        ),
     ] {
         let rows = table_order(routines, family);
         if rows.is_empty() {
