@@ -370,15 +370,28 @@ fn libfabric_without_ops_tables_is_reported() {
 /// it, with exactly the bytes the program moved; UCX's own calls are not the application's.
 #[test]
 fn mpich_over_ucx_is_attributed_to_mpi_calls() {
-    let (profile, truths, stderr) = mpi_loop_on_fabric(
+    // MPICH's barrier of 2 ranks: rank 0 sends one empty and one 1-byte message, rank 1
+    // one empty message.
+    ucx_loop(
         "ucx-mpich",
         Mpi::Mpich,
         &[],
+        [((2, 1), (1, 0)), ((1, 0), (2, 1))],
+    );
+}
+
+/// [`mpi_loop_on_fabric`] over UCX, whose tagged sends and receives are the loop's, and
+/// only those: its one `MPI_Barrier` puts `barrier` (per rank, what it sends and receives)
+/// on UCX; every operation's bytes are known; the UCX library is probed.
+#[track_caller]
+fn ucx_loop(name: &str, mpi: Mpi, env: &[(&str, &str)], barrier: [((u64, u64), (u64, u64)); 2]) {
+    let (profile, truths, stderr) = mpi_loop_on_fabric(
+        name,
+        mpi,
+        env,
         ("ucp_tag_send_nbx", "ucp_tag_recv_nbx"),
         &[],
-        // MPICH 4's barrier of 2 ranks: rank 0 sends one empty and one 1-byte message,
-        // rank 1 one empty message.
-        [((2, 1), (1, 0)), ((1, 0), (2, 1))],
+        barrier,
     );
     for truth in &truths {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
@@ -405,6 +418,34 @@ fn mpich_over_ucx_is_attributed_to_mpi_calls() {
         .filter_map(|l| l["flavor"].as_str())
         .collect();
     assert!(flavors.contains(&"UCX"), "UCX probed: {flavors:?}");
+}
+
+/// Open MPI 5 from its wheel over UCX (`pml ucx`, told to take any transport: this machine
+/// has no InfiniBand), its own bundled `libucp`: the same.
+#[test]
+fn open_mpi_5_over_ucx_is_attributed_to_mpi_calls() {
+    ucx_loop(
+        "ucx-ompi5",
+        Mpi::OpenMpi5,
+        &[
+            ("OMPI_MCA_pml", "ucx"),
+            ("OMPI_MCA_pml_ucx_tls", "any"),
+            ("OMPI_MCA_pml_ucx_devices", "any"),
+        ],
+        [((1, 0), (1, 0)); 2],
+    );
+}
+
+/// MPICH 5 from its wheel over `ch4:ucx` (its shared memory turned off, which it would use
+/// between ranks of one node), its own bundled `libucp`: the same.
+#[test]
+fn mpich_5_over_ucx_is_attributed_to_mpi_calls() {
+    ucx_loop(
+        "ucx-mpich5",
+        Mpi::Mpich5,
+        &[("MPIR_CVAR_CH4_NETMOD", "ucx"), ("MPIR_CVAR_NOLOCAL", "1")],
+        [((1, 0), (1, 0)); 2],
+    );
 }
 
 #[test]
