@@ -629,9 +629,27 @@ pub fn render_text(whole: &JobProfile) -> String {
         let _ = writeln!(o, "not profiled: {n}");
     }
     if job.ranks.is_empty() {
-        let _ = writeln!(o, "no MPI or NCCL calls were seen.");
+        let _ = writeln!(
+            o,
+            "no MPI, NCCL, libfabric or UCX calls were seen: {}",
+            nothing_seen(job)
+        );
     }
     o
+}
+
+/// Why a job has no ranks: whether the libraries looked for (MPI, NCCL, libfabric, UCX)
+/// were found and never called, found and refused (the report lists each with its reason),
+/// or not mapped at all.
+pub fn nothing_seen(job: &JobProfile) -> &'static str {
+    if !job.libraries.is_empty() {
+        "the libraries probed were never called while watched"
+    } else if !job.unsupported_libraries.is_empty() {
+        "the libraries found could not be probed (the report says why)"
+    } else {
+        "no process mapped an MPI, NCCL, libfabric or UCX library (libmpi, libmpich, \
+         libmpi_abi, libnccl, librccl, libfabric, libucp) while watched"
+    }
 }
 
 /// Writes `mpi_profile.<job>.<rank>` for every rank into `dir` (created if needed), rank

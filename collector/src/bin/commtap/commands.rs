@@ -188,7 +188,10 @@ async fn record(a: RecordArgs) -> Result<()> {
     let profile = record::record(opts).await?;
     a.out.write(&profile)?;
     if profile.ranks.is_empty() {
-        anyhow::bail!("no MPI calls were recorded");
+        anyhow::bail!(
+            "no MPI calls were recorded: {}",
+            collector::report::nothing_seen(&profile)
+        );
     }
     Ok(())
 }

@@ -266,7 +266,10 @@ fn summary(job: &JobProfile) -> String {
     }
     o.push_str("</table>\n");
     if job.ranks.is_empty() {
-        o.push_str("<p>No MPI or NCCL calls were seen.</p>\n");
+        o.push_str(&format!(
+            "<p>No MPI, NCCL, libfabric or UCX calls were seen: {}.</p>\n",
+            escape(super::nothing_seen(job))
+        ));
     }
     o
 }
