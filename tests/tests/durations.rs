@@ -110,12 +110,13 @@ fn durations_land_in_their_buckets(mpi: Mpi) {
         "slowest {max} ns: sleeps {sleeps:?}, took {took:?}"
     );
 
-    // This kernel has uprobe sessions (Linux 6.13+): MPI libraries are probed through them.
+    // This kernel has uprobe sessions (Linux 6.13+): MPI libraries are probed through them
+    // (the transports, libfabric and UCX, through entry and return probes).
     for l in profile["libraries"].as_array().expect("libraries") {
-        let fabric = l["flavor"]
+        let transport = l["flavor"]
             .as_str()
-            .is_some_and(|f| f.contains("libfabric"));
-        assert_eq!(l["uprobe_sessions"], !fabric, "{l}");
+            .is_some_and(|f| f.contains("libfabric") || f == "UCX");
+        assert_eq!(l["uprobe_sessions"], !transport, "{l}");
     }
 
     // Every routine of both ranks is timed, call for call.

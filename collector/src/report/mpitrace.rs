@@ -353,6 +353,19 @@ pub fn render_fabric(r: &RankProfile) -> String {
         "Transport operations (libfabric, UCX) of rank {} (pid {}):",
         r.rank, r.pid
     );
+    // Which transport the MPI (or NCCL) calls went through, as the operations they made
+    // show it.
+    let beneath: Vec<&str> = [("fi_", "libfabric"), ("ucp_", "UCX")]
+        .into_iter()
+        .filter(|(prefix, _)| {
+            rows.iter()
+                .any(|(name, s)| name.starts_with(prefix) && !s.called_from.is_empty())
+        })
+        .map(|(_, transport)| transport)
+        .collect();
+    if !beneath.is_empty() {
+        let _ = writeln!(o, "MPI calls went through: {}", beneath.join(" and "));
+    }
     if !r.fabrics.is_empty() {
         let opened: Vec<String> = r
             .fabrics

@@ -18,8 +18,9 @@ use args::{
 /// commtap: profile the communication of running MPI and NCCL jobs with eBPF: no relink,
 /// no LD_PRELOAD, no restart.
 ///
-/// Probes MPI entry points (Open MPI, MPICH), NCCL's (libnccl, librccl, or NCCL linked in)
-/// and libfabric's data path (provider ops tables) in running processes and reports, per
+/// Probes MPI entry points (Open MPI, MPICH and Intel MPI, the MPI-5 standard ABI), NCCL's
+/// (libnccl, librccl, or NCCL linked in) and the transports beneath them (libfabric's
+/// provider ops tables, UCX's ucp_* operations) in running processes and reports, per
 /// rank, routine, message size and (NCCL) communicator, calls, bytes and time, in IBM
 /// mpitrace's layout or as JSON.
 /// Needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and
