@@ -105,6 +105,8 @@ pub mod programs {
     pub const SESS_MPI_ABI_TYPES: &str = "sess_mpi_abi_types";
     /// NCCL's routines, as a uprobe session.
     pub const SESS_NCCL: &str = "sess_nccl";
+    /// libfabric's and UCX's functions, as a uprobe session.
+    pub const SESS_FABRIC: &str = "sess_fabric";
     /// Entry of a libfabric ops-table function.
     pub const FABRIC_ENTRY: &str = "fabric_entry";
     /// Return of a libfabric ops-table function.
@@ -132,18 +134,20 @@ pub mod programs {
             b"mpi_return_mpi_abi" => Some(SESS_MPI_ABI),
             b"mpi_return_mpi_abi_types" => Some(SESS_MPI_ABI_TYPES),
             b"nccl_return" => Some(SESS_NCCL),
+            b"fabric_return" => Some(SESS_FABRIC),
             _ => None,
         }
     }
 
     /// The session programs (uprobe_multi links of the session kind).
-    pub const SESSIONS: [&str; 6] = [
+    pub const SESSIONS: [&str; 7] = [
         SESS_OMPI,
         SESS_MPICH,
         SESS_MPICH_TYPES,
         SESS_MPI_ABI,
         SESS_MPI_ABI_TYPES,
         SESS_NCCL,
+        SESS_FABRIC,
     ];
 
     /// The programs attached through uprobe_multi links.

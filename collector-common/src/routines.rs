@@ -158,6 +158,9 @@ pub enum ByteRule {
     /// UCX `_nb`/`_nbr` operation: `a` (count) elements of the `ucp_datatype_t` in argument
     /// `b`, the buffer in argument 1.
     UcxDatatype = 62,
+    /// UCX RMA `_nb`/`_nbi` operation: the `size_t` length in argument `a` (as
+    /// [`ByteRule::FabricLen`], a rule of its own so that its time may be sampled).
+    UcxLen = 63,
 }
 
 impl ByteRule {
@@ -258,6 +261,7 @@ impl ByteRule {
             60 => ByteRule::LargeCtorDarray,
             61 => ByteRule::UcxParam,
             62 => ByteRule::UcxDatatype,
+            63 => ByteRule::UcxLen,
             _ => ByteRule::None,
         }
     }
@@ -376,6 +380,13 @@ impl ArgSpec {
     #[inline(always)]
     pub const fn time_can_be_sampled(&self) -> bool {
         use ByteRule as B;
+        // A UCX operation's bytes are in its arguments, and its return teaches nothing.
+        if matches!(
+            ByteRule::from_u8(self.rule),
+            B::UcxParam | B::UcxDatatype | B::UcxLen
+        ) {
+            return true;
+        }
         matches!(
             self.class,
             class::P2P
@@ -1517,10 +1528,10 @@ const LISTED_ROUTINES: &[Routine] = &[
     ucx("ucp_tag_recv_nbr", B::UcxDatatype, 2, 3),
     ucx("ucp_stream_send_nb", B::UcxDatatype, 2, 3),
     ucx("ucp_am_send_nb", B::UcxDatatype, 3, 4),
-    ucx("ucp_put_nb", B::FabricLen, 2, N),
-    ucx("ucp_put_nbi", B::FabricLen, 2, N),
-    ucx("ucp_get_nb", B::FabricLen, 2, N),
-    ucx("ucp_get_nbi", B::FabricLen, 2, N),
+    ucx("ucp_put_nb", B::UcxLen, 2, N),
+    ucx("ucp_put_nbi", B::UcxLen, 2, N),
+    ucx("ucp_get_nb", B::UcxLen, 2, N),
+    ucx("ucp_get_nbi", B::UcxLen, 2, N),
     // NCCL 2.32's per-call-config variants: the same arguments, then a config pointer.
     r(
         "ncclAllReduceConfig",

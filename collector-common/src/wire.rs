@@ -511,14 +511,31 @@ pub const MAX_FABRIC_RANGES: usize = 8;
 pub struct FabricRanges {
     /// Ranges in use.
     pub n: u32,
-    /// Set by the kernel once a libfabric call was made inside one of the process's MPI
-    /// or NCCL calls: from then on its MPI calls are all timed (a call counted untimed at
-    /// its entry has no return to end it, and its fabric operations would have no parent).
-    pub inside_mpi: u32,
+    /// Padding.
+    pub _pad: u32,
     /// Absolute code ranges in the process.
     pub ranges: [FabricText; MAX_FABRIC_RANGES],
+    /// One bit per routine, set by the kernel once a call of that routine was seen making
+    /// a transport (libfabric, UCX) call: from then on the process's calls of it are all
+    /// timed (a call counted untimed at its entry has no return to end it, and the
+    /// operations it makes would have no parent). The others' time may still be sampled
+    /// (`MPI_Comm_rank` in an MPICH over UCX).
+    pub inside_mpi: [u64; INSIDE_MPI_WORDS],
 }
-const _: () = assert!(size_of::<FabricRanges>() == 136);
+const _: () = assert!(size_of::<FabricRanges>() == 136 + 8 * INSIDE_MPI_WORDS);
+
+/// Words of [`FabricRanges::inside_mpi`]: a bit for each routine id.
+pub const INSIDE_MPI_WORDS: usize = 16;
+const _: () = assert!(crate::ROUTINE_COUNT <= 64 * INSIDE_MPI_WORDS);
+
+impl FabricRanges {
+    /// Whether calls of `routine` were seen making transport calls.
+    #[inline(always)]
+    pub fn makes_transport_calls(&self, routine: u16) -> bool {
+        let word = usize::from(routine >> 6) & (INSIDE_MPI_WORDS - 1);
+        self.inside_mpi[word] & (1 << (routine & 63)) != 0
+    }
+}
 
 /// Value of the ground-truth counters (per CPU: userspace sums the CPUs).
 #[repr(C)]

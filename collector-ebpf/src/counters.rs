@@ -60,6 +60,16 @@ pub fn add(e: &mut CallState, key: &CounterKey, bytes: u64, dur: u64) {
     add_to_slot(slot, bytes, dur, e.busy != CallState::BUSY_UNTIMED);
 }
 
+/// Adds a call counted untimed at its entry (its time sampled, this call not drawn),
+/// whatever call is in progress on the thread.
+#[inline(always)]
+pub fn add_untimed(e: &mut CallState, key: &CounterKey, bytes: u64) {
+    let Some(slot) = slot_of(e, key) else {
+        return;
+    };
+    add_to_slot(slot, bytes, 0, false);
+}
+
 /// Adds a call to the counter and histogram of `slot`. Not inlined: the return programs'
 /// frames are at BPF's 512-byte limit.
 #[inline(never)]

@@ -17,7 +17,11 @@
 //! resolve), and calls from UCX's own code are its own as libfabric's are.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_str_bytes},
+    cty::c_void,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
+        bpf_probe_read_user_str_bytes,
+    },
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
@@ -26,16 +30,16 @@ use collector_common::{
         FABRIC_FIRST, FABRIC_SLOTS, FID_EP_TABLES_OFF, UCX_AM_SEND_NBX, UCX_END, UCX_FIRST,
     },
     size_bucket, ArgSpec, ByteRule, CallEvent, CallState, Cookie, CounterKey, EventKind,
-    FabricEvent, FABRIC_NAME_LEN, MAX_FABRIC_RANGES, UNKNOWN_BUCKET,
+    FabricEvent, FABRIC_NAME_LEN, INSIDE_MPI_WORDS, MAX_FABRIC_RANGES, UNKNOWN_BUCKET,
 };
 
 use crate::{
     call::{call_events_on, cookie, emit_call},
-    counters::add,
+    counters::{add, add_untimed},
     decode::read,
     maps::{
         call_state, new_call_state, with_proc_stats, EVENTS, FABRIC_FUNCS, FABRIC_KINDS,
-        FABRIC_RANGES, FABRIC_TEXT, ROUTINE_SPECS,
+        FABRIC_RANGES, FABRIC_TEXT, ROUTINE_SPECS, TIME_ONE_IN,
     },
     process::{is_counted, is_watched, still_counted},
 };
@@ -56,11 +60,35 @@ fn is_ucx(routine: u16) -> bool {
     (UCX_FIRST..UCX_END).contains(&routine)
 }
 
-/// Entry of any libfabric ops-table function.
+/// Entry of any libfabric ops-table function or UCX operation (with `fabric_return`:
+/// entry and return probes, where the kernel has no uprobe sessions).
 #[uprobe]
 pub fn fabric_entry(ctx: ProbeContext) -> u32 {
+    enter(&ctx, false);
+    0
+}
+
+/// The same functions as one uprobe session program (Linux 6.13+): the return runs only
+/// for what the entry times. A call from the library's own code, one in a process not
+/// counted, a callback nested in another call, and a UCX operation whose time is sampled
+/// and not drawn (counted whole at its entry) skip it: nothing to nest, no trampoline.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "uprobe")]
+pub extern "C" fn sess_fabric(ctx: *mut c_void) -> u32 {
+    if crate::session::is_return() {
+        returned(&RetProbeContext::new(ctx));
+        return 0;
+    }
+    u32::from(!enter(&ProbeContext::new(ctx), true))
+}
+
+/// The entry of a transport call: whether its return must be seen (in a `session`, the
+/// decision; with entry and return probes, every return comes, and calls whose return is
+/// not the application's are nested in the call in progress instead).
+#[inline(always)]
+fn enter(ctx: &ProbeContext, session: bool) -> bool {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    let c = cookie(&ctx);
+    let c = cookie(ctx);
     // SAFETY: regs points at this probe's saved registers.
     let regs = unsafe { &*ctx.regs };
     let mut args = [regs.rdi, regs.rsi, regs.rdx, regs.rcx, regs.r8, regs.r9];
@@ -71,28 +99,32 @@ pub fn fabric_entry(ctx: ProbeContext) -> u32 {
     }
     let internal = called_from_inside(&c, tgid, regs.rip, regs.rsp);
     if internal && !is_watched(tgid) {
-        return 0;
+        return false;
     }
     let e = if let Some(e) = call_state(false) {
         e
     } else {
         if !is_counted(tgid) {
-            return 0;
+            return false;
         }
         if let Some(e) = new_call_state(tgid) {
             e
         } else {
             with_proc_stats(tgid, |s| s.counter_map_full += 1);
-            return 0;
+            return false;
         }
     };
     // SAFETY: the thread's own state; only this thread touches it.
     let e = unsafe { &mut *e };
     if internal {
-        // Not the application's call: not counted, but its return must not be taken for
-        // the return of the call in progress (rxm's send calling tcp's), so it is nested in
-        // that call, or in none.
+        // Not the application's call: not counted. With entry and return probes, its
+        // return must not be taken for the return of the call in progress (rxm's send
+        // calling tcp's), so it is nested in that call, or in none; in a session its
+        // return does not run.
         with_proc_stats(tgid, |s| s.fabric_internal += 1);
+        if session {
+            return false;
+        }
         if e.busy != 0 && is_fabric(e.routine) {
             e.depth += 1;
         } else if e.fab_busy != 0 {
@@ -100,14 +132,16 @@ pub fn fabric_entry(ctx: ProbeContext) -> u32 {
         } else {
             e.fab_internal += 1;
         }
-        return 0;
+        return true;
     }
     let routine = resolve(&c, regs.rip, args[0]);
-    // SAFETY: reads the monotonic clock.
-    let now = unsafe { bpf_ktime_get_ns() };
     if e.busy == 0 {
         if !still_counted(e) {
-            return 0;
+            return false;
+        }
+        if session && left_untimed(routine) {
+            count_untimed(e, tgid, routine, &args, CounterKey::NO_PARENT);
+            return false;
         }
         e.args[0] = args[0];
         e.args[1] = args[1];
@@ -115,41 +149,83 @@ pub fn fabric_entry(ctx: ProbeContext) -> u32 {
         e.args[3] = args[3];
         e.args[4] = args[4];
         e.args[5] = args[5];
-        e.start_ns = now;
+        // SAFETY: reads the monotonic clock.
+        e.start_ns = unsafe { bpf_ktime_get_ns() };
         e.depth = 0;
         e.busy = 1;
         e.routine = routine;
-        return 0;
+        return true;
     }
     if is_fabric(e.routine) || e.fab_busy != 0 {
         // Called back from inside a libfabric call outside the library (a callback):
         // counted once, outside.
+        with_proc_stats(tgid, |s| s.nested += 1);
+        if session {
+            return false;
+        }
         if is_fabric(e.routine) {
             e.depth += 1;
         } else {
             e.fab_depth += 1;
         }
-        with_proc_stats(tgid, |s| s.nested += 1);
-        return 0;
+        return true;
+    }
+    mark_inside_mpi(tgid, e.routine);
+    if session && left_untimed(routine) {
+        let parent = e.routine;
+        count_untimed(e, tgid, routine, &args, parent);
+        return false;
     }
     e.fab_args = args;
-    e.fab_start_ns = now;
+    // SAFETY: reads the monotonic clock.
+    e.fab_start_ns = unsafe { bpf_ktime_get_ns() };
     e.fab_depth = 0;
     e.fab_busy = 1;
     e.fab_routine = routine;
-    mark_inside_mpi(tgid);
-    0
+    true
 }
 
-/// Records that the process's MPI (or NCCL) calls make libfabric calls: their time is no
-/// longer sampled (`FabricRanges::inside_mpi`). Written once; read by every later call.
+/// Whether a UCX operation goes untimed: its routine's time is sampled one call in N
+/// (`TIME_ONE_IN`, as MPI routines') and this call was not drawn, and no event is wanted
+/// (an event carries its time). Never a libfabric call: its return says whether it posted
+/// anything (`-FI_EAGAIN` is common).
+#[inline(always)]
+fn left_untimed(routine: u16) -> bool {
+    if !is_ucx(routine) || call_events_on() {
+        return false;
+    }
+    let n = TIME_ONE_IN.get(u32::from(routine)).copied().unwrap_or(0);
+    // SAFETY: the helper only returns a pseudo-random number.
+    n > 1 && unsafe { bpf_get_prandom_u32() } % n != 0
+}
+
+/// Counts a UCX operation at its entry, untimed (its bytes are in its arguments; an error
+/// it might return is not seen: UCX's are rare, and not retries).
 #[inline(never)]
-fn mark_inside_mpi(tgid: u32) {
+fn count_untimed(e: &mut CallState, tgid: u32, routine: u16, args: &[u64; 6], parent: u16) {
+    let op = Operation {
+        routine,
+        args: *args,
+        start_ns: 0,
+        parent,
+    };
+    count_operation(e, tgid, &op, None);
+}
+
+/// Records that calls of MPI (or NCCL) routine `routine` make transport calls in the
+/// process: their time is no longer sampled (`FabricRanges::inside_mpi`). Set once per
+/// routine; read by every later call.
+#[inline(never)]
+fn mark_inside_mpi(tgid: u32, routine: u16) {
     if let Some(r) = FABRIC_RANGES.get_ptr_mut(tgid) {
-        // SAFETY: the process's entry; a plain flag any CPU may set to the same value.
+        let word = usize::from(routine >> 6) & (INSIDE_MPI_WORDS - 1);
+        let bit = 1u64 << (routine & 63);
+        // SAFETY: the process's entry, which other CPUs update too: an atomic OR.
         unsafe {
-            if (*r).inside_mpi == 0 {
-                (*r).inside_mpi = 1;
+            let w = core::ptr::addr_of_mut!((*r).inside_mpi[word]);
+            if *w & bit == 0 {
+                use core::intrinsics::{atomic_or, AtomicOrdering};
+                atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(w, bit);
             }
         }
     }
@@ -184,9 +260,16 @@ fn resolve(c: &Cookie, ip: u64, ep: u64) -> u16 {
 /// Marks a routine id whose table kind is unknown.
 const UNRESOLVED: u16 = 0x8000;
 
-/// Return of any libfabric ops-table function.
+/// Return of any libfabric ops-table function or UCX operation.
 #[uretprobe]
 pub fn fabric_return(ctx: RetProbeContext) -> u32 {
+    returned(&ctx);
+    0
+}
+
+/// The return of a transport call whose entry was seen (a return probe's or a session's).
+#[inline(always)]
+fn returned(ctx: &RetProbeContext) {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: reads the monotonic clock.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -197,10 +280,10 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
         if is_counted(tgid) {
             with_proc_stats(tgid, |s| s.in_flight_at_attach += 1);
         }
-        return 0;
+        return;
     };
     let Some(op) = outermost_return(e, tgid) else {
-        return 0;
+        return;
     };
     // ssize_t: 0 when posted; -FI_EAGAIN and other errors post nothing. UCX: a status
     // pointer (`_nbx`, `_nb`: NULL done, a request, or an error from -1 to -100) or an
@@ -213,10 +296,9 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
     };
     if failed {
         with_proc_stats(tgid, |s| s.fabric_failed += 1);
-        return 0;
+        return;
     }
-    count_operation(e, tgid, &op, now);
-    0
+    count_operation(e, tgid, &op, Some(now));
 }
 
 /// A libfabric operation that returned: what its entry saved.
@@ -275,9 +357,10 @@ fn outermost_return(e: &mut CallState, tgid: u32) -> Option<Operation> {
     })
 }
 
-/// Counts a posted operation (and emits its call event for timelines).
+/// Counts a posted operation (and emits its call event for timelines), timed if its
+/// return time `now` is given.
 #[inline(always)]
-fn count_operation(e: &mut CallState, tgid: u32, op: &Operation, now: u64) {
+fn count_operation(e: &mut CallState, tgid: u32, op: &Operation, now: Option<u64>) {
     let resolved = op.routine & UNRESOLVED == 0;
     let routine = op.routine & !UNRESOLVED;
     let Some(spec) = ROUTINE_SPECS.get(u32::from(routine)) else {
@@ -303,6 +386,10 @@ fn count_operation(e: &mut CallState, tgid: u32, op: &Operation, now: u64) {
             CounterKey::UNRESOLVED_TABLE
         },
         _pad: [0; 6],
+    };
+    let Some(now) = now else {
+        add_untimed(e, &key, bytes);
+        return;
     };
     let dur = now.saturating_sub(op.start_ns);
     add(e, &key, bytes, dur);
@@ -369,7 +456,7 @@ fn called_from_inside(c: &Cookie, tgid: u32, ip: u64, sp: u64) -> bool {
 fn fabric_bytes(spec: &ArgSpec, args: &[u64; 6]) -> Option<u64> {
     let arg = |i: u8| args.get(usize::from(i)).copied();
     match ByteRule::from_u8(spec.rule) {
-        ByteRule::FabricLen => arg(spec.a),
+        ByteRule::FabricLen | ByteRule::UcxLen => arg(spec.a),
         ByteRule::FabricIov => iov_bytes(arg(spec.a)?, arg(spec.b)?),
         ByteRule::FabricMsg => {
             // struct fi_msg { const struct iovec *msg_iov; void **desc; size_t iov_count; ... }

@@ -207,7 +207,7 @@ fn left_untimed(
         return false;
     }
     // SAFETY: plain value.
-    unsafe { FABRIC_RANGES.get(tgid) }.is_none_or(|r| r.inside_mpi == 0)
+    unsafe { FABRIC_RANGES.get(tgid) }.is_none_or(|r| !r.makes_transport_calls(c.routine))
 }
 
 /// Whether any operand of `spec` is a stack argument (7th or later).

@@ -29,11 +29,17 @@ fn metric_sum(addr: &str, prefix: &str) -> (u64, usize) {
     (values.iter().sum(), values.len())
 }
 
-/// Runs of the session programs (`sess_*`) in the daemon's metrics at `addr`.
+/// Runs of the MPI session programs (`sess_*` but the transports' `sess_fabric`, whose
+/// UCX operations under MPICH are not the program's MPI calls) in the daemon's metrics at
+/// `addr`.
 fn session_runs(addr: &str) -> u64 {
     let (runs, n) = metric_sum(addr, "commtap_probe_program_runs_total{program=\"sess_");
     assert!(n > 0, "no session program in the metrics");
-    runs
+    let (transport, _) = metric_sum(
+        addr,
+        "commtap_probe_program_runs_total{program=\"sess_fabric\"",
+    );
+    runs - transport
 }
 
 /// MPI calls the daemon at `addr` counted, and of them those it timed (its duration

@@ -78,7 +78,7 @@ impl Probes {
         }
         self.write_library_maps(slot, &lib)?;
         let (links, failed) = self.attach_links(&lib, slot, &file)?;
-        let through_sessions = self.programs.sessions() && lib.abi != Abi::Fabric;
+        let through_sessions = self.programs.sessions();
         log_probing(&lib, &failed);
         let attached = AttachedLibrary {
             library: lib,
@@ -293,7 +293,7 @@ impl Probes {
             (names::programs::FABRIC_OPEN, ProbeKind::Entry, open),
             (names::programs::MPI_PCONTROL, ProbeKind::Entry, pcontrol),
         ];
-        if self.programs.sessions() && lib.abi != Abi::Fabric {
+        if self.programs.sessions() {
             // One session link per return program: its entry and return in one.
             for (ret, points) in returns {
                 let session = names::programs::session_for(ret)
@@ -378,7 +378,15 @@ impl Probes {
         if code.is_empty() {
             return Ok(());
         }
-        let mut r = FabricRanges::default();
+        // What the kernel learnt of the process's routines stays.
+        let mut r = FabricRanges {
+            inside_mpi: self
+                .fabric_ranges
+                .get(&pid, 0)
+                .map(|old| old.inside_mpi)
+                .unwrap_or_default(),
+            ..FabricRanges::default()
+        };
         for (i, &(lo, hi)) in code.iter().take(MAX_FABRIC_RANGES).enumerate() {
             r.ranges[i] = FabricText { lo, hi };
             r.n = i as u32 + 1;

@@ -35,7 +35,8 @@ pub const AT_START: [&str; 2] = [p::LINKER_LOADED, p::MPI_PCONTROL];
 /// The programs that probe a library of `abi`, through uprobe sessions or not.
 pub fn for_abi(abi: Abi, sessions: bool) -> &'static [&'static str] {
     match (abi, sessions) {
-        (Abi::Fabric, _) => &[p::FABRIC_ENTRY, p::FABRIC_RETURN, p::FABRIC_OPEN],
+        (Abi::Fabric, true) => &[p::SESS_FABRIC, p::FABRIC_OPEN],
+        (Abi::Fabric, false) => &[p::FABRIC_ENTRY, p::FABRIC_RETURN, p::FABRIC_OPEN],
         (Abi::OpenMpi, true) => &[p::SESS_OMPI],
         (Abi::Mpich, true) => &[p::SESS_MPICH, p::SESS_MPICH_TYPES],
         (Abi::MpiAbi, true) => &[p::SESS_MPI_ABI, p::SESS_MPI_ABI_TYPES],

@@ -125,11 +125,11 @@ impl Budget {
 }
 
 /// The routines whose time may be sampled now: MPI routines whose calls (all, or those
-/// ignoring their status) are counted whole at their entry, and for which no event is
-/// wanted (an event carries the call's time).
+/// ignoring their status) are counted whole at their entry, UCX's operations, and for
+/// which no event is wanted (an event carries the call's time).
 fn sampleable(probes: &Probes) -> impl Iterator<Item = u16> + '_ {
     ROUTINES.iter().enumerate().filter_map(move |(id, r)| {
-        (r.family() == Family::Mpi
+        (matches!(r.family(), Family::Mpi | Family::Fabric)
             && r.spec.time_may_be_sampled()
             && !probes.event_wanted_for(&r.spec))
         .then_some(id as u16)
