@@ -203,8 +203,18 @@ pub struct CallState {
     /// A persistent request's creation that returned: its bytes plus one (0: none), for
     /// the request to be learnt after the return path (whose stack has no room for it).
     pub persistent_pending: u64,
+    /// The routine, plus one (0: none), of the thread's MPI call in progress if it was
+    /// counted untimed at its entry: its return is not seen, so a transport call made
+    /// while no timed call is in progress on the thread is taken as made by it. Set at
+    /// every MPI entry (the MPI library makes transport calls inside MPI calls only).
+    pub untimed_parent: u16,
+    /// The parent routine of the transport call in progress outside any timed MPI call
+    /// (`CounterKey::NO_PARENT`: none).
+    pub top_parent: u16,
+    /// Padding.
+    pub _pad_parent: u32,
 }
-const _: () = assert!(size_of::<CallState>() == 696);
+const _: () = assert!(size_of::<CallState>() == 704);
 
 impl CallState {
     /// `busy`: inside a call whose return will be seen.
@@ -515,27 +525,8 @@ pub struct FabricRanges {
     pub _pad: u32,
     /// Absolute code ranges in the process.
     pub ranges: [FabricText; MAX_FABRIC_RANGES],
-    /// One bit per routine, set by the kernel once a call of that routine was seen making
-    /// a transport (libfabric, UCX) call: from then on the process's calls of it are all
-    /// timed (a call counted untimed at its entry has no return to end it, and the
-    /// operations it makes would have no parent). The others' time may still be sampled
-    /// (`MPI_Comm_rank` in an MPICH over UCX).
-    pub inside_mpi: [u64; INSIDE_MPI_WORDS],
 }
-const _: () = assert!(size_of::<FabricRanges>() == 136 + 8 * INSIDE_MPI_WORDS);
-
-/// Words of [`FabricRanges::inside_mpi`]: a bit for each routine id.
-pub const INSIDE_MPI_WORDS: usize = 16;
-const _: () = assert!(crate::ROUTINE_COUNT <= 64 * INSIDE_MPI_WORDS);
-
-impl FabricRanges {
-    /// Whether calls of `routine` were seen making transport calls.
-    #[inline(always)]
-    pub fn makes_transport_calls(&self, routine: u16) -> bool {
-        let word = usize::from(routine >> 6) & (INSIDE_MPI_WORDS - 1);
-        self.inside_mpi[word] & (1 << (routine & 63)) != 0
-    }
-}
+const _: () = assert!(size_of::<FabricRanges>() == 136);
 
 /// Value of the ground-truth counters (per CPU: userspace sums the CPUs).
 #[repr(C)]

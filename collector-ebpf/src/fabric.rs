@@ -30,7 +30,7 @@ use collector_common::{
         FABRIC_FIRST, FABRIC_SLOTS, FID_EP_TABLES_OFF, UCX_AM_SEND_NBX, UCX_END, UCX_FIRST,
     },
     size_bucket, ArgSpec, ByteRule, CallEvent, CallState, Cookie, CounterKey, EventKind,
-    FabricEvent, FABRIC_NAME_LEN, INSIDE_MPI_WORDS, MAX_FABRIC_RANGES, UNKNOWN_BUCKET,
+    FabricEvent, FABRIC_NAME_LEN, MAX_FABRIC_RANGES, UNKNOWN_BUCKET,
 };
 
 use crate::{
@@ -139,10 +139,18 @@ fn enter(ctx: &ProbeContext, session: bool) -> bool {
         if !still_counted(e) {
             return false;
         }
+        // No timed call in progress on the thread: made inside its MPI call if that one
+        // was counted untimed at its entry (whose return is not seen), else by the
+        // application itself.
+        let parent = match e.untimed_parent {
+            0 => CounterKey::NO_PARENT,
+            p => p - 1,
+        };
         if session && left_untimed(routine) {
-            count_untimed(e, tgid, routine, &args, CounterKey::NO_PARENT);
+            count_untimed(e, tgid, routine, &args, parent);
             return false;
         }
+        e.top_parent = parent;
         e.args[0] = args[0];
         e.args[1] = args[1];
         e.args[2] = args[2];
@@ -170,7 +178,6 @@ fn enter(ctx: &ProbeContext, session: bool) -> bool {
         }
         return true;
     }
-    mark_inside_mpi(tgid, e.routine);
     if session && left_untimed(routine) {
         let parent = e.routine;
         count_untimed(e, tgid, routine, &args, parent);
@@ -210,25 +217,6 @@ fn count_untimed(e: &mut CallState, tgid: u32, routine: u16, args: &[u64; 6], pa
         parent,
     };
     count_operation(e, tgid, &op, None);
-}
-
-/// Records that calls of MPI (or NCCL) routine `routine` make transport calls in the
-/// process: their time is no longer sampled (`FabricRanges::inside_mpi`). Set once per
-/// routine; read by every later call.
-#[inline(never)]
-fn mark_inside_mpi(tgid: u32, routine: u16) {
-    if let Some(r) = FABRIC_RANGES.get_ptr_mut(tgid) {
-        let word = usize::from(routine >> 6) & (INSIDE_MPI_WORDS - 1);
-        let bit = 1u64 << (routine & 63);
-        // SAFETY: the process's entry, which other CPUs update too: an atomic OR.
-        unsafe {
-            let w = core::ptr::addr_of_mut!((*r).inside_mpi[word]);
-            if *w & bit == 0 {
-                use core::intrinsics::{atomic_or, AtomicOrdering};
-                atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(w, bit);
-            }
-        }
-    }
 }
 
 /// The routine of a call: its slot in the table of the kind the endpoint `ep` says the
@@ -337,7 +325,7 @@ fn outermost_return(e: &mut CallState, tgid: u32) -> Option<Operation> {
                 e.args[0], e.args[1], e.args[2], e.args[3], e.args[4], e.args[5],
             ],
             start_ns: e.start_ns,
-            parent: CounterKey::NO_PARENT,
+            parent: e.top_parent,
         });
     }
     if e.fab_busy == 0 {

@@ -27,8 +27,8 @@ use crate::{
     call::{comm_fact_known, describe_call, emit_call, raw_cookie, Call},
     decode::{comm_info, handle, read, status_ignored_in_any_abi},
     maps::{
-        call_state, new_call_state, with_proc_stats, COMMS, CONFIG, FABRIC_RANGES, LAYOUTS,
-        ROUTINE_SPECS, TIME_ONE_IN,
+        call_state, new_call_state, with_proc_stats, COMMS, CONFIG, LAYOUTS, ROUTINE_SPECS,
+        TIME_ONE_IN,
     },
     process::{is_counted, is_watched, still_counted},
 };
@@ -150,11 +150,14 @@ fn enter(ctx: &ProbeContext, sampling: u32) -> u32 {
         // left alone: a branch on it there doubles the verifier's work).
         e.start_ns = 0;
         e.busy = CallState::BUSY_UNTIMED;
+        // Its return is not seen: the transport calls made inside it are taken as its.
+        e.untimed_parent = c.routine.wrapping_add(1);
         UNTIMED
     } else {
         // SAFETY: reads the monotonic clock.
         e.start_ns = unsafe { bpf_ktime_get_ns() };
         e.busy = CallState::BUSY;
+        e.untimed_parent = 0;
         TIMED
     }
 }
@@ -203,11 +206,7 @@ fn left_untimed(
         }
     }
     // SAFETY: the helper only returns a pseudo-random number.
-    if unsafe { bpf_get_prandom_u32() } % n == 0 {
-        return false;
-    }
-    // SAFETY: plain value.
-    unsafe { FABRIC_RANGES.get(tgid) }.is_none_or(|r| !r.makes_transport_calls(c.routine))
+    (unsafe { bpf_get_prandom_u32() }) % n != 0
 }
 
 /// Whether any operand of `spec` is a stack argument (7th or later).

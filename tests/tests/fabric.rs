@@ -420,6 +420,69 @@ fn ucx_loop(name: &str, mpi: Mpi, env: &[(&str, &str)], barrier: [((u64, u64), (
     assert!(flavors.contains(&"UCX"), "UCX probed: {flavors:?}");
 }
 
+/// Time sampled one call in three (`--time-one-in 3`, no trace: no event wants the
+/// calls): MPICH's `MPI_Send`, `MPI_Recv` and `MPI_Allreduce` and UCX's operations go
+/// untimed two times in three, counted at their entry, and every UCX operation still counts
+/// under the MPI call that made it: an operation made inside an MPI call counted untimed
+/// (whose return is not seen) is that call's.
+#[test]
+fn sampled_mpi_calls_over_ucx_keep_their_operations() {
+    let scratch = Scratch::new("ucx-sampled");
+    let n: u64 = 3000;
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::Mpich, 2, n, &[]);
+    let (commtap, out) =
+        record_attached_with(&scratch, &ranks, &["--time-one-in", "3", "--no-skew"]);
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let run = finish_ok(&scratch, commtap, LIMIT);
+    let profile = read_json(&out);
+    let truths = read_truths(&scratch.path("truth"), 2);
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    for truth in &truths {
+        let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
+        let who = format!("rank {}; {}", truth["rank"], run.stderr);
+        // MPICH's barrier of 2 ranks (see `mpich_over_ucx_is_attributed_to_mpi_calls`).
+        let (barrier_sent, barrier_received) = if truth["rank"] == 0 {
+            ((2, 1), (1, 0))
+        } else {
+            ((1, 0), (2, 1))
+        };
+        let from = |op: &str| {
+            let mut m = routine_table(&rank["routines"][op]["called_from"]);
+            m.remove("MPI_Finalize");
+            m
+        };
+        let sent = BTreeMap::from([
+            ("MPI_Allreduce".to_string(), (n, 8 * n)),
+            ("MPI_Barrier".to_string(), barrier_sent),
+            ("MPI_Send".to_string(), (n, 16 * n)),
+        ]);
+        let received = BTreeMap::from([
+            ("MPI_Allreduce".to_string(), (n, 8 * n)),
+            ("MPI_Barrier".to_string(), barrier_received),
+            ("MPI_Recv".to_string(), (n, 16 * n)),
+        ]);
+        assert_eq!(from("ucp_tag_send_nbx"), sent, "{who}");
+        assert_eq!(from("ucp_tag_recv_nbx"), received, "{who}");
+        // Both the MPI calls and the operations were sampled (thousands of draws of 2 in
+        // 3: none left untimed is no chance).
+        for name in [
+            "MPI_Send",
+            "MPI_Allreduce",
+            "ucp_tag_send_nbx",
+            "ucp_tag_recv_nbx",
+        ] {
+            let r = &rank["routines"][name];
+            let timed = r["sampled_time"]["timed_calls"].as_u64();
+            let calls = r["calls"].as_u64().expect("calls");
+            assert!(
+                timed.is_some_and(|t| t < calls),
+                "{name}: {timed:?} of {calls} timed; {who}"
+            );
+        }
+    }
+}
+
 /// Open MPI 5 from its wheel over UCX (`pml ucx`, told to take any transport: this machine
 /// has no InfiniBand), its own bundled `libucp`: the same.
 #[test]

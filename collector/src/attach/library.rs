@@ -378,15 +378,7 @@ impl Probes {
         if code.is_empty() {
             return Ok(());
         }
-        // What the kernel learnt of the process's routines stays.
-        let mut r = FabricRanges {
-            inside_mpi: self
-                .fabric_ranges
-                .get(&pid, 0)
-                .map(|old| old.inside_mpi)
-                .unwrap_or_default(),
-            ..FabricRanges::default()
-        };
+        let mut r = FabricRanges::default();
         for (i, &(lo, hi)) in code.iter().take(MAX_FABRIC_RANGES).enumerate() {
             r.ranges[i] = FabricText { lo, hi };
             r.n = i as u32 + 1;
