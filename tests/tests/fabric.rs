@@ -254,18 +254,10 @@ fn mpi_loop_on_fabric(
         .collect();
     assert_profile_matches(&profile, &truths, &ignored);
     for truth in &truths {
-        let (barrier_sent, barrier_received) =
-            barrier[truth["rank"].as_u64().expect("rank") as usize % 2];
-        let sent = BTreeMap::from([
-            ("MPI_Allreduce".to_string(), (n, 8 * n)),
-            ("MPI_Barrier".to_string(), barrier_sent),
-            ("MPI_Send".to_string(), (n, 16 * n)),
-        ]);
-        let received = BTreeMap::from([
-            ("MPI_Allreduce".to_string(), (n, 8 * n)),
-            ("MPI_Barrier".to_string(), barrier_received),
-            ("MPI_Recv".to_string(), (n, 16 * n)),
-        ]);
+        let (sent, received) = loop_operations(
+            n,
+            barrier[truth["rank"].as_u64().expect("rank") as usize % 2],
+        );
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
         // One endpoint per rank, the MPI library's (the provider's own beneath it are not
         // the application's); UCX's sends name theirs (its receives, the worker).
@@ -274,11 +266,7 @@ fn mpi_loop_on_fabric(
         assert_eq!(eps.len(), 1, "{eps:?}");
         // Attached after MPI_Init: the fabrics it opened are found in its memory.
         assert_eq!(providers(rank), fabrics, "fabrics opened; {}", run.stderr);
-        let from = |op: &str| {
-            let mut m = routine_table(&rank["routines"][op]["called_from"]);
-            m.remove("MPI_Finalize");
-            m
-        };
+        let from = |op: &str| made_by(rank, op);
         let who = format!("rank {}; {}", truth["rank"], run.stderr);
         assert_eq!(from(send), sent, "{who}");
         assert_eq!(from(recv), received, "{who}");
@@ -310,6 +298,38 @@ fn mpi_loop_on_fabric(
         }
     }
     (profile, truths, run.stderr)
+}
+
+/// What MPICH's barrier of 2 ranks puts on UCX, per rank: (calls, bytes) sent and
+/// received. Rank 0 sends one empty and one 1-byte message, rank 1 one empty message.
+const MPICH_BARRIER: [((u64, u64), (u64, u64)); 2] = [((2, 1), (1, 0)), ((1, 0), (2, 1))];
+
+/// The transport operations `mpi_loop` of `n` iterations sends and receives, per MPI
+/// routine, as (calls, bytes): one each per Allreduce (2 ranks) and per Send or Recv, and
+/// what its one `MPI_Barrier` puts there, `barrier` (sent, received).
+fn loop_operations(
+    n: u64,
+    (barrier_sent, barrier_received): ((u64, u64), (u64, u64)),
+) -> (BTreeMap<String, (u64, u64)>, BTreeMap<String, (u64, u64)>) {
+    let ops = |barrier, p2p: &str| {
+        BTreeMap::from([
+            ("MPI_Allreduce".to_string(), (n, 8 * n)),
+            ("MPI_Barrier".to_string(), barrier),
+            (p2p.to_string(), (n, 16 * n)),
+        ])
+    };
+    (
+        ops(barrier_sent, "MPI_Send"),
+        ops(barrier_received, "MPI_Recv"),
+    )
+}
+
+/// (calls, bytes) of transport operation `op` per MPI routine that made it, on one rank;
+/// MPI_Finalize's (the library's own goodbye) left out.
+fn made_by(rank: &Value, op: &str) -> BTreeMap<String, (u64, u64)> {
+    let mut m = routine_table(&rank["routines"][op]["called_from"]);
+    m.remove("MPI_Finalize");
+    m
 }
 
 /// Fabric operations in `profile` other than `known`.
@@ -370,14 +390,7 @@ fn libfabric_without_ops_tables_is_reported() {
 /// it, with exactly the bytes the program moved; UCX's own calls are not the application's.
 #[test]
 fn mpich_over_ucx_is_attributed_to_mpi_calls() {
-    // MPICH's barrier of 2 ranks: rank 0 sends one empty and one 1-byte message, rank 1
-    // one empty message.
-    ucx_loop(
-        "ucx-mpich",
-        Mpi::Mpich,
-        &[],
-        [((2, 1), (1, 0)), ((1, 0), (2, 1))],
-    );
+    ucx_loop("ucx-mpich", Mpi::Mpich, &[], MPICH_BARRIER);
 }
 
 /// [`mpi_loop_on_fabric`] over UCX, whose tagged sends and receives are the loop's, and
@@ -441,29 +454,12 @@ fn sampled_mpi_calls_over_ucx_keep_their_operations() {
     for truth in &truths {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
         let who = format!("rank {}; {}", truth["rank"], run.stderr);
-        // MPICH's barrier of 2 ranks (see `mpich_over_ucx_is_attributed_to_mpi_calls`).
-        let (barrier_sent, barrier_received) = if truth["rank"] == 0 {
-            ((2, 1), (1, 0))
-        } else {
-            ((1, 0), (2, 1))
-        };
-        let from = |op: &str| {
-            let mut m = routine_table(&rank["routines"][op]["called_from"]);
-            m.remove("MPI_Finalize");
-            m
-        };
-        let sent = BTreeMap::from([
-            ("MPI_Allreduce".to_string(), (n, 8 * n)),
-            ("MPI_Barrier".to_string(), barrier_sent),
-            ("MPI_Send".to_string(), (n, 16 * n)),
-        ]);
-        let received = BTreeMap::from([
-            ("MPI_Allreduce".to_string(), (n, 8 * n)),
-            ("MPI_Barrier".to_string(), barrier_received),
-            ("MPI_Recv".to_string(), (n, 16 * n)),
-        ]);
-        assert_eq!(from("ucp_tag_send_nbx"), sent, "{who}");
-        assert_eq!(from("ucp_tag_recv_nbx"), received, "{who}");
+        let (sent, received) = loop_operations(
+            n,
+            MPICH_BARRIER[truth["rank"].as_u64().expect("rank") as usize % 2],
+        );
+        assert_eq!(made_by(rank, "ucp_tag_send_nbx"), sent, "{who}");
+        assert_eq!(made_by(rank, "ucp_tag_recv_nbx"), received, "{who}");
         // Both the MPI calls and the operations were sampled (thousands of draws of 2 in
         // 3: none left untimed is no chance).
         for name in [
