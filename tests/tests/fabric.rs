@@ -304,13 +304,16 @@ fn mpi_loop_on_fabric(
 /// received. Rank 0 sends one empty and one 1-byte message, rank 1 one empty message.
 const MPICH_BARRIER: [((u64, u64), (u64, u64)); 2] = [((2, 1), (1, 0)), ((1, 0), (2, 1))];
 
+/// (calls, bytes) per routine.
+type PerRoutine = BTreeMap<String, (u64, u64)>;
+
 /// The transport operations `mpi_loop` of `n` iterations sends and receives, per MPI
 /// routine, as (calls, bytes): one each per Allreduce (2 ranks) and per Send or Recv, and
 /// what its one `MPI_Barrier` puts there, `barrier` (sent, received).
 fn loop_operations(
     n: u64,
     (barrier_sent, barrier_received): ((u64, u64), (u64, u64)),
-) -> (BTreeMap<String, (u64, u64)>, BTreeMap<String, (u64, u64)>) {
+) -> (PerRoutine, PerRoutine) {
     let ops = |barrier, p2p: &str| {
         BTreeMap::from([
             ("MPI_Allreduce".to_string(), (n, 8 * n)),
@@ -326,7 +329,7 @@ fn loop_operations(
 
 /// (calls, bytes) of transport operation `op` per MPI routine that made it, on one rank;
 /// MPI_Finalize's (the library's own goodbye) left out.
-fn made_by(rank: &Value, op: &str) -> BTreeMap<String, (u64, u64)> {
+fn made_by(rank: &Value, op: &str) -> PerRoutine {
     let mut m = routine_table(&rank["routines"][op]["called_from"]);
     m.remove("MPI_Finalize");
     m
