@@ -224,17 +224,13 @@ fn uses_stack_args(spec: &ArgSpec) -> bool {
 /// Return of any MPI routine of an Open MPI library (same attach points as `mpi_entry`).
 #[uretprobe]
 pub fn mpi_return_ompi(ctx: RetProbeContext) -> u32 {
-    returned::<{ Abi::OpenMpi as u8 }, false>(ctx.as_ptr());
-    crate::persistent::after_return::<{ Abi::OpenMpi as u8 }>(ctx.ret());
-    0
+    mpi_returned::<{ Abi::OpenMpi as u8 }>(&ctx)
 }
 
 /// Return of any MPI routine of an MPICH-ABI library but its datatype constructors.
 #[uretprobe]
 pub fn mpi_return_mpich(ctx: RetProbeContext) -> u32 {
-    returned::<{ Abi::Mpich as u8 }, false>(ctx.as_ptr());
-    crate::persistent::after_return::<{ Abi::Mpich as u8 }>(ctx.ret());
-    0
+    mpi_returned::<{ Abi::Mpich as u8 }>(&ctx)
 }
 
 /// Return of the datatype constructors and MPI_Type_free of an MPICH-ABI library, whose
@@ -247,8 +243,15 @@ pub fn mpi_return_mpich_types(ctx: RetProbeContext) -> u32 {
 /// Return of any MPI routine of an MPI-5 ABI library but its datatype constructors.
 #[uretprobe]
 pub fn mpi_return_mpi_abi(ctx: RetProbeContext) -> u32 {
-    returned::<{ Abi::MpiAbi as u8 }, false>(ctx.as_ptr());
-    crate::persistent::after_return::<{ Abi::MpiAbi as u8 }>(ctx.ret());
+    mpi_returned::<{ Abi::MpiAbi as u8 }>(&ctx)
+}
+
+/// The return of an MPI routine but a datatype constructor, by a return probe: counted,
+/// then a persistent request it created learnt.
+#[inline(always)]
+fn mpi_returned<const ABI: u8>(ctx: &RetProbeContext) -> u32 {
+    returned::<ABI, false>(ctx.as_ptr());
+    crate::persistent::after_return::<ABI>(ctx.ret());
     0
 }
 

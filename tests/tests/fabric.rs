@@ -335,6 +335,27 @@ fn made_by(rank: &Value, op: &str) -> PerRoutine {
     m
 }
 
+/// The routines of a profile rank whose names start with `prefix`, in name order.
+fn routines_named<'a>(rank: &'a Value, prefix: &str) -> Vec<&'a str> {
+    rank["routines"]
+        .as_object()
+        .expect("routines")
+        .keys()
+        .filter(|r| r.starts_with(prefix))
+        .map(String::as_str)
+        .collect()
+}
+
+/// The flavors of the libraries a profile probed (`UCX`, `libfabric provider tcp` ...).
+fn library_flavors(profile: &Value) -> Vec<&str> {
+    profile["libraries"]
+        .as_array()
+        .expect("libraries")
+        .iter()
+        .filter_map(|l| l["flavor"].as_str())
+        .collect()
+}
+
 /// Fabric operations in `profile` other than `known`.
 fn other_fabric_ops<'a>(profile: &'a Value, known: &[&str]) -> Vec<&'a str> {
     let mut ops: Vec<&str> = profile["ranks"]
@@ -411,13 +432,7 @@ fn ucx_loop(name: &str, mpi: Mpi, env: &[(&str, &str)], barrier: [((u64, u64), (
     );
     for truth in &truths {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
-        let on_ucx: Vec<&str> = rank["routines"]
-            .as_object()
-            .expect("routines")
-            .keys()
-            .filter(|r| r.starts_with("ucp_"))
-            .map(String::as_str)
-            .collect();
+        let on_ucx = routines_named(rank, "ucp_");
         assert_eq!(
             on_ucx,
             ["ucp_tag_recv_nbx", "ucp_tag_send_nbx"],
@@ -427,12 +442,7 @@ fn ucx_loop(name: &str, mpi: Mpi, env: &[(&str, &str)], barrier: [((u64, u64), (
         // Contiguous buffers only: every operation's bytes known.
         assert_eq!(rank["fabric_undecoded"], 0, "{stderr}");
     }
-    let flavors: Vec<&str> = profile["libraries"]
-        .as_array()
-        .expect("libraries")
-        .iter()
-        .filter_map(|l| l["flavor"].as_str())
-        .collect();
+    let flavors = library_flavors(&profile);
     assert!(flavors.contains(&"UCX"), "UCX probed: {flavors:?}");
 }
 
@@ -525,13 +535,7 @@ fn intel_mpi_over_its_bundled_libfabric_is_attributed_to_mpi_calls() {
     );
     for truth in &truths {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
-        let on_fabric: Vec<&str> = rank["routines"]
-            .as_object()
-            .expect("routines")
-            .keys()
-            .filter(|r| r.starts_with("fi_"))
-            .map(String::as_str)
-            .collect();
+        let on_fabric = routines_named(rank, "fi_");
         // The application endpoint's tagged operations only (and Finalize's one send):
         // none of the msg operations beneath, which the provider makes itself.
         let ops = ["fi_tagged_inject", "fi_tagged_recv", "fi_tagged_send"];
@@ -548,12 +552,7 @@ fn intel_mpi_over_its_bundled_libfabric_is_attributed_to_mpi_calls() {
             );
         }
     }
-    let flavors: Vec<&str> = profile["libraries"]
-        .as_array()
-        .expect("libraries")
-        .iter()
-        .filter_map(|l| l["flavor"].as_str())
-        .collect();
+    let flavors = library_flavors(&profile);
     for provider in ["libfabric provider rxm", "libfabric provider tcp"] {
         assert!(
             flavors.contains(&provider),
