@@ -50,6 +50,8 @@ pub mod maps {
     pub const TP_OFFSETS: &str = "TP_OFFSETS";
     /// Per routine: time one call in N (0 or 1: every call).
     pub const TIME_ONE_IN: &str = "TIME_ONE_IN";
+    /// Per process and routine: its own N, where the routine's `TIME_ONE_IN` says so.
+    pub const PROCESS_ONE_IN: &str = "PROCESS_ONE_IN";
     /// Processes paused at a library load, not yet continued: pid -> when (monotonic ns).
     pub const PAUSED: &str = "PAUSED";
     /// The task-local storage of in-flight calls (created by userspace).

@@ -359,6 +359,20 @@ pub mod watch {
     pub const DESCENDANTS: u32 = 2;
 }
 
+/// Sampled time per process: a routine's `TIME_ONE_IN` entry holding [`PER_PROCESS`]
+/// says each process has its own N in `PROCESS_ONE_IN` (1, every call timed, for a
+/// process without one), so that one process's hot loop thins no other's time.
+pub mod one_in {
+    /// The flag in a routine's `TIME_ONE_IN` entry.
+    pub const PER_PROCESS: u32 = 1 << 31;
+
+    /// The `PROCESS_ONE_IN` key of a process's routine.
+    #[inline(always)]
+    pub const fn key(tgid: u32, routine: u16) -> u64 {
+        ((tgid as u64) << 16) | routine as u64
+    }
+}
+
 /// The launchers of MPI jobs, by the name the kernel gives a process at its exec (the
 /// executable's file name, cut to 15 bytes): never paused at their library loads. They
 /// call no MPI, so pausing them gains nothing, and Open MPI's `mpirun` forwards the

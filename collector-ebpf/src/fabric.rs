@@ -38,8 +38,8 @@ use crate::{
     counters::{add, add_untimed},
     decode::read,
     maps::{
-        call_state, new_call_state, with_proc_stats, EVENTS, FABRIC_FUNCS, FABRIC_KINDS,
-        FABRIC_RANGES, FABRIC_TEXT, ROUTINE_SPECS, TIME_ONE_IN,
+        call_state, new_call_state, time_one_in, with_proc_stats, EVENTS, FABRIC_FUNCS,
+        FABRIC_KINDS, FABRIC_RANGES, FABRIC_TEXT, ROUTINE_SPECS,
     },
     process::{is_counted, is_watched, still_counted},
 };
@@ -146,7 +146,7 @@ fn enter(ctx: &ProbeContext, session: bool) -> bool {
             0 => CounterKey::NO_PARENT,
             p => p - 1,
         };
-        if session && left_untimed(routine) {
+        if session && left_untimed(routine, tgid) {
             count_untimed(e, tgid, routine, &args, parent);
             return false;
         }
@@ -178,7 +178,7 @@ fn enter(ctx: &ProbeContext, session: bool) -> bool {
         }
         return true;
     }
-    if session && left_untimed(routine) {
+    if session && left_untimed(routine, tgid) {
         let parent = e.routine;
         count_untimed(e, tgid, routine, &args, parent);
         return false;
@@ -197,11 +197,11 @@ fn enter(ctx: &ProbeContext, session: bool) -> bool {
 /// (an event carries its time). Never a libfabric call: its return says whether it posted
 /// anything (`-FI_EAGAIN` is common).
 #[inline(always)]
-fn left_untimed(routine: u16) -> bool {
+fn left_untimed(routine: u16, tgid: u32) -> bool {
     if !is_ucx(routine) || call_events_on() {
         return false;
     }
-    let n = TIME_ONE_IN.get(u32::from(routine)).copied().unwrap_or(0);
+    let n = time_one_in(routine, tgid);
     // SAFETY: the helper only returns a pseudo-random number.
     n > 1 && unsafe { bpf_get_prandom_u32() } % n != 0
 }

@@ -41,6 +41,26 @@ pub static ROUTINE_SPECS: Array<ArgSpec> = Array::with_max_entries(1024, 0);
 #[map]
 pub static TIME_ONE_IN: Array<u32> = Array::with_max_entries(1024, 0);
 
+/// Per process and routine (`one_in::key`): the process's own N, for the routines whose
+/// `TIME_ONE_IN` entry says `one_in::PER_PROCESS` (the budget's, one process's need at a
+/// time). Written by userspace only.
+#[map]
+pub static PROCESS_ONE_IN: HashMap<u64, u32> = HashMap::with_max_entries(65536, 0);
+
+/// The N of `routine` in process `tgid`: one call in N timed (0 or 1: every call).
+#[inline(always)]
+pub fn time_one_in(routine: u16, tgid: u32) -> u32 {
+    use collector_common::one_in;
+    let n = TIME_ONE_IN.get(u32::from(routine)).copied().unwrap_or(0);
+    if n & one_in::PER_PROCESS == 0 {
+        return n;
+    }
+    // SAFETY: plain value.
+    unsafe { PROCESS_ONE_IN.get(one_in::key(tgid, routine)) }
+        .copied()
+        .unwrap_or(1)
+}
+
 /// Object layouts per probed library, indexed by the cookie's layout slot.
 #[map]
 pub static LAYOUTS: Array<Layout> = Array::with_max_entries(collector_common::MAX_LAYOUTS, 0);

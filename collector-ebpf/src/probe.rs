@@ -27,8 +27,8 @@ use crate::{
     call::{comm_fact_known, describe_call, emit_call, raw_cookie, Call},
     decode::{comm_info, handle, read, status_ignored_in_any_abi},
     maps::{
-        call_state, new_call_state, with_proc_stats, COMMS, CONFIG, LAYOUTS, ROUTINE_SPECS,
-        TIME_ONE_IN,
+        call_state, new_call_state, time_one_in, with_proc_stats, COMMS, CONFIG, LAYOUTS,
+        ROUTINE_SPECS,
     },
     process::{is_counted, is_watched, still_counted},
 };
@@ -176,7 +176,7 @@ fn left_untimed(
     args: &[u64; ARG_SLOTS],
 ) -> bool {
     // Cheapest first: most calls stop at the routine's N (one array lookup).
-    let n = TIME_ONE_IN.get(u32::from(c.routine)).copied().unwrap_or(0);
+    let n = time_one_in(c.routine, tgid);
     if n <= 1 || wants_event(spec) {
         return false;
     }

@@ -6,7 +6,11 @@
  * would learn a wrong rank, and the Allgatherv's bytes (its receive count at this rank)
  * would come out wrong.
  *
- * Usage: mpi_poll N OUT_PREFIX        (any number of ranks)
+ * Usage: mpi_poll N OUT_PREFIX [SLOW_N]        (any number of ranks)
+ *
+ * With SLOW_N, the last rank polls slowly instead: SLOW_N times, sleeping 1 ms after each
+ * (at most a thousand of each call a second, whatever the machine's speed), beside the
+ * others' hot loops.
  *
  * Each rank writes OUT_PREFIX.<rank>.json in mpi_truth's form: {"rank":R,"pid":PID,
  * "routines":{"MPI_Init":{...},"MPI_Comm_rank":{"calls":N+1,"bytes":0},
@@ -20,14 +24,18 @@
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s N OUT_PREFIX\n", argv[0]);
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: %s N OUT_PREFIX [SLOW_N]\n", argv[0]);
         return 2;
     }
     long n = atol(argv[1]);
     int rank, size, flag;
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int slow = argc == 4 && rank == size - 1;
+    if (slow)
+        n = atol(argv[3]);
     for (long i = 0; i < n; i++) {
         int asked = rank + 1 + (int)(i % 7);
         MPI_Comm_rank(MPI_COMM_WORLD, &asked);
@@ -36,9 +44,10 @@ int main(int argc, char **argv)
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
         MPI_Iprobe(MPI_ANY_SOURCE, 99, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
+        if (slow)
+            usleep(1000);
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
     int *counts = malloc(sizeof(int) * size), *displs = malloc(sizeof(int) * size);
     int *all = malloc(sizeof(int) * size * (size + 1) / 2 + sizeof(int));
     int mine[64];

@@ -22,8 +22,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use collector_common::{
-    launcher, names, routines::ArgSpec, watch, CallState, CommInfo, Config, CounterKey, CounterVal,
-    FabricRanges, FabricText, HandleKey, IdentityOffsets, Layout, ProcStats, TpOffsets,
+    launcher, names, one_in, routines::ArgSpec, watch, CallState, CommInfo, Config, CounterKey,
+    CounterVal, FabricRanges, FabricText, HandleKey, IdentityOffsets, Layout, ProcStats, TpOffsets,
     MAX_LAYOUTS, ROUTINES,
 };
 use serde::Serialize;
@@ -149,6 +149,10 @@ pub struct Probes {
     time_one_in: Array<MapData, u32>,
     /// What `time_one_in` holds, for the routines whose N is above 1.
     sampled: BTreeMap<u16, u32>,
+    /// Per process and routine: its own N (`one_in::PER_PROCESS`).
+    process_one_in: BpfHashMap<MapData, u64, u32>,
+    /// What `process_one_in` holds.
+    process_sampled: BTreeMap<(u32, u16), u32>,
     /// What `config` holds.
     settings: Config,
     layouts: Array<MapData, Layout>,
@@ -360,6 +364,8 @@ impl Probes {
             config: map(&mut ebpf, names::maps::CONFIG)?,
             time_one_in: map(&mut ebpf, names::maps::TIME_ONE_IN)?,
             sampled: BTreeMap::new(),
+            process_one_in: map(&mut ebpf, names::maps::PROCESS_ONE_IN)?,
+            process_sampled: BTreeMap::new(),
             settings: Config {
                 self_tgid: std::process::id(),
                 uid: Config::ANY_UID,
@@ -676,6 +682,67 @@ impl Probes {
             self.sampled.remove(&routine);
         }
         Ok(())
+    }
+
+    /// Times one call in N of each process's routine in `wanted` ((tgid, routine) -> N),
+    /// every call of the others: the budget's sampling, one process's need at a time (a
+    /// routine's global N, [`Probes::set_time_one_in`], is replaced). Goes on past a
+    /// failure (a full map: that process's routine stays timed), and returns the first.
+    pub fn set_process_time_one_in(
+        &mut self,
+        wanted: &BTreeMap<(u32, u16), u32>,
+    ) -> Result<(), AttachError> {
+        let mut first = Ok(());
+        let mut keep = |r: Result<(), AttachError>| {
+            if first.is_ok() {
+                first = r;
+            }
+        };
+        // Each process's own N first, then the routines told to look it up; the reverse
+        // to go back to every call: no call is ever drawn against a missing N.
+        for (&(tgid, routine), &n) in wanted {
+            if self.process_sampled.get(&(tgid, routine)) == Some(&n) {
+                continue;
+            }
+            let set = self
+                .process_one_in
+                .insert(one_in::key(tgid, routine), n, 0)
+                .map_err(map_err(names::maps::PROCESS_ONE_IN));
+            if set.is_ok() {
+                self.process_sampled.insert((tgid, routine), n);
+            }
+            keep(set);
+        }
+        let routines: BTreeSet<u16> = wanted.keys().map(|&(_, r)| r).collect();
+        let before: Vec<u16> = self.sampled.keys().copied().collect();
+        for r in before.into_iter().chain(routines.iter().copied()) {
+            let n = if routines.contains(&r) {
+                one_in::PER_PROCESS
+            } else {
+                1
+            };
+            keep(self.set_time_one_in(r, n));
+        }
+        let gone: Vec<(u32, u16)> = self
+            .process_sampled
+            .keys()
+            .filter(|k| !wanted.contains_key(k))
+            .copied()
+            .collect();
+        for (tgid, routine) in gone {
+            match self.process_one_in.remove(&one_in::key(tgid, routine)) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {
+                    self.process_sampled.remove(&(tgid, routine));
+                }
+                Err(e) => keep(Err(map_err(names::maps::PROCESS_ONE_IN)(e))),
+            }
+        }
+        first
+    }
+
+    /// What each process's routines are timed at where the budget set their N.
+    pub fn process_time_sampled(&self) -> &BTreeMap<(u32, u16), u32> {
+        &self.process_sampled
     }
 
     /// Whether a call of the routine of `spec` emits an event now (then its time is never

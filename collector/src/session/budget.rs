@@ -95,7 +95,12 @@ impl Budget {
         let wanted = match self.mode {
             TimeSampling::EveryCall | TimeSampling::OneIn(_) if self.applied => return,
             TimeSampling::EveryCall => BTreeMap::new(),
-            TimeSampling::OneIn(n) => sampleable(probes).map(|r| (r, n)).collect(),
+            TimeSampling::OneIn(n) => {
+                let wanted = sampleable(probes).map(|r| (r, n)).collect();
+                self.applied = true;
+                apply(probes, &wanted);
+                return;
+            }
             TimeSampling::Budget(share) => {
                 let now = monotonic_ns();
                 if self.applied && now.saturating_sub(self.last_ns) < self.wait_ns {
@@ -120,7 +125,7 @@ impl Budget {
             }
         };
         self.applied = true;
-        apply(probes, &wanted);
+        apply_per_process(probes, &wanted);
     }
 }
 
@@ -171,16 +176,16 @@ fn cost_per_sec(rates: &BTreeMap<u16, f64>, one_in: &BTreeMap<u16, u32>) -> f64 
 /// For each process whose estimated cost is above `share` of its time, the routine whose
 /// returns cost it most is thinned (its N doubled) until the estimate fits or nothing is
 /// left worth thinning (returns costing under a hundredth of the budget are left timed:
-/// where the entries alone pass the budget, thinning them gains nothing); a routine gets
-/// the largest N any process needs.
+/// where the entries alone pass the budget, thinning them gains nothing): (tgid, routine)
+/// -> N. Each process gets what it needs, whatever the others do.
 fn one_in_for_budget(
     rates: &BTreeMap<u32, BTreeMap<u16, f64>>,
     may: &[u16],
     share: f64,
-) -> BTreeMap<u16, u32> {
+) -> BTreeMap<(u32, u16), u32> {
     let limit = share * 1e9;
-    let mut wanted: BTreeMap<u16, u32> = BTreeMap::new();
-    for process in rates.values() {
+    let mut wanted: BTreeMap<(u32, u16), u32> = BTreeMap::new();
+    for (&tgid, process) in rates {
         let mut one_in: BTreeMap<u16, u32> = BTreeMap::new();
         while cost_per_sec(process, &one_in) > limit {
             let thinnest = process
@@ -195,15 +200,29 @@ fn one_in_for_budget(
             let Some((r, _)) = thinnest else { break };
             *one_in.entry(r).or_insert(1) *= 2;
         }
-        for (r, n) in one_in {
-            let w = wanted.entry(r).or_insert(1);
-            *w = (*w).max(n);
-        }
+        wanted.extend(one_in.into_iter().map(|(r, n)| ((tgid, r), n)));
     }
     wanted
 }
 
-/// Sets every routine's N: the wanted ones, and 1 (every call) for the others.
+/// Sets each process's N of its routines in `wanted`, and 1 (every call) for the others.
+fn apply_per_process(probes: &mut Probes, wanted: &BTreeMap<(u32, u16), u32>) {
+    let changed = probes.process_time_sampled() != wanted;
+    if let Err(e) = probes.set_process_time_one_in(wanted) {
+        warn!("cannot set the time sampling of every process: {e:#}");
+    }
+    if changed {
+        let names: Vec<String> = probes
+            .process_time_sampled()
+            .iter()
+            .map(|((tgid, r), n)| format!("{tgid} {} 1 in {n}", ROUTINES[*r as usize].name))
+            .collect();
+        debug!("time sampled: {}", names.join(", "));
+    }
+}
+
+/// Sets every routine's N in every process: the wanted ones, and 1 (every call) for the
+/// others.
 fn apply(probes: &mut Probes, wanted: &BTreeMap<u16, u32>) {
     let before = probes.time_sampled().clone();
     for r in before.keys().chain(wanted.keys()) {
@@ -250,12 +269,12 @@ mod tests {
         // so Iprobe is thinned to the most, and Send (10 calls/s) never.
         let rates = [(7, [(probe, 1e6), (send, 10.0)].into())].into();
         let wanted = one_in_for_budget(&rates, &[probe, send], 0.01);
-        assert_eq!(wanted, [(probe, MAX_ONE_IN)].into());
+        assert_eq!(wanted, [((7, probe), MAX_ONE_IN)].into());
         // 5,000 Iprobe/s: 10.5 ms a second timed; 1% of a second is 10 ms: one in 2 (8.25).
         let rates = [(7, [(probe, 5_000.0), (send, 10.0)].into())].into();
         assert_eq!(
             one_in_for_budget(&rates, &[probe, send], 0.01),
-            [(probe, 2)].into()
+            [((7, probe), 2)].into()
         );
     }
 
@@ -267,12 +286,19 @@ mod tests {
     }
 
     #[test]
-    fn a_routine_gets_the_largest_n_a_process_needs() {
+    fn each_process_gets_the_n_it_needs() {
         let probe = id("MPI_Iprobe");
-        let rates = [(7, [(probe, 5_000.0)].into()), (8, [(probe, 1e6)].into())].into();
+        // Process 9 calls it 1,000 times a second (0.2%): every call timed, although 8's
+        // million a second have it thinned to the most.
+        let rates = [
+            (7, [(probe, 5_000.0)].into()),
+            (8, [(probe, 1e6)].into()),
+            (9, [(probe, 1_000.0)].into()),
+        ]
+        .into();
         assert_eq!(
             one_in_for_budget(&rates, &[probe], 0.01),
-            [(probe, MAX_ONE_IN)].into()
+            [((7, probe), 2), ((8, probe), MAX_ONE_IN)].into()
         );
     }
 }
