@@ -50,15 +50,23 @@ fn daemon_profiles_every_job_on_the_node_exactly() {
         profiles.push(profile);
     }
 
-    // `ps`: each rank's probes' estimated cost, an entry per call (1.2 us) and a return per
-    // timed call (0.9 us: `session::budget`'s ENTRY_NS and RETURN_NS, which this crate does
-    // not link) by the counts the profile holds, and its costliest routines.
+    // `ps`: each rank's probes' estimated cost, an entry per call and a return per timed
+    // call at the cost the profile says a call had on the node (the kernel's trap and the
+    // programs' run, as measured while the job ran), by the counts the profile holds, and
+    // its costliest routines.
     let ps = commtap_output(&["ps", "--from", &target, "--format", "json"]);
     let ps: serde_json::Value = serde_json::from_slice(&ps.stdout).expect("ps JSON");
     for rank in profiles
         .iter()
         .flat_map(|p| p["ranks"].as_array().expect("ranks"))
     {
+        let cost = &rank["probe_call_cost"];
+        let at = |what: &str| {
+            cost[what]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no {what} in the profile's probe_call_cost: {cost}"))
+        };
+        let (entry_ns, return_ns) = (at("entry_ns"), at("return_ns"));
         let mut by: Vec<(&str, u64)> = rank["routines"]
             .as_object()
             .expect("routines")
@@ -66,7 +74,7 @@ fn daemon_profiles_every_job_on_the_node_exactly() {
             .map(|(name, r)| {
                 let calls = r["calls"].as_u64().expect("calls");
                 let timed = r["sampled_time"]["timed_calls"].as_u64().unwrap_or(calls);
-                (name.as_str(), calls * 1_200 + timed * 900)
+                (name.as_str(), calls * entry_ns + timed * return_ns)
             })
             .collect();
         by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));

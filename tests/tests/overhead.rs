@@ -204,6 +204,15 @@ fn a_polling_code_has_its_hottest_routine_sampled(mpi: Mpi) {
     let profile = read_json(&out);
     assert_profile_matches(&profile, &read_truths(&prefix, 2), &["MPI_Finalize"]);
     for rank in profile["ranks"].as_array().expect("ranks") {
+        // Their probes' cost estimated from the programs' run as the kernel measured it
+        // (BPF run-time statistics, on a quarter of each second): millions of runs.
+        let cost = &rank["probe_call_cost"];
+        let (program_ns, runs) = (
+            cost["program_ns"].as_u64().expect("program_ns"),
+            cost["measured_runs"].as_u64().expect("measured_runs"),
+        );
+        assert!(runs >= 100_000, "{cost}");
+        assert!(program_ns > 0 && program_ns < 20_000, "{cost}");
         let polls = |r: &str| &rank["routines"][r];
         for collective in ["MPI_Barrier", "MPI_Allgatherv"] {
             assert!(
@@ -241,6 +250,7 @@ fn a_polling_code_has_its_hottest_routine_sampled(mpi: Mpi) {
         .lines()
         .find(|l| l.starts_with("Probes' estimated cost"))
         .unwrap_or_else(|| panic!("no estimated cost in\n{report}"));
+    assert!(line.contains("measured by the kernel over"), "{line}");
     let (_, costliest) = line
         .split_once("most of it in ")
         .expect("the costliest routines");

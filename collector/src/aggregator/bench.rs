@@ -249,6 +249,7 @@ pub fn synthetic_rank(
         uid: Some(1000),
         container: None,
         region: None,
+        probe_call_cost: None,
         start_ticks: 7,
         exited: true,
         elapsed_ns: 1,

@@ -439,6 +439,7 @@ mod tests {
                 uid: None,
                 container: None,
                 region: None,
+                probe_call_cost: None,
                 start_ticks: 1,
                 exited: false,
                 elapsed_ns: 0,

@@ -84,7 +84,7 @@ pub enum AttachError {
     #[error("more than {MAX_LAYOUTS} distinct MPI libraries")]
     TooManyLibraries,
     /// The kernel's run-time statistics of BPF programs could not be turned on.
-    #[error("turning on BPF run-time statistics (--probe-stats)")]
+    #[error("turning on BPF run-time statistics (BPF_ENABLE_STATS)")]
     RunStats(#[source] std::io::Error),
     /// Descriptors of the maps could not be kept for the programs loaded later.
     #[error("keeping the BPF maps open for the programs loaded later")]
@@ -199,6 +199,8 @@ pub struct Probes {
     tracepoints: Vec<TracePointLink>,
     /// Held while the kernel keeps run-time statistics for us (`--probe-stats`).
     run_stats: Option<OwnedFd>,
+    /// Held while a measuring window of the budget's keeps them on.
+    window_stats: Option<OwnedFd>,
     /// The controllers whose cgroup v1 the programs can find, with their subsystem ids.
     cgroup_v1_subsys: BTreeMap<String, u32>,
     /// The child left to wait for the detach (see [`Probes::detach_in_background`]). Keep
@@ -396,6 +398,7 @@ impl Probes {
             mapped_by: BTreeMap::new(),
             _task_state: task_state,
             tracepoints,
+            window_stats: None,
             run_stats: if opts.probe_stats {
                 Some(multi::enable_run_stats().map_err(AttachError::RunStats)?)
             } else {
@@ -559,6 +562,24 @@ impl Probes {
     /// with `probe_stats` (the kernel counts nothing otherwise).
     pub fn program_stats(&self) -> Option<Vec<ProgramStats>> {
         self.run_stats.as_ref()?;
+        Some(self.program_runs())
+    }
+
+    /// Turns the kernel's run-time statistics on (`true`) for a measuring window, or off
+    /// again (`false`: unless `probe_stats` keeps them on, or another program on the
+    /// machine does).
+    pub fn measure_program_runs(&mut self, on: bool) -> Result<(), AttachError> {
+        self.window_stats = if on {
+            Some(multi::enable_run_stats().map_err(AttachError::RunStats)?)
+        } else {
+            None
+        };
+        Ok(())
+    }
+
+    /// Each probe program's runs and run time as the kernel counted them so far (it counts
+    /// only while run-time statistics are on).
+    pub fn program_runs(&self) -> Vec<ProgramStats> {
         let mut out: Vec<ProgramStats> = self
             .programs
             .iter()
@@ -572,7 +593,7 @@ impl Probes {
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
-        Some(out)
+        out
     }
 
     /// Hands the ring buffer to the ingest loop (once).

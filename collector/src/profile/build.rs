@@ -140,6 +140,7 @@ fn rank_profile(
         peers,
         comm_ranks,
         region,
+        probe_call_cost: None,
     }
 }
 

@@ -8,6 +8,7 @@ pub mod timeline;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::session::budget::CallCost;
 use crate::{
     discover::Fabric,
     stats::{Health, Routines},
@@ -65,6 +66,10 @@ pub struct RankProfile {
     /// `routines` above is the whole run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<Box<RegionProfile>>,
+    /// What a probed call cost on its node, by which the probes' cost here is estimated
+    /// (the programs' part measured by the kernel); absent from older profiles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_call_cost: Option<CallCost>,
 }
 
 /// A rank's `MPI_Pcontrol` region: `MPI_Pcontrol(1)` starts it (the first one anew),
@@ -92,30 +97,42 @@ impl RankProfile {
     /// What the probes cost this process by the budget's estimate (`session::budget`): an
     /// entry per call and a return per timed call.
     pub fn estimated_probe_ns(&self) -> u64 {
-        self.routines.values().map(routine_probe_ns).sum()
+        let cost = self.call_cost();
+        self.routines
+            .values()
+            .fold(0, |all, r| all.saturating_add(routine_probe_ns(r, cost)))
     }
 
     /// [`RankProfile::estimated_probe_ns`] per routine, the costliest first.
     pub fn estimated_probe_ns_by_routine(&self) -> Vec<(&str, u64)> {
-        probe_ns_by_routine(&self.routines)
+        probe_ns_by_routine(&self.routines, self.call_cost())
+    }
+
+    /// What a probed call cost it: as its node measured, else as assumed.
+    pub fn call_cost(&self) -> CallCost {
+        self.probe_call_cost.unwrap_or(CallCost::ASSUMED)
     }
 }
 
-/// The probes' estimated cost of each routine of `routines`, the costliest first.
-pub fn probe_ns_by_routine(routines: &Routines) -> Vec<(&str, u64)> {
+/// The probes' estimated cost of each routine of `routines` at `cost` a call, the
+/// costliest first.
+pub fn probe_ns_by_routine(routines: &Routines, cost: CallCost) -> Vec<(&str, u64)> {
     let mut by: Vec<(&str, u64)> = routines
         .iter()
-        .map(|(name, r)| (name.as_str(), routine_probe_ns(r)))
+        .map(|(name, r)| (name.as_str(), routine_probe_ns(r, cost)))
         .collect();
     by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     by
 }
 
-/// The probes' estimated cost of one routine's calls: an entry each, a return each timed.
-fn routine_probe_ns(r: &crate::stats::RoutineStats) -> u64 {
-    use crate::session::budget::{ENTRY_NS, RETURN_NS};
+/// The probes' estimated cost of one routine's calls: an entry each, a return each timed
+/// (saturating: a cost from the wire is anybody's number).
+fn routine_probe_ns(r: &crate::stats::RoutineStats, cost: CallCost) -> u64 {
     let timed = r.sampled_time.map_or(r.totals.calls, |s| s.timed_calls);
-    r.totals.calls * ENTRY_NS + timed * RETURN_NS
+    r.totals
+        .calls
+        .saturating_mul(cost.entry_ns)
+        .saturating_add(timed.saturating_mul(cost.return_ns))
 }
 
 /// A library commtap probed, summarised for the report.
@@ -345,6 +362,7 @@ mod tests {
             uid: None,
             container: None,
             region: None,
+            probe_call_cost: None,
             start_ticks: 0,
             exited: false,
             elapsed_ns: 0,

@@ -127,11 +127,27 @@ pub fn render_durations(job: &JobProfile) -> String {
                 )
             })
             .collect();
+        let cost = r.call_cost();
+        let ns = |ns: u64| super::units::Unit::Seconds.format(super::units::secs(ns));
+        let measured = if cost.measured_runs > 0 {
+            format!(
+                "the programs' mean run {} measured by the kernel over {} runs",
+                ns(cost.program_ns),
+                cost.measured_runs
+            )
+        } else {
+            format!(
+                "the programs' run assumed {}, not measured",
+                ns(cost.program_ns)
+            )
+        };
         let _ = writeln!(o);
         let _ = writeln!(
             o,
-            "Probes' estimated cost (an entry per call, a return per timed call): at most \
-             {:.2}% of a rank's time (rank {}){}",
+            "Probes' estimated cost (an entry per call at {}, a return per timed call at {}: \
+             the kernel's trap and {measured}): at most {:.2}% of a rank's time (rank {}){}",
+            ns(cost.entry_ns),
+            ns(cost.return_ns),
             share * 100.0,
             r.rank,
             if costliest.is_empty() {

@@ -11,14 +11,118 @@ use tracing::{debug, info, warn};
 
 use crate::{attach::Probes, clock::monotonic_ns};
 
-/// What a probed call costs the calling thread here, ns: the entry (the breakpoint trap,
-/// the kernel's uprobe lookup, our entry program) and the return (the return trampoline
-/// and our return program). From `cargo xtask bench` on this project's 2-core machine: an
-/// unwatched process pays +1,007 ns per call with sessions (entry only) and +1,680 with an
-/// entry and a return probe; a counted call's programs add about 200 ns on each side.
-pub const ENTRY_NS: u64 = 1_200;
-/// See [`ENTRY_NS`].
-pub const RETURN_NS: u64 = 900;
+/// The kernel's part of a probed call's cost to the calling thread, ns: at the entry the
+/// breakpoint trap and the uprobe lookup, at the return the return trampoline. From `cargo
+/// xtask bench` on this project's 2-core machine: an unwatched process pays +1,007 ns per
+/// call with sessions (an entry only, our program leaving at once) and +1,680 with an entry
+/// and a return probe. Our programs' part is measured while commtap runs ([`CallCost`]).
+pub const TRAP_ENTRY_NS: u64 = 1_000;
+/// See [`TRAP_ENTRY_NS`].
+pub const TRAP_RETURN_NS: u64 = 700;
+/// Our program's run, ns, until the kernel has measured it (about what a counted call's
+/// programs took in the bench).
+pub const ASSUMED_PROGRAM_NS: u64 = 200;
+
+/// What a probed call costs its thread, by which the probes' cost is estimated: the
+/// kernel's trap ([`TRAP_ENTRY_NS`], [`TRAP_RETURN_NS`]) and a run of our program, whose
+/// mean the kernel measures (its BPF run-time statistics, `bpf_stats`, turned on a quarter
+/// of each second).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+pub struct CallCost {
+    /// An entry, ns: the trap and a program run.
+    pub entry_ns: u64,
+    /// A return, ns: the trampoline and a program run.
+    pub return_ns: u64,
+    /// The probe programs' mean run, ns, as the kernel measured it.
+    pub program_ns: u64,
+    /// The program runs it was measured over (0: not measured yet, the assumed 200 ns).
+    pub measured_runs: u64,
+}
+
+impl CallCost {
+    /// Before any measurement.
+    pub const ASSUMED: CallCost = CallCost::with_program(ASSUMED_PROGRAM_NS, 0);
+
+    /// With the programs' mean run `program_ns`, measured over `runs`.
+    pub const fn with_program(program_ns: u64, runs: u64) -> CallCost {
+        CallCost {
+            entry_ns: TRAP_ENTRY_NS + program_ns,
+            return_ns: TRAP_RETURN_NS + program_ns,
+            program_ns,
+            measured_runs: runs,
+        }
+    }
+}
+
+/// The probe programs' run time as the kernel measures it, a window at a time: the
+/// statistics cost two clock reads per run of every BPF program on the machine while on,
+/// so they are on a quarter of each second only (all the time with `--probe-stats`).
+struct ProgramClock {
+    /// The open window: since when (monotonic ns), and each program's (runs, ns) then.
+    open: Option<(u64, ProgramRuns)>,
+    /// When the next window opens.
+    next_ns: u64,
+    /// Runs and run time measured in all windows so far.
+    runs: u64,
+    run_ns: u64,
+}
+
+/// How long a measuring window stays open, and how often one opens.
+const WINDOW_NS: u64 = 250_000_000;
+const WINDOW_EVERY_NS: u64 = 1_000_000_000;
+/// The runs a mean needs before it replaces the assumed one.
+const MIN_RUNS: u64 = 1_000;
+
+impl ProgramClock {
+    /// Opens or closes the window as its time comes (call it on every tick).
+    fn step(&mut self, probes: &mut Probes) {
+        let now = monotonic_ns();
+        match self.open.take() {
+            None if now >= self.next_ns => match probes.measure_program_runs(true) {
+                Ok(()) => self.open = Some((now, runs_of(probes))),
+                Err(e) => {
+                    warn!("the probes' cost stays estimated, not measured: {e:#}");
+                    self.next_ns = u64::MAX;
+                }
+            },
+            None => {}
+            Some((since, before)) if now.saturating_sub(since) >= WINDOW_NS => {
+                for (name, (runs, ns)) in runs_of(probes) {
+                    let (r0, n0) = before.get(&name).copied().unwrap_or((0, 0));
+                    self.runs += runs.saturating_sub(r0);
+                    self.run_ns += ns.saturating_sub(n0);
+                }
+                if let Err(e) = probes.measure_program_runs(false) {
+                    warn!("{e:#}");
+                }
+                self.next_ns = since + WINDOW_EVERY_NS;
+            }
+            open => self.open = open,
+        }
+    }
+
+    /// What a call costs by the measurements so far.
+    fn cost(&self) -> CallCost {
+        if self.runs < MIN_RUNS {
+            return CallCost::ASSUMED;
+        }
+        CallCost::with_program(self.run_ns / self.runs, self.runs)
+    }
+}
+
+/// Each loaded probe program's (runs, run ns), by name.
+type ProgramRuns = BTreeMap<String, (u64, u64)>;
+
+/// [`ProgramRuns`] now.
+fn runs_of(probes: &Probes) -> ProgramRuns {
+    probes
+        .program_runs()
+        .into_iter()
+        .map(|p| (p.name, (p.runs, p.run_ns)))
+        .collect()
+}
 
 /// The most a routine's time is thinned: one call in this many timed.
 pub const MAX_ONE_IN: u32 = 1 << 12;
@@ -64,6 +168,8 @@ pub struct Budget {
     /// How long until the next look: [`EVERY_NS`], or longer where reading the counters
     /// took long (a node with many processes), so that looking costs at most 5% of a core.
     wait_ns: u64,
+    /// The probe programs' measured run time.
+    clock: ProgramClock,
 }
 
 /// How often the budget looks at the call rates, at most: a program's phases of hot calls
@@ -79,12 +185,24 @@ impl Budget {
             last_ns: 0,
             applied: false,
             wait_ns: EVERY_NS,
+            clock: ProgramClock {
+                open: None,
+                next_ns: 0,
+                runs: 0,
+                run_ns: 0,
+            },
         }
+    }
+
+    /// What a probed call costs, by the kernel's measurements so far.
+    pub fn call_cost(&self) -> CallCost {
+        self.clock.cost()
     }
 
     /// Applies the mode: a fixed one at once, a budget from the call rates since the last
     /// look (at most every quarter of a second; call it on every tick).
     pub fn step(&mut self, probes: &mut Probes) {
+        self.clock.step(probes);
         if !probes.uses_sessions() {
             if !self.applied && self.mode != TimeSampling::EveryCall {
                 info!("every call is timed: sampling needs uprobe sessions (Linux 6.13+)");
@@ -121,7 +239,7 @@ impl Budget {
                 }
                 let rates = rates(&last, &self.last, secs);
                 let may: Vec<u16> = sampleable(probes).collect();
-                one_in_for_budget(&rates, &may, share)
+                one_in_for_budget(&rates, &may, share, self.clock.cost())
             }
         };
         self.applied = true;
@@ -163,12 +281,12 @@ fn rates(
 
 /// A process's estimated probe cost per second of its time, ns, with `one_in` applied to
 /// the routines that may be sampled.
-fn cost_per_sec(rates: &BTreeMap<u16, f64>, one_in: &BTreeMap<u16, u32>) -> f64 {
+fn cost_per_sec(rates: &BTreeMap<u16, f64>, one_in: &BTreeMap<u16, u32>, cost: CallCost) -> f64 {
     rates
         .iter()
         .map(|(r, rate)| {
             let n = f64::from(one_in.get(r).copied().unwrap_or(1));
-            rate * (ENTRY_NS as f64 + RETURN_NS as f64 / n)
+            rate * (cost.entry_ns as f64 + cost.return_ns as f64 / n)
         })
         .sum()
 }
@@ -182,19 +300,20 @@ fn one_in_for_budget(
     rates: &BTreeMap<u32, BTreeMap<u16, f64>>,
     may: &[u16],
     share: f64,
+    cost: CallCost,
 ) -> BTreeMap<(u32, u16), u32> {
     let limit = share * 1e9;
     let mut wanted: BTreeMap<(u32, u16), u32> = BTreeMap::new();
     for (&tgid, process) in rates {
         let mut one_in: BTreeMap<u16, u32> = BTreeMap::new();
-        while cost_per_sec(process, &one_in) > limit {
+        while cost_per_sec(process, &one_in, cost) > limit {
             let thinnest = process
                 .iter()
                 .filter(|(r, _)| may.contains(r))
                 .map(|(r, rate)| (*r, rate / f64::from(one_in.get(r).copied().unwrap_or(1))))
                 .filter(|(r, timed)| {
                     one_in.get(r).copied().unwrap_or(1) < MAX_ONE_IN
-                        && timed * RETURN_NS as f64 > limit / 100.0
+                        && timed * cost.return_ns as f64 > limit / 100.0
                 })
                 .max_by(|a, b| a.1.total_cmp(&b.1));
             let Some((r, _)) = thinnest else { break };
@@ -259,7 +378,7 @@ mod tests {
     fn a_process_within_the_budget_has_every_call_timed() {
         // 1,000 calls/s cost about 2.1 ms a second: 0.2%.
         let rates = [(7, [(id("MPI_Iprobe"), 1_000.0)].into())].into();
-        assert!(one_in_for_budget(&rates, &[id("MPI_Iprobe")], 0.01).is_empty());
+        assert!(one_in_for_budget(&rates, &[id("MPI_Iprobe")], 0.01, CallCost::ASSUMED).is_empty());
     }
 
     #[test]
@@ -268,12 +387,26 @@ mod tests {
         // 1M Iprobe/s cost 2.1 s a second timed; entries alone 1.2 s: more than any budget,
         // so Iprobe is thinned to the most, and Send (10 calls/s) never.
         let rates = [(7, [(probe, 1e6), (send, 10.0)].into())].into();
-        let wanted = one_in_for_budget(&rates, &[probe, send], 0.01);
+        let wanted = one_in_for_budget(&rates, &[probe, send], 0.01, CallCost::ASSUMED);
         assert_eq!(wanted, [((7, probe), MAX_ONE_IN)].into());
         // 5,000 Iprobe/s: 10.5 ms a second timed; 1% of a second is 10 ms: one in 2 (8.25).
         let rates = [(7, [(probe, 5_000.0), (send, 10.0)].into())].into();
         assert_eq!(
-            one_in_for_budget(&rates, &[probe, send], 0.01),
+            one_in_for_budget(&rates, &[probe, send], 0.01, CallCost::ASSUMED),
+            [((7, probe), 2)].into()
+        );
+    }
+
+    #[test]
+    fn the_measured_cost_decides() {
+        let probe = id("MPI_Iprobe");
+        let rates = [(7, [(probe, 5_000.0)].into())].into();
+        // Programs measured at 50 ns a run: 5,000 calls/s cost 5,000 x (1,050 + 750) ns
+        // = 9 ms a second, within 1%; at the assumed 200 ns, 10.5 ms: thinned.
+        let measured = CallCost::with_program(50, 10_000);
+        assert!(one_in_for_budget(&rates, &[probe], 0.01, measured).is_empty());
+        assert_eq!(
+            one_in_for_budget(&rates, &[probe], 0.01, CallCost::ASSUMED),
             [((7, probe), 2)].into()
         );
     }
@@ -282,7 +415,7 @@ mod tests {
     fn a_routine_that_may_not_be_sampled_is_never_thinned() {
         let recv = id("MPI_Recv");
         let rates = [(7, [(recv, 1e6)].into())].into();
-        assert!(one_in_for_budget(&rates, &[], 0.01).is_empty());
+        assert!(one_in_for_budget(&rates, &[], 0.01, CallCost::ASSUMED).is_empty());
     }
 
     #[test]
@@ -297,7 +430,7 @@ mod tests {
         ]
         .into();
         assert_eq!(
-            one_in_for_budget(&rates, &[probe], 0.01),
+            one_in_for_budget(&rates, &[probe], 0.01, CallCost::ASSUMED),
             [((7, probe), 2), ((8, probe), MAX_ONE_IN)].into()
         );
     }

@@ -231,7 +231,16 @@ impl Session {
             &mut self.job_ids,
         );
         profile.place_peers_on_world_ranks();
+        let cost = self.call_cost();
+        for r in &mut profile.ranks {
+            r.probe_call_cost = Some(cost);
+        }
         profile
+    }
+
+    /// What a probed call costs here, by the kernel's measurements so far.
+    pub fn call_cost(&self) -> crate::profile::CallCost {
+        self.budget.call_cost()
     }
 
     /// The job each tracked process is in, named as a profile names it ([`build::name_jobs`])

@@ -340,6 +340,7 @@ mod tests {
             uid: Some(0),
             container: None,
             region: None,
+            probe_call_cost: None,
             start_ticks: 1,
             exited: false,
             elapsed_ns: 0,

@@ -6,7 +6,7 @@ mod skew;
 use super::pb;
 use crate::{
     discover::{container::Container, Fabric},
-    profile::{JobProfile, ProbedLibrary, RankProfile, RegionProfile},
+    profile::{CallCost, JobProfile, ProbedLibrary, RankProfile, RegionProfile},
     skew::SkewReport,
     stats::{
         CommRank, CommStats, DeviceTime, Durations, Health, PeerTraffic, RoutineStats, Routines,
@@ -335,6 +335,12 @@ impl From<&RankProfile> for pb::RankProfile {
             comm_ranks: r.comm_ranks.iter().map(Into::into).collect(),
             container: r.container.as_deref().map(|c| Box::new(c.into())),
             region: r.region.as_deref().map(|g| Box::new(g.into())),
+            probe_call_cost: r.probe_call_cost.map(|c| pb::ProbeCallCost {
+                entry_ns: c.entry_ns,
+                return_ns: c.return_ns,
+                program_ns: c.program_ns,
+                measured_runs: c.measured_runs,
+            }),
         }
     }
 }
@@ -371,6 +377,12 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
                 .take(crate::stats::MAX_COMM_RANKS)
                 .map(Into::into)
                 .collect(),
+            probe_call_cost: r.probe_call_cost.map(|c| CallCost {
+                entry_ns: c.entry_ns,
+                return_ns: c.return_ns,
+                program_ns: c.program_ns,
+                measured_runs: c.measured_runs,
+            }),
         })
     }
 }

@@ -86,6 +86,7 @@ pub(crate) fn sample() -> JobProfile {
                     ..Default::default()
                 }],
             })),
+            probe_call_cost: Some(crate::profile::CallCost::with_program(123, 4_567)),
             start_ticks: 99,
             exited: true,
             elapsed_ns: 5,

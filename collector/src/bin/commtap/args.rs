@@ -407,15 +407,18 @@ pub struct ProbeArgs {
     #[arg(long = "lib")]
     pub libraries: Vec<PathBuf>,
     /// Have the kernel count each probe program's runs and run time (BPF run-time
-    /// statistics, on while commtap runs: two more clock reads per probe run). The daemon
-    /// serves them as `commtap_probe_program_runs_total` and `..._seconds_total`; `record`
-    /// logs them at the end.
+    /// statistics, on all the time commtap runs, not only the quarter of each second that
+    /// measures the probes' cost for --max-overhead: two more clock reads per probe run).
+    /// The daemon serves them as `commtap_probe_program_runs_total` and
+    /// `..._seconds_total`; `record` logs them at the end.
     #[arg(long)]
     pub probe_stats: bool,
-    /// Keep the probes' estimated cost under PCT percent of each process's time. A process
-    /// calling MPI so often that timing every call would cost more (polling with
-    /// MPI_Iprobe or MPI_Test, MPI_Comm_rank in an inner loop) gets the time of its
-    /// hottest routines sampled: one call in N timed, N doubled until the estimate fits,
+    /// Keep the probes' estimated cost under PCT percent of each process's time (its calls
+    /// times what a call costs: the kernel's trap and our program's run, which the kernel
+    /// measures). A process calling MPI so often that timing every call would cost more
+    /// (polling with MPI_Iprobe or MPI_Test, MPI_Comm_rank in an inner loop) gets the time
+    /// of its hottest routines sampled, its own N: one call in N timed, N doubled until the
+    /// estimate fits,
     /// the other calls counted at their entry with no return probe. Calls and bytes stay
     /// exact; the profile's `sampled_time` gives the calls timed and the time estimate's
     /// error. Needs uprobe sessions (Linux 6.13+); 0 times every call.

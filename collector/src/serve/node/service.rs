@@ -67,6 +67,7 @@ impl pb::node_server::Node for NodeService {
             }
         }
         let now = monotonic_ns();
+        let call_cost = session.call_cost();
         let mut processes: Vec<pb::ProcessState> = session
             .tracked
             .iter()
@@ -79,7 +80,7 @@ impl pb::node_server::Node for NodeService {
                 let ps = session.probes.read_proc_stats(*pid);
                 let since = crate::profile::build::counted_from(t, &ps);
                 pb::ProcessState {
-                    probe_cost: probe_cost(&routines, now.saturating_sub(since)),
+                    probe_cost: probe_cost(&routines, now.saturating_sub(since), call_cost),
                     ..process_state(*pid, t, jobs.get(pid))
                 }
             })
@@ -106,7 +107,7 @@ impl pb::node_server::Node for NodeService {
                 cmdline: f.rank.cmdline.clone(),
                 status: pb::ProcessStatus::Exited as i32,
                 container: f.rank.container.as_deref().map(Into::into),
-                probe_cost: probe_cost(&f.rank.routines, f.rank.elapsed_ns),
+                probe_cost: probe_cost(&f.rank.routines, f.rank.elapsed_ns, f.rank.call_cost()),
             });
         }
         processes.sort_by_key(|p| p.pid);
@@ -391,9 +392,13 @@ fn page_of(size: u32, token: &str) -> Result<Option<Page>, Status> {
 
 /// What `routines`' probes cost a process whose run so far took `elapsed_ns`, by the
 /// budget's estimate; None where it made no call.
-fn probe_cost(routines: &crate::stats::Routines, elapsed_ns: u64) -> Option<pb::ProbeCost> {
-    let by = crate::profile::probe_ns_by_routine(routines);
-    let estimated_ns: u64 = by.iter().map(|(_, ns)| ns).sum();
+fn probe_cost(
+    routines: &crate::stats::Routines,
+    elapsed_ns: u64,
+    cost: crate::profile::CallCost,
+) -> Option<pb::ProbeCost> {
+    let by = crate::profile::probe_ns_by_routine(routines, cost);
+    let estimated_ns = by.iter().fold(0u64, |all, (_, ns)| all.saturating_add(*ns));
     (estimated_ns > 0).then(|| pb::ProbeCost {
         estimated_ns,
         elapsed_ns,
