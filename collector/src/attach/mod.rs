@@ -705,12 +705,13 @@ impl Probes {
         Ok(())
     }
 
-    /// Times one call in N of each process's routine in `wanted` ((tgid, routine) -> N),
-    /// every call of the others: the budget's sampling, one process's need at a time (a
-    /// routine's global N, [`Probes::set_time_one_in`], is replaced). Goes on past a
-    /// failure (a full map: that process's routine stays timed), and returns the first.
-    pub fn set_process_time_one_in(
+    /// Times one call in N of each routine in `everywhere` (routine -> N) in every process,
+    /// and of each process's routine in `wanted` ((tgid, routine) -> N) in that process
+    /// alone; every call of the others. Goes on past a failure (a full map: that process's
+    /// routine stays timed), and returns the first.
+    pub fn set_time_sampling(
         &mut self,
+        everywhere: &BTreeMap<u16, u32>,
         wanted: &BTreeMap<(u32, u16), u32>,
     ) -> Result<(), AttachError> {
         let mut first = Ok(());
@@ -736,11 +737,15 @@ impl Probes {
         }
         let routines: BTreeSet<u16> = wanted.keys().map(|&(_, r)| r).collect();
         let before: Vec<u16> = self.sampled.keys().copied().collect();
-        for r in before.into_iter().chain(routines.iter().copied()) {
+        for r in before
+            .into_iter()
+            .chain(routines.iter().copied())
+            .chain(everywhere.keys().copied())
+        {
             let n = if routines.contains(&r) {
                 one_in::PER_PROCESS
             } else {
-                1
+                everywhere.get(&r).copied().unwrap_or(1)
             };
             keep(self.set_time_one_in(r, n));
         }

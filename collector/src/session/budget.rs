@@ -220,15 +220,13 @@ impl Budget {
             self.applied = true;
             return;
         }
-        let wanted = match self.mode {
+        let plan = match self.mode {
             TimeSampling::EveryCall | TimeSampling::OneIn(_) if self.applied => return,
-            TimeSampling::EveryCall => BTreeMap::new(),
-            TimeSampling::OneIn(n) => {
-                let wanted = sampleable(probes).map(|r| (r, n)).collect();
-                self.applied = true;
-                apply(probes, &wanted);
-                return;
-            }
+            TimeSampling::EveryCall => Plan::default(),
+            TimeSampling::OneIn(n) => Plan {
+                everywhere: sampleable(probes).map(|r| (r, n)).collect(),
+                per_process: BTreeMap::new(),
+            },
             TimeSampling::Budget(share) => {
                 let now = monotonic_ns();
                 if self.applied && now.saturating_sub(self.last_ns) < self.wait_ns {
@@ -249,11 +247,55 @@ impl Budget {
                 }
                 let rates = rates(&last, &self.last, secs);
                 let may: Vec<u16> = sampleable(probes).collect();
-                one_in_for_budget(&rates, &may, share, self.clock.cost())
+                let wanted = one_in_for_budget(&rates, &may, share, self.clock.cost());
+                Plan::of(self.last.keys(), wanted)
             }
         };
         self.applied = true;
-        apply_per_process(probes, &wanted);
+        apply(probes, &plan);
+    }
+}
+
+/// How each routine's time is sampled: one N for every process, or each process its own.
+#[derive(Debug, Default, PartialEq)]
+struct Plan {
+    /// Routine -> N, in every process.
+    everywhere: BTreeMap<u16, u32>,
+    /// (tgid, routine) -> N: each process its own (1 where it has none).
+    per_process: BTreeMap<(u32, u16), u32>,
+}
+
+impl Plan {
+    /// The budget's per-process `wanted` N, set the cheapest way: a routine that every
+    /// process that has called it (`callers`: (tgid, routine), however long ago, so that a
+    /// process calling it slowly is never taken for one that does not) wants thinned alike
+    /// gets one N everywhere, which the probes read from an array; only where processes
+    /// differ does each call look up its process's own (a hash lookup, about a tenth of a
+    /// probe's program).
+    fn of<'a>(
+        callers: impl Iterator<Item = &'a (u32, u16)> + Clone,
+        wanted: BTreeMap<(u32, u16), u32>,
+    ) -> Plan {
+        let mut plan = Plan::default();
+        let routines: std::collections::BTreeSet<u16> = wanted.keys().map(|&(_, r)| r).collect();
+        for r in routines {
+            let mut ns = callers
+                .clone()
+                .filter(|(_, routine)| *routine == r)
+                .map(|k| wanted.get(k).copied().unwrap_or(1));
+            let first = ns.next().unwrap_or(1);
+            if ns.all(|n| n == first) {
+                plan.everywhere.insert(r, first);
+            } else {
+                plan.per_process.extend(
+                    wanted
+                        .iter()
+                        .filter(|((_, routine), _)| *routine == r)
+                        .map(|(k, n)| (*k, *n)),
+                );
+            }
+        }
+        plan
     }
 }
 
@@ -334,40 +376,26 @@ fn one_in_for_budget(
     wanted
 }
 
-/// Sets each process's N of its routines in `wanted`, and 1 (every call) for the others.
-fn apply_per_process(probes: &mut Probes, wanted: &BTreeMap<(u32, u16), u32>) {
-    let changed = probes.process_time_sampled() != wanted;
-    if let Err(e) = probes.set_process_time_one_in(wanted) {
-        warn!("cannot set the time sampling of every process: {e:#}");
+/// Sets every routine's N as `plan` says, and 1 (every call) for the others.
+fn apply(probes: &mut Probes, plan: &Plan) {
+    let before = (
+        probes.time_sampled().clone(),
+        probes.process_time_sampled().clone(),
+    );
+    if let Err(e) = probes.set_time_sampling(&plan.everywhere, &plan.per_process) {
+        warn!("cannot set the time sampling: {e:#}");
     }
-    if changed {
-        let names: Vec<String> = probes
-            .process_time_sampled()
+    if (probes.time_sampled(), probes.process_time_sampled()) != (&before.0, &before.1) {
+        let name = |r: u16| ROUTINES[r as usize].name;
+        let names: Vec<String> = plan
+            .everywhere
             .iter()
-            .map(|((tgid, r), n)| format!("{tgid} {} 1 in {n}", ROUTINES[*r as usize].name))
-            .collect();
-        debug!("time sampled: {}", names.join(", "));
-    }
-}
-
-/// Sets every routine's N in every process: the wanted ones, and 1 (every call) for the
-/// others.
-fn apply(probes: &mut Probes, wanted: &BTreeMap<u16, u32>) {
-    let before = probes.time_sampled().clone();
-    for r in before.keys().chain(wanted.keys()) {
-        let n = wanted.get(r).copied().unwrap_or(1);
-        if let Err(e) = probes.set_time_one_in(*r, n) {
-            warn!(
-                "cannot set the time sampling of {}: {e:#}",
-                ROUTINES[*r as usize].name
-            );
-        }
-    }
-    if &before != probes.time_sampled() {
-        let names: Vec<String> = probes
-            .time_sampled()
-            .iter()
-            .map(|(r, n)| format!("{} 1 in {n}", ROUTINES[*r as usize].name))
+            .map(|(r, n)| format!("{} 1 in {n}", name(*r)))
+            .chain(
+                plan.per_process
+                    .iter()
+                    .map(|((tgid, r), n)| format!("{} 1 in {n} in {tgid}", name(*r))),
+            )
             .collect();
         debug!("time sampled: {}", names.join(", "));
     }
@@ -418,6 +446,22 @@ mod tests {
         assert_eq!(
             one_in_for_budget(&rates, &[probe], 0.01, CallCost::ASSUMED),
             [((7, probe), 2)].into()
+        );
+    }
+
+    #[test]
+    fn processes_that_agree_share_one_n() {
+        let (probe, rank) = (id("MPI_Iprobe"), id("MPI_Comm_rank"));
+        // Both processes call Iprobe hot: one N everywhere. Comm_rank: 8 hot, 9 slow, or
+        // not at all since the last look (every call timed): each its own.
+        let callers = [(8, probe), (8, rank), (9, probe), (9, rank)];
+        let wanted = [((8, probe), 64), ((9, probe), 64), ((8, rank), 32)].into();
+        assert_eq!(
+            Plan::of(callers.iter(), wanted),
+            Plan {
+                everywhere: [(probe, 64)].into(),
+                per_process: [((8, rank), 32)].into(),
+            }
         );
     }
 
