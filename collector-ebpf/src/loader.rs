@@ -20,13 +20,15 @@ use aya_ebpf::{
 use collector_common::{EventKind, ProcEvent};
 
 use crate::{
-    maps::{CONFIG, EVENTS, LAUNCHERS, PAUSED},
+    maps::{CONFIG, EVENTS, LAUNCHERS, LINK_CHANGE, PAUSED},
     process::{is_watched, pausable_unnoticed},
 };
 
 /// `RT_CONSISTENT` of `enum r_state` (`<link.h>`): the list is complete again, the new
 /// objects mapped (not yet relocated or initialised).
 const RT_CONSISTENT: i32 = 0;
+/// `RT_DELETE`: objects are being removed (`dlclose`).
+const RT_DELETE: i32 = 2;
 /// Byte offset of `r_state` in `struct r_debug` (x86-64).
 const R_STATE: u64 = 24;
 /// `SIGSTOP`: the one stop no process can catch or ignore; userspace sends `SIGCONT`.
@@ -48,9 +50,23 @@ pub fn linker_loaded(ctx: ProbeContext) -> u32 {
     };
     let state = at.wrapping_add(to_r_debug).wrapping_add(R_STATE) as *const i32;
     // An object being added or removed is not mapped yet (or not gone yet): nothing to do
-    // before the list is consistent again.
+    // before the list is consistent again, but remember which it was.
     // SAFETY: the helper reads user memory and fails cleanly.
-    if unsafe { bpf_probe_read_user(state) } != Ok(RT_CONSISTENT) {
+    let Ok(state) = (unsafe { bpf_probe_read_user(state) }) else {
+        return 0;
+    };
+    if state != RT_CONSISTENT {
+        let _ = LINK_CHANGE.insert(tgid, state, 0);
+        return 0;
+    }
+    // SAFETY: plain value.
+    let change = unsafe { LINK_CHANGE.get(tgid) }.copied();
+    let _ = LINK_CHANGE.remove(tgid);
+    // After a removal (`dlclose`: Open MPI closes the components it did not select, about
+    // half of the ~105 changes each rank's start makes) nothing is new: no pause. After an
+    // addition, or a change not seen begin (the process's first, or a daemon started
+    // mid-change), as always.
+    if change == Some(RT_DELETE) {
         return 0;
     }
     pause_to_probe(tgid);

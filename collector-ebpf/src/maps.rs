@@ -20,6 +20,13 @@ pub static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
 #[map]
 pub static PAUSED: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
 
+/// Watched processes whose dynamic linker is changing its list of objects: tgid -> the
+/// change (`RT_ADD` or `RT_DELETE` of `<link.h>`), until the list is consistent again
+/// (glibc makes one change at a time, under its load lock). An LRU map: a process that
+/// dies mid-change crowds out nobody.
+#[map]
+pub static LINK_CHANGE: LruHashMap<u32, i32> = LruHashMap::with_max_entries(4096, 0);
+
 /// The names of job launchers (`collector_common::launcher`), never paused: name -> 1.
 #[map]
 pub static LAUNCHERS: HashMap<[u8; LAUNCHER_COMM_LEN], u8> = HashMap::with_max_entries(64, 0);

@@ -1,13 +1,14 @@
 /* A process that loads the MPI library late, with dlopen, as Python's mpi4py does.
  *
- * Usage: mpi_dlopen LIBMPI READY_FILE GO_FILE N OUT_PREFIX
+ * Usage: mpi_dlopen LIBMPI READY_FILE GO_FILE N OUT_PREFIX [CYCLE_LIB K]
  *
  * Built without mpi.h and without linking MPI: it dlopens LIBMPI (an Open MPI libmpi.so.40,
  * e.g. a private copy that no profiler could have probed in advance), creates READY_FILE,
  * waits (polling, no MPI) for GO_FILE, then, as an MPI singleton, calls MPI_Init,
  * MPI_Comm_rank, MPI_Comm_size, N x MPI_Allreduce of one double, and writes
  * OUT_PREFIX.0.json (the same format as mpi_truth) before MPI_Finalize. READY_FILE and
- * GO_FILE "-": no file, no wait: the first MPI call follows the dlopen at once. */
+ * GO_FILE "-": no file, no wait: the first MPI call follows the dlopen at once. With
+ * CYCLE_LIB and K, it first loads and unloads CYCLE_LIB (dlopen, dlclose) K times. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,11 +32,19 @@ static void *sym(void *lib, const char *name) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: %s LIBMPI READY_FILE GO_FILE N OUT_PREFIX\n", argv[0]);
+    if (argc != 6 && argc != 8) {
+        fprintf(stderr, "usage: %s LIBMPI READY_FILE GO_FILE N OUT_PREFIX [CYCLE_LIB K]\n",
+                argv[0]);
         return 2;
     }
     long n = atol(argv[4]);
+    for (long i = 0, k = argc == 8 ? atol(argv[7]) : 0; i < k; i++) {
+        void *h = dlopen(argv[6], RTLD_NOW | RTLD_LOCAL);
+        if (!h || dlclose(h) != 0) {
+            fprintf(stderr, "mpi_dlopen: %s: %s\n", argv[6], dlerror());
+            return 1;
+        }
+    }
     /* RTLD_GLOBAL: Open MPI's components resolve libmpi's symbols through it. */
     void *lib = dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL);
     if (!lib) {

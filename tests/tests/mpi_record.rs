@@ -583,6 +583,17 @@ fn private_libmpi(scratch: &Scratch) -> std::path::PathBuf {
 /// (None: at once, right after its dlopen); the profile equals its truth, the private
 /// library among those probed. Returns commtap's log.
 fn record_dlopen(scratch: &Scratch, flags: &[&str], go: Option<&dyn Fn()>) -> String {
+    record_dlopen_cycling(scratch, flags, go, 0)
+}
+
+/// [`record_dlopen`], the program first loading and unloading a small library `cycles`
+/// times.
+fn record_dlopen_cycling(
+    scratch: &Scratch,
+    flags: &[&str],
+    go: Option<&dyn Fn()>,
+    cycles: u32,
+) -> String {
     let lib = private_libmpi(scratch);
     let prog = build_plain_c("mpi_dlopen.c", &["-ldl"]);
     let (ready, go_file, truth) = (
@@ -607,6 +618,10 @@ fn record_dlopen(scratch: &Scratch, flags: &[&str], go: Option<&dyn Fn()>) -> St
         "1000",
         path_str(&truth),
     ]);
+    let (cycled, cycles) = (build_shared_c("cudart_standin.c"), cycles.to_string());
+    if cycles != "0" {
+        args.extend_from_slice(&[path_str(&cycled), &cycles]);
+    }
     let commtap = spawn_commtap(scratch, &args);
     if let Some(go) = go {
         wait_until("the program to load libmpi", Duration::from_mins(1), || {
@@ -635,6 +650,38 @@ fn a_library_loaded_late_with_dlopen_is_counted_from_its_first_call() {
     assert!(
         log.lines().any(|l| l.contains("pause(s) at library loads")),
         "no pause reported:\n{log}"
+    );
+}
+
+/// The pauses at library loads commtap's log reports.
+fn pauses_in(log: &str) -> u64 {
+    log.lines()
+        .find_map(|l| {
+            let (before, _) = l.split_once(" pause(s) at library loads")?;
+            before.rsplit(' ').next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no pause reported:\n{log}"))
+}
+
+#[test]
+fn unloading_a_library_pauses_nothing() {
+    // Open MPI closes the components it does not select: a dlclose maps nothing new, so
+    // the process is paused at each load only. The same job, with and without 20 loads and
+    // unloads of a small library before it: 20 more pauses, not 40 (a few either way are
+    // allowed for the rest of the job, whose loads are the same in both runs).
+    const CYCLES: u64 = 20;
+    let without = pauses_in(&record_dlopen(&Scratch::new("dlclose-0"), &[], None));
+    let with = pauses_in(&record_dlopen_cycling(
+        &Scratch::new("dlclose-20"),
+        &[],
+        None,
+        CYCLES as u32,
+    ));
+    let more = with.saturating_sub(without);
+    eprintln!("{without} pauses without the loads and unloads, {with} with them");
+    assert!(
+        (CYCLES - 3..CYCLES + CYCLES / 2).contains(&more),
+        "{more} more pauses for {CYCLES} loads and unloads ({without} without them)"
     );
 }
 

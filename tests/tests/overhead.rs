@@ -205,7 +205,7 @@ fn a_polling_code_has_its_hottest_routine_sampled(mpi: Mpi) {
     assert_profile_matches(&profile, &read_truths(&prefix, 2), &["MPI_Finalize"]);
     for rank in profile["ranks"].as_array().expect("ranks") {
         // Their probes' cost estimated from the programs' run as the kernel measured it
-        // (BPF run-time statistics, on a quarter of each second): millions of runs.
+        // (BPF run-time statistics, a tenth of each second): millions of runs.
         let cost = &rank["probe_call_cost"];
         let (program_ns, runs) = (
             cost["program_ns"].as_u64().expect("program_ns"),

@@ -25,7 +25,7 @@ pub const ASSUMED_PROGRAM_NS: u64 = 200;
 
 /// What a probed call costs its thread, by which the probes' cost is estimated: the
 /// kernel's trap ([`TRAP_ENTRY_NS`], [`TRAP_RETURN_NS`]) and a run of our program, whose
-/// mean the kernel measures (its BPF run-time statistics, `bpf_stats`, turned on a quarter
+/// mean the kernel measures (its BPF run-time statistics, `bpf_stats`, turned on a tenth
 /// of a second at a time).
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
@@ -58,7 +58,7 @@ impl CallCost {
 
 /// The probe programs' run time as the kernel measures it, a window at a time: the
 /// statistics cost two clock reads per run of every BPF program on the machine while on,
-/// so they are on a quarter of a second at a time only (all the time with `--probe-stats`).
+/// so they are on a tenth of a second at a time only (all the time with `--probe-stats`).
 struct ProgramClock {
     /// The open window: since when (monotonic ns), and each program's (runs, ns) then.
     open: Option<(u64, ProgramRuns)>,
@@ -72,7 +72,7 @@ struct ProgramClock {
 /// How long a measuring window stays open, and how often one opens: every second until
 /// [`SETTLED_RUNS`] runs are measured, every eight after (the statistics' clock reads
 /// cost this virtual machine about a tenth of a probe run while on).
-const WINDOW_NS: u64 = 250_000_000;
+const WINDOW_NS: u64 = 100_000_000;
 const WINDOW_EVERY_NS: u64 = 1_000_000_000;
 const SETTLED_EVERY_NS: u64 = 8_000_000_000;
 /// The runs after which the mean is taken as settled.

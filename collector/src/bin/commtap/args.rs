@@ -407,7 +407,7 @@ pub struct ProbeArgs {
     #[arg(long = "lib")]
     pub libraries: Vec<PathBuf>,
     /// Have the kernel count each probe program's runs and run time (BPF run-time
-    /// statistics, on all the time commtap runs, not only the quarter-second windows that
+    /// statistics, on all the time commtap runs, not only the tenth-of-a-second windows that
     /// measure the probes' cost for --max-overhead: two more clock reads per probe run).
     /// The daemon serves them as `commtap_probe_program_runs_total` and
     /// `..._seconds_total`; `record` logs them at the end.
