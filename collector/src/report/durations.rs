@@ -114,21 +114,16 @@ pub fn render_durations(job: &JobProfile) -> String {
         .map(|r| (r.estimated_probe_ns() as f64 / r.elapsed_ns as f64, r))
         .max_by(|a, b| a.0.total_cmp(&b.0))
     {
+        let ns = |ns: u64| super::units::Unit::Seconds.format(super::units::secs(ns));
         // Where it goes: the routines whose probes cost that rank most.
         let costliest: Vec<String> = r
             .estimated_probe_ns_by_routine()
             .iter()
             .take(3)
-            .filter(|(_, ns)| *ns > 0)
-            .map(|(name, ns)| {
-                format!(
-                    "{name} {}",
-                    super::units::Unit::Seconds.format(super::units::secs(*ns))
-                )
-            })
+            .filter(|(_, t)| *t > 0)
+            .map(|(name, t)| format!("{name} {}", ns(*t)))
             .collect();
         let cost = r.call_cost();
-        let ns = |ns: u64| super::units::Unit::Seconds.format(super::units::secs(ns));
         let measured = if cost.measured_runs > 0 {
             format!(
                 "the programs' mean run {} measured by the kernel over {} runs",

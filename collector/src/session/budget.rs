@@ -59,6 +59,7 @@ impl CallCost {
 /// The probe programs' run time as the kernel measures it, a window at a time: the
 /// statistics cost two clock reads per run of every BPF program on the machine while on,
 /// so they are on a tenth of a second at a time only (all the time with `--probe-stats`).
+#[derive(Default)]
 struct ProgramClock {
     /// The open window: since when (monotonic ns), and each program's (runs, ns) then.
     open: Option<(u64, ProgramRuns)>,
@@ -195,12 +196,7 @@ impl Budget {
             last_ns: 0,
             applied: false,
             wait_ns: EVERY_NS,
-            clock: ProgramClock {
-                open: None,
-                next_ns: 0,
-                runs: 0,
-                run_ns: 0,
-            },
+            clock: ProgramClock::default(),
         }
     }
 
