@@ -40,6 +40,8 @@ pub mod maps {
     pub const FABRIC_TEXT: &str = "FABRIC_TEXT";
     /// libfabric code ranges per process.
     pub const FABRIC_RANGES: &str = "FABRIC_RANGES";
+    /// Where each Open MPI process keeps its selected components.
+    pub const MPI_COMPONENTS: &str = "MPI_COMPONENTS";
     /// The ring buffer of process and call events.
     pub const EVENTS: &str = "EVENTS";
     /// The routine table.

@@ -827,6 +827,9 @@ pub enum EventKind {
     /// [`ProcEvent::pcontrol`]'s word (the level, and whether the process was paused
     /// until userspace has read its counters and continues it).
     Pcontrol = 10,
+    /// A watched Open MPI process returned from `MPI_Init`: the point-to-point components
+    /// its MPI selected there, read from its memory: [`ComponentsEvent`].
+    MpiComponents = 11,
 }
 
 /// Longest provider or fabric name carried by a [`FabricEvent`] (NUL included).
@@ -847,6 +850,53 @@ pub struct FabricEvent {
     pub fabric: [u8; FABRIC_NAME_LEN],
 }
 const _: () = assert!(size_of::<FabricEvent>() == 72);
+
+/// Where Open MPI keeps the components it selected at `MPI_Init`, in one process (runtime
+/// addresses, 0: the library has none): what the kernel reads at `MPI_Init`'s return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ComponentAddrs {
+    /// `mca_pml_base_selected_component`: a copy of the selected pml's component struct.
+    pub pml: u64,
+    /// `ompi_mtl_base_selected_component`: a pointer to the selected mtl's (under pml
+    /// `cm`; NULL otherwise).
+    pub mtl: u64,
+}
+const _: () = assert!(size_of::<ComponentAddrs>() == 16);
+
+/// Longest component name a [`ComponentsEvent`] carries (NUL included; Open MPI allows 64,
+/// its components' names are a few letters).
+pub const COMPONENT_NAME_LEN: usize = 32;
+
+/// Offsets in Open MPI's `mca_base_component_t` (its version 2.1.0, in Open MPI 2 to 5):
+/// three `int`s, the project's name (16 bytes), three `int`s, then the framework's name
+/// (32 bytes: `pml`), three `int`s, then the component's (64 bytes: `ob1`).
+pub mod ompi_component {
+    /// The framework's name (`mca_type_name`).
+    pub const TYPE_OFF: u64 = 40;
+    /// The component's name (`mca_component_name`).
+    pub const NAME_OFF: u64 = 84;
+    /// `pml` as the `u32` at [`TYPE_OFF`] of a pml component (the name's NUL included).
+    pub const PML: u32 = u32::from_le_bytes(*b"pml\0");
+    /// `mtl` likewise.
+    pub const MTL: u32 = u32::from_le_bytes(*b"mtl\0");
+}
+
+/// An Open MPI process's selected point-to-point components (see [`ComponentAddrs`]),
+/// NUL-terminated names; `mtl` empty where none was selected.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ComponentsEvent {
+    /// Always [`EventKind::MpiComponents`].
+    pub kind: u32,
+    /// Process id.
+    pub tgid: u32,
+    /// The pml's name (`ob1`, `ucx`, `cm`).
+    pub pml: [u8; COMPONENT_NAME_LEN],
+    /// The mtl's name (`ofi`, `psm2`), under pml `cm`.
+    pub mtl: [u8; COMPONENT_NAME_LEN],
+}
+const _: () = assert!(size_of::<ComponentsEvent>() == 72);
 
 /// One completed MPI call, for latency and timelines (counts come from the counters); or,
 /// as [`EventKind::DeviceWindow`], one NCCL device-time window.
@@ -1389,6 +1439,7 @@ mod pod {
         IdentityOffsets,
         Config,
         FabricText,
+        crate::ComponentAddrs,
         crate::FabricRanges,
         crate::ArgSpec,
         crate::DurationHist,

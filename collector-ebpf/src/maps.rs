@@ -7,8 +7,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuHashMap, RingBuf},
 };
 use collector_common::{
-    launcher::COMM_LEN as LAUNCHER_COMM_LEN, ArgSpec, CallState, CommInfo, Config, CounterKey,
-    CounterVal, FabricRanges, FabricText, HandleKey, IdentityOffsets, Layout, ProcStats, TpOffsets,
+    launcher::COMM_LEN as LAUNCHER_COMM_LEN, ArgSpec, CallState, CommInfo, ComponentAddrs, Config,
+    CounterKey, CounterVal, FabricRanges, FabricText, HandleKey, IdentityOffsets, Layout,
+    ProcStats, TpOffsets,
 };
 
 /// Processes whose calls are counted: tgid -> `collector_common::watch` flags.
@@ -156,6 +157,11 @@ pub static FABRIC_TEXT: Array<FabricText> =
 /// libfabric: per process, where libfabric and its provider DSOs have their code.
 #[map]
 pub static FABRIC_RANGES: HashMap<u32, FabricRanges> = HashMap::with_max_entries(16384, 0);
+
+/// Open MPI: per process, where its selected components are kept (read at `MPI_Init`'s
+/// return).
+#[map]
+pub static MPI_COMPONENTS: HashMap<u32, ComponentAddrs> = HashMap::with_max_entries(16384, 0);
 
 /// Health counters and MPI lifetime marks per process.
 #[map]

@@ -342,3 +342,41 @@ fn large_count_type(c: &Call, spec: &ArgSpec) -> u64 {
         _ => UNDECODED,
     }
 }
+
+/// At `MPI_Init`'s return in an Open MPI process: reports the pml it selected (and the mtl,
+/// under pml `cm`), read where userspace said its library keeps them. Out of line: the
+/// return path's stack has no room for the event.
+#[inline(never)]
+pub(crate) fn send_components(tgid: u32) {
+    use aya_ebpf::helpers::bpf_probe_read_user_str_bytes;
+    use collector_common::{ompi_component as oc, ComponentsEvent, EventKind, COMPONENT_NAME_LEN};
+    // SAFETY: a plain lookup; the value is copied out at once.
+    let Some(at) = (unsafe { crate::maps::MPI_COMPONENTS.get(tgid) }).copied() else {
+        return;
+    };
+    let mut ev = ComponentsEvent {
+        kind: EventKind::MpiComponents as u32,
+        tgid,
+        pml: [0; COMPONENT_NAME_LEN],
+        mtl: [0; COMPONENT_NAME_LEN],
+    };
+    let mtl = if at.mtl == 0 {
+        0
+    } else {
+        read::<u64>(at.mtl).unwrap_or(0)
+    };
+    for (component, kind, out) in [(at.pml, oc::PML, &mut ev.pml), (mtl, oc::MTL, &mut ev.mtl)] {
+        // Only a component of the framework it should be: the name is read where the
+        // struct says it is.
+        if component != 0 && read::<u32>(component.wrapping_add(oc::TYPE_OFF)) == Some(kind) {
+            // SAFETY: the helper copies at most the buffer and stops at a fault.
+            let _ = unsafe {
+                bpf_probe_read_user_str_bytes(component.wrapping_add(oc::NAME_OFF) as *const u8, out)
+            };
+        }
+    }
+    if ev.pml[0] != 0 {
+        // A lost report leaves the transport unnamed; nothing is counted from it.
+        let _ = crate::maps::EVENTS.output::<ComponentsEvent>(&ev, 0);
+    }
+}

@@ -427,7 +427,12 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
     };
     let dur = now.saturating_sub(start_ns);
     match spec.class {
-        class::INIT => with_proc_stats(tgid, |s| s.init_ns = now),
+        class::INIT => {
+            with_proc_stats(tgid, |s| s.init_ns = now);
+            if ABI == Abi::OpenMpi as u8 && !TYPES {
+                crate::mpi::send_components(tgid);
+            }
+        }
         class::FINALIZE => with_proc_stats(tgid, |s| s.finalize_ns = start_ns),
         _ => {}
     }

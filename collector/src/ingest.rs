@@ -13,8 +13,8 @@ use std::{
 
 use aya::maps::{MapData, RingBuf};
 use collector_common::{
-    CallEvent, EventKind, FabricEvent, IdentityEvent, ProcEvent, IDENTITY_ARGS_LEN,
-    IDENTITY_ENV_LEN,
+    CallEvent, ComponentsEvent, EventKind, FabricEvent, IdentityEvent, ProcEvent,
+    IDENTITY_ARGS_LEN, IDENTITY_ENV_LEN,
 };
 
 use crate::discover::Fabric;
@@ -100,6 +100,13 @@ pub enum ProcessEvent {
         pid: u32,
         /// What it opened.
         fabric: Fabric,
+    },
+    /// Its MPI said which of its own transports it selected (Open MPI's `pml ob1`).
+    MpiTransport {
+        /// Process id.
+        pid: u32,
+        /// What it selected.
+        transport: String,
     },
 }
 
@@ -292,6 +299,23 @@ fn drain(
                 };
                 debug!(?pe, "process event");
                 let _ = tx.send(pe);
+            }
+            Some(k)
+                if k == EventKind::MpiComponents as u32
+                    && bytes.len() >= size_of::<ComponentsEvent>() =>
+            {
+                // SAFETY: length checked; ComponentsEvent is plain integers and bytes.
+                let ev: ComponentsEvent =
+                    unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+                if let Some(transport) = crate::discover::memory::component_names(&ev.pml, &ev.mtl)
+                {
+                    let pe = ProcessEvent::MpiTransport {
+                        pid: ev.tgid,
+                        transport,
+                    };
+                    debug!(?pe, "process event");
+                    let _ = tx.send(pe);
+                }
             }
             Some(k)
                 if k == EventKind::Identity as u32 && bytes.len() >= size_of::<IdentityEvent>() =>

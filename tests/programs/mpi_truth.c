@@ -9,7 +9,7 @@
  * right next to it.  After its last counted MPI call, and before
  * MPI_Finalize, each rank writes OUT_PREFIX.<rank>.json:
  *
- *   {"rank":R,"size":P,"pid":PID,"arrows_from_left":M,"recv_status_ignored":K,
+ *   {"rank":R,"size":P,"pid":PID,"device":D,"arrows_from_left":M,"recv_status_ignored":K,
  *    "routines":{"MPI_Send":{"calls":N,"bytes":B}, ...},
  *    "comm_sizes":{"MPI_Allreduce":[2,4], ...}}
  *
@@ -123,6 +123,9 @@ static int recv_status_ignored;
  * receiving half of MPI_Sendrecv and MPI_Sendrecv_replace): each one is an arrow on a
  * timeline, from the left rank's send to this rank's receive. */
 static long long arrows_from_left;
+/* The device an MPICH says it was built with (its MPI_Get_library_version's "MPICH Device:"
+ * line; empty for other MPIs): what commtap reports as its transport. */
+static char device[64];
 
 /* FNV-1a over what the program received and computed: the same with and without a
  * profiler watching (the tests compare it), or the profiler changed the program. */
@@ -144,10 +147,10 @@ static void write_truth(const char *prefix, int rank, int size)
         abort();
     }
     fprintf(f, "{\"rank\":%d,\"size\":%d,\"pid\":%ld,\"checksum\":\"%016llx\","
-               "\"proc_null_sendrecv_replace\":%d,\"recv_status_ignored\":%d,"
+               "\"device\":\"%s\",\"proc_null_sendrecv_replace\":%d,\"recv_status_ignored\":%d,"
                "\"arrows_from_left\":%lld,\"routines\":{",
-            rank, size, (long)getpid(), checksum, proc_null_replaces, recv_status_ignored,
-            arrows_from_left);
+            rank, size, (long)getpid(), checksum, device, proc_null_replaces,
+            recv_status_ignored, arrows_from_left);
     for (int i = 0; i < nroutines; i++)
         fprintf(f, "%s\"%s\":{\"calls\":%lld,\"bytes\":%lld}", i ? "," : "",
                 table[i].name, table[i].calls, table[i].bytes);
@@ -221,6 +224,20 @@ int main(int argc, char **argv)
         int len, type_size, group_size;
         MPI_Get_processor_name(host, &len);
         note("MPI_Get_processor_name", 0);
+        static char version[MPI_MAX_LIBRARY_VERSION_STRING];
+        MPI_Get_library_version(version, &len);
+        note("MPI_Get_library_version", 0);
+        const char *d = strstr(version, "MPICH Device:");
+        if (d) {
+            d += strlen("MPICH Device:");
+            d += strspn(d, " \t");
+            size_t n = strcspn(d, "\r\n\"\\");
+            while (n > 0 && (d[n - 1] == ' ' || d[n - 1] == '\t'))
+                n--;
+            if (n >= sizeof device)
+                n = sizeof device - 1;
+            memcpy(device, d, n);
+        }
         MPI_Type_size(MPI_DOUBLE, &type_size);
         note("MPI_Type_size", 0);
         MPI_Group group;

@@ -216,7 +216,7 @@ fn open_mpi_over_libfabric_is_attributed_to_mpi_calls() {
         &env,
         ("fi_tagged_injectdata", "fi_tagged_recv"),
         // rxm's fabric and the core tcp fabric beneath it.
-        &["ofi_rxm", "tcp"],
+        (&["ofi_rxm", "tcp"], "pml cm, mtl ofi"),
         [((1, 0), (1, 0)); 2],
     );
 }
@@ -234,7 +234,7 @@ fn mpi_loop_on_fabric(
     mpi: Mpi,
     env: &[(&str, &str)],
     (send, recv): (&str, &str),
-    fabrics: &[&str],
+    (fabrics, transport): (&[&str], &str),
     barrier: [((u64, u64), (u64, u64)); 2],
 ) -> (Value, Vec<Value>, String) {
     let scratch = Scratch::new(name);
@@ -264,8 +264,15 @@ fn mpi_loop_on_fabric(
         let prefix = if send.starts_with("fi_") { "fi_" } else { send };
         let eps = endpoints(rank, prefix);
         assert_eq!(eps.len(), 1, "{eps:?}");
-        // Attached after MPI_Init: the fabrics it opened are found in its memory.
+        // Attached after MPI_Init: the fabrics it opened are found in its memory, and so
+        // are the components Open MPI selected.
         assert_eq!(providers(rank), fabrics, "fabrics opened; {}", run.stderr);
+        assert_eq!(
+            rank["mpi_transport"].as_str(),
+            Some(transport),
+            "the MPI's transport; {}",
+            run.stderr
+        );
         let from = |op: &str| made_by(rank, op);
         let who = format!("rank {}; {}", truth["rank"], run.stderr);
         assert_eq!(from(send), sent, "{who}");
@@ -405,29 +412,30 @@ fn libfabric_without_ops_tables_is_reported() {
     );
 }
 
-/// Intel MPI from PyPI over its own bundled libfabric, whose providers are separate DSOs
-/// (`prov/librxm-fi.so` over `prov/libtcp-fi.so`): the MPI profile equals the truth and
-/// what crosses the fabric is the application endpoint's (rxm's) operations, each made by
-/// an MPI call; rxm's own calls into tcp, across the two DSOs, are libfabric's.
 /// Debian's MPICH 4 runs over UCX (ch4:ucx): its point-to-point and collectives post
 /// `ucp_tag_send_nbx` and `ucp_tag_recv_nbx`, each counted inside the MPI call that made
 /// it, with exactly the bytes the program moved; UCX's own calls are not the application's.
 #[test]
 fn mpich_over_ucx_is_attributed_to_mpi_calls() {
-    ucx_loop("ucx-mpich", Mpi::Mpich, &[], MPICH_BARRIER);
+    ucx_loop("ucx-mpich", Mpi::Mpich, (&[], "ch4:ucx"), MPICH_BARRIER);
 }
 
 /// [`mpi_loop_on_fabric`] over UCX, whose tagged sends and receives are the loop's, and
 /// only those: its one `MPI_Barrier` puts `barrier` (per rank, what it sends and receives)
 /// on UCX; every operation's bytes are known; the UCX library is probed.
 #[track_caller]
-fn ucx_loop(name: &str, mpi: Mpi, env: &[(&str, &str)], barrier: [((u64, u64), (u64, u64)); 2]) {
+fn ucx_loop(
+    name: &str,
+    mpi: Mpi,
+    (env, transport): (&[(&str, &str)], &str),
+    barrier: [((u64, u64), (u64, u64)); 2],
+) {
     let (profile, truths, stderr) = mpi_loop_on_fabric(
         name,
         mpi,
         env,
         ("ucp_tag_send_nbx", "ucp_tag_recv_nbx"),
-        &[],
+        (&[], transport),
         barrier,
     );
     for truth in &truths {
@@ -499,11 +507,14 @@ fn open_mpi_5_over_ucx_is_attributed_to_mpi_calls() {
     ucx_loop(
         "ucx-ompi5",
         Mpi::OpenMpi5,
-        &[
-            ("OMPI_MCA_pml", "ucx"),
-            ("OMPI_MCA_pml_ucx_tls", "any"),
-            ("OMPI_MCA_pml_ucx_devices", "any"),
-        ],
+        (
+            &[
+                ("OMPI_MCA_pml", "ucx"),
+                ("OMPI_MCA_pml_ucx_tls", "any"),
+                ("OMPI_MCA_pml_ucx_devices", "any"),
+            ],
+            "pml ucx",
+        ),
         [((1, 0), (1, 0)); 2],
     );
 }
@@ -515,11 +526,20 @@ fn mpich_5_over_ucx_is_attributed_to_mpi_calls() {
     ucx_loop(
         "ucx-mpich5",
         Mpi::Mpich5,
-        &[("MPIR_CVAR_CH4_NETMOD", "ucx"), ("MPIR_CVAR_NOLOCAL", "1")],
+        // The wheel's MPICH is built with two netmods (`ch4:ucx ofi`): the one its calls
+        // went through is named.
+        (
+            &[("MPIR_CVAR_CH4_NETMOD", "ucx"), ("MPIR_CVAR_NOLOCAL", "1")],
+            "ch4:ucx",
+        ),
         [((1, 0), (1, 0)); 2],
     );
 }
 
+/// Intel MPI from PyPI over its own bundled libfabric, whose providers are separate DSOs
+/// (`prov/librxm-fi.so` over `prov/libtcp-fi.so`): the MPI profile equals the truth and
+/// what crosses the fabric is the application endpoint's (rxm's) operations, each made by
+/// an MPI call; rxm's own calls into tcp, across the two DSOs, are libfabric's.
 #[test]
 fn intel_mpi_over_its_bundled_libfabric_is_attributed_to_mpi_calls() {
     let env = impi_env();
@@ -530,7 +550,7 @@ fn intel_mpi_over_its_bundled_libfabric_is_attributed_to_mpi_calls() {
         &env,
         ("fi_tagged_inject", "fi_tagged_recv"),
         // Intel's libfabric serves FI_EP_RDM from tcp itself (no rxm fabric opened).
-        &["tcp"],
+        (&["tcp"], "ch4:ofi"),
         [((1, 0), (1, 0)); 2],
     );
     for truth in &truths {

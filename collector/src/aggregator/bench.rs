@@ -257,6 +257,7 @@ pub fn synthetic_rank(
         routines,
         health: Health::default(),
         fabrics: Vec::new(),
+        mpi_transport: None,
         peers: Vec::new(),
         comm_ranks: Vec::new(),
     }

@@ -447,6 +447,7 @@ mod tests {
                 routines,
                 health: Health::default(),
                 fabrics: Vec::new(),
+                mpi_transport: None,
                 peers: Vec::new(),
                 comm_ranks: Vec::new(),
             },

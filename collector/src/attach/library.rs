@@ -394,6 +394,18 @@ impl Probes {
             .map_err(map_err(names::maps::FABRIC_RANGES))
     }
 
+    /// Tells the kernel where `pid`'s Open MPI keeps the components it selects at
+    /// `MPI_Init` (read at its return).
+    pub fn set_mpi_components(
+        &mut self,
+        pid: u32,
+        at: collector_common::ComponentAddrs,
+    ) -> Result<(), AttachError> {
+        self.mpi_components
+            .insert(pid, at, 0)
+            .map_err(map_err(names::maps::MPI_COMPONENTS))
+    }
+
     /// The probed library that is the object `dev_inode`, if any.
     pub fn library_of(&self, dev_inode: (u64, u64)) -> Option<&symbols::Library> {
         let i = (*self.seen.get(&dev_inode)?)?;

@@ -162,6 +162,7 @@ pub struct Probes {
     fabric_funcs: BpfHashMap<MapData, u64, u64>,
     fabric_text: Array<MapData, FabricText>,
     fabric_ranges: BpfHashMap<MapData, u32, FabricRanges>,
+    mpi_components: BpfHashMap<MapData, u32, collector_common::ComponentAddrs>,
     proc_stats: PerCpuHashMap<MapData, u32, ProcStats>,
     /// Processes paused at a library load, not yet continued (see [`Probes::resume`]).
     paused: BpfHashMap<MapData, u32, u64>,
@@ -380,6 +381,7 @@ impl Probes {
             fabric_funcs: map(&mut ebpf, names::maps::FABRIC_FUNCS)?,
             fabric_text: map(&mut ebpf, names::maps::FABRIC_TEXT)?,
             fabric_ranges: map(&mut ebpf, names::maps::FABRIC_RANGES)?,
+            mpi_components: map(&mut ebpf, names::maps::MPI_COMPONENTS)?,
             proc_stats: map(&mut ebpf, names::maps::PROC_STATS)?,
             paused: map(&mut ebpf, names::maps::PAUSED)?,
             linkers,
@@ -818,6 +820,7 @@ impl Probes {
         }
         let _ = self.proc_stats.remove(&pid);
         let _ = self.fabric_ranges.remove(&pid);
+        let _ = self.mpi_components.remove(&pid);
         remove_handles_of(&mut self.comms, pid);
         remove_handles_of(&mut self.dtypes, pid);
         remove_handles_of(&mut self.persistent, pid);

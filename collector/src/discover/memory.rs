@@ -1,7 +1,8 @@
 //! What a process's memory shows of libfabric (`/proc/PID/mem`): the endpoints and the ops
 //! tables they point at (`commtap scan-fabric --pid`, a diagnostic: how the method of
 //! `symbols::fabric` was first verified), and the fabrics a process opened before commtap
-//! attached (their `fi_fabric` calls were not seen).
+//! attached (their `fi_fabric` calls were not seen); and the components an Open MPI
+//! process selected at its `MPI_Init` where commtap did not see it return.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -9,7 +10,7 @@ use std::{
     io::{Read, Seek, SeekFrom},
 };
 
-use collector_common::routines::FID_EP_TABLES_OFF;
+use collector_common::{ompi_component as oc, routines::FID_EP_TABLES_OFF, ComponentAddrs};
 
 use crate::symbols::fabric::{Candidate, TableKind};
 
@@ -171,4 +172,106 @@ fn read_c_string(pid: u32, addr: u64) -> Option<String> {
     let end = buf.iter().position(|b| *b == 0)?;
     let s = std::str::from_utf8(&buf[..end]).ok()?;
     (!s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic())).then(|| s.to_string())
+}
+
+/// What an Open MPI process's selected components say of its transport: `pml ob1`, `pml
+/// ucx`, `pml cm, mtl ofi` (the names as NUL-terminated bytes, `mtl` empty where none was
+/// selected); `None` before a pml was selected, or for a name that is not a short word.
+pub fn component_names(pml: &[u8], mtl: &[u8]) -> Option<String> {
+    let word = |raw: &[u8]| {
+        let end = raw.iter().position(|b| *b == 0)?;
+        let s = std::str::from_utf8(&raw[..end]).ok()?;
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+            .then(|| s.to_string())
+    };
+    let pml = word(pml)?;
+    Some(match word(mtl) {
+        Some(mtl) => format!("pml {pml}, mtl {mtl}"),
+        None => format!("pml {pml}"),
+    })
+}
+
+/// The components `pid`'s Open MPI selected (see [`component_names`]), read from its
+/// memory where `at` says they are: for a process commtap attached to after its
+/// `MPI_Init` (else the kernel reports them at `MPI_Init`'s return).
+pub fn mpi_components(pid: u32, at: ComponentAddrs) -> Option<String> {
+    let mut mem = File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut read = |addr: u64, buf: &mut [u8]| {
+        addr != 0 && mem.seek(SeekFrom::Start(addr)).is_ok() && mem.read_exact(buf).is_ok()
+    };
+    let mut ptr = [0u8; 8];
+    let mtl = if read(at.mtl, &mut ptr) {
+        u64::from_le_bytes(ptr)
+    } else {
+        0
+    };
+    let mut names = [[0u8; collector_common::COMPONENT_NAME_LEN]; 2];
+    for ((component, kind), name) in [(at.pml, oc::PML), (mtl, oc::MTL)]
+        .into_iter()
+        .zip(&mut names)
+    {
+        // Only a component of the framework it should be, as the kernel checks.
+        let mut ty = [0u8; 4];
+        if !(read(component.wrapping_add(oc::TYPE_OFF), &mut ty)
+            && u32::from_le_bytes(ty) == kind
+            && read(component.wrapping_add(oc::NAME_OFF), name))
+        {
+            *name = [0; collector_common::COMPONENT_NAME_LEN];
+        }
+    }
+    component_names(&names[0], &names[1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn component_names_say_the_pml_and_the_mtl_beneath_it() {
+        assert_eq!(component_names(b"ob1\0", b"\0").as_deref(), Some("pml ob1"));
+        assert_eq!(
+            component_names(b"cm\0xx", b"ofi\0").as_deref(),
+            Some("pml cm, mtl ofi")
+        );
+        // Not selected yet (zeroed memory), no NUL in the buffer, or not a word.
+        assert_eq!(component_names(&[0; 32], b"ofi\0"), None);
+        assert_eq!(component_names(b"ob1", b"\0"), None);
+        assert_eq!(component_names(b"o b1\0", b"\0"), None);
+        assert_eq!(
+            component_names(b"ob1\0", b"\x01\0").as_deref(),
+            Some("pml ob1")
+        );
+    }
+
+    /// A process's own memory read as Open MPI's: a struct laid out as
+    /// `mca_base_component_t` is found by its framework's name, a pointer to one followed.
+    #[test]
+    fn mpi_components_are_read_where_the_library_keeps_them() {
+        fn component(kind: &[u8], name: &[u8]) -> Box<[u8; 160]> {
+            let mut c = Box::new([0u8; 160]);
+            c[oc::TYPE_OFF as usize..][..kind.len()].copy_from_slice(kind);
+            c[oc::NAME_OFF as usize..][..name.len()].copy_from_slice(name);
+            c
+        }
+        let pml = component(b"pml", b"cm");
+        let mtl = component(b"mtl", b"ofi");
+        let mtl_ptr = Box::new(mtl.as_ptr() as u64);
+        let me = std::process::id();
+        let at = |pml: &[u8; 160], mtl: u64| ComponentAddrs {
+            pml: pml.as_ptr() as u64,
+            mtl,
+        };
+        let ptr = std::ptr::from_ref::<u64>(&mtl_ptr) as u64;
+        assert_eq!(
+            mpi_components(me, at(&pml, ptr)).as_deref(),
+            Some("pml cm, mtl ofi")
+        );
+        assert_eq!(mpi_components(me, at(&pml, 0)).as_deref(), Some("pml cm"));
+        // A struct of another framework is not taken for the pml.
+        assert_eq!(mpi_components(me, at(&mtl, 0)), None);
+        assert_eq!(
+            mpi_components(me, ComponentAddrs { pml: 0, mtl: ptr }),
+            None
+        );
+    }
 }

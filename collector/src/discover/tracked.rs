@@ -25,6 +25,9 @@ pub struct Tracked {
     pub seen_pages: Option<u64>,
     /// libfabric fabrics it opened.
     pub fabrics: BTreeSet<Fabric>,
+    /// Which of its MPI's own transports it uses, as its MPI says (see
+    /// [`crate::profile::RankProfile::mpi_transport`]).
+    pub mpi_transport: Option<String>,
     /// Its real user id as the kernel gave it with the event that made it known: a rank
     /// that exits before its `/proc` entry is read still has an owner.
     pub kernel_uid: Option<u32>,

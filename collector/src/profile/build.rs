@@ -121,6 +121,10 @@ fn rank_profile(
             peers: stats::peers_of(pid, &r.peers, comm_name).0,
         })
     });
+    let mpi_transport = t
+        .mpi_transport
+        .as_deref()
+        .map(|said| stats::transport_used(said, &routines));
     RankProfile {
         rank: info.rank.unwrap_or(u32::MAX),
         rank_known: info.rank.is_some(),
@@ -137,6 +141,7 @@ fn rank_profile(
         routines,
         health,
         fabrics: t.fabrics.iter().cloned().collect(),
+        mpi_transport,
         peers,
         comm_ranks,
         region,

@@ -55,6 +55,12 @@ pub struct RankProfile {
     /// libfabric fabrics it was seen to open (`fi_fabric`), with their providers.
     #[serde(default)]
     pub fabrics: Vec<Fabric>,
+    /// Which of its MPI's own transports it used, as the MPI says: Open MPI's selected
+    /// point-to-point layer (`pml ob1`, `pml ucx`, `pml cm, mtl ofi`, read from the
+    /// process), MPICH's device as built (`ch4:ofi`, `ch4:ucx`); absent where the MPI does
+    /// not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mpi_transport: Option<String>,
     /// Point-to-point traffic per peer (sparse: peers it exchanged with).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub peers: Vec<crate::stats::PeerTraffic>,
@@ -370,6 +376,7 @@ mod tests {
             routines: Default::default(),
             health: Default::default(),
             fabrics: Vec::new(),
+            mpi_transport: None,
             peers: vec![
                 PeerTraffic {
                     peer: Some(sends_to),

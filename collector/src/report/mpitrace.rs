@@ -355,13 +355,8 @@ pub fn render_fabric(r: &RankProfile) -> String {
     );
     // Which transport the MPI (or NCCL) calls went through, as the operations they made
     // show it.
-    let beneath: Vec<&str> = [("fi_", "libfabric"), ("ucp_", "UCX")]
-        .into_iter()
-        .filter(|(prefix, _)| {
-            rows.iter()
-                .any(|(name, s)| name.starts_with(prefix) && !s.called_from.is_empty())
-        })
-        .map(|(_, transport)| transport)
+    let beneath: Vec<&str> = crate::stats::transports_beneath(&r.routines)
+        .map(|(_, library, _)| *library)
         .collect();
     if !beneath.is_empty() {
         let _ = writeln!(o, "MPI calls went through: {}", beneath.join(" and "));
@@ -583,6 +578,10 @@ pub fn render_text(whole: &JobProfile) -> String {
         let has = |family| !table_order(&r.routines, family).is_empty();
         if has(Family::Mpi) || (nccl.is_empty() && !has(Family::Fabric)) {
             o.push_str(&render_rank(job, summary.as_ref(), r));
+        }
+        if let Some(t) = &r.mpi_transport {
+            // Not in the mpitrace-format files: mpitrace writes no such line.
+            let _ = writeln!(o, "MPI transport of rank {} (pid {}): {t}\n", r.rank, r.pid);
         }
         o.push_str(&nccl);
         o.push_str(&render_fabric(r));

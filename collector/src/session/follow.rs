@@ -19,8 +19,9 @@ use crate::{
     discover::{self, tracked::Tracked, MappedObject, ProcessInfo},
     ingest::ProcessEvent,
     profile::build::job_key,
-    symbols::{file::FileError, LibraryFile},
+    symbols::{file::FileError, LibraryFile, MpiTransport},
 };
+use collector_common::ComponentAddrs;
 
 /// How long a process paused at a library load may wait for its event before it is
 /// continued anyway (the event is sent before the pause: this is a safety net).
@@ -119,6 +120,7 @@ impl Session {
                 Err(e) => warn!(library = %o.path.display(), error = %e, "not probed"),
             }
             self.probes.note_mapped(o.dev_inode, pid);
+            self.find_mpi_transport(pid, o);
             if let (Some(uid), Some(lib)) = (owner, self.probes.library_of(o.dev_inode)) {
                 self.library_users
                     .entry(lib.path.clone())
@@ -127,6 +129,43 @@ impl Session {
             }
         }
         any
+    }
+
+    /// Where `o` (mapped by `pid`) is an MPI that says which of its transports a process
+    /// uses: tells the kernel where Open MPI's selection will be (read at `MPI_Init`'s
+    /// return) and reads it now in case that return was before commtap; takes MPICH's
+    /// device as built.
+    fn find_mpi_transport(&mut self, pid: u32, o: &MappedObject) {
+        if self
+            .tracked
+            .get(&pid)
+            .is_none_or(|t| t.mpi_transport.is_some())
+        {
+            return;
+        }
+        let Some(lib) = self.probes.library_of(o.dev_inode) else {
+            return;
+        };
+        let found = match lib.mpi_transport.clone() {
+            MpiTransport::Unknown => return,
+            MpiTransport::Device(device) => Some(device),
+            MpiTransport::OpenMpi { pml, mtl } => {
+                let Some(bias) = o.bias else {
+                    return;
+                };
+                let at = ComponentAddrs {
+                    pml: bias.wrapping_add(pml),
+                    mtl: mtl.map_or(0, |m| bias.wrapping_add(m)),
+                };
+                if let Err(e) = self.probes.set_mpi_components(pid, at) {
+                    debug!(error = %e, "Open MPI's components not looked for");
+                }
+                discover::memory::mpi_components(pid, at)
+            }
+        };
+        if let (Some(t), Some(found)) = (self.tracked.get_mut(&pid), found) {
+            t.mpi_transport = Some(found);
+        }
     }
 
     /// Tells the kernel the world size/rank the launcher gave `pid` (integer-handle ABIs).
@@ -343,6 +382,11 @@ impl Session {
             ProcessEvent::FabricOpened { pid, fabric } => {
                 if let Some(t) = self.tracked.get_mut(&pid) {
                     t.fabrics.insert(fabric);
+                }
+            }
+            ProcessEvent::MpiTransport { pid, transport } => {
+                if let Some(t) = self.tracked.get_mut(&pid) {
+                    t.mpi_transport = Some(transport);
                 }
             }
             ProcessEvent::Exit { pid, ts_ns } => {

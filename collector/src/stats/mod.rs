@@ -455,6 +455,35 @@ pub fn peers_of(
 /// Routines by name, ordered as the routine table orders them.
 pub type Routines = BTreeMap<String, RoutineStats>;
 
+/// The transport libraries commtap probes beneath MPI and NCCL: their operations' name
+/// prefix, the library's name, and MPICH's netmod over it.
+pub const TRANSPORTS: [(&str, &str, &str); 2] =
+    [("fi_", "libfabric", "ofi"), ("ucp_", "UCX", "ucx")];
+
+/// Those of [`TRANSPORTS`] that the MPI or NCCL calls in `routines` made operations
+/// through.
+pub fn transports_beneath(routines: &Routines) -> impl Iterator<Item = &(&str, &str, &str)> {
+    TRANSPORTS.iter().filter(|(prefix, ..)| {
+        routines
+            .iter()
+            .any(|(name, s)| name.starts_with(prefix) && !s.called_from.is_empty())
+    })
+}
+
+/// What an MPI says of its transport, an MPICH device built with several netmods (`ch4:ucx
+/// ofi`: one is chosen at `MPI_Init`) narrowed to the one its calls' operations in
+/// `routines` went through (`ch4:ucx`).
+pub fn transport_used(said: &str, routines: &Routines) -> String {
+    if let Some(netmods) = said.strip_prefix("ch4:").filter(|n| n.contains(' ')) {
+        if let Some((.., netmod)) =
+            transports_beneath(routines).find(|(.., n)| netmods.split(' ').any(|m| m == *n))
+        {
+            return format!("ch4:{netmod}");
+        }
+    }
+    said.to_string()
+}
+
 /// Builds the per-routine statistics of process `tgid` from the kernel's counters and NCCL
 /// device-time windows.
 pub fn routines_of(
@@ -606,6 +635,30 @@ pub fn table_order(routines: &Routines, family: Family) -> Vec<(&String, &Routin
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// An MPICH built with two netmods is narrowed to the one its MPI calls' operations went
+    /// through; other transports, and a device whose calls made none, stay as said.
+    #[test]
+    fn a_device_of_several_netmods_is_narrowed_by_the_operations_made() {
+        let mut routines = Routines::new();
+        assert_eq!(transport_used("ch4:ucx ofi", &routines), "ch4:ucx ofi");
+        // UCX's own calls (no MPI call made them) do not tell.
+        routines.insert("ucp_tag_send_nbx".into(), RoutineStats::default());
+        assert_eq!(transport_used("ch4:ucx ofi", &routines), "ch4:ucx ofi");
+        let mut made = RoutineStats::default();
+        made.called_from
+            .insert("MPI_Send".into(), Totals::default());
+        routines.insert("fi_tagged_send".into(), made);
+        assert_eq!(transport_used("ch4:ucx ofi", &routines), "ch4:ofi");
+        assert_eq!(transport_used("ch4:ucx", &routines), "ch4:ucx");
+        assert_eq!(transport_used("pml ob1", &routines), "pml ob1");
+        assert_eq!(
+            transports_beneath(&routines)
+                .map(|(_, library, _)| *library)
+                .collect::<Vec<_>>(),
+            ["libfabric"]
+        );
+    }
 
     /// A counter key of an MPI routine (or an NCCL one on no known communicator).
     pub(crate) fn key(tgid: u32, routine: &str, bucket: u8, comm_size: u32) -> CounterKey {

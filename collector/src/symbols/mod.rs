@@ -111,6 +111,30 @@ pub struct Library {
     /// libfabric: the providers' `struct fi_provider`s it holds.
     #[serde(skip)]
     pub fabric_providers: Vec<fabric::ProviderStruct>,
+    /// An MPI: where it says which of its own transports a process uses.
+    #[serde(skip)]
+    pub mpi_transport: MpiTransport,
+}
+
+/// Where an MPI library says which of its own transports a process uses.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum MpiTransport {
+    /// It does not say (not an MPI, or a stripped MPICH).
+    #[default]
+    Unknown,
+    /// Open MPI selects its point-to-point layer at `MPI_Init`: the file's virtual
+    /// addresses of `mca_pml_base_selected_component` (a copy of the selected pml's
+    /// component struct) and of `ompi_mtl_base_selected_component` (a pointer to the
+    /// selected mtl's), read in each process's memory.
+    OpenMpi {
+        /// `mca_pml_base_selected_component`.
+        pml: u64,
+        /// `ompi_mtl_base_selected_component`, where it exports one.
+        mtl: Option<u64>,
+    },
+    /// MPICH (and Intel MPI) name the device they were built with (`MPII_Version_device`:
+    /// `ch4:ofi`, `ch4:ucx`), the same in every process.
+    Device(String),
 }
 
 #[expect(
@@ -375,15 +399,74 @@ impl<'a> Reading<'a> {
                 "{display}: exports MPI_Send but its ABI is unknown"
             ));
         };
-        LibraryKind::Probed(probe_points(
+        let mut lib = probe_points(
             self.elf,
             self.map,
             &self.syms,
             display,
             (abi, flavor.to_string(), layout),
             Family::Mpi,
-        ))
+        );
+        lib.mpi_transport = self.mpi_transport(abi);
+        LibraryKind::Probed(lib)
     }
+
+    /// Where an MPI of `abi` says which of its transports a process uses.
+    fn mpi_transport(&self, abi: Abi) -> MpiTransport {
+        let sym = |name: &str| self.globals.get(name).copied();
+        match abi {
+            Abi::OpenMpi => match sym("mca_pml_base_selected_component") {
+                Some(pml) => MpiTransport::OpenMpi {
+                    pml,
+                    mtl: sym("ompi_mtl_base_selected_component"),
+                },
+                None => MpiTransport::Unknown,
+            },
+            _ => match sym("MPII_Version_device") {
+                Some(a) => {
+                    c_string(self.elf, self.map, a).filter(|d| is_mpich_device(d.as_bytes()))
+                }
+                // A stripped MPICH (the PyPI wheel's) keeps the string, not its name.
+                None => mpich_device_in_rodata(self.elf, self.file),
+            }
+            .map_or(MpiTransport::Unknown, MpiTransport::Device),
+        }
+    }
+}
+
+/// Whether `s` reads as an MPICH device: `ch4:ofi`, or `ch4:ucx ofi` for one built with
+/// several netmods (one chosen at `MPI_Init`).
+fn is_mpich_device(s: &[u8]) -> bool {
+    (s.starts_with(b"ch4:") || s.starts_with(b"ch3:"))
+        && s.len() > 4
+        && s.len() <= 64
+        && s.iter()
+            .all(|&b| b.is_ascii_lowercase() || b.is_ascii_digit() || b":_ ,".contains(&b))
+}
+
+/// MPICH's device where no symbol names it: the one NUL-delimited string of its read-only
+/// data that reads as a device (checked on Debian's MPICH, Intel MPI and the PyPI wheel's
+/// two libraries: each holds exactly one); none where several do.
+fn mpich_device_in_rodata(elf: &Elf, file: &LibraryFile) -> Option<String> {
+    let (start, size) = elf.section_by_name(".rodata")?.file_range()?;
+    let end = start.checked_add(size)?;
+    let mut found = std::collections::BTreeSet::new();
+    for needle in [b"\0ch4:", b"\0ch3:"] {
+        let mut from = start;
+        while let Some(at) = file.find(from..end, needle) {
+            let rest = file.read_at(at + 1, 65);
+            if let Some(s) = rest.iter().position(|b| *b == 0).map(|n| &rest[..n]) {
+                if is_mpich_device(s) {
+                    found.insert(String::from_utf8_lossy(s).into_owned());
+                }
+            }
+            if found.len() > 1 {
+                return None;
+            }
+            from = at + 1;
+        }
+    }
+    found.pop_first()
 }
 
 /// Where a dynamic linker tells debuggers that its list of loaded objects changed: the file
@@ -444,6 +527,22 @@ pub fn c_string(elf: &Elf, map: Data<'_>, addr: u64) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mpich_devices_are_short_words_after_a_channel() {
+        for ok in ["ch4:ofi", "ch4:ucx ofi", "ch3:nemesis", "ch4:ucx,ofi"] {
+            assert!(is_mpich_device(ok.as_bytes()), "{ok}");
+        }
+        for not in [
+            "ch4:",
+            "ch4:Error in netmod",
+            "--with-device=ch4:ucx",
+            "ch5:x",
+            "ch4:\t",
+        ] {
+            assert!(!is_mpich_device(not.as_bytes()), "{not}");
+        }
+    }
 
     #[test]
     fn push_is_entry() {

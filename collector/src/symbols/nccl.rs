@@ -106,6 +106,7 @@ pub(crate) fn nccl_net_plugin(
         family: Family::Nccl,
         text: text_range(elf),
         fabric_providers: Vec::new(),
+        mpi_transport: super::MpiTransport::Unknown,
     }))
 }
 

@@ -56,6 +56,7 @@ pub(crate) fn fabric_library(
         family: Family::Fabric,
         text: text_range(elf),
         fabric_providers: fabric::provider_structs(elf, map),
+        mpi_transport: super::MpiTransport::Unknown,
     })
 }
 
@@ -100,6 +101,7 @@ pub(crate) fn ucx_library(
         family: Family::Fabric,
         text: text_range(elf),
         fabric_providers: Vec::new(),
+        mpi_transport: super::MpiTransport::Unknown,
     })
 }
 
@@ -178,6 +180,7 @@ pub(crate) fn probe_points(
         family,
         text: text_range(elf),
         fabric_providers: Vec::new(),
+        mpi_transport: super::MpiTransport::Unknown,
     }
 }
 

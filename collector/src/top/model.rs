@@ -348,6 +348,7 @@ mod tests {
             routines,
             health: crate::stats::Health::default(),
             fabrics: Vec::new(),
+            mpi_transport: None,
             peers: Vec::new(),
             comm_ranks: Vec::new(),
         }

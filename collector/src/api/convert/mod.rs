@@ -331,6 +331,7 @@ impl From<&RankProfile> for pb::RankProfile {
             start_ticks: r.start_ticks,
             exited: r.exited,
             fabrics: r.fabrics.iter().map(Into::into).collect(),
+            mpi_transport: r.mpi_transport.clone(),
             peers: r.peers.iter().map(Into::into).collect(),
             comm_ranks: r.comm_ranks.iter().map(Into::into).collect(),
             container: r.container.as_deref().map(|c| Box::new(c.into())),
@@ -370,6 +371,7 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
             start_ticks: r.start_ticks,
             exited: r.exited,
             fabrics: r.fabrics.iter().map(Into::into).collect(),
+            mpi_transport: r.mpi_transport.clone(),
             peers: r.peers.iter().map(Into::into).collect(),
             comm_ranks: r
                 .comm_ranks

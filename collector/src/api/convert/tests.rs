@@ -87,6 +87,7 @@ pub(crate) fn sample() -> JobProfile {
                 }],
             })),
             probe_call_cost: Some(crate::profile::CallCost::with_program(123, 4_567)),
+            mpi_transport: Some("pml cm, mtl ofi".to_string()),
             start_ticks: 99,
             exited: true,
             elapsed_ns: 5,
