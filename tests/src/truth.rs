@@ -325,6 +325,32 @@ pub fn assert_loop_ranks(profile: &Value, truths: &[Value]) {
     }
 }
 
+/// The pml the Open MPI truth jobs are told to take (`--mca pml`, `OMPI_MCA_pml`).
+pub const OPEN_MPI_PML: &str = "ob1";
+
+/// Asserts that each rank's MPI said the transport the job knows it used (the profile's
+/// `mpi_transport`, read at its `MPI_Init`'s return): Open MPI the pml it was told
+/// ([`OPEN_MPI_PML`]), an MPICH the device it names in its version string (which
+/// mpi_truth read; ranks that share memory make no netmod operation to narrow it by).
+#[track_caller]
+pub fn assert_transports_match(profile: &Value, truths: &[Value], mpi: Mpi) {
+    for truth in truths {
+        let rank = rank_by_pid(profile, truth["pid"].as_u64().expect("pid"));
+        let want = if matches!(mpi, Mpi::OpenMpi | Mpi::OpenMpi5) {
+            format!("pml {OPEN_MPI_PML}")
+        } else {
+            truth["device"].as_str().expect("device").to_string()
+        };
+        assert!(!want.is_empty(), "{truth}");
+        assert_eq!(
+            rank["mpi_transport"].as_str(),
+            Some(want.as_str()),
+            "the transport of rank {}",
+            truth["rank"]
+        );
+    }
+}
+
 /// Runs `mpi_truth` (3 iterations) as `np` ranks of `mpi` to completion, writing its truths
 /// to `prefix.<rank>.json` and its standard output to `prefix.stdout`; returns the truths
 /// by rank.
@@ -335,6 +361,8 @@ pub fn run_truth_job(prefix: &Path, mpi: Mpi, np: u32) -> Vec<Value> {
     let mut cmd = Command::new(&launcher[0]);
     let stdout = std::fs::File::create(prefix.with_extension("stdout")).expect("stdout file");
     mpi_env(&mut cmd)
+        // Open MPI's point-to-point layer, named so that the job knows it.
+        .env("OMPI_MCA_pml", OPEN_MPI_PML)
         .args(&launcher[1..])
         .arg(&prog)
         .arg(prefix)

@@ -42,11 +42,12 @@ fn daemon_profiles_every_job_on_the_node_exactly() {
     let all: Vec<u64> = truths.iter().flat_map(|t| pids_of(t)).collect();
     wait_for_exited(&target, &all);
     let mut profiles = Vec::new();
-    for truth in &truths {
+    for ((mpi, _), truth) in jobs.into_iter().zip(&truths) {
         let job = truth[0]["pid"].as_u64().expect("pid").to_string();
         let profile = report_json(&["report", "--from", &target, "--job", &job]);
         assert_eq!(profile["job"].as_str(), Some(job.as_str()));
         assert_profile_matches(&profile, truth, &["MPI_Finalize"]);
+        assert_transports_match(&profile, truth, mpi);
         profiles.push(profile);
     }
 

@@ -27,9 +27,8 @@ fn launched_truth(mpi: Mpi, np: u32) {
     args.push("--".into());
     args.extend(mpi.launcher(np));
     // Open MPI chooses its point-to-point layer at MPI_Init: named here, it is known.
-    let pml = matches!(mpi, Mpi::OpenMpi | Mpi::OpenMpi5);
-    if pml {
-        args.extend(["--mca", "pml", "ob1"].map(String::from));
+    if matches!(mpi, Mpi::OpenMpi | Mpi::OpenMpi5) {
+        args.extend(["--mca", "pml", OPEN_MPI_PML].map(String::from));
     }
     args.push(prog.display().to_string());
     args.push(prefix.display().to_string());
@@ -40,24 +39,7 @@ fn launched_truth(mpi: Mpi, np: u32) {
     let truths = read_truths(&prefix, np);
     // MPI_Finalize runs after the program writes its truth.
     assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
-    // What each rank's MPI said of its transport (read at its MPI_Init's return): the pml
-    // Open MPI was told to take, the device an MPICH names in its version string (which
-    // the program read; its ranks share memory, so no netmod narrows it).
-    for truth in &truths {
-        let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
-        let want = if pml {
-            "pml ob1"
-        } else {
-            truth["device"].as_str().expect("device")
-        };
-        assert!(!want.is_empty(), "{truth}");
-        assert_eq!(
-            rank["mpi_transport"].as_str(),
-            Some(want),
-            "rank {}",
-            truth["rank"]
-        );
-    }
+    assert_transports_match(&profile, &truths, mpi);
     // The program never notices: run alone, each rank received and computed the same
     // (its checksum over every receive buffer) as under commtap with every call probed.
     let alone = run_truth_job(&scratch.path("alone"), mpi, np);

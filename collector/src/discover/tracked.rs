@@ -28,6 +28,11 @@ pub struct Tracked {
     /// Which of its MPI's own transports it uses, as its MPI says (see
     /// [`crate::profile::RankProfile::mpi_transport`]).
     pub mpi_transport: Option<String>,
+    /// Where its Open MPI keeps the components it selects, until they were looked at after
+    /// its `MPI_Init` returned: the kernel reports them at that return only where it
+    /// already knew this (a process the daemon counts from its first call is told it
+    /// later).
+    pub components_at: Option<collector_common::ComponentAddrs>,
     /// Its real user id as the kernel gave it with the event that made it known: a rank
     /// that exits before its `/proc` entry is read still has an owner.
     pub kernel_uid: Option<u32>,

@@ -160,6 +160,9 @@ impl Session {
                 if let Err(e) = self.probes.set_mpi_components(pid, at) {
                     debug!(error = %e, "Open MPI's components not looked for");
                 }
+                if let Some(t) = self.tracked.get_mut(&pid) {
+                    t.components_at = Some(at);
+                }
                 discover::memory::mpi_components(pid, at)
             }
         };
@@ -430,6 +433,7 @@ impl Session {
                 }
                 continue;
             }
+            self.look_for_components_after_init(pid);
             let pages = discover::address_space_pages(pid);
             let Some(t) = self.tracked.get_mut(&pid) else {
                 continue;
@@ -451,6 +455,25 @@ impl Session {
             if let Some(t) = self.tracked.get_mut(&pid) {
                 t.maps_mpi |= maps;
             }
+        }
+    }
+
+    /// Reads the components `pid`'s Open MPI selected, once, after its `MPI_Init` has
+    /// returned, where neither the kernel (at that return) nor the read at attach named them.
+    fn look_for_components_after_init(&mut self, pid: u32) {
+        let Some(t) = self.tracked.get(&pid) else {
+            return;
+        };
+        let Some(at) = t.components_at.filter(|_| t.mpi_transport.is_none()) else {
+            return;
+        };
+        if self.probes.read_proc_stats(pid).init_ns == 0 {
+            return;
+        }
+        let found = discover::memory::mpi_components(pid, at);
+        if let Some(t) = self.tracked.get_mut(&pid) {
+            t.components_at = None;
+            t.mpi_transport = t.mpi_transport.take().or(found);
         }
     }
 
