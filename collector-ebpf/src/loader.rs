@@ -10,7 +10,7 @@ use aya_ebpf::{
     bindings::BPF_RB_FORCE_WAKEUP,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_ktime_get_ns,
-        bpf_probe_read_user,
+        bpf_probe_read_user, bpf_probe_read_user_str_bytes,
         generated::{bpf_get_attach_cookie, bpf_get_func_ip, bpf_send_signal},
     },
     macros::uprobe,
@@ -20,6 +20,7 @@ use aya_ebpf::{
 use collector_common::{EventKind, ProcEvent};
 
 use crate::{
+    decode::read,
     maps::{CONFIG, EVENTS, LAUNCHERS, LINK_CHANGE, PAUSED},
     process::{is_watched, pausable_unnoticed},
 };
@@ -27,10 +28,21 @@ use crate::{
 /// `RT_CONSISTENT` of `enum r_state` (`<link.h>`): the list is complete again, the new
 /// objects mapped (not yet relocated or initialised).
 const RT_CONSISTENT: i32 = 0;
+/// `RT_ADD`: objects are being added (`dlopen`, or those a process starts with).
+const RT_ADD: i32 = 1;
 /// `RT_DELETE`: objects are being removed (`dlclose`).
 const RT_DELETE: i32 = 2;
+/// Byte offset of `r_map` in `struct r_debug` (x86-64): the first object of the list.
+const R_MAP: u64 = 8;
 /// Byte offset of `r_state` in `struct r_debug` (x86-64).
 const R_STATE: u64 = 24;
+/// Byte offsets of `l_name` and `l_next` in `struct link_map` (its public part, x86-64).
+const L_NAME: u64 = 8;
+const L_NEXT: u64 = 24;
+/// Most objects walked to find the list's last one (Open MPI's ranks map ~150).
+const MAX_OBJECTS: u32 = 8192;
+/// Longest object path read whole (a longer one is taken for one that may matter).
+const NAME_LEN: usize = 256;
 /// `SIGSTOP`: the one stop no process can catch or ignore; userspace sends `SIGCONT`.
 const SIGSTOP: u32 = 19;
 
@@ -69,8 +81,114 @@ pub fn linker_loaded(ctx: ProbeContext) -> u32 {
     if change == Some(RT_DELETE) {
         return 0;
     }
+    // Nor one that added only an Open MPI component (`mca_btl_tcp.so`: each rank loads
+    // ~70, one `dlopen` each), which holds nothing commtap probes: the linker appends the
+    // object opened, then the dependencies it newly maps, so a list ending in a component
+    // gained that component alone (a component pulling in libfabric or UCX ends with them).
+    if change == Some(RT_ADD) && ends_in_a_component(at.wrapping_add(to_r_debug)) {
+        return 0;
+    }
     pause_to_probe(tgid);
     0
+}
+
+/// Where a walk down the linker's list of objects is.
+#[repr(C)]
+struct Walk {
+    /// The object reached.
+    at: u64,
+    /// Whether the walk reached the end.
+    ended: bool,
+}
+
+/// One step down the list (`bpf_loop`'s body): stops at the last object.
+extern "C" fn step(_: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes its caller's `Walk`.
+    let w = unsafe { &mut *ctx.cast::<Walk>() };
+    match read::<u64>(w.at.wrapping_add(L_NEXT)) {
+        Some(0) => {
+            w.ended = true;
+            1
+        }
+        Some(next) => {
+            w.at = next;
+            0
+        }
+        None => 1,
+    }
+}
+
+/// A path being searched for its last `/` (`bpf_loop`'s context).
+#[repr(C)]
+struct Name {
+    bytes: [u8; NAME_LEN],
+    /// Its length, without the NUL.
+    len: u64,
+    /// Where its last `/` is.
+    slash: u64,
+}
+
+/// One byte of the search (`bpf_loop`'s body).
+extern "C" fn find_slash(i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes its caller's `Name`.
+    let n = unsafe { &mut *ctx.cast::<Name>() };
+    if i >= n.len {
+        return 1;
+    }
+    if n.bytes.get(i as usize & (NAME_LEN - 1)) == Some(&b'/') {
+        n.slash = i;
+    }
+    0
+}
+
+/// Whether the last object in the list of the `struct r_debug` at `r_debug` is an Open MPI
+/// component: a file named `mca_*.so`. Out of line: the walk and the name live on its
+/// own stack.
+#[inline(never)]
+fn ends_in_a_component(r_debug: u64) -> bool {
+    let Some(first) = read::<u64>(r_debug.wrapping_add(R_MAP)) else {
+        return false;
+    };
+    let mut walk = Walk {
+        at: first,
+        ended: false,
+    };
+    crate::decode::each(MAX_OBJECTS, step, &mut walk);
+    let Some(path) = walk
+        .ended
+        .then(|| read::<u64>(walk.at.wrapping_add(L_NAME)))
+        .flatten()
+    else {
+        return false;
+    };
+    let mut name = Name {
+        bytes: [0; NAME_LEN],
+        len: 0,
+        slash: 0,
+    };
+    // SAFETY: the helper copies at most the buffer and stops at a fault.
+    let Ok(read_in) =
+        (unsafe { bpf_probe_read_user_str_bytes(path as *const u8, &mut name.bytes) })
+    else {
+        return false;
+    };
+    name.len = read_in.len() as u64;
+    // A path that filled the buffer may go on: not known to be a component.
+    if name.len == 0 || name.len >= NAME_LEN as u64 - 1 {
+        return false;
+    }
+    crate::decode::each(NAME_LEN as u32, find_slash, &mut name);
+    let byte = |i: u64| {
+        name.bytes
+            .get(i as usize & (NAME_LEN - 1))
+            .copied()
+            .unwrap_or(0)
+    };
+    let base = name.slash + 1;
+    let end = name.len;
+    end >= base + 7
+        && [byte(base), byte(base + 1), byte(base + 2), byte(base + 3)] == *b"mca_"
+        && [byte(end - 3), byte(end - 2), byte(end - 1)] == *b".so"
 }
 
 /// Tells userspace that the current (watched) process maps new objects and pauses it until

@@ -371,7 +371,10 @@ pub(crate) fn send_components(tgid: u32) {
         if component != 0 && read::<u32>(component.wrapping_add(oc::TYPE_OFF)) == Some(kind) {
             // SAFETY: the helper copies at most the buffer and stops at a fault.
             let _ = unsafe {
-                bpf_probe_read_user_str_bytes(component.wrapping_add(oc::NAME_OFF) as *const u8, out)
+                bpf_probe_read_user_str_bytes(
+                    component.wrapping_add(oc::NAME_OFF) as *const u8,
+                    out,
+                )
             };
         }
     }

@@ -5,9 +5,10 @@ Usage: python mpi4py_truth.py N OUT_PREFIX
 Importing mpi4py initialises MPI (one MPI_Init_thread) with the library mpi4py's binary
 wheel `dlopen`s then (the MPI of its environment), and mpi4py finalises it at exit (one
 MPI_Finalize, after the truth is written). In between: N MPI_Allreduce of one double (8
-bytes each) and one MPI_Barrier. Writes OUT_PREFIX.<rank>.json in mpi_truth's form, with
-the routines this program caused (mpi4py may make calls of its own besides, which the
-test does not hold it to) and the library's version string.
+bytes each; MPI_Allreduce_c over an MPI-4 library) and one MPI_Barrier. Writes
+OUT_PREFIX.<rank>.json in mpi_truth's form, with the routines this program caused (mpi4py
+may make calls of its own besides, which the test does not hold it to) and the library's
+version string.
 """
 
 import json
@@ -24,6 +25,8 @@ for _ in range(n):
     comm.Allreduce(x, y, op=MPI.SUM)
 comm.Barrier()
 rank, size = comm.Get_rank(), comm.Get_size()
+# mpi4py calls the large-count form (MPI-4's MPI_Allreduce_c) where the library is MPI-4.
+allreduce = "MPI_Allreduce_c" if MPI.Get_version() >= (4, 0) else "MPI_Allreduce"
 assert y[0] == size, (y[0], size)
 truth = {
     "rank": rank,
@@ -32,11 +35,13 @@ truth = {
     "library": MPI.Get_library_version().splitlines()[0],
     "routines": {
         "MPI_Init_thread": {"calls": 1, "bytes": 0},
-        "MPI_Allreduce": {"calls": n, "bytes": 8 * n},
+        allreduce: {"calls": n, "bytes": 8 * n},
         "MPI_Barrier": {"calls": 1, "bytes": 0},
     },
 }
 with open(f"{prefix}.{rank}.json", "w") as f:
     json.dump(truth, f)
-# Its output: what it computed (the tests compare it with a run alone).
-print(f"mpi4py_truth: rank {rank} of {size} reduced {y[0]}", flush=True)
+# Its output: what it computed (the tests compare it with a run alone). One write, line
+# and newline together: MPICH's launcher interleaves its ranks' output write by write.
+sys.stdout.write(f"mpi4py_truth: rank {rank} of {size} reduced {y[0]}\n")
+sys.stdout.flush()

