@@ -381,7 +381,9 @@ fn count_operation(e: &mut CallState, tgid: u32, op: &Operation, now: Option<u64
     };
     let dur = now.saturating_sub(op.start_ns);
     add(e, &key, bytes, dur);
-    if call_events_on() {
+    // An operation whose table is unknown has no name to show (the profile counts it
+    // apart, `fabric_unresolved`): no slice for a guess.
+    if call_events_on() && resolved {
         // For timelines: the operation inside the MPI or NCCL call that made it.
         emit_call(
             e,

@@ -258,7 +258,7 @@ int main(int argc, char **argv)
         digest(&group_size, sizeof group_size);
     }
 
-#if MPI4_ROUTINES
+#if MPI4_ROUTINES && !defined(NO_ISENDRECV)
     /* ---- MPI-4's nonblocking Sendrecv: what it sends and the receive it posts, counted
      * at the call (3 ints sent, 5 posted; the replacing one 2 each way) ---- */
     {

@@ -331,15 +331,17 @@ pub const OPEN_MPI_PML: &str = "ob1";
 /// Asserts that each rank's MPI said the transport the job knows it used (the profile's
 /// `mpi_transport`, read at its `MPI_Init`'s return): Open MPI the pml it was told
 /// ([`OPEN_MPI_PML`]), an MPICH the device it names in its version string (which
-/// mpi_truth read; ranks that share memory make no netmod operation to narrow it by).
+/// mpi_truth read; ranks that share memory make no netmod operation to narrow it by),
+/// Intel MPI `ch4:ofi`.
 #[track_caller]
 pub fn assert_transports_match(profile: &Value, truths: &[Value], mpi: Mpi) {
     for truth in truths {
         let rank = rank_by_pid(profile, truth["pid"].as_u64().expect("pid"));
-        let want = if matches!(mpi, Mpi::OpenMpi | Mpi::OpenMpi5) {
-            format!("pml {OPEN_MPI_PML}")
-        } else {
-            truth["device"].as_str().expect("device").to_string()
+        let want = match mpi {
+            Mpi::OpenMpi | Mpi::OpenMpi5 => format!("pml {OPEN_MPI_PML}"),
+            // Its version string names no device; its jobs run over ofi (`impi_env`).
+            Mpi::IntelMpi => "ch4:ofi".to_string(),
+            _ => truth["device"].as_str().expect("device").to_string(),
         };
         assert!(!want.is_empty(), "{truth}");
         assert_eq!(
@@ -361,6 +363,7 @@ pub fn run_truth_job(prefix: &Path, mpi: Mpi, np: u32) -> Vec<Value> {
     let mut cmd = Command::new(&launcher[0]);
     let stdout = std::fs::File::create(prefix.with_extension("stdout")).expect("stdout file");
     mpi_env(&mut cmd)
+        .envs(mpi.job_env())
         // Open MPI's point-to-point layer, named so that the job knows it.
         .env("OMPI_MCA_pml", OPEN_MPI_PML)
         .args(&launcher[1..])

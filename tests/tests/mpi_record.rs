@@ -33,7 +33,8 @@ fn launched_truth(mpi: Mpi, np: u32) {
     args.push(prog.display().to_string());
     args.push(prefix.display().to_string());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let run = finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let commtap = spawn_commtap_with_env(&scratch, &args, &mpi.job_env());
+    let run = finish_ok(&scratch, commtap, LIMIT);
 
     let profile = read_json(&out);
     let truths = read_truths(&prefix, np);
@@ -191,6 +192,13 @@ fn launched_mpich_job_matches_truth() {
 #[test]
 fn launched_open_mpi_5_job_matches_truth() {
     launched_truth(Mpi::OpenMpi5, 2);
+}
+
+/// Intel MPI 2021.14 (PyPI's `impi-rt`, MPICH's ABI) over its own libfabric: the program
+/// built with MPICH's header against Intel's library, without MPI_Isendrecv (not in it).
+#[test]
+fn launched_intel_mpi_job_matches_truth() {
+    launched_truth(Mpi::IntelMpi, 2);
 }
 
 /// MPICH 5 from its wheel (`pip install mpich`): its `libmpi.so.12` speaks MPICH's own
