@@ -31,30 +31,31 @@ pub enum Mpi {
 
 /// The Python with mpi4py (from PyPI) over `mpi`, as `cargo xtask setup` installed it, and
 /// the `env` words that make its mpi4py load that MPI: a wheel's own environment finds its
-/// MPI itself; over Debian's MPIs, mpi4py's environment of its own is told which
-/// (`MPI4PY_LIBMPI`).
+/// MPI itself; over Debian's Open MPI and Intel MPI, mpi4py's environment of its own is
+/// told which (`MPI4PY_LIBMPI`, with Intel's [`impi_env`]).
 #[track_caller]
 pub fn mpi4py_python(mpi: Mpi) -> (PathBuf, Vec<String>) {
-    let debian = |lib: &str| {
+    let own = |libmpi: PathBuf| {
         let dir = PathBuf::from("/opt/commtap-deps/mpi4py-4.1.2");
         assert!(
             dir.join(".complete").exists(),
             "mpi4py is not installed at {} (run `cargo xtask setup`)",
             dir.display()
         );
-        (
-            dir.join("bin/python"),
-            vec![
-                "env".to_string(),
-                format!("MPI4PY_LIBMPI=/usr/lib/x86_64-linux-gnu/{lib}"),
-            ],
-        )
+        let mut env = vec![
+            "env".to_string(),
+            format!("MPI4PY_LIBMPI={}", libmpi.display()),
+        ];
+        env.extend(mpi.job_env().into_iter().map(|(k, v)| format!("{k}={v}")));
+        (dir.join("bin/python"), env)
     };
     match mpi {
-        Mpi::OpenMpi => debian("libmpi.so.40"),
+        Mpi::OpenMpi => own(PathBuf::from("/usr/lib/x86_64-linux-gnu/libmpi.so.40")),
+        Mpi::IntelMpi => own(impi_dir().join("lib/libmpi.so.12")),
         Mpi::OpenMpi5 | Mpi::Mpich5 => (wheel_dir(mpi).join("bin/python"), Vec::new()),
-        // The wheel's MPICH-ABI module needs a `libmpi.so.12`: Debian's is `libmpich.so.12`.
-        Mpi::Mpich | Mpi::Mpich5Abi | Mpi::IntelMpi => panic!("no mpi4py over {mpi:?} here"),
+        // The wheel's MPICH-ABI module needs a `libmpi.so.12`: Debian's is `libmpich.so.12`;
+        // mpi4py 4.1 has no module for the MPI-5 standard ABI.
+        Mpi::Mpich | Mpi::Mpich5Abi => panic!("no mpi4py over {mpi:?} here"),
     }
 }
 

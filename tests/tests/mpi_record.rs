@@ -839,6 +839,15 @@ fn mpi4py_over_debians_open_mpi_is_counted_from_mpi_init() {
 }
 
 #[test]
+fn mpi4py_over_intel_mpi_is_counted_from_mpi_init() {
+    mpi4py_truth(
+        Mpi::IntelMpi,
+        "Intel(R) MPI Library 2021.14",
+        "impi-2021.14.2/lib/libmpi.so.12",
+    );
+}
+
+#[test]
 fn a_traced_process_is_never_paused() {
     // A tracer is told of every signal: strace would log the pause's SIGSTOP (checked with
     // the rule removed), a debugger would stop there.

@@ -473,7 +473,7 @@ impl Session {
         let found = discover::memory::mpi_components(pid, at);
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.components_at = None;
-            t.mpi_transport = t.mpi_transport.take().or(found);
+            t.mpi_transport = found;
         }
     }
 
