@@ -50,6 +50,8 @@ struct Series {
     /// NCCL device time: operations, bytes, seconds, bus bytes.
     device: [Vec<String>; 4],
     providers: Vec<String>,
+    /// Each rank's MPI transport, as its MPI says it.
+    transports: Vec<String>,
     /// Health: dropped, undecoded, nested, in flight at attach.
     health: [Vec<String>; 4],
 }
@@ -106,6 +108,10 @@ impl Series {
                 .zip([h.dropped, h.undecoded, h.nested, h.in_flight_at_attach])
         {
             lines.push(format!("{l} {v}"));
+        }
+        if let Some(t) = &r.mpi_transport {
+            self.transports
+                .push(format!("{{{base},transport=\"{}\"}} 1", escape(t)));
         }
         for f in &r.fabrics {
             self.providers.push(format!(
@@ -177,11 +183,11 @@ impl Series {
         }
     }
 
-    /// NCCL device time, the health counters and libfabric providers.
+    /// NCCL device time, the health counters, libfabric providers and MPI transports.
     fn write_device_and_health(self, o: &mut Exposition) {
         let [ops, dev_bytes, dev_seconds, bus] = self.device;
         let [dropped, undecoded, nested, in_flight] = self.health;
-        let providers = self.providers;
+        let (providers, transports) = (self.providers, self.transports);
         o.family(
             "commtap_nccl_device_ops_total",
             "counter",
@@ -235,6 +241,12 @@ impl Series {
             "gauge",
             "libfabric fabrics a rank opened (fi_fabric), by provider (tcp;ofi_rxm) and fabric.",
             providers,
+        );
+        o.family(
+            "commtap_mpi_transport_info",
+            "gauge",
+            "The transport a rank's MPI says it uses (Open MPI: pml ob1; MPICH: ch4:ofi).",
+            transports,
         );
     }
 }
@@ -481,6 +493,17 @@ mod tests {
         assert!(text.contains(
             "commtap_fabric_provider_info{job_id=\"42\",rank=\"0\",provider=\"tcp;ofi_rxm\",fabric=\"10.0.0.0/8\"} 1\n"
         ), "{text}");
+    }
+
+    #[test]
+    fn mpi_transports_are_an_info_gauge() {
+        let text = render(&crate::api::convert::tests::sample(), 1, 0, 1, 0);
+        assert!(
+            text.contains(
+                "commtap_mpi_transport_info{job_id=\"42\",rank=\"0\",transport=\"pml cm, mtl ofi\"} 1\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
