@@ -119,7 +119,7 @@ pub struct Library {
 /// Where an MPI library says which of its own transports a process uses.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum MpiTransport {
-    /// It does not say (not an MPI, or a stripped MPICH).
+    /// It does not say (not an MPI, or one whose library names no transport).
     #[default]
     Unknown,
     /// Open MPI selects its point-to-point layer at `MPI_Init`: the file's virtual
