@@ -177,6 +177,18 @@ fn summary(job: &JobProfile) -> String {
         "Hosts",
         &format!("{} ({})", hosts.len(), host_list.join(", ")),
     );
+    // What each rank's MPI said of its transport, with how many ranks said it.
+    let mut transports = std::collections::BTreeMap::<&str, usize>::new();
+    for t in job.ranks.iter().filter_map(|r| r.mpi_transport.as_deref()) {
+        *transports.entry(t).or_default() += 1;
+    }
+    if !transports.is_empty() {
+        let said: Vec<String> = transports
+            .iter()
+            .map(|(t, n)| format!("{} ({n} rank{})", escape(t), if *n == 1 { "" } else { "s" }))
+            .collect();
+        row(&mut o, "MPI transport", &said.join(", "));
+    }
     let elapsed = job.ranks.iter().map(|r| r.elapsed_ns).max().unwrap_or(0);
     let total_elapsed: u64 = job.ranks.iter().map(|r| r.elapsed_ns).sum();
     let total_comm: u64 = job.ranks.iter().map(|r| r.comm_time_ns).sum();
@@ -401,5 +413,22 @@ mod tests {
         assert!(!html.contains("<script"), "{html}");
         assert!(!html.contains("<img"), "{html}");
         assert!(html.contains("&lt;script&gt;"));
+    }
+
+    #[test]
+    fn the_summary_says_the_ranks_transports() {
+        let rank = |t: &str| {
+            let mut r = crate::api::convert::tests::sample().ranks[0].clone();
+            r.mpi_transport = Some(t.to_string());
+            r
+        };
+        let job = JobProfile::of_ranks(vec![rank("pml ob1"), rank("pml ob1"), rank("<b>")]);
+        let html = render_html(&job, None);
+        assert!(
+            html.contains(
+                "<tr><th>MPI transport</th><td>&lt;b&gt; (1 rank), pml ob1 (2 ranks)</td></tr>"
+            ),
+            "{html}"
+        );
     }
 }
