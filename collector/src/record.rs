@@ -23,6 +23,8 @@ use crate::{
 pub struct RecordOptions {
     /// Running processes to attach to.
     pub pids: Vec<u32>,
+    /// Keep `pids` watched though none maps an MPI library yet (one may load it later).
+    pub wait_for_mpi: bool,
     /// Command to launch and follow (empty with `pids`).
     pub command: Vec<String>,
     /// Stop after this long.
@@ -133,7 +135,7 @@ async fn watch_requested(
             warn!("PID {pid} maps no MPI library (yet); watching it in case it loads one");
         }
     }
-    if session.tracked.values().any(|t| t.maps_mpi) {
+    if opts.wait_for_mpi || session.tracked.values().any(|t| t.maps_mpi) {
         return Ok(());
     }
     session.stop_ingest().await;
@@ -151,7 +153,8 @@ async fn watch_requested(
     };
     bail!(
         "PID {list}: not an MPI or NCCL process (maps no MPI library such as libmpi or \
-         libmpich, and nothing that holds NCCL){seen}"
+         libmpich, and nothing that holds NCCL){seen}; `--wait-for-mpi` attaches to one \
+         that will load it later"
     );
 }
 

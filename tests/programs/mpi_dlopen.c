@@ -8,7 +8,9 @@
  * MPI_Comm_rank, MPI_Comm_size, N x MPI_Allreduce of one double, and writes
  * OUT_PREFIX.0.json (the same format as mpi_truth) before MPI_Finalize. READY_FILE and
  * GO_FILE "-": no file, no wait: the first MPI call follows the dlopen at once. With
- * CYCLE_LIB and K, it first loads and unloads CYCLE_LIB (dlopen, dlclose) K times. */
+ * CYCLE_LIB and K, it first loads and unloads CYCLE_LIB (dlopen, dlclose) K times. With
+ * MPI_DLOPEN_AFTER_GO set in its environment, it waits first and dlopens LIBMPI after the
+ * go, its first MPI call following at once (for a profiler attached before the load). */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +33,16 @@ static void *sym(void *lib, const char *name) {
     return p;
 }
 
+/* RTLD_GLOBAL: Open MPI's components resolve libmpi's symbols through it. */
+static void *load(const char *path) {
+    void *lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (!lib) {
+        fprintf(stderr, "mpi_dlopen: %s\n", dlerror());
+        exit(1);
+    }
+    return lib;
+}
+
 int main(int argc, char **argv) {
     if (argc != 6 && argc != 8) {
         fprintf(stderr, "usage: %s LIBMPI READY_FILE GO_FILE N OUT_PREFIX [CYCLE_LIB K]\n",
@@ -45,12 +57,8 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    /* RTLD_GLOBAL: Open MPI's components resolve libmpi's symbols through it. */
-    void *lib = dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL);
-    if (!lib) {
-        fprintf(stderr, "mpi_dlopen: %s\n", dlerror());
-        return 1;
-    }
+    int after_go = getenv("MPI_DLOPEN_AFTER_GO") != NULL;
+    void *lib = after_go ? NULL : load(argv[1]);
     if (strcmp(argv[2], "-") != 0) {
         FILE *ready = fopen(argv[2], "w");
         if (!ready) {
@@ -63,6 +71,8 @@ int main(int argc, char **argv) {
     struct timespec tick = {0, 10 * 1000 * 1000};
     while (strcmp(argv[3], "-") != 0 && stat(argv[3], &st) != 0)
         nanosleep(&tick, NULL);
+    if (after_go)
+        lib = load(argv[1]);
 
     /* Open MPI's predefined handles are the addresses of exported objects. */
     void *world = sym(lib, "ompi_mpi_comm_world");

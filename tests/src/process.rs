@@ -290,3 +290,50 @@ impl Drop for CgroupGuard {
         let _ = std::fs::remove_dir(&self.0);
     }
 }
+
+/// A private copy of Open MPI's libmpi in `scratch`: a file commtap cannot have probed
+/// before the process loads it, as with an MPI library inside a Python venv loaded by
+/// mpi4py.
+pub fn private_libmpi(scratch: &Scratch) -> PathBuf {
+    let private = scratch.path("private");
+    std::fs::create_dir_all(&private).expect("mkdir");
+    let lib = private.join("libmpi.so.40");
+    let system =
+        std::fs::canonicalize("/usr/lib/x86_64-linux-gnu/libmpi.so.40").expect("Open MPI's libmpi");
+    std::fs::copy(&system, &lib).expect("copying libmpi");
+    lib
+}
+
+/// Starts `mpi_dlopen` on a private libmpi ([`private_libmpi`]) in a session of its own
+/// (nothing keeps it from being paused), told to `dlopen` it only after `scratch/go` and
+/// call it at once (`MPI_DLOPEN_AFTER_GO`), its truth to `scratch/truth`; returns it and
+/// its pid once it is waiting.
+#[track_caller]
+pub fn start_dlopen_after_go(scratch: &Scratch, n: u64) -> (ChildGuard, u32) {
+    use std::os::unix::process::CommandExt;
+    let lib = private_libmpi(scratch);
+    let prog = crate::build_plain_c("mpi_dlopen.c", &["-ldl"]);
+    let ready = scratch.path("ready");
+    let mut cmd = Command::new(prog);
+    cmd.env("MPI_DLOPEN_AFTER_GO", "1")
+        .arg(&lib)
+        .arg(&ready)
+        .arg(scratch.path("go"))
+        .arg(n.to_string())
+        .arg(scratch.path("truth"));
+    // SAFETY: setsid(2) is async-signal-safe, the only call made between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = ChildGuard::spawn(&mut cmd);
+    let pid = child.0.id();
+    wait_until(
+        "mpi_dlopen to wait for its go",
+        Duration::from_mins(1),
+        || ready.exists(),
+    );
+    (child, pid)
+}

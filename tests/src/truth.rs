@@ -438,3 +438,14 @@ pub fn rank_tables(
         })
         .collect()
 }
+
+/// The routines of a profile rank whose names start with `prefix`, in name order.
+pub fn routines_named<'a>(rank: &'a Value, prefix: &str) -> Vec<&'a str> {
+    rank["routines"]
+        .as_object()
+        .expect("routines")
+        .keys()
+        .filter(|r| r.starts_with(prefix))
+        .map(String::as_str)
+        .collect()
+}

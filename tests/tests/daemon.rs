@@ -487,6 +487,48 @@ fn process_state(pid: u32) -> Option<char> {
 /// A daemon killed while a process it watches is paused at a library load (the process's
 /// event unread): the next daemon continues it as it starts (the list of paused processes
 /// is kept with the counts), and says so.
+/// A process the daemon was asked to watch (`attach`), which then `dlopen`s its MPI (a
+/// private copy, a file the daemon never saw) and calls it at once: exact from `MPI_Init`.
+#[test]
+fn a_watched_process_that_loads_its_mpi_late_is_exact_from_its_first_call() {
+    let scratch = Scratch::new("daemon-dlopen");
+    // Scoped to nobody: only the process attached below is watched.
+    let daemon = Daemon::start(&scratch, &[], &[], &["--uid", "65534"]);
+    let (mut waiting, pid) = start_dlopen_after_go(&scratch, 1000);
+    let out = commtap_output(&[
+        "attach",
+        "--pid",
+        &pid.to_string(),
+        "--from",
+        &daemon.target,
+    ]);
+    assert!(
+        out.status.success(),
+        "attach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    assert!(
+        waiting.wait_with_limit(LIMIT).success(),
+        "mpi_dlopen failed"
+    );
+    wait_for_exited(&daemon.target, &[u64::from(pid)]);
+    // A singleton's job is its own pid (mpitrace's convention).
+    let profile = report_json(&[
+        "report",
+        "--from",
+        &daemon.target,
+        "--job",
+        &pid.to_string(),
+    ]);
+    assert_profile_matches(
+        &profile,
+        &read_truths(&scratch.path("truth"), 1),
+        &["MPI_Finalize"],
+    );
+    daemon.stop(&scratch);
+}
+
 #[test]
 fn a_process_left_paused_by_a_killed_daemon_is_continued_by_the_next() {
     use std::os::unix::process::CommandExt;

@@ -342,17 +342,6 @@ fn made_by(rank: &Value, op: &str) -> PerRoutine {
     m
 }
 
-/// The routines of a profile rank whose names start with `prefix`, in name order.
-fn routines_named<'a>(rank: &'a Value, prefix: &str) -> Vec<&'a str> {
-    rank["routines"]
-        .as_object()
-        .expect("routines")
-        .keys()
-        .filter(|r| r.starts_with(prefix))
-        .map(String::as_str)
-        .collect()
-}
-
 /// The flavors of the libraries a profile probed (`UCX`, `libfabric provider tcp` ...).
 fn library_flavors(profile: &Value) -> Vec<&str> {
     profile["libraries"]

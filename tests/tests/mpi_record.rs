@@ -492,28 +492,57 @@ fn fortran_mpich_counts_each_call_once() {
     fortran(Mpi::Mpich);
 }
 
+/// Every MPI the tests run: the exact-truth jobs' six.
+const EVERY_MPI: [Mpi; 6] = [
+    Mpi::OpenMpi,
+    Mpi::Mpich,
+    Mpi::OpenMpi5,
+    Mpi::Mpich5,
+    Mpi::Mpich5Abi,
+    Mpi::IntelMpi,
+];
+
 #[test]
 fn attach_late_counts_exactly_what_happens_after_attach() {
-    let scratch = Scratch::new("attach-late");
-    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 2000, &[]);
-    let (commtap, out) = record_attached(&scratch, &ranks);
-    std::fs::write(scratch.path("go"), b"go").expect("go file");
-    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
-    finish_ok(&scratch, commtap, LIMIT);
-    // The truth counts only the calls after GO; MPI_Finalize comes after the truth.
-    let profile = read_json(&out);
-    assert_profile_matches(
-        &profile,
-        &read_truths(&scratch.path("truth"), 2),
-        &["MPI_Finalize"],
-    );
+    for mpi in EVERY_MPI {
+        let scratch = Scratch::new(&format!("attach-late-{}", mpi.suffix()));
+        let env = mpi.job_env();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (mut job, ranks) = start_waiting_loop(&scratch, mpi, 2, 2000, &env);
+        let (commtap, out) = record_attached(&scratch, &ranks);
+        std::fs::write(scratch.path("go"), b"go").expect("go file");
+        assert!(
+            job.wait_with_limit(LIMIT).success(),
+            "the {mpi:?} job failed"
+        );
+        finish_ok(&scratch, commtap, LIMIT);
+        // The truth counts only the calls after GO; MPI_Finalize comes after the truth,
+        // and the transports' operations are not in it (Intel MPI's libfabric).
+        let profile = read_json(&out);
+        let mut ignored = vec!["MPI_Finalize".to_string()];
+        for rank in profile["ranks"].as_array().expect("ranks") {
+            ignored.extend(routines_named(rank, "fi_").into_iter().map(String::from));
+            ignored.extend(routines_named(rank, "ucp_").into_iter().map(String::from));
+        }
+        let ignored: Vec<&str> = ignored.iter().map(String::as_str).collect();
+        assert_profile_matches(&profile, &read_truths(&scratch.path("truth"), 2), &ignored);
+    }
 }
 
 #[test]
 fn ring_buffer_overflow_keeps_counts_and_bytes_exact() {
-    let scratch = Scratch::new("overflow");
+    for mpi in EVERY_MPI {
+        overflow_keeps_counts_exact(mpi);
+    }
+}
+
+/// mpi_loop of 100,000 iterations on 2 ranks of `mpi`, every call an event through a 4 KiB
+/// ring buffer: events are lost and counted, calls and bytes stay exact.
+#[track_caller]
+fn overflow_keeps_counts_exact(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("overflow-{}", mpi.suffix()));
     let n: u64 = 100_000;
-    let prog = build_program("mpi_loop.c", Mpi::OpenMpi);
+    let prog = build_program("mpi_loop.c", mpi);
     let out = scratch.path("profile.json");
     let (ready, go, truth) = (
         scratch.path("ready"),
@@ -533,14 +562,14 @@ fn ring_buffer_overflow_keeps_counts_and_bytes_exact() {
     .to_vec();
     args.push(out.display().to_string());
     args.push("--".into());
-    args.extend(Mpi::OpenMpi.launcher(2));
+    args.extend(mpi.launcher(2));
     for a in [&prog, &ready, &go] {
         args.push(a.display().to_string());
     }
     args.push(n.to_string());
     args.push(truth.display().to_string());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let commtap = spawn_commtap(&scratch, &args);
+    let commtap = spawn_commtap_with_env(&scratch, &args, &mpi.job_env());
     wait_until("the job to be ready", Duration::from_mins(2), || {
         ready.exists()
     });
@@ -559,37 +588,24 @@ fn ring_buffer_overflow_keeps_counts_and_bytes_exact() {
             assert_eq!(
                 got[&routine],
                 (want.0 + extra, want.1),
-                "rank {} {routine}",
+                "{mpi:?} rank {} {routine}",
                 t["rank"]
             );
         }
-        assert_eq!(got["MPI_Allreduce"], (n, 8 * n));
+        assert_eq!(got["MPI_Allreduce"], (n, 8 * n), "{mpi:?}");
         assert_events_account_for_calls(rank);
         dropped += rank["dropped"].as_u64().expect("dropped");
     }
     assert!(
         dropped > 0,
-        "a 4 KiB ring buffer cannot carry {} events without loss",
+        "{mpi:?}: a 4 KiB ring buffer cannot carry {} events without loss",
         6 * n
     );
     assert_eq!(
         profile["dropped"].as_u64(),
         Some(dropped),
-        "job-level dropped count"
+        "{mpi:?}: job-level dropped count"
     );
-}
-
-/// A private copy of Open MPI's libmpi in `scratch`: a file commtap cannot have probed
-/// before the process loads it, as with an MPI library inside a Python venv loaded by
-/// mpi4py.
-fn private_libmpi(scratch: &Scratch) -> std::path::PathBuf {
-    let private = scratch.path("private");
-    std::fs::create_dir_all(&private).expect("mkdir");
-    let lib = private.join("libmpi.so.40");
-    let system =
-        std::fs::canonicalize("/usr/lib/x86_64-linux-gnu/libmpi.so.40").expect("Open MPI's libmpi");
-    std::fs::copy(&system, &lib).expect("copying libmpi");
-    lib
 }
 
 /// `record -- mpi_dlopen LIB ...` with `flags`, the program making its calls once `go`
@@ -663,6 +679,32 @@ fn a_library_loaded_late_with_dlopen_is_counted_from_its_first_call() {
     assert!(
         log.lines().any(|l| l.contains("pause(s) at library loads")),
         "no pause reported:\n{log}"
+    );
+}
+
+/// `record --pid --wait-for-mpi` attached to a process before it `dlopen`s its MPI (a
+/// private copy, never probed) and calls it at once: exact from `MPI_Init`.
+#[test]
+fn record_attached_before_a_dlopen_counts_from_its_first_call() {
+    let scratch = Scratch::new("dlopen-attached");
+    let (mut waiting, pid) = start_dlopen_after_go(&scratch, 1000);
+    let (commtap, out) = record_attached_with(&scratch, &[pid], &["--wait-for-mpi"]);
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    assert!(
+        waiting.wait_with_limit(LIMIT).success(),
+        "mpi_dlopen failed"
+    );
+    finish_ok(&scratch, commtap, LIMIT);
+    let profile = read_json(&out);
+    assert_profile_matches(
+        &profile,
+        &read_truths(&scratch.path("truth"), 1),
+        &["MPI_Finalize"],
+    );
+    let libs = probed_paths(&profile);
+    assert!(
+        libs.iter().any(|p| p.ends_with("private/libmpi.so.40")),
+        "{libs:?}"
     );
 }
 

@@ -172,6 +172,7 @@ pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Resu
 async fn record(a: RecordArgs) -> Result<()> {
     let opts = RecordOptions {
         pids: a.pid,
+        wait_for_mpi: a.wait_for_mpi,
         command: a.command,
         duration: a.duration,
         load: a.probe.load_options(),
