@@ -132,13 +132,22 @@ pub fn stat_field(stat: &str, i: usize) -> Option<&str> {
         .and_then(|(_, rest)| rest.split_whitespace().nth(i))
 }
 
+/// `starttime` of a `/proc/PID/stat` line (field 22, counted after the `)` that closes the
+/// command name): the process's start in clock ticks since boot.
+fn stat_start_ticks(stat: &str) -> Option<u64> {
+    stat_field(stat, 19)?.parse().ok()
+}
+
+/// When the process that is `pid` now started (clock ticks since boot): with the pid, who it
+/// is (a pid is reused, the pair is not).
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    stat_start_ticks(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
 /// Reads a process's identity and launcher environment.
 pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).map_err(proc_err(pid, "stat"))?;
-    // Field 22 (starttime) counted after the ")" that closes the command name.
-    let start_ticks = stat_field(&stat, 19)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
+    let start_ticks = stat_start_ticks(&stat).unwrap_or(0);
     let uid = fs::read_to_string(format!("/proc/{pid}/status"))
         .map_err(proc_err(pid, "status"))?
         .lines()

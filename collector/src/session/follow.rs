@@ -163,7 +163,7 @@ impl Session {
                 if let Some(t) = self.tracked.get_mut(&pid) {
                     t.components_at = Some(at);
                 }
-                discover::memory::mpi_components(pid, at)
+                discover::memory::mpi_components(pid, at).filter(|_| self.still_the_process(pid))
             }
         };
         if let (Some(t), Some(found)) = (self.tracked.get_mut(&pid), found) {
@@ -227,6 +227,9 @@ impl Session {
             return;
         }
         let found = discover::memory::open_fabrics(pid, &mappings, &providers);
+        if !self.still_the_process(pid) {
+            return;
+        }
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.fabrics.extend(
                 found
@@ -458,6 +461,19 @@ impl Session {
         }
     }
 
+    /// Whether `pid` is still the process tracked as it (its start time unchanged), asked
+    /// after its memory was read: a pid reused in between would have shown another
+    /// process's memory. Unknown start times are not taken as a match.
+    fn still_the_process(&self, pid: u32) -> bool {
+        let known = self
+            .tracked
+            .get(&pid)
+            .and_then(|t| t.info.as_ref().or(t.kernel_info.as_ref()))
+            .map(|i| i.start_ticks)
+            .filter(|s| *s != 0);
+        known.is_some() && known == discover::start_ticks(pid)
+    }
+
     /// Reads the components `pid`'s Open MPI selected, once, after its `MPI_Init` has
     /// returned, where neither the kernel (at that return) nor the read at attach named them.
     fn look_for_components_after_init(&mut self, pid: u32) {
@@ -470,7 +486,8 @@ impl Session {
         if self.probes.read_proc_stats(pid).init_ns == 0 {
             return;
         }
-        let found = discover::memory::mpi_components(pid, at);
+        let found =
+            discover::memory::mpi_components(pid, at).filter(|_| self.still_the_process(pid));
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.components_at = None;
             t.mpi_transport = found;
