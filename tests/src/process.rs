@@ -146,7 +146,8 @@ pub fn start_waiting_loop(
 /// Starts `np` ranks of `prog` with `args`, which create `scratch/ready` and then wait (for
 /// a go file the test writes); returns the launcher and the ranks' pids once `ready` is
 /// there and they are all running. `env` is passed to every rank (Open MPI's `-x`,
-/// MPICH's environment inheritance).
+/// MPICH's environment inheritance), after what every job of `mpi` needs
+/// ([`Mpi::job_env`]).
 #[track_caller]
 pub fn start_waiting_program(
     scratch: &Scratch,
@@ -158,7 +159,7 @@ pub fn start_waiting_program(
 ) -> (ChildGuard, Vec<u32>) {
     let launcher = mpi.launcher(np);
     let mut cmd = Command::new(&launcher[0]);
-    mpi_env(&mut cmd).args(&launcher[1..]);
+    mpi_env(&mut cmd).envs(mpi.job_env()).args(&launcher[1..]);
     for (k, v) in env {
         if mpi == Mpi::OpenMpi {
             cmd.args(["-x", k]);

@@ -163,7 +163,7 @@ impl Session {
                 if let Some(t) = self.tracked.get_mut(&pid) {
                     t.components_at = Some(at);
                 }
-                discover::memory::mpi_components(pid, at).filter(|_| self.still_the_process(pid))
+                self.components_in_memory(pid, at)
             }
         };
         if let (Some(t), Some(found)) = (self.tracked.get_mut(&pid), found) {
@@ -461,6 +461,12 @@ impl Session {
         }
     }
 
+    /// The components `pid`'s Open MPI selected, read from its memory where `at` says, if
+    /// it is still the process tracked as it after the read.
+    fn components_in_memory(&self, pid: u32, at: ComponentAddrs) -> Option<String> {
+        discover::memory::mpi_components(pid, at).filter(|_| self.still_the_process(pid))
+    }
+
     /// Whether `pid` is still the process tracked as it (its start time unchanged), asked
     /// after its memory was read: a pid reused in between would have shown another
     /// process's memory. Unknown start times are not taken as a match.
@@ -486,8 +492,7 @@ impl Session {
         if self.probes.read_proc_stats(pid).init_ns == 0 {
             return;
         }
-        let found =
-            discover::memory::mpi_components(pid, at).filter(|_| self.still_the_process(pid));
+        let found = self.components_in_memory(pid, at);
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.components_at = None;
             t.mpi_transport = found;
