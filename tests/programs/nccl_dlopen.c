@@ -2,14 +2,16 @@
  * nccl_dlopen: loads the real libnccl.so.2 late, with dlopen from the wheel's directory
  * (as PyTorch loads the NCCL of its `nvidia-nccl-cu13` wheel), and calls it at once.
  *
- * Usage: nccl_dlopen LIBNCCL N TRUTH_FILE
+ * Usage: nccl_dlopen LIBNCCL N TRUTH_FILE [READY_FILE GO_FILE]
  *
- * Right after dlopen returns, N x ncclAllReduce(1024 x Float32, 4096 bytes) with a NULL
+ * With READY_FILE and GO_FILE, it first creates READY_FILE and waits for GO_FILE, loading
+ * nothing before (for a profiler attached before the load). Right after dlopen returns, N x ncclAllReduce(1024 x Float32, 4096 bytes) with a NULL
  * communicator: each fails fast (ncclInvalidArgument) after the probes have seen its
  * arguments, as in nccl_calls. Then writes TRUTH_FILE: {"pid", "routines":
  * {"ncclAllReduce": {calls, bytes}}}.
  */
 #include "nccl_abi.h"
+#include "ready_go.h"
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,11 +22,19 @@ typedef ncclResult_t (*allreduce_fn)(const void *, void *, size_t, ncclDataType_
 
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: %s LIBNCCL N TRUTH_FILE\n", argv[0]);
+    if (argc != 4 && argc != 6) {
+        fprintf(stderr, "usage: %s LIBNCCL N TRUTH_FILE [READY_FILE GO_FILE]\n", argv[0]);
         return 2;
     }
     long n = atol(argv[2]);
+    if (argc == 6) {
+        FILE *ready = fopen(argv[4], "w");
+        if (!ready || fclose(ready) != 0) {
+            perror(argv[4]);
+            return 1;
+        }
+        wait_for_file(argv[5]);
+    }
     void *lib = dlopen(argv[1], RTLD_NOW);
     if (!lib) {
         fprintf(stderr, "nccl_dlopen: %s\n", dlerror());

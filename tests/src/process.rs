@@ -311,17 +311,36 @@ pub fn private_libmpi(scratch: &Scratch) -> PathBuf {
 /// its pid once it is waiting.
 #[track_caller]
 pub fn start_dlopen_after_go(scratch: &Scratch, n: u64) -> (ChildGuard, u32) {
-    use std::os::unix::process::CommandExt;
     let lib = private_libmpi(scratch);
-    let prog = crate::build_plain_c("mpi_dlopen.c", &["-ldl"]);
-    let ready = scratch.path("ready");
-    let mut cmd = Command::new(prog);
+    let mut cmd = Command::new(crate::build_plain_c("mpi_dlopen.c", &["-ldl"]));
     cmd.env("MPI_DLOPEN_AFTER_GO", "1")
         .arg(&lib)
-        .arg(&ready)
+        .arg(scratch.path("ready"))
         .arg(scratch.path("go"))
         .arg(n.to_string())
         .arg(scratch.path("truth"));
+    start_waiting_alone(scratch, cmd)
+}
+
+/// Starts `nccl_dlopen` in a session of its own, told to `dlopen` the NCCL wheel's
+/// `libnccl.so.2` (on no linker path) only after `scratch/go` and make its `n` calls at
+/// once, its truth to `scratch/truth.json`; returns it and its pid once it is waiting.
+#[track_caller]
+pub fn start_nccl_dlopen_after_go(scratch: &Scratch, n: u64) -> (ChildGuard, u32) {
+    let mut cmd = Command::new(crate::build_plain_c("nccl_dlopen.c", &["-ldl"]));
+    cmd.arg(crate::nccl_lib_dir().join("libnccl.so.2"))
+        .arg(n.to_string())
+        .arg(scratch.path("truth.json"))
+        .arg(scratch.path("ready"))
+        .arg(scratch.path("go"));
+    start_waiting_alone(scratch, cmd)
+}
+
+/// Starts `cmd` in a session of its own (no controlling terminal, so nothing keeps it from
+/// being paused) and returns it and its pid once it has created `scratch/ready`.
+#[track_caller]
+fn start_waiting_alone(scratch: &Scratch, mut cmd: Command) -> (ChildGuard, u32) {
+    use std::os::unix::process::CommandExt;
     // SAFETY: setsid(2) is async-signal-safe, the only call made between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -331,8 +350,9 @@ pub fn start_dlopen_after_go(scratch: &Scratch, n: u64) -> (ChildGuard, u32) {
     }
     let child = ChildGuard::spawn(&mut cmd);
     let pid = child.0.id();
+    let ready = scratch.path("ready");
     wait_until(
-        "mpi_dlopen to wait for its go",
+        "the program to wait for its go",
         Duration::from_mins(1),
         || ready.exists(),
     );

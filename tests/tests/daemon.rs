@@ -484,17 +484,42 @@ fn process_state(pid: u32) -> Option<char> {
     stat.rsplit_once(") ")?.1.chars().next()
 }
 
-/// A daemon killed while a process it watches is paused at a library load (the process's
-/// event unread): the next daemon continues it as it starts (the list of paused processes
-/// is kept with the counts), and says so.
 /// A process the daemon was asked to watch (`attach`), which then `dlopen`s its MPI (a
 /// private copy, a file the daemon never saw) and calls it at once: exact from `MPI_Init`.
 #[test]
 fn a_watched_process_that_loads_its_mpi_late_is_exact_from_its_first_call() {
     let scratch = Scratch::new("daemon-dlopen");
+    let (profile, _) = profile_of_a_late_loader(&scratch, start_dlopen_after_go);
+    assert_profile_matches(
+        &profile,
+        &read_truths(&scratch.path("truth"), 1),
+        &["MPI_Finalize"],
+    );
+}
+
+/// The same with NCCL: a watched process that `dlopen`s the NCCL wheel's `libnccl.so.2`
+/// (on no linker path) and calls it at once is exact from its first call.
+#[test]
+fn a_watched_process_that_loads_nccl_late_is_exact_from_its_first_call() {
+    let scratch = Scratch::new("daemon-nccl-dlopen");
+    let (profile, pid) = profile_of_a_late_loader(&scratch, start_nccl_dlopen_after_go);
+    let truth = read_json(&scratch.path("truth.json"));
+    assert_eq!(
+        routine_table(&rank_by_pid(&profile, u64::from(pid))["routines"]),
+        routine_table(&truth["routines"]),
+        "(calls, bytes) per routine"
+    );
+}
+
+/// A daemon watching only the process `start` starts, attached while it waits before its
+/// `dlopen`: the daemon's profile of its job once it has exited, and its pid.
+fn profile_of_a_late_loader(
+    scratch: &Scratch,
+    start: fn(&Scratch, u64) -> (ChildGuard, u32),
+) -> (serde_json::Value, u32) {
     // Scoped to nobody: only the process attached below is watched.
-    let daemon = Daemon::start(&scratch, &[], &[], &["--uid", "65534"]);
-    let (mut waiting, pid) = start_dlopen_after_go(&scratch, 1000);
+    let daemon = Daemon::start(scratch, &[], &[], &["--uid", "65534"]);
+    let (mut waiting, pid) = start(scratch, 1000);
     let out = commtap_output(&[
         "attach",
         "--pid",
@@ -510,7 +535,7 @@ fn a_watched_process_that_loads_its_mpi_late_is_exact_from_its_first_call() {
     std::fs::write(scratch.path("go"), b"go").expect("go file");
     assert!(
         waiting.wait_with_limit(LIMIT).success(),
-        "mpi_dlopen failed"
+        "the program failed"
     );
     wait_for_exited(&daemon.target, &[u64::from(pid)]);
     // A singleton's job is its own pid (mpitrace's convention).
@@ -521,14 +546,13 @@ fn a_watched_process_that_loads_its_mpi_late_is_exact_from_its_first_call() {
         "--job",
         &pid.to_string(),
     ]);
-    assert_profile_matches(
-        &profile,
-        &read_truths(&scratch.path("truth"), 1),
-        &["MPI_Finalize"],
-    );
-    daemon.stop(&scratch);
+    daemon.stop(scratch);
+    (profile, pid)
 }
 
+/// A daemon killed while a process it watches is paused at a library load (the process's
+/// event unread): the next daemon continues it as it starts (the list of paused processes
+/// is kept with the counts), and says so.
 #[test]
 fn a_process_left_paused_by_a_killed_daemon_is_continued_by_the_next() {
     use std::os::unix::process::CommandExt;

@@ -153,6 +153,29 @@ fn nccl_loaded_late_from_a_wheel_is_counted_from_its_first_call() {
     );
 }
 
+/// `record --pid --wait-for-mpi` attached to a process before it `dlopen`s the wheel's
+/// NCCL (as a framework does at its first collective) and calls it at once: exact.
+#[test]
+fn record_attached_before_nccl_is_loaded_counts_from_its_first_call() {
+    let scratch = Scratch::new("nccl-dlopen-attached");
+    let (mut waiting, pid) = start_nccl_dlopen_after_go(&scratch, 1000);
+    let (commtap, out) = record_attached_with(&scratch, &[pid], &["--wait-for-mpi"]);
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    assert!(
+        waiting.wait_with_limit(LIMIT).success(),
+        "nccl_dlopen failed"
+    );
+    let run = finish_ok(&scratch, commtap, LIMIT);
+    let (profile, truth) = (read_json(&out), read_json(&scratch.path("truth.json")));
+    let rank = rank_by_pid(&profile, u64::from(pid));
+    assert_eq!(
+        routine_table(&rank["routines"]),
+        routine_table(&truth["routines"]),
+        "(calls, bytes) per routine; stderr:\n{}",
+        run.stderr
+    );
+}
+
 /// (id, size, rank, calls, bytes) of each communicator of `routine` in a profile rank.
 fn communicators(
     rank: &serde_json::Value,
