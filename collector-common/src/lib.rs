@@ -12,6 +12,6 @@ pub mod routines;
 pub mod wire;
 
 pub use buckets::{size_bucket, BUCKETS, UNKNOWN_BUCKET};
-pub use durations::{duration_bucket, DurationHist, DURATION_BUCKETS};
+pub use durations::{duration_bucket, next_draw, DurationHist, DURATION_BUCKETS};
 pub use routines::{ArgSpec, ByteRule, Routine, ROUTINES, ROUTINE_COUNT};
 pub use wire::*;

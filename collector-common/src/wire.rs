@@ -211,8 +211,9 @@ pub struct CallState {
     /// The parent routine of the transport call in progress outside any timed MPI call
     /// (`CounterKey::NO_PARENT`: none).
     pub top_parent: u16,
-    /// Padding.
-    pub _pad_parent: u32,
+    /// The thread's last draw for sampled time ([`crate::next_draw`]; 0: none yet): a few
+    /// instructions a call where the kernel's random helper cost a helper call.
+    pub draws: u32,
 }
 const _: () = assert!(size_of::<CallState>() == 704);
 

@@ -18,6 +18,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use collector_common::{
+    next_draw,
     routines::{class, NO_ARG as N},
     Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Config, Cookie, CounterKey, EventKind,
     HandleKey, ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
@@ -37,9 +38,21 @@ use crate::{
 /// Its return probe runs whatever the entry decides: every call is timed.
 #[uprobe]
 pub fn call_entry(ctx: ProbeContext) -> u32 {
-    enter(&ctx, NO_SAMPLING);
+    enter(&ctx, NO_SAMPLING, thread_state());
     0
 }
+
+/// The thread's call state, or null if it has none yet: looked up once per call where the
+/// entry and a return at the entry (an untimed call) both need it (three task-storage
+/// lookups, with their task and lock, were a quarter of an untimed call's program time).
+#[inline(always)]
+fn thread_state() -> *mut CallState {
+    call_state(false).unwrap_or(core::ptr::null_mut())
+}
+
+/// What `returned` said: the call created a persistent request, which is to be learnt in
+/// the caller's frame (`persistent::after_return`).
+const PENDING: u32 = 1;
 
 /// How an entry may sample: never (every call timed).
 const NO_SAMPLING: u32 = 0;
@@ -58,12 +71,13 @@ const TIMED: u32 = 1;
 /// time is sampled and this call was not drawn).
 const UNTIMED: u32 = 2;
 
-/// The entry of a call: its arguments and start saved in the thread's state, and what its
-/// return must do (`SKIP`, `TIMED`, or, as `sampling` allows, `UNTIMED`: then `busy` is
-/// `CallState::BUSY_UNTIMED`). Not inlined: the session programs call it beside their
-/// return path, which keeps the shape the verifier accepted.
+/// The entry of a call: its arguments and start saved in the thread's state (`state`, the
+/// thread's, or null: none yet), and what its return must do (`SKIP`, `TIMED`, or, as
+/// `sampling` allows, `UNTIMED`: then `busy` is `CallState::BUSY_UNTIMED`). Not inlined:
+/// the session programs call it beside their return path, which keeps the shape the
+/// verifier accepted.
 #[inline(never)]
-fn enter(ctx: &ProbeContext, sampling: u32) -> u32 {
+fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
     // A thread has call state only if its process was counted when it first called MPI,
     // and loses it when it exits; so the watched set is consulted once per thread (and
     // again after a detach), and the process id is asked of the kernel only then.
@@ -72,7 +86,7 @@ fn enter(ctx: &ProbeContext, sampling: u32) -> u32 {
     let Some(spec) = ROUTINE_SPECS.get(u32::from(c.routine)) else {
         return SKIP;
     };
-    let existing = call_state(false);
+    let existing = (!state.is_null()).then_some(state);
     let tgid = if let Some(e) = existing {
         // SAFETY: the thread's own entry; only this thread touches it.
         let e = unsafe { &mut *e };
@@ -145,7 +159,7 @@ fn enter(ctx: &ProbeContext, sampling: u32) -> u32 {
     e.depth = 0;
     e.routine = c.routine;
     e.cookie = packed;
-    if sampling != NO_SAMPLING && left_untimed(spec, &c, e.tgid, sampling, &e.args) {
+    if sampling != NO_SAMPLING && left_untimed(spec, &c, e.tgid, sampling, &e.args, &mut e.draws) {
         // No clock read: an untimed call has no duration (nor does the return path, which
         // counts it, read one: `untimed`).
         e.start_ns = 0;
@@ -174,6 +188,7 @@ fn left_untimed(
     tgid: u32,
     sampling: u32,
     args: &[u64; ARG_SLOTS],
+    draws: &mut u32,
 ) -> bool {
     // Cheapest first: most calls stop at the routine's N (one array lookup).
     let n = time_one_in(c.routine, tgid);
@@ -205,8 +220,22 @@ fn left_untimed(
             }
         }
     }
-    // SAFETY: the helper only returns a pseudo-random number.
-    (unsafe { bpf_get_prandom_u32() }) % n != 0
+    !draw(draws).is_multiple_of(n)
+}
+
+/// The thread's next draw for sampled time ([`next_draw`]), its sequence seeded from the
+/// kernel's generator at its first.
+#[inline(always)]
+fn draw(state: &mut u32) -> u32 {
+    let mut x = *state;
+    if x == 0 {
+        // SAFETY: the helper only returns a pseudo-random number. Never 0: a xorshift
+        // state of 0 stays 0.
+        x = unsafe { bpf_get_prandom_u32() } | 1;
+    }
+    x = next_draw(x);
+    *state = x;
+    x
 }
 
 /// Whether any operand of `spec` is a stack argument (7th or later).
@@ -237,7 +266,7 @@ pub fn mpi_return_mpich(ctx: RetProbeContext) -> u32 {
 /// integer handles carry no size for derived types: the sizes are learnt here.
 #[uretprobe]
 pub fn mpi_return_mpich_types(ctx: RetProbeContext) -> u32 {
-    returned::<{ Abi::Mpich as u8 }, true>(ctx.as_ptr(), now())
+    returned_alone::<{ Abi::Mpich as u8 }, true>(&ctx)
 }
 
 /// Return of any MPI routine of an MPI-5 ABI library but its datatype constructors.
@@ -250,8 +279,20 @@ pub fn mpi_return_mpi_abi(ctx: RetProbeContext) -> u32 {
 /// then a persistent request it created learnt.
 #[inline(always)]
 fn mpi_returned<const ABI: u8>(ctx: &RetProbeContext) -> u32 {
-    returned::<ABI, false>(ctx.as_ptr(), now());
-    crate::persistent::after_return::<ABI>(ctx.ret());
+    if let Some(state) = returning_state() {
+        if returned::<ABI, false>(ctx.as_ptr(), now(), state) == PENDING {
+            crate::persistent::after_return::<ABI>(ctx.ret());
+        }
+    }
+    0
+}
+
+/// A return probe's return path, with the thread's state.
+#[inline(always)]
+fn returned_alone<const ABI: u8, const TYPES: bool>(ctx: &RetProbeContext) -> u32 {
+    if let Some(state) = returning_state() {
+        returned::<ABI, TYPES>(ctx.as_ptr(), now(), state);
+    }
     0
 }
 
@@ -259,13 +300,13 @@ fn mpi_returned<const ABI: u8>(ctx: &RetProbeContext) -> u32 {
 /// no size for derived types either).
 #[uretprobe]
 pub fn mpi_return_mpi_abi_types(ctx: RetProbeContext) -> u32 {
-    returned::<{ Abi::MpiAbi as u8 }, true>(ctx.as_ptr(), now())
+    returned_alone::<{ Abi::MpiAbi as u8 }, true>(&ctx)
 }
 
 /// Return of any NCCL routine (entry is the shared `call_entry`).
 #[uretprobe]
 pub fn nccl_return(ctx: RetProbeContext) -> u32 {
-    returned::<{ Abi::Nccl as u8 }, false>(ctx.as_ptr(), now())
+    returned_alone::<{ Abi::Nccl as u8 }, false>(&ctx)
 }
 
 /// Declares a uprobe session program. Not aya's `#[uprobe]`: its wrapper returns 0 whatever
@@ -326,8 +367,11 @@ session_program!(
 /// entry by the return path itself.
 #[inline(always)]
 fn on_session<const ABI: u8, const TYPES: bool>(ctx: ProbeContext) -> u32 {
-    let now = if crate::session::is_return() {
-        now()
+    let (now, state) = if crate::session::is_return() {
+        let Some(state) = returning_state() else {
+            return 0;
+        };
+        (now(), state)
     } else {
         // NCCL's returns keep its groups and device windows; an MPICH-ABI library learns
         // sizes and ranks at MPI_Comm_size/MPI_Comm_rank's return.
@@ -338,28 +382,66 @@ fn on_session<const ABI: u8, const TYPES: bool>(ctx: ProbeContext) -> u32 {
         } else {
             SAMPLING
         };
-        match enter(&ctx, sampling) {
+        let state = thread_state();
+        match enter(&ctx, sampling, state) {
             SKIP => return 1,
             TIMED => return 0,
             _ => {}
         }
-        untimed()
+        // The state the entry had, or made (the thread's first call).
+        let state = if state.is_null() {
+            thread_state()
+        } else {
+            state
+        };
+        if state.is_null() {
+            return 1;
+        }
+        (untimed(), state)
     };
-    returned::<ABI, TYPES>(ctx.as_ptr(), now);
-    if ABI != Abi::Nccl as u8 && !TYPES {
-        // An untimed call never pends (persistent creations are always timed).
+    // One call for both, with arguments of the same kinds: the verifier checks the return
+    // path once.
+    if returned::<ABI, TYPES>(ctx.as_ptr(), now, state) == PENDING {
+        // (Never an untimed call: persistent creations are always timed.)
         crate::persistent::after_return::<ABI>(RetProbeContext::new(ctx.as_ptr()).ret());
     }
     // At entry (an untimed call, counted): no return wanted.
     1
 }
 
-/// The return of a call, for a return probe and a session alike (or at the entry of a
-/// call left untimed): a function of its own, whose stack frame (most of BPF's 512 bytes)
-/// no caller adds to, and whose shape the verifier checks the same way from all.
+/// The thread's call state at a return; `None` (counted as a return whose entry was not
+/// seen, if its process is counted) where it has none.
+#[inline(always)]
+fn returning_state() -> Option<*mut CallState> {
+    let state = call_state(false);
+    if state.is_none() {
+        count_orphan();
+    }
+    state
+}
+
+/// Counts a return whose entry was not seen (a call in flight at attach), if its process
+/// is counted.
 #[inline(never)]
-fn returned<const ABI: u8, const TYPES: bool>(ctx: *mut core::ffi::c_void, now: u64) -> u32 {
-    on_return_probe::<ABI, TYPES>(RetProbeContext::new(ctx), now)
+fn count_orphan() {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if is_counted(tgid) {
+        with_proc_stats(tgid, |s| s.in_flight_at_attach += 1);
+    }
+}
+
+/// The return of a call, for a return probe and a session alike (or at the entry of a
+/// call left untimed), the thread's call state `state` looked up by the caller (at an
+/// entry, the entry's): a function of its own, whose stack frame (most of BPF's 512 bytes)
+/// no caller adds to, and whose shape the verifier checks the same way from all. `PENDING`
+/// when a persistent request is to be learnt.
+#[inline(never)]
+fn returned<const ABI: u8, const TYPES: bool>(
+    ctx: *mut core::ffi::c_void,
+    now: u64,
+    state: *mut CallState,
+) -> u32 {
+    on_return_probe::<ABI, TYPES>(RetProbeContext::new(ctx), now, state)
 }
 
 /// The monotonic clock, read at a return.
@@ -385,11 +467,12 @@ fn untimed() -> u64 {
 pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
     ctx: RetProbeContext,
     now: u64,
+    state: *mut CallState,
 ) -> u32 {
     // For a call counted at its entry (untimed) the register holds no return value yet:
     // no routine whose time may be sampled reads it.
     let ret: i32 = ctx.ret();
-    let Some(e) = outermost_return() else {
+    let Some(e) = outermost_return(state) else {
         return 0;
     };
     let start_ns = e.start_ns;
@@ -477,28 +560,29 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
     if let Some(mut ev) = ev {
         emit_call(e, &mut ev);
     }
+    // Read at the end, so that nothing is kept across the path (its stack is full).
+    let pending = if ABI != Abi::Nccl as u8 && !TYPES && e.persistent_pending != 0 {
+        PENDING
+    } else {
+        0
+    };
     // Last: `args` pointed into this entry.
     e.busy = 0;
-    0
+    pending
 }
 
-/// The call state of the thread's outermost call now returning; `None` for a nested
-/// call's return (counted at the outermost) or a return whose entry was not seen (an
-/// orphan, counted as such).
+/// The thread's call state `state` if its outermost call is now returning; `None` for a
+/// nested call's return (counted at the outermost) or a return whose entry was not seen
+/// (an orphan, counted as such).
 #[inline(always)]
-fn outermost_return() -> Option<&'static mut CallState> {
-    // Only counted processes have call state: no need to look the process up again.
-    let e = match call_state(false) {
-        // SAFETY: the thread's own entry.
-        Some(e) if unsafe { (*e).busy } != 0 => unsafe { &mut *e },
-        _ => {
-            let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-            if is_counted(tgid) {
-                with_proc_stats(tgid, |s| s.in_flight_at_attach += 1);
-            }
-            return None;
-        }
-    };
+fn outermost_return(state: *mut CallState) -> Option<&'static mut CallState> {
+    // SAFETY: the thread's own state (only counted processes have one: no need to look
+    // the process up again).
+    let e = unsafe { &mut *state };
+    if e.busy == 0 {
+        count_orphan();
+        return None;
+    }
     if e.depth > 0 {
         e.depth -= 1;
         return None;

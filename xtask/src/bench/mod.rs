@@ -683,8 +683,9 @@ const RATE_ROUNDS: usize = 5;
 /// The call-rate workload (`bench_rate.c`: per rank 1M MPI_Comm_rank, 1M empty MPI_Iprobe,
 /// 200k ping-pongs, 100k MPI_Allreduce) with no profiler, with the cheapest bpftrace script
 /// a user would write for the same routines (entry and return: a count and a latency
-/// histogram each), and under `commtap record`; interleaved, medians. Checks that
-/// commtap's counts are exact.
+/// histogram each), with the floor of any exact count (bpftrace counting at the entries
+/// alone), and under `commtap record`; interleaved, medians. Checks that commtap's counts
+/// are exact.
 fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
     let mut lines = Vec::new();
     for stack in STACKS {
