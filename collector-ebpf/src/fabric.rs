@@ -18,10 +18,7 @@
 
 use aya_ebpf::{
     cty::c_void,
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
-        bpf_probe_read_user_str_bytes,
-    },
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_str_bytes},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
@@ -38,7 +35,7 @@ use crate::{
     counters::{add, add_untimed},
     decode::read,
     maps::{
-        call_state, new_call_state, time_one_in, with_proc_stats, EVENTS, FABRIC_FUNCS,
+        call_state, new_call_state, not_drawn, time_one_in, with_proc_stats, EVENTS, FABRIC_FUNCS,
         FABRIC_KINDS, FABRIC_RANGES, FABRIC_TEXT, ROUTINE_SPECS,
     },
     process::{is_counted, is_watched, still_counted},
@@ -146,7 +143,7 @@ fn enter(ctx: &ProbeContext, session: bool) -> bool {
             0 => CounterKey::NO_PARENT,
             p => p - 1,
         };
-        if session && left_untimed(routine, tgid) {
+        if session && left_untimed(routine, e) {
             count_untimed(e, tgid, routine, &args, parent);
             return false;
         }
@@ -178,7 +175,7 @@ fn enter(ctx: &ProbeContext, session: bool) -> bool {
         }
         return true;
     }
-    if session && left_untimed(routine, tgid) {
+    if session && left_untimed(routine, e) {
         let parent = e.routine;
         count_untimed(e, tgid, routine, &args, parent);
         return false;
@@ -197,13 +194,12 @@ fn enter(ctx: &ProbeContext, session: bool) -> bool {
 /// (an event carries its time). Never a libfabric call: its return says whether it posted
 /// anything (`-FI_EAGAIN` is common).
 #[inline(always)]
-fn left_untimed(routine: u16, tgid: u32) -> bool {
+fn left_untimed(routine: u16, e: &mut CallState) -> bool {
     if !is_ucx(routine) || call_events_on() {
         return false;
     }
-    let n = time_one_in(routine, tgid);
-    // SAFETY: the helper only returns a pseudo-random number.
-    n > 1 && unsafe { bpf_get_prandom_u32() } % n != 0
+    let n = time_one_in(routine, e.tgid);
+    not_drawn(n, &mut e.draws)
 }
 
 /// Counts a UCX operation at its entry, untimed (its bytes are in its arguments; an error

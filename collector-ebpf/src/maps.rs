@@ -69,6 +69,25 @@ pub fn time_one_in(routine: u16, tgid: u32) -> u32 {
         .unwrap_or(1)
 }
 
+/// Whether a call of a routine timed one call in `n` goes untimed: the thread's next draw
+/// ([`collector_common::next_draw`], its sequence in `draws` seeded from the kernel's
+/// generator at its first) is not a multiple of `n`.
+#[inline(always)]
+pub fn not_drawn(n: u32, draws: &mut u32) -> bool {
+    if n <= 1 {
+        return false;
+    }
+    let mut x = *draws;
+    if x == 0 {
+        // SAFETY: the helper only returns a pseudo-random number. Never 0: a xorshift
+        // state of 0 stays 0.
+        x = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() } | 1;
+    }
+    x = collector_common::next_draw(x);
+    *draws = x;
+    !x.is_multiple_of(n)
+}
+
 /// Object layouts per probed library, indexed by the cookie's layout slot.
 #[map]
 pub static LAYOUTS: Array<Layout> = Array::with_max_entries(collector_common::MAX_LAYOUTS, 0);

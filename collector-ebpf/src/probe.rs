@@ -9,27 +9,23 @@
 //! (`fabric`).
 
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_ktime_get_ns,
-        generated::bpf_probe_read_user,
-    },
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_probe_read_user},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
     EbpfContext,
 };
 use collector_common::{
-    next_draw,
     routines::{class, NO_ARG as N},
     Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Config, Cookie, CounterKey, EventKind,
-    HandleKey, ARG_SLOTS, MAX_ARGS, UNKNOWN_BUCKET,
+    HandleKey, MAX_ARGS, UNKNOWN_BUCKET,
 };
 
 use crate::{
     call::{comm_fact_known, describe_call, emit_call, raw_cookie, Call},
     decode::{comm_info, handle, read, status_ignored_in_any_abi},
     maps::{
-        call_state, new_call_state, time_one_in, with_proc_stats, COMMS, CONFIG, LAYOUTS,
-        ROUTINE_SPECS,
+        call_state, new_call_state, not_drawn, time_one_in, with_proc_stats, COMMS, CONFIG,
+        LAYOUTS, ROUTINE_SPECS,
     },
     process::{is_counted, is_watched, still_counted},
 };
@@ -159,7 +155,7 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
     e.depth = 0;
     e.routine = c.routine;
     e.cookie = packed;
-    if sampling != NO_SAMPLING && left_untimed(spec, &c, e.tgid, sampling, &e.args, &mut e.draws) {
+    if sampling != NO_SAMPLING && left_untimed(spec, &c, sampling, e) {
         // No clock read: an untimed call has no duration (nor does the return path, which
         // counts it, read one: `untimed`).
         e.start_ns = 0;
@@ -182,14 +178,8 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
 /// attributed to the MPI call in progress, and a call counted at its entry has no return
 /// to end it).
 #[inline(always)]
-fn left_untimed(
-    spec: &ArgSpec,
-    c: &Cookie,
-    tgid: u32,
-    sampling: u32,
-    args: &[u64; ARG_SLOTS],
-    draws: &mut u32,
-) -> bool {
+fn left_untimed(spec: &ArgSpec, c: &Cookie, sampling: u32, e: &mut CallState) -> bool {
+    let (tgid, args) = (e.tgid, &e.args);
     // Cheapest first: most calls stop at the routine's N (one array lookup).
     let n = time_one_in(c.routine, tgid);
     if n <= 1 || wants_event(spec) {
@@ -220,22 +210,7 @@ fn left_untimed(
             }
         }
     }
-    !draw(draws).is_multiple_of(n)
-}
-
-/// The thread's next draw for sampled time ([`next_draw`]), its sequence seeded from the
-/// kernel's generator at its first.
-#[inline(always)]
-fn draw(state: &mut u32) -> u32 {
-    let mut x = *state;
-    if x == 0 {
-        // SAFETY: the helper only returns a pseudo-random number. Never 0: a xorshift
-        // state of 0 stays 0.
-        x = unsafe { bpf_get_prandom_u32() } | 1;
-    }
-    x = next_draw(x);
-    *state = x;
-    x
+    not_drawn(n, &mut e.draws)
 }
 
 /// Whether any operand of `spec` is a stack argument (7th or later).
