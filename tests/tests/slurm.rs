@@ -206,13 +206,15 @@ fn a_daemon_for_one_slurm_job_counts_that_jobs_ranks_only() {
     let (job, dir, prog) = &jobs[0];
     let (other, other_dir, other_prog) = &jobs[1];
     let scoped = Daemon::start(&one, &[], &[], &["--slurm-job", job]);
+    // One job after the other: two of one user's Open MPI 4.1 `mpirun`s starting at once
+    // race to create its session directory (`/tmp/ompi.<host>.<uid>`), and the loser fails
+    // ("mkdir ... File exists", seen in CI). Both then run side by side until `go`.
     for (_, dir, _) in &jobs {
         std::fs::write(dir.join("start"), b"start").expect("start file");
+        wait_until("the job's ranks to be ready", LIMIT, || {
+            (0..2).all(|r| dir.join(format!("ready.{r}")).exists())
+        });
     }
-    wait_until("both jobs' ranks to be ready", LIMIT, || {
-        jobs.iter()
-            .all(|(_, dir, _)| (0..2).all(|r| dir.join(format!("ready.{r}")).exists()))
-    });
     let pids = |prog: &Path| -> Vec<u64> {
         let mut pids: Vec<u64> = pids_running(prog).into_iter().map(u64::from).collect();
         assert_eq!(pids.len(), 2, "{pids:?}");
