@@ -228,13 +228,13 @@ fn uses_stack_args(spec: &ArgSpec) -> bool {
 /// Return of any MPI routine of an Open MPI library (same attach points as `mpi_entry`).
 #[uretprobe]
 pub fn mpi_return_ompi(ctx: RetProbeContext) -> u32 {
-    mpi_returned::<{ Abi::OpenMpi as u8 }>(&ctx)
+    returned_alone::<{ Abi::OpenMpi as u8 }, false>(&ctx)
 }
 
 /// Return of any MPI routine of an MPICH-ABI library but its datatype constructors.
 #[uretprobe]
 pub fn mpi_return_mpich(ctx: RetProbeContext) -> u32 {
-    mpi_returned::<{ Abi::Mpich as u8 }>(&ctx)
+    returned_alone::<{ Abi::Mpich as u8 }, false>(&ctx)
 }
 
 /// Return of the datatype constructors and MPI_Type_free of an MPICH-ABI library, whose
@@ -247,28 +247,28 @@ pub fn mpi_return_mpich_types(ctx: RetProbeContext) -> u32 {
 /// Return of any MPI routine of an MPI-5 ABI library but its datatype constructors.
 #[uretprobe]
 pub fn mpi_return_mpi_abi(ctx: RetProbeContext) -> u32 {
-    mpi_returned::<{ Abi::MpiAbi as u8 }>(&ctx)
+    returned_alone::<{ Abi::MpiAbi as u8 }, false>(&ctx)
 }
 
-/// The return of an MPI routine but a datatype constructor, by a return probe: counted,
-/// then a persistent request it created learnt.
-#[inline(always)]
-fn mpi_returned<const ABI: u8>(ctx: &RetProbeContext) -> u32 {
-    if let Some(state) = returning_state() {
-        if returned::<ABI, false>(ctx.as_ptr(), now(), state) == PENDING {
-            crate::persistent::after_return::<ABI>(ctx.ret());
-        }
-    }
-    0
-}
-
-/// A return probe's return path, with the thread's state.
+/// The return of a call, by a return probe: counted, then a persistent request it created
+/// learnt.
 #[inline(always)]
 fn returned_alone<const ABI: u8, const TYPES: bool>(ctx: &RetProbeContext) -> u32 {
     if let Some(state) = returning_state() {
-        returned::<ABI, TYPES>(ctx.as_ptr(), now(), state);
+        let said = returned::<ABI, TYPES>(ctx.as_ptr(), now(), state);
+        learn_pending::<ABI, TYPES>(said, ctx.as_ptr());
     }
     0
+}
+
+/// After the return path, in the caller's stack frame: learns the persistent request the
+/// call created, where `returned` said one is `PENDING` (only an MPI routine but a datatype
+/// constructor's).
+#[inline(always)]
+fn learn_pending<const ABI: u8, const TYPES: bool>(said: u32, ctx: *mut core::ffi::c_void) {
+    if ABI != Abi::Nccl as u8 && !TYPES && said == PENDING {
+        crate::persistent::after_return::<ABI>(RetProbeContext::new(ctx).ret());
+    }
 }
 
 /// `mpi_return_mpich_types` for an MPI-5 ABI library (MPICH's: its objects' handles carry
@@ -376,10 +376,9 @@ fn on_session<const ABI: u8, const TYPES: bool>(ctx: ProbeContext) -> u32 {
     };
     // One call for both, with arguments of the same kinds: the verifier checks the return
     // path once.
-    if returned::<ABI, TYPES>(ctx.as_ptr(), now, state) == PENDING {
-        // (Never an untimed call: persistent creations are always timed.)
-        crate::persistent::after_return::<ABI>(RetProbeContext::new(ctx.as_ptr()).ret());
-    }
+    // (Never pending for an untimed call: persistent creations are always timed.)
+    let said = returned::<ABI, TYPES>(ctx.as_ptr(), now, state);
+    learn_pending::<ABI, TYPES>(said, ctx.as_ptr());
     // At entry (an untimed call, counted): no return wanted.
     1
 }
