@@ -312,9 +312,11 @@ async fn watch(
     opts: &DaemonOptions,
 ) -> Result<()> {
     let mut tick = tokio::time::interval(TICK);
+    let mut budget_tick = crate::session::budget::ticker();
     let mut ticks: u32 = 0;
     loop {
         tokio::select! {
+            _ = budget_tick.tick() => state.session.lock().await.keep_budget(),
             name = signals.recv() => {
                 crate::signals::stopping(name, "stopping");
                 signals.exit_on_next();
@@ -343,7 +345,6 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
         session.adopt_running(|pid, info| scope.admits(pid, info));
     }
     session.rescan();
-    session.keep_budget();
     // Detached processes that exited: their pid may be reused by a process to count.
     state.detached.lock().await.retain(|pid| {
         let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();

@@ -195,6 +195,7 @@ async fn follow(
     let stop = tokio::time::sleep(opts.duration.unwrap_or(Duration::from_secs(u64::MAX / 4)));
     tokio::pin!(stop);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
+    let mut budget_tick = crate::session::budget::ticker();
     let launched = child.is_some();
     let mut child_exit = std::pin::pin!(async {
         match child.as_mut() {
@@ -234,9 +235,9 @@ async fn follow(
                 let batch = crate::session::follow::queued(vec![ev], &mut session.events);
                 session.apply_events(batch);
             }
+            _ = budget_tick.tick() => session.keep_budget(),
             _ = tick.tick() => {
                 session.rescan();
-                session.keep_budget();
                 for t in &mut sinks.tracers {
                     name_processes(t, session);
                 }

@@ -176,16 +176,28 @@ pub struct Budget {
     last: BTreeMap<(u32, u16), u64>,
     last_ns: u64,
     applied: bool,
-    /// How long until the next look: [`EVERY_NS`], or longer where reading the counters
+    /// How long until the next look: [`LOOK_EVERY`], or longer where reading the counters
     /// took long (a node with many processes), so that looking costs at most 5% of a core.
     wait_ns: u64,
     /// The probe programs' measured run time.
     clock: ProgramClock,
 }
 
-/// How often the budget looks at the call rates, at most: a program's phases of hot calls
-/// are thinned within a fraction of a second.
-const EVERY_NS: u64 = 250_000_000;
+/// How often the budget looks at the call rates, at most: a new phase of hot calls runs
+/// with every call timed until the look after next, so this is the budget's lag (at a
+/// quarter of a second, on the 200 ms tick, a 2-rank call-rate program timed a fifth of its
+/// first phase's 1M `MPI_Comm_rank`, each paying a return). A look reads every counter's
+/// calls: where that takes long, looks are spaced out (`wait_ns`).
+pub const LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(40);
+const EVERY_NS: u64 = LOOK_EVERY.as_nanos() as u64;
+
+/// The timer a session's owner calls [`Budget::step`] by: every [`LOOK_EVERY`], a late tick
+/// not made up for.
+pub fn ticker() -> tokio::time::Interval {
+    let mut t = tokio::time::interval(LOOK_EVERY);
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
+}
 
 impl Budget {
     /// A budget applying `mode`.
@@ -206,7 +218,7 @@ impl Budget {
     }
 
     /// Applies the mode: a fixed one at once, a budget from the call rates since the last
-    /// look (at most every quarter of a second; call it on every tick).
+    /// look (call it every [`LOOK_EVERY`]).
     pub fn step(&mut self, probes: &mut Probes) {
         self.clock.step(probes);
         if !probes.uses_sessions() {

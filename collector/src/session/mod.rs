@@ -117,7 +117,7 @@ impl Session {
         })
     }
 
-    /// Keeps the probes' cost within the budget (call it on every tick).
+    /// Keeps the probes' cost within the budget (call it every `budget::LOOK_EVERY`).
     pub fn keep_budget(&mut self) {
         self.budget.step(&mut self.probes);
     }
