@@ -85,14 +85,12 @@ pub(crate) fn emit_unnumbered(ev: &CallEvent) -> bool {
 /// Ring-buffer flags for a call event: wake the consumer only once the buffer is a quarter
 /// full. Waking it for every event costs a context switch per MPI call, which on busy
 /// nodes (ranks on every core) multiplies the probe cost; userspace also drains on a timer.
+/// (The ring's size is the map's, a constant: one query, not two, per event.)
 #[inline(always)]
 fn batched_wakeup() -> u64 {
-    use aya_ebpf::bindings::{
-        BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
-    };
+    use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
     let avail = EVENTS.query(u64::from(BPF_RB_AVAIL_DATA));
-    let size = EVENTS.query(u64::from(BPF_RB_RING_SIZE));
-    if avail >= size / 4 {
+    if avail >= u64::from(crate::maps::EVENTS_BYTES / 4) {
         u64::from(BPF_RB_FORCE_WAKEUP)
     } else {
         u64::from(BPF_RB_NO_WAKEUP)

@@ -197,7 +197,10 @@ pub static COMMS: HashMap<HandleKey, CommInfo> = HashMap::with_max_entries(65536
 
 /// Call and process events for userspace (latency, timelines, process tracking).
 #[map]
-pub static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+
+/// The size of [`EVENTS`], bytes.
+pub const EVENTS_BYTES: u32 = 1 << 20;
 
 /// Applies `f` to this CPU's stats of `tgid`, creating them first if needed.
 #[inline(always)]
