@@ -43,6 +43,11 @@ enum Cmd {
         /// target/bench/PART.txt, leaving the full run's.
         #[arg(long)]
         only: Vec<String>,
+        /// Rounds of every part that repeats (medians over them), in place of each part's
+        /// own (per-call 15, call-rate 5, start-up and LAMMPS 7): fewer for a quick look,
+        /// more where the machine is noisy.
+        #[arg(long, value_name = "N")]
+        rounds: Option<usize>,
     },
     /// Build the Debian package (release build): target/package/commtap_VERSION_ARCH.deb,
     /// with the systemd unit, the Slurm prolog and epilog, manual pages, shell completions
@@ -134,9 +139,9 @@ fn main() -> Result<()> {
             setup()?;
             test(filter.as_deref())
         }
-        Cmd::Bench { only } => {
+        Cmd::Bench { only, rounds } => {
             setup()?;
-            bench::run(&root(), &only)
+            bench::run(&root(), &only, rounds)
         }
         Cmd::Package => {
             setup()?;

@@ -46,6 +46,9 @@ struct Stack {
     suffix: &'static str,
     library: &'static str,
     launcher: &'static [&'static str],
+    /// The transport library beneath the MPI whose operations commtap probes too, and the
+    /// ones this MPI's Allreduce, Send and Recv make (for (k): bare probes on all of them).
+    transport: Option<(&'static str, &'static [&'static str])>,
 }
 
 const STACKS: &[Stack] = &[
@@ -54,6 +57,8 @@ const STACKS: &[Stack] = &[
         suffix: "openmpi",
         library: "/usr/lib/x86_64-linux-gnu/libmpi.so.40",
         launcher: &["mpirun.openmpi", "--oversubscribe", "-np", "2"],
+        // ob1: its own shared memory, beneath anything probed.
+        transport: None,
     },
     Stack {
         name: "MPICH 4.0",
@@ -62,6 +67,11 @@ const STACKS: &[Stack] = &[
         // Ranks bound to cores as Open MPI's mpirun does by default: fewer migrations,
         // less run-to-run noise (the same for (a), (b) and (c)).
         launcher: &["mpiexec.mpich", "-bind-to", "core", "-n", "2"],
+        // ch4:ucx: each Send and Recv makes one UCX operation, each 2-rank Allreduce two.
+        transport: Some((
+            "/lib/x86_64-linux-gnu/libucp.so.0",
+            &["ucp_tag_send_nbx", "ucp_tag_recv_nbx"],
+        )),
     },
 ];
 
@@ -81,10 +91,24 @@ pub const SECTIONS: [&str; 9] = [
     "aggregator-tree",
 ];
 
+/// Rounds for every part that repeats, where `--rounds` asked (else each part's own).
+static ROUNDS_WANTED: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// The rounds of a part whose own number is `default`.
+fn rounds(default: usize) -> usize {
+    ROUNDS_WANTED.get().copied().unwrap_or(default)
+}
+
 /// Runs the benchmark (the `only` sections, or all) and writes
 /// `target/bench/probe_overhead.{txt,json}` (with `only`, `target/bench/SECTION....{txt,json}`,
 /// so that a partial run leaves the full figures alone).
-pub fn run(root: &Path, only: &[String]) -> Result<()> {
+pub fn run(root: &Path, only: &[String], rounds_wanted: Option<usize>) -> Result<()> {
+    if let Some(n) = rounds_wanted {
+        if n == 0 {
+            bail!("--rounds must be at least 1");
+        }
+        let _ = ROUNDS_WANTED.set(n);
+    }
     if let Some(unknown) = only.iter().find(|o| !SECTIONS.contains(&o.as_str())) {
         bail!(
             "no bench section {unknown:?}: the sections are {}",
@@ -109,7 +133,7 @@ pub fn run(root: &Path, only: &[String]) -> Result<()> {
             .arg(root.join("xtask/demo/bench_calls.c")))?;
     }
     if want("per-call") {
-        let _ = writeln!(report, "commtap probe overhead, ns per call (median of {ROUNDS} interleaved runs, {ITERATIONS} calls each)");
+        let _ = writeln!(report, "commtap probe overhead, ns per call (median of {} interleaved runs, {ITERATIONS} calls each)", rounds(ROUNDS));
         let _ = writeln!(report, "(a) no probes, (b) bare uprobe+uretprobe with empty programs (bpftrace), (c) commtap record --no-skew, (d) commtap record --trace (JSON), (e) commtap record (who is late: an event per collective), (f) commtap record --trace FILE.pftrace\n");
         for stack in STACKS {
             let bin = out.join(format!("bench_calls.{}", stack.suffix));
@@ -124,10 +148,11 @@ pub fn run(root: &Path, only: &[String]) -> Result<()> {
         let _ = writeln!(
             report,
             "call-rate program (per rank 1M MPI_Comm_rank, 1M MPI_Iprobe, 200k ping-pongs, 100k \
-             MPI_Allreduce; 2 ranks), seconds, median of {RATE_ROUNDS}; added_ratio = (commtap - \
+             MPI_Allreduce; 2 ranks), seconds, median of {}; added_ratio = (commtap - \
              none) / (bpftrace - none), the issue's target at most 0.5; floor_added_ratio: the \
              same for bpftrace counting the five routines at their entries alone (no return, \
-             no time), the least any exact count by uprobes adds: {rate}"
+             no time), the least any exact count by uprobes adds: {rate}",
+            rounds(RATE_ROUNDS)
         );
         json.push(format!("  {{\"call_rate\": [{rate}]}}"));
     }
@@ -155,8 +180,9 @@ pub fn run(root: &Path, only: &[String]) -> Result<()> {
         let startup = startup(&commtap, &out)?;
         let _ = writeln!(
             report,
-            "start-up, s (median of {STARTUP_ROUNDS}, interleaved; commtap with no controlling \
-             terminal, as from a prolog or a batch script): {startup}"
+            "start-up, s (median of {}, interleaved; commtap with no controlling \
+             terminal, as from a prolog or a batch script): {startup}",
+            rounds(STARTUP_ROUNDS)
         );
         json.push(format!("  {{\"startup\": {startup}}}"));
     }
@@ -266,7 +292,7 @@ fn startup(commtap: &Path, out: &Path) -> Result<String> {
             Vec::new(),
         ));
     }
-    for _ in 0..STARTUP_ROUNDS {
+    for _ in 0..rounds(STARTUP_ROUNDS) {
         rows[0].1.push(startup_seconds(&mut detached(
             &record(commtap, &[]),
             &true_cmd,
@@ -339,6 +365,9 @@ struct Rounds {
     i: Vec<Sample>,
     /// (g) with the daemon limited to a cgroup the job is not in.
     j: Vec<Sample>,
+    /// (b) with bare probes on the transport's operations beneath the MPI calls too (what
+    /// commtap probes on the same path), for stacks with a transport.
+    k: Vec<Sample>,
     /// The last traced run: (calls written, bytes on disk, seconds).
     traced: (u64, u64, f64),
     /// The last `.pftrace`'s bytes on disk (the same calls).
@@ -348,7 +377,7 @@ struct Rounds {
 }
 
 impl Rounds {
-    /// Runs (a) to (e) in turn, `ROUNDS` times.
+    /// Runs (a) to (j) in turn, `ROUNDS` times (or `--rounds`).
     fn run(stack: &Stack, bin: &Path, commtap: &Path, out: &Path) -> Result<Rounds> {
         let profile = out.join(format!("profile.{}.json", stack.suffix));
         let trace = out.join(format!("trace.{}.json", stack.suffix));
@@ -364,14 +393,19 @@ impl Rounds {
             h: Vec::new(),
             i: Vec::new(),
             j: Vec::new(),
+            k: Vec::new(),
             traced: (0, 0, 0.0),
             pftrace_bytes: 0,
             profile,
         };
-        for round in 0..ROUNDS {
-            eprintln!("{}: round {}/{ROUNDS}", stack.name, round + 1);
+        let n = rounds(ROUNDS);
+        for round in 0..n {
+            eprintln!("{}: round {}/{n}", stack.name, round + 1);
             r.a.push(plain(stack, bin)?);
-            r.b.push(under_bpftrace(stack, bin)?);
+            r.b.push(under_bpftrace(stack, bin, false)?);
+            if stack.transport.is_some() {
+                r.k.push(under_bpftrace(stack, bin, true)?);
+            }
             r.c.push(under_commtap(
                 stack,
                 bin,
@@ -478,6 +512,31 @@ impl Rounds {
                 p - z
             );
             json.push(serde_json_line(stack.name, label, x, y, z, q(0.5)));
+        }
+        if let (Some((lib, functions)), false) = (stack.transport, self.k.is_empty()) {
+            let mk = median(&self.k);
+            for (label, pick) in [
+                ("MPI_Allreduce 8 B", 0usize),
+                ("Send/Recv round trip 8 B", 1),
+            ] {
+                let (a, c, k) = (get(ma, pick), get(mc, pick), get(mk, pick));
+                let i = get(median(&self.i), pick);
+                let _ = writeln!(
+                    report,
+                    "  {label}, (k) bare probes on what commtap probes on this path, the MPI \
+                     routine and the operations it makes in {lib} ({}): {k:.0} ns, (c-a)/(k-a) \
+                     {:.2}, (i-a)/(k-a) {:.2}",
+                    functions.join(", "),
+                    ratio(a, k, c),
+                    ratio(a, k, i)
+                );
+                json.push(format!(
+                    "  {{\"stack\": \"{}\", \"call\": \"{label}\", \"bare_with_transport_ns\": {k:.1}, \"ratio_to_bare_with_transport\": {:.3}, \"sampled_ratio_to_bare_with_transport\": {:.3}}}",
+                    stack.name,
+                    ratio(a, k, c),
+                    ratio(a, k, i)
+                ));
+            }
         }
         let mi = median(&self.i);
         for (label, pick, what) in [
@@ -627,17 +686,22 @@ fn plain(stack: &Stack, bin: &Path) -> Result<Sample> {
     parse(&String::from_utf8_lossy(&out.stdout))
 }
 
-fn under_bpftrace(stack: &Stack, bin: &Path) -> Result<Sample> {
-    let lib = std::fs::canonicalize(stack.library)?;
-    let lib = lib.display();
-    let script: String =
-        ["MPI_Allreduce", "MPI_Send", "MPI_Recv"]
-            .iter()
-            .fold(String::new(), |mut s, f| {
-                use std::fmt::Write as _;
-                let _ = write!(s, "uprobe:{lib}:{f} {{}} uretprobe:{lib}:{f} {{}} ");
-                s
-            });
+fn under_bpftrace(stack: &Stack, bin: &Path, with_transport: bool) -> Result<Sample> {
+    let mut probed = vec![(
+        std::fs::canonicalize(stack.library)?,
+        &["MPI_Allreduce", "MPI_Send", "MPI_Recv"][..],
+    )];
+    if let Some((lib, functions)) = stack.transport.filter(|_| with_transport) {
+        probed.push((std::fs::canonicalize(lib)?, functions));
+    }
+    let mut script = String::new();
+    for (lib, functions) in &probed {
+        let lib = lib.display();
+        for f in *functions {
+            use std::fmt::Write as _;
+            let _ = write!(script, "uprobe:{lib}:{f} {{}} uretprobe:{lib}:{f} {{}} ");
+        }
+    }
     with_bpftrace(&script, || plain(stack, bin))
 }
 
@@ -733,12 +797,9 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
         let profile = out.join(format!("rate.{}.json", stack.suffix));
         let (mut none, mut bpf, mut floor, mut ours, mut every) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for round in 0..RATE_ROUNDS {
-            eprintln!(
-                "{} call rate: round {}/{RATE_ROUNDS}",
-                stack.name,
-                round + 1
-            );
+        let n = rounds(RATE_ROUNDS);
+        for round in 0..n {
+            eprintln!("{} call rate: round {}/{n}", stack.name, round + 1);
             none.push(run(&mut mpi_command_args(stack, &bin, &[]))?);
             bpf.push(with_bpftrace(&script, || {
                 run(&mut mpi_command_args(stack, &bin, &[]))
@@ -1075,8 +1136,9 @@ fn lammps(commtap: &Path, root: &Path, out: &Path) -> Result<String> {
     };
     let socket = out.join("bench-lammps.sock");
     let (mut alone, mut probed) = (Vec::new(), Vec::new());
-    for round in 0..LAMMPS_ROUNDS {
-        eprintln!("LAMMPS: round {}/{LAMMPS_ROUNDS}", round + 1);
+    let n = rounds(LAMMPS_ROUNDS);
+    for round in 0..n {
+        eprintln!("LAMMPS: round {}/{n}", round + 1);
         alone.push(run()?);
         let daemon = start_daemon(commtap, &socket, &[], &[])?;
         let t = run();
@@ -1089,7 +1151,7 @@ fn lammps(commtap: &Path, root: &Path, out: &Path) -> Result<String> {
     };
     let (a, d) = (median(&mut alone), median(&mut probed));
     Ok(format!(
-        "{{\"lammps_loop_seconds_alone\": {a:.3}, \"lammps_loop_seconds_with_daemon\": {d:.3}, \"slowdown_percent\": {:.1}, \"rounds\": {LAMMPS_ROUNDS}}}",
+        "{{\"lammps_loop_seconds_alone\": {a:.3}, \"lammps_loop_seconds_with_daemon\": {d:.3}, \"slowdown_percent\": {:.1}, \"rounds\": {n}}}",
         100.0 * (d - a) / a
     ))
 }
