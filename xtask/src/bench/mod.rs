@@ -151,7 +151,9 @@ pub fn run(root: &Path, only: &[String], rounds_wanted: Option<usize>) -> Result
              MPI_Allreduce; 2 ranks), seconds, median of {}; added_ratio = (commtap - \
              none) / (bpftrace - none), the issue's target at most 0.5; floor_added_ratio: the \
              same for bpftrace counting the five routines at their entries alone (no return, \
-             no time), the least any exact count by uprobes adds: {rate}",
+             no time), the least any exact count by uprobes adds; timed_calls_by_default: per \
+             routine, the calls commtap's default run timed (both ranks; the rest counted at \
+             their entry): {rate}",
             rounds(RATE_ROUNDS)
         );
         json.push(format!("  {{\"call_rate\": [{rate}]}}"));
@@ -797,6 +799,9 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
         let profile = out.join(format!("rate.{}.json", stack.suffix));
         let (mut none, mut bpf, mut floor, mut ours, mut every) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // Per routine, the calls the default run timed (both ranks), one entry per round:
+        // how quickly the budget thinned each of the program's phases.
+        let mut timed: Vec<Vec<u64>> = vec![Vec::new(); routines.len()];
         let n = rounds(RATE_ROUNDS);
         for round in 0..n {
             eprintln!("{} call rate: round {}/{n}", stack.name, round + 1);
@@ -821,12 +826,18 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
                 cmd.arg(inner.get_program()).args(inner.get_args());
                 cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
                     .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+                let by_default = flags.is_empty();
                 into.push(run(&mut cmd)?);
                 if !rate_counts_exact(&profile)? {
                     bail!(
                         "{} call rate: counts differ from the workload's",
                         stack.name
                     );
+                }
+                if by_default {
+                    for (name, into) in routines.iter().zip(&mut timed) {
+                        into.push(rate_timed_calls(&profile, name)?);
+                    }
                 }
             }
         }
@@ -836,8 +847,17 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
             v[v.len() / 2]
         };
         let (n, b, f, c, e) = (med(none), med(bpf), med(floor), med(ours), med(every));
+        let timed = routines
+            .iter()
+            .zip(timed)
+            .map(|(name, mut v)| {
+                v.sort_unstable();
+                format!("\"{name}\": {}", v[v.len() / 2])
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
         lines.push(format!(
-            "{{\"stack\": \"{}\", \"none_s\": {n:.3}, \"bpftrace_s\": {b:.3}, \"entry_count_floor_s\": {f:.3}, \"floor_added_ratio\": {:.2}, \"commtap_s\": {c:.3}, \"added_ratio\": {:.2}, \"commtap_every_call_timed_s\": {e:.3}, \"every_call_added_ratio\": {:.2}, \"counts_exact\": {exact}}}",
+            "{{\"stack\": \"{}\", \"none_s\": {n:.3}, \"bpftrace_s\": {b:.3}, \"entry_count_floor_s\": {f:.3}, \"floor_added_ratio\": {:.2}, \"commtap_s\": {c:.3}, \"added_ratio\": {:.2}, \"commtap_every_call_timed_s\": {e:.3}, \"every_call_added_ratio\": {:.2}, \"counts_exact\": {exact}, \"timed_calls_by_default\": {{{timed}}}}}",
             stack.name,
             (f - n) / (b - n),
             (c - n) / (b - n),
@@ -845,6 +865,23 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
         ));
     }
     Ok(lines.join(", "))
+}
+
+/// The calls of `routine` the call-rate profile's ranks timed: those its sampled time was
+/// estimated from, or every call where it was not sampled.
+fn rate_timed_calls(profile: &Path, routine: &str) -> Result<u64> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(profile)?)?;
+    let ranks = v["ranks"].as_array().context("ranks")?;
+    Ok(ranks
+        .iter()
+        .map(|r| {
+            let x = &r["routines"][routine];
+            x["sampled_time"]["timed_calls"]
+                .as_u64()
+                .or_else(|| x["calls"].as_u64())
+                .unwrap_or(0)
+        })
+        .sum())
 }
 
 /// Whether every rank of the call-rate profile holds exactly the workload's calls.
