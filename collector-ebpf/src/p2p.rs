@@ -32,6 +32,10 @@ pub static PEERS: PerCpuHashMap<PeerKey, PeerVal> =
     reason = "takes the routine's spec as the other return rules do"
 )]
 pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Option<u64> {
+    if !moves_bytes(rule) {
+        // A probe (`MPI_Iprobe` in a polling loop): no traffic, and no rank to look up.
+        return Some(0);
+    }
     // This process's rank in the communicator, which places its peers' ranks there on
     // world ranks (looked up here: a fifth argument reshaped the code around the call
     // into something the verifier refused). The world's counters need none.
@@ -110,6 +114,24 @@ pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Opt
     }
 }
 
+/// Whether a point-to-point rule moves bytes to or from a peer (counted per peer).
+#[inline(always)]
+fn moves_bytes(rule: ByteRule) -> bool {
+    matches!(
+        rule,
+        ByteRule::CountType
+            | ByteRule::RecvPosted
+            | ByteRule::LargeCountType
+            | ByteRule::LargeRecvPosted
+            | ByteRule::RecvStatus
+            | ByteRule::LargeRecvStatus
+            | ByteRule::Pair
+            | ByteRule::LargePair
+            | ByteRule::PairPosted
+            | ByteRule::LargePairPosted
+    )
+}
+
 /// What pairs a point-to-point call with its partner on a timeline: the peer and tag of
 /// each half, wildcards resolved from the status where the call has one (both sends and
 /// receives take `(..., peer, tag, comm ...)`; Sendrecv's receiving half ends
@@ -118,21 +140,7 @@ pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Opt
 pub fn describe_match(ev: &mut CallEvent, c: &Call, spec: &ArgSpec) {
     use ByteRule as B;
     let rule = ByteRule::from_u8(spec.rule);
-    if spec.peer == NO_ARG
-        || !matches!(
-            rule,
-            B::CountType
-                | B::RecvPosted
-                | B::RecvStatus
-                | B::Pair
-                | B::LargePair
-                | B::PairPosted
-                | B::LargePairPosted
-                | B::LargeCountType
-                | B::LargeRecvPosted
-                | B::LargeRecvStatus
-        )
-    {
+    if spec.peer == NO_ARG || !moves_bytes(rule) {
         return;
     }
     let null = Abi::proc_null(c.abi);
