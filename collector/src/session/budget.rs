@@ -82,7 +82,7 @@ const SETTLED_RUNS: u64 = 1_000_000;
 const MIN_RUNS: u64 = 1_000;
 
 impl ProgramClock {
-    /// Opens or closes the window as its time comes (call it on every tick).
+    /// Opens or closes the window as its time comes (called at every budget step).
     fn step(&mut self, probes: &mut Probes) {
         let now = monotonic_ns();
         match self.open.take() {

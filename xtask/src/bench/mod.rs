@@ -515,14 +515,14 @@ impl Rounds {
             );
             json.push(serde_json_line(stack.name, label, x, y, z, q(0.5)));
         }
-        if let (Some((lib, functions)), false) = (stack.transport, self.k.is_empty()) {
+        let mi = median(&self.i);
+        if let Some((lib, functions)) = stack.transport.filter(|_| !self.k.is_empty()) {
             let mk = median(&self.k);
             for (label, pick) in [
                 ("MPI_Allreduce 8 B", 0usize),
                 ("Send/Recv round trip 8 B", 1),
             ] {
-                let (a, c, k) = (get(ma, pick), get(mc, pick), get(mk, pick));
-                let i = get(median(&self.i), pick);
+                let (a, c, k, i) = (get(ma, pick), get(mc, pick), get(mk, pick), get(mi, pick));
                 let _ = writeln!(
                     report,
                     "  {label}, (k) bare probes on what commtap probes on this path, the MPI \
@@ -540,7 +540,6 @@ impl Rounds {
                 ));
             }
         }
-        let mi = median(&self.i);
         for (label, pick, what) in [
             ("MPI_Allreduce 8 B", 0usize, "every call"),
             (
@@ -835,8 +834,9 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
                     );
                 }
                 if by_default {
-                    for (name, into) in routines.iter().zip(&mut timed) {
-                        into.push(rate_timed_calls(&profile, name)?);
+                    let calls = rate_timed_calls(&profile, &routines)?;
+                    for (into, n) in timed.iter_mut().zip(calls) {
+                        into.push(n);
                     }
                 }
             }
@@ -867,21 +867,26 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
     Ok(lines.join(", "))
 }
 
-/// The calls of `routine` the call-rate profile's ranks timed: those its sampled time was
-/// estimated from, or every call where it was not sampled.
-fn rate_timed_calls(profile: &Path, routine: &str) -> Result<u64> {
+/// The calls of each of `routines` the call-rate profile's ranks timed: those its sampled
+/// time was estimated from, or every call where it was not sampled.
+fn rate_timed_calls(profile: &Path, routines: &[&str]) -> Result<Vec<u64>> {
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(profile)?)?;
     let ranks = v["ranks"].as_array().context("ranks")?;
-    Ok(ranks
+    Ok(routines
         .iter()
-        .map(|r| {
-            let x = &r["routines"][routine];
-            x["sampled_time"]["timed_calls"]
-                .as_u64()
-                .or_else(|| x["calls"].as_u64())
-                .unwrap_or(0)
+        .map(|routine| {
+            ranks
+                .iter()
+                .map(|r| {
+                    let x = &r["routines"][routine];
+                    x["sampled_time"]["timed_calls"]
+                        .as_u64()
+                        .or_else(|| x["calls"].as_u64())
+                        .unwrap_or(0)
+                })
+                .sum()
         })
-        .sum())
+        .collect())
 }
 
 /// Whether every rank of the call-rate profile holds exactly the workload's calls.
