@@ -4,8 +4,8 @@
 
 use aya_ebpf::EbpfContext;
 use collector_common::{
-    routines::NO_ARG as N, Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Config, Cookie,
-    HandleCache, HandleKey, Layout, ARG_SLOTS,
+    mpich, routines::NO_ARG as N, Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Config,
+    Cookie, HandleCache, HandleKey, Layout, ARG_SLOTS,
 };
 
 use crate::{
@@ -300,14 +300,31 @@ pub(crate) fn comm_fact_known(info: &CommInfo, rule: ByteRule) -> bool {
     }
 }
 
+/// Whether the fact `rule` (`MPI_Comm_size` or `MPI_Comm_rank`) would learn of
+/// communicator `h` (an integer handle) is known, where the thread's cache holds `h`: a
+/// loop of such queries then asks the map nothing. What the cache holds is in the map (a
+/// fact learnt bumps every cache), but for MPI_COMM_SELF, whose facts the cache holds as
+/// constants before the map has learnt them: None for it, as for a handle not cached.
+#[inline(always)]
+pub(crate) fn cached_comm_fact(cache: *mut HandleCache, h: u64, rule: ByteRule) -> Option<bool> {
+    let cached = crate::cache::current(cache);
+    (h != 0 && (h & 0xffff_ffff) != mpich::COMM_SELF && cached.comm == h)
+        .then(|| comm_fact_known(&cached.comm_info, rule))
+}
+
 /// Records a communicator's size or this process's rank in it.
 #[inline(always)]
 pub(crate) fn learn_comm(c: &Call, spec: &ArgSpec, rule: ByteRule) {
     let Some(h) = c.arg(spec.a) else { return };
+    let h = handle(c.abi, h);
+    // The return path decoded the call's communicator into the thread's cache just now.
+    if cached_comm_fact(c.cache, h, rule) == Some(true) {
+        return;
+    }
     let key = HandleKey {
         tgid: c.tgid,
         _pad: 0,
-        handle: handle(c.abi, h),
+        handle: h,
     };
     // SAFETY: plain value.
     let mut info = unsafe { COMMS.get(key) }

@@ -195,16 +195,23 @@ fn left_untimed(spec: &ArgSpec, c: &Cookie, sampling: u32, e: &mut CallState) ->
         let rule = ByteRule::from_u8(spec.rule);
         if matches!(rule, ByteRule::CommSize | ByteRule::CommRank) {
             // Timed until its return has taught the fact (`learn_comm`), then as any other.
-            let key = HandleKey {
-                tgid,
-                _pad: 0,
-                handle: handle(
-                    c.abi,
-                    args.get((spec.a & 15) as usize).copied().unwrap_or(0),
-                ),
-            };
-            // SAFETY: plain value.
-            let known = unsafe { COMMS.get(key) }.is_some_and(|i| comm_fact_known(i, rule));
+            let h = handle(
+                c.abi,
+                args.get((spec.a & 15) as usize).copied().unwrap_or(0),
+            );
+            // The communicator the thread's last call named, if it is this one; else the
+            // map. (An untimed call's return path runs at its entry, and would learn from
+            // an output not written yet: only a fact known is left untimed.)
+            let known = crate::call::cached_comm_fact(core::ptr::addr_of_mut!(e.cache), h, rule)
+                .unwrap_or_else(|| {
+                    let key = HandleKey {
+                        tgid,
+                        _pad: 0,
+                        handle: h,
+                    };
+                    // SAFETY: plain value.
+                    unsafe { COMMS.get(key) }.is_some_and(|i| comm_fact_known(i, rule))
+                });
             if !known {
                 return false;
             }
