@@ -29,7 +29,7 @@ pub enum MultiError {
     #[error("preparing BPF program {0} for uprobe_multi: {1}")]
     Prepare(String, String),
     /// The kernel refused the program.
-    #[error("loading BPF program {name} (uprobe_multi needs Linux 6.6+): {source}\n{log}")]
+    #[error("loading BPF program {name}: {source}{}\n{log}", load_hint(.source, .log))]
     Load {
         /// The program.
         name: String,
@@ -50,6 +50,19 @@ pub enum MultiError {
         #[source]
         source: io::Error,
     },
+}
+
+/// What a refused load most likely means: a kernel without uprobe_multi refuses the
+/// program's attach type before verifying anything (no log); otherwise the verifier's
+/// log says why.
+fn load_hint(source: &io::Error, log: &str) -> &'static str {
+    if !log.trim().is_empty() {
+        " (refused by the kernel's verifier, whose last lines follow)"
+    } else if source.raw_os_error() == Some(libc::EINVAL) {
+        " (uprobe_multi needs Linux 6.6+)"
+    } else {
+        ""
+    }
 }
 
 fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
@@ -352,26 +365,29 @@ fn load_one(
     u.log_buf = stats.as_mut_ptr() as u64;
     u.log_size = stats.len() as u32;
     let started = std::time::Instant::now();
-    if let Ok(fd) = bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr) {
-        let end = stats.iter().position(|b| *b == 0).unwrap_or(stats.len());
-        tracing::debug!(
-            "verified {name} in {:?}: {}",
-            started.elapsed(),
-            String::from_utf8_lossy(&stats[..end])
-                .trim()
-                .replace('\n', "; ")
-        );
-        return Ok(fd);
-    }
+    let refusal = match bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr) {
+        Ok(fd) => {
+            let end = stats.iter().position(|b| *b == 0).unwrap_or(stats.len());
+            tracing::debug!(
+                "verified {name} in {:?}: {}",
+                started.elapsed(),
+                String::from_utf8_lossy(&stats[..end])
+                    .trim()
+                    .replace('\n', "; ")
+            );
+            return Ok(fd);
+        }
+        Err(e) => e,
+    };
     let mut log = vec![0u8; 1 << 20];
     // SAFETY: as above.
     let u = unsafe { &mut attr.__bindgen_anon_3 };
     u.log_level = 1;
     u.log_buf = log.as_mut_ptr() as u64;
     u.log_size = log.len() as u32;
-    let source = bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr)
-        .err()
-        .unwrap_or_else(|| io::Error::other("load failed once"));
+    // Loaded again for the log alone: its own error may be the log's (a log past the
+    // buffer is ENOSPC), not the refusal's.
+    let _ = bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr);
     let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
     let text = String::from_utf8_lossy(&log[..end]);
     let tail: String = text
@@ -386,7 +402,7 @@ fn load_one(
     Err(MultiError::Load {
         name: name.to_string(),
         log: tail,
-        source,
+        source: refusal,
     })
 }
 
@@ -529,4 +545,28 @@ pub fn attach(
             is_return: kind == ProbeKind::Return,
         })
         .map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_says_the_verifier_refused_or_the_kernel_is_too_old() {
+        let refused = MultiError::Load {
+            name: "sess_ompi".into(),
+            log: "BPF program is too large. Processed 1000001 insn".into(),
+            source: io::Error::from_raw_os_error(libc::E2BIG),
+        };
+        let text = refused.to_string();
+        assert!(text.contains("refused by the kernel's verifier"), "{text}");
+        assert!(!text.contains("6.6"), "{text}");
+        assert!(text.ends_with("Processed 1000001 insn"), "{text}");
+        let old_kernel = MultiError::Load {
+            name: "sess_ompi".into(),
+            log: String::new(),
+            source: io::Error::from_raw_os_error(libc::EINVAL),
+        };
+        assert!(old_kernel.to_string().contains("uprobe_multi needs Linux 6.6+"));
+    }
 }
