@@ -567,6 +567,8 @@ mod tests {
             log: String::new(),
             source: io::Error::from_raw_os_error(libc::EINVAL),
         };
-        assert!(old_kernel.to_string().contains("uprobe_multi needs Linux 6.6+"));
+        assert!(old_kernel
+            .to_string()
+            .contains("uprobe_multi needs Linux 6.6+"));
     }
 }
