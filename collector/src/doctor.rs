@@ -148,7 +148,12 @@ fn bpf_load() -> Check {
             "bpf",
             Status::Fail,
             format!("{e:#}"),
-            "check the kernel's BPF support (CONFIG_BPF_SYSCALL, CONFIG_UPROBES) and `dmesg`",
+            if e.refused_by_verifier() {
+                "this kernel's verifier refused a commtap program: report it with this \
+                 output, `uname -r` and `commtap --version`"
+            } else {
+                "check the kernel's BPF support (CONFIG_BPF_SYSCALL, CONFIG_UPROBES) and `dmesg`"
+            },
         ),
     }
 }

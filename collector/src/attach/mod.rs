@@ -91,6 +91,13 @@ pub enum AttachError {
     MapDescriptors(#[source] std::io::Error),
 }
 
+impl AttachError {
+    /// Whether the kernel's verifier refused one of the probe programs.
+    pub fn refused_by_verifier(&self) -> bool {
+        matches!(self, AttachError::Multi(m) if m.refused_by_verifier())
+    }
+}
+
 fn map_err(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> AttachError {
     move |source| AttachError::Map { map, source }
 }

@@ -52,6 +52,14 @@ pub enum MultiError {
     },
 }
 
+impl MultiError {
+    /// Whether the kernel's verifier refused a program (it left a log): a program of
+    /// commtap's that this kernel's verifier does not accept, not a kernel without BPF.
+    pub fn refused_by_verifier(&self) -> bool {
+        matches!(self, MultiError::Load { log, .. } if !log.trim().is_empty())
+    }
+}
+
 /// What a refused load most likely means: a kernel without uprobe_multi refuses the
 /// program's attach type before verifying anything (no log); otherwise the verifier's
 /// log says why.
@@ -562,6 +570,7 @@ mod tests {
         assert!(text.contains("refused by the kernel's verifier"), "{text}");
         assert!(!text.contains("6.6"), "{text}");
         assert!(text.ends_with("Processed 1000001 insn"), "{text}");
+        assert!(refused.refused_by_verifier());
         let old_kernel = MultiError::Load {
             name: "sess_ompi".into(),
             log: String::new(),
@@ -570,5 +579,6 @@ mod tests {
         assert!(old_kernel
             .to_string()
             .contains("uprobe_multi needs Linux 6.6+"));
+        assert!(!old_kernel.refused_by_verifier());
     }
 }
