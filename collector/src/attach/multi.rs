@@ -53,18 +53,23 @@ pub enum MultiError {
 }
 
 impl MultiError {
-    /// Whether the kernel's verifier refused a program (it left a log): a program of
-    /// commtap's that this kernel's verifier does not accept, not a kernel without BPF.
+    /// Whether the kernel's verifier refused a program: a program of commtap's that this
+    /// kernel's verifier does not accept, not a kernel without BPF.
     pub fn refused_by_verifier(&self) -> bool {
-        matches!(self, MultiError::Load { log, .. } if !log.trim().is_empty())
+        matches!(self, MultiError::Load { log, .. } if verifier_spoke(log))
     }
 }
 
-/// What a refused load most likely means: a kernel without uprobe_multi refuses the
-/// program's attach type before verifying anything (no log); otherwise the verifier's
-/// log says why.
+/// Whether a refused load left a verifier log (a kernel without uprobe_multi refuses the
+/// program's attach type before verifying anything, and leaves none).
+fn verifier_spoke(log: &str) -> bool {
+    !log.trim().is_empty()
+}
+
+/// What a refused load most likely means: the verifier's refusal, whose log says why, or
+/// a kernel too old for uprobe_multi.
 fn load_hint(source: &io::Error, log: &str) -> &'static str {
-    if !log.trim().is_empty() {
+    if verifier_spoke(log) {
         " (refused by the kernel's verifier, whose last lines follow)"
     } else if source.raw_os_error() == Some(libc::EINVAL) {
         " (uprobe_multi needs Linux 6.6+)"
