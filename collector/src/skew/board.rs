@@ -4,7 +4,7 @@
 //! Which job a process belongs to is read from its environment after its first calls may
 //! already have arrived: those wait here (bounded) until the process's job is known.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 
 use collector_common::CallEvent;
 use std::sync::{
@@ -17,7 +17,7 @@ use tokio::sync::{broadcast::error::RecvError, mpsc};
 use super::{
     late_sender::{Half, LateSenderReport, LateSenders},
     summary::Whois,
-    Placement, SkewReport, Tracker,
+    FastMap, FastSet, Placement, SkewReport, Tracker,
 };
 use crate::ingest::{FeedItem, FeedResult};
 
@@ -114,9 +114,9 @@ pub struct Board {
     host: String,
     /// Whether instances with members on other nodes are kept for an aggregator.
     hand_on: bool,
-    trackers: HashMap<String, Tracker>,
-    world_of: HashMap<u32, String>,
-    waiting: HashMap<u32, VecDeque<CallEvent>>,
+    trackers: FastMap<String, Tracker>,
+    world_of: FastMap<u32, String>,
+    waiting: FastMap<u32, VecDeque<CallEvent>>,
     /// Calls that waited for a job that never became known, or past the caps.
     unplaced: u64,
     /// Whether sends are paired with their receives (each job's tracker does it), when
@@ -126,7 +126,7 @@ pub struct Board {
     forward: Option<Arc<PlacedFeed>>,
     /// Processes that exited while calls of theirs were held: their exit is passed on
     /// after those calls.
-    exited_while_held: HashSet<u32>,
+    exited_while_held: FastSet<u32>,
 }
 
 impl Board {
@@ -135,13 +135,13 @@ impl Board {
         Board {
             host,
             hand_on: false,
-            trackers: HashMap::new(),
-            world_of: HashMap::new(),
-            waiting: HashMap::new(),
+            trackers: FastMap::default(),
+            world_of: FastMap::default(),
+            waiting: FastMap::default(),
             unplaced: 0,
             late_senders: false,
             forward: None,
-            exited_while_held: HashSet::new(),
+            exited_while_held: FastSet::default(),
         }
     }
 

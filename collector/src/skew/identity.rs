@@ -89,10 +89,11 @@ impl ProcComms {
         if ev.comm == 0 {
             return None;
         }
-        if let Some(k) = self.names.get(&ev.comm) {
-            return Some((*k, true));
+        // The world's handle is never one a constructor made: no lookup (most calls).
+        if ev.comm_id == comm_id::WORLD {
+            return Some((CommKey::WORLD, false));
         }
-        (ev.comm_id == comm_id::WORLD).then_some((CommKey::WORLD, false))
+        self.names.get(&ev.comm).map(|k| (*k, true))
     }
 
     /// The name of the communicator whose local handle is `handle`, where its creation was

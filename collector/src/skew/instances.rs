@@ -15,9 +15,9 @@
 //! defines the numbering: its first call is the first instance every member was watched
 //! for. Calls that find no instance are counted as unaligned, never guessed.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
-use super::identity::CommKey;
+use super::{identity::CommKey, FastMap};
 
 /// One member's part in an instance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,7 +147,7 @@ struct Open {
 #[derive(Debug, Default)]
 struct Comm {
     size: u32,
-    streams: HashMap<u32, Stream>,
+    streams: FastMap<u32, Stream>,
     open: BTreeMap<u64, Open>,
     spans: BTreeMap<u64, Span>,
     /// One past the highest number used.
@@ -157,7 +157,7 @@ struct Comm {
 /// Matches collective calls into instances.
 #[derive(Debug, Default)]
 pub struct Matcher {
-    comms: HashMap<CommKey, Comm>,
+    comms: FastMap<CommKey, Comm>,
     newest_ns: u64,
     /// What could not be placed.
     pub counts: MatchCounts,
@@ -410,7 +410,7 @@ fn align(
 /// The offset most of `pid`'s buffered calls agree on, if it is clear.
 fn vote(comm: &Comm, pid: u32, force: bool) -> Option<i64> {
     let buffer = &comm.streams[&pid].buffer;
-    let mut votes: HashMap<i64, usize> = HashMap::new();
+    let mut votes: FastMap<i64, usize> = FastMap::default();
     let mut voters = 0;
     for b in buffer {
         // (overlap, instance, another overlaps as long)

@@ -6,13 +6,14 @@
 //! matches the numbers across members → [`summary`] turns finished instances into the
 //! report (`skew` in the profile, "Who is late" in the text).
 
+pub mod bench;
 pub mod board;
 pub mod identity;
 pub mod instances;
 pub mod late_sender;
 pub mod summary;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use collector_common::{
     routines::{class, Family},
@@ -44,6 +45,15 @@ impl Placement {
     }
 }
 
+/// The hash maps of who is late's per-event path, keyed by what the kernel numbers (pids,
+/// threads) and by our own names (communicators, jobs): foldhash, seeded at random per
+/// process, where SipHash took a quarter of the path's time (`commtap bench-matching`).
+/// Maps keyed by what a process chooses (its communicator handles) keep SipHash.
+pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A [`FastMap`]'s set.
+pub(crate) type FastSet<K> = HashSet<K, foldhash::fast::RandomState>;
+
 /// Instances kept for the aggregator between two pushes.
 const MAX_PARTS: usize = 1 << 16;
 
@@ -57,13 +67,13 @@ pub struct Tracker {
     host: String,
     /// Processes whose `MPI_Init` was seen: their count of world collectives is the
     /// instance number (others are aligned by time).
-    init_seen: std::collections::HashSet<u32>,
-    procs: HashMap<u32, ProcComms>,
+    init_seen: FastSet<u32>,
+    procs: FastMap<u32, ProcComms>,
     /// The communicator names of processes that exited, while their profile is still
     /// wanted (forgotten by [`Tracker::forget`]).
-    gone: HashMap<u32, ProcComms>,
+    gone: FastMap<u32, ProcComms>,
     /// Per (process, thread): the event number expected next.
-    threads: HashMap<(u32, u32), u32>,
+    threads: FastMap<(u32, u32), u32>,
     matcher: Matcher,
     summary: Summary,
     finished: Vec<Instance>,
@@ -78,7 +88,7 @@ pub struct Tracker {
     pub late_senders: Option<late_sender::LateSenders>,
     /// World sizes from the launchers' environment, for calls whose communicator size the
     /// kernel does not know (MPICH's world when attached after `MPI_Comm_size`).
-    world_sizes: HashMap<u32, u32>,
+    world_sizes: FastMap<u32, u32>,
 }
 
 impl Tracker {
@@ -87,15 +97,15 @@ impl Tracker {
         Tracker {
             host,
             init_seen: Default::default(),
-            procs: HashMap::new(),
-            gone: HashMap::new(),
-            threads: HashMap::new(),
+            procs: FastMap::default(),
+            gone: FastMap::default(),
+            threads: FastMap::default(),
             matcher: Matcher::default(),
             summary: Summary::default(),
             finished: Vec::new(),
             unidentified: 0,
             lost: 0,
-            world_sizes: HashMap::new(),
+            world_sizes: FastMap::default(),
             parts: Default::default(),
             hand_on: false,
             late_senders: None,

@@ -2,7 +2,7 @@
 //! last and how long it made the others wait; per routine and size, the skew's
 //! distribution; the worst instances; and a sentence naming a rank that stands out.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use collector_common::{
     buckets::{bucket_range, RangeLabel},
@@ -10,7 +10,10 @@ use collector_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::instances::{Instance, MatchCounts};
+use super::{
+    instances::{Instance, MatchCounts},
+    FastMap,
+};
 
 /// The `skew` object of a profile: who arrived late at collectives, and who waited.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -163,7 +166,9 @@ pub struct WorstInstance {
 /// A log-linear histogram: 32 sub-buckets per power of two (about 3% wide).
 #[derive(Clone, Debug, Default)]
 struct Histogram {
-    counts: BTreeMap<u16, u64>,
+    /// (bucket, count), by bucket: the buckets a run fills are few (tens), so a sorted
+    /// vector is searched faster than a tree is walked, and holds no node per bucket.
+    counts: Vec<(u16, u64)>,
     n: u64,
     max: u64,
 }
@@ -172,7 +177,11 @@ const SUB_BITS: u32 = 5;
 
 impl Histogram {
     fn add(&mut self, v: u64) {
-        *self.counts.entry(Self::index(v)).or_default() += 1;
+        let i = Self::index(v);
+        match self.counts.binary_search_by_key(&i, |(b, _)| *b) {
+            Ok(at) => self.counts[at].1 += 1,
+            Err(at) => self.counts.insert(at, (i, 1)),
+        }
         self.n += 1;
         self.max = self.max.max(v);
     }
@@ -204,7 +213,7 @@ impl Histogram {
         }
         let rank = ((q * self.n as f64).ceil() as u64).clamp(1, self.n);
         let mut seen = 0;
-        for (&i, &c) in &self.counts {
+        for &(i, c) in &self.counts {
             seen += c;
             if seen >= rank {
                 return Self::value(i).min(self.max);
@@ -251,9 +260,9 @@ struct PerRoutine {
     skew: Histogram,
     transfer: Histogram,
     /// Per process: instances at which it was last, and the skews of those.
-    last: HashMap<u32, (u64, u64, Histogram)>,
+    last: FastMap<u32, (u64, u64, Histogram)>,
     /// Per process: time it waited for others.
-    waited: HashMap<u32, u64>,
+    waited: FastMap<u32, u64>,
 }
 
 /// Instances worth keeping as the worst.
@@ -265,7 +274,7 @@ pub struct Summary {
     instances: u64,
     incomplete: u64,
     remote: u64,
-    ranks: HashMap<u32, PerRank>,
+    ranks: FastMap<u32, PerRank>,
     routines: BTreeMap<(u16, u8), PerRoutine>,
     /// (skew, routine, comm, seq, late pid), largest first.
     worst: Vec<(u64, u16, super::CommKey, u64, u32)>,

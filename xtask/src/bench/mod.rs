@@ -79,7 +79,7 @@ const STACKS: &[Stack] = &[
 type Sample = (f64, f64);
 
 /// The parts of the benchmark, as `--only` names them.
-pub const SECTIONS: [&str; 9] = [
+pub const SECTIONS: [&str; 10] = [
     "per-call",
     "call-rate",
     "daemon",
@@ -89,6 +89,7 @@ pub const SECTIONS: [&str; 9] = [
     "aggregator",
     "aggregator-load",
     "aggregator-tree",
+    "matching",
 ];
 
 /// Rounds for every part that repeats, where `--rounds` asked (else each part's own).
@@ -187,6 +188,15 @@ pub fn run(root: &Path, only: &[String], rounds_wanted: Option<usize>) -> Result
             rounds(STARTUP_ROUNDS)
         );
         json.push(format!("  {{\"startup\": {startup}}}"));
+    }
+    if want("matching") {
+        let matching = matching(&commtap)?;
+        let _ = writeln!(
+            report,
+            "who is late's matching in the daemon (or record), per call event, ns (median of 5 \
+             rounds; a job of 2, 8 and 64 ranks making 8-byte MPI_Allreduce): {matching}"
+        );
+        json.push(format!("  {{\"matching\": [{matching}]}}"));
     }
     if want("aggregator") {
         let agg = aggregator_merge(&commtap, &out)?;
@@ -602,6 +612,27 @@ impl Rounds {
             single.1
         );
     }
+}
+
+/// Who is late's matching, per call event (`commtap bench-matching`, one line of JSON per
+/// job size, joined by commas).
+fn matching(commtap: &Path) -> Result<String> {
+    let mut lines = Vec::new();
+    for ranks in [2, 8, 64] {
+        let o = Command::new(commtap)
+            .args(["bench-matching", "--ranks", &ranks.to_string()])
+            .args(["--instances", if ranks > 8 { "20000" } else { "100000" }])
+            .output()
+            .context("running commtap bench-matching")?;
+        if !o.status.success() {
+            bail!(
+                "bench-matching failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        lines.push(String::from_utf8_lossy(&o.stdout).trim().to_string());
+    }
+    Ok(lines.join(", "))
 }
 
 /// The aggregator's merge: 100 daemons x 100 ranks x 50 routines x 32 buckets (one line of

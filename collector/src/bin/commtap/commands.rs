@@ -157,6 +157,11 @@ pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Resu
             seconds,
             interval,
         } => aggregator::load::run(to, daemons, nodes, ranks, seconds, interval).await?,
+        Command::BenchMatching {
+            ranks,
+            instances,
+            rounds,
+        } => collector::skew::bench::run(ranks, instances, rounds)?,
         Command::BenchAggregator {
             daemons,
             ranks_per_daemon,

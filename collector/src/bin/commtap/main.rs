@@ -239,6 +239,19 @@ enum Command {
         #[arg(long, default_value = "1s", value_parser = args::parse_duration)]
         interval: std::time::Duration,
     },
+    /// Benchmark who-is-late's matching, per call event (used by `cargo xtask bench`).
+    #[command(hide = true)]
+    BenchMatching {
+        /// Ranks of the simulated job.
+        #[arg(long, default_value_t = 8)]
+        ranks: u32,
+        /// Collective instances (calls per rank).
+        #[arg(long, default_value_t = 200_000)]
+        instances: u64,
+        /// Rounds (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
+    },
     /// Benchmark the aggregator's merge (used by `cargo xtask bench`).
     #[command(hide = true)]
     BenchAggregator {
