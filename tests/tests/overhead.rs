@@ -332,3 +332,73 @@ fn without_sessions_open_mpi_counts_stay_exact() {
 fn without_sessions_mpich_counts_stay_exact() {
     without_sessions_counts_stay_exact(Mpi::Mpich);
 }
+
+/// A job whose hot routine is a collective (`mpi_loop`: 100,000 `MPI_Allreduce` and as many
+/// `MPI_Send`/`MPI_Recv` a rank, the go file there from the start): who is late takes every
+/// instance's times, so no `--max-overhead` thins them, and the text report says so under
+/// the probes' estimated cost, naming `--no-skew`; with `--no-skew` the budget samples the
+/// Allreduce and the line is gone. Counts are exact in both.
+#[test]
+fn a_collective_kept_timed_for_who_is_late_is_named_in_the_report() {
+    let mpi = Mpi::OpenMpi;
+    let prog = build_program("mpi_loop.c", mpi);
+    // A second of calls or more: the budget, which looks every 40 ms, acts well inside it.
+    let n: u64 = 100_000;
+    let kept_line = |extra: &[&str]| {
+        let scratch = Scratch::new(&format!("kept-timed{}", extra.join("")));
+        let (text, out) = (scratch.path("report.txt"), scratch.path("profile.json"));
+        let (ready, go, truth) = (
+            scratch.path("ready"),
+            scratch.path("go"),
+            scratch.path("truth"),
+        );
+        std::fs::write(&go, b"go").expect("go file");
+        let mut args = record_text_and_json(&text, &out);
+        args.extend(extra.iter().map(|a| (*a).to_string()));
+        args.push("--".into());
+        args.extend(mpi.launcher(2));
+        for a in [&prog, &ready, &go] {
+            args.push(a.display().to_string());
+        }
+        args.push(n.to_string());
+        args.push(truth.display().to_string());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        finish_ok(
+            &scratch,
+            spawn_commtap_with_env(&scratch, &args, &mpi.job_env()),
+            LIMIT,
+        );
+        let profile = read_json(&out);
+        for t in &read_truths(&truth, 2) {
+            let rank = rank_by_pid(&profile, t["pid"].as_u64().expect("pid"));
+            let got = routine_table(&rank["routines"]);
+            for (routine, want) in routine_table(&t["routines"]) {
+                // One MPI_Barrier before the ready file is not in the truth.
+                let extra = u64::from(routine == "MPI_Barrier");
+                assert_eq!(got[&routine], (want.0 + extra, want.1), "{routine}");
+            }
+            assert_eq!(got["MPI_Allreduce"], (n, 8 * n));
+        }
+        let report = std::fs::read_to_string(&text).expect("text report");
+        let estimate = report
+            .lines()
+            .position(|l| l.starts_with("Probes' estimated cost"))
+            .unwrap_or_else(|| panic!("no estimated cost in\n{report}"));
+        let next = report.lines().nth(estimate + 1).unwrap_or("").to_string();
+        (profile, next)
+    };
+    let (_, line) = kept_line(&[]);
+    assert_eq!(
+        line.trim(),
+        "timed at every call whatever --max-overhead says: MPI_Allreduce (who is late takes \
+         every instance's times: --no-skew lets it be sampled)"
+    );
+    let (profile, line) = kept_line(&["--no-skew"]);
+    assert!(!line.contains("timed at every call"), "{line}");
+    for rank in profile["ranks"].as_array().expect("ranks") {
+        let timed = rank["routines"]["MPI_Allreduce"]["sampled_time"]["timed_calls"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("MPI_Allreduce not sampled under --no-skew: {rank}"));
+        assert!(timed < n, "{timed}");
+    }
+}

@@ -136,6 +136,18 @@ pub fn render_durations(job: &JobProfile) -> String {
                 ns(cost.program_ns)
             )
         };
+        // Of those, the ones no budget can thin that make a tenth of the estimate or more,
+        // and why: where the estimate stays high, the user learns what would bring it down.
+        let total = r.estimated_probe_ns();
+        let kept: Vec<String> = r
+            .estimated_probe_ns_by_routine()
+            .iter()
+            .take(3)
+            .filter(|(name, t)| {
+                *t > 0 && *t >= total / 10 && r.routines[*name].sampled_time.is_none()
+            })
+            .filter_map(|(name, _)| Some(format!("{name} ({})", never_sampled(name, job)?)))
+            .collect();
         let _ = writeln!(o);
         let _ = writeln!(
             o,
@@ -151,6 +163,13 @@ pub fn render_durations(job: &JobProfile) -> String {
                 format!(", most of it in {}", costliest.join(", "))
             }
         );
+        if share >= NOTED_SHARE && !kept.is_empty() {
+            let _ = writeln!(
+                o,
+                "  timed at every call whatever --max-overhead says: {}",
+                kept.join("; ")
+            );
+        }
     }
     let comm: Vec<f64> = job.ranks.iter().map(|r| r.comm_time_ns as f64).collect();
     if let Some(c) = cv(&comm) {
@@ -162,6 +181,32 @@ pub fn render_durations(job: &JobProfile) -> String {
         );
     }
     o
+}
+
+/// A rank's estimated probe cost (share of its time) from which the report says what kept
+/// it there: the default `--max-overhead`.
+const NOTED_SHARE: f64 = 0.01;
+
+/// Why the budget (`--max-overhead`) leaves routine `name` timed at every call, where it
+/// does whatever the call rate (as `session::budget` chooses what it may sample).
+fn never_sampled(name: &str, job: &JobProfile) -> Option<&'static str> {
+    use collector_common::routines::{routine_id, Family, ROUTINES};
+    let routine = ROUTINES.get(usize::from(routine_id(name)?))?;
+    if !matches!(routine.family(), Family::Mpi | Family::Fabric) {
+        return Some("NCCL's and CUDA's calls are timed at every call");
+    }
+    if !routine.spec.time_may_be_sampled() {
+        return Some(
+            "its return reads what the call did: a status, a new handle, whether it posted",
+        );
+    }
+    if job.call_events {
+        return Some("an event per call (a trace) carries its time");
+    }
+    if job.skew.is_some() && routine.spec.matters_for_skew() {
+        return Some("who is late takes every instance's times: --no-skew lets it be sampled");
+    }
+    None
 }
 
 /// Standard deviation over mean of `v` (population), where there are two values or more
@@ -181,7 +226,25 @@ fn cv(v: &[f64]) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
-    use super::cv;
+    use super::{cv, never_sampled};
+    use crate::profile::JobProfile;
+
+    /// The report names what no `--max-overhead` can thin, with what would change that.
+    #[test]
+    fn what_no_budget_can_thin_is_named_with_its_reason() {
+        let mut job = JobProfile::of_ranks(Vec::new());
+        let why = |name: &str, job: &JobProfile| never_sampled(name, job).unwrap_or("-");
+        assert!(why("ncclAllReduce", &job).starts_with("NCCL's"));
+        assert!(why("MPI_Comm_dup", &job).starts_with("its return reads"));
+        assert_eq!(why("MPI_Allreduce", &job), "-");
+        assert_eq!(why("MPI_Iprobe", &job), "-");
+        assert_eq!(why("MPI_Nothing", &job), "-");
+        job.skew = Some(Default::default());
+        assert!(why("MPI_Allreduce", &job).ends_with("--no-skew lets it be sampled"));
+        assert_eq!(why("MPI_Iprobe", &job), "-");
+        job.call_events = true;
+        assert!(why("MPI_Iprobe", &job).contains("(a trace)"));
+    }
 
     #[test]
     fn coefficient_of_variation() {
