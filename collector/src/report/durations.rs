@@ -188,7 +188,10 @@ pub fn render_durations(job: &JobProfile) -> String {
 const NOTED_SHARE: f64 = 0.01;
 
 /// Why the budget (`--max-overhead`) leaves routine `name` timed at every call, where it
-/// does whatever the call rate (as `session::budget` chooses what it may sample).
+/// does whatever the call rate (as `session::budget` chooses what it may sample). What the
+/// profile does not record is not judged: `--time-every-call`, a stream's events switched
+/// on for a while (`call_events` is the setting at the end), a receive's calls that pass a
+/// status (timed, where those that ignore it may be sampled).
 fn never_sampled(name: &str, job: &JobProfile) -> Option<&'static str> {
     use collector_common::routines::{routine_id, Family, ROUTINES};
     let routine = ROUTINES.get(usize::from(routine_id(name)?))?;
@@ -199,6 +202,10 @@ fn never_sampled(name: &str, job: &JobProfile) -> Option<&'static str> {
         return Some(
             "its return reads what the call did: a status, a new handle, whether it posted",
         );
+    }
+    // Without sessions every return probe runs: nothing is sampled, whatever else is off.
+    if !job.libraries.is_empty() && !job.libraries.iter().any(|l| l.uprobe_sessions) {
+        return Some("time is sampled through uprobe sessions only, Linux 6.13+");
     }
     if job.call_events {
         return Some("an event per call (a trace) carries its time");
@@ -244,6 +251,20 @@ mod tests {
         assert_eq!(why("MPI_Iprobe", &job), "-");
         job.call_events = true;
         assert!(why("MPI_Iprobe", &job).contains("(a trace)"));
+        // Probed without uprobe sessions: no return can be skipped, so that is the reason.
+        job.libraries.push(crate::profile::ProbedLibrary {
+            path: "/lib/libmpi.so.40".into(),
+            flavor: "Open MPI 4.x".into(),
+            probes: 1,
+            moved_past_single_step: Vec::new(),
+            single_stepped: Vec::new(),
+            failed: Vec::new(),
+            uprobe_sessions: false,
+        });
+        assert!(why("MPI_Allreduce", &job).ends_with("Linux 6.13+"));
+        assert!(why("ncclAllReduce", &job).starts_with("NCCL's"));
+        job.libraries[0].uprobe_sessions = true;
+        assert!(why("MPI_Allreduce", &job).contains("(a trace)"));
     }
 
     #[test]

@@ -116,6 +116,65 @@ struct Span {
     max_end: u64,
 }
 
+/// Recent instances' spans by number, lowest first, at most [`MAX_SPANS`]. Numbers come
+/// mostly in order, so a sorted deque takes a new one at its end and drops the oldest at
+/// its front, where a B-tree walked its nodes for both, at every call
+/// (`commtap bench-matching`).
+#[derive(Debug, Default)]
+struct Spans(VecDeque<(u64, Span)>);
+
+impl Spans {
+    fn find(&self, seq: u64) -> Result<usize, usize> {
+        match self.0.back() {
+            Some(&(last, _)) if seq > last => Err(self.0.len()),
+            Some(&(last, _)) if seq == last => Ok(self.0.len() - 1),
+            _ => self.0.binary_search_by_key(&seq, |(s, _)| *s),
+        }
+    }
+
+    fn contains(&self, seq: u64) -> bool {
+        self.find(seq).is_ok()
+    }
+
+    /// Widens instance `seq`'s span to take in `a` (a new span if it has none), dropping
+    /// the oldest past [`MAX_SPANS`].
+    fn widen(&mut self, seq: u64, a: Arrival) {
+        match self.find(seq) {
+            Ok(i) => {
+                let span = &mut self.0[i].1;
+                span.min_start = span.min_start.min(a.start_ns);
+                span.max_end = span.max_end.max(a.end_ns);
+            }
+            Err(i) => self.0.insert(
+                i,
+                (
+                    seq,
+                    Span {
+                        min_start: a.start_ns,
+                        max_end: a.end_ns,
+                    },
+                ),
+            ),
+        }
+        while self.0.len() > MAX_SPANS {
+            self.0.pop_front();
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The lowest-numbered span kept.
+    fn oldest(&self) -> Option<&Span> {
+        self.0.front().map(|(_, s)| s)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u64, &Span)> {
+        self.0.iter().map(|(seq, s)| (*seq, s))
+    }
+}
+
 #[derive(Debug)]
 struct Buffered {
     local: u64,
@@ -149,7 +208,7 @@ struct Comm {
     size: u32,
     streams: FastMap<u32, Stream>,
     open: BTreeMap<u64, Open>,
-    spans: BTreeMap<u64, Span>,
+    spans: Spans,
     /// One past the highest number used.
     next_fresh: u64,
 }
@@ -293,7 +352,7 @@ fn place(
         counts.unaligned += 1;
         return;
     };
-    if !comm.open.contains_key(&seq) && seq < comm.next_fresh && comm.spans.contains_key(&seq) {
+    if !comm.open.contains_key(&seq) && seq < comm.next_fresh && comm.spans.contains(seq) {
         // Its instance was closed already (expired, or the others all came).
         counts.unaligned += 1;
         return;
@@ -311,15 +370,7 @@ fn place(
     }
     open.arrivals.push(a);
     open.newest_ns = open.newest_ns.max(a.end_ns);
-    let span = comm.spans.entry(seq).or_insert(Span {
-        min_start: a.start_ns,
-        max_end: a.end_ns,
-    });
-    span.min_start = span.min_start.min(a.start_ns);
-    span.max_end = span.max_end.max(a.end_ns);
-    while comm.spans.len() > MAX_SPANS {
-        comm.spans.pop_first();
-    }
+    comm.spans.widen(seq, a);
     let full = comm.size > 0 && open.arrivals.len() >= comm.size as usize;
     if full {
         close(comm, key, seq, out);
@@ -395,7 +446,7 @@ fn align(
         if let Some(off) = vote(comm, pid, force) {
             comm.streams.get_mut(&pid).expect("waiting").offset = Some(off);
             flush(comm, key, pid, counts, out);
-        } else if let Some(oldest) = comm.spans.values().next().map(|s| s.min_start) {
+        } else if let Some(oldest) = comm.spans.oldest().map(|s| s.min_start) {
             // Calls that ended before every span cannot match any: they belong to
             // instances from before the others were watched.
             let s = comm.streams.get_mut(&pid).expect("waiting");
@@ -415,7 +466,7 @@ fn vote(comm: &Comm, pid: u32, force: bool) -> Option<i64> {
     for b in buffer {
         // (overlap, instance, another overlaps as long)
         let mut best: Option<(u64, u64, bool)> = None;
-        for (&seq, span) in &comm.spans {
+        for (seq, span) in comm.spans.iter() {
             let (from, to) = (
                 b.arrival.start_ns.max(span.min_start),
                 b.arrival.end_ns.min(span.max_end),

@@ -46,9 +46,11 @@ impl Placement {
 }
 
 /// The hash maps of who is late's per-event path, keyed by what the kernel numbers (pids,
-/// threads) and by our own names (communicators, jobs): foldhash, seeded at random per
-/// process, where SipHash took a quarter of the path's time (`commtap bench-matching`).
-/// Maps keyed by what a process chooses (its communicator handles) keep SipHash.
+/// threads), by our own communicator names, and by job names (a launcher's environment):
+/// foldhash, seeded at random per process (no key can be picked to collide without the
+/// seed), where SipHash took a quarter of the path's time (`commtap bench-matching`). Maps
+/// keyed by what a process passes freely at every call (its communicator handles) keep
+/// SipHash.
 pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// A [`FastMap`]'s set.
