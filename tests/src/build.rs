@@ -127,6 +127,17 @@ impl Mpi {
         }
     }
 
+    /// `mpi_loop` (`tests/programs/mpi_loop.c`, built as `prog`) on `np` ranks: the
+    /// launcher, then `PROGRAM READY GO N TRUTH_PREFIX`.
+    pub fn mpi_loop(self, np: u32, prog: &Path, files: [&Path; 3], n: u64) -> Vec<String> {
+        let [ready, go, truth] = files;
+        let mut args = self.launcher(np);
+        args.extend([prog, ready, go].map(|p| p.display().to_string()));
+        args.push(n.to_string());
+        args.push(truth.display().to_string());
+        args
+    }
+
     /// The launcher command line for `np` ranks.
     pub fn launcher(self, np: u32) -> Vec<String> {
         match self {

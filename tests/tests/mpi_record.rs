@@ -560,12 +560,7 @@ fn overflow_keeps_counts_exact(mpi: Mpi) {
     .to_vec();
     args.push(out.display().to_string());
     args.push("--".into());
-    args.extend(mpi.launcher(2));
-    for a in [&prog, &ready, &go] {
-        args.push(a.display().to_string());
-    }
-    args.push(n.to_string());
-    args.push(truth.display().to_string());
+    args.extend(mpi.mpi_loop(2, &prog, [&ready, &go, &truth], n));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let commtap = spawn_commtap_with_env(&scratch, &args, &mpi.job_env());
     wait_until("the job to be ready", Duration::from_mins(2), || {

@@ -356,12 +356,7 @@ fn a_collective_kept_timed_for_who_is_late_is_named_in_the_report() {
         let mut args = record_text_and_json(&text, &out);
         args.extend(extra.iter().map(|a| (*a).to_string()));
         args.push("--".into());
-        args.extend(mpi.launcher(2));
-        for a in [&prog, &ready, &go] {
-            args.push(a.display().to_string());
-        }
-        args.push(n.to_string());
-        args.push(truth.display().to_string());
+        args.extend(mpi.mpi_loop(2, &prog, [&ready, &go, &truth], n));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         finish_ok(
             &scratch,
