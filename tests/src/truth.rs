@@ -65,6 +65,26 @@ pub fn is_transport_operation(routine: &str) -> bool {
     routine.starts_with("fi_") || routine.starts_with("ucp_")
 }
 
+/// The profile's rank of `mpi_loop` (`tests/programs/mpi_loop.c`) whose truth is `truth`
+/// made exactly the calls it says, plus the one `MPI_Barrier` before its ready file (the
+/// truth counts from GO), and `n` 8-byte `MPI_Allreduce`; that rank is returned.
+#[track_caller]
+pub fn assert_mpi_loop_matches<'a>(profile: &'a Value, truth: &Value, n: u64) -> &'a Value {
+    let rank = rank_by_pid(profile, truth["pid"].as_u64().expect("pid"));
+    let got = routine_table(&rank["routines"]);
+    for (routine, want) in routine_table(&truth["routines"]) {
+        let extra = u64::from(routine == "MPI_Barrier");
+        assert_eq!(
+            got[&routine],
+            (want.0 + extra, want.1),
+            "rank {} {routine}",
+            truth["rank"]
+        );
+    }
+    assert_eq!(got["MPI_Allreduce"], (n, 8 * n), "rank {}", truth["rank"]);
+    rank
+}
+
 /// Asserts that every rank of `profile` equals its truth: the same routines, calls and
 /// bytes, the same communicator sizes, the right rank, nothing undecoded, and every counted
 /// call either delivered as an event or counted as dropped. `ignore` names routines the

@@ -573,19 +573,7 @@ fn overflow_keeps_counts_exact(mpi: Mpi) {
     let truths = read_truths(&truth, 2);
     let mut dropped = 0;
     for t in &truths {
-        let rank = rank_by_pid(&profile, t["pid"].as_u64().expect("pid"));
-        let got = routine_table(&rank["routines"]);
-        for (routine, want) in routine_table(&t["routines"]) {
-            // One MPI_Barrier before the ready file is not in the truth (it counts from GO).
-            let extra = u64::from(routine == "MPI_Barrier");
-            assert_eq!(
-                got[&routine],
-                (want.0 + extra, want.1),
-                "{mpi:?} rank {} {routine}",
-                t["rank"]
-            );
-        }
-        assert_eq!(got["MPI_Allreduce"], (n, 8 * n), "{mpi:?}");
+        let rank = assert_mpi_loop_matches(&profile, t, n);
         assert_events_account_for_calls(rank);
         dropped += rank["dropped"].as_u64().expect("dropped");
     }

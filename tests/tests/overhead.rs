@@ -365,14 +365,7 @@ fn a_collective_kept_timed_for_who_is_late_is_named_in_the_report() {
         );
         let profile = read_json(&out);
         for t in &read_truths(&truth, 2) {
-            let rank = rank_by_pid(&profile, t["pid"].as_u64().expect("pid"));
-            let got = routine_table(&rank["routines"]);
-            for (routine, want) in routine_table(&t["routines"]) {
-                // One MPI_Barrier before the ready file is not in the truth.
-                let extra = u64::from(routine == "MPI_Barrier");
-                assert_eq!(got[&routine], (want.0 + extra, want.1), "{routine}");
-            }
-            assert_eq!(got["MPI_Allreduce"], (n, 8 * n));
+            assert_mpi_loop_matches(&profile, t, n);
         }
         let report = std::fs::read_to_string(&text).expect("text report");
         let estimate = report

@@ -116,11 +116,14 @@ pub fn render_durations(job: &JobProfile) -> String {
     {
         let ns = |ns: u64| super::units::Unit::Seconds.format(super::units::secs(ns));
         // Where it goes: the routines whose probes cost that rank most.
-        let costliest: Vec<String> = r
+        let top: Vec<(&str, u64)> = r
             .estimated_probe_ns_by_routine()
-            .iter()
+            .into_iter()
             .take(3)
             .filter(|(_, t)| *t > 0)
+            .collect();
+        let costliest: Vec<String> = top
+            .iter()
             .map(|(name, t)| format!("{name} {}", ns(*t)))
             .collect();
         let cost = r.call_cost();
@@ -136,18 +139,6 @@ pub fn render_durations(job: &JobProfile) -> String {
                 ns(cost.program_ns)
             )
         };
-        // Of those, the ones no budget can thin that make a tenth of the estimate or more,
-        // and why: where the estimate stays high, the user learns what would bring it down.
-        let total = r.estimated_probe_ns();
-        let kept: Vec<String> = r
-            .estimated_probe_ns_by_routine()
-            .iter()
-            .take(3)
-            .filter(|(name, t)| {
-                *t > 0 && *t >= total / 10 && r.routines[*name].sampled_time.is_none()
-            })
-            .filter_map(|(name, _)| Some(format!("{name} ({})", never_sampled(name, job)?)))
-            .collect();
         let _ = writeln!(o);
         let _ = writeln!(
             o,
@@ -163,6 +154,14 @@ pub fn render_durations(job: &JobProfile) -> String {
                 format!(", most of it in {}", costliest.join(", "))
             }
         );
+        // Of those, the ones no budget can thin that make a tenth of the estimate or more,
+        // and why: where the estimate stays high, the user learns what would bring it down.
+        let total = r.estimated_probe_ns();
+        let kept: Vec<String> = top
+            .iter()
+            .filter(|(name, t)| *t >= total / 10 && r.routines[*name].sampled_time.is_none())
+            .filter_map(|(name, _)| Some(format!("{name} ({})", never_sampled(name, job)?)))
+            .collect();
         if share >= NOTED_SHARE && !kept.is_empty() {
             let _ = writeln!(
                 o,

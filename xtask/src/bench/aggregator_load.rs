@@ -72,18 +72,10 @@ fn spent(who: &str, pid: u32, cpu_before: f64, wall: f64, db: &Path) -> Result<S
 /// `commtap bench-push --to addr ARGS`: its line of JSON and how long it ran.
 fn bench_push(commtap: &Path, addr: &str, args: &[String]) -> Result<(String, f64)> {
     let start = Instant::now();
-    let o = Command::new(commtap)
-        .args(["bench-push", "--to", addr])
-        .args(args)
-        .output()
-        .context("commtap bench-push")?;
-    if !o.status.success() {
-        bail!("bench-push: {}", String::from_utf8_lossy(&o.stderr));
-    }
-    Ok((
-        String::from_utf8_lossy(&o.stdout).trim().to_string(),
-        start.elapsed().as_secs_f64(),
-    ))
+    let mut all = vec!["bench-push", "--to", addr];
+    all.extend(args.iter().map(String::as_str));
+    let line = super::commtap_line(commtap, &all)?;
+    Ok((line, start.elapsed().as_secs_f64()))
 }
 
 /// One line of JSON: the levels in order.

@@ -614,43 +614,53 @@ impl Rounds {
     }
 }
 
+/// Runs `commtap ARGS` (one of its hidden bench commands) and returns the line of JSON it
+/// prints.
+pub(crate) fn commtap_line<S: AsRef<std::ffi::OsStr>>(
+    commtap: &Path,
+    args: &[S],
+) -> Result<String> {
+    let what = args
+        .first()
+        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let o = Command::new(commtap)
+        .args(args)
+        .output()
+        .with_context(|| format!("running commtap {what}"))?;
+    if !o.status.success() {
+        bail!("{what} failed: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
 /// Who is late's matching, per call event (`commtap bench-matching`, one line of JSON per
 /// job size, joined by commas).
 fn matching(commtap: &Path) -> Result<String> {
-    let mut lines = Vec::new();
-    for ranks in [2, 8, 64] {
-        let o = Command::new(commtap)
-            .args(["bench-matching", "--ranks", &ranks.to_string()])
-            .args(["--instances", if ranks > 8 { "20000" } else { "100000" }])
-            .output()
-            .context("running commtap bench-matching")?;
-        if !o.status.success() {
-            bail!(
-                "bench-matching failed: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        lines.push(String::from_utf8_lossy(&o.stdout).trim().to_string());
-    }
-    Ok(lines.join(", "))
+    let lines = [2, 8, 64].map(|ranks| {
+        let instances = if ranks > 8 { "20000" } else { "100000" };
+        commtap_line(
+            commtap,
+            &[
+                "bench-matching",
+                "--ranks",
+                &ranks.to_string(),
+                "--instances",
+                instances,
+            ],
+        )
+    });
+    Ok(lines.into_iter().collect::<Result<Vec<_>>>()?.join(", "))
 }
 
 /// The aggregator's merge: 100 daemons x 100 ranks x 50 routines x 32 buckets (one line of
 /// JSON from `commtap bench-aggregator`).
 fn aggregator_merge(commtap: &Path, out: &Path) -> Result<String> {
-    let agg = Command::new(commtap)
-        .arg("bench-aggregator")
-        .arg("--db")
-        .arg(out.join("bench-aggregator.redb"))
-        .output()
-        .context("running commtap bench-aggregator")?;
-    if !agg.status.success() {
-        bail!(
-            "bench-aggregator failed: {}",
-            String::from_utf8_lossy(&agg.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&agg.stdout).trim().to_string())
+    let db = out.join("bench-aggregator.redb");
+    commtap_line(
+        commtap,
+        &["bench-aggregator".as_ref(), "--db".as_ref(), db.as_os_str()],
+    )
 }
 
 fn get(s: Sample, i: usize) -> f64 {
