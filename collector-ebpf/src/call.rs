@@ -70,10 +70,24 @@ pub(crate) fn call_events_on() -> bool {
 pub(crate) fn emit_call(e: &mut CallState, ev: &mut CallEvent) {
     ev.thread_seq = e.events;
     e.events = e.events.wrapping_add(1);
-    if EVENTS.output::<CallEvent>(&*ev, batched_wakeup()).is_err() {
+    // The buffer's fill is asked at one event in WAKEUP_CHECK_EVERY of each thread: the
+    // query reads positions every other CPU writes (a cache miss each, a quarter of what
+    // sending an event cost in `perf`), and a quarter of the buffer is far more than the
+    // events busy threads send between two asks.
+    let flags = if ev.thread_seq % WAKEUP_CHECK_EVERY == 0 {
+        batched_wakeup()
+    } else {
+        u64::from(aya_ebpf::bindings::BPF_RB_NO_WAKEUP)
+    };
+    if EVENTS.output::<CallEvent>(&*ev, flags).is_err() {
         with_proc_stats(ev.tgid, |s| s.dropped += 1);
     }
 }
+
+/// A thread asks whether the consumer should be woken at one of its events in this many:
+/// a wake-up comes at most 7 of each sending thread's events late (in the default 1 MiB
+/// buffer, a thousand threads sending at once stay within the three quarters left).
+const WAKEUP_CHECK_EVERY: u32 = 8;
 
 /// Sends an event that is not one of the thread's calls (a device window) to userspace,
 /// unnumbered; whether the ring buffer had room.
@@ -82,15 +96,18 @@ pub(crate) fn emit_unnumbered(ev: &CallEvent) -> bool {
     EVENTS.output::<CallEvent>(ev, batched_wakeup()).is_ok()
 }
 
-/// Ring-buffer flags for a call event: wake the consumer only once the buffer is a quarter
+/// Ring-buffer flags for an event: wake the consumer only once the buffer is a quarter
 /// full. Waking it for every event costs a context switch per MPI call, which on busy
 /// nodes (ranks on every core) multiplies the probe cost; userspace also drains on a timer.
-/// (The ring's size is the map's, a constant: one query, not two, per event.)
+/// (The ring's size is asked too: `--ring-buffer-kib` sets it at load, and a quarter of
+/// the default's would never be reached in a smaller one, left to the timer alone.)
 #[inline(always)]
 fn batched_wakeup() -> u64 {
-    use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
+    use aya_ebpf::bindings::{
+        BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
+    };
     let avail = EVENTS.query(u64::from(BPF_RB_AVAIL_DATA));
-    if avail >= u64::from(crate::maps::EVENTS_BYTES / 4) {
+    if avail >= EVENTS.query(u64::from(BPF_RB_RING_SIZE)) / 4 {
         u64::from(BPF_RB_FORCE_WAKEUP)
     } else {
         u64::from(BPF_RB_NO_WAKEUP)
