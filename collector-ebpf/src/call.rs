@@ -74,7 +74,7 @@ pub(crate) fn emit_call(e: &mut CallState, ev: &mut CallEvent) {
     // query reads positions every other CPU writes (a cache miss each, a quarter of what
     // sending an event cost in `perf`), and a quarter of the buffer is far more than the
     // events busy threads send between two asks.
-    let flags = if ev.thread_seq % WAKEUP_CHECK_EVERY == 0 {
+    let flags = if ev.thread_seq.is_multiple_of(WAKEUP_CHECK_EVERY) {
         batched_wakeup()
     } else {
         u64::from(aya_ebpf::bindings::BPF_RB_NO_WAKEUP)
