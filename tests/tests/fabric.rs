@@ -489,6 +489,43 @@ fn sampled_mpi_calls_over_ucx_keep_their_operations() {
     }
 }
 
+/// `--no-transports`: MPICH over UCX with MPI probed alone. Every MPI call is counted
+/// exactly as the program made it, no UCX operation is (its library is not probed), and
+/// the profile says why, naming the flag.
+#[test]
+fn no_transports_probes_mpich_alone_and_says_so() {
+    let scratch = Scratch::new("ucx-none");
+    let n: u64 = 3000;
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::Mpich, 2, n, &[]);
+    let (commtap, out) = record_attached_with(&scratch, &ranks, &["--no-transports"]);
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let run = finish_ok(&scratch, commtap, LIMIT);
+    let profile = read_json(&out);
+    let truths = read_truths(&scratch.path("truth"), 2);
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    for truth in &truths {
+        let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
+        let on_ucx = routines_named(rank, "ucp_");
+        assert!(
+            on_ucx.is_empty(),
+            "rank {}: {on_ucx:?}; {}",
+            truth["rank"],
+            run.stderr
+        );
+    }
+    let flavors = library_flavors(&profile);
+    assert!(!flavors.contains(&"UCX"), "UCX not probed: {flavors:?}");
+    let left: Vec<&str> = profile["unsupported_libraries"]
+        .as_array()
+        .expect("unsupported_libraries")
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|why| why.contains("libucp") && why.contains("--no-transports"))
+        .collect();
+    assert_eq!(left.len(), 1, "{:?}", profile["unsupported_libraries"]);
+}
+
 /// Open MPI 5 from its wheel over UCX (`pml ucx`, told to take any transport: this machine
 /// has no InfiniBand), its own bundled `libucp`: the same.
 #[test]

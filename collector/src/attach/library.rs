@@ -159,6 +159,17 @@ impl Probes {
             },
         };
         let lib = match read {
+            Ok(LibraryKind::Probed(lib)) if lib.abi == Abi::Fabric && !self.transports => {
+                let why = format!(
+                    "{}: a transport's data path, left alone as --no-transports asks (MPI \
+                     and NCCL are probed)",
+                    file.shown
+                );
+                info!("{why}");
+                self.unsupported.push(why);
+                self.seen.insert(dev_inode, None);
+                return None;
+            }
             Ok(LibraryKind::Probed(lib)) => lib,
             Ok(LibraryKind::Unsupported(why)) => {
                 warn!("{why}");

@@ -185,6 +185,8 @@ pub struct Probes {
     programs_loaded_ns: u64,
     /// How long pausing lasts unless renewed.
     pause_lease: std::time::Duration,
+    /// Whether transports' libraries (libfabric, UCX) are probed.
+    transports: bool,
     events: Option<RingBuf<MapData>>,
     /// By (dev, inode): attached MPI libraries, or `None` for objects that are not MPI.
     seen: BTreeMap<(u64, u64), Option<usize>>,
@@ -247,6 +249,9 @@ pub struct LoadOptions {
     pub pause_at_load: bool,
     /// How long pausing lasts unless renewed ([`PAUSE_LEASE`]; tests make it longer).
     pub pause_lease: std::time::Duration,
+    /// Probe the transports' data path (libfabric's, UCX's) beneath MPI, besides MPI and
+    /// NCCL.
+    pub transports: bool,
 }
 
 impl LoadOptions {
@@ -260,6 +265,7 @@ impl LoadOptions {
             time_sampling: crate::session::budget::TimeSampling::DEFAULT,
             pause_at_load: true,
             pause_lease: PAUSE_LEASE,
+            transports: true,
         }
     }
 }
@@ -396,6 +402,7 @@ impl Probes {
             identity_known,
             programs_loaded_ns: 0,
             pause_lease: opts.pause_lease,
+            transports: opts.transports,
             events: Some(map(&mut ebpf, names::maps::EVENTS)?),
             _ebpf: ebpf,
             seen: BTreeMap::new(),

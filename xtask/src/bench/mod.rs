@@ -154,7 +154,8 @@ pub fn run(root: &Path, only: &[String], rounds_wanted: Option<usize>) -> Result
              same for bpftrace counting the five routines at their entries alone (no return, \
              no time), the least any exact count by uprobes adds; timed_calls_by_default: per \
              routine, the calls commtap's default run timed (both ranks; the rest counted at \
-             their entry): {rate}",
+             their entry); over a transport (MPICH's UCX), no_transports_added_ratio: \
+             commtap probing MPI alone (`--no-transports`), as the bpftrace scripts do: {rate}",
             rounds(RATE_ROUNDS)
         );
         json.push(format!("  {{\"call_rate\": [{rate}]}}"));
@@ -837,8 +838,14 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
                 .context("no rate_s line")
         };
         let profile = out.join(format!("rate.{}.json", stack.suffix));
-        let (mut none, mut bpf, mut floor, mut ours, mut every) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut none, mut bpf, mut floor, mut ours, mut every, mut mpi_only) = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
         // Per routine, the calls the default run timed (both ranks), one entry per round:
         // how quickly the budget thinned each of the program's phases.
         let mut timed: Vec<Vec<u64>> = vec![Vec::new(); routines.len()];
@@ -852,11 +859,16 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
             floor.push(with_bpftrace(&floor_script, || {
                 run(&mut mpi_command_args(stack, &bin, &[]))
             })?);
-            // As it runs by default (its --max-overhead budget), then every call timed.
-            for (flags, into) in [
+            // As it runs by default (its --max-overhead budget), then every call timed, then
+            // (over a transport) probing MPI alone, as the bpftrace scripts do.
+            let mut runs = vec![
                 (&[][..], &mut ours),
                 (&["--time-every-call"][..], &mut every),
-            ] {
+            ];
+            if stack.transport.is_some() {
+                runs.push((&["--no-transports"][..], &mut mpi_only));
+            }
+            for (flags, into) in runs {
                 let mut cmd = Command::new(commtap);
                 cmd.args(["record", "--format", "json", "-o"])
                     .arg(&profile)
@@ -888,6 +900,16 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
             v[v.len() / 2]
         };
         let (n, b, f, c, e) = (med(none), med(bpf), med(floor), med(ours), med(every));
+        // Over a transport: probing MPI alone (`--no-transports`), as the bpftrace scripts do.
+        let mpi_only = if mpi_only.is_empty() {
+            String::new()
+        } else {
+            let m = med(mpi_only);
+            format!(
+                ", \"commtap_no_transports_s\": {m:.3}, \"no_transports_added_ratio\": {:.2}",
+                (m - n) / (b - n)
+            )
+        };
         let timed = routines
             .iter()
             .zip(timed)
@@ -898,7 +920,7 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
             .collect::<Vec<_>>()
             .join(", ");
         lines.push(format!(
-            "{{\"stack\": \"{}\", \"none_s\": {n:.3}, \"bpftrace_s\": {b:.3}, \"entry_count_floor_s\": {f:.3}, \"floor_added_ratio\": {:.2}, \"commtap_s\": {c:.3}, \"added_ratio\": {:.2}, \"commtap_every_call_timed_s\": {e:.3}, \"every_call_added_ratio\": {:.2}, \"counts_exact\": {exact}, \"timed_calls_by_default\": {{{timed}}}}}",
+            "{{\"stack\": \"{}\", \"none_s\": {n:.3}, \"bpftrace_s\": {b:.3}, \"entry_count_floor_s\": {f:.3}, \"floor_added_ratio\": {:.2}, \"commtap_s\": {c:.3}, \"added_ratio\": {:.2}, \"commtap_every_call_timed_s\": {e:.3}, \"every_call_added_ratio\": {:.2}, \"counts_exact\": {exact}, \"timed_calls_by_default\": {{{timed}}}{mpi_only}}}",
             stack.name,
             (f - n) / (b - n),
             (c - n) / (b - n),

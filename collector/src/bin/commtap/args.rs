@@ -433,6 +433,14 @@ pub struct ProbeArgs {
     /// pausing, such a library is probed as soon as it is seen, after its first calls.
     #[arg(long)]
     pub no_pause_at_load: bool,
+    /// Probe MPI and NCCL only, not the transports' data path beneath them (libfabric's
+    /// and UCX's operations, by default counted too, each inside the MPI call that made
+    /// it): a trap less per operation an MPI call makes through them (MPICH over UCX: one
+    /// per MPI_Send or MPI_Recv, two per 2-rank MPI_Allreduce), without the transport's
+    /// sections in the report. A program calling libfabric or UCX itself, without MPI, is
+    /// then not profiled.
+    #[arg(long)]
+    pub no_transports: bool,
     /// Time every call, whatever it costs (no sampling).
     #[arg(long, conflicts_with = "time_one_in")]
     pub time_every_call: bool,
@@ -453,6 +461,7 @@ impl ProbeArgs {
                 self.max_overhead,
             ),
             pause_at_load: !self.no_pause_at_load,
+            transports: !self.no_transports,
             ..collector::attach::LoadOptions::with_ring_buffer_kib(self.ring_buffer_kib)
         }
     }
