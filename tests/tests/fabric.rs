@@ -443,6 +443,23 @@ fn ucx_loop(
     assert!(flavors.contains(&"UCX"), "UCX probed: {flavors:?}");
 }
 
+/// `mpi_loop` of `n` iterations on 2 ranks of Debian's MPICH (over UCX), `record` attached
+/// with `flags` once they are ready; the MPI profile equals the truth (MPI_Finalize's own
+/// traffic aside). Returns the profile, the truths and commtap's stderr.
+#[track_caller]
+fn mpich_loop_attached(name: &str, n: u64, flags: &[&str]) -> (Value, Vec<Value>, String) {
+    let scratch = Scratch::new(name);
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::Mpich, 2, n, &[]);
+    let (commtap, out) = record_attached_with(&scratch, &ranks, flags);
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let run = finish_ok(&scratch, commtap, LIMIT);
+    let profile = read_json(&out);
+    let truths = read_truths(&scratch.path("truth"), 2);
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    (profile, truths, run.stderr)
+}
+
 /// Time sampled one call in three (`--time-one-in 3`, no trace: no event wants the
 /// calls): MPICH's `MPI_Send`, `MPI_Recv` and `MPI_Allreduce` and UCX's operations go
 /// untimed two times in three, counted at their entry, and every UCX operation still counts
@@ -450,20 +467,12 @@ fn ucx_loop(
 /// (whose return is not seen) is that call's.
 #[test]
 fn sampled_mpi_calls_over_ucx_keep_their_operations() {
-    let scratch = Scratch::new("ucx-sampled");
     let n: u64 = 3000;
-    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::Mpich, 2, n, &[]);
-    let (commtap, out) =
-        record_attached_with(&scratch, &ranks, &["--time-one-in", "3", "--no-skew"]);
-    std::fs::write(scratch.path("go"), b"").expect("go file");
-    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
-    let run = finish_ok(&scratch, commtap, LIMIT);
-    let profile = read_json(&out);
-    let truths = read_truths(&scratch.path("truth"), 2);
-    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    let (profile, truths, stderr) =
+        mpich_loop_attached("ucx-sampled", n, &["--time-one-in", "3", "--no-skew"]);
     for truth in &truths {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
-        let who = format!("rank {}; {}", truth["rank"], run.stderr);
+        let who = format!("rank {}; {stderr}", truth["rank"]);
         let (sent, received) = loop_operations(
             n,
             MPICH_BARRIER[truth["rank"].as_u64().expect("rank") as usize % 2],
@@ -494,24 +503,14 @@ fn sampled_mpi_calls_over_ucx_keep_their_operations() {
 /// the profile says why, naming the flag.
 #[test]
 fn no_transports_probes_mpich_alone_and_says_so() {
-    let scratch = Scratch::new("ucx-none");
-    let n: u64 = 3000;
-    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::Mpich, 2, n, &[]);
-    let (commtap, out) = record_attached_with(&scratch, &ranks, &["--no-transports"]);
-    std::fs::write(scratch.path("go"), b"").expect("go file");
-    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
-    let run = finish_ok(&scratch, commtap, LIMIT);
-    let profile = read_json(&out);
-    let truths = read_truths(&scratch.path("truth"), 2);
-    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    let (profile, truths, stderr) = mpich_loop_attached("ucx-none", 3000, &["--no-transports"]);
     for truth in &truths {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
         let on_ucx = routines_named(rank, "ucp_");
         assert!(
             on_ucx.is_empty(),
-            "rank {}: {on_ucx:?}; {}",
-            truth["rank"],
-            run.stderr
+            "rank {}: {on_ucx:?}; {stderr}",
+            truth["rank"]
         );
     }
     let flavors = library_flavors(&profile);
