@@ -241,7 +241,14 @@ fn mpi_loop_on_fabric(
     let n: u64 = 5000;
     let (mut job, ranks) = start_waiting_loop(&scratch, mpi, 2, n, env);
     let trace = scratch.path("t.json");
-    let (commtap, out) = record_attached_with(&scratch, &ranks, &["--trace", path_str(&trace)]);
+    // A ring buffer that holds every event of the run (about 70,000 of 104 bytes): the
+    // trace is checked call by call, and must not depend on `record` (a debug build, on
+    // cores the polling ranks fill) draining as fast as the ranks send.
+    let (commtap, out) = record_attached_with(
+        &scratch,
+        &ranks,
+        &["--trace", path_str(&trace), "--ring-buffer-kib", "16384"],
+    );
     std::fs::write(scratch.path("go"), b"").expect("go file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
     let run = finish_ok(&scratch, commtap, LIMIT);
