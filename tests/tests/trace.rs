@@ -314,6 +314,10 @@ fn a_large_trace_is_split_into_files_that_each_load() {
             "1",
             "--skip-routines",
             "MPI_Barrier,MPI_Finalize",
+            // ~24,000 events: a ring that holds them all, so a debug record that falls
+            // behind the ranks cannot drop any (the test checks every call).
+            "--ring-buffer-kib",
+            "8192",
         ],
     );
     std::fs::write(scratch.path("go"), b"go").expect("go file");

@@ -360,12 +360,16 @@ impl Probes {
 
     /// Whether the object `dev_inode` is a libfabric library or provider that commtap
     /// probes (opened with `open` and read now if it was not, and kept for
-    /// `attach_library`).
+    /// `attach_library`); never with `--no-transports`.
     pub fn is_fabric_file(
         &mut self,
         dev_inode: (u64, u64),
         open: impl FnOnce() -> Result<LibraryFile, FileError>,
     ) -> bool {
+        // With --no-transports no transport program runs, so their code ranges serve nothing.
+        if !self.transports {
+            return false;
+        }
         if let Some(state) = self.seen.get(&dev_inode) {
             return matches!(state, Some(i) if self.libraries[*i].library.abi == Abi::Fabric);
         }
