@@ -170,16 +170,7 @@ fn start_session(opts: &DaemonOptions, state_dir: Option<PathBuf>) -> Result<Ses
     // its processes map it).
     let mut libs = discover::candidate_libraries(&[]);
     libs.extend(opts.libraries.iter().cloned());
-    if !libs.is_empty() {
-        if let Err(e) = session.probes.load_all_programs() {
-            warn!("{e:#}");
-        }
-    }
-    for lib in &libs {
-        if let Err(e) = session.attach_file(lib) {
-            warn!("{}: {e:#}", lib.display());
-        }
-    }
+    session.attach_files(&libs);
     session.adopt_running(|pid, info| opts.scope.admits(pid, info));
     Ok(session)
 }

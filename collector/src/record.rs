@@ -165,15 +165,8 @@ fn launch_command(session: &mut Session, opts: &RecordOptions) -> Result<tokio::
     let ahead = !launched_processes_pause(&session.probes);
     if ahead {
         libs.extend(discover::candidate_libraries(&opts.command));
-        if let Err(e) = session.probes.load_all_programs() {
-            warn!("{e:#}");
-        }
     }
-    for lib in &libs {
-        if let Err(e) = session.attach_file(lib) {
-            warn!("--lib {}: {e:#}", lib.display());
-        }
-    }
+    session.attach_files(&libs);
     if ahead && session.probes.libraries().next().is_none() {
         warn!("no MPI library found in the linker's search path; libraries are probed as processes map them");
     }

@@ -568,8 +568,7 @@ impl Probes {
     }
 
     /// Loads every ABI's programs at once, each on a thread of its own (one ABI after the
-    /// other took 3.4 s here against 2.2 s): for probing the system's libraries ahead of
-    /// their processes (a daemon's start, `record` on a terminal) and for `commtap doctor`.
+    /// other took 3.4 s here against 2.2 s): `commtap doctor`, which checks them all.
     pub fn load_all_programs(&mut self) -> Result<(), AttachError> {
         self.load_programs_of(&programs::ABIS)
     }

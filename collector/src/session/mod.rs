@@ -8,7 +8,7 @@ pub mod follow;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::Path,
+    path::PathBuf,
     sync::Arc,
 };
 
@@ -136,12 +136,24 @@ impl Session {
         let _ = self.probes.resume_all();
     }
 
-    /// Probes the library file at `path` now (before any process maps it).
-    pub fn attach_file(&mut self, path: &Path) -> Result<bool> {
-        let file = LibraryFile::open_path(path)?;
-        Ok(self
-            .probes
-            .attach_library(file.identity, true, || Ok(file))?)
+    /// Probes the library files at `paths` now, before any process maps them (a daemon's
+    /// start, `record` ahead of its job, `--lib`): the programs of the ABIs found among them
+    /// only, verified at once. Warns of each that could not be probed.
+    pub fn attach_files(&mut self, paths: &[PathBuf]) {
+        let mut files = Vec::new();
+        for path in paths {
+            match LibraryFile::open_path(path) {
+                Ok(file) => files.push(file),
+                Err(e) => tracing::warn!(
+                    "{}: not probed: {:#}",
+                    path.display(),
+                    anyhow::Error::from(e)
+                ),
+            }
+        }
+        for (shown, e) in self.probes.attach_files(files) {
+            tracing::warn!("{shown}: not probed: {:#}", anyhow::Error::from(e));
+        }
     }
 
     /// Starts watching the running process `pid` on request (the daemon's AttachProcess).
