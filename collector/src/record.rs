@@ -167,6 +167,11 @@ fn launch_command(session: &mut Session, opts: &RecordOptions) -> Result<tokio::
         libs.extend(discover::candidate_libraries(&opts.command));
     }
     session.attach_files(&libs);
+    if !ahead {
+        // The job's ranks would wait paused at their first load while their MPI's programs
+        // are verified: verified from now on instead, while the launcher starts.
+        session.prefetch_programs(&discover::libraries_needed_by(&opts.command));
+    }
     if ahead && session.probes.libraries().next().is_none() {
         warn!("no MPI library found in the linker's search path; libraries are probed as processes map them");
     }

@@ -16,9 +16,17 @@ fn launched_truth(mpi: Mpi, np: u32) {
     let out = scratch.path("profile.json");
     let mpitrace = scratch.path("mpitrace");
     let html = scratch.path("report.html");
-    let mut args: Vec<String> = ["record", "--call-events", "--format", "json", "-o"]
-        .map(String::from)
-        .to_vec();
+    let mut args: Vec<String> = [
+        "--log",
+        "info",
+        "record",
+        "--call-events",
+        "--format",
+        "json",
+        "-o",
+    ]
+    .map(String::from)
+    .to_vec();
     args.push(out.display().to_string());
     args.push("--mpitrace-dir".into());
     args.push(mpitrace.display().to_string());
@@ -35,6 +43,15 @@ fn launched_truth(mpi: Mpi, np: u32) {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let commtap = spawn_commtap_with_env(&scratch, &args, &mpi.job_env());
     let run = finish_ok(&scratch, commtap, LIMIT);
+    // The program needs its MPI by name (found through its RUNPATH, LD_LIBRARY_PATH or the
+    // linker's cache): that flavour's programs were verified while the launcher started.
+    assert!(
+        run.stderr.lines().any(
+            |l| l.contains("verifying the probe programs of") && l.contains("ahead of the job")
+        ),
+        "{}",
+        run.stderr
+    );
 
     let profile = read_json(&out);
     let truths = read_truths(&prefix, np);
@@ -393,7 +410,8 @@ fn a_launched_program_linked_with_an_rpath_is_counted_from_mpi_init() {
     let out = scratch.path("profile.json");
     let ready = scratch.path("ready");
     let truth = scratch.path("truth");
-    let args = launch_args(
+    let mut args = vec!["--log".to_string(), "info".to_string()];
+    args.extend(launch_args(
         &out,
         Mpi::IntelMpi,
         &[
@@ -403,12 +421,23 @@ fn a_launched_program_linked_with_an_rpath_is_counted_from_mpi_init() {
             Path::new(&n.to_string()),
             &truth,
         ],
-    );
+    ));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let run = finish_ok(
         &scratch,
         spawn_commtap_with_env(&scratch, &args, &Mpi::IntelMpi.job_env()),
         LIMIT,
+    );
+    // The program's RUNPATH names its MPI (MPICH's ABI): its programs were verified while
+    // the launcher started, not while the ranks waited.
+    assert!(
+        run.stderr
+            .lines()
+            .any(|l| l.contains("verifying the probe programs of")
+                && l.contains("mpich")
+                && l.contains("ahead of the job")),
+        "{}",
+        run.stderr
     );
     let profile = read_json(&out);
     let truths = read_truths(&scratch.path("truth"), 2);

@@ -14,12 +14,15 @@ use tracing::{debug, info, warn};
 use super::{
     hook_linker, map_err,
     multi::{self, ProbeKind},
-    AttachError, AttachedLibrary, HookedLinker, Probes, MAX_LIBRARIES_PER_UID, MAX_LINKERS,
-    MAX_LINKERS_PER_UID,
+    programs, AttachError, AttachedLibrary, HookedLinker, Probes, MAX_LIBRARIES_PER_UID,
+    MAX_LINKERS, MAX_LINKERS_PER_UID,
 };
 use crate::symbols::{
     self, file::FileError, Library, LibraryFile, LibraryKind, Placement, ProbePoint,
 };
+
+/// A library file by its identity (device, inode), and its name for messages.
+type NamedFile = ((u64, u64), String);
 
 impl Probes {
     /// Notes that `pid` maps the library `dev_inode` (if it is probed).
@@ -56,6 +59,42 @@ impl Probes {
     /// ABIs' programs are ~18 s of a core's time here, where Open MPI's alone is ~2 s).
     /// Returns each library that could not be probed, with why.
     pub fn attach_files(&mut self, files: Vec<LibraryFile>) -> Vec<(String, AttachError)> {
+        let (abis, kept) = self.read_ahead_all(files);
+        // A failed load is reported by each library it leaves unprobed, below.
+        if let Err(e) = self.load_programs_of(&abis) {
+            debug!("{e:#}");
+        }
+        let mut failed = Vec::new();
+        for (id, shown) in kept {
+            // Read ahead above (or decided on before): never opened again here.
+            let open_again = || LibraryFile::open_path(std::path::Path::new(&shown));
+            if let Err(e) = self.attach_library(id, true, open_again) {
+                failed.push((shown, e));
+            }
+        }
+        failed
+    }
+
+    /// Starts verifying, on a thread of its own, the programs of the libraries `files`
+    /// (read now, and kept for when a process maps them), which a job about to be launched
+    /// will load: the verifier's second or two then overlaps the launcher's start instead
+    /// of the ranks' wait at their first load. Whoever needs those programs first waits for
+    /// this load (`load_renewing`).
+    pub fn prefetch_programs(&mut self, files: Vec<LibraryFile>) {
+        let (abis, _) = self.read_ahead_all(files);
+        let names = self
+            .programs
+            .missing(&programs::for_abis(&abis, self.programs.sessions()));
+        if names.is_empty() || self.prefetch.is_some() {
+            return;
+        }
+        info!("verifying the probe programs of {names:?} ahead of the job that will need them");
+        self.prefetch = Some(self.programs.spawn_load(names));
+    }
+
+    /// Reads the libraries `files` not known yet and keeps them for `attach_library`;
+    /// the ABIs of those to be probed, and each file's identity and name.
+    fn read_ahead_all(&mut self, files: Vec<LibraryFile>) -> (Vec<Abi>, Vec<NamedFile>) {
         let mut abis = Vec::new();
         let mut kept = Vec::new();
         for file in files {
@@ -72,19 +111,7 @@ impl Probes {
             }
             kept.push((id, shown));
         }
-        // A failed load is reported by each library it leaves unprobed, below.
-        if let Err(e) = self.load_programs_of(&abis) {
-            debug!("{e:#}");
-        }
-        let mut failed = Vec::new();
-        for (id, shown) in kept {
-            // Read ahead above (or decided on before): never opened again here.
-            let open_again = || LibraryFile::open_path(std::path::Path::new(&shown));
-            if let Err(e) = self.attach_library(id, true, open_again) {
-                failed.push((shown, e));
-            }
-        }
-        failed
+        (abis, kept)
     }
 
     /// Attaches to the library `dev_inode` unless already done, opening it with `open` if

@@ -27,7 +27,7 @@ use collector_common::{
     MAX_LAYOUTS, ROUTINES,
 };
 use serde::Serialize;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     discover::cgroup::CgroupRef,
@@ -185,6 +185,8 @@ pub struct Probes {
     programs_loaded_ns: u64,
     /// How long pausing lasts unless renewed.
     pause_lease: std::time::Duration,
+    /// Programs being verified ahead of a launched job's first load (`prefetch_programs`).
+    prefetch: Option<programs::PendingLoad>,
     /// Whether transports' libraries (libfabric, UCX) are probed.
     transports: bool,
     events: Option<RingBuf<MapData>>,
@@ -402,6 +404,7 @@ impl Probes {
             identity_known,
             programs_loaded_ns: 0,
             pause_lease: opts.pause_lease,
+            prefetch: None,
             transports: opts.transports,
             events: Some(map(&mut ebpf, names::maps::EVENTS)?),
             _ebpf: ebpf,
@@ -535,22 +538,38 @@ impl Probes {
     }
 
     /// Loads those of `names` not loaded yet on another thread, renewing the pause lease
-    /// until they are.
+    /// until they are; those being verified ahead (`prefetch_programs`) are waited for, not
+    /// loaded twice.
     fn load_renewing(&mut self, names: &[&'static str]) -> Result<(), AttachError> {
-        let missing = self.programs.missing(names);
+        let mut missing = self.programs.missing(names);
+        let wanted = |p: &mut programs::PendingLoad| p.names.iter().any(|n| missing.contains(n));
+        if let Some(ahead) = self.prefetch.take_if(wanted) {
+            match self.wait_renewing(&ahead)? {
+                Ok(loaded) => self.add_programs(loaded),
+                // Loaded again below, which reports its own error.
+                Err(e) => debug!("programs verified ahead: {e:#}"),
+            }
+            missing = self.programs.missing(names);
+        }
         if missing.is_empty() {
             return Ok(());
         }
-        let load = self.programs.loader(missing);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(load());
-        });
-        let loaded = loop {
-            match rx.recv_timeout(self.pause_lease / 4) {
-                Ok(loaded) => break loaded,
+        let pending = self.programs.spawn_load(missing);
+        let loaded = self.wait_renewing(&pending)??;
+        self.add_programs(loaded);
+        Ok(())
+    }
+
+    /// Waits for `pending`, renewing the pause lease meanwhile (the processes waiting paused
+    /// for these programs must not be resumed as overdue).
+    fn wait_renewing(
+        &mut self,
+        pending: &programs::PendingLoad,
+    ) -> Result<Result<HashMap<String, OwnedFd>, multi::MultiError>, AttachError> {
+        loop {
+            match pending.rx.recv_timeout(self.pause_lease / 4) {
+                Ok(loaded) => return Ok(loaded),
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    // Not given up on: the loading thread uses the maps' descriptors.
                     if let Err(e) = self.renew_pause_lease() {
                         warn!("{e:#}");
                     }
@@ -561,10 +580,13 @@ impl Probes {
                     ));
                 }
             }
-        }?;
+        }
+    }
+
+    /// Keeps loaded programs; what was paused for them is not overdue before now.
+    fn add_programs(&mut self, loaded: HashMap<String, OwnedFd>) {
         self.programs.add(loaded);
         self.programs_loaded_ns = crate::clock::monotonic_ns();
-        Ok(())
     }
 
     /// Loads every ABI's programs at once, each on a thread of its own (one ABI after the

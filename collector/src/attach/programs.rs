@@ -12,6 +12,7 @@ use std::{
     collections::HashMap,
     io,
     os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd},
+    sync::{mpsc, Arc},
 };
 
 use collector_common::{names::programs as p, Abi};
@@ -21,12 +22,21 @@ use super::multi;
 /// The programs loaded so far, and what loading the others needs.
 pub struct ProgramSet {
     /// Every map the programs refer to, by name: descriptors of our own, so that the maps
-    /// stay open for later loads whatever becomes of the handles `Probes` keeps.
-    maps: HashMap<String, OwnedFd>,
+    /// stay open for later loads whatever becomes of the handles `Probes` keeps (shared
+    /// with the loads in flight, which may outlive the set).
+    maps: Arc<HashMap<String, OwnedFd>>,
     /// `bpf_session_is_return`'s BTF id while MPI and NCCL are probed through uprobe
     /// sessions (None: entry and return probes).
     session_kfunc: Option<u32>,
     loaded: HashMap<String, OwnedFd>,
+}
+
+/// Programs being loaded on a thread of their own.
+pub struct PendingLoad {
+    /// What is being loaded.
+    pub names: Vec<&'static str>,
+    /// The load's outcome, once it is done.
+    pub rx: mpsc::Receiver<Result<HashMap<String, OwnedFd>, multi::MultiError>>,
 }
 
 /// The programs loaded at start, whatever the libraries: small, and needed before any.
@@ -88,7 +98,7 @@ impl ProgramSet {
             })
             .collect::<io::Result<_>>()?;
         Ok(ProgramSet {
-            maps,
+            maps: Arc::new(maps),
             session_kfunc,
             loaded: HashMap::new(),
         })
@@ -125,19 +135,30 @@ impl ProgramSet {
     }
 
     /// A load of `names` that borrows nothing of the set: run it on another thread while
-    /// this one goes on (see `Probes::load_programs_for`), then [`ProgramSet::add`] its
-    /// programs. The set must outlive it (it holds the maps' descriptors).
+    /// this one goes on, then [`ProgramSet::add`] its programs.
     pub fn loader(
         &self,
         names: Vec<&'static str>,
     ) -> impl FnOnce() -> Result<HashMap<String, OwnedFd>, multi::MultiError> + Send + 'static {
-        let maps: HashMap<String, RawFd> = self
-            .maps
-            .iter()
-            .map(|(n, fd)| (n.clone(), fd.as_raw_fd()))
-            .collect();
+        let maps = Arc::clone(&self.maps);
         let kfunc = self.session_kfunc;
-        move || multi::load_programs(super::BPF_OBJECT, &maps, &names, kfunc)
+        move || {
+            let fds: HashMap<String, RawFd> = maps
+                .iter()
+                .map(|(n, fd)| (n.clone(), fd.as_raw_fd()))
+                .collect();
+            multi::load_programs(super::BPF_OBJECT, &fds, &names, kfunc)
+        }
+    }
+
+    /// A load of `names` started on a thread of its own (see `Probes::load_renewing`).
+    pub fn spawn_load(&self, names: Vec<&'static str>) -> PendingLoad {
+        let load = self.loader(names.clone());
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(load());
+        });
+        PendingLoad { names, rx }
     }
 
     /// Keeps programs a [`ProgramSet::loader`] loaded.

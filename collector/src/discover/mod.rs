@@ -427,23 +427,8 @@ pub fn linker_cache(wanted: impl Fn(&str) -> bool) -> Vec<PathBuf> {
 /// app's). Probing them before a launched job starts is what lets `record -- CMD` count
 /// every call from `MPI_Init` (or the first NCCL or fabric call) on.
 pub fn candidate_libraries(command: &[String]) -> Vec<PathBuf> {
-    const NAMES: &[&str] = &[
-        "libmpi.so",
-        "libmpich.so",
-        "libmpi_abi.so",
-        "libnccl.so",
-        "librccl.so",
-        "libfabric.so",
-        "libucp.so",
-    ];
-    let is_mpi = |name: &str| NAMES.iter().any(|n| name.starts_with(n));
-    let mut found = linker_cache(is_mpi);
-    let mut dirs: Vec<PathBuf> = std::env::var("LD_LIBRARY_PATH")
-        .unwrap_or_default()
-        .split(':')
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .collect();
+    let mut found = linker_cache(is_probed_name);
+    let mut dirs = ld_library_path();
     for program in command.iter().filter_map(|arg| program_file(arg)) {
         dirs.extend(crate::symbols::library_search_path(&program));
     }
@@ -452,7 +437,7 @@ pub fn candidate_libraries(command: &[String]) -> Vec<PathBuf> {
             continue;
         };
         for e in entries.flatten() {
-            if is_mpi(&e.file_name().to_string_lossy()) {
+            if is_probed_name(&e.file_name().to_string_lossy()) {
                 found.push(e.path());
             }
         }
@@ -468,6 +453,64 @@ pub fn candidate_libraries(command: &[String]) -> Vec<PathBuf> {
             _ => false,
         }
     });
+    found
+}
+
+/// Whether a library's file name is one commtap probes (MPI, NCCL, libfabric, UCX), by
+/// the names the dynamic linker looks for.
+fn is_probed_name(name: &str) -> bool {
+    const NAMES: &[&str] = &[
+        "libmpi.so",
+        "libmpich.so",
+        "libmpi_abi.so",
+        "libnccl.so",
+        "librccl.so",
+        "libfabric.so",
+        "libucp.so",
+    ];
+    NAMES.iter().any(|n| name.starts_with(n))
+}
+
+/// The directories of commtap's own `LD_LIBRARY_PATH`.
+fn ld_library_path() -> Vec<PathBuf> {
+    std::env::var("LD_LIBRARY_PATH")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// The MPI, NCCL and libfabric libraries the programs `command` names need directly
+/// (`DT_NEEDED`: `mpirun -np 4 ./app`, where `app` was built with `mpicc`, needs
+/// `libmpi.so.40`), where the dynamic linker would find them (the program's RPATH or
+/// RUNPATH, `LD_LIBRARY_PATH`, the `ldconfig` cache): the MPI a launched job will load,
+/// known before it starts. A hint (an interpreter's job, `python app.py`, names none).
+pub fn libraries_needed_by(command: &[String]) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = Vec::new();
+    for program in command.iter().filter_map(|arg| program_file(arg)) {
+        let names: Vec<String> = crate::symbols::needed_names(&program)
+            .into_iter()
+            .filter(|n| is_probed_name(n))
+            .collect();
+        if names.is_empty() {
+            continue;
+        }
+        let mut dirs = crate::symbols::library_search_path(&program);
+        dirs.extend(ld_library_path());
+        for name in &names {
+            let in_dirs = dirs.iter().map(|d| d.join(name)).find(|p| p.is_file());
+            // The cache's names come with their kind: `libmpi.so.40 (libc6,x86-64)`.
+            let cached = |n: &str| n.split(' ').next() == Some(name.as_str());
+            let path = in_dirs.or_else(|| linker_cache(cached).into_iter().next());
+            // As the ranks will map it (`libmpi.so.40.30.4`, not the cache's link to it),
+            // which is how the profile names it.
+            let path = path.map(|p| fs::canonicalize(&p).unwrap_or(p));
+            if let Some(p) = path.filter(|p| !found.contains(p)) {
+                found.push(p);
+            }
+        }
+    }
     found
 }
 

@@ -140,20 +140,17 @@ impl Session {
     /// start, `record` ahead of its job, `--lib`): the programs of the ABIs found among them
     /// only, verified at once. Warns of each that could not be probed.
     pub fn attach_files(&mut self, paths: &[PathBuf]) {
-        let mut files = Vec::new();
-        for path in paths {
-            match LibraryFile::open_path(path) {
-                Ok(file) => files.push(file),
-                Err(e) => tracing::warn!(
-                    "{}: not probed: {:#}",
-                    path.display(),
-                    anyhow::Error::from(e)
-                ),
-            }
-        }
+        let files = open_libraries(paths);
         for (shown, e) in self.probes.attach_files(files) {
             tracing::warn!("{shown}: not probed: {:#}", anyhow::Error::from(e));
         }
+    }
+
+    /// Starts verifying the programs of the libraries at `paths`, which a job about to be
+    /// launched will map (`discover::libraries_needed_by`), while it starts.
+    pub fn prefetch_programs(&mut self, paths: &[PathBuf]) {
+        let files = open_libraries(paths);
+        self.probes.prefetch_programs(files);
     }
 
     /// Starts watching the running process `pid` on request (the daemon's AttachProcess).
@@ -293,4 +290,21 @@ pub fn place_in_worlds(
         }
     }
     released
+}
+
+/// The library files at `paths`, each opened once and verified; warns of those that could
+/// not be.
+fn open_libraries(paths: &[PathBuf]) -> Vec<LibraryFile> {
+    let mut files = Vec::new();
+    for path in paths {
+        match LibraryFile::open_path(path) {
+            Ok(file) => files.push(file),
+            Err(e) => tracing::warn!(
+                "{}: not probed: {:#}",
+                path.display(),
+                anyhow::Error::from(e)
+            ),
+        }
+    }
+    files
 }

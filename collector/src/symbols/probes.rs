@@ -194,15 +194,32 @@ pub(crate) fn needed_libs(elf: &Elf) -> Vec<String> {
 /// is not a readable 64-bit ELF file (a job's input file on the command line is mapped, not
 /// read).
 pub fn library_search_path(file: &Path) -> Vec<PathBuf> {
+    with_elf(file, |elf| search_path(file, elf))
+}
+
+/// The libraries an executable or library needs by name (`DT_NEEDED`: a program built
+/// with Open MPI's `mpicc` needs `libmpi.so.40`). Empty for anything that is not a readable
+/// 64-bit ELF file.
+pub fn needed_names(file: &Path) -> Vec<String> {
+    with_elf(file, needed_libs)
+}
+
+/// `f` of the ELF file at `file` (opened once and verified, bounded reads), or nothing.
+fn with_elf<T: Default>(file: &Path, f: impl FnOnce(&Elf) -> T) -> T {
     let Ok(opened) = LibraryFile::open_path(file) else {
-        return Vec::new();
+        return T::default();
     };
     let Ok(data) = opened.data() else {
-        return Vec::new();
+        return T::default();
     };
     let Ok(elf) = Elf::parse(&data) else {
-        return Vec::new();
+        return T::default();
     };
+    f(&elf)
+}
+
+/// [`library_search_path`] of the parsed `elf` at `file`.
+fn search_path(file: &Path, elf: &Elf) -> Vec<PathBuf> {
     let origin = std::fs::canonicalize(file)
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))
@@ -210,7 +227,7 @@ pub fn library_search_path(file: &Path) -> Vec<PathBuf> {
     let origin = origin.display().to_string();
     [object::elf::DT_RPATH, object::elf::DT_RUNPATH]
         .into_iter()
-        .flat_map(|tag| dynamic_strings(&elf, tag))
+        .flat_map(|tag| dynamic_strings(elf, tag))
         .flat_map(|list| {
             list.split(':')
                 .filter(|d| !d.is_empty())
