@@ -19,7 +19,7 @@ use std::{
     sync::OnceLock,
 };
 
-use collector::symbols::{library_search_path, read_library, LibraryFile};
+use collector::symbols::{dynamic_needs, read_library, LibraryFile};
 use libfuzzer_sys::{fuzz_target, Corpus};
 
 /// Largest input kept in the corpus.
@@ -58,7 +58,7 @@ fuzz_target!(|data: &[u8]| -> Corpus {
     if let Ok(file) = LibraryFile::open_path(&path) {
         let _ = std::hint::black_box(read_library(&file));
     }
-    std::hint::black_box(library_search_path(&path));
+    std::hint::black_box(dynamic_needs(&path));
     if data.len() > KEEP_MAX {
         Corpus::Reject
     } else {

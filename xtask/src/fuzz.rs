@@ -307,7 +307,7 @@ fn real_libraries() -> Vec<PathBuf> {
 
 /// Small ELF files from `tests/programs`, each reaching one kind of library commtap reads
 /// (MPI look-alike, NCCL stand-ins, net plugin, CUDA runtime, libfabric without tables),
-/// and executables with an RPATH and a RUNPATH (`library_search_path`).
+/// and executables with an RPATH and a RUNPATH (`dynamic_needs`).
 fn build_programs(root: &Path, out: &Path) {
     let programs = root.join("tests/programs");
     let builds: &[(&str, &str, &[&str])] = &[

@@ -408,6 +408,16 @@ fn shown_path(maps_path: &str, root: Option<&Path>, pid: u32) -> String {
 /// The libraries of this machine's kind (x86-64) in the dynamic linker's cache (`ldconfig
 /// -p`) whose names `wanted` accepts.
 pub fn linker_cache(wanted: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+    linker_cache_entries()
+        .into_iter()
+        .filter(|(name, _)| wanted(name))
+        .map(|(_, path)| path)
+        .collect()
+}
+
+/// The x86-64 entries of the dynamic linker's cache (`ldconfig -p`), as (name, path): the
+/// name as the cache lists it, with its kind (`libmpi.so.40 (libc6,x86-64)`).
+fn linker_cache_entries() -> Vec<(String, PathBuf)> {
     let Ok(out) = std::process::Command::new("ldconfig").arg("-p").output() else {
         return Vec::new();
     };
@@ -416,7 +426,8 @@ pub fn linker_cache(wanted: impl Fn(&str) -> bool) -> Vec<PathBuf> {
         .filter_map(|line| {
             let line = line.trim();
             let (name, path) = line.split_once(" => ")?;
-            (wanted(name) && line.contains("x86-64")).then(|| PathBuf::from(path.trim()))
+            line.contains("x86-64")
+                .then(|| (name.to_string(), PathBuf::from(path.trim())))
         })
         .collect()
 }
@@ -430,7 +441,7 @@ pub fn candidate_libraries(command: &[String]) -> Vec<PathBuf> {
     let mut found = linker_cache(is_probed_name);
     let mut dirs = ld_library_path();
     for program in command.iter().filter_map(|arg| program_file(arg)) {
-        dirs.extend(crate::symbols::library_search_path(&program));
+        dirs.extend(crate::symbols::dynamic_needs(&program).search_path);
     }
     for dir in dirs {
         let Ok(entries) = fs::read_dir(&dir) else {
@@ -488,21 +499,26 @@ fn ld_library_path() -> Vec<PathBuf> {
 /// known before it starts. A hint (an interpreter's job, `python app.py`, names none).
 pub fn libraries_needed_by(command: &[String]) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = Vec::new();
+    // Read once, and only if some name is not in a program's own directories.
+    let mut cache: Option<Vec<(String, PathBuf)>> = None;
     for program in command.iter().filter_map(|arg| program_file(arg)) {
-        let names: Vec<String> = crate::symbols::needed_names(&program)
-            .into_iter()
-            .filter(|n| is_probed_name(n))
-            .collect();
+        let needs = crate::symbols::dynamic_needs(&program);
+        let names: Vec<&String> = needs.names.iter().filter(|n| is_probed_name(n)).collect();
         if names.is_empty() {
             continue;
         }
-        let mut dirs = crate::symbols::library_search_path(&program);
+        let mut dirs = needs.search_path;
         dirs.extend(ld_library_path());
-        for name in &names {
+        for name in names {
             let in_dirs = dirs.iter().map(|d| d.join(name)).find(|p| p.is_file());
-            // The cache's names come with their kind: `libmpi.so.40 (libc6,x86-64)`.
-            let cached = |n: &str| n.split(' ').next() == Some(name.as_str());
-            let path = in_dirs.or_else(|| linker_cache(cached).into_iter().next());
+            let path = in_dirs.or_else(|| {
+                // The cache's names come with their kind: `libmpi.so.40 (libc6,x86-64)`.
+                cache
+                    .get_or_insert_with(linker_cache_entries)
+                    .iter()
+                    .find(|(n, _)| n.split(' ').next() == Some(name.as_str()))
+                    .map(|(_, p)| p.clone())
+            });
             // As the ranks will map it (`libmpi.so.40.30.4`, not the cache's link to it),
             // which is how the profile names it.
             let path = path.map(|p| fs::canonicalize(&p).unwrap_or(p));

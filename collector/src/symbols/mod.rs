@@ -12,7 +12,7 @@ mod nccl;
 mod probes;
 
 use nccl::{nccl_banner_version, nccl_net_plugin, nccl_version};
-pub use probes::{choose_probe_point, library_search_path, needed_names};
+pub use probes::{choose_probe_point, dynamic_needs, DynamicNeeds};
 use probes::{fabric_library, file_offset, needed_libs, probe_points, ucx_library};
 
 use std::{collections::BTreeMap, path::Path};

@@ -188,20 +188,25 @@ pub(crate) fn needed_libs(elf: &Elf) -> Vec<String> {
     dynamic_strings(elf, object::elf::DT_NEEDED)
 }
 
-/// The directories an executable or library asks the dynamic linker to search first
-/// (`DT_RPATH` and `DT_RUNPATH`, with `$ORIGIN` expanded): where a program built with
-/// `-Wl,-rpath` (Spack, Intel MPI, vendor stacks) finds its MPI. Empty for anything that
-/// is not a readable 64-bit ELF file (a job's input file on the command line is mapped, not
-/// read).
-pub fn library_search_path(file: &Path) -> Vec<PathBuf> {
-    with_elf(file, |elf| search_path(file, elf))
+/// What an executable or library asks of the dynamic linker: the libraries it needs by
+/// name and the directories to search first for them.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct DynamicNeeds {
+    /// `DT_NEEDED`: a program built with Open MPI's `mpicc` needs `libmpi.so.40`.
+    pub names: Vec<String>,
+    /// `DT_RPATH` and `DT_RUNPATH`, with `$ORIGIN` expanded: where a program built with
+    /// `-Wl,-rpath` (Spack, Intel MPI, vendor stacks) finds its MPI.
+    pub search_path: Vec<PathBuf>,
 }
 
-/// The libraries an executable or library needs by name (`DT_NEEDED`: a program built
-/// with Open MPI's `mpicc` needs `libmpi.so.40`). Empty for anything that is not a readable
-/// 64-bit ELF file.
-pub fn needed_names(file: &Path) -> Vec<String> {
-    with_elf(file, needed_libs)
+/// The [`DynamicNeeds`] of the file at `file`, read in one pass. Empty for anything that is
+/// not a readable 64-bit ELF file (a job's input file on the command line is mapped, not
+/// read).
+pub fn dynamic_needs(file: &Path) -> DynamicNeeds {
+    with_elf(file, |elf| DynamicNeeds {
+        names: needed_libs(elf),
+        search_path: search_path(file, elf),
+    })
 }
 
 /// `f` of the ELF file at `file` (opened once and verified, bounded reads), or nothing.
@@ -218,7 +223,7 @@ fn with_elf<T: Default>(file: &Path, f: impl FnOnce(&Elf) -> T) -> T {
     f(&elf)
 }
 
-/// [`library_search_path`] of the parsed `elf` at `file`.
+/// [`DynamicNeeds::search_path`] of the parsed `elf` at `file`.
 fn search_path(file: &Path, elf: &Elf) -> Vec<PathBuf> {
     let origin = std::fs::canonicalize(file)
         .ok()
