@@ -17,12 +17,12 @@ use aya_ebpf::{
 use collector_common::{
     routines::{class, NO_ARG as N},
     Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Config, Cookie, CounterKey, EventKind,
-    HandleKey, MAX_ARGS, UNKNOWN_BUCKET,
+    HandleKey, Layout, MAX_ARGS, UNKNOWN_BUCKET,
 };
 
 use crate::{
     call::{comm_fact_known, describe_call, emit_call, raw_cookie, Call},
-    decode::{comm_info, handle, read, status_ignored_in_any_abi},
+    decode::{comm_info, handle, read, status_ignored_in_any_abi, UNDECODED},
     maps::{
         call_state, new_call_state, not_drawn, time_one_in, with_proc_stats, COMMS, CONFIG,
         LAYOUTS, ROUTINE_SPECS,
@@ -482,13 +482,7 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
         e.busy = 0;
         return 0;
     }
-    let out = if ABI == Abi::Nccl as u8 {
-        crate::nccl::on_return(&call, &spec, comm)
-    } else if TYPES {
-        crate::mpi::on_type_return(&call, &spec)
-    } else {
-        crate::mpi::on_return(&call, &spec, comm)
-    };
+    let out = decoded_bytes::<ABI, TYPES>(state, layout, &spec, comm, ret);
     let dur = now.saturating_sub(start_ns);
     match spec.class {
         class::INIT => {
@@ -551,6 +545,103 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
     e.busy = 0;
     pending
 }
+
+/// The bytes of a returning call by its routine's byte rule; `None` where they could not
+/// be read. Calls the ABI's [`global_decode`] function.
+#[inline(always)]
+fn decoded_bytes<const ABI: u8, const TYPES: bool>(
+    state: *mut CallState,
+    layout: &Layout,
+    spec: &ArgSpec,
+    comm: Option<CommInfo>,
+    ret: i32,
+) -> Option<u64> {
+    let info = comm.unwrap_or_default();
+    let packed = u64::from(ret as u32) | (u64::from(comm.is_some()) << 32);
+    let (layout, spec, info) = (
+        core::ptr::from_ref(layout),
+        core::ptr::from_ref(spec),
+        &raw const info,
+    );
+    const OMPI: u8 = Abi::OpenMpi as u8;
+    const MPICH: u8 = Abi::Mpich as u8;
+    const MPI_ABI: u8 = Abi::MpiAbi as u8;
+    let b = match (ABI, TYPES) {
+        (OMPI, _) => decode_ompi(state, layout, spec, info, packed),
+        (MPICH, false) => decode_mpich(state, layout, spec, info, packed),
+        (MPICH, true) => decode_mpich_types(state, layout, spec, info, packed),
+        (MPI_ABI, false) => decode_mpi_abi(state, layout, spec, info, packed),
+        (MPI_ABI, true) => decode_mpi_abi_types(state, layout, spec, info, packed),
+        _ => decode_nccl(state, layout, spec, info, packed),
+    };
+    (b != UNDECODED).then_some(b)
+}
+
+/// Declares the byte decoding of one ABI and argument shape as a BPF *global* function
+/// (exported by the linker: `.cargo/config.toml`), which the kernel's verifier checks
+/// once, on its own, from its arguments' types. Static, it was checked again for each
+/// state the return path had reached before it (communicator known or not, and each of
+/// its kinds), multiplying the states. Returns [`UNDECODED`] where the bytes could not be
+/// read; `ret_comm` is the routine's return value (low half) and whether `comm` is known
+/// (bit 32).
+macro_rules! global_decode {
+    ($name:ident, $abi:expr, $types:expr) => {
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn $name(
+            state: *mut CallState,
+            layout: *const Layout,
+            spec: *const ArgSpec,
+            comm: *const CommInfo,
+            ret_comm: u64,
+        ) -> u64 {
+            // A global function's pointers may be NULL as far as the verifier knows.
+            if state.is_null() || layout.is_null() || spec.is_null() || comm.is_null() {
+                return UNDECODED;
+            }
+            // SAFETY: the caller's thread state, map value and stack copies, not NULL. The
+            // communicator is read whether known or not: LLVM computes on an `Option`'s
+            // payload before it tests the tag, and a payload left unread is a register
+            // the verifier refuses.
+            let (e, layout, spec, info) = unsafe {
+                (
+                    &mut *state,
+                    &*layout,
+                    &*spec,
+                    core::ptr::read_volatile(comm),
+                )
+            };
+            let comm = if ret_comm >> 32 != 0 {
+                Some(info)
+            } else {
+                None
+            };
+            let call = Call {
+                abi: $abi as u8,
+                layout,
+                tgid: e.tgid,
+                args: &e.args,
+                ret: ret_comm as u32 as i32,
+                cache: core::ptr::addr_of_mut!(e.cache),
+            };
+            let out = if $abi as u8 == Abi::Nccl as u8 {
+                crate::nccl::on_return(&call, spec, comm)
+            } else if $types {
+                crate::mpi::on_type_return(&call, spec)
+            } else {
+                crate::mpi::on_return(&call, spec, comm)
+            };
+            out.unwrap_or(UNDECODED)
+        }
+    };
+}
+
+global_decode!(decode_ompi, Abi::OpenMpi, false);
+global_decode!(decode_mpich, Abi::Mpich, false);
+global_decode!(decode_mpich_types, Abi::Mpich, true);
+global_decode!(decode_mpi_abi, Abi::MpiAbi, false);
+global_decode!(decode_mpi_abi_types, Abi::MpiAbi, true);
+global_decode!(decode_nccl, Abi::Nccl, false);
 
 /// The thread's call state `state` if its outermost call is now returning; `None` for a
 /// nested call's return (counted at the outermost) or a return whose entry was not seen
