@@ -482,7 +482,12 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
         e.busy = 0;
         return 0;
     }
-    let out = decoded_bytes::<ABI, TYPES>(state, layout, &spec, comm, ret);
+    let returning = Returning {
+        comm: comm.unwrap_or_default(),
+        known: u32::from(comm.is_some()),
+        ret,
+    };
+    let out = decoded_bytes::<ABI, TYPES>(state, layout, &spec, &returning);
     let dur = now.saturating_sub(start_ns);
     match spec.class {
         class::INIT => {
@@ -525,7 +530,7 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
             bytes,
             ..CallEvent::default()
         };
-        describe_call(&mut ev, &call, &spec, comm);
+        described::<ABI, TYPES>(&mut ev, state, layout, &spec, &returning);
         ev
     });
     crate::counters::add(e, &key, bytes, dur);
@@ -546,102 +551,186 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
     pending
 }
 
+/// What a returning call's global functions are given besides its thread's state, its
+/// library's layout and its routine's spec: its communicator, if known, and its return
+/// value.
+#[repr(C)]
+pub struct Returning {
+    /// The communicator the call names (zeroes where not `known`).
+    comm: CommInfo,
+    /// Whether `comm` is known.
+    known: u32,
+    /// The routine's return value.
+    ret: i32,
+}
+
 /// The bytes of a returning call by its routine's byte rule; `None` where they could not
-/// be read. Calls the ABI's [`global_decode`] function.
+/// be read. Calls the ABI's global `decode_*` function ([`global_return_path`]).
 #[inline(always)]
 fn decoded_bytes<const ABI: u8, const TYPES: bool>(
     state: *mut CallState,
     layout: &Layout,
     spec: &ArgSpec,
-    comm: Option<CommInfo>,
-    ret: i32,
+    returning: &Returning,
 ) -> Option<u64> {
-    let info = comm.unwrap_or_default();
-    let packed = u64::from(ret as u32) | (u64::from(comm.is_some()) << 32);
-    let (layout, spec, info) = (
+    let args = (
+        state,
         core::ptr::from_ref(layout),
         core::ptr::from_ref(spec),
-        &raw const info,
+        core::ptr::from_ref(returning),
     );
     const OMPI: u8 = Abi::OpenMpi as u8;
     const MPICH: u8 = Abi::Mpich as u8;
     const MPI_ABI: u8 = Abi::MpiAbi as u8;
+    let (s, l, p, r) = args;
     let b = match (ABI, TYPES) {
-        (OMPI, _) => decode_ompi(state, layout, spec, info, packed),
-        (MPICH, false) => decode_mpich(state, layout, spec, info, packed),
-        (MPICH, true) => decode_mpich_types(state, layout, spec, info, packed),
-        (MPI_ABI, false) => decode_mpi_abi(state, layout, spec, info, packed),
-        (MPI_ABI, true) => decode_mpi_abi_types(state, layout, spec, info, packed),
-        _ => decode_nccl(state, layout, spec, info, packed),
+        (OMPI, _) => decode_ompi(s, l, p, r),
+        (MPICH, false) => decode_mpich(s, l, p, r),
+        (MPICH, true) => decode_mpich_types(s, l, p, r),
+        (MPI_ABI, false) => decode_mpi_abi(s, l, p, r),
+        (MPI_ABI, true) => decode_mpi_abi_types(s, l, p, r),
+        _ => decode_nccl(s, l, p, r),
     };
     (b != UNDECODED).then_some(b)
 }
 
-/// Declares the byte decoding of one ABI and argument shape as a BPF *global* function
-/// (exported by the linker: `.cargo/config.toml`), which the kernel's verifier checks
-/// once, on its own, from its arguments' types. Static, it was checked again for each
-/// state the return path had reached before it (communicator known or not, and each of
-/// its kinds), multiplying the states. Returns [`UNDECODED`] where the bytes could not be
-/// read; `ret_comm` is the routine's return value (low half) and whether `comm` is known
-/// (bit 32).
-macro_rules! global_decode {
-    ($name:ident, $abi:expr, $types:expr) => {
+/// Fills a returning call's event `ev` with its peers and communicator. Calls the ABI's
+/// global `describe_*` function ([`global_return_path`]).
+#[inline(always)]
+fn described<const ABI: u8, const TYPES: bool>(
+    ev: &mut CallEvent,
+    state: *mut CallState,
+    layout: &Layout,
+    spec: &ArgSpec,
+    returning: &Returning,
+) {
+    let (e, s, l, p, r) = (
+        core::ptr::from_mut(ev),
+        state,
+        core::ptr::from_ref(layout),
+        core::ptr::from_ref(spec),
+        core::ptr::from_ref(returning),
+    );
+    const OMPI: u8 = Abi::OpenMpi as u8;
+    const MPICH: u8 = Abi::Mpich as u8;
+    const MPI_ABI: u8 = Abi::MpiAbi as u8;
+    match (ABI, TYPES) {
+        (OMPI, _) => describe_ompi(e, s, l, p, r),
+        (MPICH, false) => describe_mpich(e, s, l, p, r),
+        (MPICH, true) => describe_mpich_types(e, s, l, p, r),
+        (MPI_ABI, false) => describe_mpi_abi(e, s, l, p, r),
+        (MPI_ABI, true) => describe_mpi_abi_types(e, s, l, p, r),
+        _ => describe_nccl(e, s, l, p, r),
+    };
+}
+
+/// `f` of a returning call rebuilt from a global function's arguments; `default` where a
+/// pointer is NULL (never, but a global function's pointers may be NULL as far as the
+/// verifier knows).
+#[inline(always)]
+fn with_call<const ABI: u8, R>(
+    state: *mut CallState,
+    layout: *const Layout,
+    spec: *const ArgSpec,
+    returning: *const Returning,
+    default: R,
+    f: impl FnOnce(&Call, &ArgSpec, Option<CommInfo>) -> R,
+) -> R {
+    if state.is_null() || layout.is_null() || spec.is_null() || returning.is_null() {
+        return default;
+    }
+    // SAFETY: the caller's thread state, map value and stack values, not NULL. The
+    // communicator is read whether known or not: LLVM computes on an `Option`'s payload
+    // before it tests the tag, and a payload left unread is a register the verifier
+    // refuses.
+    let (e, layout, spec, r) = unsafe {
+        (
+            &mut *state,
+            &*layout,
+            &*spec,
+            core::ptr::read_volatile(returning),
+        )
+    };
+    let comm = if r.known != 0 { Some(r.comm) } else { None };
+    let call = Call {
+        abi: ABI,
+        layout,
+        tgid: e.tgid,
+        args: &e.args,
+        ret: r.ret,
+        cache: core::ptr::addr_of_mut!(e.cache),
+    };
+    f(&call, spec, comm)
+}
+
+/// Declares the return path's byte decoding (`$decode`) and event description
+/// (`$describe`) of one ABI and argument shape as BPF *global* functions (exported by the
+/// linker: `.cargo/config.toml`), which the kernel's verifier checks once each, on their
+/// own, from their arguments' types. Static, each was checked again for every state the
+/// return path had reached before it (communicator known or not, and each of its kinds;
+/// each byte rule's outcome), multiplying the states. `$decode` returns [`UNDECODED`]
+/// where the bytes could not be read.
+macro_rules! global_return_path {
+    ($decode:ident, $describe:ident, $abi:expr, $types:expr) => {
         #[unsafe(no_mangle)]
         #[inline(never)]
-        pub extern "C" fn $name(
+        pub extern "C" fn $decode(
             state: *mut CallState,
             layout: *const Layout,
             spec: *const ArgSpec,
-            comm: *const CommInfo,
-            ret_comm: u64,
+            returning: *const Returning,
         ) -> u64 {
-            // A global function's pointers may be NULL as far as the verifier knows.
-            if state.is_null() || layout.is_null() || spec.is_null() || comm.is_null() {
-                return UNDECODED;
-            }
-            // SAFETY: the caller's thread state, map value and stack copies, not NULL. The
-            // communicator is read whether known or not: LLVM computes on an `Option`'s
-            // payload before it tests the tag, and a payload left unread is a register
-            // the verifier refuses.
-            let (e, layout, spec, info) = unsafe {
-                (
-                    &mut *state,
-                    &*layout,
-                    &*spec,
-                    core::ptr::read_volatile(comm),
-                )
-            };
-            let comm = if ret_comm >> 32 != 0 {
-                Some(info)
-            } else {
-                None
-            };
-            let call = Call {
-                abi: $abi as u8,
+            with_call::<{ $abi as u8 }, _>(
+                state,
                 layout,
-                tgid: e.tgid,
-                args: &e.args,
-                ret: ret_comm as u32 as i32,
-                cache: core::ptr::addr_of_mut!(e.cache),
+                spec,
+                returning,
+                UNDECODED,
+                |call, spec, comm| {
+                    let out = if $abi as u8 == Abi::Nccl as u8 {
+                        crate::nccl::on_return(call, spec, comm)
+                    } else if $types {
+                        crate::mpi::on_type_return(call, spec)
+                    } else {
+                        crate::mpi::on_return(call, spec, comm)
+                    };
+                    out.unwrap_or(UNDECODED)
+                },
+            )
+        }
+
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn $describe(
+            ev: *mut CallEvent,
+            state: *mut CallState,
+            layout: *const Layout,
+            spec: *const ArgSpec,
+            returning: *const Returning,
+        ) -> u32 {
+            // SAFETY: the caller's stack value (NULL: nothing to fill).
+            let Some(ev) = (unsafe { ev.as_mut() }) else {
+                return 0;
             };
-            let out = if $abi as u8 == Abi::Nccl as u8 {
-                crate::nccl::on_return(&call, spec, comm)
-            } else if $types {
-                crate::mpi::on_type_return(&call, spec)
-            } else {
-                crate::mpi::on_return(&call, spec, comm)
-            };
-            out.unwrap_or(UNDECODED)
+            with_call::<{ $abi as u8 }, _>(state, layout, spec, returning, 0, |call, spec, comm| {
+                describe_call(ev, call, spec, comm);
+                0
+            })
         }
     };
 }
 
-global_decode!(decode_ompi, Abi::OpenMpi, false);
-global_decode!(decode_mpich, Abi::Mpich, false);
-global_decode!(decode_mpich_types, Abi::Mpich, true);
-global_decode!(decode_mpi_abi, Abi::MpiAbi, false);
-global_decode!(decode_mpi_abi_types, Abi::MpiAbi, true);
-global_decode!(decode_nccl, Abi::Nccl, false);
+global_return_path!(decode_ompi, describe_ompi, Abi::OpenMpi, false);
+global_return_path!(decode_mpich, describe_mpich, Abi::Mpich, false);
+global_return_path!(decode_mpich_types, describe_mpich_types, Abi::Mpich, true);
+global_return_path!(decode_mpi_abi, describe_mpi_abi, Abi::MpiAbi, false);
+global_return_path!(
+    decode_mpi_abi_types,
+    describe_mpi_abi_types,
+    Abi::MpiAbi,
+    true
+);
+global_return_path!(decode_nccl, describe_nccl, Abi::Nccl, false);
 
 /// The thread's call state `state` if its outermost call is now returning; `None` for a
 /// nested call's return (counted at the outermost) or a return whose entry was not seen
