@@ -564,6 +564,26 @@ pub struct Returning {
     ret: i32,
 }
 
+/// Calls, with `args`, the one of six functions (Open MPI's, MPICH's and its datatype
+/// constructors', the MPI-5 ABI's and its constructors', NCCL's) that serves the program
+/// of ABI `abi` and argument shape `types`.
+macro_rules! by_abi {
+    ($abi:expr, $types:expr, [$ompi:ident, $mpich:ident, $mpich_types:ident, $mpi_abi:ident,
+     $mpi_abi_types:ident, $nccl:ident]($($arg:expr),*)) => {{
+        const OMPI: u8 = Abi::OpenMpi as u8;
+        const MPICH: u8 = Abi::Mpich as u8;
+        const MPI_ABI: u8 = Abi::MpiAbi as u8;
+        match ($abi, $types) {
+            (OMPI, _) => $ompi($($arg),*),
+            (MPICH, false) => $mpich($($arg),*),
+            (MPICH, true) => $mpich_types($($arg),*),
+            (MPI_ABI, false) => $mpi_abi($($arg),*),
+            (MPI_ABI, true) => $mpi_abi_types($($arg),*),
+            _ => $nccl($($arg),*),
+        }
+    }};
+}
+
 /// The bytes of a returning call by its routine's byte rule; `None` where they could not
 /// be read. Calls the ABI's global `decode_*` function ([`global_return_path`]).
 #[inline(always)]
@@ -573,24 +593,23 @@ fn decoded_bytes<const ABI: u8, const TYPES: bool>(
     spec: &ArgSpec,
     returning: &Returning,
 ) -> Option<u64> {
-    let args = (
-        state,
+    let (l, p, r) = (
         core::ptr::from_ref(layout),
         core::ptr::from_ref(spec),
         core::ptr::from_ref(returning),
     );
-    const OMPI: u8 = Abi::OpenMpi as u8;
-    const MPICH: u8 = Abi::Mpich as u8;
-    const MPI_ABI: u8 = Abi::MpiAbi as u8;
-    let (s, l, p, r) = args;
-    let b = match (ABI, TYPES) {
-        (OMPI, _) => decode_ompi(s, l, p, r),
-        (MPICH, false) => decode_mpich(s, l, p, r),
-        (MPICH, true) => decode_mpich_types(s, l, p, r),
-        (MPI_ABI, false) => decode_mpi_abi(s, l, p, r),
-        (MPI_ABI, true) => decode_mpi_abi_types(s, l, p, r),
-        _ => decode_nccl(s, l, p, r),
-    };
+    let b = by_abi!(
+        ABI,
+        TYPES,
+        [
+            decode_ompi,
+            decode_mpich,
+            decode_mpich_types,
+            decode_mpi_abi,
+            decode_mpi_abi_types,
+            decode_nccl
+        ](state, l, p, r)
+    );
     (b != UNDECODED).then_some(b)
 }
 
@@ -604,24 +623,24 @@ fn described<const ABI: u8, const TYPES: bool>(
     spec: &ArgSpec,
     returning: &Returning,
 ) {
-    let (e, s, l, p, r) = (
+    let (e, l, p, r) = (
         core::ptr::from_mut(ev),
-        state,
         core::ptr::from_ref(layout),
         core::ptr::from_ref(spec),
         core::ptr::from_ref(returning),
     );
-    const OMPI: u8 = Abi::OpenMpi as u8;
-    const MPICH: u8 = Abi::Mpich as u8;
-    const MPI_ABI: u8 = Abi::MpiAbi as u8;
-    match (ABI, TYPES) {
-        (OMPI, _) => describe_ompi(e, s, l, p, r),
-        (MPICH, false) => describe_mpich(e, s, l, p, r),
-        (MPICH, true) => describe_mpich_types(e, s, l, p, r),
-        (MPI_ABI, false) => describe_mpi_abi(e, s, l, p, r),
-        (MPI_ABI, true) => describe_mpi_abi_types(e, s, l, p, r),
-        _ => describe_nccl(e, s, l, p, r),
-    };
+    by_abi!(
+        ABI,
+        TYPES,
+        [
+            describe_ompi,
+            describe_mpich,
+            describe_mpich_types,
+            describe_mpi_abi,
+            describe_mpi_abi_types,
+            describe_nccl
+        ](e, state, l, p, r)
+    );
 }
 
 /// `f` of a returning call rebuilt from a global function's arguments; `default` where a
