@@ -1071,3 +1071,31 @@ fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracePointLink>, AttachErro
     }
     Ok(links)
 }
+
+#[cfg(test)]
+mod tests {
+    use object::{Object, ObjectSymbol, SymbolKind};
+
+    /// The return path's decoding and event description are BPF global functions, which
+    /// the kernel's verifier checks once each (`global_return_path!` in
+    /// `collector-ebpf/src/probe.rs`). One made static (not `pub extern "C"`, or mangled)
+    /// still works, and is checked again for every state it is reached in (three
+    /// to five times the verifier's work, seconds of each start).
+    #[test]
+    fn the_return_paths_global_functions_stay_global() {
+        let file = object::File::parse(super::BPF_OBJECT).expect("the BPF object");
+        let mut global = Vec::new();
+        for sym in file.symbols().filter(|s| s.kind() == SymbolKind::Text) {
+            let name = sym.name().unwrap_or_default();
+            if name.starts_with("decode_") || name.starts_with("describe_") {
+                assert!(
+                    sym.is_global(),
+                    "{name} is static: global_return_path! declares it `pub extern \"C\"`, unmangled"
+                );
+                global.push(name.to_string());
+            }
+        }
+        // Decoding and description for each of the six return paths.
+        assert_eq!(global.len(), 12, "{global:?}");
+    }
+}
