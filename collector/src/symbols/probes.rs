@@ -203,24 +203,20 @@ pub struct DynamicNeeds {
 /// not a readable 64-bit ELF file (a job's input file on the command line is mapped, not
 /// read).
 pub fn dynamic_needs(file: &Path) -> DynamicNeeds {
-    with_elf(file, |elf| DynamicNeeds {
-        names: needed_libs(elf),
-        search_path: search_path(file, elf),
-    })
-}
-
-/// `f` of the ELF file at `file` (opened once and verified, bounded reads), or nothing.
-fn with_elf<T: Default>(file: &Path, f: impl FnOnce(&Elf) -> T) -> T {
+    // Opened once and verified, read with bounded reads.
     let Ok(opened) = LibraryFile::open_path(file) else {
-        return T::default();
+        return DynamicNeeds::default();
     };
     let Ok(data) = opened.data() else {
-        return T::default();
+        return DynamicNeeds::default();
     };
     let Ok(elf) = Elf::parse(&data) else {
-        return T::default();
+        return DynamicNeeds::default();
     };
-    f(&elf)
+    DynamicNeeds {
+        names: needed_libs(&elf),
+        search_path: search_path(file, &elf),
+    }
 }
 
 /// [`DynamicNeeds::search_path`] of the parsed `elf` at `file`.
