@@ -70,9 +70,11 @@ pub fn add_untimed(e: &mut CallState, key: &CounterKey, bytes: u64) {
     add_to_slot(slot, bytes, 0, false);
 }
 
-/// Adds a call to the counter and histogram of `slot`. Not inlined: the return programs'
-/// frames are at BPF's 512-byte limit.
-#[inline(never)]
+/// Adds a call to the counter and histogram of `slot`. Inlined, as are `move_extreme` and
+/// `add_duration`: every call between BPF functions and its return cost a run of the
+/// timed path more than the work they moved (here, where the kernel's returns go through
+/// its "Safe RET" thunk).
+#[inline(always)]
 fn add_to_slot(slot: u32, bytes: u64, dur: u64, timed: bool) {
     if let Some(s) = COUNTER_VALUES.get_ptr_mut(slot) {
         // SAFETY: fields of a map value, which every CPU changes atomically.
@@ -114,12 +116,11 @@ unsafe fn add_atomic(p: *mut u64, v: u64) {
 const CAS_TRIES: u32 = 8;
 
 /// Moves the extreme at `*p` to `v` if `v` is beyond it, atomically: the fastest call
-/// (`LOWEST`; 0 is none yet) or the slowest. Not inlined: the verifier then walks its few
-/// paths once per caller's state, not multiplied by the paths of the code around it.
+/// (`LOWEST`; 0 is none yet) or the slowest.
 ///
 /// # Safety
 /// `p` must point into a map value (the verifier checks it).
-#[inline(never)]
+#[inline(always)]
 unsafe fn move_extreme<const LOWEST: bool>(p: *mut u64, v: u64) {
     // SAFETY: as the caller promises.
     let mut cur = unsafe { core::ptr::read_volatile(p) };
@@ -160,9 +161,8 @@ unsafe fn compare_exchange(p: *mut u64, expected: u64, new: u64) -> u64 {
     r
 }
 
-/// Counts a call of `dur` ns in the histogram of `slot`. Not inlined: the callers' programs
-/// keep the shape the verifier accepted.
-#[inline(never)]
+/// Counts a call of `dur` ns in the histogram of `slot`.
+#[inline(always)]
 fn add_duration(slot: u32, dur: u64) {
     let Some(h) = COUNTER_DURATIONS.get_ptr_mut(slot) else {
         return;

@@ -69,10 +69,9 @@ const UNTIMED: u32 = 2;
 
 /// The entry of a call: its arguments and start saved in the thread's state (`state`, the
 /// thread's, or null: none yet), and what its return must do (`SKIP`, `TIMED`, or, as
-/// `sampling` allows, `UNTIMED`: then `busy` is `CallState::BUSY_UNTIMED`). Not inlined:
-/// the session programs call it beside their return path, which keeps the shape the
-/// verifier accepted.
-#[inline(never)]
+/// `sampling` allows, `UNTIMED`: then `busy` is `CallState::BUSY_UNTIMED`). Inlined: a
+/// BPF-to-BPF call is dear on the every-call path (`counters::add_to_slot`).
+#[inline(always)]
 fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
     // A thread has call state only if its process was counted when it first called MPI,
     // and loses it when it exits; so the watched set is consulted once per thread (and
