@@ -16,7 +16,10 @@
 //!       pay an entry only),
 //!   (j) (g) with the daemon limited to a cgroup the job is not in (`--cgroup`, a cgroup
 //!       v1 directory where the host has the freezer's v1 hierarchy, as Slurm's jobs), the
-//!       job 5 levels deep in that hierarchy, as a Slurm task is.
+//!       job 5 levels deep in that hierarchy, as a Slurm task is,
+//!   (l) the smallest bpftrace script that times every call of the same functions (the
+//!       start by thread at the entry, a latency histogram at the return): what timing
+//!       each call costs a hand-written tool, beside (c).
 //! Runs are interleaved (a, b, c, d, e, f, a, b, ...) and medians taken, because the
 //! machines are shared and noisy; the figures to quote are the ratio (c - a) / (b - a),
 //! what tracing adds per call, (d - c) and (f - c), and what matching collectives adds,
@@ -381,6 +384,8 @@ struct Rounds {
     /// (b) with bare probes on the transport's operations beneath the MPI calls too (what
     /// commtap probes on the same path), for stacks with a transport.
     k: Vec<Sample>,
+    /// (b) with each call timed by bpftrace ([`timing_script`]).
+    l: Vec<Sample>,
     /// The last traced run: (calls written, bytes on disk, seconds).
     traced: (u64, u64, f64),
     /// The last `.pftrace`'s bytes on disk (the same calls).
@@ -407,6 +412,7 @@ impl Rounds {
             i: Vec::new(),
             j: Vec::new(),
             k: Vec::new(),
+            l: Vec::new(),
             traced: (0, 0, 0.0),
             pftrace_bytes: 0,
             profile,
@@ -419,6 +425,7 @@ impl Rounds {
             if stack.transport.is_some() {
                 r.k.push(under_bpftrace(stack, bin, true)?);
             }
+            r.l.push(timed_by_bpftrace(stack, bin)?);
             r.c.push(under_commtap(
                 stack,
                 bin,
@@ -570,6 +577,27 @@ impl Rounds {
                 "  {{\"stack\": \"{}\", \"call\": \"{label}\", \"sampled_ns\": {i:.1}, \"sampled_ratio\": {:.3}}}",
                 stack.name,
                 ratio(a, b, i)
+            ));
+        }
+        let ml = median(&self.l);
+        for (label, pick) in [
+            ("MPI_Allreduce 8 B", 0usize),
+            ("Send/Recv round trip 8 B", 1),
+        ] {
+            let (a, b, c, l) = (get(ma, pick), get(mb, pick), get(mc, pick), get(ml, pick));
+            let _ = writeln!(
+                report,
+                "  {label}, (l) bpftrace timing every call (the start by thread at the entry, \
+                 a latency histogram at the return): {l:.0} ns, (l-a)/(b-a) {:.2}; commtap \
+                 timing every call adds (c-a)/(l-a) {:.2} of what it adds",
+                ratio(a, b, l),
+                ratio(a, l, c)
+            );
+            json.push(format!(
+                "  {{\"stack\": \"{}\", \"call\": \"{label}\", \"bpftrace_timed_ns\": {l:.1}, \"bpftrace_timed_ratio\": {:.3}, \"commtap_to_bpftrace_timed\": {:.3}}}",
+                stack.name,
+                ratio(a, b, l),
+                ratio(a, l, c)
             ));
         }
         let (mg, mh, mj) = (median(&self.g), median(&self.h), median(&self.j));
@@ -748,6 +776,32 @@ fn under_bpftrace(stack: &Stack, bin: &Path, with_transport: bool) -> Result<Sam
     with_bpftrace(&script, || plain(stack, bin))
 }
 
+/// (l): the per-call program under bpftrace timing each call of the functions (b) probes.
+fn timed_by_bpftrace(stack: &Stack, bin: &Path) -> Result<Sample> {
+    let lib = std::fs::canonicalize(stack.library)?;
+    let script = timing_script(&lib, &["MPI_Allreduce", "MPI_Send", "MPI_Recv"]);
+    with_bpftrace(&script, || plain(stack, bin))
+}
+
+/// The cheapest bpftrace script that counts and times every call of `routines` in `lib`:
+/// a count and the start (by thread) at the entry, a latency histogram at the return.
+fn timing_script(lib: &Path, routines: &[&str]) -> String {
+    let lib = lib.display();
+    let on = |kind: &str| {
+        routines
+            .iter()
+            .map(|r| format!("{kind}:{lib}:{r}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    format!(
+        "{} {{ @start[tid] = nsecs; @calls[probe] = count(); }} \
+         {} /@start[tid]/ {{ @ns[probe] = hist(nsecs - @start[tid]); delete(@start[tid]); }}",
+        on("uprobe"),
+        on("uretprobe")
+    )
+}
+
 /// Runs `f` while bpftrace runs `script` (attached before, detached after).
 fn with_bpftrace<T>(script: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let mut tracer = Command::new("bpftrace")
@@ -802,7 +856,6 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
             .arg(&bin)
             .arg(root.join("xtask/demo/bench_rate.c")))?;
         let lib = std::fs::canonicalize(stack.library)?;
-        let lib = lib.display();
         let routines = [
             "MPI_Comm_rank",
             "MPI_Iprobe",
@@ -810,22 +863,15 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
             "MPI_Recv",
             "MPI_Allreduce",
         ];
-        let on = |kind: &str| {
-            routines
-                .iter()
-                .map(|r| format!("{kind}:{lib}:{r}"))
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        let script = format!(
-            "{} {{ @start[tid] = nsecs; @calls[probe] = count(); }} \
-             {} /@start[tid]/ {{ @ns[probe] = hist(nsecs - @start[tid]); delete(@start[tid]); }}",
-            on("uprobe"),
-            on("uretprobe")
-        );
+        let script = timing_script(&lib, &routines);
         // The floor of any exact count by uprobes: an entry probe per call, a count, no
         // return, no time.
-        let floor_script = format!("{} {{ @calls[probe] = count(); }}", on("uprobe"));
+        let entries = routines
+            .iter()
+            .map(|r| format!("uprobe:{}:{r}", lib.display()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let floor_script = format!("{entries} {{ @calls[probe] = count(); }}");
         let run = |cmd: &mut Command| -> Result<f64> {
             let o = cmd.output()?;
             if !o.status.success() {
