@@ -786,20 +786,21 @@ fn timed_by_bpftrace(stack: &Stack, bin: &Path) -> Result<Sample> {
 /// The cheapest bpftrace script that counts and times every call of `routines` in `lib`:
 /// a count and the start (by thread) at the entry, a latency histogram at the return.
 fn timing_script(lib: &Path, routines: &[&str]) -> String {
-    let lib = lib.display();
-    let on = |kind: &str| {
-        routines
-            .iter()
-            .map(|r| format!("{kind}:{lib}:{r}"))
-            .collect::<Vec<_>>()
-            .join(",")
-    };
     format!(
         "{} {{ @start[tid] = nsecs; @calls[probe] = count(); }} \
          {} /@start[tid]/ {{ @ns[probe] = hist(nsecs - @start[tid]); delete(@start[tid]); }}",
-        on("uprobe"),
-        on("uretprobe")
+        probes_on("uprobe", lib, routines),
+        probes_on("uretprobe", lib, routines)
     )
+}
+
+/// bpftrace's probe list of `kind` (`uprobe`, `uretprobe`) on `routines` in `lib`.
+fn probes_on(kind: &str, lib: &Path, routines: &[&str]) -> String {
+    routines
+        .iter()
+        .map(|r| format!("{kind}:{}:{r}", lib.display()))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Runs `f` while bpftrace runs `script` (attached before, detached after).
@@ -866,12 +867,10 @@ fn call_rate(root: &Path, commtap: &Path, out: &Path) -> Result<String> {
         let script = timing_script(&lib, &routines);
         // The floor of any exact count by uprobes: an entry probe per call, a count, no
         // return, no time.
-        let entries = routines
-            .iter()
-            .map(|r| format!("uprobe:{}:{r}", lib.display()))
-            .collect::<Vec<_>>()
-            .join(",");
-        let floor_script = format!("{entries} {{ @calls[probe] = count(); }}");
+        let floor_script = format!(
+            "{} {{ @calls[probe] = count(); }}",
+            probes_on("uprobe", &lib, &routines)
+        );
         let run = |cmd: &mut Command| -> Result<f64> {
             let o = cmd.output()?;
             if !o.status.success() {
