@@ -81,6 +81,9 @@ const STACKS: &[Stack] = &[
 /// ns per call for (allreduce, ping-pong round trip).
 type Sample = (f64, f64);
 
+/// The calls a [`Sample`] holds, as the report names them, with their index in it.
+const CALLS: [(&str, usize); 2] = [("MPI_Allreduce 8 B", 0), ("Send/Recv round trip 8 B", 1)];
+
 /// The parts of the benchmark, as `--only` names them.
 pub const SECTIONS: [&str; 10] = [
     "per-call",
@@ -503,10 +506,7 @@ impl Rounds {
             "(f) pftrace",
             "(f-c)"
         );
-        for (label, pick) in [
-            ("MPI_Allreduce 8 B", 0usize),
-            ("Send/Recv round trip 8 B", 1),
-        ] {
+        for (label, pick) in CALLS {
             let (x, y, z) = (get(ma, pick), get(mb, pick), get(mc, pick));
             // The same ratio within each round (a, b and c run back to back there), which
             // shows how far the machine's load moves it.
@@ -536,10 +536,7 @@ impl Rounds {
         let mi = median(&self.i);
         if let Some((lib, functions)) = stack.transport.filter(|_| !self.k.is_empty()) {
             let mk = median(&self.k);
-            for (label, pick) in [
-                ("MPI_Allreduce 8 B", 0usize),
-                ("Send/Recv round trip 8 B", 1),
-            ] {
+            for (label, pick) in CALLS {
                 let (a, c, k, i) = (get(ma, pick), get(mc, pick), get(mk, pick), get(mi, pick));
                 let _ = writeln!(
                     report,
@@ -580,10 +577,7 @@ impl Rounds {
             ));
         }
         let ml = median(&self.l);
-        for (label, pick) in [
-            ("MPI_Allreduce 8 B", 0usize),
-            ("Send/Recv round trip 8 B", 1),
-        ] {
+        for (label, pick) in CALLS {
             let (a, b, c, l) = (get(ma, pick), get(mb, pick), get(mc, pick), get(ml, pick));
             let _ = writeln!(
                 report,
@@ -601,10 +595,7 @@ impl Rounds {
             ));
         }
         let (mg, mh, mj) = (median(&self.g), median(&self.h), median(&self.j));
-        for (label, pick) in [
-            ("MPI_Allreduce 8 B", 0usize),
-            ("Send/Recv round trip 8 B", 1),
-        ] {
+        for (label, pick) in CALLS {
             let (a, g, h, j) = (get(ma, pick), get(mg, pick), get(mh, pick), get(mj, pick));
             let _ = writeln!(
                 report,
