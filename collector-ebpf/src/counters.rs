@@ -71,9 +71,9 @@ pub fn add_untimed(e: &mut CallState, key: &CounterKey, bytes: u64) {
 }
 
 /// Adds a call to the counter and histogram of `slot`. Inlined, as are `move_extreme` and
-/// `add_duration`: every call between BPF functions and its return cost a run of the
-/// timed path more than the work they moved (here, where the kernel's returns go through
-/// its "Safe RET" thunk).
+/// `add_duration`: as functions of their own, each call and return between BPF functions
+/// cost the timed path more than the few instructions it moved (here the kernel's returns
+/// go through its "Safe RET" thunk).
 #[inline(always)]
 fn add_to_slot(slot: u32, bytes: u64, dur: u64, timed: bool) {
     if let Some(s) = COUNTER_VALUES.get_ptr_mut(slot) {

@@ -81,6 +81,9 @@ const STACKS: &[Stack] = &[
 /// ns per call for (allreduce, ping-pong round trip).
 type Sample = (f64, f64);
 
+/// The MPI routines the per-call program's calls enter, which (b) and (l) probe.
+const PER_CALL_ROUTINES: [&str; 3] = ["MPI_Allreduce", "MPI_Send", "MPI_Recv"];
+
 /// The calls a [`Sample`] holds, as the report names them, with their index in it.
 const CALLS: [(&str, usize); 2] = [("MPI_Allreduce 8 B", 0), ("Send/Recv round trip 8 B", 1)];
 
@@ -751,7 +754,7 @@ fn plain(stack: &Stack, bin: &Path) -> Result<Sample> {
 fn under_bpftrace(stack: &Stack, bin: &Path, with_transport: bool) -> Result<Sample> {
     let mut probed = vec![(
         std::fs::canonicalize(stack.library)?,
-        &["MPI_Allreduce", "MPI_Send", "MPI_Recv"][..],
+        &PER_CALL_ROUTINES[..],
     )];
     if let Some((lib, functions)) = stack.transport.filter(|_| with_transport) {
         probed.push((std::fs::canonicalize(lib)?, functions));
@@ -770,7 +773,7 @@ fn under_bpftrace(stack: &Stack, bin: &Path, with_transport: bool) -> Result<Sam
 /// (l): the per-call program under bpftrace timing each call of the functions (b) probes.
 fn timed_by_bpftrace(stack: &Stack, bin: &Path) -> Result<Sample> {
     let lib = std::fs::canonicalize(stack.library)?;
-    let script = timing_script(&lib, &["MPI_Allreduce", "MPI_Send", "MPI_Recv"]);
+    let script = timing_script(&lib, &PER_CALL_ROUTINES);
     with_bpftrace(&script, || plain(stack, bin))
 }
 
