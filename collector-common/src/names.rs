@@ -6,6 +6,8 @@
 pub mod maps {
     /// Processes whose calls are counted, with their watch flags.
     pub const WATCHED: &str = "WATCHED";
+    /// The scope generation: moved by every change of the watched set.
+    pub const SCOPE_GEN: &str = "SCOPE_GEN";
     /// Counter keys and their slots.
     pub const COUNTER_SLOTS: &str = "COUNTER_SLOTS";
     /// Per-CPU counter values by slot.

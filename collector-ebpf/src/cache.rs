@@ -10,27 +10,18 @@ use collector_common::{CommInfo, HandleCache};
 #[map]
 pub static HANDLE_GEN: Array<u64> = Array::with_max_entries(1, 0);
 
-/// The generation caches are stamped with now (never 0: a zeroed cache is invalid).
+/// The generation caches are stamped with now (never 0: a zeroed cache is invalid). A
+/// stale read only makes a cache look valid for the generation it was filled in, which the
+/// bump ordering keeps safe (frees bump both before and after the handle goes).
 #[inline(always)]
 pub fn stamp() -> u64 {
-    // SAFETY: a plain u64 another CPU may bump at any time; a stale read only makes a
-    // cache look valid for the generation it was filled in, which the bump ordering keeps
-    // safe (frees bump both before and after the handle goes).
-    HANDLE_GEN
-        .get_ptr(0)
-        .map_or(0, |p| unsafe { core::ptr::read_volatile(p) })
-        .wrapping_add(1)
+    crate::maps::generation(&HANDLE_GEN)
 }
 
 /// Invalidates every thread's cache.
 #[inline(always)]
 pub fn bump() {
-    if let Some(p) = HANDLE_GEN.get_ptr_mut(0) {
-        use core::intrinsics::{atomic_xadd, AtomicOrdering};
-        // SAFETY: the map's value, updated with BPF's atomic add (several CPUs may bump at
-        // once; a lost update could leave a cache looking current).
-        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, 1) };
-    }
+    crate::maps::advance(&HANDLE_GEN);
 }
 
 /// The cache, emptied first if it is from an older generation.

@@ -4,7 +4,7 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use collector_common::{
     launcher::COMM_LEN as LAUNCHER_COMM_LEN, ArgSpec, CallState, CommInfo, ComponentAddrs, Config,
@@ -38,6 +38,52 @@ pub static LAUNCHERS: HashMap<[u8; LAUNCHER_COMM_LEN], u8> = HashMap::with_max_e
 /// crowd out anything (one evicted is judged again).
 #[map]
 pub static OUT_OF_SCOPE: LruHashMap<u32, u8> = LruHashMap::with_max_entries(16384, 0);
+
+/// The scope generation (index 0): moves whenever a process found not counted may have
+/// become counted: a process or thread made (its pid may be an old one's), an exec (a
+/// setuid image), and userspace changing the watched set or the daemon's limits.
+#[map]
+pub static SCOPE_GEN: Array<u64> = Array::with_max_entries(1, 0);
+
+/// The process last found not counted on a CPU, and the scope generation it was judged
+/// in: a process that calls MPI and is not watched (another job's, another user's) is
+/// judged once per CPU, not at each call (the watched set's hash and the limits were half
+/// of such a call's program time).
+#[map]
+pub static NOT_COUNTED: PerCpuArray<NotCounted> = PerCpuArray::with_max_entries(1, 0);
+
+/// [`NOT_COUNTED`]'s value.
+#[repr(C)]
+pub struct NotCounted {
+    /// `crate::process::scope_stamp` when judged (never 0: a zeroed slot holds nobody).
+    pub stamp: u64,
+    /// The process.
+    pub tgid: u32,
+    /// Padding.
+    pub _pad: u32,
+}
+
+/// The generation kept at index 0 of `map` (its value plus one, so never 0: a zeroed
+/// stamp is nobody's).
+#[inline(always)]
+pub fn generation(map: &Array<u64>) -> u64 {
+    // SAFETY: a plain u64 other CPUs (and userspace) may move at any time; a stale read
+    // only makes a stamp look current for the generation it was taken in.
+    map.get_ptr(0)
+        .map_or(0, |p| unsafe { core::ptr::read_volatile(p) })
+        .wrapping_add(1)
+}
+
+/// Moves the generation kept at index 0 of `map`.
+#[inline(always)]
+pub fn advance(map: &Array<u64>) {
+    if let Some(p) = map.get_ptr_mut(0) {
+        use core::intrinsics::{atomic_xadd, AtomicOrdering};
+        // SAFETY: the map's value, updated with BPF's atomic add (several CPUs may move it
+        // at once; a lost update could leave a stamp looking current).
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, 1) };
+    }
+}
 
 /// The routine table (`collector_common::ROUTINES` specs), indexed by routine id.
 #[map]

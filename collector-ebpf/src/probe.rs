@@ -27,7 +27,7 @@ use crate::{
         call_state, new_call_state, not_drawn, time_one_in, with_proc_stats, COMMS, CONFIG,
         LAYOUTS, ROUTINE_SPECS,
     },
-    process::{is_counted, is_watched, still_counted},
+    process::{is_counted, is_watched, known_uncounted, scope_stamp, still_counted},
 };
 
 /// Entry of any probed routine (MPI or NCCL); arguments per `ROUTINE_SPECS[cookie.routine]`.
@@ -76,11 +76,6 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
     // A thread has call state only if its process was counted when it first called MPI,
     // and loses it when it exits; so the watched set is consulted once per thread (and
     // again after a detach), and the process id is asked of the kernel only then.
-    let packed = raw_cookie(ctx);
-    let c = Cookie::unpack(packed);
-    let Some(spec) = ROUTINE_SPECS.get(u32::from(c.routine)) else {
-        return SKIP;
-    };
     let existing = (!state.is_null()).then_some(state);
     let tgid = if let Some(e) = existing {
         // SAFETY: the thread's own entry; only this thread touches it.
@@ -96,6 +91,18 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
         e.tgid
     } else {
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        // A process not watched (another job's) stops here, before anything else is read.
+        if known_uncounted(tgid, scope_stamp()) {
+            return SKIP;
+        }
+        tgid
+    };
+    let packed = raw_cookie(ctx);
+    let c = Cookie::unpack(packed);
+    let Some(spec) = ROUTINE_SPECS.get(u32::from(c.routine)) else {
+        return SKIP;
+    };
+    if existing.is_none() {
         // A wait for the GPU alone does not make a process one to profile (every CUDA
         // program makes them); it counts in processes already watched.
         let counted = if spec.class == class::SYNC {
@@ -106,8 +113,7 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
         if !counted {
             return SKIP;
         }
-        tgid
-    };
+    }
     let Some(e) = existing.or_else(|| new_call_state(tgid)) else {
         // No storage could be created (memory, or the storage lock busy): not counted.
         with_proc_stats(tgid, |s| s.counter_map_full += 1);

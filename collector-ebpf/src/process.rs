@@ -14,7 +14,9 @@ use collector_common::{
     IDENTITY_ENV_LEN,
 };
 
-use crate::maps::{CONFIG, EVENTS, IDENTITY_OFFSETS, OUT_OF_SCOPE, TP_OFFSETS, WATCHED};
+use crate::maps::{
+    CONFIG, EVENTS, IDENTITY_OFFSETS, NOT_COUNTED, OUT_OF_SCOPE, SCOPE_GEN, TP_OFFSETS, WATCHED,
+};
 
 /// The current task (valid for the program's run).
 #[inline(always)]
@@ -142,6 +144,8 @@ pub fn emit(kind: EventKind, tgid: u32, parent: u32) {
 /// before it first runs, so nothing it does is missed.
 #[tracepoint]
 pub fn sched_fork(ctx: TracePointContext) -> u32 {
+    // A new process may have the pid of one found not counted.
+    scope_changed();
     let Some(off) = TP_OFFSETS.get(0) else {
         return 0;
     };
@@ -176,6 +180,7 @@ pub fn sched_exec(_ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // A new image (a setuid one, say) is judged anew at its first call.
     forget_scope(tgid);
+    scope_changed();
     // SAFETY: plain u32.
     if unsafe { WATCHED.get(tgid) }.is_some() {
         // The new image's handles mean something else; its threads keep their task storage.
@@ -232,19 +237,59 @@ fn forget_scope(tgid: u32) {
 /// Whether calls of `tgid` are counted: it is watched, or every process is (but commtap).
 /// In watch-all mode a process seen for the first time joins the watched set (so that its
 /// exit is reported) and userspace is told, while the process is still young enough for
-/// its environment (rank, job) to be read.
-#[inline(always)]
+/// its environment (rank, job) to be read. A process not counted is remembered as such on
+/// this CPU until the scope changes ([`NOT_COUNTED`]). Not inlined: asked at a thread's
+/// first call, after a detach, and by threads of processes not counted.
+#[inline(never)]
 pub fn is_counted(tgid: u32) -> bool {
+    // Read before judging: a change of scope during the judgement leaves the verdict stale.
+    let stamp = scope_stamp();
+    if known_uncounted(tgid, stamp) {
+        return false;
+    }
     // A process in the map is counted per its flags: one detached on request stays there
     // without COUNT, so that watch-all mode does not take it up again.
     // SAFETY: plain u32 value.
-    if let Some(f) = unsafe { WATCHED.get(tgid) } {
-        return f & collector_common::watch::COUNT != 0;
+    let counted = if let Some(f) = unsafe { WATCHED.get(tgid) } {
+        f & collector_common::watch::COUNT != 0
+    } else {
+        match CONFIG.get(0) {
+            Some(c) if c.watch_all != 0 && c.self_tgid != tgid => join_if_in_scope(tgid),
+            _ => false,
+        }
+    };
+    if !counted {
+        if let Some(slot) = NOT_COUNTED.get_ptr_mut(0) {
+            // SAFETY: this CPU's slot; no other writer while the program runs.
+            unsafe {
+                (*slot).stamp = stamp;
+                (*slot).tgid = tgid;
+            }
+        }
     }
-    match CONFIG.get(0) {
-        Some(c) if c.watch_all != 0 && c.self_tgid != tgid => join_if_in_scope(tgid),
-        _ => false,
-    }
+    counted
+}
+
+/// The scope generation now, as [`NOT_COUNTED`] stamps it.
+#[inline(always)]
+pub fn scope_stamp() -> u64 {
+    crate::maps::generation(&SCOPE_GEN)
+}
+
+/// Whether `tgid` was the process last found not counted on this CPU, in scope generation
+/// `stamp`: nothing that could count it happened since.
+#[inline(always)]
+pub fn known_uncounted(tgid: u32, stamp: u64) -> bool {
+    // SAFETY: this CPU's slot, plain values.
+    NOT_COUNTED
+        .get_ptr(0)
+        .is_some_and(|s| unsafe { (*s).tgid == tgid && (*s).stamp == stamp })
+}
+
+/// Moves the scope generation: every verdict of [`NOT_COUNTED`] is judged again.
+#[inline(always)]
+fn scope_changed() {
+    crate::maps::advance(&SCOPE_GEN);
 }
 
 /// Watch-all mode, a process not in the watched set: within the daemon's limits, it joins

@@ -9,6 +9,7 @@ mod multi;
 mod programs;
 pub mod state;
 pub mod system;
+mod watched;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -147,7 +148,7 @@ pub const MAX_LIBRARIES_PER_UID: usize = 8;
 pub struct Probes {
     /// Owns the tracepoint links and the maps not taken out below.
     _ebpf: Ebpf,
-    watched: BpfHashMap<MapData, u32, u32>,
+    watched: watched::WatchedSet,
     comms: BpfHashMap<MapData, HandleKey, CommInfo>,
     dtypes: BpfHashMap<MapData, HandleKey, u64>,
     persistent: BpfHashMap<MapData, HandleKey, collector_common::PersistentOp>,
@@ -375,7 +376,10 @@ impl Probes {
             .into_iter()
             .collect();
         let mut probes = Probes {
-            watched: map(&mut ebpf, names::maps::WATCHED)?,
+            watched: watched::WatchedSet::new(
+                map(&mut ebpf, names::maps::WATCHED)?,
+                map(&mut ebpf, names::maps::SCOPE_GEN)?,
+            ),
             comms: map(&mut ebpf, names::maps::COMMS)?,
             dtypes: map(&mut ebpf, names::maps::DTYPES)?,
             persistent: map(&mut ebpf, names::maps::PERSISTENT)?,
@@ -642,7 +646,7 @@ impl Probes {
     pub fn watch(&mut self, pid: u32, descendants: bool) -> Result<(), AttachError> {
         let flags = watch::COUNT | if descendants { watch::DESCENDANTS } else { 0 };
         self.watched
-            .insert(pid, flags, 0)
+            .insert(pid, flags)
             .map_err(map_err(names::maps::WATCHED))
     }
 
@@ -650,13 +654,13 @@ impl Probes {
     /// counting `me` itself.
     pub fn watch_descendants_of_self(&mut self, me: u32) -> Result<(), AttachError> {
         self.watched
-            .insert(me, watch::DESCENDANTS, 0)
+            .insert(me, watch::DESCENDANTS)
             .map_err(map_err(names::maps::WATCHED))
     }
 
     /// Forgets `pid` (used to stop following commtap's own children).
     pub fn unwatch(&mut self, pid: u32) {
-        let _ = self.watched.remove(&pid);
+        self.watched.remove(pid);
         // Threads with call state check again whether their process is counted.
         self.counters.bump_generation();
     }
@@ -665,7 +669,7 @@ impl Probes {
     /// take it up again (until [`Probes::unwatch`] or [`Probes::watch`]).
     pub fn ignore(&mut self, pid: u32) -> Result<(), AttachError> {
         self.watched
-            .insert(pid, 0, 0)
+            .insert(pid, 0)
             .map_err(map_err(names::maps::WATCHED))?;
         // Threads with call state check again whether their process is counted.
         self.counters.bump_generation();
@@ -674,7 +678,7 @@ impl Probes {
 
     /// Whether the kernel still counts `pid` (false once it exited).
     pub fn is_watched(&self, pid: u32) -> bool {
-        self.watched.get(&pid, 0).is_ok()
+        self.watched.contains(pid)
     }
 
     /// Counts every process that calls a probed MPI library (but commtap itself), not only
@@ -700,7 +704,9 @@ impl Probes {
         self.settings.cgroup_level = cg.map_or(0, |c| c.level);
         self.settings.cgroup_id = cg.map_or(0, |c| c.id);
         self.settings.cgroup_v1_subsys = v1_subsys;
-        self.write_settings()
+        self.write_settings()?;
+        self.watched.scope_changed();
+        Ok(())
     }
 
     /// Turns the per-call events (latency, timelines) on or off; counts never depend on them.

@@ -392,6 +392,9 @@ struct Rounds {
     k: Vec<Sample>,
     /// (b) with each call timed by bpftrace ([`timing_script`]).
     l: Vec<Sample>,
+    /// Empty entry probes alone (bpftrace) on what (g) pays an entry for: the MPI routines
+    /// and, for stacks with a transport, its operations.
+    m: Vec<Sample>,
     /// The last traced run: (calls written, bytes on disk, seconds).
     traced: (u64, u64, f64),
     /// The last `.pftrace`'s bytes on disk (the same calls).
@@ -419,6 +422,7 @@ impl Rounds {
             j: Vec::new(),
             k: Vec::new(),
             l: Vec::new(),
+            m: Vec::new(),
             traced: (0, 0, 0.0),
             pftrace_bytes: 0,
             profile,
@@ -427,9 +431,9 @@ impl Rounds {
         for round in 0..n {
             eprintln!("{}: round {}/{n}", stack.name, round + 1);
             r.a.push(plain(stack, bin)?);
-            r.b.push(under_bpftrace(stack, bin, false)?);
+            r.b.push(under_bpftrace(stack, bin, false, true)?);
             if stack.transport.is_some() {
-                r.k.push(under_bpftrace(stack, bin, true)?);
+                r.k.push(under_bpftrace(stack, bin, true, true)?);
             }
             r.l.push(timed_by_bpftrace(stack, bin)?);
             r.c.push(under_commtap(
@@ -464,6 +468,7 @@ impl Rounds {
             let cgroup = bench_cgroup()?;
             let other_cgroup = ["--cgroup", cgroup.to_str().context("cgroup path")?];
             r.j.push(unwatched(stack, bin, commtap, out, &other_cgroup, true)?);
+            r.m.push(under_bpftrace(stack, bin, true, false)?);
             r.i.push(under_commtap(
                 stack,
                 bin,
@@ -597,22 +602,33 @@ impl Rounds {
                 ratio(a, l, c)
             ));
         }
-        let (mg, mh, mj) = (median(&self.g), median(&self.h), median(&self.j));
+        let (mg, mh, mj, mm) = (
+            median(&self.g),
+            median(&self.h),
+            median(&self.j),
+            median(&self.m),
+        );
         for (label, pick) in CALLS {
             let (a, g, h, j) = (get(ma, pick), get(mg, pick), get(mh, pick), get(mj, pick));
+            let m = get(mm, pick);
             let _ = writeln!(
                 report,
                 "  {label}, a job commtap does not watch (a daemon scoped to another uid): \
                  (g) uprobe sessions {g:.0} ns (+{:.0} over none), (h) entry and return \
                  probes {h:.0} ns (+{:.0}); (j) a daemon limited to another cgroup {j:.0} ns \
-                 (+{:.0})",
+                 (+{:.0}); (m) bpftrace's empty entry probes on the same functions {m:.0} ns \
+                 (+{:.0}): (g-a)/(m-a) {:.2}, (j-a)/(m-a) {:.2}",
                 g - a,
                 h - a,
-                j - a
+                j - a,
+                m - a,
+                ratio(a, m, g),
+                ratio(a, m, j)
             );
             json.push(format!(
-                "  {{\"stack\": \"{}\", \"call\": \"{label}\", \"unwatched_sessions_ns\": {g:.1}, \"unwatched_entry_return_ns\": {h:.1}, \"unwatched_other_cgroup_ns\": {j:.1}, \"none_ns\": {a:.1}}}",
-                stack.name
+                "  {{\"stack\": \"{}\", \"call\": \"{label}\", \"unwatched_sessions_ns\": {g:.1}, \"unwatched_entry_return_ns\": {h:.1}, \"unwatched_other_cgroup_ns\": {j:.1}, \"bare_entries_ns\": {m:.1}, \"unwatched_to_bare_entries\": {:.3}, \"none_ns\": {a:.1}}}",
+                stack.name,
+                ratio(a, m, g)
             ));
         }
         let (calls, bytes, secs) = self.traced;
@@ -751,7 +767,15 @@ fn plain(stack: &Stack, bin: &Path) -> Result<Sample> {
     parse(&String::from_utf8_lossy(&out.stdout))
 }
 
-fn under_bpftrace(stack: &Stack, bin: &Path, with_transport: bool) -> Result<Sample> {
+/// (b), (k) and (m): the per-call program under bpftrace's empty probes on its MPI
+/// routines (and the transport's operations, `with_transport`), at their entries and, with
+/// `returns`, their returns.
+fn under_bpftrace(
+    stack: &Stack,
+    bin: &Path,
+    with_transport: bool,
+    returns: bool,
+) -> Result<Sample> {
     let mut probed = vec![(
         std::fs::canonicalize(stack.library)?,
         &PER_CALL_ROUTINES[..],
@@ -764,7 +788,10 @@ fn under_bpftrace(stack: &Stack, bin: &Path, with_transport: bool) -> Result<Sam
         let lib = lib.display();
         for f in *functions {
             use std::fmt::Write as _;
-            let _ = write!(script, "uprobe:{lib}:{f} {{}} uretprobe:{lib}:{f} {{}} ");
+            let _ = write!(script, "uprobe:{lib}:{f} {{}} ");
+            if returns {
+                let _ = write!(script, "uretprobe:{lib}:{f} {{}} ");
+            }
         }
     }
     with_bpftrace(&script, || plain(stack, bin))
