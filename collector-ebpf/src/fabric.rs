@@ -38,7 +38,7 @@ use crate::{
         call_state, new_call_state, not_drawn, time_one_in, with_proc_stats, EVENTS, FABRIC_FUNCS,
         FABRIC_KINDS, FABRIC_RANGES, FABRIC_TEXT, ROUTINE_SPECS,
     },
-    process::{is_counted, is_watched, still_counted},
+    process::{is_counted, is_watched, known_uncounted, scope_stamp, still_counted},
 };
 
 /// Longest `struct iovec` array summed.
@@ -85,6 +85,11 @@ pub extern "C" fn sess_fabric(ctx: *mut c_void) -> u32 {
 #[inline(always)]
 fn enter(ctx: &ProbeContext, session: bool) -> bool {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // A process not watched (another job's) stops here: deciding whether the call is
+    // libfabric's own looks up two hashes and reads the caller's stack.
+    if known_uncounted(tgid, scope_stamp()) {
+        return false;
+    }
     let c = cookie(ctx);
     // SAFETY: regs points at this probe's saved registers.
     let regs = unsafe { &*ctx.regs };
