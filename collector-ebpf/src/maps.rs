@@ -45,23 +45,14 @@ pub static OUT_OF_SCOPE: LruHashMap<u32, u8> = LruHashMap::with_max_entries(1638
 #[map]
 pub static SCOPE_GEN: Array<u64> = Array::with_max_entries(1, 0);
 
-/// The process last found not counted on a CPU, and the scope generation it was judged
-/// in: a process that calls MPI and is not watched (another job's, another user's) is
-/// judged once per CPU, not at each call (the watched set's hash and the limits were half
-/// of such a call's program time).
+/// The process last found not counted on a CPU, with the scope generation it was judged
+/// in (`crate::process::not_counted`: one u64, written by one store, so that a program
+/// preempted on this CPU by another never leaves one's process with the other's
+/// generation): a process that calls MPI and is not watched (another job's, another
+/// user's) is judged once per CPU, not at each call (the watched set's hash and the limits
+/// were half of such a call's program time).
 #[map]
-pub static NOT_COUNTED: PerCpuArray<NotCounted> = PerCpuArray::with_max_entries(1, 0);
-
-/// [`NOT_COUNTED`]'s value.
-#[repr(C)]
-pub struct NotCounted {
-    /// `crate::process::scope_stamp` when judged (never 0: a zeroed slot holds nobody).
-    pub stamp: u64,
-    /// The process.
-    pub tgid: u32,
-    /// Padding.
-    pub _pad: u32,
-}
+pub static NOT_COUNTED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// The generation kept at index 0 of `map` (its value plus one, so never 0: a zeroed
 /// stamp is nobody's).

@@ -260,14 +260,19 @@ pub fn is_counted(tgid: u32) -> bool {
     };
     if !counted {
         if let Some(slot) = NOT_COUNTED.get_ptr_mut(0) {
-            // SAFETY: this CPU's slot; no other writer while the program runs.
-            unsafe {
-                (*slot).stamp = stamp;
-                (*slot).tgid = tgid;
-            }
+            // SAFETY: this CPU's slot, one aligned 8-byte store.
+            unsafe { core::ptr::write_volatile(slot, not_counted(tgid, stamp)) };
         }
     }
     counted
+}
+
+/// [`NOT_COUNTED`]'s value for `tgid` judged not counted at `stamp`: the stamp's low 32
+/// bits above the process id (a verdict outlives 2^32 changes of scope only if its CPU
+/// judges nobody else meanwhile, and then only for its own process).
+#[inline(always)]
+fn not_counted(tgid: u32, stamp: u64) -> u64 {
+    (stamp << 32) | u64::from(tgid)
 }
 
 /// The scope generation now, as [`NOT_COUNTED`] stamps it.
@@ -280,10 +285,10 @@ pub fn scope_stamp() -> u64 {
 /// `stamp`: nothing that could count it happened since.
 #[inline(always)]
 pub fn known_uncounted(tgid: u32, stamp: u64) -> bool {
-    // SAFETY: this CPU's slot, plain values.
+    // SAFETY: this CPU's slot, one aligned 8-byte load.
     NOT_COUNTED
         .get_ptr(0)
-        .is_some_and(|s| unsafe { (*s).tgid == tgid && (*s).stamp == stamp })
+        .is_some_and(|s| unsafe { core::ptr::read_volatile(s) } == not_counted(tgid, stamp))
 }
 
 /// Moves the scope generation: every verdict of [`NOT_COUNTED`] is judged again.

@@ -35,12 +35,13 @@ impl WatchedSet {
         self.map.get(&pid, 0).is_ok()
     }
 
-    /// Moves the scope generation, after the change it announces (a process the kernel
-    /// judges after the move sees the change). The kernel adds 1 to it atomically; this
-    /// read-then-write may lose such an add, but always leaves a value no verdict taken
-    /// before the change was stamped with (those stamps are at most the value read).
+    /// Moves the scope generation, after the change it announces. The kernel adds 1 to it
+    /// atomically; this read-then-write may lose such an add, which is harmless: a verdict
+    /// stamped with the value read came before the change and no longer matches, and one
+    /// stamped with the value the lost add made came after both the change and the event
+    /// that add announced.
     pub fn scope_changed(&mut self) {
         let now = self.scope_gen.get(&0, 0).unwrap_or(0);
-        let _ = self.scope_gen.set(0, now.wrapping_add(1 << 32), 0);
+        let _ = self.scope_gen.set(0, now.wrapping_add(1), 0);
     }
 }
