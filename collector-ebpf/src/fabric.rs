@@ -86,8 +86,10 @@ pub extern "C" fn sess_fabric(ctx: *mut c_void) -> u32 {
 fn enter(ctx: &ProbeContext, session: bool) -> bool {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // A process not watched (another job's) stops here: deciding whether the call is
-    // libfabric's own looks up two hashes and reads the caller's stack.
-    if known_uncounted(tgid, scope_stamp()) {
+    // libfabric's own looks up two hashes and reads the caller's stack. In a session only:
+    // with entry and return probes every return runs, and an entry skipped by a thread with
+    // a call in progress (its process detached meanwhile) would end that call early.
+    if session && known_uncounted(tgid, scope_stamp()) {
         return false;
     }
     let c = cookie(ctx);

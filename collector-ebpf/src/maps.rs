@@ -39,11 +39,15 @@ pub static LAUNCHERS: HashMap<[u8; LAUNCHER_COMM_LEN], u8> = HashMap::with_max_e
 #[map]
 pub static OUT_OF_SCOPE: LruHashMap<u32, u8> = LruHashMap::with_max_entries(16384, 0);
 
-/// The scope generation (index 0): moves whenever a process found not counted may have
-/// become counted: a process or thread made (its pid may be an old one's), an exec (a
-/// setuid image), and userspace changing the watched set or the daemon's limits.
+/// The scope generation, the sum of its two entries: it moves whenever a process found not
+/// counted may have become counted. Index 0 is the kernel's (an atomic add at every
+/// process or thread made, whose pid may be an old one's, and every exec, a setuid image
+/// say); index 1 is userspace's, its only writer (every change of the watched set or the
+/// daemon's limits). Each only goes up, so the sum never comes back to a value it had:
+/// one counter written by both could (userspace's read-then-write undoing adds made
+/// between its read and its write).
 #[map]
-pub static SCOPE_GEN: Array<u64> = Array::with_max_entries(1, 0);
+pub static SCOPE_GEN: Array<u64> = Array::with_max_entries(2, 0);
 
 /// The process last found not counted on a CPU, with the scope generation it was judged
 /// in (`crate::process::not_counted`: one u64, written by one store, so that a program

@@ -258,10 +258,15 @@ pub fn is_counted(tgid: u32) -> bool {
             _ => false,
         }
     };
-    if !counted {
-        if let Some(slot) = NOT_COUNTED.get_ptr_mut(0) {
-            // SAFETY: this CPU's slot, one aligned 8-byte store.
-            unsafe { core::ptr::write_volatile(slot, not_counted(tgid, stamp)) };
+    if let Some(slot) = NOT_COUNTED.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot, one aligned 8-byte load and store.
+        unsafe {
+            if !counted {
+                core::ptr::write_volatile(slot, not_counted(tgid, stamp));
+            } else if core::ptr::read_volatile(slot) as u32 == tgid {
+                // Its old verdict goes: it would match again 2^32 moves on.
+                core::ptr::write_volatile(slot, 0);
+            }
         }
     }
     counted
@@ -278,7 +283,13 @@ fn not_counted(tgid: u32, stamp: u64) -> u64 {
 /// The scope generation now, as [`NOT_COUNTED`] stamps it.
 #[inline(always)]
 pub fn scope_stamp() -> u64 {
-    crate::maps::generation(&SCOPE_GEN)
+    // SAFETY: a plain u64 userspace may move at any time. Both entries only go up, so a
+    // move between the two reads at worst makes the stamp older than now (and a verdict
+    // taken with it is judged again); never newer than the judgement that follows.
+    let by_userspace = SCOPE_GEN
+        .get_ptr(1)
+        .map_or(0, |p| unsafe { core::ptr::read_volatile(p) });
+    crate::maps::generation(&SCOPE_GEN).wrapping_add(by_userspace)
 }
 
 /// Whether `tgid` was the process last found not counted on this CPU, in scope generation

@@ -4,6 +4,9 @@
 
 use aya::maps::{Array, HashMap, MapData, MapError};
 
+/// `SCOPE_GEN`'s entry userspace moves.
+const USERSPACE: u32 = 1;
+
 /// The watched set (`WATCHED`: pid -> `collector_common::watch` flags) and the scope
 /// generation (`SCOPE_GEN`) its changes move.
 pub struct WatchedSet {
@@ -35,13 +38,10 @@ impl WatchedSet {
         self.map.get(&pid, 0).is_ok()
     }
 
-    /// Moves the scope generation, after the change it announces. The kernel adds 1 to it
-    /// atomically; this read-then-write may lose such an add, which is harmless: a verdict
-    /// stamped with the value read came before the change and no longer matches, and one
-    /// stamped with the value the lost add made came after both the change and the event
-    /// that add announced.
+    /// Moves the scope generation, after the change it announces: its userspace entry
+    /// (index 1), of which this is the only writer; the kernel moves its own (index 0).
     pub fn scope_changed(&mut self) {
-        let now = self.scope_gen.get(&0, 0).unwrap_or(0);
-        let _ = self.scope_gen.set(0, now.wrapping_add(1), 0);
+        let now = self.scope_gen.get(&USERSPACE, 0).unwrap_or(0);
+        let _ = self.scope_gen.set(USERSPACE, now.wrapping_add(1), 0);
     }
 }
