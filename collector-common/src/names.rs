@@ -6,7 +6,8 @@
 pub mod maps {
     /// Processes whose calls are counted, with their watch flags.
     pub const WATCHED: &str = "WATCHED";
-    /// The scope generation: moved by every change of the watched set.
+    /// The scope generation: the kernel's and userspace's counts of the changes that may
+    /// make a process not counted a counted one (userspace's: the watched set, the limits).
     pub const SCOPE_GEN: &str = "SCOPE_GEN";
     /// Counter keys and their slots.
     pub const COUNTER_SLOTS: &str = "COUNTER_SLOTS";

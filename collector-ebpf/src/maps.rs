@@ -62,11 +62,16 @@ pub static NOT_COUNTED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// stamp is nobody's).
 #[inline(always)]
 pub fn generation(map: &Array<u64>) -> u64 {
+    count(map, 0).wrapping_add(1)
+}
+
+/// Entry `i` of a counter `map`, read once (0 if there is none).
+#[inline(always)]
+pub fn count(map: &Array<u64>, i: u32) -> u64 {
     // SAFETY: a plain u64 other CPUs (and userspace) may move at any time; a stale read
     // only makes a stamp look current for the generation it was taken in.
-    map.get_ptr(0)
+    map.get_ptr(i)
         .map_or(0, |p| unsafe { core::ptr::read_volatile(p) })
-        .wrapping_add(1)
 }
 
 /// Moves the generation kept at index 0 of `map`.

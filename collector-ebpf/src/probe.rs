@@ -690,10 +690,10 @@ fn with_call<const ABI: u8, R>(
 /// Declares the return path's byte decoding (`$decode`) and event description
 /// (`$describe`) of one ABI and argument shape as BPF *global* functions (`pub extern "C"`
 /// and unmangled: global in the object and its BTF), which the kernel's verifier checks
-/// once each, on their own, from their arguments' types. Static, each was checked again for every state the
-/// return path had reached before it (communicator known or not, and each of its kinds;
-/// each byte rule's outcome), multiplying the states. `$decode` returns [`UNDECODED`]
-/// where the bytes could not be read.
+/// once each, on their own, from their arguments' types. Static, each was checked again
+/// for every state the return path had reached before it (communicator known or not, and
+/// each of its kinds; each byte rule's outcome), multiplying the states. `$decode` returns
+/// [`UNDECODED`] where the bytes could not be read.
 macro_rules! global_return_path {
     ($decode:ident, $describe:ident, $abi:expr, $types:expr) => {
         #[unsafe(no_mangle)]

@@ -283,13 +283,10 @@ fn not_counted(tgid: u32, stamp: u64) -> u64 {
 /// The scope generation now, as [`NOT_COUNTED`] stamps it.
 #[inline(always)]
 pub fn scope_stamp() -> u64 {
-    // SAFETY: a plain u64 userspace may move at any time. Both entries only go up, so a
-    // move between the two reads at worst makes the stamp older than now (and a verdict
-    // taken with it is judged again); never newer than the judgement that follows.
-    let by_userspace = SCOPE_GEN
-        .get_ptr(1)
-        .map_or(0, |p| unsafe { core::ptr::read_volatile(p) });
-    crate::maps::generation(&SCOPE_GEN).wrapping_add(by_userspace)
+    // Both entries only go up, so a move between the two reads at worst makes the stamp
+    // older than now (and a verdict taken with it is judged again); never newer than the
+    // judgement that follows.
+    crate::maps::generation(&SCOPE_GEN).wrapping_add(crate::maps::count(&SCOPE_GEN, 1))
 }
 
 /// Whether `tgid` was the process last found not counted on this CPU, in scope generation
