@@ -29,6 +29,8 @@ pub mod maps {
     pub const PROC_STATS: &str = "PROC_STATS";
     /// Communicators learnt per process.
     pub const COMMS: &str = "COMMS";
+    /// Per process and communicator: the number its next collective takes.
+    pub const COLL_SEQ: &str = "COLL_SEQ";
     /// Datatype sizes learnt per process.
     pub const DTYPES: &str = "DTYPES";
     /// What each start of a persistent request moves, learnt at its creation.

@@ -214,8 +214,12 @@ pub struct CallState {
     /// The thread's last draw for sampled time ([`crate::next_draw`]; 0: none yet): a few
     /// instructions a call where the kernel's random helper cost a helper call.
     pub draws: u32,
+    /// The collective in progress's instance number on its communicator plus one (0: not
+    /// numbered: the kernel did not see the communicator made, or it is not a collective),
+    /// set at its entry (see [`crate::instances`]).
+    pub instance: u64,
 }
-const _: () = assert!(size_of::<CallState>() == 704);
+const _: () = assert!(size_of::<CallState>() == 712);
 
 impl CallState {
     /// `busy`: inside a call whose return will be seen.
@@ -934,7 +938,9 @@ pub struct CallEvent {
     /// one (see [`comm_id`]); 0 if not known.
     pub comm_id: u64,
     /// A communicator constructor's new handle (`MPI_Comm_dup`, `MPI_Comm_split` ...), read
-    /// at return; 0 otherwise or if unreadable.
+    /// at return; 0 otherwise or if unreadable. A collective, which makes nothing, carries
+    /// its instance number here instead ([`CallEvent::instance`]): a field of its own would
+    /// not fit the kernel's return path, whose stack is full.
     pub created: u64,
     /// This process's rank in the communicator, -1 if unknown.
     pub comm_rank: i32,
@@ -956,6 +962,18 @@ pub struct CallEvent {
 const _: () = assert!(size_of::<CallEvent>() == 96);
 
 impl CallEvent {
+    /// A collective's instance number on its communicator, counted by the kernel from the
+    /// communicator's creation (`MPI_Init` for the world), where it was (see
+    /// [`crate::instances`]); `created`, for a collective.
+    pub const fn instance(&self) -> Option<u64> {
+        self.created.checked_sub(1)
+    }
+
+    /// The [`CallEvent::created`] of a collective numbered `n` (plus one: 0 is none).
+    pub const fn numbered(n: u64) -> u64 {
+        n + 1
+    }
+
     /// In [`CallEvent::flags`] of a device window: its operations were of different kinds,
     /// or the wait failed, so its time is not attributed to them (`mixed_windows`).
     pub const NOT_ATTRIBUTED: u8 = 1;

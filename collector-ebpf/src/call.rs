@@ -4,8 +4,10 @@
 
 use aya_ebpf::EbpfContext;
 use collector_common::{
-    mpich, routines::NO_ARG as N, Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Config,
-    Cookie, HandleCache, HandleKey, Layout, ARG_SLOTS,
+    mpich,
+    routines::{class, NO_ARG as N},
+    Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Config, Cookie, HandleCache, HandleKey,
+    Layout, ARG_SLOTS,
 };
 
 use crate::{
@@ -45,6 +47,10 @@ pub(crate) fn describe_call(ev: &mut CallEvent, c: &Call, spec: &ArgSpec, comm: 
             .arg(spec.d)
             .and_then(|p| read_handle(c.abi, p))
             .unwrap_or(0);
+        crate::instances::made(c.tgid, ev.created);
+    }
+    if spec.class == class::INIT {
+        crate::instances::init_returned(c.tgid);
     }
 }
 

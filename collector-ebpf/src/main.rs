@@ -18,6 +18,7 @@ mod call;
 mod counters;
 mod decode;
 mod fabric;
+mod instances;
 mod loader;
 mod maps;
 mod mpi;

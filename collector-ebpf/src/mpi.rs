@@ -101,6 +101,7 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
                 _pad: 0,
                 handle: h,
             });
+            crate::instances::freed(c.tgid, h);
             Some(0)
         }
         ByteRule::CommCreate => Some(0),

@@ -160,6 +160,14 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
     e.depth = 0;
     e.routine = c.routine;
     e.cookie = packed;
+    // Numbered at its entry, drawn or not: every member must count every instance.
+    e.instance =
+        if spec.class == class::COLLECTIVE && c.abi != Abi::Nccl as u8 && call_events() != 0 {
+            let h = crate::call::arg(&e.args, spec.comm).map_or(0, |h| handle(c.abi, h));
+            crate::instances::number(c.abi, c.layout, tgid, h)
+        } else {
+            0
+        };
     if sampling != NO_SAMPLING && left_untimed(spec, &c, sampling, e) {
         // No clock read: an untimed call has no duration (nor does the return path, which
         // counts it, read one: `untimed`).
@@ -187,7 +195,7 @@ fn left_untimed(spec: &ArgSpec, c: &Cookie, sampling: u32, e: &mut CallState) ->
     let (tgid, args) = (e.tgid, &e.args);
     // Cheapest first: most calls stop at the routine's N (one array lookup).
     let n = time_one_in(c.routine, tgid);
-    if n <= 1 || wants_event(spec) {
+    if n <= 1 || wants_event(spec, e.instance) {
         return false;
     }
     let status = || args.get((spec.c & 15) as usize).copied().unwrap_or(0);
@@ -522,7 +530,7 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
     }
     let key = counter_key::<ABI>(tgid, c.routine, bucket, comm);
     // Read before `e` is borrowed for the counters, and only for an event.
-    let ev = wants_event(&spec).then(|| {
+    let ev = wants_event(&spec, e.instance).then(|| {
         let mut ev = CallEvent {
             kind: EventKind::Call as u32,
             tgid,
@@ -533,6 +541,9 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
             start_ns,
             dur_ns: dur,
             bytes,
+            // A collective's number (`CallEvent::instance`); a constructor's describe
+            // writes its new handle here.
+            created: e.instance,
             ..CallEvent::default()
         };
         described::<ABI, TYPES>(&mut ev, state, layout, &spec, &returning);
@@ -818,12 +829,23 @@ fn counter_key<const ABI: u8>(
 }
 
 /// Whether the call is sent to userspace: every call while events are on for all, else
-/// the collectives who-is-late follows.
+/// what who-is-late follows: the calls that name communicators, and the collectives it
+/// draws (`instance`: the call's number plus one, 0 for every call of a communicator not
+/// numbered).
 #[inline(always)]
-fn wants_event(spec: &ArgSpec) -> bool {
-    match CONFIG.get(0).map_or(0, |c| c.call_events) {
+fn wants_event(spec: &ArgSpec, instance: u64) -> bool {
+    match call_events() {
         0 => false,
         m if m & Config::EVENTS_ALL != 0 => true,
-        _ => spec.matters_for_skew(),
+        _ => {
+            spec.matters_for_skew()
+                && (instance == 0 || collector_common::instances::drawn(instance - 1))
+        }
     }
+}
+
+/// Which call events userspace wants (`Config::call_events`).
+#[inline(always)]
+fn call_events() -> u32 {
+    CONFIG.get(0).map_or(0, |c| c.call_events)
 }

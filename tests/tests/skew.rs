@@ -241,6 +241,94 @@ fn launched_mpich_job_names_the_late_rank() {
 }
 
 /// Rank 0's count of calls so far (0 before it wrote one).
+/// Past a communicator's first 1,024 instances who-is-late follows the ones every rank draws
+/// by number (`collector_common::instances`). A 2-rank `mpi_late` of 1,500 collectives a
+/// phase numbers the world to 6,000: each phase's instances are estimated as exactly the sum
+/// of its drawn instances' weights, the late rank is named, and the calls not drawn, their
+/// time sampled, leave no return (each rank's timed calls are the drawn ones and about 1 in
+/// 64 of the rest).
+fn long_job(mpi: Mpi) {
+    use collector_common::instances;
+    use std::ops::Range;
+    const NP: u32 = 2;
+    const LATE: u64 = 1;
+    const N: u64 = 1_500;
+    let scratch = Scratch::new(&format!("skew-long-{}", mpi.suffix()));
+    let prefix = scratch.path("truth");
+    let json = scratch.path("profile.json");
+    let mut args: Vec<String> = ["record", "--time-one-in", "64", "--json"]
+        .map(String::from)
+        .to_vec();
+    args.extend([json.display().to_string(), "--".into()]);
+    args.extend(mpi.launcher(NP));
+    args.extend([
+        build_program("mpi_late.c", mpi).display().to_string(),
+        LATE.to_string(),
+        "1".into(),
+        N.to_string(),
+        prefix.display().to_string(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let profile = read_json(&json);
+    let skew = &profile["skew"];
+    for counter in ["incomplete", "unidentified", "unaligned", "lost"] {
+        assert_eq!(skew[counter], 0, "{counter}: {skew:#}");
+    }
+    let estimate = |r: Range<u64>| r.map(instances::weight).sum::<u64>();
+    let standing_for_several = |r: Range<u64>| r.filter(|n| instances::weight(*n) > 1).count();
+    // (routine, bucket, its numbers, whether rank LATE sleeps): the world's four phases, then
+    // the duplicate's, numbered from its creation. (The split's halves have one member each.)
+    let phases = [
+        ("MPI_Allreduce", 2, 0..N, true),
+        ("MPI_Allreduce", 10, N..2 * N, false),
+        ("MPI_Bcast", 3, 2 * N..3 * N, true),
+        ("MPI_Barrier", 0, 3 * N..4 * N, true),
+        ("MPI_Allreduce", 1, 0..N, true),
+    ];
+    for (name, bucket, numbers, late) in phases.clone() {
+        let r = routine(skew, name, bucket);
+        let want = estimate(numbers);
+        assert_eq!(r["instances"], want, "{name} {bucket}: {r:#}");
+        if late {
+            let most = &r["most_last"];
+            assert_eq!(most["rank"], LATE, "{name} {bucket}: {r:#}");
+            let last = most["last"].as_u64().expect("last");
+            assert!(last * 100 >= want * 95, "{name} {bucket}: {r:#}");
+        }
+    }
+    let all: u64 = phases.iter().map(|p| estimate(p.2.clone())).sum();
+    assert_eq!(skew["instances"], all, "{skew:#}");
+    let several: usize = phases
+        .iter()
+        .map(|p| standing_for_several(p.2.clone()))
+        .sum();
+    assert_eq!(skew["sampled"], several as u64, "{skew:#}");
+    // Calls stay exact; the Bcast and Barrier phases' calls not drawn went untimed.
+    for rank in profile["ranks"].as_array().expect("ranks") {
+        for (name, numbers) in [("MPI_Bcast", 2 * N..3 * N), ("MPI_Barrier", 3 * N..4 * N)] {
+            let r = &rank["routines"][name];
+            assert_eq!(r["calls"], N, "{name}: {r:#}");
+            let drawn = numbers.filter(|n| instances::drawn(*n)).count() as u64;
+            let timed = r["sampled_time"]["timed_calls"].as_u64().expect("timed");
+            assert!(
+                timed >= drawn && timed < drawn + (N - drawn) / 8,
+                "{name}: {timed} timed, {drawn} drawn of {N}: {r:#}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_long_open_mpi_job_follows_the_drawn_instances() {
+    long_job(Mpi::OpenMpi);
+}
+
+#[test]
+fn a_long_mpich_job_follows_the_drawn_instances() {
+    long_job(Mpi::Mpich);
+}
+
 fn progress(prefix: &Path) -> u64 {
     std::fs::read_to_string(format!("{}.progress", prefix.display()))
         .ok()

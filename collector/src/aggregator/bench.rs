@@ -150,6 +150,7 @@ fn match_parts(daemons: u32, ranks: u32, instances: u64) -> (u64, f64) {
         let parts: Vec<pb::InstancePart> = (0..daemons)
             .map(|d| pb::InstancePart {
                 numbering_local: false,
+                weight: 0,
                 job: "bench".into(),
                 comm: 1,
                 seq,

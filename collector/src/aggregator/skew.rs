@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use collector_common::{routines::routine_id, BUCKETS, UNKNOWN_BUCKET};
+use collector_common::{instances, routines::routine_id, BUCKETS, UNKNOWN_BUCKET};
 
 use crate::{
     api::pb,
@@ -37,6 +37,8 @@ struct Pending {
     ranks: std::collections::HashSet<u32>,
     /// The largest clock error of the nodes whose parts are in.
     error_ns: u64,
+    /// How many instances it stands for (the largest a part said).
+    weight: u64,
 }
 
 /// A node's part of an instance, its times on the aggregator's clock.
@@ -51,6 +53,7 @@ struct Part {
     node: String,
     arrivals: Vec<(Arrival, String)>,
     error_ns: u64,
+    weight: u64,
 }
 
 impl Part {
@@ -332,6 +335,8 @@ impl CrossSkew {
                     })
                     .collect(),
                 error_ns,
+                // Bounded: a node's word cannot make one instance stand for thousands.
+                weight: p.weight.clamp(1, instances::MAX_STRIDE),
             };
             if p.numbering_local {
                 job.align(part);
@@ -467,9 +472,11 @@ impl JobSkew {
                 arrivals: Vec::new(),
                 ranks: Default::default(),
                 error_ns: 0,
+                weight: 1,
             }
         });
         pending.error_ns = pending.error_ns.max(part.error_ns);
+        pending.weight = pending.weight.max(part.weight);
         for (a, host) in part.arrivals {
             if pending.arrivals.len() >= pending.size as usize || !pending.ranks.insert(a.pid) {
                 continue;
@@ -528,7 +535,7 @@ impl JobSkew {
             let last = p.arrivals.iter().map(|a| a.start_ns).max().unwrap_or(0);
             // Two nodes' offsets may each be off by their error.
             if last - first < p.error_ns.saturating_mul(2) {
-                self.within_clock_error += 1;
+                self.within_clock_error += p.weight;
                 return;
             }
         }
@@ -543,6 +550,7 @@ impl JobSkew {
             numbered_from_start: true,
             size: p.size,
             arrivals: p.arrivals,
+            weight: p.weight,
         });
     }
 }
@@ -569,6 +577,7 @@ mod tests {
                 })
                 .collect(),
             numbering_local: false,
+            weight: 0,
         }
     }
 

@@ -23,9 +23,10 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use collector_common::{
-    launcher, names, one_in, routines::ArgSpec, watch, CallState, CommInfo, Config, CounterKey,
-    CounterVal, FabricRanges, FabricText, HandleKey, IdentityOffsets, Layout, ProcStats, TpOffsets,
-    MAX_LAYOUTS, ROUTINES,
+    instances, launcher, names, one_in,
+    routines::{self, ArgSpec},
+    watch, CallState, CommInfo, Config, CounterKey, CounterVal, FabricRanges, FabricText,
+    HandleKey, IdentityOffsets, Layout, ProcStats, TpOffsets, MAX_LAYOUTS, ROUTINES,
 };
 use serde::Serialize;
 use tracing::{debug, info, warn};
@@ -150,6 +151,8 @@ pub struct Probes {
     _ebpf: Ebpf,
     watched: watched::WatchedSet,
     comms: BpfHashMap<MapData, HandleKey, CommInfo>,
+    /// Per process and communicator: the number its next collective takes.
+    coll_seq: BpfHashMap<MapData, HandleKey, u64>,
     dtypes: BpfHashMap<MapData, HandleKey, u64>,
     persistent: BpfHashMap<MapData, HandleKey, collector_common::PersistentOp>,
     config: Array<MapData, Config>,
@@ -381,6 +384,7 @@ impl Probes {
                 map(&mut ebpf, names::maps::SCOPE_GEN)?,
             ),
             comms: map(&mut ebpf, names::maps::COMMS)?,
+            coll_seq: map(&mut ebpf, names::maps::COLL_SEQ)?,
             dtypes: map(&mut ebpf, names::maps::DTYPES)?,
             persistent: map(&mut ebpf, names::maps::PERSISTENT)?,
             config: map(&mut ebpf, names::maps::CONFIG)?,
@@ -661,8 +665,28 @@ impl Probes {
     /// Forgets `pid` (used to stop following commtap's own children).
     pub fn unwatch(&mut self, pid: u32) {
         self.watched.remove(pid);
+        self.stop_numbering(Some(pid));
         // Threads with call state check again whether their process is counted.
         self.counters.bump_generation();
+    }
+
+    /// The collectives of `pid` (of every process: None) are no longer seen, or no longer
+    /// numbered (no call events): the kernel's counts of their instances stop for good
+    /// (their calls are aligned by time, as those of a process attached mid-job).
+    fn stop_numbering(&mut self, pid: Option<u32>) {
+        let keys: Vec<HandleKey> = self
+            .coll_seq
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| pid.is_none_or(|p| k.tgid == p))
+            .collect();
+        for k in keys {
+            let _ = if k.handle == instances::INIT_SEEN {
+                self.coll_seq.remove(&k)
+            } else {
+                self.coll_seq.insert(k, instances::NOT_NUMBERED, 0)
+            };
+        }
     }
 
     /// Stops counting `pid` for good: unlike [`Probes::unwatch`], watch-all mode does not
@@ -671,6 +695,7 @@ impl Probes {
         self.watched
             .insert(pid, 0)
             .map_err(map_err(names::maps::WATCHED))?;
+        self.stop_numbering(Some(pid));
         // Threads with call state check again whether their process is counted.
         self.counters.bump_generation();
         Ok(())
@@ -726,7 +751,13 @@ impl Probes {
         } else {
             self.settings.call_events &= !bit;
         }
-        self.write_settings()
+        self.write_settings()?;
+        if self.settings.call_events == 0 {
+            // The kernel numbers instances only while events are on: a count that missed
+            // some would be trusted.
+            self.stop_numbering(None);
+        }
+        Ok(())
     }
 
     /// Times one call in `n` of `routine` (chosen at random; 0 or 1: every call), for the
@@ -814,11 +845,14 @@ impl Probes {
         &self.process_sampled
     }
 
-    /// Whether a call of the routine of `spec` emits an event now (then its time is never
-    /// sampled: the event carries it). The kernel decides the same way.
+    /// Whether every call of the routine of `spec` emits an event now (then its time is
+    /// never sampled: the event carries it). The kernel decides the same way; of a
+    /// collective, under who is late alone, it sends only the instances it draws (where it
+    /// numbers the communicator's), and the others' time may be sampled.
     pub fn event_wanted_for(&self, spec: &ArgSpec) -> bool {
         let m = self.settings.call_events;
-        m & Config::EVENTS_ALL != 0 || (m != 0 && spec.matters_for_skew())
+        m & Config::EVENTS_ALL != 0
+            || (m != 0 && spec.matters_for_skew() && spec.class != routines::class::COLLECTIVE)
     }
 
     /// The routines whose time is sampled now, with their N (one call in N timed).
@@ -863,6 +897,7 @@ impl Probes {
         let _ = self.fabric_ranges.remove(&pid);
         let _ = self.mpi_components.remove(&pid);
         remove_handles_of(&mut self.comms, pid);
+        remove_handles_of(&mut self.coll_seq, pid);
         remove_handles_of(&mut self.dtypes, pid);
         remove_handles_of(&mut self.persistent, pid);
         let mut unused = Vec::new();

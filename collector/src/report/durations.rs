@@ -210,7 +210,12 @@ fn never_sampled(name: &str, job: &JobProfile) -> Option<&'static str> {
         return Some("an event per call (a trace) carries its time");
     }
     if job.skew.is_some() && routine.spec.matters_for_skew() {
-        return Some("who is late takes every instance's times: --no-skew lets it be sampled");
+        // Where the kernel numbers a communicator's instances (seen made) it draws some and
+        // the rest are sampled; this is the one it does not (ranks attached mid-job).
+        return Some(
+            "who is late times every instance where it aligns the ranks by time (attached \
+             mid-job): --no-skew lets it be sampled",
+        );
     }
     None
 }

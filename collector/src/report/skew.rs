@@ -25,6 +25,14 @@ pub fn render_text(s: &SkewReport) -> String {
         "  instances: {}   incomplete: {}   unidentified calls: {}   unaligned calls: {}   lost events: {}",
         s.instances, s.incomplete, s.unidentified, s.unaligned, s.lost
     );
+    if s.sampled > 0 {
+        let _ = writeln!(
+            o,
+            "  estimated: past a communicator's first 1,024 instances, one in 2 to 64 is \
+             followed (the same ones in every rank); {} followed stood for several",
+            s.sampled
+        );
+    }
     if s.remote > 0 {
         let _ = writeln!(
             o,

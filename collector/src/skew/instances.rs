@@ -17,6 +17,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use collector_common::instances;
+
 use super::{identity::CommKey, FastMap};
 
 /// One member's part in an instance.
@@ -47,6 +49,9 @@ pub struct Collective {
     /// Whether the process was watched since the communicator was made (its creation, or
     /// `MPI_Init` for the world, was seen): then its count of calls there is the number.
     pub from_start: bool,
+    /// Its number as the kernel counted it from the communicator's creation: then only the
+    /// instances [`collector_common::instances`] draws come from this process.
+    pub number: Option<u64>,
     /// Who and when.
     pub arrival: Arrival,
 }
@@ -74,6 +79,9 @@ pub struct Instance {
     pub size: u32,
     /// The members seen.
     pub arrivals: Vec<Arrival>,
+    /// How many instances it stands for: 1, or where the kernel numbers the communicator's
+    /// instances and sends one in a stride, the stride ([`collector_common::instances`]).
+    pub weight: u64,
 }
 
 impl Instance {
@@ -211,6 +219,9 @@ struct Comm {
     spans: Spans,
     /// One past the highest number used.
     next_fresh: u64,
+    /// Some member's calls come numbered by the kernel, only those drawn: every member's
+    /// numbered from the creation are then taken as drawn, or not at all.
+    drawn: bool,
 }
 
 /// Matches collective calls into instances.
@@ -237,6 +248,13 @@ impl Matcher {
             anchored: from_start,
             ..Stream::default()
         });
+        if let Some(n) = c.number {
+            // The kernel's count is the communicator's numbering, whatever was lost.
+            stream.next_local = n;
+            stream.offset = Some(0);
+            stream.anchored = true;
+            comm.drawn = true;
+        }
         let local = stream.next_local;
         stream.next_local += 1;
         let known = stream
@@ -352,6 +370,11 @@ fn place(
         counts.unaligned += 1;
         return;
     };
+    if comm.drawn && !instances::drawn(seq) {
+        // A member whose calls all come (its count kept here): the others sent only the
+        // drawn instances.
+        return;
+    }
     if !comm.open.contains_key(&seq) && seq < comm.next_fresh && comm.spans.contains(seq) {
         // Its instance was closed already (expired, or the others all came).
         counts.unaligned += 1;
@@ -393,6 +416,11 @@ fn close(comm: &mut Comm, key: CommKey, seq: u64, out: &mut Vec<Instance>) {
             numbered_from_start: comm.streams.values().any(|s| s.anchored),
             size: comm.size,
             arrivals: o.arrivals,
+            weight: if comm.drawn {
+                instances::stride(seq)
+            } else {
+                1
+            },
         });
     }
 }
@@ -536,6 +564,7 @@ mod tests {
             bucket: 3,
             nonblocking: false,
             from_start: true,
+            number: None,
             arrival: Arrival {
                 pid,
                 start_ns: i * 10_000_000 + late,
@@ -559,6 +588,37 @@ mod tests {
     }
 
     #[test]
+    fn kernel_numbers_place_the_drawn_instances_with_their_weights() {
+        // Members 0 and 1 send only the instances the kernel drew, numbered; member 2's
+        // count is its own (the kernel had no room for its number) and it sends all: its
+        // instances not drawn are dropped, the drawn ones meet the others'.
+        let mut m = Matcher::default();
+        let mut out = Vec::new();
+        let n = 3 * instances::ALL_BELOW;
+        for i in 0..n {
+            for p in 0..3u32 {
+                let numbered = p < 2;
+                if numbered && !instances::drawn(i) {
+                    continue;
+                }
+                let c = Collective {
+                    number: numbered.then_some(i),
+                    ..call(p, 3, i, u64::from(p) * 1000)
+                };
+                m.arrive(c, &mut out);
+            }
+        }
+        m.finish(&mut out);
+        assert_eq!(m.counts, MatchCounts::default());
+        assert!(out.iter().all(|i| i.complete), "{out:?}");
+        let drawn: Vec<u64> = (0..n).filter(|i| instances::drawn(*i)).collect();
+        assert_eq!(out.iter().map(|i| i.seq).collect::<Vec<_>>(), drawn);
+        assert!(out.iter().all(|i| i.weight == instances::stride(i.seq)));
+        let estimate: u64 = out.iter().map(|i| i.weight).sum();
+        assert_eq!(estimate, (0..n).map(instances::weight).sum::<u64>());
+    }
+
+    #[test]
     fn attached_at_different_instances_still_match() {
         // Process 0 was watched from instance 0, process 1 from instance 7, process 2
         // from instance 20: each numbers from its first call, the matcher aligns them.
@@ -569,6 +629,7 @@ mod tests {
                 if i >= from {
                     let c = Collective {
                         from_start: false,
+                        number: None,
                         ..call(p, 3, i, u64::from(p) * 1000)
                     };
                     m.arrive(c, &mut out);
@@ -624,6 +685,7 @@ mod tests {
                 };
                 let c = Collective {
                     from_start: false,
+                    number: None,
                     arrival,
                     ..call(p, 3, i, 0)
                 };

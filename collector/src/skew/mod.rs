@@ -152,7 +152,11 @@ impl Tracker {
             self.unidentified += 1;
             return Placement::default();
         };
-        let from_start = made_while_watched || self.init_seen.contains(&ev.tgid);
+        // The kernel's number, where it counted the communicator's instances from its
+        // creation: then only the instances it draws come (`collector_common::instances`).
+        let number = ev.instance();
+        let from_start =
+            number.is_some() || made_while_watched || self.init_seen.contains(&ev.tgid);
         let size = match ev.comm_size {
             0 if comm == CommKey::WORLD => self.world_sizes.get(&ev.tgid).copied().unwrap_or(0),
             n => n,
@@ -165,6 +169,7 @@ impl Tracker {
                 bucket: ev.bucket,
                 nonblocking: routine.name.starts_with("MPI_I"),
                 from_start,
+                number,
                 arrival: Arrival {
                     pid: ev.tgid,
                     start_ns: ev.start_ns,

@@ -18,8 +18,13 @@ use super::{
 /// The `skew` object of a profile: who arrived late at collectives, and who waited.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct SkewReport {
-    /// Collective instances every member of was seen at.
+    /// Collective instances every member of was seen at (estimated where `sampled`).
     pub instances: u64,
+    /// Of the instances seen, those that each stood for several: past a communicator's
+    /// first 1,024 instances who-is-late follows one in 2 to 64 (the same ones in every
+    /// rank, drawn by number), and the counts and times here are estimates from them.
+    #[serde(default)]
+    pub sampled: u64,
     /// Instances some member of was never seen at (not watched, exited, events lost):
     /// counted, not used.
     pub incomplete: u64,
@@ -176,13 +181,14 @@ struct Histogram {
 const SUB_BITS: u32 = 5;
 
 impl Histogram {
-    fn add(&mut self, v: u64) {
+    /// Adds `v` as `w` values (an instance that stands for `w`).
+    fn add(&mut self, v: u64, w: u64) {
         let i = Self::index(v);
         match self.counts.binary_search_by_key(&i, |(b, _)| *b) {
-            Ok(at) => self.counts[at].1 += 1,
-            Err(at) => self.counts.insert(at, (i, 1)),
+            Ok(at) => self.counts[at].1 += w,
+            Err(at) => self.counts.insert(at, (i, w)),
         }
-        self.n += 1;
+        self.n += w;
         self.max = self.max.max(v);
     }
 
@@ -272,6 +278,8 @@ const WORST: usize = 10;
 #[derive(Debug, Default)]
 pub struct Summary {
     instances: u64,
+    /// Complete instances that stood for more than one.
+    sampled: u64,
     incomplete: u64,
     remote: u64,
     ranks: FastMap<u32, PerRank>,
@@ -285,19 +293,24 @@ pub type Whois<'a> = &'a dyn Fn(u32) -> Option<(u32, String)>;
 
 impl Summary {
     /// Adds one finished instance.
+    /// Adds one finished instance, as the `weight` instances it stands for.
     pub fn add(&mut self, inst: &Instance) {
+        let w = inst.weight.max(1);
         if !inst.complete {
             if inst.is_remote() {
-                self.remote += 1;
+                self.remote += w;
             } else {
-                self.incomplete += 1;
+                self.incomplete += w;
             }
             return;
         }
         if inst.arrivals.len() < 2 {
             return;
         }
-        self.instances += 1;
+        self.instances += w;
+        if w > 1 {
+            self.sampled += 1;
+        }
         let first = inst.arrivals.iter().map(|a| a.start_ns).min().unwrap_or(0);
         let late = inst
             .arrivals
@@ -317,20 +330,20 @@ impl Summary {
             .or_default();
         for a in &inst.arrivals {
             let r = self.ranks.entry(a.pid).or_default();
-            r.instances += 1;
-            r.waited_ns += late.start_ns - a.start_ns;
-            *per.waited.entry(a.pid).or_default() += late.start_ns - a.start_ns;
+            r.instances += w;
+            r.waited_ns += (late.start_ns - a.start_ns) * w;
+            *per.waited.entry(a.pid).or_default() += (late.start_ns - a.start_ns) * w;
         }
         let r = self.ranks.entry(late.pid).or_default();
-        r.last += 1;
-        r.caused_ns += skew;
-        per.instances += 1;
-        per.skew.add(skew);
-        per.transfer.add(transfer);
+        r.last += w;
+        r.caused_ns += skew * w;
+        per.instances += w;
+        per.skew.add(skew, w);
+        per.transfer.add(transfer, w);
         let l = per.last.entry(late.pid).or_default();
-        l.0 += 1;
-        l.1 += skew;
-        l.2.add(skew);
+        l.0 += w;
+        l.1 += skew * w;
+        l.2.add(skew, w);
         if self.worst.len() < WORST || self.worst.last().is_some_and(|w| skew > w.0) {
             let at = self.worst.partition_point(|w| w.0 >= skew);
             self.worst
@@ -408,6 +421,7 @@ impl Summary {
             .collect();
         SkewReport {
             instances: self.instances,
+            sampled: self.sampled,
             incomplete: self.incomplete,
             remote: self.remote,
             within_clock_error: 0,
@@ -520,7 +534,7 @@ mod tests {
     fn histogram_quantiles_within_three_percent() {
         let mut h = Histogram::default();
         for v in 1..=100_000u64 {
-            h.add(v * 1000);
+            h.add(v * 1000, 1);
         }
         for (q, want) in [
             (0.5, 50_000_000f64),
@@ -558,6 +572,7 @@ mod tests {
             numbered_from_start: true,
             size: 4,
             arrivals,
+            weight: 1,
         };
         // Both members on this node arrived; the other two are elsewhere.
         s.add(&inst(vec![a(1), a(2)], 2));
@@ -594,6 +609,7 @@ mod tests {
                 numbered_from_start: true,
                 size: 4,
                 arrivals,
+                weight: 1,
             });
         }
         let whois = |pid: u32| Some((pid, format!("node{pid}")));

@@ -141,6 +141,7 @@ pub(crate) fn sample() -> JobProfile {
             incomplete: 1,
             remote: 5,
             within_clock_error: 6,
+            sampled: 7,
             unidentified: 2,
             unaligned: 3,
             lost: 4,

@@ -405,6 +405,7 @@ impl NodeState {
                     comm: inst.comm.0,
                     seq: inst.seq,
                     numbering_local: !inst.numbered_from_start,
+                    weight: inst.weight,
                     routine: collector_common::ROUTINES
                         .get(inst.routine as usize)
                         .map_or("?", |r| r.name)

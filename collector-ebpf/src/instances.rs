@@ -1,0 +1,105 @@
+//! Collective instances numbered per process and communicator by the kernel, from the
+//! communicator's creation (`MPI_Init` for the world), so that every member draws the same
+//! instances for who-is-late (`collector_common::instances`) and a call not drawn needs no
+//! event, and, where its time is sampled, no return.
+
+use aya_ebpf::{macros::map, maps::HashMap};
+use collector_common::{
+    comm_id,
+    instances::{INIT_SEEN, NOT_NUMBERED},
+    Abi, HandleKey,
+};
+
+use crate::{
+    decode::{comm_info, shared_comm_id},
+    maps::LAYOUTS,
+};
+
+/// Per (process, communicator): the number its next collective takes, or `NOT_NUMBERED`;
+/// under the handle `INIT_SEEN`, that the process's `MPI_Init` returned while watched and
+/// its world has not been met yet.
+#[map]
+pub static COLL_SEQ: HashMap<HandleKey, u64> = HashMap::with_max_entries(65536, 0);
+
+#[inline(always)]
+fn key(tgid: u32, handle: u64) -> HandleKey {
+    HandleKey {
+        tgid,
+        _pad: 0,
+        handle,
+    }
+}
+
+/// At a collective's entry on communicator `h` (normalised): its instance number plus one,
+/// or 0 where the communicator is not numbered.
+#[inline(always)]
+pub fn number(abi: u8, layout: u8, tgid: u32, h: u64) -> u64 {
+    if h == INIT_SEEN {
+        // No communicator (or one unreadable): not the marker's to count.
+        return 0;
+    }
+    if let Some(p) = COLL_SEQ.get_ptr_mut(key(tgid, h)) {
+        // SAFETY: a map value; only the process's threads change it, and MPI has them make
+        // one collective at a time on a communicator (so no atomic add, which this BPF
+        // target cannot return the old value of).
+        unsafe {
+            if core::ptr::read_volatile(p) == NOT_NUMBERED {
+                return 0;
+            }
+            let n = core::ptr::read_volatile(p);
+            core::ptr::write_volatile(p, n + 1);
+            return n + 1;
+        }
+    }
+    first_met(u32::from(abi), u32::from(layout), tgid, h)
+}
+
+/// A communicator's first collective since the process was watched: the world, if the
+/// process's `MPI_Init` was seen, is numbered from here (this call is instance 0); any other
+/// was made before (one made since was entered at its creation). A global function: the
+/// verifier checks it once, not in every state of each entry.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn first_met(abi: u32, layout: u32, tgid: u32, h: u64) -> u64 {
+    let abi = abi as u8;
+    let info = if abi == Abi::OpenMpi as u8 {
+        LAYOUTS.get(layout).and_then(|l| comm_info(abi, l, tgid, h))
+    } else {
+        None
+    };
+    let marker = key(tgid, INIT_SEEN);
+    // SAFETY: plain value.
+    let world = abi != Abi::Nccl as u8
+        && shared_comm_id(abi, h, info) == comm_id::WORLD
+        && unsafe { COLL_SEQ.get(marker) }.is_some();
+    if world {
+        let _ = COLL_SEQ.remove(marker);
+        let _ = COLL_SEQ.insert(key(tgid, h), 1, 0);
+        1
+    } else {
+        let _ = COLL_SEQ.insert(key(tgid, h), NOT_NUMBERED, 0);
+        0
+    }
+}
+
+/// `MPI_Init` returned in process `tgid` while it was watched: its world's collectives are
+/// numbered from the first.
+#[inline(always)]
+pub fn init_returned(tgid: u32) {
+    let _ = COLL_SEQ.insert(key(tgid, INIT_SEEN), 0, 0);
+}
+
+/// Communicator `h` (normalised) was made: numbered from its first collective. (A handle
+/// freed and reused starts again.)
+#[inline(always)]
+pub fn made(tgid: u32, h: u64) {
+    if h != 0 {
+        let _ = COLL_SEQ.insert(key(tgid, h), 0, 0);
+    }
+}
+
+/// Communicator `h` (normalised) is freed.
+#[inline(always)]
+pub fn freed(tgid: u32, h: u64) {
+    let _ = COLL_SEQ.remove(key(tgid, h));
+}
