@@ -216,7 +216,7 @@ pub struct CallState {
     pub draws: u32,
     /// The collective in progress's instance number on its communicator plus one (0: not
     /// numbered: the kernel did not see the communicator made, or it is not a collective),
-    /// set at its entry (see [`crate::instances`]).
+    /// set at its entry (see [`crate::instances`]), with [`CallState::INSTANCE_UNTIMED`].
     pub instance: u64,
 }
 const _: () = assert!(size_of::<CallState>() == 712);
@@ -227,6 +227,23 @@ impl CallState {
     /// `busy`: inside a call counted at its entry, untimed, whose return will not be seen
     /// (only while the return path counts it, then idle).
     pub const BUSY_UNTIMED: u32 = 2;
+    /// In `instance`: a drawn instance whose return is seen for who is late's event, but
+    /// whose time its counter takes as an untimed call's (the routine's own draw said so):
+    /// the times the profile estimates from stay one call in N at random, where the drawn
+    /// instances are all of a communicator's first 1,024.
+    pub const INSTANCE_UNTIMED: u64 = 1 << 63;
+
+    /// The call's instance number plus one (0: none), without its flag.
+    #[inline(always)]
+    pub const fn instance_number(&self) -> u64 {
+        self.instance & !Self::INSTANCE_UNTIMED
+    }
+
+    /// Whether the counters take the call as timed (its return seen, and its time drawn).
+    #[inline(always)]
+    pub const fn counted_timed(&self) -> bool {
+        self.busy != Self::BUSY_UNTIMED && self.instance & Self::INSTANCE_UNTIMED == 0
+    }
 }
 const _: () = assert!(offset_of!(CallState, cache) == 296);
 

@@ -39,9 +39,11 @@ pub fn number(abi: u8, layout: u8, tgid: u32, h: u64) -> u64 {
         return 0;
     }
     if let Some(p) = COLL_SEQ.get_ptr_mut(key(tgid, h)) {
-        // SAFETY: a map value; only the process's threads change it, and MPI has them make
-        // one collective at a time on a communicator (so no atomic add, which this BPF
-        // target cannot return the old value of).
+        // SAFETY: a map value. The process's threads count here, one collective at a time
+        // on a communicator (MPI's rule), so no atomic add (which this BPF target cannot
+        // return the old value of); userspace writes it only to stop the count
+        // (`Probes::stop_numbering`), which a count in flight may undo (where events went
+        // off, it sweeps again before they come back on).
         unsafe {
             if core::ptr::read_volatile(p) == NOT_NUMBERED {
                 return 0;
@@ -54,10 +56,12 @@ pub fn number(abi: u8, layout: u8, tgid: u32, h: u64) -> u64 {
     first_met(u32::from(abi), u32::from(layout), tgid, h)
 }
 
-/// A communicator's first collective since the process was watched: the world, if the
-/// process's `MPI_Init` was seen, is numbered from here (this call is instance 0); any other
-/// was made before (one made since was entered at its creation). A global function: the
-/// verifier checks it once, not in every state of each entry.
+/// A communicator's first collective since the process was watched, where it has no entry:
+/// the world, if the process's `MPI_Init` was seen, is numbered from here (this call is
+/// instance 0); any other is not numbered (made before the watch, while call events were
+/// off, by a constructor not followed, or its entry refused by a full map), and userspace
+/// numbers its calls, which then all come. A global function: the verifier checks it once,
+/// not in every state of each entry.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn first_met(abi: u32, layout: u32, tgid: u32, h: u64) -> u64 {

@@ -195,7 +195,16 @@ fn left_untimed(spec: &ArgSpec, c: &Cookie, sampling: u32, e: &mut CallState) ->
     let (tgid, args) = (e.tgid, &e.args);
     // Cheapest first: most calls stop at the routine's N (one array lookup).
     let n = time_one_in(c.routine, tgid);
-    if n <= 1 || wants_event(spec, e.instance) {
+    if n <= 1 {
+        return false;
+    }
+    if wants_event(spec, e.instance) {
+        // A drawn instance: its return brings its event the time. Its counter takes that
+        // time as the routine's own draw says, so that the profile's times stay a sample
+        // of one call in N at random.
+        if e.instance != 0 && spec.time_can_be_sampled() && not_drawn(n, &mut e.draws) {
+            e.instance |= CallState::INSTANCE_UNTIMED;
+        }
         return false;
     }
     let status = || args.get((spec.c & 15) as usize).copied().unwrap_or(0);
@@ -530,7 +539,7 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
     }
     let key = counter_key::<ABI>(tgid, c.routine, bucket, comm);
     // Read before `e` is borrowed for the counters, and only for an event.
-    let ev = wants_event(&spec, e.instance).then(|| {
+    let ev = wants_event(&spec, e.instance_number()).then(|| {
         let mut ev = CallEvent {
             kind: EventKind::Call as u32,
             tgid,
@@ -543,7 +552,7 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
             bytes,
             // A collective's number (`CallEvent::instance`); a constructor's describe
             // writes its new handle here.
-            created: e.instance,
+            created: e.instance_number(),
             ..CallEvent::default()
         };
         described::<ABI, TYPES>(&mut ev, state, layout, &spec, &returning);

@@ -746,6 +746,11 @@ impl Probes {
     }
 
     fn set_events(&mut self, bit: u32, on: bool) -> Result<(), AttachError> {
+        if self.settings.call_events == 0 && on {
+            // A count the kernel was taking as events went off may have written over the
+            // stop (below); none is taken while they are off, so this sweep is the last.
+            self.stop_numbering(None);
+        }
         if on {
             self.settings.call_events |= bit;
         } else {

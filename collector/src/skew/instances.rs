@@ -32,6 +32,13 @@ pub struct Arrival {
     pub end_ns: u64,
 }
 
+impl Arrival {
+    /// How long the member was inside the call.
+    fn duration(&self) -> u64 {
+        self.end_ns.saturating_sub(self.start_ns)
+    }
+}
+
 /// A collective call as the matcher takes it.
 #[derive(Clone, Copy, Debug)]
 pub struct Collective {
@@ -200,6 +207,8 @@ struct Stream {
     /// Watched since the communicator was made, and no call lost since: its count is the
     /// communicator's own numbering (which the others are aligned to).
     anchored: bool,
+    /// Its calls came numbered by the kernel (only the drawn instances).
+    kernel: bool,
     buffer: VecDeque<Buffered>,
 }
 
@@ -253,7 +262,14 @@ impl Matcher {
             stream.next_local = n;
             stream.offset = Some(0);
             stream.anchored = true;
+            stream.kernel = true;
             comm.drawn = true;
+        } else if stream.kernel {
+            // The kernel stopped numbering it (detached, events switched off): the calls
+            // not drawn before were never sent, so its own count from here means nothing.
+            stream.kernel = false;
+            stream.offset = None;
+            stream.anchored = false;
         }
         let local = stream.next_local;
         stream.next_local += 1;
@@ -502,6 +518,11 @@ fn vote(comm: &Comm, pid: u32, force: bool) -> Option<i64> {
             let Some(overlap) = to.checked_sub(from) else {
                 continue;
             };
+            if comm.drawn && overlap * 2 < b.arrival.duration().min(span.max_end - span.min_start) {
+                // Only the drawn instances have spans: a call of one not drawn overlaps
+                // only the edges of its neighbours', which must not vote.
+                continue;
+            }
             best = match best {
                 Some((o, s, _)) if overlap == o => Some((o, s, true)),
                 Some(kept) if overlap < kept.0 => Some(kept),
@@ -616,6 +637,42 @@ mod tests {
         assert!(out.iter().all(|i| i.weight == instances::stride(i.seq)));
         let estimate: u64 = out.iter().map(|i| i.weight).sum();
         assert_eq!(estimate, (0..n).map(instances::weight).sum::<u64>());
+    }
+
+    #[test]
+    fn a_member_aligned_by_time_joins_the_drawn_instances() {
+        // Members 0 and 1 are numbered by the kernel (drawn instances only); member 2 is
+        // watched from instance 2,048 on, unnumbered, and sends every call. Back to back:
+        // member 0 leaves an instance after member 2 has entered the next, so member 2's
+        // calls of instances not drawn overlap a drawn neighbour's edge, which must not
+        // vote (it would vote one off).
+        let mut m = Matcher::default();
+        let mut out = Vec::new();
+        let (from, n) = (2 * instances::ALL_BELOW, 4 * instances::ALL_BELOW);
+        let at = |i: u64, pid: u32, from_us: i64, to_us: i64| Collective {
+            number: (pid < 2).then_some(i),
+            from_start: pid < 2,
+            arrival: Arrival {
+                pid,
+                start_ns: (i as i64 * 1_000_000 + from_us * 1_000) as u64,
+                end_ns: (i as i64 * 1_000_000 + to_us * 1_000) as u64,
+            },
+            ..call(pid, 3, i, 0)
+        };
+        for i in 1..n {
+            if instances::drawn(i) {
+                m.arrive(at(i, 0, 0, 750), &mut out);
+                m.arrive(at(i, 1, 100, 600), &mut out);
+            }
+            if i >= from {
+                m.arrive(at(i, 2, -300, 650), &mut out);
+            }
+        }
+        m.finish(&mut out);
+        assert_eq!(m.counts, MatchCounts::default());
+        let complete: Vec<u64> = out.iter().filter(|i| i.complete).map(|i| i.seq).collect();
+        let drawn: Vec<u64> = (from..n).filter(|i| instances::drawn(*i)).collect();
+        assert_eq!(complete, drawn);
     }
 
     #[test]

@@ -292,7 +292,6 @@ pub struct Summary {
 pub type Whois<'a> = &'a dyn Fn(u32) -> Option<(u32, String)>;
 
 impl Summary {
-    /// Adds one finished instance.
     /// Adds one finished instance, as the `weight` instances it stands for.
     pub fn add(&mut self, inst: &Instance) {
         let w = inst.weight.max(1);
