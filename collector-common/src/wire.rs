@@ -986,11 +986,6 @@ impl CallEvent {
         self.created.checked_sub(1)
     }
 
-    /// The [`CallEvent::created`] of a collective numbered `n` (plus one: 0 is none).
-    pub const fn numbered(n: u64) -> u64 {
-        n + 1
-    }
-
     /// In [`CallEvent::flags`] of a device window: its operations were of different kinds,
     /// or the wait failed, so its time is not attributed to them (`mixed_windows`).
     pub const NOT_ATTRIBUTED: u8 = 1;

@@ -97,7 +97,7 @@ pub fn init_returned(tgid: u32) {
 /// freed and reused starts again.)
 #[inline(always)]
 pub fn made(tgid: u32, h: u64) {
-    if h != 0 {
+    if h != INIT_SEEN {
         let _ = COLL_SEQ.insert(key(tgid, h), 0, 0);
     }
 }
