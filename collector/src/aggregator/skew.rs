@@ -5,7 +5,7 @@
 //! Bounded: at most [`MAX_JOBS`] jobs and [`MAX_PENDING`] open instances per job (the
 //! oldest closed as incomplete); a part names ranks of its sender's node only.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use collector_common::{instances, routines::routine_id, BUCKETS, UNKNOWN_BUCKET};
 
@@ -93,10 +93,18 @@ const MAX_ALIGNED: usize = 1 << 14;
 /// [`MIN_ALIGN`] / 2) becomes the node's offset, as a node aligns its own ranks. When no
 /// node numbers from the start, the node that attached last (its first waiting part the
 /// latest), once every rank's node has parts waiting, gives the job its numbering.
+///
+/// Where the kernel numbers a communicator (nodes watching since its creation), only its
+/// drawn instances come, and have spans: a waiting part of an instance not drawn overlaps
+/// only its neighbours' edges, and votes only where it overlaps an instance for at least
+/// half of the shorter of the two (as a node aligns its own ranks).
 #[derive(Debug, Default)]
 struct Alignment {
     /// Per communicator: recent instances by the job's number, when they ran.
     spans: HashMap<u64, BTreeMap<u64, (u64, u64)>>,
+    /// The communicators some node sent drawn instances of (one standing for several):
+    /// only their drawn instances are followed.
+    drawn: HashSet<u64>,
     /// Per (communicator, node): its offset once known.
     offsets: HashMap<(u64, String), i64>,
     /// Per (communicator, node): parts waiting for the offset.
@@ -106,6 +114,17 @@ struct Alignment {
 impl Alignment {
     fn offset(&self, comm: u64, node: &str) -> Option<i64> {
         self.offsets.get(&(comm, node.to_string())).copied()
+    }
+
+    /// Whether only `comm`'s drawn instances are followed.
+    fn is_drawn(&self, comm: u64) -> bool {
+        self.drawn.contains(&comm)
+    }
+
+    /// Some node sent a drawn instance of `comm` standing for several: returns whether
+    /// that is news.
+    fn found_drawn(&mut self, comm: u64) -> bool {
+        self.drawn.len() < MAX_ALIGNED && self.drawn.insert(comm)
     }
 
     /// Instance `seq` of `comm` had these arrivals.
@@ -187,6 +206,7 @@ impl Alignment {
     /// The offset most of `key`'s waiting parts agree on, if it is clear.
     fn vote(&self, key: &(u64, String)) -> Option<i64> {
         let spans = self.spans.get(&key.0)?;
+        let drawn = self.is_drawn(key.0);
         let mut votes: HashMap<i64, usize> = HashMap::new();
         let mut voters = 0;
         for p in self.waiting.get(key)? {
@@ -201,6 +221,9 @@ impl Alignment {
                     continue;
                 }
                 let overlap = end.min(max_end).saturating_sub(start.max(min_start));
+                if drawn && overlap * 2 < (end - start).min(max_end - min_start) {
+                    continue;
+                }
                 match best {
                     Some((b, _)) if overlap < b => {}
                     Some((b, _)) if overlap == b => tied = true,
@@ -460,6 +483,17 @@ impl CrossSkew {
 impl JobSkew {
     /// Puts `part` on instance `seq` of the job's numbering of its communicator.
     fn place(&mut self, part: Part, seq: u64) {
+        if part.weight > 1 && self.alignment.found_drawn(part.comm) {
+            // Parts placed before of instances not drawn (a node counting every instance
+            // itself) would wait for the nodes that never send them.
+            let comm = part.comm;
+            self.pending
+                .retain(|&(c, s), _| c != comm || instances::drawn(s));
+        }
+        if self.alignment.is_drawn(part.comm) && !instances::drawn(seq) {
+            // Not followed: the nodes the kernel numbers for sent none of it.
+            return;
+        }
         let key = (part.comm, seq);
         self.alignment.ran(part.comm, seq, &part.arrivals);
         let order = &mut self.order;
@@ -757,5 +791,57 @@ mod tests {
         assert_eq!((r.instances, r.incomplete), (1, 0));
         assert_eq!(r.ranks.len(), 4);
         assert!(r.ranks.iter().all(|k| k.instances == 1));
+    }
+
+    /// Node a's ranks are numbered by the kernel from the communicator's creation and send
+    /// only the drawn instances, each standing for its stride; node b's daemon restarted at
+    /// instance 32,768 (one in 64 drawn) and sends every instance by its own count. Back to back, each rank
+    /// leaving an instance after another has entered the next: node b's parts of instances
+    /// not drawn overlap a drawn neighbour's edge, which must not vote (they would vote one
+    /// off either way); once aligned, those parts are not followed and stay out.
+    #[test]
+    fn a_node_restarted_mid_job_joins_the_drawn_instances() {
+        let mut x = CrossSkew::default();
+        let (from, n) = (32 * instances::ALL_BELOW, 40 * instances::ALL_BELOW);
+        let arrival = |i: u64, rank: u32, host: &str, from_us: i64, to_us: i64| {
+            let at = |us: i64| (1_000_000_000 + i as i64 * 1_000_000 + us * 1_000) as u64;
+            pb::InstanceArrival {
+                rank,
+                host: host.into(),
+                start_ns: at(from_us),
+                end_ns: at(to_us),
+            }
+        };
+        for i in 1..n {
+            if instances::drawn(i) {
+                let mut p = part("j", i, &[], "a");
+                p.arrivals = vec![arrival(i, 0, "a", 0, 900), arrival(i, 1, "a", 100, 600)];
+                p.weight = instances::weight(i);
+                x.add(&[p], 0, 0);
+            }
+            if i >= from {
+                let mut p = part("j", i - from + 5, &[], "b");
+                p.arrivals = vec![
+                    arrival(i, 2, "b", -300, 1100),
+                    arrival(i, 3, "b", -250, 640),
+                ];
+                p.numbering_local = true;
+                x.add(&[p], 0, 0);
+            }
+        }
+        let r = x.report("j").expect("report");
+        let drawn: Vec<u64> = (from..n).filter(|i| instances::drawn(*i)).collect();
+        let weights: u64 = drawn.iter().map(|i| instances::weight(*i)).sum();
+        assert_eq!(
+            (r.instances, r.sampled, r.incomplete, r.unaligned),
+            (weights, drawn.len() as u64, 0, 0),
+            "{r:?}"
+        );
+        assert_eq!(r.ranks[1].last, weights, "rank 1 arrives last: {r:?}");
+        let open: Vec<u64> = x.jobs["j"].pending.keys().map(|k| k.1).collect();
+        assert!(
+            open.iter().all(|s| *s < from),
+            "only node a's before node b: {open:?}"
+        );
     }
 }
