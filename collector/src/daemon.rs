@@ -354,7 +354,11 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
         .map(|(p, _)| *p)
         .collect();
     if !exited.is_empty() {
-        let board = state.board().await;
+        let mut board = state.board().await;
+        if let Some(b) = board.as_deref_mut() {
+            // The kernel's counts of the collectives they entered go with them below.
+            b.set_entered(session.probes.collectives_entered());
+        }
         let profile = session.profile(monotonic_ns(), board.as_deref());
         drop(board);
         for pid in exited {

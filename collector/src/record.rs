@@ -259,6 +259,9 @@ async fn finish(
     // Events already queued (exits of ranks just before the launcher) still count.
     session.drain_process_events();
     let end_ns = monotonic_ns();
+    // Before the stop below ends the kernel's counts: a rank still blocked in a collective
+    // (a hung job stopped by a signal) has entered it.
+    let entered = session.probes.collectives_entered();
     // Stop counting before reading, so the counters and the events describe the same calls.
     session.unwatch_all();
     session.stop_ingest().await;
@@ -270,6 +273,9 @@ async fn finish(
         sinks.drain(f, usize::MAX)?;
     }
     sinks.place_in_worlds(&session)?;
+    if let Some(late) = sinks.late.as_mut() {
+        late.set_entered(entered);
+    }
     let held = sinks
         .late
         .as_mut()

@@ -441,20 +441,9 @@ fn the_daemon_names_the_late_rank_of_a_job_it_was_not_told_about() {
     let profile = report_json(&["report", "--from", &daemon.target, "--job", &job]);
     assert_late_job(&profile);
 
-    let text = std::process::Command::new("curl")
-        .args(["-s", "--unix-socket"])
-        .arg(&metrics)
-        .arg("http://localhost/metrics")
-        .output()
-        .expect("curl");
-    let text = String::from_utf8_lossy(&text.stdout);
+    let text = curl_metrics(&metrics);
     let value = |name: &str, rank: u64| -> f64 {
-        let prefix = format!("{name}{{job_id=\"{job}\",rank=\"{rank}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
-            .parse()
-            .expect("a number")
+        series(&text, name, &job, rank).unwrap_or_else(|| panic!("no {name} {rank} in\n{text}"))
     };
     let skew_ranks = profile["skew"]["ranks"].as_array().expect("ranks");
     let routine_value = |name: &str, rank: u64, routine: &str| -> f64 {
@@ -487,6 +476,114 @@ fn the_daemon_names_the_late_rank_of_a_job_it_was_not_told_about() {
         assert!((caused - want["caused_ns"].as_f64().expect("caused") / 1e9).abs() < 1e-6);
     }
     daemon.stop(&scratch);
+}
+
+/// What the daemon's metrics endpoint at `socket` says now.
+fn curl_metrics(socket: &Path) -> String {
+    let out = Command::new("curl")
+        .args(["-s", "--unix-socket"])
+        .arg(socket)
+        .arg("http://localhost/metrics")
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The value of Prometheus series `name` for `rank` of `job` in `text`, if there.
+fn series(text: &str, name: &str, job: &str, rank: u64) -> Option<f64> {
+    let prefix = format!("{name}{{job_id=\"{job}\",rank=\"{rank}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.parse().expect("a number"))
+}
+
+/// A hung job: after N collectives rank 1 stops calling MPI while rank 0 blocks in the
+/// next, an `MPI_Barrier` (instance N of the world: past the first 1,024 and not drawn, so
+/// neither rank sends an event for it, and a blocked call sends none until it returns).
+/// Live, the daemon's report and `commtap_late_seq` say rank 0 entered instance N and rank
+/// 1 reached N - 1: the rank the job waits for is the one behind (the kernel's counts of
+/// collectives entered tell it).
+fn a_hung_job(mpi: Mpi) {
+    use collector_common::instances;
+    let scratch = Scratch::new("skew-hung");
+    let metrics = scratch.path("metrics.sock");
+    let metrics_addr = format!("unix://{}", metrics.display());
+    let daemon = Daemon::start(&scratch, &[], &[], &["--metrics-addr", &metrics_addr]);
+    let n = (3 * instances::ALL_BELOW..4 * instances::ALL_BELOW)
+        .find(|n| !instances::drawn(*n))
+        .expect("an instance not drawn");
+    let job = format!("hung-{}", std::process::id());
+    let (go, prefix) = (scratch.path("go"), scratch.path("truth"));
+    let launcher = mpi.launcher(2);
+    let mut cmd = Command::new(&launcher[0]);
+    mpi_env(&mut cmd).envs(mpi.job_env()).args(&launcher[1..]);
+    if mpi == Mpi::OpenMpi {
+        cmd.args(["-x", "SLURM_JOB_ID"]);
+    }
+    cmd.env("SLURM_JOB_ID", &job)
+        .arg(build_program("mpi_hang.c", mpi))
+        .args(["1", &n.to_string(), path_str(&go), path_str(&prefix)]);
+    let mut running = ChildGuard::spawn(&mut cmd);
+
+    let seq_of = |profile: &Value, rank: u64| {
+        profile["skew"]["ranks"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["rank"] == rank))
+            .and_then(|r| r["seq"].as_u64())
+    };
+    let mut profile = Value::Null;
+    let live = [
+        "report",
+        "--from",
+        &daemon.target,
+        "--job",
+        &job,
+        "--format",
+        "json",
+    ];
+    wait_until("rank 0 to be seen in the hung barrier", LIMIT, || {
+        // Until the daemon has read the ranks' environment, it knows no such job.
+        let out = commtap_output(&live);
+        if out.status.success() {
+            profile = serde_json::from_slice(&out.stdout).expect("JSON profile");
+        }
+        seq_of(&profile, 0) == Some(n)
+    });
+    // Rank 0 passed instance n - 1 only once rank 1 was in it, and rank 1 waits for the go.
+    assert_eq!(seq_of(&profile, 1), Some(n - 1), "{:#}", profile["skew"]);
+    let text = curl_metrics(&metrics);
+    assert_eq!(
+        series(&text, "commtap_late_seq", &job, 0),
+        Some(n as f64),
+        "{text}"
+    );
+    assert_eq!(
+        series(&text, "commtap_late_seq", &job, 1),
+        Some((n - 1) as f64),
+        "{text}"
+    );
+
+    std::fs::write(&go, "").expect("go file");
+    assert!(running.wait_with_limit(LIMIT).success());
+    let truths = read_truths(&prefix, 2);
+    wait_for_exited(&daemon.target, &pids_of(&truths));
+    let profile = report_json(&["report", "--from", &daemon.target, "--job", &job]);
+    // Every rank entered the barrier; none of the world's calls lost.
+    for rank in 0..2 {
+        assert_eq!(seq_of(&profile, rank), Some(n), "{:#}", profile["skew"]);
+    }
+    assert_eq!(profile["skew"]["lost"], 0, "{:#}", profile["skew"]);
+    daemon.stop(&scratch);
+}
+
+#[test]
+fn a_hung_open_mpi_job_shows_the_rank_it_waits_for() {
+    a_hung_job(Mpi::OpenMpi);
+}
+
+#[test]
+fn a_hung_mpich_job_shows_the_rank_it_waits_for() {
+    a_hung_job(Mpi::Mpich);
 }
 
 /// NCCL: the rank that enqueues last is named (two processes on the NCCL stand-in, which

@@ -689,6 +689,24 @@ impl Probes {
         }
     }
 
+    /// Per process, the highest collective instance number the kernel saw it enter on any
+    /// communicator it numbers. A rank blocked inside a collective has entered it, where
+    /// its event comes only at the return (and only for a drawn instance): the rank a hung
+    /// job waits for is the one whose number is behind.
+    pub fn collectives_entered(&self) -> HashMap<u32, u64> {
+        let mut entered = HashMap::new();
+        for (k, next) in self.coll_seq.iter().filter_map(Result::ok) {
+            // The marker of an `MPI_Init` seen, a communicator not numbered, or one made
+            // and not yet used.
+            if k.handle == instances::INIT_SEEN || next == instances::NOT_NUMBERED || next == 0 {
+                continue;
+            }
+            let e = entered.entry(k.tgid).or_insert(0);
+            *e = (next - 1).max(*e);
+        }
+        entered
+    }
+
     /// Stops counting `pid` for good: unlike [`Probes::unwatch`], watch-all mode does not
     /// take it up again (until [`Probes::unwatch`] or [`Probes::watch`]).
     pub fn ignore(&mut self, pid: u32) -> Result<(), AttachError> {

@@ -274,8 +274,9 @@ impl Session {
     }
 }
 
-/// Tells `board` the job of every process whose environment has been read; returns the
-/// calls it held for them.
+/// Tells `board` the job of every process whose environment has been read, and (once a
+/// second) the collective instances the kernel saw each enter; returns the calls it held
+/// for them.
 pub fn place_in_worlds(
     board: &mut crate::skew::Board,
     session: &Session,
@@ -288,6 +289,9 @@ pub fn place_in_worlds(
         if let Some(info) = t.info.as_ref() {
             released.extend(board.set_world(*pid, &job_key(info), info.world_size));
         }
+    }
+    if board.entered_due() {
+        board.set_entered(session.probes.collectives_entered());
     }
     released
 }

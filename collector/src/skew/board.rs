@@ -127,6 +127,10 @@ pub struct Board {
     /// Processes that exited while calls of theirs were held: their exit is passed on
     /// after those calls.
     exited_while_held: FastSet<u32>,
+    /// Per process of a known job: the highest collective instance number the kernel saw
+    /// it enter (its calls tell only those it returned from), and when that was read.
+    entered: FastMap<u32, u64>,
+    entered_read: Option<std::time::Instant>,
 }
 
 impl Board {
@@ -142,6 +146,8 @@ impl Board {
             late_senders: false,
             forward: None,
             exited_while_held: FastSet::default(),
+            entered: FastMap::default(),
+            entered_read: None,
         }
     }
 
@@ -298,6 +304,28 @@ impl Board {
         self.world_of.contains_key(&pid)
     }
 
+    /// Whether the kernel's counts of collectives entered are due to be read again (once a
+    /// second: reading them walks a map every process on the node may have filled).
+    pub fn entered_due(&self) -> bool {
+        self.entered_read
+            .is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(1))
+    }
+
+    /// The kernel's counts of collectives entered, per process
+    /// ([`crate::attach::Probes::collectives_entered`]): the processes of known jobs keep
+    /// the highest seen (the kernel forgets a process that exited).
+    pub fn set_entered(&mut self, entered: std::collections::HashMap<u32, u64>) {
+        self.entered
+            .retain(|pid, _| self.world_of.contains_key(pid));
+        for (pid, n) in entered {
+            if self.world_of.contains_key(&pid) {
+                let e = self.entered.entry(pid).or_insert(n);
+                *e = n.max(*e);
+            }
+        }
+        self.entered_read = Some(std::time::Instant::now());
+    }
+
     /// Closes instances nobody arrived at for a while.
     pub fn tick(&mut self) {
         for t in self.trackers.values_mut() {
@@ -368,7 +396,7 @@ impl Board {
     pub fn report_for(&self, pids: &[u32], whois: Whois) -> Option<SkewReport> {
         let world = pids.iter().find_map(|p| self.world_of.get(p))?;
         let t = self.trackers.get(world)?;
-        let mut r = t.report(whois);
+        let mut r = t.report(whois, &|pid| self.entered.get(&pid).copied());
         r.unidentified += self.unplaced;
         r.late_sender = t.late_senders.as_ref().map(|ls| ls.report(whois));
         Some(r)

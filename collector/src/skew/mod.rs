@@ -241,9 +241,10 @@ impl Tracker {
         self.take_finished();
     }
 
-    /// The report of the instances finished so far.
-    pub fn report(&self, whois: Whois) -> SkewReport {
-        let seq = |pid| self.matcher.highest_seq(pid);
+    /// The report of the instances finished so far; a rank's highest instance number is
+    /// the higher of the one its calls reached and the one `entered` says it entered.
+    pub fn report(&self, whois: Whois, entered: &dyn Fn(u32) -> Option<u64>) -> SkewReport {
+        let seq = |pid| self.matcher.highest_seq(pid).max(entered(pid));
         self.summary.report(
             self.matcher.counts,
             self.unidentified,

@@ -75,9 +75,11 @@ pub struct RankSkew {
     pub caused_ns: u64,
     /// Time it waited for others: the sum over its instances of last arrival minus its own, ns.
     pub waited_ns: u64,
-    /// The highest instance number it arrived at, on any communicator (in a job with one
-    /// communicator, its count of collectives): a rank whose number stops moving while the
-    /// others' go on is the one a hung job waits for.
+    /// The highest instance number it entered, on any communicator (in a job with one
+    /// communicator, its count of collectives less one): in a hung job, the ranks blocked in
+    /// a collective show its number, the rank they wait for a lower one. Where the kernel
+    /// numbers the communicator, its count of the calls entered; else the last instance
+    /// the rank's calls returned from.
     #[serde(default)]
     pub seq: Option<u64>,
     /// The same per routine (all sizes).

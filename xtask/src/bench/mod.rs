@@ -7,8 +7,9 @@
 //!       (bpftrace), the floor any uprobe-based tool pays,
 //!   (c) commtap record --no-skew --time-every-call (counting only),
 //!   (d) commtap record --trace (a timeline of every call written to a file),
-//!   (e) commtap record (the default: counting, and an event per collective call for who
-//!       is late),
+//!   (e) commtap record (the default: counting, and who is late's events for the
+//!       collective instances every rank draws: all of a communicator's first 1,024,
+//!       then one in 2 to 64),
 //!   (f) (d) into Perfetto's protobuf format (`--trace FILE.pftrace`),
 //!   (g) (a) while a daemon that does not watch the job runs (uprobe sessions: entries
 //!       only), and (h) the same with entry and return probes,
@@ -144,7 +145,7 @@ pub fn run(root: &Path, only: &[String], rounds_wanted: Option<usize>) -> Result
     }
     if want("per-call") {
         let _ = writeln!(report, "commtap probe overhead, ns per call (median of {} interleaved runs, {ITERATIONS} calls each)", rounds(ROUNDS));
-        let _ = writeln!(report, "(a) no probes, (b) bare uprobe+uretprobe with empty programs (bpftrace), (c) commtap record --no-skew, (d) commtap record --trace (JSON), (e) commtap record (who is late: an event per collective), (f) commtap record --trace FILE.pftrace\n");
+        let _ = writeln!(report, "(a) no probes, (b) bare uprobe+uretprobe with empty programs (bpftrace), (c) commtap record --no-skew, (d) commtap record --trace (JSON), (e) commtap record (who is late: an event per drawn collective instance), (f) commtap record --trace FILE.pftrace\n");
         for stack in STACKS {
             let bin = out.join(format!("bench_calls.{}", stack.suffix));
             let rounds = Rounds::run(stack, &bin, &commtap, &out)?;

@@ -443,8 +443,8 @@ pub fn render_skew(profile: &JobProfile, board: &crate::skew::Board) -> String {
     o.family(
         "commtap_late_seq",
         "gauge",
-        "The highest collective instance number the rank reached (it stops moving for the \
-         rank a hung job waits for).",
+        "The highest collective instance number the rank entered: in a hung job, the ranks \
+         blocked in a collective show its number, the rank they wait for a lower one.",
         seq,
     );
     o.0
