@@ -795,10 +795,11 @@ mod tests {
 
     /// Node a's ranks are numbered by the kernel from the communicator's creation and send
     /// only the drawn instances, each standing for its stride; node b's daemon restarted at
-    /// instance 32,768 (one in 64 drawn) and sends every instance by its own count. Back to back, each rank
-    /// leaving an instance after another has entered the next: node b's parts of instances
-    /// not drawn overlap a drawn neighbour's edge, which must not vote (they would vote one
-    /// off either way); once aligned, those parts are not followed and stay out.
+    /// instance 32,768 (one in 64 drawn) and sends every instance by its own count. Back to
+    /// back, each rank leaving an instance after another has entered the next: node b's
+    /// parts of instances not drawn overlap a drawn neighbour's edge, which must not vote
+    /// (they would vote one off either way); once aligned, those parts are not followed and
+    /// stay out.
     #[test]
     fn a_node_restarted_mid_job_joins_the_drawn_instances() {
         let mut x = CrossSkew::default();

@@ -336,6 +336,7 @@ impl Board {
     /// Forgets the processes `keep` says no longer matter, and jobs left with none.
     pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
         self.world_of.retain(|pid, _| keep(*pid));
+        self.entered.retain(|pid, _| keep(*pid));
         let gone: Vec<u32> = self
             .waiting
             .keys()
