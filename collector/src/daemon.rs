@@ -354,10 +354,16 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
         .map(|(p, _)| *p)
         .collect();
     if !exited.is_empty() {
+        // The kernel's counts of the collectives they entered go with them below. Read
+        // before the board is locked: the walk is as long as the map is full, and the
+        // board's lock holds up the calls' feed.
+        let entered = state
+            .late
+            .is_some()
+            .then(|| session.probes.collectives_entered());
         let mut board = state.board().await;
-        if let Some(b) = board.as_deref_mut() {
-            // The kernel's counts of the collectives they entered go with them below.
-            b.set_entered(session.probes.collectives_entered());
+        if let (Some(b), Some(entered)) = (board.as_deref_mut(), entered) {
+            b.set_entered(entered);
         }
         let profile = session.profile(monotonic_ns(), board.as_deref());
         drop(board);
@@ -374,7 +380,13 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
     let mut finished = state.finished.lock().await;
     finished.retain(|f| f.at.elapsed() < keep);
     if let Some(late) = &state.late {
+        // As above: the counts read before the board is locked, when due.
+        let due = late.lock().await.entered_due();
+        let entered = due.then(|| session.probes.collectives_entered());
         let mut board = late.lock().await;
+        if let Some(entered) = entered {
+            board.set_entered(entered);
+        }
         crate::session::place_in_worlds(&mut board, &session);
         let kept: std::collections::HashSet<u32> = finished.iter().map(|f| f.rank.pid).collect();
         board.retain(|pid| session.tracked.contains_key(&pid) || kept.contains(&pid));

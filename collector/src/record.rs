@@ -261,7 +261,10 @@ async fn finish(
     let end_ns = monotonic_ns();
     // Before the stop below ends the kernel's counts: a rank still blocked in a collective
     // (a hung job stopped by a signal) has entered it.
-    let entered = session.probes.collectives_entered();
+    let entered = sinks
+        .late
+        .is_some()
+        .then(|| session.probes.collectives_entered());
     // Stop counting before reading, so the counters and the events describe the same calls.
     session.unwatch_all();
     session.stop_ingest().await;
@@ -273,7 +276,7 @@ async fn finish(
         sinks.drain(f, usize::MAX)?;
     }
     sinks.place_in_worlds(&session)?;
-    if let Some(late) = sinks.late.as_mut() {
+    if let (Some(late), Some(entered)) = (sinks.late.as_mut(), entered) {
         late.set_entered(entered);
     }
     let held = sinks

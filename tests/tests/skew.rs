@@ -547,7 +547,8 @@ fn a_hung_job(mpi: Mpi) {
         if out.status.success() {
             profile = serde_json::from_slice(&out.stdout).expect("JSON profile");
         }
-        seq_of(&profile, 0) == Some(n)
+        // Rank 1 as soon as the daemon read its count (else the last instance drawn).
+        seq_of(&profile, 0) == Some(n) && seq_of(&profile, 1).is_some_and(|s| s + 1 >= n)
     });
     // Rank 0 passed instance n - 1 only once rank 1 was in it, and rank 1 waits for the go.
     assert_eq!(seq_of(&profile, 1), Some(n - 1), "{:#}", profile["skew"]);

@@ -258,6 +258,10 @@ impl Board {
     /// on this node) of `size` ranks where known; calls that waited are taken now, and
     /// returned with what [`Board::call`] would have said of each.
     pub fn set_world(&mut self, pid: u32, world: &str, size: Option<u32>) -> Vec<Released> {
+        if !self.world_of.contains_key(&pid) {
+            // Its kernel counts are read at the next chance, not up to a second later.
+            self.entered_read = None;
+        }
         // A process stays in the world it was first placed in.
         let world = self
             .world_of

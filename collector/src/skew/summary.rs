@@ -78,8 +78,8 @@ pub struct RankSkew {
     /// The highest instance number it entered, on any communicator (in a job with one
     /// communicator, its count of collectives less one): in a hung job, the ranks blocked in
     /// a collective show its number, the rank they wait for a lower one. Where the kernel
-    /// numbers the communicator, its count of the calls entered; else the last instance
-    /// the rank's calls returned from.
+    /// numbers the communicator, the number of the last instance the kernel saw it enter;
+    /// else that of the last instance the rank's calls returned from.
     #[serde(default)]
     pub seq: Option<u64>,
     /// The same per routine (all sizes).
