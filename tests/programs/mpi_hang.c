@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
+#include "rank_truth.h"
 #include "ready_go.h"
 
 int main(int argc, char **argv)
@@ -28,13 +29,7 @@ int main(int argc, char **argv)
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    char path[4096];
-    snprintf(path, sizeof path, "%s.%d.json", argv[4], rank);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        perror(path);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
+    FILE *f = open_rank_truth(argv[4], rank);
     fprintf(f, "{\"rank\": %d, \"pid\": %ld, \"size\": %d}\n", rank, (long)getpid(), size);
     fclose(f);
     int one = 1, sum = 0;

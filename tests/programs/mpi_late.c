@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
+#include "rank_truth.h"
 #include "ready_go.h"
 
 static void nap(int ms)
@@ -67,13 +68,7 @@ static int after_go(int rank, int size, int late, int delay, long n, const char 
             nap(delay);
         MPI_Allreduce(&d, &sum, 1, MPI_DOUBLE, MPI_SUM, dup);
     }
-    char path[4096];
-    snprintf(path, sizeof path, "%s.%d.json", prefix, rank);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        perror(path);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
+    FILE *f = open_rank_truth(prefix, rank);
     fprintf(f, "{\"rank\": %d, \"pid\": %ld, \"size\": %d}\n", rank, (long)getpid(), size);
     fclose(f);
     MPI_Comm_free(&dup);
@@ -107,12 +102,7 @@ static int until_stopped(int rank, int size, int late, int delay, const char *pr
         if (any)
             break;
     }
-    snprintf(path, sizeof path, "%s.%d.json", prefix, rank);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        perror(path);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
+    FILE *f = open_rank_truth(prefix, rank);
     fprintf(f, "{\"rank\": %d, \"pid\": %ld, \"size\": %d, \"allreduce_calls\": %ld}\n",
             rank, (long)getpid(), size, calls);
     fclose(f);
@@ -179,13 +169,7 @@ int main(int argc, char **argv)
         MPI_Allreduce(&one, &onesum, 1, MPI_INT, MPI_SUM, dup);
     }
 
-    char path[4096];
-    snprintf(path, sizeof path, "%s.%d.json", argv[4], rank);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        perror(path);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
+    FILE *f = open_rank_truth(argv[4], rank);
     fprintf(f, "{\"rank\": %d, \"pid\": %ld, \"size\": %d, \"half_size\": %d}\n", rank,
             (long)getpid(), size, half_size);
     fclose(f);
