@@ -12,7 +12,7 @@ use collector_common::{instances, routines::routine_id, BUCKETS, UNKNOWN_BUCKET}
 use crate::{
     api::pb,
     skew::{
-        instances::{Arrival, Instance, MatchCounts},
+        instances::{votes_among_drawn, Arrival, Instance, MatchCounts},
         late_sender::{LateSenderPair, LateSenderReport, LateSenders},
         summary::Summary,
         CommKey, SkewReport,
@@ -221,7 +221,7 @@ impl Alignment {
                     continue;
                 }
                 let overlap = end.min(max_end).saturating_sub(start.max(min_start));
-                if drawn && overlap * 2 < (end - start).min(max_end - min_start) {
+                if drawn && !votes_among_drawn(overlap, end - start, max_end - min_start) {
                     continue;
                 }
                 match best {

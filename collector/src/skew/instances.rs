@@ -502,6 +502,14 @@ fn align(
     }
 }
 
+/// Whether a call (or a node's part) overlapping an instance by `overlap` ns, of `call_ns`
+/// against the instance's `span_ns`, may vote for it where only drawn instances have spans:
+/// a call of an instance not drawn overlaps only its neighbours' edges, so it must overlap
+/// for at least half of the shorter of the two.
+pub(crate) fn votes_among_drawn(overlap: u64, call_ns: u64, span_ns: u64) -> bool {
+    overlap * 2 >= call_ns.min(span_ns)
+}
+
 /// The offset most of `pid`'s buffered calls agree on, if it is clear.
 fn vote(comm: &Comm, pid: u32, force: bool) -> Option<i64> {
     let buffer = &comm.streams[&pid].buffer;
@@ -518,9 +526,9 @@ fn vote(comm: &Comm, pid: u32, force: bool) -> Option<i64> {
             let Some(overlap) = to.checked_sub(from) else {
                 continue;
             };
-            if comm.drawn && overlap * 2 < b.arrival.duration().min(span.max_end - span.min_start) {
-                // Only the drawn instances have spans: a call of one not drawn overlaps
-                // only the edges of its neighbours', which must not vote.
+            if comm.drawn
+                && !votes_among_drawn(overlap, b.arrival.duration(), span.max_end - span.min_start)
+            {
                 continue;
             }
             best = match best {
