@@ -7,6 +7,7 @@
 
 pub mod buckets;
 pub mod durations;
+pub mod handles;
 pub mod instances;
 pub mod names;
 pub mod routines;

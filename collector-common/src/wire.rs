@@ -687,6 +687,13 @@ macro_rules! kernel_health_counters {
             /// UCX generic datatype, MPICH's for a derived MPI type): counted, in the
             /// unknown size bucket; the MPI call that made them has its bytes.
             fabric_undecoded,
+            /// Handles (communicators, derived datatypes, collectives' numbering) the
+            /// kernel did not keep: its map was full, or the process's user held its share
+            /// of it (`handles::USER_SHARE`), counted at each try (an Open MPI
+            /// communicator not kept is read anew, and tried again, at each call); the
+            /// calls that needed them are counted as undecoded, or their instances aligned
+            /// by time.
+            handles_refused,
         }
     };
 }
@@ -1474,6 +1481,7 @@ mod pod {
         crate::FabricRanges,
         crate::ArgSpec,
         crate::DurationHist,
+        crate::handles::Held,
     );
 }
 

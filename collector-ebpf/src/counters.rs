@@ -105,7 +105,7 @@ fn add_to_slot(slot: u32, bytes: u64, dur: u64, timed: bool) {
 /// # Safety
 /// `p` must point into a map value (the verifier checks it).
 #[inline(always)]
-unsafe fn add_atomic(p: *mut u64, v: u64) {
+pub(crate) unsafe fn add_atomic(p: *mut u64, v: u64) {
     use core::intrinsics::{atomic_xadd, AtomicOrdering};
     // SAFETY: as the caller promises.
     unsafe {
@@ -241,7 +241,7 @@ fn fresh_slot() -> Option<u32> {
 /// # Safety
 /// `p` must point into a map value (the verifier checks it).
 #[inline(always)]
-unsafe fn fetch_add(p: *mut u64, v: u64) -> u64 {
+pub(crate) unsafe fn fetch_add(p: *mut u64, v: u64) -> u64 {
     let mut r = v;
     // SAFETY: one instruction, `r1 = atomic_fetch_add((u64 *)(r2 + 0), r1)`: opcode 0xdb
     // (BPF_STX | BPF_ATOMIC | BPF_DW), registers 0x12 (src r1, dst r2), offset 0,

@@ -139,7 +139,8 @@ pub fn comm_info(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<CommInfo
             off => read::<u32>(h + u64::from(off)).map_or(0, comm_id::ompi),
         };
         let info = CommInfo::new(size as u32, rank, id);
-        let _ = COMMS.insert(key, info, 0);
+        // Refused: read from the communicator at each call instead.
+        crate::handles::remember_comm(&key, &info);
         return Some(info);
     }
     let h = h & 0xffff_ffff;

@@ -6,6 +6,7 @@
 use aya_ebpf::{macros::map, maps::HashMap};
 use collector_common::{
     comm_id,
+    handles::{HandleMap, HANDLE_MAP_ENTRIES},
     instances::{INIT_SEEN, NOT_NUMBERED},
     Abi, HandleKey,
 };
@@ -19,7 +20,7 @@ use crate::{
 /// under the handle `INIT_SEEN`, that the process's `MPI_Init` returned while watched and
 /// its world has not been met yet.
 #[map]
-pub static COLL_SEQ: HashMap<HandleKey, u64> = HashMap::with_max_entries(65536, 0);
+pub static COLL_SEQ: HashMap<HandleKey, u64> = HashMap::with_max_entries(HANDLE_MAP_ENTRIES, 0);
 
 #[inline(always)]
 fn key(tgid: u32, handle: u64) -> HandleKey {
@@ -77,11 +78,14 @@ pub extern "C" fn first_met(abi: u32, layout: u32, tgid: u32, h: u64) -> u64 {
         && shared_comm_id(abi, h, info) == comm_id::WORLD
         && unsafe { COLL_SEQ.get(marker) }.is_some();
     if world {
-        let _ = COLL_SEQ.remove(marker);
-        let _ = COLL_SEQ.insert(key(tgid, h), 1, 0);
-        1
+        crate::handles::forget(HandleMap::CollSeq, &marker);
+        u64::from(crate::handles::remember_word(
+            HandleMap::CollSeq,
+            &key(tgid, h),
+            1,
+        ))
     } else {
-        let _ = COLL_SEQ.insert(key(tgid, h), NOT_NUMBERED, 0);
+        crate::handles::remember_word(HandleMap::CollSeq, &key(tgid, h), NOT_NUMBERED);
         0
     }
 }
@@ -90,7 +94,7 @@ pub extern "C" fn first_met(abi: u32, layout: u32, tgid: u32, h: u64) -> u64 {
 /// numbered from the first.
 #[inline(always)]
 pub fn init_returned(tgid: u32) {
-    let _ = COLL_SEQ.insert(key(tgid, INIT_SEEN), 0, 0);
+    crate::handles::remember_word(HandleMap::CollSeq, &key(tgid, INIT_SEEN), 0);
 }
 
 /// Communicator `h` (normalised) was made: numbered from its first collective. (A handle
@@ -98,12 +102,12 @@ pub fn init_returned(tgid: u32) {
 #[inline(always)]
 pub fn made(tgid: u32, h: u64) {
     if h != INIT_SEEN {
-        let _ = COLL_SEQ.insert(key(tgid, h), 0, 0);
+        crate::handles::remember_word(HandleMap::CollSeq, &key(tgid, h), 0);
     }
 }
 
 /// Communicator `h` (normalised) is freed.
 #[inline(always)]
 pub fn freed(tgid: u32, h: u64) {
-    let _ = COLL_SEQ.remove(key(tgid, h));
+    crate::handles::forget(HandleMap::CollSeq, &key(tgid, h));
 }

@@ -18,6 +18,7 @@ mod call;
 mod counters;
 mod decode;
 mod fabric;
+mod handles;
 mod instances;
 mod loader;
 mod maps;

@@ -2,14 +2,14 @@
 //! them before load (the ring buffer, for one, is `--ring-buffer-kib`).
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use collector_common::{
-    launcher::COMM_LEN as LAUNCHER_COMM_LEN, ArgSpec, CallState, CommInfo, ComponentAddrs, Config,
-    CounterKey, CounterVal, FabricRanges, FabricText, HandleKey, IdentityOffsets, Layout,
-    ProcStats, TpOffsets,
+    handles::HANDLE_MAP_ENTRIES, launcher::COMM_LEN as LAUNCHER_COMM_LEN, ArgSpec, CallState,
+    CommInfo, ComponentAddrs, Config, CounterKey, CounterVal, FabricRanges, FabricText, HandleKey,
+    IdentityOffsets, Layout, ProcStats, TpOffsets,
 };
 
 /// Processes whose calls are counted: tgid -> `collector_common::watch` flags.
@@ -235,11 +235,11 @@ pub static PROC_STATS: PerCpuHashMap<u32, ProcStats> =
 
 /// Sizes of derived datatypes learnt from constructors (integer-handle ABIs).
 #[map]
-pub static DTYPES: HashMap<HandleKey, u64> = HashMap::with_max_entries(65536, 0);
+pub static DTYPES: HashMap<HandleKey, u64> = HashMap::with_max_entries(HANDLE_MAP_ENTRIES, 0);
 
 /// Communicator size and rank learnt from MPI_Comm_size / MPI_Comm_rank (integer-handle ABIs).
 #[map]
-pub static COMMS: HashMap<HandleKey, CommInfo> = HashMap::with_max_entries(65536, 0);
+pub static COMMS: HashMap<HandleKey, CommInfo> = HashMap::with_max_entries(HANDLE_MAP_ENTRIES, 0);
 
 /// Call and process events for userspace (latency, timelines, process tracking).
 #[map]
@@ -251,12 +251,24 @@ pub const EVENTS_BYTES: u32 = 1 << 20;
 /// Applies `f` to this CPU's stats of `tgid`, creating them first if needed.
 #[inline(always)]
 pub fn with_proc_stats(tgid: u32, f: impl FnOnce(&mut ProcStats)) {
-    if let Some(s) = PROC_STATS.get_ptr_mut(tgid) {
-        // SAFETY: per-CPU value of this CPU; no other writer while the program runs.
-        f(unsafe { &mut *s });
+    let made = || {
+        new_proc_stats(tgid);
+        PROC_STATS.get_ptr_mut(tgid)
+    };
+    let Some(s) = PROC_STATS.get_ptr_mut(tgid).or_else(made) else {
         return;
-    }
-    let mut s = ProcStats::default();
-    f(&mut s);
-    let _ = PROC_STATS.insert(tgid, s, 0);
+    };
+    // SAFETY: per-CPU value of this CPU; no other writer while the program runs.
+    f(unsafe { &mut *s });
+}
+
+/// Makes `tgid`'s stats, zero, where another CPU has not made them first. A global
+/// function: the zero stats take its stack frame, not that of every caller (the return
+/// paths have little left).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn new_proc_stats(tgid: u32) -> u32 {
+    let _ = PROC_STATS.insert(tgid, ProcStats::default(), u64::from(BPF_NOEXIST));
+    // A global function must return a scalar.
+    0
 }

@@ -3,6 +3,7 @@
 //! generic return path (`probe`).
 
 use collector_common::{
+    handles::HandleMap,
     routines::{class, NO_ARG as N},
     Abi, ArgSpec, ByteRule, CommInfo, HandleKey,
 };
@@ -12,7 +13,6 @@ use crate::{
     decode::{
         count_arg, darray_dim, each, product_ints, read, DarrayElements, MAX_DARRAY_DIMS, UNDECODED,
     },
-    maps::{COMMS, DTYPES},
 };
 
 /// Applies the routine's byte rule (and its bookkeeping side effects) at return.
@@ -96,11 +96,14 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
             } else {
                 c.args[0]
             };
-            let _ = COMMS.remove(HandleKey {
-                tgid: c.tgid,
-                _pad: 0,
-                handle: h,
-            });
+            crate::handles::forget(
+                HandleMap::Comms,
+                &HandleKey {
+                    tgid: c.tgid,
+                    _pad: 0,
+                    handle: h,
+                },
+            );
             crate::instances::freed(c.tgid, h);
             Some(0)
         }
@@ -116,7 +119,8 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
                         _pad: 0,
                         handle: new,
                     };
-                    let _ = COMMS.insert(key, CommInfo::new(parent.size, parent.rank, 0), 0);
+                    let info = CommInfo::new(parent.size, parent.rank, 0);
+                    crate::handles::remember_comm(&key, &info);
                     crate::cache::bump();
                 }
             }
@@ -153,11 +157,14 @@ pub(crate) fn on_type_return(c: &Call, spec: &ArgSpec) -> Option<u64> {
         | ByteRule::LargeCtorDarray) => learn_type(c, spec, rule),
         ByteRule::TypeFree => {
             crate::cache::bump();
-            let _ = DTYPES.remove(HandleKey {
-                tgid: c.tgid,
-                _pad: 0,
-                handle: c.args[0] & 0xffff_ffff,
-            });
+            crate::handles::forget(
+                HandleMap::Dtypes,
+                &HandleKey {
+                    tgid: c.tgid,
+                    _pad: 0,
+                    handle: c.args[0] & 0xffff_ffff,
+                },
+            );
         }
         _ => {}
     }
@@ -271,14 +278,14 @@ fn learn_type(c: &Call, spec: &ArgSpec, rule: ByteRule) {
     let Some(new) = c.arg(spec.d).and_then(|p| read_handle(c.abi, p)) else {
         return;
     };
-    let _ = DTYPES.insert(
-        HandleKey {
+    crate::handles::remember_word(
+        HandleMap::Dtypes,
+        &HandleKey {
             tgid: c.tgid,
             _pad: 0,
             handle: new,
         },
         size,
-        0,
     );
 }
 

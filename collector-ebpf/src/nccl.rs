@@ -10,6 +10,7 @@
 
 use aya_ebpf::helpers::bpf_get_current_pid_tgid;
 use collector_common::{
+    handles::HandleMap,
     nccl,
     routines::{class, NCCL_GROUP},
     size_bucket, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, CounterKey, EventKind,
@@ -20,7 +21,7 @@ use crate::{
     call::{call_events_on, emit_unnumbered, learn_comm, Call},
     counters::{add, add_hashed},
     decode::{int_arg, read},
-    maps::{with_proc_stats, COMMS, DEVICE_TIME},
+    maps::{with_proc_stats, DEVICE_TIME},
 };
 
 /// Largest `ncclCommInitAll` clique whose communicators are learnt.
@@ -50,7 +51,7 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
             Some(0)
         }
         ByteRule::NcclCommFree => {
-            let _ = COMMS.remove(key(c, c.arg(spec.a)?));
+            crate::handles::forget(HandleMap::Comms, &key(c, c.arg(spec.a)?));
             Some(0)
         }
         rule @ (ByteRule::CommSize | ByteRule::CommRank) if ok => {
@@ -126,10 +127,9 @@ fn learn_init(c: &Call, spec: &ArgSpec) {
     if comm == 0 || size <= 0 {
         return;
     }
-    let _ = COMMS.insert(
-        key(c, comm),
-        CommInfo::new(size as u32, int_arg(rank), id),
-        0,
+    crate::handles::remember_comm(
+        &key(c, comm),
+        &CommInfo::new(size as u32, int_arg(rank), id),
     );
 }
 
@@ -153,7 +153,8 @@ fn learn_init_all(c: &Call, spec: &ArgSpec) {
             break;
         }
         if let Some(h) = read::<u64>(comms + u64::from(i) * 8) {
-            let _ = COMMS.insert(key(c, h), CommInfo::new(n as u32, i as i32, id), 0);
+            let info = CommInfo::new(n as u32, i as i32, id);
+            crate::handles::remember_comm(&key(c, h), &info);
         }
     }
 }
@@ -172,13 +173,13 @@ fn learn_split(c: &Call, spec: &ArgSpec, parent: Option<CommInfo>) {
     let Some(mut p) = parent else {
         // Parent unknown (created before attach): the new communicator is unknown too.
         if new != 0 {
-            let _ = COMMS.insert(key(c, new), CommInfo::new(0, -1, 0), 0);
+            crate::handles::remember_comm(&key(c, new), &CommInfo::new(0, -1, 0));
         }
         return;
     };
     let seq = p.splits;
     p.splits += 1;
-    let _ = COMMS.insert(key(c, parent_handle), p, 0);
+    crate::handles::remember_comm(&key(c, parent_handle), &p);
     // NCCL_SPLIT_NOCOLOR: this process is in no new communicator.
     if new == 0 {
         return;
@@ -191,7 +192,7 @@ fn learn_split(c: &Call, spec: &ArgSpec, parent: Option<CommInfo>) {
             u64::from(int_arg(color) as u32),
         )
     };
-    let _ = COMMS.insert(key(c, new), CommInfo::new(0, -1, id), 0);
+    crate::handles::remember_comm(&key(c, new), &CommInfo::new(0, -1, id));
 }
 
 /// Bookkeeping after a counted NCCL call: opens and closes groups, adds operations to the

@@ -467,3 +467,103 @@ fn a_user_cannot_open_snapshot_watches_without_end() {
     drop(watchers);
     daemon.stop(&scratch);
 }
+
+/// Attack: nobody's process makes 70,000 MPICH datatypes and keeps them, to fill the
+/// kernel's datatype map (65,536 entries for the node): root's job's derived datatypes
+/// would then go undecoded. Each user holds at most a share of each handle map: nobody's
+/// process is refused past its share (counted, exactly, in its `handles_refused`), root's
+/// job beside it is profiled exactly, and nobody's share comes back when its process exits.
+#[test]
+fn a_user_cannot_fill_the_kernels_handle_maps() {
+    use collector_common::handles::USER_SHARE;
+    const FLOOD: u64 = 70_000;
+    let scratch = Scratch::new("attack-handles");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let flood = build_program("mpi_type_flood.c", Mpi::Mpich);
+    let dir = nobody_dir(&scratch, "nobody");
+    // Starts nobody's flood of `n` datatypes once it is probed; returns it once they are made.
+    let start_flood = |tag: &str, n: u64, then: &str| {
+        let file = |what: &str| dir.join(format!("{tag}.{what}"));
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .args(Mpi::Mpich.launcher(1))
+            .arg(&flood)
+            .arg(n.to_string())
+            .args([file("start"), file("ready"), file("go")])
+            .arg(then)
+            .current_dir(&dir)
+            .env("HOME", &dir);
+        let job = ChildGuard::spawn(&mut cmd);
+        let mut pids = Vec::new();
+        wait_until("nobody's process to run", LIMIT, || {
+            pids = pids_running(&flood);
+            pids.len() == 1
+        });
+        let pid = u64::from(pids[0]);
+        wait_for_state(&daemon.target, &[pid], "probed");
+        std::fs::write(file("start"), "").expect("start file");
+        wait_until("nobody's datatypes to be made", LIMIT, || {
+            file("ready").exists()
+        });
+        (job, pid, file("go"))
+    };
+    let refused = |pid: u64| {
+        let now = report_json(&["report", "--from", &daemon.target]);
+        rank_by_pid(&now, pid)["handles_refused"]
+            .as_u64()
+            .expect("handles_refused")
+    };
+
+    let (mut hog, hog_pid, go) = start_flood("hog", FLOOD, "keep");
+    assert_eq!(refused(hog_pid), FLOOD - USER_SHARE, "nobody's refusals");
+
+    // Root's job, while nobody holds its datatypes: every derived datatype decoded.
+    let prog = build_program("mpi_truth.c", Mpi::Mpich);
+    let truth = scratch.path("truth");
+    let mut cmd = Command::new(&Mpi::Mpich.launcher(2)[0]);
+    cmd.args(&Mpi::Mpich.launcher(2)[1..])
+        .arg(&prog)
+        .arg(&truth);
+    let mut job = ChildGuard::spawn(&mut cmd);
+    assert!(job.wait_with_limit(LIMIT).success(), "root's job failed");
+    let truths = read_truths(&truth, 2);
+    let pids = pids_of(&truths);
+    wait_for_exited(&daemon.target, &pids);
+    let mut roots = report_json(&["report", "--from", &daemon.target]);
+    let ranks: Vec<serde_json::Value> = roots["ranks"]
+        .as_array()
+        .expect("ranks")
+        .iter()
+        .filter(|r| r["pid"].as_u64().is_some_and(|p| pids.contains(&p)))
+        .cloned()
+        .collect();
+    roots["ranks"] = ranks.into();
+    assert_profile_matches(&roots, &truths, &["MPI_Finalize"]);
+    for r in roots["ranks"].as_array().expect("ranks") {
+        assert_eq!(
+            r["handles_refused"], 0,
+            "root's rank refused a handle: {r:#}"
+        );
+    }
+
+    // Nobody's process exits keeping its datatypes: the kernel gives its share back, and a
+    // new process of nobody's makes as many again, none refused.
+    std::fs::write(&go, "").expect("go file");
+    assert!(
+        hog.wait_with_limit(LIMIT).success(),
+        "nobody's flood failed"
+    );
+    let (mut again, again_pid, go) = start_flood("again", USER_SHARE, "free");
+    assert_eq!(
+        refused(again_pid),
+        0,
+        "refusals after the first process's exit"
+    );
+    std::fs::write(&go, "").expect("go file");
+    assert!(
+        again.wait_with_limit(LIMIT).success(),
+        "nobody's second flood failed"
+    );
+    assert_healthy(&scratch, &daemon);
+    daemon.stop(&scratch);
+}

@@ -120,6 +120,15 @@ pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProf
             r.health.undecoded, r.health.in_flight_at_attach, r.health.counter_map_full, r.health.dropped
         );
     }
+    if r.health.handles_refused > 0 {
+        let _ = writeln!(
+            o,
+            "handles not kept: {} (communicators, datatypes, collectives' numbering: past this \
+             user's share of the kernel's maps, or a map full; the calls needing them count \
+             as undecoded, or are aligned by time).",
+            r.health.handles_refused
+        );
+    }
     o.push_str(&render_sizes(&rows));
     o
 }

@@ -228,6 +228,7 @@ fn summary(job: &JobProfile) -> String {
         ("Calls with undecodable bytes", job.undecoded),
         ("Calls in flight at attach", health.in_flight_at_attach),
         ("Calls lost to a full counter map", health.counter_map_full),
+        ("Handles the kernel did not keep", health.handles_refused),
     ];
     for (what, n) in not_measured {
         let cell = if n > 0 {

@@ -1,0 +1,281 @@
+//! Each user's share of the handle maps (`collector_common::handles`): every new entry of
+//! `COMMS`, `DTYPES` and `COLL_SEQ` is charged to its process's user, and refused past the
+//! user's share; a handle freed gives its entry back, and a process's exit all it held.
+//! The processes holding entries are counted per user too (`USER_HOLDERS`): the record of
+//! what each holds is a node-wide map as well.
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST, helpers::bpf_get_current_uid_gid, macros::map, maps::HashMap,
+};
+use collector_common::{
+    handles::{HandleMap, Held, HANDLE_MAPS, MAX_HOLDERS, MAX_USERS, USER_HOLDERS, USER_SHARE},
+    CommInfo, HandleKey,
+};
+
+use crate::{
+    counters::{add_atomic, fetch_add},
+    instances::COLL_SEQ,
+    maps::{with_proc_stats, COMMS, DTYPES},
+};
+
+/// Entries held per user.
+#[map]
+pub static USER_HANDLES: HashMap<u32, Held> = HashMap::with_max_entries(MAX_USERS, 0);
+
+/// Entries held per process, and the user they are charged to.
+#[map]
+pub static PROC_HANDLES: HashMap<u32, Held> = HashMap::with_max_entries(MAX_HOLDERS, 0);
+
+/// Puts `info` at `key` in `COMMS`, charging a new entry to the process's user; whether it
+/// is there (a refusal is counted in the process's `handles_refused`).
+#[inline(always)]
+pub fn remember_comm(key: &HandleKey, info: &CommInfo) -> bool {
+    let size_rank = u64::from(info.size) << 32 | u64::from(info.rank as u32);
+    keep_comm(key.tgid, key.handle, size_rank, info.id, info.splits) != 0
+}
+
+/// Puts `v` at `key` in `DTYPES` or `COLL_SEQ` (`which`), as [`remember_comm`] does.
+#[inline(always)]
+pub fn remember_word(which: HandleMap, key: &HandleKey, v: u64) -> bool {
+    keep_word(which as u32, key.tgid, key.handle, v) != 0
+}
+
+/// Removes `key` from handle map `which`, giving its entry back.
+#[inline(always)]
+pub fn forget(which: HandleMap, key: &HandleKey) {
+    let _ = drop_handle(which as u32, key.tgid, key.handle);
+}
+
+/// [`remember_comm`]'s work, its arguments in registers: a global function, checked once
+/// and with its own stack frame (the return paths that call it have little left).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn keep_comm(tgid: u32, handle: u64, size_rank: u64, id: u64, splits: u32) -> u32 {
+    let info = CommInfo {
+        size: (size_rank >> 32) as u32,
+        rank: size_rank as u32 as i32,
+        id,
+        splits,
+        _pad: 0,
+    };
+    u32::from(remember(
+        &COMMS,
+        HandleMap::Comms,
+        &handle_key(tgid, handle),
+        &info,
+    ))
+}
+
+/// [`remember_word`]'s work, as [`keep_comm`].
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn keep_word(which: u32, tgid: u32, handle: u64, v: u64) -> u32 {
+    let key = handle_key(tgid, handle);
+    let kept = if which == HandleMap::Dtypes as u32 {
+        remember(&DTYPES, HandleMap::Dtypes, &key, &v)
+    } else {
+        remember(&COLL_SEQ, HandleMap::CollSeq, &key, &v)
+    };
+    u32::from(kept)
+}
+
+/// [`forget`]'s work, as [`keep_comm`].
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn drop_handle(which: u32, tgid: u32, handle: u64) -> u32 {
+    let key = handle_key(tgid, handle);
+    let removed = match which {
+        w if w == HandleMap::Comms as u32 => COMMS.remove(key).is_ok(),
+        w if w == HandleMap::Dtypes as u32 => DTYPES.remove(key).is_ok(),
+        _ => COLL_SEQ.remove(key).is_ok(),
+    };
+    if removed {
+        let _ = uncharge(tgid, which);
+    }
+    // A global function must return a scalar.
+    0
+}
+
+#[inline(always)]
+fn handle_key(tgid: u32, handle: u64) -> HandleKey {
+    HandleKey {
+        tgid,
+        _pad: 0,
+        handle,
+    }
+}
+
+/// Puts `v` at `key` in `map` (handle map `which`), charging a new entry.
+#[inline(always)]
+fn remember<V: Copy>(
+    map: &HashMap<HandleKey, V>,
+    which: HandleMap,
+    key: &HandleKey,
+    v: &V,
+) -> bool {
+    if let Some(p) = map.get_ptr_mut(key) {
+        // SAFETY: a map value of type V.
+        unsafe { *p = *v };
+        return true;
+    }
+    if charge(key.tgid, which as u32) == 0 {
+        return false;
+    }
+    if map.insert(key, v, u64::from(BPF_NOEXIST)).is_ok() {
+        return true;
+    }
+    let _ = uncharge(key.tgid, which as u32);
+    // Another thread of the process made it first (charged there), or the map is full.
+    if let Some(p) = map.get_ptr_mut(key) {
+        // SAFETY: as above.
+        unsafe { *p = *v };
+        return true;
+    }
+    with_proc_stats(key.tgid, |s| s.handles_refused += 1);
+    false
+}
+
+/// Charges an entry of handle map `which` to process `tgid` and its user: 1, or 0 where
+/// the user holds its share already (or no room is left to count it: refused, counted). A
+/// global function: the verifier checks it once, not in every caller's states.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn charge(tgid: u32, which: u32) -> u32 {
+    let w = which as usize;
+    if w >= HANDLE_MAPS {
+        return 0;
+    }
+    let Some((process, user)) = holder(tgid) else {
+        with_proc_stats(tgid, |s| s.handles_refused += 1);
+        return 0;
+    };
+    // SAFETY: fields of map values, which every CPU changes atomically.
+    unsafe {
+        let held = core::ptr::addr_of_mut!((*user).entries[w]);
+        if fetch_add(held, 1) >= USER_SHARE {
+            add_atomic(held, u64::MAX);
+            with_proc_stats(tgid, |s| s.handles_refused += 1);
+            return 0;
+        }
+        add_atomic(core::ptr::addr_of_mut!((*process).entries[w]), 1);
+    }
+    1
+}
+
+/// Gives an entry of handle map `which` back from process `tgid` and its user. Never below
+/// zero: an entry made by an earlier process of the same pid, removed by this one, was
+/// given back at that one's exit.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn uncharge(tgid: u32, which: u32) -> u32 {
+    let w = which as usize;
+    if w >= HANDLE_MAPS {
+        return 0;
+    }
+    let Some(process) = PROC_HANDLES.get_ptr_mut(tgid) else {
+        return 0;
+    };
+    // SAFETY: fields of map values, which every CPU changes atomically.
+    unsafe {
+        if !take_one(core::ptr::addr_of_mut!((*process).entries[w])) {
+            return 0;
+        }
+        if let Some(user) = USER_HANDLES.get_ptr_mut((*process).uid) {
+            take_one(core::ptr::addr_of_mut!((*user).entries[w]));
+        }
+    }
+    // A global function must return a scalar.
+    0
+}
+
+/// Process `tgid` exited: what it held goes back to its user. (At the exit of its last
+/// thread: no call of it runs any more.)
+#[inline(always)]
+pub fn released(tgid: u32) {
+    // SAFETY: plain value, copied.
+    let Some(held) = (unsafe { PROC_HANDLES.get(tgid) }).copied() else {
+        return;
+    };
+    if let Some(user) = USER_HANDLES.get_ptr_mut(held.uid) {
+        // SAFETY: a field of a map value, changed atomically.
+        unsafe { take_one(core::ptr::addr_of_mut!((*user).processes)) };
+        for w in 0..HANDLE_MAPS {
+            // SAFETY: a field of a map value, changed atomically.
+            unsafe {
+                add_atomic(
+                    core::ptr::addr_of_mut!((*user).entries[w]),
+                    held.entries[w].wrapping_neg(),
+                );
+            }
+        }
+    }
+    let _ = PROC_HANDLES.remove(tgid);
+}
+
+/// Whether process `tgid` holds anything (its exit has something to give back).
+#[inline(always)]
+pub fn holds(tgid: u32) -> bool {
+    // SAFETY: plain value.
+    unsafe { PROC_HANDLES.get(tgid) }.is_some()
+}
+
+/// Takes one from `*p` where it is not 0; whether it did.
+///
+/// # Safety
+/// `p` must point into a map value (the verifier checks it).
+#[inline(always)]
+unsafe fn take_one(p: *mut u64) -> bool {
+    // SAFETY: as the caller promises.
+    unsafe {
+        if fetch_add(p, u64::MAX) == 0 {
+            // Another thread took the last one first.
+            add_atomic(p, 1);
+            return false;
+        }
+    }
+    true
+}
+
+/// Process `tgid`'s holdings and its user's; the process's made (charged to the user it
+/// runs as now, within the user's count of processes) where it has none.
+#[inline(always)]
+fn holder(tgid: u32) -> Option<(*mut Held, *mut Held)> {
+    if let Some(p) = PROC_HANDLES.get_ptr_mut(tgid) {
+        // SAFETY: a map value.
+        let uid = unsafe { (*p).uid };
+        return Some((p, user_of(uid)?));
+    }
+    let uid = bpf_get_current_uid_gid() as u32;
+    let user = user_of(uid)?;
+    // SAFETY: a field of a map value, changed atomically.
+    let processes = unsafe { core::ptr::addr_of_mut!((*user).processes) };
+    // SAFETY: as above.
+    if unsafe { fetch_add(processes, 1) } >= USER_HOLDERS {
+        // SAFETY: as above.
+        unsafe { add_atomic(processes, u64::MAX) };
+        return None;
+    }
+    let held = Held {
+        uid,
+        ..Held::default()
+    };
+    // NOEXIST: another thread's first entry may be here first (and counted the process).
+    if PROC_HANDLES
+        .insert(tgid, held, u64::from(BPF_NOEXIST))
+        .is_err()
+    {
+        // SAFETY: as above.
+        unsafe { add_atomic(processes, u64::MAX) };
+    }
+    Some((PROC_HANDLES.get_ptr_mut(tgid)?, user))
+}
+
+/// User `uid`'s holdings, made where it has none.
+#[inline(always)]
+fn user_of(uid: u32) -> Option<*mut Held> {
+    if let Some(p) = USER_HANDLES.get_ptr_mut(uid) {
+        return Some(p);
+    }
+    let _ = USER_HANDLES.insert(uid, Held::default(), u64::from(BPF_NOEXIST));
+    USER_HANDLES.get_ptr_mut(uid)
+}
