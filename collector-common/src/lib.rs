@@ -7,10 +7,10 @@
 
 pub mod buckets;
 pub mod durations;
-pub mod handles;
 pub mod instances;
 pub mod names;
 pub mod routines;
+pub mod shares;
 pub mod wire;
 
 pub use buckets::{size_bucket, BUCKETS, UNKNOWN_BUCKET};

@@ -29,6 +29,10 @@ pub mod maps {
     pub const PROC_STATS: &str = "PROC_STATS";
     /// Communicators learnt per process.
     pub const COMMS: &str = "COMMS";
+    /// Entries of the shared maps each user holds (`shares`).
+    pub const USER_HELD: &str = "USER_HELD";
+    /// Entries of the shared maps each process holds, and its user.
+    pub const PROC_HELD: &str = "PROC_HELD";
     /// Per process and communicator: the number its next collective takes.
     pub const COLL_SEQ: &str = "COLL_SEQ";
     /// Datatype sizes learnt per process.
@@ -69,7 +73,7 @@ pub mod maps {
     /// The maps that carry a node's counts across a daemon restart (the others are refilled
     /// at start, or hold per-run state such as library slots); `PAUSED` too, so that a
     /// daemon restarted after a crash continues the processes its predecessor paused.
-    pub const KEPT: [&str; 13] = [
+    pub const KEPT: [&str; 15] = [
         WATCHED,
         COUNTER_SLOTS,
         COUNTER_VALUES,
@@ -83,6 +87,8 @@ pub mod maps {
         DTYPES,
         PERSISTENT,
         PAUSED,
+        USER_HELD,
+        PROC_HELD,
     ];
 }
 

@@ -360,8 +360,13 @@ pub struct Config {
     /// probe them and continue it: exact from a late library's first call. Userspace
     /// renews it on every look around: if it hangs, pausing stops within a lease.
     pub pause_until_ns: u64,
+    /// The share of each map its processes grow that one user may hold, percent
+    /// (`shares`; 0: the whole map).
+    pub user_share_pct: u32,
+    /// Explicit padding.
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<Config>() == 40);
+const _: () = assert!(size_of::<Config>() == 48);
 
 impl Config {
     /// `uid` value meaning every user.
@@ -659,7 +664,8 @@ macro_rules! kernel_health_counters {
             /// Calls already in progress when the probes attached (their returns came
             /// without an entry: not counted).
             in_flight_at_attach,
-            /// Calls lost because the kernel's counter map was full.
+            /// Calls lost because the kernel's counter map was full, or the process's
+            /// user held its share of it (`shares`).
             counter_map_full,
             /// NCCL operations enqueued inside groups (each completed group is one
             /// `ncclGroup`).
@@ -678,7 +684,8 @@ macro_rules! kernel_health_counters {
             /// counted.
             net_unposted,
             /// Point-to-point calls left out of the per-peer traffic (its kernel map was
-            /// full; the flat counters still have them).
+            /// full, or the process's user held its share of it; the flat counters still
+            /// have them).
             peers_full,
             /// Device-time windows left out of a timeline because the ring buffer was full
             /// (the profile's device time still has them).
@@ -689,7 +696,7 @@ macro_rules! kernel_health_counters {
             fabric_undecoded,
             /// Handles (communicators, derived datatypes, collectives' numbering) the
             /// kernel did not keep: its map was full, or the process's user held its share
-            /// of it (`handles::USER_SHARE`), counted at each try (an Open MPI
+            /// of it (`shares`), counted at each try (an Open MPI
             /// communicator not kept is read anew, and tried again, at each call); the
             /// calls that needed them are counted as undecoded, or their instances aligned
             /// by time.
@@ -1481,7 +1488,7 @@ mod pod {
         crate::FabricRanges,
         crate::ArgSpec,
         crate::DurationHist,
-        crate::handles::Held,
+        crate::shares::Held,
     );
 }
 

@@ -367,6 +367,6 @@ pub(crate) fn learn_comm(c: &Call, spec: &ArgSpec, rule: ByteRule) {
     } else {
         info.rank = v;
     }
-    crate::handles::remember_comm(&key, &info);
+    crate::shares::remember_comm(&key, &info);
     crate::cache::bump();
 }

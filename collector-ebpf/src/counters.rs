@@ -22,8 +22,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuHashMap, Stack},
 };
 use collector_common::{
-    duration_bucket, CallState, CounterKey, CounterSlot, CounterVal, DurationHist,
-    DURATION_BUCKETS, MAX_COUNTERS,
+    duration_bucket, shares::SharedMap, CallState, CounterKey, CounterSlot, CounterVal,
+    DurationHist, DURATION_BUCKETS, MAX_COUNTERS,
 };
 
 use crate::{maps::with_proc_stats, process::still_counted};
@@ -210,9 +210,16 @@ fn slot_of(e: &mut CallState, key: &CounterKey) -> Option<u32> {
 /// Assigns a free slot to `key` (or finds the one another CPU assigned first).
 #[inline(always)]
 fn new_slot(key: &CounterKey) -> Option<u32> {
-    let slot = match FREE_SLOTS.pop() {
-        Ok(Some(s)) => s,
-        _ => fresh_slot()?,
+    // Charged to the process's user first: past its share, no slot is taken.
+    if crate::shares::charge(key.tgid, SharedMap::Counters as u32) == 0 {
+        return None;
+    }
+    let Some(slot) = (match FREE_SLOTS.pop() {
+        Ok(Some(s)) => Some(s),
+        _ => fresh_slot(),
+    }) else {
+        let _ = crate::shares::uncharge(key.tgid, SharedMap::Counters as u32);
+        return None;
     };
     if COUNTER_SLOTS
         .insert(key, slot, u64::from(BPF_NOEXIST))
@@ -220,6 +227,8 @@ fn new_slot(key: &CounterKey) -> Option<u32> {
     {
         return Some(slot);
     }
+    // Another CPU assigned it first (and was charged for it).
+    let _ = crate::shares::uncharge(key.tgid, SharedMap::Counters as u32);
     let _ = FREE_SLOTS.push(slot, 0);
     // SAFETY: plain value.
     unsafe { COUNTER_SLOTS.get(key) }.copied()

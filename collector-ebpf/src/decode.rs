@@ -140,7 +140,7 @@ pub fn comm_info(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<CommInfo
         };
         let info = CommInfo::new(size as u32, rank, id);
         // Refused: read from the communicator at each call instead.
-        crate::handles::remember_comm(&key, &info);
+        crate::shares::remember_comm(&key, &info);
         return Some(info);
     }
     let h = h & 0xffff_ffff;

@@ -6,8 +6,8 @@
 use aya_ebpf::{macros::map, maps::HashMap};
 use collector_common::{
     comm_id,
-    handles::{HandleMap, HANDLE_MAP_ENTRIES},
     instances::{INIT_SEEN, NOT_NUMBERED},
+    shares::{SharedMap, HANDLE_MAP_ENTRIES},
     Abi, HandleKey,
 };
 
@@ -78,14 +78,14 @@ pub extern "C" fn first_met(abi: u32, layout: u32, tgid: u32, h: u64) -> u64 {
         && shared_comm_id(abi, h, info) == comm_id::WORLD
         && unsafe { COLL_SEQ.get(marker) }.is_some();
     if world {
-        crate::handles::forget(HandleMap::CollSeq, &marker);
-        u64::from(crate::handles::remember_word(
-            HandleMap::CollSeq,
+        crate::shares::forget(SharedMap::CollSeq, &marker);
+        u64::from(crate::shares::remember_word(
+            SharedMap::CollSeq,
             &key(tgid, h),
             1,
         ))
     } else {
-        crate::handles::remember_word(HandleMap::CollSeq, &key(tgid, h), NOT_NUMBERED);
+        crate::shares::remember_word(SharedMap::CollSeq, &key(tgid, h), NOT_NUMBERED);
         0
     }
 }
@@ -94,7 +94,7 @@ pub extern "C" fn first_met(abi: u32, layout: u32, tgid: u32, h: u64) -> u64 {
 /// numbered from the first.
 #[inline(always)]
 pub fn init_returned(tgid: u32) {
-    crate::handles::remember_word(HandleMap::CollSeq, &key(tgid, INIT_SEEN), 0);
+    crate::shares::remember_word(SharedMap::CollSeq, &key(tgid, INIT_SEEN), 0);
 }
 
 /// Communicator `h` (normalised) was made: numbered from its first collective. (A handle
@@ -102,12 +102,12 @@ pub fn init_returned(tgid: u32) {
 #[inline(always)]
 pub fn made(tgid: u32, h: u64) {
     if h != INIT_SEEN {
-        crate::handles::remember_word(HandleMap::CollSeq, &key(tgid, h), 0);
+        crate::shares::remember_word(SharedMap::CollSeq, &key(tgid, h), 0);
     }
 }
 
 /// Communicator `h` (normalised) is freed.
 #[inline(always)]
 pub fn freed(tgid: u32, h: u64) {
-    crate::handles::forget(HandleMap::CollSeq, &key(tgid, h));
+    crate::shares::forget(SharedMap::CollSeq, &key(tgid, h));
 }

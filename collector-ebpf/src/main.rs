@@ -18,7 +18,6 @@ mod call;
 mod counters;
 mod decode;
 mod fabric;
-mod handles;
 mod instances;
 mod loader;
 mod maps;
@@ -29,6 +28,7 @@ mod persistent;
 mod probe;
 mod process;
 mod session;
+mod shares;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -7,7 +7,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use collector_common::{
-    handles::HANDLE_MAP_ENTRIES, launcher::COMM_LEN as LAUNCHER_COMM_LEN, ArgSpec, CallState,
+    launcher::COMM_LEN as LAUNCHER_COMM_LEN, shares::HANDLE_MAP_ENTRIES, ArgSpec, CallState,
     CommInfo, ComponentAddrs, Config, CounterKey, CounterVal, FabricRanges, FabricText, HandleKey,
     IdentityOffsets, Layout, ProcStats, TpOffsets,
 };

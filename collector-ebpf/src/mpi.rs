@@ -3,8 +3,8 @@
 //! generic return path (`probe`).
 
 use collector_common::{
-    handles::HandleMap,
     routines::{class, NO_ARG as N},
+    shares::SharedMap,
     Abi, ArgSpec, ByteRule, CommInfo, HandleKey,
 };
 
@@ -96,8 +96,8 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
             } else {
                 c.args[0]
             };
-            crate::handles::forget(
-                HandleMap::Comms,
+            crate::shares::forget(
+                SharedMap::Comms,
                 &HandleKey {
                     tgid: c.tgid,
                     _pad: 0,
@@ -120,7 +120,7 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
                         handle: new,
                     };
                     let info = CommInfo::new(parent.size, parent.rank, 0);
-                    crate::handles::remember_comm(&key, &info);
+                    crate::shares::remember_comm(&key, &info);
                     crate::cache::bump();
                 }
             }
@@ -157,8 +157,8 @@ pub(crate) fn on_type_return(c: &Call, spec: &ArgSpec) -> Option<u64> {
         | ByteRule::LargeCtorDarray) => learn_type(c, spec, rule),
         ByteRule::TypeFree => {
             crate::cache::bump();
-            crate::handles::forget(
-                HandleMap::Dtypes,
+            crate::shares::forget(
+                SharedMap::Dtypes,
                 &HandleKey {
                     tgid: c.tgid,
                     _pad: 0,
@@ -278,8 +278,8 @@ fn learn_type(c: &Call, spec: &ArgSpec, rule: ByteRule) {
     let Some(new) = c.arg(spec.d).and_then(|p| read_handle(c.abi, p)) else {
         return;
     };
-    crate::handles::remember_word(
-        HandleMap::Dtypes,
+    crate::shares::remember_word(
+        SharedMap::Dtypes,
         &HandleKey {
             tgid: c.tgid,
             _pad: 0,

@@ -10,9 +10,9 @@
 
 use aya_ebpf::helpers::bpf_get_current_pid_tgid;
 use collector_common::{
-    handles::HandleMap,
     nccl,
     routines::{class, NCCL_GROUP},
+    shares::SharedMap,
     size_bucket, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, CounterKey, EventKind,
     HandleKey,
 };
@@ -51,7 +51,7 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
             Some(0)
         }
         ByteRule::NcclCommFree => {
-            crate::handles::forget(HandleMap::Comms, &key(c, c.arg(spec.a)?));
+            crate::shares::forget(SharedMap::Comms, &key(c, c.arg(spec.a)?));
             Some(0)
         }
         rule @ (ByteRule::CommSize | ByteRule::CommRank) if ok => {
@@ -127,7 +127,7 @@ fn learn_init(c: &Call, spec: &ArgSpec) {
     if comm == 0 || size <= 0 {
         return;
     }
-    crate::handles::remember_comm(
+    crate::shares::remember_comm(
         &key(c, comm),
         &CommInfo::new(size as u32, int_arg(rank), id),
     );
@@ -154,7 +154,7 @@ fn learn_init_all(c: &Call, spec: &ArgSpec) {
         }
         if let Some(h) = read::<u64>(comms + u64::from(i) * 8) {
             let info = CommInfo::new(n as u32, i as i32, id);
-            crate::handles::remember_comm(&key(c, h), &info);
+            crate::shares::remember_comm(&key(c, h), &info);
         }
     }
 }
@@ -173,13 +173,13 @@ fn learn_split(c: &Call, spec: &ArgSpec, parent: Option<CommInfo>) {
     let Some(mut p) = parent else {
         // Parent unknown (created before attach): the new communicator is unknown too.
         if new != 0 {
-            crate::handles::remember_comm(&key(c, new), &CommInfo::new(0, -1, 0));
+            crate::shares::remember_comm(&key(c, new), &CommInfo::new(0, -1, 0));
         }
         return;
     };
     let seq = p.splits;
     p.splits += 1;
-    crate::handles::remember_comm(&key(c, parent_handle), &p);
+    crate::shares::remember_comm(&key(c, parent_handle), &p);
     // NCCL_SPLIT_NOCOLOR: this process is in no new communicator.
     if new == 0 {
         return;
@@ -192,7 +192,7 @@ fn learn_split(c: &Call, spec: &ArgSpec, parent: Option<CommInfo>) {
             u64::from(int_arg(color) as u32),
         )
     };
-    crate::handles::remember_comm(&key(c, new), &CommInfo::new(0, -1, id));
+    crate::shares::remember_comm(&key(c, new), &CommInfo::new(0, -1, id));
 }
 
 /// Bookkeeping after a counted NCCL call: opens and closes groups, adds operations to the

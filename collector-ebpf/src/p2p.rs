@@ -1,10 +1,10 @@
 //! Point-to-point calls at return: bytes by the routine's rule, and the per-peer counters
 //! (who sent how much to whom: the communication matrix).
 
-use aya_ebpf::{macros::map, maps::PerCpuHashMap};
+use aya_ebpf::{bindings::BPF_NOEXIST, macros::map, maps::PerCpuHashMap};
 use collector_common::{
-    comm_id, routines::NO_ARG, Abi, ArgSpec, ByteRule, CallEvent, CommInfo, PeerKey, PeerVal,
-    ARG_SLOTS, MAX_PEER_COUNTERS,
+    comm_id, routines::NO_ARG, shares::SharedMap, Abi, ArgSpec, ByteRule, CallEvent, CommInfo,
+    PeerKey, PeerVal, ARG_SLOTS, MAX_PEER_COUNTERS,
 };
 
 use crate::{
@@ -245,7 +245,31 @@ pub(crate) fn add_traffic(tgid: u32, key: &PeerKey, bytes: u64) {
             (*v).calls += 1;
             (*v).bytes += bytes;
         }
-    } else if PEERS.insert(key, PeerVal { calls: 1, bytes }, 0).is_err() {
+    } else if !new_peer(tgid, key, bytes) {
         with_proc_stats(tgid, |s| s.peers_full += 1);
     }
+}
+
+/// Adds `key`'s entry with its first call, charged to the process's user; whether it was
+/// counted (not past the user's share, nor the map full).
+#[inline(always)]
+fn new_peer(tgid: u32, key: &PeerKey, bytes: u64) -> bool {
+    if crate::shares::charge(tgid, SharedMap::Peers as u32) == 0 {
+        return false;
+    }
+    let first = PeerVal { calls: 1, bytes };
+    if PEERS.insert(key, first, u64::from(BPF_NOEXIST)).is_ok() {
+        return true;
+    }
+    // Another CPU added it first (and was charged for it): this CPU's value is there too.
+    let _ = crate::shares::uncharge(tgid, SharedMap::Peers as u32);
+    let Some(v) = PEERS.get_ptr_mut(key) else {
+        return false;
+    };
+    // SAFETY: this CPU's value.
+    unsafe {
+        (*v).calls += 1;
+        (*v).bytes += bytes;
+    }
+    true
 }

@@ -202,8 +202,8 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
         forget_scope(tgid);
     }
     // Whatever the watch: a process unwatched still holds what it was charged for.
-    if crate::handles::holds(tgid) && group_dead(&ctx, tid == tgid) {
-        crate::handles::released(tgid);
+    if crate::shares::holds(tgid) && group_dead(&ctx, tid == tgid) {
+        crate::shares::released(tgid);
     }
     // SAFETY: plain u32.
     if unsafe { WATCHED.get(tid) }.is_none() && unsafe { WATCHED.get(tgid) }.is_none() {

@@ -470,42 +470,24 @@ fn a_user_cannot_open_snapshot_watches_without_end() {
 
 /// Attack: nobody's process makes 70,000 MPICH datatypes and keeps them, to fill the
 /// kernel's datatype map (65,536 entries for the node): root's job's derived datatypes
-/// would then go undecoded. Each user holds at most a share of each handle map: nobody's
-/// process is refused past its share (counted, exactly, in its `handles_refused`), root's
-/// job beside it is profiled exactly, and nobody's share comes back when its process exits.
+/// would then go undecoded. Each user holds at most a share of each map: nobody's process
+/// is refused past its share (counted, exactly, in its `handles_refused`), root's job beside
+/// it is profiled exactly, and nobody's share comes back when its process exits.
 #[test]
 fn a_user_cannot_fill_the_kernels_handle_maps() {
-    use collector_common::handles::USER_SHARE;
+    use collector_common::shares::{share_of, DEFAULT_USER_SHARE_PCT, HANDLE_MAP_ENTRIES};
     const FLOOD: u64 = 70_000;
+    let share = share_of(u64::from(HANDLE_MAP_ENTRIES), DEFAULT_USER_SHARE_PCT);
     let scratch = Scratch::new("attack-handles");
     let daemon = Daemon::start(&scratch, &[], &[], &[]);
     let flood = build_program("mpi_type_flood.c", Mpi::Mpich);
     let dir = nobody_dir(&scratch, "nobody");
-    // Starts nobody's flood of `n` datatypes once it is probed; returns it once they are made.
     let start_flood = |tag: &str, n: u64, then: &str| {
-        let file = |what: &str| dir.join(format!("{tag}.{what}"));
-        let mut cmd = Command::new("setpriv");
-        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .args(Mpi::Mpich.launcher(1))
+        let mut cmd = Command::new(&Mpi::Mpich.launcher(1)[0]);
+        cmd.args(&Mpi::Mpich.launcher(1)[1..])
             .arg(&flood)
-            .arg(n.to_string())
-            .args([file("start"), file("ready"), file("go")])
-            .arg(then)
-            .current_dir(&dir)
-            .env("HOME", &dir);
-        let job = ChildGuard::spawn(&mut cmd);
-        let mut pids = Vec::new();
-        wait_until("nobody's process to run", LIMIT, || {
-            pids = pids_running(&flood);
-            pids.len() == 1
-        });
-        let pid = u64::from(pids[0]);
-        wait_for_state(&daemon.target, &[pid], "probed");
-        std::fs::write(file("start"), "").expect("start file");
-        wait_until("nobody's datatypes to be made", LIMIT, || {
-            file("ready").exists()
-        });
-        (job, pid, file("go"))
+            .arg(n.to_string());
+        start_as_nobody(&daemon, &dir, tag, cmd, &[then])
     };
     let refused = |pid: u64| {
         let now = report_json(&["report", "--from", &daemon.target]);
@@ -515,9 +497,159 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
     };
 
     let (mut hog, hog_pid, go) = start_flood("hog", FLOOD, "keep");
-    assert_eq!(refused(hog_pid), FLOOD - USER_SHARE, "nobody's refusals");
+    assert_eq!(refused(hog_pid), FLOOD - share, "nobody's refusals");
+    roots_job_is_exact(&scratch, &daemon, "handles_refused");
 
-    // Root's job, while nobody holds its datatypes: every derived datatype decoded.
+    // Nobody's process exits keeping its datatypes: the kernel gives its share back, and a
+    // new process of nobody's makes as many again, none refused.
+    std::fs::write(&go, "").expect("go file");
+    assert!(
+        hog.wait_with_limit(LIMIT).success(),
+        "nobody's flood failed"
+    );
+    let (mut again, again_pid, go) = start_flood("again", share, "free");
+    assert_eq!(
+        refused(again_pid),
+        0,
+        "refusals after the first process's exit"
+    );
+    std::fs::write(&go, "").expect("go file");
+    assert!(
+        again.wait_with_limit(LIMIT).success(),
+        "nobody's second flood failed"
+    );
+    assert_healthy(&scratch, &daemon);
+    daemon.stop(&scratch);
+}
+
+/// Attack: nobody's process makes 144,000 counters (16,000 communicators of its own NCCL
+/// library, each a size of its own, times 9 message sizes of `ncclAllReduce`), more than
+/// the kernel's 131,072 counter slots for the node: root's job's calls would then go
+/// uncounted. Nobody gets at most its share of the slots, every call it made is counted or
+/// counted as lost (`counter_map_full`), and root's job beside it is profiled exactly.
+#[test]
+fn a_user_cannot_fill_the_kernels_counter_map() {
+    use collector_common::{
+        shares::{share_of, DEFAULT_USER_SHARE_PCT},
+        MAX_COUNTERS,
+    };
+    const COMMS: u64 = 16_000;
+    const SIZES: u64 = 9;
+    let share = share_of(u64::from(MAX_COUNTERS), DEFAULT_USER_SHARE_PCT);
+    assert!(
+        COMMS * SIZES > u64::from(MAX_COUNTERS),
+        "the flood must fill the map"
+    );
+    let scratch = Scratch::new("attack-counters");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let standin = build_shared_c("nccl_standin.c");
+    let lib_dir = standin.parent().expect("bin dir").display().to_string();
+    let flood = compile_c(
+        "nccl_counter_flood.c",
+        "nccl_counter_flood",
+        &[
+            &format!("-I{}", repo_root().join("tests/programs").display()),
+            "-I/usr/include/x86_64-linux-gnu/mpich",
+            &format!("-L{lib_dir}"),
+            &format!("-Wl,-rpath,{lib_dir}"),
+            "-l:libnccl_standin.so",
+            "-lmpich",
+        ],
+    );
+    let dir = nobody_dir(&scratch, "nobody");
+    let mut cmd = Command::new(&Mpi::Mpich.launcher(1)[0]);
+    cmd.args(&Mpi::Mpich.launcher(1)[1..])
+        .arg(&flood)
+        .args([COMMS.to_string(), SIZES.to_string()]);
+    let (mut hog, hog_pid, go) = start_as_nobody(&daemon, &dir, "hog", cmd, &[]);
+
+    let profile = report_json(&["report", "--from", &daemon.target]);
+    let rank = rank_by_pid(&profile, hog_pid);
+    let calls = |routine: &str| {
+        rank["routines"][routine]["calls"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{routine} calls: {rank:#}"))
+    };
+    let lost = rank["counter_map_full"].as_u64().expect("counter_map_full");
+    assert_eq!(
+        calls("ncclCommInitRank") + calls("ncclAllReduce") + lost,
+        COMMS + COMMS * SIZES,
+        "nobody's calls, counted or counted as lost"
+    );
+    // Each ncclAllReduce call is a counter of its own: at most `share` of them had a slot.
+    assert!(
+        lost >= COMMS * SIZES - share,
+        "nobody lost {lost} calls: more than its share of the counter slots was given"
+    );
+    roots_job_is_exact(&scratch, &daemon, "counter_map_full");
+
+    std::fs::write(&go, "").expect("go file");
+    assert!(
+        hog.wait_with_limit(LIMIT).success(),
+        "nobody's flood failed"
+    );
+    // Nobody's share of the counters is nobody's to have: the daemon reads them, and holds
+    // and serves the profile made of them (45 MiB more here), by the share's measure (two
+    // copies of it at most), not by the flood's.
+    let counter = size_of::<collector_common::CounterKey>()
+        + size_of::<collector_common::CounterVal>()
+        + size_of::<collector_common::DurationHist>();
+    assert_healthy_within(
+        &scratch,
+        &daemon,
+        DAEMON_PEAK_LIMIT_KIB,
+        DAEMON_GROWTH_LIMIT_KIB + 2 * share * counter as u64 / 1024,
+    );
+    daemon.stop(&scratch);
+}
+
+/// Starts `cmd` (its first arguments given) as nobody in `dir`, with the files
+/// `TAG.start`, `TAG.ready` and `TAG.go` and then `last` as its last arguments; lets it
+/// begin once the daemon has probed it, and returns it, its pid and its go file once it
+/// says it is ready (its flood made).
+fn start_as_nobody(
+    daemon: &Daemon,
+    dir: &Path,
+    tag: &str,
+    cmd: Command,
+    last: &[&str],
+) -> (ChildGuard, u64, PathBuf) {
+    let file = |what: &str| dir.join(format!("{tag}.{what}"));
+    let program = PathBuf::from(cmd.get_program());
+    let mut nobody = Command::new("setpriv");
+    nobody
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .args([file("start"), file("ready"), file("go")])
+        .args(last)
+        .current_dir(dir)
+        .env("HOME", dir);
+    let job = ChildGuard::spawn(&mut nobody);
+    // The flood itself: under an MPI launcher, the program after it.
+    let flood = cmd
+        .get_args()
+        .map(PathBuf::from)
+        .find(|a| a.is_absolute() && a.is_file())
+        .unwrap_or(program);
+    let mut pids = Vec::new();
+    wait_until("nobody's process to run", LIMIT, || {
+        pids = pids_running(&flood);
+        pids.len() == 1
+    });
+    let pid = u64::from(pids[0]);
+    wait_for_state(&daemon.target, &[pid], "probed");
+    std::fs::write(file("start"), "").expect("start file");
+    wait_until("nobody's flood to be made", LIMIT, || {
+        file("ready").exists()
+    });
+    (job, pid, file("go"))
+}
+
+/// Runs root's two-rank MPICH truth program beside nobody's flood and asserts its profile
+/// (its ranks only) equals what it did, with none of its `counter` (what nobody's flood
+/// would have made it lose) above 0.
+fn roots_job_is_exact(scratch: &Scratch, daemon: &Daemon, counter: &str) {
     let prog = build_program("mpi_truth.c", Mpi::Mpich);
     let truth = scratch.path("truth");
     let mut cmd = Command::new(&Mpi::Mpich.launcher(2)[0]);
@@ -540,30 +672,6 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
     roots["ranks"] = ranks.into();
     assert_profile_matches(&roots, &truths, &["MPI_Finalize"]);
     for r in roots["ranks"].as_array().expect("ranks") {
-        assert_eq!(
-            r["handles_refused"], 0,
-            "root's rank refused a handle: {r:#}"
-        );
+        assert_eq!(r[counter], 0, "root's rank lost to nobody's flood: {r:#}");
     }
-
-    // Nobody's process exits keeping its datatypes: the kernel gives its share back, and a
-    // new process of nobody's makes as many again, none refused.
-    std::fs::write(&go, "").expect("go file");
-    assert!(
-        hog.wait_with_limit(LIMIT).success(),
-        "nobody's flood failed"
-    );
-    let (mut again, again_pid, go) = start_flood("again", USER_SHARE, "free");
-    assert_eq!(
-        refused(again_pid),
-        0,
-        "refusals after the first process's exit"
-    );
-    std::fs::write(&go, "").expect("go file");
-    assert!(
-        again.wait_with_limit(LIMIT).success(),
-        "nobody's second flood failed"
-    );
-    assert_healthy(&scratch, &daemon);
-    daemon.stop(&scratch);
 }

@@ -258,6 +258,9 @@ pub struct LoadOptions {
     /// Probe the transports' data path (libfabric's, UCX's) beneath MPI, besides MPI and
     /// NCCL.
     pub transports: bool,
+    /// The share of each map its processes grow (communicators, datatypes, counters,
+    /// peers) that one user may hold, percent (`collector_common::shares`).
+    pub user_share_pct: u32,
 }
 
 impl LoadOptions {
@@ -272,6 +275,7 @@ impl LoadOptions {
             pause_at_load: true,
             pause_lease: PAUSE_LEASE,
             transports: true,
+            user_share_pct: collector_common::shares::DEFAULT_USER_SHARE_PCT,
         }
     }
 }
@@ -395,6 +399,7 @@ impl Probes {
             settings: Config {
                 self_tgid: std::process::id(),
                 uid: Config::ANY_UID,
+                user_share_pct: opts.user_share_pct,
                 ..Config::default()
             },
             layouts: map(&mut ebpf, names::maps::LAYOUTS)?,

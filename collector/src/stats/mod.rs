@@ -242,19 +242,7 @@ impl RoutineStats {
         for (ep, t) in &other.endpoints {
             self.endpoints.entry(ep.clone()).or_default().merge(t);
         }
-        for c in &other.communicators {
-            if let Some(m) = self
-                .communicators
-                .iter_mut()
-                .find(|m| (&m.id, m.size, m.rank) == (&c.id, c.size, c.rank))
-            {
-                m.totals.merge(&c.totals);
-            } else {
-                self.communicators.push(c.clone());
-                self.communicators
-                    .sort_by(|a, b| (&a.id, a.size, a.rank).cmp(&(&b.id, b.size, b.rank)));
-            }
-        }
+        merge_communicators(&mut self.communicators, &other.communicators);
     }
 
     /// Adds the calls of `part` (its `min_bytes`/`max_bytes` are ignored: the bucket's) to
@@ -284,6 +272,49 @@ impl RoutineStats {
                 .sort_by_key(|b| b.bucket.map_or(u16::MAX, u16::from));
         }
     }
+}
+
+/// Adds the communicators of `other` into `mine`, both in (id, size, rank) order, in one
+/// pass: a process or job may have tens of thousands (one search and sort per communicator
+/// made a report of a process with 16,000 take seconds).
+fn merge_communicators(mine: &mut Vec<CommStats>, other: &[CommStats]) {
+    if other.is_empty() {
+        return;
+    }
+    fn key(c: &CommStats) -> (Option<&str>, u32, i32) {
+        (c.id.as_deref(), c.size, c.rank)
+    }
+    // Sorted as every merge leaves them, but a profile read back may not be.
+    let mut sorted;
+    let other = if other.is_sorted_by_key(key) {
+        other
+    } else {
+        sorted = other.to_vec();
+        sorted.sort_by(|a, b| key(a).cmp(&key(b)));
+        &sorted[..]
+    };
+    let mut out = Vec::with_capacity(mine.len() + other.len());
+    let mut a = std::mem::take(mine).into_iter().peekable();
+    let mut b = other.iter().peekable();
+    loop {
+        let order = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => key(x).cmp(&key(y)),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => break,
+        };
+        match order {
+            std::cmp::Ordering::Less => out.extend(a.next()),
+            std::cmp::Ordering::Greater => out.extend(b.next().cloned()),
+            std::cmp::Ordering::Equal => {
+                if let (Some(mut m), Some(c)) = (a.next(), b.next()) {
+                    m.totals.merge(&c.totals);
+                    out.push(m);
+                }
+            }
+        }
+    }
+    *mine = out;
 }
 
 /// Makes `Health` and its reading from `ProcStats` from the kernel's list
@@ -509,6 +540,10 @@ pub fn routines_of(
         }
     }
     let no_pool = sampling::Pool::default();
+    // NCCL communicators per routine, gathered apart: merged counter by counter, each would
+    // be a pass over all the routine's others.
+    type CommKey = (Option<String>, u32, i32);
+    let mut communicators: BTreeMap<&'static str, BTreeMap<CommKey, Totals>> = BTreeMap::new();
     for (k, v, durations) in mine {
         let Some(routine) = shown(k) else {
             continue;
@@ -539,12 +574,12 @@ pub fn routines_of(
         one.durations = durations;
         one.comm_sizes.insert(k.comm_size, v.calls);
         if routine.family() == Family::Nccl && routine.spec.comm != NO_ARG {
-            one.communicators.push(CommStats {
-                id: CommStats::id_of(k.object),
-                size: k.comm_size,
-                rank: k.comm_rank,
-                totals,
-            });
+            communicators
+                .entry(routine.name)
+                .or_default()
+                .entry((CommStats::id_of(k.object), k.comm_size, k.comm_rank))
+                .or_default()
+                .merge(&totals);
         }
         if let Some(parent) = ROUTINES.get(k.parent as usize) {
             one.called_from.insert(parent.name.to_string(), totals);
@@ -554,6 +589,18 @@ pub fn routines_of(
             one.endpoints.insert(format!("{:#x}", k.object), totals);
         }
         out.entry(routine.name.to_string()).or_default().merge(&one);
+    }
+    for (routine, comms) in communicators {
+        let stats = out.entry(routine.to_string()).or_default();
+        stats.communicators = comms
+            .into_iter()
+            .map(|((id, size, rank), totals)| CommStats {
+                id,
+                size,
+                rank,
+                totals,
+            })
+            .collect();
     }
     for (k, v) in device.iter().filter(|(k, _)| k.tgid == tgid) {
         let Some(routine) = ROUTINES.get(k.routine as usize) else {
@@ -635,6 +682,45 @@ pub fn table_order(routines: &Routines, family: Family) -> Vec<(&String, &Routin
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn communicators_merge_in_order_adding_the_same_ones() {
+        let comm = |id: Option<&str>, size: u32, calls: u64| CommStats {
+            id: id.map(String::from),
+            size,
+            rank: 0,
+            totals: Totals {
+                calls,
+                bytes: calls * 8,
+                time_ns: 0,
+            },
+        };
+        let mut mine = vec![
+            comm(None, 2, 1),
+            comm(Some("a"), 2, 2),
+            comm(Some("c"), 4, 3),
+        ];
+        // Not in order, as a profile read back may be.
+        let other = [
+            comm(Some("c"), 4, 10),
+            comm(None, 2, 20),
+            comm(Some("b"), 8, 30),
+        ];
+        merge_communicators(&mut mine, &other);
+        let got: Vec<(Option<&str>, u32, u64, u64)> = mine
+            .iter()
+            .map(|c| (c.id.as_deref(), c.size, c.totals.calls, c.totals.bytes))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (None, 2, 21, 168),
+                (Some("a"), 2, 2, 16),
+                (Some("b"), 8, 30, 240),
+                (Some("c"), 4, 13, 104),
+            ]
+        );
+    }
 
     /// An MPICH built with two netmods is narrowed to the one its MPI calls' operations went
     /// through; other transports, and a device whose calls made none, stay as said.

@@ -433,6 +433,14 @@ pub struct ProbeArgs {
     /// pausing, such a library is probed as soon as it is seen, after its first calls.
     #[arg(long)]
     pub no_pause_at_load: bool,
+    /// The share of the kernel's node-wide maps one user's processes may hold, percent:
+    /// their communicators, derived datatypes, collectives' numbering, counters and
+    /// per-peer traffic. Past it, a process's new entries are refused and counted
+    /// (`handles_refused`, `counter_map_full`, `peers_full`), so that one user cannot leave
+    /// the others unmeasured. 100 for a node that only ever runs one user's jobs.
+    #[arg(long, value_name = "PCT", default_value_t = collector_common::shares::DEFAULT_USER_SHARE_PCT,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub user_share: u32,
     /// Probe MPI and NCCL only, not the transports' data path beneath them (libfabric's
     /// and UCX's operations, by default counted too, each inside the MPI call that made
     /// it): a trap less per operation an MPI call makes through them (MPICH over UCX: one
@@ -462,6 +470,7 @@ impl ProbeArgs {
             ),
             pause_at_load: !self.no_pause_at_load,
             transports: !self.no_transports,
+            user_share_pct: self.user_share,
             ..collector::attach::LoadOptions::with_ring_buffer_kib(self.ring_buffer_kib)
         }
     }

@@ -59,13 +59,18 @@ impl pb::node_server::Node for NodeService {
         // The counters, read once and grouped by process, for each one's probes' cost;
         // not at all for a caller who may see no process (a user asking again and again
         // does not have the daemon read every counter of the node each time).
-        let mut counters: std::collections::BTreeMap<u32, Vec<crate::stats::Counter>> =
-            std::collections::BTreeMap::new();
+        // In process order, each process's a slice of them (not a copy: a user may hold
+        // tens of thousands).
+        let mut counters = Vec::new();
         if session.tracked.values().any(|t| caller.may_see(t.uid())) {
-            for c in session.probes.read_counters() {
-                counters.entry(c.0.tgid).or_default().push(c);
-            }
+            counters = session.probes.read_counters();
+            counters.sort_unstable_by_key(|c| c.0.tgid);
         }
+        let counters_of = |pid: u32| {
+            let from = counters.partition_point(|c| c.0.tgid < pid);
+            let to = counters.partition_point(|c| c.0.tgid <= pid);
+            &counters[from..to]
+        };
         let now = monotonic_ns();
         let call_cost = session.call_cost();
         let mut processes: Vec<pb::ProcessState> = session
@@ -73,10 +78,7 @@ impl pb::node_server::Node for NodeService {
             .iter()
             .filter(|(_, t)| caller.may_see(t.uid()))
             .map(|(pid, t)| {
-                let routines = counters
-                    .get(pid)
-                    .map(|c| crate::stats::routines_of(*pid, c, &[]))
-                    .unwrap_or_default();
+                let routines = crate::stats::routines_of(*pid, counters_of(*pid), &[]);
                 let ps = session.probes.read_proc_stats(*pid);
                 let since = crate::profile::build::counted_from(t, &ps);
                 pb::ProcessState {

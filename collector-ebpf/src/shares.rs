@@ -1,30 +1,30 @@
-//! Each user's share of the handle maps (`collector_common::handles`): every new entry of
-//! `COMMS`, `DTYPES` and `COLL_SEQ` is charged to its process's user, and refused past the
-//! user's share; a handle freed gives its entry back, and a process's exit all it held.
-//! The processes holding entries are counted per user too (`USER_HOLDERS`): the record of
-//! what each holds is a node-wide map as well.
+//! Each user's share of the maps its processes grow (`collector_common::shares`): every new
+//! entry of `COMMS`, `DTYPES`, `COLL_SEQ`, `COUNTER_SLOTS` and `PEERS` is charged to its
+//! process's user, and refused past the user's share; a handle freed gives its entry back,
+//! and a process's exit all it held. The processes holding entries are counted per user
+//! too, within a share of `PROC_HELD`: the record of what each holds is the node's as well.
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST, helpers::bpf_get_current_uid_gid, macros::map, maps::HashMap,
 };
 use collector_common::{
-    handles::{HandleMap, Held, HANDLE_MAPS, MAX_HOLDERS, MAX_USERS, USER_HOLDERS, USER_SHARE},
+    shares::{share_of, Held, SharedMap, CAPACITY, MAX_HOLDERS, MAX_USERS, SHARED_MAPS},
     CommInfo, HandleKey,
 };
 
 use crate::{
     counters::{add_atomic, fetch_add},
     instances::COLL_SEQ,
-    maps::{with_proc_stats, COMMS, DTYPES},
+    maps::{with_proc_stats, COMMS, CONFIG, DTYPES},
 };
 
 /// Entries held per user.
 #[map]
-pub static USER_HANDLES: HashMap<u32, Held> = HashMap::with_max_entries(MAX_USERS, 0);
+pub static USER_HELD: HashMap<u32, Held> = HashMap::with_max_entries(MAX_USERS, 0);
 
 /// Entries held per process, and the user they are charged to.
 #[map]
-pub static PROC_HANDLES: HashMap<u32, Held> = HashMap::with_max_entries(MAX_HOLDERS, 0);
+pub static PROC_HELD: HashMap<u32, Held> = HashMap::with_max_entries(MAX_HOLDERS, 0);
 
 /// Puts `info` at `key` in `COMMS`, charging a new entry to the process's user; whether it
 /// is there (a refusal is counted in the process's `handles_refused`).
@@ -36,13 +36,13 @@ pub fn remember_comm(key: &HandleKey, info: &CommInfo) -> bool {
 
 /// Puts `v` at `key` in `DTYPES` or `COLL_SEQ` (`which`), as [`remember_comm`] does.
 #[inline(always)]
-pub fn remember_word(which: HandleMap, key: &HandleKey, v: u64) -> bool {
+pub fn remember_word(which: SharedMap, key: &HandleKey, v: u64) -> bool {
     keep_word(which as u32, key.tgid, key.handle, v) != 0
 }
 
 /// Removes `key` from handle map `which`, giving its entry back.
 #[inline(always)]
-pub fn forget(which: HandleMap, key: &HandleKey) {
+pub fn forget(which: SharedMap, key: &HandleKey) {
     let _ = drop_handle(which as u32, key.tgid, key.handle);
 }
 
@@ -60,7 +60,7 @@ pub extern "C" fn keep_comm(tgid: u32, handle: u64, size_rank: u64, id: u64, spl
     };
     u32::from(remember(
         &COMMS,
-        HandleMap::Comms,
+        SharedMap::Comms,
         &handle_key(tgid, handle),
         &info,
     ))
@@ -71,10 +71,10 @@ pub extern "C" fn keep_comm(tgid: u32, handle: u64, size_rank: u64, id: u64, spl
 #[inline(never)]
 pub extern "C" fn keep_word(which: u32, tgid: u32, handle: u64, v: u64) -> u32 {
     let key = handle_key(tgid, handle);
-    let kept = if which == HandleMap::Dtypes as u32 {
-        remember(&DTYPES, HandleMap::Dtypes, &key, &v)
+    let kept = if which == SharedMap::Dtypes as u32 {
+        remember(&DTYPES, SharedMap::Dtypes, &key, &v)
     } else {
-        remember(&COLL_SEQ, HandleMap::CollSeq, &key, &v)
+        remember(&COLL_SEQ, SharedMap::CollSeq, &key, &v)
     };
     u32::from(kept)
 }
@@ -85,8 +85,8 @@ pub extern "C" fn keep_word(which: u32, tgid: u32, handle: u64, v: u64) -> u32 {
 pub extern "C" fn drop_handle(which: u32, tgid: u32, handle: u64) -> u32 {
     let key = handle_key(tgid, handle);
     let removed = match which {
-        w if w == HandleMap::Comms as u32 => COMMS.remove(key).is_ok(),
-        w if w == HandleMap::Dtypes as u32 => DTYPES.remove(key).is_ok(),
+        w if w == SharedMap::Comms as u32 => COMMS.remove(key).is_ok(),
+        w if w == SharedMap::Dtypes as u32 => DTYPES.remove(key).is_ok(),
         _ => COLL_SEQ.remove(key).is_ok(),
     };
     if removed {
@@ -109,7 +109,7 @@ fn handle_key(tgid: u32, handle: u64) -> HandleKey {
 #[inline(always)]
 fn remember<V: Copy>(
     map: &HashMap<HandleKey, V>,
-    which: HandleMap,
+    which: SharedMap,
     key: &HandleKey,
     v: &V,
 ) -> bool {
@@ -119,6 +119,7 @@ fn remember<V: Copy>(
         return true;
     }
     if charge(key.tgid, which as u32) == 0 {
+        with_proc_stats(key.tgid, |s| s.handles_refused += 1);
         return false;
     }
     if map.insert(key, v, u64::from(BPF_NOEXIST)).is_ok() {
@@ -135,26 +136,26 @@ fn remember<V: Copy>(
     false
 }
 
-/// Charges an entry of handle map `which` to process `tgid` and its user: 1, or 0 where
-/// the user holds its share already (or no room is left to count it: refused, counted). A
-/// global function: the verifier checks it once, not in every caller's states.
+/// Charges an entry of shared map `which` to process `tgid` and its user: 1, or 0 where
+/// the user holds its share already (or no room is left to count it). The caller counts
+/// a refusal where its kind is counted. A global function: the verifier checks it once,
+/// not in every caller's states.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn charge(tgid: u32, which: u32) -> u32 {
     let w = which as usize;
-    if w >= HANDLE_MAPS {
+    if w >= SHARED_MAPS {
         return 0;
     }
-    let Some((process, user)) = holder(tgid) else {
-        with_proc_stats(tgid, |s| s.handles_refused += 1);
+    let pct = user_share_pct();
+    let Some((process, user)) = holder(tgid, pct) else {
         return 0;
     };
     // SAFETY: fields of map values, which every CPU changes atomically.
     unsafe {
         let held = core::ptr::addr_of_mut!((*user).entries[w]);
-        if fetch_add(held, 1) >= USER_SHARE {
+        if fetch_add(held, 1) >= share_of(CAPACITY[w], pct) {
             add_atomic(held, u64::MAX);
-            with_proc_stats(tgid, |s| s.handles_refused += 1);
             return 0;
         }
         add_atomic(core::ptr::addr_of_mut!((*process).entries[w]), 1);
@@ -162,17 +163,23 @@ pub extern "C" fn charge(tgid: u32, which: u32) -> u32 {
     1
 }
 
-/// Gives an entry of handle map `which` back from process `tgid` and its user. Never below
+/// The daemon's `--user-share`, percent.
+#[inline(always)]
+fn user_share_pct() -> u32 {
+    CONFIG.get(0).map_or(0, |c| c.user_share_pct)
+}
+
+/// Gives an entry of shared map `which` back from process `tgid` and its user. Never below
 /// zero: an entry made by an earlier process of the same pid, removed by this one, was
 /// given back at that one's exit.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn uncharge(tgid: u32, which: u32) -> u32 {
     let w = which as usize;
-    if w >= HANDLE_MAPS {
+    if w >= SHARED_MAPS {
         return 0;
     }
-    let Some(process) = PROC_HANDLES.get_ptr_mut(tgid) else {
+    let Some(process) = PROC_HELD.get_ptr_mut(tgid) else {
         return 0;
     };
     // SAFETY: fields of map values, which every CPU changes atomically.
@@ -180,7 +187,7 @@ pub extern "C" fn uncharge(tgid: u32, which: u32) -> u32 {
         if !take_one(core::ptr::addr_of_mut!((*process).entries[w])) {
             return 0;
         }
-        if let Some(user) = USER_HANDLES.get_ptr_mut((*process).uid) {
+        if let Some(user) = USER_HELD.get_ptr_mut((*process).uid) {
             take_one(core::ptr::addr_of_mut!((*user).entries[w]));
         }
     }
@@ -193,13 +200,13 @@ pub extern "C" fn uncharge(tgid: u32, which: u32) -> u32 {
 #[inline(always)]
 pub fn released(tgid: u32) {
     // SAFETY: plain value, copied.
-    let Some(held) = (unsafe { PROC_HANDLES.get(tgid) }).copied() else {
+    let Some(held) = (unsafe { PROC_HELD.get(tgid) }).copied() else {
         return;
     };
-    if let Some(user) = USER_HANDLES.get_ptr_mut(held.uid) {
+    if let Some(user) = USER_HELD.get_ptr_mut(held.uid) {
         // SAFETY: a field of a map value, changed atomically.
         unsafe { take_one(core::ptr::addr_of_mut!((*user).processes)) };
-        for w in 0..HANDLE_MAPS {
+        for w in 0..SHARED_MAPS {
             // SAFETY: a field of a map value, changed atomically.
             unsafe {
                 add_atomic(
@@ -209,14 +216,14 @@ pub fn released(tgid: u32) {
             }
         }
     }
-    let _ = PROC_HANDLES.remove(tgid);
+    let _ = PROC_HELD.remove(tgid);
 }
 
 /// Whether process `tgid` holds anything (its exit has something to give back).
 #[inline(always)]
 pub fn holds(tgid: u32) -> bool {
     // SAFETY: plain value.
-    unsafe { PROC_HANDLES.get(tgid) }.is_some()
+    unsafe { PROC_HELD.get(tgid) }.is_some()
 }
 
 /// Takes one from `*p` where it is not 0; whether it did.
@@ -237,10 +244,10 @@ unsafe fn take_one(p: *mut u64) -> bool {
 }
 
 /// Process `tgid`'s holdings and its user's; the process's made (charged to the user it
-/// runs as now, within the user's count of processes) where it has none.
+/// runs as now, within the user's share of processes, `pct`) where it has none.
 #[inline(always)]
-fn holder(tgid: u32) -> Option<(*mut Held, *mut Held)> {
-    if let Some(p) = PROC_HANDLES.get_ptr_mut(tgid) {
+fn holder(tgid: u32, pct: u32) -> Option<(*mut Held, *mut Held)> {
+    if let Some(p) = PROC_HELD.get_ptr_mut(tgid) {
         // SAFETY: a map value.
         let uid = unsafe { (*p).uid };
         return Some((p, user_of(uid)?));
@@ -250,7 +257,7 @@ fn holder(tgid: u32) -> Option<(*mut Held, *mut Held)> {
     // SAFETY: a field of a map value, changed atomically.
     let processes = unsafe { core::ptr::addr_of_mut!((*user).processes) };
     // SAFETY: as above.
-    if unsafe { fetch_add(processes, 1) } >= USER_HOLDERS {
+    if unsafe { fetch_add(processes, 1) } >= share_of(u64::from(MAX_HOLDERS), pct) {
         // SAFETY: as above.
         unsafe { add_atomic(processes, u64::MAX) };
         return None;
@@ -260,22 +267,22 @@ fn holder(tgid: u32) -> Option<(*mut Held, *mut Held)> {
         ..Held::default()
     };
     // NOEXIST: another thread's first entry may be here first (and counted the process).
-    if PROC_HANDLES
+    if PROC_HELD
         .insert(tgid, held, u64::from(BPF_NOEXIST))
         .is_err()
     {
         // SAFETY: as above.
         unsafe { add_atomic(processes, u64::MAX) };
     }
-    Some((PROC_HANDLES.get_ptr_mut(tgid)?, user))
+    Some((PROC_HELD.get_ptr_mut(tgid)?, user))
 }
 
 /// User `uid`'s holdings, made where it has none.
 #[inline(always)]
 fn user_of(uid: u32) -> Option<*mut Held> {
-    if let Some(p) = USER_HANDLES.get_ptr_mut(uid) {
+    if let Some(p) = USER_HELD.get_ptr_mut(uid) {
         return Some(p);
     }
-    let _ = USER_HANDLES.insert(uid, Held::default(), u64::from(BPF_NOEXIST));
-    USER_HANDLES.get_ptr_mut(uid)
+    let _ = USER_HELD.insert(uid, Held::default(), u64::from(BPF_NOEXIST));
+    USER_HELD.get_ptr_mut(uid)
 }

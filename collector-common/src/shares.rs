@@ -1,0 +1,99 @@
+//! Each user's share of the kernel's maps that its processes grow. The maps of what a
+//! process's handles stand for (its communicators, its datatypes' sizes, its collectives'
+//! instance numbers), its counters' slots and its per-peer traffic are the node's, one
+//! for every process counted: one user's processes could fill them and leave every other
+//! user's calls undecoded or uncounted. So a user holds at most a share of each (a
+//! percentage of the map, `Config::user_share_pct`, by default
+//! [`DEFAULT_USER_SHARE_PCT`]); an entry past it is refused and counted (in
+//! `handles_refused`, `counter_map_full` or `peers_full`), as one is when the map is full.
+//!
+//! A process's entries are charged to the user it ran as when it made its first, given back
+//! one by one as it frees its handles, and all at once when it exits.
+
+/// Entries in each handle map (communicators, datatypes, instance numbers), for the node.
+pub const HANDLE_MAP_ENTRIES: u32 = 1 << 16;
+
+/// The share of each map one user may hold, percent, unless the daemon is told otherwise
+/// (`--user-share`): half, so that one user's processes leave every other user at least
+/// the other half, and one job alone on its node (the usual case) rarely meets it.
+pub const DEFAULT_USER_SHARE_PCT: u32 = 50;
+
+/// The users whose holdings the kernel keeps at once (a user past it is refused).
+pub const MAX_USERS: u32 = 4096;
+
+/// The processes whose holdings the kernel keeps at once (a process past it is refused;
+/// one user's processes are a share of it too).
+pub const MAX_HOLDERS: u32 = 16384;
+
+/// The maps a share bounds: the index of each in [`Held::entries`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharedMap {
+    /// Communicators: size, rank and identity (`COMMS`).
+    Comms = 0,
+    /// Derived datatypes' sizes (`DTYPES`).
+    Dtypes = 1,
+    /// Collectives' instance numbers (`COLL_SEQ`).
+    CollSeq = 2,
+    /// Counters' slots (`COUNTER_SLOTS`).
+    Counters = 3,
+    /// Per-peer traffic (`PEERS`).
+    Peers = 4,
+}
+
+/// How many maps a share bounds.
+pub const SHARED_MAPS: usize = 5;
+
+/// The entries of each shared map, by [`SharedMap`].
+pub const CAPACITY: [u64; SHARED_MAPS] = [
+    HANDLE_MAP_ENTRIES as u64,
+    HANDLE_MAP_ENTRIES as u64,
+    HANDLE_MAP_ENTRIES as u64,
+    crate::MAX_COUNTERS as u64,
+    crate::MAX_PEER_COUNTERS as u64,
+];
+
+/// The entries one user may hold of a map of `capacity` entries, with shares of `pct`
+/// percent (0, a `Config` never set: the whole map).
+#[inline(always)]
+pub const fn share_of(capacity: u64, pct: u32) -> u64 {
+    if pct == 0 || pct >= 100 {
+        capacity
+    } else {
+        capacity * pct as u64 / 100
+    }
+}
+
+/// Entries held per shared map, by a user (`USER_HELD`) or a process (`PROC_HELD`, with
+/// the user charged for them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// The user charged (a process's: the user it ran as at its first entry; 0 in a
+    /// user's own).
+    pub uid: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+    /// A user's: its processes holding entries (0 in a process's own).
+    pub processes: u64,
+    /// Entries held, by [`SharedMap`].
+    pub entries: [u64; SHARED_MAPS],
+}
+const _: () = assert!(size_of::<Held>() == 56);
+const _: () = assert!(core::mem::offset_of!(Held, processes) == 8);
+const _: () = assert!(core::mem::offset_of!(Held, entries) == 16);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_share_is_a_percentage_of_the_map_and_never_more_than_it() {
+        assert_eq!(share_of(65536, 50), 32768);
+        assert_eq!(share_of(131072, 25), 32768);
+        assert_eq!(share_of(65536, 0), 65536);
+        assert_eq!(share_of(65536, 100), 65536);
+        assert_eq!(share_of(65536, 250), 65536);
+        assert_eq!(share_of(3, 1), 0);
+    }
+}
