@@ -15,11 +15,9 @@
  */
 #include "nccl_abi.h"
 #include "ready_go.h"
-#include <fcntl.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 int main(int argc, char **argv)
 {
@@ -41,10 +39,8 @@ int main(int argc, char **argv)
         for (long k = 0; k < b; k++)
             if (ncclAllReduce(NULL, NULL, (size_t)8 << k, ncclInt8, ncclSum, comms[i], NULL) != 0)
                 return 1;
-    int fd = open(argv[4], O_CREAT | O_WRONLY, 0644);
-    if (fd < 0)
+    if (create_file(argv[4]) != 0)
         return 1;
-    close(fd);
     wait_for_file(argv[5]);
     MPI_Finalize();
     return 0;

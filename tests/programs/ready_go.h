@@ -6,8 +6,10 @@
 #define COMMTAP_READY_GO_H
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Waits until `path` exists, looking every 10 ms. */
 static void wait_for_file(const char *path)
@@ -18,6 +20,16 @@ static void wait_for_file(const char *path)
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
             ;
     }
+}
+
+/* Creates `path`, empty (a READY_FILE): 0, or -1 where it cannot. */
+static inline int create_file(const char *path)
+{
+    int fd = open(path, O_CREAT | O_WRONLY, 0644);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    return 0;
 }
 
 #endif

@@ -480,15 +480,8 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
     let share = share_of(u64::from(HANDLE_MAP_ENTRIES), DEFAULT_USER_SHARE_PCT);
     let scratch = Scratch::new("attack-handles");
     let daemon = Daemon::start(&scratch, &[], &[], &[]);
-    let flood = build_program("mpi_type_flood.c", Mpi::Mpich);
     let dir = nobody_dir(&scratch, "nobody");
-    let start_flood = |tag: &str, n: u64, then: &str| {
-        let mut cmd = Command::new(&Mpi::Mpich.launcher(1)[0]);
-        cmd.args(&Mpi::Mpich.launcher(1)[1..])
-            .arg(&flood)
-            .arg(n.to_string());
-        start_as_nobody(&daemon, &dir, tag, cmd, &[then])
-    };
+    let start_flood = |tag: &str, n: u64, what: &str| start_mpi_flood(&daemon, &dir, tag, what, n);
     let refused = |pid: u64| {
         let now = report_json(&["report", "--from", &daemon.target]);
         rank_by_pid(&now, pid)["handles_refused"]
@@ -496,7 +489,7 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
             .expect("handles_refused")
     };
 
-    let (mut hog, hog_pid, go) = start_flood("hog", FLOOD, "keep");
+    let (mut hog, hog_pid, go) = start_flood("hog", FLOOD, "types-keep");
     assert_eq!(refused(hog_pid), FLOOD - share, "nobody's refusals");
     roots_job_is_exact(&scratch, &daemon, "handles_refused");
 
@@ -507,7 +500,7 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
         hog.wait_with_limit(LIMIT).success(),
         "nobody's flood failed"
     );
-    let (mut again, again_pid, go) = start_flood("again", share, "free");
+    let (mut again, again_pid, go) = start_flood("again", share, "types-free");
     assert_eq!(
         refused(again_pid),
         0,
@@ -561,7 +554,7 @@ fn a_user_cannot_fill_the_kernels_counter_map() {
     cmd.args(&Mpi::Mpich.launcher(1)[1..])
         .arg(&flood)
         .args([COMMS.to_string(), SIZES.to_string()]);
-    let (mut hog, hog_pid, go) = start_as_nobody(&daemon, &dir, "hog", cmd, &[]);
+    let (mut hog, hog_pid, go) = start_as_nobody(&daemon, &dir, "hog", cmd);
 
     let profile = report_json(&["report", "--from", &daemon.target]);
     let rank = rank_by_pid(&profile, hog_pid);
@@ -603,16 +596,62 @@ fn a_user_cannot_fill_the_kernels_counter_map() {
     daemon.stop(&scratch);
 }
 
+/// Attack: nobody's process sends to 70,000 peers (ranks its world does not have: each
+/// send fails, and each is counted), to fill the kernel's per-peer map (65,536 entries for
+/// the node): root's job's traffic matrix would then miss peers. Nobody's process is
+/// refused past its share (counted, exactly, in its `peers_full`), and root's job beside
+/// it is profiled exactly, its peers included.
+#[test]
+fn a_user_cannot_fill_the_kernels_peer_map() {
+    use collector_common::{
+        shares::{share_of, DEFAULT_USER_SHARE_PCT},
+        MAX_PEER_COUNTERS,
+    };
+    const FLOOD: u64 = 70_000;
+    let share = share_of(u64::from(MAX_PEER_COUNTERS), DEFAULT_USER_SHARE_PCT);
+    let scratch = Scratch::new("attack-peers");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let dir = nobody_dir(&scratch, "nobody");
+    let (mut hog, hog_pid, go) = start_mpi_flood(&daemon, &dir, "hog", "peers", FLOOD);
+    let profile = report_json(&["report", "--from", &daemon.target]);
+    let rank = rank_by_pid(&profile, hog_pid);
+    assert_eq!(rank["routines"]["MPI_Send"]["calls"], FLOOD, "{rank:#}");
+    assert_eq!(rank["peers_full"], FLOOD - share, "nobody's refusals");
+    roots_job_is_exact(&scratch, &daemon, "peers_full");
+    std::fs::write(&go, "").expect("go file");
+    assert!(
+        hog.wait_with_limit(LIMIT).success(),
+        "nobody's flood failed"
+    );
+    assert_healthy(&scratch, &daemon);
+    daemon.stop(&scratch);
+}
+
+/// Starts nobody's one-rank MPICH `mpi_flood WHAT N` (see [`start_as_nobody`]).
+fn start_mpi_flood(
+    daemon: &Daemon,
+    dir: &Path,
+    tag: &str,
+    what: &str,
+    n: u64,
+) -> (ChildGuard, u64, PathBuf) {
+    let flood = build_program("mpi_flood.c", Mpi::Mpich);
+    let mut cmd = Command::new(&Mpi::Mpich.launcher(1)[0]);
+    cmd.args(&Mpi::Mpich.launcher(1)[1..])
+        .arg(&flood)
+        .args([what, &n.to_string()]);
+    start_as_nobody(daemon, dir, tag, cmd)
+}
+
 /// Starts `cmd` (its first arguments given) as nobody in `dir`, with the files
-/// `TAG.start`, `TAG.ready` and `TAG.go` and then `last` as its last arguments; lets it
-/// begin once the daemon has probed it, and returns it, its pid and its go file once it
-/// says it is ready (its flood made).
+/// `TAG.start`, `TAG.ready` and `TAG.go` as its last arguments; lets it begin once the
+/// daemon has probed it, and returns it, its pid and its go file once it says it is ready
+/// (its flood made).
 fn start_as_nobody(
     daemon: &Daemon,
     dir: &Path,
     tag: &str,
     cmd: Command,
-    last: &[&str],
 ) -> (ChildGuard, u64, PathBuf) {
     let file = |what: &str| dir.join(format!("{tag}.{what}"));
     let program = PathBuf::from(cmd.get_program());
@@ -622,7 +661,6 @@ fn start_as_nobody(
         .arg(cmd.get_program())
         .args(cmd.get_args())
         .args([file("start"), file("ready"), file("go")])
-        .args(last)
         .current_dir(dir)
         .env("HOME", dir);
     let job = ChildGuard::spawn(&mut nobody);
