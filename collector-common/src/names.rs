@@ -72,8 +72,11 @@ pub mod maps {
 
     /// The maps that carry a node's counts across a daemon restart (the others are refilled
     /// at start, or hold per-run state such as library slots); `PAUSED` too, so that a
-    /// daemon restarted after a crash continues the processes its predecessor paused.
-    pub const KEPT: [&str; 15] = [
+    /// daemon restarted after a crash continues the processes its predecessor paused. Not
+    /// `USER_HELD` and `PROC_HELD`: a process that exits while no daemon runs could never
+    /// give its share back, and its user's share would shrink for good; started empty, a
+    /// user's entries from before the restart go uncharged instead (until its processes end).
+    pub const KEPT: [&str; 13] = [
         WATCHED,
         COUNTER_SLOTS,
         COUNTER_VALUES,
@@ -87,8 +90,6 @@ pub mod maps {
         DTYPES,
         PERSISTENT,
         PAUSED,
-        USER_HELD,
-        PROC_HELD,
     ];
 }
 

@@ -48,22 +48,42 @@ pub async fn run<S: SnapshotSource>(
     interval: Duration,
     shutdown: CancellationToken,
 ) {
-    let mut backoff = Duration::from_millis(200);
+    let mut backoff = FIRST_RETRY;
     loop {
         if shutdown.is_cancelled() {
             return;
         }
+        let started = std::time::Instant::now();
         match push_session(&state, &target, interval, &shutdown).await {
             Ok(()) => return,
             Err(e) => {
-                warn!("pushing to the aggregator: {e:#}; retrying in {backoff:?}");
+                let wait = retry_after(backoff, started.elapsed());
+                warn!("pushing to the aggregator: {e:#}; retrying in {wait:?}");
                 tokio::select! {
                     () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(wait) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(30));
+                backoff = (wait * 2).min(LAST_RETRY);
             }
         }
+    }
+}
+
+/// The first wait before pushing again after a failure.
+const FIRST_RETRY: Duration = Duration::from_millis(200);
+
+/// The longest wait before pushing again.
+const LAST_RETRY: Duration = Duration::from_secs(30);
+
+/// How long to wait before pushing again after a session that lasted `lasted`, the wait
+/// due being `due` (doubled at each failure, up to [`LAST_RETRY`]): [`FIRST_RETRY`] after a
+/// session that pushed for longer than the longest wait (an aggregator restarted after
+/// weeks of pushing is tried again at once, not 30 s later).
+fn retry_after(due: Duration, lasted: Duration) -> Duration {
+    if lasted > LAST_RETRY {
+        FIRST_RETRY
+    } else {
+        due
     }
 }
 
@@ -197,6 +217,30 @@ async fn estimate_clock<S: SnapshotSource>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retries_back_off_while_sessions_fail_and_start_over_after_one_that_lasted() {
+        // As `run` does: each failed session's wait, then twice it for the next.
+        let waits = |lasted: &[u64]| {
+            let mut due = FIRST_RETRY;
+            let mut waits = Vec::new();
+            for &secs in lasted {
+                let wait = retry_after(due, Duration::from_secs(secs));
+                waits.push(wait.as_millis());
+                due = (wait * 2).min(LAST_RETRY);
+            }
+            waits
+        };
+        assert_eq!(
+            waits(&[0; 10]),
+            [200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000, 30000]
+        );
+        // A session that pushed for a day, then failures again.
+        assert_eq!(
+            waits(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 86_400, 0, 0]),
+            [200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000, 200, 400, 800]
+        );
+    }
 
     #[test]
     fn pushes_are_split_by_size() {

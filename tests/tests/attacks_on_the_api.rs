@@ -518,23 +518,28 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
 /// Attack: nobody's process makes 144,000 counters (16,000 communicators of its own NCCL
 /// library, each a size of its own, times 9 message sizes of `ncclAllReduce`), more than
 /// the kernel's 131,072 counter slots for the node: root's job's calls would then go
-/// uncounted. Nobody gets at most its share of the slots, every call it made is counted or
-/// counted as lost (`counter_map_full`), and root's job beside it is profiled exactly.
+/// uncounted (it did not show at all). Nobody gets at most its share of the slots, every
+/// call it made is counted or counted as lost (`counter_map_full`), and root's job beside
+/// it is profiled exactly. The daemon is given `--user-share 25`: nobody's share is what
+/// it reads at every `ps`, and a quarter keeps that quick on a slow machine too.
 #[test]
 fn a_user_cannot_fill_the_kernels_counter_map() {
-    use collector_common::{
-        shares::{share_of, DEFAULT_USER_SHARE_PCT},
-        MAX_COUNTERS,
-    };
+    use collector_common::{shares::share_of, MAX_COUNTERS};
     const COMMS: u64 = 16_000;
     const SIZES: u64 = 9;
-    let share = share_of(u64::from(MAX_COUNTERS), DEFAULT_USER_SHARE_PCT);
+    const SHARE_PCT: u32 = 25;
+    let share = share_of(u64::from(MAX_COUNTERS), SHARE_PCT);
     assert!(
         COMMS * SIZES > u64::from(MAX_COUNTERS),
         "the flood must fill the map"
     );
     let scratch = Scratch::new("attack-counters");
-    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let daemon = Daemon::start(
+        &scratch,
+        &[],
+        &[],
+        &["--user-share", &SHARE_PCT.to_string()],
+    );
     let standin = build_shared_c("nccl_standin.c");
     let lib_dir = standin.parent().expect("bin dir").display().to_string();
     let flood = compile_c(
@@ -582,8 +587,8 @@ fn a_user_cannot_fill_the_kernels_counter_map() {
         "nobody's flood failed"
     );
     // Nobody's share of the counters is nobody's to have: the daemon reads them, and holds
-    // and serves the profile made of them (45 MiB more here), by the share's measure (two
-    // copies of it at most), not by the flood's.
+    // and serves the profile made of them (with half of the map, 45 MiB more here), by the
+    // share's measure (two copies of it at most), not by the flood's.
     let counter = size_of::<collector_common::CounterKey>()
         + size_of::<collector_common::CounterVal>()
         + size_of::<collector_common::DurationHist>();
