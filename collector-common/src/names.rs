@@ -31,6 +31,8 @@ pub mod maps {
     pub const COMMS: &str = "COMMS";
     /// Entries of the shared maps each user holds (`shares`).
     pub const USER_HELD: &str = "USER_HELD";
+    /// Per user, what userspace gave back of the shared maps' entries (processes forgotten).
+    pub const USER_RELEASED: &str = "USER_RELEASED";
     /// Entries of the shared maps each process holds, and its user.
     pub const PROC_HELD: &str = "PROC_HELD";
     /// Per process and communicator: the number its next collective takes.
@@ -73,9 +75,9 @@ pub mod maps {
     /// The maps that carry a node's counts across a daemon restart (the others are refilled
     /// at start, or hold per-run state such as library slots); `PAUSED` too, so that a
     /// daemon restarted after a crash continues the processes its predecessor paused. Not
-    /// `USER_HELD` and `PROC_HELD`: a process that exits while no daemon runs could never
-    /// give its share back, and its user's share would shrink for good; started empty, a
-    /// user's entries from before the restart go uncharged instead (until its processes end).
+    /// the shares (`USER_HELD` & co): started empty, a user's entries from before the
+    /// restart go uncharged (until its processes are forgotten), where a share kept could
+    /// count processes no daemon will forget.
     pub const KEPT: [&str; 13] = [
         WATCHED,
         COUNTER_SLOTS,

@@ -201,10 +201,6 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
         // Its pid may come back as another process's.
         forget_scope(tgid);
     }
-    // Whatever the watch: a process unwatched still holds what it was charged for.
-    if crate::shares::holds(tgid) && group_dead(&ctx, tid == tgid) {
-        crate::shares::released(tgid);
-    }
     // SAFETY: plain u32.
     if unsafe { WATCHED.get(tid) }.is_none() && unsafe { WATCHED.get(tgid) }.is_none() {
         return 0;
@@ -213,26 +209,20 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
         let _ = WATCHED.remove(tid);
         return 0;
     }
-    if group_dead(&ctx, true) {
-        // Stop counting at once: the pid may be reused by an unrelated process.
-        let _ = WATCHED.remove(tgid);
-        emit(EventKind::Exit, tgid, 0);
-    }
-    0
-}
-
-/// Whether the exiting thread is its process's last (`group_dead`); on kernels whose
-/// tracepoint does not say, `otherwise`.
-#[inline(always)]
-fn group_dead(ctx: &TracePointContext, otherwise: bool) -> bool {
-    match TP_OFFSETS.get(0) {
+    let group_dead = match TP_OFFSETS.get(0) {
         Some(off) if off.exit_group_dead != u32::MAX => {
             // SAFETY: offset from this kernel's format file.
             let dead = unsafe { ctx.read_at::<u8>(off.exit_group_dead as usize) };
             dead != Ok(0)
         }
-        _ => otherwise,
+        _ => true,
+    };
+    if group_dead {
+        // Stop counting at once: the pid may be reused by an unrelated process.
+        let _ = WATCHED.remove(tgid);
+        emit(EventKind::Exit, tgid, 0);
     }
+    0
 }
 
 /// Drops the out-of-scope mark of `tgid`, where there can be one (a daemon limited to a

@@ -1,11 +1,16 @@
 //! Each user's share of the maps its processes grow (`collector_common::shares`): every new
 //! entry of `COMMS`, `DTYPES`, `COLL_SEQ`, `COUNTER_SLOTS` and `PEERS` is charged to its
 //! process's user, and refused past the user's share; a handle freed gives its entry back,
-//! and a process's exit all it held. The processes holding entries are counted per user
-//! too, within a share of `PROC_HELD`: the record of what each holds is the node's as well.
+//! and userspace gives back all a process held when it forgets it (having removed its
+//! entries: not at its exit, when its counters are still to be read). The processes
+//! holding entries are counted per user too, within a share of `PROC_HELD`: the record of
+//! what each holds is the node's as well.
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST, helpers::bpf_get_current_uid_gid, macros::map, maps::HashMap,
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    helpers::bpf_get_current_uid_gid,
+    macros::map,
+    maps::HashMap,
 };
 use collector_common::{
     shares::{share_of, Held, SharedMap, CAPACITY, MAX_HOLDERS, MAX_USERS, SHARED_MAPS},
@@ -18,11 +23,21 @@ use crate::{
     maps::{with_proc_stats, COMMS, CONFIG, DTYPES},
 };
 
-/// Entries held per user.
+/// Entries charged per user, less those given back one by one (a handle freed). Not
+/// preallocated: userspace removes a user's record once it holds nothing, and a program
+/// still holding a pointer into it then writes into memory not yet reused.
 #[map]
-pub static USER_HELD: HashMap<u32, Held> = HashMap::with_max_entries(MAX_USERS, 0);
+pub static USER_HELD: HashMap<u32, Held> = HashMap::with_max_entries(MAX_USERS, BPF_F_NO_PREALLOC);
 
-/// Entries held per process, and the user they are charged to.
+/// Per user, what userspace gave back when it forgot processes (their entries removed):
+/// written only by userspace (no atomic add there), read here. A user holds
+/// `USER_HELD` less this.
+#[map]
+pub static USER_RELEASED: HashMap<u32, Held> =
+    HashMap::with_max_entries(MAX_USERS, BPF_F_NO_PREALLOC);
+
+/// Entries held per process, and the user they are charged to (given back by userspace
+/// when it forgets the process, having removed its entries).
 #[map]
 pub static PROC_HELD: HashMap<u32, Held> = HashMap::with_max_entries(MAX_HOLDERS, 0);
 
@@ -148,13 +163,13 @@ pub extern "C" fn charge(tgid: u32, which: u32) -> u32 {
         return 0;
     }
     let pct = user_share_pct();
-    let Some((process, user)) = holder(tgid, pct) else {
+    let Some((process, user, released)) = holder(tgid, pct) else {
         return 0;
     };
     // SAFETY: fields of map values, which every CPU changes atomically.
     unsafe {
         let held = core::ptr::addr_of_mut!((*user).entries[w]);
-        if fetch_add(held, 1) >= share_of(CAPACITY[w], pct) {
+        if fetch_add(held, 1).saturating_sub(released.entries[w]) >= share_of(CAPACITY[w], pct) {
             add_atomic(held, u64::MAX);
             return 0;
         }
@@ -171,7 +186,7 @@ fn user_share_pct() -> u32 {
 
 /// Gives an entry of shared map `which` back from process `tgid` and its user. Never below
 /// zero: an entry made by an earlier process of the same pid, removed by this one, was
-/// given back at that one's exit.
+/// given back when userspace forgot that one.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn uncharge(tgid: u32, which: u32) -> u32 {
@@ -195,37 +210,6 @@ pub extern "C" fn uncharge(tgid: u32, which: u32) -> u32 {
     0
 }
 
-/// Process `tgid` exited: what it held goes back to its user. (At the exit of its last
-/// thread: no call of it runs any more.)
-#[inline(always)]
-pub fn released(tgid: u32) {
-    // SAFETY: plain value, copied.
-    let Some(held) = (unsafe { PROC_HELD.get(tgid) }).copied() else {
-        return;
-    };
-    if let Some(user) = USER_HELD.get_ptr_mut(held.uid) {
-        // SAFETY: a field of a map value, changed atomically.
-        unsafe { take_one(core::ptr::addr_of_mut!((*user).processes)) };
-        for w in 0..SHARED_MAPS {
-            // SAFETY: a field of a map value, changed atomically.
-            unsafe {
-                add_atomic(
-                    core::ptr::addr_of_mut!((*user).entries[w]),
-                    held.entries[w].wrapping_neg(),
-                );
-            }
-        }
-    }
-    let _ = PROC_HELD.remove(tgid);
-}
-
-/// Whether process `tgid` holds anything (its exit has something to give back).
-#[inline(always)]
-pub fn holds(tgid: u32) -> bool {
-    // SAFETY: plain value.
-    unsafe { PROC_HELD.get(tgid) }.is_some()
-}
-
 /// Takes one from `*p` where it is not 0; whether it did.
 ///
 /// # Safety
@@ -243,21 +227,24 @@ unsafe fn take_one(p: *mut u64) -> bool {
     true
 }
 
-/// Process `tgid`'s holdings and its user's; the process's made (charged to the user it
-/// runs as now, within the user's share of processes, `pct`) where it has none.
+/// Process `tgid`'s holdings, its user's and what userspace gave back of its user's; the
+/// process's made (charged to the user it runs as now, within the user's share of
+/// processes, `pct`) where it has none.
 #[inline(always)]
-fn holder(tgid: u32, pct: u32) -> Option<(*mut Held, *mut Held)> {
+fn holder(tgid: u32, pct: u32) -> Option<(*mut Held, *mut Held, Held)> {
     if let Some(p) = PROC_HELD.get_ptr_mut(tgid) {
         // SAFETY: a map value.
         let uid = unsafe { (*p).uid };
-        return Some((p, user_of(uid)?));
+        return Some((p, user_of(uid)?, released(uid)));
     }
     let uid = bpf_get_current_uid_gid() as u32;
     let user = user_of(uid)?;
+    let released = released(uid);
     // SAFETY: a field of a map value, changed atomically.
     let processes = unsafe { core::ptr::addr_of_mut!((*user).processes) };
     // SAFETY: as above.
-    if unsafe { fetch_add(processes, 1) } >= share_of(u64::from(MAX_HOLDERS), pct) {
+    let before = unsafe { fetch_add(processes, 1) };
+    if before.saturating_sub(released.processes) >= share_of(u64::from(MAX_HOLDERS), pct) {
         // SAFETY: as above.
         unsafe { add_atomic(processes, u64::MAX) };
         return None;
@@ -274,7 +261,16 @@ fn holder(tgid: u32, pct: u32) -> Option<(*mut Held, *mut Held)> {
         // SAFETY: as above.
         unsafe { add_atomic(processes, u64::MAX) };
     }
-    Some((PROC_HELD.get_ptr_mut(tgid)?, user))
+    Some((PROC_HELD.get_ptr_mut(tgid)?, user, released))
+}
+
+/// What userspace gave back of user `uid`'s holdings (none: zero).
+#[inline(always)]
+fn released(uid: u32) -> Held {
+    // SAFETY: plain value, copied.
+    unsafe { USER_RELEASED.get(uid) }
+        .copied()
+        .unwrap_or_default()
 }
 
 /// User `uid`'s holdings, made where it has none.

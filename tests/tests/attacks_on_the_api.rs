@@ -493,13 +493,15 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
     assert_eq!(refused(hog_pid), FLOOD - share, "nobody's refusals");
     roots_job_is_exact(&scratch, &daemon, "handles_refused");
 
-    // Nobody's process exits keeping its datatypes: the kernel gives its share back, and a
-    // new process of nobody's makes as many again, none refused.
+    // Nobody's process exits keeping its datatypes: once the daemon has forgotten it (its
+    // entries removed), its share is given back, and a new process of nobody's makes as
+    // many again, none refused.
     std::fs::write(&go, "").expect("go file");
     assert!(
         hog.wait_with_limit(LIMIT).success(),
         "nobody's flood failed"
     );
+    wait_for_exited(&daemon.target, &[hog_pid]);
     let (mut again, again_pid, go) = start_flood("again", share, "types-free");
     assert_eq!(
         refused(again_pid),

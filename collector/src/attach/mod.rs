@@ -25,6 +25,7 @@ use aya::{
 use collector_common::{
     instances, launcher, names, one_in,
     routines::{self, ArgSpec},
+    shares::Held,
     watch, CallState, CommInfo, Config, CounterKey, CounterVal, FabricRanges, FabricText,
     HandleKey, IdentityOffsets, Layout, ProcStats, TpOffsets, MAX_LAYOUTS, ROUTINES,
 };
@@ -175,6 +176,9 @@ pub struct Probes {
     fabric_ranges: BpfHashMap<MapData, u32, FabricRanges>,
     mpi_components: BpfHashMap<MapData, u32, collector_common::ComponentAddrs>,
     proc_stats: PerCpuHashMap<MapData, u32, ProcStats>,
+    /// Each user's share of the maps its processes grow: charged by the kernel, given back
+    /// here when a process is forgotten (`collector_common::shares`).
+    shares: Shares,
     /// Processes paused at a library load, not yet continued (see [`Probes::resume`]).
     paused: BpfHashMap<MapData, u32, u64>,
     /// The dynamic linkers' probes (`linker_loaded`) by (dev, inode): the system's, placed
@@ -411,6 +415,11 @@ impl Probes {
             fabric_ranges: map(&mut ebpf, names::maps::FABRIC_RANGES)?,
             mpi_components: map(&mut ebpf, names::maps::MPI_COMPONENTS)?,
             proc_stats: map(&mut ebpf, names::maps::PROC_STATS)?,
+            shares: Shares {
+                user_held: map(&mut ebpf, names::maps::USER_HELD)?,
+                user_released: map(&mut ebpf, names::maps::USER_RELEASED)?,
+                proc_held: map(&mut ebpf, names::maps::PROC_HELD)?,
+            },
             paused: map(&mut ebpf, names::maps::PAUSED)?,
             linkers,
             pause_at_load: false,
@@ -928,6 +937,8 @@ impl Probes {
         remove_handles_of(&mut self.coll_seq, pid);
         remove_handles_of(&mut self.dtypes, pid);
         remove_handles_of(&mut self.persistent, pid);
+        // Its entries gone, what they were charged goes back to its user.
+        self.shares.release(pid);
         let mut unused = Vec::new();
         for (slot, pids) in &mut self.mapped_by {
             if pids.remove(&pid) && pids.is_empty() {
@@ -951,6 +962,47 @@ impl Probes {
         let _ = self
             .comms
             .insert(key, CommInfo::new(size, rank as i32, 0), 0);
+    }
+}
+
+/// The kernel's record of each user's share of the maps its processes grow.
+struct Shares {
+    /// Entries charged per user, less those freed one by one (the kernel's).
+    user_held: BpfHashMap<MapData, u32, Held>,
+    /// What was given back per user when its processes were forgotten (this side's only).
+    user_released: BpfHashMap<MapData, u32, Held>,
+    /// Entries charged per process, and its user.
+    proc_held: BpfHashMap<MapData, u32, Held>,
+}
+
+impl Shares {
+    /// Gives back to its user all that process `pid` held, its entries removed; forgets a
+    /// user who holds nothing any more (the kernel keeps 4,096 at once).
+    fn release(&mut self, pid: u32) {
+        let Ok(held) = self.proc_held.get(&pid, 0) else {
+            return;
+        };
+        let _ = self.proc_held.remove(&pid);
+        let mut released = self.user_released.get(&held.uid, 0).unwrap_or_default();
+        released.processes = released.processes.saturating_add(1);
+        for (r, h) in released.entries.iter_mut().zip(held.entries) {
+            *r = r.saturating_add(h);
+        }
+        let charged = self.user_held.get(&held.uid, 0).unwrap_or_default();
+        let nothing_held = charged.processes <= released.processes
+            && charged
+                .entries
+                .iter()
+                .zip(released.entries)
+                .all(|(c, r)| *c <= r);
+        if nothing_held {
+            // The kernel's record first: a charge racing with this is lost (the user is
+            // undercharged by it), never counted twice.
+            let _ = self.user_held.remove(&held.uid);
+            let _ = self.user_released.remove(&held.uid);
+        } else {
+            let _ = self.user_released.insert(held.uid, released, 0);
+        }
     }
 }
 

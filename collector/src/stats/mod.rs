@@ -303,15 +303,21 @@ fn merge_communicators(mine: &mut Vec<CommStats>, other: &[CommStats]) {
             (None, Some(_)) => std::cmp::Ordering::Greater,
             (None, None) => break,
         };
-        match order {
-            std::cmp::Ordering::Less => out.extend(a.next()),
-            std::cmp::Ordering::Greater => out.extend(b.next().cloned()),
-            std::cmp::Ordering::Equal => {
-                if let (Some(mut m), Some(c)) = (a.next(), b.next()) {
+        let next = match order {
+            std::cmp::Ordering::Less => a.next(),
+            std::cmp::Ordering::Greater => b.next().cloned(),
+            std::cmp::Ordering::Equal => a.next().map(|mut m| {
+                if let Some(c) = b.next() {
                     m.totals.merge(&c.totals);
-                    out.push(m);
                 }
-            }
+                m
+            }),
+        };
+        let Some(next) = next else { break };
+        // One communicator twice in `other` (a profile read back): added into one.
+        match out.last_mut() {
+            Some(last) if key(last) == key(&next) => last.totals.merge(&next.totals),
+            _ => out.push(next),
         }
     }
     *mine = out;
@@ -700,11 +706,12 @@ pub(crate) mod tests {
             comm(Some("a"), 2, 2),
             comm(Some("c"), 4, 3),
         ];
-        // Not in order, as a profile read back may be.
+        // Not in order, and one twice, as a profile read back may be.
         let other = [
             comm(Some("c"), 4, 10),
             comm(None, 2, 20),
             comm(Some("b"), 8, 30),
+            comm(Some("b"), 8, 5),
         ];
         merge_communicators(&mut mine, &other);
         let got: Vec<(Option<&str>, u32, u64, u64)> = mine
@@ -716,7 +723,7 @@ pub(crate) mod tests {
             [
                 (None, 2, 21, 168),
                 (Some("a"), 2, 2, 16),
-                (Some("b"), 8, 30, 240),
+                (Some("b"), 8, 35, 280),
                 (Some("c"), 4, 13, 104),
             ]
         );
