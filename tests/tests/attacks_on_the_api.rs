@@ -472,7 +472,8 @@ fn a_user_cannot_open_snapshot_watches_without_end() {
 /// kernel's datatype map (65,536 entries for the node): root's job's derived datatypes
 /// would then go undecoded. Each user holds at most a share of each map: nobody's process
 /// is refused past its share (counted, exactly, in its `handles_refused`), root's job beside
-/// it is profiled exactly, and nobody's share comes back when its process exits.
+/// it is profiled exactly, and nobody's share comes back when its process exits or is
+/// detached.
 #[test]
 fn a_user_cannot_fill_the_kernels_handle_maps() {
     use collector_common::shares::{share_of, DEFAULT_USER_SHARE_PCT, HANDLE_MAP_ENTRIES};
@@ -502,17 +503,35 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
         "nobody's flood failed"
     );
     wait_for_exited(&daemon.target, &[hog_pid]);
-    let (mut again, again_pid, go) = start_flood("again", share, "types-free");
+    let (again, again_pid, again_go) = start_flood("again", share, "types-free");
     assert_eq!(
         refused(again_pid),
         0,
         "refusals after the first process's exit"
     );
-    std::fs::write(&go, "").expect("go file");
+    // Root detaches it while it holds its whole share: the daemon forgets it (its entries
+    // removed) and gives its share back, so a third process makes as many, none refused.
+    let out = commtap_output(&[
+        "detach",
+        "--pid",
+        &again_pid.to_string(),
+        "--from",
+        &daemon.target,
+    ]);
     assert!(
-        again.wait_with_limit(LIMIT).success(),
-        "nobody's second flood failed"
+        out.status.success(),
+        "detach: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    let (third, third_pid, third_go) = start_flood("third", share, "types-keep");
+    assert_eq!(refused(third_pid), 0, "refusals after the detach");
+    for (mut job, go) in [(again, again_go), (third, third_go)] {
+        std::fs::write(&go, "").expect("go file");
+        assert!(
+            job.wait_with_limit(LIMIT).success(),
+            "nobody's flood failed"
+        );
+    }
     assert_healthy(&scratch, &daemon);
     daemon.stop(&scratch);
 }
