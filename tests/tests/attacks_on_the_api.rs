@@ -490,18 +490,14 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
             .expect("handles_refused")
     };
 
-    let (mut hog, hog_pid, go) = start_flood("hog", FLOOD, "types-keep");
+    let (hog, hog_pid, go) = start_flood("hog", FLOOD, "types-keep");
     assert_eq!(refused(hog_pid), FLOOD - share, "nobody's refusals");
     roots_job_is_exact(&scratch, &daemon, "handles_refused");
 
     // Nobody's process exits keeping its datatypes: once the daemon has forgotten it (its
     // entries removed), its share is given back, and a new process of nobody's makes as
     // many again, none refused.
-    std::fs::write(&go, "").expect("go file");
-    assert!(
-        hog.wait_with_limit(LIMIT).success(),
-        "nobody's flood failed"
-    );
+    let_go(hog, &go);
     wait_for_exited(&daemon.target, &[hog_pid]);
     let (again, again_pid, again_go) = start_flood("again", share, "types-free");
     assert_eq!(
@@ -525,13 +521,8 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
     );
     let (third, third_pid, third_go) = start_flood("third", share, "types-keep");
     assert_eq!(refused(third_pid), 0, "refusals after the detach");
-    for (mut job, go) in [(again, again_go), (third, third_go)] {
-        std::fs::write(&go, "").expect("go file");
-        assert!(
-            job.wait_with_limit(LIMIT).success(),
-            "nobody's flood failed"
-        );
-    }
+    let_go(again, &again_go);
+    let_go(third, &third_go);
     assert_healthy(&scratch, &daemon);
     daemon.stop(&scratch);
 }
@@ -580,7 +571,7 @@ fn a_user_cannot_fill_the_kernels_counter_map() {
     cmd.args(&Mpi::Mpich.launcher(1)[1..])
         .arg(&flood)
         .args([COMMS.to_string(), SIZES.to_string()]);
-    let (mut hog, hog_pid, go) = start_as_nobody(&daemon, &dir, "hog", cmd);
+    let (hog, hog_pid, go) = start_as_nobody(&daemon, &dir, "hog", cmd);
 
     let profile = report_json(&["report", "--from", &daemon.target]);
     let rank = rank_by_pid(&profile, hog_pid);
@@ -602,11 +593,7 @@ fn a_user_cannot_fill_the_kernels_counter_map() {
     );
     roots_job_is_exact(&scratch, &daemon, "counter_map_full");
 
-    std::fs::write(&go, "").expect("go file");
-    assert!(
-        hog.wait_with_limit(LIMIT).success(),
-        "nobody's flood failed"
-    );
+    let_go(hog, &go);
     // Nobody's share of the counters is nobody's to have: the daemon reads them, and holds
     // and serves the profile made of them (with half of the map, 45 MiB more here), by the
     // share's measure (two copies of it at most), not by the flood's.
@@ -638,19 +625,24 @@ fn a_user_cannot_fill_the_kernels_peer_map() {
     let scratch = Scratch::new("attack-peers");
     let daemon = Daemon::start(&scratch, &[], &[], &[]);
     let dir = nobody_dir(&scratch, "nobody");
-    let (mut hog, hog_pid, go) = start_mpi_flood(&daemon, &dir, "hog", "peers", FLOOD);
+    let (hog, hog_pid, go) = start_mpi_flood(&daemon, &dir, "hog", "peers", FLOOD);
     let profile = report_json(&["report", "--from", &daemon.target]);
     let rank = rank_by_pid(&profile, hog_pid);
     assert_eq!(rank["routines"]["MPI_Send"]["calls"], FLOOD, "{rank:#}");
     assert_eq!(rank["peers_full"], FLOOD - share, "nobody's refusals");
     roots_job_is_exact(&scratch, &daemon, "peers_full");
-    std::fs::write(&go, "").expect("go file");
-    assert!(
-        hog.wait_with_limit(LIMIT).success(),
-        "nobody's flood failed"
-    );
+    let_go(hog, &go);
     assert_healthy(&scratch, &daemon);
     daemon.stop(&scratch);
+}
+
+/// Lets nobody's flood `job` end (creates its `go` file) and asserts it ended well.
+fn let_go(mut job: ChildGuard, go: &Path) {
+    std::fs::write(go, "").expect("go file");
+    assert!(
+        job.wait_with_limit(LIMIT).success(),
+        "nobody's flood failed"
+    );
 }
 
 /// Starts nobody's one-rank MPICH `mpi_flood WHAT N` (see [`start_as_nobody`]).

@@ -56,11 +56,10 @@ impl pb::node_server::Node for NodeService {
         // Each process's job as the profile names it (a claim shared with another user's
         // job is `ID.uUID` there, a launcher's job its rank 0's pid), not the raw claim.
         let jobs = session.job_names();
-        // The counters, read once and grouped by process, for each one's probes' cost;
-        // not at all for a caller who may see no process (a user asking again and again
-        // does not have the daemon read every counter of the node each time).
-        // In process order, each process's a slice of them (not a copy: a user may hold
-        // tens of thousands).
+        // The counters, read once and sorted by process, each process's a slice of them
+        // for its probes' cost (not a copy: a user may hold tens of thousands); not read at
+        // all for a caller who may see no process (a user asking again and again does not
+        // have the daemon read every counter of the node each time).
         let mut counters = Vec::new();
         if session.tracked.values().any(|t| caller.may_see(t.uid())) {
             counters = session.probes.read_counters();
