@@ -362,9 +362,12 @@ fn main() -> ExitCode {
     // glibc gives each thread that allocates an arena of its own and keeps what each one
     // freed: a daemon answering requests on several threads kept a copy of all the counters
     // per thread (a user's 65,536 counters grew it by 97 MiB; with two arenas by 44, with
-    // one by 30). Small allocations still come from each thread's cache, without the lock.
-    // SAFETY: before any thread starts.
-    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+    // one by 30). Only the servers, which live for weeks: `record`'s trace writer keeps
+    // up with its reader through a burst of events on an arena of its own.
+    if matches!(cli.command, Command::Daemon(_) | Command::Aggregator(_)) {
+        // SAFETY: before any thread starts.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
