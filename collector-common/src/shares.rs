@@ -7,8 +7,10 @@
 //! [`DEFAULT_USER_SHARE_PCT`]); an entry past it is refused and counted (in
 //! `handles_refused`, `counter_map_full` or `peers_full`), as one is when the map is full.
 //!
-//! A process's entries are charged to the user it ran as when it made its first, given back
-//! one by one as it frees its handles, and all at once when it exits.
+//! A process's entries are charged to the user it ran as when it made its first (where that
+//! was a uid of a user namespace, a sub-uid, to the user who made the namespace), given back
+//! one by one as it frees its handles, and all at once when the daemon forgets it (after
+//! its exit or a detach).
 
 /// Entries in each handle map (communicators, datatypes, instance numbers), for the node.
 pub const HANDLE_MAP_ENTRIES: u32 = 1 << 16;
@@ -69,8 +71,8 @@ pub const fn share_of(capacity: u64, pct: u32) -> u64 {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Held {
-    /// The user charged (a process's: the user it ran as at its first entry; 0 in a
-    /// user's own).
+    /// The user charged (a process's: the user it ran as at its first entry, or who made
+    /// its user namespace; 0 in a user's own).
     pub uid: u32,
     /// Explicit padding.
     pub _pad: u32,

@@ -794,10 +794,24 @@ pub struct IdentityOffsets {
     pub cgroup_kernfs_id: u32,
     /// `kernfs_node.__parent` (`parent` before Linux 6.15): the directory above.
     pub cgroup_kernfs_parent: u32,
+    /// 1 once the `userns_*` offsets below are filled in: the user a process's share of
+    /// the kernel's maps is charged to is then its user namespace's owner where it runs in
+    /// one (a sub-uid), not the uid it runs as.
+    pub userns_valid: u32,
+    /// `task_struct.cred`: the process's credentials.
+    pub userns_task_cred: u32,
+    /// `cred.user_ns`: the user namespace its uids belong to.
+    pub userns_cred_user_ns: u32,
+    /// `user_namespace.level`: 0 for the node's own, 1 for a namespace made in it.
+    pub userns_level: u32,
+    /// `user_namespace.parent`: the namespace it was made in.
+    pub userns_parent: u32,
+    /// `user_namespace.owner`: the user (of the node's namespace, a `kuid_t`) who made it.
+    pub userns_owner: u32,
     /// Explicit padding.
     pub _pad: u32,
 }
-const _: () = assert!(size_of::<IdentityOffsets>() == 72);
+const _: () = assert!(size_of::<IdentityOffsets>() == 96);
 
 /// Bytes of a process's environment an [`IdentityEvent`] carries.
 pub const IDENTITY_ENV_LEN: usize = 16384;

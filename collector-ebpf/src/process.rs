@@ -20,7 +20,7 @@ use crate::maps::{
 
 /// The current task (valid for the program's run).
 #[inline(always)]
-fn current_task() -> *const u8 {
+pub fn current_task() -> *const u8 {
     // SAFETY: plain helper call.
     unsafe { bpf_get_current_task() as *const u8 }
 }
@@ -28,7 +28,7 @@ fn current_task() -> *const u8 {
 /// The word at byte `at` of kernel object `base` (0 where it cannot be read): every read of
 /// kernel memory goes through bpf_probe_read_kernel, which fails cleanly.
 #[inline(always)]
-fn kernel_word(base: *const u8, at: u32) -> u64 {
+pub fn kernel_word(base: *const u8, at: u32) -> u64 {
     #[expect(
         clippy::cast_ptr_alignment,
         reason = "bpf_probe_read_kernel copies bytes: nothing is read through the pointer"

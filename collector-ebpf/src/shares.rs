@@ -1,6 +1,6 @@
 //! Each user's share of the maps its processes grow (`collector_common::shares`): every new
 //! entry of `COMMS`, `DTYPES`, `COLL_SEQ`, `COUNTER_SLOTS` and `PEERS` is charged to its
-//! process's user, and refused past the user's share; a handle freed gives its entry back,
+//! process's user (the owner of its user namespace, for a sub-uid: [`account`]), and refused past the user's share; a handle freed gives its entry back,
 //! and userspace gives back all a process held when it forgets it (having removed its
 //! entries: not at its exit, when its counters are still to be read). The processes
 //! holding entries are counted per user too, within a share of `PROC_HELD`: the record of
@@ -20,7 +20,8 @@ use collector_common::{
 use crate::{
     counters::{add_atomic, fetch_add},
     instances::COLL_SEQ,
-    maps::{with_proc_stats, COMMS, CONFIG, DTYPES},
+    maps::{with_proc_stats, COMMS, CONFIG, DTYPES, IDENTITY_OFFSETS},
+    process::{current_task, kernel_word},
 };
 
 /// Entries charged per user, less those given back one by one (a handle freed). Not
@@ -237,7 +238,7 @@ fn holder(tgid: u32, pct: u32) -> Option<(*mut Held, *mut Held, Held)> {
         let uid = unsafe { (*p).uid };
         return Some((p, user_of(uid)?, released(uid)));
     }
-    let uid = bpf_get_current_uid_gid() as u32;
+    let uid = account();
     let user = user_of(uid)?;
     let released = released(uid);
     // SAFETY: a field of a map value, changed atomically.
@@ -263,6 +264,42 @@ fn holder(tgid: u32, pct: u32) -> Option<(*mut Held, *mut Held, Held)> {
     }
     Some((PROC_HELD.get_ptr_mut(tgid)?, user, released))
 }
+
+/// The user the current process's entries are charged to: the user it runs as, or where
+/// it runs in a user namespace, the user who made it (or the namespace it was made in, up
+/// to the node's own). Sub-uids, a rootless container's, are many users to the kernel:
+/// one user with 65,536 of them would otherwise hold as many shares. Where the kernel's
+/// offsets are unknown or a read fails, the user it runs as.
+#[inline(always)]
+fn account() -> u32 {
+    let uid = bpf_get_current_uid_gid() as u32;
+    let Some(off) = IDENTITY_OFFSETS.get(0) else {
+        return uid;
+    };
+    if off.userns_valid == 0 {
+        return uid;
+    }
+    let cred = kernel_word(current_task(), off.userns_task_cred) as *const u8;
+    if cred.is_null() {
+        return uid;
+    }
+    let mut ns = kernel_word(cred, off.userns_cred_user_ns) as *const u8;
+    for _ in 0..=MAX_USERNS_LEVEL {
+        if ns.is_null() {
+            break;
+        }
+        // `level` is an int and `owner` a kuid_t: the low half of the word (little-endian).
+        match kernel_word(ns, off.userns_level) as u32 {
+            0 => break,
+            1 => return kernel_word(ns, off.userns_owner) as u32,
+            _ => ns = kernel_word(ns, off.userns_parent) as *const u8,
+        }
+    }
+    uid
+}
+
+/// The deepest a user namespace nests (the kernel's limit).
+const MAX_USERNS_LEVEL: u32 = 32;
 
 /// What userspace gave back of user `uid`'s holdings (none: zero).
 #[inline(always)]

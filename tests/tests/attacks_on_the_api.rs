@@ -527,6 +527,85 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
     daemon.stop(&scratch);
 }
 
+/// Attack: a user given sub-uids (`/etc/subuid`, as rootless containers are) runs its
+/// processes as many users: nobody makes a user namespace, root maps three of its uids to
+/// sub-uids (newuidmap's part), and a process under each makes a share of datatypes. Were
+/// each sub-uid a user of its own, the three would fill the map (they did: 32,768 refused
+/// among them, the whole map theirs) and root's job would go undecoded. They are charged to
+/// nobody, who made the namespace: refused all but one share, and root's job is exact.
+#[test]
+fn a_user_with_sub_uids_holds_one_share() {
+    use collector_common::shares::{share_of, DEFAULT_USER_SHARE_PCT, HANDLE_MAP_ENTRIES};
+    const USERS: u64 = 3;
+    // Nobody's sub-uids, away from any a real /etc/subuid hands out.
+    const SUB_UIDS: u64 = 3_000_000;
+    let share = share_of(u64::from(HANDLE_MAP_ENTRIES), DEFAULT_USER_SHARE_PCT);
+    let scratch = Scratch::new("attack-subuids");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    // Written by nobody's sub-uids: theirs is no user the directory could belong to.
+    let dir = nobody_dir(&scratch, "nobody");
+    let anyone = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o777);
+    std::fs::set_permissions(&dir, anyone).expect("chmod");
+    let file = |what: &str| dir.join(format!("flood.{what}"));
+    let split = compile_c(
+        "userns_split.c",
+        "userns_split",
+        &[&format!(
+            "-I{}",
+            repo_root().join("tests/programs").display()
+        )],
+    );
+    let flood = build_program("mpi_flood.c", Mpi::Mpich);
+    let mut cmd = as_nobody(&split);
+    cmd.arg(USERS.to_string())
+        .args([file("unshared"), file("mapped"), dir.join("flood")])
+        .args(Mpi::Mpich.launcher(1))
+        .arg(&flood)
+        .args(["types-keep", &share.to_string()])
+        .current_dir(&dir)
+        .env("HOME", &dir);
+    let job = ChildGuard::spawn(&mut cmd);
+    wait_until("nobody's user namespace", LIMIT, || {
+        file("unshared").exists()
+    });
+    let map = format!("0 {SUB_UIDS} {USERS}\n");
+    for which in ["uid_map", "gid_map"] {
+        std::fs::write(format!("/proc/{}/{which}", job.0.id()), &map).expect(which);
+    }
+    std::fs::write(file("mapped"), "").expect("mapped file");
+    let mut pids = Vec::new();
+    wait_until("nobody's processes to run", LIMIT, || {
+        pids = pids_running(&flood);
+        pids.len() == USERS as usize
+    });
+    let pids: Vec<u64> = pids.into_iter().map(u64::from).collect();
+    wait_for_state(&daemon.target, &pids, "probed");
+    for k in 0..USERS {
+        std::fs::write(file(&format!("{k}.start")), "").expect("start file");
+    }
+    wait_until("nobody's floods to be made", LIMIT, || {
+        (0..USERS).all(|k| file(&format!("{k}.ready")).exists())
+    });
+    let now = report_json(&["report", "--from", &daemon.target]);
+    let refused: u64 = pids
+        .iter()
+        .map(|p| {
+            rank_by_pid(&now, *p)["handles_refused"]
+                .as_u64()
+                .expect("handles_refused")
+        })
+        .sum();
+    assert_eq!(
+        refused,
+        USERS * share - share,
+        "refusals of nobody's sub-uids"
+    );
+    roots_job_is_exact(&scratch, &daemon, "handles_refused");
+    let_go(job, &file("go"));
+    assert_healthy(&scratch, &daemon);
+    daemon.stop(&scratch);
+}
+
 /// Attack: nobody's process makes 144,000 counters (16,000 communicators of its own NCCL
 /// library, each a size of its own, times 9 message sizes of `ncclAllReduce`), more than
 /// the kernel's 131,072 counter slots for the node: root's job's calls would then go

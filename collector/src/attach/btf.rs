@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use collector_common::IdentityOffsets;
+use tracing::warn;
 
 /// Errors reading the kernel's BTF.
 #[derive(Debug, thiserror::Error)]
@@ -198,7 +199,7 @@ impl Btf {
 /// Where identity events find a process's environment, arguments and start time, and where
 /// the linker probe finds its process group, its parent's and its terminal.
 pub fn identity_offsets(btf: &Btf) -> Result<IdentityOffsets, BtfError> {
-    Ok(IdentityOffsets {
+    let found = IdentityOffsets {
         valid: 1,
         task_mm: btf.offset("task_struct", "mm")?,
         task_start_boottime: btf.offset("task_struct", "start_boottime")?,
@@ -210,6 +211,24 @@ pub fn identity_offsets(btf: &Btf) -> Result<IdentityOffsets, BtfError> {
         signal_tty: btf.offset("signal_struct", "tty")?,
         task_ptrace: btf.offset("task_struct", "ptrace")?,
         ..cgroup_offsets(btf).unwrap_or_default()
+    };
+    Ok(userns_offsets(btf, found).unwrap_or_else(|e| {
+        warn!("{e:#}: each uid of a user namespace (a sub-uid) is charged as a user of its own");
+        found
+    }))
+}
+
+/// `found` with the offsets by which the kernel side finds the user who made a process's
+/// user namespace (or the one that namespace was made in, up to the node's own).
+fn userns_offsets(btf: &Btf, found: IdentityOffsets) -> Result<IdentityOffsets, BtfError> {
+    Ok(IdentityOffsets {
+        userns_valid: 1,
+        userns_task_cred: btf.offset("task_struct", "cred")?,
+        userns_cred_user_ns: btf.offset("cred", "user_ns")?,
+        userns_level: btf.offset("user_namespace", "level")?,
+        userns_parent: btf.offset("user_namespace", "parent")?,
+        userns_owner: btf.offset("user_namespace", "owner")?,
+        ..found
     })
 }
 
@@ -277,6 +296,8 @@ mod tests {
         );
         assert!(o.task_mm > 0 && o.task_start_boottime > 0);
         assert_eq!(o.cgroup_valid, 1, "{o:?}");
+        assert_eq!(o.userns_valid, 1, "{o:?}");
+        assert!(o.userns_task_cred > 0 && o.userns_parent > 0, "{o:?}");
         // /proc/cgroups lists the controllers in subsystem id order.
         let ids = cgroup_v1_subsystems(&btf);
         let listed = std::fs::read_to_string("/proc/cgroups").expect("/proc/cgroups");
