@@ -333,6 +333,7 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
     session.drain_process_events();
     session.track_counted();
     if let Some(scope) = scan_proc {
+        session.probes.refresh_accounts();
         session.adopt_running(|pid, info| scope.admits(pid, info));
     }
     session.rescan();
@@ -371,7 +372,8 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
             if let Some(rank) = profile.ranks.iter().find(|r| r.pid == pid) {
                 let mut rank = rank.clone();
                 rank.exited = true;
-                state.keep_finished(rank).await;
+                let account = rank.uid.map(|u| session.probes.account_of(u));
+                state.keep_finished(rank, account).await;
             }
             session.probes.forget_process(pid);
             session.tracked.remove(&pid);
@@ -456,6 +458,6 @@ async fn add_synthetic_ranks(state: &NodeState, n: u32) {
         rank.job = "synthetic".into();
         rank.cmdline = "x".repeat(discover::MAX_CMDLINE);
         rank.uid = Some(i % 16);
-        state.keep_finished(rank).await;
+        state.keep_finished(rank, Some(i % 16)).await;
     }
 }

@@ -148,8 +148,33 @@ fn probed_libraries_with(daemon: &Daemon, part: &str) -> usize {
 /// so are their libraries.
 #[test]
 fn one_user_cannot_use_up_the_library_slots() {
-    let scratch = Scratch::new("attack-slots");
-    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    library_slots_attack("attack-slots", &[], |_| NOBODY);
+}
+
+/// Attack: the same, by a user given sub-uids (as rootless containers are): each copy
+/// owned by another of nobody's sub-uids (root chowns them here, as nobody's processes in
+/// its user namespace would make them), so that a cap per uid would never be met. The
+/// daemon reads the sub-uids from its `--subuid-file` (`/etc/subuid`'s form): every copy is
+/// nobody's, 8 are probed, and root's library still is. Without the file all 10 were.
+#[test]
+fn a_user_with_sub_uids_cannot_use_up_the_library_slots() {
+    const SUB_UIDS: u32 = 3_000_000;
+    let scratch = Scratch::new("attack-slots-subuids-file");
+    let subuids = scratch.path("subuid");
+    std::fs::write(&subuids, format!("{NOBODY}:{SUB_UIDS}:65536\n")).expect("subuid file");
+    library_slots_attack(
+        "attack-slots-subuids",
+        &["--subuid-file", path_str(&subuids)],
+        |i| SUB_UIDS + i as u32,
+    );
+}
+
+/// Nobody maps 10 copies of a fake MPI library, the `i`-th owned by `owner(i)`, beside a
+/// daemon started with `args`: 8 are probed; root's own copy mapped after is probed; the
+/// attacker's are let go once its processes are gone.
+fn library_slots_attack(name: &str, args: &[&str], owner: impl Fn(usize) -> u32) {
+    let scratch = Scratch::new(name);
+    let daemon = Daemon::start(&scratch, &[], &[], args);
     let (lib, map) = attack_programs();
     let dir = nobody_dir(&scratch, "attacker");
     let mut attackers = Vec::new();
@@ -158,7 +183,8 @@ fn one_user_cannot_use_up_the_library_slots() {
         std::fs::create_dir_all(&sub).expect("dir");
         std::os::unix::fs::chown(&sub, Some(NOBODY), Some(NOBODY)).expect("chown");
         let copy = sub.join("libmpich.so.12");
-        copy_as_nobody(&lib, &copy);
+        std::fs::copy(&lib, &copy).expect("copy");
+        std::os::unix::fs::chown(&copy, Some(owner(i)), Some(owner(i))).expect("chown");
         let signals = nobody_dir(&scratch, &format!("signals{i}"));
         let ready = signals.join("ready");
         attackers.push(spawn_as_nobody(

@@ -172,7 +172,7 @@ impl Probes {
         if self.linkers.contains_key(&file.identity) {
             return;
         }
-        let owner = (file.owner != 0).then_some(file.owner);
+        let owner = (file.owner != 0).then(|| self.accounts.of(file.owner));
         let held = |o: Option<u32>| self.linkers.values().filter(|l| l.owner == o).count();
         if self.linkers.len() > MAX_LINKERS
             || owner.is_some_and(|_| held(owner) >= MAX_LINKERS_PER_UID)
@@ -258,7 +258,8 @@ impl Probes {
                 return None;
             }
         };
-        let owner = (!shared && file.owner != 0).then_some(file.owner);
+        // A sub-uid's file is its user's: one quota for all of them.
+        let owner = (!shared && file.owner != 0).then(|| self.accounts.of(file.owner));
         if let Some(uid) = owner {
             let held = self.libraries().filter(|l| l.owner == Some(uid)).count();
             if held >= MAX_LIBRARIES_PER_UID {

@@ -33,7 +33,7 @@ use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use crate::{
-    discover::cgroup::CgroupRef,
+    discover::{accounts::Accounts, cgroup::CgroupRef},
     symbols::{self, Library, LibraryFile, LibraryKind},
 };
 
@@ -123,8 +123,9 @@ pub struct AttachedLibrary {
     /// Its file's device and inode.
     #[serde(skip)]
     dev_inode: (u64, u64),
-    /// The user who owns the file, if not root and not asked for by commtap's caller:
-    /// counted in that user's quota, let go once no process maps it.
+    /// The user who owns the file (for a sub-uid, the user given it), if not root and not
+    /// asked for by commtap's caller: counted in that user's quota, let go once no process
+    /// maps it.
     #[serde(skip)]
     owner: Option<u32>,
     /// Its uprobe_multi links; dropping them detaches every probe.
@@ -197,6 +198,10 @@ pub struct Probes {
     prefetch: Option<programs::PendingLoad>,
     /// Whether transports' libraries (libfabric, UCX) are probed.
     transports: bool,
+    /// Whose each uid is (a sub-uid: the user given it), for the caps on a user's own
+    /// libraries and linkers, and where that is read from.
+    accounts: Accounts,
+    subuid_file: PathBuf,
     events: Option<RingBuf<MapData>>,
     /// By (dev, inode): attached MPI libraries, or `None` for objects that are not MPI.
     seen: BTreeMap<(u64, u64), Option<usize>>,
@@ -265,6 +270,8 @@ pub struct LoadOptions {
     /// The share of each map its processes grow (communicators, datatypes, counters,
     /// peers) that one user may hold, percent (`collector_common::shares`).
     pub user_share_pct: u32,
+    /// The sub-uids users are given (`/etc/subuid`): each is charged as its user.
+    pub subuid_file: PathBuf,
 }
 
 impl LoadOptions {
@@ -280,6 +287,7 @@ impl LoadOptions {
             pause_lease: PAUSE_LEASE,
             transports: true,
             user_share_pct: collector_common::shares::DEFAULT_USER_SHARE_PCT,
+            subuid_file: PathBuf::from(crate::discover::accounts::SUBUID_FILE),
         }
     }
 }
@@ -428,6 +436,8 @@ impl Probes {
             pause_lease: opts.pause_lease,
             prefetch: None,
             transports: opts.transports,
+            accounts: Accounts::default().refreshed(&opts.subuid_file),
+            subuid_file: opts.subuid_file,
             events: Some(map(&mut ebpf, names::maps::EVENTS)?),
             _ebpf: ebpf,
             seen: BTreeMap::new(),
@@ -908,6 +918,16 @@ impl Probes {
             .map_err(map_err(names::maps::CONFIG))
     }
 
+    /// The user `uid` is charged as for a user's caps (a sub-uid: the user given it).
+    pub fn account_of(&self, uid: u32) -> u32 {
+        self.accounts.of(uid)
+    }
+
+    /// Reads the sub-uid file again where it changed (a user given sub-uids meanwhile).
+    pub fn refresh_accounts(&mut self) {
+        self.accounts = std::mem::take(&mut self.accounts).refreshed(&self.subuid_file);
+    }
+
     /// Removes everything the kernel keeps of `pid` (counters, learnt handles), once its
     /// final profile is taken: a later process with the same pid starts from zero.
     pub fn forget_process(&mut self, pid: u32) {
@@ -1087,7 +1107,8 @@ fn hook_linker(
 /// A dynamic linker's probe.
 struct HookedLinker {
     link: multi::MultiLink,
-    /// The file's owner where it is not root's (a user's own `ld.so`, against their quota).
+    /// The file's owner where it is not root's (a user's own `ld.so`, against their quota;
+    /// for a sub-uid, the user given it).
     owner: Option<u32>,
 }
 

@@ -3,6 +3,7 @@
 //! processes in containers resolve in their own mount namespace), and what their memory
 //! shows of libfabric (`memory`).
 
+pub mod accounts;
 pub mod cgroup;
 pub mod container;
 pub mod memory;

@@ -441,6 +441,14 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "PCT", default_value_t = collector_common::shares::DEFAULT_USER_SHARE_PCT,
           value_parser = clap::value_parser!(u32).range(1..=100))]
     pub user_share: u32,
+    /// Where the sub-uids users are given are listed (newuidmap's `USER:FIRST:COUNT`
+    /// lines, for rootless containers). A user's caps — its own libraries probed at once,
+    /// its exited processes' profiles kept — count each of its sub-uids as that user, who
+    /// could otherwise own files and run processes as thousands of users. Read again when
+    /// it changes; it must be root's and writable by root only. (The kernel's shares of its
+    /// maps go by the owner of each process's user namespace, and need no file.)
+    #[arg(long, value_name = "FILE", default_value = collector::discover::accounts::SUBUID_FILE)]
+    pub subuid_file: std::path::PathBuf,
     /// Probe MPI and NCCL only, not the transports' data path beneath them (libfabric's
     /// and UCX's operations, by default counted too, each inside the MPI call that made
     /// it): a trap less per operation an MPI call makes through them (MPICH over UCX: one
@@ -471,6 +479,7 @@ impl ProbeArgs {
             pause_at_load: !self.no_pause_at_load,
             transports: !self.no_transports,
             user_share_pct: self.user_share,
+            subuid_file: self.subuid_file.clone(),
             ..collector::attach::LoadOptions::with_ring_buffer_kib(self.ring_buffer_kib)
         }
     }

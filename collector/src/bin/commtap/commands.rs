@@ -119,7 +119,7 @@ fn daemon_scope(
 /// says a comparison found buckets below the expected bandwidth (or doctor a failure).
 pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Result<ExitCode> {
     match command {
-        Command::Record(a) => record(a).await?,
+        Command::Record(a) => Box::pin(record(a)).await?,
         Command::Daemon(a) => daemon(a, identity).await?,
         Command::Report(a) => return report(a).await,
         Command::Ps(a) => client::print_processes(&a.from, a.format.json()).await?,

@@ -32,6 +32,9 @@ pub struct Finished {
     pub at: Instant,
     /// Its final profile.
     pub rank: RankProfile,
+    /// The user its profile is kept as, for [`MAX_FINISHED_PER_UID`]: its uid's account
+    /// (a sub-uid's: the user given it).
+    pub account: Option<u32>,
 }
 
 /// What the daemon's loop and the API share.
@@ -155,13 +158,13 @@ impl Caller {
 }
 
 impl NodeState {
-    /// Keeps `rank`'s final profile, letting the oldest of its user's go past
-    /// [`MAX_FINISHED_PER_UID`], and the oldest of all past [`MAX_FINISHED`] (counted).
-    pub async fn keep_finished(&self, rank: RankProfile) {
+    /// Keeps `rank`'s final profile, letting the oldest of its user's (`account`, its
+    /// uid's: [`crate::attach::Probes::account_of`]) go past [`MAX_FINISHED_PER_UID`], and
+    /// the oldest of all past [`MAX_FINISHED`] (counted).
+    pub async fn keep_finished(&self, rank: RankProfile, account: Option<u32>) {
         let mut finished = self.finished.lock().await;
-        let uid = rank.uid;
-        if finished.iter().filter(|f| f.rank.uid == uid).count() >= MAX_FINISHED_PER_UID {
-            if let Some(i) = finished.iter().position(|f| f.rank.uid == uid) {
+        if finished.iter().filter(|f| f.account == account).count() >= MAX_FINISHED_PER_UID {
+            if let Some(i) = finished.iter().position(|f| f.account == account) {
                 finished.remove(i);
                 self.finished_dropped.fetch_add(1, Ordering::Relaxed);
             }
@@ -173,6 +176,7 @@ impl NodeState {
         finished.push(Finished {
             at: Instant::now(),
             rank,
+            account,
         });
     }
 

@@ -206,15 +206,22 @@ impl pb::node_server::Node for NodeService {
         let rank = session
             .detach(pid, board.as_deref())
             .map_err(|e| e.to_status())?;
+        let account = rank
+            .as_ref()
+            .and_then(|r| r.uid)
+            .map(|u| session.probes.account_of(u));
         drop((board, session));
         self.state.detached.lock().await.insert(pid);
         if let Some(rank) = &rank {
             // Nothing lost: the profile stays in snapshots (and pushes) as a final one.
             self.state
-                .keep_finished(RankProfile {
-                    exited: true,
-                    ..rank.clone()
-                })
+                .keep_finished(
+                    RankProfile {
+                        exited: true,
+                        ..rank.clone()
+                    },
+                    account,
+                )
                 .await;
         }
         Ok(Response::new(pb::DetachProcessResponse {

@@ -1,0 +1,253 @@
+//! Who a uid is, for the caps the daemon keeps per user: a sub-uid is its user's. A user
+//! given sub-uids (`/etc/subuid`, which `newuidmap` grants from for rootless containers)
+//! runs processes and owns files as each of them, so a cap per uid would give that user
+//! one per sub-uid: its own libraries would take every library slot. The kernel side
+//! charges its maps by the owner of a process's user namespace instead; a file carries no
+//! namespace, so its owner is looked up here.
+
+use std::{
+    fs::File,
+    io::Read,
+    os::unix::fs::{MetadataExt, OpenOptionsExt},
+    path::{Path, PathBuf},
+};
+
+use tracing::{info, warn};
+
+/// Where the sub-uids users are given are listed, unless told otherwise.
+pub const SUBUID_FILE: &str = "/etc/subuid";
+
+/// Where user names are resolved (`/etc/subuid` may name its users).
+const PASSWD_FILE: &str = "/etc/passwd";
+
+/// The most bytes read of either file: beyond it, lines are not read (a range not read is
+/// no one's: its uids are users of their own, as without the file).
+const MAX_FILE_BYTES: u64 = 4 << 20;
+
+/// The most ranges kept.
+const MAX_RANGES: usize = 65_536;
+
+/// Errors reading the sub-uid file.
+#[derive(Debug, thiserror::Error)]
+pub enum AccountsError {
+    /// It could not be opened or read.
+    #[error("{0}: {1}")]
+    Io(PathBuf, std::io::Error),
+    /// It is not a regular file that only root may change: a user able to write it could
+    /// make any uid theirs.
+    #[error("{0}: not a regular file owned by root and writable by root only: not read")]
+    Untrusted(PathBuf),
+}
+
+/// A file's device, inode, size and modification time: whether it changed.
+type FileSeen = (u64, u64, u64, i64);
+
+/// A range of sub-uids and the user given them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Range {
+    /// First sub-uid.
+    start: u32,
+    /// Past the last (at most 2^32).
+    end: u64,
+    /// The user they are charged to: the user given them, or where that user's name does
+    /// not resolve, the range's first sub-uid (its uids are then one user still).
+    owner: u32,
+}
+
+/// The sub-uid ranges of a node, and what the file they were read from looked like then
+/// (to read it again only when it changed).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Accounts {
+    ranges: Vec<Range>,
+    /// What the file read looked like; none where none was.
+    read_from: Option<FileSeen>,
+}
+
+impl Accounts {
+    /// The user `uid` is charged as: the user given it where it is a sub-uid, else itself.
+    pub fn of(&self, uid: u32) -> u32 {
+        self.ranges
+            .iter()
+            .find(|r| r.start <= uid && u64::from(uid) < r.end)
+            .map_or(uid, |r| r.owner)
+    }
+
+    /// The ranges in `subuid` (`/etc/subuid`'s `USER:FIRST:COUNT` lines), users named
+    /// there resolved by `passwd` (`/etc/passwd`'s `NAME:x:UID:` lines). Lines that do not
+    /// parse are left out.
+    pub fn parse(subuid: &str, passwd: &str) -> Accounts {
+        let uid_of = |name: &str| -> Option<u32> {
+            if let Ok(uid) = name.parse() {
+                return Some(uid);
+            }
+            passwd.lines().find_map(|l| {
+                let mut f = l.split(':');
+                (f.next()? == name).then_some(())?;
+                f.nth(1)?.parse().ok()
+            })
+        };
+        let mut ranges: Vec<Range> = subuid
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .filter_map(|l| {
+                let mut f = l.trim().split(':');
+                let (user, start, count) = (f.next()?, f.next()?, f.next()?);
+                let start: u32 = start.parse().ok()?;
+                let count: u32 = count.parse().ok()?;
+                let end = u64::from(start) + u64::from(count);
+                (count > 0 && end <= 1 << 32).then_some(())?;
+                Some(Range {
+                    start,
+                    end,
+                    owner: uid_of(user).unwrap_or(start),
+                })
+            })
+            .take(MAX_RANGES)
+            .collect();
+        ranges.sort_by_key(|r| r.start);
+        Accounts {
+            ranges,
+            read_from: None,
+        }
+    }
+
+    /// The ranges in the file at `path` (root's, changed by root only: see
+    /// [`AccountsError::Untrusted`]); none where there is no file.
+    pub fn read(path: &Path) -> Result<Accounts, AccountsError> {
+        let Some((text, seen)) = read_trusted(path)? else {
+            return Ok(Accounts::default());
+        };
+        // Names are resolved where the file names users; a passwd that cannot be read
+        // leaves those ranges each a user of its own.
+        let passwd = match read_trusted(Path::new(PASSWD_FILE)) {
+            Ok(Some((p, _))) => p,
+            _ => String::new(),
+        };
+        let mut accounts = Accounts::parse(&text, &passwd);
+        accounts.read_from = Some(seen);
+        Ok(accounts)
+    }
+
+    /// These accounts, or those of `path` where it changed since they were read: a user
+    /// given sub-uids while the daemon runs has them counted as theirs from the next look.
+    /// A file that can no longer be read keeps the accounts as they were.
+    pub fn refreshed(self, path: &Path) -> Accounts {
+        let now = std::fs::symlink_metadata(path)
+            .ok()
+            .map(|m| (m.dev(), m.ino(), m.size(), m.mtime()));
+        if now == self.read_from {
+            return self;
+        }
+        match Accounts::read(path) {
+            Ok(a) => {
+                info!(
+                    file = %path.display(),
+                    ranges = a.ranges.len(),
+                    "sub-uids read: each is charged as the user given it"
+                );
+                a
+            }
+            Err(e) => {
+                warn!("{e}; the sub-uids read before stand");
+                Accounts {
+                    read_from: now,
+                    ..self
+                }
+            }
+        }
+    }
+}
+
+/// The text of `path` (at most [`MAX_FILE_BYTES`]) and what the file looked like, opened
+/// once (not through a link) and checked as opened; none where there is no such file.
+fn read_trusted(path: &Path) -> Result<Option<(String, FileSeen)>, AccountsError> {
+    let io = |e| AccountsError::Io(path.to_path_buf(), e);
+    let file = match File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(e)),
+    };
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() || meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+        return Err(AccountsError::Untrusted(path.to_path_buf()));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    let seen = (meta.dev(), meta.ino(), meta.size(), meta.mtime());
+    Ok(Some((String::from_utf8_lossy(&bytes).into_owned(), seen)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sub_uid_is_the_user_given_it_and_any_other_uid_itself() {
+        let passwd = "root:x:0:0::/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\n";
+        let subuid = "alice:100000:65536\n# comment\n2000:300000:10\nghost:400000:5\n\
+                      bad line\nbob:x:1\nzero:500000:0\nhuge:4294967295:2\n";
+        let a = Accounts::parse(subuid, passwd);
+        assert_eq!(a.of(100_000), 1000);
+        assert_eq!(a.of(165_535), 1000);
+        assert_eq!(a.of(165_536), 165_536);
+        assert_eq!(a.of(1000), 1000);
+        // Named by uid.
+        assert_eq!(a.of(300_009), 2000);
+        assert_eq!(a.of(300_010), 300_010);
+        // A name that does not resolve: the range is one user still.
+        assert_eq!(a.of(400_004), 400_000);
+        assert_eq!(a.of(400_000), 400_000);
+        // Empty ranges and ranges past 2^32 are left out.
+        assert_eq!(a.of(500_000), 500_000);
+        assert_eq!(a.of(u32::MAX), u32::MAX);
+        assert_eq!(a.ranges.len(), 3);
+    }
+
+    #[test]
+    fn a_file_a_user_could_change_is_not_read() {
+        let dir = std::env::temp_dir().join(format!("commtap-accounts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("subuid");
+        std::fs::write(&path, "65534:3000000:10\n").expect("write");
+        let mode = |m| {
+            std::fs::set_permissions(
+                &path,
+                <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(m),
+            )
+            .expect("chmod");
+        };
+        mode(0o644);
+        // Tests run as root: the file is root's.
+        let read = Accounts::read(&path).expect("root's file");
+        assert_eq!(read.of(3_000_005), 65534);
+        // Unchanged: the same accounts; changed, read again.
+        let again = read.clone().refreshed(&path);
+        assert_eq!(again, read);
+        std::fs::write(&path, "65534:3000000:10\n65534:4000000:10\n").expect("write");
+        let again = again.refreshed(&path);
+        assert_eq!(again.of(4_000_001), 65534);
+        mode(0o666);
+        assert!(matches!(
+            Accounts::read(&path),
+            Err(AccountsError::Untrusted(_))
+        ));
+        // Made untrusted after it was read: what was read stands.
+        std::fs::write(&path, "").expect("write");
+        assert_eq!(again.clone().refreshed(&path).of(4_000_001), 65534);
+        let link = dir.join("link");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&path, &link).expect("symlink");
+        assert!(Accounts::read(&link).is_err(), "read through a link");
+        assert_eq!(
+            Accounts::read(&dir.join("none")).expect("no file"),
+            Accounts::default()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
