@@ -35,6 +35,8 @@ pub mod maps {
     pub const USER_RELEASED: &str = "USER_RELEASED";
     /// Entries of the shared maps each process holds, and its user.
     pub const PROC_HELD: &str = "PROC_HELD";
+    /// The node's sub-uid ranges and the users given them, sorted (`shares`).
+    pub const SUBUIDS: &str = "SUBUIDS";
     /// Per process and communicator: the number its next collective takes.
     pub const COLL_SEQ: &str = "COLL_SEQ";
     /// Datatype sizes learnt per process.

@@ -7,10 +7,10 @@
 //! [`DEFAULT_USER_SHARE_PCT`]); an entry past it is refused and counted (in
 //! `handles_refused`, `counter_map_full` or `peers_full`), as one is when the map is full.
 //!
-//! A process's entries are charged to the user it ran as when it made its first (where that
-//! was a uid of a user namespace, a sub-uid, to the user who made the namespace), given back
-//! one by one as it frees its handles, and all at once when the daemon forgets it (after
-//! its exit or a detach).
+//! A process's entries are charged to the user it ran as when it made its first (in a user
+//! namespace, to the user who made it, or where root did, to the container it is; a
+//! sub-uid, to the user given it: [`SubuidRange`]), given back one by one as it frees its
+//! handles, and all at once when the daemon forgets it (after its exit or a detach).
 
 /// Entries in each handle map (communicators, datatypes, instance numbers), for the node.
 pub const HANDLE_MAP_ENTRIES: u32 = 1 << 16;
@@ -71,8 +71,8 @@ pub const fn share_of(capacity: u64, pct: u32) -> u64 {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Held {
-    /// The user charged (a process's: the user it ran as at its first entry, or who made
-    /// its user namespace; 0 in a user's own).
+    /// The user charged (a process's: the user it ran as at its first entry, as the module
+    /// says; 0 in a user's own).
     pub uid: u32,
     /// Explicit padding.
     pub _pad: u32,
@@ -84,6 +84,32 @@ pub struct Held {
 const _: () = assert!(size_of::<Held>() == 56);
 const _: () = assert!(core::mem::offset_of!(Held, processes) == 8);
 const _: () = assert!(core::mem::offset_of!(Held, entries) == 16);
+
+/// The most sub-uid ranges the kernel keeps (`SUBUIDS`); userspace reads no more.
+pub const MAX_SUBUID_RANGES: u32 = 16384;
+
+/// A range of sub-uids (`/etc/subuid`) and the user given them: each is charged as that
+/// user, who could otherwise run a process as any of them (a setuid program it made in its
+/// user namespace runs as its owner outside it too).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SubuidRange {
+    /// The first sub-uid.
+    pub start: u32,
+    /// How many (the last is `start + count - 1`).
+    pub count: u32,
+    /// The user given them.
+    pub owner: u32,
+}
+const _: () = assert!(size_of::<SubuidRange>() == 12);
+
+impl SubuidRange {
+    /// Whether `uid` is one of these sub-uids.
+    #[inline(always)]
+    pub const fn holds(&self, uid: u32) -> bool {
+        uid >= self.start && uid - self.start < self.count
+    }
+}
 
 #[cfg(test)]
 mod tests {

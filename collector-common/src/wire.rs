@@ -363,8 +363,9 @@ pub struct Config {
     /// The share of each map its processes grow that one user may hold, percent
     /// (`shares`; 0: the whole map).
     pub user_share_pct: u32,
-    /// Explicit padding.
-    pub _pad: u32,
+    /// The ranges of sub-uids in `SUBUIDS` (`shares::SubuidRange`), sorted: a sub-uid is
+    /// charged as the user given it.
+    pub subuid_ranges: u32,
 }
 const _: () = assert!(size_of::<Config>() == 48);
 
@@ -808,10 +809,18 @@ pub struct IdentityOffsets {
     pub userns_parent: u32,
     /// `user_namespace.owner`: the user (of the node's namespace, a `kuid_t`) who made it.
     pub userns_owner: u32,
-    /// Explicit padding.
-    pub _pad: u32,
+    /// `user_namespace.uid_map`: how its uids map to the node's.
+    pub userns_uid_map: u32,
+    /// `uid_gid_map.nr_extents`: the map's ranges.
+    pub uidmap_nr_extents: u32,
+    /// `uid_gid_map.extent`: the ranges, where there are at most 5 (in place).
+    pub uidmap_extent: u32,
+    /// `uid_gid_map.forward`: the ranges, where there are more (sorted by first uid).
+    pub uidmap_forward: u32,
+    /// `uid_gid_extent.lower_first`: the node's uid a range's first maps to.
+    pub extent_lower_first: u32,
 }
-const _: () = assert!(size_of::<IdentityOffsets>() == 96);
+const _: () = assert!(size_of::<IdentityOffsets>() == 112);
 
 /// Bytes of a process's environment an [`IdentityEvent`] carries.
 pub const IDENTITY_ENV_LEN: usize = 16384;
@@ -1503,6 +1512,7 @@ mod pod {
         crate::ArgSpec,
         crate::DurationHist,
         crate::shares::Held,
+        crate::shares::SubuidRange,
     );
 }
 

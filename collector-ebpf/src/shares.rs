@@ -1,24 +1,30 @@
 //! Each user's share of the maps its processes grow (`collector_common::shares`): every new
 //! entry of `COMMS`, `DTYPES`, `COLL_SEQ`, `COUNTER_SLOTS` and `PEERS` is charged to its
-//! process's user (the owner of its user namespace, for a sub-uid: [`account`]), and refused past the user's share; a handle freed gives its entry back,
-//! and userspace gives back all a process held when it forgets it (having removed its
-//! entries: not at its exit, when its counters are still to be read). The processes
+//! process's user ([`account`]: for a process in a user namespace, the user who made it;
+//! for a sub-uid, the user given it), and refused past the user's share; a handle freed
+//! gives its entry back, and userspace gives back all a process held when it forgets it
+//! (having removed its entries: not at its exit, when its counters are still to be read). The processes
 //! holding entries are counted per user too, within a share of `PROC_HELD`: the record of
 //! what each holds is the node's as well.
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    cty::c_void,
     helpers::bpf_get_current_uid_gid,
     macros::map,
-    maps::HashMap,
+    maps::{Array, HashMap},
 };
 use collector_common::{
-    shares::{share_of, Held, SharedMap, CAPACITY, MAX_HOLDERS, MAX_USERS, SHARED_MAPS},
-    CommInfo, HandleKey,
+    shares::{
+        share_of, Held, SharedMap, SubuidRange, CAPACITY, MAX_HOLDERS, MAX_SUBUID_RANGES,
+        MAX_USERS, SHARED_MAPS,
+    },
+    CommInfo, HandleKey, IdentityOffsets,
 };
 
 use crate::{
     counters::{add_atomic, fetch_add},
+    decode::each,
     instances::COLL_SEQ,
     maps::{with_proc_stats, COMMS, CONFIG, DTYPES, IDENTITY_OFFSETS},
     process::{current_task, kernel_word},
@@ -36,6 +42,11 @@ pub static USER_HELD: HashMap<u32, Held> = HashMap::with_max_entries(MAX_USERS, 
 #[map]
 pub static USER_RELEASED: HashMap<u32, Held> =
     HashMap::with_max_entries(MAX_USERS, BPF_F_NO_PREALLOC);
+
+/// The node's sub-uid ranges, sorted, the first `Config::subuid_ranges` of them (userspace
+/// writes them from `/etc/subuid`).
+#[map]
+pub static SUBUIDS: Array<SubuidRange> = Array::with_max_entries(MAX_SUBUID_RANGES, 0);
 
 /// Entries held per process, and the user they are charged to (given back by userspace
 /// when it forgets the process, having removed its entries).
@@ -267,39 +278,124 @@ fn holder(tgid: u32, pct: u32) -> Option<(*mut Held, *mut Held, Held)> {
 
 /// The user the current process's entries are charged to: the user it runs as, or where
 /// it runs in a user namespace, the user who made it (or the namespace it was made in, up
-/// to the node's own). Sub-uids, a rootless container's, are many users to the kernel:
-/// one user with 65,536 of them would otherwise hold as many shares. Where the kernel's
-/// offsets are unknown or a read fails, the user it runs as.
+/// to the node's own); a sub-uid then as the user given it ([`SUBUIDS`]). Sub-uids, a
+/// rootless container's, are many users to the kernel: one user with 65,536 of them would
+/// otherwise hold as many shares.
 #[inline(always)]
 fn account() -> u32 {
     let uid = bpf_get_current_uid_gid() as u32;
-    let Some(off) = IDENTITY_OFFSETS.get(0) else {
-        return uid;
-    };
-    if off.userns_valid == 0 {
-        return uid;
-    }
+    given(match IDENTITY_OFFSETS.get(0) {
+        Some(off) if off.userns_valid != 0 => made_by(off, uid),
+        _ => uid,
+    })
+}
+
+/// The user charged for the current process, running as `uid`, by its user namespace:
+/// `uid` in the node's own (or where a read fails); else the namespace's made in the node's
+/// own (see [`maker`]).
+#[inline(always)]
+fn made_by(off: &IdentityOffsets, uid: u32) -> u32 {
     let cred = kernel_word(current_task(), off.userns_task_cred) as *const u8;
     if cred.is_null() {
         return uid;
     }
     let mut ns = kernel_word(cred, off.userns_cred_user_ns) as *const u8;
-    for _ in 0..=MAX_USERNS_LEVEL {
+    for _ in 0..MAX_USERNS_LEVEL {
         if ns.is_null() {
             break;
         }
-        // `level` is an int and `owner` a kuid_t: the low half of the word (little-endian).
+        // `level` is an int: the low half of the word (little-endian).
         match kernel_word(ns, off.userns_level) as u32 {
             0 => break,
-            1 => return kernel_word(ns, off.userns_owner) as u32,
+            1 => return maker(off, ns, uid),
             _ => ns = kernel_word(ns, off.userns_parent) as *const u8,
         }
     }
     uid
 }
 
-/// The deepest a user namespace nests (the kernel's limit).
-const MAX_USERNS_LEVEL: u32 = 32;
+/// Who answers for user namespace `ns`, made in the node's own: the user who made it; where
+/// root did (a container engine: Kubernetes, LXD, systemd-nspawn), the node's uid its first
+/// range maps to, so that each container is a user, not all of them root. `uid` where the
+/// map cannot be read.
+#[inline(always)]
+fn maker(off: &IdentityOffsets, ns: *const u8, uid: u32) -> u32 {
+    let owner = kernel_word(ns, off.userns_owner) as u32;
+    if owner != 0 {
+        return owner;
+    }
+    let map = ns.wrapping_add(off.userns_uid_map as usize);
+    let extents = match kernel_word(map, off.uidmap_nr_extents) as u32 {
+        0 => return uid,
+        n if n <= UID_GID_MAP_MAX_BASE_EXTENTS => map.wrapping_add(off.uidmap_extent as usize),
+        _ => kernel_word(map, off.uidmap_forward) as *const u8,
+    };
+    if extents.is_null() {
+        return uid;
+    }
+    kernel_word(extents, off.extent_lower_first) as u32
+}
+
+/// The user given sub-uid `uid` ([`SUBUIDS`]), else `uid`: a binary search of the sorted
+/// ranges for the last that starts at or before it, in a `bpf_loop` (unrolled, the
+/// verifier followed every value of the bounds and gave up).
+#[inline(always)]
+fn given(uid: u32) -> u32 {
+    let n = CONFIG
+        .get(0)
+        .map_or(0, |c| c.subuid_ranges.min(MAX_SUBUID_RANGES));
+    if n == 0 {
+        return uid;
+    }
+    let mut s = Search {
+        uid,
+        lo: 0,
+        hi: n,
+        _pad: 0,
+    };
+    let _ = each(SEARCH_STEPS, search_step, &mut s);
+    match s.lo.checked_sub(1).and_then(|i| SUBUIDS.get(i)) {
+        Some(r) if r.holds(uid) => r.owner,
+        _ => uid,
+    }
+}
+
+/// [`given`]'s search, on its stack: the ranges before `lo` start at or before `uid`,
+/// those from `hi` after it.
+#[repr(C)]
+struct Search {
+    uid: u32,
+    lo: u32,
+    hi: u32,
+    _pad: u32,
+}
+
+/// One step of [`given`]'s search (`bpf_loop`'s body); 1 (stop) once it has its answer.
+extern "C" fn search_step(_i: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes `given`'s context.
+    let s = unsafe { &mut *ctx.cast::<Search>() };
+    if s.lo >= s.hi {
+        return 1;
+    }
+    let mid = s.lo + (s.hi - s.lo) / 2;
+    match SUBUIDS.get(mid) {
+        Some(r) if r.start <= s.uid => s.lo = mid + 1,
+        Some(_) => s.hi = mid,
+        None => return 1,
+    }
+    0
+}
+
+/// Steps of [`given`]'s search: enough for [`MAX_SUBUID_RANGES`].
+const SEARCH_STEPS: u32 = MAX_SUBUID_RANGES.ilog2() + 1;
+
+/// The levels a walk from a user namespace to the node's own may climb: the kernel makes
+/// none below level 33.
+const MAX_USERNS_LEVEL: u32 = 33;
+
+/// The ranges a `uid_gid_map` holds in place (the kernel's `UID_GID_MAP_MAX_BASE_EXTENTS`);
+/// more are behind `forward`.
+const UID_GID_MAP_MAX_BASE_EXTENTS: u32 = 5;
 
 /// What userspace gave back of user `uid`'s holdings (none: zero).
 #[inline(always)]

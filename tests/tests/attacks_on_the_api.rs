@@ -476,9 +476,8 @@ fn a_user_cannot_open_snapshot_watches_without_end() {
 /// detached.
 #[test]
 fn a_user_cannot_fill_the_kernels_handle_maps() {
-    use collector_common::shares::{share_of, DEFAULT_USER_SHARE_PCT, HANDLE_MAP_ENTRIES};
     const FLOOD: u64 = 70_000;
-    let share = share_of(u64::from(HANDLE_MAP_ENTRIES), DEFAULT_USER_SHARE_PCT);
+    let share = SHARE;
     let scratch = Scratch::new("attack-handles");
     let daemon = Daemon::start(&scratch, &[], &[], &[]);
     let dir = nobody_dir(&scratch, "nobody");
@@ -535,17 +534,116 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
 /// nobody, who made the namespace: refused all but one share, and root's job is exact.
 #[test]
 fn a_user_with_sub_uids_holds_one_share() {
-    use collector_common::shares::{share_of, DEFAULT_USER_SHARE_PCT, HANDLE_MAP_ENTRIES};
-    const USERS: u64 = 3;
-    // Nobody's sub-uids, away from any a real /etc/subuid hands out.
-    const SUB_UIDS: u64 = 3_000_000;
-    let share = share_of(u64::from(HANDLE_MAP_ENTRIES), DEFAULT_USER_SHARE_PCT);
     let scratch = Scratch::new("attack-subuids");
     let daemon = Daemon::start(&scratch, &[], &[], &[]);
-    // Written by nobody's sub-uids: theirs is no user the directory could belong to.
     let dir = nobody_dir(&scratch, "nobody");
-    let anyone = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o777);
-    std::fs::set_permissions(&dir, anyone).expect("chmod");
+    let (job, pids, go) = start_in_user_namespace(&daemon, &dir, true, 3_000_000, SHARE);
+    assert_eq!(refused_in_all(&daemon, &pids), 2 * SHARE, "refusals");
+    roots_job_is_exact(&scratch, &daemon, "handles_refused");
+    let_go(job, &go);
+    assert_healthy(&scratch, &daemon);
+    daemon.stop(&scratch);
+}
+
+/// Attack: the same sub-uids, from the node's own namespace. In its user namespace nobody
+/// can make a setuid program owned by any of its sub-uids; run outside, it runs as that
+/// sub-uid in no user namespace at all. Three such programs each start a flood of a share
+/// of datatypes: charged as three users they filled the map (32,768 refused among them).
+/// The daemon gives the kernel the sub-uids of its `--subuid-file` (`/etc/subuid`'s form):
+/// each is nobody's, refused all but one share, and root's job is exact.
+#[test]
+fn a_sub_uids_setuid_program_holds_no_share_of_its_own() {
+    const SUB_UIDS: u32 = 3_000_000;
+    let scratch = Scratch::new("attack-subuid-setuid");
+    let subuids = scratch.path("subuid");
+    std::fs::write(&subuids, format!("{NOBODY}:{SUB_UIDS}:65536\n")).expect("subuid file");
+    std::fs::set_permissions(&subuids, mode(0o644)).expect("chmod");
+    let daemon = Daemon::start(&scratch, &[], &[], &["--subuid-file", path_str(&subuids)]);
+    let dir = nobody_dir(&scratch, "nobody");
+    // Written by the sub-uids: no user the directory could belong to.
+    std::fs::set_permissions(&dir, mode(0o777)).expect("chmod");
+    let run = compile_c("setuid_run.c", "setuid_run", &[]);
+    let flood = build_program("mpi_flood.c", Mpi::Mpich);
+    let mut floods = Vec::new();
+    for k in 0..3 {
+        let sub_uid = SUB_UIDS + k;
+        // The program nobody made in its namespace, owned by a sub-uid there and here.
+        let setuid = dir.join(format!("run{k}"));
+        std::fs::copy(&run, &setuid).expect("copy");
+        std::os::unix::fs::chown(&setuid, Some(sub_uid), Some(sub_uid)).expect("chown");
+        std::fs::set_permissions(&setuid, mode(0o4755)).expect("chmod");
+        // A copy each: `start_as_nobody` finds its process by its file.
+        let copy = dir.join(format!("mpi_flood{k}"));
+        std::fs::copy(&flood, &copy).expect("copy");
+        let mut cmd = Command::new(&setuid);
+        cmd.args(Mpi::Mpich.launcher(1))
+            .arg(&copy)
+            .args(["types-keep", &SHARE.to_string()]);
+        let flood = start_as_nobody(&daemon, &dir, &format!("flood{k}"), cmd);
+        let status = std::fs::read_to_string(format!("/proc/{}/status", flood.1)).expect("status");
+        let all_ids = format!("Uid:\t{sub_uid}\t{sub_uid}\t{sub_uid}\t{sub_uid}");
+        assert!(
+            status.lines().any(|l| l == all_ids),
+            "not run as sub-uid {sub_uid}: {status}"
+        );
+        floods.push(flood);
+    }
+    let pids: Vec<u64> = floods.iter().map(|f| f.1).collect();
+    assert_eq!(refused_in_all(&daemon, &pids), 2 * SHARE, "refusals");
+    roots_job_is_exact(&scratch, &daemon, "handles_refused");
+    for (job, _, go) in floods {
+        let_go(job, &go);
+    }
+    assert_healthy(&scratch, &daemon);
+    daemon.stop(&scratch);
+}
+
+/// Attack: a container's root. Container engines (Kubernetes, LXD, systemd-nspawn) make
+/// user namespaces as root, each mapped to uids of its own. Were a namespace root made
+/// charged to root, a container's processes would use up root's share and root's own jobs
+/// would go undecoded. Root makes one here (uid 0 in it is 4,000,000 outside); its process
+/// makes more than a share of datatypes: it is refused past its own share, exactly, and
+/// root's job beside it is exact.
+#[test]
+fn a_container_root_made_is_a_user_of_its_own() {
+    const MORE: u64 = 7_000;
+    let scratch = Scratch::new("attack-container");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let dir = nobody_dir(&scratch, "container");
+    let (job, pids, go) = start_in_user_namespace(&daemon, &dir, false, 4_000_000, SHARE + MORE);
+    assert_eq!(refused_in_all(&daemon, &pids), MORE, "refusals");
+    roots_job_is_exact(&scratch, &daemon, "handles_refused");
+    let_go(job, &go);
+    assert_healthy(&scratch, &daemon);
+    daemon.stop(&scratch);
+}
+
+/// One user's share of each handle map (the daemons here are started with the default).
+const SHARE: u64 = collector_common::shares::share_of(
+    collector_common::shares::HANDLE_MAP_ENTRIES as u64,
+    collector_common::shares::DEFAULT_USER_SHARE_PCT,
+);
+
+/// Permission bits `bits`.
+fn mode(bits: u32) -> std::fs::Permissions {
+    <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(bits)
+}
+
+/// Makes a user namespace (as nobody where `nobody`, else as root) whose uids 0 .. USERS
+/// are the node's `first` ..: nobody's 3, a user's sub-uids; root's 1, a container's. Each
+/// of those users runs one-rank MPICH `mpi_flood types-keep N` at once, let begin once the
+/// daemon has probed them all. Returns the namespace's first process, the floods' pids and
+/// their go file once each has made its flood.
+fn start_in_user_namespace(
+    daemon: &Daemon,
+    dir: &Path,
+    nobody: bool,
+    first: u64,
+    n: u64,
+) -> (ChildGuard, Vec<u64>, PathBuf) {
+    let users: u64 = if nobody { 3 } else { 1 };
+    // Written by the namespace's users: no user the directory could belong to.
+    std::fs::set_permissions(dir, mode(0o777)).expect("chmod");
     let file = |what: &str| dir.join(format!("flood.{what}"));
     let split = compile_c(
         "userns_split.c",
@@ -556,54 +654,52 @@ fn a_user_with_sub_uids_holds_one_share() {
         )],
     );
     let flood = build_program("mpi_flood.c", Mpi::Mpich);
-    let mut cmd = as_nobody(&split);
-    cmd.arg(USERS.to_string())
+    let mut cmd = if nobody {
+        as_nobody(&split)
+    } else {
+        Command::new(&split)
+    };
+    cmd.arg(users.to_string())
         .args([file("unshared"), file("mapped"), dir.join("flood")])
         .args(Mpi::Mpich.launcher(1))
         .arg(&flood)
-        .args(["types-keep", &share.to_string()])
-        .current_dir(&dir)
-        .env("HOME", &dir);
+        .args(["types-keep", &n.to_string()])
+        .current_dir(dir)
+        .env("HOME", dir);
     let job = ChildGuard::spawn(&mut cmd);
-    wait_until("nobody's user namespace", LIMIT, || {
-        file("unshared").exists()
-    });
-    let map = format!("0 {SUB_UIDS} {USERS}\n");
+    wait_until("the user namespace", LIMIT, || file("unshared").exists());
+    // What newuidmap and newgidmap would write (or a container engine).
+    let map = format!("0 {first} {users}\n");
     for which in ["uid_map", "gid_map"] {
         std::fs::write(format!("/proc/{}/{which}", job.0.id()), &map).expect(which);
     }
     std::fs::write(file("mapped"), "").expect("mapped file");
     let mut pids = Vec::new();
-    wait_until("nobody's processes to run", LIMIT, || {
+    wait_until("the namespace's processes to run", LIMIT, || {
         pids = pids_running(&flood);
-        pids.len() == USERS as usize
+        pids.len() == users as usize
     });
     let pids: Vec<u64> = pids.into_iter().map(u64::from).collect();
     wait_for_state(&daemon.target, &pids, "probed");
-    for k in 0..USERS {
+    for k in 0..users {
         std::fs::write(file(&format!("{k}.start")), "").expect("start file");
     }
-    wait_until("nobody's floods to be made", LIMIT, || {
-        (0..USERS).all(|k| file(&format!("{k}.ready")).exists())
+    wait_until("the floods to be made", LIMIT, || {
+        (0..users).all(|k| file(&format!("{k}.ready")).exists())
     });
+    (job, pids, file("go"))
+}
+
+/// The datatypes refused to processes `pids`, in all.
+fn refused_in_all(daemon: &Daemon, pids: &[u64]) -> u64 {
     let now = report_json(&["report", "--from", &daemon.target]);
-    let refused: u64 = pids
-        .iter()
+    pids.iter()
         .map(|p| {
             rank_by_pid(&now, *p)["handles_refused"]
                 .as_u64()
                 .expect("handles_refused")
         })
-        .sum();
-    assert_eq!(
-        refused,
-        USERS * share - share,
-        "refusals of nobody's sub-uids"
-    );
-    roots_job_is_exact(&scratch, &daemon, "handles_refused");
-    let_go(job, &file("go"));
-    assert_healthy(&scratch, &daemon);
-    daemon.stop(&scratch);
+        .sum()
 }
 
 /// Attack: nobody's process makes 144,000 counters (16,000 communicators of its own NCCL

@@ -196,10 +196,26 @@ impl Btf {
     }
 }
 
-/// Where identity events find a process's environment, arguments and start time, and where
-/// the linker probe finds its process group, its parent's and its terminal.
-pub fn identity_offsets(btf: &Btf) -> Result<IdentityOffsets, BtfError> {
-    let found = IdentityOffsets {
+/// This kernel's offsets for the kernel side, each part marked where found: `valid`, where
+/// identity events find a process's environment, arguments and start time and the linker
+/// probe its process group, its parent's and its terminal; `cgroup_valid`
+/// ([`cgroup_offsets`]); `userns_valid` ([`userns_offsets`]). A part not found is warned of.
+pub fn kernel_offsets(btf: &Btf) -> IdentityOffsets {
+    let none = IdentityOffsets::default();
+    let mut found = identity_offsets(btf, none).unwrap_or_else(|e| {
+        warn!("no identity events: {e:#}");
+        none
+    });
+    found = cgroup_offsets(btf, found).unwrap_or(found);
+    userns_offsets(btf, found).unwrap_or_else(|e| {
+        warn!("{e:#}: each uid of a user namespace is charged as a user of its own");
+        found
+    })
+}
+
+/// `found` with the identity offsets (see [`kernel_offsets`]).
+fn identity_offsets(btf: &Btf, found: IdentityOffsets) -> Result<IdentityOffsets, BtfError> {
+    Ok(IdentityOffsets {
         valid: 1,
         task_mm: btf.offset("task_struct", "mm")?,
         task_start_boottime: btf.offset("task_struct", "start_boottime")?,
@@ -210,16 +226,13 @@ pub fn identity_offsets(btf: &Btf) -> Result<IdentityOffsets, BtfError> {
         signal_pgrp: btf.offset("signal_struct", "pids")? + 8 * PIDTYPE_PGID,
         signal_tty: btf.offset("signal_struct", "tty")?,
         task_ptrace: btf.offset("task_struct", "ptrace")?,
-        ..cgroup_offsets(btf).unwrap_or_default()
-    };
-    Ok(userns_offsets(btf, found).unwrap_or_else(|e| {
-        warn!("{e:#}: each uid of a user namespace (a sub-uid) is charged as a user of its own");
-        found
-    }))
+        ..found
+    })
 }
 
-/// `found` with the offsets by which the kernel side finds the user who made a process's
-/// user namespace (or the one that namespace was made in, up to the node's own).
+/// `found` with the offsets by which the kernel side finds who answers for a process's
+/// user namespace: the user who made it (or the one it was made in, up to the node's own),
+/// or where root made it, the node's uid its first range maps to.
 fn userns_offsets(btf: &Btf, found: IdentityOffsets) -> Result<IdentityOffsets, BtfError> {
     Ok(IdentityOffsets {
         userns_valid: 1,
@@ -228,13 +241,18 @@ fn userns_offsets(btf: &Btf, found: IdentityOffsets) -> Result<IdentityOffsets, 
         userns_level: btf.offset("user_namespace", "level")?,
         userns_parent: btf.offset("user_namespace", "parent")?,
         userns_owner: btf.offset("user_namespace", "owner")?,
+        userns_uid_map: btf.offset("user_namespace", "uid_map")?,
+        uidmap_nr_extents: btf.offset("uid_gid_map", "nr_extents")?,
+        uidmap_extent: btf.offset("uid_gid_map", "extent")?,
+        uidmap_forward: btf.offset("uid_gid_map", "forward")?,
+        extent_lower_first: btf.offset("uid_gid_extent", "lower_first")?,
         ..found
     })
 }
 
-/// Where the kernel side finds a process's cgroup v1 directory and those above it (the
-/// identity offsets left 0: [`identity_offsets`] fills them).
-fn cgroup_offsets(btf: &Btf) -> Result<IdentityOffsets, BtfError> {
+/// `found` with where the kernel side finds a process's cgroup v1 directory and those above
+/// it.
+fn cgroup_offsets(btf: &Btf, found: IdentityOffsets) -> Result<IdentityOffsets, BtfError> {
     Ok(IdentityOffsets {
         cgroup_valid: 1,
         cgroup_task_cgroups: btf.offset("task_struct", "cgroups")?,
@@ -246,7 +264,7 @@ fn cgroup_offsets(btf: &Btf) -> Result<IdentityOffsets, BtfError> {
         cgroup_kernfs_parent: btf
             .offset("kernfs_node", "__parent")
             .or_else(|_| btf.offset("kernfs_node", "parent"))?,
-        ..IdentityOffsets::default()
+        ..found
     })
 }
 
@@ -255,7 +273,7 @@ fn cgroup_offsets(btf: &Btf) -> Result<IdentityOffsets, BtfError> {
 /// cgroup_subsys_id`, which indexes `css_set.subsys`); none where the structures' offsets
 /// are not all known.
 pub fn cgroup_v1_subsystems(btf: &Btf) -> BTreeMap<String, u32> {
-    if cgroup_offsets(btf).is_err() {
+    if cgroup_offsets(btf, IdentityOffsets::default()).is_err() {
         return BTreeMap::new();
     }
     let mut found: BTreeMap<String, u32> = btf
@@ -283,7 +301,8 @@ mod tests {
 
     #[test]
     fn this_kernels_offsets_are_found() {
-        let o = identity_offsets(&Btf::vmlinux().expect("BTF")).expect("BTF offsets");
+        let o = kernel_offsets(&Btf::vmlinux().expect("BTF"));
+        assert_eq!(o.valid, 1, "{o:?}");
         // The kernel keeps arg_end right after arg_start, env_end after env_start.
         let btf = Btf::vmlinux().expect("btf");
         assert_eq!(
@@ -298,6 +317,14 @@ mod tests {
         assert_eq!(o.cgroup_valid, 1, "{o:?}");
         assert_eq!(o.userns_valid, 1, "{o:?}");
         assert!(o.userns_task_cred > 0 && o.userns_parent > 0, "{o:?}");
+        // The in-place ranges (5 of 12 bytes) and the pointer to more share a union; the
+        // count is outside them both.
+        assert_eq!(o.uidmap_extent, o.uidmap_forward, "{o:?}");
+        assert!(
+            o.uidmap_nr_extents >= o.uidmap_extent + 60
+                || o.uidmap_nr_extents + 4 <= o.uidmap_extent,
+            "{o:?}"
+        );
         // /proc/cgroups lists the controllers in subsystem id order.
         let ids = cgroup_v1_subsystems(&btf);
         let listed = std::fs::read_to_string("/proc/cgroups").expect("/proc/cgroups");

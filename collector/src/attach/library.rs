@@ -165,6 +165,12 @@ impl Probes {
         Ok(counted)
     }
 
+    /// The user whose quota a library file counts in, where it is a user's own (not root's):
+    /// its owner, or for a sub-uid the user given it (one quota for all of theirs).
+    fn user_of_file(&self, file: &LibraryFile) -> Option<u32> {
+        (file.owner != 0).then(|| self.accounts.of(file.owner))
+    }
+
     /// Probes a dynamic linker a process maps that is not the system's (a container image's,
     /// a Spack glibc's, one a program is started with): from now on its processes pause at
     /// their library loads too. Within caps: a user's own copies cannot take every place.
@@ -172,7 +178,7 @@ impl Probes {
         if self.linkers.contains_key(&file.identity) {
             return;
         }
-        let owner = (file.owner != 0).then(|| self.accounts.of(file.owner));
+        let owner = self.user_of_file(file);
         let held = |o: Option<u32>| self.linkers.values().filter(|l| l.owner == o).count();
         if self.linkers.len() > MAX_LINKERS
             || owner.is_some_and(|_| held(owner) >= MAX_LINKERS_PER_UID)
@@ -258,8 +264,11 @@ impl Probes {
                 return None;
             }
         };
-        // A sub-uid's file is its user's: one quota for all of them.
-        let owner = (!shared && file.owner != 0).then(|| self.accounts.of(file.owner));
+        let owner = if shared {
+            None
+        } else {
+            self.user_of_file(&file)
+        };
         if let Some(uid) = owner {
             let held = self.libraries().filter(|l| l.owner == Some(uid)).count();
             if held >= MAX_LIBRARIES_PER_UID {

@@ -25,7 +25,7 @@ use aya::{
 use collector_common::{
     instances, launcher, names, one_in,
     routines::{self, ArgSpec},
-    shares::Held,
+    shares::{Held, SubuidRange},
     watch, CallState, CommInfo, Config, CounterKey, CounterVal, FabricRanges, FabricText,
     HandleKey, IdentityOffsets, Layout, ProcStats, TpOffsets, MAX_LAYOUTS, ROUTINES,
 };
@@ -199,8 +199,10 @@ pub struct Probes {
     /// Whether transports' libraries (libfabric, UCX) are probed.
     transports: bool,
     /// Whose each uid is (a sub-uid: the user given it), for the caps on a user's own
-    /// libraries and linkers, and where that is read from.
+    /// libraries and linkers and the kernel's shares (`SUBUIDS`, the first
+    /// `settings.subuid_ranges`), and where that is read from.
     accounts: Accounts,
+    subuids: Array<MapData, SubuidRange>,
     subuid_file: PathBuf,
     events: Option<RingBuf<MapData>>,
     /// By (dev, inode): attached MPI libraries, or `None` for objects that are not MPI.
@@ -436,7 +438,8 @@ impl Probes {
             pause_lease: opts.pause_lease,
             prefetch: None,
             transports: opts.transports,
-            accounts: Accounts::default().refreshed(&opts.subuid_file),
+            accounts: Accounts::default(),
+            subuids: map(&mut ebpf, names::maps::SUBUIDS)?,
             subuid_file: opts.subuid_file,
             events: Some(map(&mut ebpf, names::maps::EVENTS)?),
             _ebpf: ebpf,
@@ -458,6 +461,7 @@ impl Probes {
             cgroup_v1_subsys,
             closer: None,
         };
+        probes.refresh_accounts();
         // Left paused by a daemon that died before continuing them (the map is kept).
         let left = probes.resume_all();
         if left > 0 {
@@ -923,9 +927,32 @@ impl Probes {
         self.accounts.of(uid)
     }
 
-    /// Reads the sub-uid file again where it changed (a user given sub-uids meanwhile).
+    /// Reads the sub-uid file again where it changed (a user given sub-uids meanwhile), and
+    /// gives the kernel side its ranges.
     pub fn refresh_accounts(&mut self) {
-        self.accounts = std::mem::take(&mut self.accounts).refreshed(&self.subuid_file);
+        let before = std::mem::take(&mut self.accounts);
+        let old_ranges = before.ranges().to_vec();
+        self.accounts = before.refreshed(&self.subuid_file);
+        if self.accounts.ranges() == old_ranges.as_slice() {
+            return;
+        }
+        if let Err(e) = self.write_subuids() {
+            warn!("{e:#}: the kernel charges each sub-uid as a user of its own");
+        }
+    }
+
+    /// Writes the sub-uid ranges for the kernel side: none while they are rewritten (each
+    /// sub-uid a user of its own for that moment), then all.
+    fn write_subuids(&mut self) -> Result<(), AttachError> {
+        self.settings.subuid_ranges = 0;
+        self.write_settings()?;
+        for (i, r) in self.accounts.ranges().iter().enumerate() {
+            self.subuids
+                .set(i as u32, *r, 0)
+                .map_err(map_err(names::maps::SUBUIDS))?;
+        }
+        self.settings.subuid_ranges = self.accounts.ranges().len() as u32;
+        self.write_settings()
     }
 
     /// Removes everything the kernel keeps of `pid` (counters, learnt handles), once its
@@ -1156,7 +1183,7 @@ type Tables = (
 /// kernel's offsets (identity events, tracepoint fields) and the launchers' names.
 /// Whether the identity offsets were found is returned beside them.
 fn fill_tables(ebpf: &mut Ebpf, btf: Option<&btf::Btf>) -> Result<(Tables, bool), AttachError> {
-    let mut identity_known = true;
+    let identity_known;
     let mut specs: Array<MapData, ArgSpec> = map(ebpf, names::maps::ROUTINE_SPECS)?;
     for (i, r) in ROUTINES.iter().enumerate() {
         specs
@@ -1164,22 +1191,17 @@ fn fill_tables(ebpf: &mut Ebpf, btf: Option<&btf::Btf>) -> Result<(Tables, bool)
             .map_err(map_err(names::maps::ROUTINE_SPECS))?;
     }
     let mut identity: Array<MapData, IdentityOffsets> = map(ebpf, names::maps::IDENTITY_OFFSETS)?;
-    match btf
-        .ok_or(btf::BtfError::Missing(
-            "readable /sys/kernel/btf/vmlinux".into(),
-        ))
-        .and_then(btf::identity_offsets)
-    {
-        Ok(offsets) => identity
+    // Without identity events, processes are known by their /proc entries only (a rank
+    // that exits at once may lose its rank and job), and none is paused (whether it may be
+    // unnoticed is read from its task).
+    if let Some(offsets) = btf.map(btf::kernel_offsets) {
+        identity_known = offsets.valid == 1;
+        identity
             .set(0, offsets, 0)
-            .map_err(map_err(names::maps::IDENTITY_OFFSETS))?,
-        // Processes are then known by their /proc entries only (a rank that exits at
-        // once may lose its rank and job), and none is paused (whether it may be unnoticed
-        // is read from its task).
-        Err(e) => {
-            warn!("no identity events: {e:#}");
-            identity_known = false;
-        }
+            .map_err(map_err(names::maps::IDENTITY_OFFSETS))?;
+    } else {
+        warn!("no identity events, and each uid of a user namespace is charged as a user of its own: no readable /sys/kernel/btf/vmlinux");
+        identity_known = false;
     }
     let mut tp: Array<MapData, TpOffsets> = map(ebpf, names::maps::TP_OFFSETS)?;
     tp.set(0, system::tracepoint_offsets()?, 0)

@@ -1,9 +1,10 @@
-//! Who a uid is, for the caps the daemon keeps per user: a sub-uid is its user's. A user
-//! given sub-uids (`/etc/subuid`, which `newuidmap` grants from for rootless containers)
-//! runs processes and owns files as each of them, so a cap per uid would give that user
-//! one per sub-uid: its own libraries would take every library slot. The kernel side
-//! charges its maps by the owner of a process's user namespace instead; a file carries no
-//! namespace, so its owner is looked up here.
+//! Who a uid is, for the caps kept per user: a sub-uid is its user's. A user given sub-uids
+//! (`/etc/subuid`, which `newuidmap` grants from for rootless containers) runs processes
+//! and owns files as each of them, so a cap per uid would give that user one per sub-uid:
+//! its own libraries would take every library slot, its processes a share of the kernel's
+//! maps each. The daemon's caps look a file's owner up here; the kernel side searches the
+//! same ranges (`SUBUIDS`) after finding who answers for a process's user namespace (a
+//! setuid program a sub-uid owns runs as that sub-uid in the node's own namespace too).
 
 use std::{
     fs::File,
@@ -12,6 +13,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use collector_common::shares::{SubuidRange, MAX_SUBUID_RANGES};
 use tracing::{info, warn};
 
 /// Where the sub-uids users are given are listed, unless told otherwise.
@@ -24,8 +26,8 @@ const PASSWD_FILE: &str = "/etc/passwd";
 /// no one's: its uids are users of their own, as without the file).
 const MAX_FILE_BYTES: u64 = 4 << 20;
 
-/// The most ranges kept.
-const MAX_RANGES: usize = 65_536;
+/// The most ranges kept (the kernel's too).
+const MAX_RANGES: usize = MAX_SUBUID_RANGES as usize;
 
 /// Errors reading the sub-uid file.
 #[derive(Debug, thiserror::Error)]
@@ -39,26 +41,27 @@ pub enum AccountsError {
     Untrusted(PathBuf),
 }
 
-/// A file's device, inode, size and modification time: whether it changed.
-type FileSeen = (u64, u64, u64, i64);
+/// A file's device, inode, size, and modification and change times (ns): whether it
+/// changed.
+type FileSeen = (u64, u64, u64, i128, i128);
 
-/// A range of sub-uids and the user given them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Range {
-    /// First sub-uid.
-    start: u32,
-    /// Past the last (at most 2^32).
-    end: u64,
-    /// The user they are charged to: the user given them, or where that user's name does
-    /// not resolve, the range's first sub-uid (its uids are then one user still).
-    owner: u32,
+/// What `meta` says of whether its file changed.
+fn seen(meta: &std::fs::Metadata) -> FileSeen {
+    let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+    (
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        ns(meta.mtime(), meta.mtime_nsec()),
+        ns(meta.ctime(), meta.ctime_nsec()),
+    )
 }
 
-/// The sub-uid ranges of a node, and what the file they were read from looked like then
-/// (to read it again only when it changed).
+/// The sub-uid ranges of a node (sorted, none overlapping another), and what the file they
+/// were read from looked like then (to read it again only when it changed).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Accounts {
-    ranges: Vec<Range>,
+    ranges: Vec<SubuidRange>,
     /// What the file read looked like; none where none was.
     read_from: Option<FileSeen>,
 }
@@ -66,15 +69,23 @@ pub struct Accounts {
 impl Accounts {
     /// The user `uid` is charged as: the user given it where it is a sub-uid, else itself.
     pub fn of(&self, uid: u32) -> u32 {
-        self.ranges
-            .iter()
-            .find(|r| r.start <= uid && u64::from(uid) < r.end)
-            .map_or(uid, |r| r.owner)
+        let after = self.ranges.partition_point(|r| r.start <= uid);
+        match after.checked_sub(1).map(|i| self.ranges[i]) {
+            Some(r) if r.holds(uid) => r.owner,
+            _ => uid,
+        }
+    }
+
+    /// The ranges, sorted, as the kernel side searches them.
+    pub fn ranges(&self) -> &[SubuidRange] {
+        &self.ranges
     }
 
     /// The ranges in `subuid` (`/etc/subuid`'s `USER:FIRST:COUNT` lines), users named
     /// there resolved by `passwd` (`/etc/passwd`'s `NAME:x:UID:` lines). Lines that do not
-    /// parse are left out.
+    /// parse are left out, and so are root's ranges: root hands them out to containers (LXD
+    /// writes one), each of which the kernel side counts as a user of its own, not as root.
+    /// A range overlapping one before it is left out (with a warning).
     pub fn parse(subuid: &str, passwd: &str) -> Accounts {
         let uid_of = |name: &str| -> Option<u32> {
             if let Ok(uid) = name.parse() {
@@ -86,7 +97,7 @@ impl Accounts {
                 f.nth(1)?.parse().ok()
             })
         };
-        let mut ranges: Vec<Range> = subuid
+        let mut ranges: Vec<SubuidRange> = subuid
             .lines()
             .filter(|l| !l.trim_start().starts_with('#'))
             .filter_map(|l| {
@@ -94,19 +105,29 @@ impl Accounts {
                 let (user, start, count) = (f.next()?, f.next()?, f.next()?);
                 let start: u32 = start.parse().ok()?;
                 let count: u32 = count.parse().ok()?;
-                let end = u64::from(start) + u64::from(count);
-                (count > 0 && end <= 1 << 32).then_some(())?;
-                Some(Range {
+                (count > 0 && u64::from(start) + u64::from(count) <= 1 << 32).then_some(())?;
+                Some(SubuidRange {
                     start,
-                    end,
+                    count,
                     owner: uid_of(user).unwrap_or(start),
                 })
             })
-            .take(MAX_RANGES)
+            .filter(|r| r.owner != 0)
             .collect();
         ranges.sort_by_key(|r| r.start);
+        let mut kept: Vec<SubuidRange> = Vec::with_capacity(ranges.len().min(MAX_RANGES));
+        for r in ranges {
+            match kept.last() {
+                Some(last) if last.holds(r.start) => warn!(
+                    "sub-uids {}..+{} of user {} overlap those of user {}: left out",
+                    r.start, r.count, r.owner, last.owner
+                ),
+                _ if kept.len() == MAX_RANGES => break,
+                _ => kept.push(r),
+            }
+        }
         Accounts {
-            ranges,
+            ranges: kept,
             read_from: None,
         }
     }
@@ -132,9 +153,7 @@ impl Accounts {
     /// given sub-uids while the daemon runs has them counted as theirs from the next look.
     /// A file that can no longer be read keeps the accounts as they were.
     pub fn refreshed(self, path: &Path) -> Accounts {
-        let now = std::fs::symlink_metadata(path)
-            .ok()
-            .map(|m| (m.dev(), m.ino(), m.size(), m.mtime()));
+        let now = std::fs::symlink_metadata(path).ok().map(|m| seen(&m));
         if now == self.read_from {
             return self;
         }
@@ -179,8 +198,10 @@ fn read_trusted(path: &Path) -> Result<Option<(String, FileSeen)>, AccountsError
     file.take(MAX_FILE_BYTES)
         .read_to_end(&mut bytes)
         .map_err(io)?;
-    let seen = (meta.dev(), meta.ino(), meta.size(), meta.mtime());
-    Ok(Some((String::from_utf8_lossy(&bytes).into_owned(), seen)))
+    Ok(Some((
+        String::from_utf8_lossy(&bytes).into_owned(),
+        seen(&meta),
+    )))
 }
 
 #[cfg(test)]
@@ -191,7 +212,8 @@ mod tests {
     fn a_sub_uid_is_the_user_given_it_and_any_other_uid_itself() {
         let passwd = "root:x:0:0::/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\n";
         let subuid = "alice:100000:65536\n# comment\n2000:300000:10\nghost:400000:5\n\
-                      bad line\nbob:x:1\nzero:500000:0\nhuge:4294967295:2\n";
+                      bad line\nbob:x:1\nzero:500000:0\nhuge:4294967295:2\n\
+                      root:1000000:1000000\n1000:300005:100\n";
         let a = Accounts::parse(subuid, passwd);
         assert_eq!(a.of(100_000), 1000);
         assert_eq!(a.of(165_535), 1000);
@@ -206,7 +228,13 @@ mod tests {
         // Empty ranges and ranges past 2^32 are left out.
         assert_eq!(a.of(500_000), 500_000);
         assert_eq!(a.of(u32::MAX), u32::MAX);
-        assert_eq!(a.ranges.len(), 3);
+        // Root's ranges are each container's (the kernel side tells them apart).
+        assert_eq!(a.of(1_500_000), 1_500_000);
+        // A range overlapping one before it is left out: 300,005 is still 2000's.
+        assert_eq!(a.of(300_005), 2000);
+        assert_eq!(a.of(300_050), 300_050);
+        assert_eq!(a.ranges().len(), 3);
+        assert!(a.ranges().is_sorted_by_key(|r| r.start));
     }
 
     #[test]

@@ -442,11 +442,12 @@ pub struct ProbeArgs {
           value_parser = clap::value_parser!(u32).range(1..=100))]
     pub user_share: u32,
     /// Where the sub-uids users are given are listed (newuidmap's `USER:FIRST:COUNT`
-    /// lines, for rootless containers). A user's caps — its own libraries probed at once,
-    /// its exited processes' profiles kept — count each of its sub-uids as that user, who
-    /// could otherwise own files and run processes as thousands of users. Read again when
-    /// it changes; it must be root's and writable by root only. (The kernel's shares of its
-    /// maps go by the owner of each process's user namespace, and need no file.)
+    /// lines, for rootless containers). A user's caps (its share of the kernel's maps,
+    /// --user-share; its own libraries probed at once; its exited processes' profiles
+    /// kept) count each of its sub-uids as that user, who could otherwise own files and
+    /// run processes as thousands of users. Read again when it changes; it must be a
+    /// regular file of root's that only root may write. Names resolve through /etc/passwd;
+    /// root's own ranges are left alone (containers', each counted as a user of its own).
     #[arg(long, value_name = "FILE", default_value = collector::discover::accounts::SUBUID_FILE)]
     pub subuid_file: std::path::PathBuf,
     /// Probe MPI and NCCL only, not the transports' data path beneath them (libfabric's
