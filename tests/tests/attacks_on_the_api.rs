@@ -396,13 +396,23 @@ fn ten_thousand_ranks_are_reported_page_by_page() {
 
 /// Attack: nobody opens snapshot watches on the daemon's Unix socket without end (each one
 /// has the daemon build a whole profile every interval, so a few thousand would eat its
-/// CPU). A caller may hold 16 open; the 17th is refused with a reason, a closed one frees
-/// its place, and root is not held up.
+/// CPU). A caller may hold 16 open; the 17th is refused with a reason, from nobody's
+/// sub-uid too (a setuid program it could make in its user namespace: a caller of its own,
+/// before, and let open), a closed one frees its place, and root is not held up.
 #[test]
 fn a_user_cannot_open_snapshot_watches_without_end() {
     const PER_CALLER: usize = 16;
+    const SUB_UID: u32 = 3_000_000;
     let scratch = Scratch::new("attack-watches");
-    let daemon = Daemon::start(&scratch, &[], &[], &["--socket-mode", "666"]);
+    let subuids = scratch.path("subuid");
+    std::fs::write(&subuids, format!("{NOBODY}:{SUB_UID}:65536\n")).expect("subuid file");
+    std::fs::set_permissions(&subuids, mode(0o644)).expect("chmod");
+    let daemon = Daemon::start(
+        &scratch,
+        &[],
+        &[],
+        &["--socket-mode", "666", "--subuid-file", path_str(&subuids)],
+    );
     let watch = |out: &Path| {
         let file = std::fs::File::create(out).expect("watch output");
         let mut cmd = as_nobody(&commtap_bin());
@@ -433,6 +443,36 @@ fn a_user_cannot_open_snapshot_watches_without_end() {
     ]);
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "a 17th watch was let open");
+    assert!(
+        stderr.contains("16 watch streams of this caller are open already"),
+        "{stderr}"
+    );
+    // Nobody's sub-uid is nobody.
+    let dir = nobody_dir(&scratch, "nobody");
+    let setuid = dir.join("run");
+    std::fs::copy(compile_c("setuid_run.c", "setuid_run", &[]), &setuid).expect("copy");
+    std::os::unix::fs::chown(&setuid, Some(SUB_UID), Some(SUB_UID)).expect("chown");
+    std::fs::set_permissions(&setuid, mode(0o4755)).expect("chmod");
+    let from_sub_uid = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&setuid)
+        .arg(commtap_bin())
+        .args([
+            "report",
+            "--from",
+            &daemon.target,
+            "--watch",
+            "1s",
+            "--count",
+            "1",
+        ])
+        .output()
+        .expect("a watch from a sub-uid");
+    let stderr = String::from_utf8_lossy(&from_sub_uid.stderr);
+    assert!(
+        !from_sub_uid.status.success(),
+        "a sub-uid's watch was let open"
+    );
     assert!(
         stderr.contains("16 watch streams of this caller are open already"),
         "{stderr}"

@@ -141,11 +141,16 @@ impl pb::node_server::Node for NodeService {
         req: Request<pb::WatchSnapshotsRequest>,
     ) -> Result<Response<Self::WatchSnapshotsStream>, Status> {
         let caller = Caller::of(&req);
-        // A user's watches are theirs to spend, up to the limit; a TCP caller's by address.
+        // A user's watches are theirs to spend, up to the limit, its sub-uids' with them (or
+        // each would be a caller of its own); a TCP caller's by address.
+        let spender = match caller {
+            Caller::Uid(uid) => Caller::Uid(self.state.session.lock().await.probes.account_of(uid)),
+            other => other,
+        };
         let slot = self
             .state
             .watches
-            .acquire((caller, req.remote_addr().map(|a| a.ip())), "watch")?;
+            .acquire((spender, req.remote_addr().map(|a| a.ip())), "watch")?;
         let req = req.into_inner();
         let interval = watch_interval(req.interval_ms)?;
         let page_size = page_of(req.page_size, "")?.map(|p| p.size);
