@@ -89,6 +89,7 @@ pub async fn run(daemon: &Path) -> Vec<Check> {
         cgroup2(),
         libraries(),
         ucx(),
+        subuids(),
         daemon_check(daemon).await,
     ]
 }
@@ -194,6 +195,38 @@ fn cgroup2() -> Check {
             "no cgroup v2 hierarchy: --container is unavailable (--cgroup, --slurm-job and job ids from cgroups work with v1 hierarchies)",
             "mount the unified cgroup hierarchy (systemd.unified_cgroup_hierarchy=1)",
         ),
+    }
+}
+
+/// The sub-uids users are given (`/etc/subuid`), which the daemon counts as their users'
+/// for every per-user cap: where the file cannot be trusted, each is a user of its own.
+fn subuids() -> Check {
+    use discover::accounts::{Accounts, AccountsError, SUBUID_FILE};
+    match Accounts::read(Path::new(SUBUID_FILE)) {
+        Ok(a) if a.ranges().is_empty() => Check::pass(
+            "subuids",
+            format!("no sub-uids in {SUBUID_FILE}: no user runs processes as many"),
+        ),
+        Ok(a) => Check::pass(
+            "subuids",
+            format!(
+                "{} sub-uid ranges in {SUBUID_FILE}: each sub-uid counts as the user given it",
+                a.ranges().len()
+            ),
+        ),
+        Err(e) => {
+            let fix = if matches!(e, AccountsError::Untrusted(_)) {
+                format!("chown root:root {SUBUID_FILE} && chmod 644 {SUBUID_FILE}")
+            } else {
+                format!("make {SUBUID_FILE} readable by root")
+            };
+            Check::not(
+                "subuids",
+                Status::Warn,
+                format!("{e}: each sub-uid counts as a user of its own, with caps of its own"),
+                fix,
+            )
+        }
     }
 }
 

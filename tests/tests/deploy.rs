@@ -246,7 +246,15 @@ fn doctor_passes_here_and_names_a_missing_capability() {
             .unwrap_or_else(|| panic!("no {name} check in {checks:#}"))
             .clone()
     };
-    for name in ["kernel", "capabilities", "bpf", "btf", "bpffs", "cgroup"] {
+    for name in [
+        "kernel",
+        "capabilities",
+        "bpf",
+        "btf",
+        "bpffs",
+        "cgroup",
+        "subuids",
+    ] {
         assert_eq!(check(name)["status"], "pass", "{:#}", check(name));
     }
     let libs = check("libraries");
