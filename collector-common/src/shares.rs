@@ -98,7 +98,8 @@ pub struct SubuidRange {
     pub start: u32,
     /// How many (the last is `start + count - 1`).
     pub count: u32,
-    /// The user given them.
+    /// The user given them; 0 for root's, which container engines hand out (LXD): see
+    /// [`SubuidRange::account`].
     pub owner: u32,
 }
 const _: () = assert!(size_of::<SubuidRange>() == 12);
@@ -108,6 +109,18 @@ impl SubuidRange {
     #[inline(always)]
     pub const fn holds(&self, uid: u32) -> bool {
         uid >= self.start && uid - self.start < self.count
+    }
+
+    /// The user sub-uid `uid` of this range is charged as: the user given the range; in
+    /// root's, its block of 65,536 (a container's uids span one or two, not root's share,
+    /// nor one user each: a setuid program a container's uid owns runs as it outside too).
+    #[inline(always)]
+    pub const fn account(&self, uid: u32) -> u32 {
+        if self.owner == 0 {
+            uid & !0xffff
+        } else {
+            self.owner
+        }
     }
 }
 

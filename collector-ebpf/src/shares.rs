@@ -280,24 +280,24 @@ fn holder(tgid: u32, pct: u32) -> Option<(*mut Held, *mut Held, Held)> {
 /// it runs in a user namespace, the user who made it (or the namespace it was made in, up
 /// to the node's own); a sub-uid then as the user given it ([`SUBUIDS`]). Sub-uids, a
 /// rootless container's, are many users to the kernel: one user with 65,536 of them would
-/// otherwise hold as many shares.
+/// otherwise hold as many shares. A container root made is its own user (see [`maker`]).
 #[inline(always)]
 fn account() -> u32 {
     let uid = bpf_get_current_uid_gid() as u32;
-    given(match IDENTITY_OFFSETS.get(0) {
+    match IDENTITY_OFFSETS.get(0) {
         Some(off) if off.userns_valid != 0 => made_by(off, uid),
-        _ => uid,
-    })
+        _ => given(uid),
+    }
 }
 
-/// The user charged for the current process, running as `uid`, by its user namespace:
-/// `uid` in the node's own (or where a read fails); else the namespace's made in the node's
-/// own (see [`maker`]).
+/// [`account`] of the current process, running as `uid`, by its user namespace: `uid` in
+/// the node's own (or where a read fails); else who answers for the namespace made in the
+/// node's own ([`maker`]).
 #[inline(always)]
 fn made_by(off: &IdentityOffsets, uid: u32) -> u32 {
     let cred = kernel_word(current_task(), off.userns_task_cred) as *const u8;
     if cred.is_null() {
-        return uid;
+        return given(uid);
     }
     let mut ns = kernel_word(cred, off.userns_cred_user_ns) as *const u8;
     for _ in 0..MAX_USERNS_LEVEL {
@@ -311,29 +311,34 @@ fn made_by(off: &IdentityOffsets, uid: u32) -> u32 {
             _ => ns = kernel_word(ns, off.userns_parent) as *const u8,
         }
     }
-    uid
+    given(uid)
 }
 
-/// Who answers for user namespace `ns`, made in the node's own: the user who made it; where
-/// root did (a container engine: Kubernetes, LXD, systemd-nspawn), the node's uid its first
-/// range maps to, so that each container is a user, not all of them root. `uid` where the
-/// map cannot be read.
+/// Who answers for user namespace `ns`, made in the node's own: the user who made it (a
+/// sub-uid's user: [`given`]); where root did (a container engine: Kubernetes, LXD,
+/// podman, systemd-nspawn), the node's uid its first range maps to, so that each container
+/// is a user, not all of them root, nor all of one engine's (not looked up in [`SUBUIDS`],
+/// where an engine's ranges are its own user's). The process's `uid` where a read fails
+/// or the namespace maps root to root (its uids are the node's).
 #[inline(always)]
 fn maker(off: &IdentityOffsets, ns: *const u8, uid: u32) -> u32 {
     let owner = kernel_word(ns, off.userns_owner) as u32;
     if owner != 0 {
-        return owner;
+        return given(owner);
     }
     let map = ns.wrapping_add(off.userns_uid_map as usize);
     let extents = match kernel_word(map, off.uidmap_nr_extents) as u32 {
-        0 => return uid,
+        0 => return given(uid),
         n if n <= UID_GID_MAP_MAX_BASE_EXTENTS => map.wrapping_add(off.uidmap_extent as usize),
         _ => kernel_word(map, off.uidmap_forward) as *const u8,
     };
     if extents.is_null() {
-        return uid;
+        return given(uid);
     }
-    kernel_word(extents, off.extent_lower_first) as u32
+    match kernel_word(extents, off.extent_lower_first) as u32 {
+        0 => given(uid),
+        container => container,
+    }
 }
 
 /// The user given sub-uid `uid` ([`SUBUIDS`]), else `uid`: a binary search of the sorted
@@ -355,7 +360,7 @@ fn given(uid: u32) -> u32 {
     };
     let _ = each(SEARCH_STEPS, search_step, &mut s);
     match s.lo.checked_sub(1).and_then(|i| SUBUIDS.get(i)) {
-        Some(r) if r.holds(uid) => r.owner,
+        Some(r) if r.holds(uid) => r.account(uid),
         _ => uid,
     }
 }

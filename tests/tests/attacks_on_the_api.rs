@@ -448,11 +448,7 @@ fn a_user_cannot_open_snapshot_watches_without_end() {
         "{stderr}"
     );
     // Nobody's sub-uid is nobody.
-    let dir = nobody_dir(&scratch, "nobody");
-    let setuid = dir.join("run");
-    std::fs::copy(compile_c("setuid_run.c", "setuid_run", &[]), &setuid).expect("copy");
-    std::os::unix::fs::chown(&setuid, Some(SUB_UID), Some(SUB_UID)).expect("chown");
-    std::fs::set_permissions(&setuid, mode(0o4755)).expect("chmod");
+    let setuid = setuid_program(&nobody_dir(&scratch, "nobody"), "run", SUB_UID);
     let from_sub_uid = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(&setuid)
@@ -602,16 +598,11 @@ fn a_sub_uids_setuid_program_holds_no_share_of_its_own() {
     let dir = nobody_dir(&scratch, "nobody");
     // Written by the sub-uids: no user the directory could belong to.
     std::fs::set_permissions(&dir, mode(0o777)).expect("chmod");
-    let run = compile_c("setuid_run.c", "setuid_run", &[]);
     let flood = build_program("mpi_flood.c", Mpi::Mpich);
     let mut floods = Vec::new();
     for k in 0..3 {
         let sub_uid = SUB_UIDS + k;
-        // The program nobody made in its namespace, owned by a sub-uid there and here.
-        let setuid = dir.join(format!("run{k}"));
-        std::fs::copy(&run, &setuid).expect("copy");
-        std::os::unix::fs::chown(&setuid, Some(sub_uid), Some(sub_uid)).expect("chown");
-        std::fs::set_permissions(&setuid, mode(0o4755)).expect("chmod");
+        let setuid = setuid_program(&dir, &format!("run{k}"), sub_uid);
         // A copy each: `start_as_nobody` finds its process by its file.
         let copy = dir.join(format!("mpi_flood{k}"));
         std::fs::copy(&flood, &copy).expect("copy");
@@ -641,17 +632,17 @@ fn a_sub_uids_setuid_program_holds_no_share_of_its_own() {
 /// Attack: a container's root. Container engines (Kubernetes, LXD, systemd-nspawn) make
 /// user namespaces as root, each mapped to uids of its own. Were a namespace root made
 /// charged to root, a container's processes would use up root's share and root's own jobs
-/// would go undecoded. Root makes one here (uid 0 in it is 4,000,000 outside); its process
-/// makes more than a share of datatypes: it is refused past its own share, exactly, and
-/// root's job beside it is exact.
+/// would go undecoded; were each of its uids a user, it would hold a share per uid. Root
+/// makes one here (its uids 0, 1 and 2 are 4,000,000 .. outside), and a process under each
+/// makes a share of datatypes: the container is refused all but one share, and root's job
+/// beside it is exact.
 #[test]
 fn a_container_root_made_is_a_user_of_its_own() {
-    const MORE: u64 = 7_000;
     let scratch = Scratch::new("attack-container");
     let daemon = Daemon::start(&scratch, &[], &[], &[]);
     let dir = nobody_dir(&scratch, "container");
-    let (job, pids, go) = start_in_user_namespace(&daemon, &dir, false, 4_000_000, SHARE + MORE);
-    assert_eq!(refused_in_all(&daemon, &pids), MORE, "refusals");
+    let (job, pids, go) = start_in_user_namespace(&daemon, &dir, false, 4_000_000, SHARE);
+    assert_eq!(refused_in_all(&daemon, &pids), 2 * SHARE, "refusals");
     roots_job_is_exact(&scratch, &daemon, "handles_refused");
     let_go(job, &go);
     assert_healthy(&scratch, &daemon);
@@ -669,10 +660,9 @@ fn mode(bits: u32) -> std::fs::Permissions {
     <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(bits)
 }
 
-/// Makes a user namespace (as nobody where `nobody`, else as root) whose uids 0 .. USERS
-/// are the node's `first` ..: nobody's 3, a user's sub-uids; root's 1, a container's. Each
-/// of those users runs one-rank MPICH `mpi_flood types-keep N` at once, let begin once the
-/// daemon has probed them all. Returns the namespace's first process, the floods' pids and
+/// Makes a user namespace (as nobody where `nobody`, else as root: a container) whose uids
+/// 0, 1 and 2 are the node's `first` ... Each of those users runs one-rank MPICH
+/// `mpi_flood types-keep N` at once, let begin once the daemon has probed them all. Returns the namespace's first process, the floods' pids and
 /// their go file once each has made its flood.
 fn start_in_user_namespace(
     daemon: &Daemon,
@@ -681,7 +671,7 @@ fn start_in_user_namespace(
     first: u64,
     n: u64,
 ) -> (ChildGuard, Vec<u64>, PathBuf) {
-    let users: u64 = if nobody { 3 } else { 1 };
+    let users: u64 = 3;
     // Written by the namespace's users: no user the directory could belong to.
     std::fs::set_permissions(dir, mode(0o777)).expect("chmod");
     let file = |what: &str| dir.join(format!("flood.{what}"));
@@ -728,6 +718,27 @@ fn start_in_user_namespace(
         (0..users).all(|k| file(&format!("{k}.ready")).exists())
     });
     (job, pids, file("go"))
+}
+
+/// A copy of `setuid_run` at `dir/name`, owned by `uid` and setuid: what a user can make
+/// in its user namespace, owned by one of its sub-uids. Checked: run by nobody, it runs as
+/// `uid`.
+fn setuid_program(dir: &Path, name: &str, uid: u32) -> PathBuf {
+    let program = dir.join(name);
+    std::fs::copy(compile_c("setuid_run.c", "setuid_run", &[]), &program).expect("copy");
+    std::os::unix::fs::chown(&program, Some(uid), Some(uid)).expect("chown");
+    std::fs::set_permissions(&program, mode(0o4755)).expect("chmod");
+    let out = as_nobody(&program)
+        .args(["id", "-u"])
+        .output()
+        .expect("setuid program");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        uid.to_string(),
+        "a setuid program does not run as its owner (target/e2e on a nosuid mount?): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    program
 }
 
 /// The datatypes refused to processes `pids`, in all.

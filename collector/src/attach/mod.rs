@@ -203,6 +203,8 @@ pub struct Probes {
     /// `settings.subuid_ranges`), and where that is read from.
     accounts: Accounts,
     subuids: Array<MapData, SubuidRange>,
+    /// The ranges the kernel side was last given (none until they were all written).
+    subuids_written: Vec<SubuidRange>,
     subuid_file: PathBuf,
     events: Option<RingBuf<MapData>>,
     /// By (dev, inode): attached MPI libraries, or `None` for objects that are not MPI.
@@ -440,6 +442,7 @@ impl Probes {
             transports: opts.transports,
             accounts: Accounts::default(),
             subuids: map(&mut ebpf, names::maps::SUBUIDS)?,
+            subuids_written: Vec::new(),
             subuid_file: opts.subuid_file,
             events: Some(map(&mut ebpf, names::maps::EVENTS)?),
             _ebpf: ebpf,
@@ -930,14 +933,14 @@ impl Probes {
     /// Reads the sub-uid file again where it changed (a user given sub-uids meanwhile), and
     /// gives the kernel side its ranges.
     pub fn refresh_accounts(&mut self) {
-        let before = std::mem::take(&mut self.accounts);
-        let old_ranges = before.ranges().to_vec();
-        self.accounts = before.refreshed(&self.subuid_file);
-        if self.accounts.ranges() == old_ranges.as_slice() {
+        self.accounts = std::mem::take(&mut self.accounts).refreshed(&self.subuid_file);
+        if self.accounts.ranges() == self.subuids_written.as_slice() {
             return;
         }
-        if let Err(e) = self.write_subuids() {
-            warn!("{e:#}: the kernel charges each sub-uid as a user of its own");
+        match self.write_subuids() {
+            Ok(()) => self.subuids_written = self.accounts.ranges().to_vec(),
+            // Tried again at the next look.
+            Err(e) => warn!("{e:#}: the kernel charges each sub-uid as a user of its own"),
         }
     }
 

@@ -71,7 +71,7 @@ impl Accounts {
     pub fn of(&self, uid: u32) -> u32 {
         let after = self.ranges.partition_point(|r| r.start <= uid);
         match after.checked_sub(1).map(|i| self.ranges[i]) {
-            Some(r) if r.holds(uid) => r.owner,
+            Some(r) if r.holds(uid) => r.account(uid),
             _ => uid,
         }
     }
@@ -83,9 +83,10 @@ impl Accounts {
 
     /// The ranges in `subuid` (`/etc/subuid`'s `USER:FIRST:COUNT` lines), users named
     /// there resolved by `passwd` (`/etc/passwd`'s `NAME:x:UID:` lines). Lines that do not
-    /// parse are left out, and so are root's ranges: root hands them out to containers (LXD
-    /// writes one), each of which the kernel side counts as a user of its own, not as root.
-    /// A range overlapping one before it is left out (with a warning).
+    /// parse are left out. Root's ranges are handed out to containers (LXD writes one): each
+    /// block of 65,536 of them is a user ([`SubuidRange::account`]). A range overlapping
+    /// one before it keeps what lies past it (merged into it where both are one user's),
+    /// with a warning where they are not.
     pub fn parse(subuid: &str, passwd: &str) -> Accounts {
         let uid_of = |name: &str| -> Option<u32> {
             if let Ok(uid) = name.parse() {
@@ -112,19 +113,37 @@ impl Accounts {
                     owner: uid_of(user).unwrap_or(start),
                 })
             })
-            .filter(|r| r.owner != 0)
             .collect();
         ranges.sort_by_key(|r| r.start);
+        let end = |r: &SubuidRange| u64::from(r.start) + u64::from(r.count);
         let mut kept: Vec<SubuidRange> = Vec::with_capacity(ranges.len().min(MAX_RANGES));
-        for r in ranges {
-            match kept.last() {
-                Some(last) if last.holds(r.start) => warn!(
-                    "sub-uids {}..+{} of user {} overlap those of user {}: left out",
-                    r.start, r.count, r.owner, last.owner
-                ),
-                _ if kept.len() == MAX_RANGES => break,
-                _ => kept.push(r),
+        for mut r in ranges {
+            if let Some(last) = kept.last_mut().filter(|l| l.holds(r.start)) {
+                let (last_end, r_end) = (end(last), end(&r));
+                if r.owner == last.owner {
+                    let merged = (r_end.max(last_end) - u64::from(last.start)).min(u32::MAX.into());
+                    last.count = merged as u32;
+                    continue;
+                }
+                warn!(
+                    "sub-uids {}..+{} of user {} overlap those of user {}: only those past \
+                     theirs are counted as user {}",
+                    r.start, r.count, r.owner, last.owner, r.owner
+                );
+                if r_end <= last_end {
+                    continue;
+                }
+                r.start = last_end as u32;
+                r.count = (r_end - last_end) as u32;
             }
+            if kept.len() == MAX_RANGES {
+                warn!(
+                    "more than {MAX_RANGES} sub-uid ranges: those past them are each a user of \
+                     their own"
+                );
+                break;
+            }
+            kept.push(r);
         }
         Accounts {
             ranges: kept,
@@ -198,6 +217,14 @@ fn read_trusted(path: &Path) -> Result<Option<(String, FileSeen)>, AccountsError
     file.take(MAX_FILE_BYTES)
         .read_to_end(&mut bytes)
         .map_err(io)?;
+    if bytes.len() as u64 == MAX_FILE_BYTES {
+        // The last line may be cut short (a smaller count): only whole lines are read.
+        bytes.truncate(bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1));
+        warn!(
+            "{}: only its first {MAX_FILE_BYTES} bytes are read",
+            path.display()
+        );
+    }
     Ok(Some((
         String::from_utf8_lossy(&bytes).into_owned(),
         seen(&meta),
@@ -221,19 +248,25 @@ mod tests {
         assert_eq!(a.of(1000), 1000);
         // Named by uid.
         assert_eq!(a.of(300_009), 2000);
-        assert_eq!(a.of(300_010), 300_010);
         // A name that does not resolve: the range is one user still.
         assert_eq!(a.of(400_004), 400_000);
         assert_eq!(a.of(400_000), 400_000);
         // Empty ranges and ranges past 2^32 are left out.
         assert_eq!(a.of(500_000), 500_000);
         assert_eq!(a.of(u32::MAX), u32::MAX);
-        // Root's ranges are each container's (the kernel side tells them apart).
-        assert_eq!(a.of(1_500_000), 1_500_000);
-        // A range overlapping one before it is left out: 300,005 is still 2000's.
+        // Root's ranges are handed to containers: a block of 65,536 is one user.
+        assert_eq!(a.of(1_500_000), 0x16_0000);
+        assert_eq!(a.of(1_500_001), 0x16_0000);
+        assert_eq!(a.of(1_999_999), 0x1e_0000);
+        // A range overlapping another user's before it keeps what lies past it.
         assert_eq!(a.of(300_005), 2000);
-        assert_eq!(a.of(300_050), 300_050);
-        assert_eq!(a.ranges().len(), 3);
+        assert_eq!(a.of(300_050), 1000);
+        assert_eq!(a.of(300_105), 300_105);
+        // One user's ranges overlapping are one.
+        let b = Accounts::parse("1000:100:10\n1000:105:20\n1000:110:2\n", "");
+        assert_eq!(b.ranges().len(), 1);
+        assert_eq!((b.of(124), b.of(125)), (1000, 125));
+        assert_eq!(a.ranges().len(), 5);
         assert!(a.ranges().is_sorted_by_key(|r| r.start));
     }
 

@@ -447,7 +447,7 @@ pub struct ProbeArgs {
     /// kept) count each of its sub-uids as that user, who could otherwise own files and
     /// run processes as thousands of users. Read again when it changes; it must be a
     /// regular file of root's that only root may write. Names resolve through /etc/passwd;
-    /// root's own ranges are left alone (containers', each counted as a user of its own).
+    /// in root's own ranges (containers', LXD's) a block of 65,536 counts as one user.
     #[arg(long, value_name = "FILE", default_value = collector::discover::accounts::SUBUID_FILE)]
     pub subuid_file: std::path::PathBuf,
     /// Probe MPI and NCCL only, not the transports' data path beneath them (libfabric's
