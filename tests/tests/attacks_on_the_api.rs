@@ -570,15 +570,7 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
 /// nobody, who made the namespace: refused all but one share, and root's job is exact.
 #[test]
 fn a_user_with_sub_uids_holds_one_share() {
-    let scratch = Scratch::new("attack-subuids");
-    let daemon = Daemon::start(&scratch, &[], &[], &[]);
-    let dir = nobody_dir(&scratch, "nobody");
-    let (job, pids, go) = start_in_user_namespace(&daemon, &dir, true, 3_000_000, SHARE);
-    assert_eq!(refused_in_all(&daemon, &pids), 2 * SHARE, "refusals");
-    roots_job_is_exact(&scratch, &daemon, "handles_refused");
-    let_go(job, &go);
-    assert_healthy(&scratch, &daemon);
-    daemon.stop(&scratch);
+    namespace_holds_one_share("attack-subuids", true, 3_000_000);
 }
 
 /// Attack: the same sub-uids, from the node's own namespace. In its user namespace nobody
@@ -638,10 +630,17 @@ fn a_sub_uids_setuid_program_holds_no_share_of_its_own() {
 /// beside it is exact.
 #[test]
 fn a_container_root_made_is_a_user_of_its_own() {
-    let scratch = Scratch::new("attack-container");
+    namespace_holds_one_share("attack-container", false, 4_000_000);
+}
+
+/// A user namespace made by nobody (`nobody`) or root, its three users the node's `first`
+/// ..., each flooding a share of datatypes: all but one share refused, and root's job
+/// beside them exact.
+fn namespace_holds_one_share(name: &str, nobody: bool, first: u64) {
+    let scratch = Scratch::new(name);
     let daemon = Daemon::start(&scratch, &[], &[], &[]);
-    let dir = nobody_dir(&scratch, "container");
-    let (job, pids, go) = start_in_user_namespace(&daemon, &dir, false, 4_000_000, SHARE);
+    let dir = nobody_dir(&scratch, "namespace");
+    let (job, pids, go) = start_in_user_namespace(&daemon, &dir, nobody, first, SHARE);
     assert_eq!(refused_in_all(&daemon, &pids), 2 * SHARE, "refusals");
     roots_job_is_exact(&scratch, &daemon, "handles_refused");
     let_go(job, &go);
