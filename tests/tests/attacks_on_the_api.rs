@@ -570,7 +570,7 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
 /// nobody, who made the namespace: refused all but one share, and root's job is exact.
 #[test]
 fn a_user_with_sub_uids_holds_one_share() {
-    namespace_holds_one_share("attack-subuids", true, 3_000_000);
+    namespace_holds_one_share("attack-subuids", true, "0 3000000 3\n");
 }
 
 /// Attack: the same sub-uids, from the node's own namespace. In its user namespace nobody
@@ -630,17 +630,30 @@ fn a_sub_uids_setuid_program_holds_no_share_of_its_own() {
 /// beside it is exact.
 #[test]
 fn a_container_root_made_is_a_user_of_its_own() {
-    namespace_holds_one_share("attack-container", false, 4_000_000);
+    namespace_holds_one_share("attack-container", false, "0 4000000 3\n");
 }
 
-/// A user namespace made by nobody (`nobody`) or root, its three users the node's `first`
-/// ..., each flooding a share of datatypes: all but one share refused, and root's job
-/// beside them exact.
-fn namespace_holds_one_share(name: &str, nobody: bool, first: u64) {
+/// The same container with its uids in 6 ranges, written out of order: past 5, the kernel
+/// keeps them apart from the namespace, sorted (`uid_gid_map.forward`), and the kernel
+/// side reads the first range there. Were it not read (the fallback to each process's own
+/// uid), each uid would be a user of its own.
+#[test]
+fn a_container_with_many_uid_ranges_is_one_user_too() {
+    let map = (0..6).rev().fold(String::new(), |mut map, k| {
+        map.push_str(&format!("{k} {} 1\n", 4_000_000 + k));
+        map
+    });
+    namespace_holds_one_share("attack-container-ranges", false, &map);
+}
+
+/// A user namespace made by nobody (`nobody`) or root with uid map `map` (its uids 0, 1 and
+/// 2 mapped), a process under each of those three flooding a share of datatypes: all but
+/// one share refused, and root's job beside them exact.
+fn namespace_holds_one_share(name: &str, nobody: bool, map: &str) {
     let scratch = Scratch::new(name);
     let daemon = Daemon::start(&scratch, &[], &[], &[]);
     let dir = nobody_dir(&scratch, "namespace");
-    let (job, pids, go) = start_in_user_namespace(&daemon, &dir, nobody, first, SHARE);
+    let (job, pids, go) = start_in_user_namespace(&daemon, &dir, nobody, map, SHARE);
     assert_eq!(refused_in_all(&daemon, &pids), 2 * SHARE, "refusals");
     roots_job_is_exact(&scratch, &daemon, "handles_refused");
     let_go(job, &go);
@@ -659,15 +672,16 @@ fn mode(bits: u32) -> std::fs::Permissions {
     <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(bits)
 }
 
-/// Makes a user namespace (as nobody where `nobody`, else as root: a container) whose uids
-/// 0, 1 and 2 are the node's `first` ... Each of those users runs one-rank MPICH
-/// `mpi_flood types-keep N` at once, let begin once the daemon has probed them all. Returns the namespace's first process, the floods' pids and
+/// Makes a user namespace (as nobody where `nobody`, else as root: a container) with uid
+/// and gid map `map` (the maps' text; its uids 0, 1 and 2 mapped). Each of those users
+/// runs one-rank MPICH `mpi_flood types-keep N` at once, let begin once the daemon has
+/// probed them all. Returns the namespace's first process, the floods' pids and
 /// their go file once each has made its flood.
 fn start_in_user_namespace(
     daemon: &Daemon,
     dir: &Path,
     nobody: bool,
-    first: u64,
+    map: &str,
     n: u64,
 ) -> (ChildGuard, Vec<u64>, PathBuf) {
     let users: u64 = 3;
@@ -698,9 +712,8 @@ fn start_in_user_namespace(
     let job = ChildGuard::spawn(&mut cmd);
     wait_until("the user namespace", LIMIT, || file("unshared").exists());
     // What newuidmap and newgidmap would write (or a container engine).
-    let map = format!("0 {first} {users}\n");
     for which in ["uid_map", "gid_map"] {
-        std::fs::write(format!("/proc/{}/{which}", job.0.id()), &map).expect(which);
+        std::fs::write(format!("/proc/{}/{which}", job.0.id()), map).expect(which);
     }
     std::fs::write(file("mapped"), "").expect("mapped file");
     let mut pids = Vec::new();
