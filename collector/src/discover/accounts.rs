@@ -7,6 +7,7 @@
 //! setuid program a sub-uid owns runs as that sub-uid in the node's own namespace too).
 
 use std::{
+    collections::HashMap,
     fs::File,
     io::Read,
     os::unix::fs::{MetadataExt, OpenOptionsExt},
@@ -88,16 +89,17 @@ impl Accounts {
     /// one before it keeps what lies past it (merged into it where both are one user's),
     /// with a warning where they are not.
     pub fn parse(subuid: &str, passwd: &str) -> Accounts {
-        let uid_of = |name: &str| -> Option<u32> {
-            if let Ok(uid) = name.parse() {
-                return Some(uid);
-            }
-            passwd.lines().find_map(|l| {
-                let mut f = l.split(':');
-                (f.next()? == name).then_some(())?;
-                f.nth(1)?.parse().ok()
-            })
-        };
+        // Once, not per range: both files may run to megabytes, read in the daemon's loop.
+        let mut uids: HashMap<&str, u32> = HashMap::new();
+        for (name, uid) in passwd.lines().filter_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            Some((name, f.nth(1)?.parse().ok()?))
+        }) {
+            // The first line of a name, as the C library reads it.
+            uids.entry(name).or_insert(uid);
+        }
+        let uid_of = |name: &str| name.parse().ok().or_else(|| uids.get(name).copied());
         let mut ranges: Vec<SubuidRange> = subuid
             .lines()
             .filter(|l| !l.trim_start().starts_with('#'))
