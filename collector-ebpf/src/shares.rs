@@ -3,9 +3,9 @@
 //! process's user ([`account`]: for a process in a user namespace, the user who made it;
 //! for a sub-uid, the user given it), and refused past the user's share; a handle freed
 //! gives its entry back, and userspace gives back all a process held when it forgets it
-//! (having removed its entries: not at its exit, when its counters are still to be read). The processes
-//! holding entries are counted per user too, within a share of `PROC_HELD`: the record of
-//! what each holds is the node's as well.
+//! (having removed its entries: not at its exit, when its counters are still to be read).
+//! The processes holding entries are counted per user too, within a share of `PROC_HELD`:
+//! the record of what each holds is the node's as well.
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
@@ -283,21 +283,33 @@ fn holder(tgid: u32, pct: u32) -> Option<(*mut Held, *mut Held, Held)> {
 /// otherwise hold as many shares. A container root made is its own user (see [`maker`]).
 #[inline(always)]
 fn account() -> u32 {
-    let uid = bpf_get_current_uid_gid() as u32;
-    match IDENTITY_OFFSETS.get(0) {
-        Some(off) if off.userns_valid != 0 => made_by(off, uid),
-        _ => given(uid),
+    let made_by = match IDENTITY_OFFSETS.get(0) {
+        Some(off) if off.userns_valid != 0 => made_by(off),
+        _ => None,
+    };
+    match made_by {
+        Some(Maker::Container(uid)) => uid,
+        Some(Maker::User(uid)) => given(uid),
+        None => given(bpf_get_current_uid_gid() as u32),
     }
 }
 
-/// [`account`] of the current process, running as `uid`, by its user namespace: `uid` in
-/// the node's own (or where a read fails); else who answers for the namespace made in the
-/// node's own ([`maker`]).
+/// Who answers for a user namespace made in the node's own.
+enum Maker {
+    /// The user who made it (a sub-uid's: its user's).
+    User(u32),
+    /// A container root made: the node's uid its first range maps to, not looked up in
+    /// [`SUBUIDS`], where an engine's ranges are its own user's.
+    Container(u32),
+}
+
+/// Who answers for the current process's user namespace ([`maker`]); none in the node's own,
+/// or where a read fails.
 #[inline(always)]
-fn made_by(off: &IdentityOffsets, uid: u32) -> u32 {
+fn made_by(off: &IdentityOffsets) -> Option<Maker> {
     let cred = kernel_word(current_task(), off.userns_task_cred) as *const u8;
     if cred.is_null() {
-        return given(uid);
+        return None;
     }
     let mut ns = kernel_word(cred, off.userns_cred_user_ns) as *const u8;
     for _ in 0..MAX_USERNS_LEVEL {
@@ -307,37 +319,35 @@ fn made_by(off: &IdentityOffsets, uid: u32) -> u32 {
         // `level` is an int: the low half of the word (little-endian).
         match kernel_word(ns, off.userns_level) as u32 {
             0 => break,
-            1 => return maker(off, ns, uid),
+            1 => return maker(off, ns),
             _ => ns = kernel_word(ns, off.userns_parent) as *const u8,
         }
     }
-    given(uid)
+    None
 }
 
-/// Who answers for user namespace `ns`, made in the node's own: the user who made it (a
-/// sub-uid's user: [`given`]); where root did (a container engine: Kubernetes, LXD,
-/// podman, systemd-nspawn), the node's uid its first range maps to, so that each container
-/// is a user, not all of them root, nor all of one engine's (not looked up in [`SUBUIDS`],
-/// where an engine's ranges are its own user's). The process's `uid` where a read fails
-/// or the namespace maps root to root (its uids are the node's).
+/// Who answers for user namespace `ns`, made in the node's own: the user who made it; where
+/// root did (a container engine: Kubernetes, LXD, podman, systemd-nspawn), the container,
+/// so that each is a user, not all of them root, nor all of one engine's. None where a read
+/// fails or the namespace maps root to root (its uids are the node's).
 #[inline(always)]
-fn maker(off: &IdentityOffsets, ns: *const u8, uid: u32) -> u32 {
+fn maker(off: &IdentityOffsets, ns: *const u8) -> Option<Maker> {
     let owner = kernel_word(ns, off.userns_owner) as u32;
     if owner != 0 {
-        return given(owner);
+        return Some(Maker::User(owner));
     }
     let map = ns.wrapping_add(off.userns_uid_map as usize);
     let extents = match kernel_word(map, off.uidmap_nr_extents) as u32 {
-        0 => return given(uid),
+        0 => return None,
         n if n <= UID_GID_MAP_MAX_BASE_EXTENTS => map.wrapping_add(off.uidmap_extent as usize),
         _ => kernel_word(map, off.uidmap_forward) as *const u8,
     };
     if extents.is_null() {
-        return given(uid);
+        return None;
     }
     match kernel_word(extents, off.extent_lower_first) as u32 {
-        0 => given(uid),
-        container => container,
+        0 => None,
+        container => Some(Maker::Container(container)),
     }
 }
 
