@@ -235,6 +235,17 @@ pub fn nobody_dir(scratch: &Scratch, name: &str) -> PathBuf {
     dir
 }
 
+/// A sub-uid file (`/etc/subuid`'s form, for `--subuid-file`) in `scratch` that gives
+/// `nobody` the 65,536 sub-uids from `first`: root's, and writable by root only (whatever
+/// the umask), or the daemon would not read it.
+pub fn nobody_subuid_file(scratch: &Scratch, first: u32) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = scratch.path("subuid");
+    std::fs::write(&path, format!("{NOBODY}:{first}:65536\n")).expect("subuid file");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    path
+}
+
 /// A copy of `from` at `to`, owned by `nobody`.
 pub fn copy_as_nobody(from: &Path, to: &Path) {
     std::fs::copy(from, to).expect("copy");

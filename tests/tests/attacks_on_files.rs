@@ -160,10 +160,7 @@ fn one_user_cannot_use_up_the_library_slots() {
 fn a_user_with_sub_uids_cannot_use_up_the_library_slots() {
     const SUB_UIDS: u32 = 3_000_000;
     let scratch = Scratch::new("attack-slots-subuids-file");
-    let subuids = scratch.path("subuid");
-    std::fs::write(&subuids, format!("{NOBODY}:{SUB_UIDS}:65536\n")).expect("subuid file");
-    // Whatever the umask: a file others may write is not read.
-    std::fs::set_permissions(&subuids, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let subuids = nobody_subuid_file(&scratch, SUB_UIDS);
     library_slots_attack(
         "attack-slots-subuids",
         &["--subuid-file", path_str(&subuids)],

@@ -404,9 +404,7 @@ fn a_user_cannot_open_snapshot_watches_without_end() {
     const PER_CALLER: usize = 16;
     const SUB_UID: u32 = 3_000_000;
     let scratch = Scratch::new("attack-watches");
-    let subuids = scratch.path("subuid");
-    std::fs::write(&subuids, format!("{NOBODY}:{SUB_UID}:65536\n")).expect("subuid file");
-    std::fs::set_permissions(&subuids, mode(0o644)).expect("chmod");
+    let subuids = nobody_subuid_file(&scratch, SUB_UID);
     let daemon = Daemon::start(
         &scratch,
         &[],
@@ -583,9 +581,7 @@ fn a_user_with_sub_uids_holds_one_share() {
 fn a_sub_uids_setuid_program_holds_no_share_of_its_own() {
     const SUB_UIDS: u32 = 3_000_000;
     let scratch = Scratch::new("attack-subuid-setuid");
-    let subuids = scratch.path("subuid");
-    std::fs::write(&subuids, format!("{NOBODY}:{SUB_UIDS}:65536\n")).expect("subuid file");
-    std::fs::set_permissions(&subuids, mode(0o644)).expect("chmod");
+    let subuids = nobody_subuid_file(&scratch, SUB_UIDS);
     let daemon = Daemon::start(&scratch, &[], &[], &["--subuid-file", path_str(&subuids)]);
     let dir = nobody_dir(&scratch, "nobody");
     // Written by the sub-uids: no user the directory could belong to.
@@ -612,13 +608,8 @@ fn a_sub_uids_setuid_program_holds_no_share_of_its_own() {
         floods.push(flood);
     }
     let pids: Vec<u64> = floods.iter().map(|f| f.1).collect();
-    assert_eq!(refused_in_all(&daemon, &pids), 2 * SHARE, "refusals");
-    roots_job_is_exact(&scratch, &daemon, "handles_refused");
-    for (job, _, go) in floods {
-        let_go(job, &go);
-    }
-    assert_healthy(&scratch, &daemon);
-    daemon.stop(&scratch);
+    let jobs = floods.into_iter().map(|(job, _, go)| (job, go)).collect();
+    one_share_held(&scratch, daemon, &pids, jobs);
 }
 
 /// Attack: a container's root. Container engines (Kubernetes, LXD, systemd-nspawn) make
@@ -654,11 +645,25 @@ fn namespace_holds_one_share(name: &str, nobody: bool, map: &str) {
     let daemon = Daemon::start(&scratch, &[], &[], &[]);
     let dir = nobody_dir(&scratch, "namespace");
     let (job, pids, go) = start_in_user_namespace(&daemon, &dir, nobody, map, SHARE);
-    assert_eq!(refused_in_all(&daemon, &pids), 2 * SHARE, "refusals");
-    roots_job_is_exact(&scratch, &daemon, "handles_refused");
-    let_go(job, &go);
-    assert_healthy(&scratch, &daemon);
-    daemon.stop(&scratch);
+    one_share_held(&scratch, daemon, &pids, vec![(job, go)]);
+}
+
+/// Three floods of a share each (`pids`) were refused all but one share between them, and
+/// root's job beside them is exact; then `jobs` (each with its go file) are let end, and
+/// the daemon, healthy, is stopped.
+fn one_share_held(
+    scratch: &Scratch,
+    daemon: Daemon,
+    pids: &[u64],
+    jobs: Vec<(ChildGuard, PathBuf)>,
+) {
+    assert_eq!(refused_in_all(&daemon, pids), 2 * SHARE, "refusals");
+    roots_job_is_exact(scratch, &daemon, "handles_refused");
+    for (job, go) in jobs {
+        let_go(job, &go);
+    }
+    assert_healthy(scratch, &daemon);
+    daemon.stop(scratch);
 }
 
 /// One user's share of each handle map (the daemons here are started with the default).
