@@ -161,6 +161,9 @@ pub enum ByteRule {
     /// UCX RMA `_nb`/`_nbi` operation: the `size_t` length in argument `a` (as
     /// [`ByteRule::FabricLen`], a rule of its own so that its time may be sampled).
     UcxLen = 63,
+    /// MPI_Request_free: the request in `*a` is forgotten (a persistent one's entry given
+    /// back).
+    RequestFree = 64,
 }
 
 impl ByteRule {
@@ -171,10 +174,13 @@ impl ByteRule {
     }
 
     /// Whether argument `a` points at a handle that the call resets (MPI_Type_free,
-    /// MPI_Comm_free): it is read at entry.
+    /// MPI_Comm_free, MPI_Request_free): it is read at entry.
     #[inline(always)]
     pub const fn frees_handle(self) -> bool {
-        matches!(self, ByteRule::TypeFree | ByteRule::CommFree)
+        matches!(
+            self,
+            ByteRule::TypeFree | ByteRule::CommFree | ByteRule::RequestFree
+        )
     }
 
     /// The rule of the large-count (`_c`) form of a routine of this rule: its counts are
@@ -262,6 +268,7 @@ impl ByteRule {
             61 => ByteRule::UcxParam,
             62 => ByteRule::UcxDatatype,
             63 => ByteRule::UcxLen,
+            64 => ByteRule::RequestFree,
             _ => ByteRule::None,
         }
     }
@@ -1031,7 +1038,14 @@ const LISTED_ROUTINES: &[Routine] = &[
     r("MPI_Testall", COMPLETION, B::None, [N; 4], N, N),
     r("MPI_Testany", COMPLETION, B::None, [N; 4], N, N),
     r("MPI_Testsome", COMPLETION, B::None, [N; 4], N, N),
-    r("MPI_Request_free", COMPLETION, B::None, [N; 4], N, N),
+    r(
+        "MPI_Request_free",
+        COMPLETION,
+        B::RequestFree,
+        [0, N, N, N],
+        N,
+        N,
+    ),
     r("MPI_Cancel", COMPLETION, B::None, [N; 4], N, N),
     // Blocking collectives.
     r("MPI_Barrier", COLLECTIVE, B::None, [N; 4], 0, N),

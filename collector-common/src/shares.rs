@@ -1,6 +1,7 @@
 //! Each user's share of the kernel's maps that its processes grow. The maps of what a
 //! process's handles stand for (its communicators, its datatypes' sizes, its collectives'
-//! instance numbers), its counters' slots and its per-peer traffic are the node's, one
+//! instance numbers, its persistent requests), its counters' slots and its per-peer
+//! traffic are the node's, one
 //! for every process counted: one user's processes could fill them and leave every other
 //! user's calls undecoded or uncounted. So a user holds at most a share of each (a
 //! percentage of the map, `Config::user_share_pct`, by default
@@ -41,10 +42,12 @@ pub enum SharedMap {
     Counters = 3,
     /// Per-peer traffic (`PEERS`).
     Peers = 4,
+    /// Persistent requests: what each start moves (`PERSISTENT`).
+    Persistent = 5,
 }
 
 /// How many maps a share bounds.
-pub const SHARED_MAPS: usize = 5;
+pub const SHARED_MAPS: usize = 6;
 
 /// The entries of each shared map, by [`SharedMap`].
 pub const CAPACITY: [u64; SHARED_MAPS] = [
@@ -53,6 +56,7 @@ pub const CAPACITY: [u64; SHARED_MAPS] = [
     HANDLE_MAP_ENTRIES as u64,
     crate::MAX_COUNTERS as u64,
     crate::MAX_PEER_COUNTERS as u64,
+    crate::MAX_PERSISTENT as u64,
 ];
 
 /// The entries one user may hold of a map of `capacity` entries, with shares of `pct`
@@ -81,7 +85,7 @@ pub struct Held {
     /// Entries held, by [`SharedMap`].
     pub entries: [u64; SHARED_MAPS],
 }
-const _: () = assert!(size_of::<Held>() == 56);
+const _: () = assert!(size_of::<Held>() == 64);
 const _: () = assert!(core::mem::offset_of!(Held, processes) == 8);
 const _: () = assert!(core::mem::offset_of!(Held, entries) == 16);
 

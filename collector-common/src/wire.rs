@@ -695,10 +695,10 @@ macro_rules! kernel_health_counters {
             /// UCX generic datatype, MPICH's for a derived MPI type): counted, in the
             /// unknown size bucket; the MPI call that made them has its bytes.
             fabric_undecoded,
-            /// Handles (communicators, derived datatypes, collectives' numbering) the
-            /// kernel did not keep: its map was full, or the process's user held its share
-            /// of it (`shares`), counted at each try (an Open MPI
-            /// communicator not kept is read anew, and tried again, at each call); the
+            /// Handles (communicators, derived datatypes, collectives' numbering,
+            /// persistent requests) the kernel did not keep: its map was full, or the
+            /// process's user held its share of it (`shares`), counted at each try (an Open
+            /// MPI communicator not kept is read anew, and tried again, at each call); the
             /// calls that needed them are counted as undecoded, or their instances aligned
             /// by time.
             handles_refused,
@@ -1121,7 +1121,8 @@ pub struct PersistentOp {
 const _: () = assert!(size_of::<PersistentOp>() == 32);
 const _: () = assert!(offset_of!(PersistentOp, peer) == 8);
 
-/// Persistent requests remembered at once (an LRU map: one freed unseen ages out).
+/// Persistent requests remembered at once, for the node (each user a share of them:
+/// [`crate::shares`]); `MPI_Request_free` gives one back.
 pub const MAX_PERSISTENT: u32 = 1 << 16;
 
 /// Requests of one `MPI_Startall` whose traffic is counted (more: the call's bytes are not

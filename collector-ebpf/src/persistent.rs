@@ -2,7 +2,7 @@
 //! (`MPI_Send_init`, `MPI_Recv_init`, `MPI_Allreduce_init` ...) and counted at each
 //! `MPI_Start` / `MPI_Startall`, with a point-to-point request's traffic per peer.
 
-use aya_ebpf::{cty::c_void, macros::map, maps::LruHashMap};
+use aya_ebpf::{cty::c_void, macros::map, maps::HashMap};
 use collector_common::{
     comm_id, routines::class, Abi, ArgSpec, ByteRule, Cookie, HandleKey, PeerKey, PersistentOp,
     MAX_PERSISTENT, MAX_STARTALL,
@@ -14,11 +14,12 @@ use crate::{
     maps::{call_state, LAYOUTS, ROUTINE_SPECS},
 };
 
-/// Requests learnt per process (an LRU: a request freed unseen, or a process's that exited
-/// while the daemon was down, ages out).
+/// Requests learnt per process, each charged to its user (`shares`): given back at
+/// `MPI_Request_free`, or when userspace forgets the process. Not an LRU: another user's
+/// new requests would push this user's out.
 #[map]
-pub static PERSISTENT: LruHashMap<HandleKey, PersistentOp> =
-    LruHashMap::with_max_entries(MAX_PERSISTENT, 0);
+pub static PERSISTENT: HashMap<HandleKey, PersistentOp> =
+    HashMap::with_max_entries(MAX_PERSISTENT, 0);
 
 /// Whether a persistent point-to-point request's creation names `MPI_PROC_NULL` as its
 /// peer (argument `c`; other routines have none there). Not inlined: the return
@@ -116,7 +117,7 @@ fn on_init(c: &Call, spec: &ArgSpec, bytes: u64) {
         _pad: 0,
         handle: request,
     };
-    let _ = PERSISTENT.insert(key, PersistentOp { bytes, peer }, 0);
+    crate::shares::remember_request(&key, &PersistentOp { bytes, peer });
 }
 
 /// At `MPI_Start(*a)` or `MPI_Startall(a, b[])`: the bytes its requests move (each

@@ -143,9 +143,13 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
             )
         };
     }
-    if ByteRule::from_u8(spec.rule).frees_handle() {
-        // Before the handle goes: no thread may keep it cached across the free.
-        crate::cache::bump();
+    let rule = ByteRule::from_u8(spec.rule);
+    if rule.frees_handle() {
+        if rule != ByteRule::RequestFree {
+            // Before the handle goes: no thread may keep it cached across the free (no
+            // request is cached).
+            crate::cache::bump();
+        }
         // The call resets the handle to MPI_*_NULL: read it now (an MPICH-ABI handle is
         // an int: the return drops the upper half; an MPI-5 ABI handle is read as MPICH's
         // now, while its object is alive).

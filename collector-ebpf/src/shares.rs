@@ -1,5 +1,5 @@
 //! Each user's share of the maps its processes grow (`collector_common::shares`): every new
-//! entry of `COMMS`, `DTYPES`, `COLL_SEQ`, `COUNTER_SLOTS` and `PEERS` is charged to its
+//! entry of `COMMS`, `DTYPES`, `COLL_SEQ`, `COUNTER_SLOTS`, `PEERS` and `PERSISTENT` is charged to its
 //! process's user ([`account`]: for a process in a user namespace, the user who made it;
 //! for a sub-uid, the user given it), and refused past the user's share; a handle freed
 //! gives its entry back, and userspace gives back all a process held when it forgets it
@@ -19,7 +19,7 @@ use collector_common::{
         share_of, Held, SharedMap, SubuidRange, CAPACITY, MAX_HOLDERS, MAX_SUBUID_RANGES,
         MAX_USERS, SHARED_MAPS,
     },
-    CommInfo, HandleKey, IdentityOffsets,
+    CommInfo, HandleKey, IdentityOffsets, PersistentOp,
 };
 
 use crate::{
@@ -27,6 +27,7 @@ use crate::{
     decode::each,
     instances::COLL_SEQ,
     maps::{with_proc_stats, COMMS, CONFIG, DTYPES, IDENTITY_OFFSETS},
+    persistent::PERSISTENT,
     process::{current_task, kernel_word},
 };
 
@@ -65,6 +66,13 @@ pub fn remember_comm(key: &HandleKey, info: &CommInfo) -> bool {
 #[inline(always)]
 pub fn remember_word(which: SharedMap, key: &HandleKey, v: u64) -> bool {
     keep_word(which as u32, key.tgid, key.handle, v) != 0
+}
+
+/// Puts persistent request `op` at `key` in `PERSISTENT`, as [`remember_comm`] does (once per
+/// request's creation, in its return's own subprogram: inlined there).
+#[inline(always)]
+pub fn remember_request(key: &HandleKey, op: &PersistentOp) -> bool {
+    remember(&PERSISTENT, SharedMap::Persistent, key, op)
 }
 
 /// Removes `key` from handle map `which`, giving its entry back.
@@ -114,7 +122,9 @@ pub extern "C" fn drop_handle(which: u32, tgid: u32, handle: u64) -> u32 {
     let removed = match which {
         w if w == SharedMap::Comms as u32 => COMMS.remove(key).is_ok(),
         w if w == SharedMap::Dtypes as u32 => DTYPES.remove(key).is_ok(),
-        _ => COLL_SEQ.remove(key).is_ok(),
+        w if w == SharedMap::CollSeq as u32 => COLL_SEQ.remove(key).is_ok(),
+        w if w == SharedMap::Persistent as u32 => PERSISTENT.remove(key).is_ok(),
+        _ => false,
     };
     if removed {
         let _ = uncharge(tgid, which);

@@ -560,6 +560,49 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
     daemon.stop(&scratch);
 }
 
+/// Attack: nobody's process makes 70,000 persistent requests and keeps them, to fill the
+/// kernel's request map (65,536 for the node, an LRU before: another user's new requests
+/// pushed out the oldest, and root's persistent sends and collectives would start
+/// undecoded). Nobody is refused past its share (counted exactly) and root's job beside it
+/// is exact. `MPI_Request_free` gives an entry back: once the first process is forgotten,
+/// a second makes a share of requests and frees them, and while it still runs a third
+/// makes a share again, none refused.
+#[test]
+fn a_user_cannot_fill_the_kernels_request_map() {
+    use collector_common::{
+        shares::{share_of, DEFAULT_USER_SHARE_PCT},
+        MAX_PERSISTENT,
+    };
+    const FLOOD: u64 = 70_000;
+    let share = share_of(u64::from(MAX_PERSISTENT), DEFAULT_USER_SHARE_PCT);
+    let scratch = Scratch::new("attack-requests");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let dir = nobody_dir(&scratch, "nobody");
+    let start_flood = |tag: &str, n: u64, what: &str| {
+        let (job, pid, go) = start_mpi_flood(&daemon, &dir, tag, what, n);
+        let now = report_json(&["report", "--from", &daemon.target]);
+        let rank = rank_by_pid(&now, pid);
+        assert_eq!(rank["routines"]["MPI_Send_init"]["calls"], n, "{rank:#}");
+        let refused = rank["handles_refused"].as_u64().expect("handles_refused");
+        (job, pid, go, refused)
+    };
+
+    let (hog, hog_pid, go, refused) = start_flood("hog", FLOOD, "requests-keep");
+    assert_eq!(refused, FLOOD - share, "nobody's refusals");
+    roots_job_is_exact(&scratch, &daemon, "handles_refused");
+    let_go(hog, &go);
+    wait_for_exited(&daemon.target, &[hog_pid]);
+
+    let (freed, _, freed_go, refused) = start_flood("freed", share, "requests-free");
+    assert_eq!(refused, 0, "refusals after the first process's exit");
+    let (kept, _, kept_go, refused) = start_flood("kept", share, "requests-keep");
+    assert_eq!(refused, 0, "refusals after a share of requests was freed");
+    let_go(freed, &freed_go);
+    let_go(kept, &kept_go);
+    assert_healthy(&scratch, &daemon);
+    daemon.stop(&scratch);
+}
+
 /// Attack: a user given sub-uids (`/etc/subuid`, as rootless containers are) runs its
 /// processes as many users: nobody makes a user namespace, root maps three of its uids to
 /// sub-uids (newuidmap's part), and a process under each makes a share of datatypes. Were

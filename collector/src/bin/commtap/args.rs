@@ -434,8 +434,8 @@ pub struct ProbeArgs {
     #[arg(long)]
     pub no_pause_at_load: bool,
     /// The share of the kernel's node-wide maps one user's processes may hold, percent:
-    /// their communicators, derived datatypes, collectives' numbering, counters and
-    /// per-peer traffic. Past it, a process's new entries are refused and counted
+    /// their communicators, derived datatypes, collectives' numbering, persistent
+    /// requests, counters and per-peer traffic. Past it, a process's new entries are refused and counted
     /// (`handles_refused`, `counter_map_full`, `peers_full`), so that one user cannot leave
     /// the others unmeasured. 100 for a node that only ever runs one user's jobs.
     #[arg(long, value_name = "PCT", default_value_t = collector_common::shares::DEFAULT_USER_SHARE_PCT,
