@@ -92,6 +92,31 @@ const _: () = assert!(core::mem::offset_of!(Held, entries) == 16);
 /// The most sub-uid ranges the kernel keeps (`SUBUIDS`); userspace reads no more.
 pub const MAX_SUBUID_RANGES: u32 = 16384;
 
+/// `SUBUIDS` holds two tables of [`MAX_SUBUID_RANGES`]: the kernel searches one while
+/// userspace writes the other, then names the new one (the top bit of
+/// `Config::subuid_ranges`). With one table, a process whose first entry came while it was
+/// rewritten found none, and kept its raw sub-uid as its user for life.
+pub const SUBUID_TABLES: u32 = 2;
+
+/// The bit of `Config::subuid_ranges` that says its ranges are in `SUBUIDS`' second table.
+pub const SUBUID_SECOND_TABLE: u32 = 1 << 31;
+
+/// Where in `SUBUIDS` the ranges `Config::subuid_ranges` (`word`) names start, and how many.
+#[inline(always)]
+pub const fn subuid_table(word: u32) -> (u32, u32) {
+    let count = word & !SUBUID_SECOND_TABLE;
+    let count = if count < MAX_SUBUID_RANGES {
+        count
+    } else {
+        MAX_SUBUID_RANGES
+    };
+    if word & SUBUID_SECOND_TABLE != 0 {
+        (MAX_SUBUID_RANGES, count)
+    } else {
+        (0, count)
+    }
+}
+
 /// A range of sub-uids (`/etc/subuid`) and the user given them: each is charged as that
 /// user, who could otherwise run a process as any of them (a setuid program it made in its
 /// user namespace runs as its owner outside it too).
@@ -131,6 +156,21 @@ impl SubuidRange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sub_uid_word_names_a_table_and_a_count_within_it() {
+        assert_eq!(subuid_table(0), (0, 0));
+        assert_eq!(subuid_table(7), (0, 7));
+        assert_eq!(
+            subuid_table(SUBUID_SECOND_TABLE | 7),
+            (MAX_SUBUID_RANGES, 7)
+        );
+        assert_eq!(
+            subuid_table(u32::MAX),
+            (MAX_SUBUID_RANGES, MAX_SUBUID_RANGES)
+        );
+        assert_eq!(subuid_table(MAX_SUBUID_RANGES + 1), (0, MAX_SUBUID_RANGES));
+    }
 
     #[test]
     fn a_share_is_a_percentage_of_the_map_and_never_more_than_it() {

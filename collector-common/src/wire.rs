@@ -364,7 +364,8 @@ pub struct Config {
     /// (`shares`; 0: the whole map).
     pub user_share_pct: u32,
     /// The ranges of sub-uids in `SUBUIDS` (`shares::SubuidRange`), sorted: a sub-uid is
-    /// charged as the user given it.
+    /// charged as the user given it. Their count, and which of its two tables holds them
+    /// (`shares::subuid_table`).
     pub subuid_ranges: u32,
 }
 const _: () = assert!(size_of::<Config>() == 48);

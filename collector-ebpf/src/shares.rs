@@ -16,8 +16,8 @@ use aya_ebpf::{
 };
 use collector_common::{
     shares::{
-        share_of, Held, SharedMap, SubuidRange, CAPACITY, MAX_HOLDERS, MAX_SUBUID_RANGES,
-        MAX_USERS, SHARED_MAPS,
+        share_of, subuid_table, Held, SharedMap, SubuidRange, CAPACITY, MAX_HOLDERS,
+        MAX_SUBUID_RANGES, MAX_USERS, SHARED_MAPS, SUBUID_TABLES,
     },
     CommInfo, HandleKey, IdentityOffsets, PersistentOp,
 };
@@ -44,10 +44,11 @@ pub static USER_HELD: HashMap<u32, Held> = HashMap::with_max_entries(MAX_USERS, 
 pub static USER_RELEASED: HashMap<u32, Held> =
     HashMap::with_max_entries(MAX_USERS, BPF_F_NO_PREALLOC);
 
-/// The node's sub-uid ranges, sorted, the first `Config::subuid_ranges` of them (userspace
-/// writes them from `/etc/subuid`).
+/// The node's sub-uid ranges, sorted, in the table `Config::subuid_ranges` names (userspace
+/// writes them from `/etc/subuid` into the other table, then names it: `subuid_table`).
 #[map]
-pub static SUBUIDS: Array<SubuidRange> = Array::with_max_entries(MAX_SUBUID_RANGES, 0);
+pub static SUBUIDS: Array<SubuidRange> =
+    Array::with_max_entries(MAX_SUBUID_RANGES * SUBUID_TABLES, 0);
 
 /// Entries held per process, and the user they are charged to (given back by userspace
 /// when it forgets the process, having removed its entries).
@@ -366,9 +367,7 @@ fn maker(off: &IdentityOffsets, ns: *const u8) -> Option<Maker> {
 /// verifier followed every value of the bounds and gave up).
 #[inline(always)]
 fn given(uid: u32) -> u32 {
-    let n = CONFIG
-        .get(0)
-        .map_or(0, |c| c.subuid_ranges.min(MAX_SUBUID_RANGES));
+    let (base, n) = subuid_table(CONFIG.get(0).map_or(0, |c| c.subuid_ranges));
     if n == 0 {
         return uid;
     }
@@ -376,23 +375,23 @@ fn given(uid: u32) -> u32 {
         uid,
         lo: 0,
         hi: n,
-        _pad: 0,
+        base,
     };
     let _ = each(SEARCH_STEPS, search_step, &mut s);
-    match s.lo.checked_sub(1).and_then(|i| SUBUIDS.get(i)) {
+    match s.lo.checked_sub(1).and_then(|i| SUBUIDS.get(base + i)) {
         Some(r) if r.holds(uid) => r.account(uid),
         _ => uid,
     }
 }
 
 /// [`given`]'s search, on its stack: the ranges before `lo` start at or before `uid`,
-/// those from `hi` after it.
+/// those from `hi` after it (indexes in the table at `base`).
 #[repr(C)]
 struct Search {
     uid: u32,
     lo: u32,
     hi: u32,
-    _pad: u32,
+    base: u32,
 }
 
 /// One step of [`given`]'s search (`bpf_loop`'s body); 1 (stop) once it has its answer.
@@ -403,7 +402,7 @@ extern "C" fn search_step(_i: u64, ctx: *mut c_void) -> i64 {
         return 1;
     }
     let mid = s.lo + (s.hi - s.lo) / 2;
-    match SUBUIDS.get(mid) {
+    match SUBUIDS.get(s.base + mid) {
         Some(r) if r.start <= s.uid => s.lo = mid + 1,
         Some(_) => s.hi = mid,
         None => return 1,

@@ -619,13 +619,33 @@ fn a_user_with_sub_uids_holds_one_share() {
 /// sub-uid in no user namespace at all. Three such programs each start a flood of a share
 /// of datatypes: charged as three users they filled the map (32,768 refused among them).
 /// The daemon gives the kernel the sub-uids of its `--subuid-file` (`/etc/subuid`'s form):
-/// each is nobody's, refused all but one share, and root's job is exact.
+/// each is nobody's, refused all but one share, and root's job is exact. The file names
+/// them only once the daemon runs (root gives a user sub-uids): the daemon reads it again
+/// and the kernel takes the new ranges in place of the old.
 #[test]
 fn a_sub_uids_setuid_program_holds_no_share_of_its_own() {
     const SUB_UIDS: u32 = 3_000_000;
     let scratch = Scratch::new("attack-subuid-setuid");
-    let subuids = nobody_subuid_file(&scratch, SUB_UIDS);
-    let daemon = Daemon::start(&scratch, &[], &[], &["--subuid-file", path_str(&subuids)]);
+    let subuids = nobody_subuid_file(&scratch, SUB_UIDS / 10);
+    let daemon = Daemon::start(
+        &scratch,
+        &[],
+        &["--log", "info"],
+        &["--subuid-file", path_str(&subuids)],
+    );
+    let given = || {
+        std::fs::read_to_string(scratch.path("commtap.stderr"))
+            .unwrap_or_default()
+            .matches("the kernel charges sub-uids by these ranges now")
+            .count()
+    };
+    wait_until("the first sub-uids given to the kernel", LIMIT, || {
+        given() == 1
+    });
+    nobody_subuid_file(&scratch, SUB_UIDS);
+    wait_until("the new sub-uids given to the kernel", LIMIT, || {
+        given() == 2
+    });
     let dir = nobody_dir(&scratch, "nobody");
     // Written by the sub-uids: no user the directory could belong to.
     std::fs::set_permissions(&dir, mode(0o777)).expect("chmod");

@@ -25,7 +25,7 @@ use aya::{
 use collector_common::{
     instances, launcher, names, one_in,
     routines::{self, ArgSpec},
-    shares::{Held, SubuidRange},
+    shares::{subuid_table, Held, SubuidRange, SUBUID_SECOND_TABLE},
     watch, CallState, CommInfo, Config, CounterKey, CounterVal, FabricRanges, FabricText,
     HandleKey, IdentityOffsets, Layout, ProcStats, TpOffsets, MAX_LAYOUTS, ROUTINES,
 };
@@ -199,8 +199,8 @@ pub struct Probes {
     /// Whether transports' libraries (libfabric, UCX) are probed.
     transports: bool,
     /// Whose each uid is (a sub-uid: the user given it), for the caps on a user's own
-    /// libraries and linkers and the kernel's shares (`SUBUIDS`, the first
-    /// `settings.subuid_ranges`), and where that is read from.
+    /// libraries and linkers and the kernel's shares (`SUBUIDS`, in the table
+    /// `settings.subuid_ranges` names), and where that is read from.
     accounts: Accounts,
     subuids: Array<MapData, SubuidRange>,
     /// The ranges the kernel side was last given (none until they were all written).
@@ -938,23 +938,31 @@ impl Probes {
             return;
         }
         match self.write_subuids() {
-            Ok(()) => self.subuids_written = self.accounts.ranges().to_vec(),
+            Ok(()) => {
+                self.subuids_written = self.accounts.ranges().to_vec();
+                info!(
+                    ranges = self.subuids_written.len(),
+                    "the kernel charges sub-uids by these ranges now"
+                );
+            }
             // Tried again at the next look.
             Err(e) => warn!("{e:#}: the kernel charges each sub-uid as a user of its own"),
         }
     }
 
-    /// Writes the sub-uid ranges for the kernel side: none while they are rewritten (each
-    /// sub-uid a user of its own for that moment), then all.
+    /// Writes the sub-uid ranges for the kernel side into the table it is not searching,
+    /// then names that table: it searches the old ranges until then, never none.
     fn write_subuids(&mut self) -> Result<(), AttachError> {
-        self.settings.subuid_ranges = 0;
-        self.write_settings()?;
-        for (i, r) in self.accounts.ranges().iter().enumerate() {
+        let next = (self.settings.subuid_ranges & SUBUID_SECOND_TABLE) ^ SUBUID_SECOND_TABLE;
+        let (base, _) = subuid_table(next);
+        let ranges = self.accounts.ranges();
+        for (i, r) in ranges.iter().enumerate() {
             self.subuids
-                .set(i as u32, *r, 0)
+                .set(base + i as u32, *r, 0)
                 .map_err(map_err(names::maps::SUBUIDS))?;
         }
-        self.settings.subuid_ranges = self.accounts.ranges().len() as u32;
+        // At most MAX_SUBUID_RANGES (`Accounts` keeps no more): below the table's bit.
+        self.settings.subuid_ranges = next | ranges.len() as u32;
         self.write_settings()
     }
 
