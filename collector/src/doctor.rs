@@ -201,8 +201,40 @@ fn cgroup2() -> Check {
 /// The sub-uids users are given (`/etc/subuid`), which the daemon counts as their users'
 /// for every per-user cap: where the file cannot be trusted, each is a user of its own.
 fn subuids() -> Check {
-    use discover::accounts::{Accounts, AccountsError, SUBUID_FILE};
-    match Accounts::read(Path::new(SUBUID_FILE)) {
+    use discover::accounts::{answers_of, look_up_user, Accounts, AccountsError, SUBUID_FILE};
+    let path = Path::new(SUBUID_FILE);
+    let mut nowhere: Vec<String> = Vec::new();
+    // Here, unlike the daemon's loop, the user directory may be waited for.
+    let read = Accounts::read(path, &Default::default()).and_then(|a| {
+        if a.unasked().is_empty() {
+            return Ok(a);
+        }
+        let answers = answers_of(look_up_user, a.unasked().to_vec());
+        nowhere = answers
+            .iter()
+            .filter(|(_, uid)| uid.is_none())
+            .map(|(name, _)| name.clone())
+            .collect();
+        nowhere.sort();
+        Accounts::read(path, &answers)
+    });
+    match read {
+        Ok(_) if !nowhere.is_empty() => Check::not(
+            "subuids",
+            Status::Warn,
+            format!(
+                "{SUBUID_FILE} gives sub-uids to {} name(s) no user has ({}): each such range \
+                 counts as a user of its own, apart from whoever it was meant for",
+                nowhere.len(),
+                nowhere
+                    .iter()
+                    .take(5)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            format!("name each user as `getent passwd NAME` knows it, or by uid, in {SUBUID_FILE}"),
+        ),
         Ok(a) if a.ranges().is_empty() => Check::pass(
             "subuids",
             format!("no sub-uids in {SUBUID_FILE}: no user runs processes as many"),

@@ -235,6 +235,7 @@ async fn follow(
             }
             _ = budget_tick.tick() => session.keep_budget(),
             _ = tick.tick() => {
+                session.probes.refresh_accounts();
                 session.rescan();
                 for t in &mut sinks.tracers {
                     name_processes(t, session);

@@ -33,7 +33,10 @@ use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use crate::{
-    discover::{accounts::Accounts, cgroup::CgroupRef},
+    discover::{
+        accounts::{Accounts, Directory},
+        cgroup::CgroupRef,
+    },
     symbols::{self, Library, LibraryFile, LibraryKind},
 };
 
@@ -202,6 +205,8 @@ pub struct Probes {
     /// libraries and linkers and the kernel's shares (`SUBUIDS`, in the table
     /// `settings.subuid_ranges` names), and where that is read from.
     accounts: Accounts,
+    /// Asked for the names `/etc/passwd` lacks, off the loop.
+    users: Directory,
     subuids: Array<MapData, SubuidRange>,
     /// The ranges the kernel side was last given (none until they were all written).
     subuids_written: Vec<SubuidRange>,
@@ -441,6 +446,7 @@ impl Probes {
             prefetch: None,
             transports: opts.transports,
             accounts: Accounts::default(),
+            users: Directory::default(),
             subuids: map(&mut ebpf, names::maps::SUBUIDS)?,
             subuids_written: Vec::new(),
             subuid_file: opts.subuid_file,
@@ -930,10 +936,12 @@ impl Probes {
         self.accounts.of(uid)
     }
 
-    /// Reads the sub-uid file again where it changed (a user given sub-uids meanwhile), and
-    /// gives the kernel side its ranges.
+    /// Reads the sub-uid file again where it changed (a user given sub-uids meanwhile) or the
+    /// user directory answered for names `/etc/passwd` lacks, and gives the kernel side its
+    /// ranges.
     pub fn refresh_accounts(&mut self) {
-        self.accounts = std::mem::take(&mut self.accounts).refreshed(&self.subuid_file);
+        self.accounts =
+            std::mem::take(&mut self.accounts).refreshed(&self.subuid_file, &mut self.users);
         if self.accounts.ranges() == self.subuids_written.as_slice() {
             return;
         }

@@ -7,11 +7,12 @@
 //! setuid program a sub-uid owns runs as that sub-uid in the node's own namespace too).
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fs::File,
     io::Read,
     os::unix::fs::{MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
+    sync::mpsc,
 };
 
 use collector_common::shares::{SubuidRange, MAX_SUBUID_RANGES};
@@ -65,6 +66,101 @@ pub struct Accounts {
     ranges: Vec<SubuidRange>,
     /// What the file read looked like; none where none was.
     read_from: Option<FileSeen>,
+    /// Names the file gives ranges to that neither `/etc/passwd` nor the directory's
+    /// answers so far resolved (each such range a user of its own meanwhile).
+    unasked: Vec<String>,
+}
+
+/// Answers of the node's user directory: a name's uid, or none where it has no such user.
+pub type Answers = HashMap<String, Option<u32>>;
+
+/// The user directory behind the C library (NSS: LDAP, SSSD, where the node is configured
+/// so), asked for the names the sub-uid file gives ranges to that `/etc/passwd` lacks: on
+/// a thread of its own, since a directory may take seconds to answer (or time out) and the
+/// daemon's loop waits for nothing. Until it answers, such a range is a user of its own.
+pub struct Directory {
+    /// How a name is looked up (the C library's `getpwnam_r`; a test's own).
+    look_up: fn(&str) -> Option<u32>,
+    /// Its answers since the file last changed.
+    answers: Answers,
+    /// A lookup under way.
+    pending: Option<mpsc::Receiver<Answers>>,
+}
+
+impl Default for Directory {
+    fn default() -> Self {
+        Directory::new(look_up_user)
+    }
+}
+
+impl Directory {
+    /// A directory whose names `look_up` resolves.
+    pub fn new(look_up: fn(&str) -> Option<u32>) -> Directory {
+        Directory {
+            look_up,
+            answers: Answers::new(),
+            pending: None,
+        }
+    }
+
+    /// Takes the answer of a lookup that finished; whether there was one.
+    fn take_answer(&mut self) -> bool {
+        let Some(pending) = &self.pending else {
+            return false;
+        };
+        match pending.try_recv() {
+            Ok(answers) => {
+                self.pending = None;
+                self.answers.extend(answers);
+                true
+            }
+            Err(mpsc::TryRecvError::Empty) => false,
+            // The thread ended without an answer (it panicked): asked again at the next read.
+            Err(mpsc::TryRecvError::Disconnected) => {
+                self.pending = None;
+                false
+            }
+        }
+    }
+
+    /// Asks for `names` on a thread of its own, unless a lookup is under way (its answer
+    /// brings a read, which asks for what is left).
+    fn ask(&mut self, names: &[String]) {
+        if names.is_empty() || self.pending.is_some() {
+            return;
+        }
+        let (tx, rx) = mpsc::channel();
+        let (look_up, names) = (self.look_up, names.to_vec());
+        let spawned = std::thread::Builder::new()
+            .name("commtap-users".into())
+            .spawn(move || {
+                let _ = tx.send(answers_of(look_up, names));
+            });
+        match spawned {
+            Ok(_) => self.pending = Some(rx),
+            Err(e) => warn!("no thread to look sub-uid users up in the directory: {e}"),
+        }
+    }
+}
+
+/// Each of `names` looked up by `look_up`.
+pub fn answers_of(look_up: fn(&str) -> Option<u32>, names: Vec<String>) -> Answers {
+    names
+        .into_iter()
+        .map(|n| {
+            let uid = look_up(&n);
+            (n, uid)
+        })
+        .collect()
+}
+
+/// User `name`'s uid by the C library (`/etc/passwd`, then whatever directory the node's
+/// NSS names), or none. May wait on the directory.
+pub fn look_up_user(name: &str) -> Option<u32> {
+    nix::unistd::User::from_name(name)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw())
 }
 
 impl Accounts {
@@ -82,13 +178,19 @@ impl Accounts {
         &self.ranges
     }
 
+    /// The names the file gives ranges to that were not resolved, and not yet asked of the
+    /// directory.
+    pub fn unasked(&self) -> &[String] {
+        &self.unasked
+    }
+
     /// The ranges in `subuid` (`/etc/subuid`'s `USER:FIRST:COUNT` lines), users named
-    /// there resolved by `passwd` (`/etc/passwd`'s `NAME:x:UID:` lines). Lines that do not
-    /// parse are left out. Root's ranges are handed out to containers (LXD writes one): each
-    /// block of 65,536 of them is a user ([`SubuidRange::account`]). A range overlapping
-    /// one before it keeps what lies past it (merged into it where both are one user's),
-    /// with a warning where they are not.
-    pub fn parse(subuid: &str, passwd: &str) -> Accounts {
+    /// there resolved by `passwd` (`/etc/passwd`'s `NAME:x:UID:` lines), else by the
+    /// directory's `answers`. Lines that do not parse are left out. Root's ranges are
+    /// handed out to containers (LXD writes one): each block of 65,536 of them is a user
+    /// ([`SubuidRange::account`]). A range overlapping one before it keeps what lies past
+    /// it (merged into it where both are one user's), with a warning where they are not.
+    pub fn parse<'a>(subuid: &'a str, passwd: &str, answers: &Answers) -> Accounts {
         // Once, not per range: both files may run to megabytes, read in the daemon's loop.
         let mut uids: HashMap<&str, u32> = HashMap::new();
         for (name, uid) in passwd.lines().filter_map(|l| {
@@ -99,7 +201,21 @@ impl Accounts {
             // The first line of a name, as the C library reads it.
             uids.entry(name).or_insert(uid);
         }
-        let uid_of = |name: &str| name.parse().ok().or_else(|| uids.get(name).copied());
+        let mut unasked: Vec<String> = Vec::new();
+        let mut unasked_seen: HashSet<&str> = HashSet::new();
+        let mut uid_of = |name: &'a str| {
+            let uid = name.parse().ok().or_else(|| uids.get(name).copied());
+            if uid.is_some() {
+                return uid;
+            }
+            if let Some(answer) = answers.get(name) {
+                return *answer;
+            }
+            if unasked.len() < MAX_RANGES && unasked_seen.insert(name) {
+                unasked.push(name.to_string());
+            }
+            None
+        };
         let mut ranges: Vec<SubuidRange> = subuid
             .lines()
             .filter(|l| !l.trim_start().starts_with('#'))
@@ -150,12 +266,14 @@ impl Accounts {
         Accounts {
             ranges: kept,
             read_from: None,
+            unasked,
         }
     }
 
     /// The ranges in the file at `path` (root's, changed by root only: see
-    /// [`AccountsError::Untrusted`]); none where there is no file.
-    pub fn read(path: &Path) -> Result<Accounts, AccountsError> {
+    /// [`AccountsError::Untrusted`]), names `/etc/passwd` lacks resolved by the directory's
+    /// `answers`; none where there is no file.
+    pub fn read(path: &Path, answers: &Answers) -> Result<Accounts, AccountsError> {
         let Some((text, seen)) = read_trusted(path)? else {
             return Ok(Accounts::default());
         };
@@ -165,26 +283,35 @@ impl Accounts {
             Ok(Some((p, _))) => p,
             _ => String::new(),
         };
-        let mut accounts = Accounts::parse(&text, &passwd);
+        let mut accounts = Accounts::parse(&text, &passwd, answers);
         accounts.read_from = Some(seen);
         Ok(accounts)
     }
 
-    /// These accounts, or those of `path` where it changed since they were read: a user
-    /// given sub-uids while the daemon runs has them counted as theirs from the next look.
-    /// A file that can no longer be read keeps the accounts as they were.
-    pub fn refreshed(self, path: &Path) -> Accounts {
+    /// These accounts, or those of `path` where it changed since they were read (or the
+    /// `directory` answered for names it lacked): a user given sub-uids while the daemon
+    /// runs has them counted as theirs from the next look. A file that can no longer be
+    /// read keeps the accounts as they were. Never waits on the directory.
+    pub fn refreshed(self, path: &Path, directory: &mut Directory) -> Accounts {
+        let answered = directory.take_answer();
         let now = std::fs::symlink_metadata(path).ok().map(|m| seen(&m));
-        if now == self.read_from {
+        if now == self.read_from && !answered {
             return self;
         }
-        match Accounts::read(path) {
+        if now != self.read_from {
+            // A user may have been made in the directory since (root gives a new user
+            // sub-uids): ask again.
+            directory.answers.clear();
+        }
+        match Accounts::read(path, &directory.answers) {
             Ok(a) => {
                 info!(
                     file = %path.display(),
                     ranges = a.ranges.len(),
+                    unresolved = a.unasked.len(),
                     "sub-uids read: each is charged as the user given it"
                 );
+                directory.ask(&a.unasked);
                 a
             }
             Err(e) => {
@@ -243,7 +370,7 @@ mod tests {
         let subuid = "alice:100000:65536\n# comment\n2000:300000:10\nghost:400000:5\n\
                       bad line\nbob:x:1\nzero:500000:0\nhuge:4294967295:2\n\
                       root:1000000:1000000\n1000:300005:100\n";
-        let a = Accounts::parse(subuid, passwd);
+        let a = Accounts::parse(subuid, passwd, &Answers::new());
         assert_eq!(a.of(100_000), 1000);
         assert_eq!(a.of(165_535), 1000);
         assert_eq!(a.of(165_536), 165_536);
@@ -265,7 +392,11 @@ mod tests {
         assert_eq!(a.of(300_050), 1000);
         assert_eq!(a.of(300_105), 300_105);
         // One user's ranges overlapping are one.
-        let b = Accounts::parse("1000:100:10\n1000:105:20\n1000:110:2\n", "");
+        let b = Accounts::parse(
+            "1000:100:10\n1000:105:20\n1000:110:2\n",
+            "",
+            &Answers::new(),
+        );
         assert_eq!(b.ranges().len(), 1);
         assert_eq!((b.of(124), b.of(125)), (1000, 125));
         assert_eq!(a.ranges().len(), 5);
@@ -287,30 +418,87 @@ mod tests {
         };
         mode(0o644);
         // Tests run as root: the file is root's.
-        let read = Accounts::read(&path).expect("root's file");
+        let mut dir_users = Directory::default();
+        let read = Accounts::read(&path, &Answers::new()).expect("root's file");
         assert_eq!(read.of(3_000_005), 65534);
         // Unchanged: the same accounts; changed, read again.
-        let again = read.clone().refreshed(&path);
+        let again = read.clone().refreshed(&path, &mut dir_users);
         assert_eq!(again, read);
         std::fs::write(&path, "65534:3000000:10\n65534:4000000:10\n").expect("write");
-        let again = again.refreshed(&path);
+        let again = again.refreshed(&path, &mut dir_users);
         assert_eq!(again.of(4_000_001), 65534);
         mode(0o666);
         assert!(matches!(
-            Accounts::read(&path),
+            Accounts::read(&path, &Answers::new()),
             Err(AccountsError::Untrusted(_))
         ));
         // Made untrusted after it was read: what was read stands.
         std::fs::write(&path, "").expect("write");
-        assert_eq!(again.clone().refreshed(&path).of(4_000_001), 65534);
+        assert_eq!(
+            again.clone().refreshed(&path, &mut dir_users).of(4_000_001),
+            65534
+        );
         let link = dir.join("link");
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&path, &link).expect("symlink");
-        assert!(Accounts::read(&link).is_err(), "read through a link");
+        assert!(
+            Accounts::read(&link, &Answers::new()).is_err(),
+            "read through a link"
+        );
         assert_eq!(
-            Accounts::read(&dir.join("none")).expect("no file"),
+            Accounts::read(&dir.join("none"), &Answers::new()).expect("no file"),
             Accounts::default()
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Set when the test's directory may answer.
+    static DIRECTORY_UP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    /// A directory that knows carol as 4242, and answers only once `DIRECTORY_UP` is set.
+    fn slow_directory(name: &str) -> Option<u32> {
+        while !DIRECTORY_UP.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        (name == "carol").then_some(4242)
+    }
+
+    #[test]
+    fn a_name_only_the_directory_knows_is_its_user_once_it_answers_and_never_waited_for() {
+        let dir = std::env::temp_dir().join(format!("commtap-directory-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("subuid");
+        std::fs::write(&path, "carol:5000000:65536\nno-such-user:6000000:10\n").expect("write");
+        let mut users = Directory::new(slow_directory);
+        // The directory does not answer: the read does not wait, and each range is a user
+        // of its own meanwhile.
+        let a = Accounts::default().refreshed(&path, &mut users);
+        assert_eq!(a.of(5_000_001), 5_000_000);
+        assert_eq!(a.unasked(), ["carol", "no-such-user"]);
+        let a = a.refreshed(&path, &mut users);
+        assert_eq!(a.of(5_000_001), 5_000_000);
+        DIRECTORY_UP.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut a = a;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_mins(1);
+        while a.of(5_000_001) == 5_000_000 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the answer never came"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            a = a.refreshed(&path, &mut users);
+        }
+        assert_eq!(a.of(5_000_001), 4242);
+        // A name the directory has not is not asked again until the file changes.
+        assert_eq!(a.of(6_000_001), 6_000_000);
+        assert!(a.unasked().is_empty());
+        assert!(users.pending.is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_c_library_resolves_this_nodes_users() {
+        assert_eq!(look_up_user("root"), Some(0));
+        assert_eq!(look_up_user("no-such-user-of-commtap"), None);
     }
 }
