@@ -418,6 +418,9 @@ impl ArgSpec {
                 | B::CommRank
                 | B::Start
                 | B::StartAll
+                // The request is read at the entry, and forgotten there when the call is
+                // counted at its entry: what it did at the return is all done then.
+                | B::RequestFree
         )
     }
 }

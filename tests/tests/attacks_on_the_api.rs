@@ -566,7 +566,8 @@ fn a_user_cannot_fill_the_kernels_handle_maps() {
 /// undecoded). Nobody is refused past its share (counted exactly) and root's job beside it
 /// is exact. `MPI_Request_free` gives an entry back: once the first process is forgotten,
 /// a second makes a share of requests and frees them, and while it still runs a third
-/// makes a share again, none refused.
+/// makes a share again, none refused. Time is taken one call in two: about half the frees
+/// are counted at their entry (the request forgotten there), the rest at their return.
 #[test]
 fn a_user_cannot_fill_the_kernels_request_map() {
     use collector_common::{
@@ -576,27 +577,34 @@ fn a_user_cannot_fill_the_kernels_request_map() {
     const FLOOD: u64 = 70_000;
     let share = share_of(u64::from(MAX_PERSISTENT), DEFAULT_USER_SHARE_PCT);
     let scratch = Scratch::new("attack-requests");
-    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let daemon = Daemon::start(&scratch, &[], &[], &["--time-one-in", "2"]);
     let dir = nobody_dir(&scratch, "nobody");
     let start_flood = |tag: &str, n: u64, what: &str| {
         let (job, pid, go) = start_mpi_flood(&daemon, &dir, tag, what, n);
         let now = report_json(&["report", "--from", &daemon.target]);
-        let rank = rank_by_pid(&now, pid);
+        let rank = rank_by_pid(&now, pid).clone();
         assert_eq!(rank["routines"]["MPI_Send_init"]["calls"], n, "{rank:#}");
-        let refused = rank["handles_refused"].as_u64().expect("handles_refused");
-        (job, pid, go, refused)
+        (job, pid, go, rank)
     };
+    let refused = |rank: &serde_json::Value| rank["handles_refused"].as_u64();
 
-    let (hog, hog_pid, go, refused) = start_flood("hog", FLOOD, "requests-keep");
-    assert_eq!(refused, FLOOD - share, "nobody's refusals");
+    let (hog, hog_pid, go, rank) = start_flood("hog", FLOOD, "requests-keep");
+    assert_eq!(refused(&rank), Some(FLOOD - share), "nobody's refusals");
     roots_job_is_exact(&scratch, &daemon, "handles_refused");
     let_go(hog, &go);
     wait_for_exited(&daemon.target, &[hog_pid]);
 
-    let (freed, _, freed_go, refused) = start_flood("freed", share, "requests-free");
-    assert_eq!(refused, 0, "refusals after the first process's exit");
-    let (kept, _, kept_go, refused) = start_flood("kept", share, "requests-keep");
-    assert_eq!(refused, 0, "refusals after a share of requests was freed");
+    let (freed, _, freed_go, rank) = start_flood("freed", share, "requests-free");
+    assert_eq!(refused(&rank), Some(0), "refusals after the first exit");
+    let frees = &rank["routines"]["MPI_Request_free"];
+    let timed = frees["sampled_time"]["timed_calls"].as_u64();
+    assert_eq!(frees["calls"], share, "{frees:#}");
+    assert!(
+        timed.is_some_and(|t| t > 0 && t < share),
+        "frees counted both at their entry and at their return: {frees:#}"
+    );
+    let (kept, _, kept_go, rank) = start_flood("kept", share, "requests-keep");
+    assert_eq!(refused(&rank), Some(0), "refusals after a share was freed");
     let_go(freed, &freed_go);
     let_go(kept, &kept_go);
     assert_healthy(&scratch, &daemon);

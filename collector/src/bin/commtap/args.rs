@@ -446,8 +446,9 @@ pub struct ProbeArgs {
     /// --user-share; its own libraries probed at once; its exited processes' profiles
     /// kept) count each of its sub-uids as that user, who could otherwise own files and
     /// run processes as thousands of users. Read again when it changes; it must be a
-    /// regular file of root's that only root may write. Names resolve through /etc/passwd;
-    /// in root's own ranges (containers', LXD's) a block of 65,536 counts as one user.
+    /// regular file of root's that only root may write. Names resolve through /etc/passwd,
+    /// then the user directory (NSS: LDAP, SSSD), asked off the daemon's loop; in root's
+    /// own ranges (containers', LXD's) a block of 65,536 counts as one user.
     #[arg(long, value_name = "FILE", default_value = collector::discover::accounts::SUBUID_FILE)]
     pub subuid_file: std::path::PathBuf,
     /// Probe MPI and NCCL only, not the transports' data path beneath them (libfabric's
