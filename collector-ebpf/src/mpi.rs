@@ -90,7 +90,8 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
         | ByteRule::TypeFree => Some(0),
         ByteRule::CommFree => {
             crate::cache::bump();
-            let h = freed_handle(c);
+            // Read at the entry (`frees_handle`), before the call reset it.
+            let h = c.args[0];
             crate::shares::forget(
                 SharedMap::Comms,
                 &HandleKey {
@@ -102,19 +103,8 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
             crate::instances::freed(c.tgid, h);
             Some(0)
         }
-        ByteRule::RequestFree => {
-            // Not a persistent request's, or one learnt before commtap attached: nothing
-            // there, nothing given back.
-            crate::shares::forget(
-                SharedMap::Persistent,
-                &HandleKey {
-                    tgid: c.tgid,
-                    _pad: 0,
-                    handle: freed_handle(c),
-                },
-            );
-            Some(0)
-        }
+        // Its request was forgotten at the entry (`probe::enter`).
+        ByteRule::RequestFree => Some(0),
         ByteRule::CommCreate => Some(0),
         ByteRule::CommDup => {
             // A duplicate has its parent's size and ranks: integer-handle ABIs learn them
@@ -145,18 +135,6 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
     }
 }
 
-/// The handle a call freeing one (`ByteRule::frees_handle`) was given: read at its entry,
-/// before the call reset it (an MPI-5 ABI handle normalised there), an integer handle's upper
-/// half dropped here.
-#[inline(always)]
-fn freed_handle(c: &Call) -> u64 {
-    if Abi::integer_handles(c.abi) {
-        c.args[0] & 0xffff_ffff
-    } else {
-        c.args[0]
-    }
-}
-
 /// Datatype constructors and MPI_Type_free (integer-handle ABIs): learn or forget sizes.
 #[inline(always)]
 #[expect(
@@ -182,7 +160,8 @@ pub(crate) fn on_type_return(c: &Call, spec: &ArgSpec) -> Option<u64> {
                 &HandleKey {
                     tgid: c.tgid,
                     _pad: 0,
-                    handle: freed_handle(c),
+                    // Read at the entry (`frees_handle`).
+                    handle: c.args[0],
                 },
             );
         }

@@ -16,13 +16,14 @@ use aya_ebpf::{
 };
 use collector_common::{
     routines::{class, NO_ARG as N},
+    shares::SharedMap,
     Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Config, Cookie, CounterKey, EventKind,
     HandleKey, Layout, MAX_ARGS, UNKNOWN_BUCKET,
 };
 
 use crate::{
     call::{comm_fact_known, describe_call, emit_call, raw_cookie, Call},
-    decode::{comm_info, handle, read, status_ignored_in_any_abi, UNDECODED},
+    decode::{comm_info, handle, status_ignored_in_any_abi, UNDECODED},
     maps::{
         call_state, new_call_state, not_drawn, time_one_in, with_proc_stats, COMMS, CONFIG,
         LAYOUTS, ROUTINE_SPECS,
@@ -145,21 +146,27 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
     }
     let rule = ByteRule::from_u8(spec.rule);
     if rule.frees_handle() {
-        if rule != ByteRule::RequestFree {
-            // Before the handle goes: no thread may keep it cached across the free (no
-            // request is cached).
+        // The call resets the handle to MPI_*_NULL: read it now (an MPI-5 ABI handle is
+        // read as MPICH's now, while its object is alive).
+        let i = (spec.a & 15) as usize;
+        let h = crate::call::read_handle(c.abi, e.args[i]).unwrap_or(0);
+        e.args[i] = h;
+        if rule == ByteRule::RequestFree {
+            // Forgotten before the call: once it frees the request, another thread may be
+            // given the same handle for a request of its own, learnt at its return, which
+            // a forget at this call's return would then remove.
+            crate::shares::forget(
+                SharedMap::Persistent,
+                &HandleKey {
+                    tgid,
+                    _pad: 0,
+                    handle: h,
+                },
+            );
+        } else {
+            // Before the handle goes: no thread may keep it cached across the free.
             crate::cache::bump();
         }
-        // The call resets the handle to MPI_*_NULL: read it now (an MPICH-ABI handle is
-        // an int: the return drops the upper half; an MPI-5 ABI handle is read as MPICH's
-        // now, while its object is alive).
-        let i = (spec.a & 15) as usize;
-        let h = read::<u64>(e.args[i]).unwrap_or(0);
-        e.args[i] = if c.abi == Abi::MpiAbi as u8 {
-            handle(c.abi, h)
-        } else {
-            h
-        };
     }
     e.depth = 0;
     e.routine = c.routine;

@@ -201,32 +201,38 @@ fn cgroup2() -> Check {
 /// The sub-uids users are given (`/etc/subuid`), which the daemon counts as their users'
 /// for every per-user cap: where the file cannot be trusted, each is a user of its own.
 fn subuids() -> Check {
-    use discover::accounts::{answers_of, look_up_user, Accounts, AccountsError, SUBUID_FILE};
+    use discover::{
+        accounts::{Accounts, AccountsError, SUBUID_FILE},
+        directory::{answers_of, look_up_user, Answer},
+    };
     let path = Path::new(SUBUID_FILE);
-    let mut nowhere: Vec<String> = Vec::new();
+    let mut unresolved: Vec<String> = Vec::new();
     // Here, unlike the daemon's loop, the user directory may be waited for.
     let read = Accounts::read(path, &Default::default()).and_then(|a| {
-        if a.unasked().is_empty() {
+        if a.directory_names().is_empty() {
             return Ok(a);
         }
-        let answers = answers_of(look_up_user, a.unasked().to_vec());
-        nowhere = answers
+        let answers = answers_of(look_up_user, a.directory_names().to_vec());
+        unresolved = answers
             .iter()
-            .filter(|(_, uid)| uid.is_none())
-            .map(|(name, _)| name.clone())
+            .filter_map(|(name, answer)| match answer {
+                Answer::User(_) => None,
+                Answer::NoSuchUser => Some(name.clone()),
+                Answer::NoAnswer => Some(format!("{name} (the directory did not answer)")),
+            })
             .collect();
-        nowhere.sort();
+        unresolved.sort();
         Accounts::read(path, &answers)
     });
     match read {
-        Ok(_) if !nowhere.is_empty() => Check::not(
+        Ok(_) if !unresolved.is_empty() => Check::not(
             "subuids",
             Status::Warn,
             format!(
                 "{SUBUID_FILE} gives sub-uids to {} name(s) no user has ({}): each such range \
                  counts as a user of its own, apart from whoever it was meant for",
-                nowhere.len(),
-                nowhere
+                unresolved.len(),
+                unresolved
                     .iter()
                     .take(5)
                     .cloned()

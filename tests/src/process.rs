@@ -241,8 +241,12 @@ pub fn nobody_dir(scratch: &Scratch, name: &str) -> PathBuf {
 pub fn nobody_subuid_file(scratch: &Scratch, first: u32) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let path = scratch.path("subuid");
-    std::fs::write(&path, format!("{NOBODY}:{first}:65536\n")).expect("subuid file");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    // Written beside it and renamed over it, as `usermod` does: a daemon reading it never
+    // finds it empty or half written.
+    let new = scratch.path("subuid.new");
+    std::fs::write(&new, format!("{NOBODY}:{first}:65536\n")).expect("subuid file");
+    std::fs::set_permissions(&new, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    std::fs::rename(&new, &path).expect("rename");
     path
 }
 

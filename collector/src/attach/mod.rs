@@ -33,10 +33,7 @@ use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use crate::{
-    discover::{
-        accounts::{Accounts, Directory},
-        cgroup::CgroupRef,
-    },
+    discover::{accounts::Accounts, cgroup::CgroupRef, directory::Directory},
     symbols::{self, Library, LibraryFile, LibraryKind},
 };
 
@@ -970,8 +967,14 @@ impl Probes {
                 .map_err(map_err(names::maps::SUBUIDS))?;
         }
         // At most MAX_SUBUID_RANGES (`Accounts` keeps no more): below the table's bit.
-        self.settings.subuid_ranges = next | ranges.len() as u32;
-        self.write_settings()
+        let searched =
+            std::mem::replace(&mut self.settings.subuid_ranges, next | ranges.len() as u32);
+        let written = self.write_settings();
+        if written.is_err() {
+            // The kernel searches the old table still: the next try must not write there.
+            self.settings.subuid_ranges = searched;
+        }
+        written
     }
 
     /// Removes everything the kernel keeps of `pid` (counters, learnt handles), once its

@@ -14,10 +14,12 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// (an older commtap) are never reused. `a2`: slots are handed out from a fresh-slot
 /// counter as well as the free stack (an older daemon's pins have no counter); `a3`:
 /// persistent requests are kept (`PERSISTENT`); `a4`: the counters' values are one array
-/// shared by the CPUs (a per-CPU one before).
+/// shared by the CPUs (a per-CPU one before); `a5`: `PERSISTENT` is a hash map under each
+/// user's share, an LRU before (a pin is reopened whatever its type: an older daemon's LRU
+/// would go on pushing one user's requests out for another's).
 pub fn state_dir_for_layout(base: &Path) -> PathBuf {
     let tag = format!(
-        "layout-a4-k{}-s{}-v{}-d{}-p{}-c{}-h{}-r{}-e{}",
+        "layout-a5-k{}-s{}-v{}-d{}-p{}-c{}-h{}-r{}-e{}",
         size_of::<CounterKey>(),
         collector_common::MAX_COUNTERS,
         size_of::<CounterVal>(),

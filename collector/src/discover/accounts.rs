@@ -12,10 +12,11 @@ use std::{
     io::Read,
     os::unix::fs::{MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
-    sync::mpsc,
 };
 
 use collector_common::shares::{SubuidRange, MAX_SUBUID_RANGES};
+
+use super::directory::{Answer, Answers, Directory};
 use tracing::{info, warn};
 
 /// Where the sub-uids users are given are listed, unless told otherwise.
@@ -66,101 +67,9 @@ pub struct Accounts {
     ranges: Vec<SubuidRange>,
     /// What the file read looked like; none where none was.
     read_from: Option<FileSeen>,
-    /// Names the file gives ranges to that neither `/etc/passwd` nor the directory's
-    /// answers so far resolved (each such range a user of its own meanwhile).
-    unasked: Vec<String>,
-}
-
-/// Answers of the node's user directory: a name's uid, or none where it has no such user.
-pub type Answers = HashMap<String, Option<u32>>;
-
-/// The user directory behind the C library (NSS: LDAP, SSSD, where the node is configured
-/// so), asked for the names the sub-uid file gives ranges to that `/etc/passwd` lacks: on
-/// a thread of its own, since a directory may take seconds to answer (or time out) and the
-/// daemon's loop waits for nothing. Until it answers, such a range is a user of its own.
-pub struct Directory {
-    /// How a name is looked up (the C library's `getpwnam_r`; a test's own).
-    look_up: fn(&str) -> Option<u32>,
-    /// Its answers since the file last changed.
-    answers: Answers,
-    /// A lookup under way.
-    pending: Option<mpsc::Receiver<Answers>>,
-}
-
-impl Default for Directory {
-    fn default() -> Self {
-        Directory::new(look_up_user)
-    }
-}
-
-impl Directory {
-    /// A directory whose names `look_up` resolves.
-    pub fn new(look_up: fn(&str) -> Option<u32>) -> Directory {
-        Directory {
-            look_up,
-            answers: Answers::new(),
-            pending: None,
-        }
-    }
-
-    /// Takes the answer of a lookup that finished; whether there was one.
-    fn take_answer(&mut self) -> bool {
-        let Some(pending) = &self.pending else {
-            return false;
-        };
-        match pending.try_recv() {
-            Ok(answers) => {
-                self.pending = None;
-                self.answers.extend(answers);
-                true
-            }
-            Err(mpsc::TryRecvError::Empty) => false,
-            // The thread ended without an answer (it panicked): asked again at the next read.
-            Err(mpsc::TryRecvError::Disconnected) => {
-                self.pending = None;
-                false
-            }
-        }
-    }
-
-    /// Asks for `names` on a thread of its own, unless a lookup is under way (its answer
-    /// brings a read, which asks for what is left).
-    fn ask(&mut self, names: &[String]) {
-        if names.is_empty() || self.pending.is_some() {
-            return;
-        }
-        let (tx, rx) = mpsc::channel();
-        let (look_up, names) = (self.look_up, names.to_vec());
-        let spawned = std::thread::Builder::new()
-            .name("commtap-users".into())
-            .spawn(move || {
-                let _ = tx.send(answers_of(look_up, names));
-            });
-        match spawned {
-            Ok(_) => self.pending = Some(rx),
-            Err(e) => warn!("no thread to look sub-uid users up in the directory: {e}"),
-        }
-    }
-}
-
-/// Each of `names` looked up by `look_up`.
-pub fn answers_of(look_up: fn(&str) -> Option<u32>, names: Vec<String>) -> Answers {
-    names
-        .into_iter()
-        .map(|n| {
-            let uid = look_up(&n);
-            (n, uid)
-        })
-        .collect()
-}
-
-/// User `name`'s uid by the C library (`/etc/passwd`, then whatever directory the node's
-/// NSS names), or none. May wait on the directory.
-pub fn look_up_user(name: &str) -> Option<u32> {
-    nix::unistd::User::from_name(name)
-        .ok()
-        .flatten()
-        .map(|u| u.uid.as_raw())
+    /// Names the file gives ranges to that `/etc/passwd` lacks: the user directory's to
+    /// resolve (until it has, each such range is a user of its own).
+    directory_names: Vec<String>,
 }
 
 impl Accounts {
@@ -178,10 +87,9 @@ impl Accounts {
         &self.ranges
     }
 
-    /// The names the file gives ranges to that were not resolved, and not yet asked of the
-    /// directory.
-    pub fn unasked(&self) -> &[String] {
-        &self.unasked
+    /// The names the file gives ranges to that `/etc/passwd` lacks.
+    pub fn directory_names(&self) -> &[String] {
+        &self.directory_names
     }
 
     /// The ranges in `subuid` (`/etc/subuid`'s `USER:FIRST:COUNT` lines), users named
@@ -201,20 +109,20 @@ impl Accounts {
             // The first line of a name, as the C library reads it.
             uids.entry(name).or_insert(uid);
         }
-        let mut unasked: Vec<String> = Vec::new();
-        let mut unasked_seen: HashSet<&str> = HashSet::new();
+        let mut directory_names: Vec<String> = Vec::new();
+        let mut asked: HashSet<&str> = HashSet::new();
         let mut uid_of = |name: &'a str| {
             let uid = name.parse().ok().or_else(|| uids.get(name).copied());
             if uid.is_some() {
                 return uid;
             }
-            if let Some(answer) = answers.get(name) {
-                return *answer;
+            if directory_names.len() < MAX_RANGES && asked.insert(name) {
+                directory_names.push(name.to_string());
             }
-            if unasked.len() < MAX_RANGES && unasked_seen.insert(name) {
-                unasked.push(name.to_string());
+            match answers.get(name) {
+                Some(Answer::User(uid)) => Some(*uid),
+                _ => None,
             }
-            None
         };
         let mut ranges: Vec<SubuidRange> = subuid
             .lines()
@@ -266,7 +174,7 @@ impl Accounts {
         Accounts {
             ranges: kept,
             read_from: None,
-            unasked,
+            directory_names,
         }
     }
 
@@ -289,39 +197,42 @@ impl Accounts {
     }
 
     /// These accounts, or those of `path` where it changed since they were read (or the
-    /// `directory` answered for names it lacked): a user given sub-uids while the daemon
-    /// runs has them counted as theirs from the next look. A file that can no longer be
-    /// read keeps the accounts as they were. Never waits on the directory.
+    /// user `directory` answered for names `/etc/passwd` lacks): a user given sub-uids while
+    /// the daemon runs has them counted as theirs from the next look. A file that can no
+    /// longer be read keeps the accounts as they were. Never waits on the directory.
     pub fn refreshed(self, path: &Path, directory: &mut Directory) -> Accounts {
-        let answered = directory.take_answer();
+        let answered = directory.take_answers();
         let now = std::fs::symlink_metadata(path).ok().map(|m| seen(&m));
-        if now == self.read_from && !answered {
-            return self;
+        let changed = now != self.read_from;
+        if changed {
+            // A user may have been made or renumbered in the directory since (root gives a
+            // new user sub-uids): every name asked again, the old answers standing meanwhile.
+            directory.ask_all_again();
         }
-        if now != self.read_from {
-            // A user may have been made in the directory since (root gives a new user
-            // sub-uids): ask again.
-            directory.answers.clear();
-        }
-        match Accounts::read(path, &directory.answers) {
-            Ok(a) => {
-                info!(
-                    file = %path.display(),
-                    ranges = a.ranges.len(),
-                    unresolved = a.unasked.len(),
-                    "sub-uids read: each is charged as the user given it"
-                );
-                directory.ask(&a.unasked);
-                a
-            }
-            Err(e) => {
-                warn!("{e}; the sub-uids read before stand");
-                Accounts {
-                    read_from: now,
-                    ..self
+        let accounts = if changed || answered {
+            match Accounts::read(path, directory.answers()) {
+                Ok(a) => {
+                    info!(
+                        file = %path.display(),
+                        ranges = a.ranges.len(),
+                        names_for_the_directory = a.directory_names.len(),
+                        "sub-uids read: each is charged as the user given it"
+                    );
+                    a
+                }
+                Err(e) => {
+                    warn!("{e}; the sub-uids read before stand");
+                    Accounts {
+                        read_from: now,
+                        ..self
+                    }
                 }
             }
-        }
+        } else {
+            self
+        };
+        directory.ask_for(&accounts.directory_names);
+        accounts
     }
 }
 
@@ -455,12 +366,36 @@ mod tests {
     /// Set when the test's directory may answer.
     static DIRECTORY_UP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-    /// A directory that knows carol as 4242, and answers only once `DIRECTORY_UP` is set.
-    fn slow_directory(name: &str) -> Option<u32> {
+    /// A directory that knows carol as 4242 and dave as 4343, and answers only once
+    /// `DIRECTORY_UP` is set.
+    fn slow_directory(name: &str) -> Answer {
         while !DIRECTORY_UP.load(std::sync::atomic::Ordering::SeqCst) {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        (name == "carol").then_some(4242)
+        match name {
+            "carol" => Answer::User(4242),
+            "dave" => Answer::User(4343),
+            _ => Answer::NoSuchUser,
+        }
+    }
+
+    /// `a` refreshed from `path` until `done` says so (the directory's answer taken).
+    fn refreshed_until(
+        mut a: Accounts,
+        path: &Path,
+        users: &mut Directory,
+        done: impl Fn(&Accounts) -> bool,
+    ) -> Accounts {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_mins(1);
+        while !done(&a) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the answer never came"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            a = a.refreshed(path, users);
+        }
+        a
     }
 
     #[test]
@@ -469,36 +404,29 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("dir");
         let path = dir.join("subuid");
         std::fs::write(&path, "carol:5000000:65536\nno-such-user:6000000:10\n").expect("write");
-        let mut users = Directory::new(slow_directory);
+        let mut users = Directory::new(
+            slow_directory,
+            std::time::Duration::from_mins(5),
+            std::time::Duration::from_mins(1),
+        );
         // The directory does not answer: the read does not wait, and each range is a user
         // of its own meanwhile.
         let a = Accounts::default().refreshed(&path, &mut users);
         assert_eq!(a.of(5_000_001), 5_000_000);
-        assert_eq!(a.unasked(), ["carol", "no-such-user"]);
+        assert_eq!(a.directory_names(), ["carol", "no-such-user"]);
         let a = a.refreshed(&path, &mut users);
         assert_eq!(a.of(5_000_001), 5_000_000);
         DIRECTORY_UP.store(true, std::sync::atomic::Ordering::SeqCst);
-        let mut a = a;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_mins(1);
-        while a.of(5_000_001) == 5_000_000 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the answer never came"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-            a = a.refreshed(&path, &mut users);
-        }
-        assert_eq!(a.of(5_000_001), 4242);
-        // A name the directory has not is not asked again until the file changes.
+        let a = refreshed_until(a, &path, &mut users, |a| a.of(5_000_001) == 4242);
+        // A name no one has stays a user of its own.
         assert_eq!(a.of(6_000_001), 6_000_000);
-        assert!(a.unasked().is_empty());
-        assert!(users.pending.is_none());
+        // The file changes (a new user given sub-uids): carol's answer stands while the
+        // names are asked again, and dave's comes.
+        std::fs::write(&path, "carol:5000000:65536\ndave:7000000:10\n").expect("write");
+        let a = a.refreshed(&path, &mut users);
+        assert_eq!(a.of(5_000_001), 4242);
+        let a = refreshed_until(a, &path, &mut users, |a| a.of(7_000_001) == 4343);
+        assert_eq!(a.of(5_000_001), 4242);
         let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn the_c_library_resolves_this_nodes_users() {
-        assert_eq!(look_up_user("root"), Some(0));
-        assert_eq!(look_up_user("no-such-user-of-commtap"), None);
     }
 }

@@ -6,6 +6,7 @@
 pub mod accounts;
 pub mod cgroup;
 pub mod container;
+pub mod directory;
 pub mod memory;
 pub mod tracked;
 

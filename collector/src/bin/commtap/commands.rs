@@ -191,7 +191,8 @@ async fn record(a: RecordArgs) -> Result<()> {
             .collect(),
         skew: !a.probe.no_skew,
     };
-    let profile = record::record(opts).await?;
+    // Boxed: the recording future holds the whole session (clippy: large_futures).
+    let profile = Box::pin(record::record(opts)).await?;
     a.out.write(&profile)?;
     if profile.ranks.is_empty() {
         anyhow::bail!(
