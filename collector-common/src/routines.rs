@@ -174,7 +174,8 @@ impl ByteRule {
     }
 
     /// Whether argument `a` points at a handle that the call resets (MPI_Type_free,
-    /// MPI_Comm_free, MPI_Request_free): it is read at entry.
+    /// MPI_Comm_free, MPI_Request_free): it is read, and what it stood for forgotten, at
+    /// entry.
     #[inline(always)]
     pub const fn frees_handle(self) -> bool {
         matches!(
@@ -418,8 +419,8 @@ impl ArgSpec {
                 | B::CommRank
                 | B::Start
                 | B::StartAll
-                // The request is read at the entry, and forgotten there when the call is
-                // counted at its entry: what it did at the return is all done then.
+                // The request is read and forgotten at the entry: the return has nothing
+                // left to do.
                 | B::RequestFree
         )
     }

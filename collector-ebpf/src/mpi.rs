@@ -89,18 +89,8 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
         | ByteRule::CtorProdArray
         | ByteRule::TypeFree => Some(0),
         ByteRule::CommFree => {
+            // Forgotten at the entry (`probe::enter`); a fact cached since is dropped.
             crate::cache::bump();
-            // Read at the entry (`frees_handle`), before the call reset it.
-            let h = c.args[0];
-            crate::shares::forget(
-                SharedMap::Comms,
-                &HandleKey {
-                    tgid: c.tgid,
-                    _pad: 0,
-                    handle: h,
-                },
-            );
-            crate::instances::freed(c.tgid, h);
             Some(0)
         }
         // Its request was forgotten at the entry (`probe::enter`).
@@ -135,7 +125,8 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
     }
 }
 
-/// Datatype constructors and MPI_Type_free (integer-handle ABIs): learn or forget sizes.
+/// Datatype constructors and MPI_Type_free (integer-handle ABIs): learn sizes (a freed
+/// type is forgotten at its entry).
 #[inline(always)]
 #[expect(
     clippy::unnecessary_wraps,
@@ -154,16 +145,8 @@ pub(crate) fn on_type_return(c: &Call, spec: &ArgSpec) -> Option<u64> {
         | ByteRule::CtorDarray
         | ByteRule::LargeCtorDarray) => learn_type(c, spec, rule),
         ByteRule::TypeFree => {
+            // Forgotten at the entry (`probe::enter`); a size cached since is dropped.
             crate::cache::bump();
-            crate::shares::forget(
-                SharedMap::Dtypes,
-                &HandleKey {
-                    tgid: c.tgid,
-                    _pad: 0,
-                    // Read at the entry (`frees_handle`).
-                    handle: c.args[0],
-                },
-            );
         }
         _ => {}
     }

@@ -151,21 +151,27 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
         let i = (spec.a & 15) as usize;
         let h = crate::call::read_handle(c.abi, e.args[i]).unwrap_or(0);
         e.args[i] = h;
+        // Forgotten before the call: once it frees the handle, another thread may be given
+        // the same one for a request, communicator or datatype of its own, learnt at its
+        // return, which a forget at this call's return would then remove.
+        let key = HandleKey {
+            tgid,
+            _pad: 0,
+            handle: h,
+        };
         if rule == ByteRule::RequestFree {
-            // Forgotten before the call: once it frees the request, another thread may be
-            // given the same handle for a request of its own, learnt at its return, which
-            // a forget at this call's return would then remove.
-            crate::shares::forget(
-                SharedMap::Persistent,
-                &HandleKey {
-                    tgid,
-                    _pad: 0,
-                    handle: h,
-                },
-            );
+            crate::shares::forget(SharedMap::Persistent, &key);
         } else {
             // Before the handle goes: no thread may keep it cached across the free.
             crate::cache::bump();
+            if rule == ByteRule::CommFree {
+                crate::shares::forget(SharedMap::Comms, &key);
+                crate::instances::freed(tgid, h);
+            } else if Abi::integer_handles(c.abi) {
+                // Only integer-handle ABIs keep datatypes' sizes (Open MPI's are in its
+                // objects).
+                crate::shares::forget(SharedMap::Dtypes, &key);
+            }
         }
     }
     e.depth = 0;

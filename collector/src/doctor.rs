@@ -203,41 +203,56 @@ fn cgroup2() -> Check {
 fn subuids() -> Check {
     use discover::{
         accounts::{Accounts, AccountsError, SUBUID_FILE},
-        directory::{answers_of, look_up_user, Answer},
+        directory::{Answer, Directory},
     };
+    /// How long the check waits for the user directory.
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(10);
     let path = Path::new(SUBUID_FILE);
-    let mut unresolved: Vec<String> = Vec::new();
-    // Here, unlike the daemon's loop, the user directory may be waited for.
+    let (mut nobody_has, mut unanswered) = (Vec::new(), Vec::new());
+    // Here, unlike the daemon's loop, the user directory is waited for, a while.
     let read = Accounts::read(path, &Default::default()).and_then(|a| {
         if a.directory_names().is_empty() {
             return Ok(a);
         }
-        let answers = answers_of(look_up_user, a.directory_names().to_vec());
-        unresolved = answers
-            .iter()
-            .filter_map(|(name, answer)| match answer {
-                Answer::User(_) => None,
-                Answer::NoSuchUser => Some(name.clone()),
-                Answer::NoAnswer => Some(format!("{name} (the directory did not answer)")),
-            })
-            .collect();
-        unresolved.sort();
-        Accounts::read(path, &answers)
+        let mut users = Directory::default();
+        users.ask_for(a.directory_names());
+        let deadline = std::time::Instant::now() + WAIT;
+        while users.asking() && std::time::Instant::now() < deadline {
+            users.take_answers();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        users.take_answers();
+        for name in a.directory_names() {
+            match users.answers().get(name) {
+                Some(Answer::User(_)) => {}
+                Some(Answer::NoSuchUser) => nobody_has.push(name.clone()),
+                _ => unanswered.push(name.clone()),
+            }
+        }
+        Accounts::read(path, users.answers())
     });
+    let some = |names: &[String]| names.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
     match read {
-        Ok(_) if !unresolved.is_empty() => Check::not(
+        Ok(_) if !unanswered.is_empty() => Check::not(
+            "subuids",
+            Status::Warn,
+            format!(
+                "the user directory did not answer in {WAIT:?} for {} name(s) {SUBUID_FILE} \
+                 gives sub-uids to ({}): until it does, each such range counts as a user of \
+                 its own",
+                unanswered.len(),
+                some(&unanswered)
+            ),
+            "check that the directory answers (sssd, nslcd): getent passwd NAME".to_string(),
+        ),
+        Ok(_) if !nobody_has.is_empty() => Check::not(
             "subuids",
             Status::Warn,
             format!(
                 "{SUBUID_FILE} gives sub-uids to {} name(s) no user has ({}): each such range \
                  counts as a user of its own, apart from whoever it was meant for",
-                unresolved.len(),
-                unresolved
-                    .iter()
-                    .take(5)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                nobody_has.len(),
+                some(&nobody_has)
             ),
             format!("name each user as `getent passwd NAME` knows it, or by uid, in {SUBUID_FILE}"),
         ),

@@ -6,7 +6,7 @@
 //! at most).
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{
         atomic::{AtomicUsize, Ordering},
         mpsc, Arc,
@@ -45,16 +45,47 @@ const MAX_RUNNING: usize = 4;
 pub struct Directory {
     /// How a name is looked up ([`look_up_user`]; a test's own).
     look_up: fn(&str) -> Answer,
-    /// Its answers so far (an old answer stands until a new one replaces it).
+    /// Its answers so far (an old answer stands until a new one replaces it), for the
+    /// names last asked.
     answers: Answers,
-    /// The lookup under way, and when it began.
-    pending: Option<(mpsc::Receiver<Answers>, Instant)>,
-    /// When names were last asked; none: ask now.
+    /// The lookup under way.
+    pending: Option<Lookup>,
+    /// When every name was last asked; none: ask them now.
     asked_at: Option<Instant>,
     /// Lookup threads not yet returned, those given up on included.
     running: Arc<AtomicUsize>,
     ask_again: Duration,
     give_up: Duration,
+}
+
+/// A lookup under way, answering name by name: a long list is not lost to one slow name.
+struct Lookup {
+    /// Its answers, in the order asked.
+    answers: mpsc::Receiver<(String, Answer)>,
+    /// The names asked, in order.
+    asked: Vec<String>,
+    /// How many have been answered.
+    answered: usize,
+    /// When it last answered (or began).
+    progress: Instant,
+    /// Whether an answer changed a name's user.
+    changed: bool,
+}
+
+/// Counts a lookup thread until it returns (or is never started).
+struct Running(Arc<AtomicUsize>);
+
+impl Running {
+    fn new(count: &Arc<AtomicUsize>) -> Running {
+        count.fetch_add(1, Ordering::SeqCst);
+        Running(Arc::clone(count))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Default for Directory {
@@ -65,7 +96,7 @@ impl Default for Directory {
 
 impl Directory {
     /// A directory whose names `look_up` resolves, every name asked again after
-    /// `ask_again`, a lookup given up on after `give_up`.
+    /// `ask_again`, a lookup given up on after `give_up` without an answer.
     pub fn new(look_up: fn(&str) -> Answer, ask_again: Duration, give_up: Duration) -> Self {
         Directory {
             look_up,
@@ -83,59 +114,67 @@ impl Directory {
         &self.answers
     }
 
+    /// Whether a lookup is under way.
+    pub fn asking(&self) -> bool {
+        self.pending.is_some()
+    }
+
     /// Every name to be asked at the next look (the file they come from changed).
     pub fn ask_all_again(&mut self) {
         self.asked_at = None;
     }
 
-    /// Takes the answers of a lookup that finished; whether there were any. A lookup past
-    /// its time is given up on (its thread, if it ever returns, answers no one).
+    /// Takes the answers come so far; whether the lookup ended with a name's user changed
+    /// (then the names are worth resolving again). A lookup with no answer for longer than
+    /// its time is given up on, and the name it waits on left unanswered until every name
+    /// is asked again (its thread, if it ever returns, answers no one).
     pub fn take_answers(&mut self) -> bool {
-        let Some((pending, since)) = &self.pending else {
+        let Some(lookup) = self.pending.as_mut() else {
             return false;
         };
-        match pending.try_recv() {
-            Ok(answers) => {
-                self.pending = None;
-                for (name, answer) in answers {
-                    match answer {
-                        // A failure does not undo what the directory said before.
-                        Answer::NoAnswer => {
-                            self.answers.entry(name).or_insert(answer);
-                        }
-                        _ => {
-                            self.answers.insert(name, answer);
-                        }
-                    }
+        loop {
+            match lookup.answers.try_recv() {
+                Ok((name, answer)) => {
+                    lookup.answered += 1;
+                    lookup.progress = Instant::now();
+                    lookup.changed |= keep(&mut self.answers, name, answer);
                 }
-                true
-            }
-            Err(mpsc::TryRecvError::Empty) if since.elapsed() < self.give_up => false,
-            Err(mpsc::TryRecvError::Empty) => {
-                warn!(
-                    "the user directory has not answered in {:?}: asked again later",
-                    self.give_up
-                );
-                self.pending = None;
-                false
-            }
-            // Its thread ended without answering (it panicked): asked again later.
-            Err(mpsc::TryRecvError::Disconnected) => {
-                self.pending = None;
-                false
+                Err(mpsc::TryRecvError::Empty) if lookup.progress.elapsed() < self.give_up => {
+                    return false;
+                }
+                Err(mpsc::TryRecvError::Empty) => {
+                    warn!(
+                        "the user directory has not answered in {:?}: given up on, asked again \
+                         later",
+                        self.give_up
+                    );
+                    break;
+                }
+                Err(mpsc::TryRecvError::Disconnected) => break,
             }
         }
+        // A name left unanswered (the lookup given up on, or its thread gone on it) is not
+        // asked again at once: it would only hang or fail the next lookup too.
+        if let Some(name) = lookup.asked.get(lookup.answered) {
+            self.answers.entry(name.clone()).or_insert(Answer::NoAnswer);
+        }
+        let changed = lookup.changed;
+        self.pending = None;
+        changed
     }
 
-    /// Asks for what `names` needs: every name where they are due to be asked again, else
-    /// those never asked. Not while a lookup is under way, nor while as many threads as
-    /// allowed have not returned.
+    /// Asks for what `names` needs: every name where they are due to be asked again (the
+    /// answers of names no longer among them dropped), else those never asked. Not while
+    /// a lookup is under way, nor while as many threads as allowed have not returned.
     pub fn ask_for(&mut self, names: &[String]) {
-        if self.pending.is_some() {
+        if self.pending.is_some() || self.running.load(Ordering::SeqCst) >= MAX_RUNNING {
             return;
         }
         let due = self.asked_at.is_none_or(|t| t.elapsed() >= self.ask_again);
         let wanted: Vec<String> = if due {
+            let current: HashSet<&str> = names.iter().map(String::as_str).collect();
+            self.answers.retain(|n, _| current.contains(n.as_str()));
+            self.asked_at = Some(Instant::now());
             names.to_vec()
         } else {
             names
@@ -147,41 +186,57 @@ impl Directory {
         if wanted.is_empty() {
             return;
         }
-        if self.running.load(Ordering::SeqCst) >= MAX_RUNNING {
-            return;
-        }
         let (tx, rx) = mpsc::channel();
         let look_up = self.look_up;
-        let running = Arc::clone(&self.running);
-        running.fetch_add(1, Ordering::SeqCst);
+        let running = Running::new(&self.running);
+        let asked = wanted.clone();
         let spawned = std::thread::Builder::new()
             .name("commtap-users".into())
             .spawn(move || {
-                let _ = tx.send(answers_of(look_up, wanted));
-                running.fetch_sub(1, Ordering::SeqCst);
+                let _running = running;
+                for name in wanted {
+                    let answer = look_up(&name);
+                    if tx.send((name, answer)).is_err() {
+                        // Given up on.
+                        return;
+                    }
+                }
             });
         match spawned {
             Ok(_) => {
-                self.pending = Some((rx, Instant::now()));
-                self.asked_at = Some(Instant::now());
+                self.pending = Some(Lookup {
+                    answers: rx,
+                    asked,
+                    answered: 0,
+                    progress: Instant::now(),
+                    changed: false,
+                });
             }
             Err(e) => {
-                self.running.fetch_sub(1, Ordering::SeqCst);
-                warn!("no thread to ask the user directory: {e}");
+                warn!("no thread to ask the user directory: {e}; asked again later");
+                // Not asked again at every look: only when every name is.
+                for name in asked {
+                    self.answers.entry(name).or_insert(Answer::NoAnswer);
+                }
             }
         }
     }
 }
 
-/// Each of `names` looked up by `look_up`, on the caller's thread.
-pub fn answers_of(look_up: fn(&str) -> Answer, names: Vec<String>) -> Answers {
-    names
-        .into_iter()
-        .map(|n| {
-            let answer = look_up(&n);
-            (n, answer)
-        })
-        .collect()
+/// Keeps `answer` for `name`; whether it changed the name's user. A failure never
+/// replaces an answer.
+fn keep(answers: &mut Answers, name: String, answer: Answer) -> bool {
+    let user = |a: Option<&Answer>| match a {
+        Some(Answer::User(uid)) => Some(*uid),
+        _ => None,
+    };
+    if answer == Answer::NoAnswer {
+        answers.entry(name).or_insert(answer);
+        return false;
+    }
+    let before = user(answers.get(&name));
+    answers.insert(name, answer);
+    before != user(Some(&answer))
 }
 
 /// What the C library (`getpwnam_r`: `/etc/passwd`, then whatever directory the node's NSS
@@ -228,7 +283,7 @@ mod tests {
             );
         }
         assert_eq!(users.running.load(Ordering::SeqCst), MAX_RUNNING);
-        assert!(users.answers().is_empty());
+        assert_eq!(users.answers().get("carol"), Some(&Answer::NoAnswer));
     }
 
     fn failing_directory(name: &str) -> Answer {
@@ -240,16 +295,32 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_lookup_keeps_the_answer_before_it() {
-        let mut users = Directory::new(failing_directory, Duration::ZERO, GIVE_UP);
+    fn a_failed_lookup_keeps_the_answer_before_it_and_is_not_asked_again_at_once() {
+        let mut users = Directory::new(failing_directory, Duration::from_mins(5), GIVE_UP);
         users.answers.insert("dave".into(), Answer::User(4343));
-        users.ask_for(&["dave".to_string(), "erin".to_string()]);
+        let names = ["dave".to_string(), "erin".to_string(), "fay".to_string()];
         let deadline = Instant::now() + Duration::from_mins(1);
-        while !users.take_answers() {
-            assert!(Instant::now() < deadline, "no answer");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let answered = |users: &mut Directory| {
+            while users.asking() {
+                assert!(Instant::now() < deadline, "no answer");
+                users.take_answers();
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        // Not due (asked just now): only the names never asked.
+        users.asked_at = Some(Instant::now());
+        users.ask_for(&names);
+        answered(&mut users);
         assert_eq!(users.answers()["dave"], Answer::User(4343));
         assert_eq!(users.answers()["erin"], Answer::User(7));
+        assert_eq!(users.answers()["fay"], Answer::User(7));
+        // Due: every name asked again, dave's failure keeps his answer, and the answers of
+        // names no longer asked for are dropped.
+        users.ask_all_again();
+        users.ask_for(&names[..1]);
+        assert!(users.asking());
+        answered(&mut users);
+        assert_eq!(users.answers().len(), 1);
+        assert_eq!(users.answers()["dave"], Answer::User(4343));
     }
 }
