@@ -157,6 +157,15 @@ fn start_session(opts: &DaemonOptions, state_dir: Option<PathBuf>) -> Result<Ses
     })?;
     if let Some(dir) = &state_dir {
         info!("counts kept across restarts in {}", dir.display());
+        let gone = session.probes.forget_exited_while_away();
+        if !gone.is_empty() {
+            info!(
+                pids = ?gone,
+                "forgot {} process(es) that exited while no daemon ran (their counts were \
+                 left in the kept maps)",
+                gone.len()
+            );
+        }
     }
     session.probes.set_call_events(opts.call_events)?;
     session.probes.set_collective_events(opts.skew)?;

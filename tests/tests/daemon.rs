@@ -478,6 +478,61 @@ fn a_killed_daemon_restarts_with_its_counts() {
     );
 }
 
+/// Ranks that exit while no daemon runs leave their counts in the pinned maps, which
+/// nothing else would remove (a later process given the same pid would carry on from
+/// them): the next daemon forgets them at its start, and says which.
+#[test]
+fn a_daemon_forgets_ranks_that_exited_while_none_ran() {
+    const SAID: &str = "process(es) that exited while no daemon ran";
+    let scratch = Scratch::new("daemon-away");
+    let first = Daemon::start(&scratch, &[], &[], &[]);
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 20, &[]);
+    let pids: Vec<u64> = ranks.iter().map(|p| u64::from(*p)).collect();
+    wait_for_state(&first.target, &pids, "probed");
+    // SAFETY: kill(2) of the daemon we spawned.
+    unsafe { libc::kill(first.child.0.id() as i32, libc::SIGKILL) };
+    let mut child = first.child;
+    assert!(!child.wait_with_limit(LIMIT).success(), "killed");
+    std::fs::remove_file(&first.socket).expect("stale socket");
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    for pid in &ranks {
+        wait_until("the rank to be gone", LIMIT, || {
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        });
+    }
+    let second = Daemon::start(&scratch, &[], &["--log", "info"], &[]);
+    let said = || {
+        std::fs::read_to_string(scratch.path("commtap.stderr"))
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.contains(SAID))
+            .map(String::from)
+    };
+    wait_until("the second daemon to say what it forgot", LIMIT, || {
+        said().is_some()
+    });
+    // Without the log's colours (ESC [ ... m).
+    let line: String = said()
+        .expect("said")
+        .split('\x1b')
+        .map(|part| {
+            part.split_once('m')
+                .filter(|_| part.starts_with('['))
+                .map_or(part, |(_, rest)| rest)
+        })
+        .collect();
+    let forgotten: Vec<u32> = line
+        .split_once("pids=[")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| list.split(", ").filter_map(|p| p.parse().ok()).collect())
+        .unwrap_or_default();
+    for pid in &ranks {
+        assert!(forgotten.contains(pid), "rank {pid} not forgotten: {line}");
+    }
+    second.stop(&scratch);
+}
+
 /// The state letter of `pid` in `/proc/PID/stat` (`T`: stopped), None once it is gone.
 fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -77,6 +77,15 @@ impl Counters {
             .collect()
     }
 
+    /// The processes that have counters.
+    pub fn pids(&self) -> std::collections::BTreeSet<u32> {
+        self.slots
+            .keys()
+            .filter_map(Result::ok)
+            .map(|k| k.tgid)
+            .collect()
+    }
+
     /// Removes the counters of `pid`, zeroes their slots and frees them. Threads drop their
     /// cached slots first (the generation moves), so none is updated after its reuse.
     pub fn forget(&mut self, pid: u32) {

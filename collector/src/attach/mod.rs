@@ -977,6 +977,35 @@ impl Probes {
         written
     }
 
+    /// Forgets ([`Probes::forget_process`]) the processes a daemon before this one left in
+    /// the pinned maps that no longer run: they exited while no daemon ran, and nothing else
+    /// would forget them (a later process given the same pid would carry on from their
+    /// counts). Their pids. A pid given to another process meanwhile is taken as running.
+    pub fn forget_exited_while_away(&mut self) -> Vec<u32> {
+        let mut pids = self.counters.pids();
+        pids.extend(self.proc_stats.keys().filter_map(Result::ok));
+        pids.extend(
+            self.device_time
+                .keys()
+                .filter_map(Result::ok)
+                .map(|k| k.tgid),
+        );
+        pids.extend(self.peers.keys().filter_map(Result::ok).map(|k| k.tgid));
+        pids.extend(self.comms.keys().filter_map(Result::ok).map(|k| k.tgid));
+        pids.extend(self.dtypes.keys().filter_map(Result::ok).map(|k| k.tgid));
+        pids.extend(
+            self.persistent
+                .keys()
+                .filter_map(Result::ok)
+                .map(|k| k.tgid),
+        );
+        pids.retain(|p| !std::path::Path::new(&format!("/proc/{p}")).exists());
+        for pid in &pids {
+            self.forget_process(*pid);
+        }
+        pids.into_iter().collect()
+    }
+
     /// Removes everything the kernel keeps of `pid` (counters, learnt handles), once its
     /// final profile is taken: a later process with the same pid starts from zero.
     pub fn forget_process(&mut self, pid: u32) {
