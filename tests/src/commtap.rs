@@ -439,3 +439,14 @@ pub fn start_two_nodes(
     }
     daemons
 }
+
+/// A log line without its colour codes (ESC [ ... m).
+pub fn without_colours(line: &str) -> String {
+    line.split('\x1b')
+        .map(|part| {
+            part.split_once('m')
+                .filter(|_| part.starts_with('['))
+                .map_or(part, |(_, rest)| rest)
+        })
+        .collect()
+}

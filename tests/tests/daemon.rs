@@ -512,16 +512,7 @@ fn a_daemon_forgets_ranks_that_exited_while_none_ran() {
     wait_until("the second daemon to say what it forgot", LIMIT, || {
         said().is_some()
     });
-    // Without the log's colours (ESC [ ... m).
-    let line: String = said()
-        .expect("said")
-        .split('\x1b')
-        .map(|part| {
-            part.split_once('m')
-                .filter(|_| part.starts_with('['))
-                .map_or(part, |(_, rest)| rest)
-        })
-        .collect();
+    let line = without_colours(&said().expect("said"));
     let forgotten: Vec<u32> = line
         .split_once("pids=[")
         .and_then(|(_, rest)| rest.split_once(']'))

@@ -143,14 +143,7 @@ fn log_times(log: &str) -> Vec<String> {
     log.lines()
         .filter_map(|l| {
             // Colour codes around the time, if any.
-            let plain: String = l
-                .split('\x1b')
-                .map(|part| {
-                    part.split_once('m')
-                        .filter(|_| part.starts_with('['))
-                        .map_or(part, |(_, rest)| rest)
-                })
-                .collect();
+            let plain = without_colours(l);
             let stamp = plain.split_whitespace().next()?.to_string();
             (stamp.len() >= 20 && stamp.as_bytes()[10] == b'T' && stamp.ends_with('Z'))
                 .then_some(stamp)
