@@ -151,15 +151,31 @@ pub fn queued_item(feed: &mut tokio::sync::broadcast::Receiver<FeedItem>) -> Opt
     }
 }
 
-/// Call events the feed holds for its slowest listener.
+/// Call events the feed holds for its slowest listener, at least.
 const FEED_CAPACITY: usize = 1 << 16;
 
-impl Default for IngestCounters {
-    fn default() -> Self {
+/// Call events the feed holds at most (about 100 MiB of them).
+const MAX_FEED_CAPACITY: usize = 1 << 20;
+
+impl IngestCounters {
+    /// Counters whose feed holds at least what a ring buffer of `ring_bytes` does: a
+    /// listener that falls behind (a trace written by a slow `record`) loses none of what
+    /// the kernel could keep, where a larger ring was asked for so that none is lost.
+    pub fn for_ring(ring_bytes: u32) -> IngestCounters {
+        // Each event is a record of the ring: its 8-byte header and the event.
+        let events = ring_bytes as usize / (size_of::<CallEvent>() + 8);
+        IngestCounters::with_feed(
+            events
+                .next_power_of_two()
+                .clamp(FEED_CAPACITY, MAX_FEED_CAPACITY),
+        )
+    }
+
+    fn with_feed(capacity: usize) -> IngestCounters {
         IngestCounters {
             call_events: Mutex::default(),
             malformed: AtomicU64::default(),
-            feed: broadcast::channel(FEED_CAPACITY).0,
+            feed: broadcast::channel(capacity).0,
         }
     }
 }

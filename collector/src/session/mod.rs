@@ -89,12 +89,12 @@ impl Session {
     /// Loads the probes and starts draining the ring buffer.
     pub fn start(opts: LoadOptions) -> Result<Session> {
         let mut budget = budget::Budget::new(opts.time_sampling);
+        let ingest_counters = Arc::new(IngestCounters::for_ring(opts.ring_buffer_bytes));
         let mut probes = Probes::load(opts).context("setting up the probes")?;
         // A fixed sampling applies from the first call.
         budget.step(&mut probes);
         let ring = probes.take_events().context("ring buffer already taken")?;
         let (tx, events) = mpsc::unbounded_channel();
-        let ingest_counters = Arc::new(IngestCounters::default());
         let cancel = CancellationToken::new();
         let ingest = tokio::spawn(ingest::run(
             ring,
