@@ -87,14 +87,14 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
         | ByteRule::CtorSum
         | ByteRule::CtorStruct
         | ByteRule::CtorProdArray
-        | ByteRule::TypeFree => Some(0),
+        | ByteRule::TypeFree
+        // Its request was forgotten at the entry (`probe::enter`).
+        | ByteRule::RequestFree => Some(0),
         ByteRule::CommFree => {
             // Forgotten at the entry (`probe::enter`); a fact cached since is dropped.
             crate::cache::bump();
             Some(0)
         }
-        // Its request was forgotten at the entry (`probe::enter`).
-        ByteRule::RequestFree => Some(0),
         ByteRule::CommCreate => Some(0),
         ByteRule::CommDup => {
             // A duplicate has its parent's size and ranks: integer-handle ABIs learn them

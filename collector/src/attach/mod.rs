@@ -991,14 +991,9 @@ impl Probes {
                 .map(|k| k.tgid),
         );
         pids.extend(self.peers.keys().filter_map(Result::ok).map(|k| k.tgid));
-        pids.extend(self.comms.keys().filter_map(Result::ok).map(|k| k.tgid));
-        pids.extend(self.dtypes.keys().filter_map(Result::ok).map(|k| k.tgid));
-        pids.extend(
-            self.persistent
-                .keys()
-                .filter_map(Result::ok)
-                .map(|k| k.tgid),
-        );
+        pids.extend(handle_holders(&self.comms));
+        pids.extend(handle_holders(&self.dtypes));
+        pids.extend(handle_holders(&self.persistent));
         pids.retain(|p| !std::path::Path::new(&format!("/proc/{p}")).exists());
         for pid in &pids {
             self.forget_process(*pid);
@@ -1102,6 +1097,13 @@ impl Shares {
             let _ = self.user_released.insert(held.uid, released, 0);
         }
     }
+}
+
+/// The processes holding entries of a map keyed by (process, handle), one per entry.
+fn handle_holders<V: aya::Pod>(
+    map: &BpfHashMap<MapData, HandleKey, V>,
+) -> impl Iterator<Item = u32> + '_ {
+    map.keys().filter_map(Result::ok).map(|k| k.tgid)
 }
 
 /// Removes every entry of process `pid` from a map keyed by (process, handle).
