@@ -304,6 +304,8 @@ pub async fn attach(from: &Target, pid: u32, json: bool) -> Result<()> {
 
 /// Asks a daemon to stop watching `pid`; prints its profile so far as `out` says.
 pub async fn detach(from: &Target, pid: u32, out: &crate::report::Outputs) -> Result<()> {
+    // A detach cannot be undone: its profile must have somewhere to go.
+    out.check()?;
     let mut client = crate::api::node_client(connect(from).await?);
     let resp = client
         .detach_process(pb::DetachProcessRequest { pid })

@@ -44,8 +44,18 @@ pub struct RecordOptions {
     pub skew: bool,
 }
 
+/// What `record` ends with.
+#[derive(Debug)]
+pub struct Recorded {
+    /// The job's profile.
+    pub profile: JobProfile,
+    /// How the launched command ended, when it failed (a batch script wrapping a job in
+    /// `record` must still see it fail).
+    pub command_failed: Option<std::process::ExitStatus>,
+}
+
 /// Runs `record` to completion and returns the profile.
-pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
+pub async fn record(opts: RecordOptions) -> Result<Recorded> {
     let requested = check_request(&opts)?;
     // Before anything runs: a trace that cannot be written fails now, not after the job.
     let mut sinks = FeedSinks {
@@ -83,8 +93,11 @@ pub async fn record(opts: RecordOptions) -> Result<JobProfile> {
     } else {
         Some(launch_command(&mut session, &opts)?)
     };
-    follow(&mut session, &mut sinks, &mut feed, child, &opts).await?;
-    finish(session, sinks, feed).await
+    let command_failed = follow(&mut session, &mut sinks, &mut feed, child, &opts).await?;
+    Ok(Recorded {
+        profile: finish(session, sinks, feed).await?,
+        command_failed,
+    })
 }
 
 /// Checks what `record` was asked; the processes to attach to, with what `/proc` says of
@@ -95,6 +108,15 @@ fn check_request(opts: &RecordOptions) -> Result<Vec<(u32, discover::ProcessInfo
     }
     if !opts.pids.is_empty() && !opts.command.is_empty() {
         bail!("give either --pid or a command to launch, not both");
+    }
+    for (i, t) in opts.traces.iter().enumerate() {
+        if opts.traces[..i].iter().any(|u| u.path == t.path) {
+            bail!(
+                "--trace {} is given twice: give it once per file (`--trace t.json --trace \
+                 t.pftrace` writes both formats)",
+                t.path.display()
+            );
+        }
     }
     attach::system::check_privileges()?;
     let me = std::process::id();
@@ -131,11 +153,14 @@ async fn watch_requested(
             },
         );
         session.watch_tracked(pid)?;
-        if !session.tracked[&pid].maps_mpi {
-            warn!("PID {pid} maps no MPI library (yet); watching it in case it loads one");
-        }
     }
     if opts.wait_for_mpi || session.tracked.values().any(|t| t.maps_mpi) {
+        // Said only where they are watched on: else the refusal below names them.
+        for (pid, t) in &session.tracked {
+            if t.requested && !t.maps_mpi {
+                warn!("PID {pid} maps no MPI library (yet); watching it in case it loads one");
+            }
+        }
         return Ok(());
     }
     session.stop_ingest().await;
@@ -183,13 +208,14 @@ fn launch_command(session: &mut Session, opts: &RecordOptions) -> Result<tokio::
 
 /// Follows the job until it ends (the launched command exits, or every requested process
 /// has), `--duration` passes or a signal comes (after which a second one exits at once).
+/// Returns how the launched command ended if it failed.
 async fn follow(
     session: &mut Session,
     sinks: &mut FeedSinks,
     feed: &mut Option<tokio::sync::broadcast::Receiver<FeedItem>>,
     mut child: Option<tokio::process::Child>,
     opts: &RecordOptions,
-) -> Result<()> {
+) -> Result<Option<std::process::ExitStatus>> {
     let stop = tokio::time::sleep(opts.duration.unwrap_or(Duration::from_secs(u64::MAX / 4)));
     tokio::pin!(stop);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
@@ -220,14 +246,15 @@ async fn follow(
             name = signals.recv() => {
                 crate::signals::stopping(name, "reporting what was recorded");
                 signals.exit_on_next();
-                return Ok(());
+                return Ok(None);
             }
-            () = &mut stop => { info!("duration reached"); return Ok(()); }
+            () = &mut stop => { info!("duration reached"); return Ok(None); }
             status = &mut child_exit => {
-                if let Some(status) = status.filter(|s| !s.success()) {
+                let failed = status.filter(|s| !s.success());
+                if let Some(status) = failed {
                     warn!("the command exited with {status}");
                 }
-                return Ok(());
+                return Ok(failed);
             }
             Some(ev) = session.events.recv() => {
                 let batch = crate::session::follow::queued(vec![ev], &mut session.events);
@@ -243,7 +270,7 @@ async fn follow(
                 sinks.place_in_worlds(session)?;
                 if !launched && session.tracked.values().filter(|t| t.requested).all(|t| t.exit_ns.is_some()) {
                     info!("all watched processes exited");
-                    return Ok(());
+                    return Ok(None);
                 }
             }
         }

@@ -97,3 +97,112 @@ fn a_job_killed_while_recorded_still_gets_a_report() {
     let not_profiled = profile["not_profiled"].as_array().expect("not_profiled");
     assert_eq!(not_profiled.len(), 2, "{profile:#}");
 }
+
+/// Every file `record` is to write is checked before the job runs: a job of hours must not
+/// end in "No such file or directory" with its profile lost.
+#[test]
+fn an_output_that_cannot_be_written_fails_before_the_job_runs() {
+    let scratch = Scratch::new("bad-outputs");
+    let dir = scratch.path("a-directory");
+    std::fs::create_dir(&dir).expect("dir");
+    let file = scratch.path("a-file");
+    std::fs::write(&file, "mine").expect("file");
+    let missing = scratch.path("missing/profile.txt");
+    let cases: [(&str, &std::path::Path, &str); 5] = [
+        ("-o", &missing, "no directory"),
+        ("-o", &dir, "it is a directory"),
+        ("--json", &dir, "it is a directory"),
+        ("--html", &missing, "no directory"),
+        ("--mpitrace-dir", &file, "it is not a directory"),
+    ];
+    for (flag, path, why) in cases {
+        let marker = scratch.path("the-job-ran");
+        let run = run_commtap(
+            &scratch,
+            &[
+                "record",
+                flag,
+                path_str(path),
+                "--",
+                "touch",
+                path_str(&marker),
+            ],
+            LIMIT,
+        );
+        assert_clear_failure(&run, &format!("{flag} {}: {why}", path.display()));
+        assert!(!marker.exists(), "{flag} {}: the job ran", path.display());
+    }
+    assert_eq!(std::fs::read_to_string(&file).expect("file"), "mine");
+}
+
+/// A run that recorded nothing writes an empty profile only where no file is: an earlier
+/// run's profile, JSON and trace are left as they were, and the message says so.
+#[test]
+fn a_run_that_records_nothing_leaves_earlier_files_as_they_were() {
+    let scratch = Scratch::new("nothing-recorded");
+    let earlier = [
+        (scratch.path("profile.txt"), "an earlier profile\n"),
+        (scratch.path("profile.json"), "{\"earlier\": true}\n"),
+        (scratch.path("trace.json"), "an earlier trace\n"),
+    ];
+    for (path, text) in &earlier {
+        std::fs::write(path, text).expect("earlier file");
+    }
+    let html = scratch.path("new.html");
+    let run = run_commtap(
+        &scratch,
+        &[
+            "record",
+            "-o",
+            path_str(&earlier[0].0),
+            "--json",
+            path_str(&earlier[1].0),
+            "--trace",
+            path_str(&earlier[2].0),
+            "--html",
+            path_str(&html),
+            "--",
+            "true",
+        ],
+        LIMIT,
+    );
+    assert_clear_failure(&run, "no MPI calls were recorded");
+    assert!(run.stderr.contains("left as they were"), "{}", run.stderr);
+    assert!(run.stderr.contains("trace: no calls"), "{}", run.stderr);
+    for (path, text) in &earlier {
+        assert_eq!(
+            &std::fs::read_to_string(path).expect("earlier file"),
+            text,
+            "{}",
+            path.display()
+        );
+    }
+    // A file that was not there gets the empty report: it says why nothing was seen.
+    let page = std::fs::read_to_string(&html).expect("the new page");
+    assert!(page.contains("no process mapped an MPI"), "{page}");
+}
+
+/// A job that fails gives `record` its exit status, so that a batch script wrapping it sees
+/// the failure; its profile is written all the same, exact.
+#[test]
+fn a_failed_job_gives_its_exit_status_and_keeps_its_profile() {
+    let scratch = Scratch::new("failed-job");
+    let mpi = Mpi::Mpich;
+    let prog = build_program("mpi_truth.c", mpi);
+    let prefix = scratch.path("truth");
+    let out = scratch.path("profile.json");
+    let mut args: Vec<String> = ["record", "--format", "json", "-o", path_str(&out), "--"]
+        .map(String::from)
+        .to_vec();
+    // The job runs to its end, then its script fails.
+    args.extend(["sh", "-c", "\"$@\" && exit 7", "sh"].map(String::from));
+    args.extend(mpi.launcher(2));
+    args.extend([path_str(&prog), path_str(&prefix)].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let commtap = spawn_commtap_with_env(&scratch, &args, &mpi.job_env());
+    let run = finish_commtap(&scratch, commtap, LIMIT);
+    assert_eq!(run.status.code(), Some(7), "{}", run.stderr);
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+    let profile = read_json(&out);
+    assert_profile_matches(&profile, &read_truths(&prefix, 2), &["MPI_Finalize"]);
+}

@@ -994,7 +994,7 @@ impl Probes {
         pids.extend(handle_holders(&self.comms));
         pids.extend(handle_holders(&self.dtypes));
         pids.extend(handle_holders(&self.persistent));
-        pids.retain(|p| !std::path::Path::new(&format!("/proc/{p}")).exists());
+        pids.retain(|p| !is_running_process(*p));
         for pid in &pids {
             self.forget_process(*pid);
         }
@@ -1289,9 +1289,40 @@ fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracePointLink>, AttachErro
     Ok(links)
 }
 
+/// Whether `pid` is a running process's: `/proc/PID` also opens for a thread of another
+/// process, whose id may be an exited rank's pid given out again.
+fn is_running_process(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Tgid:"))
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            == Some(pid)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use object::{Object, ObjectSymbol, SymbolKind};
+
+    /// A thread's id opens under /proc as a process's does: it is not a running process.
+    #[test]
+    fn a_threads_id_is_no_running_process() {
+        assert!(super::is_running_process(std::process::id()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let running = std::thread::spawn(move || {
+            tx.send(nix::unistd::gettid().as_raw()).expect("send");
+            let _ = stopped.recv();
+        });
+        let live = rx.recv().expect("tid");
+        assert!(std::path::Path::new(&format!("/proc/{live}")).exists());
+        assert!(!super::is_running_process(live as u32));
+        drop(stop);
+        running.join().expect("the thread");
+        // pid_max is at most 2^22.
+        assert!(!super::is_running_process(4_194_305));
+    }
 
     /// The return path's decoding and event description are BPF global functions, which
     /// the kernel's verifier checks once each (`global_return_path!` in

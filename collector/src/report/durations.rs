@@ -154,6 +154,21 @@ pub fn render_durations(job: &JobProfile) -> String {
                 format!(", most of it in {}", costliest.join(", "))
             }
         );
+        if share >= HIGH_SHARE {
+            // Alarming at first sight, and right: say why, so that it is not taken as what an
+            // application pays.
+            let calls: u64 = r.routines.values().map(|s| s.totals.calls).sum();
+            let _ = writeln!(
+                o,
+                "  (rank {} spent {:.0}% of its time in MPI calls of {} on average: a probe's \
+                 fixed price weighs most on short calls, and an application's own work \
+                 dilutes it; --max-overhead samples the time of routines called often, from \
+                 a run's first tens of milliseconds)",
+                r.rank,
+                100.0 * r.comm_time_ns as f64 / r.elapsed_ns as f64,
+                ns(r.comm_time_ns.checked_div(calls).unwrap_or(0)),
+            );
+        }
         // Of those, the ones no budget can thin that make a tenth of the estimate or more,
         // and why: where the estimate stays high, the user learns what would bring it down.
         let total = r.estimated_probe_ns();
@@ -181,6 +196,10 @@ pub fn render_durations(job: &JobProfile) -> String {
     }
     o
 }
+
+/// A rank's estimated probe cost (share of its time) from which the report says why it is
+/// so high.
+const HIGH_SHARE: f64 = 0.10;
 
 /// A rank's estimated probe cost (share of its time) from which the report says what kept
 /// it there: the default `--max-overhead`.
@@ -213,8 +232,9 @@ fn never_sampled(name: &str, job: &JobProfile) -> Option<&'static str> {
         // Where the kernel numbers a communicator's instances (seen made) it draws some and
         // the rest are sampled; this is the one it does not (ranks attached mid-job).
         return Some(
-            "who is late times every instance where it aligns the ranks by time (attached \
-             mid-job): --no-skew lets it be sampled",
+            "who is late times the instances it follows: all of a communicator's first \
+             1,024, then one in 2 to 64 (every one where it aligns ranks attached mid-job \
+             by time): --no-skew lets it be sampled",
         );
     }
     None

@@ -30,7 +30,7 @@ pub enum Format {
 /// Where and how a profile is written (shared by `record` and `report`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct Outputs {
-    /// Output format.
+    /// Output format (an HTML page with plots is --html FILE, beside either).
     #[arg(short, long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
     /// Write the profile to this file instead of standard output.
@@ -75,28 +75,116 @@ pub fn write_file(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
 /// Creates (or truncates) the regular file `path` for writing, as [`write_file`] does:
 /// never through a symbolic link, never blocking on a FIFO.
 pub fn create_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    regular(path, |o| o.create(true).truncate(true))
+}
+
+/// Opens the regular file `path` for writing as [`create_file`] does, but leaves a file
+/// that is there as it is (for the caller to truncate once it writes); says whether one
+/// was there.
+pub fn open_file(path: &std::path::Path) -> std::io::Result<(std::fs::File, bool)> {
+    match regular(path, |o| o.create_new(true)) {
+        Ok(f) => Ok((f, false)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            regular(path, |o| o).map(|f| (f, true))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Opens `path` for writing with `how`'s flags, never through a symbolic link nor blocking
+/// on a FIFO, and only if it is a regular file.
+fn regular(
+    path: &std::path::Path,
+    how: impl FnOnce(&mut std::fs::OpenOptions) -> &mut std::fs::OpenOptions,
+) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
+    let mut options = std::fs::OpenOptions::new();
+    options
         .write(true)
-        .create(true)
-        .truncate(true)
         .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
-                std::io::Error::other("it is a symbolic link, which commtap does not follow")
-            } else {
-                e
-            }
-        })?;
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    let file = how(&mut options).open(path).map_err(|e| {
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            std::io::Error::other("it is a symbolic link, which commtap does not follow")
+        } else {
+            e
+        }
+    })?;
     if !file.metadata()?.file_type().is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
     Ok(file)
 }
 
+/// Checks, before anything runs, that `path` can take a file commtap writes
+/// ([`create_file`]): a regular file or none, in a directory that exists. A job of hours
+/// must not end in "No such file or directory" with its profile lost.
+pub fn check_writable(path: &std::path::Path) -> std::io::Result<()> {
+    use nix::unistd::{access, AccessFlags};
+    let refuse = |why: &str| Err(std::io::Error::other(why.to_string()));
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => {
+            refuse("it is a symbolic link, which commtap does not follow")
+        }
+        Ok(m) if m.is_dir() => refuse("it is a directory; name a file"),
+        Ok(m) if !m.is_file() => refuse("not a regular file"),
+        Ok(_) => access(path, AccessFlags::W_OK).map_err(std::io::Error::from),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => std::path::Path::new("."),
+            };
+            match std::fs::metadata(dir) {
+                Ok(m) if m.is_dir() => {
+                    access(dir, AccessFlags::W_OK | AccessFlags::X_OK).map_err(|e| {
+                        std::io::Error::other(format!("its directory {}: {e}", dir.display()))
+                    })
+                }
+                Ok(_) => refuse(&format!("{} is not a directory", dir.display())),
+                Err(_) => refuse(&format!("no directory {}", dir.display())),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
 impl Outputs {
+    /// Checks every file and directory the profile is to be written to, and reads
+    /// `--expected`, before the job runs: what would fail after it fails now, with nothing
+    /// run and nothing lost.
+    pub fn check(&self) -> Result<()> {
+        let files = [
+            ("-o", &self.output),
+            ("--json", &self.json),
+            ("--html", &self.html),
+        ];
+        for (flag, path) in files {
+            if let Some(path) = path {
+                check_writable(path).with_context(|| format!("{flag} {}", path.display()))?;
+            }
+        }
+        if let Some(dir) = &self.mpitrace_dir {
+            // Created at the end if missing (with its parents): the nearest that exists
+            // must be a directory.
+            let existing = dir
+                .ancestors()
+                .find(|a| !a.as_os_str().is_empty() && a.exists());
+            if let Some(a) = existing.filter(|a| !a.is_dir()) {
+                let which = if a == dir.as_path() {
+                    "it".to_string()
+                } else {
+                    a.display().to_string()
+                };
+                anyhow::bail!(
+                    "--mpitrace-dir {}: {which} is not a directory",
+                    dir.display()
+                );
+            }
+        }
+        self.expected()?;
+        Ok(())
+    }
+
     /// The expected NCCL curve of `--expected`, read now (a watch rereads it each time).
     fn expected(&self) -> Result<Option<html::Expected>> {
         let Some(path) = &self.expected else {
@@ -115,23 +203,43 @@ impl Outputs {
 
     /// Writes `profile` as asked.
     pub fn write(&self, profile: &JobProfile) -> Result<()> {
+        self.write_files(profile, false).map(drop)
+    }
+
+    /// Writes `profile` (a job with nothing recorded) as asked, except over files that are
+    /// already there: an earlier run's profile is worth more than an empty one. Returns the
+    /// files left as they were.
+    pub fn write_unless_there(&self, profile: &JobProfile) -> Result<Vec<PathBuf>> {
+        self.write_files(profile, true)
+    }
+
+    fn write_files(&self, profile: &JobProfile, keep_existing: bool) -> Result<Vec<PathBuf>> {
         // A bad --expected stops everything before anything is written.
         let expected = self.expected()?;
+        let mut kept = Vec::new();
+        let mut to = |path: &PathBuf| {
+            let there = keep_existing && std::fs::symlink_metadata(path).is_ok();
+            if there {
+                kept.push(path.clone());
+            }
+            !there
+        };
         let json = || -> Result<String> { Ok(serde_json::to_string_pretty(profile)? + "\n") };
         let text = match self.format {
             Format::Json => json()?,
             Format::Text => render_text(profile),
         };
         match &self.output {
-            Some(path) => write_file(path, text.as_bytes())
+            Some(path) if to(path) => write_file(path, text.as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?,
+            Some(_) => {}
             None => std::io::stdout().write_all(text.as_bytes())?,
         }
-        if let Some(path) = &self.json {
+        if let Some(path) = self.json.as_ref().filter(|p| to(p)) {
             write_file(path, json()?.as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?;
         }
-        if let Some(path) = &self.html {
+        if let Some(path) = self.html.as_ref().filter(|p| to(p)) {
             let html = html::render_html(profile, expected.as_ref());
             write_file(path, html.as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?;
@@ -145,6 +253,6 @@ impl Outputs {
                 dir.display()
             );
         }
-        Ok(())
+        Ok(kept)
     }
 }

@@ -55,7 +55,7 @@ pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProf
             }
         }
         None => {
-            let _ = writeln!(o, "Times and statistics from MPI_Init() to MPI_Finalize().");
+            let _ = writeln!(o, "Times and statistics from {}.", watched_span(r));
         }
     }
     let _ = writeln!(
@@ -657,6 +657,22 @@ pub fn render_text(whole: &JobProfile) -> String {
         );
     }
     o
+}
+
+/// What a rank's times span: mpitrace's "MPI_Init() to MPI_Finalize()" where commtap saw
+/// both, else from its attach and to its detach or exit.
+fn watched_span(r: &RankProfile) -> &'static str {
+    let seen = |names: &[&str]| names.iter().any(|n| r.routines.contains_key(*n));
+    let from_init = seen(&["MPI_Init", "MPI_Init_thread"]);
+    let to_finalize = seen(&["MPI_Finalize"]);
+    match (from_init, to_finalize, r.exited) {
+        (true, true, _) => "MPI_Init() to MPI_Finalize()",
+        (true, false, true) => "MPI_Init() to the process's exit",
+        (true, false, false) => "MPI_Init() to commtap's detach",
+        (false, true, _) => "commtap's attach (mid-run) to MPI_Finalize()",
+        (false, false, true) => "commtap's attach (mid-run) to the process's exit",
+        (false, false, false) => "commtap's attach (mid-run) to its detach",
+    }
 }
 
 /// Why a job has no ranks: whether the libraries looked for (MPI, NCCL, libfabric, UCX)

@@ -127,6 +127,8 @@ impl Lost {
 pub struct TraceSummary {
     /// Its files, in order.
     pub files: Vec<PathBuf>,
+    /// No call came, and the file that was there was left as it was.
+    pub kept: bool,
     /// Calls written.
     pub events: u64,
     /// Calls not written.
@@ -139,6 +141,13 @@ pub struct TraceSummary {
 impl std::fmt::Display for TraceSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let files: Vec<String> = self.files.iter().map(|p| p.display().to_string()).collect();
+        if self.kept {
+            return write!(
+                f,
+                "trace: no calls; {} left as it was (a file of an earlier run)",
+                files.join(", ")
+            );
+        }
         write!(f, "trace: {} calls in {}", self.events, files.join(", "))?;
         if let Some((node, ns)) = &self.largest_clock_error {
             write!(

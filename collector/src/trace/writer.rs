@@ -39,7 +39,7 @@ impl Format {
 pub struct TraceWriter {
     opts: TraceOptions,
     format: Format,
-    out: BufWriter<std::fs::File>,
+    out: BufWriter<PartFile>,
     /// Files so far; the last is being written.
     files: Vec<PathBuf>,
     /// Bytes and calls in the file being written.
@@ -260,6 +260,7 @@ impl TraceWriter {
         self.closed = true;
         self.close_part()?;
         Ok(TraceSummary {
+            kept: self.out.get_ref().kept(),
             files: std::mem::take(&mut self.files),
             events: self.events,
             lost: self.lost,
@@ -270,6 +271,11 @@ impl TraceWriter {
     /// Closes the file being written so that it loads on its own: the names of every
     /// process and thread seen so far, and the metadata.
     fn close_part(&mut self) -> Result<(), TraceError> {
+        if self.events == 0 {
+            // No call: a file that was there is left as it was (an earlier run's trace is
+            // worth more than an empty one).
+            self.out.get_mut().keep_if_there();
+        }
         let meta = serde_json::json!({
             "commtap": {
                 "version": env!("CARGO_PKG_VERSION"),
@@ -360,14 +366,64 @@ struct Traced {
     threads: BTreeSet<u32>,
 }
 
-/// Creates a trace file (never through a symlink: commtap runs as root).
-fn open(path: &Path) -> Result<BufWriter<std::fs::File>, TraceError> {
-    crate::report::create_file(path)
+/// Opens a trace file (never through a symlink: commtap runs as root). A file already
+/// there is emptied only when the trace's first bytes reach it.
+fn open(path: &Path) -> Result<BufWriter<PartFile>, TraceError> {
+    PartFile::open(path)
         .map(|f| BufWriter::with_capacity(1 << 20, f))
         .map_err(|source| TraceError::Io {
             path: path.display().to_string(),
             source,
         })
+}
+
+/// A part's file: one that was there is truncated at the first write, not at the open, so
+/// that a trace that ends with no call can leave it as it was.
+#[derive(Debug)]
+struct PartFile {
+    file: std::fs::File,
+    /// Whether it was there, untouched so far.
+    untouched: bool,
+    /// Whether writes go nowhere: the trace kept the file that was there.
+    kept: bool,
+}
+
+impl PartFile {
+    fn open(path: &Path) -> std::io::Result<PartFile> {
+        let (file, there) = crate::report::open_file(path)?;
+        Ok(PartFile {
+            file,
+            untouched: there,
+            kept: false,
+        })
+    }
+
+    /// Leaves the file as it was if it was there and nothing has reached it.
+    fn keep_if_there(&mut self) {
+        self.kept |= self.untouched;
+    }
+
+    /// Whether the file was left as it was.
+    fn kept(&self) -> bool {
+        self.kept
+    }
+}
+
+impl Write for PartFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.kept {
+            return Ok(buf.len());
+        }
+        if self.untouched {
+            self.file.set_len(0)?;
+            self.untouched = false;
+        }
+        self.file.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
 }
 
 /// The `n`th file of a split trace: `t.json`, `t.2.json`, `t.3.json` ... (`t.2.pftrace`

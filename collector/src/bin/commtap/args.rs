@@ -34,11 +34,11 @@ pub struct AggregatorArgs {
     #[arg(long)]
     pub upstream: Option<Target>,
     /// How often to push upstream.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    #[arg(allow_negative_numbers = true, long, default_value = "5s", value_parser = parse_duration)]
     pub push_interval: Duration,
     /// How long a finished job (every rank exited) is kept after its last snapshot, e.g.
     /// 30d, 12h.
-    #[arg(long, default_value = "7d", value_parser = parse_duration)]
+    #[arg(long, default_value = "7d", value_parser = parse_duration_or_zero)]
     pub retain: Duration,
     /// The aggregator's own health as Prometheus metrics: pushes, snapshots accepted,
     /// stale and refused, commits and their time, jobs, ranks, nodes, database size.
@@ -95,7 +95,7 @@ pub struct DaemonArgs {
     #[arg(long)]
     pub node_name: Option<String>,
     /// How long the profile of an exited process is kept (e.g. 1h, 30m).
-    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    #[arg(long, default_value = "1h", value_parser = parse_duration_or_zero)]
     pub keep_exited: Duration,
     #[command(flatten)]
     pub probe: ProbeArgs,
@@ -144,7 +144,7 @@ pub struct DaemonArgs {
     pub test_synthetic_ranks: u32,
     /// Tests: how long pausing processes at library loads lasts unless renewed (a frozen
     /// daemon's kernel side keeps pausing for this long).
-    #[arg(long, hide = true, value_parser = parse_duration)]
+    #[arg(long, hide = true, value_parser = parse_duration_or_zero)]
     pub test_pause_lease: Option<Duration>,
     /// Also serve the API on this TCP address (needs --tls-cert/--tls-key, or
     /// --insecure-tcp). A TCP caller sees every process only with a client certificate
@@ -160,7 +160,7 @@ pub struct DaemonArgs {
     #[command(flatten)]
     pub tls: TlsArgs,
     /// How often to push.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(allow_negative_numbers = true, long, default_value = "1s", value_parser = parse_duration)]
     pub push_interval: Duration,
 }
 
@@ -175,7 +175,7 @@ pub struct ReportArgs {
     #[arg(long)]
     pub job: Option<String>,
     /// Live: print the report again every this long (e.g. 5s), until Ctrl-C or --count.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(allow_negative_numbers = true, long, value_parser = parse_duration)]
     pub watch: Option<Duration>,
     /// With --watch: stop after this many reports.
     #[arg(long, requires = "watch")]
@@ -220,7 +220,7 @@ pub struct EventsArgs {
     #[arg(short, long, value_delimiter = ',')]
     pub pid: Vec<u32>,
     /// Stop after this long (e.g. 10s).
-    #[arg(short, long, value_parser = parse_duration)]
+    #[arg(allow_negative_numbers = true, short, long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// The daemon: unix:///path/to.sock or https://host:port.
     #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
@@ -246,7 +246,7 @@ pub struct TopArgs {
     #[arg(long)]
     pub job: Option<String>,
     /// How often the server sends a profile: the rates' interval (e.g. 1s, 500ms).
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[arg(allow_negative_numbers = true, long, default_value = "2s", value_parser = parse_duration)]
     pub interval: Duration,
 }
 
@@ -316,7 +316,7 @@ pub struct MetricsArgs {
     pub otlp_endpoint: Option<String>,
     /// How often to push over OTLP (default: OTEL_METRIC_EXPORT_INTERVAL milliseconds, else
     /// 1m).
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(allow_negative_numbers = true, long, value_parser = parse_duration)]
     pub otlp_interval: Option<Duration>,
 }
 
@@ -499,7 +499,7 @@ pub struct RecordArgs {
     #[arg(long, requires = "pid")]
     pub wait_for_mpi: bool,
     /// Stop recording after this long (e.g. 30s, 5m, 1h30m, 500ms; a bare number is seconds).
-    #[arg(short, long, value_parser = parse_duration)]
+    #[arg(allow_negative_numbers = true, short, long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     #[command(flatten)]
     pub out: Outputs,
@@ -510,7 +510,7 @@ pub struct RecordArgs {
     pub ready_file: Option<PathBuf>,
     /// Also write a timeline of every call into FILE: FILE.json is the Chrome Trace Event
     /// Format (https://ui.perfetto.dev or chrome://tracing), FILE.pftrace Perfetto's
-    /// protobuf format (about a third of the size: for large traces). Switches per-call
+    /// protobuf format (less than half the size: for large traces). Switches per-call
     /// events on; the profile's counts stay exact whatever the trace loses. Give it twice
     /// (`--trace t.json --trace t.pftrace`) for both formats of the same run.
     #[arg(long, value_name = "FILE")]
@@ -611,7 +611,7 @@ pub struct TraceArgs {
     #[arg(long)]
     pub job: Option<String>,
     /// Stop after this long (e.g. 30s); else at Ctrl-C, SIGTERM or when the processes end.
-    #[arg(short, long, value_parser = parse_duration)]
+    #[arg(allow_negative_numbers = true, short, long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Create this file once every call from now on goes into the trace.
     #[arg(long)]
@@ -638,12 +638,25 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("invalid mode {s:?}: expected octal, e.g. 660"))
 }
 
+/// A duration of more than 0: a period, a limit (0 would stop at once, or spin).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration_or_zero(s)? {
+        d if d.is_zero() => Err(format!(
+            "invalid duration {:?}: more than 0 is needed (leave the option out for its \
+             default)",
+            s.trim()
+        )),
+        d => Ok(d),
+    }
+}
+
+/// A duration, 0 allowed (how long something is kept: 0 is "not at all").
+pub fn parse_duration_or_zero(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     // A bare number is seconds (`--duration 30`, `1.5`).
     if let Ok(secs) = s.parse::<f64>() {
         return Duration::try_from_secs_f64(secs)
-            .map_err(|_| format!("invalid duration {s:?}: a number of seconds, 0 or more"));
+            .map_err(|_| format!("invalid duration {s:?}: a number of seconds, not negative"));
     }
     humantime::parse_duration(s)
         .map_err(|e| format!("invalid duration {s:?} ({e}): e.g. 30s, 5m, 1h30m, 500ms, 2d"))
@@ -675,6 +688,9 @@ mod tests {
         assert!(parse_duration("3 parsecs").is_err());
         assert!(parse_duration("").is_err());
         assert!(parse_duration("-5").is_err());
+        assert!(parse_duration("0").is_err());
+        assert!(parse_duration("0s").is_err());
+        assert_eq!(parse_duration_or_zero("0").unwrap(), Duration::ZERO);
         // Too long for a Duration: an error, not a panic.
         assert!(parse_duration("99999999999999999999999").is_err());
         assert!(parse_duration("99999999999999999999999h").is_err());

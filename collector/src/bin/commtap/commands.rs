@@ -119,7 +119,7 @@ fn daemon_scope(
 /// says a comparison found buckets below the expected bandwidth (or doctor a failure).
 pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Result<ExitCode> {
     match command {
-        Command::Record(a) => Box::pin(record(a)).await?,
+        Command::Record(a) => return Box::pin(record(a)).await,
         Command::Daemon(a) => daemon(a, identity).await?,
         Command::Report(a) => return report(a).await,
         Command::Ps(a) => client::print_processes(&a.from, a.format.json()).await?,
@@ -173,8 +173,9 @@ pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Resu
     Ok(ExitCode::SUCCESS)
 }
 
-/// `commtap record`.
-async fn record(a: RecordArgs) -> Result<()> {
+/// `commtap record`: exit status 0 with a profile, the launched command's own when it
+/// failed (its profile written all the same).
+async fn record(a: RecordArgs) -> Result<ExitCode> {
     let opts = RecordOptions {
         pids: a.pid,
         wait_for_mpi: a.wait_for_mpi,
@@ -191,16 +192,48 @@ async fn record(a: RecordArgs) -> Result<()> {
             .collect(),
         skew: !a.probe.no_skew,
     };
+    // Before the job: an output that cannot be written fails now, not after it.
+    a.out.check()?;
     // Boxed: the recording future holds the whole session (clippy: large_futures).
-    let profile = Box::pin(record::record(opts)).await?;
-    a.out.write(&profile)?;
+    let record::Recorded {
+        profile,
+        command_failed,
+    } = Box::pin(record::record(opts)).await?;
     if profile.ranks.is_empty() {
-        anyhow::bail!(
-            "no MPI calls were recorded: {}",
+        let kept = a.out.write_unless_there(&profile)?;
+        let kept = if kept.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<String> = kept.iter().map(|p| p.display().to_string()).collect();
+            format!(
+                " ({} left as {} were: nothing to replace {} with)",
+                names.join(", "),
+                if names.len() == 1 { "it" } else { "they" },
+                if names.len() == 1 { "it" } else { "them" },
+            )
+        };
+        // The text report just printed on the terminal ends with the reason: not twice.
+        let why = if a.out.output.is_none() && a.out.format == collector::report::Format::Text {
+            "the report above says why"
+        } else {
             collector::report::nothing_seen(&profile)
-        );
+        };
+        anyhow::bail!("no MPI calls were recorded: {why}{kept}");
     }
-    Ok(())
+    a.out.write(&profile)?;
+    Ok(command_failed.map_or(ExitCode::SUCCESS, failed_command_code))
+}
+
+/// The exit status a shell would give a command that ended so: its code, or 128 + the
+/// signal that killed it.
+fn failed_command_code(status: std::process::ExitStatus) -> ExitCode {
+    use std::os::unix::process::ExitStatusExt as _;
+    let code = status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1);
+    // A status that reads as success (0) or past a byte still says "failed".
+    ExitCode::from(u8::try_from(code).ok().filter(|c| *c != 0).unwrap_or(1))
 }
 
 /// `commtap daemon`.
@@ -254,6 +287,7 @@ async fn daemon(a: DaemonArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<(
 /// `commtap report`: a saved profile, a daemon's or an aggregator's, once or watched.
 /// Exit status 3 when the job asked for is not there.
 async fn report(a: ReportArgs) -> Result<ExitCode> {
+    a.out.check()?;
     match (a.watch, &a.profile) {
         (_, Some(saved)) => a.out.write(&read_profile(saved)?)?,
         (Some(every), None) => {

@@ -30,24 +30,48 @@ use args::{
 struct Cli {
     /// Log filter, e.g. `info`, `commtap=debug` (given here or as COMMTAP_LOG, it wins over
     /// RUST_LOG; RUST_LOG applies when neither is).
-    #[arg(long, global = true, default_value = "warn", env = "COMMTAP_LOG")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        default_value = "warn",
+        env = "COMMTAP_LOG"
+    )]
     log: String,
     /// CA certificate bundle (PEM) that authenticates https:// aggregators and daemons.
-    #[arg(long, global = true, env = "COMMTAP_TLS_CA")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "COMMTAP_TLS_CA"
+    )]
     tls_ca: Option<PathBuf>,
     /// This program's TLS certificate chain (PEM): what a client presents to a server that
     /// asks for one (--tls-client-ca), and what `daemon --listen` and `aggregator` serve
     /// with (a daemon presents it when pushing, too).
-    #[arg(long, global = true, requires = "tls_key", env = "COMMTAP_TLS_CERT")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        requires = "tls_key",
+        env = "COMMTAP_TLS_CERT"
+    )]
     tls_cert: Option<PathBuf>,
     /// The private key (PEM) of --tls-cert.
-    #[arg(long, global = true, requires = "tls_cert", env = "COMMTAP_TLS_KEY")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        requires = "tls_cert",
+        env = "COMMTAP_TLS_KEY"
+    )]
     tls_key: Option<PathBuf>,
     /// How log lines are written to standard error: `text` for people, `json` (one object
     /// per line: timestamp, level, message and fields) for a log collector.
     #[arg(
         long,
         global = true,
+        help_heading = "Global options",
         default_value = "text",
         env = "COMMTAP_LOG_FORMAT"
     )]
@@ -55,7 +79,13 @@ struct Cli {
     /// Configuration file (TOML) with any option of any command; default
     /// /etc/commtap/commtap.toml where it exists. Flags and COMMTAP_* variables win over it
     /// (`commtap config --example` prints one with every option).
-    #[arg(long, global = true, env = "COMMTAP_CONFIG", value_name = "FILE")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "COMMTAP_CONFIG",
+        value_name = "FILE"
+    )]
     config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
@@ -82,7 +112,12 @@ enum Command {
     ///
     /// The profile is printed when the duration ends, on Ctrl-C, or when the processes
     /// (or the launched command) exit. Counts and bytes are exact: they come from counters
-    /// kept in the kernel, which no event loss can thin out.
+    /// kept in the kernel, which no event loss can thin out. Every output file is checked
+    /// before anything runs.
+    ///
+    /// Exit status: 0 with a profile; the launched command's own when it failed (its
+    /// profile written all the same); 2 when nothing could be profiled, with the reason
+    /// (files from an earlier run are then left as they were).
     #[command(verbatim_doc_comment)]
     Record(RecordArgs),
     /// Run the node daemon: count every MPI, NCCL or libfabric process on this node from its first call and
@@ -91,9 +126,11 @@ enum Command {
     /// Start it from systemd or a Slurm prolog; query it with `commtap report` and
     /// `commtap ps`, or any gRPC client (health and server reflection are served).
     Daemon(DaemonArgs),
-    /// Print the profile a daemon (or aggregator) holds, as `record` prints it.
+    /// Print a profile: one saved with `record --format json -o FILE`, or the one a daemon
+    /// (or aggregator) holds, as `record` prints it.
     ///
-    /// Example: commtap report --from unix:///run/commtap/commtap.sock --job 4242
+    /// Examples: commtap report --profile profile.json --html job.html
+    ///           commtap report --from unix:///run/commtap/commtap.sock --job 4242
     #[command(verbatim_doc_comment)]
     Report(ReportArgs),
     /// A live view of a daemon's or an aggregator's jobs, as `top` shows processes: per
@@ -316,8 +353,12 @@ fn init_logging(filter: &str, format: LogFormat) {
         eprintln!("commtap: log filter {filter:?} not understood ({e}); logging warnings");
         tracing_subscriber::EnvFilter::new("warn")
     });
+    // Colours only for a terminal: a log file or a job's output file gets plain text.
+    let colours = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colours)
         .with_writer(std::io::stderr)
         .with_target(false);
     match format {
@@ -383,10 +424,26 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("commtap: {e:#}");
+            eprintln!("commtap: {}", error_text(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// An error and its causes, each said once: a library's error that prints its source too
+/// (tonic's transport error, an io error beneath it) would otherwise say it twice.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain().map(ToString::to_string) {
+        if text.ends_with(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
 }
 
 #[cfg(test)]
@@ -396,6 +453,21 @@ mod tests {
     #[test]
     fn cli_is_well_formed() {
         cli_command().debug_assert();
+    }
+
+    #[test]
+    fn an_error_says_each_cause_once() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let e = anyhow::Error::new(io)
+            .context(format!(
+                "transport error: {}",
+                std::io::Error::from(std::io::ErrorKind::NotFound)
+            ))
+            .context("connecting to unix:///run/commtap/commtap.sock");
+        assert_eq!(
+            error_text(&e),
+            "connecting to unix:///run/commtap/commtap.sock: transport error: entity not found"
+        );
     }
 
     #[test]
