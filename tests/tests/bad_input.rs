@@ -108,8 +108,16 @@ fn an_output_that_cannot_be_written_fails_before_the_job_runs() {
     let file = scratch.path("a-file");
     std::fs::write(&file, "mine").expect("file");
     let missing = scratch.path("missing/profile.txt");
-    let cases: [(&str, &std::path::Path, &str); 5] = [
+    // Root writing through a link left in a shared directory would write where it points.
+    let link = scratch.path("a-link");
+    std::os::unix::fs::symlink(&file, &link).expect("symlink");
+    let cases: [(&str, &std::path::Path, &str); 6] = [
         ("-o", &missing, "no directory"),
+        (
+            "--json",
+            &link,
+            "it is a symbolic link, which commtap does not follow",
+        ),
         ("-o", &dir, "it is a directory"),
         ("--json", &dir, "it is a directory"),
         ("--html", &missing, "no directory"),
