@@ -16,12 +16,36 @@ use crate::{
 /// caller): `report --job` exits 3 on it, so scripts (the Slurm epilog) can tell a job
 /// without MPI from a failure.
 #[derive(Debug, thiserror::Error)]
-#[error("no job {job} at {from} (`commtap ps --from {from}` lists the jobs there)")]
+#[error("no job {job} at {from} ({hint})")]
 pub struct NoSuchJob {
     /// The job asked for.
     pub job: String,
     /// Where it was asked.
     pub from: String,
+    /// Which command lists the jobs there.
+    hint: String,
+}
+
+impl NoSuchJob {
+    /// Job `job` is not at `from`.
+    pub fn new(job: &str, from: &Target) -> NoSuchJob {
+        let hint = match from {
+            Target::Unix(_) => format!(
+                "`commtap ps --from {from}` lists the jobs there; a daemon shows a user only \
+                 their own processes"
+            ),
+            // An aggregator, or a daemon's --listen.
+            Target::Tcp(_) => format!(
+                "`commtap jobs --from {from}` lists an aggregator's jobs, `commtap ps --from \
+                 {from}` a daemon's"
+            ),
+        };
+        NoSuchJob {
+            job: job.to_string(),
+            from: from.to_string(),
+            hint,
+        }
+    }
 }
 
 /// The profile a daemon (unix://, or TCP with `daemon --listen`) or an aggregator (TCP, one
@@ -45,11 +69,7 @@ pub async fn snapshot(from: &Target, job: Option<&str>) -> Result<JobProfile> {
             }
             Err(s) if s.code() == tonic::Code::Unimplemented => {}
             Err(s) if s.code() == tonic::Code::NotFound => {
-                return Err(NoSuchJob {
-                    job: job.to_string(),
-                    from: from.to_string(),
-                }
-                .into())
+                return Err(NoSuchJob::new(job, from).into())
             }
             Err(s) => return Err(s).context("GetJobReport"),
         }
@@ -61,11 +81,7 @@ pub async fn snapshot(from: &Target, job: Option<&str>) -> Result<JobProfile> {
     };
     let profile = node_snapshot(&mut client, filter).await?;
     match job {
-        Some(job) if profile.ranks.is_empty() => Err(NoSuchJob {
-            job: job.to_string(),
-            from: from.to_string(),
-        }
-        .into()),
+        Some(job) if profile.ranks.is_empty() => Err(NoSuchJob::new(job, from).into()),
         _ => Ok(profile),
     }
 }
@@ -380,6 +396,10 @@ pub async fn watch(
 ) -> Result<()> {
     let mut n = 0;
     watch_profiles(from, job, every, |profile| {
+        if let Some(job) = job.filter(|_| n == 0 && profile.ranks.is_empty()) {
+            // As `report --job` without --watch: a job that is not there ends it (exit 3).
+            return Err(NoSuchJob::new(job, from).into());
+        }
         out.write(&profile)?;
         n += 1;
         Ok(count.is_some_and(|c| n >= c))

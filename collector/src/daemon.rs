@@ -115,9 +115,9 @@ pub async fn run(opts: DaemonOptions) -> Result<()> {
     let mut session = start_session(&opts, state_dir.clone())?;
     let feed = session.call_feed();
     let events = session.take_events();
-    let state = node_state(session, &opts);
-    add_synthetic_ranks(&state, opts.synthetic_ranks).await;
     let shutdown = CancellationToken::new();
+    let state = node_state(session, &opts, shutdown.clone());
+    add_synthetic_ranks(&state, opts.synthetic_ranks).await;
     // Before the socket appears: whoever sees it may stop the daemon, and a SIGTERM then
     // must be a clean shutdown, not the default action.
     let signals = crate::signals::StopSignals::listen()?;
@@ -185,7 +185,11 @@ fn start_session(opts: &DaemonOptions, state_dir: Option<PathBuf>) -> Result<Ses
 }
 
 /// What the node's services share: the session and what the daemon keeps besides.
-fn node_state(session: Session, opts: &DaemonOptions) -> Arc<NodeState> {
+fn node_state(
+    session: Session,
+    opts: &DaemonOptions,
+    stopping: CancellationToken,
+) -> Arc<NodeState> {
     let node = opts.node_name.clone().unwrap_or_else(discover::this_host);
     let placed_calls = Arc::new(crate::skew::board::PlacedFeed::default());
     Arc::new(NodeState {
@@ -205,6 +209,7 @@ fn node_state(session: Session, opts: &DaemonOptions) -> Arc<NodeState> {
         finished_dropped: std::sync::atomic::AtomicU64::new(0),
         detached: Mutex::default(),
         event_streams: Default::default(),
+        stopping,
         watches: Default::default(),
         call_events: opts.call_events,
         clock_offset_ns: opts.clock_offset_ns,

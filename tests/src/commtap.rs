@@ -429,6 +429,7 @@ pub fn start_two_nodes(
                 clock,
                 "--aggregator",
                 url,
+                "--push-insecure",
                 "--push-interval",
                 "200ms",
             ],

@@ -265,6 +265,7 @@ fn aggregators_form_a_tree() {
         path_str(&mid_db),
         "--upstream",
         &top_url,
+        "--push-insecure",
         "--push-interval",
         "200ms",
     ];
@@ -280,6 +281,7 @@ fn aggregators_form_a_tree() {
             "leaf",
             "--aggregator",
             &mid_url,
+            "--push-insecure",
             "--push-interval",
             "200ms",
         ],
@@ -489,6 +491,7 @@ fn a_partition_heals_and_the_aggregator_catches_up_exactly() {
             "200ms",
             "--aggregator",
             &upstream,
+            "--push-insecure",
         ],
     );
     let job_id = format!("part{}", std::process::id());

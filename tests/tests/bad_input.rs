@@ -144,7 +144,8 @@ fn an_output_that_cannot_be_written_fails_before_the_job_runs() {
 }
 
 /// A run that recorded nothing writes an empty profile only where no file is: an earlier
-/// run's profile, JSON and trace are left as they were, and the message says so.
+/// run's profile, JSON and trace are left as they were, and the message says so; a trace
+/// with no call writes no file.
 #[test]
 fn a_run_that_records_nothing_leaves_earlier_files_as_they_were() {
     let scratch = Scratch::new("nothing-recorded");
@@ -157,6 +158,7 @@ fn a_run_that_records_nothing_leaves_earlier_files_as_they_were() {
         std::fs::write(path, text).expect("earlier file");
     }
     let html = scratch.path("new.html");
+    let new_trace = scratch.path("new.pftrace");
     let run = run_commtap(
         &scratch,
         &[
@@ -169,6 +171,8 @@ fn a_run_that_records_nothing_leaves_earlier_files_as_they_were() {
             path_str(&earlier[2].0),
             "--html",
             path_str(&html),
+            "--trace",
+            path_str(&new_trace),
             "--",
             "true",
         ],
@@ -185,6 +189,9 @@ fn a_run_that_records_nothing_leaves_earlier_files_as_they_were() {
             path.display()
         );
     }
+    // A trace with no call is no file.
+    assert!(!new_trace.exists(), "{}", run.stderr);
+    assert!(run.stderr.contains("not written"), "{}", run.stderr);
     // A file that was not there gets the empty report: it says why nothing was seen.
     let page = std::fs::read_to_string(&html).expect("the new page");
     assert!(page.contains("no process mapped an MPI"), "{page}");

@@ -788,6 +788,7 @@ fn a_real_prometheus_holds_the_jobs_exact_totals() {
             "--metrics-insecure",
             "--aggregator",
             &format!("http://{aggregator}"),
+            "--push-insecure",
             "--push-interval",
             "200ms",
         ],
@@ -1108,4 +1109,124 @@ fn an_opentelemetry_collector_receives_the_jobs_exact_totals_over_otlp() {
 fn prometheus_value(server: &str, query: &str) -> Option<f64> {
     let v = prometheus_query(server, query)?;
     v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+}
+
+/// A daemon told to stop while a trace streams from it stops: the stream ends, cleanly,
+/// and the trace with it (a graceful stop waited for every connection to close, and a
+/// trace's never does: `systemctl stop` waited out its timeout).
+#[test]
+fn a_daemon_stops_while_a_trace_streams_from_it() {
+    let scratch = Scratch::new("daemon-stop-tracing");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 200, &[]);
+    let pids: Vec<u64> = ranks.iter().map(|p| u64::from(*p)).collect();
+    wait_for_state(&daemon.target, &pids, "probed");
+    let trace = scratch.path("t.json");
+    let ready = scratch.path("trace.ready");
+    // Every process of the node: the trace does not end with the job.
+    let tracer = spawn_commtap(
+        &scratch,
+        &[
+            "trace",
+            "--from",
+            &daemon.target,
+            "-o",
+            path_str(&trace),
+            "--ready-file",
+            path_str(&ready),
+        ],
+    );
+    wait_until("the trace to stream", LIMIT, || ready.exists());
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    // Within `stop`'s minute, with the trace still connected.
+    daemon.stop(&scratch);
+    let run = finish_ok(&scratch, tracer, LIMIT);
+    assert!(
+        run.stderr.contains("every daemon ended its stream"),
+        "{}",
+        run.stderr
+    );
+    // Closed as a trace is: it loads.
+    let summary = devtools_summary(&trace);
+    assert!(summary["processes"].is_object(), "{summary}");
+}
+
+/// What a daemon pushes (users, command lines, counts) leaves the node over TLS unless it
+/// is told otherwise: a plaintext aggregator is refused at the start.
+#[test]
+fn a_daemon_pushes_in_plaintext_only_when_told_to() {
+    let scratch = Scratch::new("daemon-plaintext-push");
+    let socket = scratch.path("never.sock");
+    // Refused, it exits at once; were it to serve, the limit would end it, and the test.
+    let limit = Duration::from_mins(1);
+    let run = run_commtap(
+        &scratch,
+        &[
+            "daemon",
+            "--socket",
+            path_str(&socket),
+            "--aggregator",
+            "http://127.0.0.1:9",
+        ],
+        limit,
+    );
+    assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("--push-insecure"), "{}", run.stderr);
+    assert!(!socket.exists(), "it served");
+    let run = run_commtap(
+        &scratch,
+        &[
+            "aggregator",
+            "--listen",
+            "127.0.0.1:0",
+            "--insecure-tcp",
+            "--db",
+            path_str(&scratch.path("never.redb")),
+            "--upstream",
+            "http://127.0.0.1:9",
+        ],
+        limit,
+    );
+    assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("--upstream") && run.stderr.contains("--push-insecure"),
+        "{}",
+        run.stderr
+    );
+}
+
+/// `report --watch` of a job that is not there ends as `report` does (exit status 3), and
+/// the listing commands end quietly when their reader does (`| head`).
+#[test]
+fn a_watch_of_a_missing_job_and_a_closed_pipe_end_cleanly() {
+    let scratch = Scratch::new("daemon-watch-missing");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let out = commtap_output(&[
+        "report",
+        "--from",
+        &daemon.target,
+        "--job",
+        "no-such-job",
+        "--watch",
+        "1s",
+        "--count",
+        "1",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("no job no-such-job"), "{stderr}");
+    // `ps` piped into a reader that has gone: no panic (Rust's print! panics on EPIPE).
+    let mut ps = Command::new(commtap_bin())
+        .args(["ps", "--from", &daemon.target, "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("ps");
+    drop(ps.stdout.take());
+    let out = ps.wait_with_output().expect("ps");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.status.code() != Some(101), "{stderr}");
+    daemon.stop(&scratch);
 }

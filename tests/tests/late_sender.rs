@@ -170,6 +170,7 @@ fn late_senders_across_nodes_are_paired_by_the_aggregator() {
                 clock,
                 "--aggregator",
                 &url,
+                "--push-insecure",
                 "--push-interval",
                 "200ms",
             ],

@@ -53,8 +53,13 @@ where
         .add_service(service))
 }
 
+/// How long open streams (a trace, `top`, `report --watch`) may go on once a server is
+/// told to stop: a graceful stop waits for every connection to close, and a stream's
+/// client may never close it (`systemctl stop` would wait out its timeout).
+const STREAMS_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Serves `routes` on the connections of `incoming` (over `tls` if given) until `shutdown`
-/// completes.
+/// completes, and the connections still open [`STREAMS_GRACE`] after it are dropped.
 pub async fn serve<I, IO, IE>(
     routes: Routes,
     tls: Option<ServerTlsConfig>,
@@ -70,14 +75,33 @@ where
     if let Some(tls) = tls {
         builder = builder.tls_config(tls).context("setting up TLS")?;
     }
-    builder
+    let (stopped, mut stopping) = tokio::sync::watch::channel(false);
+    let server = builder
         .layer(tower::util::MapResponseLayer::new(
             oversized_is_resource_exhausted,
         ))
         .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
-        .context("serving gRPC")
+        .serve_with_incoming_shutdown(incoming, async move {
+            shutdown.await;
+            let _ = stopped.send(true);
+        });
+    let grace = async move {
+        if stopping.wait_for(|s| *s).await.is_ok() {
+            tokio::time::sleep(STREAMS_GRACE).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        served = server => served.context("serving gRPC"),
+        () = grace => {
+            tracing::info!(
+                "streams still open {} s after the stop: their connections are dropped",
+                STREAMS_GRACE.as_secs()
+            );
+            Ok(())
+        }
+    }
 }
 
 /// tonic answers a request larger than the server accepts with OUT_OF_RANGE; gRPC's status

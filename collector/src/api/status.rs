@@ -59,6 +59,53 @@ pub fn watch_interval(interval_ms: u32) -> Result<Duration, Status> {
     Ok(interval)
 }
 
+/// An error and its causes as a person reads them, each said once: a gRPC status as its
+/// message and what its code means (not tonic's `code: 'Some requested entity was not
+/// found', message: ..., source: ...`), and a library's error that repeats its source's
+/// text (tonic's transport error over an io error) not twice.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let (part, last) = match cause.downcast_ref::<Status>() {
+            // Its message says what went wrong; its sources repeat it in tonic's words.
+            Some(status) => (status_text(status), true),
+            None => (cause.to_string(), false),
+        };
+        if !text.ends_with(&part) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&part);
+        }
+        if last {
+            break;
+        }
+    }
+    text
+}
+
+/// A status a server answered: its message, and what its code means for the caller.
+fn status_text(status: &Status) -> String {
+    use tonic::Code;
+    let meaning = match status.code() {
+        Code::NotFound => "not found",
+        Code::PermissionDenied => "refused",
+        Code::Unauthenticated => "not authenticated",
+        Code::Unavailable => "unavailable",
+        Code::Unimplemented => "not served there",
+        Code::InvalidArgument | Code::OutOfRange => "a bad request",
+        Code::ResourceExhausted => "over a limit: try again later",
+        Code::FailedPrecondition => "not possible now",
+        Code::DeadlineExceeded => "timed out",
+        Code::Cancelled => "cancelled",
+        _ => "failed",
+    };
+    match status.message() {
+        "" => meaning.to_string(),
+        message => format!("{message} ({meaning})"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +140,26 @@ mod tests {
             tonic::Code::InvalidArgument
         );
         assert_eq!(watch_interval(0).expect("default"), Duration::from_secs(1));
+    }
+
+    /// A person reads each cause once, and a status as its message and what it means.
+    #[test]
+    fn an_error_says_each_cause_once_in_words() {
+        let io = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let e = anyhow::Error::new(io())
+            .context(format!("transport error: {}", io()))
+            .context("connecting to unix:///run/commtap/commtap.sock");
+        assert_eq!(
+            super::error_text(&e),
+            "connecting to unix:///run/commtap/commtap.sock: transport error: entity not found"
+        );
+        let e = anyhow::Error::new(Status::not_found("PID 15545 is not watched"))
+            .context("DetachProcess 15545");
+        assert_eq!(
+            super::error_text(&e),
+            "DetachProcess 15545: PID 15545 is not watched (not found)"
+        );
+        let e = anyhow::Error::new(Status::unimplemented("")).context("ListProcesses");
+        assert_eq!(super::error_text(&e), "ListProcesses: not served there");
     }
 }

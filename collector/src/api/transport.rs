@@ -112,9 +112,29 @@ impl std::str::FromStr for Target {
         if s.starts_with("http://") || s.starts_with("https://") {
             return Ok(Target::Tcp(s.to_string()));
         }
+        // A socket's path as the daemon's --socket takes it.
+        if s.starts_with('/') {
+            return Ok(Target::Unix(PathBuf::from(s)));
+        }
         Err(format!(
-            "{s}: expected unix:///path/to.sock or http(s)://host:port"
+            "{s}: expected unix:///path/to.sock (or /path/to.sock) or http(s)://host:port"
         ))
+    }
+}
+
+impl Target {
+    /// Refuses to push to `self` in plaintext TCP (`http://`) unless `allowed`: what a
+    /// node pushes (command lines, users, counts) leaves it over TLS unless someone said
+    /// otherwise (`flag`, as the listeners' --insecure-tcp).
+    pub fn check_push(&self, allowed: bool, flag: &str) -> Result<()> {
+        match self {
+            Target::Tcp(url) if url.starts_with("http://") && !allowed => bail!(
+                "{url} is plaintext: what is pushed (command lines, users, counts) would cross \
+                 the network unencrypted; use https:// (the server's CA in --tls-ca), or give \
+                 {flag} on a network you trust"
+            ),
+            _ => Ok(()),
+        }
     }
 }
 

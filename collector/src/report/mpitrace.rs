@@ -660,7 +660,8 @@ pub fn render_text(whole: &JobProfile) -> String {
 }
 
 /// What a rank's times span: mpitrace's "MPI_Init() to MPI_Finalize()" where commtap saw
-/// both, else from its attach and to its detach or exit.
+/// both, else from its attach, and to its exit or the report (a detach, or a daemon's
+/// snapshot of a process that runs on).
 fn watched_span(r: &RankProfile) -> &'static str {
     let seen = |names: &[&str]| names.iter().any(|n| r.routines.contains_key(*n));
     let from_init = seen(&["MPI_Init", "MPI_Init_thread"]);
@@ -668,10 +669,12 @@ fn watched_span(r: &RankProfile) -> &'static str {
     match (from_init, to_finalize, r.exited) {
         (true, true, _) => "MPI_Init() to MPI_Finalize()",
         (true, false, true) => "MPI_Init() to the process's exit",
-        (true, false, false) => "MPI_Init() to commtap's detach",
+        (true, false, false) => "MPI_Init() to this report (the process still ran)",
         (false, true, _) => "commtap's attach (mid-run) to MPI_Finalize()",
         (false, false, true) => "commtap's attach (mid-run) to the process's exit",
-        (false, false, false) => "commtap's attach (mid-run) to its detach",
+        (false, false, false) => {
+            "commtap's attach (mid-run) to this report (the process still ran)"
+        }
     }
 }
 

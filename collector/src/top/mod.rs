@@ -141,6 +141,7 @@ async fn watch(
 /// Runs until the user quits. The first profile is awaited before the terminal is taken,
 /// so a daemon that is not there is a plain error on a plain terminal.
 pub async fn run(opts: TopOptions) -> Result<()> {
+    use std::io::IsTerminal as _;
     let (tx, rx) = mpsc::channel();
     let (first_tx, first_rx) = tokio::sync::oneshot::channel::<Result<()>>();
     let stream = Stream::start(
@@ -154,6 +155,14 @@ pub async fn run(opts: TopOptions) -> Result<()> {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(e).context("watching the profiles"),
         Err(_) => anyhow::bail!("the profile stream stopped before its first profile"),
+    }
+    // After the first profile: a daemon that is not there says so first.
+    if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
+        anyhow::bail!(
+            "`commtap top` draws on a terminal, and this is none; for plain text every few \
+             seconds: `commtap report --from {} --watch 2s`",
+            opts.from
+        );
     }
 
     let quit = Arc::new(AtomicBool::new(false));

@@ -127,7 +127,8 @@ impl Lost {
 pub struct TraceSummary {
     /// Its files, in order.
     pub files: Vec<PathBuf>,
-    /// No call came, and the file that was there was left as it was.
+    /// No call came, and the file that was there was left as it was (else, with no
+    /// call, none was written).
     pub kept: bool,
     /// Calls written.
     pub events: u64,
@@ -141,12 +142,13 @@ pub struct TraceSummary {
 impl std::fmt::Display for TraceSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let files: Vec<String> = self.files.iter().map(|p| p.display().to_string()).collect();
-        if self.kept {
-            return write!(
-                f,
-                "trace: no calls; {} left as it was (a file of an earlier run)",
-                files.join(", ")
-            );
+        if self.events == 0 {
+            let what = if self.kept {
+                "left as it was (a file of an earlier run)"
+            } else {
+                "not written"
+            };
+            return write!(f, "trace: no calls; {} {what}", files.join(", "));
         }
         write!(f, "trace: {} calls in {}", self.events, files.join(", "))?;
         if let Some((node, ns)) = &self.largest_clock_error {

@@ -23,6 +23,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use tokio_stream::StreamExt as _;
 use tonic::transport::Channel;
+use tracing::warn;
 
 use super::{ProcessName, TraceOptions, TraceSummary, TraceWriter};
 use crate::{
@@ -415,15 +416,26 @@ pub async fn gather<S: Sink>(
         let (i, batch) = tokio::select! {
             () = &mut duration => break,
             () = &mut stop => break,
-            b = rx.recv() => match b {
-                Some(b) => b,
-                None => break,
-            },
+            b = rx.recv() => {
+                let Some(b) = b else {
+                    warn!("every daemon ended its stream (stopping): the trace ends here");
+                    break;
+                };
+                b
+            }
         };
         let batch = batch.with_context(|| format!("StreamEvents from {}", sources[i].node))?;
         note_streaming(&mut sources, i, sink)?;
         merge.take(sink, &mut sources[i], i, batch.events, batch.dropped)?;
-        name_new_processes(sink, &mut sources[i]).await?;
+        if let Err(e) = name_new_processes(sink, &mut sources[i]).await {
+            // Names are a courtesy: a daemon that stopped (its last batch just came) is
+            // asked again at the end, and its processes keep their pids meanwhile.
+            warn!(
+                "{}: naming its processes: {}",
+                sources[i].node,
+                crate::api::status::error_text(&e)
+            );
+        }
         for pid in &batch.exited {
             sources[i].running.remove(pid);
         }
@@ -573,10 +585,29 @@ async fn finish_sources<S: Sink>(
     let mut ring_full = 0;
     let mut ends = Vec::new();
     for source in sources.iter_mut() {
-        let (end_clock, _) = estimate_clock(&mut source.client).await?;
+        // A daemon that stopped (and so ended its stream) cannot be asked any more: the
+        // trace is whole to there, its processes keep the names seen so far.
+        let asked = async {
+            let (end_clock, _) = estimate_clock(&mut source.client).await?;
+            let profile =
+                crate::client::node_snapshot(&mut source.client, pb::ProcessFilter::default())
+                    .await?;
+            anyhow::Ok((end_clock, profile))
+        };
+        let (end_clock, profile) = match asked.await {
+            Ok(answers) => answers,
+            Err(e) => {
+                warn!(
+                    "{}: its daemon did not answer at the trace's end (stopped?), so its \
+                     clock's drift is not known: {}",
+                    source.node,
+                    crate::api::status::error_text(&e)
+                );
+                ends.push(source.start_clock);
+                continue;
+            }
+        };
         ends.push(end_clock);
-        let profile =
-            crate::client::node_snapshot(&mut source.client, pb::ProcessFilter::default()).await?;
         for r in &profile.ranks {
             if let Some(&shown) = source.trace_pid.get(&r.pid) {
                 ring_full += r.health.dropped;

@@ -292,7 +292,17 @@ fn a_trace_dropped_without_finish_is_closed_and_loads() {
     w.call(&ev(7, "MPI_Send", 1000)).expect("call");
     drop(w);
     assert_eq!(slices(&load(&path)), 1);
+    // With no call there is no file; one that was there is left as it was.
     let empty = path.with_file_name("empty.json");
+    let _ = std::fs::remove_file(&empty);
     drop(TraceWriter::create(TraceOptions::new(empty.clone())).expect("create"));
-    assert_eq!(slices(&load(&empty)), 0);
+    assert!(!empty.exists());
+    std::fs::write(&empty, "an earlier trace").expect("write");
+    let w = TraceWriter::create(TraceOptions::new(empty.clone())).expect("create");
+    let summary = w.finish().expect("finish");
+    assert!(summary.kept, "{summary}");
+    assert_eq!(
+        std::fs::read_to_string(&empty).expect("read"),
+        "an earlier trace"
+    );
 }

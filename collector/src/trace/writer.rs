@@ -260,7 +260,7 @@ impl TraceWriter {
         self.closed = true;
         self.close_part()?;
         Ok(TraceSummary {
-            kept: self.out.get_ref().kept(),
+            kept: self.out.get_ref().kept,
             files: std::mem::take(&mut self.files),
             events: self.events,
             lost: self.lost,
@@ -272,9 +272,12 @@ impl TraceWriter {
     /// process and thread seen so far, and the metadata.
     fn close_part(&mut self) -> Result<(), TraceError> {
         if self.events == 0 {
-            // No call: a file that was there is left as it was (an earlier run's trace is
-            // worth more than an empty one).
-            self.out.get_mut().keep_if_there();
+            // No call: no file (a refused or failed trace leaves nothing behind), and one
+            // that was there is left as it was (an earlier run's trace is worth more than
+            // an empty one).
+            let path = self.files.last().cloned().unwrap_or_default();
+            self.out.get_mut().write_nothing(&path);
+            return Ok(());
         }
         let meta = serde_json::json!({
             "commtap": {
@@ -378,13 +381,16 @@ fn open(path: &Path) -> Result<BufWriter<PartFile>, TraceError> {
 }
 
 /// A part's file: one that was there is truncated at the first write, not at the open, so
-/// that a trace that ends with no call can leave it as it was.
+/// that a trace that ends with no call can leave it as it was, and one made for it can be
+/// taken away.
 #[derive(Debug)]
 struct PartFile {
     file: std::fs::File,
     /// Whether it was there, untouched so far.
     untouched: bool,
-    /// Whether writes go nowhere: the trace kept the file that was there.
+    /// Whether writes go nowhere: the trace wrote no call.
+    nothing: bool,
+    /// The file that was there was left as it was.
     kept: bool,
 }
 
@@ -394,24 +400,36 @@ impl PartFile {
         Ok(PartFile {
             file,
             untouched: there,
+            nothing: false,
             kept: false,
         })
     }
 
-    /// Leaves the file as it was if it was there and nothing has reached it.
-    fn keep_if_there(&mut self) {
-        self.kept |= self.untouched;
-    }
-
-    /// Whether the file was left as it was.
-    fn kept(&self) -> bool {
-        self.kept
+    /// The trace ends with no call: the file at `path` is left as it was if it was there,
+    /// else removed (if it is still the one made, unchanged).
+    fn write_nothing(&mut self, path: &Path) {
+        use std::os::unix::fs::MetadataExt as _;
+        if self.nothing {
+            return;
+        }
+        self.nothing = true;
+        if self.untouched {
+            self.kept = true;
+            return;
+        }
+        let ours = |m: &std::fs::Metadata| (m.dev(), m.ino());
+        let made = self.file.metadata().ok();
+        let named = std::fs::symlink_metadata(path).ok();
+        if made.as_ref().map(ours) == named.as_ref().map(ours) && made.is_some_and(|m| m.len() == 0)
+        {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
 impl Write for PartFile {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.kept {
+        if self.nothing {
             return Ok(buf.len());
         }
         if self.untouched {

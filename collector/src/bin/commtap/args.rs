@@ -33,6 +33,9 @@ pub struct AggregatorArgs {
     /// Push everything merged here to a higher aggregator (a tree of aggregators).
     #[arg(long)]
     pub upstream: Option<Target>,
+    /// Allow --upstream http:// (plaintext): only on a network you trust.
+    #[arg(long, requires = "upstream")]
+    pub push_insecure: bool,
     /// How often to push upstream.
     #[arg(allow_negative_numbers = true, long, default_value = "5s", value_parser = parse_duration)]
     pub push_interval: Duration,
@@ -120,9 +123,13 @@ pub struct DaemonArgs {
     /// Docker, containerd, CRI-O, Podman, Kubernetes pods; cgroup v2).
     #[arg(long, conflicts_with_all = ["cgroup", "slurm_job"])]
     pub container: Option<String>,
-    /// Push cumulative snapshots to this aggregator (http://host:port).
+    /// Push cumulative snapshots to this aggregator (https://host:port; http:// needs
+    /// --push-insecure).
     #[arg(long)]
     pub aggregator: Option<Target>,
+    /// Allow --aggregator http:// (plaintext): only on a network you trust.
+    #[arg(long, requires = "aggregator")]
+    pub push_insecure: bool,
     /// Keep the counts in BPF maps pinned under this bpffs directory, so that a restarted
     /// daemon (crash, kill, upgrade of the same layout) carries on where the last one was.
     #[arg(long, default_value = "/sys/fs/bpf/commtap")]
@@ -642,8 +649,7 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     match parse_duration_or_zero(s)? {
         d if d.is_zero() => Err(format!(
-            "invalid duration {:?}: more than 0 is needed (leave the option out for its \
-             default)",
+            "invalid duration {:?}: more than 0 is needed",
             s.trim()
         )),
         d => Ok(d),

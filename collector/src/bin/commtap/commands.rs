@@ -238,6 +238,10 @@ fn failed_command_code(status: std::process::ExitStatus) -> ExitCode {
 
 /// `commtap daemon`.
 async fn daemon(a: DaemonArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<()> {
+    if let Some(agg) = &a.aggregator {
+        agg.check_push(a.push_insecure, "--push-insecure")
+            .context("--aggregator")?;
+    }
     // One state per daemon socket: two daemons never share counts.
     let state_dir = (!a.no_state).then(|| {
         // bpffs refuses names with a dot.
@@ -288,21 +292,24 @@ async fn daemon(a: DaemonArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<(
 /// Exit status 3 when the job asked for is not there.
 async fn report(a: ReportArgs) -> Result<ExitCode> {
     a.out.check()?;
-    match (a.watch, &a.profile) {
-        (_, Some(saved)) => a.out.write(&read_profile(saved)?)?,
+    let done = match (a.watch, &a.profile) {
+        (_, Some(saved)) => a.out.write(&read_profile(saved)?),
         (Some(every), None) => {
-            client::watch(&a.from, a.job.as_deref(), every, a.count, &a.out).await?;
+            client::watch(&a.from, a.job.as_deref(), every, a.count, &a.out).await
         }
         (None, None) => match client::snapshot(&a.from, a.job.as_deref()).await {
-            Ok(profile) => a.out.write(&profile)?,
-            Err(e) if e.is::<client::NoSuchJob>() => {
-                eprintln!("commtap: {e}");
-                return Ok(ExitCode::from(3));
-            }
-            Err(e) => return Err(e),
+            Ok(profile) => a.out.write(&profile),
+            Err(e) => Err(e),
         },
+    };
+    match done {
+        Err(e) if e.is::<client::NoSuchJob>() => {
+            eprintln!("commtap: {e}");
+            Ok(ExitCode::from(3))
+        }
+        Err(e) => Err(e),
+        Ok(()) => Ok(ExitCode::SUCCESS),
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// `commtap doctor`: exit 1 when a check fails.
@@ -339,6 +346,10 @@ async fn trace(a: TraceArgs) -> Result<()> {
 
 /// `commtap aggregator`.
 async fn aggregator(a: AggregatorArgs, identity: Option<(PathBuf, PathBuf)>) -> Result<()> {
+    if let Some(up) = &a.upstream {
+        up.check_push(a.push_insecure, "--push-insecure")
+            .context("--upstream")?;
+    }
     let mutual_tls = a.tls.tls_client_ca.is_some();
     let otlp = a.metrics.otlp();
     // On a Unix socket: owner and group (the aggregator has no --socket-mode).

@@ -400,6 +400,23 @@ fn main() -> ExitCode {
         }
     }
     let identity = cli.tls_cert.clone().zip(cli.tls_key.clone());
+    if matches!(
+        cli.command,
+        Command::Ps(_)
+            | Command::Jobs(_)
+            | Command::Report(_)
+            | Command::Events(_)
+            | Command::Doctor(_)
+            | Command::Compare(_)
+            | Command::Schema
+            | Command::Completions { .. }
+    ) {
+        // A listing piped into `head` ends as `ls` would, quietly, where Rust's ignored
+        // SIGPIPE makes the next print panic. Not for what holds state (a daemon, record's
+        // probes, a trace being written).
+        // SAFETY: before any thread starts; SIG_DFL is a valid disposition.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     // glibc gives each thread that allocates an arena of its own and keeps what each one
     // freed: a daemon answering requests on several threads kept a copy of all the counters
     // per thread (a user's 65,536 counters grew it by 97 MiB; with two arenas by 44, with
@@ -424,26 +441,10 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("commtap: {}", error_text(&e));
+            eprintln!("commtap: {}", collector::api::status::error_text(&e));
             ExitCode::from(2)
         }
     }
-}
-
-/// An error and its causes, each said once: a library's error that prints its source too
-/// (tonic's transport error, an io error beneath it) would otherwise say it twice.
-fn error_text(e: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in e.chain().map(ToString::to_string) {
-        if text.ends_with(&cause) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&cause);
-    }
-    text
 }
 
 #[cfg(test)]
@@ -453,21 +454,6 @@ mod tests {
     #[test]
     fn cli_is_well_formed() {
         cli_command().debug_assert();
-    }
-
-    #[test]
-    fn an_error_says_each_cause_once() {
-        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
-        let e = anyhow::Error::new(io)
-            .context(format!(
-                "transport error: {}",
-                std::io::Error::from(std::io::ErrorKind::NotFound)
-            ))
-            .context("connecting to unix:///run/commtap/commtap.sock");
-        assert_eq!(
-            error_text(&e),
-            "connecting to unix:///run/commtap/commtap.sock: transport error: entity not found"
-        );
     }
 
     #[test]

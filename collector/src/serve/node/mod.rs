@@ -55,6 +55,9 @@ pub struct NodeState {
     pub detached: Mutex<std::collections::BTreeSet<u32>>,
     /// Open StreamEvents streams (per-call events are on while there is one).
     pub event_streams: std::sync::atomic::AtomicUsize,
+    /// Cancelled when the daemon stops: its event streams end then, cleanly, where a
+    /// stream left to the server's stop would hold the daemon up.
+    pub stopping: tokio_util::sync::CancellationToken,
     /// Snapshot watches open, by caller (each builds a profile every interval).
     pub watches: crate::api::limit::StreamLimit<(Caller, Option<std::net::IpAddr>)>,
     /// Whether the daemon was started with --call-events (then they stay on).

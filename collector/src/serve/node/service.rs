@@ -302,7 +302,10 @@ fn event_stream(
         let mut dropped = 0u64;
         let mut tick = tokio::time::interval(EVENT_BATCH);
         'streaming: loop {
-            tick.tick().await;
+            let stopping = tokio::select! {
+                _ = tick.tick() => false,
+                () = state.stopping.cancelled() => true,
+            };
             // Only root and certified callers stream (checked by the caller): they may see every
             // process, so the pid filter is the only one; an exited process's last calls
             // and its exit still reach them after the daemon has let it go.
@@ -339,6 +342,10 @@ fn event_stream(
                 if tx.send(Ok(batch)).await.is_err() {
                     break 'streaming;
                 }
+            }
+            if stopping {
+                // What was queued went out above; the stream ends, and its client with it.
+                break;
             }
         }
         if state.event_streams.fetch_sub(1, Ordering::SeqCst) == 1 && !state.call_events {
