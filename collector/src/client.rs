@@ -1,6 +1,6 @@
 //! The client side of `commtap report` and `commtap ps`.
 
-use std::time::Duration;
+use std::{fmt::Write as _, time::Duration};
 
 use anyhow::{Context, Result};
 
@@ -10,6 +10,7 @@ use crate::{
         transport::{connect, Target},
     },
     profile::JobProfile,
+    report::to_stdout,
 };
 
 /// A job asked for by id that the daemon or aggregator does not hold (or does not show this
@@ -172,10 +173,12 @@ pub async fn print_processes(from: &Target, json: bool) -> Result<()> {
                 "path": l.path, "flavor": l.flavor, "probes": l.probes,
             })).collect::<Vec<_>>(),
         });
-        println!("{doc}");
-        return Ok(());
+        return to_stdout(&format!("{doc}\n"));
     }
-    println!(
+    // One write: a reader that went away ends it quietly (`ps | head`).
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
         "{:>8} {:>6} {:<12} {:<8} {:<20} {:<28} COMMAND",
         "PID", "RANK", "JOB", "STATE", "CONTAINER", "PROBES (EST. COST, TOP)"
     );
@@ -189,7 +192,8 @@ pub async fn print_processes(from: &Target, json: bool) -> Result<()> {
                 format!("{} pid {}", id.get(..12).unwrap_or(id), c.pid)
             },
         );
-        println!(
+        let _ = writeln!(
+            o,
             "{:>8} {:>6} {:<12} {:<8} {:<20} {:<28} {}",
             p.pid,
             rank,
@@ -203,14 +207,15 @@ pub async fn print_processes(from: &Target, json: bool) -> Result<()> {
         );
     }
     for l in &resp.libraries {
-        println!(
+        let _ = writeln!(
+            o,
             "library {} ({}): {} probes",
             printable(&l.path),
             printable(&l.flavor),
             l.probes
         );
     }
-    Ok(())
+    to_stdout(&o)
 }
 
 /// A process's probes' estimated cost for `ps`: its share of the process's time so far,
@@ -276,15 +281,15 @@ pub async fn print_jobs(from: &Target, json: bool) -> Result<()> {
             })
             .collect();
         let node_api: std::collections::BTreeMap<_, _> = resp.node_api.iter().collect();
-        println!(
-            "{}",
+        return to_stdout(&format!(
+            "{}\n",
             serde_json::json!({ "jobs": jobs, "node_api": node_api })
-        );
-        return Ok(());
+        ));
     }
-    println!("{:<16} {:>6} {:>14}  NODES", "JOB", "RANKS", "CALLS");
+    let mut o = format!("{:<16} {:>6} {:>14}  NODES\n", "JOB", "RANKS", "CALLS");
     for j in &resp.jobs {
-        println!(
+        let _ = writeln!(
+            o,
             "{:<16} {:>6} {:>14}  {}",
             j.job,
             j.ranks,
@@ -292,7 +297,7 @@ pub async fn print_jobs(from: &Target, json: bool) -> Result<()> {
             j.nodes.join(",")
         );
     }
-    Ok(())
+    to_stdout(&o)
 }
 
 /// Asks a daemon to watch `pid`; prints what it says of it.

@@ -65,6 +65,21 @@ pub struct Outputs {
     pub threshold: f64,
 }
 
+/// Standard output's reader went away (`commtap ps | head`): the command ends quietly.
+#[derive(Debug, thiserror::Error)]
+#[error("standard output was closed")]
+pub struct StdoutClosed;
+
+/// Writes `text` to standard output: [`StdoutClosed`] when its reader has gone, where
+/// `print!` would panic (Rust ignores SIGPIPE).
+pub fn to_stdout(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        done => done.context("writing to standard output"),
+    }
+}
+
 /// Writes `bytes` to `path`, created or truncated, never through a symlink: commtap runs
 /// as root, and an output path in a shared directory (`/tmp/profile.json`) may have been
 /// planted as a link to a file root owns.
@@ -233,7 +248,7 @@ impl Outputs {
             Some(path) if to(path) => write_file(path, text.as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?,
             Some(_) => {}
-            None => std::io::stdout().write_all(text.as_bytes())?,
+            None => to_stdout(&text)?,
         }
         if let Some(path) = self.json.as_ref().filter(|p| to(p)) {
             write_file(path, json()?.as_bytes())

@@ -33,7 +33,8 @@ fn standing(job: &JobProfile, s: Option<&CommSummary>, r: &RankProfile) -> Optio
 /// the job's [`JobProfile::comm_summary`], computed once for all ranks (it sorts them).
 pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProfile) -> String {
     let mut o = String::new();
-    let size = job.ranks.len();
+    // Its own job's ranks: a daemon's report without --job may hold several jobs.
+    let size = job.ranks.iter().filter(|x| x.job == r.job).count();
     let _ = writeln!(o, "Data for MPI rank {} of {}:", r.rank, size);
     match &r.region {
         Some(g) => {
@@ -581,6 +582,22 @@ pub fn render_text(whole: &JobProfile) -> String {
     let region = whole.profiled_region();
     let job = region.as_ref().unwrap_or(whole);
     let summary = job.comm_summary();
+    let mut jobs: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &job.ranks {
+        *jobs.entry(r.job.as_str()).or_default() += 1;
+    }
+    if jobs.len() > 1 {
+        let list: Vec<String> = jobs
+            .iter()
+            .map(|(id, n)| format!("{id} ({n} rank{})", if *n == 1 { "" } else { "s" }))
+            .collect();
+        let _ = writeln!(
+            o,
+            "{} jobs in this report: {}; `--job ID` shows one.\n",
+            jobs.len(),
+            list.join(", ")
+        );
+    }
     for r in &job.ranks {
         let nccl = render_nccl(r);
         // A process that only calls NCCL or libfabric has no MPI table to show.

@@ -400,23 +400,6 @@ fn main() -> ExitCode {
         }
     }
     let identity = cli.tls_cert.clone().zip(cli.tls_key.clone());
-    if matches!(
-        cli.command,
-        Command::Ps(_)
-            | Command::Jobs(_)
-            | Command::Report(_)
-            | Command::Events(_)
-            | Command::Doctor(_)
-            | Command::Compare(_)
-            | Command::Schema
-            | Command::Completions { .. }
-    ) {
-        // A listing piped into `head` ends as `ls` would, quietly, where Rust's ignored
-        // SIGPIPE makes the next print panic. Not for what holds state (a daemon, record's
-        // probes, a trace being written).
-        // SAFETY: before any thread starts; SIG_DFL is a valid disposition.
-        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    }
     // glibc gives each thread that allocates an arena of its own and keeps what each one
     // freed: a daemon answering requests on several threads kept a copy of all the counters
     // per thread (a user's 65,536 counters grew it by 97 MiB; with two arenas by 44, with
@@ -440,6 +423,8 @@ fn main() -> ExitCode {
     let result = rt.block_on(commands::run(cli.command, identity));
     match result {
         Ok(code) => code,
+        // Its reader gone (`commtap ps | head`): nothing more to say, as `ls` would.
+        Err(e) if e.is::<collector::report::StdoutClosed>() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("commtap: {}", collector::api::status::error_text(&e));
             ExitCode::from(2)
