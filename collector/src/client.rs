@@ -405,7 +405,7 @@ pub async fn watch(
             // As `report --job` without --watch: a job that is not there ends it (exit 3).
             return Err(NoSuchJob::new(job, from).into());
         }
-        out.write(&profile)?;
+        out.write_watched(&profile, n)?;
         n += 1;
         Ok(count.is_some_and(|c| n >= c))
     })

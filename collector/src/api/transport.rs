@@ -193,6 +193,9 @@ pub async fn connect(target: &Target) -> Result<Channel> {
         Target::Unix(path) => {
             let path = path.clone();
             let shown = path.display().to_string();
+            // Asked first: a socket the caller may not open is a daemon that runs.
+            let denied = std::fs::metadata(&path).is_ok()
+                && nix::unistd::access(&path, nix::unistd::AccessFlags::W_OK).is_err();
             // The URI is required by the API and unused: the connector decides where to go.
             Endpoint::try_from("http://[::]:50051")?
                 .connect_with_connector(tower::service_fn(move |_: Uri| {
@@ -203,7 +206,15 @@ pub async fn connect(target: &Target) -> Result<Channel> {
                 }))
                 .await
                 .with_context(|| {
-                    format!("connecting to unix://{shown} (is `commtap daemon` running?)")
+                    if denied {
+                        format!(
+                            "connecting to unix://{shown}: the daemon's socket is not open to \
+                             you (its --socket-mode gives it to root and its group: ask to be \
+                             in that group, or use sudo)"
+                        )
+                    } else {
+                        format!("connecting to unix://{shown} (is `commtap daemon` running?)")
+                    }
                 })
         }
     }

@@ -218,17 +218,45 @@ impl Outputs {
 
     /// Writes `profile` as asked.
     pub fn write(&self, profile: &JobProfile) -> Result<()> {
-        self.write_files(profile, false).map(drop)
+        self.write_files(profile, false, true).map(drop)
+    }
+
+    /// Writes the `n`th profile of a watch: on standard output, JSON as one line per
+    /// profile (JSON lines, for `jq` and scripts) and text under a line saying when; files
+    /// are rewritten each time, as [`Outputs::write`] does.
+    pub fn write_watched(&self, profile: &JobProfile, n: u64) -> Result<()> {
+        if self.output.is_some() {
+            return self.write(profile);
+        }
+        let shown = match self.format {
+            Format::Json => serde_json::to_string(profile)? + "\n",
+            Format::Text => format!(
+                "{}=== report {} at {} ===\n{}",
+                if n == 0 { "" } else { "\n" },
+                n + 1,
+                humantime::format_rfc3339_seconds(std::time::SystemTime::now()),
+                render_text(profile)
+            ),
+        };
+        to_stdout(&shown)?;
+        self.write_files(profile, false, false).map(drop)
     }
 
     /// Writes `profile` (a job with nothing recorded) as asked, except over files that are
     /// already there: an earlier run's profile is worth more than an empty one. Returns the
     /// files left as they were.
     pub fn write_unless_there(&self, profile: &JobProfile) -> Result<Vec<PathBuf>> {
-        self.write_files(profile, true)
+        self.write_files(profile, true, true)
     }
 
-    fn write_files(&self, profile: &JobProfile, keep_existing: bool) -> Result<Vec<PathBuf>> {
+    /// Writes what was asked, the main output (standard output or `-o`) only if `main`;
+    /// none over a file that is there if `keep_existing`, which it returns.
+    fn write_files(
+        &self,
+        profile: &JobProfile,
+        keep_existing: bool,
+        main: bool,
+    ) -> Result<Vec<PathBuf>> {
         // A bad --expected stops everything before anything is written.
         let expected = self.expected()?;
         let mut kept = Vec::new();
@@ -240,15 +268,17 @@ impl Outputs {
             !there
         };
         let json = || -> Result<String> { Ok(serde_json::to_string_pretty(profile)? + "\n") };
-        let text = match self.format {
-            Format::Json => json()?,
-            Format::Text => render_text(profile),
-        };
-        match &self.output {
-            Some(path) if to(path) => write_file(path, text.as_bytes())
-                .with_context(|| format!("writing {}", path.display()))?,
-            Some(_) => {}
-            None => to_stdout(&text)?,
+        if main {
+            let text = match self.format {
+                Format::Json => json()?,
+                Format::Text => render_text(profile),
+            };
+            match &self.output {
+                Some(path) if to(path) => write_file(path, text.as_bytes())
+                    .with_context(|| format!("writing {}", path.display()))?,
+                Some(_) => {}
+                None => to_stdout(&text)?,
+            }
         }
         if let Some(path) = self.json.as_ref().filter(|p| to(p)) {
             write_file(path, json()?.as_bytes())
