@@ -89,7 +89,7 @@ fn status_text(status: &Status) -> String {
     use tonic::Code;
     let meaning = match status.code() {
         Code::NotFound => "not found",
-        Code::PermissionDenied => "refused",
+        Code::PermissionDenied => "permission denied",
         Code::Unauthenticated => "not authenticated",
         Code::Unavailable => "unavailable",
         Code::Unimplemented => "not served there",

@@ -175,7 +175,11 @@ pub struct DaemonArgs {
 pub struct ReportArgs {
     /// Where to read: unix:///path/to.sock (a node daemon) or http://host:port (an
     /// aggregator, which needs --job).
-    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    #[arg(
+        long,
+        alias = "socket",
+        default_value = "unix:///run/commtap/commtap.sock"
+    )]
     pub from: Target,
     /// Only this job (exit status 3, nothing written, when it is not there: a job that
     /// made no MPI call, say).
@@ -201,7 +205,11 @@ pub struct PidArgs {
     #[arg(long)]
     pub pid: u32,
     /// The daemon: unix:///path/to.sock or https://host:port.
-    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    #[arg(
+        long,
+        alias = "socket",
+        default_value = "unix:///run/commtap/commtap.sock"
+    )]
     pub from: Target,
 }
 
@@ -230,7 +238,11 @@ pub struct EventsArgs {
     #[arg(allow_negative_numbers = true, short, long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// The daemon: unix:///path/to.sock or https://host:port.
-    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    #[arg(
+        long,
+        alias = "socket",
+        default_value = "unix:///run/commtap/commtap.sock"
+    )]
     pub from: Target,
 }
 
@@ -247,7 +259,11 @@ pub struct DoctorArgs {
 pub struct TopArgs {
     /// Where to read: unix:///path/to.sock (a node daemon) or http(s)://host:port (an
     /// aggregator, which needs --job; or a daemon's --listen).
-    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    #[arg(
+        long,
+        alias = "socket",
+        default_value = "unix:///run/commtap/commtap.sock"
+    )]
     pub from: Target,
     /// Only this job (the `j` key cycles through the jobs of a daemon).
     #[arg(long)]
@@ -260,7 +276,11 @@ pub struct TopArgs {
 #[derive(clap::Args, Debug)]
 pub struct PsArgs {
     /// Where to read: unix:///path/to.sock (a daemon) or http(s)://host:port.
-    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    #[arg(
+        long,
+        alias = "socket",
+        default_value = "unix:///run/commtap/commtap.sock"
+    )]
     pub from: Target,
     #[command(flatten)]
     pub format: ListingFormat,
@@ -603,7 +623,11 @@ pub struct TraceArgs {
     /// several nodes: one file, every node's calls on the first node's clock. Or one
     /// aggregator (https://host:port, with --job): it gathers the calls from the job's
     /// daemons and relays them (this machine need not reach the nodes).
-    #[arg(long, default_value = "unix:///run/commtap/commtap.sock")]
+    #[arg(
+        long,
+        alias = "socket",
+        default_value = "unix:///run/commtap/commtap.sock"
+    )]
     pub from: Vec<Target>,
     /// With an aggregator: ask it where the job's daemons serve and stream from them
     /// directly (this machine reaches the nodes, with a certificate they accept).
