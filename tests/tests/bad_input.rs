@@ -221,3 +221,45 @@ fn a_failed_job_gives_its_exit_status_and_keeps_its_profile() {
     let profile = read_json(&out);
     assert_profile_matches(&profile, &read_truths(&prefix, 2), &["MPI_Finalize"]);
 }
+
+/// `record`'s standard output closed before the report (`record ... | head`): the files it
+/// was asked for are written all the same, and the job's status is still its exit status.
+#[test]
+fn a_closed_standard_output_costs_no_file() {
+    let scratch = Scratch::new("closed-stdout");
+    let mpi = Mpi::Mpich;
+    let prog = build_program("mpi_truth.c", mpi);
+    let prefix = scratch.path("truth");
+    let json = scratch.path("profile.json");
+    let html = scratch.path("report.html");
+    let mut cmd = Command::new(commtap_bin());
+    cmd.args([
+        "record",
+        "--json",
+        path_str(&json),
+        "--html",
+        path_str(&html),
+        "--",
+    ])
+    // The job's own output elsewhere: only the report meets the closed pipe.
+    .args(["sh", "-c", "\"$@\" > /dev/null && exit 7", "sh"])
+    .args(mpi.launcher(2))
+    .args([path_str(&prog), path_str(&prefix)])
+    .envs(mpi.job_env())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::fs::File::create(scratch.path("stderr")).expect("stderr file"));
+    let mut record = ChildGuard::spawn(&mut cmd);
+    drop(record.0.stdout.take());
+    let status = record.wait_with_limit(LIMIT);
+    let stderr = std::fs::read_to_string(scratch.path("stderr")).expect("stderr");
+    assert_eq!(status.code(), Some(7), "{stderr}");
+    assert_profile_matches(
+        &read_json(&json),
+        &read_truths(&prefix, 2),
+        &["MPI_Finalize"],
+    );
+    assert!(
+        std::fs::read_to_string(&html).is_ok_and(|page| page.contains("MPI_Allreduce")),
+        "{stderr}"
+    );
+}

@@ -66,19 +66,17 @@ pub fn watch_interval(interval_ms: u32) -> Result<Duration, Status> {
 pub fn error_text(e: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in e.chain() {
-        let (part, last) = match cause.downcast_ref::<Status>() {
-            // Its message says what went wrong; its sources repeat it in tonic's words.
-            Some(status) => (status_text(status), true),
-            None => (cause.to_string(), false),
+        let part = match cause.downcast_ref::<Status>() {
+            Some(status) => status_text(status),
+            None => cause.to_string(),
         };
-        if !text.ends_with(&part) {
+        // A status made from a transport failure says little ("transport error"): its
+        // sources say what failed, each once.
+        if !text.contains(&part) {
             if !text.is_empty() {
                 text.push_str(": ");
             }
             text.push_str(&part);
-        }
-        if last {
-            break;
         }
     }
     text

@@ -99,8 +99,10 @@ pub fn create_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
 pub fn open_file(path: &std::path::Path) -> std::io::Result<(std::fs::File, bool)> {
     match regular(path, |o| o.create_new(true)) {
         Ok(f) => Ok((f, false)),
+        // O_CREAT again (not truncating): the kernel's protected_regular refuses root a
+        // file another user left in a sticky directory (/tmp) only on an O_CREAT open.
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            regular(path, |o| o).map(|f| (f, true))
+            regular(path, |o| o.create(true)).map(|f| (f, true))
         }
         Err(e) => Err(e),
     }
@@ -268,6 +270,8 @@ impl Outputs {
             !there
         };
         let json = || -> Result<String> { Ok(serde_json::to_string_pretty(profile)? + "\n") };
+        // Standard output last: a reader gone (`| head`) must not cost the files.
+        let mut to_print = None;
         if main {
             let text = match self.format {
                 Format::Json => json()?,
@@ -277,7 +281,7 @@ impl Outputs {
                 Some(path) if to(path) => write_file(path, text.as_bytes())
                     .with_context(|| format!("writing {}", path.display()))?,
                 Some(_) => {}
-                None => to_stdout(&text)?,
+                None => to_print = Some(text),
             }
         }
         if let Some(path) = self.json.as_ref().filter(|p| to(p)) {
@@ -297,6 +301,9 @@ impl Outputs {
                 files.len(),
                 dir.display()
             );
+        }
+        if let Some(text) = to_print {
+            to_stdout(&text)?;
         }
         Ok(kept)
     }

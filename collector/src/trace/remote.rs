@@ -154,6 +154,8 @@ struct Source {
     /// named from the final profiles, not asked for again with every batch).
     asked: BTreeSet<u32>,
     streaming: bool,
+    /// Its daemon ended its stream (it stopped): nothing more comes from it.
+    ended: bool,
 }
 
 /// The daemons' names for their processes, by pid.
@@ -199,6 +201,7 @@ async fn open_sources(from: &[Target], request: &TraceRequest) -> Result<Vec<Sou
             trace_pid: BTreeMap::new(),
             asked: BTreeSet::new(),
             streaming: false,
+            ended: false,
         };
         if let Some(job) = &request.job {
             let of_job: Vec<u32> = process_names(&mut source)
@@ -417,12 +420,22 @@ pub async fn gather<S: Sink>(
             () = &mut duration => break,
             () = &mut stop => break,
             b = rx.recv() => {
-                let Some(b) = b else {
-                    warn!("every daemon ended its stream (stopping): the trace ends here");
-                    break;
-                };
+                let Some(b) = b else { break };
                 b
             }
+        };
+        let Some(batch) = batch else {
+            // One node's daemon stopped: the others go on.
+            sources[i].ended = true;
+            if sources.iter().all(|s| s.ended) {
+                warn!("every daemon ended its stream (stopping): the trace ends here");
+                break;
+            }
+            warn!(
+                "{}: its daemon ended its stream (stopping): no more calls from it",
+                sources[i].node
+            );
+            continue;
         };
         let batch = batch.with_context(|| format!("StreamEvents from {}", sources[i].node))?;
         note_streaming(&mut sources, i, sink)?;
@@ -442,7 +455,7 @@ pub async fn gather<S: Sink>(
         sink.flush().await?;
         if sources
             .iter()
-            .all(|s| !s.pids.is_empty() && s.running.is_empty())
+            .all(|s| s.ended || (!s.pids.is_empty() && s.running.is_empty()))
         {
             break;
         }
@@ -454,10 +467,11 @@ pub async fn gather<S: Sink>(
 /// Daemons' batches (at most 4,096 calls each) waiting to be written, from all nodes.
 const BATCHES_WAITING: usize = 16;
 
-/// Opens every source's event stream, all feeding one channel: (source, batch).
+/// Opens every source's event stream, all feeding one channel: (source, batch), and
+/// (source, None) when its daemon ended the stream.
 async fn subscribe(
     sources: &mut [Source],
-) -> Result<tokio::sync::mpsc::Receiver<(usize, Result<pb::StreamEventsResponse>)>> {
+) -> Result<tokio::sync::mpsc::Receiver<(usize, Option<Result<pb::StreamEventsResponse>>)>> {
     let (tx, rx) = tokio::sync::mpsc::channel(BATCHES_WAITING);
     for (i, source) in sources.iter_mut().enumerate() {
         let mut stream = source
@@ -473,9 +487,13 @@ async fn subscribe(
             // A batch is read off the connection only once there is room for it: what
             // waits is bounded by the channel, however many nodes there are.
             while let Ok(room) = tx.reserve().await {
-                let Some(b) = stream.next().await else { break };
+                let Some(b) = stream.next().await else {
+                    // Ended by its daemon: said, so that the trace need not wait for it.
+                    room.send((i, None));
+                    break;
+                };
                 let failed = b.is_err();
-                room.send((i, b.map_err(anyhow::Error::from)));
+                room.send((i, Some(b.map_err(anyhow::Error::from))));
                 if failed {
                     break;
                 }

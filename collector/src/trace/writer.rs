@@ -275,8 +275,7 @@ impl TraceWriter {
             // No call: no file (a refused or failed trace leaves nothing behind), and one
             // that was there is left as it was (an earlier run's trace is worth more than
             // an empty one).
-            let path = self.files.last().cloned().unwrap_or_default();
-            self.out.get_mut().write_nothing(&path);
+            self.out.get_mut().write_nothing();
             return Ok(());
         }
         let meta = serde_json::json!({
@@ -386,6 +385,11 @@ fn open(path: &Path) -> Result<BufWriter<PartFile>, TraceError> {
 #[derive(Debug)]
 struct PartFile {
     file: std::fs::File,
+    /// The directory it was opened in, held (`O_PATH`), and its name there: a file made
+    /// for a trace with no call is removed there, never through a path whose directories
+    /// may since point elsewhere (root removing another file of that name).
+    dir: std::fs::File,
+    name: std::ffi::OsString,
     /// Whether it was there, untouched so far.
     untouched: bool,
     /// Whether writes go nowhere: the trace wrote no call.
@@ -396,19 +400,31 @@ struct PartFile {
 
 impl PartFile {
     fn open(path: &Path) -> std::io::Result<PartFile> {
+        use std::os::unix::fs::OpenOptionsExt as _;
         let (file, there) = crate::report::open_file(path)?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(dir)?;
         Ok(PartFile {
             file,
+            dir,
+            name: path.file_name().unwrap_or_default().to_owned(),
             untouched: there,
             nothing: false,
             kept: false,
         })
     }
 
-    /// The trace ends with no call: the file at `path` is left as it was if it was there,
-    /// else removed (if it is still the one made, unchanged).
-    fn write_nothing(&mut self, path: &Path) {
-        use std::os::unix::fs::MetadataExt as _;
+    /// The trace ends with no call: the file is left as it was if it was there, else
+    /// removed from the directory it was made in (if its name there is still the file
+    /// made, empty).
+    fn write_nothing(&mut self) {
+        use std::os::unix::{fs::MetadataExt as _, io::AsRawFd as _};
         if self.nothing {
             return;
         }
@@ -417,12 +433,21 @@ impl PartFile {
             self.kept = true;
             return;
         }
-        let ours = |m: &std::fs::Metadata| (m.dev(), m.ino());
-        let made = self.file.metadata().ok();
-        let named = std::fs::symlink_metadata(path).ok();
-        if made.as_ref().map(ours) == named.as_ref().map(ours) && made.is_some_and(|m| m.len() == 0)
-        {
-            let _ = std::fs::remove_file(path);
+        let dir = Some(self.dir.as_raw_fd());
+        let named = nix::sys::stat::fstatat(
+            dir,
+            self.name.as_os_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        );
+        let made = self.file.metadata();
+        if let (Ok(named), Ok(made)) = (named, made) {
+            if (named.st_dev, named.st_ino) == (made.dev(), made.ino()) && made.len() == 0 {
+                let _ = nix::unistd::unlinkat(
+                    dir,
+                    self.name.as_os_str(),
+                    nix::unistd::UnlinkatFlags::NoRemoveDir,
+                );
+            }
         }
     }
 }
