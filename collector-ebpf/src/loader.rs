@@ -45,6 +45,8 @@ const MAX_OBJECTS: u32 = 8192;
 const NAME_LEN: usize = 256;
 /// `SIGSTOP`: the one stop no process can catch or ignore; userspace sends `SIGCONT`.
 const SIGSTOP: u32 = 19;
+/// `SIGCONT`: takes back a stop still pending.
+const SIGCONT: u32 = 18;
 
 /// Entry of `_dl_debug_state`; the cookie is the distance from it to `_r_debug`.
 #[uprobe]
@@ -255,6 +257,15 @@ fn tell(tgid: u32, now: u64, kind: EventKind, level: i32, pause: bool) {
     // Listed first: whatever becomes of the event, userspace finds it there and continues it
     // (at its exit at the latest, or at the next start of a daemon).
     let pause = pause && PAUSED.insert(tgid, now, 0).is_ok();
+    if pause {
+        // Stopped before userspace can hear of it: the reader, on another CPU while this
+        // task is preempted here, may continue the process at once, and its SIGCONT must
+        // find the stop pending (it discards it). Sent after the event, the stop could come
+        // after the SIGCONT and hold the process for good, its entry already gone (seen: a
+        // shell an Intel MPI proxy ran stayed stopped, and its job with it).
+        // SAFETY: plain helper call; the signal goes to the current process.
+        unsafe { bpf_send_signal(SIGSTOP) };
+    }
     let ev = ProcEvent {
         kind: kind as u32,
         tgid,
@@ -265,19 +276,16 @@ fn tell(tgid: u32, now: u64, kind: EventKind, level: i32, pause: bool) {
         uid: bpf_get_current_uid_gid() as u32,
         ts_ns: now,
     };
-    // Paused only once userspace is sure to hear of it (it continues the process), and at
-    // once (call events do not wake the reader).
+    // At once (call events do not wake the reader).
     if EVENTS
         .output::<ProcEvent>(&ev, u64::from(BPF_RB_FORCE_WAKEUP))
         .is_err()
+        && pause
     {
-        if pause {
-            let _ = PAUSED.remove(tgid);
-        }
-        return;
-    }
-    if pause {
+        // Nobody will hear of it: the stop, still pending, is taken back (a SIGCONT
+        // discards the pending stops).
+        let _ = PAUSED.remove(tgid);
         // SAFETY: plain helper call; the signal goes to the current process.
-        unsafe { bpf_send_signal(SIGSTOP) };
+        unsafe { bpf_send_signal(SIGCONT) };
     }
 }

@@ -63,12 +63,45 @@ impl ChildGuard {
             }
             assert!(
                 Instant::now() < deadline,
-                "process {} still running after {limit:?}",
-                self.0.id()
+                "process {} still running after {limit:?}; it and its descendants (state, \
+                 what each waits in):\n{}",
+                self.0.id(),
+                process_tree_listing(self.0.id())
             );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// `pid` and its descendants as `ps` lists them, with their state and the kernel function
+/// each waits in: what a test that timed out was stuck on.
+fn process_tree_listing(pid: u32) -> String {
+    let out = Command::new("ps")
+        .args(["-e", "-o", "pid,ppid,stat,wchan:24,args"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let mut lines = out.lines();
+    let header = lines.next().unwrap_or_default();
+    let rows: Vec<(u32, u32, &str)> = lines
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?, l))
+        })
+        .collect();
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(rows.iter().filter(|r| r.1 == parent).map(|r| r.0));
+        i += 1;
+    }
+    let shown: Vec<&str> = rows
+        .iter()
+        .filter(|r| tree.contains(&r.0))
+        .map(|r| r.2)
+        .collect();
+    format!("{header}\n{}", shown.join("\n"))
 }
 
 impl Drop for ChildGuard {
