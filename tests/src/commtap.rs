@@ -126,6 +126,34 @@ pub fn record_attached_with(
     (commtap, out)
 }
 
+/// Starts `commtap trace --from TARGET -o t.json [extra..]` (in `scratch`) and waits until
+/// every call from then on goes into the trace (its `--ready-file`); returns it and the
+/// trace's path.
+#[track_caller]
+pub fn spawn_streaming_trace(
+    scratch: &Scratch,
+    target: &str,
+    extra: &[&str],
+) -> (ChildGuard, PathBuf) {
+    let trace = scratch.path("t.json");
+    let ready = scratch.path("trace.ready");
+    let mut args = vec![
+        "trace",
+        "--from",
+        target,
+        "-o",
+        path_str(&trace),
+        "--ready-file",
+        path_str(&ready),
+    ];
+    args.extend_from_slice(extra);
+    let tracer = spawn_commtap(scratch, &args);
+    wait_until("the trace to stream", Duration::from_mins(5), || {
+        ready.exists()
+    });
+    (tracer, trace)
+}
+
 /// A `commtap daemon` serving on a socket in its scratch directory; `stop` shuts it down
 /// with SIGTERM and checks that it exits cleanly.
 pub struct Daemon {

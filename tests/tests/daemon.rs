@@ -1121,22 +1121,8 @@ fn a_daemon_stops_while_a_trace_streams_from_it() {
     let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 200, &[]);
     let pids: Vec<u64> = ranks.iter().map(|p| u64::from(*p)).collect();
     wait_for_state(&daemon.target, &pids, "probed");
-    let trace = scratch.path("t.json");
-    let ready = scratch.path("trace.ready");
     // Every process of the node: the trace does not end with the job.
-    let tracer = spawn_commtap(
-        &scratch,
-        &[
-            "trace",
-            "--from",
-            &daemon.target,
-            "-o",
-            path_str(&trace),
-            "--ready-file",
-            path_str(&ready),
-        ],
-    );
-    wait_until("the trace to stream", LIMIT, || ready.exists());
+    let (tracer, trace) = spawn_streaming_trace(&scratch, &daemon.target, &[]);
     std::fs::write(scratch.path("go"), b"go").expect("go file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
     // Within `stop`'s minute, with the trace still connected.

@@ -378,24 +378,8 @@ fn a_trace_from_a_daemon_holds_every_call_until_the_ranks_exit() {
     let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 200, &[]);
     let pids: Vec<u64> = ranks.iter().map(|p| u64::from(*p)).collect();
     wait_for_state(&daemon.target, &pids, "probed");
-    let trace = scratch.path("t.json");
-    let ready = scratch.path("trace.ready");
     let list = pid_list(&ranks);
-    let tracer = spawn_commtap(
-        &scratch,
-        &[
-            "trace",
-            "--from",
-            &daemon.target,
-            "--pid",
-            &list,
-            "-o",
-            path_str(&trace),
-            "--ready-file",
-            path_str(&ready),
-        ],
-    );
-    wait_until("the trace to stream", LIMIT, || ready.exists());
+    let (tracer, trace) = spawn_streaming_trace(&scratch, &daemon.target, &["--pid", &list]);
     std::fs::write(scratch.path("go"), b"go").expect("go file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
     finish_ok(&scratch, tracer, LIMIT);

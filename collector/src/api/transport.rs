@@ -193,9 +193,7 @@ pub async fn connect(target: &Target) -> Result<Channel> {
         Target::Unix(path) => {
             let path = path.clone();
             let shown = path.display().to_string();
-            // Asked first: a socket the caller may not open is a daemon that runs.
-            let denied = std::fs::metadata(&path).is_ok()
-                && nix::unistd::access(&path, nix::unistd::AccessFlags::W_OK).is_err();
+            let asked = path.clone();
             // The URI is required by the API and unused: the connector decides where to go.
             Endpoint::try_from("http://[::]:50051")?
                 .connect_with_connector(tower::service_fn(move |_: Uri| {
@@ -206,6 +204,9 @@ pub async fn connect(target: &Target) -> Result<Channel> {
                 }))
                 .await
                 .with_context(|| {
+                    // A socket the caller may not open is a daemon that runs.
+                    let denied = asked.exists()
+                        && nix::unistd::access(&asked, nix::unistd::AccessFlags::W_OK).is_err();
                     if denied {
                         format!(
                             "connecting to unix://{shown}: the daemon's socket is not open to \

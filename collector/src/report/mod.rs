@@ -133,6 +133,14 @@ fn regular(
     Ok(file)
 }
 
+/// The directory `path` names its file in (`.` for a bare name).
+pub fn directory_of(path: &std::path::Path) -> &std::path::Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    }
+}
+
 /// Checks, before anything runs, that `path` can take a file commtap writes
 /// ([`create_file`]): a regular file or none, in a directory that exists. A job of hours
 /// must not end in "No such file or directory" with its profile lost.
@@ -147,10 +155,7 @@ pub fn check_writable(path: &std::path::Path) -> std::io::Result<()> {
         Ok(m) if !m.is_file() => refuse("not a regular file"),
         Ok(_) => access(path, AccessFlags::W_OK).map_err(std::io::Error::from),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let dir = match path.parent() {
-                Some(d) if !d.as_os_str().is_empty() => d,
-                _ => std::path::Path::new("."),
-            };
+            let dir = directory_of(path);
             match std::fs::metadata(dir) {
                 Ok(m) if m.is_dir() => {
                     access(dir, AccessFlags::W_OK | AccessFlags::X_OK).map_err(|e| {

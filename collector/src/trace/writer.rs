@@ -260,7 +260,7 @@ impl TraceWriter {
         self.closed = true;
         self.close_part()?;
         Ok(TraceSummary {
-            kept: self.out.get_ref().kept,
+            kept: self.out.get_ref().kept(),
             files: std::mem::take(&mut self.files),
             events: self.events,
             lost: self.lost,
@@ -394,30 +394,28 @@ struct PartFile {
     untouched: bool,
     /// Whether writes go nowhere: the trace wrote no call.
     nothing: bool,
-    /// The file that was there was left as it was.
-    kept: bool,
 }
 
 impl PartFile {
     fn open(path: &Path) -> std::io::Result<PartFile> {
         use std::os::unix::fs::OpenOptionsExt as _;
         let (file, there) = crate::report::open_file(path)?;
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
         let dir = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
-            .open(dir)?;
+            .open(crate::report::directory_of(path))?;
         Ok(PartFile {
             file,
             dir,
             name: path.file_name().unwrap_or_default().to_owned(),
             untouched: there,
             nothing: false,
-            kept: false,
         })
+    }
+
+    /// Whether the file that was there was left as it was (the trace wrote no call).
+    fn kept(&self) -> bool {
+        self.nothing && self.untouched
     }
 
     /// The trace ends with no call: the file is left as it was if it was there, else
@@ -430,7 +428,6 @@ impl PartFile {
         }
         self.nothing = true;
         if self.untouched {
-            self.kept = true;
             return;
         }
         let dir = Some(self.dir.as_raw_fd());

@@ -206,10 +206,8 @@ async fn record(a: RecordArgs) -> Result<ExitCode> {
         } else {
             let names: Vec<String> = kept.iter().map(|p| p.display().to_string()).collect();
             format!(
-                " ({} left as {} were: nothing to replace {} with)",
-                names.join(", "),
-                if names.len() == 1 { "it" } else { "they" },
-                if names.len() == 1 { "it" } else { "them" },
+                "; files of an earlier run left as they were: {}",
+                names.join(", ")
             )
         };
         // The text report just printed on the terminal ends with the reason: not twice.
@@ -301,10 +299,9 @@ async fn report(a: ReportArgs) -> Result<ExitCode> {
         (Some(every), None) => {
             client::watch(&a.from, a.job.as_deref(), every, a.count, &a.out).await
         }
-        (None, None) => match client::snapshot(&a.from, a.job.as_deref()).await {
-            Ok(profile) => a.out.write(&profile),
-            Err(e) => Err(e),
-        },
+        (None, None) => client::snapshot(&a.from, a.job.as_deref())
+            .await
+            .and_then(|profile| a.out.write(&profile)),
     };
     match done {
         Err(e) if e.is::<client::NoSuchJob>() => {
