@@ -232,6 +232,7 @@ fn probe_cost_text(c: &pb::ProbeCost) -> String {
 fn state(p: &pb::ProcessState) -> &'static str {
     match p.status() {
         pb::ProcessStatus::Exited => "exited",
+        pb::ProcessStatus::Detached => "detached",
         pb::ProcessStatus::Probed => "probed",
         pb::ProcessStatus::NoMpi | pb::ProcessStatus::Unspecified => "no-mpi",
     }

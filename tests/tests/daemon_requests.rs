@@ -191,6 +191,96 @@ fn a_rank_detached_after_its_first_calls_is_not_counted_again() {
     daemon.stop(&scratch);
 }
 
+/// A rank detached and attached again has one profile, on the node and on the aggregator it
+/// pushes to: what it did while watched before the detach and since the attach, exact (the
+/// detach came before the loop, so the whole run is counted); `ps` lists it as detached
+/// meanwhile, and the aggregator got its profile as a detached one.
+#[test]
+fn a_rank_detached_and_attached_again_keeps_one_profile() {
+    let scratch = Scratch::new("daemon-reattach");
+    let (_aggregator, url) = spawn_local_aggregator(&scratch, &scratch.path("agg.redb"));
+    let daemon = Daemon::start(
+        &scratch,
+        &[],
+        &[],
+        &[
+            "--aggregator",
+            &url,
+            "--push-insecure",
+            "--push-interval",
+            "200ms",
+        ],
+    );
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 150, &[]);
+    let (r0, r1) = rank_pids(&ranks);
+    let (p0, p1) = (u64::from(r0), u64::from(r1));
+    wait_for_state(&daemon.target, &[p0, p1], "probed");
+    let r1_text = r1.to_string();
+    let out = commtap_output(&["detach", "--pid", &r1_text, "--from", &daemon.target]);
+    assert!(
+        out.status.success(),
+        "detach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Its profile so far: one rank of a job its launcher said has two.
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("Data for MPI rank 1 of 2:")
+            && said.contains("MPI_Init() to commtap's detach"),
+        "{said}"
+    );
+    wait_for_state(&daemon.target, &[p1], "detached");
+    // The job is named by its rank 0's pid (no batch system here).
+    let job_id = r0.to_string();
+    let agg_out = scratch.path("aggregated.json");
+    wait_until("the aggregator to hold rank 1 as detached", LIMIT, || {
+        try_job_report(&[], &url, &job_id, &agg_out).is_some_and(|p| {
+            p["ranks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|r| r["pid"].as_u64() == Some(p1) && r["detached"] == true)
+        })
+    });
+    let out = commtap_output(&["attach", "--pid", &r1_text, "--from", &daemon.target]);
+    assert!(
+        out.status.success(),
+        "attach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        ps_states(&daemon.target).get(&p1).map(String::as_str),
+        Some("probed")
+    );
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    wait_for_exited(&daemon.target, &[p0, p1]);
+    let truths = read_truths(&scratch.path("truth"), 2);
+    let node = report_json(&["report", "--from", &daemon.target]);
+    assert_eq!(
+        node["ranks"].as_array().map(Vec::len),
+        Some(2),
+        "one profile a rank: {node:#}"
+    );
+    assert_loop_ranks(&node, &truths);
+    assert!(
+        node["ranks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|r| r.get("detached").is_none()),
+        "{node:#}"
+    );
+    let mut aggregated = None;
+    wait_until("the aggregator to hold both final profiles", LIMIT, || {
+        aggregated =
+            try_job_report(&[], &url, &job_id, &agg_out).filter(|p| every_rank_final(p, 2));
+        aggregated.is_some()
+    });
+    assert_loop_ranks(&aggregated.expect("aggregated"), &truths);
+    daemon.stop(&scratch);
+}
+
 /// (rank 0's pid, rank 1's pid) of a 2-rank Open MPI job, from its environment.
 fn rank_pids(ranks: &[u32]) -> (u32, u32) {
     let rank_of = |pid: u32| -> u32 {

@@ -253,6 +253,8 @@ pub fn synthetic_rank(
         probe_call_cost: None,
         start_ticks: 7,
         exited: true,
+        detached: false,
+        world_size: None,
         elapsed_ns: 1,
         comm_time_ns: 1,
         routines,

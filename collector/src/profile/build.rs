@@ -47,19 +47,15 @@ pub fn job_profile(
     let mut ranks = Vec::new();
     let mut not_profiled = Vec::new();
     for (&pid, t) in tracked {
-        if counted.contains(&pid) {
+        if counted.contains(&pid) || t.earlier.is_some() {
             let ps = probes.read_proc_stats(pid);
             let events = events_of(pid);
             let name = |handle| comm_name(pid, handle);
-            ranks.push(rank_profile(
-                pid,
-                t,
-                &ps,
-                &c,
-                (events, &name),
-                &host,
-                end_ns,
-            ));
+            let mut rank = rank_profile(pid, t, &ps, &c, (events, &name), &host, end_ns);
+            if let Some(earlier) = &t.earlier {
+                rank.add_earlier(earlier);
+            }
+            ranks.push(rank);
         } else if t.requested {
             not_profiled.push(if t.maps_mpi {
                 format!("PID {pid}: made no MPI call while watched")
@@ -128,6 +124,7 @@ fn rank_profile(
     RankProfile {
         rank: info.rank.unwrap_or(u32::MAX),
         rank_known: info.rank.is_some(),
+        world_size: info.world_size,
         pid,
         host: host.to_string(),
         job: job_key(&info),
@@ -136,6 +133,7 @@ fn rank_profile(
         container: info.container.clone().map(Box::new),
         start_ticks: info.start_ticks,
         exited: false,
+        detached: false,
         elapsed_ns: end.saturating_sub(start),
         comm_time_ns: stats::communication_ns(&routines),
         routines,

@@ -24,6 +24,10 @@ pub struct RankProfile {
     pub rank: u32,
     /// Whether `rank` came from the launcher (false: guessed from discovery order).
     pub rank_known: bool,
+    /// How many ranks its job has, as its launcher said (a report may hold fewer: one
+    /// node's, or those watched).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u32>,
     /// Process id.
     pub pid: u32,
     /// Host name.
@@ -43,6 +47,10 @@ pub struct RankProfile {
     /// The process exited and this profile is final (all its events drained).
     #[serde(default)]
     pub exited: bool,
+    /// It was detached on request (and `exited` with it as far as commtap sees): this
+    /// profile ends at the detach, and goes on if it is attached again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub detached: bool,
     /// From MPI_Init's return (or attach) to MPI_Finalize's entry (or detach/exit), ns.
     pub elapsed_ns: u64,
     /// Time in MPI routines other than MPI_Init/MPI_Finalize, ns.
@@ -117,6 +125,49 @@ impl RankProfile {
     /// What a probed call cost it: as its node measured, else as assumed.
     pub fn call_cost(&self) -> CallCost {
         self.probe_call_cost.unwrap_or(CallCost::ASSUMED)
+    }
+
+    /// Adds `earlier`, the profile of the same process while it was watched before a
+    /// detach, to this one (counted since it was attached again): one profile of all the
+    /// time it was watched. Identity and state stay this one's.
+    pub fn add_earlier(&mut self, earlier: &RankProfile) {
+        self.elapsed_ns = self.elapsed_ns.saturating_add(earlier.elapsed_ns);
+        add_routines(&mut self.routines, &earlier.routines);
+        self.comm_time_ns = crate::stats::communication_ns(&self.routines);
+        self.health.merge(&earlier.health);
+        for f in &earlier.fabrics {
+            if !self.fabrics.contains(f) {
+                self.fabrics.push(f.clone());
+            }
+        }
+        if self.mpi_transport.is_none() {
+            self.mpi_transport.clone_from(&earlier.mpi_transport);
+        }
+        self.peers.extend(earlier.peers.iter().cloned());
+        crate::stats::PeerTraffic::tidy(&mut self.peers);
+        self.comm_ranks.extend(earlier.comm_ranks.iter().cloned());
+        self.comm_ranks.sort();
+        self.comm_ranks.dedup();
+        self.region = match (self.region.take(), earlier.region.as_deref()) {
+            (Some(mut now), Some(before)) => {
+                now.intervals += before.intervals;
+                now.elapsed_ns = now.elapsed_ns.saturating_add(before.elapsed_ns);
+                now.late_bounds += before.late_bounds;
+                add_routines(&mut now.routines, &before.routines);
+                now.comm_time_ns = crate::stats::communication_ns(&now.routines);
+                now.peers.extend(before.peers.iter().cloned());
+                crate::stats::PeerTraffic::tidy(&mut now.peers);
+                Some(now)
+            }
+            (now, before) => now.or_else(|| before.cloned().map(Box::new)),
+        };
+    }
+}
+
+/// Adds each routine of `from` into `into`.
+fn add_routines(into: &mut Routines, from: &Routines) {
+    for (name, r) in from {
+        into.entry(name.clone()).or_default().merge(r);
     }
 }
 
@@ -371,6 +422,8 @@ mod tests {
             probe_call_cost: None,
             start_ticks: 0,
             exited: false,
+            detached: false,
+            world_size: None,
             elapsed_ns: 0,
             comm_time_ns: 0,
             routines: Default::default(),
@@ -443,5 +496,57 @@ mod tests {
                 "{r:?}"
             );
         }
+    }
+
+    /// A process watched, detached and attached again has one profile: the calls, time,
+    /// health and peers of both watched spans added, its identity the one of now.
+    #[test]
+    fn a_profile_goes_on_from_its_part_before_a_detach() {
+        let part = |calls: u64, elapsed_ns: u64, exited: bool| {
+            let mut r = rank("j", 0, 1, 1);
+            r.elapsed_ns = elapsed_ns;
+            r.exited = exited;
+            r.detached = exited;
+            r.health.dropped = calls;
+            for name in ["MPI_Send", "MPI_Allreduce"] {
+                let s = crate::stats::RoutineStats {
+                    totals: crate::stats::Totals {
+                        calls,
+                        bytes: 8 * calls,
+                        time_ns: 100 * calls,
+                    },
+                    ..Default::default()
+                };
+                r.routines.insert(name.into(), s);
+            }
+            r.comm_time_ns = crate::stats::communication_ns(&r.routines);
+            r
+        };
+        let mut now = part(2, 1_000, false);
+        now.routines.remove("MPI_Allreduce");
+        now.comm_time_ns = crate::stats::communication_ns(&now.routines);
+        now.add_earlier(&part(3, 5_000, true));
+        let calls: Vec<(&str, u64, u64)> = now
+            .routines
+            .iter()
+            .map(|(n, s)| (n.as_str(), s.totals.calls, s.totals.bytes))
+            .collect();
+        assert_eq!(
+            calls,
+            vec![("MPI_Allreduce", 3, 24), ("MPI_Send", 5, 40)],
+            "each routine's calls of both spans"
+        );
+        assert_eq!((now.elapsed_ns, now.comm_time_ns), (6_000, 800));
+        assert_eq!(now.health.dropped, 5);
+        assert!(!now.exited && !now.detached, "the state is the one of now");
+        // Each span's traffic with the same peer on the same communicator is one entry.
+        let split: Vec<u64> = now
+            .peers
+            .iter()
+            .filter(|p| p.comm.as_deref() == Some("split"))
+            .map(|p| p.sent_bytes)
+            .collect();
+        assert_eq!(split, vec![16]);
+        assert_eq!(now.comm_ranks.len(), 2, "{:?}", now.comm_ranks);
     }
 }

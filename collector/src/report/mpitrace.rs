@@ -33,8 +33,10 @@ fn standing(job: &JobProfile, s: Option<&CommSummary>, r: &RankProfile) -> Optio
 /// the job's [`JobProfile::comm_summary`], computed once for all ranks (it sorts them).
 pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProfile) -> String {
     let mut o = String::new();
-    // Its own job's ranks: a daemon's report without --job may hold several jobs.
-    let size = job.ranks.iter().filter(|x| x.job == r.job).count();
+    // Its own job's ranks here (a daemon's report without --job may hold several jobs), and
+    // as many as its launcher said it has (one node's report holds that node's only).
+    let here = job.ranks.iter().filter(|x| x.job == r.job).count();
+    let size = r.world_size.map_or(here, |n| n as usize);
     let _ = writeln!(o, "Data for MPI rank {} of {}:", r.rank, size);
     match &r.region {
         Some(g) => {
@@ -92,12 +94,22 @@ pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProf
         o,
         "-----------------------------------------------------------------------"
     );
-    if let Some(w) = standing(job, summary, r) {
-        let _ = writeln!(
-            o,
-            "MPI task {} of {} had the {} communication time.",
-            r.rank, size, w
-        );
+    match standing(job, summary, r) {
+        Some(w) if here == size => {
+            let _ = writeln!(
+                o,
+                "MPI task {} of {} had the {} communication time.",
+                r.rank, size, w
+            );
+        }
+        Some(w) => {
+            let _ = writeln!(
+                o,
+                "MPI task {} of {} had the {} communication time of the {} rank(s) here.",
+                r.rank, size, w, here
+            );
+        }
+        None => {}
     }
     let _ = writeln!(
         o,
@@ -493,6 +505,24 @@ fn render_device_time(o: &mut String, rows: &[(&String, &RoutineStats)]) {
 }
 
 /// The job summary that mpitrace appends to rank 0's file.
+/// Where a job's profile holds fewer ranks than its launcher said it has (one node's
+/// report, or ranks not watched): how many, and where the rest are.
+fn ranks_elsewhere(job: &JobProfile) -> Option<String> {
+    let first = job.ranks.first()?;
+    let size = first.world_size? as usize;
+    let here = job.ranks.len();
+    let one_job = job
+        .ranks
+        .iter()
+        .all(|r| r.job == first.job && r.world_size == first.world_size);
+    (one_job && here < size).then(|| {
+        format!(
+            "{here} of the job's {size} ranks are here: the others ran on other nodes, or \
+             were not watched; an aggregator's report merges every node's"
+        )
+    })
+}
+
 fn render_summary(job: &JobProfile) -> String {
     let mut o = String::new();
     let Some(s) = job.comm_summary() else {
@@ -503,6 +533,9 @@ fn render_summary(job: &JobProfile) -> String {
         "-----------------------------------------------------------------"
     );
     let _ = writeln!(o, "Communication summary for all tasks:");
+    if let Some(note) = ranks_elsewhere(job) {
+        let _ = writeln!(o, "  ({note})");
+    }
     let _ = writeln!(o);
     let _ = writeln!(
         o,
@@ -683,6 +716,13 @@ fn watched_span(r: &RankProfile) -> &'static str {
     let seen = |names: &[&str]| names.iter().any(|n| r.routines.contains_key(*n));
     let from_init = seen(&["MPI_Init", "MPI_Init_thread"]);
     let to_finalize = seen(&["MPI_Finalize"]);
+    if r.detached && !to_finalize {
+        return if from_init {
+            "MPI_Init() to commtap's detach"
+        } else {
+            "commtap's attach (mid-run) to its detach"
+        };
+    }
     match (from_init, to_finalize, r.exited) {
         (true, true, _) => "MPI_Init() to MPI_Finalize()",
         (true, false, true) => "MPI_Init() to the process's exit",
@@ -776,5 +816,55 @@ mod file_name_tests {
         assert_eq!(file_name_part(""), "_");
         assert_eq!(file_name_part("a b\u{1b}[31m"), "a_b__31m");
         assert_eq!(file_name_part(&"x".repeat(100)).len(), 64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two ranks of a job whose launcher said `world` ranks.
+    fn two_ranks(world: u32) -> JobProfile {
+        let rank = |rank: u32, comm_ns: u64| -> RankProfile {
+            let mut r: RankProfile = serde_json::from_value(serde_json::json!({
+                "rank": rank, "rank_known": true, "world_size": world, "pid": 100 + rank,
+                "host": "n1", "job": "7", "cmdline": "./app", "start_ticks": 1,
+                "elapsed_ns": 1_000_000_000u64, "comm_time_ns": comm_ns, "routines": {},
+            }))
+            .expect("a rank profile");
+            let send = crate::stats::RoutineStats {
+                totals: crate::stats::Totals {
+                    calls: 1,
+                    bytes: 8,
+                    time_ns: comm_ns,
+                },
+                ..Default::default()
+            };
+            r.routines.insert("MPI_Send".into(), send);
+            r
+        };
+        JobProfile::of_ranks(vec![rank(0, 1_000), rank(1, 2_000)])
+    }
+
+    /// A rank is "of" as many ranks as its launcher said; a report holding fewer says how
+    /// many are here and that the minimum and maximum are of those.
+    #[test]
+    fn a_report_of_some_ranks_of_a_job_says_so() {
+        let part = render_text(&two_ranks(4));
+        assert!(part.contains("Data for MPI rank 0 of 4:"), "{part}");
+        assert!(
+            part.contains(
+                "MPI task 0 of 4 had the minimum communication time of the 2 rank(s) here."
+            ),
+            "{part}"
+        );
+        assert!(part.contains("(2 of the job's 4 ranks are here"), "{part}");
+        let whole = render_text(&two_ranks(2));
+        assert!(whole.contains("Data for MPI rank 1 of 2:"), "{whole}");
+        assert!(
+            whole.contains("MPI task 1 of 2 had the maximum communication time."),
+            "{whole}"
+        );
+        assert!(!whole.contains("are here"), "{whole}");
     }
 }

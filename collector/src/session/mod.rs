@@ -153,14 +153,16 @@ impl Session {
         self.probes.prefetch_programs(files);
     }
 
-    /// Starts watching the running process `pid` on request (the daemon's AttachProcess).
-    pub fn attach(&mut self, pid: u32) -> Result<&Tracked> {
+    /// Starts watching the running process `pid` on request (the daemon's AttachProcess);
+    /// `earlier` is its profile from before it was detached, which its profile goes on from.
+    pub fn attach(&mut self, pid: u32, earlier: Option<RankProfile>) -> Result<&Tracked> {
         let info = discover::process_info(pid)?;
         self.tracked.insert(
             pid,
             Tracked {
                 info: Some(info),
                 requested: true,
+                earlier: earlier.map(Box::new),
                 ..Tracked::from_now()
             },
         );
@@ -168,8 +170,8 @@ impl Session {
         Ok(&self.tracked[&pid])
     }
 
-    /// Stops watching `pid` for good and returns its profile so far (None if it is not
-    /// tracked or made no call); `board` as for [`Session::profile`].
+    /// Stops watching `pid` and returns its profile so far, final and marked detached (None
+    /// if it is not tracked or made no call); `board` as for [`Session::profile`].
     pub fn detach(
         &mut self,
         pid: u32,
@@ -183,7 +185,12 @@ impl Session {
             .profile(monotonic_ns(), board)
             .ranks
             .into_iter()
-            .find(|r| r.pid == pid);
+            .find(|r| r.pid == pid)
+            .map(|r| RankProfile {
+                exited: true,
+                detached: true,
+                ..r
+            });
         self.probes.forget_process(pid);
         self.tracked.remove(&pid);
         Ok(rank)

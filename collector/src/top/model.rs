@@ -343,6 +343,8 @@ mod tests {
             probe_call_cost: None,
             start_ticks: 1,
             exited: false,
+            detached: false,
+            world_size: None,
             elapsed_ns: 0,
             comm_time_ns: comm_ns,
             routines,

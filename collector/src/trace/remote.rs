@@ -207,7 +207,13 @@ async fn open_sources(from: &[Target], request: &TraceRequest) -> Result<Vec<Sou
             let of_job: Vec<u32> = process_names(&mut source)
                 .await?
                 .into_values()
-                .filter(|p| &p.job == job && p.status() != pb::ProcessStatus::Exited)
+                .filter(|p| {
+                    &p.job == job
+                        && matches!(
+                            p.status(),
+                            pb::ProcessStatus::Probed | pb::ProcessStatus::NoMpi
+                        )
+                })
                 .map(|p| p.pid)
                 .collect();
             if of_job.is_empty() {

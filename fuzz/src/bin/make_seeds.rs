@@ -185,6 +185,8 @@ fn rank(rank: u32) -> RankProfile {
         uid: Some(1_000),
         start_ticks: 81_234 + u64::from(rank),
         exited: rank == 0,
+        detached: false,
+        world_size: None,
         elapsed_ns: 2_512_000_000,
         comm_time_ns: 1_830_000_000 - u64::from(rank) * 1_000_000,
         routines,

@@ -90,6 +90,8 @@ pub(crate) fn sample() -> JobProfile {
             mpi_transport: Some("pml cm, mtl ofi".to_string()),
             start_ticks: 99,
             exited: true,
+            detached: false,
+            world_size: None,
             elapsed_ns: 5,
             comm_time_ns: 4,
             routines: routines_of(7, &counters, &device),

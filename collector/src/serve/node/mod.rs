@@ -183,6 +183,20 @@ impl NodeState {
         });
     }
 
+    /// Takes the profile until its detach of the detached process `pid` started at
+    /// `start_ticks` out of the final ones (None where it was not detached, made no call
+    /// while watched, or its profile was let go).
+    pub async fn take_detached(&self, pid: u32, start_ticks: u64) -> Option<Finished> {
+        if !self.detached.lock().await.contains(&pid) {
+            return None;
+        }
+        let mut finished = self.finished.lock().await;
+        let i = finished
+            .iter()
+            .position(|f| f.rank.pid == pid && f.rank.start_ticks == start_ticks)?;
+        Some(finished.remove(i))
+    }
+
     /// The node's cumulative profile now: live processes and those that exited, filtered,
     /// and limited to what `caller` may see.
     pub async fn snapshot(&self, filter: &pb::ProcessFilter, caller: Caller) -> JobProfile {

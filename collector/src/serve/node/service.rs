@@ -16,7 +16,6 @@ use crate::{
     },
     clock::monotonic_ns,
     discover::tracked::Tracked,
-    profile::RankProfile,
     skew::board::PlacedItem,
 };
 
@@ -93,6 +92,7 @@ impl pb::node_server::Node for NodeService {
             .map(Into::into)
             .collect();
         drop(session);
+        let detached = self.state.detached.lock().await.clone();
         for f in self
             .state
             .finished
@@ -106,7 +106,11 @@ impl pb::node_server::Node for NodeService {
                 rank: f.rank.rank_known.then_some(f.rank.rank),
                 job: f.rank.job.clone(),
                 cmdline: f.rank.cmdline.clone(),
-                status: pb::ProcessStatus::Exited as i32,
+                status: if detached.contains(&f.rank.pid) {
+                    pb::ProcessStatus::Detached
+                } else {
+                    pb::ProcessStatus::Exited
+                } as i32,
                 container: f.rank.container.as_deref().map(Into::into),
                 probe_cost: probe_cost(&f.rank.routines, f.rank.elapsed_ns, f.rank.call_cost()),
             });
@@ -177,8 +181,16 @@ impl pb::node_server::Node for NodeService {
                 "PID {pid} belongs to another user"
             )));
         }
+        // Attached again after a detach: its profile goes on from where it was.
+        let earlier = self.state.take_detached(pid, info.start_ticks).await;
         let mut session = self.state.session.lock().await;
-        session.attach(pid).map_err(|e| e.to_status())?;
+        if let Err(e) = session.attach(pid, earlier.as_ref().map(|f| f.rank.clone())) {
+            drop(session);
+            if let Some(f) = earlier {
+                self.state.keep_finished(f.rank, f.account).await;
+            }
+            return Err(e.to_status());
+        }
         let jobs = session.job_names();
         let t = session
             .tracked
@@ -219,15 +231,7 @@ impl pb::node_server::Node for NodeService {
         self.state.detached.lock().await.insert(pid);
         if let Some(rank) = &rank {
             // Nothing lost: the profile stays in snapshots (and pushes) as a final one.
-            self.state
-                .keep_finished(
-                    RankProfile {
-                        exited: true,
-                        ..rank.clone()
-                    },
-                    account,
-                )
-                .await;
+            self.state.keep_finished(rank.clone(), account).await;
         }
         Ok(Response::new(pb::DetachProcessResponse {
             profile: rank.as_ref().map(Into::into),
