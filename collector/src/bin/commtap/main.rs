@@ -29,7 +29,8 @@ use args::{
 #[command(name = "commtap", version, propagate_version = true)]
 struct Cli {
     /// Log filter, e.g. `info`, `commtap=debug` (given here or as COMMTAP_LOG, it wins over
-    /// RUST_LOG; RUST_LOG applies when neither is).
+    /// RUST_LOG; RUST_LOG applies when neither is). Without any: `warn`, and `info` for
+    /// `daemon` and `aggregator` (what they serve, probe and keep, and their stop).
     #[arg(
         long,
         global = true,
@@ -340,10 +341,12 @@ fn configuration(cmd: &clap::Command, a: &ConfigArgs, file: Option<&std::path::P
 }
 
 /// The log filter: `--log` (or `COMMTAP_LOG`) when given, else `RUST_LOG` when set, else
-/// the default: an explicit choice is never overridden by the generic variable.
-fn log_filter(log: &str, explicit: bool, rust_log: Option<String>) -> String {
+/// the default (`info` for a `server`, which an operator should hear start, say where it
+/// serves and stop): an explicit choice is never overridden by the generic variable.
+fn log_filter(log: &str, explicit: bool, rust_log: Option<String>, server: bool) -> String {
     match rust_log {
         Some(r) if !explicit && !r.trim().is_empty() => r,
+        _ if !explicit && server => "info".to_string(),
         _ => log.to_string(),
     }
 }
@@ -386,7 +389,12 @@ fn main() -> ExitCode {
         .value_source("log")
         .is_some_and(|s| s != ValueSource::DefaultValue);
     init_logging(
-        &log_filter(&cli.log, explicit, std::env::var("RUST_LOG").ok()),
+        &log_filter(
+            &cli.log,
+            explicit,
+            std::env::var("RUST_LOG").ok(),
+            matches!(cli.command, Command::Daemon(_) | Command::Aggregator(_)),
+        ),
         cli.log_format,
     );
     // Read by `api::transport::connect`; set before any thread starts.
@@ -444,9 +452,13 @@ mod tests {
     #[test]
     fn an_explicit_log_filter_is_never_overridden_by_rust_log() {
         let rust_log = || Some("debug".to_string());
-        assert_eq!(log_filter("error", true, rust_log()), "error");
-        assert_eq!(log_filter("warn", false, rust_log()), "debug");
-        assert_eq!(log_filter("warn", false, None), "warn");
-        assert_eq!(log_filter("warn", false, Some(" ".into())), "warn");
+        assert_eq!(log_filter("error", true, rust_log(), false), "error");
+        assert_eq!(log_filter("warn", false, rust_log(), false), "debug");
+        assert_eq!(log_filter("warn", false, None, false), "warn");
+        assert_eq!(log_filter("warn", false, Some(" ".into()), false), "warn");
+        // A server says what it does unless told otherwise.
+        assert_eq!(log_filter("warn", false, None, true), "info");
+        assert_eq!(log_filter("warn", true, None, true), "warn");
+        assert_eq!(log_filter("warn", false, rust_log(), true), "debug");
     }
 }
