@@ -216,7 +216,9 @@ fn a_rank_detached_and_attached_again_keeps_one_profile() {
     let (p0, p1) = (u64::from(r0), u64::from(r1));
     wait_for_state(&daemon.target, &[p0, p1], "probed");
     let r1_text = r1.to_string();
+    let detach_asked = std::time::Instant::now();
     let out = commtap_output(&["detach", "--pid", &r1_text, "--from", &daemon.target]);
+    let detached = std::time::Instant::now();
     assert!(
         out.status.success(),
         "detach: {}",
@@ -242,7 +244,9 @@ fn a_rank_detached_and_attached_again_keeps_one_profile() {
                 .any(|r| r["pid"].as_u64() == Some(p1) && r["detached"] == true)
         })
     });
+    let attach_asked = std::time::Instant::now();
     let out = commtap_output(&["attach", "--pid", &r1_text, "--from", &daemon.target]);
+    let attached = std::time::Instant::now();
     assert!(
         out.status.success(),
         "attach: {}",
@@ -263,6 +267,24 @@ fn a_rank_detached_and_attached_again_keeps_one_profile() {
         "one profile a rank: {node:#}"
     );
     assert_loop_ranks(&node, &truths);
+    // The time it was not watched lies between the two requests' ends and their starts.
+    let unwatched = rank_by_pid(&node, p1)["unwatched_ns"]
+        .as_u64()
+        .expect("rank 1's unwatched time");
+    let (least, most) = (attach_asked - detached, attached - detach_asked);
+    assert!(
+        (least.as_nanos()..=most.as_nanos()).contains(&u128::from(unwatched)),
+        "{unwatched} ns not within {least:?}..{most:?}"
+    );
+    assert!(rank_by_pid(&node, p0).get("unwatched_ns").is_none());
+    let text = commtap_output(&["report", "--from", &daemon.target]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert_eq!(
+        text.matches("sec in between (detached, then attached again)")
+            .count(),
+        1,
+        "{text}"
+    );
     assert!(
         node["ranks"]
             .as_array()

@@ -254,6 +254,7 @@ pub fn synthetic_rank(
         start_ticks: 7,
         exited: true,
         detached: false,
+        unwatched_ns: 0,
         world_size: None,
         elapsed_ns: 1,
         comm_time_ns: 1,

@@ -443,6 +443,7 @@ mod tests {
                 start_ticks: 1,
                 exited: false,
                 detached: false,
+                unwatched_ns: 0,
                 world_size: None,
                 elapsed_ns: 0,
                 comm_time_ns: 0,

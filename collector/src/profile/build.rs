@@ -134,6 +134,7 @@ fn rank_profile(
         start_ticks: info.start_ticks,
         exited: false,
         detached: false,
+        unwatched_ns: 0,
         elapsed_ns: end.saturating_sub(start),
         comm_time_ns: stats::communication_ns(&routines),
         routines,

@@ -51,6 +51,10 @@ pub struct RankProfile {
     /// profile ends at the detach, and goes on if it is attached again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub detached: bool,
+    /// Time it was not watched, between a detach and the attach after it, ns: its calls
+    /// then are not counted, and the time is not in `elapsed_ns`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unwatched_ns: u64,
     /// From MPI_Init's return (or attach) to MPI_Finalize's entry (or detach/exit), ns.
     pub elapsed_ns: u64,
     /// Time in MPI routines other than MPI_Init/MPI_Finalize, ns.
@@ -132,6 +136,7 @@ impl RankProfile {
     /// time it was watched. Identity and state stay this one's.
     pub fn add_earlier(&mut self, earlier: &RankProfile) {
         self.elapsed_ns = self.elapsed_ns.saturating_add(earlier.elapsed_ns);
+        self.unwatched_ns = self.unwatched_ns.saturating_add(earlier.unwatched_ns);
         add_routines(&mut self.routines, &earlier.routines);
         self.comm_time_ns = crate::stats::communication_ns(&self.routines);
         self.health.merge(&earlier.health);
@@ -162,6 +167,12 @@ impl RankProfile {
             (now, before) => now.or_else(|| before.cloned().map(Box::new)),
         };
     }
+}
+
+// serde hands a field by reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Adds each routine of `from` into `into`.
@@ -423,6 +434,7 @@ mod tests {
             start_ticks: 0,
             exited: false,
             detached: false,
+            unwatched_ns: 0,
             world_size: None,
             elapsed_ns: 0,
             comm_time_ns: 0,
@@ -525,7 +537,10 @@ mod tests {
         let mut now = part(2, 1_000, false);
         now.routines.remove("MPI_Allreduce");
         now.comm_time_ns = crate::stats::communication_ns(&now.routines);
-        now.add_earlier(&part(3, 5_000, true));
+        let mut earlier = part(3, 5_000, true);
+        earlier.unwatched_ns = 700;
+        now.add_earlier(&earlier);
+        assert_eq!(now.unwatched_ns, 700);
         let calls: Vec<(&str, u64, u64)> = now
             .routines
             .iter()

@@ -61,6 +61,14 @@ pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProf
             let _ = writeln!(o, "Times and statistics from {}.", watched_span(r));
         }
     }
+    if r.unwatched_ns > 0 {
+        let _ = writeln!(
+            o,
+            "Not watched for {:.3} sec in between (detached, then attached again): its calls \
+             then are not counted, nor is that time in the elapsed time.",
+            secs(r.unwatched_ns)
+        );
+    }
     let _ = writeln!(
         o,
         "-----------------------------------------------------------------------"

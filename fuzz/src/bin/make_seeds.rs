@@ -186,6 +186,7 @@ fn rank(rank: u32) -> RankProfile {
         start_ticks: 81_234 + u64::from(rank),
         exited: rank == 0,
         detached: false,
+        unwatched_ns: 0,
         world_size: None,
         elapsed_ns: 2_512_000_000,
         comm_time_ns: 1_830_000_000 - u64::from(rank) * 1_000_000,

@@ -91,6 +91,7 @@ pub(crate) fn sample() -> JobProfile {
             start_ticks: 99,
             exited: true,
             detached: false,
+            unwatched_ns: 0,
             world_size: None,
             elapsed_ns: 5,
             comm_time_ns: 4,

@@ -16,6 +16,7 @@ use crate::{
     },
     clock::monotonic_ns,
     discover::tracked::Tracked,
+    profile::RankProfile,
     skew::board::PlacedItem,
 };
 
@@ -184,7 +185,14 @@ impl pb::node_server::Node for NodeService {
         // Attached again after a detach: its profile goes on from where it was.
         let earlier = self.state.take_detached(pid, info.start_ticks).await;
         let mut session = self.state.session.lock().await;
-        if let Err(e) = session.attach(pid, earlier.as_ref().map(|f| f.rank.clone())) {
+        let went_on = earlier.as_ref().map(|f| RankProfile {
+            unwatched_ns: f
+                .rank
+                .unwatched_ns
+                .saturating_add(f.at.elapsed().as_nanos() as u64),
+            ..f.rank.clone()
+        });
+        if let Err(e) = session.attach(pid, went_on) {
             drop(session);
             if let Some(f) = earlier {
                 self.state.keep_finished(f.rank, f.account).await;
