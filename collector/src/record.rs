@@ -154,6 +154,9 @@ async fn watch_requested(
         );
         session.watch_tracked(pid)?;
     }
+    if !opts.wait_for_mpi && !session.tracked.values().any(|t| t.maps_mpi) {
+        watch_ranks_below(session)?;
+    }
     if opts.wait_for_mpi || session.tracked.values().any(|t| t.maps_mpi) {
         // Said only where they are watched on: else the refusal below names them.
         for (pid, t) in &session.tracked {
@@ -177,10 +180,71 @@ async fn watch_requested(
         format!("; seen but not probed: {}", seen.join("; "))
     };
     bail!(
-        "PID {list}: not an MPI or NCCL process (maps no MPI library such as libmpi or \
-         libmpich, and nothing that holds NCCL){seen}; `--wait-for-mpi` attaches to one \
-         that will load it later"
+        "PID {list}: not an MPI or NCCL process, nor is any process below it (maps no MPI \
+         library such as libmpi or libmpich, and nothing that holds NCCL){seen}; \
+         `--wait-for-mpi` attaches to one that will load it later"
     );
+}
+
+/// Where the processes asked for map no MPI library but processes below them do (the PID
+/// given is a launcher's: `mpirun`, `srun`, a job script), watches those instead and says
+/// so; the others below are let go.
+fn watch_ranks_below(session: &mut Session) -> Result<()> {
+    // Every process is below init: no launcher of one job.
+    let launchers: Vec<u32> = session
+        .tracked
+        .keys()
+        .copied()
+        .filter(|&p| p != 1)
+        .collect();
+    let mut below = Vec::new();
+    for &launcher in &launchers {
+        for pid in discover::descendants_of(launcher) {
+            if session.tracked.contains_key(&pid) {
+                continue;
+            }
+            // Gone since the walk: nothing to watch.
+            let Ok(info) = discover::process_info(pid) else {
+                continue;
+            };
+            session.tracked.insert(
+                pid,
+                Tracked {
+                    info: Some(info),
+                    requested: true,
+                    ..Default::default()
+                },
+            );
+            session.watch_tracked(pid)?;
+            below.push(pid);
+        }
+    }
+    let (ranks, others): (Vec<u32>, Vec<u32>) = below
+        .into_iter()
+        .partition(|pid| session.tracked.get(pid).is_some_and(|t| t.maps_mpi));
+    for pid in &others {
+        session.probes.unwatch(*pid);
+        session.tracked.remove(pid);
+    }
+    if ranks.is_empty() {
+        return Ok(());
+    }
+    for pid in &launchers {
+        session.probes.unwatch(*pid);
+        session.tracked.remove(pid);
+    }
+    let list = |pids: &[u32]| {
+        pids.iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    warn!(
+        "PID {} maps no MPI library; the processes below it that do are profiled: PID {}",
+        list(&launchers),
+        list(&ranks)
+    );
+    Ok(())
 }
 
 /// Launch mode: probes the libraries the job will load before it starts (unless each of

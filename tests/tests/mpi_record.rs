@@ -556,6 +556,45 @@ fn attach_late_counts_exactly_what_happens_after_attach() {
     }
 }
 
+/// `record --pid` given the launcher's PID (which maps no MPI library) profiles the ranks
+/// below it, says so, and counts them exactly; Open MPI's `mpirun` forks its ranks, MPICH's
+/// `mpiexec` through a proxy.
+#[test]
+fn the_launchers_pid_stands_for_its_ranks() {
+    for mpi in [Mpi::OpenMpi, Mpi::Mpich] {
+        let scratch = Scratch::new(&format!("attach-launcher-{}", mpi.suffix()));
+        let (mut job, ranks) = start_waiting_loop(&scratch, mpi, 2, 300, &[]);
+        let (commtap, out) = record_attached(&scratch, &[job.0.id()]);
+        std::fs::write(scratch.path("go"), b"go").expect("go file");
+        assert!(
+            job.wait_with_limit(LIMIT).success(),
+            "the {mpi:?} job failed"
+        );
+        let run = finish_ok(&scratch, commtap, LIMIT);
+        let said = format!(
+            "PID {}, {}",
+            ranks.iter().min().unwrap(),
+            ranks.iter().max().unwrap()
+        );
+        assert!(
+            run.stderr
+                .contains("the processes below it that do are profiled")
+                && run.stderr.contains(&said),
+            "{}",
+            run.stderr
+        );
+        let profile = read_json(&out);
+        // The truth holds the calls after `go`, and MPI_Finalize comes after it.
+        let truths = read_truths(&scratch.path("truth"), 2);
+        assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+        assert_eq!(
+            profile["not_profiled"],
+            serde_json::json!([]),
+            "{profile:#}"
+        );
+    }
+}
+
 #[test]
 fn ring_buffer_overflow_keeps_counts_and_bytes_exact() {
     for mpi in EVERY_MPI {

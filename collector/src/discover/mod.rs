@@ -546,6 +546,38 @@ fn program_file(word: &str) -> Option<PathBuf> {
     })
 }
 
+/// Every process below `root` (its children, theirs, ...), commtap excepted, by pid: a
+/// launcher's ranks (`mpirun`'s, `srun`'s, a shell script's).
+pub fn descendants_of(root: u32) -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for pid in dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+    {
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if let Some(ppid) = stat_field(&stat, 1).and_then(|p| p.parse().ok()) {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let mut out = std::collections::BTreeSet::new();
+    let mut next = vec![root];
+    while let Some(p) = next.pop() {
+        for &c in children.get(&p).into_iter().flatten() {
+            // Each pid once: no cycle, whatever /proc said mid-walk.
+            if c != me && c != root && out.insert(c) {
+                next.push(c);
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
 /// Processes that map an MPI library (by file name: libmpi*, libmpich*), commtap excepted.
 pub fn mpi_processes() -> Vec<u32> {
     let me = std::process::id();
