@@ -271,7 +271,8 @@ fn launch_command(session: &mut Session, opts: &RecordOptions) -> Result<tokio::
 }
 
 /// Follows the job until it ends (the launched command exits, or every requested process
-/// has), `--duration` passes or a signal comes (after which a second one exits at once).
+/// has), `--duration` passes or a signal comes (after which a second one exits at once; a
+/// launched job is waited for, and passed the signal if it runs on: see [`STOP_GRACE`]).
 /// Returns how the launched command ended if it failed.
 async fn follow(
     session: &mut Session,
@@ -285,13 +286,16 @@ async fn follow(
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     let mut budget_tick = crate::session::budget::ticker();
     let launched = child.is_some();
+    let launched_pid = child.as_ref().and_then(tokio::process::Child::id);
     let mut child_exit = std::pin::pin!(async {
         match child.as_mut() {
             Some(c) => c.wait().await.ok(),
             None => std::future::pending().await,
         }
     });
-    let mut signals = crate::signals::StopSignals::listen()?;
+    let mut signals = Some(crate::signals::StopSignals::listen()?);
+    // After a stop signal, with a launched job: the signal and when to act next.
+    let mut stopping: Option<(&'static str, tokio::time::Instant, bool)> = None;
     loop {
         let next_call = async {
             match feed.as_mut() {
@@ -307,12 +311,43 @@ async fn follow(
                     sinks.drain(f, FEED_BATCH)?;
                 }
             }
-            name = signals.recv() => {
-                crate::signals::stopping(name, "reporting what was recorded");
-                signals.exit_on_next();
+            name = next_signal(&mut signals) => {
+                if let Some(s) = signals.take() {
+                    s.exit_on_next();
+                }
+                let Some(pid) = launched_pid else {
+                    crate::signals::stopping(name, "reporting what was recorded");
+                    return Ok(None);
+                };
+                // A terminal's Ctrl-C reached the job too: its end (and last calls) are
+                // waited for. A signal sent to commtap alone is passed on after a grace.
+                warn!(
+                    "{name}: waiting for the launched command (PID {pid}) to end, then \
+                     reporting (again: exit at once)"
+                );
+                stopping = Some((name, tokio::time::Instant::now() + STOP_GRACE, false));
+            }
+            () = wait_until(stopping.map(|s| s.1)) => {
+                let (name, _, passed_on) = stopping.expect("a deadline only while stopping");
+                let pid = launched_pid.expect("stopping only a launched job");
+                if passed_on {
+                    warn!("the launched command (PID {pid}) runs on after {name}: reporting what was recorded without its end");
+                    return Ok(None);
+                }
+                warn!("the launched command (PID {pid}) runs on: passing {name} on to it");
+                crate::signals::pass_on(name, pid);
+                stopping = Some((name, tokio::time::Instant::now() + STOP_GRACE, true));
+            }
+            () = &mut stop => {
+                info!("duration reached");
+                if let Some(pid) = launched_pid {
+                    warn!(
+                        "--duration reached: the launched command (PID {pid}) runs on, no \
+                         longer profiled"
+                    );
+                }
                 return Ok(None);
             }
-            () = &mut stop => { info!("duration reached"); return Ok(None); }
             status = &mut child_exit => {
                 let failed = status.filter(|s| !s.success());
                 if let Some(status) = failed {
@@ -338,6 +373,26 @@ async fn follow(
                 }
             }
         }
+    }
+}
+
+/// How long a launched job is given to end after a stop signal, before the signal is passed
+/// on to it (sent to commtap alone), and again before commtap reports without its end.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// The next stop signal, while they are listened for here (else never).
+async fn next_signal(signals: &mut Option<crate::signals::StopSignals>) -> &'static str {
+    match signals.as_mut() {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits until `deadline` (never without one).
+async fn wait_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -48,3 +48,23 @@ impl StopSignals {
 pub fn stopping(name: &str, what: &str) {
     info!("{name}: {what}");
 }
+
+/// Sends the stop signal `name` (as [`StopSignals::recv`] names it) to `pid`: a launched job
+/// that did not get it from the terminal.
+pub fn pass_on(name: &str, pid: u32) {
+    let sig = match name {
+        "SIGINT" => libc::SIGINT,
+        "SIGHUP" => libc::SIGHUP,
+        _ => libc::SIGTERM,
+    };
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill(2) of the process commtap launched (its child: not reaped while it runs).
+    if unsafe { libc::kill(pid, sig) } != 0 {
+        warn!(
+            "passing {name} on to PID {pid}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}

@@ -263,3 +263,56 @@ fn a_closed_standard_output_costs_no_file() {
         "{stderr}"
     );
 }
+
+/// A stop signal sent to `record` alone (a script's `kill`; a terminal's Ctrl-C reaches the
+/// job too) is passed on to the job it launched: the job ends rather than run on
+/// unprofiled, its ranks' calls until then are reported, and `record` exits with the job's
+/// failure, not 0.
+#[test]
+fn a_signal_to_record_alone_ends_the_job_it_launched() {
+    let scratch = Scratch::new("signal-to-record");
+    let mpi = Mpi::OpenMpi;
+    let prog = build_program("mpi_loop.c", mpi);
+    let out = scratch.path("profile.json");
+    let files = [
+        scratch.path("ready"),
+        scratch.path("go"),
+        scratch.path("truth"),
+    ];
+    let mut args: Vec<String> = ["record", "--format", "json", "-o"]
+        .map(String::from)
+        .to_vec();
+    args.push(out.display().to_string());
+    args.push("--".into());
+    args.extend(mpi.mpi_loop(2, &prog, [&files[0], &files[1], &files[2]], 10));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let commtap = spawn_commtap_with_env(&scratch, &args, &mpi.job_env());
+    wait_until("every rank to be ready", LIMIT, || {
+        (0..2).all(|r| scratch.path(&format!("ready.{r}")).exists())
+    });
+    let ranks = pids_running(&prog);
+    assert_eq!(ranks.len(), 2, "{ranks:?}");
+    // SAFETY: kill(2) of the commtap we spawned; the job never gets the go, so it only
+    // ends if the signal is passed on.
+    unsafe { libc::kill(commtap.0.id() as i32, libc::SIGINT) };
+    let run = finish_commtap(&scratch, commtap, LIMIT);
+    assert!(
+        run.stderr.contains("passing SIGINT on to it"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.status.success(), "{}\n{}", run.status, run.stderr);
+    let profile = read_json(&out);
+    let inits: Vec<u64> = profile["ranks"]
+        .as_array()
+        .expect("ranks")
+        .iter()
+        .map(|r| r["routines"]["MPI_Init"]["calls"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(inits, [1, 1], "{profile:#}");
+    wait_until("the ranks to end", LIMIT, || {
+        ranks
+            .iter()
+            .all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+    });
+}
