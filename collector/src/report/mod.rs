@@ -33,7 +33,7 @@ pub struct Outputs {
     /// Output format (an HTML page with plots is --html FILE, beside either).
     #[arg(short, long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
-    /// Write the profile to this file instead of standard output.
+    /// Write the profile to this file instead of standard output (`-`: standard output).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
     /// Also write the JSON profile to this file (whatever --format says).
@@ -176,9 +176,9 @@ impl Outputs {
     /// run and nothing lost.
     pub fn check(&self) -> Result<()> {
         let files = [
-            ("-o", &self.output),
-            ("--json", &self.json),
-            ("--html", &self.html),
+            ("-o", self.output_file()),
+            ("--json", self.json.as_ref()),
+            ("--html", self.html.as_ref()),
         ];
         for (flag, path) in files {
             if let Some(path) = path {
@@ -207,6 +207,11 @@ impl Outputs {
         Ok(())
     }
 
+    /// The file `-o` names (None: standard output, `-o -` too).
+    pub fn output_file(&self) -> Option<&PathBuf> {
+        self.output.as_ref().filter(|p| p.as_os_str() != "-")
+    }
+
     /// The expected NCCL curve of `--expected`, read now (a watch rereads it each time).
     fn expected(&self) -> Result<Option<html::Expected>> {
         let Some(path) = &self.expected else {
@@ -232,7 +237,7 @@ impl Outputs {
     /// profile (JSON lines, for `jq` and scripts) and text under a line saying when; files
     /// are rewritten each time, as [`Outputs::write`] does.
     pub fn write_watched(&self, profile: &JobProfile, n: u64) -> Result<()> {
-        if self.output.is_some() {
+        if self.output_file().is_some() {
             return self.write(profile);
         }
         let shown = match self.format {
@@ -282,7 +287,7 @@ impl Outputs {
                 Format::Json => json()?,
                 Format::Text => render_text(profile),
             };
-            match &self.output {
+            match self.output_file() {
                 Some(path) if to(path) => write_file(path, text.as_bytes())
                     .with_context(|| format!("writing {}", path.display()))?,
                 Some(_) => {}
@@ -311,5 +316,30 @@ impl Outputs {
             to_stdout(&text)?;
         }
         Ok(kept)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        out: Outputs,
+    }
+
+    /// `-o -` is standard output, as for most tools; any other name is a file.
+    #[test]
+    fn a_dash_names_standard_output() {
+        let out = |args: &[&str]| Cli::parse_from([&["t"], args].concat()).out;
+        assert_eq!(out(&["-o", "-"]).output_file(), None);
+        assert_eq!(out(&[]).output_file(), None);
+        assert_eq!(
+            out(&["-o", "./-"]).output_file(),
+            Some(&PathBuf::from("./-"))
+        );
+        assert!(out(&["-o", "-"]).check().is_ok());
     }
 }

@@ -211,11 +211,12 @@ async fn record(a: RecordArgs) -> Result<ExitCode> {
             )
         };
         // The text report just printed on the terminal ends with the reason: not twice.
-        let why = if a.out.output.is_none() && a.out.format == collector::report::Format::Text {
-            "the report above says why"
-        } else {
-            collector::report::nothing_seen(&profile)
-        };
+        let why =
+            if a.out.output_file().is_none() && a.out.format == collector::report::Format::Text {
+                "the report above says why"
+            } else {
+                collector::report::nothing_seen(&profile)
+            };
         anyhow::bail!("no MPI calls were recorded: {why}{kept}");
     }
     match a.out.write(&profile) {
