@@ -650,6 +650,40 @@ fn compare_flags_the_seed_runs_below_the_expected_curve() {
         "{}",
         run.stderr
     );
+
+    // A profile without a single NCCL call says so (not that the GPU was never waited for).
+    let empty = scratch.path("no-nccl.json");
+    let run = run_commtap(
+        &scratch,
+        &["record", "-f", "json", "-o", path_str(&empty), "--", "true"],
+        LIMIT,
+    );
+    assert_eq!(
+        run.status.code(),
+        Some(2),
+        "nothing recorded: {}",
+        run.stderr
+    );
+    let run = run_commtap(
+        &scratch,
+        &[
+            "compare",
+            "--expected",
+            seed,
+            "--expected-table",
+            "4",
+            "--profile",
+            path_str(&empty),
+        ],
+        LIMIT,
+    );
+    assert_eq!(run.status.code(), Some(2));
+    assert!(
+        run.stderr
+            .contains("the profile holds no ncclAllReduce call"),
+        "{}",
+        run.stderr
+    );
 }
 
 /// NCCL's network transports: every message the proxy thread posted, per transport, with

@@ -33,16 +33,30 @@ async fn run_compare(a: CompareArgs) -> Result<bool> {
     let name = a.expected.display().to_string();
     let expected = compare::pick_table(&read(&a.expected)?, &name, a.expected_table)?;
     let op = compare::resolve_op(a.op.as_deref(), &expected)?;
-    let measured = if let Some(p) = &a.profile {
-        compare::profile_curve(&read_profile(p)?, &op)
-    } else if let Some(p) = &a.measured {
+    let (profile, measured) = if let (None, Some(p)) = (&a.profile, &a.measured) {
         let name = p.display().to_string();
-        compare::table_curve(&compare::pick_table(&read(p)?, &name, a.measured_table)?)
+        let table = compare::pick_table(&read(p)?, &name, a.measured_table)?;
+        (None, compare::table_curve(&table))
     } else {
-        let from = a.from.as_ref().context("no measured side")?;
-        compare::profile_curve(&client::snapshot(from, a.job.as_deref()).await?, &op)
+        let profile = if let Some(p) = &a.profile {
+            read_profile(p)?
+        } else {
+            let from = a.from.as_ref().context("no measured side")?;
+            client::snapshot(from, a.job.as_deref()).await?
+        };
+        let measured = compare::profile_curve(&profile, &op);
+        (Some(profile), measured)
     };
     if measured.is_empty() {
+        let calls: u64 = profile
+            .iter()
+            .flat_map(|p| &p.ranks)
+            .filter_map(|r| r.routines.get(&op))
+            .map(|s| s.totals.calls)
+            .sum();
+        if profile.is_some() && calls == 0 {
+            anyhow::bail!("nothing measured for {op}: the profile holds no {op} call");
+        }
         anyhow::bail!(
             "nothing measured for {op}: no device time (the host never waited for the GPU right \
              after {op} operations of one kind; see README \"NCCL device time\")"
