@@ -392,7 +392,8 @@ pub async fn events(from: &Target, pids: Vec<u32>, duration: Option<Duration>) -
 }
 
 /// Writes the profile a daemon or an aggregator holds every `every` (WatchSnapshots /
-/// WatchJobReport), `count` times or until the stream ends.
+/// WatchJobReport), `count` times, until the stream ends, or (a `job`) until every rank of
+/// it has exited.
 pub async fn watch(
     from: &Target,
     job: Option<&str>,
@@ -408,6 +409,11 @@ pub async fn watch(
         }
         out.write_watched(&profile, n)?;
         n += 1;
+        if let Some(job) = job.filter(|_| profile.every_rank_final()) {
+            // Nothing more will come: its last report is the one above.
+            eprintln!("job {job}: every rank exited; that report is final");
+            return Ok(true);
+        }
         Ok(count.is_some_and(|c| n >= c))
     })
     .await

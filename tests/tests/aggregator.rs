@@ -310,20 +310,31 @@ fn aggregators_form_a_tree() {
         || try_job_report(&[], &top_url, &job_id, &out).is_some_and(|p| every_rank_final(&p, 2)),
     );
     assert_profile_matches(&read_json(&out), &truths, &["MPI_Finalize"]);
-    // Live: WatchJobReport streams the same report.
-    let watched = commtap(&[
-        "report", "--from", &top_url, "--job", &job_id, "--watch", "200ms", "--count", "2",
-        "--format", "json",
-    ]);
+    // Live: WatchJobReport streams the same report; a job whose every rank exited ends
+    // the watch after one (no --count: it would hang here, not end, were it to go on).
+    let (watch_out, watch_err) = (scratch.path("watch.jsonl"), scratch.path("watch.err"));
+    let mut watch = Command::new(commtap_bin());
+    watch
+        .args(["report", "--from", &top_url, "--job", &job_id])
+        .args(["--watch", "200ms", "--format", "json"])
+        .stdout(std::fs::File::create(&watch_out).expect("watch output"))
+        .stderr(std::fs::File::create(&watch_err).expect("watch errors"));
+    let ended = ChildGuard::spawn(&mut watch).wait_with_limit(LIMIT);
+    assert!(ended.success(), "{ended}");
+    let watched = std::process::Output {
+        status: ended,
+        stdout: std::fs::read(&watch_out).expect("watch output"),
+        stderr: std::fs::read(&watch_err).expect("watch errors"),
+    };
     let reports: Vec<serde_json::Value> = serde_json::Deserializer::from_slice(&watched.stdout)
         .into_iter()
         .collect::<Result<_, _>>()
         .expect("JSON reports");
-    assert_eq!(
-        reports.len(),
-        2,
-        "{}",
-        String::from_utf8_lossy(&watched.stderr)
+    let said = String::from_utf8_lossy(&watched.stderr);
+    assert_eq!(reports.len(), 1, "{said}");
+    assert!(
+        said.contains("every rank exited; that report is final"),
+        "{said}"
     );
     for r in &reports {
         assert_profile_matches(r, &truths, &["MPI_Finalize"]);

@@ -293,6 +293,24 @@ fn a_rank_detached_and_attached_again_keeps_one_profile() {
             .all(|r| r.get("detached").is_none()),
         "{node:#}"
     );
+    // A watch of the ended job prints its final report and ends (no --count: were it to go
+    // on, the wait below would fail).
+    let (watch_out, watch_err) = (scratch.path("watch.txt"), scratch.path("watch.err"));
+    let mut watch = Command::new(commtap_bin());
+    watch
+        .args(["report", "--from", &daemon.target, "--job", &job_id])
+        .args(["--watch", "200ms"])
+        .stdout(std::fs::File::create(&watch_out).expect("watch output"))
+        .stderr(std::fs::File::create(&watch_err).expect("watch errors"));
+    let ended = ChildGuard::spawn(&mut watch).wait_with_limit(LIMIT);
+    let said = std::fs::read_to_string(&watch_err).expect("watch errors");
+    assert!(ended.success(), "{ended}: {said}");
+    assert!(
+        said.contains("every rank exited; that report is final"),
+        "{said}"
+    );
+    let shown = std::fs::read_to_string(&watch_out).expect("watch output");
+    assert_eq!(shown.matches("=== report ").count(), 1, "{shown}");
     let mut aggregated = None;
     wait_until("the aggregator to hold both final profiles", LIMIT, || {
         aggregated =

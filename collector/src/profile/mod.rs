@@ -255,6 +255,16 @@ pub struct JobProfile {
 }
 
 impl JobProfile {
+    /// Whether it holds a job's every rank (as many as their launcher said, where it said)
+    /// and each has exited (or was detached): its profile will not change any more.
+    pub fn every_rank_final(&self) -> bool {
+        let ranks: std::collections::BTreeSet<u32> = self.ranks.iter().map(|r| r.rank).collect();
+        let size = self.ranks.iter().filter_map(|r| r.world_size).max();
+        !self.ranks.is_empty()
+            && self.ranks.iter().all(|r| r.exited)
+            && size.is_none_or(|n| ranks.len() >= n as usize)
+    }
+
     /// Places the traffic its ranks had with peers named by their rank in another
     /// communicator on those peers' world ranks, where a rank of this profile says it is
     /// that rank there (its `comm_ranks`), in the whole run and in their regions. What no
@@ -508,6 +518,30 @@ mod tests {
                 "{r:?}"
             );
         }
+    }
+
+    /// A job's profile is final once it holds as many ranks as their launcher said, each
+    /// exited.
+    #[test]
+    fn a_job_is_final_once_its_every_rank_exited() {
+        let job = |exited: [bool; 2], world: Option<u32>| {
+            let ranks = (0..2)
+                .map(|i| RankProfile {
+                    exited: exited[i],
+                    world_size: world,
+                    ..rank("j", i as u32, 0, 0)
+                })
+                .collect();
+            JobProfile::of_ranks(ranks)
+        };
+        assert!(job([true, true], Some(2)).every_rank_final());
+        assert!(job([true, true], None).every_rank_final());
+        assert!(!job([true, false], Some(2)).every_rank_final());
+        assert!(
+            !job([true, true], Some(4)).every_rank_final(),
+            "two ranks of four"
+        );
+        assert!(!JobProfile::of_ranks(Vec::new()).every_rank_final());
     }
 
     /// A process watched, detached and attached again has one profile: the calls, time,

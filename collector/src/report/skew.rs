@@ -36,7 +36,7 @@ pub fn render_text(s: &SkewReport) -> String {
     if s.remote > 0 {
         let _ = writeln!(
             o,
-            "  instances with members on other nodes (not matched on one node): {}",
+            "  instances with members not watched here (on other nodes, or not attached): {}",
             s.remote
         );
     }

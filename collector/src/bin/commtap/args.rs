@@ -54,7 +54,7 @@ pub struct AggregatorArgs {
 #[derive(clap::Args, Debug)]
 pub struct ListingFormat {
     /// Output format.
-    #[arg(long, value_enum, default_value_t = Listing::Text)]
+    #[arg(short, long, value_enum, default_value_t = Listing::Text)]
     format: Listing,
     /// The same as --format json.
     #[arg(long, conflicts_with = "format")]
@@ -185,7 +185,8 @@ pub struct ReportArgs {
     /// made no MPI call, say).
     #[arg(long)]
     pub job: Option<String>,
-    /// Live: print the report again every this long (e.g. 5s), until Ctrl-C or --count.
+    /// Live: print the report again every this long (e.g. 5s), until Ctrl-C, --count, or
+    /// (with --job) the job's every rank exited: its last report is final.
     #[arg(allow_negative_numbers = true, long, value_parser = parse_duration)]
     pub watch: Option<Duration>,
     /// With --watch: stop after this many reports.
