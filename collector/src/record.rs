@@ -320,7 +320,8 @@ async fn follow(
                     return Ok(None);
                 };
                 // A terminal's Ctrl-C reached the job too: its end (and last calls) are
-                // waited for. A signal sent to commtap alone is passed on after a grace.
+                // waited for. A signal sent to commtap alone is passed on after a grace
+                // (once: mpirun takes a second Ctrl-C as "kill the job now").
                 warn!(
                     "{name}: waiting for the launched command (PID {pid}) to end, then \
                      reporting (again: exit at once)"
@@ -330,9 +331,13 @@ async fn follow(
             () = wait_until(stopping.map(|s| s.1)) => {
                 let (name, _, passed_on) = stopping.expect("a deadline only while stopping");
                 let pid = launched_pid.expect("stopping only a launched job");
-                if passed_on {
-                    warn!("the launched command (PID {pid}) runs on after {name}: reporting what was recorded without its end");
-                    return Ok(None);
+                if passed_on || crate::signals::reached_the_foreground(name) {
+                    warn!(
+                        "the launched command (PID {pid}) runs on after {name}: reporting what \
+                         was recorded without its end"
+                    );
+                    // Not a success: as if the signal had ended it (128 + its number).
+                    return Ok(Some(crate::signals::ended_by(name)));
                 }
                 warn!("the launched command (PID {pid}) runs on: passing {name} on to it");
                 crate::signals::pass_on(name, pid);

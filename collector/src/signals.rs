@@ -49,14 +49,40 @@ pub fn stopping(name: &str, what: &str) {
     info!("{name}: {what}");
 }
 
-/// Sends the stop signal `name` (as [`StopSignals::recv`] names it) to `pid`: a launched job
-/// that did not get it from the terminal.
-pub fn pass_on(name: &str, pid: u32) {
-    let sig = match name {
+/// The number of the stop signal `name` (as [`StopSignals::recv`] names it).
+fn number(name: &str) -> libc::c_int {
+    match name {
         "SIGINT" => libc::SIGINT,
         "SIGHUP" => libc::SIGHUP,
         _ => libc::SIGTERM,
-    };
+    }
+}
+
+/// How a process ended by the stop signal `name` ends (128 + its number as an exit status).
+pub fn ended_by(name: &str) -> std::process::ExitStatus {
+    use std::os::unix::process::ExitStatusExt as _;
+    std::process::ExitStatus::from_raw(number(name))
+}
+
+/// Whether the stop signal `name` is one a terminal sends its foreground process group
+/// (Ctrl-C, a hang-up) and commtap is in that group: the job it launched, in the same
+/// group, got it too.
+pub fn reached_the_foreground(name: &str) -> bool {
+    if !matches!(name, "SIGINT" | "SIGHUP") {
+        return false;
+    }
+    [libc::STDIN_FILENO, libc::STDOUT_FILENO, libc::STDERR_FILENO]
+        .into_iter()
+        // SAFETY: isatty(3) of a standard descriptor, reading only.
+        .find(|&fd| unsafe { libc::isatty(fd) } == 1)
+        // SAFETY: tcgetpgrp(3) of a terminal descriptor and getpgrp(2), reading only.
+        .is_some_and(|fd| unsafe { libc::tcgetpgrp(fd) == libc::getpgrp() })
+}
+
+/// Sends the stop signal `name` to `pid`: a launched job that did not get it from the
+/// terminal.
+pub fn pass_on(name: &str, pid: u32) {
+    let sig = number(name);
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return;
     };

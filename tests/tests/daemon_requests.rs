@@ -139,7 +139,8 @@ fn attach_detach_and_stream_events_on_request() {
 
 /// A rank detached after it made calls (its threads have call state in the kernel) stops
 /// counting at its next call: its profile is what it did until the detach (kept as a final
-/// one), the calls after it are not counted, and the other rank's profile stays exact.
+/// one), the calls after it are not counted (nor is it taken up again by the daemon's
+/// rescans), and the other rank's profile stays exact.
 #[test]
 fn a_rank_detached_after_its_first_calls_is_not_counted_again() {
     let scratch = Scratch::new("daemon-detach-late");
@@ -159,6 +160,22 @@ fn a_rank_detached_after_its_first_calls_is_not_counted_again() {
         "detach: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The daemon's rescans adopt every process that maps an MPI library and is not watched,
+    // but not a detached one: a witness that maps libmpi (and calls nothing) is adopted by
+    // a rescan after the detach, and the detached rank is still detached then.
+    let mut witness = Command::new("python3");
+    witness.args([
+        "-c",
+        "import ctypes, sys; ctypes.CDLL('libmpi.so.40'); sys.stdin.read()",
+    ]);
+    let witness = ChildGuard::spawn(witness.stdin(std::process::Stdio::piped()));
+    wait_for_state(&daemon.target, &[u64::from(witness.0.id())], "probed");
+    assert_eq!(
+        listed_as(&daemon.target, r1),
+        ["detached"],
+        "rank 1 taken up again"
+    );
+    drop(witness);
     std::fs::write(scratch.path("go"), b"").expect("go file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
     wait_for_exited(&daemon.target, &[u64::from(r0), u64::from(r1)]);
@@ -252,9 +269,13 @@ fn a_rank_detached_and_attached_again_keeps_one_profile() {
         "attach: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(
-        ps_states(&daemon.target).get(&p1).map(String::as_str),
-        Some("probed")
+    assert_eq!(listed_as(&daemon.target, r1), ["probed"]);
+    // Attached once more (a script attaching every rank, say): nothing changes.
+    let out = commtap_output(&["attach", "--pid", &r1_text, "--from", &daemon.target]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     std::fs::write(scratch.path("go"), b"").expect("go file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
@@ -319,6 +340,20 @@ fn a_rank_detached_and_attached_again_keeps_one_profile() {
     });
     assert_loop_ranks(&aggregated.expect("aggregated"), &truths);
     daemon.stop(&scratch);
+}
+
+/// Every state `ps` lists `pid` in (a process taken up again while its detached profile is
+/// kept would be listed twice).
+fn listed_as(target: &str, pid: u32) -> Vec<String> {
+    let out = commtap_output(&["ps", "--from", target, "--format", "json"]);
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("ps JSON");
+    listed["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .filter(|p| p["pid"].as_u64() == Some(u64::from(pid)))
+        .map(|p| p["state"].as_str().expect("state").to_string())
+        .collect()
 }
 
 /// (rank 0's pid, rank 1's pid) of a 2-rank Open MPI job, from its environment.

@@ -753,6 +753,11 @@ impl Probes {
         Ok(())
     }
 
+    /// Whether `pid` was detached ([`Probes::ignore`]) and the kernel leaves it alone.
+    pub fn is_ignored(&self, pid: u32) -> bool {
+        self.watched.ignores(pid)
+    }
+
     /// Whether the kernel still counts `pid` (false once it exited).
     pub fn is_watched(&self, pid: u32) -> bool {
         self.watched.contains(pid)

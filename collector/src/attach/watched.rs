@@ -38,6 +38,11 @@ impl WatchedSet {
         self.map.get(&pid, 0).is_ok()
     }
 
+    /// Whether `pid` is in the set as one the kernel is to leave alone (flags 0: detached).
+    pub fn ignores(&self, pid: u32) -> bool {
+        self.map.get(&pid, 0).is_ok_and(|flags| flags == 0)
+    }
+
     /// Moves the scope generation, after the change it announces: its userspace entry
     /// (index 1), of which this is the only writer; the kernel moves its own (index 0).
     pub fn scope_changed(&mut self) {

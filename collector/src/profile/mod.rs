@@ -139,7 +139,10 @@ impl RankProfile {
         self.unwatched_ns = self.unwatched_ns.saturating_add(earlier.unwatched_ns);
         add_routines(&mut self.routines, &earlier.routines);
         self.comm_time_ns = crate::stats::communication_ns(&self.routines);
+        // The events received are counted per process for its whole life, not per span.
+        let events = self.health.events;
         self.health.merge(&earlier.health);
+        self.health.events = events;
         for f in &earlier.fabrics {
             if !self.fabrics.contains(f) {
                 self.fabrics.push(f.clone());
@@ -255,14 +258,21 @@ pub struct JobProfile {
 }
 
 impl JobProfile {
-    /// Whether it holds a job's every rank (as many as their launcher said, where it said)
-    /// and each has exited (or was detached): its profile will not change any more.
+    /// Whether it holds a job's every rank (as many as their launcher said) and each has
+    /// exited (not detached: it may be attached again): its profile will not change any
+    /// more.
     pub fn every_rank_final(&self) -> bool {
-        let ranks: std::collections::BTreeSet<u32> = self.ranks.iter().map(|r| r.rank).collect();
+        let ranks: std::collections::BTreeSet<u32> = self
+            .ranks
+            .iter()
+            .filter(|r| r.rank_known)
+            .map(|r| r.rank)
+            .collect();
+        // Without the launcher's word, a rank not seen yet (another node's, one not in
+        // MPI_Init yet) cannot be told from none.
         let size = self.ranks.iter().filter_map(|r| r.world_size).max();
-        !self.ranks.is_empty()
-            && self.ranks.iter().all(|r| r.exited)
-            && size.is_none_or(|n| ranks.len() >= n as usize)
+        size.is_some_and(|n| n > 0 && ranks.len() >= n as usize)
+            && self.ranks.iter().all(|r| r.exited && !r.detached)
     }
 
     /// Places the traffic its ranks had with peers named by their rank in another
@@ -535,13 +545,19 @@ mod tests {
             JobProfile::of_ranks(ranks)
         };
         assert!(job([true, true], Some(2)).every_rank_final());
-        assert!(job([true, true], None).every_rank_final());
+        assert!(
+            !job([true, true], None).every_rank_final(),
+            "more may come, as far as anyone knows"
+        );
         assert!(!job([true, false], Some(2)).every_rank_final());
         assert!(
             !job([true, true], Some(4)).every_rank_final(),
             "two ranks of four"
         );
         assert!(!JobProfile::of_ranks(Vec::new()).every_rank_final());
+        let mut detached = job([true, true], Some(2));
+        detached.ranks[1].detached = true;
+        assert!(!detached.every_rank_final(), "a detached rank runs on");
     }
 
     /// A process watched, detached and attached again has one profile: the calls, time,
@@ -554,6 +570,7 @@ mod tests {
             r.exited = exited;
             r.detached = exited;
             r.health.dropped = calls;
+            r.health.events = if exited { 9 } else { 0 };
             for name in ["MPI_Send", "MPI_Allreduce"] {
                 let s = crate::stats::RoutineStats {
                     totals: crate::stats::Totals {
@@ -587,6 +604,7 @@ mod tests {
         );
         assert_eq!((now.elapsed_ns, now.comm_time_ns), (6_000, 800));
         assert_eq!(now.health.dropped, 5);
+        assert_eq!(now.health.events, 0, "the process's own count, not added");
         assert!(!now.exited && !now.detached, "the state is the one of now");
         // Each span's traffic with the same peer on the same communicator is one entry.
         let split: Vec<u64> = now

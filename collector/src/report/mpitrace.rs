@@ -36,7 +36,8 @@ pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProf
     // Its own job's ranks here (a daemon's report without --job may hold several jobs), and
     // as many as its launcher said it has (one node's report holds that node's only).
     let here = job.ranks.iter().filter(|x| x.job == r.job).count();
-    let size = r.world_size.map_or(here, |n| n as usize);
+    // A launcher's word below what is here is wrong (a variable of another launcher's).
+    let size = r.world_size.map_or(here, |n| (n as usize).max(here));
     let _ = writeln!(o, "Data for MPI rank {} of {}:", r.rank, size);
     match &r.region {
         Some(g) => {

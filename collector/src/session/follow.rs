@@ -509,7 +509,8 @@ impl Session {
             .map(|(k, ..)| k.tgid)
             .collect();
         for pid in counted {
-            if self.tracked.contains_key(&pid) {
+            // A call under way at a detach may still count once: not a reason to watch again.
+            if self.tracked.contains_key(&pid) || self.probes.is_ignored(pid) {
                 continue;
             }
             let mut t = Tracked::from_now();
@@ -545,7 +546,8 @@ impl Session {
     /// `admits` (the daemon's scope), counted from now.
     pub fn adopt_running(&mut self, admits: impl Fn(u32, Option<&ProcessInfo>) -> bool) {
         for pid in discover::mpi_processes() {
-            if self.tracked.contains_key(&pid) {
+            // A process detached on request stays so until it is attached again.
+            if self.tracked.contains_key(&pid) || self.probes.is_ignored(pid) {
                 continue;
             }
             let info = discover::process_info(pid).ok();

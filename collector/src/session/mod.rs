@@ -153,10 +153,18 @@ impl Session {
         self.probes.prefetch_programs(files);
     }
 
-    /// Starts watching the running process `pid` on request (the daemon's AttachProcess);
-    /// `earlier` is its profile from before it was detached, which its profile goes on from.
-    pub fn attach(&mut self, pid: u32, earlier: Option<RankProfile>) -> Result<&Tracked> {
-        let info = discover::process_info(pid)?;
+    /// Starts watching the running process `pid`, as `info` (read when the caller was
+    /// checked) says it is, on request (the daemon's AttachProcess); `earlier` is its profile
+    /// from before it was detached, which its profile goes on from. Where it cannot be
+    /// watched, nothing of it is kept.
+    pub fn attach(
+        &mut self,
+        pid: u32,
+        info: discover::ProcessInfo,
+        earlier: Option<RankProfile>,
+    ) -> Result<()> {
+        let start_ticks = info.start_ticks;
+        let was_detached = self.probes.is_ignored(pid);
         self.tracked.insert(
             pid,
             Tracked {
@@ -166,8 +174,24 @@ impl Session {
                 ..Tracked::from_now()
             },
         );
-        self.watch_tracked(pid)?;
-        Ok(&self.tracked[&pid])
+        // The pid may have been reused since `info` was read: the process watched must be
+        // the one the caller was checked for.
+        let watched = self.watch_tracked(pid).and_then(|()| {
+            if discover::start_ticks(pid) == Some(start_ticks) {
+                Ok(())
+            } else {
+                Err(discover::DiscoverError::NoSuchProcess(pid).into())
+            }
+        });
+        if watched.is_err() {
+            self.tracked.remove(&pid);
+            if was_detached {
+                let _ = self.probes.ignore(pid);
+            } else {
+                self.probes.unwatch(pid);
+            }
+        }
+        watched
     }
 
     /// Stops watching `pid` and returns its profile so far, final and marked detached (None

@@ -518,8 +518,8 @@ impl ProbeArgs {
 #[derive(clap::Args, Debug)]
 pub struct RecordArgs {
     /// Running processes to attach to (comma separated or repeated). A launcher's PID
-    /// (mpirun, mpiexec, srun, a job script: none maps an MPI library) stands for the
-    /// processes below it that do: its ranks on this node.
+    /// (mpirun, mpiexec, a job script: none maps an MPI library) stands for the processes
+    /// below it that do: its ranks on this node.
     #[arg(short, long, value_delimiter = ',', conflicts_with = "command")]
     pub pid: Vec<u32>,
     /// With --pid: attach even where no process maps an MPI, NCCL or libfabric library yet,

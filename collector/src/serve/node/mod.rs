@@ -197,6 +197,14 @@ impl NodeState {
         Some(finished.remove(i))
     }
 
+    /// Puts `f`, taken by [`NodeState::take_detached`] for an attach that failed, back where
+    /// it was: its time and place among the others as they were.
+    pub async fn put_back(&self, f: Finished) {
+        let mut finished = self.finished.lock().await;
+        let i = finished.partition_point(|o| o.at <= f.at);
+        finished.insert(i, f);
+    }
+
     /// The node's cumulative profile now: live processes and those that exited, filtered,
     /// and limited to what `caller` may see.
     pub async fn snapshot(&self, filter: &pb::ProcessFilter, caller: Caller) -> JobProfile {

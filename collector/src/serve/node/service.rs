@@ -182,22 +182,26 @@ impl pb::node_server::Node for NodeService {
                 "PID {pid} belongs to another user"
             )));
         }
-        // Attached again after a detach: its profile goes on from where it was.
-        let earlier = self.state.take_detached(pid, info.start_ticks).await;
+        // Under the session's lock to the end: an attach or a detach of the same process at
+        // the same time waits for this one.
         let mut session = self.state.session.lock().await;
-        let went_on = earlier.as_ref().map(|f| RankProfile {
-            unwatched_ns: f
-                .rank
-                .unwatched_ns
-                .saturating_add(f.at.elapsed().as_nanos() as u64),
-            ..f.rank.clone()
-        });
-        if let Err(e) = session.attach(pid, went_on) {
-            drop(session);
-            if let Some(f) = earlier {
-                self.state.keep_finished(f.rank, f.account).await;
+        if !session.tracked.contains_key(&pid) {
+            // Attached again after a detach: its profile goes on from where it was.
+            let earlier = self.state.take_detached(pid, info.start_ticks).await;
+            let went_on = earlier.as_ref().map(|f| RankProfile {
+                unwatched_ns: f
+                    .rank
+                    .unwatched_ns
+                    .saturating_add(f.at.elapsed().as_nanos() as u64),
+                ..f.rank.clone()
+            });
+            if let Err(e) = session.attach(pid, info, went_on) {
+                if let Some(f) = earlier {
+                    self.state.put_back(f).await;
+                }
+                return Err(e.to_status());
             }
-            return Err(e.to_status());
+            self.state.detached.lock().await.remove(&pid);
         }
         let jobs = session.job_names();
         let t = session
@@ -206,7 +210,6 @@ impl pb::node_server::Node for NodeService {
             .ok_or_else(|| Status::internal(format!("PID {pid} attached but not tracked")))?;
         let process = process_state(pid, t, jobs.get(&pid));
         drop(session);
-        self.state.detached.lock().await.remove(&pid);
         Ok(Response::new(pb::AttachProcessResponse {
             process: Some(process),
         }))
@@ -235,12 +238,14 @@ impl pb::node_server::Node for NodeService {
             .as_ref()
             .and_then(|r| r.uid)
             .map(|u| session.probes.account_of(u));
-        drop((board, session));
+        drop(board);
+        // Before the session's lock goes: an attach waiting for it finds the profile.
         self.state.detached.lock().await.insert(pid);
         if let Some(rank) = &rank {
             // Nothing lost: the profile stays in snapshots (and pushes) as a final one.
             self.state.keep_finished(rank.clone(), account).await;
         }
+        drop(session);
         Ok(Response::new(pb::DetachProcessResponse {
             profile: rank.as_ref().map(Into::into),
         }))
