@@ -85,18 +85,20 @@ pub struct ProcessInfo {
     pub container: Option<container::Container>,
 }
 
-/// Variables that carry the world rank, in order of preference.
-const RANK_VARS: &[&str] = &[
-    "OMPI_COMM_WORLD_RANK",
-    "PMI_RANK",
-    "PMIX_RANK",
-    "SLURM_PROCID",
-    "MV2_COMM_WORLD_RANK",
-    "ALPS_APP_PE",
+/// Variables that carry the world rank, in order of preference, each with the one its
+/// launcher sets the world size in beside it (a batch job's SLURM_NTASKS is the allocation's,
+/// not that of an `mpirun` inside it).
+const RANK_VARS: &[(&str, Option<&str>)] = &[
+    ("OMPI_COMM_WORLD_RANK", Some("OMPI_COMM_WORLD_SIZE")),
+    ("PMI_RANK", Some("PMI_SIZE")),
+    ("PMIX_RANK", None),
+    ("SLURM_PROCID", Some("SLURM_NTASKS")),
+    ("MV2_COMM_WORLD_RANK", Some("MV2_COMM_WORLD_SIZE")),
+    ("ALPS_APP_PE", None),
     // PyTorch's launchers (torchrun, torch.distributed's env:// rendezvous).
-    "RANK",
+    ("RANK", Some("WORLD_SIZE")),
 ];
-/// Variables that carry the world size.
+/// Variables that carry the world size, for a rank variable that has none beside it.
 const SIZE_VARS: &[&str] = &[
     "OMPI_COMM_WORLD_SIZE",
     "PMI_SIZE",
@@ -186,11 +188,20 @@ impl ProcessInfo {
             vars.iter()
                 .find_map(|v| env.get(*v).filter(|s| !s.is_empty()).cloned())
         };
+        let set = |v: &str| env.get(v).filter(|s| !s.is_empty()).cloned();
+        let (rank, size_beside) = RANK_VARS
+            .iter()
+            .find_map(|(r, size)| Some((set(r)?, size.and_then(set))))
+            .unzip();
+        let size_beside = size_beside.flatten();
         let mut info = ProcessInfo {
             pid,
             cmdline: cmdline_text(cmdline),
-            rank: first(RANK_VARS).and_then(|s| s.parse().ok()),
-            world_size: first(SIZE_VARS).and_then(|s| s.parse().ok()),
+            rank: rank.and_then(|s| s.parse().ok()),
+            world_size: size_beside
+                .or_else(|| first(SIZE_VARS))
+                .and_then(|s| s.parse().ok())
+                .filter(|&n: &u32| n > 0),
             batch_job_from_cgroup: false,
             batch_job: first(BATCH_JOB_VARS),
             launcher_job: first(LAUNCHER_JOB_VARS),
@@ -684,6 +695,27 @@ mod tests {
         );
         assert_eq!(env.get("EMPTY").map(String::as_str), Some(""));
         assert!(!env.contains_key("junk"));
+    }
+
+    /// The world size is read beside the rank it goes with: an `mpirun` of 2 inside a batch
+    /// job of 8 tasks is 2 ranks; a rank variable with none beside it takes the first set.
+    #[test]
+    fn the_world_size_comes_from_the_ranks_launcher() {
+        let info = |env: &[u8]| ProcessInfo::from_parts(1, None, 1, b"app\0", env, None);
+        let i = info(
+            b"SLURM_NTASKS=8\0SLURM_PROCID=0\0OMPI_COMM_WORLD_RANK=1\0OMPI_COMM_WORLD_SIZE=2\0",
+        );
+        assert_eq!((i.rank, i.world_size), (Some(1), Some(2)));
+        let i = info(b"SLURM_NTASKS=8\0RANK=5\0WORLD_SIZE=16\0");
+        assert_eq!((i.rank, i.world_size), (Some(5), Some(16)));
+        let i = info(b"PMIX_RANK=3\0SLURM_NTASKS=4\0");
+        assert_eq!((i.rank, i.world_size), (Some(3), Some(4)));
+        let i = info(b"PMI_RANK=0\0PMI_SIZE=0\0");
+        assert_eq!(
+            (i.rank, i.world_size),
+            (Some(0), None),
+            "no world of 0 ranks"
+        );
     }
 
     #[test]
