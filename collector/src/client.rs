@@ -401,6 +401,11 @@ pub async fn watch(
     count: Option<u64>,
     out: &crate::report::Outputs,
 ) -> Result<()> {
+    if let (Target::Tcp(_), Some(job)) = (from, job) {
+        // An aggregator's watch of a job it does not hold streams nothing until the job's
+        // first push: as `report --job`, a job that is not there ends it (exit 3).
+        snapshot(from, Some(job)).await?;
+    }
     let mut n = 0;
     watch_profiles(from, job, every, |profile| {
         if let Some(job) = job.filter(|_| n == 0 && profile.ranks.is_empty()) {

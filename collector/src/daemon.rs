@@ -186,11 +186,13 @@ fn start_session(opts: &DaemonOptions, state_dir: Option<PathBuf>) -> Result<Ses
 
 /// What the node's services share: the session and what the daemon keeps besides.
 fn node_state(
-    session: Session,
+    mut session: Session,
     opts: &DaemonOptions,
     stopping: CancellationToken,
 ) -> Arc<NodeState> {
     let node = opts.node_name.clone().unwrap_or_else(discover::this_host);
+    // Reports name each rank's host as the node is named everywhere else (jobs, traces).
+    session.host.clone_from(&node);
     let placed_calls = Arc::new(crate::skew::board::PlacedFeed::default());
     Arc::new(NodeState {
         node: node.clone(),

@@ -58,7 +58,10 @@ pub async fn run<S: SnapshotSource>(
             Ok(()) => return,
             Err(e) => {
                 let wait = retry_after(backoff, started.elapsed());
-                warn!("pushing to the aggregator: {e:#}; retrying in {wait:?}");
+                warn!(
+                    "pushing to the aggregator: {}; retrying in {wait:?}",
+                    crate::api::status::error_text(&e)
+                );
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     () = tokio::time::sleep(wait) => {}

@@ -332,6 +332,23 @@ fn aggregators_form_a_tree() {
         .expect("JSON reports");
     let said = String::from_utf8_lossy(&watched.stderr);
     assert_eq!(reports.len(), 1, "{said}");
+    // A watch of a job the aggregator does not hold ends as `report` does (exit status 3),
+    // not waiting for a push that may never come.
+    let mut missing = Command::new(commtap_bin());
+    missing
+        .args([
+            "report",
+            "--from",
+            &top_url,
+            "--job",
+            "no-such-job",
+            "--watch",
+            "200ms",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let ended = ChildGuard::spawn(&mut missing).wait_with_limit(LIMIT);
+    assert_eq!(ended.code(), Some(3), "{ended}");
     assert!(
         said.contains("every rank exited; that report is final"),
         "{said}"

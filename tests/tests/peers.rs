@@ -91,13 +91,21 @@ fn the_aggregator_places_traffic_on_sub_communicators_across_nodes() {
         || report().is_some_and(|p| every_rank_final(&p, 4)),
     );
     let merged = report().expect("report");
-    for truth in &truths {
+    for (i, truth) in truths.iter().enumerate() {
         let rank = rank_by_pid(&merged, truth["pid"].as_u64().expect("pid"));
         assert_eq!(
             rank["peers"], truth["peers"],
             "rank {}: per-peer traffic",
             truth["rank"]
         );
+        // Each rank on the node that watched it, by the name the node was given.
+        let pid = u32::try_from(truth["pid"].as_u64().expect("pid")).expect("a pid");
+        let node = if ranks[..2].contains(&pid) {
+            "node-a"
+        } else {
+            "node-b"
+        };
+        assert_eq!(rank["host"], node, "truth {i}");
     }
     // A ring of four split two and two crosses between the nodes: some of each node's
     // traffic on the splits waited for the aggregator.

@@ -90,7 +90,10 @@ fn status_text(status: &Status) -> String {
         Code::PermissionDenied => "permission denied",
         Code::Unauthenticated => "not authenticated",
         Code::Unavailable => "unavailable",
-        Code::Unimplemented => "not served there",
+        Code::Unimplemented => {
+            "not served there (a node daemon serves `ps`, `attach` and `events`, an \
+             aggregator `jobs`; both `report`)"
+        }
         Code::InvalidArgument | Code::OutOfRange => "a bad request",
         Code::ResourceExhausted => "over a limit: try again later",
         Code::FailedPrecondition => "not possible now",
@@ -158,6 +161,10 @@ mod tests {
             "DetachProcess 15545: PID 15545 is not watched (not found)"
         );
         let e = anyhow::Error::new(Status::unimplemented("")).context("ListProcesses");
-        assert_eq!(super::error_text(&e), "ListProcesses: not served there");
+        assert!(
+            super::error_text(&e).starts_with("ListProcesses: not served there (a node daemon"),
+            "{}",
+            super::error_text(&e)
+        );
     }
 }

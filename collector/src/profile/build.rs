@@ -9,7 +9,7 @@ use collector_common::{CounterKey, CounterVal, PeerKey, PeerVal, ProcStats};
 use super::{JobProfile, JobTotals, ProbedLibrary, RankProfile, RegionProfile, SCHEMA};
 use crate::{
     attach::{AttachedLibrary, Probes},
-    discover::{self, tracked::Tracked, ProcessInfo},
+    discover::{tracked::Tracked, ProcessInfo},
     stats,
     symbols::Placement,
 };
@@ -25,7 +25,7 @@ struct Counters {
 }
 
 /// The profile of every process in `tracked` that made MPI calls, from `probes`' counters
-/// as they are now; `end_ns` closes the elapsed time of processes still running,
+/// as they are now, on `host`; `end_ns` closes the elapsed time of processes still running,
 /// `events_of` says how many call events each delivered, and `job_ids` keeps the job ids
 /// given so far stable across profiles; `comm_name` names a process's communicator
 /// handle alike in every member (see [`stats::peers_of`]).
@@ -34,7 +34,7 @@ pub fn job_profile(
     tracked: &BTreeMap<u32, Tracked>,
     events_of: impl Fn(u32) -> u64,
     comm_name: &CommName<'_>,
-    end_ns: u64,
+    (host, end_ns): (&str, u64),
     job_ids: &mut BTreeMap<String, String>,
 ) -> JobProfile {
     let c = Counters {
@@ -43,7 +43,6 @@ pub fn job_profile(
         peers: probes.read_peers(),
     };
     let counted: BTreeSet<u32> = c.all.iter().map(|(k, ..)| k.tgid).collect();
-    let host = discover::this_host();
     let mut ranks = Vec::new();
     let mut not_profiled = Vec::new();
     for (&pid, t) in tracked {
@@ -51,7 +50,7 @@ pub fn job_profile(
             let ps = probes.read_proc_stats(pid);
             let events = events_of(pid);
             let name = |handle| comm_name(pid, handle);
-            let mut rank = rank_profile(pid, t, &ps, &c, (events, &name), &host, end_ns);
+            let mut rank = rank_profile(pid, t, &ps, &c, (events, &name), host, end_ns);
             if let Some(earlier) = &t.earlier {
                 rank.add_earlier(earlier);
             }

@@ -51,6 +51,8 @@ pub struct Session {
     pub budget: budget::Budget,
     /// The pauses of processes at library loads (see [`Probes::set_pause_at_load`]).
     pub pauses: Pauses,
+    /// The host its profiles name (this host's name; a daemon's `--node-name`).
+    pub host: String,
 }
 
 /// How often, and how long in all, processes were paused at library loads until probed.
@@ -114,6 +116,7 @@ impl Session {
             library_users: BTreeMap::new(),
             budget,
             pauses: Pauses::default(),
+            host: discover::this_host(),
         })
     }
 
@@ -267,7 +270,7 @@ impl Session {
             &self.tracked,
             |pid| events.events_of(pid),
             &name,
-            end_ns,
+            (&self.host, end_ns),
             &mut self.job_ids,
         );
         profile.place_peers_on_world_ranks();

@@ -160,8 +160,12 @@ pub async fn run(opts: TopOptions) -> Result<()> {
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         anyhow::bail!(
             "`commtap top` draws on a terminal, and this is none; for plain text every few \
-             seconds: `commtap report --from {} --watch 2s`",
-            opts.from
+             seconds: `commtap report --from {}{} --watch 2s`",
+            opts.from,
+            opts.job
+                .as_deref()
+                .map(|j| format!(" --job {j}"))
+                .unwrap_or_default()
         );
     }
 

@@ -94,7 +94,8 @@ pub struct DaemonArgs {
     /// Permission bits of the socket, in octal (owner and group by default).
     #[arg(long, default_value = "660", value_parser = parse_mode)]
     pub socket_mode: u32,
-    /// Node name reported to clients (default: the host name).
+    /// The name of this node in everything the daemon reports: ranks' hosts, the jobs an
+    /// aggregator lists, traces (default: the host name).
     #[arg(long)]
     pub node_name: Option<String>,
     /// How long the profile of an exited process is kept (e.g. 1h, 30m).
