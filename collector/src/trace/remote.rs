@@ -114,6 +114,11 @@ impl Sink for FileSink {
             crate::report::write_file(path, b"streaming\n")
                 .with_context(|| format!("writing {}", path.display()))?;
         }
+        // A trace of a quiet node says nothing for a long while: that it runs is news.
+        eprintln!(
+            "trace: streaming; every call from now on is traced, until Ctrl-C, --duration, or \
+             the exit of the processes asked for (--pid, --job)"
+        );
         Ok(())
     }
 
