@@ -84,6 +84,33 @@ pub struct Scope {
 }
 
 impl Scope {
+    /// This scope with the MPI processes below each `--pid` that maps no MPI library (a
+    /// launcher's: `mpirun`, `mpiexec`) in its place, as `record --pid` takes it; says which.
+    fn with_ranks_below_launchers(&self) -> Scope {
+        if self.pids.is_empty() {
+            return self.clone();
+        }
+        let mpi: std::collections::BTreeSet<u32> = discover::mpi_processes().into_iter().collect();
+        let mut pids = self.pids.clone();
+        // Every process is below init: no launcher of one job.
+        for &p in self.pids.iter().filter(|&&p| !mpi.contains(&p) && p != 1) {
+            let below: Vec<u32> = discover::descendants_of(p)
+                .into_iter()
+                .filter(|c| mpi.contains(c))
+                .collect();
+            if below.is_empty() {
+                warn!("--pid {p}: neither it nor any process below it maps an MPI library yet");
+            } else {
+                warn!("--pid {p} maps no MPI library; the processes below it that do are profiled: PID {below:?}");
+                pids.extend(below);
+            }
+        }
+        Scope {
+            pids,
+            ..self.clone()
+        }
+    }
+
     /// Whether already-running process `pid` is in scope.
     fn admits(&self, pid: u32, info: Option<&ProcessInfo>) -> bool {
         (self.pids.is_empty() || self.pids.contains(&pid))
@@ -180,7 +207,8 @@ fn start_session(opts: &DaemonOptions, state_dir: Option<PathBuf>) -> Result<Ses
     let mut libs = discover::candidate_libraries(&[]);
     libs.extend(opts.libraries.iter().cloned());
     session.attach_files(&libs);
-    session.adopt_running(|pid, info| opts.scope.admits(pid, info));
+    let scope = opts.scope.with_ranks_below_launchers();
+    session.adopt_running(|pid, info| scope.admits(pid, info));
     Ok(session)
 }
 

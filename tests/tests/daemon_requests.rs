@@ -342,6 +342,34 @@ fn a_rank_detached_and_attached_again_keeps_one_profile() {
     daemon.stop(&scratch);
 }
 
+/// A daemon given a launcher's PID (`--pid` of `mpirun`, which maps no MPI library) profiles
+/// the ranks below it, says so, and counts them exactly from its start.
+#[test]
+fn a_daemon_given_a_launchers_pid_profiles_its_ranks() {
+    let scratch = Scratch::new("daemon-launcher-pid");
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 100, &[]);
+    let launcher = job.0.id().to_string();
+    let daemon = Daemon::start(&scratch, &[], &[], &["--pid", &launcher]);
+    let pids: Vec<u64> = ranks.iter().map(|&p| u64::from(p)).collect();
+    wait_for_state(&daemon.target, &pids, "probed");
+    let log = std::fs::read_to_string(scratch.path("commtap.stderr")).expect("daemon log");
+    assert!(
+        log.contains("the processes below it that do are profiled"),
+        "{log}"
+    );
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    wait_for_exited(&daemon.target, &pids);
+    let profile = report_json(&["report", "--from", &daemon.target]);
+    // Attached while the ranks waited for `go`: what they did after it, as the truth says.
+    assert_profile_matches(
+        &profile,
+        &read_truths(&scratch.path("truth"), 2),
+        &["MPI_Finalize"],
+    );
+    daemon.stop(&scratch);
+}
+
 /// Every state `ps` lists `pid` in (a process taken up again while its detached profile is
 /// kept would be listed twice).
 fn listed_as(target: &str, pid: u32) -> Vec<String> {
