@@ -92,8 +92,7 @@ impl Scope {
         }
         let mpi: std::collections::BTreeSet<u32> = discover::mpi_processes().into_iter().collect();
         let mut pids = self.pids.clone();
-        // Every process is below init: no launcher of one job.
-        for &p in self.pids.iter().filter(|&&p| !mpi.contains(&p) && p != 1) {
+        for &p in self.pids.iter().filter(|&&p| !mpi.contains(&p)) {
             let below: Vec<u32> = discover::descendants_of(p)
                 .into_iter()
                 .filter(|c| mpi.contains(c))

@@ -144,15 +144,7 @@ async fn watch_requested(
     opts: &RecordOptions,
 ) -> Result<()> {
     for (pid, info) in requested {
-        session.tracked.insert(
-            pid,
-            Tracked {
-                info: Some(info),
-                requested: true,
-                ..Default::default()
-            },
-        );
-        session.watch_tracked(pid)?;
+        session.attach(pid, info, None)?;
     }
     if !opts.wait_for_mpi && !session.tracked.values().any(|t| t.maps_mpi) {
         watch_ranks_below(session)?;
@@ -167,12 +159,7 @@ async fn watch_requested(
         return Ok(());
     }
     session.stop_ingest().await;
-    let list = opts
-        .pids
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(", ");
+    let list = pid_list(&opts.pids);
     let seen = session.probes.unsupported();
     let seen = if seen.is_empty() {
         String::new()
@@ -187,64 +174,58 @@ async fn watch_requested(
 }
 
 /// Where the processes asked for map no MPI library but processes below them do (the PID
-/// given is a launcher's: `mpirun`, `srun`, a job script), watches those instead and says
-/// so; the others below are let go.
+/// given is a launcher's: `mpirun`, `mpiexec`, a job script), watches those instead and
+/// says so; the others below are let go.
 fn watch_ranks_below(session: &mut Session) -> Result<()> {
-    // Every process is below init: no launcher of one job.
-    let launchers: Vec<u32> = session
-        .tracked
-        .keys()
-        .copied()
-        .filter(|&p| p != 1)
-        .collect();
+    let launchers: Vec<u32> = session.tracked.keys().copied().collect();
     let mut below = Vec::new();
     for &launcher in &launchers {
         for pid in discover::descendants_of(launcher) {
             if session.tracked.contains_key(&pid) {
                 continue;
             }
-            // Gone since the walk: nothing to watch.
+            // Gone since the walk (before or while it is watched): nothing to watch.
             let Ok(info) = discover::process_info(pid) else {
                 continue;
             };
-            session.tracked.insert(
-                pid,
-                Tracked {
-                    info: Some(info),
-                    requested: true,
-                    ..Default::default()
-                },
-            );
-            session.watch_tracked(pid)?;
-            below.push(pid);
+            let start = info.start_ticks;
+            match session.attach(pid, info, None) {
+                Ok(()) => below.push(pid),
+                Err(_) if discover::start_ticks(pid) != Some(start) => {}
+                Err(e) => return Err(e),
+            }
         }
     }
     let (ranks, others): (Vec<u32>, Vec<u32>) = below
         .into_iter()
         .partition(|pid| session.tracked.get(pid).is_some_and(|t| t.maps_mpi));
-    for pid in &others {
-        session.probes.unwatch(*pid);
-        session.tracked.remove(pid);
-    }
+    let_go(session, &others);
     if ranks.is_empty() {
         return Ok(());
     }
-    for pid in &launchers {
+    let_go(session, &launchers);
+    warn!(
+        "PID {} maps no MPI library; the processes below it that do are profiled: PID {}",
+        pid_list(&launchers),
+        pid_list(&ranks)
+    );
+    Ok(())
+}
+
+/// Stops watching `pids` and forgets them (not asked for after all).
+fn let_go(session: &mut Session, pids: &[u32]) {
+    for pid in pids {
         session.probes.unwatch(*pid);
         session.tracked.remove(pid);
     }
-    let list = |pids: &[u32]| {
-        pids.iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    warn!(
-        "PID {} maps no MPI library; the processes below it that do are profiled: PID {}",
-        list(&launchers),
-        list(&ranks)
-    );
-    Ok(())
+}
+
+/// `pids` as messages list them: `1, 2, 3`.
+fn pid_list(pids: &[u32]) -> String {
+    pids.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Launch mode: probes the libraries the job will load before it starts (unless each of

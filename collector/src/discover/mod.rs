@@ -558,8 +558,12 @@ fn program_file(word: &str) -> Option<PathBuf> {
 }
 
 /// Every process below `root` (its children, theirs, ...), commtap excepted, by pid: a
-/// launcher's ranks (`mpirun`'s, `srun`'s, a shell script's).
+/// launcher's ranks (`mpirun`'s, a shell script's). None below init: every process is, and
+/// it launches no one job.
 pub fn descendants_of(root: u32) -> Vec<u32> {
+    if root == 1 {
+        return Vec::new();
+    }
     let me = std::process::id();
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();

@@ -157,9 +157,9 @@ impl Session {
     }
 
     /// Starts watching the running process `pid`, as `info` (read when the caller was
-    /// checked) says it is, on request (the daemon's AttachProcess); `earlier` is its profile
-    /// from before it was detached, which its profile goes on from. Where it cannot be
-    /// watched, nothing of it is kept.
+    /// checked) says it is, on request (the daemon's AttachProcess, `record --pid`);
+    /// `earlier` is its profile from before it was detached, which its profile goes on
+    /// from. Where it cannot be watched, nothing of it is kept.
     pub fn attach(
         &mut self,
         pid: u32,
