@@ -164,6 +164,14 @@ pub enum ByteRule {
     /// MPI_Request_free: the request in `*a` is forgotten (a persistent one's entry given
     /// back).
     RequestFree = 64,
+    /// `MPI_Wait(a)` (`b` none) or `MPI_Waitall(a, b[])`: completes the request in `*a`, or
+    /// the `a` requests of `b`; a nonblocking receive's message arrives in it. Read at
+    /// entry (the call resets them), while per-call events are on.
+    Completes = 65,
+    /// `MPI_Test(a)` or `MPI_Testall`/`Testany`/`Testsome`/`Waitany`/`Waitsome(a, b[])`:
+    /// may complete some of its requests, which only its return's outputs tell; a
+    /// nonblocking receive among them is no longer followed (no arrow is drawn to it).
+    MayComplete = 66,
 }
 
 impl ByteRule {
@@ -270,6 +278,8 @@ impl ByteRule {
             62 => ByteRule::UcxDatatype,
             63 => ByteRule::UcxLen,
             64 => ByteRule::RequestFree,
+            65 => ByteRule::Completes,
+            66 => ByteRule::MayComplete,
             _ => ByteRule::None,
         }
     }
@@ -422,6 +432,9 @@ impl ArgSpec {
                 // The request is read and forgotten at the entry: the return has nothing
                 // left to do.
                 | B::RequestFree
+                // Requests are read at the entry, and only for a timed call.
+                | B::Completes
+                | B::MayComplete
         )
     }
 }
@@ -999,7 +1012,8 @@ const LISTED_ROUTINES: &[Routine] = &[
     r("MPI_Ibsend", P2P, B::CountType, [1, 2, N, N], 5, 3),
     r("MPI_Issend", P2P, B::CountType, [1, 2, N, N], 5, 3),
     r("MPI_Irsend", P2P, B::CountType, [1, 2, N, N], 5, 3),
-    r("MPI_Irecv", P2P, B::RecvPosted, [1, 2, N, N], 5, 3),
+    // Its request `*d` is followed to the wait that completes it (`B::Completes`).
+    r("MPI_Irecv", P2P, B::RecvPosted, [1, 2, N, 6], 5, 3),
     // (sbuf, scount, stype, dest, stag, rbuf, rcount, rtype, source, rtag, comm, status)
     r("MPI_Sendrecv", P2P, B::Pair, [1, 2, 6, 7], 10, 3),
     // (buf, count, type, dest, stag, source, rtag, comm, status): sent and received.
@@ -1034,14 +1048,50 @@ const LISTED_ROUTINES: &[Routine] = &[
     r("MPI_Start", P2P, B::Start, [0, N, N, N], N, N),
     r("MPI_Startall", P2P, B::StartAll, [0, 1, N, N], N, N),
     // Completion.
-    r("MPI_Wait", COMPLETION, B::None, [N; 4], N, N),
-    r("MPI_Waitall", COMPLETION, B::None, [N; 4], N, N),
-    r("MPI_Waitany", COMPLETION, B::None, [N; 4], N, N),
-    r("MPI_Waitsome", COMPLETION, B::None, [N; 4], N, N),
-    r("MPI_Test", COMPLETION, B::None, [N; 4], N, N),
-    r("MPI_Testall", COMPLETION, B::None, [N; 4], N, N),
-    r("MPI_Testany", COMPLETION, B::None, [N; 4], N, N),
-    r("MPI_Testsome", COMPLETION, B::None, [N; 4], N, N),
+    // (request*, status) / (count, requests[], statuses)
+    r("MPI_Wait", COMPLETION, B::Completes, [0, N, N, N], N, N),
+    r("MPI_Waitall", COMPLETION, B::Completes, [0, 1, N, N], N, N),
+    r(
+        "MPI_Waitany",
+        COMPLETION,
+        B::MayComplete,
+        [0, 1, N, N],
+        N,
+        N,
+    ),
+    r(
+        "MPI_Waitsome",
+        COMPLETION,
+        B::MayComplete,
+        [0, 1, N, N],
+        N,
+        N,
+    ),
+    r("MPI_Test", COMPLETION, B::MayComplete, [0, N, N, N], N, N),
+    r(
+        "MPI_Testall",
+        COMPLETION,
+        B::MayComplete,
+        [0, 1, N, N],
+        N,
+        N,
+    ),
+    r(
+        "MPI_Testany",
+        COMPLETION,
+        B::MayComplete,
+        [0, 1, N, N],
+        N,
+        N,
+    ),
+    r(
+        "MPI_Testsome",
+        COMPLETION,
+        B::MayComplete,
+        [0, 1, N, N],
+        N,
+        N,
+    ),
     r(
         "MPI_Request_free",
         COMPLETION,
@@ -1650,7 +1700,7 @@ const LISTED_ROUTINES: &[Routine] = &[
     r("MPI_Issend_c", P2P, B::LargeCountType, [1, 2, N, N], 5, 3),
     r("MPI_Irsend_c", P2P, B::LargeCountType, [1, 2, N, N], 5, 3),
     r("MPI_Recv_c", P2P, B::LargeRecvStatus, [1, 2, 6, N], 5, 3),
-    r("MPI_Irecv_c", P2P, B::LargeRecvPosted, [1, 2, N, N], 5, 3),
+    r("MPI_Irecv_c", P2P, B::LargeRecvPosted, [1, 2, N, 6], 5, 3),
     r("MPI_Sendrecv_c", P2P, B::LargePair, [1, 2, 6, 7], 10, 3),
     r(
         "MPI_Sendrecv_replace_c",

@@ -890,6 +890,13 @@ pub enum EventKind {
     /// A watched Open MPI process returned from `MPI_Init`: the point-to-point components
     /// its MPI selected there, read from its memory: [`ComponentsEvent`].
     MpiComponents = 11,
+    /// The message of a nonblocking receive (`MPI_Irecv`) arrived: a [`CallEvent`] sent at
+    /// the entry of the `MPI_Wait`/`MPI_Waitall` that completes it, before that call's own
+    /// event, naming the call by its thread and `start_ns` and the receive by
+    /// [`CallEvent::posted_by`] (see `posted.rs` in the BPF crate). Sent only while per-call
+    /// events are on, and not numbered among the thread's calls: it draws the message's
+    /// arrow to the wait on a timeline.
+    Arrival = 12,
 }
 
 /// Longest provider or fabric name carried by a [`FabricEvent`] (NUL included).
@@ -1032,7 +1039,51 @@ impl CallEvent {
     /// A point-to-point receive's `peer`/`recv_peer` from a wildcard (`MPI_ANY_SOURCE`)
     /// that no status resolved.
     pub const PEER_ANY: i32 = -2;
+
+    /// An [`EventKind::Arrival`]: the message `posted` waited for arrived during the call
+    /// of thread `tid` of `tgid` that entered `routine` at `start_ns`. The posting call's
+    /// thread and start travel in `comm_size` and `created` (an arrival has neither).
+    #[inline(always)]
+    pub fn arrival(tgid: u32, tid: u32, routine: u16, start_ns: u64, posted: &PostedRecv) -> Self {
+        CallEvent {
+            kind: EventKind::Arrival as u32,
+            tgid,
+            tid,
+            routine,
+            start_ns,
+            comm_size: posted.tid,
+            created: posted.start_ns,
+            peer: -1,
+            comm_rank: -1,
+            recv_peer: -1,
+            ..CallEvent::default()
+        }
+    }
+
+    /// An arrival's posting call: (its thread, its `start_ns`).
+    pub const fn posted_by(&self) -> (u32, u64) {
+        (self.comm_size, self.created)
+    }
 }
+
+/// A nonblocking receive whose message has not been seen to arrive, kept per (process,
+/// request handle) in a [`HandleKey`] map from the receive's return to the wait that
+/// completes it: the call that posted it, which names it in an [`EventKind::Arrival`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PostedRecv {
+    /// The posting call's thread.
+    pub tid: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+    /// The posting call's `start_ns`.
+    pub start_ns: u64,
+}
+const _: () = assert!(size_of::<PostedRecv>() == 16);
+
+/// Nonblocking receives followed to their wait at once, for the node (least recently
+/// posted given up first: a receive given up draws no arrow, and the trace counts it).
+pub const MAX_POSTED: u32 = 1 << 16;
 const _: () = assert!(offset_of!(CallEvent, start_ns) == 24);
 const _: () = assert!(offset_of!(CallEvent, comm) == 48);
 const _: () = assert!(offset_of!(CallEvent, comm_rank) == 72);

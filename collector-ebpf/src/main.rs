@@ -25,6 +25,7 @@ mod mpi;
 mod nccl;
 mod p2p;
 mod persistent;
+mod posted;
 mod probe;
 mod process;
 mod session;

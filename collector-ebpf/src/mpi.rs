@@ -88,8 +88,11 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
         | ByteRule::CtorStruct
         | ByteRule::CtorProdArray
         | ByteRule::TypeFree
-        // Its request was forgotten at the entry (`probe::enter`).
-        | ByteRule::RequestFree => Some(0),
+        // Its request was forgotten at the entry (`probe::enter`), and a completion's
+        // requests read there (`posted`).
+        | ByteRule::RequestFree
+        | ByteRule::Completes
+        | ByteRule::MayComplete => Some(0),
         ByteRule::CommFree => {
             // Forgotten at the entry (`probe::enter`); a fact cached since is dropped.
             crate::cache::bump();

@@ -51,6 +51,10 @@ fn thread_state() -> *mut CallState {
 /// the caller's frame (`persistent::after_return`).
 const PENDING: u32 = 1;
 
+/// What `returned` said: the call posted a nonblocking receive, whose request is to be
+/// followed to its wait in the caller's frame (`posted::after_return`).
+const POSTED: u32 = 2;
+
 /// How an entry may sample: never (every call timed).
 const NO_SAMPLING: u32 = 0;
 /// How an entry may sample: any routine whose time may be sampled.
@@ -161,6 +165,9 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
         };
         if rule == ByteRule::RequestFree {
             crate::shares::forget(SharedMap::Persistent, &key);
+            if call_events() & Config::EVENTS_ALL != 0 {
+                crate::posted::freed(&key);
+            }
         } else {
             // Before the handle goes: no thread may keep it cached across the free.
             crate::cache::bump();
@@ -198,6 +205,12 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
         e.start_ns = unsafe { bpf_ktime_get_ns() };
         e.busy = CallState::BUSY;
         e.untimed_parent = 0;
+        if spec.class == class::COMPLETION
+            && c.abi != Abi::Nccl as u8
+            && call_events() & Config::EVENTS_ALL != 0
+        {
+            crate::posted::completing(u32::from(c.abi), *spec, e);
+        }
         TIMED
     }
 }
@@ -312,8 +325,12 @@ fn returned_alone<const ABI: u8, const TYPES: bool>(ctx: &RetProbeContext) -> u3
 /// constructor's).
 #[inline(always)]
 fn learn_pending<const ABI: u8, const TYPES: bool>(said: u32, ctx: *mut core::ffi::c_void) {
-    if ABI != Abi::Nccl as u8 && !TYPES && said == PENDING {
-        crate::persistent::after_return::<ABI>(RetProbeContext::new(ctx).ret());
+    if ABI != Abi::Nccl as u8 && !TYPES {
+        if said == PENDING {
+            crate::persistent::after_return::<ABI>(RetProbeContext::new(ctx).ret());
+        } else if said == POSTED {
+            crate::posted::after_return::<ABI>();
+        }
     }
 }
 
@@ -583,8 +600,12 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
         emit_call(e, &mut ev);
     }
     // Read at the end, so that nothing is kept across the path (its stack is full).
-    let pending = if ABI != Abi::Nccl as u8 && !TYPES && e.persistent_pending != 0 {
+    let pending = if ABI == Abi::Nccl as u8 || TYPES {
+        0
+    } else if e.persistent_pending != 0 {
         PENDING
+    } else if crate::posted::posts(&spec, ret) && call_events() & Config::EVENTS_ALL != 0 {
+        POSTED
     } else {
         0
     };

@@ -384,6 +384,13 @@ pub async fn events(from: &Target, pids: Vec<u32>, duration: Option<Duration>) -
             if let Some(w) = e.device_window {
                 line["device_window"] = serde_json::json!({ "not_attributed": w.not_attributed });
             }
+            // Nor is an arrival: the message of the receive it names arrived in the call of
+            // its thread and start, whose own line follows.
+            if let Some(a) = e.arrival {
+                line["arrival"] = serde_json::json!({
+                    "posted_tid": a.posted_tid, "posted_start_ns": a.posted_start_ns,
+                });
+            }
             writeln!(stdout, "{line}")?;
         }
     }

@@ -341,12 +341,15 @@ fn drain(
                 let _ = tx.send(pe);
             }
             Some(k)
-                if (k == EventKind::Call as u32 || k == EventKind::DeviceWindow as u32)
+                if (k == EventKind::Call as u32
+                    || k == EventKind::DeviceWindow as u32
+                    || k == EventKind::Arrival as u32)
                     && bytes.len() >= size_of::<CallEvent>() =>
             {
                 // SAFETY: length checked; CallEvent is plain integers.
                 let ev: CallEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-                // Device windows are not calls: `events` (with `dropped`) counts calls.
+                // Device windows and arrivals are not calls: `events` (with `dropped`)
+                // counts calls.
                 if k == EventKind::Call as u32 {
                     *calls.entry(ev.tgid).or_default() += 1;
                 }

@@ -10,6 +10,7 @@
  * MPI_Finalize, each rank writes OUT_PREFIX.<rank>.json:
  *
  *   {"rank":R,"size":P,"pid":PID,"device":D,"arrows_from_left":M,"recv_status_ignored":K,
+ *    "receives_without_arrival":W,
  *    "routines":{"MPI_Send":{"calls":N,"bytes":B}, ...},
  *    "comm_sizes":{"MPI_Allreduce":[2,4], ...}}
  *
@@ -123,6 +124,12 @@ static int recv_status_ignored;
  * receiving half of MPI_Sendrecv and MPI_Sendrecv_replace): each one is an arrow on a
  * timeline, from the left rank's send to this rank's receive. */
 static long long arrows_from_left;
+/* Messages from the left neighbour this rank took with a nonblocking receive whose arrival
+ * a timeline cannot place: completed by MPI_Waitany or MPI_Testall (which say which
+ * request they completed only at their return), or posted by MPI_Isendrecv (whose request
+ * commtap does not follow). An MPI_Irecv completed by MPI_Wait or MPI_Waitall is an arrow
+ * into that wait. */
+static long long receives_without_arrival;
 /* The device an MPICH says it was built with (its MPI_Get_library_version's "MPICH Device:"
  * line; empty for other MPIs): what commtap reports as its transport. */
 static char device[64];
@@ -148,9 +155,9 @@ static void write_truth(const char *prefix, int rank, int size)
     }
     fprintf(f, "{\"rank\":%d,\"size\":%d,\"pid\":%ld,\"checksum\":\"%016llx\","
                "\"device\":\"%s\",\"proc_null_sendrecv_replace\":%d,\"recv_status_ignored\":%d,"
-               "\"arrows_from_left\":%lld,\"routines\":{",
+               "\"arrows_from_left\":%lld,\"receives_without_arrival\":%lld,\"routines\":{",
             rank, size, (long)getpid(), checksum, device, proc_null_replaces,
-            recv_status_ignored, arrows_from_left);
+            recv_status_ignored, arrows_from_left, receives_without_arrival);
     for (int i = 0; i < nroutines; i++)
         fprintf(f, "%s\"%s\":{\"calls\":%lld,\"bytes\":%lld}", i ? "," : "",
                 table[i].name, table[i].calls, table[i].bytes);
@@ -271,6 +278,7 @@ int main(int argc, char **argv)
         MPI_Status done[2];
         MPI_Waitall(2, req, done);
         note("MPI_Waitall", 0);
+        receives_without_arrival += 2;
         digest(in, 3 * sizeof(int));
         digest(both, sizeof both);
     }
@@ -659,6 +667,7 @@ int main(int argc, char **argv)
         MPI_Isend(bbuf, 12, MPI_BYTE, right, 30, world, &req[1]);
         note("MPI_Waitall", 0);
         MPI_Waitall(2, req, sts);
+        arrows_from_left++;     /* the Irecv's message, into the Waitall */
 
         note("MPI_Irecv", 3 * SZ_INT);
         MPI_Irecv(ibuf2, 3, MPI_INT, left, 31, world, &req[0]);
@@ -666,6 +675,7 @@ int main(int argc, char **argv)
         MPI_Issend(ibuf, 3, MPI_INT, right, 31, world, &req[1]);
         note("MPI_Wait", 0);
         MPI_Wait(&req[0], MPI_STATUS_IGNORE);
+        arrows_from_left++;     /* into the Wait */
         do {
             note("MPI_Test", 0);
             MPI_Test(&req[1], &flag, MPI_STATUS_IGNORE);
@@ -679,6 +689,7 @@ int main(int argc, char **argv)
             note("MPI_Waitany", 0);
             MPI_Waitany(2, req, &idx, MPI_STATUS_IGNORE);
         }
+        receives_without_arrival++;
 
         note("MPI_Irecv", 1 * SZ_CONTIG3D);
         MPI_Irecv(dbuf2, 1, t_contig, left, 33, world, &req[0]);
@@ -688,6 +699,7 @@ int main(int argc, char **argv)
             note("MPI_Testall", 0);
             MPI_Testall(2, req, &flag, sts);
         } while (!flag);
+        receives_without_arrival++;
 
         /* ======================== collectives ======================== */
         note_coll("MPI_Barrier", 0, P);

@@ -223,9 +223,19 @@ impl Board {
     /// its communicator's shared name and that number), or held until its process's job
     /// is known (then [`Board::set_world`] gives it back).
     pub fn call(&mut self, ev: CallEvent) -> Taken {
-        // A device window is no call of the thread's (nor numbered among them): nothing to
-        // match, nothing to hold.
+        // A device window or an arrival is no call of the thread's (nor numbered among
+        // them): nothing to match. An arrival waits with its process's calls, though: a
+        // trace must see the receive it names first.
         if ev.kind != collector_common::EventKind::Call as u32 {
+            let holds = ev.kind == collector_common::EventKind::Arrival as u32
+                && self
+                    .waiting
+                    .get(&ev.tgid)
+                    .is_some_and(|q| q.len() < MAX_WAITING);
+            if holds {
+                self.waiting.entry(ev.tgid).or_default().push_back(ev);
+                return Taken::Held;
+            }
             self.pass_on(PlacedItem::Call(ev, Placement::default()));
             return Taken::Now(Placement::default());
         }
@@ -284,7 +294,11 @@ impl Board {
             .into_iter()
             .flatten()
             .map(|ev| {
-                let placement = t.call(&ev);
+                let placement = if ev.kind == collector_common::EventKind::Call as u32 {
+                    t.call(&ev)
+                } else {
+                    Placement::default()
+                };
                 (ev, placement)
             })
             .collect();
@@ -500,5 +514,46 @@ mod tests {
         );
         assert!(send_7.1.is_some_and(|k| k != CommKey::WORLD), "{send_7:?}");
         assert_eq!(send_7.1, send_8.1, "one name for the duplicate in both");
+    }
+
+    /// An arrival waits with the calls of its process (the receive it names is among
+    /// them), and is passed on in its place, untouched by the matching.
+    #[test]
+    fn an_arrival_waits_with_its_process_calls() {
+        let feed = Arc::new(PlacedFeed::default());
+        let (mut rx, _) = feed.subscribe();
+        let mut board = Board::new("h".into()).forward_to(feed);
+        let posted = collector_common::PostedRecv {
+            tid: 7,
+            _pad: 0,
+            start_ns: 10,
+        };
+        let wait = routine_id("MPI_Wait").expect("a routine");
+        board.item(Ok(FeedItem::Call(call(7, "MPI_Irecv", 0x4400_0000, 0, 0))));
+        board.item(Ok(FeedItem::Call(CallEvent::arrival(
+            7, 7, wait, 20, &posted,
+        ))));
+        board.item(Ok(FeedItem::Call(call(7, "MPI_Wait", 0, 0, 1))));
+        assert!(passed_on(&mut rx).is_empty(), "its job is not known yet");
+        board.set_world(7, "job", Some(1));
+        let kinds: Vec<(u32, u16)> = passed_on(&mut rx)
+            .iter()
+            .map(|item| match item {
+                PlacedItem::Call(ev, placement) => {
+                    assert_eq!(placement.seq, None, "{ev:?}");
+                    (ev.kind, ev.routine)
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let call = EventKind::Call as u32;
+        assert_eq!(
+            kinds,
+            [
+                (call, routine_id("MPI_Irecv").expect("a routine")),
+                (EventKind::Arrival as u32, wait),
+                (call, wait)
+            ]
+        );
     }
 }

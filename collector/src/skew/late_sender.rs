@@ -115,7 +115,7 @@ impl LateSenders {
                 },
             );
         }
-        if let Some(id) = ends.into {
+        for id in ends.into {
             self.meet(
                 id,
                 Half::Receive {

@@ -138,7 +138,7 @@ impl Encoder {
         });
         out.push_str("}}");
         let at = (pid, tid, cat);
-        if let Some(id) = flows.into {
+        for id in flows.into {
             let mut line = String::new();
             flow(&mut line, "f", at, ev.start_ns, id);
             if self.started.remove(&id) {

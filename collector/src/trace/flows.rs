@@ -13,10 +13,13 @@
 //!
 //! The arrow goes from the send's start to the receive's end: the message cannot have
 //! arrived before it was sent, so the arrow always points forward in time (Perfetto drops
-//! arrows that go back). A nonblocking receive's message arrives in a later wait, which
-//! the trace cannot tell: it is counted in its channel, and draws no arrow.
+//! arrows that go back). A nonblocking receive's message arrives in a later wait: the
+//! kernel follows its request there and sends an arrival event before the wait's
+//! (`EventKind::Arrival`), and the arrow ends at the wait's end. A receive completed by a
+//! call that does not say which of its requests it completed (`MPI_Test`, `MPI_Waitany`
+//! ...) draws no arrow, and is counted.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use collector_common::{
     routines::{class, NO_ARG},
@@ -29,6 +32,10 @@ use crate::api::pb;
 
 /// Most channels followed at once: past it, messages on new channels draw no arrows.
 pub const MAX_CHANNELS: usize = 1 << 20;
+
+/// Most nonblocking receives waiting for their arrival at once (the kernel follows as
+/// many): past it, the oldest is given up (counted in [`Flows::arrivals_not_seen`]).
+pub const MAX_POSTED: usize = collector_common::MAX_POSTED as usize;
 
 /// Which way a point-to-point routine moves its message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,14 +76,15 @@ pub fn direction(r: &Routine) -> Option<Direction> {
 }
 
 /// The flows a call's slice starts and ends.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FlowEnds {
     /// The flow of the message it sent (drawn from its start).
     pub out: Option<u64>,
-    /// The flow of the message it received (drawn to its end).
-    pub into: Option<u64>,
+    /// The flows of the messages that arrived in it (drawn to its end): a blocking
+    /// receive's, or those of the nonblocking receives a wait completed.
+    pub into: Vec<u64>,
     /// The flow of the message an `MPI_Irecv` posted for (its message arrives in a later
-    /// wait: no arrow is drawn to it).
+    /// wait, whose `into` it is).
     pub posted: Option<u64>,
 }
 
@@ -109,6 +117,9 @@ impl Unlinked {
 /// One side of a channel: (receiving side, communicator's hash, sender, receiver, tag).
 type ChannelEnd = (bool, u64, i32, i32, i32);
 
+/// A call, by when it started, its process and its thread.
+type CallKey = (u64, u32, u32);
+
 /// Numbers the messages of every channel, on both sides, as the calls come.
 #[derive(Debug, Default)]
 pub struct Flows {
@@ -118,13 +129,63 @@ pub struct Flows {
     lost_track: HashSet<(u32, u64)>,
     /// Messages numbered so far on each side of each channel.
     counted: HashMap<ChannelEnd, u64>,
+    /// The flows of nonblocking receives whose message has not been seen to arrive, by
+    /// the posting call (oldest first).
+    posted: BTreeMap<CallKey, u64>,
+    /// Flows whose message arrived in a call whose own event is still to come.
+    arrived: BTreeMap<CallKey, Vec<u64>>,
+    /// Posted receives given up for room.
+    given_up: u64,
     /// What could not be numbered.
     pub unlinked: Unlinked,
 }
 
 impl Flows {
-    /// Numbers `ev`'s messages, if it moves any; the flows its slice draws.
+    /// Numbers `ev`'s messages, if it moves any; the flows its slice draws. An arrival
+    /// (no call) draws none: its flow ends on the call it names, which comes next.
     pub fn ends(&mut self, ev: &pb::CallEvent) -> FlowEnds {
+        if let Some(a) = &ev.arrival {
+            let posted = (a.posted_start_ns, ev.pid, a.posted_tid);
+            if let Some(flow) = self.posted.remove(&posted) {
+                let into = self
+                    .arrived
+                    .entry((ev.start_ns, ev.pid, ev.tid))
+                    .or_default();
+                into.push(flow);
+                if self.arrived.len() > MAX_POSTED {
+                    // A call whose event never came (lost): its arrivals are dropped.
+                    if let Some((_, lost)) = self.arrived.pop_first() {
+                        self.given_up += lost.len() as u64;
+                    }
+                }
+            }
+            return FlowEnds::default();
+        }
+        let mut ends = self.numbered(ev);
+        if !self.arrived.is_empty() {
+            if let Some(into) = self.arrived.remove(&(ev.start_ns, ev.pid, ev.tid)) {
+                ends.into.extend(into);
+            }
+        }
+        if let Some(flow) = ends.posted {
+            self.posted.insert((ev.start_ns, ev.pid, ev.tid), flow);
+            if self.posted.len() > MAX_POSTED {
+                self.posted.pop_first();
+                self.given_up += 1;
+            }
+        }
+        ends
+    }
+
+    /// Nonblocking receives numbered whose message's arrival the trace has not seen: the
+    /// call that completed them did not say which requests it completed (`MPI_Test`,
+    /// `MPI_Waitany` ...), they were freed or cancelled, or they are still waiting.
+    pub fn arrivals_not_seen(&self) -> u64 {
+        self.given_up + self.posted.len() as u64
+    }
+
+    /// [`Flows::ends`] of a call by its own arguments.
+    fn numbered(&mut self, ev: &pb::CallEvent) -> FlowEnds {
         let Some(r) = routine(&ev.routine) else {
             return FlowEnds::default();
         };
@@ -168,7 +229,7 @@ impl Flows {
             if matches!(dir, Direction::Post | Direction::SendAndPost) {
                 ends.posted = into;
             } else {
-                ends.into = into;
+                ends.into.extend(into);
             }
         }
         ends
@@ -254,10 +315,79 @@ mod tests {
         // the first with a blocking receive and sends the second with a blocking send.
         let a = f.ends(&call(0, "MPI_Isendrecv", (1, 5), Some((1, 6))));
         assert!(a.out.is_some() && a.posted.is_some(), "{a:?}");
-        assert_eq!(a.into, None, "its message arrives in a later wait");
+        assert_eq!(
+            a.into,
+            Vec::<u64>::new(),
+            "its message arrives in a later wait"
+        );
         let b = f.ends(&call(1, "MPI_Recv", (0, 5), None));
-        assert_eq!(b.into, a.out);
+        assert_eq!(b.into, Vec::from_iter(a.out));
         let c = f.ends(&call(1, "MPI_Send", (0, 6), None));
         assert_eq!(c.out, a.posted);
+    }
+
+    /// A wait at `start_ns` of rank `me`'s process, and the arrivals the kernel sends
+    /// before it: one per receive (by its start) it completed.
+    fn wait(me: i32, start_ns: u64, received: &[u64]) -> Vec<pb::CallEvent> {
+        let at = |routine: &str| pb::CallEvent {
+            pid: me as u32 + 1,
+            tid: me as u32 + 1,
+            routine: routine.into(),
+            start_ns,
+            ..Default::default()
+        };
+        let mut events: Vec<pb::CallEvent> = received
+            .iter()
+            .map(|posted| pb::CallEvent {
+                arrival: Some(pb::Arrival {
+                    posted_tid: me as u32 + 1,
+                    posted_start_ns: *posted,
+                }),
+                ..at("MPI_Waitall")
+            })
+            .collect();
+        events.push(at("MPI_Waitall"));
+        events
+    }
+
+    #[test]
+    fn the_messages_of_nonblocking_receives_end_on_the_wait_that_completed_them() {
+        let mut f = Flows::default();
+        for me in [0, 1] {
+            f.ends(&call(me, "MPI_Init", (-1, -1), None));
+        }
+        // Rank 1 posts two receives (tags 7 and 8) and a third (tag 9); rank 0 sends all
+        // three; rank 1 waits for the first two together, then leaves the third to a test.
+        let post = |tag: i32, start_ns: u64| pb::CallEvent {
+            tid: 2,
+            start_ns,
+            ..call(1, "MPI_Irecv", (0, tag), None)
+        };
+        let posts: Vec<FlowEnds> = [(7, 10), (8, 20), (9, 30)]
+            .iter()
+            .map(|&(tag, at)| f.ends(&post(tag, at)))
+            .collect();
+        let sent: Vec<Option<u64>> = [7, 8, 9]
+            .iter()
+            .map(|&tag| f.ends(&call(0, "MPI_Isend", (1, tag), None)).out)
+            .collect();
+        for (p, s) in posts.iter().zip(&sent) {
+            assert_eq!(p.posted, *s, "a post and its send name one flow");
+            assert_eq!(p.into, Vec::<u64>::new());
+        }
+        let mut events = wait(1, 40, &[10, 20]).into_iter();
+        for arrival in events.by_ref().take(2) {
+            assert_eq!(f.ends(&arrival), FlowEnds::default(), "no slice of its own");
+        }
+        let waited = f.ends(&events.next().expect("the wait"));
+        assert_eq!(waited.into, [sent[0].unwrap(), sent[1].unwrap()]);
+        assert_eq!(f.arrivals_not_seen(), 1, "the third's arrival was not seen");
+        // An arrival naming no receive the trace numbered draws nothing.
+        let mut events = wait(1, 50, &[99]).into_iter();
+        f.ends(&events.next().expect("an arrival"));
+        assert_eq!(
+            f.ends(&events.next().expect("the wait")).into,
+            Vec::<u64>::new()
+        );
     }
 }

@@ -276,6 +276,13 @@ pub fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
                 not_attributed: ev.flags & collector_common::CallEvent::NOT_ATTRIBUTED != 0,
             },
         ),
+        arrival: (ev.kind == collector_common::EventKind::Arrival as u32).then(|| {
+            let (posted_tid, posted_start_ns) = ev.posted_by();
+            pb::Arrival {
+                posted_tid,
+                posted_start_ns,
+            }
+        }),
     }
 }
 

@@ -182,7 +182,7 @@ impl Encoder {
                 .map_or(CATEGORIES.len() as u64, |i| i as u64 + 1)],
             debug_annotations: annotations(ev),
             flow_ids: flows.out.into_iter().collect(),
-            terminating_flow_ids: flows.into.into_iter().collect(),
+            terminating_flow_ids: flows.into,
         };
         self.push(
             out,

@@ -143,6 +143,10 @@ impl TraceWriter {
     pub fn call(&mut self, ev: &pb::CallEvent) -> Result<(), TraceError> {
         // Every message is numbered, written or not: both sides count them all.
         let flows = self.flows.ends(ev);
+        if ev.arrival.is_some() {
+            // No call: its arrow ends on the wait it names, which comes next.
+            return Ok(());
+        }
         let group = self.groups.track(ev);
         self.write_call(ev, flows)?;
         match group {
@@ -189,11 +193,11 @@ impl TraceWriter {
                 ..FlowEnds::default()
             },
         )?;
-        if let Some(into) = flows.into {
+        if !flows.into.is_empty() {
             self.encode(
                 &arrival(ev),
                 FlowEnds {
-                    into: Some(into),
+                    into: flows.into,
                     ..FlowEnds::default()
                 },
             )?;
@@ -285,6 +289,7 @@ impl TraceWriter {
                 "calls_written": self.events,
                 "calls_lost": self.lost,
                 "messages_without_arrows": self.flows.unlinked,
+                "receives_without_arrival": self.flows.arrivals_not_seen(),
                 "max_events_policy": "the first --max-events calls of each process are kept",
                 "clock": self.clocks,
             }
@@ -337,7 +342,8 @@ impl TraceWriter {
 }
 
 /// The slice a received message's arrow ends on: 1 ns just before the end of the receive
-/// that took it, inside it. An arrow must end on an event of its own time for DevTools,
+/// that took it (or of the wait that completed its nonblocking receive), inside it; one
+/// for all the messages a wait completed. An arrow must end on an event of its own time for DevTools,
 /// and strictly inside a slice for Perfetto (which closes a slice before anything else at
 /// its end): the receive's end is neither, so both formats end the arrow here. It ends
 /// 1 ns before the receive does: viewers that add times as floats (DevTools) then still
