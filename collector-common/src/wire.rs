@@ -893,7 +893,8 @@ pub enum EventKind {
     /// The message of a nonblocking receive (`MPI_Irecv`) arrived: a [`CallEvent`] sent at
     /// the entry of the `MPI_Wait`/`MPI_Waitall` that completes it, before that call's own
     /// event, naming the call by its thread and `start_ns` and the receive by
-    /// [`CallEvent::posted_by`] (see `posted.rs` in the BPF crate). Sent only while per-call
+    /// [`CallEvent::posted_by`] (see `posted.rs` in the BPF crate); or, flagged
+    /// [`CallEvent::UNTOLD`], the receive is no longer followed. Sent only while per-call
     /// events are on, and not numbered among the thread's calls: it draws the message's
     /// arrow to the wait on a timeline.
     Arrival = 12,
@@ -1040,16 +1041,30 @@ impl CallEvent {
     /// that no status resolved.
     pub const PEER_ANY: i32 = -2;
 
+    /// In [`CallEvent::flags`] of an arrival: the call may have completed the receive but
+    /// does not say so (`MPI_Test*`, `MPI_Waitany`, `MPI_Waitsome`), or freed it; when its
+    /// message arrived is not known, and the receive is no longer followed.
+    pub const UNTOLD: u8 = 2;
+
     /// An [`EventKind::Arrival`]: the message `posted` waited for arrived during the call
-    /// of thread `tid` of `tgid` that entered `routine` at `start_ns`. The posting call's
-    /// thread and start travel in `comm_size` and `created` (an arrival has neither).
+    /// of thread `tid` of `tgid` that entered `routine` at `start_ns` (or, `untold`, that
+    /// call may have completed it: [`CallEvent::UNTOLD`]). The posting call's thread and
+    /// start travel in `comm_size` and `created` (an arrival has neither).
     #[inline(always)]
-    pub fn arrival(tgid: u32, tid: u32, routine: u16, start_ns: u64, posted: &PostedRecv) -> Self {
+    pub fn arrival(
+        tgid: u32,
+        tid: u32,
+        routine: u16,
+        start_ns: u64,
+        posted: &PostedRecv,
+        untold: bool,
+    ) -> Self {
         CallEvent {
             kind: EventKind::Arrival as u32,
             tgid,
             tid,
             routine,
+            flags: if untold { Self::UNTOLD } else { 0 },
             start_ns,
             comm_size: posted.tid,
             created: posted.start_ns,

@@ -66,8 +66,9 @@ pub fn posts(spec: &ArgSpec, ret: i32) -> bool {
 }
 
 /// At the entry of a completion call (`e`, its state, with its arguments and start): the
-/// receives among its requests are no longer followed; a wait that completes them all
-/// ([`ByteRule::Completes`]) sends their arrivals. Not inlined: completion calls only.
+/// receives among its requests are no longer followed, and their arrivals sent: in this
+/// call, for a wait that completes them all ([`ByteRule::Completes`]), else untold. Not
+/// inlined: completion calls only.
 #[inline(never)]
 pub fn completing(abi: u32, spec: ArgSpec, e: &CallState) {
     let rule = ByteRule::from_u8(spec.rule);
@@ -100,10 +101,19 @@ pub fn completing(abi: u32, spec: ArgSpec, e: &CallState) {
     each((n as u32).min(MAX_STARTALL), wait_one, &mut w);
 }
 
-/// Forgets a request that `MPI_Request_free` gives up (`h`, read at its entry).
-#[inline(always)]
-pub fn freed(key: &HandleKey) {
+/// Forgets a request that `MPI_Request_free` gives up (`key`, read at its entry): a
+/// receive's arrival is sent untold.
+#[inline(never)]
+pub fn freed(key: &HandleKey, routine: u16) {
+    // SAFETY: copied out at once.
+    let Some(posted) = (unsafe { POSTED.get(key) }).copied() else {
+        return;
+    };
     let _ = POSTED.remove(key);
+    let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
+    emit_unnumbered(&CallEvent::arrival(
+        key.tgid, tid, routine, 0, &posted, true,
+    ));
 }
 
 /// What [`wait_one`] reads, on the caller's stack.
@@ -117,12 +127,13 @@ struct Waiting {
     tid: u32,
     abi: u32,
     routine: u32,
-    /// 1 if the call completes every request (its receives' messages arrive in it).
+    /// 1 if the call completes every request (its receives' messages arrive in it), 0 if
+    /// it may complete some (their arrivals are untold).
     arrives: u32,
 }
 
 /// One request of a completion call (`bpf_loop`'s body): a followed receive is no longer,
-/// and its arrival sent if the call completes it.
+/// and its arrival sent (untold where the call may not complete it).
 extern "C" fn wait_one(i: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `bpf_loop` passes `completing`'s context.
     let w = unsafe { &mut *ctx.cast::<Waiting>() };
@@ -139,11 +150,10 @@ extern "C" fn wait_one(i: u64, ctx: *mut c_void) -> i64 {
         return 0;
     };
     let _ = POSTED.remove(key);
-    if w.arrives != 0 {
-        // One the ring buffer has no room for is an arrow lost: the trace counts the
-        // receives it saw posted and never arrive.
-        let ev = CallEvent::arrival(w.tgid, w.tid, w.routine as u16, w.start_ns, &posted);
-        emit_unnumbered(&ev);
-    }
+    // One the ring buffer has no room for is an arrow lost: the trace counts the receives
+    // it saw posted and never arrive.
+    let untold = w.arrives == 0;
+    let ev = CallEvent::arrival(w.tgid, w.tid, w.routine as u16, w.start_ns, &posted, untold);
+    emit_unnumbered(&ev);
     0
 }

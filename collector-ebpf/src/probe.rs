@@ -166,7 +166,7 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
         if rule == ByteRule::RequestFree {
             crate::shares::forget(SharedMap::Persistent, &key);
             if call_events() & Config::EVENTS_ALL != 0 {
-                crate::posted::freed(&key);
+                crate::posted::freed(&key, c.routine);
             }
         } else {
             // Before the handle goes: no thread may keep it cached across the free.

@@ -11,11 +11,17 @@
  *      each MPI_Recv: the sends started first (small messages complete eagerly), so none
  *      is late.
  *   3. MPI_Barrier; rank 0 posts MPI_Irecv (tag 3), rank 1 sleeps DELAY_MS then sends,
- *      rank 0 waits in MPI_Wait: taken by a nonblocking receive, not a Late Sender here.
+ *      rank 0 waits in MPI_Wait: one more late sender, the wait waiting about DELAY_MS.
+ *   4. MPI_Barrier; rank 0 posts two MPI_Irecv (tags 4 and 5) and waits for both in one
+ *      MPI_Waitall; rank 1 sleeps DELAY_MS then sends both: a wait of several messages,
+ *      left out.
+ *   5. MPI_Barrier; rank 0 posts MPI_Irecv (tag 6) and calls MPI_Test until it completes;
+ *      rank 1 sleeps DELAY_MS then sends: completed by a call that does not say which
+ *      request it completed, left out.
  *
  * Each rank writes OUT_PREFIX.<rank>.json: {"rank":R,"pid":PID,"late":L,"messages":M,
- * "delay_ns":D}: as receiver, the messages it took with MPI_Recv and how many of them
- * were sent late, and the sleep before each.
+ * "delay_ns":D}: as receiver, the messages Late Sender pairs (steps 1 to 3) and how many
+ * of them were sent late, and the sleep before each.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -75,6 +81,35 @@ int main(int argc, char **argv)
         MPI_Request req;
         MPI_Irecv(&v, 1, MPI_INT, 1, 3, MPI_COMM_WORLD, &req);
         MPI_Wait(&req, MPI_STATUS_IGNORE);
+        late++;
+        messages++;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 1) {
+        sleep_ms(delay);
+        MPI_Send(&v, 1, MPI_INT, 0, 4, MPI_COMM_WORLD);
+        MPI_Send(&v, 1, MPI_INT, 0, 5, MPI_COMM_WORLD);
+    } else {
+        MPI_Request req[2];
+        int w[2];
+        MPI_Irecv(&w[0], 1, MPI_INT, 1, 4, MPI_COMM_WORLD, &req[0]);
+        MPI_Irecv(&w[1], 1, MPI_INT, 1, 5, MPI_COMM_WORLD, &req[1]);
+        MPI_Waitall(2, req, MPI_STATUSES_IGNORE);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 1) {
+        sleep_ms(delay);
+        MPI_Send(&v, 1, MPI_INT, 0, 6, MPI_COMM_WORLD);
+    } else {
+        MPI_Request req;
+        int done = 0;
+        MPI_Irecv(&v, 1, MPI_INT, 1, 6, MPI_COMM_WORLD, &req);
+        for (;;) {
+            MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+            if (done)
+                break;
+            sleep_ms(1); /* a few dozen calls, not a flood of events */
+        }
     }
 
     char path[4096];

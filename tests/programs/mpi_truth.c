@@ -10,7 +10,7 @@
  * MPI_Finalize, each rank writes OUT_PREFIX.<rank>.json:
  *
  *   {"rank":R,"size":P,"pid":PID,"device":D,"arrows_from_left":M,"recv_status_ignored":K,
- *    "receives_without_arrival":W,
+ *    "receives_without_arrival":W,"persistent_channel_calls":C,"receives_without_send":S,
  *    "routines":{"MPI_Send":{"calls":N,"bytes":B}, ...},
  *    "comm_sizes":{"MPI_Allreduce":[2,4], ...}}
  *
@@ -130,6 +130,11 @@ static long long arrows_from_left;
  * commtap does not follow). An MPI_Irecv completed by MPI_Wait or MPI_Waitall is an arrow
  * into that wait. */
 static long long receives_without_arrival;
+/* Calls on a channel on which this rank also made a persistent request: not numbered. */
+static long long persistent_channel_calls;
+/* Messages from the left taken with a blocking receive whose send is not numbered (the
+ * left rank's persistent channel): the receive ends a flow that nothing starts. */
+static long long receives_without_send;
 /* The device an MPICH says it was built with (its MPI_Get_library_version's "MPICH Device:"
  * line; empty for other MPIs): what commtap reports as its transport. */
 static char device[64];
@@ -155,9 +160,12 @@ static void write_truth(const char *prefix, int rank, int size)
     }
     fprintf(f, "{\"rank\":%d,\"size\":%d,\"pid\":%ld,\"checksum\":\"%016llx\","
                "\"device\":\"%s\",\"proc_null_sendrecv_replace\":%d,\"recv_status_ignored\":%d,"
-               "\"arrows_from_left\":%lld,\"receives_without_arrival\":%lld,\"routines\":{",
+               "\"arrows_from_left\":%lld,\"receives_without_arrival\":%lld,"
+               "\"persistent_channel_calls\":%lld,\"receives_without_send\":%lld,"
+               "\"routines\":{",
             rank, size, (long)getpid(), checksum, device, proc_null_replaces,
-            recv_status_ignored, arrows_from_left, receives_without_arrival);
+            recv_status_ignored, arrows_from_left, receives_without_arrival,
+            persistent_channel_calls, receives_without_send);
     for (int i = 0; i < nroutines; i++)
         fprintf(f, "%s\"%s\":{\"calls\":%lld,\"bytes\":%lld}", i ? "," : "",
                 table[i].name, table[i].calls, table[i].bytes);
@@ -979,6 +987,33 @@ int main(int argc, char **argv)
             MPI_Request_free(&req[i]);
             note("MPI_Request_free", 0);
         }
+    }
+
+    /* ---- a channel (tag 62) that a persistent send and MPI_Send share: the starts name
+     * no message, so the sender numbers none on it (numbered, its MPI_Send would be the
+     * channel's first message, and its arrow would end on the receive that took the
+     * persistent send's); the receiver takes both with MPI_Recv, no arrow ---- */
+    {
+        int a[3] = {rank, 1, 2}, b[3];
+        MPI_Request preq;
+        MPI_Status pst;
+        MPI_Send_init(a, 3, MPI_INT, right, 62, world, &preq);
+        note("MPI_Send_init", 3 * SZ_INT);
+        MPI_Start(&preq);
+        note("MPI_Start", 3 * SZ_INT);
+        MPI_Send(a, 3, MPI_INT, right, 62, world); /* eager: returns before the receive */
+        note("MPI_Send", 3 * SZ_INT);
+        persistent_channel_calls++;
+        for (int i = 0; i < 2; i++) {
+            MPI_Recv(b, 3, MPI_INT, left, 62, world, &pst);
+            note("MPI_Recv", 3 * SZ_INT);
+            receives_without_send++;
+            digest(b, sizeof b);
+        }
+        MPI_Wait(&preq, MPI_STATUS_IGNORE);
+        note("MPI_Wait", 0);
+        MPI_Request_free(&preq);
+        note("MPI_Request_free", 0);
     }
 
     /* ---- windows the library allocates (shared memory among the ranks of a node) ---- */

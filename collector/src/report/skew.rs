@@ -54,24 +54,22 @@ pub fn render_text(s: &SkewReport) -> String {
     o
 }
 
-/// Late Sender: per pair of ranks, how often a blocking receive waited for its send to
-/// start, and how long.
+/// Late Sender: per pair of ranks, how often a receive (or the wait of a nonblocking one)
+/// waited for its send to start, and how long.
 fn late_senders(o: &mut String, ls: &LateSenderReport) {
     let _ = writeln!(o);
     let n = &ls.not_numbered;
     let _ = writeln!(
         o,
-        "  Late Sender (blocking receives waiting for their send to start): {} pairs of ranks; \
+        "  Late Sender (receives and waits waiting for their send to start): {} pairs of ranks; \
          not numbered: {} (not seen from MPI_Init: {}, after an unresolved wildcard: {}, \
-         communicator unknown: {}); unpaired: {}",
+         communicator unknown: {}, on a persistent request's channel: {}); unpaired: {}",
         ls.pairs.len(),
-        n.not_from_init
-            + n.after_unresolved_wildcard
-            + n.communicator_unknown
-            + n.too_many_channels,
+        n.total(),
         n.not_from_init,
         n.after_unresolved_wildcard,
         n.communicator_unknown,
+        n.persistent_channel,
         ls.unpaired
     );
     if ls.pairs.is_empty() {

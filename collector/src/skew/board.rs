@@ -236,6 +236,11 @@ impl Board {
                 self.waiting.entry(ev.tgid).or_default().push_back(ev);
                 return Taken::Held;
             }
+            if ev.kind == collector_common::EventKind::Arrival as u32 {
+                if let Some(t) = self.tracker_of(ev.tgid) {
+                    t.arrival(&ev);
+                }
+            }
             self.pass_on(PlacedItem::Call(ev, Placement::default()));
             return Taken::Now(Placement::default());
         }
@@ -297,6 +302,7 @@ impl Board {
                 let placement = if ev.kind == collector_common::EventKind::Call as u32 {
                     t.call(&ev)
                 } else {
+                    t.arrival(&ev);
                     Placement::default()
                 };
                 (ev, placement)
@@ -531,7 +537,7 @@ mod tests {
         let wait = routine_id("MPI_Wait").expect("a routine");
         board.item(Ok(FeedItem::Call(call(7, "MPI_Irecv", 0x4400_0000, 0, 0))));
         board.item(Ok(FeedItem::Call(CallEvent::arrival(
-            7, 7, wait, 20, &posted,
+            7, 7, wait, 20, &posted, false,
         ))));
         board.item(Ok(FeedItem::Call(call(7, "MPI_Wait", 0, 0, 1))));
         assert!(passed_on(&mut rx).is_empty(), "its job is not known yet");

@@ -1,7 +1,9 @@
-//! Late Sender (Scalasca's pattern): a blocking receive that was waiting before the send
-//! of its message had even started. The time from the receive's start to the send's start
-//! (or to the receive's end, if that came first) is time the receiver lost to a late
-//! sender, not to the network.
+//! Late Sender (Scalasca's pattern): a blocking receive, or the wait that completed a
+//! nonblocking one (`MPI_Irecv` then `MPI_Wait`), that was waiting before the send of its
+//! message had even started. The time from the receive's (or wait's) start to the send's
+//! start (or to its end, if that came first) is time the receiver lost to a late sender,
+//! not to the network. A wait that completed several messages is left out: it waited for
+//! the last of them, not for each.
 //!
 //! Sends and receives are paired as the timeline's arrows are ([`crate::trace::flows`]):
 //! the k-th message of a channel on both sides, numbered from `MPI_Init`. So this needs
@@ -29,12 +31,13 @@ pub struct LateSenderReport {
     pub pairs: Vec<LateSenderPair>,
     /// Point-to-point calls that could not be numbered (see the timeline's arrows).
     pub not_numbered: Unlinked,
-    /// Sends and blocking receives whose partner was never seen (its process not
-    /// watched, or still in flight at the end), or past [`MAX_PENDING`].
+    /// Sends and receives whose partner was never seen (its process not watched, or still
+    /// in flight at the end), or past [`MAX_PENDING`].
     pub unpaired: u64,
 }
 
-/// Messages from one rank to another taken by blocking receives.
+/// Messages from one rank to another taken by blocking receives, or by nonblocking ones
+/// completed alone in a wait.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LateSenderPair {
     /// The receiving world rank and its host.
@@ -73,9 +76,11 @@ pub enum Half {
         /// When it returned.
         end_ns: u64,
     },
-    /// An `MPI_Irecv`: its message arrives in a later wait, which names no message.
+    /// A receive whose wait is not one message's: one of several messages a wait
+    /// completed, or a nonblocking receive whose arrival is not known (completed by a call
+    /// that does not say which requests it completed, or freed).
     Posted {
-        /// Who posted it.
+        /// Who received.
         pid: u32,
     },
 }
@@ -115,17 +120,26 @@ impl LateSenders {
                 },
             );
         }
-        for id in ends.into {
-            self.meet(
+        match ends.into[..] {
+            // A blocking receive, or a wait that completed one message: its time is that
+            // message's wait.
+            [id] => self.meet(
                 id,
                 Half::Receive {
                     pid: ev.pid,
                     start_ns: ev.start_ns,
                     end_ns: ev.start_ns + ev.duration_ns,
                 },
-            );
+            ),
+            // A wait that completed several: it waited for the last to come, not for
+            // each, and its time is no one message's.
+            ref several => {
+                for &id in several {
+                    self.meet(id, Half::Posted { pid: ev.pid });
+                }
+            }
         }
-        if let Some(id) = ends.posted {
+        for id in ends.unplaced {
             self.meet(id, Half::Posted { pid: ev.pid });
         }
     }
@@ -141,7 +155,7 @@ impl LateSenders {
             }
             return;
         };
-        // Taken by MPI_Irecv (Posted): no blocking receive waited for it here.
+        // Taken by a receive whose wait is not this message's alone (Posted).
         let ((
             Half::Send {
                 pid: sender,
@@ -303,9 +317,24 @@ mod tests {
         // On time: the send (10000) starts before the receive (12000).
         ls.call(&p2p(2, "MPI_Send", 0, 10_000, 500));
         ls.call(&p2p(1, "MPI_Recv", 1, 12_000, 100));
-        // Taken by MPI_Irecv: paired, not counted.
+        // Taken by MPI_Irecv and completed in an MPI_Wait (25000..31000) before the send
+        // (30000) started: late.
+        let arrival = |posted_start_ns: u64, at: u64, untold: bool| pb::CallEvent {
+            arrival: Some(pb::Arrival {
+                posted_tid: 1,
+                posted_start_ns,
+                untold,
+            }),
+            ..p2p(1, "MPI_Wait", -1, at, 0)
+        };
         ls.call(&p2p(1, "MPI_Irecv", 1, 20_000, 10));
         ls.call(&p2p(2, "MPI_Send", 0, 30_000, 500));
+        ls.call(&arrival(20_000, 25_000, false));
+        ls.call(&p2p(1, "MPI_Wait", -1, 25_000, 6000));
+        // Taken by an MPI_Irecv whose arrival is not known (MPI_Test): paired, not counted.
+        ls.call(&p2p(1, "MPI_Irecv", 1, 50_000, 10));
+        ls.call(&arrival(50_000, 52_000, true));
+        ls.call(&p2p(2, "MPI_Send", 0, 55_000, 500));
         // A send nobody received.
         ls.call(&p2p(2, "MPI_Send", 0, 40_000, 500));
         let whois = |pid: u32| Some((pid - 1, "n".to_string()));
@@ -317,9 +346,9 @@ mod tests {
                 receiver_host: "n".into(),
                 sender: 1,
                 sender_host: "n".into(),
-                messages: 2,
-                late: 1,
-                wait_ns: 3000,
+                messages: 3,
+                late: 2,
+                wait_ns: 3000 + 5000,
             }]
         );
         assert_eq!(r.unpaired, 1);

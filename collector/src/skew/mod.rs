@@ -125,6 +125,14 @@ impl Tracker {
         placement
     }
 
+    /// Takes one arrival event (`EventKind::Arrival`): Late Sender, where on, pairs the
+    /// message it names with the wait it arrived in.
+    pub fn arrival(&mut self, ev: &CallEvent) {
+        if let Some(ls) = self.late_senders.as_mut() {
+            ls.call(&crate::trace::call_event(ev));
+        }
+    }
+
     fn place(&mut self, ev: &CallEvent) -> Placement {
         self.follow_thread(ev);
         let Some(routine) = ROUTINES.get(ev.routine as usize) else {

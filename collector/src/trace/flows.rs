@@ -75,6 +75,20 @@ pub fn direction(r: &Routine) -> Option<Direction> {
     }
 }
 
+/// Which end of its channel a persistent point-to-point request's creation
+/// (`MPI_Send_init`, `MPI_Recv_init` ...) names, if it is one: `Some(true)` a receive's.
+/// Its starts move messages that name no channel, so the trace numbers none on it.
+pub fn persistent_end(r: &Routine) -> Option<bool> {
+    if r.spec.class != class::PERSISTENT || r.spec.peer == NO_ARG {
+        return None;
+    }
+    match ByteRule::from_u8(r.spec.rule) {
+        ByteRule::CountType => Some(false),
+        ByteRule::RecvPosted => Some(true),
+        _ => None,
+    }
+}
+
 /// The flows a call's slice starts and ends.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FlowEnds {
@@ -86,6 +100,10 @@ pub struct FlowEnds {
     /// The flow of the message an `MPI_Irecv` posted for (its message arrives in a later
     /// wait, whose `into` it is).
     pub posted: Option<u64>,
+    /// The flows of posted receives whose arrival will not be known: completed by a call
+    /// that does not say which requests it completed, freed, given up for room, or posted
+    /// by `MPI_Isendrecv` (whose request is not followed).
+    pub unplaced: Vec<u64>,
 }
 
 /// Messages that have no arrow, though their calls are in the trace.
@@ -102,15 +120,30 @@ pub struct Unlinked {
     pub communicator_unknown: u64,
     /// Calls on channels past [`MAX_CHANNELS`].
     pub too_many_channels: u64,
+    /// Calls on a channel on which their process also made a persistent request
+    /// (`MPI_Send_init`, `MPI_Recv_init` ...): its starts name no message, so the
+    /// channel's messages cannot be numbered there.
+    #[serde(default)]
+    pub persistent_channel: u64,
 }
 
 impl Unlinked {
+    /// Calls not numbered, for every reason.
+    pub fn total(&self) -> u64 {
+        self.not_from_init
+            + self.after_unresolved_wildcard
+            + self.communicator_unknown
+            + self.too_many_channels
+            + self.persistent_channel
+    }
+
     /// Adds `other`'s counts.
     pub fn add(&mut self, other: &Unlinked) {
         self.not_from_init += other.not_from_init;
         self.after_unresolved_wildcard += other.after_unresolved_wildcard;
         self.communicator_unknown += other.communicator_unknown;
         self.too_many_channels += other.too_many_channels;
+        self.persistent_channel += other.persistent_channel;
     }
 }
 
@@ -129,6 +162,8 @@ pub struct Flows {
     lost_track: HashSet<(u32, u64)>,
     /// Messages numbered so far on each side of each channel.
     counted: HashMap<ChannelEnd, u64>,
+    /// Channel ends on which a persistent request was made: numbered no more.
+    persistent: HashSet<ChannelEnd>,
     /// The flows of nonblocking receives whose message has not been seen to arrive, by
     /// the posting call (oldest first).
     posted: BTreeMap<CallKey, u64>,
@@ -144,34 +179,47 @@ impl Flows {
     /// Numbers `ev`'s messages, if it moves any; the flows its slice draws. An arrival
     /// (no call) draws none: its flow ends on the call it names, which comes next.
     pub fn ends(&mut self, ev: &pb::CallEvent) -> FlowEnds {
+        let mut ends = FlowEnds::default();
         if let Some(a) = &ev.arrival {
             let posted = (a.posted_start_ns, ev.pid, a.posted_tid);
-            if let Some(flow) = self.posted.remove(&posted) {
-                let into = self
-                    .arrived
-                    .entry((ev.start_ns, ev.pid, ev.tid))
-                    .or_default();
-                into.push(flow);
-                if self.arrived.len() > MAX_POSTED {
-                    // A call whose event never came (lost): its arrivals are dropped.
-                    if let Some((_, lost)) = self.arrived.pop_first() {
-                        self.given_up += lost.len() as u64;
-                    }
+            let Some(flow) = self.posted.remove(&posted) else {
+                return ends;
+            };
+            if a.untold {
+                self.given_up += 1;
+                ends.unplaced.push(flow);
+                return ends;
+            }
+            let into = self.arrived.entry((ev.start_ns, ev.pid, ev.tid));
+            into.or_default().push(flow);
+            if self.arrived.len() > MAX_POSTED {
+                // A call whose event never came (lost): its arrivals are given up.
+                if let Some((_, lost)) = self.arrived.pop_first() {
+                    self.given_up += lost.len() as u64;
+                    ends.unplaced.extend(lost);
                 }
             }
-            return FlowEnds::default();
+            return ends;
         }
-        let mut ends = self.numbered(ev);
+        let (mut ends, dir) = self.numbered(ev);
         if !self.arrived.is_empty() {
             if let Some(into) = self.arrived.remove(&(ev.start_ns, ev.pid, ev.tid)) {
                 ends.into.extend(into);
             }
         }
         if let Some(flow) = ends.posted {
-            self.posted.insert((ev.start_ns, ev.pid, ev.tid), flow);
-            if self.posted.len() > MAX_POSTED {
-                self.posted.pop_first();
+            if dir == Some(Direction::SendAndPost) {
+                // Its request is not followed: its arrival will never come.
                 self.given_up += 1;
+                ends.unplaced.push(flow);
+            } else {
+                self.posted.insert((ev.start_ns, ev.pid, ev.tid), flow);
+                if self.posted.len() > MAX_POSTED {
+                    if let Some((_, oldest)) = self.posted.pop_first() {
+                        self.given_up += 1;
+                        ends.unplaced.push(oldest);
+                    }
+                }
             }
         }
         ends
@@ -179,32 +227,36 @@ impl Flows {
 
     /// Nonblocking receives numbered whose message's arrival the trace has not seen: the
     /// call that completed them did not say which requests it completed (`MPI_Test`,
-    /// `MPI_Waitany` ...), they were freed or cancelled, or they are still waiting.
+    /// `MPI_Waitany` ...), they were freed, given up for room or posted by `MPI_Isendrecv`,
+    /// or they are still waiting.
     pub fn arrivals_not_seen(&self) -> u64 {
         self.given_up + self.posted.len() as u64
     }
 
-    /// [`Flows::ends`] of a call by its own arguments.
-    fn numbered(&mut self, ev: &pb::CallEvent) -> FlowEnds {
+    /// [`Flows::ends`] of a call by its own arguments, and the way it moves messages.
+    fn numbered(&mut self, ev: &pb::CallEvent) -> (FlowEnds, Option<Direction>) {
         let Some(r) = routine(&ev.routine) else {
-            return FlowEnds::default();
+            return (FlowEnds::default(), None);
         };
         if r.spec.class == class::INIT {
             self.from_init.insert(ev.pid);
         }
         let Some(dir) = direction(r) else {
-            return FlowEnds::default();
+            if let Some(receiving) = persistent_end(r) {
+                self.persistent_made(ev, receiving);
+            }
+            return (FlowEnds::default(), None);
         };
         if !self.from_init.contains(&ev.pid) {
             self.unlinked.not_from_init += 1;
-            return FlowEnds::default();
+            return (FlowEnds::default(), Some(dir));
         }
         let (Some(me), true) = (
             ev.comm_rank,
             !ev.comm.is_empty() && !ev.comm.starts_with("local:"),
         ) else {
             self.unlinked.communicator_unknown += 1;
-            return FlowEnds::default();
+            return (FlowEnds::default(), Some(dir));
         };
         let peer = ev.peer.unwrap_or(CallEvent::PEER_NONE);
         let tag = ev.tag.unwrap_or(-1);
@@ -232,7 +284,29 @@ impl Flows {
                 ends.into.extend(into);
             }
         }
-        ends
+        (ends, Some(dir))
+    }
+
+    /// A persistent request's creation `ev`: its channel end is numbered no more (a
+    /// receive's with a wildcard: its communicator's receives, as after a wildcard nobody
+    /// resolved).
+    fn persistent_made(&mut self, ev: &pb::CallEvent, receiving: bool) {
+        let (Some(me), Some(peer), Some(tag)) = (ev.comm_rank, ev.peer, ev.tag) else {
+            return;
+        };
+        if ev.comm.is_empty() || peer == CallEvent::PEER_NONE {
+            return;
+        }
+        let comm = fnv(FNV_START, ev.comm.as_bytes());
+        if receiving && (peer < 0 || tag < 0) {
+            self.lost_track.insert((ev.pid, comm));
+        } else if self.persistent.len() < MAX_CHANNELS {
+            self.persistent.insert(if receiving {
+                (true, comm, peer, me, tag)
+            } else {
+                (false, comm, me, peer, tag)
+            });
+        }
     }
 
     /// The id of the next message at this end of its channel.
@@ -255,6 +329,10 @@ impl Flows {
                 self.unlinked.after_unresolved_wildcard += 1;
                 return None;
             }
+        }
+        if !self.persistent.is_empty() && self.persistent.contains(&end) {
+            self.unlinked.persistent_channel += 1;
+            return None;
         }
         if self.counted.len() >= MAX_CHANNELS && !self.counted.contains_key(&end) {
             self.unlinked.too_many_channels += 1;
@@ -326,6 +404,36 @@ mod tests {
         assert_eq!(c.out, a.posted);
     }
 
+    #[test]
+    fn a_channel_with_a_persistent_request_numbers_no_message() {
+        let mut f = Flows::default();
+        for me in [0, 1] {
+            f.ends(&call(me, "MPI_Init", (-1, -1), None));
+        }
+        // Rank 0 sends on tag 3 with a persistent request (whose starts name no message),
+        // then with MPI_Send; rank 1 takes both with MPI_Recv. Numbered, the MPI_Send's
+        // message would be the first of the channel, and its arrow would end on the receive
+        // of the persistent one's.
+        f.ends(&call(0, "MPI_Send_init", (1, 3), None));
+        f.ends(&call(0, "MPI_Start", (-1, -1), None));
+        let send = f.ends(&call(0, "MPI_Send", (1, 3), None));
+        assert_eq!(send.out, None);
+        assert_eq!(f.unlinked.persistent_channel, 1);
+        let first = f.ends(&call(1, "MPI_Recv", (0, 3), None));
+        assert_eq!(
+            first.into.len(),
+            1,
+            "numbered, with no send to match: no arrow"
+        );
+        // Another tag is numbered as ever.
+        let other = f.ends(&call(0, "MPI_Send", (1, 4), None));
+        assert!(other.out.is_some());
+        assert_eq!(
+            f.ends(&call(1, "MPI_Recv", (0, 4), None)).into,
+            Vec::from_iter(other.out)
+        );
+    }
+
     /// A wait at `start_ns` of rank `me`'s process, and the arrivals the kernel sends
     /// before it: one per receive (by its start) it completed.
     fn wait(me: i32, start_ns: u64, received: &[u64]) -> Vec<pb::CallEvent> {
@@ -342,6 +450,7 @@ mod tests {
                 arrival: Some(pb::Arrival {
                     posted_tid: me as u32 + 1,
                     posted_start_ns: *posted,
+                    untold: false,
                 }),
                 ..at("MPI_Waitall")
             })
@@ -382,6 +491,17 @@ mod tests {
         let waited = f.ends(&events.next().expect("the wait"));
         assert_eq!(waited.into, [sent[0].unwrap(), sent[1].unwrap()]);
         assert_eq!(f.arrivals_not_seen(), 1, "the third's arrival was not seen");
+        // A test may have completed it: its arrival will not be known.
+        let mut tested = wait(1, 45, &[30]).remove(0);
+        if let Some(a) = tested.arrival.as_mut() {
+            a.untold = true;
+        }
+        let untold = f.ends(&tested);
+        assert_eq!(
+            (untold.into, untold.unplaced),
+            (vec![], vec![sent[2].unwrap()])
+        );
+        assert_eq!(f.arrivals_not_seen(), 1, "counted once");
         // An arrival naming no receive the trace numbered draws nothing.
         let mut events = wait(1, 50, &[99]).into_iter();
         f.ends(&events.next().expect("an arrival"));

@@ -246,25 +246,23 @@ pub fn placed_call_event(
 
 /// A kernel call event as the API sends it (and a trace writes it).
 pub fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
-    let moves = collector_common::ROUTINES
-        .get(ev.routine as usize)
-        .and_then(flows::direction);
+    let routine = collector_common::ROUTINES.get(ev.routine as usize);
+    let moves = routine.and_then(flows::direction);
+    // A persistent creation names its channel too (a timeline numbers nothing on it).
+    let names_channel = moves.is_some() || routine.and_then(flows::persistent_end).is_some();
     pb::CallEvent {
         pid: ev.tgid,
         tid: ev.tid,
-        routine: collector_common::ROUTINES
-            .get(ev.routine as usize)
-            .map_or("?", |r| r.name)
-            .to_string(),
+        routine: routine.map_or("?", |r| r.name).to_string(),
         start_ns: ev.start_ns,
         duration_ns: ev.dur_ns,
         bytes: (ev.bucket != collector_common::UNKNOWN_BUCKET).then_some(ev.bytes),
-        peer: (ev.peer >= 0 || moves.is_some()).then_some(ev.peer),
+        peer: (ev.peer >= 0 || names_channel).then_some(ev.peer),
         comm_size: ev.comm_size,
         comm_rank: (ev.comm_rank >= 0).then_some(ev.comm_rank),
         comm: comm_label(ev),
         seq: None,
-        tag: moves.map(|_| ev.tag),
+        tag: names_channel.then_some(ev.tag),
         recv_peer: moves
             .is_some_and(flows::Direction::has_receiving_half)
             .then_some(ev.recv_peer),
@@ -281,6 +279,7 @@ pub fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
             pb::Arrival {
                 posted_tid,
                 posted_start_ns,
+                untold: ev.flags & collector_common::CallEvent::UNTOLD != 0,
             }
         }),
     }

@@ -23,7 +23,8 @@ mirror!(LateSenderPair, pb::LateSenderPair;
     copy [receiver, sender, messages, late, wait_ns] clone [receiver_host, sender_host]
     each [] cast []);
 mirror!(Unlinked, pb::MessagesNotNumbered;
-    copy [not_from_init, after_unresolved_wildcard, communicator_unknown, too_many_channels]
+    copy [not_from_init, after_unresolved_wildcard, communicator_unknown, too_many_channels,
+        persistent_channel]
     clone [] each [] cast []);
 
 impl From<&LateSenderReport> for pb::LateSenderReport {

@@ -208,6 +208,7 @@ pub(crate) fn sample() -> JobProfile {
                     after_unresolved_wildcard: 2,
                     communicator_unknown: 3,
                     too_many_channels: 4,
+                    persistent_channel: 6,
                 },
                 unpaired: 5,
             }),
