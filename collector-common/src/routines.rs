@@ -2274,7 +2274,11 @@ mod tests {
             assert_ne!(r.spec.d, NO_ARG, "{}", r.name);
             // A point-to-point one names its channel (peer `c`, then the tag), on which a
             // timeline then numbers no message; it is no message itself (not `P2P`).
-            assert!(r.spec.peer == NO_ARG || r.spec.peer == r.spec.c, "{}", r.name);
+            assert!(
+                r.spec.peer == NO_ARG || r.spec.peer == r.spec.c,
+                "{}",
+                r.name
+            );
         }
     }
 

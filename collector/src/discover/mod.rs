@@ -419,13 +419,32 @@ fn shown_path(maps_path: &str, root: Option<&Path>, pid: u32) -> String {
 }
 
 /// The libraries of this machine's kind (x86-64) in the dynamic linker's cache (`ldconfig
-/// -p`) whose names `wanted` accepts.
+/// -p`) whose names `wanted` accepts, each file once.
 pub fn linker_cache(wanted: impl Fn(&str) -> bool) -> Vec<PathBuf> {
-    linker_cache_entries()
+    let mut found = linker_cache_entries()
         .into_iter()
         .filter(|(name, _)| wanted(name))
         .map(|(_, path)| path)
-        .collect()
+        .collect();
+    // `libucp.so.0` and its development link `libucp.so` are one library.
+    keep_distinct_files(&mut found);
+    found
+}
+
+/// Keeps the first path of each file (`paths` may name one through several links); drops
+/// those that cannot be read.
+fn keep_distinct_files(paths: &mut Vec<PathBuf>) {
+    let mut seen = Vec::new();
+    paths.retain(|p| {
+        let id = fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
+        match id {
+            Some(id) if !seen.contains(&id) => {
+                seen.push(id);
+                true
+            }
+            _ => false,
+        }
+    });
 }
 
 /// The x86-64 entries of the dynamic linker's cache (`ldconfig -p`), as (name, path): the
@@ -466,17 +485,7 @@ pub fn candidate_libraries(command: &[String]) -> Vec<PathBuf> {
             }
         }
     }
-    let mut seen = Vec::new();
-    found.retain(|p| {
-        let id = fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
-        match id {
-            Some(id) if !seen.contains(&id) => {
-                seen.push(id);
-                true
-            }
-            _ => false,
-        }
-    });
+    keep_distinct_files(&mut found);
     found
 }
 

@@ -127,10 +127,19 @@ fn regular(
             e
         }
     })?;
-    if !file.metadata()?.file_type().is_file() {
+    let m = file.metadata()?;
+    if !m.file_type().is_file() && !is_dev_null(&m) {
         return Err(std::io::Error::other("not a regular file"));
     }
     Ok(file)
+}
+
+/// Whether `m` is the null device (character device 1:3, wherever it lies), the one file
+/// besides regular ones commtap writes to: a profile nobody wants (`record -o /dev/null
+/// --trace t.json`).
+fn is_dev_null(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    m.file_type().is_char_device() && m.rdev() == libc::makedev(1, 3)
 }
 
 /// The directory `path` names its file in (`.` for a bare name).
@@ -152,7 +161,7 @@ pub fn check_writable(path: &std::path::Path) -> std::io::Result<()> {
             refuse("it is a symbolic link, which commtap does not follow")
         }
         Ok(m) if m.is_dir() => refuse("it is a directory; name a file"),
-        Ok(m) if !m.is_file() => refuse("not a regular file"),
+        Ok(m) if !m.is_file() && !is_dev_null(&m) => refuse("not a regular file"),
         Ok(_) => access(path, AccessFlags::W_OK).map_err(std::io::Error::from),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let dir = directory_of(path);
@@ -341,5 +350,16 @@ mod tests {
             Some(&PathBuf::from("./-"))
         );
         assert!(out(&["-o", "-"]).check().is_ok());
+    }
+
+    /// The null device takes a profile nobody wants; no other device is written to.
+    #[test]
+    fn the_null_device_is_the_one_device_written_to() {
+        let null = std::path::Path::new("/dev/null");
+        assert!(check_writable(null).is_ok());
+        assert!(create_file(null).is_ok());
+        let zero = std::path::Path::new("/dev/zero");
+        assert!(check_writable(zero).is_err());
+        assert!(create_file(zero).is_err());
     }
 }
