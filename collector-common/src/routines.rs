@@ -168,10 +168,15 @@ pub enum ByteRule {
     /// the `a` requests of `b`; a nonblocking receive's message arrives in it. Read at
     /// entry (the call resets them), while per-call events are on.
     Completes = 65,
-    /// `MPI_Test(a)` or `MPI_Testall`/`Testany`/`Testsome`/`Waitany`/`Waitsome(a, b[])`:
-    /// may complete some of its requests, which only its return's outputs tell; a
-    /// nonblocking receive among them is no longer followed (no arrow is drawn to it).
+    /// `MPI_Test(a, *c)` (`b` none) or `MPI_Testall(a, b[], *c)`: completes its requests
+    /// if its flag `*c` says so at its return.
     MayComplete = 66,
+    /// `MPI_Waitany(a, b[], *d)` or `MPI_Testany(a, b[], *d, *c)`: completes request
+    /// `*d` of `b` (if its flag `*c`, where it has one, says so).
+    CompletesOne = 67,
+    /// `MPI_Waitsome`/`MPI_Testsome(a, b[], *c, d[])`: completes the `*c` requests of `b`
+    /// whose indices are in `d`.
+    CompletesSome = 68,
 }
 
 impl ByteRule {
@@ -280,6 +285,8 @@ impl ByteRule {
             64 => ByteRule::RequestFree,
             65 => ByteRule::Completes,
             66 => ByteRule::MayComplete,
+            67 => ByteRule::CompletesOne,
+            68 => ByteRule::CompletesSome,
             _ => ByteRule::None,
         }
     }
@@ -435,6 +442,8 @@ impl ArgSpec {
                 // Requests are read at the entry, and only for a timed call.
                 | B::Completes
                 | B::MayComplete
+                | B::CompletesOne
+                | B::CompletesSome
         )
     }
 }
@@ -1053,44 +1062,48 @@ const LISTED_ROUTINES: &[Routine] = &[
     // (request*, status) / (count, requests[], statuses)
     r("MPI_Wait", COMPLETION, B::Completes, [0, N, N, N], N, N),
     r("MPI_Waitall", COMPLETION, B::Completes, [0, 1, N, N], N, N),
+    // (count, requests[], *index, status) / (incount, requests[], *outcount, indices[],
+    // statuses)
     r(
         "MPI_Waitany",
         COMPLETION,
-        B::MayComplete,
-        [0, 1, N, N],
+        B::CompletesOne,
+        [0, 1, N, 2],
         N,
         N,
     ),
     r(
         "MPI_Waitsome",
         COMPLETION,
-        B::MayComplete,
-        [0, 1, N, N],
+        B::CompletesSome,
+        [0, 1, 2, 3],
         N,
         N,
     ),
-    r("MPI_Test", COMPLETION, B::MayComplete, [0, N, N, N], N, N),
+    // (request*, *flag, status) / (count, requests[], *flag, statuses) / (count,
+    // requests[], *index, *flag, status) / as MPI_Waitsome
+    r("MPI_Test", COMPLETION, B::MayComplete, [0, N, 1, N], N, N),
     r(
         "MPI_Testall",
         COMPLETION,
         B::MayComplete,
-        [0, 1, N, N],
+        [0, 1, 2, N],
         N,
         N,
     ),
     r(
         "MPI_Testany",
         COMPLETION,
-        B::MayComplete,
-        [0, 1, N, N],
+        B::CompletesOne,
+        [0, 1, 3, 2],
         N,
         N,
     ),
     r(
         "MPI_Testsome",
         COMPLETION,
-        B::MayComplete,
-        [0, 1, N, N],
+        B::CompletesSome,
+        [0, 1, 2, 3],
         N,
         N,
     ),

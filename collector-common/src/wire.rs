@@ -218,8 +218,36 @@ pub struct CallState {
     /// numbered: the kernel did not see the communicator made, or it is not a collective),
     /// set at its entry (see [`crate::instances`]), with [`CallState::INSTANCE_UNTIMED`].
     pub instance: u64,
+    /// Followed receives among the requests of the completion call in progress that may
+    /// complete them (`MPI_Test*`, `MPI_Waitany`, `MPI_Waitsome`): its return says which
+    /// it did (see `posted.rs` in the BPF crate).
+    pub maybe: [MaybeArrival; MAYBE_SLOTS],
+    /// How many of `maybe` are set.
+    pub maybe_n: u32,
+    /// Explicit padding.
+    pub _pad_maybe: u32,
 }
-const _: () = assert!(size_of::<CallState>() == 712);
+const _: () = assert!(size_of::<CallState>() == 712 + 32 * MAYBE_SLOTS + 8);
+
+/// Followed receives one completion call that may complete them waits for at most; the
+/// others among its requests are no longer followed.
+pub const MAYBE_SLOTS: usize = 4;
+
+/// A followed receive a completion call may complete: where it is among the call's
+/// requests, its handle, and the call that posted it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MaybeArrival {
+    /// Its index in the call's requests.
+    pub index: u32,
+    /// Explicit padding.
+    pub _pad: u32,
+    /// Its request handle.
+    pub handle: u64,
+    /// The call that posted it.
+    pub posted: PostedRecv,
+}
+const _: () = assert!(size_of::<MaybeArrival>() == 32);
 
 impl CallState {
     /// `busy`: inside a call whose return will be seen.
@@ -1042,13 +1070,18 @@ impl CallEvent {
     pub const PEER_ANY: i32 = -2;
 
     /// In [`CallEvent::flags`] of an arrival: the call may have completed the receive but
-    /// does not say so (`MPI_Test*`, `MPI_Waitany`, `MPI_Waitsome`), or freed it; when its
-    /// message arrived is not known, and the receive is no longer followed.
+    /// does not say so where the kernel can read it (past [`MAYBE_SLOTS`] followed
+    /// receives, or it failed), or freed it; when its message arrived is not known, and
+    /// the receive is no longer followed.
     pub const UNTOLD: u8 = 2;
+    /// In [`CallEvent::flags`] of an arrival: sent after its call's own event, by a call
+    /// that says at its return which requests it completed (`MPI_Test*`, `MPI_Waitany`,
+    /// `MPI_Waitsome`).
+    pub const FOLLOWS_CALL: u8 = 4;
 
     /// An [`EventKind::Arrival`]: the message `posted` waited for arrived during the call
-    /// of thread `tid` of `tgid` that entered `routine` at `start_ns` (or, `untold`, that
-    /// call may have completed it: [`CallEvent::UNTOLD`]). The posting call's thread and
+    /// of thread `tid` of `tgid` that entered `routine` at `start_ns` (`flags`:
+    /// [`CallEvent::UNTOLD`], [`CallEvent::FOLLOWS_CALL`]). The posting call's thread and
     /// start travel in `comm_size` and `created` (an arrival has neither).
     #[inline(always)]
     pub fn arrival(
@@ -1057,14 +1090,14 @@ impl CallEvent {
         routine: u16,
         start_ns: u64,
         posted: &PostedRecv,
-        untold: bool,
+        flags: u8,
     ) -> Self {
         CallEvent {
             kind: EventKind::Arrival as u32,
             tgid,
             tid,
             routine,
-            flags: if untold { Self::UNTOLD } else { 0 },
+            flags,
             start_ns,
             comm_size: posted.tid,
             created: posted.start_ns,

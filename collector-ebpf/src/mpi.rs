@@ -92,7 +92,9 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
         // requests read there (`posted`).
         | ByteRule::RequestFree
         | ByteRule::Completes
-        | ByteRule::MayComplete => Some(0),
+        | ByteRule::MayComplete
+        | ByteRule::CompletesOne
+        | ByteRule::CompletesSome => Some(0),
         ByteRule::CommFree => {
             // Forgotten at the entry (`probe::enter`); a fact cached since is dropped.
             crate::cache::bump();

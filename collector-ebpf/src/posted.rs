@@ -1,19 +1,21 @@
-//! Nonblocking receives followed to the wait that completes them, for timelines: an
-//! `MPI_Irecv`'s message arrives in a later `MPI_Wait`/`MPI_Waitall`, which only the
-//! request handle ties to it. The receive's request is remembered at its return; the wait
-//! reads its requests at its entry (the call resets them to `MPI_REQUEST_NULL`) and sends
-//! one [`EventKind::Arrival`] for each receive it completes. Only while per-call events
-//! are on: nothing else needs it.
+//! Nonblocking receives followed to the call that completes them, for timelines: an
+//! `MPI_Irecv`'s message arrives in a later wait or test, which only the request handle
+//! ties to it. The receive's request is remembered at its return; a completion call reads
+//! its requests at its entry (completed, they are reset to `MPI_REQUEST_NULL`) and sends
+//! one [`EventKind::Arrival`] for each receive it completes: at once for `MPI_Wait` and
+//! `MPI_Waitall`, which complete them all; at its return, from its flag or indices, for
+//! `MPI_Test*`, `MPI_Waitany` and `MPI_Waitsome`. Only while per-call events are on:
+//! nothing else needs it.
 
 use aya_ebpf::{cty::c_void, macros::map, maps::LruHashMap};
 use collector_common::{
-    ArgSpec, ByteRule, CallEvent, CallState, Cookie, HandleKey, PostedRecv, MAX_POSTED,
-    MAX_STARTALL,
+    ArgSpec, ByteRule, CallEvent, CallState, Cookie, HandleKey, MaybeArrival, PostedRecv,
+    MAX_POSTED, MAX_STARTALL, MAYBE_SLOTS,
 };
 
 use crate::{
     call::{arg, emit_unnumbered, read_handle},
-    decode::{each, int_arg},
+    decode::{each, int_arg, read},
     maps::{call_state, ROUTINE_SPECS},
 };
 
@@ -65,16 +67,19 @@ pub fn posts(spec: &ArgSpec, ret: i32) -> bool {
         )
 }
 
-/// At the entry of a completion call (`e`, its state, with its arguments and start): the
-/// receives among its requests are no longer followed, and their arrivals sent: in this
-/// call, for a wait that completes them all ([`ByteRule::Completes`]), else untold. Not
-/// inlined: completion calls only.
+/// At the entry of a completion call (`e`, its state, with its arguments and start): a
+/// wait that completes all its requests ([`ByteRule::Completes`]) sends the arrivals of
+/// the followed receives among them now; a call that may complete some keeps up to
+/// [`MAYBE_SLOTS`] of them in `e.maybe` for its return to tell (`after_completion`), the
+/// rest untold. Not inlined: completion calls only.
 #[inline(never)]
-pub fn completing(abi: u32, spec: ArgSpec, e: &CallState) {
-    let rule = ByteRule::from_u8(spec.rule);
-    if !matches!(rule, ByteRule::Completes | ByteRule::MayComplete) {
-        return;
-    }
+pub fn completing(abi: u32, spec: ArgSpec, e: &mut CallState) {
+    let arrives = match ByteRule::from_u8(spec.rule) {
+        ByteRule::Completes => 1,
+        ByteRule::MayComplete | ByteRule::CompletesOne | ByteRule::CompletesSome => 0,
+        _ => return,
+    };
+    e.maybe_n = 0;
     let Some(a) = arg(&e.args, spec.a) else {
         return;
     };
@@ -93,7 +98,8 @@ pub fn completing(abi: u32, spec: ArgSpec, e: &CallState) {
         tid: aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32,
         abi,
         routine: u32::from(e.routine),
-        arrives: u32::from(rule == ByteRule::Completes),
+        arrives,
+        _pad: 0,
     };
     // Past MAX_STARTALL requests, the rest stay followed: an arrow may be lost, never drawn
     // to a wait that did not complete its receive (a request handle is reused only once
@@ -111,9 +117,8 @@ pub fn freed(key: &HandleKey, routine: u16) {
     };
     let _ = POSTED.remove(key);
     let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
-    emit_unnumbered(&CallEvent::arrival(
-        key.tgid, tid, routine, 0, &posted, true,
-    ));
+    let ev = CallEvent::arrival(key.tgid, tid, routine, 0, &posted, CallEvent::UNTOLD);
+    emit_unnumbered(&ev);
 }
 
 /// What [`wait_one`] reads, on the caller's stack.
@@ -128,12 +133,13 @@ struct Waiting {
     abi: u32,
     routine: u32,
     /// 1 if the call completes every request (its receives' messages arrive in it), 0 if
-    /// it may complete some (their arrivals are untold).
+    /// it may complete some (its return tells).
     arrives: u32,
+    _pad: u32,
 }
 
-/// One request of a completion call (`bpf_loop`'s body): a followed receive is no longer,
-/// and its arrival sent (untold where the call may not complete it).
+/// One request of a completion call (`bpf_loop`'s body): a followed receive's arrival
+/// sent, or kept for the call's return to tell.
 extern "C" fn wait_one(i: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `bpf_loop` passes `completing`'s context.
     let w = unsafe { &mut *ctx.cast::<Waiting>() };
@@ -149,11 +155,172 @@ extern "C" fn wait_one(i: u64, ctx: *mut c_void) -> i64 {
     let Some(posted) = (unsafe { POSTED.get(key) }).copied() else {
         return 0;
     };
+    let mut flags = 0;
+    if w.arrives == 0 {
+        // The thread's state, looked up again: a map value's address cannot travel in the
+        // loop's context.
+        let Some(e) = call_state(false) else {
+            return 0;
+        };
+        // SAFETY: the thread's own state, in its call's entry.
+        let e = unsafe { &mut *e };
+        let n = e.maybe_n as usize;
+        if n < MAYBE_SLOTS {
+            e.maybe[n & (MAYBE_SLOTS - 1)] = MaybeArrival {
+                index: i as u32,
+                _pad: 0,
+                handle: h,
+                posted,
+            };
+            e.maybe_n += 1;
+            return 0;
+        }
+        flags = CallEvent::UNTOLD;
+    }
     let _ = POSTED.remove(key);
     // One the ring buffer has no room for is an arrow lost: the trace counts the receives
     // it saw posted and never arrive.
-    let untold = w.arrives == 0;
-    let ev = CallEvent::arrival(w.tgid, w.tid, w.routine as u16, w.start_ns, &posted, untold);
+    let ev = CallEvent::arrival(w.tgid, w.tid, w.routine as u16, w.start_ns, &posted, flags);
     emit_unnumbered(&ev);
+    0
+}
+
+/// After the return path of a completion call that may have completed followed receives
+/// (`CallState::maybe`), in the caller's stack frame: those it says it completed (its
+/// flag, index or indices, read now) have arrived, sent after its own event; those it did
+/// not stay followed; all are untold if it failed.
+#[inline(never)]
+pub fn after_completion(ret: i32) {
+    let Some(e) = call_state(false) else {
+        return;
+    };
+    // SAFETY: the thread's own state; its call has returned.
+    let e = unsafe { &mut *e };
+    let n = (e.maybe_n as usize).min(MAYBE_SLOTS);
+    e.maybe_n = 0;
+    let c = Cookie::unpack(e.cookie);
+    let Some(spec) = ROUTINE_SPECS.get(u32::from(c.routine)) else {
+        return;
+    };
+    let done = if ret == 0 {
+        completed(spec, &e.args, &e.maybe, n)
+    } else {
+        0
+    };
+    let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
+    for k in 0..MAYBE_SLOTS {
+        if k >= n {
+            break;
+        }
+        let m = e.maybe[k];
+        let flags = if ret != 0 {
+            CallEvent::UNTOLD
+        } else if done & (1 << k) != 0 {
+            CallEvent::FOLLOWS_CALL
+        } else {
+            continue;
+        };
+        let key = HandleKey {
+            tgid: e.tgid,
+            _pad: 0,
+            handle: m.handle,
+        };
+        // SAFETY: copied out at once. Another thread may have posted a receive with the
+        // handle since (the request done, its handle reused): that one stays.
+        if unsafe { POSTED.get(key) }.copied() != Some(m.posted) {
+            continue;
+        }
+        let _ = POSTED.remove(key);
+        let ev = CallEvent::arrival(e.tgid, tid, c.routine, e.start_ns, &m.posted, flags);
+        emit_unnumbered(&ev);
+    }
+}
+
+/// Which of the `n` kept receives (`maybe`) a completion call of `spec` that returned
+/// success completed, as bits: its flag (`c`) for `MPI_Test`/`MPI_Testall`; its index
+/// (`d`, and flag `c` where it has one) for `MPI_Waitany`/`MPI_Testany`; its `*c`
+/// indices in `d` for `MPI_Waitsome`/`MPI_Testsome`.
+#[inline(always)]
+fn completed(
+    spec: &ArgSpec,
+    args: &[u64; collector_common::ARG_SLOTS],
+    maybe: &[MaybeArrival; MAYBE_SLOTS],
+    n: usize,
+) -> u32 {
+    let int_at = |i: u8| arg(args, i).and_then(read::<i32>);
+    let all = (1u32 << n) - 1;
+    match ByteRule::from_u8(spec.rule) {
+        ByteRule::MayComplete => {
+            if int_at(spec.c).is_some_and(|flag| flag != 0) {
+                all
+            } else {
+                0
+            }
+        }
+        ByteRule::CompletesOne => {
+            if spec.c != collector_common::routines::NO_ARG
+                && int_at(spec.c).is_none_or(|flag| flag == 0)
+            {
+                return 0;
+            }
+            let Some(index) = int_at(spec.d) else {
+                return 0;
+            };
+            let mut done = 0;
+            for (k, m) in maybe.iter().enumerate() {
+                if k < n && m.index as i32 == index {
+                    done |= 1 << k;
+                }
+            }
+            done
+        }
+        ByteRule::CompletesSome => {
+            let (Some(count), Some(indices)) = (int_at(spec.c), arg(args, spec.d)) else {
+                return 0;
+            };
+            if count <= 0 {
+                return 0;
+            }
+            let mut s = Listed {
+                indices,
+                wanted: [0; MAYBE_SLOTS],
+                n: n as u32,
+                done: 0,
+            };
+            for (k, m) in maybe.iter().enumerate() {
+                s.wanted[k] = m.index;
+            }
+            each((count as u32).min(MAX_STARTALL), listed_one, &mut s);
+            s.done
+        }
+        _ => 0,
+    }
+}
+
+/// What [`listed_one`] reads, on the caller's stack.
+#[repr(C)]
+struct Listed {
+    /// Address of the completed requests' indices (`int`s).
+    indices: u64,
+    /// The kept receives' indices.
+    wanted: [u32; MAYBE_SLOTS],
+    /// How many of `wanted` are set.
+    n: u32,
+    /// Bits of `wanted` found among the indices.
+    done: u32,
+}
+
+/// One completed request's index (`bpf_loop`'s body): which kept receive it is.
+extern "C" fn listed_one(j: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes `completed`'s context.
+    let s = unsafe { &mut *ctx.cast::<Listed>() };
+    let Some(index) = read::<i32>(s.indices + j * 4) else {
+        return 1;
+    };
+    for k in 0..MAYBE_SLOTS {
+        if (k as u32) < s.n && s.wanted[k] as i32 == index {
+            s.done |= 1 << k;
+        }
+    }
     0
 }

@@ -55,6 +55,10 @@ const PENDING: u32 = 1;
 /// followed to its wait in the caller's frame (`posted::after_return`).
 const POSTED: u32 = 2;
 
+/// What `returned` said: the completion call may have completed followed receives, which
+/// its outputs tell in the caller's frame (`posted::after_completion`).
+const MAYBE: u32 = 3;
+
 /// How an entry may sample: never (every call timed).
 const NO_SAMPLING: u32 = 0;
 /// How an entry may sample: any routine whose time may be sampled.
@@ -330,6 +334,8 @@ fn learn_pending<const ABI: u8, const TYPES: bool>(said: u32, ctx: *mut core::ff
             crate::persistent::after_return::<ABI>(RetProbeContext::new(ctx).ret());
         } else if said == POSTED {
             crate::posted::after_return::<ABI>();
+        } else if said == MAYBE {
+            crate::posted::after_completion(RetProbeContext::new(ctx).ret());
         }
     }
 }
@@ -606,6 +612,8 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
         PENDING
     } else if crate::posted::posts(&spec, ret) && call_events() & Config::EVENTS_ALL != 0 {
         POSTED
+    } else if e.maybe_n != 0 {
+        MAYBE
     } else {
         0
     };

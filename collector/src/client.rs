@@ -389,7 +389,7 @@ pub async fn events(from: &Target, pids: Vec<u32>, duration: Option<Duration>) -
             if let Some(a) = e.arrival {
                 line["arrival"] = serde_json::json!({
                     "posted_tid": a.posted_tid, "posted_start_ns": a.posted_start_ns,
-                    "untold": a.untold,
+                    "untold": a.untold, "follows_call": a.follows_call,
                 });
             }
             writeln!(stdout, "{line}")?;

@@ -125,10 +125,9 @@ static int recv_status_ignored;
  * timeline, from the left rank's send to this rank's receive. */
 static long long arrows_from_left;
 /* Messages from the left neighbour this rank took with a nonblocking receive whose arrival
- * a timeline cannot place: completed by MPI_Waitany or MPI_Testall (which say which
- * request they completed only at their return), or posted by MPI_Isendrecv (whose request
- * commtap does not follow). An MPI_Irecv completed by MPI_Wait or MPI_Waitall is an arrow
- * into that wait. */
+ * a timeline cannot place: posted by MPI_Isendrecv (whose request commtap does not
+ * follow). An MPI_Irecv completed by MPI_Wait, MPI_Waitall, MPI_Waitany or MPI_Testall is
+ * an arrow into the call that completed it. */
 static long long receives_without_arrival;
 /* Calls on a channel on which this rank also made a persistent request: not numbered. */
 static long long persistent_channel_calls;
@@ -697,7 +696,7 @@ int main(int argc, char **argv)
             note("MPI_Waitany", 0);
             MPI_Waitany(2, req, &idx, MPI_STATUS_IGNORE);
         }
-        receives_without_arrival++;
+        arrows_from_left++;     /* into the Waitany that completed the Irecv */
 
         note("MPI_Irecv", 1 * SZ_CONTIG3D);
         MPI_Irecv(dbuf2, 1, t_contig, left, 33, world, &req[0]);
@@ -707,7 +706,7 @@ int main(int argc, char **argv)
             note("MPI_Testall", 0);
             MPI_Testall(2, req, &flag, sts);
         } while (!flag);
-        receives_without_arrival++;
+        arrows_from_left++;     /* into the Testall that said both were done */
 
         /* ======================== collectives ======================== */
         note_coll("MPI_Barrier", 0, P);

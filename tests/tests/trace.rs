@@ -155,9 +155,8 @@ fn launched_trace_matches_profile(mpi: Mpi) {
         })
         .collect();
     assert_arrows(&arrows, &truths, RECEIVES);
-    // The nonblocking receives whose arrival cannot be placed (completed by MPI_Waitany or
-    // MPI_Testall, which do not say which request they completed until their return, or
-    // posted by MPI_Isendrecv) have none, and are counted.
+    // The nonblocking receives whose arrival cannot be placed (posted by MPI_Isendrecv, in
+    // MPICH) have none, and are counted.
     let waited_for = |doc: &Value| {
         doc["metadata"]["commtap"]["receives_without_arrival"]
             .as_u64()
@@ -167,7 +166,6 @@ fn launched_trace_matches_profile(mpi: Mpi) {
         .iter()
         .map(|t| t["receives_without_arrival"].as_u64().expect("untold"))
         .sum::<u64>();
-    assert!(untold > 0);
     let doc = read_json(&trace);
     assert_eq!(waited_for(&doc), untold);
     // A channel a persistent send shares with MPI_Send numbers nothing at the sender.
@@ -190,6 +188,8 @@ const RECEIVES: &[&str] = &[
     "MPI_Sendrecv_replace",
     "MPI_Wait",
     "MPI_Waitall",
+    "MPI_Waitany",
+    "MPI_Testall",
 ];
 
 /// An arrow: (sending pid, the slice it starts on, receiving pid, the slice it ends on).

@@ -537,7 +537,7 @@ mod tests {
         let wait = routine_id("MPI_Wait").expect("a routine");
         board.item(Ok(FeedItem::Call(call(7, "MPI_Irecv", 0x4400_0000, 0, 0))));
         board.item(Ok(FeedItem::Call(CallEvent::arrival(
-            7, 7, wait, 20, &posted, false,
+            7, 7, wait, 20, &posted, 0,
         ))));
         board.item(Ok(FeedItem::Call(call(7, "MPI_Wait", 0, 0, 1))));
         assert!(passed_on(&mut rx).is_empty(), "its job is not known yet");

@@ -77,8 +77,8 @@ pub enum Half {
         end_ns: u64,
     },
     /// A receive whose wait is not one message's: one of several messages a wait
-    /// completed, or a nonblocking receive whose arrival is not known (completed by a call
-    /// that does not say which requests it completed, or freed).
+    /// completed, one a test or a wait for any of several completed, or a nonblocking
+    /// receive whose arrival is not known (past what the kernel follows, or freed).
     Posted {
         /// Who received.
         pid: u32,
@@ -120,10 +120,13 @@ impl LateSenders {
                 },
             );
         }
-        match ends.into[..] {
+        // An arrival that follows its call: completed by a test, or by a wait for any of
+        // several, whose time is no one message's wait.
+        let waited_alone = !ev.arrival.as_ref().is_some_and(|a| a.follows_call);
+        match (waited_alone, &ends.into[..]) {
             // A blocking receive, or a wait that completed one message: its time is that
             // message's wait.
-            [id] => self.meet(
+            (true, &[id]) => self.meet(
                 id,
                 Half::Receive {
                     pid: ev.pid,
@@ -132,8 +135,8 @@ impl LateSenders {
                 },
             ),
             // A wait that completed several: it waited for the last to come, not for
-            // each, and its time is no one message's.
-            ref several => {
+            // each.
+            (_, several) => {
                 for &id in several {
                     self.meet(id, Half::Posted { pid: ev.pid });
                 }
@@ -324,6 +327,7 @@ mod tests {
                 posted_tid: 1,
                 posted_start_ns,
                 untold,
+                ..Default::default()
             }),
             ..p2p(1, "MPI_Wait", -1, at, 0)
         };

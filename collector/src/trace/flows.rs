@@ -13,11 +13,12 @@
 //!
 //! The arrow goes from the send's start to the receive's end: the message cannot have
 //! arrived before it was sent, so the arrow always points forward in time (Perfetto drops
-//! arrows that go back). A nonblocking receive's message arrives in a later wait: the
-//! kernel follows its request there and sends an arrival event before the wait's
-//! (`EventKind::Arrival`), and the arrow ends at the wait's end. A receive completed by a
-//! call that does not say which of its requests it completed (`MPI_Test`, `MPI_Waitany`
-//! ...) draws no arrow, and is counted.
+//! arrows that go back). A nonblocking receive's message arrives in a later wait or test:
+//! the kernel follows its request there and sends an arrival event (`EventKind::Arrival`)
+//! before the wait's own (`MPI_Wait`, `MPI_Waitall`), or after the call's where its return
+//! says which requests it completed (`MPI_Test*`, `MPI_Waitany`, `MPI_Waitsome`), and the
+//! arrow ends at that call's end. A receive whose arrival is not known draws no arrow, and
+//! is counted.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -100,10 +101,13 @@ pub struct FlowEnds {
     /// The flow of the message an `MPI_Irecv` posted for (its message arrives in a later
     /// wait, whose `into` it is).
     pub posted: Option<u64>,
-    /// The flows of posted receives whose arrival will not be known: completed by a call
-    /// that does not say which requests it completed, freed, given up for room, or posted
-    /// by `MPI_Isendrecv` (whose request is not followed).
+    /// The flows of posted receives whose arrival will not be known: past what the kernel
+    /// follows in one call, freed, given up for room, or posted by `MPI_Isendrecv` (whose
+    /// request is not followed).
     pub unplaced: Vec<u64>,
+    /// For an arrival that follows its call (`MPI_Test` ...): that call's start and
+    /// duration, on whose end `into` is drawn.
+    pub arrived_in: Option<(u64, u64)>,
 }
 
 /// Messages that have no arrow, though their calls are in the trace.
@@ -169,6 +173,8 @@ pub struct Flows {
     posted: BTreeMap<CallKey, u64>,
     /// Flows whose message arrived in a call whose own event is still to come.
     arrived: BTreeMap<CallKey, Vec<u64>>,
+    /// Each thread's last call (start, duration), for the arrivals that follow it.
+    last_call: HashMap<(u32, u32), (u64, u64)>,
     /// Posted receives given up for room.
     given_up: u64,
     /// What could not be numbered.
@@ -185,9 +191,17 @@ impl Flows {
             let Some(flow) = self.posted.remove(&posted) else {
                 return ends;
             };
-            if a.untold {
+            let call = (ev.pid, ev.tid);
+            let follows = a.follows_call.then(|| self.last_call.get(&call)).flatten();
+            if a.untold || (a.follows_call && follows.is_none_or(|c| c.0 != ev.start_ns)) {
+                // Untold, or following a call whose event was lost.
                 self.given_up += 1;
                 ends.unplaced.push(flow);
+                return ends;
+            }
+            if let Some(&call) = follows {
+                ends.into.push(flow);
+                ends.arrived_in = Some(call);
                 return ends;
             }
             let into = self.arrived.entry((ev.start_ns, ev.pid, ev.tid));
@@ -201,6 +215,12 @@ impl Flows {
             }
             return ends;
         }
+        if self.last_call.len() >= MAX_POSTED {
+            // Threads long gone: an arrival follows its call at once.
+            self.last_call.clear();
+        }
+        self.last_call
+            .insert((ev.pid, ev.tid), (ev.start_ns, ev.duration_ns));
         let (mut ends, dir) = self.numbered(ev);
         if !self.arrived.is_empty() {
             if let Some(into) = self.arrived.remove(&(ev.start_ns, ev.pid, ev.tid)) {
@@ -225,10 +245,9 @@ impl Flows {
         ends
     }
 
-    /// Nonblocking receives numbered whose message's arrival the trace has not seen: the
-    /// call that completed them did not say which requests it completed (`MPI_Test`,
-    /// `MPI_Waitany` ...), they were freed, given up for room or posted by `MPI_Isendrecv`,
-    /// or they are still waiting.
+    /// Nonblocking receives numbered whose message's arrival the trace has not seen: past
+    /// what the kernel follows in one call, freed, given up for room or posted by
+    /// `MPI_Isendrecv`, or still waiting.
     pub fn arrivals_not_seen(&self) -> u64 {
         self.given_up + self.posted.len() as u64
     }
@@ -450,7 +469,7 @@ mod tests {
                 arrival: Some(pb::Arrival {
                     posted_tid: me as u32 + 1,
                     posted_start_ns: *posted,
-                    untold: false,
+                    ..Default::default()
                 }),
                 ..at("MPI_Waitall")
             })
@@ -502,6 +521,20 @@ mod tests {
             (vec![], vec![sent[2].unwrap()])
         );
         assert_eq!(f.arrivals_not_seen(), 1, "counted once");
+        // A receive a test said it completed: its arrival follows the test's event, and
+        // its arrow ends on the test's end.
+        let flow = f.ends(&post(9, 60)).posted.expect("numbered");
+        let test = pb::CallEvent {
+            duration_ns: 5,
+            ..wait(1, 70, &[]).remove(0)
+        };
+        assert_eq!(f.ends(&test).into, Vec::<u64>::new());
+        let mut follows = wait(1, 70, &[60]).remove(0);
+        if let Some(a) = follows.arrival.as_mut() {
+            a.follows_call = true;
+        }
+        let ends = f.ends(&follows);
+        assert_eq!((ends.into, ends.arrived_in), (vec![flow], Some((70, 5))));
         // An arrival naming no receive the trace numbered draws nothing.
         let mut events = wait(1, 50, &[99]).into_iter();
         f.ends(&events.next().expect("an arrival"));

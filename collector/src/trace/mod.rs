@@ -280,6 +280,7 @@ pub fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
                 posted_tid,
                 posted_start_ns,
                 untold: ev.flags & collector_common::CallEvent::UNTOLD != 0,
+                follows_call: ev.flags & collector_common::CallEvent::FOLLOWS_CALL != 0,
             }
         }),
     }

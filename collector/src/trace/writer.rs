@@ -144,7 +144,21 @@ impl TraceWriter {
         // Every message is numbered, written or not: both sides count them all.
         let flows = self.flows.ends(ev);
         if ev.arrival.is_some() {
-            // No call: its arrow ends on the wait it names, which comes next.
+            // No call: its arrow ends on the call it names, which comes next; or, where it
+            // follows that call (`MPI_Test` ...), on that call's end now.
+            if let Some((start_ns, duration_ns)) = flows.arrived_in {
+                let call = pb::CallEvent {
+                    pid: ev.pid,
+                    tid: ev.tid,
+                    routine: ev.routine.clone(),
+                    start_ns,
+                    duration_ns,
+                    ..Default::default()
+                };
+                if self.admits(&call) {
+                    self.write_arrival(&call, flows.into)?;
+                }
+            }
             return Ok(());
         }
         let group = self.groups.track(ev);
@@ -155,24 +169,33 @@ impl TraceWriter {
         }
     }
 
-    fn write_call(&mut self, ev: &pb::CallEvent, flows: FlowEnds) -> Result<(), TraceError> {
+    /// Whether the options keep `ev`'s slices: its rank, routine and time.
+    fn admits(&mut self, ev: &pb::CallEvent) -> bool {
         let process = self.processes.entry(ev.pid).or_default();
         if let Some(ranks) = &self.opts.ranks {
             match process.name.as_ref().and_then(|n| n.rank) {
                 Some(r) if ranks.contains(&r) => {}
-                _ => return Ok(()),
+                _ => return false,
             }
         }
         if !self.opts.routines.admits(&ev.routine) {
-            return Ok(());
+            return false;
         }
         let first = *self.first_ns.get_or_insert(ev.start_ns);
-        if let Some((from, to)) = self.opts.window {
-            let after = ev.start_ns.saturating_sub(first) as f64 / 1e9;
-            if after < from || after > to {
-                return Ok(());
+        match self.opts.window {
+            Some((from, to)) => {
+                let after = ev.start_ns.saturating_sub(first) as f64 / 1e9;
+                (from..=to).contains(&after)
             }
+            None => true,
         }
+    }
+
+    fn write_call(&mut self, ev: &pb::CallEvent, flows: FlowEnds) -> Result<(), TraceError> {
+        if !self.admits(ev) {
+            return Ok(());
+        }
+        let process = self.processes.entry(ev.pid).or_default();
         if self
             .opts
             .max_events
@@ -193,16 +216,22 @@ impl TraceWriter {
                 ..FlowEnds::default()
             },
         )?;
-        if !flows.into.is_empty() {
-            self.encode(
-                &arrival(ev),
-                FlowEnds {
-                    into: flows.into,
-                    ..FlowEnds::default()
-                },
-            )?;
+        self.write_arrival(ev, flows.into)
+    }
+
+    /// The slice inside call `ev` that the arrows of the messages `into` (which arrived in
+    /// it) end on, if any.
+    fn write_arrival(&mut self, ev: &pb::CallEvent, into: Vec<u64>) -> Result<(), TraceError> {
+        if into.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.encode(
+            &arrival(ev),
+            FlowEnds {
+                into,
+                ..FlowEnds::default()
+            },
+        )
     }
 
     /// Appends one slice in the file's format.
