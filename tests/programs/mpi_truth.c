@@ -11,6 +11,7 @@
  *
  *   {"rank":R,"size":P,"pid":PID,"device":D,"arrows_from_left":M,"recv_status_ignored":K,
  *    "receives_without_arrival":W,"persistent_channel_calls":C,"receives_without_send":S,
+ *    "arrows_sharing_a_slice":A,
  *    "routines":{"MPI_Send":{"calls":N,"bytes":B}, ...},
  *    "comm_sizes":{"MPI_Allreduce":[2,4], ...}}
  *
@@ -134,6 +135,9 @@ static long long persistent_channel_calls;
 /* Messages from the left taken with a blocking receive whose send is not numbered (the
  * left rank's persistent channel): the receive ends a flow that nothing starts. */
 static long long receives_without_send;
+/* Of the arrows, those that end on the slice of another message the same call completed
+ * (MPI_Waitsome or MPI_Testsome returning more than one): one slice marks both. */
+static long long arrows_sharing_a_slice;
 /* The device an MPICH says it was built with (its MPI_Get_library_version's "MPICH Device:"
  * line; empty for other MPIs): what commtap reports as its transport. */
 static char device[64];
@@ -161,10 +165,10 @@ static void write_truth(const char *prefix, int rank, int size)
                "\"device\":\"%s\",\"proc_null_sendrecv_replace\":%d,\"recv_status_ignored\":%d,"
                "\"arrows_from_left\":%lld,\"receives_without_arrival\":%lld,"
                "\"persistent_channel_calls\":%lld,\"receives_without_send\":%lld,"
-               "\"routines\":{",
+               "\"arrows_sharing_a_slice\":%lld,\"routines\":{",
             rank, size, (long)getpid(), checksum, device, proc_null_replaces,
             recv_status_ignored, arrows_from_left, receives_without_arrival,
-            persistent_channel_calls, receives_without_send);
+            persistent_channel_calls, receives_without_send, arrows_sharing_a_slice);
     for (int i = 0; i < nroutines; i++)
         fprintf(f, "%s\"%s\":{\"calls\":%lld,\"bytes\":%lld}", i ? "," : "",
                 table[i].name, table[i].calls, table[i].bytes);
@@ -707,6 +711,66 @@ int main(int argc, char **argv)
             MPI_Testall(2, req, &flag, sts);
         } while (!flag);
         arrows_from_left++;     /* into the Testall that said both were done */
+
+        /* Receives completed by MPI_Test, MPI_Testany, MPI_Waitsome and MPI_Testsome, which
+         * say at their return which requests they completed: each message from the left
+         * is an arrow into the call that completed it (small sends complete eagerly). A
+         * barrier before each test lets the message in: Intel MPI's tests otherwise spin
+         * 10,000 times, a flood of events. */
+        {
+            int got[6] = {0}, one = rank, outcount, indices[2], pending;
+            note("MPI_Irecv", SZ_INT);
+            MPI_Irecv(&got[0], 1, MPI_INT, left, 34, world, &req[0]);
+            note("MPI_Send", SZ_INT);
+            MPI_Send(&one, 1, MPI_INT, right, 34, world);
+            note_coll("MPI_Barrier", 0, P);
+            MPI_Barrier(world);
+            do {
+                note("MPI_Test", 0);
+                MPI_Test(&req[0], &flag, MPI_STATUS_IGNORE);
+            } while (!flag);
+            arrows_from_left++;
+
+            note("MPI_Irecv", SZ_INT);
+            MPI_Irecv(&got[1], 1, MPI_INT, left, 35, world, &req[0]);
+            req[1] = MPI_REQUEST_NULL;
+            note("MPI_Send", SZ_INT);
+            MPI_Send(&one, 1, MPI_INT, right, 35, world);
+            note_coll("MPI_Barrier", 0, P);
+            MPI_Barrier(world);
+            do {
+                note("MPI_Testany", 0);
+                MPI_Testany(2, req, &idx, &flag, MPI_STATUS_IGNORE);
+            } while (!flag);
+            arrows_from_left++;
+
+            for (int some = 0; some < 2; some++) {
+                const int tag = some ? 38 : 36;
+                note("MPI_Irecv", SZ_INT);
+                MPI_Irecv(&got[2 + 2 * some], 1, MPI_INT, left, tag, world, &req[0]);
+                note("MPI_Irecv", SZ_INT);
+                MPI_Irecv(&got[3 + 2 * some], 1, MPI_INT, left, tag + 1, world, &req[1]);
+                note("MPI_Send", SZ_INT);
+                MPI_Send(&one, 1, MPI_INT, right, tag, world);
+                note("MPI_Send", SZ_INT);
+                MPI_Send(&one, 1, MPI_INT, right, tag + 1, world);
+                note_coll("MPI_Barrier", 0, P);
+                MPI_Barrier(world);
+                for (pending = 2; pending > 0; pending -= outcount) {
+                    if (some) {
+                        note("MPI_Testsome", 0);
+                        MPI_Testsome(2, req, &outcount, indices, MPI_STATUSES_IGNORE);
+                    } else {
+                        note("MPI_Waitsome", 0);
+                        MPI_Waitsome(2, req, &outcount, indices, MPI_STATUSES_IGNORE);
+                    }
+                    if (outcount > 1)
+                        arrows_sharing_a_slice += outcount - 1;
+                }
+                arrows_from_left += 2;
+            }
+            digest(got, sizeof got);
+        }
 
         /* ======================== collectives ======================== */
         note_coll("MPI_Barrier", 0, P);

@@ -306,3 +306,55 @@ fn a_trace_dropped_without_finish_is_closed_and_loads() {
         "an earlier trace"
     );
 }
+
+/// The messages a call said at its return it completed (`MPI_Testsome`), whose arrivals
+/// follow its event, end on one slice inside it, drawn once its thread goes on.
+#[test]
+fn the_arrivals_that_follow_a_call_end_on_one_slice_in_it() {
+    let path = scratch("following");
+    let mut w = TraceWriter::create(TraceOptions::new(path.clone())).expect("create");
+    let at = |routine: &str, start_ns: u64, peer: i32, tag: i32| pb::CallEvent {
+        comm: "world".into(),
+        comm_rank: Some(i32::from(peer == 0)),
+        tag: Some(tag),
+        ..ev(if peer == 0 { 2 } else { 1 }, routine, start_ns)
+    };
+    for pid in [1, 2] {
+        w.call(&ev(pid, "MPI_Init", 0)).expect("init");
+    }
+    // Rank 1 (pid 2) posts two receives; rank 0 sends both; a test completes both.
+    for (tag, posted) in [(5, 10_000), (6, 20_000)] {
+        w.call(&at("MPI_Irecv", posted, 0, tag)).expect("post");
+        w.call(&at("MPI_Send", posted + 5_000, 1, tag))
+            .expect("send");
+    }
+    let test = at("MPI_Testsome", 40_000, 0, -1);
+    w.call(&test).expect("test");
+    for posted in [10_000, 20_000] {
+        w.call(&pb::CallEvent {
+            arrival: Some(pb::Arrival {
+                posted_tid: 2,
+                posted_start_ns: posted,
+                follows_call: true,
+                ..Default::default()
+            }),
+            duration_ns: 0,
+            ..test.clone()
+        })
+        .expect("arrival");
+    }
+    w.call(&at("MPI_Finalize", 50_000, 0, -1)).expect("next");
+    w.finish().expect("finish");
+    let doc = load(&path);
+    let events = doc["traceEvents"].as_array().expect("events");
+    let received: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["name"] == ARRIVAL)
+        .collect();
+    assert_eq!(received.len(), 1, "one slice for both: {received:?}");
+    let (ts, end) = (40.0, 41.5);
+    let at_us = received[0]["ts"].as_f64().expect("ts");
+    assert!(at_us > ts && at_us < end, "inside the test: {at_us}");
+    let ends = events.iter().filter(|e| e["ph"] == "f").count();
+    assert_eq!(ends, 2, "both arrows end there");
+}

@@ -2,7 +2,7 @@
 //! each part closed so that it loads on its own.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     io::{BufWriter, Write},
     path::{Path, PathBuf},
 };
@@ -63,6 +63,9 @@ pub struct TraceWriter {
     largest_clock_error: Option<(String, u64)>,
     /// Whether the last file is closed.
     closed: bool,
+    /// Per thread, the call whose arrivals follow it (`MPI_Testsome` ...) and their
+    /// flows: one slice for all, written at the thread's next event.
+    following: HashMap<(u32, u32), (pb::CallEvent, Vec<u64>)>,
 }
 
 /// A trace abandoned by an error (the probes could not be set up, a daemon went away) is
@@ -98,6 +101,7 @@ impl TraceWriter {
             groups: NcclGroups::default(),
             flows: Flows::default(),
             closed: false,
+            following: HashMap::new(),
         };
         w.begin_part()?;
         Ok(w)
@@ -143,29 +147,44 @@ impl TraceWriter {
     pub fn call(&mut self, ev: &pb::CallEvent) -> Result<(), TraceError> {
         // Every message is numbered, written or not: both sides count them all.
         let flows = self.flows.ends(ev);
+        let thread = (ev.pid, ev.tid);
         if ev.arrival.is_some() {
             // No call: its arrow ends on the call it names, which comes next; or, where it
-            // follows that call (`MPI_Test` ...), on that call's end now.
+            // follows that call (`MPI_Test` ...), on that call's end, with the other
+            // messages that call completed.
             if let Some((start_ns, duration_ns)) = flows.arrived_in {
-                let call = pb::CallEvent {
-                    pid: ev.pid,
-                    tid: ev.tid,
-                    routine: ev.routine.clone(),
-                    start_ns,
-                    duration_ns,
-                    ..Default::default()
-                };
-                if self.admits(&call) {
-                    self.write_arrival(&call, flows.into)?;
+                match self.following.get_mut(&thread) {
+                    Some((call, into)) if call.start_ns == start_ns => into.extend(flows.into),
+                    _ => {
+                        self.write_following(thread)?;
+                        let call = pb::CallEvent {
+                            pid: ev.pid,
+                            tid: ev.tid,
+                            routine: ev.routine.clone(),
+                            start_ns,
+                            duration_ns,
+                            ..Default::default()
+                        };
+                        self.following.insert(thread, (call, flows.into));
+                    }
                 }
             }
             return Ok(());
         }
+        self.write_following(thread)?;
         let group = self.groups.track(ev);
         self.write_call(ev, flows)?;
         match group {
             Some(g) => self.write_call(&g, FlowEnds::default()),
             None => Ok(()),
+        }
+    }
+
+    /// Writes the slice of the arrivals that followed `thread`'s last call, if any.
+    fn write_following(&mut self, thread: (u32, u32)) -> Result<(), TraceError> {
+        match self.following.remove(&thread) {
+            Some((call, into)) if self.admits(&call) => self.write_arrival(&call, into),
+            _ => Ok(()),
         }
     }
 
@@ -304,6 +323,10 @@ impl TraceWriter {
     /// Closes the file being written so that it loads on its own: the names of every
     /// process and thread seen so far, and the metadata.
     fn close_part(&mut self) -> Result<(), TraceError> {
+        let threads: Vec<(u32, u32)> = self.following.keys().copied().collect();
+        for thread in threads {
+            self.write_following(thread)?;
+        }
         if self.events == 0 {
             // No call: no file (a refused or failed trace leaves nothing behind), and one
             // that was there is left as it was (an earlier run's trace is worth more than
