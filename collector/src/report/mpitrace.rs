@@ -763,6 +763,10 @@ pub fn nothing_seen(job: &JobProfile) -> &'static str {
 /// file name first (see [`file_name_part`]); a rank whose file cannot be written does not
 /// stop the others: every failure is in the error, after all were tried.
 pub fn write_mpitrace_dir(whole: &JobProfile, dir: &Path) -> io::Result<Vec<std::path::PathBuf>> {
+    if whole.ranks.is_empty() {
+        // Nothing to write: no directory left behind either.
+        return Ok(Vec::new());
+    }
     fs::create_dir_all(dir)?;
     let region = whole.profiled_region();
     let job = region.as_ref().unwrap_or(whole);
@@ -853,6 +857,22 @@ mod tests {
             r
         };
         JobProfile::of_ranks(vec![rank(0, 1_000), rank(1, 2_000)])
+    }
+
+    /// `--mpitrace-dir` of a run that profiled nothing leaves no directory behind.
+    #[test]
+    fn a_profile_of_no_rank_makes_no_directory() {
+        let dir = std::env::temp_dir().join(format!("commtap-mpitrace-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let files = write_mpitrace_dir(&JobProfile::of_ranks(vec![]), &dir.join("out"));
+        assert_eq!(
+            files.expect("nothing to write"),
+            Vec::<std::path::PathBuf>::new()
+        );
+        assert!(!dir.exists(), "no directory made");
+        let files = write_mpitrace_dir(&two_ranks(2), &dir.join("out")).expect("written");
+        assert_eq!(files.len(), 2);
+        fs::remove_dir_all(&dir).expect("cleaned");
     }
 
     /// A rank is "of" as many ranks as its launcher said; a report holding fewer says how
