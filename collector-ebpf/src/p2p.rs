@@ -174,6 +174,11 @@ pub fn describe_match(ev: &mut CallEvent, c: &Call, spec: &ArgSpec) {
         }
         B::Pair | B::LargePair | B::PairPosted | B::LargePairPosted => {
             ev.tag = tag;
+            // The sending half's MPI_PROC_NULL reads as no message, as a receive's does
+            // (Open MPI's is -2).
+            if Some(ev.peer) == null {
+                ev.peer = CallEvent::PEER_NONE;
+            }
             let source = int_arg(arg_at(c.args, spec.comm.wrapping_sub(2)));
             let rtag = int_arg(arg_at(c.args, spec.comm.wrapping_sub(1)));
             // The nonblocking forms have a request there, and no status yet.

@@ -3,7 +3,7 @@
 //! routine, slices and bytes equal the profile's counts (which equal the program's truth).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -175,6 +175,33 @@ fn launched_trace_matches_profile(mpi: Mpi) {
     assert_eq!(
         doc["metadata"]["commtap"]["messages_without_arrows"]["persistent_channel"],
         persistent
+    );
+    // No other half-arrow: a flow starts without an end only at the send of a message
+    // whose arrival is not placed, and ends without a start only at a receive whose send
+    // is not numbered (a send to MPI_PROC_NULL, -2 in Open MPI, starts none).
+    let ids = |ph: &str| -> BTreeSet<String> {
+        doc["traceEvents"]
+            .as_array()
+            .expect("traceEvents")
+            .iter()
+            .filter(|e| e["ph"] == ph)
+            .map(|e| e["id"].as_str().expect("a flow's id").to_string())
+            .collect()
+    };
+    let (starts, ends) = (ids("s"), ids("f"));
+    let without_send = truths
+        .iter()
+        .map(|t| t["receives_without_send"].as_u64().expect("without send"))
+        .sum::<u64>();
+    assert_eq!(
+        starts.difference(&ends).count() as u64,
+        untold,
+        "starts without end"
+    );
+    assert_eq!(
+        ends.difference(&starts).count() as u64,
+        without_send,
+        "ends without start"
     );
 }
 

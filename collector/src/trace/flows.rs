@@ -332,7 +332,9 @@ impl Flows {
     fn number(&mut self, pid: u32, end: ChannelEnd) -> Option<u64> {
         let (receiving, comm, from, to, tag) = end;
         let peer = if receiving { from } else { to };
-        if peer == CallEvent::PEER_NONE {
+        // A send to no rank (MPI_PROC_NULL, whatever its value in the library's ABI) moves
+        // no message.
+        if peer == CallEvent::PEER_NONE || (!receiving && peer < 0) {
             return None;
         }
         if receiving {
