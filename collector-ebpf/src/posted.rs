@@ -19,8 +19,8 @@ use crate::{
     maps::{call_state, ROUTINE_SPECS},
 };
 
-/// Nonblocking receives not yet seen to complete. An LRU: one that is never waited for
-/// (completed by `MPI_Test` in a loop the kernel cannot follow, or its process gone) makes
+/// Nonblocking receives not yet seen to complete. An LRU: one that is never seen to
+/// complete (its completion call nested in another MPI call, or its process gone) makes
 /// room for newer ones; losing one loses an arrow, never a count.
 #[map]
 static POSTED: LruHashMap<HandleKey, PostedRecv> = LruHashMap::with_max_entries(MAX_POSTED, 0);
