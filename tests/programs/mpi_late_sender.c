@@ -13,14 +13,15 @@
  *   3. MPI_Barrier; rank 0 posts MPI_Irecv (tag 3), rank 1 sleeps DELAY_MS then sends,
  *      rank 0 waits in MPI_Wait: one more late sender, the wait waiting about DELAY_MS.
  *   4. MPI_Barrier; rank 0 posts two MPI_Irecv (tags 4 and 5) and waits for both in one
- *      MPI_Waitall; rank 1 sleeps DELAY_MS then sends both: a wait of several messages,
- *      left out.
+ *      MPI_Waitall; rank 1 sleeps DELAY_MS then sends both: a wait of several messages is
+ *      one late message (of the send that started last), two messages, about DELAY_MS
+ *      waited (not twice: the wait waited once).
  *   5. MPI_Barrier; rank 0 posts MPI_Irecv (tag 6) and calls MPI_Test until it completes;
  *      rank 1 sleeps DELAY_MS then sends: completed by a call that does not say which
  *      request it completed, left out.
  *
  * Each rank writes OUT_PREFIX.<rank>.json: {"rank":R,"pid":PID,"late":L,"messages":M,
- * "delay_ns":D}: as receiver, the messages Late Sender pairs (steps 1 to 3) and how many
+ * "delay_ns":D}: as receiver, the messages Late Sender pairs (steps 1 to 4) and how many
  * of them were sent late, and the sleep before each.
  */
 #include <mpi.h>
@@ -95,6 +96,8 @@ int main(int argc, char **argv)
         MPI_Irecv(&w[0], 1, MPI_INT, 1, 4, MPI_COMM_WORLD, &req[0]);
         MPI_Irecv(&w[1], 1, MPI_INT, 1, 5, MPI_COMM_WORLD, &req[1]);
         MPI_Waitall(2, req, MPI_STATUSES_IGNORE);
+        late++;
+        messages += 2;
     }
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 1) {

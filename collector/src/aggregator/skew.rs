@@ -420,6 +420,10 @@ impl CrossSkew {
                     pid: h.rank,
                     start_ns,
                     end_ns,
+                    thread: h.thread,
+                    // Bounded by what a wait can hold: a node's word cannot make one wait
+                    // wait for billions.
+                    together: h.together.min(crate::skew::late_sender::MAX_TOGETHER),
                 },
                 pb::HalfKind::Posted => Half::Posted { pid: h.rank },
                 pb::HalfKind::Unspecified => continue,
@@ -631,6 +635,7 @@ mod tests {
             kind: kind as i32,
             start_ns: start,
             end_ns: end,
+            ..Default::default()
         }
     }
 

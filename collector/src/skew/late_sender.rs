@@ -2,8 +2,9 @@
 //! nonblocking one (`MPI_Irecv` then `MPI_Wait`), that was waiting before the send of its
 //! message had even started. The time from the receive's (or wait's) start to the send's
 //! start (or to its end, if that came first) is time the receiver lost to a late sender,
-//! not to the network. A wait that completed several messages is left out: it waited for
-//! the last of them, not for each.
+//! not to the network. A wait that completed several messages (`MPI_Waitall`) waited for
+//! the last of them to be sent: it is one late message, of the sender whose send started
+//! last (Scalasca's rule for waits of several), once every message of it is paired.
 //!
 //! Sends and receives are paired as the timeline's arrows are ([`crate::trace::flows`]):
 //! the k-th message of a channel on both sides, numbered from `MPI_Init`. So this needs
@@ -24,6 +25,14 @@ use crate::{
 /// ones are counted as unpaired.
 pub const MAX_PENDING: usize = 1 << 20;
 
+/// Most waits of several messages kept until each of their messages is paired: past it,
+/// the oldest is given up (its paired messages counted as unpaired).
+pub const MAX_WAITS: usize = 1 << 16;
+
+/// Most messages one wait is taken to have completed (a word from another node says how
+/// many; the kernel follows no more per call either).
+pub const MAX_TOGETHER: u32 = 1 << 16;
+
 /// The `late_sender` part of the `skew` object.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LateSenderReport {
@@ -32,12 +41,13 @@ pub struct LateSenderReport {
     /// Point-to-point calls that could not be numbered (see the timeline's arrows).
     pub not_numbered: Unlinked,
     /// Sends and receives whose partner was never seen (its process not watched, or still
-    /// in flight at the end), or past [`MAX_PENDING`].
+    /// in flight at the end), or past [`MAX_PENDING`]; and messages paired whose wait's
+    /// other messages were not (past [`MAX_WAITS`] too).
     pub unpaired: u64,
 }
 
 /// Messages from one rank to another taken by blocking receives, or by nonblocking ones
-/// completed alone in a wait.
+/// a wait (`MPI_Wait`, `MPI_Waitall`) completed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LateSenderPair {
     /// The receiving world rank and its host.
@@ -50,7 +60,8 @@ pub struct LateSenderPair {
     pub sender_host: String,
     /// Messages paired.
     pub messages: u64,
-    /// Of those, the ones whose receive started before their send did.
+    /// Of those, the ones whose receive started before their send did (of the messages one
+    /// wait completed, only the one whose send started last, charged with the wait).
     pub late: u64,
     /// Time the receiver waited for those sends to start, ns.
     pub wait_ns: u64,
@@ -67,7 +78,7 @@ pub enum Half {
         /// When the send started.
         start_ns: u64,
     },
-    /// A blocking receive.
+    /// A blocking receive, or the wait that completed a nonblocking one.
     Receive {
         /// Who received.
         pid: u32,
@@ -75,10 +86,14 @@ pub enum Half {
         start_ns: u64,
         /// When it returned.
         end_ns: u64,
+        /// The waiting thread (with `pid` and `start_ns`, the wait's identity).
+        thread: u32,
+        /// Messages that call completed in all (1: this one alone).
+        together: u32,
     },
-    /// A receive whose wait is not one message's: one of several messages a wait
-    /// completed, one a test or a wait for any of several completed, or a nonblocking
-    /// receive whose arrival is not known (past what the kernel follows, or freed).
+    /// A receive whose wait is not known: one a test or a wait for any of several
+    /// completed, or a nonblocking receive whose arrival is not known (past what the
+    /// kernel follows, or freed).
     Posted {
         /// Who received.
         pid: u32,
@@ -94,6 +109,22 @@ impl Half {
     }
 }
 
+/// A wait of several messages by its start, process and thread (oldest first).
+type WaitKey = (u64, u32, u32);
+
+/// A wait that completed several messages, until each has met its send.
+#[derive(Debug)]
+struct Wait {
+    end_ns: u64,
+    /// Its messages neither paired here nor handed on yet.
+    left: u32,
+    /// Its messages paired here: (id, sender, send start).
+    met: Vec<(u64, u32, u64)>,
+    /// Some of its messages went to the aggregator: it is settled there, and the rest
+    /// follow as they are paired here.
+    handed_on: bool,
+}
+
 /// Pairs each send with its receive as calls come, and adds up the waits.
 #[derive(Debug, Default)]
 pub struct LateSenders {
@@ -102,6 +133,13 @@ pub struct LateSenders {
     pending: HashMap<u64, (Half, u32)>,
     /// Counts calls to [`LateSenders::take_unmatched`].
     generation: u32,
+    /// Waits of several messages not all paired yet, and their messages paired (at most
+    /// [`MAX_PENDING`] in all: past it, the oldest waits are given up).
+    waits: BTreeMap<WaitKey, Wait>,
+    met: usize,
+    /// Halves to hand on at the next [`LateSenders::take_unmatched`]: messages paired
+    /// here whose wait has messages at the aggregator, both halves, for it to pair.
+    handing: Vec<(u64, Half)>,
     /// By (receiver pid, sender pid).
     pairs: BTreeMap<(u32, u32), LateSenderPair>,
     dropped: u64,
@@ -122,25 +160,22 @@ impl LateSenders {
         }
         // An arrival that follows its call: completed by a test, or by a wait for any of
         // several, whose time is no one message's wait.
-        let waited_alone = !ev.arrival.as_ref().is_some_and(|a| a.follows_call);
-        match (waited_alone, &ends.into[..]) {
-            // A blocking receive, or a wait that completed one message: its time is that
-            // message's wait.
-            (true, &[id]) => self.meet(
-                id,
+        let waited = !ev.arrival.as_ref().is_some_and(|a| a.follows_call);
+        let together = u32::try_from(ends.into.len()).map_or(MAX_TOGETHER, |n| n.min(MAX_TOGETHER));
+        for &id in &ends.into {
+            // A blocking receive, or a wait: its time is its messages' wait.
+            let half = if waited {
                 Half::Receive {
                     pid: ev.pid,
                     start_ns: ev.start_ns,
                     end_ns: ev.start_ns + ev.duration_ns,
-                },
-            ),
-            // A wait that completed several: it waited for the last to come, not for
-            // each.
-            (_, several) => {
-                for &id in several {
-                    self.meet(id, Half::Posted { pid: ev.pid });
+                    thread: ev.tid,
+                    together,
                 }
-            }
+            } else {
+                Half::Posted { pid: ev.pid }
+            };
+            self.meet(id, half);
         }
         for id in ends.unplaced {
             self.meet(id, Half::Posted { pid: ev.pid });
@@ -158,25 +193,29 @@ impl LateSenders {
             }
             return;
         };
-        // Taken by a receive whose wait is not this message's alone (Posted).
+        // Taken by a receive whose wait is not known (Posted): nothing to add.
         let ((
-            Half::Send {
+            send @ Half::Send {
                 pid: sender,
                 start_ns: sent,
             },
-            Half::Receive {
+            receive @ Half::Receive {
                 pid: receiver,
                 start_ns,
                 end_ns,
+                thread,
+                together,
             },
         )
         | (
-            Half::Receive {
+            receive @ Half::Receive {
                 pid: receiver,
                 start_ns,
                 end_ns,
+                thread,
+                together,
             },
-            Half::Send {
+            send @ Half::Send {
                 pid: sender,
                 start_ns: sent,
             },
@@ -184,9 +223,76 @@ impl LateSenders {
         else {
             return;
         };
-        let p = self.pairs.entry((receiver, sender)).or_default();
-        p.messages += 1;
+        if together <= 1 {
+            self.settle(receiver, start_ns, end_ns, &[(id, sender, sent)]);
+            return;
+        }
+        let key = (start_ns, receiver, thread);
+        while self.met >= MAX_PENDING && self.give_up_oldest_wait() {}
+        let w = self.wait(key, end_ns, together);
+        w.left = w.left.saturating_sub(1);
+        if w.handed_on {
+            self.handing.extend([(id, send), (id, receive)]);
+        } else {
+            w.met.push((id, sender, sent));
+            self.met += 1;
+        }
+        self.close_if_done(key);
+    }
+
+    /// Forgets the oldest wait, its paired messages counted as unpaired; false if none.
+    fn give_up_oldest_wait(&mut self) -> bool {
+        let Some((_, old)) = self.waits.pop_first() else {
+            return false;
+        };
+        self.forget_wait(&old);
+        true
+    }
+
+    /// Counts the messages of a wait given up as unpaired.
+    fn forget_wait(&mut self, w: &Wait) {
+        self.met -= w.met.len();
+        self.dropped += w.met.len() as u64;
+    }
+
+    /// The wait `key` (kept from now if new; past [`MAX_WAITS`], the oldest is given up).
+    fn wait(&mut self, key: WaitKey, end_ns: u64, together: u32) -> &mut Wait {
+        if !self.waits.contains_key(&key) && self.waits.len() >= MAX_WAITS {
+            self.give_up_oldest_wait();
+        }
+        self.waits.entry(key).or_insert_with(|| Wait {
+            end_ns,
+            left: together,
+            met: Vec::new(),
+            handed_on: false,
+        })
+    }
+
+    /// Settles the wait `key` once each of its messages is paired here (or forgets it
+    /// once the last went to the aggregator, which settles it).
+    fn close_if_done(&mut self, key: WaitKey) {
+        if self.waits.get(&key).is_some_and(|w| w.left == 0) {
+            let w = self.waits.remove(&key).expect("just seen");
+            self.met -= w.met.len();
+            if !w.handed_on {
+                let (start_ns, receiver, _) = key;
+                self.settle(receiver, start_ns, w.end_ns, &w.met);
+            }
+        }
+    }
+
+    /// Adds up a wait from `start_ns` to `end_ns` by `receiver` whose messages `met`
+    /// (id, sender, send start) are all paired: each message counts to its sender, and the
+    /// wait, if it started before the last send did, is that sender's late message.
+    fn settle(&mut self, receiver: u32, start_ns: u64, end_ns: u64, met: &[(u64, u32, u64)]) {
+        for &(_, sender, _) in met {
+            self.pairs.entry((receiver, sender)).or_default().messages += 1;
+        }
+        let Some(&(_, sender, sent)) = met.iter().max_by_key(|&&(_, _, sent)| sent) else {
+            return;
+        };
         if sent > start_ns {
+            let p = self.pairs.entry((receiver, sender)).or_default();
             p.late += 1;
             p.wait_ns += sent.min(end_ns) - start_ns;
         }
@@ -194,7 +300,9 @@ impl LateSenders {
 
     /// At most `max` of the halves whose other end did not come since the last call (it is
     /// on another node: the aggregator pairs them), taken out; those that came since stay a
-    /// while, and those past `max` until the next call.
+    /// while, and those past `max` until the next call. A wait of several messages one of
+    /// which is handed on is settled by the aggregator: the messages of it paired here are
+    /// handed on too, both halves.
     pub fn take_unmatched(&mut self, max: usize) -> Vec<(u64, Half)> {
         let now = self.generation;
         self.generation = now.wrapping_add(1);
@@ -203,17 +311,71 @@ impl LateSenders {
             .iter()
             .filter(|(_, (_, g))| *g != now)
             .map(|(id, _)| *id)
-            .take(max)
+            .take(max.saturating_sub(self.handing.len()))
             .collect();
-        old.into_iter()
-            .filter_map(|id| Some((id, self.pending.remove(&id)?.0)))
-            .collect()
+        for id in old {
+            let Some((half, _)) = self.pending.remove(&id) else {
+                continue;
+            };
+            if let Half::Receive {
+                pid,
+                start_ns,
+                end_ns,
+                thread,
+                together: together @ 2..,
+            } = half
+            {
+                self.hand_on_wait((start_ns, pid, thread), end_ns, together);
+            }
+            self.handing.push((id, half));
+        }
+        let n = self.handing.len().min(max);
+        self.handing.drain(..n).collect()
+    }
+
+    /// One message of the wait `key` is handed on: so are those of it paired here, and
+    /// those paired later.
+    fn hand_on_wait(&mut self, key: WaitKey, end_ns: u64, together: u32) {
+        let w = self.wait(key, end_ns, together);
+        w.left = w.left.saturating_sub(1);
+        if !w.handed_on {
+            w.handed_on = true;
+            let (start_ns, pid, thread) = key;
+            let receive = Half::Receive {
+                pid,
+                start_ns,
+                end_ns,
+                thread,
+                together,
+            };
+            let met = std::mem::take(&mut w.met);
+            self.met -= met.len();
+            for (id, sender, sent) in met {
+                let send = Half::Send {
+                    pid: sender,
+                    start_ns: sent,
+                };
+                self.handing.extend([(id, send), (id, receive)]);
+            }
+        }
+        self.close_if_done(key);
     }
 
     /// Forgets the pairs of processes `keep` no longer keeps (both ends gone).
     pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
         self.pairs
             .retain(|&(receiver, sender), _| keep(receiver) || keep(sender));
+        let gone: Vec<WaitKey> = self
+            .waits
+            .keys()
+            .filter(|&&(_, receiver, _)| !keep(receiver))
+            .copied()
+            .collect();
+        for key in gone {
+            if let Some(w) = self.waits.remove(&key) {
+                self.forget_wait(&w);
+            }
+        }
     }
 
     /// The report, ranks and hosts from `whois` (processes it does not know are left out).
@@ -242,7 +404,7 @@ impl LateSenders {
         LateSenderReport {
             pairs,
             not_numbered: self.numbering.unlinked,
-            unpaired: unpaired + self.dropped,
+            unpaired: unpaired + self.met as u64 + self.dropped,
         }
     }
 }
@@ -299,9 +461,155 @@ mod tests {
             peer: Some(peer),
             tag: Some(7),
             comm: "world".into(),
-            comm_rank: Some(i32::from(pid != 1)),
+            comm_rank: Some(pid as i32 - 1),
             ..Default::default()
         }
+    }
+
+    fn init(ls: &mut LateSenders, pids: &[u32]) {
+        for &pid in pids {
+            ls.call(&pb::CallEvent {
+                pid,
+                tid: pid,
+                routine: "MPI_Init".into(),
+                ..Default::default()
+            });
+        }
+    }
+
+    /// The arrival, in a wait of `pid` starting at `at`, of what its `MPI_Irecv` that
+    /// started at `posted_start_ns` received.
+    fn arrival(pid: u32, posted_start_ns: u64, at: u64) -> pb::CallEvent {
+        pb::CallEvent {
+            arrival: Some(pb::Arrival {
+                posted_tid: pid,
+                posted_start_ns,
+                ..Default::default()
+            }),
+            ..p2p(pid, "MPI_Waitall", -1, at, 0)
+        }
+    }
+
+    /// Rank 0 posts a receive from each of ranks 1, 2 and 3 (in that order, at 100, 200
+    /// and 300) and waits for all three in one `MPI_Waitall` from 1000 to 9000.
+    fn wait_for_three(ls: &mut LateSenders) {
+        for (peer, at) in [(1, 100), (2, 200), (3, 300)] {
+            ls.call(&p2p(1, "MPI_Irecv", peer, at, 10));
+        }
+        for at in [100, 200, 300] {
+            ls.call(&arrival(1, at, 1000));
+        }
+        ls.call(&p2p(1, "MPI_Waitall", -1, 1000, 8000));
+    }
+
+    fn pairs(r: &LateSenderReport) -> Vec<(u32, u32, u64, u64, u64)> {
+        r.pairs
+            .iter()
+            .map(|p| (p.receiver, p.sender, p.messages, p.late, p.wait_ns))
+            .collect()
+    }
+
+    /// A wait of several messages waited for the last of them: one late message, of the
+    /// sender that started last, with the wait up to that send; the others are counted as
+    /// messages only, and nothing is added before every message of the wait is paired.
+    #[test]
+    fn a_wait_of_several_messages_is_late_for_the_last_send() {
+        let mut ls = LateSenders::default();
+        init(&mut ls, &[1, 2, 3, 4]);
+        wait_for_three(&mut ls);
+        // Rank 2 sends late (at 4000), rank 3 later still (at 6000); rank 1 on time.
+        ls.call(&p2p(3, "MPI_Send", 0, 4000, 10));
+        ls.call(&p2p(4, "MPI_Send", 0, 6000, 10));
+        let whois = |pid: u32| Some((pid - 1, "n".to_string()));
+        let r = ls.report(&whois);
+        assert_eq!(pairs(&r), vec![], "two of three paired: not settled");
+        assert_eq!(r.unpaired, 3, "two paired, one receive waiting");
+        ls.call(&p2p(2, "MPI_Send", 0, 500, 10));
+        let r = ls.report(&whois);
+        assert_eq!(
+            pairs(&r),
+            vec![(0, 3, 1, 1, 5000), (0, 1, 1, 0, 0), (0, 2, 1, 0, 0)]
+        );
+        assert_eq!(r.unpaired, 0);
+    }
+
+    /// Rank 0 and rank 1 on node a, ranks 2 and 3 on node b. Rank 0's wait of three
+    /// messages has one paired at node a, two handed on: node a hands the one it paired on
+    /// too (both halves), and the third once its send comes; the aggregator settles the
+    /// wait, charged to the last sender, exactly as one node would.
+    #[test]
+    fn a_wait_with_messages_from_another_node_is_settled_by_the_aggregator() {
+        let (mut a, mut b, mut across) = (
+            LateSenders::default(),
+            LateSenders::default(),
+            LateSenders::default(),
+        );
+        init(&mut a, &[1, 2]);
+        init(&mut b, &[3, 4]);
+        wait_for_three(&mut a);
+        a.call(&p2p(2, "MPI_Send", 0, 7000, 10));
+        b.call(&p2p(3, "MPI_Send", 0, 500, 10));
+        b.call(&p2p(4, "MPI_Send", 0, 5000, 10));
+        // A half is handed on after it waited one push.
+        let mut handed = Vec::new();
+        for _ in 0..2 {
+            handed.extend(a.take_unmatched(100));
+            handed.extend(b.take_unmatched(100));
+        }
+        let whois = |pid: u32| Some((pid - 1, "n".to_string()));
+        assert_eq!(
+            pairs(&a.report(&whois)),
+            vec![],
+            "settled at the aggregator"
+        );
+        assert_eq!(a.report(&whois).unpaired, 0, "nothing left at node a");
+        // Two receives and their sends, and the message paired at node a, both halves.
+        assert_eq!(handed.len(), 6, "{handed:?}");
+        for (id, half) in handed {
+            across.meet(id, half);
+        }
+        assert_eq!(
+            pairs(&across.report(&whois)),
+            vec![(0, 1, 1, 1, 6000), (0, 2, 1, 0, 0), (0, 3, 1, 0, 0)]
+        );
+        assert_eq!(across.report(&whois).unpaired, 0);
+    }
+
+    /// Once one message of a wait went to the aggregator, those node a pairs later follow
+    /// it.
+    #[test]
+    fn messages_paired_after_their_wait_was_handed_on_follow_it() {
+        let (mut a, mut across) = (LateSenders::default(), LateSenders::default());
+        init(&mut a, &[1, 2, 3, 4]);
+        wait_for_three(&mut a);
+        a.take_unmatched(100);
+        // One receive goes (the push is full), two stay.
+        let mut handed = a.take_unmatched(1);
+        assert_eq!(handed.len(), 1);
+        for (pid, at) in [(2, 2000), (3, 3000), (4, 8000)] {
+            a.call(&p2p(pid, "MPI_Send", 0, at, 10));
+        }
+        // Two messages paired at node a (both halves each), then the send of the one
+        // handed on, after its push.
+        for _ in 0..2 {
+            handed.extend(a.take_unmatched(100));
+        }
+        assert_eq!(handed.len(), 6, "{handed:?}");
+        let whois = |pid: u32| Some((pid - 1, "n".to_string()));
+        assert_eq!(
+            pairs(&a.report(&whois)),
+            vec![],
+            "settled at the aggregator"
+        );
+        assert_eq!(a.report(&whois).unpaired, 0);
+        for (id, half) in handed {
+            across.meet(id, half);
+        }
+        assert_eq!(
+            pairs(&across.report(&whois)),
+            vec![(0, 3, 1, 1, 7000), (0, 1, 1, 0, 0), (0, 2, 1, 0, 0)]
+        );
+        assert_eq!(across.report(&whois).unpaired, 0);
     }
 
     #[test]

@@ -367,12 +367,16 @@ impl NodeState {
             .into_iter()
             .filter_map(|(id, half)| {
                 let r = rank_of(half.pid())?;
-                let (kind, start_ns, end_ns) = match half {
-                    Half::Send { start_ns, .. } => (pb::HalfKind::Send, start_ns, start_ns),
+                let (kind, start_ns, end_ns, thread, together) = match half {
+                    Half::Send { start_ns, .. } => (pb::HalfKind::Send, start_ns, start_ns, 0, 0),
                     Half::Receive {
-                        start_ns, end_ns, ..
-                    } => (pb::HalfKind::Receive, start_ns, end_ns),
-                    Half::Posted { .. } => (pb::HalfKind::Posted, 0, 0),
+                        start_ns,
+                        end_ns,
+                        thread,
+                        together,
+                        ..
+                    } => (pb::HalfKind::Receive, start_ns, end_ns, thread, together),
+                    Half::Posted { .. } => (pb::HalfKind::Posted, 0, 0, 0, 0),
                 };
                 Some(pb::MessageHalf {
                     job: r.job.clone(),
@@ -382,6 +386,8 @@ impl NodeState {
                     kind: kind as i32,
                     start_ns: self.api_time(start_ns),
                     end_ns: self.api_time(end_ns),
+                    thread,
+                    together,
                 })
             })
             .collect();
