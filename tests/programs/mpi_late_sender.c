@@ -19,10 +19,15 @@
  *   5. MPI_Barrier; rank 0 posts MPI_Irecv (tag 6) and calls MPI_Test until it completes;
  *      rank 1 sleeps DELAY_MS then sends: completed by a call that does not say which
  *      request it completed, left out.
+ *   6. N times: MPI_Barrier; rank 1 sends with MPI_Ssend (tag 7) at once, rank 0 sleeps
+ *      DELAY_MS before its MPI_Recv: N late receivers (a synchronous send cannot return
+ *      before its receive is posted), each send waiting about DELAY_MS. Every send of
+ *      rank 1 is a blocking one (MPI_Send, MPI_Ssend); only these N were late for.
  *
  * Each rank writes OUT_PREFIX.<rank>.json: {"rank":R,"pid":PID,"late":L,"messages":M,
- * "delay_ns":D}: as receiver, the messages Late Sender pairs (steps 1 to 4) and how many
- * of them were sent late, and the sleep before each.
+ * "blocking_sends":B,"receiver_late":RL,"delay_ns":D}: as receiver, the messages Late
+ * Sender pairs (steps 1 to 4 and 6) and how many of them were sent late; as sender, its
+ * blocking sends and how many of them waited for a late receiver; the sleep before each.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -46,7 +51,7 @@ int main(int argc, char **argv)
     long delay = atol(argv[1]);
     int n = atoi(argv[2]);
     int rank, size, v = 0;
-    long long late = 0, messages = 0;
+    long long late = 0, messages = 0, blocking_sends = 0, receiver_late = 0;
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -58,6 +63,7 @@ int main(int argc, char **argv)
         if (rank == 1) {
             sleep_ms(delay);
             MPI_Send(&i, 1, MPI_INT, 0, 1, MPI_COMM_WORLD);
+            blocking_sends++;
         } else {
             MPI_Recv(&v, 1, MPI_INT, 1, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             late++;
@@ -68,6 +74,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < n; i++) {
         if (rank == 1) {
             MPI_Send(&i, 1, MPI_INT, 0, 2, MPI_COMM_WORLD);
+            blocking_sends++;
         } else {
             sleep_ms(delay);
             MPI_Recv(&v, 1, MPI_INT, 1, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
@@ -78,6 +85,7 @@ int main(int argc, char **argv)
     if (rank == 1) {
         sleep_ms(delay);
         MPI_Send(&v, 1, MPI_INT, 0, 3, MPI_COMM_WORLD);
+        blocking_sends++;
     } else {
         MPI_Request req;
         MPI_Irecv(&v, 1, MPI_INT, 1, 3, MPI_COMM_WORLD, &req);
@@ -90,6 +98,7 @@ int main(int argc, char **argv)
         sleep_ms(delay);
         MPI_Send(&v, 1, MPI_INT, 0, 4, MPI_COMM_WORLD);
         MPI_Send(&v, 1, MPI_INT, 0, 5, MPI_COMM_WORLD);
+        blocking_sends += 2;
     } else {
         MPI_Request req[2];
         int w[2];
@@ -103,6 +112,7 @@ int main(int argc, char **argv)
     if (rank == 1) {
         sleep_ms(delay);
         MPI_Send(&v, 1, MPI_INT, 0, 6, MPI_COMM_WORLD);
+        blocking_sends++;
     } else {
         MPI_Request req;
         int done = 0;
@@ -114,6 +124,18 @@ int main(int argc, char **argv)
             sleep_ms(1); /* a few dozen calls, not a flood of events */
         }
     }
+    for (int i = 0; i < n; i++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank == 1) {
+            MPI_Ssend(&i, 1, MPI_INT, 0, 7, MPI_COMM_WORLD);
+            blocking_sends++;
+            receiver_late++;
+        } else {
+            sleep_ms(delay);
+            MPI_Recv(&v, 1, MPI_INT, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            messages++;
+        }
+    }
 
     char path[4096];
     snprintf(path, sizeof path, "%s.%d.json", argv[3], rank);
@@ -122,8 +144,11 @@ int main(int argc, char **argv)
         perror(path);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    fprintf(f, "{\"rank\":%d,\"pid\":%ld,\"late\":%lld,\"messages\":%lld,\"delay_ns\":%lld}\n",
-            rank, (long)getpid(), late, messages, delay * 1000000LL);
+    fprintf(f,
+            "{\"rank\":%d,\"pid\":%ld,\"late\":%lld,\"messages\":%lld,\"blocking_sends\":%lld,"
+            "\"receiver_late\":%lld,\"delay_ns\":%lld}\n",
+            rank, (long)getpid(), late, messages, blocking_sends, receiver_late,
+            delay * 1000000LL);
     fclose(f);
     MPI_Finalize();
     return 0;

@@ -1,6 +1,7 @@
 //! Late Sender: a real Open MPI and MPICH job whose rank 1 is known to send late to a rank
 //! 0 already waiting in MPI_Recv (`mpi_late_sender.c`): the profile pairs every message
 //! with its receive and counts exactly the late ones, with about the sleeps as the wait.
+//! And Late Receiver: rank 1's synchronous sends to a rank 0 that posts its receives late.
 
 use std::time::Duration;
 
@@ -11,35 +12,45 @@ const DELAY_MS: u64 = 20;
 const N: u64 = 10;
 
 /// The profile's Late Sender section is the job's truth: rank 1's late sends to rank 0
-/// paired with every MPI_Recv, exactly the late ones, waits of about the sleeps.
+/// paired with every MPI_Recv, exactly the late ones, waits of about the sleeps; and its
+/// Late Receivers: every blocking send of rank 1, exactly the ones rank 0 was late for.
 #[track_caller]
 fn assert_late_senders(profile: &serde_json::Value, truths: &[serde_json::Value]) {
-    let receiver = &truths[0];
+    let (receiver, sender) = (&truths[0], &truths[1]);
     let ls = &profile["skew"]["late_sender"];
-    let pairs = ls["pairs"]
-        .as_array()
-        .unwrap_or_else(|| panic!("pairs: {profile:#}"));
-    assert_eq!(pairs.len(), 1, "rank 1 -> rank 0 only: {ls}");
-    let p = &pairs[0];
-    assert_eq!(
-        (&p["receiver"], &p["sender"]),
-        (&0.into(), &1.into()),
-        "{p}"
-    );
-    assert_eq!(
-        p["messages"], receiver["messages"],
-        "every MPI_Recv paired: {p}"
-    );
-    assert_eq!(p["late"], receiver["late"], "exactly the late ones: {p}");
-    // Each late receive waited about the sender's sleep (more on a loaded machine: the
-    // sleep is a floor, an oversubscribed scheduler adds to it).
-    let wait = p["wait_ns"].as_u64().expect("wait");
-    let sleeps =
-        receiver["late"].as_u64().expect("late") * receiver["delay_ns"].as_u64().expect("delay");
-    assert!(
-        wait >= sleeps * 8 / 10 && wait <= sleeps * 3,
-        "waited {wait} ns for {sleeps} ns of sleeps"
-    );
+    let delay = receiver["delay_ns"].as_u64().expect("delay");
+    for (list, messages, late) in [
+        ("pairs", &receiver["messages"], &receiver["late"]),
+        (
+            "late_receivers",
+            &sender["blocking_sends"],
+            &sender["receiver_late"],
+        ),
+    ] {
+        let pairs = ls[list]
+            .as_array()
+            .unwrap_or_else(|| panic!("{list}: {profile:#}"));
+        assert_eq!(pairs.len(), 1, "rank 1 -> rank 0 only: {ls}");
+        let p = &pairs[0];
+        assert_eq!(
+            (&p["receiver"], &p["sender"]),
+            (&0.into(), &1.into()),
+            "{p}"
+        );
+        assert_eq!(
+            &p["messages"], messages,
+            "{list}: every message paired: {p}"
+        );
+        assert_eq!(&p["late"], late, "{list}: exactly the late ones: {p}");
+        // Each late one waited about the other side's sleep (more on a loaded machine:
+        // the sleep is a floor, an oversubscribed scheduler adds to it).
+        let wait = p["wait_ns"].as_u64().expect("wait");
+        let sleeps = late.as_u64().expect("late") * delay;
+        assert!(
+            wait >= sleeps * 8 / 10 && wait <= sleeps * 3,
+            "{list}: waited {wait} ns for {sleeps} ns of sleeps"
+        );
+    }
     assert_eq!(ls["unpaired"], 0, "{ls}");
     for (reason, n) in ls["not_numbered"].as_object().expect("not_numbered") {
         assert_eq!(n, 0, "{reason}: {ls}");

@@ -300,6 +300,7 @@ struct JobLateSender {
 #[derive(Debug, Default)]
 struct NodeReport {
     pairs: BTreeMap<(u32, u32), LateSenderPair>,
+    late_receivers: BTreeMap<(u32, u32), LateSenderPair>,
     not_numbered: Unlinked,
     unpaired: u64,
 }
@@ -380,7 +381,7 @@ impl CrossSkew {
         halves: &[pb::MessageHalf],
         offset_ns: Option<i64>,
     ) {
-        use crate::skew::late_sender::Half;
+        use crate::skew::late_sender::{Half, ReceiveEnd, SendEnd, MAX_TOGETHER};
         for r in reports {
             let Some((_, late)) = self.late_of(&r.job) else {
                 continue;
@@ -394,10 +395,15 @@ impl CrossSkew {
                 .map(LateSenderReport::from)
                 .unwrap_or_default();
             let mine = late.nodes.entry(node.to_string()).or_default();
-            for p in report.pairs {
-                let key = (p.receiver, p.sender);
-                if mine.pairs.contains_key(&key) || mine.pairs.len() < MAX_NODE_PAIRS {
-                    mine.pairs.insert(key, p);
+            for (kept, pairs) in [
+                (&mut mine.pairs, report.pairs),
+                (&mut mine.late_receivers, report.late_receivers),
+            ] {
+                for p in pairs {
+                    let key = (p.receiver, p.sender);
+                    if kept.contains_key(&key) || kept.len() < MAX_NODE_PAIRS {
+                        kept.insert(key, p);
+                    }
                 }
             }
             mine.not_numbered = report.not_numbered;
@@ -411,21 +417,32 @@ impl CrossSkew {
                 h.start_ns.saturating_add_signed(offset_ns),
                 h.end_ns.saturating_add_signed(offset_ns),
             );
+            // 0 says "not known" on every clock.
+            let posted_ns = match h.posted_ns {
+                0 => 0,
+                ns => ns.saturating_add_signed(offset_ns),
+            };
             let half = match h.kind() {
-                pb::HalfKind::Send => Half::Send {
-                    pid: h.rank,
-                    start_ns,
-                },
-                pb::HalfKind::Receive => Half::Receive {
+                pb::HalfKind::Send => Half::Send(SendEnd {
                     pid: h.rank,
                     start_ns,
                     end_ns,
+                    blocking: h.blocking,
+                }),
+                pb::HalfKind::Receive => Half::Receive(ReceiveEnd {
+                    pid: h.rank,
+                    start_ns,
+                    end_ns,
+                    posted_ns,
                     thread: h.thread,
                     // Bounded by what a wait can hold: a node's word cannot make one wait
                     // wait for billions.
-                    together: h.together.min(crate::skew::late_sender::MAX_TOGETHER),
+                    together: h.together.min(MAX_TOGETHER),
+                }),
+                pb::HalfKind::Posted => Half::Posted {
+                    pid: h.rank,
+                    posted_ns,
                 },
-                pb::HalfKind::Posted => Half::Posted { pid: h.rank },
                 pb::HalfKind::Unspecified => continue,
             };
             let Some((hosts, late)) = self.late_of(&h.job) else {
@@ -468,6 +485,7 @@ impl CrossSkew {
                 .values()
                 .map(|n| LateSenderReport {
                     pairs: n.pairs.values().cloned().collect(),
+                    late_receivers: n.late_receivers.values().cloned().collect(),
                     not_numbered: n.not_numbered,
                     unpaired: n.unpaired,
                 })

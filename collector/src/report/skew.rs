@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::skew::{
-    late_sender::LateSenderReport,
+    late_sender::{LateSenderPair, LateSenderReport},
     summary::{bytes_range, human_ns},
     SkewReport,
 };
@@ -55,7 +55,7 @@ pub fn render_text(s: &SkewReport) -> String {
 }
 
 /// Late Sender: per pair of ranks, how often a receive (or the wait of a nonblocking one)
-/// waited for its send to start, and how long.
+/// waited for its send to start, and how long; and Late Receiver, the other way round.
 fn late_senders(o: &mut String, ls: &LateSenderReport) {
     let _ = writeln!(o);
     let n = &ls.not_numbered;
@@ -72,7 +72,19 @@ fn late_senders(o: &mut String, ls: &LateSenderReport) {
         n.persistent_channel,
         ls.unpaired
     );
-    if ls.pairs.is_empty() {
+    pairs_table(o, &ls.pairs, "pairs");
+    let _ = writeln!(
+        o,
+        "  Late Receiver (blocking sends waiting for their receive to be posted): {} pairs of \
+         ranks",
+        ls.late_receivers.len()
+    );
+    pairs_table(o, &ls.late_receivers, "late_receivers");
+}
+
+/// The first 20 of `pairs` (a list in `skew.late_sender`), most waited first.
+fn pairs_table(o: &mut String, pairs: &[LateSenderPair], list: &str) {
+    if pairs.is_empty() {
         return;
     }
     let _ = writeln!(
@@ -80,7 +92,7 @@ fn late_senders(o: &mut String, ls: &LateSenderReport) {
         "  {:>9} {:>7} {:>10} {:>7} {:>14} {:>12}",
         "receiver", "sender", "messages", "late", "waited (s)", "per late"
     );
-    for p in ls.pairs.iter().take(20) {
+    for p in pairs.iter().take(20) {
         let _ = writeln!(
             o,
             "  {:>9} {:>7} {:>10} {:>7} {:>14.6} {:>12}",
@@ -92,11 +104,11 @@ fn late_senders(o: &mut String, ls: &LateSenderReport) {
             human_ns(p.wait_ns.checked_div(p.late).unwrap_or(0))
         );
     }
-    if ls.pairs.len() > 20 {
+    if pairs.len() > 20 {
         let _ = writeln!(
             o,
-            "  ... {} more pairs (JSON: skew.late_sender)",
-            ls.pairs.len() - 20
+            "  ... {} more pairs (JSON: skew.late_sender.{list})",
+            pairs.len() - 20
         );
     }
 }

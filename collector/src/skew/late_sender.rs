@@ -6,6 +6,11 @@
 //! the last of them to be sent: it is one late message, of the sender whose send started
 //! last (Scalasca's rule for waits of several), once every message of it is paired.
 //!
+//! Late Receiver is the other way round: a blocking send (`MPI_Send` of a message too large
+//! to go eagerly, `MPI_Ssend`) that started before its receive was posted and was still
+//! sending then waited for the receiver from its start to the post (an `MPI_Irecv`'s start,
+//! or the blocking receive's).
+//!
 //! Sends and receives are paired as the timeline's arrows are ([`crate::trace::flows`]):
 //! the k-th message of a channel on both sides, numbered from `MPI_Init`. So this needs
 //! per-call events (`--call-events`, or a trace), and processes seen from their start;
@@ -38,6 +43,12 @@ pub const MAX_TOGETHER: u32 = 1 << 16;
 pub struct LateSenderReport {
     /// Per (receiving rank, sending rank) with at least one message, most waited first.
     pub pairs: Vec<LateSenderPair>,
+    /// Late Receiver, the other way round: per (receiving rank, sending rank), the
+    /// blocking sends (`MPI_Send`, `MPI_Ssend`) paired with their receive, those that
+    /// started before their receive was posted and were still in the send then, and how
+    /// long their senders waited for it (send's start to the post), most waited first.
+    #[serde(default)]
+    pub late_receivers: Vec<LateSenderPair>,
     /// Point-to-point calls that could not be numbered (see the timeline's arrows).
     pub not_numbered: Unlinked,
     /// Sends and receives whose partner was never seen (its process not watched, or still
@@ -67,36 +78,53 @@ pub struct LateSenderPair {
     pub wait_ns: u64,
 }
 
-/// One side of a message, seen before the other. `pid` is the process on a node, the
-/// world rank at the aggregator.
+/// A send, as seen from its process. `pid` is the process on a node, the world rank at
+/// the aggregator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendEnd {
+    /// Who sent.
+    pub pid: u32,
+    /// When the send started.
+    pub start_ns: u64,
+    /// When it returned.
+    pub end_ns: u64,
+    /// A blocking send (`MPI_Send`, `MPI_Ssend`): its time may be a wait for the receive.
+    pub blocking: bool,
+}
+
+/// A blocking receive, or the wait that completed a nonblocking one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReceiveEnd {
+    /// Who received.
+    pub pid: u32,
+    /// When it started waiting.
+    pub start_ns: u64,
+    /// When it returned.
+    pub end_ns: u64,
+    /// When the receive was posted: the blocking receive's start, the `MPI_Irecv`'s start
+    /// (0: not known).
+    pub posted_ns: u64,
+    /// The waiting thread (with `pid` and `start_ns`, the wait's identity).
+    pub thread: u32,
+    /// Messages that call completed in all (1: this one alone).
+    pub together: u32,
+}
+
+/// One side of a message, seen before the other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Half {
-    /// A send, from its start.
-    Send {
-        /// Who sent.
-        pid: u32,
-        /// When the send started.
-        start_ns: u64,
-    },
-    /// A blocking receive, or the wait that completed a nonblocking one.
-    Receive {
-        /// Who received.
-        pid: u32,
-        /// When it started waiting.
-        start_ns: u64,
-        /// When it returned.
-        end_ns: u64,
-        /// The waiting thread (with `pid` and `start_ns`, the wait's identity).
-        thread: u32,
-        /// Messages that call completed in all (1: this one alone).
-        together: u32,
-    },
+    /// A send.
+    Send(SendEnd),
+    /// A receive that waited for it.
+    Receive(ReceiveEnd),
     /// A receive whose wait is not known: one a test or a wait for any of several
     /// completed, or a nonblocking receive whose arrival is not known (past what the
     /// kernel follows, or freed).
     Posted {
         /// Who received.
         pid: u32,
+        /// When it was posted (0: not known), for Late Receiver.
+        posted_ns: u64,
     },
 }
 
@@ -104,10 +132,15 @@ impl Half {
     /// The process (or rank) of this end.
     pub fn pid(&self) -> u32 {
         match *self {
-            Half::Send { pid, .. } | Half::Receive { pid, .. } | Half::Posted { pid } => pid,
+            Half::Send(SendEnd { pid, .. })
+            | Half::Receive(ReceiveEnd { pid, .. })
+            | Half::Posted { pid, .. } => pid,
         }
     }
 }
+
+/// A message paired: its id, its send, and when its receive was posted.
+type Met = (u64, SendEnd, u64);
 
 /// A wait of several messages by its start, process and thread (oldest first).
 type WaitKey = (u64, u32, u32);
@@ -115,20 +148,32 @@ type WaitKey = (u64, u32, u32);
 /// A wait that completed several messages, until each has met its send.
 #[derive(Debug)]
 struct Wait {
-    end_ns: u64,
+    /// The wait (its `posted_ns` each message's own).
+    receive: ReceiveEnd,
     /// Its messages neither paired here nor handed on yet.
     left: u32,
-    /// Its messages paired here: (id, sender, send start).
-    met: Vec<(u64, u32, u64)>,
+    /// Its messages paired here.
+    met: Vec<Met>,
     /// Some of its messages went to the aggregator: it is settled there, and the rest
     /// follow as they are paired here.
     handed_on: bool,
+}
+
+/// Blocking sends that are numbered (what Late Receiver judges).
+fn blocking_send(routine: &str) -> bool {
+    matches!(
+        routine,
+        "MPI_Send" | "MPI_Ssend" | "MPI_Send_c" | "MPI_Ssend_c"
+    )
 }
 
 /// Pairs each send with its receive as calls come, and adds up the waits.
 #[derive(Debug, Default)]
 pub struct LateSenders {
     numbering: Flows,
+    /// When each nonblocking receive numbered and not yet completed was posted (as many
+    /// as `numbering` follows).
+    posted_at: HashMap<u64, u64>,
     /// Halves waiting for their other end, with the generation they came in.
     pending: HashMap<u64, (Half, u32)>,
     /// Counts calls to [`LateSenders::take_unmatched`].
@@ -142,6 +187,8 @@ pub struct LateSenders {
     handing: Vec<(u64, Half)>,
     /// By (receiver pid, sender pid).
     pairs: BTreeMap<(u32, u32), LateSenderPair>,
+    /// Late Receiver, by (receiver pid, sender pid).
+    late_receivers: BTreeMap<(u32, u32), LateSenderPair>,
     dropped: u64,
 }
 
@@ -149,36 +196,51 @@ impl LateSenders {
     /// Takes one call (every call of the processes, in each thread's order).
     pub fn call(&mut self, ev: &pb::CallEvent) {
         let ends = self.numbering.ends(ev);
+        let end_ns = ev.start_ns + ev.duration_ns;
         if let Some(id) = ends.out {
-            self.meet(
-                id,
-                Half::Send {
-                    pid: ev.pid,
-                    start_ns: ev.start_ns,
-                },
-            );
+            let send = SendEnd {
+                pid: ev.pid,
+                start_ns: ev.start_ns,
+                end_ns,
+                blocking: blocking_send(&ev.routine),
+            };
+            self.meet(id, Half::Send(send));
+        }
+        if let Some(id) = ends.posted {
+            self.posted_at.insert(id, ev.start_ns);
         }
         // An arrival that follows its call: completed by a test, or by a wait for any of
         // several, whose time is no one message's wait.
         let waited = !ev.arrival.as_ref().is_some_and(|a| a.follows_call);
         let together = u32::try_from(ends.into.len()).map_or(MAX_TOGETHER, |n| n.min(MAX_TOGETHER));
         for &id in &ends.into {
+            // Posted by an `MPI_Irecv`, or by this (blocking) receive.
+            let posted_ns = self.posted_at.remove(&id).unwrap_or(ev.start_ns);
             // A blocking receive, or a wait: its time is its messages' wait.
             let half = if waited {
-                Half::Receive {
+                Half::Receive(ReceiveEnd {
                     pid: ev.pid,
                     start_ns: ev.start_ns,
-                    end_ns: ev.start_ns + ev.duration_ns,
+                    end_ns,
+                    posted_ns,
                     thread: ev.tid,
                     together,
-                }
+                })
             } else {
-                Half::Posted { pid: ev.pid }
+                Half::Posted {
+                    pid: ev.pid,
+                    posted_ns,
+                }
             };
             self.meet(id, half);
         }
         for id in ends.unplaced {
-            self.meet(id, Half::Posted { pid: ev.pid });
+            let posted_ns = self.posted_at.remove(&id).unwrap_or(0);
+            let half = Half::Posted {
+                pid: ev.pid,
+                posted_ns,
+            };
+            self.meet(id, half);
         }
     }
 
@@ -193,48 +255,31 @@ impl LateSenders {
             }
             return;
         };
-        // Taken by a receive whose wait is not known (Posted): nothing to add.
-        let ((
-            send @ Half::Send {
-                pid: sender,
-                start_ns: sent,
-            },
-            receive @ Half::Receive {
-                pid: receiver,
-                start_ns,
-                end_ns,
-                thread,
-                together,
-            },
-        )
-        | (
-            receive @ Half::Receive {
-                pid: receiver,
-                start_ns,
-                end_ns,
-                thread,
-                together,
-            },
-            send @ Half::Send {
-                pid: sender,
-                start_ns: sent,
-            },
-        )) = (half, other)
-        else {
-            return;
+        let (send, receive) = match (half, other) {
+            (Half::Send(send), Half::Receive(receive))
+            | (Half::Receive(receive), Half::Send(send)) => (send, receive),
+            // Taken by a receive whose wait is not known: Late Receiver only.
+            (Half::Send(send), Half::Posted { pid, posted_ns })
+            | (Half::Posted { pid, posted_ns }, Half::Send(send)) => {
+                self.judge_receiver(pid, &send, posted_ns);
+                return;
+            }
+            _ => return,
         };
-        if together <= 1 {
-            self.settle(receiver, start_ns, end_ns, &[(id, sender, sent)]);
+        let met = (id, send, receive.posted_ns);
+        if receive.together <= 1 {
+            self.settle(&receive, &[met]);
             return;
         }
-        let key = (start_ns, receiver, thread);
+        let key = (receive.start_ns, receive.pid, receive.thread);
         while self.met >= MAX_PENDING && self.give_up_oldest_wait() {}
-        let w = self.wait(key, end_ns, together);
+        let w = self.wait(key, receive);
         w.left = w.left.saturating_sub(1);
         if w.handed_on {
-            self.handing.extend([(id, send), (id, receive)]);
+            self.handing
+                .extend([(id, Half::Send(send)), (id, Half::Receive(receive))]);
         } else {
-            w.met.push((id, sender, sent));
+            w.met.push(met);
             self.met += 1;
         }
         self.close_if_done(key);
@@ -256,13 +301,13 @@ impl LateSenders {
     }
 
     /// The wait `key` (kept from now if new; past [`MAX_WAITS`], the oldest is given up).
-    fn wait(&mut self, key: WaitKey, end_ns: u64, together: u32) -> &mut Wait {
+    fn wait(&mut self, key: WaitKey, receive: ReceiveEnd) -> &mut Wait {
         if !self.waits.contains_key(&key) && self.waits.len() >= MAX_WAITS {
             self.give_up_oldest_wait();
         }
         self.waits.entry(key).or_insert_with(|| Wait {
-            end_ns,
-            left: together,
+            receive,
+            left: receive.together,
             met: Vec::new(),
             handed_on: false,
         })
@@ -275,26 +320,42 @@ impl LateSenders {
             let w = self.waits.remove(&key).expect("just seen");
             self.met -= w.met.len();
             if !w.handed_on {
-                let (start_ns, receiver, _) = key;
-                self.settle(receiver, start_ns, w.end_ns, &w.met);
+                self.settle(&w.receive, &w.met);
             }
         }
     }
 
-    /// Adds up a wait from `start_ns` to `end_ns` by `receiver` whose messages `met`
-    /// (id, sender, send start) are all paired: each message counts to its sender, and the
-    /// wait, if it started before the last send did, is that sender's late message.
-    fn settle(&mut self, receiver: u32, start_ns: u64, end_ns: u64, met: &[(u64, u32, u64)]) {
-        for &(_, sender, _) in met {
-            self.pairs.entry((receiver, sender)).or_default().messages += 1;
+    /// Adds up a receive (or wait) whose messages `met` are all paired: each message counts
+    /// to its sender, and the wait, if it started before the last send did, is that
+    /// sender's late message. And Late Receiver: each blocking send that started before
+    /// its receive was posted and was still waiting then waited that long for it.
+    fn settle(&mut self, receive: &ReceiveEnd, met: &[Met]) {
+        let receiver = receive.pid;
+        for (_, send, posted_ns) in met {
+            self.pairs.entry((receiver, send.pid)).or_default().messages += 1;
+            self.judge_receiver(receiver, send, *posted_ns);
         }
-        let Some(&(_, sender, sent)) = met.iter().max_by_key(|&&(_, _, sent)| sent) else {
+        let Some(&(_, last, _)) = met.iter().max_by_key(|(_, send, _)| send.start_ns) else {
             return;
         };
-        if sent > start_ns {
-            let p = self.pairs.entry((receiver, sender)).or_default();
+        if last.start_ns > receive.start_ns {
+            let p = self.pairs.entry((receiver, last.pid)).or_default();
             p.late += 1;
-            p.wait_ns += sent.min(end_ns) - start_ns;
+            p.wait_ns += last.start_ns.min(receive.end_ns) - receive.start_ns;
+        }
+    }
+
+    /// Late Receiver of one message: a blocking send that started before its receive was
+    /// posted and was still sending then waited for it that long.
+    fn judge_receiver(&mut self, receiver: u32, send: &SendEnd, posted_ns: u64) {
+        if !send.blocking || posted_ns == 0 {
+            return;
+        }
+        let p = self.late_receivers.entry((receiver, send.pid)).or_default();
+        p.messages += 1;
+        if posted_ns > send.start_ns && send.end_ns > posted_ns {
+            p.late += 1;
+            p.wait_ns += posted_ns - send.start_ns;
         }
     }
 
@@ -317,15 +378,10 @@ impl LateSenders {
             let Some((half, _)) = self.pending.remove(&id) else {
                 continue;
             };
-            if let Half::Receive {
-                pid,
-                start_ns,
-                end_ns,
-                thread,
-                together: together @ 2..,
-            } = half
-            {
-                self.hand_on_wait((start_ns, pid, thread), end_ns, together);
+            if let Half::Receive(receive) = half {
+                if receive.together > 1 {
+                    self.hand_on_wait(receive);
+                }
             }
             self.handing.push((id, half));
         }
@@ -333,29 +389,21 @@ impl LateSenders {
         self.handing.drain(..n).collect()
     }
 
-    /// One message of the wait `key` is handed on: so are those of it paired here, and
+    /// One message of the wait `receive` is handed on: so are those of it paired here, and
     /// those paired later.
-    fn hand_on_wait(&mut self, key: WaitKey, end_ns: u64, together: u32) {
-        let w = self.wait(key, end_ns, together);
+    fn hand_on_wait(&mut self, receive: ReceiveEnd) {
+        let key = (receive.start_ns, receive.pid, receive.thread);
+        let w = self.wait(key, receive);
         w.left = w.left.saturating_sub(1);
         if !w.handed_on {
             w.handed_on = true;
-            let (start_ns, pid, thread) = key;
-            let receive = Half::Receive {
-                pid,
-                start_ns,
-                end_ns,
-                thread,
-                together,
-            };
+            let wait = w.receive;
             let met = std::mem::take(&mut w.met);
             self.met -= met.len();
-            for (id, sender, sent) in met {
-                let send = Half::Send {
-                    pid: sender,
-                    start_ns: sent,
-                };
-                self.handing.extend([(id, send), (id, receive)]);
+            for (id, send, posted_ns) in met {
+                let receive = ReceiveEnd { posted_ns, ..wait };
+                self.handing
+                    .extend([(id, Half::Send(send)), (id, Half::Receive(receive))]);
             }
         }
         self.close_if_done(key);
@@ -363,8 +411,9 @@ impl LateSenders {
 
     /// Forgets the pairs of processes `keep` no longer keeps (both ends gone).
     pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
-        self.pairs
-            .retain(|&(receiver, sender), _| keep(receiver) || keep(sender));
+        for pairs in [&mut self.pairs, &mut self.late_receivers] {
+            pairs.retain(|&(receiver, sender), _| keep(receiver) || keep(sender));
+        }
         let gone: Vec<WaitKey> = self
             .waits
             .keys()
@@ -380,29 +429,32 @@ impl LateSenders {
 
     /// The report, ranks and hosts from `whois` (processes it does not know are left out).
     pub fn report(&self, whois: Whois) -> LateSenderReport {
-        let mut pairs: Vec<LateSenderPair> = self
-            .pairs
-            .iter()
-            .filter_map(|(&(receiver, sender), p)| {
-                let (receiver, receiver_host) = whois(receiver)?;
-                let (sender, sender_host) = whois(sender)?;
-                Some(LateSenderPair {
-                    receiver,
-                    receiver_host,
-                    sender,
-                    sender_host,
-                    ..p.clone()
+        let named = |pairs: &BTreeMap<(u32, u32), LateSenderPair>| {
+            let mut named: Vec<LateSenderPair> = pairs
+                .iter()
+                .filter_map(|(&(receiver, sender), p)| {
+                    let (receiver, receiver_host) = whois(receiver)?;
+                    let (sender, sender_host) = whois(sender)?;
+                    Some(LateSenderPair {
+                        receiver,
+                        receiver_host,
+                        sender,
+                        sender_host,
+                        ..p.clone()
+                    })
                 })
-            })
-            .collect();
-        sort_pairs(&mut pairs);
+                .collect();
+            sort_pairs(&mut named);
+            named
+        };
         let unpaired = self
             .pending
             .values()
             .filter(|(h, _)| !matches!(h, Half::Posted { .. }))
             .count() as u64;
         LateSenderReport {
-            pairs,
+            pairs: named(&self.pairs),
+            late_receivers: named(&self.late_receivers),
             not_numbered: self.numbering.unlinked,
             unpaired: unpaired + self.met as u64 + self.dropped,
         }
@@ -422,10 +474,9 @@ impl LateSenderReport {
     /// The reports of several parts of a job (each node's, the aggregator's pairs across
     /// nodes) as one: pairs of the same ranks added up, counts summed.
     pub fn combine<'a>(parts: impl IntoIterator<Item = &'a LateSenderReport>) -> LateSenderReport {
-        let mut by: BTreeMap<(u32, u32), LateSenderPair> = BTreeMap::new();
-        let mut out = LateSenderReport::default();
-        for r in parts {
-            for p in &r.pairs {
+        type ByPair = BTreeMap<(u32, u32), LateSenderPair>;
+        fn add(by: &mut ByPair, pairs: &[LateSenderPair]) {
+            for p in pairs {
                 let e = by
                     .entry((p.receiver, p.sender))
                     .or_insert_with(|| LateSenderPair {
@@ -438,11 +489,19 @@ impl LateSenderReport {
                 e.late += p.late;
                 e.wait_ns += p.wait_ns;
             }
+        }
+        let (mut senders, mut receivers) = (ByPair::new(), ByPair::new());
+        let mut out = LateSenderReport::default();
+        for r in parts {
+            add(&mut senders, &r.pairs);
+            add(&mut receivers, &r.late_receivers);
             out.not_numbered.add(&r.not_numbered);
             out.unpaired += r.unpaired;
         }
-        out.pairs = by.into_values().collect();
+        out.pairs = senders.into_values().collect();
+        out.late_receivers = receivers.into_values().collect();
         sort_pairs(&mut out.pairs);
+        sort_pairs(&mut out.late_receivers);
         out
     }
 }
@@ -530,6 +589,52 @@ mod tests {
             pairs(&r),
             vec![(0, 3, 1, 1, 5000), (0, 1, 1, 0, 0), (0, 2, 1, 0, 0)]
         );
+        assert_eq!(r.unpaired, 0);
+    }
+
+    /// Late Receiver: a blocking send that started before its receive was posted and was
+    /// still sending then waited for it from its start to the post (an `MPI_Irecv`'s start,
+    /// not its wait's, however it completed); an eager send that returned first, or a
+    /// nonblocking send, did not.
+    #[test]
+    fn a_blocking_send_before_its_receive_was_posted_waited_for_the_receiver() {
+        let mut ls = LateSenders::default();
+        init(&mut ls, &[1, 2]);
+        // Synchronous: 1000..6000, the receive posted at 5000: waited 4000.
+        ls.call(&p2p(2, "MPI_Ssend", 0, 1000, 5000));
+        ls.call(&p2p(1, "MPI_Recv", 1, 5000, 1000));
+        // Eager: returned (10010) before the receive was posted (12000).
+        ls.call(&p2p(2, "MPI_Send", 0, 10_000, 10));
+        ls.call(&p2p(1, "MPI_Recv", 1, 12_000, 10));
+        // Posted by MPI_Irecv at 25000, waited for from 26000: the send waited 5000.
+        ls.call(&p2p(2, "MPI_Ssend", 0, 20_000, 10_000));
+        ls.call(&p2p(1, "MPI_Irecv", 1, 25_000, 10));
+        ls.call(&arrival(1, 25_000, 26_000));
+        ls.call(&p2p(1, "MPI_Waitall", -1, 26_000, 4000));
+        // Nonblocking: not judged.
+        ls.call(&p2p(2, "MPI_Isend", 0, 40_000, 10));
+        ls.call(&p2p(1, "MPI_Recv", 1, 50_000, 10));
+        // Completed unseen (no Late Sender), posted at 65000: the send waited 5000.
+        ls.call(&p2p(2, "MPI_Ssend", 0, 60_000, 10_000));
+        ls.call(&p2p(1, "MPI_Irecv", 1, 65_000, 10));
+        ls.call(&pb::CallEvent {
+            arrival: Some(pb::Arrival {
+                posted_tid: 1,
+                posted_start_ns: 65_000,
+                untold: true,
+                ..Default::default()
+            }),
+            ..p2p(1, "MPI_Test", -1, 66_000, 0)
+        });
+        let whois = |pid: u32| Some((pid - 1, "n".to_string()));
+        let r = ls.report(&whois);
+        let receivers: Vec<_> = r
+            .late_receivers
+            .iter()
+            .map(|p| (p.receiver, p.sender, p.messages, p.late, p.wait_ns))
+            .collect();
+        assert_eq!(receivers, vec![(0, 1, 4, 3, 4000 + 5000 + 5000)]);
+        assert_eq!(pairs(&r), vec![(0, 1, 4, 0, 0)], "no late sender");
         assert_eq!(r.unpaired, 0);
     }
 

@@ -31,6 +31,7 @@ impl From<&LateSenderReport> for pb::LateSenderReport {
     fn from(r: &LateSenderReport) -> Self {
         pb::LateSenderReport {
             pairs: r.pairs.iter().map(Into::into).collect(),
+            late_receivers: r.late_receivers.iter().map(Into::into).collect(),
             not_numbered: Some((&r.not_numbered).into()),
             unpaired: r.unpaired,
         }
@@ -41,6 +42,7 @@ impl From<&pb::LateSenderReport> for LateSenderReport {
     fn from(r: &pb::LateSenderReport) -> Self {
         LateSenderReport {
             pairs: r.pairs.iter().map(Into::into).collect(),
+            late_receivers: r.late_receivers.iter().map(Into::into).collect(),
             not_numbered: r.not_numbered.as_ref().map(Into::into).unwrap_or_default(),
             unpaired: r.unpaired,
         }

@@ -203,6 +203,15 @@ pub(crate) fn sample() -> JobProfile {
                     late: 4,
                     wait_ns: 77,
                 }],
+                late_receivers: vec![crate::skew::late_sender::LateSenderPair {
+                    receiver: 1,
+                    receiver_host: "n2".into(),
+                    sender: 0,
+                    sender_host: "n1".into(),
+                    messages: 3,
+                    late: 2,
+                    wait_ns: 55,
+                }],
                 not_numbered: crate::trace::flows::Unlinked {
                     not_from_init: 1,
                     after_unresolved_wildcard: 2,

@@ -343,29 +343,50 @@ pub fn who_is_late(job: &JobProfile) -> String {
         o.push_str(&c.render());
     }
     if let Some(ls) = &s.late_sender {
-        if !ls.pairs.is_empty() {
-            o.push_str(
-                "<table class=\"late-senders\"><thead><tr><th>receiver</th><th>sender</th>\
-                 <th>messages</th><th>late</th><th>receiver waited (s)</th></tr></thead><tbody>",
-            );
-            for p in &ls.pairs {
-                let _ = write!(
-                    o,
-                    "<tr><td>{} ({})</td><td>{} ({})</td><td class=\"n\">{}</td>\
-                     <td class=\"n\">{}</td><td class=\"n\">{:.6}</td></tr>",
-                    p.receiver,
-                    escape(&p.receiver_host),
-                    p.sender,
-                    escape(&p.sender_host),
-                    p.messages,
-                    p.late,
-                    secs(p.wait_ns)
-                );
-            }
-            o.push_str("</tbody></table>\n");
-        }
+        late_pairs(&mut o, &ls.pairs, "late-senders", "Late Sender", "receiver");
+        late_pairs(
+            &mut o,
+            &ls.late_receivers,
+            "late-receivers",
+            "Late Receiver",
+            "sender",
+        );
     }
     o
+}
+
+/// A table of Late Sender (or Late Receiver) pairs, if any: `waiter` is who waited.
+fn late_pairs(
+    o: &mut String,
+    pairs: &[crate::skew::late_sender::LateSenderPair],
+    class: &str,
+    title: &str,
+    waiter: &str,
+) {
+    if pairs.is_empty() {
+        return;
+    }
+    let _ = write!(
+        o,
+        "<table class=\"{class}\"><caption>{title}</caption><thead><tr><th>receiver</th>\
+         <th>sender</th><th>messages</th><th>late</th><th>{waiter} waited (s)</th></tr>\
+         </thead><tbody>"
+    );
+    for p in pairs {
+        let _ = write!(
+            o,
+            "<tr><td>{} ({})</td><td>{} ({})</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{:.6}</td></tr>",
+            p.receiver,
+            escape(&p.receiver_host),
+            p.sender,
+            escape(&p.sender_host),
+            p.messages,
+            p.late,
+            secs(p.wait_ns)
+        );
+    }
+    o.push_str("</tbody></table>\n");
 }
 
 /// A duration bucket as a chart labels it: below its end.

@@ -367,28 +367,35 @@ impl NodeState {
             .into_iter()
             .filter_map(|(id, half)| {
                 let r = rank_of(half.pid())?;
-                let (kind, start_ns, end_ns, thread, together) = match half {
-                    Half::Send { start_ns, .. } => (pb::HalfKind::Send, start_ns, start_ns, 0, 0),
-                    Half::Receive {
-                        start_ns,
-                        end_ns,
-                        thread,
-                        together,
-                        ..
-                    } => (pb::HalfKind::Receive, start_ns, end_ns, thread, together),
-                    Half::Posted { .. } => (pb::HalfKind::Posted, 0, 0, 0, 0),
-                };
-                Some(pb::MessageHalf {
+                let mut h = pb::MessageHalf {
                     job: r.job.clone(),
                     id,
                     rank: r.rank,
                     host: self.node.clone(),
-                    kind: kind as i32,
-                    start_ns: self.api_time(start_ns),
-                    end_ns: self.api_time(end_ns),
-                    thread,
-                    together,
-                })
+                    ..Default::default()
+                };
+                // 0 says "not known" on every clock.
+                let posted = |ns: u64| if ns == 0 { 0 } else { self.api_time(ns) };
+                match half {
+                    Half::Send(s) => {
+                        h.set_kind(pb::HalfKind::Send);
+                        (h.start_ns, h.end_ns) =
+                            (self.api_time(s.start_ns), self.api_time(s.end_ns));
+                        h.blocking = s.blocking;
+                    }
+                    Half::Receive(r) => {
+                        h.set_kind(pb::HalfKind::Receive);
+                        (h.start_ns, h.end_ns) =
+                            (self.api_time(r.start_ns), self.api_time(r.end_ns));
+                        h.posted_ns = posted(r.posted_ns);
+                        (h.thread, h.together) = (r.thread, r.together);
+                    }
+                    Half::Posted { posted_ns, .. } => {
+                        h.set_kind(pb::HalfKind::Posted);
+                        h.posted_ns = posted(posted_ns);
+                    }
+                }
+                Some(h)
             })
             .collect();
         let mut jobs: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
