@@ -219,30 +219,36 @@ pub struct CallState {
     /// set at its entry (see [`crate::instances`]), with [`CallState::INSTANCE_UNTIMED`].
     pub instance: u64,
     /// Followed receives among the requests of the completion call in progress that may
-    /// complete them (`MPI_Test*`, `MPI_Waitany`, `MPI_Waitsome`): its return says which
-    /// it did (see `posted.rs` in the BPF crate).
-    pub maybe: [MaybeArrival; MAYBE_SLOTS],
-    /// How many of `maybe` are set.
+    /// complete them (`MPI_Test*`, `MPI_Waitany`, `MPI_Waitsome`), kept by (thread, index)
+    /// in a [`MaybeKey`] map: its return says which it did (see `posted.rs` in the BPF
+    /// crate).
     pub maybe_n: u32,
     /// Explicit padding.
     pub _pad_maybe: u32,
 }
-const _: () = assert!(size_of::<CallState>() == 712 + 32 * MAYBE_SLOTS + 8);
+const _: () = assert!(size_of::<CallState>() == 712 + 8);
 
-/// Followed receives one completion call that may complete them waits for at most; the
-/// others among its requests are no longer followed.
-pub const MAYBE_SLOTS: usize = 4;
+/// A request of a completion call in progress that may complete it: the calling thread
+/// and the request's index among the call's requests.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MaybeKey {
+    /// The calling thread.
+    pub tid: u32,
+    /// The request's index in the call's requests.
+    pub index: u32,
+}
+const _: () = assert!(size_of::<MaybeKey>() == 8);
 
-/// A followed receive a completion call may complete: where it is among the call's
-/// requests, its handle, and the call that posted it.
+/// A followed receive a completion call may complete, by [`MaybeKey`]: the call (its
+/// `start_ns`: an entry left by an earlier call of the thread is not this call's), the
+/// receive's request handle, and the call that posted it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MaybeArrival {
-    /// Its index in the call's requests.
-    pub index: u32,
-    /// Explicit padding.
-    pub _pad: u32,
-    /// Its request handle.
+    /// The completion call's `start_ns`.
+    pub call_start_ns: u64,
+    /// The receive's request handle.
     pub handle: u64,
     /// The call that posted it.
     pub posted: PostedRecv,
@@ -1070,8 +1076,7 @@ impl CallEvent {
     pub const PEER_ANY: i32 = -2;
 
     /// In [`CallEvent::flags`] of an arrival: the call may have completed the receive but
-    /// does not say so where the kernel can read it (past [`MAYBE_SLOTS`] followed
-    /// receives, or it failed), or freed it; when its message arrived is not known, and
+    /// does not say so where the kernel can read it (it failed), or freed it; when its message arrived is not known, and
     /// the receive is no longer followed.
     pub const UNTOLD: u8 = 2;
     /// In [`CallEvent::flags`] of an arrival: sent after its call's own event, by a call

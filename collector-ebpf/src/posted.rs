@@ -9,8 +9,8 @@
 
 use aya_ebpf::{cty::c_void, macros::map, maps::LruHashMap};
 use collector_common::{
-    ArgSpec, ByteRule, CallEvent, CallState, Cookie, HandleKey, MaybeArrival, PostedRecv,
-    MAX_POSTED, MAX_STARTALL, MAYBE_SLOTS,
+    ArgSpec, ByteRule, CallEvent, CallState, Cookie, HandleKey, MaybeArrival, MaybeKey, PostedRecv,
+    MAX_POSTED, MAX_STARTALL,
 };
 
 use crate::{
@@ -24,6 +24,13 @@ use crate::{
 /// room for newer ones; losing one loses an arrow, never a count.
 #[map]
 static POSTED: LruHashMap<HandleKey, PostedRecv> = LruHashMap::with_max_entries(MAX_POSTED, 0);
+
+/// Followed receives among the requests of each thread's completion call in progress that
+/// may complete them, by (thread, index among its requests), until its return says which
+/// it did. An LRU: an entry an earlier call left (a request it did not complete) is told
+/// from the current call's by the call's start, and is overwritten or given up in time.
+#[map]
+static MAYBE: LruHashMap<MaybeKey, MaybeArrival> = LruHashMap::with_max_entries(MAX_POSTED, 0);
 
 /// After the return path of a nonblocking receive that posted one (`MPI_Irecv`), in the
 /// caller's stack frame: remembers its request, read from `*d`.
@@ -69,9 +76,9 @@ pub fn posts(spec: &ArgSpec, ret: i32) -> bool {
 
 /// At the entry of a completion call (`e`, its state, with its arguments and start): a
 /// wait that completes all its requests ([`ByteRule::Completes`]) sends the arrivals of
-/// the followed receives among them now; a call that may complete some keeps up to
-/// [`MAYBE_SLOTS`] of them in `e.maybe` for its return to tell (`after_completion`), the
-/// rest untold. Not inlined: completion calls only.
+/// the followed receives among them now; a call that may complete some keeps them in
+/// [`MAYBE`] for its return to tell (`after_completion`). Not inlined: completion calls
+/// only.
 #[inline(never)]
 pub fn completing(abi: u32, spec: ArgSpec, e: &mut CallState) {
     let arrives = match ByteRule::from_u8(spec.rule) {
@@ -99,12 +106,13 @@ pub fn completing(abi: u32, spec: ArgSpec, e: &mut CallState) {
         abi,
         routine: u32::from(e.routine),
         arrives,
-        _pad: 0,
+        kept: 0,
     };
     // Past MAX_STARTALL requests, the rest stay followed: an arrow may be lost, never drawn
     // to a wait that did not complete its receive (a request handle is reused only once
     // its request is done, by a new request whose return replaces the entry).
     each((n as u32).min(MAX_STARTALL), wait_one, &mut w);
+    e.maybe_n = w.kept;
 }
 
 /// Forgets a request that `MPI_Request_free` gives up (`key`, read at its entry): a
@@ -135,7 +143,8 @@ struct Waiting {
     /// 1 if the call completes every request (its receives' messages arrive in it), 0 if
     /// it may complete some (its return tells).
     arrives: u32,
-    _pad: u32,
+    /// Followed receives kept in [`MAYBE`] for the return to tell.
+    kept: u32,
 }
 
 /// One request of a completion call (`bpf_loop`'s body): a followed receive's arrival
@@ -157,24 +166,20 @@ extern "C" fn wait_one(i: u64, ctx: *mut c_void) -> i64 {
     };
     let mut flags = 0;
     if w.arrives == 0 {
-        // The thread's state, looked up again: a map value's address cannot travel in the
-        // loop's context.
-        let Some(e) = call_state(false) else {
-            return 0;
+        let at = MaybeKey {
+            tid: w.tid,
+            index: i as u32,
         };
-        // SAFETY: the thread's own state, in its call's entry.
-        let e = unsafe { &mut *e };
-        let n = e.maybe_n as usize;
-        if n < MAYBE_SLOTS {
-            e.maybe[n & (MAYBE_SLOTS - 1)] = MaybeArrival {
-                index: i as u32,
-                _pad: 0,
-                handle: h,
-                posted,
-            };
-            e.maybe_n += 1;
+        let m = MaybeArrival {
+            call_start_ns: w.start_ns,
+            handle: h,
+            posted,
+        };
+        if MAYBE.insert(at, m, 0).is_ok() {
+            w.kept += 1;
             return 0;
         }
+        // No room to keep it: not followed on.
         flags = CallEvent::UNTOLD;
     }
     let _ = POSTED.remove(key);
@@ -186,9 +191,9 @@ extern "C" fn wait_one(i: u64, ctx: *mut c_void) -> i64 {
 }
 
 /// After the return path of a completion call that may have completed followed receives
-/// (`CallState::maybe`), in the caller's stack frame: those it says it completed (its
-/// flag, index or indices, read now) have arrived, sent after its own event; those it did
-/// not stay followed; all are untold if it failed.
+/// (kept in [`MAYBE`]), in the caller's stack frame: those it says it completed (its flag,
+/// index or indices, read now) have arrived, sent after its own event; those it did not
+/// stay followed; all are untold if it failed.
 #[inline(never)]
 pub fn after_completion(ret: i32) {
     let Some(e) = call_state(false) else {
@@ -196,63 +201,52 @@ pub fn after_completion(ret: i32) {
     };
     // SAFETY: the thread's own state; its call has returned.
     let e = unsafe { &mut *e };
-    let n = (e.maybe_n as usize).min(MAYBE_SLOTS);
     e.maybe_n = 0;
     let c = Cookie::unpack(e.cookie);
     let Some(spec) = ROUTINE_SPECS.get(u32::from(c.routine)) else {
         return;
     };
-    let done = if ret == 0 {
-        completed(spec, &e.args, &e.maybe, n)
-    } else {
-        0
+    let mut t = Telling {
+        indices: 0,
+        start_ns: e.start_ns,
+        tgid: e.tgid,
+        tid: aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32,
+        routine: u32::from(c.routine),
+        first: 0,
+        flags: u32::from(CallEvent::FOLLOWS_CALL),
+        _pad: 0,
     };
-    let tid = aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32;
-    for k in 0..MAYBE_SLOTS {
-        if k >= n {
-            break;
-        }
-        let m = e.maybe[k];
-        let flags = if ret != 0 {
-            CallEvent::UNTOLD
-        } else if done & (1 << k) != 0 {
-            CallEvent::FOLLOWS_CALL
-        } else {
-            continue;
-        };
-        let key = HandleKey {
-            tgid: e.tgid,
-            _pad: 0,
-            handle: m.handle,
-        };
-        // SAFETY: copied out at once. Another thread may have posted a receive with the
-        // handle since (the request done, its handle reused): that one stays.
-        if unsafe { POSTED.get(key) }.copied() != Some(m.posted) {
-            continue;
-        }
-        let _ = POSTED.remove(key);
-        let ev = CallEvent::arrival(e.tgid, tid, c.routine, e.start_ns, &m.posted, flags);
-        emit_unnumbered(&ev);
+    let n = if ret == 0 {
+        completed(spec, &e.args, &mut t)
+    } else {
+        t.flags = u32::from(CallEvent::UNTOLD);
+        requests(spec, &e.args)
+    };
+    each(n.min(MAX_STARTALL), tell_one, &mut t);
+}
+
+/// How many requests a completion call of `spec` was given: `MPI_Test(*a)` one,
+/// `MPI_Testall(a, b[])` `a`.
+#[inline(always)]
+fn requests(spec: &ArgSpec, args: &[u64; collector_common::ARG_SLOTS]) -> u32 {
+    match (arg(args, spec.a), arg(args, spec.b)) {
+        (Some(a), Some(_)) => u32::try_from(int_arg(a)).unwrap_or(0),
+        (Some(_), None) => 1,
+        _ => 0,
     }
 }
 
-/// Which of the `n` kept receives (`maybe`) a completion call of `spec` that returned
-/// success completed, as bits: its flag (`c`) for `MPI_Test`/`MPI_Testall`; its index
-/// (`d`, and flag `c` where it has one) for `MPI_Waitany`/`MPI_Testany`; its `*c`
-/// indices in `d` for `MPI_Waitsome`/`MPI_Testsome`.
+/// Which requests a completion call of `spec` that returned success completed, for
+/// [`tell_one`] to go through (`t`, and how many): all of them if its flag (`c`) is set,
+/// for `MPI_Test`/`MPI_Testall`; its index (`d`, and flag `c` where it has one) for
+/// `MPI_Waitany`/`MPI_Testany`; its `*c` indices in `d` for `MPI_Waitsome`/`MPI_Testsome`.
 #[inline(always)]
-fn completed(
-    spec: &ArgSpec,
-    args: &[u64; collector_common::ARG_SLOTS],
-    maybe: &[MaybeArrival; MAYBE_SLOTS],
-    n: usize,
-) -> u32 {
+fn completed(spec: &ArgSpec, args: &[u64; collector_common::ARG_SLOTS], t: &mut Telling) -> u32 {
     let int_at = |i: u8| arg(args, i).and_then(read::<i32>);
-    let all = (1u32 << n) - 1;
     match ByteRule::from_u8(spec.rule) {
         ByteRule::MayComplete => {
             if int_at(spec.c).is_some_and(|flag| flag != 0) {
-                all
+                requests(spec, args)
             } else {
                 0
             }
@@ -263,64 +257,83 @@ fn completed(
             {
                 return 0;
             }
-            let Some(index) = int_at(spec.d) else {
+            // MPI_UNDEFINED (negative): none was active.
+            let Some(Ok(index)) = int_at(spec.d).map(u32::try_from) else {
                 return 0;
             };
-            let mut done = 0;
-            for (k, m) in maybe.iter().enumerate() {
-                if k < n && m.index as i32 == index {
-                    done |= 1 << k;
-                }
-            }
-            done
+            t.first = index;
+            1
         }
         ByteRule::CompletesSome => {
             let (Some(count), Some(indices)) = (int_at(spec.c), arg(args, spec.d)) else {
                 return 0;
             };
-            if count <= 0 {
-                return 0;
-            }
-            let mut s = Listed {
-                indices,
-                wanted: [0; MAYBE_SLOTS],
-                n: n as u32,
-                done: 0,
-            };
-            for (k, m) in maybe.iter().enumerate() {
-                s.wanted[k] = m.index;
-            }
-            each((count as u32).min(MAX_STARTALL), listed_one, &mut s);
-            s.done
+            t.indices = indices;
+            u32::try_from(count).unwrap_or(0)
         }
         _ => 0,
     }
 }
 
-/// What [`listed_one`] reads, on the caller's stack.
+/// What [`tell_one`] reads, on the caller's stack.
 #[repr(C)]
-struct Listed {
-    /// Address of the completed requests' indices (`int`s).
+struct Telling {
+    /// Address of the completed requests' indices (`int`s); 0: the requests from `first`
+    /// on, in order.
     indices: u64,
-    /// The kept receives' indices.
-    wanted: [u32; MAYBE_SLOTS],
-    /// How many of `wanted` are set.
-    n: u32,
-    /// Bits of `wanted` found among the indices.
-    done: u32,
+    /// The completion call's `start_ns`.
+    start_ns: u64,
+    tgid: u32,
+    tid: u32,
+    routine: u32,
+    first: u32,
+    /// The arrivals' flags.
+    flags: u32,
+    _pad: u32,
 }
 
-/// One completed request's index (`bpf_loop`'s body): which kept receive it is.
-extern "C" fn listed_one(j: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: `bpf_loop` passes `completed`'s context.
-    let s = unsafe { &mut *ctx.cast::<Listed>() };
-    let Some(index) = read::<i32>(s.indices + j * 4) else {
-        return 1;
-    };
-    for k in 0..MAYBE_SLOTS {
-        if (k as u32) < s.n && s.wanted[k] as i32 == index {
-            s.done |= 1 << k;
+/// One request a completion call completed (`bpf_loop`'s body): if the call kept it as a
+/// followed receive, its arrival is sent.
+extern "C" fn tell_one(i: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes `after_completion`'s context.
+    let t = unsafe { &mut *ctx.cast::<Telling>() };
+    let index = if t.indices == 0 {
+        t.first.wrapping_add(i as u32)
+    } else {
+        match read::<i32>(t.indices + i * 4).map(u32::try_from) {
+            Some(Ok(index)) => index,
+            _ => return 1,
         }
+    };
+    let at = MaybeKey { tid: t.tid, index };
+    // SAFETY: copied out at once.
+    let Some(m) = (unsafe { MAYBE.get(at) }).copied() else {
+        return 0;
+    };
+    if m.call_start_ns != t.start_ns {
+        // Left by an earlier call.
+        return 0;
     }
+    let _ = MAYBE.remove(at);
+    let key = HandleKey {
+        tgid: t.tgid,
+        _pad: 0,
+        handle: m.handle,
+    };
+    // SAFETY: copied out at once. Another thread may have posted a receive with the
+    // handle since (the request done, its handle reused): that one stays.
+    if unsafe { POSTED.get(key) }.copied() != Some(m.posted) {
+        return 0;
+    }
+    let _ = POSTED.remove(key);
+    let ev = CallEvent::arrival(
+        t.tgid,
+        t.tid,
+        t.routine as u16,
+        t.start_ns,
+        &m.posted,
+        t.flags as u8,
+    );
+    emit_unnumbered(&ev);
     0
 }

@@ -744,13 +744,14 @@ int main(int argc, char **argv)
             } while (!flag);
             arrows_from_left++;
 
-            /* Four at once: as many followed receives in one call as the kernel keeps
-             * (more are counted in the trace's receives_without_arrival, no arrow). */
-            enum { MANY = 4 };
+            /* Six at once, with MPI_Waitsome, MPI_Testsome and MPI_Waitany (a master
+             * waiting for any of its workers): the kernel keeps every followed receive of
+             * one call (it once kept four). */
+            enum { MANY = 6 };
             MPI_Request many[MANY];
-            int many_got[2][MANY] = {{0}}, many_indices[MANY];
-            for (int some = 0; some < 2; some++) {
-                const int tag = some ? 110 : 100;
+            int many_got[3][MANY] = {{0}}, many_indices[MANY];
+            for (int some = 0; some < 3; some++) {
+                const int tag = 100 + 10 * some;
                 for (int k = 0; k < MANY; k++) {
                     note("MPI_Irecv", SZ_INT);
                     MPI_Irecv(&many_got[some][k], 1, MPI_INT, left, tag + k, world, &many[k]);
@@ -762,7 +763,11 @@ int main(int argc, char **argv)
                 note_coll("MPI_Barrier", 0, P);
                 MPI_Barrier(world);
                 for (pending = MANY; pending > 0; pending -= outcount) {
-                    if (some) {
+                    if (some == 2) {
+                        note("MPI_Waitany", 0);
+                        MPI_Waitany(MANY, many, &idx, MPI_STATUS_IGNORE);
+                        outcount = 1;
+                    } else if (some) {
                         note("MPI_Testsome", 0);
                         MPI_Testsome(MANY, many, &outcount, many_indices, MPI_STATUSES_IGNORE);
                     } else {
