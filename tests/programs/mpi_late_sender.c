@@ -21,12 +21,15 @@
  *      request it completed, left out.
  *   6. N times: MPI_Barrier; rank 1 sends with MPI_Ssend (tag 7) at once, rank 0 sleeps
  *      DELAY_MS before its MPI_Recv: N late receivers (a synchronous send cannot return
- *      before its receive is posted), each send waiting about DELAY_MS. Every send of
- *      rank 1 is a blocking one (MPI_Send, MPI_Ssend); only these N were late for.
+ *      before its receive is posted), each send waiting about DELAY_MS.
+ *   7. MPI_Barrier; rank 1 sends 4 MiB with MPI_Send (tag 8), too large to go eagerly in
+ *      any MPI, rank 0 sleeps DELAY_MS before its MPI_Recv: one more late receiver.
+ * Every send of rank 1 is a blocking one (MPI_Send, MPI_Ssend); only those of steps 6
+ * and 7 were late for.
  *
  * Each rank writes OUT_PREFIX.<rank>.json: {"rank":R,"pid":PID,"late":L,"messages":M,
  * "blocking_sends":B,"receiver_late":RL,"delay_ns":D}: as receiver, the messages Late
- * Sender pairs (steps 1 to 4 and 6) and how many of them were sent late; as sender, its
+ * Sender pairs (steps 1 to 4, 6 and 7) and how many of them were sent late; as sender, its
  * blocking sends and how many of them waited for a late receiver; the sleep before each.
  */
 #include <mpi.h>
@@ -135,6 +138,23 @@ int main(int argc, char **argv)
             MPI_Recv(&v, 1, MPI_INT, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             messages++;
         }
+    }
+    {
+        enum { BIG = 1 << 20 };
+        int *big = calloc(BIG, sizeof(int));
+        if (!big)
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank == 1) {
+            MPI_Send(big, BIG, MPI_INT, 0, 8, MPI_COMM_WORLD);
+            blocking_sends++;
+            receiver_late++;
+        } else {
+            sleep_ms(delay);
+            MPI_Recv(big, BIG, MPI_INT, 1, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            messages++;
+        }
+        free(big);
     }
 
     char path[4096];

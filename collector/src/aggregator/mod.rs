@@ -277,6 +277,7 @@ impl pb::aggregator_server::Aggregator for AggregatorService {
                         &msg.late_senders,
                         &msg.message_halves,
                         msg.clock_offset_ns,
+                        msg.clock_error_ns,
                     );
                 }
             }

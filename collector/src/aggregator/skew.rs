@@ -373,13 +373,15 @@ impl CrossSkew {
 
     /// Takes a node's Late Sender parts: its own report of each job, and the message halves
     /// it handed on, whose times are on its clock (the aggregator's is that plus
-    /// `offset_ns`; without an offset they cannot be paired and are left out).
+    /// `offset_ns`, within `error_ns`; without an offset they cannot be paired and are
+    /// left out).
     pub fn add_late_senders(
         &mut self,
         node: &str,
         reports: &[pb::NodeLateSender],
         halves: &[pb::MessageHalf],
         offset_ns: Option<i64>,
+        error_ns: u64,
     ) {
         use crate::skew::late_sender::{Half, ReceiveEnd, SendEnd, MAX_TOGETHER};
         for r in reports {
@@ -428,6 +430,7 @@ impl CrossSkew {
                     start_ns,
                     end_ns,
                     blocking: h.blocking,
+                    error_ns,
                 }),
                 pb::HalfKind::Receive => Half::Receive(ReceiveEnd {
                     pid: h.rank,
@@ -438,10 +441,12 @@ impl CrossSkew {
                     // Bounded by what a wait can hold: a node's word cannot make one wait
                     // wait for billions.
                     together: h.together.min(MAX_TOGETHER),
+                    error_ns,
                 }),
                 pb::HalfKind::Posted => Half::Posted {
                     pid: h.rank,
                     posted_ns,
+                    error_ns,
                 },
                 pb::HalfKind::Unspecified => continue,
             };
@@ -701,6 +706,7 @@ mod tests {
                 half(3, 0, "a", Posted, 0, 0),
             ],
             Some(0),
+            0,
         );
         x.add_late_senders(
             "b",
@@ -712,8 +718,9 @@ mod tests {
                 half(4, 2, "b", Send, b + 30_000_000, b + 30_000_000),
             ],
             Some(-5_000_000_000),
+            0,
         );
-        x.add_late_senders("a", &[node_report(0, 1, 5, 2, 300)], &[], Some(0));
+        x.add_late_senders("a", &[node_report(0, 1, 5, 2, 300)], &[], Some(0), 0);
         let ls = x
             .report("j")
             .expect("report")
@@ -729,8 +736,51 @@ mod tests {
         // Node a's own unpaired one, and message 4's send.
         assert_eq!(ls.unpaired, 2);
         // Without a clock offset, halves are not paired (nor kept).
-        x.add_late_senders("b", &[], &[half(9, 2, "b", Send, 1, 1)], None);
+        x.add_late_senders("b", &[], &[half(9, 2, "b", Send, 1, 1)], None, 0);
         assert_eq!(x.report("j").unwrap().late_sender.unwrap().unpaired, 2);
+    }
+
+    /// Late Receiver across nodes: a synchronous send returns just after its receive is
+    /// posted, which two nodes' clocks may put after its end: within their error it was
+    /// still sending; past it, it had returned (an eager send) and waited for nothing.
+    #[test]
+    fn a_send_that_returned_within_the_clock_error_of_the_post_waited_for_it() {
+        use pb::HalfKind::{Receive, Send};
+        let mut x = CrossSkew::default();
+        let blocking = |id, start, end| pb::MessageHalf {
+            blocking: true,
+            ..half(id, 1, "b", Send, start, end)
+        };
+        let posted = |id, at| pb::MessageHalf {
+            posted_ns: at,
+            ..half(id, 0, "a", Receive, at, at + 100_000)
+        };
+        // Sends from 1 ms to 5 ms; their receives posted at 5.03 ms (30 us after the
+        // first's end: within 2 x 20 us) and at 5.1 ms (past it).
+        x.add_late_senders(
+            "b",
+            &[],
+            &[
+                blocking(1, 1_000_000, 5_000_000),
+                blocking(2, 1_000_000, 5_000_000),
+            ],
+            Some(0),
+            20_000,
+        );
+        x.add_late_senders(
+            "a",
+            &[],
+            &[posted(1, 5_030_000), posted(2, 5_100_000)],
+            Some(0),
+            20_000,
+        );
+        let ls = x.report("j").expect("report").late_sender.expect("ls");
+        let lr: Vec<_> = ls
+            .late_receivers
+            .iter()
+            .map(|p| (p.receiver, p.sender, p.messages, p.late, p.wait_ns))
+            .collect();
+        assert_eq!(lr, vec![(0, 1, 2, 1, 4_030_000)]);
     }
 
     /// Two nodes attached mid-job, each numbering from where it started (node b attached

@@ -90,6 +90,9 @@ pub struct SendEnd {
     pub end_ns: u64,
     /// A blocking send (`MPI_Send`, `MPI_Ssend`): its time may be a wait for the receive.
     pub blocking: bool,
+    /// How far off its times may be (at the aggregator, its node's clock error; 0 on its
+    /// own node).
+    pub error_ns: u64,
 }
 
 /// A blocking receive, or the wait that completed a nonblocking one.
@@ -108,6 +111,8 @@ pub struct ReceiveEnd {
     pub thread: u32,
     /// Messages that call completed in all (1: this one alone).
     pub together: u32,
+    /// How far off its times may be (see [`SendEnd::error_ns`]).
+    pub error_ns: u64,
 }
 
 /// One side of a message, seen before the other.
@@ -125,6 +130,8 @@ pub enum Half {
         pid: u32,
         /// When it was posted (0: not known), for Late Receiver.
         posted_ns: u64,
+        /// How far off that may be (see [`SendEnd::error_ns`]).
+        error_ns: u64,
     },
 }
 
@@ -203,6 +210,7 @@ impl LateSenders {
                 start_ns: ev.start_ns,
                 end_ns,
                 blocking: blocking_send(&ev.routine),
+                error_ns: 0,
             };
             self.meet(id, Half::Send(send));
         }
@@ -225,11 +233,13 @@ impl LateSenders {
                     posted_ns,
                     thread: ev.tid,
                     together,
+                    error_ns: 0,
                 })
             } else {
                 Half::Posted {
                     pid: ev.pid,
                     posted_ns,
+                    error_ns: 0,
                 }
             };
             self.meet(id, half);
@@ -239,6 +249,7 @@ impl LateSenders {
             let half = Half::Posted {
                 pid: ev.pid,
                 posted_ns,
+                error_ns: 0,
             };
             self.meet(id, half);
         }
@@ -259,9 +270,23 @@ impl LateSenders {
             (Half::Send(send), Half::Receive(receive))
             | (Half::Receive(receive), Half::Send(send)) => (send, receive),
             // Taken by a receive whose wait is not known: Late Receiver only.
-            (Half::Send(send), Half::Posted { pid, posted_ns })
-            | (Half::Posted { pid, posted_ns }, Half::Send(send)) => {
-                self.judge_receiver(pid, &send, posted_ns);
+            (
+                Half::Send(send),
+                Half::Posted {
+                    pid,
+                    posted_ns,
+                    error_ns,
+                },
+            )
+            | (
+                Half::Posted {
+                    pid,
+                    posted_ns,
+                    error_ns,
+                },
+                Half::Send(send),
+            ) => {
+                self.judge_receiver(pid, &send, posted_ns, error_ns);
                 return;
             }
             _ => return,
@@ -333,7 +358,7 @@ impl LateSenders {
         let receiver = receive.pid;
         for (_, send, posted_ns) in met {
             self.pairs.entry((receiver, send.pid)).or_default().messages += 1;
-            self.judge_receiver(receiver, send, *posted_ns);
+            self.judge_receiver(receiver, send, *posted_ns, receive.error_ns);
         }
         let Some(&(_, last, _)) = met.iter().max_by_key(|(_, send, _)| send.start_ns) else {
             return;
@@ -346,14 +371,17 @@ impl LateSenders {
     }
 
     /// Late Receiver of one message: a blocking send that started before its receive was
-    /// posted and was still sending then waited for it that long.
-    fn judge_receiver(&mut self, receiver: u32, send: &SendEnd, posted_ns: u64) {
+    /// posted and was still sending then waited for it that long. A synchronous send
+    /// returns just after the post: across nodes, within the clocks' error (`error_ns`, the
+    /// receiver's) it is taken to have been sending still.
+    fn judge_receiver(&mut self, receiver: u32, send: &SendEnd, posted_ns: u64, error_ns: u64) {
         if !send.blocking || posted_ns == 0 {
             return;
         }
         let p = self.late_receivers.entry((receiver, send.pid)).or_default();
         p.messages += 1;
-        if posted_ns > send.start_ns && send.end_ns > posted_ns {
+        let sending_until = send.end_ns + send.error_ns + error_ns;
+        if posted_ns > send.start_ns && sending_until > posted_ns {
             p.late += 1;
             p.wait_ns += posted_ns - send.start_ns;
         }
