@@ -24,12 +24,15 @@
  *      before its receive is posted), each send waiting about DELAY_MS.
  *   7. MPI_Barrier; rank 1 sends 4 MiB with MPI_Send (tag 8), too large to go eagerly in
  *      any MPI, rank 0 sleeps DELAY_MS before its MPI_Recv: one more late receiver.
+ *   8. MPI_Barrier; rank 0 posts MPI_Irecv (tag 9) and waits in MPI_Waitany (its request
+ *      and a null one); rank 1 sleeps DELAY_MS then sends: one more late sender, the
+ *      wait for any waiting for the one it completed.
  * Every send of rank 1 is a blocking one (MPI_Send, MPI_Ssend); only those of steps 6
  * and 7 were late for.
  *
  * Each rank writes OUT_PREFIX.<rank>.json: {"rank":R,"pid":PID,"late":L,"messages":M,
  * "blocking_sends":B,"receiver_late":RL,"delay_ns":D}: as receiver, the messages Late
- * Sender pairs (steps 1 to 4, 6 and 7) and how many of them were sent late; as sender, its
+ * Sender pairs (steps 1 to 4 and 6 to 8) and how many of them were sent late; as sender, its
  * blocking sends and how many of them waited for a late receiver; the sleep before each.
  */
 #include <mpi.h>
@@ -155,6 +158,19 @@ int main(int argc, char **argv)
             messages++;
         }
         free(big);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 1) {
+        sleep_ms(delay);
+        MPI_Send(&v, 1, MPI_INT, 0, 9, MPI_COMM_WORLD);
+        blocking_sends++;
+    } else {
+        MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+        int idx;
+        MPI_Irecv(&v, 1, MPI_INT, 1, 9, MPI_COMM_WORLD, &req[0]);
+        MPI_Waitany(2, req, &idx, MPI_STATUS_IGNORE);
+        late++;
+        messages++;
     }
 
     char path[4096];

@@ -1,5 +1,5 @@
 //! Late Sender (Scalasca's pattern): a blocking receive, or the wait that completed a
-//! nonblocking one (`MPI_Irecv` then `MPI_Wait`), that was waiting before the send of its
+//! nonblocking one (`MPI_Irecv` then `MPI_Wait` or `MPI_Waitany`), that was waiting before the send of its
 //! message had even started. The time from the receive's (or wait's) start to the send's
 //! start (or to its end, if that came first) is time the receiver lost to a late sender,
 //! not to the network. A wait that completed several messages (`MPI_Waitall`) waited for
@@ -58,7 +58,7 @@ pub struct LateSenderReport {
 }
 
 /// Messages from one rank to another taken by blocking receives, or by nonblocking ones
-/// a wait (`MPI_Wait`, `MPI_Waitall`) completed.
+/// a wait (`MPI_Wait`, `MPI_Waitall`, `MPI_Waitany`) completed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LateSenderPair {
     /// The receiving world rank and its host.
@@ -122,9 +122,8 @@ pub enum Half {
     Send(SendEnd),
     /// A receive that waited for it.
     Receive(ReceiveEnd),
-    /// A receive whose wait is not known: one a test or a wait for any of several
-    /// completed, or a nonblocking receive whose arrival is not known (past what the
-    /// kernel follows, or freed).
+    /// A receive whose wait is not known: one a test or `MPI_Waitsome` completed, or a
+    /// nonblocking receive whose arrival is not known (freed, or given up for room).
     Posted {
         /// Who received.
         pid: u32,
@@ -217,9 +216,15 @@ impl LateSenders {
         if let Some(id) = ends.posted {
             self.posted_at.insert(id, ev.start_ns);
         }
-        // An arrival that follows its call: completed by a test, or by a wait for any of
-        // several, whose time is no one message's wait.
-        let waited = !ev.arrival.as_ref().is_some_and(|a| a.follows_call);
+        // An arrival that follows its call (whose time it names): completed by a test, which
+        // waits for nothing, or by `MPI_Waitsome`, which waited for the first of those it
+        // completed; or by `MPI_Waitany`, which waited for the one it completed.
+        let (waited, end_ns) = match (&ev.arrival, ends.arrived_in) {
+            (Some(a), Some((start_ns, duration_ns))) if a.follows_call => {
+                (ev.routine == "MPI_Waitany", start_ns + duration_ns)
+            }
+            _ => (true, end_ns),
+        };
         let together = u32::try_from(ends.into.len()).map_or(MAX_TOGETHER, |n| n.min(MAX_TOGETHER));
         for &id in &ends.into {
             // Posted by an `MPI_Irecv`, or by this (blocking) receive.
@@ -617,6 +622,40 @@ mod tests {
             pairs(&r),
             vec![(0, 3, 1, 1, 5000), (0, 1, 1, 0, 0), (0, 2, 1, 0, 0)]
         );
+        assert_eq!(r.unpaired, 0);
+    }
+
+    /// `MPI_Waitany` waited for the one message it completed (its arrival follows it);
+    /// `MPI_Testany` waited for nothing.
+    #[test]
+    fn a_wait_for_any_waited_for_the_message_it_completed() {
+        let mut ls = LateSenders::default();
+        init(&mut ls, &[1, 2]);
+        let completing = |routine: &str, posted_start_ns, at, duration| {
+            let arrival = pb::CallEvent {
+                arrival: Some(pb::Arrival {
+                    posted_tid: 1,
+                    posted_start_ns,
+                    follows_call: true,
+                    ..Default::default()
+                }),
+                ..p2p(1, routine, -1, at, 0)
+            };
+            [p2p(1, routine, -1, at, duration), arrival]
+        };
+        ls.call(&p2p(1, "MPI_Irecv", 1, 100, 10));
+        ls.call(&p2p(2, "MPI_Send", 0, 3000, 10));
+        for ev in completing("MPI_Waitany", 100, 1000, 2500) {
+            ls.call(&ev);
+        }
+        ls.call(&p2p(1, "MPI_Irecv", 1, 5000, 10));
+        ls.call(&p2p(2, "MPI_Send", 0, 8000, 10));
+        for ev in completing("MPI_Testany", 5000, 9000, 10) {
+            ls.call(&ev);
+        }
+        let whois = |pid: u32| Some((pid - 1, "n".to_string()));
+        let r = ls.report(&whois);
+        assert_eq!(pairs(&r), vec![(0, 1, 1, 1, 2000)]);
         assert_eq!(r.unpaired, 0);
     }
 
