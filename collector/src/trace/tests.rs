@@ -75,6 +75,50 @@ fn a_trace_is_valid_json_with_names_and_losses() {
     assert_eq!(v["metadata"]["commtap"]["calls_lost"]["max_events"], 1);
 }
 
+/// Past `--max-events`, a test left out takes the slice of the messages it completed with
+/// it; one written keeps it.
+#[test]
+fn the_arrivals_of_a_call_left_out_past_max_events_are_left_out_too() {
+    // MPI_Init, then twice an MPI_Irecv and the MPI_Test that completed it: the first
+    // test is kept with 3 calls a process, neither with 2.
+    for (max, tests_kept) in [(2, 0), (3, 1)] {
+        let path = scratch(&format!("max-arrivals-{max}"));
+        let mut opts = TraceOptions::new(path.clone());
+        opts.max_events = Some(max);
+        let mut w = TraceWriter::create(opts).expect("create");
+        let call = |routine: &str, at: u64| pb::CallEvent {
+            comm: "world".into(),
+            tag: Some(3),
+            ..ev(7, routine, at)
+        };
+        let arrival_after = |at: u64| pb::CallEvent {
+            arrival: Some(pb::Arrival {
+                posted_tid: 7,
+                posted_start_ns: at - 500,
+                follows_call: true,
+                ..Default::default()
+            }),
+            ..call("MPI_Test", at)
+        };
+        w.call(&call("MPI_Init", 0)).expect("call");
+        for at in [1000, 2000] {
+            w.call(&call("MPI_Irecv", at - 500)).expect("call");
+            w.call(&call("MPI_Test", at)).expect("call");
+            w.call(&arrival_after(at)).expect("call");
+        }
+        let s = w.finish().expect("finish");
+        assert_eq!((s.events, s.lost.max_events), (max, 5 - max));
+        let v = load(&path);
+        let arrivals = v["traceEvents"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .filter(|e| e["name"] == super::writer::ARRIVAL)
+            .count();
+        assert_eq!(arrivals, tests_kept, "{max}: {v:#}");
+    }
+}
+
 #[test]
 fn a_trace_past_its_split_size_goes_on_in_numbered_files_that_each_load() {
     let path = scratch("split");

@@ -183,9 +183,20 @@ impl TraceWriter {
     /// Writes the slice of the arrivals that followed `thread`'s last call, if any.
     fn write_following(&mut self, thread: (u32, u32)) -> Result<(), TraceError> {
         match self.following.remove(&thread) {
-            Some((call, into)) if self.admits(&call) => self.write_arrival(&call, into),
+            Some((call, into)) if self.admits(&call) && self.was_written(&call) => {
+                self.write_arrival(&call, into)
+            }
             _ => Ok(()),
         }
+    }
+
+    /// Whether `ev`, admitted, was written: not left out past `--max-events`.
+    fn was_written(&self, ev: &pb::CallEvent) -> bool {
+        self.opts.max_events.is_none()
+            || self
+                .processes
+                .get(&ev.pid)
+                .is_some_and(|p| p.last_written.get(&ev.tid) == Some(&ev.start_ns))
     }
 
     /// Whether the options keep `ev`'s slices: its rank, routine and time.
@@ -224,6 +235,9 @@ impl TraceWriter {
             return Ok(());
         }
         process.written += 1;
+        if self.opts.max_events.is_some() {
+            process.last_written.insert(ev.tid, ev.start_ns);
+        }
         self.split_if_full()?;
         let process = self.processes.entry(ev.pid).or_default();
         process.threads.insert(chrome::track_of(ev));
@@ -422,6 +436,9 @@ struct Traced {
     name: Option<ProcessName>,
     /// Calls written.
     written: u64,
+    /// Under `--max-events`, each thread's last call written (its start): the arrivals
+    /// that follow a call left out are left out too.
+    last_written: HashMap<u32, u64>,
     /// Its threads seen.
     threads: BTreeSet<u32>,
 }
