@@ -27,12 +27,16 @@
  *   8. MPI_Barrier; rank 0 posts MPI_Irecv (tag 9) and waits in MPI_Waitany (its request
  *      and a null one); rank 1 sleeps DELAY_MS then sends: one more late sender, the
  *      wait for any waiting for the one it completed.
+ *   9. MPI_Barrier; rank 0 posts two MPI_Irecv (tags 10 and 11) and waits in MPI_Waitsome;
+ *      rank 1 sleeps DELAY_MS then sends tag 10 alone (tag 11 after a barrier rank 0
+ *      enters once its wait returned): one more late sender. Then rank 0 sleeps DELAY_MS
+ *      before a second MPI_Waitsome, which takes tag 11, sent on time.
  * Every send of rank 1 is a blocking one (MPI_Send, MPI_Ssend); only those of steps 6
  * and 7 were late for.
  *
  * Each rank writes OUT_PREFIX.<rank>.json: {"rank":R,"pid":PID,"late":L,"messages":M,
  * "blocking_sends":B,"receiver_late":RL,"delay_ns":D}: as receiver, the messages Late
- * Sender pairs (steps 1 to 4 and 6 to 8) and how many of them were sent late; as sender, its
+ * Sender pairs (steps 1 to 4 and 6 to 9) and how many of them were sent late; as sender, its
  * blocking sends and how many of them waited for a late receiver; the sleep before each.
  */
 #include <mpi.h>
@@ -170,6 +174,30 @@ int main(int argc, char **argv)
         MPI_Irecv(&v, 1, MPI_INT, 1, 9, MPI_COMM_WORLD, &req[0]);
         MPI_Waitany(2, req, &idx, MPI_STATUS_IGNORE);
         late++;
+        messages++;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 1) {
+        sleep_ms(delay);
+        MPI_Send(&v, 1, MPI_INT, 0, 10, MPI_COMM_WORLD);
+        MPI_Barrier(MPI_COMM_WORLD);
+        MPI_Send(&v, 1, MPI_INT, 0, 11, MPI_COMM_WORLD);
+        blocking_sends += 2;
+    } else {
+        MPI_Request req[2];
+        int w[2], outcount, indices[2];
+        MPI_Irecv(&w[0], 1, MPI_INT, 1, 10, MPI_COMM_WORLD, &req[0]);
+        MPI_Irecv(&w[1], 1, MPI_INT, 1, 11, MPI_COMM_WORLD, &req[1]);
+        MPI_Waitsome(2, req, &outcount, indices, MPI_STATUSES_IGNORE);
+        if (outcount != 1 || indices[0] != 0) {
+            fprintf(stderr, "mpi_late_sender: MPI_Waitsome took %d\n", outcount);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        late++;
+        messages++;
+        MPI_Barrier(MPI_COMM_WORLD);
+        sleep_ms(delay);
+        MPI_Waitsome(2, req, &outcount, indices, MPI_STATUSES_IGNORE);
         messages++;
     }
 

@@ -441,6 +441,7 @@ impl CrossSkew {
                     // Bounded by what a wait can hold: a node's word cannot make one wait
                     // wait for billions.
                     together: h.together.min(MAX_TOGETHER),
+                    first: h.first,
                     error_ns,
                 }),
                 pb::HalfKind::Posted => Half::Posted {

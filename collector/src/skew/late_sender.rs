@@ -1,10 +1,12 @@
 //! Late Sender (Scalasca's pattern): a blocking receive, or the wait that completed a
-//! nonblocking one (`MPI_Irecv` then `MPI_Wait` or `MPI_Waitany`), that was waiting before the send of its
-//! message had even started. The time from the receive's (or wait's) start to the send's
-//! start (or to its end, if that came first) is time the receiver lost to a late sender,
-//! not to the network. A wait that completed several messages (`MPI_Waitall`) waited for
-//! the last of them to be sent: it is one late message, of the sender whose send started
-//! last (Scalasca's rule for waits of several), once every message of it is paired.
+//! nonblocking one (`MPI_Irecv` then `MPI_Wait`, `MPI_Waitany` ...), that was waiting
+//! before the send of its message had even started. The time from the receive's (or
+//! wait's) start to the send's start (or to its end, if that came first) is time the
+//! receiver lost to a late sender, not to the network. A wait that completed several
+//! messages (`MPI_Waitall`) waited for the last of them to be sent: it is one late
+//! message, of the sender whose send started last (Scalasca's rule for waits of several),
+//! once every message of it is paired; `MPI_Waitsome` returned at the first to come, and
+//! waited for the send that started first.
 //!
 //! Late Receiver is the other way round: a blocking send (`MPI_Send` of a message too large
 //! to go eagerly, `MPI_Ssend`) that started before its receive was posted and was still
@@ -58,7 +60,7 @@ pub struct LateSenderReport {
 }
 
 /// Messages from one rank to another taken by blocking receives, or by nonblocking ones
-/// a wait (`MPI_Wait`, `MPI_Waitall`, `MPI_Waitany`) completed.
+/// a wait (`MPI_Wait`, `MPI_Waitall`, `MPI_Waitany`, `MPI_Waitsome`) completed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LateSenderPair {
     /// The receiving world rank and its host.
@@ -111,6 +113,9 @@ pub struct ReceiveEnd {
     pub thread: u32,
     /// Messages that call completed in all (1: this one alone).
     pub together: u32,
+    /// The call returned at the first of them to come (`MPI_Waitsome`), not once all had
+    /// (`MPI_Waitall`).
+    pub first: bool,
     /// How far off its times may be (see [`SendEnd::error_ns`]).
     pub error_ns: u64,
 }
@@ -122,7 +127,7 @@ pub enum Half {
     Send(SendEnd),
     /// A receive that waited for it.
     Receive(ReceiveEnd),
-    /// A receive whose wait is not known: one a test or `MPI_Waitsome` completed, or a
+    /// A receive whose wait is not known: one a test completed, or a
     /// nonblocking receive whose arrival is not known (freed, or given up for room).
     Posted {
         /// Who received.
@@ -147,6 +152,10 @@ impl Half {
 
 /// A message paired: its id, its send, and when its receive was posted.
 type Met = (u64, SendEnd, u64);
+
+/// An `MPI_Waitsome` whose arrivals are coming: the call, and its messages with when each
+/// was posted.
+type WaitsomeCall = (ReceiveEnd, Vec<(u64, u64)>);
 
 /// A wait of several messages by its start, process and thread (oldest first).
 type WaitKey = (u64, u32, u32);
@@ -195,6 +204,10 @@ pub struct LateSenders {
     pairs: BTreeMap<(u32, u32), LateSenderPair>,
     /// Late Receiver, by (receiver pid, sender pid).
     late_receivers: BTreeMap<(u32, u32), LateSenderPair>,
+    /// Each thread's `MPI_Waitsome` whose arrivals are coming (each its own event, right
+    /// after the call's): the call, and its messages with when each was posted, met as one
+    /// wait once the thread goes on.
+    waitsome: HashMap<(u32, u32), WaitsomeCall>,
     dropped: u64,
 }
 
@@ -202,6 +215,16 @@ impl LateSenders {
     /// Takes one call (every call of the processes, in each thread's order).
     pub fn call(&mut self, ev: &pb::CallEvent) {
         let ends = self.numbering.ends(ev);
+        let thread = (ev.pid, ev.tid);
+        if !self.waitsome.is_empty() {
+            let more = match (&self.waitsome.get(&thread), &ev.arrival) {
+                (Some((call, _)), Some(a)) => a.follows_call && call.start_ns == ev.start_ns,
+                _ => false,
+            };
+            if !more {
+                self.waitsome_done(thread);
+            }
+        }
         let end_ns = ev.start_ns + ev.duration_ns;
         if let Some(id) = ends.out {
             let send = SendEnd {
@@ -221,7 +244,30 @@ impl LateSenders {
         // completed; or by `MPI_Waitany`, which waited for the one it completed.
         let (waited, end_ns) = match (&ev.arrival, ends.arrived_in) {
             (Some(a), Some((start_ns, duration_ns))) if a.follows_call => {
-                (ev.routine == "MPI_Waitany", start_ns + duration_ns)
+                let end_ns = start_ns + duration_ns;
+                if ev.routine == "MPI_Waitsome" {
+                    let (_, messages) = self.waitsome.entry(thread).or_insert_with(|| {
+                        let call = ReceiveEnd {
+                            pid: ev.pid,
+                            start_ns,
+                            end_ns,
+                            posted_ns: 0,
+                            thread: ev.tid,
+                            together: 0,
+                            first: true,
+                            error_ns: 0,
+                        };
+                        (call, Vec::new())
+                    });
+                    for &id in &ends.into {
+                        let posted_ns = self.posted_at.remove(&id).unwrap_or(0);
+                        if messages.len() < MAX_TOGETHER as usize {
+                            messages.push((id, posted_ns));
+                        }
+                    }
+                    return;
+                }
+                (ev.routine == "MPI_Waitany", end_ns)
             }
             _ => (true, end_ns),
         };
@@ -238,6 +284,7 @@ impl LateSenders {
                     posted_ns,
                     thread: ev.tid,
                     together,
+                    first: false,
                     error_ns: 0,
                 })
             } else {
@@ -257,6 +304,22 @@ impl LateSenders {
                 error_ns: 0,
             };
             self.meet(id, half);
+        }
+    }
+
+    /// The thread's `MPI_Waitsome`, its arrivals all come: its messages met as one wait.
+    fn waitsome_done(&mut self, thread: (u32, u32)) {
+        let Some((call, messages)) = self.waitsome.remove(&thread) else {
+            return;
+        };
+        let together = messages.len() as u32;
+        for (id, posted_ns) in messages {
+            let receive = ReceiveEnd {
+                posted_ns,
+                together,
+                ..call
+            };
+            self.meet(id, Half::Receive(receive));
         }
     }
 
@@ -356,8 +419,8 @@ impl LateSenders {
     }
 
     /// Adds up a receive (or wait) whose messages `met` are all paired: each message counts
-    /// to its sender, and the wait, if it started before the last send did, is that
-    /// sender's late message. And Late Receiver: each blocking send that started before
+    /// to its sender, and the wait, if it started before the send it waited for did (the
+    /// last to start; the first, for `MPI_Waitsome`), is that sender's late message. And Late Receiver: each blocking send that started before
     /// its receive was posted and was still waiting then waited that long for it.
     fn settle(&mut self, receive: &ReceiveEnd, met: &[Met]) {
         let receiver = receive.pid;
@@ -365,7 +428,14 @@ impl LateSenders {
             self.pairs.entry((receiver, send.pid)).or_default().messages += 1;
             self.judge_receiver(receiver, send, *posted_ns, receive.error_ns);
         }
-        let Some(&(_, last, _)) = met.iter().max_by_key(|(_, send, _)| send.start_ns) else {
+        // The send the call waited for: the last to start, or the first where the call
+        // returned at the first message to come.
+        let waited_for = if receive.first {
+            met.iter().min_by_key(|(_, send, _)| send.start_ns)
+        } else {
+            met.iter().max_by_key(|(_, send, _)| send.start_ns)
+        };
+        let Some(&(_, last, _)) = waited_for else {
             return;
         };
         if last.start_ns > receive.start_ns {
@@ -447,6 +517,13 @@ impl LateSenders {
         for pairs in [&mut self.pairs, &mut self.late_receivers] {
             pairs.retain(|&(receiver, sender), _| keep(receiver) || keep(sender));
         }
+        self.waitsome.retain(|&(pid, _), (_, messages)| {
+            let kept = keep(pid);
+            if !kept {
+                self.dropped += messages.len() as u64;
+            }
+            kept
+        });
         let gone: Vec<WaitKey> = self
             .waits
             .keys()
@@ -485,11 +562,12 @@ impl LateSenders {
             .values()
             .filter(|(h, _)| !matches!(h, Half::Posted { .. }))
             .count() as u64;
+        let coming: usize = self.waitsome.values().map(|(_, m)| m.len()).sum();
         LateSenderReport {
             pairs: named(&self.pairs),
             late_receivers: named(&self.late_receivers),
             not_numbered: self.numbering.unlinked,
-            unpaired: unpaired + self.met as u64 + self.dropped,
+            unpaired: unpaired + (self.met + coming) as u64 + self.dropped,
         }
     }
 }
@@ -656,6 +734,40 @@ mod tests {
         let whois = |pid: u32| Some((pid - 1, "n".to_string()));
         let r = ls.report(&whois);
         assert_eq!(pairs(&r), vec![(0, 1, 1, 1, 2000)]);
+        assert_eq!(r.unpaired, 0);
+    }
+
+    /// `MPI_Waitsome` returned at the first of the messages it completed: it waited for the
+    /// send that started first, and its messages are met once the thread goes on.
+    #[test]
+    fn a_wait_for_some_waited_for_the_first_send() {
+        let mut ls = LateSenders::default();
+        init(&mut ls, &[1, 2, 3]);
+        ls.call(&p2p(1, "MPI_Irecv", 1, 100, 10));
+        ls.call(&p2p(1, "MPI_Irecv", 2, 200, 10));
+        ls.call(&p2p(2, "MPI_Send", 0, 3000, 10));
+        ls.call(&p2p(3, "MPI_Send", 0, 3100, 10));
+        ls.call(&p2p(1, "MPI_Waitsome", -1, 1000, 2500));
+        for posted_start_ns in [100, 200] {
+            ls.call(&pb::CallEvent {
+                arrival: Some(pb::Arrival {
+                    posted_tid: 1,
+                    posted_start_ns,
+                    follows_call: true,
+                    ..Default::default()
+                }),
+                ..p2p(1, "MPI_Waitsome", -1, 1000, 0)
+            });
+        }
+        let whois = |pid: u32| Some((pid - 1, "n".to_string()));
+        assert_eq!(
+            ls.report(&whois).unpaired,
+            4,
+            "two sends; two receives, more may come"
+        );
+        ls.call(&p2p(1, "MPI_Finalize", -1, 9000, 10));
+        let r = ls.report(&whois);
+        assert_eq!(pairs(&r), vec![(0, 1, 1, 1, 2000), (0, 2, 1, 0, 0)]);
         assert_eq!(r.unpaired, 0);
     }
 

@@ -388,7 +388,7 @@ impl NodeState {
                         (h.start_ns, h.end_ns) =
                             (self.api_time(r.start_ns), self.api_time(r.end_ns));
                         h.posted_ns = posted(r.posted_ns);
-                        (h.thread, h.together) = (r.thread, r.together);
+                        (h.thread, h.together, h.first) = (r.thread, r.together, r.first);
                     }
                     Half::Posted { posted_ns, .. } => {
                         h.set_kind(pb::HalfKind::Posted);
