@@ -1076,8 +1076,9 @@ impl CallEvent {
     pub const PEER_ANY: i32 = -2;
 
     /// In [`CallEvent::flags`] of an arrival: the call may have completed the receive but
-    /// does not say so where the kernel can read it (it failed), or freed it; when its message arrived is not known, and
-    /// the receive is no longer followed.
+    /// the kernel cannot tell (the call failed, or there was no room to keep the receive
+    /// through it), or freed it; when its message arrived is not known, and the receive is
+    /// no longer followed.
     pub const UNTOLD: u8 = 2;
     /// In [`CallEvent::flags`] of an arrival: sent after its call's own event, by a call
     /// that says at its return which requests it completed (`MPI_Test*`, `MPI_Waitany`,

@@ -216,13 +216,36 @@ pub fn after_completion(ret: i32) {
         flags: u32::from(CallEvent::FOLLOWS_CALL),
         _pad: 0,
     };
-    let n = if ret == 0 {
-        completed(spec, &e.args, &mut t)
-    } else {
+    let all = requests(spec, &e.args).min(MAX_STARTALL);
+    if ret != 0 {
         t.flags = u32::from(CallEvent::UNTOLD);
-        requests(spec, &e.args)
-    };
+        each(all, tell_one, &mut t);
+        return;
+    }
+    let n = completed(spec, &e.args, &mut t);
     each(n.min(MAX_STARTALL), tell_one, &mut t);
+    // The receives it did not complete stay followed (in `POSTED`); their entries here go,
+    // so that the map holds the calls in progress only (an entry of one evicted for room
+    // would lose its arrow).
+    t.indices = 0;
+    t.first = 0;
+    each(all, forget_one, &mut t);
+}
+
+/// One request of a completion call that returned (`bpf_loop`'s body): the call's entry
+/// for it in [`MAYBE`], if any, removed.
+extern "C" fn forget_one(i: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `bpf_loop` passes `after_completion`'s context.
+    let t = unsafe { &*ctx.cast::<Telling>() };
+    let at = MaybeKey {
+        tid: t.tid,
+        index: i as u32,
+    };
+    // SAFETY: copied out at once.
+    if unsafe { MAYBE.get(at) }.is_some_and(|m| m.call_start_ns == t.start_ns) {
+        let _ = MAYBE.remove(at);
+    }
+    0
 }
 
 /// How many requests a completion call of `spec` was given: `MPI_Test(*a)` one,

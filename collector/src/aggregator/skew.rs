@@ -383,7 +383,7 @@ impl CrossSkew {
         offset_ns: Option<i64>,
         error_ns: u64,
     ) {
-        use crate::skew::late_sender::{Half, ReceiveEnd, SendEnd, MAX_TOGETHER};
+        use crate::skew::late_sender::{Clock, Half, ReceiveEnd, SendEnd, MAX_TOGETHER};
         for r in reports {
             let Some((_, late)) = self.late_of(&r.job) else {
                 continue;
@@ -414,6 +414,17 @@ impl CrossSkew {
         let Some(offset_ns) = offset_ns else {
             return;
         };
+        // Halves of one node are on one clock: the error only parts two nodes' (never 0,
+        // which is a node's own).
+        let clock = Clock {
+            node: {
+                use std::hash::{Hash, Hasher};
+                let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                node.hash(&mut hasher);
+                hasher.finish() | 1
+            },
+            error_ns,
+        };
         for h in halves {
             let (start_ns, end_ns) = (
                 h.start_ns.saturating_add_signed(offset_ns),
@@ -430,7 +441,7 @@ impl CrossSkew {
                     start_ns,
                     end_ns,
                     blocking: h.blocking,
-                    error_ns,
+                    clock,
                 }),
                 pb::HalfKind::Receive => Half::Receive(ReceiveEnd {
                     pid: h.rank,
@@ -442,12 +453,13 @@ impl CrossSkew {
                     // wait for billions.
                     together: h.together.min(MAX_TOGETHER),
                     first: h.first,
-                    error_ns,
+                    clock,
+                    wait_ns: h.start_ns,
                 }),
                 pb::HalfKind::Posted => Half::Posted {
                     pid: h.rank,
                     posted_ns,
-                    error_ns,
+                    clock,
                 },
                 pb::HalfKind::Unspecified => continue,
             };
@@ -743,7 +755,8 @@ mod tests {
 
     /// Late Receiver across nodes: a synchronous send returns just after its receive is
     /// posted, which two nodes' clocks may put after its end: within their error it was
-    /// still sending; past it, it had returned (an eager send) and waited for nothing.
+    /// still sending; past it, it had returned (an eager send) and waited for nothing. Two
+    /// halves from one node are on one clock.
     #[test]
     fn a_send_that_returned_within_the_clock_error_of_the_post_waited_for_it() {
         use pb::HalfKind::{Receive, Send};
@@ -768,10 +781,16 @@ mod tests {
             Some(0),
             20_000,
         );
+        // Both halves of message 3 from node a: one clock, no error between them.
         x.add_late_senders(
             "a",
             &[],
-            &[posted(1, 5_030_000), posted(2, 5_100_000)],
+            &[
+                posted(1, 5_030_000),
+                posted(2, 5_100_000),
+                blocking(3, 1_000_000, 5_000_000),
+                posted(3, 5_030_000),
+            ],
             Some(0),
             20_000,
         );
@@ -781,7 +800,7 @@ mod tests {
             .iter()
             .map(|p| (p.receiver, p.sender, p.messages, p.late, p.wait_ns))
             .collect();
-        assert_eq!(lr, vec![(0, 1, 2, 1, 4_030_000)]);
+        assert_eq!(lr, vec![(0, 1, 3, 1, 4_030_000)]);
     }
 
     /// Two nodes attached mid-job, each numbering from where it started (node b attached

@@ -37,7 +37,7 @@ pub const MAX_PENDING: usize = 1 << 20;
 pub const MAX_WAITS: usize = 1 << 16;
 
 /// Most messages one wait is taken to have completed (a word from another node says how
-/// many; the kernel follows no more per call either).
+/// many; the kernel follows at most 4,096 per call).
 pub const MAX_TOGETHER: u32 = 1 << 16;
 
 /// The `late_sender` part of the `skew` object.
@@ -71,12 +71,14 @@ pub struct LateSenderPair {
     pub sender: u32,
     /// Host name of the sender.
     pub sender_host: String,
-    /// Messages paired.
+    /// Messages paired (in `late_receivers`: blocking sends paired).
     pub messages: u64,
     /// Of those, the ones whose receive started before their send did (of the messages one
-    /// wait completed, only the one whose send started last, charged with the wait).
+    /// wait completed, only the one it waited for, charged with the wait). In
+    /// `late_receivers`: the sends that started before their receive was posted.
     pub late: u64,
-    /// Time the receiver waited for those sends to start, ns.
+    /// Time the receiver waited for those sends to start, ns (in `late_receivers`: the
+    /// time the senders waited for the posts).
     pub wait_ns: u64,
 }
 
@@ -92,9 +94,29 @@ pub struct SendEnd {
     pub end_ns: u64,
     /// A blocking send (`MPI_Send`, `MPI_Ssend`): its time may be a wait for the receive.
     pub blocking: bool,
-    /// How far off its times may be (at the aggregator, its node's clock error; 0 on its
-    /// own node).
+    /// Whose clock its times were read on.
+    pub clock: Clock,
+}
+
+/// Whose clock an end's times were read on, and how far off they may be on the clock
+/// they are put on (the aggregator's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Clock {
+    /// The node (a hash of its name at the aggregator; 0: this one).
+    pub node: u64,
+    /// Its offset's error (0 on its own node).
     pub error_ns: u64,
+}
+
+impl Clock {
+    /// How far apart the same instant may read on this clock and `other`.
+    fn error_against(&self, other: &Clock) -> u64 {
+        if self.node == other.node {
+            0
+        } else {
+            self.error_ns.saturating_add(other.error_ns)
+        }
+    }
 }
 
 /// A blocking receive, or the wait that completed a nonblocking one.
@@ -116,8 +138,11 @@ pub struct ReceiveEnd {
     /// The call returned at the first of them to come (`MPI_Waitsome`), not once all had
     /// (`MPI_Waitall`).
     pub first: bool,
-    /// How far off its times may be (see [`SendEnd::error_ns`]).
-    pub error_ns: u64,
+    /// Whose clock its times were read on.
+    pub clock: Clock,
+    /// When the call started on its own node's clock (with `pid` and `thread`, the wait's
+    /// identity, alike however its node's offset was estimated).
+    pub wait_ns: u64,
 }
 
 /// One side of a message, seen before the other.
@@ -134,8 +159,8 @@ pub enum Half {
         pid: u32,
         /// When it was posted (0: not known), for Late Receiver.
         posted_ns: u64,
-        /// How far off that may be (see [`SendEnd::error_ns`]).
-        error_ns: u64,
+        /// Whose clock that was read on.
+        clock: Clock,
     },
 }
 
@@ -157,7 +182,8 @@ type Met = (u64, SendEnd, u64);
 /// was posted.
 type WaitsomeCall = (ReceiveEnd, Vec<(u64, u64)>);
 
-/// A wait of several messages by its start, process and thread (oldest first).
+/// A wait of several messages by its start (on its node's clock), process and thread
+/// (oldest first).
 type WaitKey = (u64, u32, u32);
 
 /// A wait that completed several messages, until each has met its send.
@@ -232,7 +258,7 @@ impl LateSenders {
                 start_ns: ev.start_ns,
                 end_ns,
                 blocking: blocking_send(&ev.routine),
-                error_ns: 0,
+                clock: Clock::default(),
             };
             self.meet(id, Half::Send(send));
         }
@@ -255,7 +281,8 @@ impl LateSenders {
                             thread: ev.tid,
                             together: 0,
                             first: true,
-                            error_ns: 0,
+                            clock: Clock::default(),
+                            wait_ns: start_ns,
                         };
                         (call, Vec::new())
                     });
@@ -285,13 +312,14 @@ impl LateSenders {
                     thread: ev.tid,
                     together,
                     first: false,
-                    error_ns: 0,
+                    clock: Clock::default(),
+                    wait_ns: ev.start_ns,
                 })
             } else {
                 Half::Posted {
                     pid: ev.pid,
                     posted_ns,
-                    error_ns: 0,
+                    clock: Clock::default(),
                 }
             };
             self.meet(id, half);
@@ -301,7 +329,7 @@ impl LateSenders {
             let half = Half::Posted {
                 pid: ev.pid,
                 posted_ns,
-                error_ns: 0,
+                clock: Clock::default(),
             };
             self.meet(id, half);
         }
@@ -343,18 +371,18 @@ impl LateSenders {
                 Half::Posted {
                     pid,
                     posted_ns,
-                    error_ns,
+                    clock,
                 },
             )
             | (
                 Half::Posted {
                     pid,
                     posted_ns,
-                    error_ns,
+                    clock,
                 },
                 Half::Send(send),
             ) => {
-                self.judge_receiver(pid, &send, posted_ns, error_ns);
+                self.judge_receiver(pid, &send, posted_ns, &clock);
                 return;
             }
             _ => return,
@@ -364,7 +392,7 @@ impl LateSenders {
             self.settle(&receive, &[met]);
             return;
         }
-        let key = (receive.start_ns, receive.pid, receive.thread);
+        let key = (receive.wait_ns, receive.pid, receive.thread);
         while self.met >= MAX_PENDING && self.give_up_oldest_wait() {}
         let w = self.wait(key, receive);
         w.left = w.left.saturating_sub(1);
@@ -426,7 +454,7 @@ impl LateSenders {
         let receiver = receive.pid;
         for (_, send, posted_ns) in met {
             self.pairs.entry((receiver, send.pid)).or_default().messages += 1;
-            self.judge_receiver(receiver, send, *posted_ns, receive.error_ns);
+            self.judge_receiver(receiver, send, *posted_ns, &receive.clock);
         }
         // The send the call waited for: the last to start, or the first where the call
         // returned at the first message to come.
@@ -441,21 +469,24 @@ impl LateSenders {
         if last.start_ns > receive.start_ns {
             let p = self.pairs.entry((receiver, last.pid)).or_default();
             p.late += 1;
-            p.wait_ns += last.start_ns.min(receive.end_ns) - receive.start_ns;
+            p.wait_ns += last
+                .start_ns
+                .min(receive.end_ns)
+                .saturating_sub(receive.start_ns);
         }
     }
 
     /// Late Receiver of one message: a blocking send that started before its receive was
     /// posted and was still sending then waited for it that long. A synchronous send
-    /// returns just after the post: across nodes, within the clocks' error (`error_ns`, the
-    /// receiver's) it is taken to have been sending still.
-    fn judge_receiver(&mut self, receiver: u32, send: &SendEnd, posted_ns: u64, error_ns: u64) {
+    /// returns just after the post: across nodes, within the two clocks' error of it, it is
+    /// taken to have been sending still. `clock` is the receive's.
+    fn judge_receiver(&mut self, receiver: u32, send: &SendEnd, posted_ns: u64, clock: &Clock) {
         if !send.blocking || posted_ns == 0 {
             return;
         }
         let p = self.late_receivers.entry((receiver, send.pid)).or_default();
         p.messages += 1;
-        let sending_until = send.end_ns + send.error_ns + error_ns;
+        let sending_until = send.end_ns.saturating_add(send.clock.error_against(clock));
         if posted_ns > send.start_ns && sending_until > posted_ns {
             p.late += 1;
             p.wait_ns += posted_ns - send.start_ns;
@@ -495,7 +526,7 @@ impl LateSenders {
     /// One message of the wait `receive` is handed on: so are those of it paired here, and
     /// those paired later.
     fn hand_on_wait(&mut self, receive: ReceiveEnd) {
-        let key = (receive.start_ns, receive.pid, receive.thread);
+        let key = (receive.wait_ns, receive.pid, receive.thread);
         let w = self.wait(key, receive);
         w.left = w.left.saturating_sub(1);
         if !w.handed_on {
