@@ -416,9 +416,10 @@ impl TlsArgs {
     reason = "independent command-line switches, each its own flag"
 )]
 pub struct ProbeArgs {
-    /// Also emit an event per MPI call through a ring buffer (for latency and timelines).
-    /// Counts, bytes and time never depend on it; it costs about half a microsecond per
-    /// call, so it is off unless asked for.
+    /// Also emit an event per MPI call through a ring buffer (for latency, timelines, and
+    /// who is late between point-to-point ranks: Late Sender and Late Receiver). Counts,
+    /// bytes and time never depend on it; it costs about half a microsecond per call, so it
+    /// is off unless asked for.
     #[arg(long)]
     pub call_events: bool,
     /// Do not match collective calls across ranks. By default every collective call (and
