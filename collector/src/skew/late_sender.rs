@@ -145,6 +145,29 @@ pub struct ReceiveEnd {
     pub wait_ns: u64,
 }
 
+impl ReceiveEnd {
+    /// A receive of `ev`'s process and thread by a call from `start_ns` to `end_ns`, on
+    /// this node's clock, the rest to be said.
+    fn of(ev: &pb::CallEvent, start_ns: u64, end_ns: u64) -> ReceiveEnd {
+        ReceiveEnd {
+            pid: ev.pid,
+            start_ns,
+            end_ns,
+            posted_ns: 0,
+            thread: ev.tid,
+            together: 1,
+            first: false,
+            clock: Clock::default(),
+            wait_ns: start_ns,
+        }
+    }
+
+    /// Its wait's identity.
+    fn wait_key(&self) -> WaitKey {
+        (self.wait_ns, self.pid, self.thread)
+    }
+}
+
 /// One side of a message, seen before the other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Half {
@@ -222,6 +245,7 @@ pub struct LateSenders {
     /// Waits of several messages not all paired yet, and their messages paired (at most
     /// [`MAX_PENDING`] in all: past it, the oldest waits are given up).
     waits: BTreeMap<WaitKey, Wait>,
+    /// Messages paired held in `waits`.
     met: usize,
     /// Halves to hand on at the next [`LateSenders::take_unmatched`]: messages paired
     /// here whose wait has messages at the aggregator, both halves, for it to pair.
@@ -274,15 +298,8 @@ impl LateSenders {
                 if ev.routine == "MPI_Waitsome" {
                     let (_, messages) = self.waitsome.entry(thread).or_insert_with(|| {
                         let call = ReceiveEnd {
-                            pid: ev.pid,
-                            start_ns,
-                            end_ns,
-                            posted_ns: 0,
-                            thread: ev.tid,
-                            together: 0,
                             first: true,
-                            clock: Clock::default(),
-                            wait_ns: start_ns,
+                            ..ReceiveEnd::of(ev, start_ns, end_ns)
                         };
                         (call, Vec::new())
                     });
@@ -305,15 +322,9 @@ impl LateSenders {
             // A blocking receive, or a wait: its time is its messages' wait.
             let half = if waited {
                 Half::Receive(ReceiveEnd {
-                    pid: ev.pid,
-                    start_ns: ev.start_ns,
-                    end_ns,
                     posted_ns,
-                    thread: ev.tid,
                     together,
-                    first: false,
-                    clock: Clock::default(),
-                    wait_ns: ev.start_ns,
+                    ..ReceiveEnd::of(ev, ev.start_ns, end_ns)
                 })
             } else {
                 Half::Posted {
@@ -392,7 +403,7 @@ impl LateSenders {
             self.settle(&receive, &[met]);
             return;
         }
-        let key = (receive.wait_ns, receive.pid, receive.thread);
+        let key = receive.wait_key();
         while self.met >= MAX_PENDING && self.give_up_oldest_wait() {}
         let w = self.wait(key, receive);
         w.left = w.left.saturating_sub(1);
@@ -448,8 +459,9 @@ impl LateSenders {
 
     /// Adds up a receive (or wait) whose messages `met` are all paired: each message counts
     /// to its sender, and the wait, if it started before the send it waited for did (the
-    /// last to start; the first, for `MPI_Waitsome`), is that sender's late message. And Late Receiver: each blocking send that started before
-    /// its receive was posted and was still waiting then waited that long for it.
+    /// last to start; the first, for `MPI_Waitsome`), is that sender's late message. And
+    /// Late Receiver: each blocking send that started before its receive was posted and
+    /// was still waiting then waited that long for it.
     fn settle(&mut self, receive: &ReceiveEnd, met: &[Met]) {
         let receiver = receive.pid;
         for (_, send, posted_ns) in met {
@@ -526,7 +538,7 @@ impl LateSenders {
     /// One message of the wait `receive` is handed on: so are those of it paired here, and
     /// those paired later.
     fn hand_on_wait(&mut self, receive: ReceiveEnd) {
-        let key = (receive.wait_ns, receive.pid, receive.thread);
+        let key = receive.wait_key();
         let w = self.wait(key, receive);
         w.left = w.left.saturating_sub(1);
         if !w.handed_on {
