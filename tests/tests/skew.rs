@@ -88,7 +88,12 @@ fn assert_late_job(profile: &Value) {
         ("MPI_Barrier", 0, "0 B"),
     ] {
         assert_late_phase(skew, name, bucket, LATE, N);
-        let sentence = format!("rank {LATE} ({host}) arrived last in");
+        // The Bcast's root is the late rank: the others waited for it as root.
+        let sentence = if name == "MPI_Bcast" {
+            format!("rank {LATE} ({host}), the root, arrived late in")
+        } else {
+            format!("rank {LATE} ({host}) arrived last in")
+        };
         let routine = format!("of {name} ({bytes}) instances");
         assert!(
             skew["findings"]
@@ -238,6 +243,142 @@ fn launched_open_mpi_job_names_the_late_rank() {
 #[test]
 fn launched_mpich_job_names_the_late_rank() {
     launched(Mpi::Mpich);
+}
+
+/// The skew entry of `routine` in rank `rank`'s part (all sizes): (last, caused, waited).
+#[track_caller]
+fn rank_routine(skew: &Value, rank: u64, routine: &str) -> (u64, u64, u64) {
+    let r = skew["ranks"]
+        .as_array()
+        .expect("ranks")
+        .iter()
+        .find(|r| r["rank"] == rank)
+        .unwrap_or_else(|| panic!("no rank {rank}: {skew:#}"));
+    let x = r["routines"]
+        .as_array()
+        .expect("routines")
+        .iter()
+        .find(|x| x["routine"] == routine)
+        .unwrap_or_else(|| panic!("no {routine} for rank {rank}: {r:#}"));
+    let n = |k: &str| x[k].as_u64().expect(k);
+    (n("last"), n("caused_ns"), n("waited_ns"))
+}
+
+/// Collectives with a root (`mpi_rooted.c`: 2 ranks, rank 1 sleeping before each): who
+/// waits follows the data. The root of a Reduce waits for a late member and nobody else
+/// waits; a late root of a Gather holds nobody up; a late member of a Bcast holds nobody
+/// up; the others wait for a late root of a Scatter. Every count here is exact: the ranks
+/// are 50 ms apart and small messages go eagerly.
+fn rooted(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("skew-rooted-{}", mpi.suffix()));
+    let prefix = scratch.path("truth");
+    let json = scratch.path("profile.json");
+    let text = scratch.path("report.txt");
+    let mut args: Vec<String> = ["record", "-o", path_str(&text), "--json", path_str(&json)]
+        .map(String::from)
+        .to_vec();
+    args.push("--".into());
+    args.extend(mpi.launcher(2));
+    args.extend([
+        build_program("mpi_rooted.c", mpi).display().to_string(),
+        DELAY_MS.to_string(),
+        N.to_string(),
+        prefix.display().to_string(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let profile = read_json(&json);
+    let truths = read_truths(&prefix, 2);
+    let host = rank_by_pid(&profile, truths[1]["pid"].as_u64().expect("pid"))["host"]
+        .as_str()
+        .expect("host")
+        .to_string();
+    let skew = &profile["skew"];
+    for counter in ["incomplete", "unidentified", "unaligned", "lost"] {
+        assert_eq!(skew[counter], 0, "{counter}: {skew:#}");
+    }
+    // Four phases and the four barriers before them.
+    assert_eq!(skew["instances"], 4 * N + 4, "{skew:#}");
+
+    // Reduce to rank 0, rank 1 late: the root waited for it every time, it for nobody.
+    let reduce = routine(skew, "MPI_Reduce", 2);
+    assert_eq!(reduce["instances"], N, "{reduce:#}");
+    assert_eq!(reduce["most_last"]["rank"], 1, "{reduce:#}");
+    assert_eq!(reduce["most_last"]["last"], N, "{reduce:#}");
+    let (last, caused, waited) = rank_routine(skew, 1, "MPI_Reduce");
+    assert_eq!((last, waited), (N, 0), "rank 1 sends and leaves");
+    about_n_delays(caused, N, "Reduce caused");
+    let (last, _, waited) = rank_routine(skew, 0, "MPI_Reduce");
+    assert_eq!(last, 0);
+    about_n_delays(waited, N, "Reduce: the root waited");
+
+    // Gather to rank 1 and Bcast from rank 0, rank 1 late: nobody waited, nobody is named.
+    for (name, bucket) in [("MPI_Gather", 1), ("MPI_Bcast", 2)] {
+        let r = routine(skew, name, bucket);
+        assert_eq!(r["instances"], N, "{name}: {r:#}");
+        assert!(r["most_last"].is_null(), "{name}: {r:#}");
+        assert_eq!(r["skew_ns"]["max"], 0, "{name}: {r:#}");
+        for rank in [0, 1] {
+            assert_eq!(
+                rank_routine(skew, rank, name),
+                (0, 0, 0),
+                "{name}: rank {rank}"
+            );
+        }
+    }
+
+    // Scatter from rank 1, late: rank 0 waited for it every time.
+    let scatter = routine(skew, "MPI_Scatter", 1);
+    assert_eq!(scatter["instances"], N, "{scatter:#}");
+    assert_eq!(scatter["most_last"]["rank"], 1, "{scatter:#}");
+    assert_eq!(scatter["most_last"]["last"], N, "{scatter:#}");
+    let (last, caused, waited) = rank_routine(skew, 1, "MPI_Scatter");
+    assert_eq!((last, waited), (N, 0), "the root waits for nobody");
+    about_n_delays(caused, N, "Scatter caused");
+    let (_, _, waited) = rank_routine(skew, 0, "MPI_Scatter");
+    about_n_delays(waited, N, "Scatter: rank 0 waited");
+
+    // In words, in the profile and the text report: two findings, none for the phases in
+    // which nobody waited.
+    let findings: Vec<&str> = skew["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .map(|f| f.as_str().expect("a finding"))
+        .collect();
+    let report = std::fs::read_to_string(&text).expect("text report");
+    for want in [
+        format!("rank 1 ({host}) arrived last in 100% of MPI_Reduce (5-8 B) instances"),
+        format!("rank 1 ({host}), the root, arrived late in 100% of MPI_Scatter (1-4 B) instances"),
+    ] {
+        assert!(
+            findings.iter().any(|f| f.starts_with(&want)),
+            "{want}: {findings:#?}"
+        );
+        assert!(report.contains(&want), "{want}: {report}");
+    }
+    assert!(
+        findings
+            .iter()
+            .any(|f| f.contains("after the root on median; the root waited")),
+        "{findings:#?}"
+    );
+    assert!(
+        !findings
+            .iter()
+            .any(|f| f.contains("MPI_Gather") || f.contains("MPI_Bcast")),
+        "{findings:#?}"
+    );
+}
+
+#[test]
+fn rooted_open_mpi_collectives_make_only_their_roots_dependents_wait() {
+    rooted(Mpi::OpenMpi);
+}
+
+#[test]
+fn rooted_mpich_collectives_make_only_their_roots_dependents_wait() {
+    rooted(Mpi::Mpich);
 }
 
 /// Past a communicator's first 1,024 instances who-is-late follows the ones every rank draws

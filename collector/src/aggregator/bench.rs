@@ -169,6 +169,7 @@ fn match_parts(daemons: u32, ranks: u32, instances: u64) -> (u64, f64) {
                             host: format!("node{d:04}"),
                             start_ns: t0 + u64::from(r) * 1_000 + late,
                             end_ns: t0 + 2_000_000,
+                            root: false,
                         }
                     })
                     .collect(),

@@ -14,7 +14,7 @@ use crate::{
     skew::{
         instances::{votes_among_drawn, Arrival, Instance, MatchCounts},
         late_sender::{LateSenderPair, LateSenderReport, LateSenders},
-        summary::Summary,
+        summary::{Summary, Verdict},
         CommKey, SkewReport,
     },
     trace::flows::Unlinked,
@@ -354,6 +354,7 @@ impl CrossSkew {
                             pid: a.rank,
                             start_ns: a.start_ns.saturating_add_signed(offset_ns),
                             end_ns: a.end_ns.saturating_add_signed(offset_ns),
+                            root: a.root,
                         };
                         (arrival, a.host.clone())
                     })
@@ -605,10 +606,8 @@ impl JobSkew {
         };
         let complete = p.arrivals.len() == p.size as usize;
         if complete {
-            let first = p.arrivals.iter().map(|a| a.start_ns).min().unwrap_or(0);
-            let last = p.arrivals.iter().map(|a| a.start_ns).max().unwrap_or(0);
             // Two nodes' offsets may each be off by their error.
-            if last - first < p.error_ns.saturating_mul(2) {
+            if Verdict::of(p.routine, &p.arrivals).margin_ns < p.error_ns.saturating_mul(2) {
                 self.within_clock_error += p.weight;
                 return;
             }
@@ -648,6 +647,7 @@ mod tests {
                     host: host.into(),
                     start_ns: start,
                     end_ns: start + 1_000_000,
+                    root: false,
                 })
                 .collect(),
             numbering_local: false,
@@ -875,6 +875,35 @@ mod tests {
     }
 
     #[test]
+    fn a_broadcast_is_judged_by_its_roots_arrival_across_nodes() {
+        let bcast = |seq, ranks: &[(u32, u64)], host: &str| {
+            let mut p = part("j", seq, ranks, host);
+            p.routine = "MPI_Bcast".into();
+            for a in &mut p.arrivals {
+                a.root = a.rank == 0;
+            }
+            p
+        };
+        let mut x = CrossSkew::default();
+        // 0: rank 2 on node b comes 3 ms late, the root 0.1 ms before the others: nobody
+        // waited (a root within the clock error of the first other is not judged). 1: the root
+        // comes 3 ms late: the others waited. 2: the root 10 us after rank 1, within the
+        // nodes' clock error of 50 us: not judged.
+        x.add(&[bcast(0, &[(0, 100), (1, 100_000)], "a")], 0, 25_000);
+        x.add(&[bcast(0, &[(2, 3_000_000), (3, 100_000)], "b")], 0, 25_000);
+        x.add(&[bcast(1, &[(0, 3_000_000), (1, 110)], "a")], 0, 25_000);
+        x.add(&[bcast(1, &[(2, 100), (3, 120)], "b")], 0, 25_000);
+        x.add(&[bcast(2, &[(0, 20_000), (1, 5_000_000)], "a")], 0, 25_000);
+        x.add(&[bcast(2, &[(2, 10_000), (3, 5_000_000)], "b")], 0, 25_000);
+        let r = x.report("j").expect("job");
+        assert_eq!((r.instances, r.within_clock_error), (2, 1));
+        assert_eq!((r.ranks[0].last, r.ranks[2].last), (1, 0));
+        assert_eq!(r.ranks[0].caused_ns, 3_000_000 - 100);
+        assert_eq!(r.ranks[2].waited_ns, 3_000_000 - 100);
+        assert_eq!(r.ranks[0].waited_ns, 0);
+    }
+
+    #[test]
     fn a_part_is_never_counted_twice() {
         let mut x = CrossSkew::default();
         let p = part("j", 0, &[(0, 100), (1, 100)], "a");
@@ -894,6 +923,7 @@ mod tests {
             host: host.into(),
             start_ns: at(from_us),
             end_ns: at(to_us),
+            root: false,
         }
     }
 

@@ -30,6 +30,9 @@ pub struct Arrival {
     pub start_ns: u64,
     /// Monotonic ns at return (departure).
     pub end_ns: u64,
+    /// It is the collective's root (its rank in the communicator is the one the call names
+    /// as root): who waits for whom at `MPI_Bcast` or `MPI_Reduce` depends on it.
+    pub root: bool,
 }
 
 impl Arrival {
@@ -598,6 +601,7 @@ mod tests {
                 pid,
                 start_ns: i * 10_000_000 + late,
                 end_ns: i * 10_000_000 + 5_000_000,
+                root: false,
             },
         }
     }
@@ -664,6 +668,7 @@ mod tests {
                 pid,
                 start_ns: (i as i64 * 1_000_000 + from_us * 1_000) as u64,
                 end_ns: (i as i64 * 1_000_000 + to_us * 1_000) as u64,
+                root: false,
             },
             ..call(pid, 3, i, 0)
         };
@@ -747,6 +752,7 @@ mod tests {
                     pid: p,
                     start_ns,
                     end_ns,
+                    root: false,
                 };
                 let c = Collective {
                     from_start: false,

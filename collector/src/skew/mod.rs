@@ -182,6 +182,7 @@ impl Tracker {
                     pid: ev.tgid,
                     start_ns: ev.start_ns,
                     end_ns: ev.start_ns + ev.dur_ns,
+                    root: ev.peer >= 0 && ev.peer == ev.comm_rank,
                 },
             },
             &mut self.finished,

@@ -11,7 +11,7 @@ use collector_common::{
 use serde::{Deserialize, Serialize};
 
 use super::{
-    instances::{Instance, MatchCounts},
+    instances::{Arrival, Instance, MatchCounts},
     FastMap,
 };
 
@@ -68,12 +68,17 @@ pub struct RankSkew {
     pub host: String,
     /// Complete instances it was a member of.
     pub instances: u64,
-    /// Instances at which it arrived last.
+    /// Instances at which the others waited for it: it arrived last (at a collective whose
+    /// data flows from a root, `MPI_Bcast`/`MPI_Scatter`, it was the root and came after
+    /// some of the others; at one whose data flows to a root, `MPI_Reduce`/`MPI_Gather`, it
+    /// came last of the others, after the root).
     pub last: u64,
     /// Time it made the others wait: the sum of the skews of the instances where it was
     /// last, ns.
     pub caused_ns: u64,
-    /// Time it waited for others: the sum over its instances of last arrival minus its own, ns.
+    /// Time it waited for others: the sum over its instances of the arrival of the member
+    /// it waited for (the last; at `MPI_Bcast`/`MPI_Scatter` the root; at
+    /// `MPI_Reduce`/`MPI_Gather` none but the root's wait for the last) minus its own, ns.
     pub waited_ns: u64,
     /// The highest instance number it entered, on any communicator (in a job with one
     /// communicator, its count of collectives less one): in a hung job, the ranks blocked in
@@ -92,7 +97,7 @@ pub struct RankSkew {
 pub struct RankRoutineSkew {
     /// C name.
     pub routine: String,
-    /// Instances at which it arrived last.
+    /// Instances at which the others waited for it.
     pub last: u64,
     /// Time it made the others wait, ns.
     pub caused_ns: u64,
@@ -113,23 +118,26 @@ pub struct RoutineSkew {
     pub max_bytes: Option<u64>,
     /// Complete instances.
     pub instances: u64,
-    /// Last arrival minus first arrival, ns.
+    /// The instances' skews, ns: the longest wait of each, last arrival minus first (at
+    /// `MPI_Bcast`/`MPI_Scatter` the root's arrival minus the first of the others', 0 when
+    /// the root came first; at `MPI_Reduce`/`MPI_Gather` the last of the others' minus the
+    /// root's, 0 when the root came last).
     pub skew_ns: Quantiles,
     /// The instance's transfer time, the shortest member's duration: what the collective
     /// costs once everyone is there, ns.
     pub transfer_ns: Quantiles,
-    /// The rank that arrived last most often (absent with no instances).
+    /// The rank the others waited for most often (absent when nobody waited).
     pub most_last: Option<LateRank>,
 }
 
-/// The rank most often last at one routine and size.
+/// The rank the others waited for most often at one routine and size.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LateRank {
     /// World rank.
     pub rank: u32,
     /// Host name.
     pub host: String,
-    /// Instances at which it arrived last.
+    /// Instances at which the others waited for it.
     pub last: u64,
     /// The sum of the skews of those instances (what it made the others wait), ns.
     pub caused_ns: u64,
@@ -162,11 +170,11 @@ pub struct WorstInstance {
     pub comm: String,
     /// The instance's number on its communicator.
     pub seq: u64,
-    /// The rank that arrived last.
+    /// The rank the others waited for (the last to arrive; see [`RankSkew::last`]).
     pub late_rank: u32,
     /// Its host.
     pub host: String,
-    /// Last arrival minus first arrival, ns.
+    /// The instance's skew (see [`RoutineSkew::skew_ns`]), ns.
     pub skew_ns: u64,
 }
 
@@ -236,6 +244,144 @@ impl Histogram {
             p90: self.quantile(0.9),
             p99: self.quantile(0.99),
             max: self.max,
+        }
+    }
+}
+
+/// Who waits for whom at a collective: what its data needs (Scalasca's patterns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// Every member needs every other's data (`MPI_Allreduce`, `MPI_Barrier`,
+    /// `MPI_Alltoall` ...; NCCL's collectives, whose rings tie every GPU to the next): each
+    /// waits for the last to arrive.
+    Everyone,
+    /// The root's data goes to the others (`MPI_Bcast`, `MPI_Scatter`, `MPI_Scatterv`): a
+    /// member waits for the root only (Late Broadcast); one that comes after the root
+    /// holds nobody up.
+    FromRoot,
+    /// The others' data goes to the root (`MPI_Reduce`, `MPI_Gather`, `MPI_Gatherv`): only
+    /// the root waits, for the last of the others (Early Reduce).
+    ToRoot,
+}
+
+impl Shape {
+    /// The shape of routine `routine` (an index into [`ROUTINES`]).
+    pub fn of(routine: u16) -> Shape {
+        let name = ROUTINES.get(routine as usize).map_or("", |r| r.name);
+        match name.strip_suffix("_c").unwrap_or(name) {
+            "MPI_Bcast" | "MPI_Scatter" | "MPI_Scatterv" => Shape::FromRoot,
+            "MPI_Reduce" | "MPI_Gather" | "MPI_Gatherv" => Shape::ToRoot,
+            _ => Shape::Everyone,
+        }
+    }
+}
+
+/// The member that arrived last among `arrivals` (the lower pid of two at once).
+fn last_of<'a>(
+    arrivals: impl Iterator<Item = (usize, &'a Arrival)>,
+) -> Option<(usize, &'a Arrival)> {
+    arrivals.max_by_key(|(_, a)| (a.start_ns, std::cmp::Reverse(a.pid)))
+}
+
+/// What one complete instance held up: the member the others waited for, how long, and
+/// each member's wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// The member waited for (an index into the arrivals); none where nobody waited.
+    pub late: Option<usize>,
+    /// The instance's skew: the longest wait (at a collective every member needs, the last
+    /// arrival minus the first), ns.
+    pub skew: u64,
+    /// How far apart the arrivals that decide the verdict are (the first and last; the
+    /// root and the first or last of the others), ns: nodes whose clocks are off by more
+    /// could have put them the other way round.
+    pub margin_ns: u64,
+    /// Whose arrival ends the waits: the last (every member waits for it), or the root's.
+    shape: Shape,
+    /// The arrival the waits run to (the last's, or, from the root, the root's).
+    until_ns: u64,
+}
+
+impl Verdict {
+    /// The verdict on the arrivals of an instance of `routine`. A rooted collective whose
+    /// root is not known among them (its rank in the communicator was not read) is judged
+    /// as one every member needs.
+    pub fn of(routine: u16, arrivals: &[Arrival]) -> Verdict {
+        let mut roots = arrivals.iter().enumerate().filter(|(_, a)| a.root);
+        let root = match (roots.next(), roots.next()) {
+            (Some(root), None) => Some(root),
+            _ => None,
+        };
+        match (Shape::of(routine), root) {
+            (Shape::FromRoot, Some((at, root))) => {
+                let first = arrivals
+                    .iter()
+                    .filter(|a| !a.root)
+                    .map(|a| a.start_ns)
+                    .min()
+                    .unwrap_or(root.start_ns);
+                let skew = root.start_ns.saturating_sub(first);
+                Verdict {
+                    late: (skew > 0).then_some(at),
+                    skew,
+                    margin_ns: root.start_ns.abs_diff(first),
+                    shape: Shape::FromRoot,
+                    until_ns: root.start_ns,
+                }
+            }
+            (Shape::ToRoot, Some((_, root))) => {
+                let Some((at, last)) =
+                    last_of(arrivals.iter().enumerate().filter(|(_, a)| !a.root))
+                else {
+                    return Verdict::nobody(Shape::ToRoot);
+                };
+                let skew = last.start_ns.saturating_sub(root.start_ns);
+                Verdict {
+                    late: (skew > 0).then_some(at),
+                    skew,
+                    margin_ns: last.start_ns.abs_diff(root.start_ns),
+                    shape: Shape::ToRoot,
+                    until_ns: last.start_ns,
+                }
+            }
+            _ => {
+                let Some((at, last)) = last_of(arrivals.iter().enumerate()) else {
+                    return Verdict::nobody(Shape::Everyone);
+                };
+                let first = arrivals.iter().map(|a| a.start_ns).min().unwrap_or(0);
+                Verdict {
+                    late: Some(at),
+                    skew: last.start_ns - first,
+                    margin_ns: last.start_ns - first,
+                    shape: Shape::Everyone,
+                    until_ns: last.start_ns,
+                }
+            }
+        }
+    }
+
+    /// An instance without the members to judge.
+    fn nobody(shape: Shape) -> Verdict {
+        Verdict {
+            late: None,
+            skew: 0,
+            margin_ns: 0,
+            shape,
+            until_ns: 0,
+        }
+    }
+
+    /// How long member `a` waited, ns.
+    pub fn waited(&self, a: &Arrival) -> u64 {
+        let waits = match self.shape {
+            Shape::Everyone => true,
+            Shape::FromRoot => !a.root,
+            Shape::ToRoot => a.root,
+        };
+        if waits && self.late.is_some() {
+            self.until_ns.saturating_sub(a.start_ns)
+        } else {
+            0
         }
     }
 }
@@ -312,13 +458,8 @@ impl Summary {
         if w > 1 {
             self.sampled += 1;
         }
-        let first = inst.arrivals.iter().map(|a| a.start_ns).min().unwrap_or(0);
-        let late = inst
-            .arrivals
-            .iter()
-            .max_by_key(|a| (a.start_ns, std::cmp::Reverse(a.pid)))
-            .expect("arrivals");
-        let skew = late.start_ns - first;
+        let verdict = Verdict::of(inst.routine, &inst.arrivals);
+        let skew = verdict.skew;
         let transfer = inst
             .arrivals
             .iter()
@@ -332,23 +473,29 @@ impl Summary {
         for a in &inst.arrivals {
             let r = self.ranks.entry(a.pid).or_default();
             r.instances += w;
-            r.waited_ns += (late.start_ns - a.start_ns) * w;
-            *per.waited.entry(a.pid).or_default() += (late.start_ns - a.start_ns) * w;
+            let waited = verdict.waited(a) * w;
+            r.waited_ns += waited;
+            *per.waited.entry(a.pid).or_default() += waited;
         }
-        let r = self.ranks.entry(late.pid).or_default();
-        r.last += w;
-        r.caused_ns += skew * w;
         per.instances += w;
         per.skew.add(skew, w);
         per.transfer.add(transfer, w);
-        let l = per.last.entry(late.pid).or_default();
+        // Nobody waited (a root that sent before the others came, or received after they
+        // had all sent): nobody is late.
+        let Some(late) = verdict.late.map(|i| inst.arrivals[i].pid) else {
+            return;
+        };
+        let r = self.ranks.entry(late).or_default();
+        r.last += w;
+        r.caused_ns += skew * w;
+        let l = per.last.entry(late).or_default();
         l.0 += w;
         l.1 += skew * w;
         l.2.add(skew, w);
         if self.worst.len() < WORST || self.worst.last().is_some_and(|w| skew > w.0) {
             let at = self.worst.partition_point(|w| w.0 >= skew);
             self.worst
-                .insert(at, (skew, inst.routine, inst.comm, inst.seq, late.pid));
+                .insert(at, (skew, inst.routine, inst.comm, inst.seq, late));
             self.worst.truncate(WORST);
         }
     }
@@ -487,13 +634,22 @@ impl Summary {
                 let (lo, hi) = bucket_range(bucket);
                 format!(" ({})", bytes_range(lo, hi))
             };
-            out.push(format!(
-                "rank {rank} ({host}) arrived last in {:.0}% of {}{size} instances, {} late on median; the other ranks waited {} for it",
+            let (share, name) = (
                 share * 100.0,
                 ROUTINES.get(routine as usize).map_or("?", |r| r.name),
-                human_ns(median),
-                human_ns(caused),
-            ));
+            );
+            let (median, caused) = (human_ns(median), human_ns(caused));
+            out.push(match Shape::of(routine) {
+                Shape::Everyone => format!(
+                    "rank {rank} ({host}) arrived last in {share:.0}% of {name}{size} instances, {median} late on median; the other ranks waited {caused} for it"
+                ),
+                Shape::FromRoot => format!(
+                    "rank {rank} ({host}), the root, arrived late in {share:.0}% of {name}{size} instances, {median} on median; the other ranks waited {caused} for it"
+                ),
+                Shape::ToRoot => format!(
+                    "rank {rank} ({host}) arrived last in {share:.0}% of {name}{size} instances, {median} after the root on median; the root waited {caused} for it"
+                ),
+            });
         }
         out
     }
@@ -562,6 +718,7 @@ mod tests {
             pid,
             start_ns: 1,
             end_ns: 2,
+            root: false,
         };
         let inst = |arrivals: Vec<Arrival>, local_members| Instance {
             comm: crate::skew::CommKey::WORLD,
@@ -585,6 +742,27 @@ mod tests {
 
     #[test]
     fn the_late_rank_is_named_with_what_it_caused() {
+        let r = twenty("MPI_Allreduce", 2);
+        assert_eq!(r.instances, 20);
+        assert_eq!(r.ranks[2].last, 20);
+        assert_eq!(r.ranks[2].caused_ns, 20 * 3_000_000);
+        assert_eq!(r.ranks[0].waited_ns, 20 * 3_000_000);
+        assert_eq!(r.ranks[3].waited_ns, 20 * (3_000_000 - 30));
+        assert_eq!(r.worst.len(), 10);
+        assert_eq!(r.worst[0].late_rank, 2);
+        assert_eq!(r.findings.len(), 1);
+        assert!(
+            r.findings[0].starts_with("rank 2 (node2) arrived last in 100% of MPI_Allreduce (5-8 B) instances, 3.0 ms late on median"),
+            "{}",
+            r.findings[0]
+        );
+    }
+
+    /// 20 instances of `routine` on 4 ranks, rank 0 the root (of a routine with one): rank
+    /// `late` arrives 3 ms after the others, who arrive 10 ns apart by pid; every call ends
+    /// at 3.1 ms.
+    fn twenty(routine: &str, late: u32) -> SkewReport {
+        let routine = collector_common::routines::routine_id(routine).expect("a routine");
         let mut s = Summary::default();
         for seq in 0..20u64 {
             let base = seq * 1_000_000_000;
@@ -592,18 +770,19 @@ mod tests {
                 .map(|pid| Arrival {
                     pid,
                     start_ns: base
-                        + if pid == 2 {
+                        + if pid == late {
                             3_000_000
                         } else {
                             u64::from(pid) * 10
                         },
                     end_ns: base + 3_100_000,
+                    root: pid == 0,
                 })
                 .collect();
             s.add(&Instance {
                 comm: crate::skew::CommKey::WORLD,
                 seq,
-                routine: 0,
+                routine,
                 bucket: 2,
                 complete: true,
                 local_members: 4,
@@ -614,19 +793,86 @@ mod tests {
             });
         }
         let whois = |pid: u32| Some((pid, format!("node{pid}")));
-        let r = s.report(MatchCounts::default(), 0, 0, &whois, &|_| None);
-        assert_eq!(r.instances, 20);
-        assert_eq!(r.ranks[2].last, 20);
-        assert_eq!(r.ranks[2].caused_ns, 20 * 3_000_000);
-        assert_eq!(r.ranks[0].waited_ns, 20 * 3_000_000);
+        s.report(MatchCounts::default(), 0, 0, &whois, &|_| None)
+    }
+
+    #[test]
+    fn a_late_root_of_a_broadcast_kept_the_others_waiting() {
+        let r = twenty("MPI_Bcast", 0);
+        assert_eq!(r.ranks[0].last, 20);
+        // From the first of the others (rank 1, at 10 ns) to the root.
+        assert_eq!(r.ranks[0].caused_ns, 20 * (3_000_000 - 10));
+        assert_eq!(r.ranks[0].waited_ns, 0);
         assert_eq!(r.ranks[3].waited_ns, 20 * (3_000_000 - 30));
-        assert_eq!(r.worst.len(), 10);
-        assert_eq!(r.worst[0].late_rank, 2);
+        assert_eq!(r.routines[0].most_last.as_ref().map(|l| l.rank), Some(0));
         assert_eq!(r.findings.len(), 1);
         assert!(
-            r.findings[0].starts_with("rank 2 (node2) arrived last in 100% of MPI_Init (5-8 B) instances, 3.0 ms late on median"),
+            r.findings[0].starts_with(
+                "rank 0 (node0), the root, arrived late in 100% of MPI_Bcast (5-8 B) instances"
+            ),
             "{}",
             r.findings[0]
         );
+    }
+
+    #[test]
+    fn a_late_member_of_a_broadcast_held_nobody_up() {
+        let r = twenty("MPI_Bcast", 2);
+        assert_eq!(r.instances, 20);
+        // The root came first: nobody waited, nobody is named.
+        assert!(r
+            .ranks
+            .iter()
+            .all(|k| k.last == 0 && k.caused_ns == 0 && k.waited_ns == 0));
+        assert_eq!(r.routines[0].most_last, None);
+        assert_eq!(r.routines[0].skew_ns.max, 0);
+        assert!(r.worst.is_empty());
+        assert!(r.findings.is_empty(), "{:?}", r.findings);
+    }
+
+    #[test]
+    fn the_root_of_a_reduce_waited_for_its_last_member_alone() {
+        let r = twenty("MPI_Reduce", 2);
+        assert_eq!(r.ranks[2].last, 20);
+        assert_eq!(r.ranks[2].caused_ns, 20 * 3_000_000);
+        assert_eq!(r.ranks[0].waited_ns, 20 * 3_000_000);
+        for k in [1, 2, 3] {
+            assert_eq!(r.ranks[k].waited_ns, 0, "rank {k} sends and leaves");
+        }
+        assert_eq!(r.worst[0].late_rank, 2);
+        assert!(
+            r.findings[0].starts_with("rank 2 (node2) arrived last in 100% of MPI_Reduce (5-8 B) instances, 3.0 ms after the root on median; the root waited"),
+            "{}",
+            r.findings[0]
+        );
+        // A late root of a gather waits for nobody, and nobody for it.
+        let r = twenty("MPI_Gather", 0);
+        assert!(r.ranks.iter().all(|k| k.last == 0 && k.waited_ns == 0));
+        assert!(r.findings.is_empty());
+    }
+
+    #[test]
+    fn a_rooted_collective_without_its_root_is_judged_as_everyone_waits() {
+        let mut arrivals: Vec<Arrival> = (0..3u32)
+            .map(|pid| Arrival {
+                pid,
+                start_ns: u64::from(pid) * 100,
+                end_ns: 1_000,
+                root: false,
+            })
+            .collect();
+        let bcast = collector_common::routines::routine_id("MPI_Bcast").expect("a routine");
+        let v = Verdict::of(bcast, &arrivals);
+        assert_eq!((v.late, v.skew), (Some(2), 200));
+        assert_eq!(v.waited(&arrivals[0]), 200);
+        // Two members claiming to be root (a rank not read alike): the same.
+        arrivals[0].root = true;
+        arrivals[1].root = true;
+        assert_eq!(Verdict::of(bcast, &arrivals).late, Some(2));
+        // One root, the middle one: the first of the others waited for it.
+        arrivals[0].root = false;
+        let v = Verdict::of(bcast, &arrivals);
+        assert_eq!((v.late, v.skew, v.margin_ns), (Some(1), 100, 100));
+        assert_eq!(v.waited(&arrivals[2]), 0);
     }
 }

@@ -280,7 +280,7 @@ pub fn who_is_late(job: &JobProfile) -> String {
     }
     if !s.ranks.is_empty() {
         let mut ranks: Vec<_> = s.ranks.iter().collect();
-        let mut title = "Time each rank made the others wait (it arrived last) and waited for \
+        let mut title = "Time each rank made the others wait (they waited for it) and waited for \
                          them"
             .to_string();
         if ranks.len() > RANK_BARS {
@@ -326,7 +326,7 @@ pub fn who_is_late(job: &JobProfile) -> String {
         );
         c.categories = rows.iter().map(|r| size_label(r.bucket)).collect();
         c.series.push(Series {
-            name: "median skew (last arrival − first)".into(),
+            name: "median skew (the longest wait)".into(),
             colour: VERMILLION,
             values: rows.iter().map(|r| Some(secs(r.skew_ns.p50))).collect(),
         });

@@ -409,7 +409,7 @@ pub fn render_skew(profile: &JobProfile, board: &crate::skew::Board) -> String {
         ),
         (
             "commtap_late_last_total",
-            "Collective instances at which the rank arrived last.",
+            "Collective instances at which the others waited for the rank (it arrived last).",
         ),
         (
             "commtap_late_caused_seconds_total",
@@ -426,7 +426,7 @@ pub fn render_skew(profile: &JobProfile, board: &crate::skew::Board) -> String {
     let routine_families = [
         (
             "commtap_late_routine_last_total",
-            "Instances of the routine at which the rank arrived last.",
+            "Instances of the routine at which the others waited for the rank.",
         ),
         (
             "commtap_late_routine_caused_seconds_total",

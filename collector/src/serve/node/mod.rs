@@ -439,6 +439,7 @@ impl NodeState {
                             host: self.node.clone(),
                             start_ns: self.api_time(a.start_ns),
                             end_ns: self.api_time(a.end_ns),
+                            root: a.root,
                         })
                     })
                     .collect();
