@@ -267,8 +267,9 @@ fn rank_routine(skew: &Value, rank: u64, routine: &str) -> (u64, u64, u64) {
 /// Collectives with a root (`mpi_rooted.c`: 2 ranks, rank 1 sleeping before each): who
 /// waits follows the data. The root of a Reduce waits for a late member and nobody else
 /// waits; a late root of a Gather holds nobody up; a late member of a Bcast holds nobody
-/// up; the others wait for a late root of a Scatter. Every count here is exact: the ranks
-/// are 50 ms apart and small messages go eagerly.
+/// up; the others wait for a late root of a Scatter. The ranks are 50 ms apart and small
+/// messages go eagerly: only a rank stalled 50 ms on a loaded machine could turn one
+/// instance round (allowed once in 20, as `assert_late_phase` does).
 fn rooted(mpi: Mpi) {
     let scratch = Scratch::new(&format!("skew-rooted-{}", mpi.suffix()));
     let prefix = scratch.path("truth");
@@ -301,40 +302,37 @@ fn rooted(mpi: Mpi) {
     assert_eq!(skew["instances"], 4 * N + 4, "{skew:#}");
 
     // Reduce to rank 0, rank 1 late: the root waited for it every time, it for nobody.
-    let reduce = routine(skew, "MPI_Reduce", 2);
-    assert_eq!(reduce["instances"], N, "{reduce:#}");
-    assert_eq!(reduce["most_last"]["rank"], 1, "{reduce:#}");
-    assert_eq!(reduce["most_last"]["last"], N, "{reduce:#}");
-    let (last, caused, waited) = rank_routine(skew, 1, "MPI_Reduce");
-    assert_eq!((last, waited), (N, 0), "rank 1 sends and leaves");
-    about_n_delays(caused, N, "Reduce caused");
+    assert_late_phase(skew, "MPI_Reduce", 2, 1, N);
+    let (last, _, waited) = rank_routine(skew, 1, "MPI_Reduce");
+    assert!(last * 100 >= N * 95, "rank 1 last at {last} Reduces");
+    assert_eq!(waited, 0, "rank 1 sends and leaves");
     let (last, _, waited) = rank_routine(skew, 0, "MPI_Reduce");
-    assert_eq!(last, 0);
+    assert!(last * 100 <= N * 5, "the root last at {last} Reduces");
     about_n_delays(waited, N, "Reduce: the root waited");
 
     // Gather to rank 1 and Bcast from rank 0, rank 1 late: nobody waited, nobody is named.
     for (name, bucket) in [("MPI_Gather", 1), ("MPI_Bcast", 2)] {
         let r = routine(skew, name, bucket);
         assert_eq!(r["instances"], N, "{name}: {r:#}");
-        assert!(r["most_last"].is_null(), "{name}: {r:#}");
-        assert_eq!(r["skew_ns"]["max"], 0, "{name}: {r:#}");
+        assert!(
+            r["most_last"].is_null() || r["most_last"]["last"].as_u64() <= Some(N / 20),
+            "{name}: {r:#}"
+        );
+        assert_eq!(r["skew_ns"]["p50"], 0, "{name}: {r:#}");
+        let max = r["skew_ns"]["max"].as_u64().expect("max");
         for rank in [0, 1] {
-            assert_eq!(
-                rank_routine(skew, rank, name),
-                (0, 0, 0),
-                "{name}: rank {rank}"
+            let (last, caused, waited) = rank_routine(skew, rank, name);
+            assert!(
+                last <= N / 20 && caused <= max && waited <= max,
+                "{name}: rank {rank}: last {last}, caused {caused}, waited {waited}: {r:#}"
             );
         }
     }
 
     // Scatter from rank 1, late: rank 0 waited for it every time.
-    let scatter = routine(skew, "MPI_Scatter", 1);
-    assert_eq!(scatter["instances"], N, "{scatter:#}");
-    assert_eq!(scatter["most_last"]["rank"], 1, "{scatter:#}");
-    assert_eq!(scatter["most_last"]["last"], N, "{scatter:#}");
-    let (last, caused, waited) = rank_routine(skew, 1, "MPI_Scatter");
-    assert_eq!((last, waited), (N, 0), "the root waits for nobody");
-    about_n_delays(caused, N, "Scatter caused");
+    assert_late_phase(skew, "MPI_Scatter", 1, 1, N);
+    let (_, _, waited) = rank_routine(skew, 1, "MPI_Scatter");
+    assert_eq!(waited, 0, "the root waits for nobody");
     let (_, _, waited) = rank_routine(skew, 0, "MPI_Scatter");
     about_n_delays(waited, N, "Scatter: rank 0 waited");
 
@@ -347,15 +345,21 @@ fn rooted(mpi: Mpi) {
         .map(|f| f.as_str().expect("a finding"))
         .collect();
     let report = std::fs::read_to_string(&text).expect("text report");
-    for want in [
-        format!("rank 1 ({host}) arrived last in 100% of MPI_Reduce (5-8 B) instances"),
-        format!("rank 1 ({host}), the root, arrived late in 100% of MPI_Scatter (1-4 B) instances"),
+    for (want, of) in [
+        (
+            format!("rank 1 ({host}) arrived last in "),
+            "of MPI_Reduce (5-8 B) instances",
+        ),
+        (
+            format!("rank 1 ({host}), the root, arrived late in "),
+            "of MPI_Scatter (1-4 B) instances",
+        ),
     ] {
-        assert!(
-            findings.iter().any(|f| f.starts_with(&want)),
-            "{want}: {findings:#?}"
-        );
-        assert!(report.contains(&want), "{want}: {report}");
+        let said = findings
+            .iter()
+            .find(|f| f.starts_with(&want) && f.contains(of))
+            .unwrap_or_else(|| panic!("{want}...{of}: {findings:#?}"));
+        assert!(report.contains(*said), "{said}: {report}");
     }
     assert!(
         findings

@@ -1,5 +1,6 @@
 //! Who is late: every collective call placed on its *instance* (its communicator and its
-//! number there), the members' arrivals compared, the rank that arrived last named.
+//! number there), the members' arrivals compared, the rank the others waited for named (the
+//! last to arrive; at a collective with a root, as its data flows: [`summary::Verdict`]).
 //!
 //! The flow: call events (the same feed a trace reads) → [`identity`] names the call's
 //! communicator alike in every member → [`instances`] numbers each member's calls on it and
@@ -182,6 +183,9 @@ impl Tracker {
                     pid: ev.tgid,
                     start_ns: ev.start_ns,
                     end_ns: ev.start_ns + ev.dur_ns,
+                    // An intercommunicator's receivers name a root of the other group,
+                    // whose rank one of them may share; its collectives never get here
+                    // (made by MPI_Intercomm_create, unnamed, they count as unidentified).
                     root: ev.peer >= 0 && ev.peer == ev.comm_rank,
                 },
             },

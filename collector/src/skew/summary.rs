@@ -170,7 +170,7 @@ pub struct WorstInstance {
     pub comm: String,
     /// The instance's number on its communicator.
     pub seq: u64,
-    /// The rank the others waited for (the last to arrive; see [`RankSkew::last`]).
+    /// The rank the others waited for (see [`RankSkew::last`]).
     pub late_rank: u32,
     /// Its host.
     pub host: String,
@@ -296,8 +296,9 @@ pub struct Verdict {
     /// root and the first or last of the others), ns: nodes whose clocks are off by more
     /// could have put them the other way round.
     pub margin_ns: u64,
-    /// Whose arrival ends the waits: the last (every member waits for it), or the root's.
-    shape: Shape,
+    /// How it was judged: a routine with a root whose root was not found among the members
+    /// is judged as one every member needs.
+    pub shape: Shape,
     /// The arrival the waits run to (the last's, or, from the root, the root's).
     until_ns: u64,
 }
@@ -395,17 +396,37 @@ struct PerRank {
 }
 
 impl PerRoutine {
+    /// The process the others waited for most often, and at which instances.
+    fn most_waited_for(&self) -> Option<(u32, &WaitedFor)> {
+        let (&pid, at) = self.last.iter().max_by_key(|(p, l)| (l.n, **p))?;
+        Some((pid, at))
+    }
+
     fn most_last(&self, whois: Whois) -> Option<LateRank> {
-        let (&pid, (last, caused, hist)) = self.last.iter().max_by_key(|(p, l)| (l.0, **p))?;
+        let (pid, at) = self.most_waited_for()?;
         let (rank, host) = whois(pid)?;
         Some(LateRank {
             rank,
             host,
-            last: *last,
-            caused_ns: *caused,
-            median_ns: hist.quantile(0.5),
+            last: at.n,
+            caused_ns: at.caused_ns,
+            median_ns: at.skews.quantile(0.5),
         })
     }
+}
+
+/// The instances of one routine and size at which the others waited for one process.
+#[derive(Debug, Default)]
+struct WaitedFor {
+    /// How many.
+    n: u64,
+    /// The sum of their skews, ns.
+    caused_ns: u64,
+    /// Their skews.
+    skews: Histogram,
+    /// Of them, those judged as at a collective every member needs: a routine with a root
+    /// whose root was not found among the members is (see [`Verdict::of`]).
+    everyone: u64,
 }
 
 #[derive(Debug, Default)]
@@ -413,8 +434,8 @@ struct PerRoutine {
     instances: u64,
     skew: Histogram,
     transfer: Histogram,
-    /// Per process: instances at which it was last, and the skews of those.
-    last: FastMap<u32, (u64, u64, Histogram)>,
+    /// Per process: instances at which the others waited for it.
+    last: FastMap<u32, WaitedFor>,
     /// Per process: time it waited for others.
     waited: FastMap<u32, u64>,
 }
@@ -489,9 +510,12 @@ impl Summary {
         r.last += w;
         r.caused_ns += skew * w;
         let l = per.last.entry(late).or_default();
-        l.0 += w;
-        l.1 += skew * w;
-        l.2.add(skew, w);
+        l.n += w;
+        l.caused_ns += skew * w;
+        l.skews.add(skew, w);
+        if verdict.shape == Shape::Everyone {
+            l.everyone += w;
+        }
         if self.worst.len() < WORST || self.worst.last().is_some_and(|w| skew > w.0) {
             let at = self.worst.partition_point(|w| w.0 >= skew);
             self.worst
@@ -591,7 +615,7 @@ impl Summary {
             let Some(&waited) = per.waited.get(&pid) else {
                 continue;
             };
-            let (last, caused) = per.last.get(&pid).map_or((0, 0), |l| (l.0, l.1));
+            let (last, caused) = per.last.get(&pid).map_or((0, 0), |l| (l.n, l.caused_ns));
             let e = by.entry(routine).or_insert_with(|| RankRoutineSkew {
                 routine: ROUTINES
                     .get(routine as usize)
@@ -624,6 +648,12 @@ impl Summary {
             else {
                 continue;
             };
+            // Said as at a collective every member needs unless all its instances were
+            // judged by their root.
+            let shape = match per.most_waited_for() {
+                Some((_, at)) if at.everyone == 0 => Shape::of(routine),
+                _ => Shape::Everyone,
+            };
             let share = last as f64 / per.instances as f64;
             if share < STANDS_OUT || median < NOTABLE_NS {
                 continue;
@@ -639,7 +669,7 @@ impl Summary {
                 ROUTINES.get(routine as usize).map_or("?", |r| r.name),
             );
             let (median, caused) = (human_ns(median), human_ns(caused));
-            out.push(match Shape::of(routine) {
+            out.push(match shape {
                 Shape::Everyone => format!(
                     "rank {rank} ({host}) arrived last in {share:.0}% of {name}{size} instances, {median} late on median; the other ranks waited {caused} for it"
                 ),
@@ -742,7 +772,7 @@ mod tests {
 
     #[test]
     fn the_late_rank_is_named_with_what_it_caused() {
-        let r = twenty("MPI_Allreduce", 2);
+        let r = twenty("MPI_Allreduce", 2, None);
         assert_eq!(r.instances, 20);
         assert_eq!(r.ranks[2].last, 20);
         assert_eq!(r.ranks[2].caused_ns, 20 * 3_000_000);
@@ -758,10 +788,10 @@ mod tests {
         );
     }
 
-    /// 20 instances of `routine` on 4 ranks, rank 0 the root (of a routine with one): rank
-    /// `late` arrives 3 ms after the others, who arrive 10 ns apart by pid; every call ends
-    /// at 3.1 ms.
-    fn twenty(routine: &str, late: u32) -> SkewReport {
+    /// 20 instances of `routine` on 4 ranks, `root` flagged the root (of a routine with one;
+    /// none: no member knew its rank): rank `late` arrives 3 ms after the others, who arrive
+    /// 10 ns apart by pid; every call ends at 3.1 ms.
+    fn twenty(routine: &str, late: u32, root: Option<u32>) -> SkewReport {
         let routine = collector_common::routines::routine_id(routine).expect("a routine");
         let mut s = Summary::default();
         for seq in 0..20u64 {
@@ -776,7 +806,7 @@ mod tests {
                             u64::from(pid) * 10
                         },
                     end_ns: base + 3_100_000,
-                    root: pid == 0,
+                    root: Some(pid) == root,
                 })
                 .collect();
             s.add(&Instance {
@@ -798,7 +828,7 @@ mod tests {
 
     #[test]
     fn a_late_root_of_a_broadcast_kept_the_others_waiting() {
-        let r = twenty("MPI_Bcast", 0);
+        let r = twenty("MPI_Bcast", 0, Some(0));
         assert_eq!(r.ranks[0].last, 20);
         // From the first of the others (rank 1, at 10 ns) to the root.
         assert_eq!(r.ranks[0].caused_ns, 20 * (3_000_000 - 10));
@@ -817,7 +847,7 @@ mod tests {
 
     #[test]
     fn a_late_member_of_a_broadcast_held_nobody_up() {
-        let r = twenty("MPI_Bcast", 2);
+        let r = twenty("MPI_Bcast", 2, Some(0));
         assert_eq!(r.instances, 20);
         // The root came first: nobody waited, nobody is named.
         assert!(r
@@ -832,7 +862,7 @@ mod tests {
 
     #[test]
     fn the_root_of_a_reduce_waited_for_its_last_member_alone() {
-        let r = twenty("MPI_Reduce", 2);
+        let r = twenty("MPI_Reduce", 2, Some(0));
         assert_eq!(r.ranks[2].last, 20);
         assert_eq!(r.ranks[2].caused_ns, 20 * 3_000_000);
         assert_eq!(r.ranks[0].waited_ns, 20 * 3_000_000);
@@ -846,9 +876,21 @@ mod tests {
             r.findings[0]
         );
         // A late root of a gather waits for nobody, and nobody for it.
-        let r = twenty("MPI_Gather", 0);
+        let r = twenty("MPI_Gather", 0, Some(0));
         assert!(r.ranks.iter().all(|k| k.last == 0 && k.waited_ns == 0));
         assert!(r.findings.is_empty());
+    }
+
+    #[test]
+    fn a_broadcast_whose_root_was_not_found_is_said_as_everyone_waits() {
+        let r = twenty("MPI_Bcast", 2, None);
+        assert_eq!(r.ranks[2].last, 20);
+        assert_eq!(r.ranks[0].waited_ns, 20 * 3_000_000);
+        assert!(
+            r.findings[0].starts_with("rank 2 (node2) arrived last in 100% of MPI_Bcast"),
+            "{}",
+            r.findings[0]
+        );
     }
 
     #[test]

@@ -280,7 +280,7 @@ impl Model {
     }
 }
 
-/// The rank that made the others wait at least half of all the waiting, arriving last at
+/// The rank that made the others wait at least half of all the waiting, waited for at
 /// one collective in ten at least, in a sentence.
 fn late_rank(p: &JobProfile) -> Option<String> {
     let skew = p.skew.as_ref()?;
@@ -290,7 +290,7 @@ fn late_rank(p: &JobProfile) -> Option<String> {
     // few times is not "the late rank".
     (total > 0 && top.caused_ns * 2 >= total && top.last * 10 >= top.instances).then(|| {
         format!(
-            "rank {} ({}) arrived last at {} of {} collectives and made the others wait {:.3} s",
+            "rank {} ({}) kept the others waiting at {} of {} collectives, {:.3} s in all",
             top.rank,
             top.host,
             top.last,

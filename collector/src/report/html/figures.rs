@@ -280,9 +280,7 @@ pub fn who_is_late(job: &JobProfile) -> String {
     }
     if !s.ranks.is_empty() {
         let mut ranks: Vec<_> = s.ranks.iter().collect();
-        let mut title = "Time each rank made the others wait (they waited for it) and waited for \
-                         them"
-            .to_string();
+        let mut title = "Time each rank made the others wait and waited for them".to_string();
         if ranks.len() > RANK_BARS {
             ranks.sort_by_key(|r| std::cmp::Reverse(r.caused_ns));
             ranks.truncate(RANK_BARS);

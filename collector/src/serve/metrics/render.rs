@@ -376,7 +376,7 @@ impl LateSeries {
     }
 }
 
-/// Who is late, per job and rank (and routine): the instances each rank arrived last at,
+/// Who is late, per job and rank (and routine): the instances the others waited for each rank at,
 /// the time it made the others wait and the time it waited, and the highest instance
 /// number it reached (labels bounded: no communicators, no instance numbers).
 pub fn render_skew(profile: &JobProfile, board: &crate::skew::Board) -> String {
@@ -409,7 +409,7 @@ pub fn render_skew(profile: &JobProfile, board: &crate::skew::Board) -> String {
         ),
         (
             "commtap_late_last_total",
-            "Collective instances at which the others waited for the rank (it arrived last).",
+            "Collective instances at which the others waited for the rank.",
         ),
         (
             "commtap_late_caused_seconds_total",
