@@ -146,14 +146,17 @@ async fn watch_requested(
     for (pid, info) in requested {
         session.attach(pid, info, None)?;
     }
-    if !opts.wait_for_mpi && !session.tracked.values().any(|t| t.maps_mpi) {
+    if opts.wait_for_mpi {
+        return follow_below(session);
+    }
+    if !session.tracked.values().any(|t| t.maps_mpi) {
         watch_ranks_below(session)?;
     }
-    if opts.wait_for_mpi || session.tracked.values().any(|t| t.maps_mpi) {
+    if session.tracked.values().any(|t| t.maps_mpi) {
         // Said only where they are watched on: else the refusal below names them.
         for (pid, t) in &session.tracked {
             if t.requested && !t.maps_mpi {
-                warn!("PID {pid} maps no MPI library (yet); watching it in case it loads one");
+                warn!("PID {pid} maps no MPI library; watching it in case it loads one");
             }
         }
         return Ok(());
@@ -178,24 +181,7 @@ async fn watch_requested(
 /// says so; the others below are let go.
 fn watch_ranks_below(session: &mut Session) -> Result<()> {
     let launchers: Vec<u32> = session.tracked.keys().copied().collect();
-    let mut below = Vec::new();
-    for &launcher in &launchers {
-        for pid in discover::descendants_of(launcher) {
-            if session.tracked.contains_key(&pid) {
-                continue;
-            }
-            // Gone since the walk (before or while it is watched): nothing to watch.
-            let Ok(info) = discover::process_info(pid) else {
-                continue;
-            };
-            let start = info.start_ticks;
-            match session.attach(pid, info, None) {
-                Ok(()) => below.push(pid),
-                Err(_) if discover::start_ticks(pid) != Some(start) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
+    let below = attach_below(session, &launchers, false)?;
     let (ranks, others): (Vec<u32>, Vec<u32>) = below
         .into_iter()
         .partition(|pid| session.tracked.get(pid).is_some_and(|t| t.maps_mpi));
@@ -210,6 +196,71 @@ fn watch_ranks_below(session: &mut Session) -> Result<()> {
         pid_list(&ranks)
     );
     Ok(())
+}
+
+/// `--wait-for-mpi`: each process asked for that maps no MPI library yet is watched with
+/// every process below it, those running now and those started from now on (a launcher
+/// whose ranks load their MPI later: `mpirun python app.py` before its `import mpi4py`,
+/// `torchrun` before NCCL), each counted from the first call of the library it loads.
+fn follow_below(session: &mut Session) -> Result<()> {
+    let waiting: Vec<u32> = session
+        .tracked
+        .iter()
+        .filter(|(_, t)| t.requested && !t.maps_mpi)
+        .map(|(pid, _)| *pid)
+        .collect();
+    // Children are followed from their fork on before the walk, so none started meanwhile
+    // is missed; the walk is made twice for those whose parent it had not reached yet.
+    for &pid in &waiting {
+        session.probes.watch(pid, true)?;
+    }
+    let mut below = attach_below(session, &waiting, true)?;
+    below.extend(attach_below(session, &waiting, true)?);
+    if waiting.is_empty() {
+        return Ok(());
+    }
+    if below.is_empty() {
+        warn!(
+            "PID {} maps no MPI library (yet); watching it, and the processes it starts, in \
+             case they load one",
+            pid_list(&waiting)
+        );
+    } else {
+        warn!(
+            "PID {} maps no MPI library (yet); watching it, the processes below it (PID {}) \
+             and those they start, in case they load one",
+            pid_list(&waiting),
+            pid_list(&below)
+        );
+    }
+    Ok(())
+}
+
+/// Attaches to the processes below `launchers` not watched yet (with the processes they
+/// start from now on where `follow`); returns them.
+fn attach_below(session: &mut Session, launchers: &[u32], follow: bool) -> Result<Vec<u32>> {
+    let mut below = Vec::new();
+    for &launcher in launchers {
+        for pid in discover::descendants_of(launcher) {
+            if session.tracked.contains_key(&pid) {
+                continue;
+            }
+            // Gone since the walk (before or while it is watched): nothing to watch.
+            let Ok(info) = discover::process_info(pid) else {
+                continue;
+            };
+            let start = info.start_ticks;
+            match session.attach(pid, info, None) {
+                Ok(()) => below.push(pid),
+                Err(_) if discover::start_ticks(pid) != Some(start) => continue,
+                Err(e) => return Err(e),
+            }
+            if follow {
+                session.probes.watch(pid, true)?;
+            }
+        }
+    }
+    Ok(below)
 }
 
 /// Stops watching `pids` and forgets them (not asked for after all).

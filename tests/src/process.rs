@@ -370,6 +370,41 @@ pub fn start_dlopen_after_go(scratch: &Scratch, n: u64) -> (ChildGuard, u32) {
     start_waiting_alone(scratch, cmd)
 }
 
+/// Starts a launcher (a shell, in a session of its own) of three `mpi_dlopen` on a private
+/// libmpi ([`private_libmpi`]), each making `n` calls: two started at once, which `dlopen`
+/// it only after `scratch/go`, and once they wait (and the launcher has created
+/// `scratch/ready`), a third started after the go, which loads it and calls at once; each
+/// one's truth to `scratch/truth<i>` (i = 1, 2, 3). Returns the launcher and its pid once
+/// the first two wait.
+#[track_caller]
+pub fn start_launcher_of_dlopens_after_go(scratch: &Scratch, n: u64) -> (ChildGuard, u32) {
+    let lib = private_libmpi(scratch);
+    let prog = crate::build_plain_c("mpi_dlopen.c", &["-ldl"]);
+    let q = |p: &Path| format!("'{}'", p.display());
+    let (prog, lib, go) = (q(&prog), q(&lib), q(&scratch.path("go")));
+    let at = |name: &str| q(&scratch.path(name));
+    let waiting = |i: u32| {
+        format!(
+            "MPI_DLOPEN_AFTER_GO=1 {prog} {lib} {} {go} {n} {} &",
+            at(&format!("ready{i}")),
+            at(&format!("truth{i}"))
+        )
+    };
+    let script = format!(
+        "{} {} while [ ! -e {} ] || [ ! -e {} ]; do sleep 0.01; done; : > {}; \
+         while [ ! -e {go} ]; do sleep 0.01; done; {prog} {lib} - - {n} {}; wait",
+        waiting(1),
+        waiting(2),
+        at("ready1"),
+        at("ready2"),
+        at("ready"),
+        at("truth3")
+    );
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(script);
+    start_waiting_alone(scratch, cmd)
+}
+
 /// Starts `nccl_dlopen` in a session of its own, told to `dlopen` the NCCL wheel's
 /// `libnccl.so.2` (on no linker path) only after `scratch/go` and make its `n` calls at
 /// once, its truth to `scratch/truth.json`; returns it and its pid once it is waiting.

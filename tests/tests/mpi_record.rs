@@ -758,6 +758,41 @@ fn record_attached_before_a_dlopen_counts_from_its_first_call() {
     );
 }
 
+/// `record --pid LAUNCHER --wait-for-mpi` where the launcher's processes load their MPI
+/// after the attach (`mpirun python app.py` before `import mpi4py`): the two running below
+/// it then and the one it starts later are each counted exactly from `MPI_Init`, and
+/// nothing else it ran (its `sleep`s) is a rank.
+#[test]
+fn record_attached_to_a_launcher_before_its_ranks_load_mpi_follows_them() {
+    let scratch = Scratch::new("launcher-wait-for-mpi");
+    let (mut launcher, pid) = start_launcher_of_dlopens_after_go(&scratch, 100);
+    let (commtap, out) = record_attached_with(&scratch, &[pid], &["--wait-for-mpi"]);
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    assert!(
+        launcher.wait_with_limit(LIMIT).success(),
+        "the launcher failed"
+    );
+    finish_ok(&scratch, commtap, LIMIT);
+    let profile = read_json(&out);
+    // Three singletons, each rank 0 of its own world: the profile numbers them apart.
+    let truths: Vec<serde_json::Value> = (1..=3)
+        .flat_map(|i| read_truths(&scratch.path(&format!("truth{i}")), 1))
+        .map(|mut t| {
+            let pid = t["pid"].as_u64().expect("pid");
+            t["rank"] = rank_by_pid(&profile, pid)["rank"].clone();
+            t
+        })
+        .collect();
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    let log = std::fs::read_to_string(scratch.path("commtap.stderr")).expect("commtap's log");
+    assert!(
+        log.contains(&format!(
+            "PID {pid} maps no MPI library (yet); watching it, the processes below it (PID "
+        )),
+        "{log}"
+    );
+}
+
 /// The pauses at library loads commtap's log reports.
 fn pauses_in(log: &str) -> u64 {
     log.lines()

@@ -526,8 +526,9 @@ pub struct RecordArgs {
     pub pid: Vec<u32>,
     /// With --pid: attach even where no process maps an MPI, NCCL or libfabric library yet,
     /// and count from the first call of the one it loads later (a Python process before its
-    /// `import mpi4py`, a framework before it loads NCCL); without it such PIDs are refused
-    /// as not MPI processes.
+    /// `import mpi4py`, a framework before it loads NCCL). Such a process is watched with
+    /// every process below it, running or started later (a launcher: `mpirun python
+    /// app.py`, `torchrun`). Without it such PIDs are refused as not MPI processes.
     #[arg(long, requires = "pid")]
     pub wait_for_mpi: bool,
     /// Stop recording after this long (e.g. 30s, 5m, 1h30m, 500ms; a bare number is seconds).
