@@ -216,8 +216,14 @@ fn communicator_identity_size_and_rank_follow_their_lifecycle() {
                     .arg(scratch.path("uid"))
                     .arg(r.to_string())
                     .arg(scratch.path(&format!("truth.{r}.json")))
+                    // As torchrun's workers under `srun` (one torchrun per node) have it:
+                    // the task's SLURM_PROCID numbers the torchrun, RANK the worker.
                     .env("RANK", r.to_string())
-                    .env("WORLD_SIZE", "2"),
+                    .env("WORLD_SIZE", "2")
+                    .env("LOCAL_RANK", r.to_string())
+                    .env("TORCHELASTIC_RUN_ID", "nccl-comms")
+                    .env("SLURM_PROCID", "0")
+                    .env("SLURM_NTASKS", "1"),
             )
         })
         .collect();
@@ -237,7 +243,11 @@ fn communicator_identity_size_and_rank_follow_their_lifecycle() {
     for (r, pid) in pids.iter().enumerate() {
         let truth = read_json(&scratch.path(&format!("truth.{r}.json")));
         let rank = rank_by_pid(&profile, u64::from(*pid));
-        assert_eq!(rank["rank"], r, "rank from RANK");
+        assert_eq!(rank["rank"], r, "rank from RANK, not SLURM_PROCID");
+        assert_eq!(
+            rank["world_size"], 2,
+            "world from WORLD_SIZE, not SLURM_NTASKS"
+        );
         assert_eq!(
             routine_table(&rank["routines"]),
             routine_table(&truth["routines"]),

@@ -189,10 +189,26 @@ impl ProcessInfo {
                 .find_map(|v| env.get(*v).filter(|s| !s.is_empty()).cloned())
         };
         let set = |v: &str| env.get(v).filter(|s| !s.is_empty()).cloned();
-        let (rank, size_beside) = RANK_VARS
+        let mut chosen = RANK_VARS
             .iter()
-            .find_map(|(r, size)| Some((set(r)?, size.and_then(set))))
-            .unzip();
+            .find_map(|(r, size)| Some((set(r)?, size.and_then(set))));
+        // A PyTorch launcher (torchrun, DeepSpeed's) starts its workers below a task of
+        // Slurm's, PMIx's or an MPI's, one per node: those variables, which the workers
+        // inherit, number the launchers; RANK numbers the workers. Known by torchrun's own
+        // variable, or by a RANK with a LOCAL_RANK in a world larger than the tasks'.
+        if let Some(rank) = set("RANK") {
+            let world = set("WORLD_SIZE");
+            let count = |n: &Option<String>| n.as_deref().and_then(|n| n.parse::<u64>().ok());
+            let tasks = chosen
+                .as_ref()
+                .and_then(|(_, n)| n.clone())
+                .or_else(|| first(SIZE_VARS));
+            let larger = count(&world) > count(&tasks);
+            if set("TORCHELASTIC_RUN_ID").is_some() || (set("LOCAL_RANK").is_some() && larger) {
+                chosen = Some((rank, world));
+            }
+        }
+        let (rank, size_beside) = chosen.unzip();
         let size_beside = size_beside.flatten();
         let mut info = ProcessInfo {
             pid,
@@ -729,6 +745,30 @@ mod tests {
             (Some(0), None),
             "no world of 0 ranks"
         );
+    }
+
+    /// torchrun (or DeepSpeed's launcher) started by `srun`, `srun --mpi=pmix` or `mpirun`,
+    /// one per node, its workers inheriting the task's variables: RANK numbers the workers.
+    #[test]
+    fn a_pytorch_launchers_workers_are_numbered_by_rank_not_by_the_task_above() {
+        let info = |env: &[u8]| ProcessInfo::from_parts(1, None, 1, b"python\0", env, None);
+        let slurm = b"SLURM_PROCID=1\0SLURM_NTASKS=2\0";
+        let i = info(&[&slurm[..], b"TORCHELASTIC_RUN_ID=x\0RANK=5\0WORLD_SIZE=8\0"].concat());
+        assert_eq!((i.rank, i.world_size), (Some(5), Some(8)));
+        let i = info(b"PMIX_RANK=1\0PMI_SIZE=2\0TORCHELASTIC_RUN_ID=x\0RANK=7\0WORLD_SIZE=8\0");
+        assert_eq!((i.rank, i.world_size), (Some(7), Some(8)));
+        // DeepSpeed's launcher sets no TORCHELASTIC_RUN_ID: a LOCAL_RANK in a larger world.
+        let i = info(&[&slurm[..], b"LOCAL_RANK=1\0RANK=5\0WORLD_SIZE=8\0"].concat());
+        assert_eq!((i.rank, i.world_size), (Some(5), Some(8)));
+        let ompi = b"OMPI_COMM_WORLD_RANK=1\0OMPI_COMM_WORLD_SIZE=2\0";
+        let i = info(&[&ompi[..], b"LOCAL_RANK=3\0RANK=7\0WORLD_SIZE=8\0"].concat());
+        assert_eq!((i.rank, i.world_size), (Some(7), Some(8)));
+        // A RANK a job script set beside the task's own (srun python, RANK=$SLURM_PROCID),
+        // or left over in an MPI job's environment: the launcher's variables stand.
+        let i = info(&[&slurm[..], b"LOCAL_RANK=0\0RANK=1\0WORLD_SIZE=2\0"].concat());
+        assert_eq!((i.rank, i.world_size), (Some(1), Some(2)));
+        let i = info(&[&ompi[..], b"RANK=0\0WORLD_SIZE=8\0"].concat());
+        assert_eq!((i.rank, i.world_size), (Some(1), Some(2)));
     }
 
     #[test]
