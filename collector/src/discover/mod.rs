@@ -89,6 +89,9 @@ pub struct ProcessInfo {
 /// launcher sets the world size in beside it (a batch job's SLURM_NTASKS is the allocation's,
 /// not that of an `mpirun` inside it).
 const RANK_VARS: &[(&str, Option<&str>)] = &[
+    // Horovod's own launcher (`horovodrun` with Gloo) sets it for its workers alone, below
+    // whatever started `horovodrun` (a batch script's SLURM_PROCID=0, say).
+    ("HOROVOD_RANK", Some("HOROVOD_SIZE")),
     ("OMPI_COMM_WORLD_RANK", Some("OMPI_COMM_WORLD_SIZE")),
     ("PMI_RANK", Some("PMI_SIZE")),
     ("PMIX_RANK", None),
@@ -100,6 +103,7 @@ const RANK_VARS: &[(&str, Option<&str>)] = &[
 ];
 /// Variables that carry the world size, for a rank variable that has none beside it.
 const SIZE_VARS: &[&str] = &[
+    "HOROVOD_SIZE",
     "OMPI_COMM_WORLD_SIZE",
     "PMI_SIZE",
     "SLURM_NTASKS",
@@ -769,6 +773,10 @@ mod tests {
         assert_eq!((i.rank, i.world_size), (Some(1), Some(2)));
         let i = info(&[&ompi[..], b"RANK=0\0WORLD_SIZE=8\0"].concat());
         assert_eq!((i.rank, i.world_size), (Some(1), Some(2)));
+        // horovodrun (Gloo) run from a batch script, whose SLURM_PROCID=0 every worker
+        // inherits.
+        let i = info(&[&slurm[..], b"HOROVOD_RANK=3\0HOROVOD_SIZE=4\0"].concat());
+        assert_eq!((i.rank, i.world_size), (Some(3), Some(4)));
     }
 
     #[test]
