@@ -150,7 +150,7 @@ async fn watch_requested(
         return follow_below(session);
     }
     if !session.tracked.values().any(|t| t.maps_mpi) {
-        watch_ranks_below(session)?;
+        watch_ranks_below(session);
     }
     if session.tracked.values().any(|t| t.maps_mpi) {
         // Said only where they are watched on: else the refusal below names them.
@@ -179,15 +179,15 @@ async fn watch_requested(
 /// Where the processes asked for map no MPI library but processes below them do (the PID
 /// given is a launcher's: `mpirun`, `mpiexec`, a job script), watches those instead and
 /// says so; the others below are let go.
-fn watch_ranks_below(session: &mut Session) -> Result<()> {
+fn watch_ranks_below(session: &mut Session) {
     let launchers: Vec<u32> = session.tracked.keys().copied().collect();
-    let below = attach_below(session, &launchers, false)?;
+    let below = attach_below(session, &launchers, false);
     let (ranks, others): (Vec<u32>, Vec<u32>) = below
         .into_iter()
         .partition(|pid| session.tracked.get(pid).is_some_and(|t| t.maps_mpi));
     let_go(session, &others);
     if ranks.is_empty() {
-        return Ok(());
+        return;
     }
     let_go(session, &launchers);
     warn!(
@@ -195,8 +195,11 @@ fn watch_ranks_below(session: &mut Session) -> Result<()> {
         pid_list(&launchers),
         pid_list(&ranks)
     );
-    Ok(())
 }
+
+/// Walks below the launchers `--wait-for-mpi` follows, at most: each finds those started
+/// during the one before.
+const FOLLOW_WALKS: usize = 8;
 
 /// `--wait-for-mpi`: each process asked for that maps no MPI library yet is watched with
 /// every process below it, those running now and those started from now on (a launcher
@@ -210,12 +213,20 @@ fn follow_below(session: &mut Session) -> Result<()> {
         .map(|(pid, _)| *pid)
         .collect();
     // Children are followed from their fork on before the walk, so none started meanwhile
-    // is missed; the walk is made twice for those whose parent it had not reached yet.
+    // is missed; the walk is made again until it finds none new, for those whose parent it
+    // had not reached yet (a few rounds: a launcher forking without end is followed by the
+    // kernel all the same).
     for &pid in &waiting {
         session.probes.watch(pid, true)?;
     }
-    let mut below = attach_below(session, &waiting, true)?;
-    below.extend(attach_below(session, &waiting, true)?);
+    let mut below = Vec::new();
+    for _ in 0..FOLLOW_WALKS {
+        let found = attach_below(session, &waiting, true);
+        if found.is_empty() {
+            break;
+        }
+        below.extend(found);
+    }
     if waiting.is_empty() {
         return Ok(());
     }
@@ -236,9 +247,11 @@ fn follow_below(session: &mut Session) -> Result<()> {
     Ok(())
 }
 
-/// Attaches to the processes below `launchers` not watched yet (with the processes they
-/// start from now on where `follow`); returns them.
-fn attach_below(session: &mut Session, launchers: &[u32], follow: bool) -> Result<Vec<u32>> {
+/// Attaches to the processes below `launchers` not watched yet; where `follow`, with the
+/// processes they start from now on, as processes below those asked for
+/// ([`Session::attach_below`]). One that cannot be watched is said and left out, the
+/// others watched all the same. Returns those attached.
+fn attach_below(session: &mut Session, launchers: &[u32], follow: bool) -> Vec<u32> {
     let mut below = Vec::new();
     for &launcher in launchers {
         for pid in discover::descendants_of(launcher) {
@@ -250,17 +263,19 @@ fn attach_below(session: &mut Session, launchers: &[u32], follow: bool) -> Resul
                 continue;
             };
             let start = info.start_ticks;
-            match session.attach(pid, info, None) {
+            let attached = if follow {
+                session.attach_below(pid, info)
+            } else {
+                session.attach(pid, info, None)
+            };
+            match attached {
                 Ok(()) => below.push(pid),
-                Err(_) if discover::start_ticks(pid) != Some(start) => continue,
-                Err(e) => return Err(e),
-            }
-            if follow {
-                session.probes.watch(pid, true)?;
+                Err(_) if discover::start_ticks(pid) != Some(start) => {}
+                Err(e) => warn!("PID {pid}, below PID {launcher}, is not watched: {e:#}"),
             }
         }
     }
-    Ok(below)
+    below
 }
 
 /// Stops watching `pids` and forgets them (not asked for after all).
@@ -404,7 +419,8 @@ async fn follow(
                     name_processes(t, session);
                 }
                 sinks.place_in_worlds(session)?;
-                if !launched && session.tracked.values().filter(|t| t.requested).all(|t| t.exit_ns.is_some()) {
+                // Those asked for, and every MPI process found below them.
+                if !launched && session.tracked.values().filter(|t| t.requested || t.maps_mpi).all(|t| t.exit_ns.is_some()) {
                     info!("all watched processes exited");
                     return Ok(None);
                 }

@@ -101,14 +101,14 @@ const RANK_VARS: &[(&str, Option<&str>)] = &[
     // PyTorch's launchers (torchrun, torch.distributed's env:// rendezvous).
     ("RANK", Some("WORLD_SIZE")),
 ];
-/// Variables that carry the world size, for a rank variable that has none beside it.
-const SIZE_VARS: &[&str] = &[
+/// Variables that carry the world size, for a rank variable that has none beside it (then
+/// PyTorch's `WORLD_SIZE`); also how many tasks a launcher above PyTorch's started.
+const TASK_SIZE_VARS: &[&str] = &[
     "HOROVOD_SIZE",
     "OMPI_COMM_WORLD_SIZE",
     "PMI_SIZE",
     "SLURM_NTASKS",
     "MV2_COMM_WORLD_SIZE",
-    "WORLD_SIZE",
 ];
 /// Batch systems' job ids (mpitrace's choice for profile file names).
 const BATCH_JOB_VARS: &[&str] = &["SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "COBALT_JOBID"];
@@ -195,23 +195,35 @@ impl ProcessInfo {
         let set = |v: &str| env.get(v).filter(|s| !s.is_empty()).cloned();
         let mut chosen = RANK_VARS
             .iter()
-            .find_map(|(r, size)| Some((set(r)?, size.and_then(set))));
+            .find_map(|(r, size)| Some((*r, set(r)?, size.and_then(set))));
         // A PyTorch launcher (torchrun, DeepSpeed's) starts its workers below a task of
-        // Slurm's, PMIx's or an MPI's, one per node: those variables, which the workers
-        // inherit, number the launchers; RANK numbers the workers. Known by torchrun's own
-        // variable, or by a RANK with a LOCAL_RANK in a world larger than the tasks'.
+        // Slurm's, PMIx's or an MPI's (one per node, or a batch script's): those variables,
+        // which the workers inherit, number the launchers; RANK numbers the workers. Known
+        // by torchrun's own variable, or by a LOCAL_RANK in a world larger than the tasks'
+        // (a task count not known is taken as smaller) or, below a batch script's single
+        // Slurm task, other than the task's own local id; and never in a world smaller than
+        // the tasks' (MPI ranks started from a torchrun worker inherit its RANK).
         if let Some(rank) = set("RANK") {
             let world = set("WORLD_SIZE");
-            let count = |n: &Option<String>| n.as_deref().and_then(|n| n.parse::<u64>().ok());
-            let tasks = chosen
-                .as_ref()
-                .and_then(|(_, n)| n.clone())
-                .or_else(|| first(SIZE_VARS));
-            let larger = count(&world) > count(&tasks);
-            if set("TORCHELASTIC_RUN_ID").is_some() || (set("LOCAL_RANK").is_some() && larger) {
-                chosen = Some((rank, world));
+            let count = |n: Option<String>| n.as_deref().and_then(|n| n.parse::<u64>().ok());
+            let tasks = count(
+                chosen
+                    .as_ref()
+                    .and_then(|(_, _, n)| n.clone())
+                    .or_else(|| first(TASK_SIZE_VARS)),
+            );
+            let workers = count(world.clone());
+            let local = set("LOCAL_RANK");
+            let below_task = local.is_some()
+                && (workers > tasks
+                    || (chosen.as_ref().is_some_and(|(v, ..)| *v == "SLURM_PROCID")
+                        && local != set("SLURM_LOCALID")));
+            let elastic = set("TORCHELASTIC_RUN_ID").is_some();
+            if workers.is_some() && workers >= tasks && (elastic || below_task) {
+                chosen = Some(("RANK", rank, world));
             }
         }
+        let chosen = chosen.map(|(_, rank, size)| (rank, size));
         let (rank, size_beside) = chosen.unzip();
         let size_beside = size_beside.flatten();
         let mut info = ProcessInfo {
@@ -219,7 +231,8 @@ impl ProcessInfo {
             cmdline: cmdline_text(cmdline),
             rank: rank.and_then(|s| s.parse().ok()),
             world_size: size_beside
-                .or_else(|| first(SIZE_VARS))
+                .or_else(|| first(TASK_SIZE_VARS))
+                .or_else(|| set("WORLD_SIZE"))
                 .and_then(|s| s.parse().ok())
                 .filter(|&n: &u32| n > 0),
             batch_job_from_cgroup: false,
@@ -586,18 +599,18 @@ fn program_file(word: &str) -> Option<PathBuf> {
     })
 }
 
-/// Every process below `root` (its children, theirs, ...), commtap excepted, by pid: a
+/// Every process below `root` (its children, theirs, ...), commtap and its ancestors
+/// excepted, by pid: a
 /// launcher's ranks (`mpirun`'s, a shell script's). None below init: every process is, and
 /// it launches no one job.
 pub fn descendants_of(root: u32) -> Vec<u32> {
     if root == 1 {
         return Vec::new();
     }
-    let me = std::process::id();
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    let mut parent = BTreeMap::new();
     for pid in dir
         .flatten()
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
@@ -606,20 +619,39 @@ pub fn descendants_of(root: u32) -> Vec<u32> {
             continue;
         };
         if let Some(ppid) = stat_field(&stat, 1).and_then(|p| p.parse().ok()) {
-            children.entry(ppid).or_default().push(pid);
+            parent.insert(pid, ppid);
         }
     }
-    let mut out = std::collections::BTreeSet::new();
+    below(root, std::process::id(), &parent)
+}
+
+/// The processes below `root` in the tree `parent` (pid to parent pid), but `me`, what is
+/// below it, and its ancestors: a job script's `sudo commtap record --pid $$` is walked
+/// through, never returned (it waits for commtap, which would wait for it).
+fn below(root: u32, me: u32, parent: &BTreeMap<u32, u32>) -> Vec<u32> {
+    let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for (&pid, &ppid) in parent {
+        children.entry(ppid).or_default().push(pid);
+    }
+    let mut mine = std::collections::BTreeSet::new();
+    let mut at = me;
+    while let Some(&p) = parent.get(&at) {
+        if p <= 1 || !mine.insert(p) {
+            break;
+        }
+        at = p;
+    }
+    let mut seen = std::collections::BTreeSet::new();
     let mut next = vec![root];
     while let Some(p) = next.pop() {
         for &c in children.get(&p).into_iter().flatten() {
             // Each pid once: no cycle, whatever /proc said mid-walk.
-            if c != me && c != root && out.insert(c) {
+            if c != me && c != root && seen.insert(c) {
                 next.push(c);
             }
         }
     }
-    out.into_iter().collect()
+    seen.into_iter().filter(|p| !mine.contains(p)).collect()
 }
 
 /// Processes that map an MPI library (by file name: libmpi*, libmpich*), commtap excepted.
@@ -769,14 +801,52 @@ mod tests {
         assert_eq!((i.rank, i.world_size), (Some(7), Some(8)));
         // A RANK a job script set beside the task's own (srun python, RANK=$SLURM_PROCID),
         // or left over in an MPI job's environment: the launcher's variables stand.
-        let i = info(&[&slurm[..], b"LOCAL_RANK=0\0RANK=1\0WORLD_SIZE=2\0"].concat());
+        let i = info(
+            &[
+                &slurm[..],
+                b"SLURM_LOCALID=0\0LOCAL_RANK=0\0RANK=1\0WORLD_SIZE=2\0",
+            ]
+            .concat(),
+        );
         assert_eq!((i.rank, i.world_size), (Some(1), Some(2)));
+        // DeepSpeed in a batch script of one node: its task count not known, or that of
+        // its GPUs (--ntasks-per-node=8), the batch step's SLURM_PROCID=0 inherited.
+        let i = info(b"SLURM_PROCID=0\0SLURM_LOCALID=0\0LOCAL_RANK=3\0RANK=3\0WORLD_SIZE=8\0");
+        assert_eq!((i.rank, i.world_size), (Some(3), Some(8)));
+        let i = info(b"SLURM_PROCID=0\0SLURM_NTASKS=8\0SLURM_LOCALID=0\0LOCAL_RANK=5\0RANK=5\0WORLD_SIZE=8\0");
+        assert_eq!((i.rank, i.world_size), (Some(5), Some(8)));
+        // MPI ranks started from a torchrun worker inherit its RANK in a world of 1.
+        let i = info(b"OMPI_COMM_WORLD_RANK=3\0OMPI_COMM_WORLD_SIZE=4\0TORCHELASTIC_RUN_ID=x\0LOCAL_RANK=0\0RANK=0\0WORLD_SIZE=1\0");
+        assert_eq!((i.rank, i.world_size), (Some(3), Some(4)));
         let i = info(&[&ompi[..], b"RANK=0\0WORLD_SIZE=8\0"].concat());
         assert_eq!((i.rank, i.world_size), (Some(1), Some(2)));
         // horovodrun (Gloo) run from a batch script, whose SLURM_PROCID=0 every worker
         // inherits.
         let i = info(&[&slurm[..], b"HOROVOD_RANK=3\0HOROVOD_SIZE=4\0"].concat());
         assert_eq!((i.rank, i.world_size), (Some(3), Some(4)));
+    }
+
+    #[test]
+    fn below_a_launcher_are_its_processes_but_commtap_and_its_ancestors() {
+        // 10 launches 11 (a shell) and 12; 11 runs 13 (sudo), which runs commtap (14), which
+        // runs 15; 12 runs 16; a cycle 20 <-> 21 below nothing.
+        let parent: BTreeMap<u32, u32> = [
+            (10, 1),
+            (11, 10),
+            (12, 10),
+            (13, 11),
+            (14, 13),
+            (15, 14),
+            (16, 12),
+            (17, 11),
+            (20, 21),
+            (21, 20),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(below(10, 14, &parent), vec![12, 16, 17]);
+        assert_eq!(below(12, 14, &parent), vec![16]);
+        assert_eq!(below(20, 14, &parent), vec![21]);
     }
 
     #[test]

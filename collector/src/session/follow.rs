@@ -188,9 +188,10 @@ impl Session {
         }
     }
 
-    /// Starts counting `pid` (already tracked) from now, probing what it maps.
-    pub fn watch_tracked(&mut self, pid: u32) -> Result<()> {
-        self.probes.watch(pid, false)?;
+    /// Starts counting `pid` (already tracked) from now, probing what it maps; with the
+    /// processes it starts from now on where `descendants`.
+    pub fn watch_tracked(&mut self, pid: u32, descendants: bool) -> Result<()> {
+        self.probes.watch(pid, descendants)?;
         let objects = objects_of(pid);
         let maps_mpi = self.attach_objects(pid, &objects);
         self.find_open_fabrics(pid, &objects);
@@ -557,7 +558,7 @@ impl Session {
             let mut t = Tracked::from_now();
             t.info = info;
             self.tracked.insert(pid, t);
-            if let Err(e) = self.watch_tracked(pid) {
+            if let Err(e) = self.watch_tracked(pid, false) {
                 warn!(pid, error = format!("{e:#}"), "not watched");
             }
         }

@@ -166,20 +166,38 @@ impl Session {
         info: discover::ProcessInfo,
         earlier: Option<RankProfile>,
     ) -> Result<()> {
+        self.attach_as(pid, info, earlier, true)
+    }
+
+    /// Starts watching the running process `pid`, found below one asked for (`record --pid
+    /// LAUNCHER --wait-for-mpi`), with the processes it starts from now on; not itself asked
+    /// for (the job is over once those asked for and the MPI processes have exited).
+    pub fn attach_below(&mut self, pid: u32, info: discover::ProcessInfo) -> Result<()> {
+        self.attach_as(pid, info, None, false)
+    }
+
+    /// [`Session::attach`] (`requested`), or [`Session::attach_below`].
+    fn attach_as(
+        &mut self,
+        pid: u32,
+        info: discover::ProcessInfo,
+        earlier: Option<RankProfile>,
+        requested: bool,
+    ) -> Result<()> {
         let start_ticks = info.start_ticks;
         let was_detached = self.probes.is_ignored(pid);
         self.tracked.insert(
             pid,
             Tracked {
                 info: Some(info),
-                requested: true,
+                requested,
                 earlier: earlier.map(Box::new),
                 ..Tracked::from_now()
             },
         );
         // The pid may have been reused since `info` was read: the process watched must be
         // the one the caller was checked for.
-        let watched = self.watch_tracked(pid).and_then(|()| {
+        let watched = self.watch_tracked(pid, !requested).and_then(|()| {
             if discover::start_ticks(pid) == Some(start_ticks) {
                 Ok(())
             } else {
