@@ -599,6 +599,23 @@ fn program_file(word: &str) -> Option<PathBuf> {
     })
 }
 
+/// Whether `pid` is a thread of another process (its `/proc/PID/status` names another
+/// thread group); false where that cannot be read.
+pub fn is_thread(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| tgid_in_status(&s))
+        .is_some_and(|tgid| tgid != pid)
+}
+
+/// The `Tgid:` of a `/proc/PID/status` text.
+fn tgid_in_status(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Every process below `root` (its children, theirs, ...), commtap and its ancestors
 /// excepted, by pid: a
 /// launcher's ranks (`mpirun`'s, a shell script's). None below init: every process is, and
@@ -847,6 +864,29 @@ mod tests {
         assert_eq!(below(10, 14, &parent), vec![12, 16, 17]);
         assert_eq!(below(12, 14, &parent), vec![16]);
         assert_eq!(below(20, 14, &parent), vec![21]);
+    }
+
+    #[test]
+    fn a_thread_is_told_from_a_process() {
+        assert_eq!(
+            tgid_in_status("Name:\tx\nUmask:\t0022\nTgid:\t4242\nPid:\t4250\n"),
+            Some(4242)
+        );
+        assert_eq!(tgid_in_status("Name:\tx\n"), None);
+        assert!(!is_thread(std::process::id()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            // SAFETY: gettid(2) has no preconditions.
+            tx.send(unsafe { libc::gettid() } as u32).expect("send");
+            // Alive until it has been looked at.
+            let _ = wait.recv();
+        });
+        let tid = rx.recv().expect("tid");
+        let thread = is_thread(tid);
+        done.send(()).expect("done");
+        t.join().expect("thread");
+        assert!(thread, "thread {tid} of {}", std::process::id());
     }
 
     #[test]

@@ -298,6 +298,12 @@ impl Session {
             ProcessEvent::Fork {
                 pid, uid, ts_ns, ..
             } => {
+                // A new thread passes the kernel's fork tracepoint too: its calls count to
+                // its process, and tracked on its own it would have its process's maps
+                // read again at every tick.
+                if discover::is_thread(pid) {
+                    return;
+                }
                 let t = self
                     .tracked
                     .entry(pid)
