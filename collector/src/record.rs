@@ -201,15 +201,17 @@ fn watch_ranks_below(session: &mut Session) {
 /// during the one before.
 const FOLLOW_WALKS: usize = 8;
 
-/// `--wait-for-mpi`: each process asked for that maps no MPI library yet is watched with
-/// every process below it, those running now and those started from now on (a launcher
-/// whose ranks load their MPI later: `mpirun python app.py` before its `import mpi4py`,
-/// `torchrun` before NCCL), each counted from the first call of the library it loads.
+/// `--wait-for-mpi`: each process asked for is watched with every process below it, those
+/// running now and those started from now on (a launcher whose ranks load their MPI later:
+/// `mpirun python app.py` before its `import mpi4py`, `torchrun` before its workers load
+/// NCCL), each counted from the first call of the library it loads.
 fn follow_below(session: &mut Session) -> Result<()> {
+    // Every one asked for, whatever it maps: torchrun's Python maps the NCCL of the torch it
+    // imports, and its workers are the ranks.
     let waiting: Vec<u32> = session
         .tracked
         .iter()
-        .filter(|(_, t)| t.requested && !t.maps_mpi)
+        .filter(|(_, t)| t.requested)
         .map(|(pid, _)| *pid)
         .collect();
     // Children are followed from their fork on before the walk, so none started meanwhile
@@ -232,14 +234,14 @@ fn follow_below(session: &mut Session) -> Result<()> {
     }
     if below.is_empty() {
         warn!(
-            "PID {} maps no MPI library (yet); watching it, and the processes it starts, in \
-             case they load one",
+            "watching PID {} and the processes it starts, each from the first call of the \
+             MPI or NCCL it loads",
             pid_list(&waiting)
         );
     } else {
         warn!(
-            "PID {} maps no MPI library (yet); watching it, the processes below it (PID {}) \
-             and those they start, in case they load one",
+            "watching PID {}, the processes below it (PID {}) and those they start, each \
+             from the first call of the MPI or NCCL it loads",
             pid_list(&waiting),
             pid_list(&below)
         );

@@ -374,10 +374,15 @@ pub fn start_dlopen_after_go(scratch: &Scratch, n: u64) -> (ChildGuard, u32) {
 /// libmpi ([`private_libmpi`]), each making `n` calls: two started at once, which `dlopen`
 /// it only after `scratch/go`, and once they wait (and the launcher has created
 /// `scratch/ready`), a third started after the go, which loads it and calls at once; each
-/// one's truth to `scratch/truth<i>` (i = 1, 2, 3). Returns the launcher and its pid once
-/// the first two wait.
+/// one's truth to `scratch/truth<i>` (i = 1, 2, 3). With `mapped`, the launcher alone maps
+/// that library (as torchrun's Python maps the NCCL of the torch it imports). Returns the
+/// launcher and its pid once the first two wait.
 #[track_caller]
-pub fn start_launcher_of_dlopens_after_go(scratch: &Scratch, n: u64) -> (ChildGuard, u32) {
+pub fn start_launcher_of_dlopens_after_go(
+    scratch: &Scratch,
+    n: u64,
+    mapped: Option<&Path>,
+) -> (ChildGuard, u32) {
     let lib = private_libmpi(scratch);
     let prog = crate::build_plain_c("mpi_dlopen.c", &["-ldl"]);
     let q = |p: &Path| format!("'{}'", p.display());
@@ -391,8 +396,8 @@ pub fn start_launcher_of_dlopens_after_go(scratch: &Scratch, n: u64) -> (ChildGu
         )
     };
     let script = format!(
-        "{} {} while [ ! -e {} ] || [ ! -e {} ]; do sleep 0.01; done; : > {}; \
-         while [ ! -e {go} ]; do sleep 0.01; done; {prog} {lib} - - {n} {}; wait",
+        "unset LD_PRELOAD; {} {} while [ ! -e {} ] || [ ! -e {} ]; do sleep 0.01; done; \
+         : > {}; while [ ! -e {go} ]; do sleep 0.01; done; {prog} {lib} - - {n} {}; wait",
         waiting(1),
         waiting(2),
         at("ready1"),
@@ -402,6 +407,9 @@ pub fn start_launcher_of_dlopens_after_go(scratch: &Scratch, n: u64) -> (ChildGu
     );
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(script);
+    if let Some(lib) = mapped {
+        cmd.env("LD_PRELOAD", lib);
+    }
     start_waiting_alone(scratch, cmd)
 }
 

@@ -761,11 +761,11 @@ fn record_attached_before_a_dlopen_counts_from_its_first_call() {
 /// `record --pid LAUNCHER --wait-for-mpi` where the launcher's processes load their MPI
 /// after the attach (`mpirun python app.py` before `import mpi4py`): the two running below
 /// it then and the one it starts later are each counted exactly from `MPI_Init`, and
-/// nothing else it ran (its `sleep`s) is a rank.
-#[test]
-fn record_attached_to_a_launcher_before_its_ranks_load_mpi_follows_them() {
-    let scratch = Scratch::new("launcher-wait-for-mpi");
-    let (mut launcher, pid) = start_launcher_of_dlopens_after_go(&scratch, 100);
+/// nothing else it ran (its `sleep`s) is a rank. With `mapped`, the launcher maps that
+/// library itself.
+fn launcher_followed(name: &str, mapped: Option<&Path>) {
+    let scratch = Scratch::new(name);
+    let (mut launcher, pid) = start_launcher_of_dlopens_after_go(&scratch, 100, mapped);
     let (commtap, out) = record_attached_with(&scratch, &[pid], &["--wait-for-mpi"]);
     std::fs::write(scratch.path("go"), b"go").expect("go file");
     assert!(
@@ -786,10 +786,32 @@ fn record_attached_to_a_launcher_before_its_ranks_load_mpi_follows_them() {
     assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
     let log = std::fs::read_to_string(scratch.path("commtap.stderr")).expect("commtap's log");
     assert!(
-        log.contains(&format!(
-            "PID {pid} maps no MPI library (yet); watching it, the processes below it (PID "
-        )),
+        log.contains(&format!("watching PID {pid}, the processes below it (PID ")),
         "{log}"
+    );
+    if let Some(lib) = mapped {
+        // The launcher's own library was found and probed: it maps an NCCL.
+        let name = lib.file_name().expect("a file name");
+        let libs = probed_paths(&profile);
+        assert!(
+            libs.iter().any(|p| Path::new(p).file_name() == Some(name)),
+            "{libs:?}"
+        );
+    }
+}
+
+#[test]
+fn record_attached_to_a_launcher_before_its_ranks_load_mpi_follows_them() {
+    launcher_followed("launcher-wait-for-mpi", None);
+}
+
+/// The same where the launcher maps an NCCL itself, as torchrun's Python does (the torch it
+/// imports loads it): its ranks are followed all the same.
+#[test]
+fn record_attached_to_a_launcher_that_maps_nccl_follows_its_ranks() {
+    launcher_followed(
+        "launcher-with-nccl-wait-for-mpi",
+        Some(&build_shared_c("nccl_standin.c")),
     );
 }
 

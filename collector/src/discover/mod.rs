@@ -599,13 +599,12 @@ fn program_file(word: &str) -> Option<PathBuf> {
     })
 }
 
-/// Whether `pid` is a thread of another process (its `/proc/PID/status` names another
-/// thread group); false where that cannot be read.
-pub fn is_thread(pid: u32) -> bool {
+/// The process (thread group) `pid` is a thread of, from its `/proc/PID/status`: itself
+/// for a process; `None` where that cannot be read.
+pub fn thread_group_of(pid: u32) -> Option<u32> {
     fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| tgid_in_status(&s))
-        .is_some_and(|tgid| tgid != pid)
 }
 
 /// The `Tgid:` of a `/proc/PID/status` text.
@@ -873,7 +872,8 @@ mod tests {
             Some(4242)
         );
         assert_eq!(tgid_in_status("Name:\tx\n"), None);
-        assert!(!is_thread(std::process::id()));
+        let me = std::process::id();
+        assert_eq!(thread_group_of(me), Some(me));
         let (tx, rx) = std::sync::mpsc::channel();
         let (done, wait) = std::sync::mpsc::channel::<()>();
         let t = std::thread::spawn(move || {
@@ -883,10 +883,10 @@ mod tests {
             let _ = wait.recv();
         });
         let tid = rx.recv().expect("tid");
-        let thread = is_thread(tid);
+        let group = thread_group_of(tid);
         done.send(()).expect("done");
         t.join().expect("thread");
-        assert!(thread, "thread {tid} of {}", std::process::id());
+        assert_eq!(group, Some(me), "thread {tid}");
     }
 
     #[test]

@@ -296,12 +296,17 @@ impl Session {
             // Counted from the kernel's own reading of the fork or exec: a short rank may
             // have come and gone by the time userspace reads the event.
             ProcessEvent::Fork {
-                pid, uid, ts_ns, ..
+                pid,
+                parent,
+                uid,
+                ts_ns,
             } => {
                 // A new thread passes the kernel's fork tracepoint too: its calls count to
                 // its process, and tracked on its own it would have its process's maps
-                // read again at every tick.
-                if discover::is_thread(pid) {
+                // read again at every tick. Only a thread of the forking process is left
+                // out (a child gone since, its pid a thread of another's now, is not).
+                if discover::thread_group_of(pid).is_some_and(|tgid| tgid != pid && tgid == parent)
+                {
                     return;
                 }
                 let t = self
