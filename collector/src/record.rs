@@ -229,9 +229,6 @@ fn follow_below(session: &mut Session) -> Result<()> {
         }
         below.extend(found);
     }
-    if waiting.is_empty() {
-        return Ok(());
-    }
     if below.is_empty() {
         warn!(
             "watching PID {} and the processes it starts, each from the first call of the \

@@ -1297,13 +1297,7 @@ fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracePointLink>, AttachErro
 /// Whether `pid` is a running process's: `/proc/PID` also opens for a thread of another
 /// process, whose id may be an exited rank's pid given out again.
 fn is_running_process(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("Tgid:"))
-            .and_then(|t| t.trim().parse::<u32>().ok())
-            == Some(pid)
-    })
+    crate::discover::thread_group_of(pid) == Some(pid)
 }
 
 #[cfg(test)]

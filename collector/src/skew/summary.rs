@@ -309,12 +309,14 @@ impl Verdict {
     /// as one every member needs.
     pub fn of(routine: u16, arrivals: &[Arrival]) -> Verdict {
         let mut roots = arrivals.iter().enumerate().filter(|(_, a)| a.root);
+        // The routine's name is looked at only where a root was found: never on the path
+        // of an `MPI_Allreduce`, whose calls name none.
         let root = match (roots.next(), roots.next()) {
-            (Some(root), None) => Some(root),
+            (Some(root), None) => Some((Shape::of(routine), root)),
             _ => None,
         };
-        match (Shape::of(routine), root) {
-            (Shape::FromRoot, Some((at, root))) => {
+        match root {
+            Some((Shape::FromRoot, (at, root))) => {
                 let first = arrivals
                     .iter()
                     .filter(|a| !a.root)
@@ -330,7 +332,7 @@ impl Verdict {
                     until_ns: root.start_ns,
                 }
             }
-            (Shape::ToRoot, Some((_, root))) => {
+            Some((Shape::ToRoot, (_, root))) => {
                 let Some((at, last)) =
                     last_of(arrivals.iter().enumerate().filter(|(_, a)| !a.root))
                 else {
@@ -638,21 +640,19 @@ impl Summary {
             if per.instances < MIN_INSTANCES {
                 continue;
             }
-            let Some(LateRank {
-                rank,
-                host,
-                last,
-                caused_ns: caused,
-                median_ns: median,
-            }) = per.most_last(whois)
-            else {
+            let Some((pid, at)) = per.most_waited_for() else {
                 continue;
             };
+            let Some((rank, host)) = whois(pid) else {
+                continue;
+            };
+            let (last, caused, median) = (at.n, at.caused_ns, at.skews.quantile(0.5));
             // Said as at a collective every member needs unless all its instances were
             // judged by their root.
-            let shape = match per.most_waited_for() {
-                Some((_, at)) if at.everyone == 0 => Shape::of(routine),
-                _ => Shape::Everyone,
+            let shape = if at.everyone == 0 {
+                Shape::of(routine)
+            } else {
+                Shape::Everyone
             };
             let share = last as f64 / per.instances as f64;
             if share < STANDS_OUT || median < NOTABLE_NS {
