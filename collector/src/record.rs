@@ -149,9 +149,7 @@ async fn watch_requested(
     if opts.wait_for_mpi {
         return follow_below(session);
     }
-    if !session.tracked.values().any(|t| t.maps_mpi) {
-        watch_ranks_below(session);
-    }
+    watch_ranks_below(session);
     if session.tracked.values().any(|t| t.maps_mpi) {
         // Said only where they are watched on: else the refusal below names them.
         for (pid, t) in &session.tracked {
@@ -176,25 +174,60 @@ async fn watch_requested(
     );
 }
 
-/// Where the processes asked for map no MPI library but processes below them do (the PID
-/// given is a launcher's: `mpirun`, `mpiexec`, a job script), watches those instead and
-/// says so; the others below are let go.
+/// The ranks below each process asked for ([`discover::ranks_below`]: `mpirun`'s, a job
+/// script's, torchrun's workers) are watched too, and say so; the other processes below
+/// are let go. A launcher that maps no MPI library is let go where ranks were found below
+/// it; one that does (torchrun's Python maps the NCCL of its torch) stays watched, as one
+/// of the job's processes rather than one asked for (it makes no call, and is no rank
+/// missed).
 fn watch_ranks_below(session: &mut Session) {
-    let launchers: Vec<u32> = session.tracked.keys().copied().collect();
+    let launchers: Vec<u32> = session
+        .tracked
+        .iter()
+        .filter(|(_, t)| t.requested)
+        .map(|(pid, _)| *pid)
+        .collect();
     let below = attach_below(session, &launchers, false);
-    let (ranks, others): (Vec<u32>, Vec<u32>) = below
-        .into_iter()
-        .partition(|pid| session.tracked.get(pid).is_some_and(|t| t.maps_mpi));
+    let tree = discover::process_tree();
+    let me = std::process::id();
+    let found: Vec<(u32, Vec<u32>)> = launchers
+        .iter()
+        .map(|&launcher| {
+            let numbering = |pid| {
+                let t = session.tracked.get(&pid).filter(|t| t.maps_mpi)?;
+                t.info.as_ref().map(discover::ProcessInfo::numbering)
+            };
+            (
+                launcher,
+                discover::ranks_below(launcher, me, &tree, numbering),
+            )
+        })
+        .filter(|(_, ranks)| !ranks.is_empty())
+        .collect();
+    let ranks: std::collections::BTreeSet<u32> =
+        found.iter().flat_map(|(_, r)| r.iter().copied()).collect();
+    let others: Vec<u32> = below.into_iter().filter(|p| !ranks.contains(p)).collect();
     let_go(session, &others);
-    if ranks.is_empty() {
-        return;
+    for (launcher, ranks) in found {
+        match session.tracked.get_mut(&launcher) {
+            Some(t) if t.maps_mpi => {
+                t.requested = false;
+                warn!(
+                    "below PID {launcher}, processes numbered apart from it (its workers) map \
+                     MPI or NCCL too; they are profiled as well: PID {}",
+                    pid_list(&ranks)
+                );
+            }
+            _ => {
+                let_go(session, &[launcher]);
+                warn!(
+                    "PID {launcher} maps no MPI library; the processes below it that do are \
+                     profiled: PID {}",
+                    pid_list(&ranks)
+                );
+            }
+        }
     }
-    let_go(session, &launchers);
-    warn!(
-        "PID {} maps no MPI library; the processes below it that do are profiled: PID {}",
-        pid_list(&launchers),
-        pid_list(&ranks)
-    );
 }
 
 /// Walks below the launchers `--wait-for-mpi` follows, at most: each finds those started

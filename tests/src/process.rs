@@ -413,6 +413,41 @@ pub fn start_launcher_of_dlopens_after_go(
     start_waiting_alone(scratch, cmd)
 }
 
+/// Starts a launcher as torchrun is one: a shell that maps `mapped` (an NCCL, as torchrun's
+/// Python maps its torch's), in a session of its own, running two `mpi_dlopen` workers
+/// numbered as torchrun numbers them (`RANK`, `WORLD_SIZE`, `TORCHELASTIC_RUN_ID`), each with
+/// its MPI loaded and waiting for `scratch/go`, then making `n` calls, its truth to
+/// `scratch/truthI`; returns it and its pid once both wait.
+pub fn start_torchrun_like(scratch: &Scratch, n: u64, mapped: &Path) -> (ChildGuard, u32) {
+    let lib = private_libmpi(scratch);
+    let prog = crate::build_plain_c("mpi_dlopen.c", &["-ldl"]);
+    let q = |p: &Path| format!("'{}'", p.display());
+    let at = |name: &str| q(&scratch.path(name));
+    let worker = |i: u32| {
+        format!(
+            "RANK={i} LOCAL_RANK={i} WORLD_SIZE=2 TORCHELASTIC_RUN_ID=commtap-test {} {} {} {} \
+             {n} {} &",
+            q(&prog),
+            q(&lib),
+            at(&format!("ready{i}")),
+            at("go"),
+            at(&format!("truth{i}"))
+        )
+    };
+    let script = format!(
+        "unset LD_PRELOAD; {} {} while [ ! -e {} ] || [ ! -e {} ]; do sleep 0.01; done; \
+         : > {}; wait",
+        worker(0),
+        worker(1),
+        at("ready0"),
+        at("ready1"),
+        at("ready")
+    );
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(script).env("LD_PRELOAD", mapped);
+    start_waiting_alone(scratch, cmd)
+}
+
 /// Starts `nccl_dlopen` in a session of its own, told to `dlopen` the NCCL wheel's
 /// `libnccl.so.2` (on no linker path) only after `scratch/go` and make its `n` calls at
 /// once, its truth to `scratch/truth.json`; returns it and its pid once it is waiting.

@@ -815,6 +815,58 @@ fn record_attached_to_a_launcher_that_maps_nccl_follows_its_ranks() {
     );
 }
 
+/// `record --pid` given a launcher that maps an NCCL itself, as torchrun's Python does,
+/// and whose workers are numbered apart from it (`RANK`): the workers are profiled too,
+/// exactly, and the launcher, which makes no call, is not listed as not profiled.
+#[test]
+fn record_attached_to_a_launcher_that_maps_nccl_profiles_its_workers() {
+    let scratch = Scratch::new("attach-torchrun-like");
+    let standin = build_shared_c("nccl_standin.c");
+    let (mut launcher, pid) = start_torchrun_like(&scratch, 100, &standin);
+    let (commtap, out) = record_attached(&scratch, &[pid]);
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    assert!(
+        launcher.wait_with_limit(LIMIT).success(),
+        "the launcher failed"
+    );
+    let run = finish_ok(&scratch, commtap, LIMIT);
+    let profile = read_json(&out);
+    let truths: Vec<serde_json::Value> = (0..2)
+        .flat_map(|i| read_truths(&scratch.path(&format!("truth{i}")), 1))
+        .collect();
+    let pids: Vec<u64> = truths
+        .iter()
+        .map(|t| t["pid"].as_u64().expect("pid"))
+        .collect();
+    // Each worker is numbered by its RANK (each is rank 0 of its own MPI world).
+    let truths: Vec<serde_json::Value> = truths
+        .into_iter()
+        .zip([0, 1])
+        .map(|(mut t, rank)| {
+            let pid = t["pid"].as_u64().expect("pid");
+            assert_eq!(rank_by_pid(&profile, pid)["rank"], rank, "{profile:#}");
+            t["rank"] = serde_json::json!(rank);
+            t
+        })
+        .collect();
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    assert!(
+        run.stderr.contains(&format!(
+            "below PID {pid}, processes numbered apart from it (its workers) map MPI or NCCL \
+             too; they are profiled as well: PID {}, {}",
+            pids.iter().min().unwrap(),
+            pids.iter().max().unwrap()
+        )),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(
+        profile["not_profiled"],
+        serde_json::json!([]),
+        "{profile:#}"
+    );
+}
+
 /// The pauses at library loads commtap's log reports.
 fn pauses_in(log: &str) -> u64 {
     log.lines()

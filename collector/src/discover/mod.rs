@@ -69,6 +69,9 @@ pub struct ProcessInfo {
     pub rank: Option<u32>,
     /// MPI world size from the launcher's environment.
     pub world_size: Option<u32>,
+    /// The variable `rank` was read from (`OMPI_COMM_WORLD_RANK`, PyTorch's `RANK`, ...).
+    #[serde(skip)]
+    pub rank_from: Option<&'static str>,
     /// Batch job id (Slurm, PBS, LSF) if the process runs in one.
     pub batch_job: Option<String>,
     /// Whether `batch_job` comes from the process's cgroup (a Slurm `job_<id>` directory
@@ -176,6 +179,16 @@ pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
 }
 
 impl ProcessInfo {
+    /// How this process is numbered in its job ([`Numbering`]).
+    pub fn numbering(&self) -> Numbering<'_> {
+        (
+            self.rank,
+            self.world_size,
+            self.launcher_job.as_deref(),
+            self.rank_from,
+        )
+    }
+
     /// A process's identity from its raw command line and environment (NUL-separated, as
     /// `/proc/PID/{cmdline,environ}` or the kernel's identity event give them) and its
     /// `/proc/PID/cgroup` text where it could be read.
@@ -223,6 +236,7 @@ impl ProcessInfo {
                 chosen = Some(("RANK", rank, world));
             }
         }
+        let rank_from = chosen.as_ref().map(|(var, ..)| *var);
         let chosen = chosen.map(|(_, rank, size)| (rank, size));
         let (rank, size_beside) = chosen.unzip();
         let size_beside = size_beside.flatten();
@@ -235,6 +249,7 @@ impl ProcessInfo {
                 .or_else(|| set("WORLD_SIZE"))
                 .and_then(|s| s.parse().ok())
                 .filter(|&n: &u32| n > 0),
+            rank_from,
             batch_job_from_cgroup: false,
             batch_job: first(BATCH_JOB_VARS),
             launcher_job: first(LAUNCHER_JOB_VARS),
@@ -623,10 +638,16 @@ pub fn descendants_of(root: u32) -> Vec<u32> {
     if root == 1 {
         return Vec::new();
     }
-    let Ok(dir) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
+    below(root, std::process::id(), &process_tree())
+}
+
+/// Each process's parent, by pid, as `/proc` says now (those that could not be read left
+/// out).
+pub fn process_tree() -> BTreeMap<u32, u32> {
     let mut parent = BTreeMap::new();
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return parent;
+    };
     for pid in dir
         .flatten()
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
@@ -638,7 +659,54 @@ pub fn descendants_of(root: u32) -> Vec<u32> {
             parent.insert(pid, ppid);
         }
     }
-    below(root, std::process::id(), &parent)
+    parent
+}
+
+/// How a process is numbered in its job: its rank, world size, job key and the variable
+/// its rank came from. Two processes alike are one rank and a helper it started.
+pub type Numbering<'a> = (
+    Option<u32>,
+    Option<u32>,
+    Option<&'a str>,
+    Option<&'static str>,
+);
+
+/// The ranks of a job among the processes below `root` in the tree `parent` (pid to parent
+/// pid; `me` and its ancestors excepted, as [`descendants_of`] does): those that map an MPI or NCCL (`numbering` is `Some` for those alone)
+/// with none that does between them and `root` (`root` included), or numbered otherwise
+/// than the nearest that does. So a launcher's workers are its ranks, whether it maps one
+/// itself (torchrun's Python maps the NCCL of the torch it imports) or not (`mpirun`), and
+/// a rank's helpers are not (a DataLoader's workers inherit the rank's numbering and map
+/// what it maps).
+pub fn ranks_below<'a>(
+    root: u32,
+    me: u32,
+    parent: &BTreeMap<u32, u32>,
+    numbering: impl Fn(u32) -> Option<Numbering<'a>>,
+) -> Vec<u32> {
+    below(root, me, parent)
+        .into_iter()
+        .filter(|&pid| {
+            let Some(own) = numbering(pid) else {
+                return false;
+            };
+            let mut at = pid;
+            // At most once round the tree, whatever /proc said mid-walk.
+            for _ in 0..=parent.len() {
+                if at == root {
+                    return true;
+                }
+                let Some(&up) = parent.get(&at) else {
+                    return true;
+                };
+                if let Some(theirs) = numbering(up) {
+                    return theirs != own;
+                }
+                at = up;
+            }
+            true
+        })
+        .collect()
 }
 
 /// The processes below `root` in the tree `parent` (pid to parent pid), but `me`, what is
@@ -863,6 +931,47 @@ mod tests {
         assert_eq!(below(10, 14, &parent), vec![12, 16, 17]);
         assert_eq!(below(12, 14, &parent), vec![16]);
         assert_eq!(below(20, 14, &parent), vec![21]);
+    }
+
+    #[test]
+    fn the_ranks_below_a_launcher_are_its_workers_not_their_helpers() {
+        // torchrun (10, maps NCCL, numbered by Slurm) starts worker 11 (RANK 0) and a shell
+        // (12, maps nothing, RANK 1) that runs worker 16 (RANK 1: a worker's program through
+        // a wrapper); 11 forks DataLoader workers 13 and 14 (its numbering), and 16 forks
+        // 15; 17 below 10 maps nothing. mpirun (20, maps nothing) starts 21 and 22
+        // (Open MPI ranks); 21 spawns 23 (a job of its own) and forks 24.
+        let parent: BTreeMap<u32, u32> = [
+            (11, 10),
+            (12, 10),
+            (13, 11),
+            (14, 11),
+            (15, 16),
+            (16, 12),
+            (17, 10),
+            (21, 20),
+            (22, 20),
+            (23, 21),
+            (24, 21),
+        ]
+        .into_iter()
+        .collect();
+        let slurm = Some("SLURM_PROCID");
+        let (torch, ompi) = (Some("RANK"), Some("OMPI_COMM_WORLD_RANK"));
+        let numbering = |pid: u32| -> Option<Numbering<'static>> {
+            Some(match pid {
+                10 => (Some(0), Some(2), None, slurm),
+                11 | 13 | 14 => (Some(0), Some(4), Some("r"), torch),
+                15 | 16 => (Some(1), Some(4), Some("r"), torch),
+                21 | 24 => (Some(0), Some(2), Some("j1"), ompi),
+                22 => (Some(1), Some(2), Some("j1"), ompi),
+                23 => (Some(0), Some(1), Some("j2"), ompi),
+                _ => return None,
+            })
+        };
+        assert_eq!(ranks_below(10, 99, &parent, numbering), vec![11, 16]);
+        assert_eq!(ranks_below(20, 99, &parent, numbering), vec![21, 22, 23]);
+        // A rank asked for itself: its helpers are not ranks.
+        assert!(ranks_below(11, 99, &parent, numbering).is_empty());
     }
 
     #[test]

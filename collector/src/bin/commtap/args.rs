@@ -521,7 +521,8 @@ impl ProbeArgs {
 pub struct RecordArgs {
     /// Running processes to attach to (comma separated or repeated). A launcher's PID
     /// (mpirun, mpiexec, a job script: none maps an MPI library) stands for the processes
-    /// below it that do: its ranks on this node.
+    /// below it that do: its ranks on this node. One that maps NCCL itself (torchrun) is
+    /// watched with the processes below it numbered apart from it (its workers, by RANK).
     #[arg(short, long, value_delimiter = ',', conflicts_with = "command")]
     pub pid: Vec<u32>,
     /// With --pid: attach even where no process maps an MPI, NCCL or libfabric library yet,
