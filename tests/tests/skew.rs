@@ -385,6 +385,92 @@ fn rooted_mpich_collectives_make_only_their_roots_dependents_wait() {
     rooted(Mpi::Mpich);
 }
 
+/// A training loop's shape (`mpi_steps.c`: rank 1's step takes DELAY_MS longer, then 20
+/// Allreduces): rank 1 is last at one Allreduce in 20, too few for a routine's sentence,
+/// yet the others wait for it at every step: the report names it as the rank that held
+/// the others up longest. (Before: no sentence, or one naming whichever rank the
+/// scheduler ran last at the other 19.)
+#[test]
+fn a_rank_late_once_a_step_is_named_as_the_one_the_others_waited_for() {
+    const K: u64 = 20;
+    let scratch = Scratch::new("skew-steps");
+    let prefix = scratch.path("truth");
+    let json = scratch.path("profile.json");
+    let text = scratch.path("report.txt");
+    let mut args: Vec<String> = ["record", "-o", path_str(&text), "--json", path_str(&json)]
+        .map(String::from)
+        .to_vec();
+    args.push("--".into());
+    args.extend(Mpi::OpenMpi.launcher(2));
+    args.extend([
+        build_program("mpi_steps.c", Mpi::OpenMpi)
+            .display()
+            .to_string(),
+        N.to_string(),
+        K.to_string(),
+        DELAY_MS.to_string(),
+        prefix.display().to_string(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let profile = read_json(&json);
+    let truths = read_truths(&prefix, 2);
+    let host = rank_by_pid(&profile, truths[1]["pid"].as_u64().expect("pid"))["host"]
+        .as_str()
+        .expect("host")
+        .to_string();
+    let skew = &profile["skew"];
+    for counter in ["incomplete", "unidentified", "unaligned", "lost"] {
+        assert_eq!(skew[counter], 0, "{counter}: {skew:#}");
+    }
+    assert_eq!(skew["instances"], N * K, "{skew:#}");
+    let (last, caused, _) = rank_routine(skew, 1, "MPI_Allreduce");
+    assert!(last >= N, "rank 1 last at {last} instances: {skew:#}");
+    about_n_delays(caused, N, "rank 1 caused");
+    let findings: Vec<&str> = skew["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .map(|f| f.as_str().expect("a finding"))
+        .collect();
+    let want = format!("rank 1 ({host}) held the others up longest: ");
+    let said = findings
+        .iter()
+        .find(|f| f.starts_with(&want))
+        .unwrap_or_else(|| panic!("{want}...: {findings:#?}"));
+    assert!(
+        said.contains(&format!(
+            "most at MPI_Allreduce (5-8 B), where the others waited for it at {last} of {} \
+             instances",
+            N * K
+        )),
+        "{said}"
+    );
+    let report = std::fs::read_to_string(&text).expect("text report");
+    assert!(report.contains(*said), "{said}: {report}");
+    // Its table shows what an instance costs once everyone is there: the transfer time.
+    let transfer = routine(skew, "MPI_Allreduce", 2)["transfer_ns"]["p50"]
+        .as_u64()
+        .expect("transfer p50") as f64;
+    let line = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("MPI_Allreduce") && l.contains(" 5-8 B "))
+        .unwrap_or_else(|| panic!("no MPI_Allreduce 5-8 B row: {report}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let shown: f64 = words[words.len() - 2].parse().expect("a number");
+    let unit = match words[words.len() - 1] {
+        "ns" => 1.0,
+        "us" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        other => panic!("unit {other}: {line}"),
+    };
+    assert!(
+        (shown * unit - transfer).abs() <= transfer * 0.05 + 1e3,
+        "transfer p50 {transfer} ns shown as {line}"
+    );
+}
+
 /// Past a communicator's first 1,024 instances who-is-late follows the ones every rank draws
 /// by number (`collector_common::instances`). A 2-rank `mpi_late` of 1,500 collectives a
 /// phase numbers the world to 6,000: each phase's instances are estimated as exactly the sum

@@ -140,13 +140,14 @@ fn ranks_table(o: &mut String, s: &SkewReport) {
     }
 }
 
-/// Per routine and size: skew percentiles.
+/// Per routine and size: skew percentiles, and what an instance costs once everyone is
+/// there (is an 8-byte Allreduce's time its latency, or waiting for a late rank?).
 fn routines_table(o: &mut String, s: &SkewReport) {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
-        "  {:<24} {:>16} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "routine", "bytes", "instances", "skew p50", "p90", "p99", "max"
+        "  {:<24} {:>16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14}",
+        "routine", "bytes", "instances", "skew p50", "p90", "p99", "max", "transfer p50"
     );
     for r in &s.routines {
         let bytes = match (r.min_bytes, r.max_bytes) {
@@ -156,14 +157,15 @@ fn routines_table(o: &mut String, s: &SkewReport) {
         let q = r.skew_ns;
         let _ = writeln!(
             o,
-            "  {:<24} {:>16} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "  {:<24} {:>16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>14}",
             r.routine,
             bytes,
             r.instances,
             human_ns(q.p50),
             human_ns(q.p90),
             human_ns(q.p99),
-            human_ns(q.max)
+            human_ns(q.max),
+            human_ns(r.transfer_ns.p50)
         );
     }
 }

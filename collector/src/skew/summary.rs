@@ -395,6 +395,10 @@ struct PerRank {
     last: u64,
     caused_ns: u64,
     waited_ns: u64,
+    /// Of `last`, the instances at which it was late by a time worth naming
+    /// ([`NOTABLE_NS`]), and what they caused: lateness, not the scheduler's noise.
+    late: u64,
+    late_ns: u64,
 }
 
 impl PerRoutine {
@@ -511,6 +515,10 @@ impl Summary {
         let r = self.ranks.entry(late).or_default();
         r.last += w;
         r.caused_ns += skew * w;
+        if skew >= NOTABLE_NS {
+            r.late += w;
+            r.late_ns += skew * w;
+        }
         let l = per.last.entry(late).or_default();
         l.n += w;
         l.caused_ns += skew * w;
@@ -633,9 +641,11 @@ impl Summary {
     }
 
     /// A sentence per (routine, size) where one rank was last in most instances and kept
-    /// the others waiting for a time worth naming.
+    /// the others waiting for a time worth naming; first, where no such sentence names it,
+    /// one for the rank that held the others up longest of all ([`Summary::heaviest`]).
     fn findings(&self, whois: Whois) -> Vec<String> {
         let mut out = Vec::new();
+        let mut named = Vec::new();
         for (&(routine, bucket), per) in &self.routines {
             if per.instances < MIN_INSTANCES {
                 continue;
@@ -669,6 +679,7 @@ impl Summary {
                 ROUTINES.get(routine as usize).map_or("?", |r| r.name),
             );
             let (median, caused) = (human_ns(median), human_ns(caused));
+            named.push(pid);
             out.push(match shape {
                 Shape::Everyone => format!(
                     "rank {rank} ({host}) arrived last in {share:.0}% of {name}{size} instances, {median} late on median; the other ranks waited {caused} for it"
@@ -681,7 +692,59 @@ impl Summary {
                 ),
             });
         }
+        if let Some((pid, said)) = self.heaviest(whois) {
+            if !named.contains(&pid) {
+                out.insert(0, said);
+            }
+        }
         out
+    }
+
+    /// The rank that held the others up longest at collectives, in words, where it holds
+    /// most of all the waiting and was truly late (by [`NOTABLE_NS`] or more) at enough
+    /// instances for most of it. A rank whose step takes longer is late at each step's
+    /// first collective alone, too few of any routine's instances to be named by
+    /// [`Summary::findings`]' rule, yet the one everybody waits for.
+    fn heaviest(&self, whois: Whois) -> Option<(u32, String)> {
+        let total: u64 = self.ranks.values().map(|r| r.caused_ns).sum();
+        let (&pid, top) = self
+            .ranks
+            .iter()
+            .max_by_key(|(pid, r)| (r.caused_ns, **pid))?;
+        if total == 0
+            || (top.caused_ns as f64) < HOLDS_MOST * total as f64
+            || top.late < MIN_INSTANCES
+            || top.late_ns.saturating_mul(2) < top.caused_ns
+        {
+            return None;
+        }
+        let (rank, host) = whois(pid)?;
+        let ((routine, bucket), at, per) = self
+            .routines
+            .iter()
+            .filter_map(|(key, per)| Some((*key, per.last.get(&pid)?, per)))
+            .max_by_key(|(key, at, _)| (at.caused_ns, std::cmp::Reverse(*key)))?;
+        let size = if bucket == UNKNOWN_BUCKET {
+            String::new()
+        } else {
+            let (lo, hi) = bucket_range(bucket);
+            format!(" ({})", bytes_range(lo, hi))
+        };
+        let name = ROUTINES.get(routine as usize).map_or("?", |r| r.name);
+        let share = top.caused_ns as f64 * 100.0 / total as f64;
+        Some((
+            pid,
+            format!(
+                "rank {rank} ({host}) held the others up longest: {}, {share:.0}% of all the \
+                 waiting at collectives, late by {} or more at {} instances; most at \
+                 {name}{size}, where the others waited for it at {} of {} instances",
+                human_ns(top.caused_ns),
+                human_ns(NOTABLE_NS),
+                top.late,
+                at.n,
+                per.instances
+            ),
+        ))
     }
 }
 
@@ -692,6 +755,9 @@ const MIN_INSTANCES: u64 = 10;
 const STANDS_OUT: f64 = 0.9;
 /// Median lateness below which nobody is named (scheduling noise).
 const NOTABLE_NS: u64 = 100_000;
+/// Share of all the waiting at collectives the rank that caused most must hold to be
+/// named for it.
+const HOLDS_MOST: f64 = 0.5;
 
 /// `5-8 B`: a size range as the report names it.
 pub fn bytes_range(lo: u64, hi: u64) -> String {
@@ -824,6 +890,70 @@ mod tests {
         }
         let whois = |pid: u32| Some((pid, format!("node{pid}")));
         s.report(MatchCounts::default(), 0, 0, &whois, &|_| None)
+    }
+
+    /// 20 steps of 3 ranks, each 50 `MPI_Allreduce` of 8 bytes: rank `slow` computes
+    /// longer and comes 15 ms late to each step's first; the rest of each step, whoever
+    /// the scheduler runs last is a few microseconds late, rank 0 most often (`noise_last`
+    /// of every 49). Named by `heaviest`'s sentence alone where `slow` is given.
+    fn steps(slow: Option<u32>, noise_last: u64) -> SkewReport {
+        let routine = collector_common::routines::routine_id("MPI_Allreduce").expect("a routine");
+        let mut s = Summary::default();
+        for seq in 0..20 * 50u64 {
+            let base = seq * 100_000_000;
+            let first = seq % 50 == 0;
+            let last = match slow {
+                Some(slow) if first => slow,
+                _ if seq % 49 < noise_last => 0,
+                _ => 2,
+            };
+            let late_by = if first && slow.is_some() {
+                15_000_000
+            } else {
+                5_000
+            };
+            let arrivals = (0..3u32)
+                .map(|pid| Arrival {
+                    pid,
+                    start_ns: base + if pid == last { late_by } else { u64::from(pid) },
+                    end_ns: base + late_by + 10_000,
+                    root: false,
+                })
+                .collect();
+            s.add(&Instance {
+                comm: crate::skew::CommKey::WORLD,
+                seq,
+                routine,
+                bucket: 2,
+                complete: true,
+                local_members: 3,
+                numbered_from_start: true,
+                size: 3,
+                arrivals,
+                weight: 1,
+            });
+        }
+        let whois = |pid: u32| Some((pid, format!("node{pid}")));
+        s.report(MatchCounts::default(), 0, 0, &whois, &|_| None)
+    }
+
+    #[test]
+    fn a_rank_late_once_a_step_is_named_as_the_one_the_others_waited_for() {
+        let r = steps(Some(1), 40);
+        // Last at 20 of 1,000 instances: no routine's sentence names it.
+        assert_eq!(r.ranks[1].last, 20);
+        assert_eq!(r.routines[0].most_last.as_ref().map(|l| l.rank), Some(0));
+        assert_eq!(r.findings.len(), 1, "{:?}", r.findings);
+        assert_eq!(
+            r.findings[0],
+            "rank 1 (node1) held the others up longest: 300.0 ms, 98% of all the waiting at \
+             collectives, late by 100 us or more at 20 instances; most at MPI_Allreduce \
+             (5-8 B), where the others waited for it at 20 of 1000 instances"
+        );
+        // The scheduler's noise alone names nobody, however uneven.
+        let r = steps(None, 40);
+        assert!(r.ranks[0].caused_ns > 0);
+        assert!(r.findings.is_empty(), "{:?}", r.findings);
     }
 
     #[test]
