@@ -119,6 +119,25 @@ fn real_libnccl_calls_are_counted_exactly() {
             "bytes": n * 200, "time_ns": comms[0]["time_ns"]}]),
         "ncclBroadcast communicators"
     );
+    // The text report shows the operations' sizes as mpitrace shows MPI's: the 200-byte
+    // broadcasts in one line.
+    let run = run_commtap(&scratch, &["report", "--profile", path_str(&r.out)], LIMIT);
+    assert!(run.status.success(), "{}", run.stderr);
+    let sizes = run
+        .stdout
+        .split("NCCL operation size distributions:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no NCCL size distributions:\n{}", run.stdout));
+    let mut lines = sizes
+        .lines()
+        .skip_while(|l| !l.starts_with("ncclBroadcast "));
+    assert!(lines.next().is_some(), "no ncclBroadcast sizes:\n{sizes}");
+    let row: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[..2], [n.to_string().as_str(), "200.0"], "{sizes}");
 }
 
 #[test]
@@ -347,6 +366,16 @@ fn waits_for_the_gpu_measure_device_time() {
     let prog = device_program();
     let r = attach_then_go(&scratch, &prog, &[]);
     let d = assert_device_time(&r);
+    // No MPI routine was called: the text report says so, and draws no table of zeros.
+    let run = run_commtap(&scratch, &["report", "--profile", path_str(&r.out)], LIMIT);
+    assert!(run.status.success(), "{}", run.stderr);
+    assert!(
+        run.stdout.contains(
+            "no MPI communication: no rank called an MPI routine but MPI_Init and MPI_Finalize"
+        ) && !run.stdout.contains("minimum communication time"),
+        "{}",
+        run.stdout
+    );
 
     // Against the seed's single-node all_reduce_perf (table 1: 18.05 GB/s at 1 MiB), the
     // stand-in's 1 ms waits make this job's 1 MiB AllReduces far slower.

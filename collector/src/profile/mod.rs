@@ -419,10 +419,12 @@ impl JobProfile {
         profile
     }
 
-    /// Minimum / median / maximum communication time over ranks (None with no ranks).
+    /// Minimum / median / maximum communication time over ranks (None with no ranks, or
+    /// where none called an MPI routine that communicates: an NCCL job's time is on the
+    /// GPU, and a table of zeros would say its ranks never communicated).
     pub fn comm_summary(&self) -> Option<CommSummary<'_>> {
         let mut by_time: Vec<&RankProfile> = self.ranks.iter().collect();
-        if by_time.is_empty() {
+        if !self.communicates_by_mpi() {
             return None;
         }
         by_time.sort_by_key(|r| (r.comm_time_ns, r.rank));
@@ -430,6 +432,18 @@ impl JobProfile {
             min: by_time[0],
             median: by_time[(by_time.len() - 1) / 2],
             max: by_time[by_time.len() - 1],
+        })
+    }
+}
+
+impl JobProfile {
+    /// Whether any rank called an MPI routine that communicates (MPI_Init and
+    /// MPI_Finalize aside: an NCCL job started by `mpirun` calls those alone).
+    pub fn communicates_by_mpi(&self) -> bool {
+        self.ranks.iter().any(|r| {
+            r.routines
+                .iter()
+                .any(|(name, s)| s.totals.calls > 0 && crate::stats::is_communication(name))
         })
     }
 }

@@ -151,7 +151,7 @@ pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProf
             r.health.handles_refused
         );
     }
-    o.push_str(&render_sizes(&rows));
+    o.push_str(&render_sizes("Message size distributions:", &rows));
     o
 }
 
@@ -163,16 +163,16 @@ fn logs_bytes(routine: &str) -> bool {
     !matches!(routine, "MPI_Start" | "MPI_Startall" | "MPI_Fetch_and_op")
 }
 
-/// The rank's "Message size distributions" section: per routine with bytes, a line per
-/// size bucket.
-fn render_sizes(rows: &[(&String, &RoutineStats)]) -> String {
+/// The rank's "Message size distributions" section (`title`): per routine with bytes, a
+/// line per size bucket.
+fn render_sizes(title: &str, rows: &[(&String, &RoutineStats)]) -> String {
     let mut o = String::new();
     let _ = writeln!(o);
     let _ = writeln!(
         o,
         "-----------------------------------------------------------------"
     );
-    let _ = writeln!(o, "Message size distributions:");
+    let _ = writeln!(o, "{title}");
     let _ = writeln!(o);
     for (name, s) in rows {
         if !logs_bytes(name) || (s.totals.bytes == 0 && s.undecoded_calls == 0) {
@@ -275,7 +275,14 @@ pub fn render_nccl(r: &RankProfile) -> String {
             );
         }
     }
-    let _ = writeln!(o);
+    if rows
+        .iter()
+        .any(|(_, s)| s.totals.bytes > 0 || s.undecoded_calls > 0)
+    {
+        o.push_str(&render_sizes("NCCL operation size distributions:", &rows));
+    } else {
+        let _ = writeln!(o);
+    }
     render_nccl_net(&mut o, r, &net);
     o
 }
@@ -534,9 +541,9 @@ fn ranks_elsewhere(job: &JobProfile) -> Option<String> {
 
 fn render_summary(job: &JobProfile) -> String {
     let mut o = String::new();
-    let Some(s) = job.comm_summary() else {
+    if job.ranks.is_empty() {
         return o;
-    };
+    }
     let _ = writeln!(
         o,
         "-----------------------------------------------------------------"
@@ -546,24 +553,17 @@ fn render_summary(job: &JobProfile) -> String {
         let _ = writeln!(o, "  ({note})");
     }
     let _ = writeln!(o);
-    let _ = writeln!(
-        o,
-        "  minimum communication time = {:.3} sec for task {}",
-        secs(s.min.comm_time_ns),
-        s.min.rank
-    );
-    let _ = writeln!(
-        o,
-        "  median  communication time = {:.3} sec for task {}",
-        secs(s.median.comm_time_ns),
-        s.median.rank
-    );
-    let _ = writeln!(
-        o,
-        "  maximum communication time = {:.3} sec for task {}",
-        secs(s.max.comm_time_ns),
-        s.max.rank
-    );
+    match job.comm_summary() {
+        Some(s) => min_median_max(&mut o, &s),
+        None => {
+            let _ = writeln!(
+                o,
+                "  no MPI communication: no rank called an MPI routine but MPI_Init and \
+                 MPI_Finalize (NCCL's operations run on the GPU: see each rank's NCCL \
+                 operations and device time)"
+            );
+        }
+    }
     let _ = writeln!(o);
     let _ = writeln!(o, "MPI timing summary for all ranks:");
     let _ = writeln!(
@@ -583,6 +583,22 @@ fn render_summary(job: &JobProfile) -> String {
         );
     }
     o
+}
+
+/// mpitrace's three lines: the ranks of least, median and most communication time.
+fn min_median_max(o: &mut String, s: &CommSummary) {
+    for (what, r) in [
+        ("minimum", s.min),
+        ("median ", s.median),
+        ("maximum", s.max),
+    ] {
+        let _ = writeln!(
+            o,
+            "  {what} communication time = {:.3} sec for task {}",
+            secs(r.comm_time_ns),
+            r.rank
+        );
+    }
 }
 
 /// The ranks that run in containers: their pid inside, and the container (its id, as

@@ -205,11 +205,14 @@ fn summary(job: &JobProfile) -> String {
     } else {
         String::new()
     };
-    row(
-        &mut o,
-        "MPI communication time, all ranks",
-        &format!("{:.3} s{share}", secs(total_comm)),
-    );
+    let comm = if job.communicates_by_mpi() {
+        format!("{:.3} s{share}", secs(total_comm))
+    } else {
+        "none: no rank called an MPI routine but MPI_Init and MPI_Finalize (NCCL's \
+         operations run on the GPU: see NCCL device time)"
+            .to_string()
+    };
+    row(&mut o, "MPI communication time, all ranks", &comm);
     if let Some(s) = job.comm_summary() {
         for (what, r) in [("minimum", s.min), ("median", s.median), ("maximum", s.max)] {
             row(
