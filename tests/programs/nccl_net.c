@@ -8,7 +8,8 @@
  *
  * Usage: nccl_net READY_FILE GO_FILE [PLUGIN]
  *
- * With PLUGIN (a net plugin exporting ncclNetPlugin_v10, e.g. nccl_net_plugin.c), loaded
+ * With PLUGIN (a net plugin exporting ncclNetPlugin_v10, or the table NET_PLUGIN_TABLE
+ * names, e.g. nccl_net_plugin.c), loaded
  * with dlopen before READY_FILE, also through the plugin's table:
  *    40 x isend of 8192 B, posted;                 5 x isend not posted
  *    30 x irecv n=2 of {100, 200} B, posted
@@ -25,6 +26,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
 #include "ready_go.h"
@@ -151,7 +153,8 @@ int main(int argc, char **argv)
     }
     if (argc == 4) {
         void *lib = dlopen(argv[3], RTLD_NOW);
-        void **table = lib ? dlsym(lib, "ncclNetPlugin_v10") : NULL;
+        const char *name = getenv("NET_PLUGIN_TABLE");
+        void **table = lib ? dlsym(lib, name ? name : "ncclNetPlugin_v10") : NULL;
         if (!table) {
             fprintf(stderr, "%s: %s\n", argv[3], dlerror());
             return 1;

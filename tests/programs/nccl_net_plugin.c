@@ -1,7 +1,7 @@
 /*
  * A STAND-IN external NCCL net plugin (what aws-ofi-nccl is, as libnccl-net.so), for tests
- * only: it exports an `ncclNetPlugin_v10` table named "Standin" whose isend/irecv (slots 10
- * and 11) post nothing anywhere; like a real transport, a call whose tag is negative finds
+ * only: it exports an `ncclNetPlugin_v10` table (or the one NET_TABLE names) named
+ * "Standin" whose isend/irecv (slots 10 and 11) post nothing anywhere; like a real transport, a call whose tag is negative finds
  * it "not ready" and returns no request. Every other slot fails. nccl_net.c loads it with
  * dlopen and calls through the table, as NCCL's proxy thread does.
  */
@@ -41,7 +41,12 @@ struct net_v10 {
     ncclResult_t (*after[9])(void);
 };
 
-const struct net_v10 ncclNetPlugin_v10 = {
+/* Built with -DNET_TABLE=ncclNet_v5: a plugin of an older table only (the layout kept). */
+#ifndef NET_TABLE
+#define NET_TABLE ncclNetPlugin_v10
+#endif
+
+const struct net_v10 NET_TABLE = {
     "Standin",
     {unsupported, unsupported, unsupported, unsupported, unsupported, unsupported, unsupported,
      unsupported, unsupported},

@@ -725,6 +725,57 @@ fn compare_flags_the_seed_runs_below_the_expected_curve() {
     );
 }
 
+/// A net plugin exporting only a table older than those decoded (as aws-ofi-rccl exports
+/// `ncclNet_v5`): said as seen but not probed, with its name and table, its traffic not
+/// counted; the built-in transports' still exact.
+#[test]
+fn an_older_net_plugin_is_said_not_probed() {
+    let scratch = Scratch::new("nccl-net-old");
+    let prog = build_with_standins("nccl_net.c", "nccl_net", &["nccl_standin.c"], &["-pthread"]);
+    let plugin = compile_c(
+        "nccl_net_plugin.c",
+        "libnccl-net-old.so",
+        &["-shared", "-fPIC", "-DNET_TABLE=ncclNet_v5"],
+    );
+    let mut app = ChildGuard::spawn(
+        Command::new(&prog)
+            .arg(scratch.path("ready"))
+            .arg(scratch.path("go"))
+            .arg(&plugin)
+            .env("NET_PLUGIN_TABLE", "ncclNet_v5"),
+    );
+    wait_until("the program to be ready", LIMIT, || {
+        scratch.path("ready").exists()
+    });
+    let (commtap, out) = record_attached(&scratch, &[app.0.id()]);
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(app.wait_with_limit(LIMIT).success(), "nccl_net failed");
+    finish_ok(&scratch, commtap, LIMIT);
+    let profile = read_json(&out);
+    let rank = rank_by_pid(&profile, u64::from(app.0.id()));
+    assert_eq!(rank["routines"]["ncclNetSocketIsend"]["calls"], 100);
+    assert!(
+        rank["routines"].get("ncclNetPluginIsend").is_none(),
+        "{}",
+        rank["routines"]
+    );
+    let said = format!(
+        "{}: NCCL net plugin \"Standin\" exports ncclNet_v5 only (its sends and receives are \
+         decoded through ncclNetPlugin_v10 to ncclNetPlugin_v12): its network traffic is not \
+         counted",
+        plugin.display()
+    );
+    assert!(
+        profile["unsupported_libraries"]
+            .as_array()
+            .expect("unsupported_libraries")
+            .iter()
+            .any(|l| l.as_str() == Some(said.as_str())),
+        "{said}: {}",
+        profile["unsupported_libraries"]
+    );
+}
+
 /// NCCL's network transports: every message the proxy thread posted, per transport, with
 /// its bytes; calls that posted nothing (transport not ready) are counted apart, never as
 /// messages; a receive grouping more buffers than a transport posts is undecoded.

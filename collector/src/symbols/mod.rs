@@ -11,7 +11,7 @@ pub mod file;
 mod nccl;
 mod probes;
 
-use nccl::{nccl_banner_version, nccl_net_plugin, nccl_version};
+use nccl::{nccl_banner_version, nccl_net_plugin, nccl_version, older_net_plugin};
 pub use probes::{choose_probe_point, dynamic_needs, DynamicNeeds};
 use probes::{fabric_library, file_offset, needed_libs, probe_points, ucx_library};
 
@@ -205,6 +205,8 @@ pub fn read_library(file: &LibraryFile) -> Result<LibraryKind, SymbolError> {
         r.nccl()
     } else if r.has("MPI_Send") || r.has("PMPI_Send") {
         r.mpi()
+    } else if let Some(older) = older_net_plugin(&elf, &data, &r.globals, &display) {
+        older
     } else {
         r.not_mpi()
     })

@@ -53,6 +53,46 @@ pub(crate) const NET_PLUGIN_TABLES: &[&str] = &[
 /// Slot of `isend` in those tables (`irecv` follows).
 pub(crate) const NET_PLUGIN_ISEND_SLOT: u64 = 10;
 
+/// An external NCCL net plugin that exports only tables older than those commtap decodes
+/// (aws-ofi-rccl's `ncclNet_v5`, say): said, with its name and tables, so that a report
+/// whose network traffic is missing says why. `None` where `globals` has no such table.
+pub(crate) fn older_net_plugin(
+    elf: &Elf,
+    map: Data<'_>,
+    globals: &BTreeMap<&str, u64>,
+    path: &str,
+) -> Option<LibraryKind> {
+    let older: Vec<(&str, u64)> = globals
+        .iter()
+        .filter(|(name, _)| is_net_plugin_table(name) && !NET_PLUGIN_TABLES.contains(name))
+        .map(|(name, at)| (*name, *at))
+        .collect();
+    if older.is_empty() {
+        return None;
+    }
+    let pointers = fabric::relocated_pointers(elf);
+    let name = older
+        .iter()
+        .find_map(|(_, at)| pointers.get(at).and_then(|p| c_string(elf, map, *p)))
+        .unwrap_or_else(|| "?".to_string());
+    let tables: Vec<&str> = older.iter().map(|(t, _)| *t).collect();
+    Some(LibraryKind::Unsupported(format!(
+        "{path}: NCCL net plugin \"{name}\" exports {} only (its sends and receives are \
+         decoded through {} to {}): its network traffic is not counted",
+        tables.join(", "),
+        NET_PLUGIN_TABLES[NET_PLUGIN_TABLES.len() - 1],
+        NET_PLUGIN_TABLES[0]
+    )))
+}
+
+/// Whether `name` is a net plugin table's symbol, of any version: `ncclNetPlugin_vN`
+/// (NCCL's name) or `ncclNet_vN` (older plugins', RCCL's).
+fn is_net_plugin_table(name: &str) -> bool {
+    name.strip_prefix("ncclNetPlugin_v")
+        .or_else(|| name.strip_prefix("ncclNet_v"))
+        .is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// An external NCCL net plugin (`libnccl-net*.so`, e.g. aws-ofi-nccl: what NCCL logs as
 /// `NET/AWS Libfabric`): the isend/irecv of every table version it exports that commtap
 /// decodes, found through the table's relocated pointers. `None` if `globals` has no such
