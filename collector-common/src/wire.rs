@@ -754,10 +754,29 @@ macro_rules! define_proc_stats {
             pub init_ns: u64,
             /// Monotonic ns at which MPI_Finalize was entered (0: not seen).
             pub finalize_ns: u64,
+            /// CPU time of its threads that ended while watched, ns (`sum_exec_runtime`).
+            pub exit_cpu_ns: u64,
+            /// Of those threads, user time as the kernel's ticks sampled it, ns: with
+            /// `exit_stime_ns`, how `exit_cpu_ns` splits (as `getrusage` splits it).
+            pub exit_utime_ns: u64,
+            /// Of those threads, system time as the kernel's ticks sampled it, ns.
+            pub exit_stime_ns: u64,
+            /// Their voluntary context switches.
+            pub exit_nvcsw: u64,
+            /// Their involuntary context switches.
+            pub exit_nivcsw: u64,
+            /// The process's largest resident set, pages (`signal_struct.maxrss`, which
+            /// the kernel sets when its last thread ends): the largest seen on any CPU.
+            pub exit_max_rss_pages: u64,
+            /// Its threads that ended while watched.
+            pub exit_threads: u64,
+            /// 1 once its last thread ended (its usage is then complete).
+            pub exit_group: u64,
         }
 
         impl ProcStats {
-            /// How many health counters it holds (besides the two lifetime marks).
+            /// How many health counters it holds (besides the lifetime marks and the
+            /// usage at exit).
             pub const COUNTERS: usize = [$(stringify!($name)),*].len();
 
             /// Adds another CPU's share: counters sum, lifetime marks take the latest.
@@ -765,13 +784,21 @@ macro_rules! define_proc_stats {
                 $( self.$name += o.$name; )*
                 self.init_ns = self.init_ns.max(o.init_ns);
                 self.finalize_ns = self.finalize_ns.max(o.finalize_ns);
+                self.exit_cpu_ns += o.exit_cpu_ns;
+                self.exit_utime_ns += o.exit_utime_ns;
+                self.exit_stime_ns += o.exit_stime_ns;
+                self.exit_nvcsw += o.exit_nvcsw;
+                self.exit_nivcsw += o.exit_nivcsw;
+                self.exit_max_rss_pages = self.exit_max_rss_pages.max(o.exit_max_rss_pages);
+                self.exit_threads += o.exit_threads;
+                self.exit_group = self.exit_group.max(o.exit_group);
             }
         }
     };
 }
 kernel_health_counters!(define_proc_stats);
 // Every field a u64, nothing between them: the kernel and userspace read the same bytes.
-const _: () = assert!(size_of::<ProcStats>() == 8 * (ProcStats::COUNTERS + 2));
+const _: () = assert!(size_of::<ProcStats>() == 8 * (ProcStats::COUNTERS + 10));
 
 /// Offsets of the tracepoint fields commtap reads, parsed by userspace from tracefs
 /// `format` files (they differ between kernel versions).
@@ -854,8 +881,26 @@ pub struct IdentityOffsets {
     pub uidmap_forward: u32,
     /// `uid_gid_extent.lower_first`: the node's uid a range's first maps to.
     pub extent_lower_first: u32,
+    /// 1 once the `usage_*` offsets below (and `task_signal`) are filled in: each
+    /// watched thread's CPU time and context switches are added to its process's
+    /// [`ProcStats`] as it ends, and the process's largest resident set taken.
+    pub usage_valid: u32,
+    /// `task_struct.utime`.
+    pub usage_task_utime: u32,
+    /// `task_struct.stime`.
+    pub usage_task_stime: u32,
+    /// `task_struct.nvcsw`.
+    pub usage_task_nvcsw: u32,
+    /// `task_struct.nivcsw`.
+    pub usage_task_nivcsw: u32,
+    /// `task_struct.se.sum_exec_runtime`.
+    pub usage_task_sum_exec_runtime: u32,
+    /// `signal_struct.maxrss`.
+    pub usage_signal_maxrss: u32,
+    /// Explicit padding.
+    pub _usage_pad: u32,
 }
-const _: () = assert!(size_of::<IdentityOffsets>() == 112);
+const _: () = assert!(size_of::<IdentityOffsets>() == 144);
 
 /// Bytes of a process's environment an [`IdentityEvent`] carries.
 pub const IDENTITY_ENV_LEN: usize = 16384;

@@ -205,24 +205,70 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
     if unsafe { WATCHED.get(tid) }.is_none() && unsafe { WATCHED.get(tgid) }.is_none() {
         return 0;
     }
-    if tid != tgid {
-        let _ = WATCHED.remove(tid);
-        return 0;
-    }
     let group_dead = match TP_OFFSETS.get(0) {
         Some(off) if off.exit_group_dead != u32::MAX => {
             // SAFETY: offset from this kernel's format file.
             let dead = unsafe { ctx.read_at::<u8>(off.exit_group_dead as usize) };
             dead != Ok(0)
         }
-        _ => true,
+        // Without the field, the leader's end is taken for the process's.
+        _ => tid == tgid,
     };
+    account_exit(tgid, group_dead);
+    if tid != tgid {
+        let _ = WATCHED.remove(tid);
+        return 0;
+    }
     if group_dead {
         // Stop counting at once: the pid may be reused by an unrelated process.
         let _ = WATCHED.remove(tgid);
         emit(EventKind::Exit, tgid, 0);
     }
     0
+}
+
+/// Adds the ending thread's CPU time and context switches to its process's stats, and
+/// takes the process's largest resident set (which the kernel sets from its memory just
+/// before its last thread's end is traced): every thread ends once, so the sums are the
+/// process's own once its last has (`group_dead`), less the threads that ended before it
+/// was watched. A thread's times are the kernel's last accounting of them (it runs on a
+/// few microseconds to its end).
+#[inline(always)]
+fn account_exit(tgid: u32, group_dead: bool) {
+    let Some(off) = IDENTITY_OFFSETS.get(0) else {
+        return;
+    };
+    if off.usage_valid == 0 {
+        return;
+    }
+    let task = current_task();
+    let signal = kernel_word(task, off.task_signal) as *const u8;
+    let max_rss = if signal.is_null() {
+        0
+    } else {
+        kernel_word(signal, off.usage_signal_maxrss)
+    };
+    let (cpu, utime, stime) = (
+        kernel_word(task, off.usage_task_sum_exec_runtime),
+        kernel_word(task, off.usage_task_utime),
+        kernel_word(task, off.usage_task_stime),
+    );
+    let (nvcsw, nivcsw) = (
+        kernel_word(task, off.usage_task_nvcsw),
+        kernel_word(task, off.usage_task_nivcsw),
+    );
+    crate::maps::with_proc_stats(tgid, |s| {
+        s.exit_cpu_ns += cpu;
+        s.exit_utime_ns += utime;
+        s.exit_stime_ns += stime;
+        s.exit_nvcsw += nvcsw;
+        s.exit_nivcsw += nivcsw;
+        s.exit_max_rss_pages = s.exit_max_rss_pages.max(max_rss);
+        s.exit_threads += 1;
+        if group_dead {
+            s.exit_group = 1;
+        }
+    });
 }
 
 /// Drops the out-of-scope mark of `tgid`, where there can be one (a daemon limited to a

@@ -867,6 +867,99 @@ fn record_attached_to_a_launcher_that_maps_nccl_profiles_its_workers() {
     );
 }
 
+/// What each rank used of its node (`mpi_usage.c`: rank r keeps (r + 1) x 48 MiB and spins
+/// (r + 1) x 200 ms, then reads its own `getrusage` after `MPI_Finalize`): the kernel's sums
+/// at its threads' ends equal what the rank read, but for what ran after its reading (its
+/// truth's write, its exit) and the last few microseconds of each thread; and the text
+/// report has mpitrace's lines and columns.
+#[test]
+fn what_each_rank_used_is_reported_as_mpitrace_reports_it() {
+    const MIB: u64 = 48;
+    const MS: u64 = 200;
+    let scratch = Scratch::new("usage");
+    let prefix = scratch.path("truth");
+    let json = scratch.path("profile.json");
+    let text = scratch.path("report.txt");
+    let mut args: Vec<String> = ["record", "-o", path_str(&text), "--json", path_str(&json)]
+        .map(String::from)
+        .to_vec();
+    args.push("--".into());
+    args.extend(Mpi::OpenMpi.launcher(2));
+    args.extend([
+        build_program("mpi_usage.c", Mpi::OpenMpi)
+            .display()
+            .to_string(),
+        MIB.to_string(),
+        MS.to_string(),
+        prefix.display().to_string(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let profile = read_json(&json);
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+    for t in read_truths(&prefix, 2) {
+        let (rank, pid) = (n(&t, "rank"), n(&t, "pid"));
+        let u = &rank_by_pid(&profile, pid)["usage"];
+        assert_eq!(u["at_exit"], true, "rank {rank}: {u}");
+        let rss = n(u, "max_rss_bytes");
+        let truth_rss = n(&t, "max_rss_kib") * 1024;
+        assert!(
+            (truth_rss..=truth_rss + (4 << 20)).contains(&rss),
+            "rank {rank}: largest resident set {rss} B, getrusage said {truth_rss} B"
+        );
+        assert!(rss >= (rank + 1) * (MIB << 20), "rank {rank}: {rss} B");
+        let cpu = n(u, "user_ns") + n(u, "system_ns");
+        let truth_cpu = (n(&t, "user_us") + n(&t, "system_us")) * 1000;
+        assert!(
+            cpu + 30_000_000 >= truth_cpu && cpu <= truth_cpu + 150_000_000 + truth_cpu / 20,
+            "rank {rank}: CPU {cpu} ns, getrusage said {truth_cpu} ns"
+        );
+        // The rank's spin (and the faults of its memory) is its own CPU time at least.
+        assert!(
+            cpu >= (rank + 1) * MS * 1_000_000,
+            "rank {rank}: CPU {cpu} ns"
+        );
+        // Split between user and system as getrusage splits it.
+        let (user, truth_user) = (n(u, "user_ns"), n(&t, "user_us") * 1000);
+        assert!(
+            user + 30_000_000 >= truth_user && user <= truth_user + 150_000_000,
+            "rank {rank}: user {user} ns, getrusage said {truth_user} ns"
+        );
+        let switches = n(u, "context_switches");
+        let truth_switches = n(&t, "switches");
+        assert!(
+            switches >= truth_switches && switches <= truth_switches + 200 + truth_switches / 10,
+            "rank {rank}: {switches} context switches, getrusage said {truth_switches}"
+        );
+    }
+    let report = std::fs::read_to_string(&text).expect("text report");
+    let header: Vec<&str> = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("taskid"))
+        .unwrap_or_else(|| panic!("no summary table: {report}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "taskid",
+            "hostname",
+            "comm(s)",
+            "elapsed(s)",
+            "user(s)",
+            "system(s)",
+            "size(MB)",
+            "switches",
+            "pid"
+        ]
+    );
+    assert!(
+        report.contains("Rank 1 reported the largest memory utilization : ")
+            && report.contains("max resident set size    = "),
+        "{report}"
+    );
+}
+
 /// The pauses at library loads commtap's log reports.
 fn pauses_in(log: &str) -> u64 {
     log.lines()

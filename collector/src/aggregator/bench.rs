@@ -252,6 +252,7 @@ pub fn synthetic_rank(
         container: None,
         region: None,
         probe_call_cost: None,
+        usage: None,
         start_ticks: 7,
         exited: true,
         detached: false,

@@ -207,9 +207,30 @@ pub fn kernel_offsets(btf: &Btf) -> IdentityOffsets {
         none
     });
     found = cgroup_offsets(btf, found).unwrap_or(found);
+    found = usage_offsets(btf, found).unwrap_or_else(|e| {
+        warn!("{e:#}: no CPU time or largest resident set of the processes that end");
+        found
+    });
     userns_offsets(btf, found).unwrap_or_else(|e| {
         warn!("{e:#}: each uid of a user namespace is charged as a user of its own");
         found
+    })
+}
+
+/// `found` with where the kernel side finds an ending thread's CPU time and context
+/// switches and its process's largest resident set (what `getrusage` reports).
+fn usage_offsets(btf: &Btf, found: IdentityOffsets) -> Result<IdentityOffsets, BtfError> {
+    Ok(IdentityOffsets {
+        usage_valid: 1,
+        task_signal: btf.offset("task_struct", "signal")?,
+        usage_task_utime: btf.offset("task_struct", "utime")?,
+        usage_task_stime: btf.offset("task_struct", "stime")?,
+        usage_task_nvcsw: btf.offset("task_struct", "nvcsw")?,
+        usage_task_nivcsw: btf.offset("task_struct", "nivcsw")?,
+        usage_task_sum_exec_runtime: btf.offset("task_struct", "se")?
+            + btf.offset("sched_entity", "sum_exec_runtime")?,
+        usage_signal_maxrss: btf.offset("signal_struct", "maxrss")?,
+        ..found
     })
 }
 
@@ -317,6 +338,11 @@ mod tests {
         assert_eq!(o.cgroup_valid, 1, "{o:?}");
         assert_eq!(o.userns_valid, 1, "{o:?}");
         assert!(o.userns_task_cred > 0 && o.userns_parent > 0, "{o:?}");
+        assert_eq!(o.usage_valid, 1, "{o:?}");
+        // utime and stime are neighbours; the scheduler's entity's runtime lies inside it.
+        assert_eq!(o.usage_task_stime, o.usage_task_utime + 8, "{o:?}");
+        let se = btf.offset("task_struct", "se").expect("se");
+        assert!(o.usage_task_sum_exec_runtime > se, "{o:?}");
         // The in-place ranges (5 of 12 bytes) and the pointer to more share a union; the
         // count is outside them both.
         assert_eq!(o.uidmap_extent, o.uidmap_forward, "{o:?}");

@@ -149,6 +149,50 @@ fn stat_start_ticks(stat: &str) -> Option<u64> {
     stat_field(stat, 19)?.parse().ok()
 }
 
+/// What a running process has used so far, as `/proc` gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveUsage {
+    /// CPU time in user mode of all its threads, live and ended, ns (clock ticks' worth).
+    pub user_ns: u64,
+    /// CPU time in the kernel, ns.
+    pub system_ns: u64,
+    /// Its largest resident set so far, bytes (`VmHWM`).
+    pub max_rss_bytes: u64,
+}
+
+/// What the process that is `pid`, started at `start_ticks`, has used so far; `None` where
+/// it is gone (or a zombie, whose memory is gone) or another process has its pid.
+pub fn live_usage(pid: u32, start_ticks: u64) -> Option<LiveUsage> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    // SAFETY: sysconf reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let usage = parse_live_usage(&stat, &status, u64::try_from(hz).ok()?)?;
+    // The status read after the stat: still the same process where its start is.
+    (stat_start_ticks(&stat) == Some(start_ticks) && self::start_ticks(pid) == Some(start_ticks))
+        .then_some(usage)
+}
+
+/// [`LiveUsage`] from a `/proc/PID/stat` line (`utime`, `stime`: fields 14 and 15, in
+/// clock ticks of `hz` a second) and `/proc/PID/status` text (`VmHWM:  N kB`).
+fn parse_live_usage(stat: &str, status: &str, hz: u64) -> Option<LiveUsage> {
+    let ticks = |i| -> Option<u64> { stat_field(stat, i)?.parse().ok() };
+    let ns = |t: u64| (u128::from(t) * 1_000_000_000 / u128::from(hz.max(1))) as u64;
+    let hwm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(LiveUsage {
+        user_ns: ns(ticks(11)?),
+        system_ns: ns(ticks(12)?),
+        max_rss_bytes: hwm_kib.saturating_mul(1024),
+    })
+}
+
 /// When the process that is `pid` now started (clock ticks since boot): with the pid, who it
 /// is (a pid is reused, the pair is not).
 pub fn start_ticks(pid: u32) -> Option<u64> {
@@ -972,6 +1016,30 @@ mod tests {
         assert_eq!(ranks_below(20, 99, &parent, numbering), vec![21, 22, 23]);
         // A rank asked for itself: its helpers are not ranks.
         assert!(ranks_below(11, 99, &parent, numbering).is_empty());
+    }
+
+    #[test]
+    fn a_running_processs_usage_is_read_from_proc() {
+        // Fields 14 and 15 (utime, stime) of a stat line whose command name holds a ") ".
+        let stat = "4242 (a) b) S 1 4242 4242 0 -1 4194304 100 0 0 0 250 75 0 0 20 0 3 0 \
+                    98765 1000 200";
+        let status = "Name:\ta\nVmPeak:\t  9000 kB\nVmHWM:\t  2048 kB\nVmRSS:\t 1024 kB\n";
+        assert_eq!(
+            parse_live_usage(stat, status, 100),
+            Some(LiveUsage {
+                user_ns: 2_500_000_000,
+                system_ns: 750_000_000,
+                max_rss_bytes: 2048 * 1024,
+            })
+        );
+        assert_eq!(stat_start_ticks(stat), Some(98765));
+        // A zombie has no memory to tell of.
+        assert_eq!(parse_live_usage(stat, "Name:\ta\nState:\tZ\n", 100), None);
+        // This test's own process: running, some CPU time, some memory.
+        let me = std::process::id();
+        let mine = live_usage(me, start_ticks(me).expect("my start")).expect("my usage");
+        assert!(mine.max_rss_bytes > 1 << 20, "{mine:?}");
+        assert_eq!(live_usage(me, 1), None, "another process's start");
     }
 
     #[test]

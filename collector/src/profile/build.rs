@@ -6,10 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use collector_common::{CounterKey, CounterVal, PeerKey, PeerVal, ProcStats};
 
-use super::{JobProfile, JobTotals, ProbedLibrary, RankProfile, RegionProfile, SCHEMA};
+use super::{JobProfile, JobTotals, ProbedLibrary, RankProfile, RegionProfile, Usage, SCHEMA};
 use crate::{
     attach::{AttachedLibrary, Probes},
-    discover::{tracked::Tracked, ProcessInfo},
+    discover::{self, tracked::Tracked, ProcessInfo},
     stats,
     symbols::Placement,
 };
@@ -66,6 +66,26 @@ pub fn job_profile(
     assemble(ranks, probes, not_profiled, job_ids)
 }
 
+/// What the process used of its node: as the kernel added it up at its end, else (still
+/// running) as `/proc` says now.
+fn usage_of(pid: u32, t: &Tracked, ps: &ProcStats, start_ticks: u64) -> Option<Usage> {
+    // SAFETY: sysconf reads a constant.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    if let Some(u) = Usage::at_exit(ps, page) {
+        return Some(u);
+    }
+    if t.exit_ns.is_some() || start_ticks == 0 {
+        return None;
+    }
+    discover::live_usage(pid, start_ticks).map(|u| Usage {
+        user_ns: u.user_ns,
+        system_ns: u.system_ns,
+        max_rss_bytes: u.max_rss_bytes,
+        context_switches: None,
+        at_exit: false,
+    })
+}
+
 /// Where a process's profiled time starts (monotonic ns): its `MPI_Init`'s return, or
 /// when it was first counted if that came later (attached mid-run).
 pub fn counted_from(t: &Tracked, ps: &ProcStats) -> u64 {
@@ -120,6 +140,7 @@ fn rank_profile(
         .mpi_transport
         .as_deref()
         .map(|said| stats::transport_used(said, &routines));
+    let usage = usage_of(pid, t, ps, info.start_ticks);
     RankProfile {
         rank: info.rank.unwrap_or(u32::MAX),
         rank_known: info.rank.is_some(),
@@ -144,6 +165,7 @@ fn rank_profile(
         comm_ranks,
         region,
         probe_call_cost: None,
+        usage,
     }
 }
 

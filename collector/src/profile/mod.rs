@@ -88,6 +88,57 @@ pub struct RankProfile {
     /// (the programs' part measured by the kernel); absent from older profiles.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_call_cost: Option<CallCost>,
+    /// What it used of its node (CPU time, largest resident set, context switches: what
+    /// mpitrace reads with `getrusage` at `MPI_Finalize`); absent where not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// What a process used of its node, over its whole life.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub struct Usage {
+    /// CPU time in user mode, every thread's, ns.
+    pub user_ns: u64,
+    /// CPU time in the kernel, every thread's, ns.
+    pub system_ns: u64,
+    /// Its largest resident set, bytes.
+    pub max_rss_bytes: u64,
+    /// Its threads' context switches, voluntary and involuntary (absent where read while
+    /// it ran: `/proc` gives those of its live threads alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_switches: Option<u64>,
+    /// Taken as it ended (each thread's as it ended, added up by the kernel: those that
+    /// ended before commtap watched it are not in it), else read from `/proc` while it
+    /// ran, when the profile was made.
+    pub at_exit: bool,
+}
+
+impl Usage {
+    /// Its usage as the kernel added it up at its threads' ends ([`ProcStats`]), once its
+    /// last thread has ended: the CPU time split between user and system as the kernel's
+    /// ticks sampled it, as `getrusage` splits it.
+    ///
+    /// [`ProcStats`]: collector_common::ProcStats
+    pub fn at_exit(ps: &collector_common::ProcStats, page_bytes: u64) -> Option<Usage> {
+        if ps.exit_group == 0 {
+            return None;
+        }
+        let ticked = ps.exit_utime_ns.saturating_add(ps.exit_stime_ns);
+        let user_ns = if ticked == 0 {
+            ps.exit_cpu_ns
+        } else {
+            (u128::from(ps.exit_cpu_ns) * u128::from(ps.exit_utime_ns) / u128::from(ticked)) as u64
+        };
+        Some(Usage {
+            user_ns,
+            system_ns: ps.exit_cpu_ns - user_ns,
+            max_rss_bytes: ps.exit_max_rss_pages.saturating_mul(page_bytes),
+            context_switches: Some(ps.exit_nvcsw.saturating_add(ps.exit_nivcsw)),
+            at_exit: true,
+        })
+    }
 }
 
 /// A rank's `MPI_Pcontrol` region: `MPI_Pcontrol(1)` starts it (the first one anew),
@@ -151,6 +202,8 @@ impl RankProfile {
         if self.mpi_transport.is_none() {
             self.mpi_transport.clone_from(&earlier.mpi_transport);
         }
+        // Over the process's whole life either way: the later reading.
+        self.usage = self.usage.or(earlier.usage);
         self.peers.extend(earlier.peers.iter().cloned());
         crate::stats::PeerTraffic::tidy(&mut self.peers);
         self.comm_ranks.extend(earlier.comm_ranks.iter().cloned());
@@ -465,6 +518,7 @@ mod tests {
             container: None,
             region: None,
             probe_call_cost: None,
+            usage: None,
             start_ticks: 0,
             exited: false,
             detached: false,

@@ -130,6 +130,7 @@ pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProf
         "total elapsed time       = {:.3} seconds.",
         secs(r.elapsed_ns)
     );
+    render_usage(&mut o, job, r);
     if r.health.dropped
         + r.health.undecoded
         + r.health.in_flight_at_attach
@@ -153,6 +154,56 @@ pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProf
     }
     o.push_str(&render_sizes("Message size distributions:", &rows));
     o
+}
+
+/// mpitrace's lines of what the rank used (`getrusage`'s) and which rank of its job used
+/// the most memory and time.
+fn render_usage(o: &mut String, job: &JobProfile, r: &RankProfile) {
+    if let Some(u) = &r.usage {
+        let _ = writeln!(
+            o,
+            "user cpu time            = {:.3} seconds.",
+            secs(u.user_ns)
+        );
+        let _ = writeln!(
+            o,
+            "system time              = {:.3} seconds.",
+            secs(u.system_ns)
+        );
+        let _ = writeln!(
+            o,
+            "max resident set size    = {:.3} MBytes.",
+            mbytes(u.max_rss_bytes)
+        );
+        if !u.at_exit {
+            let _ = writeln!(o, "(read while it ran, when this report was made)");
+        }
+    }
+    let mine = || job.ranks.iter().filter(|x| x.job == r.job);
+    let biggest = mine()
+        .filter_map(|x| Some((x.usage?.max_rss_bytes, x)))
+        .max_by_key(|(bytes, x)| (*bytes, std::cmp::Reverse(x.rank)));
+    if let Some((bytes, x)) = biggest {
+        let _ = writeln!(
+            o,
+            "Rank {} reported the largest memory utilization : {:.2} MBytes",
+            x.rank,
+            mbytes(bytes)
+        );
+    }
+    if let Some(x) = mine().max_by_key(|x| (x.elapsed_ns, std::cmp::Reverse(x.rank))) {
+        let _ = writeln!(
+            o,
+            "Rank {} reported the largest elapsed time : {:.2} sec",
+            x.rank,
+            secs(x.elapsed_ns)
+        );
+    }
+}
+
+/// Bytes in mpitrace's MBytes (2^20).
+fn mbytes(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 20)
 }
 
 /// Whether mpitrace's wrapper of `routine` logs bytes: its `MPI_Start` and `MPI_Startall`
@@ -566,19 +617,36 @@ fn render_summary(job: &JobProfile) -> String {
     }
     let _ = writeln!(o);
     let _ = writeln!(o, "MPI timing summary for all ranks:");
+    // mpitrace's columns in mpitrace's order (its readers count them), then the pid; "-"
+    // where a rank's usage is not known.
     let _ = writeln!(
         o,
-        "{:>8} {:<20} {:>10} {:>12} {:>10}",
-        "taskid", "hostname", "comm(s)", "elapsed(s)", "pid"
+        "{:>8} {:<20} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "taskid",
+        "hostname",
+        "comm(s)",
+        "elapsed(s)",
+        "user(s)",
+        "system(s)",
+        "size(MB)",
+        "switches",
+        "pid"
     );
     for r in &job.ranks {
+        let known = |f: &dyn Fn(&crate::profile::Usage) -> Option<String>| {
+            r.usage.as_ref().and_then(f).unwrap_or_else(|| "-".into())
+        };
         let _ = writeln!(
             o,
-            "{:>8} {:<20} {:>10.2} {:>12.2} {:>10}",
+            "{:>8} {:<20} {:>10.2} {:>12.2} {:>10} {:>10} {:>10} {:>10} {:>10}",
             r.rank,
             r.host,
             secs(r.comm_time_ns),
             secs(r.elapsed_ns),
+            known(&|u| Some(format!("{:.2}", secs(u.user_ns)))),
+            known(&|u| Some(format!("{:.2}", secs(u.system_ns)))),
+            known(&|u| Some(format!("{:.2}", mbytes(u.max_rss_bytes)))),
+            known(&|u| u.context_switches.map(|n| n.to_string())),
             r.pid
         );
     }

@@ -341,6 +341,7 @@ mod tests {
             container: None,
             region: None,
             probe_call_cost: None,
+            usage: None,
             start_ticks: 1,
             exited: false,
             detached: false,

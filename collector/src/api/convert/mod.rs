@@ -6,7 +6,7 @@ mod skew;
 use super::pb;
 use crate::{
     discover::{container::Container, Fabric},
-    profile::{CallCost, JobProfile, ProbedLibrary, RankProfile, RegionProfile},
+    profile::{CallCost, JobProfile, ProbedLibrary, RankProfile, RegionProfile, Usage},
     skew::SkewReport,
     stats::{
         CommRank, CommStats, DeviceTime, Durations, Health, PeerTraffic, RoutineStats, Routines,
@@ -345,6 +345,13 @@ impl From<&RankProfile> for pb::RankProfile {
                 program_ns: c.program_ns,
                 measured_runs: c.measured_runs,
             }),
+            usage: r.usage.map(|u| pb::Usage {
+                user_ns: u.user_ns,
+                system_ns: u.system_ns,
+                max_rss_bytes: u.max_rss_bytes,
+                context_switches: u.context_switches,
+                at_exit: u.at_exit,
+            }),
         }
     }
 }
@@ -390,6 +397,13 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
                 return_ns: c.return_ns,
                 program_ns: c.program_ns,
                 measured_runs: c.measured_runs,
+            }),
+            usage: r.usage.map(|u| Usage {
+                user_ns: u.user_ns,
+                system_ns: u.system_ns,
+                max_rss_bytes: u.max_rss_bytes,
+                context_switches: u.context_switches,
+                at_exit: u.at_exit,
             }),
         })
     }

@@ -87,6 +87,13 @@ pub(crate) fn sample() -> JobProfile {
                 }],
             })),
             probe_call_cost: Some(crate::profile::CallCost::with_program(123, 4_567)),
+            usage: Some(crate::profile::Usage {
+                user_ns: 1_500_000_000,
+                system_ns: 250_000_000,
+                max_rss_bytes: 64 << 20,
+                context_switches: Some(1234),
+                at_exit: true,
+            }),
             mpi_transport: Some("pml cm, mtl ofi".to_string()),
             start_ticks: 99,
             exited: true,
