@@ -894,9 +894,22 @@ fn what_each_rank_used_is_reported_as_mpitrace_reports_it() {
         prefix.display().to_string(),
     ]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    // A setting of NCCL's (nothing here reads it) and an escape sequence in another's value.
+    let env = [
+        ("NCCL_COMMTAP_TEST", "Ring,Tree".to_string()),
+        ("UCX_COMMTAP_TEST", "a\u{1b}[2Jb".to_string()),
+    ];
+    finish_ok(
+        &scratch,
+        spawn_commtap_with_env(&scratch, &args, &env),
+        LIMIT,
+    );
     let profile = read_json(&json);
     let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+    for r in profile["ranks"].as_array().expect("ranks") {
+        assert_eq!(r["settings"]["NCCL_COMMTAP_TEST"], "Ring,Tree", "{r}");
+        assert_eq!(r["settings"]["UCX_COMMTAP_TEST"], "a?[2Jb", "{r}");
+    }
     for t in read_truths(&prefix, 2) {
         let (rank, pid) = (n(&t, "rank"), n(&t, "pid"));
         let u = &rank_by_pid(&profile, pid)["usage"];
@@ -957,6 +970,17 @@ fn what_each_rank_used_is_reported_as_mpitrace_reports_it() {
         report.contains("Rank 1 reported the largest memory utilization : ")
             && report.contains("max resident set size    = "),
         "{report}"
+    );
+    // The settings every rank had, once, made printable.
+    let settings = report
+        .split("Settings of the communication libraries (the ranks' environment):\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no settings: {report}"));
+    assert!(
+        settings.contains("  NCCL_COMMTAP_TEST=Ring,Tree\n")
+            && settings.contains("  UCX_COMMTAP_TEST=a?[2Jb\n")
+            && !report.contains('\u{1b}'),
+        "{settings}"
     );
 }
 

@@ -253,6 +253,7 @@ pub fn synthetic_rank(
         region: None,
         probe_call_cost: None,
         usage: None,
+        settings: Default::default(),
         start_ticks: 7,
         exited: true,
         detached: false,

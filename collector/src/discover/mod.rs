@@ -86,6 +86,87 @@ pub struct ProcessInfo {
     pub uid: Option<u32>,
     /// The container it runs in, if any.
     pub container: Option<container::Container>,
+    /// Its environment's settings of the communication libraries ([`SETTING_PREFIXES`]),
+    /// bounded and made printable ([`settings_of`]).
+    #[serde(skip)]
+    pub settings: BTreeMap<String, String>,
+}
+
+/// Prefixes of the environment variables that set the communication libraries up (NCCL
+/// and PyTorch's use of it, libfabric, UCX, Open MPI's MCA parameters, Intel MPI, MPICH's
+/// control variables, MVAPICH2, Horovod, OpenMP): what a performance engineer asks of a
+/// run ("was NCCL_ALGO set? which FI_PROVIDER?").
+pub const SETTING_PREFIXES: &[&str] = &[
+    "NCCL_",
+    "TORCH_NCCL_",
+    "FI_",
+    "UCX_",
+    "OMPI_MCA_",
+    "I_MPI_",
+    "MPIR_CVAR_",
+    "MV2_",
+    "HOROVOD_",
+    "OMP_",
+];
+/// Of those, the launchers' own plumbing, left out: where mpirun's daemon listens, its
+/// session directory and job key (`OMPI_MCA_orte_precondition_transports` is the job's
+/// key to its fabric), a Horovod worker's place and rendezvous; no setting of the user's.
+const SETTING_PLUMBING: &[&str] = &[
+    "OMPI_MCA_orte_",
+    "OMPI_MCA_ess",
+    "OMPI_MCA_pmix",
+    "OMPI_MCA_initial_wdir",
+    "OMPI_MCA_shmem_RUNTIME_QUERY_hint",
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_",
+    "HOROVOD_CROSS_",
+    "HOROVOD_HOSTNAME",
+    "HOROVOD_GLOO_",
+    "I_MPI_HYDRA_UUID",
+];
+/// Settings kept of one process, at most.
+const MAX_SETTINGS: usize = 128;
+/// Bytes of a setting's name kept, at most (longer ones are left out).
+const MAX_SETTING_NAME: usize = 64;
+/// Characters of a setting's value kept, at most (the rest cut, marked `...`).
+const MAX_SETTING_VALUE: usize = 256;
+
+/// The settings among a process's environment ([`SETTING_PREFIXES`]): at most
+/// [`MAX_SETTINGS`], the first by name; control characters made `?` (a report is read on a
+/// terminal, and the environment is its owner's to write); long values cut.
+pub fn settings_of<'a>(
+    env: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> BTreeMap<String, String> {
+    let mut kept: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in env {
+        if name.len() > MAX_SETTING_NAME
+            || !SETTING_PREFIXES.iter().any(|p| name.starts_with(p))
+            || SETTING_PLUMBING.iter().any(|p| name.starts_with(p))
+            || name.chars().any(char::is_control)
+        {
+            continue;
+        }
+        if kept.len() == MAX_SETTINGS {
+            // The first by name are kept, whatever order they came in.
+            match kept.last_key_value() {
+                Some((last, _)) if name < last.as_str() => {
+                    kept.pop_last();
+                }
+                _ => continue,
+            }
+        }
+        let mut shown: String = value
+            .chars()
+            .take(MAX_SETTING_VALUE)
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        if value.chars().nth(MAX_SETTING_VALUE).is_some() {
+            shown.push_str("...");
+        }
+        kept.insert(name.to_string(), shown);
+    }
+    kept
 }
 
 /// Variables that carry the world rank, in order of preference, each with the one its
@@ -300,6 +381,7 @@ impl ProcessInfo {
             start_ticks,
             uid,
             container: None,
+            settings: settings_of(env.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
         };
         if let Some(text) = cgroup {
             info.place(text);
@@ -1016,6 +1098,46 @@ mod tests {
         assert_eq!(ranks_below(20, 99, &parent, numbering), vec![21, 22, 23]);
         // A rank asked for itself: its helpers are not ranks.
         assert!(ranks_below(11, 99, &parent, numbering).is_empty());
+    }
+
+    #[test]
+    fn the_communication_settings_are_kept_bounded_and_printable() {
+        let long = "x".repeat(300);
+        let many: Vec<(String, String)> = (0..200)
+            .map(|i| (format!("UCX_V{i:03}"), i.to_string()))
+            .collect();
+        let env: Vec<(&str, &str)> = [
+            ("NCCL_ALGO", "Ring"),
+            ("PATH", "/usr/bin"),
+            ("FI_PROVIDER", "tcp\u{1b}[31m"),
+            ("NCCL_LONG", long.as_str()),
+            ("OMPI_MCA_btl", "self,vader"),
+            ("SECRET_NCCL_TOKEN", "no"),
+            (
+                "OMPI_MCA_orte_precondition_transports",
+                "0755132214708d07-647e984c76f6ed40",
+            ),
+            ("HOROVOD_RANK", "3"),
+        ]
+        .into_iter()
+        .chain(many.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .collect();
+        let kept = settings_of(env);
+        assert_eq!(kept.len(), MAX_SETTINGS);
+        assert_eq!(kept["NCCL_ALGO"], "Ring");
+        assert_eq!(kept["FI_PROVIDER"], "tcp?[31m");
+        assert_eq!(kept["NCCL_LONG"], format!("{}...", "x".repeat(256)));
+        assert_eq!(kept["OMPI_MCA_btl"], "self,vader");
+        for gone in [
+            "PATH",
+            "SECRET_NCCL_TOKEN",
+            "OMPI_MCA_orte_precondition_transports",
+            "HOROVOD_RANK",
+        ] {
+            assert!(!kept.contains_key(gone), "{gone}");
+        }
+        // The first by name: UCX_V000 .. UCX_V123 beside the four above.
+        assert!(kept.contains_key("UCX_V123") && !kept.contains_key("UCX_V124"));
     }
 
     #[test]

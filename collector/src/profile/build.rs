@@ -166,6 +166,7 @@ fn rank_profile(
         region,
         probe_call_cost: None,
         usage,
+        settings: info.settings.clone(),
     }
 }
 

@@ -6,6 +6,8 @@ pub mod build;
 pub mod schema;
 pub mod timeline;
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 pub use crate::session::budget::CallCost;
@@ -92,6 +94,11 @@ pub struct RankProfile {
     /// mpitrace reads with `getrusage` at `MPI_Finalize`); absent where not known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Its environment's settings of the communication libraries (`NCCL_*`, `FI_*`,
+    /// `UCX_*`, `OMPI_MCA_*`, `I_MPI_*`, `MPIR_CVAR_*`, `MV2_*`, `HOROVOD_*`, `OMP_*`,
+    /// `TORCH_NCCL_*`), as it started: at most 128, values cut at 256 characters.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub settings: BTreeMap<String, String>,
 }
 
 /// What a process used of its node, over its whole life.
@@ -519,6 +526,7 @@ mod tests {
             region: None,
             probe_call_cost: None,
             usage: None,
+            settings: Default::default(),
             start_ticks: 0,
             exited: false,
             detached: false,

@@ -650,7 +650,44 @@ fn render_summary(job: &JobProfile) -> String {
             r.pid
         );
     }
+    render_settings(&mut o, job);
     o
+}
+
+/// The communication libraries' settings the ranks' environment held: those every rank
+/// had alike, then the names of those set differently (or not everywhere).
+fn render_settings(o: &mut String, job: &JobProfile) {
+    let Some(first) = job.ranks.first() else {
+        return;
+    };
+    let alike = |k: &String, v: &String| job.ranks.iter().all(|r| r.settings.get(k) == Some(v));
+    let names: std::collections::BTreeSet<&String> =
+        job.ranks.iter().flat_map(|r| r.settings.keys()).collect();
+    let differing: Vec<&str> = names
+        .into_iter()
+        .filter(|k| first.settings.get(*k).is_none_or(|v| !alike(k, v)))
+        .map(String::as_str)
+        .collect();
+    let common: Vec<(&String, &String)> =
+        first.settings.iter().filter(|(k, v)| alike(k, v)).collect();
+    if common.is_empty() && differing.is_empty() {
+        return;
+    }
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "Settings of the communication libraries (the ranks' environment):"
+    );
+    for (k, v) in common {
+        let _ = writeln!(o, "  {k}={v}");
+    }
+    if !differing.is_empty() {
+        let _ = writeln!(
+            o,
+            "  set differently across ranks (JSON: each rank's settings): {}",
+            differing.join(", ")
+        );
+    }
 }
 
 /// mpitrace's three lines: the ranks of least, median and most communication time.

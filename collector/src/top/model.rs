@@ -342,6 +342,7 @@ mod tests {
             region: None,
             probe_call_cost: None,
             usage: None,
+            settings: Default::default(),
             start_ticks: 1,
             exited: false,
             detached: false,

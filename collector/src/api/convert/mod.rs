@@ -352,6 +352,7 @@ impl From<&RankProfile> for pb::RankProfile {
                 context_switches: u.context_switches,
                 at_exit: u.at_exit,
             }),
+            settings: r.settings.clone().into_iter().collect(),
         }
     }
 }
@@ -405,6 +406,10 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
                 context_switches: u.context_switches,
                 at_exit: u.at_exit,
             }),
+            // A node's word, bounded again as the node bounds it.
+            settings: crate::discover::settings_of(
+                r.settings.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            ),
         })
     }
 }

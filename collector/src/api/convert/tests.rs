@@ -94,6 +94,9 @@ pub(crate) fn sample() -> JobProfile {
                 context_switches: Some(1234),
                 at_exit: true,
             }),
+            settings: [("NCCL_ALGO", "Ring"), ("UCX_TLS", "rc,sm")]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .into(),
             mpi_transport: Some("pml cm, mtl ofi".to_string()),
             start_ticks: 99,
             exited: true,
