@@ -22,6 +22,55 @@ pub struct Run {
     pub stderr: String,
 }
 
+/// What [`record_job`] wrote: the JSON profile, the text report, and the prefix of the
+/// truths the program wrote (its last argument).
+pub struct RecordedJob {
+    /// The JSON profile.
+    pub json: PathBuf,
+    /// The text report.
+    pub text: PathBuf,
+    /// The truths' prefix (`<prefix>.<rank>.json`).
+    pub truths: PathBuf,
+}
+
+/// `commtap record -o TEXT --json JSON -- <np ranks of mpi> PROGRAM ARGS... TRUTHS`, run in
+/// `scratch` (its files named with `tag`) with `env` added, to its successful end.
+#[track_caller]
+pub fn record_job(
+    scratch: &Scratch,
+    tag: &str,
+    (mpi, np): (crate::Mpi, u32),
+    (program, args): (&Path, &[String]),
+    env: &[(&str, String)],
+) -> RecordedJob {
+    let job = RecordedJob {
+        json: scratch.path(&format!("profile{tag}.json")),
+        text: scratch.path(&format!("report{tag}.txt")),
+        truths: scratch.path(&format!("truth{tag}")),
+    };
+    let mut all: Vec<String> = [
+        "record",
+        "-o",
+        path_str(&job.text),
+        "--json",
+        path_str(&job.json),
+    ]
+    .map(String::from)
+    .to_vec();
+    all.push("--".into());
+    all.extend(mpi.launcher(np));
+    all.push(program.display().to_string());
+    all.extend(args.iter().cloned());
+    all.push(job.truths.display().to_string());
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    finish_ok(
+        scratch,
+        spawn_commtap_with_env(scratch, &all, env),
+        Duration::from_mins(5),
+    );
+    job
+}
+
 /// Starts `commtap` with `args`, its output going to files in `scratch`.
 #[track_caller]
 pub fn spawn_commtap(scratch: &Scratch, args: &[&str]) -> ChildGuard {

@@ -3,7 +3,11 @@
 //! it sleeps, book what it made the others wait, see no one standing out where nobody
 //! sleeps, and keep the instances of two sibling communicators apart.
 
-use std::{path::Path, process::Command, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
 
 use commtap_tests::*;
 use serde_json::Value;
@@ -272,22 +276,20 @@ fn rank_routine(skew: &Value, rank: u64, routine: &str) -> (u64, u64, u64) {
 /// instance round (allowed once in 20, as `assert_late_phase` does).
 fn rooted(mpi: Mpi) {
     let scratch = Scratch::new(&format!("skew-rooted-{}", mpi.suffix()));
-    let prefix = scratch.path("truth");
-    let json = scratch.path("profile.json");
-    let text = scratch.path("report.txt");
-    let mut args: Vec<String> = ["record", "-o", path_str(&text), "--json", path_str(&json)]
-        .map(String::from)
-        .to_vec();
-    args.push("--".into());
-    args.extend(mpi.launcher(2));
-    args.extend([
-        build_program("mpi_rooted.c", mpi).display().to_string(),
-        DELAY_MS.to_string(),
-        N.to_string(),
-        prefix.display().to_string(),
-    ]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let RecordedJob {
+        json,
+        text,
+        truths: prefix,
+    } = record_job(
+        &scratch,
+        "",
+        (mpi, 2),
+        (
+            &build_program("mpi_rooted.c", mpi),
+            &[DELAY_MS.to_string(), N.to_string()],
+        ),
+        &[],
+    );
     let profile = read_json(&json);
     let truths = read_truths(&prefix, 2);
     let host = rank_by_pid(&profile, truths[1]["pid"].as_u64().expect("pid"))["host"]
@@ -385,6 +387,87 @@ fn rooted_mpich_collectives_make_only_their_roots_dependents_wait() {
     rooted(Mpi::Mpich);
 }
 
+/// `record` of `mpi_steps.c` (2 Open MPI ranks, `steps` steps of `k` Allreduces, rank 1
+/// `delay_ms` late to each) into `scratch`, its files named with `tag`: the JSON profile,
+/// the text report and the truths' prefix.
+fn record_steps(
+    scratch: &Scratch,
+    tag: &str,
+    steps: u64,
+    k: u64,
+    delay_ms: u64,
+) -> (PathBuf, PathBuf, PathBuf) {
+    let job = record_job(
+        scratch,
+        tag,
+        (Mpi::OpenMpi, 2),
+        (
+            &build_program("mpi_steps.c", Mpi::OpenMpi),
+            &[steps.to_string(), k.to_string(), delay_ms.to_string()],
+        ),
+        &[],
+    );
+    (job.json, job.text, job.truths)
+}
+
+/// `commtap diff` of two runs of one job (10 steps, then 20 with rank 1 late by twice as
+/// much): the Allreduces each made, exactly, before and after, in JSON and in text.
+#[test]
+fn diff_compares_two_runs_of_a_job() {
+    const K: u64 = 5;
+    let scratch = Scratch::new("skew-diff");
+    let (before, ..) = record_steps(&scratch, "-before", 10, K, DELAY_MS / 5);
+    let (after, ..) = record_steps(&scratch, "-after", 20, K, DELAY_MS * 2 / 5);
+    let run = run_commtap(
+        &scratch,
+        &[
+            "diff",
+            "--format",
+            "json",
+            path_str(&before),
+            path_str(&after),
+        ],
+        LIMIT,
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let d: Value = serde_json::from_str(&run.stdout).expect("JSON diff");
+    let allreduce = d["routines"]
+        .as_array()
+        .expect("routines")
+        .iter()
+        .find(|r| r["routine"] == "MPI_Allreduce")
+        .unwrap_or_else(|| panic!("no MPI_Allreduce: {d:#}"));
+    // 2 ranks x steps x K, 8 bytes each.
+    assert_eq!(allreduce["calls"]["before"], 2.0 * 10.0 * K as f64, "{d:#}");
+    assert_eq!(allreduce["calls"]["after"], 2.0 * 20.0 * K as f64, "{d:#}");
+    assert_eq!(
+        allreduce["bytes"]["after"],
+        8.0 * 2.0 * 20.0 * K as f64,
+        "{d:#}"
+    );
+    assert_eq!(d["ranks"]["before"], 2.0);
+    // Rank 0 waited about 10 x 10 ms before and 20 x 20 ms after.
+    let waited = &d["waited_s"];
+    assert!(
+        waited["after"].as_f64() > waited["before"].as_f64(),
+        "{waited}"
+    );
+    let run = run_commtap(
+        &scratch,
+        &["diff", path_str(&before), path_str(&after)],
+        LIMIT,
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let row: Vec<&str> = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("MPI_Allreduce"))
+        .unwrap_or_else(|| panic!("no MPI_Allreduce row: {}", run.stdout))
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[1..5], ["100", "200", "800", "1600"], "{}", run.stdout);
+}
+
 /// A training loop's shape (`mpi_steps.c`: rank 1's step takes DELAY_MS longer, then 20
 /// Allreduces): rank 1 is last at one Allreduce in 20, too few for a routine's sentence,
 /// yet the others wait for it at every step: the report names it as the rank that held
@@ -394,25 +477,7 @@ fn rooted_mpich_collectives_make_only_their_roots_dependents_wait() {
 fn a_rank_late_once_a_step_is_named_as_the_one_the_others_waited_for() {
     const K: u64 = 20;
     let scratch = Scratch::new("skew-steps");
-    let prefix = scratch.path("truth");
-    let json = scratch.path("profile.json");
-    let text = scratch.path("report.txt");
-    let mut args: Vec<String> = ["record", "-o", path_str(&text), "--json", path_str(&json)]
-        .map(String::from)
-        .to_vec();
-    args.push("--".into());
-    args.extend(Mpi::OpenMpi.launcher(2));
-    args.extend([
-        build_program("mpi_steps.c", Mpi::OpenMpi)
-            .display()
-            .to_string(),
-        N.to_string(),
-        K.to_string(),
-        DELAY_MS.to_string(),
-        prefix.display().to_string(),
-    ]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let (json, text, prefix) = record_steps(&scratch, "", N, K, DELAY_MS);
     let profile = read_json(&json);
     let truths = read_truths(&prefix, 2);
     let host = rank_by_pid(&profile, truths[1]["pid"].as_u64().expect("pid"))["host"]

@@ -2,6 +2,7 @@
 //! an mpitrace-style text report, and mpitrace's per-rank `mpi_profile.<job>.<rank>` files.
 //! Reports only render: every figure they show is in the profile.
 
+pub mod diff;
 mod durations;
 pub mod html;
 mod mpitrace;
@@ -69,6 +70,11 @@ pub struct Outputs {
 #[derive(Debug, thiserror::Error)]
 #[error("standard output was closed")]
 pub struct StdoutClosed;
+
+/// Why a job has no MPI communication time, in the text and the HTML report alike.
+const NO_MPI_COMMUNICATION: &str = "no rank called an MPI routine but MPI_Init and \
+     MPI_Finalize (NCCL's operations run on the GPU: see the ranks' NCCL operations and \
+     their device time)";
 
 /// Writes `text` to standard output: [`StdoutClosed`] when its reader has gone, where
 /// `print!` would panic (Rust ignores SIGPIPE).

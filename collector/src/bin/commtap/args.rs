@@ -289,6 +289,17 @@ pub struct PsArgs {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct DiffArgs {
+    /// The profile before (a JSON profile).
+    pub before: PathBuf,
+    /// The profile after.
+    pub after: PathBuf,
+    /// Output format: text, or one JSON document (every row).
+    #[arg(short, long, value_enum, default_value_t = report::Format::Text)]
+    pub format: report::Format,
+}
+
+#[derive(clap::Args, Debug)]
 #[command(group(clap::ArgGroup::new("measured_from").required(true).args(["profile", "measured", "from"])))]
 pub struct CompareArgs {
     /// nccl-tests output whose out-of-place busbw is the expected curve.

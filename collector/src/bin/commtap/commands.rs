@@ -12,8 +12,8 @@ use collector::{
 
 use super::{
     args::{
-        AggregatorArgs, CompareArgs, DaemonArgs, DoctorArgs, MetricsAddr, MetricsArgs, RecordArgs,
-        ReportArgs, TraceArgs,
+        AggregatorArgs, CompareArgs, DaemonArgs, DiffArgs, DoctorArgs, MetricsAddr, MetricsArgs,
+        RecordArgs, ReportArgs, TraceArgs,
     },
     Command,
 };
@@ -23,6 +23,23 @@ fn read_profile(p: &std::path::Path) -> Result<profile::JobProfile> {
     let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
     serde_json::from_str(&text)
         .with_context(|| format!("{}: not a commtap JSON profile", p.display()))
+}
+
+/// Runs `commtap diff`.
+fn run_diff(a: &DiffArgs) -> Result<()> {
+    let (before, after) = (read_profile(&a.before)?, read_profile(&a.after)?);
+    let d = report::diff::diff(&before, &after);
+    let text = match a.format {
+        report::Format::Text => report::diff::render_text(
+            &d,
+            (
+                &a.before.display().to_string(),
+                &a.after.display().to_string(),
+            ),
+        ),
+        report::Format::Json => serde_json::to_string_pretty(&d)? + "\n",
+    };
+    report::to_stdout(&text)
 }
 
 /// Runs `commtap compare`; whether some bucket was below the threshold.
@@ -163,6 +180,7 @@ pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Resu
                 return Ok(ExitCode::from(1));
             }
         }
+        Command::Diff(a) => run_diff(&a)?,
         Command::BenchPush {
             to,
             daemons,

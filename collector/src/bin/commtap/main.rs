@@ -11,8 +11,8 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand};
 
 use args::{
-    AggregatorArgs, AttachArgs, CompareArgs, ConfigArgs, DaemonArgs, DetachArgs, DoctorArgs,
-    EventsArgs, JobsArgs, PsArgs, RecordArgs, ReportArgs, TopArgs, TraceArgs,
+    AggregatorArgs, AttachArgs, CompareArgs, ConfigArgs, DaemonArgs, DetachArgs, DiffArgs,
+    DoctorArgs, EventsArgs, JobsArgs, PsArgs, RecordArgs, ReportArgs, TopArgs, TraceArgs,
 };
 
 /// commtap: profile the communication of running MPI and NCCL jobs with eBPF: no relink,
@@ -206,6 +206,19 @@ enum Command {
     ///   commtap compare --expected a.txt --expected-table 2 --measured b.txt
     #[command(verbatim_doc_comment)]
     Compare(CompareArgs),
+    /// Compare two profiles of a job: before and after a change (an MPI or NCCL setting, a
+    /// plugin, the code).
+    ///
+    /// The job's elapsed time, MPI communication time and time waited for late ranks, then
+    /// per routine (all ranks: calls, bytes, time) and per rank (communication and elapsed
+    /// time), what moved most first. Each a JSON profile `record --json` or `report
+    /// --format json` wrote.
+    ///
+    /// Examples:
+    ///   commtap diff before.json after.json
+    ///   commtap diff --format json before.json after.json | jq '.routines[0]'
+    #[command(verbatim_doc_comment)]
+    Diff(DiffArgs),
     /// Print a shell completion script: bash, zsh, fish, elvish or powershell.
     ///
     /// Examples:
