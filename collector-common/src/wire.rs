@@ -897,8 +897,8 @@ pub struct IdentityOffsets {
     pub usage_task_sum_exec_runtime: u32,
     /// `signal_struct.maxrss`.
     pub usage_signal_maxrss: u32,
-    /// Explicit padding.
-    pub _usage_pad: u32,
+    /// `signal_struct.live`: the process's threads not ending yet.
+    pub usage_signal_live: u32,
 }
 const _: () = assert!(size_of::<IdentityOffsets>() == 144);
 

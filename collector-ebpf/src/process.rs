@@ -205,26 +205,48 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
     if unsafe { WATCHED.get(tid) }.is_none() && unsafe { WATCHED.get(tgid) }.is_none() {
         return 0;
     }
-    let group_dead = match TP_OFFSETS.get(0) {
-        Some(off) if off.exit_group_dead != u32::MAX => {
-            // SAFETY: offset from this kernel's format file.
-            let dead = unsafe { ctx.read_at::<u8>(off.exit_group_dead as usize) };
-            dead != Ok(0)
-        }
-        // Without the field, the leader's end is taken for the process's.
-        _ => tid == tgid,
-    };
-    account_exit(tgid, group_dead);
+    // Looked up again, not kept from above: the compiler would merge the two tests into an
+    // OR of the pointers, which the verifier refuses.
+    // SAFETY: plain u32.
+    let group = unsafe { WATCHED.get(tgid) }.copied();
+    let group_dead = group_dead(&ctx, tid == tgid);
+    // Counted only: a process detached on request stays in the map, uncounted.
+    if group.is_some_and(|f| f & watch::COUNT != 0) {
+        account_exit(tgid, group_dead);
+    }
     if tid != tgid {
         let _ = WATCHED.remove(tid);
-        return 0;
     }
-    if group_dead {
+    // Whichever thread ends last (under exit_group, often not the leader).
+    if group_dead && group.is_some() {
         // Stop counting at once: the pid may be reused by an unrelated process.
         let _ = WATCHED.remove(tgid);
         emit(EventKind::Exit, tgid, 0);
     }
     0
+}
+
+/// Whether the ending thread is its process's last: the tracepoint's `group_dead` where
+/// the kernel has it (Linux 6.16 on), else the process's count of live threads, which
+/// each thread takes itself out of before this tracepoint (0: the last), else (offsets
+/// unknown) whether it is the leader.
+#[inline(always)]
+fn group_dead(ctx: &TracePointContext, leader: bool) -> bool {
+    if let Some(off) = TP_OFFSETS.get(0) {
+        if off.exit_group_dead != u32::MAX {
+            // SAFETY: offset from this kernel's format file.
+            let dead = unsafe { ctx.read_at::<u8>(off.exit_group_dead as usize) };
+            return dead != Ok(0);
+        }
+    }
+    match IDENTITY_OFFSETS.get(0) {
+        Some(off) if off.usage_valid != 0 => {
+            let signal = kernel_word(current_task(), off.task_signal) as *const u8;
+            // `signal_struct.live` is an atomic_t: the word's low half.
+            !signal.is_null() && kernel_word(signal, off.usage_signal_live) as u32 == 0
+        }
+        _ => leader,
+    }
 }
 
 /// Adds the ending thread's CPU time and context switches to its process's stats, and

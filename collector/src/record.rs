@@ -1,7 +1,7 @@
 //! `commtap record`: attach to running ranks (`--pid`) or launch a command and follow every
 //! process it spawns, then print the job's profile.
 
-use std::{path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context, Result};
 use collector_common::CallEvent;
@@ -187,7 +187,22 @@ fn watch_ranks_below(session: &mut Session) {
         .filter(|(_, t)| t.requested)
         .map(|(pid, _)| *pid)
         .collect();
-    let below = attach_below(session, &launchers, false);
+    // Below one that maps a library itself, only those numbered apart from it can be its
+    // ranks: a rank given by its PID has its helpers (DataLoader workers, shells) left
+    // alone, not probed to be let go.
+    let mapping: BTreeMap<u32, discover::ProcessInfo> = launchers
+        .iter()
+        .filter_map(|pid| {
+            let t = session.tracked.get(pid).filter(|t| t.maps_mpi)?;
+            Some((*pid, t.info.clone()?))
+        })
+        .collect();
+    let apart = |launcher: u32, info: &discover::ProcessInfo| {
+        mapping
+            .get(&launcher)
+            .is_none_or(|l| l.numbering() != info.numbering())
+    };
+    let below = attach_below(session, &launchers, false, &apart);
     let tree = discover::process_tree();
     let me = std::process::id();
     let found: Vec<(u32, Vec<u32>)> = launchers
@@ -256,7 +271,7 @@ fn follow_below(session: &mut Session) -> Result<()> {
     }
     let mut below = Vec::new();
     for _ in 0..FOLLOW_WALKS {
-        let found = attach_below(session, &waiting, true);
+        let found = attach_below(session, &waiting, true, &|_, _| true);
         if found.is_empty() {
             break;
         }
@@ -279,11 +294,17 @@ fn follow_below(session: &mut Session) -> Result<()> {
     Ok(())
 }
 
-/// Attaches to the processes below `launchers` not watched yet; where `follow`, with the
+/// Attaches to the processes below `launchers` not watched yet that `keep` (given the
+/// launcher and what `/proc` says of the process) takes; where `follow`, with the
 /// processes they start from now on, as processes below those asked for
 /// ([`Session::attach_below`]). One that cannot be watched is said and left out, the
 /// others watched all the same. Returns those attached.
-fn attach_below(session: &mut Session, launchers: &[u32], follow: bool) -> Vec<u32> {
+fn attach_below(
+    session: &mut Session,
+    launchers: &[u32],
+    follow: bool,
+    keep: &dyn Fn(u32, &discover::ProcessInfo) -> bool,
+) -> Vec<u32> {
     let mut below = Vec::new();
     for &launcher in launchers {
         for pid in discover::descendants_of(launcher) {
@@ -294,6 +315,9 @@ fn attach_below(session: &mut Session, launchers: &[u32], follow: bool) -> Vec<u
             let Ok(info) = discover::process_info(pid) else {
                 continue;
             };
+            if !keep(launcher, &info) {
+                continue;
+            }
             let start = info.start_ticks;
             let attached = if follow {
                 session.attach_below(pid, info)

@@ -877,38 +877,30 @@ fn what_each_rank_used_is_reported_as_mpitrace_reports_it() {
     const MIB: u64 = 48;
     const MS: u64 = 200;
     let scratch = Scratch::new("usage");
-    let prefix = scratch.path("truth");
-    let json = scratch.path("profile.json");
-    let text = scratch.path("report.txt");
-    let mut args: Vec<String> = ["record", "-o", path_str(&text), "--json", path_str(&json)]
-        .map(String::from)
-        .to_vec();
-    args.push("--".into());
-    args.extend(Mpi::OpenMpi.launcher(2));
-    args.extend([
-        build_program("mpi_usage.c", Mpi::OpenMpi)
-            .display()
-            .to_string(),
-        MIB.to_string(),
-        MS.to_string(),
-        prefix.display().to_string(),
-    ]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     // A setting of NCCL's (nothing here reads it) and an escape sequence in another's value.
     let env = [
         ("NCCL_COMMTAP_TEST", "Ring,Tree".to_string()),
         ("UCX_COMMTAP_TEST", "a\u{1b}[2Jb".to_string()),
     ];
-    finish_ok(
+    let RecordedJob {
+        json,
+        text,
+        truths: prefix,
+    } = record_job(
         &scratch,
-        spawn_commtap_with_env(&scratch, &args, &env),
-        LIMIT,
+        "",
+        (Mpi::OpenMpi, 2),
+        (
+            &build_program("mpi_usage.c", Mpi::OpenMpi),
+            &[MIB.to_string(), MS.to_string()],
+        ),
+        &env,
     );
     let profile = read_json(&json);
     let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
     for r in profile["ranks"].as_array().expect("ranks") {
         assert_eq!(r["settings"]["NCCL_COMMTAP_TEST"], "Ring,Tree", "{r}");
-        assert_eq!(r["settings"]["UCX_COMMTAP_TEST"], "a?[2Jb", "{r}");
+        assert_eq!(r["settings"]["UCX_COMMTAP_TEST"], "a\\u{1b}[2Jb", "{r}");
     }
     for t in read_truths(&prefix, 2) {
         let (rank, pid) = (n(&t, "rank"), n(&t, "pid"));
@@ -978,7 +970,7 @@ fn what_each_rank_used_is_reported_as_mpitrace_reports_it() {
         .unwrap_or_else(|| panic!("no settings: {report}"));
     assert!(
         settings.contains("  NCCL_COMMTAP_TEST=Ring,Tree\n")
-            && settings.contains("  UCX_COMMTAP_TEST=a?[2Jb\n")
+            && settings.contains("  UCX_COMMTAP_TEST=a\\u{1b}[2Jb\n")
             && !report.contains('\u{1b}'),
         "{settings}"
     );

@@ -230,6 +230,7 @@ fn usage_offsets(btf: &Btf, found: IdentityOffsets) -> Result<IdentityOffsets, B
         usage_task_sum_exec_runtime: btf.offset("task_struct", "se")?
             + btf.offset("sched_entity", "sum_exec_runtime")?,
         usage_signal_maxrss: btf.offset("signal_struct", "maxrss")?,
+        usage_signal_live: btf.offset("signal_struct", "live")?,
         ..found
     })
 }

@@ -1006,6 +1006,12 @@ impl Probes {
         pids.into_iter().collect()
     }
 
+    /// Removes the stats the kernel made of `pid` at its threads' ends, to add up its
+    /// usage, where it is no rank (it never mapped an MPI): no profile takes them.
+    pub fn forget_usage(&mut self, pid: u32) {
+        let _ = self.proc_stats.remove(&pid);
+    }
+
     /// Removes everything the kernel keeps of `pid` (counters, learnt handles), once its
     /// final profile is taken: a later process with the same pid starts from zero.
     pub fn forget_process(&mut self, pid: u32) {

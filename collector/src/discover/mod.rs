@@ -124,6 +124,10 @@ const SETTING_PLUMBING: &[&str] = &[
     "HOROVOD_HOSTNAME",
     "HOROVOD_GLOO_",
     "I_MPI_HYDRA_UUID",
+    // Open MPI 5's job key to its fabric.
+    "OMPI_MCA_opal_precondition_transports",
+    // MVAPICH2's numbering of each rank.
+    "MV2_COMM_WORLD_",
 ];
 /// Settings kept of one process, at most.
 const MAX_SETTINGS: usize = 128;
@@ -133,7 +137,7 @@ const MAX_SETTING_NAME: usize = 64;
 const MAX_SETTING_VALUE: usize = 256;
 
 /// The settings among a process's environment ([`SETTING_PREFIXES`]): at most
-/// [`MAX_SETTINGS`], the first by name; control characters made `?` (a report is read on a
+/// [`MAX_SETTINGS`], the first by name; control characters escaped (a report is read on a
 /// terminal, and the environment is its owner's to write); long values cut.
 pub fn settings_of<'a>(
     env: impl IntoIterator<Item = (&'a str, &'a str)>,
@@ -156,11 +160,8 @@ pub fn settings_of<'a>(
                 _ => continue,
             }
         }
-        let mut shown: String = value
-            .chars()
-            .take(MAX_SETTING_VALUE)
-            .map(|c| if c.is_control() { '?' } else { c })
-            .collect();
+        let cut: String = value.chars().take(MAX_SETTING_VALUE).collect();
+        let mut shown = crate::client::printable(&cut);
         if value.chars().nth(MAX_SETTING_VALUE).is_some() {
             shown.push_str("...");
         }
@@ -798,9 +799,9 @@ pub type Numbering<'a> = (
 );
 
 /// The ranks of a job among the processes below `root` in the tree `parent` (pid to parent
-/// pid; `me` and its ancestors excepted, as [`descendants_of`] does): those that map an MPI or NCCL (`numbering` is `Some` for those alone)
-/// with none that does between them and `root` (`root` included), or numbered otherwise
-/// than the nearest that does. So a launcher's workers are its ranks, whether it maps one
+/// pid; `me` and its ancestors excepted, as [`descendants_of`] does): those that map an
+/// MPI or NCCL (`numbering` is `Some` for those alone) with none that does between them
+/// and `root` (`root` included), or numbered otherwise than the nearest that does. So a launcher's workers are its ranks, whether it maps one
 /// itself (torchrun's Python maps the NCCL of the torch it imports) or not (`mpirun`), and
 /// a rank's helpers are not (a DataLoader's workers inherit the rank's numbering and map
 /// what it maps).
@@ -1125,7 +1126,7 @@ mod tests {
         let kept = settings_of(env);
         assert_eq!(kept.len(), MAX_SETTINGS);
         assert_eq!(kept["NCCL_ALGO"], "Ring");
-        assert_eq!(kept["FI_PROVIDER"], "tcp?[31m");
+        assert_eq!(kept["FI_PROVIDER"], "tcp\\u{1b}[31m");
         assert_eq!(kept["NCCL_LONG"], format!("{}...", "x".repeat(256)));
         assert_eq!(kept["OMPI_MCA_btl"], "self,vader");
         for gone in [

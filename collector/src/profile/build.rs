@@ -71,10 +71,10 @@ pub fn job_profile(
 fn usage_of(pid: u32, t: &Tracked, ps: &ProcStats, start_ticks: u64) -> Option<Usage> {
     // SAFETY: sysconf reads a constant.
     let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    if let Some(u) = Usage::at_exit(ps, page) {
-        return Some(u);
+    if t.exit_ns.is_some() {
+        return Usage::at_exit(ps, page);
     }
-    if t.exit_ns.is_some() || start_ticks == 0 {
+    if start_ticks == 0 {
         return None;
     }
     discover::live_usage(pid, start_ticks).map(|u| Usage {

@@ -123,6 +123,17 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// Each figure the larger of the two readings of one process.
+    pub fn max_with(&self, o: &Usage) -> Usage {
+        Usage {
+            user_ns: self.user_ns.max(o.user_ns),
+            system_ns: self.system_ns.max(o.system_ns),
+            max_rss_bytes: self.max_rss_bytes.max(o.max_rss_bytes),
+            context_switches: self.context_switches.max(o.context_switches),
+            at_exit: self.at_exit,
+        }
+    }
+
     /// Its usage as the kernel added it up at its threads' ends ([`ProcStats`]), once its
     /// last thread has ended: the CPU time split between user and system as the kernel's
     /// ticks sampled it, as `getrusage` splits it.
@@ -209,8 +220,12 @@ impl RankProfile {
         if self.mpi_transport.is_none() {
             self.mpi_transport.clone_from(&earlier.mpi_transport);
         }
-        // Over the process's whole life either way: the later reading.
-        self.usage = self.usage.or(earlier.usage);
+        // Over the process's whole life either way; at its exit the threads that ended
+        // before it was attached again are not in the kernel's sums: the larger reading.
+        self.usage = match (self.usage, earlier.usage) {
+            (Some(now), Some(before)) => Some(now.max_with(&before)),
+            (now, before) => now.or(before),
+        };
         self.peers.extend(earlier.peers.iter().cloned());
         crate::stats::PeerTraffic::tidy(&mut self.peers);
         self.comm_ranks.extend(earlier.comm_ranks.iter().cloned());

@@ -152,7 +152,10 @@ pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProf
             r.health.handles_refused
         );
     }
-    o.push_str(&render_sizes("Message size distributions:", &rows));
+    o.push_str(&render_sizes(
+        ("Message size distributions:", "time(sec)"),
+        &rows,
+    ));
     o
 }
 
@@ -214,9 +217,9 @@ fn logs_bytes(routine: &str) -> bool {
     !matches!(routine, "MPI_Start" | "MPI_Startall" | "MPI_Fetch_and_op")
 }
 
-/// The rank's "Message size distributions" section (`title`): per routine with bytes, a
-/// line per size bucket.
-fn render_sizes(title: &str, rows: &[(&String, &RoutineStats)]) -> String {
+/// The rank's "Message size distributions" section (`title`, and what its times are):
+/// per routine with bytes, a line per size bucket.
+fn render_sizes((title, time): (&str, &str), rows: &[(&String, &RoutineStats)]) -> String {
     let mut o = String::new();
     let _ = writeln!(o);
     let _ = writeln!(
@@ -232,7 +235,7 @@ fn render_sizes(title: &str, rows: &[(&String, &RoutineStats)]) -> String {
         let _ = writeln!(
             o,
             "{:<28}{:>12}{:>16}{:>14}",
-            name, "#calls", "avg. bytes", "time(sec)"
+            name, "#calls", "avg. bytes", time
         );
         for b in &s.sizes {
             let t: &Totals = &b.totals;
@@ -330,7 +333,10 @@ pub fn render_nccl(r: &RankProfile) -> String {
         .iter()
         .any(|(_, s)| s.totals.bytes > 0 || s.undecoded_calls > 0)
     {
-        o.push_str(&render_sizes("NCCL operation size distributions:", &rows));
+        o.push_str(&render_sizes(
+            ("NCCL operation size distributions:", "enqueue(sec)"),
+            &rows,
+        ));
     } else {
         let _ = writeln!(o);
     }
@@ -607,12 +613,7 @@ fn render_summary(job: &JobProfile) -> String {
     match job.comm_summary() {
         Some(s) => min_median_max(&mut o, &s),
         None => {
-            let _ = writeln!(
-                o,
-                "  no MPI communication: no rank called an MPI routine but MPI_Init and \
-                 MPI_Finalize (NCCL's operations run on the GPU: see each rank's NCCL \
-                 operations and device time)"
-            );
+            let _ = writeln!(o, "  no MPI communication: {}", super::NO_MPI_COMMUNICATION);
         }
     }
     let _ = writeln!(o);
@@ -978,6 +979,84 @@ mod tests {
             r
         };
         JobProfile::of_ranks(vec![rank(0, 1_000), rank(1, 2_000)])
+    }
+
+    /// What each rank used and the settings they had, as the job summary shows them: a
+    /// rank whose usage is not known has `-` in mpitrace's columns; a setting alike on
+    /// every rank is shown with its value, one set differently by its name alone.
+    #[test]
+    fn the_summary_shows_usage_and_settings() {
+        let mut job = two_ranks(2);
+        job.ranks[1].usage = Some(crate::profile::Usage {
+            user_ns: 1_500_000_000,
+            system_ns: 250_000_000,
+            max_rss_bytes: 64 << 20,
+            context_switches: Some(1234),
+            at_exit: true,
+        });
+        for (r, algo) in job.ranks.iter_mut().zip(["Ring", "Tree"]) {
+            r.settings.insert("NCCL_DEBUG".into(), "WARN".into());
+            r.settings.insert("NCCL_ALGO".into(), algo.into());
+        }
+        let text = render_summary(&job);
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("taskid"))
+            .skip(1)
+            .take(2)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(rows[0][4..], ["-", "-", "-", "-", "100"], "{text}");
+        assert_eq!(
+            rows[1][4..],
+            ["1.50", "0.25", "64.00", "1234", "101"],
+            "{text}"
+        );
+        assert!(
+            text.contains("  NCCL_DEBUG=WARN\n")
+                && text.contains(
+                    "set differently across ranks (JSON: each rank's settings): NCCL_ALGO\n"
+                )
+                && !text.contains("NCCL_ALGO="),
+            "{text}"
+        );
+        let rank0 = render_rank(&job, job.comm_summary().as_ref(), &job.ranks[0]);
+        assert!(
+            rank0.contains("Rank 1 reported the largest memory utilization : 64.00 MBytes")
+                && !rank0.contains("user cpu time"),
+            "{rank0}"
+        );
+    }
+
+    /// The kernel's sums at a process's end, split as getrusage splits them.
+    #[test]
+    fn usage_at_exit_splits_the_cpu_time_as_the_ticks_did() {
+        let mut ps = collector_common::ProcStats {
+            exit_cpu_ns: 1_000_000_000,
+            exit_utime_ns: 300_000_000,
+            exit_stime_ns: 100_000_000,
+            exit_nvcsw: 7,
+            exit_nivcsw: 3,
+            exit_max_rss_pages: 256,
+            exit_threads: 4,
+            ..Default::default()
+        };
+        assert_eq!(
+            crate::profile::Usage::at_exit(&ps, 4096),
+            None,
+            "not ended yet"
+        );
+        ps.exit_group = 1;
+        assert_eq!(
+            crate::profile::Usage::at_exit(&ps, 4096),
+            Some(crate::profile::Usage {
+                user_ns: 750_000_000,
+                system_ns: 250_000_000,
+                max_rss_bytes: 1 << 20,
+                context_switches: Some(10),
+                at_exit: true,
+            })
+        );
     }
 
     /// `--mpitrace-dir` of a run that profiled nothing leaves no directory behind.

@@ -410,6 +410,11 @@ impl Session {
             ProcessEvent::Exit { pid, ts_ns } => {
                 if let Some(t) = self.tracked.get_mut(&pid) {
                     t.exit_ns = Some(ts_ns);
+                    // What the kernel added up of a process that never mapped MPI (a
+                    // launched job's shells) has no profile to go to.
+                    if !t.maps_mpi {
+                        self.probes.forget_usage(pid);
+                    }
                 }
             }
         }

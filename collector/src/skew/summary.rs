@@ -668,12 +668,7 @@ impl Summary {
             if share < STANDS_OUT || median < NOTABLE_NS {
                 continue;
             }
-            let size = if bucket == UNKNOWN_BUCKET {
-                String::new()
-            } else {
-                let (lo, hi) = bucket_range(bucket);
-                format!(" ({})", bytes_range(lo, hi))
-            };
+            let size = size_in_words(bucket);
             let (share, name) = (
                 share * 100.0,
                 ROUTINES.get(routine as usize).map_or("?", |r| r.name),
@@ -724,12 +719,7 @@ impl Summary {
             .iter()
             .filter_map(|(key, per)| Some((*key, per.last.get(&pid)?, per)))
             .max_by_key(|(key, at, _)| (at.caused_ns, std::cmp::Reverse(*key)))?;
-        let size = if bucket == UNKNOWN_BUCKET {
-            String::new()
-        } else {
-            let (lo, hi) = bucket_range(bucket);
-            format!(" ({})", bytes_range(lo, hi))
-        };
+        let size = size_in_words(bucket);
         let name = ROUTINES.get(routine as usize).map_or("?", |r| r.name);
         let share = top.caused_ns as f64 * 100.0 / total as f64;
         Some((
@@ -758,6 +748,16 @@ const NOTABLE_NS: u64 = 100_000;
 /// Share of all the waiting at collectives the rank that caused most must hold to be
 /// named for it.
 const HOLDS_MOST: f64 = 0.5;
+
+/// ` (5-8 B)`: a size bucket as a sentence names it after its routine (nothing where its
+/// bytes were not decoded).
+fn size_in_words(bucket: u8) -> String {
+    if bucket == UNKNOWN_BUCKET {
+        return String::new();
+    }
+    let (lo, hi) = bucket_range(bucket);
+    format!(" ({})", bytes_range(lo, hi))
+}
 
 /// `5-8 B`: a size range as the report names it.
 pub fn bytes_range(lo: u64, hi: u64) -> String {

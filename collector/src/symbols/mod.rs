@@ -523,7 +523,8 @@ pub fn c_string(elf: &Elf, map: Data<'_>, addr: u64) -> Option<String> {
     let s = map
         .read_bytes_at_until(off..off.checked_add(257)?, 0)
         .ok()?;
-    (s.len() <= 256).then(|| String::from_utf8_lossy(s).into_owned())
+    // A file's bytes, shown in logs and reports: control characters escaped.
+    (s.len() <= 256).then(|| crate::client::printable(&String::from_utf8_lossy(s)))
 }
 
 #[cfg(test)]

@@ -71,10 +71,7 @@ pub(crate) fn older_net_plugin(
         return None;
     }
     let pointers = fabric::relocated_pointers(elf);
-    let name = older
-        .iter()
-        .find_map(|(_, at)| pointers.get(at).and_then(|p| c_string(elf, map, *p)))
-        .unwrap_or_else(|| "?".to_string());
+    let name = plugin_name(elf, map, &pointers, older.iter().map(|(_, at)| *at));
     let tables: Vec<&str> = older.iter().map(|(t, _)| *t).collect();
     Some(LibraryKind::Unsupported(format!(
         "{path}: NCCL net plugin \"{name}\" exports {} only (its sends and receives are \
@@ -83,6 +80,19 @@ pub(crate) fn older_net_plugin(
         NET_PLUGIN_TABLES[NET_PLUGIN_TABLES.len() - 1],
         NET_PLUGIN_TABLES[0]
     )))
+}
+
+/// A net plugin's name: the string its first table's first slot points to ("?" where none
+/// does).
+fn plugin_name(
+    elf: &Elf,
+    map: Data<'_>,
+    pointers: &BTreeMap<u64, u64>,
+    mut tables: impl Iterator<Item = u64>,
+) -> String {
+    tables
+        .find_map(|at| pointers.get(&at).and_then(|p| c_string(elf, map, *p)))
+        .unwrap_or_else(|| "?".to_string())
 }
 
 /// Whether `name` is a net plugin table's symbol, of any version: `ncclNetPlugin_vN`
@@ -114,9 +124,7 @@ pub(crate) fn nccl_net_plugin(
     let isend = collector_common::routines::routine_index("ncclNetPluginIsend");
     let mut probes = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
-    let mut name = None;
     for table in &tables {
-        name = name.or_else(|| pointers.get(table).and_then(|p| c_string(elf, map, *p)));
         for (i, routine) in [(0, isend), (1, isend + 1)] {
             let slot = table.wrapping_add(8 * (NET_PLUGIN_ISEND_SLOT + i));
             let Some(&addr) = pointers.get(&slot) else {
@@ -135,7 +143,7 @@ pub(crate) fn nccl_net_plugin(
             "{path}: an NCCL net plugin whose isend/irecv could not be found in its table"
         )));
     }
-    let name = name.unwrap_or_else(|| "?".to_string());
+    let name = plugin_name(elf, map, &pointers, tables.iter().copied());
     Some(LibraryKind::Probed(Library {
         path: path.to_string(),
         abi: Abi::Nccl,

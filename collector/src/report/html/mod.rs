@@ -208,9 +208,7 @@ fn summary(job: &JobProfile) -> String {
     let comm = if job.communicates_by_mpi() {
         format!("{:.3} s{share}", secs(total_comm))
     } else {
-        "none: no rank called an MPI routine but MPI_Init and MPI_Finalize (NCCL's \
-         operations run on the GPU: see NCCL device time)"
-            .to_string()
+        format!("none: {}", super::NO_MPI_COMMUNICATION)
     };
     row(&mut o, "MPI communication time, all ranks", &comm);
     if let Some(s) = job.comm_summary() {
