@@ -29,13 +29,57 @@ fn standing(job: &JobProfile, s: Option<&CommSummary>, r: &RankProfile) -> Optio
     }
 }
 
-/// One rank's section, as in an mpitrace `mpi_profile.<job>.<rank>` file; `summary` is
-/// the job's [`JobProfile::comm_summary`], computed once for all ranks (it sorts them).
-pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProfile) -> String {
+/// What every rank's section says of the report's ranks, worked out once for all (a
+/// section per rank of a 10,000-rank job must not walk every rank again).
+pub struct Context<'a> {
+    /// The job's [`JobProfile::comm_summary`] (it sorts the ranks).
+    summary: Option<CommSummary<'a>>,
+    /// Per job (a daemon's report without --job may hold several): its ranks here, the
+    /// rank of the largest resident set (bytes, rank) and the longest (elapsed, rank).
+    jobs: BTreeMap<&'a str, JobFacts>,
+}
+
+/// What a rank's section says of its job's ranks.
+#[derive(Default)]
+struct JobFacts {
+    ranks: usize,
+    largest_rss: Option<(u64, u32)>,
+    longest: Option<(u64, u32)>,
+}
+
+impl<'a> Context<'a> {
+    /// The context of `job`'s sections.
+    pub fn of(job: &'a JobProfile) -> Context<'a> {
+        // The largest, the lowest rank among equals.
+        let keep = |best: &mut Option<(u64, u32)>, v: u64, rank: u32| {
+            if best.is_none_or(|(b, k)| v > b || (v == b && rank < k)) {
+                *best = Some((v, rank));
+            }
+        };
+        let mut jobs: BTreeMap<&str, JobFacts> = BTreeMap::new();
+        for r in &job.ranks {
+            let f = jobs.entry(r.job.as_str()).or_default();
+            f.ranks += 1;
+            if let Some(u) = &r.usage {
+                keep(&mut f.largest_rss, u.max_rss_bytes, r.rank);
+            }
+            keep(&mut f.longest, r.elapsed_ns, r.rank);
+        }
+        Context {
+            summary: job.comm_summary(),
+            jobs,
+        }
+    }
+}
+
+/// One rank's section, as in an mpitrace `mpi_profile.<job>.<rank>` file.
+pub fn render_rank(job: &JobProfile, ctx: &Context, r: &RankProfile) -> String {
     let mut o = String::new();
+    let summary = ctx.summary.as_ref();
+    let facts = ctx.jobs.get(r.job.as_str());
     // Its own job's ranks here (a daemon's report without --job may hold several jobs), and
     // as many as its launcher said it has (one node's report holds that node's only).
-    let here = job.ranks.iter().filter(|x| x.job == r.job).count();
+    let here = facts.map_or(1, |f| f.ranks);
     // A launcher's word below what is here is wrong (a variable of another launcher's).
     let size = r.world_size.map_or(here, |n| (n as usize).max(here));
     let _ = writeln!(o, "Data for MPI rank {} of {}:", r.rank, size);
@@ -130,7 +174,7 @@ pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProf
         "total elapsed time       = {:.3} seconds.",
         secs(r.elapsed_ns)
     );
-    render_usage(&mut o, job, r);
+    render_usage(&mut o, facts, r);
     if r.health.dropped
         + r.health.undecoded
         + r.health.in_flight_at_attach
@@ -161,7 +205,7 @@ pub fn render_rank(job: &JobProfile, summary: Option<&CommSummary>, r: &RankProf
 
 /// mpitrace's lines of what the rank used (`getrusage`'s) and which rank of its job used
 /// the most memory and time.
-fn render_usage(o: &mut String, job: &JobProfile, r: &RankProfile) {
+fn render_usage(o: &mut String, facts: Option<&JobFacts>, r: &RankProfile) {
     if let Some(u) = &r.usage {
         let _ = writeln!(
             o,
@@ -182,24 +226,18 @@ fn render_usage(o: &mut String, job: &JobProfile, r: &RankProfile) {
             let _ = writeln!(o, "(read while it ran, when this report was made)");
         }
     }
-    let mine = || job.ranks.iter().filter(|x| x.job == r.job);
-    let biggest = mine()
-        .filter_map(|x| Some((x.usage?.max_rss_bytes, x)))
-        .max_by_key(|(bytes, x)| (*bytes, std::cmp::Reverse(x.rank)));
-    if let Some((bytes, x)) = biggest {
+    if let Some((bytes, rank)) = facts.and_then(|f| f.largest_rss) {
         let _ = writeln!(
             o,
-            "Rank {} reported the largest memory utilization : {:.2} MBytes",
-            x.rank,
+            "Rank {rank} reported the largest memory utilization : {:.2} MBytes",
             mbytes(bytes)
         );
     }
-    if let Some(x) = mine().max_by_key(|x| (x.elapsed_ns, std::cmp::Reverse(x.rank))) {
+    if let Some((ns, rank)) = facts.and_then(|f| f.longest) {
         let _ = writeln!(
             o,
-            "Rank {} reported the largest elapsed time : {:.2} sec",
-            x.rank,
-            secs(x.elapsed_ns)
+            "Rank {rank} reported the largest elapsed time : {:.2} sec",
+            secs(ns)
         );
     }
 }
@@ -745,7 +783,7 @@ pub fn render_text(whole: &JobProfile) -> String {
     // per-peer traffic both ways, who-is-late over the whole run.
     let region = whole.profiled_region();
     let job = region.as_ref().unwrap_or(whole);
-    let summary = job.comm_summary();
+    let ctx = Context::of(job);
     let mut jobs: BTreeMap<&str, usize> = BTreeMap::new();
     for r in &job.ranks {
         *jobs.entry(r.job.as_str()).or_default() += 1;
@@ -767,7 +805,7 @@ pub fn render_text(whole: &JobProfile) -> String {
         // A process that only calls NCCL or libfabric has no MPI table to show.
         let has = |family| !table_order(&r.routines, family).is_empty();
         if has(Family::Mpi) || (nccl.is_empty() && !has(Family::Fabric)) {
-            o.push_str(&render_rank(job, summary.as_ref(), r));
+            o.push_str(&render_rank(job, &ctx, r));
         }
         if let Some(t) = &r.mpi_transport {
             // Not in the mpitrace-format files: mpitrace writes no such line.
@@ -894,9 +932,9 @@ pub fn write_mpitrace_dir(whole: &JobProfile, dir: &Path) -> io::Result<Vec<std:
     let job = region.as_ref().unwrap_or(whole);
     let mut written = Vec::new();
     let mut failed = Vec::new();
-    let summary = job.comm_summary();
+    let ctx = Context::of(job);
     for r in &job.ranks {
-        let mut text = render_rank(job, summary.as_ref(), r);
+        let mut text = render_rank(job, &ctx, r);
         if r.rank == 0 {
             text.push_str(&render_summary(job));
         }
@@ -1020,7 +1058,7 @@ mod tests {
                 && !text.contains("NCCL_ALGO="),
             "{text}"
         );
-        let rank0 = render_rank(&job, job.comm_summary().as_ref(), &job.ranks[0]);
+        let rank0 = render_rank(&job, &Context::of(&job), &job.ranks[0]);
         assert!(
             rank0.contains("Rank 1 reported the largest memory utilization : 64.00 MBytes")
                 && !rank0.contains("user cpu time"),
