@@ -10,7 +10,10 @@
  * GO_FILE "-": no file, no wait: the first MPI call follows the dlopen at once. With
  * CYCLE_LIB and K, it first loads and unloads CYCLE_LIB (dlopen, dlclose) K times. With
  * MPI_DLOPEN_AFTER_GO set in its environment, it waits first and dlopens LIBMPI after the
- * go, its first MPI call following at once (for a profiler attached before the load). */
+ * go, its first MPI call following at once (for a profiler attached before the load).
+ * Unless told otherwise, Open MPI's session directory is kept under OUT_PREFIX.tmp: singletons
+ * starting at once race to create the shared /tmp/ompi.HOST.UID ("mkdir ... File exists",
+ * then orte_init fails). */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,6 +76,10 @@ int main(int argc, char **argv) {
         nanosleep(&tick, NULL);
     if (after_go)
         lib = load(argv[1]);
+
+    char tmpdir[4096];
+    snprintf(tmpdir, sizeof tmpdir, "%s.tmp", argv[5]);
+    setenv("OMPI_MCA_orte_tmpdir_base", tmpdir, 0);
 
     /* Open MPI's predefined handles are the addresses of exported objects. */
     void *world = sym(lib, "ompi_mpi_comm_world");
