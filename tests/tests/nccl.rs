@@ -421,6 +421,31 @@ fn waits_for_the_gpu_measure_device_time() {
     let ratio = b["ratio"].as_f64().expect("ratio");
     assert!((ratio - measured / 18.05).abs() <= 1e-12, "{ratio}");
 
+    // `commtap diff` of the profile with itself compares the same bus bandwidth, bucket for
+    // bucket.
+    let out = path_str(&r.out);
+    let run = run_commtap(&scratch, &["diff", "--format", "json", out, out], LIMIT);
+    assert!(run.status.success(), "{}", run.stderr);
+    let d: serde_json::Value = serde_json::from_str(&run.stdout).expect("JSON diff");
+    let bw = d["nccl_busbw"].as_array().expect("nccl_busbw");
+    assert_eq!(bw.len(), 1, "{d:#}");
+    assert_eq!(
+        (
+            &bw[0]["operation"],
+            &bw[0]["min_bytes"],
+            &bw[0]["max_bytes"]
+        ),
+        (&"ncclAllReduce".into(), &524289.into(), &MIB.into()),
+        "{d:#}"
+    );
+    for side in ["before", "after"] {
+        let got = bw[0]["busbw_gbps"][side].as_f64().expect("busbw");
+        assert!(
+            (got - measured).abs() <= 1e-12 * measured,
+            "{got} != {measured}"
+        );
+    }
+
     // The HTML report draws the same comparison: the one measured bucket, below the
     // threshold and marked so, under the expected curve's points (one per size bucket of
     // the seed's table, as `compare` reads it).

@@ -60,6 +60,20 @@ pub struct RankChange {
     pub elapsed_s: Change,
 }
 
+/// An NCCL operation's bus bandwidth at one message size, before and after (device time,
+/// all ranks together, as `commtap compare` measures it).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct BandwidthChange {
+    /// C name (its per-call-config variant, `ncclAllReduceConfig`, counted with it).
+    pub operation: String,
+    /// Smallest byte count of the size bucket.
+    pub min_bytes: u64,
+    /// Largest byte count of the size bucket.
+    pub max_bytes: u64,
+    /// Bus bandwidth, GB/s.
+    pub busbw_gbps: Change,
+}
+
 /// Two profiles compared.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Diff {
@@ -75,6 +89,9 @@ pub struct Diff {
     pub routines: Vec<RoutineChange>,
     /// Per world rank present in both, the largest change of communication time first.
     pub by_rank: Vec<RankChange>,
+    /// Per NCCL operation and message size whose device time both profiles measured, in
+    /// the operation's and the size's order (did a plugin or a setting help?).
+    pub nccl_busbw: Vec<BandwidthChange>,
 }
 
 /// `before` and `after` compared.
@@ -135,6 +152,7 @@ pub fn diff(before: &JobProfile, after: &JobProfile) -> Diff {
         })
         .collect();
     by_rank.sort_by(|a, b| moved(&b.comm_s).total_cmp(&moved(&a.comm_s)));
+    let nccl_busbw = bandwidth_changes(routines.iter().map(|r| r.routine.as_str()), before, after);
     Diff {
         ranks: both(&|j| j.ranks.len() as f64),
         elapsed_s: both(&elapsed),
@@ -142,7 +160,44 @@ pub fn diff(before: &JobProfile, after: &JobProfile) -> Diff {
         waited_s: both(&waited),
         routines,
         by_rank,
+        nccl_busbw,
     }
+}
+
+/// The bus bandwidth of each operation among `names` at each size both profiles measured
+/// device time of: only those say how fast the data moved (an enqueue time does not).
+fn bandwidth_changes<'a>(
+    names: impl Iterator<Item = &'a str>,
+    before: &JobProfile,
+    after: &JobProfile,
+) -> Vec<BandwidthChange> {
+    let ops: std::collections::BTreeSet<&str> = names
+        .map(|n| n.strip_suffix("Config").unwrap_or(n))
+        .filter(|n| n.starts_with("nccl"))
+        .collect();
+    let mut changes = Vec::new();
+    for op in ops {
+        let (b, a) = (
+            crate::compare::profile_curve(before, op),
+            crate::compare::profile_curve(after, op),
+        );
+        for (bucket, before) in &b {
+            let Some(after) = a.get(bucket) else {
+                continue;
+            };
+            let (min_bytes, max_bytes) = collector_common::buckets::bucket_range(*bucket);
+            changes.push(BandwidthChange {
+                operation: op.to_string(),
+                min_bytes,
+                max_bytes,
+                busbw_gbps: Change {
+                    before: *before,
+                    after: *after,
+                },
+            });
+        }
+    }
+    changes
 }
 
 /// A profile's ranks by world rank.
@@ -227,6 +282,33 @@ pub fn render_text(d: &Diff, (before, after): (&str, &str)) -> String {
             );
         }
         more(&mut o, d.by_rank.len(), "ranks");
+    }
+    if !d.nccl_busbw.is_empty() {
+        let _ = writeln!(o);
+        let _ = writeln!(
+            o,
+            "NCCL bus bandwidth, all ranks (device time; sizes both profiles measured):"
+        );
+        let _ = writeln!(
+            o,
+            "{:<24}{:>26}{:>14}{:>14}{:>10}",
+            "operation", "message size (bytes)", "busbw(GB/s)", "busbw(GB/s)", "change"
+        );
+        for c in &d.nccl_busbw {
+            let size = collector_common::buckets::RangeLabel {
+                lo: c.min_bytes,
+                hi: c.max_bytes,
+            }
+            .to_string();
+            let _ = writeln!(
+                o,
+                "{:<24}{size:>26}{:>14.2}{:>14.2}{:>10}",
+                c.operation,
+                c.busbw_gbps.before,
+                c.busbw_gbps.after,
+                c.busbw_gbps.said()
+            );
+        }
     }
     o
 }
@@ -340,5 +422,66 @@ mod tests {
             .said(),
             "new"
         );
+    }
+
+    /// A rank of `calls` AllReduces of 1 MiB whose device windows took `us` each, on a
+    /// communicator of 2 (bus factor 1).
+    fn nccl_rank(rank: u32, calls: u64, us: u64) -> RankProfile {
+        let mut r = self::rank(rank, 0, 0, 1000);
+        r.routines.clear();
+        let bytes = 1 << 20;
+        let bucket = collector_common::buckets::size_bucket(bytes);
+        r.routines.insert(
+            "ncclAllReduce".into(),
+            crate::stats::RoutineStats {
+                sizes: vec![crate::stats::SizeBucket {
+                    bucket: Some(bucket),
+                    device: Some(crate::stats::DeviceTime {
+                        calls,
+                        bytes: calls * bytes,
+                        time_ns: calls * us * 1000,
+                        bus_bytes: Some(calls * bytes),
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        );
+        r
+    }
+
+    #[test]
+    fn nccl_bus_bandwidth_is_compared_where_both_measured_device_time() {
+        // 1 MiB in 100 us is 10.49 GB/s; in 50 us, 20.97.
+        let before = JobProfile::of_ranks(vec![nccl_rank(0, 10, 100), nccl_rank(1, 10, 100)]);
+        let after = JobProfile::of_ranks(vec![nccl_rank(0, 10, 50), nccl_rank(1, 10, 50)]);
+        let d = diff(&before, &after);
+        assert_eq!(d.nccl_busbw.len(), 1, "{:?}", d.nccl_busbw);
+        let c = &d.nccl_busbw[0];
+        assert_eq!(c.operation, "ncclAllReduce");
+        assert_eq!((c.min_bytes, c.max_bytes), (524_289, 1_048_576));
+        assert!((c.busbw_gbps.before - 10.485_76).abs() < 1e-9, "{c:?}");
+        assert!((c.busbw_gbps.after - 20.971_52).abs() < 1e-9, "{c:?}");
+        assert_eq!(c.busbw_gbps.said(), "+100.0%");
+        let text = render_text(&d, ("a.json", "b.json"));
+        let row: Vec<&str> = text
+            .lines()
+            .find(|l| l.contains("524289-1048576"))
+            .expect("a bandwidth row")
+            .split_whitespace()
+            .collect();
+        assert_eq!(
+            row,
+            [
+                "ncclAllReduce",
+                "524289-1048576",
+                "10.49",
+                "20.97",
+                "+100.0%"
+            ]
+        );
+        // A profile without device time (enqueue times only) compares no bandwidth.
+        let enqueued = JobProfile::of_ranks(vec![rank(0, 10, 1, 1000)]);
+        assert!(diff(&before, &enqueued).nccl_busbw.is_empty());
     }
 }

@@ -211,8 +211,9 @@ enum Command {
     ///
     /// The job's elapsed time, MPI communication time and time waited for late ranks, then
     /// per routine (all ranks: calls, bytes, time) and per rank (communication and elapsed
-    /// time), what moved most first. Each a JSON profile `record --json` or `report
-    /// --format json` wrote.
+    /// time), what moved most first; for NCCL, each operation's bus bandwidth per message
+    /// size where both measured device time. Each a JSON profile `record --json` or
+    /// `report --format json` wrote.
     ///
     /// Examples:
     ///   commtap diff before.json after.json
