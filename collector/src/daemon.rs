@@ -84,25 +84,38 @@ pub struct Scope {
 }
 
 impl Scope {
-    /// This scope with the MPI processes below each `--pid` that maps no MPI library (a
-    /// launcher's: `mpirun`, `mpiexec`) in its place, as `record --pid` takes it; says which.
+    /// This scope with the ranks below each `--pid` in its place or beside it, as `record
+    /// --pid` takes them ([`discover::ranks_below`]): a launcher's (`mpirun`, or torchrun,
+    /// whose Python maps an NCCL itself) workers, not a rank's helpers; says which.
     fn with_ranks_below_launchers(&self) -> Scope {
         if self.pids.is_empty() {
             return self.clone();
         }
-        let mpi: std::collections::BTreeSet<u32> = discover::mpi_processes().into_iter().collect();
+        let ranked: std::collections::BTreeSet<u32> =
+            discover::rank_library_processes().into_iter().collect();
+        let tree = discover::process_tree();
+        let infos: std::collections::BTreeMap<u32, ProcessInfo> = ranked
+            .iter()
+            .filter_map(|&p| Some((p, discover::process_info(p).ok()?)))
+            .collect();
+        let me = std::process::id();
         let mut pids = self.pids.clone();
-        for &p in self.pids.iter().filter(|&&p| !mpi.contains(&p)) {
-            let below: Vec<u32> = discover::descendants_of(p)
-                .into_iter()
-                .filter(|c| mpi.contains(c))
-                .collect();
-            if below.is_empty() {
-                warn!("--pid {p}: neither it nor any process below it maps an MPI library yet");
-            } else {
-                warn!("--pid {p} maps no MPI library; the processes below it that do are profiled: PID {below:?}");
-                pids.extend(below);
+        for &p in &self.pids {
+            let ranks = discover::ranks_below(p, me, &tree, |pid| {
+                infos.get(&pid).map(ProcessInfo::numbering)
+            });
+            let maps = ranked.contains(&p);
+            if ranks.is_empty() {
+                if !maps {
+                    warn!(
+                        "--pid {p}: neither it nor any process below it maps an MPI or NCCL \
+                         library yet"
+                    );
+                }
+                continue;
             }
+            warn!("{}", discover::ranks_below_said(p, maps, &ranks));
+            pids.extend(ranks);
         }
         Scope {
             pids,

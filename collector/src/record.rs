@@ -160,7 +160,7 @@ async fn watch_requested(
         return Ok(());
     }
     session.stop_ingest().await;
-    let list = pid_list(&opts.pids);
+    let list = discover::pid_list(&opts.pids);
     let seen = session.probes.unsupported();
     let seen = if seen.is_empty() {
         String::new()
@@ -224,24 +224,17 @@ fn watch_ranks_below(session: &mut Session) {
     let others: Vec<u32> = below.into_iter().filter(|p| !ranks.contains(p)).collect();
     let_go(session, &others);
     for (launcher, ranks) in found {
-        match session.tracked.get_mut(&launcher) {
+        let maps = match session.tracked.get_mut(&launcher) {
             Some(t) if t.maps_mpi => {
                 t.requested = false;
-                warn!(
-                    "below PID {launcher}, processes numbered apart from it (its workers) map \
-                     MPI or NCCL too; they are profiled as well: PID {}",
-                    pid_list(&ranks)
-                );
+                true
             }
             _ => {
                 let_go(session, &[launcher]);
-                warn!(
-                    "PID {launcher} maps no MPI library; the processes below it that do are \
-                     profiled: PID {}",
-                    pid_list(&ranks)
-                );
+                false
             }
-        }
+        };
+        warn!("{}", discover::ranks_below_said(launcher, maps, &ranks));
     }
 }
 
@@ -281,14 +274,14 @@ fn follow_below(session: &mut Session) -> Result<()> {
         warn!(
             "watching PID {} and the processes it starts, each from the first call of the \
              MPI or NCCL it loads",
-            pid_list(&waiting)
+            discover::pid_list(&waiting)
         );
     } else {
         warn!(
             "watching PID {}, the processes below it (PID {}) and those they start, each \
              from the first call of the MPI or NCCL it loads",
-            pid_list(&waiting),
-            pid_list(&below)
+            discover::pid_list(&waiting),
+            discover::pid_list(&below)
         );
     }
     Ok(())
@@ -340,14 +333,6 @@ fn let_go(session: &mut Session, pids: &[u32]) {
         session.probes.unwatch(*pid);
         session.tracked.remove(pid);
     }
-}
-
-/// `pids` as messages list them: `1, 2, 3`.
-fn pid_list(pids: &[u32]) -> String {
-    pids.iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Launch mode: probes the libraries the job will load before it starts (unless each of

@@ -5,7 +5,8 @@
  * Usage: nccl_dlopen LIBNCCL N TRUTH_FILE [READY_FILE GO_FILE]
  *
  * With READY_FILE and GO_FILE, it first creates READY_FILE and waits for GO_FILE, loading
- * nothing before (for a profiler attached before the load). Right after dlopen returns, N x ncclAllReduce(1024 x Float32, 4096 bytes) with a NULL
+ * nothing before (for a profiler attached before the load), or, with LOAD_BEFORE_READY set
+ * in its environment, loading NCCL first (a rank running before its profiler). Right after dlopen returns, N x ncclAllReduce(1024 x Float32, 4096 bytes) with a NULL
  * communicator: each fails fast (ncclInvalidArgument) after the probes have seen its
  * arguments, as in nccl_calls. Then writes TRUTH_FILE: {"pid", "routines":
  * {"ncclAllReduce": {calls, bytes}}}.
@@ -27,6 +28,11 @@ int main(int argc, char **argv)
         return 2;
     }
     long n = atol(argv[2]);
+    void *lib = NULL;
+    if (getenv("LOAD_BEFORE_READY") != NULL && !(lib = dlopen(argv[1], RTLD_NOW))) {
+        fprintf(stderr, "nccl_dlopen: %s\n", dlerror());
+        return 1;
+    }
     if (argc == 6) {
         FILE *ready = fopen(argv[4], "w");
         if (!ready || fclose(ready) != 0) {
@@ -35,8 +41,7 @@ int main(int argc, char **argv)
         }
         wait_for_file(argv[5]);
     }
-    void *lib = dlopen(argv[1], RTLD_NOW);
-    if (!lib) {
+    if (!lib && !(lib = dlopen(argv[1], RTLD_NOW))) {
         fprintf(stderr, "nccl_dlopen: %s\n", dlerror());
         return 1;
     }

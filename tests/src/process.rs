@@ -413,30 +413,69 @@ pub fn start_launcher_of_dlopens_after_go(
     start_waiting_alone(scratch, cmd)
 }
 
+/// What the workers of [`start_torchrun_like`] are.
+#[derive(Clone, Copy, Debug)]
+pub enum Workers {
+    /// `mpi_dlopen` on a private libmpi: truths `scratch/truthI.0.json`.
+    Mpi,
+    /// `nccl_dlopen` on the NCCL wheel's `libnccl.so.2`, as PyTorch's ranks (no MPI):
+    /// truths `scratch/truthI.json`.
+    Nccl,
+}
+
 /// Starts a launcher as torchrun is one: a shell that maps `mapped` (an NCCL, as torchrun's
-/// Python maps its torch's), in a session of its own, running two `mpi_dlopen` workers
-/// numbered as torchrun numbers them (`RANK`, `WORLD_SIZE`, `TORCHELASTIC_RUN_ID`), each with
-/// its MPI loaded and waiting for `scratch/go`, then making `n` calls, its truth to
-/// `scratch/truthI`; returns it and its pid once both wait.
-pub fn start_torchrun_like(scratch: &Scratch, n: u64, mapped: &Path) -> (ChildGuard, u32) {
-    let lib = private_libmpi(scratch);
-    let prog = crate::build_plain_c("mpi_dlopen.c", &["-ldl"]);
+/// Python maps its torch's), in a session of its own, running two `workers` numbered as
+/// torchrun numbers them (`RANK`, `WORLD_SIZE`, `TORCHELASTIC_RUN_ID`), each with its
+/// library loaded and waiting for `scratch/go`, then making `n` calls, its truth to
+/// `scratch/truthI...`; returns it and its pid once both wait. The launcher fails if a
+/// worker does.
+pub fn start_torchrun_like(
+    scratch: &Scratch,
+    n: u64,
+    mapped: &Path,
+    workers: Workers,
+) -> (ChildGuard, u32) {
     let q = |p: &Path| format!("'{}'", p.display());
     let at = |name: &str| q(&scratch.path(name));
+    // Worker i's command line.
+    let command: Box<dyn Fn(u32) -> String + '_> = match workers {
+        Workers::Mpi => {
+            let (prog, lib) = (
+                q(&crate::build_plain_c("mpi_dlopen.c", &["-ldl"])),
+                q(&private_libmpi(scratch)),
+            );
+            Box::new(move |i| {
+                format!(
+                    "{prog} {lib} {} {} {n} {}",
+                    at(&format!("ready{i}")),
+                    at("go"),
+                    at(&format!("truth{i}"))
+                )
+            })
+        }
+        Workers::Nccl => {
+            let prog = q(&crate::build_plain_c("nccl_dlopen.c", &["-ldl"]));
+            let lib = q(&crate::nccl_lib_dir().join("libnccl.so.2"));
+            Box::new(move |i| {
+                format!(
+                    "LOAD_BEFORE_READY=1 {prog} {lib} {n} {} {} {}",
+                    at(&format!("truth{i}.json")),
+                    at(&format!("ready{i}")),
+                    at("go")
+                )
+            })
+        }
+    };
     let worker = |i: u32| {
         format!(
-            "RANK={i} LOCAL_RANK={i} WORLD_SIZE=2 TORCHELASTIC_RUN_ID=commtap-test {} {} {} {} \
-             {n} {} &",
-            q(&prog),
-            q(&lib),
-            at(&format!("ready{i}")),
-            at("go"),
-            at(&format!("truth{i}"))
+            "RANK={i} LOCAL_RANK={i} WORLD_SIZE=2 TORCHELASTIC_RUN_ID=commtap-test {} & \
+             pids=\"$pids $!\";",
+            command(i)
         )
     };
     let script = format!(
         "unset LD_PRELOAD; {} {} while [ ! -e {} ] || [ ! -e {} ]; do sleep 0.01; done; \
-         : > {}; wait",
+         : > {}; for p in $pids; do wait $p || exit 1; done",
         worker(0),
         worker(1),
         at("ready0"),
@@ -446,6 +485,23 @@ pub fn start_torchrun_like(scratch: &Scratch, n: u64, mapped: &Path) -> (ChildGu
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(script).env("LD_PRELOAD", mapped);
     start_waiting_alone(scratch, cmd)
+}
+
+/// The processes whose parent is `pid` now, as `/proc` says.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<u32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
 }
 
 /// Starts `nccl_dlopen` in a session of its own, told to `dlopen` the NCCL wheel's

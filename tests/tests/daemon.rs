@@ -557,6 +557,53 @@ fn a_watched_process_that_loads_nccl_late_is_exact_from_its_first_call() {
     );
 }
 
+/// A daemon started while a torchrun-like job runs (its launcher maps an NCCL, as
+/// torchrun's Python does; its workers NCCL alone, numbered by `RANK`, as PyTorch's ranks),
+/// scoped to the launcher's PID: it adopts the workers (not only processes that map an
+/// MPI) and profiles them exactly from then on, each numbered by its `RANK`, and says so.
+#[test]
+fn a_daemon_scoped_to_a_running_torchrun_profiles_its_nccl_workers() {
+    let scratch = Scratch::new("daemon-torchrun");
+    // Named as the NCCL a torch maps: the daemon knows a running launcher by its libraries'
+    // names.
+    let standin = scratch.path("libnccl.so.2");
+    std::fs::copy(build_shared_c("nccl_standin.c"), &standin).expect("copying the stand-in");
+    let (mut launcher, pid) = start_torchrun_like(&scratch, 100, &standin, Workers::Nccl);
+    let mut workers: Vec<u64> = children_of(pid).into_iter().map(u64::from).collect();
+    workers.sort_unstable();
+    assert_eq!(workers.len(), 2, "the launcher's workers: {workers:?}");
+    let daemon = Daemon::start(&scratch, &[], &[], &["--pid", &pid.to_string()]);
+    wait_for_state(&daemon.target, &workers, "probed");
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    assert!(
+        launcher.wait_with_limit(LIMIT).success(),
+        "the launcher failed"
+    );
+    wait_for_exited(&daemon.target, &workers);
+    let profile = report_json(&["report", "--from", &daemon.target]);
+    for (i, worker) in workers.iter().enumerate() {
+        let truth = read_json(&scratch.path(&format!("truth{i}.json")));
+        assert_eq!(truth["pid"].as_u64(), Some(*worker), "worker {i}'s truth");
+        let rank = rank_by_pid(&profile, *worker);
+        assert_eq!(rank["rank"], i, "{profile:#}");
+        assert_eq!(
+            routine_table(&rank["routines"]),
+            routine_table(&truth["routines"]),
+            "(calls, bytes) per routine of worker {i}"
+        );
+    }
+    daemon.stop(&scratch);
+    let log = std::fs::read_to_string(scratch.path("commtap.stderr")).expect("the daemon's log");
+    assert!(
+        log.contains(&format!(
+            "below PID {pid}, processes numbered apart from it (its workers) map MPI or NCCL \
+             too; they are profiled as well: PID {}, {}",
+            workers[0], workers[1]
+        )),
+        "{log}"
+    );
+}
+
 /// A daemon watching only the process `start` starts, attached while it waits before its
 /// `dlopen`: the daemon's profile of its job once it has exited, and its pid.
 fn profile_of_a_late_loader(

@@ -822,7 +822,7 @@ fn record_attached_to_a_launcher_that_maps_nccl_follows_its_ranks() {
 fn record_attached_to_a_launcher_that_maps_nccl_profiles_its_workers() {
     let scratch = Scratch::new("attach-torchrun-like");
     let standin = build_shared_c("nccl_standin.c");
-    let (mut launcher, pid) = start_torchrun_like(&scratch, 100, &standin);
+    let (mut launcher, pid) = start_torchrun_like(&scratch, 100, &standin, Workers::Mpi);
     let (commtap, out) = record_attached(&scratch, &[pid]);
     std::fs::write(scratch.path("go"), b"go").expect("go file");
     assert!(

@@ -664,19 +664,28 @@ pub fn candidate_libraries(command: &[String]) -> Vec<PathBuf> {
     found
 }
 
-/// Whether a library's file name is one commtap probes (MPI, NCCL, libfabric, UCX), by
-/// the names the dynamic linker looks for.
+/// The file names (as the dynamic linker looks for them) of the libraries whose calls
+/// make a process a rank: MPI and NCCL.
+const RANK_LIBRARIES: &[&str] = &[
+    "libmpi.so",
+    "libmpich.so",
+    "libmpi_abi.so",
+    "libnccl.so",
+    "librccl.so",
+];
+
+/// Whether a library's file name is one commtap probes: a rank's ([`RANK_LIBRARIES`]) or
+/// a transport's under it (libfabric, UCX).
 fn is_probed_name(name: &str) -> bool {
-    const NAMES: &[&str] = &[
-        "libmpi.so",
-        "libmpich.so",
-        "libmpi_abi.so",
-        "libnccl.so",
-        "librccl.so",
-        "libfabric.so",
-        "libucp.so",
-    ];
-    NAMES.iter().any(|n| name.starts_with(n))
+    is_rank_library(name)
+        || ["libfabric.so", "libucp.so"]
+            .iter()
+            .any(|n| name.starts_with(n))
+}
+
+/// Whether a library's file name is an MPI's or an NCCL's.
+fn is_rank_library(name: &str) -> bool {
+    RANK_LIBRARIES.iter().any(|n| name.starts_with(n))
 }
 
 /// The directories of commtap's own `LD_LIBRARY_PATH`.
@@ -836,6 +845,32 @@ pub fn ranks_below<'a>(
         .collect()
 }
 
+/// What `record --pid` and the daemon's `--pid` say of the ranks found below `launcher`
+/// ([`ranks_below`]), where it maps an MPI or NCCL itself (`maps`) or not.
+pub fn ranks_below_said(launcher: u32, maps: bool, ranks: &[u32]) -> String {
+    if maps {
+        format!(
+            "below PID {launcher}, processes numbered apart from it (its workers) map MPI or \
+             NCCL too; they are profiled as well: PID {}",
+            pid_list(ranks)
+        )
+    } else {
+        format!(
+            "PID {launcher} maps no MPI library; the processes below it that do are profiled: \
+             PID {}",
+            pid_list(ranks)
+        )
+    }
+}
+
+/// `pids` as messages list them: `1, 2, 3`.
+pub fn pid_list(pids: &[u32]) -> String {
+    pids.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The processes below `root` in the tree `parent` (pid to parent pid), but `me`, what is
 /// below it, and its ancestors: a job script's `sudo commtap record --pid $$` is walked
 /// through, never returned (it waits for commtap, which would wait for it).
@@ -865,8 +900,10 @@ fn below(root: u32, me: u32, parent: &BTreeMap<u32, u32>) -> Vec<u32> {
     seen.into_iter().filter(|p| !mine.contains(p)).collect()
 }
 
-/// Processes that map an MPI library (by file name: libmpi*, libmpich*), commtap excepted.
-pub fn mpi_processes() -> Vec<u32> {
+/// Processes that map an MPI or an NCCL library (by file name: [`RANK_LIBRARIES`]), commtap
+/// excepted: those a profiler started after them adopts (an NCCL job's ranks, since PyTorch
+/// maps no MPI, as much as an MPI job's).
+pub fn rank_library_processes() -> Vec<u32> {
     let me = std::process::id();
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
@@ -879,8 +916,7 @@ pub fn mpi_processes() -> Vec<u32> {
             fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|maps| {
                 maps.lines().any(|l| {
                     let name = l.rsplit('/').next().unwrap_or("");
-                    l.contains(" r-xp ")
-                        && (name.starts_with("libmpi.so") || name.starts_with("libmpich.so"))
+                    l.contains(" r-xp ") && is_rank_library(name)
                 })
             })
         })

@@ -559,10 +559,10 @@ pub async fn apply_events_shared(session: &Mutex<Session>, batch: Vec<ProcessEve
 }
 
 impl Session {
-    /// Starts watching the MPI processes that were running before commtap and that
+    /// Starts watching the MPI and NCCL processes that were running before commtap and that
     /// `admits` (the daemon's scope), counted from now.
     pub fn adopt_running(&mut self, admits: impl Fn(u32, Option<&ProcessInfo>) -> bool) {
-        for pid in discover::mpi_processes() {
+        for pid in discover::rank_library_processes() {
             // A process detached on request stays so until it is attached again.
             if self.tracked.contains_key(&pid) || self.probes.is_ignored(pid) {
                 continue;
