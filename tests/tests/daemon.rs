@@ -557,6 +557,61 @@ fn a_watched_process_that_loads_nccl_late_is_exact_from_its_first_call() {
     );
 }
 
+/// What a rank still running has used is read from `/proc` at the report: its context
+/// switches are its live threads' (each thread's `status`; the process's own counts its
+/// first thread alone), between what `/proc` said just before and just after the report;
+/// once it ended, the kernel's sums at its end.
+#[test]
+fn a_running_ranks_usage_is_read_while_it_runs() {
+    let scratch = Scratch::new("daemon-live-usage");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 10, &[]);
+    let ranks: Vec<u64> = ranks.into_iter().map(u64::from).collect();
+    wait_for_state(&daemon.target, &ranks, "probed");
+    let switches = |pid: u64| -> u64 {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .expect("the rank's threads")
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+            .flat_map(|status| {
+                status
+                    .lines()
+                    .filter(|l| l.contains("ctxt_switches:"))
+                    .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    };
+    let before: Vec<u64> = ranks.iter().map(|&p| switches(p)).collect();
+    let profile = report_json(&["report", "--from", &daemon.target]);
+    let after: Vec<u64> = ranks.iter().map(|&p| switches(p)).collect();
+    for (i, pid) in ranks.iter().enumerate() {
+        let u = &rank_by_pid(&profile, *pid)["usage"];
+        assert_eq!(u["at_exit"], false, "{u}");
+        let n = u["context_switches"].as_u64().expect("context switches");
+        assert!(
+            (before[i]..=after[i]).contains(&n),
+            "PID {pid}: {n} context switches, /proc said {} before and {} after",
+            before[i],
+            after[i]
+        );
+        assert!(u["max_rss_bytes"].as_u64().expect("rss") > 1 << 20, "{u}");
+    }
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    wait_for_exited(&daemon.target, &ranks);
+    let profile = report_json(&["report", "--from", &daemon.target]);
+    for pid in &ranks {
+        let u = &rank_by_pid(&profile, *pid)["usage"];
+        assert_eq!(u["at_exit"], true, "{u}");
+        assert!(
+            u["context_switches"].as_u64().expect("context switches") > 0,
+            "{u}"
+        );
+    }
+    daemon.stop(&scratch);
+}
+
 /// A daemon started while a torchrun-like job runs (its launcher maps an NCCL, as
 /// torchrun's Python does; its workers NCCL alone, numbered by `RANK`, as PyTorch's ranks),
 /// scoped to the launcher's PID: it adopts the workers (not only processes that map an

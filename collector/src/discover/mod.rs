@@ -240,7 +240,14 @@ pub struct LiveUsage {
     pub system_ns: u64,
     /// Its largest resident set so far, bytes (`VmHWM`).
     pub max_rss_bytes: u64,
+    /// Context switches of its live threads, voluntary and not (`None`: more threads than
+    /// [`LIVE_THREADS_READ`]). Its ended threads' are the kernel's to add.
+    pub live_context_switches: Option<u64>,
 }
+
+/// The threads of a running process whose context switches are read, at most: each is a
+/// file, read at every report.
+pub const LIVE_THREADS_READ: usize = 4096;
 
 /// What the process that is `pid`, started at `start_ticks`, has used so far; `None` where
 /// it is gone (or a zombie, whose memory is gone) or another process has its pid.
@@ -249,10 +256,46 @@ pub fn live_usage(pid: u32, start_ticks: u64) -> Option<LiveUsage> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     // SAFETY: sysconf reads a constant.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let usage = parse_live_usage(&stat, &status, u64::try_from(hz).ok()?)?;
+    let mut usage = parse_live_usage(&stat, &status, u64::try_from(hz).ok()?)?;
+    usage.live_context_switches = live_context_switches(pid);
     // The status read after the stat: still the same process where its start is.
     (stat_start_ticks(&stat) == Some(start_ticks) && self::start_ticks(pid) == Some(start_ticks))
         .then_some(usage)
+}
+
+/// The context switches of `pid`'s live threads (`/proc/PID/task/*/status`: a process's own
+/// `status` counts its first thread's alone); `None` past [`LIVE_THREADS_READ`] threads.
+fn live_context_switches(pid: u32) -> Option<u64> {
+    let mut sum = 0u64;
+    for (i, task) in fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+        .enumerate()
+    {
+        if i == LIVE_THREADS_READ {
+            return None;
+        }
+        // A thread that ended since the listing has nothing left to add here.
+        if let Ok(status) = fs::read_to_string(task.path().join("status")) {
+            sum = sum.saturating_add(context_switches_of(&status));
+        }
+    }
+    Some(sum)
+}
+
+/// `voluntary_ctxt_switches` + `nonvoluntary_ctxt_switches` of a `/proc/.../status` text.
+fn context_switches_of(status: &str) -> u64 {
+    status
+        .lines()
+        .filter_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            matches!(
+                name,
+                "voluntary_ctxt_switches" | "nonvoluntary_ctxt_switches"
+            )
+            .then(|| value.trim().parse::<u64>().ok())?
+        })
+        .fold(0, u64::saturating_add)
 }
 
 /// [`LiveUsage`] from a `/proc/PID/stat` line (`utime`, `stime`: fields 14 and 15, in
@@ -272,6 +315,7 @@ fn parse_live_usage(stat: &str, status: &str, hz: u64) -> Option<LiveUsage> {
         user_ns: ns(ticks(11)?),
         system_ns: ns(ticks(12)?),
         max_rss_bytes: hwm_kib.saturating_mul(1024),
+        live_context_switches: None,
     })
 }
 
@@ -1189,15 +1233,31 @@ mod tests {
                 user_ns: 2_500_000_000,
                 system_ns: 750_000_000,
                 max_rss_bytes: 2048 * 1024,
+                live_context_switches: None,
             })
         );
         assert_eq!(stat_start_ticks(stat), Some(98765));
+        assert_eq!(
+            context_switches_of(
+                "Name:\ta\nvoluntary_ctxt_switches:\t120\nnonvoluntary_ctxt_switches:\t7\n"
+            ),
+            127
+        );
         // A zombie has no memory to tell of.
         assert_eq!(parse_live_usage(stat, "Name:\ta\nState:\tZ\n", 100), None);
         // This test's own process: running, some CPU time, some memory.
         let me = std::process::id();
         let mine = live_usage(me, start_ticks(me).expect("my start")).expect("my usage");
         assert!(mine.max_rss_bytes > 1 << 20, "{mine:?}");
+        // Every thread of this test process (the harness's and this one) is summed: at
+        // least as many as this thread's own, read after.
+        let own = context_switches_of(
+            &fs::read_to_string("/proc/thread-self/status").expect("this thread's status"),
+        );
+        assert!(
+            mine.live_context_switches.is_some_and(|n| n > 0),
+            "{mine:?} (this thread: {own})"
+        );
         assert_eq!(live_usage(me, 1), None, "another process's start");
     }
 

@@ -77,11 +77,14 @@ fn usage_of(pid: u32, t: &Tracked, ps: &ProcStats, start_ticks: u64) -> Option<U
     if start_ticks == 0 {
         return None;
     }
+    // Its ended threads' context switches as the kernel added them at their ends (while
+    // watched), its live threads' from /proc.
+    let ended = ps.exit_nvcsw.saturating_add(ps.exit_nivcsw);
     discover::live_usage(pid, start_ticks).map(|u| Usage {
         user_ns: u.user_ns,
         system_ns: u.system_ns,
         max_rss_bytes: u.max_rss_bytes,
-        context_switches: None,
+        context_switches: u.live_context_switches.map(|n| n.saturating_add(ended)),
         at_exit: false,
     })
 }

@@ -112,8 +112,9 @@ pub struct Usage {
     pub system_ns: u64,
     /// Its largest resident set, bytes.
     pub max_rss_bytes: u64,
-    /// Its threads' context switches, voluntary and involuntary (absent where read while
-    /// it ran: `/proc` gives those of its live threads alone).
+    /// Its threads' context switches, voluntary and involuntary (read while it ran: its
+    /// live threads' from `/proc` and its ended threads' summed by the kernel; absent past
+    /// 4,096 live threads).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_switches: Option<u64>,
     /// Taken as it ended (each thread's as it ended, added up by the kernel: those that
