@@ -3,8 +3,9 @@
 //!
 //! nccl-tests prints, per message size, `size count type redop root time algbw busbw
 //! #wrong` for the out-of-place run, then the same for in-place. The out-of-place busbw is
-//! the curve; the measured side is a commtap profile's device time (see README "NCCL device
-//! time") or another nccl-tests table.
+//! the curve, or the in-place one where asked (PyTorch DDP's AllReduces are in place); the
+//! measured side is a commtap profile's device time (see README "NCCL device time") or
+//! another nccl-tests table.
 
 use std::collections::BTreeMap;
 
@@ -32,6 +33,18 @@ pub struct Row {
     pub algbw: f64,
     /// Out-of-place bus bandwidth, GB/s.
     pub busbw: f64,
+    /// In-place bus bandwidth, GB/s, where the row has the in-place columns.
+    pub in_place_busbw: Option<f64>,
+}
+
+/// Which of an nccl-tests row's runs a curve is made of.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// Separate send and receive buffers (the first columns).
+    #[default]
+    OutOfPlace,
+    /// The result written over the input (the last columns).
+    InPlace,
 }
 
 /// A table of an nccl-tests output, with the operation its command line names.
@@ -88,6 +101,8 @@ fn parse_row(line: &str) -> Option<Row> {
         time_us: num(0)?,
         algbw: num(1)?,
         busbw: num(2)?,
+        // After the out-of-place #wrong (a count, or N/A): in-place time, algbw, busbw.
+        in_place_busbw: num(6),
     })
 }
 
@@ -149,17 +164,29 @@ pub fn parse_threshold(s: &str) -> Result<f64, String> {
 /// Bus bandwidth per commtap size bucket (GB/s).
 pub type Curve = BTreeMap<u8, f64>;
 
-/// A table's curve: the mean out-of-place busbw of its rows in each bucket.
-pub fn table_curve(table: &Table) -> Curve {
+/// A table's curve: the mean busbw of its rows' `placement` runs in each bucket; an error
+/// where in place is asked of a table printed without it.
+pub fn table_curve(table: &Table, placement: Placement) -> Result<Curve> {
     let mut sums: BTreeMap<u8, (f64, u32)> = BTreeMap::new();
     for r in &table.rows {
+        let busbw = match placement {
+            Placement::OutOfPlace => r.busbw,
+            Placement::InPlace => r.in_place_busbw.with_context(|| {
+                format!(
+                    "the table's row of {} bytes has no in-place columns (nccl-tests prints \
+                     them unless run with -c 0 or with out-of-place only): drop --in-place",
+                    r.size
+                )
+            })?,
+        };
         let e = sums.entry(size_bucket(r.size)).or_default();
-        e.0 += r.busbw;
+        e.0 += busbw;
         e.1 += 1;
     }
-    sums.into_iter()
+    Ok(sums
+        .into_iter()
         .map(|(b, (sum, n))| (b, sum / f64::from(n)))
-        .collect()
+        .collect())
 }
 
 /// A profile's curve for routine `op`: bus bytes over device time, all ranks together, in
@@ -218,6 +245,8 @@ pub struct Comparison {
     pub buckets: Vec<BucketComparison>,
     /// Buckets measured but absent from the expected table (bytes ranges).
     pub not_in_expected: Vec<(u64, u64)>,
+    /// The tables' in-place figures were read (else the out-of-place).
+    pub in_place: bool,
 }
 
 impl Comparison {
@@ -250,6 +279,7 @@ pub fn compare(op: &str, expected: &Curve, measured: &Curve, threshold: f64) -> 
         threshold,
         buckets,
         not_in_expected,
+        in_place: false,
     }
 }
 
@@ -259,8 +289,9 @@ pub fn render(c: &Comparison) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{}: measured bus bandwidth against expected, flagged below {:.0}% of it",
+        "{}: measured bus bandwidth against expected{}, flagged below {:.0}% of it",
         c.op,
+        if c.in_place { " (in place)" } else { "" },
         c.threshold * 100.0
     );
     let _ = writeln!(
@@ -325,9 +356,34 @@ mod tests {
     fn rows_with_and_without_root_and_blank_columns() {
         let r = parse_row("\t65536\t16384\tfloat\tsum\t-1\t37.54\t1.75\t3.06\t0\t34.53").unwrap();
         assert_eq!(
-            (r.size, r.count, r.time_us, r.busbw),
-            (65536, 16384, 37.54, 3.06)
+            (r.size, r.count, r.time_us, r.busbw, r.in_place_busbw),
+            (65536, 16384, 37.54, 3.06, None)
         );
+        // The whole row: in place last; #wrong may be N/A (nccl-tests -c 0).
+        let r =
+            parse_row("1048576 262144 float sum -1 101.7 10.31 18.05 N/A 101.4 10.34 18.10 N/A")
+                .unwrap();
+        assert_eq!((r.busbw, r.in_place_busbw), (18.05, Some(18.10)));
+        let table = Table {
+            op: None,
+            rows: vec![r.clone()],
+        };
+        let bucket = size_bucket(1 << 20);
+        assert_eq!(
+            table_curve(&table, Placement::InPlace).unwrap()[&bucket],
+            18.10
+        );
+        assert_eq!(
+            table_curve(&table, Placement::OutOfPlace).unwrap()[&bucket],
+            18.05
+        );
+        let r = parse_row("  1048576  262144  float  sum  101.7  10.31  18.05  0").unwrap();
+        let table = Table {
+            op: None,
+            rows: vec![r],
+        };
+        let e = table_curve(&table, Placement::InPlace).unwrap_err();
+        assert!(e.to_string().contains("no in-place columns"), "{e}");
         // An empty column (tab tab) before #wrong.
         let r = parse_row("65536\t16384\tfloat\tsum\t-1\t138.8\t0.47\t0.89\t\t0").unwrap();
         assert_eq!(r.busbw, 0.89);

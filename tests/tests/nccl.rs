@@ -420,6 +420,15 @@ fn waits_for_the_gpu_measure_device_time() {
     );
     let ratio = b["ratio"].as_f64().expect("ratio");
     assert!((ratio - measured / 18.05).abs() <= 1e-12, "{ratio}");
+    // Against the table's in-place run (its last columns: 18.10 GB/s at 1 MiB).
+    let run = compare_with_table_1(&["--profile", path_str(&r.out), "--in-place"]);
+    assert_eq!(run.status.code(), Some(1), "{}", run.stderr);
+    let c: serde_json::Value = serde_json::from_str(&run.stdout).expect("JSON comparison");
+    assert_eq!(
+        (&c["in_place"], &c["buckets"][0]["expected_busbw"]),
+        (&true.into(), &18.10.into()),
+        "{c:#}"
+    );
 
     // `commtap diff` of the profile with itself compares the same bus bandwidth, bucket for
     // bucket.

@@ -237,7 +237,7 @@ impl Outputs {
         let table = crate::compare::pick_table(&text, &source, self.expected_table)?;
         Ok(Some(html::Expected {
             op: crate::compare::resolve_op(self.expected_op.as_deref(), &table)?,
-            curve: crate::compare::table_curve(&table),
+            curve: crate::compare::table_curve(&table, crate::compare::Placement::OutOfPlace)?,
             threshold: self.threshold,
             source,
         }))

@@ -302,7 +302,8 @@ pub struct DiffArgs {
 #[derive(clap::Args, Debug)]
 #[command(group(clap::ArgGroup::new("measured_from").required(true).args(["profile", "measured", "from"])))]
 pub struct CompareArgs {
-    /// nccl-tests output whose out-of-place busbw is the expected curve.
+    /// nccl-tests output whose out-of-place busbw (in-place with --in-place) is the expected
+    /// curve.
     #[arg(long, value_name = "FILE")]
     pub expected: PathBuf,
     /// Which table of --expected (1-based) when the file holds several.
@@ -329,6 +330,10 @@ pub struct CompareArgs {
     /// Flag buckets measured below this fraction of the expected bus bandwidth.
     #[arg(long, default_value_t = 0.5, value_parser = collector::compare::parse_threshold)]
     pub threshold: f64,
+    /// Read the tables' in-place busbw (their last columns), not the out-of-place: for jobs
+    /// whose operations are in place (PyTorch DDP's AllReduces).
+    #[arg(long)]
+    pub in_place: bool,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = report::Format::Text)]
     pub format: report::Format,

@@ -50,10 +50,18 @@ async fn run_compare(a: CompareArgs) -> Result<bool> {
     let name = a.expected.display().to_string();
     let expected = compare::pick_table(&read(&a.expected)?, &name, a.expected_table)?;
     let op = compare::resolve_op(a.op.as_deref(), &expected)?;
+    let placement = if a.in_place {
+        compare::Placement::InPlace
+    } else {
+        compare::Placement::OutOfPlace
+    };
     let (profile, measured) = if let (None, Some(p)) = (&a.profile, &a.measured) {
         let name = p.display().to_string();
         let table = compare::pick_table(&read(p)?, &name, a.measured_table)?;
-        (None, compare::table_curve(&table))
+        (
+            None,
+            compare::table_curve(&table, placement).with_context(|| name.clone())?,
+        )
     } else {
         let profile = if let Some(p) = &a.profile {
             read_profile(p)?
@@ -79,12 +87,13 @@ async fn run_compare(a: CompareArgs) -> Result<bool> {
              after {op} operations of one kind; see README \"NCCL device time\")"
         );
     }
-    let c = compare::compare(
+    let mut c = compare::compare(
         &op,
-        &compare::table_curve(&expected),
+        &compare::table_curve(&expected, placement).with_context(|| name.clone())?,
         &measured,
         a.threshold,
     );
+    c.in_place = a.in_place;
     match a.format {
         report::Format::Text => print!("{}", compare::render(&c)),
         report::Format::Json => println!("{}", serde_json::to_string_pretty(&c)?),
