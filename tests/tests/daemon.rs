@@ -189,6 +189,17 @@ fn daemon_profiles_every_job_on_the_node_exactly() {
         metrics.lines().any(|l| l == line),
         "no line {line:?} in\n{metrics}"
     );
+    // What the rank used of its node, as the kernel summed it at its end.
+    let rss: u64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!(
+                "commtap_rank_max_resident_bytes{{job_id=\"{job0}\",rank=\"0\"}} "
+            ))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no largest resident set of rank 0 in\n{metrics}"));
+    assert!(rss > 1 << 20, "{rss} bytes");
     // At least this test's six ranks (a daemon watching the node also sees the
     // processes of tests running beside this one).
     let exited: u64 = metrics

@@ -54,6 +54,9 @@ struct Series {
     transports: Vec<String>,
     /// Health: dropped, undecoded, nested, in flight at attach.
     health: [Vec<String>; 4],
+    /// What each rank used of its node: CPU seconds (user, system), largest resident set,
+    /// context switches.
+    usage: [Vec<String>; 3],
 }
 
 impl Series {
@@ -108,6 +111,15 @@ impl Series {
                 .zip([h.dropped, h.undecoded, h.nested, h.in_flight_at_attach])
         {
             lines.push(format!("{l} {v}"));
+        }
+        if let Some(u) = &r.usage {
+            for (mode, ns) in [("user", u.user_ns), ("system", u.system_ns)] {
+                self.usage[0].push(format!("{{{base},mode=\"{mode}\"}} {}", ns as f64 / 1e9));
+            }
+            self.usage[1].push(format!("{l} {}", u.max_rss_bytes));
+            if let Some(n) = u.context_switches {
+                self.usage[2].push(format!("{l} {n}"));
+            }
         }
         if let Some(t) = &r.mpi_transport {
             self.transports
@@ -183,8 +195,28 @@ impl Series {
         }
     }
 
-    /// NCCL device time, the health counters, libfabric providers and MPI transports.
+    /// NCCL device time, the health counters, what ranks used, libfabric providers and
+    /// MPI transports.
     fn write_device_and_health(self, o: &mut Exposition) {
+        let [cpu, rss, switches] = self.usage;
+        o.family(
+            "commtap_rank_cpu_seconds_total",
+            "counter",
+            "CPU time of the rank's threads, by mode (user, system), as getrusage sums it.",
+            cpu,
+        );
+        o.family(
+            "commtap_rank_max_resident_bytes",
+            "gauge",
+            "The rank's largest resident set so far.",
+            rss,
+        );
+        o.family(
+            "commtap_rank_context_switches_total",
+            "counter",
+            "Context switches of the rank's threads, voluntary and involuntary.",
+            switches,
+        );
         let [ops, dev_bytes, dev_seconds, bus] = self.device;
         let [dropped, undecoded, nested, in_flight] = self.health;
         let (providers, transports) = (self.providers, self.transports);
@@ -493,6 +525,29 @@ mod tests {
         assert!(text.contains(
             "commtap_fabric_provider_info{job_id=\"42\",rank=\"0\",provider=\"tcp;ofi_rxm\",fabric=\"10.0.0.0/8\"} 1\n"
         ), "{text}");
+    }
+
+    #[test]
+    fn what_a_rank_used_is_a_family_each() {
+        let mut profile = crate::api::convert::tests::sample();
+        profile.ranks[0].usage = Some(crate::profile::Usage {
+            user_ns: 1_500_000_000,
+            system_ns: 250_000_000,
+            max_rss_bytes: 64 << 20,
+            context_switches: Some(1234),
+            at_exit: true,
+        });
+        let text = render(&profile, 1, 0, 1, 0);
+        let base = "job_id=\"42\",rank=\"0\"";
+        for line in [
+            format!("commtap_rank_cpu_seconds_total{{{base},mode=\"user\"}} 1.5\n"),
+            format!("commtap_rank_cpu_seconds_total{{{base},mode=\"system\"}} 0.25\n"),
+            format!("commtap_rank_max_resident_bytes{{{base}}} 67108864\n"),
+            format!("commtap_rank_context_switches_total{{{base}}} 1234\n"),
+            "# TYPE commtap_rank_max_resident_bytes gauge\n".to_string(),
+        ] {
+            assert!(text.contains(&line), "{line}in\n{text}");
+        }
     }
 
     #[test]
