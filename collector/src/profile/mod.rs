@@ -522,6 +522,30 @@ impl JobProfile {
                 .any(|(name, s)| s.totals.calls > 0 && crate::stats::is_communication(name))
         })
     }
+
+    /// The communication libraries' settings every rank had alike (name and value, by
+    /// name), and the names of those set differently or not on every rank.
+    pub fn settings_alike_and_not(&self) -> (Vec<(&str, &str)>, Vec<&str>) {
+        let Some(first) = self.ranks.first() else {
+            return (Vec::new(), Vec::new());
+        };
+        let alike =
+            |k: &String, v: &String| self.ranks.iter().all(|r| r.settings.get(k) == Some(v));
+        let names: std::collections::BTreeSet<&String> =
+            self.ranks.iter().flat_map(|r| r.settings.keys()).collect();
+        let differing = names
+            .into_iter()
+            .filter(|k| first.settings.get(*k).is_none_or(|v| !alike(k, v)))
+            .map(String::as_str)
+            .collect();
+        let common = first
+            .settings
+            .iter()
+            .filter(|(k, v)| alike(k, v))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        (common, differing)
+    }
 }
 
 #[cfg(test)]

@@ -243,7 +243,7 @@ fn render_usage(o: &mut String, facts: Option<&JobFacts>, r: &RankProfile) {
 }
 
 /// Bytes in mpitrace's MBytes (2^20).
-fn mbytes(bytes: u64) -> f64 {
+pub(super) fn mbytes(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1u32 << 20)
 }
 
@@ -696,19 +696,7 @@ fn render_summary(job: &JobProfile) -> String {
 /// The communication libraries' settings the ranks' environment held: those every rank
 /// had alike, then the names of those set differently (or not everywhere).
 fn render_settings(o: &mut String, job: &JobProfile) {
-    let Some(first) = job.ranks.first() else {
-        return;
-    };
-    let alike = |k: &String, v: &String| job.ranks.iter().all(|r| r.settings.get(k) == Some(v));
-    let names: std::collections::BTreeSet<&String> =
-        job.ranks.iter().flat_map(|r| r.settings.keys()).collect();
-    let differing: Vec<&str> = names
-        .into_iter()
-        .filter(|k| first.settings.get(*k).is_none_or(|v| !alike(k, v)))
-        .map(String::as_str)
-        .collect();
-    let common: Vec<(&String, &String)> =
-        first.settings.iter().filter(|(k, v)| alike(k, v)).collect();
+    let (common, differing) = job.settings_alike_and_not();
     if common.is_empty() && differing.is_empty() {
         return;
     }

@@ -220,6 +220,22 @@ fn summary(job: &JobProfile) -> String {
             );
         }
     }
+    usage_rows(&mut o, job);
+    let (alike, differing) = job.settings_alike_and_not();
+    if !alike.is_empty() {
+        let said: Vec<String> = alike
+            .iter()
+            .map(|(k, v)| format!("<code>{}={}</code>", escape(k), escape(v)))
+            .collect();
+        row(&mut o, "Settings, every rank alike", &said.join("<br>"));
+    }
+    if !differing.is_empty() {
+        row(
+            &mut o,
+            "Settings set differently across ranks",
+            &escape(&differing.join(", ")),
+        );
+    }
     let mut health = crate::stats::Health::default();
     for r in &job.ranks {
         health.merge(&r.health);
@@ -286,6 +302,38 @@ fn summary(job: &JobProfile) -> String {
         ));
     }
     o
+}
+
+/// What the ranks used of their nodes: CPU time over all of them, and the largest
+/// resident set (the lowest rank among equals), as each rank's `usage` says.
+fn usage_rows(o: &mut String, job: &JobProfile) {
+    let used: Vec<(u32, &crate::profile::Usage)> = job
+        .ranks
+        .iter()
+        .filter_map(|r| Some((r.rank, r.usage.as_ref()?)))
+        .collect();
+    let Some(&(rank, largest)) = used
+        .iter()
+        .min_by_key(|(rank, u)| (std::cmp::Reverse(u.max_rss_bytes), *rank))
+    else {
+        return;
+    };
+    let (user, system) = used.iter().fold((0u64, 0u64), |(a, b), (_, u)| {
+        (a.saturating_add(u.user_ns), b.saturating_add(u.system_ns))
+    });
+    row(
+        o,
+        "CPU time, all ranks",
+        &format!("{:.3} s user, {:.3} s system", secs(user), secs(system)),
+    );
+    row(
+        o,
+        "Largest resident set",
+        &format!(
+            "{:.2} MBytes, rank {rank}",
+            super::mpitrace::mbytes(largest.max_rss_bytes)
+        ),
+    );
 }
 
 /// mpitrace's routine table per family, all ranks together.
@@ -415,6 +463,37 @@ mod tests {
         assert!(!html.contains("<script"), "{html}");
         assert!(!html.contains("<img"), "{html}");
         assert!(html.contains("&lt;script&gt;"));
+    }
+
+    #[test]
+    fn the_summary_says_what_the_ranks_used_and_their_settings() {
+        let rank = |n: u32, rss_mib: u64, algo: &str| {
+            let mut r = crate::api::convert::tests::sample().ranks[0].clone();
+            r.rank = n;
+            r.usage = Some(crate::profile::Usage {
+                user_ns: 1_000_000_000,
+                system_ns: 250_000_000,
+                max_rss_bytes: rss_mib << 20,
+                context_switches: None,
+                at_exit: true,
+            });
+            r.settings = [
+                ("NCCL_DEBUG".to_string(), "<WARN>".to_string()),
+                ("NCCL_ALGO".to_string(), algo.to_string()),
+            ]
+            .into();
+            r
+        };
+        let job = JobProfile::of_ranks(vec![rank(0, 10, "Ring"), rank(1, 30, "Tree")]);
+        let html = render_html(&job, None);
+        for want in [
+            "<tr><th>CPU time, all ranks</th><td>2.000 s user, 0.500 s system</td></tr>",
+            "<tr><th>Largest resident set</th><td>30.00 MBytes, rank 1</td></tr>",
+            "<tr><th>Settings, every rank alike</th><td><code>NCCL_DEBUG=&lt;WARN&gt;</code></td></tr>",
+            "<tr><th>Settings set differently across ranks</th><td>NCCL_ALGO</td></tr>",
+        ] {
+            assert!(html.contains(want), "{want} in {html}");
+        }
     }
 
     #[test]
