@@ -47,6 +47,17 @@ pub enum Placement {
     InPlace,
 }
 
+impl Placement {
+    /// In place where `in_place` (an `--in-place` flag), else out of place.
+    pub fn of(in_place: bool) -> Placement {
+        if in_place {
+            Placement::InPlace
+        } else {
+            Placement::OutOfPlace
+        }
+    }
+}
+
 /// A table of an nccl-tests output, with the operation its command line names.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Table {
@@ -87,11 +98,14 @@ fn parse_row(line: &str) -> Option<Row> {
     {
         return None;
     }
-    // nccl-tests 2.x prints a root column (-1 when none); older versions do not.
-    let first = if t.get(4)?.parse::<i64>().is_ok() {
-        5
-    } else {
-        4
+    // nccl-tests 2.x prints a root column (-1 when none); older versions do not. Told by
+    // the row's length where it is a whole row (with the in-place run or without): a time
+    // of 10,000 us or more is printed as an integer, which a root column looks like.
+    let first = match t.len() {
+        9 | 13 => 5,
+        8 | 12 => 4,
+        _ if t.get(4)?.parse::<i64>().is_ok() => 5,
+        _ => 4,
     };
     let num = |i: usize| -> Option<f64> { t.get(first + i)?.parse().ok() };
     Some(Row {
@@ -174,7 +188,8 @@ pub fn table_curve(table: &Table, placement: Placement) -> Result<Curve> {
             Placement::InPlace => r.in_place_busbw.with_context(|| {
                 format!(
                     "the table's row of {} bytes has no in-place columns (nccl-tests prints \
-                     them unless run with -c 0 or with out-of-place only): drop --in-place",
+                     the in-place run after the out-of-place one; this row has one run \
+                     only): drop --in-place",
                     r.size
                 )
             })?,
@@ -390,6 +405,14 @@ mod tests {
         // nccl-tests 1.x: no root column.
         let r = parse_row("  1048576  262144  float  sum  101.7  10.31  18.05  0").unwrap();
         assert_eq!((r.algbw, r.busbw), (10.31, 18.05));
+        // No root column and a time printed as an integer: told by the row's length.
+        let r =
+            parse_row("1073741824 268435456 float sum 12345 86.98 163.09 0 12301 87.29 163.67 0")
+                .unwrap();
+        assert_eq!(
+            (r.time_us, r.busbw, r.in_place_busbw),
+            (12345.0, 163.09, Some(163.67))
+        );
         assert_eq!(parse_row("# size count type"), None);
         assert_eq!(parse_row("Message Size\tNo Plugin"), None);
         assert_eq!(parse_row("65536\t0.93\t2.74\t2.67"), None);

@@ -94,8 +94,15 @@ impl Scope {
         let ranked: std::collections::BTreeSet<u32> =
             discover::rank_library_processes().into_iter().collect();
         let tree = discover::process_tree();
-        let infos: std::collections::BTreeMap<u32, ProcessInfo> = ranked
+        // Read of those below the processes asked for alone (and of those).
+        let below: std::collections::BTreeSet<u32> = self
+            .pids
             .iter()
+            .flat_map(|&p| discover::descendants_in(p, &tree))
+            .chain(self.pids.iter().copied())
+            .collect();
+        let infos: std::collections::BTreeMap<u32, ProcessInfo> = ranked
+            .intersection(&below)
             .filter_map(|&p| Some((p, discover::process_info(p).ok()?)))
             .collect();
         let me = std::process::id();
@@ -106,7 +113,16 @@ impl Scope {
             });
             let maps = ranked.contains(&p);
             if ranks.is_empty() {
-                if !maps {
+                // One numbered itself is a rank given by its PID: nothing missing.
+                let unnumbered = infos.get(&p).is_some_and(|i| i.rank.is_none());
+                if maps && unnumbered {
+                    warn!(
+                        "--pid {p}: no process below it numbered apart from it maps MPI or \
+                         NCCL yet; workers it starts later are not profiled (the daemon's \
+                         --pid is read at its start; `commtap record --pid {p} \
+                         --wait-for-mpi` follows them)"
+                    );
+                } else if !maps {
                     warn!(
                         "--pid {p}: neither it nor any process below it maps an MPI or NCCL \
                          library yet"

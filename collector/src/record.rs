@@ -202,8 +202,10 @@ fn watch_ranks_below(session: &mut Session) {
             .get(&launcher)
             .is_none_or(|l| l.numbering() != info.numbering())
     };
-    let below = attach_below(session, &launchers, false, &apart);
+    // One reading of the tree for both: a process started since is not attached, so it
+    // could not be found a rank in a later reading either.
     let tree = discover::process_tree();
+    let below = attach_below(session, &launchers, &tree, false, &apart);
     let me = std::process::id();
     let found: Vec<(u32, Vec<u32>)> = launchers
         .iter()
@@ -264,7 +266,8 @@ fn follow_below(session: &mut Session) -> Result<()> {
     }
     let mut below = Vec::new();
     for _ in 0..FOLLOW_WALKS {
-        let found = attach_below(session, &waiting, true, &|_, _| true);
+        let tree = discover::process_tree();
+        let found = attach_below(session, &waiting, &tree, true, &|_, _| true);
         if found.is_empty() {
             break;
         }
@@ -287,20 +290,21 @@ fn follow_below(session: &mut Session) -> Result<()> {
     Ok(())
 }
 
-/// Attaches to the processes below `launchers` not watched yet that `keep` (given the
-/// launcher and what `/proc` says of the process) takes; where `follow`, with the
-/// processes they start from now on, as processes below those asked for
-/// ([`Session::attach_below`]). One that cannot be watched is said and left out, the
+/// Attaches to the processes below `launchers` in `tree` (pid to parent pid) not watched
+/// yet that `keep` (given the launcher and what `/proc` says of the process) takes; where
+/// `follow`, with the processes they start from now on, as processes below those asked
+/// for ([`Session::attach_below`]). One that cannot be watched is said and left out, the
 /// others watched all the same. Returns those attached.
 fn attach_below(
     session: &mut Session,
     launchers: &[u32],
+    tree: &BTreeMap<u32, u32>,
     follow: bool,
     keep: &dyn Fn(u32, &discover::ProcessInfo) -> bool,
 ) -> Vec<u32> {
     let mut below = Vec::new();
     for &launcher in launchers {
-        for pid in discover::descendants_of(launcher) {
+        for pid in discover::descendants_in(launcher, tree) {
             if session.tracked.contains_key(&pid) {
                 continue;
             }

@@ -257,7 +257,15 @@ pub fn live_usage(pid: u32, start_ticks: u64) -> Option<LiveUsage> {
     // SAFETY: sysconf reads a constant.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let mut usage = parse_live_usage(&stat, &status, u64::try_from(hz).ok()?)?;
-    usage.live_context_switches = live_context_switches(pid);
+    // Not walked at all past the cap: each thread is a file read at every report.
+    let threads: usize = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(usize::MAX);
+    if threads <= LIVE_THREADS_READ {
+        usage.live_context_switches = live_context_switches(pid);
+    }
     // The status read after the stat: still the same process where its start is.
     (stat_start_ticks(&stat) == Some(start_ticks) && self::start_ticks(pid) == Some(start_ticks))
         .then_some(usage)
@@ -275,9 +283,16 @@ fn live_context_switches(pid: u32) -> Option<u64> {
         if i == LIVE_THREADS_READ {
             return None;
         }
-        // A thread that ended since the listing has nothing left to add here.
+        // A thread that ended since the listing has nothing left to add here, nor has one
+        // past its end (a zombie, or dead): the kernel added its switches as it ended.
         if let Ok(status) = fs::read_to_string(task.path().join("status")) {
-            sum = sum.saturating_add(context_switches_of(&status));
+            let ended = status
+                .lines()
+                .find_map(|l| l.strip_prefix("State:"))
+                .is_some_and(|v| matches!(v.trim_start().chars().next(), Some('Z' | 'X')));
+            if !ended {
+                sum = sum.saturating_add(context_switches_of(&status));
+            }
         }
     }
     Some(sum)
@@ -810,15 +825,15 @@ fn tgid_in_status(status: &str) -> Option<u32> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Every process below `root` (its children, theirs, ...), commtap and its ancestors
-/// excepted, by pid: a
+/// Every process below `root` (its children, theirs, ...) in the tree `parent` (pid to
+/// parent pid, as [`process_tree`] read it), commtap and its ancestors excepted, by pid: a
 /// launcher's ranks (`mpirun`'s, a shell script's). None below init: every process is, and
 /// it launches no one job.
-pub fn descendants_of(root: u32) -> Vec<u32> {
+pub fn descendants_in(root: u32, parent: &BTreeMap<u32, u32>) -> Vec<u32> {
     if root == 1 {
         return Vec::new();
     }
-    below(root, std::process::id(), &process_tree())
+    below(root, std::process::id(), parent)
 }
 
 /// Each process's parent, by pid, as `/proc` says now (those that could not be read left
@@ -852,7 +867,7 @@ pub type Numbering<'a> = (
 );
 
 /// The ranks of a job among the processes below `root` in the tree `parent` (pid to parent
-/// pid; `me` and its ancestors excepted, as [`descendants_of`] does): those that map an
+/// pid; `me` and its ancestors excepted, as [`descendants_in`] does): those that map an
 /// MPI or NCCL (`numbering` is `Some` for those alone) with none that does between them
 /// and `root` (`root` included), or numbered otherwise than the nearest that does. So a launcher's workers are its ranks, whether it maps one
 /// itself (torchrun's Python maps the NCCL of the torch it imports) or not (`mpirun`), and
@@ -867,26 +882,50 @@ pub fn ranks_below<'a>(
     below(root, me, parent)
         .into_iter()
         .filter(|&pid| {
-            let Some(own) = numbering(pid) else {
-                return false;
-            };
-            let mut at = pid;
-            // At most once round the tree, whatever /proc said mid-walk.
-            for _ in 0..=parent.len() {
-                if at == root {
-                    return true;
-                }
-                let Some(&up) = parent.get(&at) else {
-                    return true;
-                };
-                if let Some(theirs) = numbering(up) {
-                    return theirs != own;
-                }
-                at = up;
-            }
-            true
+            numbering(pid).is_some_and(|own| {
+                nearest_numbered_above(pid, Some(root), parent, &numbering)
+                    .is_none_or(|theirs| theirs != own)
+            })
         })
         .collect()
+}
+
+/// Whether `pid` is a helper of a process above it: the nearest above it that maps an MPI
+/// or NCCL (`numbering` is `Some` for those alone) is numbered as it is (a DataLoader
+/// worker and its rank, a rank and the Python that forked it). Not one that maps none.
+pub fn is_helper<'a>(
+    pid: u32,
+    parent: &BTreeMap<u32, u32>,
+    numbering: impl Fn(u32) -> Option<Numbering<'a>>,
+) -> bool {
+    numbering(pid)
+        .is_some_and(|own| nearest_numbered_above(pid, None, parent, &numbering) == Some(own))
+}
+
+/// The numbering of the nearest process above `pid` in `parent` that has one, up to `stop`
+/// (included) or the top.
+fn nearest_numbered_above<'a>(
+    pid: u32,
+    stop: Option<u32>,
+    parent: &BTreeMap<u32, u32>,
+    numbering: &impl Fn(u32) -> Option<Numbering<'a>>,
+) -> Option<Numbering<'a>> {
+    let mut at = pid;
+    // At most once round the tree, whatever /proc said mid-walk.
+    for _ in 0..=parent.len() {
+        if Some(at) == stop {
+            return None;
+        }
+        let &up = parent.get(&at)?;
+        if up == 0 {
+            return None;
+        }
+        if let Some(theirs) = numbering(up) {
+            return Some(theirs);
+        }
+        at = up;
+    }
+    None
 }
 
 /// What `record --pid` and the daemon's `--pid` say of the ranks found below `launcher`
@@ -900,8 +939,8 @@ pub fn ranks_below_said(launcher: u32, maps: bool, ranks: &[u32]) -> String {
         )
     } else {
         format!(
-            "PID {launcher} maps no MPI library; the processes below it that do are profiled: \
-             PID {}",
+            "PID {launcher} maps no MPI or NCCL library; the processes below it that do are \
+             profiled: PID {}",
             pid_list(ranks)
         )
     }
@@ -1179,6 +1218,11 @@ mod tests {
         assert_eq!(ranks_below(20, 99, &parent, numbering), vec![21, 22, 23]);
         // A rank asked for itself: its helpers are not ranks.
         assert!(ranks_below(11, 99, &parent, numbering).is_empty());
+        // Helpers, whatever is asked for: numbered as the nearest above that maps a library.
+        let helpers: Vec<u32> = (10..=24)
+            .filter(|&p| is_helper(p, &parent, numbering))
+            .collect();
+        assert_eq!(helpers, vec![13, 14, 15, 24]);
     }
 
     #[test]
@@ -1249,13 +1293,14 @@ mod tests {
         let me = std::process::id();
         let mine = live_usage(me, start_ticks(me).expect("my start")).expect("my usage");
         assert!(mine.max_rss_bytes > 1 << 20, "{mine:?}");
-        // Every thread of this test process (the harness's and this one) is summed: at
-        // least as many as this thread's own, read after.
+        // Every live thread of this test process is summed: at least this thread's own,
+        // read before (counts only grow).
         let own = context_switches_of(
             &fs::read_to_string("/proc/thread-self/status").expect("this thread's status"),
         );
+        let mine = live_usage(me, start_ticks(me).expect("my start")).expect("my usage");
         assert!(
-            mine.live_context_switches.is_some_and(|n| n > 0),
+            mine.live_context_switches.is_some_and(|n| n >= own),
             "{mine:?} (this thread: {own})"
         );
         assert_eq!(live_usage(me, 1), None, "another process's start");

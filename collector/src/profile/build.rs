@@ -50,7 +50,8 @@ pub fn job_profile(
             let ps = probes.read_proc_stats(pid);
             let events = events_of(pid);
             let name = |handle| comm_name(pid, handle);
-            let mut rank = rank_profile(pid, t, &ps, &c, (events, &name), host, end_ns);
+            let usage = usage_of(pid, t, &ps, &|| probes.read_proc_stats(pid));
+            let mut rank = rank_profile(pid, t, (&ps, usage), &c, (events, &name), host, end_ns);
             if let Some(earlier) = &t.earlier {
                 rank.add_earlier(earlier);
             }
@@ -67,24 +68,43 @@ pub fn job_profile(
 }
 
 /// What the process used of its node: as the kernel added it up at its end, else (still
-/// running) as `/proc` says now.
-fn usage_of(pid: u32, t: &Tracked, ps: &ProcStats, start_ticks: u64) -> Option<Usage> {
+/// running) as `/proc` says now, with its ended threads' context switches as the kernel
+/// added them (`ps`, read before; `reread` reads them again).
+fn usage_of(
+    pid: u32,
+    t: &Tracked,
+    ps: &ProcStats,
+    reread: &dyn Fn() -> ProcStats,
+) -> Option<Usage> {
     // SAFETY: sysconf reads a constant.
     let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
     if t.exit_ns.is_some() {
         return Usage::at_exit(ps, page);
     }
+    let start_ticks = t.info.as_ref().map_or(0, |i| i.start_ticks);
     if start_ticks == 0 {
         return None;
     }
-    // Its ended threads' context switches as the kernel added them at their ends (while
-    // watched), its live threads' from /proc.
-    let ended = ps.exit_nvcsw.saturating_add(ps.exit_nivcsw);
-    discover::live_usage(pid, start_ticks).map(|u| Usage {
-        user_ns: u.user_ns,
-        system_ns: u.system_ns,
-        max_rss_bytes: u.max_rss_bytes,
-        context_switches: u.live_context_switches.map(|n| n.saturating_add(ended)),
+    // A thread that ends during the walk of the live ones is in neither reading: where the
+    // kernel's count of ended threads moved meanwhile, walked once more.
+    let mut before = ps.exit_threads;
+    let mut tries = 0;
+    let (live, ended) = loop {
+        let live = discover::live_usage(pid, start_ticks)?;
+        let after = reread();
+        tries += 1;
+        if after.exit_threads == before || tries == 2 {
+            break (live, after);
+        }
+        before = after.exit_threads;
+    };
+    Some(Usage {
+        user_ns: live.user_ns,
+        system_ns: live.system_ns,
+        max_rss_bytes: live.max_rss_bytes,
+        context_switches: live
+            .live_context_switches
+            .map(|n| n.saturating_add(ended.exit_nvcsw.saturating_add(ended.exit_nivcsw))),
         at_exit: false,
     })
 }
@@ -104,7 +124,7 @@ pub fn counted_from(t: &Tracked, ps: &ProcStats) -> u64 {
 fn rank_profile(
     pid: u32,
     t: &Tracked,
-    ps: &ProcStats,
+    (ps, usage): (&ProcStats, Option<Usage>),
     c: &Counters,
     (events, comm_name): (u64, &dyn Fn(u64) -> Option<String>),
     host: &str,
@@ -143,7 +163,6 @@ fn rank_profile(
         .mpi_transport
         .as_deref()
         .map(|said| stats::transport_used(said, &routines));
-    let usage = usage_of(pid, t, ps, info.start_ticks);
     RankProfile {
         rank: info.rank.unwrap_or(u32::MAX),
         rank_known: info.rank.is_some(),

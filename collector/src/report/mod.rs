@@ -64,6 +64,10 @@ pub struct Outputs {
     #[arg(long, default_value_t = 0.5, requires = "expected",
           value_parser = crate::compare::parse_threshold)]
     pub threshold: f64,
+    /// With --expected: its in-place busbw, not the out-of-place (as `commtap compare
+    /// --in-place`).
+    #[arg(long, requires = "expected")]
+    pub expected_in_place: bool,
 }
 
 /// Standard output's reader went away (`commtap ps | head`): the command ends quietly.
@@ -237,7 +241,11 @@ impl Outputs {
         let table = crate::compare::pick_table(&text, &source, self.expected_table)?;
         Ok(Some(html::Expected {
             op: crate::compare::resolve_op(self.expected_op.as_deref(), &table)?,
-            curve: crate::compare::table_curve(&table, crate::compare::Placement::OutOfPlace)?,
+            curve: crate::compare::table_curve(
+                &table,
+                crate::compare::Placement::of(self.expected_in_place),
+            )
+            .with_context(|| source.clone())?,
             threshold: self.threshold,
             source,
         }))

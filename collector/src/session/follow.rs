@@ -562,13 +562,32 @@ impl Session {
     /// Starts watching the MPI and NCCL processes that were running before commtap and that
     /// `admits` (the daemon's scope), counted from now.
     pub fn adopt_running(&mut self, admits: impl Fn(u32, Option<&ProcessInfo>) -> bool) {
-        for pid in discover::rank_library_processes() {
-            // A process detached on request stays so until it is attached again.
-            if self.tracked.contains_key(&pid) || self.probes.is_ignored(pid) {
-                continue;
-            }
-            let info = discover::process_info(pid).ok();
-            if !admits(pid, info.as_ref()) {
+        // A process detached on request stays so until it is attached again.
+        let infos: BTreeMap<u32, Option<ProcessInfo>> = discover::rank_library_processes()
+            .into_iter()
+            .filter(|pid| !self.tracked.contains_key(pid) && !self.probes.is_ignored(*pid))
+            .map(|pid| (pid, discover::process_info(pid).ok()))
+            .collect();
+        if infos.is_empty() {
+            return;
+        }
+        // A rank's helpers (DataLoader workers: numbered as it is, mapping what it maps) are
+        // no ranks, as a profiler started before them would not have counted them either.
+        let tree = discover::process_tree();
+        let numbering = |pid: u32| {
+            let known = self.tracked.get(&pid).filter(|t| t.maps_mpi);
+            known
+                .and_then(|t| t.info.as_ref())
+                .or_else(|| infos.get(&pid)?.as_ref())
+                .map(ProcessInfo::numbering)
+        };
+        let helpers: Vec<u32> = infos
+            .keys()
+            .copied()
+            .filter(|&pid| discover::is_helper(pid, &tree, numbering))
+            .collect();
+        for (pid, info) in infos {
+            if helpers.contains(&pid) || !admits(pid, info.as_ref()) {
                 continue;
             }
             let mut t = Tracked::from_now();

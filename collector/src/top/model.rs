@@ -94,6 +94,11 @@ pub struct RankRow {
     pub comm_s: f64,
     /// Elapsed time so far, s.
     pub elapsed_s: f64,
+    /// CPU time it used over the last interval, in CPUs (1.0: one core busy throughout;
+    /// none before a second profile or where its usage is not known).
+    pub cpus: Option<f64>,
+    /// Its largest resident set so far, bytes.
+    pub max_rss_bytes: Option<u64>,
 }
 
 /// What could not be measured, the shown ranks together.
@@ -207,6 +212,15 @@ impl Model {
             let comm_delta = r
                 .comm_time_ns
                 .saturating_sub(before.map_or(0, |b| b.comm_time_ns));
+            let cpu_ns = |p: &RankProfile| {
+                p.usage
+                    .as_ref()
+                    .map(|u| u.user_ns.saturating_add(u.system_ns))
+            };
+            // Over an interval both profiles know: a rank new in it has no interval yet.
+            let cpu_delta = cpu_ns(r)
+                .zip(before.and_then(|b| cpu_ns(b)))
+                .map(|(now, then)| now.saturating_sub(then));
             ranks.push(RankRow {
                 rank: r.rank,
                 host: r.host.clone(),
@@ -217,6 +231,11 @@ impl Model {
                 comm_share: interval.map(|i| (secs(comm_delta) / i).min(1.0)),
                 comm_s: secs(r.comm_time_ns),
                 elapsed_s: secs(r.elapsed_ns),
+                cpus: interval
+                    .zip(cpu_delta)
+                    .filter(|(i, _)| *i > 0.0)
+                    .map(|(i, d)| secs(d) / i),
+                max_rss_bytes: r.usage.as_ref().map(|u| u.max_rss_bytes),
             });
         }
         ranks.sort_by(|a, b| {
@@ -422,5 +441,33 @@ mod tests {
         let s = m.screen(&Filter::default(), SortKey::Time).expect("screen");
         assert_eq!(s.interval_s, Some(1.5));
         assert_eq!(s.routines[0].calls_per_s, Some(20.0));
+    }
+
+    #[test]
+    fn a_ranks_cpu_is_its_usage_over_the_interval() {
+        let t0 = Instant::now();
+        let mut m = Model::default();
+        let used = |cpu_ms: u64| {
+            let mut r = rank(0, 10, 80, 0, 0);
+            r.usage = Some(crate::profile::Usage {
+                user_ns: cpu_ms * 750_000,
+                system_ns: cpu_ms * 250_000,
+                max_rss_bytes: 64 << 20,
+                context_switches: None,
+                at_exit: false,
+            });
+            r
+        };
+        m.update(t0, JobProfile::of_ranks(vec![used(1000)]));
+        let s = m.screen(&Filter::default(), SortKey::Time).expect("screen");
+        assert_eq!(s.ranks[0].cpus, None, "no interval yet");
+        assert_eq!(s.ranks[0].max_rss_bytes, Some(64 << 20));
+        // 3 s of CPU time in 2 s: one and a half cores.
+        m.update(
+            t0 + Duration::from_secs(2),
+            JobProfile::of_ranks(vec![used(4000)]),
+        );
+        let s = m.screen(&Filter::default(), SortKey::Time).expect("screen");
+        assert_eq!(s.ranks[0].cpus, Some(1.5));
     }
 }

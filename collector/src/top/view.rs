@@ -157,6 +157,10 @@ pub fn draw(frame: &mut Frame, screen: Option<&Screen>, status: &Status) {
                 share(r.comm_share),
                 format!("{:.3}", r.comm_s),
                 format!("{:.3}", r.elapsed_s),
+                r.cpus
+                    .map_or_else(|| "-".into(), |c| format!("{:.0}%", 100.0 * c)),
+                r.max_rss_bytes
+                    .map_or_else(|| "-".into(), |b| Unit::Bytes.format(b as f64)),
             ])
         });
         let table = Table::new(
@@ -169,6 +173,8 @@ pub fn draw(frame: &mut Frame, screen: Option<&Screen>, status: &Status) {
                 Constraint::Length(10),
                 Constraint::Length(10),
                 Constraint::Length(11),
+                Constraint::Length(7),
+                Constraint::Length(10),
             ],
         )
         .header(
@@ -180,6 +186,8 @@ pub fn draw(frame: &mut Frame, screen: Option<&Screen>, status: &Status) {
                 "MPI share",
                 "comm(s)",
                 "elapsed(s)",
+                "CPU",
+                "max RSS",
             ])
             .style(Style::new().add_modifier(Modifier::BOLD)),
         )

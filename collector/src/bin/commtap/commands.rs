@@ -50,11 +50,7 @@ async fn run_compare(a: CompareArgs) -> Result<bool> {
     let name = a.expected.display().to_string();
     let expected = compare::pick_table(&read(&a.expected)?, &name, a.expected_table)?;
     let op = compare::resolve_op(a.op.as_deref(), &expected)?;
-    let placement = if a.in_place {
-        compare::Placement::InPlace
-    } else {
-        compare::Placement::OutOfPlace
-    };
+    let placement = compare::Placement::of(a.in_place);
     let (profile, measured) = if let (None, Some(p)) = (&a.profile, &a.measured) {
         let name = p.display().to_string();
         let table = compare::pick_table(&read(p)?, &name, a.measured_table)?;
