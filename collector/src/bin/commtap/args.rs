@@ -105,7 +105,10 @@ pub struct DaemonArgs {
     pub probe: ProbeArgs,
     #[command(flatten)]
     pub metrics: MetricsArgs,
-    /// Profile only these processes (comma separated), not every MPI process on the node.
+    /// Profile only these processes (comma separated), not every MPI process on the node,
+    /// and the ranks below each, as `record --pid` finds them: mpirun's, torchrun's
+    /// workers (numbered apart by RANK), not a rank's own helpers. Read at the daemon's
+    /// start: workers started later are not added.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["uid", "cgroup", "slurm_job", "container"])]
     pub pid: Vec<u32>,
     /// Profile only processes of this user (name or numeric id).
