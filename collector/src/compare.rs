@@ -158,7 +158,8 @@ pub fn pick_table(text: &str, file: &str, index: Option<usize>) -> Result<Table>
     match index {
         None if tables.len() == 1 => Ok(tables.remove(0)),
         None => bail!(
-            "{file} holds {} nccl-tests tables: pick one with its --*-table option (1 to {})",
+            "{file} holds {} nccl-tests tables: pick one with --expected-table N (or, for \
+             --measured, --measured-table N), N from 1 to {}",
             tables.len(),
             tables.len()
         ),
@@ -187,9 +188,9 @@ pub fn table_curve(table: &Table, placement: Placement) -> Result<Curve> {
             Placement::OutOfPlace => r.busbw,
             Placement::InPlace => r.in_place_busbw.with_context(|| {
                 format!(
-                    "the table's row of {} bytes has no in-place columns (nccl-tests prints \
+                    "the table's row of {} bytes has no in-place busbw (nccl-tests prints \
                      the in-place run after the out-of-place one; this row has one run \
-                     only): drop --in-place",
+                     only): its out-of-place figures are read without the in-place option",
                     r.size
                 )
             })?,
@@ -398,7 +399,7 @@ mod tests {
             rows: vec![r],
         };
         let e = table_curve(&table, Placement::InPlace).unwrap_err();
-        assert!(e.to_string().contains("no in-place columns"), "{e}");
+        assert!(e.to_string().contains("no in-place busbw"), "{e}");
         // An empty column (tab tab) before #wrong.
         let r = parse_row("65536\t16384\tfloat\tsum\t-1\t138.8\t0.47\t0.89\t\t0").unwrap();
         assert_eq!(r.busbw, 0.89);

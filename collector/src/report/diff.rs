@@ -11,14 +11,52 @@ use crate::profile::{JobProfile, RankProfile};
 /// Rows of each table the text shows (the JSON holds them all).
 const SHOWN: usize = 20;
 
-/// One figure before and after.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+/// One figure before and after (in JSON, a count is written as an integer).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Change {
     /// In the first profile.
     pub before: f64,
     /// In the second.
     pub after: f64,
 }
+
+impl Serialize for Change {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        /// A whole number as an integer: calls, bytes and ranks are counts.
+        struct Figure(f64);
+        impl Serialize for Figure {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                // Below 2^53 an f64 holds every integer exactly.
+                if self.0.fract() == 0.0 && (0.0..9.0e15).contains(&self.0) {
+                    s.serialize_u64(self.0 as u64)
+                } else {
+                    s.serialize_f64(self.0)
+                }
+            }
+        }
+        let mut st = s.serialize_struct("Change", 2)?;
+        st.serialize_field("before", &Figure(self.before))?;
+        st.serialize_field("after", &Figure(self.after))?;
+        st.end()
+    }
+}
+
+/// A communication setting (`NCCL_ALGO`, `FI_PROVIDER` ...) set otherwise after than
+/// before: its value on every rank, [`SET_DIFFERENTLY`] where the ranks differ, `None`
+/// where no rank had it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SettingChange {
+    /// The variable.
+    pub name: String,
+    /// In the first profile.
+    pub before: Option<String>,
+    /// In the second.
+    pub after: Option<String>,
+}
+
+/// A setting's value where the ranks of a profile had it set differently.
+pub const SET_DIFFERENTLY: &str = "(set differently across ranks)";
 
 impl Change {
     /// After against before, in percent (None where before is 0).
@@ -89,6 +127,15 @@ pub struct Diff {
     pub routines: Vec<RoutineChange>,
     /// Per world rank present in both, the largest change of communication time first.
     pub by_rank: Vec<RankChange>,
+    /// World ranks in the first profile only.
+    pub ranks_only_before: Vec<u32>,
+    /// World ranks in the second profile only.
+    pub ranks_only_after: Vec<u32>,
+    /// The communication settings set otherwise, by name.
+    pub settings: Vec<SettingChange>,
+    /// The lowest rank's command line in each, where their programs differ (two
+    /// different jobs compared: said, not refused).
+    pub programs_differ: Option<(String, String)>,
     /// Per NCCL operation and message size whose device time both profiles measured, in
     /// the operation's and the size's order (did a plugin or a setting help?).
     pub nccl_busbw: Vec<BandwidthChange>,
@@ -153,7 +200,23 @@ pub fn diff(before: &JobProfile, after: &JobProfile) -> Diff {
         .collect();
     by_rank.sort_by(|a, b| moved(&b.comm_s).total_cmp(&moved(&a.comm_s)));
     let nccl_busbw = bandwidth_changes(routines.iter().map(|r| r.routine.as_str()), before, after);
+    let before_ranks = by_rank_of(before);
+    let only = |a: &BTreeMap<u32, &RankProfile>, b: &BTreeMap<u32, &RankProfile>| -> Vec<u32> {
+        a.keys().filter(|r| !b.contains_key(r)).copied().collect()
+    };
+    let program = |j: &JobProfile| {
+        let first = j.ranks.iter().min_by_key(|r| r.rank)?;
+        Some(first.cmdline.clone())
+    };
+    let first_word = |c: &String| c.split_whitespace().next().map(str::to_string);
+    let programs_differ = program(before)
+        .zip(program(after))
+        .filter(|(b, a)| first_word(b) != first_word(a));
     Diff {
+        ranks_only_before: only(&before_ranks, &after_ranks),
+        ranks_only_after: only(&after_ranks, &before_ranks),
+        settings: setting_changes(before, after),
+        programs_differ,
         ranks: both(&|j| j.ranks.len() as f64),
         elapsed_s: both(&elapsed),
         comm_s: both(&comm),
@@ -162,6 +225,33 @@ pub fn diff(before: &JobProfile, after: &JobProfile) -> Diff {
         by_rank,
         nccl_busbw,
     }
+}
+
+/// The settings set otherwise in `after` than in `before`, by name.
+fn setting_changes(before: &JobProfile, after: &JobProfile) -> Vec<SettingChange> {
+    let values = |j: &JobProfile| -> BTreeMap<String, String> {
+        let (alike, differing) = j.settings_alike_and_not();
+        alike
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .chain(
+                differing
+                    .into_iter()
+                    .map(|k| (k.to_string(), SET_DIFFERENTLY.to_string())),
+            )
+            .collect()
+    };
+    let (b, a) = (values(before), values(after));
+    let names: std::collections::BTreeSet<&String> = b.keys().chain(a.keys()).collect();
+    names
+        .into_iter()
+        .filter(|n| b.get(*n) != a.get(*n))
+        .map(|n| SettingChange {
+            name: n.clone(),
+            before: b.get(n).cloned(),
+            after: a.get(n).cloned(),
+        })
+        .collect()
 }
 
 /// The bus bandwidth of each operation among `names` at each size both profiles measured
@@ -216,6 +306,14 @@ pub fn render_text(d: &Diff, (before, after): (&str, &str)) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "before: {before}");
     let _ = writeln!(o, "after:  {after}");
+    if let Some((b, a)) = &d.programs_differ {
+        let _ = writeln!(
+            o,
+            "note: the two profiles are of different programs ({} / {})",
+            crate::client::printable(b),
+            crate::client::printable(a)
+        );
+    }
     let _ = writeln!(o);
     let _ = writeln!(
         o,
@@ -237,11 +335,36 @@ pub fn render_text(d: &Diff, (before, after): (&str, &str)) -> String {
         );
     }
     let _ = writeln!(o);
-    let _ = writeln!(o, "Routines, all ranks (the largest change of time first):");
+    if !d.settings.is_empty() {
+        let _ = writeln!(o, "Settings set otherwise (each rank's environment):");
+        for c in &d.settings {
+            let shown = |v: &Option<String>| {
+                v.as_deref()
+                    .map_or_else(|| "(not set)".to_string(), crate::client::printable)
+            };
+            let _ = writeln!(
+                o,
+                "  {}: {} -> {}",
+                crate::client::printable(&c.name),
+                shown(&c.before),
+                shown(&c.after)
+            );
+        }
+        let _ = writeln!(o);
+    }
+    let _ = writeln!(
+        o,
+        "Routines, all ranks (the largest change of time, in seconds, first):"
+    );
     let _ = writeln!(
         o,
         "{:<28}{:>12}{:>12}{:>16}{:>16}{:>12}{:>12}{:>10}",
-        "routine", "calls", "calls", "bytes", "bytes", "time(sec)", "time(sec)", "change"
+        "routine", "calls", "", "bytes", "", "time(s)", "", "change"
+    );
+    let _ = writeln!(
+        o,
+        "{:<28}{:>12}{:>12}{:>16}{:>16}{:>12}{:>12}",
+        "", "before", "after", "before", "after", "before", "after"
     );
     for r in d.routines.iter().take(SHOWN) {
         let _ = writeln!(
@@ -267,7 +390,12 @@ pub fn render_text(d: &Diff, (before, after): (&str, &str)) -> String {
         let _ = writeln!(
             o,
             "{:>8}{:>12}{:>12}{:>10}{:>14}{:>14}",
-            "rank", "comm(s)", "comm(s)", "change", "elapsed(s)", "elapsed(s)"
+            "rank", "comm(s)", "", "change", "elapsed(s)", ""
+        );
+        let _ = writeln!(
+            o,
+            "{:>8}{:>12}{:>12}{:>10}{:>14}{:>14}",
+            "", "before", "after", "", "before", "after"
         );
         for r in d.by_rank.iter().take(SHOWN) {
             let _ = writeln!(
@@ -283,6 +411,15 @@ pub fn render_text(d: &Diff, (before, after): (&str, &str)) -> String {
         }
         more(&mut o, d.by_rank.len(), "ranks");
     }
+    for (side, ranks) in [
+        ("before", &d.ranks_only_before),
+        ("after", &d.ranks_only_after),
+    ] {
+        if !ranks.is_empty() {
+            let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
+            let _ = writeln!(o, "Ranks only {side}: {}", list.join(", "));
+        }
+    }
     if !d.nccl_busbw.is_empty() {
         let _ = writeln!(o);
         let _ = writeln!(
@@ -292,8 +429,9 @@ pub fn render_text(d: &Diff, (before, after): (&str, &str)) -> String {
         let _ = writeln!(
             o,
             "{:<24}{:>26}{:>14}{:>14}{:>10}",
-            "operation", "message size (bytes)", "busbw(GB/s)", "busbw(GB/s)", "change"
+            "operation", "message size (bytes)", "busbw(GB/s)", "", "change"
         );
+        let _ = writeln!(o, "{:<24}{:>26}{:>14}{:>14}", "", "", "before", "after");
         for c in &d.nccl_busbw {
             let size = collector_common::buckets::RangeLabel {
                 lo: c.min_bytes,
@@ -413,6 +551,46 @@ mod tests {
                 "-66.7%"
             ]
         );
+        // The job's settings, a rank only after, another program.
+        let (mut before, mut after) = (before, after);
+        let mut third = rank(2, 100, 1, 900);
+        third.cmdline = "./other".into();
+        after.ranks.insert(0, third);
+        for (j, algo) in [(&mut before.ranks, "Ring"), (&mut after.ranks, "Tree")] {
+            for r in j.iter_mut() {
+                r.settings.insert("NCCL_ALGO".into(), algo.into());
+            }
+        }
+        after.ranks[1]
+            .settings
+            .insert("FI_PROVIDER".into(), "tcp".into());
+        let d = diff(&before, &after);
+        assert_eq!(d.ranks_only_after, vec![2]);
+        assert!(d.ranks_only_before.is_empty());
+        assert_eq!(
+            d.settings,
+            vec![
+                SettingChange {
+                    name: "FI_PROVIDER".into(),
+                    before: None,
+                    after: Some(SET_DIFFERENTLY.into()),
+                },
+                SettingChange {
+                    name: "NCCL_ALGO".into(),
+                    before: Some("Ring".into()),
+                    after: Some("Tree".into()),
+                },
+            ]
+        );
+        assert_eq!(d.programs_differ, None, "rank 0's program is the same");
+        let text = render_text(&d, ("a.json", "b.json"));
+        assert!(text.contains("  NCCL_ALGO: Ring -> Tree\n"), "{text}");
+        assert!(text.contains("Ranks only after: 2\n"), "{text}");
+        // Counts are integers in JSON, seconds not.
+        let json = serde_json::to_value(&d).expect("JSON");
+        assert_eq!(json["ranks"]["after"], serde_json::json!(3));
+        assert!(json["ranks"]["after"].is_u64());
+        assert!(json["elapsed_s"]["after"].is_f64());
         // A routine only one side called.
         assert_eq!(
             Change {

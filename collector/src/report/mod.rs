@@ -22,9 +22,9 @@ use crate::profile::JobProfile;
 /// Output format of a profile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
-    /// mpitrace-style text.
+    /// Text for people (a profile in mpitrace's layout).
     Text,
-    /// The JSON document described in the README.
+    /// One JSON document (its fields: see the README).
     Json,
 }
 

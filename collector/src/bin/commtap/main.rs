@@ -195,7 +195,8 @@ enum Command {
     /// Compare a job's NCCL bus bandwidth per message size with an nccl-tests table.
     ///
     /// The expected curve is the out-of-place busbw of an nccl-tests / rccl-tests output
-    /// (`all_reduce_perf -b 64K -e 4G -f 2 ...` as printed). The measured one is a commtap
+    /// (`all_reduce_perf -b 64K -e 4G -f 2 ...` as printed), or its in-place busbw with
+    /// --in-place (PyTorch DDP's AllReduces are in place). The measured one is a commtap
     /// profile's NCCL device time (a JSON profile, or a daemon or aggregator), or another
     /// nccl-tests table. Size buckets measured below --threshold x expected are flagged.
     /// Exit status: 0 nothing below, 1 some bucket below, 2 error.
@@ -204,6 +205,7 @@ enum Command {
     ///   commtap compare --expected allreduce_baseline.txt --profile job.json
     ///   commtap compare --expected baseline.txt --from https://agg:7443 --job 4242
     ///   commtap compare --expected a.txt --expected-table 2 --measured b.txt
+    ///   commtap compare --expected allreduce_baseline.txt --profile ddp.json --in-place
     #[command(verbatim_doc_comment)]
     Compare(CompareArgs),
     /// Compare two profiles of a job: before and after a change (an MPI or NCCL setting, a
