@@ -230,10 +230,32 @@ fn summary(job: &JobProfile) -> String {
         row(&mut o, "Settings, every rank alike", &said.join("<br>"));
     }
     if !differing.is_empty() {
+        // Each with its values and how many ranks had each (a few: the JSON has them all).
+        let said: Vec<String> = differing
+            .iter()
+            .map(|name| {
+                let mut values = std::collections::BTreeMap::<Option<&str>, usize>::new();
+                for r in &job.ranks {
+                    *values
+                        .entry(r.settings.get(*name).map(String::as_str))
+                        .or_default() += 1;
+                }
+                let shown: Vec<String> = values
+                    .iter()
+                    .take(8)
+                    .map(|(v, n)| {
+                        let ranks = if *n == 1 { "rank" } else { "ranks" };
+                        format!("{} ({n} {ranks})", escape(v.unwrap_or("not set")))
+                    })
+                    .collect();
+                let more = if values.len() > 8 { ", ..." } else { "" };
+                format!("<code>{}</code>: {}{more}", escape(name), shown.join(", "))
+            })
+            .collect();
         row(
             &mut o,
             "Settings set differently across ranks",
-            &escape(&differing.join(", ")),
+            &said.join("<br>"),
         );
     }
     let mut health = crate::stats::Health::default();
@@ -490,7 +512,8 @@ mod tests {
             "<tr><th>CPU time, all ranks</th><td>2.000 s user, 0.500 s system</td></tr>",
             "<tr><th>Largest resident set</th><td>30.00 MBytes, rank 1</td></tr>",
             "<tr><th>Settings, every rank alike</th><td><code>NCCL_DEBUG=&lt;WARN&gt;</code></td></tr>",
-            "<tr><th>Settings set differently across ranks</th><td>NCCL_ALGO</td></tr>",
+            "<tr><th>Settings set differently across ranks</th><td><code>NCCL_ALGO</code>: \
+             Ring (1 rank), Tree (1 rank)</td></tr>",
         ] {
             assert!(html.contains(want), "{want} in {html}");
         }
