@@ -130,7 +130,8 @@ impl Scope {
                 }
                 continue;
             }
-            warn!("{}", discover::ranks_below_said(p, maps, &ranks));
+            // What --pid is for: an operator hears it (a daemon logs at info).
+            info!("{}", discover::ranks_below_said(p, maps, &ranks));
             pids.extend(ranks);
         }
         Scope {
