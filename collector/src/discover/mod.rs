@@ -258,10 +258,8 @@ pub fn live_usage(pid: u32, start_ticks: u64) -> Option<LiveUsage> {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let mut usage = parse_live_usage(&stat, &status, u64::try_from(hz).ok()?)?;
     // Not walked at all past the cap: each thread is a file read at every report.
-    let threads: usize = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|v| v.trim().parse().ok())
+    let threads: usize = status_field(&status, "Threads")
+        .and_then(|v| v.parse().ok())
         .unwrap_or(usize::MAX);
     if threads <= LIVE_THREADS_READ {
         usage.live_context_switches = live_context_switches(pid);
@@ -286,10 +284,8 @@ fn live_context_switches(pid: u32) -> Option<u64> {
         // A thread that ended since the listing has nothing left to add here, nor has one
         // past its end (a zombie, or dead): the kernel added its switches as it ended.
         if let Ok(status) = fs::read_to_string(task.path().join("status")) {
-            let ended = status
-                .lines()
-                .find_map(|l| l.strip_prefix("State:"))
-                .is_some_and(|v| matches!(v.trim_start().chars().next(), Some('Z' | 'X')));
+            let ended = status_field(&status, "State")
+                .is_some_and(|v| matches!(v.chars().next(), Some('Z' | 'X')));
             if !ended {
                 sum = sum.saturating_add(context_switches_of(&status));
             }
@@ -300,17 +296,18 @@ fn live_context_switches(pid: u32) -> Option<u64> {
 
 /// `voluntary_ctxt_switches` + `nonvoluntary_ctxt_switches` of a `/proc/.../status` text.
 fn context_switches_of(status: &str) -> u64 {
-    status
-        .lines()
-        .filter_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            matches!(
-                name,
-                "voluntary_ctxt_switches" | "nonvoluntary_ctxt_switches"
-            )
-            .then(|| value.trim().parse::<u64>().ok())?
-        })
+    ["voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"]
+        .iter()
+        .filter_map(|name| status_field(status, name)?.parse::<u64>().ok())
         .fold(0, u64::saturating_add)
+}
+
+/// The value of the line `name:` of a `/proc/.../status` text, trimmed.
+fn status_field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
+    status.lines().find_map(|l| {
+        let (n, value) = l.split_once(':')?;
+        (n == name).then(|| value.trim())
+    })
 }
 
 /// [`LiveUsage`] from a `/proc/PID/stat` line (`utime`, `stime`: fields 14 and 15, in
@@ -318,10 +315,7 @@ fn context_switches_of(status: &str) -> u64 {
 fn parse_live_usage(stat: &str, status: &str, hz: u64) -> Option<LiveUsage> {
     let ticks = |i| -> Option<u64> { stat_field(stat, i)?.parse().ok() };
     let ns = |t: u64| (u128::from(t) * 1_000_000_000 / u128::from(hz.max(1))) as u64;
-    let hwm_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .trim()
+    let hwm_kib: u64 = status_field(status, "VmHWM")?
         .strip_suffix("kB")?
         .trim()
         .parse()
@@ -345,11 +339,12 @@ pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).map_err(proc_err(pid, "stat"))?;
     let start_ticks = stat_start_ticks(&stat).unwrap_or(0);
     let uid = fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(proc_err(pid, "status"))?
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok());
+        .map_err(proc_err(pid, "status"))
+        .map(|status| {
+            status_field(&status, "Uid")
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+        })?;
     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).map_err(proc_err(pid, "cmdline"))?;
     let environ = fs::read(format!("/proc/{pid}/environ")).map_err(proc_err(pid, "environ"))?;
     let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok();
@@ -819,10 +814,7 @@ pub fn thread_group_of(pid: u32) -> Option<u32> {
 
 /// The `Tgid:` of a `/proc/PID/status` text.
 fn tgid_in_status(status: &str) -> Option<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))
-        .and_then(|v| v.trim().parse().ok())
+    status_field(status, "Tgid")?.parse().ok()
 }
 
 /// Every process below `root` (its children, theirs, ...) in the tree `parent` (pid to
