@@ -87,17 +87,11 @@ fn usage_of(
     }
     // A thread that ends during the walk of the live ones is in neither reading: where the
     // kernel's count of ended threads moved meanwhile, walked once more.
-    let mut before = ps.exit_threads;
-    let mut tries = 0;
-    let (live, ended) = loop {
-        let live = discover::live_usage(pid, start_ticks)?;
-        let after = reread();
-        tries += 1;
-        if after.exit_threads == before || tries == 2 {
-            break (live, after);
-        }
-        before = after.exit_threads;
-    };
+    let read = || Some((discover::live_usage(pid, start_ticks)?, reread()));
+    let (mut live, mut ended) = read()?;
+    if ended.exit_threads != ps.exit_threads {
+        (live, ended) = read()?;
+    }
     Some(Usage {
         user_ns: live.user_ns,
         system_ns: live.system_ns,
