@@ -210,10 +210,7 @@ fn watch_ranks_below(session: &mut Session) {
     let found: Vec<(u32, Vec<u32>)> = launchers
         .iter()
         .map(|&launcher| {
-            let numbering = |pid| {
-                let t = session.tracked.get(&pid).filter(|t| t.maps_mpi)?;
-                t.info.as_ref().map(discover::ProcessInfo::numbering)
-            };
+            let numbering = |pid| session.tracked.get(&pid)?.rank_numbering();
             (
                 launcher,
                 discover::ranks_below(launcher, me, &tree, numbering),

@@ -47,6 +47,15 @@ pub struct Tracked {
 }
 
 impl Tracked {
+    /// How it is numbered in its job, where it maps an MPI or NCCL (as
+    /// [`super::ranks_below`] and [`super::is_helper`] ask).
+    pub fn rank_numbering(&self) -> Option<super::Numbering<'_>> {
+        self.info
+            .as_ref()
+            .filter(|_| self.maps_mpi)
+            .map(ProcessInfo::numbering)
+    }
+
     /// Its owner: from `/proc` once read, else from the kernel's event.
     pub fn uid(&self) -> Option<u32> {
         self.info.as_ref().and_then(|i| i.uid).or(self.kernel_uid)

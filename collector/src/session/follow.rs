@@ -575,13 +575,10 @@ impl Session {
         // no ranks, as a profiler started before them would not have counted them either.
         let tree = discover::process_tree();
         let numbering = |pid: u32| {
-            let known = self.tracked.get(&pid).filter(|t| t.maps_mpi);
-            known
-                .and_then(|t| t.info.as_ref())
-                .or_else(|| infos.get(&pid)?.as_ref())
-                .map(ProcessInfo::numbering)
+            let tracked = self.tracked.get(&pid).and_then(Tracked::rank_numbering);
+            tracked.or_else(|| infos.get(&pid)?.as_ref().map(ProcessInfo::numbering))
         };
-        let helpers: Vec<u32> = infos
+        let helpers: std::collections::BTreeSet<u32> = infos
             .keys()
             .copied()
             .filter(|&pid| discover::is_helper(pid, &tree, numbering))
