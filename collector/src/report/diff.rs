@@ -42,22 +42,6 @@ impl Serialize for Change {
     }
 }
 
-/// A communication setting (`NCCL_ALGO`, `FI_PROVIDER` ...) set otherwise after than
-/// before: its value on every rank, [`SET_DIFFERENTLY`] where the ranks differ, `None`
-/// where no rank had it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct SettingChange {
-    /// The variable.
-    pub name: String,
-    /// In the first profile.
-    pub before: Option<String>,
-    /// In the second.
-    pub after: Option<String>,
-}
-
-/// A setting's value where the ranks of a profile had it set differently.
-pub const SET_DIFFERENTLY: &str = "(set differently across ranks)";
-
 impl Change {
     /// After against before, in percent (None where before is 0).
     pub fn percent(&self) -> Option<f64> {
@@ -97,6 +81,22 @@ pub struct RankChange {
     /// Elapsed time, s.
     pub elapsed_s: Change,
 }
+
+/// A communication setting (`NCCL_ALGO`, `FI_PROVIDER` ...) set otherwise after than
+/// before: its value on every rank, [`SET_DIFFERENTLY`] where the ranks differ, `None`
+/// where no rank had it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SettingChange {
+    /// The variable.
+    pub name: String,
+    /// In the first profile.
+    pub before: Option<String>,
+    /// In the second.
+    pub after: Option<String>,
+}
+
+/// A setting's value where the ranks of a profile had it set differently.
+pub const SET_DIFFERENTLY: &str = "(set differently across ranks)";
 
 /// An NCCL operation's bus bandwidth at one message size, before and after (device time,
 /// all ranks together, as `commtap compare` measures it).
@@ -204,14 +204,10 @@ pub fn diff(before: &JobProfile, after: &JobProfile) -> Diff {
     let only = |a: &BTreeMap<u32, &RankProfile>, b: &BTreeMap<u32, &RankProfile>| -> Vec<u32> {
         a.keys().filter(|r| !b.contains_key(r)).copied().collect()
     };
-    let program = |j: &JobProfile| {
-        let first = j.ranks.iter().min_by_key(|r| r.rank)?;
-        Some(first.cmdline.clone())
-    };
-    let first_word = |c: &String| c.split_whitespace().next().map(str::to_string);
+    let program = |j: &JobProfile| Some(j.ranks.iter().min_by_key(|r| r.rank)?.cmdline.clone());
     let programs_differ = program(before)
         .zip(program(after))
-        .filter(|(b, a)| first_word(b) != first_word(a));
+        .filter(|(b, a)| b.split_whitespace().next() != a.split_whitespace().next());
     Diff {
         ranks_only_before: only(&before_ranks, &after_ranks),
         ranks_only_after: only(&after_ranks, &before_ranks),
