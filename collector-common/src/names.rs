@@ -25,6 +25,8 @@ pub mod maps {
     pub const DEVICE_TIME: &str = "DEVICE_TIME";
     /// Point-to-point traffic per peer.
     pub const PEERS: &str = "PEERS";
+    /// Calls, bytes and time per call site.
+    pub const CALL_SITES: &str = "CALL_SITES";
     /// Per-process health counters and times.
     pub const PROC_STATS: &str = "PROC_STATS";
     /// Communicators learnt per process.

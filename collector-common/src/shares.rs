@@ -44,10 +44,12 @@ pub enum SharedMap {
     Peers = 4,
     /// Persistent requests: what each start moves (`PERSISTENT`).
     Persistent = 5,
+    /// Call sites (`CALL_SITES`).
+    Sites = 6,
 }
 
 /// How many maps a share bounds.
-pub const SHARED_MAPS: usize = 6;
+pub const SHARED_MAPS: usize = 7;
 
 /// The entries of each shared map, by [`SharedMap`].
 pub const CAPACITY: [u64; SHARED_MAPS] = [
@@ -57,6 +59,7 @@ pub const CAPACITY: [u64; SHARED_MAPS] = [
     crate::MAX_COUNTERS as u64,
     crate::MAX_PEER_COUNTERS as u64,
     crate::MAX_PERSISTENT as u64,
+    crate::MAX_SITE_COUNTERS as u64,
 ];
 
 /// The entries one user may hold of a map of `capacity` entries, with shares of `pct`
@@ -85,7 +88,7 @@ pub struct Held {
     /// Entries held, by [`SharedMap`].
     pub entries: [u64; SHARED_MAPS],
 }
-const _: () = assert!(size_of::<Held>() == 64);
+const _: () = assert!(size_of::<Held>() == 72);
 const _: () = assert!(core::mem::offset_of!(Held, processes) == 8);
 const _: () = assert!(core::mem::offset_of!(Held, entries) == 16);
 

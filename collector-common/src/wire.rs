@@ -223,10 +223,16 @@ pub struct CallState {
     /// in a [`MaybeKey`] map: its return says which it did (see `posted.rs` in the BPF
     /// crate).
     pub maybe_n: u32,
-    /// Explicit padding.
-    pub _pad_maybe: u32,
+    /// What the return path just counted, for the call-site counters (`CallState::DONE_*`),
+    /// read and cleared after it in the program's own frame (the return path's stack is
+    /// full): 0 where it counted nothing (a nested call's return, an orphan).
+    pub done: u32,
+    /// The bytes of the call the return path just counted.
+    pub done_bytes: u64,
+    /// Its duration, ns, where `done` is [`CallState::DONE_TIMED`].
+    pub done_ns: u64,
 }
-const _: () = assert!(size_of::<CallState>() == 712 + 8);
+const _: () = assert!(size_of::<CallState>() == 712 + 24);
 
 /// A request of a completion call in progress that may complete it: the calling thread
 /// and the request's index among the call's requests.
@@ -266,6 +272,11 @@ impl CallState {
     /// the times the profile estimates from stay one call in N at random, where the drawn
     /// instances are all of a communicator's first 1,024.
     pub const INSTANCE_UNTIMED: u64 = 1 << 63;
+
+    /// `done`: the return path counted a timed call.
+    pub const DONE_TIMED: u32 = 1;
+    /// `done`: the return path counted an untimed call.
+    pub const DONE_UNTIMED: u32 = 2;
 
     /// The call's instance number plus one (0: none), without its flag.
     #[inline(always)]
@@ -401,8 +412,12 @@ pub struct Config {
     /// charged as the user given it. Their count, and which of its two tables holds them
     /// (`shares::subuid_table`).
     pub subuid_ranges: u32,
+    /// Non-zero: count calls per call site too (`SiteKey`), where the calls were made from.
+    pub call_sites: u32,
+    /// Explicit padding.
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<Config>() == 48);
+const _: () = assert!(size_of::<Config>() == 56);
 
 impl Config {
     /// `uid` value meaning every user.
@@ -525,6 +540,40 @@ pub struct PeerVal {
     pub bytes: u64,
 }
 const _: () = assert!(size_of::<PeerVal>() == 16);
+
+/// Most call-site counters at once (process, routine, return address).
+pub const MAX_SITE_COUNTERS: u32 = 1 << 16;
+
+/// Key of the call-site counters: where a process's calls of a routine were made from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SiteKey {
+    /// Process id.
+    pub tgid: u32,
+    /// Index into [`crate::ROUTINES`].
+    pub routine: u16,
+    /// Explicit padding.
+    pub _pad: u16,
+    /// The address the call returns to in the caller (the instruction after its `call`).
+    pub site: u64,
+}
+const _: () = assert!(size_of::<SiteKey>() == 16);
+const _: () = assert!(offset_of!(SiteKey, site) == 8);
+
+/// Calls, bytes and time of one [`SiteKey`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SiteVal {
+    /// Calls (outermost MPI or NCCL calls only, as the counters count them).
+    pub calls: u64,
+    /// Bytes by the routine's rule.
+    pub bytes: u64,
+    /// The calls whose time was measured (the others' time is sampled away).
+    pub timed: u64,
+    /// Time of the timed calls, ns.
+    pub time_ns: u64,
+}
+const _: () = assert!(size_of::<SiteVal>() == 32);
 
 /// Key of the ground-truth counters: one per process, routine, size bucket and communicator.
 #[repr(C)]
@@ -723,6 +772,10 @@ macro_rules! kernel_health_counters {
             /// full, or the process's user held its share of it; the flat counters still
             /// have them).
             peers_full,
+            /// Calls left out of the call-site counters (their kernel map was full, or
+            /// the process's user held its share of it; the flat counters still have
+            /// them).
+            sites_full,
             /// Device-time windows left out of a timeline because the ring buffer was full
             /// (the profile's device time still has them).
             windows_dropped,
@@ -1651,6 +1704,8 @@ mod pod {
         CounterVal,
         PeerKey,
         PeerVal,
+        crate::SiteKey,
+        crate::SiteVal,
         ProcStats,
         HandleKey,
         CommInfo,

@@ -6,6 +6,7 @@
 //! - `fabric_entry` / `fabric_return`: libfabric ops-table functions.
 //! - `linker_loaded`: the dynamic linker loaded libraries; pause until they are probed.
 //! - `mpi_pcontrol`: `MPI_Pcontrol`; pause while userspace reads the counters.
+//! - call sites: `sites`, counted after each return when asked.
 //! - `sched_fork` / `sched_exec` / `sched_exit`: follow the watched process tree.
 #![no_std]
 #![feature(core_intrinsics)]
@@ -30,6 +31,7 @@ mod probe;
 mod process;
 mod session;
 mod shares;
+mod sites;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -320,8 +320,28 @@ fn returned_alone<const ABI: u8, const TYPES: bool>(ctx: &RetProbeContext) -> u3
     if let Some(state) = returning_state() {
         let said = returned::<ABI, TYPES>(ctx.as_ptr(), now(), state);
         learn_pending::<ABI, TYPES>(said, ctx.as_ptr());
+        // At a return the kernel has put the caller's return address back in the
+        // instruction pointer.
+        crate::sites::after_return(state, || returned_to(ctx.as_ptr()));
     }
     0
+}
+
+/// Where a returning call returns to: the instruction pointer the kernel restored.
+#[inline(always)]
+fn returned_to(ctx: *mut core::ffi::c_void) -> u64 {
+    // SAFETY: a probe's context is its saved registers.
+    unsafe { (*ctx.cast::<aya_ebpf::bindings::pt_regs>()).rip }
+}
+
+/// Where a call just entered will return to: the word at the top of its stack (the probe
+/// sits on the function's first instruction, before any push); 0 if unreadable.
+#[inline(always)]
+fn return_address(ctx: *mut core::ffi::c_void) -> u64 {
+    // SAFETY: a probe's context is its saved registers.
+    let rsp = unsafe { (*ctx.cast::<aya_ebpf::bindings::pt_regs>()).rsp };
+    // SAFETY: reads a word of the traced thread's stack.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_user(rsp as *const u64) }.unwrap_or(0)
 }
 
 /// After the return path, in the caller's stack frame: learns the persistent request the
@@ -411,7 +431,8 @@ session_program!(
 /// entry by the return path itself.
 #[inline(always)]
 fn on_session<const ABI: u8, const TYPES: bool>(ctx: ProbeContext) -> u32 {
-    let (now, state) = if crate::session::is_return() {
+    let at_return = crate::session::is_return();
+    let (now, state) = if at_return {
         let Some(state) = returning_state() else {
             return 0;
         };
@@ -448,6 +469,13 @@ fn on_session<const ABI: u8, const TYPES: bool>(ctx: ProbeContext) -> u32 {
     // (Never pending for an untimed call: persistent creations are always timed.)
     let said = returned::<ABI, TYPES>(ctx.as_ptr(), now, state);
     learn_pending::<ABI, TYPES>(said, ctx.as_ptr());
+    crate::sites::after_return(state, || {
+        if at_return {
+            returned_to(ctx.as_ptr())
+        } else {
+            return_address(ctx.as_ptr())
+        }
+    });
     // At entry (an untimed call, counted): no return wanted.
     1
 }
@@ -599,6 +627,14 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
         ev
     });
     crate::counters::add(e, &key, bytes, dur);
+    // For the call-site counters, after this function (`sites::after_return`).
+    e.done = if e.counted_timed() {
+        CallState::DONE_TIMED
+    } else {
+        CallState::DONE_UNTIMED
+    };
+    e.done_bytes = bytes;
+    e.done_ns = dur;
     if ABI == Abi::Nccl as u8 {
         crate::nccl::after_call(e, &spec, &key, bytes, start_ns, now, ret);
     }

@@ -1495,3 +1495,143 @@ fn mpi_pcontrol_marks_the_region_the_reports_show_and_the_json_keeps_both() {
         assert!(region_matrix < whole_matrix, "{text}");
     }
 }
+
+/// `record --call-sites` of `mpi_sites` (2 ranks): each rank's calls per call site, named
+/// by the function that made them in the program, equal what the program says it did from
+/// each function, call for call and byte for byte; every call of every routine is at a
+/// site (the sites' calls add up to the routine's), and the rank's mpitrace file lists
+/// them. Every call timed, or (`sampled`) one in four of the routines that may be sampled:
+/// the calls counted at their entry then take their return address from the stack.
+fn call_sites_truth(mpi: Mpi, sampled: bool) {
+    let mode = if sampled { "sampled" } else { "timed" };
+    let scratch = Scratch::new(&format!("sites-{}-{mode}", mpi.suffix()));
+    let prog = build_program("mpi_sites.c", mpi);
+    let (out, prefix, mpitrace) = (
+        scratch.path("profile.json"),
+        scratch.path("truth"),
+        scratch.path("mpitrace"),
+    );
+    let np = 2;
+    let mut args: Vec<String> = ["record", "--no-skew", "--call-sites", "--mpitrace-dir"]
+        .map(String::from)
+        .to_vec();
+    args.push(mpitrace.display().to_string());
+    if sampled {
+        args.extend(["--time-one-in", "4"].map(String::from));
+    } else {
+        args.push("--time-every-call".into());
+    }
+    args.extend(
+        launch_ranks_args(&out, mpi, np, &[&prog, Path::new("1000"), &prefix])
+            .into_iter()
+            .skip(1),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let profile = read_json(&out);
+    let program = prog
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .to_string();
+    let mut untimed = 0;
+    for truth in read_truths(&prefix, np) {
+        let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
+        let sites = rank["call_sites"].as_array().expect("call_sites");
+        assert_eq!(rank["sites_full"], 0, "{rank:#}");
+        // Per routine and function: a function may hold more than one call instruction.
+        let mut by_function: std::collections::BTreeMap<(String, String), (u64, u64)> =
+            Default::default();
+        let mut by_routine: std::collections::BTreeMap<String, u64> = Default::default();
+        for s in sites {
+            let routine = s["routine"].as_str().expect("routine").to_string();
+            let calls = s["calls"].as_u64().expect("calls");
+            let timed = s["timed_calls"].as_u64().expect("timed_calls");
+            assert!(timed <= calls, "{s}");
+            if !sampled {
+                assert_eq!(timed, calls, "every call timed: {s}");
+            }
+            untimed += calls - timed;
+            *by_routine.entry(routine.clone()).or_default() += calls;
+            if let Some(function) = s["function"].as_str() {
+                let e = by_function
+                    .entry((routine, function.to_string()))
+                    .or_default();
+                e.0 += calls;
+                e.1 += s["bytes"].as_u64().expect("bytes");
+                if ["negotiate", "reduce_gradients", "broadcast_weights"].contains(&function) {
+                    let object = s["object"].as_str().expect("object");
+                    assert!(object.ends_with(&format!("/{program}")), "{s}");
+                }
+            }
+        }
+        for t in truth["sites"].as_array().expect("sites") {
+            let key = (
+                t["routine"].as_str().expect("routine").to_string(),
+                t["function"].as_str().expect("function").to_string(),
+            );
+            let want = (
+                t["calls"].as_u64().expect("calls"),
+                t["bytes"].as_u64().expect("bytes"),
+            );
+            assert_eq!(
+                by_function.get(&key).copied(),
+                Some(want),
+                "{key:?} in rank {}: {sites:#?}",
+                truth["rank"]
+            );
+        }
+        // MPI_Init, MPI_Comm_rank ... are called from main.
+        assert!(
+            by_function.contains_key(&("MPI_Comm_rank".to_string(), "main".to_string())),
+            "{sites:#?}"
+        );
+        // The transports' operations (UCX's, under MPICH) are made by the MPI library, inside
+        // the MPI calls: those have the sites.
+        let mpi_routines = rank["routines"]
+            .as_object()
+            .expect("routines")
+            .iter()
+            .filter(|(name, _)| name.starts_with("MPI_"));
+        for (name, r) in mpi_routines {
+            assert_eq!(
+                by_routine.get(name).copied().unwrap_or(0),
+                r["calls"].as_u64().expect("calls"),
+                "{name}'s calls at their sites: {sites:#?}"
+            );
+        }
+        let r = truth["rank"].as_u64().expect("rank");
+        let job = profile["job"].as_str().expect("job");
+        let file = mpitrace.join(format!("mpi_profile.{job}.{r}"));
+        let text =
+            std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let line = text
+            .lines()
+            .find(|l| l.contains("reduce_gradients+0x"))
+            .unwrap_or_else(|| panic!("no reduce_gradients call site in\n{text}"));
+        assert!(
+            line.starts_with("MPI_Allreduce") && line.contains(&format!("({program})")),
+            "{line}"
+        );
+    }
+    if sampled {
+        // 1,500 Allreduces a rank, each timed with a chance of 1 in 4.
+        assert!(untimed > 0, "no call went untimed:\n{profile:#}");
+    }
+}
+
+#[test]
+fn call_sites_are_counted_exactly_in_open_mpi() {
+    call_sites_truth(Mpi::OpenMpi, false);
+}
+
+#[test]
+fn call_sites_are_counted_exactly_in_mpich() {
+    call_sites_truth(Mpi::Mpich, false);
+}
+
+#[test]
+fn call_sites_of_calls_counted_at_their_entry_are_exact() {
+    call_sites_truth(Mpi::OpenMpi, true);
+    call_sites_truth(Mpi::Mpich, true);
+}

@@ -254,6 +254,7 @@ pub fn synthetic_rank(
         probe_call_cost: None,
         usage: None,
         settings: Default::default(),
+        call_sites: Vec::new(),
         start_ticks: 7,
         exited: true,
         detached: false,

@@ -442,6 +442,7 @@ mod tests {
                 probe_call_cost: None,
                 usage: None,
                 settings: Default::default(),
+                call_sites: Vec::new(),
                 start_ticks: 1,
                 exited: false,
                 detached: false,

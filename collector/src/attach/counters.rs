@@ -171,6 +171,24 @@ impl super::Probes {
             .collect()
     }
 
+    /// The call-site counters, summed over CPUs.
+    pub fn read_sites(&self) -> Vec<(collector_common::SiteKey, collector_common::SiteVal)> {
+        self.sites
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, per_cpu)| {
+                let mut v = collector_common::SiteVal::default();
+                for c in per_cpu.iter() {
+                    v.calls += c.calls;
+                    v.bytes += c.bytes;
+                    v.timed += c.timed;
+                    v.time_ns += c.time_ns;
+                }
+                (k, v)
+            })
+            .collect()
+    }
+
     /// Health counters of `pid`, summed (marks: the latest) over CPUs.
     pub fn read_proc_stats(&self, pid: u32) -> ProcStats {
         let mut s = ProcStats::default();

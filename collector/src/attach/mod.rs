@@ -172,6 +172,7 @@ pub struct Probes {
     counters: counters::Counters,
     device_time: PerCpuHashMap<MapData, CounterKey, CounterVal>,
     peers: PerCpuHashMap<MapData, collector_common::PeerKey, collector_common::PeerVal>,
+    sites: PerCpuHashMap<MapData, collector_common::SiteKey, collector_common::SiteVal>,
     fabric_funcs: BpfHashMap<MapData, u64, u64>,
     fabric_text: Array<MapData, FabricText>,
     fabric_ranges: BpfHashMap<MapData, u32, FabricRanges>,
@@ -254,6 +255,10 @@ pub struct ProgramStats {
 
 /// Options for loading.
 #[derive(Clone, Debug)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent switches, each a command-line flag's"
+)]
 pub struct LoadOptions {
     /// Ring buffer size in bytes (a power of two, at least a page).
     pub ring_buffer_bytes: u32,
@@ -278,6 +283,8 @@ pub struct LoadOptions {
     pub user_share_pct: u32,
     /// The sub-uids users are given (`/etc/subuid`): each is charged as its user.
     pub subuid_file: PathBuf,
+    /// Count calls per call site too (see [`Probes::set_call_sites`]).
+    pub call_sites: bool,
 }
 
 impl LoadOptions {
@@ -294,6 +301,7 @@ impl LoadOptions {
             transports: true,
             user_share_pct: collector_common::shares::DEFAULT_USER_SHARE_PCT,
             subuid_file: PathBuf::from(crate::discover::accounts::SUBUID_FILE),
+            call_sites: false,
         }
     }
 }
@@ -418,12 +426,14 @@ impl Probes {
                 self_tgid: std::process::id(),
                 uid: Config::ANY_UID,
                 user_share_pct: opts.user_share_pct,
+                call_sites: u32::from(opts.call_sites),
                 ..Config::default()
             },
             layouts: map(&mut ebpf, names::maps::LAYOUTS)?,
             counters,
             device_time: map(&mut ebpf, names::maps::DEVICE_TIME)?,
             peers: map(&mut ebpf, names::maps::PEERS)?,
+            sites: map(&mut ebpf, names::maps::CALL_SITES)?,
             fabric_funcs: map(&mut ebpf, names::maps::FABRIC_FUNCS)?,
             fabric_text: map(&mut ebpf, names::maps::FABRIC_TEXT)?,
             fabric_ranges: map(&mut ebpf, names::maps::FABRIC_RANGES)?,
@@ -822,6 +832,17 @@ impl Probes {
         Ok(())
     }
 
+    /// Turns the call-site counters on or off (where each call was made from).
+    pub fn set_call_sites(&mut self, on: bool) -> Result<(), AttachError> {
+        self.settings.call_sites = u32::from(on);
+        self.write_settings()
+    }
+
+    /// Whether calls are counted per call site.
+    pub fn call_sites(&self) -> bool {
+        self.settings.call_sites != 0
+    }
+
     /// Times one call in `n` of `routine` (chosen at random; 0 or 1: every call), for the
     /// routines whose time may be sampled, through uprobe sessions (with entry and return
     /// probes every call is timed whatever this says).
@@ -996,6 +1017,7 @@ impl Probes {
                 .map(|k| k.tgid),
         );
         pids.extend(self.peers.keys().filter_map(Result::ok).map(|k| k.tgid));
+        pids.extend(self.sites.keys().filter_map(Result::ok).map(|k| k.tgid));
         pids.extend(handle_holders(&self.comms));
         pids.extend(handle_holders(&self.dtypes));
         pids.extend(handle_holders(&self.persistent));
@@ -1033,6 +1055,15 @@ impl Probes {
             .collect();
         for k in keys {
             let _ = self.peers.remove(&k);
+        }
+        let keys: Vec<collector_common::SiteKey> = self
+            .sites
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.tgid == pid)
+            .collect();
+        for k in keys {
+            let _ = self.sites.remove(&k);
         }
         let _ = self.proc_stats.remove(&pid);
         let _ = self.fabric_ranges.remove(&pid);

@@ -41,6 +41,9 @@ pub struct Tracked {
     pub kernel_info: Option<ProcessInfo>,
     /// Its `MPI_Pcontrol` region.
     pub region: crate::stats::region::Region,
+    /// The files it maps executable, as last read, where call sites are counted: what
+    /// names its call sites once it has exited.
+    pub objects: Vec<super::MappedObject>,
     /// Its profile while watched before it was detached, where it was attached again: the
     /// profile counted since then is added to it.
     pub earlier: Option<Box<crate::profile::RankProfile>>,

@@ -4,14 +4,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use collector_common::{CounterKey, CounterVal, PeerKey, PeerVal, ProcStats};
+use collector_common::{CounterKey, CounterVal, PeerKey, PeerVal, ProcStats, SiteKey, SiteVal};
 
-use super::{JobProfile, JobTotals, ProbedLibrary, RankProfile, RegionProfile, Usage, SCHEMA};
+use super::{
+    CallSite, JobProfile, JobTotals, ProbedLibrary, RankProfile, RegionProfile, Usage, SCHEMA,
+};
 use crate::{
     attach::{AttachedLibrary, Probes},
     discover::{self, tracked::Tracked, ProcessInfo},
     stats,
-    symbols::Placement,
+    symbols::{sites::SiteFiles, Placement},
 };
 
 /// Names communicator `handle` of process `pid` alike in every member, where it can.
@@ -65,6 +67,55 @@ pub fn job_profile(
         }
     }
     assemble(ranks, probes, not_profiled, job_ids)
+}
+
+/// The call sites of process `pid` among the kernel's `read`, named against the files it
+/// mapped (`objects`), most time first (then most calls).
+pub fn call_sites(
+    pid: u32,
+    read: &[(SiteKey, SiteVal)],
+    objects: &[discover::MappedObject],
+    files: &mut SiteFiles,
+) -> Vec<CallSite> {
+    let mut sites: Vec<CallSite> = read
+        .iter()
+        .filter(|(k, _)| k.tgid == pid)
+        .map(|(k, v)| {
+            let named = files.name(objects, k.site);
+            // Sampled: the timed calls' mean for every call.
+            let time_ns = if v.timed == 0 || v.timed == v.calls {
+                v.time_ns
+            } else {
+                u64::try_from(u128::from(v.time_ns) * u128::from(v.calls) / u128::from(v.timed))
+                    .unwrap_or(u64::MAX)
+            };
+            CallSite {
+                routine: collector_common::ROUTINES
+                    .get(usize::from(k.routine))
+                    .map_or_else(|| format!("routine {}", k.routine), |r| r.name.to_string()),
+                address: format!("{:#x}", k.site),
+                object: named.object,
+                function: named.function,
+                offset: named.offset,
+                totals: stats::Totals {
+                    calls: v.calls,
+                    bytes: v.bytes,
+                    time_ns,
+                },
+                timed_calls: v.timed,
+            }
+        })
+        .collect();
+    sites.sort_by(|a, b| {
+        (b.totals.time_ns, b.totals.calls, &a.routine, &a.address).cmp(&(
+            a.totals.time_ns,
+            a.totals.calls,
+            &b.routine,
+            &b.address,
+        ))
+    });
+    sites.truncate(super::MAX_CALL_SITES);
+    sites
 }
 
 /// What the process used of its node: as the kernel added it up at its end, else (still
@@ -183,6 +234,7 @@ fn rank_profile(
         probe_call_cost: None,
         usage,
         settings: info.settings.clone(),
+        call_sites: Vec::new(),
     }
 }
 

@@ -99,6 +99,60 @@ pub struct RankProfile {
     /// `TORCH_NCCL_*`), as it started: at most 128, values cut at 256 characters.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub settings: BTreeMap<String, String>,
+    /// Where its calls were made from, per routine and call site, most time first
+    /// (`record --call-sites`); absent where call sites were not counted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub call_sites: Vec<CallSite>,
+}
+
+/// Most call sites a rank's profile holds (the busiest; a message from a node is cut to
+/// as many).
+pub const MAX_CALL_SITES: usize = 4096;
+
+/// Where a rank's calls of one routine were made from: the address they returned to, and
+/// what it is in the process (mpitrace's profile by call site).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct CallSite {
+    /// The routine called.
+    pub routine: String,
+    /// The address the calls returned to in the process, hex (the instruction after each
+    /// call).
+    pub address: String,
+    /// The file mapped there (the executable or a library), as the process named it;
+    /// absent where its mappings were not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    /// The function of that file holding the address, by the file's symbols; absent where
+    /// none does (a stripped file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+    /// The address's distance from the function's start (where no function is named, its
+    /// address in the file).
+    pub offset: u64,
+    /// The calls, their bytes and time (estimated from the timed calls where the
+    /// routine's time was sampled).
+    #[serde(flatten)]
+    pub totals: crate::stats::Totals,
+    /// The calls whose time was measured.
+    pub timed_calls: u64,
+}
+
+impl CallSite {
+    /// `function+0xOFF` (or the address in the file) `(object's file name)`, as reports
+    /// show a site.
+    pub fn label(&self) -> String {
+        let at = match &self.function {
+            Some(f) => format!("{f}+{:#x}", self.offset),
+            None => self.address.clone(),
+        };
+        match self.object.as_deref().map(std::path::Path::new) {
+            Some(p) => format!(
+                "{at} ({})",
+                p.file_name().unwrap_or(p.as_os_str()).to_string_lossy()
+            ),
+            None => at,
+        }
+    }
 }
 
 /// What a process used of its node, over its whole life.
@@ -567,6 +621,7 @@ mod tests {
             probe_call_cost: None,
             usage: None,
             settings: Default::default(),
+            call_sites: Vec::new(),
             start_ticks: 0,
             exited: false,
             detached: false,

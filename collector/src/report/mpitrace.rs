@@ -200,7 +200,71 @@ pub fn render_rank(job: &JobProfile, ctx: &Context, r: &RankProfile) -> String {
         ("Message size distributions:", "time(sec)"),
         &rows,
     ));
+    render_call_sites(&mut o, r);
     o
+}
+
+/// Most call sites a rank's text shows (the JSON profile has them all).
+const CALL_SITES_SHOWN: usize = 50;
+
+/// The rank's "Call sites" section, where they were counted (`--call-sites`): each
+/// routine's calls by where they were made from, most time first.
+fn render_call_sites(o: &mut String, r: &RankProfile) {
+    if r.call_sites.is_empty() && r.health.sites_full == 0 {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "-----------------------------------------------------------------"
+    );
+    let _ = writeln!(
+        o,
+        "Call sites (where the calls were made from, most time first):"
+    );
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "{:<28}{:>12}{:>16}{:>14}   call site",
+        "MPI Routine", "#calls", "avg. bytes", "time(sec)"
+    );
+    for c in r.call_sites.iter().take(CALL_SITES_SHOWN) {
+        let sampled = if c.timed_calls < c.totals.calls {
+            "*"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            o,
+            "{:<28}{:>12}{:>16.1}{:>13.3}{sampled:<1}   {}",
+            c.routine,
+            c.totals.calls,
+            c.totals.avg_bytes(),
+            secs(c.totals.time_ns),
+            c.label()
+        );
+    }
+    if r.call_sites.len() > CALL_SITES_SHOWN {
+        let _ = writeln!(
+            o,
+            "({} more call sites in the JSON profile)",
+            r.call_sites.len() - CALL_SITES_SHOWN
+        );
+    }
+    if r.call_sites.iter().any(|c| c.timed_calls < c.totals.calls) {
+        let _ = writeln!(
+            o,
+            "* time estimated from the calls timed (the routine's time was sampled)"
+        );
+    }
+    if r.health.sites_full > 0 {
+        let _ = writeln!(
+            o,
+            "{} calls not placed at their call site (the kernel's map of call sites was \
+             full, or this user held its share of it; the tables above have them).",
+            r.health.sites_full
+        );
+    }
+    let _ = writeln!(o);
 }
 
 /// mpitrace's lines of what the rank used (`getrusage`'s) and which rank of its job used

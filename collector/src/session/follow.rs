@@ -94,6 +94,13 @@ impl Session {
     /// Probes every MPI library among `objects` (mapped by `pid`); whether there is one.
     fn attach_objects(&mut self, pid: u32, objects: &[MappedObject]) -> bool {
         let _process = self.process_span(pid).entered();
+        if self.probes.call_sites() && !objects.is_empty() {
+            self.site_files
+                .open_new(objects, |o| open_object(pid, o).ok());
+            if let Some(t) = self.tracked.get_mut(&pid) {
+                t.objects = objects.to_vec();
+            }
+        }
         // libfabric's code ranges first: a provider's probes must never fire before the
         // kernel can tell its calls to the provider beneath from the application's.
         let mut fabric_code = Vec::new();

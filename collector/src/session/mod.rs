@@ -53,6 +53,8 @@ pub struct Session {
     pub pauses: Pauses,
     /// The host its profiles name (this host's name; a daemon's `--node-name`).
     pub host: String,
+    /// The files that name the call sites of tracked processes, where they are counted.
+    pub site_files: crate::symbols::sites::SiteFiles,
 }
 
 /// How often, and how long in all, processes were paused at library loads until probed.
@@ -117,6 +119,7 @@ impl Session {
             budget,
             pauses: Pauses::default(),
             host: discover::this_host(),
+            site_files: Default::default(),
         })
     }
 
@@ -292,6 +295,20 @@ impl Session {
             &mut self.job_ids,
         );
         profile.place_peers_on_world_ranks();
+        if self.probes.call_sites() {
+            let read = self.probes.read_sites();
+            for r in &mut profile.ranks {
+                let objects = self.tracked.get(&r.pid).map_or(&[][..], |t| &t.objects);
+                r.call_sites = build::call_sites(r.pid, &read, objects, &mut self.site_files);
+            }
+            // Files no tracked process maps any more are closed.
+            let mapped = self
+                .tracked
+                .values()
+                .flat_map(|t| t.objects.iter().map(|o| o.dev_inode))
+                .collect();
+            self.site_files.keep_only(&mapped);
+        }
         let cost = self.call_cost();
         for r in &mut profile.ranks {
             r.probe_call_cost = Some(cost);

@@ -10,6 +10,7 @@ pub mod fabric;
 pub mod file;
 mod nccl;
 mod probes;
+pub mod sites;
 
 use nccl::{nccl_banner_version, nccl_net_plugin, nccl_version, older_net_plugin};
 pub use probes::{choose_probe_point, dynamic_needs, DynamicNeeds};

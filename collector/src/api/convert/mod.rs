@@ -6,7 +6,7 @@ mod skew;
 use super::pb;
 use crate::{
     discover::{container::Container, Fabric},
-    profile::{CallCost, JobProfile, ProbedLibrary, RankProfile, RegionProfile, Usage},
+    profile::{CallCost, CallSite, JobProfile, ProbedLibrary, RankProfile, RegionProfile, Usage},
     skew::SkewReport,
     stats::{
         CommRank, CommStats, DeviceTime, Durations, Health, PeerTraffic, RoutineStats, Routines,
@@ -353,8 +353,43 @@ impl From<&RankProfile> for pb::RankProfile {
                 at_exit: u.at_exit,
             }),
             settings: r.settings.clone().into_iter().collect(),
+            call_sites: r.call_sites.iter().map(Into::into).collect(),
         }
     }
+}
+
+impl From<&CallSite> for pb::CallSite {
+    fn from(c: &CallSite) -> Self {
+        pb::CallSite {
+            routine: c.routine.clone(),
+            address: c.address.clone(),
+            object: c.object.clone(),
+            function: c.function.clone(),
+            offset: c.offset,
+            totals: Some((&c.totals).into()),
+            timed_calls: c.timed_calls,
+        }
+    }
+}
+
+/// A node's call sites, bounded again as the node bounds them.
+fn call_sites(sites: &[pb::CallSite]) -> Result<Vec<CallSite>, InvalidMessage> {
+    let cut = |s: &str, n: usize| s.chars().take(n).collect::<String>();
+    sites
+        .iter()
+        .take(crate::profile::MAX_CALL_SITES)
+        .map(|c| {
+            Ok(CallSite {
+                routine: cut(&c.routine, 64),
+                address: cut(&c.address, 32),
+                object: c.object.as_deref().map(|o| cut(o, 4096)),
+                function: c.function.as_deref().map(|f| cut(f, 512)),
+                offset: c.offset,
+                totals: totals(c.totals.as_ref(), "CallSite")?,
+                timed_calls: c.timed_calls,
+            })
+        })
+        .collect()
 }
 
 impl TryFrom<&pb::RankProfile> for RankProfile {
@@ -410,6 +445,7 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
             settings: crate::discover::settings_of(
                 r.settings.iter().map(|(k, v)| (k.as_str(), v.as_str())),
             ),
+            call_sites: call_sites(&r.call_sites)?,
         })
     }
 }

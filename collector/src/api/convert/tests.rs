@@ -97,6 +97,19 @@ pub(crate) fn sample() -> JobProfile {
             settings: [("NCCL_ALGO", "Ring"), ("UCX_TLS", "rc,sm")]
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .into(),
+            call_sites: vec![crate::profile::CallSite {
+                routine: "MPI_Allreduce".into(),
+                address: "0x401136".into(),
+                object: Some("/home/u/app".into()),
+                function: Some("negotiate".into()),
+                offset: 0x1c,
+                totals: crate::stats::Totals {
+                    calls: 40,
+                    bytes: 320,
+                    time_ns: 12_000,
+                },
+                timed_calls: 10,
+            }],
             mpi_transport: Some("pml cm, mtl ofi".to_string()),
             start_ticks: 99,
             exited: true,

@@ -1,0 +1,73 @@
+/*
+ * mpi_sites: MPI calls made from known functions, for commtap's call-site tests.
+ *
+ * Usage: mpi_sites N OUT_PREFIX   (any number of ranks)
+ *
+ * negotiate() makes N MPI_Allreduce of one int (4 bytes: Horovod's negotiation, the
+ * seed's "8-byte allreduces"), reduce_gradients() N/2 MPI_Allreduce of 1024 doubles (8,192
+ * bytes) and broadcast_weights() 3 MPI_Bcast of 256 bytes. Each function is kept out of
+ * line and each call is followed by more code (no tail call), so the address every call
+ * returns to lies in the function that made it. Each rank writes OUT_PREFIX.<rank>.json:
+ * its rank, pid and world size, and per function the routine it called, the calls and
+ * their bytes.
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include "rank_truth.h"
+
+static volatile long sink;
+
+__attribute__((noinline)) static void negotiate(long n)
+{
+    int ready = 1, all = 0;
+    for (long i = 0; i < n; i++) {
+        MPI_Allreduce(&ready, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        sink += all;
+    }
+}
+
+__attribute__((noinline)) static void reduce_gradients(long n)
+{
+    static double grad[1024], sum[1024];
+    for (long i = 0; i < n; i++) {
+        MPI_Allreduce(grad, sum, 1024, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        sink += (long)sum[0];
+    }
+}
+
+__attribute__((noinline)) static void broadcast_weights(void)
+{
+    static char weights[256];
+    for (int i = 0; i < 3; i++) {
+        MPI_Bcast(weights, 256, MPI_CHAR, 0, MPI_COMM_WORLD);
+        sink += weights[0];
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s N OUT_PREFIX\n", argv[0]);
+        return 2;
+    }
+    long n = atol(argv[1]);
+    int rank, size;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    negotiate(n);
+    reduce_gradients(n / 2);
+    broadcast_weights();
+    FILE *f = open_rank_truth(argv[2], rank);
+    fprintf(f,
+            "{\"rank\": %d, \"pid\": %ld, \"size\": %d, \"sites\": ["
+            "{\"function\": \"negotiate\", \"routine\": \"MPI_Allreduce\", \"calls\": %ld, \"bytes\": %ld}, "
+            "{\"function\": \"reduce_gradients\", \"routine\": \"MPI_Allreduce\", \"calls\": %ld, \"bytes\": %ld}, "
+            "{\"function\": \"broadcast_weights\", \"routine\": \"MPI_Bcast\", \"calls\": 3, \"bytes\": 768}]}\n",
+            rank, (long)getpid(), size, n, 4 * n, n / 2, 8192 * (n / 2));
+    fclose(f);
+    MPI_Finalize();
+    return 0;
+}
