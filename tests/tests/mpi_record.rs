@@ -1534,6 +1534,16 @@ fn call_sites_truth(mpi: Mpi, sampled: bool) {
         .expect("name")
         .to_string_lossy()
         .to_string();
+    // The program's functions by its symbol table, as `nm` reads it.
+    let nm = Command::new("nm").arg(&prog).output().expect("running nm");
+    let symbols: std::collections::BTreeMap<String, u64> = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (addr, _, name) = (f.next()?, f.next()?, f.next()?);
+            Some((name.to_string(), u64::from_str_radix(addr, 16).ok()?))
+        })
+        .collect();
     let mut untimed = 0;
     for truth in read_truths(&prefix, np) {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
@@ -1562,6 +1572,14 @@ fn call_sites_truth(mpi: Mpi, sampled: bool) {
                 if ["negotiate", "reduce_gradients", "broadcast_weights"].contains(&function) {
                     let object = s["object"].as_str().expect("object");
                     assert!(object.ends_with(&format!("/{program}")), "{s}");
+                    // The file's own address is the function's symbol plus the offset.
+                    let file_address = s["file_address"].as_str().expect("file_address");
+                    let offset = s["offset"].as_u64().expect("offset");
+                    assert_eq!(
+                        u64::from_str_radix(file_address.trim_start_matches("0x"), 16).ok(),
+                        Some(symbols[function] + offset),
+                        "{s}"
+                    );
                 }
             }
         }

@@ -97,6 +97,7 @@ pub fn call_sites(
                 object: named.object,
                 function: named.function,
                 offset: named.offset,
+                file_address: named.file_address.map(|a| format!("{a:#x}")),
                 totals: stats::Totals {
                     calls: v.calls,
                     bytes: v.bytes,

@@ -126,9 +126,12 @@ pub struct CallSite {
     /// none does (a stripped file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub function: Option<String>,
-    /// The address's distance from the function's start (where no function is named, its
-    /// address in the file).
+    /// The address's distance from the function's start (0 where no function is named).
     pub offset: u64,
+    /// The address as the file's own, hex: what `addr2line -e FILE` takes (less one, for
+    /// the line of the call itself); absent where the file could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_address: Option<String>,
     /// The calls, their bytes and time (estimated from the timed calls where the
     /// routine's time was sampled).
     #[serde(flatten)]
@@ -141,9 +144,10 @@ impl CallSite {
     /// `function+0xOFF` (or the address in the file) `(object's file name)`, as reports
     /// show a site.
     pub fn label(&self) -> String {
-        let at = match &self.function {
-            Some(f) => format!("{f}+{:#x}", self.offset),
-            None => self.address.clone(),
+        let at = match (&self.function, &self.file_address) {
+            (Some(f), _) => format!("{f}+{:#x}", self.offset),
+            (None, Some(a)) => a.clone(),
+            (None, None) => self.address.clone(),
         };
         match self.object.as_deref().map(std::path::Path::new) {
             Some(p) => format!(

@@ -32,6 +32,9 @@ pub struct Named {
     pub function: Option<String>,
     /// The address's distance from that function's start.
     pub offset: u64,
+    /// The address as the file's own (its symbols' and debuggers' addresses), where the
+    /// file could be read.
+    pub file_address: Option<u64>,
 }
 
 /// A file's functions, sorted by address (file-relative, as its symbols say).
@@ -111,17 +114,14 @@ impl SiteFiles {
             };
         };
         let at = address - bias + functions.base;
-        match functions.holding(at) {
-            Some((name, offset)) => Named {
-                object,
-                function: Some(name.to_string()),
-                offset,
-            },
-            None => Named {
-                object,
-                function: None,
-                offset: at,
-            },
+        let (function, offset) = functions
+            .holding(at)
+            .map_or((None, 0), |(name, offset)| (Some(name.to_string()), offset));
+        Named {
+            object,
+            function,
+            offset,
+            file_address: Some(at),
         }
     }
 

@@ -366,6 +366,7 @@ impl From<&CallSite> for pb::CallSite {
             object: c.object.clone(),
             function: c.function.clone(),
             offset: c.offset,
+            file_address: c.file_address.clone(),
             totals: Some((&c.totals).into()),
             timed_calls: c.timed_calls,
         }
@@ -385,6 +386,7 @@ fn call_sites(sites: &[pb::CallSite]) -> Result<Vec<CallSite>, InvalidMessage> {
                 object: c.object.as_deref().map(|o| cut(o, 4096)),
                 function: c.function.as_deref().map(|f| cut(f, 512)),
                 offset: c.offset,
+                file_address: c.file_address.as_deref().map(|a| cut(a, 32)),
                 totals: totals(c.totals.as_ref(), "CallSite")?,
                 timed_calls: c.timed_calls,
             })

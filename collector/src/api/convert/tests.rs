@@ -103,6 +103,7 @@ pub(crate) fn sample() -> JobProfile {
                 object: Some("/home/u/app".into()),
                 function: Some("negotiate".into()),
                 offset: 0x1c,
+                file_address: Some("0x113c".into()),
                 totals: crate::stats::Totals {
                     calls: 40,
                     bytes: 320,
