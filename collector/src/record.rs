@@ -79,6 +79,8 @@ pub async fn record(opts: RecordOptions) -> Result<Recorded> {
             .then(|| crate::profile::timeline::TimelineBuilder::new(monotonic_ns())),
     };
     let mut session = Session::start(opts.load.clone())?;
+    // Its profile is the last: call sites named, however long their files take to read.
+    session.site_files.wait_for_reads(true);
     session
         .probes
         .set_call_events(opts.call_events || !sinks.tracers.is_empty())?;
