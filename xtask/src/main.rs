@@ -38,7 +38,7 @@ enum Cmd {
     /// Measure probe overhead (ns per call: no probes, bare uprobes, commtap) and write
     /// the figures to target/bench/.
     Bench {
-        /// Only this part (repeatable): per-call, call-rate, daemon, trace-rates, startup,
+        /// Only this part (repeatable): per-call, call-sites, call-rate, daemon, trace-rates, startup,
         /// lammps, aggregator, aggregator-load, aggregator-tree. Its figures go to
         /// target/bench/PART.txt, leaving the full run's.
         #[arg(long)]

@@ -89,8 +89,9 @@ const PER_CALL_ROUTINES: [&str; 3] = ["MPI_Allreduce", "MPI_Send", "MPI_Recv"];
 const CALLS: [(&str, usize); 2] = [("MPI_Allreduce 8 B", 0), ("Send/Recv round trip 8 B", 1)];
 
 /// The parts of the benchmark, as `--only` names them.
-pub const SECTIONS: [&str; 10] = [
+pub const SECTIONS: [&str; 11] = [
     "per-call",
+    "call-sites",
     "call-rate",
     "daemon",
     "trace-rates",
@@ -152,6 +153,18 @@ pub fn run(root: &Path, only: &[String], rounds_wanted: Option<usize>) -> Result
             let single = single_stepped(&rounds.profile, stack.library)?;
             rounds.write(stack, single, &mut report, &mut json);
         }
+    }
+    if want("call-sites") {
+        let sites = call_sites(&commtap, &out)?;
+        let _ = writeln!(
+            report,
+            "call sites, ns per call (median of {} interleaved rounds, {ITERATIONS} calls \
+             each): (a) no probes, (b) bare uprobe+uretprobe (bpftrace), (c) record \
+             --no-skew --time-every-call, (n) the same with --call-sites; ratios (x - a) / \
+             (b - a); added: (n) - (c), each round's own, median [quartiles]: {sites}",
+            rounds(CALL_SITES_ROUNDS)
+        );
+        json.push(format!("  {{\"call_sites\": [{sites}]}}"));
     }
     if want("call-rate") {
         // What a polling code pays: commtap against the cheapest bpftrace script.
@@ -1037,10 +1050,70 @@ fn rate_counts_exact(profile: &Path) -> Result<bool> {
         }))
 }
 
+/// Rounds of the call-site part.
+const CALL_SITES_ROUNDS: usize = 7;
+
+/// What counting calls per call site adds to a timed call: (a), (b), (c) and (n)
+/// interleaved, per stack.
+fn call_sites(commtap: &Path, out: &Path) -> Result<String> {
+    let mut lines = Vec::new();
+    for stack in STACKS {
+        let bin = out.join(format!("bench_calls.{}", stack.suffix));
+        let profile = out.join(format!("sites.{}.json", stack.suffix));
+        let (mut a, mut b, mut c, mut n) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let rounds = rounds(CALL_SITES_ROUNDS);
+        for round in 0..rounds {
+            eprintln!("{} call sites: round {}/{rounds}", stack.name, round + 1);
+            a.push(plain(stack, &bin)?);
+            b.push(under_bpftrace(stack, &bin, false, true)?);
+            c.push(under_commtap(
+                stack,
+                &bin,
+                commtap,
+                &profile,
+                Mode::Counting,
+            )?);
+            n.push(under_commtap(
+                stack,
+                &bin,
+                commtap,
+                &profile,
+                Mode::CallSites,
+            )?);
+        }
+        let (ma, mb, mc, mn) = (median(&a), median(&b), median(&c), median(&n));
+        for (what, i) in CALLS {
+            let mut added: Vec<f64> = c
+                .iter()
+                .zip(&n)
+                .map(|(c, n)| get(*n, i) - get(*c, i))
+                .collect();
+            added.sort_by(f64::total_cmp);
+            let q = |f: usize| added[(added.len() - 1) * f / 4];
+            let (a, b, c, n) = (get(ma, i), get(mb, i), get(mc, i), get(mn, i));
+            lines.push(format!(
+                "{{\"stack\": \"{}\", \"call\": \"{what}\", \"none_ns\": {a:.1}, \
+                 \"bare_uprobe_ns\": {b:.1}, \"timed_ns\": {c:.1}, \"call_sites_ns\": {n:.1}, \
+                 \"timed_ratio\": {:.3}, \"call_sites_ratio\": {:.3}, \"added_ns\": \
+                 {:.1}, \"added_ns_quartiles\": [{:.1}, {:.1}]}}",
+                stack.name,
+                ratio(a, b, c),
+                ratio(a, b, n),
+                q(2),
+                q(1),
+                q(3)
+            ));
+        }
+    }
+    Ok(lines.join(", "))
+}
+
 /// What `record` is asked to do besides counting (every call timed, but in `Sampled`).
 enum Mode<'a> {
     /// Nothing (`--no-skew`).
     Counting,
+    /// Nothing but call sites (`--no-skew --call-sites`), every call timed.
+    CallSites,
     /// Nothing, and the time of every routine that may be sampled timed one call in 64.
     Sampled,
     /// A timeline into this file.
@@ -1061,6 +1134,9 @@ fn under_commtap(
     match mode {
         Mode::Counting => {
             cmd.args(["--no-skew", "--time-every-call"]);
+        }
+        Mode::CallSites => {
+            cmd.args(["--no-skew", "--time-every-call", "--call-sites"]);
         }
         Mode::Sampled => {
             cmd.args(["--no-skew", "--time-one-in", "64"]);
