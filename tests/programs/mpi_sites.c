@@ -1,7 +1,7 @@
 /*
  * mpi_sites: MPI calls made from known functions, for commtap's call-site tests.
  *
- * Usage: mpi_sites N OUT_PREFIX   (any number of ranks)
+ * Usage: mpi_sites N OUT_PREFIX [READY GO]   (any number of ranks)
  *
  * negotiate() makes N MPI_Allreduce of one int (4 bytes: Horovod's negotiation, the
  * seed's "8-byte allreduces"), reduce_gradients() N/2 MPI_Allreduce of 1024 doubles (8,192
@@ -9,13 +9,16 @@
  * line and each call is followed by more code (no tail call), so the address every call
  * returns to lies in the function that made it. Each rank writes OUT_PREFIX.<rank>.json:
  * its rank, pid and world size, and per function the routine it called, the calls and
- * their bytes.
+ * their bytes. With READY and GO, each rank then creates READY.<rank>, all meet at an
+ * MPI_Barrier, rank 0 creates READY, and each waits for GO before MPI_Finalize (a
+ * daemon's test reads the running ranks' profile meanwhile).
  */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include "rank_truth.h"
+#include "ready_go.h"
 
 static volatile long sink;
 
@@ -48,8 +51,8 @@ __attribute__((noinline)) static void broadcast_weights(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s N OUT_PREFIX\n", argv[0]);
+    if (argc != 3 && argc != 5) {
+        fprintf(stderr, "usage: %s N OUT_PREFIX [READY GO]\n", argv[0]);
         return 2;
     }
     long n = atol(argv[1]);
@@ -68,6 +71,21 @@ int main(int argc, char **argv)
             "{\"function\": \"broadcast_weights\", \"routine\": \"MPI_Bcast\", \"calls\": 3, \"bytes\": 768}]}\n",
             rank, (long)getpid(), size, n, 4 * n, n / 2, 8192 * (n / 2));
     fclose(f);
+    if (argc == 5) {
+        char mine[4096];
+        snprintf(mine, sizeof mine, "%s.%d", argv[3], rank);
+        if (create_file(mine) != 0) {
+            perror(mine);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        /* Rank 0's READY once every rank is there. */
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank == 0 && create_file(argv[3]) != 0) {
+            perror(argv[3]);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        wait_for_file(argv[4]);
+    }
     MPI_Finalize();
     return 0;
 }

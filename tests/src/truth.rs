@@ -469,3 +469,109 @@ pub fn routines_named<'a>(rank: &'a Value, prefix: &str) -> Vec<&'a str> {
         .map(String::as_str)
         .collect()
 }
+
+/// Checks each rank's call sites in `profile` against what `mpi_sites` (`prog`) says it
+/// made from each of its functions (`truths`): per routine and function, the calls and
+/// bytes equal; each site in the program is in its file, at the address its symbol (by
+/// `nm`) plus the offset says; the sites' calls of every MPI routine add up to the
+/// routine's (no call left without a site); none lost to a full map. Where `every_timed`,
+/// every call's time was measured. Returns the calls whose time was not.
+#[track_caller]
+pub fn assert_call_sites_match(
+    profile: &Value,
+    truths: &[Value],
+    prog: &Path,
+    every_timed: bool,
+) -> u64 {
+    use std::collections::BTreeMap;
+    let program = prog
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .to_string();
+    let nm = Command::new("nm").arg(prog).output().expect("running nm");
+    let symbols: BTreeMap<String, u64> = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (addr, _, name) = (f.next()?, f.next()?, f.next()?);
+            Some((name.to_string(), u64::from_str_radix(addr, 16).ok()?))
+        })
+        .collect();
+    let mut untimed = 0;
+    for truth in truths {
+        let rank = rank_by_pid(profile, truth["pid"].as_u64().expect("pid"));
+        let sites = rank["call_sites"].as_array().expect("call_sites");
+        assert_eq!(rank["sites_full"], 0, "{rank:#}");
+        // Per routine and function: a function may hold more than one call instruction.
+        let mut by_function: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+        let mut by_routine: BTreeMap<String, u64> = BTreeMap::new();
+        for s in sites {
+            let routine = s["routine"].as_str().expect("routine").to_string();
+            let calls = s["calls"].as_u64().expect("calls");
+            let timed = s["timed_calls"].as_u64().expect("timed_calls");
+            assert!(timed <= calls, "{s}");
+            if every_timed {
+                assert_eq!(timed, calls, "every call timed: {s}");
+            }
+            untimed += calls - timed;
+            *by_routine.entry(routine.clone()).or_default() += calls;
+            let Some(function) = s["function"].as_str() else {
+                continue;
+            };
+            let e = by_function
+                .entry((routine, function.to_string()))
+                .or_default();
+            e.0 += calls;
+            e.1 += s["bytes"].as_u64().expect("bytes");
+            if ["negotiate", "reduce_gradients", "broadcast_weights"].contains(&function) {
+                let object = s["object"].as_str().expect("object");
+                assert!(object.ends_with(&format!("/{program}")), "{s}");
+                // The file's own address is the function's symbol plus the offset.
+                let file_address = s["file_address"].as_str().expect("file_address");
+                let offset = s["offset"].as_u64().expect("offset");
+                assert_eq!(
+                    u64::from_str_radix(file_address.trim_start_matches("0x"), 16).ok(),
+                    Some(symbols[function] + offset),
+                    "{s}"
+                );
+            }
+        }
+        for t in truth["sites"].as_array().expect("sites") {
+            let key = (
+                t["routine"].as_str().expect("routine").to_string(),
+                t["function"].as_str().expect("function").to_string(),
+            );
+            let want = (
+                t["calls"].as_u64().expect("calls"),
+                t["bytes"].as_u64().expect("bytes"),
+            );
+            assert_eq!(
+                by_function.get(&key).copied(),
+                Some(want),
+                "{key:?} in rank {}: {sites:#?}",
+                truth["rank"]
+            );
+        }
+        // MPI_Init, MPI_Comm_rank ... are called from main.
+        assert!(
+            by_function.contains_key(&("MPI_Comm_rank".to_string(), "main".to_string())),
+            "{sites:#?}"
+        );
+        // The transports' operations (UCX's, under MPICH) are made by the MPI library, inside
+        // the MPI calls: those have the sites.
+        let mpi_routines = rank["routines"]
+            .as_object()
+            .expect("routines")
+            .iter()
+            .filter(|(name, _)| name.starts_with("MPI_"));
+        for (name, r) in mpi_routines {
+            assert_eq!(
+                by_routine.get(name).copied().unwrap_or(0),
+                r["calls"].as_u64().expect("calls"),
+                "{name}'s calls at their sites: {sites:#?}"
+            );
+        }
+    }
+    untimed
+}

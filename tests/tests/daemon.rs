@@ -621,6 +621,46 @@ fn a_running_ranks_usage_is_read_while_it_runs() {
     daemon.stop(&scratch);
 }
 
+/// A daemon with `--call-sites` says where a job's calls were made from, as `record` does:
+/// in a report while the ranks run (their files' symbols read off its loop, in the
+/// background, the sites named by a report after that) and in the final one after they
+/// exit, each function's calls and bytes equal what `mpi_sites` made from it.
+#[test]
+fn a_daemon_counts_call_sites_exactly() {
+    let scratch = Scratch::new("daemon-call-sites");
+    let daemon = Daemon::start(&scratch, &[], &[], &["--call-sites"]);
+    let prog = build_program("mpi_sites.c", Mpi::OpenMpi);
+    let prefix = scratch.path("truth");
+    let args = [
+        "1000".into(),
+        prefix.clone().into_os_string(),
+        scratch.path("ready").into_os_string(),
+        scratch.path("go").into_os_string(),
+    ];
+    let (mut job, ranks) = start_waiting_program(&scratch, Mpi::OpenMpi, 2, &prog, &args, &[]);
+    let truths = read_truths(&prefix, 2);
+    let named = |profile: &serde_json::Value| {
+        ranks.iter().all(|&pid| {
+            rank_by_pid(profile, u64::from(pid))["call_sites"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|c| c["function"] == "reduce_gradients"))
+        })
+    };
+    let mut live = serde_json::Value::Null;
+    wait_until("the running ranks' sites named", LIMIT, || {
+        live = report_json(&["report", "--from", &daemon.target]);
+        named(&live)
+    });
+    assert_call_sites_match(&live, &truths, &prog, false);
+    std::fs::write(scratch.path("go"), b"go").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let pids: Vec<u64> = ranks.iter().map(|&p| u64::from(p)).collect();
+    wait_for_exited(&daemon.target, &pids);
+    let profile = report_json(&["report", "--from", &daemon.target]);
+    assert_call_sites_match(&profile, &truths, &prog, false);
+    daemon.stop(&scratch);
+}
+
 /// A daemon started while a torchrun-like job runs (its launcher maps an NCCL, as
 /// torchrun's Python does; its workers NCCL alone, numbered by `RANK`, as PyTorch's ranks),
 /// scoped to the launcher's PID: it adopts the workers (not only processes that map an

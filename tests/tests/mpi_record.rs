@@ -1496,15 +1496,29 @@ fn mpi_pcontrol_marks_the_region_the_reports_show_and_the_json_keeps_both() {
     }
 }
 
-/// `record --call-sites` of `mpi_sites` (2 ranks): each rank's calls per call site, named
-/// by the function that made them in the program, equal what the program says it did from
-/// each function, call for call and byte for byte; every call of every routine is at a
-/// site (the sites' calls add up to the routine's), and the rank's mpitrace file lists
-/// them. Every call timed, or (`sampled`) one in four of the routines that may be sampled:
-/// the calls counted at their entry then take their return address from the stack.
-fn call_sites_truth(mpi: Mpi, sampled: bool) {
-    let mode = if sampled { "sampled" } else { "timed" };
-    let scratch = Scratch::new(&format!("sites-{}-{mode}", mpi.suffix()));
+/// How `call_sites_truth` probes.
+#[derive(Clone, Copy, PartialEq)]
+enum SitesMode {
+    /// Every call timed, through uprobe sessions.
+    Timed,
+    /// One call in four of the routines that may be sampled timed: the calls counted at
+    /// their entry take their return address from the stack.
+    Sampled,
+    /// Entry and return probes (`COMMTAP_UPROBE_SESSIONS=0`, as on a kernel before 6.13).
+    ReturnProbes,
+}
+
+/// `record --call-sites` of `mpi_sites` (2 ranks): each rank's calls per call site equal
+/// what the program says it made from each function ([`assert_call_sites_match`]), and the
+/// rank's mpitrace file lists them.
+fn call_sites_truth(mpi: Mpi, mode: SitesMode) {
+    let sampled = mode == SitesMode::Sampled;
+    let name = match mode {
+        SitesMode::Timed => "timed",
+        SitesMode::Sampled => "sampled",
+        SitesMode::ReturnProbes => "return-probes",
+    };
+    let scratch = Scratch::new(&format!("sites-{}-{name}", mpi.suffix()));
     let prog = build_program("mpi_sites.c", mpi);
     let (out, prefix, mpitrace) = (
         scratch.path("profile.json"),
@@ -1527,97 +1541,27 @@ fn call_sites_truth(mpi: Mpi, sampled: bool) {
             .skip(1),
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let env = if mode == SitesMode::ReturnProbes {
+        vec![("COMMTAP_UPROBE_SESSIONS", "0".to_string())]
+    } else {
+        Vec::new()
+    };
+    finish_ok(
+        &scratch,
+        spawn_commtap_with_env(&scratch, &args, &env),
+        LIMIT,
+    );
     let profile = read_json(&out);
-    let program = prog
-        .file_name()
-        .expect("name")
-        .to_string_lossy()
-        .to_string();
-    // The program's functions by its symbol table, as `nm` reads it.
-    let nm = Command::new("nm").arg(&prog).output().expect("running nm");
-    let symbols: std::collections::BTreeMap<String, u64> = String::from_utf8_lossy(&nm.stdout)
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (addr, _, name) = (f.next()?, f.next()?, f.next()?);
-            Some((name.to_string(), u64::from_str_radix(addr, 16).ok()?))
-        })
-        .collect();
-    let mut untimed = 0;
-    for truth in read_truths(&prefix, np) {
-        let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
-        let sites = rank["call_sites"].as_array().expect("call_sites");
-        assert_eq!(rank["sites_full"], 0, "{rank:#}");
-        // Per routine and function: a function may hold more than one call instruction.
-        let mut by_function: std::collections::BTreeMap<(String, String), (u64, u64)> =
-            Default::default();
-        let mut by_routine: std::collections::BTreeMap<String, u64> = Default::default();
-        for s in sites {
-            let routine = s["routine"].as_str().expect("routine").to_string();
-            let calls = s["calls"].as_u64().expect("calls");
-            let timed = s["timed_calls"].as_u64().expect("timed_calls");
-            assert!(timed <= calls, "{s}");
-            if !sampled {
-                assert_eq!(timed, calls, "every call timed: {s}");
-            }
-            untimed += calls - timed;
-            *by_routine.entry(routine.clone()).or_default() += calls;
-            if let Some(function) = s["function"].as_str() {
-                let e = by_function
-                    .entry((routine, function.to_string()))
-                    .or_default();
-                e.0 += calls;
-                e.1 += s["bytes"].as_u64().expect("bytes");
-                if ["negotiate", "reduce_gradients", "broadcast_weights"].contains(&function) {
-                    let object = s["object"].as_str().expect("object");
-                    assert!(object.ends_with(&format!("/{program}")), "{s}");
-                    // The file's own address is the function's symbol plus the offset.
-                    let file_address = s["file_address"].as_str().expect("file_address");
-                    let offset = s["offset"].as_u64().expect("offset");
-                    assert_eq!(
-                        u64::from_str_radix(file_address.trim_start_matches("0x"), 16).ok(),
-                        Some(symbols[function] + offset),
-                        "{s}"
-                    );
-                }
-            }
-        }
-        for t in truth["sites"].as_array().expect("sites") {
-            let key = (
-                t["routine"].as_str().expect("routine").to_string(),
-                t["function"].as_str().expect("function").to_string(),
-            );
-            let want = (
-                t["calls"].as_u64().expect("calls"),
-                t["bytes"].as_u64().expect("bytes"),
-            );
-            assert_eq!(
-                by_function.get(&key).copied(),
-                Some(want),
-                "{key:?} in rank {}: {sites:#?}",
-                truth["rank"]
-            );
-        }
-        // MPI_Init, MPI_Comm_rank ... are called from main.
-        assert!(
-            by_function.contains_key(&("MPI_Comm_rank".to_string(), "main".to_string())),
-            "{sites:#?}"
-        );
-        // The transports' operations (UCX's, under MPICH) are made by the MPI library, inside
-        // the MPI calls: those have the sites.
-        let mpi_routines = rank["routines"]
-            .as_object()
-            .expect("routines")
-            .iter()
-            .filter(|(name, _)| name.starts_with("MPI_"));
-        for (name, r) in mpi_routines {
-            assert_eq!(
-                by_routine.get(name).copied().unwrap_or(0),
-                r["calls"].as_u64().expect("calls"),
-                "{name}'s calls at their sites: {sites:#?}"
-            );
-        }
+    let sessions = profile["libraries"]
+        .as_array()
+        .expect("libraries")
+        .iter()
+        .any(|l| l["uprobe_sessions"] == true);
+    assert_eq!(sessions, mode != SitesMode::ReturnProbes, "{profile:#}");
+    let truths = read_truths(&prefix, np);
+    let untimed = assert_call_sites_match(&profile, &truths, &prog, !sampled);
+    let program = prog.file_name().expect("name").to_string_lossy();
+    for truth in &truths {
         let r = truth["rank"].as_u64().expect("rank");
         let job = profile["job"].as_str().expect("job");
         let file = mpitrace.join(format!("mpi_profile.{job}.{r}"));
@@ -1640,16 +1584,21 @@ fn call_sites_truth(mpi: Mpi, sampled: bool) {
 
 #[test]
 fn call_sites_are_counted_exactly_in_open_mpi() {
-    call_sites_truth(Mpi::OpenMpi, false);
+    call_sites_truth(Mpi::OpenMpi, SitesMode::Timed);
 }
 
 #[test]
 fn call_sites_are_counted_exactly_in_mpich() {
-    call_sites_truth(Mpi::Mpich, false);
+    call_sites_truth(Mpi::Mpich, SitesMode::Timed);
 }
 
 #[test]
 fn call_sites_of_calls_counted_at_their_entry_are_exact() {
-    call_sites_truth(Mpi::OpenMpi, true);
-    call_sites_truth(Mpi::Mpich, true);
+    call_sites_truth(Mpi::OpenMpi, SitesMode::Sampled);
+    call_sites_truth(Mpi::Mpich, SitesMode::Sampled);
+}
+
+#[test]
+fn call_sites_are_exact_through_entry_and_return_probes() {
+    call_sites_truth(Mpi::OpenMpi, SitesMode::ReturnProbes);
 }

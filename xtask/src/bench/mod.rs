@@ -158,10 +158,10 @@ pub fn run(root: &Path, only: &[String], rounds_wanted: Option<usize>) -> Result
         let sites = call_sites(&commtap, &out)?;
         let _ = writeln!(
             report,
-            "call sites, ns per call (median of {} interleaved rounds, {ITERATIONS} calls \
-             each): (a) no probes, (b) bare uprobe+uretprobe (bpftrace), (c) record \
-             --no-skew --time-every-call, (n) the same with --call-sites; ratios (x - a) / \
-             (b - a); added: (n) - (c), each round's own, median [quartiles]: {sites}",
+            "call sites (median of {} interleaved rounds, {ITERATIONS} calls each): ns per \
+             call under (c) record --no-skew --time-every-call --probe-stats and (n) the same \
+             with --call-sites, and the kernel's mean ns per run of the session program under \
+             each (a call is two runs: its entry and its return): {sites}",
             rounds(CALL_SITES_ROUNDS)
         );
         json.push(format!("  {{\"call_sites\": [{sites}]}}"));
@@ -1053,67 +1053,95 @@ fn rate_counts_exact(profile: &Path) -> Result<bool> {
 /// Rounds of the call-site part.
 const CALL_SITES_ROUNDS: usize = 7;
 
-/// What counting calls per call site adds to a timed call: (a), (b), (c) and (n)
-/// interleaved, per stack.
+/// What counting calls per call site adds to a timed call, per stack: (c) `record --no-skew
+/// --time-every-call` and (n) the same with `--call-sites`, interleaved, both with the
+/// kernel's run-time statistics on (`--probe-stats`): the wall time per call, and the
+/// kernel's own time per run of the session program (an entry's or a return's), which the
+/// machine's load moves far less than a call's wall time.
 fn call_sites(commtap: &Path, out: &Path) -> Result<String> {
     let mut lines = Vec::new();
     for stack in STACKS {
         let bin = out.join(format!("bench_calls.{}", stack.suffix));
         let profile = out.join(format!("sites.{}.json", stack.suffix));
-        let (mut a, mut b, mut c, mut n) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let program = format!(
+            "sess_{}",
+            if stack.suffix == "openmpi" {
+                "ompi"
+            } else {
+                "mpich"
+            }
+        );
+        let (mut c, mut n) = (Vec::new(), Vec::new());
         let rounds = rounds(CALL_SITES_ROUNDS);
         for round in 0..rounds {
             eprintln!("{} call sites: round {}/{rounds}", stack.name, round + 1);
-            a.push(plain(stack, &bin)?);
-            b.push(under_bpftrace(stack, &bin, false, true)?);
-            c.push(under_commtap(
-                stack,
-                &bin,
-                commtap,
-                &profile,
-                Mode::Counting,
-            )?);
-            n.push(under_commtap(
-                stack,
-                &bin,
-                commtap,
-                &profile,
-                Mode::CallSites,
-            )?);
+            for (sites, into) in [(false, &mut c), (true, &mut n)] {
+                into.push(timed_with_stats(
+                    stack, &bin, commtap, &profile, sites, &program,
+                )?);
+            }
         }
-        let (ma, mb, mc, mn) = (median(&a), median(&b), median(&c), median(&n));
+        let med = |v: &[(Sample, f64)], f: &dyn Fn(&(Sample, f64)) -> f64| {
+            let mut xs: Vec<f64> = v.iter().map(f).collect();
+            xs.sort_by(f64::total_cmp);
+            xs[xs.len() / 2]
+        };
+        let (pc, pn) = (med(&c, &|s| s.1), med(&n, &|s| s.1));
         for (what, i) in CALLS {
-            let mut added: Vec<f64> = c
-                .iter()
-                .zip(&n)
-                .map(|(c, n)| get(*n, i) - get(*c, i))
-                .collect();
-            added.sort_by(f64::total_cmp);
-            let q = |f: usize| added[(added.len() - 1) * f / 4];
-            let (a, b, c, n) = (get(ma, i), get(mb, i), get(mc, i), get(mn, i));
+            let (wc, wn) = (med(&c, &|s| get(s.0, i)), med(&n, &|s| get(s.0, i)));
             lines.push(format!(
-                "{{\"stack\": \"{}\", \"call\": \"{what}\", \"none_ns\": {a:.1}, \
-                 \"bare_uprobe_ns\": {b:.1}, \"timed_ns\": {c:.1}, \"call_sites_ns\": {n:.1}, \
-                 \"timed_ratio\": {:.3}, \"call_sites_ratio\": {:.3}, \"added_ns\": \
-                 {:.1}, \"added_ns_quartiles\": [{:.1}, {:.1}]}}",
-                stack.name,
-                ratio(a, b, c),
-                ratio(a, b, n),
-                q(2),
-                q(1),
-                q(3)
+                "{{\"stack\": \"{}\", \"call\": \"{what}\", \"timed_ns\": {wc:.1}, \
+                 \"call_sites_ns\": {wn:.1}, \"program_ns_per_run\": {pc:.1}, \
+                 \"program_ns_per_run_with_sites\": {pn:.1}}}",
+                stack.name
             ));
         }
     }
     Ok(lines.join(", "))
 }
 
+/// The per-call program under `record --no-skew --time-every-call --probe-stats` (and
+/// `--call-sites`, with `sites`): its ns per call, and the kernel's mean ns per run of
+/// `program`.
+fn timed_with_stats(
+    stack: &Stack,
+    bin: &Path,
+    commtap: &Path,
+    profile: &Path,
+    sites: bool,
+    program: &str,
+) -> Result<(Sample, f64)> {
+    let mut cmd = Command::new(commtap);
+    cmd.args(["--log", "info", "record", "--format", "json", "-o"])
+        .arg(profile)
+        .args(["--no-skew", "--time-every-call", "--probe-stats"]);
+    if sites {
+        cmd.arg("--call-sites");
+    }
+    cmd.arg("--");
+    let inner = mpi_command(stack, bin);
+    cmd.arg(inner.get_program()).args(inner.get_args());
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let out = cmd.output()?;
+    if !out.status.success() {
+        bail!("commtap failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let wanted = format!("program=\"{program}\"");
+    let per_run = stderr
+        .lines()
+        .find(|l| l.contains("probe program cost") && l.contains(&wanted))
+        .and_then(|l| l.split("ns_per_run=").nth(1))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .with_context(|| format!("no run statistics of {program} in:\n{stderr}"))?;
+    Ok((parse(&String::from_utf8_lossy(&out.stdout))?, per_run))
+}
+
 /// What `record` is asked to do besides counting (every call timed, but in `Sampled`).
 enum Mode<'a> {
     /// Nothing (`--no-skew`).
     Counting,
-    /// Nothing but call sites (`--no-skew --call-sites`), every call timed.
-    CallSites,
     /// Nothing, and the time of every routine that may be sampled timed one call in 64.
     Sampled,
     /// A timeline into this file.
@@ -1134,9 +1162,6 @@ fn under_commtap(
     match mode {
         Mode::Counting => {
             cmd.args(["--no-skew", "--time-every-call"]);
-        }
-        Mode::CallSites => {
-            cmd.args(["--no-skew", "--time-every-call", "--call-sites"]);
         }
         Mode::Sampled => {
             cmd.args(["--no-skew", "--time-one-in", "64"]);

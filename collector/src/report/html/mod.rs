@@ -119,6 +119,7 @@ pub fn render_html(job: &JobProfile, expected: Option<&Expected>) -> String {
             "libfabric operations under MPI and NCCL calls",
             figures::fabric(&routines),
         ),
+        ("sites", "Call sites, all ranks", call_sites(job)),
         ("text", "The text report", text_report(job)),
     ];
     o.push_str("<nav><ul>");
@@ -412,6 +413,64 @@ fn routine_tables(routines: &Routines) -> String {
     o
 }
 
+/// Most call sites the page lists.
+const CALL_SITES_SHOWN: usize = 50;
+
+/// Where the job's calls were made from (`--call-sites`): every rank's sites together by
+/// routine and site (`function+offset (file)`: the same in every rank of one program,
+/// wherever it was loaded), most time first; empty where none was counted.
+fn call_sites(job: &JobProfile) -> String {
+    let mut by: std::collections::BTreeMap<(String, String), (crate::stats::Totals, u64, usize)> =
+        std::collections::BTreeMap::new();
+    for r in &job.ranks {
+        for c in &r.call_sites {
+            let e = by.entry((c.routine.clone(), c.label())).or_default();
+            e.0.merge(&c.totals);
+            e.1 += c.totals.calls - c.timed_calls.min(c.totals.calls);
+            e.2 += 1;
+        }
+    }
+    if by.is_empty() {
+        return String::new();
+    }
+    let mut rows: Vec<_> = by.into_iter().collect();
+    rows.sort_by_key(|r| std::cmp::Reverse((r.1 .0.time_ns, r.1 .0.calls)));
+    let mut o = String::from(
+        "<p>Where each routine was called from (the function of the program or library that \
+         made the call), every rank's calls together: the seed's question of where the small \
+         all-reduces come from.</p>\n<table class=\"sites\"><thead><tr><th>routine</th>\
+         <th>call site</th><th>ranks</th><th>#calls</th><th>avg. bytes</th><th>time (s)</th>\
+         </tr></thead><tbody>",
+    );
+    for ((routine, site), (t, untimed, ranks)) in rows.iter().take(CALL_SITES_SHOWN) {
+        let _ = write!(
+            o,
+            "<tr><th>{}</th><td>{}</td><td class=\"n\">{ranks}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{:.1}</td><td class=\"n\">{:.6}{}</td></tr>",
+            escape(routine),
+            escape(site),
+            t.calls,
+            t.avg_bytes(),
+            secs(t.time_ns),
+            if *untimed > 0 { "*" } else { "" }
+        );
+    }
+    o.push_str("</tbody></table>\n");
+    if rows.len() > CALL_SITES_SHOWN {
+        let _ = writeln!(
+            o,
+            "<p>{} more in the JSON profile (each rank's <code>call_sites</code>).</p>",
+            rows.len() - CALL_SITES_SHOWN
+        );
+    }
+    if rows.iter().any(|(_, (_, untimed, _))| *untimed > 0) {
+        o.push_str(
+            "<p>* time estimated from the calls timed (the routine's time was sampled).</p>\n",
+        );
+    }
+    o
+}
+
 /// The text report, every rank's section, for small jobs.
 /// The ranks' `MPI_Pcontrol` region, as mpitrace's files show it: each rank that marked
 /// one by its region alone, the others whole; empty when none did.
@@ -485,6 +544,31 @@ mod tests {
         assert!(!html.contains("<script"), "{html}");
         assert!(!html.contains("<img"), "{html}");
         assert!(html.contains("&lt;script&gt;"));
+    }
+
+    /// Every rank's calls at one site (one program, loaded at different addresses) are one
+    /// row, its time marked where any was sampled; a name is escaped.
+    #[test]
+    fn call_sites_of_all_ranks_are_one_row_per_site() {
+        let rank = |n: u32, address: &str| {
+            let mut r = crate::api::convert::tests::sample().ranks[0].clone();
+            r.rank = n;
+            r.call_sites[0].address = address.into();
+            r.call_sites[0].function = Some("negotiate<int>".into());
+            r
+        };
+        let job = JobProfile::of_ranks(vec![rank(0, "0x5555401136"), rank(1, "0x5566401136")]);
+        let page = call_sites(&job);
+        assert!(
+            page.contains(
+                "<th>MPI_Allreduce</th><td>negotiate&lt;int&gt;+0x1c (app)</td>\
+                 <td class=\"n\">2</td><td class=\"n\">80</td><td class=\"n\">8.0</td>\
+                 <td class=\"n\">0.000024*</td>"
+            ),
+            "{page}"
+        );
+        assert!(page.contains("* time estimated"), "{page}");
+        assert!(call_sites(&JobProfile::of_ranks(Vec::new())).is_empty());
     }
 
     #[test]
