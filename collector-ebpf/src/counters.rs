@@ -52,14 +52,16 @@ pub static NEXT_FRESH_SLOT: Array<u64> = Array::with_max_entries(1, 0);
 /// Adds the call of the thread whose state is `e`, of `bytes` bytes, that took `dur` ns
 /// (unless it is counted untimed: at its entry, `CallState::BUSY_UNTIMED`, or a drawn
 /// collective instance whose time was not drawn, `CallState::INSTANCE_UNTIMED`), to the
-/// counter of `key`.
+/// counter of `key`; whether it was counted (a counter map full, or a process detached
+/// meanwhile, counts nothing).
 #[inline(always)]
-pub fn add(e: &mut CallState, key: &CounterKey, bytes: u64, dur: u64) {
+pub fn add(e: &mut CallState, key: &CounterKey, bytes: u64, dur: u64) -> bool {
     let Some(slot) = slot_of(e, key) else {
-        return;
+        return false;
     };
     // Read after the slot's lookup: kept across it, it cost the return path's full stack.
     add_to_slot(slot, bytes, dur, e.counted_timed());
+    true
 }
 
 /// Adds a call counted untimed at its entry (its time sampled, this call not drawn),

@@ -626,9 +626,12 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
         described::<ABI, TYPES>(&mut ev, state, layout, &spec, &returning);
         ev
     });
-    crate::counters::add(e, &key, bytes, dur);
-    // For the call-site counters, after this function (`sites::after_return`).
-    e.done = if e.counted_timed() {
+    let counted = crate::counters::add(e, &key, bytes, dur);
+    // For the call-site counters, after this function (`sites::after_return`): the calls
+    // the counters have.
+    e.done = if !counted {
+        0
+    } else if e.counted_timed() {
         CallState::DONE_TIMED
     } else {
         CallState::DONE_UNTIMED
