@@ -520,7 +520,7 @@ fn demo() -> Result<()> {
     let commtap = root.join("target/release/commtap");
     eprintln!("\nProfiling a 4-rank Open MPI job (a data-parallel training loop) with commtap:\n");
     run(Command::new(&commtap)
-        .args(["record", "--mpitrace-dir"])
+        .args(["record", "--call-sites", "--mpitrace-dir"])
         .arg(&mpitrace)
         .arg("--json")
         .arg(&profile_json)
