@@ -162,6 +162,9 @@ const SCAN_EVERY: u32 = 20;
 /// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(opts: DaemonOptions) -> Result<()> {
     crate::attach::system::check_privileges()?;
+    // The files it probes and names call sites from, its clients' connections: past the
+    // usual soft limit of 1,024 on a busy node.
+    crate::aggregator::raise_file_limit();
     // Keeping counts across restarts is worth a warning when it cannot be done, not a refusal.
     let state_dir = opts.state_dir.clone().filter(|dir| {
         crate::attach::state::prepare_state_dir(dir)

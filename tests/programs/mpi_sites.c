@@ -9,9 +9,9 @@
  * line and each call is followed by more code (no tail call), so the address every call
  * returns to lies in the function that made it. Each rank writes OUT_PREFIX.<rank>.json:
  * its rank, pid and world size, and per function the routine it called, the calls and
- * their bytes. With READY and GO, each rank then creates READY.<rank>, all meet at an
- * MPI_Barrier, rank 0 creates READY, and each waits for GO before MPI_Finalize (a
- * daemon's test reads the running ranks' profile meanwhile).
+ * their bytes. With READY and GO, all then meet at an MPI_Barrier, each rank creates
+ * READY.<rank> once out of it (rank 0 READY too), and waits for GO before MPI_Finalize (a
+ * daemon's test reads the running ranks' profile meanwhile: no call in flight).
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -72,14 +72,14 @@ int main(int argc, char **argv)
             rank, (long)getpid(), size, n, 4 * n, n / 2, 8192 * (n / 2));
     fclose(f);
     if (argc == 5) {
+        /* Each rank's marker once out of its last call before the go (the barrier). */
+        MPI_Barrier(MPI_COMM_WORLD);
         char mine[4096];
         snprintf(mine, sizeof mine, "%s.%d", argv[3], rank);
         if (create_file(mine) != 0) {
             perror(mine);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        /* Rank 0's READY once every rank is there. */
-        MPI_Barrier(MPI_COMM_WORLD);
         if (rank == 0 && create_file(argv[3]) != 0) {
             perror(argv[3]);
             MPI_Abort(MPI_COMM_WORLD, 1);

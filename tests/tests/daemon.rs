@@ -638,6 +638,11 @@ fn a_daemon_counts_call_sites_exactly() {
         scratch.path("go").into_os_string(),
     ];
     let (mut job, ranks) = start_waiting_program(&scratch, Mpi::OpenMpi, 2, &prog, &args, &[]);
+    // Every rank out of its last call before the go: the counters and the sites read apart
+    // hold the same calls.
+    wait_until("every rank's marker", LIMIT, || {
+        (0..2).all(|r| scratch.path(&format!("ready.{r}")).exists())
+    });
     let truths = read_truths(&prefix, 2);
     let named = |profile: &serde_json::Value| {
         ranks.iter().all(|&pid| {

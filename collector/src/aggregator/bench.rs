@@ -255,6 +255,7 @@ pub fn synthetic_rank(
         usage: None,
         settings: Default::default(),
         call_sites: Vec::new(),
+        call_sites_left_out: 0,
         start_ticks: 7,
         exited: true,
         detached: false,

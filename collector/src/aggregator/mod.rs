@@ -461,7 +461,8 @@ async fn expire_every(
 }
 
 /// Raises this process's open-file limit to its hard limit: an aggregator holds a
-/// connection per node (a thousand nodes are past the usual soft limit of 1024).
+/// connection per node (a thousand nodes are past the usual soft limit of 1024), a daemon
+/// the files of its node's jobs.
 pub fn raise_file_limit() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,

@@ -70,13 +70,16 @@ pub fn job_profile(
 }
 
 /// The call sites of process `pid` among the kernel's `read`, named against the files it
-/// mapped (`objects`), most time first (then most calls).
+/// mapped (`objects`), with those of its `earlier` spans watched (a detach and an attach
+/// again), most time first (then most calls): at most [`super::MAX_CALL_SITES`], and how
+/// many more were left out.
 pub fn call_sites(
     pid: u32,
     read: &[(SiteKey, SiteVal)],
     objects: &[discover::MappedObject],
+    earlier: &[CallSite],
     files: &mut SiteFiles,
-) -> Vec<CallSite> {
+) -> (Vec<CallSite>, u64) {
     let mut sites: Vec<CallSite> = read
         .iter()
         .filter(|(k, _)| k.tgid == pid)
@@ -107,6 +110,18 @@ pub fn call_sites(
             }
         })
         .collect();
+    for e in earlier {
+        match sites
+            .iter_mut()
+            .find(|s| (&s.routine, &s.address) == (&e.routine, &e.address))
+        {
+            Some(s) => {
+                s.totals.merge(&e.totals);
+                s.timed_calls += e.timed_calls;
+            }
+            None => sites.push(e.clone()),
+        }
+    }
     sites.sort_by(|a, b| {
         (b.totals.time_ns, b.totals.calls, &a.routine, &a.address).cmp(&(
             a.totals.time_ns,
@@ -115,8 +130,9 @@ pub fn call_sites(
             &b.address,
         ))
     });
+    let left_out = sites.len().saturating_sub(super::MAX_CALL_SITES) as u64;
     sites.truncate(super::MAX_CALL_SITES);
-    sites
+    (sites, left_out)
 }
 
 /// What the process used of its node: as the kernel added it up at its end, else (still
@@ -236,6 +252,7 @@ fn rank_profile(
         usage,
         settings: info.settings.clone(),
         call_sites: Vec::new(),
+        call_sites_left_out: 0,
     }
 }
 
@@ -435,7 +452,86 @@ fn counted_names<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::{batch_job_id, counted_names, job_key, name_jobs, Member};
+    use super::{call_sites, stats, CallSite, SiteFiles, SiteKey, SiteVal};
     use crate::discover::ProcessInfo;
+
+    /// A site's calls now and in an earlier span watched are one site; its sampled time is
+    /// estimated from its timed calls; past the cap, the sites with the least time are left
+    /// out and counted.
+    #[test]
+    fn call_sites_add_their_earlier_spans_and_keep_the_busiest() {
+        let routine = collector_common::ROUTINES
+            .iter()
+            .position(|r| r.name == "MPI_Allreduce")
+            .expect("MPI_Allreduce") as u16;
+        let key = |site| SiteKey {
+            tgid: 7,
+            routine,
+            _pad: 0,
+            site,
+        };
+        let mut read = vec![(
+            key(0x10),
+            SiteVal {
+                calls: 4,
+                bytes: 32,
+                timed: 1,
+                time_ns: 100,
+            },
+        )];
+        // Another process's site is not this one's.
+        read.push((
+            SiteKey {
+                tgid: 8,
+                ..key(0x10)
+            },
+            SiteVal::default(),
+        ));
+        let earlier = CallSite {
+            routine: "MPI_Allreduce".into(),
+            address: "0x10".into(),
+            totals: stats::Totals {
+                calls: 3,
+                bytes: 24,
+                time_ns: 50,
+            },
+            timed_calls: 3,
+            ..CallSite::default()
+        };
+        let mut files = SiteFiles::default();
+        let (sites, left_out) = call_sites(7, &read, &[], &[earlier], &mut files);
+        assert_eq!(left_out, 0);
+        assert_eq!(sites.len(), 1, "{sites:?}");
+        assert_eq!(
+            (sites[0].totals, sites[0].timed_calls),
+            (
+                stats::Totals {
+                    calls: 7,
+                    bytes: 56,
+                    time_ns: 400 + 50
+                },
+                4
+            )
+        );
+        let cap = crate::profile::MAX_CALL_SITES;
+        let many: Vec<_> = (0..cap as u64 + 3)
+            .map(|i| {
+                (
+                    key(0x1000 + i),
+                    SiteVal {
+                        calls: 1,
+                        bytes: 0,
+                        timed: 1,
+                        time_ns: i,
+                    },
+                )
+            })
+            .collect();
+        let (sites, left_out) = call_sites(7, &many, &[], &[], &mut files);
+        assert_eq!((sites.len(), left_out), (cap, 3));
+        // Those with the least time went.
+        assert!(sites.iter().all(|s| s.totals.time_ns >= 3));
+    }
 
     #[test]
     fn jobs_and_unsaid_ranks_are_named_from_identities_alone() {

@@ -103,11 +103,16 @@ pub struct RankProfile {
     /// (`record --call-sites`); absent where call sites were not counted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub call_sites: Vec<CallSite>,
+    /// Call sites left out of `call_sites` (those with the least time, past
+    /// [`MAX_CALL_SITES`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub call_sites_left_out: u64,
 }
 
-/// Most call sites a rank's profile holds (the busiest; a message from a node is cut to
-/// as many).
-pub const MAX_CALL_SITES: usize = 4096;
+/// Most call sites a rank's profile holds (those with the most time; a message from a
+/// node is cut to as many): with their names and paths cut too, a rank's sites stay
+/// within a few hundred KiB however many its program has.
+pub const MAX_CALL_SITES: usize = 512;
 
 /// Where a rank's calls of one routine were made from: the address they returned to, and
 /// what it is in the process (mpitrace's profile by call site).
@@ -626,6 +631,7 @@ mod tests {
             usage: None,
             settings: Default::default(),
             call_sites: Vec::new(),
+            call_sites_left_out: 0,
             start_ticks: 0,
             exited: false,
             detached: false,

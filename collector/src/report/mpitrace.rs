@@ -210,7 +210,7 @@ const CALL_SITES_SHOWN: usize = 50;
 /// The rank's "Call sites" section, where they were counted (`--call-sites`): each
 /// routine's calls by where they were made from, most time first.
 fn render_call_sites(o: &mut String, r: &RankProfile) {
-    if r.call_sites.is_empty() && r.health.sites_full == 0 {
+    if r.call_sites.is_empty() && r.health.sites_full == 0 && r.call_sites_left_out == 0 {
         return;
     }
     let _ = writeln!(
@@ -219,7 +219,12 @@ fn render_call_sites(o: &mut String, r: &RankProfile) {
     );
     let _ = writeln!(
         o,
-        "Call sites (where the calls were made from, most time first):"
+        "Call sites (where the calls were made from, most time first{}):",
+        if r.region.is_some() {
+            "; the whole run, not only the profiled region"
+        } else {
+            ""
+        }
     );
     let _ = writeln!(o);
     let _ = writeln!(
@@ -248,6 +253,14 @@ fn render_call_sites(o: &mut String, r: &RankProfile) {
             o,
             "({} more call sites in the JSON profile)",
             r.call_sites.len() - CALL_SITES_SHOWN
+        );
+    }
+    if r.call_sites_left_out > 0 {
+        let _ = writeln!(
+            o,
+            "({} call sites with the least time left out of the profile: it keeps {})",
+            r.call_sites_left_out,
+            crate::profile::MAX_CALL_SITES
         );
     }
     if r.call_sites.iter().any(|c| c.timed_calls < c.totals.calls) {
@@ -858,6 +871,9 @@ pub fn render_text(whole: &JobProfile) -> String {
         let has = |family| !table_order(&r.routines, family).is_empty();
         if has(Family::Mpi) || (nccl.is_empty() && !has(Family::Fabric)) {
             o.push_str(&render_rank(job, &ctx, r));
+        } else {
+            // render_rank's own section, for the ranks it is not shown for.
+            render_call_sites(&mut o, r);
         }
         if let Some(t) = &r.mpi_transport {
             // Not in the mpitrace-format files: mpitrace writes no such line.

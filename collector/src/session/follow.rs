@@ -95,10 +95,17 @@ impl Session {
     fn attach_objects(&mut self, pid: u32, objects: &[MappedObject]) -> bool {
         let _process = self.process_span(pid).entered();
         if self.probes.call_sites() && !objects.is_empty() {
-            self.site_files
-                .open_new(objects, |o| open_object(pid, o).ok());
+            self.site_files.ask(pid, objects);
             if let Some(t) = self.tracked.get_mut(&pid) {
+                // The files read now first; those it no longer maps kept behind them (a
+                // program rebuilt while it runs: its sites are still its old file's).
+                let earlier = std::mem::take(&mut t.objects);
                 t.objects = objects.to_vec();
+                t.objects.extend(
+                    earlier
+                        .into_iter()
+                        .filter(|o| !objects.iter().any(|n| n.dev_inode == o.dev_inode)),
+                );
             }
         }
         // libfabric's code ranges first: a provider's probes must never fire before the

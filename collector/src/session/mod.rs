@@ -298,8 +298,17 @@ impl Session {
         if self.probes.call_sites() {
             let read = self.probes.read_sites();
             for r in &mut profile.ranks {
-                let objects = self.tracked.get(&r.pid).map_or(&[][..], |t| &t.objects);
-                r.call_sites = build::call_sites(r.pid, &read, objects, &mut self.site_files);
+                let t = self.tracked.get(&r.pid);
+                let objects = t.map_or(&[][..], |t| &t.objects);
+                let earlier = t
+                    .and_then(|t| t.earlier.as_deref())
+                    .map_or(&[][..], |e| &e.call_sites);
+                let (sites, left_out) =
+                    build::call_sites(r.pid, &read, objects, earlier, &mut self.site_files);
+                r.call_sites = sites;
+                r.call_sites_left_out = left_out
+                    + t.and_then(|t| t.earlier.as_deref())
+                        .map_or(0, |e| e.call_sites_left_out);
             }
             // Files no tracked process maps any more are closed.
             let mapped = self

@@ -4,13 +4,18 @@
 //!
 //! A rank has often exited by the time its profile is written, its mappings gone with it:
 //! so each process's executable mappings are kept as discovery read them (at its exec, at
-//! each library load), and each file it maps is opened then, once (`LibraryFile`: verified
-//! to be the very file mapped), and read only when one of its addresses is named. Files
-//! are the node's: every rank of a job maps the same ones.
+//! each library load), and each file it maps is opened at once, once (`LibraryFile`:
+//! verified to be the very file mapped), and its symbols read. Both by a thread of their
+//! own, never under the session's lock (a file on a hung file system blocks that thread
+//! alone). Files are the node's: every rank of a job maps the same ones.
 
 use std::{
-    collections::BTreeMap,
-    sync::{mpsc, Arc},
+    collections::{BTreeMap, VecDeque},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        mpsc, Arc,
+    },
+    time::Duration,
 };
 
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
@@ -18,15 +23,25 @@ use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 use super::{Elf, LibraryFile};
 use crate::discover::MappedObject;
 
-/// Most files kept open for naming call sites; past it a new file's sites are left
-/// unnamed (a daemon on a node of many jobs, each with its own executables).
+/// Most files open (or asked to be) for naming call sites; past it a new file's sites are
+/// left unnamed (a daemon on a node of many jobs, each with its own executables).
 pub const MAX_FILES: usize = 1024;
 /// Most function symbols read from one file (libtorch_cpu has about 600,000).
 const MAX_FUNCTIONS: usize = 2 << 20;
 /// Longest function name kept (C++ templates can run to many kilobytes).
-const MAX_NAME: usize = 512;
+const MAX_NAME: usize = 256;
+/// Longest file path kept in a site.
+const MAX_PATH: usize = 512;
 /// Most bytes of names read from one file.
 const MAX_NAME_BYTES: usize = 64 << 20;
+/// Most bytes the function tables of all files may hold (names and entries), read and not
+/// yet taken included; a file read past it is left unread, its sites named by file and
+/// address.
+pub const MAX_HELD_BYTES: u64 = 256 << 20;
+/// Most files waiting to be opened by the reader.
+const MAX_ASKED: usize = 4096;
+/// Longest a last profile waits for one file's symbols (a file on a hung file system).
+const READ_WAIT: Duration = Duration::from_secs(20);
 
 /// Where a call was made from, as far as it could be named.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -47,8 +62,8 @@ pub struct Named {
 struct Functions {
     /// Address, size (0: unknown), name.
     by_address: Vec<(u64, u64, Box<str>)>,
-    /// The virtual address the file's first byte is loaded at (its first segment's: 0 for
-    /// libraries and position-independent executables).
+    /// What its loadable segments' addresses are less their file offsets (the address its
+    /// first byte would have): 0 for libraries and position-independent executables.
     base: u64,
 }
 
@@ -65,71 +80,112 @@ impl Functions {
         let (start, size, name) = self.by_address.get(i.checked_sub(1)?)?;
         // A symbol without a size (hand-written assembly) holds what follows it up to the
         // next one.
-        (*size == 0 || at < start + size).then(|| (&**name, at - start))
+        (*size == 0 || at < start.saturating_add(*size)).then(|| (&**name, at - start))
     }
 }
 
-/// A file opened for naming.
+/// A file asked for.
 #[derive(Debug)]
 enum SiteFile {
-    /// Being read by the reader thread.
+    /// Being opened and read by the reader thread.
     Reading,
     /// Read (or found unreadable, not calling MPI or NCCL, or past the memory cap: no
     /// functions).
     Read(Arc<Functions>),
 }
 
-/// Most bytes the function tables of all files may hold (names and entries); a file read
-/// past it is left unread, its sites named by file and address.
-pub const MAX_HELD_BYTES: u64 = 256 << 20;
+/// What the reader is asked: open the file `object` (as `pid` maps it) and read it, whole
+/// where it is the `program`.
+#[derive(Debug)]
+struct Asked {
+    pid: u32,
+    object: MappedObject,
+    program: bool,
+}
+
+/// What the reader answers of a file: its functions, or `None` where it could not be
+/// opened (its process gone: another process mapping it may be asked again).
+type Answer = ((u64, u64), Option<Functions>);
 
 /// The files of the processes whose call sites are counted, by identity.
 ///
-/// Symbol tables are read by a thread of their own, as soon as a file is opened (a
+/// Opened and read by a thread of their own as soon as discovery sees them mapped (a
 /// framework's library holds hundreds of thousands of symbols: a second's read), so that
-/// a daemon's loop never waits for one: a site is named once its file is read, by the
+/// a daemon's loop never waits for a file: a site is named once its file is read, by the
 /// next profile. `record` waits for them ([`SiteFiles::wait_for_reads`]): its profile is
 /// the last. Only the files that can hold a call site are read whole: the program, and
-/// the files that call MPI or NCCL by name.
+/// the files that name MPI or NCCL routines among their dynamic symbols.
 #[derive(Debug, Default)]
 pub struct SiteFiles {
     files: BTreeMap<(u64, u64), SiteFile>,
     reader: Option<Reader>,
     wait: bool,
-    /// Bytes the function tables read hold.
-    held: u64,
+    /// Bytes the function tables read hold, the reader's answers not yet taken included
+    /// (the reader adds, the owner takes away what it drops).
+    held: Arc<AtomicU64>,
 }
 
-/// The thread that reads symbol tables, and the way to it and back.
+/// The thread that opens and reads files, and the way to it and back.
 #[derive(Debug)]
 struct Reader {
-    ask: mpsc::Sender<((u64, u64), LibraryFile, bool)>,
-    read: mpsc::Receiver<((u64, u64), Functions)>,
+    ask: mpsc::SyncSender<Asked>,
+    answers: mpsc::Receiver<Answer>,
 }
 
 impl Reader {
-    fn start() -> Option<Reader> {
-        let (ask, asked) = mpsc::channel::<((u64, u64), LibraryFile, bool)>();
-        let (done, read) = mpsc::channel();
+    fn start(held: Arc<AtomicU64>) -> Option<Reader> {
+        let (ask, asked) = mpsc::sync_channel::<Asked>(MAX_ASKED);
+        let (answer, answers) = mpsc::channel();
         std::thread::Builder::new()
             .name("commtap-symbols".into())
-            .spawn(move || {
-                // Ends when the files' owner is dropped (the sender with it).
-                for (id, file, program) in asked {
-                    let functions = read_functions(&file, program).unwrap_or_else(|e| {
-                        tracing::debug!(file = %file.shown, error = %e, "call sites not named");
-                        Functions::default()
-                    });
-                    if done.send((id, functions)).is_err() {
-                        return;
-                    }
-                }
-            })
+            .spawn(move || read_asked(&asked, &answer, &held))
             .map_err(
                 |e| tracing::warn!(error = %e, "no thread to read symbols: call sites not named"),
             )
             .ok()?;
-        Some(Reader { ask, read })
+        Some(Reader { ask, answers })
+    }
+}
+
+/// The reader thread: opens every file asked as soon as it is asked (before the process
+/// mapping it may exit), and reads them one after the other. Ends when its owner is
+/// dropped.
+fn read_asked(asked: &mpsc::Receiver<Asked>, answer: &mpsc::Sender<Answer>, held: &AtomicU64) {
+    let mut opened: VecDeque<((u64, u64), LibraryFile, bool)> = VecDeque::new();
+    let open = |a: Asked, opened: &mut VecDeque<_>| {
+        let shown = a.object.path.display().to_string();
+        match LibraryFile::open_mapped(a.pid, a.object.range, a.object.dev_inode, &shown) {
+            Ok(file) => opened.push_back((a.object.dev_inode, file, a.program)),
+            Err(e) => {
+                tracing::debug!(file = %shown, error = %e, "not opened to name call sites");
+                let _ = answer.send((a.object.dev_inode, None));
+            }
+        }
+    };
+    loop {
+        if opened.is_empty() {
+            let Ok(a) = asked.recv() else { return };
+            open(a, &mut opened);
+        }
+        while let Ok(a) = asked.try_recv() {
+            open(a, &mut opened);
+        }
+        let Some((id, file, program)) = opened.pop_front() else {
+            continue;
+        };
+        let functions = if held.load(Ordering::Relaxed) >= MAX_HELD_BYTES {
+            tracing::warn!(file = %file.shown, "symbol tables past their memory cap: its call sites named by address");
+            Functions::default()
+        } else {
+            read_functions(&file, program).unwrap_or_else(|e| {
+                tracing::debug!(file = %file.shown, error = %e, "call sites not named");
+                Functions::default()
+            })
+        };
+        held.fetch_add(functions.bytes(), Ordering::Relaxed);
+        if answer.send((id, Some(functions))).is_err() {
+            return;
+        }
     }
 }
 
@@ -140,31 +196,26 @@ impl SiteFiles {
         self.wait = wait;
     }
 
-    /// Opens, through `open`, the files among `objects` not already open (up to
-    /// [`MAX_FILES`]), and has them read; the first is the program.
-    pub fn open_new(
-        &mut self,
-        objects: &[MappedObject],
-        open: impl Fn(&MappedObject) -> Option<LibraryFile>,
-    ) {
+    /// Has the files among `objects` (mapped by `pid`) not asked for yet opened and read
+    /// (up to [`MAX_FILES`]); the first is the program.
+    pub fn ask(&mut self, pid: u32, objects: &[MappedObject]) {
         if self.reader.is_none() && !objects.is_empty() {
-            self.reader = Reader::start();
+            self.reader = Reader::start(Arc::clone(&self.held));
         }
+        let Some(reader) = &self.reader else { return };
         for (i, o) in objects.iter().enumerate() {
             if self.files.len() >= MAX_FILES {
                 return;
             }
             if let std::collections::btree_map::Entry::Vacant(e) = self.files.entry(o.dev_inode) {
-                if let Some(file) = open(o) {
-                    let asked = self
-                        .reader
-                        .as_ref()
-                        .is_some_and(|r| r.ask.send((o.dev_inode, file, i == 0)).is_ok());
-                    e.insert(if asked {
-                        SiteFile::Reading
-                    } else {
-                        SiteFile::Read(Arc::default())
-                    });
+                let asked = Asked {
+                    pid,
+                    object: o.clone(),
+                    program: i == 0,
+                };
+                // Full (the reader stuck on a file): asked again at the next look.
+                if reader.ask.try_send(asked).is_ok() {
+                    e.insert(SiteFile::Reading);
                 }
             }
         }
@@ -180,7 +231,7 @@ impl SiteFiles {
             }
             keep
         });
-        self.held = self.held.saturating_sub(freed);
+        self.held.fetch_sub(freed, Ordering::Relaxed);
     }
 
     /// Names `address` of a process that mapped `objects`.
@@ -191,17 +242,31 @@ impl SiteFiles {
         else {
             return Named::default();
         };
-        let object = Some(o.path.display().to_string());
-        let (Some(bias), Some(functions)) = (o.bias, self.functions(o.dev_inode)) else {
+        let object = Some(
+            crate::client::printable(&o.path.display().to_string())
+                .chars()
+                .take(MAX_PATH)
+                .collect(),
+        );
+        let functions = self.functions(o.dev_inode);
+        // The file's own address; none where a mapping a user arranged makes no sense of it.
+        let at = o
+            .bias
+            .zip(functions.as_ref())
+            .and_then(|(bias, f)| address.checked_sub(bias)?.checked_add(f.base));
+        let (Some(at), Some(functions)) = (at, functions) else {
             return Named {
                 object,
                 ..Named::default()
             };
         };
-        let at = address - bias + functions.base;
+        // The call itself is the instruction before the address it returns to (a call to a
+        // routine that never returns may end its function).
         let (function, offset) = functions
-            .holding(at)
-            .map_or((None, 0), |(name, offset)| (Some(name.to_string()), offset));
+            .holding(at.saturating_sub(1))
+            .map_or((None, 0), |(name, offset)| {
+                (Some(name.to_string()), offset + 1)
+            });
         Named {
             object,
             function,
@@ -212,10 +277,11 @@ impl SiteFiles {
 
     /// The functions of the file `id`, once read (waited for, where naming waits).
     fn functions(&mut self, id: (u64, u64)) -> Option<Arc<Functions>> {
-        self.take_reads(false);
+        self.take_answers(None);
         while self.wait && matches!(self.files.get(&id), Some(SiteFile::Reading)) {
-            if !self.take_reads(true) {
-                break;
+            if !self.take_answers(Some(READ_WAIT)) {
+                tracing::warn!("symbols not read in time: call sites named by address");
+                self.wait = false;
             }
         }
         match self.files.get(&id)? {
@@ -224,35 +290,35 @@ impl SiteFiles {
         }
     }
 
-    /// Keeps the tables the reader has finished (waiting for one, if `block`); whether
-    /// the reader is still there.
-    fn take_reads(&mut self, block: bool) -> bool {
+    /// Takes the reader's answers (waiting up to `wait` for one); whether one came or
+    /// none was waited for.
+    fn take_answers(&mut self, wait: Option<Duration>) -> bool {
         let Some(reader) = &self.reader else {
             return false;
         };
         let mut got = Vec::new();
-        if block {
-            match reader.read.recv() {
-                Ok(r) => got.push(r),
+        if let Some(wait) = wait {
+            match reader.answers.recv_timeout(wait) {
+                Ok(a) => got.push(a),
                 Err(_) => return false,
             }
         }
-        got.extend(reader.read.try_iter());
-        for (id, functions) in got {
-            let bytes = functions.bytes();
-            let functions = if self.held + bytes > MAX_HELD_BYTES {
-                tracing::warn!(
-                    bytes,
-                    held = self.held,
-                    "symbol tables past their memory cap: call sites in this file named by address"
-                );
-                Functions::default()
-            } else {
-                self.held += bytes;
-                functions
-            };
-            if let Some(entry) = self.files.get_mut(&id) {
-                *entry = SiteFile::Read(Arc::new(functions));
+        got.extend(reader.answers.try_iter());
+        for (id, answer) in got {
+            match (self.files.get_mut(&id), answer) {
+                // Asked, now read.
+                (Some(entry @ SiteFile::Reading), Some(functions)) => {
+                    *entry = SiteFile::Read(Arc::new(functions));
+                }
+                // Not opened: asked again by the next process that maps it.
+                (Some(SiteFile::Reading), None) => {
+                    self.files.remove(&id);
+                }
+                // Closed meanwhile (or read twice): what it holds is given back.
+                (_, Some(functions)) => {
+                    self.held.fetch_sub(functions.bytes(), Ordering::Relaxed);
+                }
+                (_, None) => {}
             }
         }
         true
@@ -269,7 +335,8 @@ fn names_mpi_or_nccl(name: &str) -> bool {
 
 /// The function symbols of `file` (its static table and its dynamic one), sorted; none
 /// where it is not the `program` and names no MPI or NCCL routine among its dynamic
-/// symbols (it makes no call a site is counted for: libc, libm ...).
+/// symbols (it makes no call a site is counted for: libc, libm ...). Names are made
+/// printable (a report is read on a terminal).
 fn read_functions(file: &LibraryFile, program: bool) -> Result<Functions, super::SymbolError> {
     let data = file.data().map_err(|source| super::SymbolError::Io {
         path: file.shown.clone(),
@@ -288,8 +355,9 @@ fn read_functions(file: &LibraryFile, program: bool) -> Result<Functions, super:
     }
     let base = elf
         .segments()
-        .find(|s| s.file_range().0 == 0)
-        .map_or(0, |s| s.address());
+        .filter_map(|s| s.address().checked_sub(s.file_range().0))
+        .min()
+        .unwrap_or(0);
     let mut by_address = Vec::new();
     let mut name_bytes = 0;
     for sym in elf.symbols().chain(elf.dynamic_symbols()) {
@@ -300,12 +368,12 @@ fn read_functions(file: &LibraryFile, program: bool) -> Result<Functions, super:
             continue;
         }
         let Ok(name) = sym.name() else { continue };
-        let name = match name.char_indices().nth(MAX_NAME) {
-            Some((cut, _)) => &name[..cut],
-            None => name,
-        };
+        let name: String = crate::client::printable(name)
+            .chars()
+            .take(MAX_NAME)
+            .collect();
         name_bytes += name.len();
-        by_address.push((sym.address(), sym.size(), name.into()));
+        by_address.push((sym.address(), sym.size(), name.into_boxed_str()));
     }
     // The static table's name first where both tables name an address (the dynamic one
     // may hold a versioned alias).
@@ -334,12 +402,12 @@ mod tests {
         for wait in [true, false] {
             let mut files = SiteFiles::default();
             files.wait_for_reads(wait);
-            files.open_new(&objects, |o| {
-                crate::session::follow::open_object(pid, o).ok()
-            });
+            files.ask(pid, &objects);
+            let deadline = std::time::Instant::now() + Duration::from_mins(1);
             let mut named = files.name(&objects, address);
             while !wait && named.function.is_none() {
-                std::thread::sleep(std::time::Duration::from_millis(10));
+                assert!(std::time::Instant::now() < deadline, "never named");
+                std::thread::sleep(Duration::from_millis(10));
                 named = files.name(&objects, address);
             }
             let function = named.function.expect("named");
@@ -347,10 +415,10 @@ mod tests {
             assert_eq!(named.offset, 3);
             let exe = std::fs::read_link("/proc/self/exe").expect("exe");
             assert_eq!(named.object, Some(exe.display().to_string()));
-            assert!(files.held > 0);
+            assert!(files.held.load(Ordering::Relaxed) > 0);
             // Closed with the last process mapping it: what its table held is given back.
             files.keep_only(&Default::default());
-            assert_eq!(files.held, 0);
+            assert_eq!(files.held.load(Ordering::Relaxed), 0);
         }
     }
 

@@ -363,6 +363,7 @@ mod tests {
             usage: None,
             settings: Default::default(),
             call_sites: Vec::new(),
+            call_sites_left_out: 0,
             start_ticks: 1,
             exited: false,
             detached: false,

@@ -354,6 +354,7 @@ impl From<&RankProfile> for pb::RankProfile {
             }),
             settings: r.settings.clone().into_iter().collect(),
             call_sites: r.call_sites.iter().map(Into::into).collect(),
+            call_sites_left_out: r.call_sites_left_out,
         }
     }
 }
@@ -383,8 +384,8 @@ fn call_sites(sites: &[pb::CallSite]) -> Result<Vec<CallSite>, InvalidMessage> {
             Ok(CallSite {
                 routine: cut(&c.routine, 64),
                 address: cut(&c.address, 32),
-                object: c.object.as_deref().map(|o| cut(o, 4096)),
-                function: c.function.as_deref().map(|f| cut(f, 512)),
+                object: c.object.as_deref().map(|o| cut(o, 512)),
+                function: c.function.as_deref().map(|f| cut(f, 256)),
                 offset: c.offset,
                 file_address: c.file_address.as_deref().map(|a| cut(a, 32)),
                 totals: totals(c.totals.as_ref(), "CallSite")?,
@@ -448,6 +449,11 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
                 r.settings.iter().map(|(k, v)| (k.as_str(), v.as_str())),
             ),
             call_sites: call_sites(&r.call_sites)?,
+            call_sites_left_out: r.call_sites_left_out.saturating_add(
+                r.call_sites
+                    .len()
+                    .saturating_sub(crate::profile::MAX_CALL_SITES) as u64,
+            ),
         })
     }
 }

@@ -111,6 +111,7 @@ pub(crate) fn sample() -> JobProfile {
                 },
                 timed_calls: 10,
             }],
+            call_sites_left_out: 3,
             mpi_transport: Some("pml cm, mtl ofi".to_string()),
             start_ticks: 99,
             exited: true,

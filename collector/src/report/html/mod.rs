@@ -420,14 +420,15 @@ const CALL_SITES_SHOWN: usize = 50;
 /// routine and site (`function+offset (file)`: the same in every rank of one program,
 /// wherever it was loaded), most time first; empty where none was counted.
 fn call_sites(job: &JobProfile) -> String {
-    let mut by: std::collections::BTreeMap<(String, String), (crate::stats::Totals, u64, usize)> =
+    type Row = (crate::stats::Totals, u64, std::collections::BTreeSet<usize>);
+    let mut by: std::collections::BTreeMap<(String, String), Row> =
         std::collections::BTreeMap::new();
-    for r in &job.ranks {
+    for (i, r) in job.ranks.iter().enumerate() {
         for c in &r.call_sites {
             let e = by.entry((c.routine.clone(), c.label())).or_default();
             e.0.merge(&c.totals);
             e.1 += c.totals.calls - c.timed_calls.min(c.totals.calls);
-            e.2 += 1;
+            e.2.insert(i);
         }
     }
     if by.is_empty() {
@@ -445,10 +446,11 @@ fn call_sites(job: &JobProfile) -> String {
     for ((routine, site), (t, untimed, ranks)) in rows.iter().take(CALL_SITES_SHOWN) {
         let _ = write!(
             o,
-            "<tr><th>{}</th><td>{}</td><td class=\"n\">{ranks}</td><td class=\"n\">{}</td>\
+            "<tr><th>{}</th><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
              <td class=\"n\">{:.1}</td><td class=\"n\">{:.6}{}</td></tr>",
             escape(routine),
             escape(site),
+            ranks.len(),
             t.calls,
             t.avg_bytes(),
             secs(t.time_ns),
