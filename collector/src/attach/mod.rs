@@ -1038,33 +1038,9 @@ impl Probes {
     /// final profile is taken: a later process with the same pid starts from zero.
     pub fn forget_process(&mut self, pid: u32) {
         self.counters.forget(pid);
-        let keys: Vec<CounterKey> = self
-            .device_time
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k.tgid == pid)
-            .collect();
-        for k in keys {
-            let _ = self.device_time.remove(&k);
-        }
-        let keys: Vec<collector_common::PeerKey> = self
-            .peers
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k.tgid == pid)
-            .collect();
-        for k in keys {
-            let _ = self.peers.remove(&k);
-        }
-        let keys: Vec<collector_common::SiteKey> = self
-            .sites
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k.tgid == pid)
-            .collect();
-        for k in keys {
-            let _ = self.sites.remove(&k);
-        }
+        remove_keys_of(&mut self.device_time, pid, |k| k.tgid);
+        remove_keys_of(&mut self.peers, pid, |k| k.tgid);
+        remove_keys_of(&mut self.sites, pid, |k| k.tgid);
         let _ = self.proc_stats.remove(&pid);
         let _ = self.fabric_ranges.remove(&pid);
         let _ = self.mpi_components.remove(&pid);
@@ -1186,6 +1162,23 @@ where
 {
     let m = ebpf.take_map(name).ok_or(AttachError::Missing(name))?;
     M::try_from(m).map_err(map_err(name))
+}
+
+/// Removes the entries of process `pid` (by the process id `tgid` reads from a key) from a
+/// per-CPU map keyed by process.
+fn remove_keys_of<K: aya::Pod, V: aya::Pod>(
+    map: &mut PerCpuHashMap<MapData, K, V>,
+    pid: u32,
+    tgid: impl Fn(&K) -> u32,
+) {
+    let keys: Vec<K> = map
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| tgid(k) == pid)
+        .collect();
+    for k in keys {
+        let _ = map.remove(&k);
+    }
 }
 
 /// Whether MPI and NCCL are probed through uprobe sessions: the BTF id of the kernel's

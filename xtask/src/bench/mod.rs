@@ -1118,15 +1118,7 @@ fn timed_with_stats(
     if sites {
         cmd.arg("--call-sites");
     }
-    cmd.arg("--");
-    let inner = mpi_command(stack, bin);
-    cmd.arg(inner.get_program()).args(inner.get_args());
-    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    let out = cmd.output()?;
-    if !out.status.success() {
-        bail!("commtap failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
+    let out = job_under(cmd, stack, bin)?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     let wanted = format!("program=\"{program}\"");
     let per_run = stderr
@@ -1173,17 +1165,25 @@ fn under_commtap(
             cmd.arg("--time-every-call");
         }
     }
-    cmd.arg("--");
+    let out = job_under(cmd, stack, bin)?;
+    parse(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Runs the per-call program as `-- LAUNCHER PROGRAM` of `commtap` (the command so far),
+/// capturing both outputs (the program's stdout is commtap's child's); fails where commtap
+/// did.
+fn job_under(mut commtap: Command, stack: &Stack, bin: &Path) -> Result<std::process::Output> {
+    commtap.arg("--");
     let inner = mpi_command(stack, bin);
-    cmd.arg(inner.get_program()).args(inner.get_args());
-    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    commtap.arg(inner.get_program()).args(inner.get_args());
+    commtap
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    // The program's own stdout is commtap's child's stdout: capture both.
-    let out = cmd.output()?;
+    let out = commtap.output()?;
     if !out.status.success() {
         bail!("commtap failed: {}", String::from_utf8_lossy(&out.stderr));
     }
-    parse(&String::from_utf8_lossy(&out.stdout))
+    Ok(out)
 }
 
 /// The freezer's v1 hierarchy where the host has one (Slurm keeps its jobs there on hybrid
