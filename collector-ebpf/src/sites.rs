@@ -45,7 +45,7 @@ pub fn after_return(state: *mut CallState, site: impl FnOnce() -> u64) {
         timed: u64::from(timed),
         time_ns: if timed { e.done_ns } else { 0 },
     };
-    if let Some(v) = CALL_SITES.get_ptr_mut(&key) {
+    if let Some(v) = CALL_SITES.get_ptr_mut(key) {
         // SAFETY: this CPU's value.
         unsafe { added(v, &add) };
     } else if !new_site(&key, &add) {
