@@ -62,16 +62,43 @@ fn real_libnccl_calls_are_counted_exactly() {
     let scratch = Scratch::new("nccl-real");
     let prog = build_nccl_program("nccl_calls.c", &nccl_lib_dir(), &["libnccl.so.2"]);
     let n = 1000;
-    let r = attach_then_go(
+    let r = attach_then_go_with(
         &scratch,
         &prog,
         &[
             n.to_string(),
             path_str(&scratch.path("truth.json")).to_string(),
         ],
+        &["--call-sites"],
     );
     let (pid, profile) = (r.pid, &r.profile);
     let truth = read_json(&scratch.path("truth.json"));
+    // Every call was made from the program's main: each routine's calls at its sites there
+    // (but ncclGroup's, each completed group: no call of its own).
+    let rank = rank_by_pid(profile, u64::from(pid));
+    let sites = rank["call_sites"].as_array().expect("call_sites");
+    for (name, r) in rank["routines"].as_object().expect("routines") {
+        if name == "ncclGroup" {
+            continue;
+        }
+        let at: Vec<&serde_json::Value> = sites.iter().filter(|s| s["routine"] == *name).collect();
+        assert_eq!(
+            at.iter()
+                .map(|s| s["calls"].as_u64().expect("calls"))
+                .sum::<u64>(),
+            r["calls"].as_u64().expect("calls"),
+            "{name}'s calls at their sites: {sites:#?}"
+        );
+        for s in at {
+            assert_eq!(s["function"], "main", "{s}");
+            assert!(
+                s["object"]
+                    .as_str()
+                    .is_some_and(|o| o.ends_with("/nccl_calls")),
+                "{s}"
+            );
+        }
+    }
 
     let rank = rank_by_pid(profile, u64::from(pid));
     assert_eq!(
@@ -138,6 +165,14 @@ fn real_libnccl_calls_are_counted_exactly() {
         .split_whitespace()
         .collect();
     assert_eq!(row[..2], [n.to_string().as_str(), "200.0"], "{sizes}");
+    // A rank calling NCCL alone has its call sites in the text too.
+    assert!(
+        run.stdout.lines().any(|l| l.starts_with("ncclBroadcast")
+            && l.contains("main+0x")
+            && l.ends_with("(nccl_calls)")),
+        "no ncclBroadcast call site in:\n{}",
+        run.stdout
+    );
 }
 
 #[test]
