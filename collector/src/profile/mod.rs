@@ -6,7 +6,7 @@ pub mod build;
 pub mod schema;
 pub mod timeline;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -143,6 +143,22 @@ pub struct CallSite {
     pub totals: crate::stats::Totals,
     /// The calls whose time was measured.
     pub timed_calls: u64,
+}
+
+/// Every rank's calls of one routine at one call site (as [`CallSite::label`] names it: the
+/// same in every rank of one program, wherever it was loaded).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobSite {
+    /// The routine called.
+    pub routine: String,
+    /// Where from ([`CallSite::label`]).
+    pub site: String,
+    /// The calls, their bytes and time.
+    pub totals: crate::stats::Totals,
+    /// The calls whose time was not measured (sampled away).
+    pub untimed: u64,
+    /// The ranks that called from there.
+    pub ranks: usize,
 }
 
 impl CallSite {
@@ -525,6 +541,41 @@ impl JobProfile {
             }
         }
         Some(view)
+    }
+
+    /// Every rank's call sites together by routine and site, most time first (then most
+    /// calls).
+    pub fn sites_of_all_ranks(&self) -> Vec<JobSite> {
+        let mut by: BTreeMap<(String, String), (JobSite, BTreeSet<usize>)> = BTreeMap::new();
+        for (i, r) in self.ranks.iter().enumerate() {
+            for c in &r.call_sites {
+                let (routine, site) = (c.routine.clone(), c.label());
+                let (row, ranks) = by
+                    .entry((routine.clone(), site.clone()))
+                    .or_insert_with(|| {
+                        (
+                            JobSite {
+                                routine,
+                                site,
+                                ..JobSite::default()
+                            },
+                            BTreeSet::new(),
+                        )
+                    });
+                row.totals.merge(&c.totals);
+                row.untimed += c.totals.calls.saturating_sub(c.timed_calls);
+                ranks.insert(i);
+            }
+        }
+        let mut rows: Vec<JobSite> = by
+            .into_values()
+            .map(|(row, ranks)| JobSite {
+                ranks: ranks.len(),
+                ..row
+            })
+            .collect();
+        rows.sort_by_key(|r| std::cmp::Reverse((r.totals.time_ns, r.totals.calls)));
+        rows
     }
 
     /// Sets the job id and the sums from `totals` (see [`JobTotals`]).

@@ -204,6 +204,54 @@ pub fn render_rank(job: &JobProfile, ctx: &Context, r: &RankProfile) -> String {
     o
 }
 
+/// Most call sites the job's table shows.
+const JOB_SITES_SHOWN: usize = 20;
+
+/// Where the job's calls were made from, every rank's together (a job of several ranks
+/// with call sites counted): one row per routine and site, with the ranks that called
+/// from there.
+fn render_job_sites(o: &mut String, job: &JobProfile) {
+    let rows = job.sites_of_all_ranks();
+    if job.ranks.len() < 2 || rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "-----------------------------------------------------------------"
+    );
+    let _ = writeln!(
+        o,
+        "Call sites of all ranks (most time first; each rank's own above):"
+    );
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "{:<28}{:>8}{:>12}{:>16}{:>14}   call site",
+        "MPI Routine", "ranks", "#calls", "avg. bytes", "time(sec)"
+    );
+    for row in rows.iter().take(JOB_SITES_SHOWN) {
+        let _ = writeln!(
+            o,
+            "{:<28}{:>8}{:>12}{:>16.1}{:>13.3}{:<1}   {}",
+            row.routine,
+            row.ranks,
+            row.totals.calls,
+            row.totals.avg_bytes(),
+            secs(row.totals.time_ns),
+            if row.untimed > 0 { "*" } else { "" },
+            row.site
+        );
+    }
+    if rows.len() > JOB_SITES_SHOWN {
+        let _ = writeln!(
+            o,
+            "({} more in the HTML report and the JSON profile)",
+            rows.len() - JOB_SITES_SHOWN
+        );
+    }
+    let _ = writeln!(o);
+}
+
 /// Most call sites a rank's text shows (the JSON profile has them all).
 const CALL_SITES_SHOWN: usize = 50;
 
@@ -883,6 +931,7 @@ pub fn render_text(whole: &JobProfile) -> String {
         o.push_str(&render_fabric(r));
     }
     o.push_str(&render_summary(job));
+    render_job_sites(&mut o, job);
     render_containers(&mut o, job);
     o.push_str(&super::durations::render_durations(job));
     if let Some(region) = &region {
@@ -1063,6 +1112,40 @@ mod file_name_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A job's text has each rank's call sites and, for several ranks, one table of them
+    /// all: a site the ranks share is one row with its calls summed, its time marked where
+    /// sampled.
+    #[test]
+    fn the_text_has_each_ranks_call_sites_and_the_jobs() {
+        let rank = |n: u32, address: &str| {
+            let mut r = crate::api::convert::tests::sample().ranks[0].clone();
+            r.rank = n;
+            r.pid = 100 + n;
+            r.region = None;
+            r.call_sites[0].address = address.into();
+            r
+        };
+        let job = JobProfile::of_ranks(vec![rank(0, "0x55401136"), rank(1, "0x56401136")]);
+        let text = render_text(&job);
+        let own = text
+            .lines()
+            .filter(|l| l.starts_with("MPI_Allreduce") && l.ends_with("negotiate+0x1c (app)"))
+            .count();
+        // Each rank's row, and the job's.
+        assert_eq!(own, 3, "{text}");
+        let job_row = text
+            .split("Call sites of all ranks")
+            .nth(1)
+            .and_then(|t| t.lines().find(|l| l.starts_with("MPI_Allreduce")))
+            .unwrap_or_else(|| panic!("no job-wide call sites in\n{text}"));
+        let cols: Vec<&str> = job_row.split_whitespace().collect();
+        assert_eq!(
+            cols[..5],
+            ["MPI_Allreduce", "2", "80", "8.0", "0.000*"],
+            "{job_row}"
+        );
+    }
 
     /// Two ranks of a job whose launcher said `world` ranks.
     fn two_ranks(world: u32) -> JobProfile {

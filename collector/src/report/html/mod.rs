@@ -420,22 +420,10 @@ const CALL_SITES_SHOWN: usize = 50;
 /// routine and site (`function+offset (file)`: the same in every rank of one program,
 /// wherever it was loaded), most time first; empty where none was counted.
 fn call_sites(job: &JobProfile) -> String {
-    type Row = (crate::stats::Totals, u64, std::collections::BTreeSet<usize>);
-    let mut by: std::collections::BTreeMap<(String, String), Row> =
-        std::collections::BTreeMap::new();
-    for (i, r) in job.ranks.iter().enumerate() {
-        for c in &r.call_sites {
-            let e = by.entry((c.routine.clone(), c.label())).or_default();
-            e.0.merge(&c.totals);
-            e.1 += c.totals.calls - c.timed_calls.min(c.totals.calls);
-            e.2.insert(i);
-        }
-    }
-    if by.is_empty() {
+    let rows = job.sites_of_all_ranks();
+    if rows.is_empty() {
         return String::new();
     }
-    let mut rows: Vec<_> = by.into_iter().collect();
-    rows.sort_by_key(|r| std::cmp::Reverse((r.1 .0.time_ns, r.1 .0.calls)));
     let mut o = String::from(
         "<p>Where each routine was called from (the function of the program or library that \
          made the call), every rank's calls together: the seed's question of where the small \
@@ -443,18 +431,18 @@ fn call_sites(job: &JobProfile) -> String {
          <th>call site</th><th>ranks</th><th>#calls</th><th>avg. bytes</th><th>time (s)</th>\
          </tr></thead><tbody>",
     );
-    for ((routine, site), (t, untimed, ranks)) in rows.iter().take(CALL_SITES_SHOWN) {
+    for row in rows.iter().take(CALL_SITES_SHOWN) {
         let _ = write!(
             o,
             "<tr><th>{}</th><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
              <td class=\"n\">{:.1}</td><td class=\"n\">{:.6}{}</td></tr>",
-            escape(routine),
-            escape(site),
-            ranks.len(),
-            t.calls,
-            t.avg_bytes(),
-            secs(t.time_ns),
-            if *untimed > 0 { "*" } else { "" }
+            escape(&row.routine),
+            escape(&row.site),
+            row.ranks,
+            row.totals.calls,
+            row.totals.avg_bytes(),
+            secs(row.totals.time_ns),
+            if row.untimed > 0 { "*" } else { "" }
         );
     }
     o.push_str("</tbody></table>\n");
@@ -465,7 +453,7 @@ fn call_sites(job: &JobProfile) -> String {
             rows.len() - CALL_SITES_SHOWN
         );
     }
-    if rows.iter().any(|(_, (_, untimed, _))| *untimed > 0) {
+    if rows.iter().any(|r| r.untimed > 0) {
         o.push_str(
             "<p>* time estimated from the calls timed (the routine's time was sampled).</p>\n",
         );
