@@ -12,6 +12,10 @@
  * their bytes. With READY and GO, all then meet at an MPI_Barrier, each rank creates
  * READY.<rank> once out of it (rank 0 READY too), and waits for GO before MPI_Finalize (a
  * daemon's test reads the running ranks' profile meanwhile: no call in flight).
+ *
+ * Built as C++ (mpi_sites_cpp.cpp includes this file), the three functions are static
+ * members of a class in a namespace, their symbols mangled, and the truth names them as a
+ * C++ programmer reads them (as c++filt does): trainer::Step::negotiate(long) ...
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -20,7 +24,21 @@
 #include "rank_truth.h"
 #include "ready_go.h"
 
+#ifdef __cplusplus
+#define SITES_BEGIN namespace trainer { struct Step {
+#define SITES_END }; }
+#define SITE(f) trainer::Step::f
+#define SITE_NAME(f, params) "trainer::Step::" #f params
+#else
+#define SITES_BEGIN
+#define SITES_END
+#define SITE(f) f
+#define SITE_NAME(f, params) #f
+#endif
+
 static volatile long sink;
+
+SITES_BEGIN
 
 __attribute__((noinline)) static void negotiate(long n)
 {
@@ -49,6 +67,8 @@ __attribute__((noinline)) static void broadcast_weights(void)
     }
 }
 
+SITES_END
+
 int main(int argc, char **argv)
 {
     if (argc != 3 && argc != 5) {
@@ -60,16 +80,18 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    negotiate(n);
-    reduce_gradients(n / 2);
-    broadcast_weights();
+    SITE(negotiate)(n);
+    SITE(reduce_gradients)(n / 2);
+    SITE(broadcast_weights)();
     FILE *f = open_rank_truth(argv[2], rank);
     fprintf(f,
             "{\"rank\": %d, \"pid\": %ld, \"size\": %d, \"sites\": ["
-            "{\"function\": \"negotiate\", \"routine\": \"MPI_Allreduce\", \"calls\": %ld, \"bytes\": %ld}, "
-            "{\"function\": \"reduce_gradients\", \"routine\": \"MPI_Allreduce\", \"calls\": %ld, \"bytes\": %ld}, "
-            "{\"function\": \"broadcast_weights\", \"routine\": \"MPI_Bcast\", \"calls\": 3, \"bytes\": 768}]}\n",
-            rank, (long)getpid(), size, n, 4 * n, n / 2, 8192 * (n / 2));
+            "{\"function\": \"%s\", \"routine\": \"MPI_Allreduce\", \"calls\": %ld, \"bytes\": %ld}, "
+            "{\"function\": \"%s\", \"routine\": \"MPI_Allreduce\", \"calls\": %ld, \"bytes\": %ld}, "
+            "{\"function\": \"%s\", \"routine\": \"MPI_Bcast\", \"calls\": 3, \"bytes\": 768}]}\n",
+            rank, (long)getpid(), size, SITE_NAME(negotiate, "(long)"), n, 4 * n,
+            SITE_NAME(reduce_gradients, "(long)"), n / 2, 8192 * (n / 2),
+            SITE_NAME(broadcast_weights, "()"));
     fclose(f);
     if (argc == 5) {
         /* Each rank's marker once out of its last call before the go (the barrier). */

@@ -199,6 +199,8 @@ pub fn build_program(src: &str, mpi: Mpi) -> PathBuf {
     let source = repo_root().join("tests/programs").join(src);
     let compiler = if src.ends_with(".f90") {
         format!("mpif90.{}", mpi.suffix())
+    } else if src.ends_with(".cpp") {
+        format!("mpicxx.{}", mpi.suffix())
     } else {
         format!("mpicc.{}", mpi.suffix())
     };

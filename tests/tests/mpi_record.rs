@@ -1506,6 +1506,8 @@ enum SitesMode {
     Sampled,
     /// Entry and return probes (`COMMTAP_UPROBE_SESSIONS=0`, as on a kernel before 6.13).
     ReturnProbes,
+    /// Every call timed, the program built as C++: its functions' symbols mangled.
+    Cpp,
 }
 
 /// `record --call-sites` of `mpi_sites` (2 ranks): each rank's calls per call site equal
@@ -1517,9 +1519,14 @@ fn call_sites_truth(mpi: Mpi, mode: SitesMode) {
         SitesMode::Timed => "timed",
         SitesMode::Sampled => "sampled",
         SitesMode::ReturnProbes => "return-probes",
+        SitesMode::Cpp => "cpp",
     };
     let scratch = Scratch::new(&format!("sites-{}-{name}", mpi.suffix()));
-    let prog = build_program("mpi_sites.c", mpi);
+    let prog = if mode == SitesMode::Cpp {
+        build_program("mpi_sites_cpp.cpp", mpi)
+    } else {
+        build_program("mpi_sites.c", mpi)
+    };
     let (out, prefix, mpitrace) = (
         scratch.path("profile.json"),
         scratch.path("truth"),
@@ -1567,10 +1574,13 @@ fn call_sites_truth(mpi: Mpi, mode: SitesMode) {
         let file = mpitrace.join(format!("mpi_profile.{job}.{r}"));
         let text =
             std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        // As the program names it: `reduce_gradients`, or in C++
+        // `trainer::Step::reduce_gradients(long)`.
+        let reduce = truth["sites"][1]["function"].as_str().expect("function");
         let line = text
             .lines()
-            .find(|l| l.contains("reduce_gradients+0x"))
-            .unwrap_or_else(|| panic!("no reduce_gradients call site in\n{text}"));
+            .find(|l| l.contains(&format!("{reduce}+0x")))
+            .unwrap_or_else(|| panic!("no {reduce} call site in\n{text}"));
         assert!(
             line.starts_with("MPI_Allreduce") && line.contains(&format!("({program})")),
             "{line}"
@@ -1601,4 +1611,9 @@ fn call_sites_of_calls_counted_at_their_entry_are_exact() {
 #[test]
 fn call_sites_are_exact_through_entry_and_return_probes() {
     call_sites_truth(Mpi::OpenMpi, SitesMode::ReturnProbes);
+}
+
+#[test]
+fn call_sites_in_cpp_are_named_as_written() {
+    call_sites_truth(Mpi::OpenMpi, SitesMode::Cpp);
 }

@@ -71,6 +71,8 @@ const PACKAGES: &[&str] = &[
     "mpich",
     "libmpich-dev",
     "gfortran",
+    // C++ test programs (`mpicxx`: call sites named as C++ programmers read them).
+    "g++",
     "protobuf-compiler",
     "prometheus",
     "systemd",

@@ -6,6 +6,7 @@
 //! names share one address, as do `ncclX` and `pncclX`, and attaching twice would count
 //! twice.
 
+mod demangle;
 pub mod fabric;
 pub mod file;
 mod nccl;

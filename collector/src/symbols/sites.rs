@@ -28,7 +28,10 @@ use crate::discover::MappedObject;
 pub const MAX_FILES: usize = 1024;
 /// Most function symbols read from one file (libtorch_cpu has about 600,000).
 const MAX_FUNCTIONS: usize = 2 << 20;
-/// Longest function name kept (C++ templates can run to many kilobytes).
+/// Longest symbol kept (C++ templates can run to many kilobytes): a longer one is cut, and
+/// so shown mangled.
+const MAX_SYMBOL: usize = 1024;
+/// Longest function name shown (demangled).
 const MAX_NAME: usize = 256;
 /// Longest file path kept in a site.
 const MAX_PATH: usize = 512;
@@ -262,11 +265,13 @@ impl SiteFiles {
         };
         // The call itself is the instruction before the address it returns to (a call to a
         // routine that never returns may end its function).
-        let (function, offset) = functions
-            .holding(at.saturating_sub(1))
-            .map_or((None, 0), |(name, offset)| {
-                (Some(name.to_string()), offset + 1)
-            });
+        let (function, offset) =
+            functions
+                .holding(at.saturating_sub(1))
+                .map_or((None, 0), |(symbol, offset)| {
+                    let name = super::demangle::readable(symbol, MAX_NAME);
+                    (Some(crate::client::printable(&name)), offset + 1)
+                });
         Named {
             object,
             function,
@@ -370,7 +375,7 @@ fn read_functions(file: &LibraryFile, program: bool) -> Result<Functions, super:
         let Ok(name) = sym.name() else { continue };
         let name: String = crate::client::printable(name)
             .chars()
-            .take(MAX_NAME)
+            .take(MAX_SYMBOL)
             .collect();
         name_bytes += name.len();
         by_address.push((sym.address(), sym.size(), name.into_boxed_str()));
