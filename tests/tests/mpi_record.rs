@@ -1,7 +1,9 @@
 //! `commtap record` against real Open MPI 4.1 and MPICH 4.0 jobs: the profile must equal
 //! what the programs say they did, call for call and byte for byte.
 
-use std::{path::Path, process::Command, time::Duration};
+use std::{collections::BTreeMap, path::Path, process::Command, time::Duration};
+
+use serde_json::Value;
 
 use commtap_tests::*;
 
@@ -1496,6 +1498,36 @@ fn mpi_pcontrol_marks_the_region_the_reports_show_and_the_json_keeps_both() {
     }
 }
 
+/// `record --no-skew --call-sites ARGS` (with `env`) of `prog` (`mpi_sites` built for
+/// `mpi`) making N calls, 2 ranks, into `scratch`'s `profile{tag}.json`: the profile and
+/// each rank's truth.
+fn record_sites(
+    scratch: &Scratch,
+    tag: &str,
+    (mpi, prog, n): (Mpi, &Path, u64),
+    args: &[String],
+    env: &[(&str, String)],
+) -> (Value, Vec<Value>) {
+    let (out, prefix) = (
+        scratch.path(&format!("profile{tag}.json")),
+        scratch.path(&format!("truth{tag}")),
+    );
+    let np = 2;
+    let mut all: Vec<String> = ["record", "--no-skew", "--call-sites"]
+        .map(String::from)
+        .to_vec();
+    all.extend_from_slice(args);
+    let n = n.to_string();
+    all.extend(
+        launch_ranks_args(&out, mpi, np, &[prog, Path::new(&n), &prefix])
+            .into_iter()
+            .skip(1),
+    );
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    finish_ok(scratch, spawn_commtap_with_env(scratch, &all, env), LIMIT);
+    (read_json(&out), read_truths(&prefix, np))
+}
+
 /// How `call_sites_truth` probes.
 #[derive(Clone, Copy, PartialEq)]
 enum SitesMode {
@@ -1527,45 +1559,25 @@ fn call_sites_truth(mpi: Mpi, mode: SitesMode) {
     } else {
         build_program("mpi_sites.c", mpi)
     };
-    let (out, prefix, mpitrace) = (
-        scratch.path("profile.json"),
-        scratch.path("truth"),
-        scratch.path("mpitrace"),
-    );
-    let np = 2;
-    let mut args: Vec<String> = ["record", "--no-skew", "--call-sites", "--mpitrace-dir"]
-        .map(String::from)
-        .to_vec();
-    args.push(mpitrace.display().to_string());
+    let mpitrace = scratch.path("mpitrace");
+    let mut args = vec!["--mpitrace-dir".to_string(), mpitrace.display().to_string()];
     if sampled {
         args.extend(["--time-one-in", "4"].map(String::from));
     } else {
         args.push("--time-every-call".into());
     }
-    args.extend(
-        launch_ranks_args(&out, mpi, np, &[&prog, Path::new("1000"), &prefix])
-            .into_iter()
-            .skip(1),
-    );
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let env = if mode == SitesMode::ReturnProbes {
         vec![("COMMTAP_UPROBE_SESSIONS", "0".to_string())]
     } else {
         Vec::new()
     };
-    finish_ok(
-        &scratch,
-        spawn_commtap_with_env(&scratch, &args, &env),
-        LIMIT,
-    );
-    let profile = read_json(&out);
+    let (profile, truths) = record_sites(&scratch, "", (mpi, &prog, 1000), &args, &env);
     let sessions = profile["libraries"]
         .as_array()
         .expect("libraries")
         .iter()
         .any(|l| l["uprobe_sessions"] == true);
     assert_eq!(sessions, mode != SitesMode::ReturnProbes, "{profile:#}");
-    let truths = read_truths(&prefix, np);
     let untimed = assert_call_sites_match(&profile, &truths, &prog, !sampled);
     let program = prog.file_name().expect("name").to_string_lossy();
     for truth in &truths {
@@ -1616,4 +1628,63 @@ fn call_sites_are_exact_through_entry_and_return_probes() {
 #[test]
 fn call_sites_in_cpp_are_named_as_written() {
     call_sites_truth(Mpi::OpenMpi, SitesMode::Cpp);
+}
+
+/// `commtap diff` of two call-site profiles of `mpi_sites` (N = 200, then 400): each
+/// function's calls and bytes, all ranks, before and after, equal what the ranks made.
+#[test]
+fn diff_compares_call_sites_by_function() {
+    let scratch = Scratch::new("sites-diff");
+    let prog = build_program("mpi_sites.c", Mpi::OpenMpi);
+    let mut paths = Vec::new();
+    let mut made: BTreeMap<(String, String), [u64; 4]> = BTreeMap::new();
+    for (side, n) in [(0, 200), (1, 400)] {
+        let tag = format!("-{n}");
+        let (_, truths) = record_sites(&scratch, &tag, (Mpi::OpenMpi, &prog, n), &[], &[]);
+        for t in truths
+            .iter()
+            .flat_map(|t| t["sites"].as_array().expect("sites"))
+        {
+            let key = (
+                t["routine"].as_str().expect("routine").to_string(),
+                t["function"].as_str().expect("function").to_string(),
+            );
+            let e = made.entry(key).or_default();
+            e[side] += t["calls"].as_u64().expect("calls");
+            e[2 + side] += t["bytes"].as_u64().expect("bytes");
+        }
+        paths.push(scratch.path(&format!("profile{tag}.json")));
+    }
+    let (before, after) = (path_str(&paths[0]), path_str(&paths[1]));
+    let run = run_commtap(
+        &scratch,
+        &["diff", "--format", "json", before, after],
+        LIMIT,
+    );
+    assert!(run.status.success(), "{}", run.stderr);
+    let d: Value = serde_json::from_str(&run.stdout).expect("JSON diff");
+    let program = prog.file_name().expect("name").to_string_lossy();
+    for ((routine, function), [calls_before, calls_after, bytes_before, bytes_after]) in &made {
+        let site = format!("{function} ({program})");
+        let row = d["sites"]
+            .as_array()
+            .expect("sites")
+            .iter()
+            .find(|s| s["routine"] == routine.as_str() && s["site"] == site.as_str())
+            .unwrap_or_else(|| panic!("no {routine} from {site}: {d:#}"));
+        assert_eq!(row["calls"]["before"], *calls_before, "{row}");
+        assert_eq!(row["calls"]["after"], *calls_after, "{row}");
+        assert_eq!(row["bytes"]["before"], *bytes_before, "{row}");
+        assert_eq!(row["bytes"]["after"], *bytes_after, "{row}");
+    }
+    let run = run_commtap(&scratch, &["diff", before, after], LIMIT);
+    assert!(run.status.success(), "{}", run.stderr);
+    let row: Vec<&str> = run
+        .stdout
+        .lines()
+        .find(|l| l.ends_with(&format!("negotiate ({program})")))
+        .unwrap_or_else(|| panic!("no negotiate row: {}", run.stdout))
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[..3], ["MPI_Allreduce", "400", "800"], "{}", run.stdout);
 }

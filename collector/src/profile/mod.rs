@@ -170,6 +170,21 @@ impl CallSite {
             (None, Some(a)) => a.clone(),
             (None, None) => self.address.clone(),
         };
+        self.in_object(at)
+    }
+
+    /// `function (object's file name)`: the site by its function alone, as two builds of a
+    /// program share it (an offset moves with any change to the code: `commtap diff`);
+    /// the [`label`](Self::label) where no function is named.
+    pub fn function_label(&self) -> String {
+        match &self.function {
+            Some(f) => self.in_object(f.clone()),
+            None => self.label(),
+        }
+    }
+
+    /// `at (object's file name)`, or `at` where the object is not known.
+    fn in_object(&self, at: String) -> String {
         match self.object.as_deref().map(std::path::Path::new) {
             Some(p) => format!(
                 "{at} ({})",

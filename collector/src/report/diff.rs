@@ -71,6 +71,22 @@ pub struct RoutineChange {
     pub time_s: Change,
 }
 
+/// Calls of a routine from one function (a call site by its function: its offset moves
+/// between builds), all ranks, before and after.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SiteChange {
+    /// C name of the routine called.
+    pub routine: String,
+    /// Where from: `function (file)` ([`CallSite::function_label`](crate::profile::CallSite::function_label)).
+    pub site: String,
+    /// Calls.
+    pub calls: Change,
+    /// Bytes.
+    pub bytes: Change,
+    /// Time inside the calls, s (estimated from the timed calls where sampled).
+    pub time_s: Change,
+}
+
 /// A rank (by its world rank), before and after.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RankChange {
@@ -139,6 +155,14 @@ pub struct Diff {
     /// Per NCCL operation and message size whose device time both profiles measured, in
     /// the operation's and the size's order (did a plugin or a setting help?).
     pub nccl_busbw: Vec<BandwidthChange>,
+    /// Per routine and calling function, where both profiles counted call sites
+    /// (`--call-sites`), the largest change of time first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<SiteChange>,
+    /// The one profile that counted call sites (`before` or `after`), where only one did:
+    /// no sites are compared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_sites_only: Option<&'static str>,
 }
 
 /// `before` and `after` compared.
@@ -156,30 +180,51 @@ pub fn diff(before: &JobProfile, after: &JobProfile) -> Diff {
                 .map_or(0, |s| s.ranks.iter().map(|r| r.waited_ns).sum()),
         )
     };
+    let has_sites = |j: &JobProfile| j.ranks.iter().any(|r| !r.call_sites.is_empty());
+    let call_sites_only = match (has_sites(before), has_sites(after)) {
+        (true, false) => Some("before"),
+        (false, true) => Some("after"),
+        _ => None,
+    };
     let mut routines: BTreeMap<&str, RoutineChange> = BTreeMap::new();
-    for (side, job) in [(0, before), (1, after)] {
+    let mut sites: BTreeMap<(&str, String), SiteChange> = BTreeMap::new();
+    for (is_after, job) in [(false, before), (true, after)] {
         for r in &job.ranks {
             for (name, s) in &r.routines {
                 let e = routines.entry(name).or_insert_with(|| RoutineChange {
                     routine: name.clone(),
                     ..Default::default()
                 });
-                for (c, v) in [
-                    (&mut e.calls, s.totals.calls as f64),
-                    (&mut e.bytes, s.totals.bytes as f64),
-                    (&mut e.time_s, secs(s.totals.time_ns)),
-                ] {
-                    *if side == 0 {
-                        &mut c.before
-                    } else {
-                        &mut c.after
-                    } += v;
-                }
+                add_side(
+                    [&mut e.calls, &mut e.bytes, &mut e.time_s],
+                    is_after,
+                    &s.totals,
+                );
+            }
+            if call_sites_only.is_some() {
+                continue;
+            }
+            for c in &r.call_sites {
+                let site = c.function_label();
+                let e = sites
+                    .entry((&c.routine, site.clone()))
+                    .or_insert_with(|| SiteChange {
+                        routine: c.routine.clone(),
+                        site,
+                        ..Default::default()
+                    });
+                add_side(
+                    [&mut e.calls, &mut e.bytes, &mut e.time_s],
+                    is_after,
+                    &c.totals,
+                );
             }
         }
     }
     let mut routines: Vec<RoutineChange> = routines.into_values().collect();
     routines.sort_by(|a, b| moved(&b.time_s).total_cmp(&moved(&a.time_s)));
+    let mut sites: Vec<SiteChange> = sites.into_values().collect();
+    sites.sort_by(|a, b| moved(&b.time_s).total_cmp(&moved(&a.time_s)));
     let after_ranks = by_rank_of(after);
     let mut by_rank: Vec<RankChange> = by_rank_of(before)
         .into_iter()
@@ -220,6 +265,16 @@ pub fn diff(before: &JobProfile, after: &JobProfile) -> Diff {
         routines,
         by_rank,
         nccl_busbw,
+        sites,
+        call_sites_only,
+    }
+}
+
+/// Adds `t` (calls, bytes, time) to the `after` or the before side of three figures.
+fn add_side(figures: [&mut Change; 3], after: bool, t: &crate::stats::Totals) {
+    let values = [t.calls as f64, t.bytes as f64, secs(t.time_ns)];
+    for (c, v) in figures.into_iter().zip(values) {
+        *if after { &mut c.after } else { &mut c.before } += v;
     }
 }
 
@@ -444,7 +499,52 @@ pub fn render_text(d: &Diff, (before, after): (&str, &str)) -> String {
             );
         }
     }
+    render_sites(&mut o, d);
     o
+}
+
+/// The call sites' table of `d`, or why there is none where one profile has sites.
+fn render_sites(o: &mut String, d: &Diff) {
+    if let Some(side) = d.call_sites_only {
+        let _ = writeln!(o);
+        let _ = writeln!(
+            o,
+            "Call sites: only the profile {side} counted them (record both with --call-sites to compare them)."
+        );
+        return;
+    }
+    if d.sites.is_empty() {
+        return;
+    }
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "Call sites, all ranks, by calling function (the largest change of time first):"
+    );
+    let _ = writeln!(
+        o,
+        "{:<28}{:>12}{:>12}{:>12}{:>12}{:>10}   call site",
+        "routine", "calls", "", "time(s)", "", "change"
+    );
+    let _ = writeln!(
+        o,
+        "{:<28}{:>12}{:>12}{:>12}{:>12}",
+        "", "before", "after", "before", "after"
+    );
+    for s in d.sites.iter().take(SHOWN) {
+        let _ = writeln!(
+            o,
+            "{:<28}{:>12}{:>12}{:>12.3}{:>12.3}{:>10}   {}",
+            s.routine,
+            s.calls.before,
+            s.calls.after,
+            s.time_s.before,
+            s.time_s.after,
+            s.time_s.said(),
+            s.site
+        );
+    }
+    more(o, d.sites.len(), "call sites");
 }
 
 /// The line that says how many rows the text left out.
@@ -596,6 +696,114 @@ mod tests {
             .said(),
             "new"
         );
+    }
+
+    /// `calls` Allreduces of 8 bytes taking `ms` each, made from `function+offset` of
+    /// `/bin/app`.
+    fn site(function: &str, offset: u64, calls: u64, ms: u64) -> crate::profile::CallSite {
+        crate::profile::CallSite {
+            routine: "MPI_Allreduce".into(),
+            address: format!("{:#x}", 0x40_0000 + offset),
+            object: Some("/bin/app".into()),
+            function: Some(function.into()),
+            offset,
+            file_address: Some(format!("{offset:#x}")),
+            totals: crate::stats::Totals {
+                calls,
+                bytes: calls * 8,
+                time_ns: calls * ms * 1_000_000,
+            },
+            timed_calls: calls,
+        }
+    }
+
+    #[test]
+    fn call_sites_are_compared_by_their_function() {
+        let (mut b0, mut b1, mut a0, mut a1) = (
+            rank(0, 300, 1, 1000),
+            rank(1, 300, 1, 1000),
+            rank(0, 500, 1, 1000),
+            rank(1, 500, 1, 1000),
+        );
+        // Before: 100 calls a rank from negotiate, 200 from reduce. After, a new build
+        // (negotiate's call moved from +0x51 to +0x5d): 300 and 200 from negotiate, reduce
+        // the same, and 100 from a function rank 1 had not called from before.
+        for r in [&mut b0, &mut b1] {
+            r.call_sites = vec![
+                site("reduce(long)", 0x40, 200, 1),
+                site("negotiate()", 0x51, 100, 1),
+            ];
+        }
+        a0.call_sites = vec![
+            site("negotiate()", 0x5d, 300, 1),
+            site("reduce(long)", 0x40, 200, 1),
+        ];
+        a1.call_sites = vec![
+            site("negotiate()", 0x5d, 200, 1),
+            site("reduce(long)", 0x40, 200, 1),
+            site("checkpoint()", 0x10, 100, 1),
+        ];
+        let before = JobProfile::of_ranks(vec![b0, b1]);
+        let after = JobProfile::of_ranks(vec![a0, a1]);
+        let d = diff(&before, &after);
+        assert_eq!(d.call_sites_only, None);
+        let rows: Vec<(&str, f64, f64)> = d
+            .sites
+            .iter()
+            .map(|s| (s.site.as_str(), s.calls.before, s.calls.after))
+            .collect();
+        // The largest change of time first: negotiate 0.2 s to 0.5 s, checkpoint new
+        // (0.1 s), reduce unchanged.
+        assert_eq!(
+            rows,
+            [
+                ("negotiate() (app)", 200.0, 500.0),
+                ("checkpoint() (app)", 0.0, 100.0),
+                ("reduce(long) (app)", 400.0, 400.0),
+            ]
+        );
+        assert_eq!(
+            d.sites[0].bytes,
+            Change {
+                before: 1600.0,
+                after: 4000.0
+            }
+        );
+        assert_eq!(d.sites[0].time_s.said(), "+150.0%");
+        let text = render_text(&d, ("a.json", "b.json"));
+        let row: Vec<&str> = text
+            .lines()
+            .find(|l| l.contains("negotiate() (app)"))
+            .expect("a site row")
+            .split_whitespace()
+            .collect();
+        assert_eq!(
+            row,
+            [
+                "MPI_Allreduce",
+                "200",
+                "500",
+                "0.200",
+                "0.500",
+                "+150.0%",
+                "negotiate()",
+                "(app)"
+            ]
+        );
+        assert!(text.contains("checkpoint() (app)"), "{text}");
+        // One profile without call sites: nothing compared, and said why.
+        let plain = JobProfile::of_ranks(vec![rank(0, 300, 1, 1000)]);
+        let d = diff(&plain, &after);
+        assert!(d.sites.is_empty());
+        assert_eq!(d.call_sites_only, Some("after"));
+        let text = render_text(&d, ("a.json", "b.json"));
+        assert!(
+            text.contains("Call sites: only the profile after counted them"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&d).expect("JSON");
+        assert_eq!(json["call_sites_only"], "after");
+        assert!(json.get("sites").is_none(), "{json}");
     }
 
     /// A rank of `calls` AllReduces of 1 MiB whose device windows took `us` each, on a

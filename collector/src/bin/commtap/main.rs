@@ -214,7 +214,9 @@ enum Command {
     /// The job's elapsed time, MPI communication time and time waited for late ranks, then
     /// per routine (all ranks: calls, bytes, time) and per rank (communication and elapsed
     /// time), what moved most first; for NCCL, each operation's bus bandwidth per message
-    /// size where both measured device time. Each a JSON profile `record --json` or
+    /// size where both measured device time; where both counted call sites
+    /// (`--call-sites`), the calls and time of each routine per calling function. Each a
+    /// JSON profile `record --json` or
     /// `report --format json` wrote.
     ///
     /// Examples:
