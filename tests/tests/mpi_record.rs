@@ -493,20 +493,44 @@ fn a_program_started_by_its_own_dynamic_linker_is_counted_from_mpi_init() {
     }
 }
 
-/// Fortran bindings reach the C entry points: counted once, under the C names.
+/// Fortran bindings reach the C entry points: counted once, under the C names; and each
+/// call's site is the binding the program called, by the name gfortran calls it
+/// (`mpi_allreduce_`, of the ten aliases each binding has).
 fn fortran(mpi: Mpi) {
     let scratch = Scratch::new(&format!("fortran-{}", mpi.suffix()));
     let prog = build_program("mpi_truth_f.f90", mpi);
     let prefix = scratch.path("truth");
     let out = scratch.path("profile.json");
-    let args = launch_args(&out, mpi, &[&prog, &prefix]);
+    let mut args = launch_args(&out, mpi, &[&prog, &prefix]);
+    args.insert(1, "--call-sites".into());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let run = finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
-    assert_profile_matches(
-        &read_json(&out),
-        &read_truths(&prefix, 2),
-        &["MPI_Finalize"],
-    );
+    let profile = read_json(&out);
+    let truths = read_truths(&prefix, 2);
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    for truth in &truths {
+        let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
+        let sites = rank["call_sites"].as_array().expect("call_sites");
+        // (MPICH's UCX operations are made by the library.)
+        let mpi_routines = rank["routines"]
+            .as_object()
+            .expect("routines")
+            .iter()
+            .filter(|(name, _)| name.starts_with("MPI_"));
+        for (routine, r) in mpi_routines {
+            let gfortran = format!("{}_", routine.to_lowercase());
+            let from_binding: u64 = sites
+                .iter()
+                .filter(|s| s["routine"] == routine.as_str() && s["function"] == gfortran.as_str())
+                .map(|s| s["calls"].as_u64().expect("calls"))
+                .sum();
+            assert_eq!(
+                from_binding,
+                r["calls"].as_u64().expect("calls"),
+                "{routine}'s calls from {gfortran}: {sites:#?}"
+            );
+        }
+    }
     // What each rank received, printed under commtap and alone.
     let mut alone = mpi.launcher(2);
     alone.extend([prog, scratch.path("alone")].map(|p| p.display().to_string()));

@@ -380,16 +380,53 @@ fn read_functions(file: &LibraryFile, program: bool) -> Result<Functions, super:
         name_bytes += name.len();
         by_address.push((sym.address(), sym.size(), name.into_boxed_str()));
     }
-    // The static table's name first where both tables name an address (the dynamic one
-    // may hold a versioned alias).
-    by_address.sort_by_key(|(a, ..)| *a);
+    // Of the names of one address, the one a reader knows best (`alias_rank`), and the
+    // static table's first among equals (the dynamic one may hold a versioned alias).
+    by_address
+        .sort_by(|(a, _, x), (b, _, y)| a.cmp(b).then_with(|| alias_rank(x).cmp(&alias_rank(y))));
     by_address.dedup_by_key(|(a, ..)| *a);
     Ok(Functions { by_address, base })
+}
+
+/// How well a reader knows a function by `name` among the aliases of its address (lowest
+/// first): an MPI's Fortran bindings give one routine ten names (`MPI_BARRIER`,
+/// `mpi_barrier_`, `pmpi_barrier__`, `MPI_Barrier_f08`, `ompi_barrier_f` ...), of which a
+/// `use mpi` program calls the gfortran one (`mpi_barrier_`): first; the profiling
+/// (`PMPI`) and `mpi_f08` names last.
+fn alias_rank(name: &str) -> u8 {
+    let lower = name.to_ascii_lowercase();
+    let gfortran = lower == name && name.ends_with('_') && !name.ends_with("__");
+    if lower.starts_with("pmpi") || lower.starts_with("pnccl") {
+        3
+    } else if lower.ends_with("_f08") {
+        2
+    } else {
+        u8::from(!(lower.starts_with("mpi_") && gfortran))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn of_a_fortran_bindings_aliases_the_gfortran_name_is_shown() {
+        let mut names = [
+            "PMPI_Barrier_f08",
+            "MPI_Barrier_f08",
+            "pmpi_barrier_",
+            "MPI_BARRIER",
+            "mpi_barrier__",
+            "mpi_barrier_",
+            "mpi_barrier",
+            "ompi_barrier_f",
+        ];
+        names.sort_by_key(|n| alias_rank(n));
+        assert_eq!(names[0], "mpi_barrier_");
+        assert!(alias_rank("mpi_finalize_") < alias_rank("ompi_finalize_f"));
+        assert_eq!(alias_rank("negotiate"), alias_rank("MPI_BARRIER"));
+        assert!(alias_rank("MPI_Barrier_f08") < alias_rank("PMPI_Barrier"));
+    }
 
     #[inline(never)]
     fn a_function_to_find() -> u64 {
