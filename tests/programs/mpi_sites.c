@@ -8,10 +8,11 @@
  * bytes) and broadcast_weights() 3 MPI_Bcast of 256 bytes. Each function is kept out of
  * line and each call is followed by more code (no tail call), so the address every call
  * returns to lies in the function that made it. Each rank writes OUT_PREFIX.<rank>.json:
- * its rank, pid and world size, and per function the routine it called, the calls and
- * their bytes. With READY and GO, all then meet at an MPI_Barrier, each rank creates
- * READY.<rank> once out of it (rank 0 READY too), and waits for GO before MPI_Finalize (a
- * daemon's test reads the running ranks' profile meanwhile: no call in flight).
+ * its rank, pid and world size, and per function the routine it called, the calls, their
+ * bytes and the source line of the call (built with -g: the site's line). With READY
+ * and GO, all then meet at an MPI_Barrier, each rank creates READY.<rank> once out of it
+ * (rank 0 READY too), and waits for GO before MPI_Finalize (a daemon's test reads the
+ * running ranks' profile meanwhile: no call in flight).
  *
  * Built as C++ (mpi_sites_cpp.cpp includes this file), the three functions are static
  * members of a class in a namespace, their symbols mangled, and the truth names them as a
@@ -37,6 +38,9 @@
 #endif
 
 static volatile long sink;
+/* The line of each function's MPI call (__LINE__ on it), for the truth: what its call
+ * site's source line must be. */
+static int line_of[3];
 
 SITES_BEGIN
 
@@ -44,7 +48,7 @@ __attribute__((noinline)) static void negotiate(long n)
 {
     int ready = 1, all = 0;
     for (long i = 0; i < n; i++) {
-        MPI_Allreduce(&ready, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Allreduce(&ready, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD); line_of[0] = __LINE__;
         sink += all;
     }
 }
@@ -53,7 +57,7 @@ __attribute__((noinline)) static void reduce_gradients(long n)
 {
     static double grad[1024], sum[1024];
     for (long i = 0; i < n; i++) {
-        MPI_Allreduce(grad, sum, 1024, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Allreduce(grad, sum, 1024, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD); line_of[1] = __LINE__;
         sink += (long)sum[0];
     }
 }
@@ -62,7 +66,7 @@ __attribute__((noinline)) static void broadcast_weights(void)
 {
     static char weights[256];
     for (int i = 0; i < 3; i++) {
-        MPI_Bcast(weights, 256, MPI_CHAR, 0, MPI_COMM_WORLD);
+        MPI_Bcast(weights, 256, MPI_CHAR, 0, MPI_COMM_WORLD); line_of[2] = __LINE__;
         sink += weights[0];
     }
 }
@@ -86,12 +90,12 @@ int main(int argc, char **argv)
     FILE *f = open_rank_truth(argv[2], rank);
     fprintf(f,
             "{\"rank\": %d, \"pid\": %ld, \"size\": %d, \"sites\": ["
-            "{\"function\": \"%s\", \"routine\": \"MPI_Allreduce\", \"calls\": %ld, \"bytes\": %ld}, "
-            "{\"function\": \"%s\", \"routine\": \"MPI_Allreduce\", \"calls\": %ld, \"bytes\": %ld}, "
-            "{\"function\": \"%s\", \"routine\": \"MPI_Bcast\", \"calls\": 3, \"bytes\": 768}]}\n",
-            rank, (long)getpid(), size, SITE_NAME(negotiate, "(long)"), n, 4 * n,
-            SITE_NAME(reduce_gradients, "(long)"), n / 2, 8192 * (n / 2),
-            SITE_NAME(broadcast_weights, "()"));
+            "{\"function\": \"%s\", \"routine\": \"MPI_Allreduce\", \"calls\": %ld, \"bytes\": %ld, \"line\": %d}, "
+            "{\"function\": \"%s\", \"routine\": \"MPI_Allreduce\", \"calls\": %ld, \"bytes\": %ld, \"line\": %d}, "
+            "{\"function\": \"%s\", \"routine\": \"MPI_Bcast\", \"calls\": 3, \"bytes\": 768, \"line\": %d}]}\n",
+            rank, (long)getpid(), size, SITE_NAME(negotiate, "(long)"), n, 4 * n, line_of[0],
+            SITE_NAME(reduce_gradients, "(long)"), n / 2, 8192 * (n / 2), line_of[1],
+            SITE_NAME(broadcast_weights, "()"), line_of[2]);
     fclose(f);
     if (argc == 5) {
         /* Each rank's marker once out of its last call before the go (the barrier). */

@@ -210,7 +210,8 @@ pub fn build_program(src: &str, mpi: Mpi) -> PathBuf {
         _ => compiler,
     };
     let mut cmd = Command::new(&compiler);
-    cmd.args(["-O1", "-o"]).arg(&out).arg(&source);
+    // With line tables, as HPC codes are often built: call sites have their lines.
+    cmd.args(["-O1", "-g", "-o"]).arg(&out).arg(&source);
     if mpi == Mpi::IntelMpi {
         // MPICH's header and wrapper flags, Intel's library (MPICH ABI compatibility).
         let lib = impi_dir().join("lib");

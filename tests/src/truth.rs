@@ -535,6 +535,19 @@ pub fn assert_call_sites_match(
                 .or_default();
             e.0 += calls;
             e.1 += s["bytes"].as_u64().expect("bytes");
+            if let Some(t) = truth["sites"]
+                .as_array()
+                .expect("sites")
+                .iter()
+                .find(|t| t["function"] == function)
+            {
+                // The call's source line, where the program says it (built with `-g`).
+                if let Some(line) = t["line"].as_u64() {
+                    assert_eq!(s["source_line"].as_u64(), Some(line), "{s}");
+                    let file = s["source_file"].as_str().expect("source_file");
+                    assert!(file.ends_with("/mpi_sites.c"), "{s}");
+                }
+            }
             if made.contains(&function) {
                 let object = s["object"].as_str().expect("object");
                 assert!(object.ends_with(&format!("/{program}")), "{s}");

@@ -101,6 +101,8 @@ pub fn call_sites(
                 function: named.function,
                 offset: named.offset,
                 file_address: named.file_address.map(|a| format!("{a:#x}")),
+                source_file: named.source.as_ref().map(|(f, _)| f.clone()),
+                source_line: named.source.map(|(_, l)| l),
                 totals: stats::Totals {
                     calls: v.calls,
                     bytes: v.bytes,

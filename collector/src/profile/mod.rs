@@ -143,6 +143,13 @@ pub struct CallSite {
     pub totals: crate::stats::Totals,
     /// The calls whose time was measured.
     pub timed_calls: u64,
+    /// The source file of the call, as the file's line tables name it (a file built with
+    /// `-g`); absent where it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_file: Option<String>,
+    /// The call's line in that file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_line: Option<u32>,
 }
 
 /// Every rank's calls of one routine at one call site (as [`CallSite::label`] names it: the
@@ -162,14 +169,20 @@ pub struct JobSite {
 }
 
 impl CallSite {
-    /// `function+0xOFF` (or the address in the file) `(object's file name)`, as reports
+    /// `function+0xOFF` (or the address in the file), `at FILE.c:LINE` where known, `(object's file name)`, as reports
     /// show a site.
     pub fn label(&self) -> String {
-        let at = match (&self.function, &self.file_address) {
+        let mut at = match (&self.function, &self.file_address) {
             (Some(f), _) => format!("{f}+{:#x}", self.offset),
             (None, Some(a)) => a.clone(),
             (None, None) => self.address.clone(),
         };
+        if let (Some(file), Some(line)) = (&self.source_file, self.source_line) {
+            let name = std::path::Path::new(file)
+                .file_name()
+                .map_or_else(|| file.clone(), |n| n.to_string_lossy().into_owned());
+            at = format!("{at} at {name}:{line}");
+        }
         self.in_object(at)
     }
 

@@ -714,6 +714,8 @@ mod tests {
                 time_ns: calls * ms * 1_000_000,
             },
             timed_calls: calls,
+            source_file: None,
+            source_line: None,
         }
     }
 

@@ -1130,7 +1130,9 @@ mod tests {
         let text = render_text(&job);
         let own = text
             .lines()
-            .filter(|l| l.starts_with("MPI_Allreduce") && l.ends_with("negotiate+0x1c (app)"))
+            .filter(|l| {
+                l.starts_with("MPI_Allreduce") && l.ends_with("negotiate+0x1c at app.c:31 (app)")
+            })
             .count();
         // Each rank's row, and the job's.
         assert_eq!(own, 3, "{text}");

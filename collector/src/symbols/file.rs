@@ -254,9 +254,16 @@ impl<'a> ReadRef<'a> for &'a LibraryData {
     }
 
     fn read_bytes_at_until(self, range: Range<u64>, delimiter: u8) -> Result<&'a [u8], ()> {
-        self.charge(MAX_STRING)?;
+        // Charged what the cache keeps of it, not the most it may read: a symbol table's
+        // names (600,000 in libtorch) charged 4 KiB each spent the budget at its
+        // 65,536th name.
+        if self.used.get() >= READ_BUDGET {
+            return Err(());
+        }
         let end = range.end.min(range.start.saturating_add(MAX_STRING));
-        (&self.cache).read_bytes_at_until(range.start..end, delimiter)
+        let bytes = (&self.cache).read_bytes_at_until(range.start..end, delimiter)?;
+        self.charge(bytes.len() as u64 + 1)?;
+        Ok(bytes)
     }
 }
 
@@ -309,6 +316,26 @@ mod tests {
         assert!(ok <= READ_BUDGET / 4094, "{ok} reads of 4094 bytes");
         assert_eq!(f.find(0..4096, &[7, 7, 7]), Some(0));
         assert_eq!(f.find(0..4096, b"x"), None);
+        let _ = std::fs::remove_file(p);
+    }
+
+    /// A symbol table's names are charged what they hold: 200,000 of them (libtorch has
+    /// 600,000) are all read, where a charge of the most a name may be stopped at 65,536.
+    #[test]
+    fn many_names_are_read_within_the_budget() {
+        let names: Vec<u8> = (0..200_000)
+            .flat_map(|i| format!("function_{i}\0").into_bytes())
+            .collect();
+        let p = temp("names", &names);
+        let f = LibraryFile::open_path(&p).expect("open");
+        let data = f.data().expect("data");
+        let end = names.len() as u64;
+        let mut at = 0;
+        for i in 0..200_000 {
+            let name = (&data).read_bytes_at_until(at..end, 0).expect("a name");
+            assert_eq!(name, format!("function_{i}").as_bytes());
+            at += name.len() as u64 + 1;
+        }
         let _ = std::fs::remove_file(p);
     }
 }

@@ -9,6 +9,7 @@
 mod demangle;
 pub mod fabric;
 pub mod file;
+mod lines;
 mod nccl;
 mod probes;
 pub mod sites;

@@ -58,6 +58,8 @@ pub struct Named {
     /// The address as the file's own (its symbols' and debuggers' addresses), where the
     /// file could be read.
     pub file_address: Option<u64>,
+    /// The source file and line of the call, where the file has line tables (`-g`).
+    pub source: Option<(String, u32)>,
 }
 
 /// A file's functions, sorted by address (file-relative, as its symbols say).
@@ -68,6 +70,8 @@ struct Functions {
     /// What its loadable segments' addresses are less their file offsets (the address its
     /// first byte would have): 0 for libraries and position-independent executables.
     base: u64,
+    /// Its source lines, where it has line tables.
+    lines: Option<super::lines::Lines>,
 }
 
 impl Functions {
@@ -75,6 +79,7 @@ impl Functions {
     fn bytes(&self) -> u64 {
         let names: usize = self.by_address.iter().map(|(_, _, n)| n.len()).sum();
         (self.by_address.len() * size_of::<(u64, u64, Box<str>)>() + names) as u64
+            + self.lines.as_ref().map_or(0, super::lines::Lines::bytes)
     }
 
     /// The function holding file-relative address `at`, and the distance from its start.
@@ -265,6 +270,11 @@ impl SiteFiles {
         };
         // The call itself is the instruction before the address it returns to (a call to a
         // routine that never returns may end its function).
+        let source = functions
+            .lines
+            .as_ref()
+            .and_then(|l| l.at(at.saturating_sub(1)))
+            .map(|(file, line)| (file.to_string(), line));
         let (function, offset) =
             functions
                 .holding(at.saturating_sub(1))
@@ -277,6 +287,7 @@ impl SiteFiles {
             function,
             offset,
             file_address: Some(at),
+            source,
         }
     }
 
@@ -385,7 +396,11 @@ fn read_functions(file: &LibraryFile, program: bool) -> Result<Functions, super:
     by_address
         .sort_by(|(a, _, x), (b, _, y)| a.cmp(b).then_with(|| alias_rank(x).cmp(&alias_rank(y))));
     by_address.dedup_by_key(|(a, ..)| *a);
-    Ok(Functions { by_address, base })
+    Ok(Functions {
+        by_address,
+        base,
+        lines: super::lines::Lines::read(&elf),
+    })
 }
 
 /// How well a reader knows a function by `name` among the aliases of its address (lowest
@@ -428,9 +443,10 @@ mod tests {
         assert!(alias_rank("MPI_Barrier_f08") < alias_rank("PMPI_Barrier"));
     }
 
+    /// Its own line.
     #[inline(never)]
-    fn a_function_to_find() -> u64 {
-        std::hint::black_box(42)
+    fn a_function_to_find() -> u32 {
+        std::hint::black_box(line!())
     }
 
     /// This test's own process: an address in one of its functions is named by that
@@ -453,8 +469,17 @@ mod tests {
                 named = files.name(&objects, address);
             }
             let function = named.function.expect("named");
-            assert!(function.contains("a_function_to_find"), "{function}");
+            assert_eq!(
+                function,
+                "collector::symbols::sites::tests::a_function_to_find"
+            );
             assert_eq!(named.offset, 3);
+            // Its first instructions are the `fn` line's or the body's (the tests are built
+            // with line tables).
+            let (file, line) = named.source.expect("a line");
+            assert!(file.ends_with("src/symbols/sites.rs"), "{file}");
+            let body = a_function_to_find();
+            assert!((body - 2..=body).contains(&line), "{line} for {body}");
             let exe = std::fs::read_link("/proc/self/exe").expect("exe");
             assert_eq!(named.object, Some(exe.display().to_string()));
             assert!(files.held.load(Ordering::Relaxed) > 0);
@@ -473,6 +498,7 @@ mod tests {
                 (0x1100, 0x10, "reduce".into()),
             ],
             base: 0,
+            lines: None,
         };
         assert_eq!(f.holding(0x1000), Some(("negotiate", 0)));
         assert_eq!(f.holding(0x101f), Some(("negotiate", 0x1f)));

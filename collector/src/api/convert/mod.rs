@@ -370,6 +370,8 @@ impl From<&CallSite> for pb::CallSite {
             file_address: c.file_address.clone(),
             totals: Some((&c.totals).into()),
             timed_calls: c.timed_calls,
+            source_file: c.source_file.clone(),
+            source_line: c.source_line,
         }
     }
 }
@@ -390,6 +392,8 @@ fn call_sites(sites: &[pb::CallSite]) -> Result<Vec<CallSite>, InvalidMessage> {
                 file_address: c.file_address.as_deref().map(|a| cut(a, 32)),
                 totals: totals(c.totals.as_ref(), "CallSite")?,
                 timed_calls: c.timed_calls,
+                source_file: c.source_file.as_deref().map(|f| cut(f, 512)),
+                source_line: c.source_line,
             })
         })
         .collect()

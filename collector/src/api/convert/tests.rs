@@ -110,6 +110,8 @@ pub(crate) fn sample() -> JobProfile {
                     time_ns: 12_000,
                 },
                 timed_calls: 10,
+                source_file: Some("/home/u/src/app.c".into()),
+                source_line: Some(31),
             }],
             call_sites_left_out: 3,
             mpi_transport: Some("pml cm, mtl ofi".to_string()),

@@ -551,7 +551,7 @@ mod tests {
         let page = call_sites(&job);
         assert!(
             page.contains(
-                "<th>MPI_Allreduce</th><td>negotiate&lt;int&gt;+0x1c (app)</td>\
+                "<th>MPI_Allreduce</th><td>negotiate&lt;int&gt;+0x1c at app.c:31 (app)</td>\
                  <td class=\"n\">2</td><td class=\"n\">80</td><td class=\"n\">8.0</td>\
                  <td class=\"n\">0.000024*</td>"
             ),
