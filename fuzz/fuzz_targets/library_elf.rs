@@ -1,5 +1,6 @@
 //! A library file a user controls, as the daemon reads it: any file a process maps, or
-//! one named on commtap's command line. Nothing may panic, and what is read stays within
+//! one named on commtap's command line; and as a program whose call sites are named (its
+//! symbols demangled, its DWARF line tables). Nothing may panic, and what is read stays within
 //! `collector::symbols::file`'s budget (run with `-rss_limit_mb=1024`).
 //!
 //! The input is written to a file (one per process and name, reused) because commtap only
@@ -19,7 +20,7 @@ use std::{
     sync::OnceLock,
 };
 
-use collector::symbols::{dynamic_needs, read_library, LibraryFile};
+use collector::symbols::{dynamic_needs, read_library, sites::name_functions_of, LibraryFile};
 use libfuzzer_sys::{fuzz_target, Corpus};
 
 /// Largest input kept in the corpus.
@@ -57,6 +58,8 @@ fuzz_target!(|data: &[u8]| -> Corpus {
     std::fs::write(&path, data).expect("writing the fuzz input");
     if let Ok(file) = LibraryFile::open_path(&path) {
         let _ = std::hint::black_box(read_library(&file));
+        // As a program whose call sites are named: its symbols, demangled, and its lines.
+        std::hint::black_box(name_functions_of(&file));
     }
     std::hint::black_box(dynamic_needs(&path));
     if data.len() > KEEP_MAX {

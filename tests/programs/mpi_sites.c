@@ -38,8 +38,10 @@
 #endif
 
 static volatile long sink;
-/* The line of each function's MPI call (__LINE__ on it), for the truth: what its call
- * site's source line must be. */
+/* The line of each function's MPI call, for the truth: what its call site's source line
+ * must be. Set on the line after the call, so that the instruction the call returns to
+ * is another line's: a site named by its return address rather than its call would be
+ * one line off. */
 static int line_of[3];
 
 SITES_BEGIN
@@ -48,7 +50,8 @@ __attribute__((noinline)) static void negotiate(long n)
 {
     int ready = 1, all = 0;
     for (long i = 0; i < n; i++) {
-        MPI_Allreduce(&ready, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD); line_of[0] = __LINE__;
+        MPI_Allreduce(&ready, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        line_of[0] = __LINE__ - 1;
         sink += all;
     }
 }
@@ -57,7 +60,8 @@ __attribute__((noinline)) static void reduce_gradients(long n)
 {
     static double grad[1024], sum[1024];
     for (long i = 0; i < n; i++) {
-        MPI_Allreduce(grad, sum, 1024, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD); line_of[1] = __LINE__;
+        MPI_Allreduce(grad, sum, 1024, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        line_of[1] = __LINE__ - 1;
         sink += (long)sum[0];
     }
 }
@@ -66,7 +70,8 @@ __attribute__((noinline)) static void broadcast_weights(void)
 {
     static char weights[256];
     for (int i = 0; i < 3; i++) {
-        MPI_Bcast(weights, 256, MPI_CHAR, 0, MPI_COMM_WORLD); line_of[2] = __LINE__;
+        MPI_Bcast(weights, 256, MPI_CHAR, 0, MPI_COMM_WORLD);
+        line_of[2] = __LINE__ - 1;
         sink += weights[0];
     }
 }

@@ -41,6 +41,11 @@ const TARGETS: &[Target] = &[
         max_len: 4 << 20,
     },
     Target {
+        name: "demangled_name",
+        // Symbols are read up to 1,024 characters.
+        max_len: 4 << 10,
+    },
+    Target {
         name: "proc_maps",
         max_len: 64 << 10,
     },
@@ -324,6 +329,17 @@ fn build_programs(root: &Path, out: &Path) {
         ),
         ("nccl_net_plugin.c", "libnccl-net.so", &["-shared", "-fPIC"]),
         ("cudart_standin.c", "libcudart.so", &["-shared", "-fPIC"]),
+        // Line tables and C++ names (a call site's file and line, demangled).
+        (
+            "attack_lib.c",
+            "libattack_g.so",
+            &["-shared", "-fPIC", "-g"],
+        ),
+        (
+            "attack_lib.c",
+            "libattack_cxx.so",
+            &["-shared", "-fPIC", "-g", "-x", "c++"],
+        ),
         ("fabric_fake.c", "libfabric_fake.so", &["-shared", "-fPIC"]),
         (
             "attack_lib.c",

@@ -80,11 +80,13 @@ pub fn call_sites(
     earlier: &[CallSite],
     files: &mut SiteFiles,
 ) -> (Vec<CallSite>, u64) {
-    let mut sites: Vec<CallSite> = read
+    // Named once cut to the sites kept (names are the dear part: a demangled C++ name
+    // and a line each), by their address in the process: `None` for an earlier span's,
+    // named then.
+    let mut sites: Vec<(Option<u64>, CallSite)> = read
         .iter()
         .filter(|(k, _)| k.tgid == pid)
         .map(|(k, v)| {
-            let named = files.name(objects, k.site);
             // Sampled: the timed calls' mean for every call.
             let time_ns = if v.timed == 0 || v.timed == v.calls {
                 v.time_ns
@@ -92,39 +94,35 @@ pub fn call_sites(
                 u64::try_from(u128::from(v.time_ns) * u128::from(v.calls) / u128::from(v.timed))
                     .unwrap_or(u64::MAX)
             };
-            CallSite {
+            let site = CallSite {
                 routine: collector_common::ROUTINES
                     .get(usize::from(k.routine))
                     .map_or_else(|| format!("routine {}", k.routine), |r| r.name.to_string()),
                 address: format!("{:#x}", k.site),
-                object: named.object,
-                function: named.function,
-                offset: named.offset,
-                file_address: named.file_address.map(|a| format!("{a:#x}")),
-                source_file: named.source.as_ref().map(|(f, _)| f.clone()),
-                source_line: named.source.map(|(_, l)| l),
                 totals: stats::Totals {
                     calls: v.calls,
                     bytes: v.bytes,
                     time_ns,
                 },
                 timed_calls: v.timed,
-            }
+                ..CallSite::default()
+            };
+            (Some(k.site), site)
         })
         .collect();
     for e in earlier {
         match sites
             .iter_mut()
-            .find(|s| (&s.routine, &s.address) == (&e.routine, &e.address))
+            .find(|(_, s)| (&s.routine, &s.address) == (&e.routine, &e.address))
         {
-            Some(s) => {
+            Some((_, s)) => {
                 s.totals.merge(&e.totals);
                 s.timed_calls += e.timed_calls;
             }
-            None => sites.push(e.clone()),
+            None => sites.push((None, e.clone())),
         }
     }
-    sites.sort_by(|a, b| {
+    sites.sort_by(|(_, a), (_, b)| {
         (b.totals.time_ns, b.totals.calls, &a.routine, &a.address).cmp(&(
             a.totals.time_ns,
             a.totals.calls,
@@ -134,6 +132,24 @@ pub fn call_sites(
     });
     let left_out = sites.len().saturating_sub(super::MAX_CALL_SITES) as u64;
     sites.truncate(super::MAX_CALL_SITES);
+    let sites = sites
+        .into_iter()
+        .map(|(address, site)| match address {
+            Some(address) => {
+                let named = files.name(objects, address);
+                CallSite {
+                    object: named.object,
+                    function: named.function,
+                    offset: named.offset,
+                    file_address: named.file_address.map(|a| format!("{a:#x}")),
+                    source_file: named.source.as_ref().map(|(f, _)| f.clone()),
+                    source_line: named.source.map(|(_, l)| l),
+                    ..site
+                }
+            }
+            None => site,
+        })
+        .collect();
     (sites, left_out)
 }
 

@@ -48,6 +48,11 @@ impl Change {
         (self.before != 0.0).then(|| (self.after - self.before) * 100.0 / self.before)
     }
 
+    /// Whether both are 0.
+    fn is_zero(&self) -> bool {
+        self.before == 0.0 && self.after == 0.0
+    }
+
     /// `-18.0%`, `+3.1%`, `new`, or nothing where both are 0.
     fn said(&self) -> String {
         match self.percent() {
@@ -163,6 +168,10 @@ pub struct Diff {
     /// no sites are compared.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub call_sites_only: Option<&'static str>,
+    /// Call sites each profile left out (those with the least time, past its 512 a rank):
+    /// a site only the other kept shows as new or gone.
+    #[serde(skip_serializing_if = "Change::is_zero")]
+    pub call_sites_left_out: Change,
 }
 
 /// `before` and `after` compared.
@@ -267,6 +276,7 @@ pub fn diff(before: &JobProfile, after: &JobProfile) -> Diff {
         nccl_busbw,
         sites,
         call_sites_only,
+        call_sites_left_out: both(&|j| j.ranks.iter().map(|r| r.call_sites_left_out as f64).sum()),
     }
 }
 
@@ -545,6 +555,13 @@ fn render_sites(o: &mut String, d: &Diff) {
         );
     }
     more(o, d.sites.len(), "call sites");
+    let Change { before, after } = d.call_sites_left_out;
+    if !d.call_sites_left_out.is_zero() {
+        let _ = writeln!(
+            o,
+            "({before} call sites before and {after} after were left out of the profiles, those with the least time: a site only one kept shows as new or gone)"
+        );
+    }
 }
 
 /// The line that says how many rows the text left out.
@@ -745,10 +762,19 @@ mod tests {
             site("reduce(long)", 0x40, 200, 1),
             site("checkpoint()", 0x10, 100, 1),
         ];
+        // Rank 1 had more sites than its profile kept.
+        b1.call_sites_left_out = 7;
         let before = JobProfile::of_ranks(vec![b0, b1]);
         let after = JobProfile::of_ranks(vec![a0, a1]);
         let d = diff(&before, &after);
         assert_eq!(d.call_sites_only, None);
+        assert_eq!(
+            d.call_sites_left_out,
+            Change {
+                before: 7.0,
+                after: 0.0
+            }
+        );
         let rows: Vec<(&str, f64, f64)> = d
             .sites
             .iter()
@@ -793,6 +819,10 @@ mod tests {
             ]
         );
         assert!(text.contains("checkpoint() (app)"), "{text}");
+        assert!(
+            text.contains("(7 call sites before and 0 after were left out"),
+            "{text}"
+        );
         // One profile without call sites: nothing compared, and said why.
         let plain = JobProfile::of_ranks(vec![rank(0, 300, 1, 1000)]);
         let d = diff(&plain, &after);

@@ -11,8 +11,9 @@ use std::fmt;
 
 use cpp_demangle::{BorrowedSymbol, DemangleNodeType, DemangleOptions, DemangleWrite};
 
-/// Most characters a demangler may write for one name, shown or not: a back-reference can
-/// make a short symbol's text grow exponentially, and this ends the work.
+/// Most characters a demangler may write for one name, shown or not, and nodes it may
+/// enter: a back-reference can make a short symbol's text grow exponentially, and this
+/// ends the work.
 const MAX_WORK: usize = 1 << 16;
 
 /// `raw` demangled, at most `max` characters, or `raw` itself where it is not a mangled
@@ -122,6 +123,8 @@ impl DemangleWrite for Shortened {
     }
 
     fn push_demangle_node(&mut self, node: DemangleNodeType) {
+        // A node is work even where it writes nothing.
+        self.work += 1;
         if node == DemangleNodeType::TemplateArgs {
             // The `<` is written; what follows up to the `>` is not shown.
             if self.in_template == 0 && self.elide {

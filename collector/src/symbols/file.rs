@@ -262,7 +262,8 @@ impl<'a> ReadRef<'a> for &'a LibraryData {
         }
         let end = range.end.min(range.start.saturating_add(MAX_STRING));
         let bytes = (&self.cache).read_bytes_at_until(range.start..end, delimiter)?;
-        self.charge(bytes.len() as u64 + 1)?;
+        // And the cache's entry for it.
+        self.charge(bytes.len() as u64 + 64)?;
         Ok(bytes)
     }
 }

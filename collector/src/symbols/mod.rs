@@ -6,7 +6,7 @@
 //! names share one address, as do `ncclX` and `pncclX`, and attaching twice would count
 //! twice.
 
-mod demangle;
+pub mod demangle;
 pub mod fabric;
 pub mod file;
 mod lines;
@@ -24,6 +24,14 @@ use collector_common::{routines::Family, Abi, Layout, ROUTINES};
 use object::{Object, ObjectSection, ObjectSymbol, ReadRef};
 
 pub use file::{Elf, LibraryFile};
+
+/// Longest file path kept of a call site (its object's, its source file's).
+pub const MAX_PATH: usize = 512;
+
+/// `s` made printable (a report is read on a terminal) and cut at `max` characters.
+pub fn shown(s: &str, max: usize) -> String {
+    crate::client::printable(s).chars().take(max).collect()
+}
 
 /// How the parsers reach a library's bytes.
 pub type Data<'a> = &'a file::LibraryData;

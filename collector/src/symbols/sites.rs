@@ -33,8 +33,6 @@ const MAX_FUNCTIONS: usize = 2 << 20;
 const MAX_SYMBOL: usize = 1024;
 /// Longest function name shown (demangled).
 const MAX_NAME: usize = 256;
-/// Longest file path kept in a site.
-const MAX_PATH: usize = 512;
 /// Most bytes of names read from one file.
 const MAX_NAME_BYTES: usize = 64 << 20;
 /// Most bytes the function tables of all files may hold (names and entries), read and not
@@ -250,12 +248,7 @@ impl SiteFiles {
         else {
             return Named::default();
         };
-        let object = Some(
-            crate::client::printable(&o.path.display().to_string())
-                .chars()
-                .take(MAX_PATH)
-                .collect(),
-        );
+        let object = Some(super::shown(&o.path.display().to_string(), super::MAX_PATH));
         let functions = self.functions(o.dev_inode);
         // The file's own address; none where a mapping a user arranged makes no sense of it.
         let at = o
@@ -279,7 +272,12 @@ impl SiteFiles {
             functions
                 .holding(at.saturating_sub(1))
                 .map_or((None, 0), |(symbol, offset)| {
-                    let name = super::demangle::readable(symbol, MAX_NAME);
+                    // A symbol cut when read may still demangle, to another signature.
+                    let name = if symbol.chars().count() >= MAX_SYMBOL {
+                        super::shown(symbol, MAX_NAME)
+                    } else {
+                        super::demangle::readable(symbol, MAX_NAME)
+                    };
                     (Some(crate::client::printable(&name)), offset + 1)
                 });
         Named {
@@ -341,6 +339,25 @@ impl SiteFiles {
     }
 }
 
+/// What naming does with a file a user controls, for the fuzz target of hostile files
+/// (`fuzz/fuzz_targets/library_elf.rs`): its functions and lines read as a program's, and
+/// its first functions named as sites are (demangled, with their lines); their text's
+/// length.
+#[doc(hidden)]
+pub fn name_functions_of(file: &LibraryFile) -> usize {
+    let Ok(f) = read_functions(file, true) else {
+        return 0;
+    };
+    f.by_address
+        .iter()
+        .take(64)
+        .map(|(address, _, symbol)| {
+            let line = f.lines.as_ref().and_then(|l| l.at(*address));
+            super::demangle::readable(symbol, MAX_NAME).len() + line.map_or(0, |(p, _)| p.len())
+        })
+        .sum()
+}
+
 /// Whether a symbol named `name` is an MPI or NCCL routine (C, Fortran or profiling
 /// name): a file that names one calls them (or is the library).
 fn names_mpi_or_nccl(name: &str) -> bool {
@@ -384,10 +401,7 @@ fn read_functions(file: &LibraryFile, program: bool) -> Result<Functions, super:
             continue;
         }
         let Ok(name) = sym.name() else { continue };
-        let name: String = crate::client::printable(name)
-            .chars()
-            .take(MAX_SYMBOL)
-            .collect();
+        let name = super::shown(name, MAX_SYMBOL);
         name_bytes += name.len();
         by_address.push((sym.address(), sym.size(), name.into_boxed_str()));
     }
@@ -409,14 +423,24 @@ fn read_functions(file: &LibraryFile, program: bool) -> Result<Functions, super:
 /// `use mpi` program calls the gfortran one (`mpi_barrier_`): first; the profiling
 /// (`PMPI`) and `mpi_f08` names last.
 fn alias_rank(name: &str) -> u8 {
-    let lower = name.to_ascii_lowercase();
-    let gfortran = lower == name && name.ends_with('_') && !name.ends_with("__");
-    if lower.starts_with("pmpi") || lower.starts_with("pnccl") {
+    // Compared in place: a table's symbols are sorted by it (millions of comparisons).
+    let (b, ci) = (name.as_bytes(), <[u8]>::eq_ignore_ascii_case);
+    let starts = |p: &str| b.get(..p.len()).is_some_and(|h| ci(h, p.as_bytes()));
+    let ends = |p: &str| {
+        b.len()
+            .checked_sub(p.len())
+            .is_some_and(|at| ci(&b[at..], p.as_bytes()))
+    };
+    let gfortran = name.starts_with("mpi_")
+        && !b.iter().any(u8::is_ascii_uppercase)
+        && name.ends_with('_')
+        && !name.ends_with("__");
+    if starts("pmpi") || starts("pnccl") {
         3
-    } else if lower.ends_with("_f08") {
+    } else if ends("_f08") {
         2
     } else {
-        u8::from(!(lower.starts_with("mpi_") && gfortran))
+        u8::from(!gfortran)
     }
 }
 

@@ -4,6 +4,7 @@
 //! - `snapshot_push`: PushSnapshots messages as a daemon encodes them;
 //! - `profile_json`: a profile as `commtap record --json` writes it;
 //! - `identity_event`: the identity event of this very process;
+//! - `demangled_name`: C++ and Rust symbols;
 //! - `kernel_btf`: small BTF blobs holding the structures commtap looks up: one made up,
 //!   one with the running kernel's `task_struct` and `mm_struct` (its whole BTF, also
 //!   copied, is megabytes: too slow to mutate).
@@ -71,6 +72,21 @@ fn main() {
         write("snapshot_push", &format!("push_{n}"), &req.encode_to_vec());
     }
 
+    // Names as programs' symbol tables hold them (the first byte is the length asked).
+    for (i, name) in [
+        "\u{ff}_ZN7trainer4Step9negotiateEl",
+        "\u{40}_ZN4c10d16ProcessGroupNCCL9allreduceERSt6vectorIN2at6TensorESaIS3_EERKNS_16AllreduceOptionsE",
+        "\u{ff}_ZL9negotiatel.constprop.0",
+        "\u{20}_Z1fSt4pairIiiES_IS0_S0_ES_IS1_S1_ES_IS2_S2_E",
+        "\u{ff}_ZN5trace7collect17h0123456789abcdefE",
+        "\u{ff}_RNvCs1234_5trace7collect",
+        "\u{ff}main::{lambda(int)#1}",
+    ]
+    .iter()
+    .enumerate()
+    {
+        write("demangled_name", &format!("name_{i}"), name.as_bytes());
+    }
     write("identity_event", "self", &identity_event());
     write("kernel_btf", "minimal", &minimal_btf());
     match std::fs::read("/sys/kernel/btf/vmlinux") {

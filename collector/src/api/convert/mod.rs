@@ -386,13 +386,19 @@ fn call_sites(sites: &[pb::CallSite]) -> Result<Vec<CallSite>, InvalidMessage> {
             Ok(CallSite {
                 routine: cut(&c.routine, 64),
                 address: cut(&c.address, 32),
-                object: c.object.as_deref().map(|o| cut(o, 512)),
+                object: c
+                    .object
+                    .as_deref()
+                    .map(|o| cut(o, crate::symbols::MAX_PATH)),
                 function: c.function.as_deref().map(|f| cut(f, 256)),
                 offset: c.offset,
                 file_address: c.file_address.as_deref().map(|a| cut(a, 32)),
                 totals: totals(c.totals.as_ref(), "CallSite")?,
                 timed_calls: c.timed_calls,
-                source_file: c.source_file.as_deref().map(|f| cut(f, 512)),
+                source_file: c
+                    .source_file
+                    .as_deref()
+                    .map(|f| cut(f, crate::symbols::MAX_PATH)),
                 source_line: c.source_line,
             })
         })
