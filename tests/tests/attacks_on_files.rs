@@ -267,3 +267,81 @@ fn a_symbol_that_names_data_is_never_probed() {
     );
     a.end_healthy();
 }
+
+/// Attack: a program of nobody's whose own line tables (`.debug_line`) are hostile, run
+/// beside a daemon counting call sites, which reads a program's symbols and line tables
+/// to name its calls: a DWARF 5 header listing 600,000 files of one byte each, and a DWARF 4
+/// program defining 600,000 files as it runs (`tests/programs/hostile_dwarf.py`). A reader
+/// that keeps what it parses allocates some ninety bytes per byte of them (about 100 MB
+/// from a 4.8 MB section, which is read whole); both are skipped before they are parsed,
+/// and the call is still named by its function (the program's symbols read), without a
+/// line.
+#[test]
+fn a_program_with_hostile_line_tables_does_not_bloat_the_daemon() {
+    let scratch = Scratch::new("attack-dwarf");
+    let daemon = Daemon::start(&scratch, &[], &[], &["--call-sites"]);
+    let (lib, _) = attack_programs();
+    let dir = nobody_dir(&scratch, "attacker");
+    let crafted_lib = dir.join("libmpich.so.12");
+    copy_as_nobody(&lib, &crafted_lib);
+    let built = compile_c("attack_dwarf.c", "attack_dwarf", &["-g", "-ldl"]);
+    let (blob, hostile) = (scratch.path("debug_line"), scratch.path("attack_dwarf"));
+    std::fs::copy(&built, &hostile).expect("copying the program");
+    let status = Command::new("python3")
+        .arg(repo_root().join("tests/programs/hostile_dwarf.py"))
+        .arg(&blob)
+        .arg("600000")
+        .status()
+        .expect("python3");
+    assert!(status.success(), "crafting the line tables failed");
+    let status = Command::new("objcopy")
+        .arg("--remove-section=.debug_line")
+        .arg(format!("--add-section=.debug_line={}", blob.display()))
+        .arg(&hostile)
+        .status()
+        .expect("objcopy");
+    assert!(status.success(), "objcopy failed");
+    let program = dir.join("attack_dwarf");
+    copy_as_nobody(&hostile, &program);
+    let signals = nobody_dir(&scratch, "signals");
+    let (ready, go, done) = (
+        signals.join("ready"),
+        signals.join("go"),
+        signals.join("done"),
+    );
+    let attacker = spawn_as_nobody(
+        &program,
+        &[
+            path_str(&crafted_lib),
+            path_str(&ready),
+            path_str(&go),
+            path_str(&done),
+        ],
+    );
+    wait_until("the attacker to map its library", LIMIT, || ready.exists());
+    let pid = attacker.0.id();
+    wait_for_state(&daemon.target, &[u64::from(pid)], "probed");
+    std::fs::write(&go, b"").expect("go file");
+    wait_until("the attacker's call", LIMIT, || done.exists());
+    let mut profile = serde_json::Value::Null;
+    let site = |profile: &serde_json::Value| {
+        profile["ranks"]
+            .as_array()?
+            .iter()
+            .find(|r| r["pid"] == pid)?["call_sites"]
+            .as_array()?
+            .iter()
+            .find(|s| s["routine"] == "MPI_Send" && s["function"] == "main")
+            .cloned()
+    };
+    wait_until("the attacker's call site named", LIMIT, || {
+        profile = report_json(&["report", "--from", &daemon.target]);
+        site(&profile).is_some()
+    });
+    let site = site(&profile).expect("named");
+    assert_eq!(site["calls"], 1, "{site}");
+    assert!(site.get("source_line").is_none(), "{site}");
+    assert_healthy(&scratch, &daemon);
+    drop(attacker);
+    daemon.stop(&scratch);
+}

@@ -210,6 +210,10 @@ fn install_cargo_fuzz() -> Result<()> {
 /// libFuzzer added there stays): real files, small programs built from `tests/programs`,
 /// the hand-written seeds of `fuzz/seeds/<target>/`, and what `make_seeds` encodes.
 fn make_seeds(root: &Path, corpus: &Path) -> Result<()> {
+    // Every target's, on a fresh checkout too (the seeds below are written into them).
+    for t in TARGETS {
+        fs::create_dir_all(corpus.join(t.name))?;
+    }
     let seeds = root.join("fuzz/seeds");
     for dir in fs::read_dir(&seeds)? {
         let dir = dir?.path();

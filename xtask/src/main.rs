@@ -513,8 +513,9 @@ fn demo() -> Result<()> {
     let out = root.join("target/demo");
     std::fs::create_dir_all(&out)?;
     let app = out.join("ddp_like");
+    // With line tables, as HPC codes are often built: its call sites have their lines.
     run(Command::new("mpicc.openmpi")
-        .args(["-O2", "-o"])
+        .args(["-O2", "-g", "-o"])
         .arg(&app)
         .arg(root.join("xtask/demo/ddp_like.c")))?;
     let profile_json = out.join("profile.json");

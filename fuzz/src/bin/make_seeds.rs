@@ -121,7 +121,7 @@ fn rank(rank: u32) -> RankProfile {
         min_bytes: Some(lo),
         max_bytes: Some(hi),
         totals: t,
-        device: None,
+        ..SizeBucket::default()
     };
     let mut routines = BTreeMap::new();
     routines.insert(
@@ -219,6 +219,32 @@ fn rank(rank: u32) -> RankProfile {
             name: "127.0.0.0/8".into(),
         }],
         peers: Vec::new(),
+        container: None,
+        mpi_transport: Some("ucx".into()),
+        comm_ranks: Vec::new(),
+        region: None,
+        probe_call_cost: None,
+        usage: Some(collector::profile::Usage {
+            user_ns: 1_200_000_000,
+            system_ns: 300_000_000,
+            max_rss_bytes: 180 << 20,
+            context_switches: Some(42),
+            ..Default::default()
+        }),
+        settings: BTreeMap::from([("NCCL_ALGO".to_string(), "Ring".to_string())]),
+        call_sites: vec![collector::profile::CallSite {
+            routine: "MPI_Allreduce".into(),
+            address: "0x55d0c0ffe1c3".into(),
+            object: Some("/home/u/app".into()),
+            function: Some("trainer::Step::negotiate(long)".into()),
+            offset: 0x51,
+            file_address: Some("0x11c3".into()),
+            totals: totals(10, 80),
+            timed_calls: 10,
+            source_file: Some("/home/u/src/app.c".into()),
+            source_line: Some(51),
+        }],
+        call_sites_left_out: 0,
     }
 }
 
