@@ -574,32 +574,25 @@ impl JobProfile {
     /// Every rank's call sites together by routine and site, most time first (then most
     /// calls).
     pub fn sites_of_all_ranks(&self) -> Vec<JobSite> {
-        let mut by: BTreeMap<(String, String), (JobSite, BTreeSet<usize>)> = BTreeMap::new();
+        type Sums = (crate::stats::Totals, u64, BTreeSet<usize>);
+        let mut by: BTreeMap<(String, String), Sums> = BTreeMap::new();
         for (i, r) in self.ranks.iter().enumerate() {
             for c in &r.call_sites {
-                let (routine, site) = (c.routine.clone(), c.label());
-                let (row, ranks) = by
-                    .entry((routine.clone(), site.clone()))
-                    .or_insert_with(|| {
-                        (
-                            JobSite {
-                                routine,
-                                site,
-                                ..JobSite::default()
-                            },
-                            BTreeSet::new(),
-                        )
-                    });
-                row.totals.merge(&c.totals);
-                row.untimed += c.totals.calls.saturating_sub(c.timed_calls);
+                let (totals, untimed, ranks) =
+                    by.entry((c.routine.clone(), c.label())).or_default();
+                totals.merge(&c.totals);
+                *untimed += c.totals.calls.saturating_sub(c.timed_calls);
                 ranks.insert(i);
             }
         }
         let mut rows: Vec<JobSite> = by
-            .into_values()
-            .map(|(row, ranks)| JobSite {
+            .into_iter()
+            .map(|((routine, site), (totals, untimed, ranks))| JobSite {
+                routine,
+                site,
+                totals,
+                untimed,
                 ranks: ranks.len(),
-                ..row
             })
             .collect();
         rows.sort_by_key(|r| std::cmp::Reverse((r.totals.time_ns, r.totals.calls)));

@@ -211,8 +211,11 @@ const JOB_SITES_SHOWN: usize = 20;
 /// with call sites counted): one row per routine and site, with the ranks that called
 /// from there.
 fn render_job_sites(o: &mut String, job: &JobProfile) {
+    if job.ranks.len() < 2 {
+        return;
+    }
     let rows = job.sites_of_all_ranks();
-    if job.ranks.len() < 2 || rows.is_empty() {
+    if rows.is_empty() {
         return;
     }
     let _ = writeln!(

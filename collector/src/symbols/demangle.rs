@@ -41,7 +41,7 @@ pub fn readable(raw: &str, max: usize) -> String {
                     Ok(()) if out.text.chars().count() <= max => return out.text,
                     Ok(()) => last = Some(out.text),
                     // Past the work's bound: shortened at the next step.
-                    Err(_) if out.past_bound => {}
+                    Err(_) if out.work > MAX_WORK => {}
                     Err(_) => break,
                 }
             }
@@ -74,9 +74,8 @@ struct Shortened {
     open: Vec<DemangleNodeType>,
     /// How many of them are template arguments.
     in_template: usize,
-    /// Characters written, shown or not.
+    /// Characters written, shown or not, and nodes entered.
     work: usize,
-    past_bound: bool,
 }
 
 impl Shortened {
@@ -87,7 +86,6 @@ impl Shortened {
             open: Vec::new(),
             in_template: 0,
             work: 0,
-            past_bound: false,
         }
     }
 }
@@ -109,7 +107,6 @@ impl DemangleWrite for Shortened {
     fn write_string(&mut self, s: &str) -> fmt::Result {
         self.work += s.len();
         if self.work > MAX_WORK {
-            self.past_bound = true;
             return Err(fmt::Error);
         }
         if self.in_template == 0 || !self.elide {

@@ -263,23 +263,17 @@ impl SiteFiles {
         };
         // The call itself is the instruction before the address it returns to (a call to a
         // routine that never returns may end its function).
+        let call = at.saturating_sub(1);
         let source = functions
             .lines
             .as_ref()
-            .and_then(|l| l.at(at.saturating_sub(1)))
+            .and_then(|l| l.at(call))
             .map(|(file, line)| (file.to_string(), line));
-        let (function, offset) =
-            functions
-                .holding(at.saturating_sub(1))
-                .map_or((None, 0), |(symbol, offset)| {
-                    // A symbol cut when read may still demangle, to another signature.
-                    let name = if symbol.chars().count() >= MAX_SYMBOL {
-                        super::shown(symbol, MAX_NAME)
-                    } else {
-                        super::demangle::readable(symbol, MAX_NAME)
-                    };
-                    (Some(crate::client::printable(&name)), offset + 1)
-                });
+        let (function, offset) = functions
+            .holding(call)
+            .map_or((None, 0), |(symbol, offset)| {
+                (Some(function_name(symbol)), offset + 1)
+            });
         Named {
             object,
             function,
@@ -353,9 +347,20 @@ pub fn name_functions_of(file: &LibraryFile) -> usize {
         .take(64)
         .map(|(address, _, symbol)| {
             let line = f.lines.as_ref().and_then(|l| l.at(*address));
-            super::demangle::readable(symbol, MAX_NAME).len() + line.map_or(0, |(p, _)| p.len())
+            function_name(symbol).len() + line.map_or(0, |(p, _)| p.len())
         })
         .sum()
+}
+
+/// A function's symbol (as read: printable, cut at [`MAX_SYMBOL`]) as a site shows it:
+/// demangled and shortened to [`MAX_NAME`]; one cut when read is shown as it is (it may
+/// still demangle, to another signature).
+fn function_name(symbol: &str) -> String {
+    if symbol.chars().count() >= MAX_SYMBOL {
+        symbol.chars().take(MAX_NAME).collect()
+    } else {
+        crate::client::printable(&super::demangle::readable(symbol, MAX_NAME))
+    }
 }
 
 /// Whether a symbol named `name` is an MPI or NCCL routine (C, Fortran or profiling
