@@ -139,6 +139,9 @@ pub mod programs {
     pub const LINKER_LOADED: &str = "linker_loaded";
     /// `MPI_Pcontrol`: the profiled region starts or pauses.
     pub const MPI_PCONTROL: &str = "mpi_pcontrol";
+    /// Entry of an MPI's Fortran binding (while call sites are counted): the program's
+    /// call into it, for the site of the MPI call the binding makes.
+    pub const BINDING_ENTRY: &str = "binding_entry";
     /// `sched:sched_process_fork`.
     pub const SCHED_FORK: &str = "sched_fork";
     /// `sched:sched_process_exec`.

@@ -231,8 +231,42 @@ pub struct CallState {
     pub done_bytes: u64,
     /// Its duration, ns, where `done` is [`CallState::DONE_TIMED`].
     pub done_ns: u64,
+    /// Where the program called the Fortran binding last entered on this thread (while
+    /// call sites are counted): the site of an MPI call made from within `outer_lo` ..
+    /// `outer_hi` (the code of the binding's library), in place of the binding's address.
+    pub outer_site: u64,
+    /// The start of the code of the library of the binding last entered.
+    pub outer_lo: u64,
+    /// The end of that code.
+    pub outer_hi: u64,
 }
-const _: () = assert!(size_of::<CallState>() == 712 + 24);
+const _: () = assert!(size_of::<CallState>() == 712 + 48);
+
+/// The attach cookie of a Fortran binding's probe (collector-ebpf's `binding_entry`): where
+/// the code of the binding's library is, from the probe's address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BindingCookie {
+    /// Bytes from the start of the library's code to the probe.
+    pub from_start: u32,
+    /// The length of the library's code.
+    pub len: u32,
+}
+
+impl BindingCookie {
+    /// Packs the cookie into the 64-bit value the kernel stores per attachment.
+    pub const fn pack(self) -> u64 {
+        ((self.from_start as u64) << 32) | self.len as u64
+    }
+
+    /// Unpacks a cookie read with `bpf_get_attach_cookie`.
+    #[inline(always)]
+    pub const fn unpack(v: u64) -> BindingCookie {
+        BindingCookie {
+            from_start: (v >> 32) as u32,
+            len: v as u32,
+        }
+    }
+}
 
 /// A request of a completion call in progress that may complete it: the calling thread
 /// and the request's index among the call's requests.

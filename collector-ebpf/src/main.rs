@@ -6,7 +6,8 @@
 //! - `fabric_entry` / `fabric_return`: libfabric ops-table functions.
 //! - `linker_loaded`: the dynamic linker loaded libraries; pause until they are probed.
 //! - `mpi_pcontrol`: `MPI_Pcontrol`; pause while userspace reads the counters.
-//! - call sites: `sites`, counted after each return when asked.
+//! - call sites: `sites`, counted after each return when asked; `binding_entry`: a Fortran
+//!   binding's entry, for the site of the MPI call it makes.
 //! - `sched_fork` / `sched_exec` / `sched_exit`: follow the watched process tree.
 #![no_std]
 #![feature(core_intrinsics)]

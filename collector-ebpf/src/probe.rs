@@ -337,7 +337,7 @@ fn returned_to(ctx: *mut core::ffi::c_void) -> u64 {
 /// Where a call just entered will return to: the word at the top of its stack (the probe
 /// sits on the function's first instruction, before any push); 0 if unreadable.
 #[inline(always)]
-fn return_address(ctx: *mut core::ffi::c_void) -> u64 {
+pub(crate) fn return_address(ctx: *mut core::ffi::c_void) -> u64 {
     // SAFETY: a probe's context is its saved registers.
     let rsp = unsafe { (*ctx.cast::<aya_ebpf::bindings::pt_regs>()).rsp };
     // SAFETY: reads a word of the traced thread's stack.

@@ -3,11 +3,27 @@
 //! as mpitrace's profile by call site does. After the return path, in the program's own
 //! stack frame (the return path's is full): it leaves what it counted in the thread's
 //! state (`CallState::done`), read and cleared here.
+//!
+//! A Fortran program calls its MPI's bindings (`mpi_allreduce_`), which call the C routine
+//! probed: the binding's entry (`binding_entry`, probed while sites are counted) keeps
+//! where the program called it, and the MPI call the binding makes is counted there.
 
-use aya_ebpf::{bindings::BPF_NOEXIST, macros::map, maps::PerCpuHashMap};
-use collector_common::{shares::SharedMap, CallState, SiteKey, SiteVal, MAX_SITE_COUNTERS};
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::bpf_get_current_pid_tgid,
+    macros::{map, uprobe},
+    maps::PerCpuHashMap,
+    programs::ProbeContext,
+    EbpfContext,
+};
+use collector_common::{
+    shares::SharedMap, BindingCookie, CallState, SiteKey, SiteVal, MAX_SITE_COUNTERS,
+};
 
-use crate::maps::{with_proc_stats, CONFIG};
+use crate::{
+    maps::{call_state, new_call_state, with_proc_stats, CONFIG},
+    process::{is_counted, known_uncounted, scope_stamp},
+};
 
 /// Calls, bytes and time per process, routine and call site (allocated as keys come, see
 /// `p2p::PEERS`).
@@ -32,11 +48,16 @@ pub fn after_return(state: *mut CallState, site: impl FnOnce() -> u64) {
     if CONFIG.get(0).is_none_or(|c| c.call_sites == 0) {
         return;
     }
+    let mut at = site();
+    if at.wrapping_sub(e.outer_lo) < e.outer_hi.wrapping_sub(e.outer_lo) {
+        // Made by the Fortran binding the program called: counted where it called it.
+        at = e.outer_site;
+    }
     let key = SiteKey {
         tgid: e.tgid,
         routine: e.routine,
         _pad: 0,
-        site: site(),
+        site: at,
     };
     let timed = done == CallState::DONE_TIMED;
     let add = SiteVal {
@@ -86,4 +107,49 @@ fn new_site(key: &SiteKey, add: &SiteVal) -> bool {
     // SAFETY: this CPU's value.
     unsafe { added(v, add) };
     true
+}
+
+/// Entry of an MPI's Fortran binding (probed only while call sites are counted; its
+/// cookie a `BindingCookie`).
+#[uprobe]
+pub fn binding_entry(ctx: ProbeContext) -> u32 {
+    binding_entered(&ctx);
+    0
+}
+
+/// Keeps where the program called the binding `ctx` entered, and the code of the binding's
+/// library, in the thread's state: an MPI call returning there is the binding's, made
+/// directly or through the library's own helpers (MPICH's `mpi_allreduce_f08ts_` calls a
+/// hidden `MPIR_Allreduce_cdesc`, which calls `MPI_Allreduce`). A binding called from
+/// another's library (Open MPI's `mpi_allreduce_f08_` calls `ompi_allreduce_f`) keeps the
+/// first one's caller.
+#[inline(always)]
+fn binding_entered(ctx: &ProbeContext) {
+    let Some(state) = call_state(false).or_else(|| {
+        // The thread's first MPI call (`MPI_INIT`): its state made as `probe::enter` makes
+        // it, in a counted process only.
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        if known_uncounted(tgid, scope_stamp()) || !is_counted(tgid) {
+            return None;
+        }
+        new_call_state(tgid)
+    }) else {
+        return;
+    };
+    // SAFETY: the thread's own state; only this thread touches it.
+    let e = unsafe { &mut *state };
+    if e.busy != 0 {
+        // Inside an MPI call (a Fortran reduction operator calling MPI): its calls are
+        // nested, not counted; the call in progress keeps its site.
+        return;
+    }
+    // SAFETY: a probe's context is its saved registers.
+    let regs = unsafe { &*ctx.regs };
+    let ret = crate::probe::return_address(ctx.as_ptr());
+    if ret.wrapping_sub(e.outer_lo) >= e.outer_hi.wrapping_sub(e.outer_lo) {
+        e.outer_site = ret;
+    }
+    let code = BindingCookie::unpack(crate::call::raw_cookie(ctx));
+    e.outer_lo = regs.rip.wrapping_sub(u64::from(code.from_start));
+    e.outer_hi = e.outer_lo.wrapping_add(u64::from(code.len));
 }

@@ -6,8 +6,9 @@
 ! Calls MPI_INIT, MPI_COMM_RANK, MPI_COMM_SIZE, 5 x MPI_ALLREDUCE of
 ! 4 MPI_DOUBLE_PRECISION, 3 x MPI_BCAST of 10 MPI_INTEGER from root 0 and
 ! 2 x MPI_BARRIER, then writes OUT_PREFIX.<rank>.json (same shape as
-! mpi_truth.c) before MPI_FINALIZE.  The profiler probes the C entry points
-! (MPI_Init, MPI_Allreduce, ...), which the Fortran bindings call.
+! mpi_truth.c, and each call's site as mpi_sites.c's: the main program, MAIN__)
+! before MPI_FINALIZE.  The profiler probes the C entry points (MPI_Init,
+! MPI_Allreduce, ...), which the Fortran bindings call.
 program mpi_truth_f
   use mpi
   implicit none
@@ -59,8 +60,21 @@ program mpi_truth_f
   write (u, '(A,I0,A)', advance='no') '"MPI_Bcast":{"calls":3,"bytes":', &
        3 * 10 * 4, '},'
   write (u, '(A)', advance='no') '"MPI_Barrier":{"calls":2,"bytes":0}},'
-  write (u, '(A,I0,A,I0,A,I0,A)') '"comm_sizes":{"MPI_Allreduce":[', nprocs, &
-       '],"MPI_Bcast":[', nprocs, '],"MPI_Barrier":[', nprocs, ']}}'
+  write (u, '(A,I0,A,I0,A,I0,A)', advance='no') '"comm_sizes":{"MPI_Allreduce":[', &
+       nprocs, '],"MPI_Bcast":[', nprocs, '],"MPI_Barrier":[', nprocs, ']},'
+  ! Every call's site: the main program.
+  write (u, '(A)', advance='no') '"main":"MAIN__","sites":['
+  write (u, '(A)', advance='no') &
+       '{"function":"MAIN__","routine":"MPI_Init","calls":1,"bytes":0},'
+  write (u, '(A)', advance='no') &
+       '{"function":"MAIN__","routine":"MPI_Comm_rank","calls":1,"bytes":0},'
+  write (u, '(A)', advance='no') &
+       '{"function":"MAIN__","routine":"MPI_Comm_size","calls":1,"bytes":0},'
+  write (u, '(A,I0,A)', advance='no') &
+       '{"function":"MAIN__","routine":"MPI_Allreduce","calls":5,"bytes":', 5 * 4 * 8, '},'
+  write (u, '(A,I0,A)', advance='no') &
+       '{"function":"MAIN__","routine":"MPI_Bcast","calls":3,"bytes":', 3 * 10 * 4, '},'
+  write (u, '(A)') '{"function":"MAIN__","routine":"MPI_Barrier","calls":2,"bytes":0}]}'
   close (u)
   ! Its output: what it received (the tests compare it with a run alone).
   write (*, '(A,I0,A,I0,A,F0.3,A,I0)') 'mpi_truth_f: rank ', rank, ' of ', nprocs, &

@@ -494,11 +494,14 @@ fn a_program_started_by_its_own_dynamic_linker_is_counted_from_mpi_init() {
 }
 
 /// Fortran bindings reach the C entry points: counted once, under the C names; and each
-/// call's site is the binding the program called, by the name gfortran calls it
-/// (`mpi_allreduce_`, of the ten aliases each binding has).
-fn fortran(mpi: Mpi) {
-    let scratch = Scratch::new(&format!("fortran-{}", mpi.suffix()));
-    let prog = build_program("mpi_truth_f.f90", mpi);
+/// call's site is where the program called the binding (its own function, `MAIN__` or
+/// `exchange_`, in its file), not the binding: through the old bindings (`use mpi`,
+/// `mpi_truth_f`) and through mpi_f08's (`mpi_truth_f08`), which reach the C routine
+/// through more of the MPI's code (another bindings library's, or a hidden helper's).
+fn fortran(mpi: Mpi, src: &str) {
+    let stem = src.trim_end_matches(".f90");
+    let scratch = Scratch::new(&format!("{stem}-{}", mpi.suffix()));
+    let prog = build_program(src, mpi);
     let prefix = scratch.path("truth");
     let out = scratch.path("profile.json");
     let mut args = launch_args(&out, mpi, &[&prog, &prefix]);
@@ -508,43 +511,31 @@ fn fortran(mpi: Mpi) {
     let profile = read_json(&out);
     let truths = read_truths(&prefix, 2);
     assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
-    for truth in &truths {
-        let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
-        let sites = rank["call_sites"].as_array().expect("call_sites");
-        // (MPICH's UCX operations are made by the library.)
-        let mpi_routines = rank["routines"]
-            .as_object()
-            .expect("routines")
-            .iter()
-            .filter(|(name, _)| name.starts_with("MPI_"));
-        for (routine, r) in mpi_routines {
-            let gfortran = format!("{}_", routine.to_lowercase());
-            let from_binding: u64 = sites
-                .iter()
-                .filter(|s| s["routine"] == routine.as_str() && s["function"] == gfortran.as_str())
-                .map(|s| s["calls"].as_u64().expect("calls"))
-                .sum();
-            assert_eq!(
-                from_binding,
-                r["calls"].as_u64().expect("calls"),
-                "{routine}'s calls from {gfortran}: {sites:#?}"
-            );
-        }
-    }
+    assert_call_sites_match(&profile, &truths, &prog, false);
     // What each rank received, printed under commtap and alone.
     let mut alone = mpi.launcher(2);
     alone.extend([prog, scratch.path("alone")].map(|p| p.display().to_string()));
-    assert_output_as_alone(&scratch, &run.stdout, &alone, "mpi_truth_f: ", 2);
+    assert_output_as_alone(&scratch, &run.stdout, &alone, &format!("{stem}: "), 2);
 }
 
 #[test]
 fn fortran_open_mpi_counts_each_call_once() {
-    fortran(Mpi::OpenMpi);
+    fortran(Mpi::OpenMpi, "mpi_truth_f.f90");
 }
 
 #[test]
 fn fortran_mpich_counts_each_call_once() {
-    fortran(Mpi::Mpich);
+    fortran(Mpi::Mpich, "mpi_truth_f.f90");
+}
+
+#[test]
+fn fortran_f08_open_mpi_counts_each_call_at_the_programs_site() {
+    fortran(Mpi::OpenMpi, "mpi_truth_f08.f90");
+}
+
+#[test]
+fn fortran_f08_mpich_counts_each_call_at_the_programs_site() {
+    fortran(Mpi::Mpich, "mpi_truth_f08.f90");
 }
 
 /// Every MPI the tests run: the exact-truth jobs' six.

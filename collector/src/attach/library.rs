@@ -102,7 +102,9 @@ impl Probes {
             if !self.knows(id) {
                 let read = symbols::read_library(&file);
                 if let Ok(LibraryKind::Probed(lib)) = &read {
-                    let wanted = self.transports || lib.abi != Abi::Fabric;
+                    // (Fortran bindings have a program of their own, loaded at start.)
+                    let wanted =
+                        (self.transports || lib.abi != Abi::Fabric) && !lib.fortran_bindings;
                     if wanted && !abis.contains(&lib.abi) {
                         abis.push(lib.abi);
                     }
@@ -124,13 +126,19 @@ impl Probes {
         open: impl FnOnce() -> Result<LibraryFile, FileError>,
     ) -> Result<bool, AttachError> {
         if let Some(state) = self.seen.get(&dev_inode) {
-            return Ok(state.is_some_and(|i| self.libraries[i].library.family != Family::Cuda));
+            return Ok(state.is_some_and(|i| counts_calls(&self.libraries[i].library)));
         }
         let Some((file, lib, owner)) = self.admit(dev_inode, shared, open) else {
             return Ok(false);
         };
         let _library = tracing::info_span!("library", path = %lib.path).entered();
-        if let Err(e) = self.load_programs_for(lib.abi) {
+        // Fortran bindings' program is loaded at start.
+        let programs = if lib.fortran_bindings {
+            Ok(())
+        } else {
+            self.load_programs_for(lib.abi)
+        };
+        if let Err(e) = programs {
             // Not tried again for each process that maps it: verifying takes seconds.
             let why = format!("{}: not probed: {e:#}", lib.path);
             self.unsupported.push(why);
@@ -144,7 +152,8 @@ impl Probes {
         }
         self.write_library_maps(slot, &lib)?;
         let (links, failed) = self.attach_links(&lib, slot, &file)?;
-        let through_sessions = self.programs.sessions();
+        // (A Fortran binding's probe is an entry alone.)
+        let through_sessions = self.programs.sessions() && !lib.fortran_bindings;
         log_probing(&lib, &failed);
         let attached = AttachedLibrary {
             library: lib,
@@ -155,7 +164,7 @@ impl Probes {
             released: false,
             through_sessions,
         };
-        let counted = attached.library.family != Family::Cuda;
+        let counted = counts_calls(&attached.library);
         if index < self.libraries.len() {
             self.libraries[index] = attached;
         } else {
@@ -242,6 +251,11 @@ impl Probes {
                 self.seen.insert(dev_inode, None);
                 return None;
             }
+            Ok(LibraryKind::Probed(lib)) if lib.fortran_bindings && !self.call_sites() => {
+                // Their probes serve call sites alone.
+                self.seen.insert(dev_inode, None);
+                return None;
+            }
             Ok(LibraryKind::Probed(lib)) => lib,
             Ok(LibraryKind::Unsupported(why)) => {
                 warn!("{why}");
@@ -325,6 +339,20 @@ impl Probes {
     ) -> Result<(Vec<multi::MultiLink>, Vec<String>), AttachError> {
         let mut links = Vec::new();
         let mut failed = Vec::new();
+        if lib.fortran_bindings {
+            // Entries only (collector-ebpf's `sites::binding_entry`).
+            let offsets: Vec<u64> = lib.probes.iter().map(|p| p.offset).collect();
+            let cookies: Vec<u64> = lib.probes.iter().map(|p| p.binding_cookie).collect();
+            let fd = self
+                .programs
+                .get(names::programs::BINDING_ENTRY)
+                .ok_or(AttachError::Missing("probe program"))?;
+            match multi::attach(fd.as_fd(), file, &offsets, &cookies, ProbeKind::Entry) {
+                Ok(link) => links.push(link),
+                Err(e) => failed.push(format!("{e:#}")),
+            }
+            return Ok((links, failed));
+        }
         let cookie = |p: &ProbePoint| {
             Cookie {
                 routine: p.routine,
@@ -535,4 +563,10 @@ fn log_probing(lib: &Library, failed: &[String]) {
         failed = failed.len(),
         "probing"
     );
+}
+
+/// Whether a probed library's calls are counted as a process's MPI or NCCL calls (not the
+/// CUDA waits', nor Fortran bindings', which serve call sites).
+fn counts_calls(lib: &Library) -> bool {
+    lib.family != Family::Cuda && !lib.fortran_bindings
 }

@@ -40,7 +40,7 @@ pub struct PendingLoad {
 }
 
 /// The programs loaded at start, whatever the libraries: small, and needed before any.
-pub const AT_START: [&str; 2] = [p::LINKER_LOADED, p::MPI_PCONTROL];
+pub const AT_START: [&str; 3] = [p::LINKER_LOADED, p::MPI_PCONTROL, p::BINDING_ENTRY];
 
 /// The programs that probe a library of `abi`, through uprobe sessions or not.
 pub fn for_abi(abi: Abi, sessions: bool) -> &'static [&'static str] {

@@ -429,13 +429,25 @@ pub fn library_summaries(probes: &Probes) -> Vec<ProbedLibrary> {
         .map(|l| ProbedLibrary {
             path: l.library.path.clone(),
             flavor: l.library.flavor.clone(),
-            probes: l.library.probes.len(),
+            probes: probed_routines(&l.library),
             moved_past_single_step: names_with(l, Placement::MovedPastSingleStep),
             single_stepped: names_with(l, Placement::SingleStepped),
             failed: l.failed.clone(),
             uprobe_sessions: l.through_sessions,
         })
         .collect()
+}
+
+/// The routines a library's probes serve: one a probe, but for Fortran bindings, several
+/// of which (`mpi_allreduce_`, `mpi_allreduce_f08ts_` ...) bind one routine.
+fn probed_routines(l: &crate::symbols::Library) -> usize {
+    if l.fortran_bindings {
+        let routines: std::collections::BTreeSet<u16> =
+            l.probes.iter().map(|p| p.routine).collect();
+        routines.len()
+    } else {
+        l.probes.len()
+    }
 }
 
 fn names_with(l: &AttachedLibrary, p: Placement) -> Vec<String> {

@@ -6,6 +6,7 @@
 //! names share one address, as do `ncclX` and `pncclX`, and attaching twice would count
 //! twice.
 
+mod bindings;
 pub mod demangle;
 pub mod fabric;
 pub mod file;
@@ -94,6 +95,9 @@ pub struct ProbePoint {
     /// The function's virtual address in the file.
     #[serde(skip)]
     pub vaddr: u64,
+    /// A Fortran binding: its attach cookie (a `BindingCookie`; 0 elsewhere).
+    #[serde(skip)]
+    pub binding_cookie: u64,
 }
 
 /// A library (MPI, or one holding NCCL) as commtap probes it.
@@ -125,6 +129,9 @@ pub struct Library {
     /// An MPI: where it says which of its own transports a process uses.
     #[serde(skip)]
     pub mpi_transport: MpiTransport,
+    /// An MPI's Fortran bindings, probed at their entries only while call sites are
+    /// counted (`bindings`).
+    pub fortran_bindings: bool,
 }
 
 /// Where an MPI library says which of its own transports a process uses.
@@ -333,6 +340,9 @@ impl<'a> Reading<'a> {
                 .to_string();
             let flavor = format!("libfabric provider {name}");
             return fabric_library(self.elf, self.map, display, flavor, None);
+        }
+        if let Some(bindings) = bindings::fortran_bindings(self.elf, self.map, &display) {
+            return bindings;
         }
         let (runtime, driver) = self.cuda();
         if !runtime && !driver {

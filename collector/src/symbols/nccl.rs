@@ -155,6 +155,7 @@ pub(crate) fn nccl_net_plugin(
         text: text_range(elf),
         fabric_providers: Vec::new(),
         mpi_transport: super::MpiTransport::Unknown,
+        fortran_bindings: false,
     }))
 }
 

@@ -57,6 +57,7 @@ pub(crate) fn fabric_library(
         text: text_range(elf),
         fabric_providers: fabric::provider_structs(elf, map),
         mpi_transport: super::MpiTransport::Unknown,
+        fortran_bindings: false,
     })
 }
 
@@ -102,6 +103,7 @@ pub(crate) fn ucx_library(
         text: text_range(elf),
         fabric_providers: Vec::new(),
         mpi_transport: super::MpiTransport::Unknown,
+        fortran_bindings: false,
     })
 }
 
@@ -127,6 +129,7 @@ pub(crate) fn probe_at(
         function,
         skip: skip as u8,
         vaddr: addr,
+        binding_cookie: 0,
     }
 }
 
@@ -181,6 +184,7 @@ pub(crate) fn probe_points(
         text: text_range(elf),
         fabric_providers: Vec::new(),
         mpi_transport: super::MpiTransport::Unknown,
+        fortran_bindings: false,
     }
 }
 

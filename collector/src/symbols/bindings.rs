@@ -1,0 +1,186 @@
+//! An MPI's Fortran bindings (`libmpi_mpifh`, `libmpi_usempif08`, `libmpichfort`,
+//! Intel MPI's `libmpifort`): each binding (`mpi_allreduce_`) converts its arguments and
+//! calls the C routine commtap probes, so a Fortran program's MPI calls all return into the
+//! bindings. While call sites are counted, each binding of a probed routine is probed at
+//! its entry too (collector-ebpf's `sites::binding_entry`): the program's call into it is
+//! the site of the MPI call it makes.
+
+use std::collections::HashMap;
+
+use collector_common::BindingCookie;
+use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+
+use super::{
+    probes::{code_offset, probe_at, text_range},
+    Abi, Data, Elf, Family, Layout, Library, LibraryKind, MpiTransport, ROUTINES,
+};
+
+/// Prefixes of a binding's name after its MPI's conventions, as the C name's: the
+/// profiling ones (`pmpi_`), MPICH's inner f08 ones (`pmpir_`), Open MPI's own
+/// (`ompi_allreduce_f`).
+const PREFIXES: [(&str, &str); 5] = [
+    ("pmpix_", "mpix_"),
+    ("pmpir_", "mpi_"),
+    ("pmpi_", "mpi_"),
+    ("ompi_", "mpi_"),
+    ("ompix_", "mpix_"),
+];
+
+/// Suffixes a binding's name may carry past the routine's (after its trailing
+/// underscores): `use mpi_f08`'s (`_f08`, MPICH's `_f08ts` and their `_large` count
+/// variants), Open MPI's C-callable ones (`MPI_Allreduce_f`), MPICH's `_cdesc`.
+const SUFFIXES: [&str; 5] = ["_large", "_f08ts", "_f08", "_cdesc", "_f"];
+
+/// The lower-case C name (`mpi_allreduce`) of the routine a Fortran binding named `symbol`
+/// binds (`MPI_ALLREDUCE`, `mpi_allreduce__`, `pmpi_allreduce_f08_`,
+/// `mpi_allreduce_f08ts_large_`, `ompi_allreduce_f` ...); `None` for a name of no binding.
+pub(crate) fn bound_routine(symbol: &str) -> Option<String> {
+    let mut name = symbol.to_ascii_lowercase();
+    let prefixed = PREFIXES
+        .iter()
+        .find_map(|(p, to)| Some(format!("{to}{}", name.strip_prefix(p)?)));
+    if let Some(p) = prefixed {
+        name = p;
+    }
+    if !name.starts_with("mpi_") && !name.starts_with("mpix_") {
+        return None;
+    }
+    let mut rest = name.trim_end_matches('_');
+    while let Some(shorter) = SUFFIXES.iter().find_map(|s| rest.strip_suffix(s)) {
+        rest = shorter.trim_end_matches('_');
+    }
+    Some(rest.to_string())
+}
+
+/// The library as Fortran bindings to probe (their functions that bind a probed MPI
+/// routine, each once), if it is one: it binds `MPI_Init` (an MPI's C library, which is
+/// probed as such, is never read here).
+pub(crate) fn fortran_bindings(elf: &Elf, map: Data<'_>, path: &str) -> Option<LibraryKind> {
+    let routines: HashMap<String, u16> = ROUTINES
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.family() == Family::Mpi && r.is_probed())
+        .map(|(id, r)| (r.name.to_ascii_lowercase(), id as u16))
+        .collect();
+    // The kernel takes an MPI call returning anywhere in this code for the binding's.
+    let (code_lo, code_hi) = code_range(elf)?;
+    let code_len = u32::try_from(code_hi - code_lo).ok()?;
+    let mut probes = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut binds_init = false;
+    let mut open_mpi = false;
+    for sym in elf.dynamic_symbols() {
+        if !sym.is_definition() || sym.kind() != SymbolKind::Text || sym.size() == 0 {
+            continue;
+        }
+        let Ok(name) = sym.name() else { continue };
+        open_mpi |= name.starts_with("ompi_");
+        let Some(&routine) = bound_routine(name).and_then(|r| routines.get(&r)) else {
+            continue;
+        };
+        binds_init |= ROUTINES[usize::from(routine)].name == "MPI_Init";
+        let addr = sym.address();
+        let Some(offset) = code_offset(elf, addr) else {
+            continue;
+        };
+        if !seen.insert(offset) {
+            continue;
+        }
+        let mut probe = probe_at(map, routine, addr, offset, 0);
+        let Some(from_start) = (addr + u64::from(probe.skip))
+            .checked_sub(code_lo)
+            .and_then(|d| u32::try_from(d).ok())
+        else {
+            continue;
+        };
+        probe.binding_cookie = BindingCookie {
+            from_start,
+            len: code_len,
+        }
+        .pack();
+        probes.push(probe);
+    }
+    if !binds_init || probes.is_empty() {
+        return None;
+    }
+    let abi = if open_mpi { Abi::OpenMpi } else { Abi::Mpich };
+    let of = if open_mpi { "Open MPI" } else { "MPICH" };
+    Some(LibraryKind::Probed(Library {
+        path: path.to_string(),
+        abi,
+        flavor: format!("{of}'s Fortran bindings, at their entries for call sites"),
+        layout: Layout::default(),
+        probes,
+        missing: Vec::new(),
+        family: Family::Mpi,
+        text: text_range(elf),
+        fabric_providers: Vec::new(),
+        mpi_transport: MpiTransport::Unknown,
+        fortran_bindings: true,
+    }))
+}
+
+/// Virtual addresses of the file's code, from its first executable section's start to
+/// its last one's end; `None` without any.
+fn code_range(elf: &Elf) -> Option<(u64, u64)> {
+    elf.sections()
+        .filter(|s| {
+            matches!(
+                s.flags(),
+                object::SectionFlags::Elf { sh_flags }
+                    if sh_flags & u64::from(object::elf::SHF_EXECINSTR) != 0
+            ) && s.size() != 0
+        })
+        .filter_map(|s| Some((s.address(), s.address().checked_add(s.size())?)))
+        .reduce(|(lo, hi), (l, h)| (lo.min(l), hi.max(h)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bound_routine;
+
+    #[test]
+    fn each_bindings_name_gives_its_routine() {
+        for name in [
+            "MPI_ALLREDUCE",
+            "mpi_allreduce",
+            "mpi_allreduce_",
+            "mpi_allreduce__",
+            "pmpi_allreduce_",
+            "PMPI_Allreduce_f08",
+            "MPI_Allreduce_f",
+            "ompi_allreduce_f",
+            "mpi_allreduce_f08_",
+            "pmpi_allreduce_f08_",
+            "mpi_allreduce_f08ts_",
+            "mpi_allreduce_f08ts_large_",
+            "pmpir_allreduce_f08ts_",
+        ] {
+            assert_eq!(
+                bound_routine(name).as_deref(),
+                Some("mpi_allreduce"),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            bound_routine("MPIX_ALLREDUCE_INIT").as_deref(),
+            Some("mpix_allreduce_init")
+        );
+        assert_eq!(
+            bound_routine("pmpix_allreduce_init__").as_deref(),
+            Some("mpix_allreduce_init")
+        );
+        for other in [
+            "ompi_mpi_comm_world",
+            "fi_getinfo",
+            "main",
+            "MPIR_Err_return",
+        ] {
+            assert!(
+                bound_routine(other).is_none_or(|r| r != "mpi_allreduce"),
+                "{other}"
+            );
+        }
+        assert_eq!(bound_routine("fi_getinfo"), None);
+    }
+}
