@@ -728,12 +728,23 @@ const RANK_LIBRARIES: &[&str] = &[
     "librccl.so",
 ];
 
-/// Whether a library's file name is one commtap probes: a rank's ([`RANK_LIBRARIES`]) or
-/// a transport's under it (libfabric, UCX).
+/// The file names of MPIs' Fortran bindings (Open MPI's `mpif.h` and `mpi_f08` ones,
+/// MPICH's, Intel MPI's), probed with call sites: each process's first binding call
+/// (`MPI_INIT`) then has its program's site too.
+const FORTRAN_BINDINGS: &[&str] = &[
+    "libmpi_mpifh.so",
+    "libmpi_usempif08.so",
+    "libmpichfort.so",
+    "libmpifort.so",
+];
+
+/// Whether a library's file name is one commtap probes: a rank's ([`RANK_LIBRARIES`]), a
+/// transport's under it (libfabric, UCX), or Fortran bindings ([`FORTRAN_BINDINGS`]).
 fn is_probed_name(name: &str) -> bool {
     is_rank_library(name)
         || ["libfabric.so", "libucp.so"]
             .iter()
+            .chain(FORTRAN_BINDINGS)
             .any(|n| name.starts_with(n))
 }
 
@@ -1024,6 +1035,23 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn fortran_bindings_are_probed_but_make_no_rank() {
+        for name in [
+            "libmpi_mpifh.so.40",
+            "libmpichfort.so.12",
+            "libmpifort.so.12",
+        ] {
+            assert!(is_probed_name(name), "{name}");
+            assert!(!is_rank_library(name), "{name}");
+        }
+        for name in ["libmpi.so.40", "libmpich.so.12", "libnccl.so.2"] {
+            assert!(is_probed_name(name) && is_rank_library(name), "{name}");
+        }
+        assert!(is_probed_name("libucp.so.0") && !is_rank_library("libucp.so.0"));
+        assert!(!is_probed_name("libgfortran.so.5"));
+    }
 
     #[test]
     fn a_file_in_a_root_of_its_own_is_shown_as_its_process_names_it() {
