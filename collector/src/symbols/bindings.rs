@@ -3,7 +3,8 @@
 //! calls the C routine commtap probes, so a Fortran program's MPI calls all return into the
 //! bindings. While call sites are counted, each binding of a probed routine is probed at
 //! its entry too (collector-ebpf's `sites::binding_entry`): the program's call into it is
-//! the site of the MPI call it makes.
+//! the site of the MPI call it makes (and an MPI call returning anywhere in the bindings'
+//! code, through the MPI's own helpers there).
 
 use std::collections::HashMap;
 
@@ -30,6 +31,11 @@ const PREFIXES: [(&str, &str); 5] = [
 /// underscores): `use mpi_f08`'s (`_f08`, MPICH's `_f08ts` and their `_large` count
 /// variants), Open MPI's C-callable ones (`MPI_Allreduce_f`), MPICH's `_cdesc`.
 const SUFFIXES: [&str; 5] = ["_large", "_f08ts", "_f08", "_cdesc", "_f"];
+
+/// The most functions probed as one routine's bindings: an MPI's have up to five
+/// (`mpi_allreduce_`, `mpi_allreduce_f08ts_` and its `_large` form, MPICH's inner `pmpir_`
+/// ones), where a crafted file could name any number of functions `mpi_allreduce__...`.
+const MAX_PER_ROUTINE: u8 = 8;
 
 /// The lower-case C name (`mpi_allreduce`) of the routine a Fortran binding named `symbol`
 /// binds (`MPI_ALLREDUCE`, `mpi_allreduce__`, `pmpi_allreduce_f08_`,
@@ -67,6 +73,7 @@ pub(crate) fn fortran_bindings(elf: &Elf, map: Data<'_>, path: &str) -> Option<L
     let code_len = u32::try_from(code_hi - code_lo).ok()?;
     let mut probes = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
+    let mut per_routine: HashMap<u16, u8> = HashMap::new();
     let mut binds_init = false;
     let mut open_mpi = false;
     for sym in elf.dynamic_symbols() {
@@ -83,9 +90,11 @@ pub(crate) fn fortran_bindings(elf: &Elf, map: Data<'_>, path: &str) -> Option<L
         let Some(offset) = code_offset(elf, addr) else {
             continue;
         };
-        if !seen.insert(offset) {
+        let held = per_routine.entry(routine).or_default();
+        if *held >= MAX_PER_ROUTINE || !seen.insert(offset) {
             continue;
         }
+        *held += 1;
         let mut probe = probe_at(map, routine, addr, offset, 0);
         let Some(from_start) = (addr + u64::from(probe.skip))
             .checked_sub(code_lo)
