@@ -82,7 +82,7 @@ pub mod maps {
     /// the shares (`USER_HELD` & co): started empty, a user's entries from before the
     /// restart go uncharged (until its processes are forgotten), where a share kept could
     /// count processes no daemon will forget.
-    pub const KEPT: [&str; 13] = [
+    pub const KEPT: [&str; 14] = [
         WATCHED,
         COUNTER_SLOTS,
         COUNTER_VALUES,
@@ -91,6 +91,7 @@ pub mod maps {
         NEXT_FRESH_SLOT,
         DEVICE_TIME,
         PEERS,
+        CALL_SITES,
         PROC_STATS,
         COMMS,
         DTYPES,

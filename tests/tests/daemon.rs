@@ -430,12 +430,12 @@ fn the_daemon_serves_tcp_only_with_tls() {
 
 /// A daemon killed with SIGKILL and started again carries on with the counts of the one
 /// before (its counting maps are pinned in bpffs): what rank 0 and 1 did before the kill
-/// is still in the profile, and what they do after is added exactly. A clean stop with
-/// nothing left running removes the pinned state.
+/// is still in the profile, and what they do after is added exactly, their call sites
+/// too. A clean stop with nothing left running removes the pinned state.
 #[test]
 fn a_killed_daemon_restarts_with_its_counts() {
     let scratch = Scratch::new("daemon-restart");
-    let first = Daemon::start(&scratch, &[], &[], &[]);
+    let first = Daemon::start(&scratch, &[], &[], &["--call-sites"]);
     let n = 200u64;
     let (mut job, ranks) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, n, &[]);
     let ranks: Vec<u64> = ranks.into_iter().map(u64::from).collect();
@@ -447,7 +447,7 @@ fn a_killed_daemon_restarts_with_its_counts() {
     // The killed daemon's socket is stale: without it, the new one's appearing means the
     // new daemon is up (it removes a stale socket itself too).
     std::fs::remove_file(&first.socket).expect("stale socket");
-    let second = Daemon::start(&scratch, &[], &[], &[]);
+    let second = Daemon::start(&scratch, &[], &[], &["--call-sites"]);
     std::fs::write(scratch.path("go"), b"").expect("go file");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
     wait_for_exited(&second.target, &ranks);
@@ -470,6 +470,21 @@ fn a_killed_daemon_restarts_with_its_counts() {
         r["events"] = (r["events"].as_u64().expect("events") + 2).into();
     }
     assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    // Every call at a site, those the first daemon counted (MPI_Init ...) among them.
+    for rank in profile["ranks"].as_array().expect("ranks") {
+        let mut at_sites: BTreeMap<&str, u64> = BTreeMap::new();
+        for site in rank["call_sites"].as_array().expect("call_sites") {
+            let routine = site["routine"].as_str().expect("routine");
+            *at_sites.entry(routine).or_default() += site["calls"].as_u64().expect("calls");
+        }
+        let calls: BTreeMap<&str, u64> = rank["routines"]
+            .as_object()
+            .expect("routines")
+            .iter()
+            .map(|(name, r)| (name.as_str(), r["calls"].as_u64().expect("calls")))
+            .collect();
+        assert_eq!(at_sites, calls, "{rank:#}");
+    }
 
     let tag: String = path_str(&second.socket)
         .chars()

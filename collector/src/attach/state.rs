@@ -16,10 +16,11 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// persistent requests are kept (`PERSISTENT`); `a4`: the counters' values are one array
 /// shared by the CPUs (a per-CPU one before); `a5`: `PERSISTENT` is a hash map under each
 /// user's share, an LRU before (a pin is reopened whatever its type: an older daemon's LRU
-/// would go on pushing one user's requests out for another's).
+/// would go on pushing one user's requests out for another's); `t`: the call sites' keys
+/// (`CALL_SITES`, kept since).
 pub fn state_dir_for_layout(base: &Path) -> PathBuf {
     let tag = format!(
-        "layout-a5-k{}-s{}-v{}-d{}-p{}-c{}-h{}-r{}-e{}",
+        "layout-a5-k{}-s{}-v{}-d{}-p{}-c{}-h{}-r{}-e{}-t{}",
         size_of::<CounterKey>(),
         collector_common::MAX_COUNTERS,
         size_of::<CounterVal>(),
@@ -28,7 +29,8 @@ pub fn state_dir_for_layout(base: &Path) -> PathBuf {
         size_of::<CommInfo>(),
         size_of::<HandleKey>(),
         ROUTINES.len(),
-        size_of::<collector_common::PeerKey>()
+        size_of::<collector_common::PeerKey>(),
+        size_of::<collector_common::SiteKey>()
     );
     base.join(tag)
 }
