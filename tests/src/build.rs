@@ -212,7 +212,19 @@ pub fn build_program(src: &str, mpi: Mpi) -> PathBuf {
     let mut cmd = Command::new(&compiler);
     // With line tables, as HPC codes are often built: call sites have their lines.
     cmd.args(["-O1", "-g", "-o"]).arg(&out).arg(&source);
-    if mpi == Mpi::IntelMpi {
+    if mpi == Mpi::IntelMpi && src.ends_with(".f90") {
+        // MPICH's `mpi` module (gfortran's), Intel's Fortran bindings and library: the
+        // MPICH ABI's Fortran side (`use mpi`; `mpi_f08`'s module is MPICH's own).
+        let lib = impi_dir().join("lib");
+        cmd = Command::new("gfortran");
+        cmd.args(["-O1", "-g", "-I/usr/include/x86_64-linux-gnu/mpich", "-o"])
+            .arg(&out)
+            .arg(&source)
+            .arg(format!("-L{}", lib.display()))
+            .arg(format!("-Wl,-rpath,{}", lib.display()))
+            // libmpifort needs libmpi, which its own run path does not name.
+            .args(["-Wl,--no-as-needed", "-lmpifort", "-lmpi"]);
+    } else if mpi == Mpi::IntelMpi {
         // MPICH's header and wrapper flags, Intel's library (MPICH ABI compatibility).
         let lib = impi_dir().join("lib");
         cmd = Command::new("cc");

@@ -507,13 +507,16 @@ fn fortran(mpi: Mpi, src: &str) {
     let mut args = launch_args(&out, mpi, &[&prog, &prefix]);
     args.insert(1, "--call-sites".into());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let run = finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let commtap = spawn_commtap_with_env(&scratch, &args, &mpi.job_env());
+    let run = finish_ok(&scratch, commtap, LIMIT);
     let profile = read_json(&out);
     let truths = read_truths(&prefix, 2);
     assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
     assert_call_sites_match(&profile, &truths, &prog, false);
-    // What each rank received, printed under commtap and alone.
-    let mut alone = mpi.launcher(2);
+    // What each rank received, printed under commtap and alone (in the job's environment).
+    let mut alone = vec!["env".to_string()];
+    alone.extend(mpi.job_env().into_iter().map(|(k, v)| format!("{k}={v}")));
+    alone.extend(mpi.launcher(2));
     alone.extend([prog, scratch.path("alone")].map(|p| p.display().to_string()));
     assert_output_as_alone(&scratch, &run.stdout, &alone, &format!("{stem}: "), 2);
 }
@@ -526,6 +529,12 @@ fn fortran_open_mpi_counts_each_call_once() {
 #[test]
 fn fortran_mpich_counts_each_call_once() {
     fortran(Mpi::Mpich, "mpi_truth_f.f90");
+}
+
+/// Intel MPI's Fortran bindings (`libmpifort`), a program built with MPICH's `mpi` module.
+#[test]
+fn fortran_intel_mpi_counts_each_call_once() {
+    fortran(Mpi::IntelMpi, "mpi_truth_f.f90");
 }
 
 #[test]

@@ -113,11 +113,15 @@ pub(crate) fn fortran_bindings(elf: &Elf, map: Data<'_>, path: &str) -> Option<L
         return None;
     }
     let abi = if open_mpi { Abi::OpenMpi } else { Abi::Mpich };
-    let of = if open_mpi { "Open MPI" } else { "MPICH" };
+    let whose = if open_mpi {
+        "Open MPI's Fortran bindings"
+    } else {
+        "Fortran bindings (MPICH ABI)"
+    };
     Some(LibraryKind::Probed(Library {
         path: path.to_string(),
         abi,
-        flavor: format!("{of}'s Fortran bindings, at their entries for call sites"),
+        flavor: format!("{whose}, at their entries for call sites"),
         layout: Layout::default(),
         probes,
         missing: Vec::new(),
