@@ -510,11 +510,14 @@ pub struct ProbeArgs {
     pub no_transports: bool,
     /// Count each routine's calls per call site too: where in the program (or the
     /// library calling MPI: Horovod's, PyTorch's, mpi4py's) each call was made from, named
-    /// by the function holding it (`main+0x2a (a.out)`), as mpitrace's profile by call
-    /// site. The report gets a "Call sites" table per rank (JSON `call_sites`). One hash
-    /// update per call more (about 0.1 us); a call counted at its entry (time sampled)
-    /// reads its return address from the stack. The files a process maps are opened when
-    /// it is first seen, to name its sites after it has exited.
+    /// by the function holding it and its source line where built with -g
+    /// (`main+0x2a at app.c:42 (app)`), as mpitrace's profile by call site. The report
+    /// gets a "Call sites" table per rank (JSON `call_sites`). One hash update per call
+    /// more (about 0.1 us); a call counted at its entry (time sampled) reads its return
+    /// address from the stack. A Fortran program's calls are placed where it called its
+    /// MPI's Fortran bindings, which are probed too (one more entry probe per Fortran call,
+    /// about 1 us). The files a process maps are opened when it is first seen, to name its
+    /// sites after it has exited.
     #[arg(long)]
     pub call_sites: bool,
     /// Time every call, whatever it costs (no sampling).
