@@ -239,8 +239,11 @@ pub struct CallState {
     pub outer_lo: u64,
     /// The end of that code.
     pub outer_hi: u64,
+    /// Where on the stack `outer_site` is (the binding's stack pointer at its entry): the
+    /// binding has not returned while that word still holds it, above the stack pointer.
+    pub outer_sp: u64,
 }
-const _: () = assert!(size_of::<CallState>() == 712 + 48);
+const _: () = assert!(size_of::<CallState>() == 712 + 56);
 
 /// The attach cookie of a Fortran binding's probe (collector-ebpf's `binding_entry`): where
 /// the code of the binding's library is, from the probe's address.

@@ -322,7 +322,9 @@ fn returned_alone<const ABI: u8, const TYPES: bool>(ctx: &RetProbeContext) -> u3
         learn_pending::<ABI, TYPES>(said, ctx.as_ptr());
         // At a return the kernel has put the caller's return address back in the
         // instruction pointer.
-        crate::sites::after_return(state, || returned_to(ctx.as_ptr()));
+        crate::sites::after_return(state, stack_pointer(ctx.as_ptr()), || {
+            returned_to(ctx.as_ptr())
+        });
     }
     0
 }
@@ -332,6 +334,13 @@ fn returned_alone<const ABI: u8, const TYPES: bool>(ctx: &RetProbeContext) -> u3
 fn returned_to(ctx: *mut core::ffi::c_void) -> u64 {
     // SAFETY: a probe's context is its saved registers.
     unsafe { (*ctx.cast::<aya_ebpf::bindings::pt_regs>()).rip }
+}
+
+/// The thread's stack pointer, as the probe saw it.
+#[inline(always)]
+fn stack_pointer(ctx: *mut core::ffi::c_void) -> u64 {
+    // SAFETY: a probe's context is its saved registers.
+    unsafe { (*ctx.cast::<aya_ebpf::bindings::pt_regs>()).rsp }
 }
 
 /// Where a call just entered will return to: the word at the top of its stack (the probe
@@ -469,7 +478,7 @@ fn on_session<const ABI: u8, const TYPES: bool>(ctx: ProbeContext) -> u32 {
     // (Never pending for an untimed call: persistent creations are always timed.)
     let said = returned::<ABI, TYPES>(ctx.as_ptr(), now, state);
     learn_pending::<ABI, TYPES>(said, ctx.as_ptr());
-    crate::sites::after_return(state, || {
+    crate::sites::after_return(state, stack_pointer(ctx.as_ptr()), || {
         if at_return {
             returned_to(ctx.as_ptr())
         } else {

@@ -33,9 +33,9 @@ pub static CALL_SITES: PerCpuHashMap<SiteKey, SiteVal> =
 
 /// After the return path of the thread whose state is `state`: the call it counted, if
 /// any, added to the counters of its call site (`site` reads the return address: only
-/// asked for when call sites are counted).
+/// asked for when call sites are counted; `rsp` is the thread's stack pointer).
 #[inline(always)]
-pub fn after_return(state: *mut CallState, site: impl FnOnce() -> u64) {
+pub fn after_return(state: *mut CallState, rsp: u64, site: impl FnOnce() -> u64) {
     // SAFETY: the thread's own state; only this thread touches it.
     let e = unsafe { &mut *state };
     let done = e.done;
@@ -49,7 +49,7 @@ pub fn after_return(state: *mut CallState, site: impl FnOnce() -> u64) {
         return;
     }
     let mut at = site();
-    if at.wrapping_sub(e.outer_lo) < e.outer_hi.wrapping_sub(e.outer_lo) {
+    if in_bindings(e, at) && binding_in_flight(e, rsp) {
         // Made by the Fortran binding the program called: counted where it called it.
         at = e.outer_site;
     }
@@ -118,11 +118,11 @@ pub fn binding_entry(ctx: ProbeContext) -> u32 {
 }
 
 /// Keeps where the program called the binding `ctx` entered, and the code of the binding's
-/// library, in the thread's state: an MPI call returning there is the binding's, made
-/// directly or through the library's own helpers (MPICH's `mpi_allreduce_f08ts_` calls a
-/// hidden `MPIR_Allreduce_cdesc`, which calls `MPI_Allreduce`). A binding called from
-/// another's library (Open MPI's `mpi_allreduce_f08_` calls `ompi_allreduce_f`) keeps the
-/// first one's caller.
+/// library, in the thread's state: an MPI call returning there while the binding is in
+/// progress is the binding's, made directly or through the library's own helpers (MPICH's
+/// `mpi_allreduce_f08ts_` calls a hidden `MPIR_Allreduce_cdesc`, which calls
+/// `MPI_Allreduce`). A binding called by one in progress from another's library (Open
+/// MPI's `mpi_allreduce_f08_` calls `ompi_allreduce_f`) keeps the first one's caller.
 #[inline(always)]
 fn binding_entered(ctx: &ProbeContext) {
     let Some(state) = call_state(false).or_else(|| {
@@ -146,10 +146,29 @@ fn binding_entered(ctx: &ProbeContext) {
     // SAFETY: a probe's context is its saved registers.
     let regs = unsafe { &*ctx.regs };
     let ret = crate::probe::return_address(ctx.as_ptr());
-    if ret.wrapping_sub(e.outer_lo) >= e.outer_hi.wrapping_sub(e.outer_lo) {
+    if !(in_bindings(e, ret) && binding_in_flight(e, regs.rsp)) {
         e.outer_site = ret;
+        e.outer_sp = regs.rsp;
     }
     let code = BindingCookie::unpack(crate::call::raw_cookie(ctx));
     e.outer_lo = regs.rip.wrapping_sub(u64::from(code.from_start));
     e.outer_hi = e.outer_lo.wrapping_add(u64::from(code.len));
+}
+
+/// Whether `at` is in the code of the bindings library last entered on the thread.
+#[inline(always)]
+fn in_bindings(e: &CallState, at: u64) -> bool {
+    at.wrapping_sub(e.outer_lo) < e.outer_hi.wrapping_sub(e.outer_lo)
+}
+
+/// Whether the binding whose caller is `e.outer_site` is still in progress, the thread's
+/// stack pointer being `rsp`: its return address still on the stack where it was, above
+/// `rsp`. Once it has returned, a function of its library not probed (or a program's own
+/// code in a library taken for bindings) must not take its site.
+#[inline(always)]
+fn binding_in_flight(e: &CallState, rsp: u64) -> bool {
+    // SAFETY: reads a word of the traced thread's stack.
+    rsp < e.outer_sp
+        && unsafe { aya_ebpf::helpers::bpf_probe_read_user(e.outer_sp as *const u64) }
+            .is_ok_and(|w| w == e.outer_site)
 }

@@ -286,9 +286,15 @@ fn subuids() -> Check {
 /// The MPI and NCCL libraries the dynamic linker would find, and whether each decodes.
 fn libraries() -> Check {
     let mut probed = Vec::new();
+    let mut bindings = Vec::new();
     let mut refused = Vec::new();
     for path in discover::candidate_libraries(&[]) {
         match read_kind(&path) {
+            // Not an MPI of their own: probed with --call-sites, for the sites of Fortran
+            // programs' calls.
+            Ok(LibraryKind::Probed(lib)) if lib.fortran_bindings => {
+                bindings.push(path.display().to_string());
+            }
             Ok(LibraryKind::Probed(lib)) => {
                 probed.push(format!("{} ({})", path.display(), lib.flavor));
             }
@@ -302,6 +308,12 @@ fn libraries() -> Check {
     } else {
         format!("decodable: {}", probed.join("; "))
     };
+    if !bindings.is_empty() {
+        detail.push_str(&format!(
+            "; Fortran bindings (probed with --call-sites): {}",
+            bindings.join(", ")
+        ));
+    }
     if !refused.is_empty() {
         detail.push_str(&format!("; not decodable: {}", refused.join("; ")));
     }

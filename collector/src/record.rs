@@ -352,7 +352,7 @@ fn launch_command(session: &mut Session, opts: &RecordOptions) -> Result<tokio::
         // are verified: verified from now on instead, while the launcher starts.
         session.prefetch_programs(&discover::libraries_needed_by(&opts.command));
     }
-    if ahead && session.probes.libraries().next().is_none() {
+    if ahead && !session.probes.libraries().any(|l| l.library.counts_calls()) {
         warn!("no MPI library found in the linker's search path; libraries are probed as processes map them");
     }
     mark_ready(opts)?;

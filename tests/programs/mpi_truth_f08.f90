@@ -55,6 +55,8 @@ program mpi_truth_f08
   write (u, '(A)', advance='no') &
        '{"function":"MAIN__","routine":"MPI_Comm_rank","calls":1,"bytes":0},'
   write (u, '(A)', advance='no') &
+       '{"function":"MAIN__","routine":"MPI_Comm_size","calls":1,"bytes":0},'
+  write (u, '(A)', advance='no') &
        '{"function":"MAIN__","routine":"MPI_Barrier","calls":1,"bytes":0},'
   write (u, '(A,I0,A)') &
        '{"function":"exchange_","routine":"MPI_Allreduce","calls":6,"bytes":', &

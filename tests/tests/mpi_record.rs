@@ -513,12 +513,58 @@ fn fortran(mpi: Mpi, src: &str) {
     let truths = read_truths(&prefix, 2);
     assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
     assert_call_sites_match(&profile, &truths, &prog, false);
+    assert!(
+        fortran_bindings_probed(&profile) > 0,
+        "{:#}",
+        profile["libraries"]
+    );
     // What each rank received, printed under commtap and alone (in the job's environment).
     let mut alone = vec!["env".to_string()];
     alone.extend(mpi.job_env().into_iter().map(|(k, v)| format!("{k}={v}")));
     alone.extend(mpi.launcher(2));
     alone.extend([prog, scratch.path("alone")].map(|p| p.display().to_string()));
     assert_output_as_alone(&scratch, &run.stdout, &alone, &format!("{stem}: "), 2);
+}
+
+/// The Fortran bindings libraries a profile lists as probed.
+fn fortran_bindings_probed(profile: &Value) -> usize {
+    profile["libraries"]
+        .as_array()
+        .expect("libraries")
+        .iter()
+        .filter(|l| {
+            l["flavor"]
+                .as_str()
+                .is_some_and(|f| f.contains("Fortran bindings"))
+        })
+        .count()
+}
+
+/// Without `--call-sites` the Fortran bindings are left alone (their probes serve sites
+/// only): a Fortran program's calls are counted as ever, and nothing is probed in them.
+#[test]
+fn fortran_bindings_are_left_alone_without_call_sites() {
+    let mpi = Mpi::OpenMpi;
+    let scratch = Scratch::new("fortran-no-sites");
+    let prog = build_program("mpi_truth_f.f90", mpi);
+    let (prefix, out) = (scratch.path("truth"), scratch.path("profile.json"));
+    let args = launch_args(&out, mpi, &[&prog, &prefix]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let profile = read_json(&out);
+    assert_profile_matches(&profile, &read_truths(&prefix, 2), &["MPI_Finalize"]);
+    assert_eq!(
+        fortran_bindings_probed(&profile),
+        0,
+        "{:#}",
+        profile["libraries"]
+    );
+    for rank in profile["ranks"].as_array().expect("ranks") {
+        assert!(
+            rank["call_sites"].as_array().is_none_or(Vec::is_empty),
+            "{rank:#}"
+        );
+    }
 }
 
 #[test]

@@ -5,17 +5,16 @@
 use std::os::fd::AsFd;
 
 use collector_common::{
-    names,
-    routines::{class, Family},
-    Abi, Cookie, FabricRanges, FabricText, MAX_FABRIC_RANGES, MAX_LAYOUTS, ROUTINES,
+    names, routines::class, Abi, Cookie, FabricRanges, FabricText, MAX_FABRIC_RANGES, MAX_LAYOUTS,
+    ROUTINES,
 };
 use tracing::{debug, info, warn};
 
 use super::{
     hook_linker, map_err,
     multi::{self, ProbeKind},
-    programs, AttachError, AttachedLibrary, HookedLinker, Probes, MAX_LIBRARIES_PER_UID,
-    MAX_LINKERS, MAX_LINKERS_PER_UID,
+    programs, AttachError, AttachedLibrary, HookedLinker, Probes, MAX_BINDINGS_PER_UID,
+    MAX_LIBRARIES_PER_UID, MAX_LINKERS, MAX_LINKERS_PER_UID,
 };
 use crate::symbols::{
     self, file::FileError, Library, LibraryFile, LibraryKind, Placement, ProbePoint,
@@ -126,7 +125,7 @@ impl Probes {
         open: impl FnOnce() -> Result<LibraryFile, FileError>,
     ) -> Result<bool, AttachError> {
         if let Some(state) = self.seen.get(&dev_inode) {
-            return Ok(state.is_some_and(|i| counts_calls(&self.libraries[i].library)));
+            return Ok(state.is_some_and(|i| self.libraries[i].library.counts_calls()));
         }
         let Some((file, lib, owner)) = self.admit(dev_inode, shared, open) else {
             return Ok(false);
@@ -164,7 +163,7 @@ impl Probes {
             released: false,
             through_sessions,
         };
-        let counted = counts_calls(&attached.library);
+        let counted = attached.library.counts_calls();
         if index < self.libraries.len() {
             self.libraries[index] = attached;
         } else {
@@ -284,11 +283,21 @@ impl Probes {
             self.user_of_file(&file)
         };
         if let Some(uid) = owner {
-            let held = self.libraries().filter(|l| l.owner == Some(uid)).count();
-            if held >= MAX_LIBRARIES_PER_UID {
+            // Fortran bindings apart: they cannot take the places of the MPI they bind.
+            let kind = lib.fortran_bindings;
+            let held = self
+                .libraries()
+                .filter(|l| l.owner == Some(uid) && l.library.fortran_bindings == kind)
+                .count();
+            let (most, what) = if kind {
+                (MAX_BINDINGS_PER_UID, "Fortran bindings libraries")
+            } else {
+                (MAX_LIBRARIES_PER_UID, "libraries")
+            };
+            if held >= most {
                 let why = format!(
-                    "{}: user {uid} has {held} libraries of their own probed already \
-                     (at most {MAX_LIBRARIES_PER_UID}): not probed",
+                    "{}: user {uid} has {held} {what} of their own probed already \
+                     (at most {most}): not probed",
                     file.shown
                 );
                 warn!("{why}");
@@ -563,10 +572,4 @@ fn log_probing(lib: &Library, failed: &[String]) {
         failed = failed.len(),
         "probing"
     );
-}
-
-/// Whether a probed library's calls are counted as a process's MPI or NCCL calls (not the
-/// CUDA waits', nor Fortran bindings', which serve call sites).
-fn counts_calls(lib: &Library) -> bool {
-    lib.family != Family::Cuda && !lib.fortran_bindings
 }

@@ -147,6 +147,10 @@ pub const PAUSE_LEASE: std::time::Duration = std::time::Duration::from_secs(2);
 /// library cannot take the slots every job of the node needs.
 pub const MAX_LIBRARIES_PER_UID: usize = 8;
 
+/// Most Fortran bindings libraries owned by one user probed at once (apart from
+/// [`MAX_LIBRARIES_PER_UID`]: a user's own MPI build has two or three beside its library).
+pub const MAX_BINDINGS_PER_UID: usize = 4;
+
 /// Loaded programs, their maps, and what is attached.
 pub struct Probes {
     /// Owns the tracepoint links and the maps not taken out below.

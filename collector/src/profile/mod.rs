@@ -396,7 +396,8 @@ pub struct ProbedLibrary {
     pub path: String,
     /// Implementation family and version line.
     pub flavor: String,
-    /// Distinct routine addresses probed.
+    /// Distinct routine addresses probed (Fortran bindings: the routines their probed
+    /// functions bind).
     pub probes: usize,
     /// Probes moved one instruction past a first instruction the kernel would single-step.
     pub moved_past_single_step: Vec<String>,

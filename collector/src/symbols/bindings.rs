@@ -17,30 +17,42 @@ use super::{
 };
 
 /// Prefixes of a binding's name after its MPI's conventions, as the C name's: the
-/// profiling ones (`pmpi_`), MPICH's inner f08 ones (`pmpir_`), Open MPI's own
-/// (`ompi_allreduce_f`).
-const PREFIXES: [(&str, &str); 5] = [
-    ("pmpix_", "mpix_"),
-    ("pmpir_", "mpi_"),
-    ("pmpi_", "mpi_"),
-    ("ompi_", "mpi_"),
-    ("ompix_", "mpix_"),
-];
+/// profiling ones (`pmpi_`), MPICH's inner f08 ones (`pmpir_`).
+const PREFIXES: [(&str, &str); 3] = [("pmpix_", "mpix_"), ("pmpir_", "mpi_"), ("pmpi_", "mpi_")];
 
 /// Suffixes a binding's name may carry past the routine's (after its trailing
 /// underscores): `use mpi_f08`'s (`_f08`, MPICH's `_f08ts` and their `_large` count
-/// variants), Open MPI's C-callable ones (`MPI_Allreduce_f`), MPICH's `_cdesc`.
-const SUFFIXES: [&str; 5] = ["_large", "_f08ts", "_f08", "_cdesc", "_f"];
+/// variants), MPICH's `_cdesc`.
+const SUFFIXES: [&str; 4] = ["_large", "_f08ts", "_f08", "_cdesc"];
 
 /// The most functions probed as one routine's bindings: an MPI's have up to five
 /// (`mpi_allreduce_`, `mpi_allreduce_f08ts_` and its `_large` form, MPICH's inner `pmpir_`
 /// ones), where a crafted file could name any number of functions `mpi_allreduce__...`.
 const MAX_PER_ROUTINE: u8 = 8;
 
+/// The most functions probed in one bindings library (MPICH's have 1,434).
+const MAX_PROBES: usize = 4096;
+
+/// The names of `MPI_Init`'s binding, one of which a library of Fortran bindings defines.
+const INIT_BINDINGS: [&str; 4] = ["mpi_init_", "mpi_init__", "MPI_INIT", "mpi_init_f08_"];
+
 /// The lower-case C name (`mpi_allreduce`) of the routine a Fortran binding named `symbol`
-/// binds (`MPI_ALLREDUCE`, `mpi_allreduce__`, `pmpi_allreduce_f08_`,
-/// `mpi_allreduce_f08ts_large_`, `ompi_allreduce_f` ...); `None` for a name of no binding.
+/// binds: a name as Fortran compilers make them, all lower case with a trailing
+/// underscore (`mpi_allreduce_`, `mpi_allreduce__`, `pmpi_allreduce_f08_`,
+/// `mpi_allreduce_f08ts_large_`) or all upper case (`MPI_ALLREDUCE`). `None` for any other
+/// name, the C ones (`MPI_Allreduce`, which a PMPI tool's library defines) among them.
 pub(crate) fn bound_routine(symbol: &str) -> Option<String> {
+    let bytes = symbol.as_bytes();
+    let lower = !bytes.iter().any(u8::is_ascii_uppercase) && symbol.ends_with('_');
+    let upper = !bytes.iter().any(u8::is_ascii_lowercase);
+    // Cheapest first: most symbols of a library read here are nothing of MPI's.
+    let mpi_like = bytes.len() > 4
+        && (bytes[..4].eq_ignore_ascii_case(b"mpi_")
+            || bytes[..4].eq_ignore_ascii_case(b"mpix")
+            || bytes[..4].eq_ignore_ascii_case(b"pmpi"));
+    if !mpi_like || !(lower || upper) {
+        return None;
+    }
     let mut name = symbol.to_ascii_lowercase();
     let prefixed = PREFIXES
         .iter()
@@ -51,32 +63,47 @@ pub(crate) fn bound_routine(symbol: &str) -> Option<String> {
     if !name.starts_with("mpi_") && !name.starts_with("mpix_") {
         return None;
     }
+    // Each suffix once, in the order they are added (`_f08ts` then `_large`).
     let mut rest = name.trim_end_matches('_');
-    while let Some(shorter) = SUFFIXES.iter().find_map(|s| rest.strip_suffix(s)) {
-        rest = shorter.trim_end_matches('_');
+    for suffix in SUFFIXES {
+        if let Some(shorter) = rest.strip_suffix(suffix) {
+            rest = shorter.trim_end_matches('_');
+        }
     }
     Some(rest.to_string())
 }
 
 /// The library as Fortran bindings to probe (their functions that bind a probed MPI
-/// routine, each once), if it is one: it binds `MPI_Init` (an MPI's C library, which is
-/// probed as such, is never read here).
-pub(crate) fn fortran_bindings(elf: &Elf, map: Data<'_>, path: &str) -> Option<LibraryKind> {
+/// routine, each once, at most [`MAX_PER_ROUTINE`] a routine and [`MAX_PROBES`] in all), if
+/// it is one: it defines a binding of `MPI_Init` ([`INIT_BINDINGS`]) and is no MPI (an
+/// MPI's C library is probed as such, and never read here).
+pub(crate) fn fortran_bindings(
+    elf: &Elf,
+    map: Data<'_>,
+    path: &str,
+    defines: impl Fn(&str) -> bool,
+) -> Option<LibraryKind> {
+    if !INIT_BINDINGS.iter().any(|n| defines(n)) {
+        return None;
+    }
     let routines: HashMap<String, u16> = ROUTINES
         .iter()
         .enumerate()
         .filter(|(_, r)| r.family() == Family::Mpi && r.is_probed())
         .map(|(id, r)| (r.name.to_ascii_lowercase(), id as u16))
         .collect();
-    // The kernel takes an MPI call returning anywhere in this code for the binding's.
+    // The kernel takes an MPI call returning anywhere in this code, while a binding is in
+    // progress, for the binding's.
     let (code_lo, code_hi) = code_range(elf)?;
     let code_len = u32::try_from(code_hi - code_lo).ok()?;
     let mut probes = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     let mut per_routine: HashMap<u16, u8> = HashMap::new();
-    let mut binds_init = false;
     let mut open_mpi = false;
     for sym in elf.dynamic_symbols() {
+        if probes.len() >= MAX_PROBES {
+            break;
+        }
         if !sym.is_definition() || sym.kind() != SymbolKind::Text || sym.size() == 0 {
             continue;
         }
@@ -85,7 +112,6 @@ pub(crate) fn fortran_bindings(elf: &Elf, map: Data<'_>, path: &str) -> Option<L
         let Some(&routine) = bound_routine(name).and_then(|r| routines.get(&r)) else {
             continue;
         };
-        binds_init |= ROUTINES[usize::from(routine)].name == "MPI_Init";
         let addr = sym.address();
         let Some(offset) = code_offset(elf, addr) else {
             continue;
@@ -96,8 +122,9 @@ pub(crate) fn fortran_bindings(elf: &Elf, map: Data<'_>, path: &str) -> Option<L
         }
         *held += 1;
         let mut probe = probe_at(map, routine, addr, offset, 0);
-        let Some(from_start) = (addr + u64::from(probe.skip))
-            .checked_sub(code_lo)
+        let Some(from_start) = addr
+            .checked_add(u64::from(probe.skip))
+            .and_then(|at| at.checked_sub(code_lo))
             .and_then(|d| u32::try_from(d).ok())
         else {
             continue;
@@ -109,10 +136,9 @@ pub(crate) fn fortran_bindings(elf: &Elf, map: Data<'_>, path: &str) -> Option<L
         .pack();
         probes.push(probe);
     }
-    if !binds_init || probes.is_empty() {
+    if probes.is_empty() {
         return None;
     }
-    let abi = if open_mpi { Abi::OpenMpi } else { Abi::Mpich };
     let whose = if open_mpi {
         "Open MPI's Fortran bindings"
     } else {
@@ -120,7 +146,7 @@ pub(crate) fn fortran_bindings(elf: &Elf, map: Data<'_>, path: &str) -> Option<L
     };
     Some(LibraryKind::Probed(Library {
         path: path.to_string(),
-        abi,
+        abi: if open_mpi { Abi::OpenMpi } else { Abi::Mpich },
         flavor: format!("{whose}, at their entries for call sites"),
         layout: Layout::default(),
         probes,
@@ -156,13 +182,10 @@ mod tests {
     fn each_bindings_name_gives_its_routine() {
         for name in [
             "MPI_ALLREDUCE",
-            "mpi_allreduce",
             "mpi_allreduce_",
             "mpi_allreduce__",
             "pmpi_allreduce_",
-            "PMPI_Allreduce_f08",
-            "MPI_Allreduce_f",
-            "ompi_allreduce_f",
+            "PMPI_ALLREDUCE",
             "mpi_allreduce_f08_",
             "pmpi_allreduce_f08_",
             "mpi_allreduce_f08ts_",
@@ -183,17 +206,35 @@ mod tests {
             bound_routine("pmpix_allreduce_init__").as_deref(),
             Some("mpix_allreduce_init")
         );
+        assert_eq!(
+            bound_routine("mpi_allreduce_c_f08ts_").as_deref(),
+            Some("mpi_allreduce_c")
+        );
+    }
+
+    #[test]
+    fn c_names_and_others_bind_nothing() {
+        // The C names (a PMPI tool's library defines them), their aliases without a
+        // trailing underscore, and anything not MPI's.
         for other in [
+            "MPI_Allreduce",
+            "PMPI_Init",
+            "MPI_File_write_all",
+            "MPI_Allreduce_f08",
+            "ompi_allreduce_f",
+            "mpi_allreduce",
             "ompi_mpi_comm_world",
             "fi_getinfo",
             "main",
-            "MPIR_Err_return",
+            "mpi",
+            "MPIR_Err_return_comm",
         ] {
-            assert!(
-                bound_routine(other).is_none_or(|r| r != "mpi_allreduce"),
-                "{other}"
-            );
+            assert_eq!(bound_routine(other), None, "{other}");
         }
-        assert_eq!(bound_routine("fi_getinfo"), None);
+        // A suffix is taken once: no name of many gives a routine's.
+        assert_eq!(
+            bound_routine("mpi_allreduce_f08_f08_").as_deref(),
+            Some("mpi_allreduce_f08")
+        );
     }
 }

@@ -134,6 +134,14 @@ pub struct Library {
     pub fortran_bindings: bool,
 }
 
+impl Library {
+    /// Whether its calls are counted as a process's MPI or NCCL calls (not the CUDA
+    /// waits', nor Fortran bindings', which serve call sites).
+    pub fn counts_calls(&self) -> bool {
+        self.family != Family::Cuda && !self.fortran_bindings
+    }
+}
+
 /// Where an MPI library says which of its own transports a process uses.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum MpiTransport {
@@ -341,7 +349,8 @@ impl<'a> Reading<'a> {
             let flavor = format!("libfabric provider {name}");
             return fabric_library(self.elf, self.map, display, flavor, None);
         }
-        if let Some(bindings) = bindings::fortran_bindings(self.elf, self.map, &display) {
+        let defines = |name: &str| self.has_global(name);
+        if let Some(bindings) = bindings::fortran_bindings(self.elf, self.map, &display, defines) {
             return bindings;
         }
         let (runtime, driver) = self.cuda();
