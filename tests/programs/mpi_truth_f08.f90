@@ -8,11 +8,28 @@
 !
 ! Calls MPI_Init, MPI_Comm_rank, MPI_Comm_size and MPI_Barrier from the main
 ! program (MAIN__) and 6 x MPI_Allreduce of 4 MPI_DOUBLE_PRECISION from the
-! subroutine exchange (exchange_), then writes OUT_PREFIX.<rank>.json: the
-! routines as mpi_truth_f's, and each call's site (its function) as
-! mpi_sites.c's.
+! module procedure halo::exchange, then writes OUT_PREFIX.<rank>.json: the
+! routines as mpi_truth_f's, and each call's site (its function, and its
+! symbol where the two differ) as mpi_sites.c's.
+
+! The halo exchange of a code's own module, as HPC codes keep them: its calls'
+! sites are the module's procedure, halo::exchange (gfortran: __halo_MOD_exchange;
+! public, so called, not inlined, at -O1).
+module halo
+  use mpi_f08
+  implicit none
+contains
+  subroutine exchange(dsend, drecv)
+    double precision, intent(in) :: dsend(4)
+    double precision, intent(out) :: drecv(4)
+
+    call MPI_Allreduce(dsend, drecv, 4, MPI_DOUBLE_PRECISION, MPI_SUM, MPI_COMM_WORLD)
+  end subroutine exchange
+end module halo
+
 program mpi_truth_f08
   use mpi_f08
+  use halo
   implicit none
   integer :: rank, nprocs, i, u, plen
   double precision :: dsend(4), drecv(4)
@@ -59,7 +76,8 @@ program mpi_truth_f08
   write (u, '(A)', advance='no') &
        '{"function":"MAIN__","routine":"MPI_Barrier","calls":1,"bytes":0},'
   write (u, '(A,I0,A)') &
-       '{"function":"exchange_","routine":"MPI_Allreduce","calls":6,"bytes":', &
+       '{"function":"halo::exchange","symbol":"__halo_MOD_exchange",' // &
+       '"routine":"MPI_Allreduce","calls":6,"bytes":', &
        6 * 4 * 8, '}]}'
   close (u)
   ! Its output: what it received (the tests compare it with a run alone).
@@ -69,14 +87,3 @@ program mpi_truth_f08
 
   call MPI_Finalize()
 end program mpi_truth_f08
-
-! A function of the program's own (external: gfortran -O1 calls it, does not
-! inline it): the sites of its calls are its.
-subroutine exchange(dsend, drecv)
-  use mpi_f08
-  implicit none
-  double precision, intent(in) :: dsend(4)
-  double precision, intent(out) :: drecv(4)
-
-  call MPI_Allreduce(dsend, drecv, 4, MPI_DOUBLE_PRECISION, MPI_SUM, MPI_COMM_WORLD)
-end subroutine exchange

@@ -539,12 +539,15 @@ pub fn assert_call_sites_match(
                 }
                 let object = s["object"].as_str().expect("object");
                 assert!(object.ends_with(&format!("/{program}")), "{s}");
-                // The file's own address is the function's symbol plus the offset.
+                // The file's own address is the function's symbol plus the offset (the
+                // symbol as the program names it where the profile shows it otherwise: a
+                // Fortran module's procedure).
                 let file_address = s["file_address"].as_str().expect("file_address");
                 let offset = s["offset"].as_u64().expect("offset");
+                let symbol = t["symbol"].as_str().unwrap_or(function);
                 assert_eq!(
                     u64::from_str_radix(file_address.trim_start_matches("0x"), 16).ok(),
-                    Some(symbols[function] + offset),
+                    Some(symbols[symbol] + offset),
                     "{s}"
                 );
             }

@@ -22,6 +22,9 @@ const MAX_WORK: usize = 1 << 16;
 /// then the parameters (`(…)`), then only its end kept (`…` and the class and function).
 pub fn readable(raw: &str, max: usize) -> String {
     let max = max.max(2);
+    if let Some(fortran) = module_procedure(raw) {
+        return end_of(fortran, max);
+    }
     if let Ok(rust) = rustc_demangle::try_demangle(raw) {
         let mut out = Bounded(String::new());
         // `#`: without the hash (`h0123456789abcdef`) a legacy Rust symbol ends with.
@@ -51,6 +54,27 @@ pub fn readable(raw: &str, max: usize) -> String {
         }
     }
     raw.chars().take(max).collect()
+}
+
+/// A Fortran module's procedure as gdb names it, `module::procedure`: from gfortran's
+/// `__halo_MOD_exchange`, flang's `_QMhaloPexchange` and Intel's `halo_mp_exchange_`
+/// (with a clone's suffix kept: `halo::exchange.constprop.0`); `None` for any other name.
+fn module_procedure(raw: &str) -> Option<String> {
+    let (name, clone) = raw.split_at(raw.find('.').unwrap_or(raw.len()));
+    // Fortran names are case-insensitive: the compilers write them in lower case.
+    let word = |w: &str| {
+        !w.is_empty()
+            && w.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    };
+    let (module, procedure) = if let Some(rest) = name.strip_prefix("__") {
+        rest.split_once("_MOD_")?
+    } else if let Some(rest) = name.strip_prefix("_QM") {
+        rest.split_once('P')?
+    } else {
+        name.strip_suffix('_')?.split_once("_mp_")?
+    };
+    (word(module) && word(procedure)).then(|| format!("{module}::{procedure}{clone}"))
 }
 
 /// `text`, or where longer than `max` characters its end, after `…`: the function's own
@@ -172,6 +196,33 @@ mod tests {
             "trace::collect"
         );
         assert_eq!(readable("_RNvCs1234_5trace7collect", 256), "trace::collect");
+    }
+
+    #[test]
+    fn fortran_module_procedures_are_named_as_gdb_names_them() {
+        for (raw, shown) in [
+            ("__halo_MOD_exchange", "halo::exchange"),
+            (
+                "__halo_MOD_exchange.constprop.0",
+                "halo::exchange.constprop.0",
+            ),
+            ("__grid_2d_MOD_set_bc", "grid_2d::set_bc"),
+            ("_QMhaloPexchange", "halo::exchange"),
+            ("halo_mp_exchange_", "halo::exchange"),
+        ] {
+            assert_eq!(readable(raw, 256), shown, "{raw}");
+        }
+        // Not a module's procedure: kept as it is.
+        for raw in [
+            "MAIN__",
+            "exchange_",
+            "__MOD_x",
+            "__Halo_MOD_exchange",
+            "mpi_allreduce_",
+            "x_mp_",
+        ] {
+            assert_eq!(readable(raw, 256), raw, "{raw}");
+        }
     }
 
     #[test]
