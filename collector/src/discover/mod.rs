@@ -748,6 +748,13 @@ fn is_probed_name(name: &str) -> bool {
             .any(|n| name.starts_with(n))
 }
 
+/// Whether the file at `path` is named as an MPI's Fortran bindings are.
+pub fn is_fortran_bindings_path(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| FORTRAN_BINDINGS.iter().any(|b| n.starts_with(b)))
+}
+
 /// Whether a library's file name is an MPI's or an NCCL's.
 fn is_rank_library(name: &str) -> bool {
     RANK_LIBRARIES.iter().any(|n| name.starts_with(n))
@@ -1050,6 +1057,12 @@ mod tests {
             assert!(is_probed_name(name) && is_rank_library(name), "{name}");
         }
         assert!(is_probed_name("libucp.so.0") && !is_rank_library("libucp.so.0"));
+        assert!(is_fortran_bindings_path(Path::new(
+            "/usr/lib/x86_64-linux-gnu/libmpi_usempif08.so.40.30.0"
+        )));
+        assert!(!is_fortran_bindings_path(Path::new(
+            "/usr/lib/libmpi.so.40"
+        )));
         assert!(!is_probed_name("libgfortran.so.5"));
     }
 

@@ -124,7 +124,11 @@ impl Session {
         }
         let mut any = false;
         let owner = self.tracked.get(&pid).and_then(Tracked::uid);
-        for o in objects {
+        // Fortran bindings first: in a process running already, an MPI call made through a
+        // binding while only the MPI was probed would be counted at the binding's site.
+        let mut ordered: Vec<&MappedObject> = objects.iter().collect();
+        ordered.sort_by_key(|o| !discover::is_fortran_bindings_path(&o.path));
+        for o in ordered {
             match self
                 .probes
                 .attach_library(o.dev_inode, false, || open_object(pid, o))
