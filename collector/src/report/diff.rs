@@ -533,21 +533,24 @@ fn render_sites(o: &mut String, d: &Diff) {
     );
     let _ = writeln!(
         o,
-        "{:<28}{:>12}{:>12}{:>12}{:>12}{:>10}   call site",
-        "routine", "calls", "", "time(s)", "", "change"
+        "{:<28}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}{:>10}   call site",
+        "routine", "calls", "", "avg. bytes", "", "time(s)", "", "change"
     );
     let _ = writeln!(
         o,
-        "{:<28}{:>12}{:>12}{:>12}{:>12}",
-        "", "before", "after", "before", "after"
+        "{:<28}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}",
+        "", "before", "after", "before", "after", "before", "after"
     );
+    let avg = |bytes: f64, calls: f64| if calls > 0.0 { bytes / calls } else { 0.0 };
     for s in d.sites.iter().take(SHOWN) {
         let _ = writeln!(
             o,
-            "{:<28}{:>12}{:>12}{:>12.3}{:>12.3}{:>10}   {}",
+            "{:<28}{:>12}{:>12}{:>12.1}{:>12.1}{:>12.3}{:>12.3}{:>10}   {}",
             s.routine,
             s.calls.before,
             s.calls.after,
+            avg(s.bytes.before, s.calls.before),
+            avg(s.bytes.after, s.calls.after),
             s.time_s.before,
             s.time_s.after,
             s.time_s.said(),
@@ -736,6 +739,32 @@ mod tests {
         }
     }
 
+    /// Two builds of one program, named apart (`heat.O0`, `heat.O2`), with line tables: a
+    /// site is its function in its source file, whatever the executable is called.
+    #[test]
+    fn call_sites_of_builds_named_apart_are_compared_by_their_source_file() {
+        let in_build = |object: &str, calls| crate::profile::CallSite {
+            object: Some(object.into()),
+            function: Some("halo::exchange".into()),
+            source_file: Some("/src/heat.F90".into()),
+            source_line: Some(42),
+            ..site("halo::exchange", 0x40, calls, 1)
+        };
+        let (mut b, mut a) = (rank(0, 300, 1, 1000), rank(0, 300, 1, 1000));
+        b.call_sites = vec![in_build("/bin/heat.O0", 100)];
+        a.call_sites = vec![in_build("/bin/heat.O2", 120)];
+        let d = diff(
+            &JobProfile::of_ranks(vec![b]),
+            &JobProfile::of_ranks(vec![a]),
+        );
+        let rows: Vec<(&str, f64, f64)> = d
+            .sites
+            .iter()
+            .map(|s| (s.site.as_str(), s.calls.before, s.calls.after))
+            .collect();
+        assert_eq!(rows, [("halo::exchange (heat.F90)", 100.0, 120.0)]);
+    }
+
     #[test]
     fn call_sites_are_compared_by_their_function() {
         let (mut b0, mut b1, mut a0, mut a1) = (
@@ -798,6 +827,14 @@ mod tests {
             }
         );
         assert_eq!(d.sites[0].time_s.said(), "+150.0%");
+        let text = render_text(&d, ("b.json", "a.json"));
+        assert!(
+            text.contains(&format!(
+                "{:<28}{:>12}{:>12}{:>12.1}{:>12.1}",
+                "MPI_Allreduce", 200, 500, 8.0, 8.0
+            )),
+            "{text}"
+        );
         let text = render_text(&d, ("a.json", "b.json"));
         let row: Vec<&str> = text
             .lines()
@@ -811,6 +848,8 @@ mod tests {
                 "MPI_Allreduce",
                 "200",
                 "500",
+                "8.0",
+                "8.0",
                 "0.200",
                 "0.500",
                 "+150.0%",
