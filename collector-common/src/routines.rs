@@ -95,7 +95,9 @@ pub enum ByteRule {
     /// A posted receive: `a` (count) x size(`b`), from `peer` (`MPI_Irecv`).
     RecvPosted = 39,
     /// MPI communicator constructor: `*d` is the new communicator (read at return), `a` the
-    /// color or split type that tells its sibling communicators apart (`NO_ARG`: none).
+    /// color or split type that tells its sibling communicators apart (`NO_ARG`: none);
+    /// where `b` and `c` are given (`MPI_Cart_create`: `ndims`, `dims`), the product of
+    /// the `b` ints at `c` is its size.
     CommCreate = 37,
     /// `MPI_Comm_dup(comm, *d)`: a constructor whose new communicator has `comm`'s size and
     /// ranks.
@@ -1999,8 +2001,9 @@ const LISTED_ROUTINES: &[Routine] = &[
     // The profiler's hook (level, ...): counted; its region is not yet honoured.
     r("MPI_Pcontrol", OTHER, B::None, [N; 4], N, N),
     // A Cartesian communicator (comm_old, ndims, dims, periods, reorder, *comm_cart): the
-    // topology neighbourhood collectives run on.
-    r("MPI_Cart_create", COMM, B::CommCreate, [N, N, N, 5], 0, N),
+    // topology neighbourhood collectives run on. `b` and `c` its dimensions, whose product
+    // is its size (integer-handle ABIs learn it at the return).
+    r("MPI_Cart_create", COMM, B::CommCreate, [N, 1, 2, 5], 0, N),
     // Neighbourhood collectives: the bytes a rank sends to each neighbour, as Alltoall's
     // per peer. (sbuf, scount, stype, rbuf, rcount, rtype, comm[, request])
     r(

@@ -1441,6 +1441,8 @@ pub mod nccl {
 
 /// MPICH ABI constants (MPICH 3/4 and Intel MPI share them).
 pub mod mpich {
+    /// `MPI_COMM_NULL`.
+    pub const COMM_NULL: u64 = 0x0400_0000;
     /// `MPI_COMM_WORLD`.
     pub const COMM_WORLD: u64 = 0x4400_0000;
     /// `MPI_COMM_SELF`.

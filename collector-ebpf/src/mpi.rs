@@ -100,7 +100,15 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
             crate::cache::bump();
             Some(0)
         }
-        ByteRule::CommCreate => Some(0),
+        ByteRule::CommCreate => {
+            // MPI_Cart_create: integer-handle ABIs learn the new communicator's size here,
+            // its rank from MPI_Comm_rank on it (which stencil codes ask, where they seldom
+            // ask its size: without the size its traffic was put on no world rank).
+            if Abi::integer_handles(c.abi) && c.ret == 0 && spec.b != N && spec.c != N {
+                learn_cart_size(c, spec);
+            }
+            Some(0)
+        }
         ByteRule::CommDup => {
             // A duplicate has its parent's size and ranks: integer-handle ABIs learn them
             // here, as they would from MPI_Comm_size on it.
@@ -128,6 +136,32 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
         // NCCL's rules: its return program handles them (see `nccl`).
         _ => Some(0),
     }
+}
+
+/// The size of the Cartesian communicator `MPI_Cart_create` made (`*d`): the product of
+/// its `b` dimensions at `c` (ranks past it get `MPI_COMM_NULL`, not kept).
+#[inline(always)]
+fn learn_cart_size(c: &Call, spec: &ArgSpec) -> Option<()> {
+    let ndims = c.arg(spec.b)? as u32;
+    // Only the mask bounds the read for the verifier: a range check before it would let
+    // LLVM drop the mask. More than 15 dimensions (or a negative count) is refused after.
+    let size = product_ints(c.arg(spec.c)?, ndims & 15);
+    if ndims > 15 {
+        return None;
+    }
+    let size = u32::try_from(size?).ok()?;
+    let new = c.arg(spec.d).and_then(|p| read_handle(c.abi, p))?;
+    if size == 0 || new == collector_common::mpich::COMM_NULL {
+        return None;
+    }
+    let key = HandleKey {
+        tgid: c.tgid,
+        _pad: 0,
+        handle: new,
+    };
+    crate::shares::remember_comm(&key, &CommInfo::new(size, -1, 0));
+    crate::cache::bump();
+    Some(())
 }
 
 /// Datatype constructors and MPI_Type_free (integer-handle ABIs): learn sizes (a freed

@@ -28,7 +28,8 @@
  *            such a communicator on its world rank (the program asks MPI_Group_translate_ranks
  *            for the truth); it learns each process's rank there from the communicator
  *            (Open MPI) or from MPI_Comm_rank and MPI_Comm_size (MPICH: asked here, as
- *            programs do);
+ *            programs do); and on a Cartesian communicator (MPI_Cart_create), 13 chars,
+ *            its rank asked, not its size (MPICH: learnt from the dimensions);
  *   persistent requests: on the reversed split, a ring of 11 ints each way (MPI_Recv_init,
  *            MPI_Send_init, each started with MPI_Start); on the world, twice an
  *            MPI_Startall of a receive of 6 ints from the left (posted bytes), a send of 6
@@ -114,6 +115,34 @@ static void ring_on(MPI_Comm comm, int n, int tag)
     sent(world_ends[0], n);
     received(world_ends[1], n);
     digest(in, n);
+}
+
+/* A stencil code's ring: a periodic Cartesian communicator over every rank (not
+ * reordered), its neighbours from MPI_Cart_shift and its rank from MPI_Comm_rank, never
+ * its size (an MPICH-ABI library's is learnt from the dimensions); a Sendrecv of `n` chars
+ * to the right and from the left, noted on their world ranks. The communicator is freed by
+ * the caller, with the others. */
+static void cart_ring(int size, int n, int tag, MPI_Comm *made)
+{
+    MPI_Comm cart;
+    int dims[1] = {size}, periods[1] = {1}, me, ends[2], world_ends[2];
+    MPI_Cart_create(MPI_COMM_WORLD, 1, dims, periods, 0, &cart);
+    MPI_Comm_rank(cart, &me);
+    MPI_Cart_shift(cart, 0, 1, &ends[1], &ends[0]);
+    MPI_Group group, world_group;
+    MPI_Comm_group(cart, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    MPI_Group_translate_ranks(group, 2, ends, world_group, world_ends);
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    static char out[64], in[64];
+    fill(out, sizeof out, me, tag);
+    MPI_Status st;
+    MPI_Sendrecv(out, n, MPI_CHAR, ends[0], tag, in, n, MPI_CHAR, ends[1], tag, cart, &st);
+    sent(world_ends[0], n);
+    received(world_ends[1], n);
+    digest(in, n);
+    *made = cart;
 }
 
 /* ring_on's traffic through persistent requests, started one by one (`n` ints each way):
@@ -228,6 +257,9 @@ int main(int argc, char **argv)
     MPI_Comm_split(world, rank % 2, -rank, &parity);
     ring_on(parity, 9, 9);
     persistent_ring_on(reversed, 11, 11);
+    MPI_Comm cart;
+    cart_ring(size, 13, 13, &cart);
+    MPI_Comm_free(&cart);
     MPI_Comm_free(&dup);
     MPI_Comm_free(&reversed);
     MPI_Comm_free(&parity);
