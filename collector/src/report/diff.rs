@@ -569,8 +569,16 @@ fn render_sites(o: &mut String, d: &Diff) {
 
 /// The line that says how many rows the text left out.
 fn more(o: &mut String, n: usize, what: &str) {
-    if n > SHOWN {
-        let _ = writeln!(o, "... {} more {what} (--format json shows all)", n - SHOWN);
+    match n.saturating_sub(SHOWN) {
+        0 => {}
+        // `what` is plural: one more is one.
+        1 => {
+            let one = what.strip_suffix('s').unwrap_or(what);
+            let _ = writeln!(o, "... 1 more {one} (--format json shows all)");
+        }
+        left => {
+            let _ = writeln!(o, "... {left} more {what} (--format json shows all)");
+        }
     }
 }
 
