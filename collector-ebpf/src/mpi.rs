@@ -3,6 +3,7 @@
 //! generic return path (`probe`).
 
 use collector_common::{
+    mpi_abi,
     routines::{class, NO_ARG as N},
     shares::SharedMap,
     Abi, ArgSpec, ByteRule, CommInfo, HandleKey,
@@ -151,7 +152,8 @@ fn learn_cart_size(c: &Call, spec: &ArgSpec) -> Option<()> {
     }
     let size = u32::try_from(size?).ok()?;
     let new = c.arg(spec.d).and_then(|p| read_handle(c.abi, p))?;
-    if size == 0 || new == collector_common::mpich::COMM_NULL {
+    // (An MPI-5 ABI handle is read as MPICH's, but for its null, which stays its own.)
+    if size == 0 || new == collector_common::mpich::COMM_NULL || new == mpi_abi::COMM_NULL {
         return None;
     }
     let key = HandleKey {

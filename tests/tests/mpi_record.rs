@@ -495,7 +495,7 @@ fn a_program_started_by_its_own_dynamic_linker_is_counted_from_mpi_init() {
 
 /// Fortran bindings reach the C entry points: counted once, under the C names; and each
 /// call's site is where the program called the binding (its own function, `MAIN__` or
-/// `exchange_`, in its file), not the binding: through the old bindings (`use mpi`,
+/// `halo::exchange`, in its file), not the binding: through the old bindings (`use mpi`,
 /// `mpi_truth_f`) and through mpi_f08's (`mpi_truth_f08`), which reach the C routine
 /// through more of the MPI's code (another bindings library's, or a hidden helper's).
 fn fortran(mpi: Mpi, src: &str) {

@@ -187,18 +187,18 @@ impl CallSite {
     }
 
     /// `function (file name)`: the site by its function alone, as two builds of a program
-    /// share it (`commtap diff`: an offset moves with any change to the code, and two
-    /// builds' executables are often named apart, `app.O0` and `app.O2`), in its source
-    /// file where its lines are known, else in its object; the [`label`](Self::label)
-    /// where no function is named.
-    pub fn function_label(&self) -> String {
+    /// share it (`commtap diff`: an offset moves with any change to the code), in its
+    /// source file where `by_source` and its lines are known (two builds' executables are
+    /// often named apart, `app.O0` and `app.O2`), else in its object; the
+    /// [`label`](Self::label) where no function is named.
+    pub fn function_label(&self, by_source: bool) -> String {
         match (&self.function, &self.source_file) {
-            (Some(f), Some(source)) => {
+            (Some(f), Some(source)) if by_source => {
                 let p = std::path::Path::new(source);
                 let name = p.file_name().unwrap_or(p.as_os_str()).to_string_lossy();
                 format!("{f} ({name})")
             }
-            (Some(f), None) => self.in_object(f.clone()),
+            (Some(f), _) => self.in_object(f.clone()),
             (None, _) => self.label(),
         }
     }

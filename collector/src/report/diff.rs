@@ -197,6 +197,14 @@ pub fn diff(before: &JobProfile, after: &JobProfile) -> Diff {
     };
     let mut routines: BTreeMap<&str, RoutineChange> = BTreeMap::new();
     let mut sites: BTreeMap<(&str, String), SiteChange> = BTreeMap::new();
+    // By source file only where both profiles have the lines of every site they name
+    // (else a build with `-g` and one without, or an older profile, would match nothing).
+    let all_sites = || {
+        [before, after]
+            .into_iter()
+            .flat_map(|j| j.ranks.iter().flat_map(|r| &r.call_sites))
+    };
+    let by_source = all_sites().all(|c| c.function.is_none() || c.source_file.is_some());
     for (is_after, job) in [(false, before), (true, after)] {
         for r in &job.ranks {
             for (name, s) in &r.routines {
@@ -214,7 +222,7 @@ pub fn diff(before: &JobProfile, after: &JobProfile) -> Diff {
                 continue;
             }
             for c in &r.call_sites {
-                let site = c.function_label();
+                let site = c.function_label(by_source);
                 let e = sites
                     .entry((&c.routine, site.clone()))
                     .or_insert_with(|| SiteChange {
@@ -541,11 +549,18 @@ fn render_sites(o: &mut String, d: &Diff) {
         "{:<28}{:>12}{:>12}{:>12}{:>12}{:>12}{:>12}",
         "", "before", "after", "before", "after", "before", "after"
     );
-    let avg = |bytes: f64, calls: f64| if calls > 0.0 { bytes / calls } else { 0.0 };
+    // A side without calls has no average: "-", not the 0.0 of zero-byte calls.
+    let avg = |bytes: f64, calls: f64| {
+        if calls > 0.0 {
+            format!("{:.1}", bytes / calls)
+        } else {
+            "-".to_string()
+        }
+    };
     for s in d.sites.iter().take(SHOWN) {
         let _ = writeln!(
             o,
-            "{:<28}{:>12}{:>12}{:>12.1}{:>12.1}{:>12.3}{:>12.3}{:>10}   {}",
+            "{:<28}{:>12}{:>12}{:>12}{:>12}{:>12.3}{:>12.3}{:>10}   {}",
             s.routine,
             s.calls.before,
             s.calls.after,
@@ -771,6 +786,30 @@ mod tests {
             .map(|s| (s.site.as_str(), s.calls.before, s.calls.after))
             .collect();
         assert_eq!(rows, [("halo::exchange (heat.F90)", 100.0, 120.0)]);
+    }
+
+    /// A build with line tables against one without (or a profile older than source
+    /// lines): sites matched by function and object, as where neither has lines.
+    #[test]
+    fn call_sites_without_lines_on_one_side_are_compared_by_their_object() {
+        let mut b = rank(0, 300, 1, 1000);
+        let mut a = rank(0, 300, 1, 1000);
+        b.call_sites = vec![site("negotiate()", 0x51, 100, 1)];
+        a.call_sites = vec![crate::profile::CallSite {
+            source_file: Some("/src/app.c".into()),
+            source_line: Some(51),
+            ..site("negotiate()", 0x5d, 300, 1)
+        }];
+        let d = diff(
+            &JobProfile::of_ranks(vec![b]),
+            &JobProfile::of_ranks(vec![a]),
+        );
+        let rows: Vec<(&str, f64, f64)> = d
+            .sites
+            .iter()
+            .map(|s| (s.site.as_str(), s.calls.before, s.calls.after))
+            .collect();
+        assert_eq!(rows, [("negotiate() (app)", 100.0, 300.0)]);
     }
 
     #[test]

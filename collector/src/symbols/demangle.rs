@@ -57,8 +57,9 @@ pub fn readable(raw: &str, max: usize) -> String {
 }
 
 /// A Fortran module's procedure as gdb names it, `module::procedure`: from gfortran's
-/// `__halo_MOD_exchange`, flang's `_QMhaloPexchange` and Intel's `halo_mp_exchange_`
-/// (with a clone's suffix kept: `halo::exchange.constprop.0`); `None` for any other name.
+/// `__halo_MOD_exchange` and flang's `_QMhaloPexchange` (with a clone's suffix kept:
+/// `halo::exchange.constprop.0`); `None` for any other name. Not Intel's
+/// `halo_mp_exchange_`, which an external procedure named `halo_mp_exchange` shares.
 fn module_procedure(raw: &str) -> Option<String> {
     let (name, clone) = raw.split_at(raw.find('.').unwrap_or(raw.len()));
     // Fortran names are case-insensitive: the compilers write them in lower case.
@@ -69,10 +70,8 @@ fn module_procedure(raw: &str) -> Option<String> {
     };
     let (module, procedure) = if let Some(rest) = name.strip_prefix("__") {
         rest.split_once("_MOD_")?
-    } else if let Some(rest) = name.strip_prefix("_QM") {
-        rest.split_once('P')?
     } else {
-        name.strip_suffix('_')?.split_once("_mp_")?
+        name.strip_prefix("_QM")?.split_once('P')?
     };
     (word(module) && word(procedure)).then(|| format!("{module}::{procedure}{clone}"))
 }
@@ -208,7 +207,6 @@ mod tests {
             ),
             ("__grid_2d_MOD_set_bc", "grid_2d::set_bc"),
             ("_QMhaloPexchange", "halo::exchange"),
-            ("halo_mp_exchange_", "halo::exchange"),
         ] {
             assert_eq!(readable(raw, 256), shown, "{raw}");
         }
@@ -220,6 +218,8 @@ mod tests {
             "__Halo_MOD_exchange",
             "mpi_allreduce_",
             "x_mp_",
+            // Intel's form, or an external procedure of that name: kept.
+            "setup_mp_grid_",
         ] {
             assert_eq!(readable(raw, 256), raw, "{raw}");
         }
