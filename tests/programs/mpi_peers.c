@@ -85,6 +85,17 @@ static void fill(void *buf, size_t n, int sender, int tag)
         b[i] = (unsigned char)(sender * 37 + tag * 11 + i);
 }
 
+/* The world ranks of the ranks `ends` of `comm`. */
+static void world_ranks_of(MPI_Comm comm, const int ends[2], int world_ends[2])
+{
+    MPI_Group group, world_group;
+    MPI_Comm_group(comm, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    MPI_Group_translate_ranks(group, 2, ends, world_group, world_ends);
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+}
+
 /* This rank's right and left neighbours in `comm` (ends), and their world ranks; its own
  * rank there. */
 static int neighbours_on(MPI_Comm comm, int ends[2], int world_ends[2])
@@ -94,22 +105,17 @@ static int neighbours_on(MPI_Comm comm, int ends[2], int world_ends[2])
     MPI_Comm_size(comm, &size);
     ends[0] = (me + 1) % size;
     ends[1] = (me + size - 1) % size;
-    MPI_Group group, world_group;
-    MPI_Comm_group(comm, &group);
-    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
-    MPI_Group_translate_ranks(group, 2, ends, world_group, world_ends);
-    MPI_Group_free(&group);
-    MPI_Group_free(&world_group);
+    world_ranks_of(comm, ends, world_ends);
     return me;
 }
 
-/* A Sendrecv of `n` chars to the right of this rank in `comm` and from its left there,
- * noted on their world ranks. */
-static void ring_on(MPI_Comm comm, int n, int tag)
+/* A Sendrecv of `n` chars from rank `me` of `comm` to `ends[0]` and from `ends[1]`, noted
+ * on their world ranks `world_ends`. */
+static void sendrecv_ring(MPI_Comm comm, int me, const int ends[2], const int world_ends[2],
+                          int n, int tag)
 {
     static char out[64], in[64];
-    int ends[2], world_ends[2];
-    fill(out, sizeof out, neighbours_on(comm, ends, world_ends), tag);
+    fill(out, sizeof out, me, tag);
     MPI_Status st;
     MPI_Sendrecv(out, n, MPI_CHAR, ends[0], tag, in, n, MPI_CHAR, ends[1], tag, comm, &st);
     sent(world_ends[0], n);
@@ -117,32 +123,30 @@ static void ring_on(MPI_Comm comm, int n, int tag)
     digest(in, n);
 }
 
+/* A Sendrecv of `n` chars to the right of this rank in `comm` and from its left there,
+ * noted on their world ranks. */
+static void ring_on(MPI_Comm comm, int n, int tag)
+{
+    int ends[2], world_ends[2];
+    int me = neighbours_on(comm, ends, world_ends);
+    sendrecv_ring(comm, me, ends, world_ends, n, tag);
+}
+
 /* A stencil code's ring: a periodic Cartesian communicator over every rank (not
  * reordered), its neighbours from MPI_Cart_shift and its rank from MPI_Comm_rank, never
  * its size (an MPICH-ABI library's is learnt from the dimensions); a Sendrecv of `n` chars
- * to the right and from the left, noted on their world ranks. The communicator is freed by
- * the caller, with the others. */
-static void cart_ring(int size, int n, int tag, MPI_Comm *made)
+ * to the right and from the left, noted on their world ranks. Made after the other
+ * communicators and freed before them: no handle of it is given to another. */
+static void cart_ring(int size, int n, int tag)
 {
     MPI_Comm cart;
     int dims[1] = {size}, periods[1] = {1}, me, ends[2], world_ends[2];
     MPI_Cart_create(MPI_COMM_WORLD, 1, dims, periods, 0, &cart);
     MPI_Comm_rank(cart, &me);
     MPI_Cart_shift(cart, 0, 1, &ends[1], &ends[0]);
-    MPI_Group group, world_group;
-    MPI_Comm_group(cart, &group);
-    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
-    MPI_Group_translate_ranks(group, 2, ends, world_group, world_ends);
-    MPI_Group_free(&group);
-    MPI_Group_free(&world_group);
-    static char out[64], in[64];
-    fill(out, sizeof out, me, tag);
-    MPI_Status st;
-    MPI_Sendrecv(out, n, MPI_CHAR, ends[0], tag, in, n, MPI_CHAR, ends[1], tag, cart, &st);
-    sent(world_ends[0], n);
-    received(world_ends[1], n);
-    digest(in, n);
-    *made = cart;
+    world_ranks_of(cart, ends, world_ends);
+    sendrecv_ring(cart, me, ends, world_ends, n, tag);
+    MPI_Comm_free(&cart);
 }
 
 /* ring_on's traffic through persistent requests, started one by one (`n` ints each way):
@@ -257,9 +261,7 @@ int main(int argc, char **argv)
     MPI_Comm_split(world, rank % 2, -rank, &parity);
     ring_on(parity, 9, 9);
     persistent_ring_on(reversed, 11, 11);
-    MPI_Comm cart;
-    cart_ring(size, 13, 13, &cart);
-    MPI_Comm_free(&cart);
+    cart_ring(size, 13, 13);
     MPI_Comm_free(&dup);
     MPI_Comm_free(&reversed);
     MPI_Comm_free(&parity);

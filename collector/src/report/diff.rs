@@ -741,6 +741,14 @@ mod tests {
         );
     }
 
+    /// Each compared site's label and calls before and after.
+    fn site_rows(d: &Diff) -> Vec<(&str, f64, f64)> {
+        d.sites
+            .iter()
+            .map(|s| (s.site.as_str(), s.calls.before, s.calls.after))
+            .collect()
+    }
+
     /// `calls` Allreduces of 8 bytes taking `ms` each, made from `function+offset` of
     /// `/bin/app`.
     fn site(function: &str, offset: u64, calls: u64, ms: u64) -> crate::profile::CallSite {
@@ -780,11 +788,7 @@ mod tests {
             &JobProfile::of_ranks(vec![b]),
             &JobProfile::of_ranks(vec![a]),
         );
-        let rows: Vec<(&str, f64, f64)> = d
-            .sites
-            .iter()
-            .map(|s| (s.site.as_str(), s.calls.before, s.calls.after))
-            .collect();
+        let rows = site_rows(&d);
         assert_eq!(rows, [("halo::exchange (heat.F90)", 100.0, 120.0)]);
     }
 
@@ -804,11 +808,7 @@ mod tests {
             &JobProfile::of_ranks(vec![b]),
             &JobProfile::of_ranks(vec![a]),
         );
-        let rows: Vec<(&str, f64, f64)> = d
-            .sites
-            .iter()
-            .map(|s| (s.site.as_str(), s.calls.before, s.calls.after))
-            .collect();
+        let rows = site_rows(&d);
         assert_eq!(rows, [("negotiate() (app)", 100.0, 300.0)]);
     }
 
@@ -851,11 +851,7 @@ mod tests {
                 after: 0.0
             }
         );
-        let rows: Vec<(&str, f64, f64)> = d
-            .sites
-            .iter()
-            .map(|s| (s.site.as_str(), s.calls.before, s.calls.after))
-            .collect();
+        let rows = site_rows(&d);
         // The largest change of time first: negotiate 0.2 s to 0.5 s, checkpoint new
         // (0.1 s), reduce unchanged.
         assert_eq!(
