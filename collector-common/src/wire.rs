@@ -862,6 +862,17 @@ macro_rules! define_proc_stats {
             pub exit_threads: u64,
             /// 1 once its last thread ended (its usage is then complete).
             pub exit_group: u64,
+            /// How it ended: its last thread's `task_struct.exit_code` (the `wait` status:
+            /// `exit(N)` is `N << 8`, a signal its number, 0x80 a core dump) plus
+            /// [`ProcStats::EXIT_STATUS_KNOWN`]; 0 where not known.
+            pub exit_status: u64,
+            /// The routine (plus one) of the timed MPI or NCCL call one of its threads was
+            /// inside as that thread ended, the longest in it where several were; 0: none.
+            pub exit_in_routine: u64,
+            /// How long that thread had been inside that call, ns.
+            pub exit_in_ns: u64,
+            /// Monotonic ns at which its last thread ended (0: not seen).
+            pub exit_ns: u64,
         }
 
         impl ProcStats {
@@ -882,13 +893,24 @@ macro_rules! define_proc_stats {
                 self.exit_max_rss_pages = self.exit_max_rss_pages.max(o.exit_max_rss_pages);
                 self.exit_threads += o.exit_threads;
                 self.exit_group = self.exit_group.max(o.exit_group);
+                self.exit_status = self.exit_status.max(o.exit_status);
+                self.exit_ns = self.exit_ns.max(o.exit_ns);
+                if o.exit_in_routine != 0 && (self.exit_in_routine == 0 || o.exit_in_ns > self.exit_in_ns) {
+                    self.exit_in_routine = o.exit_in_routine;
+                    self.exit_in_ns = o.exit_in_ns;
+                }
             }
         }
     };
 }
 kernel_health_counters!(define_proc_stats);
 // Every field a u64, nothing between them: the kernel and userspace read the same bytes.
-const _: () = assert!(size_of::<ProcStats>() == 8 * (ProcStats::COUNTERS + 10));
+const _: () = assert!(size_of::<ProcStats>() == 8 * (ProcStats::COUNTERS + 14));
+
+impl ProcStats {
+    /// Set in [`ProcStats::exit_status`] beside the kernel's exit code (which may be 0).
+    pub const EXIT_STATUS_KNOWN: u64 = 1 << 32;
+}
 
 /// Offsets of the tracepoint fields commtap reads, parsed by userspace from tracefs
 /// `format` files (they differ between kernel versions).
@@ -989,8 +1011,10 @@ pub struct IdentityOffsets {
     pub usage_signal_maxrss: u32,
     /// `signal_struct.live`: the process's threads not ending yet.
     pub usage_signal_live: u32,
+    /// `task_struct.exit_code`: how an ending thread ends (its process's `wait` status).
+    pub usage_task_exit_code: u32,
 }
-const _: () = assert!(size_of::<IdentityOffsets>() == 144);
+const _: () = assert!(size_of::<IdentityOffsets>() == 148);
 
 /// Bytes of a process's environment an [`IdentityEvent`] carries.
 pub const IDENTITY_ENV_LEN: usize = 16384;

@@ -10,7 +10,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use collector_common::{
-    watch, CallState, Config, EventKind, IdentityEvent, ProcEvent, IDENTITY_ARGS_LEN,
+    watch, CallState, Config, EventKind, IdentityEvent, ProcEvent, ProcStats, IDENTITY_ARGS_LEN,
     IDENTITY_ENV_LEN,
 };
 
@@ -279,6 +279,12 @@ fn account_exit(tgid: u32, group_dead: bool) {
         kernel_word(task, off.usage_task_nvcsw),
         kernel_word(task, off.usage_task_nivcsw),
     );
+    // `exit_code` is an int: the word's low half.
+    let status =
+        (kernel_word(task, off.usage_task_exit_code) & 0xffff_ffff) | ProcStats::EXIT_STATUS_KNOWN;
+    // SAFETY: reads the monotonic clock.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let inside = call_in_progress(now);
     crate::maps::with_proc_stats(tgid, |s| {
         s.exit_cpu_ns += cpu;
         s.exit_utime_ns += utime;
@@ -289,8 +295,30 @@ fn account_exit(tgid: u32, group_dead: bool) {
         s.exit_threads += 1;
         if group_dead {
             s.exit_group = 1;
+            s.exit_status = status;
+            s.exit_ns = now;
+        }
+        if let Some((routine, ns)) = inside {
+            if s.exit_in_routine == 0 || ns > s.exit_in_ns {
+                s.exit_in_routine = routine;
+                s.exit_in_ns = ns;
+            }
         }
     });
+}
+
+/// The timed call the ending thread is inside (a signal or another thread's `exit` ended
+/// it there; or `MPI_Abort`): its routine plus one and the time in it. An untimed call
+/// (its routine's time sampled) has no start and is not seen.
+#[inline(always)]
+fn call_in_progress(now: u64) -> Option<(u64, u64)> {
+    let state = crate::maps::call_state(false)?;
+    // SAFETY: the ending thread's own state; it runs no probe any more.
+    let e = unsafe { &*state };
+    if e.busy != CallState::BUSY || e.start_ns == 0 {
+        return None;
+    }
+    Some((u64::from(e.routine) + 1, now.saturating_sub(e.start_ns)))
 }
 
 /// Drops the out-of-scope mark of `tgid`, where there can be one (a daemon limited to a

@@ -12,6 +12,16 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The Unix time (ns) of monotonic instant `at` (what a report across nodes orders by):
+/// the node's wall clock now less the time since `at`.
+pub fn unix_ns_of(at: u64) -> u64 {
+    let since = monotonic_ns().saturating_sub(at);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    now.saturating_sub(since)
+}
+
 /// Clock requests per estimate: the shortest round trip of these bounds the error.
 const CLOCK_SAMPLES: usize = 16;
 

@@ -939,6 +939,148 @@ fn record_attached_to_a_launcher_that_maps_nccl_profiles_its_workers() {
     );
 }
 
+/// What [`record_a_failing_job`] made: its JSON profile, text report, standard error, and
+/// the truths' prefix in its scratch directory (kept while this lives).
+struct FailedJob {
+    profile: Value,
+    report: String,
+    stderr: String,
+    prefix: std::path::PathBuf,
+    _scratch: Scratch,
+}
+
+/// `record` of `mpi_ending MODE` on 2 ranks of `mpi`, which fails.
+fn record_a_failing_job(mpi: Mpi, mode: &str) -> FailedJob {
+    let scratch = Scratch::new(&format!("ending-{mode}-{}", mpi.suffix()));
+    let (text, json, prefix) = (
+        scratch.path("report.txt"),
+        scratch.path("profile.json"),
+        scratch.path("truth"),
+    );
+    let mut args = record_text_and_json(&text, &json);
+    args.push("--".into());
+    args.extend(mpi.launcher(2));
+    args.push(build_program("mpi_ending.c", mpi).display().to_string());
+    args.push(mode.into());
+    args.push(prefix.display().to_string());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = run_commtap(&scratch, &args, Duration::from_mins(3));
+    // The job failed, and `record` says so by its status.
+    assert!(!run.status.success(), "{}", run.stderr);
+    FailedJob {
+        profile: read_json(&json),
+        report: std::fs::read_to_string(&text).expect("text report"),
+        stderr: run.stderr,
+        prefix,
+        _scratch: scratch,
+    }
+}
+
+/// `mpi_ending killed`: rank 1 is killed (SIGKILL, by rank 0) inside an `MPI_Sendrecv` that
+/// cannot complete, and rank 0, blocked in an `MPI_Barrier`, is then ended by its launcher:
+/// each rank's profile says how it ended and inside which call, rank 1 first, and the
+/// report and `record`'s last words name rank 1.
+fn a_killed_rank_is_reported_inside_its_call(mpi: Mpi) {
+    let FailedJob {
+        profile,
+        report,
+        stderr,
+        prefix,
+        _scratch,
+    } = record_a_failing_job(mpi, "killed");
+    let truths = read_truths(&prefix, 2);
+    let killed = read_json(&std::path::PathBuf::from(format!(
+        "{}.killed.json",
+        prefix.display()
+    )))["killed"]
+        .as_u64()
+        .expect("the killed pid");
+    let pid_of = |rank: u64| {
+        truths
+            .iter()
+            .find(|t| t["rank"] == rank)
+            .and_then(|t| t["pid"].as_u64())
+            .expect("a rank's pid")
+    };
+    assert_eq!(pid_of(1), killed);
+    let ended = |rank: u64| rank_by_pid(&profile, pid_of(rank))["ended"].clone();
+    let (one, zero) = (ended(1), ended(0));
+    assert_eq!(one["signal"], 9, "{one}");
+    assert_eq!(one["inside"], "MPI_Sendrecv", "{one}");
+    assert!(one["inside_ns"].as_u64().is_some_and(|ns| ns > 0), "{one}");
+    assert!(one.get("status").is_none(), "{one}");
+    // Its launcher ends rank 0 by a signal of its choice, once rank 1 has died.
+    assert!(zero["signal"].as_u64().is_some(), "{zero}");
+    assert_eq!(zero["inside"], "MPI_Barrier", "{zero}");
+    let at = |e: &Value| e["at_unix_ns"].as_u64().expect("when it ended");
+    assert!(at(&one) <= at(&zero), "{one} {zero}");
+    let rows: Vec<&str> = report
+        .lines()
+        .skip_while(|l| !l.starts_with("Ranks that did not end normally: 2 of 2"))
+        .skip(2)
+        .take(2)
+        .collect();
+    assert_eq!(rows.len(), 2, "{report}");
+    assert!(
+        rows[0].contains(&format!(" {killed} "))
+            && rows[0].contains("killed by SIGKILL inside MPI_Sendrecv ("),
+        "{report}"
+    );
+    assert!(rows[1].contains(" inside MPI_Barrier ("), "{report}");
+    assert!(
+        stderr.contains(&format!(
+            "rank 1 (pid {killed} on {}) killed by SIGKILL inside MPI_Sendrecv (",
+            rank_by_pid(&profile, killed)["host"]
+                .as_str()
+                .expect("host")
+        )),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_killed_open_mpi_rank_is_reported_inside_its_call() {
+    a_killed_rank_is_reported_inside_its_call(Mpi::OpenMpi);
+}
+
+#[test]
+fn a_killed_mpich_rank_is_reported_inside_its_call() {
+    a_killed_rank_is_reported_inside_its_call(Mpi::Mpich);
+}
+
+/// `mpi_ending status`: both ranks finish, rank 1 with `exit(3)`: its profile says so,
+/// rank 0's says status 0, and the report lists rank 1 alone.
+#[test]
+fn a_rank_exit_status_is_reported() {
+    let FailedJob {
+        profile,
+        report,
+        prefix,
+        _scratch,
+        ..
+    } = record_a_failing_job(Mpi::Mpich, "status");
+    for t in read_truths(&prefix, 2) {
+        let ended = &rank_by_pid(&profile, t["pid"].as_u64().expect("pid"))["ended"];
+        let status = if t["rank"] == 1 { 3 } else { 0 };
+        assert_eq!(ended["status"], status, "{ended}");
+        assert!(
+            ended.get("signal").is_none() && ended.get("inside").is_none(),
+            "{ended}"
+        );
+    }
+    let rows: Vec<&str> = report
+        .lines()
+        .skip_while(|l| !l.starts_with("Ranks that did not end normally: 1 of 2"))
+        .skip(2)
+        .take_while(|l| !l.is_empty() && !l.starts_with("---"))
+        .collect();
+    assert_eq!(rows.len(), 1, "{report}");
+    assert!(
+        rows[0].trim_start().starts_with("1 ") && rows[0].ends_with("  exited with status 3"),
+        "{report}"
+    );
+}
+
 /// What each rank used of its node (`mpi_usage.c`: rank r keeps (r + 1) x 48 MiB and spins
 /// (r + 1) x 200 ms, then reads its own `getrusage` after `MPI_Finalize`): the kernel's sums
 /// at its threads' ends equal what the rank read, but for what ran after its reading (its

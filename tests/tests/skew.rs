@@ -869,6 +869,15 @@ fn a_hung_job(mpi: Mpi) {
     for rank in 0..2 {
         assert_eq!(seq_of(&profile, rank), Some(n), "{:#}", profile["skew"]);
     }
+    // Each ended as a finished program does, and the daemon's word says so.
+    for t in &truths {
+        let ended = &rank_by_pid(&profile, t["pid"].as_u64().expect("pid"))["ended"];
+        assert_eq!(ended["status"], 0, "{ended}");
+        assert!(
+            ended.get("inside").is_none() && ended.get("signal").is_none(),
+            "{ended}"
+        );
+    }
     assert_eq!(profile["skew"]["lost"], 0, "{:#}", profile["skew"]);
     daemon.stop(&scratch);
 }

@@ -256,6 +256,7 @@ pub fn synthetic_rank(
         settings: Default::default(),
         call_sites: Vec::new(),
         call_sites_left_out: 0,
+        ended: None,
         start_ticks: 7,
         exited: true,
         detached: false,

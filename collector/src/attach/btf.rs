@@ -231,6 +231,7 @@ fn usage_offsets(btf: &Btf, found: IdentityOffsets) -> Result<IdentityOffsets, B
             + btf.offset("sched_entity", "sum_exec_runtime")?,
         usage_signal_maxrss: btf.offset("signal_struct", "maxrss")?,
         usage_signal_live: btf.offset("signal_struct", "live")?,
+        usage_task_exit_code: btf.offset("task_struct", "exit_code")?,
         ..found
     })
 }
@@ -344,6 +345,7 @@ mod tests {
         assert_eq!(o.usage_task_stime, o.usage_task_utime + 8, "{o:?}");
         let se = btf.offset("task_struct", "se").expect("se");
         assert!(o.usage_task_sum_exec_runtime > se, "{o:?}");
+        assert!(o.usage_task_exit_code > 0, "{o:?}");
         // The in-place ranges (5 of 12 bytes) and the pointer to more share a union; the
         // count is outside them both.
         assert_eq!(o.uidmap_extent, o.uidmap_forward, "{o:?}");

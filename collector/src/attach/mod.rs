@@ -233,6 +233,9 @@ pub struct Probes {
     _task_state: OwnedFd,
     /// The process tracepoints' links (detached with the probes, see `Drop`).
     tracepoints: Vec<TracePointLink>,
+    /// The exit tracepoint's link: its program reads the task storage, so commtap loads
+    /// and links it itself (`multi::attach_tracepoint`).
+    exit_link: Option<multi::MultiLink>,
     /// Held while the kernel keeps run-time statistics for us (`--probe-stats`).
     run_stats: Option<OwnedFd>,
     /// Held while a measuring window of the budget's keeps them on.
@@ -326,6 +329,7 @@ impl Drop for Probes {
                     .into_values()
                     .map(|l| l.link),
             )
+            .chain(self.exit_link.take())
             .collect();
         std::thread::scope(|s| {
             for t in std::mem::take(&mut self.tracepoints) {
@@ -408,6 +412,7 @@ impl Probes {
         // dropped.
         let (_tables, identity_known) = fill_tables(&mut ebpf, btf.as_ref().ok())?;
         let tracepoints = attach_tracepoints(&mut ebpf)?;
+        let exit_link = attach_exit_tracepoint(&programs)?;
         let linkers = attach_linker(&programs)
             .map(|(identity, link)| (identity, HookedLinker { link, owner: None }))
             .into_iter()
@@ -472,6 +477,7 @@ impl Probes {
             mapped_by: BTreeMap::new(),
             _task_state: task_state,
             tracepoints,
+            exit_link: Some(exit_link),
             window_stats: None,
             run_stats: if opts.probe_stats {
                 Some(multi::enable_run_stats().map_err(AttachError::RunStats)?)
@@ -1314,7 +1320,6 @@ fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracePointLink>, AttachErro
     for (prog, event) in [
         (names::programs::SCHED_FORK, "sched_process_fork"),
         (names::programs::SCHED_EXEC, "sched_process_exec"),
-        (names::programs::SCHED_EXIT, "sched_process_exit"),
     ] {
         let p: &mut TracePoint = ebpf
             .program_mut(prog)
@@ -1326,6 +1331,20 @@ fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<TracePointLink>, AttachErro
         links.push(p.take_link(id).map_err(prog_err("tracepoint"))?);
     }
     Ok(links)
+}
+
+/// Loads and attaches the exit tracepoint's program, which reads the ending thread's call
+/// state (the call a rank was killed inside) from the task storage that commtap makes
+/// (`programs`' maps), as the probes' programs do.
+fn attach_exit_tracepoint(
+    programs: &programs::ProgramSet,
+) -> Result<multi::MultiLink, AttachError> {
+    let mut loaded = programs.loader(vec![names::programs::SCHED_EXIT])()?;
+    let prog = loaded
+        .remove(names::programs::SCHED_EXIT)
+        .ok_or(AttachError::Missing("exit tracepoint program"))?;
+    let event = system::tracepoint_dir("sched", "sched_process_exit");
+    Ok(multi::attach_tracepoint(prog.as_fd(), &event)?)
 }
 
 /// Whether `pid` is a running process's: `/proc/PID` also opens for a thread of another

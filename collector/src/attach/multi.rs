@@ -244,9 +244,13 @@ pub fn load_programs(
             .get(&program.function_key())
             .ok_or_else(|| prep(format!("no code for {name}")))?;
         let mut insns = function.instructions.clone();
-        let session = match session_kfunc {
-            Some(id) => call_session_kfunc(&mut insns, id),
-            None => false,
+        let kind = if matches!(program.section, aya_obj::ProgramSection::TracePoint) {
+            LoadKind::Tracepoint
+        } else {
+            match session_kfunc {
+                Some(id) if call_session_kfunc(&mut insns, id) => LoadKind::Session,
+                _ => LoadKind::Multi,
+            }
         };
         let funcs = btf.as_ref().map(|fd| FuncInfo {
             btf: fd.as_raw_fd(),
@@ -254,7 +258,7 @@ pub fn load_programs(
             count: function.func_info.len(),
             record_size: function.func_info_rec_size,
         });
-        code.push((name, insns, session, funcs));
+        code.push((name, insns, kind, funcs));
     }
     // The verifier takes most of commtap's start-up (half a second for the largest return
     // program here), and it runs in the loading thread: one thread per program lets a
@@ -262,8 +266,8 @@ pub fn load_programs(
     std::thread::scope(|s| {
         let loads: Vec<_> = code
             .into_iter()
-            .map(|(name, insns, session, funcs)| {
-                let load = s.spawn(move || load_one(name, &insns, session, funcs.as_ref()));
+            .map(|(name, insns, kind, funcs)| {
+                let load = s.spawn(move || load_one(name, &insns, kind, funcs.as_ref()));
                 (name, load)
             })
             .collect();
@@ -340,12 +344,23 @@ fn call_session_kfunc(insns: &mut [aya_obj::generated::bpf_insn], id: u32) -> bo
     found
 }
 
-/// Loads one program for uprobe_multi links (of the session kind when `session`); on
-/// refusal, loads it again with the verifier log on to say why.
+/// What a program is loaded for.
+#[derive(Clone, Copy)]
+enum LoadKind {
+    /// uprobe_multi links.
+    Multi,
+    /// uprobe_multi links of the session kind.
+    Session,
+    /// A tracepoint ([`attach_tracepoint`]).
+    Tracepoint,
+}
+
+/// Loads one program as `kind` says; on refusal, loads it again with the verifier log on
+/// to say why.
 fn load_one(
     name: &str,
     insns: &[aya_obj::generated::bpf_insn],
-    session: bool,
+    kind: LoadKind,
     funcs: Option<&FuncInfo>,
 ) -> Result<OwnedFd, MultiError> {
     let license = CString::new("GPL").expect("no NUL");
@@ -353,11 +368,16 @@ fn load_one(
     let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
     // SAFETY: writing plain integers into the union member this command reads.
     let u = unsafe { &mut attr.__bindgen_anon_3 };
-    u.prog_type = bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32;
-    u.expected_attach_type = if session {
-        BPF_TRACE_UPROBE_SESSION
-    } else {
-        bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32
+    (u.prog_type, u.expected_attach_type) = match kind {
+        LoadKind::Multi => (
+            bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32,
+            bpf_attach_type::BPF_TRACE_UPROBE_MULTI as u32,
+        ),
+        LoadKind::Session => (
+            bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32,
+            BPF_TRACE_UPROBE_SESSION,
+        ),
+        LoadKind::Tracepoint => (bpf_prog_type::BPF_PROG_TYPE_TRACEPOINT as u32, 0),
     };
     u.insns = insns.as_ptr() as u64;
     u.insn_cnt = insns.len() as u32;
@@ -556,6 +576,63 @@ pub fn attach(
         .map(|fd| MultiLink {
             fd,
             is_return: kind == ProbeKind::Return,
+        })
+        .map_err(err)
+}
+
+/// Attaches the tracepoint program `prog` (loaded by [`load_programs`]: relocated against
+/// commtap's own maps, the task storage among them, which aya's loader cannot stand in) to
+/// the tracepoint whose tracefs directory is `event` (`.../events/sched/sched_process_exit`):
+/// a perf event of the tracepoint, linked to the program, runs it on every CPU.
+pub fn attach_tracepoint(
+    prog: BorrowedFd<'_>,
+    event: &std::path::Path,
+) -> Result<MultiLink, MultiError> {
+    let err = |source| MultiError::Link {
+        path: event.display().to_string(),
+        count: 1,
+        source,
+    };
+    let id: u64 = std::fs::read_to_string(event.join("id"))
+        .map_err(err)?
+        .trim()
+        .parse()
+        .map_err(|e| err(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+    // SAFETY: zeroed is a valid perf_event_attr; the fields below are plain integers.
+    let mut pattr: aya_obj::generated::perf_event_attr = unsafe { std::mem::zeroed() };
+    pattr.size = size_of::<aya_obj::generated::perf_event_attr>() as u32;
+    pattr.type_ = aya_obj::generated::perf_type_id::PERF_TYPE_TRACEPOINT as u32;
+    pattr.config = id;
+    // Any process, on CPU 0: a tracepoint's programs run on every CPU whichever event
+    // holds them.
+    // SAFETY: a valid attr of the size it says; the result is checked.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &raw const pattr,
+            -1,
+            0,
+            -1,
+            aya_obj::generated::PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if rc < 0 {
+        return Err(err(io::Error::last_os_error()));
+    }
+    // SAFETY: perf_event_open returned a new descriptor we now own.
+    let perf = unsafe { OwnedFd::from_raw_fd(rc as RawFd) };
+    // SAFETY: zeroed is a valid bpf_attr; we fill the BPF_LINK_CREATE member.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: plain integers into the member this command reads.
+    let l = unsafe { &mut attr.link_create };
+    l.__bindgen_anon_1.prog_fd = prog.as_raw_fd() as u32;
+    l.__bindgen_anon_2.target_fd = perf.as_raw_fd() as u32;
+    l.attach_type = bpf_attach_type::BPF_PERF_EVENT as u32;
+    // The link holds the perf event: ours may close.
+    bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)
+        .map(|fd| MultiLink {
+            fd,
+            is_return: false,
         })
         .map_err(err)
 }

@@ -64,6 +64,14 @@ pub fn bump_memlock_rlimit() {
 
 const TRACEFS: &str = "/sys/kernel/tracing";
 
+/// The tracefs directory of tracepoint `category:event` (its `id` and `format`).
+pub fn tracepoint_dir(category: &str, event: &str) -> PathBuf {
+    PathBuf::from(TRACEFS)
+        .join("events")
+        .join(category)
+        .join(event)
+}
+
 /// Reads this kernel's tracepoint field offsets, mounting tracefs if needed.
 pub fn tracepoint_offsets() -> Result<TpOffsets, AttachError> {
     let events = PathBuf::from(TRACEFS).join("events");
@@ -89,7 +97,7 @@ pub fn tracepoint_offsets() -> Result<TpOffsets, AttachError> {
         }
     }
     let field = |event: &str, name: &str| -> Result<Option<u32>, AttachError> {
-        let path = events.join("sched").join(event).join("format");
+        let path = tracepoint_dir("sched", event).join("format");
         let text = std::fs::read_to_string(&path)
             .map_err(|e| AttachError::Tracefs(format!("{}: {e}", path.display())))?;
         Ok(text.lines().find_map(|l| {

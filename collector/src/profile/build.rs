@@ -271,6 +271,7 @@ fn rank_profile(
         settings: info.settings.clone(),
         call_sites: Vec::new(),
         call_sites_left_out: 0,
+        ended: super::Ending::of(ps),
     }
 }
 

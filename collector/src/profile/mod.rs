@@ -107,6 +107,110 @@ pub struct RankProfile {
     /// [`MAX_CALL_SITES`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub call_sites_left_out: u64,
+    /// How it ended, where the kernel saw its last thread end while it was watched (absent
+    /// while it runs, and from older profiles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<Ending>,
+}
+
+/// How a process ended: its exit status or the signal that killed it, when, and the MPI
+/// or NCCL call it was inside (a rank that hung there and was killed, or called
+/// `MPI_Abort`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Ending {
+    /// Its exit status (`exit(N)`, a return from `main`), where it exited; absent where a
+    /// signal ended it or the kernel's exit code could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u8>,
+    /// The signal that ended it (9: SIGKILL), where one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<u8>,
+    /// The signal left a core dump.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub core_dumped: bool,
+    /// When it ended, Unix ns by its node's clock (how the ranks of a job that fell one
+    /// after the other are ordered); absent where not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_unix_ns: Option<u64>,
+    /// The routine of the MPI or NCCL call one of its threads was inside as it ended (the
+    /// longest in it where several were); absent where none was (or that call's time was
+    /// sampled away: an untimed call's start is not kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inside: Option<String>,
+    /// How long it had been inside that call, ns.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inside_ns: u64,
+}
+
+impl Ending {
+    /// How the kernel saw the process end ([`ProcStats`]'s exit fields), once its last
+    /// thread has.
+    ///
+    /// [`ProcStats`]: collector_common::ProcStats
+    pub fn of(ps: &collector_common::ProcStats) -> Option<Ending> {
+        if ps.exit_group == 0 {
+            return None;
+        }
+        let known = ps.exit_status & collector_common::ProcStats::EXIT_STATUS_KNOWN != 0;
+        let code = ps.exit_status as u32;
+        let signal = (known && code & 0x7f != 0).then_some((code & 0x7f) as u8);
+        let inside = usize::try_from(ps.exit_in_routine)
+            .ok()
+            .and_then(|r| r.checked_sub(1))
+            .and_then(|r| collector_common::routines::ROUTINES.get(r))
+            .map(|r| r.name.to_string());
+        Some(Ending {
+            status: (known && signal.is_none()).then_some((code >> 8) as u8),
+            signal,
+            core_dumped: signal.is_some() && code & 0x80 != 0,
+            at_unix_ns: (ps.exit_ns != 0).then(|| crate::clock::unix_ns_of(ps.exit_ns)),
+            inside_ns: if inside.is_some() { ps.exit_in_ns } else { 0 },
+            inside,
+        })
+    }
+
+    /// Whether it ended as a finished program does: status 0, outside any MPI call.
+    pub fn normal(&self) -> bool {
+        self.status == Some(0) && self.inside.is_none()
+    }
+
+    /// `exited with status 1`, `killed by SIGKILL (core dumped)`, `ended`, then ` inside
+    /// MPI_Barrier (12.0 s in it)` where it was in a call.
+    pub fn describe(&self) -> String {
+        let how = match (self.signal, self.status) {
+            (Some(sig), _) => format!(
+                "killed by {}{}",
+                signal_name(sig),
+                if self.core_dumped {
+                    " (core dumped)"
+                } else {
+                    ""
+                }
+            ),
+            (None, Some(status)) => format!("exited with status {status}"),
+            (None, None) => "ended".to_string(),
+        };
+        match &self.inside {
+            Some(routine) => format!(
+                "{how} inside {routine} ({} in it)",
+                crate::skew::summary::human_ns(self.inside_ns)
+            ),
+            None => how,
+        }
+    }
+}
+
+/// `SIGKILL` for 9: a Linux signal's name, else `signal N` (a real-time signal).
+pub fn signal_name(sig: u8) -> String {
+    const NAMES: [&str; 31] = [
+        "HUP", "INT", "QUIT", "ILL", "TRAP", "ABRT", "BUS", "FPE", "KILL", "USR1", "SEGV", "USR2",
+        "PIPE", "ALRM", "TERM", "STKFLT", "CHLD", "CONT", "STOP", "TSTP", "TTIN", "TTOU", "URG",
+        "XCPU", "XFSZ", "VTALRM", "PROF", "WINCH", "IO", "PWR", "SYS",
+    ];
+    match NAMES.get(usize::from(sig).wrapping_sub(1)) {
+        Some(name) => format!("SIG{name}"),
+        None => format!("signal {sig}"),
+    }
 }
 
 /// Most call sites a rank's profile holds (those with the most time; a message from a
@@ -449,6 +553,20 @@ pub struct JobProfile {
 }
 
 impl JobProfile {
+    /// The ranks that ended otherwise than a finished program does ([`Ending::normal`]),
+    /// in the order they ended (those whose time is not known last, ties by rank): the
+    /// first is the likeliest cause of the others' ends.
+    pub fn abnormal_endings(&self) -> Vec<(&RankProfile, &Ending)> {
+        let mut ended: Vec<(&RankProfile, &Ending)> = self
+            .ranks
+            .iter()
+            .filter_map(|r| Some((r, r.ended.as_ref()?)))
+            .filter(|(_, e)| !e.normal())
+            .collect();
+        ended.sort_by_key(|(r, e)| (e.at_unix_ns.is_none(), e.at_unix_ns, r.rank));
+        ended
+    }
+
     /// Whether it holds a job's every rank (as many as their launcher said) and each has
     /// exited (not detached: it may be attached again): its profile will not change any
     /// more.
@@ -712,6 +830,7 @@ mod tests {
             settings: Default::default(),
             call_sites: Vec::new(),
             call_sites_left_out: 0,
+            ended: None,
             start_ticks: 0,
             exited: false,
             detached: false,

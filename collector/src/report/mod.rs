@@ -4,6 +4,7 @@
 
 pub mod diff;
 mod durations;
+mod endings;
 pub mod html;
 mod mpitrace;
 mod peers;

@@ -364,6 +364,7 @@ mod tests {
             settings: Default::default(),
             call_sites: Vec::new(),
             call_sites_left_out: 0,
+            ended: None,
             start_ticks: 1,
             exited: false,
             detached: false,

@@ -6,7 +6,9 @@ mod skew;
 use super::pb;
 use crate::{
     discover::{container::Container, Fabric},
-    profile::{CallCost, CallSite, JobProfile, ProbedLibrary, RankProfile, RegionProfile, Usage},
+    profile::{
+        CallCost, CallSite, Ending, JobProfile, ProbedLibrary, RankProfile, RegionProfile, Usage,
+    },
     skew::SkewReport,
     stats::{
         CommRank, CommStats, DeviceTime, Durations, Health, PeerTraffic, RoutineStats, Routines,
@@ -355,7 +357,29 @@ impl From<&RankProfile> for pb::RankProfile {
             settings: r.settings.clone().into_iter().collect(),
             call_sites: r.call_sites.iter().map(Into::into).collect(),
             call_sites_left_out: r.call_sites_left_out,
+            ended: r.ended.as_ref().map(|e| pb::Ending {
+                status: e.status.map(u32::from),
+                signal: e.signal.map(u32::from),
+                core_dumped: e.core_dumped,
+                at_unix_ns: e.at_unix_ns,
+                inside: e.inside.clone(),
+                inside_ns: e.inside_ns,
+            }),
         }
+    }
+}
+
+/// A node's word on how a process ended, bounded: a status or signal out of range is
+/// dropped, a routine's name cut.
+fn ending(e: &pb::Ending) -> Ending {
+    let byte = |v: Option<u32>| v.and_then(|v| u8::try_from(v).ok());
+    Ending {
+        status: byte(e.status),
+        signal: byte(e.signal),
+        core_dumped: e.core_dumped,
+        at_unix_ns: e.at_unix_ns,
+        inside: e.inside.as_deref().map(|r| r.chars().take(64).collect()),
+        inside_ns: e.inside_ns,
     }
 }
 
@@ -464,6 +488,7 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
                     .len()
                     .saturating_sub(crate::profile::MAX_CALL_SITES) as u64,
             ),
+            ended: r.ended.as_ref().map(ending),
         })
     }
 }

@@ -114,6 +114,14 @@ pub(crate) fn sample() -> JobProfile {
                 source_line: Some(31),
             }],
             call_sites_left_out: 3,
+            ended: Some(crate::profile::Ending {
+                signal: Some(9),
+                core_dumped: true,
+                at_unix_ns: Some(1_700_000_000_000_000_000),
+                inside: Some("MPI_Barrier".into()),
+                inside_ns: 12_000_000_000,
+                ..Default::default()
+            }),
             mpi_transport: Some("pml cm, mtl ofi".to_string()),
             start_ticks: 99,
             exited: true,

@@ -261,6 +261,19 @@ async fn record(a: RecordArgs) -> Result<ExitCode> {
         Err(e) if e.is::<collector::report::StdoutClosed>() => {}
         done => done?,
     }
+    let failed = profile.abnormal_endings();
+    if let Some((r, e)) = failed.first() {
+        tracing::warn!(
+            "rank {} (pid {} on {}) {}: the first of the {} rank{} that did not end normally \
+             (the report lists them)",
+            r.rank,
+            r.pid,
+            r.host,
+            e.describe(),
+            failed.len(),
+            if failed.len() == 1 { "" } else { "s" }
+        );
+    }
     Ok(command_failed.map_or(ExitCode::SUCCESS, failed_command_code))
 }
 
