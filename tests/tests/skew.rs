@@ -860,6 +860,62 @@ fn a_hung_job(mpi: Mpi) {
         "{text}"
     );
 
+    // Which call each rank is inside: rank 0 the barrier it blocks in (a second or more),
+    // rank 1 none (it waits for the go outside MPI, once its last collective returned).
+    let in_call_of = |profile: &Value, rank: u64| {
+        profile["ranks"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["rank"] == rank))
+            .map(|r| r["in_call"].clone())
+    };
+    wait_until(
+        "rank 0 seen in its barrier, rank 1 outside MPI",
+        LIMIT,
+        || {
+            let out = commtap_output(&live);
+            profile = serde_json::from_slice(&out.stdout).expect("JSON profile");
+            let zero = in_call_of(&profile, 0).unwrap_or_default();
+            zero["routine"] == "MPI_Barrier"
+                && zero["for_ns"]
+                    .as_u64()
+                    .is_some_and(|ns| ns >= 1_000_000_000)
+                && in_call_of(&profile, 1) == Some(Value::Null)
+        },
+    );
+    let text = commtap_output(&["report", "--from", &daemon.target, "--job", &job]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Calls in progress when this report was made (1 of 2"))
+        .skip(2)
+        .take(2)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    assert_eq!(
+        (rows[0][0], &rows[0][3..]),
+        ("1", &["no", "MPI", "call"][..]),
+        "{text}"
+    );
+    assert_eq!((rows[1][0], rows[1][3]), ("0", "MPI_Barrier"), "{text}");
+    let text = curl_metrics(&metrics);
+    let in_call = |rank: u32| {
+        text.lines()
+            .filter(|l| {
+                l.starts_with(&format!(
+                    "commtap_rank_in_call_seconds{{job_id=\"{job}\",rank=\"{rank}\","
+                ))
+            })
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    let zero = in_call(0);
+    assert!(
+        zero.len() == 1 && zero[0].contains(",routine=\"MPI_Barrier\"} "),
+        "{text}"
+    );
+    assert_eq!(in_call(1), Vec::<String>::new(), "{text}");
+
     std::fs::write(&go, "").expect("go file");
     assert!(running.wait_with_limit(LIMIT).success());
     let truths = read_truths(&prefix, 2);
@@ -871,7 +927,9 @@ fn a_hung_job(mpi: Mpi) {
     }
     // Each ended as a finished program does, and the daemon's word says so.
     for t in &truths {
-        let ended = &rank_by_pid(&profile, t["pid"].as_u64().expect("pid"))["ended"];
+        let rank = rank_by_pid(&profile, t["pid"].as_u64().expect("pid"));
+        assert!(rank.get("in_call").is_none(), "{rank}");
+        let ended = &rank["ended"];
         assert_eq!(ended["status"], 0, "{ended}");
         assert!(
             ended.get("inside").is_none() && ended.get("signal").is_none(),

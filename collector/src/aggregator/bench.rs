@@ -257,6 +257,7 @@ pub fn synthetic_rank(
         call_sites: Vec::new(),
         call_sites_left_out: 0,
         ended: None,
+        in_call: None,
         start_ticks: 7,
         exited: true,
         detached: false,

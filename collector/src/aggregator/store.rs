@@ -445,6 +445,7 @@ mod tests {
                 call_sites: Vec::new(),
                 call_sites_left_out: 0,
                 ended: None,
+                in_call: None,
                 start_ticks: 1,
                 exited: false,
                 detached: false,

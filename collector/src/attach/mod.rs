@@ -4,6 +4,7 @@
 
 pub mod btf;
 mod counters;
+mod inflight;
 mod library;
 mod multi;
 mod programs;
@@ -230,7 +231,7 @@ pub struct Probes {
     /// The processes seen mapping each library (by slot).
     mapped_by: BTreeMap<usize, BTreeSet<u32>>,
     /// The task-local storage of in-flight calls (held by the programs too).
-    _task_state: OwnedFd,
+    task_state: OwnedFd,
     /// The process tracepoints' links (detached with the probes, see `Drop`).
     tracepoints: Vec<TracePointLink>,
     /// The exit tracepoint's link: its program reads the task storage, so commtap loads
@@ -475,7 +476,7 @@ impl Probes {
             programs,
             free_slots: Vec::new(),
             mapped_by: BTreeMap::new(),
-            _task_state: task_state,
+            task_state,
             tracepoints,
             exit_link: Some(exit_link),
             window_stats: None,

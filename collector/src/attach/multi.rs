@@ -580,6 +580,22 @@ pub fn attach(
         .map_err(err)
 }
 
+/// The value task-storage map `map` holds for the task of pidfd `pidfd` (`None`: none,
+/// or not readable); `T` the map's value type, plain data of the map's value size.
+pub fn task_storage_value<T: Copy + Default>(map: BorrowedFd<'_>, pidfd: RawFd) -> Option<T> {
+    let mut value = T::default();
+    let key: i32 = pidfd;
+    // SAFETY: zeroed is a valid bpf_attr; we fill the BPF_MAP_LOOKUP_ELEM member.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: plain integers and pointers into the member this command reads.
+    let u = unsafe { &mut attr.__bindgen_anon_2 };
+    u.map_fd = map.as_raw_fd() as u32;
+    u.key = (&raw const key) as u64;
+    u.__bindgen_anon_1.value = (&raw mut value) as u64;
+    bpf_raw(bpf_cmd::BPF_MAP_LOOKUP_ELEM, &mut attr).ok()?;
+    Some(value)
+}
+
 /// Attaches the tracepoint program `prog` (loaded by [`load_programs`]: relocated against
 /// commtap's own maps, the task storage among them, which aya's loader cannot stand in) to
 /// the tracepoint whose tracefs directory is `event` (`.../events/sched/sched_process_exit`):

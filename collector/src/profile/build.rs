@@ -54,6 +54,11 @@ pub fn job_profile(
             let name = |handle| comm_name(pid, handle);
             let usage = usage_of(pid, t, &ps, &|| probes.read_proc_stats(pid));
             let mut rank = rank_profile(pid, t, (&ps, usage), &c, (events, &name), host, end_ns);
+            if rank.ended.is_none() && t.exit_ns.is_none() {
+                rank.in_call = probes.call_in_progress(pid).and_then(|c| {
+                    super::InCall::of(usize::from(c.routine), end_ns.saturating_sub(c.since_ns))
+                });
+            }
             if let Some(earlier) = &t.earlier {
                 rank.add_earlier(earlier);
             }
@@ -272,6 +277,7 @@ fn rank_profile(
         call_sites: Vec::new(),
         call_sites_left_out: 0,
         ended: super::Ending::of(ps),
+        in_call: None,
     }
 }
 

@@ -111,6 +111,11 @@ pub struct RankProfile {
     /// while it runs, and from older profiles).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<Ending>,
+    /// The MPI or NCCL call it was inside when this profile was made, where it still ran
+    /// (one of its threads', the one entered first; a call whose time was sampled away is
+    /// not seen): in a hung job, which call each rank waits in and for how long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_call: Option<InCall>,
 }
 
 /// How a process ended: its exit status or the signal that killed it, when, and the MPI
@@ -132,14 +137,42 @@ pub struct Ending {
     /// after the other are ordered); absent where not known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_unix_ns: Option<u64>,
-    /// The routine of the MPI or NCCL call one of its threads was inside as it ended (the
-    /// longest in it where several were); absent where none was (or that call's time was
-    /// sampled away: an untimed call's start is not kept).
+    /// The MPI or NCCL call one of its threads was inside as it ended (the longest in it
+    /// where several were); absent where none was (or that call's time was sampled away:
+    /// an untimed call's start is not kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub inside: Option<String>,
-    /// How long it had been inside that call, ns.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub inside_ns: u64,
+    pub inside: Option<InCall>,
+}
+
+/// An MPI or NCCL call a process was inside, and for how long.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct InCall {
+    /// Its routine.
+    pub routine: String,
+    /// How long the process had been inside it, ns.
+    pub for_ns: u64,
+}
+
+impl InCall {
+    /// The call of routine `routine` (an index into `ROUTINES`) that has lasted `for_ns`;
+    /// `None` for an index out of the table.
+    pub fn of(routine: usize, for_ns: u64) -> Option<InCall> {
+        collector_common::routines::ROUTINES
+            .get(routine)
+            .map(|r| InCall {
+                routine: r.name.to_string(),
+                for_ns,
+            })
+    }
+
+    /// `MPI_Barrier (12.0 s in it)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({} in it)",
+            self.routine,
+            crate::skew::summary::human_ns(self.for_ns)
+        )
+    }
 }
 
 impl Ending {
@@ -157,14 +190,12 @@ impl Ending {
         let inside = usize::try_from(ps.exit_in_routine)
             .ok()
             .and_then(|r| r.checked_sub(1))
-            .and_then(|r| collector_common::routines::ROUTINES.get(r))
-            .map(|r| r.name.to_string());
+            .and_then(|r| InCall::of(r, ps.exit_in_ns));
         Some(Ending {
             status: (known && signal.is_none()).then_some((code >> 8) as u8),
             signal,
             core_dumped: signal.is_some() && code & 0x80 != 0,
             at_unix_ns: (ps.exit_ns != 0).then(|| crate::clock::unix_ns_of(ps.exit_ns)),
-            inside_ns: if inside.is_some() { ps.exit_in_ns } else { 0 },
             inside,
         })
     }
@@ -191,10 +222,7 @@ impl Ending {
             (None, None) => "ended".to_string(),
         };
         match &self.inside {
-            Some(routine) => format!(
-                "{how} inside {routine} ({} in it)",
-                crate::skew::summary::human_ns(self.inside_ns)
-            ),
+            Some(call) => format!("{how} inside {}", call.describe()),
             None => how,
         }
     }
@@ -831,6 +859,7 @@ mod tests {
             call_sites: Vec::new(),
             call_sites_left_out: 0,
             ended: None,
+            in_call: None,
             start_ticks: 0,
             exited: false,
             detached: false,

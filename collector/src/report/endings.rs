@@ -1,6 +1,7 @@
 //! How the ranks that did not finish as programs do ended: killed, exited with an error, or
 //! inside an MPI call (a hung job killed, `MPI_Abort`), in the order they ended, for "which
-//! rank failed first".
+//! rank failed first"; and, of a job still running, the calls its ranks have been inside
+//! for long (a hung job: which rank the others wait for).
 
 use std::fmt::Write as _;
 
@@ -53,10 +54,58 @@ pub fn render_endings(job: &JobProfile) -> String {
     o
 }
 
+/// A call in progress this long makes the section of calls in progress.
+pub const LONG_CALL_NS: u64 = 1_000_000_000;
+
+/// The section of calls in progress, where a running rank has been inside one for
+/// [`LONG_CALL_NS`] or more: every running rank, the call it is inside (or none), the
+/// ranks outside MPI first (in a hung job, the likeliest the others wait for); empty
+/// otherwise.
+pub fn render_calls_in_progress(job: &JobProfile) -> String {
+    let running: Vec<&crate::profile::RankProfile> = job
+        .ranks
+        .iter()
+        .filter(|r| r.ended.is_none() && !r.exited)
+        .collect();
+    let long = |r: &crate::profile::RankProfile| {
+        r.in_call.as_ref().is_some_and(|c| c.for_ns >= LONG_CALL_NS)
+    };
+    let inside_long = running.iter().filter(|r| long(r)).count();
+    if inside_long == 0 {
+        return String::new();
+    }
+    let mut rows = running;
+    // Outside MPI first, then the shortest in its call: the others have waited longer.
+    rows.sort_by_key(|r| (r.in_call.as_ref().map(|c| c.for_ns), r.rank));
+    let mut o = String::new();
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "Calls in progress when this report was made ({} of {} running ranks inside one for \
+         1 s or more; those outside MPI, or in their call the shortest, first: the \
+         likeliest ones the others wait for):",
+        inside_long,
+        rows.len()
+    );
+    let _ = writeln!(
+        o,
+        "{:>8} {:<20} {:>10}  inside",
+        "taskid", "hostname", "pid"
+    );
+    for r in rows {
+        let inside = r.in_call.as_ref().map_or_else(
+            || "no MPI call".to_string(),
+            crate::profile::InCall::describe,
+        );
+        let _ = writeln!(o, "{:>8} {:<20} {:>10}  {inside}", r.rank, r.host, r.pid);
+    }
+    o
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::{Ending, RankProfile};
+    use crate::profile::{Ending, InCall, RankProfile};
 
     fn rank(rank: u32, ended: Option<Ending>) -> RankProfile {
         let mut r: RankProfile = serde_json::from_value(serde_json::json!({
@@ -78,8 +127,10 @@ mod tests {
                 Some(Ending {
                     signal: Some(15),
                     at_unix_ns: at(250),
-                    inside: Some("MPI_Barrier".into()),
-                    inside_ns: 2_500_000_000,
+                    inside: Some(InCall {
+                        routine: "MPI_Barrier".into(),
+                        for_ns: 2_500_000_000,
+                    }),
                     ..Default::default()
                 }),
             ),
@@ -119,11 +170,45 @@ mod tests {
     }
 
     #[test]
+    fn a_hung_job_lists_the_rank_outside_mpi_first() {
+        let mut ranks: Vec<RankProfile> = (0..4).map(|r| rank(r, None)).collect();
+        for (r, s) in [(0, 40), (2, 38), (3, 41)] {
+            ranks[r].in_call = Some(InCall {
+                routine: "MPI_Allreduce".into(),
+                for_ns: s * 1_000_000_000,
+            });
+        }
+        let job = JobProfile::of_ranks(ranks);
+        let text = render_calls_in_progress(&job);
+        let rows: Vec<&str> = text.lines().skip(3).collect();
+        assert_eq!(
+            rows,
+            [
+                "       1 node1                       101  no MPI call",
+                "       2 node1                       102  MPI_Allreduce (38.0 s in it)",
+                "       0 node1                       100  MPI_Allreduce (40.0 s in it)",
+                "       3 node1                       103  MPI_Allreduce (41.0 s in it)",
+            ],
+            "{text}"
+        );
+        assert!(text.contains("(3 of 4 running ranks"), "{text}");
+        // Calls shorter than a second: a job at work, no section.
+        let mut ranks: Vec<RankProfile> = (0..2).map(|r| rank(r, None)).collect();
+        ranks[0].in_call = Some(InCall {
+            routine: "MPI_Allreduce".into(),
+            for_ns: 5_000,
+        });
+        assert_eq!(render_calls_in_progress(&JobProfile::of_ranks(ranks)), "");
+    }
+
+    #[test]
     fn an_exit_status_and_abort_read_as_such() {
         let e = Ending {
             status: Some(5),
-            inside: Some("MPI_Abort".into()),
-            inside_ns: 1_000_000,
+            inside: Some(InCall {
+                routine: "MPI_Abort".into(),
+                for_ns: 1_000_000,
+            }),
             ..Default::default()
         };
         assert_eq!(

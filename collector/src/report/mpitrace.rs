@@ -935,6 +935,7 @@ pub fn render_text(whole: &JobProfile) -> String {
     }
     o.push_str(&render_summary(job));
     o.push_str(&super::endings::render_endings(whole));
+    o.push_str(&super::endings::render_calls_in_progress(whole));
     render_job_sites(&mut o, job);
     render_containers(&mut o, job);
     o.push_str(&super::durations::render_durations(job));

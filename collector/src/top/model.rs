@@ -99,6 +99,9 @@ pub struct RankRow {
     pub cpus: Option<f64>,
     /// Its largest resident set so far, bytes.
     pub max_rss_bytes: Option<u64>,
+    /// The call it has been inside for a second or more (`MPI_Barrier 42.0 s`: a time
+    /// booked only at a call's return, a rank blocked in one would look idle).
+    pub in_long_call: Option<String>,
 }
 
 /// What could not be measured, the shown ranks together.
@@ -236,6 +239,11 @@ impl Model {
                     .filter(|(i, _)| *i > 0.0)
                     .map(|(i, d)| secs(d) / i),
                 max_rss_bytes: r.usage.as_ref().map(|u| u.max_rss_bytes),
+                in_long_call: r
+                    .in_call
+                    .as_ref()
+                    .filter(|c| c.for_ns >= crate::report::LONG_CALL_NS)
+                    .map(|c| format!("{} {}", c.routine, crate::skew::summary::human_ns(c.for_ns))),
             });
         }
         ranks.sort_by(|a, b| {
@@ -365,6 +373,7 @@ mod tests {
             call_sites: Vec::new(),
             call_sites_left_out: 0,
             ended: None,
+            in_call: None,
             start_ticks: 1,
             exited: false,
             detached: false,
@@ -428,6 +437,33 @@ mod tests {
         assert_eq!(s.routines[0].calls, 20);
         assert_eq!(s.routines[0].calls_per_s, Some(5.0));
         assert_eq!(m.ranks_of(Some("7")), vec![0, 1]);
+    }
+
+    /// A rank blocked in a call returns nothing, so its time share stays 0: the column
+    /// of long calls says where it is.
+    #[test]
+    fn a_rank_blocked_in_a_call_shows_it() {
+        let mut blocked = rank(0, 10, 80, 0, 0);
+        blocked.in_call = Some(crate::profile::InCall {
+            routine: "MPI_Barrier".into(),
+            for_ns: 42_000_000_000,
+        });
+        let mut busy = rank(1, 10, 80, 0, 0);
+        busy.in_call = Some(crate::profile::InCall {
+            routine: "MPI_Allreduce".into(),
+            for_ns: 5_000,
+        });
+        let mut m = Model::default();
+        m.update(Instant::now(), JobProfile::of_ranks(vec![blocked, busy]));
+        let s = m.screen(&Filter::default(), SortKey::Time).expect("screen");
+        let inside = |rank: u32| {
+            s.ranks
+                .iter()
+                .find(|r| r.rank == rank)
+                .and_then(|r| r.in_long_call.clone())
+        };
+        assert_eq!(inside(0).as_deref(), Some("MPI_Barrier 42.0 s"));
+        assert_eq!(inside(1), None);
     }
 
     #[test]

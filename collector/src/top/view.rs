@@ -161,6 +161,7 @@ pub fn draw(frame: &mut Frame, screen: Option<&Screen>, status: &Status) {
                     .map_or_else(|| "-".into(), |c| format!("{:.0}%", 100.0 * c)),
                 r.max_rss_bytes
                     .map_or_else(|| "-".into(), |b| Unit::Bytes.format(b as f64)),
+                r.in_long_call.clone().unwrap_or_else(|| "-".into()),
             ])
         });
         let table = Table::new(
@@ -175,6 +176,7 @@ pub fn draw(frame: &mut Frame, screen: Option<&Screen>, status: &Status) {
                 Constraint::Length(11),
                 Constraint::Length(7),
                 Constraint::Length(10),
+                Constraint::Min(24),
             ],
         )
         .header(
@@ -188,6 +190,7 @@ pub fn draw(frame: &mut Frame, screen: Option<&Screen>, status: &Status) {
                 "elapsed(s)",
                 "CPU",
                 "max RSS",
+                "inside (1 s+)",
             ])
             .style(Style::new().add_modifier(Modifier::BOLD)),
         )

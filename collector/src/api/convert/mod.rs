@@ -7,7 +7,8 @@ use super::pb;
 use crate::{
     discover::{container::Container, Fabric},
     profile::{
-        CallCost, CallSite, Ending, JobProfile, ProbedLibrary, RankProfile, RegionProfile, Usage,
+        CallCost, CallSite, Ending, InCall, JobProfile, ProbedLibrary, RankProfile, RegionProfile,
+        Usage,
     },
     skew::SkewReport,
     stats::{
@@ -362,9 +363,9 @@ impl From<&RankProfile> for pb::RankProfile {
                 signal: e.signal.map(u32::from),
                 core_dumped: e.core_dumped,
                 at_unix_ns: e.at_unix_ns,
-                inside: e.inside.clone(),
-                inside_ns: e.inside_ns,
+                inside: e.inside.as_ref().map(Into::into),
             }),
+            in_call: r.in_call.as_ref().map(Into::into),
         }
     }
 }
@@ -378,8 +379,24 @@ fn ending(e: &pb::Ending) -> Ending {
         signal: byte(e.signal),
         core_dumped: e.core_dumped,
         at_unix_ns: e.at_unix_ns,
-        inside: e.inside.as_deref().map(|r| r.chars().take(64).collect()),
-        inside_ns: e.inside_ns,
+        inside: e.inside.as_ref().map(in_call),
+    }
+}
+
+impl From<&InCall> for pb::InCall {
+    fn from(c: &InCall) -> Self {
+        pb::InCall {
+            routine: c.routine.clone(),
+            for_ns: c.for_ns,
+        }
+    }
+}
+
+/// A node's word on a call in progress, its routine's name cut.
+fn in_call(c: &pb::InCall) -> InCall {
+    InCall {
+        routine: c.routine.chars().take(64).collect(),
+        for_ns: c.for_ns,
     }
 }
 
@@ -489,6 +506,7 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
                     .saturating_sub(crate::profile::MAX_CALL_SITES) as u64,
             ),
             ended: r.ended.as_ref().map(ending),
+            in_call: r.in_call.as_ref().map(in_call),
         })
     }
 }

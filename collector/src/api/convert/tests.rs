@@ -118,9 +118,15 @@ pub(crate) fn sample() -> JobProfile {
                 signal: Some(9),
                 core_dumped: true,
                 at_unix_ns: Some(1_700_000_000_000_000_000),
-                inside: Some("MPI_Barrier".into()),
-                inside_ns: 12_000_000_000,
+                inside: Some(crate::profile::InCall {
+                    routine: "MPI_Barrier".into(),
+                    for_ns: 12_000_000_000,
+                }),
                 ..Default::default()
+            }),
+            in_call: Some(crate::profile::InCall {
+                routine: "MPI_Allreduce".into(),
+                for_ns: 7_000_000_000,
             }),
             mpi_transport: Some("pml cm, mtl ofi".to_string()),
             start_ticks: 99,

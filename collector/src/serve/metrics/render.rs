@@ -52,6 +52,8 @@ struct Series {
     providers: Vec<String>,
     /// Each rank's MPI transport, as its MPI says it.
     transports: Vec<String>,
+    /// The call each rank has been inside for a second or more.
+    in_call: Vec<String>,
     /// Health: dropped, undecoded, nested, in flight at attach.
     health: [Vec<String>; 4],
     /// What each rank used of its node: CPU seconds (user, system), largest resident set,
@@ -120,6 +122,17 @@ impl Series {
             if let Some(n) = u.context_switches {
                 self.usage[2].push(format!("{l} {n}"));
             }
+        }
+        if let Some(c) = r
+            .in_call
+            .as_ref()
+            .filter(|c| c.for_ns >= crate::report::LONG_CALL_NS)
+        {
+            self.in_call.push(format!(
+                "{{{base},routine=\"{}\"}} {}",
+                escape(&c.routine),
+                c.for_ns as f64 / 1e9
+            ));
         }
         if let Some(t) = &r.mpi_transport {
             self.transports
@@ -219,7 +232,14 @@ impl Series {
         );
         let [ops, dev_bytes, dev_seconds, bus] = self.device;
         let [dropped, undecoded, nested, in_flight] = self.health;
-        let (providers, transports) = (self.providers, self.transports);
+        let (providers, transports, in_call) = (self.providers, self.transports, self.in_call);
+        o.family(
+            "commtap_rank_in_call_seconds",
+            "gauge",
+            "How long the rank has been inside its MPI or NCCL call in progress, by routine: \
+             only calls of a second or more (a hung job's ranks stay in one).",
+            in_call,
+        );
         o.family(
             "commtap_nccl_device_ops_total",
             "counter",
@@ -548,6 +568,22 @@ mod tests {
         ] {
             assert!(text.contains(&line), "{line}in\n{text}");
         }
+    }
+
+    #[test]
+    fn a_long_call_in_progress_is_a_gauge() {
+        let mut profile = crate::api::convert::tests::sample();
+        let text = render(&profile, 1, 0, 1, 0);
+        assert!(
+            text.contains(
+                "commtap_rank_in_call_seconds{job_id=\"42\",rank=\"0\",routine=\"MPI_Allreduce\"} 7\n"
+            ),
+            "{text}"
+        );
+        // A call of microseconds: a job at work, no series.
+        profile.ranks[0].in_call.as_mut().expect("a call").for_ns = 5_000;
+        let text = render(&profile, 1, 0, 1, 0);
+        assert!(!text.contains("commtap_rank_in_call_seconds{"), "{text}");
     }
 
     #[test]
