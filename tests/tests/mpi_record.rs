@@ -1006,12 +1006,15 @@ fn a_killed_rank_is_reported_inside_its_call(mpi: Mpi) {
     let ended = |rank: u64| rank_by_pid(&profile, pid_of(rank))["ended"].clone();
     let (one, zero) = (ended(1), ended(0));
     assert_eq!(one["signal"], 9, "{one}");
-    assert_eq!(one["inside"], "MPI_Sendrecv", "{one}");
-    assert!(one["inside_ns"].as_u64().is_some_and(|ns| ns > 0), "{one}");
+    assert_eq!(one["inside"]["routine"], "MPI_Sendrecv", "{one}");
+    assert!(
+        one["inside"]["for_ns"].as_u64().is_some_and(|ns| ns > 0),
+        "{one}"
+    );
     assert!(one.get("status").is_none(), "{one}");
     // Its launcher ends rank 0 by a signal of its choice, once rank 1 has died.
     assert!(zero["signal"].as_u64().is_some(), "{zero}");
-    assert_eq!(zero["inside"], "MPI_Barrier", "{zero}");
+    assert_eq!(zero["inside"]["routine"], "MPI_Barrier", "{zero}");
     let at = |e: &Value| e["at_unix_ns"].as_u64().expect("when it ended");
     assert!(at(&one) <= at(&zero), "{one} {zero}");
     let rows: Vec<&str> = report
