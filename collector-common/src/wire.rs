@@ -1011,10 +1011,20 @@ pub struct IdentityOffsets {
     pub usage_signal_maxrss: u32,
     /// `signal_struct.live`: the process's threads not ending yet.
     pub usage_signal_live: u32,
-    /// `task_struct.exit_code`: how an ending thread ends (its process's `wait` status).
+    /// `task_struct.exit_code`: how an ending thread ends (its process's `wait` status
+    /// where the process ends otherwise than as a group).
     pub usage_task_exit_code: u32,
+    /// `signal_struct.flags`: `SIGNAL_GROUP_EXIT` while the whole process ends (a fatal
+    /// signal, `exit_group`).
+    pub usage_signal_flags: u32,
+    /// `signal_struct.group_exit_code`: the process's `wait` status when it ends as a group
+    /// (a core dump's mark included, which only the dumping thread's own code has).
+    pub usage_signal_group_exit_code: u32,
 }
-const _: () = assert!(size_of::<IdentityOffsets>() == 148);
+const _: () = assert!(size_of::<IdentityOffsets>() == 156);
+
+/// `SIGNAL_GROUP_EXIT` of `signal_struct.flags` (`include/linux/sched/signal.h`).
+pub const SIGNAL_GROUP_EXIT: u32 = 0x4;
 
 /// Bytes of a process's environment an [`IdentityEvent`] carries.
 pub const IDENTITY_ENV_LEN: usize = 16384;

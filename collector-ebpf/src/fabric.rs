@@ -249,7 +249,7 @@ fn resolve(c: &Cookie, ip: u64, ep: u64) -> u16 {
 }
 
 /// Marks a routine id whose table kind is unknown.
-const UNRESOLVED: u16 = 0x8000;
+pub const UNRESOLVED: u16 = 0x8000;
 
 /// Return of any libfabric ops-table function or UCX operation.
 #[uretprobe]

@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use collector_common::{
     watch, CallState, Config, EventKind, IdentityEvent, ProcEvent, ProcStats, IDENTITY_ARGS_LEN,
-    IDENTITY_ENV_LEN,
+    IDENTITY_ENV_LEN, SIGNAL_GROUP_EXIT,
 };
 
 use crate::maps::{
@@ -279,12 +279,26 @@ fn account_exit(tgid: u32, group_dead: bool) {
         kernel_word(task, off.usage_task_nvcsw),
         kernel_word(task, off.usage_task_nivcsw),
     );
-    // `exit_code` is an int: the word's low half.
-    let status =
-        (kernel_word(task, off.usage_task_exit_code) & 0xffff_ffff) | ProcStats::EXIT_STATUS_KNOWN;
+    // `flags`, `exit_code` and `group_exit_code` are ints: each word's low half.
+    let group_exit = !signal.is_null()
+        && (kernel_word(signal, off.usage_signal_flags) as u32) & SIGNAL_GROUP_EXIT != 0;
+    // What `wait` reports: the group's code when the process ends as one (only the thread
+    // that dumped core has the core's mark in its own), else the last thread's own.
+    let code = if group_exit {
+        kernel_word(signal, off.usage_signal_group_exit_code)
+    } else {
+        kernel_word(task, off.usage_task_exit_code)
+    };
+    let status = (code & 0xffff_ffff) | ProcStats::EXIT_STATUS_KNOWN;
     // SAFETY: reads the monotonic clock.
     let now = unsafe { bpf_ktime_get_ns() };
-    let inside = call_in_progress(now);
+    // Only a thread ended with its process: one that ends alone inside a call (cancelled,
+    // `pthread_exit` from a callback) leaves a process that goes on.
+    let inside = if group_exit || group_dead {
+        call_in_progress(now)
+    } else {
+        None
+    };
     crate::maps::with_proc_stats(tgid, |s| {
         s.exit_cpu_ns += cpu;
         s.exit_utime_ns += utime;
@@ -315,7 +329,8 @@ fn call_in_progress(now: u64) -> Option<(u64, u64)> {
     let state = crate::maps::call_state(false)?;
     // SAFETY: the ending thread's own state; it runs no probe any more.
     let e = unsafe { &*state };
-    if e.busy != CallState::BUSY || e.start_ns == 0 {
+    // An unresolved libfabric function (its table unknown) names no routine.
+    if e.busy != CallState::BUSY || e.start_ns == 0 || e.routine & crate::fabric::UNRESOLVED != 0 {
         return None;
     }
     Some((u64::from(e.routine) + 1, now.saturating_sub(e.start_ns)))

@@ -12,14 +12,35 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// The Unix time (ns) of monotonic instant `at` (what a report across nodes orders by):
-/// the node's wall clock now less the time since `at`.
-pub fn unix_ns_of(at: u64) -> u64 {
-    let since = monotonic_ns().saturating_sub(at);
-    let now = std::time::SystemTime::now()
+/// The node's wall clock now, Unix ns.
+pub fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    now.saturating_sub(since)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The node's wall clock against its monotonic one, read once: every instant converted
+/// through one reading keeps the monotonic clock's order (two readings apart can differ by
+/// a preemption between their two clock reads).
+#[derive(Clone, Copy, Debug)]
+pub struct UnixClock {
+    /// Unix ns less monotonic ns.
+    offset: i128,
+}
+
+impl UnixClock {
+    /// The clocks as they read now.
+    pub fn now() -> UnixClock {
+        let mono = monotonic_ns();
+        UnixClock {
+            offset: i128::from(unix_now_ns()) - i128::from(mono),
+        }
+    }
+
+    /// The Unix time (ns) of monotonic instant `at`.
+    pub fn unix_ns(&self, at: u64) -> u64 {
+        u64::try_from(i128::from(at) + self.offset).unwrap_or(0)
+    }
 }
 
 /// Clock requests per estimate: the shortest round trip of these bounds the error.

@@ -3,46 +3,48 @@
  *
  * Usage: mpi_ending killed|status OUT_PREFIX   (2 ranks)
  *
- * killed: rank 1 sends rank 0 a message from inside an MPI_Sendrecv whose receive never
- *   completes (rank 0 sends nothing back); rank 0 receives it, so rank 1 is then inside
- *   that MPI_Sendrecv for certain, and kills it with SIGKILL; then rank 0 enters an
- *   MPI_Barrier that cannot complete and stays there until its launcher, seeing rank 1
- *   dead, ends it.
- * status: every rank finishes normally, and rank 1 then exits with status 3.
+ * killed (MPI_THREAD_MULTIPLE): rank 1's main thread enters an MPI_Sendrecv whose receive
+ *   never completes, sending rank 0 its pid (tag 7) from inside it; rank 0 receives that,
+ *   so rank 1's main thread is inside its MPI_Sendrecv for certain, and enters an
+ *   MPI_Sendrecv of its own that never completes, sending rank 1 a message (tag 6) from
+ *   inside it. A second thread of rank 1, blocked in MPI_Recv for that message, then knows
+ *   both ranks are inside their MPI_Sendrecv and kills its own process with SIGKILL. Rank 0
+ *   stays in its call until its launcher, seeing rank 1 dead, ends it.
+ * status: every rank finishes normally; rank 1 waits after MPI_Finalize until rank 0 has
+ *   exited (a pidfd of it), then exits with status 3 (a launcher may kill the ranks left
+ *   once one fails).
  *
  * Each rank writes OUT_PREFIX.<rank>.json with its rank and pid once MPI_Init has
- * returned; rank 0 (killed) writes {"killed": PID} to OUT_PREFIX.killed.json before the kill.
+ * returned; rank 0 (killed) writes {"killed": PID} to OUT_PREFIX.killed.json before its
+ * MPI_Sendrecv.
  */
 #include <mpi.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include "rank_truth.h"
 
-int main(int argc, char **argv)
+/* Rank 1's second thread: once rank 0 is inside its MPI_Sendrecv, kills the process. */
+static void *killer(void *arg)
 {
-    if (argc != 3 || (strcmp(argv[1], "killed") != 0 && strcmp(argv[1], "status") != 0)) {
-        fprintf(stderr, "usage: %s killed|status OUT_PREFIX\n", argv[0]);
-        return 2;
-    }
-    int killed = strcmp(argv[1], "killed") == 0;
-    MPI_Init(&argc, &argv);
-    int rank, size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    FILE *f = open_rank_truth(argv[2], rank);
-    fprintf(f, "{\"rank\": %d, \"pid\": %ld, \"size\": %d}\n", rank, (long)getpid(), size);
-    fclose(f);
-    if (size != 2)
-        MPI_Abort(MPI_COMM_WORLD, 2);
-    if (!killed) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        MPI_Finalize();
-        return rank == 1 ? 3 : 0;
-    }
+    (void)arg;
+    long go = 0;
+    MPI_Recv(&go, 1, MPI_LONG, 0, 6, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
+
+static int killed_mode(int rank, const char *prefix)
+{
+    long pid = (long)getpid(), never = 0;
     if (rank == 1) {
-        long pid = (long)getpid(), never = 0;
+        pthread_t t;
+        if (pthread_create(&t, NULL, killer, NULL) != 0)
+            MPI_Abort(MPI_COMM_WORLD, 4);
         MPI_Sendrecv(&pid, 1, MPI_LONG, 0, 7, &never, 1, MPI_LONG, 0, 8, MPI_COMM_WORLD,
                      MPI_STATUS_IGNORE);
         return 1; /* not reached */
@@ -50,14 +52,51 @@ int main(int argc, char **argv)
     long victim = 0;
     MPI_Recv(&victim, 1, MPI_LONG, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     char path[4096];
-    snprintf(path, sizeof path, "%s.killed.json", argv[2]);
-    f = fopen(path, "w");
-    if (f) {
-        fprintf(f, "{\"killed\": %ld}\n", victim);
-        fclose(f);
-    }
-    kill((pid_t)victim, SIGKILL);
+    snprintf(path, sizeof path, "%s.killed.json", prefix);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        MPI_Abort(MPI_COMM_WORLD, 5);
+    fprintf(f, "{\"killed\": %ld}\n", victim);
+    fclose(f);
+    MPI_Sendrecv(&pid, 1, MPI_LONG, 1, 6, &never, 1, MPI_LONG, 1, 5, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
+    return 1; /* not reached */
+}
+
+static int status_mode(int rank)
+{
+    long pid = (long)getpid(), first = 0;
+    MPI_Bcast(rank == 0 ? &pid : &first, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    /* Opened while rank 0 runs for certain: it is held in the barrier below. */
+    int pidfd = rank == 1 ? (int)syscall(SYS_pidfd_open, (pid_t)first, 0) : -1;
+    if (rank == 1 && pidfd < 0)
+        MPI_Abort(MPI_COMM_WORLD, 6);
     MPI_Barrier(MPI_COMM_WORLD);
     MPI_Finalize();
-    return 1; /* not reached */
+    if (rank != 1)
+        return 0;
+    struct pollfd p = {.fd = pidfd, .events = POLLIN};
+    while (poll(&p, 1, -1) != 1)
+        ;
+    return 3;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3 || (strcmp(argv[1], "killed") != 0 && strcmp(argv[1], "status") != 0)) {
+        fprintf(stderr, "usage: %s killed|status OUT_PREFIX\n", argv[0]);
+        return 2;
+    }
+    int killed = strcmp(argv[1], "killed") == 0, provided = 0;
+    MPI_Init_thread(&argc, &argv, killed ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE,
+                    &provided);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    FILE *f = open_rank_truth(argv[2], rank);
+    fprintf(f, "{\"rank\": %d, \"pid\": %ld, \"size\": %d}\n", rank, (long)getpid(), size);
+    fclose(f);
+    if (size != 2 || (killed && provided < MPI_THREAD_MULTIPLE))
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    return killed ? killed_mode(rank, argv[2]) : status_mode(rank);
 }

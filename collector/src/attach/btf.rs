@@ -232,6 +232,8 @@ fn usage_offsets(btf: &Btf, found: IdentityOffsets) -> Result<IdentityOffsets, B
         usage_signal_maxrss: btf.offset("signal_struct", "maxrss")?,
         usage_signal_live: btf.offset("signal_struct", "live")?,
         usage_task_exit_code: btf.offset("task_struct", "exit_code")?,
+        usage_signal_flags: btf.offset("signal_struct", "flags")?,
+        usage_signal_group_exit_code: btf.offset("signal_struct", "group_exit_code")?,
         ..found
     })
 }
@@ -346,6 +348,10 @@ mod tests {
         let se = btf.offset("task_struct", "se").expect("se");
         assert!(o.usage_task_sum_exec_runtime > se, "{o:?}");
         assert!(o.usage_task_exit_code > 0, "{o:?}");
+        assert!(
+            o.usage_signal_flags > 0 && o.usage_signal_group_exit_code > 0,
+            "{o:?}"
+        );
         // The in-place ranges (5 of 12 bytes) and the pointer to more share a union; the
         // count is outside them both.
         assert_eq!(o.uidmap_extent, o.uidmap_forward, "{o:?}");

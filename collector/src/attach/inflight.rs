@@ -2,23 +2,30 @@
 //! from the task storage the probes keep anyway (a hung job: which call each rank waits
 //! in, and since when; nothing the ranks pay).
 
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::{
+    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
+    sync::atomic::{AtomicBool, Ordering},
+};
 
-use collector_common::CallState;
+use collector_common::{routines::ROUTINES, CallState};
 
 use super::Probes;
 
-/// Most threads of one process read: a process of more is read in part (its first ones,
-/// as `/proc` lists them).
-const MAX_THREADS: usize = 4096;
+/// The threads whose call state one profile reads, at most, every rank's together (each a
+/// pidfd and a map lookup, made while the session is locked).
+pub const CALL_STATES_READ: usize = 16_384;
 
 /// `PIDFD_THREAD` (Linux 6.9+): a pidfd of one thread, not only of a process's leader.
 const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
 
+/// Set once the kernel refused a thread's pidfd (before Linux 6.9): leaders alone are read
+/// from then on.
+static NO_THREAD_PIDFDS: AtomicBool = AtomicBool::new(false);
+
 /// A timed call in progress on one of a process's threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InProgress {
-    /// Its routine (an index into `ROUTINES`).
+    /// Its routine (an index into `ROUTINES`, within it).
     pub routine: u16,
     /// Monotonic ns at its entry.
     pub since_ns: u64,
@@ -26,30 +33,47 @@ pub struct InProgress {
 
 impl Probes {
     /// The timed MPI or NCCL call one of `pid`'s threads is inside now, the one entered
-    /// first where several are; `None` where none is (or the kernel cannot say: before
-    /// Linux 6.9 only the leader thread is read). An untimed call (its routine's time
-    /// sampled, not drawn) keeps no start and is not seen.
-    pub fn call_in_progress(&self, pid: u32) -> Option<InProgress> {
-        let threads = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-        threads
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .take(MAX_THREADS)
-            .filter_map(|tid| self.thread_call(pid, tid))
+    /// first where several are; `None` where none is. Reads at most `budget` threads and
+    /// takes them from it; a process of more threads than `/proc` walks
+    /// ([`discover::LIVE_THREADS_READ`](crate::discover::LIVE_THREADS_READ)), or a kernel
+    /// without thread pidfds (before Linux 6.9), has its leader alone read. An untimed call
+    /// (its routine's time sampled, not drawn) keeps no start and is not seen.
+    pub fn call_in_progress(&self, pid: u32, budget: &mut usize) -> Option<InProgress> {
+        let threads = if NO_THREAD_PIDFDS.load(Ordering::Relaxed) {
+            vec![pid]
+        } else {
+            crate::discover::thread_ids(pid).unwrap_or_else(|| vec![pid])
+        };
+        let take = threads.len().min(*budget);
+        *budget -= take;
+        threads[..take]
+            .iter()
+            .filter_map(|&tid| self.thread_call(pid, tid))
             .min_by_key(|c| c.since_ns)
     }
 
     /// Thread `tid`'s call in progress, where it is `pid`'s (its state names the process:
-    /// a thread id given out again to another process's thread is not taken for it).
+    /// a thread id given out again to another process's thread is not taken for it) and
+    /// names a routine.
     fn thread_call(&self, pid: u32, tid: u32) -> Option<InProgress> {
         let fd = thread_pidfd(pid, tid)?;
-        let state =
-            super::multi::task_storage_value::<CallState>(self.task_state.as_fd(), fd.as_raw_fd())?;
-        (state.tgid == pid && state.busy == CallState::BUSY && state.start_ns != 0).then_some(
-            InProgress {
-                routine: state.routine,
-                since_ns: state.start_ns,
-            },
-        )
+        let read = || {
+            super::multi::task_storage_value::<CallState>(self.task_state.as_fd(), fd.as_raw_fd())
+                .map(|s| (s.tgid, s.busy, s.start_ns, s.routine))
+        };
+        // The thread writes its state as we copy it: a copy made across a call's entry can
+        // pair the new call's `busy` with the last one's start. Two copies alike are not
+        // torn (a call's fields change only at its entry and return).
+        let first = read()?;
+        if read()? != first {
+            return None;
+        }
+        let (tgid, busy, since_ns, routine) = first;
+        (tgid == pid
+            && busy == CallState::BUSY
+            && since_ns != 0
+            && ROUTINES.get(usize::from(routine)).is_some())
+        .then_some(InProgress { routine, since_ns })
     }
 }
 
@@ -59,8 +83,21 @@ fn thread_pidfd(pid: u32, tid: u32) -> Option<OwnedFd> {
     let open = |flags: libc::c_uint| {
         // SAFETY: pidfd_open takes a pid and flags; the result is checked.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, tid as libc::pid_t, flags) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
         // SAFETY: a new descriptor we now own.
-        (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
     };
-    open(PIDFD_THREAD).or_else(|| if tid == pid { open(0) } else { None })
+    if !NO_THREAD_PIDFDS.load(Ordering::Relaxed) {
+        match open(PIDFD_THREAD) {
+            Ok(fd) => return Some(fd),
+            // A thread that ended meanwhile is ESRCH; EINVAL is the flag refused.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                NO_THREAD_PIDFDS.store(true, Ordering::Relaxed);
+            }
+            Err(_) => return None,
+        }
+    }
+    (tid == pid).then(|| open(0).ok()).flatten()
 }

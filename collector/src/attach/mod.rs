@@ -5,6 +5,7 @@
 pub mod btf;
 mod counters;
 mod inflight;
+pub use inflight::CALL_STATES_READ;
 mod library;
 mod multi;
 mod programs;

@@ -269,21 +269,29 @@ pub fn live_usage(pid: u32, start_ticks: u64) -> Option<LiveUsage> {
         .then_some(usage)
 }
 
+/// The ids of `pid`'s threads (`/proc/PID/task`); `None` past [`LIVE_THREADS_READ`] (the
+/// walk stops there), or where the process is gone.
+pub fn thread_ids(pid: u32) -> Option<Vec<u32>> {
+    let mut ids = Vec::new();
+    for task in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        if ids.len() == LIVE_THREADS_READ {
+            return None;
+        }
+        if let Some(id) = task.file_name().to_str().and_then(|n| n.parse().ok()) {
+            ids.push(id);
+        }
+    }
+    Some(ids)
+}
+
 /// The context switches of `pid`'s live threads (`/proc/PID/task/*/status`: a process's own
 /// `status` counts its first thread's alone); `None` past [`LIVE_THREADS_READ`] threads.
 fn live_context_switches(pid: u32) -> Option<u64> {
     let mut sum = 0u64;
-    for (i, task) in fs::read_dir(format!("/proc/{pid}/task"))
-        .ok()?
-        .flatten()
-        .enumerate()
-    {
-        if i == LIVE_THREADS_READ {
-            return None;
-        }
+    for tid in thread_ids(pid)? {
         // A thread that ended since the listing has nothing left to add here, nor has one
         // past its end (a zombie, or dead): the kernel added its switches as it ended.
-        if let Ok(status) = fs::read_to_string(task.path().join("status")) {
+        if let Ok(status) = fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")) {
             let ended = status_field(&status, "State")
                 .is_some_and(|v| matches!(v.chars().next(), Some('Z' | 'X')));
             if !ended {

@@ -45,6 +45,10 @@ pub fn job_profile(
         peers: probes.read_peers(),
     };
     let counted: BTreeSet<u32> = c.all.iter().map(|(k, ..)| k.tgid).collect();
+    let clock = crate::clock::UnixClock::now();
+    // The threads whose call state is read for this profile, at most, all ranks together:
+    // each is a pidfd and a map lookup, under the session's lock.
+    let mut threads_left = crate::attach::CALL_STATES_READ;
     let mut ranks = Vec::new();
     let mut not_profiled = Vec::new();
     for (&pid, t) in tracked {
@@ -54,10 +58,14 @@ pub fn job_profile(
             let name = |handle| comm_name(pid, handle);
             let usage = usage_of(pid, t, &ps, &|| probes.read_proc_stats(pid));
             let mut rank = rank_profile(pid, t, (&ps, usage), &c, (events, &name), host, end_ns);
-            if rank.ended.is_none() && t.exit_ns.is_none() {
-                rank.in_call = probes.call_in_progress(pid).and_then(|c| {
-                    super::InCall::of(usize::from(c.routine), end_ns.saturating_sub(c.since_ns))
-                });
+            rank.ended = super::Ending::of(&ps, &clock);
+            if rank.ended.is_none() && t.exit_ns.is_none() && probes.is_watched(pid) {
+                rank.in_call = probes
+                    .call_in_progress(pid, &mut threads_left)
+                    .and_then(|c| {
+                        let for_ns = end_ns.saturating_sub(c.since_ns);
+                        super::InCall::of(usize::from(c.routine), for_ns)
+                    });
             }
             if let Some(earlier) = &t.earlier {
                 rank.add_earlier(earlier);
@@ -276,7 +284,7 @@ fn rank_profile(
         settings: info.settings.clone(),
         call_sites: Vec::new(),
         call_sites_left_out: 0,
-        ended: super::Ending::of(ps),
+        ended: None,
         in_call: None,
     }
 }

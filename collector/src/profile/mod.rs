@@ -177,10 +177,11 @@ impl InCall {
 
 impl Ending {
     /// How the kernel saw the process end ([`ProcStats`]'s exit fields), once its last
-    /// thread has.
+    /// thread has; its time put on the wall clock through `clock` (one reading for every
+    /// rank of a profile: their order is the kernel's).
     ///
     /// [`ProcStats`]: collector_common::ProcStats
-    pub fn of(ps: &collector_common::ProcStats) -> Option<Ending> {
+    pub fn of(ps: &collector_common::ProcStats, clock: &crate::clock::UnixClock) -> Option<Ending> {
         if ps.exit_group == 0 {
             return None;
         }
@@ -195,7 +196,7 @@ impl Ending {
             status: (known && signal.is_none()).then_some((code >> 8) as u8),
             signal,
             core_dumped: signal.is_some() && code & 0x80 != 0,
-            at_unix_ns: (ps.exit_ns != 0).then(|| crate::clock::unix_ns_of(ps.exit_ns)),
+            at_unix_ns: (ps.exit_ns != 0).then(|| clock.unix_ns(ps.exit_ns)),
             inside,
         })
     }

@@ -85,6 +85,11 @@ pub fn render_html(job: &JobProfile, expected: Option<&Expected>) -> String {
     );
     let sections = [
         ("summary", "Summary", summary(job)),
+        (
+            "ends",
+            "Ranks that failed, calls that do not return",
+            ends_and_waits(job),
+        ),
         ("routines", "Routines, all ranks", routine_tables(&routines)),
         (
             "region",
@@ -506,6 +511,16 @@ fn profiled_region(job: &JobProfile) -> String {
     o
 }
 
+/// The text report's sections of ranks that did not end normally and of calls in
+/// progress for a second or more (a hung job), where there are any.
+fn ends_and_waits(job: &JobProfile) -> String {
+    let text = super::endings::render_endings(job) + &super::endings::render_calls_in_progress(job);
+    if text.is_empty() {
+        return text;
+    }
+    format!("<pre>{}</pre>\n", escape(text.trim()))
+}
+
 fn text_report(job: &JobProfile) -> String {
     if job.ranks.len() > TEXT_RANKS {
         return format!(
@@ -538,6 +553,30 @@ mod tests {
 
     /// Every rank's calls at one site (one program, loaded at different addresses) are one
     /// row, its time marked where any was sampled; a name is escaped.
+    #[test]
+    fn a_failed_rank_has_a_section() {
+        let mut job = JobProfile::of_ranks(Vec::new());
+        assert_eq!(ends_and_waits(&job), "");
+        let mut rank: crate::profile::RankProfile = serde_json::from_value(serde_json::json!({
+            "rank": 3, "rank_known": true, "pid": 77, "host": "n<1>", "job": "7",
+            "cmdline": "./app", "start_ticks": 1, "elapsed_ns": 1, "comm_time_ns": 0,
+            "routines": {},
+        }))
+        .expect("a rank profile");
+        rank.ended = Some(crate::profile::Ending {
+            signal: Some(9),
+            ..Default::default()
+        });
+        job.ranks.push(rank);
+        let html = render_html(&job, None);
+        assert!(
+            html.contains("<section id=\"ends\">")
+                && html.contains("killed by SIGKILL")
+                && html.contains("n&lt;1&gt;"),
+            "{html}"
+        );
+    }
+
     #[test]
     fn call_sites_of_all_ranks_are_one_row_per_site() {
         let rank = |n: u32, address: &str| {

@@ -6,10 +6,7 @@
 //! histograms explicit-bucket histograms; `_seconds` and `_bytes` give the units `s` and
 //! `By`.
 
-use std::{
-    collections::BTreeMap,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::{collections::BTreeMap, time::Duration};
 
 use opentelemetry_proto::tonic::{
     collector::metrics::v1::{
@@ -373,12 +370,6 @@ fn request(
     }
 }
 
-fn unix_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
 /// The collector's endpoint; an `https://` one verified against the CA the standard
 /// variables name, with the client certificate they name, if any.
 fn endpoint(opts: &OtlpOptions) -> anyhow::Result<tonic::transport::Endpoint> {
@@ -406,7 +397,7 @@ pub async fn push<E: Exporter>(
     opts: OtlpOptions,
     shutdown: CancellationToken,
 ) {
-    let start_ns = unix_ns();
+    let start_ns = crate::clock::unix_now_ns();
     let channel = match endpoint(&opts) {
         Ok(e) => e.connect_timeout(Duration::from_secs(5)).connect_lazy(),
         Err(e) => {
@@ -428,7 +419,7 @@ pub async fn push<E: Exporter>(
             _ = tick.tick() => false,
         };
         let text = super::everything(state.as_ref(), Caller::Any).await;
-        let req = request(&text, &opts, start_ns, unix_ns());
+        let req = request(&text, &opts, start_ns, crate::clock::unix_now_ns());
         let export = tokio::time::timeout(
             opts.interval.max(Duration::from_secs(5)),
             client.export(req),
