@@ -871,6 +871,8 @@ macro_rules! define_proc_stats {
             pub exit_in_routine: u64,
             /// How long that thread had been inside that call, ns.
             pub exit_in_ns: u64,
+            /// That thread's id.
+            pub exit_in_tid: u64,
             /// Monotonic ns at which its last thread ended (0: not seen).
             pub exit_ns: u64,
         }
@@ -898,6 +900,7 @@ macro_rules! define_proc_stats {
                 if o.exit_in_routine != 0 && (self.exit_in_routine == 0 || o.exit_in_ns > self.exit_in_ns) {
                     self.exit_in_routine = o.exit_in_routine;
                     self.exit_in_ns = o.exit_in_ns;
+                    self.exit_in_tid = o.exit_in_tid;
                 }
             }
         }
@@ -905,7 +908,7 @@ macro_rules! define_proc_stats {
 }
 kernel_health_counters!(define_proc_stats);
 // Every field a u64, nothing between them: the kernel and userspace read the same bytes.
-const _: () = assert!(size_of::<ProcStats>() == 8 * (ProcStats::COUNTERS + 14));
+const _: () = assert!(size_of::<ProcStats>() == 8 * (ProcStats::COUNTERS + 15));
 
 impl ProcStats {
     /// Set in [`ProcStats::exit_status`] beside the kernel's exit code (which may be 0).

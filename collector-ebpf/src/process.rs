@@ -316,6 +316,7 @@ fn account_exit(tgid: u32, group_dead: bool) {
             if s.exit_in_routine == 0 || ns > s.exit_in_ns {
                 s.exit_in_routine = routine;
                 s.exit_in_ns = ns;
+                s.exit_in_tid = bpf_get_current_pid_tgid() & 0xffff_ffff;
             }
         }
     });

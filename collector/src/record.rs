@@ -554,7 +554,30 @@ async fn finish(
         let pids: Vec<u32> = profile.ranks.iter().map(|r| r.pid).collect();
         profile.skew = late.report_for(&pids, &whois);
     }
+    // The calls the ranks had not returned from: those they ended inside, and those they
+    // were inside as the recording stopped (a hung job's).
+    let unfinished: Vec<crate::api::pb::CallEvent> = profile
+        .ranks
+        .iter()
+        .filter_map(|r| match (&r.ended, &r.in_call) {
+            (Some(e), _) => {
+                let ended_ns = session.probes.read_proc_stats(r.pid).exit_ns;
+                let call = e.inside.as_ref().filter(|_| ended_ns != 0)?;
+                Some(trace::unfinished_call(r, call, ended_ns, e.how()))
+            }
+            (None, Some(call)) => Some(trace::unfinished_call(
+                r,
+                call,
+                end_ns,
+                "still inside when the recording stopped".into(),
+            )),
+            (None, None) => None,
+        })
+        .collect();
     for mut t in sinks.tracers {
+        for ev in &unfinished {
+            t.unfinished(ev)?;
+        }
         for r in &profile.ranks {
             t.name(
                 r.pid,

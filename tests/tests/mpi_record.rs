@@ -939,10 +939,11 @@ fn record_attached_to_a_launcher_that_maps_nccl_profiles_its_workers() {
     );
 }
 
-/// What [`record_a_failing_job`] made: its JSON profile, text report, standard error, and
-/// the truths' prefix in its scratch directory (kept while this lives).
+/// What [`record_a_failing_job`] made: its JSON profile, text report, standard error, trace
+/// (Chrome JSON), and the truths' prefix in its scratch directory (kept while this lives).
 struct FailedJob {
     profile: Value,
+    trace: Value,
     report: String,
     stderr: String,
     prefix: std::path::PathBuf,
@@ -952,12 +953,14 @@ struct FailedJob {
 /// `record` of `mpi_ending MODE` on 2 ranks of `mpi`, which fails.
 fn record_a_failing_job(mpi: Mpi, mode: &str) -> FailedJob {
     let scratch = Scratch::new(&format!("ending-{mode}-{}", mpi.suffix()));
-    let (text, json, prefix) = (
+    let (text, json, prefix, trace) = (
         scratch.path("report.txt"),
         scratch.path("profile.json"),
         scratch.path("truth"),
+        scratch.path("trace.json"),
     );
     let mut args = record_text_and_json(&text, &json);
+    args.extend(["--trace".into(), trace.display().to_string()]);
     args.push("--".into());
     args.extend(mpi.launcher(2));
     args.push(build_program("mpi_ending.c", mpi).display().to_string());
@@ -969,6 +972,7 @@ fn record_a_failing_job(mpi: Mpi, mode: &str) -> FailedJob {
     assert!(!run.status.success(), "{}", run.stderr);
     FailedJob {
         profile: read_json(&json),
+        trace: read_json(&trace),
         report: std::fs::read_to_string(&text).expect("text report"),
         stderr: run.stderr,
         prefix,
@@ -983,6 +987,7 @@ fn record_a_failing_job(mpi: Mpi, mode: &str) -> FailedJob {
 fn a_killed_rank_is_reported_inside_its_call(mpi: Mpi) {
     let FailedJob {
         profile,
+        trace,
         report,
         stderr,
         prefix,
@@ -1021,6 +1026,34 @@ fn a_killed_rank_is_reported_inside_its_call(mpi: Mpi) {
     assert_eq!(zero["inside"]["routine"], "MPI_Sendrecv", "{zero}");
     let at = |e: &Value| e["at_unix_ns"].as_u64().expect("when it ended");
     assert!(at(&one) <= at(&zero), "{one} {zero}");
+    // Rank 1's main thread made the call; the trace ends each rank's with its slice, for
+    // the time the profile says.
+    assert_eq!(one["inside"]["thread"], killed, "{one}");
+    let unfinished: Vec<&Value> = trace["traceEvents"]
+        .as_array()
+        .expect("trace events")
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["args"].get("unfinished").is_some())
+        .collect();
+    assert_eq!(unfinished.len(), 2, "{unfinished:?}");
+    for (pid, ended) in [(killed, &one), (pid_of(0), &zero)] {
+        let slice = unfinished
+            .iter()
+            .find(|e| e["pid"] == pid)
+            .unwrap_or_else(|| panic!("no unfinished slice of {pid}: {unfinished:?}"));
+        assert_eq!(slice["name"], "MPI_Sendrecv", "{slice}");
+        assert_eq!(slice["tid"], ended["inside"]["thread"], "{slice}");
+        let dur_us = slice["dur"].as_f64().expect("dur");
+        let for_ns = ended["inside"]["for_ns"].as_u64().expect("for_ns") as f64;
+        assert!((dur_us * 1000.0 - for_ns).abs() < 1000.0, "{slice} {ended}");
+    }
+    assert_eq!(
+        unfinished
+            .iter()
+            .find(|e| e["pid"] == killed)
+            .map(|e| &e["args"]["unfinished"]),
+        Some(&Value::from("killed by SIGKILL"))
+    );
     let rows: Vec<&str> = report
         .lines()
         .skip_while(|l| !l.starts_with("Ranks that did not end normally: 2 of 2"))

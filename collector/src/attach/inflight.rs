@@ -29,6 +29,8 @@ pub struct InProgress {
     pub routine: u16,
     /// Monotonic ns at its entry.
     pub since_ns: u64,
+    /// The thread inside it.
+    pub tid: u32,
 }
 
 impl Probes {
@@ -73,7 +75,11 @@ impl Probes {
             && busy == CallState::BUSY
             && since_ns != 0
             && ROUTINES.get(usize::from(routine)).is_some())
-        .then_some(InProgress { routine, since_ns })
+        .then_some(InProgress {
+            routine,
+            since_ns,
+            tid,
+        })
     }
 }
 

@@ -59,12 +59,12 @@ pub fn job_profile(
             let usage = usage_of(pid, t, &ps, &|| probes.read_proc_stats(pid));
             let mut rank = rank_profile(pid, t, (&ps, usage), &c, (events, &name), host, end_ns);
             rank.ended = super::Ending::of(&ps, &clock);
-            if rank.ended.is_none() && t.exit_ns.is_none() && probes.is_watched(pid) {
+            if rank.ended.is_none() && t.exit_ns.is_none() {
                 rank.in_call = probes
                     .call_in_progress(pid, &mut threads_left)
                     .and_then(|c| {
                         let for_ns = end_ns.saturating_sub(c.since_ns);
-                        super::InCall::of(usize::from(c.routine), for_ns)
+                        super::InCall::of(usize::from(c.routine), for_ns, c.tid)
                     });
             }
             if let Some(earlier) = &t.earlier {

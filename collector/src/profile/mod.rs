@@ -151,17 +151,21 @@ pub struct InCall {
     pub routine: String,
     /// How long the process had been inside it, ns.
     pub for_ns: u64,
+    /// The thread inside it (its id; 0 where not known).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub thread: u32,
 }
 
 impl InCall {
-    /// The call of routine `routine` (an index into `ROUTINES`) that has lasted `for_ns`;
-    /// `None` for an index out of the table.
-    pub fn of(routine: usize, for_ns: u64) -> Option<InCall> {
+    /// The call of routine `routine` (an index into `ROUTINES`) that thread `thread` has
+    /// been inside for `for_ns`; `None` for an index out of the table.
+    pub fn of(routine: usize, for_ns: u64, thread: u32) -> Option<InCall> {
         collector_common::routines::ROUTINES
             .get(routine)
             .map(|r| InCall {
                 routine: r.name.to_string(),
                 for_ns,
+                thread,
             })
     }
 
@@ -191,7 +195,7 @@ impl Ending {
         let inside = usize::try_from(ps.exit_in_routine)
             .ok()
             .and_then(|r| r.checked_sub(1))
-            .and_then(|r| InCall::of(r, ps.exit_in_ns));
+            .and_then(|r| InCall::of(r, ps.exit_in_ns, ps.exit_in_tid as u32));
         Some(Ending {
             status: (known && signal.is_none()).then_some((code >> 8) as u8),
             signal,
@@ -209,7 +213,16 @@ impl Ending {
     /// `exited with status 1`, `killed by SIGKILL (core dumped)`, `ended`, then ` inside
     /// MPI_Barrier (12.0 s in it)` where it was in a call.
     pub fn describe(&self) -> String {
-        let how = match (self.signal, self.status) {
+        let how = self.how();
+        match &self.inside {
+            Some(call) => format!("{how} inside {}", call.describe()),
+            None => how,
+        }
+    }
+
+    /// `exited with status 1`, `killed by SIGKILL (core dumped)`, or `ended`.
+    pub fn how(&self) -> String {
+        match (self.signal, self.status) {
             (Some(sig), _) => format!(
                 "killed by {}{}",
                 signal_name(sig),
@@ -221,10 +234,6 @@ impl Ending {
             ),
             (None, Some(status)) => format!("exited with status {status}"),
             (None, None) => "ended".to_string(),
-        };
-        match &self.inside {
-            Some(call) => format!("{how} inside {}", call.describe()),
-            None => how,
         }
     }
 }
@@ -497,8 +506,8 @@ impl RankProfile {
 
 // serde hands a field by reference.
 #[allow(clippy::trivially_copy_pass_by_ref)]
-fn is_zero(n: &u64) -> bool {
-    *n == 0
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 /// Adds each routine of `from` into `into`.

@@ -130,6 +130,7 @@ mod tests {
                     inside: Some(InCall {
                         routine: "MPI_Barrier".into(),
                         for_ns: 2_500_000_000,
+                        ..Default::default()
                     }),
                     ..Default::default()
                 }),
@@ -176,6 +177,7 @@ mod tests {
             ranks[r].in_call = Some(InCall {
                 routine: "MPI_Allreduce".into(),
                 for_ns: s * 1_000_000_000,
+                ..Default::default()
             });
         }
         let job = JobProfile::of_ranks(ranks);
@@ -197,6 +199,7 @@ mod tests {
         ranks[0].in_call = Some(InCall {
             routine: "MPI_Allreduce".into(),
             for_ns: 5_000,
+            ..Default::default()
         });
         assert_eq!(render_calls_in_progress(&JobProfile::of_ranks(ranks)), "");
     }
@@ -208,6 +211,7 @@ mod tests {
             inside: Some(InCall {
                 routine: "MPI_Abort".into(),
                 for_ns: 1_000_000,
+                ..Default::default()
             }),
             ..Default::default()
         };

@@ -237,6 +237,8 @@ impl Session {
             .map(|r| RankProfile {
                 exited: true,
                 detached: true,
+                // It goes on, unwatched: no call of it is read as in progress.
+                in_call: None,
                 ..r
             });
         self.probes.forget_process(pid);

@@ -447,11 +447,13 @@ mod tests {
         blocked.in_call = Some(crate::profile::InCall {
             routine: "MPI_Barrier".into(),
             for_ns: 42_000_000_000,
+            ..Default::default()
         });
         let mut busy = rank(1, 10, 80, 0, 0);
         busy.in_call = Some(crate::profile::InCall {
             routine: "MPI_Allreduce".into(),
             for_ns: 5_000,
+            ..Default::default()
         });
         let mut m = Model::default();
         m.update(Instant::now(), JobProfile::of_ranks(vec![blocked, busy]));

@@ -228,6 +228,9 @@ pub fn slice_args<'a>(ev: &'a pb::CallEvent, mut arg: impl FnMut(&'static str, A
     if let Some(seq) = ev.seq {
         arg("seq", Arg::Int(seq as i64));
     }
+    if let Some(why) = &ev.unfinished {
+        arg("unfinished", Arg::Str(why));
+    }
 }
 
 /// [`call_event`] with what who-is-late placed it as: its communicator by the name every
@@ -283,6 +286,31 @@ pub fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
                 follows_call: ev.flags & collector_common::CallEvent::FOLLOWS_CALL != 0,
             }
         }),
+        unfinished: None,
+    }
+}
+
+/// The slice of a call rank `rank` had not returned from when the trace was made: it ran
+/// from its start to `end_ns` (monotonic), `why` it did not return.
+pub fn unfinished_call(
+    rank: &crate::profile::RankProfile,
+    call: &crate::profile::InCall,
+    end_ns: u64,
+    why: String,
+) -> pb::CallEvent {
+    pb::CallEvent {
+        pid: rank.pid,
+        // The main thread where the kernel did not say.
+        tid: if call.thread == 0 {
+            rank.pid
+        } else {
+            call.thread
+        },
+        routine: call.routine.clone(),
+        start_ns: end_ns.saturating_sub(call.for_ns),
+        duration_ns: call.for_ns,
+        unfinished: Some(why),
+        ..Default::default()
     }
 }
 

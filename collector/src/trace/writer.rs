@@ -180,6 +180,14 @@ impl TraceWriter {
         }
     }
 
+    /// Writes a call that had not returned when the trace was made (`ev.unfinished` says
+    /// why): the last of its thread, its messages' arrows not drawn (they are numbered by
+    /// the calls that returned).
+    pub fn unfinished(&mut self, ev: &pb::CallEvent) -> Result<(), TraceError> {
+        self.write_following((ev.pid, ev.tid))?;
+        self.write_call(ev, FlowEnds::default())
+    }
+
     /// Writes the slice of the arrivals that followed `thread`'s last call, if any.
     fn write_following(&mut self, thread: (u32, u32)) -> Result<(), TraceError> {
         match self.following.remove(&thread) {

@@ -388,6 +388,7 @@ impl From<&InCall> for pb::InCall {
         pb::InCall {
             routine: c.routine.clone(),
             for_ns: c.for_ns,
+            thread: c.thread,
         }
     }
 }
@@ -397,6 +398,7 @@ fn in_call(c: &pb::InCall) -> InCall {
     InCall {
         routine: c.routine.chars().take(64).collect(),
         for_ns: c.for_ns,
+        thread: c.thread,
     }
 }
 

@@ -121,12 +121,14 @@ pub(crate) fn sample() -> JobProfile {
                 inside: Some(crate::profile::InCall {
                     routine: "MPI_Barrier".into(),
                     for_ns: 12_000_000_000,
+                    thread: 4242,
                 }),
                 ..Default::default()
             }),
             in_call: Some(crate::profile::InCall {
                 routine: "MPI_Allreduce".into(),
                 for_ns: 7_000_000_000,
+                thread: 4242,
             }),
             mpi_transport: Some("pml cm, mtl ofi".to_string()),
             start_ticks: 99,
