@@ -49,6 +49,7 @@ pub fn job_profile(
     // The threads whose call state is read for this profile, at most, all ranks together:
     // each is a pidfd and a map lookup, under the session's lock.
     let mut threads_left = crate::attach::CALL_STATES_READ;
+    let mut in_call_time = std::time::Duration::ZERO;
     let mut ranks = Vec::new();
     let mut not_profiled = Vec::new();
     for (&pid, t) in tracked {
@@ -60,12 +61,14 @@ pub fn job_profile(
             let mut rank = rank_profile(pid, t, (&ps, usage), &c, (events, &name), host, end_ns);
             rank.ended = super::Ending::of(&ps, &clock);
             if rank.ended.is_none() && t.exit_ns.is_none() {
+                let started = std::time::Instant::now();
                 rank.in_call = probes
                     .call_in_progress(pid, &mut threads_left)
                     .and_then(|c| {
                         let for_ns = end_ns.saturating_sub(c.since_ns);
                         super::InCall::of(usize::from(c.routine), for_ns, c.tid)
                     });
+                in_call_time += started.elapsed();
             }
             if let Some(earlier) = &t.earlier {
                 rank.add_earlier(earlier);
@@ -79,6 +82,11 @@ pub fn job_profile(
             });
         }
     }
+    tracing::debug!(
+        threads = crate::attach::CALL_STATES_READ - threads_left,
+        took = ?in_call_time,
+        "read the running ranks' calls in progress"
+    );
     assemble(ranks, probes, not_profiled, job_ids)
 }
 
