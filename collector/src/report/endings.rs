@@ -7,9 +7,9 @@ use std::fmt::Write as _;
 
 use crate::profile::JobProfile;
 
-/// The section: a line a rank that ended otherwise than with status 0 outside MPI, the
-/// first to end first, with its lead on the next; empty where every rank that ended did so
-/// normally.
+/// The section of ranks that ended otherwise than with status 0 outside MPI: a line each,
+/// the first to end first, with the time since the first rank's end (normal or not);
+/// empty where every rank that ended did so normally.
 pub fn render_endings(job: &JobProfile) -> String {
     let abnormal = job.abnormal_endings();
     if abnormal.is_empty() {
