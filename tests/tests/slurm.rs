@@ -164,6 +164,111 @@ fn a_slurm_job_is_profiled_under_its_id_and_its_epilog_writes_its_exact_report()
     daemon.stop(&scratch);
 }
 
+/// A hung job of nobody's, cancelled (`scancel`, as a user or a time limit ends one): its
+/// epilog's report says how each rank ended and where. Rank 0 was blocked in an
+/// `MPI_Barrier` (seen live first: a second or more in it), rank 1 outside MPI waiting for
+/// a go that never comes: the report has rank 0 killed inside `MPI_Barrier` and rank 1 in no
+/// call, the rank the job waited for.
+#[test]
+fn a_cancelled_hung_slurm_jobs_epilog_report_says_where_each_rank_was() {
+    let scratch = Scratch::new("slurm-hung");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let reports = scratch.path("reports");
+    let prolog = slurm_script(&scratch, "prolog.sh", &daemon, &reports);
+    let epilog = slurm_script(&scratch, "epilog.sh", &daemon, &reports);
+    let slurm = Slurm::start(&scratch, &prolog, &epilog);
+
+    let dir = nobody_dir(&scratch, "job");
+    let prog = dir.join("mpi_hang");
+    copy_as_nobody(&build_program("mpi_hang.c", Mpi::OpenMpi), &prog);
+    let script = dir.join("job.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nexec mpirun.openmpi --oversubscribe -np 2 {prog} 1 3 {d}/go {d}/truth\n",
+            prog = prog.display(),
+            d = dir.display()
+        ),
+    )
+    .expect("job script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let job = slurm.sbatch_as_nobody(2, &dir, &script);
+
+    let rank_of = |profile: &serde_json::Value, rank: u64| {
+        profile["ranks"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["rank"] == rank))
+            .cloned()
+            .unwrap_or_default()
+    };
+    wait_until(
+        "rank 0 seen in its barrier, rank 1 outside MPI",
+        LIMIT,
+        || {
+            let out = commtap_output(&[
+                "report",
+                "--from",
+                &daemon.target,
+                "--job",
+                &job,
+                "--format",
+                "json",
+            ]);
+            let Ok(profile) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+                return false;
+            };
+            let (zero, one) = (rank_of(&profile, 0), rank_of(&profile, 1));
+            zero["in_call"]["routine"] == "MPI_Barrier"
+                && zero["in_call"]["for_ns"]
+                    .as_u64()
+                    .is_some_and(|ns| ns >= 1_000_000_000)
+                && one.is_object()
+                && one.get("in_call").is_none()
+        },
+    );
+    let cancelled = slurm
+        .command("scancel")
+        .arg(&job)
+        .status()
+        .expect("running scancel");
+    assert!(cancelled.success());
+    assert_eq!(slurm.wait_ended(&job, LIMIT), "CANCELLED");
+    assert_eq!(script_result(&epilog, &job), ("0".into(), String::new()));
+
+    let out = reports.join(&job).join(&slurm.node);
+    let profile = read_json(&out.join("profile.json"));
+    let (zero, one) = (
+        rank_of(&profile, 0)["ended"].clone(),
+        rank_of(&profile, 1)["ended"].clone(),
+    );
+    assert_eq!(zero["inside"]["routine"], "MPI_Barrier", "{zero}");
+    assert!(one.is_object() && one.get("inside").is_none(), "{one}");
+    for ended in [&zero, &one] {
+        // Ended by Slurm's signal (or an MPI's exit with an error once its peer was gone).
+        assert!(
+            ended["signal"].as_u64().is_some() || ended["status"].as_u64().is_some_and(|s| s != 0),
+            "{ended}"
+        );
+    }
+    let report = std::fs::read_to_string(out.join("report.txt")).expect("report.txt");
+    let rows: Vec<&str> = report
+        .lines()
+        .skip_while(|l| !l.starts_with("Ranks that did not end normally: 2 of 2"))
+        .skip(2)
+        .take(2)
+        .collect();
+    let row = |rank: &str| {
+        rows.iter()
+            .find(|l| l.split_whitespace().next() == Some(rank))
+            .copied()
+            .unwrap_or_else(|| panic!("no row of rank {rank}: {report}"))
+    };
+    assert!(row("0").contains(" inside MPI_Barrier ("), "{report}");
+    assert!(!row("1").contains(" inside "), "{report}");
+    drop(slurm);
+    daemon.stop(&scratch);
+}
+
 /// A daemon started for one Slurm job (`--slurm-job ID`, as a site that profiles chosen
 /// jobs only would start one) counts that job's ranks from their first call, exactly, and
 /// never those of the same user's other job running beside it on the node: the kernel
