@@ -381,6 +381,38 @@ pub fn report_json(args: &[&str]) -> Value {
     profile
 }
 
+/// Waits until the daemon at `target` shows job `job` hung as `mpi_hang` hangs it with
+/// rank 1 late: rank 0 inside its `MPI_Barrier` for a second or more, rank 1 (waiting for
+/// the go, outside MPI) in no call. Returns that live profile.
+#[track_caller]
+pub fn wait_for_rank_0_hung_in_its_barrier(target: &str, job: &str, limit: Duration) -> Value {
+    let mut profile = Value::Null;
+    crate::wait_until(
+        "rank 0 seen in its barrier, rank 1 outside MPI",
+        limit,
+        || {
+            // Until the daemon has read the ranks' environment, it knows no such job.
+            let out =
+                commtap_output(&["report", "--from", target, "--job", job, "--format", "json"]);
+            let Ok(live) = serde_json::from_slice::<Value>(&out.stdout) else {
+                return false;
+            };
+            profile = live;
+            let (zero, one) = (
+                crate::rank_numbered(&profile, 0),
+                crate::rank_numbered(&profile, 1),
+            );
+            zero["in_call"]["routine"] == "MPI_Barrier"
+                && zero["in_call"]["for_ns"]
+                    .as_u64()
+                    .is_some_and(|ns| ns >= 1_000_000_000)
+                && one.is_object()
+                && one.get("in_call").is_none()
+        },
+    );
+    profile
+}
+
 /// The state (`probed`, `exited` ...) of each process `commtap ps` lists.
 pub fn ps_states(target: &str) -> std::collections::BTreeMap<u64, String> {
     ps_field(target, "state")

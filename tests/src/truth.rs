@@ -42,6 +42,26 @@ pub fn rank_by_pid(profile: &Value, pid: u64) -> &Value {
         .unwrap_or_else(|| panic!("no rank with pid {pid} in profile:\n{profile:#}"))
 }
 
+/// The profile's rank numbered `rank` (`Null` where it has none: not seen yet).
+pub fn rank_numbered(profile: &Value, rank: u64) -> Value {
+    profile["ranks"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["rank"] == rank))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The rows of a text report's table whose heading starts `heading` (its column names
+/// follow the heading): the lines up to the first blank or rule.
+pub fn report_rows<'a>(report: &'a str, heading: &str) -> Vec<&'a str> {
+    report
+        .lines()
+        .skip_while(|l| !l.starts_with(heading))
+        .skip(2)
+        .take_while(|l| !l.is_empty() && !l.starts_with("---"))
+        .collect()
+}
+
 /// (calls, bytes) per routine, from a truth file or a profile rank.
 pub fn routine_table(routines: &Value) -> std::collections::BTreeMap<String, (u64, u64)> {
     routines

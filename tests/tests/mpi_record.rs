@@ -1054,12 +1054,7 @@ fn a_killed_rank_is_reported_inside_its_call(mpi: Mpi) {
             .map(|e| &e["args"]["unfinished"]),
         Some(&Value::from("killed by SIGKILL"))
     );
-    let rows: Vec<&str> = report
-        .lines()
-        .skip_while(|l| !l.starts_with("Ranks that did not end normally: 2 of 2"))
-        .skip(2)
-        .take(2)
-        .collect();
+    let rows = report_rows(&report, "Ranks that did not end normally: 2 of 2");
     assert_eq!(rows.len(), 2, "{report}");
     assert!(
         rows[0].contains(&format!(" {killed} "))
@@ -1108,12 +1103,7 @@ fn a_rank_exit_status_is_reported() {
             "{ended}"
         );
     }
-    let rows: Vec<&str> = report
-        .lines()
-        .skip_while(|l| !l.starts_with("Ranks that did not end normally: 1 of 2"))
-        .skip(2)
-        .take_while(|l| !l.is_empty() && !l.starts_with("---"))
-        .collect();
+    let rows = report_rows(&report, "Ranks that did not end normally: 1 of 2");
     assert_eq!(rows.len(), 1, "{report}");
     assert!(
         rows[0].trim_start().starts_with("1 ") && rows[0].ends_with("  exited with status 3"),

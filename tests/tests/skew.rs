@@ -862,35 +862,14 @@ fn a_hung_job(mpi: Mpi) {
 
     // Which call each rank is inside: rank 0 the barrier it blocks in (a second or more),
     // rank 1 none (it waits for the go outside MPI, once its last collective returned).
-    let in_call_of = |profile: &Value, rank: u64| {
-        profile["ranks"]
-            .as_array()
-            .and_then(|r| r.iter().find(|r| r["rank"] == rank))
-            .map(|r| r["in_call"].clone())
-    };
-    wait_until(
-        "rank 0 seen in its barrier, rank 1 outside MPI",
-        LIMIT,
-        || {
-            let out = commtap_output(&live);
-            profile = serde_json::from_slice(&out.stdout).expect("JSON profile");
-            let zero = in_call_of(&profile, 0).unwrap_or_default();
-            zero["routine"] == "MPI_Barrier"
-                && zero["for_ns"]
-                    .as_u64()
-                    .is_some_and(|ns| ns >= 1_000_000_000)
-                && in_call_of(&profile, 1) == Some(Value::Null)
-        },
-    );
+    wait_for_rank_0_hung_in_its_barrier(&daemon.target, &job, LIMIT);
     let text = commtap_output(&["report", "--from", &daemon.target, "--job", &job]);
     let text = String::from_utf8_lossy(&text.stdout);
-    let rows: Vec<Vec<&str>> = text
-        .lines()
-        .skip_while(|l| !l.starts_with("Calls in progress when this report was made (1 of 2"))
-        .skip(2)
-        .take(2)
-        .map(|l| l.split_whitespace().collect())
-        .collect();
+    let rows: Vec<Vec<&str>> =
+        report_rows(&text, "Calls in progress when this report was made (1 of 2")
+            .into_iter()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
     assert_eq!(rows.len(), 2, "{text}");
     assert_eq!(
         (rows[0][0], &rows[0][3..]),

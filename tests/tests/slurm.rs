@@ -62,15 +62,26 @@ fn script_result(script: &Path, job: &str) -> (String, String) {
 /// wait at `dir/go`, writing their truths to `dir/truth.<rank>.json`; `before`: shell
 /// lines run first.
 fn loop_job(dir: &Path, before: &str) -> (PathBuf, PathBuf) {
-    let prog = dir.join("mpi_loop");
-    copy_as_nobody(&build_program("mpi_loop.c", Mpi::OpenMpi), &prog);
+    let d = dir.display();
+    mpi_job(
+        dir,
+        "mpi_loop",
+        before,
+        &format!("{d}/ready {d}/go {ITERS} {d}/truth"),
+    )
+}
+
+/// nobody's job script in `dir`: test program `name` (a copy nobody owns) as 2 Open MPI
+/// ranks given `args`, after the shell lines `before`; the program's path and the script's.
+fn mpi_job(dir: &Path, name: &str, before: &str, args: &str) -> (PathBuf, PathBuf) {
+    let prog = dir.join(name);
+    copy_as_nobody(&build_program(&format!("{name}.c"), Mpi::OpenMpi), &prog);
     let script = dir.join("job.sh");
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\n{before}exec mpirun.openmpi --oversubscribe -np 2 {prog} {d}/ready {d}/go {ITERS} {d}/truth\n",
+            "#!/bin/sh\n{before}exec mpirun.openmpi --oversubscribe -np 2 {prog} {args}\n",
             prog = prog.display(),
-            d = dir.display()
         ),
     )
     .expect("job script");
@@ -179,53 +190,11 @@ fn a_cancelled_hung_slurm_jobs_epilog_report_says_where_each_rank_was() {
     let slurm = Slurm::start(&scratch, &prolog, &epilog);
 
     let dir = nobody_dir(&scratch, "job");
-    let prog = dir.join("mpi_hang");
-    copy_as_nobody(&build_program("mpi_hang.c", Mpi::OpenMpi), &prog);
-    let script = dir.join("job.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nexec mpirun.openmpi --oversubscribe -np 2 {prog} 1 3 {d}/go {d}/truth\n",
-            prog = prog.display(),
-            d = dir.display()
-        ),
-    )
-    .expect("job script");
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let d = dir.display();
+    let (_, script) = mpi_job(&dir, "mpi_hang", "", &format!("1 3 {d}/go {d}/truth"));
     let job = slurm.sbatch_as_nobody(2, &dir, &script);
 
-    let rank_of = |profile: &serde_json::Value, rank: u64| {
-        profile["ranks"]
-            .as_array()
-            .and_then(|r| r.iter().find(|r| r["rank"] == rank))
-            .cloned()
-            .unwrap_or_default()
-    };
-    wait_until(
-        "rank 0 seen in its barrier, rank 1 outside MPI",
-        LIMIT,
-        || {
-            let out = commtap_output(&[
-                "report",
-                "--from",
-                &daemon.target,
-                "--job",
-                &job,
-                "--format",
-                "json",
-            ]);
-            let Ok(profile) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
-                return false;
-            };
-            let (zero, one) = (rank_of(&profile, 0), rank_of(&profile, 1));
-            zero["in_call"]["routine"] == "MPI_Barrier"
-                && zero["in_call"]["for_ns"]
-                    .as_u64()
-                    .is_some_and(|ns| ns >= 1_000_000_000)
-                && one.is_object()
-                && one.get("in_call").is_none()
-        },
-    );
+    wait_for_rank_0_hung_in_its_barrier(&daemon.target, &job, LIMIT);
     let cancelled = slurm
         .command("scancel")
         .arg(&job)
@@ -238,8 +207,8 @@ fn a_cancelled_hung_slurm_jobs_epilog_report_says_where_each_rank_was() {
     let out = reports.join(&job).join(&slurm.node);
     let profile = read_json(&out.join("profile.json"));
     let (zero, one) = (
-        rank_of(&profile, 0)["ended"].clone(),
-        rank_of(&profile, 1)["ended"].clone(),
+        rank_numbered(&profile, 0)["ended"].clone(),
+        rank_numbered(&profile, 1)["ended"].clone(),
     );
     assert_eq!(zero["inside"]["routine"], "MPI_Barrier", "{zero}");
     assert!(one.is_object() && one.get("inside").is_none(), "{one}");
@@ -251,12 +220,7 @@ fn a_cancelled_hung_slurm_jobs_epilog_report_says_where_each_rank_was() {
         );
     }
     let report = std::fs::read_to_string(out.join("report.txt")).expect("report.txt");
-    let rows: Vec<&str> = report
-        .lines()
-        .skip_while(|l| !l.starts_with("Ranks that did not end normally: 2 of 2"))
-        .skip(2)
-        .take(2)
-        .collect();
+    let rows = report_rows(&report, "Ranks that did not end normally: 2 of 2");
     let row = |rank: &str| {
         rows.iter()
             .find(|l| l.split_whitespace().next() == Some(rank))
