@@ -590,6 +590,18 @@ pub struct JobProfile {
     pub timeline: Option<timeline::Timeline>,
 }
 
+/// A call in progress this long is a long one: the report's section of calls in progress,
+/// `top`'s column and the Prometheus gauge show those alone (a job at work is always inside
+/// short ones).
+pub const LONG_CALL_NS: u64 = 1_000_000_000;
+
+impl RankProfile {
+    /// The call it has been inside for [`LONG_CALL_NS`] or more, where it is inside one.
+    pub fn long_call(&self) -> Option<&InCall> {
+        self.in_call.as_ref().filter(|c| c.for_ns >= LONG_CALL_NS)
+    }
+}
+
 impl JobProfile {
     /// The ranks that ended otherwise than a finished program does ([`Ending::normal`]),
     /// in the order they ended (those whose time is not known last, ties by rank): the

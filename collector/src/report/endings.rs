@@ -54,11 +54,8 @@ pub fn render_endings(job: &JobProfile) -> String {
     o
 }
 
-/// A call in progress this long makes the section of calls in progress.
-pub const LONG_CALL_NS: u64 = 1_000_000_000;
-
 /// The section of calls in progress, where a running rank has been inside one for
-/// [`LONG_CALL_NS`] or more: every running rank, the call it is inside (or none), the
+/// [`LONG_CALL_NS`](crate::profile::LONG_CALL_NS) or more: every running rank, the call it is inside (or none), the
 /// ranks outside MPI first (in a hung job, the likeliest the others wait for); empty
 /// otherwise.
 pub fn render_calls_in_progress(job: &JobProfile) -> String {
@@ -67,10 +64,7 @@ pub fn render_calls_in_progress(job: &JobProfile) -> String {
         .iter()
         .filter(|r| r.ended.is_none() && !r.exited)
         .collect();
-    let long = |r: &crate::profile::RankProfile| {
-        r.in_call.as_ref().is_some_and(|c| c.for_ns >= LONG_CALL_NS)
-    };
-    let inside_long = running.iter().filter(|r| long(r)).count();
+    let inside_long = running.iter().filter(|r| r.long_call().is_some()).count();
     if inside_long == 0 {
         return String::new();
     }

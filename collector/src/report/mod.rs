@@ -16,7 +16,6 @@ use std::{io::Write as _, path::PathBuf};
 use anyhow::{Context, Result};
 use tracing::info;
 
-pub use endings::LONG_CALL_NS;
 pub use mpitrace::{nothing_seen, render_text, write_mpitrace_dir};
 
 use crate::profile::JobProfile;

@@ -240,9 +240,7 @@ impl Model {
                     .map(|(i, d)| secs(d) / i),
                 max_rss_bytes: r.usage.as_ref().map(|u| u.max_rss_bytes),
                 in_long_call: r
-                    .in_call
-                    .as_ref()
-                    .filter(|c| c.for_ns >= crate::report::LONG_CALL_NS)
+                    .long_call()
                     .map(|c| format!("{} {}", c.routine, crate::skew::summary::human_ns(c.for_ns))),
             });
         }

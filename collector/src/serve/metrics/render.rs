@@ -123,11 +123,7 @@ impl Series {
                 self.usage[2].push(format!("{l} {n}"));
             }
         }
-        if let Some(c) = r
-            .in_call
-            .as_ref()
-            .filter(|c| c.for_ns >= crate::report::LONG_CALL_NS)
-        {
+        if let Some(c) = r.long_call() {
             self.in_call.push(format!(
                 "{{{base},routine=\"{}\"}} {}",
                 escape(&c.routine),
