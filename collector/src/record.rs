@@ -569,7 +569,13 @@ async fn finish(
                 r,
                 call,
                 end_ns,
-                "still inside when the recording stopped".into(),
+                if call.before_attach {
+                    "still inside when the recording stopped (entered before commtap attached: \
+                     the slice starts at the attach)"
+                } else {
+                    "still inside when the recording stopped"
+                }
+                .into(),
             )),
             (None, None) => None,
         })

@@ -1111,6 +1111,120 @@ fn a_rank_exit_status_is_reported() {
     );
 }
 
+/// `mpi_stuck`: a job already hung when `record --pid` attaches, rank 0 inside an
+/// `MPI_Sendrecv` no probe saw begin, rank 1 outside MPI. The ranks' stacks say so: rank
+/// 0's call, on its main thread, entered before the attach (its time the recording's, the
+/// least it has been), rank 1 in none (its stacks read whole); in the report's section
+/// rank 1 first, and the trace ends with rank 0's unfinished slice.
+fn a_job_hung_before_the_attach(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("stuck-{}", mpi.suffix()));
+    let (go, prefix) = (scratch.path("go"), scratch.path("truth"));
+    let launcher = mpi.launcher(2);
+    let mut cmd = Command::new(&launcher[0]);
+    mpi_env(&mut cmd)
+        .envs(mpi.job_env())
+        .args(&launcher[1..])
+        .arg(build_program("mpi_stuck.c", mpi))
+        .args([path_str(&go), path_str(&prefix)]);
+    let mut job = ChildGuard::spawn(&mut cmd);
+    let stuck = std::path::PathBuf::from(format!("{}.stuck", prefix.display()));
+    wait_until("rank 0 inside its MPI_Sendrecv", LIMIT, || stuck.exists());
+    let truths = read_truths(&prefix, 2);
+    let pid_of = |rank: u64| {
+        truths
+            .iter()
+            .find(|t| t["rank"] == rank)
+            .and_then(|t| t["pid"].as_u64())
+            .expect("a rank's pid")
+    };
+    let (text, json, trace) = (
+        scratch.path("report.txt"),
+        scratch.path("profile.json"),
+        scratch.path("trace.json"),
+    );
+    let mut args = record_text_and_json(&text, &json);
+    let pids = format!("{},{}", pid_of(0), pid_of(1));
+    args.extend(
+        [
+            "--pid",
+            &pids,
+            "--duration",
+            "2s",
+            "--trace",
+            path_str(&trace),
+        ]
+        .map(String::from),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = run_commtap(&scratch, &args, Duration::from_mins(3));
+    assert!(run.status.success(), "{}", run.stderr);
+    let profile = read_json(&json);
+    let zero = rank_by_pid(&profile, pid_of(0));
+    let call = &zero["in_call"];
+    assert_eq!(call["routine"], "MPI_Sendrecv", "{zero}");
+    assert_eq!(call["before_attach"], true, "{call}");
+    assert_eq!(call["thread"], pid_of(0), "{call}");
+    // From the attach to the profile: the recording's two seconds at least.
+    assert!(
+        call["for_ns"]
+            .as_u64()
+            .is_some_and(|ns| ns >= 2_000_000_000),
+        "{call}"
+    );
+    let one = rank_by_pid(&profile, pid_of(1));
+    assert!(
+        one.get("in_call").is_none() && one.get("in_call_unknown").is_none(),
+        "{one}"
+    );
+    let report = std::fs::read_to_string(&text).expect("text report");
+    let rows = report_rows(
+        &report,
+        "Calls in progress when this report was made (1 of 2",
+    );
+    assert_eq!(rows.len(), 2, "{report}");
+    assert!(
+        rows[0].contains(&format!(" {} ", pid_of(1))) && rows[0].ends_with("  no MPI call"),
+        "{report}"
+    );
+    assert!(
+        rows[1].contains(&format!(" {} ", pid_of(0)))
+            && rows[1].contains("  MPI_Sendrecv (")
+            && rows[1].ends_with(" in it or more: entered before commtap attached)"),
+        "{report}"
+    );
+    let trace = read_json(&trace);
+    let unfinished: Vec<&Value> = trace["traceEvents"]
+        .as_array()
+        .expect("trace events")
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["args"].get("unfinished").is_some())
+        .collect();
+    assert_eq!(unfinished.len(), 1, "{unfinished:?}");
+    assert_eq!(unfinished[0]["name"], "MPI_Sendrecv", "{}", unfinished[0]);
+    assert_eq!(unfinished[0]["tid"], pid_of(0), "{}", unfinished[0]);
+    assert!(
+        unfinished[0]["args"]["unfinished"]
+            .as_str()
+            .is_some_and(|w| w.contains("entered before commtap attached")),
+        "{}",
+        unfinished[0]
+    );
+    // Released, the job finishes as it should.
+    std::fs::write(&go, b"").expect("go file");
+    let status = job.wait_with_limit(LIMIT);
+    assert!(status.success(), "the job: {status}");
+}
+
+#[test]
+fn an_open_mpi_job_hung_before_the_attach_is_seen_inside_its_call() {
+    a_job_hung_before_the_attach(Mpi::OpenMpi);
+}
+
+#[test]
+fn an_mpich_job_hung_before_the_attach_is_seen_inside_its_call() {
+    a_job_hung_before_the_attach(Mpi::Mpich);
+}
+
 /// What each rank used of its node (`mpi_usage.c`: rank r keeps (r + 1) x 48 MiB and spins
 /// (r + 1) x 200 ms, then reads its own `getrusage` after `MPI_Finalize`): the kernel's sums
 /// at its threads' ends equal what the rank read, but for what ran after its reading (its

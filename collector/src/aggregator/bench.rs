@@ -258,6 +258,7 @@ pub fn synthetic_rank(
         call_sites_left_out: 0,
         ended: None,
         in_call: None,
+        in_call_unknown: false,
         start_ticks: 7,
         exited: true,
         detached: false,

@@ -446,6 +446,7 @@ mod tests {
                 call_sites_left_out: 0,
                 ended: None,
                 in_call: None,
+                in_call_unknown: false,
                 start_ticks: 1,
                 exited: false,
                 detached: false,

@@ -39,8 +39,15 @@ impl Probes {
     /// takes them from it; a process of more threads than `/proc` walks
     /// ([`discover::LIVE_THREADS_READ`](crate::discover::LIVE_THREADS_READ)), or a kernel
     /// without thread pidfds (before Linux 6.9), has its leader alone read. An untimed call
-    /// (its routine's time sampled, not drawn) keeps no start and is not seen.
-    pub fn call_in_progress(&self, pid: u32, budget: &mut usize) -> Option<InProgress> {
+    /// (its routine's time sampled, not drawn) keeps no start and is not seen. The threads
+    /// read that have no call state at all (none made a probed call since the probes were
+    /// attached) go to `stateless`.
+    pub fn call_in_progress(
+        &self,
+        pid: u32,
+        budget: &mut usize,
+        stateless: &mut Vec<u32>,
+    ) -> Option<InProgress> {
         let threads = if NO_THREAD_PIDFDS.load(Ordering::Relaxed) {
             vec![pid]
         } else {
@@ -50,15 +57,24 @@ impl Probes {
         *budget -= take;
         threads[..take]
             .iter()
-            .filter_map(|&tid| self.thread_call(pid, tid))
+            .filter_map(|&tid| match self.thread_call(pid, tid) {
+                State::Stateless => {
+                    stateless.push(tid);
+                    None
+                }
+                State::InCall(c) => Some(c),
+                State::Other => None,
+            })
             .min_by_key(|c| c.since_ns)
     }
 
     /// Thread `tid`'s call in progress, where it is `pid`'s (its state names the process:
     /// a thread id given out again to another process's thread is not taken for it) and
     /// names a routine.
-    fn thread_call(&self, pid: u32, tid: u32) -> Option<InProgress> {
-        let fd = thread_pidfd(pid, tid)?;
+    fn thread_call(&self, pid: u32, tid: u32) -> State {
+        let Some(fd) = thread_pidfd(pid, tid) else {
+            return State::Other;
+        };
         let read = || {
             super::multi::task_storage_value::<CallState>(self.task_state.as_fd(), fd.as_raw_fd())
                 .map(|s| (s.tgid, s.busy, s.start_ns, s.routine))
@@ -66,21 +82,37 @@ impl Probes {
         // The thread writes its state as we copy it: a copy made across a call's entry can
         // pair the new call's `busy` with the last one's start. Two copies alike are not
         // torn (a call's fields change only at its entry and return).
-        let first = read()?;
-        if read()? != first {
-            return None;
+        let Some(first) = read() else {
+            return State::Stateless;
+        };
+        if read() != Some(first) {
+            return State::Other;
         }
         let (tgid, busy, since_ns, routine) = first;
-        (tgid == pid
+        if tgid == pid
             && busy == CallState::BUSY
             && since_ns != 0
-            && ROUTINES.get(usize::from(routine)).is_some())
-        .then_some(InProgress {
-            routine,
-            since_ns,
-            tid,
-        })
+            && ROUTINES.get(usize::from(routine)).is_some()
+        {
+            State::InCall(InProgress {
+                routine,
+                since_ns,
+                tid,
+            })
+        } else {
+            State::Other
+        }
     }
+}
+
+/// What a thread's call state says.
+enum State {
+    /// It has none: no probe ran on it since the probes were attached.
+    Stateless,
+    /// It is inside a timed call.
+    InCall(InProgress),
+    /// It is in no timed call (or its state could not be read whole).
+    Other,
 }
 
 /// A pidfd of thread `tid` of process `pid`: of the thread itself (Linux 6.9+), else of the

@@ -8,6 +8,7 @@ pub mod cgroup;
 pub mod container;
 pub mod directory;
 pub mod memory;
+pub mod stack;
 pub mod tracked;
 
 use std::{

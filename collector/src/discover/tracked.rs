@@ -64,6 +64,23 @@ impl Tracked {
         self.info.as_ref().and_then(|i| i.uid).or(self.kernel_uid)
     }
 
+    /// Whether it was running before it was counted (attached to, not seen start): a call
+    /// it was inside then was seen begin by no probe.
+    pub fn attached_while_running(&self) -> bool {
+        /// A process counted this soon after its start made no call before.
+        const GRACE_NS: u64 = 100_000_000;
+        let Some(start_ticks) = self.info.as_ref().map(|i| i.start_ticks) else {
+            return false;
+        };
+        // SAFETY: sysconf reads a constant.
+        let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
+        // Ticks since boot, suspended time included: never earlier than the monotonic
+        // clock's reading of the same instant, so a process is never taken for attached
+        // to too soon.
+        let started_ns = start_ticks.saturating_mul(1_000_000_000 / hz.max(1));
+        started_ns.saturating_add(GRACE_NS) < self.since_ns
+    }
+
     /// A process counted from now on.
     pub fn from_now() -> Tracked {
         Tracked::since(monotonic_ns())

@@ -38,6 +38,7 @@ pub fn job_profile(
     comm_name: &CommName<'_>,
     (host, end_ns): (&str, u64),
     job_ids: &mut BTreeMap<String, String>,
+    unwinder: &mut crate::symbols::unwind::Unwinder,
 ) -> JobProfile {
     let c = Counters {
         all: probes.read_counters(),
@@ -50,10 +51,15 @@ pub fn job_profile(
     // each is a pidfd and a map lookup, under the session's lock.
     let mut threads_left = crate::attach::CALL_STATES_READ;
     let mut in_call_time = std::time::Duration::ZERO;
+    let mut stacks_time = std::time::Duration::ZERO;
     let mut ranks = Vec::new();
     let mut not_profiled = Vec::new();
     for (&pid, t) in tracked {
-        if counted.contains(&pid) || t.earlier.is_some() {
+        // A rank attached to that has made no call since is profiled all the same: a hung
+        // job's ranks make none, and where each is (inside which call, or none) is what
+        // its profile is for.
+        let idle_since_attach = t.maps_mpi && t.exit_ns.is_none() && t.attached_while_running();
+        if counted.contains(&pid) || t.earlier.is_some() || idle_since_attach {
             let ps = probes.read_proc_stats(pid);
             let events = events_of(pid);
             let name = |handle| comm_name(pid, handle);
@@ -62,12 +68,29 @@ pub fn job_profile(
             rank.ended = super::Ending::of(&ps, &clock);
             if rank.ended.is_none() && t.exit_ns.is_none() {
                 let started = std::time::Instant::now();
+                let mut stateless = Vec::new();
                 rank.in_call = probes
-                    .call_in_progress(pid, &mut threads_left)
+                    .call_in_progress(pid, &mut threads_left, &mut stateless)
                     .and_then(|c| {
                         let for_ns = end_ns.saturating_sub(c.since_ns);
                         super::InCall::of(usize::from(c.routine), for_ns, c.tid)
                     });
+                if rank.in_call.is_none() && !stateless.is_empty() && t.attached_while_running() {
+                    let wait = STACKS_WAIT.saturating_sub(stacks_time);
+                    match entered_before_attach(pid, &stateless, wait, unwinder) {
+                        Found::Inside(routine, tid) => {
+                            let for_ns = end_ns.saturating_sub(t.since_ns);
+                            rank.in_call = super::InCall::of(usize::from(routine), for_ns, tid)
+                                .map(|c| super::InCall {
+                                    before_attach: true,
+                                    ..c
+                                });
+                        }
+                        Found::Unknown => rank.in_call_unknown = true,
+                        Found::Outside => {}
+                    }
+                    stacks_time += started.elapsed();
+                }
                 in_call_time += started.elapsed();
             }
             if let Some(earlier) = &t.earlier {
@@ -88,6 +111,48 @@ pub fn job_profile(
         "read the running ranks' calls in progress"
     );
     assemble(ranks, probes, not_profiled, job_ids)
+}
+
+/// Longest one profile waits for running threads' stacks, all ranks together (a thread
+/// on a CPU is sampled within microseconds; one waiting for a CPU, not at all).
+const STACKS_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// What the stacks of a rank's threads say of the call it was inside when attached to.
+enum Found {
+    /// A thread is inside this routine.
+    Inside(u16, u32),
+    /// Every thread's stack was unwound whole, and none is inside a routine.
+    Outside,
+    /// None was found inside one, but a stack could not be read or unwound whole.
+    Unknown,
+}
+
+/// The MPI or NCCL call one of `pid`'s threads `stateless` (none made a probed call since
+/// the probes were attached) is inside, by its stack: a call entered before the attach.
+fn entered_before_attach(
+    pid: u32,
+    stateless: &[u32],
+    wait: std::time::Duration,
+    unwinder: &mut crate::symbols::unwind::Unwinder,
+) -> Found {
+    let Ok(objects) = discover::mapped_objects(pid) else {
+        return Found::Unknown;
+    };
+    let stacks = discover::stack::stacks(pid, stateless, wait);
+    let mut whole = stacks.len() == stateless.len();
+    for s in &stacks {
+        let unwound = unwinder.unwind(&objects, s);
+        tracing::debug!(pid, tid = s.tid, ?unwound, "a stack unwound");
+        if let Some(routine) = unwound.routine {
+            return Found::Inside(routine, s.tid);
+        }
+        whole &= unwound.complete;
+    }
+    if whole {
+        Found::Outside
+    } else {
+        Found::Unknown
+    }
 }
 
 /// The call sites of process `pid` among the kernel's `read`, named against the files it
@@ -294,6 +359,7 @@ fn rank_profile(
         call_sites_left_out: 0,
         ended: None,
         in_call: None,
+        in_call_unknown: false,
     }
 }
 

@@ -21,6 +21,10 @@ pub const SCHEMA: &str = "commtap.profile.v1";
 
 /// One profiled process (an MPI rank).
 #[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent facts of a rank, each a field of the profile's JSON"
+)]
 pub struct RankProfile {
     /// MPI world rank (from the launcher's environment; else the order of discovery).
     pub rank: u32,
@@ -116,6 +120,11 @@ pub struct RankProfile {
     /// not seen): in a hung job, which call each rank waits in and for how long.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_call: Option<InCall>,
+    /// Where `in_call` is absent: whether that is not known. A rank attached to while
+    /// running has the call it was inside then found on its threads' stacks; where one
+    /// could not be read whole, such a call may have gone unseen.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_call_unknown: bool,
 }
 
 /// How a process ended: its exit status or the signal that killed it, when, and the MPI
@@ -154,6 +163,10 @@ pub struct InCall {
     /// The thread inside it (its id; 0 where not known).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub thread: u32,
+    /// It was entered before commtap attached (no probe saw it begin: it was found on the
+    /// thread's stack), and `for_ns` is the time since the attach: the least it has been.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub before_attach: bool,
 }
 
 impl InCall {
@@ -166,16 +179,22 @@ impl InCall {
                 routine: r.name.to_string(),
                 for_ns,
                 thread,
+                before_attach: false,
             })
     }
 
-    /// `MPI_Barrier (12.0 s in it)`.
+    /// `MPI_Barrier (12.0 s in it)`; `MPI_Barrier (12.0 s in it or more: entered before
+    /// commtap attached)`.
     pub fn describe(&self) -> String {
-        format!(
-            "{} ({} in it)",
-            self.routine,
-            crate::skew::summary::human_ns(self.for_ns)
-        )
+        let time = crate::skew::summary::human_ns(self.for_ns);
+        if self.before_attach {
+            format!(
+                "{} ({time} in it or more: entered before commtap attached)",
+                self.routine
+            )
+        } else {
+            format!("{} ({time} in it)", self.routine)
+        }
     }
 }
 
@@ -882,6 +901,7 @@ mod tests {
             call_sites_left_out: 0,
             ended: None,
             in_call: None,
+            in_call_unknown: false,
             start_ticks: 0,
             exited: false,
             detached: false,

@@ -87,10 +87,13 @@ pub fn render_calls_in_progress(job: &JobProfile) -> String {
         "taskid", "hostname", "pid"
     );
     for r in rows {
-        let inside = r.in_call.as_ref().map_or_else(
-            || "no MPI call".to_string(),
-            crate::profile::InCall::describe,
-        );
+        let inside = match &r.in_call {
+            Some(c) => c.describe(),
+            None if r.in_call_unknown => {
+                "not known (a thread's stack could not be read whole)".to_string()
+            }
+            None => "no MPI call".to_string(),
+        };
         let _ = writeln!(o, "{:>8} {:<20} {:>10}  {inside}", r.rank, r.host, r.pid);
     }
     o
@@ -196,6 +199,31 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(render_calls_in_progress(&JobProfile::of_ranks(ranks)), "");
+    }
+
+    /// A rank attached to late: its call found on its stack, or not known where a stack
+    /// could not be read whole (never taken for a rank outside MPI).
+    #[test]
+    fn a_call_entered_before_the_attach_and_an_unknown_one_read_as_such() {
+        let mut ranks: Vec<RankProfile> = (0..3).map(|r| rank(r, None)).collect();
+        ranks[0].in_call = Some(InCall {
+            routine: "MPI_Barrier".into(),
+            for_ns: 3_000_000_000,
+            before_attach: true,
+            ..Default::default()
+        });
+        ranks[1].in_call_unknown = true;
+        let text = render_calls_in_progress(&JobProfile::of_ranks(ranks));
+        let rows: Vec<&str> = text.lines().skip(3).collect();
+        assert_eq!(
+            rows,
+            [
+                "       1 node1                       101  not known (a thread's stack could not be read whole)",
+                "       2 node1                       102  no MPI call",
+                "       0 node1                       100  MPI_Barrier (3.0 s in it or more: entered before commtap attached)",
+            ],
+            "{text}"
+        );
     }
 
     #[test]

@@ -55,6 +55,8 @@ pub struct Session {
     pub host: String,
     /// The files that name the call sites of tracked processes, where they are counted.
     pub site_files: crate::symbols::sites::SiteFiles,
+    /// The files' unwinding tables, for the calls ranks attached to were already inside.
+    unwinder: crate::symbols::unwind::Unwinder,
 }
 
 /// How often, and how long in all, processes were paused at library loads until probed.
@@ -120,6 +122,7 @@ impl Session {
             pauses: Pauses::default(),
             host: discover::this_host(),
             site_files: Default::default(),
+            unwinder: Default::default(),
         })
     }
 
@@ -239,6 +242,7 @@ impl Session {
                 detached: true,
                 // It goes on, unwatched: no call of it is read as in progress.
                 in_call: None,
+                in_call_unknown: false,
                 ..r
             });
         self.probes.forget_process(pid);
@@ -295,6 +299,7 @@ impl Session {
             &name,
             (&self.host, end_ns),
             &mut self.job_ids,
+            &mut self.unwinder,
         );
         profile.place_peers_on_world_ranks();
         if self.probes.call_sites() {

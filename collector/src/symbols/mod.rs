@@ -14,6 +14,7 @@ mod lines;
 mod nccl;
 mod probes;
 pub mod sites;
+pub mod unwind;
 
 use nccl::{nccl_banner_version, nccl_net_plugin, nccl_version, older_net_plugin};
 pub use probes::{choose_probe_point, dynamic_needs, DynamicNeeds};

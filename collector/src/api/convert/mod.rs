@@ -366,6 +366,7 @@ impl From<&RankProfile> for pb::RankProfile {
                 inside: e.inside.as_ref().map(Into::into),
             }),
             in_call: r.in_call.as_ref().map(Into::into),
+            in_call_unknown: r.in_call_unknown,
         }
     }
 }
@@ -389,6 +390,7 @@ impl From<&InCall> for pb::InCall {
             routine: c.routine.clone(),
             for_ns: c.for_ns,
             thread: c.thread,
+            before_attach: c.before_attach,
         }
     }
 }
@@ -399,6 +401,7 @@ fn in_call(c: &pb::InCall) -> InCall {
         routine: c.routine.chars().take(64).collect(),
         for_ns: c.for_ns,
         thread: c.thread,
+        before_attach: c.before_attach,
     }
 }
 
@@ -509,6 +512,7 @@ impl TryFrom<&pb::RankProfile> for RankProfile {
             ),
             ended: r.ended.as_ref().map(ending),
             in_call: r.in_call.as_ref().map(in_call),
+            in_call_unknown: r.in_call_unknown,
         })
     }
 }

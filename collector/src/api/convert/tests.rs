@@ -122,6 +122,7 @@ pub(crate) fn sample() -> JobProfile {
                     routine: "MPI_Barrier".into(),
                     for_ns: 12_000_000_000,
                     thread: 4242,
+                    ..Default::default()
                 }),
                 ..Default::default()
             }),
@@ -129,7 +130,9 @@ pub(crate) fn sample() -> JobProfile {
                 routine: "MPI_Allreduce".into(),
                 for_ns: 7_000_000_000,
                 thread: 4242,
+                before_attach: true,
             }),
+            in_call_unknown: true,
             mpi_transport: Some("pml cm, mtl ofi".to_string()),
             start_ticks: 99,
             exited: true,

@@ -1,0 +1,423 @@
+//! What a thread's stack holds now: its user registers and its memory, for unwinding
+//! (`symbols::unwind`) to find the MPI call a rank entered before commtap attached (a hung
+//! job attached to late: no probe saw that call begin).
+//!
+//! A thread blocked in the kernel has its registers in `/proc/PID/task/TID/syscall`, and
+//! its stack does not move while it sleeps. A running one (MPI ranks busy-poll while they
+//! wait) is sampled once by a perf event bound to it, which copies its registers and the
+//! top of its stack at one instant (read later, the stack would have moved on).
+
+use std::{
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    time::{Duration, Instant},
+};
+
+/// Bytes of a running thread's stack a sample copies (above its stack pointer): the
+/// frames of the MPI library's progress loop; the frames beyond are the caller's, which
+/// do not change while it waits inside the call, and are read from memory.
+const SAMPLED_STACK: u32 = 16 << 10;
+/// Most threads sampled at once (each a perf event and its buffer).
+pub const MAX_SAMPLED: usize = 256;
+
+/// A thread's user registers, as unwinding needs them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Registers {
+    /// Instruction pointer.
+    pub ip: u64,
+    /// Stack pointer.
+    pub sp: u64,
+    /// Frame pointer (`rbp`), where known (`/proc` does not give a blocked thread's).
+    pub bp: Option<u64>,
+}
+
+/// A thread's registers and a way to read its stack.
+#[derive(Debug)]
+pub struct ThreadStack {
+    /// Its process.
+    pub pid: u32,
+    /// The thread.
+    pub tid: u32,
+    /// Its registers when it was looked at.
+    pub regs: Registers,
+    /// Its stack from `regs.sp` up, copied with the registers (a running thread's); empty
+    /// for a blocked thread, whose stack is read from memory.
+    copied: Vec<u8>,
+}
+
+impl ThreadStack {
+    /// The 8 bytes at `addr` of the thread's memory, from the copy made with its registers
+    /// where it holds them.
+    pub fn read_u64(&self, addr: u64) -> Option<u64> {
+        let off = addr.checked_sub(self.regs.sp)?;
+        if let Some(b) = usize::try_from(off)
+            .ok()
+            .and_then(|o| self.copied.get(o..o.checked_add(8)?))
+        {
+            return Some(u64::from_le_bytes(b.try_into().ok()?));
+        }
+        let mut b = [0u8; 8];
+        (read_memory(self.pid, addr, &mut b) == 8).then(|| u64::from_le_bytes(b))
+    }
+}
+
+/// Reads `buf.len()` bytes of `pid`'s memory at `addr`; the count read.
+pub fn read_memory(pid: u32, addr: u64, buf: &mut [u8]) -> usize {
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: one local iovec over `buf`, which outlives the call; the remote one is only
+    // read by the kernel, checked against the other process's mappings.
+    let n = unsafe {
+        libc::process_vm_readv(
+            pid as libc::pid_t,
+            &raw const local,
+            1,
+            &raw const remote,
+            1,
+            0,
+        )
+    };
+    usize::try_from(n).unwrap_or(0)
+}
+
+/// What `/proc/PID/task/TID/syscall` says of a thread.
+#[derive(Debug, PartialEq, Eq)]
+enum Syscall {
+    /// Blocked in the kernel, its user stack and instruction pointers.
+    Blocked { sp: u64, ip: u64 },
+    /// On a CPU (or about to be): its registers change.
+    Running,
+}
+
+/// Parses `/proc/PID/task/TID/syscall`: `running`, or `NR [6 args] SP PC` (`-1 SP PC` for a
+/// thread blocked outside a system call).
+fn parse_syscall(text: &str) -> Option<Syscall> {
+    let text = text.trim();
+    if text == "running" {
+        return Some(Syscall::Running);
+    }
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    if !(fields.len() == 9 || fields.len() == 3 && fields[0] == "-1") {
+        return None;
+    }
+    let hex = |s: &str| u64::from_str_radix(s.strip_prefix("0x")?, 16).ok();
+    Some(Syscall::Blocked {
+        sp: hex(fields[fields.len() - 2])?,
+        ip: hex(fields[fields.len() - 1])?,
+    })
+}
+
+fn syscall_of(pid: u32, tid: u32) -> Option<Syscall> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
+    parse_syscall(&text)
+}
+
+/// The stacks of `pid`'s threads `tids` (at most [`MAX_SAMPLED`] of those running), as far
+/// as they could be read: a running thread not sampled within `wait` (not given a CPU) is
+/// looked at once more, and left out if it still runs.
+pub fn stacks(pid: u32, tids: &[u32], wait: Duration) -> Vec<ThreadStack> {
+    let mut out = Vec::new();
+    let mut samplers = Vec::new();
+    for &tid in tids {
+        match syscall_of(pid, tid) {
+            Some(Syscall::Blocked { sp, ip }) => out.push(blocked(pid, tid, sp, ip)),
+            Some(Syscall::Running) if samplers.len() < MAX_SAMPLED => match Sampler::open(tid) {
+                Ok(s) => samplers.push(s),
+                Err(e) => tracing::debug!(pid, tid, error = %e, "thread not sampled"),
+            },
+            _ => {}
+        }
+    }
+    let deadline = Instant::now() + wait;
+    while !samplers.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut fds: Vec<libc::pollfd> = samplers
+            .iter()
+            .map(|s| libc::pollfd {
+                fd: s.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+        // SAFETY: `fds` is a live array of `fds.len()` pollfds.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        let timed_out = ready <= 0 || left.is_zero();
+        let mut still = Vec::new();
+        for (s, p) in samplers.into_iter().zip(&fds) {
+            if p.revents != 0 {
+                if let Some((regs, copied)) = s.first_sample() {
+                    out.push(ThreadStack {
+                        pid,
+                        tid: s.tid,
+                        regs,
+                        copied,
+                    });
+                }
+            } else if timed_out {
+                // It may have blocked since it was found running.
+                if let Some(Syscall::Blocked { sp, ip }) = syscall_of(pid, s.tid) {
+                    out.push(blocked(pid, s.tid, sp, ip));
+                }
+            } else {
+                still.push(s);
+            }
+        }
+        samplers = still;
+    }
+    out
+}
+
+fn blocked(pid: u32, tid: u32, sp: u64, ip: u64) -> ThreadStack {
+    ThreadStack {
+        pid,
+        tid,
+        regs: Registers { ip, sp, bp: None },
+        copied: Vec::new(),
+    }
+}
+
+/// `perf_event_attr` up to `sample_max_stack` (`PERF_ATTR_SIZE_VER5`, 112 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct PerfEventAttr {
+    kind: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    config1: u64,
+    config2: u64,
+    branch_sample_type: u64,
+    sample_regs_user: u64,
+    sample_stack_user: u32,
+    clockid: i32,
+    sample_regs_intr: u64,
+    aux_watermark: u32,
+    sample_max_stack: u16,
+    reserved: u16,
+}
+
+const _: () = assert!(std::mem::size_of::<PerfEventAttr>() == 112);
+
+const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_COUNT_SW_TASK_CLOCK: u64 = 1;
+const PERF_SAMPLE_REGS_USER: u64 = 1 << 12;
+const PERF_SAMPLE_STACK_USER: u64 = 1 << 13;
+/// `exclude_hv`: nothing of a hypervisor's.
+const EXCLUDE_HV: u64 = 1 << 6;
+/// x86-64's `perf_event_x86_regs`: BP, SP, IP (a sample lists them in this order).
+const REGS_BP_SP_IP: u64 = (1 << 6) | (1 << 7) | (1 << 8);
+const PERF_RECORD_SAMPLE: u32 = 9;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+/// Pages of a sampler's ring (a power of two), enough for one sample and its stack.
+const RING_PAGES: usize = 8;
+/// The ring's control page: where `data_head` is.
+const DATA_HEAD_OFFSET: usize = 1024;
+
+/// A perf event sampling one thread's registers and stack by its CPU time, and its ring.
+struct Sampler {
+    tid: u32,
+    fd: OwnedFd,
+    ring: *mut u8,
+    ring_len: usize,
+    page: usize,
+}
+
+impl Sampler {
+    fn open(tid: u32) -> std::io::Result<Sampler> {
+        let attr = PerfEventAttr {
+            kind: PERF_TYPE_SOFTWARE,
+            size: std::mem::size_of::<PerfEventAttr>() as u32,
+            config: PERF_COUNT_SW_TASK_CLOCK,
+            // 50 us of the thread's CPU time: a thread on a CPU is sampled at once.
+            sample_period: 50_000,
+            sample_type: PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER,
+            flags: EXCLUDE_HV,
+            wakeup_events: 1,
+            sample_regs_user: REGS_BP_SP_IP,
+            sample_stack_user: SAMPLED_STACK,
+            ..Default::default()
+        };
+        // SAFETY: perf_event_open reads `attr` (its size given in it); the result is checked.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_perf_event_open,
+                &raw const attr,
+                tid as libc::pid_t,
+                -1 as libc::c_int,
+                -1 as libc::c_int,
+                PERF_FLAG_FD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor we now own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let ring_len = page * (RING_PAGES + 1);
+        // Writable, though nothing is written: a read-only ring is one the kernel overwrites
+        // (its reader's position unknown to it), and the first sample would be torn by the
+        // next. This one fills, and samples past it are dropped.
+        // SAFETY: a new shared mapping of the event's ring, checked below, unmapped in `Drop`.
+        let ring = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                ring_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ring == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Sampler {
+            tid,
+            fd,
+            ring: ring.cast(),
+            ring_len,
+            page,
+        })
+    }
+
+    /// The ring's data bytes written so far (the ring never wraps here: nothing is consumed,
+    /// and a sample that does not fit is dropped by the kernel, never written over another).
+    fn data(&self) -> &[u8] {
+        #[expect(
+            clippy::cast_ptr_alignment,
+            reason = "the ring is page-aligned and data_head 8-aligned within it"
+        )]
+        // SAFETY: the control page is mapped; `data_head` is an aligned u64 the kernel
+        // writes, read once, atomically.
+        let head = unsafe {
+            (*self
+                .ring
+                .add(DATA_HEAD_OFFSET)
+                .cast::<std::sync::atomic::AtomicU64>())
+            .load(std::sync::atomic::Ordering::Acquire)
+        };
+        let len = usize::try_from(head)
+            .unwrap_or(usize::MAX)
+            .min(self.ring_len - self.page);
+        // SAFETY: the data pages follow the control page, `len` bytes of them written.
+        unsafe { std::slice::from_raw_parts(self.ring.add(self.page), len) }
+    }
+
+    /// The first sample's registers and stack, where it has user registers.
+    fn first_sample(&self) -> Option<(Registers, Vec<u8>)> {
+        let data = self.data();
+        let mut at = 0;
+        while at + 8 <= data.len() {
+            let kind = u32::from_ne_bytes(data[at..at + 4].try_into().ok()?);
+            let size = usize::from(u16::from_ne_bytes(data[at + 6..at + 8].try_into().ok()?));
+            if size < 8 || at + size > data.len() {
+                return None;
+            }
+            if kind == PERF_RECORD_SAMPLE {
+                return parse_sample(&data[at + 8..at + size]);
+            }
+            at += size;
+        }
+        None
+    }
+}
+
+/// A sample's body (`PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER`): the ABI, the three
+/// registers, the stack's size and bytes, the bytes of it that were filled.
+fn parse_sample(body: &[u8]) -> Option<(Registers, Vec<u8>)> {
+    let word = |i: usize| -> Option<u64> {
+        Some(u64::from_ne_bytes(
+            body.get(i * 8..i * 8 + 8)?.try_into().ok()?,
+        ))
+    };
+    if word(0)? == 0 {
+        return None; // no user registers (a kernel thread)
+    }
+    let (bp, sp, ip) = (word(1)?, word(2)?, word(3)?);
+    let size = usize::try_from(word(4)?).ok()?;
+    let stack = body.get(40..40usize.checked_add(size)?)?;
+    let filled = if size == 0 {
+        0
+    } else {
+        let dyn_size = u64::from_ne_bytes(body.get(40 + size..48 + size)?.try_into().ok()?);
+        usize::try_from(dyn_size).ok()?.min(size)
+    };
+    Some((
+        Registers {
+            ip,
+            sp,
+            bp: Some(bp),
+        },
+        stack[..filled].to_vec(),
+    ))
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `open`, unmapped once.
+        unsafe { libc::munmap(self.ring.cast(), self.ring_len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_syscall_lines_are_read() {
+        assert_eq!(parse_syscall("running\n"), Some(Syscall::Running));
+        assert_eq!(
+            parse_syscall("7 0x7ffd1 0x1 0x3e8 0x0 0x0 0x0 0x7ffc0 0x7f10\n"),
+            Some(Syscall::Blocked {
+                sp: 0x7ffc0,
+                ip: 0x7f10
+            })
+        );
+        assert_eq!(
+            parse_syscall("-1 0x7ffc0 0x7f10"),
+            Some(Syscall::Blocked {
+                sp: 0x7ffc0,
+                ip: 0x7f10
+            })
+        );
+        assert_eq!(parse_syscall("7 0x1 0x2"), None);
+        assert_eq!(parse_syscall(""), None);
+    }
+
+    #[test]
+    fn a_sample_gives_its_registers_and_the_filled_stack() {
+        let mut body = Vec::new();
+        for w in [2u64, 0x10, 0x20, 0x30, 16] {
+            body.extend_from_slice(&w.to_ne_bytes());
+        }
+        body.extend_from_slice(&[7; 16]);
+        body.extend_from_slice(&8u64.to_ne_bytes());
+        let (regs, stack) = parse_sample(&body).unwrap();
+        assert_eq!(
+            regs,
+            Registers {
+                ip: 0x30,
+                sp: 0x20,
+                bp: Some(0x10)
+            }
+        );
+        assert_eq!(stack, vec![7; 8]);
+        // Cut short, or without user registers: nothing.
+        assert!(parse_sample(&body[..50]).is_none());
+        body[..8].copy_from_slice(&0u64.to_ne_bytes());
+        assert!(parse_sample(&body).is_none());
+    }
+}

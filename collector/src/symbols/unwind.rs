@@ -1,0 +1,413 @@
+//! Unwinding a thread's stack by its files' call frame information (`.eh_frame`, through
+//! `.eh_frame_hdr`'s sorted table, as debuggers and C++ exceptions do), to find the MPI or
+//! NCCL routine it is inside: a call entered before commtap attached, which no probe saw
+//! begin (a hung job attached to late).
+//!
+//! Each file's tables are read once, from the file the process maps (opened through the
+//! kernel's link to the mapping and verified), and kept (up to a cap).
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use gimli::{
+    BaseAddresses, CfaRule, EhFrame, EhFrameHdr, LittleEndian, RegisterRule, UnwindContext,
+    UnwindSection, X86_64,
+};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+
+use super::{Elf, LibraryFile};
+use crate::discover::{stack::ThreadStack, MappedObject};
+
+/// Most frames unwound of one stack.
+pub const MAX_FRAMES: usize = 256;
+/// Most files whose tables are kept.
+const MAX_FILES: usize = 512;
+/// Most bytes of the files' tables kept, all together (libtorch's `.eh_frame` alone is
+/// tens of megabytes).
+const MAX_HELD_BYTES: u64 = 512 << 20;
+
+/// What unwinding needs of one file.
+#[derive(Debug, Default)]
+struct FileFrames {
+    /// Its lowest segment's virtual address less that segment's file offset: a runtime
+    /// address less the start of its mapping at offset 0 is a file address less this.
+    base: u64,
+    /// `.eh_frame` and its virtual address.
+    eh_frame: Vec<u8>,
+    eh_frame_addr: u64,
+    /// `.eh_frame_hdr` and its virtual address.
+    hdr: Vec<u8>,
+    hdr_addr: u64,
+    /// The MPI and NCCL routines it holds: start, end (virtual addresses) and routine id.
+    routines: Vec<(u64, u64, u16)>,
+}
+
+impl FileFrames {
+    fn read(file: &LibraryFile) -> Option<FileFrames> {
+        let data = file.data().ok()?;
+        let elf: Elf = object::File::parse(&data).ok()?;
+        let base = elf
+            .segments()
+            .filter_map(|s| s.address().checked_sub(s.file_range().0))
+            .min()
+            .unwrap_or(0);
+        let section = |name: &str| {
+            elf.section_by_name(name)
+                .and_then(|s| Some((s.data().ok()?.to_vec(), s.address())))
+        };
+        let (eh_frame, eh_frame_addr) = section(".eh_frame").unwrap_or_default();
+        let (hdr, hdr_addr) = section(".eh_frame_hdr").unwrap_or_default();
+        let mut routines: Vec<(u64, u64, u16)> = elf
+            .dynamic_symbols()
+            .chain(elf.symbols())
+            .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.size() > 0)
+            .filter_map(|s| {
+                let id = routine_named(s.name().ok()?)?;
+                Some((s.address(), s.address() + s.size(), id))
+            })
+            .collect();
+        routines.sort_unstable();
+        routines.dedup_by_key(|r| r.0);
+        Some(FileFrames {
+            base,
+            eh_frame,
+            eh_frame_addr,
+            hdr,
+            hdr_addr,
+            routines,
+        })
+    }
+
+    fn bytes(&self) -> u64 {
+        (self.eh_frame.len() + self.hdr.len() + self.routines.len() * 24) as u64
+    }
+
+    /// The routine whose code holds file address `at`.
+    fn routine_at(&self, at: u64) -> Option<u16> {
+        let i = self
+            .routines
+            .partition_point(|r| r.0 <= at)
+            .checked_sub(1)?;
+        let (_, end, id) = self.routines[i];
+        (at < end).then_some(id)
+    }
+
+    /// The caller's registers of a frame at file address `at` (`lookup`: `at`, less one
+    /// past the innermost frame, for a return address may follow a call that ends its
+    /// function), from this one's `regs`.
+    fn caller(
+        &self,
+        at: u64,
+        regs: Regs,
+        stack: &ThreadStack,
+        objects: &[MappedObject],
+    ) -> Option<Regs> {
+        let hdr = EhFrameHdr::new(&self.hdr, LittleEndian);
+        let bases = BaseAddresses::default()
+            .set_eh_frame_hdr(self.hdr_addr)
+            .set_eh_frame(self.eh_frame_addr);
+        let parsed = hdr.parse(&bases, 8).ok()?;
+        let table = parsed.table()?;
+        let mut eh_frame = EhFrame::new(&self.eh_frame, LittleEndian);
+        eh_frame.set_address_size(8);
+        let mut ctx = UnwindContext::new();
+        let row = table
+            .unwind_info_for_address(&eh_frame, &bases, &mut ctx, at, EhFrame::cie_from_offset)
+            .ok()?;
+        let cfa = match *row.cfa() {
+            CfaRule::RegisterAndOffset { register, offset } => {
+                let r = if register == X86_64::RSP {
+                    regs.sp
+                } else if register == X86_64::RBP {
+                    regs.bp
+                        .or_else(|| frame_pointer_above(regs.sp, stack, objects))?
+                } else {
+                    return None;
+                };
+                r.checked_add_signed(offset)?
+            }
+            CfaRule::Expression(_) => return None,
+        };
+        let saved = |rule: Option<RegisterRule<usize>>, now: Option<u64>| match rule {
+            Some(RegisterRule::Offset(o)) => stack.read_u64(cfa.checked_add_signed(o)?),
+            Some(RegisterRule::ValOffset(o)) => cfa.checked_add_signed(o),
+            None | Some(RegisterRule::SameValue) => now,
+            _ => None,
+        };
+        // The outermost frame marks its return address undefined (`_start`, `clone`).
+        let ip = match row.register(X86_64::RA) {
+            Some(RegisterRule::Undefined) => 0,
+            rule => saved(rule, None)?,
+        };
+        Some(Regs {
+            ip,
+            sp: cfa,
+            bp: saved(row.register(X86_64::RBP), regs.bp),
+        })
+    }
+}
+
+/// Most slots above a frame's stack pointer searched for its saved frame pointer.
+const FRAME_POINTER_SEARCH: u64 = 512;
+
+/// Where a frame whose caller is found through its frame pointer (`push rbp; mov rbp, rsp`:
+/// the saved `rbp`, then the return address) keeps it, for a thread whose `rbp` is not
+/// known (a blocked one's: `/proc` gives its stack and instruction pointers alone): the
+/// first slot at or above its stack pointer `sp` followed by a return address (an address
+/// of a file's code, just after a call instruction).
+fn frame_pointer_above(sp: u64, stack: &ThreadStack, objects: &[MappedObject]) -> Option<u64> {
+    (0..FRAME_POINTER_SEARCH).map(|k| sp + 8 * k).find(|&slot| {
+        stack
+            .read_u64(slot + 8)
+            .is_some_and(|ra| is_return_address(ra, stack.pid, objects))
+    })
+}
+
+/// Whether `ra` is in a file's code of `pid` just after a call instruction: `call rel32`,
+/// `call [rip+disp32]`, `call [reg+disp32]`, `call [reg+disp8]`, `call reg`, `call [reg]`.
+fn is_return_address(ra: u64, pid: u32, objects: &[MappedObject]) -> bool {
+    let in_code = objects
+        .iter()
+        .any(|o| o.code.iter().any(|(lo, hi)| *lo + 7 <= ra && ra < *hi));
+    let mut b = [0u8; 7];
+    in_code
+        && crate::discover::stack::read_memory(pid, ra - 7, &mut b) == 7
+        && (b[2] == 0xe8
+            || b[1] == 0xff && (b[2] == 0x15 || b[2] & 0xf8 == 0x90)
+            || b[4] == 0xff && b[5] & 0xf8 == 0x50
+            || b[5] == 0xff && (b[6] & 0xf8 == 0xd0 || b[6] & 0xf8 == 0x10))
+}
+
+/// The routine id `name` (or its profiling alias, `PMPI_Send`, `pncclAllReduce`) names,
+/// of an MPI or NCCL routine.
+fn routine_named(name: &str) -> Option<u16> {
+    use collector_common::routines::{routine_id, Family, ROUTINES};
+    if !["MPI_", "PMPI_", "nccl", "pnccl"]
+        .iter()
+        .any(|p| name.starts_with(p))
+    {
+        return None;
+    }
+    let name = name
+        .strip_prefix("PMPI_")
+        .map(|n| format!("MPI_{n}"))
+        .or_else(|| name.strip_prefix('p').map(str::to_string))
+        .unwrap_or_else(|| name.to_string());
+    routine_id(&name).filter(|&id| {
+        matches!(
+            ROUTINES[usize::from(id)].family(),
+            Family::Mpi | Family::Nccl
+        )
+    })
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Regs {
+    ip: u64,
+    sp: u64,
+    bp: Option<u64>,
+}
+
+/// What unwinding found on one thread's stack.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unwound {
+    /// The outermost MPI or NCCL routine its frames are inside (a routine's own calls of
+    /// another are the library's business: the caller's is the call in progress).
+    pub routine: Option<u16>,
+    /// Frames unwound.
+    pub frames: usize,
+    /// Whether unwinding reached the stack's outermost frame (else it stopped at a frame
+    /// it could not read: a routine further out would not have been seen).
+    pub complete: bool,
+    /// Why it stopped, and the address it stopped at (for the debug log).
+    pub stopped: (&'static str, u64),
+}
+
+/// The files' unwinding tables, read once each.
+#[derive(Debug, Default)]
+pub struct Unwinder {
+    files: BTreeMap<(u64, u64), Option<Arc<FileFrames>>>,
+    held: u64,
+}
+
+impl Unwinder {
+    /// Unwinds `stack` of a process that maps `objects` (as
+    /// [`mapped_objects`](crate::discover::mapped_objects) read them).
+    pub fn unwind(&mut self, objects: &[MappedObject], stack: &ThreadStack) -> Unwound {
+        let mut regs = Regs {
+            ip: stack.regs.ip,
+            sp: stack.regs.sp,
+            bp: stack.regs.bp,
+        };
+        let mut found = Unwound {
+            stopped: ("frames cap", 0),
+            ..Unwound::default()
+        };
+        while found.frames < MAX_FRAMES {
+            let stop = |why| (why, regs.ip);
+            if regs.ip == 0 {
+                found.complete = true;
+                found.stopped = stop("outermost frame");
+                break;
+            }
+            let Some(o) = objects
+                .iter()
+                .find(|o| o.code.iter().any(|(lo, hi)| (*lo..*hi).contains(&regs.ip)))
+            else {
+                found.stopped = stop("no file's code");
+                break;
+            };
+            let Some(file) = self.file(stack.pid, o) else {
+                found.stopped = stop("file not read");
+                break;
+            };
+            // A return address may follow a call that ends its function: the call is
+            // what the frame is inside.
+            let lookup = if found.frames == 0 {
+                regs.ip
+            } else {
+                regs.ip - 1
+            };
+            let Some(at) = o
+                .bias
+                .and_then(|b| lookup.checked_sub(b)?.checked_add(file.base))
+            else {
+                found.stopped = stop("no load bias");
+                break;
+            };
+            found.frames += 1;
+            if let Some(id) = file.routine_at(at) {
+                found.routine = Some(id);
+            }
+            let Some(caller) = file.caller(at, regs, stack, objects) else {
+                found.stopped = stop("no caller by the file's tables");
+                break;
+            };
+            // A stack grows down: a caller's frame above its callee's, or the unwinding
+            // is lost (and would loop).
+            if caller.sp <= regs.sp && caller.ip != 0 {
+                found.stopped = stop("stack pointer went down");
+                break;
+            }
+            regs = caller;
+        }
+        found
+    }
+
+    /// The tables of `o`, read once (`None` where it cannot be opened or parsed).
+    fn file(&mut self, pid: u32, o: &MappedObject) -> Option<Arc<FileFrames>> {
+        if let Some(f) = self.files.get(&o.dev_inode) {
+            return f.clone();
+        }
+        // A daemon on a node of many jobs, each with its own files: the tables are let go
+        // all together, read again as stacks need them.
+        if self.files.len() >= MAX_FILES || self.held >= MAX_HELD_BYTES {
+            self.files.clear();
+            self.held = 0;
+        }
+        let shown = o.path.display().to_string();
+        let read = LibraryFile::open_mapped(pid, o.range, o.dev_inode, &shown)
+            .ok()
+            .and_then(|f| FileFrames::read(&f))
+            .map(Arc::new);
+        self.held += read.as_ref().map_or(0, |f| f.bytes());
+        self.files.insert(o.dev_inode, read.clone());
+        read
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routines_are_named_by_their_profiling_aliases_too() {
+        use collector_common::routines::routine_id;
+        assert_eq!(routine_named("MPI_Barrier"), routine_id("MPI_Barrier"));
+        assert_eq!(routine_named("PMPI_Barrier"), routine_id("MPI_Barrier"));
+        assert_eq!(routine_named("pncclAllReduce"), routine_id("ncclAllReduce"));
+        assert!(routine_named("MPI_Barrier").is_some());
+        assert_eq!(routine_named("PMPI_Nonesuch"), None);
+        assert_eq!(routine_named("memcpy"), None);
+        // Transports' and CUDA's routines are not calls a rank is inside.
+        assert_eq!(routine_named("fi_send"), None);
+    }
+
+    /// Stand-ins of two MPI routines in this test's own program: one blocks in the
+    /// kernel (reading a pipe), the other spins on a CPU.
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn MPI_Barrier(fd: i32) -> i32 {
+        let mut b = [0u8; 1];
+        // SAFETY: reads one byte into `b`.
+        unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) as i32 }
+    }
+
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    extern "C" fn MPI_Allreduce(stop: &std::sync::atomic::AtomicBool) -> i32 {
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            std::hint::spin_loop();
+        }
+        0
+    }
+
+    #[test]
+    fn a_blocked_and_a_running_thread_are_found_inside_their_routines() {
+        use std::sync::{atomic::AtomicBool, mpsc};
+        let mut fds = [0i32; 2];
+        // SAFETY: a pipe into `fds`.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let (read_end, write_end) = (fds[0], fds[1]);
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (tids, tid) = mpsc::channel();
+        let t = tids.clone();
+        let blocked = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            t.send(unsafe { libc::gettid() } as u32).unwrap();
+            MPI_Barrier(std::hint::black_box(read_end))
+        });
+        let s = std::sync::Arc::clone(&stop);
+        let running = std::thread::spawn(move || {
+            // SAFETY: as above.
+            tids.send(unsafe { libc::gettid() } as u32).unwrap();
+            MPI_Allreduce(std::hint::black_box(&s))
+        });
+        let ids = [tid.recv().unwrap(), tid.recv().unwrap()];
+        let pid = std::process::id();
+        let want = |name| collector_common::routines::routine_id(name);
+        let mut unwinder = Unwinder::default();
+        // Each thread is inside its routine once it has gone past sending its id: looked at
+        // until it is (a fresh thread is unwound through whatever it does meanwhile).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut found = BTreeMap::new();
+        while found.len() < 2 {
+            assert!(std::time::Instant::now() < deadline, "found only {found:?}");
+            let objects = crate::discover::mapped_objects(pid).unwrap();
+            let stacks =
+                crate::discover::stack::stacks(pid, &ids, std::time::Duration::from_secs(5));
+            for s in &stacks {
+                let u = unwinder.unwind(&objects, s);
+                if u.routine.is_some() {
+                    // A blocked thread's frame pointer is not known: the frames whose
+                    // callers are found through it (the thread's start, here) are unwound
+                    // by the one they saved.
+                    assert!(u.complete && u.frames >= 3, "{u:?}");
+                    found.insert(s.tid, u.routine);
+                }
+            }
+        }
+        assert_eq!(found[&ids[0]], want("MPI_Barrier"));
+        assert_eq!(found[&ids[1]], want("MPI_Allreduce"));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: writes one byte from a live buffer.
+        let wrote = unsafe { libc::write(write_end, [1u8].as_ptr().cast(), 1) };
+        assert_eq!(wrote, 1);
+        assert_eq!(blocked.join().unwrap(), 1);
+        assert_eq!(running.join().unwrap(), 0);
+        // SAFETY: both ends ours, closed once.
+        unsafe {
+            libc::close(read_end);
+            libc::close(write_end);
+        }
+    }
+}
