@@ -919,6 +919,85 @@ fn a_hung_job(mpi: Mpi) {
     daemon.stop(&scratch);
 }
 
+/// A daemon started after a job hung (`mpi_stuck`: rank 0 inside an `MPI_Sendrecv`, rank
+/// 1 outside MPI): no probe saw the call begin, and the ranks' stacks say where each is,
+/// live; once released, both end as finished programs do.
+#[test]
+fn a_daemon_started_after_a_job_hung_sees_where_each_rank_is() {
+    let scratch = Scratch::new("skew-stuck");
+    let mpi = Mpi::OpenMpi;
+    let job = format!("stuck-{}", std::process::id());
+    let (go, prefix) = (scratch.path("go"), scratch.path("truth"));
+    let launcher = mpi.launcher(2);
+    let mut cmd = Command::new(&launcher[0]);
+    mpi_env(&mut cmd)
+        .envs(mpi.job_env())
+        .args(&launcher[1..])
+        .args(["-x", "SLURM_JOB_ID"])
+        .env("SLURM_JOB_ID", &job)
+        .arg(build_program("mpi_stuck.c", mpi))
+        .args([path_str(&go), path_str(&prefix)]);
+    let mut running = ChildGuard::spawn(&mut cmd);
+    let stuck = std::path::PathBuf::from(format!("{}.stuck", prefix.display()));
+    wait_until("rank 0 inside its MPI_Sendrecv", LIMIT, || stuck.exists());
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let truths = read_truths(&prefix, 2);
+    let pid_of = |rank: u64| {
+        truths
+            .iter()
+            .find(|t| t["rank"] == rank)
+            .and_then(|t| t["pid"].as_u64())
+            .expect("a rank's pid")
+    };
+    let live = [
+        "report",
+        "--from",
+        &daemon.target,
+        "--job",
+        &job,
+        "--format",
+        "json",
+    ];
+    let mut profile = Value::Null;
+    wait_until(
+        "rank 0 seen inside its call, rank 1 outside MPI",
+        LIMIT,
+        || {
+            let out = commtap_output(&live);
+            let Ok(p) = serde_json::from_slice::<Value>(&out.stdout) else {
+                return false;
+            };
+            profile = p;
+            let (zero, one) = (rank_numbered(&profile, 0), rank_numbered(&profile, 1));
+            zero["in_call"]["for_ns"]
+                .as_u64()
+                .is_some_and(|ns| ns >= 1_000_000_000)
+                && one.is_object()
+        },
+    );
+    let zero = rank_by_pid(&profile, pid_of(0));
+    assert_eq!(zero["in_call"]["routine"], "MPI_Sendrecv", "{zero}");
+    assert_eq!(zero["in_call"]["before_attach"], true, "{zero}");
+    assert_eq!(zero["in_call"]["thread"], pid_of(0), "{zero}");
+    let one = rank_by_pid(&profile, pid_of(1));
+    assert!(
+        one.get("in_call").is_none() && one.get("in_call_unknown").is_none(),
+        "{one}"
+    );
+
+    std::fs::write(&go, "").expect("go file");
+    assert!(running.wait_with_limit(LIMIT).success());
+    wait_for_exited(&daemon.target, &pids_of(&truths));
+    let profile = report_json(&["report", "--from", &daemon.target, "--job", &job]);
+    for t in &truths {
+        let rank = rank_by_pid(&profile, t["pid"].as_u64().expect("pid"));
+        assert!(rank.get("in_call").is_none(), "{rank}");
+        assert_eq!(rank["ended"]["status"], 0, "{rank}");
+        assert!(rank["ended"].get("inside").is_none(), "{rank}");
+    }
+    daemon.stop(&scratch);
+}
+
 #[test]
 fn a_hung_open_mpi_job_shows_the_rank_it_waits_for() {
     a_hung_job(Mpi::OpenMpi);

@@ -42,7 +42,13 @@ pub struct ThreadStack {
     /// Its stack from `regs.sp` up, copied with the registers (a running thread's); empty
     /// for a blocked thread, whose stack is read from memory.
     copied: Vec<u8>,
+    /// Reads of its memory left (a stack made to send unwinding searching costs a bounded
+    /// number of system calls).
+    reads_left: std::cell::Cell<u32>,
 }
+
+/// Reads of a thread's memory one unwinding may make.
+const MAX_READS: u32 = 4096;
 
 impl ThreadStack {
     /// The 8 bytes at `addr` of the thread's memory, from the copy made with its registers
@@ -56,7 +62,18 @@ impl ThreadStack {
             return Some(u64::from_le_bytes(b.try_into().ok()?));
         }
         let mut b = [0u8; 8];
-        (read_memory(self.pid, addr, &mut b) == 8).then(|| u64::from_le_bytes(b))
+        self.read(addr, &mut b).then(|| u64::from_le_bytes(b))
+    }
+
+    /// `buf.len()` bytes of the thread's memory at `addr` (its code, its stack), while its
+    /// reads last.
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
+        let left = self.reads_left.get();
+        if left == 0 {
+            return false;
+        }
+        self.reads_left.set(left - 1);
+        read_memory(self.pid, addr, buf) == buf.len()
     }
 }
 
@@ -157,6 +174,7 @@ pub fn stacks(pid: u32, tids: &[u32], wait: Duration) -> Vec<ThreadStack> {
                         tid: s.tid,
                         regs,
                         copied,
+                        reads_left: MAX_READS.into(),
                     });
                 }
             } else if timed_out {
@@ -179,6 +197,7 @@ fn blocked(pid: u32, tid: u32, sp: u64, ip: u64) -> ThreadStack {
         tid,
         regs: Registers { ip, sp, bp: None },
         copied: Vec::new(),
+        reads_left: MAX_READS.into(),
     }
 }
 

@@ -4,9 +4,14 @@
 //! begin (a hung job attached to late).
 //!
 //! Each file's tables are read once, from the file the process maps (opened through the
-//! kernel's link to the mapping and verified), and kept (up to a cap).
+//! kernel's link to the mapping and verified), by a thread of their own, and kept (up to
+//! a cap).
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    sync::{mpsc, Arc},
+    time::{Duration, Instant},
+};
 
 use gimli::{
     BaseAddresses, CfaRule, EhFrame, EhFrameHdr, LittleEndian, RegisterRule, UnwindContext,
@@ -23,7 +28,7 @@ pub const MAX_FRAMES: usize = 256;
 const MAX_FILES: usize = 512;
 /// Most bytes of the files' tables kept, all together (libtorch's `.eh_frame` alone is
 /// tens of megabytes).
-const MAX_HELD_BYTES: u64 = 512 << 20;
+const MAX_HELD_BYTES: u64 = 256 << 20;
 
 /// What unwinding needs of one file.
 #[derive(Debug, Default)]
@@ -158,19 +163,20 @@ fn frame_pointer_above(sp: u64, stack: &ThreadStack, objects: &[MappedObject]) -
     (0..FRAME_POINTER_SEARCH).map(|k| sp + 8 * k).find(|&slot| {
         stack
             .read_u64(slot + 8)
-            .is_some_and(|ra| is_return_address(ra, stack.pid, objects))
+            .is_some_and(|ra| is_return_address(ra, stack, objects))
     })
 }
 
-/// Whether `ra` is in a file's code of `pid` just after a call instruction: `call rel32`,
-/// `call [rip+disp32]`, `call [reg+disp32]`, `call [reg+disp8]`, `call reg`, `call [reg]`.
-fn is_return_address(ra: u64, pid: u32, objects: &[MappedObject]) -> bool {
+/// Whether `ra` is in a file's code of `stack`'s process just after a call instruction:
+/// `call rel32`, `call [rip+disp32]`, `call [reg+disp32]`, `call [reg+disp8]`, `call reg`,
+/// `call [reg]`.
+fn is_return_address(ra: u64, stack: &ThreadStack, objects: &[MappedObject]) -> bool {
     let in_code = objects
         .iter()
         .any(|o| o.code.iter().any(|(lo, hi)| *lo + 7 <= ra && ra < *hi));
     let mut b = [0u8; 7];
     in_code
-        && crate::discover::stack::read_memory(pid, ra - 7, &mut b) == 7
+        && stack.read(ra - 7, &mut b)
         && (b[2] == 0xe8
             || b[1] == 0xff && (b[2] == 0x15 || b[2] & 0xf8 == 0x90)
             || b[4] == 0xff && b[5] & 0xf8 == 0x50
@@ -222,12 +228,58 @@ pub struct Unwound {
     pub stopped: (&'static str, u64),
 }
 
-/// The files' unwinding tables, read once each.
+/// The files' unwinding tables, read once each, by a thread of their own: a file on a hung
+/// file system (a user's FUSE mount) blocks that thread alone, never a profile.
 #[derive(Debug, Default)]
 pub struct Unwinder {
-    files: BTreeMap<(u64, u64), Option<Arc<FileFrames>>>,
+    files: BTreeMap<(u64, u64), Slot>,
     held: u64,
+    reader: Option<Reader>,
 }
+
+/// A file's tables: asked of the reader, or read (`None`: it could not be).
+#[derive(Debug)]
+enum Slot {
+    Reading,
+    Read(Option<Arc<FileFrames>>),
+}
+
+/// The thread that opens and reads files, and the way to it and back.
+#[derive(Debug)]
+struct Reader {
+    ask: mpsc::SyncSender<(u32, MappedObject)>,
+    answers: mpsc::Receiver<((u64, u64), Option<FileFrames>)>,
+}
+
+impl Reader {
+    fn start() -> Option<Reader> {
+        let (ask, asked) = mpsc::sync_channel::<(u32, MappedObject)>(MAX_ASKED);
+        let (answer, answers) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("commtap-unwind".into())
+            .spawn(move || {
+                // Each file opened at once, through the process's own mapping of it.
+                while let Ok((pid, o)) = asked.recv() {
+                    let shown = o.path.display().to_string();
+                    let read = LibraryFile::open_mapped(pid, o.range, o.dev_inode, &shown)
+                        .ok()
+                        .and_then(|f| FileFrames::read(&f));
+                    if answer.send((o.dev_inode, read)).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| tracing::warn!(error = %e, "no thread to read unwinding tables"))
+            .ok()?;
+        Some(Reader { ask, answers })
+    }
+}
+
+/// Files asked of the reader and not yet read, at most.
+const MAX_ASKED: usize = 1024;
+/// Longest a stack waits for a file's tables asked for it (a library's take milliseconds);
+/// one asked before and still not read (a file on a hung file system) is not waited for.
+const READ_WAIT: Duration = Duration::from_millis(200);
 
 impl Unwinder {
     /// Unwinds `stack` of a process that maps `objects` (as
@@ -293,25 +345,54 @@ impl Unwinder {
         found
     }
 
-    /// The tables of `o`, read once (`None` where it cannot be opened or parsed).
+    /// The tables of `o`, mapped by `pid`: asked of the reader once, and waited for a
+    /// while then (`None` where they cannot be read, or are not yet).
     fn file(&mut self, pid: u32, o: &MappedObject) -> Option<Arc<FileFrames>> {
-        if let Some(f) = self.files.get(&o.dev_inode) {
-            return f.clone();
+        self.take_answers(None);
+        match self.files.get(&o.dev_inode) {
+            Some(Slot::Read(f)) => return f.clone(),
+            Some(Slot::Reading) => return None,
+            None => {}
         }
         // A daemon on a node of many jobs, each with its own files: the tables are let go
         // all together, read again as stacks need them.
         if self.files.len() >= MAX_FILES || self.held >= MAX_HELD_BYTES {
-            self.files.clear();
+            self.files.retain(|_, f| matches!(f, Slot::Reading));
             self.held = 0;
         }
-        let shown = o.path.display().to_string();
-        let read = LibraryFile::open_mapped(pid, o.range, o.dev_inode, &shown)
-            .ok()
-            .and_then(|f| FileFrames::read(&f))
-            .map(Arc::new);
-        self.held += read.as_ref().map_or(0, |f| f.bytes());
-        self.files.insert(o.dev_inode, read.clone());
-        read
+        if self.reader.is_none() {
+            self.reader = Reader::start();
+        }
+        // Full (the reader stuck on a file): asked again by a later stack.
+        self.reader.as_ref()?.ask.try_send((pid, o.clone())).ok()?;
+        self.files.insert(o.dev_inode, Slot::Reading);
+        self.take_answers(Some((o.dev_inode, Instant::now() + READ_WAIT)));
+        match self.files.get(&o.dev_inode) {
+            Some(Slot::Read(f)) => f.clone(),
+            _ => None,
+        }
+    }
+
+    /// Files the reader has read since: those answered, or, with `until`, until that one
+    /// is (or the deadline passes).
+    fn take_answers(&mut self, until: Option<((u64, u64), Instant)>) {
+        let Some(reader) = &self.reader else { return };
+        loop {
+            let answer = match until {
+                Some((_, deadline)) => reader
+                    .answers
+                    .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                    .ok(),
+                None => reader.answers.try_recv().ok(),
+            };
+            let Some((id, read)) = answer else { return };
+            let read = read.map(Arc::new);
+            self.held += read.as_ref().map_or(0, |f| f.bytes());
+            self.files.insert(id, Slot::Read(read));
+            if until.is_some_and(|(want, _)| want == id) {
+                return;
+            }
+        }
     }
 }
 
