@@ -5,10 +5,16 @@
 //! A thread blocked in the kernel has its registers in `/proc/PID/task/TID/syscall`, and
 //! its stack does not move while it sleeps. A running one (MPI ranks busy-poll while they
 //! wait) is sampled once by a perf event bound to it, which copies its registers and the
-//! top of its stack at one instant (read later, the stack would have moved on).
+//! top of its stack at one instant (read later, the stack would have moved on). Memory is
+//! read through `/proc/PID/mem`.
 
 use std::{
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    fs::File,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::fs::FileExt,
+    },
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -42,6 +48,9 @@ pub struct ThreadStack {
     /// Its stack from `regs.sp` up, copied with the registers (a running thread's); empty
     /// for a blocked thread, whose stack is read from memory.
     copied: Vec<u8>,
+    /// Its process's memory (`/proc/PID/mem`: the daemon's unit refuses it
+    /// `process_vm_readv`).
+    mem: Option<Arc<File>>,
     /// Reads of its memory left (a stack made to send unwinding searching costs a bounded
     /// number of system calls).
     reads_left: std::cell::Cell<u32>,
@@ -73,33 +82,10 @@ impl ThreadStack {
             return false;
         }
         self.reads_left.set(left - 1);
-        read_memory(self.pid, addr, buf) == buf.len()
+        self.mem
+            .as_ref()
+            .is_some_and(|m| m.read_exact_at(buf, addr).is_ok())
     }
-}
-
-/// Reads `buf.len()` bytes of `pid`'s memory at `addr`; the count read.
-pub fn read_memory(pid: u32, addr: u64, buf: &mut [u8]) -> usize {
-    let local = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
-    // SAFETY: one local iovec over `buf`, which outlives the call; the remote one is only
-    // read by the kernel, checked against the other process's mappings.
-    let n = unsafe {
-        libc::process_vm_readv(
-            pid as libc::pid_t,
-            &raw const local,
-            1,
-            &raw const remote,
-            1,
-            0,
-        )
-    };
-    usize::try_from(n).unwrap_or(0)
 }
 
 /// What `/proc/PID/task/TID/syscall` says of a thread.
@@ -138,11 +124,20 @@ fn syscall_of(pid: u32, tid: u32) -> Option<Syscall> {
 /// as they could be read: a running thread not sampled within `wait` (not given a CPU) is
 /// looked at once more, and left out if it still runs.
 pub fn stacks(pid: u32, tids: &[u32], wait: Duration) -> Vec<ThreadStack> {
+    let mem = File::open(format!("/proc/{pid}/mem")).ok().map(Arc::new);
+    let blocked = |tid, sp, ip| ThreadStack {
+        pid,
+        tid,
+        regs: Registers { ip, sp, bp: None },
+        copied: Vec::new(),
+        mem: mem.clone(),
+        reads_left: MAX_READS.into(),
+    };
     let mut out = Vec::new();
     let mut samplers = Vec::new();
     for &tid in tids {
         match syscall_of(pid, tid) {
-            Some(Syscall::Blocked { sp, ip }) => out.push(blocked(pid, tid, sp, ip)),
+            Some(Syscall::Blocked { sp, ip }) => out.push(blocked(tid, sp, ip)),
             Some(Syscall::Running) if samplers.len() < MAX_SAMPLED => match Sampler::open(tid) {
                 Ok(s) => samplers.push(s),
                 Err(e) => tracing::debug!(pid, tid, error = %e, "thread not sampled"),
@@ -174,13 +169,14 @@ pub fn stacks(pid: u32, tids: &[u32], wait: Duration) -> Vec<ThreadStack> {
                         tid: s.tid,
                         regs,
                         copied,
+                        mem: mem.clone(),
                         reads_left: MAX_READS.into(),
                     });
                 }
             } else if timed_out {
                 // It may have blocked since it was found running.
                 if let Some(Syscall::Blocked { sp, ip }) = syscall_of(pid, s.tid) {
-                    out.push(blocked(pid, s.tid, sp, ip));
+                    out.push(blocked(s.tid, sp, ip));
                 }
             } else {
                 still.push(s);
@@ -189,16 +185,6 @@ pub fn stacks(pid: u32, tids: &[u32], wait: Duration) -> Vec<ThreadStack> {
         samplers = still;
     }
     out
-}
-
-fn blocked(pid: u32, tid: u32, sp: u64, ip: u64) -> ThreadStack {
-    ThreadStack {
-        pid,
-        tid,
-        regs: Registers { ip, sp, bp: None },
-        copied: Vec::new(),
-        reads_left: MAX_READS.into(),
-    }
 }
 
 /// `perf_event_attr` up to `sample_max_stack` (`PERF_ATTR_SIZE_VER5`, 112 bytes).

@@ -440,20 +440,20 @@ mod tests {
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         let (read_end, write_end) = (fds[0], fds[1]);
         let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let (tids, tid) = mpsc::channel();
-        let t = tids.clone();
+        let (blocked_tid, blocked_id) = mpsc::channel();
         let blocked = std::thread::spawn(move || {
             // SAFETY: gettid has no preconditions.
-            t.send(unsafe { libc::gettid() } as u32).unwrap();
+            blocked_tid.send(unsafe { libc::gettid() } as u32).unwrap();
             MPI_Barrier(std::hint::black_box(read_end))
         });
         let s = std::sync::Arc::clone(&stop);
+        let (running_tid, running_id) = mpsc::channel();
         let running = std::thread::spawn(move || {
             // SAFETY: as above.
-            tids.send(unsafe { libc::gettid() } as u32).unwrap();
+            running_tid.send(unsafe { libc::gettid() } as u32).unwrap();
             MPI_Allreduce(std::hint::black_box(&s))
         });
-        let ids = [tid.recv().unwrap(), tid.recv().unwrap()];
+        let ids = [blocked_id.recv().unwrap(), running_id.recv().unwrap()];
         let pid = std::process::id();
         let want = |name| collector_common::routines::routine_id(name);
         let mut unwinder = Unwinder::default();
