@@ -149,6 +149,8 @@ pub mod programs {
     pub const SCHED_EXEC: &str = "sched_exec";
     /// `sched:sched_process_exit`.
     pub const SCHED_EXIT: &str = "sched_exit";
+    /// A task iterator: a thread's user registers as its last kernel entry saved them.
+    pub const TASK_REGISTERS: &str = "task_registers";
 
     /// The session program that stands for an entry probe of `CALL_ENTRY` with a return
     /// probe of the given program.

@@ -245,6 +245,32 @@ pub struct CallState {
 }
 const _: () = assert!(size_of::<CallState>() == 712 + 56);
 
+/// A thread's user registers as its last entry into the kernel saved them (`pt_regs`),
+/// which the task iterator `task_registers` writes: what unwinding a blocked thread's stack
+/// starts from (`/proc/PID/task/TID/syscall` gives no frame pointer).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserRegisters {
+    /// Instruction pointer.
+    pub ip: u64,
+    /// Stack pointer.
+    pub sp: u64,
+    /// Frame pointer (`rbp`).
+    pub bp: u64,
+}
+
+const _: () = assert!(size_of::<UserRegisters>() == 24);
+
+/// x86-64's `struct pt_regs`, as 8-byte slots: where `UserRegisters` are read from.
+pub mod pt_regs {
+    /// `bp`.
+    pub const BP: usize = 4;
+    /// `ip`.
+    pub const IP: usize = 16;
+    /// `sp`.
+    pub const SP: usize = 19;
+}
+
 /// The attach cookie of a Fortran binding's probe (collector-ebpf's `binding_entry`): where
 /// the code of the binding's library is, from the probe's address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

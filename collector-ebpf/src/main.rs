@@ -9,6 +9,7 @@
 //! - call sites: `sites`, counted after each return when asked; `binding_entry`: a Fortran
 //!   binding's entry, for the site of the MPI call it makes.
 //! - `sched_fork` / `sched_exec` / `sched_exit`: follow the watched process tree.
+//! - `task_registers`: a thread's saved user registers, for unwinding a blocked stack.
 #![no_std]
 #![feature(core_intrinsics)]
 #![feature(asm_experimental_arch)]
@@ -30,6 +31,7 @@ mod persistent;
 mod posted;
 mod probe;
 mod process;
+mod registers;
 mod session;
 mod shares;
 mod sites;

@@ -11,7 +11,8 @@
  * exists, rank 1 sends the second message and both finish.
  *
  * Each rank writes OUT_PREFIX.<rank>.json with its rank, pid and the world size once
- * MPI_Init has returned.
+ * MPI_Init has returned; rank 0 writes OUT_PREFIX.call.json with the line of its
+ * MPI_Sendrecv before it.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -34,9 +35,17 @@ int main(int argc, char **argv)
     if (size != 2)
         MPI_Abort(MPI_COMM_WORLD, 2);
     long out = rank, in = -1;
+    MPI_Comm world = MPI_COMM_WORLD;
     if (rank == 0) {
-        MPI_Sendrecv(&out, 1, MPI_LONG, 1, 1, &in, 1, MPI_LONG, 1, 2, MPI_COMM_WORLD,
-                     MPI_STATUS_IGNORE);
+        /* The line of the call it stays in, for the test to find as its call site. */
+        char path[4096];
+        snprintf(path, sizeof path, "%s.call.json", argv[2]);
+        FILE *call = fopen(path, "w");
+        if (!call)
+            MPI_Abort(MPI_COMM_WORLD, 4);
+        fprintf(call, "{\"line\": %d}\n", __LINE__ + 2);
+        fclose(call);
+        MPI_Sendrecv(&out, 1, MPI_LONG, 1, 1, &in, 1, MPI_LONG, 1, 2, world, MPI_STATUS_IGNORE);
     } else {
         MPI_Recv(&in, 1, MPI_LONG, 0, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         char path[4096];

@@ -1121,10 +1121,11 @@ fn a_job_hung_before_the_attach(mpi: Mpi) {
     let (go, prefix) = (scratch.path("go"), scratch.path("truth"));
     let launcher = mpi.launcher(2);
     let mut cmd = Command::new(&launcher[0]);
+    let program = build_program("mpi_stuck.c", mpi);
     mpi_env(&mut cmd)
         .envs(mpi.job_env())
         .args(&launcher[1..])
-        .arg(build_program("mpi_stuck.c", mpi))
+        .arg(&program)
         .args([path_str(&go), path_str(&prefix)]);
     let mut job = ChildGuard::spawn(&mut cmd);
     let stuck = std::path::PathBuf::from(format!("{}.stuck", prefix.display()));
@@ -1171,6 +1172,19 @@ fn a_job_hung_before_the_attach(mpi: Mpi) {
             .is_some_and(|ns| ns >= 2_000_000_000),
         "{call}"
     );
+    // Made from `main`, at the line the program wrote down before it.
+    let line = read_json(&std::path::PathBuf::from(format!(
+        "{}.call.json",
+        prefix.display()
+    )))["line"]
+        .as_u64()
+        .expect("the call's line");
+    let name = program.file_name().expect("name").to_string_lossy();
+    let from = call["called_from"].as_str().expect("called_from");
+    assert!(
+        from.starts_with("main+0x") && from.ends_with(&format!(" at mpi_stuck.c:{line} ({name})")),
+        "{call}"
+    );
     let one = rank_by_pid(&profile, pid_of(1));
     assert!(
         one.get("in_call").is_none() && one.get("in_call_unknown").is_none(),
@@ -1189,7 +1203,9 @@ fn a_job_hung_before_the_attach(mpi: Mpi) {
     assert!(
         rows[1].contains(&format!(" {} ", pid_of(0)))
             && rows[1].contains("  MPI_Sendrecv (")
-            && rows[1].ends_with(" in it or more: entered before commtap attached)"),
+            && rows[1].ends_with(&format!(
+                " in it or more: entered before commtap attached), called from {from}"
+            )),
         "{report}"
     );
     let trace = read_json(&trace);

@@ -972,13 +972,35 @@ fn a_daemon_started_after_a_job_hung_sees_where_each_rank_is() {
             zero["in_call"]["for_ns"]
                 .as_u64()
                 .is_some_and(|ns| ns >= 1_000_000_000)
+                // Named once the daemon has read the program's symbols.
+                && zero["in_call"]["called_from"]
+                    .as_str()
+                    .is_some_and(|f| f.contains(" at mpi_stuck.c:"))
+                // Rank 1 read whole and outside MPI (a profile that ran out of its time for
+                // stacks says "not known", and the next one looks again).
                 && one.is_object()
+                && one.get("in_call").is_none()
+                && one.get("in_call_unknown").is_none()
         },
     );
     let zero = rank_by_pid(&profile, pid_of(0));
     assert_eq!(zero["in_call"]["routine"], "MPI_Sendrecv", "{zero}");
     assert_eq!(zero["in_call"]["before_attach"], true, "{zero}");
     assert_eq!(zero["in_call"]["thread"], pid_of(0), "{zero}");
+    let line = read_json(&std::path::PathBuf::from(format!(
+        "{}.call.json",
+        prefix.display()
+    )))["line"]
+        .as_u64()
+        .expect("the call's line");
+    let from = zero["in_call"]["called_from"]
+        .as_str()
+        .expect("called_from");
+    assert!(
+        from.starts_with("main+0x")
+            && from.ends_with(&format!(" at mpi_stuck.c:{line} (mpi_stuck.openmpi)")),
+        "{zero}"
+    );
     let one = rank_by_pid(&profile, pid_of(1));
     assert!(
         one.get("in_call").is_none() && one.get("in_call_unknown").is_none(),

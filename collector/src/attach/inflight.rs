@@ -7,7 +7,10 @@ use std::{
     sync::atomic::{AtomicBool, Ordering},
 };
 
-use collector_common::{routines::ROUTINES, CallState};
+use collector_common::{
+    routines::{Family, ROUTINES},
+    CallState,
+};
 
 use super::Probes;
 
@@ -40,26 +43,29 @@ impl Probes {
     /// ([`discover::LIVE_THREADS_READ`](crate::discover::LIVE_THREADS_READ)), or a kernel
     /// without thread pidfds (before Linux 6.9), has its leader alone read. An untimed call
     /// (its routine's time sampled, not drawn) keeps no start and is not seen. The threads
-    /// read that have no call state at all (none made a probed call since the probes were
-    /// attached) go to `stateless`.
+    /// read that have entered no timed call since the probes were attached go to
+    /// `unseen.threads`, and `unseen.whole` says whether every thread was read.
     pub fn call_in_progress(
         &self,
         pid: u32,
         budget: &mut usize,
-        stateless: &mut Vec<u32>,
+        unseen: &mut Unseen,
     ) -> Option<InProgress> {
-        let threads = if NO_THREAD_PIDFDS.load(Ordering::Relaxed) {
-            vec![pid]
+        let listed = if NO_THREAD_PIDFDS.load(Ordering::Relaxed) {
+            None
         } else {
-            crate::discover::thread_ids(pid).unwrap_or_else(|| vec![pid])
+            crate::discover::thread_ids(pid)
         };
+        unseen.whole = listed.is_some();
+        let threads = listed.unwrap_or_else(|| vec![pid]);
         let take = threads.len().min(*budget);
+        unseen.whole &= take == threads.len();
         *budget -= take;
         threads[..take]
             .iter()
             .filter_map(|&tid| match self.thread_call(pid, tid) {
                 State::Stateless => {
-                    stateless.push(tid);
+                    unseen.threads.push(tid);
                     None
                 }
                 State::InCall(c) => Some(c),
@@ -89,6 +95,16 @@ impl Probes {
             return State::Other;
         }
         let (tgid, busy, since_ns, routine) = first;
+        // A thread in no call whose last was no timed MPI or NCCL call (none at all, an
+        // untimed one, or a transport's operation: made inside an MPI call entered before
+        // the attach, say) may be inside a call no probe saw begin.
+        let last_timed = since_ns != 0
+            && ROUTINES
+                .get(usize::from(routine))
+                .is_some_and(|r| matches!(r.family(), Family::Mpi | Family::Nccl));
+        if tgid == pid && busy == 0 && !last_timed {
+            return State::Stateless;
+        }
         if tgid == pid
             && busy == CallState::BUSY
             && since_ns != 0
@@ -105,9 +121,21 @@ impl Probes {
     }
 }
 
+/// The threads of a process whose calls no probe saw begin, as one read of its threads'
+/// call states found them.
+#[derive(Debug, Default)]
+pub struct Unseen {
+    /// Those in no call whose last was no timed MPI or NCCL call (or that made none since
+    /// the probes were attached).
+    pub threads: Vec<u32>,
+    /// Whether every thread of the process was read (not its leader alone, nor past the
+    /// read's budget).
+    pub whole: bool,
+}
+
 /// What a thread's call state says.
 enum State {
-    /// It has none: no probe ran on it since the probes were attached.
+    /// It is in no call, and its last was no timed MPI or NCCL call (or it made none).
     Stateless,
     /// It is inside a timed call.
     InCall(InProgress),

@@ -5,7 +5,8 @@
 pub mod btf;
 mod counters;
 mod inflight;
-pub use inflight::CALL_STATES_READ;
+pub use inflight::{Unseen, CALL_STATES_READ};
+pub use multi::thread_registers;
 mod library;
 mod multi;
 mod programs;
@@ -15,7 +16,7 @@ mod watched;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    os::fd::{AsFd, AsRawFd, OwnedFd, RawFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd},
     path::PathBuf,
 };
 
@@ -238,6 +239,10 @@ pub struct Probes {
     /// The exit tracepoint's link: its program reads the task storage, so commtap loads
     /// and links it itself (`multi::attach_tracepoint`).
     exit_link: Option<multi::MultiLink>,
+    /// The task iterator that reads a blocked thread's saved user registers (for unwinding
+    /// the stack of a rank attached to while inside a call); `None` where the kernel
+    /// refused it (its threads' frame pointers are then not known).
+    task_registers: Option<OwnedFd>,
     /// Held while the kernel keeps run-time statistics for us (`--probe-stats`).
     run_stats: Option<OwnedFd>,
     /// Held while a measuring window of the budget's keeps them on.
@@ -415,6 +420,15 @@ impl Probes {
         let (_tables, identity_known) = fill_tables(&mut ebpf, btf.as_ref().ok())?;
         let tracepoints = attach_tracepoints(&mut ebpf)?;
         let exit_link = attach_exit_tracepoint(&programs)?;
+        // A kernel that refuses it (before Linux 6.1's thread filter, the iterator's type
+        // unknown) leaves blocked threads' frame pointers unknown, nothing else.
+        let task_registers = match programs.loader(vec![names::programs::TASK_REGISTERS])() {
+            Ok(mut loaded) => loaded.remove(names::programs::TASK_REGISTERS),
+            Err(e) => {
+                info!("no task iterator: blocked threads' frame pointers not read: {e}");
+                None
+            }
+        };
         let linkers = attach_linker(&programs)
             .map(|(identity, link)| (identity, HookedLinker { link, owner: None }))
             .into_iter()
@@ -480,6 +494,7 @@ impl Probes {
             task_state,
             tracepoints,
             exit_link: Some(exit_link),
+            task_registers,
             window_stats: None,
             run_stats: if opts.probe_stats {
                 Some(multi::enable_run_stats().map_err(AttachError::RunStats)?)
@@ -848,6 +863,11 @@ impl Probes {
     pub fn set_call_sites(&mut self, on: bool) -> Result<(), AttachError> {
         self.settings.call_sites = u32::from(on);
         self.write_settings()
+    }
+
+    /// The task iterator that reads a thread's saved user registers, where the kernel took it.
+    pub fn task_registers(&self) -> Option<BorrowedFd<'_>> {
+        self.task_registers.as_ref().map(AsFd::as_fd)
     }
 
     /// Whether calls are counted per call site.

@@ -246,6 +246,12 @@ pub fn load_programs(
         let mut insns = function.instructions.clone();
         let kind = if matches!(program.section, aya_obj::ProgramSection::TracePoint) {
             LoadKind::Tracepoint
+        } else if matches!(program.section, aya_obj::ProgramSection::Iter { .. }) {
+            let target = super::btf::Btf::vmlinux()
+                .ok()
+                .and_then(|b| b.func_id("bpf_iter_task"))
+                .ok_or_else(|| prep("the kernel's BTF names no bpf_iter_task".into()))?;
+            LoadKind::TaskIterator(target)
         } else {
             match session_kfunc {
                 Some(id) if call_session_kfunc(&mut insns, id) => LoadKind::Session,
@@ -353,6 +359,9 @@ enum LoadKind {
     Session,
     /// A tracepoint ([`attach_tracepoint`]).
     Tracepoint,
+    /// A task iterator ([`thread_registers`]), its target the kernel's `bpf_iter_task`
+    /// (that function's BTF id).
+    TaskIterator(u32),
 }
 
 /// Loads one program as `kind` says; on refusal, loads it again with the verifier log on
@@ -378,6 +387,13 @@ fn load_one(
             BPF_TRACE_UPROBE_SESSION,
         ),
         LoadKind::Tracepoint => (bpf_prog_type::BPF_PROG_TYPE_TRACEPOINT as u32, 0),
+        LoadKind::TaskIterator(target) => {
+            u.attach_btf_id = target;
+            (
+                bpf_prog_type::BPF_PROG_TYPE_TRACING as u32,
+                bpf_attach_type::BPF_TRACE_ITER as u32,
+            )
+        }
     };
     u.insns = insns.as_ptr() as u64;
     u.insn_cnt = insns.len() as u32;
@@ -651,6 +667,62 @@ pub fn attach_tracepoint(
             is_return: false,
         })
         .map_err(err)
+}
+
+/// `union bpf_iter_link_info`'s `task` member: the one thread a task iterator visits.
+#[repr(C)]
+#[derive(Default)]
+struct IterTaskFilter {
+    tid: u32,
+    pid: u32,
+    pid_fd: u32,
+    /// The union's size (its cgroup member is 16 bytes).
+    _pad: u32,
+}
+
+/// Thread `tid`'s user registers as its last entry into the kernel saved them, by the task
+/// iterator `prog` (loaded by [`load_programs`]) run for that thread alone (Linux 6.1+:
+/// the link's thread filter); `None` where the thread is gone.
+pub fn thread_registers(
+    prog: BorrowedFd<'_>,
+    tid: u32,
+) -> io::Result<Option<collector_common::UserRegisters>> {
+    let filter = IterTaskFilter {
+        tid,
+        ..IterTaskFilter::default()
+    };
+    // SAFETY: zeroed is a valid bpf_attr; we fill the BPF_LINK_CREATE member.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: plain integers and a pointer to `filter`, which outlives the call.
+    let l = unsafe { &mut attr.link_create };
+    l.__bindgen_anon_1.prog_fd = prog.as_raw_fd() as u32;
+    l.attach_type = bpf_attach_type::BPF_TRACE_ITER as u32;
+    l.__bindgen_anon_3.__bindgen_anon_1.iter_info = (&raw const filter) as u64;
+    l.__bindgen_anon_3.__bindgen_anon_1.iter_info_len = size_of::<IterTaskFilter>() as u32;
+    let link = match bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr) {
+        Ok(link) => link,
+        // The thread is gone (its pid no longer names a task).
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // SAFETY: zeroed is a valid bpf_attr; we fill the BPF_ITER_CREATE member.
+    let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+    attr.iter_create.link_fd = link.as_raw_fd() as u32;
+    let iter = std::fs::File::from(bpf(bpf_cmd::BPF_ITER_CREATE, &mut attr)?);
+    let mut out = [0u8; size_of::<collector_common::UserRegisters>()];
+    let mut read = 0;
+    while read < out.len() {
+        match io::Read::read(&mut &iter, &mut out[read..])? {
+            0 => return Ok(None),
+            n => read += n,
+        }
+    }
+    let word = |i: usize| u64::from_ne_bytes(out[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+    Ok(Some(collector_common::UserRegisters {
+        ip: word(0),
+        sp: word(1),
+        bp: word(2),
+    }))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 use std::{
     fs::File,
     os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
+        fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
         unix::fs::FileExt,
     },
     sync::Arc,
@@ -21,9 +21,10 @@ use std::{
 /// Bytes of a running thread's stack a sample copies (above its stack pointer): the
 /// frames of the MPI library's progress loop; the frames beyond are the caller's, which
 /// do not change while it waits inside the call, and are read from memory.
-const SAMPLED_STACK: u32 = 16 << 10;
-/// Most threads sampled at once (each a perf event and its buffer).
-pub const MAX_SAMPLED: usize = 256;
+const SAMPLED_STACK: u32 = 8 << 10;
+/// Most threads of a process sampled at once (each a perf event and its 20 KiB ring, in
+/// locked memory).
+pub const MAX_SAMPLED: usize = 64;
 
 /// A thread's user registers, as unwinding needs them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,8 +52,12 @@ pub struct ThreadStack {
     /// Its process's memory (`/proc/PID/mem`: the daemon's unit refuses it
     /// `process_vm_readv`).
     mem: Option<Arc<File>>,
-    /// Reads of its memory left (a stack made to send unwinding searching costs a bounded
-    /// number of system calls).
+    /// The addresses of its stack that may be read: from its stack pointer to the end of
+    /// the anonymous mapping that holds it (a stack pointer in a file's mapping, which a
+    /// read could wait on behind a hung file system, is not read at all).
+    readable: (u64, u64),
+    /// Reads of its memory left (a stack made to send unwinding far costs a bounded number
+    /// of system calls).
     reads_left: std::cell::Cell<u32>,
 }
 
@@ -60,7 +65,7 @@ pub struct ThreadStack {
 const MAX_READS: u32 = 4096;
 
 impl ThreadStack {
-    /// The 8 bytes at `addr` of the thread's memory, from the copy made with its registers
+    /// The 8 bytes at `addr` of the thread's stack, from the copy made with its registers
     /// where it holds them.
     pub fn read_u64(&self, addr: u64) -> Option<u64> {
         let off = addr.checked_sub(self.regs.sp)?;
@@ -70,22 +75,26 @@ impl ThreadStack {
         {
             return Some(u64::from_le_bytes(b.try_into().ok()?));
         }
-        let mut b = [0u8; 8];
-        self.read(addr, &mut b).then(|| u64::from_le_bytes(b))
-    }
-
-    /// `buf.len()` bytes of the thread's memory at `addr` (its code, its stack), while its
-    /// reads last.
-    pub fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
-        let left = self.reads_left.get();
-        if left == 0 {
-            return false;
+        let (lo, hi) = self.readable;
+        if addr < lo || addr.checked_add(8)? > hi {
+            return None;
         }
-        self.reads_left.set(left - 1);
-        self.mem
-            .as_ref()
-            .is_some_and(|m| m.read_exact_at(buf, addr).is_ok())
+        let left = self.reads_left.get().checked_sub(1)?;
+        self.reads_left.set(left);
+        let mut b = [0u8; 8];
+        let mem = self.mem.as_ref()?;
+        mem.read_exact_at(&mut b, addr).ok()?;
+        Some(u64::from_le_bytes(b))
     }
+}
+
+/// The end of the anonymous mapping of `maps` (a stack: a thread's, or the process's
+/// `[stack]`) that holds `sp`; `None` where a file's mapping, or none, holds it.
+fn stack_end(maps: &str, sp: u64) -> Option<u64> {
+    super::maps_lines(maps)
+        .find(|m| m.lo <= sp && sp < m.hi)
+        .filter(|m| m.inode == 0 && (m.path.is_empty() || m.path.starts_with("[stack")))
+        .map(|m| m.hi)
 }
 
 /// What `/proc/PID/task/TID/syscall` says of a thread.
@@ -122,23 +131,41 @@ fn syscall_of(pid: u32, tid: u32) -> Option<Syscall> {
 
 /// The stacks of `pid`'s threads `tids` (at most [`MAX_SAMPLED`] of those running), as far
 /// as they could be read: a running thread not sampled within `wait` (not given a CPU) is
-/// looked at once more, and left out if it still runs.
-pub fn stacks(pid: u32, tids: &[u32], wait: Duration) -> Vec<ThreadStack> {
+/// looked at once more, and left out if it still runs. A blocked thread's frame pointer is
+/// read by the task iterator `registers` (`multi::thread_registers`), where there is one.
+pub fn stacks(
+    pid: u32,
+    tids: &[u32],
+    wait: Duration,
+    registers: Option<BorrowedFd<'_>>,
+) -> Vec<ThreadStack> {
     let mem = File::open(format!("/proc/{pid}/mem")).ok().map(Arc::new);
-    let blocked = |tid, sp, ip| ThreadStack {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let stack = |tid, regs: Registers, copied| ThreadStack {
         pid,
         tid,
-        regs: Registers { ip, sp, bp: None },
-        copied: Vec::new(),
+        regs,
+        copied,
         mem: mem.clone(),
+        readable: (regs.sp, stack_end(&maps, regs.sp).unwrap_or(0)),
         reads_left: MAX_READS.into(),
+    };
+    // A blocked thread's registers: the iterator's where it agrees with `/proc` (the
+    // thread has not moved between the two), else those of `/proc`, without `rbp`.
+    let blocked = |tid, sp, ip| {
+        let bp = registers
+            .and_then(|prog| crate::attach::thread_registers(prog, tid).ok()?)
+            .filter(|r| (r.sp, r.ip) == (sp, ip))
+            .map(|r| r.bp);
+        stack(tid, Registers { ip, sp, bp }, Vec::new())
     };
     let mut out = Vec::new();
     let mut samplers = Vec::new();
     for &tid in tids {
         match syscall_of(pid, tid) {
             Some(Syscall::Blocked { sp, ip }) => out.push(blocked(tid, sp, ip)),
-            Some(Syscall::Running) if samplers.len() < MAX_SAMPLED => match Sampler::open(tid) {
+            Some(Syscall::Running) if samplers.len() < MAX_SAMPLED => match Sampler::open(pid, tid)
+            {
                 Ok(s) => samplers.push(s),
                 Err(e) => tracing::debug!(pid, tid, error = %e, "thread not sampled"),
             },
@@ -164,14 +191,7 @@ pub fn stacks(pid: u32, tids: &[u32], wait: Duration) -> Vec<ThreadStack> {
         for (s, p) in samplers.into_iter().zip(&fds) {
             if p.revents != 0 {
                 if let Some((regs, copied)) = s.first_sample() {
-                    out.push(ThreadStack {
-                        pid,
-                        tid: s.tid,
-                        regs,
-                        copied,
-                        mem: mem.clone(),
-                        reads_left: MAX_READS.into(),
-                    });
+                    out.push(stack(s.tid, regs, copied));
                 }
             } else if timed_out {
                 // It may have blocked since it was found running.
@@ -218,6 +238,9 @@ const PERF_TYPE_SOFTWARE: u32 = 1;
 const PERF_COUNT_SW_TASK_CLOCK: u64 = 1;
 const PERF_SAMPLE_REGS_USER: u64 = 1 << 12;
 const PERF_SAMPLE_STACK_USER: u64 = 1 << 13;
+/// `exclude_kernel`: the thread's user time alone (its user registers are what is wanted;
+/// and an unprivileged caller, as the unit tests may run, may sample no more).
+const EXCLUDE_KERNEL: u64 = 1 << 5;
 /// `exclude_hv`: nothing of a hypervisor's.
 const EXCLUDE_HV: u64 = 1 << 6;
 /// x86-64's `perf_event_x86_regs`: BP, SP, IP (a sample lists them in this order).
@@ -225,7 +248,7 @@ const REGS_BP_SP_IP: u64 = (1 << 6) | (1 << 7) | (1 << 8);
 const PERF_RECORD_SAMPLE: u32 = 9;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 /// Pages of a sampler's ring (a power of two), enough for one sample and its stack.
-const RING_PAGES: usize = 8;
+const RING_PAGES: usize = 4;
 /// The ring's control page: where `data_head` is.
 const DATA_HEAD_OFFSET: usize = 1024;
 
@@ -239,7 +262,8 @@ struct Sampler {
 }
 
 impl Sampler {
-    fn open(tid: u32) -> std::io::Result<Sampler> {
+    /// A sampler of `pid`'s thread `tid`.
+    fn open(pid: u32, tid: u32) -> std::io::Result<Sampler> {
         let attr = PerfEventAttr {
             kind: PERF_TYPE_SOFTWARE,
             size: std::mem::size_of::<PerfEventAttr>() as u32,
@@ -247,7 +271,7 @@ impl Sampler {
             // 50 us of the thread's CPU time: a thread on a CPU is sampled at once.
             sample_period: 50_000,
             sample_type: PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER,
-            flags: EXCLUDE_HV,
+            flags: EXCLUDE_KERNEL | EXCLUDE_HV,
             wakeup_events: 1,
             sample_regs_user: REGS_BP_SP_IP,
             sample_stack_user: SAMPLED_STACK,
@@ -269,6 +293,11 @@ impl Sampler {
         }
         // SAFETY: a new descriptor we now own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        // The thread's id named `pid`'s thread when it was listed: still, now the event is
+        // bound to it (an id given out again to another process's thread is not sampled).
+        if !std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists() {
+            return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+        }
         // SAFETY: sysconf has no preconditions.
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
         let ring_len = page * (RING_PAGES + 1);
@@ -321,7 +350,7 @@ impl Sampler {
         unsafe { std::slice::from_raw_parts(self.ring.add(self.page), len) }
     }
 
-    /// The first sample's registers and stack, where it has user registers.
+    /// The first sample's registers and stack that has user registers.
     fn first_sample(&self) -> Option<(Registers, Vec<u8>)> {
         let data = self.data();
         let mut at = 0;
@@ -331,8 +360,13 @@ impl Sampler {
             if size < 8 || at + size > data.len() {
                 return None;
             }
-            if kind == PERF_RECORD_SAMPLE {
-                return parse_sample(&data[at + 8..at + size]);
+            // A sample without user registers (taken as the thread left for the kernel)
+            // is passed over for the next.
+            if let Some(sample) = (kind == PERF_RECORD_SAMPLE)
+                .then(|| parse_sample(&data[at + 8..at + size]))
+                .flatten()
+            {
+                return Some(sample);
             }
             at += size;
         }

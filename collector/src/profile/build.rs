@@ -38,7 +38,7 @@ pub fn job_profile(
     comm_name: &CommName<'_>,
     (host, end_ns): (&str, u64),
     job_ids: &mut BTreeMap<String, String>,
-    unwinder: &mut crate::symbols::unwind::Unwinder,
+    stacks: &mut StackReading<'_>,
 ) -> JobProfile {
     let c = Counters {
         all: probes.read_counters(),
@@ -51,14 +51,16 @@ pub fn job_profile(
     // each is a pidfd and a map lookup, under the session's lock.
     let mut threads_left = crate::attach::CALL_STATES_READ;
     let mut in_call_time = std::time::Duration::ZERO;
-    let mut stacks_time = std::time::Duration::ZERO;
     let mut ranks = Vec::new();
     let mut not_profiled = Vec::new();
     for (&pid, t) in tracked {
         // A rank attached to that has made no call since is profiled all the same: a hung
         // job's ranks make none, and where each is (inside which call, or none) is what
         // its profile is for.
-        let idle_since_attach = t.maps_mpi && t.exit_ns.is_none() && t.attached_while_running();
+        let idle_since_attach = t.maps_mpi
+            && t.exit_ns.is_none()
+            && (t.requested || t.rank_numbering().is_some())
+            && t.attached_while_running();
         if counted.contains(&pid) || t.earlier.is_some() || idle_since_attach {
             let ps = probes.read_proc_stats(pid);
             let events = events_of(pid);
@@ -68,28 +70,27 @@ pub fn job_profile(
             rank.ended = super::Ending::of(&ps, &clock);
             if rank.ended.is_none() && t.exit_ns.is_none() {
                 let started = std::time::Instant::now();
-                let mut stateless = Vec::new();
+                let mut unseen = crate::attach::Unseen::default();
                 rank.in_call = probes
-                    .call_in_progress(pid, &mut threads_left, &mut stateless)
+                    .call_in_progress(pid, &mut threads_left, &mut unseen)
                     .and_then(|c| {
                         let for_ns = end_ns.saturating_sub(c.since_ns);
                         super::InCall::of(usize::from(c.routine), for_ns, c.tid)
                     });
-                if rank.in_call.is_none() && !stateless.is_empty() && t.attached_while_running() {
-                    let wait = STACKS_WAIT.saturating_sub(stacks_time);
-                    match entered_before_attach(pid, &stateless, wait, unwinder) {
-                        Found::Inside(routine, tid) => {
+                if rank.in_call.is_none() && t.attached_while_running() {
+                    match stacks.entered_before_attach(pid, &unseen) {
+                        Found::Inside(routine, tid, called_from) => {
                             let for_ns = end_ns.saturating_sub(t.since_ns);
                             rank.in_call = super::InCall::of(usize::from(routine), for_ns, tid)
                                 .map(|c| super::InCall {
                                     before_attach: true,
+                                    called_from,
                                     ..c
                                 });
                         }
                         Found::Unknown => rank.in_call_unknown = true,
                         Found::Outside => {}
                     }
-                    stacks_time += started.elapsed();
                 }
                 in_call_time += started.elapsed();
             }
@@ -113,45 +114,122 @@ pub fn job_profile(
     assemble(ranks, probes, not_profiled, job_ids)
 }
 
-/// Longest one profile waits for running threads' stacks, all ranks together (a thread
-/// on a CPU is sampled within microseconds; one waiting for a CPU, not at all).
-const STACKS_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+/// Longest one profile spends on ranks' stacks (a running thread's sample, the files'
+/// tables read for the first time, the unwinding), all ranks together, made under the
+/// session's lock; `record`'s last profile waits [`PATIENT_STACKS`].
+const STACKS_BUDGET: std::time::Duration = std::time::Duration::from_millis(250);
+/// What `record`'s last profile may spend on stacks (it waits for symbols as well).
+const PATIENT_STACKS: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What reads the stacks of ranks inside a call, for one profile: the files' unwinding
+/// tables, and their symbols, which name where the call was made.
+pub struct StackReading<'a> {
+    unwinder: &'a mut crate::symbols::unwind::Unwinder,
+    sites: &'a mut SiteFiles,
+    /// The task iterator that reads a blocked thread's saved registers.
+    registers: Option<std::os::fd::BorrowedFd<'a>>,
+    /// The files whose symbols named a call's site in this profile (to be kept).
+    pub named_files: BTreeSet<(u64, u64)>,
+    /// When this profile stops reading stacks.
+    deadline: std::time::Instant,
+}
 
 /// What the stacks of a rank's threads say of the call it was inside when attached to.
 enum Found {
-    /// A thread is inside this routine.
-    Inside(u16, u32),
+    /// A thread is inside this routine, called from that site (where named).
+    Inside(u16, u32, Option<String>),
     /// Every thread's stack was unwound whole, and none is inside a routine.
     Outside,
-    /// None was found inside one, but a stack could not be read or unwound whole.
+    /// None was found inside one, but a stack could not be read or unwound whole (or not
+    /// every thread was looked at).
     Unknown,
 }
 
-/// The MPI or NCCL call one of `pid`'s threads `stateless` (none made a probed call since
-/// the probes were attached) is inside, by its stack: a call entered before the attach.
-fn entered_before_attach(
-    pid: u32,
-    stateless: &[u32],
-    wait: std::time::Duration,
-    unwinder: &mut crate::symbols::unwind::Unwinder,
-) -> Found {
-    let Ok(objects) = discover::mapped_objects(pid) else {
-        return Found::Unknown;
-    };
-    let stacks = discover::stack::stacks(pid, stateless, wait);
-    let mut whole = stacks.len() == stateless.len();
-    for s in &stacks {
-        let unwound = unwinder.unwind(&objects, s);
-        tracing::debug!(pid, tid = s.tid, ?unwound, "a stack unwound");
-        if let Some(routine) = unwound.routine {
-            return Found::Inside(routine, s.tid);
+impl<'a> StackReading<'a> {
+    /// For one profile: patient where `sites` waits for files' symbols (`record`'s last).
+    pub fn new(
+        unwinder: &'a mut crate::symbols::unwind::Unwinder,
+        sites: &'a mut SiteFiles,
+        registers: Option<std::os::fd::BorrowedFd<'a>>,
+    ) -> StackReading<'a> {
+        let budget = if sites.waits() {
+            PATIENT_STACKS
+        } else {
+            STACKS_BUDGET
+        };
+        StackReading {
+            unwinder,
+            sites,
+            registers,
+            named_files: BTreeSet::new(),
+            deadline: std::time::Instant::now() + budget,
         }
-        whole &= unwound.complete;
     }
-    if whole {
-        Found::Outside
-    } else {
-        Found::Unknown
+
+    /// The stacks of `pid`'s threads `tids`, within what is left of the profile's budget.
+    fn stacks_of(&self, pid: u32, tids: &[u32]) -> Vec<discover::stack::ThreadStack> {
+        let wait = self
+            .deadline
+            .saturating_duration_since(std::time::Instant::now());
+        discover::stack::stacks(pid, tids, wait, self.registers)
+    }
+
+    /// The MPI or NCCL call one of `pid`'s threads `unseen` (whose calls no probe saw
+    /// begin) is inside, by its stack: a call entered before the attach.
+    fn entered_before_attach(&mut self, pid: u32, unseen: &crate::attach::Unseen) -> Found {
+        let tids: Vec<u32> = unseen
+            .threads
+            .iter()
+            .copied()
+            .filter(|&tid| !self.unwinder.known_outside(pid, tid))
+            .collect();
+        let mut whole = unseen.whole;
+        if !tids.is_empty() {
+            if std::time::Instant::now() >= self.deadline {
+                return Found::Unknown;
+            }
+            let Ok(objects) = discover::mapped_objects(pid) else {
+                return Found::Unknown;
+            };
+            let stacks = self.stacks_of(pid, &tids);
+            whole &= stacks.len() == tids.len();
+            for s in &stacks {
+                let unwound = self.unwinder.unwind(&objects, s, self.deadline);
+                tracing::debug!(pid, tid = s.tid, ?unwound, "a stack unwound");
+                if let Some(routine) = unwound.routine {
+                    let site = unwound
+                        .site
+                        .map(|a| self.site_label(pid, &objects, routine, a));
+                    return Found::Inside(routine, s.tid, site);
+                }
+                if unwound.complete {
+                    self.unwinder.remember_outside(pid, s.tid);
+                } else {
+                    whole = false;
+                }
+            }
+        }
+        if whole {
+            Found::Outside
+        } else {
+            Found::Unknown
+        }
+    }
+
+    /// `site` (an address `pid` returns to from `routine`) as reports name a call site.
+    fn site_label(
+        &mut self,
+        pid: u32,
+        objects: &[discover::MappedObject],
+        routine: u16,
+        site: u64,
+    ) -> String {
+        self.sites.ask(pid, objects);
+        self.named_files.extend(objects.iter().map(|o| o.dev_inode));
+        let name = collector_common::ROUTINES
+            .get(usize::from(routine))
+            .map_or_else(String::new, |r| r.name.to_string());
+        CallSite::named(name, site, self.sites.name(objects, site)).label()
     }
 }
 
@@ -221,18 +299,11 @@ pub fn call_sites(
     let sites = sites
         .into_iter()
         .map(|(address, site)| match address {
-            Some(address) => {
-                let named = files.name(objects, address);
-                CallSite {
-                    object: named.object,
-                    function: named.function,
-                    offset: named.offset,
-                    file_address: named.file_address.map(|a| format!("{a:#x}")),
-                    source_file: named.source.as_ref().map(|(f, _)| f.clone()),
-                    source_line: named.source.map(|(_, l)| l),
-                    ..site
-                }
-            }
+            Some(address) => CallSite {
+                totals: site.totals,
+                timed_calls: site.timed_calls,
+                ..CallSite::named(site.routine, address, files.name(objects, address))
+            },
             None => site,
         })
         .collect();

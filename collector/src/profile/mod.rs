@@ -167,6 +167,11 @@ pub struct InCall {
     /// thread's stack), and `for_ns` is the time since the attach: the least it has been.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub before_attach: bool,
+    /// Where it was called from, as reports name a call site (`main+0x65 at app.c:38
+    /// (app)`), for a call entered before the attach (found on the thread's stack): in a
+    /// program of many such calls, which one hangs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub called_from: Option<String>,
 }
 
 impl InCall {
@@ -180,20 +185,25 @@ impl InCall {
                 for_ns,
                 thread,
                 before_attach: false,
+                called_from: None,
             })
     }
 
     /// `MPI_Barrier (12.0 s in it)`; `MPI_Barrier (12.0 s in it or more: entered before
-    /// commtap attached)`.
+    /// commtap attached)`; either followed by `, called from SITE` where that is known.
     pub fn describe(&self) -> String {
         let time = crate::skew::summary::human_ns(self.for_ns);
-        if self.before_attach {
+        let call = if self.before_attach {
             format!(
                 "{} ({time} in it or more: entered before commtap attached)",
                 self.routine
             )
         } else {
             format!("{} ({time} in it)", self.routine)
+        };
+        match &self.called_from {
+            Some(site) => format!("{call}, called from {site}"),
+            None => call,
         }
     }
 }
@@ -330,6 +340,21 @@ pub struct JobSite {
 }
 
 impl CallSite {
+    /// The site of `routine` at `address` in its process, as `named` names it.
+    pub fn named(routine: String, address: u64, named: crate::symbols::sites::Named) -> CallSite {
+        CallSite {
+            routine,
+            address: format!("{address:#x}"),
+            object: named.object,
+            function: named.function,
+            offset: named.offset,
+            file_address: named.file_address.map(|a| format!("{a:#x}")),
+            source_file: named.source.as_ref().map(|(f, _)| f.clone()),
+            source_line: named.source.map(|(_, l)| l),
+            ..CallSite::default()
+        }
+    }
+
     /// `function+0xOFF` (or the address in the file), `at FILE.c:LINE` where known, `(object's file name)`, as reports
     /// show a site.
     pub fn label(&self) -> String {

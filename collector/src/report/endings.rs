@@ -210,6 +210,7 @@ mod tests {
             routine: "MPI_Barrier".into(),
             for_ns: 3_000_000_000,
             before_attach: true,
+            called_from: Some("main+0x65 at app.c:38 (app)".into()),
             ..Default::default()
         });
         ranks[1].in_call_unknown = true;
@@ -220,7 +221,7 @@ mod tests {
             [
                 "       1 node1                       101  not known (a thread's stack could not be read whole)",
                 "       2 node1                       102  no MPI call",
-                "       0 node1                       100  MPI_Barrier (3.0 s in it or more: entered before commtap attached)",
+                "       0 node1                       100  MPI_Barrier (3.0 s in it or more: entered before commtap attached), called from main+0x65 at app.c:38 (app)",
             ],
             "{text}"
         );

@@ -236,7 +236,9 @@ impl Session {
             .profile(monotonic_ns(), board)
             .ranks
             .into_iter()
-            .find(|r| r.pid == pid)
+            // A rank attached to that made no call is profiled for where it was; detached,
+            // it has nothing to tell.
+            .find(|r| r.pid == pid && !r.routines.is_empty())
             .map(|r| RankProfile {
                 exited: true,
                 detached: true,
@@ -292,6 +294,11 @@ impl Session {
                 .comm_name(pid, handle)
                 .map(crate::skew::CommKey::label)
         };
+        let mut stacks = build::StackReading::new(
+            &mut self.unwinder,
+            &mut self.site_files,
+            self.probes.task_registers(),
+        );
         let mut profile = build::job_profile(
             &self.probes,
             &self.tracked,
@@ -299,8 +306,9 @@ impl Session {
             &name,
             (&self.host, end_ns),
             &mut self.job_ids,
-            &mut self.unwinder,
+            &mut stacks,
         );
+        let named_files = stacks.named_files;
         profile.place_peers_on_world_ranks();
         if self.probes.call_sites() {
             let read = self.probes.read_sites();
@@ -318,12 +326,16 @@ impl Session {
                         .map_or(0, |e| e.call_sites_left_out);
             }
             // Files no tracked process maps any more are closed.
-            let mapped = self
+            let mut mapped: std::collections::BTreeSet<(u64, u64)> = self
                 .tracked
                 .values()
                 .flat_map(|t| t.objects.iter().map(|o| o.dev_inode))
                 .collect();
+            mapped.extend(named_files);
             self.site_files.keep_only(&mapped);
+        } else {
+            // Kept while they name a call in progress (a hung rank's, at each profile).
+            self.site_files.keep_only(&named_files);
         }
         let cost = self.call_cost();
         for r in &mut profile.ranks {

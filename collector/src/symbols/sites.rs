@@ -202,6 +202,11 @@ impl SiteFiles {
         self.wait = wait;
     }
 
+    /// Whether naming waits for the files' reads.
+    pub fn waits(&self) -> bool {
+        self.wait
+    }
+
     /// Has the files among `objects` (mapped by `pid`) not asked for yet opened and read
     /// (up to [`MAX_FILES`]); the first is the program.
     pub fn ask(&mut self, pid: u32, objects: &[MappedObject]) {

@@ -10,7 +10,7 @@
 use std::{
     collections::BTreeMap,
     sync::{mpsc, Arc},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use gimli::{
@@ -24,6 +24,8 @@ use crate::discover::{stack::ThreadStack, MappedObject};
 
 /// Most frames unwound of one stack.
 pub const MAX_FRAMES: usize = 256;
+/// Longest call frame entry evaluated (a compiler's are tens of bytes).
+const MAX_ENTRY_LEN: usize = 4096;
 /// Most files whose tables are kept.
 const MAX_FILES: usize = 512;
 /// Most bytes of the files' tables kept, all together (libtorch's `.eh_frame` alone is
@@ -67,7 +69,7 @@ impl FileFrames {
             .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.size() > 0)
             .filter_map(|s| {
                 let id = routine_named(s.name().ok()?)?;
-                Some((s.address(), s.address() + s.size(), id))
+                Some((s.address(), s.address().checked_add(s.size())?, id))
             })
             .collect();
         routines.sort_unstable();
@@ -99,13 +101,7 @@ impl FileFrames {
     /// The caller's registers of a frame at file address `at` (`lookup`: `at`, less one
     /// past the innermost frame, for a return address may follow a call that ends its
     /// function), from this one's `regs`.
-    fn caller(
-        &self,
-        at: u64,
-        regs: Regs,
-        stack: &ThreadStack,
-        objects: &[MappedObject],
-    ) -> Option<Regs> {
+    fn caller(&self, at: u64, regs: Regs, stack: &ThreadStack) -> Option<Regs> {
         let hdr = EhFrameHdr::new(&self.hdr, LittleEndian);
         let bases = BaseAddresses::default()
             .set_eh_frame_hdr(self.hdr_addr)
@@ -114,17 +110,24 @@ impl FileFrames {
         let table = parsed.table()?;
         let mut eh_frame = EhFrame::new(&self.eh_frame, LittleEndian);
         eh_frame.set_address_size(8);
+        let fde = table
+            .fde_for_address(&eh_frame, &bases, at, EhFrame::cie_from_offset)
+            .ok()?;
+        // Its rules are evaluated from the entry's start at every frame: a file's entry made
+        // long would make each frame cost that much.
+        if fde.entry_len() > MAX_ENTRY_LEN || fde.cie().entry_len() > MAX_ENTRY_LEN {
+            return None;
+        }
         let mut ctx = UnwindContext::new();
-        let row = table
-            .unwind_info_for_address(&eh_frame, &bases, &mut ctx, at, EhFrame::cie_from_offset)
+        let row = fde
+            .unwind_info_for_address(&eh_frame, &bases, &mut ctx, at)
             .ok()?;
         let cfa = match *row.cfa() {
             CfaRule::RegisterAndOffset { register, offset } => {
                 let r = if register == X86_64::RSP {
                     regs.sp
                 } else if register == X86_64::RBP {
-                    regs.bp
-                        .or_else(|| frame_pointer_above(regs.sp, stack, objects))?
+                    regs.bp?
                 } else {
                     return None;
                 };
@@ -149,38 +152,6 @@ impl FileFrames {
             bp: saved(row.register(X86_64::RBP), regs.bp),
         })
     }
-}
-
-/// Most slots above a frame's stack pointer searched for its saved frame pointer.
-const FRAME_POINTER_SEARCH: u64 = 512;
-
-/// Where a frame whose caller is found through its frame pointer (`push rbp; mov rbp, rsp`:
-/// the saved `rbp`, then the return address) keeps it, for a thread whose `rbp` is not
-/// known (a blocked one's: `/proc` gives its stack and instruction pointers alone): the
-/// first slot at or above its stack pointer `sp` followed by a return address (an address
-/// of a file's code, just after a call instruction).
-fn frame_pointer_above(sp: u64, stack: &ThreadStack, objects: &[MappedObject]) -> Option<u64> {
-    (0..FRAME_POINTER_SEARCH).map(|k| sp + 8 * k).find(|&slot| {
-        stack
-            .read_u64(slot + 8)
-            .is_some_and(|ra| is_return_address(ra, stack, objects))
-    })
-}
-
-/// Whether `ra` is in a file's code of `stack`'s process just after a call instruction:
-/// `call rel32`, `call [rip+disp32]`, `call [reg+disp32]`, `call [reg+disp8]`, `call reg`,
-/// `call [reg]`.
-fn is_return_address(ra: u64, stack: &ThreadStack, objects: &[MappedObject]) -> bool {
-    let in_code = objects
-        .iter()
-        .any(|o| o.code.iter().any(|(lo, hi)| *lo + 7 <= ra && ra < *hi));
-    let mut b = [0u8; 7];
-    in_code
-        && stack.read(ra - 7, &mut b)
-        && (b[2] == 0xe8
-            || b[1] == 0xff && (b[2] == 0x15 || b[2] & 0xf8 == 0x90)
-            || b[4] == 0xff && b[5] & 0xf8 == 0x50
-            || b[5] == 0xff && (b[6] & 0xf8 == 0xd0 || b[6] & 0xf8 == 0x10))
 }
 
 /// The routine id `name` (or its profiling alias, `PMPI_Send`, `pncclAllReduce`) names,
@@ -219,6 +190,8 @@ pub struct Unwound {
     /// The outermost MPI or NCCL routine its frames are inside (a routine's own calls of
     /// another are the library's business: the caller's is the call in progress).
     pub routine: Option<u16>,
+    /// Where that routine was called from: the address its caller's frame returns to.
+    pub site: Option<u64>,
     /// Frames unwound.
     pub frames: usize,
     /// Whether unwinding reached the stack's outermost frame (else it stopped at a frame
@@ -235,7 +208,14 @@ pub struct Unwinder {
     files: BTreeMap<(u64, u64), Slot>,
     held: u64,
     reader: Option<Reader>,
+    /// Threads (process, thread) whose stacks were unwound whole and inside no routine,
+    /// while they had made no probed call: a call they make later is the probes' to see,
+    /// so they are not unwound again.
+    outside: std::collections::HashSet<(u32, u32)>,
 }
+
+/// Most threads remembered outside any routine (past it, all are forgotten).
+const MAX_OUTSIDE: usize = 65_536;
 
 /// A file's tables: asked of the reader, or read (`None`: it could not be).
 #[derive(Debug)]
@@ -277,14 +257,16 @@ impl Reader {
 
 /// Files asked of the reader and not yet read, at most.
 const MAX_ASKED: usize = 1024;
-/// Longest a stack waits for a file's tables asked for it (a library's take milliseconds);
-/// one asked before and still not read (a file on a hung file system) is not waited for.
-const READ_WAIT: Duration = Duration::from_millis(200);
-
 impl Unwinder {
     /// Unwinds `stack` of a process that maps `objects` (as
-    /// [`mapped_objects`](crate::discover::mapped_objects) read them).
-    pub fn unwind(&mut self, objects: &[MappedObject], stack: &ThreadStack) -> Unwound {
+    /// [`mapped_objects`](crate::discover::mapped_objects) read them), waiting for files'
+    /// tables until `until` at most.
+    pub fn unwind(
+        &mut self,
+        objects: &[MappedObject],
+        stack: &ThreadStack,
+        until: Instant,
+    ) -> Unwound {
         let mut regs = Regs {
             ip: stack.regs.ip,
             sp: stack.regs.sp,
@@ -301,6 +283,9 @@ impl Unwinder {
                 found.stopped = stop("outermost frame");
                 break;
             }
+            // (A call a return probe watches returns to the kernel's trampoline, in no
+            // file: its frame's caller is not known. The calls unwound here were entered
+            // before the probes, whose returns are their own.)
             let Some(o) = objects
                 .iter()
                 .find(|o| o.code.iter().any(|(lo, hi)| (*lo..*hi).contains(&regs.ip)))
@@ -308,7 +293,7 @@ impl Unwinder {
                 found.stopped = stop("no file's code");
                 break;
             };
-            let Some(file) = self.file(stack.pid, o) else {
+            let Some(file) = self.file(stack.pid, o, until) else {
                 found.stopped = stop("file not read");
                 break;
             };
@@ -327,13 +312,16 @@ impl Unwinder {
                 break;
             };
             found.frames += 1;
-            if let Some(id) = file.routine_at(at) {
-                found.routine = Some(id);
-            }
-            let Some(caller) = file.caller(at, regs, stack, objects) else {
+            let routine = file.routine_at(at);
+            let Some(caller) = file.caller(at, regs, stack) else {
+                found.routine = routine.or(found.routine);
                 found.stopped = stop("no caller by the file's tables");
                 break;
             };
+            if let Some(id) = routine {
+                found.routine = Some(id);
+                found.site = (caller.ip != 0).then_some(caller.ip);
+            }
             // A stack grows down: a caller's frame above its callee's, or the unwinding
             // is lost (and would loop).
             if caller.sp <= regs.sp && caller.ip != 0 {
@@ -345,9 +333,22 @@ impl Unwinder {
         found
     }
 
-    /// The tables of `o`, mapped by `pid`: asked of the reader once, and waited for a
-    /// while then (`None` where they cannot be read, or are not yet).
-    fn file(&mut self, pid: u32, o: &MappedObject) -> Option<Arc<FileFrames>> {
+    /// Whether thread `tid` of `pid` was found outside any routine, its stack whole.
+    pub fn known_outside(&self, pid: u32, tid: u32) -> bool {
+        self.outside.contains(&(pid, tid))
+    }
+
+    /// Remembers thread `tid` of `pid` as found outside any routine, its stack whole.
+    pub fn remember_outside(&mut self, pid: u32, tid: u32) {
+        if self.outside.len() >= MAX_OUTSIDE {
+            self.outside.clear();
+        }
+        self.outside.insert((pid, tid));
+    }
+
+    /// The tables of `o`, mapped by `pid`: asked of the reader once, and waited for then
+    /// until `until` at most (`None` where they cannot be read, or are not yet).
+    fn file(&mut self, pid: u32, o: &MappedObject, until: Instant) -> Option<Arc<FileFrames>> {
         self.take_answers(None);
         match self.files.get(&o.dev_inode) {
             Some(Slot::Read(f)) => return f.clone(),
@@ -366,7 +367,7 @@ impl Unwinder {
         // Full (the reader stuck on a file): asked again by a later stack.
         self.reader.as_ref()?.ask.try_send((pid, o.clone())).ok()?;
         self.files.insert(o.dev_inode, Slot::Reading);
-        self.take_answers(Some((o.dev_inode, Instant::now() + READ_WAIT)));
+        self.take_answers(Some((o.dev_inode, until)));
         match self.files.get(&o.dev_inode) {
             Some(Slot::Read(f)) => f.clone(),
             _ => None,
@@ -465,14 +466,22 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "found only {found:?}");
             let objects = crate::discover::mapped_objects(pid).unwrap();
             let stacks =
-                crate::discover::stack::stacks(pid, &ids, std::time::Duration::from_secs(5));
+                crate::discover::stack::stacks(pid, &ids, std::time::Duration::from_secs(5), None);
             for s in &stacks {
-                let u = unwinder.unwind(&objects, s);
+                let u = unwinder.unwind(
+                    &objects,
+                    s,
+                    Instant::now() + std::time::Duration::from_secs(5),
+                );
                 if u.routine.is_some() {
-                    // A blocked thread's frame pointer is not known: the frames whose
-                    // callers are found through it (the thread's start, here) are unwound
-                    // by the one they saved.
-                    assert!(u.complete && u.frames >= 3, "{u:?}");
+                    // Without the task iterator (it takes commtap's probes loaded) a
+                    // blocked thread's frame pointer is not known: a frame whose caller is
+                    // found through it (the thread's start, here) ends the unwinding.
+                    assert!(
+                        u.frames >= 3 && (u.complete || s.regs.bp.is_none()),
+                        "{u:?}"
+                    );
+                    assert!(u.site.is_some(), "{u:?}");
                     found.insert(s.tid, u.routine);
                 }
             }

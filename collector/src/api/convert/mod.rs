@@ -391,6 +391,7 @@ impl From<&InCall> for pb::InCall {
             for_ns: c.for_ns,
             thread: c.thread,
             before_attach: c.before_attach,
+            called_from: c.called_from.clone(),
         }
     }
 }
@@ -402,6 +403,10 @@ fn in_call(c: &pb::InCall) -> InCall {
         for_ns: c.for_ns,
         thread: c.thread,
         before_attach: c.before_attach,
+        called_from: c
+            .called_from
+            .as_deref()
+            .map(|s| crate::symbols::shown(s, 1024)),
     }
 }
 

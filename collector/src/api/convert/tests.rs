@@ -131,6 +131,7 @@ pub(crate) fn sample() -> JobProfile {
                 for_ns: 7_000_000_000,
                 thread: 4242,
                 before_attach: true,
+                called_from: Some("main+0x65 at app.c:38 (app)".into()),
             }),
             in_call_unknown: true,
             mpi_transport: Some("pml cm, mtl ofi".to_string()),

@@ -1,0 +1,50 @@
+//! `task_registers`: a task iterator that writes a thread's user registers as its last
+//! entry into the kernel saved them (`bpf_task_pt_regs`). A thread blocked in the kernel
+//! keeps them while it sleeps, and its stack with them: userspace unwinds that stack to
+//! find a call entered before commtap attached, which `/proc` cannot start (it gives no
+//! frame pointer). Userspace runs it for one thread at a time (the link's thread filter).
+
+use aya_ebpf::helpers::generated::{bpf_seq_write, bpf_task_pt_regs};
+use collector_common::{pt_regs, UserRegisters};
+
+/// `struct bpf_iter__task`: the iterator's context.
+#[repr(C)]
+pub struct IterTask {
+    meta: *const IterMeta,
+    task: *mut core::ffi::c_void,
+}
+
+/// `struct bpf_iter_meta`: its first member is the output's `seq_file`.
+#[repr(C)]
+pub struct IterMeta {
+    seq: *mut core::ffi::c_void,
+}
+
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/task")]
+pub extern "C" fn task_registers(ctx: *mut IterTask) -> i32 {
+    // SAFETY: the kernel passes the iterator's context; its pointers are checked by the
+    // verifier (a null task ends the iteration).
+    unsafe {
+        let task = (*ctx).task;
+        if task.is_null() {
+            return 0;
+        }
+        let regs = bpf_task_pt_regs(task.cast()) as *const u64;
+        if regs.is_null() {
+            return 0;
+        }
+        let out = UserRegisters {
+            ip: *regs.add(pt_regs::IP),
+            sp: *regs.add(pt_regs::SP),
+            bp: *regs.add(pt_regs::BP),
+        };
+        let seq = (*(*ctx).meta).seq;
+        bpf_seq_write(
+            seq.cast(),
+            (&raw const out).cast(),
+            core::mem::size_of::<UserRegisters>() as u32,
+        );
+    }
+    0
+}
