@@ -287,6 +287,29 @@ pub fn compile_c(src: &str, out_name: &str, args: &[&str]) -> PathBuf {
     out
 }
 
+/// The launch of `np` ranks of `program` with `args` by `mpi`'s launcher, with what every
+/// launch needs ([`mpi_env`], [`Mpi::job_env`]) and, where given, the Slurm job id the
+/// ranks are numbered in (passed on to them by Open MPI's `-x`).
+pub fn mpi_launch(
+    mpi: Mpi,
+    np: u32,
+    job_id: Option<&str>,
+    program: &Path,
+    args: &[&str],
+) -> Command {
+    let launcher = mpi.launcher(np);
+    let mut cmd = Command::new(&launcher[0]);
+    mpi_env(&mut cmd).envs(mpi.job_env()).args(&launcher[1..]);
+    if let Some(job) = job_id {
+        if mpi == Mpi::OpenMpi {
+            cmd.args(["-x", "SLURM_JOB_ID"]);
+        }
+        cmd.env("SLURM_JOB_ID", job);
+    }
+    cmd.arg(program).args(args);
+    cmd
+}
+
 /// Environment every MPI launch needs here (Open MPI refuses root otherwise).
 pub fn mpi_env(cmd: &mut Command) -> &mut Command {
     // Open MPI 5's launcher (PRRTE) asks the same with its own names.

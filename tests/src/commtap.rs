@@ -381,6 +381,81 @@ pub fn report_json(args: &[&str]) -> Value {
     profile
 }
 
+/// A job of `mpi_stuck` (2 ranks) hung for certain: rank 0 inside its `MPI_Sendrecv`,
+/// rank 1 outside MPI until `go` exists.
+pub struct StuckJob {
+    /// The launcher.
+    pub job: ChildGuard,
+    /// The file that releases it.
+    pub go: PathBuf,
+    /// The program.
+    pub program: PathBuf,
+    /// Rank 0's pid.
+    pub zero: u64,
+    /// Rank 1's pid.
+    pub one: u64,
+    /// The source line of rank 0's `MPI_Sendrecv`, as the program wrote it down.
+    pub line: u64,
+}
+
+/// Starts `mpi_stuck` by `mpi` in `scratch` (numbered in Slurm job `job_id`, where given)
+/// and waits until rank 0 is inside its `MPI_Sendrecv` for certain.
+#[track_caller]
+pub fn start_stuck_job(scratch: &Scratch, mpi: crate::Mpi, job_id: Option<&str>) -> StuckJob {
+    let (go, prefix) = (scratch.path("go"), scratch.path("truth"));
+    let program = crate::build_program("mpi_stuck.c", mpi);
+    let job = ChildGuard::spawn(&mut crate::mpi_launch(
+        mpi,
+        2,
+        job_id,
+        &program,
+        &[path_str(&go), path_str(&prefix)],
+    ));
+    let stuck = PathBuf::from(format!("{}.stuck", prefix.display()));
+    wait_until(
+        "rank 0 inside its MPI_Sendrecv",
+        Duration::from_mins(5),
+        || stuck.exists(),
+    );
+    let truths = crate::read_truths(&prefix, 2);
+    let line = read_json(&PathBuf::from(format!("{}.call.json", prefix.display())))["line"]
+        .as_u64()
+        .expect("the call's line");
+    StuckJob {
+        job,
+        go,
+        program,
+        zero: crate::pid_of_rank(&truths, 0),
+        one: crate::pid_of_rank(&truths, 1),
+        line,
+    }
+}
+
+/// Asserts `profile` shows `stuck` as it is: rank 0 inside its `MPI_Sendrecv` on its main
+/// thread, entered before commtap attached, called from `main` at the line the program
+/// wrote down; rank 1 in no call, and known to be. Returns the call's site.
+#[track_caller]
+pub fn assert_stuck_where_it_is(profile: &Value, stuck: &StuckJob) -> String {
+    let zero = crate::rank_by_pid(profile, stuck.zero);
+    let call = &zero["in_call"];
+    assert_eq!(call["routine"], "MPI_Sendrecv", "{zero}");
+    assert_eq!(call["before_attach"], true, "{call}");
+    assert_eq!(call["thread"], stuck.zero, "{call}");
+    let name = stuck.program.file_name().expect("name").to_string_lossy();
+    let from = call["called_from"].as_str().expect("called_from");
+    assert!(
+        from.starts_with("main+0x")
+            && from.ends_with(&format!(" at mpi_stuck.c:{} ({name})", stuck.line)),
+        "{call}"
+    );
+    let one = crate::rank_by_pid(profile, stuck.one);
+    assert!(
+        one.get("in_call").is_none() && one.get("in_call_unknown").is_none(),
+        "{one}"
+    );
+    from.to_string()
+}
+
 /// Waits until the daemon at `target` shows job `job` hung as `mpi_hang` hangs it with
 /// rank 1 late: rank 0 inside its `MPI_Barrier` for a second or more, rank 1 (waiting for
 /// the go, outside MPI) in no call. Returns that live profile.

@@ -42,6 +42,27 @@ pub fn rank_by_pid(profile: &Value, pid: u64) -> &Value {
         .unwrap_or_else(|| panic!("no rank with pid {pid} in profile:\n{profile:#}"))
 }
 
+/// The pid of rank `rank` by the ranks' own truth files ([`read_truths`]).
+#[track_caller]
+pub fn pid_of_rank(truths: &[Value], rank: u64) -> u64 {
+    truths
+        .iter()
+        .find(|t| t["rank"] == rank)
+        .and_then(|t| t["pid"].as_u64())
+        .expect("a rank's pid")
+}
+
+/// The slices of a Chrome JSON trace that end a call a rank did not return from (their
+/// argument `unfinished` says why).
+pub fn unfinished_slices(trace: &Value) -> Vec<&Value> {
+    trace["traceEvents"]
+        .as_array()
+        .expect("trace events")
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["args"].get("unfinished").is_some())
+        .collect()
+}
+
 /// The profile's rank numbered `rank` (`Null` where it has none: not seen yet).
 pub fn rank_numbered(profile: &Value, rank: u64) -> Value {
     profile["ranks"]

@@ -1000,13 +1000,7 @@ fn a_killed_rank_is_reported_inside_its_call(mpi: Mpi) {
     )))["killed"]
         .as_u64()
         .expect("the killed pid");
-    let pid_of = |rank: u64| {
-        truths
-            .iter()
-            .find(|t| t["rank"] == rank)
-            .and_then(|t| t["pid"].as_u64())
-            .expect("a rank's pid")
-    };
+    let pid_of = |rank: u64| pid_of_rank(&truths, rank);
     assert_eq!(pid_of(1), killed);
     let ended = |rank: u64| rank_by_pid(&profile, pid_of(rank))["ended"].clone();
     let (one, zero) = (ended(1), ended(0));
@@ -1029,12 +1023,7 @@ fn a_killed_rank_is_reported_inside_its_call(mpi: Mpi) {
     // Rank 1's main thread made the call; the trace ends each rank's with its slice, for
     // the time the profile says.
     assert_eq!(one["inside"]["thread"], killed, "{one}");
-    let unfinished: Vec<&Value> = trace["traceEvents"]
-        .as_array()
-        .expect("trace events")
-        .iter()
-        .filter(|e| e["ph"] == "X" && e["args"].get("unfinished").is_some())
-        .collect();
+    let unfinished = unfinished_slices(&trace);
     assert_eq!(unfinished.len(), 2, "{unfinished:?}");
     for (pid, ended) in [(killed, &one), (pid_of(0), &zero)] {
         let slice = unfinished
@@ -1118,33 +1107,14 @@ fn a_rank_exit_status_is_reported() {
 /// rank 1 first, and the trace ends with rank 0's unfinished slice.
 fn a_job_hung_before_the_attach(mpi: Mpi) {
     let scratch = Scratch::new(&format!("stuck-{}", mpi.suffix()));
-    let (go, prefix) = (scratch.path("go"), scratch.path("truth"));
-    let launcher = mpi.launcher(2);
-    let mut cmd = Command::new(&launcher[0]);
-    let program = build_program("mpi_stuck.c", mpi);
-    mpi_env(&mut cmd)
-        .envs(mpi.job_env())
-        .args(&launcher[1..])
-        .arg(&program)
-        .args([path_str(&go), path_str(&prefix)]);
-    let mut job = ChildGuard::spawn(&mut cmd);
-    let stuck = std::path::PathBuf::from(format!("{}.stuck", prefix.display()));
-    wait_until("rank 0 inside its MPI_Sendrecv", LIMIT, || stuck.exists());
-    let truths = read_truths(&prefix, 2);
-    let pid_of = |rank: u64| {
-        truths
-            .iter()
-            .find(|t| t["rank"] == rank)
-            .and_then(|t| t["pid"].as_u64())
-            .expect("a rank's pid")
-    };
+    let mut stuck = start_stuck_job(&scratch, mpi, None);
     let (text, json, trace) = (
         scratch.path("report.txt"),
         scratch.path("profile.json"),
         scratch.path("trace.json"),
     );
     let mut args = record_text_and_json(&text, &json);
-    let pids = format!("{},{}", pid_of(0), pid_of(1));
+    let pids = format!("{},{}", stuck.zero, stuck.one);
     args.extend(
         [
             "--pid",
@@ -1160,35 +1130,14 @@ fn a_job_hung_before_the_attach(mpi: Mpi) {
     let run = run_commtap(&scratch, &args, Duration::from_mins(3));
     assert!(run.status.success(), "{}", run.stderr);
     let profile = read_json(&json);
-    let zero = rank_by_pid(&profile, pid_of(0));
-    let call = &zero["in_call"];
-    assert_eq!(call["routine"], "MPI_Sendrecv", "{zero}");
-    assert_eq!(call["before_attach"], true, "{call}");
-    assert_eq!(call["thread"], pid_of(0), "{call}");
+    let from = assert_stuck_where_it_is(&profile, &stuck);
     // From the attach to the profile: the recording's two seconds at least.
+    let call = &rank_by_pid(&profile, stuck.zero)["in_call"];
     assert!(
         call["for_ns"]
             .as_u64()
             .is_some_and(|ns| ns >= 2_000_000_000),
         "{call}"
-    );
-    // Made from `main`, at the line the program wrote down before it.
-    let line = read_json(&std::path::PathBuf::from(format!(
-        "{}.call.json",
-        prefix.display()
-    )))["line"]
-        .as_u64()
-        .expect("the call's line");
-    let name = program.file_name().expect("name").to_string_lossy();
-    let from = call["called_from"].as_str().expect("called_from");
-    assert!(
-        from.starts_with("main+0x") && from.ends_with(&format!(" at mpi_stuck.c:{line} ({name})")),
-        "{call}"
-    );
-    let one = rank_by_pid(&profile, pid_of(1));
-    assert!(
-        one.get("in_call").is_none() && one.get("in_call_unknown").is_none(),
-        "{one}"
     );
     let report = std::fs::read_to_string(&text).expect("text report");
     let rows = report_rows(
@@ -1197,11 +1146,11 @@ fn a_job_hung_before_the_attach(mpi: Mpi) {
     );
     assert_eq!(rows.len(), 2, "{report}");
     assert!(
-        rows[0].contains(&format!(" {} ", pid_of(1))) && rows[0].ends_with("  no MPI call"),
+        rows[0].contains(&format!(" {} ", stuck.one)) && rows[0].ends_with("  no MPI call"),
         "{report}"
     );
     assert!(
-        rows[1].contains(&format!(" {} ", pid_of(0)))
+        rows[1].contains(&format!(" {} ", stuck.zero))
             && rows[1].contains("  MPI_Sendrecv (")
             && rows[1].ends_with(&format!(
                 " in it or more: entered before commtap attached), called from {from}"
@@ -1209,15 +1158,10 @@ fn a_job_hung_before_the_attach(mpi: Mpi) {
         "{report}"
     );
     let trace = read_json(&trace);
-    let unfinished: Vec<&Value> = trace["traceEvents"]
-        .as_array()
-        .expect("trace events")
-        .iter()
-        .filter(|e| e["ph"] == "X" && e["args"].get("unfinished").is_some())
-        .collect();
+    let unfinished = unfinished_slices(&trace);
     assert_eq!(unfinished.len(), 1, "{unfinished:?}");
     assert_eq!(unfinished[0]["name"], "MPI_Sendrecv", "{}", unfinished[0]);
-    assert_eq!(unfinished[0]["tid"], pid_of(0), "{}", unfinished[0]);
+    assert_eq!(unfinished[0]["tid"], stuck.zero, "{}", unfinished[0]);
     assert!(
         unfinished[0]["args"]["unfinished"]
             .as_str()
@@ -1226,8 +1170,8 @@ fn a_job_hung_before_the_attach(mpi: Mpi) {
         unfinished[0]
     );
     // Released, the job finishes as it should.
-    std::fs::write(&go, b"").expect("go file");
-    let status = job.wait_with_limit(LIMIT);
+    std::fs::write(&stuck.go, b"").expect("go file");
+    let status = stuck.job.wait_with_limit(LIMIT);
     assert!(status.success(), "the job: {status}");
 }
 

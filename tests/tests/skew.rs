@@ -810,16 +810,13 @@ fn a_hung_job(mpi: Mpi) {
         .expect("an instance not drawn");
     let job = format!("hung-{}", std::process::id());
     let (go, prefix) = (scratch.path("go"), scratch.path("truth"));
-    let launcher = mpi.launcher(2);
-    let mut cmd = Command::new(&launcher[0]);
-    mpi_env(&mut cmd).envs(mpi.job_env()).args(&launcher[1..]);
-    if mpi == Mpi::OpenMpi {
-        cmd.args(["-x", "SLURM_JOB_ID"]);
-    }
-    cmd.env("SLURM_JOB_ID", &job)
-        .arg(build_program("mpi_hang.c", mpi))
-        .args(["1", &n.to_string(), path_str(&go), path_str(&prefix)]);
-    let mut running = ChildGuard::spawn(&mut cmd);
+    let mut running = ChildGuard::spawn(&mut mpi_launch(
+        mpi,
+        2,
+        Some(&job),
+        &build_program("mpi_hang.c", mpi),
+        &["1", &n.to_string(), path_str(&go), path_str(&prefix)],
+    ));
 
     let seq_of = |profile: &Value, rank: u64| {
         profile["skew"]["ranks"]
@@ -925,30 +922,9 @@ fn a_hung_job(mpi: Mpi) {
 #[test]
 fn a_daemon_started_after_a_job_hung_sees_where_each_rank_is() {
     let scratch = Scratch::new("skew-stuck");
-    let mpi = Mpi::OpenMpi;
     let job = format!("stuck-{}", std::process::id());
-    let (go, prefix) = (scratch.path("go"), scratch.path("truth"));
-    let launcher = mpi.launcher(2);
-    let mut cmd = Command::new(&launcher[0]);
-    mpi_env(&mut cmd)
-        .envs(mpi.job_env())
-        .args(&launcher[1..])
-        .args(["-x", "SLURM_JOB_ID"])
-        .env("SLURM_JOB_ID", &job)
-        .arg(build_program("mpi_stuck.c", mpi))
-        .args([path_str(&go), path_str(&prefix)]);
-    let mut running = ChildGuard::spawn(&mut cmd);
-    let stuck = std::path::PathBuf::from(format!("{}.stuck", prefix.display()));
-    wait_until("rank 0 inside its MPI_Sendrecv", LIMIT, || stuck.exists());
+    let mut stuck = start_stuck_job(&scratch, Mpi::OpenMpi, Some(&job));
     let daemon = Daemon::start(&scratch, &[], &[], &[]);
-    let truths = read_truths(&prefix, 2);
-    let pid_of = |rank: u64| {
-        truths
-            .iter()
-            .find(|t| t["rank"] == rank)
-            .and_then(|t| t["pid"].as_u64())
-            .expect("a rank's pid")
-    };
     let live = [
         "report",
         "--from",
@@ -983,36 +959,14 @@ fn a_daemon_started_after_a_job_hung_sees_where_each_rank_is() {
                 && one.get("in_call_unknown").is_none()
         },
     );
-    let zero = rank_by_pid(&profile, pid_of(0));
-    assert_eq!(zero["in_call"]["routine"], "MPI_Sendrecv", "{zero}");
-    assert_eq!(zero["in_call"]["before_attach"], true, "{zero}");
-    assert_eq!(zero["in_call"]["thread"], pid_of(0), "{zero}");
-    let line = read_json(&std::path::PathBuf::from(format!(
-        "{}.call.json",
-        prefix.display()
-    )))["line"]
-        .as_u64()
-        .expect("the call's line");
-    let from = zero["in_call"]["called_from"]
-        .as_str()
-        .expect("called_from");
-    assert!(
-        from.starts_with("main+0x")
-            && from.ends_with(&format!(" at mpi_stuck.c:{line} (mpi_stuck.openmpi)")),
-        "{zero}"
-    );
-    let one = rank_by_pid(&profile, pid_of(1));
-    assert!(
-        one.get("in_call").is_none() && one.get("in_call_unknown").is_none(),
-        "{one}"
-    );
+    assert_stuck_where_it_is(&profile, &stuck);
 
-    std::fs::write(&go, "").expect("go file");
-    assert!(running.wait_with_limit(LIMIT).success());
-    wait_for_exited(&daemon.target, &pids_of(&truths));
+    std::fs::write(&stuck.go, "").expect("go file");
+    assert!(stuck.job.wait_with_limit(LIMIT).success());
+    wait_for_exited(&daemon.target, &[stuck.zero, stuck.one]);
     let profile = report_json(&["report", "--from", &daemon.target, "--job", &job]);
-    for t in &truths {
-        let rank = rank_by_pid(&profile, t["pid"].as_u64().expect("pid"));
+    for pid in [stuck.zero, stuck.one] {
+        let rank = rank_by_pid(&profile, pid);
         assert!(rank.get("in_call").is_none(), "{rank}");
         assert_eq!(rank["ended"]["status"], 0, "{rank}");
         assert!(rank["ended"].get("inside").is_none(), "{rank}");
