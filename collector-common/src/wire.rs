@@ -246,8 +246,10 @@ pub struct CallState {
 const _: () = assert!(size_of::<CallState>() == 712 + 56);
 
 /// A thread's user registers as its last entry into the kernel saved them (`pt_regs`),
-/// which the task iterator `task_registers` writes: what unwinding a blocked thread's stack
-/// starts from (`/proc/PID/task/TID/syscall` gives no frame pointer).
+/// and the return addresses the kernel moved to its return-probe trampoline, which the
+/// task iterator `task_registers` writes: what unwinding a thread's stack needs beyond the
+/// stack (`/proc/PID/task/TID/syscall` gives no frame pointer, and a call whose return is
+/// probed returns to the trampoline, not to its caller).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UserRegisters {
@@ -257,9 +259,28 @@ pub struct UserRegisters {
     pub sp: u64,
     /// Frame pointer (`rbp`).
     pub bp: u64,
+    /// Of `returns`, those filled in.
+    pub returns_n: u64,
+    /// The thread's calls whose returns are probed, latest first: where each one's return
+    /// address was on the stack, and that address.
+    pub returns: [ReturnSlot; MAX_PROBED_RETURNS],
 }
 
-const _: () = assert!(size_of::<UserRegisters>() == 24);
+/// Most of a thread's probed returns [`UserRegisters`] carries (MPI's calls inside calls
+/// are few: a collective and its transport's operation).
+pub const MAX_PROBED_RETURNS: usize = 8;
+
+/// A return address the kernel replaced with its return-probe trampoline.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReturnSlot {
+    /// Where on the stack it was.
+    pub slot: u64,
+    /// The address.
+    pub to: u64,
+}
+
+const _: () = assert!(size_of::<UserRegisters>() == 32 + 16 * MAX_PROBED_RETURNS);
 
 /// x86-64's `struct pt_regs`, as 8-byte slots: where `UserRegisters` are read from.
 pub mod pt_regs {
@@ -1049,8 +1070,22 @@ pub struct IdentityOffsets {
     /// `signal_struct.group_exit_code`: the process's `wait` status when it ends as a group
     /// (a core dump's mark included, which only the dumping thread's own code has).
     pub usage_signal_group_exit_code: u32,
+    /// 1 once the `uret_*` offsets below are filled in: the task iterator then also says
+    /// where the kernel moved a thread's return addresses to its return-probe trampoline.
+    pub uret_valid: u32,
+    /// `task_struct.utask`: the thread's uprobe state.
+    pub uret_task_utask: u32,
+    /// `uprobe_task.return_instances`: its calls whose returns are probed, latest first.
+    pub uret_utask_instances: u32,
+    /// `return_instance.stack`: where the call's return address was (its stack pointer at
+    /// the entry).
+    pub uret_ri_stack: u32,
+    /// `return_instance.orig_ret_vaddr`: the return address the trampoline took the place of.
+    pub uret_ri_orig: u32,
+    /// `return_instance.next`: the call it was made inside.
+    pub uret_ri_next: u32,
 }
-const _: () = assert!(size_of::<IdentityOffsets>() == 156);
+const _: () = assert!(size_of::<IdentityOffsets>() == 180);
 
 /// `SIGNAL_GROUP_EXIT` of `signal_struct.flags` (`include/linux/sched/signal.h`).
 pub const SIGNAL_GROUP_EXIT: u32 = 0x4;

@@ -5,7 +5,38 @@
 //! frame pointer). Userspace runs it for one thread at a time (the link's thread filter).
 
 use aya_ebpf::helpers::generated::{bpf_seq_write, bpf_task_pt_regs};
-use collector_common::{pt_regs, UserRegisters};
+use collector_common::{pt_regs, ReturnSlot, UserRegisters, MAX_PROBED_RETURNS};
+
+use crate::{maps::IDENTITY_OFFSETS, process::kernel_word};
+
+/// The thread's calls whose returns are probed (its `uprobe_task`'s return instances,
+/// latest first) into `out`: where the kernel put its trampoline in place of each one's
+/// return address, and that address.
+#[inline(always)]
+fn probed_returns(task: *const u8, out: &mut UserRegisters) {
+    let Some(off) = IDENTITY_OFFSETS.get(0) else {
+        return;
+    };
+    if off.uret_valid == 0 {
+        return;
+    }
+    let utask = kernel_word(task, off.uret_task_utask) as *const u8;
+    if utask.is_null() {
+        return;
+    }
+    let mut ri = kernel_word(utask, off.uret_utask_instances) as *const u8;
+    for i in 0..MAX_PROBED_RETURNS {
+        if ri.is_null() {
+            return;
+        }
+        out.returns[i] = ReturnSlot {
+            slot: kernel_word(ri, off.uret_ri_stack),
+            to: kernel_word(ri, off.uret_ri_orig),
+        };
+        out.returns_n = i as u64 + 1;
+        ri = kernel_word(ri, off.uret_ri_next) as *const u8;
+    }
+}
 
 /// `struct bpf_iter__task`: the iterator's context.
 #[repr(C)]
@@ -34,11 +65,13 @@ pub extern "C" fn task_registers(ctx: *mut IterTask) -> i32 {
         if regs.is_null() {
             return 0;
         }
-        let out = UserRegisters {
+        let mut out = UserRegisters {
             ip: *regs.add(pt_regs::IP),
             sp: *regs.add(pt_regs::SP),
             bp: *regs.add(pt_regs::BP),
+            ..UserRegisters::default()
         };
+        probed_returns(task.cast(), &mut out);
         let seq = (*(*ctx).meta).seq;
         bpf_seq_write(
             seq.cast(),

@@ -457,11 +457,21 @@ pub fn assert_stuck_where_it_is(profile: &Value, stuck: &StuckJob) -> String {
 }
 
 /// Waits until the daemon at `target` shows job `job` hung as `mpi_hang` hangs it with
-/// rank 1 late: rank 0 inside its `MPI_Barrier` for a second or more, rank 1 (waiting for
-/// the go, outside MPI) in no call. Returns that live profile.
+/// rank 1 late: rank 0 inside its `MPI_Barrier` for a second or more, called from the
+/// program's `main` at the barrier's line (the kernel's record of its probed return read
+/// back), rank 1 (waiting for the go, outside MPI) in no call. Returns that live profile.
 #[track_caller]
 pub fn wait_for_rank_0_hung_in_its_barrier(target: &str, job: &str, limit: Duration) -> Value {
     let mut profile = Value::Null;
+    // The barrier's line in the program's source, which its call site names.
+    let source = std::fs::read_to_string(crate::repo_root().join("tests/programs/mpi_hang.c"))
+        .expect("mpi_hang.c");
+    let line = source
+        .lines()
+        .position(|l| l.trim() == "MPI_Barrier(MPI_COMM_WORLD);")
+        .expect("the barrier's line")
+        + 1;
+    let at = format!(" at mpi_hang.c:{line} (mpi_hang.");
     crate::wait_until(
         "rank 0 seen in its barrier, rank 1 outside MPI",
         limit,
@@ -481,6 +491,10 @@ pub fn wait_for_rank_0_hung_in_its_barrier(target: &str, job: &str, limit: Durat
                 && zero["in_call"]["for_ns"]
                     .as_u64()
                     .is_some_and(|ns| ns >= 1_000_000_000)
+                // Where it was made, once the daemon has read the program's symbols.
+                && zero["in_call"]["called_from"]
+                    .as_str()
+                    .is_some_and(|f| f.starts_with("main+0x") && f.contains(&at))
                 && one.is_object()
                 && one.get("in_call").is_none()
         },

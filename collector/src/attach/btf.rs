@@ -211,9 +211,27 @@ pub fn kernel_offsets(btf: &Btf) -> IdentityOffsets {
         warn!("{e:#}: no CPU time or largest resident set of the processes that end");
         found
     });
-    userns_offsets(btf, found).unwrap_or_else(|e| {
+    found = userns_offsets(btf, found).unwrap_or_else(|e| {
         warn!("{e:#}: each uid of a user namespace is charged as a user of its own");
         found
+    });
+    uret_offsets(btf, found).unwrap_or_else(|e| {
+        warn!("{e:#}: a call the probes saw begin is not named where it was made from");
+        found
+    })
+}
+
+/// `found` with where the task iterator finds a thread's calls whose returns are probed
+/// (their return addresses, which the kernel replaced on the stack with its trampoline).
+fn uret_offsets(btf: &Btf, found: IdentityOffsets) -> Result<IdentityOffsets, BtfError> {
+    Ok(IdentityOffsets {
+        uret_valid: 1,
+        uret_task_utask: btf.offset("task_struct", "utask")?,
+        uret_utask_instances: btf.offset("uprobe_task", "return_instances")?,
+        uret_ri_stack: btf.offset("return_instance", "stack")?,
+        uret_ri_orig: btf.offset("return_instance", "orig_ret_vaddr")?,
+        uret_ri_next: btf.offset("return_instance", "next")?,
+        ..found
     })
 }
 
@@ -348,6 +366,10 @@ mod tests {
         let se = btf.offset("task_struct", "se").expect("se");
         assert!(o.usage_task_sum_exec_runtime > se, "{o:?}");
         assert!(o.usage_task_exit_code > 0, "{o:?}");
+        assert!(
+            o.uret_valid == 1 && o.uret_task_utask > 0 && o.uret_ri_orig > 0,
+            "{o:?}"
+        );
         assert!(
             o.usage_signal_flags > 0 && o.usage_signal_group_exit_code > 0,
             "{o:?}"

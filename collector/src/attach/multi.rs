@@ -680,9 +680,10 @@ struct IterTaskFilter {
     _pad: u32,
 }
 
-/// Thread `tid`'s user registers as its last entry into the kernel saved them, by the task
-/// iterator `prog` (loaded by [`load_programs`]) run for that thread alone (Linux 6.1+:
-/// the link's thread filter); `None` where the thread is gone.
+/// Thread `tid`'s user registers as its last entry into the kernel saved them, and its
+/// calls whose returns are probed, by the task iterator `prog` (loaded by
+/// [`load_programs`]) run for that thread alone (Linux 6.1+: the link's thread filter);
+/// `None` where the thread is gone.
 pub fn thread_registers(
     prog: BorrowedFd<'_>,
     tid: u32,
@@ -717,12 +718,11 @@ pub fn thread_registers(
             n => read += n,
         }
     }
-    let word = |i: usize| u64::from_ne_bytes(out[i * 8..i * 8 + 8].try_into().unwrap_or_default());
-    Ok(Some(collector_common::UserRegisters {
-        ip: word(0),
-        sp: word(1),
-        bp: word(2),
-    }))
+    // SAFETY: `out` holds a whole `UserRegisters`, a C struct of integers (any bytes are
+    // one), read unaligned.
+    let regs =
+        unsafe { std::ptr::read_unaligned(out.as_ptr().cast::<collector_common::UserRegisters>()) };
+    Ok(Some(regs))
 }
 
 #[cfg(test)]

@@ -59,6 +59,9 @@ pub struct ThreadStack {
     /// Reads of its memory left (a stack made to send unwinding far costs a bounded number
     /// of system calls).
     reads_left: std::cell::Cell<u32>,
+    /// The return addresses the kernel replaced on its stack with its return-probe
+    /// trampoline (the calls the probes saw begin), read in their place.
+    returns: Vec<collector_common::ReturnSlot>,
 }
 
 /// Reads of a thread's memory one unwinding may make.
@@ -68,6 +71,9 @@ impl ThreadStack {
     /// The 8 bytes at `addr` of the thread's stack, from the copy made with its registers
     /// where it holds them.
     pub fn read_u64(&self, addr: u64) -> Option<u64> {
+        if let Some(r) = self.returns.iter().find(|r| r.slot == addr) {
+            return Some(r.to);
+        }
         let off = addr.checked_sub(self.regs.sp)?;
         if let Some(b) = usize::try_from(off)
             .ok()
@@ -141,7 +147,18 @@ pub fn stacks(
 ) -> Vec<ThreadStack> {
     let mem = File::open(format!("/proc/{pid}/mem")).ok().map(Arc::new);
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    let stack = |tid, regs: Registers, copied| ThreadStack {
+    let from_kernel =
+        |tid| registers.and_then(|prog| crate::attach::thread_registers(prog, tid).ok().flatten());
+    let returns_of = |k: Option<&collector_common::UserRegisters>| {
+        k.map(|k| {
+            let n = usize::try_from(k.returns_n)
+                .unwrap_or(0)
+                .min(k.returns.len());
+            k.returns[..n].to_vec()
+        })
+        .unwrap_or_default()
+    };
+    let stack = |tid, regs: Registers, copied, returns| ThreadStack {
         pid,
         tid,
         regs,
@@ -149,15 +166,22 @@ pub fn stacks(
         mem: mem.clone(),
         readable: (regs.sp, stack_end(&maps, regs.sp).unwrap_or(0)),
         reads_left: MAX_READS.into(),
+        returns,
     };
     // A blocked thread's registers: the iterator's where it agrees with `/proc` (the
     // thread has not moved between the two), else those of `/proc`, without `rbp`.
     let blocked = |tid, sp, ip| {
-        let bp = registers
-            .and_then(|prog| crate::attach::thread_registers(prog, tid).ok()?)
+        let k = from_kernel(tid);
+        let bp = k
+            .as_ref()
             .filter(|r| (r.sp, r.ip) == (sp, ip))
             .map(|r| r.bp);
-        stack(tid, Registers { ip, sp, bp }, Vec::new())
+        stack(
+            tid,
+            Registers { ip, sp, bp },
+            Vec::new(),
+            returns_of(k.as_ref()),
+        )
     };
     let mut out = Vec::new();
     let mut samplers = Vec::new();
@@ -191,7 +215,10 @@ pub fn stacks(
         for (s, p) in samplers.into_iter().zip(&fds) {
             if p.revents != 0 {
                 if let Some((regs, copied)) = s.first_sample() {
-                    out.push(stack(s.tid, regs, copied));
+                    // The sample's registers; the kernel's word on its probed returns (they
+                    // change only as calls are entered and left).
+                    let returns = returns_of(from_kernel(s.tid).as_ref());
+                    out.push(stack(s.tid, regs, copied, returns));
                 }
             } else if timed_out {
                 // It may have blocked since it was found running.
@@ -434,6 +461,40 @@ mod tests {
         );
         assert_eq!(parse_syscall("7 0x1 0x2"), None);
         assert_eq!(parse_syscall(""), None);
+    }
+
+    /// The stack is read from the sample's copy, then memory within its own mapping alone;
+    /// a return address the kernel's return probe moved off the stack is read back.
+    #[test]
+    fn a_stack_reads_its_copy_its_mapping_and_its_probed_returns() {
+        let copied: Vec<u8> = [0x11u64, 0x7fff_0000_1000]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        let s = ThreadStack {
+            pid: std::process::id(),
+            tid: 0,
+            regs: Registers {
+                ip: 0,
+                sp: 0x1000,
+                bp: None,
+            },
+            copied,
+            mem: None,
+            readable: (0x1000, 0x2000),
+            reads_left: 2.into(),
+            returns: vec![collector_common::ReturnSlot {
+                slot: 0x1008,
+                to: 0x4242,
+            }],
+        };
+        assert_eq!(s.read_u64(0x1000), Some(0x11));
+        assert_eq!(s.read_u64(0x1008), Some(0x4242));
+        // Outside its mapping, or past its reads: not read.
+        assert_eq!(s.read_u64(0x2000), None);
+        assert_eq!(s.read_u64(0xff8), None);
+        assert_eq!(s.read_u64(0x1010), None);
+        assert_eq!(s.reads_left.get(), 1);
     }
 
     #[test]

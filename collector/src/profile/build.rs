@@ -77,7 +77,14 @@ pub fn job_profile(
                         let for_ns = end_ns.saturating_sub(c.since_ns);
                         super::InCall::of(usize::from(c.routine), for_ns, c.tid)
                     });
-                if rank.in_call.is_none() && t.attached_while_running() {
+                if let Some(call) = rank
+                    .in_call
+                    .as_mut()
+                    .filter(|c| c.for_ns >= super::LONG_CALL_NS)
+                {
+                    // A call of a second or more: where it was made (a hung job's).
+                    call.called_from = stacks.called_from(pid, call);
+                } else if rank.in_call.is_none() && t.attached_while_running() {
                     match stacks.entered_before_attach(pid, &unseen) {
                         Found::Inside(routine, tid, called_from) => {
                             let for_ns = end_ns.saturating_sub(t.since_ns);
@@ -214,6 +221,22 @@ impl<'a> StackReading<'a> {
         } else {
             Found::Unknown
         }
+    }
+
+    /// Where `call`, which the kernel saw `pid`'s thread enter, was made, by the thread's
+    /// stack (its return address, which the kernel's return probe moved off the stack, from
+    /// the task iterator); `None` where the stack shows another routine outermost, or none.
+    fn called_from(&mut self, pid: u32, call: &super::InCall) -> Option<String> {
+        if std::time::Instant::now() >= self.deadline {
+            return None;
+        }
+        let routine = collector_common::routines::routine_id(&call.routine)?;
+        let objects = discover::mapped_objects(pid).ok()?;
+        let stack = self.stacks_of(pid, &[call.thread]).pop()?;
+        let unwound = self.unwinder.unwind(&objects, &stack, self.deadline);
+        tracing::debug!(pid, tid = call.thread, ?unwound, "a stack unwound");
+        let site = unwound.site.filter(|_| unwound.routine == Some(routine))?;
+        Some(self.site_label(pid, &objects, routine, site))
     }
 
     /// `site` (an address `pid` returns to from `routine`) as reports name a call site.

@@ -168,8 +168,8 @@ pub struct InCall {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub before_attach: bool,
     /// Where it was called from, as reports name a call site (`main+0x65 at app.c:38
-    /// (app)`), for a call entered before the attach (found on the thread's stack): in a
-    /// program of many such calls, which one hangs.
+    /// (app)`), where the thread's stack was read (a call of a second or more, or one
+    /// entered before the attach): in a program of many such calls, which one hangs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub called_from: Option<String>,
 }

@@ -283,9 +283,6 @@ impl Unwinder {
                 found.stopped = stop("outermost frame");
                 break;
             }
-            // (A call a return probe watches returns to the kernel's trampoline, in no
-            // file: its frame's caller is not known. The calls unwound here were entered
-            // before the probes, whose returns are their own.)
             let Some(o) = objects
                 .iter()
                 .find(|o| o.code.iter().any(|(lo, hi)| (*lo..*hi).contains(&regs.ip)))
