@@ -471,7 +471,7 @@ pub fn wait_for_rank_0_hung_in_its_barrier(target: &str, job: &str, limit: Durat
         .position(|l| l.trim() == "MPI_Barrier(MPI_COMM_WORLD);")
         .expect("the barrier's line")
         + 1;
-    let at = format!(" at mpi_hang.c:{line} (mpi_hang.");
+    let at = format!(" at mpi_hang.c:{line} (mpi_hang");
     crate::wait_until(
         "rank 0 seen in its barrier, rank 1 outside MPI",
         limit,
