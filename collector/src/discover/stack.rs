@@ -62,6 +62,9 @@ pub struct ThreadStack {
     /// The return addresses the kernel replaced on its stack with its return-probe
     /// trampoline (the calls the probes saw begin), read in their place.
     returns: Vec<collector_common::ReturnSlot>,
+    /// The trampoline's mapping (`[uprobes]`): only a word that points into it is read as
+    /// the return address the kernel keeps for its slot.
+    trampoline: Option<(u64, u64)>,
 }
 
 /// Reads of a thread's memory one unwinding may make.
@@ -69,11 +72,22 @@ const MAX_READS: u32 = 4096;
 
 impl ThreadStack {
     /// The 8 bytes at `addr` of the thread's stack, from the copy made with its registers
-    /// where it holds them.
+    /// where it holds them; a return address the kernel's return probe moved off the
+    /// stack, read back.
     pub fn read_u64(&self, addr: u64) -> Option<u64> {
-        if let Some(r) = self.returns.iter().find(|r| r.slot == addr) {
-            return Some(r.to);
+        let word = self.read_word(addr)?;
+        // The kernel's trampoline in a return address's place: the address it keeps for
+        // that slot (none where it keeps none: not a return address worth guessing).
+        match self.trampoline {
+            Some((lo, hi)) if (lo..hi).contains(&word) => {
+                self.returns.iter().find(|r| r.slot == addr).map(|r| r.to)
+            }
+            _ => Some(word),
         }
+    }
+
+    /// The word at `addr` of the thread's stack as it is.
+    fn read_word(&self, addr: u64) -> Option<u64> {
         let off = addr.checked_sub(self.regs.sp)?;
         if let Some(b) = usize::try_from(off)
             .ok()
@@ -147,8 +161,17 @@ pub fn stacks(
 ) -> Vec<ThreadStack> {
     let mem = File::open(format!("/proc/{pid}/mem")).ok().map(Arc::new);
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    let from_kernel =
-        |tid| registers.and_then(|prog| crate::attach::thread_registers(prog, tid).ok().flatten());
+    let trampoline = super::maps_lines(&maps)
+        .find(|m| m.path == "[uprobes]")
+        .map(|m| (m.lo, m.hi));
+    // Read twice: a thread that entered or left a probed call meanwhile (its list of
+    // probed returns changing under the read) is not taken at its word.
+    let from_kernel = |tid| {
+        let prog = registers?;
+        let first = crate::attach::thread_registers(prog, tid).ok().flatten()?;
+        let again = crate::attach::thread_registers(prog, tid).ok().flatten()?;
+        (first == again).then_some(first)
+    };
     let returns_of = |k: Option<&collector_common::UserRegisters>| {
         k.map(|k| {
             let n = usize::try_from(k.returns_n)
@@ -167,6 +190,7 @@ pub fn stacks(
         readable: (regs.sp, stack_end(&maps, regs.sp).unwrap_or(0)),
         reads_left: MAX_READS.into(),
         returns,
+        trampoline,
     };
     // A blocked thread's registers: the iterator's where it agrees with `/proc` (the
     // thread has not moved between the two), else those of `/proc`, without `rbp`.
@@ -483,11 +507,20 @@ mod tests {
             mem: None,
             readable: (0x1000, 0x2000),
             reads_left: 2.into(),
-            returns: vec![collector_common::ReturnSlot {
-                slot: 0x1008,
-                to: 0x4242,
-            }],
+            returns: vec![
+                collector_common::ReturnSlot {
+                    slot: 0x1008,
+                    to: 0x4242,
+                },
+                collector_common::ReturnSlot {
+                    slot: 0x1000,
+                    to: 0x4343,
+                },
+            ],
+            trampoline: Some((0x7fff_0000_0000, 0x7fff_0000_2000)),
         };
+        // A slot the kernel keeps an address for is read back only where the stack holds
+        // the trampoline (a stale record of a slot since reused is not taken).
         assert_eq!(s.read_u64(0x1000), Some(0x11));
         assert_eq!(s.read_u64(0x1008), Some(0x4242));
         // Outside its mapping, or past its reads: not read.

@@ -71,19 +71,19 @@ pub fn job_profile(
             if rank.ended.is_none() && t.exit_ns.is_none() {
                 let started = std::time::Instant::now();
                 let mut unseen = crate::attach::Unseen::default();
-                rank.in_call = probes
-                    .call_in_progress(pid, &mut threads_left, &mut unseen)
-                    .and_then(|c| {
-                        let for_ns = end_ns.saturating_sub(c.since_ns);
-                        super::InCall::of(usize::from(c.routine), for_ns, c.tid)
-                    });
-                if let Some(call) = rank
+                let seen = probes.call_in_progress(pid, &mut threads_left, &mut unseen);
+                rank.in_call = seen.and_then(|c| {
+                    let for_ns = end_ns.saturating_sub(c.since_ns);
+                    super::InCall::of(usize::from(c.routine), for_ns, c.tid)
+                });
+                if let Some((call, seen)) = rank
                     .in_call
                     .as_mut()
-                    .filter(|c| c.for_ns >= super::LONG_CALL_NS)
+                    .zip(seen)
+                    .filter(|(c, _)| c.for_ns >= super::LONG_CALL_NS)
                 {
                     // A call of a second or more: where it was made (a hung job's).
-                    call.called_from = stacks.called_from(pid, call);
+                    call.called_from = stacks.called_from(pid, call, seen.since_ns);
                 } else if rank.in_call.is_none() && t.attached_while_running() {
                     match stacks.entered_before_attach(pid, &unseen) {
                         Found::Inside(routine, tid, called_from) => {
@@ -223,10 +223,15 @@ impl<'a> StackReading<'a> {
         }
     }
 
-    /// Where `call`, which the kernel saw `pid`'s thread enter, was made, by the thread's
-    /// stack (its return address, which the kernel's return probe moved off the stack, from
-    /// the task iterator); `None` where the stack shows another routine outermost, or none.
-    fn called_from(&mut self, pid: u32, call: &super::InCall) -> Option<String> {
+    /// Where `call`, which the kernel saw `pid`'s thread enter at `since_ns`, was made, by
+    /// the thread's stack (its return address, which the kernel's return probe moved off
+    /// the stack, from the task iterator); `None` where the stack shows another routine
+    /// outermost, or none.
+    fn called_from(&mut self, pid: u32, call: &super::InCall, since_ns: u64) -> Option<String> {
+        let key = (pid, call.thread, since_ns);
+        if let Some(named) = self.unwinder.named_site(key) {
+            return Some(named.to_string());
+        }
         if std::time::Instant::now() >= self.deadline {
             return None;
         }
@@ -236,7 +241,13 @@ impl<'a> StackReading<'a> {
         let unwound = self.unwinder.unwind(&objects, &stack, self.deadline);
         tracing::debug!(pid, tid = call.thread, ?unwound, "a stack unwound");
         let site = unwound.site.filter(|_| unwound.routine == Some(routine))?;
-        Some(self.site_label(pid, &objects, routine, site))
+        let label = self.site_label(pid, &objects, routine, site);
+        // Kept once named by its function (not before its file's symbols are read): the
+        // same call is not unwound again at every profile.
+        if !label.starts_with("0x") {
+            self.unwinder.remember_site(key, &label);
+        }
+        Some(label)
     }
 
     /// `site` (an address `pid` returns to from `routine`) as reports name a call site.

@@ -212,9 +212,12 @@ pub struct Unwinder {
     /// while they had made no probed call: a call they make later is the probes' to see,
     /// so they are not unwound again.
     outside: std::collections::HashSet<(u32, u32)>,
+    /// The sites named of calls in progress, by (process, thread, the call's start).
+    sites: std::collections::HashMap<(u32, u32, u64), String>,
 }
 
-/// Most threads remembered outside any routine (past it, all are forgotten).
+/// Most threads remembered outside any routine, and most sites of calls in progress
+/// (past it, all are forgotten).
 const MAX_OUTSIDE: usize = 65_536;
 
 /// A file's tables: asked of the reader, or read (`None`: it could not be).
@@ -317,7 +320,16 @@ impl Unwinder {
             };
             if let Some(id) = routine {
                 found.routine = Some(id);
-                found.site = (caller.ip != 0).then_some(caller.ip);
+                // A site in no file's code is none (a return address the kernel's return
+                // probe moved off the stack and that could not be read back).
+                found.site = objects
+                    .iter()
+                    .any(|o| {
+                        o.code
+                            .iter()
+                            .any(|(lo, hi)| (*lo..*hi).contains(&caller.ip))
+                    })
+                    .then_some(caller.ip);
             }
             // A stack grows down: a caller's frame above its callee's, or the unwinding
             // is lost (and would loop).
@@ -341,6 +353,19 @@ impl Unwinder {
             self.outside.clear();
         }
         self.outside.insert((pid, tid));
+    }
+
+    /// The site named of the call thread `tid` of `pid` entered at `since_ns`.
+    pub fn named_site(&self, (pid, tid, since_ns): (u32, u32, u64)) -> Option<&str> {
+        self.sites.get(&(pid, tid, since_ns)).map(String::as_str)
+    }
+
+    /// Remembers the site of the call thread `tid` of `pid` entered at `since_ns`.
+    pub fn remember_site(&mut self, key: (u32, u32, u64), site: &str) {
+        if self.sites.len() >= MAX_OUTSIDE {
+            self.sites.clear();
+        }
+        self.sites.insert(key, site.to_string());
     }
 
     /// The tables of `o`, mapped by `pid`: asked of the reader once, and waited for then
