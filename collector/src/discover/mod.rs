@@ -232,6 +232,15 @@ fn stat_start_ticks(stat: &str) -> Option<u64> {
     stat_field(stat, 19)?.parse().ok()
 }
 
+/// Clock ticks a second, the unit of `/proc`'s times (`_SC_CLK_TCK`; 100 where not said).
+pub fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf reads a constant.
+    u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .ok()
+        .filter(|&hz| hz > 0)
+        .unwrap_or(100)
+}
+
 /// What a running process has used so far, as `/proc` gives it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LiveUsage {
@@ -255,9 +264,7 @@ pub const LIVE_THREADS_READ: usize = 4096;
 pub fn live_usage(pid: u32, start_ticks: u64) -> Option<LiveUsage> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    // SAFETY: sysconf reads a constant.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let mut usage = parse_live_usage(&stat, &status, u64::try_from(hz).ok()?)?;
+    let mut usage = parse_live_usage(&stat, &status, clock_ticks_per_second())?;
     // Not walked at all past the cap: each thread is a file read at every report.
     let threads: usize = status_field(&status, "Threads")
         .and_then(|v| v.parse().ok())

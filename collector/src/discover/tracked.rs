@@ -72,12 +72,11 @@ impl Tracked {
         let Some(start_ticks) = self.info.as_ref().map(|i| i.start_ticks) else {
             return false;
         };
-        // SAFETY: sysconf reads a constant.
-        let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
         // Ticks since boot, suspended time included: never earlier than the monotonic
         // clock's reading of the same instant, so a process is never taken for attached
         // to too soon.
-        let started_ns = start_ticks.saturating_mul(1_000_000_000 / hz.max(1));
+        let started_ns =
+            start_ticks.saturating_mul(1_000_000_000 / super::clock_ticks_per_second());
         started_ns.saturating_add(GRACE_NS) < self.since_ns
     }
 

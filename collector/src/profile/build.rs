@@ -38,7 +38,7 @@ pub fn job_profile(
     comm_name: &CommName<'_>,
     (host, end_ns): (&str, u64),
     job_ids: &mut BTreeMap<String, String>,
-    stacks: &mut StackReading<'_>,
+    stacks: &mut super::stacks::StackReading<'_>,
 ) -> JobProfile {
     let c = Counters {
         all: probes.read_counters(),
@@ -57,10 +57,11 @@ pub fn job_profile(
         // A rank attached to that has made no call since is profiled all the same: a hung
         // job's ranks make none, and where each is (inside which call, or none) is what
         // its profile is for.
+        let attached_late = t.attached_while_running();
         let idle_since_attach = t.maps_mpi
             && t.exit_ns.is_none()
             && (t.requested || t.rank_numbering().is_some())
-            && t.attached_while_running();
+            && attached_late;
         if counted.contains(&pid) || t.earlier.is_some() || idle_since_attach {
             let ps = probes.read_proc_stats(pid);
             let events = events_of(pid);
@@ -84,9 +85,9 @@ pub fn job_profile(
                 {
                     // A call of a second or more: where it was made (a hung job's).
                     call.called_from = stacks.called_from(pid, call, seen.since_ns);
-                } else if rank.in_call.is_none() && t.attached_while_running() {
+                } else if rank.in_call.is_none() && attached_late {
                     match stacks.entered_before_attach(pid, &unseen) {
-                        Found::Inside(routine, tid, called_from) => {
+                        super::stacks::Found::Inside(routine, tid, called_from) => {
                             let for_ns = end_ns.saturating_sub(t.since_ns);
                             rank.in_call = super::InCall::of(usize::from(routine), for_ns, tid)
                                 .map(|c| super::InCall {
@@ -95,8 +96,8 @@ pub fn job_profile(
                                     ..c
                                 });
                         }
-                        Found::Unknown => rank.in_call_unknown = true,
-                        Found::Outside => {}
+                        super::stacks::Found::Unknown => rank.in_call_unknown = true,
+                        super::stacks::Found::Outside => {}
                     }
                 }
                 in_call_time += started.elapsed();
@@ -119,152 +120,6 @@ pub fn job_profile(
         "read the running ranks' calls in progress"
     );
     assemble(ranks, probes, not_profiled, job_ids)
-}
-
-/// Longest one profile spends on ranks' stacks (a running thread's sample, the files'
-/// tables read for the first time, the unwinding), all ranks together, made under the
-/// session's lock; `record`'s last profile waits [`PATIENT_STACKS`].
-const STACKS_BUDGET: std::time::Duration = std::time::Duration::from_millis(250);
-/// What `record`'s last profile may spend on stacks (it waits for symbols as well).
-const PATIENT_STACKS: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// What reads the stacks of ranks inside a call, for one profile: the files' unwinding
-/// tables, and their symbols, which name where the call was made.
-pub struct StackReading<'a> {
-    unwinder: &'a mut crate::symbols::unwind::Unwinder,
-    sites: &'a mut SiteFiles,
-    /// The task iterator that reads a blocked thread's saved registers.
-    registers: Option<std::os::fd::BorrowedFd<'a>>,
-    /// The files whose symbols named a call's site in this profile (to be kept).
-    pub named_files: BTreeSet<(u64, u64)>,
-    /// When this profile stops reading stacks.
-    deadline: std::time::Instant,
-}
-
-/// What the stacks of a rank's threads say of the call it was inside when attached to.
-enum Found {
-    /// A thread is inside this routine, called from that site (where named).
-    Inside(u16, u32, Option<String>),
-    /// Every thread's stack was unwound whole, and none is inside a routine.
-    Outside,
-    /// None was found inside one, but a stack could not be read or unwound whole (or not
-    /// every thread was looked at).
-    Unknown,
-}
-
-impl<'a> StackReading<'a> {
-    /// For one profile: patient where `sites` waits for files' symbols (`record`'s last).
-    pub fn new(
-        unwinder: &'a mut crate::symbols::unwind::Unwinder,
-        sites: &'a mut SiteFiles,
-        registers: Option<std::os::fd::BorrowedFd<'a>>,
-    ) -> StackReading<'a> {
-        let budget = if sites.waits() {
-            PATIENT_STACKS
-        } else {
-            STACKS_BUDGET
-        };
-        StackReading {
-            unwinder,
-            sites,
-            registers,
-            named_files: BTreeSet::new(),
-            deadline: std::time::Instant::now() + budget,
-        }
-    }
-
-    /// The stacks of `pid`'s threads `tids`, within what is left of the profile's budget.
-    fn stacks_of(&self, pid: u32, tids: &[u32]) -> Vec<discover::stack::ThreadStack> {
-        let wait = self
-            .deadline
-            .saturating_duration_since(std::time::Instant::now());
-        discover::stack::stacks(pid, tids, wait, self.registers)
-    }
-
-    /// The MPI or NCCL call one of `pid`'s threads `unseen` (whose calls no probe saw
-    /// begin) is inside, by its stack: a call entered before the attach.
-    fn entered_before_attach(&mut self, pid: u32, unseen: &crate::attach::Unseen) -> Found {
-        let tids: Vec<u32> = unseen
-            .threads
-            .iter()
-            .copied()
-            .filter(|&tid| !self.unwinder.known_outside(pid, tid))
-            .collect();
-        let mut whole = unseen.whole;
-        if !tids.is_empty() {
-            if std::time::Instant::now() >= self.deadline {
-                return Found::Unknown;
-            }
-            let Ok(objects) = discover::mapped_objects(pid) else {
-                return Found::Unknown;
-            };
-            let stacks = self.stacks_of(pid, &tids);
-            whole &= stacks.len() == tids.len();
-            for s in &stacks {
-                let unwound = self.unwinder.unwind(&objects, s, self.deadline);
-                tracing::debug!(pid, tid = s.tid, ?unwound, "a stack unwound");
-                if let Some(routine) = unwound.routine {
-                    let site = unwound
-                        .site
-                        .map(|a| self.site_label(pid, &objects, routine, a));
-                    return Found::Inside(routine, s.tid, site);
-                }
-                if unwound.complete {
-                    self.unwinder.remember_outside(pid, s.tid);
-                } else {
-                    whole = false;
-                }
-            }
-        }
-        if whole {
-            Found::Outside
-        } else {
-            Found::Unknown
-        }
-    }
-
-    /// Where `call`, which the kernel saw `pid`'s thread enter at `since_ns`, was made, by
-    /// the thread's stack (its return address, which the kernel's return probe moved off
-    /// the stack, from the task iterator); `None` where the stack shows another routine
-    /// outermost, or none.
-    fn called_from(&mut self, pid: u32, call: &super::InCall, since_ns: u64) -> Option<String> {
-        let key = (pid, call.thread, since_ns);
-        if let Some(named) = self.unwinder.named_site(key) {
-            return Some(named.to_string());
-        }
-        if std::time::Instant::now() >= self.deadline {
-            return None;
-        }
-        let routine = collector_common::routines::routine_id(&call.routine)?;
-        let objects = discover::mapped_objects(pid).ok()?;
-        let stack = self.stacks_of(pid, &[call.thread]).pop()?;
-        let unwound = self.unwinder.unwind(&objects, &stack, self.deadline);
-        tracing::debug!(pid, tid = call.thread, ?unwound, "a stack unwound");
-        let site = unwound.site.filter(|_| unwound.routine == Some(routine))?;
-        let label = self.site_label(pid, &objects, routine, site);
-        // Kept once named by its function (not before its file's symbols are read): the
-        // same call is not unwound again at every profile.
-        if !label.starts_with("0x") {
-            self.unwinder.remember_site(key, &label);
-        }
-        Some(label)
-    }
-
-    /// `site` (an address `pid` returns to from `routine`) as reports name a call site.
-    fn site_label(
-        &mut self,
-        pid: u32,
-        objects: &[discover::MappedObject],
-        routine: u16,
-        site: u64,
-    ) -> String {
-        self.sites.ask(pid, objects);
-        self.named_files.extend(objects.iter().map(|o| o.dev_inode));
-        let name = collector_common::ROUTINES
-            .get(usize::from(routine))
-            .map_or_else(String::new, |r| r.name.to_string());
-        CallSite::named(name, site, self.sites.name(objects, site)).label()
-    }
 }
 
 /// The call sites of process `pid` among the kernel's `read`, named against the files it

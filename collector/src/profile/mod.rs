@@ -4,6 +4,7 @@
 
 pub mod build;
 pub mod schema;
+pub mod stacks;
 pub mod timeline;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -55,7 +55,9 @@ pub struct Session {
     pub host: String,
     /// The files that name the call sites of tracked processes, where they are counted.
     pub site_files: crate::symbols::sites::SiteFiles,
-    /// The files' unwinding tables, for the calls ranks attached to were already inside.
+    /// The files' unwinding tables (and what unwinding found that holds), for the stacks
+    /// of ranks inside a call: where a long call was made from, and the call a rank
+    /// attached to was already inside.
     unwinder: crate::symbols::unwind::Unwinder,
 }
 
@@ -294,7 +296,7 @@ impl Session {
                 .comm_name(pid, handle)
                 .map(crate::skew::CommKey::label)
         };
-        let mut stacks = build::StackReading::new(
+        let mut stacks = crate::profile::stacks::StackReading::new(
             &mut self.unwinder,
             &mut self.site_files,
             self.probes.task_registers(),

@@ -1,0 +1,154 @@
+//! Reading ranks' stacks for one profile: the call a rank attached to while running was
+//! already inside (no probe saw it begin), and where a call in progress was made from (a
+//! hung job's). Under the session's lock, within one time budget a profile.
+
+use std::collections::BTreeSet;
+
+use super::CallSite;
+use crate::{discover, symbols::sites::SiteFiles};
+
+/// Longest one profile spends on ranks' stacks (a running thread's sample, the files'
+/// tables read for the first time, the unwinding), all ranks together, made under the
+/// session's lock; `record`'s last profile waits [`PATIENT_STACKS`].
+const STACKS_BUDGET: std::time::Duration = std::time::Duration::from_millis(250);
+/// What `record`'s last profile may spend on stacks (it waits for symbols as well).
+const PATIENT_STACKS: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What reads the stacks of ranks inside a call, for one profile: the files' unwinding
+/// tables, and their symbols, which name where the call was made.
+pub struct StackReading<'a> {
+    unwinder: &'a mut crate::symbols::unwind::Unwinder,
+    sites: &'a mut SiteFiles,
+    /// The task iterator that reads a blocked thread's saved registers.
+    registers: Option<std::os::fd::BorrowedFd<'a>>,
+    /// The files whose symbols named a call's site in this profile (to be kept).
+    pub named_files: BTreeSet<(u64, u64)>,
+    /// When this profile stops reading stacks.
+    deadline: std::time::Instant,
+}
+
+/// What the stacks of a rank's threads say of the call it was inside when attached to.
+pub enum Found {
+    /// A thread is inside this routine, called from that site (where named).
+    Inside(u16, u32, Option<String>),
+    /// Every thread's stack was unwound whole, and none is inside a routine.
+    Outside,
+    /// None was found inside one, but a stack could not be read or unwound whole (or not
+    /// every thread was looked at).
+    Unknown,
+}
+
+impl<'a> StackReading<'a> {
+    /// For one profile: patient where `sites` waits for files' symbols (`record`'s last).
+    pub fn new(
+        unwinder: &'a mut crate::symbols::unwind::Unwinder,
+        sites: &'a mut SiteFiles,
+        registers: Option<std::os::fd::BorrowedFd<'a>>,
+    ) -> StackReading<'a> {
+        let budget = if sites.waits() {
+            PATIENT_STACKS
+        } else {
+            STACKS_BUDGET
+        };
+        StackReading {
+            unwinder,
+            sites,
+            registers,
+            named_files: BTreeSet::new(),
+            deadline: std::time::Instant::now() + budget,
+        }
+    }
+
+    /// The stacks of `pid`'s threads `tids`, within what is left of the profile's budget.
+    fn stacks_of(&self, pid: u32, tids: &[u32]) -> Vec<discover::stack::ThreadStack> {
+        let wait = self
+            .deadline
+            .saturating_duration_since(std::time::Instant::now());
+        discover::stack::stacks(pid, tids, wait, self.registers)
+    }
+
+    /// The MPI or NCCL call one of `pid`'s threads `unseen` (whose calls no probe saw
+    /// begin) is inside, by its stack: a call entered before the attach.
+    pub fn entered_before_attach(&mut self, pid: u32, unseen: &crate::attach::Unseen) -> Found {
+        let tids: Vec<u32> = unseen
+            .threads
+            .iter()
+            .copied()
+            .filter(|&tid| !self.unwinder.known_outside(pid, tid))
+            .collect();
+        let mut whole = unseen.whole;
+        if !tids.is_empty() {
+            if std::time::Instant::now() >= self.deadline {
+                return Found::Unknown;
+            }
+            let Ok(objects) = discover::mapped_objects(pid) else {
+                return Found::Unknown;
+            };
+            let stacks = self.stacks_of(pid, &tids);
+            whole &= stacks.len() == tids.len();
+            for s in &stacks {
+                let unwound = self.unwinder.unwind(&objects, s, self.deadline);
+                tracing::debug!(pid, tid = s.tid, ?unwound, "a stack unwound");
+                if let Some(routine) = unwound.routine {
+                    let site = unwound
+                        .site
+                        .map(|a| self.site_label(pid, &objects, routine, a));
+                    return Found::Inside(routine, s.tid, site);
+                }
+                if unwound.complete {
+                    self.unwinder.remember_outside(pid, s.tid);
+                } else {
+                    whole = false;
+                }
+            }
+        }
+        if whole {
+            Found::Outside
+        } else {
+            Found::Unknown
+        }
+    }
+
+    /// Where `call`, which the kernel saw `pid`'s thread enter at `since_ns`, was made, by
+    /// the thread's stack (its return address, which the kernel's return probe moved off
+    /// the stack, from the task iterator); `None` where the stack shows another routine
+    /// outermost, or none.
+    pub fn called_from(&mut self, pid: u32, call: &super::InCall, since_ns: u64) -> Option<String> {
+        let key = (pid, call.thread, since_ns);
+        if let Some(named) = self.unwinder.named_site(key) {
+            return Some(named.to_string());
+        }
+        if std::time::Instant::now() >= self.deadline {
+            return None;
+        }
+        let routine = collector_common::routines::routine_id(&call.routine)?;
+        let objects = discover::mapped_objects(pid).ok()?;
+        let stack = self.stacks_of(pid, &[call.thread]).pop()?;
+        let unwound = self.unwinder.unwind(&objects, &stack, self.deadline);
+        tracing::debug!(pid, tid = call.thread, ?unwound, "a stack unwound");
+        let site = unwound.site.filter(|_| unwound.routine == Some(routine))?;
+        let label = self.site_label(pid, &objects, routine, site);
+        // Kept once named by its function (not before its file's symbols are read): the
+        // same call is not unwound again at every profile.
+        if !label.starts_with("0x") {
+            self.unwinder.remember_site(key, &label);
+        }
+        Some(label)
+    }
+
+    /// `site` (an address `pid` returns to from `routine`) as reports name a call site.
+    fn site_label(
+        &mut self,
+        pid: u32,
+        objects: &[discover::MappedObject],
+        routine: u16,
+        site: u64,
+    ) -> String {
+        self.sites.ask(pid, objects);
+        self.named_files.extend(objects.iter().map(|o| o.dev_inode));
+        let name = collector_common::ROUTINES
+            .get(usize::from(routine))
+            .map_or_else(String::new, |r| r.name.to_string());
+        CallSite::named(name, site, self.sites.name(objects, site)).label()
+    }
+}
