@@ -31,6 +31,8 @@ pub mod maps {
     pub const PROC_STATS: &str = "PROC_STATS";
     /// Communicators learnt per process.
     pub const COMMS: &str = "COMMS";
+    /// Per process and communicator handle: how often the handle was freed.
+    pub const COMM_FREES: &str = "COMM_FREES";
     /// Entries of the shared maps each user holds (`shares`).
     pub const USER_HELD: &str = "USER_HELD";
     /// Per user, what userspace gave back of the shared maps' entries (processes forgotten).
@@ -82,7 +84,7 @@ pub mod maps {
     /// the shares (`USER_HELD` & co): started empty, a user's entries from before the
     /// restart go uncharged (until its processes are forgotten), where a share kept could
     /// count processes no daemon will forget.
-    pub const KEPT: [&str; 14] = [
+    pub const KEPT: [&str; 15] = [
         WATCHED,
         COUNTER_SLOTS,
         COUNTER_VALUES,
@@ -94,6 +96,7 @@ pub mod maps {
         CALL_SITES,
         PROC_STATS,
         COMMS,
+        COMM_FREES,
         DTYPES,
         PERSISTENT,
         PAUSED,

@@ -46,10 +46,12 @@ pub enum SharedMap {
     Persistent = 5,
     /// Call sites (`CALL_SITES`).
     Sites = 6,
+    /// Communicator handles freed: how often each (`COMM_FREES`).
+    CommFrees = 7,
 }
 
 /// How many maps a share bounds.
-pub const SHARED_MAPS: usize = 7;
+pub const SHARED_MAPS: usize = 8;
 
 /// The entries of each shared map, by [`SharedMap`].
 pub const CAPACITY: [u64; SHARED_MAPS] = [
@@ -60,6 +62,7 @@ pub const CAPACITY: [u64; SHARED_MAPS] = [
     crate::MAX_PEER_COUNTERS as u64,
     crate::MAX_PERSISTENT as u64,
     crate::MAX_SITE_COUNTERS as u64,
+    HANDLE_MAP_ENTRIES as u64,
 ];
 
 /// The entries one user may hold of a map of `capacity` entries, with shares of `pct`
@@ -88,7 +91,7 @@ pub struct Held {
     /// Entries held, by [`SharedMap`].
     pub entries: [u64; SHARED_MAPS],
 }
-const _: () = assert!(size_of::<Held>() == 72);
+const _: () = assert!(size_of::<Held>() == 80);
 const _: () = assert!(core::mem::offset_of!(Held, processes) == 8);
 const _: () = assert!(core::mem::offset_of!(Held, entries) == 16);
 

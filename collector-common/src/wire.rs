@@ -242,8 +242,13 @@ pub struct CallState {
     /// Where on the stack `outer_site` is (the binding's stack pointer at its entry): the
     /// binding has not returned while that word still holds it, above the stack pointer.
     pub outer_sp: u64,
+    /// The kernel's jiffies at the entry of the thread's last MPI or NCCL call where it was
+    /// counted untimed (`untimed_parent` names it): no clock is read for such a call, and
+    /// its return is not seen, so this tick count is all that says since when a thread may
+    /// be inside it (a hung job's sampled routine; see `attach::inflight`).
+    pub untimed_since_jiffies: u64,
 }
-const _: () = assert!(size_of::<CallState>() == 712 + 56);
+const _: () = assert!(size_of::<CallState>() == 712 + 64);
 
 /// A thread's user registers as its last entry into the kernel saved them (`pt_regs`),
 /// and the return addresses the kernel moved to its return-probe trampoline, which the
@@ -595,13 +600,18 @@ pub struct PeerKey {
     /// process sees it.
     pub comm: u64,
     /// [`PeerKey::SENT`] or [`PeerKey::RECEIVED`].
-    pub dir: u32,
+    pub dir: u16,
+    /// The communicator's [`CommInfo::gen`]: a handle freed and given to a new
+    /// communicator keys the new one's traffic apart from the old one's, which has other
+    /// members.
+    pub gen: u16,
     /// This process's rank in the communicator, [`PeerKey::ANY`] if unknown: what places a
     /// peer's rank on another communicator on a world rank (see `stats::peers_of`).
     pub me: i32,
 }
 const _: () = assert!(size_of::<PeerKey>() == 24);
-const _: () = assert!(offset_of!(PeerKey, comm) == 8 && offset_of!(PeerKey, me) == 20);
+const _: () = assert!(offset_of!(PeerKey, comm) == 8 && offset_of!(PeerKey, gen) == 18);
+const _: () = assert!(offset_of!(PeerKey, me) == 20);
 
 impl PeerKey {
     /// `comm` of `MPI_COMM_WORLD` (no handle is 0).
@@ -609,9 +619,9 @@ impl PeerKey {
     /// `peer` of a receive from any source.
     pub const ANY: i32 = -1;
     /// Sent to the peer.
-    pub const SENT: u32 = 0;
+    pub const SENT: u16 = 0;
     /// Received from the peer (posted bytes for nonblocking receives).
-    pub const RECEIVED: u32 = 1;
+    pub const RECEIVED: u16 = 1;
 }
 
 /// Calls and bytes of one [`PeerKey`].
@@ -1281,7 +1291,8 @@ pub struct CallEvent {
     pub thread_seq: u32,
     /// A point-to-point call's tag: the send's, or the receive's (a wildcard resolved from
     /// the status where there is one). With `peer`, it pairs a send with its receive on a
-    /// timeline.
+    /// timeline. A communicator constructor's new handle's generation instead
+    /// ([`CallEvent::created_gen`]).
     pub tag: i32,
     /// The receiving half of `MPI_Sendrecv`/`MPI_Sendrecv_replace`: the source (a wildcard
     /// resolved from the status), -1 otherwise.
@@ -1297,6 +1308,12 @@ impl CallEvent {
     /// [`crate::instances`]); `created`, for a collective.
     pub const fn instance(&self) -> Option<u64> {
         self.created.checked_sub(1)
+    }
+
+    /// A constructor's new handle's [`CommInfo::gen`], which it carries in `tag` (a
+    /// constructor has no tag; a field of its own would not fit, as `created` says).
+    pub const fn created_gen(&self) -> u16 {
+        self.tag as u16
     }
 
     /// In [`CallEvent::flags`] of a device window: its operations were of different kinds,
@@ -1482,8 +1499,12 @@ pub struct CommInfo {
     /// Communicators split off it so far (NCCL): members split in the same order, so the
     /// sequence number tells apart two splits with the same color.
     pub splits: u32,
+    /// How often its handle had been freed in this process while watched, when it was
+    /// learnt (wrapping): what tells its per-peer traffic ([`PeerKey::gen`]) from that of
+    /// an earlier communicator given the same handle.
+    pub gen: u16,
     /// Explicit padding.
-    pub _pad: u32,
+    pub _pad: u16,
 }
 const _: () = assert!(size_of::<CommInfo>() == 24);
 
@@ -1496,6 +1517,7 @@ impl CommInfo {
             rank,
             id,
             splits: 0,
+            gen: 0,
             _pad: 0,
         }
     }

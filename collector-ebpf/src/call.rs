@@ -48,6 +48,7 @@ pub(crate) fn describe_call(ev: &mut CallEvent, c: &Call, spec: &ArgSpec, comm: 
             .and_then(|p| read_handle(c.abi, p))
             .unwrap_or(0);
         crate::instances::made(c.tgid, ev.created);
+        ev.tag = crate::generations::comm_gen(c.tgid, ev.created) as i32;
     }
     if spec.class == class::INIT {
         crate::instances::init_returned(c.tgid);

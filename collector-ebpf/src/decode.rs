@@ -138,7 +138,8 @@ pub fn comm_info(abi: u8, layout: &Layout, tgid: u32, h: u64) -> Option<CommInfo
             0 => 0,
             off => read::<u32>(h + u64::from(off)).map_or(0, comm_id::ompi),
         };
-        let info = CommInfo::new(size as u32, rank, id);
+        let mut info = CommInfo::new(size as u32, rank, id);
+        info.gen = crate::generations::comm_gen(tgid, h) as u16;
         // Refused: read from the communicator at each call instead.
         crate::shares::remember_comm(&key, &info);
         return Some(info);

@@ -21,6 +21,7 @@ mod call;
 mod counters;
 mod decode;
 mod fabric;
+mod generations;
 mod instances;
 mod loader;
 mod maps;

@@ -37,14 +37,15 @@ pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Opt
         return Some(0);
     }
     // This process's rank in the communicator, which places its peers' ranks there on
-    // world ranks (looked up here: a fifth argument reshaped the code around the call
-    // into something the verifier refused). The world's counters need none.
-    let me = if comm_key == PeerKey::WORLD {
-        PeerKey::ANY
+    // world ranks, and the communicator's generation (looked up here: a fifth argument
+    // reshaped the code around the call into something the verifier refused). The
+    // world's counters need neither.
+    let (me, gen) = if comm_key == PeerKey::WORLD {
+        (PeerKey::ANY, 0)
     } else {
-        comm_info(c.abi, c.layout, c.tgid, comm_key).map_or(PeerKey::ANY, |i| i.rank)
+        comm_info(c.abi, c.layout, c.tgid, comm_key).map_or((PeerKey::ANY, 0), |i| (i.rank, i.gen))
     };
-    let comm_key = (comm_key, me);
+    let comm_key = (comm_key, me, gen);
     let null = Abi::proc_null(c.abi);
     // A peer of MPI_PROC_NULL: nothing crosses the network.
     let is_null = |i: u8| null.is_some_and(|n| c.arg(i).map(int_arg) == Some(n));
@@ -230,12 +231,13 @@ fn peer(c: &Call, i: u8, status: Option<u64>) -> i32 {
 }
 
 #[inline(always)]
-fn add(c: &Call, (comm, me): (u64, i32), peer: i32, dir: u32, bytes: u64) {
+fn add(c: &Call, (comm, me, gen): (u64, i32, u16), peer: i32, dir: u16, bytes: u64) {
     let key = PeerKey {
         tgid: c.tgid,
         peer,
         comm,
         dir,
+        gen,
         me,
     };
     add_traffic(c.tgid, &key, bytes);

@@ -90,10 +90,14 @@ fn on_init(c: &Call, spec: &ArgSpec, bytes: u64) {
             // with this process's rank there.
             let h = c.arg(spec.comm).map_or(0, |h| handle(c.abi, h));
             let info = comm_info(c.abi, c.layout, c.tgid, h);
-            let (comm, me) = if shared_comm_id(c.abi, h, info) == comm_id::WORLD {
-                (PeerKey::WORLD, PeerKey::ANY)
+            let (comm, me, gen) = if shared_comm_id(c.abi, h, info) == comm_id::WORLD {
+                (PeerKey::WORLD, PeerKey::ANY, 0)
             } else {
-                (h, info.map_or(PeerKey::ANY, |i| i.rank))
+                (
+                    h,
+                    info.map_or(PeerKey::ANY, |i| i.rank),
+                    info.map_or(0, |i| i.gen),
+                )
             };
             peer = PeerKey {
                 tgid: c.tgid,
@@ -108,6 +112,7 @@ fn on_init(c: &Call, spec: &ArgSpec, bytes: u64) {
                 } else {
                     PeerKey::SENT
                 },
+                gen,
                 me,
             };
         }

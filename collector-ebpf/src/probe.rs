@@ -178,6 +178,7 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
             if rule == ByteRule::CommFree {
                 crate::shares::forget(SharedMap::Comms, &key);
                 crate::instances::freed(tgid, h);
+                crate::generations::freed(tgid, h);
             } else if Abi::integer_handles(c.abi) {
                 // Only integer-handle ABIs keep datatypes' sizes (Open MPI's are in its
                 // objects).
@@ -203,6 +204,10 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
         e.busy = CallState::BUSY_UNTIMED;
         // Its return is not seen: the transport calls made inside it are taken as its.
         e.untimed_parent = c.routine.wrapping_add(1);
+        // A tick count, which the clock's read would cost many times over: enough to tell
+        // a call in progress for a second or more (a hung job's) from the last of a loop.
+        // SAFETY: reads a kernel counter.
+        e.untimed_since_jiffies = unsafe { aya_ebpf::helpers::generated::bpf_jiffies64() };
         UNTIMED
     } else {
         // SAFETY: reads the monotonic clock.

@@ -1,5 +1,5 @@
 //! Each user's share of the maps its processes grow (`collector_common::shares`): every new
-//! entry of `COMMS`, `DTYPES`, `COLL_SEQ`, `COUNTER_SLOTS`, `PEERS` and `PERSISTENT` is charged to its
+//! entry of `COMMS`, `COMM_FREES`, `DTYPES`, `COLL_SEQ`, `COUNTER_SLOTS`, `PEERS` and `PERSISTENT` is charged to its
 //! process's user ([`account`]: for a process in a user namespace, the user who made it;
 //! for a sub-uid, the user given it), and refused past the user's share; a handle freed
 //! gives its entry back, and userspace gives back all a process held when it forgets it
@@ -25,6 +25,7 @@ use collector_common::{
 use crate::{
     counters::{add_atomic, fetch_add},
     decode::each,
+    generations::COMM_FREES,
     instances::COLL_SEQ,
     maps::{with_proc_stats, COMMS, CONFIG, DTYPES, IDENTITY_OFFSETS},
     persistent::PERSISTENT,
@@ -92,6 +93,7 @@ pub extern "C" fn keep_comm(tgid: u32, handle: u64, size_rank: u64, id: u64, spl
         rank: size_rank as u32 as i32,
         id,
         splits,
+        gen: crate::generations::comm_gen(tgid, handle) as u16,
         _pad: 0,
     };
     u32::from(remember(
@@ -109,6 +111,8 @@ pub extern "C" fn keep_word(which: u32, tgid: u32, handle: u64, v: u64) -> u32 {
     let key = handle_key(tgid, handle);
     let kept = if which == SharedMap::Dtypes as u32 {
         remember(&DTYPES, SharedMap::Dtypes, &key, &v)
+    } else if which == SharedMap::CommFrees as u32 {
+        remember(&COMM_FREES, SharedMap::CommFrees, &key, &v)
     } else {
         remember(&COLL_SEQ, SharedMap::CollSeq, &key, &v)
     };

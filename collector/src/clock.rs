@@ -43,6 +43,86 @@ impl UnixClock {
     }
 }
 
+/// The kernel's tick count (`jiffies`) against the monotonic clock: the probes read the
+/// tick count alone where a clock read would cost too much (an untimed call's entry), and
+/// its age in ns needs how long a tick is, which no file says (`CONFIG_HZ`). Measured from
+/// two readings of `/proc/timer_list` (root's: the time and the count as the kernel printed
+/// them) a second or more apart: the first at the process's start ([`TickClock::start`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TickClock {
+    /// A reading now: monotonic ns and jiffies.
+    now: (u64, u64),
+    /// Ns a tick.
+    tick_ns: f64,
+}
+
+/// The first reading of the tick count ([`TickClock::start`]).
+static FIRST_TICKS: std::sync::OnceLock<Option<(u64, u64)>> = std::sync::OnceLock::new();
+
+/// The tick rates Linux is built with (`CONFIG_HZ`): a measured rate within 3% of one is it.
+const KERNEL_HZ: [f64; 5] = [100.0, 250.0, 300.0, 1000.0, 1200.0];
+
+impl TickClock {
+    /// Takes the first reading, which later ones measure the tick against (at a
+    /// session's start: the ages it can tell begin there).
+    pub fn start() {
+        FIRST_TICKS.get_or_init(read_ticks);
+    }
+
+    /// The tick clock now, where it can be told: the kernel says its tick count (root),
+    /// and a second or more has passed since [`TickClock::start`].
+    pub fn now() -> Option<TickClock> {
+        let first = (*FIRST_TICKS.get_or_init(read_ticks))?;
+        let now = read_ticks()?;
+        TickClock::between(first, now)
+    }
+
+    /// The tick measured between readings `first` and `now` (monotonic ns, jiffies).
+    fn between(first: (u64, u64), now: (u64, u64)) -> Option<TickClock> {
+        let (ns, ticks) = (now.0.checked_sub(first.0)?, now.1.checked_sub(first.1)?);
+        if ns < 1_000_000_000 || ticks == 0 {
+            return None;
+        }
+        let hz = ticks as f64 * 1e9 / ns as f64;
+        let hz = KERNEL_HZ
+            .into_iter()
+            .find(|k| (hz - k).abs() <= k * 0.03)
+            .unwrap_or(hz);
+        Some(TickClock {
+            now,
+            tick_ns: 1e9 / hz,
+        })
+    }
+
+    /// The monotonic ns of tick count `jiffies` (one tick's precision), where it is not
+    /// later than now.
+    pub fn monotonic_ns(&self, jiffies: u64) -> Option<u64> {
+        let ago = self.now.1.checked_sub(jiffies)? as f64 * self.tick_ns;
+        Some(self.now.0.saturating_sub(ago as u64))
+    }
+}
+
+/// Monotonic ns and jiffies as `/proc/timer_list` prints them (its header's `now at N
+/// nsecs`, then the first CPU's `jiffies: J`), reading no more of it than that.
+fn read_ticks() -> Option<(u64, u64)> {
+    use std::io::{BufRead, BufReader, Read};
+    let file = std::fs::File::open("/proc/timer_list").ok()?;
+    let mut now = None;
+    for line in BufReader::new(file.take(1 << 16)).lines() {
+        let line = line.ok()?;
+        let line = line.trim();
+        if let Some(ns) = line
+            .strip_prefix("now at ")
+            .and_then(|l| l.strip_suffix(" nsecs"))
+        {
+            now = ns.parse::<u64>().ok();
+        } else if let Some(j) = line.strip_prefix("jiffies: ") {
+            return Some((now?, j.parse().ok()?));
+        }
+    }
+    None
+}
+
 /// Clock requests per estimate: the shortest round trip of these bounds the error.
 const CLOCK_SAMPLES: usize = 16;
 
@@ -95,4 +175,24 @@ where
         best.expect("at least one sample"),
         last.expect("at least one sample"),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tick_is_measured_and_ages_follow() {
+        // 250 ticks a second, read 2 s apart (a little off: the readings' own times).
+        let c = TickClock::between((10_000_000_000, 5_000), (12_000_000_000, 5_501)).unwrap();
+        assert_eq!(c.tick_ns, 4_000_000.0, "snapped to CONFIG_HZ=250");
+        assert_eq!(c.monotonic_ns(5_501), Some(12_000_000_000));
+        assert_eq!(c.monotonic_ns(5_251), Some(11_000_000_000));
+        assert_eq!(c.monotonic_ns(5_502), None, "not later than now");
+        // Too close together to tell a tick: no clock.
+        assert_eq!(TickClock::between((0, 0), (999_999_999, 250)), None);
+        // This kernel's, through /proc (root's, as the daemon runs).
+        let (ns, jiffies) = read_ticks().expect("/proc/timer_list");
+        assert!(ns > 0 && jiffies > 0);
+    }
 }

@@ -24,7 +24,10 @@
  *   other communicators: an MPI_Sendrecv of 6 chars to the right on a duplicate of the
  *            world; then on two splits of the world, to the right and from the left
  *            there: one with its ranks the other way round (key size - rank), one per
- *            parity of the world rank (key -rank), 7 and 9 chars. commtap places a rank in
+ *            parity of the world rank (key -rank), 7 and 9 chars; then on three splits
+ *            made in turn, reversed, in order, reversed, 5, 6 and 7 chars. Each is freed
+ *            before the next is made, so an MPI gives the next its handle: its traffic
+ *            is still its own, on its own members. commtap places a rank in
  *            such a communicator on its world rank (the program asks MPI_Group_translate_ranks
  *            for the truth); it learns each process's rank there from the communicator
  *            (Open MPI) or from MPI_Comm_rank and MPI_Comm_size (MPICH: asked here, as
@@ -135,8 +138,8 @@ static void ring_on(MPI_Comm comm, int n, int tag)
 /* A stencil code's ring: a periodic Cartesian communicator over every rank (not
  * reordered), its neighbours from MPI_Cart_shift and its rank from MPI_Comm_rank, never
  * its size (an MPICH-ABI library's is learnt from the dimensions); a Sendrecv of `n` chars
- * to the right and from the left, noted on their world ranks. Made after the other
- * communicators and freed before them: no handle of it is given to another. */
+ * to the right and from the left, noted on their world ranks. Made after another was
+ * freed: an MPI likely gives it that one's handle. */
 static void cart_ring(int size, int n, int tag)
 {
     MPI_Comm cart;
@@ -252,19 +255,26 @@ int main(int argc, char **argv)
     MPI_Wait(&req[0], MPI_STATUS_IGNORE);
     digest(ibuf2, 2 * 4);
 
-    /* Freed only at the end: a freed handle may be given to the next communicator. */
-    MPI_Comm dup, reversed, parity;
+    /* Each communicator freed once used, as stencil codes free their grids: an MPI gives a
+     * freed handle to the next communicator it makes (of other members here), and the
+     * traffic each had stays its own. */
+    MPI_Comm dup, reversed, parity, grid;
     MPI_Comm_dup(world, &dup);
     ring_on(dup, 6, 6);
+    MPI_Comm_free(&dup);
     MPI_Comm_split(world, 0, size - rank, &reversed);
     ring_on(reversed, 7, 8);
+    persistent_ring_on(reversed, 11, 11);
+    MPI_Comm_free(&reversed);
     MPI_Comm_split(world, rank % 2, -rank, &parity);
     ring_on(parity, 9, 9);
-    persistent_ring_on(reversed, 11, 11);
-    cart_ring(size, 13, 13);
-    MPI_Comm_free(&dup);
-    MPI_Comm_free(&reversed);
     MPI_Comm_free(&parity);
+    cart_ring(size, 13, 13);
+    for (int i = 0; i < 3; i++) {
+        MPI_Comm_split(world, 0, i % 2 ? rank : size - rank, &grid);
+        ring_on(grid, 5 + i, 20 + i);
+        MPI_Comm_free(&grid);
+    }
 
     MPI_Send(ibuf, 10, MPI_INT, MPI_PROC_NULL, 7, world);
 

@@ -799,12 +799,13 @@ fn series(text: &str, name: &str, job: &str, rank: u64) -> Option<f64> {
 /// Live, the daemon's report and `commtap_late_seq` say rank 0 entered instance N and rank
 /// 1 reached N - 1: the rank the job waits for is the one behind (the kernel's counts of
 /// collectives entered tell it).
-fn a_hung_job(mpi: Mpi) {
+fn a_hung_job(mpi: Mpi, daemon_args: &[&str]) {
     use collector_common::instances;
     let scratch = Scratch::new("skew-hung");
     let metrics = scratch.path("metrics.sock");
     let metrics_addr = format!("unix://{}", metrics.display());
-    let daemon = Daemon::start(&scratch, &[], &[], &["--metrics-addr", &metrics_addr]);
+    let args = [&["--metrics-addr", &metrics_addr][..], daemon_args].concat();
+    let daemon = Daemon::start(&scratch, &[], &[], &args);
     let n = (3 * instances::ALL_BELOW..4 * instances::ALL_BELOW)
         .find(|n| !instances::drawn(*n))
         .expect("an instance not drawn");
@@ -859,7 +860,8 @@ fn a_hung_job(mpi: Mpi) {
 
     // Which call each rank is inside: rank 0 the barrier it blocks in (a second or more),
     // rank 1 none (it waits for the go outside MPI, once its last collective returned).
-    wait_for_rank_0_hung_in_its_barrier(&daemon.target, &job, LIMIT);
+    let hung = wait_for_rank_0_hung_in_its_barrier(&daemon.target, &job, LIMIT);
+    assert_trace_ends_inside_the_barrier(&scratch, &daemon.target, &job, &hung);
     let text = commtap_output(&["report", "--from", &daemon.target, "--job", &job]);
     let text = String::from_utf8_lossy(&text.stdout);
     let rows: Vec<Vec<&str>> =
@@ -914,6 +916,50 @@ fn a_hung_job(mpi: Mpi) {
     }
     assert_eq!(profile["skew"]["lost"], 0, "{:#}", profile["skew"]);
     daemon.stop(&scratch);
+}
+
+/// A trace of job `job` from the daemon at `target`, hung as `hung` (a live profile) shows
+/// it, ends with the barrier rank 0 is inside, as long as it has been in it at least, the
+/// slice the last of its thread; rank 1, in no call, has none.
+#[track_caller]
+fn assert_trace_ends_inside_the_barrier(scratch: &Scratch, target: &str, job: &str, hung: &Value) {
+    let file = scratch.path("hung.trace.json");
+    let args = ["trace", "--from", target, "--job", job, "--duration", "1s"];
+    let out = commtap_output(&[&args[..], &["-o", path_str(&file)]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trace = read_json(&file);
+    let slices = unfinished_slices(&trace);
+    let zero = rank_numbered(hung, 0);
+    assert_eq!(slices.len(), 1, "{slices:#?}");
+    let slice = slices[0];
+    assert_eq!(
+        (&slice["pid"], &slice["name"]),
+        (&zero["pid"], &Value::from("MPI_Barrier")),
+        "{slice}"
+    );
+    assert_eq!(
+        slice["args"]["unfinished"], "still inside when the trace ended",
+        "{slice}"
+    );
+    let seen_us = zero["in_call"]["for_ns"].as_f64().expect("for_ns") / 1e3;
+    assert!(
+        slice["dur"].as_f64().is_some_and(|us| us >= seen_us),
+        "{slice} against {seen_us} us"
+    );
+    // Nothing of rank 0's thread after it.
+    let (ts, tid) = (slice["ts"].as_f64().expect("ts"), &slice["tid"]);
+    let later = trace["traceEvents"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["pid"] == zero["pid"] && &e["tid"] == tid && e["ph"] == "X")
+        .filter(|e| e["ts"].as_f64().is_some_and(|t| t > ts))
+        .count();
+    assert_eq!(later, 0, "{slice}");
 }
 
 /// A daemon started after a job hung (`mpi_stuck`: rank 0 inside an `MPI_Sendrecv`, rank
@@ -976,12 +1022,21 @@ fn a_daemon_started_after_a_job_hung_sees_where_each_rank_is() {
 
 #[test]
 fn a_hung_open_mpi_job_shows_the_rank_it_waits_for() {
-    a_hung_job(Mpi::OpenMpi);
+    a_hung_job(Mpi::OpenMpi, &[]);
+}
+
+/// The same where every routine's time is sampled (`--time-one-in`, as `--max-overhead`
+/// samples a hot one): rank 0's barrier is counted untimed at its entry (4,095 times in
+/// 4,096), its return never seen, and the ranks' stacks say it is still inside it, since
+/// the kernel's tick count at its entry.
+#[test]
+fn a_hung_job_whose_barrier_went_untimed_shows_where_each_rank_is() {
+    a_hung_job(Mpi::OpenMpi, &["--time-one-in", "4096"]);
 }
 
 #[test]
 fn a_hung_mpich_job_shows_the_rank_it_waits_for() {
-    a_hung_job(Mpi::Mpich);
+    a_hung_job(Mpi::Mpich, &[]);
 }
 
 /// NCCL: the rank that enqueues last is named (two processes on the NCCL stand-in, which

@@ -42,8 +42,9 @@ impl Probes {
     /// takes them from it; a process of more threads than `/proc` walks
     /// ([`discover::LIVE_THREADS_READ`](crate::discover::LIVE_THREADS_READ)), or a kernel
     /// without thread pidfds (before Linux 6.9), has its leader alone read. An untimed call
-    /// (its routine's time sampled, not drawn) keeps no start and is not seen. The threads
-    /// read that have entered no timed call since the probes were attached go to
+    /// (its routine's time sampled, not drawn) keeps no start, and its return is not seen:
+    /// the threads whose last call was one go to `unseen.untimed`, with its tick count. The
+    /// threads read that have entered no timed call since the probes were attached go to
     /// `unseen.threads`, and `unseen.whole` says whether every thread was read.
     pub fn call_in_progress(
         &self,
@@ -69,6 +70,10 @@ impl Probes {
                     None
                 }
                 State::InCall(c) => Some(c),
+                State::Untimed(c) => {
+                    unseen.untimed.push(c);
+                    None
+                }
                 State::Other => None,
             })
             .min_by_key(|c| c.since_ns)
@@ -83,7 +88,11 @@ impl Probes {
         };
         let read = || {
             super::multi::task_storage_value::<CallState>(self.task_state.as_fd(), fd.as_raw_fd())
-                .map(|s| (s.tgid, s.busy, s.start_ns, s.routine))
+                .map(|s| {
+                    let untimed = (s.untimed_parent == s.routine.wrapping_add(1))
+                        .then_some(s.untimed_since_jiffies);
+                    (s.tgid, s.busy, s.start_ns, s.routine, untimed)
+                })
         };
         // The thread writes its state as we copy it: a copy made across a call's entry can
         // pair the new call's `busy` with the last one's start. Two copies alike are not
@@ -94,14 +103,26 @@ impl Probes {
         if read() != Some(first) {
             return State::Other;
         }
-        let (tgid, busy, since_ns, routine) = first;
+        let (tgid, busy, since_ns, routine, untimed) = first;
+        let in_mpi = |r: u16| {
+            ROUTINES
+                .get(usize::from(r))
+                .is_some_and(|r| matches!(r.family(), Family::Mpi | Family::Nccl))
+        };
+        // Its last call was counted untimed: inside it still, or past it (no return seen).
+        if let Some(since) = untimed.filter(|j| tgid == pid && busy == 0 && *j != 0) {
+            if in_mpi(routine) {
+                return State::Untimed(InProgress {
+                    routine,
+                    since_ns: since,
+                    tid,
+                });
+            }
+        }
         // A thread in no call whose last was no timed MPI or NCCL call (none at all, an
         // untimed one, or a transport's operation: made inside an MPI call entered before
         // the attach, say) may be inside a call no probe saw begin.
-        let last_timed = since_ns != 0
-            && ROUTINES
-                .get(usize::from(routine))
-                .is_some_and(|r| matches!(r.family(), Family::Mpi | Family::Nccl));
+        let last_timed = since_ns != 0 && in_mpi(routine);
         if tgid == pid && busy == 0 && !last_timed {
             return State::Stateless;
         }
@@ -131,6 +152,9 @@ pub struct Unseen {
     /// Whether every thread of the process was read (not its leader alone, nor past the
     /// read's budget).
     pub whole: bool,
+    /// Those whose last call was counted untimed (its return not seen): inside it still,
+    /// or past it. `since_ns` holds the kernel's tick count at its entry, not ns.
+    pub untimed: Vec<InProgress>,
 }
 
 /// What a thread's call state says.
@@ -139,6 +163,8 @@ enum State {
     Stateless,
     /// It is inside a timed call.
     InCall(InProgress),
+    /// Its last call was untimed (`since_ns`: jiffies at the entry).
+    Untimed(InProgress),
     /// It is in no timed call (or its state could not be read whole).
     Other,
 }

@@ -5,7 +5,7 @@
 pub mod btf;
 mod counters;
 mod inflight;
-pub use inflight::{Unseen, CALL_STATES_READ};
+pub use inflight::{InProgress, Unseen, CALL_STATES_READ};
 pub use multi::thread_registers;
 mod library;
 mod multi;
@@ -162,6 +162,8 @@ pub struct Probes {
     comms: BpfHashMap<MapData, HandleKey, CommInfo>,
     /// Per process and communicator: the number its next collective takes.
     coll_seq: BpfHashMap<MapData, HandleKey, u64>,
+    /// How often each process freed each communicator handle (`generations`).
+    comm_frees: BpfHashMap<MapData, HandleKey, u64>,
     dtypes: BpfHashMap<MapData, HandleKey, u64>,
     persistent: BpfHashMap<MapData, HandleKey, collector_common::PersistentOp>,
     config: Array<MapData, Config>,
@@ -440,6 +442,7 @@ impl Probes {
             ),
             comms: map(&mut ebpf, names::maps::COMMS)?,
             coll_seq: map(&mut ebpf, names::maps::COLL_SEQ)?,
+            comm_frees: map(&mut ebpf, names::maps::COMM_FREES)?,
             dtypes: map(&mut ebpf, names::maps::DTYPES)?,
             persistent: map(&mut ebpf, names::maps::PERSISTENT)?,
             config: map(&mut ebpf, names::maps::CONFIG)?,
@@ -1051,6 +1054,7 @@ impl Probes {
         pids.extend(self.peers.keys().filter_map(Result::ok).map(|k| k.tgid));
         pids.extend(self.sites.keys().filter_map(Result::ok).map(|k| k.tgid));
         pids.extend(handle_holders(&self.comms));
+        pids.extend(handle_holders(&self.comm_frees));
         pids.extend(handle_holders(&self.dtypes));
         pids.extend(handle_holders(&self.persistent));
         pids.retain(|p| !is_running_process(*p));
@@ -1078,6 +1082,7 @@ impl Probes {
         let _ = self.mpi_components.remove(&pid);
         remove_handles_of(&mut self.comms, pid);
         remove_handles_of(&mut self.coll_seq, pid);
+        remove_handles_of(&mut self.comm_frees, pid);
         remove_handles_of(&mut self.dtypes, pid);
         remove_handles_of(&mut self.persistent, pid);
         // Its entries gone, what they were charged goes back to its user.

@@ -17,7 +17,7 @@ use crate::{
 };
 
 /// Names communicator `handle` of process `pid` alike in every member, where it can.
-pub type CommName<'a> = dyn Fn(u32, u64) -> Option<String> + 'a;
+pub type CommName<'a> = dyn Fn(u32, u64, u16) -> Option<String> + 'a;
 
 /// The kernel's counters, read once for a profile.
 struct Counters {
@@ -65,7 +65,7 @@ pub fn job_profile(
         if counted.contains(&pid) || t.earlier.is_some() || idle_since_attach {
             let ps = probes.read_proc_stats(pid);
             let events = events_of(pid);
-            let name = |handle| comm_name(pid, handle);
+            let name = |handle, gen| comm_name(pid, handle, gen);
             let usage = usage_of(pid, t, &ps, &|| probes.read_proc_stats(pid));
             let mut rank = rank_profile(pid, t, (&ps, usage), &c, (events, &name), host, end_ns);
             rank.ended = super::Ending::of(&ps, &clock);
@@ -85,7 +85,16 @@ pub fn job_profile(
                 {
                     // A call of a second or more: where it was made (a hung job's).
                     call.called_from = stacks.called_from(pid, call, seen.since_ns);
-                } else if rank.in_call.is_none() && attached_late {
+                } else if rank.in_call.is_none() && !unseen.untimed.is_empty() {
+                    // Its last call untimed (a routine whose time is sampled): inside it
+                    // for a second or more still (a hung job's), or past it.
+                    match stacks.untimed_call(pid, &unseen.untimed, end_ns) {
+                        super::stacks::Untimed::Inside(call) => rank.in_call = Some(call),
+                        super::stacks::Untimed::Unknown => rank.in_call_unknown = true,
+                        super::stacks::Untimed::Past => {}
+                    }
+                }
+                if rank.in_call.is_none() && !rank.in_call_unknown && attached_late {
                     match stacks.entered_before_attach(pid, &unseen) {
                         super::stacks::Found::Inside(routine, tid, called_from) => {
                             let for_ns = end_ns.saturating_sub(t.since_ns);
@@ -252,7 +261,7 @@ fn rank_profile(
     t: &Tracked,
     (ps, usage): (&ProcStats, Option<Usage>),
     c: &Counters,
-    (events, comm_name): (u64, &dyn Fn(u64) -> Option<String>),
+    (events, comm_name): (u64, &dyn Fn(u64, u16) -> Option<String>),
     host: &str,
     end_ns: u64,
 ) -> RankProfile {

@@ -1,6 +1,7 @@
 //! Reading ranks' stacks for one profile: the call a rank attached to while running was
-//! already inside (no probe saw it begin), and where a call in progress was made from (a
-//! hung job's). Under the session's lock, within one time budget a profile.
+//! already inside (no probe saw it begin), the untimed call a rank is still inside (its
+//! return not seen), and where a call in progress was made from (a hung job's). Under the
+//! session's lock, within one time budget a profile.
 
 use std::collections::BTreeSet;
 
@@ -25,6 +26,19 @@ pub struct StackReading<'a> {
     pub named_files: BTreeSet<(u64, u64)>,
     /// When this profile stops reading stacks.
     deadline: std::time::Instant,
+    /// The kernel's tick against the clock, read once a profile where it is needed.
+    ticks: std::cell::OnceCell<Option<crate::clock::TickClock>>,
+}
+
+/// What the stacks of a rank's threads whose last call was untimed say of it.
+pub enum Untimed {
+    /// A thread is still inside it, a second or more after its entry.
+    Inside(super::InCall),
+    /// None is (or none entered one a second or more ago).
+    Past,
+    /// None was found inside it, but a stack could not be read or unwound whole, or one
+    /// showed another routine.
+    Unknown,
 }
 
 /// What the stacks of a rank's threads say of the call it was inside when attached to.
@@ -56,6 +70,7 @@ impl<'a> StackReading<'a> {
             registers,
             named_files: BTreeSet::new(),
             deadline: std::time::Instant::now() + budget,
+            ticks: std::cell::OnceCell::new(),
         }
     }
 
@@ -70,13 +85,64 @@ impl<'a> StackReading<'a> {
     /// The MPI or NCCL call one of `pid`'s threads `unseen` (whose calls no probe saw
     /// begin) is inside, by its stack: a call entered before the attach.
     pub fn entered_before_attach(&mut self, pid: u32, unseen: &crate::attach::Unseen) -> Found {
-        let tids: Vec<u32> = unseen
-            .threads
+        let threads: Vec<(u32, u64)> = unseen.threads.iter().map(|&tid| (tid, 0)).collect();
+        self.first_inside(pid, &threads, unseen.whole)
+    }
+
+    /// The untimed call one of `pid`'s threads `untimed` (whose last call was counted
+    /// untimed: its return not seen) is still inside, by its stack, where it was entered
+    /// [`super::LONG_CALL_NS`] or more before `end_ns`: the call, its time in it so far
+    /// (to a tick), and where it was made. Threads past their untimed call are remembered
+    /// so, and not looked at again until they call again.
+    pub fn untimed_call(
+        &mut self,
+        pid: u32,
+        untimed: &[crate::attach::InProgress],
+        end_ns: u64,
+    ) -> Untimed {
+        let ticks = *self.ticks.get_or_init(crate::clock::TickClock::now);
+        let Some(ticks) = ticks else {
+            // No tick clock (no /proc/timer_list, or a second not passed since the start,
+            // before which no call is long): as the kernel's state says, no call.
+            return Untimed::Past;
+        };
+        // (thread, jiffies at its entry, ns in it so far, routine)
+        let long: Vec<(u32, u64, u64, u16)> = untimed
             .iter()
-            .copied()
-            .filter(|&tid| !self.unwinder.known_outside(pid, tid))
+            .filter_map(|c| {
+                let for_ns = end_ns.saturating_sub(ticks.monotonic_ns(c.since_ns)?);
+                (for_ns >= super::LONG_CALL_NS).then_some((c.tid, c.since_ns, for_ns, c.routine))
+            })
             .collect();
-        let mut whole = unseen.whole;
+        let threads: Vec<(u32, u64)> = long.iter().map(|l| (l.0, l.1)).collect();
+        match self.first_inside(pid, &threads, true) {
+            Found::Inside(routine, tid, called_from) => {
+                let call = long
+                    .iter()
+                    .find(|l| l.0 == tid)
+                    // Another routine outermost: not the call whose entry the ticks date.
+                    .filter(|l| l.3 == routine)
+                    .and_then(|l| super::InCall::of(usize::from(routine), l.2, tid));
+                call.map_or(Untimed::Unknown, |c| {
+                    Untimed::Inside(super::InCall { called_from, ..c })
+                })
+            }
+            Found::Outside => Untimed::Past,
+            Found::Unknown => Untimed::Unknown,
+        }
+    }
+
+    /// The first of `pid`'s `threads` (thread, the tick count of its last call's entry
+    /// where that was untimed, else 0) found inside an MPI or NCCL routine by its stack;
+    /// those unwound whole and inside none are remembered. `whole`: `threads` are all the
+    /// threads to look at (else none found is `Unknown`).
+    fn first_inside(&mut self, pid: u32, threads: &[(u32, u64)], whole: bool) -> Found {
+        let tids: Vec<u32> = threads
+            .iter()
+            .filter(|&&(tid, key)| !self.unwinder.known_outside((pid, tid, key)))
+            .map(|&(tid, _)| tid)
+            .collect();
+        let mut whole = whole;
         if !tids.is_empty() {
             if std::time::Instant::now() >= self.deadline {
                 return Found::Unknown;
@@ -96,7 +162,8 @@ impl<'a> StackReading<'a> {
                     return Found::Inside(routine, s.tid, site);
                 }
                 if unwound.complete {
-                    self.unwinder.remember_outside(pid, s.tid);
+                    let key = threads.iter().find(|t| t.0 == s.tid).map_or(0, |t| t.1);
+                    self.unwinder.remember_outside((pid, s.tid, key));
                 } else {
                     whole = false;
                 }

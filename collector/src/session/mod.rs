@@ -98,6 +98,8 @@ impl Session {
     pub fn start(opts: LoadOptions) -> Result<Session> {
         let mut budget = budget::Budget::new(opts.time_sampling);
         let ingest_counters = Arc::new(IngestCounters::for_ring(opts.ring_buffer_bytes));
+        // The tick count's first reading: an untimed call's age is told against it.
+        crate::clock::TickClock::start();
         let mut probes = Probes::load(opts).context("setting up the probes")?;
         // A fixed sampling applies from the first call.
         budget.step(&mut probes);
@@ -291,9 +293,9 @@ impl Session {
     /// world ranks).
     pub fn profile(&mut self, end_ns: u64, board: Option<&crate::skew::Board>) -> JobProfile {
         let events = &self.ingest_counters;
-        let name = |pid, handle| {
+        let name = |pid, handle, gen| {
             board?
-                .comm_name(pid, handle)
+                .comm_name(pid, handle, gen)
                 .map(crate::skew::CommKey::label)
         };
         let mut stacks = crate::profile::stacks::StackReading::new(

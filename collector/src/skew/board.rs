@@ -315,12 +315,13 @@ impl Board {
         released
     }
 
-    /// The name of communicator `handle` of process `pid`, alike in every member, where
-    /// its creation was seen (the world has its own key in the per-peer counters).
-    pub fn comm_name(&self, pid: u32, handle: u64) -> Option<super::CommKey> {
+    /// The name of communicator `handle` of generation `gen` of process `pid`, alike in
+    /// every member, where its creation was seen (the world has its own key in the
+    /// per-peer counters).
+    pub fn comm_name(&self, pid: u32, handle: u64, gen: u16) -> Option<super::CommKey> {
         self.trackers
             .get(self.world_of.get(&pid)?)?
-            .comm_name(pid, handle)
+            .comm_name(pid, handle, gen)
     }
 
     /// Whether the job of `pid` is known.

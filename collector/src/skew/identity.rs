@@ -65,12 +65,16 @@ fn hash<T: Hash>(v: &T) -> u64 {
 /// Communicators one process has named so far, by their local handle.
 #[derive(Debug, Default)]
 pub struct ProcComms {
-    names: HashMap<u64, CommKey>,
+    /// The communicator each handle stands for now, and its generation (`CommInfo::gen`).
+    names: HashMap<u64, (u16, CommKey)>,
+    /// Communicators whose handles were freed and given to another, by handle and
+    /// generation: the per-peer counters keep their traffic apart, and it is still theirs.
+    earlier: HashMap<(u64, u16), CommKey>,
     made_from: HashMap<CommKey, u32>,
 }
 
-/// Communicator names kept per process: a program making more without freeing them is
-/// leaking, and what is past this is counted as unidentified.
+/// Communicator names kept per process, now and earlier: a program making more without
+/// freeing them is leaking, and what is past this is counted as unidentified.
 const MAX_NAMES: usize = 1 << 14;
 
 impl ProcComms {
@@ -93,30 +97,36 @@ impl ProcComms {
         if ev.comm_id == comm_id::WORLD {
             return Some((CommKey::WORLD, false));
         }
-        self.names.get(&ev.comm).map(|k| (*k, true))
+        self.names.get(&ev.comm).map(|(_, k)| (*k, true))
     }
 
-    /// The name of the communicator whose local handle is `handle`, where its creation was
-    /// seen.
-    pub fn of_handle(&self, handle: u64) -> Option<CommKey> {
-        self.names.get(&handle).copied()
+    /// The name of the communicator whose local handle is `handle` in generation `gen`
+    /// (now or earlier), where its creation was seen.
+    pub fn of_handle(&self, handle: u64, gen: u16) -> Option<CommKey> {
+        match self.names.get(&handle) {
+            Some((now, key)) if *now == gen => Some(*key),
+            _ => self.earlier.get(&(handle, gen)).copied(),
+        }
     }
 
     /// Names the communicator a constructor call made, from its parent's name.
     pub fn created(&mut self, ev: &CallEvent, by_host: bool, host: &str) {
         let parent = self.name(ev, false);
+        // A reused handle's earlier communicator keeps its name for the traffic it had.
+        if let Some((gen, key)) = self.names.remove(&ev.created) {
+            if gen != ev.created_gen() && self.names.len() + self.earlier.len() < MAX_NAMES {
+                self.earlier.insert((ev.created, gen), key);
+            }
+        }
         let Some(parent) = parent else {
-            // The parent has no name: neither does the child. Forget what a reused handle
-            // was called before.
-            self.names.remove(&ev.created);
+            // The parent has no name: neither does the child.
             return;
         };
         let index = self.made_from.entry(parent).or_default();
         let key = parent.child(*index, ev.routine, ev.color, by_host.then_some(host));
         *index += 1;
-        if ev.created != 0 && (self.names.len() < MAX_NAMES || self.names.contains_key(&ev.created))
-        {
-            self.names.insert(ev.created, key);
+        if ev.created != 0 && self.names.len() + self.earlier.len() < MAX_NAMES {
+            self.names.insert(ev.created, (ev.created_gen(), key));
         }
     }
 }
@@ -152,6 +162,41 @@ mod tests {
         // The second communicator made from the world is another one.
         a.created(&ev(0x10, comm_id::WORLD, 0x101, 0), false, "h");
         assert_ne!(a.name(&ev(0x101, 0, 0, 0), false).unwrap(), na);
+    }
+
+    #[test]
+    fn a_reused_handle_keeps_its_earlier_communicators_name_by_generation() {
+        let mut a = ProcComms::default();
+        a.created(&ev(0x10, comm_id::WORLD, 0x100, 0), false, "h");
+        let first = a.of_handle(0x100, 0).unwrap();
+        // Freed (generation 1) and given to the world's next split, of another color.
+        let again = CallEvent {
+            tag: 1,
+            ..ev(0x10, comm_id::WORLD, 0x100, 1)
+        };
+        a.created(&again, false, "h");
+        let second = a.of_handle(0x100, 1).unwrap();
+        assert_ne!(first, second);
+        assert_eq!(
+            a.of_handle(0x100, 0),
+            Some(first),
+            "the earlier one's traffic"
+        );
+        assert_eq!(
+            a.name(&ev(0x100, 0, 0, 0), false),
+            Some(second),
+            "calls now"
+        );
+        assert_eq!(a.of_handle(0x100, 2), None);
+        // Given to a child of an unnamed parent: no name now, the earlier ones kept.
+        let unnamed = CallEvent {
+            tag: 2,
+            ..ev(0x99, 0, 0x100, 0)
+        };
+        a.created(&unnamed, false, "h");
+        assert_eq!(a.name(&ev(0x100, 0, 0, 0), false), None);
+        assert_eq!(a.of_handle(0x100, 1), Some(second));
+        assert_eq!(a.of_handle(0x100, 2), None);
     }
 
     #[test]

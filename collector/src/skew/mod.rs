@@ -223,13 +223,13 @@ impl Tracker {
         self.threads.retain(|(p, _), _| *p != pid);
     }
 
-    /// The name of communicator `handle` of process `pid` (running or exited), where its
-    /// creation was seen.
-    pub fn comm_name(&self, pid: u32, handle: u64) -> Option<CommKey> {
+    /// The name of communicator `handle` of generation `gen` (`CommInfo::gen`) of process
+    /// `pid` (running or exited), where its creation was seen.
+    pub fn comm_name(&self, pid: u32, handle: u64, gen: u16) -> Option<CommKey> {
         self.procs
             .get(&pid)
             .or_else(|| self.gone.get(&pid))?
-            .of_handle(handle)
+            .of_handle(handle, gen)
     }
 
     /// Forgets the names of exited processes `keep` no longer keeps.

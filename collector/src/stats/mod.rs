@@ -448,7 +448,7 @@ pub const MAX_COMM_RANKS: usize = 4096;
 pub fn peers_of(
     tgid: u32,
     counters: &[(collector_common::PeerKey, collector_common::PeerVal)],
-    comm_name: impl Fn(u64) -> Option<String>,
+    comm_name: impl Fn(u64, u16) -> Option<String>,
 ) -> (Vec<PeerTraffic>, Vec<CommRank>) {
     use collector_common::PeerKey;
     let mut peers = Vec::new();
@@ -458,7 +458,7 @@ pub fn peers_of(
         let (peer, comm) = if k.comm == PeerKey::WORLD {
             (known(k.peer), None)
         } else {
-            match comm_name(k.comm) {
+            match comm_name(k.comm, k.gen) {
                 Some(name) if known(k.me).is_some() => {
                     if ranks.len() < MAX_COMM_RANKS {
                         ranks.insert(CommRank {
@@ -780,6 +780,7 @@ pub(crate) mod tests {
             peer,
             comm,
             dir,
+            gen: 0,
             me,
         };
         let v = |calls, bytes| PeerVal { calls, bytes };
@@ -790,6 +791,14 @@ pub(crate) mod tests {
             (k(0x10, PeerKey::ANY, PeerKey::RECEIVED, 0), v(1, 4)),
             (k(0x20, 0, PeerKey::SENT, 1), v(5, 50)),
             (k(0x30, 0, PeerKey::SENT, PeerKey::ANY), v(7, 70)),
+            // 0x10 freed and given to another communicator, where this process is rank 1.
+            (
+                PeerKey {
+                    gen: 1,
+                    ..k(0x10, 2, PeerKey::SENT, 1)
+                },
+                v(4, 40),
+            ),
             (
                 PeerKey {
                     tgid: 8,
@@ -798,7 +807,7 @@ pub(crate) mod tests {
                 v(9, 9),
             ),
         ];
-        let name = |h: u64| (h != 0x20).then(|| format!("c{h:x}"));
+        let name = |h: u64, gen: u16| (h != 0x20).then(|| format!("c{h:x}.{gen}"));
         let (peers, ranks) = peers_of(7, &counters, name);
         let t = |peer, comm: Option<&str>, sent: (u64, u64), received: (u64, u64)| PeerTraffic {
             peer,
@@ -812,17 +821,24 @@ pub(crate) mod tests {
             peers,
             vec![
                 t(Some(1), None, (2, 16), (1, 8)),
-                t(Some(1), Some("c10"), (3, 30), (0, 0)),
+                t(Some(1), Some("c10.0"), (3, 30), (0, 0)),
+                t(Some(2), Some("c10.1"), (4, 40), (0, 0)),
                 t(None, None, (5 + 7, 50 + 70), (1, 4)),
             ]
         );
         // A rank unknown (0x30) or a communicator unnamed (0x20) teaches nothing.
         assert_eq!(
             ranks,
-            vec![CommRank {
-                comm: "c10".into(),
-                rank: 0
-            }]
+            vec![
+                CommRank {
+                    comm: "c10.0".into(),
+                    rank: 0
+                },
+                CommRank {
+                    comm: "c10.1".into(),
+                    rank: 1
+                }
+            ]
         );
         assert_eq!(peers[1].world_peer(), None);
         assert_eq!(
@@ -830,7 +846,7 @@ pub(crate) mod tests {
                 .iter()
                 .map(PeerTraffic::calls_not_on_a_world_rank)
                 .sum::<u64>(),
-            3 + 5 + 7 + 1
+            3 + 4 + 5 + 7 + 1
         );
     }
 

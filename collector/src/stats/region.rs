@@ -293,6 +293,7 @@ mod tests {
                 peer: to,
                 comm: PeerKey::WORLD,
                 dir: PeerKey::SENT,
+                gen: 0,
                 me: 0,
             };
             (key, PeerVal { calls, bytes })

@@ -208,10 +208,11 @@ pub struct Unwinder {
     files: BTreeMap<(u64, u64), Slot>,
     held: u64,
     reader: Option<Reader>,
-    /// Threads (process, thread) whose stacks were unwound whole and inside no routine,
-    /// while they had made no probed call: a call they make later is the probes' to see,
-    /// so they are not unwound again.
-    outside: std::collections::HashSet<(u32, u32)>,
+    /// Threads (process, thread, the tick count of their last call's entry where it was
+    /// untimed, else 0) whose stacks were unwound whole and inside no routine, while they
+    /// had made no probed call since (none, or that untimed one): a call they make later
+    /// is the probes' to see, so they are not unwound again.
+    outside: std::collections::HashSet<(u32, u32, u64)>,
     /// The sites named of calls in progress, by (process, thread, the call's start).
     sites: std::collections::HashMap<(u32, u32, u64), String>,
 }
@@ -342,17 +343,19 @@ impl Unwinder {
         found
     }
 
-    /// Whether thread `tid` of `pid` was found outside any routine, its stack whole.
-    pub fn known_outside(&self, pid: u32, tid: u32) -> bool {
-        self.outside.contains(&(pid, tid))
+    /// Whether `thread` (process, thread, the tick count of its last call's entry where
+    /// that was untimed, else 0) was found outside any routine, its stack whole.
+    pub fn known_outside(&self, thread: (u32, u32, u64)) -> bool {
+        self.outside.contains(&thread)
     }
 
-    /// Remembers thread `tid` of `pid` as found outside any routine, its stack whole.
-    pub fn remember_outside(&mut self, pid: u32, tid: u32) {
+    /// Remembers `thread` (as [`Unwinder::known_outside`] keys it) as found outside any
+    /// routine, its stack whole.
+    pub fn remember_outside(&mut self, thread: (u32, u32, u64)) {
         if self.outside.len() >= MAX_OUTSIDE {
             self.outside.clear();
         }
-        self.outside.insert((pid, tid));
+        self.outside.insert(thread);
     }
 
     /// The site named of the call thread `tid` of `pid` entered at `since_ns`.

@@ -52,7 +52,9 @@ pub struct TraceRequest {
 /// Where the calls gathered from daemons go: a trace file (`commtap trace`), or the caller
 /// of an aggregator's StreamJobEvents.
 pub trait Sink {
-    /// One call, on the trace's clock, under its pid in the trace.
+    /// One call, on the trace's clock, under its pid in the trace; one the process had
+    /// not returned from when the trace ended says why (`unfinished`), the last of its
+    /// thread.
     fn call(&mut self, ev: pb::CallEvent) -> Result<()>;
     /// Processes whose calls came but whose names did not.
     fn unnamed(&self) -> Vec<u32>;
@@ -80,6 +82,9 @@ struct FileSink {
 
 impl Sink for FileSink {
     fn call(&mut self, ev: pb::CallEvent) -> Result<()> {
+        if ev.unfinished.is_some() {
+            return Ok(self.writer.unfinished(&ev)?);
+        }
         Ok(self.writer.call(&ev)?)
     }
 
@@ -471,7 +476,7 @@ pub async fn gather<S: Sink>(
             break;
         }
     }
-    finish_sources(sink, &mut sources, started.elapsed()).await?;
+    finish_sources(sink, &mut sources, &mut merge, started.elapsed()).await?;
     sink.flush().await
 }
 
@@ -556,21 +561,25 @@ impl Merge {
     ) -> Result<()> {
         sink.lost_by_reader(dropped.saturating_sub(self.lost_by_source[i]));
         self.lost_by_source[i] = dropped;
-        let shift = self.reference.offset_ns - source.start_clock.offset_ns;
-        for mut e in events {
-            let pid = *source.trace_pid.entry(e.pid).or_insert_with(|| {
-                if self.taken.insert(e.pid) {
-                    e.pid
-                } else {
-                    self.next_synthetic += 1;
-                    self.next_synthetic
-                }
-            });
-            e.pid = pid;
-            e.start_ns = e.start_ns.saturating_add_signed(shift);
-            sink.call(e)?;
+        for e in events {
+            sink.call(self.placed(source, e))?;
         }
         Ok(())
+    }
+
+    /// `e`, a call of `source`'s node, on the trace's clock and under its pid there.
+    fn placed(&mut self, source: &mut Source, mut e: pb::CallEvent) -> pb::CallEvent {
+        e.pid = *source.trace_pid.entry(e.pid).or_insert_with(|| {
+            if self.taken.insert(e.pid) {
+                e.pid
+            } else {
+                self.next_synthetic += 1;
+                self.next_synthetic
+            }
+        });
+        let shift = self.reference.offset_ns - source.start_clock.offset_ns;
+        e.start_ns = e.start_ns.saturating_add_signed(shift);
+        e
     }
 }
 
@@ -604,11 +613,13 @@ async fn name_new_processes<S: Sink>(sink: &mut S, source: &mut Source) -> Resul
     Ok(())
 }
 
-/// Names every traced process from its daemon's final profiles, counts what the kernel
-/// could not queue, and gives each node's clock offset, error and drift.
+/// Ends the trace from each daemon's last profiles: the calls its traced processes are
+/// still inside (a hung job's), the processes' names, what the kernel could not queue,
+/// and each node's clock offset, error and drift.
 async fn finish_sources<S: Sink>(
     sink: &mut S,
     sources: &mut [Source],
+    merge: &mut Merge,
     took: Duration,
 ) -> Result<()> {
     let mut ring_full = 0;
@@ -621,9 +632,12 @@ async fn finish_sources<S: Sink>(
             let profile =
                 crate::client::node_snapshot(&mut source.client, pb::ProcessFilter::default())
                     .await?;
-            anyhow::Ok((end_clock, profile))
+            // The node's clock when its profile came: its calls in progress ran until
+            // then (late by the answer's trip at most).
+            let node_now = monotonic_ns().saturating_add_signed(end_clock.offset_ns);
+            anyhow::Ok((end_clock, profile, node_now))
         };
-        let (end_clock, profile) = match asked.await {
+        let (end_clock, profile, node_now) = match asked.await {
             Ok(answers) => answers,
             Err(e) => {
                 warn!(
@@ -638,6 +652,17 @@ async fn finish_sources<S: Sink>(
         };
         ends.push(end_clock);
         for r in &profile.ranks {
+            let traced = source.pids.is_empty() || source.pids.contains(&r.pid);
+            if let Some(call) = r.in_call.as_ref().filter(|_| traced && r.ended.is_none()) {
+                let why = if call.before_attach {
+                    "still inside when the trace ended (entered before commtap attached: the \
+                     slice starts at the attach)"
+                } else {
+                    "still inside when the trace ended"
+                };
+                let ev = super::unfinished_call(r, call, node_now, why.into());
+                sink.call(merge.placed(source, ev))?;
+            }
             if let Some(&shown) = source.trace_pid.get(&r.pid) {
                 ring_full += r.health.dropped;
                 sink.name(
