@@ -269,6 +269,22 @@ pub struct UserRegisters {
     /// The thread's calls whose returns are probed, latest first: where each one's return
     /// address was on the stack, and that address.
     pub returns: [ReturnSlot; MAX_PROBED_RETURNS],
+    /// The monotonic clock as the iterator ran (not the thread's: a reading of the clock
+    /// with `jiffies`, which measures the kernel's tick, `clock::TickClock`).
+    pub now_ns: u64,
+    /// The kernel's tick count as the iterator ran.
+    pub jiffies: u64,
+}
+
+impl UserRegisters {
+    /// What two reads of one thread must agree on (the clock's reading aside).
+    pub fn thread_state(&self) -> UserRegisters {
+        UserRegisters {
+            now_ns: 0,
+            jiffies: 0,
+            ..*self
+        }
+    }
 }
 
 /// Most of a thread's probed returns [`UserRegisters`] carries (MPI's calls inside calls
@@ -285,7 +301,7 @@ pub struct ReturnSlot {
     pub to: u64,
 }
 
-const _: () = assert!(size_of::<UserRegisters>() == 32 + 16 * MAX_PROBED_RETURNS);
+const _: () = assert!(size_of::<UserRegisters>() == 48 + 16 * MAX_PROBED_RETURNS);
 
 /// x86-64's `struct pt_regs`, as 8-byte slots: where `UserRegisters` are read from.
 pub mod pt_regs {

@@ -3,6 +3,8 @@
 //! keeps them while it sleeps, and its stack with them: userspace unwinds that stack to
 //! find a call entered before commtap attached, which `/proc` cannot start (it gives no
 //! frame pointer). Userspace runs it for one thread at a time (the link's thread filter).
+//! It also reads the clock and the kernel's tick count together, which measures the tick
+//! (an untimed call's entry stores the tick count alone).
 
 use aya_ebpf::helpers::generated::{bpf_seq_write, bpf_task_pt_regs};
 use collector_common::{pt_regs, ReturnSlot, UserRegisters, MAX_PROBED_RETURNS};
@@ -72,6 +74,8 @@ pub extern "C" fn task_registers(ctx: *mut IterTask) -> i32 {
             ..UserRegisters::default()
         };
         probed_returns(task.cast(), &mut out);
+        out.now_ns = aya_ebpf::helpers::bpf_ktime_get_ns();
+        out.jiffies = aya_ebpf::helpers::generated::bpf_jiffies64();
         let seq = (*(*ctx).meta).seq;
         bpf_seq_write(
             seq.cast(),

@@ -46,8 +46,9 @@ impl UnixClock {
 /// The kernel's tick count (`jiffies`) against the monotonic clock: the probes read the
 /// tick count alone where a clock read would cost too much (an untimed call's entry), and
 /// its age in ns needs how long a tick is, which no file says (`CONFIG_HZ`). Measured from
-/// two readings of `/proc/timer_list` (root's: the time and the count as the kernel printed
-/// them) a second or more apart: the first at the process's start ([`TickClock::start`]).
+/// two readings of both a second or more apart, each taken by the task iterator
+/// `task_registers` (`attach::thread_registers`) run on this thread: the first at the
+/// session's start ([`TickClock::start`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TickClock {
     /// A reading now: monotonic ns and jiffies.
@@ -57,24 +58,34 @@ pub struct TickClock {
 }
 
 /// The first reading of the tick count ([`TickClock::start`]).
-static FIRST_TICKS: std::sync::OnceLock<Option<(u64, u64)>> = std::sync::OnceLock::new();
+static FIRST_TICKS: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
 
 /// The tick rates Linux is built with (`CONFIG_HZ`): a measured rate within 3% of one is it.
 const KERNEL_HZ: [f64; 5] = [100.0, 250.0, 300.0, 1000.0, 1200.0];
 
 impl TickClock {
-    /// Takes the first reading, which later ones measure the tick against (at a
-    /// session's start: the ages it can tell begin there).
-    pub fn start() {
-        FIRST_TICKS.get_or_init(read_ticks);
+    /// Takes the first reading, which later ones measure the tick against, with the task
+    /// iterator `registers` (at a session's start: the ages it can tell begin there).
+    pub fn start(registers: Option<std::os::fd::BorrowedFd<'_>>) {
+        if let Ok(first) = read_ticks(registers) {
+            let _ = FIRST_TICKS.set(first);
+        }
     }
 
-    /// The tick clock now, where it can be told: the kernel says its tick count (root),
-    /// and a second or more has passed since [`TickClock::start`].
-    pub fn now() -> Option<TickClock> {
-        let first = (*FIRST_TICKS.get_or_init(read_ticks))?;
-        let now = read_ticks()?;
-        TickClock::between(first, now)
+    /// The tick clock now, read with the task iterator `registers`; `None` where less
+    /// than a second has passed since [`TickClock::start`] (no call counted since can be
+    /// that old); an error where the kernel's tick count cannot be read (no task iterator:
+    /// Linux before 6.1).
+    pub fn now(
+        registers: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> std::io::Result<Option<TickClock>> {
+        let now = read_ticks(registers)?;
+        let Some(&first) = FIRST_TICKS.get() else {
+            // Read now for the first time: a second from here, a tick can be told.
+            let _ = FIRST_TICKS.set(now);
+            return Ok(None);
+        };
+        Ok(TickClock::between(first, now))
     }
 
     /// The tick measured between readings `first` and `now` (monotonic ns, jiffies).
@@ -102,25 +113,15 @@ impl TickClock {
     }
 }
 
-/// Monotonic ns and jiffies as `/proc/timer_list` prints them (its header's `now at N
-/// nsecs`, then the first CPU's `jiffies: J`), reading no more of it than that.
-fn read_ticks() -> Option<(u64, u64)> {
-    use std::io::{BufRead, BufReader, Read};
-    let file = std::fs::File::open("/proc/timer_list").ok()?;
-    let mut now = None;
-    for line in BufReader::new(file.take(1 << 16)).lines() {
-        let line = line.ok()?;
-        let line = line.trim();
-        if let Some(ns) = line
-            .strip_prefix("now at ")
-            .and_then(|l| l.strip_suffix(" nsecs"))
-        {
-            now = ns.parse::<u64>().ok();
-        } else if let Some(j) = line.strip_prefix("jiffies: ") {
-            return Some((now?, j.parse().ok()?));
-        }
-    }
-    None
+/// Monotonic ns and jiffies read together by the task iterator `registers`, run on this
+/// thread.
+fn read_ticks(registers: Option<std::os::fd::BorrowedFd<'_>>) -> std::io::Result<(u64, u64)> {
+    let prog = registers.ok_or_else(|| std::io::Error::other("no task iterator"))?;
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
+    let regs = crate::attach::thread_registers(prog, tid)?
+        .ok_or_else(|| std::io::Error::other("the task iterator wrote nothing"))?;
+    Ok((regs.now_ns, regs.jiffies))
 }
 
 /// Clock requests per estimate: the shortest round trip of these bounds the error.
@@ -191,8 +192,5 @@ mod tests {
         assert_eq!(c.monotonic_ns(5_502), None, "not later than now");
         // Too close together to tell a tick: no clock.
         assert_eq!(TickClock::between((0, 0), (999_999_999, 250)), None);
-        // This kernel's, through /proc (root's, as the daemon runs).
-        let (ns, jiffies) = read_ticks().expect("/proc/timer_list");
-        assert!(ns > 0 && jiffies > 0);
     }
 }

@@ -1030,8 +1030,16 @@ fn a_hung_open_mpi_job_shows_the_rank_it_waits_for() {
 /// 4,096), its return never seen, and the ranks' stacks say it is still inside it, since
 /// the kernel's tick count at its entry.
 #[test]
-fn a_hung_job_whose_barrier_went_untimed_shows_where_each_rank_is() {
+fn a_hung_open_mpi_job_whose_barrier_went_untimed_shows_where_each_rank_is() {
     a_hung_job(Mpi::OpenMpi, &["--time-one-in", "4096"]);
+}
+
+/// The same over MPICH, whose barrier makes UCX operations inside it (probed: a timed one
+/// names itself the thread's last routine, and the untimed barrier is still its last MPI
+/// call).
+#[test]
+fn a_hung_mpich_job_whose_barrier_went_untimed_shows_where_each_rank_is() {
+    a_hung_job(Mpi::Mpich, &["--time-one-in", "4096"]);
 }
 
 #[test]

@@ -89,8 +89,12 @@ impl Probes {
         let read = || {
             super::multi::task_storage_value::<CallState>(self.task_state.as_fd(), fd.as_raw_fd())
                 .map(|s| {
-                    let untimed = (s.untimed_parent == s.routine.wrapping_add(1))
-                        .then_some(s.untimed_since_jiffies);
+                    // Its last MPI or NCCL call, where that was untimed (a transport's
+                    // operation made inside it since has taken `routine`).
+                    let untimed = s
+                        .untimed_parent
+                        .checked_sub(1)
+                        .map(|r| (r, s.untimed_since_jiffies));
                     (s.tgid, s.busy, s.start_ns, s.routine, untimed)
                 })
         };
@@ -110,7 +114,7 @@ impl Probes {
                 .is_some_and(|r| matches!(r.family(), Family::Mpi | Family::Nccl))
         };
         // Its last call was counted untimed: inside it still, or past it (no return seen).
-        if let Some(since) = untimed.filter(|j| tgid == pid && busy == 0 && *j != 0) {
+        if let Some((routine, since)) = untimed.filter(|u| tgid == pid && busy == 0 && u.1 != 0) {
             if in_mpi(routine) {
                 return State::Untimed(InProgress {
                     routine,

@@ -170,7 +170,7 @@ pub fn stacks(
         let prog = registers?;
         let first = crate::attach::thread_registers(prog, tid).ok().flatten()?;
         let again = crate::attach::thread_registers(prog, tid).ok().flatten()?;
-        (first == again).then_some(first)
+        (first.thread_state() == again.thread_state()).then_some(first)
     };
     let returns_of = |k: Option<&collector_common::UserRegisters>| {
         k.map(|k| {

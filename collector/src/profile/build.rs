@@ -85,13 +85,16 @@ pub fn job_profile(
                 {
                     // A call of a second or more: where it was made (a hung job's).
                     call.called_from = stacks.called_from(pid, call, seen.since_ns);
-                } else if rank.in_call.is_none() && !unseen.untimed.is_empty() {
-                    // Its last call untimed (a routine whose time is sampled): inside it
-                    // for a second or more still (a hung job's), or past it.
+                } else if !unseen.untimed.is_empty() {
+                    // A thread's last call untimed (a routine whose time is sampled):
+                    // inside it for a second or more still (a hung job's), or past it;
+                    // taken over another thread's short call (a progress thread's).
                     match stacks.untimed_call(pid, &unseen.untimed, end_ns) {
                         super::stacks::Untimed::Inside(call) => rank.in_call = Some(call),
-                        super::stacks::Untimed::Unknown => rank.in_call_unknown = true,
-                        super::stacks::Untimed::Past => {}
+                        super::stacks::Untimed::Unknown if rank.in_call.is_none() => {
+                            rank.in_call_unknown = true;
+                        }
+                        _ => {}
                     }
                 }
                 if rank.in_call.is_none() && !rank.in_call_unknown && attached_late {

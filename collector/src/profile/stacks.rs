@@ -27,7 +27,7 @@ pub struct StackReading<'a> {
     /// When this profile stops reading stacks.
     deadline: std::time::Instant,
     /// The kernel's tick against the clock, read once a profile where it is needed.
-    ticks: std::cell::OnceCell<Option<crate::clock::TickClock>>,
+    ticks: std::cell::OnceCell<Result<Option<crate::clock::TickClock>, String>>,
 }
 
 /// What the stacks of a rank's threads whose last call was untimed say of it.
@@ -100,11 +100,18 @@ impl<'a> StackReading<'a> {
         untimed: &[crate::attach::InProgress],
         end_ns: u64,
     ) -> Untimed {
-        let ticks = *self.ticks.get_or_init(crate::clock::TickClock::now);
-        let Some(ticks) = ticks else {
-            // No tick clock (no /proc/timer_list, or a second not passed since the start,
-            // before which no call is long): as the kernel's state says, no call.
-            return Untimed::Past;
+        let registers = self.registers;
+        let ticks = self
+            .ticks
+            .get_or_init(|| crate::clock::TickClock::now(registers).map_err(|e| e.to_string()));
+        let ticks = match ticks {
+            Ok(Some(t)) => *t,
+            // Less than a second since the start, before which no call is long.
+            Ok(None) => return Untimed::Past,
+            Err(e) => {
+                tracing::debug!(pid, error = %e, "the kernel's tick count cannot be read");
+                return Untimed::Unknown;
+            }
         };
         // (thread, jiffies at its entry, ns in it so far, routine)
         let long: Vec<(u32, u64, u64, u16)> = untimed

@@ -98,9 +98,9 @@ impl Session {
     pub fn start(opts: LoadOptions) -> Result<Session> {
         let mut budget = budget::Budget::new(opts.time_sampling);
         let ingest_counters = Arc::new(IngestCounters::for_ring(opts.ring_buffer_bytes));
-        // The tick count's first reading: an untimed call's age is told against it.
-        crate::clock::TickClock::start();
         let mut probes = Probes::load(opts).context("setting up the probes")?;
+        // The tick count's first reading: an untimed call's age is told against it.
+        crate::clock::TickClock::start(probes.task_registers());
         // A fixed sampling applies from the first call.
         budget.step(&mut probes);
         let ring = probes.take_events().context("ring buffer already taken")?;

@@ -70,12 +70,19 @@ pub struct ProcComms {
     /// Communicators whose handles were freed and given to another, by handle and
     /// generation: the per-peer counters keep their traffic apart, and it is still theirs.
     earlier: HashMap<(u64, u16), CommKey>,
+    /// `earlier`'s keys, oldest first.
+    earlier_order: std::collections::VecDeque<(u64, u16)>,
     made_from: HashMap<CommKey, u32>,
 }
 
-/// Communicator names kept per process, now and earlier: a program making more without
-/// freeing them is leaking, and what is past this is counted as unidentified.
+/// Communicator names kept per process: a program making more without freeing them is
+/// leaking, and what is past this is counted as unidentified.
 const MAX_NAMES: usize = 1 << 14;
+
+/// Names of freed communicators kept per process, the latest: a program that makes and
+/// frees communicators in a loop never stops naming its new ones, and the traffic of the
+/// oldest past this is unplaced.
+const MAX_EARLIER_NAMES: usize = 1 << 14;
 
 impl ProcComms {
     /// The name of the communicator `ev` was called on, if it has one.
@@ -114,8 +121,13 @@ impl ProcComms {
         let parent = self.name(ev, false);
         // A reused handle's earlier communicator keeps its name for the traffic it had.
         if let Some((gen, key)) = self.names.remove(&ev.created) {
-            if gen != ev.created_gen() && self.names.len() + self.earlier.len() < MAX_NAMES {
-                self.earlier.insert((ev.created, gen), key);
+            if gen != ev.created_gen() && self.earlier.insert((ev.created, gen), key).is_none() {
+                self.earlier_order.push_back((ev.created, gen));
+                if self.earlier_order.len() > MAX_EARLIER_NAMES {
+                    if let Some(oldest) = self.earlier_order.pop_front() {
+                        self.earlier.remove(&oldest);
+                    }
+                }
             }
         }
         let Some(parent) = parent else {
@@ -125,7 +137,7 @@ impl ProcComms {
         let index = self.made_from.entry(parent).or_default();
         let key = parent.child(*index, ev.routine, ev.color, by_host.then_some(host));
         *index += 1;
-        if ev.created != 0 && self.names.len() + self.earlier.len() < MAX_NAMES {
+        if ev.created != 0 && self.names.len() < MAX_NAMES {
             self.names.insert(ev.created, (ev.created_gen(), key));
         }
     }
@@ -197,6 +209,29 @@ mod tests {
         assert_eq!(a.name(&ev(0x100, 0, 0, 0), false), None);
         assert_eq!(a.of_handle(0x100, 1), Some(second));
         assert_eq!(a.of_handle(0x100, 2), None);
+    }
+
+    #[test]
+    fn a_loop_of_communicators_made_and_freed_is_named_to_its_end() {
+        let mut a = ProcComms::default();
+        let n = (MAX_NAMES + MAX_EARLIER_NAMES) as i32 + 10;
+        let mut names = Vec::new();
+        for gen in 0..n {
+            let made = CallEvent {
+                tag: gen,
+                ..ev(0x10, comm_id::WORLD, 0x100, gen % 2)
+            };
+            a.created(&made, false, "h");
+            names.push(a.of_handle(0x100, gen as u16).expect("named"));
+        }
+        // The latest freed ones keep their names, the oldest past the bound do not.
+        let oldest_kept = n as usize - 1 - MAX_EARLIER_NAMES;
+        assert_eq!(
+            a.of_handle(0x100, oldest_kept as u16),
+            Some(names[oldest_kept])
+        );
+        assert_eq!(a.of_handle(0x100, (oldest_kept - 1) as u16), None);
+        assert_eq!(a.earlier.len(), MAX_EARLIER_NAMES);
     }
 
     #[test]

@@ -382,9 +382,8 @@ async fn relayed(
             m = stream.message() => m.context("StreamJobEvents")?,
         };
         let Some(msg) = msg else { break };
-        for ev in msg.events {
-            sink.call(ev)?;
-        }
+        // Named first: a call of a process the trace keeps by its rank (`--ranks`) whose
+        // name comes in the same message (a hung rank's unfinished call, at the end).
         for p in msg.processes {
             sink.name(
                 p.pid,
@@ -394,6 +393,9 @@ async fn relayed(
                     job: p.job,
                 },
             );
+        }
+        for ev in msg.events {
+            sink.call(ev)?;
         }
         sink.lost_by_reader(msg.lost_by_reader.saturating_sub(sink.relay_lost));
         sink.relay_lost = sink.relay_lost.max(msg.lost_by_reader);
@@ -653,16 +655,25 @@ async fn finish_sources<S: Sink>(
         ends.push(end_clock);
         for r in &profile.ranks {
             let traced = source.pids.is_empty() || source.pids.contains(&r.pid);
-            if let Some(call) = r.in_call.as_ref().filter(|_| traced && r.ended.is_none()) {
-                let why = if call.before_attach {
-                    "still inside when the trace ended (entered before commtap attached: the \
-                     slice starts at the attach)"
-                } else {
-                    "still inside when the trace ended"
-                };
-                let ev = super::unfinished_call(r, call, node_now, why.into());
-                sink.call(merge.placed(source, ev))?;
-            }
+            // Placed (its process given a pid in the trace), then named before it is
+            // written: a rank that made no call in the trace (a hung one) is known by its
+            // name alone to a trace of some ranks (`--ranks`).
+            let unfinished = r
+                .in_call
+                .as_ref()
+                .filter(|_| traced && r.ended.is_none())
+                .map(|call| {
+                    let why = if call.before_attach {
+                        "still inside when the trace ended (entered before commtap attached: \
+                         the slice starts at the attach)"
+                    } else {
+                        "still inside when the trace ended"
+                    };
+                    merge.placed(
+                        source,
+                        super::unfinished_call(r, call, node_now, why.into()),
+                    )
+                });
             if let Some(&shown) = source.trace_pid.get(&r.pid) {
                 ring_full += r.health.dropped;
                 sink.name(
@@ -674,6 +685,9 @@ async fn finish_sources<S: Sink>(
                         job: r.job.clone(),
                     },
                 );
+            }
+            if let Some(ev) = unfinished {
+                sink.call(ev)?;
             }
         }
     }
