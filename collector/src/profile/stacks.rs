@@ -109,8 +109,10 @@ impl<'a> StackReading<'a> {
             // Less than a second since the start, before which no call is long.
             Ok(None) => return Untimed::Past,
             Err(e) => {
+                // (The task iterator did not load: untimed calls need uprobe sessions,
+                // Linux 6.13+, which has it.) As the kernel's state alone says, no call.
                 tracing::debug!(pid, error = %e, "the kernel's tick count cannot be read");
-                return Untimed::Unknown;
+                return Untimed::Past;
             }
         };
         // (thread, jiffies at its entry, ns in it so far, routine)

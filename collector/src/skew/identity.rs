@@ -121,8 +121,13 @@ impl ProcComms {
         let parent = self.name(ev, false);
         // A reused handle's earlier communicator keeps its name for the traffic it had.
         if let Some((gen, key)) = self.names.remove(&ev.created) {
-            if gen != ev.created_gen() && self.earlier.insert((ev.created, gen), key).is_none() {
-                self.earlier_order.push_back((ev.created, gen));
+            if gen != ev.created_gen() {
+                let freed = (ev.created, gen);
+                if self.earlier.insert(freed, key).is_some() {
+                    // The generation wrapped: the newer one is the latest freed.
+                    self.earlier_order.retain(|k| *k != freed);
+                }
+                self.earlier_order.push_back(freed);
                 if self.earlier_order.len() > MAX_EARLIER_NAMES {
                     if let Some(oldest) = self.earlier_order.pop_front() {
                         self.earlier.remove(&oldest);
