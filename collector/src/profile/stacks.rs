@@ -15,6 +15,9 @@ const STACKS_BUDGET: std::time::Duration = std::time::Duration::from_millis(250)
 /// What `record`'s last profile may spend on stacks (it waits for symbols as well).
 const PATIENT_STACKS: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Reads of a thread's stack before it is "not known" (the first and two more).
+const STACK_READS: usize = 3;
+
 /// What reads the stacks of ranks inside a call, for one profile: the files' unwinding
 /// tables, and their symbols, which name where the call was made.
 pub struct StackReading<'a> {
@@ -146,39 +149,51 @@ impl<'a> StackReading<'a> {
     /// those unwound whole and inside none are remembered. `whole`: `threads` are all the
     /// threads to look at (else none found is `Unknown`).
     fn first_inside(&mut self, pid: u32, threads: &[(u32, u64)], whole: bool) -> Found {
-        let tids: Vec<u32> = threads
+        let mut pending: Vec<u32> = threads
             .iter()
             .filter(|&&(tid, key)| !self.unwinder.known_outside((pid, tid, key)))
             .map(|&(tid, _)| tid)
             .collect();
-        let mut whole = whole;
-        if !tids.is_empty() {
+        if !pending.is_empty() {
             if std::time::Instant::now() >= self.deadline {
                 return Found::Unknown;
             }
             let Ok(objects) = discover::mapped_objects(pid) else {
                 return Found::Unknown;
             };
-            let stacks = self.stacks_of(pid, &tids);
-            whole &= stacks.len() == tids.len();
-            for s in &stacks {
-                let unwound = self.unwinder.unwind(&objects, s, self.deadline);
-                tracing::debug!(pid, tid = s.tid, ?unwound, "a stack unwound");
-                if let Some(routine) = unwound.routine {
-                    let site = unwound
-                        .site
-                        .map(|a| self.site_label(pid, &objects, routine, a));
-                    return Found::Inside(routine, s.tid, site);
+            // A running thread's sample can land where its stack does not unwind whole
+            // (code with no call frame information, the vDSO's): sampled again, twice.
+            for _ in 0..STACK_READS {
+                if pending.is_empty() || std::time::Instant::now() >= self.deadline {
+                    break;
                 }
-                if unwound.complete {
-                    let key = threads.iter().find(|t| t.0 == s.tid).map_or(0, |t| t.1);
-                    self.unwinder.remember_outside((pid, s.tid, key));
-                } else {
-                    whole = false;
+                let stacks = self.stacks_of(pid, &pending);
+                // Not sampled (not given a CPU in time): looked at again too.
+                let mut again: Vec<u32> = pending
+                    .iter()
+                    .copied()
+                    .filter(|tid| !stacks.iter().any(|s| s.tid == *tid))
+                    .collect();
+                for s in &stacks {
+                    let unwound = self.unwinder.unwind(&objects, s, self.deadline);
+                    tracing::debug!(pid, tid = s.tid, ?unwound, "a stack unwound");
+                    if let Some(routine) = unwound.routine {
+                        let site = unwound
+                            .site
+                            .map(|a| self.site_label(pid, &objects, routine, a));
+                        return Found::Inside(routine, s.tid, site);
+                    }
+                    if unwound.complete {
+                        let key = threads.iter().find(|t| t.0 == s.tid).map_or(0, |t| t.1);
+                        self.unwinder.remember_outside((pid, s.tid, key));
+                    } else {
+                        again.push(s.tid);
+                    }
                 }
+                pending = again;
             }
         }
-        if whole {
+        if whole && pending.is_empty() {
             Found::Outside
         } else {
             Found::Unknown
