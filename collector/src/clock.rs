@@ -74,18 +74,13 @@ impl TickClock {
 
     /// The tick clock now, read with the task iterator `registers`; `None` where less
     /// than a second has passed since [`TickClock::start`] (no call counted since can be
-    /// that old); an error where the kernel's tick count cannot be read (no task iterator:
-    /// Linux before 6.1).
-    pub fn now(
-        registers: Option<std::os::fd::BorrowedFd<'_>>,
-    ) -> std::io::Result<Option<TickClock>> {
-        let now = read_ticks(registers)?;
-        let Some(&first) = FIRST_TICKS.get() else {
-            // Read now for the first time: a second from here, a tick can be told.
-            let _ = FIRST_TICKS.set(now);
-            return Ok(None);
-        };
-        Ok(TickClock::between(first, now))
+    /// that old), or where the kernel's tick count cannot be read (no task iterator).
+    pub fn now(registers: Option<std::os::fd::BorrowedFd<'_>>) -> Option<TickClock> {
+        let now = read_ticks(registers)
+            .inspect_err(|e| tracing::debug!(error = %e, "the kernel's tick count cannot be read"))
+            .ok()?;
+        // Read now for the first time: a second from here, a tick can be told.
+        TickClock::between(*FIRST_TICKS.get_or_init(|| now), now)
     }
 
     /// The tick measured between readings `first` and `now` (monotonic ns, jiffies).

@@ -569,13 +569,7 @@ async fn finish(
                 r,
                 call,
                 end_ns,
-                if call.before_attach {
-                    "still inside when the recording stopped (entered before commtap attached: \
-                     the slice starts at the attach)"
-                } else {
-                    "still inside when the recording stopped"
-                }
-                .into(),
+                trace::still_inside(call, "the recording stopped"),
             )),
             (None, None) => None,
         })

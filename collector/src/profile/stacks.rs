@@ -30,7 +30,7 @@ pub struct StackReading<'a> {
     /// When this profile stops reading stacks.
     deadline: std::time::Instant,
     /// The kernel's tick against the clock, read once a profile where it is needed.
-    ticks: std::cell::OnceCell<Result<Option<crate::clock::TickClock>, String>>,
+    ticks: std::cell::OnceCell<Option<crate::clock::TickClock>>,
 }
 
 /// What the stacks of a rank's threads whose last call was untimed say of it.
@@ -104,37 +104,32 @@ impl<'a> StackReading<'a> {
         end_ns: u64,
     ) -> Untimed {
         let registers = self.registers;
-        let ticks = self
+        // None: less than a second since the start (before which no call is long), or no
+        // task iterator (untimed calls need uprobe sessions, Linux 6.13+, which has it): as
+        // the kernel's state alone says, no call.
+        let Some(ticks) = *self
             .ticks
-            .get_or_init(|| crate::clock::TickClock::now(registers).map_err(|e| e.to_string()));
-        let ticks = match ticks {
-            Ok(Some(t)) => *t,
-            // Less than a second since the start, before which no call is long.
-            Ok(None) => return Untimed::Past,
-            Err(e) => {
-                // (The task iterator did not load: untimed calls need uprobe sessions,
-                // Linux 6.13+, which has it.) As the kernel's state alone says, no call.
-                tracing::debug!(pid, error = %e, "the kernel's tick count cannot be read");
-                return Untimed::Past;
-            }
+            .get_or_init(|| crate::clock::TickClock::now(registers))
+        else {
+            return Untimed::Past;
         };
-        // (thread, jiffies at its entry, ns in it so far, routine)
-        let long: Vec<(u32, u64, u64, u16)> = untimed
+        // Those entered a second or more ago, and the ns they have been in them.
+        let long: Vec<(&crate::attach::InProgress, u64)> = untimed
             .iter()
             .filter_map(|c| {
                 let for_ns = end_ns.saturating_sub(ticks.monotonic_ns(c.since_ns)?);
-                (for_ns >= super::LONG_CALL_NS).then_some((c.tid, c.since_ns, for_ns, c.routine))
+                (for_ns >= super::LONG_CALL_NS).then_some((c, for_ns))
             })
             .collect();
-        let threads: Vec<(u32, u64)> = long.iter().map(|l| (l.0, l.1)).collect();
+        let threads: Vec<(u32, u64)> = long.iter().map(|(c, _)| (c.tid, c.since_ns)).collect();
         match self.first_inside(pid, &threads, true) {
             Found::Inside(routine, tid, called_from) => {
                 let call = long
                     .iter()
-                    .find(|l| l.0 == tid)
+                    .find(|(c, _)| c.tid == tid)
                     // Another routine outermost: not the call whose entry the ticks date.
-                    .filter(|l| l.3 == routine)
-                    .and_then(|l| super::InCall::of(usize::from(routine), l.2, tid));
+                    .filter(|(c, _)| c.routine == routine)
+                    .and_then(|(_, for_ns)| super::InCall::of(usize::from(routine), *for_ns, tid));
                 call.map_or(Untimed::Unknown, |c| {
                     Untimed::Inside(super::InCall { called_from, ..c })
                 })

@@ -290,6 +290,19 @@ pub fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
     }
 }
 
+/// Why the slice of `call`, a rank was still inside `when` (`the trace ended`), is
+/// unfinished.
+pub fn still_inside(call: &crate::profile::InCall, when: &str) -> String {
+    if call.before_attach {
+        format!(
+            "still inside when {when} (entered before commtap attached: the slice starts at the \
+             attach)"
+        )
+    } else {
+        format!("still inside when {when}")
+    }
+}
+
 /// The slice of a call rank `rank` had not returned from when the trace was made: it ran
 /// from its start to `end_ns` (monotonic), `why` it did not return.
 pub fn unfinished_call(

@@ -663,16 +663,8 @@ async fn finish_sources<S: Sink>(
                 .as_ref()
                 .filter(|_| traced && r.ended.is_none())
                 .map(|call| {
-                    let why = if call.before_attach {
-                        "still inside when the trace ended (entered before commtap attached: \
-                         the slice starts at the attach)"
-                    } else {
-                        "still inside when the trace ended"
-                    };
-                    merge.placed(
-                        source,
-                        super::unfinished_call(r, call, node_now, why.into()),
-                    )
+                    let why = super::still_inside(call, "the trace ended");
+                    merge.placed(source, super::unfinished_call(r, call, node_now, why))
                 });
             if let Some(&shown) = source.trace_pid.get(&r.pid) {
                 ring_full += r.health.dropped;
