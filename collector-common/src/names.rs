@@ -25,6 +25,9 @@ pub mod maps {
     pub const DEVICE_TIME: &str = "DEVICE_TIME";
     /// Point-to-point traffic per peer.
     pub const PEERS: &str = "PEERS";
+    /// Point-to-point traffic per peer of freed communicators, moved out of `PEERS` by
+    /// userspace (written by it alone; a map so that it is kept with `PEERS`).
+    pub const PEERS_FOLDED: &str = "PEERS_FOLDED";
     /// Calls, bytes and time per call site.
     pub const CALL_SITES: &str = "CALL_SITES";
     /// Per-process health counters and times.
@@ -84,7 +87,7 @@ pub mod maps {
     /// the shares (`USER_HELD` & co): started empty, a user's entries from before the
     /// restart go uncharged (until its processes are forgotten), where a share kept could
     /// count processes no daemon will forget.
-    pub const KEPT: [&str; 15] = [
+    pub const KEPT: [&str; 16] = [
         WATCHED,
         COUNTER_SLOTS,
         COUNTER_VALUES,
@@ -93,6 +96,7 @@ pub mod maps {
         NEXT_FRESH_SLOT,
         DEVICE_TIME,
         PEERS,
+        PEERS_FOLDED,
         CALL_SITES,
         PROC_STATS,
         COMMS,

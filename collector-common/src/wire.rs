@@ -603,6 +603,10 @@ pub mod launcher {
 /// Most per-peer counters at once (process, communicator, peer, direction).
 pub const MAX_PEER_COUNTERS: u32 = 1 << 16;
 
+/// Most per-peer counters of freed communicators that userspace moves out of the kernel's
+/// map into `PEERS_FOLDED` (making room there for new ones), all processes together.
+pub const MAX_FOLDED_PEERS: u32 = 1 << 18;
+
 /// Key of the per-peer point-to-point counters.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -619,7 +623,7 @@ pub struct PeerKey {
     pub dir: u16,
     /// The communicator's [`CommInfo::gen`]: a handle freed and given to a new
     /// communicator keys the new one's traffic apart from the old one's, which has other
-    /// members.
+    /// members. [`PeerKey::NAMED`] in userspace's keys of freed communicators' traffic.
     pub gen: u16,
     /// This process's rank in the communicator, [`PeerKey::ANY`] if unknown: what places a
     /// peer's rank on another communicator on a world rank (see `stats::peers_of`).
@@ -638,6 +642,20 @@ impl PeerKey {
     pub const SENT: u16 = 0;
     /// Received from the peer (posted bytes for nonblocking receives).
     pub const RECEIVED: u16 = 1;
+    /// `comm` of a freed communicator's traffic folded past what is kept per process: no
+    /// handle, so never named nor placed (its calls and bytes still counted).
+    pub const UNPLACED: u64 = u64::MAX;
+    /// Set in `gen` of a freed communicator's traffic that userspace keyed by the
+    /// communicator's name (alike in every member: `comm` then holds it, not a handle),
+    /// moved out of the kernel's map: above every generation ([`comm_generation`]). The
+    /// bits below tell which daemon named it (a restarted one names anew).
+    pub const NAMED: u16 = 0x8000;
+}
+
+/// A communicator handle's generation ([`CommInfo::gen`]) after `frees` frees of it:
+/// wrapping below [`PeerKey::NAMED`].
+pub const fn comm_generation(frees: u64) -> u16 {
+    (frees % PeerKey::NAMED as u64) as u16
 }
 
 /// Calls and bytes of one [`PeerKey`].
@@ -1516,7 +1534,7 @@ pub struct CommInfo {
     /// sequence number tells apart two splits with the same color.
     pub splits: u32,
     /// How often its handle had been freed in this process while watched, when it was
-    /// learnt (wrapping): what tells its per-peer traffic ([`PeerKey::gen`]) from that of
+    /// learnt ([`comm_generation`]): what tells its per-peer traffic ([`PeerKey::gen`]) from that of
     /// an earlier communicator given the same handle.
     pub gen: u16,
     /// Explicit padding.

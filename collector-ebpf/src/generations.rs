@@ -5,6 +5,7 @@
 
 use aya_ebpf::{macros::map, maps::HashMap};
 use collector_common::{
+    comm_generation,
     shares::{SharedMap, HANDLE_MAP_ENTRIES},
     HandleKey,
 };
@@ -32,7 +33,7 @@ pub fn freed(tgid: u32, h: u64) {
 }
 
 /// The generation of communicator handle `h` (normalised) in process `tgid`: how often it
-/// was freed, wrapping at 16 bits ([`collector_common::CommInfo::gen`]). A global
+/// was freed ([`collector_common::comm_generation`]). A global
 /// function, with its own stack frame: the return paths that ask have little left.
 #[unsafe(no_mangle)]
 #[inline(never)]
@@ -43,5 +44,5 @@ pub extern "C" fn comm_gen(tgid: u32, h: u64) -> u32 {
         handle: h,
     };
     // SAFETY: plain value.
-    unsafe { COMM_FREES.get(key) }.map_or(0, |n| u32::from(*n as u16))
+    unsafe { COMM_FREES.get(key) }.map_or(0, |n| u32::from(comm_generation(*n)))
 }

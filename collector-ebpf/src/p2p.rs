@@ -1,10 +1,14 @@
 //! Point-to-point calls at return: bytes by the routine's rule, and the per-peer counters
 //! (who sent how much to whom: the communication matrix).
 
-use aya_ebpf::{bindings::BPF_NOEXIST, macros::map, maps::PerCpuHashMap};
+use aya_ebpf::{
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    macros::map,
+    maps::{HashMap, PerCpuHashMap},
+};
 use collector_common::{
     comm_id, routines::NO_ARG, shares::SharedMap, Abi, ArgSpec, ByteRule, CallEvent, CommInfo,
-    PeerKey, PeerVal, ARG_SLOTS, MAX_PEER_COUNTERS,
+    PeerKey, PeerVal, ARG_SLOTS, MAX_FOLDED_PEERS, MAX_PEER_COUNTERS,
 };
 
 use crate::{
@@ -20,7 +24,14 @@ use crate::{
 /// see `maps::DEVICE_TIME`).
 #[map]
 pub static PEERS: PerCpuHashMap<PeerKey, PeerVal> =
-    PerCpuHashMap::with_max_entries(MAX_PEER_COUNTERS, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+    PerCpuHashMap::with_max_entries(MAX_PEER_COUNTERS, BPF_F_NO_PREALLOC);
+
+/// `PEERS`' counters of freed communicators, moved here by userspace to make room there:
+/// never touched by a program, a map of this object so that it is pinned and kept across
+/// a daemon's restart with `PEERS`.
+#[map]
+pub static PEERS_FOLDED: HashMap<PeerKey, PeerVal> =
+    HashMap::with_max_entries(MAX_FOLDED_PEERS, BPF_F_NO_PREALLOC);
 
 /// Bytes of a point-to-point call by `rule`, and its traffic counted per peer.
 ///

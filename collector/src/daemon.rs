@@ -469,6 +469,9 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
         let kept: std::collections::HashSet<u32> = finished.iter().map(|f| f.rank.pid).collect();
         board.retain(|pid| session.tracked.contains_key(&pid) || kept.contains(&pid));
         board.tick();
+        session.fold_freed_peers(Some(&board));
+    } else {
+        session.fold_freed_peers(None);
     }
 }
 

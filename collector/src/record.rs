@@ -459,6 +459,7 @@ async fn follow(
             _ = tick.tick() => {
                 session.probes.refresh_accounts();
                 session.rescan();
+                session.fold_freed_peers(sinks.late.as_ref());
                 for t in &mut sinks.tracers {
                     name_processes(t, session);
                 }

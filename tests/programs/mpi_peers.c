@@ -2,10 +2,16 @@
  * mpi_peers: point-to-point traffic with a known communication matrix, for commtap's
  * per-peer counters.
  *
- * Usage: mpi_peers OUT_PREFIX [READY GO]
+ * Usage: mpi_peers OUT_PREFIX [READY GO [PHASES GRIDS]]
  *
  * With READY and GO, rank 0 creates READY once MPI is initialised, and every rank waits
  * for GO before its first call below (a test attaches daemons in between).
+ *
+ * With PHASES and GRIDS, a stencil code's loop follows the traffic below: PHASES times,
+ * GRIDS grids each made (an MPI_Comm_split of the world, its ranks one way round or the
+ * other in turn), a ring on it of 1 + (g % 40) chars, and freed; after phase P every rank
+ * waits for the file GO.P (the test lets commtap move the freed grids' counters out of
+ * the kernel's map in between).
  *
  * Every call below notes, next to it, which peer it sent to or received from and how many
  * bytes (commtap's rules: posted bytes for nonblocking receives, the status's for blocking
@@ -175,8 +181,8 @@ static void persistent_ring_on(MPI_Comm comm, int n, int tag)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2 && argc != 4) {
-        fprintf(stderr, "usage: %s OUT_PREFIX [READY GO]\n", argv[0]);
+    if (argc != 2 && argc != 4 && argc != 6) {
+        fprintf(stderr, "usage: %s OUT_PREFIX [READY GO [PHASES GRIDS]]\n", argv[0]);
         return 2;
     }
     int rank, size;
@@ -185,7 +191,7 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (size > 256)
         MPI_Abort(MPI_COMM_WORLD, 2);
-    if (argc == 4) {
+    if (argc >= 4) {
         if (rank == 0) {
             FILE *r = fopen(argv[2], "w");
             if (!r || fclose(r) != 0) {
@@ -274,6 +280,20 @@ int main(int argc, char **argv)
         MPI_Comm_split(world, 0, i % 2 ? rank : size - rank, &grid);
         ring_on(grid, 5 + i, 20 + i);
         MPI_Comm_free(&grid);
+    }
+
+    if (argc == 6) {
+        int phases = atoi(argv[4]), grids = atoi(argv[5]);
+        for (int p = 0; p < phases; p++) {
+            for (int g = 0; g < grids; g++) {
+                MPI_Comm_split(world, 0, g % 2 ? rank : size - rank, &grid);
+                ring_on(grid, 1 + g % 40, 100 + g % 1000);
+                MPI_Comm_free(&grid);
+            }
+            char go[4096];
+            snprintf(go, sizeof go, "%s.%d", argv[3], p);
+            wait_for_file(go);
+        }
     }
 
     MPI_Send(ibuf, 10, MPI_INT, MPI_PROC_NULL, 7, world);

@@ -134,3 +134,73 @@ fn the_aggregator_places_traffic_on_sub_communicators_across_nodes() {
     unsafe { libc::kill(aggregator.0.id() as i32, libc::SIGTERM) };
     let _ = aggregator.wait_with_limit(LIMIT);
 }
+
+/// A stencil code making and freeing a grid per step, under a daemon whose user share of
+/// the kernel's per-peer map (1%: 655 counters) holds under half of the grids' counters:
+/// the daemon moves each freed grid's counters out of the kernel's map, so that the next
+/// ones find room; one daemon is killed and another started midway, which carries on with
+/// what the first moved. Every rank's traffic per world rank equals the program's, none is
+/// left out (`peers_full`), and each rank's freed grids' counters were moved.
+#[test]
+fn grids_made_and_freed_past_the_users_share_keep_every_ranks_traffic() {
+    const PHASES: u64 = 4;
+    const GRIDS: u64 = 100;
+    let scratch = Scratch::new("peers-churn");
+    let share = ["--user-share", "1"];
+    let mut daemon = Daemon::start(&scratch, &[], &[], &share);
+    let prog = build_program("mpi_peers.c", Mpi::Mpich);
+    let go = scratch.path("go");
+    let args = [
+        scratch.path("truth").into_os_string(),
+        scratch.path("ready").into_os_string(),
+        go.clone().into_os_string(),
+        PHASES.to_string().into(),
+        GRIDS.to_string().into(),
+    ];
+    let (mut job, ranks) = start_waiting_program(&scratch, Mpi::Mpich, 2, &prog, &args, &[]);
+    let pids: Vec<u64> = ranks.iter().map(|p| u64::from(*p)).collect();
+    wait_for_state(&daemon.target, &pids, "probed");
+    std::fs::write(&go, b"").expect("go");
+    // Each grid is two counters per rank (to the right and from the left: the other rank).
+    let folded_at_least = |target: &str, n: u64| {
+        let profile = report_json(&["report", "--from", target]);
+        pids.iter().all(|pid| {
+            rank_by_pid(&profile, *pid)["peers_folded"]
+                .as_u64()
+                .is_some_and(|f| f >= n)
+        })
+    };
+    for phase in 0..PHASES {
+        let moved = 2 * GRIDS * (phase + 1);
+        wait_until("the freed grids' counters moved", LIMIT, || {
+            folded_at_least(&daemon.target, moved)
+        });
+        if phase == 1 {
+            // SAFETY: kill(2) of the daemon we spawned.
+            unsafe { libc::kill(daemon.child.0.id() as i32, libc::SIGKILL) };
+            assert!(!daemon.child.wait_with_limit(LIMIT).success(), "killed");
+            std::fs::remove_file(&daemon.socket).expect("stale socket");
+            daemon = Daemon::start(&scratch, &[], &[], &share);
+            wait_for_state(&daemon.target, &pids, "probed");
+            assert!(
+                folded_at_least(&daemon.target, moved),
+                "the moved counters are kept across the restart"
+            );
+        }
+        std::fs::write(format!("{}.{phase}", go.display()), b"").expect("phase go");
+    }
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    wait_for_exited(&daemon.target, &pids);
+    let profile = report_json(&["report", "--from", &daemon.target]);
+    for truth in read_truths(&scratch.path("truth"), 2) {
+        let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
+        assert_eq!(
+            rank["peers"], truth["peers"],
+            "rank {}: per-peer traffic",
+            truth["rank"]
+        );
+        assert_eq!(rank["peers_full"], 0, "{rank:#}");
+        assert_eq!(rank["handles_refused"], 0, "{rank:#}");
+    }
+    daemon.stop(&scratch);
+}

@@ -155,20 +155,10 @@ impl super::Probes {
         sum_over_cpus(&self.device_time)
     }
 
-    /// The per-peer point-to-point counters, summed over CPUs.
+    /// The per-peer point-to-point counters, summed over CPUs, with those of freed
+    /// communicators moved out of the kernel's map.
     pub fn read_peers(&self) -> Vec<(collector_common::PeerKey, collector_common::PeerVal)> {
-        self.peers
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(k, per_cpu)| {
-                let mut v = collector_common::PeerVal::default();
-                for c in per_cpu.iter() {
-                    v.calls += c.calls;
-                    v.bytes += c.bytes;
-                }
-                (k, v)
-            })
-            .collect()
+        self.peers.read()
     }
 
     /// The call-site counters, summed over CPUs.

@@ -9,6 +9,7 @@ pub use inflight::{InProgress, Unseen, CALL_STATES_READ};
 pub use multi::thread_registers;
 mod library;
 mod multi;
+mod peers;
 mod programs;
 pub mod state;
 pub mod system;
@@ -28,7 +29,7 @@ use aya::{
 use collector_common::{
     instances, launcher, names, one_in,
     routines::{self, ArgSpec},
-    shares::{subuid_table, Held, SubuidRange, SUBUID_SECOND_TABLE},
+    shares::{subuid_table, Held, SharedMap, SubuidRange, SHARED_MAPS, SUBUID_SECOND_TABLE},
     watch, CallState, CommInfo, Config, CounterKey, CounterVal, FabricRanges, FabricText,
     HandleKey, IdentityOffsets, Layout, ProcStats, TpOffsets, MAX_LAYOUTS, ROUTINES,
 };
@@ -180,7 +181,7 @@ pub struct Probes {
     layouts: Array<MapData, Layout>,
     counters: counters::Counters,
     device_time: PerCpuHashMap<MapData, CounterKey, CounterVal>,
-    peers: PerCpuHashMap<MapData, collector_common::PeerKey, collector_common::PeerVal>,
+    peers: peers::PeerCounters,
     sites: PerCpuHashMap<MapData, collector_common::SiteKey, collector_common::SiteVal>,
     fabric_funcs: BpfHashMap<MapData, u64, u64>,
     fabric_text: Array<MapData, FabricText>,
@@ -460,7 +461,7 @@ impl Probes {
             layouts: map(&mut ebpf, names::maps::LAYOUTS)?,
             counters,
             device_time: map(&mut ebpf, names::maps::DEVICE_TIME)?,
-            peers: map(&mut ebpf, names::maps::PEERS)?,
+            peers: peers::PeerCounters::take_from(&mut ebpf)?,
             sites: map(&mut ebpf, names::maps::CALL_SITES)?,
             fabric_funcs: map(&mut ebpf, names::maps::FABRIC_FUNCS)?,
             fabric_text: map(&mut ebpf, names::maps::FABRIC_TEXT)?,
@@ -471,6 +472,7 @@ impl Probes {
                 user_held: map(&mut ebpf, names::maps::USER_HELD)?,
                 user_released: map(&mut ebpf, names::maps::USER_RELEASED)?,
                 proc_held: map(&mut ebpf, names::maps::PROC_HELD)?,
+                given_back: HashMap::new(),
             },
             paused: map(&mut ebpf, names::maps::PAUSED)?,
             linkers,
@@ -1051,7 +1053,7 @@ impl Probes {
                 .filter_map(Result::ok)
                 .map(|k| k.tgid),
         );
-        pids.extend(self.peers.keys().filter_map(Result::ok).map(|k| k.tgid));
+        pids.extend(self.peers.pids());
         pids.extend(self.sites.keys().filter_map(Result::ok).map(|k| k.tgid));
         pids.extend(handle_holders(&self.comms));
         pids.extend(handle_holders(&self.comm_frees));
@@ -1062,6 +1064,38 @@ impl Probes {
             self.forget_process(*pid);
         }
         pids.into_iter().collect()
+    }
+
+    /// Moves the per-peer counters of freed communicators out of the kernel's map (at most
+    /// every few seconds: call it as often as wanted), keyed by the names `name` gives a
+    /// process's communicator handle of a generation, giving their entries back to their
+    /// users' shares: a program making and freeing communicators keeps finding room.
+    /// Returns each counter moved and its key now.
+    pub fn fold_freed_peers(
+        &mut self,
+        name: impl Fn(u32, u64, u16) -> Option<u64>,
+    ) -> Vec<(collector_common::PeerKey, collector_common::PeerKey)> {
+        let moved = self.peers.sweep(&self.comm_frees, name);
+        let mut per_process: BTreeMap<u32, u64> = BTreeMap::new();
+        for (k, _) in &moved {
+            *per_process.entry(k.tgid).or_default() += 1;
+        }
+        for (pid, n) in per_process {
+            self.shares.give_back(pid, SharedMap::Peers, n);
+        }
+        moved
+    }
+
+    /// `gen` of the per-peer counters this daemon moved out of the kernel's map under a
+    /// communicator's name ([`collector_common::PeerKey::NAMED`] and its own number).
+    pub fn peers_namer(&self) -> u16 {
+        self.peers.namer()
+    }
+
+    /// Per-peer counters of process `pid`'s freed communicators held out of the kernel's
+    /// map ([`Probes::fold_freed_peers`]).
+    pub fn peers_folded(&self, pid: u32) -> u64 {
+        self.peers.folded_of(pid)
     }
 
     /// Removes the stats the kernel made of `pid` at its threads' ends, to add up its
@@ -1075,7 +1109,7 @@ impl Probes {
     pub fn forget_process(&mut self, pid: u32) {
         self.counters.forget(pid);
         remove_keys_of(&mut self.device_time, pid, |k| k.tgid);
-        remove_keys_of(&mut self.peers, pid, |k| k.tgid);
+        self.peers.forget(pid);
         remove_keys_of(&mut self.sites, pid, |k| k.tgid);
         let _ = self.proc_stats.remove(&pid);
         let _ = self.fabric_ranges.remove(&pid);
@@ -1121,20 +1155,45 @@ struct Shares {
     user_released: BpfHashMap<MapData, u32, Held>,
     /// Entries charged per process, and its user.
     proc_held: BpfHashMap<MapData, u32, Held>,
+    /// Per process, entries given back while it ran (its counters moved out of the kernel's
+    /// maps): not again when it is forgotten.
+    given_back: HashMap<u32, [u64; SHARED_MAPS]>,
 }
 
 impl Shares {
+    /// Gives `n` entries of map `which` back to process `pid`'s user while it runs (their
+    /// entries removed); none where the kernel has no record of what it holds (a daemon
+    /// restarted since: its entries went uncharged).
+    fn give_back(&mut self, pid: u32, which: SharedMap, n: u64) {
+        let Ok(held) = self.proc_held.get(&pid, 0) else {
+            return;
+        };
+        let w = which as usize;
+        let early = self.given_back.entry(pid).or_default();
+        // No more than the process was charged.
+        let n = n.min(held.entries[w].saturating_sub(early[w]));
+        if n == 0 {
+            return;
+        }
+        let mut released = self.user_released.get(&held.uid, 0).unwrap_or_default();
+        released.entries[w] = released.entries[w].saturating_add(n);
+        if self.user_released.insert(held.uid, released, 0).is_ok() {
+            early[w] += n;
+        }
+    }
+
     /// Gives back to its user all that process `pid` held, its entries removed; forgets a
     /// user who holds nothing any more (the kernel keeps 4,096 at once).
     fn release(&mut self, pid: u32) {
+        let early = self.given_back.remove(&pid).unwrap_or_default();
         let Ok(held) = self.proc_held.get(&pid, 0) else {
             return;
         };
         let _ = self.proc_held.remove(&pid);
         let mut released = self.user_released.get(&held.uid, 0).unwrap_or_default();
         released.processes = released.processes.saturating_add(1);
-        for (r, h) in released.entries.iter_mut().zip(held.entries) {
-            *r = r.saturating_add(h);
+        for ((r, h), e) in released.entries.iter_mut().zip(held.entries).zip(early) {
+            *r = r.saturating_add(h.saturating_sub(e));
         }
         let charged = self.user_held.get(&held.uid, 0).unwrap_or_default();
         let nothing_held = charged.processes <= released.processes

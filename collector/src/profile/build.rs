@@ -24,6 +24,8 @@ struct Counters {
     all: Vec<crate::stats::Counter>,
     device: Vec<(CounterKey, CounterVal)>,
     peers: Vec<(PeerKey, PeerVal)>,
+    /// Per process, its per-peer counters held out of the kernel's map.
+    peers_folded: BTreeMap<u32, u64>,
 }
 
 /// The profile of every process in `tracked` that made MPI calls, from `probes`' counters
@@ -44,6 +46,10 @@ pub fn job_profile(
         all: probes.read_counters(),
         device: probes.read_device_time(),
         peers: probes.read_peers(),
+        peers_folded: tracked
+            .keys()
+            .map(|&pid| (pid, probes.peers_folded(pid)))
+            .collect(),
     };
     let counted: BTreeSet<u32> = c.all.iter().map(|(k, ..)| k.tgid).collect();
     let clock = crate::clock::UnixClock::now();
@@ -271,6 +277,7 @@ fn rank_profile(
     let routines = stats::routines_of(pid, &c.all, &c.device);
     let mut health: stats::Health = ps.into();
     health.fabric_unresolved = stats::fabric_unresolved(pid, &c.all);
+    health.peers_folded = c.peers_folded.get(&pid).copied().unwrap_or(0);
     health.events = events;
     let start = counted_from(t, ps);
     let end = if ps.finalize_ns != 0 {

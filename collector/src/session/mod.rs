@@ -287,13 +287,35 @@ impl Session {
         }
     }
 
+    /// Moves the per-peer counters of freed communicators out of the kernel's map, keyed by
+    /// the names who-is-late's `board` gives them where there is one (see
+    /// [`Probes::fold_freed_peers`]).
+    pub fn fold_freed_peers(&mut self, board: Option<&crate::skew::Board>) {
+        let moved = self
+            .probes
+            .fold_freed_peers(|pid, handle, gen| board?.comm_name(pid, handle, gen).map(|k| k.0));
+        if moved.is_empty() {
+            return;
+        }
+        // A region under way read them under their old keys at its start.
+        for t in self.tracked.values_mut() {
+            t.region.follow_moved(&moved);
+        }
+    }
+
     /// The profile of every tracked process that made MPI calls, from the kernel's counters
     /// as they are now; `end_ns` closes the elapsed time of processes still running. Who-is-
     /// late's `board`, where there is one, names communicators (their traffic then goes on
     /// world ranks).
     pub fn profile(&mut self, end_ns: u64, board: Option<&crate::skew::Board>) -> JobProfile {
         let events = &self.ingest_counters;
-        let name = |pid, handle, gen| {
+        let namer = self.probes.peers_namer();
+        let name = |pid, handle, gen: u16| {
+            if gen & collector_common::PeerKey::NAMED != 0 {
+                // A freed communicator's traffic, keyed by its name when it was moved out
+                // of the kernel's map (`fold_freed_peers`).
+                return Some(crate::skew::CommKey::folded(handle, gen, namer).label());
+            }
             board?
                 .comm_name(pid, handle, gen)
                 .map(crate::skew::CommKey::label)

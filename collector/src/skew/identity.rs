@@ -42,6 +42,20 @@ impl CommKey {
         CommKey(hash(&(self.0, index, routine, color, host)))
     }
 
+    /// The name of a freed communicator's traffic moved out of the kernel's map under its
+    /// name `name` by the daemon whose names are `namer` (`PeerKey::NAMED` and a number),
+    /// read by the daemon whose names are `this`. Its own names as they are. An earlier
+    /// daemon's (restarted since) apart from every name this one gives: each counts the
+    /// communicators made from a parent from its own start, so the names it gives are not
+    /// the earlier one's.
+    pub fn folded(name: u64, namer: u16, this: u16) -> CommKey {
+        if namer == this {
+            CommKey(name)
+        } else {
+            CommKey(hash(&("named by an earlier daemon", name, namer)))
+        }
+    }
+
     /// How the report shows it: `world`, else a short hexadecimal name.
     pub fn label(self) -> String {
         if self == CommKey::WORLD {

@@ -340,6 +340,10 @@ macro_rules! define_health {
             /// reported as fabric operations).
             #[serde(default)]
             pub fabric_unresolved: u64,
+            /// Per-peer counters of freed communicators held outside the kernel's map
+            /// (moved out to make room for new ones; their traffic is in `peers`).
+            #[serde(default)]
+            pub peers_folded: u64,
         }
 
         impl From<&ProcStats> for Health {
@@ -354,6 +358,7 @@ macro_rules! define_health {
                 self.events += other.events;
                 $( self.$name += other.$name; )*
                 self.fabric_unresolved += other.fabric_unresolved;
+                self.peers_folded += other.peers_folded;
             }
         }
     };

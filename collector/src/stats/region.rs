@@ -78,6 +78,24 @@ pub struct RegionCounts {
 }
 
 impl Region {
+    /// Follows per-peer counters moved under other keys (`moved`: each one's old key and
+    /// new; a freed communicator's, out of the kernel's map): the interval under way reads
+    /// its start as if they had been under their new keys then.
+    pub fn follow_moved(&mut self, moved: &[(PeerKey, PeerKey)]) {
+        let Some((_, at)) = self.open.as_mut() else {
+            return;
+        };
+        if at.peers.is_empty() {
+            return;
+        }
+        let to: std::collections::HashMap<PeerKey, PeerKey> = moved.iter().copied().collect();
+        let mut merged: BTreeMap<PeerKey, PeerVal> = BTreeMap::new();
+        for (k, v) in at.peers.drain(..) {
+            add_peer(merged.entry(*to.get(&k).unwrap_or(&k)).or_default(), &v);
+        }
+        at.peers = merged.into_iter().collect();
+    }
+
     /// `MPI_Pcontrol(level)` at `ts_ns` (1 starts the region, 0 pauses it, others do
     /// nothing), with the process's counters then (`paused`: read
     /// while the kernel held it there); `origin_ns` is the process's start (MPI_Init's
@@ -318,6 +336,51 @@ mod tests {
             .map(|(k, v)| (k.peer, v.calls, v.bytes))
             .collect();
         assert_eq!(peers, [(1, 4, 40), (2, 1, 8)]);
+    }
+
+    #[test]
+    fn counters_moved_under_a_new_key_during_an_interval_count_only_what_came_after_its_start() {
+        // A split's counter, 3 sends before the start; its communicator freed and the
+        // counter moved under its name (2 more sends by then), then 1 more.
+        let split = |gen: u16, comm: u64, calls: u64| {
+            let key = PeerKey {
+                tgid: 7,
+                peer: 1,
+                comm,
+                dir: PeerKey::SENT,
+                gen,
+                me: 0,
+            };
+            (
+                key,
+                PeerVal {
+                    calls,
+                    bytes: calls,
+                },
+            )
+        };
+        let (old, named) = (split(2, 0x84, 0).0, split(PeerKey::NAMED | 9, 0xabc, 0).0);
+        let mut r = Region::default();
+        r.control(
+            1,
+            10,
+            Reading {
+                counters: vec![counter(1, 3, 0)],
+                peers: vec![split(2, 0x84, 3)],
+            },
+            true,
+            0,
+        );
+        r.follow_moved(&[(old, named)]);
+        let c = r
+            .counts(
+                &[counter(1, 6, 0)],
+                &[split(PeerKey::NAMED | 9, 0xabc, 6)],
+                40,
+                0,
+            )
+            .expect("a region");
+        assert_eq!(c.peers, [(named, PeerVal { calls: 3, bytes: 3 })]);
     }
 
     #[test]

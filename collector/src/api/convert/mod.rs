@@ -117,7 +117,7 @@ fn durations(d: Option<&pb::Durations>) -> Result<Option<Durations>, InvalidMess
 }
 
 /// The wire form of [`Health`] and back, from the kernel's list of its counters and the
-/// two userspace counts.
+/// userspace counts.
 macro_rules! health_wire {
     ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
         impl From<&Health> for pb::Health {
@@ -125,6 +125,7 @@ macro_rules! health_wire {
                 pb::Health {
                     events: h.events,
                     fabric_unresolved: h.fabric_unresolved,
+                    peers_folded: h.peers_folded,
                     $( $name: h.$name, )*
                 }
             }
@@ -135,6 +136,7 @@ macro_rules! health_wire {
                 Health {
                     events: h.events,
                     fabric_unresolved: h.fabric_unresolved,
+                    peers_folded: h.peers_folded,
                     $( $name: h.$name, )*
                 }
             }
