@@ -54,7 +54,14 @@ pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Opt
     let (me, gen) = if comm_key == PeerKey::WORLD {
         (PeerKey::ANY, 0)
     } else {
-        comm_info(c.abi, c.layout, c.tgid, comm_key).map_or((PeerKey::ANY, 0), |i| (i.rank, i.gen))
+        // The handle's generation now is the live communicator's, learnt or not (its size
+        // unknown, or past the user's share): a live one's traffic never reads as a freed
+        // one's.
+        let gen = crate::generations::comm_gen(c.tgid, comm_key) as u16;
+        (
+            comm_info(c.abi, c.layout, c.tgid, comm_key).map_or(PeerKey::ANY, |i| i.rank),
+            gen,
+        )
     };
     let comm_key = (comm_key, me, gen);
     let null = Abi::proc_null(c.abi);

@@ -93,11 +93,11 @@ fn on_init(c: &Call, spec: &ArgSpec, bytes: u64) {
             let (comm, me, gen) = if shared_comm_id(c.abi, h, info) == comm_id::WORLD {
                 (PeerKey::WORLD, PeerKey::ANY, 0)
             } else {
-                (
-                    h,
-                    info.map_or(PeerKey::ANY, |i| i.rank),
-                    info.map_or(0, |i| i.gen),
-                )
+                // The handle's generation now is the live communicator's, learnt or not
+                // (its size unknown, or past the user's share): its traffic never reads
+                // as a freed one's.
+                let gen = crate::generations::comm_gen(c.tgid, h) as u16;
+                (h, info.map_or(PeerKey::ANY, |i| i.rank), gen)
             };
             peer = PeerKey {
                 tgid: c.tgid,

@@ -457,6 +457,8 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
     }
     let mut finished = state.finished.lock().await;
     finished.retain(|f| f.at.elapsed() < keep);
+    // As the counts below: the walk before the board is locked, which names them.
+    let freed = session.probes.freed_peers_due();
     if let Some(late) = &state.late {
         // As above: the counts read before the board is locked, when due.
         let due = late.lock().await.entered_due();
@@ -469,9 +471,11 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
         let kept: std::collections::HashSet<u32> = finished.iter().map(|f| f.rank.pid).collect();
         board.retain(|pid| session.tracked.contains_key(&pid) || kept.contains(&pid));
         board.tick();
-        session.fold_freed_peers(Some(&board));
+        let named = crate::session::name_freed_peers(freed, Some(&board));
+        drop(board);
+        session.fold_peers(&named);
     } else {
-        session.fold_freed_peers(None);
+        session.fold_peers(&crate::session::name_freed_peers(freed, None));
     }
 }
 

@@ -111,6 +111,11 @@ impl Counters {
         }
     }
 
+    /// The handle generation now: it moves at every communicator's free.
+    pub fn handle_generation(&self) -> u64 {
+        self.handle_gen.get(&0, 0).unwrap_or(0)
+    }
+
     /// Invalidates every thread's handle cache and counted-process mark. The step is far
     /// from the kernel's +1 bumps, so a bump of theirs lost to this read-modify-write still
     /// leaves a value no cache holds.
@@ -159,6 +164,14 @@ impl super::Probes {
     /// communicators moved out of the kernel's map.
     pub fn read_peers(&self) -> Vec<(collector_common::PeerKey, collector_common::PeerVal)> {
         self.peers.read()
+    }
+
+    /// [`Probes::read_peers`] of process `pid` alone.
+    pub fn read_peers_of(
+        &self,
+        pid: u32,
+    ) -> Vec<(collector_common::PeerKey, collector_common::PeerVal)> {
+        self.peers.read_of(pid)
     }
 
     /// The call-site counters, summed over CPUs.

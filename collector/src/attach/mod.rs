@@ -1066,16 +1066,24 @@ impl Probes {
         pids.into_iter().collect()
     }
 
-    /// Moves the per-peer counters of freed communicators out of the kernel's map (at most
-    /// every few seconds: call it as often as wanted), keyed by the names `name` gives a
-    /// process's communicator handle of a generation, giving their entries back to their
-    /// users' shares: a program making and freeing communicators keeps finding room.
-    /// Returns each counter moved and its key now.
-    pub fn fold_freed_peers(
+    /// The per-peer counters of communicators freed since the last look or before, due to
+    /// be moved out of the kernel's map ([`Probes::fold_peers`]): a walk of the map at most
+    /// every few seconds, and only while communicators are freed (call it as often as
+    /// wanted).
+    pub fn freed_peers_due(&mut self) -> Vec<collector_common::PeerKey> {
+        let handles = self.counters.handle_generation();
+        self.peers.due(&self.comm_frees, handles)
+    }
+
+    /// Moves the due per-peer counters (`named`: each with its communicator's name where it
+    /// has one) out of the kernel's map, giving their entries back to their users' shares:
+    /// a program making and freeing communicators keeps finding room. Returns each counter
+    /// moved and its key now.
+    pub fn fold_peers(
         &mut self,
-        name: impl Fn(u32, u64, u16) -> Option<u64>,
+        named: &[(collector_common::PeerKey, Option<u64>)],
     ) -> Vec<(collector_common::PeerKey, collector_common::PeerKey)> {
-        let moved = self.peers.sweep(&self.comm_frees, name);
+        let moved = self.peers.move_out(named);
         let mut per_process: BTreeMap<u32, u64> = BTreeMap::new();
         for (k, _) in &moved {
             *per_process.entry(k.tgid).or_default() += 1;
@@ -1093,7 +1101,7 @@ impl Probes {
     }
 
     /// Per-peer counters of process `pid`'s freed communicators held out of the kernel's
-    /// map ([`Probes::fold_freed_peers`]).
+    /// map ([`Probes::fold_peers`]).
     pub fn peers_folded(&self, pid: u32) -> u64 {
         self.peers.folded_of(pid)
     }

@@ -16,11 +16,13 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// persistent requests are kept (`PERSISTENT`); `a4`: the counters' values are one array
 /// shared by the CPUs (a per-CPU one before); `a5`: `PERSISTENT` is a hash map under each
 /// user's share, an LRU before (a pin is reopened whatever its type: an older daemon's LRU
-/// would go on pushing one user's requests out for another's); `t`: the call sites' keys
+/// would go on pushing one user's requests out for another's); `a6`: freed communicators'
+/// per-peer counters are moved into `PEERS_FOLDED`, and handles' generations wrap at 15
+/// bits (an older daemon would not read the moved ones); `t`: the call sites' keys
 /// (`CALL_SITES`, kept since).
 pub fn state_dir_for_layout(base: &Path) -> PathBuf {
     let tag = format!(
-        "layout-a5-k{}-s{}-v{}-d{}-p{}-c{}-h{}-r{}-e{}-t{}",
+        "layout-a6-k{}-s{}-v{}-d{}-p{}-c{}-h{}-r{}-e{}-t{}",
         size_of::<CounterKey>(),
         collector_common::MAX_COUNTERS,
         size_of::<CounterVal>(),

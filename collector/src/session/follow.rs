@@ -396,12 +396,7 @@ impl Session {
                         .into_iter()
                         .filter(|(k, ..)| k.tgid == pid)
                         .collect(),
-                    peers: self
-                        .probes
-                        .read_peers()
-                        .into_iter()
-                        .filter(|(k, _)| k.tgid == pid)
-                        .collect(),
+                    peers: self.probes.read_peers_of(pid),
                 };
                 let ps = self.probes.read_proc_stats(pid);
                 if let Some(t) = self.tracked.get_mut(&pid) {

@@ -289,14 +289,19 @@ impl Session {
 
     /// Moves the per-peer counters of freed communicators out of the kernel's map, keyed by
     /// the names who-is-late's `board` gives them where there is one (see
-    /// [`Probes::fold_freed_peers`]).
+    /// [`Probes::fold_peers`]).
     pub fn fold_freed_peers(&mut self, board: Option<&crate::skew::Board>) {
-        let moved = self
-            .probes
-            .fold_freed_peers(|pid, handle, gen| board?.comm_name(pid, handle, gen).map(|k| k.0));
-        if moved.is_empty() {
+        let due = self.probes.freed_peers_due();
+        self.fold_peers(&name_freed_peers(due, board));
+    }
+
+    /// Moves the due per-peer counters `named` out of the kernel's map
+    /// ([`Probes::fold_peers`]), and has each region under way follow them.
+    pub fn fold_peers(&mut self, named: &[(collector_common::PeerKey, Option<u64>)]) {
+        if named.is_empty() {
             return;
         }
+        let moved = self.probes.fold_peers(named);
         // A region under way read them under their old keys at its start.
         for t in self.tracked.values_mut() {
             t.region.follow_moved(&moved);
@@ -434,4 +439,19 @@ fn open_libraries(paths: &[PathBuf]) -> Vec<LibraryFile> {
         }
     }
     files
+}
+
+/// The per-peer counters `due` to be moved out of the kernel's map
+/// ([`Probes::freed_peers_due`]), each with its communicator's name where who-is-late's
+/// `board` gives one.
+pub fn name_freed_peers(
+    due: Vec<collector_common::PeerKey>,
+    board: Option<&crate::skew::Board>,
+) -> Vec<(collector_common::PeerKey, Option<u64>)> {
+    due.into_iter()
+        .map(|k| {
+            let name = board.and_then(|b| b.comm_name(k.tgid, k.comm, k.gen));
+            (k, name.map(|n| n.0))
+        })
+        .collect()
 }

@@ -442,8 +442,8 @@ pub struct CommRank {
     pub rank: u32,
 }
 
-/// Most communicator ranks kept per process (a program leaking communicators makes more;
-/// their traffic stays unplaced).
+/// Most communicator ranks kept per process, the first by name (a program making more has
+/// the traffic of the others unplaced).
 pub const MAX_COMM_RANKS: usize = 4096;
 
 /// The per-peer traffic of process `tgid` from the kernel's counters, in [`PeerTraffic::tidy`]
@@ -465,12 +465,10 @@ pub fn peers_of(
         } else {
             match comm_name(k.comm, k.gen) {
                 Some(name) if known(k.me).is_some() => {
-                    if ranks.len() < MAX_COMM_RANKS {
-                        ranks.insert(CommRank {
-                            comm: name.clone(),
-                            rank: k.me as u32,
-                        });
-                    }
+                    ranks.insert(CommRank {
+                        comm: name.clone(),
+                        rank: k.me as u32,
+                    });
                     (known(k.peer), known(k.peer).map(|_| name))
                 }
                 _ => (None, None),
@@ -491,7 +489,9 @@ pub fn peers_of(
         });
     }
     PeerTraffic::tidy(&mut peers);
-    (peers, ranks.into_iter().collect())
+    // The first by name, not by the counters' order: members of the same communicators
+    // keep the same ones, and place each other's traffic there.
+    (peers, ranks.into_iter().take(MAX_COMM_RANKS).collect())
 }
 
 /// Routines by name, ordered as the routine table orders them.
