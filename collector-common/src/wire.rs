@@ -621,9 +621,10 @@ pub struct PeerKey {
     pub comm: u64,
     /// [`PeerKey::SENT`] or [`PeerKey::RECEIVED`].
     pub dir: u16,
-    /// The communicator's [`CommInfo::gen`]: a handle freed and given to a new
-    /// communicator keys the new one's traffic apart from the old one's, which has other
-    /// members. [`PeerKey::NAMED`] in userspace's keys of freed communicators' traffic.
+    /// The communicator's handle's generation ([`comm_generation`]) when the call was made:
+    /// a handle freed and given to a new communicator keys the new one's traffic apart
+    /// from the old one's, which has other members. [`PeerKey::NAMED`] in userspace's keys
+    /// of freed communicators' traffic.
     pub gen: u16,
     /// This process's rank in the communicator, [`PeerKey::ANY`] if unknown: what places a
     /// peer's rank on another communicator on a world rank (see `stats::peers_of`).
@@ -642,8 +643,9 @@ impl PeerKey {
     pub const SENT: u16 = 0;
     /// Received from the peer (posted bytes for nonblocking receives).
     pub const RECEIVED: u16 = 1;
-    /// `comm` of a freed communicator's traffic folded past what is kept per process: no
-    /// handle, so never named nor placed (its calls and bytes still counted).
+    /// `comm` of a freed communicator's traffic moved out of the kernel's map with no name,
+    /// or past what is kept per process: no handle, so never named nor placed (its calls
+    /// and bytes still counted).
     pub const UNPLACED: u64 = u64::MAX;
     /// Set in `gen` of a freed communicator's traffic that userspace keyed by the
     /// communicator's name (alike in every member: `comm` then holds it, not a handle),

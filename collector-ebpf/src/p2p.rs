@@ -54,14 +54,16 @@ pub fn on_return(c: &Call, spec: &ArgSpec, rule: ByteRule, comm_key: u64) -> Opt
     let (me, gen) = if comm_key == PeerKey::WORLD {
         (PeerKey::ANY, 0)
     } else {
-        // The handle's generation now is the live communicator's, learnt or not (its size
-        // unknown, or past the user's share): a live one's traffic never reads as a freed
-        // one's.
-        let gen = crate::generations::comm_gen(c.tgid, comm_key) as u16;
-        (
-            comm_info(c.abi, c.layout, c.tgid, comm_key).map_or(PeerKey::ANY, |i| i.rank),
-            gen,
-        )
+        // Not learnt (its size unknown, or past the user's share): the handle's generation
+        // now, which is the live communicator's all the same (a live one's traffic never
+        // reads as a freed one's).
+        match comm_info(c.abi, c.layout, c.tgid, comm_key) {
+            Some(i) => (i.rank, i.gen),
+            None => (
+                PeerKey::ANY,
+                crate::generations::comm_gen(c.tgid, comm_key) as u16,
+            ),
+        }
     };
     let comm_key = (comm_key, me, gen);
     let null = Abi::proc_null(c.abi);

@@ -455,10 +455,10 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
             session.tracked.remove(&pid);
         }
     }
-    let mut finished = state.finished.lock().await;
-    finished.retain(|f| f.at.elapsed() < keep);
     // As the counts below: the walk before the board is locked, which names them.
     let freed = session.probes.freed_peers_due();
+    let mut finished = state.finished.lock().await;
+    finished.retain(|f| f.at.elapsed() < keep);
     if let Some(late) = &state.late {
         // As above: the counts read before the board is locked, when due.
         let due = late.lock().await.entered_due();

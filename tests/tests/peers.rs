@@ -3,7 +3,9 @@
 //! every peer, sent and received, calls and bytes, equals what the program did (traffic on
 //! a duplicate and on two splits of the world placed on world ranks too), the HTML
 //! report's heat map has a cell for each pair that exchanged bytes, and what each rank
-//! received is what it receives in the same job run alone.
+//! received is what it receives in the same job run alone; and grids made and freed in a
+//! loop past the user's share of the kernel's map keep their traffic, a daemon restarted
+//! midway.
 
 use std::time::Duration;
 
@@ -141,14 +143,13 @@ fn the_aggregator_places_traffic_on_sub_communicators_across_nodes() {
 /// ones find room; one daemon is killed and another started midway, which carries on with
 /// what the first moved. Every rank's traffic per world rank equals the program's, none is
 /// left out (`peers_full`), and each rank's freed grids' counters were moved.
-#[test]
-fn grids_made_and_freed_past_the_users_share_keep_every_ranks_traffic() {
+fn grids_made_and_freed(mpi: Mpi) {
     const PHASES: u64 = 4;
     const GRIDS: u64 = 100;
-    let scratch = Scratch::new("peers-churn");
+    let scratch = Scratch::new(&format!("peers-churn-{}", mpi.suffix()));
     let share = ["--user-share", "1"];
     let mut daemon = Daemon::start(&scratch, &[], &[], &share);
-    let prog = build_program("mpi_peers.c", Mpi::Mpich);
+    let prog = build_program("mpi_peers.c", mpi);
     let go = scratch.path("go");
     let args = [
         scratch.path("truth").into_os_string(),
@@ -157,7 +158,7 @@ fn grids_made_and_freed_past_the_users_share_keep_every_ranks_traffic() {
         PHASES.to_string().into(),
         GRIDS.to_string().into(),
     ];
-    let (mut job, ranks) = start_waiting_program(&scratch, Mpi::Mpich, 2, &prog, &args, &[]);
+    let (mut job, ranks) = start_waiting_program(&scratch, mpi, 2, &prog, &args, &[]);
     let pids: Vec<u64> = ranks.iter().map(|p| u64::from(*p)).collect();
     wait_for_state(&daemon.target, &pids, "probed");
     std::fs::write(&go, b"").expect("go");
@@ -203,4 +204,14 @@ fn grids_made_and_freed_past_the_users_share_keep_every_ranks_traffic() {
         assert_eq!(rank["handles_refused"], 0, "{rank:#}");
     }
     daemon.stop(&scratch);
+}
+
+#[test]
+fn grids_made_and_freed_past_the_users_share_keep_every_ranks_traffic() {
+    grids_made_and_freed(Mpi::Mpich);
+}
+
+#[test]
+fn open_mpi_grids_made_and_freed_past_the_users_share_keep_every_ranks_traffic() {
+    grids_made_and_freed(Mpi::OpenMpi);
 }

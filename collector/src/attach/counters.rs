@@ -111,7 +111,8 @@ impl Counters {
         }
     }
 
-    /// The handle generation now: it moves at every communicator's free.
+    /// The handle generation now: it moves at every communicator's or datatype's free (and
+    /// more).
     pub fn handle_generation(&self) -> u64 {
         self.handle_gen.get(&0, 0).unwrap_or(0)
     }

@@ -1066,22 +1066,22 @@ impl Probes {
         pids.into_iter().collect()
     }
 
-    /// The per-peer counters of communicators freed since the last look or before, due to
-    /// be moved out of the kernel's map ([`Probes::fold_peers`]): a walk of the map at most
-    /// every few seconds, and only while communicators are freed (call it as often as
+    /// The per-peer counters of freed communicators due to be moved out of the kernel's map
+    /// ([`Probes::fold_peers`]), each with how long it has been retired: a walk of the map
+    /// at most every few seconds, and only while handles are freed (call it as often as
     /// wanted).
-    pub fn freed_peers_due(&mut self) -> Vec<collector_common::PeerKey> {
+    pub fn freed_peers_due(&mut self) -> Vec<(collector_common::PeerKey, std::time::Duration)> {
         let handles = self.counters.handle_generation();
         self.peers.due(&self.comm_frees, handles)
     }
 
-    /// Moves the due per-peer counters (`named`: each with its communicator's name where it
-    /// has one) out of the kernel's map, giving their entries back to their users' shares:
-    /// a program making and freeing communicators keeps finding room. Returns each counter
-    /// moved and its key now.
+    /// Moves the due per-peer counters (`named`: each with how long it has been retired and
+    /// its communicator's name where it has one) out of the kernel's map, giving their
+    /// entries back to their users' shares: a program making and freeing communicators
+    /// keeps finding room. Returns each counter moved and its key now.
     pub fn fold_peers(
         &mut self,
-        named: &[(collector_common::PeerKey, Option<u64>)],
+        named: &[(collector_common::PeerKey, std::time::Duration, Option<u64>)],
     ) -> Vec<(collector_common::PeerKey, collector_common::PeerKey)> {
         let moved = self.peers.move_out(named);
         let mut per_process: BTreeMap<u32, u64> = BTreeMap::new();

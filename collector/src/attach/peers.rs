@@ -25,8 +25,18 @@ use tracing::{debug, warn};
 use super::{map, AttachError};
 
 /// How often the kernel's counters are looked through for freed communicators' (a walk of
-/// the whole map, under the session's lock), while communicators are freed.
+/// the whole map, under the session's lock), while handles are freed; and how long a
+/// counter is seen retired before it is moved (who-is-late names its communicator by then).
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
+
+/// How often they are looked through all the same (a persistent request started after its
+/// communicator's free makes a moved counter anew, and frees no handle).
+const SWEEP_AT_LEAST_EVERY: Duration = Duration::from_secs(30);
+
+/// How long a retired counter waits for its communicator's name (its process not yet placed
+/// in its job, the constructor's event not yet read) before it goes on its process's
+/// unplaced traffic.
+const NAME_WAIT: Duration = Duration::from_secs(10);
 
 /// Most counters moved in one sweep (three map operations each, under the session's lock);
 /// the rest go at the next tick.
@@ -43,6 +53,7 @@ const BPF_NOEXIST: u64 = 1;
 /// Room kept in `PEERS_FOLDED` for processes' unplaced counters (two each) once the rest is
 /// taken.
 const UNPLACED_ROOM: usize = 1 << 14;
+const _: () = assert!(UNPLACED_ROOM < MAX_FOLDED_PEERS as usize);
 
 /// The kernel's per-peer counters and those moved out of it.
 pub struct PeerCounters {
@@ -52,9 +63,9 @@ pub struct PeerCounters {
     folded: HashMap<u32, HashMap<PeerKey, PeerVal>>,
     /// Counters in `folded`, all processes.
     folded_len: usize,
-    /// The kernel's counters of freed communicators at the last sweep: moved at the next,
-    /// so that who-is-late has named their communicators by then.
-    retired: HashSet<PeerKey>,
+    /// The kernel's counters of freed communicators, and when each was first seen so: moved
+    /// once [`SWEEP_EVERY`] old, so that who-is-late has named their communicators by then.
+    retired: HashMap<PeerKey, Instant>,
     last_sweep: Option<Instant>,
     /// The handle generation at the last sweep: none moved since, none freed.
     handles_at_sweep: Option<u64>,
@@ -89,7 +100,7 @@ impl PeerCounters {
             kept,
             folded,
             folded_len,
-            retired: HashSet::new(),
+            retired: HashMap::new(),
             last_sweep: None,
             handles_at_sweep: None,
             rotation: 0,
@@ -119,8 +130,15 @@ impl PeerCounters {
             .filter(|(pid, _)| of(**pid))
             .flat_map(|(_, f)| f.iter().map(|(k, v)| (*k, *v)))
             .collect();
-        for (k, per_cpu) in self.kernel.iter().filter_map(Result::ok) {
-            if of(k.tgid) {
+        // Keys first, values only of those wanted (one process's, at its MPI_Pcontrol).
+        let keys: Vec<PeerKey> = self
+            .kernel
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| of(k.tgid))
+            .collect();
+        for k in keys {
+            if let Ok(per_cpu) = self.kernel.get(&k, 0) {
                 let v = all.entry(k).or_default();
                 for c in per_cpu.iter() {
                     add(v, c);
@@ -153,30 +171,32 @@ impl PeerCounters {
             }
             self.folded_len -= f.len();
         }
-        self.retired.retain(|k| k.tgid != pid);
+        self.retired.retain(|k, _| k.tgid != pid);
     }
 
-    /// The kernel's counters of communicators freed since the last sweep or before, due to
-    /// be moved out of its map: at most every [`SWEEP_EVERY`], and only where a handle was
-    /// freed since the last (`handles`: the handle generation now); `frees` says how often
-    /// each process freed each handle.
+    /// The kernel's counters of communicators freed, due to be moved out of its map (seen
+    /// retired [`SWEEP_EVERY`] ago or more), each with how long it has been: at most every
+    /// [`SWEEP_EVERY`], and only where handles were freed since the last look
+    /// (`handles`: the handle generation now) or some wait, or the last is
+    /// [`SWEEP_AT_LEAST_EVERY`] old; `frees` says how often each process freed each handle.
     pub fn due(
         &mut self,
         frees: &BpfHashMap<MapData, HandleKey, u64>,
         handles: u64,
-    ) -> Vec<PeerKey> {
+    ) -> Vec<(PeerKey, Duration)> {
         let now = Instant::now();
-        if self
-            .last_sweep
-            .is_some_and(|at| now.duration_since(at) < SWEEP_EVERY)
-            || (self.retired.is_empty() && self.handles_at_sweep == Some(handles))
+        let since = self.last_sweep.map(|at| now.duration_since(at));
+        if since.is_some_and(|s| s < SWEEP_EVERY)
+            || (self.retired.is_empty()
+                && self.handles_at_sweep == Some(handles)
+                && since.is_some_and(|s| s < SWEEP_AT_LEAST_EVERY))
         {
             return Vec::new();
         }
         self.last_sweep = Some(now);
         self.handles_at_sweep = Some(handles);
         let mut generations: HashMap<(u32, u64), u16> = HashMap::new();
-        let mut retired_now = HashSet::new();
+        let mut retired_now = HashMap::new();
         for k in self.kernel.keys().filter_map(Result::ok) {
             if k.comm == PeerKey::WORLD {
                 continue;
@@ -190,32 +210,44 @@ impl PeerCounters {
                 frees.get(&key, 0).map_or(0, comm_generation)
             });
             if is_retired(&k, gen) {
-                retired_now.insert(k);
+                let first = self.retired.get(&k).copied().unwrap_or(now);
+                retired_now.insert(k, first);
             }
         }
-        let mut due: Vec<PeerKey> = retired_now.intersection(&self.retired).copied().collect();
         self.retired = retired_now;
+        let mut due: Vec<(PeerKey, Duration)> = self
+            .retired
+            .iter()
+            .map(|(k, first)| (*k, now.duration_since(*first)))
+            .filter(|(_, age)| *age >= SWEEP_EVERY)
+            .collect();
         if due.len() > MAX_MOVED_PER_SWEEP {
-            // The rest at the next tick, from another place: no process waits behind another.
-            due.sort_unstable();
+            // The rest soon, from another place: no process waits behind another.
+            due.sort_unstable_by_key(|(k, _)| *k);
             self.rotation = self.rotation.wrapping_add(MAX_MOVED_PER_SWEEP);
             let from = self.rotation % due.len();
             due.rotate_left(from);
             due.truncate(MAX_MOVED_PER_SWEEP);
-            self.last_sweep = None;
+            self.last_sweep = now.checked_sub(SWEEP_EVERY * 3 / 4);
         }
         due
     }
 
     /// Moves each due counter (see [`PeerCounters::due`]) here, under its communicator's
-    /// name where it has one (`named`); returns each one moved and its key here.
+    /// name where it has one (`named`), or on its process's unplaced traffic once it waited
+    /// [`NAME_WAIT`] for one; returns each one moved and its key here.
     ///
     /// A call adding to a counter between its read here and its removal is lost: only a
-    /// persistent request made on its communicator before the free and started after can.
-    pub fn move_out(&mut self, named: &[(PeerKey, Option<u64>)]) -> Vec<(PeerKey, PeerKey)> {
+    /// persistent request made on its communicator before the free and started after can
+    /// (and a daemon killed between its removal and its keeping here loses the counter).
+    pub fn move_out(
+        &mut self,
+        named: &[(PeerKey, Duration, Option<u64>)],
+    ) -> Vec<(PeerKey, PeerKey)> {
         let moved: Vec<(PeerKey, PeerKey)> = named
             .iter()
-            .filter_map(|(k, name)| Some((*k, self.move_one(k, *name)?)))
+            .filter(|(_, age, name)| name.is_some() || *age >= NAME_WAIT)
+            .filter_map(|(k, _, name)| Some((*k, self.move_one(k, *name)?)))
             .collect();
         for (k, _) in &moved {
             self.retired.remove(k);
@@ -245,8 +277,11 @@ impl PeerCounters {
         // Out of the kernel's map first: a daemon killed in between loses this counter's
         // calls, never counts them twice.
         self.kernel.remove(k).ok()?;
-        let mine = self.folded.entry(k.tgid).or_default();
-        let before = mine.get(&target).copied();
+        let before = self
+            .folded
+            .get(&k.tgid)
+            .and_then(|f| f.get(&target))
+            .copied();
         let mut v = before.unwrap_or_default();
         for c in per_cpu.iter() {
             add(&mut v, c);
@@ -261,7 +296,7 @@ impl PeerCounters {
         if before.is_none() {
             self.folded_len += 1;
         }
-        mine.insert(target, v);
+        self.folded.entry(k.tgid).or_default().insert(target, v);
         Some(target)
     }
 

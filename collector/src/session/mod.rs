@@ -297,7 +297,10 @@ impl Session {
 
     /// Moves the due per-peer counters `named` out of the kernel's map
     /// ([`Probes::fold_peers`]), and has each region under way follow them.
-    pub fn fold_peers(&mut self, named: &[(collector_common::PeerKey, Option<u64>)]) {
+    pub fn fold_peers(
+        &mut self,
+        named: &[(collector_common::PeerKey, std::time::Duration, Option<u64>)],
+    ) {
         if named.is_empty() {
             return;
         }
@@ -445,13 +448,13 @@ fn open_libraries(paths: &[PathBuf]) -> Vec<LibraryFile> {
 /// ([`Probes::freed_peers_due`]), each with its communicator's name where who-is-late's
 /// `board` gives one.
 pub fn name_freed_peers(
-    due: Vec<collector_common::PeerKey>,
+    due: Vec<(collector_common::PeerKey, std::time::Duration)>,
     board: Option<&crate::skew::Board>,
-) -> Vec<(collector_common::PeerKey, Option<u64>)> {
+) -> Vec<(collector_common::PeerKey, std::time::Duration, Option<u64>)> {
     due.into_iter()
-        .map(|k| {
+        .map(|(k, age)| {
             let name = board.and_then(|b| b.comm_name(k.tgid, k.comm, k.gen));
-            (k, name.map(|n| n.0))
+            (k, age, name.map(|n| n.0))
         })
         .collect()
 }
