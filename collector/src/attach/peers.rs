@@ -230,6 +230,12 @@ impl PeerCounters {
             due.truncate(MAX_MOVED_PER_SWEEP);
             self.last_sweep = now.checked_sub(SWEEP_EVERY * 3 / 4);
         }
+        debug!(
+            retired = self.retired.len(),
+            due = due.len(),
+            took_us = now.elapsed().as_micros() as u64,
+            "looked through the per-peer counters for freed communicators'"
+        );
         due
     }
 
@@ -244,6 +250,7 @@ impl PeerCounters {
         &mut self,
         named: &[(PeerKey, Duration, Option<u64>)],
     ) -> Vec<(PeerKey, PeerKey)> {
+        let start = Instant::now();
         let moved: Vec<(PeerKey, PeerKey)> = named
             .iter()
             .filter(|(_, age, name)| name.is_some() || *age >= NAME_WAIT)
@@ -255,6 +262,7 @@ impl PeerCounters {
         if !moved.is_empty() {
             debug!(
                 moved = moved.len(),
+                took_us = start.elapsed().as_micros() as u64,
                 "per-peer counters of freed communicators moved out of the kernel's map"
             );
         }
