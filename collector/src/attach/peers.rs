@@ -39,7 +39,7 @@ const SWEEP_AT_LEAST_EVERY: Duration = Duration::from_secs(30);
 const NAME_WAIT: Duration = Duration::from_secs(10);
 
 /// Most counters moved in one sweep (three map operations each, under the session's lock);
-/// the rest go at the next tick.
+/// the rest half a second later.
 const MAX_MOVED_PER_SWEEP: usize = 4096;
 
 /// Most counters kept here per process: one program cannot take the room every other

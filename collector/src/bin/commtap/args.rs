@@ -484,9 +484,12 @@ pub struct ProbeArgs {
     pub no_pause_at_load: bool,
     /// The share of the kernel's node-wide maps one user's processes may hold, percent:
     /// their communicators, derived datatypes, collectives' numbering, persistent
-    /// requests, counters and per-peer traffic. Past it, a process's new entries are refused and counted
-    /// (`handles_refused`, `counter_map_full`, `peers_full`), so that one user cannot leave
-    /// the others unmeasured. 100 for a node that only ever runs one user's jobs.
+    /// requests, counters and per-peer traffic. Past it, a process's new entries are
+    /// refused and counted (`handles_refused`, `counter_map_full`, `peers_full`), so that
+    /// one user cannot leave the others unmeasured. Freed communicators' per-peer traffic
+    /// is moved out of the kernel's map and its entries given back (`peers_folded`): a
+    /// code making and freeing grids in a loop keeps finding room. 100 for a node that
+    /// only ever runs one user's jobs.
     #[arg(long, value_name = "PCT", default_value_t = collector_common::shares::DEFAULT_USER_SHARE_PCT,
           value_parser = clap::value_parser!(u32).range(1..=100))]
     pub user_share: u32,
