@@ -80,5 +80,50 @@ pub fn render_peers(job: &JobProfile, within: &str) -> String {
              were not seen, receives from any source without a status): {other}"
         );
     }
+    // Counted for the whole run only: not split at a region's bounds.
+    let left_out: u64 = job.ranks.iter().map(|r| r.health.peers_full).sum();
+    if left_out > 0 && within.is_empty() {
+        let _ = writeln!(
+            o,
+            "  calls left out of these counts (the kernel's per-peer map, or its user's share \
+             of it, was full; the routine table has them): {left_out}"
+        );
+    }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(peers_full: u64) -> JobProfile {
+        let rank = |rank: u32| -> crate::profile::RankProfile {
+            serde_json::from_value(serde_json::json!({
+                "rank": rank, "rank_known": true, "world_size": 2, "pid": 100 + rank,
+                "host": "n1", "job": "7", "cmdline": "./app", "start_ticks": 1,
+                "elapsed_ns": 1_000u64, "comm_time_ns": 10u64, "routines": {},
+                "peers_full": peers_full,
+                "peers": [{"peer": 1 - rank, "sent_calls": 1, "sent_bytes": 8,
+                           "received_calls": 1, "received_bytes": 8}],
+            }))
+            .expect("a rank profile")
+        };
+        JobProfile::of_ranks(vec![rank(0), rank(1)])
+    }
+
+    #[test]
+    fn calls_left_out_of_the_matrix_are_counted_under_it() {
+        let said = "calls left out of these counts";
+        let text = render_peers(&job(3), "");
+        let line = text
+            .lines()
+            .find(|l| l.contains(said))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(line.ends_with(": 6"), "both ranks' 3: {line}");
+        assert!(!render_peers(&job(0), "").contains(said));
+        assert!(
+            !render_peers(&job(3), " within the region").contains(said),
+            "not split at a region's bounds"
+        );
+    }
 }
