@@ -671,6 +671,15 @@ pub struct PeerVal {
 }
 const _: () = assert!(size_of::<PeerVal>() == 16);
 
+impl PeerVal {
+    /// Adds `other`'s calls and bytes into `self` (CPUs', reads', or moved counters'
+    /// together).
+    pub fn add(&mut self, other: &PeerVal) {
+        self.calls += other.calls;
+        self.bytes += other.bytes;
+    }
+}
+
 /// Most call-site counters at once (process, routine, return address).
 pub const MAX_SITE_COUNTERS: u32 = 1 << 16;
 

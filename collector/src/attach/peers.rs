@@ -61,8 +61,6 @@ pub struct PeerCounters {
     kept: BpfHashMap<MapData, PeerKey, PeerVal>,
     /// What `kept` holds by process (read from it once, at load: a restarted daemon's).
     folded: HashMap<u32, HashMap<PeerKey, PeerVal>>,
-    /// Counters in `folded`, all processes.
-    folded_len: usize,
     /// The kernel's counters of freed communicators, and when each was first seen so: moved
     /// once [`SWEEP_EVERY`] old, so that who-is-late has named their communicators by then.
     retired: HashMap<PeerKey, Instant>,
@@ -81,10 +79,8 @@ impl PeerCounters {
     pub fn take_from(ebpf: &mut Ebpf) -> Result<PeerCounters, AttachError> {
         let kept: BpfHashMap<MapData, PeerKey, PeerVal> = map(ebpf, names::maps::PEERS_FOLDED)?;
         let mut folded: HashMap<u32, HashMap<PeerKey, PeerVal>> = HashMap::new();
-        let mut folded_len = 0;
         for (k, v) in kept.iter().filter_map(Result::ok) {
             folded.entry(k.tgid).or_default().insert(k, v);
-            folded_len += 1;
         }
         // Never an earlier daemon's number: its names count from its own start.
         let earlier: HashSet<u16> = folded
@@ -99,7 +95,6 @@ impl PeerCounters {
             kernel: map(ebpf, names::maps::PEERS)?,
             kept,
             folded,
-            folded_len,
             retired: HashMap::new(),
             last_sweep: None,
             handles_at_sweep: None,
@@ -141,7 +136,7 @@ impl PeerCounters {
             if let Ok(per_cpu) = self.kernel.get(&k, 0) {
                 let v = all.entry(k).or_default();
                 for c in per_cpu.iter() {
-                    add(v, c);
+                    v.add(c);
                 }
             }
         }
@@ -169,7 +164,6 @@ impl PeerCounters {
             for k in f.keys() {
                 let _ = self.kept.remove(k);
             }
-            self.folded_len -= f.len();
         }
         self.retired.retain(|k, _| k.tgid != pid);
     }
@@ -285,14 +279,14 @@ impl PeerCounters {
         // Out of the kernel's map first: a daemon killed in between loses this counter's
         // calls, never counts them twice.
         self.kernel.remove(k).ok()?;
-        let before = self
+        let mut v = self
             .folded
             .get(&k.tgid)
             .and_then(|f| f.get(&target))
-            .copied();
-        let mut v = before.unwrap_or_default();
+            .copied()
+            .unwrap_or_default();
         for c in per_cpu.iter() {
-            add(&mut v, c);
+            v.add(c);
         }
         if let Err(e) = self.kept.insert(target, v, 0) {
             // Back where it was, unless the kernel made it anew meanwhile.
@@ -300,9 +294,6 @@ impl PeerCounters {
                 warn!("a freed communicator's per-peer counter could not be kept: {e}");
             }
             return None;
-        }
-        if before.is_none() {
-            self.folded_len += 1;
         }
         self.folded.entry(k.tgid).or_default().insert(target, v);
         Some(target)
@@ -313,9 +304,10 @@ impl PeerCounters {
     fn room_for(&self, k: &PeerKey) -> Option<PeerKey> {
         let mine = self.folded.get(&k.tgid);
         let has = |t: &PeerKey| mine.is_some_and(|f| f.contains_key(t));
+        let held: usize = self.folded.values().map(HashMap::len).sum();
         let named_room = mine.map_or(0, HashMap::len) < MAX_FOLDED_PER_PROCESS
-            && self.folded_len < MAX_FOLDED_PEERS as usize - UNPLACED_ROOM;
-        let any_room = self.folded_len < MAX_FOLDED_PEERS as usize;
+            && held < MAX_FOLDED_PEERS as usize - UNPLACED_ROOM;
+        let any_room = held < MAX_FOLDED_PEERS as usize;
         [*k, unplaced(k)]
             .into_iter()
             .find(|t| has(t) || (any_room && (t.comm == PeerKey::UNPLACED || named_room)))
@@ -353,11 +345,6 @@ fn unplaced(k: &PeerKey) -> PeerKey {
         gen: 0,
         me: PeerKey::ANY,
     }
-}
-
-fn add(v: &mut PeerVal, c: &PeerVal) {
-    v.calls += c.calls;
-    v.bytes += c.bytes;
 }
 
 #[cfg(test)]

@@ -91,7 +91,7 @@ impl Region {
         let to: std::collections::HashMap<PeerKey, PeerKey> = moved.iter().copied().collect();
         let mut merged: BTreeMap<PeerKey, PeerVal> = BTreeMap::new();
         for (k, v) in at.peers.drain(..) {
-            add_peer(merged.entry(*to.get(&k).unwrap_or(&k)).or_default(), &v);
+            merged.entry(*to.get(&k).unwrap_or(&k)).or_default().add(&v);
         }
         at.peers = merged.into_iter().collect();
     }
@@ -126,7 +126,7 @@ impl Region {
                 add(sum, hist, &v, &h);
             }
             for (k, v) in peer_difference(&now.peers, &at.peers) {
-                add_peer(self.closed_peers.entry(k).or_default(), &v);
+                self.closed_peers.entry(k).or_default().add(&v);
             }
             self.closed_ns += ts_ns.saturating_sub(start.unwrap_or(origin_ns));
             self.intervals += 1;
@@ -155,7 +155,7 @@ impl Region {
                 add(sum, hist, &v, &h);
             }
             for (k, v) in peer_difference(now_peers, &at.peers) {
-                add_peer(peers.entry(k).or_default(), &v);
+                peers.entry(k).or_default().add(&v);
             }
             elapsed_ns += end_ns.saturating_sub(start.unwrap_or(origin_ns));
         }
@@ -212,11 +212,6 @@ fn peer_difference<'a>(now: impl IntoIterator<Item = &'a Peer>, before: &[Peer])
             (d.calls > 0 || d.bytes > 0).then_some((*k, d))
         })
         .collect()
-}
-
-fn add_peer(sum: &mut PeerVal, v: &PeerVal) {
-    sum.calls += v.calls;
-    sum.bytes += v.bytes;
 }
 
 fn add(sum: &mut CounterVal, hist: &mut DurationHist, v: &CounterVal, h: &DurationHist) {
