@@ -12,6 +12,21 @@
 /// process was detached since: its calls are not numbered (userspace aligns them by time).
 pub const NOT_NUMBERED: u64 = u64::MAX;
 
+/// The bits of a communicator's count (`COLL_SEQ`'s value) that number its collectives: the
+/// number its next one takes. Every member counts them alike, so a count that overflows
+/// into the bits above does so in every member at once.
+pub const INSTANCE_BITS: u64 = (1 << 40) - 1;
+
+/// Where the count of communicators made from a communicator begins in its count (above
+/// [`INSTANCE_BITS`]): a constructor on it (collective over it, called by every member in
+/// the same order) takes the number found there, which names the child alike in every
+/// member, whichever commtap watched it (`CallEvent::made_index`).
+pub const MADE_SHIFT: u32 = 40;
+
+/// The most communicators made from one parent that are numbered; those past it are not
+/// (nor would their names be), as no count past it could tell them from [`NOT_NUMBERED`].
+pub const MAX_MADE: u64 = (1 << (64 - MADE_SHIFT)) - 2;
+
 /// The handle under which the kernel's counts say that a process's `MPI_Init` returned while
 /// it was watched and its world has not been met yet (no communicator's handle is 0).
 pub const INIT_SEEN: u64 = 0;

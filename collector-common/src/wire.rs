@@ -649,8 +649,7 @@ impl PeerKey {
     pub const UNPLACED: u64 = u64::MAX;
     /// Set in `gen` of a freed communicator's traffic that userspace keyed by the
     /// communicator's name (alike in every member: `comm` then holds it, not a handle),
-    /// moved out of the kernel's map: above every generation ([`comm_generation`]). The
-    /// bits below tell which daemon named it (a restarted one names anew).
+    /// moved out of the kernel's map: above every generation ([`comm_generation`]).
     pub const NAMED: u16 = 0x8000;
 }
 
@@ -1342,7 +1341,8 @@ pub struct CallEvent {
     /// The receiving half of `MPI_Sendrecv`/`MPI_Sendrecv_replace`: the source (a wildcard
     /// resolved from the status), -1 otherwise.
     pub recv_peer: i32,
-    /// The receiving half's tag (resolved likewise).
+    /// The receiving half's tag (resolved likewise). A communicator constructor's place
+    /// among those made from its parent instead ([`CallEvent::made_index`]).
     pub recv_tag: i32,
 }
 const _: () = assert!(size_of::<CallEvent>() == 96);
@@ -1353,6 +1353,18 @@ impl CallEvent {
     /// [`crate::instances`]); `created`, for a collective.
     pub const fn instance(&self) -> Option<u64> {
         self.created.checked_sub(1)
+    }
+
+    /// A constructor's place among the communicators its process made from the same parent
+    /// (0 for the first), counted by the kernel from the parent's creation (`MPI_Init` for
+    /// the world: [`crate::instances::MADE_SHIFT`]), which it carries in `recv_tag`; `None`
+    /// where not counted from there (the parent made before commtap watched the process).
+    pub const fn made_index(&self) -> Option<u32> {
+        if self.recv_tag >= 0 {
+            Some(self.recv_tag as u32)
+        } else {
+            None
+        }
     }
 
     /// A constructor's new handle's [`CommInfo::gen`], which it carries in `tag` (a

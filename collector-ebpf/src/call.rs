@@ -4,7 +4,7 @@
 
 use aya_ebpf::EbpfContext;
 use collector_common::{
-    mpich,
+    comm_id, mpich,
     routines::{class, NO_ARG as N},
     Abi, ArgSpec, ByteRule, CallEvent, CallState, CommInfo, Config, Cookie, HandleCache, HandleKey,
     Layout, ARG_SLOTS,
@@ -41,7 +41,13 @@ pub(crate) fn describe_call(ev: &mut CallEvent, c: &Call, spec: &ArgSpec, comm: 
     ev.comm_rank = comm.map_or(-1, |i| i.rank);
     ev.recv_peer = -1;
     crate::p2p::describe_match(ev, c, spec);
-    if c.ret == 0 && ByteRule::from_u8(spec.rule).creates_comm() {
+    let creates = ByteRule::from_u8(spec.rule).creates_comm();
+    if creates && c.ret != 0 {
+        // It made nothing (`CallEvent::made_index`: none).
+        ev.recv_tag = -1;
+    }
+    if creates && c.ret == 0 {
+        ev.recv_tag = crate::instances::child_made(c.tgid, ev.comm, ev.comm_id == comm_id::WORLD);
         ev.color = c.arg(spec.a).map_or(0, int_arg);
         ev.created = c
             .arg(spec.d)

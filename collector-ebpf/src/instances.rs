@@ -6,7 +6,7 @@
 use aya_ebpf::{macros::map, maps::HashMap};
 use collector_common::{
     comm_id,
-    instances::{INIT_SEEN, NOT_NUMBERED},
+    instances::{INIT_SEEN, INSTANCE_BITS, MADE_SHIFT, MAX_MADE, NOT_NUMBERED},
     shares::{SharedMap, HANDLE_MAP_ENTRIES},
     Abi, HandleKey,
 };
@@ -16,8 +16,9 @@ use crate::{
     maps::LAYOUTS,
 };
 
-/// Per (process, communicator): the number its next collective takes, or `NOT_NUMBERED`;
-/// under the handle `INIT_SEEN`, that the process's `MPI_Init` returned while watched and
+/// Per (process, communicator): the number its next collective takes (`INSTANCE_BITS`) and
+/// how many communicators were made from it (above `MADE_SHIFT`), or `NOT_NUMBERED`; under
+/// the handle `INIT_SEEN`, that the process's `MPI_Init` returned while watched and
 /// its world has not been met yet.
 #[map]
 pub static COLL_SEQ: HashMap<HandleKey, u64> = HashMap::with_max_entries(HANDLE_MAP_ENTRIES, 0);
@@ -46,12 +47,12 @@ pub fn number(abi: u8, layout: u8, tgid: u32, h: u64) -> u64 {
         // (`Probes::stop_numbering`), which a count in flight may undo (where events went
         // off, it sweeps again before they come back on).
         unsafe {
-            if core::ptr::read_volatile(p) == NOT_NUMBERED {
+            let v = core::ptr::read_volatile(p);
+            if v == NOT_NUMBERED {
                 return 0;
             }
-            let n = core::ptr::read_volatile(p);
-            core::ptr::write_volatile(p, n + 1);
-            return n + 1;
+            core::ptr::write_volatile(p, v + 1);
+            return (v & INSTANCE_BITS) + 1;
         }
     }
     first_met(u32::from(abi), u32::from(layout), tgid, h)
@@ -88,6 +89,43 @@ pub extern "C" fn first_met(abi: u32, layout: u32, tgid: u32, h: u64) -> u64 {
         crate::shares::remember_word(SharedMap::CollSeq, &key(tgid, h), NOT_NUMBERED);
         0
     }
+}
+
+/// A constructor on communicator `parent` (normalised; `world`: the world) returned in
+/// process `tgid`: the new communicator's place among those the process made from
+/// `parent`, or -1 where the parent was not counted from its creation (`MPI_Init` for
+/// the world), whose earlier children the kernel did not see. Every member of the parent
+/// calls its constructors in the same order (and one at a time: they are collective on
+/// it), so every member's count, in whichever commtap watched it since, names the child
+/// alike; one a daemon kept would start again at its restart.
+#[inline(always)]
+pub fn child_made(tgid: u32, parent: u64, world: bool) -> i32 {
+    if parent == INIT_SEEN {
+        return -1;
+    }
+    if let Some(p) = COLL_SEQ.get_ptr_mut(key(tgid, parent)) {
+        // SAFETY: a map value, counted as `number` counts (the constructor is the
+        // communicator's one collective in progress).
+        unsafe {
+            let v = core::ptr::read_volatile(p);
+            let made = v >> MADE_SHIFT;
+            if v == NOT_NUMBERED || made >= MAX_MADE {
+                return -1;
+            }
+            core::ptr::write_volatile(p, v + (1 << MADE_SHIFT));
+            return made as i32;
+        }
+    }
+    // The world's first use since `MPI_Init`: numbered from here, as `first_met` would.
+    let marker = key(tgid, INIT_SEEN);
+    // SAFETY: plain value.
+    if world && unsafe { COLL_SEQ.get(marker) }.is_some() {
+        crate::shares::forget(SharedMap::CollSeq, &marker);
+        if crate::shares::remember_word(SharedMap::CollSeq, &key(tgid, parent), 1 << MADE_SHIFT) {
+            return 0;
+        }
+    }
+    -1
 }
 
 /// `MPI_Init` returned in process `tgid` while it was watched: its world's collectives are

@@ -380,6 +380,10 @@ pub async fn events(from: &Target, pids: Vec<u32>, duration: Option<Duration>) -
                 "duration_ns": e.duration_ns, "bytes": e.bytes, "peer": e.peer,
                 "comm_size": e.comm_size, "comm_rank": e.comm_rank, "comm": e.comm,
             });
+            // A point-to-point call's tag: with `peer`, what pairs a send with its receive.
+            if let Some(tag) = e.tag {
+                line["tag"] = tag.into();
+            }
             // An NCCL device window, not a call: said so, so that no script counts it as one.
             if let Some(w) = e.device_window {
                 line["device_window"] = serde_json::json!({ "not_attributed": w.not_attributed });

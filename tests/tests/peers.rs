@@ -5,7 +5,8 @@
 //! report's heat map has a cell for each pair that exchanged bytes, and what each rank
 //! received is what it receives in the same job run alone; and grids made and freed in a
 //! loop past the user's share of the kernel's map keep their traffic, a daemon restarted
-//! midway.
+//! midway; and two nodes' daemons name communicators alike, a restarted one none as
+//! another.
 
 use std::time::Duration;
 
@@ -214,4 +215,184 @@ fn grids_made_and_freed_past_the_users_share_keep_every_ranks_traffic() {
 #[test]
 fn open_mpi_grids_made_and_freed_past_the_users_share_keep_every_ranks_traffic() {
     grids_made_and_freed(Mpi::OpenMpi);
+}
+
+/// Two "nodes" (a daemon per rank, each watching its rank from before `MPI_Init`) name
+/// every communicator the program makes alike, from the kernel's count of those made
+/// before it from the same parent; after one daemon is killed and another started, the
+/// communicators made since are named by the node that kept watching, and by the
+/// restarted one (which did not see the calls made while no daemon ran) with names of
+/// its own, never another communicator's. Counted from its own start as names once were,
+/// the restarted node would name its first grid as the program's first split
+/// (`mpi_peers.c`'s reversed ring), whose members are in the other order, and the
+/// aggregator would match its collectives and place its traffic with that one's.
+/// `commtap events` from each daemon: each communicator's point-to-point calls are told
+/// apart by their tag (a grid's by its phase too).
+fn names_across_nodes_and_a_restart(mpi: Mpi) {
+    use std::collections::{BTreeMap, BTreeSet};
+    let scratch = Scratch::new(&format!("peers-names-{}", mpi.suffix()));
+    let prog = build_program("mpi_peers.c", mpi);
+    let (start, go) = (scratch.path("start"), scratch.path("go"));
+    let launcher = mpi.launcher(2);
+    let mut cmd = std::process::Command::new(&launcher[0]);
+    mpi_env(&mut cmd).envs(mpi.job_env()).args(&launcher[1..]);
+    if mpi == Mpi::OpenMpi {
+        cmd.args(["-x", "MPI_PEERS_START"]);
+    }
+    cmd.env("MPI_PEERS_START", &start)
+        .arg(&prog)
+        .arg(scratch.path("truth"))
+        .arg(scratch.path("ready"))
+        .arg(&go)
+        .args(["2", "3"]);
+    let mut job = ChildGuard::spawn(&mut cmd);
+    let pid_of = |rank: u32| {
+        let path = format!("{}.{rank}", start.display());
+        let mut pid = None;
+        wait_until("a rank's pid", LIMIT, || {
+            pid = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok());
+            pid.is_some()
+        });
+        pid.expect("pid")
+    };
+    let pids = [pid_of(0), pid_of(1)];
+    let node_scratch = [Scratch::new("peers-names-a"), Scratch::new("peers-names-b")];
+    let start_daemon = |n: usize| {
+        let pid = pids[n].to_string();
+        let d = Daemon::start(&node_scratch[n], &[], &[], &["--pid", &pid]);
+        wait_for_state(&d.target, &[u64::from(pids[n])], "probed");
+        d
+    };
+    let mut daemons = [start_daemon(0), start_daemon(1)];
+    std::fs::write(&start, b"").expect("start");
+    wait_until("the job to be ready", LIMIT, || {
+        scratch.path("ready").exists()
+    });
+
+    // Every call of rank `n` from its daemon into `out`, from the time this returns; the
+    // stream ends with the daemon (dropped: ended).
+    let stream = |n: usize, target: &str, out: &std::path::Path| {
+        let events = ChildGuard::spawn(
+            std::process::Command::new(commtap_bin())
+                .args(["events", "--pid", &pids[n].to_string(), "--from", target])
+                .stdout(std::fs::File::create(out).expect("events file")),
+        );
+        wait_until("the event stream to open", LIMIT, || {
+            std::fs::read_to_string(out).is_ok_and(|s| s.contains("streaming"))
+        });
+        events
+    };
+    let sendrecvs = |out: &std::path::Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(out)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["routine"] == "MPI_Sendrecv" && e["comm"] != "world")
+            .collect()
+    };
+    // A phase's grids' rings are tagged 100 + the grid's number: the last grid's call of
+    // the phase in a stream says every earlier call of the phase has come.
+    let phases_seen =
+        |out: &std::path::Path| sendrecvs(out).iter().filter(|e| e["tag"] == 102).count();
+    let (a_before, a_after, b_all) = (
+        scratch.path("a-before.jsonl"),
+        scratch.path("a-after.jsonl"),
+        scratch.path("b.jsonl"),
+    );
+    let a_first = stream(0, &daemons[0].target, &a_before);
+    let b_stream = stream(1, &daemons[1].target, &b_all);
+    std::fs::write(&go, b"").expect("go");
+    wait_until("the first phase's calls streamed", LIMIT, || {
+        phases_seen(&a_before) == 1 && phases_seen(&b_all) == 1
+    });
+    // SAFETY: kill(2) of the daemon we spawned.
+    unsafe { libc::kill(daemons[0].child.0.id() as i32, libc::SIGKILL) };
+    assert!(!daemons[0].child.wait_with_limit(LIMIT).success(), "killed");
+    drop(a_first);
+    std::fs::remove_file(&daemons[0].socket).expect("stale socket");
+    daemons[0] = start_daemon(0);
+    let a_second = stream(0, &daemons[0].target, &a_after);
+    std::fs::write(format!("{}.0", go.display()), b"").expect("phase go");
+    wait_until("the second phase's calls streamed", LIMIT, || {
+        phases_seen(&a_after) == 1 && phases_seen(&b_all) == 2
+    });
+    std::fs::write(format!("{}.1", go.display()), b"").expect("phase go");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    // The streams have both phases; they end here.
+    drop((a_second, b_stream));
+
+    // Each communicator (its ring's tag; a grid's phase; the parity split, tag 9, is one
+    // per rank) and the name each rank gave it.
+    let mut names: BTreeMap<(i64, usize, Option<usize>), BTreeMap<usize, String>> = BTreeMap::new();
+    for (rank, out, first_phase) in [(0, &a_before, 0), (0, &a_after, 1), (1, &b_all, 0)] {
+        let mut phase_of_tag: BTreeMap<i64, usize> = BTreeMap::new();
+        for e in sendrecvs(out) {
+            let tag = e["tag"].as_i64().expect("a Sendrecv's tag");
+            let phase = phase_of_tag.entry(tag).or_insert(first_phase);
+            let comm = (tag, *phase, (tag == 9).then_some(rank));
+            *phase += 1;
+            let name = e["comm"].as_str().expect("comm").to_string();
+            let earlier = names.entry(comm).or_default().insert(rank, name);
+            assert!(earlier.is_none(), "one call per communicator and rank: {e}");
+        }
+    }
+    let made_before: Vec<(i64, usize, Option<usize>)> = [6, 8, 13, 20, 21, 22, 100, 101, 102]
+        .map(|t| (t, 0, None))
+        .into_iter()
+        .chain([(9, 0, Some(0)), (9, 0, Some(1))])
+        .collect();
+    let made_after = [100, 101, 102].map(|t| (t, 1, None));
+    assert_eq!(
+        names.keys().copied().collect::<BTreeSet<_>>(),
+        made_before.iter().chain(&made_after).copied().collect(),
+        "communicators seen: {names:?}"
+    );
+    let named = |n: &String| !n.contains(':');
+    for comm in &made_before {
+        let by_rank = &names[comm];
+        let ranks: Vec<usize> = comm.2.map_or(vec![0, 1], |r| vec![r]);
+        assert_eq!(
+            by_rank.keys().copied().collect::<Vec<_>>(),
+            ranks,
+            "{comm:?}"
+        );
+        let given: BTreeSet<&String> = by_rank.values().collect();
+        assert!(
+            given.len() == 1 && given.iter().all(|n| named(n)),
+            "{comm:?}: one name on both nodes: {names:?}"
+        );
+    }
+    for comm in &made_after {
+        assert!(
+            named(&names[comm][&1]),
+            "{comm:?}: the node that kept watching names it: {names:?}"
+        );
+        assert_ne!(
+            names[comm][&0], names[comm][&1],
+            "{comm:?}: the restarted node did not see the earlier ones made, and names it \
+             as it counts since its start, apart from every name counted from MPI_Init"
+        );
+    }
+    let mut owner: BTreeMap<&String, (i64, usize, Option<usize>)> = BTreeMap::new();
+    for (comm, by_rank) in &names {
+        for n in by_rank.values().filter(|n| named(n)) {
+            let first = *owner.entry(n).or_insert(*comm);
+            assert_eq!(first, *comm, "two communicators named {n}: {names:?}");
+        }
+    }
+    for (n, d) in node_scratch.iter().zip(daemons) {
+        d.stop(n);
+    }
+}
+
+#[test]
+fn nodes_name_communicators_alike_and_a_restarted_one_none_as_another() {
+    names_across_nodes_and_a_restart(Mpi::Mpich);
+}
+
+#[test]
+fn open_mpi_nodes_name_communicators_alike_and_a_restarted_one_none_as_another() {
+    names_across_nodes_and_a_restart(Mpi::OpenMpi);
 }

@@ -771,10 +771,11 @@ impl Probes {
     /// job waits for is the one whose number is behind.
     pub fn collectives_entered(&self) -> HashMap<u32, u64> {
         let mut entered = HashMap::new();
-        for (k, next) in self.coll_seq.iter().filter_map(Result::ok) {
+        for (k, count) in self.coll_seq.iter().filter_map(Result::ok) {
+            let next = count & instances::INSTANCE_BITS;
             // The marker of an `MPI_Init` seen, a communicator not numbered, or one made
             // and not yet used.
-            if k.handle == instances::INIT_SEEN || next == instances::NOT_NUMBERED || next == 0 {
+            if k.handle == instances::INIT_SEEN || count == instances::NOT_NUMBERED || next == 0 {
                 continue;
             }
             let e = entered.entry(k.tgid).or_insert(0);
@@ -1092,12 +1093,6 @@ impl Probes {
             self.shares.give_back(pid, SharedMap::Peers, n);
         }
         moved
-    }
-
-    /// `gen` of the per-peer counters this daemon moved out of the kernel's map under a
-    /// communicator's name ([`collector_common::PeerKey::NAMED`] and its own number).
-    pub fn peers_namer(&self) -> u16 {
-        self.peers.namer()
     }
 
     /// Per-peer counters of process `pid`'s freed communicators held out of the kernel's

@@ -14,7 +14,7 @@
 //! (`PeerKey::UNPLACED`). A map of the object holds them, so that a restarted daemon keeps
 //! them, placed, with the kernel's.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap};
@@ -69,9 +69,6 @@ pub struct PeerCounters {
     handles_at_sweep: Option<u64>,
     /// Where the next truncated sweep starts in its keys (each gets its turn).
     rotation: usize,
-    /// `gen` of the counters this daemon moves under a name: [`PeerKey::NAMED`] and a
-    /// number drawn at its start, apart from an earlier daemon's (see `CommKey::folded`).
-    namer: u16,
 }
 
 impl PeerCounters {
@@ -82,15 +79,6 @@ impl PeerCounters {
         for (k, v) in kept.iter().filter_map(Result::ok) {
             folded.entry(k.tgid).or_default().insert(k, v);
         }
-        // Never an earlier daemon's number: its names count from its own start.
-        let earlier: HashSet<u16> = folded
-            .values()
-            .flat_map(|f| f.keys().map(|k| k.gen))
-            .collect();
-        let namer = (0..64)
-            .map(|_| PeerKey::NAMED | drawn_number())
-            .find(|n| !earlier.contains(n))
-            .unwrap_or(PeerKey::NAMED | drawn_number());
         Ok(PeerCounters {
             kernel: map(ebpf, names::maps::PEERS)?,
             kept,
@@ -99,13 +87,7 @@ impl PeerCounters {
             last_sweep: None,
             handles_at_sweep: None,
             rotation: 0,
-            namer,
         })
-    }
-
-    /// `gen` of the counters this daemon moved under a name.
-    pub fn namer(&self) -> u16 {
-        self.namer
     }
 
     /// Every counter, the kernel's summed over CPUs and added to what was moved out of it.
@@ -269,7 +251,7 @@ impl PeerCounters {
         let here = match name {
             Some(name) => PeerKey {
                 comm: name,
-                gen: self.namer,
+                gen: PeerKey::NAMED,
                 ..*k
             },
             None => unplaced(k),
@@ -319,22 +301,6 @@ impl PeerCounters {
 fn is_retired(k: &PeerKey, gen: u16) -> bool {
     k.comm != PeerKey::WORLD && k.gen & PeerKey::NAMED == 0 && gen != k.gen
 }
-/// A number for this daemon's names, 1 to 0x7fff, from the kernel's random source (the
-/// time where that fails: it only needs to differ from the daemon's before).
-fn drawn_number() -> u16 {
-    let mut b = [0u8; 2];
-    // SAFETY: getrandom(2) into a buffer of its length.
-    let got = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    let n = if got == 2 {
-        u16::from_ne_bytes(b)
-    } else {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.subsec_nanos() as u16)
-    };
-    (n % 0x7fff) + 1
-}
-
 /// The key of `k`'s process's freed communicators' traffic that is not kept apart.
 fn unplaced(k: &PeerKey) -> PeerKey {
     PeerKey {

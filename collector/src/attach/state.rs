@@ -18,11 +18,13 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// user's share, an LRU before (a pin is reopened whatever its type: an older daemon's LRU
 /// would go on pushing one user's requests out for another's); `a6`: freed communicators'
 /// per-peer counters are moved into `PEERS_FOLDED`, and handles' generations wrap at 15
-/// bits (an older daemon would not read the moved ones); `t`: the call sites' keys
+/// bits (an older daemon would not read the moved ones); `a7`: each communicator's count
+/// in `COLL_SEQ` holds how many were made from it above its collectives' (an older daemon
+/// would read them as collectives); `t`: the call sites' keys
 /// (`CALL_SITES`, kept since).
 pub fn state_dir_for_layout(base: &Path) -> PathBuf {
     let tag = format!(
-        "layout-a6-k{}-s{}-v{}-d{}-p{}-c{}-h{}-r{}-e{}-t{}",
+        "layout-a7-k{}-s{}-v{}-d{}-p{}-c{}-h{}-r{}-e{}-t{}",
         size_of::<CounterKey>(),
         collector_common::MAX_COUNTERS,
         size_of::<CounterVal>(),

@@ -317,12 +317,11 @@ impl Session {
     /// world ranks).
     pub fn profile(&mut self, end_ns: u64, board: Option<&crate::skew::Board>) -> JobProfile {
         let events = &self.ingest_counters;
-        let namer = self.probes.peers_namer();
         let name = |pid, handle, gen: u16| {
             if gen & collector_common::PeerKey::NAMED != 0 {
                 // A freed communicator's traffic, keyed by its name when it was moved out
                 // of the kernel's map (`fold_freed_peers`).
-                return Some(crate::skew::CommKey::folded(handle, gen, namer).label());
+                return Some(crate::skew::CommKey(handle).label());
             }
             board?
                 .comm_name(pid, handle, gen)

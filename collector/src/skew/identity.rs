@@ -12,7 +12,19 @@
 //!   requires every member of the parent to call its constructors in the same order, so
 //!   the members of one new communicator name it alike, and sibling communicators of one
 //!   split (different colors) differ. `MPI_Comm_split_type` also takes the host: its
-//!   siblings (one per node for `MPI_COMM_TYPE_SHARED`) share the type.
+//!   siblings (one per node for `MPI_COMM_TYPE_SHARED`) share the type. How many came
+//!   before is the kernel's count from the parent's creation (`CallEvent::made_index`),
+//!   not one kept here: that one would miss the constructors whose events were lost, and
+//!   a daemon restarted mid-job would count from its own start and give a communicator
+//!   the name another node gives another communicator (and match its collectives and
+//!   place its traffic with that one's).
+//! - Where the kernel did not count from the parent's creation (the process attached
+//!   mid-job, a daemon restarted since), the count is the constructors seen since, and
+//!   the name is of another kind, never one a count from the creation gives: members
+//!   attached while none of them was making one (a job attached to as it waits, or every
+//!   node's daemon started before the constructors began) name the child alike; members
+//!   attached at different points name it apart, and its instances are not matched
+//!   across them.
 //! - An NCCL communicator is named by the hash of its unique id, which every member holds.
 //!
 //! A communicator made before commtap watched the process (attached mid-job) has no name:
@@ -42,18 +54,23 @@ impl CommKey {
         CommKey(hash(&(self.0, index, routine, color, host)))
     }
 
-    /// The name of a freed communicator's traffic moved out of the kernel's map under its
-    /// name `name` by the daemon whose names are `namer` (`PeerKey::NAMED` and a number),
-    /// read by the daemon whose names are `this`. Its own names as they are. An earlier
-    /// daemon's (restarted since) apart from every name this one gives: each counts the
-    /// communicators made from a parent from its own start, so the names it gives are not
-    /// the earlier one's.
-    pub fn folded(name: u64, namer: u16, this: u16) -> CommKey {
-        if namer == this {
-            CommKey(name)
-        } else {
-            CommKey(hash(&("named by an earlier daemon", name, namer)))
-        }
+    /// [`CommKey::child`] where `index` counts from the process's attach, not from the
+    /// parent's creation: never a name [`CommKey::child`] gives.
+    pub fn child_since_attach(
+        self,
+        index: u32,
+        routine: u16,
+        color: i32,
+        host: Option<&str>,
+    ) -> CommKey {
+        CommKey(hash(&(
+            "since the attach",
+            self.0,
+            index,
+            routine,
+            color,
+            host,
+        )))
     }
 
     /// How the report shows it: `world`, else a short hexadecimal name.
@@ -86,7 +103,8 @@ pub struct ProcComms {
     earlier: HashMap<(u64, u16), CommKey>,
     /// `earlier`'s keys, oldest first.
     earlier_order: std::collections::VecDeque<(u64, u16)>,
-    made_from: HashMap<CommKey, u32>,
+    /// Communicators seen made from each parent whose count the kernel does not know.
+    made_since_attach: HashMap<CommKey, u32>,
 }
 
 /// Communicator names kept per process: a program making more without freeing them is
@@ -153,9 +171,14 @@ impl ProcComms {
             // The parent has no name: neither does the child.
             return;
         };
-        let index = self.made_from.entry(parent).or_default();
-        let key = parent.child(*index, ev.routine, ev.color, by_host.then_some(host));
-        *index += 1;
+        let host = by_host.then_some(host);
+        let key = if let Some(index) = ev.made_index() {
+            parent.child(index, ev.routine, ev.color, host)
+        } else {
+            let index = self.made_since_attach.entry(parent).or_default();
+            *index += 1;
+            parent.child_since_attach(*index - 1, ev.routine, ev.color, host)
+        };
         if ev.created != 0 && self.names.len() < MAX_NAMES {
             self.names.insert(ev.created, (ev.created_gen(), key));
         }
@@ -191,7 +214,11 @@ mod tests {
         assert_eq!(na, nb);
         assert_ne!(na, nc, "another color is another communicator");
         // The second communicator made from the world is another one.
-        a.created(&ev(0x10, comm_id::WORLD, 0x101, 0), false, "h");
+        let second = CallEvent {
+            recv_tag: 1,
+            ..ev(0x10, comm_id::WORLD, 0x101, 0)
+        };
+        a.created(&second, false, "h");
         assert_ne!(a.name(&ev(0x101, 0, 0, 0), false).unwrap(), na);
     }
 
@@ -203,6 +230,7 @@ mod tests {
         // Freed (generation 1) and given to the world's next split, of another color.
         let again = CallEvent {
             tag: 1,
+            recv_tag: 1,
             ..ev(0x10, comm_id::WORLD, 0x100, 1)
         };
         a.created(&again, false, "h");
@@ -238,6 +266,7 @@ mod tests {
         for gen in 0..n {
             let made = CallEvent {
                 tag: gen,
+                recv_tag: gen,
                 ..ev(0x10, comm_id::WORLD, 0x100, gen % 2)
             };
             a.created(&made, false, "h");
@@ -264,6 +293,37 @@ mod tests {
         );
         assert_eq!(a.name(&ev(0, 0, 0, 0), true), None);
         assert_eq!(a.name(&ev(0, 9, 0, 0), true), Some(CommKey::nccl(9)));
+    }
+
+    #[test]
+    fn children_are_named_by_the_kernels_count_not_by_what_this_process_saw() {
+        // A process watched from its start makes three splits of the world; the same
+        // process seen by a daemon (re)started after the second sees only the third, with
+        // the kernel's count: both name it alike, and not as the first.
+        let (mut whole, mut late) = (ProcComms::default(), ProcComms::default());
+        let split = |index: i32, handle: u64| CallEvent {
+            recv_tag: index,
+            ..ev(0x10, comm_id::WORLD, handle, 0)
+        };
+        for (index, handle) in [(0, 0x100), (1, 0x101), (2, 0x102)] {
+            whole.created(&split(index, handle), false, "h");
+        }
+        late.created(&split(2, 0x102), false, "h");
+        let third = whole.name(&ev(0x102, 0, 0, 0), false).expect("named");
+        assert_eq!(late.name(&ev(0x102, 0, 0, 0), false), Some(third));
+        assert_ne!(whole.name(&ev(0x100, 0, 0, 0), false), Some(third));
+        // Where the kernel did not count from the parent's creation (attached mid-job),
+        // counted from the attach: alike in members attached alike, and never a name
+        // counted from the creation gives.
+        let (mut attached, mut other) = (ProcComms::default(), ProcComms::default());
+        for (p, handle) in [(&mut attached, 0x103), (&mut other, 0x203)] {
+            p.created(&split(-1, handle), false, "h");
+        }
+        let first_since = attached.name(&ev(0x103, 0, 0, 0), false).expect("named");
+        assert_eq!(other.name(&ev(0x203, 0, 0, 0), false), Some(first_since));
+        assert_ne!(whole.name(&ev(0x100, 0, 0, 0), false), Some(first_since));
+        attached.created(&split(-1, 0x104), false, "h");
+        assert_ne!(attached.name(&ev(0x104, 0, 0, 0), false), Some(first_since));
     }
 
     #[test]

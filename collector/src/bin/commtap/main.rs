@@ -163,8 +163,9 @@ enum Command {
     /// Ask the daemon to stop watching a process; prints its profile so far (kept as final).
     Detach(DetachArgs),
     /// Print every completed call of the daemon's processes as JSON lines (for timelines):
-    /// pid, tid, routine, start_ns, duration_ns, bytes, peer, comm_size, comm_rank, comm
-    /// (see the trace arguments in the README). Per-call events are
+    /// pid, tid, routine, start_ns, duration_ns, bytes, peer, comm_size, comm_rank, comm,
+    /// and a point-to-point call's tag (see the trace arguments in the README). Per-call
+    /// events are
     /// switched on while this runs; a last line says how many this reader missed.
     Events(EventsArgs),
     /// Write a timeline of every call of a daemon's processes, as they run (no relaunch).
