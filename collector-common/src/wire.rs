@@ -1367,6 +1367,10 @@ impl CallEvent {
         }
     }
 
+    /// A constructor's `recv_tag` where it failed: it made nothing, and is not counted
+    /// among those made from its parent (the kernel's count skips it).
+    pub const MADE_NOTHING: i32 = -2;
+
     /// A constructor's new handle's [`CommInfo::gen`], which it carries in `tag` (a
     /// constructor has no tag; a field of its own would not fit, as `created` says).
     pub const fn created_gen(&self) -> u16 {

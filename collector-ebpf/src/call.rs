@@ -43,8 +43,7 @@ pub(crate) fn describe_call(ev: &mut CallEvent, c: &Call, spec: &ArgSpec, comm: 
     crate::p2p::describe_match(ev, c, spec);
     let creates = ByteRule::from_u8(spec.rule).creates_comm();
     if creates && c.ret != 0 {
-        // It made nothing (`CallEvent::made_index`: none).
-        ev.recv_tag = -1;
+        ev.recv_tag = CallEvent::MADE_NOTHING;
     }
     if creates && c.ret == 0 {
         ev.recv_tag = crate::instances::child_made(c.tgid, ev.comm, ev.comm_id == comm_id::WORLD);

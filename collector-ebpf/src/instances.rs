@@ -124,7 +124,11 @@ pub fn child_made(tgid: u32, parent: u64, world: bool) -> i32 {
         if crate::shares::remember_word(SharedMap::CollSeq, &key(tgid, parent), 1 << MADE_SHIFT) {
             return 0;
         }
+        return -1;
     }
+    // Not numbered for good, as `first_met` would say: a later first use (the world's, told
+    // then) must not count from there, having missed this one.
+    crate::shares::remember_word(SharedMap::CollSeq, &key(tgid, parent), NOT_NUMBERED);
     -1
 }
 

@@ -32,7 +32,8 @@
  * With READY_FILE and GO_FILE (for daemons that attach before the collectives): rank 0
  * creates READY_FILE after MPI_Init, every rank waits (no MPI call) for GO_FILE, then
  * makes a duplicate of MPI_COMM_WORLD and runs N MPI_Allreduce of 1 double (8 bytes) on
- * it, K sleeping before each.
+ * it, K sleeping before each. With HOLD_BEFORE_INIT=PREFIX, each rank first writes its
+ * pid to PREFIX.<rank> and waits for PREFIX before MPI_Init (ready_go.h).
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -120,6 +121,8 @@ int main(int argc, char **argv)
     int late = atoi(argv[1]), delay = atoi(argv[2]);
     long n = atol(argv[3]);
     int rank, size;
+    if (hold_before_init() != 0)
+        return 1;
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);

@@ -7,10 +7,8 @@
  * With READY and GO, rank 0 creates READY once MPI is initialised, and every rank waits
  * for GO before its first call below (a test attaches daemons in between).
  *
- * With MPI_PEERS_START=PREFIX in its environment, a rank first writes its pid to
- * PREFIX.<its launcher's rank number> and waits for the file PREFIX before MPI_Init (a
- * test starts a daemon per rank in between, each watching its rank's MPI_Init, as the
- * daemons of two nodes would).
+ * With HOLD_BEFORE_INIT=PREFIX in its environment, a rank first writes its pid to
+ * PREFIX.<rank> and waits for PREFIX before MPI_Init (ready_go.h).
  *
  * With PHASES and GRIDS, a stencil code's loop follows the traffic below: PHASES times,
  * GRIDS grids each made (an MPI_Comm_split of the world, its ranks one way round or the
@@ -191,22 +189,8 @@ int main(int argc, char **argv)
         return 2;
     }
     int rank, size;
-    const char *start = getenv("MPI_PEERS_START");
-    if (start) {
-        const char *r = getenv("OMPI_COMM_WORLD_RANK");
-        if (!r)
-            r = getenv("PMI_RANK");
-        char path[4096], tmp[4100];
-        snprintf(path, sizeof path, "%s.%s", start, r ? r : "unknown");
-        snprintf(tmp, sizeof tmp, "%s.tmp", path);
-        FILE *f = fopen(tmp, "w");
-        if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0 ||
-            rename(tmp, path) != 0) {
-            perror(path);
-            return 1;
-        }
-        wait_for_file(start);
-    }
+    if (hold_before_init() != 0)
+        return 1;
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);

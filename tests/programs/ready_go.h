@@ -7,6 +7,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,6 +31,31 @@ static inline int create_file(const char *path)
     if (fd < 0)
         return -1;
     close(fd);
+    return 0;
+}
+
+/* With HOLD_BEFORE_INIT=PREFIX in the environment, before MPI_Init: writes this process's
+ * pid to PREFIX.<its launcher's rank number> and waits for the file PREFIX (a test starts
+ * a daemon per rank in between, each watching its rank's MPI_Init, as the daemons of two
+ * nodes would). 0, or -1 where the pid cannot be written. */
+static inline int hold_before_init(void)
+{
+    const char *start = getenv("HOLD_BEFORE_INIT");
+    if (!start)
+        return 0;
+    const char *r = getenv("OMPI_COMM_WORLD_RANK");
+    if (!r)
+        r = getenv("PMI_RANK");
+    char path[4096], tmp[4100];
+    snprintf(path, sizeof path, "%s.%s", start, r ? r : "unknown");
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0 ||
+        rename(tmp, path) != 0) {
+        perror(path);
+        return -1;
+    }
+    wait_for_file(start);
     return 0;
 }
 

@@ -212,6 +212,50 @@ pub fn start_waiting_program(
     (job, ranks)
 }
 
+/// Starts `np` ranks of `prog` (a program that takes `HOLD_BEFORE_INIT`: `ready_go.h`'s
+/// `hold_before_init`) held before `MPI_Init`: each writes its pid to `scratch`'s `start.<rank>` and
+/// waits for `start`, which the caller creates once it watches them (a daemon per node,
+/// each seeing its ranks' `MPI_Init`). The job, and its ranks' pids in rank order.
+pub fn start_program_held_before_init(
+    scratch: &Scratch,
+    mpi: Mpi,
+    np: u32,
+    prog: &Path,
+    args: &[std::ffi::OsString],
+    env: &[(&str, &str)],
+) -> (ChildGuard, Vec<u32>) {
+    let start = scratch.path("start");
+    let launcher = mpi.launcher(np);
+    let mut cmd = Command::new(&launcher[0]);
+    mpi_env(&mut cmd).envs(mpi.job_env()).args(&launcher[1..]);
+    for (k, v) in env
+        .iter()
+        .copied()
+        .chain([("HOLD_BEFORE_INIT", path_str(&start))])
+    {
+        if mpi == Mpi::OpenMpi {
+            cmd.args(["-x", k]);
+        }
+        cmd.env(k, v);
+    }
+    cmd.arg(prog).args(args);
+    let job = ChildGuard::spawn(&mut cmd);
+    let pids = (0..np)
+        .map(|rank| {
+            let path = format!("{}.{rank}", start.display());
+            let mut pid = None;
+            wait_until("a rank's pid", Duration::from_mins(1), || {
+                pid = std::fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u32>().ok());
+                pid.is_some()
+            });
+            pid.expect("a pid")
+        })
+        .collect();
+    (job, pids)
+}
+
 /// A path as the `&str` argument of a command.
 #[track_caller]
 pub fn path_str(p: &Path) -> &str {

@@ -65,9 +65,10 @@ fn mpich_traffic_per_peer_is_exact() {
     matrix(Mpi::Mpich, 3);
 }
 
-/// Two simulated nodes (a daemon each, one aggregator): traffic on the splits whose other
-/// end is on the other node cannot be placed by either daemon, and is by the aggregator,
-/// which merges their ranks: every rank's traffic per world rank equals the program's.
+/// Two simulated nodes (a daemon each, watching its ranks from before `MPI_Init`, one
+/// aggregator): traffic on the splits whose other end is on the other node cannot be
+/// placed by either daemon, and is by the aggregator, which merges their ranks: every
+/// rank's traffic per world rank equals the program's.
 #[test]
 fn the_aggregator_places_traffic_on_sub_communicators_across_nodes() {
     let scratch = Scratch::new("peers-nodes");
@@ -81,8 +82,13 @@ fn the_aggregator_places_traffic_on_sub_communicators_across_nodes() {
         scratch.path("go").into_os_string(),
     ];
     let env = [("SLURM_JOB_ID", job_id.as_str())];
-    let (mut job, ranks) = start_waiting_program(&scratch, Mpi::OpenMpi, 4, &prog, &args, &env);
+    let (mut job, ranks) =
+        start_program_held_before_init(&scratch, Mpi::OpenMpi, 4, &prog, &args, &env);
     let daemons = start_two_nodes([&ranks[..2], &ranks[2..]], &url, "0");
+    std::fs::write(scratch.path("start"), b"").expect("start");
+    wait_until("the job to be ready", LIMIT, || {
+        scratch.path("ready").exists()
+    });
     std::fs::write(scratch.path("go"), b"go").expect("go");
     assert!(job.wait_with_limit(LIMIT).success(), "the job failed");
     let truths = read_truths(&scratch.path("truth"), 4);
@@ -222,42 +228,27 @@ fn open_mpi_grids_made_and_freed_past_the_users_share_keep_every_ranks_traffic()
 /// before it from the same parent; after one daemon is killed and another started, the
 /// communicators made since are named by the node that kept watching, and by the
 /// restarted one (which did not see the calls made while no daemon ran) with names of
-/// its own, never another communicator's. Counted from its own start as names once were,
-/// the restarted node would name its first grid as the program's first split
-/// (`mpi_peers.c`'s reversed ring), whose members are in the other order, and the
-/// aggregator would match its collectives and place its traffic with that one's.
+/// its own, never another communicator's; so when the other node is restarted a phase
+/// later, each names the grids made since with its own. Counted from its own start as
+/// names once were, the restarted node would name its second grid as the program's
+/// reversed split (`mpi_peers.c`), whose members are in the other order, and the
+/// aggregator would match its collectives and place its traffic with that one's; and
+/// two nodes counting from different points would name different grids alike.
 /// `commtap events` from each daemon: each communicator's point-to-point calls are told
 /// apart by their tag (a grid's by its phase too).
 fn names_across_nodes_and_a_restart(mpi: Mpi) {
     use std::collections::{BTreeMap, BTreeSet};
     let scratch = Scratch::new(&format!("peers-names-{}", mpi.suffix()));
     let prog = build_program("mpi_peers.c", mpi);
-    let (start, go) = (scratch.path("start"), scratch.path("go"));
-    let launcher = mpi.launcher(2);
-    let mut cmd = std::process::Command::new(&launcher[0]);
-    mpi_env(&mut cmd).envs(mpi.job_env()).args(&launcher[1..]);
-    if mpi == Mpi::OpenMpi {
-        cmd.args(["-x", "MPI_PEERS_START"]);
-    }
-    cmd.env("MPI_PEERS_START", &start)
-        .arg(&prog)
-        .arg(scratch.path("truth"))
-        .arg(scratch.path("ready"))
-        .arg(&go)
-        .args(["2", "3"]);
-    let mut job = ChildGuard::spawn(&mut cmd);
-    let pid_of = |rank: u32| {
-        let path = format!("{}.{rank}", start.display());
-        let mut pid = None;
-        wait_until("a rank's pid", LIMIT, || {
-            pid = std::fs::read_to_string(&path)
-                .ok()
-                .and_then(|s| s.trim().parse::<u32>().ok());
-            pid.is_some()
-        });
-        pid.expect("pid")
-    };
-    let pids = [pid_of(0), pid_of(1)];
+    let go = scratch.path("go");
+    let args = [
+        scratch.path("truth").into_os_string(),
+        scratch.path("ready").into_os_string(),
+        go.clone().into_os_string(),
+        "3".into(),
+        "3".into(),
+    ];
+    let (mut job, pids) = start_program_held_before_init(&scratch, mpi, 2, &prog, &args, &[]);
     let node_scratch = [Scratch::new("peers-names-a"), Scratch::new("peers-names-b")];
     let start_daemon = |n: usize| {
         let pid = pids[n].to_string();
@@ -266,7 +257,7 @@ fn names_across_nodes_and_a_restart(mpi: Mpi) {
         d
     };
     let mut daemons = [start_daemon(0), start_daemon(1)];
-    std::fs::write(&start, b"").expect("start");
+    std::fs::write(scratch.path("start"), b"").expect("start");
     wait_until("the job to be ready", LIMIT, || {
         scratch.path("ready").exists()
     });
@@ -296,37 +287,46 @@ fn names_across_nodes_and_a_restart(mpi: Mpi) {
     // the phase in a stream says every earlier call of the phase has come.
     let phases_seen =
         |out: &std::path::Path| sendrecvs(out).iter().filter(|e| e["tag"] == 102).count();
-    let (a_before, a_after, b_all) = (
-        scratch.path("a-before.jsonl"),
-        scratch.path("a-after.jsonl"),
-        scratch.path("b.jsonl"),
-    );
-    let a_first = stream(0, &daemons[0].target, &a_before);
-    let b_stream = stream(1, &daemons[1].target, &b_all);
+    // Node A is restarted after the first phase, node B after the second: each counts
+    // the grids it sees made since from another point.
+    let restart = |daemons: &mut [Daemon; 2], n: usize| {
+        // SAFETY: kill(2) of the daemon we spawned.
+        unsafe { libc::kill(daemons[n].child.0.id() as i32, libc::SIGKILL) };
+        assert!(!daemons[n].child.wait_with_limit(LIMIT).success(), "killed");
+        std::fs::remove_file(&daemons[n].socket).expect("stale socket");
+        daemons[n] = start_daemon(n);
+    };
+    let out = |name: &str| scratch.path(&format!("{name}.jsonl"));
+    let (a0, a1, b0, b1) = (out("a0"), out("a1"), out("b0"), out("b1"));
+    let a_stream = stream(0, &daemons[0].target, &a0);
+    let b_stream = stream(1, &daemons[1].target, &b0);
     std::fs::write(&go, b"").expect("go");
     wait_until("the first phase's calls streamed", LIMIT, || {
-        phases_seen(&a_before) == 1 && phases_seen(&b_all) == 1
+        phases_seen(&a0) == 1 && phases_seen(&b0) == 1
     });
-    // SAFETY: kill(2) of the daemon we spawned.
-    unsafe { libc::kill(daemons[0].child.0.id() as i32, libc::SIGKILL) };
-    assert!(!daemons[0].child.wait_with_limit(LIMIT).success(), "killed");
-    drop(a_first);
-    std::fs::remove_file(&daemons[0].socket).expect("stale socket");
-    daemons[0] = start_daemon(0);
-    let a_second = stream(0, &daemons[0].target, &a_after);
+    restart(&mut daemons, 0);
+    drop(a_stream);
+    let a_stream = stream(0, &daemons[0].target, &a1);
     std::fs::write(format!("{}.0", go.display()), b"").expect("phase go");
     wait_until("the second phase's calls streamed", LIMIT, || {
-        phases_seen(&a_after) == 1 && phases_seen(&b_all) == 2
+        phases_seen(&a1) == 1 && phases_seen(&b0) == 2
     });
+    restart(&mut daemons, 1);
+    drop(b_stream);
+    let b_stream = stream(1, &daemons[1].target, &b1);
     std::fs::write(format!("{}.1", go.display()), b"").expect("phase go");
+    wait_until("the third phase's calls streamed", LIMIT, || {
+        phases_seen(&a1) == 2 && phases_seen(&b1) == 1
+    });
+    std::fs::write(format!("{}.2", go.display()), b"").expect("phase go");
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
-    // The streams have both phases; they end here.
-    drop((a_second, b_stream));
+    // The streams have every phase; they end here.
+    drop((a_stream, b_stream));
 
     // Each communicator (its ring's tag; a grid's phase; the parity split, tag 9, is one
     // per rank) and the name each rank gave it.
     let mut names: BTreeMap<(i64, usize, Option<usize>), BTreeMap<usize, String>> = BTreeMap::new();
-    for (rank, out, first_phase) in [(0, &a_before, 0), (0, &a_after, 1), (1, &b_all, 0)] {
+    for (rank, out, first_phase) in [(0, &a0, 0), (0, &a1, 1), (1, &b0, 0), (1, &b1, 2)] {
         let mut phase_of_tag: BTreeMap<i64, usize> = BTreeMap::new();
         for e in sendrecvs(out) {
             let tag = e["tag"].as_i64().expect("a Sendrecv's tag");
@@ -343,7 +343,10 @@ fn names_across_nodes_and_a_restart(mpi: Mpi) {
         .into_iter()
         .chain([(9, 0, Some(0)), (9, 0, Some(1))])
         .collect();
-    let made_after = [100, 101, 102].map(|t| (t, 1, None));
+    let made_after: Vec<(i64, usize, Option<usize>)> = [1, 2]
+        .into_iter()
+        .flat_map(|phase| [100, 101, 102].map(|t| (t, phase, None)))
+        .collect();
     assert_eq!(
         names.keys().copied().collect::<BTreeSet<_>>(),
         made_before.iter().chain(&made_after).copied().collect(),
@@ -364,15 +367,18 @@ fn names_across_nodes_and_a_restart(mpi: Mpi) {
             "{comm:?}: one name on both nodes: {names:?}"
         );
     }
+    // Made after a restart: named on both nodes, and not alike (the second phase's on B,
+    // which kept watching, counted from MPI_Init; on A since its restart; the third
+    // phase's on each since its own restart).
     for comm in &made_after {
         assert!(
-            named(&names[comm][&1]),
-            "{comm:?}: the node that kept watching names it: {names:?}"
+            names[comm].values().all(named),
+            "{comm:?}: named: {names:?}"
         );
         assert_ne!(
             names[comm][&0], names[comm][&1],
-            "{comm:?}: the restarted node did not see the earlier ones made, and names it \
-             as it counts since its start, apart from every name counted from MPI_Init"
+            "{comm:?}: a restarted node did not see the earlier ones made, and names it as \
+             it counts since its start, apart from every name another daemon gives"
         );
     }
     let mut owner: BTreeMap<&String, (i64, usize, Option<usize>)> = BTreeMap::new();

@@ -1111,16 +1111,18 @@ fn the_late_nccl_enqueuer_is_named() {
     );
 }
 
-/// Two "nodes" (two daemons, each watching half of the ranks; node-b's clock 5 s ahead)
-/// push to one aggregator: the instances whose members are on both meet there, on one
-/// clock, and the late rank (on node-b) is named with what it caused.
+/// Two "nodes" (two daemons, each watching half of the ranks from before `MPI_Init`, as
+/// daemons run as a service do; node-b's clock 5 s ahead) push to one aggregator: the
+/// instances (on a duplicate of the world, named alike on both nodes by the kernel's count
+/// of the world's children) whose members are on both meet there, on one clock, and the
+/// late rank (on node-b) is named with what it caused.
 #[test]
 fn the_aggregator_names_the_late_rank_across_nodes() {
     let scratch = Scratch::new("skew-nodes");
     let agg_scratch = Scratch::new("skew-nodes-aggregator");
     let (mut aggregator, url) = spawn_local_aggregator(&agg_scratch, &scratch.path("agg.redb"));
 
-    // A batch job of 4 ranks, waiting at its GO file once MPI_Init is done.
+    // A batch job of 4 ranks, held before MPI_Init, then waiting at its GO file.
     let job_id = format!("nodes{}", std::process::id());
     let prog = build_program("mpi_late.c", Mpi::OpenMpi);
     let args = [
@@ -1132,10 +1134,15 @@ fn the_aggregator_names_the_late_rank_across_nodes() {
         scratch.path("go").into_os_string(),
     ];
     let env = [("SLURM_JOB_ID", job_id.as_str())];
-    let (mut job, ranks) = start_waiting_program(&scratch, Mpi::OpenMpi, NP, &prog, &args, &env);
+    let (mut job, ranks) =
+        start_program_held_before_init(&scratch, Mpi::OpenMpi, NP, &prog, &args, &env);
 
     // node-b's clock is 5 s ahead.
     let daemons = start_two_nodes([&ranks[..2], &ranks[2..]], &url, "5000000000");
+    std::fs::write(scratch.path("start"), b"").expect("start");
+    wait_until("the job to be ready", LIMIT, || {
+        scratch.path("ready").exists()
+    });
     std::fs::write(scratch.path("go"), b"go").expect("go");
     assert!(job.wait_with_limit(LIMIT).success(), "the job failed");
     let truths = read_truths(&scratch.path("truth"), NP);

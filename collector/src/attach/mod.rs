@@ -724,6 +724,11 @@ impl Probes {
 
     /// Starts counting `pid`'s calls; with `descendants`, also those of its future children.
     pub fn watch(&mut self, pid: u32, descendants: bool) -> Result<(), AttachError> {
+        if self.is_ignored(pid) {
+            // Detached: a count the kernel was taking as it was stopped may have written
+            // over the stop; none is taken while it is ignored, so this sweep is the last.
+            self.stop_numbering(Some(pid));
+        }
         let flags = watch::COUNT | if descendants { watch::DESCENDANTS } else { 0 };
         self.watched
             .insert(pid, flags)

@@ -20,11 +20,13 @@
 //!   place its traffic with that one's).
 //! - Where the kernel did not count from the parent's creation (the process attached
 //!   mid-job, a daemon restarted since), the count is the constructors seen since, and
-//!   the name is of another kind, never one a count from the creation gives: members
-//!   attached while none of them was making one (a job attached to as it waits, or every
-//!   node's daemon started before the constructors began) name the child alike; members
-//!   attached at different points name it apart, and its instances are not matched
-//!   across them.
+//!   the name is of another kind, never one a count from the creation gives, and this
+//!   daemon's alone (a number it draws at its start is in it): another node's daemon, or
+//!   this one's successor, counts from another point, and the same count would give
+//!   another communicator the same name. The members this daemon attached to while none
+//!   of them was making one (a job on this node attached to as it waits) name the child
+//!   alike; across nodes it is not matched (its instances are `remote`, its traffic to
+//!   another node's ranks unplaced).
 //! - An NCCL communicator is named by the hash of its unique id, which every member holds.
 //!
 //! A communicator made before commtap watched the process (attached mid-job) has no name:
@@ -54,23 +56,33 @@ impl CommKey {
         CommKey(hash(&(self.0, index, routine, color, host)))
     }
 
-    /// [`CommKey::child`] where `index` counts from the process's attach, not from the
-    /// parent's creation: never a name [`CommKey::child`] gives.
+    /// [`CommKey::child`] where `index` counts from the process's attach by the daemon
+    /// whose number is `daemon`, not from the parent's creation: never a name
+    /// [`CommKey::child`] gives, nor one another daemon gives.
     pub fn child_since_attach(
         self,
+        daemon: u64,
         index: u32,
         routine: u16,
         color: i32,
         host: Option<&str>,
     ) -> CommKey {
-        CommKey(hash(&(
+        let what = (
             "since the attach",
+            daemon,
             self.0,
             index,
             routine,
             color,
             host,
-        )))
+        );
+        CommKey(hash(&what))
+    }
+
+    /// A number for this daemon's names counted since its attach, drawn at its start.
+    pub fn draw_daemon_number() -> u64 {
+        use std::hash::BuildHasher;
+        std::collections::hash_map::RandomState::new().hash_one("commtap daemon")
     }
 
     /// How the report shows it: `world`, else a short hexadecimal name.
@@ -148,8 +160,9 @@ impl ProcComms {
         }
     }
 
-    /// Names the communicator a constructor call made, from its parent's name.
-    pub fn created(&mut self, ev: &CallEvent, by_host: bool, host: &str) {
+    /// Names the communicator a constructor call made, from its parent's name; `daemon`:
+    /// this daemon's number ([`CommKey::child_since_attach`]).
+    pub fn created(&mut self, ev: &CallEvent, by_host: bool, host: &str, daemon: u64) {
         let parent = self.name(ev, false);
         // A reused handle's earlier communicator keeps its name for the traffic it had.
         if let Some((gen, key)) = self.names.remove(&ev.created) {
@@ -171,13 +184,17 @@ impl ProcComms {
             // The parent has no name: neither does the child.
             return;
         };
+        if ev.recv_tag == CallEvent::MADE_NOTHING {
+            // Failed: nothing made, nor counted among the parent's children.
+            return;
+        }
         let host = by_host.then_some(host);
         let key = if let Some(index) = ev.made_index() {
             parent.child(index, ev.routine, ev.color, host)
         } else {
             let index = self.made_since_attach.entry(parent).or_default();
             *index += 1;
-            parent.child_since_attach(*index - 1, ev.routine, ev.color, host)
+            parent.child_since_attach(daemon, *index - 1, ev.routine, ev.color, host)
         };
         if ev.created != 0 && self.names.len() < MAX_NAMES {
             self.names.insert(ev.created, (ev.created_gen(), key));
@@ -204,10 +221,10 @@ mod tests {
     fn members_name_alike_and_siblings_differ() {
         // Two processes whose handles differ make the same split of the world.
         let (mut a, mut b) = (ProcComms::default(), ProcComms::default());
-        a.created(&ev(0x10, comm_id::WORLD, 0x100, 0), false, "h");
-        b.created(&ev(0x20, comm_id::WORLD, 0x200, 0), false, "h");
+        a.created(&ev(0x10, comm_id::WORLD, 0x100, 0), false, "h", 7);
+        b.created(&ev(0x20, comm_id::WORLD, 0x200, 0), false, "h", 7);
         let mut c = ProcComms::default();
-        c.created(&ev(0x30, comm_id::WORLD, 0x100, 1), false, "h");
+        c.created(&ev(0x30, comm_id::WORLD, 0x100, 1), false, "h", 7);
         let na = a.name(&ev(0x100, 0, 0, 0), false).unwrap();
         let nb = b.name(&ev(0x200, 0, 0, 0), false).unwrap();
         let nc = c.name(&ev(0x100, 0, 0, 0), false).unwrap();
@@ -218,14 +235,14 @@ mod tests {
             recv_tag: 1,
             ..ev(0x10, comm_id::WORLD, 0x101, 0)
         };
-        a.created(&second, false, "h");
+        a.created(&second, false, "h", 7);
         assert_ne!(a.name(&ev(0x101, 0, 0, 0), false).unwrap(), na);
     }
 
     #[test]
     fn a_reused_handle_keeps_its_earlier_communicators_name_by_generation() {
         let mut a = ProcComms::default();
-        a.created(&ev(0x10, comm_id::WORLD, 0x100, 0), false, "h");
+        a.created(&ev(0x10, comm_id::WORLD, 0x100, 0), false, "h", 7);
         let first = a.of_handle(0x100, 0).unwrap();
         // Freed (generation 1) and given to the world's next split, of another color.
         let again = CallEvent {
@@ -233,7 +250,7 @@ mod tests {
             recv_tag: 1,
             ..ev(0x10, comm_id::WORLD, 0x100, 1)
         };
-        a.created(&again, false, "h");
+        a.created(&again, false, "h", 7);
         let second = a.of_handle(0x100, 1).unwrap();
         assert_ne!(first, second);
         assert_eq!(
@@ -252,7 +269,7 @@ mod tests {
             tag: 2,
             ..ev(0x99, 0, 0x100, 0)
         };
-        a.created(&unnamed, false, "h");
+        a.created(&unnamed, false, "h", 7);
         assert_eq!(a.name(&ev(0x100, 0, 0, 0), false), None);
         assert_eq!(a.of_handle(0x100, 1), Some(second));
         assert_eq!(a.of_handle(0x100, 2), None);
@@ -269,7 +286,7 @@ mod tests {
                 recv_tag: gen,
                 ..ev(0x10, comm_id::WORLD, 0x100, gen % 2)
             };
-            a.created(&made, false, "h");
+            a.created(&made, false, "h", 7);
             names.push(a.of_handle(0x100, gen as u16).expect("named"));
         }
         // The latest freed ones keep their names, the oldest past the bound do not.
@@ -285,7 +302,7 @@ mod tests {
     #[test]
     fn unnamed_parents_make_unnamed_children() {
         let mut a = ProcComms::default();
-        a.created(&ev(0x10, 0, 0x100, 0), false, "h");
+        a.created(&ev(0x10, 0, 0x100, 0), false, "h", 7);
         assert_eq!(a.name(&ev(0x100, 0, 0, 0), false), None);
         assert_eq!(
             a.name(&ev(0x44, comm_id::WORLD, 0, 0), false),
@@ -306,31 +323,46 @@ mod tests {
             ..ev(0x10, comm_id::WORLD, handle, 0)
         };
         for (index, handle) in [(0, 0x100), (1, 0x101), (2, 0x102)] {
-            whole.created(&split(index, handle), false, "h");
+            whole.created(&split(index, handle), false, "h", 7);
         }
-        late.created(&split(2, 0x102), false, "h");
+        late.created(&split(2, 0x102), false, "h", 7);
         let third = whole.name(&ev(0x102, 0, 0, 0), false).expect("named");
         assert_eq!(late.name(&ev(0x102, 0, 0, 0), false), Some(third));
         assert_ne!(whole.name(&ev(0x100, 0, 0, 0), false), Some(third));
         // Where the kernel did not count from the parent's creation (attached mid-job),
-        // counted from the attach: alike in members attached alike, and never a name
-        // counted from the creation gives.
-        let (mut attached, mut other) = (ProcComms::default(), ProcComms::default());
-        for (p, handle) in [(&mut attached, 0x103), (&mut other, 0x203)] {
-            p.created(&split(-1, handle), false, "h");
+        // counted from the attach: alike in members this daemon attached to alike, never a
+        // name counted from the creation gives, nor one another daemon (another node's, or
+        // this one's successor) gives, which counts from another point.
+        let mut procs: [ProcComms; 3] = Default::default();
+        for (p, (handle, daemon)) in procs.iter_mut().zip([(0x103, 7), (0x203, 7), (0x303, 8)]) {
+            p.created(&split(-1, handle), false, "h", daemon);
         }
+        let [mut attached, mut other, elsewhere] = procs;
         let first_since = attached.name(&ev(0x103, 0, 0, 0), false).expect("named");
         assert_eq!(other.name(&ev(0x203, 0, 0, 0), false), Some(first_since));
+        assert_ne!(
+            elsewhere.name(&ev(0x303, 0, 0, 0), false),
+            Some(first_since)
+        );
         assert_ne!(whole.name(&ev(0x100, 0, 0, 0), false), Some(first_since));
-        attached.created(&split(-1, 0x104), false, "h");
+        attached.created(&split(-1, 0x104), false, "h", 7);
+        other.created(&split(-1, 0x204), false, "h", 7);
         assert_ne!(attached.name(&ev(0x104, 0, 0, 0), false), Some(first_since));
+        // A failed constructor made nothing and takes no place among the children.
+        attached.created(&split(CallEvent::MADE_NOTHING, 0), false, "h", 7);
+        attached.created(&split(-1, 0x105), false, "h", 7);
+        other.created(&split(-1, 0x205), false, "h", 7);
+        assert_eq!(
+            attached.name(&ev(0x105, 0, 0, 0), false),
+            other.name(&ev(0x205, 0, 0, 0), false)
+        );
     }
 
     #[test]
     fn split_type_siblings_differ_by_host() {
         let (mut a, mut b) = (ProcComms::default(), ProcComms::default());
-        a.created(&ev(1, comm_id::WORLD, 5, 0), true, "node1");
-        b.created(&ev(1, comm_id::WORLD, 5, 0), true, "node2");
+        a.created(&ev(1, comm_id::WORLD, 5, 0), true, "node1", 7);
+        b.created(&ev(1, comm_id::WORLD, 5, 0), true, "node2", 7);
         assert_ne!(
             a.name(&ev(5, 0, 0, 0), false),
             b.name(&ev(5, 0, 0, 0), false)

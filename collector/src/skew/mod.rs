@@ -72,6 +72,9 @@ pub struct Tracker {
     /// instance number (others are aligned by time).
     init_seen: FastSet<u32>,
     procs: FastMap<u32, ProcComms>,
+    /// In the names of communicators counted since the attach
+    /// ([`CommKey::child_since_attach`]): another daemon's are never these.
+    daemon_number: u64,
     /// The communicator names of processes that exited, while their profile is still
     /// wanted (forgotten by [`Tracker::forget`]).
     gone: FastMap<u32, ProcComms>,
@@ -99,6 +102,7 @@ impl Tracker {
     pub fn new(host: String) -> Tracker {
         Tracker {
             host,
+            daemon_number: CommKey::draw_daemon_number(),
             init_seen: Default::default(),
             procs: FastMap::default(),
             gone: FastMap::default(),
@@ -144,7 +148,7 @@ impl Tracker {
         if ByteRule::from_u8(routine.spec.rule).creates_comm() {
             let parent = procs.name(ev, false);
             let by_host = routine.name == "MPI_Comm_split_type";
-            procs.created(ev, by_host, &self.host);
+            procs.created(ev, by_host, &self.host, self.daemon_number);
             return Placement::on(parent);
         }
         if routine.spec.class == class::INIT {
