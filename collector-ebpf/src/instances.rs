@@ -127,8 +127,11 @@ pub fn child_made(tgid: u32, parent: u64, world: bool) -> i32 {
         return -1;
     }
     // Not numbered for good, as `first_met` would say: a later first use (the world's, told
-    // then) must not count from there, having missed this one.
-    crate::shares::remember_word(SharedMap::CollSeq, &key(tgid, parent), NOT_NUMBERED);
+    // then) must not count from there, having missed this one. Where the user's share
+    // holds no entry for that, the world's count is given up (`MPI_Init`'s mark goes).
+    if !crate::shares::remember_word(SharedMap::CollSeq, &key(tgid, parent), NOT_NUMBERED) {
+        crate::shares::forget(SharedMap::CollSeq, &marker);
+    }
     -1
 }
 

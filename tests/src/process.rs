@@ -213,9 +213,11 @@ pub fn start_waiting_program(
 }
 
 /// Starts `np` ranks of `prog` (a program that takes `HOLD_BEFORE_INIT`: `ready_go.h`'s
-/// `hold_before_init`) held before `MPI_Init`: each writes its pid to `scratch`'s `start.<rank>` and
-/// waits for `start`, which the caller creates once it watches them (a daemon per node,
-/// each seeing its ranks' `MPI_Init`). The job, and its ranks' pids in rank order.
+/// `hold_before_init`) held before `MPI_Init`: each writes its pid to `scratch`'s
+/// `start.<rank>` and waits for `start`, which the caller creates once it watches them (a
+/// daemon per node, each seeing its ranks' `MPI_Init`). The job, and its ranks' pids in
+/// rank order.
+#[track_caller]
 pub fn start_program_held_before_init(
     scratch: &Scratch,
     mpi: Mpi,

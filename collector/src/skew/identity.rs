@@ -79,7 +79,8 @@ impl CommKey {
         CommKey(hash(&what))
     }
 
-    /// A number for this daemon's names counted since its attach, drawn at its start.
+    /// A number for the names counted since the attach by one daemon (drawn per job it
+    /// follows: names are compared within a job).
     pub fn draw_daemon_number() -> u64 {
         use std::hash::BuildHasher;
         std::collections::hash_map::RandomState::new().hash_one("commtap daemon")
@@ -117,6 +118,10 @@ pub struct ProcComms {
     earlier_order: std::collections::VecDeque<(u64, u16)>,
     /// Communicators seen made from each parent whose count the kernel does not know.
     made_since_attach: HashMap<CommKey, u32>,
+    /// How often this process's events were lost: a constructor's among them would put
+    /// `made_since_attach` behind the other members', so the names counted since take it
+    /// (unmatched from then on, never another communicator's).
+    losses: u32,
 }
 
 /// Communicator names kept per process: a program making more without freeing them is
@@ -160,6 +165,11 @@ impl ProcComms {
         }
     }
 
+    /// Some of this process's events were lost (see `losses`).
+    pub fn events_lost(&mut self) {
+        self.losses = self.losses.wrapping_add(1);
+    }
+
     /// Names the communicator a constructor call made, from its parent's name; `daemon`:
     /// this daemon's number ([`CommKey::child_since_attach`]).
     pub fn created(&mut self, ev: &CallEvent, by_host: bool, host: &str, daemon: u64) {
@@ -194,7 +204,8 @@ impl ProcComms {
         } else {
             let index = self.made_since_attach.entry(parent).or_default();
             *index += 1;
-            parent.child_since_attach(daemon, *index - 1, ev.routine, ev.color, host)
+            let counted_from = daemon ^ u64::from(self.losses).rotate_left(32);
+            parent.child_since_attach(counted_from, *index - 1, ev.routine, ev.color, host)
         };
         if ev.created != 0 && self.names.len() < MAX_NAMES {
             self.names.insert(ev.created, (ev.created_gen(), key));
@@ -348,6 +359,15 @@ mod tests {
         attached.created(&split(-1, 0x104), false, "h", 7);
         other.created(&split(-1, 0x204), false, "h", 7);
         assert_ne!(attached.name(&ev(0x104, 0, 0, 0), false), Some(first_since));
+        // Where events of a process were lost (a constructor's, maybe), its names counted
+        // since the attach are its own from then on.
+        let mut lossy = ProcComms::default();
+        lossy.created(&split(-1, 0x403), false, "h", 7);
+        lossy.events_lost();
+        lossy.created(&split(-1, 0x404), false, "h", 7);
+        let lossy_second = lossy.name(&ev(0x404, 0, 0, 0), false);
+        assert!(lossy_second.is_some());
+        assert_ne!(lossy_second, attached.name(&ev(0x104, 0, 0, 0), false));
         // A failed constructor made nothing and takes no place among the children.
         attached.created(&split(CallEvent::MADE_NOTHING, 0), false, "h", 7);
         attached.created(&split(-1, 0x105), false, "h", 7);

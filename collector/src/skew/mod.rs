@@ -73,7 +73,8 @@ pub struct Tracker {
     init_seen: FastSet<u32>,
     procs: FastMap<u32, ProcComms>,
     /// In the names of communicators counted since the attach
-    /// ([`CommKey::child_since_attach`]): another daemon's are never these.
+    /// ([`CommKey::child_since_attach`]): another daemon's (or another job's) are never
+    /// these.
     daemon_number: u64,
     /// The communicator names of processes that exited, while their profile is still
     /// wanted (forgotten by [`Tracker::forget`]).
@@ -211,8 +212,9 @@ impl Tracker {
     /// process's numbering is realigned.
     pub fn lost_by_reader(&mut self, n: u64) {
         self.lost += n;
-        for &pid in self.procs.keys() {
+        for (&pid, comms) in &mut self.procs {
             self.matcher.lost(pid);
+            comms.events_lost();
         }
     }
 
@@ -298,6 +300,9 @@ impl Tracker {
             if expected != ev.thread_seq {
                 self.lost += u64::from(ev.thread_seq.wrapping_sub(expected));
                 self.matcher.lost(ev.tgid);
+                if let Some(comms) = self.procs.get_mut(&ev.tgid) {
+                    comms.events_lost();
+                }
             }
         }
     }
