@@ -190,17 +190,7 @@ pub fn start_waiting_program(
     args: &[std::ffi::OsString],
     env: &[(&str, &str)],
 ) -> (ChildGuard, Vec<u32>) {
-    let launcher = mpi.launcher(np);
-    let mut cmd = Command::new(&launcher[0]);
-    mpi_env(&mut cmd).envs(mpi.job_env()).args(&launcher[1..]);
-    for (k, v) in env {
-        if mpi == Mpi::OpenMpi {
-            cmd.args(["-x", k]);
-        }
-        cmd.env(k, v);
-    }
-    cmd.arg(prog).args(args);
-    let job = ChildGuard::spawn(&mut cmd);
+    let job = spawn_job(mpi, np, prog, args, env);
     wait_until("the job to be ready", Duration::from_mins(1), || {
         scratch.path("ready").exists()
     });
@@ -227,21 +217,12 @@ pub fn start_program_held_before_init(
     env: &[(&str, &str)],
 ) -> (ChildGuard, Vec<u32>) {
     let start = scratch.path("start");
-    let launcher = mpi.launcher(np);
-    let mut cmd = Command::new(&launcher[0]);
-    mpi_env(&mut cmd).envs(mpi.job_env()).args(&launcher[1..]);
-    for (k, v) in env
+    let env: Vec<(&str, &str)> = env
         .iter()
         .copied()
         .chain([("HOLD_BEFORE_INIT", path_str(&start))])
-    {
-        if mpi == Mpi::OpenMpi {
-            cmd.args(["-x", k]);
-        }
-        cmd.env(k, v);
-    }
-    cmd.arg(prog).args(args);
-    let job = ChildGuard::spawn(&mut cmd);
+        .collect();
+    let job = spawn_job(mpi, np, prog, args, &env);
     let pids = (0..np)
         .map(|rank| {
             let path = format!("{}.{rank}", start.display());
@@ -256,6 +237,28 @@ pub fn start_program_held_before_init(
         })
         .collect();
     (job, pids)
+}
+
+/// Launches `np` ranks of `prog` with `args` under `mpi`'s launcher, `env` passed to every
+/// rank (Open MPI's `-x`, MPICH's environment inheritance) after [`Mpi::job_env`].
+fn spawn_job(
+    mpi: Mpi,
+    np: u32,
+    prog: &Path,
+    args: &[std::ffi::OsString],
+    env: &[(&str, &str)],
+) -> ChildGuard {
+    let launcher = mpi.launcher(np);
+    let mut cmd = Command::new(&launcher[0]);
+    mpi_env(&mut cmd).envs(mpi.job_env()).args(&launcher[1..]);
+    for (k, v) in env {
+        if mpi == Mpi::OpenMpi {
+            cmd.args(["-x", k]);
+        }
+        cmd.env(k, v);
+    }
+    cmd.arg(prog).args(args);
+    ChildGuard::spawn(&mut cmd)
 }
 
 /// A path as the `&str` argument of a command.

@@ -296,37 +296,33 @@ fn names_across_nodes_and_a_restart(mpi: Mpi) {
         std::fs::remove_file(&daemons[n].socket).expect("stale socket");
         daemons[n] = start_daemon(n);
     };
+    // Each node's streams: from its first daemon, then from the one after its restart.
     let out = |name: &str| scratch.path(&format!("{name}.jsonl"));
-    let (a0, a1, b0, b1) = (out("a0"), out("a1"), out("b0"), out("b1"));
-    let a_stream = stream(0, &daemons[0].target, &a0);
-    let b_stream = stream(1, &daemons[1].target, &b0);
+    let outs = [[out("a0"), out("a1")], [out("b0"), out("b1")]];
+    let mut streams = [0, 1].map(|n| stream(n, &daemons[n].target, &outs[n][0]));
     std::fs::write(&go, b"").expect("go");
-    wait_until("the first phase's calls streamed", LIMIT, || {
-        phases_seen(&a0) == 1 && phases_seen(&b0) == 1
-    });
-    restart(&mut daemons, 0);
-    drop(a_stream);
-    let a_stream = stream(0, &daemons[0].target, &a1);
-    std::fs::write(format!("{}.0", go.display()), b"").expect("phase go");
-    wait_until("the second phase's calls streamed", LIMIT, || {
-        phases_seen(&a1) == 1 && phases_seen(&b0) == 2
-    });
-    restart(&mut daemons, 1);
-    drop(b_stream);
-    let b_stream = stream(1, &daemons[1].target, &b1);
-    std::fs::write(format!("{}.1", go.display()), b"").expect("phase go");
-    wait_until("the third phase's calls streamed", LIMIT, || {
-        phases_seen(&a1) == 2 && phases_seen(&b1) == 1
-    });
-    std::fs::write(format!("{}.2", go.display()), b"").expect("phase go");
+    for phase in 0..3 {
+        wait_until("the phase's calls streamed", LIMIT, || {
+            outs.iter()
+                .all(|o| o.iter().map(|f| phases_seen(f)).sum::<usize>() == phase + 1)
+        });
+        if phase < 2 {
+            // Its stream ends with the daemon.
+            restart(&mut daemons, phase);
+            streams[phase] = stream(phase, &daemons[phase].target, &outs[phase][1]);
+        }
+        std::fs::write(format!("{}.{phase}", go.display()), b"").expect("phase go");
+    }
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
     // The streams have every phase; they end here.
-    drop((a_stream, b_stream));
+    drop(streams);
 
     // Each communicator (its ring's tag; a grid's phase; the parity split, tag 9, is one
     // per rank) and the name each rank gave it.
     let mut names: BTreeMap<(i64, usize, Option<usize>), BTreeMap<usize, String>> = BTreeMap::new();
-    for (rank, out, first_phase) in [(0, &a0, 0), (0, &a1, 1), (1, &b0, 0), (1, &b1, 2)] {
+    for (rank, out, first_phase) in [(0, 0, 0), (0, 1, 1), (1, 0, 0), (1, 1, 2)]
+        .map(|(rank, file, first)| (rank, &outs[rank][file], first))
+    {
         let mut phase_of_tag: BTreeMap<i64, usize> = BTreeMap::new();
         for e in sendrecvs(out) {
             let tag = e["tag"].as_i64().expect("a Sendrecv's tag");
