@@ -144,6 +144,18 @@ fn the_aggregator_places_traffic_on_sub_communicators_across_nodes() {
     let _ = aggregator.wait_with_limit(LIMIT);
 }
 
+/// `mpi_peers.c`'s arguments for `phases` phases of `grids` grids, its files in `scratch`
+/// (`truth`, `ready`, `go`).
+fn grid_phases_args(scratch: &Scratch, phases: u64, grids: u64) -> [std::ffi::OsString; 5] {
+    [
+        scratch.path("truth").into_os_string(),
+        scratch.path("ready").into_os_string(),
+        scratch.path("go").into_os_string(),
+        phases.to_string().into(),
+        grids.to_string().into(),
+    ]
+}
+
 /// A stencil code making and freeing a grid per step, under a daemon whose user share of
 /// the kernel's per-peer map (1%: 655 counters) holds under half of the grids' counters:
 /// the daemon moves each freed grid's counters out of the kernel's map, so that the next
@@ -158,13 +170,7 @@ fn grids_made_and_freed(mpi: Mpi) {
     let mut daemon = Daemon::start(&scratch, &[], &[], &share);
     let prog = build_program("mpi_peers.c", mpi);
     let go = scratch.path("go");
-    let args = [
-        scratch.path("truth").into_os_string(),
-        scratch.path("ready").into_os_string(),
-        go.clone().into_os_string(),
-        PHASES.to_string().into(),
-        GRIDS.to_string().into(),
-    ];
+    let args = grid_phases_args(&scratch, PHASES, GRIDS);
     let (mut job, ranks) = start_waiting_program(&scratch, mpi, 2, &prog, &args, &[]);
     let pids: Vec<u64> = ranks.iter().map(|p| u64::from(*p)).collect();
     wait_for_state(&daemon.target, &pids, "probed");
@@ -241,13 +247,7 @@ fn names_across_nodes_and_a_restart(mpi: Mpi) {
     let scratch = Scratch::new(&format!("peers-names-{}", mpi.suffix()));
     let prog = build_program("mpi_peers.c", mpi);
     let go = scratch.path("go");
-    let args = [
-        scratch.path("truth").into_os_string(),
-        scratch.path("ready").into_os_string(),
-        go.clone().into_os_string(),
-        "3".into(),
-        "3".into(),
-    ];
+    let args = grid_phases_args(&scratch, 3, 3);
     let (mut job, pids) = start_program_held_before_init(&scratch, mpi, 2, &prog, &args, &[]);
     let node_scratch = [Scratch::new("peers-names-a"), Scratch::new("peers-names-b")];
     let start_daemon = |n: usize| {
