@@ -178,6 +178,9 @@ pub struct Probes {
     process_sampled: BTreeMap<(u32, u16), u32>,
     /// What `config` holds.
     settings: Config,
+    /// Processes whose collectives' counts were stopped ([`Probes::unwatch`],
+    /// [`Probes::ignore`]): swept again if watched again (see [`Probes::watch`]).
+    numbering_stopped: std::collections::HashSet<u32>,
     layouts: Array<MapData, Layout>,
     counters: counters::Counters,
     device_time: PerCpuHashMap<MapData, CounterKey, CounterVal>,
@@ -451,6 +454,7 @@ impl Probes {
             sampled: BTreeMap::new(),
             process_one_in: map(&mut ebpf, names::maps::PROCESS_ONE_IN)?,
             process_sampled: BTreeMap::new(),
+            numbering_stopped: Default::default(),
             settings: Config {
                 self_tgid: std::process::id(),
                 uid: Config::ANY_UID,
@@ -724,9 +728,10 @@ impl Probes {
 
     /// Starts counting `pid`'s calls; with `descendants`, also those of its future children.
     pub fn watch(&mut self, pid: u32, descendants: bool) -> Result<(), AttachError> {
-        if self.is_ignored(pid) {
-            // Detached: a count the kernel was taking as it was stopped may have written
-            // over the stop; none is taken while it is ignored, so this sweep is the last.
+        if self.numbering_stopped.remove(&pid) {
+            // Detached or unwatched: a count the kernel was taking as it was stopped may
+            // have written over the stop; none is taken while it is not watched, so this
+            // sweep is the last.
             self.stop_numbering(Some(pid));
         }
         let flags = watch::COUNT | if descendants { watch::DESCENDANTS } else { 0 };
@@ -747,6 +752,7 @@ impl Probes {
     pub fn unwatch(&mut self, pid: u32) {
         self.watched.remove(pid);
         self.stop_numbering(Some(pid));
+        self.numbering_stopped(pid);
         // Threads with call state check again whether their process is counted.
         self.counters.bump_generation();
     }
@@ -796,9 +802,20 @@ impl Probes {
             .insert(pid, 0)
             .map_err(map_err(names::maps::WATCHED))?;
         self.stop_numbering(Some(pid));
+        self.numbering_stopped(pid);
         // Threads with call state check again whether their process is counted.
         self.counters.bump_generation();
         Ok(())
+    }
+
+    /// Remembers that `pid`'s counts were stopped, for a sweep if it is watched again; a
+    /// bounded set (past it, the oldest go without their sweep: a detach and attach of the
+    /// same process in the instant a count is taken).
+    fn numbering_stopped(&mut self, pid: u32) {
+        if self.numbering_stopped.len() >= MAX_NUMBERING_STOPPED {
+            self.numbering_stopped.clear();
+        }
+        self.numbering_stopped.insert(pid);
     }
 
     /// Whether `pid` was detached ([`Probes::ignore`]) and the kernel leaves it alone.
@@ -1302,6 +1319,9 @@ fn uprobe_sessions(btf: &btf::Btf) -> Option<u32> {
 
 /// The system's dynamic linker: what every program of this machine's ABI starts with.
 const DYNAMIC_LINKER: &str = "/lib64/ld-linux-x86-64.so.2";
+
+/// Processes remembered as detached or unwatched, for their sweep at a later watch.
+const MAX_NUMBERING_STOPPED: usize = 1 << 16;
 
 /// Most dynamic linkers probed besides the system's (containers' images, Spack glibcs),
 /// and most of them owned by one user (not root).
