@@ -510,7 +510,8 @@ async fn place_calls(
                     Ok(FeedItem::Call(ev)) => PlacedItem::Call(ev, Default::default()),
                     Ok(FeedItem::Exited(pid)) => PlacedItem::Exited(pid),
                     Err(RecvError::Lagged(n)) => PlacedItem::Lost(n),
-                    Err(RecvError::Closed) => continue,
+                    // Nothing numbered here to start again.
+                    Ok(FeedItem::Detached(_)) | Err(RecvError::Closed) => continue,
                 };
                 state.placed_calls.send(placed);
             }

@@ -127,6 +127,9 @@ pub struct IngestCounters {
     /// listens (`StreamEvents`, traces); bounded: a slow listener lags and is told how many
     /// it missed.
     pub feed: broadcast::Sender<FeedItem>,
+    /// Processes detached since the last drain began: told the feed once the events they
+    /// queued before are on it ([`IngestCounters::detached`]).
+    detached: Mutex<Vec<u32>>,
 }
 
 /// What the call feed carries.
@@ -136,6 +139,10 @@ pub enum FeedItem {
     Call(CallEvent),
     /// A watched process exited: every call of its came before.
     Exited(u32),
+    /// A process's calls before this and after it are not one run of calls: it was
+    /// detached (`commtap detach`), or is watched again after a detach or a failed attach
+    /// (its calls in between were not seen, and the kernel's counts started again).
+    Detached(u32),
 }
 
 /// What a reader of the call feed gets: an item, how many it fell behind by, or the end.
@@ -176,9 +183,35 @@ impl IngestCounters {
             call_events: Mutex::default(),
             malformed: AtomicU64::default(),
             feed: broadcast::channel(capacity).0,
+            detached: Mutex::default(),
+        }
+    }
+
+    /// Process `pid` was detached (no event of its is queued from now on): the feed's
+    /// readers get [`FeedItem::Detached`] after every event it queued before, at the end of
+    /// the next drain (past [`MAX_DETACHED`] waiting, now: its last events may follow).
+    pub fn detached(&self, pid: u32) {
+        let mut waiting = self
+            .detached
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if waiting.len() < MAX_DETACHED {
+            waiting.push(pid);
+        } else {
+            self.tell(FeedItem::Detached(pid));
+        }
+    }
+
+    /// Hands `item` to the feed's readers, if any.
+    pub fn tell(&self, item: FeedItem) {
+        if self.feed.receiver_count() > 0 {
+            let _ = self.feed.send(item);
         }
     }
 }
+
+/// Detaches waiting for the next drain, at most.
+const MAX_DETACHED: usize = 1 << 12;
 
 impl IngestCounters {
     /// Call events received from `pid`.
@@ -293,6 +326,14 @@ fn drain(
     tx: &mpsc::UnboundedSender<ProcessEvent>,
     counters: &IngestCounters,
 ) {
+    // Taken before the ring is read: every event these processes queued before their
+    // detach is read below, and their detach told after it.
+    let detached = std::mem::take(
+        &mut *counters
+            .detached
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
     // Counted locally and merged once per drain: the lock stays off the per-event path.
     let mut calls: BTreeMap<u32, u64> = BTreeMap::new();
     while let Some(item) = ring.next() {
@@ -353,9 +394,7 @@ fn drain(
                 if k == EventKind::Call as u32 {
                     *calls.entry(ev.tgid).or_default() += 1;
                 }
-                if counters.feed.receiver_count() > 0 {
-                    let _ = counters.feed.send(FeedItem::Call(ev));
-                }
+                counters.tell(FeedItem::Call(ev));
             }
             Some(k) if bytes.len() >= size_of::<ProcEvent>() => {
                 // SAFETY: length checked; ProcEvent is plain integers.
@@ -364,8 +403,8 @@ fn drain(
                     counters.malformed.fetch_add(1, Ordering::Relaxed);
                     continue;
                 };
-                if matches!(pe, ProcessEvent::Exit { .. }) && counters.feed.receiver_count() > 0 {
-                    let _ = counters.feed.send(FeedItem::Exited(ev.tgid));
+                if matches!(pe, ProcessEvent::Exit { .. }) {
+                    counters.tell(FeedItem::Exited(ev.tgid));
                 }
                 debug!(?pe, "process event");
                 let _ = tx.send(pe);
@@ -381,6 +420,9 @@ fn drain(
                 *all.entry(pid).or_default() += n;
             }
         }
+    }
+    for pid in detached {
+        counters.tell(FeedItem::Detached(pid));
     }
 }
 

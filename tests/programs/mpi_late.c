@@ -34,6 +34,12 @@
  * makes a duplicate of MPI_COMM_WORLD and runs N MPI_Allreduce of 1 double (8 bytes) on
  * it, K sleeping before each. With HOLD_BEFORE_INIT=PREFIX, each rank first writes its
  * pid to PREFIX.<rank> and waits for PREFIX before MPI_Init (ready_go.h).
+ *
+ * With READY_FILE, GO_FILE and PHASES (for a rank detached and attached again between
+ * phases): PHASES phases of N MPI_Allreduce of 1 double (8 bytes) on MPI_COMM_WORLD, K
+ * sleeping before each, and after each, rank 0 sends one int (tag 7) to rank 1, which
+ * receives it with MPI_Recv; after each phase but the last, every rank writes its pid to
+ * READY_FILE.<phase>.<rank> and waits (no MPI call) for GO_FILE.<phase>.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -77,6 +83,37 @@ static int after_go(int rank, int size, int late, int delay, long n, const char 
     return 0;
 }
 
+static int phased(int rank, int size, int late, int delay, long n, const char *prefix,
+                  const char *ready, const char *go, int phases)
+{
+    double d = rank, sum = 0;
+    int one = 1;
+    char path[4096];
+    for (int p = 0; p < phases; p++) {
+        for (long i = 0; i < n; i++) {
+            if (rank == late)
+                nap(delay);
+            MPI_Allreduce(&d, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+            if (rank == 0)
+                MPI_Send(&one, 1, MPI_INT, 1, 7, MPI_COMM_WORLD);
+            else if (rank == 1)
+                MPI_Recv(&one, 1, MPI_INT, 0, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        }
+        if (p == phases - 1)
+            break;
+        snprintf(path, sizeof path, "%s.%d.%d", ready, p, rank);
+        if (write_pid(path) != 0)
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        snprintf(path, sizeof path, "%s.%d", go, p);
+        wait_for_file(path);
+    }
+    FILE *f = open_rank_truth(prefix, rank);
+    fprintf(f, "{\"rank\": %d, \"pid\": %ld, \"size\": %d}\n", rank, (long)getpid(), size);
+    fclose(f);
+    MPI_Finalize();
+    return 0;
+}
+
 static int until_stopped(int rank, int size, int late, int delay, const char *prefix,
                          const char *stop)
 {
@@ -113,8 +150,9 @@ static int until_stopped(int rank, int size, int late, int delay, const char *pr
 
 int main(int argc, char **argv)
 {
-    if (argc < 5 || argc > 7) {
-        fprintf(stderr, "usage: %s LATE_RANK DELAY_MS N OUT_PREFIX [STOP_FILE | READY GO]\n",
+    if (argc < 5 || argc > 8) {
+        fprintf(stderr,
+                "usage: %s LATE_RANK DELAY_MS N OUT_PREFIX [STOP_FILE | READY GO [PHASES]]\n",
                 argv[0]);
         return 2;
     }
@@ -128,6 +166,8 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (argc == 6)
         return until_stopped(rank, size, late, delay, argv[4], argv[5]);
+    if (argc == 8)
+        return phased(rank, size, late, delay, n, argv[4], argv[5], argv[6], atoi(argv[7]));
     if (argc == 7)
         return after_go(rank, size, late, delay, n, argv[4], argv[5], argv[6]);
 

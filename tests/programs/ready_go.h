@@ -34,6 +34,21 @@ static inline int create_file(const char *path)
     return 0;
 }
 
+/* Writes this process's pid to `path`, whole (written aside, then renamed): 0, or -1 where
+ * it cannot. */
+static inline int write_pid(const char *path)
+{
+    char tmp[4100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0 ||
+        rename(tmp, path) != 0) {
+        perror(path);
+        return -1;
+    }
+    return 0;
+}
+
 /* With HOLD_BEFORE_INIT=PREFIX in the environment, before MPI_Init: writes this process's
  * pid to PREFIX.<its launcher's rank number> and waits for the file PREFIX (a test starts
  * a daemon per rank in between, each watching its rank's MPI_Init, as the daemons of two
@@ -46,15 +61,10 @@ static inline int hold_before_init(void)
     const char *r = getenv("OMPI_COMM_WORLD_RANK");
     if (!r)
         r = getenv("PMI_RANK");
-    char path[4096], tmp[4100];
+    char path[4096];
     snprintf(path, sizeof path, "%s.%s", start, r ? r : "unknown");
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0 ||
-        rename(tmp, path) != 0) {
-        perror(path);
+    if (write_pid(path) != 0)
         return -1;
-    }
     wait_for_file(start);
     return 0;
 }

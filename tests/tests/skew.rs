@@ -774,6 +774,97 @@ fn the_daemon_names_the_late_rank_of_a_job_it_was_not_told_about() {
     daemon.stop(&scratch);
 }
 
+/// A rank detached mid-job and attached again: a daemon with per-call events watches a
+/// job from its start, rank 1 is detached after the first of three phases of world
+/// `MPI_Allreduce`s (each followed by a message from rank 0 to rank 1) and attached again
+/// after the second. Its collectives of the third are matched with the others' third
+/// phase (aligned by time anew, the second's unseen): every instance of the first and
+/// third phases complete, with the late rank last; the second's incomplete. Its receives
+/// of the third are no longer numbered (the second's went unseen): Late Sender pairs the
+/// first phase's messages only. Were its receives numbered on from its `MPI_Init`, those
+/// of the third phase would be paired with the second's sends.
+#[test]
+fn a_rank_detached_and_attached_again_is_matched_anew() {
+    let scratch = Scratch::new("skew-reattach");
+    let daemon = Daemon::start(&scratch, &[], &[], &["--call-events"]);
+    let (prefix, ready, go) = (
+        scratch.path("truth"),
+        scratch.path("ready"),
+        scratch.path("go"),
+    );
+    let mut args = late_job_args(Mpi::OpenMpi, &prefix);
+    args.extend([ready.display().to_string(), go.display().to_string()]);
+    args.push("3".into());
+    let mut cmd = Command::new(&args[0]);
+    mpi_env(&mut cmd).args(&args[1..]);
+    let mut job = ChildGuard::spawn(&mut cmd);
+    // Every rank's pid, once each is between phases `phase` and the next.
+    let between = |phase: u32| -> Vec<String> {
+        let path = |rank: u32| PathBuf::from(format!("{}.{phase}.{rank}", ready.display()));
+        wait_until("every rank to finish the phase", LIMIT, || {
+            (0..NP).all(|r| path(r).exists())
+        });
+        (0..NP)
+            .map(|r| {
+                let pid = std::fs::read_to_string(path(r)).expect("a pid");
+                pid.trim().to_string()
+            })
+            .collect()
+    };
+    let go_on = |phase: u32| {
+        std::fs::write(format!("{}.{phase}", go.display()), b"").expect("go file");
+    };
+    let pids = between(0);
+    let rank1 = pids[1].as_str();
+    let out = commtap_output(&["detach", "--pid", rank1, "--from", &daemon.target]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    go_on(0);
+    between(1);
+    let out = commtap_output(&["attach", "--pid", rank1, "--from", &daemon.target]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    go_on(1);
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let truths = read_truths(&prefix, NP);
+    wait_for_exited(&daemon.target, &pids_of(&truths));
+    let job_id = pids[0].clone();
+    let profile = report_json(&["report", "--from", &daemon.target, "--job", &job_id]);
+    let skew = &profile["skew"];
+    // 8-byte Allreduce on the world: bucket 2.
+    assert_late_phase(skew, "MPI_Allreduce", 2, LATE, 2 * N);
+    assert_eq!(
+        (&skew["instances"], &skew["incomplete"], &skew["unaligned"]),
+        (&(2 * N).into(), &N.into(), &0.into()),
+        "{skew:#}"
+    );
+    // The first phase's messages paired, both ways round (the sends are blocking); the
+    // third's receives not numbered; the second's and third's sends unpaired.
+    let ls = &skew["late_sender"];
+    for list in ["pairs", "late_receivers"] {
+        let pairs = ls[list].as_array().expect("pairs");
+        assert_eq!(pairs.len(), 1, "{list}: {ls:#}");
+        let p = &pairs[0];
+        assert_eq!(
+            (&p["receiver"], &p["sender"], &p["messages"]),
+            (&1.into(), &0.into(), &N.into()),
+            "{list}: {ls:#}"
+        );
+    }
+    assert_eq!(
+        (&ls["not_numbered"]["not_from_init"], &ls["unpaired"]),
+        (&N.into(), &(2 * N).into()),
+        "{ls:#}"
+    );
+    daemon.stop(&scratch);
+}
+
 /// What the daemon's metrics endpoint at `socket` says now.
 fn curl_metrics(socket: &Path) -> String {
     let out = Command::new("curl")

@@ -818,6 +818,12 @@ impl Probes {
         self.numbering_stopped.insert(pid);
     }
 
+    /// Whether `pid`'s counts were stopped (detached or unwatched) and not started again:
+    /// watched again, its counts start from nothing ([`Probes::watch`]).
+    pub fn numbering_was_stopped(&self, pid: u32) -> bool {
+        self.numbering_stopped.contains(&pid)
+    }
+
     /// Whether `pid` was detached ([`Probes::ignore`]) and the kernel leaves it alone.
     pub fn is_ignored(&self, pid: u32) -> bool {
         self.watched.ignores(pid)

@@ -209,6 +209,12 @@ impl Session {
     /// Starts counting `pid` (already tracked) from now, probing what it maps; with the
     /// processes it starts from now on where `descendants`.
     pub fn watch_tracked(&mut self, pid: u32, descendants: bool) -> Result<()> {
+        if self.probes.numbering_was_stopped(pid) {
+            // Now, before any event of its from now on: who-is-late starts its numbers
+            // again (those it queued before its detach were told before their detach).
+            self.ingest_counters
+                .tell(crate::ingest::FeedItem::Detached(pid));
+        }
         self.probes.watch(pid, descendants)?;
         let objects = objects_of(pid);
         let maps_mpi = self.attach_objects(pid, &objects);

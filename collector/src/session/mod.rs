@@ -236,6 +236,7 @@ impl Session {
             return Ok(None);
         }
         self.probes.ignore(pid)?;
+        self.ingest_counters.detached(pid);
         let rank = self
             .profile(monotonic_ns(), board)
             .ranks

@@ -131,6 +131,8 @@ pub struct Board {
     /// it enter (its calls tell only those it returned from), and when that was read.
     entered: FastMap<u32, u64>,
     entered_read: Option<std::time::Instant>,
+    /// Processes detached, or watched again, before their job was known.
+    detached: FastSet<u32>,
 }
 
 impl Board {
@@ -148,6 +150,7 @@ impl Board {
             exited_while_held: FastSet::default(),
             entered: FastMap::default(),
             entered_read: None,
+            detached: FastSet::default(),
         }
     }
 
@@ -207,6 +210,20 @@ impl Board {
                     if t.idle() {
                         t.finish_matching();
                     }
+                }
+            }
+            Ok(FeedItem::Detached(pid)) => {
+                // Its held calls came before, and stay its earlier run's.
+                self.entered.remove(&pid);
+                if let Some(t) = self.tracker_of(pid) {
+                    t.detached(pid);
+                    if t.idle() {
+                        t.finish_matching();
+                    }
+                } else if self.detached.len() < MAX_WAITING_PROCS {
+                    // Told its tracker once its job is known (past the cap, its names since
+                    // the attach may be taken for its node's others').
+                    self.detached.insert(pid);
                 }
             }
             Err(RecvError::Lagged(n)) => {
@@ -293,6 +310,9 @@ impl Board {
         if let Some(n) = size {
             t.world_size(pid, n);
         }
+        if self.detached.remove(&pid) {
+            t.detached(pid);
+        }
         let released: Vec<Released> = self
             .waiting
             .remove(&pid)
@@ -362,6 +382,7 @@ impl Board {
     pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
         self.world_of.retain(|pid, _| keep(*pid));
         self.entered.retain(|pid, _| keep(*pid));
+        self.detached.retain(|pid| keep(*pid));
         let gone: Vec<u32> = self
             .waiting
             .keys()
@@ -521,6 +542,50 @@ mod tests {
         );
         assert!(send_7.1.is_some_and(|k| k != CommKey::WORLD), "{send_7:?}");
         assert_eq!(send_7.1, send_8.1, "one name for the duplicate in both");
+    }
+
+    /// Two processes attached alike make a duplicate of the world the kernel did not count
+    /// (made after the attach): named alike, unless one was watched again after a detach,
+    /// told the board before its job was known.
+    #[test]
+    fn a_detach_told_before_the_job_is_known_still_names_apart() {
+        let dup_and_send = |board: &mut Board, pid: u32, dup: u64| {
+            board.item(Ok(FeedItem::Call(CallEvent {
+                recv_tag: -1,
+                ..call(pid, "MPI_Comm_dup", 0x4400_0000, dup, 0)
+            })));
+            board.item(Ok(FeedItem::Call(call(pid, "MPI_Send", dup, 0, 1))));
+        };
+        let dup_names = |detached: bool| {
+            let feed = Arc::new(PlacedFeed::default());
+            let (mut rx, _) = feed.subscribe();
+            let mut board = Board::new("h".into()).forward_to(feed);
+            board.set_world(8, "job", Some(2));
+            if detached {
+                board.item(Ok(FeedItem::Detached(7)));
+            }
+            dup_and_send(&mut board, 7, 0x8400_0001);
+            dup_and_send(&mut board, 8, 0x8400_0005);
+            board.set_world(7, "job", Some(2));
+            let mut sends: Vec<(u32, Option<CommKey>)> = passed_on(&mut rx)
+                .into_iter()
+                .filter_map(|item| match item {
+                    PlacedItem::Call(ev, p)
+                        if ev.routine == call(0, "MPI_Send", 0, 0, 0).routine =>
+                    {
+                        Some((ev.tgid, p.comm))
+                    }
+                    _ => None,
+                })
+                .collect();
+            sends.sort();
+            assert!(sends.iter().all(|(_, name)| name.is_some()), "{sends:?}");
+            (sends[0].1, sends[1].1)
+        };
+        let (seven, eight) = dup_names(false);
+        assert_eq!(seven, eight);
+        let (seven, eight) = dup_names(true);
+        assert_ne!(seven, eight);
     }
 
     /// An arrival waits with the calls of its process (the receive it names is among

@@ -119,9 +119,13 @@ pub struct ProcComms {
     /// Communicators seen made from each parent whose count the kernel does not know.
     made_since_attach: HashMap<CommKey, u32>,
     /// How often this process's events were lost: a constructor's among them would put
-    /// `made_since_attach` behind the other members', so the names counted since take it
-    /// (unmatched from then on, never another communicator's).
+    /// `made_since_attach` behind the other members', so the names counted since are its
+    /// own (unmatched from then on, never another communicator's).
     losses: u32,
+    /// Which of its tracker's detaches this process was last detached (or watched again)
+    /// at, if any: what it made before was not all seen, so its names counted since are
+    /// its own too.
+    detach: Option<u32>,
 }
 
 /// Communicator names kept per process: a program making more without freeing them is
@@ -134,6 +138,14 @@ const MAX_NAMES: usize = 1 << 14;
 const MAX_EARLIER_NAMES: usize = 1 << 14;
 
 impl ProcComms {
+    /// A process's names from its attach, or from its tracker's `detach`-th detach.
+    pub fn after_detach(detach: Option<u32>) -> ProcComms {
+        ProcComms {
+            detach,
+            ..ProcComms::default()
+        }
+    }
+
     /// The name of the communicator `ev` was called on, if it has one.
     pub fn name(&self, ev: &CallEvent, nccl: bool) -> Option<CommKey> {
         self.named(ev, nccl).map(|(k, _)| k)
@@ -204,7 +216,12 @@ impl ProcComms {
         } else {
             let index = self.made_since_attach.entry(parent).or_default();
             *index += 1;
-            let counted_from = daemon ^ u64::from(self.losses).rotate_left(32);
+            // Counted alike by the node's ranks attached alike, until one of them may have
+            // missed a constructor: its count is its own from then on.
+            let counted_from = match (self.losses, self.detach) {
+                (0, None) => daemon,
+                (losses, detach) => hash(&("its own", daemon, ev.tgid, losses, detach)),
+            };
             parent.child_since_attach(counted_from, *index - 1, ev.routine, ev.color, host)
         };
         if ev.created != 0 && self.names.len() < MAX_NAMES {
@@ -376,6 +393,33 @@ mod tests {
             attached.name(&ev(0x105, 0, 0, 0), false),
             other.name(&ev(0x205, 0, 0, 0), false)
         );
+    }
+
+    /// Names counted since the attach are shared by a node's ranks attached alike only:
+    /// two that each lost events, or one watched again after a detach, name apart (each
+    /// may have missed a different constructor), and a process apart from its own run
+    /// before the detach.
+    #[test]
+    fn names_since_the_attach_are_a_process_own_once_it_may_have_missed_one() {
+        let made = |pid: u32, handle: u64| CallEvent {
+            tgid: pid,
+            recv_tag: -1,
+            ..ev(0x10, comm_id::WORLD, handle, 0)
+        };
+        let first_child = |p: &mut ProcComms, pid: u32| {
+            p.created(&made(pid, 0x100), false, "h", 7);
+            p.name(&ev(0x100, 0, 0, 0), false).expect("named")
+        };
+        let (mut a, mut b) = (ProcComms::default(), ProcComms::default());
+        assert_eq!(first_child(&mut a, 1), first_child(&mut b, 2));
+        let (mut a, mut b) = (ProcComms::default(), ProcComms::default());
+        a.events_lost();
+        b.events_lost();
+        assert_ne!(first_child(&mut a, 1), first_child(&mut b, 2));
+        let before = first_child(&mut ProcComms::default(), 1);
+        let once = first_child(&mut ProcComms::after_detach(Some(1)), 1);
+        let twice = first_child(&mut ProcComms::after_detach(Some(2)), 1);
+        assert!(before != once && once != twice && before != twice);
     }
 
     #[test]

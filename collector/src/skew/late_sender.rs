@@ -555,6 +555,12 @@ impl LateSenders {
         self.close_if_done(key);
     }
 
+    /// Process `pid` was detached or is watched again: its messages from now on are not
+    /// numbered (some of its channels' went unseen), and are counted as such.
+    pub fn detached(&mut self, pid: u32) {
+        self.numbering.stopped(pid);
+    }
+
     /// Forgets the pairs of processes `keep` no longer keeps (both ends gone).
     pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
         for pairs in [&mut self.pairs, &mut self.late_receivers] {

@@ -79,6 +79,11 @@ pub struct Tracker {
     /// The communicator names of processes that exited, while their profile is still
     /// wanted (forgotten by [`Tracker::forget`]).
     gone: FastMap<u32, ProcComms>,
+    /// Processes detached or watched again ([`Tracker::detached`]): which of this
+    /// tracker's detaches was their last ([`ProcComms::after_detach`]).
+    detaches_of: FastMap<u32, u32>,
+    /// Detaches so far.
+    detaches: u32,
     /// Per (process, thread): the event number expected next.
     threads: FastMap<(u32, u32), u32>,
     matcher: Matcher,
@@ -107,6 +112,8 @@ impl Tracker {
             init_seen: Default::default(),
             procs: FastMap::default(),
             gone: FastMap::default(),
+            detaches_of: FastMap::default(),
+            detaches: 0,
             threads: FastMap::default(),
             matcher: Matcher::default(),
             summary: Summary::default(),
@@ -145,7 +152,11 @@ impl Tracker {
             return Placement::default();
         };
         let nccl = routine.family() == Family::Nccl;
-        let procs = self.procs.entry(ev.tgid).or_default();
+        let detaches_of = &self.detaches_of;
+        let procs = self
+            .procs
+            .entry(ev.tgid)
+            .or_insert_with(|| ProcComms::after_detach(detaches_of.get(&ev.tgid).copied()));
         if ByteRule::from_u8(routine.spec.rule).creates_comm() {
             let parent = procs.name(ev, false);
             let by_host = routine.name == "MPI_Comm_split_type";
@@ -221,10 +232,31 @@ impl Tracker {
     /// Process `pid` exited: what was learnt of its communicators goes, but for their names
     /// (its profile still names them).
     pub fn exited(&mut self, pid: u32) {
+        self.world_sizes.remove(&pid);
+        self.stop_following(pid);
+    }
+
+    /// Process `pid` was detached, or is watched again after it: its calls from now on do
+    /// not go on from those before. Its collectives are aligned by time again (the kernel's
+    /// counts start again; its `MPI_Init` is long past), its communicators are named anew,
+    /// the names it counts since from this detach, its own (its node's other ranks saw
+    /// what it did not), and its messages are no longer numbered (Late Sender).
+    pub fn detached(&mut self, pid: u32) {
+        self.stop_following(pid);
+        self.matcher.lost(pid);
+        self.detaches = self.detaches.wrapping_add(1);
+        self.detaches_of.insert(pid, self.detaches);
+        if let Some(ls) = self.late_senders.as_mut() {
+            ls.detached(pid);
+        }
+    }
+
+    /// What was learnt of `pid`'s communicators goes, but for their names (its profile
+    /// still names them).
+    fn stop_following(&mut self, pid: u32) {
         if let Some(comms) = self.procs.remove(&pid) {
             self.gone.insert(pid, comms);
         }
-        self.world_sizes.remove(&pid);
         self.init_seen.remove(&pid);
         self.threads.retain(|(p, _), _| *p != pid);
     }
@@ -241,6 +273,7 @@ impl Tracker {
     /// Forgets the names of exited processes `keep` no longer keeps.
     pub fn forget(&mut self, keep: impl Fn(u32) -> bool) {
         self.gone.retain(|pid, _| keep(*pid));
+        self.detaches_of.retain(|pid, _| keep(*pid));
     }
 
     /// Whether no process it followed is still running.
@@ -305,5 +338,72 @@ impl Tracker {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use collector_common::{comm_id, routines::routine_id, EventKind};
+
+    /// Process `pid`'s call of `routine` on the world, the `i`-th of the job's (10 ms
+    /// apart), started `late` ns into it; `seq`: its thread's event number.
+    fn world_call(pid: u32, routine: &str, i: u64, late: u64, seq: u32) -> CallEvent {
+        CallEvent {
+            kind: EventKind::Call as u32,
+            tgid: pid,
+            tid: pid,
+            routine: routine_id(routine).expect("a routine"),
+            comm: 0x4400_0000,
+            comm_id: comm_id::WORLD,
+            comm_size: 2,
+            start_ns: i * 10_000_000 + late,
+            dur_ns: 5_000_000 - late,
+            thread_seq: seq,
+            ..CallEvent::default()
+        }
+    }
+
+    /// Rank 0 (pid 1) comes 2 ms late to every barrier. Rank 1 (pid 2) is detached after
+    /// the 40th and watched again from the 60th: counted on from its `MPI_Init`, its
+    /// calls would be taken for barriers 41 on, and rank 1 for the one 190 ms late. Told of
+    /// the detach, its calls are aligned by time with rank 0's again.
+    #[test]
+    fn a_process_watched_again_after_a_detach_is_aligned_anew() {
+        let mut t = Tracker::new("h".into());
+        for pid in [1, 2] {
+            t.call(&world_call(pid, "MPI_Init", 0, 0, 0));
+        }
+        let mut seq = [1u32; 2];
+        for i in 1..=100u64 {
+            if i == 41 {
+                t.detached(2);
+            }
+            if i == 60 {
+                // Watched again: its calls from now on do not go on from before.
+                t.detached(2);
+            }
+            for (pid, late) in [(1u32, 2_000_000), (2, 0)] {
+                if pid == 2 && (41..60).contains(&i) {
+                    continue;
+                }
+                let s = &mut seq[pid as usize - 1];
+                t.call(&world_call(pid, "MPI_Barrier", i, late, *s));
+                *s += 1;
+            }
+        }
+        t.finish_matching();
+        let whois = |pid: u32| Some((pid - 1, "h".to_string()));
+        let report = t.report(&whois, &|_| None);
+        assert_eq!(t.matcher.counts.conflicts, 0, "{report:?}");
+        // Barriers 1..=40 and 60..=100, every one with rank 0 last by 2 ms.
+        assert_eq!(report.instances, 81, "{report:?}");
+        let rank0 = report.ranks.iter().find(|r| r.rank == 0).expect("rank 0");
+        assert_eq!((rank0.instances, rank0.last), (81, 81), "{report:?}");
+        assert!(
+            report.worst.iter().all(|w| w.skew_ns == 2_000_000),
+            "{:?}",
+            report.worst
+        );
     }
 }

@@ -182,6 +182,12 @@ pub struct Flows {
 }
 
 impl Flows {
+    /// Process `pid`'s calls from now on do not go on from those before (a detach): its
+    /// messages are numbered no more.
+    pub fn stopped(&mut self, pid: u32) {
+        self.from_init.remove(&pid);
+    }
+
     /// Numbers `ev`'s messages, if it moves any; the flows its slice draws. An arrival
     /// (no call) draws none: its flow ends on the call it names, which comes next.
     pub fn ends(&mut self, ev: &pb::CallEvent) -> FlowEnds {
