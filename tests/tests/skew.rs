@@ -815,21 +815,16 @@ fn a_rank_detached_and_attached_again_is_matched_anew() {
         std::fs::write(format!("{}.{phase}", go.display()), b"").expect("go file");
     };
     let pids = between(0);
-    let rank1 = pids[1].as_str();
-    let out = commtap_output(&["detach", "--pid", rank1, "--from", &daemon.target]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // `commtap detach` or `attach` of rank 1.
+    let ask = |what: &str| {
+        let out = commtap_output(&[what, "--pid", &pids[1], "--from", &daemon.target]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{what}: {said}");
+    };
+    ask("detach");
     go_on(0);
     between(1);
-    let out = commtap_output(&["attach", "--pid", rank1, "--from", &daemon.target]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ask("attach");
     go_on(1);
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
     let truths = read_truths(&prefix, NP);

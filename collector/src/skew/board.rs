@@ -479,26 +479,11 @@ impl Board {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::skew::CommKey;
-    use collector_common::{comm_id, routines::routine_id, EventKind};
-
-    fn call(pid: u32, routine: &str, comm: u64, created: u64, thread_seq: u32) -> CallEvent {
-        CallEvent {
-            kind: EventKind::Call as u32,
-            tgid: pid,
-            tid: pid,
-            routine: routine_id(routine).expect("a routine"),
-            comm,
-            comm_id: if comm == 0x4400_0000 {
-                comm_id::WORLD
-            } else {
-                0
-            },
-            created,
-            thread_seq,
-            ..CallEvent::default()
-        }
-    }
+    use crate::skew::{
+        test_events::{call, WORLD},
+        CommKey,
+    };
+    use collector_common::{routines::routine_id, EventKind};
 
     fn passed_on(rx: &mut mpsc::Receiver<PlacedItem>) -> Vec<PlacedItem> {
         std::iter::from_fn(|| rx.try_recv().ok()).collect()
@@ -514,13 +499,7 @@ mod tests {
         let mut board = Board::new("h".into()).forward_to(feed);
         board.set_world(8, "job", Some(2));
         for (pid, dup) in [(7, 0x8400_0001), (8, 0x8400_0005)] {
-            board.item(Ok(FeedItem::Call(call(
-                pid,
-                "MPI_Comm_dup",
-                0x4400_0000,
-                dup,
-                0,
-            ))));
+            board.item(Ok(FeedItem::Call(call(pid, "MPI_Comm_dup", WORLD, dup, 0))));
             board.item(Ok(FeedItem::Call(call(pid, "MPI_Send", dup, 0, 1))));
         }
         board.item(Ok(FeedItem::Exited(7)));
@@ -552,7 +531,7 @@ mod tests {
         let dup_and_send = |board: &mut Board, pid: u32, dup: u64| {
             board.item(Ok(FeedItem::Call(CallEvent {
                 recv_tag: -1,
-                ..call(pid, "MPI_Comm_dup", 0x4400_0000, dup, 0)
+                ..call(pid, "MPI_Comm_dup", WORLD, dup, 0)
             })));
             board.item(Ok(FeedItem::Call(call(pid, "MPI_Send", dup, 0, 1))));
         };
@@ -601,7 +580,7 @@ mod tests {
             start_ns: 10,
         };
         let wait = routine_id("MPI_Wait").expect("a routine");
-        board.item(Ok(FeedItem::Call(call(7, "MPI_Irecv", 0x4400_0000, 0, 0))));
+        board.item(Ok(FeedItem::Call(call(7, "MPI_Irecv", WORLD, 0, 0))));
         board.item(Ok(FeedItem::Call(CallEvent::arrival(
             7, 7, wait, 20, &posted, 0,
         ))));

@@ -341,26 +341,44 @@ impl Tracker {
     }
 }
 
+/// Call events for the tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use collector_common::{comm_id, routines::routine_id, EventKind};
+pub(crate) mod test_events {
+    use collector_common::{comm_id, routines::routine_id, CallEvent, EventKind};
 
-    /// Process `pid`'s call of `routine` on the world, the `i`-th of the job's (10 ms
-    /// apart), started `late` ns into it; `seq`: its thread's event number.
-    fn world_call(pid: u32, routine: &str, i: u64, late: u64, seq: u32) -> CallEvent {
+    /// MPICH's handle of `MPI_COMM_WORLD`.
+    pub const WORLD: u64 = 0x4400_0000;
+
+    /// Process `pid`'s call of `routine` (its own thread) on communicator handle `comm`,
+    /// making `created`; `thread_seq`: its thread's event number.
+    pub fn call(pid: u32, routine: &str, comm: u64, created: u64, thread_seq: u32) -> CallEvent {
         CallEvent {
             kind: EventKind::Call as u32,
             tgid: pid,
             tid: pid,
             routine: routine_id(routine).expect("a routine"),
-            comm: 0x4400_0000,
-            comm_id: comm_id::WORLD,
+            comm,
+            comm_id: if comm == WORLD { comm_id::WORLD } else { 0 },
+            created,
+            thread_seq,
+            ..CallEvent::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use test_events::{call, WORLD};
+
+    /// Process `pid`'s call of `routine` on the world of 2, the `i`-th of the job's (10 ms
+    /// apart), started `late` ns into it; `seq`: its thread's event number.
+    fn world_call(pid: u32, routine: &str, i: u64, late: u64, seq: u32) -> CallEvent {
+        CallEvent {
             comm_size: 2,
             start_ns: i * 10_000_000 + late,
             dur_ns: 5_000_000 - late,
-            thread_seq: seq,
-            ..CallEvent::default()
+            ..call(pid, routine, WORLD, 0, seq)
         }
     }
 
