@@ -417,7 +417,7 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
     state.detached.lock().await.retain(|pid| {
         let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
         if !alive {
-            session.probes.unwatch(*pid);
+            session.probes.detached_exited(*pid);
         }
         alive
     });
@@ -509,9 +509,9 @@ async fn place_calls(
                 let placed = match item {
                     Ok(FeedItem::Call(ev)) => PlacedItem::Call(ev, Default::default()),
                     Ok(FeedItem::Exited(pid)) => PlacedItem::Exited(pid),
+                    Ok(FeedItem::Detached(pid)) => PlacedItem::Detached(pid),
                     Err(RecvError::Lagged(n)) => PlacedItem::Lost(n),
-                    // Nothing numbered here to start again.
-                    Ok(FeedItem::Detached(_)) | Err(RecvError::Closed) => continue,
+                    Err(RecvError::Closed) => continue,
                 };
                 state.placed_calls.send(placed);
             }

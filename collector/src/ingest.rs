@@ -127,9 +127,11 @@ pub struct IngestCounters {
     /// listens (`StreamEvents`, traces); bounded: a slow listener lags and is told how many
     /// it missed.
     pub feed: broadcast::Sender<FeedItem>,
-    /// Processes detached since the last drain began: told the feed once the events they
-    /// queued before are on it ([`IngestCounters::detached`]).
-    detached: Mutex<Vec<u32>>,
+    /// Processes detached since the last drain began, and how many drains began: told the
+    /// feed once the events they queued before are on it ([`IngestCounters::detached`]).
+    detached: Mutex<(Vec<u32>, u64)>,
+    /// How many drains ended (each told the detaches it took at its start).
+    drains_ended: tokio::sync::watch::Sender<u64>,
 }
 
 /// What the call feed carries.
@@ -140,8 +142,9 @@ pub enum FeedItem {
     /// A watched process exited: every call of its came before.
     Exited(u32),
     /// A process's calls before this and after it are not one run of calls: it was
-    /// detached (`commtap detach`), or is watched again after a detach or a failed attach
-    /// (its calls in between were not seen, and the kernel's counts started again).
+    /// detached (`commtap detach`: after every event it queued before), or is watched again
+    /// after its counts were stopped (a detach, a failed attach, `record` letting it go:
+    /// its calls in between were not seen, and the kernel's counts start again).
     Detached(u32),
 }
 
@@ -184,22 +187,37 @@ impl IngestCounters {
             malformed: AtomicU64::default(),
             feed: broadcast::channel(capacity).0,
             detached: Mutex::default(),
+            drains_ended: tokio::sync::watch::Sender::new(0),
         }
     }
 
     /// Process `pid` was detached (no event of its is queued from now on): the feed's
     /// readers get [`FeedItem::Detached`] after every event it queued before, at the end of
-    /// the next drain (past [`MAX_DETACHED`] waiting, now: its last events may follow).
-    pub fn detached(&self, pid: u32) {
-        let mut waiting = self
+    /// the next drain, whose number this returns for [`IngestCounters::told`] (past
+    /// [`MAX_DETACHED`] waiting, now: its last events may follow).
+    pub fn detached(&self, pid: u32) -> u64 {
+        let mut detaching = self
             .detached
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (waiting, begun) = &mut *detaching;
         if waiting.len() < MAX_DETACHED {
             waiting.push(pid);
+            *begun + 1
         } else {
             self.tell(FeedItem::Detached(pid));
+            *begun
         }
+    }
+
+    /// Waits until drain `drain` has ended (its detaches told the feed), for `limit` at
+    /// most (no ingest loop runs, or it is stuck): whether it did. A detach that returns
+    /// after it is before an attach of the same process on the feed too.
+    pub async fn told(&self, drain: u64, limit: std::time::Duration) -> bool {
+        let mut ended = self.drains_ended.subscribe();
+        tokio::time::timeout(limit, ended.wait_for(|n| *n >= drain))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// Hands `item` to the feed's readers, if any.
@@ -327,13 +345,16 @@ fn drain(
     counters: &IngestCounters,
 ) {
     // Taken before the ring is read: every event these processes queued before their
-    // detach is read below, and their detach told after it.
-    let detached = std::mem::take(
-        &mut *counters
+    // detach is read below (but one the kernel was still writing, in the microseconds a
+    // probe takes), and their detach told after it.
+    let (detached, drain) = {
+        let mut detaching = counters
             .detached
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        detaching.1 += 1;
+        (std::mem::take(&mut detaching.0), detaching.1)
+    };
     // Counted locally and merged once per drain: the lock stays off the per-event path.
     let mut calls: BTreeMap<u32, u64> = BTreeMap::new();
     while let Some(item) = ring.next() {
@@ -424,6 +445,7 @@ fn drain(
     for pid in detached {
         counters.tell(FeedItem::Detached(pid));
     }
+    counters.drains_ended.send_replace(drain);
 }
 
 #[cfg(test)]

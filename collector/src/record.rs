@@ -680,6 +680,13 @@ impl FeedSinks {
                 t.lost_by_reader(*n);
             }
         }
+        if let Ok(FeedItem::Detached(pid)) = &item {
+            // Watched again after a failed attach (`record` detaches none): its calls held
+            // by who-is-late, if any, are written after this, as calls of its new run.
+            for t in &mut self.tracers {
+                t.detached(*pid);
+            }
+        }
         if let Some(l) = self.late.as_mut() {
             l.item(item);
         }

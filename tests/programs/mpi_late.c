@@ -166,6 +166,10 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (argc == 6)
         return until_stopped(rank, size, late, delay, argv[4], argv[5]);
+    if (argc == 8 && size < 2) {
+        fprintf(stderr, "%s: PHASES needs 2 ranks or more (rank 0 sends to rank 1)\n", argv[0]);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
     if (argc == 8)
         return phased(rank, size, late, delay, n, argv[4], argv[5], argv[6], atoi(argv[7]));
     if (argc == 7)

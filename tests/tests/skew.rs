@@ -775,14 +775,15 @@ fn the_daemon_names_the_late_rank_of_a_job_it_was_not_told_about() {
 }
 
 /// A rank detached mid-job and attached again: a daemon with per-call events watches a
-/// job from its start, rank 1 is detached after the first of three phases of world
-/// `MPI_Allreduce`s (each followed by a message from rank 0 to rank 1) and attached again
-/// after the second. Its collectives of the third are matched with the others' third
-/// phase (aligned by time anew, the second's unseen): every instance of the first and
-/// third phases complete, with the late rank last; the second's incomplete. Its receives
-/// of the third are no longer numbered (the second's went unseen): Late Sender pairs the
-/// first phase's messages only. Were its receives numbered on from its `MPI_Init`, those
-/// of the third phase would be paired with the second's sends.
+/// job from its start, and a trace streams from it; rank 1 is detached after the first of
+/// three phases of world `MPI_Allreduce`s (each followed by a message from rank 0 to its
+/// rank 1) and attached again after the second. Its collectives of the third are matched with
+/// the others' third phase (aligned by time anew, the second's unseen): every instance of
+/// the first and third phases complete, with the late rank last; the second's incomplete.
+/// Its receives of the third are no longer numbered (the second's went unseen): Late
+/// Sender pairs the first phase's messages only, and the trace draws their arrows only.
+/// Were its receives numbered on from its `MPI_Init`, those of the third phase would be
+/// paired with the second's sends.
 #[test]
 fn a_rank_detached_and_attached_again_is_matched_anew() {
     let scratch = Scratch::new("skew-reattach");
@@ -792,44 +793,73 @@ fn a_rank_detached_and_attached_again_is_matched_anew() {
         scratch.path("ready"),
         scratch.path("go"),
     );
-    let mut args = late_job_args(Mpi::OpenMpi, &prefix);
-    args.extend([ready.display().to_string(), go.display().to_string()]);
-    args.push("3".into());
-    let mut cmd = Command::new(&args[0]);
-    mpi_env(&mut cmd).args(&args[1..]);
-    let mut job = ChildGuard::spawn(&mut cmd);
-    // Every rank's pid, once each is between phases `phase` and the next.
-    let between = |phase: u32| -> Vec<String> {
-        let path = |rank: u32| PathBuf::from(format!("{}.{phase}.{rank}", ready.display()));
+    let prog = build_program("mpi_late.c", Mpi::OpenMpi);
+    let args = [
+        LATE.to_string().into(),
+        DELAY_MS.to_string().into(),
+        N.to_string().into(),
+        prefix.clone().into_os_string(),
+        ready.clone().into_os_string(),
+        go.clone().into_os_string(),
+        "3".into(),
+    ];
+    // Held before MPI_Init until the trace streams: it holds every rank from MPI_Init on.
+    let (mut job, ranks) =
+        start_program_held_before_init(&scratch, Mpi::OpenMpi, NP, &prog, &args, &[]);
+    let (tracer, trace) =
+        spawn_streaming_trace(&scratch, &daemon.target, &["--pid", &pid_list(&ranks)]);
+    std::fs::write(scratch.path("start"), b"").expect("start");
+    // Once every rank is between phases `phase` and the next.
+    let between = |phase: u32| {
         wait_until("every rank to finish the phase", LIMIT, || {
-            (0..NP).all(|r| path(r).exists())
+            (0..NP).all(|r| PathBuf::from(format!("{}.{phase}.{r}", ready.display())).exists())
         });
-        (0..NP)
-            .map(|r| {
-                let pid = std::fs::read_to_string(path(r)).expect("a pid");
-                pid.trim().to_string()
-            })
-            .collect()
     };
     let go_on = |phase: u32| {
         std::fs::write(format!("{}.{phase}", go.display()), b"").expect("go file");
     };
-    let pids = between(0);
     // `commtap detach` or `attach` of rank 1.
+    let rank1 = ranks[1].to_string();
     let ask = |what: &str| {
-        let out = commtap_output(&[what, "--pid", &pids[1], "--from", &daemon.target]);
+        let out = commtap_output(&[what, "--pid", &rank1, "--from", &daemon.target]);
         let said = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{what}: {said}");
     };
+    between(0);
     ask("detach");
     go_on(0);
     between(1);
     ask("attach");
     go_on(1);
     assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    finish_ok(&scratch, tracer, LIMIT);
+    let arrows: Vec<(u64, u64)> = devtools_summary(&trace)["flows"]
+        .as_array()
+        .expect("flows")
+        .iter()
+        .map(|flow| {
+            let ends = flow.as_array().expect("a flow's events");
+            let at = |e: &Value| e["ts"].as_f64().expect("a time");
+            let (from, to) = if at(&ends[0]) <= at(&ends[1]) {
+                (&ends[0], &ends[1])
+            } else {
+                (&ends[1], &ends[0])
+            };
+            (
+                from["pid"].as_u64().expect("pid"),
+                to["pid"].as_u64().expect("pid"),
+            )
+        })
+        .collect();
+    let (r0, r1) = (u64::from(ranks[0]), u64::from(ranks[1]));
+    assert_eq!(
+        arrows,
+        vec![(r0, r1); N as usize],
+        "the first phase's messages only"
+    );
     let truths = read_truths(&prefix, NP);
     wait_for_exited(&daemon.target, &pids_of(&truths));
-    let job_id = pids[0].clone();
+    let job_id = ranks[0].to_string();
     let profile = report_json(&["report", "--from", &daemon.target, "--job", &job_id]);
     let skew = &profile["skew"];
     // 8-byte Allreduce on the world: bucket 2.

@@ -103,6 +103,11 @@ impl Sink for RelaySink {
         self.pending.lost_by_reader = self.lost;
     }
 
+    fn detached(&mut self, pid: u32) {
+        // After the message's calls: each daemon's batch is flushed as one message.
+        self.pending.detached.push(pid);
+    }
+
     fn set_ring_buffer_full(&mut self, n: u64) {
         self.pending.ring_buffer_full = Some(n);
     }

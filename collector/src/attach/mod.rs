@@ -819,9 +819,17 @@ impl Probes {
     }
 
     /// Whether `pid`'s counts were stopped (detached or unwatched) and not started again:
-    /// watched again, its counts start from nothing ([`Probes::watch`]).
+    /// watched again, its counts start from nothing ([`Probes::watch`]). Past the bounded
+    /// set's cap it may say no of an unwatched process (a detached one is told anyway).
     pub fn numbering_was_stopped(&self, pid: u32) -> bool {
         self.numbering_stopped.contains(&pid)
+    }
+
+    /// Process `pid`, detached, exited (its kernel state went at the detach): its pid may be
+    /// another process's from now on, watched as any other, counted from its start.
+    pub fn detached_exited(&mut self, pid: u32) {
+        self.watched.remove(pid);
+        self.numbering_stopped.remove(&pid);
     }
 
     /// Whether `pid` was detached ([`Probes::ignore`]) and the kernel leaves it alone.

@@ -37,6 +37,8 @@ pub struct Session {
     /// Process lifecycle events from the ingest task.
     pub events: mpsc::UnboundedReceiver<ProcessEvent>,
     ingest_counters: Arc<IngestCounters>,
+    /// The drain of the ring buffer whose end tells the call feed of the last detach.
+    detach_drain: u64,
     cancel: CancellationToken,
     ingest: Option<JoinHandle<()>>,
     /// Job id given to each job key (see `profile::build::job_key`), kept stable across profiles.
@@ -117,6 +119,7 @@ impl Session {
             tracked: BTreeMap::new(),
             events,
             ingest_counters,
+            detach_drain: 0,
             cancel,
             ingest: Some(ingest),
             job_ids: BTreeMap::new(),
@@ -226,7 +229,9 @@ impl Session {
     }
 
     /// Stops watching `pid` and returns its profile so far, final and marked detached (None
-    /// if it is not tracked or made no call); `board` as for [`Session::profile`].
+    /// if it is not tracked or made no call); `board` as for [`Session::profile`]. The call
+    /// feed's readers are told of the detach after its last calls
+    /// ([`Session::detach_told`]).
     pub fn detach(
         &mut self,
         pid: u32,
@@ -236,7 +241,7 @@ impl Session {
             return Ok(None);
         }
         self.probes.ignore(pid)?;
-        self.ingest_counters.detached(pid);
+        self.detach_drain = self.ingest_counters.detached(pid);
         let rank = self
             .profile(monotonic_ns(), board)
             .ranks
@@ -255,6 +260,21 @@ impl Session {
         self.probes.forget_process(pid);
         self.tracked.remove(&pid);
         Ok(rank)
+    }
+
+    /// Waits (a second at most) until the call feed's readers were told of the last detach:
+    /// an attach of the process after it is then told after it too, and its calls from
+    /// then on come after both.
+    pub fn detach_told(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (counters, drain) = (self.ingest_counters.clone(), self.detach_drain);
+        async move {
+            if !counters
+                .told(drain, std::time::Duration::from_secs(1))
+                .await
+            {
+                tracing::warn!("the detach was not told the call feed within a second");
+            }
+        }
     }
 
     /// Every call event (while per-call events are on) and process exit from now on.

@@ -106,6 +106,17 @@ pub enum PlacedItem {
     Exited(u32),
     /// Calls the board's reader of the feed fell behind by (lost to every stream).
     Lost(u64),
+    /// A process was detached, or is watched again after it
+    /// ([`crate::ingest::FeedItem::Detached`]): its calls before and after are not one run.
+    Detached(u32),
+}
+
+/// What waits for its process's job to be known: a call, or the detach between two of its
+/// calls (applied in its place when they are taken).
+#[derive(Clone, Copy, Debug)]
+enum Held {
+    Call(CallEvent),
+    Detached,
 }
 
 /// Trackers by job, fed from the call feed.
@@ -116,7 +127,7 @@ pub struct Board {
     hand_on: bool,
     trackers: FastMap<String, Tracker>,
     world_of: FastMap<u32, String>,
-    waiting: FastMap<u32, VecDeque<CallEvent>>,
+    waiting: FastMap<u32, VecDeque<Held>>,
     /// Calls that waited for a job that never became known, or past the caps.
     unplaced: u64,
     /// Whether sends are paired with their receives (each job's tracker does it), when
@@ -131,8 +142,6 @@ pub struct Board {
     /// it enter (its calls tell only those it returned from), and when that was read.
     entered: FastMap<u32, u64>,
     entered_read: Option<std::time::Instant>,
-    /// Processes detached, or watched again, before their job was known.
-    detached: FastSet<u32>,
 }
 
 impl Board {
@@ -150,7 +159,6 @@ impl Board {
             exited_while_held: FastSet::default(),
             entered: FastMap::default(),
             entered_read: None,
-            detached: FastSet::default(),
         }
     }
 
@@ -169,6 +177,22 @@ impl Board {
     /// A call leaves the board, to whoever it is passed on to.
     fn placed(&self, ev: &CallEvent, placement: Placement) {
         self.pass_on(PlacedItem::Call(*ev, placement));
+    }
+
+    /// Held `held` of `pid` leaves the board unplaced (its job never became known): a call
+    /// (counted, and returned), or a detach.
+    fn unplace(&mut self, pid: u32, held: Held) -> Option<CallEvent> {
+        match held {
+            Held::Call(ev) => {
+                self.unplaced += 1;
+                self.placed(&ev, Placement::default());
+                Some(ev)
+            }
+            Held::Detached => {
+                self.pass_on(PlacedItem::Detached(pid));
+                None
+            }
+        }
     }
 
     /// The held calls of `pid` have left the board: its exit may be passed on now.
@@ -213,17 +237,19 @@ impl Board {
                 }
             }
             Ok(FeedItem::Detached(pid)) => {
-                // Its held calls came before, and stay its earlier run's.
+                // The kernel's counts start again: those read before are another run's.
                 self.entered.remove(&pid);
-                if let Some(t) = self.tracker_of(pid) {
+                if let Some(q) = self.waiting.get_mut(&pid) {
+                    // Between its held calls: applied in its place (one per detach, which
+                    // only the process's owner or root asks for).
+                    q.push_back(Held::Detached);
+                } else if let Some(t) = self.tracker_of(pid) {
                     t.detached(pid);
-                    if t.idle() {
-                        t.finish_matching();
-                    }
-                } else if self.detached.len() < MAX_WAITING_PROCS {
-                    // Told its tracker once its job is known (past the cap, its names since
+                    self.pass_on(PlacedItem::Detached(pid));
+                } else if self.waiting.len() < MAX_WAITING_PROCS {
+                    // Applied once its job is known (past the cap, its names counted since
                     // the attach may be taken for its node's others').
-                    self.detached.insert(pid);
+                    self.waiting.insert(pid, VecDeque::from([Held::Detached]));
                 }
             }
             Err(RecvError::Lagged(n)) => {
@@ -250,7 +276,10 @@ impl Board {
                     .get(&ev.tgid)
                     .is_some_and(|q| q.len() < MAX_WAITING);
             if holds {
-                self.waiting.entry(ev.tgid).or_default().push_back(ev);
+                self.waiting
+                    .entry(ev.tgid)
+                    .or_default()
+                    .push_back(Held::Call(ev));
                 return Taken::Held;
             }
             if ev.kind == collector_common::EventKind::Arrival as u32 {
@@ -277,7 +306,7 @@ impl Board {
             return Taken::Now(Placement::default());
         }
         let q = self.waiting.entry(ev.tgid).or_default();
-        q.push_back(ev);
+        q.push_back(Held::Call(ev));
         Taken::Held
     }
 
@@ -310,26 +339,28 @@ impl Board {
         if let Some(n) = size {
             t.world_size(pid, n);
         }
-        if self.detached.remove(&pid) {
-            t.detached(pid);
-        }
-        let released: Vec<Released> = self
-            .waiting
-            .remove(&pid)
-            .into_iter()
-            .flatten()
-            .map(|ev| {
-                let placement = if ev.kind == collector_common::EventKind::Call as u32 {
-                    t.call(&ev)
-                } else {
-                    t.arrival(&ev);
-                    Placement::default()
-                };
-                (ev, placement)
-            })
-            .collect();
-        for (ev, placement) in &released {
-            self.placed(ev, *placement);
+        let mut released: Vec<Released> = Vec::new();
+        for held in self.waiting.remove(&pid).into_iter().flatten() {
+            let ev = match held {
+                Held::Call(ev) => ev,
+                Held::Detached => {
+                    t.detached(pid);
+                    if let Some(feed) = self.forward.as_ref().filter(|f| f.wanted()) {
+                        feed.send(PlacedItem::Detached(pid));
+                    }
+                    continue;
+                }
+            };
+            let placement = if ev.kind == collector_common::EventKind::Call as u32 {
+                t.call(&ev)
+            } else {
+                t.arrival(&ev);
+                Placement::default()
+            };
+            if let Some(feed) = self.forward.as_ref().filter(|f| f.wanted()) {
+                feed.send(PlacedItem::Call(ev, placement));
+            }
+            released.push((ev, placement));
         }
         self.released(pid);
         released
@@ -382,7 +413,6 @@ impl Board {
     pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
         self.world_of.retain(|pid, _| keep(*pid));
         self.entered.retain(|pid, _| keep(*pid));
-        self.detached.retain(|pid| keep(*pid));
         let gone: Vec<u32> = self
             .waiting
             .keys()
@@ -391,9 +421,8 @@ impl Board {
             .collect();
         for pid in gone {
             // Their job never became known: passed on unplaced.
-            for ev in self.waiting.remove(&pid).into_iter().flatten() {
-                self.unplaced += 1;
-                self.placed(&ev, Placement::default());
+            for held in self.waiting.remove(&pid).into_iter().flatten() {
+                self.unplace(pid, held);
             }
             self.released(pid);
         }
@@ -410,15 +439,13 @@ impl Board {
     /// Aligns and closes everything (no more calls will come); returns the calls still
     /// held (their process's job never became known: not matched).
     pub fn finish(&mut self) -> Vec<Released> {
-        let held: Vec<Released> = self
-            .waiting
-            .drain()
-            .flat_map(|(_, q)| q)
-            .map(|ev| (ev, Placement::default()))
-            .collect();
-        self.unplaced += held.len() as u64;
-        for (ev, placement) in &held {
-            self.placed(ev, *placement);
+        let mut held: Vec<Released> = Vec::new();
+        for (pid, q) in std::mem::take(&mut self.waiting) {
+            for h in q {
+                if let Some(ev) = self.unplace(pid, h) {
+                    held.push((ev, Placement::default()));
+                }
+            }
         }
         for pid in std::mem::take(&mut self.exited_while_held) {
             self.pass_on(PlacedItem::Exited(pid));
@@ -565,6 +592,39 @@ mod tests {
         assert_eq!(seven, eight);
         let (seven, eight) = dup_names(true);
         assert_ne!(seven, eight);
+    }
+
+    /// A detach between held calls (its process's job not known yet) is applied in its
+    /// place: the calls before it are numbered from the `MPI_Init` held with them, those
+    /// after it are not (aligned by time), and the detach is passed on between them.
+    #[test]
+    fn a_detach_between_held_calls_parts_them() {
+        let feed = Arc::new(PlacedFeed::default());
+        let (mut rx, _) = feed.subscribe();
+        let mut board = Board::new("h".into()).forward_to(feed);
+        let barrier = |seq: u32| CallEvent {
+            comm_size: 2,
+            ..call(7, "MPI_Barrier", WORLD, 0, seq)
+        };
+        board.item(Ok(FeedItem::Call(call(7, "MPI_Init", 0, 0, 0))));
+        board.item(Ok(FeedItem::Call(barrier(1))));
+        board.item(Ok(FeedItem::Detached(7)));
+        board.item(Ok(FeedItem::Call(barrier(2))));
+        assert!(passed_on(&mut rx).is_empty(), "its job is not known yet");
+        let released: Vec<Option<u64>> = board
+            .set_world(7, "job", Some(2))
+            .iter()
+            .map(|(_, p)| p.seq)
+            .collect();
+        assert_eq!(released, [None, Some(0), None]);
+        let passed: Vec<String> = passed_on(&mut rx)
+            .iter()
+            .map(|item| match item {
+                PlacedItem::Call(ev, p) => format!("{} {:?}", ev.thread_seq, p.seq),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(passed, ["0 None", "1 Some(0)", "Detached(7)", "2 None"]);
     }
 
     /// An arrival waits with the calls of its process (the receive it names is among

@@ -334,6 +334,19 @@ impl Matcher {
         }
     }
 
+    /// `pid` was detached, or is watched again after it: its numbering is no longer known,
+    /// and its calls waiting to be aligned by time are another run's than those to come
+    /// (counted as unaligned).
+    pub fn detached(&mut self, pid: u32) {
+        self.lost(pid);
+        for comm in self.comms.values_mut() {
+            if let Some(s) = comm.streams.get_mut(&pid) {
+                self.counts.unaligned += s.buffer.len() as u64;
+                s.buffer.clear();
+            }
+        }
+    }
+
     /// Closes the instances nobody arrived at for [`EXPIRE_NS`], and hands on those whose
     /// other members are on other nodes after [`HANDOFF_NS`].
     pub fn expire(&mut self, out: &mut Vec<Instance>) {

@@ -76,8 +76,10 @@ pub struct Tracker {
     /// ([`CommKey::child_since_attach`]): another daemon's (or another job's) are never
     /// these.
     daemon_number: u64,
-    /// The communicator names of processes that exited, while their profile is still
-    /// wanted (forgotten by [`Tracker::forget`]).
+    /// The communicator names of processes that exited, or of a detached process's run
+    /// before its last detach, while their profile is still wanted (forgotten by
+    /// [`Tracker::forget`]; a run's names are looked up only where the process's current
+    /// run does not follow: the kernel forgot the handles it knew at the detach).
     gone: FastMap<u32, ProcComms>,
     /// Processes detached or watched again ([`Tracker::detached`]): which of this
     /// tracker's detaches was their last ([`ProcComms::after_detach`]).
@@ -233,6 +235,8 @@ impl Tracker {
     /// (its profile still names them).
     pub fn exited(&mut self, pid: u32) {
         self.world_sizes.remove(&pid);
+        // Its pid may be another process's from now on.
+        self.detaches_of.remove(&pid);
         self.stop_following(pid);
     }
 
@@ -243,7 +247,7 @@ impl Tracker {
     /// what it did not), and its messages are no longer numbered (Late Sender).
     pub fn detached(&mut self, pid: u32) {
         self.stop_following(pid);
-        self.matcher.lost(pid);
+        self.matcher.detached(pid);
         self.detaches = self.detaches.wrapping_add(1);
         self.detaches_of.insert(pid, self.detaches);
         if let Some(ls) = self.late_senders.as_mut() {
@@ -270,7 +274,7 @@ impl Tracker {
             .of_handle(handle, gen)
     }
 
-    /// Forgets the names of exited processes `keep` no longer keeps.
+    /// Forgets the names of exited (or detached) processes `keep` no longer keeps.
     pub fn forget(&mut self, keep: impl Fn(u32) -> bool) {
         self.gone.retain(|pid, _| keep(*pid));
         self.detaches_of.retain(|pid, _| keep(*pid));

@@ -62,6 +62,9 @@ pub trait Sink {
     fn name(&mut self, pid: u32, name: ProcessName);
     /// Calls the streams lost by reading too slowly (an increment).
     fn lost_by_reader(&mut self, n: u64);
+    /// Process `pid` (as in the trace) was detached, or is watched again after it: its
+    /// calls before and after are not one run.
+    fn detached(&mut self, pid: u32);
     /// Calls the nodes' kernels could not queue (the ranks' `dropped`, summed).
     fn set_ring_buffer_full(&mut self, n: u64);
     /// The clock metadata: the axis, and each node's offset, error and drift.
@@ -98,6 +101,10 @@ impl Sink for FileSink {
 
     fn lost_by_reader(&mut self, n: u64) {
         self.writer.lost_by_reader(n);
+    }
+
+    fn detached(&mut self, pid: u32) {
+        self.writer.detached(pid);
     }
 
     fn set_ring_buffer_full(&mut self, n: u64) {
@@ -397,6 +404,9 @@ async fn relayed(
         for ev in msg.events {
             sink.call(ev)?;
         }
+        for pid in msg.detached {
+            sink.detached(pid);
+        }
         sink.lost_by_reader(msg.lost_by_reader.saturating_sub(sink.relay_lost));
         sink.relay_lost = sink.relay_lost.max(msg.lost_by_reader);
         if let Some(n) = msg.ring_buffer_full {
@@ -458,6 +468,12 @@ pub async fn gather<S: Sink>(
         let batch = batch.with_context(|| format!("StreamEvents from {}", sources[i].node))?;
         note_streaming(&mut sources, i, sink)?;
         merge.take(sink, &mut sources[i], i, batch.events, batch.dropped)?;
+        for pid in &batch.detached {
+            // A process with no call in the trace yet has nothing to keep apart.
+            if let Some(&shown) = sources[i].trace_pid.get(pid) {
+                sink.detached(shown);
+            }
+        }
         if let Err(e) = name_new_processes(sink, &mut sources[i]).await {
             // Names are a courtesy: a daemon that stopped (its last batch just came) is
             // asked again at the end, and its processes keep their pids meanwhile.

@@ -126,6 +126,13 @@ impl TraceWriter {
         self.processes.entry(pid).or_default().name = Some(name);
     }
 
+    /// Process `pid` was detached, or is watched again after it: its messages are numbered
+    /// no more (those it sent or received meanwhile were not seen), so no arrow is drawn
+    /// from a message before to one after.
+    pub fn detached(&mut self, pid: u32) {
+        self.flows.stopped(pid);
+    }
+
     /// Calls the reader lost (cumulative count from the feed, or an increment).
     pub fn lost_by_reader(&mut self, n: u64) {
         self.lost.reader_too_slow += n;

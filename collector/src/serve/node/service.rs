@@ -239,7 +239,9 @@ impl pb::node_server::Node for NodeService {
             .and_then(|r| r.uid)
             .map(|u| session.probes.account_of(u));
         drop(board);
-        // Before the session's lock goes: an attach waiting for it finds the profile.
+        // Before the session's lock goes: an attach waiting for it is told the feed after
+        // the detach, and finds the profile.
+        session.detach_told().await;
         self.state.detached.lock().await.insert(pid);
         if let Some(rank) = &rank {
             // Nothing lost: the profile stays in snapshots (and pushes) as a final one.
@@ -331,7 +333,7 @@ fn event_stream(
             // few waiting messages hold a bounded number of calls whatever the rate.
             let mut more = true;
             while more {
-                let (mut events, mut exited) = (Vec::new(), Vec::new());
+                let (mut events, mut exited, mut detached) = (Vec::new(), Vec::new(), Vec::new());
                 more = false;
                 while let Ok(item) = feed.try_recv() {
                     match item {
@@ -344,6 +346,12 @@ fn event_stream(
                         }
                         PlacedItem::Exited(pid) if visible(&pid) => exited.push(pid),
                         PlacedItem::Lost(n) => dropped += n,
+                        PlacedItem::Detached(pid) if visible(&pid) => {
+                            // The batch ends here: its calls came before.
+                            detached.push(pid);
+                            more = true;
+                            break;
+                        }
                         _ => {}
                     }
                     if events.len() >= MAX_BATCH_EVENTS {
@@ -355,6 +363,7 @@ fn event_stream(
                     events,
                     dropped: dropped + lost.load(Ordering::Relaxed),
                     exited,
+                    detached,
                 };
                 if tx.send(Ok(batch)).await.is_err() {
                     break 'streaming;
