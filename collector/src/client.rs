@@ -398,6 +398,13 @@ pub async fn events(from: &Target, pids: Vec<u32>, duration: Option<Duration>) -
             }
             writeln!(stdout, "{line}")?;
         }
+        // After the batch's calls, which came before: a process's exit, and a detach (or
+        // an attach after one), after which its calls do not go on from those before.
+        for (key, pids) in [("exited", &batch.exited), ("detached", &batch.detached)] {
+            for pid in pids {
+                writeln!(stdout, "{}", serde_json::json!({ key: pid }))?;
+            }
+        }
     }
     writeln!(stdout, "{}", serde_json::json!({ "dropped": dropped }))?;
     Ok(())

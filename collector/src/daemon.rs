@@ -414,8 +414,9 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
     }
     session.rescan();
     // Detached processes that exited: their pid may be reused by a process to count.
-    state.detached.lock().await.retain(|pid| {
-        let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
+    state.detached.lock().await.retain(|pid, d| {
+        // Its pid given to another process already is not it.
+        let alive = discover::start_ticks(*pid) == Some(d.start_ticks);
         if !alive {
             session.probes.detached_exited(*pid);
         }

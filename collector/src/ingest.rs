@@ -132,6 +132,9 @@ pub struct IngestCounters {
     detached: Mutex<(Vec<u32>, u64)>,
     /// How many drains ended (each told the detaches it took at its start).
     drains_ended: tokio::sync::watch::Sender<u64>,
+    /// Records one drain reads at most (more than the ring holds): a drain ends, and tells
+    /// its detaches, however fast the kernel writes; the rest waits for the next.
+    drain_records: usize,
 }
 
 /// What the call feed carries.
@@ -174,20 +177,19 @@ impl IngestCounters {
     pub fn for_ring(ring_bytes: u32) -> IngestCounters {
         // Each event is a record of the ring: its 8-byte header and the event.
         let events = ring_bytes as usize / (size_of::<CallEvent>() + 8);
-        IngestCounters::with_feed(
-            events
-                .next_power_of_two()
-                .clamp(FEED_CAPACITY, MAX_FEED_CAPACITY),
-        )
-    }
-
-    fn with_feed(capacity: usize) -> IngestCounters {
         IngestCounters {
             call_events: Mutex::default(),
             malformed: AtomicU64::default(),
-            feed: broadcast::channel(capacity).0,
+            feed: broadcast::channel(
+                events
+                    .next_power_of_two()
+                    .clamp(FEED_CAPACITY, MAX_FEED_CAPACITY),
+            )
+            .0,
             detached: Mutex::default(),
             drains_ended: tokio::sync::watch::Sender::new(0),
+            // The smallest record is its header and a 4-byte kind: twice the ring's worth.
+            drain_records: (ring_bytes as usize / 8).max(1 << 16),
         }
     }
 
@@ -218,6 +220,26 @@ impl IngestCounters {
         tokio::time::timeout(limit, ended.wait_for(|n| *n >= drain))
             .await
             .is_ok_and(|r| r.is_ok())
+    }
+
+    /// A drain begins: the detaches it tells at its end, and its number. Taken before the
+    /// ring is read: every event these processes queued before their detach is read in
+    /// the drain (but one the kernel was still writing, in the microseconds a probe takes).
+    fn drain_begins(&self) -> (Vec<u32>, u64) {
+        let mut detaching = self
+            .detached
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        detaching.1 += 1;
+        (std::mem::take(&mut detaching.0), detaching.1)
+    }
+
+    /// Drain `drain` ends: its `detached` are told the feed, after every event it read.
+    fn drain_ends(&self, detached: Vec<u32>, drain: u64) {
+        for pid in detached {
+            self.tell(FeedItem::Detached(pid));
+        }
+        self.drains_ended.send_replace(drain);
     }
 
     /// Hands `item` to the feed's readers, if any.
@@ -344,20 +366,11 @@ fn drain(
     tx: &mpsc::UnboundedSender<ProcessEvent>,
     counters: &IngestCounters,
 ) {
-    // Taken before the ring is read: every event these processes queued before their
-    // detach is read below (but one the kernel was still writing, in the microseconds a
-    // probe takes), and their detach told after it.
-    let (detached, drain) = {
-        let mut detaching = counters
-            .detached
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        detaching.1 += 1;
-        (std::mem::take(&mut detaching.0), detaching.1)
-    };
+    let (detached, drain) = counters.drain_begins();
     // Counted locally and merged once per drain: the lock stays off the per-event path.
     let mut calls: BTreeMap<u32, u64> = BTreeMap::new();
-    while let Some(item) = ring.next() {
+    for _ in 0..counters.drain_records {
+        let Some(item) = ring.next() else { break };
         let bytes: &[u8] = &item;
         let kind = bytes
             .get(..4)
@@ -442,10 +455,36 @@ fn drain(
             }
         }
     }
-    for pid in detached {
-        counters.tell(FeedItem::Detached(pid));
+    counters.drain_ends(detached, drain);
+}
+
+#[cfg(test)]
+mod detach_tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A detach is told the feed at the end of the drain that begins after it, after every
+    /// event that drain read; one that comes while a drain runs waits for the next.
+    #[tokio::test]
+    async fn a_detach_is_told_at_the_end_of_the_next_drain() {
+        let c = IngestCounters::for_ring(1 << 16);
+        let mut feed = c.feed.subscribe();
+        let short = Duration::from_millis(10);
+        let drain = c.detached(7);
+        assert!(!c.told(drain, short).await, "no drain ended yet");
+        let (pids, n) = c.drain_begins();
+        assert_eq!((pids.as_slice(), n), ([7].as_slice(), drain));
+        let later = c.detached(8);
+        assert_eq!(later, drain + 1, "taken by the next drain");
+        c.tell(FeedItem::Exited(9));
+        c.drain_ends(pids, n);
+        assert!(c.told(drain, short).await);
+        assert!(!c.told(later, short).await);
+        let told: Vec<String> = std::iter::from_fn(|| feed.try_recv().ok())
+            .map(|item| format!("{item:?}"))
+            .collect();
+        assert_eq!(told, ["Exited(9)", "Detached(7)"]);
     }
-    counters.drains_ended.send_replace(drain);
 }
 
 #[cfg(test)]

@@ -681,8 +681,9 @@ impl FeedSinks {
             }
         }
         if let Ok(FeedItem::Detached(pid)) = &item {
-            // Watched again after a failed attach (`record` detaches none): its calls held
-            // by who-is-late, if any, are written after this, as calls of its new run.
+            // Watched again after a failed attach (`record` detaches none). Its calls held by
+            // who-is-late, if any, are written after this: numbered by none, whichever run
+            // they are of (a held `MPI_Init` included).
             for t in &mut self.tracers {
                 t.detached(*pid);
             }

@@ -37,8 +37,6 @@ pub struct Session {
     /// Process lifecycle events from the ingest task.
     pub events: mpsc::UnboundedReceiver<ProcessEvent>,
     ingest_counters: Arc<IngestCounters>,
-    /// The drain of the ring buffer whose end tells the call feed of the last detach.
-    detach_drain: u64,
     cancel: CancellationToken,
     ingest: Option<JoinHandle<()>>,
     /// Job id given to each job key (see `profile::build::job_key`), kept stable across profiles.
@@ -119,7 +117,6 @@ impl Session {
             tracked: BTreeMap::new(),
             events,
             ingest_counters,
-            detach_drain: 0,
             cancel,
             ingest: Some(ingest),
             job_ids: BTreeMap::new(),
@@ -230,18 +227,18 @@ impl Session {
 
     /// Stops watching `pid` and returns its profile so far, final and marked detached (None
     /// if it is not tracked or made no call); `board` as for [`Session::profile`]. The call
-    /// feed's readers are told of the detach after its last calls
-    /// ([`Session::detach_told`]).
+    /// feed's readers are told of the detach after its last calls, at the end of the drain
+    /// of the ring buffer whose number comes with the profile ([`Session::detach_told`]).
     pub fn detach(
         &mut self,
         pid: u32,
         board: Option<&crate::skew::Board>,
-    ) -> Result<Option<RankProfile>> {
+    ) -> Result<(Option<RankProfile>, u64)> {
         if !self.tracked.contains_key(&pid) {
-            return Ok(None);
+            return Ok((None, 0));
         }
         self.probes.ignore(pid)?;
-        self.detach_drain = self.ingest_counters.detached(pid);
+        let drain = self.ingest_counters.detached(pid);
         let rank = self
             .profile(monotonic_ns(), board)
             .ranks
@@ -259,14 +256,17 @@ impl Session {
             });
         self.probes.forget_process(pid);
         self.tracked.remove(&pid);
-        Ok(rank)
+        Ok((rank, drain))
     }
 
-    /// Waits (a second at most) until the call feed's readers were told of the last detach:
-    /// an attach of the process after it is then told after it too, and its calls from
-    /// then on come after both.
-    pub fn detach_told(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let (counters, drain) = (self.ingest_counters.clone(), self.detach_drain);
+    /// Waits (a second at most) until the call feed's readers were told of a detach, at
+    /// the end of drain `drain` ([`Session::detach`]): an attach of the process after it is
+    /// then told after it too, and its calls from then on come after both.
+    pub fn detach_told(
+        &self,
+        drain: u64,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let counters = self.ingest_counters.clone();
         async move {
             if !counters
                 .told(drain, std::time::Duration::from_secs(1))

@@ -240,16 +240,21 @@ impl Board {
                 // The kernel's counts start again: those read before are another run's.
                 self.entered.remove(&pid);
                 if let Some(q) = self.waiting.get_mut(&pid) {
-                    // Between its held calls: applied in its place (one per detach, which
-                    // only the process's owner or root asks for).
-                    q.push_back(Held::Detached);
+                    // Between its held calls: applied in its place (two with no call between
+                    // them are one: the queue stays bounded).
+                    if !matches!(q.back(), Some(Held::Detached)) {
+                        q.push_back(Held::Detached);
+                    }
                 } else if let Some(t) = self.tracker_of(pid) {
                     t.detached(pid);
                     self.pass_on(PlacedItem::Detached(pid));
                 } else if self.waiting.len() < MAX_WAITING_PROCS {
-                    // Applied once its job is known (past the cap, its names counted since
-                    // the attach may be taken for its node's others').
+                    // Applied once its job is known.
                     self.waiting.insert(pid, VecDeque::from([Held::Detached]));
+                } else {
+                    // Past the cap: its names counted since the attach may be taken for its
+                    // node's others'; the streams are told all the same.
+                    self.pass_on(PlacedItem::Detached(pid));
                 }
             }
             Err(RecvError::Lagged(n)) => {
@@ -339,15 +344,20 @@ impl Board {
         if let Some(n) = size {
             t.world_size(pid, n);
         }
+        // Passed on as they are taken (the tracker borrows the board meanwhile).
+        let forward = self.forward.clone().filter(|f| f.wanted());
+        let pass_on = |item| {
+            if let Some(feed) = &forward {
+                feed.send(item);
+            }
+        };
         let mut released: Vec<Released> = Vec::new();
         for held in self.waiting.remove(&pid).into_iter().flatten() {
             let ev = match held {
                 Held::Call(ev) => ev,
                 Held::Detached => {
                     t.detached(pid);
-                    if let Some(feed) = self.forward.as_ref().filter(|f| f.wanted()) {
-                        feed.send(PlacedItem::Detached(pid));
-                    }
+                    pass_on(PlacedItem::Detached(pid));
                     continue;
                 }
             };
@@ -357,9 +367,7 @@ impl Board {
                 t.arrival(&ev);
                 Placement::default()
             };
-            if let Some(feed) = self.forward.as_ref().filter(|f| f.wanted()) {
-                feed.send(PlacedItem::Call(ev, placement));
-            }
+            pass_on(PlacedItem::Call(ev, placement));
             released.push((ev, placement));
         }
         self.released(pid);

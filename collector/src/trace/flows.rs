@@ -157,11 +157,18 @@ type ChannelEnd = (bool, u64, i32, i32, i32);
 /// A call, by when it started, its process and its thread.
 type CallKey = (u64, u32, u32);
 
+/// Detached processes [`Flows`] keeps numbering no more, at most (past it, the set starts
+/// again: a held `MPI_Init` of a process detached long before could number it again).
+const MAX_STOPPED: usize = 1 << 16;
+
 /// Numbers the messages of every channel, on both sides, as the calls come.
 #[derive(Debug, Default)]
 pub struct Flows {
     /// Processes whose `MPI_Init` the trace holds.
     from_init: HashSet<u32>,
+    /// Processes detached since (at most [`MAX_STOPPED`]): numbered no more, even where
+    /// an `MPI_Init` of theirs comes after the detach is told (a call held back).
+    stopped: HashSet<u32>,
     /// (process, communicator) whose receives cannot be numbered any more.
     lost_track: HashSet<(u32, u64)>,
     /// Messages numbered so far on each side of each channel.
@@ -186,6 +193,10 @@ impl Flows {
     /// messages are numbered no more.
     pub fn stopped(&mut self, pid: u32) {
         self.from_init.remove(&pid);
+        if self.stopped.len() >= MAX_STOPPED {
+            self.stopped.clear();
+        }
+        self.stopped.insert(pid);
     }
 
     /// Numbers `ev`'s messages, if it moves any; the flows its slice draws. An arrival
@@ -263,7 +274,7 @@ impl Flows {
         let Some(r) = routine(&ev.routine) else {
             return (FlowEnds::default(), None);
         };
-        if r.spec.class == class::INIT {
+        if r.spec.class == class::INIT && !self.stopped.contains(&ev.pid) {
             self.from_init.insert(ev.pid);
         }
         let Some(dir) = direction(r) else {
@@ -408,6 +419,21 @@ mod tests {
             recv_tag: recv.map(|r| r.1),
             ..Default::default()
         }
+    }
+
+    /// A process detached (or watched again after it) numbers no message from then on,
+    /// even where its `MPI_Init` comes after (held back until its job was known).
+    #[test]
+    fn a_detached_process_numbers_no_message() {
+        let mut f = Flows::default();
+        f.ends(&call(0, "MPI_Init", (-1, -1), None));
+        f.stopped(2);
+        f.ends(&call(1, "MPI_Init", (-1, -1), None));
+        let sent = f.ends(&call(0, "MPI_Send", (1, 5), None));
+        assert!(sent.out.is_some(), "{sent:?}");
+        let received = f.ends(&call(1, "MPI_Recv", (0, 5), None));
+        assert!(received.into.is_empty(), "{received:?}");
+        assert_eq!(f.unlinked.not_from_init, 1);
     }
 
     #[test]

@@ -164,9 +164,11 @@ enum Command {
     Detach(DetachArgs),
     /// Print every completed call of the daemon's processes as JSON lines (for timelines):
     /// pid, tid, routine, start_ns, duration_ns, bytes, peer, comm_size, comm_rank, comm,
-    /// and a point-to-point call's tag (see the trace arguments in the README). Per-call
-    /// events are
-    /// switched on while this runs; a last line says how many this reader missed.
+    /// and a point-to-point call's tag (see the trace arguments in the README); `{"exited":
+    /// PID}` after a process's last call, `{"detached": PID}` where it was detached (or
+    /// attached again after it: its calls after do not go on from those before). Per-call
+    /// events are switched on while this runs; a last line says how many this reader
+    /// missed.
     Events(EventsArgs),
     /// Write a timeline of every call of a daemon's processes, as they run (no relaunch).
     ///

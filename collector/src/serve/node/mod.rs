@@ -52,7 +52,7 @@ pub struct NodeState {
     /// Profiles of processes that exited.
     pub finished: Mutex<Vec<Finished>>,
     /// Processes detached on request (the kernel ignores them until they exit).
-    pub detached: Mutex<std::collections::BTreeSet<u32>>,
+    pub detached: Mutex<std::collections::BTreeMap<u32, DetachedProcess>>,
     /// Open StreamEvents streams (per-call events are on while there is one).
     pub event_streams: std::sync::atomic::AtomicUsize,
     /// Cancelled when the daemon stops: its event streams end then, cleanly, where a
@@ -86,6 +86,16 @@ impl NodeState {
             None => None,
         }
     }
+}
+
+/// A process detached on request.
+#[derive(Clone, Copy, Debug)]
+pub struct DetachedProcess {
+    /// When it started (`/proc`'s clock ticks): its pid given to another is not it.
+    pub start_ticks: u64,
+    /// The drain of the ring buffer whose end tells the call feed of its detach
+    /// ([`Session::detach_told`]): an attach again waits for it.
+    pub told_at_drain: u64,
 }
 
 /// Most final profiles of exited processes kept at once, and per user: a user starting
@@ -187,7 +197,7 @@ impl NodeState {
     /// `start_ticks` out of the final ones (None where it was not detached, made no call
     /// while watched, or its profile was let go).
     pub async fn take_detached(&self, pid: u32, start_ticks: u64) -> Option<Finished> {
-        if !self.detached.lock().await.contains(&pid) {
+        if !self.detached.lock().await.contains_key(&pid) {
             return None;
         }
         let mut finished = self.finished.lock().await;

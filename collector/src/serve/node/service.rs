@@ -107,7 +107,7 @@ impl pb::node_server::Node for NodeService {
                 rank: f.rank.rank_known.then_some(f.rank.rank),
                 job: f.rank.job.clone(),
                 cmdline: f.rank.cmdline.clone(),
-                status: if detached.contains(&f.rank.pid) {
+                status: if detached.contains_key(&f.rank.pid) {
                     pb::ProcessStatus::Detached
                 } else {
                     pb::ProcessStatus::Exited
@@ -186,6 +186,12 @@ impl pb::node_server::Node for NodeService {
         // the same time waits for this one.
         let mut session = self.state.session.lock().await;
         if !session.tracked.contains_key(&pid) {
+            let detached = self.state.detached.lock().await.get(&pid).copied();
+            if let Some(d) = detached.filter(|d| d.start_ticks == info.start_ticks) {
+                // Its detach goes to who-is-late and the streams before this attach (at
+                // once, but for one just detached: a drain of the ring buffer at most).
+                session.detach_told(d.told_at_drain).await;
+            }
             // Attached again after a detach: its profile goes on from where it was.
             let earlier = self.state.take_detached(pid, info.start_ticks).await;
             let went_on = earlier.as_ref().map(|f| RankProfile {
@@ -230,8 +236,18 @@ impl pb::node_server::Node for NodeService {
                 "PID {pid} belongs to another user"
             )));
         }
-        let board = self.state.board().await;
-        let rank = session
+        let start_ticks = t
+            .info
+            .as_ref()
+            .map(|i| i.start_ticks)
+            .or_else(|| crate::discover::start_ticks(pid));
+        let mut board = self.state.board().await;
+        if let Some(b) = board.as_deref_mut() {
+            // Its job known to who-is-late before the detach: its held calls are not kept
+            // there until it is attached again.
+            crate::session::place_in_worlds(b, &session);
+        }
+        let (rank, told_at_drain) = session
             .detach(pid, board.as_deref())
             .map_err(|e| e.to_status())?;
         let account = rank
@@ -239,10 +255,16 @@ impl pb::node_server::Node for NodeService {
             .and_then(|r| r.uid)
             .map(|u| session.probes.account_of(u));
         drop(board);
-        // Before the session's lock goes: an attach waiting for it is told the feed after
-        // the detach, and finds the profile.
-        session.detach_told().await;
-        self.state.detached.lock().await.insert(pid);
+        // Before the session's lock goes: an attach waiting for it finds the profile.
+        if let Some(start_ticks) = start_ticks {
+            self.state.detached.lock().await.insert(
+                pid,
+                crate::serve::node::DetachedProcess {
+                    start_ticks,
+                    told_at_drain,
+                },
+            );
+        }
         if let Some(rank) = &rank {
             // Nothing lost: the profile stays in snapshots (and pushes) as a final one.
             self.state.keep_finished(rank.clone(), account).await;
