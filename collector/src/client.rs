@@ -343,8 +343,9 @@ pub async fn detach(from: &Target, pid: u32, out: &crate::report::Outputs) -> Re
 }
 
 /// Prints a daemon's call events as JSON lines until `duration` ends (or forever): first
-/// `{"streaming": true}` once the stream is open, then one line per call, then a last line
-/// with how many this reader missed.
+/// `{"streaming": true}` once the stream is open, then one line per call (after each
+/// batch's calls, `{"exited": PID}` and `{"detached": PID}` lines), then a last line with
+/// how many this reader missed.
 pub async fn events(from: &Target, pids: Vec<u32>, duration: Option<Duration>) -> Result<()> {
     use std::io::Write as _;
     use tokio_stream::StreamExt as _;

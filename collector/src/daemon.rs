@@ -256,6 +256,7 @@ fn node_state(
     let placed_calls = Arc::new(crate::skew::board::PlacedFeed::default());
     Arc::new(NodeState {
         node: node.clone(),
+        ingest: session.ingest_counters(),
         session: Mutex::new(session),
         finished: Mutex::new(Vec::new()),
         boot_id: discover::boot_id(),
@@ -406,14 +407,8 @@ async fn watch(
 /// freed so a reused pid starts from zero), expiry.
 async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duration) {
     let mut session = state.session.lock().await;
-    session.drain_process_events();
-    session.track_counted();
-    if let Some(scope) = scan_proc {
-        session.probes.refresh_accounts();
-        session.adopt_running(|pid, info| scope.admits(pid, info));
-    }
-    session.rescan();
-    // Detached processes that exited: their pid may be reused by a process to count.
+    // Detached processes that exited: their pid may be reused by a process to count (told
+    // before new processes are taken up: one given a detached process's pid is counted).
     state.detached.lock().await.retain(|pid, d| {
         // Its pid given to another process already is not it.
         let alive = discover::start_ticks(*pid) == Some(d.start_ticks);
@@ -422,6 +417,13 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
         }
         alive
     });
+    session.drain_process_events();
+    session.track_counted();
+    if let Some(scope) = scan_proc {
+        session.probes.refresh_accounts();
+        session.adopt_running(|pid, info| scope.admits(pid, info));
+    }
+    session.rescan();
     // A process's last call events are still in the ring buffer when it exits (they are
     // drained every DRAIN_INTERVAL): take its final profile once several drains have passed.
     let settled = monotonic_ns().saturating_sub(SETTLE.as_nanos() as u64);

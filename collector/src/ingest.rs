@@ -188,7 +188,8 @@ impl IngestCounters {
             .0,
             detached: Mutex::default(),
             drains_ended: tokio::sync::watch::Sender::new(0),
-            // The smallest record is its header and a 4-byte kind: twice the ring's worth.
+            // A record is 16 bytes at least (its 8-byte header, its data rounded up to 8):
+            // twice the ring's worth.
             drain_records: (ring_bytes as usize / 8).max(1 << 16),
         }
     }
@@ -198,10 +199,7 @@ impl IngestCounters {
     /// the next drain, whose number this returns for [`IngestCounters::told`] (past
     /// [`MAX_DETACHED`] waiting, now: its last events may follow).
     pub fn detached(&self, pid: u32) -> u64 {
-        let mut detaching = self
-            .detached
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut detaching = self.detaching();
         let (waiting, begun) = &mut *detaching;
         if waiting.len() < MAX_DETACHED {
             waiting.push(pid);
@@ -226,12 +224,16 @@ impl IngestCounters {
     /// ring is read: every event these processes queued before their detach is read in
     /// the drain (but one the kernel was still writing, in the microseconds a probe takes).
     fn drain_begins(&self) -> (Vec<u32>, u64) {
-        let mut detaching = self
-            .detached
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut detaching = self.detaching();
         detaching.1 += 1;
         (std::mem::take(&mut detaching.0), detaching.1)
+    }
+
+    /// The detaches waiting for a drain, and the drains begun.
+    fn detaching(&self) -> std::sync::MutexGuard<'_, (Vec<u32>, u64)> {
+        self.detached
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Drain `drain` ends: its `detached` are told the feed, after every event it read.

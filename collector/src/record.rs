@@ -680,13 +680,15 @@ impl FeedSinks {
                 t.lost_by_reader(*n);
             }
         }
-        if let Ok(FeedItem::Detached(pid)) = &item {
+        match &item {
             // Watched again after a failed attach (`record` detaches none). Its calls held by
             // who-is-late, if any, are written after this: numbered by none, whichever run
             // they are of (a held `MPI_Init` included).
-            for t in &mut self.tracers {
-                t.detached(*pid);
-            }
+            Ok(FeedItem::Detached(pid)) => self.tracers.iter_mut().for_each(|t| t.detached(*pid)),
+            // Its pid may be another process's from now on (its own calls held by who-is-late
+            // come with their `MPI_Init`).
+            Ok(FeedItem::Exited(pid)) => self.tracers.iter_mut().for_each(|t| t.exited(*pid)),
+            _ => {}
         }
         if let Some(l) = self.late.as_mut() {
             l.item(item);

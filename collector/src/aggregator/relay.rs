@@ -108,6 +108,10 @@ impl Sink for RelaySink {
         self.pending.detached.push(pid);
     }
 
+    fn exited(&mut self, pid: u32) {
+        self.pending.exited.push(pid);
+    }
+
     fn set_ring_buffer_full(&mut self, n: u64) {
         self.pending.ring_buffer_full = Some(n);
     }

@@ -828,7 +828,10 @@ impl Probes {
     /// Process `pid`, detached, exited (its kernel state went at the detach): its pid may be
     /// another process's from now on, watched as any other, counted from its start.
     pub fn detached_exited(&mut self, pid: u32) {
-        self.watched.remove(pid);
+        // Its detach's entry only: a process given its pid since may be watched already.
+        if self.watched.ignores(pid) {
+            self.watched.remove(pid);
+        }
         self.numbering_stopped.remove(&pid);
     }
 

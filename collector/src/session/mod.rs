@@ -228,7 +228,8 @@ impl Session {
     /// Stops watching `pid` and returns its profile so far, final and marked detached (None
     /// if it is not tracked or made no call); `board` as for [`Session::profile`]. The call
     /// feed's readers are told of the detach after its last calls, at the end of the drain
-    /// of the ring buffer whose number comes with the profile ([`Session::detach_told`]).
+    /// of the ring buffer whose number comes with the profile
+    /// ([`IngestCounters::told`]).
     pub fn detach(
         &mut self,
         pid: u32,
@@ -259,22 +260,10 @@ impl Session {
         Ok((rank, drain))
     }
 
-    /// Waits (a second at most) until the call feed's readers were told of a detach, at
-    /// the end of drain `drain` ([`Session::detach`]): an attach of the process after it is
-    /// then told after it too, and its calls from then on come after both.
-    pub fn detach_told(
-        &self,
-        drain: u64,
-    ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let counters = self.ingest_counters.clone();
-        async move {
-            if !counters
-                .told(drain, std::time::Duration::from_secs(1))
-                .await
-            {
-                tracing::warn!("the detach was not told the call feed within a second");
-            }
-        }
+    /// What the ingest loop counts, and its call feed (a detach is told there: see
+    /// [`Session::detach`]).
+    pub fn ingest_counters(&self) -> Arc<IngestCounters> {
+        self.ingest_counters.clone()
     }
 
     /// Every call event (while per-call events are on) and process exit from now on.

@@ -111,6 +111,13 @@ pub enum PlacedItem {
     Detached(u32),
 }
 
+/// Hands `item` to the subscribers of `feed`, if there is one and anyone subscribes.
+fn pass_on_to(feed: Option<&Arc<PlacedFeed>>, item: PlacedItem) {
+    if let Some(feed) = feed.filter(|f| f.wanted()) {
+        feed.send(item);
+    }
+}
+
 /// What waits for its process's job to be known: a call, or the detach between two of its
 /// calls (applied in its place when they are taken).
 #[derive(Clone, Copy, Debug)]
@@ -169,9 +176,7 @@ impl Board {
     }
 
     fn pass_on(&self, item: PlacedItem) {
-        if let Some(feed) = self.forward.as_ref().filter(|f| f.wanted()) {
-            feed.send(item);
-        }
+        pass_on_to(self.forward.as_ref(), item);
     }
 
     /// A call leaves the board, to whoever it is passed on to.
@@ -239,7 +244,19 @@ impl Board {
             Ok(FeedItem::Detached(pid)) => {
                 // The kernel's counts start again: those read before are another run's.
                 self.entered.remove(&pid);
-                if let Some(q) = self.waiting.get_mut(&pid) {
+                if self
+                    .waiting
+                    .get(&pid)
+                    .is_some_and(|q| q.len() >= MAX_WAITING)
+                {
+                    // Full: its calls since went on unplaced, so the detach cannot wait
+                    // behind the held ones; those go now, unplaced, and the detach after.
+                    for held in self.waiting.remove(&pid).into_iter().flatten() {
+                        self.unplace(pid, held);
+                    }
+                    self.released(pid);
+                    self.pass_on(PlacedItem::Detached(pid));
+                } else if let Some(q) = self.waiting.get_mut(&pid) {
                     // Between its held calls: applied in its place (two with no call between
                     // them are one: the queue stays bounded).
                     if !matches!(q.back(), Some(Held::Detached)) {
@@ -345,12 +362,8 @@ impl Board {
             t.world_size(pid, n);
         }
         // Passed on as they are taken (the tracker borrows the board meanwhile).
-        let forward = self.forward.clone().filter(|f| f.wanted());
-        let pass_on = |item| {
-            if let Some(feed) = &forward {
-                feed.send(item);
-            }
-        };
+        let forward = self.forward.clone();
+        let pass_on = |item| pass_on_to(forward.as_ref(), item);
         let mut released: Vec<Released> = Vec::new();
         for held in self.waiting.remove(&pid).into_iter().flatten() {
             let ev = match held {
@@ -633,6 +646,46 @@ mod tests {
             })
             .collect();
         assert_eq!(passed, ["0 None", "1 Some(0)", "Detached(7)", "2 None"]);
+    }
+
+    /// Two detaches with no call between them are held as one; a detach that finds its
+    /// process's queue full lets the held calls go first (unplaced), then itself: the
+    /// calls passed on since, unplaced, came after it.
+    #[test]
+    fn held_detaches_stay_bounded_and_in_order() {
+        let feed = Arc::new(PlacedFeed::default());
+        let (mut rx, _) = feed.subscribe();
+        let mut board = Board::new("h".into()).forward_to(feed);
+        let send = |seq: u32| FeedItem::Call(call(7, "MPI_Send", WORLD, 0, seq));
+        board.item(Ok(send(0)));
+        board.item(Ok(FeedItem::Detached(7)));
+        board.item(Ok(FeedItem::Detached(7)));
+        board.item(Ok(send(1)));
+        board.set_world(7, "job", Some(2));
+        let said = |items: Vec<PlacedItem>| -> Vec<String> {
+            items
+                .iter()
+                .map(|item| match item {
+                    PlacedItem::Call(ev, _) => format!("call {}", ev.thread_seq),
+                    other => format!("{other:?}"),
+                })
+                .collect()
+        };
+        assert_eq!(
+            said(passed_on(&mut rx)),
+            ["call 0", "Detached(7)", "call 1"]
+        );
+        // Process 8's job is never known: its queue fills, then a call goes on at once.
+        for seq in 0..=MAX_WAITING as u32 {
+            board.item(Ok(FeedItem::Call(call(8, "MPI_Send", WORLD, 0, seq))));
+        }
+        board.item(Ok(FeedItem::Detached(8)));
+        let passed = said(passed_on(&mut rx));
+        let last = format!("call {MAX_WAITING}");
+        assert_eq!(passed.len(), MAX_WAITING + 2);
+        assert_eq!(passed[0], last, "past the cap, at once");
+        assert_eq!(passed[MAX_WAITING], format!("call {}", MAX_WAITING - 1));
+        assert_eq!(passed[MAX_WAITING + 1], "Detached(8)");
     }
 
     /// An arrival waits with the calls of its process (the receive it names is among

@@ -338,13 +338,14 @@ impl Matcher {
     /// and its calls waiting to be aligned by time are another run's than those to come
     /// (counted as unaligned).
     pub fn detached(&mut self, pid: u32) {
-        for comm in self.comms.values_mut() {
-            if let Some(s) = comm.streams.get_mut(&pid) {
-                s.offset = None;
-                s.anchored = false;
-                self.counts.unaligned += s.buffer.len() as u64;
-                s.buffer.clear();
-            }
+        self.lost(pid);
+        let waiting = self
+            .comms
+            .values_mut()
+            .filter_map(|c| c.streams.get_mut(&pid));
+        for s in waiting {
+            self.counts.unaligned += s.buffer.len() as u64;
+            s.buffer.clear();
         }
     }
 

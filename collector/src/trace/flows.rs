@@ -199,6 +199,13 @@ impl Flows {
         self.stopped.insert(pid);
     }
 
+    /// Process `pid` exited (its calls all came before): its pid may be another process's
+    /// from now on, numbered from its own `MPI_Init`.
+    pub fn exited(&mut self, pid: u32) {
+        self.from_init.remove(&pid);
+        self.stopped.remove(&pid);
+    }
+
     /// Numbers `ev`'s messages, if it moves any; the flows its slice draws. An arrival
     /// (no call) draws none: its flow ends on the call it names, which comes next.
     pub fn ends(&mut self, ev: &pb::CallEvent) -> FlowEnds {

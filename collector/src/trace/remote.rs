@@ -65,6 +65,8 @@ pub trait Sink {
     /// Process `pid` (as in the trace) was detached, or is watched again after it: its
     /// calls before and after are not one run.
     fn detached(&mut self, pid: u32);
+    /// Process `pid` (as in the trace) exited: every call of its came before.
+    fn exited(&mut self, pid: u32);
     /// Calls the nodes' kernels could not queue (the ranks' `dropped`, summed).
     fn set_ring_buffer_full(&mut self, n: u64);
     /// The clock metadata: the axis, and each node's offset, error and drift.
@@ -105,6 +107,10 @@ impl Sink for FileSink {
 
     fn detached(&mut self, pid: u32) {
         self.writer.detached(pid);
+    }
+
+    fn exited(&mut self, pid: u32) {
+        self.writer.exited(pid);
     }
 
     fn set_ring_buffer_full(&mut self, n: u64) {
@@ -407,6 +413,9 @@ async fn relayed(
         for pid in msg.detached {
             sink.detached(pid);
         }
+        for pid in msg.exited {
+            sink.exited(pid);
+        }
         sink.lost_by_reader(msg.lost_by_reader.saturating_sub(sink.relay_lost));
         sink.relay_lost = sink.relay_lost.max(msg.lost_by_reader);
         if let Some(n) = msg.ring_buffer_full {
@@ -468,10 +477,15 @@ pub async fn gather<S: Sink>(
         let batch = batch.with_context(|| format!("StreamEvents from {}", sources[i].node))?;
         note_streaming(&mut sources, i, sink)?;
         merge.take(sink, &mut sources[i], i, batch.events, batch.dropped)?;
+        // A process with no call in the trace yet has nothing to keep apart.
         for pid in &batch.detached {
-            // A process with no call in the trace yet has nothing to keep apart.
             if let Some(&shown) = sources[i].trace_pid.get(pid) {
                 sink.detached(shown);
+            }
+        }
+        for pid in &batch.exited {
+            if let Some(&shown) = sources[i].trace_pid.get(pid) {
+                sink.exited(shown);
             }
         }
         if let Err(e) = name_new_processes(sink, &mut sources[i]).await {

@@ -133,6 +133,11 @@ impl TraceWriter {
         self.flows.stopped(pid);
     }
 
+    /// Process `pid` exited: every call of its came before (see [`Flows::exited`]).
+    pub fn exited(&mut self, pid: u32) {
+        self.flows.exited(pid);
+    }
+
     /// Calls the reader lost (cumulative count from the feed, or an increment).
     pub fn lost_by_reader(&mut self, n: u64) {
         self.lost.reader_too_slow += n;

@@ -49,6 +49,8 @@ pub struct NodeState {
     pub node_api: String,
     /// The live profiling session.
     pub session: Mutex<Session>,
+    /// Its ingest loop's counters and call feed (outside the session's lock).
+    pub ingest: std::sync::Arc<crate::ingest::IngestCounters>,
     /// Profiles of processes that exited.
     pub finished: Mutex<Vec<Finished>>,
     /// Processes detached on request (the kernel ignores them until they exit).
@@ -94,8 +96,27 @@ pub struct DetachedProcess {
     /// When it started (`/proc`'s clock ticks): its pid given to another is not it.
     pub start_ticks: u64,
     /// The drain of the ring buffer whose end tells the call feed of its detach
-    /// ([`Session::detach_told`]): an attach again waits for it.
+    /// ([`crate::ingest::IngestCounters::told`]): an attach again waits for it.
     pub told_at_drain: u64,
+}
+
+impl NodeState {
+    /// Waits until the call feed was told of the detach of `pid` (started at
+    /// `start_ticks`), if it was detached: at once, but for one just detached (a drain of
+    /// the ring buffer); a second at most, then warns.
+    pub async fn detach_told(&self, pid: u32, start_ticks: u64) {
+        let detached = self.detached.lock().await.get(&pid).copied();
+        let Some(d) = detached.filter(|d| d.start_ticks == start_ticks) else {
+            return;
+        };
+        if !self
+            .ingest
+            .told(d.told_at_drain, std::time::Duration::from_secs(1))
+            .await
+        {
+            tracing::warn!(pid, "its detach was not told the call feed within a second");
+        }
+    }
 }
 
 /// Most final profiles of exited processes kept at once, and per user: a user starting

@@ -182,16 +182,14 @@ impl pb::node_server::Node for NodeService {
                 "PID {pid} belongs to another user"
             )));
         }
+        // Its detach goes to who-is-late and the streams before this attach: waited for
+        // outside the session's lock, and again under it (a detach that held it meanwhile).
+        self.state.detach_told(pid, info.start_ticks).await;
         // Under the session's lock to the end: an attach or a detach of the same process at
         // the same time waits for this one.
         let mut session = self.state.session.lock().await;
         if !session.tracked.contains_key(&pid) {
-            let detached = self.state.detached.lock().await.get(&pid).copied();
-            if let Some(d) = detached.filter(|d| d.start_ticks == info.start_ticks) {
-                // Its detach goes to who-is-late and the streams before this attach (at
-                // once, but for one just detached: a drain of the ring buffer at most).
-                session.detach_told(d.told_at_drain).await;
-            }
+            self.state.detach_told(pid, info.start_ticks).await;
             // Attached again after a detach: its profile goes on from where it was.
             let earlier = self.state.take_detached(pid, info.start_ticks).await;
             let went_on = earlier.as_ref().map(|f| RankProfile {
@@ -236,16 +234,20 @@ impl pb::node_server::Node for NodeService {
                 "PID {pid} belongs to another user"
             )));
         }
-        let start_ticks = t
+        // As `/proc` says (the clock an attach and an exit are told by), else as first seen.
+        let start_ticks =
+            crate::discover::start_ticks(pid).or_else(|| t.info.as_ref().map(|i| i.start_ticks));
+        let job = t
             .info
             .as_ref()
-            .map(|i| i.start_ticks)
-            .or_else(|| crate::discover::start_ticks(pid));
+            .map(|i| (crate::profile::build::job_key(i), i.world_size));
         let mut board = self.state.board().await;
-        if let Some(b) = board.as_deref_mut() {
+        if let (Some(b), Some((key, size))) = (board.as_deref_mut(), job) {
             // Its job known to who-is-late before the detach: its held calls are not kept
             // there until it is attached again.
-            crate::session::place_in_worlds(b, &session);
+            if !b.knows(pid) {
+                b.set_world(pid, &key, size);
+            }
         }
         let (rank, told_at_drain) = session
             .detach(pid, board.as_deref())
@@ -256,14 +258,16 @@ impl pb::node_server::Node for NodeService {
             .map(|u| session.probes.account_of(u));
         drop(board);
         // Before the session's lock goes: an attach waiting for it finds the profile.
-        if let Some(start_ticks) = start_ticks {
-            self.state.detached.lock().await.insert(
-                pid,
-                crate::serve::node::DetachedProcess {
+        match start_ticks {
+            Some(start_ticks) => {
+                let d = crate::serve::node::DetachedProcess {
                     start_ticks,
                     told_at_drain,
-                },
-            );
+                };
+                self.state.detached.lock().await.insert(pid, d);
+            }
+            // Gone already: its pid may be another's from now on.
+            None => session.probes.detached_exited(pid),
         }
         if let Some(rank) = &rank {
             // Nothing lost: the profile stays in snapshots (and pushes) as a final one.
@@ -366,10 +370,15 @@ fn event_stream(
                             ev.start_ns = state.api_time(ev.start_ns);
                             events.push(ev);
                         }
-                        PlacedItem::Exited(pid) if visible(&pid) => exited.push(pid),
                         PlacedItem::Lost(n) => dropped += n,
+                        // The batch ends here: its calls came before, and those of a
+                        // process given the pid since, or of its next run, after.
+                        PlacedItem::Exited(pid) if visible(&pid) => {
+                            exited.push(pid);
+                            more = true;
+                            break;
+                        }
                         PlacedItem::Detached(pid) if visible(&pid) => {
-                            // The batch ends here: its calls came before.
                             detached.push(pid);
                             more = true;
                             break;
