@@ -685,9 +685,11 @@ impl FeedSinks {
             // who-is-late, if any, are written after this: numbered by none, whichever run
             // they are of (a held `MPI_Init` included).
             Ok(FeedItem::Detached(pid)) => self.tracers.iter_mut().for_each(|t| t.detached(*pid)),
-            // Its pid may be another process's from now on (its own calls held by who-is-late
-            // come with their `MPI_Init`).
-            Ok(FeedItem::Exited(pid)) => self.tracers.iter_mut().for_each(|t| t.exited(*pid)),
+            // Its pid may be another process's from now on; not while who-is-late may hold
+            // calls of its (its job not known yet): a held `MPI_Init` would number it again.
+            Ok(FeedItem::Exited(pid)) if self.late.as_ref().is_none_or(|l| l.knows(*pid)) => {
+                self.tracers.iter_mut().for_each(|t| t.exited(*pid));
+            }
             _ => {}
         }
         if let Some(l) = self.late.as_mut() {
