@@ -184,20 +184,22 @@ impl Board {
         self.pass_on(PlacedItem::Call(*ev, placement));
     }
 
-    /// Held `held` of `pid` leaves the board unplaced (its job never became known): a call
-    /// (counted, and returned), or a detach.
-    fn unplace(&mut self, pid: u32, held: Held) -> Option<CallEvent> {
-        match held {
-            Held::Call(ev) => {
-                self.unplaced += 1;
-                self.placed(&ev, Placement::default());
-                Some(ev)
-            }
-            Held::Detached => {
-                self.pass_on(PlacedItem::Detached(pid));
-                None
+    /// What `pid` has held leaves the board unplaced (its job never became known), in its
+    /// order: its calls (counted, and returned) and detaches, then its exit if it came.
+    fn unplace_all(&mut self, pid: u32) -> Vec<CallEvent> {
+        let mut calls = Vec::new();
+        for held in self.waiting.remove(&pid).into_iter().flatten() {
+            match held {
+                Held::Call(ev) => {
+                    self.unplaced += 1;
+                    self.placed(&ev, Placement::default());
+                    calls.push(ev);
+                }
+                Held::Detached => self.pass_on(PlacedItem::Detached(pid)),
             }
         }
+        self.released(pid);
+        calls
     }
 
     /// The held calls of `pid` have left the board: its exit may be passed on now.
@@ -251,10 +253,7 @@ impl Board {
                 {
                     // Full: its calls since went on unplaced, so the detach cannot wait
                     // behind the held ones; those go now, unplaced, and the detach after.
-                    for held in self.waiting.remove(&pid).into_iter().flatten() {
-                        self.unplace(pid, held);
-                    }
-                    self.released(pid);
+                    self.unplace_all(pid);
                     self.pass_on(PlacedItem::Detached(pid));
                 } else if let Some(q) = self.waiting.get_mut(&pid) {
                     // Between its held calls: applied in its place (two with no call between
@@ -442,10 +441,7 @@ impl Board {
             .collect();
         for pid in gone {
             // Their job never became known: passed on unplaced.
-            for held in self.waiting.remove(&pid).into_iter().flatten() {
-                self.unplace(pid, held);
-            }
-            self.released(pid);
+            self.unplace_all(pid);
         }
         let live: std::collections::HashSet<&String> = self.world_of.values().collect();
         self.trackers.retain(|w, _| live.contains(w));
@@ -460,14 +456,12 @@ impl Board {
     /// Aligns and closes everything (no more calls will come); returns the calls still
     /// held (their process's job never became known: not matched).
     pub fn finish(&mut self) -> Vec<Released> {
-        let mut held: Vec<Released> = Vec::new();
-        for (pid, q) in std::mem::take(&mut self.waiting) {
-            for h in q {
-                if let Some(ev) = self.unplace(pid, h) {
-                    held.push((ev, Placement::default()));
-                }
-            }
-        }
+        let pids: Vec<u32> = self.waiting.keys().copied().collect();
+        let held: Vec<Released> = pids
+            .into_iter()
+            .flat_map(|pid| self.unplace_all(pid))
+            .map(|ev| (ev, Placement::default()))
+            .collect();
         for pid in std::mem::take(&mut self.exited_while_held) {
             self.pass_on(PlacedItem::Exited(pid));
         }
