@@ -470,6 +470,89 @@ fn a_trace_from_a_daemon_holds_every_call_until_the_ranks_exit() {
     daemon.stop(&scratch);
 }
 
+/// `commtap trace --steps 3..5 --step-marker MPI_Allreduce@4` of a training loop
+/// (`mpi_steps.c`: each step a 4-byte loss `MPI_Allreduce`, then four of 8 bytes) holds
+/// exactly those three steps of each rank, in order; it ends by itself once both ranks are
+/// past step 5, while they still run (they wait for a file only the test writes after it).
+#[test]
+fn a_trace_of_steps_holds_those_steps_and_ends_after_the_last() {
+    let scratch = Scratch::new("trace-steps");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let (steps, k, finish) = (10u64, 4u64, scratch.path("finish"));
+    let args: Vec<std::ffi::OsString> = vec![
+        steps.to_string().into(),
+        k.to_string().into(),
+        "2".into(),
+        scratch.path("truth").into(),
+        "loss".into(),
+        finish.clone().into(),
+    ];
+    let prog = build_program("mpi_steps.c", Mpi::OpenMpi);
+    let (mut job, ranks) =
+        start_program_held_before_init(&scratch, Mpi::OpenMpi, 2, &prog, &args, &[]);
+    let pids: Vec<u64> = ranks.iter().map(|p| u64::from(*p)).collect();
+    wait_for_state(&daemon.target, &pids, "probed");
+    let (tracer, trace) = spawn_streaming_trace(
+        &scratch,
+        &daemon.target,
+        &[
+            "--pid",
+            &pid_list(&ranks),
+            "--steps",
+            "3..5",
+            "--step-marker",
+            "MPI_Allreduce@4",
+        ],
+    );
+    std::fs::write(scratch.path("start"), b"go").expect("start file");
+    let run = finish_ok(&scratch, tracer, LIMIT);
+    assert!(
+        run.stderr
+            .contains("2 of 2 processes began step 3, 2 ended step 5"),
+        "{}",
+        run.stderr
+    );
+    std::fs::write(&finish, b"go").expect("finish file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let step: Vec<(String, u64)> = std::iter::once(("MPI_Allreduce".to_string(), 4))
+        .chain((0..k).map(|_| ("MPI_Allreduce".to_string(), 8)))
+        .collect();
+    let expected: Vec<(String, u64)> = (0..3).flat_map(|_| step.clone()).collect();
+    let doc = read_json(&trace);
+    for pid in &pids {
+        let mut slices: Vec<(f64, String, u64)> = doc["traceEvents"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"].as_u64() == Some(*pid) && e["name"] != ARRIVAL)
+            .map(|e| {
+                (
+                    e["ts"].as_f64().expect("ts"),
+                    e["name"].as_str().expect("name").to_string(),
+                    e["args"]["bytes"].as_u64().expect("bytes"),
+                )
+            })
+            .collect();
+        slices.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let calls: Vec<(String, u64)> = slices.into_iter().map(|(_, n, b)| (n, b)).collect();
+        assert_eq!(
+            calls, expected,
+            "pid {pid}: the slices of steps 3 to 5, in order"
+        );
+    }
+    assert_eq!(doc["metadata"]["commtap"]["steps"]["from"], 3);
+    // DevTools loads it, and finds the same.
+    let summary = devtools_summary(&trace);
+    for pid in pids {
+        assert_traced(
+            &summary,
+            pid,
+            &BTreeMap::from([("MPI_Allreduce".to_string(), (3 * (1 + k), 3 * (4 + 8 * k)))]),
+        );
+    }
+    daemon.stop(&scratch);
+}
+
 /// A trace that cannot be written fails before the job starts; an unknown format is
 /// refused with the list of formats.
 #[test]

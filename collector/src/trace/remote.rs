@@ -23,7 +23,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use tokio_stream::StreamExt as _;
 use tonic::transport::Channel;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::{ProcessName, TraceOptions, TraceSummary, TraceWriter};
 use crate::{
@@ -75,6 +75,10 @@ pub trait Sink {
     fn streaming(&mut self) -> Result<()>;
     /// Hands on what came since the last flush (a relay sends it; an error: its caller left).
     fn flush(&mut self) -> impl Future<Output = Result<()>> + Send;
+    /// Whether nothing more is wanted (`--steps`: every process is past the last step).
+    fn done(&self) -> bool {
+        false
+    }
 }
 
 /// A trace file, and the file that says it streams.
@@ -125,6 +129,10 @@ impl Sink for FileSink {
             .max_by_key(|(_, e)| *e)
             .filter(|_| nodes.len() > 1);
         self.writer.set_clocks(clocks, largest);
+    }
+
+    fn done(&self) -> bool {
+        self.writer.steps_done()
     }
 
     fn streaming(&mut self) -> Result<()> {
@@ -429,6 +437,10 @@ async fn relayed(
         if msg.streaming {
             sink.streaming()?;
         }
+        if sink.done() {
+            info!("every traced process is past the last step asked for: the trace ends");
+            break;
+        }
     }
     Ok(())
 }
@@ -505,6 +517,10 @@ pub async fn gather<S: Sink>(
             .iter()
             .all(|s| s.ended || (!s.pids.is_empty() && s.running.is_empty()))
         {
+            break;
+        }
+        if sink.done() {
+            info!("every traced process is past the last step asked for: the trace ends");
             break;
         }
     }

@@ -153,6 +153,100 @@ fn a_window_keeps_the_calls_that_start_inside_it() {
     assert_eq!(w.finish().expect("finish").events, 2);
 }
 
+/// Steps 2..3 begun by `MPI_Allreduce@4`: each process's calls from its 2nd marker call to
+/// its 4th, another thread's placed by its start; the trace is done once every process is
+/// past step 3 or gone. Step 0 is what came before the first marker.
+#[test]
+fn steps_keep_the_calls_from_the_start_of_one_marker_call_to_another() {
+    let call = |tid: u32, routine: &str, start_ns: u64, bytes: u64| pb::CallEvent {
+        tid,
+        bytes: Some(bytes),
+        ..ev(7, routine, start_ns)
+    };
+    for ((from, to), written, began, ended) in [((2, 3), 9, 1, 1), ((0, 0), 2, 2, 1)] {
+        let path = scratch(&format!("steps-{from}-{to}"));
+        let mut opts = TraceOptions::new(path.clone());
+        opts.steps = Some(Steps {
+            from,
+            to: Some(to),
+            marker: "MPI_Allreduce@4".parse().expect("a marker"),
+        });
+        let mut w = TraceWriter::create(opts).expect("create");
+        w.call(&call(7, "MPI_Comm_rank", 10, 0)).expect("call");
+        // Another process: a call in step 0, none of the marker, then gone.
+        w.call(&pb::CallEvent {
+            bytes: Some(0),
+            ..ev(8, "MPI_Barrier", 20)
+        })
+        .expect("call");
+        w.exited(8);
+        for step in 1..=5u64 {
+            let at = step * 1000;
+            w.call(&call(7, "MPI_Allreduce", at, 4)).expect("call");
+            // One of its device windows is no call: it begins no step.
+            w.call(&pb::CallEvent {
+                device_window: Some(pb::DeviceWindow::default()),
+                ..call(7, "MPI_Allreduce", at + 50, 4)
+            })
+            .expect("call");
+            for i in 1..=2 {
+                w.call(&call(7, "MPI_Allreduce", at + 100 * i, 8))
+                    .expect("call");
+            }
+            if step == 2 {
+                // Another thread's call in step 2, come after the step's marker.
+                w.call(&call(70, "MPI_Send", at + 150, 8)).expect("call");
+            }
+            assert_eq!(w.steps_done(), step > to, "after step {step}");
+        }
+        let s = w.finish().expect("finish");
+        // Steps 2 and 3: a marker, its device window and two calls each, and the other
+        // thread's send; step 0: the first call of each process.
+        assert_eq!(s.events, written, "{from}..{to}");
+        let reached = s.steps.as_ref().expect("steps reached");
+        assert_eq!(
+            (reached.processes, reached.began, reached.ended),
+            (2, began, ended),
+            "{from}..{to}"
+        );
+        let text = s.to_string();
+        assert!(
+            text.contains(&format!(
+                "{began} of 2 processes began step {from}, {ended} ended step {to}"
+            )),
+            "{text}"
+        );
+        let v = load(&path);
+        assert_eq!(
+            v["metadata"]["commtap"]["steps"]["marker"],
+            "MPI_Allreduce@4"
+        );
+    }
+}
+
+#[test]
+fn a_marker_that_never_came_is_said() {
+    let path = scratch("steps-never");
+    let mut opts = TraceOptions::new(path);
+    opts.steps = Some(Steps {
+        from: 1,
+        to: None,
+        marker: "MPI_Bcast".parse().expect("a marker"),
+    });
+    let mut w = TraceWriter::create(opts).expect("create");
+    w.call(&ev(7, "MPI_Send", 10)).expect("call");
+    assert!(!w.steps_done(), "no last step: never done");
+    let s = w.finish().expect("finish");
+    assert_eq!(s.events, 0);
+    let text = s.to_string();
+    assert!(
+        text.contains("no process began step 1 (1 seen; each step begins at a call of MPI_Bcast"),
+        "{text}"
+    );
+    assert!("MPI_Bcst".parse::<StepMarker>().is_err());
+    assert!("MPI_Bcast@x".parse::<StepMarker>().is_err());
+}
+
 #[test]
 fn a_nested_nccl_group_is_one_slice_from_its_outermost_start_to_its_end() {
     let mut groups = NcclGroups::default();

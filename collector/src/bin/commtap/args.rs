@@ -598,6 +598,24 @@ pub struct TraceFilterArgs {
     /// call: FROM..TO (e.g. 10..20).
     #[arg(long, value_parser = parse_window, value_name = "FROM..TO")]
     pub window: Option<(f64, f64)>,
+    /// Trace only these steps of a training loop (with --step-marker): each process's calls
+    /// from the start of its FROM-th call of the marker to the start of its (TO+1)-th,
+    /// counted from when the trace starts; step 0 is the rest of the step under way then.
+    /// FROM.. keeps every step from FROM on. `commtap trace` ends by itself once every
+    /// process is past step TO.
+    #[arg(
+        long,
+        value_parser = parse_steps,
+        value_name = "FROM..TO",
+        requires = "step_marker"
+    )]
+    pub steps: Option<(u64, Option<u64>)>,
+    /// The call that begins each step (--steps): ROUTINE, or ROUTINE@BYTES for its calls of
+    /// that size only, e.g. MPI_Allreduce@4 (a loss of one float) or
+    /// ncclAllReduce@104857600 (one gradient bucket). A marker is called once a step:
+    /// `commtap report` lists each rank's calls per routine and size.
+    #[arg(long, value_name = "ROUTINE[@BYTES]", requires = "steps")]
+    pub step_marker: Option<trace::StepMarker>,
     /// Trace only these world ranks (comma separated).
     #[arg(long, value_delimiter = ',')]
     pub ranks: Vec<u32>,
@@ -622,6 +640,10 @@ impl TraceFilterArgs {
         trace::TraceOptions {
             path,
             window: self.window,
+            steps: self
+                .steps
+                .zip(self.step_marker)
+                .map(|((from, to), marker)| trace::Steps { from, to, marker }),
             ranks: (!self.ranks.is_empty()).then(|| self.ranks.into_iter().collect()),
             routines: trace::RoutineFilter {
                 include: self.routines,
@@ -650,6 +672,25 @@ pub fn parse_window(s: &str) -> Result<(f64, f64), String> {
     let from: f64 = from.trim().parse().map_err(|_| bad())?;
     let to: f64 = to.trim().parse().map_err(|_| bad())?;
     if !(from >= 0.0 && to > from) {
+        return Err(bad());
+    }
+    Ok((from, to))
+}
+
+pub fn parse_steps(s: &str) -> Result<(u64, Option<u64>), String> {
+    let bad = || {
+        format!(
+            "invalid steps {s:?}: expected FROM..TO (steps 10 to 20: 10..20) or FROM.. (every \
+             step from FROM on)"
+        )
+    };
+    let (from, to) = s.split_once("..").ok_or_else(bad)?;
+    let from: u64 = from.trim().parse().map_err(|_| bad())?;
+    let to = match to.trim() {
+        "" => None,
+        t => Some(t.parse::<u64>().map_err(|_| bad())?),
+    };
+    if to.is_some_and(|t| t < from || t == u64::MAX) {
         return Err(bad());
     }
     Ok((from, to))
