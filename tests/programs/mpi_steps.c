@@ -12,7 +12,9 @@
  *
  * With `loss`, each step begins with one MPI_Allreduce of 1 float (4 bytes: the step's
  * loss), before its K; with FINISH_FILE too, each rank waits for that file before
- * MPI_Finalize. HOLD_BEFORE_INIT holds it before MPI_Init (ready_go.h).
+ * MPI_Finalize. HOLD_BEFORE_INIT holds it before MPI_Init (ready_go.h); with
+ * HOLD_FIRST_STEP=FILE, rank 1 waits for FILE before its first step (rank 0 waits inside
+ * the first step's first MPI_Allreduce meanwhile).
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -44,6 +46,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "mpi_steps: 2 ranks, not %d\n", size);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
+    const char *hold = getenv("HOLD_FIRST_STEP");
+    if (hold && rank == 1)
+        wait_for_file(hold);
     double d = rank, sum = 0;
     float step_loss = 1, total_loss = 0;
     for (long s = 0; s < steps; s++) {

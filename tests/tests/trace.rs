@@ -471,14 +471,22 @@ fn a_trace_from_a_daemon_holds_every_call_until_the_ranks_exit() {
 }
 
 /// `commtap trace --steps 3..5 --step-marker MPI_Allreduce@4` of a training loop
-/// (`mpi_steps.c`: each step a 4-byte loss `MPI_Allreduce`, then four of 8 bytes) holds
-/// exactly those three steps of each rank, in order; it ends by itself once both ranks are
-/// past step 5, while they still run (they wait for a file only the test writes after it).
+/// (`mpi_steps.c`: each step a 4-byte loss `MPI_Allreduce`, then four of 8 bytes), started
+/// while rank 0 waits inside the first step's marker for rank 1 (held before it): the
+/// daemon sends no call begun before the stream, so rank 0 is not seen making that
+/// instance, rank 1 is. Both ranks' traces hold exactly steps 3 to 5, the same instances,
+/// in order; the trace ends by itself once both are past step 5, while they still run
+/// (they wait for a file only the test writes after it).
 #[test]
-fn a_trace_of_steps_holds_those_steps_and_ends_after_the_last() {
+fn a_trace_of_steps_holds_the_same_steps_of_every_rank_and_ends_after_the_last() {
     let scratch = Scratch::new("trace-steps");
     let daemon = Daemon::start(&scratch, &[], &[], &[]);
-    let (steps, k, finish) = (10u64, 4u64, scratch.path("finish"));
+    let (steps, k, finish, hold) = (
+        10u64,
+        4u64,
+        scratch.path("finish"),
+        scratch.path("first-step"),
+    );
     let args: Vec<std::ffi::OsString> = vec![
         steps.to_string().into(),
         k.to_string().into(),
@@ -488,10 +496,27 @@ fn a_trace_of_steps_holds_those_steps_and_ends_after_the_last() {
         finish.clone().into(),
     ];
     let prog = build_program("mpi_steps.c", Mpi::OpenMpi);
-    let (mut job, ranks) =
-        start_program_held_before_init(&scratch, Mpi::OpenMpi, 2, &prog, &args, &[]);
+    let (mut job, ranks) = start_program_held_before_init(
+        &scratch,
+        Mpi::OpenMpi,
+        2,
+        &prog,
+        &args,
+        &[("HOLD_FIRST_STEP", path_str(&hold))],
+    );
     let pids: Vec<u64> = ranks.iter().map(|p| u64::from(*p)).collect();
     wait_for_state(&daemon.target, &pids, "probed");
+    std::fs::write(scratch.path("start"), b"go").expect("start file");
+    wait_until("rank 0 inside its first MPI_Allreduce", LIMIT, || {
+        let out = commtap_output(&["report", "--from", &daemon.target, "--format", "json"]);
+        serde_json::from_slice::<Value>(&out.stdout).is_ok_and(|p| {
+            p["ranks"].as_array().is_some_and(|ranks| {
+                ranks.iter().any(|r| {
+                    r["pid"].as_u64() == Some(pids[0]) && r["in_call"]["routine"] == "MPI_Allreduce"
+                })
+            })
+        })
+    });
     let (tracer, trace) = spawn_streaming_trace(
         &scratch,
         &daemon.target,
@@ -504,7 +529,7 @@ fn a_trace_of_steps_holds_those_steps_and_ends_after_the_last() {
             "MPI_Allreduce@4",
         ],
     );
-    std::fs::write(scratch.path("start"), b"go").expect("start file");
+    std::fs::write(&hold, b"go").expect("first step's file");
     let run = finish_ok(&scratch, tracer, LIMIT);
     assert!(
         run.stderr
@@ -519,8 +544,9 @@ fn a_trace_of_steps_holds_those_steps_and_ends_after_the_last() {
         .collect();
     let expected: Vec<(String, u64)> = (0..3).flat_map(|_| step.clone()).collect();
     let doc = read_json(&trace);
+    let mut instances = Vec::new();
     for pid in &pids {
-        let mut slices: Vec<(f64, String, u64)> = doc["traceEvents"]
+        let mut slices: Vec<(f64, String, u64, Option<u64>)> = doc["traceEvents"]
             .as_array()
             .expect("events")
             .iter()
@@ -530,16 +556,23 @@ fn a_trace_of_steps_holds_those_steps_and_ends_after_the_last() {
                     e["ts"].as_f64().expect("ts"),
                     e["name"].as_str().expect("name").to_string(),
                     e["args"]["bytes"].as_u64().expect("bytes"),
+                    e["args"]["seq"].as_u64(),
                 )
             })
             .collect();
         slices.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let calls: Vec<(String, u64)> = slices.into_iter().map(|(_, n, b)| (n, b)).collect();
+        let calls: Vec<(String, u64)> = slices.iter().map(|s| (s.1.clone(), s.2)).collect();
         assert_eq!(
             calls, expected,
             "pid {pid}: the slices of steps 3 to 5, in order"
         );
+        instances.push(slices.iter().map(|s| s.3).collect::<Vec<_>>());
     }
+    assert_eq!(
+        instances[0], instances[1],
+        "both ranks' slices are the same instances"
+    );
+    assert!(instances[0].iter().all(Option::is_some), "{instances:?}");
     assert_eq!(doc["metadata"]["commtap"]["steps"]["from"], 3);
     // DevTools loads it, and finds the same.
     let summary = devtools_summary(&trace);

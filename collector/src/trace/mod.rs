@@ -8,8 +8,10 @@ pub mod flows;
 mod groups;
 pub mod perfetto;
 pub mod remote;
+mod steps;
 mod writer;
 
+pub use steps::{StepMarker, Steps, StepsReached};
 pub use writer::{part_path, TraceWriter, ARRIVAL};
 
 use std::{collections::BTreeSet, path::PathBuf};
@@ -58,79 +60,6 @@ impl RoutineFilter {
         (self.include.is_empty() || self.include.iter().any(|r| r == routine))
             && !self.exclude.iter().any(|r| r == routine)
     }
-}
-
-/// The call that begins each step of a training loop (`--step-marker ROUTINE[@BYTES]`):
-/// a routine called once a step, or one of its sizes that is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StepMarker {
-    /// The routine, e.g. `MPI_Allreduce`.
-    pub routine: String,
-    /// Only its calls of exactly these bytes (None: all its calls).
-    pub bytes: Option<u64>,
-}
-
-impl StepMarker {
-    /// Whether call `ev` begins a step: a call (no device window) of the routine, of the
-    /// size if one is named.
-    pub fn marks(&self, ev: &pb::CallEvent) -> bool {
-        ev.device_window.is_none()
-            && ev.arrival.is_none()
-            && ev.routine == self.routine
-            && self.bytes.is_none_or(|b| ev.bytes == Some(b))
-    }
-}
-
-impl std::str::FromStr for StepMarker {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<StepMarker, String> {
-        let (routine, bytes) = match s.split_once('@') {
-            Some((r, b)) => {
-                let b = b.trim().parse::<u64>().map_err(|_| {
-                    format!(
-                        "invalid step marker {s:?}: expected ROUTINE or ROUTINE@BYTES, e.g. \
-                         MPI_Allreduce@4"
-                    )
-                })?;
-                (r.trim(), Some(b))
-            }
-            None => (s.trim(), None),
-        };
-        if self::routine(routine).is_none() {
-            return Err(format!(
-                "unknown routine {routine:?} in step marker {s:?}: name an MPI, NCCL or \
-                 libfabric routine as `commtap report` lists it (e.g. MPI_Allreduce, \
-                 ncclAllReduce)"
-            ));
-        }
-        Ok(StepMarker {
-            routine: routine.to_string(),
-            bytes,
-        })
-    }
-}
-
-impl std::fmt::Display for StepMarker {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.bytes {
-            Some(b) => write!(f, "{}@{b}", self.routine),
-            None => f.write_str(&self.routine),
-        }
-    }
-}
-
-/// `--steps FROM..TO`: each process's calls from the start of its FROM-th marker call to
-/// the start of its (TO+1)-th; step 0 is what comes before its first (the step under way
-/// when the trace began).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Steps {
-    /// The first step kept.
-    pub from: u64,
-    /// The last step kept (None: every step from `from` on).
-    pub to: Option<u64>,
-    /// The call that begins each step.
-    pub marker: StepMarker,
 }
 
 /// What to trace and where.
@@ -215,44 +144,6 @@ pub struct TraceSummary {
     pub largest_clock_error: Option<(String, u64)>,
     /// Under `--steps`: how far the processes got.
     pub steps: Option<StepsReached>,
-}
-
-/// How far the processes of a trace under `--steps` got.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StepsReached {
-    /// The steps asked for.
-    pub steps: Steps,
-    /// Processes whose calls came.
-    pub processes: u64,
-    /// Of them, those that began step `from` (all of them for step 0).
-    pub began: u64,
-    /// Those that began the step after `to`: all their steps asked for are in.
-    pub ended: u64,
-}
-
-impl std::fmt::Display for StepsReached {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s = &self.steps;
-        let to = s.to.map_or(String::new(), |t| t.to_string());
-        if self.began == 0 {
-            return write!(
-                f,
-                "no process began step {} ({} seen; each step begins at a call of {}, and none \
-                 made {} of them): name a call made once a step (`commtap report` lists each \
-                 rank's calls per routine and size)",
-                s.from, self.processes, s.marker, s.from
-            );
-        }
-        write!(
-            f,
-            "steps {}..{to}, each begun by a call of {}: {} of {} processes began step {}",
-            s.from, s.marker, self.began, self.processes, s.from
-        )?;
-        if let Some(t) = s.to {
-            write!(f, ", {} ended step {t}", self.ended)?;
-        }
-        Ok(())
-    }
 }
 
 impl std::fmt::Display for TraceSummary {

@@ -75,7 +75,9 @@ pub trait Sink {
     fn streaming(&mut self) -> Result<()>;
     /// Hands on what came since the last flush (a relay sends it; an error: its caller left).
     fn flush(&mut self) -> impl Future<Output = Result<()>> + Send;
-    /// Whether nothing more is wanted (`--steps`: every process is past the last step).
+    /// Whether nothing more is wanted (`--steps`: every process seen is past the last
+    /// step). A relayed trace is not ended by it: the relay's last message (the kernel's
+    /// losses, the clocks' drift) comes at the end of the job's stream.
     fn done(&self) -> bool {
         false
     }
@@ -437,10 +439,6 @@ async fn relayed(
         if msg.streaming {
             sink.streaming()?;
         }
-        if sink.done() {
-            info!("every traced process is past the last step asked for: the trace ends");
-            break;
-        }
     }
     Ok(())
 }
@@ -519,7 +517,12 @@ pub async fn gather<S: Sink>(
         {
             break;
         }
-        if sink.done() {
+        // Past the last step: only once every process asked for was seen (another node's
+        // may not have come yet).
+        let all_seen = sources
+            .iter()
+            .all(|s| s.running.iter().all(|pid| s.trace_pid.contains_key(pid)));
+        if all_seen && sink.done() {
             info!("every traced process is past the last step asked for: the trace ends");
             break;
         }

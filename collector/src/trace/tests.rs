@@ -163,7 +163,13 @@ fn steps_keep_the_calls_from_the_start_of_one_marker_call_to_another() {
         bytes: Some(bytes),
         ..ev(7, routine, start_ns)
     };
-    for ((from, to), written, began, ended) in [((2, 3), 9, 1, 1), ((0, 0), 2, 2, 1)] {
+    // Numbered on the world, as who-is-late numbers them: three a step.
+    let numbered = |routine: &str, start_ns: u64, bytes: u64, seq: u64| pb::CallEvent {
+        comm: "world".into(),
+        seq: Some(seq),
+        ..call(7, routine, start_ns, bytes)
+    };
+    for ((from, to), written, began, ended) in [((2, 3), 9, 1, 1), ((0, 0), 3, 2, 1)] {
         let path = scratch(&format!("steps-{from}-{to}"));
         let mut opts = TraceOptions::new(path.clone());
         opts.steps = Some(Steps {
@@ -180,9 +186,12 @@ fn steps_keep_the_calls_from_the_start_of_one_marker_call_to_another() {
         })
         .expect("call");
         w.exited(8);
+        // A marker not numbered yet (who-is-late aligning the ranks) begins no step.
+        w.call(&call(7, "MPI_Allreduce", 500, 4)).expect("call");
         for step in 1..=5u64 {
             let at = step * 1000;
-            w.call(&call(7, "MPI_Allreduce", at, 4)).expect("call");
+            w.call(&numbered("MPI_Allreduce", at, 4, step * 3))
+                .expect("call");
             // One of its device windows is no call: it begins no step.
             w.call(&pb::CallEvent {
                 device_window: Some(pb::DeviceWindow::default()),
@@ -190,7 +199,7 @@ fn steps_keep_the_calls_from_the_start_of_one_marker_call_to_another() {
             })
             .expect("call");
             for i in 1..=2 {
-                w.call(&call(7, "MPI_Allreduce", at + 100 * i, 8))
+                w.call(&numbered("MPI_Allreduce", at + 100 * i, 8, step * 3 + i))
                     .expect("call");
             }
             if step == 2 {
@@ -201,12 +210,18 @@ fn steps_keep_the_calls_from_the_start_of_one_marker_call_to_another() {
         }
         let s = w.finish().expect("finish");
         // Steps 2 and 3: a marker, its device window and two calls each, and the other
-        // thread's send; step 0: the first call of each process.
+        // thread's send; step 0: the first call of each process, and the marker not
+        // numbered.
         assert_eq!(s.events, written, "{from}..{to}");
         let reached = s.steps.as_ref().expect("steps reached");
         assert_eq!(
-            (reached.processes, reached.began, reached.ended),
-            (2, began, ended),
+            (
+                reached.processes,
+                reached.began,
+                reached.ended,
+                reached.unnumbered
+            ),
+            (2, began, ended, 1),
             "{from}..{to}"
         );
         let text = s.to_string();
@@ -240,7 +255,7 @@ fn a_marker_that_never_came_is_said() {
     assert_eq!(s.events, 0);
     let text = s.to_string();
     assert!(
-        text.contains("no process began step 1 (1 seen; each step begins at a call of MPI_Bcast"),
+        text.contains("no process began step 1 (1 seen; a step begins at each call of MPI_Bcast)"),
         "{text}"
     );
     assert!("MPI_Bcst".parse::<StepMarker>().is_err());

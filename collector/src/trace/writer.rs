@@ -11,7 +11,9 @@ use super::{
     chrome,
     flows::{FlowEnds, Flows},
     groups::NcclGroups,
-    perfetto, Lost, ProcessName, Steps, StepsReached, TraceError, TraceOptions, TraceSummary,
+    perfetto,
+    steps::StepCounter,
+    Lost, ProcessName, TraceError, TraceOptions, TraceSummary,
 };
 use crate::api::pb;
 
@@ -66,6 +68,8 @@ pub struct TraceWriter {
     /// Per thread, the call whose arrivals follow it (`MPI_Testsome` ...) and their
     /// flows: one slice for all, written at the thread's next event.
     following: HashMap<(u32, u32), (pb::CallEvent, Vec<u64>)>,
+    /// Under `--steps`: each process's.
+    steps: Option<StepCounter>,
 }
 
 /// A trace abandoned by an error (the probes could not be set up, a daemon went away) is
@@ -82,6 +86,7 @@ impl TraceWriter {
     /// Creates the first file (fails before anything runs when it cannot be written).
     pub fn create(opts: TraceOptions) -> Result<TraceWriter, TraceError> {
         let format = Format::of(&opts.path)?;
+        let steps = opts.steps.clone().map(StepCounter::new);
         let out = open(&opts.path)?;
         let mut w = TraceWriter {
             format,
@@ -102,6 +107,7 @@ impl TraceWriter {
             flows: Flows::default(),
             closed: false,
             following: HashMap::new(),
+            steps,
         };
         w.begin_part()?;
         Ok(w)
@@ -136,35 +142,29 @@ impl TraceWriter {
     /// Process `pid` exited: every call of its came before (see [`Flows::exited`]).
     pub fn exited(&mut self, pid: u32) {
         self.flows.exited(pid);
-        if let Some(p) = self.processes.get_mut(&pid) {
-            p.exited = true;
+        if let Some(steps) = &mut self.steps {
+            steps.exited(pid);
         }
     }
 
-    /// Under `--steps` with a last step: whether every process whose calls came has begun
-    /// the step after it, or exited (nothing more of theirs goes into the trace).
+    /// Under `--steps` with a last step: whether every process whose calls came (of the
+    /// ranks `--ranks` keeps) has begun the step after it, or exited: nothing more of theirs
+    /// goes into the trace.
     pub fn steps_done(&self) -> bool {
-        self.opts.steps.as_ref().is_some_and(|s| s.to.is_some())
-            && self.processes.values().any(|p| p.calls > 0)
-            && self
-                .processes
-                .values()
-                .filter(|p| p.calls > 0)
-                .all(|p| p.exited || p.steps.end_ns.is_some())
+        self.steps
+            .as_ref()
+            .is_some_and(|s| s.done(|pid| self.keeps_rank_of(pid)))
     }
 
-    /// How far the processes got under `--steps`.
-    fn steps_reached(&self) -> Option<StepsReached> {
-        let steps = self.opts.steps.clone()?;
-        let seen = || self.processes.values().filter(|p| p.calls > 0);
-        Some(StepsReached {
-            processes: seen().count() as u64,
-            began: seen()
-                .filter(|p| steps.from == 0 || p.steps.from_ns.is_some())
-                .count() as u64,
-            ended: seen().filter(|p| p.steps.end_ns.is_some()).count() as u64,
-            steps,
-        })
+    /// Whether `--ranks` keeps process `pid` (or may: its rank is not known yet).
+    fn keeps_rank_of(&self, pid: u32) -> bool {
+        let Some(ranks) = &self.opts.ranks else {
+            return true;
+        };
+        match self.processes.get(&pid).and_then(|p| p.name.as_ref()) {
+            Some(name) => name.rank.is_some_and(|r| ranks.contains(&r)),
+            None => true,
+        }
     }
 
     /// Calls the reader lost (cumulative count from the feed, or an increment).
@@ -213,10 +213,8 @@ impl TraceWriter {
             return Ok(());
         }
         self.write_following(thread)?;
-        let process = self.processes.entry(ev.pid).or_default();
-        process.calls += 1;
-        if let Some(steps) = &self.opts.steps {
-            process.steps.count(steps, ev);
+        if let Some(steps) = &mut self.steps {
+            steps.call(ev);
         }
         let group = self.groups.track(ev);
         self.write_call(ev, flows)?;
@@ -265,10 +263,12 @@ impl TraceWriter {
         if !self.opts.routines.admits(&ev.routine) {
             return false;
         }
-        if let Some(steps) = &self.opts.steps {
-            if !process.steps.holds(steps, ev.start_ns) {
-                return false;
-            }
+        if self
+            .steps
+            .as_ref()
+            .is_some_and(|s| !s.holds(ev.pid, ev.start_ns))
+        {
+            return false;
         }
         let first = *self.first_ns.get_or_insert(ev.start_ns);
         match self.opts.window {
@@ -390,7 +390,10 @@ impl TraceWriter {
             events: self.events,
             lost: self.lost,
             largest_clock_error: self.largest_clock_error.take(),
-            steps: self.steps_reached(),
+            steps: self
+                .steps
+                .as_ref()
+                .map(|s| s.reached(|pid| self.keeps_rank_of(pid))),
         })
     }
 
@@ -417,14 +420,18 @@ impl TraceWriter {
                 "messages_without_arrows": self.flows.unlinked,
                 "receives_without_arrival": self.flows.arrivals_not_seen(),
                 "max_events_policy": "the first --max-events calls of each process are kept",
-                "steps": self.opts.steps.as_ref().map(|s| serde_json::json!({
-                    "from": s.from,
-                    "to": s.to,
-                    "marker": s.marker.to_string(),
-                    "rule": "each process's calls from the start of its FROM-th call of the \
-                             marker to the start of its (TO+1)-th, counted from the trace's \
-                             start (step 0: before its first)",
-                })),
+                "steps": self.steps.as_ref().map(|s| {
+                    let steps = s.steps();
+                    serde_json::json!({
+                        "from": steps.from,
+                        "to": steps.to,
+                        "marker": steps.marker.to_string(),
+                        "rule": "each process's calls from the start of its marker call that \
+                                 begins step FROM to the start of the one that begins step \
+                                 TO+1; a collective marker's instances are counted alike in \
+                                 every process, from the first the trace saw (step 1)",
+                    })
+                }),
                 "clock": self.clocks,
             }
         });
@@ -509,48 +516,6 @@ struct Traced {
     last_written: HashMap<u32, u64>,
     /// Its threads seen.
     threads: BTreeSet<u32>,
-    /// Its calls that came (written or not).
-    calls: u64,
-    /// Whether it exited.
-    exited: bool,
-    /// Under `--steps`: the steps it began.
-    steps: StepsBegun,
-}
-
-/// The steps one process began (`--steps`): counted by its marker calls as they come.
-/// Calls come in the order each thread made them, so every call of the thread that makes
-/// the marker calls falls in its step; another thread's call is placed by its start, against
-/// the markers that came before it.
-#[derive(Debug, Default)]
-struct StepsBegun {
-    /// Marker calls so far.
-    begun: u64,
-    /// The start of the marker call that began step `from` (step 0 needs none).
-    from_ns: Option<u64>,
-    /// The start of the marker call that began the step after `to`.
-    end_ns: Option<u64>,
-}
-
-impl StepsBegun {
-    /// Counts `ev` if it begins a step.
-    fn count(&mut self, steps: &Steps, ev: &pb::CallEvent) {
-        if !steps.marker.marks(ev) {
-            return;
-        }
-        self.begun += 1;
-        if self.begun == steps.from {
-            self.from_ns = Some(ev.start_ns);
-        }
-        if steps.to.is_some_and(|t| self.begun == t.saturating_add(1)) {
-            self.end_ns = Some(ev.start_ns);
-        }
-    }
-
-    /// Whether a call that started at `start_ns` is in the steps asked for.
-    fn holds(&self, steps: &Steps, start_ns: u64) -> bool {
-        let began = steps.from == 0 || self.from_ns.is_some_and(|f| start_ns >= f);
-        began && self.end_ns.is_none_or(|e| start_ns < e)
-    }
 }
 
 /// Opens a trace file (never through a symlink: commtap runs as root). A file already

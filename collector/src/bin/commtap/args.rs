@@ -599,10 +599,11 @@ pub struct TraceFilterArgs {
     #[arg(long, value_parser = parse_window, value_name = "FROM..TO")]
     pub window: Option<(f64, f64)>,
     /// Trace only these steps of a training loop (with --step-marker): each process's calls
-    /// from the start of its FROM-th call of the marker to the start of its (TO+1)-th,
-    /// counted from when the trace starts; step 0 is the rest of the step under way then.
-    /// FROM.. keeps every step from FROM on. `commtap trace` ends by itself once every
-    /// process is past step TO.
+    /// from the start of its marker call that begins step FROM to the start of the one that
+    /// begins step TO+1. Steps are counted from when the trace starts, alike in every rank
+    /// (a collective marker's instances are numbered); step 0 is the rest of the step under
+    /// way then. FROM.. keeps every step from FROM on. `commtap trace` from daemons ends by
+    /// itself once every process is past step TO.
     #[arg(
         long,
         value_parser = parse_steps,
@@ -613,7 +614,8 @@ pub struct TraceFilterArgs {
     /// The call that begins each step (--steps): ROUTINE, or ROUTINE@BYTES for its calls of
     /// that size only, e.g. MPI_Allreduce@4 (a loss of one float) or
     /// ncclAllReduce@104857600 (one gradient bucket). A marker is called once a step:
-    /// `commtap report` lists each rank's calls per routine and size.
+    /// `commtap report` lists each rank's calls per routine and size range, `commtap events`
+    /// each call's bytes.
     #[arg(long, value_name = "ROUTINE[@BYTES]", requires = "steps")]
     pub step_marker: Option<trace::StepMarker>,
     /// Trace only these world ranks (comma separated).
@@ -690,10 +692,16 @@ pub fn parse_steps(s: &str) -> Result<(u64, Option<u64>), String> {
         "" => None,
         t => Some(t.parse::<u64>().map_err(|_| bad())?),
     };
-    if to.is_some_and(|t| t < from || t == u64::MAX) {
-        return Err(bad());
+    match to {
+        Some(t) if t < from => Err(format!(
+            "invalid steps {s:?}: the last step ({t}) comes before the first ({from})"
+        )),
+        Some(u64::MAX) => Err(format!(
+            "invalid steps {s:?}: the last step is too large (FROM.. keeps every step from \
+             FROM on)"
+        )),
+        _ => Ok((from, to)),
     }
-    Ok((from, to))
 }
 
 #[derive(clap::Args, Debug)]
