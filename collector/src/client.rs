@@ -385,6 +385,14 @@ pub async fn events(from: &Target, pids: Vec<u32>, duration: Option<Duration>) -
             if let Some(tag) = e.tag {
                 line["tag"] = tag.into();
             }
+            // A collective's instance on its communicator: the same on every member (on
+            // this node's only, `seq_local`, where the daemon found the job running).
+            if let Some(seq) = e.seq {
+                line["seq"] = seq.into();
+                if e.seq_local {
+                    line["seq_local"] = true.into();
+                }
+            }
             // An NCCL device window, not a call: said so, so that no script counts it as one.
             if let Some(w) = e.device_window {
                 line["device_window"] = serde_json::json!({ "not_attributed": w.not_attributed });

@@ -573,6 +573,23 @@ fn a_trace_of_steps_holds_the_same_steps_of_every_rank_and_ends_after_the_last()
         "both ranks' slices are the same instances"
     );
     assert!(instances[0].iter().all(Option::is_some), "{instances:?}");
+    // Each step kept is marked at its marker call's start, on the rank's main thread.
+    for pid in &pids {
+        let marks: Vec<(String, u64)> = doc["traceEvents"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .filter(|e| e["ph"] == "i" && e["pid"].as_u64() == Some(*pid))
+            .map(|e| {
+                (
+                    e["name"].as_str().expect("name").to_string(),
+                    e["tid"].as_u64().expect("tid"),
+                )
+            })
+            .collect();
+        let expected: Vec<(String, u64)> = (3..=5).map(|s| (format!("step {s}"), *pid)).collect();
+        assert_eq!(marks, expected, "pid {pid}: the steps' marks");
+    }
     assert_eq!(doc["metadata"]["commtap"]["steps"]["from"], 3);
     // DevTools loads it, and finds the same.
     let summary = devtools_summary(&trace);
@@ -587,30 +604,30 @@ fn a_trace_of_steps_holds_the_same_steps_of_every_rank_and_ends_after_the_last()
 }
 
 /// A trace that cannot be written fails before the job starts; an unknown format is
-/// refused with the list of formats.
+/// refused with the list of formats; so is a collective step marker with who-is-late off
+/// (it numbers the marker's instances).
 #[test]
 fn a_trace_that_cannot_be_written_fails_before_the_job_starts() {
     let scratch = Scratch::new("trace-bad");
     let marker = scratch.path("ran");
-    for (file, needle) in [
+    let good = scratch.path("t.json");
+    for (file, extra, needle) in [
         (
             Path::new("/nonexistent/dir/t.json").to_path_buf(),
+            &[][..],
             "No such file",
         ),
-        (scratch.path("t.perfetto"), "FILE.json"),
+        (scratch.path("t.perfetto"), &[][..], "FILE.json"),
+        (
+            good.clone(),
+            &["--no-skew", "--step-marker", "MPI_Allreduce"][..],
+            "--no-skew turns it off",
+        ),
     ] {
-        let run = run_commtap(
-            &scratch,
-            &[
-                "record",
-                "--trace",
-                path_str(&file),
-                "--",
-                "touch",
-                path_str(&marker),
-            ],
-            LIMIT,
-        );
+        let mut args = vec!["record", "--trace", path_str(&file)];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "touch", path_str(&marker)]);
+        let run = run_commtap(&scratch, &args, LIMIT);
         assert!(!run.status.success(), "{}", run.stderr);
         assert!(run.stderr.contains(needle), "{}", run.stderr);
         assert!(!marker.exists(), "the command ran");

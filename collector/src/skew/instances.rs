@@ -312,6 +312,15 @@ impl Matcher {
         known
     }
 
+    /// Whether `comm`'s instances are numbered from its creation (a rank of it was watched
+    /// from there, or the kernel counted them): the same numbers on every node. Else they
+    /// count from where this node began watching.
+    pub fn numbered_from_start(&self, comm: CommKey) -> bool {
+        self.comms
+            .get(&comm)
+            .is_some_and(|c| c.streams.values().any(|s| s.anchored))
+    }
+
     /// The highest instance number `pid` arrived at (aligned), on any communicator.
     pub fn highest_seq(&self, pid: u32) -> Option<u64> {
         self.comms

@@ -37,12 +37,19 @@ pub struct Placement {
     pub comm: Option<CommKey>,
     /// A collective's instance number on it, where known.
     pub seq: Option<u64>,
+    /// Whether `seq` counts from where this node began watching the communicator (the
+    /// same on this node's ranks only), not from its creation.
+    pub seq_local: bool,
 }
 
 impl Placement {
     /// A call on `comm`, numbered by nothing.
     fn on(comm: Option<CommKey>) -> Placement {
-        Placement { comm, seq: None }
+        Placement {
+            comm,
+            seq: None,
+            seq_local: false,
+        }
     }
 }
 
@@ -213,6 +220,7 @@ impl Tracker {
         Placement {
             comm: Some(comm),
             seq,
+            seq_local: seq.is_some() && !self.matcher.numbered_from_start(comm),
         }
     }
 

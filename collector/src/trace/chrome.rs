@@ -162,6 +162,26 @@ impl Encoder {
         }
     }
 
+    /// Appends an instant (`step 3`) on thread `tid` of `pid` at `ns`.
+    pub fn instant(
+        &mut self,
+        out: &mut String,
+        (pid, tid): (u32, u32),
+        ns: u64,
+        name: &str,
+        first: bool,
+    ) {
+        out.push_str(sep(first));
+        let _ = write!(
+            out,
+            "{{\"ph\":\"i\",\"s\":\"t\",\"pid\":{pid},\"tid\":{tid},\"cat\":\"step\",\"ts\":"
+        );
+        push_micros(out, ns);
+        out.push_str(",\"name\":");
+        push_json_str(out, name);
+        out.push('}');
+    }
+
     /// Writes every flow end still held (at the end of a file: after every start in it).
     pub fn release(&mut self, out: &mut String) {
         for (_, line) in self.held.drain() {

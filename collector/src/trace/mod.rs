@@ -258,6 +258,7 @@ pub fn placed_call_event(
         call.comm = comm.label();
     }
     call.seq = placement.seq;
+    call.seq_local = placement.seq_local;
     call
 }
 
@@ -279,6 +280,7 @@ pub fn call_event(ev: &collector_common::CallEvent) -> pb::CallEvent {
         comm_rank: (ev.comm_rank >= 0).then_some(ev.comm_rank),
         comm: comm_label(ev),
         seq: None,
+        seq_local: false,
         tag: names_channel.then_some(ev.tag),
         recv_peer: moves
             .is_some_and(flows::Direction::has_receiving_half)

@@ -136,24 +136,7 @@ impl Encoder {
     /// Appends one call: its tracks where this part has not described them yet, then a
     /// slice begin (starting or ending the flows of `flows`) and end on its track.
     pub fn slice(&mut self, out: &mut Vec<u8>, ev: &pb::CallEvent, flows: FlowEnds) {
-        let track = chrome::track_of(ev);
-        let uuid = thread_track(ev.pid, track);
-        if self.described.insert(uuid) {
-            // A thread track names its process by pid; the process's own descriptor, with
-            // its name, comes at the end of the part (the trace processor keeps the first
-            // name it is given, and a rank's may be learnt after its first call). The
-            // device windows are a thread of their own, as in the Chrome format.
-            let descriptor = TrackDescriptor {
-                uuid: Some(uuid),
-                thread: Some(ThreadDescriptor {
-                    pid: Some(ev.pid as i32),
-                    tid: Some(i64::from(track)),
-                    thread_name: Some(chrome::thread_label(ev.pid, track)),
-                }),
-                ..Default::default()
-            };
-            self.push(out, packet(None, Some(Data::TrackDescriptor(descriptor))));
-        }
+        let uuid = self.thread_track(out, ev.pid, chrome::track_of(ev));
 
         let routine = chrome::slice_name(ev);
         let mut interned = None;
@@ -199,6 +182,41 @@ impl Encoder {
         };
         self.push(out, packet(Some(end_ns), Some(Data::TrackEvent(end))));
         self.last_ns = self.last_ns.max(end_ns);
+    }
+
+    /// Thread `track` of `pid`'s track, described first where this part has not yet.
+    fn thread_track(&mut self, out: &mut Vec<u8>, pid: u32, track: u32) -> u64 {
+        let uuid = thread_track(pid, track);
+        if self.described.insert(uuid) {
+            // A thread track names its process by pid; the process's own descriptor, with
+            // its name, comes at the end of the part (the trace processor keeps the first
+            // name it is given, and a rank's may be learnt after its first call). The
+            // device windows are a thread of their own, as in the Chrome format.
+            let descriptor = TrackDescriptor {
+                uuid: Some(uuid),
+                thread: Some(ThreadDescriptor {
+                    pid: Some(pid as i32),
+                    tid: Some(i64::from(track)),
+                    thread_name: Some(chrome::thread_label(pid, track)),
+                }),
+                ..Default::default()
+            };
+            self.push(out, packet(None, Some(Data::TrackDescriptor(descriptor))));
+        }
+        uuid
+    }
+
+    /// Appends an instant (`step 3`) on thread `track` of `pid` at `ns`.
+    pub fn instant(&mut self, out: &mut Vec<u8>, (pid, track): (u32, u32), ns: u64, name: &str) {
+        let uuid = self.thread_track(out, pid, track);
+        let instant = TrackEvent {
+            r#type: Some(Type::Instant as i32),
+            track_uuid: Some(uuid),
+            name_field: Some(NameField::Name(name.to_string())),
+            ..Default::default()
+        };
+        self.push(out, packet(Some(ns), Some(Data::TrackEvent(instant))));
+        self.last_ns = self.last_ns.max(ns);
     }
 
     /// Ends a file: every process described, with its name, and commtap's record of the

@@ -486,6 +486,16 @@ pub async fn gather<S: Sink>(
         };
         let batch = batch.with_context(|| format!("StreamEvents from {}", sources[i].node))?;
         note_streaming(&mut sources, i, sink)?;
+        // Named before their calls are written: a step's numbering is its job's.
+        if let Err(e) = name_new_processes(sink, &mut merge, &mut sources[i], &batch.events).await {
+            // Names are a courtesy: a daemon that stopped (its last batch just came) is
+            // asked again at the end, and its processes keep their pids meanwhile.
+            warn!(
+                "{}: naming its processes: {}",
+                sources[i].node,
+                crate::api::status::error_text(&e)
+            );
+        }
         merge.take(sink, &mut sources[i], i, batch.events, batch.dropped)?;
         // A process with no call in the trace yet has nothing to keep apart.
         for pid in &batch.detached {
@@ -497,15 +507,6 @@ pub async fn gather<S: Sink>(
             if let Some(&shown) = sources[i].trace_pid.get(pid) {
                 sink.exited(shown);
             }
-        }
-        if let Err(e) = name_new_processes(sink, &mut sources[i]).await {
-            // Names are a courtesy: a daemon that stopped (its last batch just came) is
-            // asked again at the end, and its processes keep their pids meanwhile.
-            warn!(
-                "{}: naming its processes: {}",
-                sources[i].node,
-                crate::api::status::error_text(&e)
-            );
         }
         for pid in &batch.exited {
             sources[i].running.remove(pid);
@@ -620,39 +621,49 @@ impl Merge {
 
     /// `e`, a call of `source`'s node, on the trace's clock and under its pid there.
     fn placed(&mut self, source: &mut Source, mut e: pb::CallEvent) -> pb::CallEvent {
-        e.pid = *source.trace_pid.entry(e.pid).or_insert_with(|| {
-            if self.taken.insert(e.pid) {
-                e.pid
-            } else {
-                self.next_synthetic += 1;
-                self.next_synthetic
-            }
-        });
+        e.pid = self.trace_pid(source, e.pid);
         let shift = self.reference.offset_ns - source.start_clock.offset_ns;
         e.start_ns = e.start_ns.saturating_add_signed(shift);
         e
     }
+
+    /// Process `pid` of `source`'s node, as the trace shows it (another node's process may
+    /// have the same pid).
+    fn trace_pid(&mut self, source: &mut Source, pid: u32) -> u32 {
+        *source.trace_pid.entry(pid).or_insert_with(|| {
+            if self.taken.insert(pid) {
+                pid
+            } else {
+                self.next_synthetic += 1;
+                self.next_synthetic
+            }
+        })
+    }
 }
 
-/// Names the processes of `source` the trace has no name for yet (asking its daemon once
-/// per process).
-async fn name_new_processes<S: Sink>(sink: &mut S, source: &mut Source) -> Result<()> {
-    let unnamed: BTreeSet<u32> = sink.unnamed().into_iter().collect();
-    let new: Vec<u32> = source
-        .trace_pid
+/// Names the processes of `events`, calls of `source`'s node, that its daemon was not asked
+/// about yet (once per process).
+async fn name_new_processes<S: Sink>(
+    sink: &mut S,
+    merge: &mut Merge,
+    source: &mut Source,
+    events: &[pb::CallEvent],
+) -> Result<()> {
+    let new: BTreeSet<u32> = events
         .iter()
-        .filter(|(pid, shown)| unnamed.contains(shown) && !source.asked.contains(pid))
-        .map(|(pid, _)| *pid)
+        .map(|e| e.pid)
+        .filter(|pid| !source.asked.contains(pid))
         .collect();
     if new.is_empty() {
         return Ok(());
     }
-    source.asked.extend(new);
+    source.asked.extend(&new);
     let names = process_names(source).await?;
-    for (pid, shown) in &source.trace_pid {
-        if let Some(p) = names.get(pid).filter(|_| unnamed.contains(shown)) {
+    for pid in new {
+        if let Some(p) = names.get(&pid) {
+            let shown = merge.trace_pid(source, pid);
             sink.name(
-                *shown,
+                shown,
                 ProcessName {
                     rank: p.rank,
                     host: source.node.clone(),

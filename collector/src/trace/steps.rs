@@ -35,6 +35,14 @@ impl StepMarker {
     }
 }
 
+impl StepMarker {
+    /// Whether the marker is a collective: its calls are counted by their instance number.
+    pub fn is_collective(&self) -> bool {
+        super::routine(&self.routine)
+            .is_some_and(|r| r.spec.class == collector_common::routines::class::COLLECTIVE)
+    }
+}
+
 impl std::str::FromStr for StepMarker {
     type Err = String;
 
@@ -100,6 +108,8 @@ pub struct StepsReached {
     pub ended: u64,
     /// Marker calls that began no step: collectives not numbered yet.
     pub unnumbered: u64,
+    /// The furthest step any process began.
+    pub last_step: u64,
 }
 
 impl std::fmt::Display for StepsReached {
@@ -108,6 +118,13 @@ impl std::fmt::Display for StepsReached {
         let to = s.to.map_or(String::new(), |t| t.to_string());
         if self.processes == 0 {
             write!(f, "steps {}..{to}: no process's calls came", s.from)?;
+        } else if s.from == 0 && s.to.is_none() {
+            // Every step: marked, none left out.
+            write!(
+                f,
+                "{} steps marked, each begun by a call of {} ({} processes)",
+                self.last_step, s.marker, self.processes
+            )?;
         } else if self.began == 0 {
             write!(
                 f,
@@ -129,7 +146,9 @@ impl std::fmt::Display for StepsReached {
         if self.unnumbered > 0 {
             write!(
                 f,
-                " ({} calls of {} began no step: collectives not numbered yet)",
+                " ({} calls of {} began no step: who-is-late had not numbered them; it aligns \
+                 the ranks of a job its daemon did not watch from MPI_Init on their first \
+                 calls, and numbers none where it is off, --no-skew)",
                 self.unnumbered, s.marker
             )?;
         }
@@ -141,21 +160,35 @@ impl std::fmt::Display for StepsReached {
 #[derive(Debug)]
 pub(super) struct StepCounter {
     steps: Steps,
-    /// Where a collective marker's instances are counted from.
-    origin: Option<Origin>,
-    /// The instance numbers of the marker seen from the origin on (at most `cap()`).
-    numbers: BTreeSet<u64>,
+    /// A collective marker's instances, per numbering.
+    numberings: HashMap<NumberingKey, Numbering>,
     processes: HashMap<u32, Begun>,
     unnumbered: u64,
+    /// The furthest step any process began.
+    last_step: u64,
 }
 
-/// The first numbered marker call seen: its communicator and number. Numbers on other
-/// communicators are not counted (they are not comparable).
-#[derive(Debug)]
-struct Origin {
+/// What one numbering of instances is the same across: a communicator of a job; and, where
+/// its numbers count from where a node's daemon began watching it, that node.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct NumberingKey {
+    job: String,
     comm: String,
-    seq: u64,
+    node: Option<String>,
 }
+
+/// The marker's instances seen in one numbering.
+#[derive(Debug)]
+struct Numbering {
+    /// The first seen: step 1.
+    origin: u64,
+    /// The numbers seen from the origin on (at most `cap()`).
+    numbers: BTreeSet<u64>,
+}
+
+/// Numberings kept at most: a marker made on more communicators than this begins no step on
+/// the others (counted as not numbered).
+const MAX_NUMBERINGS: usize = 4096;
 
 /// One process's steps.
 #[derive(Debug, Default)]
@@ -167,16 +200,20 @@ struct Begun {
     /// The start of the marker call that began the step after `to` (or the first after it).
     end_ns: Option<u64>,
     exited: bool,
+    /// Its job and node, as named at its first call (never changed after: a name learnt
+    /// later must not move it to another numbering). Where no name came first (`record`
+    /// names its processes once a second, all of one node), both are empty.
+    group: Option<(String, String)>,
 }
 
 impl StepCounter {
     pub(super) fn new(steps: Steps) -> StepCounter {
         StepCounter {
             steps,
-            origin: None,
-            numbers: BTreeSet::new(),
+            numberings: HashMap::new(),
             processes: HashMap::new(),
             unnumbered: 0,
+            last_step: 0,
         }
     }
 
@@ -195,21 +232,38 @@ impl StepCounter {
         usize::try_from(last.max(self.steps.from)).unwrap_or(usize::MAX)
     }
 
-    /// A call of process `ev.pid` came: counted if it begins a step.
-    pub(super) fn call(&mut self, ev: &pb::CallEvent) {
+    /// A call of process `ev.pid` (named `name`, where known) came: counted if it begins a
+    /// step, and the step it begins returned.
+    pub(super) fn call(
+        &mut self,
+        ev: &pb::CallEvent,
+        name: Option<&super::ProcessName>,
+    ) -> Option<u64> {
         let process = self.processes.entry(ev.pid).or_default();
         if process.exited {
             // Its pid is another process's now.
             *process = Begun::default();
         }
-        if !self.steps.marker.marks(ev) {
-            return;
+        if process.group.is_none() {
+            process.group = Some(
+                name.map(|n| (n.job.clone(), n.host.clone()))
+                    .unwrap_or_default(),
+            );
         }
+        if !self.steps.marker.marks(ev) {
+            return None;
+        }
+        let (job, node) = process.group.clone().unwrap_or_default();
         let step = match ev.seq {
-            Some(seq) => self.numbered_step(&ev.comm, seq),
-            None if super::routine(&ev.routine)
-                .is_some_and(|r| r.spec.class == collector_common::routines::class::COLLECTIVE) =>
-            {
+            Some(seq) => {
+                let key = NumberingKey {
+                    job,
+                    comm: ev.comm.clone(),
+                    node: ev.seq_local.then_some(node),
+                };
+                self.numbered_step(key, seq)
+            }
+            None if self.steps.marker.is_collective() => {
                 self.unnumbered += 1;
                 None
             }
@@ -219,7 +273,8 @@ impl StepCounter {
                 Some(process.calls)
             }
         };
-        let Some(step) = step else { return };
+        let step = step?;
+        self.last_step = self.last_step.max(step);
         let (from, to) = (self.steps.from, self.steps.to);
         let process = self.processes.entry(ev.pid).or_default();
         if step >= from && process.from_ns.is_none() {
@@ -228,22 +283,28 @@ impl StepCounter {
         if to.is_some_and(|t| step > t) && process.end_ns.is_none() {
             process.end_ns = Some(ev.start_ns);
         }
+        Some(step)
     }
 
-    /// The step that the marker's instance `seq` on `comm` begins: 1 for the first instance
-    /// seen, k for the k-th from there (None: before the first, or on another communicator).
-    fn numbered_step(&mut self, comm: &str, seq: u64) -> Option<u64> {
-        let origin = self.origin.get_or_insert_with(|| Origin {
-            comm: comm.to_string(),
-            seq,
-        });
-        if origin.comm != comm || seq < origin.seq {
+    /// The step that the marker's instance `seq` of numbering `key` begins: 1 for the first
+    /// instance of it seen, k for the k-th from there (None: before the first).
+    fn numbered_step(&mut self, key: NumberingKey, seq: u64) -> Option<u64> {
+        let cap = self.cap();
+        if !self.numberings.contains_key(&key) && self.numberings.len() >= MAX_NUMBERINGS {
+            self.unnumbered += 1;
             return None;
         }
-        if self.numbers.len() < self.cap() {
-            self.numbers.insert(seq);
+        let n = self.numberings.entry(key).or_insert_with(|| Numbering {
+            origin: seq,
+            numbers: BTreeSet::new(),
+        });
+        if seq < n.origin {
+            return None;
         }
-        Some(self.numbers.range(..seq).count() as u64 + 1)
+        if n.numbers.len() < cap {
+            n.numbers.insert(seq);
+        }
+        Some(n.numbers.range(..seq).count() as u64 + 1)
     }
 
     /// Whether a call of `pid` that started at `start_ns` is in the steps asked for.
@@ -291,6 +352,7 @@ impl StepCounter {
                 .count() as u64,
             ended: seen().filter(|p| p.end_ns.is_some()).count() as u64,
             unnumbered: self.unnumbered,
+            last_step: self.last_step,
         }
     }
 }
@@ -298,6 +360,7 @@ impl StepCounter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trace::ProcessName;
 
     fn marker(pid: u32, start_ns: u64, seq: Option<u64>) -> pb::CallEvent {
         pb::CallEvent {
@@ -309,6 +372,18 @@ mod tests {
             comm: "world".into(),
             seq,
             ..Default::default()
+        }
+    }
+
+    impl StepCounter {
+        /// A call of a process of job `j`, whose numbers are its nodes' alike.
+        fn call_as(&mut self, ev: &pb::CallEvent) -> Option<u64> {
+            let name = ProcessName {
+                rank: None,
+                host: "n1".into(),
+                job: "j".into(),
+            };
+            self.call(ev, Some(&name))
         }
     }
 
@@ -326,9 +401,9 @@ mod tests {
     #[test]
     fn a_rank_inside_the_marker_when_the_trace_began_counts_its_steps_as_the_others() {
         let mut c = counter(2, Some(2), "MPI_Allreduce@4");
-        c.call(&marker(2, 1_000, Some(10)));
+        c.call_as(&marker(2, 1_000, Some(10)));
         for (pid, at) in [(1, 2_000), (2, 2_010)] {
-            c.call(&marker(pid, at, Some(15)));
+            c.call_as(&marker(pid, at, Some(15)));
         }
         for pid in [1, 2] {
             assert!(!c.holds(pid, 1_500), "{pid}: step 1");
@@ -336,7 +411,7 @@ mod tests {
         }
         assert!(!c.done(|_| true));
         for (pid, at) in [(1, 3_000), (2, 3_010)] {
-            c.call(&marker(pid, at, Some(20)));
+            c.call_as(&marker(pid, at, Some(20)));
         }
         for pid in [1, 2] {
             assert!(!c.holds(pid, 3_500), "{pid}: step 3");
@@ -346,35 +421,62 @@ mod tests {
         assert_eq!((r.processes, r.began, r.ended, r.unnumbered), (2, 2, 2, 0));
     }
 
-    /// Instances before the first seen, and on another communicator, begin no step; a
-    /// marker that is no collective is counted by each process; past the numbers kept, a
-    /// step is still past the last.
+    /// Instances before the first seen begin no step. Each communicator of each job counts
+    /// its own, and each node where its numbers are the node's own. A marker that is no
+    /// collective is counted by each process. Past the numbers kept, a step is still past
+    /// the last.
     #[test]
-    fn steps_are_counted_on_one_communicator_and_by_process_for_other_markers() {
+    fn steps_are_numbered_per_communicator_of_a_job_and_by_process_for_other_markers() {
         let mut c = counter(1, Some(1), "MPI_Allreduce");
-        c.call(&marker(1, 100, Some(5)));
-        c.call(&marker(2, 90, Some(4)));
-        c.call(&pb::CallEvent {
-            comm: "c1".into(),
-            ..marker(2, 110, Some(6))
-        });
-        assert!(
-            c.holds(1, 150) && !c.holds(2, 150),
-            "only pid 1 began step 1"
+        let job = |job: &str, host: &str| ProcessName {
+            rank: None,
+            host: host.into(),
+            job: job.into(),
+        };
+        let j1 = job("j1", "n1");
+        c.call(&marker(1, 100, Some(5)), Some(&j1));
+        c.call(&marker(2, 90, Some(4)), Some(&j1));
+        c.call(
+            &pb::CallEvent {
+                comm: "c1".into(),
+                ..marker(3, 110, Some(6))
+            },
+            Some(&j1),
         );
-        for (i, seq) in (6..12).enumerate() {
-            c.call(&marker(2, 200 + i as u64, Some(seq)));
+        c.call(&marker(4, 120, Some(2)), Some(&job("j2", "n1")));
+        let local = |pid, host: &str| {
+            (
+                pb::CallEvent {
+                    seq_local: true,
+                    ..marker(pid, 130, Some(40))
+                },
+                job("j1", host),
+            )
+        };
+        let (ev, name) = local(5, "n2");
+        c.call(&ev, Some(&name));
+        for (pid, begun) in [(1, true), (2, false), (3, true), (4, true), (5, true)] {
+            assert_eq!(c.holds(pid, 150), begun, "pid {pid}");
         }
-        assert!(
-            !c.holds(2, 300),
-            "pid 2 is past step 1: its first seen was step 2"
-        );
+        // Another node's own numbering: its first instance is its step 1 too.
+        let (ev, name) = local(6, "n3");
+        c.call(&ev, Some(&name));
+        assert!(c.holds(6, 150));
+        // Instances 6 and 7 of j1's world: 6 is step 2 (kept: two numbers at most), 7
+        // step 3 (not kept, past the last all the same).
+        c.call(&marker(2, 200, Some(6)), Some(&j1));
+        c.call(&marker(7, 210, Some(7)), Some(&j1));
+        assert!(!c.holds(2, 250) && !c.holds(7, 250), "both past step 1");
+        assert!(c.holds(1, 150) && !c.done(|_| true));
         let mut sends = counter(2, None, "MPI_Send");
         for at in [10, 20, 30] {
-            sends.call(&pb::CallEvent {
-                routine: "MPI_Send".into(),
-                ..marker(3, at, None)
-            });
+            sends.call(
+                &pb::CallEvent {
+                    routine: "MPI_Send".into(),
+                    ..marker(3, at, None)
+                },
+                None,
+            );
         }
         assert!(!sends.holds(3, 15) && sends.holds(3, 25) && sends.holds(3, 35));
         assert!(!sends.done(|_| true), "no last step");
@@ -388,12 +490,12 @@ mod tests {
             routine: "MPI_Send".into(),
             ..marker(3, at, None)
         };
-        c.call(&send(10));
-        c.call(&send(20));
+        c.call_as(&send(10));
+        c.call_as(&send(20));
         assert!(!c.holds(3, 25));
         c.exited(3);
         assert!(c.done(|_| true));
-        c.call(&send(30));
+        c.call_as(&send(30));
         assert!(c.holds(3, 35) && !c.done(|_| true));
     }
 }

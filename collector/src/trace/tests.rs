@@ -236,6 +236,24 @@ fn steps_keep_the_calls_from_the_start_of_one_marker_call_to_another() {
             v["metadata"]["commtap"]["steps"]["marker"],
             "MPI_Allreduce@4"
         );
+        // Each step kept is marked where its marker call starts, on that call's thread.
+        let marks: Vec<(String, f64, u64)> = v["traceEvents"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .filter(|e| e["ph"] == "i")
+            .map(|e| {
+                (
+                    e["name"].as_str().expect("name").to_string(),
+                    e["ts"].as_f64().expect("ts"),
+                    e["tid"].as_u64().expect("tid"),
+                )
+            })
+            .collect();
+        let expected: Vec<(String, f64, u64)> = (from.max(1)..=to)
+            .map(|step| (format!("step {step}"), (step * 1000) as f64 / 1e3, 7))
+            .collect();
+        assert_eq!(marks, expected, "{from}..{to}");
     }
 }
 
@@ -379,6 +397,68 @@ fn a_pftrace_holds_the_same_slices_with_interned_names_and_late_process_names() 
         processes,
         vec![(7, "rank 3 (n1)".to_string())],
         "described once, at the end, with the name learnt after its first call"
+    );
+}
+
+/// With a step marker and no steps left out, every step is marked, in `.pftrace` too: an
+/// instant on the marker call's thread.
+#[test]
+fn a_pftrace_marks_each_step_on_the_marker_calls_thread() {
+    use perfetto::proto::{trace_packet::Data, track_event::NameField, Trace};
+    use prost::Message;
+    let path = scratch("pfsteps").with_file_name("t.pftrace");
+    let mut opts = TraceOptions::new(path.clone());
+    opts.steps = Some(Steps {
+        from: 0,
+        to: None,
+        marker: "MPI_Send".parse().expect("a marker"),
+    });
+    let mut w = TraceWriter::create(opts).expect("create");
+    w.call(&ev(7, "MPI_Recv", 500)).expect("call");
+    for at in [1000, 3000] {
+        w.call(&pb::CallEvent {
+            tid: 9,
+            ..ev(7, "MPI_Send", at)
+        })
+        .expect("call");
+    }
+    let s = w.finish().expect("finish");
+    assert_eq!(s.events, 3, "nothing left out");
+    assert!(
+        s.to_string()
+            .contains("2 steps marked, each begun by a call of MPI_Send (1 processes)"),
+        "{s}"
+    );
+    let trace = Trace::decode(std::fs::read(&path).expect("read").as_slice()).expect("decodes");
+    let instants: Vec<(u64, String, u64)> = trace
+        .packet
+        .into_iter()
+        .filter_map(|p| {
+            let ts = p.timestamp();
+            match p.data {
+                Some(Data::TrackEvent(e)) if e.r#type == Some(3) => match e.name_field.clone() {
+                    Some(NameField::Name(n)) if n.starts_with("step") => {
+                        Some((e.track_uuid(), n, ts))
+                    }
+                    _ => None,
+                },
+                _ => None,
+            }
+        })
+        .collect();
+    let thread = (7u64 << 32) | 9;
+    assert_eq!(
+        instants,
+        vec![
+            (thread, "step 1".to_string(), 1000),
+            (thread, "step 2".to_string(), 3000)
+        ]
+    );
+    let (slices, _) = pftrace_slices(&path);
+    assert_eq!(
+        slices.len(),
+        3,
+        "the calls' slices are all there: {slices:?}"
     );
 }
 

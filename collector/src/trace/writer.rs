@@ -213,10 +213,12 @@ impl TraceWriter {
             return Ok(());
         }
         self.write_following(thread)?;
-        if let Some(steps) = &mut self.steps {
-            steps.call(ev);
-        }
+        let name = self.processes.get(&ev.pid).and_then(|p| p.name.as_ref());
+        let step = self.steps.as_mut().and_then(|s| s.call(ev, name));
         let group = self.groups.track(ev);
+        if let Some(step) = step {
+            self.write_step(ev, step)?;
+        }
         self.write_call(ev, flows)?;
         match group {
             Some(g) => self.write_call(&g, FlowEnds::default()),
@@ -309,6 +311,48 @@ impl TraceWriter {
             },
         )?;
         self.write_arrival(ev, flows.into)
+    }
+
+    /// Marks step `step`'s start on the thread of `ev`, the marker call that begins it, if
+    /// that call is written.
+    fn write_step(&mut self, ev: &pb::CallEvent, step: u64) -> Result<(), TraceError> {
+        let past_max = self.opts.max_events.is_some_and(|max| {
+            self.processes
+                .get(&ev.pid)
+                .is_some_and(|p| p.written >= max)
+        });
+        if past_max || !self.admits(ev) {
+            return Ok(());
+        }
+        self.split_if_full()?;
+        let name = format!("step {step}");
+        let track = chrome::track_of(ev);
+        let written = match &mut self.format {
+            Format::Chrome(encoder) => {
+                let mut line = std::mem::take(&mut self.line);
+                line.clear();
+                encoder.instant(
+                    &mut line,
+                    (ev.pid, track),
+                    ev.start_ns,
+                    &name,
+                    self.part_events == 0,
+                );
+                let written = self.write(line.as_bytes());
+                self.line = line;
+                written
+            }
+            Format::Perfetto(encoder) => {
+                let mut bytes = std::mem::take(&mut self.bytes);
+                bytes.clear();
+                encoder.instant(&mut bytes, (ev.pid, track), ev.start_ns, &name);
+                let written = self.write(&bytes);
+                self.bytes = bytes;
+                written
+            }
+        };
+        self.part_events += 1;
+        written
     }
 
     /// The slice inside call `ev` that the arrows of the messages `into` (which arrived in

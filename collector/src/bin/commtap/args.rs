@@ -611,12 +611,12 @@ pub struct TraceFilterArgs {
         requires = "step_marker"
     )]
     pub steps: Option<(u64, Option<u64>)>,
-    /// The call that begins each step (--steps): ROUTINE, or ROUTINE@BYTES for its calls of
-    /// that size only, e.g. MPI_Allreduce@4 (a loss of one float) or
-    /// ncclAllReduce@104857600 (one gradient bucket). A marker is called once a step:
-    /// `commtap report` lists each rank's calls per routine and size range, `commtap events`
-    /// each call's bytes.
-    #[arg(long, value_name = "ROUTINE[@BYTES]", requires = "steps")]
+    /// The call that begins each step of a training loop, marked on the timeline (`step 3`,
+    /// on the thread that made it; --steps keeps some steps only): ROUTINE, or
+    /// ROUTINE@BYTES for its calls of that size only, e.g. MPI_Allreduce@4 (a loss of one
+    /// float). A marker is called once a step: `commtap report` lists each rank's calls per
+    /// routine and size range, `commtap events` each call's bytes.
+    #[arg(long, value_name = "ROUTINE[@BYTES]")]
     pub step_marker: Option<trace::StepMarker>,
     /// Trace only these world ranks (comma separated).
     #[arg(long, value_delimiter = ',')]
@@ -642,10 +642,10 @@ impl TraceFilterArgs {
         trace::TraceOptions {
             path,
             window: self.window,
-            steps: self
-                .steps
-                .zip(self.step_marker)
-                .map(|((from, to), marker)| trace::Steps { from, to, marker }),
+            steps: self.step_marker.map(|marker| {
+                let (from, to) = self.steps.unwrap_or((0, None));
+                trace::Steps { from, to, marker }
+            }),
             ranks: (!self.ranks.is_empty()).then(|| self.ranks.into_iter().collect()),
             routines: trace::RoutineFilter {
                 include: self.routines,

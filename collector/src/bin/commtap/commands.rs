@@ -213,6 +213,15 @@ pub async fn run(command: Command, identity: Option<(PathBuf, PathBuf)>) -> Resu
 /// `commtap record`: exit status 0 with a profile, the launched command's own when it
 /// failed (its profile written all the same).
 async fn record(a: RecordArgs) -> Result<ExitCode> {
+    if let Some(marker) = a.trace_filter.step_marker.as_ref() {
+        if a.probe.no_skew && marker.is_collective() {
+            anyhow::bail!(
+                "--step-marker {marker}: a collective marker's steps are counted by who-is-late's \
+                 instance numbers, alike in every rank; --no-skew turns it off (drop it, or \
+                 name a marker that is no collective)"
+            );
+        }
+    }
     let opts = RecordOptions {
         pids: a.pid,
         wait_for_mpi: a.wait_for_mpi,

@@ -164,7 +164,8 @@ enum Command {
     Detach(DetachArgs),
     /// Print every completed call of the daemon's processes as JSON lines (for timelines):
     /// pid, tid, routine, start_ns, duration_ns, bytes, peer, comm_size, comm_rank, comm,
-    /// and a point-to-point call's tag (see the trace arguments in the README); `{"exited":
+    /// a point-to-point call's tag, and a collective's instance number `seq` (`seq_local`:
+    /// this node's own numbering; see the trace arguments in the README); `{"exited":
     /// PID}` after a process's last call, `{"detached": PID}` where it was detached (or
     /// attached again after it: its calls after do not go on from those before). Per-call
     /// events are switched on while this runs; a last line says how many this reader
