@@ -579,7 +579,7 @@ fn a_trace_of_steps_holds_the_same_steps_of_every_rank_and_ends_after_the_last()
             .as_array()
             .expect("events")
             .iter()
-            .filter(|e| e["ph"] == "i" && e["pid"].as_u64() == Some(*pid))
+            .filter(|e| e["ph"] == "I" && e["pid"].as_u64() == Some(*pid))
             .map(|e| {
                 (
                     e["name"].as_str().expect("name").to_string(),
@@ -591,13 +591,18 @@ fn a_trace_of_steps_holds_the_same_steps_of_every_rank_and_ends_after_the_last()
         assert_eq!(marks, expected, "pid {pid}: the steps' marks");
     }
     assert_eq!(doc["metadata"]["commtap"]["steps"]["from"], 3);
-    // DevTools loads it, and finds the same.
-    let summary = devtools_summary(&trace);
+    // DevTools and Perfetto load it, and find the same: the calls, and each step's mark.
+    let expected: BTreeMap<String, (u64, u64)> =
+        std::iter::once(("MPI_Allreduce".to_string(), (3 * (1 + k), 3 * (4 + 8 * k))))
+            .chain((3..=5).map(|s| (format!("step {s}"), (1, 0))))
+            .collect();
+    let (devtools, perfetto) = (devtools_summary(&trace), perfetto_summary(&trace));
     for pid in pids {
-        assert_traced(
-            &summary,
-            pid,
-            &BTreeMap::from([("MPI_Allreduce".to_string(), (3 * (1 + k), 3 * (4 + 8 * k)))]),
+        assert_traced(&devtools, pid, &expected);
+        assert_eq!(
+            traced_routines(&perfetto, pid),
+            expected,
+            "pid {pid} in Perfetto"
         );
     }
     daemon.stop(&scratch);

@@ -6,8 +6,6 @@
 //! holds up the daemons' streams, which then lose calls and count them (the profile's
 //! counts stay exact).
 
-use std::collections::BTreeSet;
-
 use anyhow::Result;
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -46,8 +44,6 @@ pub fn start(
         let mut sink = RelaySink {
             tx: tx.clone(),
             pending: pb::StreamJobEventsResponse::default(),
-            seen: BTreeSet::new(),
-            named: BTreeSet::new(),
             lost: 0,
         };
         let gone = tx.clone();
@@ -72,24 +68,16 @@ pub fn start(
 struct RelaySink {
     tx: mpsc::Sender<Result<pb::StreamJobEventsResponse, Status>>,
     pending: pb::StreamJobEventsResponse,
-    seen: BTreeSet<u32>,
-    named: BTreeSet<u32>,
     lost: u64,
 }
 
 impl Sink for RelaySink {
     fn call(&mut self, ev: pb::CallEvent) -> Result<()> {
-        self.seen.insert(ev.pid);
         self.pending.events.push(ev);
         Ok(())
     }
 
-    fn unnamed(&self) -> Vec<u32> {
-        self.seen.difference(&self.named).copied().collect()
-    }
-
     fn name(&mut self, pid: u32, name: ProcessName) {
-        self.named.insert(pid);
         self.pending.processes.push(pb::TracedProcess {
             pid,
             rank: name.rank,

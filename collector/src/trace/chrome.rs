@@ -162,7 +162,8 @@ impl Encoder {
         }
     }
 
-    /// Appends an instant (`step 3`) on thread `tid` of `pid` at `ns`.
+    /// Appends an instant (`step 3`) on thread `tid` of `pid` at `ns` (phase `I`: DevTools
+    /// reads no other, Perfetto both it and `i`).
     pub fn instant(
         &mut self,
         out: &mut String,
@@ -174,7 +175,7 @@ impl Encoder {
         out.push_str(sep(first));
         let _ = write!(
             out,
-            "{{\"ph\":\"i\",\"s\":\"t\",\"pid\":{pid},\"tid\":{tid},\"cat\":\"step\",\"ts\":"
+            "{{\"ph\":\"I\",\"s\":\"t\",\"pid\":{pid},\"tid\":{tid},\"cat\":\"step\",\"ts\":"
         );
         push_micros(out, ns);
         out.push_str(",\"name\":");

@@ -56,8 +56,6 @@ pub trait Sink {
     /// not returned from when the trace ended says why (`unfinished`), the last of its
     /// thread.
     fn call(&mut self, ev: pb::CallEvent) -> Result<()>;
-    /// Processes whose calls came but whose names did not.
-    fn unnamed(&self) -> Vec<u32>;
     /// Names process `pid`.
     fn name(&mut self, pid: u32, name: ProcessName);
     /// Calls the streams lost by reading too slowly (an increment).
@@ -97,10 +95,6 @@ impl Sink for FileSink {
             return Ok(self.writer.unfinished(&ev)?);
         }
         Ok(self.writer.call(&ev)?)
-    }
-
-    fn unnamed(&self) -> Vec<u32> {
-        self.writer.unnamed()
     }
 
     fn name(&mut self, pid: u32, name: ProcessName) {

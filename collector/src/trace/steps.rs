@@ -108,6 +108,9 @@ pub struct StepsReached {
     pub ended: u64,
     /// Marker calls that began no step: collectives not numbered yet.
     pub unnumbered: u64,
+    /// Processes whose steps were counted no further: their numbering became their node's
+    /// own (events lost on every rank there).
+    pub renumbered: u64,
     /// The furthest step any process began.
     pub last_step: u64,
 }
@@ -148,8 +151,17 @@ impl std::fmt::Display for StepsReached {
                 f,
                 " ({} calls of {} began no step: who-is-late had not numbered them; it aligns \
                  the ranks of a job its daemon did not watch from MPI_Init on their first \
-                 calls, and numbers none where it is off, --no-skew)",
+                 calls, and numbers none where it is off, --no-skew; or past 4,096 \
+                 communicators)",
                 self.unnumbered, s.marker
+            )?;
+        }
+        if self.renumbered > 0 {
+            write!(
+                f,
+                " ({} processes' steps were counted no further: events lost on every rank of \
+                 their node renumbered its collectives, so their windows end there)",
+                self.renumbered
             )?;
         }
         Ok(())
@@ -170,7 +182,7 @@ pub(super) struct StepCounter {
 
 /// What one numbering of instances is the same across: a communicator of a job; and, where
 /// its numbers count from where a node's daemon began watching it, that node.
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct NumberingKey {
     job: String,
     comm: String,
@@ -182,8 +194,31 @@ struct NumberingKey {
 struct Numbering {
     /// The first seen: step 1.
     origin: u64,
-    /// The numbers seen from the origin on (at most `cap()`).
-    numbers: BTreeSet<u64>,
+    /// The latest numbers seen (at most [`RECENT_NUMBERS`]): an instance's calls come from
+    /// every member, not in order across them.
+    recent: BTreeSet<u64>,
+    /// Numbers seen before those.
+    forgotten: u64,
+}
+
+/// Instance numbers of one numbering kept: its members' calls of one instance come within
+/// a step or two of each other.
+const RECENT_NUMBERS: usize = 64;
+
+impl Numbering {
+    /// The step instance `seq` begins: 1 + the instances seen before it (None: before the
+    /// first).
+    fn step(&mut self, seq: u64) -> Option<u64> {
+        if seq < self.origin {
+            return None;
+        }
+        let kept = self.recent.first().is_none_or(|first| seq >= *first);
+        if kept && self.recent.insert(seq) && self.recent.len() > RECENT_NUMBERS {
+            self.recent.pop_first();
+            self.forgotten += 1;
+        }
+        Some(1 + self.forgotten + self.recent.range(..seq).count() as u64)
+    }
 }
 
 /// Numberings kept at most: a marker made on more communicators than this begins no step on
@@ -201,9 +236,14 @@ struct Begun {
     end_ns: Option<u64>,
     exited: bool,
     /// Its job and node, as named at its first call (never changed after: a name learnt
-    /// later must not move it to another numbering). Where no name came first (`record`
-    /// names its processes once a second, all of one node), both are empty.
+    /// later must not move it to another numbering). Where no name came first (`record`,
+    /// which watches one node, names a process after its first call), both are empty.
     group: Option<(String, String)>,
+    /// The numbering its steps are counted on: its first numbered marker call's.
+    numbering: Option<NumberingKey>,
+    /// Its communicator's numbering became its node's own (every rank there lost events):
+    /// its steps were counted no further.
+    renumbered: bool,
 }
 
 impl StepCounter {
@@ -220,16 +260,6 @@ impl StepCounter {
     /// The steps asked for.
     pub(super) fn steps(&self) -> &Steps {
         &self.steps
-    }
-
-    /// Numbers beyond this many are not kept: only whether a step is past `to` (or has
-    /// reached `from`) matters.
-    fn cap(&self) -> usize {
-        let last = self
-            .steps
-            .to
-            .map_or(self.steps.from, |t| t.saturating_add(1));
-        usize::try_from(last.max(self.steps.from)).unwrap_or(usize::MAX)
     }
 
     /// A call of process `ev.pid` (named `name`, where known) came: counted if it begins a
@@ -261,7 +291,21 @@ impl StepCounter {
                     comm: ev.comm.clone(),
                     node: ev.seq_local.then_some(node),
                 };
-                self.numbered_step(key, seq)
+                match process.numbering.get_or_insert_with(|| key.clone()) {
+                    mine if *mine == key => self.numbered_step(key, seq),
+                    mine if mine.job == key.job && mine.comm == key.comm => {
+                        // Its numbers count from elsewhere now: its steps cannot be told
+                        // from here on, and its window ends (said in the summary).
+                        if !process.renumbered {
+                            process.renumbered = true;
+                            process.end_ns.get_or_insert(ev.start_ns);
+                        }
+                        None
+                    }
+                    // The marker on another of its communicators: its steps are counted on
+                    // the first.
+                    _ => None,
+                }
             }
             None if self.steps.marker.is_collective() => {
                 self.unnumbered += 1;
@@ -289,22 +333,18 @@ impl StepCounter {
     /// The step that the marker's instance `seq` of numbering `key` begins: 1 for the first
     /// instance of it seen, k for the k-th from there (None: before the first).
     fn numbered_step(&mut self, key: NumberingKey, seq: u64) -> Option<u64> {
-        let cap = self.cap();
         if !self.numberings.contains_key(&key) && self.numberings.len() >= MAX_NUMBERINGS {
             self.unnumbered += 1;
             return None;
         }
-        let n = self.numberings.entry(key).or_insert_with(|| Numbering {
-            origin: seq,
-            numbers: BTreeSet::new(),
-        });
-        if seq < n.origin {
-            return None;
-        }
-        if n.numbers.len() < cap {
-            n.numbers.insert(seq);
-        }
-        Some(n.numbers.range(..seq).count() as u64 + 1)
+        self.numberings
+            .entry(key)
+            .or_insert_with(|| Numbering {
+                origin: seq,
+                recent: BTreeSet::new(),
+                forgotten: 0,
+            })
+            .step(seq)
     }
 
     /// Whether a call of `pid` that started at `start_ns` is in the steps asked for.
@@ -350,8 +390,11 @@ impl StepCounter {
             began: seen()
                 .filter(|p| self.steps.from == 0 || p.from_ns.is_some())
                 .count() as u64,
-            ended: seen().filter(|p| p.end_ns.is_some()).count() as u64,
+            ended: seen()
+                .filter(|p| p.end_ns.is_some() && !p.renumbered)
+                .count() as u64,
             unnumbered: self.unnumbered,
+            renumbered: seen().filter(|p| p.renumbered).count() as u64,
             last_step: self.last_step,
         }
     }
@@ -444,26 +487,26 @@ mod tests {
             Some(&j1),
         );
         c.call(&marker(4, 120, Some(2)), Some(&job("j2", "n1")));
-        let local = |pid, host: &str| {
+        let local = |pid, host: &str, seq| {
             (
                 pb::CallEvent {
                     seq_local: true,
-                    ..marker(pid, 130, Some(40))
+                    ..marker(pid, 130, Some(seq))
                 },
                 job("j1", host),
             )
         };
-        let (ev, name) = local(5, "n2");
+        let (ev, name) = local(5, "n2", 40);
         c.call(&ev, Some(&name));
         for (pid, begun) in [(1, true), (2, false), (3, true), (4, true), (5, true)] {
             assert_eq!(c.holds(pid, 150), begun, "pid {pid}");
         }
-        // Another node's own numbering: its first instance is its step 1 too.
-        let (ev, name) = local(6, "n3");
+        // Another node's own numbering: its first instance is its step 1 too (on n2's,
+        // instance 41 would be step 2).
+        let (ev, name) = local(6, "n3", 41);
         c.call(&ev, Some(&name));
         assert!(c.holds(6, 150));
-        // Instances 6 and 7 of j1's world: 6 is step 2 (kept: two numbers at most), 7
-        // step 3 (not kept, past the last all the same).
+        // Instances 6 and 7 of j1's world: steps 2 and 3.
         c.call(&marker(2, 200, Some(6)), Some(&j1));
         c.call(&marker(7, 210, Some(7)), Some(&j1));
         assert!(!c.holds(2, 250) && !c.holds(7, 250), "both past step 1");
@@ -480,6 +523,52 @@ mod tests {
         }
         assert!(!sends.holds(3, 15) && sends.holds(3, 25) && sends.holds(3, 35));
         assert!(!sends.done(|_| true), "no last step");
+    }
+
+    /// With no last step, every step is told by its number, however many: the instances
+    /// kept are the latest only.
+    #[test]
+    fn steps_past_the_numbers_kept_are_told_by_number() {
+        let mut c = counter(0, None, "MPI_Allreduce");
+        let n = 3 * RECENT_NUMBERS as u64;
+        let steps: Vec<Option<u64>> = (0..n)
+            .map(|i| c.call_as(&marker(1, 100 * i, Some(10 + 2 * i))))
+            .collect();
+        assert_eq!(steps, (1..=n).map(Some).collect::<Vec<_>>());
+        // The other rank's calls of the latest instances come late: the same steps.
+        assert_eq!(
+            c.call_as(&marker(2, 100 * n, Some(10 + 2 * (n - 1)))),
+            Some(n)
+        );
+        assert_eq!(
+            c.call_as(&marker(2, 100 * n + 1, Some(10 + 2 * (n - 2)))),
+            Some(n - 1)
+        );
+        assert!(c
+            .reached(|_| true)
+            .to_string()
+            .contains(&format!("{n} steps marked")));
+    }
+
+    /// A rank whose numbering became its node's own (events lost on every rank there)
+    /// counts no further steps: its window ends at that call, and the summary says so.
+    #[test]
+    fn a_rank_renumbered_counts_no_further() {
+        let mut c = counter(1, Some(5), "MPI_Allreduce");
+        c.call_as(&marker(1, 100, Some(10)));
+        assert!(c.holds(1, 150));
+        c.call_as(&pb::CallEvent {
+            seq_local: true,
+            ..marker(1, 200, Some(3))
+        });
+        assert!(!c.holds(1, 250), "its window ended");
+        let r = c.reached(|_| true);
+        assert_eq!((r.ended, r.renumbered), (0, 1));
+        assert!(
+            r.to_string()
+                .contains("1 processes' steps were counted no further"),
+            "{r}"
+        );
     }
 
     /// A pid given to another process after an exit counts its steps anew.

@@ -241,7 +241,7 @@ fn steps_keep_the_calls_from_the_start_of_one_marker_call_to_another() {
             .as_array()
             .expect("events")
             .iter()
-            .filter(|e| e["ph"] == "i")
+            .filter(|e| e["ph"] == "I")
             .map(|e| {
                 (
                     e["name"].as_str().expect("name").to_string(),
@@ -460,6 +460,41 @@ fn a_pftrace_marks_each_step_on_the_marker_calls_thread() {
         3,
         "the calls' slices are all there: {slices:?}"
     );
+}
+
+/// A step's mark goes into the part its marker call's slice goes into.
+#[test]
+fn a_split_trace_keeps_each_step_mark_with_its_call() {
+    let path = scratch("steps-split");
+    let mut opts = TraceOptions::new(path.clone());
+    opts.split_bytes = 500;
+    opts.steps = Some(Steps {
+        from: 0,
+        to: None,
+        marker: "MPI_Send".parse().expect("a marker"),
+    });
+    let mut w = TraceWriter::create(opts).expect("create");
+    for i in 0..40 {
+        w.call(&ev(7, "MPI_Send", 1000 * (i + 1))).expect("call");
+    }
+    let s = w.finish().expect("finish");
+    assert!(s.files.len() > 3, "{:?}", s.files);
+    let mut marks = 0;
+    for f in &s.files {
+        let v = load(f);
+        let events = v["traceEvents"].as_array().expect("events");
+        for mark in events.iter().filter(|e| e["ph"] == "I") {
+            marks += 1;
+            assert!(
+                events
+                    .iter()
+                    .any(|e| e["ph"] == "X" && e["ts"] == mark["ts"]),
+                "{}: {mark} without its call",
+                f.display()
+            );
+        }
+    }
+    assert_eq!(marks, 40);
 }
 
 #[test]

@@ -70,6 +70,8 @@ pub struct TraceWriter {
     following: HashMap<(u32, u32), (pb::CallEvent, Vec<u64>)>,
     /// Under `--steps`: each process's.
     steps: Option<StepCounter>,
+    /// The step the call being written begins, if any: marked in the same part as its slice.
+    step_begun: Option<u64>,
 }
 
 /// A trace abandoned by an error (the probes could not be set up, a daemon went away) is
@@ -108,6 +110,7 @@ impl TraceWriter {
             closed: false,
             following: HashMap::new(),
             steps,
+            step_begun: None,
         };
         w.begin_part()?;
         Ok(w)
@@ -213,12 +216,15 @@ impl TraceWriter {
             return Ok(());
         }
         self.write_following(thread)?;
-        let name = self.processes.get(&ev.pid).and_then(|p| p.name.as_ref());
-        let step = self.steps.as_mut().and_then(|s| s.call(ev, name));
+        let step = match &mut self.steps {
+            Some(steps) => {
+                let name = self.processes.get(&ev.pid).and_then(|p| p.name.as_ref());
+                steps.call(ev, name)
+            }
+            None => None,
+        };
         let group = self.groups.track(ev);
-        if let Some(step) = step {
-            self.write_step(ev, step)?;
-        }
+        self.step_begun = step;
         self.write_call(ev, flows)?;
         match group {
             Some(g) => self.write_call(&g, FlowEnds::default()),
@@ -283,6 +289,7 @@ impl TraceWriter {
     }
 
     fn write_call(&mut self, ev: &pb::CallEvent, flows: FlowEnds) -> Result<(), TraceError> {
+        let step = self.step_begun.take();
         if !self.admits(ev) {
             return Ok(());
         }
@@ -302,6 +309,9 @@ impl TraceWriter {
         self.split_if_full()?;
         let process = self.processes.entry(ev.pid).or_default();
         process.threads.insert(chrome::track_of(ev));
+        if let Some(step) = step {
+            self.write_step(ev, step)?;
+        }
         self.events += 1;
         self.encode(
             ev,
@@ -313,18 +323,9 @@ impl TraceWriter {
         self.write_arrival(ev, flows.into)
     }
 
-    /// Marks step `step`'s start on the thread of `ev`, the marker call that begins it, if
-    /// that call is written.
+    /// Marks step `step`'s start on the thread of `ev`, the marker call that begins it
+    /// (written next, in the same part).
     fn write_step(&mut self, ev: &pb::CallEvent, step: u64) -> Result<(), TraceError> {
-        let past_max = self.opts.max_events.is_some_and(|max| {
-            self.processes
-                .get(&ev.pid)
-                .is_some_and(|p| p.written >= max)
-        });
-        if past_max || !self.admits(ev) {
-            return Ok(());
-        }
-        self.split_if_full()?;
         let name = format!("step {step}");
         let track = chrome::track_of(ev);
         let written = match &mut self.format {
@@ -472,8 +473,9 @@ impl TraceWriter {
                         "marker": steps.marker.to_string(),
                         "rule": "each process's calls from the start of its marker call that \
                                  begins step FROM to the start of the one that begins step \
-                                 TO+1; a collective marker's instances are counted alike in \
-                                 every process, from the first the trace saw (step 1)",
+                                 TO+1; a collective marker's instances are counted per \
+                                 communicator of a job (and per node where its numbers are the \
+                                 node's own), from the first the trace saw (step 1)",
                     })
                 }),
                 "clock": self.clocks,
