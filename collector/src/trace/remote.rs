@@ -332,7 +332,8 @@ pub fn nodes_of_job(list: pb::ListJobsResponse, job: &str) -> Result<Vec<Target>
 }
 
 /// `commtap trace`: every call of the daemons' processes into a trace file, until the
-/// duration ends, a signal comes, or every process asked for has exited.
+/// duration ends, a signal comes, every process asked for has exited, or (`--steps`, not
+/// through a relay) every one is past the last step.
 pub async fn trace(
     from: &[Target],
     request: TraceRequest,
@@ -438,7 +439,8 @@ async fn relayed(
 }
 
 /// Every call of the daemons' processes into `sink`, until the duration ends, `stop`
-/// does, every process asked for has exited, or the sink fails (a relay's caller left).
+/// does, every process asked for has exited, the sink is done (past the last step) or
+/// fails (a relay's caller left).
 pub async fn gather<S: Sink>(
     from: &[Target],
     request: &TraceRequest,
@@ -481,9 +483,11 @@ pub async fn gather<S: Sink>(
         let batch = batch.with_context(|| format!("StreamEvents from {}", sources[i].node))?;
         note_streaming(&mut sources, i, sink)?;
         // Named before their calls are written: a step's numbering is its job's.
-        if let Err(e) = name_new_processes(sink, &mut merge, &mut sources[i], &batch.events).await {
-            // Names are a courtesy: a daemon that stopped (its last batch just came) is
-            // asked again at the end, and its processes keep their pids meanwhile.
+        let named = name_new_processes(sink, &mut merge, &mut sources[i], &batch.events);
+        if let Err(e) = named.await {
+            // A daemon that stopped (its last batch just came) is asked again at the end,
+            // and its processes keep their pids meanwhile; their steps, if counted, are
+            // numbered apart from their job's (the summary's counts show it).
             warn!(
                 "{}: naming its processes: {}",
                 sources[i].node,

@@ -149,18 +149,19 @@ impl std::fmt::Display for StepsReached {
         if self.unnumbered > 0 {
             write!(
                 f,
-                " ({} calls of {} began no step: who-is-late had not numbered them; it aligns \
+                " ({} calls of {} began no step: who-is-late had not numbered them (it aligns \
                  the ranks of a job its daemon did not watch from MPI_Init on their first \
-                 calls, and numbers none where it is off, --no-skew; or past 4,096 \
-                 communicators)",
+                 calls, and numbers none where it is off, --no-skew); or they came more than \
+                 64 instances after later ones, or past 4,096 communicators)",
                 self.unnumbered, s.marker
             )?;
         }
         if self.renumbered > 0 {
             write!(
                 f,
-                " ({} processes' steps were counted no further: events lost on every rank of \
-                 their node renumbered its collectives, so their windows end there)",
+                " ({} processes' steps were counted no further: their node's numbering of \
+                 the marker's communicator changed (events lost on every rank there), so \
+                 their windows end there)",
                 self.renumbered
             )?;
         }
@@ -207,13 +208,12 @@ const RECENT_NUMBERS: usize = 64;
 
 impl Numbering {
     /// The step instance `seq` begins: 1 + the instances seen before it (None: before the
-    /// first).
+    /// first, or older than the instances kept: its step is not known).
     fn step(&mut self, seq: u64) -> Option<u64> {
-        if seq < self.origin {
+        if seq < self.origin || self.recent.first().is_some_and(|first| seq < *first) {
             return None;
         }
-        let kept = self.recent.first().is_none_or(|first| seq >= *first);
-        if kept && self.recent.insert(seq) && self.recent.len() > RECENT_NUMBERS {
+        if self.recent.insert(seq) && self.recent.len() > RECENT_NUMBERS {
             self.recent.pop_first();
             self.forgotten += 1;
         }
@@ -337,14 +337,17 @@ impl StepCounter {
             self.unnumbered += 1;
             return None;
         }
-        self.numberings
-            .entry(key)
-            .or_insert_with(|| Numbering {
-                origin: seq,
-                recent: BTreeSet::new(),
-                forgotten: 0,
-            })
-            .step(seq)
+        let n = self.numberings.entry(key).or_insert_with(|| Numbering {
+            origin: seq,
+            recent: BTreeSet::new(),
+            forgotten: 0,
+        });
+        let step = n.step(seq);
+        if step.is_none() && seq >= n.origin {
+            // Older than every instance kept: its stream is far behind the others'.
+            self.unnumbered += 1;
+        }
+        step
     }
 
     /// Whether a call of `pid` that started at `start_ns` is in the steps asked for.
@@ -544,10 +547,11 @@ mod tests {
             c.call_as(&marker(2, 100 * n + 1, Some(10 + 2 * (n - 2)))),
             Some(n - 1)
         );
-        assert!(c
-            .reached(|_| true)
-            .to_string()
-            .contains(&format!("{n} steps marked")));
+        // One older than every instance kept: its step is not known, and it is counted.
+        assert_eq!(c.call_as(&marker(2, 100 * n + 2, Some(10))), None);
+        let r = c.reached(|_| true);
+        assert_eq!(r.unnumbered, 1);
+        assert!(r.to_string().contains(&format!("{n} steps marked")), "{r}");
     }
 
     /// A rank whose numbering became its node's own (events lost on every rank there)

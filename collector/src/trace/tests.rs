@@ -26,6 +26,17 @@ fn scratch(name: &str) -> PathBuf {
     dir.join("t.json")
 }
 
+/// Options for a trace into `path` of steps `from..to` begun by `marker`.
+fn with_steps(path: PathBuf, from: u64, to: Option<u64>, marker: &str) -> TraceOptions {
+    let mut opts = TraceOptions::new(path);
+    opts.steps = Some(Steps {
+        from,
+        to,
+        marker: marker.parse().expect("a marker"),
+    });
+    opts
+}
+
 fn load(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).expect("read")).expect("valid JSON")
 }
@@ -171,12 +182,7 @@ fn steps_keep_the_calls_from_the_start_of_one_marker_call_to_another() {
     };
     for ((from, to), written, began, ended) in [((2, 3), 9, 1, 1), ((0, 0), 3, 2, 1)] {
         let path = scratch(&format!("steps-{from}-{to}"));
-        let mut opts = TraceOptions::new(path.clone());
-        opts.steps = Some(Steps {
-            from,
-            to: Some(to),
-            marker: "MPI_Allreduce@4".parse().expect("a marker"),
-        });
+        let opts = with_steps(path.clone(), from, Some(to), "MPI_Allreduce@4");
         let mut w = TraceWriter::create(opts).expect("create");
         w.call(&call(7, "MPI_Comm_rank", 10, 0)).expect("call");
         // Another process: a call in step 0, none of the marker, then gone.
@@ -260,12 +266,7 @@ fn steps_keep_the_calls_from_the_start_of_one_marker_call_to_another() {
 #[test]
 fn a_marker_that_never_came_is_said() {
     let path = scratch("steps-never");
-    let mut opts = TraceOptions::new(path);
-    opts.steps = Some(Steps {
-        from: 1,
-        to: None,
-        marker: "MPI_Bcast".parse().expect("a marker"),
-    });
+    let opts = with_steps(path, 1, None, "MPI_Bcast");
     let mut w = TraceWriter::create(opts).expect("create");
     w.call(&ev(7, "MPI_Send", 10)).expect("call");
     assert!(!w.steps_done(), "no last step: never done");
@@ -407,12 +408,7 @@ fn a_pftrace_marks_each_step_on_the_marker_calls_thread() {
     use perfetto::proto::{trace_packet::Data, track_event::NameField, Trace};
     use prost::Message;
     let path = scratch("pfsteps").with_file_name("t.pftrace");
-    let mut opts = TraceOptions::new(path.clone());
-    opts.steps = Some(Steps {
-        from: 0,
-        to: None,
-        marker: "MPI_Send".parse().expect("a marker"),
-    });
+    let opts = with_steps(path.clone(), 0, None, "MPI_Send");
     let mut w = TraceWriter::create(opts).expect("create");
     w.call(&ev(7, "MPI_Recv", 500)).expect("call");
     for at in [1000, 3000] {
@@ -466,13 +462,8 @@ fn a_pftrace_marks_each_step_on_the_marker_calls_thread() {
 #[test]
 fn a_split_trace_keeps_each_step_mark_with_its_call() {
     let path = scratch("steps-split");
-    let mut opts = TraceOptions::new(path.clone());
+    let mut opts = with_steps(path.clone(), 0, None, "MPI_Send");
     opts.split_bytes = 500;
-    opts.steps = Some(Steps {
-        from: 0,
-        to: None,
-        marker: "MPI_Send".parse().expect("a marker"),
-    });
     let mut w = TraceWriter::create(opts).expect("create");
     for i in 0..40 {
         w.call(&ev(7, "MPI_Send", 1000 * (i + 1))).expect("call");

@@ -37,6 +37,17 @@ impl Format {
     }
 }
 
+/// What the file holds: a call's slice (with the arrows it starts or ends), or a mark (a
+/// step's start) on thread `at` (pid, track).
+enum Item<'a> {
+    Slice(&'a pb::CallEvent, FlowEnds),
+    Mark {
+        at: (u32, u32),
+        ns: u64,
+        name: &'a str,
+    },
+}
+
 /// Writes calls into a trace file as they come, splitting it by size.
 pub struct TraceWriter {
     opts: TraceOptions,
@@ -187,7 +198,8 @@ impl TraceWriter {
     }
 
     /// Writes one call, unless the options leave it out; an NCCL group's end also writes
-    /// the group, as a slice around its operations.
+    /// the group, as a slice around its operations, and a step's marker call its step's
+    /// mark (`--steps`, `--step-marker`).
     pub fn call(&mut self, ev: &pb::CallEvent) -> Result<(), TraceError> {
         // Every message is numbered, written or not: both sides count them all.
         let flows = self.flows.ends(ev);
@@ -313,13 +325,13 @@ impl TraceWriter {
             self.write_step(ev, step)?;
         }
         self.events += 1;
-        self.encode(
+        self.encode(Item::Slice(
             ev,
             FlowEnds {
                 out: flows.out,
                 ..FlowEnds::default()
             },
-        )?;
+        ))?;
         self.write_arrival(ev, flows.into)
     }
 
@@ -327,33 +339,11 @@ impl TraceWriter {
     /// (written next, in the same part).
     fn write_step(&mut self, ev: &pb::CallEvent, step: u64) -> Result<(), TraceError> {
         let name = format!("step {step}");
-        let track = chrome::track_of(ev);
-        let written = match &mut self.format {
-            Format::Chrome(encoder) => {
-                let mut line = std::mem::take(&mut self.line);
-                line.clear();
-                encoder.instant(
-                    &mut line,
-                    (ev.pid, track),
-                    ev.start_ns,
-                    &name,
-                    self.part_events == 0,
-                );
-                let written = self.write(line.as_bytes());
-                self.line = line;
-                written
-            }
-            Format::Perfetto(encoder) => {
-                let mut bytes = std::mem::take(&mut self.bytes);
-                bytes.clear();
-                encoder.instant(&mut bytes, (ev.pid, track), ev.start_ns, &name);
-                let written = self.write(&bytes);
-                self.bytes = bytes;
-                written
-            }
-        };
-        self.part_events += 1;
-        written
+        self.encode(Item::Mark {
+            at: (ev.pid, chrome::track_of(ev)),
+            ns: ev.start_ns,
+            name: &name,
+        })
     }
 
     /// The slice inside call `ev` that the arrows of the messages `into` (which arrived in
@@ -362,22 +352,26 @@ impl TraceWriter {
         if into.is_empty() {
             return Ok(());
         }
-        self.encode(
+        self.encode(Item::Slice(
             &arrival(ev),
             FlowEnds {
                 into,
                 ..FlowEnds::default()
             },
-        )
+        ))
     }
 
-    /// Appends one slice in the file's format.
-    fn encode(&mut self, ev: &pb::CallEvent, flows: FlowEnds) -> Result<(), TraceError> {
+    /// Appends one item in the file's format.
+    fn encode(&mut self, item: Item<'_>) -> Result<(), TraceError> {
         let written = match &mut self.format {
             Format::Chrome(encoder) => {
                 let mut line = std::mem::take(&mut self.line);
                 line.clear();
-                encoder.slice(&mut line, ev, flows, self.part_events == 0);
+                let first = self.part_events == 0;
+                match item {
+                    Item::Slice(ev, flows) => encoder.slice(&mut line, ev, flows, first),
+                    Item::Mark { at, ns, name } => encoder.instant(&mut line, at, ns, name, first),
+                }
                 let written = self.write(line.as_bytes());
                 self.line = line;
                 written
@@ -385,7 +379,10 @@ impl TraceWriter {
             Format::Perfetto(encoder) => {
                 let mut bytes = std::mem::take(&mut self.bytes);
                 bytes.clear();
-                encoder.slice(&mut bytes, ev, flows);
+                match item {
+                    Item::Slice(ev, flows) => encoder.slice(&mut bytes, ev, flows),
+                    Item::Mark { at, ns, name } => encoder.instant(&mut bytes, at, ns, name),
+                }
                 let written = self.write(&bytes);
                 self.bytes = bytes;
                 written

@@ -181,6 +181,9 @@ enum Command {
     ///                                       (one file, both nodes on node07's clock)
     ///   commtap trace --from https://aggregator:7443 --job 4242 -o t.pftrace
     ///                                       (the job's nodes, as the aggregator knows them)
+    ///   commtap trace --job 4242 --steps 10..20 --step-marker MPI_Allreduce@4 -o t.json
+    ///                                       (steps 10 to 20 of every rank, each marked;
+    ///                                        ends by itself after step 20)
     ///
     /// Open the file in https://ui.perfetto.dev (.json or .pftrace) or chrome://tracing
     /// (.json): one process per rank (`rank R (host)`, in rank order), one track per
