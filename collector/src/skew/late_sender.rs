@@ -561,6 +561,12 @@ impl LateSenders {
         self.numbering.stopped(pid);
     }
 
+    /// Process `pid` exited (its calls all came before): its pid may be another process's
+    /// from now on, numbered from its own `MPI_Init` (a detach's stop forgotten too).
+    pub fn exited(&mut self, pid: u32) {
+        self.numbering.exited(pid);
+    }
+
     /// Forgets the pairs of processes `keep` no longer keeps (both ends gone).
     pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
         for pairs in [&mut self.pairs, &mut self.late_receivers] {
@@ -943,6 +949,23 @@ mod tests {
             vec![(0, 3, 1, 1, 7000), (0, 1, 1, 0, 0), (0, 2, 1, 0, 0)]
         );
         assert_eq!(across.report(&whois).unpaired, 0);
+    }
+
+    /// A process detached, then gone: a new process given its pid is numbered from its own
+    /// `MPI_Init`, and its messages paired.
+    #[test]
+    fn a_detached_pid_given_to_another_process_is_numbered_again() {
+        let mut ls = LateSenders::default();
+        init(&mut ls, &[1, 2]);
+        ls.detached(2);
+        for pid in [1, 2] {
+            ls.exited(pid);
+        }
+        init(&mut ls, &[1, 2]);
+        ls.call(&p2p(1, "MPI_Recv", 1, 1000, 4000));
+        ls.call(&p2p(2, "MPI_Send", 0, 4000, 500));
+        let whois = |pid: u32| Some((pid - 1, "n".to_string()));
+        assert_eq!(pairs(&ls.report(&whois)), vec![(0, 1, 1, 1, 3000)]);
     }
 
     #[test]

@@ -246,6 +246,9 @@ impl Tracker {
         // Its pid may be another process's from now on.
         self.detaches_of.remove(&pid);
         self.stop_following(pid);
+        if let Some(ls) = self.late_senders.as_mut() {
+            ls.exited(pid);
+        }
     }
 
     /// Process `pid` was detached, or is watched again after it: its calls from now on do
