@@ -316,9 +316,7 @@ impl Matcher {
     /// from there, or the kernel counted them): the same numbers on every node. Else they
     /// count from where this node began watching.
     pub fn numbered_from_start(&self, comm: CommKey) -> bool {
-        self.comms
-            .get(&comm)
-            .is_some_and(|c| c.streams.values().any(|s| s.anchored))
+        self.comms.get(&comm).is_some_and(Comm::numbered_from_start)
     }
 
     /// The highest instance number `pid` arrived at (aligned), on any communicator.
@@ -447,6 +445,13 @@ fn place(
     }
 }
 
+impl Comm {
+    /// Whether its instances are numbered from its creation (a rank of it anchored there).
+    fn numbered_from_start(&self) -> bool {
+        self.streams.values().any(|s| s.anchored)
+    }
+}
+
 fn close(comm: &mut Comm, key: CommKey, seq: u64, out: &mut Vec<Instance>) {
     if let Some(o) = comm.open.remove(&seq) {
         out.push(Instance {
@@ -456,7 +461,7 @@ fn close(comm: &mut Comm, key: CommKey, seq: u64, out: &mut Vec<Instance>) {
             bucket: o.bucket,
             complete: comm.size > 0 && o.arrivals.len() == comm.size as usize,
             local_members: comm.streams.len(),
-            numbered_from_start: comm.streams.values().any(|s| s.anchored),
+            numbered_from_start: comm.numbered_from_start(),
             size: comm.size,
             arrivals: o.arrivals,
             weight: if comm.drawn {

@@ -518,10 +518,12 @@ pub async fn gather<S: Sink>(
         }
         // Past the last step: only once every process asked for was seen (another node's
         // may not have come yet).
-        let all_seen = sources
-            .iter()
-            .all(|s| s.running.iter().all(|pid| s.trace_pid.contains_key(pid)));
-        if all_seen && sink.done() {
+        let all_seen = || {
+            sources
+                .iter()
+                .all(|s| s.running.iter().all(|pid| s.trace_pid.contains_key(pid)))
+        };
+        if sink.done() && all_seen() {
             info!("every traced process is past the last step asked for: the trace ends");
             break;
         }

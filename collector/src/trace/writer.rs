@@ -81,8 +81,6 @@ pub struct TraceWriter {
     following: HashMap<(u32, u32), (pb::CallEvent, Vec<u64>)>,
     /// Under `--steps`: each process's.
     steps: Option<StepCounter>,
-    /// The step the call being written begins, if any: marked in the same part as its slice.
-    step_begun: Option<u64>,
 }
 
 /// A trace abandoned by an error (the probes could not be set up, a daemon went away) is
@@ -121,7 +119,6 @@ impl TraceWriter {
             closed: false,
             following: HashMap::new(),
             steps,
-            step_begun: None,
         };
         w.begin_part()?;
         Ok(w)
@@ -236,10 +233,9 @@ impl TraceWriter {
             None => None,
         };
         let group = self.groups.track(ev);
-        self.step_begun = step;
-        self.write_call(ev, flows)?;
+        self.write_call(ev, flows, step)?;
         match group {
-            Some(g) => self.write_call(&g, FlowEnds::default()),
+            Some(g) => self.write_call(&g, FlowEnds::default(), None),
             None => Ok(()),
         }
     }
@@ -249,7 +245,7 @@ impl TraceWriter {
     /// the calls that returned).
     pub fn unfinished(&mut self, ev: &pb::CallEvent) -> Result<(), TraceError> {
         self.write_following((ev.pid, ev.tid))?;
-        self.write_call(ev, FlowEnds::default())
+        self.write_call(ev, FlowEnds::default(), None)
     }
 
     /// Writes the slice of the arrivals that followed `thread`'s last call, if any.
@@ -300,8 +296,14 @@ impl TraceWriter {
         }
     }
 
-    fn write_call(&mut self, ev: &pb::CallEvent, flows: FlowEnds) -> Result<(), TraceError> {
-        let step = self.step_begun.take();
+    /// Writes `ev`'s slice, if the options keep it, with the mark of the step it begins
+    /// (`step`) in the same part.
+    fn write_call(
+        &mut self,
+        ev: &pb::CallEvent,
+        flows: FlowEnds,
+        step: Option<u64>,
+    ) -> Result<(), TraceError> {
         if !self.admits(ev) {
             return Ok(());
         }
