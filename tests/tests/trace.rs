@@ -591,6 +591,7 @@ fn a_trace_of_steps_holds_the_same_steps_of_every_rank_and_ends_after_the_last()
         assert_eq!(marks, expected, "pid {pid}: the steps' marks");
     }
     assert_eq!(doc["metadata"]["commtap"]["steps"]["from"], 3);
+    assert_step_times(&doc, &pids, &run.stderr, (1 + k, 4 + 8 * k));
     // DevTools and Perfetto load it, and find the same: the calls, and each step's mark.
     let expected: BTreeMap<String, (u64, u64)> =
         std::iter::once(("MPI_Allreduce".to_string(), (3 * (1 + k), 3 * (4 + 8 * k))))
@@ -606,6 +607,122 @@ fn a_trace_of_steps_holds_the_same_steps_of_every_rank_and_ends_after_the_last()
         );
     }
     daemon.stop(&scratch);
+}
+
+/// The table of steps 3 to 5 (the summary's and the metadata's) against the trace's slices
+/// and marks, each rank's steps being `calls` calls of `bytes` bytes in all: per step, both
+/// ranks ended it; the least and most of their step times (steps 3 and 4: from one mark to
+/// the next) and of their time in calls (the sum of their slices), and whose the most is.
+fn assert_step_times(doc: &Value, pids: &[u64], stderr: &str, (calls, bytes): (u64, u64)) {
+    let ns = |e: &Value, key: &str| (e[key].as_f64().expect("µs") * 1e3).round() as u64;
+    let events = doc["traceEvents"].as_array().expect("events");
+    let of = |pid: u64| {
+        events
+            .iter()
+            .filter(move |e| e["pid"].as_u64() == Some(pid))
+    };
+    let label = |pid: u64| {
+        of(pid)
+            .find(|e| e["ph"] == "M" && e["name"] == "process_name")
+            .map(|e| e["args"]["name"].as_str().expect("name").to_string())
+            .expect("a process name")
+    };
+    // Per pid, per step: (its step time where its next mark is in the trace, its time in
+    // calls).
+    let mut times: BTreeMap<u64, Vec<(u64, Option<u64>, u64)>> = BTreeMap::new();
+    for pid in pids {
+        let marks: Vec<u64> = of(*pid)
+            .filter(|e| e["ph"] == "I")
+            .map(|e| ns(e, "ts"))
+            .collect();
+        for (i, step) in (3..=5u64).enumerate() {
+            let (start, end) = (marks[i], marks.get(i + 1).copied());
+            let in_calls: u64 = of(*pid)
+                .filter(|e| e["ph"] == "X" && e["name"] != ARRIVAL)
+                .filter(|e| ns(e, "ts") >= start && end.is_none_or(|end| ns(e, "ts") < end))
+                .map(|e| ns(e, "dur"))
+                .sum();
+            times
+                .entry(step)
+                .or_default()
+                .push((*pid, end.map(|end| end - start), in_calls));
+        }
+    }
+    let rows = doc["metadata"]["commtap"]["steps"]["per_step"]
+        .as_array()
+        .expect("per_step");
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for (row, (step, each)) in rows.iter().zip(&times) {
+        // Whose figures (pid, figure) equal `most`.
+        let whose = |most: u64, figures: Vec<(u64, Option<u64>)>| {
+            figures
+                .iter()
+                .filter(|(_, figure)| *figure == Some(most))
+                .map(|(pid, _)| label(*pid))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(row["step"], *step);
+        assert_eq!(
+            (&row["processes"], &row["unfinished"]),
+            (&Value::from(2), &Value::from(0)),
+            "step {step}: {row}"
+        );
+        assert_eq!(
+            row["calls"],
+            serde_json::json!([calls, calls]),
+            "step {step}"
+        );
+        assert_eq!(
+            row["bytes"],
+            serde_json::json!([bytes, bytes]),
+            "step {step}"
+        );
+        let in_calls: Vec<u64> = each.iter().map(|t| t.2).collect();
+        let most = *in_calls.iter().max().expect("ranks");
+        assert_eq!(
+            (&row["least_in_calls_ns"], &row["most_in_calls_ns"]),
+            (
+                &Value::from(*in_calls.iter().min().expect("ranks")),
+                &Value::from(most)
+            ),
+            "step {step}: {row}, the slices' {each:?}"
+        );
+        let most_by = row["most_in_calls"].as_str().expect("whose").to_string();
+        assert!(
+            whose(most, each.iter().map(|t| (t.0, Some(t.2))).collect()).contains(&most_by),
+            "step {step}: {row}"
+        );
+        let step_times: Vec<u64> = each.iter().filter_map(|t| t.1).collect();
+        if step_times.len() == each.len() {
+            let longest = *step_times.iter().max().expect("ranks");
+            assert_eq!(
+                (&row["shortest_ns"], &row["longest_ns"]),
+                (
+                    &Value::from(*step_times.iter().min().expect("ranks")),
+                    &Value::from(longest)
+                ),
+                "step {step}: {row}, the marks' {each:?}"
+            );
+            let longest_by = row["longest"].as_str().expect("whose").to_string();
+            assert!(
+                whose(longest, each.iter().map(|t| (t.0, t.1)).collect()).contains(&longest_by),
+                "step {step}: {row}"
+            );
+        }
+        // The summary prints the same row.
+        let ms = |key: &str| format!("{:.3}", row[key].as_u64().expect("ns") as f64 / 1e6);
+        let line = format!(
+            "{step:>6} {:>5} {:>14} {:>9}  {:<14} {:>18} {:>9}  {:<14} {calls:>7} {bytes:>12}",
+            2,
+            ms("shortest_ns"),
+            ms("longest_ns"),
+            row["longest"].as_str().expect("whose"),
+            ms("least_in_calls_ns"),
+            ms("most_in_calls_ns"),
+            most_by,
+        );
+        assert!(stderr.contains(&line), "{line:?} in\n{stderr}");
+    }
 }
 
 /// A trace that cannot be written fails before the job starts; an unknown format is

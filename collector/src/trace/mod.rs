@@ -8,9 +8,11 @@ pub mod flows;
 mod groups;
 pub mod perfetto;
 pub mod remote;
+mod step_times;
 mod steps;
 mod writer;
 
+pub use step_times::StepRow;
 pub use steps::{StepMarker, Steps, StepsReached};
 pub use writer::{part_path, TraceWriter, ARRIVAL};
 

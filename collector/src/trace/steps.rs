@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use super::step_times::{StepRow, StepTimes, MAX_ROWS};
 use crate::api::pb;
 
 /// The call that begins each step of a training loop (`--step-marker ROUTINE[@BYTES]`):
@@ -113,6 +114,10 @@ pub struct StepsReached {
     pub renumbered: u64,
     /// The furthest step any process began.
     pub last_step: u64,
+    /// Each step's times, from FROM (or 1) on: at most [`MAX_ROWS`] steps.
+    pub per_step: Vec<StepRow>,
+    /// Calls that came after their step had been summed: in the trace, not in `per_step`.
+    pub unplaced: u64,
 }
 
 impl std::fmt::Display for StepsReached {
@@ -165,8 +170,94 @@ impl std::fmt::Display for StepsReached {
                 self.renumbered
             )?;
         }
-        Ok(())
+        write_table(f, self)
     }
+}
+
+/// Rows printed at most: the metadata holds them all.
+const PRINTED_ROWS: usize = 50;
+
+/// Each step's times, one line a step, under the summary line.
+fn write_table(f: &mut std::fmt::Formatter<'_>, r: &StepsReached) -> std::fmt::Result {
+    if r.per_step.iter().all(|row| row.processes == 0) {
+        return Ok(());
+    }
+    let device = r.per_step.iter().any(|row| row.most_device_ns > 0);
+    let ms = |ns: u64| format!("{:.3}", ns as f64 / 1e6);
+    let range = |(least, most): (u64, u64)| {
+        if least == most {
+            least.to_string()
+        } else {
+            format!("{least}..{most}")
+        }
+    };
+    write!(
+        f,
+        "\nper step, over the processes that ended it (time: from a process's marker call to \
+         its next; in calls: the sum of its calls' durations{}; calls and bytes per process):\n\
+         {:>6} {:>5} {:>14} {:>9}  {:<14} {:>18} {:>9}  {:<14}",
+        if device {
+            "; GPU: its NCCL device windows"
+        } else {
+            ""
+        },
+        "step",
+        "ended",
+        "time ms: least",
+        "most",
+        "by",
+        "in calls ms: least",
+        "most",
+        "by",
+    )?;
+    if device {
+        write!(f, " {:>12}  {:<14}", "GPU ms: most", "by")?;
+    }
+    write!(f, " {:>7} {:>12}", "calls", "bytes")?;
+    for row in r.per_step.iter().take(PRINTED_ROWS) {
+        write!(f, "\n{:>6} {:>5}", row.step, row.processes)?;
+        if row.processes == 0 {
+            write!(f, "  none ended it")?;
+        } else {
+            write!(
+                f,
+                " {:>14} {:>9}  {:<14} {:>18} {:>9}  {:<14}",
+                ms(row.shortest_ns),
+                ms(row.longest_ns),
+                row.longest,
+                ms(row.least_in_calls_ns),
+                ms(row.most_in_calls_ns),
+                row.most_in_calls,
+            )?;
+            if device {
+                let whose = if row.most_device.is_empty() {
+                    "-"
+                } else {
+                    &row.most_device
+                };
+                write!(f, " {:>12}  {:<14}", ms(row.most_device_ns), whose)?;
+            }
+            write!(f, " {:>7} {:>12}", range(row.calls), range(row.bytes))?;
+        }
+        if row.unfinished > 0 {
+            write!(f, "  ({} unfinished)", row.unfinished)?;
+        }
+    }
+    if r.per_step.len() > PRINTED_ROWS {
+        write!(
+            f,
+            "\n... {} more steps in the trace's metadata (commtap.steps.per_step)",
+            r.per_step.len() - PRINTED_ROWS
+        )?;
+    }
+    if r.unplaced > 0 {
+        write!(
+            f,
+            "\n({} calls came after their step was summed: in the trace, not in this table)",
+            r.unplaced
+        )?;
+    }
+    Ok(())
 }
 
 /// Each process's steps, counted as its calls come.
@@ -179,6 +270,7 @@ pub(super) struct StepCounter {
     unnumbered: u64,
     /// The furthest step any process began.
     last_step: u64,
+    times: StepTimes,
 }
 
 /// What one numbering of instances is the same across: a communicator of a job; and, where
@@ -254,25 +346,23 @@ impl StepCounter {
             processes: HashMap::new(),
             unnumbered: 0,
             last_step: 0,
+            times: StepTimes::default(),
         }
     }
 
-    /// The steps asked for.
-    pub(super) fn steps(&self) -> &Steps {
-        &self.steps
-    }
-
-    /// A call of process `ev.pid` (named `name`, where known) came: counted if it begins a
-    /// step, and the step it begins returned.
+    /// A call of process `ev.pid` (named `name`, where known; in the step table if `kept`)
+    /// came: counted if it begins a step, and the step it begins returned.
     pub(super) fn call(
         &mut self,
         ev: &pb::CallEvent,
         name: Option<&super::ProcessName>,
+        kept: bool,
     ) -> Option<u64> {
         let process = self.processes.entry(ev.pid).or_default();
         if process.exited {
             // Its pid is another process's now.
             *process = Begun::default();
+            self.times.forget(ev.pid);
         }
         if process.group.is_none() {
             process.group = Some(
@@ -299,6 +389,7 @@ impl StepCounter {
                         if !process.renumbered {
                             process.renumbered = true;
                             process.end_ns.get_or_insert(ev.start_ns);
+                            self.times.end(ev.pid, ev.start_ns);
                         }
                         None
                     }
@@ -327,7 +418,15 @@ impl StepCounter {
         if to.is_some_and(|t| step > t) && process.end_ns.is_none() {
             process.end_ns = Some(ev.start_ns);
         }
+        let first = from.max(1);
+        let tabled = (first..first + MAX_ROWS).contains(&step) && to.is_none_or(|t| step <= t);
+        self.times.begin(ev.pid, ev.start_ns, step, tabled, kept);
         Some(step)
+    }
+
+    /// Call `ev`, written into the trace, goes into its step's times.
+    pub(super) fn account(&mut self, ev: &pb::CallEvent) {
+        self.times.add(ev);
     }
 
     /// The step that the marker's instance `seq` of numbering `key` begins: 1 for the first
@@ -379,8 +478,13 @@ impl StepCounter {
             && seen.all(|(_, p)| p.exited || p.end_ns.is_some())
     }
 
-    /// How far the processes (of those `kept`) got.
-    pub(super) fn reached(&self, kept: impl Fn(u32) -> bool) -> StepsReached {
+    /// How far the processes (of those `kept`) got, and each step's times (each process
+    /// named by `label`).
+    pub(super) fn reached(
+        &self,
+        kept: impl Fn(u32) -> bool,
+        label: impl Fn(u32) -> String,
+    ) -> StepsReached {
         let seen = || {
             self.processes
                 .iter()
@@ -399,6 +503,8 @@ impl StepCounter {
             unnumbered: self.unnumbered,
             renumbered: seen().filter(|p| p.renumbered).count() as u64,
             last_step: self.last_step,
+            per_step: self.times.rows(label),
+            unplaced: self.times.unplaced,
         }
     }
 }
@@ -429,7 +535,7 @@ mod tests {
                 host: "n1".into(),
                 job: "j".into(),
             };
-            self.call(ev, Some(&name))
+            self.call(ev, Some(&name), true)
         }
     }
 
@@ -463,7 +569,7 @@ mod tests {
             assert!(!c.holds(pid, 3_500), "{pid}: step 3");
         }
         assert!(c.done(|_| true));
-        let r = c.reached(|_| true);
+        let r = c.reached(|_| true, |pid| pid.to_string());
         assert_eq!((r.processes, r.began, r.ended, r.unnumbered), (2, 2, 2, 0));
     }
 
@@ -480,16 +586,17 @@ mod tests {
             job: job.into(),
         };
         let j1 = job("j1", "n1");
-        c.call(&marker(1, 100, Some(5)), Some(&j1));
-        c.call(&marker(2, 90, Some(4)), Some(&j1));
+        c.call(&marker(1, 100, Some(5)), Some(&j1), true);
+        c.call(&marker(2, 90, Some(4)), Some(&j1), true);
         c.call(
             &pb::CallEvent {
                 comm: "c1".into(),
                 ..marker(3, 110, Some(6))
             },
             Some(&j1),
+            true,
         );
-        c.call(&marker(4, 120, Some(2)), Some(&job("j2", "n1")));
+        c.call(&marker(4, 120, Some(2)), Some(&job("j2", "n1")), true);
         let local = |pid, host: &str, seq| {
             (
                 pb::CallEvent {
@@ -500,18 +607,18 @@ mod tests {
             )
         };
         let (ev, name) = local(5, "n2", 40);
-        c.call(&ev, Some(&name));
+        c.call(&ev, Some(&name), true);
         for (pid, begun) in [(1, true), (2, false), (3, true), (4, true), (5, true)] {
             assert_eq!(c.holds(pid, 150), begun, "pid {pid}");
         }
         // Another node's own numbering: its first instance is its step 1 too (on n2's,
         // instance 41 would be step 2).
         let (ev, name) = local(6, "n3", 41);
-        c.call(&ev, Some(&name));
+        c.call(&ev, Some(&name), true);
         assert!(c.holds(6, 150));
         // Instances 6 and 7 of j1's world: steps 2 and 3.
-        c.call(&marker(2, 200, Some(6)), Some(&j1));
-        c.call(&marker(7, 210, Some(7)), Some(&j1));
+        c.call(&marker(2, 200, Some(6)), Some(&j1), true);
+        c.call(&marker(7, 210, Some(7)), Some(&j1), true);
         assert!(!c.holds(2, 250) && !c.holds(7, 250), "both past step 1");
         assert!(c.holds(1, 150) && !c.done(|_| true));
         let mut sends = counter(2, None, "MPI_Send");
@@ -522,6 +629,7 @@ mod tests {
                     ..marker(3, at, None)
                 },
                 None,
+                true,
             );
         }
         assert!(!sends.holds(3, 15) && sends.holds(3, 25) && sends.holds(3, 35));
@@ -549,7 +657,7 @@ mod tests {
         );
         // One older than every instance kept: its step is not known, and it is counted.
         assert_eq!(c.call_as(&marker(2, 100 * n + 2, Some(10))), None);
-        let r = c.reached(|_| true);
+        let r = c.reached(|_| true, |pid| pid.to_string());
         assert_eq!(r.unnumbered, 1);
         assert!(r.to_string().contains(&format!("{n} steps marked")), "{r}");
     }
@@ -566,7 +674,7 @@ mod tests {
             ..marker(1, 200, Some(3))
         });
         assert!(!c.holds(1, 250), "its window ended");
-        let r = c.reached(|_| true);
+        let r = c.reached(|_| true, |pid| pid.to_string());
         assert_eq!((r.ended, r.renumbered), (0, 1));
         assert!(
             r.to_string()

@@ -263,6 +263,120 @@ fn steps_keep_the_calls_from_the_start_of_one_marker_call_to_another() {
     }
 }
 
+/// Each step's time per process, from its marker call to its next, its time in calls (a
+/// late thread's call in the step it started in) and its GPU's: the least and the most
+/// over the processes that ended it, and whose.
+#[test]
+fn each_step_is_timed_per_process_and_the_longest_named() {
+    let path = scratch("step-times");
+    let mut w = TraceWriter::create(with_steps(path.clone(), 2, Some(3), "MPI_Allreduce@4"))
+        .expect("create");
+    for (pid, rank) in [(7, 0), (8, 1), (9, 2)] {
+        w.name(
+            pid,
+            ProcessName {
+                rank: Some(rank),
+                host: "n1".into(),
+                job: "j".into(),
+            },
+        );
+    }
+    let call = |pid: u32, tid: u32, start_ns: u64, duration_ns: u64, bytes: u64| pb::CallEvent {
+        pid,
+        tid,
+        routine: "MPI_Send".into(),
+        start_ns,
+        duration_ns,
+        bytes: Some(bytes),
+        ..Default::default()
+    };
+    // Step k is the marker's instance 2k.
+    let marker = |pid: u32, start_ns: u64, duration_ns: u64, step: u64| pb::CallEvent {
+        routine: "MPI_Allreduce".into(),
+        comm: "world".into(),
+        seq: Some(2 * step),
+        ..call(pid, pid, start_ns, duration_ns, 4)
+    };
+    for step in 1..=4 {
+        w.call(&marker(7, step * 1000, 100, step)).expect("call");
+    }
+    w.call(&call(7, 7, 2200, 300, 8)).expect("call");
+    w.call(&pb::CallEvent {
+        device_window: Some(pb::DeviceWindow::default()),
+        ..call(7, 7, 3050, 400, 4)
+    })
+    .expect("call");
+    for (step, at, took) in [(1, 1100, 50), (2, 2100, 50), (3, 3600, 60), (4, 4100, 50)] {
+        w.call(&marker(8, at, took, step)).expect("call");
+    }
+    // Another thread's call in step 2, come after step 3's marker.
+    w.call(&call(8, 80, 2200, 700, 16)).expect("call");
+    // Rank 2 begins step 3 and no other.
+    w.call(&marker(9, 3200, 100, 3)).expect("call");
+    let s = w.finish().expect("finish");
+    let reached = s.steps.as_ref().expect("steps");
+    let row = |step, ended, unfinished, time, in_calls, device, calls, bytes| {
+        let ((shortest_ns, longest_ns), longest) = time;
+        let ((least_in_calls_ns, most_in_calls_ns), most_in_calls) = in_calls;
+        let (most_device_ns, most_device): (u64, &str) = device;
+        StepRow {
+            step,
+            processes: ended,
+            unfinished,
+            shortest_ns,
+            longest_ns,
+            longest: format!("rank {longest} (n1)"),
+            least_in_calls_ns,
+            most_in_calls_ns,
+            most_in_calls: format!("rank {most_in_calls} (n1)"),
+            most_device_ns,
+            most_device: most_device.into(),
+            calls,
+            bytes,
+        }
+    };
+    assert_eq!(
+        reached.per_step,
+        vec![
+            row(
+                2,
+                2,
+                0,
+                ((1000, 1500), 1),
+                ((400, 750), 1),
+                (0, ""),
+                (2, 2),
+                (12, 20)
+            ),
+            row(
+                3,
+                2,
+                1,
+                ((500, 1000), 0),
+                ((60, 100), 0),
+                (400, "rank 0 (n1)"),
+                (1, 1),
+                (4, 4)
+            ),
+        ]
+    );
+    assert_eq!(reached.unplaced, 0);
+    let text = s.to_string();
+    for line in [
+        "     2     2          0.001     0.002  rank 1 (n1)",
+        "     3     2          0.001     0.001  rank 0 (n1)",
+        "0.000  -    ",
+        "(1 unfinished)",
+        "GPU ms: most",
+    ] {
+        assert!(text.contains(line), "{line:?} in\n{text}");
+    }
+    let v = load(&path);
+    let tabled = &v["metadata"]["commtap"]["steps"]["per_step"];
+    assert_eq!(tabled[0]["longest_ns"], 1500, "{tabled}");
+    assert_eq!(tabled[1]["most_device"], "rank 0 (n1)", "{tabled}");
+}
+
 #[test]
 fn a_marker_that_never_came_is_said() {
     let path = scratch("steps-never");

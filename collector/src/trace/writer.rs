@@ -225,17 +225,22 @@ impl TraceWriter {
             return Ok(());
         }
         self.write_following(thread)?;
+        let kept = self.keeps_rank_of(ev.pid);
         let step = match &mut self.steps {
             Some(steps) => {
                 let name = self.processes.get(&ev.pid).and_then(|p| p.name.as_ref());
-                steps.call(ev, name)
+                steps.call(ev, name, kept)
             }
             None => None,
         };
         let group = self.groups.track(ev);
-        self.write_call(ev, flows, step)?;
+        if self.write_call(ev, flows, step)? {
+            if let Some(steps) = &mut self.steps {
+                steps.account(ev);
+            }
+        }
         match group {
-            Some(g) => self.write_call(&g, FlowEnds::default(), None),
+            Some(g) => self.write_call(&g, FlowEnds::default(), None).map(drop),
             None => Ok(()),
         }
     }
@@ -245,7 +250,7 @@ impl TraceWriter {
     /// the calls that returned).
     pub fn unfinished(&mut self, ev: &pb::CallEvent) -> Result<(), TraceError> {
         self.write_following((ev.pid, ev.tid))?;
-        self.write_call(ev, FlowEnds::default(), None)
+        self.write_call(ev, FlowEnds::default(), None).map(drop)
     }
 
     /// Writes the slice of the arrivals that followed `thread`'s last call, if any.
@@ -297,15 +302,16 @@ impl TraceWriter {
     }
 
     /// Writes `ev`'s slice, if the options keep it, with the mark of the step it begins
-    /// (`step`) in the same part.
+    /// (`step`) in the same part; returns whether they keep it (written, or counted past
+    /// `--max-events`).
     fn write_call(
         &mut self,
         ev: &pb::CallEvent,
         flows: FlowEnds,
         step: Option<u64>,
-    ) -> Result<(), TraceError> {
+    ) -> Result<bool, TraceError> {
         if !self.admits(ev) {
-            return Ok(());
+            return Ok(false);
         }
         let process = self.processes.entry(ev.pid).or_default();
         if self
@@ -314,7 +320,7 @@ impl TraceWriter {
             .is_some_and(|max| process.written >= max)
         {
             self.lost.max_events += 1;
-            return Ok(());
+            return Ok(true);
         }
         process.written += 1;
         if self.opts.max_events.is_some() {
@@ -334,7 +340,8 @@ impl TraceWriter {
                 ..FlowEnds::default()
             },
         ))?;
-        self.write_arrival(ev, flows.into)
+        self.write_arrival(ev, flows.into)?;
+        Ok(true)
     }
 
     /// Marks step `step`'s start on the thread of `ev`, the marker call that begins it
@@ -434,10 +441,20 @@ impl TraceWriter {
             events: self.events,
             lost: self.lost,
             largest_clock_error: self.largest_clock_error.take(),
-            steps: self
-                .steps
-                .as_ref()
-                .map(|s| s.reached(|pid| self.keeps_rank_of(pid))),
+            steps: self.steps_reached(),
+        })
+    }
+
+    /// Under `--steps`: how far the processes got, and each step's times.
+    fn steps_reached(&self) -> Option<super::StepsReached> {
+        self.steps.as_ref().map(|s| {
+            s.reached(
+                |pid| self.keeps_rank_of(pid),
+                |pid| {
+                    let name = self.processes.get(&pid).and_then(|p| p.name.as_ref());
+                    chrome::process_label(pid, name).0
+                },
+            )
         })
     }
 
@@ -464,8 +481,8 @@ impl TraceWriter {
                 "messages_without_arrows": self.flows.unlinked,
                 "receives_without_arrival": self.flows.arrivals_not_seen(),
                 "max_events_policy": "the first --max-events calls of each process are kept",
-                "steps": self.steps.as_ref().map(|s| {
-                    let steps = s.steps();
+                "steps": self.steps_reached().map(|reached| {
+                    let steps = &reached.steps;
                     serde_json::json!({
                         "from": steps.from,
                         "to": steps.to,
@@ -475,6 +492,13 @@ impl TraceWriter {
                                  TO+1; a collective marker's instances are counted per \
                                  communicator of a job (and per node where its numbers are the \
                                  node's own), from the first the trace saw (step 1)",
+                        "per_step": reached.per_step,
+                        "per_step_rule": "over the processes that ended the step: its time \
+                                          from the start of a process's marker call to the \
+                                          start of its next, the sum of its calls' durations \
+                                          (all threads), its GPU's time in NCCL's device \
+                                          windows begun in the step, its calls and bytes",
+                        "calls_after_their_step_was_summed": reached.unplaced,
                     })
                 }),
                 "clock": self.clocks,
