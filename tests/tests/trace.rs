@@ -611,8 +611,10 @@ fn a_trace_of_steps_holds_the_same_steps_of_every_rank_and_ends_after_the_last()
 
 /// The table of steps 3 to 5 (the summary's and the metadata's) against the trace's slices
 /// and marks, each rank's steps being `calls` calls of `bytes` bytes in all: per step, both
-/// ranks ended it; the least and most of their step times (steps 3 and 4: from one mark to
-/// the next) and of their time in calls (the sum of their slices), and whose the most is.
+/// ranks ended it; the least and most of their time in calls (the sum of their slices) and
+/// of their step times (steps 3 and 4: from one mark to the next; step 5's end is not in
+/// the trace), and whose they are. Times read back from the trace's microseconds may be
+/// off by a nanosecond each.
 fn assert_step_times(doc: &Value, pids: &[u64], stderr: &str, (calls, bytes): (u64, u64)) {
     let ns = |e: &Value, key: &str| (e[key].as_f64().expect("µs") * 1e3).round() as u64;
     let events = doc["traceEvents"].as_array().expect("events");
@@ -627,8 +629,8 @@ fn assert_step_times(doc: &Value, pids: &[u64], stderr: &str, (calls, bytes): (u
             .map(|e| e["args"]["name"].as_str().expect("name").to_string())
             .expect("a process name")
     };
-    // Per pid, per step: (its step time where its next mark is in the trace, its time in
-    // calls).
+    // Per step, per pid: its step time (where its next mark is in the trace) and its time
+    // in calls.
     let mut times: BTreeMap<u64, Vec<(u64, Option<u64>, u64)>> = BTreeMap::new();
     for pid in pids {
         let marks: Vec<u64> = of(*pid)
@@ -652,19 +654,25 @@ fn assert_step_times(doc: &Value, pids: &[u64], stderr: &str, (calls, bytes): (u
         .as_array()
         .expect("per_step");
     assert_eq!(rows.len(), 3, "{rows:?}");
+    let lines: Vec<String> = stderr
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
     for (row, (step, each)) in rows.iter().zip(&times) {
-        // Whose figures (pid, figure) equal `most`.
-        let whose = |most: u64, figures: Vec<(u64, Option<u64>)>| {
+        let figure = |key: &str| row[key].as_u64().expect("ns");
+        let name = |key: &str| row[key].as_str().expect("whose").to_string();
+        // The labels of those whose figure (pid, figure) is within `slack` ns of `ns`.
+        let whose = |ns: u64, slack: u64, figures: Vec<(u64, Option<u64>)>| {
             figures
                 .iter()
-                .filter(|(_, figure)| *figure == Some(most))
+                .filter(|(_, f)| f.is_some_and(|f| f.abs_diff(ns) <= slack))
                 .map(|(pid, _)| label(*pid))
                 .collect::<Vec<_>>()
         };
         assert_eq!(row["step"], *step);
         assert_eq!(
-            (&row["processes"], &row["unfinished"]),
-            (&Value::from(2), &Value::from(0)),
+            (figure("processes"), figure("unfinished")),
+            (2, 0),
             "step {step}: {row}"
         );
         assert_eq!(
@@ -677,51 +685,52 @@ fn assert_step_times(doc: &Value, pids: &[u64], stderr: &str, (calls, bytes): (u
             serde_json::json!([bytes, bytes]),
             "step {step}"
         );
-        let in_calls: Vec<u64> = each.iter().map(|t| t.2).collect();
-        let most = *in_calls.iter().max().expect("ranks");
+        let in_calls: Vec<(u64, Option<u64>)> = each.iter().map(|t| (t.0, Some(t.2))).collect();
+        let (least, most) = (figure("least_in_calls_ns"), figure("most_in_calls_ns"));
         assert_eq!(
-            (&row["least_in_calls_ns"], &row["most_in_calls_ns"]),
+            (least, most),
             (
-                &Value::from(*in_calls.iter().min().expect("ranks")),
-                &Value::from(most)
+                each.iter().map(|t| t.2).min().expect("ranks"),
+                each.iter().map(|t| t.2).max().expect("ranks")
             ),
             "step {step}: {row}, the slices' {each:?}"
         );
-        let most_by = row["most_in_calls"].as_str().expect("whose").to_string();
         assert!(
-            whose(most, each.iter().map(|t| (t.0, Some(t.2))).collect()).contains(&most_by),
-            "step {step}: {row}"
+            whose(least, 0, in_calls.clone()).contains(&name("least_in_calls")),
+            "{row}"
         );
-        let step_times: Vec<u64> = each.iter().filter_map(|t| t.1).collect();
-        if step_times.len() == each.len() {
-            let longest = *step_times.iter().max().expect("ranks");
-            assert_eq!(
-                (&row["shortest_ns"], &row["longest_ns"]),
-                (
-                    &Value::from(*step_times.iter().min().expect("ranks")),
-                    &Value::from(longest)
-                ),
+        assert!(
+            whose(most, 0, in_calls).contains(&name("most_in_calls")),
+            "{row}"
+        );
+        let step_times: Vec<(u64, Option<u64>)> = each.iter().map(|t| (t.0, t.1)).collect();
+        if step_times.iter().all(|t| t.1.is_some()) {
+            let known = || step_times.iter().filter_map(|t| t.1);
+            let (shortest, longest) = (figure("shortest_ns"), figure("longest_ns"));
+            let near = |a: u64, b: u64| a.abs_diff(b) <= 2;
+            assert!(
+                near(shortest, known().min().expect("ranks"))
+                    && near(longest, known().max().expect("ranks")),
                 "step {step}: {row}, the marks' {each:?}"
             );
-            let longest_by = row["longest"].as_str().expect("whose").to_string();
             assert!(
-                whose(longest, each.iter().map(|t| (t.0, t.1)).collect()).contains(&longest_by),
-                "step {step}: {row}"
+                whose(longest, 2, step_times).contains(&name("longest")),
+                "{row}"
             );
         }
         // The summary prints the same row.
-        let ms = |key: &str| format!("{:.3}", row[key].as_u64().expect("ns") as f64 / 1e6);
+        let ms = |key: &str| format!("{:.3}", figure(key) as f64 / 1e6);
         let line = format!(
-            "{step:>6} {:>5} {:>14} {:>9}  {:<14} {:>18} {:>9}  {:<14} {calls:>7} {bytes:>12}",
-            2,
+            "{step} 2 {} {} {} {} {} {} {} {calls} {bytes}",
             ms("shortest_ns"),
             ms("longest_ns"),
-            row["longest"].as_str().expect("whose"),
+            name("longest"),
             ms("least_in_calls_ns"),
+            name("least_in_calls"),
             ms("most_in_calls_ns"),
-            most_by,
+            name("most_in_calls"),
         );
-        assert!(stderr.contains(&line), "{line:?} in\n{stderr}");
+        assert!(lines.contains(&line), "{line:?} in\n{stderr}");
     }
 }
 

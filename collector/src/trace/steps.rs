@@ -182,7 +182,22 @@ fn write_table(f: &mut std::fmt::Formatter<'_>, r: &StepsReached) -> std::fmt::R
     if r.per_step.iter().all(|row| row.processes == 0) {
         return Ok(());
     }
-    let device = r.per_step.iter().any(|row| row.most_device_ns > 0);
+    let rows = &r.per_step[..r.per_step.len().min(PRINTED_ROWS)];
+    let device = rows.iter().any(|row| row.most_device_ns > 0);
+    // Each name column as wide as its longest name.
+    let width = |name: fn(&StepRow) -> &str| {
+        rows.iter()
+            .map(|row| name(row).chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(2)
+    };
+    let (w1, w2, w3, w4) = (
+        width(|r| &r.longest),
+        width(|r| &r.least_in_calls),
+        width(|r| &r.most_in_calls),
+        width(|r| &r.most_device),
+    );
     let ms = |ns: u64| format!("{:.3}", ns as f64 / 1e6);
     let range = |(least, most): (u64, u64)| {
         if least == most {
@@ -194,8 +209,10 @@ fn write_table(f: &mut std::fmt::Formatter<'_>, r: &StepsReached) -> std::fmt::R
     write!(
         f,
         "\nper step, over the processes that ended it (time: from a process's marker call to \
-         its next; in calls: the sum of its calls' durations{}; calls and bytes per process):\n\
-         {:>6} {:>5} {:>14} {:>9}  {:<14} {:>18} {:>9}  {:<14}",
+         its next; in calls: the sum of its calls' durations, least first: in a step the ranks \
+         end together, the one the others waited for spends the least{}; calls and bytes per \
+         process):\n\
+         {:>6} {:>5} {:>14} {:>9}  {:<w1$} {:>18}  {:<w2$} {:>9}  {:<w3$}",
         if device {
             "; GPU: its NCCL device windows"
         } else {
@@ -207,25 +224,27 @@ fn write_table(f: &mut std::fmt::Formatter<'_>, r: &StepsReached) -> std::fmt::R
         "most",
         "by",
         "in calls ms: least",
+        "by",
         "most",
         "by",
     )?;
     if device {
-        write!(f, " {:>12}  {:<14}", "GPU ms: most", "by")?;
+        write!(f, " {:>12}  {:<w4$}", "GPU ms: most", "by")?;
     }
     write!(f, " {:>7} {:>12}", "calls", "bytes")?;
-    for row in r.per_step.iter().take(PRINTED_ROWS) {
+    for row in rows {
         write!(f, "\n{:>6} {:>5}", row.step, row.processes)?;
         if row.processes == 0 {
             write!(f, "  none ended it")?;
         } else {
             write!(
                 f,
-                " {:>14} {:>9}  {:<14} {:>18} {:>9}  {:<14}",
+                " {:>14} {:>9}  {:<w1$} {:>18}  {:<w2$} {:>9}  {:<w3$}",
                 ms(row.shortest_ns),
                 ms(row.longest_ns),
                 row.longest,
                 ms(row.least_in_calls_ns),
+                row.least_in_calls,
                 ms(row.most_in_calls_ns),
                 row.most_in_calls,
             )?;
@@ -235,12 +254,16 @@ fn write_table(f: &mut std::fmt::Formatter<'_>, r: &StepsReached) -> std::fmt::R
                 } else {
                     &row.most_device
                 };
-                write!(f, " {:>12}  {:<14}", ms(row.most_device_ns), whose)?;
+                write!(f, " {:>12}  {:<w4$}", ms(row.most_device_ns), whose)?;
             }
             write!(f, " {:>7} {:>12}", range(row.calls), range(row.bytes))?;
         }
         if row.unfinished > 0 {
-            write!(f, "  ({} unfinished)", row.unfinished)?;
+            write!(
+                f,
+                "  ({} unfinished: the trace ended, or the next marker call was lost)",
+                row.unfinished
+            )?;
         }
     }
     if r.per_step.len() > PRINTED_ROWS {
@@ -253,8 +276,10 @@ fn write_table(f: &mut std::fmt::Formatter<'_>, r: &StepsReached) -> std::fmt::R
     if r.unplaced > 0 {
         write!(
             f,
-            "\n({} calls came after their step was summed: in the trace, not in this table)",
-            r.unplaced
+            "\n({} calls are in the trace, not in this table: they came after their step was \
+             summed, or past the {} calls of other threads held for one step)",
+            r.unplaced,
+            super::step_times::MAX_HELD
         )?;
     }
     Ok(())
@@ -350,8 +375,9 @@ impl StepCounter {
         }
     }
 
-    /// A call of process `ev.pid` (named `name`, where known; in the step table if `kept`)
-    /// came: counted if it begins a step, and the step it begins returned.
+    /// A call of process `ev.pid` (named `name`, where known; its steps summed now are in
+    /// the step table if `kept`) came: counted if it begins a step, and the step it begins
+    /// returned.
     pub(super) fn call(
         &mut self,
         ev: &pb::CallEvent,
@@ -362,7 +388,7 @@ impl StepCounter {
         if process.exited {
             // Its pid is another process's now.
             *process = Begun::default();
-            self.times.forget(ev.pid);
+            self.times.forget(ev.pid, kept);
         }
         if process.group.is_none() {
             process.group = Some(
@@ -419,9 +445,17 @@ impl StepCounter {
             process.end_ns = Some(ev.start_ns);
         }
         let first = from.max(1);
-        let tabled = (first..first + MAX_ROWS).contains(&step) && to.is_none_or(|t| step <= t);
-        self.times.begin(ev.pid, ev.start_ns, step, tabled, kept);
+        let tabled =
+            (first..first.saturating_add(MAX_ROWS)).contains(&step) && to.is_none_or(|t| step <= t);
+        let label = super::chrome::process_label(ev.pid, name).0;
+        self.times.begin(ev, step, tabled, kept, label);
         Some(step)
+    }
+
+    /// Process `pid` is named `name` (`record` names its processes after their first calls).
+    pub(super) fn named(&mut self, pid: u32, name: &super::ProcessName) {
+        self.times
+            .rename(pid, super::chrome::process_label(pid, Some(name)).0);
     }
 
     /// Call `ev`, written into the trace, goes into its step's times.
@@ -478,12 +512,12 @@ impl StepCounter {
             && seen.all(|(_, p)| p.exited || p.end_ns.is_some())
     }
 
-    /// How far the processes (of those `kept`) got, and each step's times (each process
-    /// named by `label`).
+    /// How far the processes (of those `kept`) got, and each step's times (of those
+    /// `tabled`).
     pub(super) fn reached(
         &self,
         kept: impl Fn(u32) -> bool,
-        label: impl Fn(u32) -> String,
+        tabled: impl Fn(u32) -> bool,
     ) -> StepsReached {
         let seen = || {
             self.processes
@@ -503,7 +537,7 @@ impl StepCounter {
             unnumbered: self.unnumbered,
             renumbered: seen().filter(|p| p.renumbered).count() as u64,
             last_step: self.last_step,
-            per_step: self.times.rows(label),
+            per_step: self.times.rows(tabled),
             unplaced: self.times.unplaced,
         }
     }
@@ -569,7 +603,7 @@ mod tests {
             assert!(!c.holds(pid, 3_500), "{pid}: step 3");
         }
         assert!(c.done(|_| true));
-        let r = c.reached(|_| true, |pid| pid.to_string());
+        let r = c.reached(|_| true, |_| true);
         assert_eq!((r.processes, r.began, r.ended, r.unnumbered), (2, 2, 2, 0));
     }
 
@@ -657,7 +691,7 @@ mod tests {
         );
         // One older than every instance kept: its step is not known, and it is counted.
         assert_eq!(c.call_as(&marker(2, 100 * n + 2, Some(10))), None);
-        let r = c.reached(|_| true, |pid| pid.to_string());
+        let r = c.reached(|_| true, |_| true);
         assert_eq!(r.unnumbered, 1);
         assert!(r.to_string().contains(&format!("{n} steps marked")), "{r}");
     }
@@ -674,7 +708,7 @@ mod tests {
             ..marker(1, 200, Some(3))
         });
         assert!(!c.holds(1, 250), "its window ended");
-        let r = c.reached(|_| true, |pid| pid.to_string());
+        let r = c.reached(|_| true, |_| true);
         assert_eq!((r.ended, r.renumbered), (0, 1));
         assert!(
             r.to_string()

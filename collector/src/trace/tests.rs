@@ -297,10 +297,16 @@ fn each_step_is_timed_per_process_and_the_longest_named() {
         seq: Some(2 * step),
         ..call(pid, pid, start_ns, duration_ns, 4)
     };
-    for step in 1..=4 {
+    for step in 1..=2 {
         w.call(&marker(7, step * 1000, 100, step)).expect("call");
     }
     w.call(&call(7, 7, 2200, 300, 8)).expect("call");
+    // Another thread's call begun after step 3's marker call, come before it (it returned
+    // first): in step 3.
+    w.call(&call(7, 71, 3010, 200, 8)).expect("call");
+    for step in 3..=4 {
+        w.call(&marker(7, step * 1000, 100, step)).expect("call");
+    }
     w.call(&pb::CallEvent {
         device_window: Some(pb::DeviceWindow::default()),
         ..call(7, 7, 3050, 400, 4)
@@ -317,7 +323,7 @@ fn each_step_is_timed_per_process_and_the_longest_named() {
     let reached = s.steps.as_ref().expect("steps");
     let row = |step, ended, unfinished, time, in_calls, device, calls, bytes| {
         let ((shortest_ns, longest_ns), longest) = time;
-        let ((least_in_calls_ns, most_in_calls_ns), most_in_calls) = in_calls;
+        let ((least_in_calls_ns, least_in_calls), (most_in_calls_ns, most_in_calls)) = in_calls;
         let (most_device_ns, most_device): (u64, &str) = device;
         StepRow {
             step,
@@ -327,6 +333,7 @@ fn each_step_is_timed_per_process_and_the_longest_named() {
             longest_ns,
             longest: format!("rank {longest} (n1)"),
             least_in_calls_ns,
+            least_in_calls: format!("rank {least_in_calls} (n1)"),
             most_in_calls_ns,
             most_in_calls: format!("rank {most_in_calls} (n1)"),
             most_device_ns,
@@ -343,7 +350,7 @@ fn each_step_is_timed_per_process_and_the_longest_named() {
                 2,
                 0,
                 ((1000, 1500), 1),
-                ((400, 750), 1),
+                ((400, 0), (750, 1)),
                 (0, ""),
                 (2, 2),
                 (12, 20)
@@ -353,20 +360,20 @@ fn each_step_is_timed_per_process_and_the_longest_named() {
                 2,
                 1,
                 ((500, 1000), 0),
-                ((60, 100), 0),
+                ((60, 1), (300, 0)),
                 (400, "rank 0 (n1)"),
-                (1, 1),
-                (4, 4)
+                (1, 2),
+                (4, 12)
             ),
         ]
     );
     assert_eq!(reached.unplaced, 0);
     let text = s.to_string();
     for line in [
-        "     2     2          0.001     0.002  rank 1 (n1)",
-        "     3     2          0.001     0.001  rank 0 (n1)",
-        "0.000  -    ",
-        "(1 unfinished)",
+        "     2     2          0.001     0.002  rank 1 (n1)              0.000  rank 0 (n1)     0.001  rank 1 (n1)",
+        "     3     2          0.001     0.001  rank 0 (n1)              0.000  rank 1 (n1)     0.000  rank 0 (n1)",
+        "0.000  -                 2       12..20",
+        "(1 unfinished: the trace ended, or the next marker call was lost)",
         "GPU ms: most",
     ] {
         assert!(text.contains(line), "{line:?} in\n{text}");

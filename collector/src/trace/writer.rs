@@ -88,6 +88,7 @@ pub struct TraceWriter {
 impl Drop for TraceWriter {
     fn drop(&mut self) {
         if !self.closed {
+            self.closed = true;
             let _ = self.close_part();
         }
     }
@@ -140,6 +141,9 @@ impl TraceWriter {
 
     /// Names process `pid`'s track.
     pub fn name(&mut self, pid: u32, name: ProcessName) {
+        if let Some(steps) = &mut self.steps {
+            steps.named(pid, &name);
+        }
         self.processes.entry(pid).or_default().name = Some(name);
     }
 
@@ -167,15 +171,21 @@ impl TraceWriter {
             .is_some_and(|s| s.done(|pid| self.keeps_rank_of(pid)))
     }
 
-    /// Whether `--ranks` keeps process `pid` (or may: its rank is not known yet).
-    fn keeps_rank_of(&self, pid: u32) -> bool {
+    /// Whether `--ranks` keeps process `pid`'s calls now: its rank is known, and listed.
+    fn ranks_admit(&self, pid: u32) -> bool {
         let Some(ranks) = &self.opts.ranks else {
             return true;
         };
-        match self.processes.get(&pid).and_then(|p| p.name.as_ref()) {
-            Some(name) => name.rank.is_some_and(|r| ranks.contains(&r)),
-            None => true,
-        }
+        self.processes
+            .get(&pid)
+            .and_then(|p| p.name.as_ref())
+            .and_then(|n| n.rank)
+            .is_some_and(|r| ranks.contains(&r))
+    }
+
+    /// Whether `--ranks` keeps process `pid` (or may: its rank is not known yet).
+    fn keeps_rank_of(&self, pid: u32) -> bool {
+        self.ranks_admit(pid) || self.processes.get(&pid).is_none_or(|p| p.name.is_none())
     }
 
     /// Calls the reader lost (cumulative count from the feed, or an increment).
@@ -225,7 +235,7 @@ impl TraceWriter {
             return Ok(());
         }
         self.write_following(thread)?;
-        let kept = self.keeps_rank_of(ev.pid);
+        let kept = self.ranks_admit(ev.pid);
         let step = match &mut self.steps {
             Some(steps) => {
                 let name = self.processes.get(&ev.pid).and_then(|p| p.name.as_ref());
@@ -274,14 +284,8 @@ impl TraceWriter {
 
     /// Whether the options keep `ev`'s slices: its rank, routine and time.
     fn admits(&mut self, ev: &pb::CallEvent) -> bool {
-        let process = self.processes.entry(ev.pid).or_default();
-        if let Some(ranks) = &self.opts.ranks {
-            match process.name.as_ref().and_then(|n| n.rank) {
-                Some(r) if ranks.contains(&r) => {}
-                _ => return false,
-            }
-        }
-        if !self.opts.routines.admits(&ev.routine) {
+        self.processes.entry(ev.pid).or_default();
+        if !self.ranks_admit(ev.pid) || !self.opts.routines.admits(&ev.routine) {
             return false;
         }
         if self
@@ -447,15 +451,9 @@ impl TraceWriter {
 
     /// Under `--steps`: how far the processes got, and each step's times.
     fn steps_reached(&self) -> Option<super::StepsReached> {
-        self.steps.as_ref().map(|s| {
-            s.reached(
-                |pid| self.keeps_rank_of(pid),
-                |pid| {
-                    let name = self.processes.get(&pid).and_then(|p| p.name.as_ref());
-                    chrome::process_label(pid, name).0
-                },
-            )
-        })
+        self.steps
+            .as_ref()
+            .map(|s| s.reached(|pid| self.keeps_rank_of(pid), |pid| self.ranks_admit(pid)))
     }
 
     /// Closes the file being written so that it loads on its own: the names of every
@@ -481,6 +479,8 @@ impl TraceWriter {
                 "messages_without_arrows": self.flows.unlinked,
                 "receives_without_arrival": self.flows.arrivals_not_seen(),
                 "max_events_policy": "the first --max-events calls of each process are kept",
+                // The step table, whole, in the last part only (`closed`: the trace is
+                // being finished).
                 "steps": self.steps_reached().map(|reached| {
                     let steps = &reached.steps;
                     serde_json::json!({
@@ -492,12 +492,18 @@ impl TraceWriter {
                                  TO+1; a collective marker's instances are counted per \
                                  communicator of a job (and per node where its numbers are the \
                                  node's own), from the first the trace saw (step 1)",
-                        "per_step": reached.per_step,
+                        "per_step": if self.closed {
+                            serde_json::json!(reached.per_step)
+                        } else {
+                            "in the trace's last part".into()
+                        },
                         "per_step_rule": "over the processes that ended the step: its time \
                                           from the start of a process's marker call to the \
-                                          start of its next, the sum of its calls' durations \
-                                          (all threads), its GPU's time in NCCL's device \
-                                          windows begun in the step, its calls and bytes",
+                                          start of its next, the sum of the durations of its \
+                                          calls begun in the step (all threads), its GPU's \
+                                          time in NCCL's device windows begun in the step, \
+                                          its calls and bytes; the least and most of each, \
+                                          and whose (the first of equals)",
                         "calls_after_their_step_was_summed": reached.unplaced,
                     })
                 }),
