@@ -609,6 +609,67 @@ fn a_trace_of_steps_holds_the_same_steps_of_every_rank_and_ends_after_the_last()
     daemon.stop(&scratch);
 }
 
+/// `record --trace` of steps 3 to 5 of a launched job whose rank 1 computes 50 ms a step
+/// (`mpi_steps.c`) while rank 0 waits for it: the step table, as `commtap trace`'s (the
+/// processes named after their first calls, as `record` names them), names rank 1 as the
+/// one that spent the least in calls and rank 0 the most.
+#[test]
+fn a_launched_jobs_step_table_names_the_rank_the_others_waited_for() {
+    let scratch = Scratch::new("trace-step-table");
+    let prog = build_program("mpi_steps.c", Mpi::OpenMpi);
+    let (trace, prefix) = (scratch.path("steps.json"), scratch.path("truth"));
+    let mut args: Vec<String> = [
+        "record",
+        "--trace",
+        path_str(&trace),
+        "--steps",
+        "3..5",
+        "--step-marker",
+        "MPI_Allreduce@4",
+        "--",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(Mpi::OpenMpi.launcher(2));
+    let k = 4u64;
+    for arg in [path_str(&prog), "8", "4", "50", path_str(&prefix), "loss"] {
+        args.push(arg.to_string());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    assert!(
+        run.stderr
+            .contains("2 of 2 processes began step 3, 2 ended step 5"),
+        "{}",
+        run.stderr
+    );
+    let truths = read_truths(&prefix, 2);
+    let pid_of = |rank: u64| {
+        truths
+            .iter()
+            .find(|t| t["rank"] == rank)
+            .and_then(|t| t["pid"].as_u64())
+            .expect("a rank's pid")
+    };
+    let pids = [pid_of(0), pid_of(1)];
+    let doc = read_json(&trace);
+    assert_step_times(&doc, &pids, &run.stderr, (1 + k, 4 + 8 * k));
+    for row in doc["metadata"]["commtap"]["steps"]["per_step"]
+        .as_array()
+        .expect("per_step")
+    {
+        let (least, most) = (&row["least_in_calls"], &row["most_in_calls"]);
+        assert!(
+            least.as_str().is_some_and(|l| l.starts_with("rank 1 (")),
+            "{row}"
+        );
+        assert!(
+            most.as_str().is_some_and(|m| m.starts_with("rank 0 (")),
+            "{row}"
+        );
+    }
+}
+
 /// The table of steps 3 to 5 (the summary's and the metadata's) against the trace's slices
 /// and marks, each rank's steps being `calls` calls of `bytes` bytes in all: per step, both
 /// ranks ended it; the least and most of their time in calls (the sum of their slices) and
