@@ -3,7 +3,7 @@
 //! windows). A slow iteration's question ("is it the communication, and whose?") answered
 //! per step, for every rank: the table `commtap trace` ends with, and the trace's metadata.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use serde::Serialize;
 
@@ -53,7 +53,7 @@ pub struct StepRow {
 #[derive(Debug, Default)]
 pub(super) struct StepTimes {
     processes: HashMap<u32, Open>,
-    rows: BTreeMap<u64, Sums>,
+    table: Table,
     /// Calls that came after their step had been summed (a thread far behind the others),
     /// or past the calls held for one step: in the trace, not in the table.
     pub(super) unplaced: u64,
@@ -70,16 +70,68 @@ const KEPT_OPEN: usize = 4;
 /// Calls of other threads held per process until its step's end is known.
 pub(super) const MAX_HELD: usize = 4096;
 
+/// Calls held per process before its first step tabled (the latest: those of step 0 go).
+const HELD_BEFORE_FIRST: usize = 64;
+
+/// The rows, and the processes summed into them before they were named.
+#[derive(Clone, Debug, Default)]
+struct Table {
+    rows: BTreeMap<u64, Sums>,
+    /// Processes summed under their pid alone (`pid N`): named once their name is learnt.
+    unnamed: HashSet<u32>,
+}
+
+impl Table {
+    /// Sums process `pid`'s step `cell` under `label`, if it was kept from its start and
+    /// still is.
+    fn fold(&mut self, pid: u32, cell: &Cell, label: &str, kept: bool) {
+        if !(kept && cell.kept) {
+            return;
+        }
+        if label == unnamed(pid) {
+            self.unnamed.insert(pid);
+        }
+        self.rows.entry(cell.step).or_default().add(cell, label);
+    }
+
+    /// Process `pid`, summed unnamed, is `label`.
+    fn name(&mut self, pid: u32, label: &str) {
+        if !self.unnamed.remove(&pid) {
+            return;
+        }
+        let old = unnamed(pid);
+        for sums in self.rows.values_mut() {
+            for (_, whose) in [
+                &mut sums.longest,
+                &mut sums.least_in_calls,
+                &mut sums.most_in_calls,
+                &mut sums.most_device,
+            ] {
+                if *whose == old {
+                    *whose = label.to_string();
+                }
+            }
+        }
+    }
+}
+
+/// A process's label before its name is known.
+fn unnamed(pid: u32) -> String {
+    super::chrome::process_label(pid, None).0
+}
+
 /// One process's steps not yet summed.
 #[derive(Debug, Default)]
 struct Open {
     cells: VecDeque<Cell>,
     /// The start of its first step tabled: a call with no step after it came late.
     first_ns: Option<u64>,
-    /// Calls of its other threads begun after the start of its step under way: an event
-    /// comes when its call returns, so a call begun after the next marker call can come
-    /// before it. Placed once the step's end is known.
-    held: Vec<Part>,
+    /// Calls not placed yet: an event comes when its call returns, so a call of another
+    /// thread begun after the next marker call can come before it. Before its first step
+    /// tabled, its latest calls; then its other threads' calls begun after its marker
+    /// thread's latest return (the next marker call starts after it). Placed once the
+    /// step's end is known.
+    held: VecDeque<Part>,
     /// Its name, as the trace names its track.
     label: String,
 }
@@ -102,6 +154,11 @@ struct Cell {
     end_ns: Option<u64>,
     /// The thread of the marker call that began it: its calls come in order.
     thread: u32,
+    /// The latest return of a call of that thread in the step.
+    thread_done_ns: u64,
+    /// Whether `--ranks` kept the process when the step began (else its calls before are
+    /// not in it).
+    kept: bool,
     calls: u64,
     bytes: u64,
     in_calls_ns: u64,
@@ -109,7 +166,20 @@ struct Cell {
 }
 
 impl Cell {
-    fn holds(&self, at: u64) -> bool {
+    /// Step `step` begun by marker call `ev`.
+    fn new(step: u64, ev: &pb::CallEvent, kept: bool) -> Cell {
+        Cell {
+            step,
+            start_ns: ev.start_ns,
+            thread: ev.tid,
+            thread_done_ns: ev.start_ns + ev.duration_ns,
+            kept,
+            ..Cell::default()
+        }
+    }
+
+    /// Whether a call begun at `at` is in the step.
+    fn spans(&self, at: u64) -> bool {
         self.start_ns <= at && self.end_ns.is_none_or(|end| at < end)
     }
 
@@ -187,9 +257,15 @@ impl Sums {
 }
 
 impl Open {
+    /// Whether a call begun at `at` that is in no step kept came late: its step was summed.
+    fn late(&self, at: u64) -> bool {
+        self.first_ns.is_some_and(|first| at >= first)
+            && self.cells.front().is_some_and(|c| at < c.start_ns)
+    }
+
     /// Adds `part` to the step kept it started in; false if none.
     fn place(&mut self, part: Part) -> bool {
-        match self.cells.iter_mut().rev().find(|c| c.holds(part.start_ns)) {
+        match self.cells.iter_mut().rev().find(|c| c.spans(part.start_ns)) {
             Some(cell) => {
                 cell.add(part);
                 true
@@ -199,25 +275,26 @@ impl Open {
     }
 
     /// The step under way ends at `at`: the calls held go into their steps, those begun at
-    /// or after `at` stay held.
+    /// or after `at` stay held. Returns those that came late.
     fn release(&mut self, at: u64) -> u64 {
         let held = std::mem::take(&mut self.held);
-        let mut unplaced = 0;
+        let mut late = 0;
         for part in held {
             if part.start_ns >= at {
-                self.held.push(part);
-            } else if !self.place(part) {
-                unplaced += 1;
+                self.held.push_back(part);
+            } else if !self.place(part) && self.late(part.start_ns) {
+                late += 1;
             }
         }
-        unplaced
+        late
     }
 }
 
 impl StepTimes {
     /// Marker call `ev` of process `ev.pid` (track `label`) began `step`: the process's step
     /// before ends at its start (if it was the one before: else its end is not known), and
-    /// `step` is tabled if `tabled`. A step summed now is in the rows if `kept`.
+    /// `step` is tabled if `tabled`. A step summed now is in the rows if `kept` (and was
+    /// when it began).
     pub(super) fn begin(
         &mut self,
         ev: &pb::CallEvent,
@@ -226,139 +303,126 @@ impl StepTimes {
         kept: bool,
         label: String,
     ) {
-        let (pid, tid, at) = (ev.pid, ev.tid, ev.start_ns);
-        let Some(open) = self.processes.get_mut(&pid).filter(|o| !o.cells.is_empty()) else {
-            if tabled {
-                self.processes.insert(
-                    pid,
-                    Open {
-                        cells: VecDeque::from([Cell::new(step, at, tid)]),
-                        first_ns: Some(at),
-                        held: Vec::new(),
-                        label,
-                    },
-                );
-            }
-            return;
-        };
-        open.label = label;
-        self.unplaced += open.release(at);
+        let pid = ev.pid;
+        let open = self.processes.entry(pid).or_default();
+        if open.label != label {
+            self.table.name(pid, &label);
+            open.label = label;
+        }
+        self.unplaced += open.release(ev.start_ns);
         if let Some(last) = open.cells.back_mut().filter(|c| c.end_ns.is_none()) {
             if last.step + 1 == step {
-                last.end_ns = Some(at);
+                last.end_ns = Some(ev.start_ns);
             }
         }
         if !tabled {
-            // Past the steps tabled: nothing more of its is summed.
-            open.held.clear();
+            if !open.cells.is_empty() {
+                // Past the steps tabled: nothing more of its is summed.
+                open.held.clear();
+            }
             return;
         }
-        open.cells.push_back(Cell::new(step, at, tid));
+        open.first_ns.get_or_insert(ev.start_ns);
+        open.cells.push_back(Cell::new(step, ev, kept));
         if open.cells.len() > KEPT_OPEN {
             if let Some(cell) = open.cells.pop_front() {
-                if kept {
-                    self.rows
-                        .entry(cell.step)
-                        .or_default()
-                        .add(&cell, &open.label);
-                }
+                self.table.fold(pid, &cell, &open.label, kept);
             }
         }
     }
 
-    /// Process `pid`'s steps are counted no further from `at` (its step under way ends
-    /// there): nothing after is summed.
+    /// Process `pid`'s steps are counted no further from `at`: its step under way is left
+    /// unfinished (its numbering changed because events were lost: its real end may be
+    /// among them), and nothing after is summed.
     pub(super) fn end(&mut self, pid: u32, at: u64) {
-        let Some(open) = self.processes.get_mut(&pid) else {
-            return;
-        };
-        self.unplaced += open.release(at);
-        open.held.clear();
-        if let Some(last) = open.cells.back_mut().filter(|c| c.end_ns.is_none()) {
-            last.end_ns = Some(at);
+        if let Some(open) = self.processes.get_mut(&pid) {
+            self.unplaced += open.release(at);
+            open.held.clear();
         }
     }
 
-    /// Call `ev`, kept in the trace, is added to the step it started in (if tabled).
+    /// Call `ev`, kept by the trace's options (written, or past `--max-events`), is added
+    /// to the step it started in (if tabled).
     pub(super) fn add(&mut self, ev: &pb::CallEvent) {
-        let Some(open) = self.processes.get_mut(&ev.pid) else {
-            return;
-        };
         let part = Part {
             start_ns: ev.start_ns,
             duration_ns: ev.duration_ns,
             bytes: ev.bytes.unwrap_or(0),
             device: ev.device_window.is_some(),
         };
-        let under_way = open
-            .cells
-            .back()
-            .filter(|c| c.end_ns.is_none() && c.start_ns <= part.start_ns);
-        match under_way {
-            Some(c) if c.thread != ev.tid => {
-                if open.held.len() < MAX_HELD {
-                    open.held.push(part);
-                } else {
-                    self.unplaced += 1;
-                }
+        let open = self.processes.entry(ev.pid).or_default();
+        let Some(last) = open.cells.back_mut() else {
+            // Before its first step tabled: the latest are held, as one of them may have
+            // begun after the marker call that begins it.
+            if open.held.len() >= HELD_BEFORE_FIRST {
+                open.held.pop_front();
             }
-            _ => {
-                // Before its first step tabled, or after its last: not tabled.
-                let late = open.first_ns.is_some_and(|first| part.start_ns >= first)
-                    && open
-                        .cells
-                        .front()
-                        .is_some_and(|c| part.start_ns < c.start_ns);
-                if !open.place(part) && late {
-                    self.unplaced += 1;
-                }
+            open.held.push_back(part);
+            return;
+        };
+        if last.end_ns.is_none() && last.start_ns <= part.start_ns {
+            if ev.tid == last.thread {
+                last.thread_done_ns = last.thread_done_ns.max(part.start_ns + part.duration_ns);
+                last.add(part);
+            } else if part.start_ns < last.thread_done_ns {
+                // The next marker call starts after its thread's latest return.
+                last.add(part);
+            } else if open.held.len() < MAX_HELD {
+                open.held.push_back(part);
+            } else {
+                self.unplaced += 1;
             }
+            return;
+        }
+        if !open.place(part) && open.late(part.start_ns) {
+            self.unplaced += 1;
         }
     }
 
-    /// Process `pid`'s steps not summed yet are its under the name `label` (learnt late).
+    /// Process `pid` is named `label` (learnt after its first calls).
     pub(super) fn rename(&mut self, pid: u32, label: String) {
         if let Some(open) = self.processes.get_mut(&pid) {
-            open.label = label;
+            if open.label != label {
+                self.table.name(pid, &label);
+                open.label = label;
+            }
         }
     }
 
-    /// Process `pid` is another now (its pid reused): its steps so far are summed if
-    /// `kept`.
-    pub(super) fn forget(&mut self, pid: u32, kept: bool) {
-        if let Some(open) = self.processes.remove(&pid).filter(|_| kept) {
+    /// Process `pid` exited: every call of its came, and its steps are summed if `kept`
+    /// (under the name it had: its pid may be another's next).
+    pub(super) fn exited(&mut self, pid: u32, kept: bool) {
+        if let Some(open) = self.processes.remove(&pid) {
             for cell in &open.cells {
-                self.rows
-                    .entry(cell.step)
-                    .or_default()
-                    .add(cell, &open.label);
+                self.table.fold(pid, cell, &open.label, kept);
             }
         }
+        self.table.unnamed.remove(&pid);
     }
 
     /// The rows: every step summed, and the steps not summed yet of the processes `kept`.
     pub(super) fn rows(&self, kept: impl Fn(u32) -> bool) -> Vec<StepRow> {
-        let mut rows = self.rows.clone();
-        let mut open: Vec<(&u32, &Open)> = self
-            .processes
-            .iter()
-            .filter(|(pid, _)| kept(**pid))
-            .collect();
+        let mut table = self.table.clone();
+        let mut open: Vec<(&u32, &Open)> = self.processes.iter().collect();
         open.sort_by_key(|(pid, _)| **pid);
-        for (_, o) in open {
+        for (pid, o) in open {
             for cell in &o.cells {
-                rows.entry(cell.step).or_default().add(cell, &o.label);
+                table.fold(*pid, cell, &o.label, kept(*pid));
             }
         }
-        let whose = |(ns, label): (u64, String), ended: u64| {
-            (ns, if ended > 0 { label } else { String::new() })
+        let whose = |(ns, label): (u64, String), shown: bool| {
+            (ns, if shown { label } else { String::new() })
         };
-        rows.into_iter()
+        table
+            .rows
+            .into_iter()
             .map(|(step, s)| {
-                let (longest_ns, longest) = whose(s.longest, s.ended);
-                let (least_in_calls_ns, least_in_calls) = whose(s.least_in_calls, s.ended);
-                let (most_in_calls_ns, most_in_calls) = whose(s.most_in_calls, s.ended);
-                let (most_device_ns, most_device) = whose(s.most_device, s.ended);
+                let ended = s.ended > 0;
+                let (longest_ns, longest) = whose(s.longest, ended);
+                let (least_in_calls_ns, least_in_calls) = whose(s.least_in_calls, ended);
+                let (most_in_calls_ns, most_in_calls) = whose(s.most_in_calls, ended);
+                let device = s.most_device.0 > 0;
+                let (most_device_ns, most_device) = whose(s.most_device, device);
                 StepRow {
                     step,
                     processes: s.ended,
@@ -370,28 +434,13 @@ impl StepTimes {
                     least_in_calls,
                     most_in_calls_ns,
                     most_in_calls,
-                    most_device: if most_device_ns > 0 {
-                        most_device
-                    } else {
-                        String::new()
-                    },
                     most_device_ns,
+                    most_device,
                     calls: s.calls,
                     bytes: s.bytes,
                 }
             })
             .collect()
-    }
-}
-
-impl Cell {
-    fn new(step: u64, start_ns: u64, thread: u32) -> Cell {
-        Cell {
-            step,
-            start_ns,
-            thread,
-            ..Cell::default()
-        }
     }
 }
 
@@ -411,73 +460,84 @@ mod tests {
         }
     }
 
-    /// Process `pid` begins `step` at `step * 1000` on its thread `pid`, tabled.
+    /// Process `pid` begins `step` at `step * 1000` on its thread `pid` (its marker call
+    /// 10 ns long, added as the writer adds it), tabled, unnamed.
     fn begin(t: &mut StepTimes, pid: u32, step: u64, kept: bool) {
-        t.begin(
-            &call(pid, pid, step * 1000, 0),
-            step,
-            true,
-            kept,
-            format!("pid {pid}"),
-        );
+        let marker = call(pid, pid, step * 1000, 10);
+        t.begin(&marker, step, true, kept, unnamed(pid));
+        t.add(&marker);
+    }
+
+    /// (step, processes that ended it, unfinished, longest) of each row.
+    fn summary(t: &StepTimes) -> Vec<(u64, u64, u64, u64)> {
+        t.rows(|_| true)
+            .iter()
+            .map(|r| (r.step, r.processes, r.unfinished, r.longest_ns))
+            .collect()
     }
 
     /// A process whose next marker call was lost ends no step there: its step is
-    /// unfinished, not a double one.
+    /// unfinished, not a double one. So is the step under way where its numbering changed
+    /// (events lost), and nothing after is summed.
     #[test]
-    fn a_step_whose_next_marker_was_lost_is_unfinished() {
+    fn a_step_whose_end_was_not_seen_is_unfinished() {
         let mut t = StepTimes::default();
         for step in [1, 2, 4, 5] {
             begin(&mut t, 7, step, true);
         }
-        let rows = t.rows(|_| true);
-        let summary: Vec<(u64, u64, u64, u64)> = rows
-            .iter()
-            .map(|r| (r.step, r.processes, r.unfinished, r.longest_ns))
-            .collect();
+        t.end(7, 5500);
+        t.add(&call(7, 7, 5600, 10));
         assert_eq!(
-            summary,
+            summary(&t),
             vec![(1, 1, 0, 1000), (2, 0, 1, 0), (4, 1, 0, 1000), (5, 0, 1, 0)]
         );
+        assert_eq!(t.rows(|_| true)[2].calls, (1, 1), "step 4: its marker only");
     }
 
-    /// A process `--ranks` leaves out is in no row, summed early or late; a pid reused
-    /// sums its former process's steps under that one's name.
+    /// A process `--ranks` leaves out is in no row, summed early or late, nor are its steps
+    /// begun before it was known to be kept; a process exited is summed under its name,
+    /// and its pid given to another counts anew; a name learnt late names the steps
+    /// summed before.
     #[test]
     fn rows_hold_the_processes_kept_under_their_own_names() {
         let mut t = StepTimes::default();
         for step in 1..=6 {
             begin(&mut t, 7, step, true);
             begin(&mut t, 8, step, false);
+            begin(&mut t, 9, step, step > 2);
         }
-        let rows = t.rows(|pid| pid == 7);
-        assert!(
-            rows.iter().all(|r| r.processes + r.unfinished == 1),
-            "{rows:?}"
-        );
+        let rows = t.rows(|pid| pid != 8);
+        let ended: Vec<u64> = rows.iter().map(|r| r.processes).collect();
+        assert_eq!(ended, [1, 1, 2, 2, 2, 0], "{rows:?}");
         assert!(rows
             .iter()
             .all(|r| r.processes == 0 || r.longest == "pid 7"));
-        // Pid 7 reused: its steps are summed as "pid 7", the new process's as its own.
-        t.forget(7, true);
+        // Named after its first steps were summed.
+        t.rename(7, "rank 0 (n1)".into());
+        assert_eq!(t.rows(|pid| pid != 8)[0].longest, "rank 0 (n1)");
+        t.exited(7, true);
+        t.exited(9, true);
         for (at, step) in [(9000, 1), (9500, 2)] {
             t.begin(&call(7, 7, at, 0), step, true, true, "rank 3 (n1)".into());
         }
-        let first = &t.rows(|pid| pid == 7)[0];
+        let first = &t.rows(|pid| pid != 8)[0];
         assert_eq!(
             (first.processes, first.shortest_ns, first.longest_ns),
             (2, 500, 1000)
         );
-        assert_eq!(first.longest, "pid 7");
+        assert_eq!(first.longest, "rank 0 (n1)");
     }
 
-    /// Calls of other threads go into the step they began in, whenever they come; those
-    /// that come after their step was summed are counted, those of step 0 not.
+    /// Calls of other threads go into the step they began in, whenever they come: before
+    /// the marker call that begins it too, in the first step; those that come after their
+    /// step was summed are counted, those of step 0 not.
     #[test]
     fn calls_go_into_the_step_they_began_in_and_late_ones_are_counted() {
         let mut t = StepTimes::default();
         // Step 0: before any step tabled.
         t.add(&call(7, 7, 500, 10));
+        // Begun in step 1 on another thread, come before step 1's marker call.
+        t.add(&call(7, 70, 1050, 5));
         begin(&mut t, 7, 1, true);
         // Begun in step 2 on another thread, come before step 2's marker call.
         t.add(&call(7, 70, 2100, 30));
@@ -495,6 +555,26 @@ mod tests {
             .iter()
             .map(|r| (r.calls.0, r.most_in_calls_ns))
             .collect();
-        assert_eq!(calls[..2], [(1, 20), (1, 30)]);
+        assert_eq!(calls[..2], [(3, 35), (2, 40)]);
+    }
+
+    /// Another thread's calls begun before the marker thread's latest return go into the
+    /// step at once; those after are held, at most [`MAX_HELD`] of them, the rest counted.
+    #[test]
+    fn calls_held_for_a_step_are_bounded() {
+        let mut t = StepTimes::default();
+        begin(&mut t, 7, 1, true);
+        // The marker thread is in a call until 1500.
+        t.add(&call(7, 7, 1100, 400));
+        for _ in 0..10 {
+            t.add(&call(7, 70, 1200, 1));
+        }
+        for _ in 0..MAX_HELD + 3 {
+            t.add(&call(7, 70, 1600, 1));
+        }
+        assert_eq!(t.unplaced, 3);
+        begin(&mut t, 7, 2, true);
+        let row = &t.rows(|_| true)[0];
+        assert_eq!(row.calls.0, 2 + 10 + MAX_HELD as u64);
     }
 }

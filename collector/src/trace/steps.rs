@@ -388,7 +388,6 @@ impl StepCounter {
         if process.exited {
             // Its pid is another process's now.
             *process = Begun::default();
-            self.times.forget(ev.pid, kept);
         }
         if process.group.is_none() {
             process.group = Some(
@@ -458,7 +457,7 @@ impl StepCounter {
             .rename(pid, super::chrome::process_label(pid, Some(name)).0);
     }
 
-    /// Call `ev`, written into the trace, goes into its step's times.
+    /// Call `ev`, kept by the trace's options, goes into its step's times.
     pub(super) fn account(&mut self, ev: &pb::CallEvent) {
         self.times.add(ev);
     }
@@ -492,8 +491,10 @@ impl StepCounter {
         began && p.and_then(|p| p.end_ns).is_none_or(|end| start_ns < end)
     }
 
-    /// Process `pid` exited: nothing more of its comes.
-    pub(super) fn exited(&mut self, pid: u32) {
+    /// Process `pid` exited: nothing more of its comes; its steps are in the table if
+    /// `kept`.
+    pub(super) fn exited(&mut self, pid: u32, kept: bool) {
+        self.times.exited(pid, kept);
         if let Some(p) = self.processes.get_mut(&pid) {
             p.exited = true;
         }
@@ -728,7 +729,7 @@ mod tests {
         c.call_as(&send(10));
         c.call_as(&send(20));
         assert!(!c.holds(3, 25));
-        c.exited(3);
+        c.exited(3, true);
         assert!(c.done(|_| true));
         c.call_as(&send(30));
         assert!(c.holds(3, 35) && !c.done(|_| true));

@@ -157,8 +157,9 @@ impl TraceWriter {
     /// Process `pid` exited: every call of its came before (see [`Flows::exited`]).
     pub fn exited(&mut self, pid: u32) {
         self.flows.exited(pid);
+        let kept = self.ranks_admit(pid);
         if let Some(steps) = &mut self.steps {
-            steps.exited(pid);
+            steps.exited(pid, kept);
         }
     }
 
@@ -504,7 +505,7 @@ impl TraceWriter {
                                           time in NCCL's device windows begun in the step, \
                                           its calls and bytes; the least and most of each, \
                                           and whose (the first of equals)",
-                        "calls_after_their_step_was_summed": reached.unplaced,
+                        "calls_not_tabled": reached.unplaced,
                     })
                 }),
                 "clock": self.clocks,
