@@ -3,7 +3,7 @@
 //! windows). A slow iteration's question ("is it the communication, and whose?") answered
 //! per step, for every rank: the table `commtap trace` ends with, and the trace's metadata.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde::Serialize;
 
@@ -73,12 +73,13 @@ pub(super) const MAX_HELD: usize = 4096;
 /// Calls held per process before its first step tabled (the latest: those of step 0 go).
 const HELD_BEFORE_FIRST: usize = 64;
 
-/// The rows, and the processes summed into them before they were named.
+/// The rows, and the name each process's steps were summed under.
 #[derive(Clone, Debug, Default)]
 struct Table {
     rows: BTreeMap<u64, Sums>,
-    /// Processes summed under their pid alone (`pid N`): named once their name is learnt.
-    unnamed: HashSet<u32>,
+    /// Per pid, the latest process of it summed: its label, and whether it exited (a name
+    /// learnt after, as `record` names every rank at its end, is still its).
+    summed_as: HashMap<u32, (String, bool)>,
 }
 
 impl Table {
@@ -88,18 +89,28 @@ impl Table {
         if !(kept && cell.kept) {
             return;
         }
-        if label == unnamed(pid) {
-            self.unnamed.insert(pid);
+        match self.summed_as.get_mut(&pid) {
+            // Its own label: renamed with it.
+            Some((as_, false)) if as_ == label => {}
+            // A new process with the pid of one exited (whose rows keep their name), or
+            // a label not seen yet.
+            _ => {
+                self.summed_as.insert(pid, (label.to_string(), false));
+            }
         }
         self.rows.entry(cell.step).or_default().add(cell, label);
     }
 
-    /// Process `pid`, summed unnamed, is `label`.
-    fn name(&mut self, pid: u32, label: &str) {
-        if !self.unnamed.remove(&pid) {
+    /// Process `pid`, live or exited as `live` says, is named `label`: the rows summed
+    /// under its former name are relabelled (not those of another process given its pid).
+    fn name(&mut self, pid: u32, label: &str, live: bool) {
+        let Some((old, exited)) = self.summed_as.get_mut(&pid) else {
+            return;
+        };
+        if *exited == live || old == label {
             return;
         }
-        let old = unnamed(pid);
+        let old = std::mem::replace(old, label.to_string());
         for sums in self.rows.values_mut() {
             for (_, whose) in [
                 &mut sums.longest,
@@ -113,11 +124,6 @@ impl Table {
             }
         }
     }
-}
-
-/// A process's label before its name is known.
-fn unnamed(pid: u32) -> String {
-    super::chrome::process_label(pid, None).0
 }
 
 /// One process's steps not yet summed.
@@ -134,6 +140,9 @@ struct Open {
     held: VecDeque<Part>,
     /// Its name, as the trace names its track.
     label: String,
+    /// Where its steps were counted no further (its numbering changed): nothing after is
+    /// summed.
+    stopped_ns: Option<u64>,
 }
 
 /// What a call adds to its step.
@@ -306,7 +315,7 @@ impl StepTimes {
         let pid = ev.pid;
         let open = self.processes.entry(pid).or_default();
         if open.label != label {
-            self.table.name(pid, &label);
+            self.table.name(pid, &label, true);
             open.label = label;
         }
         self.unplaced += open.release(ev.start_ns);
@@ -338,6 +347,7 @@ impl StepTimes {
         if let Some(open) = self.processes.get_mut(&pid) {
             self.unplaced += open.release(at);
             open.held.clear();
+            open.stopped_ns = Some(at);
         }
     }
 
@@ -351,9 +361,13 @@ impl StepTimes {
             device: ev.device_window.is_some(),
         };
         let open = self.processes.entry(ev.pid).or_default();
+        if open.stopped_ns.is_some_and(|at| part.start_ns >= at) {
+            return;
+        }
         let Some(last) = open.cells.back_mut() else {
-            // Before its first step tabled: the latest are held, as one of them may have
-            // begun after the marker call that begins it.
+            // Before its first step tabled (only where step 0 is kept: else no call before
+            // it is): the latest are held, as one of them may have begun after the marker
+            // call that begins it; older ones are taken as step 0's.
             if open.held.len() >= HELD_BEFORE_FIRST {
                 open.held.pop_front();
             }
@@ -379,13 +393,15 @@ impl StepTimes {
         }
     }
 
-    /// Process `pid` is named `label` (learnt after its first calls).
+    /// Process `pid` is named `label` (learnt after its first calls, or after it exited).
     pub(super) fn rename(&mut self, pid: u32, label: String) {
-        if let Some(open) = self.processes.get_mut(&pid) {
-            if open.label != label {
-                self.table.name(pid, &label);
+        match self.processes.get_mut(&pid) {
+            Some(open) if open.label != label => {
+                self.table.name(pid, &label, true);
                 open.label = label;
             }
+            Some(_) => {}
+            None => self.table.name(pid, &label, false),
         }
     }
 
@@ -397,7 +413,9 @@ impl StepTimes {
                 self.table.fold(pid, cell, &open.label, kept);
             }
         }
-        self.table.unnamed.remove(&pid);
+        if let Some((_, exited)) = self.table.summed_as.get_mut(&pid) {
+            *exited = true;
+        }
     }
 
     /// The rows: every step summed, and the steps not summed yet of the processes `kept`.
@@ -476,28 +494,59 @@ mod tests {
             .collect()
     }
 
+    fn unnamed(pid: u32) -> String {
+        format!("pid {pid}")
+    }
+
     /// A process whose next marker call was lost ends no step there: its step is
-    /// unfinished, not a double one. So is the step under way where its numbering changed
-    /// (events lost), and nothing after is summed.
+    /// unfinished, not a double one.
     #[test]
-    fn a_step_whose_end_was_not_seen_is_unfinished() {
+    fn a_step_whose_next_marker_was_lost_is_unfinished() {
         let mut t = StepTimes::default();
         for step in [1, 2, 4, 5] {
             begin(&mut t, 7, step, true);
         }
-        t.end(7, 5500);
-        t.add(&call(7, 7, 5600, 10));
+        begin(&mut t, 7, 6, true);
         assert_eq!(
-            summary(&t),
-            vec![(1, 1, 0, 1000), (2, 0, 1, 0), (4, 1, 0, 1000), (5, 0, 1, 0)]
+            summary(&t)[..4],
+            [
+                (1, 1, 0, 1000),
+                (2, 0, 1, 0),
+                (4, 1, 0, 1000),
+                (5, 1, 0, 1000)
+            ]
         );
-        assert_eq!(t.rows(|_| true)[2].calls, (1, 1), "step 4: its marker only");
+    }
+
+    /// Where its numbering changed (events lost), the step under way is left unfinished:
+    /// the other threads' calls held go into it if they began before, and nothing after is
+    /// summed.
+    #[test]
+    fn a_step_whose_numbering_changed_is_unfinished_and_the_last() {
+        let mut t = StepTimes::default();
+        begin(&mut t, 7, 1, true);
+        begin(&mut t, 7, 2, true);
+        // Held: begun after the marker thread's latest return (2010).
+        t.add(&call(7, 70, 2100, 5));
+        t.add(&call(7, 70, 2600, 5));
+        t.end(7, 2500);
+        t.add(&call(7, 7, 2700, 5));
+        let rows = t.rows(|_| true);
+        let got: Vec<(u64, u64, u64, (u64, u64))> = rows
+            .iter()
+            .map(|r| (r.step, r.processes, r.unfinished, r.calls))
+            .collect();
+        assert_eq!(got, [(1, 1, 0, (1, 1)), (2, 0, 1, (0, 0))]);
+        assert_eq!(t.unplaced, 0);
+        // The unfinished step holds its marker and the call begun before the end.
+        let open = &t.processes[&7].cells[1];
+        assert_eq!((open.calls, open.end_ns), (2, None));
     }
 
     /// A process `--ranks` leaves out is in no row, summed early or late, nor are its steps
-    /// begun before it was known to be kept; a process exited is summed under its name,
-    /// and its pid given to another counts anew; a name learnt late names the steps
-    /// summed before.
+    /// begun before it was known to be kept. A name learnt late names the steps summed
+    /// before, also once the process exited; a process exited keeps its name when its pid
+    /// is given to another, which is named apart.
     #[test]
     fn rows_hold_the_processes_kept_under_their_own_names() {
         let mut t = StepTimes::default();
@@ -506,26 +555,50 @@ mod tests {
             begin(&mut t, 8, step, false);
             begin(&mut t, 9, step, step > 2);
         }
+        // Pid 9 spends the most in calls in step 3.
+        t.add(&call(9, 9, 3100, 50));
         let rows = t.rows(|pid| pid != 8);
         let ended: Vec<u64> = rows.iter().map(|r| r.processes).collect();
         assert_eq!(ended, [1, 1, 2, 2, 2, 0], "{rows:?}");
         assert!(rows
             .iter()
             .all(|r| r.processes == 0 || r.longest == "pid 7"));
-        // Named after its first steps were summed.
+        // Named after its first steps were summed; then it exits.
         t.rename(7, "rank 0 (n1)".into());
         assert_eq!(t.rows(|pid| pid != 8)[0].longest, "rank 0 (n1)");
         t.exited(7, true);
+        // Exited before it was named (`record` names every rank at its end).
         t.exited(9, true);
-        for (at, step) in [(9000, 1), (9500, 2)] {
-            t.begin(&call(7, 7, at, 0), step, true, true, "rank 3 (n1)".into());
+        t.rename(9, "rank 2 (n1)".into());
+        // Pid 7 given to another process, steps twice as long, named later.
+        for step in 1..=6 {
+            let marker = call(7, 7, 10_000 + step * 2000, 10);
+            t.begin(&marker, step, true, true, unnamed(7));
+            t.add(&marker);
         }
-        let first = &t.rows(|pid| pid != 8)[0];
+        t.rename(7, "rank 3 (n1)".into());
+        let rows = t.rows(|pid| pid != 8);
+        let third = &rows[2];
         assert_eq!(
-            (first.processes, first.shortest_ns, first.longest_ns),
-            (2, 500, 1000)
+            (third.processes, third.shortest_ns, third.longest_ns),
+            (3, 1000, 2000)
         );
-        assert_eq!(first.longest, "rank 0 (n1)");
+        // The longest the new process's; the most in calls pid 9's, named after its exit;
+        // the least the first of equals summed, the old process's.
+        assert_eq!(
+            [&third.longest, &third.most_in_calls, &third.least_in_calls],
+            ["rank 3 (n1)", "rank 2 (n1)", "rank 0 (n1)"],
+            "{rows:?}"
+        );
+        let names: std::collections::BTreeSet<&str> = rows
+            .iter()
+            .flat_map(|r| [&r.longest, &r.least_in_calls, &r.most_in_calls])
+            .map(String::as_str)
+            .collect();
+        assert!(
+            !names.contains("pid 7") && !names.contains("pid 9"),
+            "{names:?}"
+        );
     }
 
     /// Calls of other threads go into the step they began in, whenever they come: before
@@ -576,5 +649,13 @@ mod tests {
         begin(&mut t, 7, 2, true);
         let row = &t.rows(|_| true)[0];
         assert_eq!(row.calls.0, 2 + 10 + MAX_HELD as u64);
+        // Before its first step, the latest are held: older ones are taken as step 0's.
+        let mut t = StepTimes::default();
+        for i in 0..HELD_BEFORE_FIRST as u64 + 6 {
+            t.add(&call(8, 80, 1100 + i, 1));
+        }
+        begin(&mut t, 8, 1, true);
+        begin(&mut t, 8, 2, true);
+        assert_eq!(t.rows(|_| true)[0].calls.0, 1 + HELD_BEFORE_FIRST as u64);
     }
 }

@@ -261,7 +261,8 @@ fn write_table(f: &mut std::fmt::Formatter<'_>, r: &StepsReached) -> std::fmt::R
         if row.unfinished > 0 {
             write!(
                 f,
-                "  ({} unfinished: the trace ended, or the next marker call was lost)",
+                "  ({} unfinished: the trace ended, the next marker call was lost, the \
+                 numbering changed, or the process exited)",
                 row.unfinished
             )?;
         }
