@@ -247,8 +247,13 @@ pub struct CallState {
     /// its return is not seen, so this tick count is all that says since when a thread may
     /// be inside it (a hung job's sampled routine; see `attach::inflight`).
     pub untimed_since_jiffies: u64,
+    /// The stack pointer at the entry of the call in progress (`busy`): where its return
+    /// address is. A call entered above it, or while that word no longer holds the kernel's
+    /// return-probe trampoline, is not nested in it: that call was left without returning
+    /// (`longjmp`, an exception), and is given up (`abandoned`).
+    pub entry_sp: u64,
 }
-const _: () = assert!(size_of::<CallState>() == 712 + 64);
+const _: () = assert!(size_of::<CallState>() == 712 + 72);
 
 /// A thread's user registers as its last entry into the kernel saved them (`pt_regs`),
 /// and the return addresses the kernel moved to its return-probe trampoline, which the
@@ -887,6 +892,11 @@ macro_rules! kernel_health_counters {
             /// Calls already in progress when the probes attached (their returns came
             /// without an entry: not counted).
             in_flight_at_attach,
+            /// MPI or NCCL calls left without returning (a `longjmp` or a C++ exception
+            /// out of an error handler, a signal handler's `siglongjmp`), found at the
+            /// thread's next call: not counted (their outcome is unknown); the calls after
+            /// them are, as the thread's own.
+            abandoned,
             /// Calls lost because the kernel's counter map was full, or the process's
             /// user held its share of it (`shares`).
             counter_map_full,
@@ -1138,8 +1148,18 @@ pub struct IdentityOffsets {
     pub uret_ri_orig: u32,
     /// `return_instance.next`: the call it was made inside.
     pub uret_ri_next: u32,
+    /// 1 once the `xol_*` offsets below are filled in: an MPI or NCCL entry made while the
+    /// thread's call in progress may have been left without returning (a `longjmp` out of
+    /// an error handler) then tells whether it was, by the word at that call's return
+    /// address, which holds the kernel's return-probe trampoline while it is in progress.
+    pub xol_valid: u32,
+    /// `mm_struct.uprobes_state.xol_area`: the process's uprobe page, whose start is the
+    /// return-probe trampoline.
+    pub xol_mm_area: u32,
+    /// `xol_area.vaddr`: where that page is in the process.
+    pub xol_vaddr: u32,
 }
-const _: () = assert!(size_of::<IdentityOffsets>() == 180);
+const _: () = assert!(size_of::<IdentityOffsets>() == 192);
 
 /// `SIGNAL_GROUP_EXIT` of `signal_struct.flags` (`include/linux/sched/signal.h`).
 pub const SIGNAL_GROUP_EXIT: u32 = 0x4;

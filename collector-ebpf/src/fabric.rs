@@ -165,6 +165,7 @@ fn enter(ctx: &ProbeContext, session: bool) -> bool {
         e.start_ns = unsafe { bpf_ktime_get_ns() };
         e.depth = 0;
         e.busy = 1;
+        e.entry_sp = regs.rsp;
         e.routine = routine;
         return true;
     }

@@ -90,9 +90,15 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
         // SAFETY: the thread's own entry; only this thread touches it.
         let e = unsafe { &mut *e };
         if e.busy != 0 {
-            e.depth += 1;
-            with_proc_stats(e.tgid, |s| s.nested += 1);
-            return TIMED;
+            // SAFETY: regs points at this probe's saved registers.
+            if in_progress(e, unsafe { (*ctx.regs).rsp }) {
+                e.depth += 1;
+                with_proc_stats(e.tgid, |s| s.nested += 1);
+                return TIMED;
+            }
+            // Left without returning: given up, and this call is the thread's own.
+            with_proc_stats(e.tgid, |s| s.abandoned += 1);
+            give_up(e);
         }
         if !still_counted(e) {
             return SKIP;
@@ -187,6 +193,7 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
         }
     }
     e.depth = 0;
+    e.entry_sp = regs.rsp;
     e.routine = c.routine;
     e.cookie = packed;
     // Numbered at its entry, drawn or not: every member must count every instance.
@@ -222,6 +229,41 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
         }
         TIMED
     }
+}
+
+/// Whether the thread's call in progress still is, as a call enters at stack pointer `rsp`
+/// (nested in it, then): entered below that call's return address, which still holds the
+/// kernel's return-probe trampoline. Otherwise that call was left without returning (a
+/// `longjmp` or a C++ exception out of an error handler, a signal handler's `siglongjmp`):
+/// the kernel drops its return, and its state would have every later call of the thread
+/// taken as nested in it, uncounted. The stack and the kernel are read only when a call
+/// enters inside another (rare: Open MPI's `MPI_Sendrecv_replace` calling `PMPI_Sendrecv`,
+/// `ncclBcast` calling `ncclBroadcast`). Where the kernel's offsets are unknown, only a call
+/// entered above the return address is known to be another.
+#[inline(always)]
+fn in_progress(e: &CallState, rsp: u64) -> bool {
+    if rsp >= e.entry_sp {
+        return e.entry_sp == 0;
+    }
+    let Some(trampoline) = crate::process::return_trampoline() else {
+        return true;
+    };
+    // SAFETY: reads a word of the traced thread's stack.
+    unsafe { aya_ebpf::helpers::bpf_probe_read_user(e.entry_sp as *const u64) }
+        .map_or(true, |w| w == trampoline)
+}
+
+/// Forgets the thread's call in progress, left without returning, and what was made inside
+/// it (its transport calls, its receives to follow, its persistent request).
+#[inline(always)]
+fn give_up(e: &mut CallState) {
+    e.busy = 0;
+    e.depth = 0;
+    e.fab_busy = 0;
+    e.fab_depth = 0;
+    e.fab_internal = 0;
+    e.maybe_n = 0;
+    e.persistent_pending = 0;
 }
 
 /// Whether this call goes untimed: its routine's time is sampled one call in N and this

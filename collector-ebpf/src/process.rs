@@ -25,6 +25,26 @@ pub fn current_task() -> *const u8 {
     unsafe { bpf_get_current_task() as *const u8 }
 }
 
+/// The current process's return-probe trampoline (the start of its uprobe page, which the
+/// kernel puts in place of the return address of each call whose return it probes), if
+/// the kernel's offsets are known and the process has one.
+#[inline(always)]
+pub fn return_trampoline() -> Option<u64> {
+    let off = IDENTITY_OFFSETS.get(0)?;
+    if off.valid == 0 || off.xol_valid == 0 {
+        return None;
+    }
+    let mm = kernel_word(current_task(), off.task_mm) as *const u8;
+    if mm.is_null() {
+        return None;
+    }
+    let area = kernel_word(mm, off.xol_mm_area) as *const u8;
+    if area.is_null() {
+        return None;
+    }
+    Some(kernel_word(area, off.xol_vaddr)).filter(|&t| t != 0)
+}
+
 /// The word at byte `at` of kernel object `base` (0 where it cannot be read): every read of
 /// kernel memory goes through bpf_probe_read_kernel, which fails cleanly.
 #[inline(always)]

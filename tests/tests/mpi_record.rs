@@ -381,6 +381,41 @@ fn sampled_time_keeps_mpi_5_abi_counts_exact() {
     sampled_truth(Mpi::Mpich5Abi);
 }
 
+/// `mpi_abandoned` (2 ranks): MPI calls left without returning by a `longjmp` out of an
+/// error handler, the thread's next calls made from the same frame and from below where
+/// the abandoned call's return address was. Every call that returned is counted exactly
+/// as the rank's own (none taken as nested in the abandoned ones), the abandoned ones are
+/// counted as such, and the rank ends outside any call.
+fn abandoned_truth(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("abandoned-{}", mpi.suffix()));
+    let prog = build_program("mpi_abandoned.c", mpi);
+    let (out, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
+    let n = Path::new("300");
+    let args = launch_args(&out, mpi, &[&prog, n, &prefix]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let truths = read_truths(&prefix, 2);
+    let profile = read_json(&out);
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    for truth in &truths {
+        let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
+        assert_eq!(rank["abandoned"], truth["abandoned"], "{rank:#}");
+        assert_eq!(rank["nested"], 0, "{rank:#}");
+        assert_eq!(rank["routines"]["MPI_Finalize"]["calls"], 1, "{rank:#}");
+        assert!(rank["ended"]["inside"].is_null(), "{rank:#}");
+    }
+}
+
+#[test]
+fn calls_left_by_a_longjmp_leave_open_mpis_later_calls_counted() {
+    abandoned_truth(Mpi::OpenMpi);
+}
+
+#[test]
+fn calls_left_by_a_longjmp_leave_mpichs_later_calls_counted() {
+    abandoned_truth(Mpi::Mpich);
+}
+
 /// `record --format json -o OUT -- LAUNCHER(2 ranks) PROGRAM ARGS...`
 fn launch_args(out: &Path, mpi: Mpi, program: &[&Path]) -> Vec<String> {
     launch_ranks_args(out, mpi, 2, program)

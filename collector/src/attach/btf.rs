@@ -215,9 +215,28 @@ pub fn kernel_offsets(btf: &Btf) -> IdentityOffsets {
         warn!("{e:#}: each uid of a user namespace is charged as a user of its own");
         found
     });
-    uret_offsets(btf, found).unwrap_or_else(|e| {
+    found = uret_offsets(btf, found).unwrap_or_else(|e| {
         warn!("{e:#}: a call the probes saw begin is not named where it was made from");
         found
+    });
+    xol_offsets(btf, found).unwrap_or_else(|e| {
+        warn!(
+            "{e:#}: a call left without returning (a longjmp out of an error handler) is \
+             found only when the thread's next call is made from above it"
+        );
+        found
+    })
+}
+
+/// `found` with where the kernel side finds a process's return-probe trampoline (the start
+/// of its uprobe page), which a call in progress has in place of its return address.
+fn xol_offsets(btf: &Btf, found: IdentityOffsets) -> Result<IdentityOffsets, BtfError> {
+    Ok(IdentityOffsets {
+        xol_valid: 1,
+        xol_mm_area: btf.offset("mm_struct", "uprobes_state")?
+            + btf.offset("uprobes_state", "xol_area")?,
+        xol_vaddr: btf.offset("xol_area", "vaddr")?,
+        ..found
     })
 }
 
@@ -368,6 +387,11 @@ mod tests {
         assert!(o.usage_task_exit_code > 0, "{o:?}");
         assert!(
             o.uret_valid == 1 && o.uret_task_utask > 0 && o.uret_ri_orig > 0,
+            "{o:?}"
+        );
+        // The page's address follows its wait queue, bitmap and page in `struct xol_area`.
+        assert!(
+            o.xol_valid == 1 && o.xol_mm_area > 0 && o.xol_vaddr > 0,
             "{o:?}"
         );
         assert!(

@@ -187,6 +187,14 @@ pub fn render_rank(job: &JobProfile, ctx: &Context, r: &RankProfile) -> String {
             r.health.undecoded, r.health.in_flight_at_attach, r.health.counter_map_full, r.health.dropped
         );
     }
+    if r.health.abandoned > 0 {
+        let _ = writeln!(
+            o,
+            "calls left without returning: {} (a longjmp or an exception out of an error \
+             handler: not counted; the calls after them are).",
+            r.health.abandoned
+        );
+    }
     if r.health.handles_refused > 0 {
         let _ = writeln!(
             o,

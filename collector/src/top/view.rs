@@ -75,10 +75,12 @@ pub fn draw(frame: &mut Frame, screen: Option<&Screen>, status: &Status) {
             )));
             lines.push(Line::raw(format!(
                 "not measured: {} events dropped, {} undecoded, {} in flight at attach, \
-                 {} counter map full, {} handles not kept; {} attach errors",
+                 {} left without returning, {} counter map full, {} handles not kept; \
+                 {} attach errors",
                 u.health.dropped,
                 u.health.undecoded,
                 u.health.in_flight_at_attach,
+                u.health.abandoned,
                 u.health.counter_map_full,
                 u.health.handles_refused,
                 u.not_profiled.len()

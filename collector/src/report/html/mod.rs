@@ -272,6 +272,7 @@ fn summary(job: &JobProfile) -> String {
         ("Events dropped (counts stay exact)", job.dropped),
         ("Calls with undecodable bytes", job.undecoded),
         ("Calls in flight at attach", health.in_flight_at_attach),
+        ("Calls left without returning", health.abandoned),
         ("Calls lost to a full counter map", health.counter_map_full),
         ("Handles the kernel did not keep", health.handles_refused),
     ];

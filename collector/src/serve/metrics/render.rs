@@ -55,7 +55,7 @@ struct Series {
     /// The call each rank has been inside for a second or more.
     in_call: Vec<String>,
     /// Health: dropped, undecoded, nested, in flight at attach.
-    health: [Vec<String>; 4],
+    health: [Vec<String>; 5],
     /// What each rank used of its node: CPU seconds (user, system), largest resident set,
     /// context switches.
     usage: [Vec<String>; 3],
@@ -107,11 +107,13 @@ impl Series {
         }
         let l = format!("{{{base}}}");
         let h = &r.health;
-        for (lines, v) in
-            self.health
-                .iter_mut()
-                .zip([h.dropped, h.undecoded, h.nested, h.in_flight_at_attach])
-        {
+        for (lines, v) in self.health.iter_mut().zip([
+            h.dropped,
+            h.undecoded,
+            h.nested,
+            h.in_flight_at_attach,
+            h.abandoned,
+        ]) {
             lines.push(format!("{l} {v}"));
         }
         if let Some(u) = &r.usage {
@@ -227,7 +229,7 @@ impl Series {
             switches,
         );
         let [ops, dev_bytes, dev_seconds, bus] = self.device;
-        let [dropped, undecoded, nested, in_flight] = self.health;
+        let [dropped, undecoded, nested, in_flight, abandoned] = self.health;
         let (providers, transports, in_call) = (self.providers, self.transports, self.in_call);
         o.family(
             "commtap_rank_in_call_seconds",
@@ -283,6 +285,12 @@ impl Series {
             "counter",
             "Calls already running when probes attached (not counted).",
             in_flight,
+        );
+        o.family(
+            "commtap_abandoned_calls_total",
+            "counter",
+            "Calls left without returning (a longjmp or exception out of an error handler; not counted).",
+            abandoned,
         );
         o.family(
             "commtap_fabric_provider_info",
