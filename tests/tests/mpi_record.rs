@@ -275,15 +275,7 @@ fn mpi_abi_predefined_type_sizes_are_the_librarys() {
 /// `MPI_Count` counts) of MPICH 5, each counted as its own routine, exactly, and the
 /// point-to-point ones per peer (`mpi_large_count.c`).
 fn large_count_truth(mpi: Mpi) {
-    let scratch = Scratch::new(&format!("large-count-{}", mpi.suffix()));
-    let prog = build_program("mpi_large_count.c", mpi);
-    let (out, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
-    let args = launch_args(&out, mpi, &[&prog, &prefix]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
-    let truths = read_truths(&prefix, 2);
-    let profile = read_json(&out);
-    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    let (profile, truths) = two_ranks_match_truth("large-count", "mpi_large_count.c", mpi, &[]);
     for truth in &truths {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
         assert_eq!(rank["peers"], truth["peers"], "rank {}", truth["rank"]);
@@ -387,16 +379,8 @@ fn sampled_time_keeps_mpi_5_abi_counts_exact() {
 /// as the rank's own (none taken as nested in the abandoned ones), the abandoned ones are
 /// counted as such, and the rank ends outside any call.
 fn abandoned_truth(mpi: Mpi) {
-    let scratch = Scratch::new(&format!("abandoned-{}", mpi.suffix()));
-    let prog = build_program("mpi_abandoned.c", mpi);
-    let (out, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
-    let n = Path::new("300");
-    let args = launch_args(&out, mpi, &[&prog, n, &prefix]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
-    let truths = read_truths(&prefix, 2);
-    let profile = read_json(&out);
-    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    let (profile, truths) =
+        two_ranks_match_truth("abandoned", "mpi_abandoned.c", mpi, &[Path::new("300")]);
     for truth in &truths {
         let rank = rank_by_pid(&profile, truth["pid"].as_u64().expect("pid"));
         assert_eq!(rank["abandoned"], truth["abandoned"], "{rank:#}");
@@ -414,6 +398,25 @@ fn calls_left_by_a_longjmp_leave_open_mpis_later_calls_counted() {
 #[test]
 fn calls_left_by_a_longjmp_leave_mpichs_later_calls_counted() {
     abandoned_truth(Mpi::Mpich);
+}
+
+/// Runs `src` (built with `mpi`) on 2 ranks under `record`, with `args` and then its truth
+/// files' prefix, and checks each rank's calls and bytes against its truth (`MPI_Finalize`
+/// aside, which follows the truth's writing): the profile and the truths.
+fn two_ranks_match_truth(name: &str, src: &str, mpi: Mpi, args: &[&Path]) -> (Value, Vec<Value>) {
+    let scratch = Scratch::new(&format!("{name}-{}", mpi.suffix()));
+    let prog = build_program(src, mpi);
+    let (out, prefix) = (scratch.path("profile.json"), scratch.path("truth"));
+    let mut program = vec![prog.as_path()];
+    program.extend_from_slice(args);
+    program.push(&prefix);
+    let args = launch_args(&out, mpi, &program);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    let truths = read_truths(&prefix, 2);
+    let profile = read_json(&out);
+    assert_profile_matches(&profile, &truths, &["MPI_Finalize"]);
+    (profile, truths)
 }
 
 /// `record --format json -o OUT -- LAUNCHER(2 ranks) PROGRAM ARGS...`
