@@ -54,7 +54,7 @@ struct Series {
     transports: Vec<String>,
     /// The call each rank has been inside for a second or more.
     in_call: Vec<String>,
-    /// Health: dropped, undecoded, nested, in flight at attach.
+    /// Health: dropped, undecoded, nested, in flight at attach, abandoned.
     health: [Vec<String>; 5],
     /// What each rank used of its node: CPU seconds (user, system), largest resident set,
     /// context switches.
