@@ -252,8 +252,15 @@ pub struct CallState {
     /// return-probe trampoline, is not nested in it: that call was left without returning
     /// (`longjmp`, an exception), and is given up (`abandoned`).
     pub entry_sp: u64,
+    /// The event of the call returning, filled here rather than on the return path's
+    /// stack: BPF's 512 bytes of stack are those of a whole chain of calls (a uprobe
+    /// program has no private stack), and the return path's is most of them.
+    pub event: CallEvent,
+    /// A new record of holdings (a process's or a user's: `shares.rs` in the BPF crate),
+    /// made here for the same reason, then copied into its map.
+    pub new_held: crate::shares::Held,
 }
-const _: () = assert!(size_of::<CallState>() == 712 + 72);
+const _: () = assert!(size_of::<CallState>() == 712 + 72 + 96 + 80);
 
 /// A thread's user registers as its last entry into the kernel saved them (`pt_regs`),
 /// and the return addresses the kernel moved to its return-probe trampoline, which the

@@ -81,8 +81,10 @@ pub extern "C" fn sess_fabric(ctx: *mut c_void) -> u32 {
 
 /// The entry of a transport call: whether its return must be seen (in a `session`, the
 /// decision; with entry and return probes, every return comes, and calls whose return is
-/// not the application's are nested in the call in progress instead).
-#[inline(always)]
+/// not the application's are nested in the call in progress instead). Not inlined: in a
+/// session its frame is then not beside the return's, whose chain of calls shares BPF's
+/// 512 bytes of stack with it (a uprobe program has no private stack).
+#[inline(never)]
 fn enter(ctx: &ProbeContext, session: bool) -> bool {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // A process not watched (another job's) stops here: deciding whether the call is
@@ -260,7 +262,9 @@ pub fn fabric_return(ctx: RetProbeContext) -> u32 {
 }
 
 /// The return of a transport call whose entry was seen (a return probe's or a session's).
-#[inline(always)]
+/// Not inlined: a session's entry and return then each have a frame of their own, not
+/// both in one under either's chain of calls.
+#[inline(never)]
 fn returned(ctx: &RetProbeContext) {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: reads the monotonic clock.

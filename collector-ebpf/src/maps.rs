@@ -262,13 +262,20 @@ pub fn with_proc_stats(tgid: u32, f: impl FnOnce(&mut ProcStats)) {
     f(unsafe { &mut *s });
 }
 
-/// Makes `tgid`'s stats, zero, where another CPU has not made them first. A global
-/// function: the zero stats take its stack frame, not that of every caller (the return
-/// paths have little left).
+/// Zero stats, which new entries of [`PROC_STATS`] are copied from: nothing writes it.
+#[map]
+pub static ZERO_PROC_STATS: Array<ProcStats> = Array::with_max_entries(1, 0);
+
+/// Makes `tgid`'s stats, zero, where another CPU has not made them first. Copied from
+/// [`ZERO_PROC_STATS`], not from zero stats on the stack: BPF's 512 bytes of stack are
+/// those of a whole chain of calls (uprobe programs have no private stack: they may be
+/// preempted), and a deep return path calls this.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn new_proc_stats(tgid: u32) -> u32 {
-    let _ = PROC_STATS.insert(tgid, ProcStats::default(), u64::from(BPF_NOEXIST));
+    if let Some(zero) = ZERO_PROC_STATS.get(0) {
+        let _ = PROC_STATS.insert(tgid, zero, u64::from(BPF_NOEXIST));
+    }
     // A global function must return a scalar.
     0
 }

@@ -16,7 +16,29 @@ use crate::{
     },
 };
 
-/// Applies the routine's byte rule (and its bookkeeping side effects) at return.
+/// Whether a returning call's bytes are [`on_p2p_return`]'s: a point-to-point call but a
+/// persistent request's start.
+#[inline(always)]
+pub(crate) fn is_p2p_return(spec: &ArgSpec) -> bool {
+    spec.class == class::P2P
+        && !matches!(
+            ByteRule::from_u8(spec.rule),
+            ByteRule::Start | ByteRule::StartAll
+        )
+}
+
+/// A point-to-point call's bytes and peers at return ([`is_p2p_return`]). Apart from
+/// [`on_return`]: each is under a global function of its own, so that the chain of calls
+/// under one (down to a peer's entry charged to its user) is not under the other's frame
+/// (BPF's 512 bytes of stack are a whole chain's: a uprobe program has no private stack).
+#[inline(always)]
+pub(crate) fn on_p2p_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Option<u64> {
+    let rule = ByteRule::from_u8(spec.rule);
+    crate::p2p::on_return(c, spec, rule, crate::p2p::comm_key(c, spec, comm))
+}
+
+/// Applies the routine's byte rule (and its bookkeeping side effects) at return; a
+/// point-to-point call's but a persistent start's is [`on_p2p_return`]'s.
 #[inline(always)]
 pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Option<u64> {
     let rule = ByteRule::from_u8(spec.rule);
@@ -25,7 +47,7 @@ pub(crate) fn on_return(c: &Call, spec: &ArgSpec, comm: Option<CommInfo>) -> Opt
             let bytes = crate::persistent::on_start(c, spec);
             return (bytes != UNDECODED).then_some(bytes);
         }
-        return crate::p2p::on_return(c, spec, rule, crate::p2p::comm_key(c, spec, comm));
+        return None;
     }
     let p = comm.map(|c| c.size);
     match rule {

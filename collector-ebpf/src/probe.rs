@@ -78,9 +78,11 @@ const UNTIMED: u32 = 2;
 
 /// The entry of a call: its arguments and start saved in the thread's state (`state`, the
 /// thread's, or null: none yet), and what its return must do (`SKIP`, `TIMED`, or, as
-/// `sampling` allows, `UNTIMED`: then `busy` is `CallState::BUSY_UNTIMED`). Inlined: a
-/// BPF-to-BPF call is dear on the every-call path (`counters::add_to_slot`).
-#[inline(always)]
+/// `sampling` allows, `UNTIMED`: then `busy` is `CallState::BUSY_UNTIMED`). Not inlined:
+/// its stack frame is then not under the return path's, which a session's entry of an
+/// untimed call runs (BPF's 512 bytes of stack are a whole chain's: a uprobe program,
+/// which may be preempted, has no private stack).
+#[inline(never)]
 fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
     // A thread has call state only if its process was counted when it first called MPI,
     // and loses it when it exits; so the watched set is consulted once per thread (and
@@ -366,12 +368,7 @@ pub fn mpi_return_mpi_abi(ctx: RetProbeContext) -> u32 {
 fn returned_alone<const ABI: u8, const TYPES: bool>(ctx: &RetProbeContext) -> u32 {
     if let Some(state) = returning_state() {
         let said = returned::<ABI, TYPES>(ctx.as_ptr(), now(), state);
-        learn_pending::<ABI, TYPES>(said, ctx.as_ptr());
-        // At a return the kernel has put the caller's return address back in the
-        // instruction pointer.
-        crate::sites::after_return(state, stack_pointer(ctx.as_ptr()), || {
-            returned_to(ctx.as_ptr())
-        });
+        after_returned::<ABI, TYPES>(ctx.as_ptr(), said, state, true);
     }
     0
 }
@@ -524,16 +521,31 @@ fn on_session<const ABI: u8, const TYPES: bool>(ctx: ProbeContext) -> u32 {
     // path once.
     // (Never pending for an untimed call: persistent creations are always timed.)
     let said = returned::<ABI, TYPES>(ctx.as_ptr(), now, state);
-    learn_pending::<ABI, TYPES>(said, ctx.as_ptr());
-    crate::sites::after_return(state, stack_pointer(ctx.as_ptr()), || {
-        if at_return {
-            returned_to(ctx.as_ptr())
-        } else {
-            return_address(ctx.as_ptr())
-        }
-    });
+    after_returned::<ABI, TYPES>(ctx.as_ptr(), said, state, at_return);
     // At entry (an untimed call, counted): no return wanted.
     1
+}
+
+/// After the return path, in a frame of its own (not under the return path's chain of
+/// calls, nor the program's under its): the persistent request the call created learnt
+/// (`said`), and the call added to its call site's counters. `at_return`: the kernel has
+/// put the caller's return address back in the instruction pointer (else the call is
+/// counted at its entry, and its return address is on the stack).
+#[inline(never)]
+fn after_returned<const ABI: u8, const TYPES: bool>(
+    ctx: *mut core::ffi::c_void,
+    said: u32,
+    state: *mut CallState,
+    at_return: bool,
+) {
+    learn_pending::<ABI, TYPES>(said, ctx);
+    crate::sites::after_return(state, stack_pointer(ctx), || {
+        if at_return {
+            returned_to(ctx)
+        } else {
+            return_address(ctx)
+        }
+    });
 }
 
 /// The thread's call state at a return; `None` (counted as a return whose entry was not
@@ -559,17 +571,50 @@ fn count_orphan() {
 
 /// The return of a call, for a return probe and a session alike (or at the entry of a
 /// call left untimed), the thread's call state `state` looked up by the caller (at an
-/// entry, the entry's): a function of its own, whose stack frame (most of BPF's 512 bytes)
-/// no caller adds to, and whose shape the verifier checks the same way from all. `PENDING`
-/// when a persistent request is to be learnt.
+/// entry, the entry's): `PENDING` when a persistent request is to be learnt. Its stages
+/// are functions of their own, called one after another from a small frame: BPF's 512
+/// bytes of stack are those of the deepest chain of calls (a uprobe program, which may be
+/// preempted, has no private stack), and the byte decoding, the counting and the event's
+/// description each reach deep (a communicator or datatype learnt, charged to its user).
 #[inline(never)]
 fn returned<const ABI: u8, const TYPES: bool>(
     ctx: *mut core::ffi::c_void,
     now: u64,
     state: *mut CallState,
 ) -> u32 {
-    on_return_probe::<ABI, TYPES>(RetProbeContext::new(ctx), now, state)
+    let mut returning = Returning {
+        comm: CommInfo::default(),
+        known: 0,
+        ret: 0,
+    };
+    if !returning_call::<ABI>(ctx, state, &mut returning) {
+        return 0;
+    }
+    // SAFETY: the thread's own state, not NULL (`returning_call` read it).
+    let c = Cookie::unpack(unsafe { (*state).cookie });
+    let (Some(spec), Some(layout)) = (
+        ROUTINE_SPECS.get(u32::from(c.routine)),
+        LAYOUTS.get(u32::from(c.layout)),
+    ) else {
+        return 0;
+    };
+    let bytes = decoded_bytes::<ABI, TYPES>(state, layout, spec, &returning);
+    let said = counted::<ABI, TYPES>(now, state, &returning, bytes);
+    if said & EVENT != 0 {
+        // SAFETY: the thread's own state; the event `counted` filled in it.
+        let ev = unsafe { core::ptr::addr_of_mut!((*state).event) };
+        // SAFETY: as above; `emit_call` reads the event and numbers it from the state.
+        unsafe {
+            described::<ABI, TYPES>(&mut *ev, state, layout, spec, &returning);
+            emit_call(&mut *state, &mut *ev);
+        }
+    }
+    said & !EVENT
 }
+
+/// What `counted` said besides `PENDING`, `POSTED` or `MAYBE`: an event of the call is
+/// filled in the thread's state (`CallState::event`), to be described and sent.
+const EVENT: u32 = 1 << 8;
 
 /// The monotonic clock, read at a return.
 #[inline(always)]
@@ -588,52 +633,77 @@ fn untimed() -> u64 {
     crate::cache::stamp()
 }
 
-/// One program per ABI and argument shape: with both constants, each program carries only
-/// its own decoding paths, which keeps the verifier's work small.
-#[inline(always)]
-pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
-    ctx: RetProbeContext,
-    now: u64,
+/// The first stage of a return (`returned`): whether it is the thread's outermost call's,
+/// and then its communicator and return value in `r`. Not inlined: its frame is not under
+/// the later stages'.
+#[inline(never)]
+fn returning_call<const ABI: u8>(
+    ctx: *mut core::ffi::c_void,
     state: *mut CallState,
-) -> u32 {
+    r: &mut Returning,
+) -> bool {
     // For a call counted at its entry (untimed) the register holds no return value yet:
     // no routine whose time may be sampled reads it.
-    let ret: i32 = ctx.ret();
+    let ret: i32 = RetProbeContext::new(ctx).ret();
     let Some(e) = outermost_return(state) else {
-        return 0;
+        return false;
     };
+    let c = Cookie::unpack(e.cookie);
+    let Some(spec) = ROUTINE_SPECS.get(u32::from(c.routine)) else {
+        return false;
+    };
+    let Some(layout) = LAYOUTS.get(u32::from(c.layout)) else {
+        return false;
+    };
+    let spec = *spec;
+    let call = Call {
+        abi: ABI,
+        layout,
+        tgid: e.tgid,
+        args: &e.args,
+        ret,
+        cache: core::ptr::addr_of_mut!(e.cache),
+    };
+    let comm = communicator::<ABI>(&call, &spec);
+    if ABI == Abi::Nccl as u8 && crate::nccl::unposted(&call, &spec) {
+        with_proc_stats(e.tgid, |s| s.net_unposted += 1);
+        e.busy = 0;
+        return false;
+    }
+    r.comm = comm.unwrap_or_default();
+    r.known = u32::from(comm.is_some());
+    r.ret = ret;
+    true
+}
+
+/// The counting stage of a return (`returned`), its bytes decoded (`UNDECODED`: not): its
+/// counters, its process's marks, and its event filled in the thread's state (`EVENT`).
+/// One program per ABI and argument shape: with both constants, each program carries only
+/// its own paths, which keeps the verifier's work small.
+#[inline(never)]
+fn counted<const ABI: u8, const TYPES: bool>(
+    now: u64,
+    state: *mut CallState,
+    returning: &Returning,
+    decoded: u64,
+) -> u32 {
+    // SAFETY: the thread's own state, not NULL (`returning_call` read it).
+    let e = unsafe { &mut *state };
     let start_ns = e.start_ns;
     let tgid = e.tgid;
+    let ret = returning.ret;
     // The entry's cookie: the outermost call returns through the same attach point.
     let c = Cookie::unpack(e.cookie);
     let Some(spec) = ROUTINE_SPECS.get(u32::from(c.routine)) else {
         return 0;
     };
-    let Some(layout) = LAYOUTS.get(u32::from(c.layout)) else {
-        return 0;
-    };
     let spec = *spec;
-    let cache = core::ptr::addr_of_mut!(e.cache);
-    let call = Call {
-        abi: ABI,
-        layout,
-        tgid,
-        args: &e.args,
-        ret,
-        cache,
-    };
-    let comm = communicator::<ABI>(&call, &spec);
-    if ABI == Abi::Nccl as u8 && crate::nccl::unposted(&call, &spec) {
-        with_proc_stats(tgid, |s| s.net_unposted += 1);
-        e.busy = 0;
-        return 0;
-    }
-    let returning = Returning {
-        comm: comm.unwrap_or_default(),
-        known: u32::from(comm.is_some()),
-        ret,
-    };
-    let out = decoded_bytes::<ABI, TYPES>(state, layout, &spec, &returning);
+    // Read whether known or not: LLVM computes on an `Option`'s payload before it tests
+    // the tag, and a payload left unread is a register the verifier refuses.
+    // SAFETY: the caller's stack value.
+    let r = unsafe { core::ptr::read_volatile(returning) };
+    let comm = if r.known != 0 { Some(r.comm) } else { None };
+    let out = (decoded != UNDECODED).then_some(decoded);
     let dur = now.saturating_sub(start_ns);
     match spec.class {
         class::INIT => {
@@ -662,9 +732,11 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
         };
     }
     let key = counter_key::<ABI>(tgid, c.routine, bucket, comm);
-    // Read before `e` is borrowed for the counters, and only for an event.
-    let ev = wants_event(&spec, e.instance_number()).then(|| {
-        let mut ev = CallEvent {
+    // Filled before `e` is borrowed for the counters, and only for an event; described
+    // and sent by `returned`.
+    let event = wants_event(&spec, e.instance_number());
+    if event {
+        e.event = CallEvent {
             kind: EventKind::Call as u32,
             tgid,
             tid: bpf_get_current_pid_tgid() as u32,
@@ -679,9 +751,7 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
             created: e.instance_number(),
             ..CallEvent::default()
         };
-        described::<ABI, TYPES>(&mut ev, state, layout, &spec, &returning);
-        ev
-    });
+    }
     let counted = crate::counters::add(e, &key, bytes, dur);
     // For the call-site counters, after this function (`sites::after_return`): the calls
     // the counters have.
@@ -697,9 +767,6 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
     if ABI == Abi::Nccl as u8 {
         crate::nccl::after_call(e, &spec, &key, bytes, start_ns, now, ret);
     }
-    if let Some(mut ev) = ev {
-        emit_call(e, &mut ev);
-    }
     // Read at the end, so that nothing is kept across the path (its stack is full).
     let pending = if ABI == Abi::Nccl as u8 || TYPES {
         0
@@ -714,7 +781,11 @@ pub(crate) fn on_return_probe<const ABI: u8, const TYPES: bool>(
     };
     // Last: `args` pointed into this entry.
     e.busy = 0;
-    pending
+    if event {
+        pending | EVENT
+    } else {
+        pending
+    }
 }
 
 /// What a returning call's global functions are given besides its thread's state, its
@@ -750,21 +821,36 @@ macro_rules! by_abi {
     }};
 }
 
-/// The bytes of a returning call by its routine's byte rule; `None` where they could not
-/// be read. Calls the ABI's global `decode_*` function ([`global_return_path`]).
+/// The bytes of a returning call by its routine's byte rule; [`UNDECODED`] where they
+/// could not be read. Calls the ABI's global `decode_*` function ([`global_return_path`]).
 #[inline(always)]
 fn decoded_bytes<const ABI: u8, const TYPES: bool>(
     state: *mut CallState,
     layout: &Layout,
     spec: &ArgSpec,
     returning: &Returning,
-) -> Option<u64> {
+) -> u64 {
     let (l, p, r) = (
         core::ptr::from_ref(layout),
         core::ptr::from_ref(spec),
         core::ptr::from_ref(returning),
     );
-    let b = by_abi!(
+    if ABI != Abi::Nccl as u8 && !TYPES && crate::mpi::is_p2p_return(spec) {
+        // (The types programs and NCCL's have no point-to-point calls.)
+        return by_abi!(
+            ABI,
+            TYPES,
+            [
+                decode_p2p_ompi,
+                decode_p2p_mpich,
+                decode_p2p_mpich,
+                decode_p2p_mpi_abi,
+                decode_p2p_mpi_abi,
+                decode_p2p_mpi_abi
+            ](state, l, p, r)
+        );
+    }
+    by_abi!(
         ABI,
         TYPES,
         [
@@ -775,8 +861,7 @@ fn decoded_bytes<const ABI: u8, const TYPES: bool>(
             decode_mpi_abi_types,
             decode_nccl
         ](state, l, p, r)
-    );
-    (b != UNDECODED).then_some(b)
+    )
 }
 
 /// Fills a returning call's event `ev` with its peers and communicator. Calls the ABI's
@@ -904,6 +989,34 @@ macro_rules! global_return_path {
         }
     };
 }
+
+/// Declares a point-to-point call's byte decoding (`mpi::on_p2p_return`) for one MPI ABI
+/// as a BPF global function, as [`global_return_path`] does the others'.
+macro_rules! global_p2p_return {
+    ($decode:ident, $abi:expr) => {
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn $decode(
+            state: *mut CallState,
+            layout: *const Layout,
+            spec: *const ArgSpec,
+            returning: *const Returning,
+        ) -> u64 {
+            with_call::<{ $abi as u8 }, _>(
+                state,
+                layout,
+                spec,
+                returning,
+                UNDECODED,
+                |call, spec, comm| crate::mpi::on_p2p_return(call, spec, comm).unwrap_or(UNDECODED),
+            )
+        }
+    };
+}
+
+global_p2p_return!(decode_p2p_ompi, Abi::OpenMpi);
+global_p2p_return!(decode_p2p_mpich, Abi::Mpich);
+global_p2p_return!(decode_p2p_mpi_abi, Abi::MpiAbi);
 
 global_return_path!(decode_ompi, describe_ompi, Abi::OpenMpi, false);
 global_return_path!(decode_mpich, describe_mpich, Abi::Mpich, false);

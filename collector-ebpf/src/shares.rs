@@ -190,13 +190,14 @@ pub extern "C" fn charge(tgid: u32, which: u32) -> u32 {
         return 0;
     }
     let pct = user_share_pct();
-    let Some((process, user, released)) = holder(tgid, pct) else {
+    let Some((process, user, uid)) = holder(tgid, pct) else {
         return 0;
     };
+    let released = released(uid, |r| r.entries[w]);
     // SAFETY: fields of map values, which every CPU changes atomically.
     unsafe {
         let held = core::ptr::addr_of_mut!((*user).entries[w]);
-        if fetch_add(held, 1).saturating_sub(released.entries[w]) >= share_of(CAPACITY[w], pct) {
+        if fetch_add(held, 1).saturating_sub(released) >= share_of(CAPACITY[w], pct) {
             add_atomic(held, u64::MAX);
             return 0;
         }
@@ -254,41 +255,54 @@ unsafe fn take_one(p: *mut u64) -> bool {
     true
 }
 
-/// Process `tgid`'s holdings, its user's and what userspace gave back of its user's; the
-/// process's made (charged to the user it runs as now, within the user's share of
-/// processes, `pct`) where it has none.
+/// Process `tgid`'s holdings, its user's and the user's uid; the process's made (charged
+/// to the user it runs as now, within the user's share of processes, `pct`) where it has
+/// none.
 #[inline(always)]
-fn holder(tgid: u32, pct: u32) -> Option<(*mut Held, *mut Held, Held)> {
+fn holder(tgid: u32, pct: u32) -> Option<(*mut Held, *mut Held, u32)> {
     if let Some(p) = PROC_HELD.get_ptr_mut(tgid) {
         // SAFETY: a map value.
         let uid = unsafe { (*p).uid };
-        return Some((p, user_of(uid)?, released(uid)));
+        return Some((p, user_of(uid)?, uid));
     }
     let uid = account();
     let user = user_of(uid)?;
-    let released = released(uid);
+    let released = released(uid, |r| r.processes);
     // SAFETY: a field of a map value, changed atomically.
     let processes = unsafe { core::ptr::addr_of_mut!((*user).processes) };
     // SAFETY: as above.
     let before = unsafe { fetch_add(processes, 1) };
-    if before.saturating_sub(released.processes) >= share_of(u64::from(MAX_HOLDERS), pct) {
+    if before.saturating_sub(released) >= share_of(u64::from(MAX_HOLDERS), pct) {
         // SAFETY: as above.
         unsafe { add_atomic(processes, u64::MAX) };
         return None;
     }
-    let held = Held {
-        uid,
-        ..Held::default()
-    };
     // NOEXIST: another thread's first entry may be here first (and counted the process).
-    if PROC_HELD
-        .insert(tgid, held, u64::from(BPF_NOEXIST))
-        .is_err()
-    {
+    let made = new_held(uid)
+        .is_some_and(|held| PROC_HELD.insert(tgid, held, u64::from(BPF_NOEXIST)).is_ok());
+    if !made {
         // SAFETY: as above.
         unsafe { add_atomic(processes, u64::MAX) };
     }
-    Some((PROC_HELD.get_ptr_mut(tgid)?, user, released))
+    Some((PROC_HELD.get_ptr_mut(tgid)?, user, uid))
+}
+
+/// A new record of holdings of `uid` (0: a user's own), none held, made in the thread's
+/// state (`CallState::new_held`): on the stack it would take 80 of the 512 bytes that a
+/// whole chain of calls down to here shares. `None` where the thread has no state (no
+/// probe of an MPI, NCCL or transport call runs without).
+#[inline(always)]
+fn new_held(uid: u32) -> Option<&'static Held> {
+    let state = crate::maps::call_state(false)?;
+    // SAFETY: the thread's own state; only this thread touches it.
+    let held = unsafe { &mut (*state).new_held };
+    held.uid = uid;
+    held._pad = 0;
+    held.processes = 0;
+    for i in 0..SHARED_MAPS {
+        held.entries[i] = 0;
+    }
+    Some(held)
 }
 
 /// The user the current process's entries are charged to: the user it runs as, or where
@@ -425,13 +439,12 @@ const MAX_USERNS_LEVEL: u32 = 33;
 /// more are behind `forward`.
 const UID_GID_MAP_MAX_BASE_EXTENTS: u32 = 5;
 
-/// What userspace gave back of user `uid`'s holdings (none: zero).
+/// `field` of what userspace gave back of user `uid`'s holdings (none: zero), read in
+/// place (a copy would take 80 bytes of the stack).
 #[inline(always)]
-fn released(uid: u32) -> Held {
-    // SAFETY: plain value, copied.
-    unsafe { USER_RELEASED.get(uid) }
-        .copied()
-        .unwrap_or_default()
+fn released(uid: u32, field: impl FnOnce(&Held) -> u64) -> u64 {
+    // SAFETY: a map value, read.
+    unsafe { USER_RELEASED.get(uid) }.map_or(0, field)
 }
 
 /// User `uid`'s holdings, made where it has none.
@@ -440,6 +453,8 @@ fn user_of(uid: u32) -> Option<*mut Held> {
     if let Some(p) = USER_HELD.get_ptr_mut(uid) {
         return Some(p);
     }
-    let _ = USER_HELD.insert(uid, Held::default(), u64::from(BPF_NOEXIST));
+    if let Some(held) = new_held(0) {
+        let _ = USER_HELD.insert(uid, held, u64::from(BPF_NOEXIST));
+    }
     USER_HELD.get_ptr_mut(uid)
 }

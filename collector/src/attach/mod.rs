@@ -1508,8 +1508,8 @@ mod tests {
     }
 
     /// The return path's decoding and event description are BPF global functions, which
-    /// the kernel's verifier checks once each (`global_return_path!` in
-    /// `collector-ebpf/src/probe.rs`). One made static (not `pub extern "C"`, or mangled)
+    /// the kernel's verifier checks once each (`global_return_path!` and
+    /// `global_p2p_return!` in `collector-ebpf/src/probe.rs`). One made static (not `pub extern "C"`, or mangled)
     /// still works, and is checked again for every state it is reached in (three
     /// to five times the verifier's work, seconds of each start).
     #[test]
@@ -1526,7 +1526,8 @@ mod tests {
                 global.push(name.to_string());
             }
         }
-        // Decoding and description for each of the six return paths.
-        assert_eq!(global.len(), 12, "{global:?}");
+        // Decoding and description for each of the six return paths, and the three MPI
+        // ABIs' point-to-point decoding (`global_p2p_return!`).
+        assert_eq!(global.len(), 15, "{global:?}");
     }
 }
