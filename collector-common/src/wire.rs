@@ -901,7 +901,7 @@ macro_rules! kernel_health_counters {
             in_flight_at_attach,
             /// MPI or NCCL calls left without returning (a `longjmp` or a C++ exception
             /// out of an error handler, a signal handler's `siglongjmp`), found at the
-            /// thread's next call: not counted (their outcome is unknown); the calls after
+            /// thread's next call or at its end: not counted (their outcome is unknown); the calls after
             /// them are, as the thread's own.
             abandoned,
             /// Calls lost because the kernel's counter map was full, or the process's

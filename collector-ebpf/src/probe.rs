@@ -243,7 +243,7 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
 /// `ncclBcast` calling `ncclBroadcast`). Where the kernel's offsets are unknown, only a call
 /// entered above the return address is known to be another.
 #[inline(always)]
-fn in_progress(e: &CallState, rsp: u64) -> bool {
+pub(crate) fn in_progress(e: &CallState, rsp: u64) -> bool {
     if rsp >= e.entry_sp {
         return e.entry_sp == 0;
     }

@@ -312,12 +312,12 @@ fn account_exit(tgid: u32, group_dead: bool) {
     let status = (code & 0xffff_ffff) | ProcStats::EXIT_STATUS_KNOWN;
     // SAFETY: reads the monotonic clock.
     let now = unsafe { bpf_ktime_get_ns() };
+    let call = call_at_exit(now);
     // Only a thread ended with its process: one that ends alone inside a call (cancelled,
     // `pthread_exit` from a callback) leaves a process that goes on.
-    let inside = if group_exit || group_dead {
-        call_in_progress(now)
-    } else {
-        None
+    let inside = match call {
+        CallAtExit::Inside(routine, ns) if group_exit || group_dead => Some((routine, ns)),
+        _ => None,
     };
     crate::maps::with_proc_stats(tgid, |s| {
         s.exit_cpu_ns += cpu;
@@ -327,6 +327,9 @@ fn account_exit(tgid: u32, group_dead: bool) {
         s.exit_nivcsw += nivcsw;
         s.exit_max_rss_pages = s.exit_max_rss_pages.max(max_rss);
         s.exit_threads += 1;
+        if matches!(call, CallAtExit::Abandoned) {
+            s.abandoned += 1;
+        }
         if group_dead {
             s.exit_group = 1;
             s.exit_status = status;
@@ -342,19 +345,54 @@ fn account_exit(tgid: u32, group_dead: bool) {
     });
 }
 
-/// The timed call the ending thread is inside (a signal or another thread's `exit` ended
-/// it there; or `MPI_Abort`): its routine plus one and the time in it. An untimed call
-/// (its routine's time sampled) has no start and is not seen.
+/// What the ending thread's state says of the call it was in.
+#[derive(Clone, Copy)]
+enum CallAtExit {
+    /// No timed call (an untimed call, its routine's time sampled, has no start).
+    None,
+    /// The timed call it is inside (a signal or another thread's `exit` ended it there; or
+    /// `MPI_Abort`): its routine plus one and the time in it.
+    Inside(u64, u64),
+    /// A call left without returning (`longjmp` or an exception out of an error handler)
+    /// and no call since that would have given it up: the thread ends outside it.
+    Abandoned,
+}
+
+/// The call the ending thread was in, told apart from one it left without returning as a
+/// nested call's entry tells them apart ([`crate::probe::in_progress`]), at the stack
+/// pointer of the thread's last entry into the kernel (its user memory is still mapped:
+/// this tracepoint fires before the thread lets go of it).
 #[inline(always)]
-fn call_in_progress(now: u64) -> Option<(u64, u64)> {
-    let state = crate::maps::call_state(false)?;
+fn call_at_exit(now: u64) -> CallAtExit {
+    let Some(state) = crate::maps::call_state(false) else {
+        return CallAtExit::None;
+    };
     // SAFETY: the ending thread's own state; it runs no probe any more.
     let e = unsafe { &*state };
     // An unresolved libfabric function (its table unknown) names no routine.
     if e.busy != CallState::BUSY || e.start_ns == 0 || e.routine & crate::fabric::UNRESOLVED != 0 {
-        return None;
+        return CallAtExit::None;
     }
-    Some((u64::from(e.routine) + 1, now.saturating_sub(e.start_ns)))
+    if !crate::probe::in_progress(e, user_stack_pointer()) {
+        return CallAtExit::Abandoned;
+    }
+    CallAtExit::Inside(u64::from(e.routine) + 1, now.saturating_sub(e.start_ns))
+}
+
+/// The current thread's user stack pointer as its last entry into the kernel saved it (0
+/// where the kernel gives no registers: then only the call's return address is read).
+#[inline(always)]
+fn user_stack_pointer() -> u64 {
+    use aya_ebpf::helpers::generated::{bpf_get_current_task_btf, bpf_task_pt_regs};
+    // SAFETY: the current task's BTF pointer, and its saved registers' (or null).
+    unsafe {
+        let regs = bpf_task_pt_regs(bpf_get_current_task_btf().cast()) as *const u64;
+        if regs.is_null() {
+            0
+        } else {
+            *regs.add(collector_common::pt_regs::SP)
+        }
+    }
 }
 
 /// Drops the out-of-scope mark of `tgid`, where there can be one (a daemon limited to a

@@ -1,7 +1,7 @@
 /*
  * mpi_ending: ranks that end badly, for commtap's "how did each rank end" test.
  *
- * Usage: mpi_ending killed|status OUT_PREFIX   (2 ranks)
+ * Usage: mpi_ending killed|status|escaped OUT_PREFIX   (2 ranks)
  *
  * killed (MPI_THREAD_MULTIPLE): rank 1's main thread enters an MPI_Sendrecv whose receive
  *   never completes, sending rank 0 its pid (tag 7) from inside it; rank 0 receives that,
@@ -13,6 +13,14 @@
  * status: every rank finishes normally; rank 1 waits after MPI_Finalize until rank 0 has
  *   exited (a pidfd of it), then exits with status 3 (a launcher may kill the ranks left
  *   once one fails).
+ * escaped: rank 0 enters an MPI_Sendrecv whose receive never completes, sending rank 1 a
+ *   message (tag 6) from inside it. Rank 1 receives it, so rank 0 is inside its call for
+ *   certain, then, with an error handler on MPI_COMM_WORLD that longjmps back into
+ *   main_of_escaped, makes an MPI_Send to a rank that does not exist from a function below
+ *   it (as a C++ exception out of the handler would leave the call); back, it writes over
+ *   the stack below (as whatever a program calls next does) and exits with status 4 (a
+ *   program catching the error and giving up) without another MPI call. Rank 0 stays in
+ *   its call until its launcher ends it.
  *
  * Each rank writes OUT_PREFIX.<rank>.json with its rank and pid once MPI_Init has
  * returned; rank 0 (killed) writes {"killed": PID} to OUT_PREFIX.killed.json before its
@@ -21,8 +29,10 @@
 #include <mpi.h>
 #include <poll.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -81,10 +91,59 @@ static int status_mode(int rank)
     return 3;
 }
 
+static jmp_buf back;
+
+/* Rank 1's error handler: leaves the failing call for escaped_mode's setjmp. */
+static void leave(MPI_Comm *comm, int *err, ...)
+{
+    (void)comm;
+    (void)err;
+    longjmp(back, 1);
+}
+
+static __attribute__((noinline)) void send_nowhere(void)
+{
+    volatile char pad[256];
+    char b = 0;
+    pad[0] = 0;
+    MPI_Send(&b, 1, MPI_CHAR, 7, 0, MPI_COMM_WORLD);
+    fprintf(stderr, "mpi_ending: a send to rank 7 returned\n");
+    MPI_Abort(MPI_COMM_WORLD, 7);
+    pad[255] = pad[0];
+}
+
+/* Writes over the stack below its caller's frame. */
+static __attribute__((noinline)) void scrub(void)
+{
+    volatile char buf[65536];
+    memset((char *)buf, 0x5a, sizeof buf);
+    buf[0] = buf[sizeof buf - 1];
+}
+
+static int escaped_mode(int rank)
+{
+    long pid = (long)getpid(), never = 0;
+    if (rank == 0) {
+        MPI_Sendrecv(&pid, 1, MPI_LONG, 1, 6, &never, 1, MPI_LONG, 1, 5, MPI_COMM_WORLD,
+                     MPI_STATUS_IGNORE);
+        return 1; /* not reached */
+    }
+    long inside = 0;
+    MPI_Recv(&inside, 1, MPI_LONG, 0, 6, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Errhandler eh;
+    MPI_Comm_create_errhandler(leave, &eh);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, eh);
+    if (setjmp(back) == 0)
+        send_nowhere();
+    scrub();
+    exit(4);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 3 || (strcmp(argv[1], "killed") != 0 && strcmp(argv[1], "status") != 0)) {
-        fprintf(stderr, "usage: %s killed|status OUT_PREFIX\n", argv[0]);
+    if (argc != 3 || (strcmp(argv[1], "killed") != 0 && strcmp(argv[1], "status") != 0 &&
+                      strcmp(argv[1], "escaped") != 0)) {
+        fprintf(stderr, "usage: %s killed|status|escaped OUT_PREFIX\n", argv[0]);
         return 2;
     }
     int killed = strcmp(argv[1], "killed") == 0, provided = 0;
@@ -98,5 +157,7 @@ int main(int argc, char **argv)
     fclose(f);
     if (size != 2 || (killed && provided < MPI_THREAD_MULTIPLE))
         MPI_Abort(MPI_COMM_WORLD, 2);
-    return killed ? killed_mode(rank, argv[2]) : status_mode(rank);
+    if (killed)
+        return killed_mode(rank, argv[2]);
+    return strcmp(argv[1], "status") == 0 ? status_mode(rank) : escaped_mode(rank);
 }

@@ -1110,6 +1110,56 @@ fn a_killed_mpich_rank_is_reported_inside_its_call() {
     a_killed_rank_is_reported_inside_its_call(Mpi::Mpich);
 }
 
+/// `mpi_ending escaped`: rank 1 leaves an `MPI_Send` by a `longjmp` out of its error handler
+/// and exits (status 4) with no other MPI call, while rank 0 waits inside an `MPI_Sendrecv`
+/// until its launcher ends it. Rank 1 is not said to have ended inside the send it left
+/// (counted as abandoned: its return address no longer holds the kernel's trampoline when
+/// the thread ends), and has no unfinished slice; rank 0 is said inside its call.
+fn a_rank_exiting_after_leaving_a_call_is_not_said_inside_it(mpi: Mpi) {
+    let FailedJob {
+        profile,
+        trace,
+        report,
+        prefix,
+        _scratch,
+        ..
+    } = record_a_failing_job(mpi, "escaped");
+    let truths = read_truths(&prefix, 2);
+    let rank = |r: u64| rank_by_pid(&profile, pid_of_rank(&truths, r));
+    let (one, zero) = (rank(1), rank(0));
+    assert_eq!(one["ended"]["status"], 4, "{one:#}");
+    assert!(
+        one["ended"].get("inside").is_none() && one["ended"].get("signal").is_none(),
+        "{one:#}"
+    );
+    assert_eq!(one["abandoned"], 1, "{one:#}");
+    assert_eq!(
+        zero["ended"]["inside"]["routine"], "MPI_Sendrecv",
+        "{zero:#}"
+    );
+    assert_eq!(zero["abandoned"], 0, "{zero:#}");
+    let unfinished = unfinished_slices(&trace);
+    assert_eq!(unfinished.len(), 1, "{unfinished:?}");
+    assert_eq!(unfinished[0]["pid"], zero["pid"], "{unfinished:?}");
+    assert_eq!(unfinished[0]["name"], "MPI_Sendrecv", "{unfinished:?}");
+    let rows = report_rows(&report, "Ranks that did not end normally: 2 of 2");
+    let row = rows
+        .iter()
+        .find(|r| r.trim_start().starts_with("1 "))
+        .unwrap_or_else(|| panic!("no row of rank 1:\n{report}"));
+    assert!(row.ends_with("  exited with status 4"), "{report}");
+}
+
+#[test]
+fn an_open_mpi_rank_exiting_after_leaving_a_call_is_not_said_inside_it() {
+    a_rank_exiting_after_leaving_a_call_is_not_said_inside_it(Mpi::OpenMpi);
+}
+
+#[test]
+fn an_mpich_rank_exiting_after_leaving_a_call_is_not_said_inside_it() {
+    a_rank_exiting_after_leaving_a_call_is_not_said_inside_it(Mpi::Mpich);
+}
+
 /// `mpi_ending status`: both ranks finish, rank 1 with `exit(3)`: its profile says so,
 /// rank 0's says status 0, and the report lists rank 1 alone.
 #[test]
