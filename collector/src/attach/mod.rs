@@ -11,6 +11,8 @@ mod library;
 mod multi;
 mod peers;
 mod programs;
+#[cfg(test)]
+mod stack_depth;
 pub mod state;
 pub mod system;
 mod watched;
