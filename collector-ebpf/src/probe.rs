@@ -942,32 +942,15 @@ fn with_call<const ABI: u8, R>(
 /// [`UNDECODED`] where the bytes could not be read.
 macro_rules! global_return_path {
     ($decode:ident, $describe:ident, $abi:expr, $types:expr) => {
-        #[unsafe(no_mangle)]
-        #[inline(never)]
-        pub extern "C" fn $decode(
-            state: *mut CallState,
-            layout: *const Layout,
-            spec: *const ArgSpec,
-            returning: *const Returning,
-        ) -> u64 {
-            with_call::<{ $abi as u8 }, _>(
-                state,
-                layout,
-                spec,
-                returning,
-                UNDECODED,
-                |call, spec, comm| {
-                    let out = if $abi as u8 == Abi::Nccl as u8 {
-                        crate::nccl::on_return(call, spec, comm)
-                    } else if $types {
-                        crate::mpi::on_type_return(call, spec)
-                    } else {
-                        crate::mpi::on_return(call, spec, comm)
-                    };
-                    out.unwrap_or(UNDECODED)
-                },
-            )
-        }
+        global_decode!($decode, $abi, |call, spec, comm| {
+            if $abi as u8 == Abi::Nccl as u8 {
+                crate::nccl::on_return(call, spec, comm)
+            } else if $types {
+                crate::mpi::on_type_return(call, spec)
+            } else {
+                crate::mpi::on_return(call, spec, comm)
+            }
+        });
 
         #[unsafe(no_mangle)]
         #[inline(never)]
@@ -990,10 +973,11 @@ macro_rules! global_return_path {
     };
 }
 
-/// Declares a point-to-point call's byte decoding (`mpi::on_p2p_return`) for one MPI ABI
-/// as a BPF global function, as [`global_return_path`] does the others'.
-macro_rules! global_p2p_return {
-    ($decode:ident, $abi:expr) => {
+/// Declares a byte decoding of ABI `$abi` as a BPF global function (see
+/// [`global_return_path`]): `$bytes`, of the returning call, its spec and its communicator
+/// if known, or [`UNDECODED`] where it is `None`.
+macro_rules! global_decode {
+    ($decode:ident, $abi:expr, |$call:ident, $spec:ident, $comm:ident| $bytes:expr) => {
         #[unsafe(no_mangle)]
         #[inline(never)]
         pub extern "C" fn $decode(
@@ -1008,9 +992,22 @@ macro_rules! global_p2p_return {
                 spec,
                 returning,
                 UNDECODED,
-                |call, spec, comm| crate::mpi::on_p2p_return(call, spec, comm).unwrap_or(UNDECODED),
+                |$call, $spec, $comm| {
+                    let bytes: Option<u64> = $bytes;
+                    bytes.unwrap_or(UNDECODED)
+                },
             )
         }
+    };
+}
+
+/// A point-to-point call's byte decoding (`mpi::on_p2p_return`) for each MPI ABI, apart
+/// from the ABI's other rules ([`decoded_bytes`]).
+macro_rules! global_p2p_return {
+    ($decode:ident, $abi:expr) => {
+        global_decode!($decode, $abi, |call, spec, comm| {
+            crate::mpi::on_p2p_return(call, spec, comm)
+        });
     };
 }
 
