@@ -16,7 +16,7 @@ use crate::{
         each, handle, int_arg, mul_counts_wide, read, shared_comm_id, sum_ints, type_size,
         LoopBody, TypedSum, MAX_TYPED, UNDECODED,
     },
-    maps::{with_proc_stats, COMMS, CONFIG, EVENTS},
+    maps::{add_proc_stat, COMMS, CONFIG, EVENTS},
 };
 
 #[inline(always)]
@@ -92,7 +92,7 @@ pub(crate) fn emit_call(e: &mut CallState, ev: &mut CallEvent) {
         u64::from(aya_ebpf::bindings::BPF_RB_NO_WAKEUP)
     };
     if EVENTS.output::<CallEvent>(&*ev, flags).is_err() {
-        with_proc_stats(ev.tgid, |s| s.dropped += 1);
+        add_proc_stat(ev.tgid, 1, |s| &mut s.dropped);
     }
 }
 

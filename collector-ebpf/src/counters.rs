@@ -26,7 +26,7 @@ use collector_common::{
     DurationHist, DURATION_BUCKETS, MAX_COUNTERS,
 };
 
-use crate::{maps::with_proc_stats, process::still_counted};
+use crate::{maps::add_proc_stat, process::still_counted};
 
 /// The slot of each counter's key in `COUNTER_VALUES`.
 #[map]
@@ -125,7 +125,7 @@ const CAS_TRIES: u32 = 8;
 /// # Safety
 /// `p` must point into a map value (the verifier checks it).
 #[inline(always)]
-unsafe fn move_extreme<const LOWEST: bool>(p: *mut u64, v: u64) {
+pub(crate) unsafe fn move_extreme<const LOWEST: bool>(p: *mut u64, v: u64) {
     // SAFETY: as the caller promises.
     let mut cur = unsafe { core::ptr::read_volatile(p) };
     for _ in 0..CAS_TRIES {
@@ -200,7 +200,7 @@ fn slot_of(e: &mut CallState, key: &CounterKey) -> Option<u32> {
             if let Some(s) = new_slot(key) {
                 s
             } else {
-                with_proc_stats(key.tgid, |s| s.counter_map_full += 1);
+                add_proc_stat(key.tgid, 1, |s| &mut s.counter_map_full);
                 return None;
             }
         }
@@ -278,22 +278,31 @@ pub fn add_hashed(
     dur: u64,
 ) {
     let tgid = key.tgid;
-    if let Some(v) = map.get_ptr_mut(key) {
-        // SAFETY: this CPU's value.
-        unsafe { (*v).add(calls, bytes, dur) };
-    } else if map
-        .insert(
-            key,
-            CounterVal {
-                calls,
-                bytes,
-                time_ns: dur,
-                ..CounterVal::default()
-            },
-            0,
-        )
-        .is_err()
-    {
-        with_proc_stats(tgid, |s| s.counter_map_full += 1);
+    let first = CounterVal {
+        calls,
+        bytes,
+        time_ns: dur,
+        ..CounterVal::default()
+    };
+    let mut v = map.get_ptr_mut(key);
+    if v.is_none() {
+        if map.insert(key, first, u64::from(BPF_NOEXIST)).is_ok() {
+            return;
+        }
+        // Never over a value there: one made on this CPU while this program was preempted
+        // (by another thread of the process) holds that thread's counts.
+        v = map.get_ptr_mut(key);
+    }
+    let Some(v) = v else {
+        add_proc_stat(tgid, 1, |s| &mut s.counter_map_full);
+        return;
+    };
+    // Atomically, for the same reason (see `maps::with_proc_stats`).
+    // SAFETY: fields of this CPU's value.
+    unsafe {
+        use core::ptr::addr_of_mut;
+        add_atomic(addr_of_mut!((*v).calls), calls);
+        add_atomic(addr_of_mut!((*v).bytes), bytes);
+        add_atomic(addr_of_mut!((*v).time_ns), dur);
     }
 }

@@ -35,7 +35,7 @@ use crate::{
     counters::{add, add_untimed},
     decode::read,
     maps::{
-        call_state, new_call_state, not_drawn, time_one_in, with_proc_stats, EVENTS, FABRIC_FUNCS,
+        add_proc_stat, call_state, new_call_state, not_drawn, time_one_in, EVENTS, FABRIC_FUNCS,
         FABRIC_KINDS, FABRIC_RANGES, FABRIC_TEXT, ROUTINE_SPECS,
     },
     process::{is_counted, is_watched, known_uncounted, scope_stamp, still_counted},
@@ -116,7 +116,7 @@ fn enter(ctx: &ProbeContext, session: bool) -> bool {
         if let Some(e) = new_call_state(tgid) {
             e
         } else {
-            with_proc_stats(tgid, |s| s.counter_map_full += 1);
+            add_proc_stat(tgid, 1, |s| &mut s.counter_map_full);
             return false;
         }
     };
@@ -127,7 +127,7 @@ fn enter(ctx: &ProbeContext, session: bool) -> bool {
         // return must not be taken for the return of the call in progress (rxm's send
         // calling tcp's), so it is nested in that call, or in none; in a session its
         // return does not run.
-        with_proc_stats(tgid, |s| s.fabric_internal += 1);
+        add_proc_stat(tgid, 1, |s| &mut s.fabric_internal);
         if session {
             return false;
         }
@@ -174,7 +174,7 @@ fn enter(ctx: &ProbeContext, session: bool) -> bool {
     if is_fabric(e.routine) || e.fab_busy != 0 {
         // Called back from inside a libfabric call outside the library (a callback):
         // counted once, outside.
-        with_proc_stats(tgid, |s| s.nested += 1);
+        add_proc_stat(tgid, 1, |s| &mut s.nested);
         if session {
             return false;
         }
@@ -274,7 +274,7 @@ fn returned(ctx: &RetProbeContext) {
         unsafe { &mut *e }
     } else {
         if is_counted(tgid) {
-            with_proc_stats(tgid, |s| s.in_flight_at_attach += 1);
+            add_proc_stat(tgid, 1, |s| &mut s.in_flight_at_attach);
         }
         return;
     };
@@ -291,7 +291,7 @@ fn returned(ctx: &RetProbeContext) {
         ret < 0
     };
     if failed {
-        with_proc_stats(tgid, |s| s.fabric_failed += 1);
+        add_proc_stat(tgid, 1, |s| &mut s.fabric_failed);
         return;
     }
     count_operation(e, tgid, &op, Some(now));
@@ -318,7 +318,7 @@ fn outermost_return(e: &mut CallState, tgid: u32) -> Option<Operation> {
         return None;
     }
     if e.busy == 0 {
-        with_proc_stats(tgid, |s| s.in_flight_at_attach += 1);
+        add_proc_stat(tgid, 1, |s| &mut s.in_flight_at_attach);
         return None;
     }
     if is_fabric(e.routine) {
@@ -337,7 +337,7 @@ fn outermost_return(e: &mut CallState, tgid: u32) -> Option<Operation> {
         });
     }
     if e.fab_busy == 0 {
-        with_proc_stats(tgid, |s| s.in_flight_at_attach += 1);
+        add_proc_stat(tgid, 1, |s| &mut s.in_flight_at_attach);
         return None;
     }
     if e.fab_depth > 0 {
@@ -365,7 +365,7 @@ fn count_operation(e: &mut CallState, tgid: u32, op: &Operation, now: Option<u64
     let (bucket, bytes) = if let Some(b) = fabric_bytes(spec, &op.args) {
         (size_bucket(b), b)
     } else {
-        with_proc_stats(tgid, |s| s.fabric_undecoded += 1);
+        add_proc_stat(tgid, 1, |s| &mut s.fabric_undecoded);
         (UNKNOWN_BUCKET, 0)
     };
     let key = CounterKey {

@@ -248,7 +248,12 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
 /// The size of [`EVENTS`], bytes.
 pub const EVENTS_BYTES: u32 = 1 << 20;
 
-/// Applies `f` to this CPU's stats of `tgid`, creating them first if needed.
+/// Applies `f` to this CPU's stats of `tgid`, creating them first if needed. What `f`
+/// adds it adds atomically ([`add_proc_stat`]): a uprobe's or a tracepoint's program may be
+/// preempted (the kernel gives them no private stack for that reason), and another thread
+/// of the process run meanwhile on the same CPU changes the same value, so a plain `+=`
+/// across the preemption would lose that thread's counts. What `f` stores outright (a
+/// time, a status) may be stored by the last writer.
 #[inline(always)]
 pub fn with_proc_stats(tgid: u32, f: impl FnOnce(&mut ProcStats)) {
     let made = || {
@@ -258,8 +263,18 @@ pub fn with_proc_stats(tgid: u32, f: impl FnOnce(&mut ProcStats)) {
     let Some(s) = PROC_STATS.get_ptr_mut(tgid).or_else(made) else {
         return;
     };
-    // SAFETY: per-CPU value of this CPU; no other writer while the program runs.
+    // SAFETY: per-CPU value of this CPU; its counters are only added to atomically.
     f(unsafe { &mut *s });
+}
+
+/// Adds `v` to the counter `field` picks of this CPU's stats of `tgid`, atomically (see
+/// [`with_proc_stats`]).
+#[inline(always)]
+pub fn add_proc_stat(tgid: u32, v: u64, field: impl FnOnce(&mut ProcStats) -> &mut u64) {
+    with_proc_stats(tgid, |s| {
+        // SAFETY: a field of a map value.
+        unsafe { crate::counters::add_atomic(core::ptr::from_mut(field(s)), v) }
+    });
 }
 
 /// Zero stats, which new entries of [`PROC_STATS`] are copied from: nothing writes it.

@@ -21,7 +21,7 @@ use crate::{
     call::{call_events_on, emit_unnumbered, learn_comm, Call},
     counters::{add, add_hashed},
     decode::{int_arg, read},
-    maps::{with_proc_stats, DEVICE_TIME},
+    maps::{add_proc_stat, DEVICE_TIME},
 };
 
 /// Largest `ncclCommInitAll` clique whose communicators are learnt.
@@ -241,7 +241,7 @@ pub(crate) fn after_call(
             };
             let group_start = e.group_start_ns;
             add(e, &group, b, now.saturating_sub(group_start));
-            with_proc_stats(tgid, |s| s.group_ops += ops);
+            add_proc_stat(tgid, ops, |s| &mut s.group_ops);
             join_window(e, &group, b, group_start);
         }
         ByteRule::DeviceSync => {
@@ -259,7 +259,7 @@ pub(crate) fn after_call(
                     now.saturating_sub(e.win_start_ns),
                 );
             } else {
-                with_proc_stats(tgid, |s| s.mixed_windows += 1);
+                add_proc_stat(tgid, 1, |s| &mut s.mixed_windows);
             }
             if call_events_on() {
                 emit_window(e, now, attributed);
@@ -306,7 +306,7 @@ fn emit_window(e: &CallState, now: u64, attributed: bool) {
         ..CallEvent::default()
     };
     if !emit_unnumbered(&ev) {
-        with_proc_stats(ev.tgid, |s| s.windows_dropped += 1);
+        add_proc_stat(ev.tgid, 1, |s| &mut s.windows_dropped);
     }
 }
 

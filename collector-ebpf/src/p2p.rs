@@ -13,11 +13,12 @@ use collector_common::{
 
 use crate::{
     call::Call,
+    counters::add_atomic,
     decode::{
         comm_info, handle, int_arg, shared_comm_id, status_bytes, status_ignored, status_source,
         status_tag,
     },
-    maps::with_proc_stats,
+    maps::add_proc_stat,
 };
 
 /// Calls and bytes per process, communicator, peer and direction (allocated as keys come,
@@ -268,12 +269,9 @@ fn add(c: &Call, (comm, me, gen): (u64, i32, u16), peer: i32, dir: u16, bytes: u
 pub(crate) fn add_traffic(tgid: u32, key: &PeerKey, bytes: u64) {
     if let Some(v) = PEERS.get_ptr_mut(key) {
         // SAFETY: this CPU's value.
-        unsafe {
-            (*v).calls += 1;
-            (*v).bytes += bytes;
-        }
+        unsafe { add_to_peer(v, bytes) };
     } else if !new_peer(tgid, key, bytes) {
-        with_proc_stats(tgid, |s| s.peers_full += 1);
+        add_proc_stat(tgid, 1, |s| &mut s.peers_full);
     }
 }
 
@@ -294,9 +292,21 @@ fn new_peer(tgid: u32, key: &PeerKey, bytes: u64) -> bool {
         return false;
     };
     // SAFETY: this CPU's value.
-    unsafe {
-        (*v).calls += 1;
-        (*v).bytes += bytes;
-    }
+    unsafe { add_to_peer(v, bytes) };
     true
+}
+
+/// Adds a call of `bytes` to this CPU's value `v`, atomically: another thread of the
+/// process may count the same peer on this CPU while this program is preempted (see
+/// `maps::with_proc_stats`).
+///
+/// # Safety
+/// `v` must point at this CPU's value of [`PEERS`].
+#[inline(always)]
+unsafe fn add_to_peer(v: *mut PeerVal, bytes: u64) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        add_atomic(core::ptr::addr_of_mut!((*v).calls), 1);
+        add_atomic(core::ptr::addr_of_mut!((*v).bytes), bytes);
+    }
 }

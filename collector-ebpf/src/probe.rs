@@ -25,8 +25,8 @@ use crate::{
     call::{comm_fact_known, describe_call, emit_call, raw_cookie, Call},
     decode::{comm_info, handle, status_ignored_in_any_abi, UNDECODED},
     maps::{
-        call_state, new_call_state, not_drawn, time_one_in, with_proc_stats, COMMS, CONFIG,
-        LAYOUTS, ROUTINE_SPECS,
+        add_proc_stat, call_state, new_call_state, not_drawn, time_one_in, with_proc_stats, COMMS,
+        CONFIG, LAYOUTS, ROUTINE_SPECS,
     },
     process::{is_counted, is_watched, known_uncounted, scope_stamp, still_counted},
 };
@@ -95,11 +95,11 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
             // SAFETY: regs points at this probe's saved registers.
             if in_progress(e, unsafe { (*ctx.regs).rsp }) {
                 e.depth += 1;
-                with_proc_stats(e.tgid, |s| s.nested += 1);
+                add_proc_stat(e.tgid, 1, |s| &mut s.nested);
                 return TIMED;
             }
             // Left without returning: given up, and this call is the thread's own.
-            with_proc_stats(e.tgid, |s| s.abandoned += 1);
+            add_proc_stat(e.tgid, 1, |s| &mut s.abandoned);
             give_up(e);
         }
         if !still_counted(e) {
@@ -133,7 +133,7 @@ fn enter(ctx: &ProbeContext, sampling: u32, state: *mut CallState) -> u32 {
     }
     let Some(e) = existing.or_else(|| new_call_state(tgid)) else {
         // No storage could be created (memory, or the storage lock busy): not counted.
-        with_proc_stats(tgid, |s| s.counter_map_full += 1);
+        add_proc_stat(tgid, 1, |s| &mut s.counter_map_full);
         return SKIP;
     };
     // SAFETY: the thread's own, idle state. Only the call's fields are written: an open
@@ -565,7 +565,7 @@ fn returning_state() -> Option<*mut CallState> {
 fn count_orphan() {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if is_counted(tgid) {
-        with_proc_stats(tgid, |s| s.in_flight_at_attach += 1);
+        add_proc_stat(tgid, 1, |s| &mut s.in_flight_at_attach);
     }
 }
 
@@ -666,7 +666,7 @@ fn returning_call<const ABI: u8>(
     };
     let comm = communicator::<ABI>(&call, &spec);
     if ABI == Abi::Nccl as u8 && crate::nccl::unposted(&call, &spec) {
-        with_proc_stats(e.tgid, |s| s.net_unposted += 1);
+        add_proc_stat(e.tgid, 1, |s| &mut s.net_unposted);
         e.busy = 0;
         return false;
     }
@@ -718,7 +718,7 @@ fn counted<const ABI: u8, const TYPES: bool>(
     let (bucket, bytes) = if let Some(b) = out {
         (collector_common::size_bucket(b), b)
     } else {
-        with_proc_stats(tgid, |s| s.undecoded += 1);
+        add_proc_stat(tgid, 1, |s| &mut s.undecoded);
         (UNKNOWN_BUCKET, 0)
     };
     if ABI != Abi::Nccl as u8 && !TYPES && spec.class == class::PERSISTENT {

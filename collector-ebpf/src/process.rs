@@ -320,15 +320,21 @@ fn account_exit(tgid: u32, group_dead: bool) {
         _ => None,
     };
     crate::maps::with_proc_stats(tgid, |s| {
-        s.exit_cpu_ns += cpu;
-        s.exit_utime_ns += utime;
-        s.exit_stime_ns += stime;
-        s.exit_nvcsw += nvcsw;
-        s.exit_nivcsw += nivcsw;
-        s.exit_max_rss_pages = s.exit_max_rss_pages.max(max_rss);
-        s.exit_threads += 1;
-        if matches!(call, CallAtExit::Abandoned) {
-            s.abandoned += 1;
+        // Added atomically: another thread of the process may end on this CPU while this
+        // program is preempted (see `with_proc_stats`).
+        // SAFETY: fields of a map value.
+        unsafe {
+            use crate::counters::{add_atomic, move_extreme};
+            add_atomic(&raw mut s.exit_cpu_ns, cpu);
+            add_atomic(&raw mut s.exit_utime_ns, utime);
+            add_atomic(&raw mut s.exit_stime_ns, stime);
+            add_atomic(&raw mut s.exit_nvcsw, nvcsw);
+            add_atomic(&raw mut s.exit_nivcsw, nivcsw);
+            move_extreme::<false>(&raw mut s.exit_max_rss_pages, max_rss);
+            add_atomic(&raw mut s.exit_threads, 1);
+            if matches!(call, CallAtExit::Abandoned) {
+                add_atomic(&raw mut s.abandoned, 1);
+            }
         }
         if group_dead {
             s.exit_group = 1;

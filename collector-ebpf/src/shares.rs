@@ -27,7 +27,7 @@ use crate::{
     decode::each,
     generations::COMM_FREES,
     instances::COLL_SEQ,
-    maps::{with_proc_stats, COMMS, CONFIG, DTYPES, IDENTITY_OFFSETS},
+    maps::{add_proc_stat, COMMS, CONFIG, DTYPES, IDENTITY_OFFSETS},
     persistent::PERSISTENT,
     process::{current_task, kernel_word},
 };
@@ -161,7 +161,7 @@ fn remember<V: Copy>(
         return true;
     }
     if charge(key.tgid, which as u32) == 0 {
-        with_proc_stats(key.tgid, |s| s.handles_refused += 1);
+        add_proc_stat(key.tgid, 1, |s| &mut s.handles_refused);
         return false;
     }
     if map.insert(key, v, u64::from(BPF_NOEXIST)).is_ok() {
@@ -174,7 +174,7 @@ fn remember<V: Copy>(
         unsafe { *p = *v };
         return true;
     }
-    with_proc_stats(key.tgid, |s| s.handles_refused += 1);
+    add_proc_stat(key.tgid, 1, |s| &mut s.handles_refused);
     false
 }
 

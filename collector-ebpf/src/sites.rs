@@ -21,7 +21,8 @@ use collector_common::{
 };
 
 use crate::{
-    maps::{call_state, new_call_state, with_proc_stats, CONFIG},
+    counters::add_atomic,
+    maps::{add_proc_stat, call_state, new_call_state, CONFIG},
     process::{is_counted, known_uncounted, scope_stamp},
 };
 
@@ -70,7 +71,7 @@ pub fn after_return(state: *mut CallState, rsp: u64, site: impl FnOnce() -> u64)
         // SAFETY: this CPU's value.
         unsafe { added(v, &add) };
     } else if !new_site(&key, &add) {
-        with_proc_stats(key.tgid, |s| s.sites_full += 1);
+        add_proc_stat(key.tgid, 1, |s| &mut s.sites_full);
     }
 }
 
@@ -80,12 +81,17 @@ pub fn after_return(state: *mut CallState, rsp: u64, site: impl FnOnce() -> u64)
 /// `v` must point at this CPU's value of a per-CPU map.
 #[inline(always)]
 unsafe fn added(v: *mut SiteVal, add: &SiteVal) {
+    // Atomically: another thread of the process may count the same site on this CPU while
+    // this program is preempted (see `maps::with_proc_stats`).
     // SAFETY: as the caller promises.
     unsafe {
-        (*v).calls += add.calls;
-        (*v).bytes += add.bytes;
-        (*v).timed += add.timed;
-        (*v).time_ns += add.time_ns;
+        use core::ptr::addr_of_mut;
+        add_atomic(addr_of_mut!((*v).calls), add.calls);
+        add_atomic(addr_of_mut!((*v).bytes), add.bytes);
+        if add.timed != 0 {
+            add_atomic(addr_of_mut!((*v).timed), add.timed);
+            add_atomic(addr_of_mut!((*v).time_ns), add.time_ns);
+        }
     }
 }
 
