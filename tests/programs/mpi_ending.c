@@ -1,7 +1,7 @@
 /*
  * mpi_ending: ranks that end badly, for commtap's "how did each rank end" test.
  *
- * Usage: mpi_ending killed|status|escaped OUT_PREFIX   (2 ranks)
+ * Usage: mpi_ending killed|status|escaped|lingering OUT_PREFIX   (2 ranks)
  *
  * killed (MPI_THREAD_MULTIPLE): rank 1's main thread enters an MPI_Sendrecv whose receive
  *   never completes, sending rank 0 its pid (tag 7) from inside it; rank 0 receives that,
@@ -21,6 +21,9 @@
  *   the stack below (as whatever a program calls next does) and exits with status 4 (a
  *   program catching the error and giving up) without another MPI call. Rank 0 stays in
  *   its call until its launcher ends it.
+ * lingering: escaped, once OUT_PREFIX.go exists (a profiler attached), where rank 1, back,
+ *   creates OUT_PREFIX.left and stays (outside MPI) until OUT_PREFIX.end exists before it
+ *   exits with status 4.
  *
  * Each rank writes OUT_PREFIX.<rank>.json with its rank and pid once MPI_Init has
  * returned; rank 0 (killed) writes {"killed": PID} to OUT_PREFIX.killed.json before its
@@ -37,6 +40,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "rank_truth.h"
+#include "ready_go.h"
 
 /* Rank 1's second thread: once rank 0 is inside its MPI_Sendrecv, kills the process. */
 static void *killer(void *arg)
@@ -120,9 +124,19 @@ static __attribute__((noinline)) void scrub(void)
     buf[0] = buf[sizeof buf - 1];
 }
 
-static int escaped_mode(int rank)
+/* OUT_PREFIX.suffix. */
+static const char *prefixed(const char *prefix, const char *suffix)
+{
+    static char path[4096];
+    snprintf(path, sizeof path, "%s.%s", prefix, suffix);
+    return path;
+}
+
+static int escaped_mode(int rank, const char *prefix, int lingering)
 {
     long pid = (long)getpid(), never = 0;
+    if (lingering)
+        wait_for_file(prefixed(prefix, "go"));
     if (rank == 0) {
         MPI_Sendrecv(&pid, 1, MPI_LONG, 1, 6, &never, 1, MPI_LONG, 1, 5, MPI_COMM_WORLD,
                      MPI_STATUS_IGNORE);
@@ -136,14 +150,19 @@ static int escaped_mode(int rank)
     if (setjmp(back) == 0)
         send_nowhere();
     scrub();
+    if (lingering) {
+        if (create_file(prefixed(prefix, "left")) != 0)
+            exit(5);
+        wait_for_file(prefixed(prefix, "end"));
+    }
     exit(4);
 }
 
 int main(int argc, char **argv)
 {
     if (argc != 3 || (strcmp(argv[1], "killed") != 0 && strcmp(argv[1], "status") != 0 &&
-                      strcmp(argv[1], "escaped") != 0)) {
-        fprintf(stderr, "usage: %s killed|status|escaped OUT_PREFIX\n", argv[0]);
+                      strcmp(argv[1], "escaped") != 0 && strcmp(argv[1], "lingering") != 0)) {
+        fprintf(stderr, "usage: %s killed|status|escaped|lingering OUT_PREFIX\n", argv[0]);
         return 2;
     }
     int killed = strcmp(argv[1], "killed") == 0, provided = 0;
@@ -159,5 +178,7 @@ int main(int argc, char **argv)
         MPI_Abort(MPI_COMM_WORLD, 2);
     if (killed)
         return killed_mode(rank, argv[2]);
-    return strcmp(argv[1], "status") == 0 ? status_mode(rank) : escaped_mode(rank);
+    if (strcmp(argv[1], "status") == 0)
+        return status_mode(rank);
+    return escaped_mode(rank, argv[2], strcmp(argv[1], "lingering") == 0);
 }

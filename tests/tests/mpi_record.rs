@@ -1188,6 +1188,68 @@ fn a_rank_exit_status_is_reported() {
     );
 }
 
+/// `mpi_ending lingering`: as `escaped`, under `record --pid` attached before the ranks
+/// begin, but rank 1 stays alive outside MPI once it has left its `MPI_Send` by a
+/// `longjmp`. `record`, stopped over a second after that, sees its stack above the send's
+/// return address (the probes would see it left only at its next call or its end): rank 1
+/// is in no call, the send counted abandoned; rank 0 is inside its `MPI_Sendrecv`.
+fn a_rank_that_left_a_call_and_lingers_is_not_said_inside_it(mpi: Mpi) {
+    let scratch = Scratch::new(&format!("lingering-{}", mpi.suffix()));
+    let prefix = scratch.path("truth");
+    let marker = |name: &str| std::path::PathBuf::from(format!("{}.{name}", prefix.display()));
+    let program = build_program("mpi_ending.c", mpi);
+    let mut job = ChildGuard::spawn(&mut mpi_launch(
+        mpi,
+        2,
+        None,
+        &program,
+        &["lingering", path_str(&prefix)],
+    ));
+    // Written whole (a file exists from its fopen on, before it is written).
+    let whole = |r: u32| {
+        std::fs::read(marker(&format!("{r}.json")))
+            .is_ok_and(|b| serde_json::from_slice::<Value>(&b).is_ok())
+    };
+    wait_until("both ranks' truths", LIMIT, || whole(0) && whole(1));
+    let truths = read_truths(&prefix, 2);
+    let pids = [0, 1].map(|r| u32::try_from(pid_of_rank(&truths, r)).expect("pid"));
+    let (commtap, out) = record_attached_with(&scratch, &pids, &[]);
+    std::fs::write(marker("go"), b"").expect("go file");
+    wait_until("rank 1 out of its MPI_Send", LIMIT, || {
+        marker("left").exists()
+    });
+    // Not a race: the send began before `left` was made, so the profile, made after this,
+    // finds it a second old or more (a call as long as that is the one a stack is read for).
+    std::thread::sleep(Duration::from_millis(1_100));
+    // SAFETY: kill(2) of the commtap we spawned.
+    unsafe { libc::kill(commtap.0.id() as i32, libc::SIGINT) };
+    finish_ok(&scratch, commtap, LIMIT);
+    let profile = read_json(&out);
+    let (zero, one) = (
+        rank_by_pid(&profile, u64::from(pids[0])),
+        rank_by_pid(&profile, u64::from(pids[1])),
+    );
+    assert!(one.get("in_call").is_none(), "{one:#}");
+    assert_eq!(one["abandoned"], 1, "{one:#}");
+    assert!(one.get("ended").is_none(), "{one:#}");
+    assert_eq!(zero["in_call"]["routine"], "MPI_Sendrecv", "{zero:#}");
+    assert_eq!(zero["in_call"]["thread"], pids[0], "{zero:#}");
+    assert_eq!(zero["abandoned"], 0, "{zero:#}");
+    std::fs::write(marker("end"), b"").expect("end file");
+    let status = job.wait_with_limit(LIMIT);
+    assert!(!status.success(), "the job: {status}");
+}
+
+#[test]
+fn an_open_mpi_rank_lingering_after_leaving_a_call_is_not_said_inside_it() {
+    a_rank_that_left_a_call_and_lingers_is_not_said_inside_it(Mpi::OpenMpi);
+}
+
+#[test]
+fn an_mpich_rank_lingering_after_leaving_a_call_is_not_said_inside_it() {
+    a_rank_that_left_a_call_and_lingers_is_not_said_inside_it(Mpi::Mpich);
+}
+
 /// `mpi_stuck`: a job already hung when `record --pid` attaches, rank 0 inside an
 /// `MPI_Sendrecv` no probe saw begin, rank 1 outside MPI. The ranks' stacks say so: rank
 /// 0's call, on its main thread, entered before the attach (its time the recording's, the

@@ -34,6 +34,8 @@ pub struct InProgress {
     pub since_ns: u64,
     /// The thread inside it.
     pub tid: u32,
+    /// The thread's stack pointer at its entry (where its return address is).
+    pub entry_sp: u64,
 }
 
 impl Probes {
@@ -95,7 +97,7 @@ impl Probes {
                         .untimed_parent
                         .checked_sub(1)
                         .map(|r| (r, s.untimed_since_jiffies));
-                    (s.tgid, s.busy, s.start_ns, s.routine, untimed)
+                    (s.tgid, s.busy, s.start_ns, s.routine, untimed, s.entry_sp)
                 })
         };
         // The thread writes its state as we copy it: a copy made across a call's entry can
@@ -107,7 +109,7 @@ impl Probes {
         if read() != Some(first) {
             return State::Other;
         }
-        let (tgid, busy, since_ns, routine, untimed) = first;
+        let (tgid, busy, since_ns, routine, untimed, entry_sp) = first;
         let in_mpi = |r: u16| {
             ROUTINES
                 .get(usize::from(r))
@@ -120,6 +122,7 @@ impl Probes {
                     routine,
                     since_ns: since,
                     tid,
+                    entry_sp,
                 });
             }
         }
@@ -139,6 +142,7 @@ impl Probes {
                 routine,
                 since_ns,
                 tid,
+                entry_sp,
             })
         } else {
             State::Other

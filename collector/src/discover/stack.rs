@@ -108,6 +108,43 @@ impl ThreadStack {
     }
 }
 
+/// Whether `pid`'s thread `tid` has left the probed call it entered with its stack
+/// pointer at `entry_sp` without returning (a `longjmp` out of an error handler, a C++
+/// exception), by the test the probes make when the thread enters its next call
+/// (`probe::in_progress`): its stack pointer now is above that call's return address, or
+/// the slot of that address no longer holds the kernel's return-probe trampoline (the
+/// stack written over since). Its stack pointer is the one its last entry into the kernel
+/// saved (a blocked thread's now; a running one's a tick ago at most), read by the task
+/// iterator `registers`. `None` where it cannot be told: no iterator, the thread gone, the
+/// slot not in an anonymous mapping (a read could wait behind a file system), no
+/// trampoline in the process.
+pub fn left_call(
+    pid: u32,
+    tid: u32,
+    entry_sp: u64,
+    registers: Option<BorrowedFd<'_>>,
+) -> Option<bool> {
+    let regs = crate::attach::thread_registers(registers?, tid).ok()??;
+    // Equal is inside: the registers saved when the kernel trapped the call's entry.
+    if regs.sp > entry_sp {
+        return Some(true);
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let end = stack_end(&maps, entry_sp)?;
+    if entry_sp.checked_add(8)? > end {
+        return None;
+    }
+    let (lo, hi) = super::maps_lines(&maps)
+        .find(|m| m.path == "[uprobes]")
+        .map(|m| (m.lo, m.hi))?;
+    let mut word = [0u8; 8];
+    File::open(format!("/proc/{pid}/mem"))
+        .ok()?
+        .read_exact_at(&mut word, entry_sp)
+        .ok()?;
+    Some(!(lo..hi).contains(&u64::from_le_bytes(word)))
+}
+
 /// The end of the anonymous mapping of `maps` (a stack: a thread's, or the process's
 /// `[stack]`) that holds `sp`; `None` where a file's mapping, or none, holds it.
 fn stack_end(maps: &str, sp: u64) -> Option<u64> {

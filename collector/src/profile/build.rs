@@ -83,11 +83,18 @@ pub fn job_profile(
                     let for_ns = end_ns.saturating_sub(c.since_ns);
                     super::InCall::of(usize::from(c.routine), for_ns, c.tid)
                 });
-                if let Some((call, seen)) = rank
-                    .in_call
-                    .as_mut()
-                    .zip(seen)
-                    .filter(|(c, _)| c.for_ns >= super::LONG_CALL_NS)
+                let long = |c: &super::InCall| c.for_ns >= super::LONG_CALL_NS;
+                if rank.in_call.as_ref().is_some_and(long)
+                    && seen.is_some_and(|s| stacks.left_call(pid, &s))
+                {
+                    // Left without returning (a `longjmp` out of an error handler) a
+                    // second or more ago: the probes count it `abandoned` only at the
+                    // thread's next call or its end. Counted here meanwhile (the stats were
+                    // read before the thread's state: never counted twice).
+                    rank.in_call = None;
+                    rank.health.abandoned += 1;
+                } else if let Some((call, seen)) =
+                    rank.in_call.as_mut().zip(seen).filter(|(c, _)| long(c))
                 {
                     // A call of a second or more: where it was made (a hung job's).
                     call.called_from = stacks.called_from(pid, call, seen.since_ns);

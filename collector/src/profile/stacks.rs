@@ -85,6 +85,12 @@ impl<'a> StackReading<'a> {
         discover::stack::stacks(pid, tids, wait, self.registers)
     }
 
+    /// Whether `pid`'s thread in `call` has left it without returning (see
+    /// [`discover::stack::left_call`]); not where that cannot be told.
+    pub fn left_call(&self, pid: u32, call: &crate::attach::InProgress) -> bool {
+        discover::stack::left_call(pid, call.tid, call.entry_sp, self.registers) == Some(true)
+    }
+
     /// The MPI or NCCL call one of `pid`'s threads `unseen` (whose calls no probe saw
     /// begin) is inside, by its stack: a call entered before the attach.
     pub fn entered_before_attach(&mut self, pid: u32, unseen: &crate::attach::Unseen) -> Found {
