@@ -86,9 +86,12 @@ impl<'a> StackReading<'a> {
     }
 
     /// Whether `pid`'s thread in `call` has left it without returning (see
-    /// [`discover::stack::left_call`]); not where that cannot be told.
+    /// [`discover::stack::left_call`]); not where that cannot be told, nor once the
+    /// profile's time for stacks is spent.
     pub fn left_call(&self, pid: u32, call: &crate::attach::InProgress) -> bool {
-        discover::stack::left_call(pid, call.tid, call.entry_sp, self.registers) == Some(true)
+        std::time::Instant::now() < self.deadline
+            && discover::stack::left_call(pid, call.tid, call.entry_sp, self.registers)
+                == Some(true)
     }
 
     /// The MPI or NCCL call one of `pid`'s threads `unseen` (whose calls no probe saw
