@@ -206,6 +206,9 @@ pub async fn print_processes(from: &Target, json: bool) -> Result<()> {
             printable(shortened(&p.cmdline, PS_COMMAND_CHARS))
         );
     }
+    for p in resp.processes.iter().filter(|p| !p.unread.is_empty()) {
+        let _ = writeln!(o, "unread {}: {}", p.pid, printable(&p.unread));
+    }
     for l in &resp.libraries {
         let _ = writeln!(
             o,
@@ -251,6 +254,7 @@ fn process_json(p: &pb::ProcessState) -> serde_json::Value {
                 "routine": r.routine, "estimated_ns": r.estimated_ns,
             })).collect::<Vec<_>>(),
         })),
+        "unread": (!p.unread.is_empty()).then_some(&p.unread),
     })
 }
 

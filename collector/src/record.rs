@@ -129,7 +129,7 @@ fn check_request(opts: &RecordOptions) -> Result<Vec<(u32, discover::ProcessInfo
         }
         let info = discover::process_info(pid).map_err(|e| match e {
             DiscoverError::NoSuchProcess(_) => anyhow::anyhow!("{e}"),
-            other @ DiscoverError::Proc { .. } => {
+            other @ (DiscoverError::Proc { .. } | DiscoverError::MapsTooLarge(_)) => {
                 anyhow::Error::new(other).context(format!("inspecting PID {pid}"))
             }
         })?;

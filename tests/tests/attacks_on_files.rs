@@ -132,6 +132,50 @@ fn a_library_with_many_long_needed_entries_does_not_bloat_the_daemon() {
     a.end_healthy();
 }
 
+/// Attack: a process whose list of mappings (`/proc/PID/maps`) is a quarter of a gigabyte
+/// (one page of a file at the end of a 4 KiB path, mapped 60,000 times), which then maps a
+/// crafted `libmpich.so.12`. A daemon that reads the list whole holds it all (and reads it
+/// again whenever the process's mappings change). It reads at most 8 MiB of it, and
+/// `ps` says why the process was not read.
+#[test]
+fn a_process_with_a_huge_list_of_mappings_does_not_bloat_the_daemon() {
+    let a = Attack::start("attack-long-maps");
+    let program = build_plain_c("attack_long_maps.c", &["-ldl"]);
+    let (deep, signals) = (
+        nobody_dir(&a.scratch, "deep"),
+        nobody_dir(&a.scratch, "signals"),
+    );
+    let ready = signals.join("ready");
+    let attacker = spawn_as_nobody(
+        &program,
+        &[
+            path_str(&a.crafted),
+            path_str(&deep),
+            "60000",
+            path_str(&ready),
+        ],
+    );
+    wait_until("the attacker to map its library", LIMIT, || ready.exists());
+    let pid = attacker.0.id();
+    // The attack is real: the list is past 200 MB (counted, not held).
+    let mut maps = std::fs::File::open(format!("/proc/{pid}/maps")).expect("maps");
+    let listed = std::io::copy(&mut maps, &mut std::io::sink()).expect("reading maps");
+    assert!(listed > 200 << 20, "the list is {listed} bytes");
+    wait_until("ps to say why the attacker was not read", LIMIT, || {
+        ps_field(&a.daemon.target, "unread")
+            .get(&u64::from(pid))
+            .is_some_and(|why| why.contains("more than 8 MiB"))
+    });
+    assert_eq!(
+        ps_states(&a.daemon.target)
+            .get(&u64::from(pid))
+            .map(String::as_str),
+        Some("no-mpi")
+    );
+    a.end_healthy();
+    drop(attacker);
+}
+
 /// The library lines of `commtap ps` (as root) whose path contains `part`.
 fn probed_libraries_with(daemon: &Daemon, part: &str) -> usize {
     let out = commtap_output(&["ps", "--from", &daemon.target]);

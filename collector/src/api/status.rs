@@ -25,6 +25,7 @@ impl ToStatus for DiscoverError {
                 Status::permission_denied(format!("{self}: {source}"))
             }
             DiscoverError::Proc { source, .. } => Status::unavailable(format!("{self}: {source}")),
+            DiscoverError::MapsTooLarge(_) => Status::resource_exhausted(self.to_string()),
         }
     }
 }

@@ -63,10 +63,11 @@ pub struct EndpointScan {
 /// malloc's arenas: where libfabric's objects live), up to `SCAN_LIMIT` bytes in all;
 /// returns the bytes read.
 fn for_each_anonymous_region(pid: u32, mut visit: impl FnMut(u64, &[u8])) -> u64 {
-    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+    // Its list and its memory, of one process.
+    let Ok(dir) = super::process_dir::ProcessDir::open(pid, None) else {
         return 0;
     };
-    let Ok(mut mem) = File::open(format!("/proc/{pid}/mem")) else {
+    let (Ok(maps), Ok(mut mem)) = (dir.maps(), dir.file("mem")) else {
         return 0;
     };
     let mut scanned = 0;

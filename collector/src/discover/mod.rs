@@ -8,6 +8,7 @@ pub mod cgroup;
 pub mod container;
 pub mod directory;
 pub mod memory;
+pub mod process_dir;
 pub mod stack;
 pub mod tracked;
 
@@ -57,6 +58,13 @@ pub enum DiscoverError {
         #[source]
         source: std::io::Error,
     },
+    /// Its list of mappings is past what is read of one (a process of any user can make it
+    /// hundreds of megabytes).
+    #[error(
+        "the mappings of process {0} list more than {mib} MiB (/proc/{0}/maps): not read",
+        mib = process_dir::MAX_MAPS_BYTES >> 20
+    )]
+    MapsTooLarge(u32),
 }
 
 /// What commtap knows of a watched process from `/proc`.
@@ -593,7 +601,15 @@ pub fn address_space_pages(pid: u32) -> Option<u64> {
 
 /// Files `pid` maps with at least one executable mapping, one per file, in map order.
 pub fn mapped_objects(pid: u32) -> Result<Vec<MappedObject>, DiscoverError> {
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).map_err(proc_err(pid, "maps"))?;
+    mapped_objects_in(&process_dir::ProcessDir::open(pid, None)?)
+}
+
+/// [`mapped_objects`] of the process whose directory `process` is.
+pub fn mapped_objects_in(
+    process: &process_dir::ProcessDir,
+) -> Result<Vec<MappedObject>, DiscoverError> {
+    let pid = process.pid();
+    let maps = process.maps()?;
     // Every mapping of each file, as the process names it (dev, inode); files without an
     // executable one are dropped before any stat.
     let mut files: Vec<Vec<MapsLine>> = Vec::new();
@@ -1011,7 +1027,8 @@ fn below(root: u32, me: u32, parent: &BTreeMap<u32, u32>) -> Vec<u32> {
 
 /// Processes that map an MPI or an NCCL library (by file name: [`RANK_LIBRARIES`]), commtap
 /// excepted: those a profiler started after them adopts (an NCCL job's ranks, since PyTorch
-/// maps no MPI, as much as an MPI job's).
+/// maps no MPI, as much as an MPI job's). Those whose list of mappings is too long to be
+/// read are among them: adopted, they are shown as not read (`ps`), not passed over.
 pub fn rank_library_processes() -> Vec<u32> {
     let me = std::process::id();
     let Ok(dir) = fs::read_dir("/proc") else {
@@ -1021,13 +1038,12 @@ pub fn rank_library_processes() -> Vec<u32> {
         .flatten()
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
         .filter(|&pid| pid != me)
-        .filter(|pid| {
-            fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|maps| {
-                maps.lines().any(|l| {
-                    let name = l.rsplit('/').next().unwrap_or("");
-                    l.contains(" r-xp ") && is_rank_library(name)
-                })
-            })
+        .filter(|pid| match process_dir::maps_of(*pid) {
+            Ok(maps) => maps.lines().any(|l| {
+                let name = l.rsplit('/').next().unwrap_or("");
+                l.contains(" r-xp ") && is_rank_library(name)
+            }),
+            Err(e) => matches!(e, DiscoverError::MapsTooLarge(_)),
         })
         .collect();
     out.sort_unstable();

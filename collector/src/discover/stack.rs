@@ -6,7 +6,7 @@
 //! its stack does not move while it sleeps. A running one (MPI ranks busy-poll while they
 //! wait) is sampled once by a perf event bound to it, which copies its registers and the
 //! top of its stack at one instant (read later, the stack would have moved on). Memory is
-//! read through `/proc/PID/mem`.
+//! read through `/proc/PID/mem`, of the process's directory opened once (`ProcessDir`).
 
 use std::{
     fs::File,
@@ -17,6 +17,8 @@ use std::{
     sync::Arc,
     time::{Duration, Instant},
 };
+
+use super::process_dir::ProcessDir;
 
 /// Bytes of a running thread's stack a sample copies (above its stack pointer): the
 /// frames of the MPI library's progress loop; the frames beyond are the caller's, which
@@ -119,17 +121,17 @@ impl ThreadStack {
 /// slot not in an anonymous mapping (a read could wait behind a file system), no
 /// trampoline in the process.
 pub fn left_call(
-    pid: u32,
+    process: &ProcessDir,
     tid: u32,
     entry_sp: u64,
     registers: Option<BorrowedFd<'_>>,
 ) -> Option<bool> {
-    let regs = crate::attach::thread_registers(registers?, tid).ok()??;
+    let regs = thread_registers_of(process, registers?, tid)?;
     // Equal is inside: the registers saved when the kernel trapped the call's entry.
     if regs.sp > entry_sp {
         return Some(true);
     }
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let maps = process.maps().ok()?;
     let end = stack_end(&maps, entry_sp)?;
     if entry_sp.checked_add(8)? > end {
         return None;
@@ -138,11 +140,27 @@ pub fn left_call(
         .find(|m| m.path == "[uprobes]")
         .map(|m| (m.lo, m.hi))?;
     let mut word = [0u8; 8];
-    File::open(format!("/proc/{pid}/mem"))
+    process
+        .file("mem")
         .ok()?
         .read_exact_at(&mut word, entry_sp)
         .ok()?;
     Some(!(lo..hi).contains(&u64::from_le_bytes(word)))
+}
+
+/// Thread `tid`'s registers, read by the task iterator `registers`, where it is a thread
+/// of `process` before and after (the iterator finds a thread by its id alone, which is
+/// given out again once it ends).
+fn thread_registers_of(
+    process: &ProcessDir,
+    registers: BorrowedFd<'_>,
+    tid: u32,
+) -> Option<collector_common::UserRegisters> {
+    if !process.has_thread(tid) {
+        return None;
+    }
+    let regs = crate::attach::thread_registers(registers, tid).ok()??;
+    process.has_thread(tid).then_some(regs)
 }
 
 /// The end of the anonymous mapping of `maps` (a stack: a thread's, or the process's
@@ -181,9 +199,8 @@ fn parse_syscall(text: &str) -> Option<Syscall> {
     })
 }
 
-fn syscall_of(pid: u32, tid: u32) -> Option<Syscall> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
-    parse_syscall(&text)
+fn syscall_of(process: &ProcessDir, tid: u32) -> Option<Syscall> {
+    parse_syscall(&process.thread_syscall(tid)?)
 }
 
 /// The stacks of `pid`'s threads `tids` (at most [`MAX_SAMPLED`] of those running), as far
@@ -191,13 +208,14 @@ fn syscall_of(pid: u32, tid: u32) -> Option<Syscall> {
 /// looked at once more, and left out if it still runs. A blocked thread's frame pointer is
 /// read by the task iterator `registers` (`multi::thread_registers`), where there is one.
 pub fn stacks(
-    pid: u32,
+    process: &ProcessDir,
     tids: &[u32],
     wait: Duration,
     registers: Option<BorrowedFd<'_>>,
 ) -> Vec<ThreadStack> {
-    let mem = File::open(format!("/proc/{pid}/mem")).ok().map(Arc::new);
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let pid = process.pid();
+    let mem = process.file("mem").ok().map(Arc::new);
+    let maps = process.maps().unwrap_or_default();
     let trampoline = super::maps_lines(&maps)
         .find(|m| m.path == "[uprobes]")
         .map(|m| (m.lo, m.hi));
@@ -205,8 +223,8 @@ pub fn stacks(
     // probed returns changing under the read) is not taken at its word.
     let from_kernel = |tid| {
         let prog = registers?;
-        let first = crate::attach::thread_registers(prog, tid).ok().flatten()?;
-        let again = crate::attach::thread_registers(prog, tid).ok().flatten()?;
+        let first = thread_registers_of(process, prog, tid)?;
+        let again = thread_registers_of(process, prog, tid)?;
         (first.thread_state() == again.thread_state()).then_some(first)
     };
     let returns_of = |k: Option<&collector_common::UserRegisters>| {
@@ -247,11 +265,14 @@ pub fn stacks(
     let mut out = Vec::new();
     let mut samplers = Vec::new();
     for &tid in tids {
-        match syscall_of(pid, tid) {
+        match syscall_of(process, tid) {
             Some(Syscall::Blocked { sp, ip }) => out.push(blocked(tid, sp, ip)),
             Some(Syscall::Running) if samplers.len() < MAX_SAMPLED => match Sampler::open(pid, tid)
             {
-                Ok(s) => samplers.push(s),
+                // Its id still the process's thread's once the event is bound to it (the
+                // event is bound by the id alone).
+                Ok(s) if process.has_thread(tid) => samplers.push(s),
+                Ok(_) => {}
                 Err(e) => tracing::debug!(pid, tid, error = %e, "thread not sampled"),
             },
             _ => {}
@@ -283,7 +304,7 @@ pub fn stacks(
                 }
             } else if timed_out {
                 // It may have blocked since it was found running.
-                if let Some(Syscall::Blocked { sp, ip }) = syscall_of(pid, s.tid) {
+                if let Some(Syscall::Blocked { sp, ip }) = syscall_of(process, s.tid) {
                     out.push(blocked(s.tid, sp, ip));
                 }
             } else {

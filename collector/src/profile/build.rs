@@ -77,6 +77,16 @@ pub fn job_profile(
             rank.ended = super::Ending::of(&ps, &clock);
             if rank.ended.is_none() && t.exit_ns.is_none() {
                 let started = std::time::Instant::now();
+                // Its `/proc` directory, opened where its stacks are read: the process
+                // tracked (its start checked), not another given its pid since.
+                let dir = std::cell::OnceCell::new();
+                let dir = || {
+                    dir.get_or_init(|| {
+                        let start = t.info.as_ref().map(|i| i.start_ticks).filter(|&s| s != 0);
+                        discover::process_dir::ProcessDir::open(pid, start).ok()
+                    })
+                    .as_ref()
+                };
                 let mut unseen = crate::attach::Unseen::default();
                 let seen = probes.call_in_progress(pid, &mut threads_left, &mut unseen);
                 rank.in_call = seen.and_then(|c| {
@@ -85,7 +95,7 @@ pub fn job_profile(
                 });
                 let long = |c: &super::InCall| c.for_ns >= super::LONG_CALL_NS;
                 if rank.in_call.as_ref().is_some_and(long)
-                    && seen.is_some_and(|s| stacks.left_call(pid, &s))
+                    && seen.is_some_and(|s| dir().is_some_and(|d| stacks.left_call(d, &s)))
                 {
                     // Left without returning (a `longjmp` out of an error handler) a
                     // second or more ago: the probes count it `abandoned` only at the
@@ -97,12 +107,16 @@ pub fn job_profile(
                     rank.in_call.as_mut().zip(seen).filter(|(c, _)| long(c))
                 {
                     // A call of a second or more: where it was made (a hung job's).
-                    call.called_from = stacks.called_from(pid, call, seen.since_ns);
+                    call.called_from =
+                        dir().and_then(|d| stacks.called_from(d, call, seen.since_ns));
                 } else if !unseen.untimed.is_empty() {
                     // A thread's last call untimed (a routine whose time is sampled):
                     // inside it for a second or more still (a hung job's), or past it;
                     // taken over another thread's short call (a progress thread's).
-                    match stacks.untimed_call(pid, &unseen.untimed, end_ns) {
+                    let found = dir().map_or(super::stacks::Untimed::Unknown, |d| {
+                        stacks.untimed_call(d, &unseen.untimed, end_ns)
+                    });
+                    match found {
                         super::stacks::Untimed::Inside(call) => rank.in_call = Some(call),
                         super::stacks::Untimed::Unknown if rank.in_call.is_none() => {
                             rank.in_call_unknown = true;
@@ -111,7 +125,10 @@ pub fn job_profile(
                     }
                 }
                 if rank.in_call.is_none() && !rank.in_call_unknown && attached_late {
-                    match stacks.entered_before_attach(pid, &unseen) {
+                    let found = dir().map_or(super::stacks::Found::Unknown, |d| {
+                        stacks.entered_before_attach(d, &unseen)
+                    });
+                    match found {
                         super::stacks::Found::Inside(routine, tid, called_from) => {
                             let for_ns = end_ns.saturating_sub(t.since_ns);
                             rank.in_call = super::InCall::of(usize::from(routine), for_ns, tid)

@@ -6,7 +6,10 @@
 use std::collections::BTreeSet;
 
 use super::CallSite;
-use crate::{discover, symbols::sites::SiteFiles};
+use crate::{
+    discover::{self, process_dir::ProcessDir},
+    symbols::sites::SiteFiles,
+};
 
 /// Longest one profile spends on ranks' stacks (a running thread's sample, the files'
 /// tables read for the first time, the unwinding), all ranks together, made under the
@@ -77,38 +80,43 @@ impl<'a> StackReading<'a> {
         }
     }
 
-    /// The stacks of `pid`'s threads `tids`, within what is left of the profile's budget.
-    fn stacks_of(&self, pid: u32, tids: &[u32]) -> Vec<discover::stack::ThreadStack> {
+    /// The stacks of `process`'s threads `tids`, within what is left of the profile's
+    /// budget.
+    fn stacks_of(&self, process: &ProcessDir, tids: &[u32]) -> Vec<discover::stack::ThreadStack> {
         let wait = self
             .deadline
             .saturating_duration_since(std::time::Instant::now());
-        discover::stack::stacks(pid, tids, wait, self.registers)
+        discover::stack::stacks(process, tids, wait, self.registers)
     }
 
-    /// Whether `pid`'s thread in `call` has left it without returning (see
+    /// Whether `process`'s thread in `call` has left it without returning (see
     /// [`discover::stack::left_call`]); not where that cannot be told, nor once the
     /// profile's time for stacks is spent.
-    pub fn left_call(&self, pid: u32, call: &crate::attach::InProgress) -> bool {
+    pub fn left_call(&self, process: &ProcessDir, call: &crate::attach::InProgress) -> bool {
         std::time::Instant::now() < self.deadline
-            && discover::stack::left_call(pid, call.tid, call.entry_sp, self.registers)
+            && discover::stack::left_call(process, call.tid, call.entry_sp, self.registers)
                 == Some(true)
     }
 
-    /// The MPI or NCCL call one of `pid`'s threads `unseen` (whose calls no probe saw
+    /// The MPI or NCCL call one of `process`'s threads `unseen` (whose calls no probe saw
     /// begin) is inside, by its stack: a call entered before the attach.
-    pub fn entered_before_attach(&mut self, pid: u32, unseen: &crate::attach::Unseen) -> Found {
+    pub fn entered_before_attach(
+        &mut self,
+        process: &ProcessDir,
+        unseen: &crate::attach::Unseen,
+    ) -> Found {
         let threads: Vec<(u32, u64)> = unseen.threads.iter().map(|&tid| (tid, 0)).collect();
-        self.first_inside(pid, &threads, unseen.whole)
+        self.first_inside(process, &threads, unseen.whole)
     }
 
-    /// The untimed call one of `pid`'s threads `untimed` (whose last call was counted
+    /// The untimed call one of `process`'s threads `untimed` (whose last call was counted
     /// untimed: its return not seen) is still inside, by its stack, where it was entered
     /// [`super::LONG_CALL_NS`] or more before `end_ns`: the call, its time in it so far
     /// (to a tick), and where it was made. Threads past their untimed call are remembered
     /// so, and not looked at again until they call again.
     pub fn untimed_call(
         &mut self,
-        pid: u32,
+        process: &ProcessDir,
         untimed: &[crate::attach::InProgress],
         end_ns: u64,
     ) -> Untimed {
@@ -131,7 +139,7 @@ impl<'a> StackReading<'a> {
             })
             .collect();
         let threads: Vec<(u32, u64)> = long.iter().map(|(c, _)| (c.tid, c.since_ns)).collect();
-        match self.first_inside(pid, &threads, true) {
+        match self.first_inside(process, &threads, true) {
             Found::Inside(routine, tid, called_from) => {
                 let call = long
                     .iter()
@@ -148,11 +156,12 @@ impl<'a> StackReading<'a> {
         }
     }
 
-    /// The first of `pid`'s `threads` (thread, the tick count of its last call's entry
+    /// The first of `process`'s `threads` (thread, the tick count of its last call's entry
     /// where that was untimed, else 0) found inside an MPI or NCCL routine by its stack;
     /// those unwound whole and inside none are remembered. `whole`: `threads` are all the
     /// threads to look at (else none found is `Unknown`).
-    fn first_inside(&mut self, pid: u32, threads: &[(u32, u64)], whole: bool) -> Found {
+    fn first_inside(&mut self, process: &ProcessDir, threads: &[(u32, u64)], whole: bool) -> Found {
+        let pid = process.pid();
         let mut pending: Vec<u32> = threads
             .iter()
             .filter(|&&(tid, key)| !self.unwinder.known_outside((pid, tid, key)))
@@ -162,7 +171,7 @@ impl<'a> StackReading<'a> {
             if std::time::Instant::now() >= self.deadline {
                 return Found::Unknown;
             }
-            let Ok(objects) = discover::mapped_objects(pid) else {
+            let Ok(objects) = discover::mapped_objects_in(process) else {
                 return Found::Unknown;
             };
             // A running thread's sample can land where its stack does not unwind whole
@@ -171,7 +180,7 @@ impl<'a> StackReading<'a> {
                 if pending.is_empty() || std::time::Instant::now() >= self.deadline {
                     break;
                 }
-                let stacks = self.stacks_of(pid, &pending);
+                let stacks = self.stacks_of(process, &pending);
                 // Not sampled (not given a CPU in time): looked at again too.
                 let mut again: Vec<u32> = pending
                     .iter()
@@ -204,11 +213,17 @@ impl<'a> StackReading<'a> {
         }
     }
 
-    /// Where `call`, which the kernel saw `pid`'s thread enter at `since_ns`, was made, by
+    /// Where `call`, which the kernel saw `process`'s thread enter at `since_ns`, was made, by
     /// the thread's stack (its return address, which the kernel's return probe moved off
     /// the stack, from the task iterator); `None` where the stack shows another routine
     /// outermost, or none.
-    pub fn called_from(&mut self, pid: u32, call: &super::InCall, since_ns: u64) -> Option<String> {
+    pub fn called_from(
+        &mut self,
+        process: &ProcessDir,
+        call: &super::InCall,
+        since_ns: u64,
+    ) -> Option<String> {
+        let pid = process.pid();
         let key = (pid, call.thread, since_ns);
         if let Some(named) = self.unwinder.named_site(key) {
             return Some(named.to_string());
@@ -217,8 +232,8 @@ impl<'a> StackReading<'a> {
             return None;
         }
         let routine = collector_common::routines::routine_id(&call.routine)?;
-        let objects = discover::mapped_objects(pid).ok()?;
-        let stack = self.stacks_of(pid, &[call.thread]).pop()?;
+        let objects = discover::mapped_objects_in(process).ok()?;
+        let stack = self.stacks_of(process, &[call.thread]).pop()?;
         let unwound = self.unwinder.unwind(&objects, &stack, self.deadline);
         tracing::debug!(pid, tid = call.thread, ?unwound, "a stack unwound");
         let site = unwound.site.filter(|_| unwound.routine == Some(routine))?;

@@ -27,12 +27,18 @@ use collector_common::ComponentAddrs;
 /// continued anyway (the event is sent before the pause: this is a safety net).
 const PAUSE_OVERDUE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The objects `pid` maps (none if its maps cannot be read: it exited, say).
-fn objects_of(pid: u32) -> Vec<MappedObject> {
-    discover::mapped_objects(pid).unwrap_or_else(|e| {
-        debug!(pid, error = %e, "mappings not read");
-        Vec::new()
-    })
+/// The objects `pid` maps (none if its maps cannot be read: it exited, say), and why they
+/// were not read where they were not (an ended process said nothing of: its exit is
+/// reported as such).
+fn objects_of(pid: u32) -> (Vec<MappedObject>, Option<String>) {
+    discover::mapped_objects(pid).map_or_else(
+        |e| {
+            debug!(pid, error = %e, "mappings not read");
+            let gone = matches!(e, discover::DiscoverError::NoSuchProcess(_));
+            (Vec::new(), (!gone).then(|| e.to_string()))
+        },
+        |objects| (objects, None),
+    )
 }
 
 /// Opens the file `pid` maps as `o`, exactly that file (see `symbols::file`).
@@ -75,8 +81,17 @@ pub fn queued(
 impl Session {
     /// Probes every MPI library `pid` maps; returns whether it maps one.
     pub fn attach_mapped(&mut self, pid: u32) -> bool {
-        let objects = objects_of(pid);
+        let objects = self.mapped_by(pid);
         self.attach_objects(pid, &objects)
+    }
+
+    /// The objects `pid` maps; why they were not read kept for `ps`, where they were not.
+    fn mapped_by(&mut self, pid: u32) -> Vec<MappedObject> {
+        let (objects, unread) = objects_of(pid);
+        if let Some(t) = self.tracked.get_mut(&pid) {
+            t.unread = unread;
+        }
+        objects
     }
 
     /// A span for what is done to `pid`, with its rank and job as far as they are known:
@@ -216,7 +231,7 @@ impl Session {
                 .tell(crate::ingest::FeedItem::Detached(pid));
         }
         self.probes.watch(pid, descendants)?;
-        let objects = objects_of(pid);
+        let objects = self.mapped_by(pid);
         let maps_mpi = self.attach_objects(pid, &objects);
         self.find_open_fabrics(pid, &objects);
         if let Some(t) = self.tracked.get_mut(&pid) {
@@ -275,7 +290,7 @@ impl Session {
             else {
                 continue;
             };
-            for o in objects_of(*pid) {
+            for o in objects_of(*pid).0 {
                 if !self.probes.knows(o.dev_inode)
                     && !out.iter().any(|(_, seen)| seen.dev_inode == o.dev_inode)
                 {

@@ -490,8 +490,9 @@ mod tests {
         while found.len() < 2 {
             assert!(std::time::Instant::now() < deadline, "found only {found:?}");
             let objects = crate::discover::mapped_objects(pid).unwrap();
+            let me = crate::discover::process_dir::ProcessDir::open(pid, None).unwrap();
             let stacks =
-                crate::discover::stack::stacks(pid, &ids, std::time::Duration::from_secs(5), None);
+                crate::discover::stack::stacks(&me, &ids, std::time::Duration::from_secs(5), None);
             for s in &stacks {
                 let u = unwinder.unwind(
                     &objects,

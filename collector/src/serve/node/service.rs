@@ -114,6 +114,7 @@ impl pb::node_server::Node for NodeService {
                 } as i32,
                 container: f.rank.container.as_deref().map(Into::into),
                 probe_cost: probe_cost(&f.rank.routines, f.rank.elapsed_ns, f.rank.call_cost()),
+                unread: String::new(),
             });
         }
         processes.sort_by_key(|p| p.pid);
@@ -507,5 +508,6 @@ fn process_state(pid: u32, t: &Tracked, job: Option<&String>) -> pb::ProcessStat
             pb::ProcessStatus::NoMpi
         } as i32,
         probe_cost: None,
+        unread: t.unread.clone().unwrap_or_default(),
     }
 }
