@@ -140,22 +140,8 @@ fn a_library_with_many_long_needed_entries_does_not_bloat_the_daemon() {
 #[test]
 fn a_process_with_a_huge_list_of_mappings_does_not_bloat_the_daemon() {
     let a = Attack::start("attack-long-maps");
-    let program = build_plain_c("attack_long_maps.c", &["-ldl"]);
-    let (deep, signals) = (
-        nobody_dir(&a.scratch, "deep"),
-        nobody_dir(&a.scratch, "signals"),
-    );
-    let ready = signals.join("ready");
-    let attacker = spawn_as_nobody(
-        &program,
-        &[
-            path_str(&a.crafted),
-            path_str(&deep),
-            "60000",
-            path_str(&ready),
-        ],
-    );
-    wait_until("the attacker to map its library", LIMIT, || ready.exists());
+    let deep = nobody_dir(&a.scratch, "deep");
+    let attacker = start_proc_attacker(&a, &["maps", path_str(&deep), "60000"]);
     let pid = attacker.0.id();
     // The attack is real: the list is past 200 MB (counted, not held).
     let mut maps = std::fs::File::open(format!("/proc/{pid}/maps")).expect("maps");
@@ -174,6 +160,46 @@ fn a_process_with_a_huge_list_of_mappings_does_not_bloat_the_daemon() {
     );
     a.end_healthy();
     drop(attacker);
+}
+
+/// Attack: a process that moves its environment's bounds (`PR_SET_MM_MAP`, which needs no
+/// privilege) over a gigabyte it never touches, so that `/proc/PID/environ` reads as a
+/// gigabyte, then maps a crafted `libmpich.so.12`. A daemon that reads the environment
+/// whole (for the rank and job it names) holds a gigabyte and spends minutes splitting it.
+/// It reads 6 MiB at most (what `exec` gives of arguments and environment together) and
+/// keeps only the variables that say who the process is: the job the region names first
+/// is read.
+#[test]
+fn a_process_with_a_gigabyte_environment_does_not_bloat_the_daemon() {
+    let a = Attack::start("attack-long-environ");
+    let marker = "attacked-environ";
+    let attacker = start_proc_attacker(&a, &["environ", "1024", marker]);
+    let pid = attacker.0.id();
+    // The attack is real: its environment spans a gigabyte (fields 50 and 51 of its stat: its bounds).
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<u64> = stat[stat.rfind(')').expect("comm") + 2..]
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    assert_eq!(fields[51 - 3] - fields[50 - 3], 1 << 30, "{stat}");
+    wait_until("ps to name the attacker's job", LIMIT, || {
+        ps_field(&a.daemon.target, "job").get(&u64::from(pid)) == Some(&marker.to_string())
+    });
+    a.end_healthy();
+    drop(attacker);
+}
+
+/// Starts `attack_proc` (the attacks through a process's own `/proc` files) as nobody on
+/// `a`'s crafted library, with `args` after its first two; waits until it has mapped the
+/// library.
+fn start_proc_attacker(a: &Attack, args: &[&str]) -> ChildGuard {
+    let program = build_plain_c("attack_proc.c", &["-ldl"]);
+    let ready = nobody_dir(&a.scratch, "signals").join("ready");
+    let mut all = vec![path_str(&a.crafted), path_str(&ready)];
+    all.extend_from_slice(args);
+    let attacker = spawn_as_nobody(&program, &all);
+    wait_until("the attacker to map its library", LIMIT, || ready.exists());
+    attacker
 }
 
 /// The library lines of `commtap ps` (as root) whose path contains `part`.

@@ -148,11 +148,12 @@ const MAX_SETTING_VALUE: usize = 256;
 /// The settings among a process's environment ([`SETTING_PREFIXES`]): at most
 /// [`MAX_SETTINGS`], the first by name; control characters escaped (a report is read on a
 /// terminal, and the environment is its owner's to write); long values cut.
-pub fn settings_of<'a>(
-    env: impl IntoIterator<Item = (&'a str, &'a str)>,
+pub fn settings_of<K: AsRef<str>, V: AsRef<str>>(
+    env: impl IntoIterator<Item = (K, V)>,
 ) -> BTreeMap<String, String> {
     let mut kept: BTreeMap<String, String> = BTreeMap::new();
     for (name, value) in env {
+        let (name, value) = (name.as_ref(), value.as_ref());
         if name.len() > MAX_SETTING_NAME
             || !SETTING_PREFIXES.iter().any(|p| name.starts_with(p))
             || SETTING_PLUMBING.iter().any(|p| name.starts_with(p))
@@ -358,20 +359,31 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     stat_start_ticks(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
-/// Reads a process's identity and launcher environment.
+/// Bytes of a process's `/proc/PID/cmdline` read: what [`MAX_CMDLINE`] shows, with room
+/// for empty arguments.
+const MAX_CMDLINE_READ: u64 = 64 << 10;
+
+/// Bytes of a process's `/proc/PID/environ` read: what `exec` gives a process of arguments
+/// and environment together, at most (three quarters of the 8 MiB stack limit). A process
+/// can move its environment's bounds (`PR_SET_MM_MAP`, no privilege needed) over memory of
+/// any size it never touches: read whole, gigabytes.
+const MAX_ENVIRON_READ: u64 = 6 << 20;
+
+/// Reads a process's identity and launcher environment (all of one process: its
+/// directory opened once).
 pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).map_err(proc_err(pid, "stat"))?;
-    let start_ticks = stat_start_ticks(&stat).unwrap_or(0);
-    let uid = fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(proc_err(pid, "status"))
-        .map(|status| {
-            status_field(&status, "Uid")
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-        })?;
-    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).map_err(proc_err(pid, "cmdline"))?;
-    let environ = fs::read(format!("/proc/{pid}/environ")).map_err(proc_err(pid, "environ"))?;
-    let cgroup = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok();
+    let dir = process_dir::ProcessDir::open(pid, None)?;
+    let text = |name| {
+        let bytes = dir.read_at_most(name, 64 << 10)?;
+        Ok::<_, DiscoverError>(String::from_utf8_lossy(&bytes).into_owned())
+    };
+    let start_ticks = stat_start_ticks(&text("stat")?).unwrap_or(0);
+    let uid = status_field(&text("status")?, "Uid")
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok());
+    let cmdline = dir.read_at_most("cmdline", MAX_CMDLINE_READ)?;
+    let environ = dir.read_at_most("environ", MAX_ENVIRON_READ)?;
+    let cgroup = text("cgroup").ok();
     Ok(ProcessInfo::from_parts(
         pid,
         uid,
@@ -404,7 +416,7 @@ impl ProcessInfo {
         environ: &[u8],
         cgroup: Option<&str>,
     ) -> ProcessInfo {
-        let env = parse_environ(environ);
+        let env = identity_vars(environ);
         let first = |vars: &[&str]| {
             vars.iter()
                 .find_map(|v| env.get(*v).filter(|s| !s.is_empty()).cloned())
@@ -460,7 +472,7 @@ impl ProcessInfo {
             start_ticks,
             uid,
             container: None,
-            settings: settings_of(env.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
+            settings: settings_of(environ_vars(environ)),
         };
         if let Some(text) = cgroup {
             info.place(text);
@@ -504,14 +516,31 @@ fn cmdline_text(raw: &[u8]) -> String {
     text
 }
 
-fn parse_environ(raw: &[u8]) -> BTreeMap<String, String> {
-    raw.split(|b| *b == 0)
-        .filter_map(|kv| {
-            let kv = String::from_utf8_lossy(kv);
-            let (k, v) = kv.split_once('=')?;
-            Some((k.to_string(), v.to_string()))
-        })
-        .collect()
+/// The variables of a raw environment (`NAME=value`, NUL-separated), as written.
+fn environ_vars(raw: &[u8]) -> impl Iterator<Item = (String, String)> + '_ {
+    raw.split(|b| *b == 0).filter_map(|kv| {
+        let eq = kv.iter().position(|b| *b == b'=')?;
+        Some((
+            String::from_utf8_lossy(&kv[..eq]).into_owned(),
+            String::from_utf8_lossy(&kv[eq + 1..]).into_owned(),
+        ))
+    })
+}
+
+/// Of a raw environment, the variables that say who a process is ([`RANK_VARS`] and the
+/// like): not every variable kept (an environment of millions of tiny ones would be held
+/// whole).
+fn identity_vars(raw: &[u8]) -> BTreeMap<String, String> {
+    const PYTORCH: &[&str] = &["LOCAL_RANK", "SLURM_LOCALID", "TORCHELASTIC_RUN_ID"];
+    let wanted = |name: &str| {
+        RANK_VARS
+            .iter()
+            .any(|(rank, size)| *rank == name || *size == Some(name))
+            || [TASK_SIZE_VARS, BATCH_JOB_VARS, LAUNCHER_JOB_VARS, PYTORCH]
+                .iter()
+                .any(|vars| vars.contains(&name))
+    };
+    environ_vars(raw).filter(|(k, _)| wanted(k)).collect()
 }
 
 /// A file mapped executable by a process.
@@ -1148,13 +1177,24 @@ mod tests {
 
     #[test]
     fn environ_parsing() {
-        let env = parse_environ(b"A=1\0OMPI_COMM_WORLD_RANK=3\0EMPTY=\0junk\0");
+        let raw = b"A=1\0OMPI_COMM_WORLD_RANK=3\0PMI_SIZE=\0junk\0B==c\0";
+        let all: Vec<(String, String)> = environ_vars(raw).collect();
+        let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
         assert_eq!(
-            env.get("OMPI_COMM_WORLD_RANK").map(String::as_str),
-            Some("3")
+            all,
+            [
+                pair("A", "1"),
+                pair("OMPI_COMM_WORLD_RANK", "3"),
+                pair("PMI_SIZE", ""),
+                pair("B", "=c")
+            ]
         );
-        assert_eq!(env.get("EMPTY").map(String::as_str), Some(""));
-        assert!(!env.contains_key("junk"));
+        // Only who the process is, kept.
+        let env = identity_vars(raw);
+        assert_eq!(
+            env.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["OMPI_COMM_WORLD_RANK", "PMI_SIZE"]
+        );
     }
 
     /// The world size is read beside the rank it goes with: an `mpirun` of 2 inside a batch

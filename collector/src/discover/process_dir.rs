@@ -106,14 +106,20 @@ impl ProcessDir {
         unsafe { libc::fstatat(self.dir.as_raw_fd(), c.as_ptr(), &raw mut st, 0) == 0 }
     }
 
+    /// Its file `name` (`cmdline`, `environ`), its first `cap` bytes at most.
+    pub fn read_at_most(&self, name: &'static str, cap: u64) -> Result<Vec<u8>, DiscoverError> {
+        let mut bytes = Vec::new();
+        self.file(name)?
+            .take(cap)
+            .read_to_end(&mut bytes)
+            .map_err(proc_err(self.pid, name))?;
+        Ok(bytes)
+    }
+
     /// Its mappings as `/proc/PID/maps` lists them (a file name not UTF-8 made so); an
     /// error past [`MAX_MAPS_BYTES`].
     pub fn maps(&self) -> Result<String, DiscoverError> {
-        let mut bytes = Vec::new();
-        self.file("maps")?
-            .take(MAX_MAPS_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(proc_err(self.pid, "maps"))?;
+        let bytes = self.read_at_most("maps", MAX_MAPS_BYTES + 1)?;
         if bytes.len() as u64 > MAX_MAPS_BYTES {
             return Err(DiscoverError::MapsTooLarge(self.pid));
         }
