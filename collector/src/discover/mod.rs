@@ -382,7 +382,12 @@ pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok());
     let cmdline = dir.read_at_most("cmdline", MAX_CMDLINE_READ)?;
-    let environ = dir.read_at_most("environ", MAX_ENVIRON_READ)?;
+    let mut environ = dir.read_at_most("environ", MAX_ENVIRON_READ + 1)?;
+    if environ.len() as u64 > MAX_ENVIRON_READ {
+        // Cut at its last whole variable (`RANK=12` is not read as `RANK=1`).
+        let whole = environ.iter().rposition(|b| *b == 0).map_or(0, |i| i + 1);
+        environ.truncate(whole);
+    }
     let cgroup = text("cgroup").ok();
     Ok(ProcessInfo::from_parts(
         pid,
@@ -472,7 +477,11 @@ impl ProcessInfo {
             start_ticks,
             uid,
             container: None,
-            settings: settings_of(environ_vars(environ)),
+            settings: settings_of(environ_vars(environ, |name| {
+                SETTING_PREFIXES
+                    .iter()
+                    .any(|p| name.starts_with(p.as_bytes()))
+            })),
         };
         if let Some(text) = cgroup {
             info.place(text);
@@ -516,14 +525,21 @@ fn cmdline_text(raw: &[u8]) -> String {
     text
 }
 
-/// The variables of a raw environment (`NAME=value`, NUL-separated), as written.
-fn environ_vars(raw: &[u8]) -> impl Iterator<Item = (String, String)> + '_ {
-    raw.split(|b| *b == 0).filter_map(|kv| {
+/// The variables of a raw environment (`NAME=value`, NUL-separated) whose names `wanted`
+/// takes (looked at before anything is copied), as written.
+fn environ_vars<'a>(
+    raw: &'a [u8],
+    wanted: impl Fn(&[u8]) -> bool + 'a,
+) -> impl Iterator<Item = (String, String)> + 'a {
+    raw.split(|b| *b == 0).filter_map(move |kv| {
         let eq = kv.iter().position(|b| *b == b'=')?;
-        Some((
-            String::from_utf8_lossy(&kv[..eq]).into_owned(),
-            String::from_utf8_lossy(&kv[eq + 1..]).into_owned(),
-        ))
+        let (name, value) = (&kv[..eq], &kv[eq + 1..]);
+        wanted(name).then(|| {
+            (
+                String::from_utf8_lossy(name).into_owned(),
+                String::from_utf8_lossy(value).into_owned(),
+            )
+        })
     })
 }
 
@@ -532,15 +548,16 @@ fn environ_vars(raw: &[u8]) -> impl Iterator<Item = (String, String)> + '_ {
 /// whole).
 fn identity_vars(raw: &[u8]) -> BTreeMap<String, String> {
     const PYTORCH: &[&str] = &["LOCAL_RANK", "SLURM_LOCALID", "TORCHELASTIC_RUN_ID"];
-    let wanted = |name: &str| {
+    let wanted = |name: &[u8]| {
+        let is = |v: &str| v.as_bytes() == name;
         RANK_VARS
             .iter()
-            .any(|(rank, size)| *rank == name || *size == Some(name))
+            .any(|(rank, size)| is(rank) || size.is_some_and(is))
             || [TASK_SIZE_VARS, BATCH_JOB_VARS, LAUNCHER_JOB_VARS, PYTORCH]
                 .iter()
-                .any(|vars| vars.contains(&name))
+                .any(|vars| vars.iter().any(|v| is(v)))
     };
-    environ_vars(raw).filter(|(k, _)| wanted(k)).collect()
+    environ_vars(raw, wanted).collect()
 }
 
 /// A file mapped executable by a process.
@@ -1057,8 +1074,10 @@ fn below(root: u32, me: u32, parent: &BTreeMap<u32, u32>) -> Vec<u32> {
 /// Processes that map an MPI or an NCCL library (by file name: [`RANK_LIBRARIES`]), commtap
 /// excepted: those a profiler started after them adopts (an NCCL job's ranks, since PyTorch
 /// maps no MPI, as much as an MPI job's). Those whose list of mappings is too long to be
-/// read are among them: adopted, they are shown as not read (`ps`), not passed over.
-pub fn rank_library_processes() -> Vec<u32> {
+/// read are among them: adopted, they are shown as not read (`ps`), not passed over (a
+/// rank of an MPI already probed is counted all the same). Those `skip` names (already
+/// known) are not read.
+pub fn rank_library_processes(skip: impl Fn(u32) -> bool) -> Vec<u32> {
     let me = std::process::id();
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
@@ -1066,7 +1085,7 @@ pub fn rank_library_processes() -> Vec<u32> {
     let mut out: Vec<u32> = dir
         .flatten()
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
-        .filter(|&pid| pid != me)
+        .filter(|&pid| pid != me && !skip(pid))
         .filter(|pid| match process_dir::maps_of(*pid) {
             Ok(maps) => maps.lines().any(|l| {
                 let name = l.rsplit('/').next().unwrap_or("");
@@ -1178,7 +1197,7 @@ mod tests {
     #[test]
     fn environ_parsing() {
         let raw = b"A=1\0OMPI_COMM_WORLD_RANK=3\0PMI_SIZE=\0junk\0B==c\0";
-        let all: Vec<(String, String)> = environ_vars(raw).collect();
+        let all: Vec<(String, String)> = environ_vars(raw, |_| true).collect();
         let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
         assert_eq!(
             all,

@@ -19,8 +19,9 @@ pub struct Tracked {
     pub requested: bool,
     /// Whether it maps an MPI library commtap probes.
     pub maps_mpi: bool,
-    /// Why its mappings were not read when last looked at (none: they were, or it ended).
-    pub unread: Option<String>,
+    /// Why its mappings were not read when last looked at, and when (none: they were, or
+    /// it ended).
+    pub unread: Option<(String, std::time::Instant)>,
     /// Address-space size when its mappings were last read. Reading `/proc/PID/maps` walks
     /// the process's memory map (measured: 4% of a core for a 2-rank job every 200 ms,
     /// taken from the ranks on a busy node), so rescans wait for this to change (dlopen).

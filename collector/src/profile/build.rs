@@ -82,7 +82,12 @@ pub fn job_profile(
                 let dir = std::cell::OnceCell::new();
                 let dir = || {
                     dir.get_or_init(|| {
-                        let start = t.info.as_ref().map(|i| i.start_ticks).filter(|&s| s != 0);
+                        // Unchecked only where no start is known at all.
+                        let start = [t.info.as_ref(), t.kernel_info.as_ref()]
+                            .into_iter()
+                            .flatten()
+                            .map(|i| i.start_ticks)
+                            .find(|&s| s != 0);
                         discover::process_dir::ProcessDir::open(pid, start).ok()
                     })
                     .as_ref()

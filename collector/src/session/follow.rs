@@ -27,6 +27,9 @@ use collector_common::ComponentAddrs;
 /// continued anyway (the event is sent before the pause: this is a safety net).
 const PAUSE_OVERDUE: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How soon a process whose mappings were not read (too many) is looked at again, at most.
+const UNREAD_LOOK_AGAIN: std::time::Duration = std::time::Duration::from_mins(1);
+
 /// The objects `pid` maps (none if its maps cannot be read: it exited, say), and why they
 /// were not read where they were not (an ended process said nothing of: its exit is
 /// reported as such).
@@ -89,7 +92,7 @@ impl Session {
     fn mapped_by(&mut self, pid: u32) -> Vec<MappedObject> {
         let (objects, unread) = objects_of(pid);
         if let Some(t) = self.tracked.get_mut(&pid) {
-            t.unread = unread;
+            t.unread = unread.map(|why| (why, std::time::Instant::now()));
         }
         objects
     }
@@ -495,6 +498,15 @@ impl Session {
             if pages.is_some() && t.seen_pages == pages {
                 continue;
             }
+            // One whose list of mappings is past what is read of one: looked at again once
+            // a minute at most, however often its mappings change (each look reads the
+            // most there is to read, its environment too).
+            if t.unread
+                .as_ref()
+                .is_some_and(|u| u.1.elapsed() < UNREAD_LOOK_AGAIN)
+            {
+                continue;
+            }
             t.seen_pages = pages;
             let needs_info = t.info.as_ref().is_none_or(|i| i.rank.is_none());
             if needs_info && !self.identity_from_kernel {
@@ -597,9 +609,9 @@ impl Session {
     /// `admits` (the daemon's scope), counted from now.
     pub fn adopt_running(&mut self, admits: impl Fn(u32, Option<&ProcessInfo>) -> bool) {
         // A process detached on request stays so until it is attached again.
-        let infos: BTreeMap<u32, Option<ProcessInfo>> = discover::rank_library_processes()
+        let known = |pid| self.tracked.contains_key(&pid) || self.probes.is_ignored(pid);
+        let infos: BTreeMap<u32, Option<ProcessInfo>> = discover::rank_library_processes(known)
             .into_iter()
-            .filter(|pid| !self.tracked.contains_key(pid) && !self.probes.is_ignored(*pid))
             .map(|pid| (pid, discover::process_info(pid).ok()))
             .collect();
         if infos.is_empty() {

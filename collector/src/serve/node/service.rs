@@ -508,6 +508,6 @@ fn process_state(pid: u32, t: &Tracked, job: Option<&String>) -> pb::ProcessStat
             pb::ProcessStatus::NoMpi
         } as i32,
         probe_cost: None,
-        unread: t.unread.clone().unwrap_or_default(),
+        unread: t.unread.as_ref().map(|u| u.0.clone()).unwrap_or_default(),
     }
 }
