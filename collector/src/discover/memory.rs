@@ -12,6 +12,7 @@ use std::{
 
 use collector_common::{ompi_component as oc, routines::FID_EP_TABLES_OFF, ComponentAddrs};
 
+use super::process_dir::ProcessDir;
 use crate::symbols::fabric::{Candidate, TableKind};
 
 /// `FI_CLASS_EP`.
@@ -59,12 +60,15 @@ pub struct EndpointScan {
     pub scanned: u64,
 }
 
-/// Calls `visit(base, bytes)` for each of `pid`'s writable anonymous mappings (the heap,
-/// malloc's arenas: where libfabric's objects live), up to `SCAN_LIMIT` bytes in all;
-/// returns the bytes read.
-fn for_each_anonymous_region(pid: u32, mut visit: impl FnMut(u64, &[u8])) -> u64 {
+/// Calls `visit(base, bytes)` for each of `process`'s writable anonymous mappings (the
+/// heap, malloc's arenas: where libfabric's objects live), up to `SCAN_LIMIT` bytes in
+/// all; returns the bytes read.
+fn for_each_anonymous_region(
+    process: Option<&ProcessDir>,
+    mut visit: impl FnMut(u64, &[u8]),
+) -> u64 {
     // Its list and its memory, of one process.
-    let Ok(dir) = super::process_dir::ProcessDir::open(pid, None) else {
+    let Some(dir) = process else {
         return 0;
     };
     let (Ok(maps), Ok(mut mem)) = (dir.maps(), dir.file("mem")) else {
@@ -105,7 +109,8 @@ pub fn endpoint_tables(pid: u32, map: Mapping, candidates: &[Candidate]) -> Endp
         .map(|c| (c.vaddr.wrapping_add(map.bias), c.vaddr))
         .collect();
     let mut scan = EndpointScan::default();
-    scan.scanned = for_each_anonymous_region(pid, |_, buf| {
+    let process = ProcessDir::open(pid, None).ok();
+    scan.scanned = for_each_anonymous_region(process.as_ref(), |_, buf| {
         for at in (0..buf.len()).step_by(8) {
             if word(buf, at) != Some(FI_CLASS_EP) {
                 continue;
@@ -137,7 +142,8 @@ pub fn open_fabrics(
 ) -> BTreeSet<(String, String)> {
     let in_libfabric = |p: Option<u64>| p.is_some_and(|p| objects.iter().any(|m| m.holds(p)));
     let mut found = Vec::new();
-    for_each_anonymous_region(pid, |_, buf| {
+    let process = ProcessDir::open(pid, None).ok();
+    for_each_anonymous_region(process.as_ref(), |_, buf| {
         for at in (0..buf.len()).step_by(8) {
             if word(buf, at) != Some(FI_CLASS_FABRIC)
                 || !in_libfabric(word(buf, at + 16))
@@ -158,15 +164,16 @@ pub fn open_fabrics(
         .map(|(prov, name)| {
             (
                 prov,
-                name.and_then(|p| read_c_string(pid, p)).unwrap_or_default(),
+                name.and_then(|p| read_c_string(process.as_ref()?, p))
+                    .unwrap_or_default(),
             )
         })
         .collect()
 }
 
-/// A short NUL-terminated string at `addr` in `pid`'s memory.
-fn read_c_string(pid: u32, addr: u64) -> Option<String> {
-    let mut mem = File::open(format!("/proc/{pid}/mem")).ok()?;
+/// A short NUL-terminated string at `addr` in `process`'s memory.
+fn read_c_string(process: &ProcessDir, addr: u64) -> Option<String> {
+    let mut mem = process.file("mem").ok()?;
     let mut buf = [0u8; 64];
     mem.seek(SeekFrom::Start(addr)).ok()?;
     mem.read_exact(&mut buf).ok()?;
