@@ -382,12 +382,10 @@ pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok());
     let cmdline = dir.read_at_most("cmdline", MAX_CMDLINE_READ)?;
-    let mut environ = dir.read_at_most("environ", MAX_ENVIRON_READ + 1)?;
-    if environ.len() as u64 > MAX_ENVIRON_READ {
-        // Cut at its last whole variable (`RANK=12` is not read as `RANK=1`).
-        let whole = environ.iter().rposition(|b| *b == 0).map_or(0, |i| i + 1);
-        environ.truncate(whole);
-    }
+    let environ = whole_variables(
+        dir.read_at_most("environ", MAX_ENVIRON_READ + 1)?,
+        MAX_ENVIRON_READ,
+    );
     let cgroup = text("cgroup").ok();
     Ok(ProcessInfo::from_parts(
         pid,
@@ -523,6 +521,17 @@ fn cmdline_text(raw: &[u8]) -> String {
         text.push('…');
     }
     text
+}
+
+/// A raw environment read to `cap` bytes and one more: where it went past `cap`, cut at
+/// its last whole variable within (`RANK=12` is not read as `RANK=1`).
+fn whole_variables(mut raw: Vec<u8>, cap: u64) -> Vec<u8> {
+    if raw.len() as u64 > cap {
+        raw.truncate(usize::try_from(cap).unwrap_or(usize::MAX));
+        let whole = raw.iter().rposition(|b| *b == 0).map_or(0, |i| i + 1);
+        raw.truncate(whole);
+    }
+    raw
 }
 
 /// The variables of a raw environment (`NAME=value`, NUL-separated) whose names `wanted`
@@ -1208,6 +1217,11 @@ mod tests {
                 pair("B", "=c")
             ]
         );
+        // Past the cap, its last whole variable ends it.
+        let read = |raw: &[u8], cap| whole_variables(raw.to_vec(), cap);
+        assert_eq!(read(b"A=1\0RANK=12\0", 11), b"A=1\0");
+        assert_eq!(read(b"A=1\0RANK=12\0", 12), b"A=1\0RANK=12\0");
+        assert_eq!(read(b"RANK=12\0", 3), b"");
         // Only who the process is, kept.
         let env = identity_vars(raw);
         assert_eq!(
