@@ -310,8 +310,7 @@ pub fn identity_event(bytes: &[u8]) -> ProcessEvent {
     // /proc shows start times in clock ticks (USER_HZ, 100 on Linux).
     let start_ticks = start_ns / 10_000_000;
     // The cgroup is read where the identity is used (the session), not on the drain path.
-    let info =
-        crate::discover::ProcessInfo::from_parts(pid, Some(uid), start_ticks, args, env, None);
+    let info = crate::discover::ProcessInfo::from_parts(pid, Some(uid), start_ticks, args, env);
     ProcessEvent::Identity {
         pid,
         info: Box::new(info),

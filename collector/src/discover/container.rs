@@ -5,6 +5,8 @@ use std::fs;
 
 use serde::{Deserialize, Serialize};
 
+use super::process_dir::ProcessDir;
+
 /// The container a process runs in, as the kernel places it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Container {
@@ -19,22 +21,24 @@ pub struct Container {
     pub id: Option<String>,
 }
 
-/// The container `pid` runs in, from its `/proc/PID/cgroup` text and namespaces: None when
-/// it shares the host's pid and mount namespaces (those of pid 1: the daemon's own may be
-/// private) and no container runtime names its cgroup.
-pub fn of_process(pid: u32, cgroup_text: &str) -> Option<Container> {
-    let ns = |p: &str, kind: &str| fs::read_link(format!("/proc/{p}/ns/{kind}")).ok();
+/// The container `process` runs in, from its `/proc/PID/cgroup` text and namespaces: None
+/// when it shares the host's pid and mount namespaces (those of pid 1: the daemon's own
+/// may be private) and no container runtime names its cgroup.
+pub fn of_process(process: &ProcessDir, cgroup_text: &str) -> Option<Container> {
+    let host = |kind: &str| fs::read_link(format!("/proc/1/ns/{kind}")).ok();
     // Told only where both can be read: an unreadable pid 1 puts nobody in a container.
-    let own_namespace = ["pid", "mnt"].iter().any(|kind| {
-        matches!((ns(&pid.to_string(), kind), ns("1", kind)), (Some(mine), Some(host)) if mine != host)
-    });
+    let own_namespace = [("pid", "ns/pid"), ("mnt", "ns/mnt")]
+        .iter()
+        .any(|&(kind, link)| {
+            matches!((process.read_link(link), host(kind)), (Some(mine), Some(host)) if mine != host)
+        });
     let (cgroup, id) = placement(cgroup_text);
     if !own_namespace && id.is_none() {
         return None;
     }
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let status = process.read_at_most("status", 64 << 10).ok()?;
     Some(Container {
-        pid: inner_pid(&status).unwrap_or(pid),
+        pid: inner_pid(&String::from_utf8_lossy(&status)).unwrap_or(process.pid()),
         cgroup,
         id,
     })

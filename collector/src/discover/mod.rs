@@ -386,15 +386,9 @@ pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
         dir.read_at_most("environ", MAX_ENVIRON_READ + 1)?,
         MAX_ENVIRON_READ,
     );
-    let cgroup = text("cgroup").ok();
-    Ok(ProcessInfo::from_parts(
-        pid,
-        uid,
-        start_ticks,
-        &cmdline,
-        &environ,
-        cgroup.as_deref(),
-    ))
+    let mut info = ProcessInfo::from_parts(pid, uid, start_ticks, &cmdline, &environ);
+    info.place(&dir);
+    Ok(info)
 }
 
 impl ProcessInfo {
@@ -409,15 +403,14 @@ impl ProcessInfo {
     }
 
     /// A process's identity from its raw command line and environment (NUL-separated, as
-    /// `/proc/PID/{cmdline,environ}` or the kernel's identity event give them) and its
-    /// `/proc/PID/cgroup` text where it could be read.
+    /// `/proc/PID/{cmdline,environ}` or the kernel's identity event give them); placed
+    /// later ([`ProcessInfo::place`]).
     pub fn from_parts(
         pid: u32,
         uid: Option<u32>,
         start_ticks: u64,
         cmdline: &[u8],
         environ: &[u8],
-        cgroup: Option<&str>,
     ) -> ProcessInfo {
         let env = identity_vars(environ);
         let first = |vars: &[&str]| {
@@ -459,7 +452,7 @@ impl ProcessInfo {
         let chosen = chosen.map(|(_, rank, size)| (rank, size));
         let (rank, size_beside) = chosen.unzip();
         let size_beside = size_beside.flatten();
-        let mut info = ProcessInfo {
+        ProcessInfo {
             pid,
             cmdline: cmdline_text(cmdline),
             rank: rank.and_then(|s| s.parse().ok()),
@@ -480,22 +473,23 @@ impl ProcessInfo {
                     .iter()
                     .any(|p| name.starts_with(p.as_bytes()))
             })),
-        };
-        if let Some(text) = cgroup {
-            info.place(text);
         }
-        info
     }
 
-    /// Places the process by its `/proc/PID/cgroup` text: the batch job where it names a
-    /// Slurm job's cgroup (root's: see [`cgroup::slurm_job`]; that, not the environment's
-    /// claim, is the process's job), and the container it runs in.
-    pub fn place(&mut self, cgroup: &str) {
-        if let Some(job) = cgroup::slurm_job(cgroup) {
+    /// Places the process by its cgroup (`/proc/PID/cgroup`, of `process`: its own
+    /// directory): the batch job where it names a Slurm job's cgroup (root's: see
+    /// [`cgroup::slurm_job`]; that, not the environment's claim, is the process's job), and
+    /// the container it runs in. Left unplaced where its cgroup cannot be read.
+    pub fn place(&mut self, process: &process_dir::ProcessDir) {
+        let Ok(raw) = process.read_at_most("cgroup", 64 << 10) else {
+            return;
+        };
+        let cgroup = String::from_utf8_lossy(&raw);
+        if let Some(job) = cgroup::slurm_job(&cgroup) {
             self.batch_job = Some(job);
             self.batch_job_from_cgroup = true;
         }
-        self.container = container::of_process(self.pid, cgroup);
+        self.container = container::of_process(process, &cgroup);
     }
 }
 
@@ -1234,7 +1228,7 @@ mod tests {
     /// job of 8 tasks is 2 ranks; a rank variable with none beside it takes the first set.
     #[test]
     fn the_world_size_comes_from_the_ranks_launcher() {
-        let info = |env: &[u8]| ProcessInfo::from_parts(1, None, 1, b"app\0", env, None);
+        let info = |env: &[u8]| ProcessInfo::from_parts(1, None, 1, b"app\0", env);
         let i = info(
             b"SLURM_NTASKS=8\0SLURM_PROCID=0\0OMPI_COMM_WORLD_RANK=1\0OMPI_COMM_WORLD_SIZE=2\0",
         );
@@ -1255,7 +1249,7 @@ mod tests {
     /// one per node, its workers inheriting the task's variables: RANK numbers the workers.
     #[test]
     fn a_pytorch_launchers_workers_are_numbered_by_rank_not_by_the_task_above() {
-        let info = |env: &[u8]| ProcessInfo::from_parts(1, None, 1, b"python\0", env, None);
+        let info = |env: &[u8]| ProcessInfo::from_parts(1, None, 1, b"python\0", env);
         let slurm = b"SLURM_PROCID=1\0SLURM_NTASKS=2\0";
         let i = info(&[&slurm[..], b"TORCHELASTIC_RUN_ID=x\0RANK=5\0WORLD_SIZE=8\0"].concat());
         assert_eq!((i.rank, i.world_size), (Some(5), Some(8)));

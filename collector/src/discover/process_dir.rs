@@ -6,7 +6,10 @@ use std::{
     ffi::CString,
     fs::File,
     io::Read,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::ffi::OsStrExt,
+    },
 };
 
 use super::{proc_err, DiscoverError};
@@ -97,6 +100,25 @@ impl ProcessDir {
         Some(text)
     }
 
+    /// Where its link `name` (`ns/pid`) points (`None`: not readable).
+    pub fn read_link(&self, name: &str) -> Option<std::path::PathBuf> {
+        let c = CString::new(name).ok()?;
+        let mut buf = [0u8; 256];
+        // SAFETY: a live directory descriptor, a NUL-terminated name, a buffer of its length.
+        let n = unsafe {
+            libc::readlinkat(
+                self.dir.as_raw_fd(),
+                c.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        let n = usize::try_from(n).ok().filter(|&n| n < buf.len())?;
+        Some(std::path::PathBuf::from(std::ffi::OsStr::from_bytes(
+            &buf[..n],
+        )))
+    }
+
     /// Whether `tid` is one of its threads now.
     pub fn has_thread(&self, tid: u32) -> bool {
         let c = CString::new(format!("task/{tid}")).expect("no NUL in a number");
@@ -149,6 +171,10 @@ mod tests {
         // SAFETY: gettid has no preconditions.
         let tid = unsafe { libc::gettid() } as u32;
         assert!(dir.thread_syscall(tid).is_some());
+        assert_eq!(
+            dir.read_link("ns/pid"),
+            std::fs::read_link("/proc/self/ns/pid").ok()
+        );
     }
 
     #[test]

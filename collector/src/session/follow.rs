@@ -386,8 +386,11 @@ impl Session {
                 self.seed(pid);
             }
             ProcessEvent::Identity { pid, mut info } => {
-                if let Ok(cgroup) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
-                    info.place(&cgroup);
+                // Placed by the process the kernel described, not another given its pid
+                // since (its start checked).
+                let start = Some(info.start_ticks).filter(|&s| s != 0);
+                if let Ok(process) = discover::process_dir::ProcessDir::open(pid, start) {
+                    info.place(&process);
                 }
                 // Sent just before the event that makes the process known (an exec or its
                 // first call in watch-all mode): counted since the kernel saw it.
