@@ -36,9 +36,11 @@ pub fn of_process(process: &ProcessDir, cgroup_text: &str) -> Option<Container> 
     if !own_namespace && id.is_none() {
         return None;
     }
-    let status = process.read_at_most("status", 64 << 10).ok()?;
+    let status = process
+        .read_text("status", super::process_dir::SMALL_FILE_BYTES)
+        .ok()?;
     Some(Container {
-        pid: inner_pid(&String::from_utf8_lossy(&status)).unwrap_or(process.pid()),
+        pid: inner_pid(&status).unwrap_or(process.pid()),
         cgroup,
         id,
     })

@@ -63,15 +63,8 @@ pub struct EndpointScan {
 /// Calls `visit(base, bytes)` for each of `process`'s writable anonymous mappings (the
 /// heap, malloc's arenas: where libfabric's objects live), up to `SCAN_LIMIT` bytes in
 /// all; returns the bytes read.
-fn for_each_anonymous_region(
-    process: Option<&ProcessDir>,
-    mut visit: impl FnMut(u64, &[u8]),
-) -> u64 {
-    // Its list and its memory, of one process.
-    let Some(dir) = process else {
-        return 0;
-    };
-    let (Ok(maps), Ok(mut mem)) = (dir.maps(), dir.file("mem")) else {
+fn for_each_anonymous_region(process: &ProcessDir, mut visit: impl FnMut(u64, &[u8])) -> u64 {
+    let (Ok(maps), Ok(mut mem)) = (process.maps(), process.file("mem")) else {
         return 0;
     };
     let mut scanned = 0;
@@ -109,8 +102,10 @@ pub fn endpoint_tables(pid: u32, map: Mapping, candidates: &[Candidate]) -> Endp
         .map(|c| (c.vaddr.wrapping_add(map.bias), c.vaddr))
         .collect();
     let mut scan = EndpointScan::default();
-    let process = ProcessDir::open(pid, None).ok();
-    scan.scanned = for_each_anonymous_region(process.as_ref(), |_, buf| {
+    let Ok(process) = ProcessDir::open(pid, None) else {
+        return scan;
+    };
+    scan.scanned = for_each_anonymous_region(&process, |_, buf| {
         for at in (0..buf.len()).step_by(8) {
             if word(buf, at) != Some(FI_CLASS_EP) {
                 continue;
@@ -142,8 +137,11 @@ pub fn open_fabrics(
 ) -> BTreeSet<(String, String)> {
     let in_libfabric = |p: Option<u64>| p.is_some_and(|p| objects.iter().any(|m| m.holds(p)));
     let mut found = Vec::new();
-    let process = ProcessDir::open(pid, None).ok();
-    for_each_anonymous_region(process.as_ref(), |_, buf| {
+    // Its list, its memory and the names, of one process.
+    let Ok(process) = ProcessDir::open(pid, None) else {
+        return BTreeSet::new();
+    };
+    for_each_anonymous_region(&process, |_, buf| {
         for at in (0..buf.len()).step_by(8) {
             if word(buf, at) != Some(FI_CLASS_FABRIC)
                 || !in_libfabric(word(buf, at + 16))
@@ -164,7 +162,7 @@ pub fn open_fabrics(
         .map(|(prov, name)| {
             (
                 prov,
-                name.and_then(|p| read_c_string(process.as_ref()?, p))
+                name.and_then(|p| read_c_string(&process, p))
                     .unwrap_or_default(),
             )
         })

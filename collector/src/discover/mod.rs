@@ -373,10 +373,7 @@ const MAX_ENVIRON_READ: u64 = 6 << 20;
 /// directory opened once).
 pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
     let dir = process_dir::ProcessDir::open(pid, None)?;
-    let text = |name| {
-        let bytes = dir.read_at_most(name, 64 << 10)?;
-        Ok::<_, DiscoverError>(String::from_utf8_lossy(&bytes).into_owned())
-    };
+    let text = |name| dir.read_text(name, process_dir::SMALL_FILE_BYTES);
     let start_ticks = stat_start_ticks(&text("stat")?).unwrap_or(0);
     let uid = status_field(&text("status")?, "Uid")
         .and_then(|v| v.split_whitespace().next())
@@ -392,6 +389,11 @@ pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
 }
 
 impl ProcessInfo {
+    /// When it started (clock ticks since boot), where that is known.
+    pub fn known_start(&self) -> Option<u64> {
+        Some(self.start_ticks).filter(|&s| s != 0)
+    }
+
     /// How this process is numbered in its job ([`Numbering`]).
     pub fn numbering(&self) -> Numbering<'_> {
         (
@@ -481,10 +483,9 @@ impl ProcessInfo {
     /// [`cgroup::slurm_job`]; that, not the environment's claim, is the process's job), and
     /// the container it runs in. Left unplaced where its cgroup cannot be read.
     pub fn place(&mut self, process: &process_dir::ProcessDir) {
-        let Ok(raw) = process.read_at_most("cgroup", 64 << 10) else {
+        let Ok(cgroup) = process.read_text("cgroup", process_dir::SMALL_FILE_BYTES) else {
             return;
         };
-        let cgroup = String::from_utf8_lossy(&raw);
         if let Some(job) = cgroup::slurm_job(&cgroup) {
             self.batch_job = Some(job);
             self.batch_job_from_cgroup = true;

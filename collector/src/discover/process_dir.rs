@@ -20,6 +20,9 @@ use super::{proc_err, DiscoverError};
 /// again whenever its mappings change) by a daemon reading it without a bound.
 pub const MAX_MAPS_BYTES: u64 = 8 << 20;
 
+/// Most bytes read of a file the kernel writes short (`stat`, `status`, `cgroup`).
+pub const SMALL_FILE_BYTES: u64 = 64 << 10;
+
 /// A process's `/proc/PID`, open.
 #[derive(Debug)]
 pub struct ProcessDir {
@@ -49,11 +52,7 @@ impl ProcessDir {
             dir: unsafe { OwnedFd::from_raw_fd(fd) },
         };
         if let Some(want) = start_ticks {
-            let mut stat = String::new();
-            dir.file("stat")?
-                .take(4096)
-                .read_to_string(&mut stat)
-                .map_err(proc_err(pid, "stat"))?;
+            let stat = dir.read_text("stat", SMALL_FILE_BYTES)?;
             if super::stat_start_ticks(&stat) != Some(want) {
                 return Err(DiscoverError::NoSuchProcess(pid));
             }
@@ -91,13 +90,8 @@ impl ProcessDir {
     /// What `/proc/PID/task/TID/syscall` says of its thread `tid` (`None`: not its thread,
     /// or gone).
     pub fn thread_syscall(&self, tid: u32) -> Option<String> {
-        let mut text = String::new();
-        self.open_at(&format!("task/{tid}/syscall"))
-            .ok()?
-            .take(512)
-            .read_to_string(&mut text)
-            .ok()?;
-        Some(text)
+        let bytes = self.read_bytes(&format!("task/{tid}/syscall"), 512).ok()?;
+        Some(lossy(bytes))
     }
 
     /// Where its link `name` (`ns/pid`) points (`None`: not readable).
@@ -130,11 +124,17 @@ impl ProcessDir {
 
     /// Its file `name` (`cmdline`, `environ`), its first `cap` bytes at most.
     pub fn read_at_most(&self, name: &'static str, cap: u64) -> Result<Vec<u8>, DiscoverError> {
+        self.read_bytes(name, cap).map_err(proc_err(self.pid, name))
+    }
+
+    /// [`ProcessDir::read_at_most`] as text (bytes not UTF-8 made so).
+    pub fn read_text(&self, name: &'static str, cap: u64) -> Result<String, DiscoverError> {
+        self.read_at_most(name, cap).map(lossy)
+    }
+
+    fn read_bytes(&self, name: &str, cap: u64) -> std::io::Result<Vec<u8>> {
         let mut bytes = Vec::new();
-        self.file(name)?
-            .take(cap)
-            .read_to_end(&mut bytes)
-            .map_err(proc_err(self.pid, name))?;
+        self.open_at(name)?.take(cap).read_to_end(&mut bytes)?;
         Ok(bytes)
     }
 
@@ -145,11 +145,13 @@ impl ProcessDir {
         if bytes.len() as u64 > MAX_MAPS_BYTES {
             return Err(DiscoverError::MapsTooLarge(self.pid));
         }
-        Ok(match String::from_utf8(bytes) {
-            Ok(text) => text,
-            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-        })
+        Ok(lossy(bytes))
     }
+}
+
+/// `bytes` as text, those not UTF-8 made so (copied only then).
+fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// `pid`'s mappings (see [`ProcessDir::maps`]).

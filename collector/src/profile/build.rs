@@ -86,8 +86,7 @@ pub fn job_profile(
                         let start = [t.info.as_ref(), t.kernel_info.as_ref()]
                             .into_iter()
                             .flatten()
-                            .map(|i| i.start_ticks)
-                            .find(|&s| s != 0);
+                            .find_map(ProcessInfo::known_start);
                         discover::process_dir::ProcessDir::open(pid, start).ok()
                     })
                     .as_ref()

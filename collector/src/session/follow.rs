@@ -388,7 +388,7 @@ impl Session {
             ProcessEvent::Identity { pid, mut info } => {
                 // Placed by the process the kernel described, not another given its pid
                 // since (its start checked).
-                let start = Some(info.start_ticks).filter(|&s| s != 0);
+                let start = info.known_start();
                 if let Ok(process) = discover::process_dir::ProcessDir::open(pid, start) {
                     info.place(&process);
                 }
