@@ -91,9 +91,10 @@ impl Scope {
         if self.pids.is_empty() {
             return self.clone();
         }
-        let ranked: std::collections::BTreeSet<u32> = discover::rank_library_processes(|_| false)
-            .into_iter()
-            .collect();
+        let ranked: std::collections::BTreeSet<u32> =
+            discover::rank_library_processes(|_| false, discover::process_dir::ProcessDir::maps)
+                .into_iter()
+                .collect();
         let tree = discover::process_tree();
         // Read of those below the processes asked for alone (and of those).
         let below: std::collections::BTreeSet<u32> = self

@@ -129,7 +129,9 @@ fn check_request(opts: &RecordOptions) -> Result<Vec<(u32, discover::ProcessInfo
         }
         let info = discover::process_info(pid).map_err(|e| match e {
             DiscoverError::NoSuchProcess(_) => anyhow::anyhow!("{e}"),
-            other @ (DiscoverError::Proc { .. } | DiscoverError::MapsTooLarge(_)) => {
+            other @ (DiscoverError::Proc { .. }
+            | DiscoverError::MapsTooLarge(_)
+            | DiscoverError::ShareSpent { .. }) => {
                 anyhow::Error::new(other).context(format!("inspecting PID {pid}"))
             }
         })?;

@@ -1,14 +1,17 @@
 /*
  * The unprivileged side of the attacks through a process's own /proc files, which the
  * daemon reads for every process that maps an MPI library: makes one of them huge at
- * little cost, then maps the library LIB, creates READY, and runs until killed.
+ * little cost, then maps the library LIB, creates READY, and runs until killed (with
+ * AGAIN, a library it copies to a new file, AGAIN.N, loads and unloads in a loop
+ * meanwhile, a hundred a second at most: a watched process is paused at each load until the daemon has read its
+ * mappings again, and each load is of a file the daemon never saw).
  *
- *   attack_proc LIB READY maps DIR COUNT
+ *   attack_proc LIB READY maps DIR COUNT [AGAIN]
  *       its list of mappings (/proc/PID/maps) hundreds of megabytes long: under DIR a path
  *       of nearly 4 KiB (directories of 250-character names) to a one-page file, that page
  *       mapped COUNT times, each mapping a line naming the whole path (mappings of one page
  *       at one offset are never merged)
- *   attack_proc LIB READY environ MIB MARKER
+ *   attack_proc LIB READY environ MIB MARKER [AGAIN]
  *       its environment (/proc/PID/environ) MIB MiB long: its bounds moved
  *       (PR_SET_MM_MAP, which needs no privilege) over a region that holds
  *       SLURM_JOB_ID=MARKER, then nothing it ever touches (one page of its memory)
@@ -97,9 +100,22 @@ static int long_environ(size_t length, const char *marker)
     return 0;
 }
 
+static int copy_file(const char *from, const char *to)
+{
+    int in = open(from, O_RDONLY), out = open(to, O_CREAT | O_TRUNC | O_WRONLY, 0755);
+    char buf[65536];
+    ssize_t n = in < 0 || out < 0 ? -1 : 0;
+    while (n >= 0 && (n = read(in, buf, sizeof buf)) > 0)
+        if (write(out, buf, (size_t)n) != n)
+            n = -1;
+    close(in);
+    close(out);
+    return n < 0 ? -1 : 0;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 6)
+    if (argc != 6 && argc != 7)
         return 2;
     const char *lib = argv[1], *ready = argv[2], *what = argv[3];
     int failed;
@@ -116,6 +132,22 @@ int main(int argc, char **argv)
         return 1;
     }
     close(open(ready, O_CREAT | O_WRONLY, 0644));
+    if (argc == 7) {
+        for (long n = 0;; n++) {
+            char copy[4096];
+            snprintf(copy, sizeof copy, "%s.%ld", argv[6], n);
+            if (copy_file(argv[6], copy) != 0)
+                return 1;
+            void *again = dlopen(copy, RTLD_NOW);
+            if (!again) {
+                fprintf(stderr, "%s\n", dlerror());
+                return 1;
+            }
+            dlclose(again);
+            /* Kept: a file unlinked gives its inode number to the next copy. */
+            usleep(10000);
+        }
+    }
     for (;;)
         pause();
 }

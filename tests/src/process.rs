@@ -306,6 +306,26 @@ pub fn peak_kib(pid: u32) -> u64 {
         .expect("VmHWM")
 }
 
+/// The share of a core `pid` used over `window` (its user and system time, from
+/// `/proc/PID/stat`, against the time that passed).
+pub fn cpu_share(pid: u32, window: std::time::Duration) -> f64 {
+    let cpu = || -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+        let after_name = &stat[stat.rfind(')').expect("comm") + 2..];
+        let fields: Vec<f64> = after_name
+            .split_whitespace()
+            .map(|f| f.parse().unwrap_or(0.0))
+            .collect();
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        // utime and stime: fields 14 and 15, counted from the state (field 3).
+        (fields[14 - 3] + fields[15 - 3]) / hz
+    };
+    let (before, at) = (cpu(), std::time::Instant::now());
+    std::thread::sleep(window);
+    (cpu() - before) / at.elapsed().as_secs_f64()
+}
+
 /// uid and gid of `nobody`, the unprivileged user tests act as.
 pub const NOBODY: u32 = 65534;
 

@@ -162,6 +162,83 @@ fn a_process_with_a_huge_list_of_mappings_does_not_bloat_the_daemon() {
     drop(attacker);
 }
 
+/// Attack: the same process, loading and unloading in a loop a new copy of a library
+/// that exports `MPI_Send` (a file never seen, each time), its list of mappings just under
+/// what is read of one. Each load pauses it until the daemon has read its mappings again:
+/// 8 MiB of escaped paths, about 0.1 s of the daemon's
+/// CPU each, which kept the daemon's core (its unit's whole quota, shared with the ring
+/// buffers every user's jobs are counted through) busy; and each copy, not probed, was
+/// remembered with its reason, listed in every profile. The user's share of reading time
+/// is spent after a burst, then a twentieth of a core: `ps` says so, the daemon's CPU falls
+/// to that; the copies' reasons are listed 32 at most, and once the attacker is gone no
+/// copy is held open; root's job is counted exactly meanwhile.
+#[test]
+fn a_process_loading_libraries_in_a_loop_does_not_take_the_daemons_core() {
+    let a = Attack::start("attack-maps-again");
+    let deep = nobody_dir(&a.scratch, "deep");
+    let again = a.crafted.with_file_name("libagain.so");
+    copy_as_nobody(&a.lib, &again);
+    // 1,900 lines of 4 KiB: just under what is read of a list (8 MiB), so read whole.
+    let attacker = start_proc_attacker(&a, &["maps", path_str(&deep), "1900", path_str(&again)]);
+    let pid = attacker.0.id();
+    let mut maps = std::fs::File::open(format!("/proc/{pid}/maps")).expect("maps");
+    let listed = std::io::copy(&mut maps, &mut std::io::sink()).expect("reading maps");
+    assert!(
+        (7 << 20..8 << 20).contains(&listed),
+        "the list is {listed} bytes"
+    );
+    wait_until("ps to say the attacker's share is spent", LIMIT, || {
+        ps_field(&a.daemon.target, "unread")
+            .get(&u64::from(pid))
+            .is_some_and(|why| why.contains("is spent for now"))
+    });
+    // A twentieth of a core for the attacker's reads, and what the daemon does anyway
+    // (about 2% here); it was a whole core.
+    let share = cpu_share(a.daemon.child.0.id(), Duration::from_secs(5));
+    eprintln!(
+        "the daemon used {:.1}% of a core under the attack",
+        share * 100.0
+    );
+    assert!(share < 0.35, "the daemon used {share:.2} of a core");
+    // The burst read dozens of copies (each about 0.2 s): 32 listed, the rest counted.
+    let profile = report_json(&["report", "--from", &a.daemon.target]);
+    let not_probed: Vec<&str> = profile["unsupported_libraries"]
+        .as_array()
+        .expect("unsupported_libraries")
+        .iter()
+        .filter_map(|r| r.as_str())
+        .collect();
+    let copies = not_probed
+        .iter()
+        .filter(|r| r.contains("libagain.so."))
+        .count();
+    assert!(copies <= 32, "{copies} copies listed: {not_probed:#?}");
+    assert!(
+        not_probed
+            .iter()
+            .any(|r| r.contains("more of users' own files, not listed")),
+        "{not_probed:#?}"
+    );
+    drop(attacker);
+    let daemon = a.daemon.child.0.id();
+    wait_until("the daemon to hold no copy open", LIMIT, || {
+        held_open(daemon, "libagain.so.") == 0
+    });
+    a.end_healthy();
+}
+
+/// How many of `pid`'s open files have `part` in their path.
+fn held_open(pid: u32, part: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fd")
+        .flatten()
+        .filter(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|target| target.to_string_lossy().contains(part))
+        })
+        .count()
+}
+
 /// Attack: a process that moves its environment's bounds (`PR_SET_MM_MAP`, which needs no
 /// privilege) over a gigabyte it never touches, so that `/proc/PID/environ` reads as a
 /// gigabyte, then maps a crafted `libmpich.so.12`. A daemon that reads the environment

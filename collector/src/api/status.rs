@@ -25,7 +25,9 @@ impl ToStatus for DiscoverError {
                 Status::permission_denied(format!("{self}: {source}"))
             }
             DiscoverError::Proc { source, .. } => Status::unavailable(format!("{self}: {source}")),
-            DiscoverError::MapsTooLarge(_) => Status::resource_exhausted(self.to_string()),
+            DiscoverError::MapsTooLarge(_) | DiscoverError::ShareSpent { .. } => {
+                Status::resource_exhausted(self.to_string())
+            }
         }
     }
 }

@@ -140,7 +140,7 @@ impl Probes {
         if let Err(e) = programs {
             // Not tried again for each process that maps it: verifying takes seconds.
             let why = format!("{}: not probed: {e:#}", lib.path);
-            self.unsupported.push(why);
+            self.unsupported.note(None, why);
             self.seen.insert(dev_inode, None);
             return Err(e);
         }
@@ -224,6 +224,12 @@ impl Probes {
         shared: bool,
         open: impl FnOnce() -> Result<LibraryFile, FileError>,
     ) -> Option<(LibraryFile, Library, Option<u32>)> {
+        // Objects not probed are remembered so as not to be read again: a user making new
+        // files without end would have them remembered without end. Forgotten all at once
+        // past a bound (one mapped again is read again).
+        if self.seen.len() >= MAX_SEEN {
+            self.seen.retain(|_, probed| probed.is_some());
+        }
         let (file, read) = match self.read_ahead.remove(&dev_inode) {
             Some(r) => r,
             None => match open() {
@@ -246,7 +252,7 @@ impl Probes {
                     file.shown
                 );
                 info!("{why}");
-                self.unsupported.push(why);
+                self.unsupported.note(self.user_of_file(&file), why);
                 self.seen.insert(dev_inode, None);
                 return None;
             }
@@ -258,7 +264,7 @@ impl Probes {
             Ok(LibraryKind::Probed(lib)) => lib,
             Ok(LibraryKind::Unsupported(why)) => {
                 warn!("{why}");
-                self.unsupported.push(why);
+                self.unsupported.note(self.user_of_file(&file), why);
                 self.seen.insert(dev_inode, None);
                 return None;
             }
@@ -301,7 +307,7 @@ impl Probes {
                     file.shown
                 );
                 warn!("{why}");
-                self.unsupported.push(why);
+                self.unsupported.note(self.user_of_file(&file), why);
                 self.seen.insert(dev_inode, None);
                 return None;
             }
@@ -459,15 +465,26 @@ impl Probes {
         self.seen.contains_key(&dev_inode) || self.read_ahead.contains_key(&dev_inode)
     }
 
-    /// Keeps a library read elsewhere (off the session's lock) for `attach_library`.
+    /// Keeps a library read elsewhere (off the session's lock) for `attach_library`;
+    /// whether it was kept (not known already).
     pub fn read_ahead(
         &mut self,
         dev_inode: (u64, u64),
         file: LibraryFile,
         read: Result<LibraryKind, symbols::SymbolError>,
-    ) {
-        if !self.knows(dev_inode) {
+    ) -> bool {
+        let new = !self.knows(dev_inode);
+        if new {
             self.read_ahead.insert(dev_inode, (file, read));
+        }
+        new
+    }
+
+    /// Lets go of the libraries among `ids` read ahead and not attached since (their
+    /// processes ended, or were not read again, first): each holds its file open.
+    pub fn drop_read_ahead(&mut self, ids: &[(u64, u64)]) {
+        for id in ids {
+            self.read_ahead.remove(id);
         }
     }
 
@@ -545,9 +562,54 @@ impl Probes {
         self.libraries.iter().filter(|l| !l.released)
     }
 
-    /// Libraries seen but not decoded (an unknown MPI ABI, NCCL without symbols).
-    pub fn unsupported(&self) -> &[String] {
-        &self.unsupported
+    /// Libraries seen but not decoded (an unknown MPI ABI, NCCL without symbols), and how
+    /// many more were not listed.
+    pub fn unsupported(&self) -> Vec<String> {
+        self.unsupported.list()
+    }
+}
+
+/// Most objects remembered (probed or not): a node's processes map a few thousand files.
+const MAX_SEEN: usize = 65_536;
+
+/// Most reasons kept of a user's own files not probed: a user can make new files without
+/// end, and each reason is in every profile.
+const MAX_NOT_PROBED_PER_USER: usize = 32;
+
+/// Why libraries seen were not probed, a user's own files' a bounded number of them.
+#[derive(Debug, Default)]
+pub struct NotProbed {
+    /// Each reason, once, with the user whose file it is (`None`: root's).
+    reasons: Vec<(Option<u32>, String)>,
+    /// Reasons past a user's bound.
+    left_out: u64,
+}
+
+impl NotProbed {
+    /// Notes `why`, of a file of `user` (`None`: root's).
+    pub fn note(&mut self, user: Option<u32>, why: String) {
+        if self.reasons.iter().any(|(_, r)| *r == why) {
+            return;
+        }
+        let held = || self.reasons.iter().filter(|(u, _)| *u == user).count();
+        if user.is_some() && held() >= MAX_NOT_PROBED_PER_USER {
+            self.left_out += 1;
+            return;
+        }
+        self.reasons.push((user, why));
+    }
+
+    /// The reasons, and a last line for those not listed.
+    pub fn list(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.reasons.iter().map(|(_, r)| r.clone()).collect();
+        if self.left_out > 0 {
+            out.push(format!(
+                "{} more of users' own files, not listed (at most {MAX_NOT_PROBED_PER_USER} \
+                 a user)",
+                self.left_out
+            ));
+        }
+        out
     }
 }
 

@@ -233,7 +233,7 @@ pub struct Probes {
     /// Attached libraries in attach order; the index is the library's layout slot.
     libraries: Vec<AttachedLibrary>,
     /// MPI libraries we saw but do not decode, with the reason.
-    unsupported: Vec<String>,
+    unsupported: library::NotProbed,
     /// The uprobe_multi programs loaded so far (an ABI's at its first library).
     programs: programs::ProgramSet,
     /// Slots of libraries let go, for reuse.
@@ -498,7 +498,7 @@ impl Probes {
             seen: BTreeMap::new(),
             read_ahead: BTreeMap::new(),
             libraries: Vec::new(),
-            unsupported: Vec::new(),
+            unsupported: library::NotProbed::default(),
             programs,
             free_slots: Vec::new(),
             mapped_by: BTreeMap::new(),
@@ -562,6 +562,11 @@ impl Probes {
         since.map(|at| {
             std::time::Duration::from_nanos(crate::clock::monotonic_ns().saturating_sub(at))
         })
+    }
+
+    /// Whether `pid` is paused at a library load (not continued since).
+    pub fn is_paused(&self, pid: u32) -> bool {
+        self.paused.get(&pid, 0).is_ok()
     }
 
     /// Continues every process paused at a library load; how many.

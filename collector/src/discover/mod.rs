@@ -9,11 +9,12 @@ pub mod container;
 pub mod directory;
 pub mod memory;
 pub mod process_dir;
+pub mod read_share;
 pub mod stack;
 pub mod tracked;
 
 use std::{
-    collections::BTreeMap,
+    collections::{hash_map::Entry, BTreeMap, HashMap, HashSet},
     fs,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
@@ -65,6 +66,23 @@ pub enum DiscoverError {
         mib = process_dir::MAX_MAPS_BYTES >> 20
     )]
     MapsTooLarge(u32),
+    /// Its owner's share of the daemon's time for reading lists of mappings is spent for
+    /// now (see [`read_share`]).
+    #[error(
+        "the daemon's time for reading the mappings of user {uid}'s processes is spent for \
+         now ({burst} s at once, then {pct}% of a core): process {pid} is read again in \
+         {ready_in_s} s",
+        burst = read_share::BURST.as_secs(),
+        pct = read_share::RATE * 100.0
+    )]
+    ShareSpent {
+        /// The process.
+        pid: u32,
+        /// Its real user.
+        uid: u32,
+        /// Seconds until its owner's share refills enough.
+        ready_in_s: u64,
+    },
 }
 
 /// What commtap knows of a watched process from `/proc`.
@@ -328,6 +346,15 @@ fn context_switches_of(status: &str) -> u64 {
 }
 
 /// The value of the line `name:` of a `/proc/.../status` text, trimmed.
+/// The real user id a `/proc/PID/status` text names (its `Uid:` line's first field).
+fn real_uid(status: &str) -> Option<u32> {
+    status_field(status, "Uid")?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 fn status_field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
     status.lines().find_map(|l| {
         let (n, value) = l.split_once(':')?;
@@ -372,19 +399,22 @@ const MAX_ENVIRON_READ: u64 = 6 << 20;
 /// Reads a process's identity and launcher environment (all of one process: its
 /// directory opened once).
 pub fn process_info(pid: u32) -> Result<ProcessInfo, DiscoverError> {
-    let dir = process_dir::ProcessDir::open(pid, None)?;
+    process_info_in(&process_dir::ProcessDir::open(pid, None)?)
+}
+
+/// [`process_info`] of the process whose directory `dir` is.
+pub fn process_info_in(dir: &process_dir::ProcessDir) -> Result<ProcessInfo, DiscoverError> {
+    let pid = dir.pid();
     let text = |name| dir.read_text(name, process_dir::SMALL_FILE_BYTES);
     let start_ticks = stat_start_ticks(&text("stat")?).unwrap_or(0);
-    let uid = status_field(&text("status")?, "Uid")
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok());
+    let uid = real_uid(&text("status")?);
     let cmdline = dir.read_at_most("cmdline", MAX_CMDLINE_READ)?;
     let environ = whole_variables(
         dir.read_at_most("environ", MAX_ENVIRON_READ + 1)?,
         MAX_ENVIRON_READ,
     );
     let mut info = ProcessInfo::from_parts(pid, uid, start_ticks, &cmdline, &environ);
-    info.place(&dir);
+    info.place(dir);
     Ok(info)
 }
 
@@ -662,20 +692,24 @@ pub fn mapped_objects_in(
     let maps = process.maps()?;
     // Every mapping of each file, as the process names it (dev, inode); files without an
     // executable one are dropped before any stat.
+    // Found by an index: a list of 60,000 files searched line by line is 1.8 billion
+    // comparisons.
     let mut files: Vec<Vec<MapsLine>> = Vec::new();
+    let mut index: HashMap<(Option<u64>, u64), usize> = HashMap::new();
     for m in maps_lines(&maps) {
         if m.inode == 0 || !m.path.starts_with('/') || m.path.ends_with(" (deleted)") {
             continue;
         }
-        match files
-            .iter_mut()
-            .find(|f| (f[0].dev, f[0].inode) == (m.dev, m.inode))
-        {
-            Some(lines) => lines.push(m),
-            None => files.push(vec![m]),
+        match index.entry((m.dev, m.inode)) {
+            Entry::Occupied(at) => files[*at.get()].push(m),
+            Entry::Vacant(at) => {
+                at.insert(files.len());
+                files.push(vec![m]);
+            }
         }
     }
     let mut out: Vec<MappedObject> = Vec::new();
+    let mut seen = HashSet::new();
     let root = fs::read_link(format!("/proc/{pid}/root")).ok();
     for lines in files {
         if !lines.iter().any(|m| m.perms.contains('x')) {
@@ -694,7 +728,7 @@ pub fn mapped_objects_in(
         let Ok(dev_inode) = crate::symbols::file::mapped_identity(pid, range) else {
             continue;
         };
-        if out.iter().any(|o| o.dev_inode == dev_inode) {
+        if !seen.insert(dev_inode) {
             continue;
         }
         out.push(MappedObject {
@@ -1080,8 +1114,12 @@ fn below(root: u32, me: u32, parent: &BTreeMap<u32, u32>) -> Vec<u32> {
 /// maps no MPI, as much as an MPI job's). Those whose list of mappings is too long to be
 /// read are among them: adopted, they are shown as not read (`ps`), not passed over (a
 /// rank of an MPI already probed is counted all the same). Those `skip` names (already
-/// known) are not read.
-pub fn rank_library_processes(skip: impl Fn(u32) -> bool) -> Vec<u32> {
+/// known) are not read; the others' lists are read by `read_maps` (within their owners'
+/// shares: one whose share is spent is looked at again by a later scan).
+pub fn rank_library_processes(
+    skip: impl Fn(u32) -> bool,
+    mut read_maps: impl FnMut(&process_dir::ProcessDir) -> Result<String, DiscoverError>,
+) -> Vec<u32> {
     let me = std::process::id();
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
@@ -1090,13 +1128,15 @@ pub fn rank_library_processes(skip: impl Fn(u32) -> bool) -> Vec<u32> {
         .flatten()
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
         .filter(|&pid| pid != me && !skip(pid))
-        .filter(|pid| match process_dir::maps_of(*pid) {
-            Ok(maps) => maps.lines().any(|l| {
-                let name = l.rsplit('/').next().unwrap_or("");
-                l.contains(" r-xp ") && is_rank_library(name)
-            }),
-            Err(e) => matches!(e, DiscoverError::MapsTooLarge(_)),
-        })
+        .filter(
+            |&pid| match process_dir::ProcessDir::open(pid, None).and_then(|p| read_maps(&p)) {
+                Ok(maps) => maps.lines().any(|l| {
+                    let name = l.rsplit('/').next().unwrap_or("");
+                    l.contains(" r-xp ") && is_rank_library(name)
+                }),
+                Err(e) => matches!(e, DiscoverError::MapsTooLarge(_)),
+            },
+        )
         .collect();
     out.sort_unstable();
     out

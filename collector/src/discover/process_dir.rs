@@ -138,6 +138,12 @@ impl ProcessDir {
         Ok(bytes)
     }
 
+    /// Its real user id (`status`'s `Uid:`): whom reading it is charged to.
+    pub fn real_uid(&self) -> Result<u32, DiscoverError> {
+        super::real_uid(&self.read_text("status", SMALL_FILE_BYTES)?)
+            .ok_or_else(|| proc_err(self.pid, "status")(std::io::Error::other("no Uid line")))
+    }
+
     /// Its mappings as `/proc/PID/maps` lists them (a file name not UTF-8 made so); an
     /// error past [`MAX_MAPS_BYTES`].
     pub fn maps(&self) -> Result<String, DiscoverError> {
@@ -152,11 +158,6 @@ impl ProcessDir {
 /// `bytes` as text, those not UTF-8 made so (copied only then).
 fn lossy(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
-
-/// `pid`'s mappings (see [`ProcessDir::maps`]).
-pub fn maps_of(pid: u32) -> Result<String, DiscoverError> {
-    ProcessDir::open(pid, None)?.maps()
 }
 
 #[cfg(test)]

@@ -22,6 +22,9 @@ pub struct Tracked {
     /// Why its mappings were not read when last looked at, and when (none: they were, or
     /// it ended).
     pub unread: Option<(String, std::time::Instant)>,
+    /// Its mappings are to be read (its owner's share of reading time was spent when they
+    /// were to be): the next rescan the share allows reads them.
+    pub maps_due: bool,
     /// Address-space size when its mappings were last read. Reading `/proc/PID/maps` walks
     /// the process's memory map (measured: 4% of a core for a 2-rank job every 200 ms,
     /// taken from the ranks on a busy node), so rescans wait for this to change (dlopen).

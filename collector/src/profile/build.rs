@@ -507,7 +507,7 @@ fn assemble(
         undecoded: 0,
         ranks,
         libraries,
-        unsupported_libraries: probes.unsupported().to_vec(),
+        unsupported_libraries: probes.unsupported(),
         not_profiled,
         call_events: probes.call_events(),
         skew: None,

@@ -16,7 +16,7 @@ use tracing::{debug, warn};
 use super::Session;
 use crate::{
     clock::monotonic_ns,
-    discover::{self, tracked::Tracked, MappedObject, ProcessInfo},
+    discover::{self, read_share::thread_cpu, tracked::Tracked, MappedObject, ProcessInfo},
     ingest::ProcessEvent,
     profile::build::job_key,
     symbols::{file::FileError, LibraryFile, MpiTransport},
@@ -30,31 +30,23 @@ const PAUSE_OVERDUE: std::time::Duration = std::time::Duration::from_secs(2);
 /// How soon a process whose mappings were not read (too many) is looked at again, at most.
 const UNREAD_LOOK_AGAIN: std::time::Duration = std::time::Duration::from_mins(1);
 
-/// The objects `pid` maps (none if its maps cannot be read: it exited, say), and why they
-/// were not read where they were not (an ended process said nothing of: its exit is
-/// reported as such).
-fn objects_of(pid: u32) -> (Vec<MappedObject>, Option<String>) {
-    discover::mapped_objects(pid).map_or_else(
-        |e| {
-            debug!(pid, error = %e, "mappings not read");
-            let gone = matches!(e, discover::DiscoverError::NoSuchProcess(_));
-            (Vec::new(), (!gone).then(|| e.to_string()))
-        },
-        |objects| (objects, None),
-    )
-}
-
 /// Opens the file `pid` maps as `o`, exactly that file (see `symbols::file`).
 pub fn open_object(pid: u32, o: &MappedObject) -> Result<LibraryFile, FileError> {
     LibraryFile::open_mapped(pid, o.range, o.dev_inode, &o.path.display().to_string())
 }
 
-/// A library file opened and read: its identity, the open file, what reading it found.
-pub type ReadLibrary = (
-    (u64, u64),
-    LibraryFile,
-    Result<crate::symbols::LibraryKind, crate::symbols::SymbolError>,
-);
+/// A library file opened and read.
+pub struct ReadLibrary {
+    /// Its identity.
+    dev_inode: (u64, u64),
+    /// The open file.
+    file: LibraryFile,
+    /// What reading it found.
+    kind: Result<crate::symbols::LibraryKind, crate::symbols::SymbolError>,
+    /// The process it was read for, and the CPU time that took.
+    pid: u32,
+    spent: std::time::Duration,
+}
 
 /// Opens and reads `objects` (blocking file-system work: call it off the session's lock,
 /// from a blocking task).
@@ -62,9 +54,16 @@ pub fn read_libraries(objects: Vec<(u32, MappedObject)>) -> Vec<ReadLibrary> {
     objects
         .into_iter()
         .filter_map(|(pid, o)| {
+            let before = thread_cpu();
             let file = open_object(pid, &o).ok()?;
             let kind = crate::symbols::read_library(&file);
-            Some((o.dev_inode, file, kind))
+            Some(ReadLibrary {
+                dev_inode: o.dev_inode,
+                file,
+                kind,
+                pid,
+                spent: thread_cpu().saturating_sub(before),
+            })
         })
         .collect()
 }
@@ -82,19 +81,61 @@ pub fn queued(
 }
 
 impl Session {
-    /// Probes every MPI library `pid` maps; returns whether it maps one.
-    pub fn attach_mapped(&mut self, pid: u32) -> bool {
-        let objects = self.mapped_by(pid);
-        self.attach_objects(pid, &objects)
+    /// The objects `pid` maps, read within its owner's share of the daemon's time for
+    /// reading lists of mappings (`discover::read_share`).
+    fn objects_of(&mut self, pid: u32) -> Result<Vec<MappedObject>, discover::DiscoverError> {
+        self.shared_read(pid, discover::mapped_objects_in)
     }
 
-    /// The objects `pid` maps; why they were not read kept for `ps`, where they were not.
-    fn mapped_by(&mut self, pid: u32) -> Vec<MappedObject> {
-        let (objects, unread) = objects_of(pid);
+    /// `read` of `pid`'s `/proc` directory, within its owner's share of reading time.
+    fn shared_read<T>(
+        &mut self,
+        pid: u32,
+        read: impl FnOnce(&discover::process_dir::ProcessDir) -> Result<T, discover::DiscoverError>,
+    ) -> Result<T, discover::DiscoverError> {
+        let process = discover::process_dir::ProcessDir::open(pid, None)?;
+        let probes = &self.probes;
+        self.read_shares
+            .read_process(&process, |uid| probes.account_of(uid), read)
+    }
+
+    /// Probes every MPI library `pid` maps; whether it maps one (`None`: its owner's share
+    /// of reading time is spent: it is read when the share allows, see [`Self::rescan`]).
+    pub fn attach_mapped(&mut self, pid: u32) -> Option<bool> {
+        let objects = self.mapped_by(pid)?;
+        let before = thread_cpu();
+        let maps_mpi = self.attach_objects(pid, &objects);
+        self.charge(pid, thread_cpu().saturating_sub(before));
+        Some(maps_mpi)
+    }
+
+    /// Charges `pid`'s owner (where known) `spent` of CPU done for it.
+    fn charge(&mut self, pid: u32, spent: std::time::Duration) {
+        if let Some(uid) = self.tracked.get(&pid).and_then(Tracked::uid) {
+            let account = self.probes.account_of(uid);
+            self.read_shares.charge(account, spent);
+        }
+    }
+
+    /// The objects `pid` maps (none if they cannot be read: it exited, say); why they were
+    /// not read kept for `ps`, where they were not (an ended process said nothing of: its
+    /// exit is reported as such). `None` where its owner's share is spent: it is due.
+    fn mapped_by(&mut self, pid: u32) -> Option<Vec<MappedObject>> {
+        let read = self.objects_of(pid);
+        let spent = matches!(read, Err(discover::DiscoverError::ShareSpent { .. }));
+        let (objects, unread) = read.map_or_else(
+            |e| {
+                debug!(pid, error = %e, "mappings not read");
+                let gone = matches!(e, discover::DiscoverError::NoSuchProcess(_));
+                (Vec::new(), (!gone).then(|| e.to_string()))
+            },
+            |objects| (objects, None),
+        );
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.unread = unread.map(|why| (why, std::time::Instant::now()));
+            t.maps_due = spent;
         }
-        objects
+        (!spent).then_some(objects)
     }
 
     /// A span for what is done to `pid`, with its rank and job as far as they are known:
@@ -234,7 +275,8 @@ impl Session {
                 .tell(crate::ingest::FeedItem::Detached(pid));
         }
         self.probes.watch(pid, descendants)?;
-        let objects = self.mapped_by(pid);
+        // Where its owner's share is spent, it is probed when read (a rescan).
+        let objects = self.mapped_by(pid).unwrap_or_default();
         let maps_mpi = self.attach_objects(pid, &objects);
         self.find_open_fabrics(pid, &objects);
         if let Some(t) = self.tracked.get_mut(&pid) {
@@ -284,7 +326,7 @@ impl Session {
 
     /// The objects that the processes new in `batch` map and that were never read: what
     /// [`read_libraries`] reads off the session's lock before `apply_events` attaches them.
-    pub fn unread_objects(&self, batch: &[ProcessEvent]) -> Vec<(u32, MappedObject)> {
+    pub fn unread_objects(&mut self, batch: &[ProcessEvent]) -> Vec<(u32, MappedObject)> {
         let mut out: Vec<(u32, MappedObject)> = Vec::new();
         for ev in batch {
             let (ProcessEvent::Exec { pid, .. }
@@ -293,7 +335,7 @@ impl Session {
             else {
                 continue;
             };
-            for o in objects_of(*pid).0 {
+            for o in self.objects_of(*pid).unwrap_or_default() {
                 if !self.probes.knows(o.dev_inode)
                     && !out.iter().any(|(_, seen)| seen.dev_inode == o.dev_inode)
                 {
@@ -304,11 +346,16 @@ impl Session {
         out
     }
 
-    /// Keeps what [`read_libraries`] read, for the attaches to come.
-    pub fn add_read_libraries(&mut self, read: Vec<ReadLibrary>) {
-        for (dev_inode, file, kind) in read {
-            self.probes.read_ahead(dev_inode, file, kind);
-        }
+    /// Keeps what [`read_libraries`] read, for the attaches to come; which files those are.
+    pub fn add_read_libraries(&mut self, read: Vec<ReadLibrary>) -> Vec<(u64, u64)> {
+        read.into_iter()
+            .filter_map(|r| {
+                self.charge(r.pid, r.spent);
+                self.probes
+                    .read_ahead(r.dev_inode, r.file, r.kind)
+                    .then_some(r.dev_inode)
+            })
+            .collect()
     }
 
     /// Applies `batch` (an event and those queued behind it), reading the identity (rank,
@@ -379,7 +426,7 @@ impl Session {
                     })
                     .or_else(|| t.kernel_info.take())
                     .or(t.info.take());
-                let maps = self.attach_mapped(pid);
+                let maps = self.attach_mapped(pid).unwrap_or(false);
                 if let Some(t) = self.tracked.get_mut(&pid) {
                     t.maps_mpi |= maps;
                 }
@@ -399,15 +446,16 @@ impl Session {
                 t.kernel_info = Some(*info);
             }
             ProcessEvent::Loaded { pid, .. } => {
-                // Paused by the kernel until what it just mapped is probed.
-                let maps = self.attach_mapped(pid);
+                // Paused by the kernel until what it just mapped is probed; where its
+                // owner's share of reading time is spent, until a rescan reads it (or the
+                // pause's own limit: `PAUSE_OVERDUE`).
+                let Some(maps) = self.attach_mapped(pid) else {
+                    return;
+                };
                 if let Some(t) = self.tracked.get_mut(&pid) {
                     t.maps_mpi |= maps;
                 }
-                if let Some(paused) = self.probes.resume(pid) {
-                    self.pauses.add(paused);
-                    debug!(pid, ?paused, "continued after probing what it loaded");
-                }
+                self.continue_loaded(pid);
             }
             ProcessEvent::Pcontrol {
                 pid,
@@ -498,32 +546,51 @@ impl Session {
             let Some(t) = self.tracked.get_mut(&pid) else {
                 continue;
             };
-            if pages.is_some() && t.seen_pages == pages {
+            // One due (its owner's share was spent) is read as soon as the share allows.
+            if !t.maps_due && pages.is_some() && t.seen_pages == pages {
                 continue;
             }
             // One whose list of mappings is past what is read of one: looked at again once
             // a minute at most, however often its mappings change (each look reads the
             // most there is to read, its environment too).
-            if t.unread
-                .as_ref()
-                .is_some_and(|u| u.1.elapsed() < UNREAD_LOOK_AGAIN)
+            if !t.maps_due
+                && t.unread
+                    .as_ref()
+                    .is_some_and(|u| u.1.elapsed() < UNREAD_LOOK_AGAIN)
             {
                 continue;
             }
             t.seen_pages = pages;
+            let due = t.maps_due;
             let needs_info = t.info.as_ref().is_none_or(|i| i.rank.is_none());
             if needs_info && !self.identity_from_kernel {
-                if let Ok(info) = discover::process_info(pid) {
+                // Read as often as its mappings change, its environment too: within its
+                // owner's share.
+                if let Ok(info) = self.shared_read(pid, discover::process_info_in) {
                     if let Some(t) = self.tracked.get_mut(&pid) {
                         t.info = Some(info);
                     }
                     self.seed(pid);
                 }
             }
-            let maps = self.attach_mapped(pid);
+            let Some(maps) = self.attach_mapped(pid) else {
+                continue;
+            };
             if let Some(t) = self.tracked.get_mut(&pid) {
                 t.maps_mpi |= maps;
             }
+            // Read at last: one paused at a load meanwhile waited for just this.
+            if due && self.probes.is_paused(pid) {
+                self.continue_loaded(pid);
+            }
+        }
+    }
+
+    /// Continues `pid` paused at a library load, now that what it loaded is probed.
+    fn continue_loaded(&mut self, pid: u32) {
+        if let Some(paused) = self.probes.resume(pid) {
+            self.pauses.add(paused);
+            debug!(pid, ?paused, "continued after probing what it loaded");
         }
     }
 
@@ -598,13 +665,20 @@ impl Session {
 /// attached under it.
 pub async fn apply_events_shared(session: &Mutex<Session>, batch: Vec<ProcessEvent>) {
     let unread = session.lock().await.unread_objects(&batch);
+    let mut read_ahead = Vec::new();
     if !unread.is_empty() {
         let read = tokio::task::spawn_blocking(move || read_libraries(unread))
             .await
             .unwrap_or_default();
-        session.lock().await.add_read_libraries(read);
+        read_ahead = session.lock().await.add_read_libraries(read);
     }
-    session.lock().await.apply_events(batch);
+    let mut session = session.lock().await;
+    session.apply_events(batch);
+    // Each holds its file open: one read for a process that ended before it was attached
+    // (or was not read again: its owner's share spent) is never kept past its batch, or a
+    // user making new files and ending their processes would use up the daemon's
+    // descriptors.
+    session.probes.drop_read_ahead(&read_ahead);
 }
 
 impl Session {
@@ -613,10 +687,19 @@ impl Session {
     pub fn adopt_running(&mut self, admits: impl Fn(u32, Option<&ProcessInfo>) -> bool) {
         // A process detached on request stays so until it is attached again.
         let known = |pid| self.tracked.contains_key(&pid) || self.probes.is_ignored(pid);
-        let infos: BTreeMap<u32, Option<ProcessInfo>> = discover::rank_library_processes(known)
-            .into_iter()
-            .map(|pid| (pid, discover::process_info(pid).ok()))
-            .collect();
+        let (probes, shares) = (&self.probes, &mut self.read_shares);
+        let read_maps = |p: &discover::process_dir::ProcessDir| {
+            shares.read_process(
+                p,
+                |uid| probes.account_of(uid),
+                discover::process_dir::ProcessDir::maps,
+            )
+        };
+        let infos: BTreeMap<u32, Option<ProcessInfo>> =
+            discover::rank_library_processes(known, read_maps)
+                .into_iter()
+                .map(|pid| (pid, discover::process_info(pid).ok()))
+                .collect();
         if infos.is_empty() {
             return;
         }

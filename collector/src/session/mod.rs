@@ -59,6 +59,8 @@ pub struct Session {
     /// of ranks inside a call: where a long call was made from, and the call a rank
     /// attached to was already inside.
     unwinder: crate::symbols::unwind::Unwinder,
+    /// Each user's share of the time spent reading their processes' lists of mappings.
+    read_shares: crate::discover::read_share::ReadShares,
 }
 
 /// How often, and how long in all, processes were paused at library loads until probed.
@@ -127,6 +129,7 @@ impl Session {
             host: discover::this_host(),
             site_files: Default::default(),
             unwinder: Default::default(),
+            read_shares: Default::default(),
         })
     }
 
