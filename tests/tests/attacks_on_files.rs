@@ -169,7 +169,7 @@ fn a_process_with_a_huge_list_of_mappings_does_not_bloat_the_daemon() {
 /// CPU each, which kept the daemon's core (its unit's whole quota, shared with the ring
 /// buffers every user's jobs are counted through) busy; and each copy, not probed, was
 /// remembered with its reason, listed in every profile. The user's share of reading time
-/// is spent after a burst, then a twentieth of a core: `ps` says so, the daemon's CPU falls
+/// is spent after a burst, then a tenth of a core: `ps` says so, the daemon's CPU falls
 /// to that; the copies' reasons are listed 32 at most, and once the attacker is gone no
 /// copy is held open; root's job is counted exactly meanwhile.
 #[test]
@@ -192,7 +192,7 @@ fn a_process_loading_libraries_in_a_loop_does_not_take_the_daemons_core() {
             .get(&u64::from(pid))
             .is_some_and(|why| why.contains("is spent for now"))
     });
-    // A twentieth of a core for the attacker's reads, and what the daemon does anyway
+    // A tenth of a core for the attacker's reads, and what the daemon does anyway
     // (about 2% here); it was a whole core.
     let share = cpu_share(a.daemon.child.0.id(), Duration::from_secs(5));
     eprintln!(

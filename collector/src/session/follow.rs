@@ -121,7 +121,10 @@ impl Session {
     /// not read kept for `ps`, where they were not (an ended process said nothing of: its
     /// exit is reported as such). `None` where its owner's share is spent: it is due.
     fn mapped_by(&mut self, pid: u32) -> Option<Vec<MappedObject>> {
-        let read = self.objects_of(pid);
+        let read = match self.read_while_paused.remove(&pid) {
+            Some(objects) if self.probes.is_paused(pid) => Ok(objects),
+            _ => self.objects_of(pid),
+        };
         let spent = matches!(read, Err(discover::DiscoverError::ShareSpent { .. }));
         let (objects, unread) = read.map_or_else(
             |e| {
@@ -328,6 +331,7 @@ impl Session {
     /// [`read_libraries`] reads off the session's lock before `apply_events` attaches them.
     pub fn unread_objects(&mut self, batch: &[ProcessEvent]) -> Vec<(u32, MappedObject)> {
         let mut out: Vec<(u32, MappedObject)> = Vec::new();
+        let mut listed = std::collections::HashSet::new();
         for ev in batch {
             let (ProcessEvent::Exec { pid, .. }
             | ProcessEvent::Discovered { pid, .. }
@@ -335,12 +339,19 @@ impl Session {
             else {
                 continue;
             };
-            for o in self.objects_of(*pid).unwrap_or_default() {
-                if !self.probes.knows(o.dev_inode)
-                    && !out.iter().any(|(_, seen)| seen.dev_inode == o.dev_inode)
-                {
-                    out.push((*pid, o));
+            let Ok(objects) = self.objects_of(*pid) else {
+                continue;
+            };
+            for o in &objects {
+                if !self.probes.knows(o.dev_inode) && listed.insert(o.dev_inode) {
+                    out.push((*pid, o.clone()));
                 }
+            }
+            // Paused at the event, it maps nothing new until continued: its attach takes
+            // this list rather than read it again (a PyTorch rank is paused at hundreds
+            // of loads).
+            if self.probes.is_paused(*pid) {
+                self.read_while_paused.insert(*pid, objects);
             }
         }
         out
@@ -674,6 +685,7 @@ pub async fn apply_events_shared(session: &Mutex<Session>, batch: Vec<ProcessEve
     }
     let mut session = session.lock().await;
     session.apply_events(batch);
+    session.read_while_paused.clear();
     // Each holds its file open: one read for a process that ended before it was attached
     // (or was not read again: its owner's share spent) is never kept past its batch, or a
     // user making new files and ending their processes would use up the daemon's

@@ -61,6 +61,9 @@ pub struct Session {
     unwinder: crate::symbols::unwind::Unwinder,
     /// Each user's share of the time spent reading their processes' lists of mappings.
     read_shares: crate::discover::read_share::ReadShares,
+    /// The mappings of processes paused at their batch's events, read ahead for their
+    /// attaches (within one batch: see `follow::apply_events_shared`).
+    read_while_paused: BTreeMap<u32, Vec<crate::discover::MappedObject>>,
 }
 
 /// How often, and how long in all, processes were paused at library loads until probed.
@@ -130,6 +133,7 @@ impl Session {
             site_files: Default::default(),
             unwinder: Default::default(),
             read_shares: Default::default(),
+            read_while_paused: BTreeMap::new(),
         })
     }
 
