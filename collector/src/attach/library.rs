@@ -140,7 +140,7 @@ impl Probes {
         if let Err(e) = programs {
             // Not tried again for each process that maps it: verifying takes seconds.
             let why = format!("{}: not probed: {e:#}", lib.path);
-            self.unsupported.note(None, why);
+            self.unsupported.note(owner, why);
             self.seen.insert(dev_inode, None);
             return Err(e);
         }

@@ -564,7 +564,8 @@ impl Probes {
         })
     }
 
-    /// Whether `pid` is paused at a library load (not continued since).
+    /// Whether `pid` is paused (at a library load or at `MPI_Pcontrol`: one list holds
+    /// both) and not continued since.
     pub fn is_paused(&self, pid: u32) -> bool {
         self.paused.get(&pid, 0).is_ok()
     }
@@ -579,9 +580,9 @@ impl Probes {
     }
 
     /// Continues the processes paused longer than `max` ago, or than `max` after the last
-    /// program load (their event was not handled: it should not happen, and no process
-    /// stays stopped if it does); how many.
-    pub fn resume_overdue(&mut self, max: std::time::Duration) -> usize {
+    /// program load (their event was not handled, or their owner's share of reading time
+    /// was spent: no process stays stopped for long); which.
+    pub fn resume_overdue(&mut self, max: std::time::Duration) -> Vec<u32> {
         let now = crate::clock::monotonic_ns();
         let overdue: Vec<u32> = self
             .paused
@@ -595,7 +596,7 @@ impl Probes {
         for pid in &overdue {
             self.resume(*pid);
         }
-        overdue.len()
+        overdue
     }
 
     /// Whether watched processes are paused at their library loads until those are probed

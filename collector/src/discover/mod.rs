@@ -345,7 +345,6 @@ fn context_switches_of(status: &str) -> u64 {
         .fold(0, u64::saturating_add)
 }
 
-/// The value of the line `name:` of a `/proc/.../status` text, trimmed.
 /// The real user id a `/proc/PID/status` text names (its `Uid:` line's first field).
 fn real_uid(status: &str) -> Option<u32> {
     status_field(status, "Uid")?
@@ -355,6 +354,7 @@ fn real_uid(status: &str) -> Option<u32> {
         .ok()
 }
 
+/// The value of the line `name:` of a `/proc/.../status` text, trimmed.
 fn status_field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
     status.lines().find_map(|l| {
         let (n, value) = l.split_once(':')?;

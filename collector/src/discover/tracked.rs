@@ -23,8 +23,8 @@ pub struct Tracked {
     /// it ended).
     pub unread: Option<(String, std::time::Instant)>,
     /// Its mappings are to be read (its owner's share of reading time was spent when they
-    /// were to be): the next rescan the share allows reads them.
-    pub maps_due: bool,
+    /// were to be), and what is owed it then: the next rescan the share allows reads them.
+    pub maps_due: Option<MapsDue>,
     /// Address-space size when its mappings were last read. Reading `/proc/PID/maps` walks
     /// the process's memory map (measured: 4% of a core for a 2-rank job every 200 ms,
     /// taken from the ranks on a busy node), so rescans wait for this to change (dlopen).
@@ -53,6 +53,15 @@ pub struct Tracked {
     /// Its profile while watched before it was detached, where it was attached again: the
     /// profile counted since then is added to it.
     pub earlier: Option<Box<crate::profile::RankProfile>>,
+}
+
+/// What is owed a process whose mappings were not read when they were to be.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapsDue {
+    /// It is paused at the library load they were to be read for: continued once read.
+    pub continue_it: bool,
+    /// It was being watched from then: the fabrics it opened are looked for once read.
+    pub fabrics: bool,
 }
 
 impl Tracked {

@@ -16,15 +16,21 @@ use tracing::{debug, warn};
 use super::Session;
 use crate::{
     clock::monotonic_ns,
-    discover::{self, read_share::thread_cpu, tracked::Tracked, MappedObject, ProcessInfo},
+    discover::{
+        self,
+        read_share::thread_cpu,
+        tracked::{MapsDue, Tracked},
+        MappedObject, ProcessInfo,
+    },
     ingest::ProcessEvent,
     profile::build::job_key,
     symbols::{file::FileError, LibraryFile, MpiTransport},
 };
 use collector_common::ComponentAddrs;
 
-/// How long a process paused at a library load may wait for its event before it is
-/// continued anyway (the event is sent before the pause: this is a safety net).
+/// How long a process paused at a library load may wait before it is continued anyway: a
+/// safety net where its event never came (it is sent before the pause), and the most it
+/// waits where its owner's share of reading time is spent.
 const PAUSE_OVERDUE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How soon a process whose mappings were not read (too many) is looked at again, at most.
@@ -102,16 +108,30 @@ impl Session {
     /// Probes every MPI library `pid` maps; whether it maps one (`None`: its owner's share
     /// of reading time is spent: it is read when the share allows, see [`Self::rescan`]).
     pub fn attach_mapped(&mut self, pid: u32) -> Option<bool> {
-        let objects = self.mapped_by(pid)?;
+        let (objects, due) = self.mapped_by(pid)?;
         let before = thread_cpu();
         let maps_mpi = self.attach_objects(pid, &objects);
         self.charge(pid, thread_cpu().saturating_sub(before));
+        if due.is_some_and(|d| d.fabrics) {
+            self.find_open_fabrics(pid, &objects);
+        }
+        // Only one paused at the load it was owed a read for (its pause not overdue since,
+        // as `rescan` notes): a pause at `MPI_Pcontrol` is in the same list.
+        if due.is_some_and(|d| d.continue_it) && self.probes.is_paused(pid) {
+            self.continue_loaded(pid);
+        }
         Some(maps_mpi)
     }
 
-    /// Charges `pid`'s owner (where known) `spent` of CPU done for it.
+    /// Charges `pid`'s owner `spent` of CPU done for it (its real user, from `/proc` where
+    /// it is not tracked yet).
     fn charge(&mut self, pid: u32, spent: std::time::Duration) {
-        if let Some(uid) = self.tracked.get(&pid).and_then(Tracked::uid) {
+        let uid = self.tracked.get(&pid).and_then(Tracked::uid).or_else(|| {
+            discover::process_dir::ProcessDir::open(pid, None)
+                .and_then(|p| p.real_uid())
+                .ok()
+        });
+        if let Some(uid) = uid {
             let account = self.probes.account_of(uid);
             self.read_shares.charge(account, spent);
         }
@@ -119,10 +139,11 @@ impl Session {
 
     /// The objects `pid` maps (none if they cannot be read: it exited, say); why they were
     /// not read kept for `ps`, where they were not (an ended process said nothing of: its
-    /// exit is reported as such). `None` where its owner's share is spent: it is due.
-    fn mapped_by(&mut self, pid: u32) -> Option<Vec<MappedObject>> {
-        let read = match self.read_while_paused.remove(&pid) {
-            Some(objects) if self.probes.is_paused(pid) => Ok(objects),
+    /// exit is reported as such), with what was owed it where it was due. `None` where its
+    /// owner's share is spent: it is due.
+    fn mapped_by(&mut self, pid: u32) -> Option<(Vec<MappedObject>, Option<MapsDue>)> {
+        let read = match self.read_while_paused.get(&pid) {
+            Some(objects) if self.probes.is_paused(pid) => Ok(objects.clone()),
             _ => self.objects_of(pid),
         };
         let spent = matches!(read, Err(discover::DiscoverError::ShareSpent { .. }));
@@ -134,11 +155,16 @@ impl Session {
             },
             |objects| (objects, None),
         );
+        let mut due = None;
         if let Some(t) = self.tracked.get_mut(&pid) {
             t.unread = unread.map(|why| (why, std::time::Instant::now()));
-            t.maps_due = spent;
+            if spent {
+                t.maps_due.get_or_insert_default();
+            } else {
+                due = t.maps_due.take();
+            }
         }
-        (!spent).then_some(objects)
+        (!spent).then_some((objects, due))
     }
 
     /// A span for what is done to `pid`, with its rank and job as far as they are known:
@@ -278,8 +304,14 @@ impl Session {
                 .tell(crate::ingest::FeedItem::Detached(pid));
         }
         self.probes.watch(pid, descendants)?;
-        // Where its owner's share is spent, it is probed when read (a rescan).
-        let objects = self.mapped_by(pid).unwrap_or_default();
+        // Where its owner's share is spent, it is probed, and its fabrics looked for, when
+        // read (a rescan).
+        let (objects, _) = self.mapped_by(pid).unwrap_or_else(|| {
+            if let Some(due) = self.tracked.get_mut(&pid).and_then(|t| t.maps_due.as_mut()) {
+                due.fabrics = true;
+            }
+            Default::default()
+        });
         let maps_mpi = self.attach_objects(pid, &objects);
         self.find_open_fabrics(pid, &objects);
         if let Some(t) = self.tracked.get_mut(&pid) {
@@ -332,6 +364,7 @@ impl Session {
     pub fn unread_objects(&mut self, batch: &[ProcessEvent]) -> Vec<(u32, MappedObject)> {
         let mut out: Vec<(u32, MappedObject)> = Vec::new();
         let mut listed = std::collections::HashSet::new();
+        let mut read = std::collections::HashSet::new();
         for ev in batch {
             let (ProcessEvent::Exec { pid, .. }
             | ProcessEvent::Discovered { pid, .. }
@@ -339,6 +372,10 @@ impl Session {
             else {
                 continue;
             };
+            // Once a batch (an exec comes with the pause of its new image).
+            if !read.insert(*pid) {
+                continue;
+            }
             let Ok(objects) = self.objects_of(*pid) else {
                 continue;
             };
@@ -347,7 +384,7 @@ impl Session {
                     out.push((*pid, o.clone()));
                 }
             }
-            // Paused at the event, it maps nothing new until continued: its attach takes
+            // Paused at the event, it maps nothing new until continued: its attaches take
             // this list rather than read it again (a PyTorch rank is paused at hundreds
             // of loads).
             if self.probes.is_paused(*pid) {
@@ -461,6 +498,10 @@ impl Session {
                 // owner's share of reading time is spent, until a rescan reads it (or the
                 // pause's own limit: `PAUSE_OVERDUE`).
                 let Some(maps) = self.attach_mapped(pid) else {
+                    if let Some(due) = self.tracked.get_mut(&pid).and_then(|t| t.maps_due.as_mut())
+                    {
+                        due.continue_it = true;
+                    }
                     return;
                 };
                 if let Some(t) = self.tracked.get_mut(&pid) {
@@ -511,7 +552,8 @@ impl Session {
                     t.exit_ns = Some(ts_ns);
                     // What the kernel added up of a process that never mapped MPI (a
                     // launched job's shells) has no profile to go to.
-                    if !t.maps_mpi {
+                    // One never read for want of its owner's share may have.
+                    if !t.maps_mpi && t.maps_due.is_none() {
                         self.probes.forget_usage(pid);
                     }
                 }
@@ -532,20 +574,30 @@ impl Session {
         if let Err(e) = self.probes.renew_pause_lease() {
             warn!("{e:#}");
         }
-        let overdue = self.probes.resume_overdue(PAUSE_OVERDUE);
-        if overdue > 0 {
+        let mut never_came = 0;
+        for pid in self.probes.resume_overdue(PAUSE_OVERDUE) {
+            // Continued: its due read no longer continues it (it may be paused at
+            // `MPI_Pcontrol` by then).
+            match self.tracked.get_mut(&pid).and_then(|t| t.maps_due.as_mut()) {
+                Some(due) if due.continue_it => due.continue_it = false,
+                _ => never_came += 1,
+            }
+        }
+        if never_came > 0 {
             warn!(
-                overdue,
+                never_came,
                 "continued processes paused at a library load whose event never came"
             );
         }
-        let live: Vec<u32> = self
+        // Due processes from the one after the last read on: each refill of a share goes
+        // to the next of its user's processes in turn, not to the lowest pid.
+        let (after, upto): (Vec<u32>, Vec<u32>) = self
             .tracked
             .iter()
             .filter(|(_, t)| t.exit_ns.is_none())
             .map(|(p, _)| *p)
-            .collect();
-        for pid in live {
+            .partition(|&p| p > self.last_due_read);
+        for pid in after.into_iter().chain(upto) {
             if !self.probes.is_watched(pid) || !Path::new(&format!("/proc/{pid}")).exists() {
                 if let Some(t) = self.tracked.get_mut(&pid) {
                     t.exit_ns = Some(monotonic_ns());
@@ -558,13 +610,14 @@ impl Session {
                 continue;
             };
             // One due (its owner's share was spent) is read as soon as the share allows.
-            if !t.maps_due && pages.is_some() && t.seen_pages == pages {
+            let due = t.maps_due.is_some();
+            if !due && pages.is_some() && t.seen_pages == pages {
                 continue;
             }
             // One whose list of mappings is past what is read of one: looked at again once
             // a minute at most, however often its mappings change (each look reads the
             // most there is to read, its environment too).
-            if !t.maps_due
+            if !due
                 && t.unread
                     .as_ref()
                     .is_some_and(|u| u.1.elapsed() < UNREAD_LOOK_AGAIN)
@@ -572,7 +625,6 @@ impl Session {
                 continue;
             }
             t.seen_pages = pages;
-            let due = t.maps_due;
             let needs_info = t.info.as_ref().is_none_or(|i| i.rank.is_none());
             if needs_info && !self.identity_from_kernel {
                 // Read as often as its mappings change, its environment too: within its
@@ -590,9 +642,8 @@ impl Session {
             if let Some(t) = self.tracked.get_mut(&pid) {
                 t.maps_mpi |= maps;
             }
-            // Read at last: one paused at a load meanwhile waited for just this.
-            if due && self.probes.is_paused(pid) {
-                self.continue_loaded(pid);
+            if due {
+                self.last_due_read = pid;
             }
         }
     }

@@ -64,6 +64,8 @@ pub struct Session {
     /// The mappings of processes paused at their batch's events, read ahead for their
     /// attaches (within one batch: see `follow::apply_events_shared`).
     read_while_paused: BTreeMap<u32, Vec<crate::discover::MappedObject>>,
+    /// The process whose mappings, due, were read last (the next due is read first).
+    last_due_read: u32,
 }
 
 /// How often, and how long in all, processes were paused at library loads until probed.
@@ -134,6 +136,7 @@ impl Session {
             unwinder: Default::default(),
             read_shares: Default::default(),
             read_while_paused: BTreeMap::new(),
+            last_due_read: 0,
         })
     }
 
