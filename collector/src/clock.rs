@@ -3,12 +3,26 @@
 
 /// Monotonic time in ns, the clock `bpf_ktime_get_ns` reads.
 pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// `f`'s result, and the CPU time this thread spent in it (the kernel's work for its system
+/// calls included).
+pub fn cpu_spent<T>(f: impl FnOnce() -> T) -> (T, std::time::Duration) {
+    let before = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+    let out = f();
+    let spent = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(before);
+    (out, std::time::Duration::from_nanos(spent))
+}
+
+/// What clock `clock` reads, in ns.
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    unsafe { libc::clock_gettime(clock, &raw mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 

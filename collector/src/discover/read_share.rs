@@ -53,12 +53,6 @@ pub struct Spent {
 }
 
 impl ReadShares {
-    /// Runs `read` for `account` if its share is not spent, charging it the CPU time this
-    /// thread spent in it (the kernel's time writing the list is the reader's).
-    pub fn read<T>(&mut self, account: u32, read: impl FnOnce() -> T) -> Result<T, Spent> {
-        self.read_at(account, Instant::now(), read)
-    }
-
     /// `read` of `process` within the share of the account its real owner is charged to
     /// (`account`: a uid's account); its owner's share spent, an error that says so.
     pub fn read_process<T>(
@@ -68,7 +62,7 @@ impl ReadShares {
         read: impl FnOnce(&ProcessDir) -> Result<T, DiscoverError>,
     ) -> Result<T, DiscoverError> {
         let uid = process.real_uid()?;
-        self.read(account(uid), || read(process))
+        self.read_at(account(uid), Instant::now(), || read(process))
             .unwrap_or_else(|spent| {
                 Err(DiscoverError::ShareSpent {
                     pid: process.pid(),
@@ -86,6 +80,8 @@ impl ReadShares {
         }
     }
 
+    /// Runs `read` for `account` if its share is not spent at `now`, charging it the CPU
+    /// time this thread spent in it (the kernel's time writing the list is the reader's).
     fn read_at<T>(
         &mut self,
         account: u32,
@@ -103,9 +99,8 @@ impl ReadShares {
                 });
             }
         }
-        let before = thread_cpu();
-        let out = read();
-        self.charge_at(account, now, thread_cpu().saturating_sub(before));
+        let (out, spent) = crate::clock::cpu_spent(read);
+        self.charge_at(account, now, spent);
         Ok(out)
     }
 
@@ -136,17 +131,6 @@ impl Left {
         let refill = now.saturating_duration_since(self.at).as_secs_f64() * RATE;
         (self.secs + refill).min(BURST.as_secs_f64())
     }
-}
-
-/// CPU time this thread has used.
-pub fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 #[cfg(test)]

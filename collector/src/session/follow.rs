@@ -15,10 +15,9 @@ use tracing::{debug, warn};
 
 use super::Session;
 use crate::{
-    clock::monotonic_ns,
+    clock::{cpu_spent, monotonic_ns},
     discover::{
         self,
-        read_share::thread_cpu,
         tracked::{MapsDue, Tracked},
         MappedObject, ProcessInfo,
     },
@@ -60,15 +59,18 @@ pub fn read_libraries(objects: Vec<(u32, MappedObject)>) -> Vec<ReadLibrary> {
     objects
         .into_iter()
         .filter_map(|(pid, o)| {
-            let before = thread_cpu();
-            let file = open_object(pid, &o).ok()?;
-            let kind = crate::symbols::read_library(&file);
+            let (read, spent) = cpu_spent(|| {
+                let file = open_object(pid, &o).ok()?;
+                let kind = crate::symbols::read_library(&file);
+                Some((file, kind))
+            });
+            let (file, kind) = read?;
             Some(ReadLibrary {
                 dev_inode: o.dev_inode,
                 file,
                 kind,
                 pid,
-                spent: thread_cpu().saturating_sub(before),
+                spent,
             })
         })
         .collect()
@@ -109,9 +111,8 @@ impl Session {
     /// of reading time is spent: it is read when the share allows, see [`Self::rescan`]).
     pub fn attach_mapped(&mut self, pid: u32) -> Option<bool> {
         let (objects, due) = self.mapped_by(pid)?;
-        let before = thread_cpu();
-        let maps_mpi = self.attach_objects(pid, &objects);
-        self.charge(pid, thread_cpu().saturating_sub(before));
+        let (maps_mpi, spent) = cpu_spent(|| self.attach_objects(pid, &objects));
+        self.charge(pid, spent);
         if due.is_some_and(|d| d.fabrics) {
             self.find_open_fabrics(pid, &objects);
         }
