@@ -409,6 +409,11 @@ impl Drop for CgroupGuard {
     }
 }
 
+/// The system's library `name` (Debian's multiarch directory), its links followed.
+pub fn system_library(name: &str) -> PathBuf {
+    std::fs::canonicalize(Path::new("/usr/lib/x86_64-linux-gnu").join(name)).expect(name)
+}
+
 /// A private copy of Open MPI's libmpi in `scratch`: a file commtap cannot have probed
 /// before the process loads it, as with an MPI library inside a Python venv loaded by
 /// mpi4py.
@@ -416,9 +421,7 @@ pub fn private_libmpi(scratch: &Scratch) -> PathBuf {
     let private = scratch.path("private");
     std::fs::create_dir_all(&private).expect("mkdir");
     let lib = private.join("libmpi.so.40");
-    let system =
-        std::fs::canonicalize("/usr/lib/x86_64-linux-gnu/libmpi.so.40").expect("Open MPI's libmpi");
-    std::fs::copy(&system, &lib).expect("copying libmpi");
+    std::fs::copy(system_library("libmpi.so.40"), &lib).expect("copying libmpi");
     lib
 }
 
@@ -429,14 +432,21 @@ pub fn private_libmpi(scratch: &Scratch) -> PathBuf {
 #[track_caller]
 pub fn start_dlopen_after_go(scratch: &Scratch, n: u64) -> (ChildGuard, u32) {
     let lib = private_libmpi(scratch);
+    start_dlopen_of_after_go(&lib, &scratch.0, n)
+}
+
+/// Starts `mpi_dlopen` on `lib` as [`start_dlopen_after_go`] does, its files (`ready`,
+/// `go`, `truth`) in `dir`.
+#[track_caller]
+pub fn start_dlopen_of_after_go(lib: &Path, dir: &Path, n: u64) -> (ChildGuard, u32) {
     let mut cmd = Command::new(crate::build_plain_c("mpi_dlopen.c", &["-ldl"]));
     cmd.env("MPI_DLOPEN_AFTER_GO", "1")
-        .arg(&lib)
-        .arg(scratch.path("ready"))
-        .arg(scratch.path("go"))
+        .arg(lib)
+        .arg(dir.join("ready"))
+        .arg(dir.join("go"))
         .arg(n.to_string())
-        .arg(scratch.path("truth"));
-    start_waiting_alone(scratch, cmd)
+        .arg(dir.join("truth"));
+    start_waiting_alone(&dir.join("ready"), cmd)
 }
 
 /// Starts a launcher (a shell, in a session of its own) of three `mpi_dlopen` on a private
@@ -479,7 +489,7 @@ pub fn start_launcher_of_dlopens_after_go(
     if let Some(lib) = mapped {
         cmd.env("LD_PRELOAD", lib);
     }
-    start_waiting_alone(scratch, cmd)
+    start_waiting_alone(&scratch.path("ready"), cmd)
 }
 
 /// What the workers of [`start_torchrun_like`] are.
@@ -553,7 +563,7 @@ pub fn start_torchrun_like(
     );
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(script).env("LD_PRELOAD", mapped);
-    start_waiting_alone(scratch, cmd)
+    start_waiting_alone(&scratch.path("ready"), cmd)
 }
 
 /// The processes whose parent is `pid` now, as `/proc` says.
@@ -584,13 +594,13 @@ pub fn start_nccl_dlopen_after_go(scratch: &Scratch, n: u64) -> (ChildGuard, u32
         .arg(scratch.path("truth.json"))
         .arg(scratch.path("ready"))
         .arg(scratch.path("go"));
-    start_waiting_alone(scratch, cmd)
+    start_waiting_alone(&scratch.path("ready"), cmd)
 }
 
 /// Starts `cmd` in a session of its own (no controlling terminal, so nothing keeps it from
-/// being paused) and returns it and its pid once it has created `scratch/ready`.
+/// being paused) and returns it and its pid once it has created `ready`.
 #[track_caller]
-fn start_waiting_alone(scratch: &Scratch, mut cmd: Command) -> (ChildGuard, u32) {
+fn start_waiting_alone(ready: &Path, mut cmd: Command) -> (ChildGuard, u32) {
     use std::os::unix::process::CommandExt;
     // SAFETY: setsid(2) is async-signal-safe, the only call made between fork and exec.
     unsafe {
@@ -601,7 +611,6 @@ fn start_waiting_alone(scratch: &Scratch, mut cmd: Command) -> (ChildGuard, u32)
     }
     let child = ChildGuard::spawn(&mut cmd);
     let pid = child.0.id();
-    let ready = scratch.path("ready");
     wait_until(
         "the program to wait for its go",
         Duration::from_mins(1),

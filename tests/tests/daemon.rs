@@ -569,6 +569,59 @@ fn a_watched_process_that_loads_its_mpi_late_is_exact_from_its_first_call() {
     );
 }
 
+/// A file the daemon decided not to probe (not an MPI library) that then became one under
+/// the same identity (device, inode): rewritten in place, as `cp` onto it does (a deleted
+/// file's inode number given to a new one is the same to the daemon). A process that maps it
+/// then is probed, exact from its first call.
+#[test]
+fn a_file_rewritten_as_an_mpi_library_under_its_identity_is_probed() {
+    use std::os::unix::fs::MetadataExt;
+    let scratch = Scratch::new("daemon-rewritten");
+    // Its log says when a decision is found to be on other contents (at debug).
+    let daemon = Daemon::start(&scratch, &[], &["--log", "debug"], &["--uid", "65534"]);
+    let lib = scratch.path("libmpi.so.40");
+    std::fs::copy(system_library("libz.so.1"), &lib).expect("a library that is not MPI");
+    let inode = std::fs::metadata(&lib).expect("lib").ino();
+
+    // Loaded while it is not MPI: the daemon reads it (the process paused at its load) and
+    // decides not to probe it; the program finds no MPI_Init in it.
+    let first = scratch.path("first");
+    std::fs::create_dir_all(&first).expect("dir");
+    let (mut loader, pid) = start_dlopen_of_after_go(&lib, &first, 10);
+    attach_and_go(&daemon.target, pid, &first);
+    assert!(
+        !loader.wait_with_limit(LIMIT).success(),
+        "MPI_Init found in libz"
+    );
+
+    // Open MPI's libmpi written over it: the same inode, other contents.
+    std::fs::write(
+        &lib,
+        std::fs::read(system_library("libmpi.so.40")).expect("libmpi"),
+    )
+    .expect("rewrite");
+    assert_eq!(
+        std::fs::metadata(&lib).expect("lib").ino(),
+        inode,
+        "rewritten in place"
+    );
+    let second = scratch.path("second");
+    std::fs::create_dir_all(&second).expect("dir");
+    let (rank, pid) = start_dlopen_of_after_go(&lib, &second, 1000);
+    let profile = profile_after_go(&daemon.target, rank, pid, &second);
+    daemon.stop(&scratch);
+    assert_profile_matches(
+        &profile,
+        &read_truths(&second.join("truth"), 1),
+        &["MPI_Finalize"],
+    );
+    let log = std::fs::read_to_string(scratch.path("commtap.stderr")).expect("daemon log");
+    assert!(
+        log.contains("not the file decided on before under this identity"),
+        "{log}"
+    );
+}
+
 /// The same with NCCL: a watched process that `dlopen`s the NCCL wheel's `libnccl.so.2`
 /// (on no linker path) and calls it at once is exact from its first call.
 #[test]
@@ -728,6 +781,34 @@ fn a_daemon_scoped_to_a_running_torchrun_profiles_its_nccl_workers() {
     );
 }
 
+/// Has the daemon at `target` watch `pid`, then tells it to go on (`dir/go`).
+#[track_caller]
+fn attach_and_go(target: &str, pid: u32, dir: &std::path::Path) {
+    let out = commtap_output(&["attach", "--pid", &pid.to_string(), "--from", target]);
+    assert!(
+        out.status.success(),
+        "attach: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(dir.join("go"), b"go").expect("go file");
+}
+
+/// The daemon at `target`'s profile of the program `pid` (`child`), a singleton waiting for
+/// `dir/go`: attached, told to go on, and ended well.
+#[track_caller]
+fn profile_after_go(
+    target: &str,
+    mut child: ChildGuard,
+    pid: u32,
+    dir: &std::path::Path,
+) -> serde_json::Value {
+    attach_and_go(target, pid, dir);
+    assert!(child.wait_with_limit(LIMIT).success(), "the program failed");
+    wait_for_exited(target, &[u64::from(pid)]);
+    // A singleton's job is its own pid (mpitrace's convention).
+    report_json(&["report", "--from", target, "--job", &pid.to_string()])
+}
+
 /// A daemon watching only the process `start` starts, attached while it waits before its
 /// `dlopen`: the daemon's profile of its job once it has exited, and its pid.
 fn profile_of_a_late_loader(
@@ -736,33 +817,8 @@ fn profile_of_a_late_loader(
 ) -> (serde_json::Value, u32) {
     // Scoped to nobody: only the process attached below is watched.
     let daemon = Daemon::start(scratch, &[], &[], &["--uid", "65534"]);
-    let (mut waiting, pid) = start(scratch, 1000);
-    let out = commtap_output(&[
-        "attach",
-        "--pid",
-        &pid.to_string(),
-        "--from",
-        &daemon.target,
-    ]);
-    assert!(
-        out.status.success(),
-        "attach: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::write(scratch.path("go"), b"go").expect("go file");
-    assert!(
-        waiting.wait_with_limit(LIMIT).success(),
-        "the program failed"
-    );
-    wait_for_exited(&daemon.target, &[u64::from(pid)]);
-    // A singleton's job is its own pid (mpitrace's convention).
-    let profile = report_json(&[
-        "report",
-        "--from",
-        &daemon.target,
-        "--job",
-        &pid.to_string(),
-    ]);
+    let (waiting, pid) = start(scratch, 1000);
+    let profile = profile_after_go(&daemon.target, waiting, pid, &scratch.0);
     daemon.stop(scratch);
     (profile, pid)
 }

@@ -842,6 +842,57 @@ fn a_library_loaded_late_with_dlopen_is_counted_from_its_first_call() {
     );
 }
 
+/// `record -- sh -c ...` of a program loading a file that is not an MPI library, then, once
+/// `cp` has written Open MPI's libmpi over that file (same inode, other contents), of a
+/// program loading it as its MPI: the second is probed, exact from its first call.
+#[test]
+fn record_probes_a_file_rewritten_as_an_mpi_library_in_place() {
+    let scratch = Scratch::new("record-rewritten");
+    let lib = scratch.path("libmpi.so.40");
+    std::fs::copy(system_library("libz.so.1"), &lib).expect("a library that is not MPI");
+    let prog = build_plain_c("mpi_dlopen.c", &["-ldl"]);
+    let (first, second) = (scratch.path("first"), scratch.path("second"));
+    let script = format!(
+        "inode=$(stat -c %i {lib}); \
+         {prog} {lib} - - 10 {first}; \
+         cp {mpi} {lib} && [ \"$(stat -c %i {lib})\" = \"$inode\" ] || exit 7; \
+         exec {prog} {lib} - - 1000 {second}",
+        lib = path_str(&lib),
+        prog = path_str(&prog),
+        mpi = path_str(&system_library("libmpi.so.40")),
+        first = path_str(&first),
+        second = path_str(&second),
+    );
+    let out = scratch.path("profile.json");
+    let args = [
+        "--log",
+        "debug",
+        "record",
+        "--format",
+        "json",
+        "-o",
+        path_str(&out),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ];
+    let run = finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
+    assert!(
+        run.stderr.contains("mpi_dlopen: ") && run.stderr.contains("undefined symbol"),
+        "the first program found MPI in libz:\n{}",
+        run.stderr
+    );
+    let profile = read_json(&out);
+    assert_profile_matches(&profile, &read_truths(&second, 1), &["MPI_Finalize"]);
+    assert!(
+        run.stderr
+            .contains("not the file decided on before under this identity"),
+        "{}",
+        run.stderr
+    );
+}
+
 /// `record --pid --wait-for-mpi` attached to a process before it `dlopen`s its MPI (a
 /// private copy, never probed) and calls it at once: exact from `MPI_Init`.
 #[test]

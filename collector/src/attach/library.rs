@@ -17,16 +17,28 @@ use super::{
     MAX_LIBRARIES_PER_UID, MAX_LINKERS, MAX_LINKERS_PER_UID,
 };
 use crate::symbols::{
-    self, file::FileError, Library, LibraryFile, LibraryKind, Placement, ProbePoint,
+    self,
+    file::{FileError, FileStamp},
+    Library, LibraryFile, LibraryKind, Placement, ProbePoint,
 };
 
 /// A library file by its identity (device, inode), and its name for messages.
 type NamedFile = ((u64, u64), String);
 
+/// What was decided on an object mapped, by its identity.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Decided {
+    /// Probed, in this slot. Its probes hold the file: no other can take its identity.
+    Probed(usize),
+    /// Not probed (not MPI, not decoded, over its owner's quota ...), on the contents that
+    /// had this stamp: nothing holds the file, so another may have its identity later.
+    NotProbed(FileStamp),
+}
+
 impl Probes {
     /// Notes that `pid` maps the library `dev_inode` (if it is probed).
     pub fn note_mapped(&mut self, dev_inode: (u64, u64), pid: u32) {
-        if let Some(Some(slot)) = self.seen.get(&dev_inode) {
+        if let Some(Decided::Probed(slot)) = self.seen.get(&dev_inode) {
             self.mapped_by.entry(*slot).or_default().insert(pid);
         }
     }
@@ -125,7 +137,9 @@ impl Probes {
         open: impl FnOnce() -> Result<LibraryFile, FileError>,
     ) -> Result<bool, AttachError> {
         if let Some(state) = self.seen.get(&dev_inode) {
-            return Ok(state.is_some_and(|i| self.libraries[i].library.counts_calls()));
+            return Ok(
+                matches!(state, Decided::Probed(i) if self.libraries[*i].library.counts_calls()),
+            );
         }
         let Some((file, lib, owner)) = self.admit(dev_inode, shared, open) else {
             return Ok(false);
@@ -141,7 +155,7 @@ impl Probes {
             // Not tried again for each process that maps it: verifying takes seconds.
             let why = format!("{}: not probed: {e:#}", lib.path);
             self.unsupported.note(owner, why);
-            self.seen.insert(dev_inode, None);
+            self.not_probed(dev_inode, &file);
             return Err(e);
         }
         let index = self.free_slots.pop().unwrap_or(self.libraries.len());
@@ -169,7 +183,7 @@ impl Probes {
         } else {
             self.libraries.push(attached);
         }
-        self.seen.insert(dev_inode, Some(index));
+        self.seen.insert(dev_inode, Decided::Probed(index));
         Ok(counted)
     }
 
@@ -228,7 +242,7 @@ impl Probes {
         // files without end would have them remembered without end. Forgotten all at once
         // past a bound (one mapped again is read again).
         if self.seen.len() >= MAX_SEEN {
-            self.seen.retain(|_, probed| probed.is_some());
+            self.seen.retain(|_, d| matches!(d, Decided::Probed(_)));
         }
         let (file, read) = match self.read_ahead.remove(&dev_inode) {
             Some(r) => r,
@@ -253,33 +267,33 @@ impl Probes {
                 );
                 info!("{why}");
                 self.unsupported.note(self.user_of_file(&file), why);
-                self.seen.insert(dev_inode, None);
+                self.not_probed(dev_inode, &file);
                 return None;
             }
             Ok(LibraryKind::Probed(lib)) if lib.fortran_bindings && !self.call_sites() => {
                 // Their probes serve call sites alone.
-                self.seen.insert(dev_inode, None);
+                self.not_probed(dev_inode, &file);
                 return None;
             }
             Ok(LibraryKind::Probed(lib)) => lib,
             Ok(LibraryKind::Unsupported(why)) => {
                 warn!("{why}");
                 self.unsupported.note(self.user_of_file(&file), why);
-                self.seen.insert(dev_inode, None);
+                self.not_probed(dev_inode, &file);
                 return None;
             }
             Ok(LibraryKind::Linker(hook)) => {
                 self.hook_own_linker(&file, hook);
-                self.seen.insert(dev_inode, None);
+                self.not_probed(dev_inode, &file);
                 return None;
             }
             Ok(LibraryKind::Other) => {
-                self.seen.insert(dev_inode, None);
+                self.not_probed(dev_inode, &file);
                 return None;
             }
             Err(e) => {
                 debug!(library = %file.shown, error = %e, "not probed");
-                self.seen.insert(dev_inode, None);
+                self.not_probed(dev_inode, &file);
                 return None;
             }
         };
@@ -308,7 +322,7 @@ impl Probes {
                 );
                 warn!("{why}");
                 self.unsupported.note(self.user_of_file(&file), why);
-                self.seen.insert(dev_inode, None);
+                self.not_probed(dev_inode, &file);
                 return None;
             }
         }
@@ -480,6 +494,25 @@ impl Probes {
         new
     }
 
+    /// Forgets the decision not to probe the object `dev_inode` if it was made on other
+    /// contents than those with `stamp` (its file now, as a process maps it): that file is
+    /// then read as a new one.
+    pub fn forget_if_changed(&mut self, dev_inode: (u64, u64), stamp: FileStamp) {
+        if matches!(self.seen.get(&dev_inode), Some(Decided::NotProbed(s)) if *s != stamp) {
+            debug!(
+                ?dev_inode,
+                "not the file decided on before under this identity (rewritten, or a deleted \
+                 file's inode number given to a new one): read again"
+            );
+            self.seen.remove(&dev_inode);
+        }
+    }
+
+    /// Remembers that the object `dev_inode` (the contents of `file`) is not probed.
+    fn not_probed(&mut self, dev_inode: (u64, u64), file: &LibraryFile) {
+        self.seen.insert(dev_inode, Decided::NotProbed(file.stamp));
+    }
+
     /// Lets go of the libraries among `ids` read ahead and not attached since (their
     /// processes ended, or were not read again, first): each holds its file open.
     pub fn drop_read_ahead(&mut self, ids: &[(u64, u64)]) {
@@ -501,7 +534,7 @@ impl Probes {
             return false;
         }
         if let Some(state) = self.seen.get(&dev_inode) {
-            return matches!(state, Some(i) if self.libraries[*i].library.abi == Abi::Fabric);
+            return matches!(state, Decided::Probed(i) if self.libraries[*i].library.abi == Abi::Fabric);
         }
         let read = match self.read_ahead.entry(dev_inode) {
             std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
@@ -553,7 +586,9 @@ impl Probes {
 
     /// The probed library that is the object `dev_inode`, if any.
     pub fn library_of(&self, dev_inode: (u64, u64)) -> Option<&symbols::Library> {
-        let i = (*self.seen.get(&dev_inode)?)?;
+        let Decided::Probed(i) = *self.seen.get(&dev_inode)? else {
+            return None;
+        };
         Some(&self.libraries[i].library)
     }
 

@@ -225,8 +225,9 @@ pub struct Probes {
     subuids_written: Vec<SubuidRange>,
     subuid_file: PathBuf,
     events: Option<RingBuf<MapData>>,
-    /// By (dev, inode): attached MPI libraries, or `None` for objects that are not MPI.
-    seen: BTreeMap<(u64, u64), Option<usize>>,
+    /// By (dev, inode): what was decided on each object mapped (probed, or not and on
+    /// which contents).
+    seen: BTreeMap<(u64, u64), library::Decided>,
     /// Libraries read (`is_fabric_file`) but not attached yet, with the open file they
     /// were read from (the probes go into that very file).
     read_ahead: BTreeMap<(u64, u64), (LibraryFile, Result<LibraryKind, symbols::SymbolError>)>,

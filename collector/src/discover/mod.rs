@@ -599,6 +599,8 @@ fn identity_vars(raw: &[u8]) -> BTreeMap<String, String> {
 pub struct MappedObject {
     /// Device and inode: the identity of the file, whatever path reaches it.
     pub dev_inode: (u64, u64),
+    /// Its contents' stamp (what tells them from another file's at the same identity).
+    pub stamp: crate::symbols::file::FileStamp,
     /// Its path as the process names it (for messages: the file is opened through `range`,
     /// never by this path; see `shown_path`).
     pub path: PathBuf,
@@ -725,7 +727,7 @@ pub fn mapped_objects_in(
         };
         // The identity of the file the process maps (the kernel's own link to it), as
         // `stat` would give for the file opened later: never a path the process can move.
-        let Ok(dev_inode) = crate::symbols::file::mapped_identity(pid, range) else {
+        let Ok((dev_inode, stamp)) = crate::symbols::file::mapped_identity(pid, range) else {
             continue;
         };
         if !seen.insert(dev_inode) {
@@ -733,6 +735,7 @@ pub fn mapped_objects_in(
         }
         out.push(MappedObject {
             dev_inode,
+            stamp,
             path: PathBuf::from(in_ns),
             range,
             code: lines

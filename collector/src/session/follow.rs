@@ -183,6 +183,10 @@ impl Session {
     /// Probes every MPI library among `objects` (mapped by `pid`); whether there is one.
     fn attach_objects(&mut self, pid: u32, objects: &[MappedObject]) -> bool {
         let _process = self.process_span(pid).entered();
+        // A decision not to probe a file holds for the contents it was made on.
+        for o in objects {
+            self.probes.forget_if_changed(o.dev_inode, o.stamp);
+        }
         if self.probes.call_sites() && !objects.is_empty() {
             self.site_files.ask(pid, objects);
             if let Some(t) = self.tracked.get_mut(&pid) {
@@ -360,8 +364,9 @@ impl Session {
         }
     }
 
-    /// The objects that the processes new in `batch` map and that were never read: what
-    /// [`read_libraries`] reads off the session's lock before `apply_events` attaches them.
+    /// The objects that the processes new in `batch` map and that were never read (or were
+    /// decided on as other contents): what [`read_libraries`] reads off the session's lock
+    /// before `apply_events` attaches them.
     pub fn unread_objects(&mut self, batch: &[ProcessEvent]) -> Vec<(u32, MappedObject)> {
         let mut out: Vec<(u32, MappedObject)> = Vec::new();
         let mut listed = std::collections::HashSet::new();
@@ -381,6 +386,7 @@ impl Session {
                 continue;
             };
             for o in &objects {
+                self.probes.forget_if_changed(o.dev_inode, o.stamp);
                 if !self.probes.knows(o.dev_inode) && listed.insert(o.dev_inode) {
                     out.push((*pid, o.clone()));
                 }

@@ -76,6 +76,34 @@ pub struct LibraryFile {
     pub owner: u32,
     /// The file's path as its process (or commtap's caller) names it, for messages.
     pub shown: String,
+    /// What tells this file's contents from another's at the same identity.
+    pub stamp: FileStamp,
+}
+
+/// A file's birth and change times and size. A file's identity (device, inode) outlives
+/// its contents: a file rewritten in place keeps it, and a new file may be given the number
+/// of one deleted. Either changes this, so a decision made on a file is known to be about
+/// the same contents (a change of attributes alone, a `chmod`, costs a read again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FileStamp {
+    /// When it was made, where the file system says (a reused number's file is another's,
+    /// however coarse its change time).
+    born: Option<std::time::SystemTime>,
+    /// Seconds and nanoseconds of its last change (contents or attributes).
+    changed: (i64, i64),
+    /// Its size in bytes.
+    size: u64,
+}
+
+impl FileStamp {
+    /// The stamp `meta` gives.
+    fn of(meta: &std::fs::Metadata) -> FileStamp {
+        FileStamp {
+            born: meta.created().ok(),
+            changed: (meta.ctime(), meta.ctime_nsec()),
+            size: meta.size(),
+        }
+    }
 }
 
 impl LibraryFile {
@@ -123,6 +151,7 @@ impl LibraryFile {
             identity: (meta.dev(), meta.ino()),
             owner: meta.uid(),
             shown: shown.to_string(),
+            stamp: FileStamp::of(&meta),
         })
     }
 
@@ -178,10 +207,10 @@ fn map_files_entry(pid: u32, (lo, hi): (u64, u64)) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/map_files/{lo:x}-{hi:x}"))
 }
 
-/// Device and inode of the file `pid` maps at `range`, without opening it.
-pub fn mapped_identity(pid: u32, range: (u64, u64)) -> io::Result<(u64, u64)> {
+/// Device and inode of the file `pid` maps at `range`, and its stamp, without opening it.
+pub fn mapped_identity(pid: u32, range: (u64, u64)) -> io::Result<((u64, u64), FileStamp)> {
     let meta = std::fs::metadata(map_files_entry(pid, range))?;
-    Ok((meta.dev(), meta.ino()))
+    Ok(((meta.dev(), meta.ino()), FileStamp::of(&meta)))
 }
 
 fn open_nonblocking(path: &Path, shown: &str) -> Result<File, FileError> {
@@ -284,6 +313,20 @@ mod tests {
             .and_then(|mut f| f.write_all(bytes))
             .expect("write");
         p
+    }
+
+    #[test]
+    fn contents_written_in_place_have_another_stamp_under_the_same_identity() {
+        let p = temp("rewritten.so", b"one");
+        let before = LibraryFile::open_path(&p).expect("open");
+        let again = LibraryFile::open_path(&p).expect("open");
+        assert_eq!(before.stamp, again.stamp, "nothing changed");
+        // Truncated and written, as `cp` onto it does: the same inode.
+        std::fs::write(&p, b"other contents").expect("rewrite");
+        let after = LibraryFile::open_path(&p).expect("open");
+        assert_eq!(before.identity, after.identity);
+        assert_ne!(before.stamp, after.stamp);
+        let _ = std::fs::remove_file(p);
     }
 
     #[test]
