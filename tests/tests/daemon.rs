@@ -689,6 +689,35 @@ fn a_running_ranks_usage_is_read_while_it_runs() {
     daemon.stop(&scratch);
 }
 
+/// Starts 2 Open MPI ranks of `prog` (an `mpi_sites` build) making `n` calls, their truths
+/// to `scratch/prefix`; the job, its ranks and their truths once every rank is out of its
+/// last call, waiting for `scratch/go` (the counters and the sites, read apart, then hold
+/// the same calls).
+#[track_caller]
+fn start_sites_job(
+    scratch: &Scratch,
+    prog: &std::path::Path,
+    n: u64,
+    prefix: &str,
+) -> (ChildGuard, Vec<u32>, Vec<serde_json::Value>) {
+    for f in ["ready", "ready.0", "ready.1", "go"] {
+        let _ = std::fs::remove_file(scratch.path(f));
+    }
+    let prefix = scratch.path(prefix);
+    let args = [
+        n.to_string().into(),
+        prefix.clone().into_os_string(),
+        scratch.path("ready").into_os_string(),
+        scratch.path("go").into_os_string(),
+    ];
+    let (job, ranks) = start_waiting_program(scratch, Mpi::OpenMpi, 2, prog, &args, &[]);
+    wait_until("every rank's marker", LIMIT, || {
+        (0..2).all(|r| scratch.path(&format!("ready.{r}")).exists())
+    });
+    let truths = read_truths(&prefix, 2);
+    (job, ranks, truths)
+}
+
 /// A daemon with `--call-sites` says where a job's calls were made from, as `record` does:
 /// in a report while the ranks run (their files' symbols read off its loop, in the
 /// background, the sites named by a report after that) and in the final one after they
@@ -698,20 +727,7 @@ fn a_daemon_counts_call_sites_exactly() {
     let scratch = Scratch::new("daemon-call-sites");
     let daemon = Daemon::start(&scratch, &[], &[], &["--call-sites"]);
     let prog = build_program("mpi_sites.c", Mpi::OpenMpi);
-    let prefix = scratch.path("truth");
-    let args = [
-        "1000".into(),
-        prefix.clone().into_os_string(),
-        scratch.path("ready").into_os_string(),
-        scratch.path("go").into_os_string(),
-    ];
-    let (mut job, ranks) = start_waiting_program(&scratch, Mpi::OpenMpi, 2, &prog, &args, &[]);
-    // Every rank out of its last call before the go: the counters and the sites read apart
-    // hold the same calls.
-    wait_until("every rank's marker", LIMIT, || {
-        (0..2).all(|r| scratch.path(&format!("ready.{r}")).exists())
-    });
-    let truths = read_truths(&prefix, 2);
+    let (mut job, ranks, truths) = start_sites_job(&scratch, &prog, 1000, "truth");
     let named = |profile: &serde_json::Value| {
         ranks.iter().all(|&pid| {
             rank_by_pid(profile, u64::from(pid))["call_sites"]
@@ -731,6 +747,68 @@ fn a_daemon_counts_call_sites_exactly() {
     wait_for_exited(&daemon.target, &pids);
     let profile = report_json(&["report", "--from", &daemon.target]);
     assert_call_sites_match(&profile, &truths, &prog, false);
+    daemon.stop(&scratch);
+}
+
+/// A daemon with `--call-sites` names each job's sites by the contents its program had
+/// then: a program rebuilt in place between two jobs (the same inode, other functions, as
+/// when the linker's new file is given the old one's inode number) is read again, and the
+/// first job's sites keep their names.
+#[test]
+fn a_program_rebuilt_in_place_has_its_call_sites_named_anew() {
+    use std::os::unix::fs::MetadataExt;
+    let scratch = Scratch::new("daemon-sites-rebuilt");
+    let daemon = Daemon::start(&scratch, &[], &[], &["--call-sites"]);
+    // Each build under the name the jobs run it by (the sites name their file).
+    let builds = [
+        ("c", build_program("mpi_sites.c", Mpi::OpenMpi)),
+        ("cpp", build_program("mpi_sites_cpp.cpp", Mpi::OpenMpi)),
+    ]
+    .map(|(tag, built)| {
+        let dir = scratch.path(tag);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let copy = dir.join("mpi_sites");
+        std::fs::copy(built, &copy).expect("a copy of the build");
+        copy
+    });
+    let prog = scratch.path("mpi_sites");
+    std::fs::copy(&builds[0], &prog).expect("the program");
+    let inode = std::fs::metadata(&prog).expect("program").ino();
+    // A job of `prog`, run to its end; its truths, once the daemon has named its sites
+    // (its program's symbols read before anything is written over it).
+    let run_named = |tag: &str, build: &std::path::Path| {
+        let (mut job, ranks, truths) =
+            start_sites_job(&scratch, &prog, 100, &format!("truth-{tag}"));
+        let job_id = truths[0]["pid"].as_u64().expect("pid").to_string();
+        let report = || report_json(&["report", "--from", &daemon.target, "--job", &job_id]);
+        wait_until("the running ranks' sites named", LIMIT, || {
+            let profile = report();
+            ranks.iter().all(|&pid| {
+                rank_by_pid(&profile, u64::from(pid))["call_sites"]
+                    .as_array()
+                    .is_some_and(|s| s.iter().any(|c| c["function"] != serde_json::Value::Null))
+            })
+        });
+        assert_call_sites_match(&report(), &truths, build, false);
+        std::fs::write(scratch.path("go"), b"go").expect("go file");
+        assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+        let pids: Vec<u64> = ranks.iter().map(|&p| u64::from(p)).collect();
+        wait_for_exited(&daemon.target, &pids);
+        (job_id, truths)
+    };
+    let (first, first_truths) = run_named("c", &builds[0]);
+    // Rebuilt as C++ (its functions named `trainer::Step::...`), written over the program.
+    std::fs::write(&prog, std::fs::read(&builds[1]).expect("the C++ build"))
+        .expect("rebuilt in place");
+    assert_eq!(
+        std::fs::metadata(&prog).expect("program").ino(),
+        inode,
+        "rebuilt in place"
+    );
+    run_named("cpp", &builds[1]);
+    // The first job, ended before the rebuild, keeps the names of the program it ran.
+    let profile = report_json(&["report", "--from", &daemon.target, "--job", &first]);
+    assert_call_sites_match(&profile, &first_truths, &builds[0], false);
     daemon.stop(&scratch);
 }
 

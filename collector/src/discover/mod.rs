@@ -616,6 +616,14 @@ pub struct MappedObject {
     pub end: u64,
 }
 
+impl MappedObject {
+    /// Its file's contents: what a file's decisions, symbols and unwinding tables are kept
+    /// by (its identity alone may pass to other contents).
+    pub fn contents(&self) -> crate::symbols::file::FileKey {
+        (self.dev_inode, self.stamp)
+    }
+}
+
 /// One line of `/proc/PID/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MapsLine<'a> {

@@ -29,7 +29,7 @@ pub struct StackReading<'a> {
     /// The task iterator that reads a blocked thread's saved registers.
     registers: Option<std::os::fd::BorrowedFd<'a>>,
     /// The files whose symbols named a call's site in this profile (to be kept).
-    pub named_files: BTreeSet<(u64, u64)>,
+    pub named_files: BTreeSet<crate::symbols::file::FileKey>,
     /// When this profile stops reading stacks.
     deadline: std::time::Instant,
     /// The kernel's tick against the clock, read once a profile where it is needed.
@@ -255,7 +255,8 @@ impl<'a> StackReading<'a> {
         site: u64,
     ) -> String {
         self.sites.ask(pid, objects);
-        self.named_files.extend(objects.iter().map(|o| o.dev_inode));
+        self.named_files
+            .extend(objects.iter().map(discover::MappedObject::contents));
         let name = collector_common::ROUTINES
             .get(usize::from(routine))
             .map_or_else(String::new, |r| r.name.to_string());

@@ -379,10 +379,14 @@ impl Session {
                         .map_or(0, |e| e.call_sites_left_out);
             }
             // Files no tracked process maps any more are closed.
-            let mut mapped: std::collections::BTreeSet<(u64, u64)> = self
+            let mut mapped: std::collections::BTreeSet<_> = self
                 .tracked
                 .values()
-                .flat_map(|t| t.objects.iter().map(|o| o.dev_inode))
+                .flat_map(|t| {
+                    t.objects
+                        .iter()
+                        .map(crate::discover::MappedObject::contents)
+                })
                 .collect();
             mapped.extend(named_files);
             self.site_files.keep_only(&mapped);

@@ -95,6 +95,9 @@ pub struct FileStamp {
     size: u64,
 }
 
+/// A file's contents: its identity (device, inode) and its stamp.
+pub type FileKey = ((u64, u64), FileStamp);
+
 impl FileStamp {
     /// The stamp `meta` gives.
     fn of(meta: &std::fs::Metadata) -> FileStamp {

@@ -20,7 +20,7 @@ use std::{
 
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
-use super::{Elf, LibraryFile};
+use super::{file::FileKey, Elf, LibraryFile};
 use crate::discover::MappedObject;
 
 /// Most files open (or asked to be) for naming call sites; past it a new file's sites are
@@ -109,9 +109,12 @@ struct Asked {
     program: bool,
 }
 
-/// What the reader answers of a file: its functions, or `None` where it could not be
-/// opened (its process gone: another process mapping it may be asked again).
-type Answer = ((u64, u64), Option<Functions>);
+/// What the reader answers of a file (by its contents: a file rewritten in place, or given
+/// a deleted file's inode number, has other functions at the same identity, and the sites
+/// of processes that mapped the earlier contents are still named by those): its functions,
+/// or `None` where it could not be opened (its process gone: another process mapping it may
+/// be asked again).
+type Answer = (FileKey, Option<Functions>);
 
 /// The files of the processes whose call sites are counted, by identity.
 ///
@@ -123,7 +126,7 @@ type Answer = ((u64, u64), Option<Functions>);
 /// the files that name MPI or NCCL routines among their dynamic symbols.
 #[derive(Debug, Default)]
 pub struct SiteFiles {
-    files: BTreeMap<(u64, u64), SiteFile>,
+    files: BTreeMap<FileKey, SiteFile>,
     reader: Option<Reader>,
     wait: bool,
     /// Bytes the function tables read hold, the reader's answers not yet taken included
@@ -157,14 +160,19 @@ impl Reader {
 /// mapping it may exit), and reads them one after the other. Ends when its owner is
 /// dropped.
 fn read_asked(asked: &mpsc::Receiver<Asked>, answer: &mpsc::Sender<Answer>, held: &AtomicU64) {
-    let mut opened: VecDeque<((u64, u64), LibraryFile, bool)> = VecDeque::new();
+    let mut opened: VecDeque<(FileKey, LibraryFile, bool)> = VecDeque::new();
     let open = |a: Asked, opened: &mut VecDeque<_>| {
         let shown = a.object.path.display().to_string();
+        let key = a.object.contents();
         match LibraryFile::open_mapped(a.pid, a.object.range, a.object.dev_inode, &shown) {
-            Ok(file) => opened.push_back((a.object.dev_inode, file, a.program)),
+            // Written since its process's mappings were read: asked again as it is now.
+            Ok(file) if file.stamp == a.object.stamp => opened.push_back((key, file, a.program)),
+            Ok(_) => {
+                let _ = answer.send((key, None));
+            }
             Err(e) => {
                 tracing::debug!(file = %shown, error = %e, "not opened to name call sites");
-                let _ = answer.send((a.object.dev_inode, None));
+                let _ = answer.send((key, None));
             }
         }
     };
@@ -218,7 +226,7 @@ impl SiteFiles {
             if self.files.len() >= MAX_FILES {
                 return;
             }
-            if let std::collections::btree_map::Entry::Vacant(e) = self.files.entry(o.dev_inode) {
+            if let std::collections::btree_map::Entry::Vacant(e) = self.files.entry(o.contents()) {
                 let asked = Asked {
                     pid,
                     object: o.clone(),
@@ -233,7 +241,7 @@ impl SiteFiles {
     }
 
     /// Closes the files none of `mapped` is.
-    pub fn keep_only(&mut self, mapped: &std::collections::BTreeSet<(u64, u64)>) {
+    pub fn keep_only(&mut self, mapped: &std::collections::BTreeSet<FileKey>) {
         let mut freed = 0;
         self.files.retain(|id, f| {
             let keep = mapped.contains(id);
@@ -254,7 +262,7 @@ impl SiteFiles {
             return Named::default();
         };
         let object = Some(super::shown(&o.path.display().to_string(), super::MAX_PATH));
-        let functions = self.functions(o.dev_inode);
+        let functions = self.functions(o.contents());
         // The file's own address; none where a mapping a user arranged makes no sense of it.
         let at = o
             .bias
@@ -289,7 +297,7 @@ impl SiteFiles {
     }
 
     /// The functions of the file `id`, once read (waited for, where naming waits).
-    fn functions(&mut self, id: (u64, u64)) -> Option<Arc<Functions>> {
+    fn functions(&mut self, id: FileKey) -> Option<Arc<Functions>> {
         self.take_answers(None);
         while self.wait && matches!(self.files.get(&id), Some(SiteFile::Reading)) {
             if !self.take_answers(Some(READ_WAIT)) {

@@ -19,7 +19,7 @@ use gimli::{
 };
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
-use super::{Elf, LibraryFile};
+use super::{file::FileKey, Elf, LibraryFile};
 use crate::discover::{stack::ThreadStack, MappedObject};
 
 /// Most frames unwound of one stack.
@@ -205,7 +205,7 @@ pub struct Unwound {
 /// file system (a user's FUSE mount) blocks that thread alone, never a profile.
 #[derive(Debug, Default)]
 pub struct Unwinder {
-    files: BTreeMap<(u64, u64), Slot>,
+    files: BTreeMap<FileKey, Slot>,
     held: u64,
     reader: Option<Reader>,
     /// Threads (process, thread, the tick count of their last call's entry where it was
@@ -232,7 +232,7 @@ enum Slot {
 #[derive(Debug)]
 struct Reader {
     ask: mpsc::SyncSender<(u32, MappedObject)>,
-    answers: mpsc::Receiver<((u64, u64), Option<FileFrames>)>,
+    answers: mpsc::Receiver<(FileKey, Option<FileFrames>)>,
 }
 
 impl Reader {
@@ -245,10 +245,12 @@ impl Reader {
                 // Each file opened at once, through the process's own mapping of it.
                 while let Ok((pid, o)) = asked.recv() {
                     let shown = o.path.display().to_string();
+                    // Not the contents asked for (written since): none, asked again.
                     let read = LibraryFile::open_mapped(pid, o.range, o.dev_inode, &shown)
                         .ok()
+                        .filter(|f| f.stamp == o.stamp)
                         .and_then(|f| FileFrames::read(&f));
-                    if answer.send((o.dev_inode, read)).is_err() {
+                    if answer.send((o.contents(), read)).is_err() {
                         return;
                     }
                 }
@@ -375,7 +377,7 @@ impl Unwinder {
     /// until `until` at most (`None` where they cannot be read, or are not yet).
     fn file(&mut self, pid: u32, o: &MappedObject, until: Instant) -> Option<Arc<FileFrames>> {
         self.take_answers(None);
-        match self.files.get(&o.dev_inode) {
+        match self.files.get(&o.contents()) {
             Some(Slot::Read(f)) => return f.clone(),
             Some(Slot::Reading) => return None,
             None => {}
@@ -391,9 +393,9 @@ impl Unwinder {
         }
         // Full (the reader stuck on a file): asked again by a later stack.
         self.reader.as_ref()?.ask.try_send((pid, o.clone())).ok()?;
-        self.files.insert(o.dev_inode, Slot::Reading);
-        self.take_answers(Some((o.dev_inode, until)));
-        match self.files.get(&o.dev_inode) {
+        self.files.insert(o.contents(), Slot::Reading);
+        self.take_answers(Some((o.contents(), until)));
+        match self.files.get(&o.contents()) {
             Some(Slot::Read(f)) => f.clone(),
             _ => None,
         }
@@ -401,7 +403,7 @@ impl Unwinder {
 
     /// Files the reader has read since: those answered, or, with `until`, until that one
     /// is (or the deadline passes).
-    fn take_answers(&mut self, until: Option<((u64, u64), Instant)>) {
+    fn take_answers(&mut self, until: Option<(FileKey, Instant)>) {
         let Some(reader) = &self.reader else { return };
         loop {
             let answer = match until {
