@@ -239,8 +239,10 @@ pub fn sched_exit(ctx: TracePointContext) -> u32 {
     }
     // Whichever thread ends last (under exit_group, often not the leader).
     if group_dead && group.is_some() {
-        // Stop counting at once: the pid may be reused by an unrelated process.
+        // Stop counting at once: the pid may be reused by an unrelated process (nor be
+        // continued as the one paused at a load, killed there).
         let _ = WATCHED.remove(tgid);
+        let _ = crate::maps::PAUSED.remove(tgid);
         emit(EventKind::Exit, tgid, 0);
     }
     0

@@ -6,6 +6,12 @@ pub fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
+/// Boot time in ns (the monotonic clock and the time suspended), the clock a process's
+/// start in `/proc` counts from.
+pub fn boottime_ns() -> u64 {
+    clock_ns(libc::CLOCK_BOOTTIME)
+}
+
 /// `f`'s result, and the CPU time this thread spent in it (the kernel's work for its system
 /// calls included).
 pub fn cpu_spent<T>(f: impl FnOnce() -> T) -> (T, std::time::Duration) {

@@ -34,9 +34,38 @@ struct ProgInfo {
     name: [u8; 16],
 }
 
-fn bpf(cmd: libc::c_long, attr: &mut [u64; 3]) -> libc::c_long {
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_OBJ_GET: libc::c_long = 7;
+
+fn bpf(cmd: libc::c_long, attr: &mut [u64]) -> libc::c_long {
     // SAFETY: `attr` is a zeroed bpf_attr prefix of the size given, as these commands read.
-    unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), size_of::<[u64; 3]>()) }
+    unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), size_of_val(attr)) }
+}
+
+/// Whether the BPF hash map pinned at `path`, keyed by a `u32` (a pid), holds `key`.
+pub fn pinned_map_holds(path: &std::path::Path, key: u32) -> bool {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    let fd = bpf(BPF_OBJ_GET, &mut [c.as_ptr() as u64, 0, 0]);
+    assert!(
+        fd >= 0,
+        "{}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    // Room for any value of these maps.
+    let mut value = [0u64; 64];
+    let mut attr = [
+        fd as u64,
+        (&raw const key) as u64,
+        value.as_mut_ptr() as u64,
+        0,
+    ];
+    let found = bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) == 0;
+    let missing = std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT);
+    // SAFETY: the descriptor bpf(2) just gave us.
+    unsafe { libc::close(fd as libc::c_int) };
+    assert!(found || missing, "looking {key} up in {}", path.display());
+    found
 }
 
 /// Every BPF program loaded now (root only).

@@ -486,11 +486,7 @@ fn a_killed_daemon_restarts_with_its_counts() {
         assert_eq!(at_sites, calls, "{rank:#}");
     }
 
-    let tag: String = path_str(&second.socket)
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    let state = std::path::Path::new("/sys/fs/bpf/commtap").join(tag.trim_matches('_'));
+    let state = pinned_state(&second.socket);
     assert!(
         state.exists(),
         "{} holds the pinned counts",
@@ -504,9 +500,19 @@ fn a_killed_daemon_restarts_with_its_counts() {
     );
 }
 
+/// Where the daemon serving `socket` pins what it keeps across restarts.
+fn pinned_state(socket: &std::path::Path) -> std::path::PathBuf {
+    let tag: String = path_str(socket)
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    std::path::Path::new("/sys/fs/bpf/commtap").join(tag.trim_matches('_'))
+}
+
 /// Ranks that exit while no daemon runs leave their counts in the pinned maps, which
 /// nothing else would remove (a later process given the same pid would carry on from
-/// them): the next daemon forgets them at its start, and says which.
+/// them), and their places in the kept watched set (it would be counted, whatever the
+/// scope): the next daemon forgets both at its start, and says which.
 #[test]
 fn a_daemon_forgets_ranks_that_exited_while_none_ran() {
     const SAID: &str = "process(es) that exited while no daemon ran";
@@ -527,6 +533,19 @@ fn a_daemon_forgets_ranks_that_exited_while_none_ran() {
             !std::path::Path::new(&format!("/proc/{pid}")).exists()
         });
     }
+    // Still in the kept watched set: no program took them out at their end. A process
+    // given one of their pids would be counted, and paused at its loads, by any daemon.
+    // Under the layout of the kept maps, the one directory there.
+    let watched = std::fs::read_dir(pinned_state(&first.socket))
+        .expect("the pinned state")
+        .flatten()
+        .next()
+        .expect("its layout")
+        .path()
+        .join("WATCHED");
+    for pid in &ranks {
+        assert!(pinned_map_holds(&watched, *pid), "rank {pid} not kept");
+    }
     let second = Daemon::start(&scratch, &[], &["--log", "info"], &[]);
     let said = || {
         std::fs::read_to_string(scratch.path("commtap.stderr"))
@@ -546,6 +565,10 @@ fn a_daemon_forgets_ranks_that_exited_while_none_ran() {
         .unwrap_or_default();
     for pid in &ranks {
         assert!(forgotten.contains(pid), "rank {pid} not forgotten: {line}");
+        assert!(
+            !pinned_map_holds(&watched, *pid),
+            "rank {pid} still watched"
+        );
     }
     second.stop(&scratch);
 }
@@ -1003,11 +1026,7 @@ fn a_churning_node_misses_no_rank_and_keeps_nothing_it_should_not() {
     let peak = peak_kib(daemon.child.0.id());
     eprintln!("daemon peak resident memory under churn: {peak} KiB");
     assert!(peak < 256 << 10, "the daemon's peak memory is {peak} KiB");
-    let tag: String = path_str(&daemon.socket)
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    let state = std::path::Path::new("/sys/fs/bpf/commtap").join(tag.trim_matches('_'));
+    let state = pinned_state(&daemon.socket);
     daemon.stop(&scratch);
     assert!(!state.exists(), "{} left pinned", state.display());
 }

@@ -571,13 +571,28 @@ impl Probes {
         self.paused.get(&pid, 0).is_ok()
     }
 
-    /// Continues every process paused at a library load; how many.
+    /// Continues every process paused at a library load; how many. An entry whose process
+    /// has ended, or whose pid is another process's now (started after the pause), is
+    /// dropped unsignalled: one kept by a daemon before this one may be long past (no exit
+    /// was seen while none ran), and that pid may be a process stopped on purpose.
     pub fn resume_all(&mut self) -> usize {
-        let pids: Vec<u32> = self.paused.keys().filter_map(Result::ok).collect();
-        for pid in &pids {
-            self.resume(*pid);
+        let paused: Vec<(u32, u64)> = self.paused.iter().filter_map(Result::ok).collect();
+        // The pause's instant on the clock a process's start is read on, at its latest (the
+        // node's time suspended since can only have grown).
+        let suspended = crate::clock::boottime_ns().saturating_sub(crate::clock::monotonic_ns());
+        let tick = 1_000_000_000 / crate::discover::clock_ticks_per_second();
+        let mut continued = 0;
+        for (pid, at) in paused {
+            let started_after = crate::discover::started_boottime_ns(pid)
+                .is_some_and(|start| start > at.saturating_add(suspended).saturating_add(tick));
+            if crate::discover::has_ended(pid) || started_after {
+                let _ = self.paused.remove(&pid);
+                continue;
+            }
+            self.resume(pid);
+            continued += 1;
         }
-        pids.len()
+        continued
     }
 
     /// Continues the processes paused longer than `max` ago, or than `max` after the last
@@ -746,7 +761,14 @@ impl Probes {
         let flags = watch::COUNT | if descendants { watch::DESCENDANTS } else { 0 };
         self.watched
             .insert(pid, flags)
-            .map_err(map_err(names::maps::WATCHED))
+            .map_err(map_err(names::maps::WATCHED))?;
+        // Ended before it was in the set (its counts found late, say): the kernel took it
+        // out at its end already, so the entry would stay, and count whatever process is
+        // given the pid next.
+        if crate::discover::has_ended(pid) {
+            self.watched.remove(pid);
+        }
+        Ok(())
     }
 
     /// Makes every process `me` forks from now on watched (with its descendants), without
@@ -1111,6 +1133,16 @@ impl Probes {
         pids.retain(|p| !is_running_process(*p));
         for pid in &pids {
             self.forget_process(*pid);
+        }
+        // Watched when that daemon ended: the kernel takes a process out of the set at its
+        // end only while a daemon's programs run, so one that ended since stays, and would
+        // have the next process given its pid counted (and paused at its loads) whatever
+        // this daemon's scope.
+        for pid in self.watched.pids() {
+            if crate::discover::has_ended(pid) {
+                self.watched.remove(pid);
+                pids.insert(pid);
+            }
         }
         pids.into_iter().collect()
     }

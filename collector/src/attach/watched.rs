@@ -33,6 +33,11 @@ impl WatchedSet {
         self.scope_changed();
     }
 
+    /// The pids (and thread ids) in the set.
+    pub fn pids(&self) -> Vec<u32> {
+        self.map.keys().filter_map(Result::ok).collect()
+    }
+
     /// Whether `pid` is in the set.
     pub fn contains(&self, pid: u32) -> bool {
         self.map.get(&pid, 0).is_ok()

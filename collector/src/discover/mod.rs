@@ -957,6 +957,26 @@ pub fn thread_group_of(pid: u32) -> Option<u32> {
         .and_then(|s| tgid_in_status(&s))
 }
 
+/// Whether the process or thread `pid` has ended: gone from `/proc`, or a zombie whose
+/// threads have all ended (a thread-group leader that ended before its threads shows as
+/// a zombie too, its process running on). A process or thread running now, or one not
+/// looked at (`/proc` unreadable otherwise), has not.
+pub fn has_ended(pid: u32) -> bool {
+    let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s,
+        Err(e) => return e.kind() == std::io::ErrorKind::NotFound,
+    };
+    if !matches!(stat_field(&stat, 0), Some("Z" | "X")) {
+        return false;
+    }
+    fs::read_dir(format!("/proc/{pid}/task")).map_or(true, |tasks| tasks.flatten().count() <= 1)
+}
+
+/// When the process `pid` started, boot-time ns (a tick's precision), if it is running.
+pub fn started_boottime_ns(pid: u32) -> Option<u64> {
+    Some(start_ticks(pid)?.saturating_mul(1_000_000_000) / clock_ticks_per_second())
+}
+
 /// The `Tgid:` of a `/proc/PID/status` text.
 fn tgid_in_status(status: &str) -> Option<u32> {
     status_field(status, "Tgid")?.parse().ok()
@@ -1167,6 +1187,22 @@ pub fn this_host() -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_process_has_ended_once_a_zombie_or_reaped() {
+        assert!(!has_ended(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().expect("true");
+        let pid = child.id();
+        // Not reaped yet: a zombie once it has run.
+        while !fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| stat_field(&s, 0) == Some("Z"))
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(has_ended(pid));
+        child.wait().expect("reaped");
+        assert!(has_ended(pid));
+    }
 
     #[test]
     fn stat_fields_count_from_after_the_last_parenthesis() {
