@@ -1044,8 +1044,9 @@ pub struct TpOffsets {
     pub fork_child_pid: u32,
     /// `sched_process_exit`: offset of `group_dead` (u32::MAX on kernels without it).
     pub exit_group_dead: u32,
-    /// Explicit padding.
-    pub _pad: u32,
+    /// `sched_process_exec`: offset of `old_pid`, the id of the thread that called exec
+    /// (u32::MAX where the kernel has no such field).
+    pub exec_old_pid: u32,
 }
 const _: () = assert!(size_of::<TpOffsets>() == 16);
 

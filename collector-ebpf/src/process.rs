@@ -196,11 +196,12 @@ pub fn sched_fork(ctx: TracePointContext) -> u32 {
 /// usually exec'd by a launcher); userspace rereads its environment and mappings, while
 /// the process waits (paused before its first instruction) where it may.
 #[tracepoint]
-pub fn sched_exec(_ctx: TracePointContext) -> u32 {
+pub fn sched_exec(ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // A new image (a setuid one, say) is judged anew at its first call.
     forget_scope(tgid);
     scope_changed();
+    forget_exec_thread(&ctx, tgid);
     // SAFETY: plain u32.
     if unsafe { WATCHED.get(tgid) }.is_some() {
         // The new image's handles mean something else; its threads keep their task storage.
@@ -209,6 +210,28 @@ pub fn sched_exec(_ctx: TracePointContext) -> u32 {
         crate::loader::pause_to_probe(tgid);
     }
     0
+}
+
+/// Where a thread other than its process's first called exec: it goes on with the
+/// process's id, and its own is freed without passing `sched_exit`. Watched as a watched
+/// process's thread (`sched_fork`), that id is taken out here, or the next process given it
+/// would be counted, and paused at its loads, as one of the job's.
+#[inline(always)]
+fn forget_exec_thread(ctx: &TracePointContext, tgid: u32) {
+    let Some(off) = TP_OFFSETS.get(0) else {
+        return;
+    };
+    if off.exec_old_pid == u32::MAX {
+        return;
+    }
+    // SAFETY: offset parsed from this kernel's tracefs format file.
+    let Ok(old) = (unsafe { ctx.read_at::<i32>(off.exec_old_pid as usize) }) else {
+        return;
+    };
+    let old = old as u32;
+    if old != tgid {
+        let _ = WATCHED.remove(old);
+    }
 }
 
 /// `sched:sched_process_exit`: forget exited threads; report a watched process's end.

@@ -114,6 +114,32 @@ impl Drop for ChildGuard {
     }
 }
 
+/// Starts `cmd` (`program ARGS`) as the process given the pid `pid`, a pid free now: shells
+/// waiting on their input are started, the kernel told to give the next process `pid`
+/// (`ns_last_pid`: root only), until one has it (a process started elsewhere meanwhile may
+/// take it first: then again); that one is told to exec `program`.
+#[track_caller]
+pub fn spawn_with_pid(pid: u32, cmd: &Command) -> ChildGuard {
+    use std::io::Write;
+    for _ in 0..1000 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+            .expect("setting the next pid (root only)");
+        let mut gate = Command::new("sh");
+        gate.arg("-c")
+            .arg("read go && exec \"$0\" \"$@\"")
+            .arg(cmd.get_program())
+            .args(cmd.get_args())
+            .envs(cmd.get_envs().filter_map(|(k, v)| Some((k, v?))))
+            .stdin(std::process::Stdio::piped());
+        let mut child = ChildGuard::spawn(&mut gate);
+        if child.0.id() == pid {
+            writeln!(child.0.stdin.take().expect("its input"), "go").expect("go");
+            return child;
+        }
+    }
+    panic!("pid {pid} was never given to a process started here");
+}
+
 /// Polls `cond` every 20 ms until it holds, failing after `limit`.
 #[track_caller]
 pub fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {

@@ -419,6 +419,14 @@ fn two_ranks_match_truth(name: &str, src: &str, mpi: Mpi, args: &[&Path]) -> (Va
     (profile, truths)
 }
 
+/// `GLOBAL.. record --format json -o OUT -- COMMAND..`
+fn record_json_args(global: &[&str], out: &Path, command: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = global.iter().map(|a| (*a).to_string()).collect();
+    args.extend(["record", "--format", "json", "-o", path_str(out), "--"].map(String::from));
+    args.extend(command.iter().map(|a| (*a).to_string()));
+    args
+}
+
 /// `record --format json -o OUT -- LAUNCHER(2 ranks) PROGRAM ARGS...`
 fn launch_args(out: &Path, mpi: Mpi, program: &[&Path]) -> Vec<String> {
     launch_ranks_args(out, mpi, 2, program)
@@ -864,19 +872,8 @@ fn record_probes_a_file_rewritten_as_an_mpi_library_in_place() {
         second = path_str(&second),
     );
     let out = scratch.path("profile.json");
-    let args = [
-        "--log",
-        "debug",
-        "record",
-        "--format",
-        "json",
-        "-o",
-        path_str(&out),
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ];
+    let args = record_json_args(&["--log", "debug"], &out, &["sh", "-c", &script]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let run = finish_ok(&scratch, spawn_commtap(&scratch, &args), LIMIT);
     assert!(
         run.stderr.contains("mpi_dlopen: ") && run.stderr.contains("undefined symbol"),
@@ -889,6 +886,67 @@ fn record_probes_a_file_rewritten_as_an_mpi_library_in_place() {
         run.stderr
             .contains("not the file decided on before under this identity"),
         "{}",
+        run.stderr
+    );
+}
+
+/// A process of the job whose second thread calls exec: the kernel gives that thread the
+/// process's id and frees its own, which `record` watched as the job's (it watches every
+/// thread of the job's processes, to follow what they start). A process given that id
+/// next, outside the job, is not counted: an MPI program making calls there was profiled as
+/// the job's before.
+#[test]
+fn a_thread_id_freed_by_an_exec_is_not_taken_for_the_job() {
+    let scratch = Scratch::new("record-thread-exec");
+    let prog = build_plain_c("thread_exec.c", &["-lpthread"]);
+    let (tid_file, go, done) = (
+        scratch.path("tid"),
+        scratch.path("go"),
+        scratch.path("done"),
+    );
+    let wait_done = format!("while [ ! -e {} ]; do sleep 0.01; done", path_str(&done));
+    let job = [
+        path_str(&prog),
+        path_str(&tid_file),
+        path_str(&go),
+        "/bin/sh",
+        "-c",
+        &wait_done,
+    ];
+    let args = record_json_args(&[], &scratch.path("profile.json"), &job);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let commtap = spawn_commtap(&scratch, &args);
+    wait_until("the second thread's id", LIMIT, || tid_file.exists());
+    let tid: u32 = std::fs::read_to_string(&tid_file)
+        .expect("tid")
+        .trim()
+        .parse()
+        .expect("a thread id");
+    std::fs::write(&go, b"go").expect("go file");
+    wait_until("the exec, freeing the thread's id", LIMIT, || {
+        !Path::new(&format!("/proc/{tid}")).exists()
+    });
+    // An MPI singleton outside the job, given that id.
+    let lib = private_libmpi(&scratch);
+    let mut singleton = Command::new(build_plain_c("mpi_dlopen.c", &["-ldl"]));
+    mpi_env(&mut singleton).args([
+        path_str(&lib),
+        "-",
+        "-",
+        "10",
+        path_str(&scratch.path("truth")),
+    ]);
+    let mut outside = spawn_with_pid(tid, &singleton);
+    assert!(
+        outside.wait_with_limit(LIMIT).success(),
+        "the singleton failed"
+    );
+    std::fs::write(&done, b"").expect("done file");
+    let run = finish_commtap(&scratch, commtap, LIMIT);
+    assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("no MPI calls were recorded"),
+        "the process outside the job was counted:\n{}",
         run.stderr
     );
 }

@@ -122,6 +122,6 @@ pub fn tracepoint_offsets() -> Result<TpOffsets, AttachError> {
         fork_parent_pid: need("sched_process_fork", "parent_pid")?,
         fork_child_pid: need("sched_process_fork", "child_pid")?,
         exit_group_dead: field("sched_process_exit", "group_dead")?.unwrap_or(u32::MAX),
-        _pad: 0,
+        exec_old_pid: field("sched_process_exec", "old_pid")?.unwrap_or(u32::MAX),
     })
 }
