@@ -92,7 +92,13 @@ impl Session {
     /// The objects `pid` maps, read within its owner's share of the daemon's time for
     /// reading lists of mappings (`discover::read_share`).
     fn objects_of(&mut self, pid: u32) -> Result<Vec<MappedObject>, discover::DiscoverError> {
-        self.shared_read(pid, discover::mapped_objects_in)
+        let objects = self.shared_read(pid, discover::mapped_objects_in)?;
+        // Every read of a process's mappings passes here: a decision not to probe a file
+        // holds for the contents it was made on, and is forgotten where they are others.
+        for o in &objects {
+            self.probes.forget_if_changed(o.dev_inode, o.stamp);
+        }
+        Ok(objects)
     }
 
     /// `read` of `pid`'s `/proc` directory, within its owner's share of reading time.
@@ -183,10 +189,6 @@ impl Session {
     /// Probes every MPI library among `objects` (mapped by `pid`); whether there is one.
     fn attach_objects(&mut self, pid: u32, objects: &[MappedObject]) -> bool {
         let _process = self.process_span(pid).entered();
-        // A decision not to probe a file holds for the contents it was made on.
-        for o in objects {
-            self.probes.forget_if_changed(o.dev_inode, o.stamp);
-        }
         if self.probes.call_sites() && !objects.is_empty() {
             self.site_files.ask(pid, objects);
             if let Some(t) = self.tracked.get_mut(&pid) {
@@ -386,7 +388,6 @@ impl Session {
                 continue;
             };
             for o in &objects {
-                self.probes.forget_if_changed(o.dev_inode, o.stamp);
                 if !self.probes.knows(o.dev_inode) && listed.insert(o.dev_inode) {
                     out.push((*pid, o.clone()));
                 }

@@ -377,7 +377,8 @@ impl Unwinder {
     /// until `until` at most (`None` where they cannot be read, or are not yet).
     fn file(&mut self, pid: u32, o: &MappedObject, until: Instant) -> Option<Arc<FileFrames>> {
         self.take_answers(None);
-        match self.files.get(&o.contents()) {
+        let key = o.contents();
+        match self.files.get(&key) {
             Some(Slot::Read(f)) => return f.clone(),
             Some(Slot::Reading) => return None,
             None => {}
@@ -393,9 +394,9 @@ impl Unwinder {
         }
         // Full (the reader stuck on a file): asked again by a later stack.
         self.reader.as_ref()?.ask.try_send((pid, o.clone())).ok()?;
-        self.files.insert(o.contents(), Slot::Reading);
-        self.take_answers(Some((o.contents(), until)));
-        match self.files.get(&o.contents()) {
+        self.files.insert(key, Slot::Reading);
+        self.take_answers(Some((key, until)));
+        match self.files.get(&key) {
             Some(Slot::Read(f)) => f.clone(),
             _ => None,
         }
