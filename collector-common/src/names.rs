@@ -6,6 +6,9 @@
 pub mod maps {
     /// Processes whose calls are counted, with their watch flags.
     pub const WATCHED: &str = "WATCHED";
+    /// When a process last entered `WATCHED` (boot clock, ns), per CPU, the kernel's and
+    /// userspace's apart (`collector_common::watch::LATEST_*`).
+    pub const WATCHED_LATEST: &str = "WATCHED_LATEST";
     /// The scope generation: the kernel's and userspace's counts of the changes that may
     /// make a process not counted a counted one (userspace's: the watched set, the limits).
     pub const SCOPE_GEN: &str = "SCOPE_GEN";
@@ -87,8 +90,9 @@ pub mod maps {
     /// the shares (`USER_HELD` & co): started empty, a user's entries from before the
     /// restart go uncharged (until its processes are forgotten), where a share kept could
     /// count processes no daemon will forget.
-    pub const KEPT: [&str; 16] = [
+    pub const KEPT: [&str; 17] = [
         WATCHED,
+        WATCHED_LATEST,
         COUNTER_SLOTS,
         COUNTER_VALUES,
         COUNTER_DURATIONS,

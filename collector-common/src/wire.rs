@@ -552,6 +552,11 @@ pub mod watch {
     pub const COUNT: u32 = 1;
     /// Also watch every process this one forks (and their children).
     pub const DESCENDANTS: u32 = 2;
+    /// `WATCHED_LATEST`'s entry the kernel stamps as it puts a process in the set.
+    pub const LATEST_KERNEL: u32 = 0;
+    /// `WATCHED_LATEST`'s entry userspace stamps (the kernel never writes it, so that
+    /// neither lowers the other's stamp on a CPU).
+    pub const LATEST_USERSPACE: u32 = 1;
 }
 
 /// Sampled time per process: a routine's `TIME_ONE_IN` entry holding [`PER_PROCESS`]

@@ -16,6 +16,14 @@ use collector_common::{
 #[map]
 pub static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
 
+/// When a process last entered `WATCHED` (boot clock, ns), per CPU: entry
+/// `watch::LATEST_KERNEL` the kernel's, `watch::LATEST_USERSPACE` userspace's. Kept across
+/// restarts with the set: every process in it started no later than the latest stamp, so a
+/// kept entry whose pid is a process started since is another process given that pid
+/// while no daemon ran. Per CPU, so that no stamp is lowered by a slower write.
+#[map]
+pub static WATCHED_LATEST: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+
 /// Processes paused at a library load until userspace continues them: tgid -> when
 /// (monotonic ns). Full: nobody more is paused.
 #[map]

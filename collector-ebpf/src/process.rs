@@ -3,8 +3,9 @@
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_uid_gid, bpf_ktime_get_ns,
-        bpf_probe_read_kernel, generated::bpf_probe_read_user,
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_uid_gid,
+        bpf_ktime_get_boot_ns, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        generated::bpf_probe_read_user,
     },
     macros::tracepoint,
     programs::TracePointContext,
@@ -16,6 +17,7 @@ use collector_common::{
 
 use crate::maps::{
     CONFIG, EVENTS, IDENTITY_OFFSETS, NOT_COUNTED, OUT_OF_SCOPE, SCOPE_GEN, TP_OFFSETS, WATCHED,
+    WATCHED_LATEST,
 };
 
 /// The current task (valid for the program's run).
@@ -160,6 +162,18 @@ pub fn emit(kind: EventKind, tgid: u32, parent: u32) {
     let _ = EVENTS.output::<ProcEvent>(&ev, 0);
 }
 
+/// Puts `pid` in the watched set with `flags`, and stamps this CPU's latest entry: a daemon
+/// started later knows that a kept entry's pid, if it is a process started after every
+/// stamp, was given to another while no daemon ran.
+#[inline(always)]
+fn put_in_watched(pid: u32, flags: u32) {
+    let _ = WATCHED.insert(pid, flags, 0);
+    if let Some(latest) = WATCHED_LATEST.get_ptr_mut(watch::LATEST_KERNEL) {
+        // SAFETY: this CPU's entry, one aligned 8-byte store; plain helper call.
+        unsafe { core::ptr::write_volatile(latest, bpf_ktime_get_boot_ns()) };
+    }
+}
+
 /// `sched:sched_process_fork`: a child of a process watched with DESCENDANTS is watched
 /// before it first runs, so nothing it does is missed.
 #[tracepoint]
@@ -187,7 +201,7 @@ pub fn sched_fork(ctx: TracePointContext) -> u32 {
     }
     // Thread creation also passes here; a thread id in WATCHED is harmless and is removed
     // when the thread exits (sched_exit).
-    let _ = WATCHED.insert(child, watch::COUNT | watch::DESCENDANTS, 0);
+    put_in_watched(child, watch::COUNT | watch::DESCENDANTS);
     emit(EventKind::Fork, child, parent_tgid);
     0
 }
@@ -525,7 +539,7 @@ fn join_if_in_scope(tgid: u32) -> bool {
         }
         return false;
     }
-    let _ = WATCHED.insert(tgid, collector_common::watch::COUNT, 0);
+    put_in_watched(tgid, watch::COUNT);
     emit(collector_common::EventKind::Discovered, tgid, 0);
     true
 }

@@ -512,7 +512,8 @@ fn pinned_state(socket: &std::path::Path) -> std::path::PathBuf {
 /// Ranks that exit while no daemon runs leave their counts in the pinned maps, which
 /// nothing else would remove (a later process given the same pid would carry on from
 /// them), and their places in the kept watched set (it would be counted, whatever the
-/// scope): the next daemon forgets both at its start, and says which.
+/// scope): the next daemon forgets both at its start, and says which. So too where the pid
+/// is another process's by then (started while no daemon ran, it is running).
 #[test]
 fn a_daemon_forgets_ranks_that_exited_while_none_ran() {
     const SAID: &str = "process(es) that exited while no daemon ran";
@@ -546,6 +547,8 @@ fn a_daemon_forgets_ranks_that_exited_while_none_ran() {
     for pid in &ranks {
         assert!(pinned_map_holds(&watched, *pid), "rank {pid} not kept");
     }
+    // The first rank's pid given to a process of no job.
+    let mut other = spawn_with_pid(ranks[0], Command::new("sleep").arg("600"));
     let second = Daemon::start(&scratch, &[], &["--log", "info"], &[]);
     let said = || {
         std::fs::read_to_string(scratch.path("commtap.stderr"))
@@ -570,6 +573,10 @@ fn a_daemon_forgets_ranks_that_exited_while_none_ran() {
             "rank {pid} still watched"
         );
     }
+    assert!(
+        other.0.try_wait().expect("its state").is_none(),
+        "the process given a rank's pid ran throughout"
+    );
     second.stop(&scratch);
 }
 

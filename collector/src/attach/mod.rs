@@ -445,6 +445,7 @@ impl Probes {
         let mut probes = Probes {
             watched: watched::WatchedSet::new(
                 map(&mut ebpf, names::maps::WATCHED)?,
+                map(&mut ebpf, names::maps::WATCHED_LATEST)?,
                 map(&mut ebpf, names::maps::SCOPE_GEN)?,
             ),
             comms: map(&mut ebpf, names::maps::COMMS)?,
@@ -1114,7 +1115,7 @@ impl Probes {
     /// Forgets ([`Probes::forget_process`]) the processes a daemon before this one left in
     /// the pinned maps that no longer run: they exited while no daemon ran, and nothing else
     /// would forget them (a later process given the same pid would carry on from their
-    /// counts). Their pids. A pid given to another process meanwhile is taken as running.
+    /// counts), their pids given to other processes meanwhile included. Their pids.
     pub fn forget_exited_while_away(&mut self) -> Vec<u32> {
         let mut pids = self.counters.pids();
         pids.extend(self.proc_stats.keys().filter_map(Result::ok));
@@ -1130,7 +1131,16 @@ impl Probes {
         pids.extend(handle_holders(&self.comm_frees));
         pids.extend(handle_holders(&self.dtypes));
         pids.extend(handle_holders(&self.persistent));
-        pids.retain(|p| !is_running_process(*p));
+        // A pid may have been given to another process meanwhile: one started after the
+        // last entry into the watched set (every process the kept state is of had entered
+        // it by then, and nothing enters it while no daemon runs).
+        let latest = self.watched.latest_entry();
+        let given_since = |pid: u32| {
+            latest.is_some_and(|t| {
+                crate::discover::started_boottime_ns(pid).is_some_and(|start| start > t)
+            })
+        };
+        pids.retain(|p| !is_running_process(*p) || given_since(*p));
         for pid in &pids {
             self.forget_process(*pid);
         }
@@ -1139,7 +1149,7 @@ impl Probes {
         // have the next process given its pid counted (and paused at its loads) whatever
         // this daemon's scope.
         for pid in self.watched.pids() {
-            if crate::discover::has_ended(pid) {
+            if crate::discover::has_ended(pid) || given_since(pid) {
                 self.watched.remove(pid);
                 pids.insert(pid);
             }

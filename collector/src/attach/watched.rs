@@ -2,29 +2,64 @@
 //! it found not counted (`collector-ebpf`'s `NOT_COUNTED`), until the scope generation
 //! moves: every change made here moves it, so that such a process is judged again.
 
-use aya::maps::{Array, HashMap, MapData, MapError};
+use aya::maps::{Array, HashMap, MapData, MapError, PerCpuArray, PerCpuValues};
+use collector_common::watch::{LATEST_KERNEL, LATEST_USERSPACE};
 
 /// `SCOPE_GEN`'s entry userspace moves.
 const USERSPACE: u32 = 1;
 
-/// The watched set (`WATCHED`: pid -> `collector_common::watch` flags) and the scope
-/// generation (`SCOPE_GEN`) its changes move.
+/// The watched set (`WATCHED`: pid -> `collector_common::watch` flags), when a process last
+/// entered it (`WATCHED_LATEST`) and the scope generation (`SCOPE_GEN`) its changes move.
 pub struct WatchedSet {
     map: HashMap<MapData, u32, u32>,
+    latest: PerCpuArray<MapData, u64>,
     scope_gen: Array<MapData, u64>,
 }
 
 impl WatchedSet {
-    /// The set over its two maps.
-    pub fn new(map: HashMap<MapData, u32, u32>, scope_gen: Array<MapData, u64>) -> Self {
-        WatchedSet { map, scope_gen }
+    /// The set over its three maps.
+    pub fn new(
+        map: HashMap<MapData, u32, u32>,
+        latest: PerCpuArray<MapData, u64>,
+        scope_gen: Array<MapData, u64>,
+    ) -> Self {
+        WatchedSet {
+            map,
+            latest,
+            scope_gen,
+        }
     }
 
     /// Sets `pid`'s flags.
     pub fn insert(&mut self, pid: u32, flags: u32) -> Result<(), MapError> {
+        // Stamped before: `pid` runs already, so it started before the stamp either way.
+        self.stamp_latest();
         self.map.insert(pid, flags, 0)?;
         self.scope_changed();
         Ok(())
+    }
+
+    /// Stamps userspace's entry of `WATCHED_LATEST` with now, on every CPU (this is its only
+    /// writer, and the boot clock only goes up).
+    fn stamp_latest(&mut self) {
+        let Ok(cpus) = aya::util::nr_cpus() else {
+            return;
+        };
+        let now = crate::clock::boottime_ns();
+        if let Ok(values) = PerCpuValues::try_from(vec![now; cpus]) {
+            let _ = self.latest.set(LATEST_USERSPACE, values, 0);
+        }
+    }
+
+    /// When a process last entered the set, boot clock ns (None: no stamp, as in a set kept
+    /// by a daemon from before the stamps): every process in it started no later.
+    pub fn latest_entry(&self) -> Option<u64> {
+        [LATEST_KERNEL, LATEST_USERSPACE]
+            .into_iter()
+            .filter_map(|i| self.latest.get(&i, 0).ok())
+            .flat_map(|values| values.iter().copied().collect::<Vec<_>>())
+            .max()
+            .filter(|&t| t != 0)
     }
 
     /// Removes `pid` (nothing if it is not there).
