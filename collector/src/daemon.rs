@@ -473,8 +473,23 @@ async fn look_around(state: &NodeState, scan_proc: Option<&Scope>, keep: Duratio
             board.set_entered(entered);
         }
         crate::session::place_in_worlds(&mut board, &session);
-        let kept: std::collections::HashSet<u32> = finished.iter().map(|f| f.rank.pid).collect();
-        board.retain(|pid| session.tracked.contains_key(&pid) || kept.contains(&pid));
+        // The processes tracked, and the exited ones whose profiles are kept (by pid alone
+        // where the board does not know the start).
+        let kept: std::collections::HashSet<(u32, u64)> = finished
+            .iter()
+            .map(|f| (f.rank.pid, f.rank.start_ticks))
+            .collect();
+        let kept_pids: std::collections::HashSet<u32> = kept.iter().map(|(p, _)| *p).collect();
+        board.retain(|pid, start| match start {
+            Some(start) => {
+                session
+                    .tracked
+                    .get(&pid)
+                    .is_some_and(|t| t.info.as_ref().is_none_or(|i| i.start_ticks == start))
+                    || kept.contains(&(pid, start))
+            }
+            None => session.tracked.contains_key(&pid) || kept_pids.contains(&pid),
+        });
         board.tick();
         let named = crate::session::name_freed_peers(freed, Some(&board));
         drop(board);

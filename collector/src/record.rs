@@ -554,8 +554,12 @@ async fn finish(
             let r = profile.ranks.iter().find(|r| r.pid == pid)?;
             Some((r.rank, r.host.clone()))
         };
-        let pids: Vec<u32> = profile.ranks.iter().map(|r| r.pid).collect();
-        profile.skew = late.report_for(&pids, &whois);
+        let procs: Vec<_> = profile
+            .ranks
+            .iter()
+            .map(|r| (r.pid, r.start_ticks))
+            .collect();
+        profile.skew = late.report_for(&procs, &whois);
     }
     // The calls the ranks had not returned from: those they ended inside, and those they
     // were inside as the recording stopped (a hung job's).
@@ -689,7 +693,7 @@ impl FeedSinks {
             Ok(FeedItem::Detached(pid)) => self.tracers.iter_mut().for_each(|t| t.detached(*pid)),
             // Its pid may be another process's from now on; not while who-is-late may hold
             // calls of its (its job not known yet): a held `MPI_Init` would number it again.
-            Ok(FeedItem::Exited(pid)) if self.late.as_ref().is_none_or(|l| l.knows(*pid)) => {
+            Ok(FeedItem::Exited(pid)) if self.late.as_ref().is_none_or(|l| l.knows_pid(*pid)) => {
                 self.tracers.iter_mut().for_each(|t| t.exited(*pid));
             }
             _ => {}

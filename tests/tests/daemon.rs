@@ -580,6 +580,59 @@ fn a_daemon_forgets_ranks_that_exited_while_none_ran() {
     second.stop(&scratch);
 }
 
+/// A rank's pid given, once the rank has exited, to a process of another job (an MPI
+/// singleton): who-is-late keeps the first job's report (its exited ranks are kept, for
+/// `--keep-exited`) as it was, and takes none of the newcomer's calls for the rank's.
+#[test]
+fn a_ranks_pid_given_to_another_jobs_process_leaves_its_jobs_report_alone() {
+    let scratch = Scratch::new("daemon-late-pid");
+    let daemon = Daemon::start(&scratch, &[], &[], &[]);
+    let (mut job, _) = start_waiting_loop(&scratch, Mpi::OpenMpi, 2, 20, &[]);
+    std::fs::write(scratch.path("go"), b"").expect("go file");
+    assert!(job.wait_with_limit(LIMIT).success(), "the MPI job failed");
+    let truths = read_truths(&scratch.path("truth"), 2);
+    let pids = pids_of(&truths);
+    wait_for_exited(&daemon.target, &pids);
+    // mpitrace's job id: its rank 0's pid.
+    let job_id = pids[0].to_string();
+    let late =
+        || report_json(&["report", "--from", &daemon.target, "--job", &job_id])["skew"].clone();
+    let before = late();
+    // Each rank's collectives, every one matched: its barrier before the go (watched from
+    // the start), the one after it and the 20 allreduces.
+    assert_eq!(before["instances"].as_u64(), Some(22), "{before}");
+
+    // Rank 1's pid given to a singleton of the same program, which runs through.
+    let single = scratch.path("single");
+    std::fs::create_dir_all(&single).expect("dir");
+    std::fs::write(single.join("go"), b"").expect("go file");
+    let mut cmd = Command::new(build_program("mpi_loop.c", Mpi::OpenMpi));
+    mpi_env(&mut cmd).args([
+        single.join("ready"),
+        single.join("go"),
+        "20".into(),
+        single.join("truth"),
+    ]);
+    let mut other = spawn_with_pid(pids[1] as u32, &cmd);
+    assert!(
+        other.wait_with_limit(LIMIT).success(),
+        "the singleton failed"
+    );
+    let start = read_truths(&single.join("truth"), 1)[0]["pid"].as_u64();
+    assert_eq!(start, Some(pids[1]), "the singleton had the rank's pid");
+    // Its profile final: listed apart from the rank's, as exited.
+    wait_until("the singleton's profile to be final", LIMIT, || {
+        let all = report_json(&["report", "--from", &daemon.target]);
+        all["ranks"].as_array().into_iter().flatten().any(|r| {
+            r["pid"].as_u64() == Some(pids[1])
+                && r["job"].as_str() != Some(job_id.as_str())
+                && r["exited"].as_bool() == Some(true)
+        })
+    });
+    assert_eq!(late(), before, "the first job's report changed");
+    daemon.stop(&scratch);
+}
+
 /// The state letter of `pid` in `/proc/PID/stat` (`T`: stopped), None once it is gone.
 fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -405,6 +405,21 @@ fn batch_job_id(key: &str, keys: &[&String]) -> Option<String> {
     })
 }
 
+/// `id`, or `id.N` (N from 2) where another job named before has it: a rank 0's pid is
+/// given to another process once that rank has exited, while its job's profiles are still
+/// kept (and pushed), and two jobs named alike would be shown and selected as one.
+fn unused_id(id: String, key: &str, job_ids: &BTreeMap<String, String>) -> String {
+    let taken = |candidate: &str| job_ids.iter().any(|(k, v)| k != key && v == candidate);
+    if !taken(&id) {
+        return id;
+    }
+    // One of these is free: every other job holds one id.
+    (2..=job_ids.len() as u64 + 2)
+        .map(|n| format!("{id}.{n}"))
+        .find(|candidate| !taken(candidate))
+        .unwrap_or(id)
+}
+
 /// A process as job naming sees it.
 pub struct Member {
     /// Its job key ([`job_key`]).
@@ -456,9 +471,10 @@ pub fn name_jobs(members: &[Member], job_ids: &mut BTreeMap<String, String>) -> 
                 if let Some(id) = job_ids.get(key) {
                     id.clone()
                 } else {
-                    let first = ranks
-                        .first()
-                        .map_or_else(|| "0".into(), |(_, i)| members[*i].pid.to_string());
+                    let first = ranks.first().map_or_else(
+                        || "0".into(),
+                        |(_, i)| unused_id(members[*i].pid.to_string(), key, job_ids),
+                    );
                     let rank0_known = ranks
                         .first()
                         .is_some_and(|(r, i)| members[*i].rank.is_some() && *r == 0);
@@ -689,6 +705,32 @@ mod tests {
         .collect();
         assert_eq!(named, want);
         assert_eq!(ids.get("launcher:a").map(String::as_str), Some("30"));
+    }
+
+    /// A job whose rank 0 was given the pid of an earlier job's rank 0 (exited, its profile
+    /// kept) is named apart from it, and keeps that name; so is a third.
+    #[test]
+    fn a_job_whose_rank_0_has_an_earlier_jobs_pid_is_named_apart() {
+        let m = |key: &str, rank, pid| Member {
+            key: key.into(),
+            rank,
+            pid,
+        };
+        let mut ids = std::collections::BTreeMap::new();
+        let first = [m("launcher:a", Some(0), 30), m("launcher:a", Some(1), 31)];
+        assert_eq!(name_jobs(&first, &mut ids)[0].1, "30");
+        let later = [
+            m("launcher:a", Some(0), 30),
+            m("launcher:b", Some(0), 30),
+            m("launcher:b", Some(1), 44),
+            m("launcher:c", Some(0), 30),
+        ];
+        let named: Vec<String> = name_jobs(&later, &mut ids)
+            .into_iter()
+            .map(|(_, job)| job)
+            .collect();
+        assert_eq!(named, ["30", "30.2", "30.2", "30.3"]);
+        assert_eq!(name_jobs(&later[1..3], &mut ids)[0].1, "30.2");
     }
 
     #[test]

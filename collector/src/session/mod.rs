@@ -437,11 +437,12 @@ pub fn place_in_worlds(
 ) -> Vec<crate::skew::board::Released> {
     let mut released = Vec::new();
     for (pid, t) in &session.tracked {
-        if board.knows(*pid) {
+        let Some(info) = t.info.as_ref() else {
             continue;
-        }
-        if let Some(info) = t.info.as_ref() {
-            released.extend(board.set_world(*pid, &job_key(info), info.world_size));
+        };
+        let proc = (*pid, info.start_ticks);
+        if !board.knows(proc) {
+            released.extend(board.set_world(proc, &job_key(info), info.world_size));
         }
     }
     if board.entered_due() {

@@ -63,7 +63,7 @@ pub fn run(ranks: u32, instances: u64, rounds: u32) -> anyhow::Result<()> {
     for _ in 0..rounds.max(1) {
         let mut board = Board::new("bench".into());
         for pid in 1..=ranks {
-            board.set_world(pid, "job", Some(ranks));
+            board.set_world((pid, 0), "job", Some(ranks));
         }
         let start = Instant::now();
         for ev in &feed {
@@ -72,7 +72,9 @@ pub fn run(ranks: u32, instances: u64, rounds: u32) -> anyhow::Result<()> {
         board.finish();
         per_event.push(start.elapsed().as_nanos() as f64 / feed.len() as f64);
         let whois: Whois = &|pid| Some((pid - 1, "bench".into()));
-        matched = board.report_for(&[1], whois).map_or(0, |r| r.instances);
+        matched = board
+            .report_for(&[(1, 0)], whois)
+            .map_or(0, |r| r.instances);
     }
     anyhow::ensure!(
         matched == instances,

@@ -126,6 +126,21 @@ enum Held {
     Detached,
 }
 
+/// A process as the board knows it: its pid and its start (clock ticks since boot), which
+/// tell it from a later process given the same pid.
+pub type Proc = (u32, u64);
+
+/// Where the process given a pid was placed.
+#[derive(Debug)]
+struct Placed {
+    /// Its job's world.
+    world: String,
+    /// Its start (clock ticks since boot).
+    start: u64,
+    /// Its exit came: calls of its pid from now on are another process's.
+    exited: bool,
+}
+
 /// Trackers by job, fed from the call feed.
 #[derive(Debug)]
 pub struct Board {
@@ -133,7 +148,11 @@ pub struct Board {
     /// Whether instances with members on other nodes are kept for an aggregator.
     hand_on: bool,
     trackers: FastMap<String, Tracker>,
-    world_of: FastMap<u32, String>,
+    /// By pid, the process placed under it last.
+    world_of: FastMap<u32, Placed>,
+    /// The worlds of exited processes whose pid another process was placed under since:
+    /// their jobs' reports still find them (until [`Board::retain`] lets them go).
+    earlier: FastMap<Proc, String>,
     waiting: FastMap<u32, VecDeque<Held>>,
     /// Calls that waited for a job that never became known, or past the caps.
     unplaced: u64,
@@ -159,6 +178,7 @@ impl Board {
             hand_on: false,
             trackers: FastMap::default(),
             world_of: FastMap::default(),
+            earlier: FastMap::default(),
             waiting: FastMap::default(),
             unplaced: 0,
             late_senders: false,
@@ -241,6 +261,11 @@ impl Board {
                     if t.idle() {
                         t.finish_matching();
                     }
+                }
+                // Its placement stays for its job's reports, but a later call of its pid
+                // is another process's, which waits until that one's job is known.
+                if let Some(p) = self.world_of.get_mut(&pid) {
+                    p.exited = true;
                 }
             }
             Ok(FeedItem::Detached(pid)) => {
@@ -331,15 +356,29 @@ impl Board {
         Taken::Held
     }
 
+    /// The tracker of the process that runs under `pid` now, if its job is known.
     fn tracker_of(&mut self, pid: u32) -> Option<&mut Tracker> {
-        let world = self.world_of.get(&pid)?;
-        self.trackers.get_mut(world)
+        let placed = self.world_of.get(&pid).filter(|p| !p.exited)?;
+        self.trackers.get_mut(&placed.world)
     }
 
-    /// Process `pid` belongs to job `world` (a key that groups the ranks of one MPI world
+    /// The world of process `proc`, running or exited.
+    fn world_of_proc(&self, (pid, start): Proc) -> Option<&String> {
+        match self.world_of.get(&pid) {
+            Some(p) if p.start == start => Some(&p.world),
+            _ => self.earlier.get(&(pid, start)),
+        }
+    }
+
+    /// Process `proc` belongs to job `world` (a key that groups the ranks of one MPI world
     /// on this node) of `size` ranks where known; calls that waited are taken now, and
-    /// returned with what [`Board::call`] would have said of each.
-    pub fn set_world(&mut self, pid: u32, world: &str, size: Option<u32>) -> Vec<Released> {
+    /// returned with what [`Board::call`] would have said of each. A process placed
+    /// before under its pid is another, whose pid was given to this one.
+    pub fn set_world(&mut self, proc: Proc, world: &str, size: Option<u32>) -> Vec<Released> {
+        let (pid, start) = proc;
+        if self.world_of.get(&pid).is_some_and(|p| p.start != start) {
+            self.replaced(pid);
+        }
         if !self.world_of.contains_key(&pid) {
             // Its kernel counts are read at the next chance, not up to a second later.
             self.entered_read = None;
@@ -348,7 +387,12 @@ impl Board {
         let world = self
             .world_of
             .entry(pid)
-            .or_insert_with(|| world.to_string())
+            .or_insert_with(|| Placed {
+                world: world.to_string(),
+                start,
+                exited: false,
+            })
+            .world
             .clone();
         let (host, hand_on, late) = (self.host.clone(), self.hand_on, self.late_senders);
         let t = self.trackers.entry(world).or_insert_with(|| {
@@ -386,18 +430,41 @@ impl Board {
         released
     }
 
+    /// The process placed under `pid` is no more (its pid is another's now): it is over
+    /// in its job (if its exit was not told), and its world is kept for its job's reports.
+    fn replaced(&mut self, pid: u32) {
+        let Some(old) = self.world_of.remove(&pid) else {
+            return;
+        };
+        if !old.exited {
+            if let Some(t) = self.trackers.get_mut(&old.world) {
+                t.exited(pid);
+            }
+        }
+        self.entered.remove(&pid);
+        self.earlier.insert((pid, old.start), old.world);
+    }
+
     /// The name of communicator `handle` of generation `gen` of process `pid`, alike in
     /// every member, where its creation was seen (the world has its own key in the
     /// per-peer counters).
     pub fn comm_name(&self, pid: u32, handle: u64, gen: u16) -> Option<super::CommKey> {
         self.trackers
-            .get(self.world_of.get(&pid)?)?
+            .get(&self.world_of.get(&pid)?.world)?
             .comm_name(pid, handle, gen)
     }
 
-    /// Whether the job of `pid` is known.
-    pub fn knows(&self, pid: u32) -> bool {
-        self.world_of.contains_key(&pid)
+    /// Whether the job of process `proc` is known.
+    pub fn knows(&self, proc: Proc) -> bool {
+        self.world_of
+            .get(&proc.0)
+            .is_some_and(|p| p.start == proc.1)
+    }
+
+    /// Whether the job of the process running under `pid` is known (its calls are not
+    /// held).
+    pub fn knows_pid(&self, pid: u32) -> bool {
+        self.world_of.get(&pid).is_some_and(|p| !p.exited)
     }
 
     /// Whether the kernel's counts of collectives entered are due to be read again (once a
@@ -414,7 +481,8 @@ impl Board {
         self.entered
             .retain(|pid, _| self.world_of.contains_key(pid));
         for (pid, n) in entered {
-            if self.world_of.contains_key(&pid) {
+            // Not an exited one's: a count under its pid is a later process's.
+            if self.knows_pid(pid) {
                 let e = self.entered.entry(pid).or_insert(n);
                 *e = n.max(*e);
             }
@@ -429,26 +497,37 @@ impl Board {
         }
     }
 
-    /// Forgets the processes `keep` says no longer matter, and jobs left with none.
-    pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
-        self.world_of.retain(|pid, _| keep(*pid));
-        self.entered.retain(|pid, _| keep(*pid));
+    /// Forgets the processes `keep` says no longer matter, and jobs left with none: it is
+    /// asked of a process by its pid and start, and of a pid alone (None) where the start
+    /// is not known (a process whose job is not known, the names of exited ones).
+    pub fn retain(&mut self, keep: impl Fn(u32, Option<u64>) -> bool) {
+        self.world_of.retain(|pid, p| keep(*pid, Some(p.start)));
+        self.earlier
+            .retain(|(pid, start), _| keep(*pid, Some(*start)));
+        self.entered
+            .retain(|pid, _| self.world_of.contains_key(pid));
         let gone: Vec<u32> = self
             .waiting
             .keys()
             .copied()
-            .filter(|pid| !keep(*pid))
+            .filter(|pid| !keep(*pid, None))
             .collect();
         for pid in gone {
             // Their job never became known: passed on unplaced.
             self.unplace_all(pid);
         }
-        let live: std::collections::HashSet<&String> = self.world_of.values().collect();
+        let live: std::collections::HashSet<&String> = self
+            .world_of
+            .values()
+            .map(|p| &p.world)
+            .chain(self.earlier.values())
+            .collect();
         self.trackers.retain(|w, _| live.contains(w));
+        let keep_pid = |pid| keep(pid, None);
         for t in self.trackers.values_mut() {
-            t.forget(&keep);
+            t.forget(keep_pid);
             if let Some(ls) = t.late_senders.as_mut() {
-                ls.retain(&keep);
+                ls.retain(keep_pid);
             }
         }
     }
@@ -480,20 +559,33 @@ impl Board {
             .collect()
     }
 
-    /// The report of the job that `pids` belong to (the first whose job is known), with
+    /// The world of the job that `procs` belong to (the first whose job is known).
+    fn world_of_job(&self, procs: &[Proc]) -> Option<&String> {
+        procs.iter().find_map(|p| self.world_of_proc(*p))
+    }
+
+    /// The report of the job that `procs` belong to (the first whose job is known), with
     /// processes named by `whois`.
-    pub fn report_for(&self, pids: &[u32], whois: Whois) -> Option<SkewReport> {
-        let world = pids.iter().find_map(|p| self.world_of.get(p))?;
+    pub fn report_for(&self, procs: &[Proc], whois: Whois) -> Option<SkewReport> {
+        let world = self.world_of_job(procs)?;
         let t = self.trackers.get(world)?;
-        let mut r = t.report(whois, &|pid| self.entered.get(&pid).copied());
+        // The counts under a pid are of the process placed under it last: of this job's
+        // only if that one is in it.
+        let entered = |pid| {
+            self.world_of
+                .get(&pid)
+                .filter(|p| p.world == *world)
+                .and(self.entered.get(&pid).copied())
+        };
+        let mut r = t.report(whois, &entered);
         r.unidentified += self.unplaced;
         r.late_sender = t.late_senders.as_ref().map(|ls| ls.report(whois));
         Some(r)
     }
 
     /// The Late Sender report of the job `pids` belong to, if sends are paired.
-    pub fn late_sender_for(&self, pids: &[u32], whois: Whois) -> Option<LateSenderReport> {
-        let world = pids.iter().find_map(|p| self.world_of.get(p))?;
+    pub fn late_sender_for(&self, procs: &[Proc], whois: Whois) -> Option<LateSenderReport> {
+        let world = self.world_of_job(procs)?;
         Some(
             self.trackers
                 .get(world)?
@@ -539,7 +631,7 @@ mod tests {
         let feed = Arc::new(PlacedFeed::default());
         let (mut rx, _) = feed.subscribe();
         let mut board = Board::new("h".into()).forward_to(feed);
-        board.set_world(8, "job", Some(2));
+        board.set_world((8, 0), "job", Some(2));
         for (pid, dup) in [(7, 0x8400_0001), (8, 0x8400_0005)] {
             board.item(Ok(FeedItem::Call(call(pid, "MPI_Comm_dup", WORLD, dup, 0))));
             board.item(Ok(FeedItem::Call(call(pid, "MPI_Send", dup, 0, 1))));
@@ -547,7 +639,7 @@ mod tests {
         board.item(Ok(FeedItem::Exited(7)));
         let early = passed_on(&mut rx);
         assert_eq!(early.len(), 2, "only the known job's calls: {early:?}");
-        board.set_world(7, "job", Some(2));
+        board.set_world((7, 0), "job", Some(2));
         let late = passed_on(&mut rx);
         assert_eq!(late.len(), 3, "{late:?}");
         assert!(matches!(late[2], PlacedItem::Exited(7)), "{late:?}");
@@ -581,13 +673,13 @@ mod tests {
             let feed = Arc::new(PlacedFeed::default());
             let (mut rx, _) = feed.subscribe();
             let mut board = Board::new("h".into()).forward_to(feed);
-            board.set_world(8, "job", Some(2));
+            board.set_world((8, 0), "job", Some(2));
             if detached {
                 board.item(Ok(FeedItem::Detached(7)));
             }
             dup_and_send(&mut board, 7, 0x8400_0001);
             dup_and_send(&mut board, 8, 0x8400_0005);
-            board.set_world(7, "job", Some(2));
+            board.set_world((7, 0), "job", Some(2));
             let mut sends: Vec<(u32, Option<CommKey>)> = passed_on(&mut rx)
                 .into_iter()
                 .filter_map(|item| match item {
@@ -627,7 +719,7 @@ mod tests {
         board.item(Ok(FeedItem::Call(barrier(2))));
         assert!(passed_on(&mut rx).is_empty(), "its job is not known yet");
         let released: Vec<Option<u64>> = board
-            .set_world(7, "job", Some(2))
+            .set_world((7, 0), "job", Some(2))
             .iter()
             .map(|(_, p)| p.seq)
             .collect();
@@ -655,7 +747,7 @@ mod tests {
         board.item(Ok(FeedItem::Detached(7)));
         board.item(Ok(FeedItem::Detached(7)));
         board.item(Ok(send(1)));
-        board.set_world(7, "job", Some(2));
+        board.set_world((7, 0), "job", Some(2));
         let said = |items: Vec<PlacedItem>| -> Vec<String> {
             items
                 .iter()
@@ -682,6 +774,61 @@ mod tests {
         assert_eq!(passed[MAX_WAITING + 1], "Detached(8)");
     }
 
+    /// A process that exited is still found in its job's reports; a later process given its
+    /// pid is another job's: its calls wait until that job is known, and are matched there,
+    /// not in the first's, whose report finds the first process still.
+    #[test]
+    fn a_pid_given_to_another_jobs_process_is_placed_in_that_job() {
+        let mut board = Board::new("h".into());
+        // Process `pid`'s `MPI_Init` (i = 0) or `i`-th barrier of a world of 2, 10 ms apart.
+        let call_of = |pid: u32, i: u32| CallEvent {
+            comm_size: 2,
+            start_ns: u64::from(i) * 10_000_000,
+            dur_ns: 1_000_000,
+            ..call(
+                pid,
+                if i == 0 { "MPI_Init" } else { "MPI_Barrier" },
+                WORLD,
+                0,
+                i,
+            )
+        };
+        let (first, second) = ((7, 100), (7, 200));
+        board.set_world(first, "a", Some(2));
+        board.set_world((8, 100), "a", Some(2));
+        for i in 0..=3 {
+            for pid in [7, 8] {
+                assert!(matches!(board.call(call_of(pid, i)), Taken::Now(_)));
+            }
+        }
+        board.item(Ok(FeedItem::Exited(7)));
+        board.item(Ok(FeedItem::Exited(8)));
+        assert!(board.knows(first) && !board.knows_pid(7));
+        // Pid 7 given to a process of job b: its calls wait for its job.
+        for i in 0..=2 {
+            let held = board.call(call_of(7, i));
+            assert_eq!(held, Taken::Held, "taken for the exited process's");
+        }
+        assert!(!board.knows(second));
+        assert_eq!(board.set_world(second, "b", Some(2)).len(), 3);
+        board.set_world((9, 200), "b", Some(2));
+        for i in 0..=2 {
+            assert!(matches!(board.call(call_of(9, i)), Taken::Now(_)));
+        }
+        board.finish();
+        let whois = |pid: u32| Some((pid, "h".to_string()));
+        let instances =
+            |b: &Board, procs: &[Proc]| b.report_for(procs, &whois).map(|r| r.instances);
+        assert_eq!(instances(&board, &[first]), Some(3), "job a's own");
+        assert_eq!(instances(&board, &[first, (8, 100)]), Some(3));
+        assert_eq!(instances(&board, &[second]), Some(2), "job b's own");
+        assert_eq!(instances(&board, &[(7, 300)]), None, "no such process");
+        // Job a's processes gone from what is kept: its world goes, b's stays.
+        board.retain(|pid, start| start.is_none_or(|s| s == 200) && pid != 8);
+        assert_eq!(instances(&board, &[first]), None);
+        assert_eq!(instances(&board, &[second]), Some(2));
+    }
+
     /// An arrival waits with the calls of its process (the receive it names is among
     /// them), and is passed on in its place, untouched by the matching.
     #[test]
@@ -701,7 +848,7 @@ mod tests {
         ))));
         board.item(Ok(FeedItem::Call(call(7, "MPI_Wait", 0, 0, 1))));
         assert!(passed_on(&mut rx).is_empty(), "its job is not known yet");
-        board.set_world(7, "job", Some(1));
+        board.set_world((7, 0), "job", Some(1));
         let kinds: Vec<(u32, u16)> = passed_on(&mut rx)
             .iter()
             .map(|item| match item {

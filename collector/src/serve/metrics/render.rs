@@ -443,12 +443,12 @@ pub fn render_skew(profile: &JobProfile, board: &crate::skew::Board) -> String {
     }
     let mut series = LateSeries::default();
     for (job, ranks) in jobs {
-        let pids: Vec<u32> = ranks.iter().map(|r| r.pid).collect();
+        let procs: Vec<_> = ranks.iter().map(|r| (r.pid, r.start_ticks)).collect();
         let whois = |pid: u32| {
             let r = ranks.iter().find(|r| r.pid == pid)?;
             Some((r.rank, r.host.clone()))
         };
-        if let Some(skew) = board.report_for(&pids, &whois) {
+        if let Some(skew) = board.report_for(&procs, &whois) {
             series.add(job, &skew);
         }
     }

@@ -290,9 +290,12 @@ impl NodeState {
             .filter(|r| keys.as_ref().is_none_or(|k| k.contains(&key(r))))
             .cloned()
             .collect();
-        let names: std::collections::HashMap<u32, (u32, String)> =
+        let (names, procs): (std::collections::HashMap<u32, (u32, String)>, Vec<_>) =
             if self.late.is_some() && !totals.job.is_empty() {
-                all().map(|r| (r.pid, (r.rank, r.host.clone()))).collect()
+                (
+                    all().map(|r| (r.pid, (r.rank, r.host.clone()))).collect(),
+                    all().map(key).collect(),
+                )
             } else {
                 Default::default()
             };
@@ -308,9 +311,8 @@ impl NodeState {
             .sort_by(|a, b| (a.job.as_str(), a.rank).cmp(&(b.job.as_str(), b.rank)));
         profile.set_totals(totals);
         if let (Some(late), false) = (&self.late, names.is_empty()) {
-            let pids: Vec<u32> = names.keys().copied().collect();
             let whois = |pid: u32| names.get(&pid).cloned();
-            profile.skew = late.lock().await.report_for(&pids, &whois).map(|mut s| {
+            profile.skew = late.lock().await.report_for(&procs, &whois).map(|mut s| {
                 // A page carries the rows of its own ranks (the client joins them).
                 if page.is_some() {
                     let here: std::collections::HashSet<u32> =
@@ -429,9 +431,11 @@ impl NodeState {
                 Some(h)
             })
             .collect();
-        let mut jobs: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+        let mut jobs: BTreeMap<&str, Vec<(u32, u64)>> = BTreeMap::new();
         for r in &profile.ranks {
-            jobs.entry(r.job.as_str()).or_default().push(r.pid);
+            jobs.entry(r.job.as_str())
+                .or_default()
+                .push((r.pid, r.start_ticks));
         }
         let whois = |pid: u32| rank_of(pid).map(|r| (r.rank, r.host.clone()));
         let reports = jobs

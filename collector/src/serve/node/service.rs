@@ -238,16 +238,19 @@ impl pb::node_server::Node for NodeService {
         // As `/proc` says (the clock an attach and an exit are told by), else as first seen.
         let start_ticks =
             crate::discover::start_ticks(pid).or_else(|| t.info.as_ref().map(|i| i.start_ticks));
-        let job = t
-            .info
-            .as_ref()
-            .map(|i| (crate::profile::build::job_key(i), i.world_size));
+        let job = t.info.as_ref().map(|i| {
+            (
+                (pid, i.start_ticks),
+                crate::profile::build::job_key(i),
+                i.world_size,
+            )
+        });
         let mut board = self.state.board().await;
-        if let (Some(b), Some((key, size))) = (board.as_deref_mut(), job) {
+        if let (Some(b), Some((proc, key, size))) = (board.as_deref_mut(), job) {
             // Its job known to who-is-late before the detach: its held calls are not kept
             // there until it is attached again.
-            if !b.knows(pid) {
-                b.set_world(pid, &key, size);
+            if !b.knows(proc) {
+                b.set_world(proc, &key, size);
             }
         }
         let (rank, told_at_drain) = session
