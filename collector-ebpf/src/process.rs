@@ -169,8 +169,15 @@ pub fn emit(kind: EventKind, tgid: u32, parent: u32) {
 fn put_in_watched(pid: u32, flags: u32) {
     let _ = WATCHED.insert(pid, flags, 0);
     if let Some(latest) = WATCHED_LATEST.get_ptr_mut(watch::LATEST_KERNEL) {
-        // SAFETY: this CPU's entry, one aligned 8-byte store; plain helper call.
-        unsafe { core::ptr::write_volatile(latest, bpf_ktime_get_boot_ns()) };
+        // SAFETY: this CPU's entry, aligned 8-byte loads and stores; plain helper call.
+        unsafe {
+            let now = bpf_ktime_get_boot_ns();
+            // Only ever raised: a program preempted between its clock and its store must
+            // not lower a stamp another made meanwhile.
+            if now > core::ptr::read_volatile(latest) {
+                core::ptr::write_volatile(latest, now);
+            }
+        }
     }
 }
 

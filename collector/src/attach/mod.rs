@@ -404,6 +404,14 @@ impl Probes {
         let mut fds = map_fds(&ebpf);
         fds.insert(names::maps::TASK_STATE.to_string(), task_state.as_raw_fd());
         let mut counters = counters::Counters::take_from(&mut ebpf)?;
+        // Before any program runs: the stamps a daemon before this one left are read as
+        // it left them (a kept process's thread made once the tracepoints run would stamp
+        // now, later than the start of a process given a kept pid since).
+        let watched = watched::WatchedSet::new(
+            map(&mut ebpf, names::maps::WATCHED)?,
+            map(&mut ebpf, names::maps::WATCHED_LATEST)?,
+            map(&mut ebpf, names::maps::SCOPE_GEN)?,
+        );
         let btf = btf::Btf::vmlinux();
         let session_kfunc = match &btf {
             Ok(b) => uprobe_sessions(b),
@@ -443,11 +451,7 @@ impl Probes {
             .into_iter()
             .collect();
         let mut probes = Probes {
-            watched: watched::WatchedSet::new(
-                map(&mut ebpf, names::maps::WATCHED)?,
-                map(&mut ebpf, names::maps::WATCHED_LATEST)?,
-                map(&mut ebpf, names::maps::SCOPE_GEN)?,
-            ),
+            watched,
             comms: map(&mut ebpf, names::maps::COMMS)?,
             coll_seq: map(&mut ebpf, names::maps::COLL_SEQ)?,
             comm_frees: map(&mut ebpf, names::maps::COMM_FREES)?,
@@ -1134,7 +1138,7 @@ impl Probes {
         // A pid may have been given to another process meanwhile: one started after the
         // last entry into the watched set (every process the kept state is of had entered
         // it by then, and nothing enters it while no daemon runs).
-        let latest = self.watched.latest_entry();
+        let latest = self.watched.kept_latest();
         let given_since = |pid: u32| {
             latest.is_some_and(|t| {
                 crate::discover::started_boottime_ns(pid).is_some_and(|start| start > t)

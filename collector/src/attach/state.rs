@@ -20,11 +20,14 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// per-peer counters are moved into `PEERS_FOLDED`, and handles' generations wrap at 15
 /// bits (an older daemon would not read the moved ones); `a7`: each communicator's count
 /// in `COLL_SEQ` holds how many were made from it above its collectives' (an older daemon
-/// would read them as collectives); `t`: the call sites' keys
+/// would read them as collectives); `a8`: `WATCHED_LATEST` stamps when processes enter
+/// the watched set (an older daemon reusing the pins would leave the stamps stale, and the
+/// next daemon would take the processes it watched for others given their pids); `t`: the
+/// call sites' keys
 /// (`CALL_SITES`, kept since).
 pub fn state_dir_for_layout(base: &Path) -> PathBuf {
     let tag = format!(
-        "layout-a7-k{}-s{}-v{}-d{}-p{}-c{}-h{}-r{}-e{}-t{}",
+        "layout-a8-k{}-s{}-v{}-d{}-p{}-c{}-h{}-r{}-e{}-t{}",
         size_of::<CounterKey>(),
         collector_common::MAX_COUNTERS,
         size_of::<CounterVal>(),

@@ -13,19 +13,24 @@ const USERSPACE: u32 = 1;
 pub struct WatchedSet {
     map: HashMap<MapData, u32, u32>,
     latest: PerCpuArray<MapData, u64>,
+    /// `latest` as the set was found (a daemon before this one left it).
+    kept_latest: Option<u64>,
     scope_gen: Array<MapData, u64>,
 }
 
 impl WatchedSet {
-    /// The set over its three maps.
+    /// The set over its three maps (taken before any program runs: see
+    /// [`WatchedSet::kept_latest`]).
     pub fn new(
         map: HashMap<MapData, u32, u32>,
         latest: PerCpuArray<MapData, u64>,
         scope_gen: Array<MapData, u64>,
     ) -> Self {
+        let kept_latest = latest_of(&latest);
         WatchedSet {
             map,
             latest,
+            kept_latest,
             scope_gen,
         }
     }
@@ -51,15 +56,10 @@ impl WatchedSet {
         }
     }
 
-    /// When a process last entered the set, boot clock ns (None: no stamp, as in a set kept
-    /// by a daemon from before the stamps): every process in it started no later.
-    pub fn latest_entry(&self) -> Option<u64> {
-        [LATEST_KERNEL, LATEST_USERSPACE]
-            .into_iter()
-            .filter_map(|i| self.latest.get(&i, 0).ok())
-            .flat_map(|values| values.iter().copied().collect::<Vec<_>>())
-            .max()
-            .filter(|&t| t != 0)
+    /// When a process last entered the set as it was found, boot clock ns (None: no stamp,
+    /// a new set): every process kept in it started no later.
+    pub fn kept_latest(&self) -> Option<u64> {
+        self.kept_latest
     }
 
     /// Removes `pid` (nothing if it is not there).
@@ -89,4 +89,15 @@ impl WatchedSet {
         let now = self.scope_gen.get(&USERSPACE, 0).unwrap_or(0);
         let _ = self.scope_gen.set(USERSPACE, now.wrapping_add(1), 0);
     }
+}
+
+/// The latest stamp of `latest` (`WATCHED_LATEST`), of the kernel's and userspace's on every
+/// CPU; None where none was made.
+fn latest_of(latest: &PerCpuArray<MapData, u64>) -> Option<u64> {
+    [LATEST_KERNEL, LATEST_USERSPACE]
+        .into_iter()
+        .filter_map(|i| latest.get(&i, 0).ok())
+        .flat_map(|values| values.iter().copied().collect::<Vec<_>>())
+        .max()
+        .filter(|&t| t != 0)
 }

@@ -150,9 +150,10 @@ pub struct Board {
     trackers: FastMap<String, Tracker>,
     /// By pid, the process placed under it last.
     world_of: FastMap<u32, Placed>,
-    /// The worlds of exited processes whose pid another process was placed under since:
-    /// their jobs' reports still find them (until [`Board::retain`] lets them go).
-    earlier: FastMap<Proc, String>,
+    /// The worlds of exited processes whose pid another process was placed under since,
+    /// and the highest collective instance each was seen to enter: their jobs' reports
+    /// still find them (until [`Board::retain`] lets them go).
+    earlier: FastMap<Proc, (String, Option<u64>)>,
     waiting: FastMap<u32, VecDeque<Held>>,
     /// Calls that waited for a job that never became known, or past the caps.
     unplaced: u64,
@@ -366,7 +367,7 @@ impl Board {
     fn world_of_proc(&self, (pid, start): Proc) -> Option<&String> {
         match self.world_of.get(&pid) {
             Some(p) if p.start == start => Some(&p.world),
-            _ => self.earlier.get(&(pid, start)),
+            _ => self.earlier.get(&(pid, start)).map(|(world, _)| world),
         }
     }
 
@@ -426,6 +427,17 @@ impl Board {
             pass_on(PlacedItem::Call(ev, placement));
             released.push((ev, placement));
         }
+        // It exited while they were held: its exit is told after them, and a later call of
+        // its pid is another process's.
+        if self.exited_while_held.contains(&pid) {
+            t.exited(pid);
+            if t.idle() {
+                t.finish_matching();
+            }
+            if let Some(p) = self.world_of.get_mut(&pid) {
+                p.exited = true;
+            }
+        }
         self.released(pid);
         released
     }
@@ -441,8 +453,8 @@ impl Board {
                 t.exited(pid);
             }
         }
-        self.entered.remove(&pid);
-        self.earlier.insert((pid, old.start), old.world);
+        let entered = self.entered.remove(&pid);
+        self.earlier.insert((pid, old.start), (old.world, entered));
     }
 
     /// The name of communicator `handle` of generation `gen` of process `pid`, alike in
@@ -481,8 +493,10 @@ impl Board {
         self.entered
             .retain(|pid, _| self.world_of.contains_key(pid));
         for (pid, n) in entered {
-            // Not an exited one's: a count under its pid is a later process's.
-            if self.knows_pid(pid) {
+            // An exited one's too: the kernel holds its counts until it is forgotten, and
+            // the last read is taken after its exit (a process placed under its pid since
+            // has its own, the exited one's kept apart).
+            if self.world_of.contains_key(&pid) {
                 let e = self.entered.entry(pid).or_insert(n);
                 *e = n.max(*e);
             }
@@ -520,7 +534,7 @@ impl Board {
             .world_of
             .values()
             .map(|p| &p.world)
-            .chain(self.earlier.values())
+            .chain(self.earlier.values().map(|(world, _)| world))
             .collect();
         self.trackers.retain(|w, _| live.contains(w));
         let keep_pid = |pid| keep(pid, None);
@@ -569,13 +583,15 @@ impl Board {
     pub fn report_for(&self, procs: &[Proc], whois: Whois) -> Option<SkewReport> {
         let world = self.world_of_job(procs)?;
         let t = self.trackers.get(world)?;
-        // The counts under a pid are of the process placed under it last: of this job's
-        // only if that one is in it.
-        let entered = |pid| {
-            self.world_of
-                .get(&pid)
-                .filter(|p| p.world == *world)
-                .and(self.entered.get(&pid).copied())
+        // The counts under a pid are of the process placed under it last, if that one is in
+        // this job; else of the one before it that was.
+        let entered = |pid| match self.world_of.get(&pid) {
+            Some(p) if p.world == *world => self.entered.get(&pid).copied(),
+            _ => self
+                .earlier
+                .iter()
+                .find(|((p, _), (w, _))| *p == pid && w == world)
+                .and_then(|(_, (_, n))| *n),
         };
         let mut r = t.report(whois, &entered);
         r.unidentified += self.unplaced;
@@ -803,6 +819,8 @@ mod tests {
         }
         board.item(Ok(FeedItem::Exited(7)));
         board.item(Ok(FeedItem::Exited(8)));
+        // The kernel's last counts, read after the exits: instance 9 entered.
+        board.set_entered([(7, 9), (8, 9)].into_iter().collect());
         assert!(board.knows(first) && !board.knows_pid(7));
         // Pid 7 given to a process of job b: its calls wait for its job.
         for i in 0..=2 {
@@ -823,10 +841,41 @@ mod tests {
         assert_eq!(instances(&board, &[first, (8, 100)]), Some(3));
         assert_eq!(instances(&board, &[second]), Some(2), "job b's own");
         assert_eq!(instances(&board, &[(7, 300)]), None, "no such process");
+        let seq = |procs: &[Proc], rank: u32| {
+            let report = board.report_for(procs, &whois).expect("a report");
+            report
+                .ranks
+                .iter()
+                .find(|r| r.rank == rank)
+                .and_then(|r| r.seq)
+        };
+        assert_eq!(seq(&[first], 7), Some(9), "the exited one's kept");
+        assert_eq!(
+            seq(&[second], 7),
+            Some(1),
+            "the later one's own: two barriers"
+        );
         // Job a's processes gone from what is kept: its world goes, b's stays.
         board.retain(|pid, start| start.is_none_or(|s| s == 200) && pid != 8);
         assert_eq!(instances(&board, &[first]), None);
         assert_eq!(instances(&board, &[second]), Some(2));
+    }
+
+    /// A process that exited while its calls were held (its job not known yet) is placed
+    /// as exited: a later call of its pid waits for its own process's job.
+    #[test]
+    fn a_process_placed_after_its_exit_is_exited_there() {
+        let mut board = Board::new("h".into());
+        let send = |seq| call(7, "MPI_Send", WORLD, 0, seq);
+        assert_eq!(board.call(send(0)), Taken::Held);
+        board.item(Ok(FeedItem::Exited(7)));
+        assert_eq!(board.set_world((7, 100), "a", Some(2)).len(), 1);
+        assert!(board.knows((7, 100)) && !board.knows_pid(7));
+        assert_eq!(
+            board.call(send(0)),
+            Taken::Held,
+            "taken for the exited one's"
+        );
     }
 
     /// An arrival waits with the calls of its process (the receive it names is among

@@ -375,9 +375,23 @@ impl SnapshotSource for NodeState {
 /// Most message halves handed on in one push (the rest wait for the next).
 const MAX_HALVES_PER_PUSH: usize = 1 << 16;
 
-/// `profile`'s ranks by process id (a push names thousands of parts by pid).
+/// `profile`'s ranks by process id (a push names thousands of parts by pid): where an
+/// exited rank's kept profile and a running process given its pid since share one, the
+/// running one's (what who-is-late hands on now is of the processes placed under the pids
+/// now).
 fn ranks_by_pid(profile: &crate::profile::JobProfile) -> HashMap<u32, &RankProfile> {
-    profile.ranks.iter().map(|r| (r.pid, r)).collect()
+    let mut by_pid: HashMap<u32, &RankProfile> = HashMap::new();
+    for r in &profile.ranks {
+        by_pid
+            .entry(r.pid)
+            .and_modify(|kept| {
+                if kept.exited && !r.exited {
+                    *kept = r;
+                }
+            })
+            .or_insert(r);
+    }
+    by_pid
 }
 
 impl NodeState {
