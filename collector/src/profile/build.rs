@@ -407,9 +407,15 @@ fn batch_job_id(key: &str, keys: &[&String]) -> Option<String> {
 
 /// `id`, or `id.N` (N from 2) where another job named before has it: a rank 0's pid is
 /// given to another process once that rank has exited, while its job's profiles are still
-/// kept (and pushed), and two jobs named alike would be shown and selected as one.
+/// kept (and pushed), and two jobs named alike would be shown and selected as one. Not the
+/// processes no launcher names (key ""): one of them that execs a job's rank 0 is the same
+/// process, named after itself.
 fn unused_id(id: String, key: &str, job_ids: &BTreeMap<String, String>) -> String {
-    let taken = |candidate: &str| job_ids.iter().any(|(k, v)| k != key && v == candidate);
+    let taken = |candidate: &str| {
+        job_ids
+            .iter()
+            .any(|(k, v)| k != key && !k.is_empty() && v == candidate)
+    };
     if !taken(&id) {
         return id;
     }
@@ -731,6 +737,13 @@ mod tests {
             .collect();
         assert_eq!(named, ["30", "30.2", "30.2", "30.3"]);
         assert_eq!(name_jobs(&later[1..3], &mut ids)[0].1, "30.2");
+        // A process no launcher named, named after itself, that then execs a job's rank 0.
+        let mut ids = std::collections::BTreeMap::new();
+        assert_eq!(name_jobs(&[m("", None, 50)], &mut ids)[0].1, "50");
+        assert_eq!(
+            name_jobs(&[m("launcher:d", Some(0), 50)], &mut ids)[0].1,
+            "50"
+        );
     }
 
     #[test]
