@@ -97,7 +97,7 @@ fn latest_of(latest: &PerCpuArray<MapData, u64>) -> Option<u64> {
     [LATEST_KERNEL, LATEST_USERSPACE]
         .into_iter()
         .filter_map(|i| latest.get(&i, 0).ok())
-        .flat_map(|values| values.iter().copied().collect::<Vec<_>>())
+        .filter_map(|values| values.iter().copied().max())
         .max()
         .filter(|&t| t != 0)
 }

@@ -256,18 +256,7 @@ impl Board {
                 } else {
                     self.pass_on(PlacedItem::Exited(pid));
                 }
-                if let Some(t) = self.tracker_of(pid) {
-                    t.exited(pid);
-                    // The job's last process is gone: all its calls are in.
-                    if t.idle() {
-                        t.finish_matching();
-                    }
-                }
-                // Its placement stays for its job's reports, but a later call of its pid
-                // is another process's, which waits until that one's job is known.
-                if let Some(p) = self.world_of.get_mut(&pid) {
-                    p.exited = true;
-                }
+                self.ended(pid);
             }
             Ok(FeedItem::Detached(pid)) => {
                 // The kernel's counts start again: those read before are another run's.
@@ -427,32 +416,38 @@ impl Board {
             pass_on(PlacedItem::Call(ev, placement));
             released.push((ev, placement));
         }
-        // It exited while they were held: its exit is told after them, and a later call of
-        // its pid is another process's.
+        // It exited while they were held: its exit is told after them.
         if self.exited_while_held.contains(&pid) {
-            t.exited(pid);
-            if t.idle() {
-                t.finish_matching();
-            }
-            if let Some(p) = self.world_of.get_mut(&pid) {
-                p.exited = true;
-            }
+            self.ended(pid);
         }
         self.released(pid);
         released
     }
 
+    /// The process placed under `pid` ended: it is over in its job (whose matching ends with
+    /// its last process: all its calls are in). Its placement stays for its job's reports,
+    /// but a later call of its pid is another process's, which waits until that one's job
+    /// is known.
+    fn ended(&mut self, pid: u32) {
+        if let Some(t) = self.tracker_of(pid) {
+            t.exited(pid);
+            if t.idle() {
+                t.finish_matching();
+            }
+        }
+        if let Some(p) = self.world_of.get_mut(&pid) {
+            p.exited = true;
+        }
+    }
+
     /// The process placed under `pid` is no more (its pid is another's now): it is over
     /// in its job (if its exit was not told), and its world is kept for its job's reports.
     fn replaced(&mut self, pid: u32) {
+        // Nothing where its exit was told already.
+        self.ended(pid);
         let Some(old) = self.world_of.remove(&pid) else {
             return;
         };
-        if !old.exited {
-            if let Some(t) = self.trackers.get_mut(&old.world) {
-                t.exited(pid);
-            }
-        }
         let entered = self.entered.remove(&pid);
         self.earlier.insert((pid, old.start), (old.world, entered));
     }
