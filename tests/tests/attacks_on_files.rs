@@ -493,3 +493,88 @@ fn a_program_with_hostile_line_tables_does_not_bloat_the_daemon() {
     drop(attacker);
     daemon.stop(&scratch);
 }
+
+/// A file system mounted for nobody alone (`fuse_hang`: what `fusermount3` mounts for any
+/// user) whose file `page` never answers a read; unmounted, its server gone, when dropped
+/// (before the daemon, whose thread a read may still hold until then).
+struct HungFileSystem {
+    server: Option<ChildGuard>,
+    mount: std::path::PathBuf,
+    /// Created by the server at its first read asked.
+    asked: std::path::PathBuf,
+}
+
+impl HungFileSystem {
+    fn mount(scratch: &Scratch) -> HungFileSystem {
+        let program = build_plain_c("fuse_hang.c", &[]);
+        let mount = nobody_dir(scratch, "hung");
+        let ready = scratch.path("hung-mounted");
+        let asked = scratch.path("hung-read-asked");
+        let server = ChildGuard::spawn(
+            Command::new(&program)
+                .arg(&mount)
+                .args([&NOBODY.to_string(), &NOBODY.to_string()])
+                .arg(&ready)
+                .env("FUSE_HANG_ASKED", &asked),
+        );
+        wait_until("the file system to be mounted", LIMIT, || ready.exists());
+        HungFileSystem {
+            server: Some(server),
+            mount,
+            asked,
+        }
+    }
+}
+
+impl Drop for HungFileSystem {
+    fn drop(&mut self) {
+        // Its server gone, the kernel ends every read waiting on it.
+        drop(self.server.take());
+        let c = std::ffi::CString::new(path_str(&self.mount)).expect("path");
+        // SAFETY: umount2(2) of the mount this test made, detached.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Attack: map a page of the user's own FUSE file system, which never answers a read, over
+/// the Open MPI data the daemon reads from a process attached after its `MPI_Init` (the
+/// selected pml and mtl components), then let a daemon start. The kernel faults the page
+/// in for the daemon's read without asking whose mount it is, and the daemon waited on
+/// the file system forever, its socket never served. The read is given up after a
+/// quarter of a second and that user's processes' memory is not read meanwhile: the
+/// daemon serves, says so in its log, and counts root's job exactly.
+#[test]
+fn a_process_pointing_the_daemon_at_a_hung_fuse_page_does_not_stop_it() {
+    let scratch = Scratch::new("attack-fuse-page");
+    // Declared first, dropped last: after the file system has let its reads go.
+    let daemon;
+    let hung = HungFileSystem::mount(&scratch);
+    let program = build_plain_c("attack_fuse_page.c", &["-ldl"]);
+    let ready = nobody_dir(&scratch, "signals").join("ready");
+    let attacker = spawn_as_nobody(
+        &program,
+        &[
+            path_str(&system_library("libmpi.so.40")),
+            path_str(&hung.mount.join("page")),
+            path_str(&ready),
+        ],
+    );
+    wait_until("the attacker to map the hung page", LIMIT, || {
+        ready.exists()
+    });
+    daemon = Daemon::start(&scratch, &[], &[], &[]);
+    wait_for_state(&daemon.target, &[u64::from(attacker.0.id())], "probed");
+    assert!(
+        hung.asked.exists(),
+        "the daemon's read reached the file system"
+    );
+    let log = std::fs::read_to_string(scratch.path("commtap.stderr")).expect("log");
+    assert!(
+        log.contains("a read of a process's memory did not return"),
+        "{log}"
+    );
+    assert_healthy(&scratch, &daemon);
+    drop(attacker);
+    drop(hung);
+    daemon.stop(&scratch);
+}

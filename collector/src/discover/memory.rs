@@ -4,15 +4,11 @@
 //! attached (their `fi_fabric` calls were not seen); and the components an Open MPI
 //! process selected at its `MPI_Init` where commtap did not see it return.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    fs::File,
-    io::{Read, Seek, SeekFrom},
-};
+use std::collections::{BTreeMap, BTreeSet};
 
 use collector_common::{ompi_component as oc, routines::FID_EP_TABLES_OFF, ComponentAddrs};
 
-use super::process_dir::ProcessDir;
+use super::{process_dir::ProcessDir, process_memory::ProcessMemory};
 use crate::symbols::fabric::{Candidate, TableKind};
 
 /// `FI_CLASS_EP`.
@@ -64,11 +60,10 @@ pub struct EndpointScan {
 /// heap, malloc's arenas: where libfabric's objects live), up to `SCAN_LIMIT` bytes in
 /// all; returns the bytes read.
 fn for_each_anonymous_region(process: &ProcessDir, mut visit: impl FnMut(u64, &[u8])) -> u64 {
-    let (Ok(maps), Ok(mut mem)) = (process.maps(), process.file("mem")) else {
+    let (Ok(maps), Some(mem)) = (process.maps(), ProcessMemory::open(process)) else {
         return 0;
     };
     let mut scanned = 0;
-    let mut buf = Vec::new();
     for m in super::maps_lines(&maps) {
         if !m.perms.starts_with("rw") || m.inode != 0 || !(m.path.is_empty() || m.path == "[heap]")
         {
@@ -79,10 +74,10 @@ fn for_each_anonymous_region(process: &ProcessDir, mut visit: impl FnMut(u64, &[
         if scanned + len > SCAN_LIMIT {
             continue;
         }
-        buf.resize(len as usize, 0);
-        if mem.seek(SeekFrom::Start(lo)).is_err() || mem.read_exact(&mut buf).is_err() {
+        // Listed as anonymous: a file mapped over it since is the reader's to wait on.
+        let Some(buf) = usize::try_from(len).ok().and_then(|n| mem.read(lo, n)) else {
             continue;
-        }
+        };
         scanned += len;
         visit(lo, &buf);
     }
@@ -171,10 +166,11 @@ pub fn open_fabrics(
 
 /// A short NUL-terminated string at `addr` in `process`'s memory.
 fn read_c_string(process: &ProcessDir, addr: u64) -> Option<String> {
-    let mut mem = process.file("mem").ok()?;
     let mut buf = [0u8; 64];
-    mem.seek(SeekFrom::Start(addr)).ok()?;
-    mem.read_exact(&mut buf).ok()?;
+    // Wherever a pointer in the process's memory leads: the reader's to wait on.
+    if !ProcessMemory::open(process)?.read_exact_at(&mut buf, addr) {
+        return None;
+    }
     let end = buf.iter().position(|b| *b == 0)?;
     let s = std::str::from_utf8(&buf[..end]).ok()?;
     (!s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic())).then(|| s.to_string())
@@ -201,10 +197,10 @@ pub fn component_names(pml: &[u8], mtl: &[u8]) -> Option<String> {
 /// memory where `at` says they are: for a process commtap attached to after its
 /// `MPI_Init` (else the kernel reports them at `MPI_Init`'s return).
 pub fn mpi_components(pid: u32, at: ComponentAddrs) -> Option<String> {
-    let mut mem = File::open(format!("/proc/{pid}/mem")).ok()?;
-    let mut read = |addr: u64, buf: &mut [u8]| {
-        addr != 0 && mem.seek(SeekFrom::Start(addr)).is_ok() && mem.read_exact(buf).is_ok()
-    };
+    // Addresses in the library's data, and one read there: the process may have mapped
+    // anything over either (the reader's to wait on).
+    let mem = ProcessMemory::open(&ProcessDir::open(pid, None).ok()?)?;
+    let read = |addr: u64, buf: &mut [u8]| addr != 0 && mem.read_exact_at(buf, addr);
     let mut ptr = [0u8; 8];
     let mtl = if read(at.mtl, &mut ptr) {
         u64::from_le_bytes(ptr)

@@ -9,6 +9,7 @@ pub mod container;
 pub mod directory;
 pub mod memory;
 pub mod process_dir;
+pub mod process_memory;
 pub mod read_share;
 pub mod stack;
 pub mod tracked;

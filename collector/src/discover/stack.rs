@@ -9,16 +9,11 @@
 //! read through `/proc/PID/mem`, of the process's directory opened once (`ProcessDir`).
 
 use std::{
-    fs::File,
-    os::{
-        fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
-        unix::fs::FileExt,
-    },
-    sync::Arc,
+    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
     time::{Duration, Instant},
 };
 
-use super::process_dir::ProcessDir;
+use super::{process_dir::ProcessDir, process_memory::ProcessMemory};
 
 /// Bytes of a running thread's stack a sample copies (above its stack pointer): the
 /// frames of the MPI library's progress loop; the frames beyond are the caller's, which
@@ -53,7 +48,10 @@ pub struct ThreadStack {
     copied: Vec<u8>,
     /// Its process's memory (`/proc/PID/mem`: the daemon's unit refuses it
     /// `process_vm_readv`).
-    mem: Option<Arc<File>>,
+    mem: Option<ProcessMemory>,
+    /// The last stretch of its stack read from memory, and where it starts: a read a
+    /// window at a time (each through the reader thread, `ProcessMemory`), not a word.
+    window: std::cell::RefCell<(u64, Vec<u8>)>,
     /// The addresses of its stack that may be read: from its stack pointer to the end of
     /// the anonymous mapping that holds it (a stack pointer in a file's mapping, which a
     /// read could wait on behind a hung file system, is not read at all).
@@ -71,6 +69,8 @@ pub struct ThreadStack {
 
 /// Reads of a thread's memory one unwinding may make.
 const MAX_READS: u32 = 4096;
+/// Bytes of a stack read at once (up to the end of its mapping): unwinding reads upward.
+const READ_WINDOW: u64 = 4096;
 
 impl ThreadStack {
     /// The 8 bytes at `addr` of the thread's stack, from the copy made with its registers
@@ -101,12 +101,22 @@ impl ThreadStack {
         if addr < lo || addr.checked_add(8)? > hi {
             return None;
         }
+        let in_window = |w: &(u64, Vec<u8>)| {
+            let o = usize::try_from(addr.checked_sub(w.0)?).ok()?;
+            Some(u64::from_le_bytes(
+                w.1.get(o..o.checked_add(8)?)?.try_into().ok()?,
+            ))
+        };
+        if let Some(word) = in_window(&self.window.borrow()) {
+            return Some(word);
+        }
         let left = self.reads_left.get().checked_sub(1)?;
         self.reads_left.set(left);
-        let mut b = [0u8; 8];
-        let mem = self.mem.as_ref()?;
-        mem.read_exact_at(&mut b, addr).ok()?;
-        Some(u64::from_le_bytes(b))
+        let len = usize::try_from((hi - addr).min(READ_WINDOW)).ok()?;
+        let bytes = self.mem.as_ref()?.read(addr, len)?;
+        let mut window = self.window.borrow_mut();
+        *window = (addr, bytes);
+        in_window(&window)
     }
 }
 
@@ -139,12 +149,12 @@ pub fn left_call(
     let (lo, hi) = super::maps_lines(&maps)
         .find(|m| m.path == "[uprobes]")
         .map(|m| (m.lo, m.hi))?;
+    // Anonymous when the list was read; a file mapped there since is the reader's to wait
+    // on.
     let mut word = [0u8; 8];
-    process
-        .file("mem")
-        .ok()?
-        .read_exact_at(&mut word, entry_sp)
-        .ok()?;
+    if !ProcessMemory::open(process)?.read_exact_at(&mut word, entry_sp) {
+        return None;
+    }
     Some(!(lo..hi).contains(&u64::from_le_bytes(word)))
 }
 
@@ -214,7 +224,7 @@ pub fn stacks(
     registers: Option<BorrowedFd<'_>>,
 ) -> Vec<ThreadStack> {
     let pid = process.pid();
-    let mem = process.file("mem").ok().map(Arc::new);
+    let mem = ProcessMemory::open(process);
     let maps = process.maps().unwrap_or_default();
     let trampoline = super::maps_lines(&maps)
         .find(|m| m.path == "[uprobes]")
@@ -242,6 +252,7 @@ pub fn stacks(
         regs,
         copied,
         mem: mem.clone(),
+        window: Default::default(),
         readable: (regs.sp, stack_end(&maps, regs.sp).unwrap_or(0)),
         reads_left: MAX_READS.into(),
         returns,
@@ -563,6 +574,7 @@ mod tests {
             },
             copied,
             mem: None,
+            window: Default::default(),
             readable: (0x1000, 0x2000),
             reads_left: 2.into(),
             returns: vec![

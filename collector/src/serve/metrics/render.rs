@@ -392,6 +392,17 @@ pub fn render(
         "Probe links that could not be attached.",
         vec![format!(" {attach_failures}")],
     );
+    o.family(
+        "commtap_memory_reads_not_made_total",
+        "counter",
+        "Reads of processes' memory given up (a page of a file system that did not answer) \
+         or refused meanwhile: what needed them (Open MPI's components, the call a thread \
+         was in when attached) is unknown.",
+        vec![format!(
+            " {}",
+            crate::discover::process_memory::reads_not_made()
+        )],
+    );
     o.0
 }
 
@@ -540,6 +551,7 @@ mod tests {
         assert!(text.contains("# TYPE commtap_mpi_calls_total counter"));
         assert!(text.contains("commtap_processes{state=\"exited\"} 2"));
         assert!(text.contains("commtap_probed_libraries 3"));
+        assert!(text.contains("# TYPE commtap_memory_reads_not_made_total counter"));
         assert_eq!(escape("a\"b\\c"), "a\\\"b\\\\c");
     }
 
